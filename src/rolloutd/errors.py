@@ -1,0 +1,122 @@
+"""The error tree. Every error says whether Temporal should retry the work that raised it.
+
+Activities convert errors with :func:`to_application_error` at their boundary, the one place
+where upstream failures become retryable or non-retryable ``ApplicationError``s.
+"""
+
+from __future__ import annotations
+
+from temporalio.exceptions import ApplicationError
+
+
+class RolloutdError(Exception):
+    """Base of every rolloutd error.
+
+    Attributes:
+        retryable: whether repeating the same work may succeed.
+        status_code: HTTP status used when the error reaches a gateway client.
+    """
+
+    retryable: bool = False
+    status_code: int = 500
+    error_type: str = "server_error"
+
+    def __init__(self, message: str, *, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if retryable is not None:
+            self.retryable = retryable
+
+
+class ConfigError(RolloutdError):
+    """A setting or spec is invalid; the message names the dotted path."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class InvalidRequestError(RolloutdError):
+    """A client request is malformed (gateway: rendered in the caller's dialect as 400)."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class AuthenticationError(RolloutdError):
+    """No session key, a wrong key, or a key of a closed session."""
+
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class NotFoundError(RolloutdError):
+    """A session, backend or blob does not exist."""
+
+    status_code = 404
+    error_type = "not_found_error"
+
+
+class SessionClosedError(RolloutdError):
+    """The session's completion log is sealed; no call is accepted any more."""
+
+    status_code = 409
+    error_type = "invalid_request_error"
+
+
+class ContextLengthError(InvalidRequestError):
+    """The prompt leaves no room for a single sampled token."""
+
+
+class BackendError(RolloutdError):
+    """An inference backend failed or answered garbage. Retryable unless it said 4xx."""
+
+    retryable = True
+    status_code = 502
+    error_type = "api_error"
+
+
+class BackendUnavailableError(BackendError):
+    """No backend is registered, or every backend is paused or unreachable."""
+
+    status_code = 503
+
+
+class RuntimeStartError(RolloutdError):
+    """A runtime could not be provisioned (infrastructure error, retryable)."""
+
+    retryable = True
+
+
+class RuntimeNotFoundError(RolloutdError):
+    """The runtime is not on this host (the host restarted); the session must start afresh."""
+
+
+class HarnessError(RolloutdError):
+    """A harness could not be configured or started."""
+
+
+class EvaluatorError(RolloutdError):
+    """An evaluator is unknown or failed to score."""
+
+
+class BuilderError(RolloutdError):
+    """A completion log cannot be turned into a trajectory (for example, no end-of-turn token)."""
+
+
+def to_application_error(error: BaseException) -> ApplicationError:
+    """Convert any error raised in an activity into Temporal's ``ApplicationError``.
+
+    Args:
+        error: the exception caught at the activity boundary.
+
+    Returns:
+        An ``ApplicationError`` whose ``type`` is the error's class name and whose
+        ``non_retryable`` follows :attr:`RolloutdError.retryable`; unknown errors are retryable.
+    """
+    if isinstance(error, ApplicationError):
+        return error
+    if isinstance(error, RolloutdError):
+        return ApplicationError(
+            error.message, type=type(error).__name__, non_retryable=not error.retryable
+        )
+    return ApplicationError(f"{type(error).__name__}: {error}", type=type(error).__name__)

@@ -1,0 +1,92 @@
+"""Settings, one pydantic-settings class per process role, read from ``ROLLOUTD_*`` variables.
+
+Every role shares :class:`CommonSettings` (Temporal address, blob store, host id); the
+environment variable of a field is ``ROLLOUTD_`` plus its name in upper case, e.g.
+``ROLLOUTD_TEMPORAL_ADDRESS`` or ``ROLLOUTD_GATEWAY_PORT``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_home() -> Path:
+    """rolloutd's home folder: ``$ROLLOUTD_HOME`` or ``~/.rolloutd``."""
+    return Path(os.environ.get("ROLLOUTD_HOME", Path.home() / ".rolloutd")).expanduser()
+
+
+def default_cache() -> Path:
+    """Cache of built binaries and models: ``$ROLLOUTD_CACHE`` or ``~/.cache/rolloutd``."""
+    return Path(os.environ.get("ROLLOUTD_CACHE", Path.home() / ".cache" / "rolloutd")).expanduser()
+
+
+class CommonSettings(BaseSettings):
+    """What every rolloutd process needs."""
+
+    model_config = SettingsConfigDict(env_prefix="ROLLOUTD_", extra="ignore")
+
+    temporal_address: str = Field(default="localhost:7233", description="Temporal frontend")
+    temporal_namespace: str = Field(default="default", description="Temporal namespace")
+    store_url: str = Field(
+        default_factory=lambda: str(default_home() / "store"),
+        description="fsspec URL of the blob store (local folder, s3://, gs://)",
+    )
+    host_id: str = Field(
+        default_factory=socket.gethostname, description="this host's id for host queues"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_json: bool = Field(default=True, description="JSON logs (False: console renderer)")
+
+
+class GatewaySettings(CommonSettings):
+    """The gateway fleet: HTTP service plus the session/trajectory activities."""
+
+    gateway_host: str = Field(default="127.0.0.1", description="bind address")
+    gateway_port: int = Field(default=8300, ge=0, le=65535, description="bind port; 0: any")
+    gateway_public_url: str | None = Field(
+        default=None, description="base URL harnesses use; default http://{host}:{port}"
+    )
+    admin_token: str | None = Field(default=None, description="bearer token of admin routes")
+    backend_url: str | None = Field(
+        default=None, description="first backend registered at start (llama-server URL)"
+    )
+    backend_type: Literal["llama_cpp", "vllm", "sglang", "openai"] = "llama_cpp"
+    model: str = Field(default="qwen2.5-coder-0.5b", description="model name or folder")
+    capture_mode: Literal["tokens", "passthrough"] = "tokens"
+    max_body_bytes: int = Field(default=16 * 2**20, ge=1024, description="request size limit")
+    backend_timeout_s: float = Field(default=600.0, gt=0, description="one backend call")
+
+
+class SandboxSettings(CommonSettings):
+    """The sandbox fleet (container hosts)."""
+
+    runtime_root: str = Field(
+        default_factory=lambda: str(default_home() / "runtimes"),
+        description="folder where runtimes keep their workspaces",
+    )
+    max_concurrent_sessions: int = Field(default=8, ge=1, description="harness runs at once")
+
+
+class EvalSettings(CommonSettings):
+    """The eval fleet (evaluator hosts)."""
+
+    max_concurrent_evaluations: int = Field(default=8, ge=1)
+
+
+class EngineSettings(BaseSettings):
+    """The local reference engine (llama-server)."""
+
+    model_config = SettingsConfigDict(env_prefix="ROLLOUTD_ENGINE_", extra="ignore")
+
+    model: str = Field(default="qwen2.5-coder-0.5b", description="model name from the catalog")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8400, ge=0, le=65535)
+    ctx_size: int = Field(default=16384, ge=512, description="context window, tokens")
+    parallel: int = Field(default=4, ge=1, description="llama-server slots")
+    threads: int | None = Field(default=None, ge=1, description="CPU threads; None: all")

@@ -1,0 +1,387 @@
+"""Shared domain models: the vocabulary of DESIGN.md's glossary as pydantic models.
+
+Every model here crosses a process boundary (Temporal payloads, the blob store, the trainer
+client), so new fields always get defaults: old and new workers must interoperate.
+
+Token arrays (``*_ids``, ``response_logprobs``) live in :class:`Completion` and :class:`Trace`,
+which are stored in the blob store; Temporal payloads carry references to them, never the arrays.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+#: task ids become workflow ids and blob-store folders, so they are kept path- and URL-safe.
+TASK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class Model(BaseModel):
+    """Base for rolloutd's models: unknown fields are refused, so a typo names its field."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False, populate_by_name=True)
+
+
+# --------------------------------------------------------------------------- task request
+
+
+class SamplingParams(Model):
+    """Sampling parameters of a task.
+
+    ``policy`` decides who wins when the harness sends its own values: ``respect`` keeps the
+    harness's temperature/top_p/max_tokens where it set them, ``override`` always uses these.
+    """
+
+    temperature: float = Field(default=1.0, ge=0.0, le=5.0, description="softmax temperature")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
+    top_k: int = Field(default=0, ge=0, description="top-k cut-off; 0 disables it")
+    max_tokens: int = Field(default=1024, ge=1, le=1_000_000, description="tokens per call")
+    seed: int | None = Field(default=None, description="sampling seed; None for random")
+    policy: Literal["respect", "override"] = Field(
+        default="override", description="who wins when the harness sends its own values"
+    )
+
+
+class RuntimeSpec(Model):
+    """Where a harness runs: DESIGN.md's runtimes.
+
+    ``type`` selects the backend. ``image`` means a root folder for ``bwrap`` (default: the
+    host's read-only system), a SIF path for ``apptainer``, an image name for ``docker``.
+    """
+
+    type: Literal["local", "bwrap", "apptainer", "docker"] = Field(
+        default="bwrap", description="runtime backend"
+    )
+    image: str | None = Field(default=None, description="root folder, SIF path or image name")
+    workdir: str = Field(default="/workspace", description="working folder inside the runtime")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="files written into the workspace before the harness runs: path -> text",
+    )
+    network: Literal["gateway", "none", "host"] = Field(
+        default="host",
+        description="network policy; `gateway` and `none` isolate the sandbox (see runtimes)",
+    )
+    max_processes: int | None = Field(default=None, ge=1, description="process limit")
+    memory_mb: int | None = Field(default=None, ge=16, description="memory limit, MiB")
+
+    @field_validator("files")
+    @classmethod
+    def _relative_paths(cls, files: dict[str, str]) -> dict[str, str]:
+        for path in files:
+            if path.startswith("/") or ".." in path.split("/") or not path:
+                raise ValueError(f"file path {path!r} must be relative and stay in the workspace")
+        return files
+
+
+class HarnessSpec(Model):
+    """The agent program: DESIGN.md's harnesses.
+
+    ``command`` is the command template of the ``shell`` harness; ``{instruction}`` in it is
+    replaced by the shell-quoted instruction and ``{base_url}`` by the session's OpenAI base URL.
+    """
+
+    type: Literal[
+        "shell",
+        "python",
+        "qwen_code",
+        "codex",
+        "claude_code",
+        "gemini_cli",
+        "opencode",
+        "pi",
+        "mini_swe_agent",
+    ] = Field(default="shell", description="harness adapter")
+    command: str | None = Field(default=None, description="command template (shell harness)")
+    args: list[str] = Field(default_factory=list, description="extra CLI arguments")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    max_turns: int = Field(default=10, ge=1, le=1000, description="turn limit where supported")
+
+    @model_validator(mode="after")
+    def _shell_needs_command(self) -> HarnessSpec:
+        if self.type == "shell" and not self.command:
+            raise ValueError("harness.command is required when harness.type is 'shell'")
+        return self
+
+
+class BuilderSpec(Model):
+    """How a completion log becomes a trajectory: DESIGN.md's builders."""
+
+    type: Literal["per_request", "prefix_merging"] = Field(
+        default="prefix_merging", description="trajectory builder"
+    )
+    on_drift: Literal["keep", "split"] = Field(
+        default="split", description="a drifting turn continues its chain (keep) or starts one"
+    )
+    loss_mask: Literal["full_assistant", "action_only"] = Field(
+        default="full_assistant", description="which sampled tokens are trainable"
+    )
+
+
+class EvaluatorSpec(Model):
+    """How a session is scored: DESIGN.md's evaluators.
+
+    ``command`` runs in the session's runtime after the harness (before teardown); its exit
+    code and output become the artifact ``check`` that ``test_on_output`` scores.
+    """
+
+    type: str = Field(
+        default="session_completed",
+        description="registry name (session_completed, test_on_output, ...) or import path",
+    )
+    command: str | None = Field(default=None, description="check command run in the runtime")
+    expected_output: str | None = Field(
+        default=None, description="test_on_output: reward 1.0 when stdout contains it"
+    )
+    timeout_s: float = Field(default=60.0, gt=0, le=86_400, description="check command limit")
+    params: dict[str, Any] = Field(default_factory=dict, description="evaluator parameters")
+
+    @model_validator(mode="after")
+    def _test_needs_check(self) -> EvaluatorSpec:
+        if self.type == "test_on_output" and not (self.command or self.expected_output):
+            raise ValueError("evaluator.command or evaluator.expected_output is required "
+                             "when evaluator.type is 'test_on_output'")
+        return self
+
+
+class PhaseTimeouts(Model):
+    """Execution budget of each session phase, in seconds (queue time is not charged)."""
+
+    open_s: float = Field(default=30.0, gt=0, le=3600)
+    provision_s: float = Field(default=120.0, gt=0, le=86_400)
+    run_s: float = Field(default=600.0, gt=0, le=86_400)
+    collect_s: float = Field(default=120.0, gt=0, le=86_400)
+    teardown_s: float = Field(default=60.0, gt=0, le=3600)
+    build_s: float = Field(default=120.0, gt=0, le=86_400)
+    evaluate_s: float = Field(default=300.0, gt=0, le=86_400)
+
+
+class TaskRequest(Model):
+    """One problem instance, run as ``num_samples`` sessions (the GRPO group size).
+
+    Raises:
+        pydantic.ValidationError: on any malformed field; the error names the field's path.
+    """
+
+    task_id: str = Field(description="business key; becomes the workflow id `task/{task_id}`")
+    instruction: str = Field(min_length=1, description="what the agent is asked to do")
+    num_samples: int = Field(default=1, ge=1, le=1024, description="sessions of this task")
+    timeout_s: float = Field(default=900.0, gt=0, le=7 * 86_400, description="session deadline")
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    harness: HarnessSpec
+    builder: BuilderSpec = Field(default_factory=BuilderSpec)
+    evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    phases: PhaseTimeouts = Field(default_factory=PhaseTimeouts)
+    model: str | None = Field(default=None, description="model name shown to the harness")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, kept")
+
+    @field_validator("task_id")
+    @classmethod
+    def _safe_task_id(cls, task_id: str) -> str:
+        if not TASK_ID_PATTERN.match(task_id):
+            raise ValueError(
+                "task_id must be 1-128 characters of letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
+        return task_id
+
+
+# --------------------------------------------------------------------------- completions
+
+
+class CaptureMode(str, enum.Enum):
+    """How the gateway captures tokens (DESIGN.md, Gateway)."""
+
+    TOKENS = "tokens"
+    PASSTHROUGH = "passthrough"
+
+
+class Timings(Model):
+    """Wall-clock timings of one completion, seconds since the epoch and durations in s."""
+
+    started_at: float = 0.0
+    first_token_s: float | None = None
+    duration_s: float = 0.0
+
+
+class Completion(Model):
+    """One recorded model call.
+
+    Invariant: ``len(response_ids) == len(response_logprobs)``; ``response_ids`` are the tokens
+    the backend sampled, in order, end-of-turn token included when it was sampled.
+
+    Attributes:
+        index: position in the session's completion log, 0-based, gap-free.
+        request_hash: sha256 of the canonical request body; equal hashes mean a retried request.
+        prompt_ids: list[int], length P: the exact prompt the backend received (tokens mode) or
+            reported (passthrough); empty when unknown.
+        response_ids: list[int], length R: sampled token ids.
+        response_logprobs: list[float], length R: logprob of each sampled token as reported.
+        messages / tools: the request's conversation in OpenAI chat shape (after translation).
+        response_message: the answer in OpenAI chat shape (content, tool_calls, reasoning).
+        trainable: False when token ids or logprobs are unknown (plain OpenAI passthrough).
+        extends: index of the completion whose prompt + response this prompt continues
+            (tokens mode), or None for a fresh render.
+    """
+
+    session_id: str
+    index: int = Field(ge=0)
+    request_hash: str = ""
+    dialect: str = "openai_chat"
+    capture_mode: CaptureMode = CaptureMode.TOKENS
+    model: str = ""
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    request: dict[str, Any] = Field(default_factory=dict, description="raw request body")
+    prompt_ids: list[int] = Field(default_factory=list)
+    response_ids: list[int] = Field(default_factory=list)
+    response_logprobs: list[float] = Field(default_factory=list)
+    response_text: str = ""
+    response_message: dict[str, Any] = Field(default_factory=dict)
+    finish_reason: Literal["stop", "length", "tool_calls", "error"] = "stop"
+    end_of_turn_sampled: bool = True
+    extends: int | None = None
+    backend: str = ""
+    policy_version: int = 0
+    trainable: bool = True
+    error: str | None = None
+    timings: Timings = Field(default_factory=Timings)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Completion:
+        if len(self.response_ids) != len(self.response_logprobs):
+            raise ValueError(
+                f"completion {self.session_id}#{self.index}: response_ids has "
+                f"{len(self.response_ids)} tokens, response_logprobs {len(self.response_logprobs)}"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------- trajectories
+
+
+class Trace(Model):
+    """One training sequence (POLAR appendix A.4 shape).
+
+    Invariant: ``len(response_ids) == len(loss_mask) == len(response_logprobs)``; every position
+    with ``loss_mask == 1`` holds a sampled token with the logprob its backend reported.
+
+    Attributes:
+        prompt_ids: list[int], length P: the first prompt of the chain.
+        response_ids: list[int], length R: everything after the prompt (sampled tokens and the
+            tokens of tool results / user turns in between).
+        loss_mask: list[int] of 0/1, length R.
+        response_logprobs: list[float], length R; 0.0 where ``loss_mask`` is 0.
+        completion_indices: the completions merged into this trace, in order.
+        num_traces_in_session: how many traces the session produced (for per-session
+            normalisation of a broadcast reward).
+    """
+
+    trace_index: int = Field(default=0, ge=0)
+    prompt_ids: list[int] = Field(default_factory=list)
+    response_ids: list[int] = Field(default_factory=list)
+    loss_mask: list[int] = Field(default_factory=list)
+    response_logprobs: list[float] = Field(default_factory=list)
+    prompt_messages: list[dict[str, Any]] = Field(default_factory=list)
+    response_messages: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    finish_reason: str = "stop"
+    reward: float | None = None
+    completion_indices: list[int] = Field(default_factory=list)
+    num_traces_in_session: int = Field(default=1, ge=1)
+    policy_versions: list[int] = Field(default_factory=list)
+    drift_positions: list[int] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Trace:
+        n = len(self.response_ids)
+        if len(self.loss_mask) != n or len(self.response_logprobs) != n:
+            raise ValueError(
+                f"trace {self.trace_index}: response_ids {n}, loss_mask {len(self.loss_mask)}, "
+                f"response_logprobs {len(self.response_logprobs)} must be equal"
+            )
+        return self
+
+
+class BuilderStats(Model):
+    """Reconstruction stats a builder reports on every trajectory."""
+
+    num_completions: int = 0
+    num_chains: int = 0
+    num_completions_merged: int = 0
+    num_chain_breaks: int = 0
+    num_retries_collapsed: int = 0
+    num_drift_tokens: int = 0
+    num_length_turns: int = 0
+    num_untrainable_completions: int = 0
+    num_trainable_tokens: int = 0
+    num_response_tokens: int = 0
+
+
+class SessionStatus(str, enum.Enum):
+    """How a session ended."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+
+
+class Trajectory(Model):
+    """The traces of one session, with status, rewards and reconstruction stats."""
+
+    session_id: str
+    task_id: str
+    sample_index: int = 0
+    status: SessionStatus = SessionStatus.COMPLETED
+    builder: str = "prefix_merging"
+    traces: list[Trace] = Field(default_factory=list)
+    reward: float | None = None
+    stats: BuilderStats = Field(default_factory=BuilderStats)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- results
+
+
+class PhaseTiming(Model):
+    """Execution time of one session phase, seconds."""
+
+    phase: str
+    duration_s: float = Field(ge=0)
+
+
+class SessionResult(Model):
+    """What a session returns to its parent: a summary and references, never token arrays."""
+
+    session_id: str
+    task_id: str
+    sample_index: int = 0
+    status: SessionStatus
+    reward: float | None = None
+    trace_rewards: list[float] | None = None
+    error: str | None = None
+    num_completions: int = 0
+    num_traces: int = 0
+    num_trainable_tokens: int = 0
+    trajectory_ref: str | None = Field(default=None, description="blob-store key")
+    harness_exit_code: int | None = None
+    phases: list[PhaseTiming] = Field(default_factory=list)
+    stats: BuilderStats = Field(default_factory=BuilderStats)
+
+
+class TaskResult(Model):
+    """A task's group of sessions with group stats."""
+
+    task_id: str
+    sessions: list[SessionResult] = Field(default_factory=list)
+    mean_reward: float | None = None
+    reward_std: float | None = None
+    num_completed: int = 0
+    metadata: dict[str, Any] = Field(default_factory=dict)

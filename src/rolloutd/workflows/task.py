@@ -1,0 +1,90 @@
+"""``RolloutTaskWorkflow``: a task's ``num_samples`` sessions as child workflows, and the group.
+
+Workflow id ``task/{task_id}``; children ``task/{task_id}/{index}``; session ids
+``{task_id}/{index}``. Cancelling the task cancels every session; each session tears its runtime
+down and stores what it captured before it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from temporalio import workflow
+from temporalio.exceptions import ChildWorkflowError
+
+with workflow.unsafe.imports_passed_through():
+    from rolloutd import task_queues
+    from rolloutd.types import SessionResult, SessionStatus, TaskRequest, TaskResult
+    from rolloutd.workflows import search
+    from rolloutd.workflows.session import RolloutSessionWorkflow, SessionInput
+
+
+def task_workflow_id(task_id: str) -> str:
+    """Workflow id of a task."""
+    return f"task/{task_id}"
+
+
+def session_id_of(task_id: str, sample_index: int) -> str:
+    """Session id of one sample of a task."""
+    return f"{task_id}/{sample_index}"
+
+
+@workflow.defn
+class RolloutTaskWorkflow:
+    """Run ``num_samples`` sessions of one task and return the group with its stats."""
+
+    def __init__(self) -> None:
+        self._results: dict[int, SessionResult] = {}
+
+    @workflow.query
+    def progress(self) -> dict[str, int]:
+        """How many sessions have finished out of how many."""
+        return {"finished": len(self._results)}
+
+    @workflow.run
+    async def run(self, task: TaskRequest) -> TaskResult:
+        search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
+        parent = workflow.info().workflow_id
+
+        async def one(index: int) -> SessionResult:
+            session_id = session_id_of(task.task_id, index)
+            try:
+                result = await workflow.execute_child_workflow(
+                    RolloutSessionWorkflow.run,
+                    SessionInput(task=task, sample_index=index, session_id=session_id),
+                    id=f"{parent}/{index}",
+                    task_queue=task_queues.WORKFLOWS,
+                    execution_timeout=None,
+                    cancellation_type=workflow.ChildWorkflowCancellationType.WAIT_CANCELLATION_COMPLETED,
+                )
+            except ChildWorkflowError as e:
+                result = SessionResult(session_id=session_id, task_id=task.task_id,
+                                       sample_index=index, status=SessionStatus.FAILED,
+                                       error=f"session workflow failed: {e.cause or e}")
+            self._results[index] = result
+            return result
+
+        try:
+            results = await asyncio.gather(*(one(i) for i in range(task.num_samples)))
+        except asyncio.CancelledError:
+            search.upsert(status=SessionStatus.CANCELLED.value)
+            raise
+        group = summarize(task.task_id, list(results))
+        search.upsert(status="completed", reward=group.mean_reward)
+        return group
+
+
+def summarize(task_id: str, sessions: list[SessionResult]) -> TaskResult:
+    """Group stats of a task's sessions: mean and (population) std of the rewards."""
+    rewards = [s.reward for s in sessions if s.reward is not None]
+    mean = sum(rewards) / len(rewards) if rewards else None
+    std = (math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+           if rewards and mean is not None else None)
+    return TaskResult(
+        task_id=task_id,
+        sessions=sorted(sessions, key=lambda s: s.sample_index),
+        mean_reward=mean,
+        reward_std=std,
+        num_completed=sum(s.status == SessionStatus.COMPLETED for s in sessions),
+    )

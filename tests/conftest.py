@@ -1,0 +1,99 @@
+"""Shared fixtures: a real Temporal dev server, a real llama-server, and the four fleets.
+
+Everything a fixture starts, it stops by its id at the end of the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rolloutd.stack import TemporalDevServer
+
+
+@pytest.fixture(scope="session")
+def temporal_server() -> Iterator[TemporalDevServer]:
+    """A Temporal dev server (in memory, headless) with rolloutd's search attributes."""
+    server = TemporalDevServer(headless=True).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def engine():  # -> LlamaServer
+    """llama-server serving Qwen2.5-Coder-0.5B-Instruct (the acceptance model)."""
+    from rolloutd.engine.server import LlamaServer
+
+    server = LlamaServer("qwen2.5-coder-0.5b", parallel=4, ctx_size=65536).start(timeout_s=180)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class Fleets:
+    """The in-process fleets of a test session."""
+
+    client: object
+    store_url: str
+    gateway_url: str
+    runtime_root: Path
+    engine_url: str
+    engine_tee: object
+    harness_tee: object
+
+
+@pytest.fixture(scope="session")
+async def fleets(temporal_server, engine, tmp_path_factory) -> AsyncIterator[Fleets]:
+    """All four fleets in this process against the real Temporal server and engine."""
+    from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
+    from rolloutd.stack import free_port
+    from rolloutd.workers import connect, run_fleet
+    from tests.support.tee import Tee
+
+    home = tmp_path_factory.mktemp("rolloutd")
+    common = {
+        "temporal_address": temporal_server.address,
+        "store_url": str(home / "store"),
+        "host_id": "test-host",
+        "log_json": False,
+    }
+    port = free_port()
+    # engine_tee records what llama-server really answered; harness_tee what harnesses got.
+    engine_tee = await Tee(engine.url).start()
+    harness_tee = await Tee(f"http://127.0.0.1:{port}").start()
+    gateway_settings = GatewaySettings(**common, gateway_port=port, backend_url=engine_tee.url,
+                                       gateway_public_url=harness_tee.url,
+                                       model="qwen2.5-coder-0.5b")
+    sandbox_settings = SandboxSettings(**common, runtime_root=str(home / "runtimes"))
+    client = await connect(gateway_settings)
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(run_fleet("gateway", client, gateway_settings))
+        await stack.enter_async_context(run_fleet("sandbox", client, sandbox_settings))
+        await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
+        await stack.enter_async_context(run_fleet("workflows", client, gateway_settings))
+        yield Fleets(client=client, store_url=common["store_url"],
+                     gateway_url=f"http://127.0.0.1:{port}", runtime_root=home / "runtimes",
+                     engine_url=engine.url, engine_tee=engine_tee, harness_tee=harness_tee)
+    await harness_tee.stop()
+    await engine_tee.stop()
+
+
+def have_bwrap() -> bool:
+    """Whether bubblewrap is installed."""
+    return shutil.which("bwrap") is not None
+
+
+def npm_prefix() -> Path:
+    """Where the harness CLIs are installed."""
+    return Path(os.environ.get("ROLLOUTD_NPM_PREFIX",
+                               Path.home() / ".cache" / "rolloutd" / "npm"))

@@ -1,0 +1,145 @@
+"""Session and task workflows on real parts: Temporal dev server, gateway, llama-server, bwrap.
+
+The harness here is the ``shell`` harness (a real process in a real sandbox), so phase
+timeouts, cancellation and validation are checked without waiting on an agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.service import RPCError
+
+from rolloutd.trainer_client import InvalidTaskError, RolloutClient
+from rolloutd.trajectory import check_invariants
+from rolloutd.store import BlobStore, CompletionLog
+from rolloutd.types import SessionStatus
+
+pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox]
+
+CURL_ONE_CALL = (
+    "curl -sS -f \"$OPENAI_BASE_URL/chat/completions\" -H \"Authorization: Bearer $OPENAI_API_KEY\" "
+    "-H 'Content-Type: application/json' "
+    "-d '{\"model\": \"m\", \"max_tokens\": 8, "
+    "\"messages\": [{\"role\": \"user\", \"content\": \"Say hi\"}]}' > reply.json"
+)
+
+
+def shell_task(task_id: str, command: str, **overrides: object) -> dict:
+    task: dict = {
+        "task_id": task_id,
+        "instruction": "test",
+        "harness": {"type": "shell", "command": command},
+        "runtime": {"type": "bwrap"},
+    }
+    task.update(overrides)
+    return task
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids whose command line contains ``marker`` (counted from /proc, not assumed)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+async def wait_phase(client, workflow_id: str, phase: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if await client.get_workflow_handle(workflow_id).query("phase") == phase:
+                return
+        except RPCError:
+            pass
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{workflow_id} never reached phase {phase}")
+
+
+async def test_malformed_task_is_refused_before_any_workflow_starts(fleets):
+    client = RolloutClient(fleets.client)
+    task_id = f"bad-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(InvalidTaskError) as info:
+        await client.submit(shell_task(task_id, "true", num_samples=0))
+    assert "num_samples" in str(info.value)
+    with pytest.raises(InvalidTaskError) as info:
+        await client.submit({"task_id": task_id, "instruction": "x",
+                             "harness": {"type": "no-such-harness"}})
+    assert "harness.type" in str(info.value)
+    with pytest.raises(InvalidTaskError) as info:
+        await client.submit({"task_id": "../escape", "instruction": "x",
+                             "harness": {"type": "shell", "command": "true"}})
+    assert "task_id" in str(info.value)
+    with pytest.raises(RPCError):
+        await client.get_handle(task_id).describe()
+
+
+async def test_shell_session_records_scores_and_builds(fleets):
+    client = RolloutClient(fleets.client, BlobStore(fleets.store_url))
+    task_id = f"shell-{uuid.uuid4().hex[:6]}"
+    handle = await client.submit(shell_task(
+        task_id, CURL_ONE_CALL, num_samples=2,
+        evaluator={"type": "test_on_output", "command": "test -s reply.json"},
+    ))
+    group = await handle.result()
+    assert [s.status for s in group.sessions] == [SessionStatus.COMPLETED] * 2
+    for session in group.sessions:
+        assert session.reward == 1.0
+        assert session.num_completions == 1
+        trajectory = client.trajectory(session)
+        completions = CompletionLog(client.store, session.session_id).read_all()
+        check_invariants(trajectory.traces, completions)
+        assert trajectory.reward == 1.0
+        assert {p.phase for p in session.phases} >= {"open", "provision", "run", "teardown",
+                                                     "close", "build", "evaluate"}
+
+
+async def test_run_phase_timeout_yields_timeout_and_what_was_captured(fleets):
+    client = RolloutClient(fleets.client, BlobStore(fleets.store_url))
+    marker = f"rolloutd-timeout-{uuid.uuid4().hex[:8]}"
+    task_id = f"timeout-{uuid.uuid4().hex[:6]}"
+    handle = await client.submit(shell_task(
+        task_id, f"{CURL_ONE_CALL} && sleep 600 # {marker}",
+        phases={"run_s": 8},
+    ))
+    group = await handle.result()
+    (session,) = group.sessions
+    assert session.status == SessionStatus.TIMEOUT
+    assert session.num_completions == 1
+    trajectory = client.trajectory(session)
+    assert trajectory.status == SessionStatus.TIMEOUT
+    assert sum(len(t.completion_indices) for t in trajectory.traces) == 1
+    assert processes_with(marker) == []
+
+
+async def test_cancelling_a_task_ends_sessions_within_10_s_and_leaves_no_process(fleets):
+    client = RolloutClient(fleets.client, BlobStore(fleets.store_url))
+    marker = f"rolloutd-cancel-{uuid.uuid4().hex[:8]}"
+    task_id = f"cancel-{uuid.uuid4().hex[:6]}"
+    handle = await client.submit(shell_task(task_id, f"sleep 600 # {marker}", num_samples=2))
+    for i in range(2):
+        await wait_phase(fleets.client, f"task/{task_id}/{i}", "run")
+    assert len(processes_with(marker)) >= 2
+    t0 = time.monotonic()
+    await handle.cancel()
+    with pytest.raises(WorkflowFailureError):
+        await handle.result()
+    for i in range(2):
+        child = fleets.client.get_workflow_handle(f"task/{task_id}/{i}")
+        deadline = time.monotonic() + 10
+        while (await child.describe()).status == WorkflowExecutionStatus.RUNNING:
+            assert time.monotonic() < deadline, "session still running 10 s after cancel"
+            await asyncio.sleep(0.1)
+    elapsed = time.monotonic() - t0
+    assert elapsed <= 10, elapsed
+    assert processes_with(marker) == []

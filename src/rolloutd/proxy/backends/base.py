@@ -1,0 +1,131 @@
+"""The backend contract: token ids in, sampled token ids and their logprobs out.
+
+Every inference server the gateway drives in ``tokens`` capture mode (llama.cpp today; vLLM
+``/v1/completions`` and SGLang ``/generate`` later) implements :class:`Backend`. Clients run
+without retries: Temporal owns retries (STYLE.md).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One sampling call.
+
+    Attributes:
+        prompt_ids: list[int], length P: the prompt.
+        max_tokens: sampled tokens at most (>= 1).
+        temperature: softmax temperature; 0 samples greedily.
+        top_p: nucleus mass in (0, 1]; 1 disables it.
+        top_k: top-k cut-off; 0 disables it.
+        seed: sampling seed, or None for a random one.
+    """
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+
+@dataclass
+class GenerateResult:
+    """What the backend sampled.
+
+    Invariant: ``len(response_ids) == len(response_logprobs)``; ``response_ids`` are in
+    sampling order and include the end-of-generation token when one was sampled
+    (``ended_by_eos``).
+
+    Attributes:
+        response_ids: list[int], length R: sampled token ids.
+        response_logprobs: list[float], length R: the backend's logprob of each sampled token.
+        text: the backend's detokenised text (end-of-generation token not included).
+        finish_reason: ``stop`` (end-of-generation token) or ``length`` (``max_tokens``).
+        ended_by_eos: the last of ``response_ids`` is an end-of-generation token.
+        num_prompt_tokens: prompt tokens the backend reports it received.
+        num_cached_tokens: prompt tokens served from its prefix cache.
+        first_token_s: seconds from the request to the first sampled token (streaming), or None.
+        raw: backend-specific extras (stop type, timings) kept for debugging.
+    """
+
+    response_ids: list[int]
+    response_logprobs: list[float]
+    text: str
+    finish_reason: Literal["stop", "length"]
+    ended_by_eos: bool
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    first_token_s: float | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GenerateDelta:
+    """One streamed step: new tokens and text, or the final result.
+
+    Attributes:
+        response_ids: list[int]: tokens sampled in this step.
+        response_logprobs: list[float], same length: their logprobs.
+        text: text of this step (may be empty while a multi-byte character is incomplete).
+        result: set on the last delta only: the whole :class:`GenerateResult`.
+    """
+
+    response_ids: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    result: GenerateResult | None = None
+
+
+class Backend(abc.ABC):
+    """An inference server that samples from token-id prompts.
+
+    Args:
+        name: stable name of the backend in the pool (sessions are pinned by name).
+        url: base URL.
+        policy_version: version of the weights it serves; stamped on every completion.
+    """
+
+    type: ClassVar[str] = "abstract"
+
+    def __init__(self, name: str, url: str, *, policy_version: int = 0) -> None:
+        self.name = name
+        self.url = url.rstrip("/")
+        self.policy_version = policy_version
+
+    @abc.abstractmethod
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Sample a response to ``request.prompt_ids``.
+
+        Raises:
+            rolloutd.errors.BackendError: the backend failed or answered garbage.
+            rolloutd.errors.BackendUnavailableError: it cannot be reached.
+        """
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateDelta]:
+        """Sample a response as a stream of deltas; the last one carries the result.
+
+        The default samples in one call and yields one delta: backends that stream override it.
+        The concatenated deltas equal ``result.response_ids`` / ``response_logprobs``.
+        """
+        result = await self.generate(request)
+        yield GenerateDelta(response_ids=list(result.response_ids),
+                            response_logprobs=list(result.response_logprobs), text=result.text)
+        yield GenerateDelta(result=result)
+
+    @abc.abstractmethod
+    async def context_size(self) -> int:
+        """Context window of one sequence, in tokens (prompt plus response)."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook with nothing to release
+        """Release the client's connections (nothing by default)."""
+
+    def describe(self) -> dict[str, Any]:
+        """Name, type, URL and policy version (for logs and admin routes)."""
+        return {"name": self.name, "type": self.type, "url": self.url,
+                "policy_version": self.policy_version}

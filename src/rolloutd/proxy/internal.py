@@ -1,0 +1,140 @@
+"""The gateway's internal request and response: what every dialect translates to and from.
+
+Dialects (OpenAI chat today; Responses, Anthropic and Gemini later) are pure translations
+between their wire models and these models, so the generation pipeline, the token chain and
+the recorder see one shape only. Messages and tools use the OpenAI chat shape because that is
+what Hugging Face chat templates expect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class SamplingOverrides(BaseModel):
+    """Sampling values the harness sent; None where it did not send one.
+
+    Whether they win over the task's :class:`rolloutd.types.SamplingParams` is decided by the
+    task's ``policy`` (see :func:`rolloutd.proxy.service.resolve_sampling`).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = Field(default=None, ge=0.0, le=5.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+
+
+class InternalRequest(BaseModel):
+    """One chat request after dialect translation.
+
+    Attributes:
+        dialect: the wire dialect it came from (``openai_chat``); recorded on the completion.
+        model: the model name the harness asked for (informational; the session decides).
+        messages: the conversation in OpenAI chat shape: ``role`` in system/user/assistant/tool,
+            ``content`` a string, assistant ``tool_calls`` with ``function.arguments`` as a JSON
+            string, tool messages with ``tool_call_id``.
+        tools: OpenAI tool definitions (``{"type": "function", "function": {...}}``).
+        sampling: the harness's own sampling values.
+        stream: answer as a stream of chunks.
+        include_usage: streaming only: send a final usage chunk (OpenAI ``stream_options``).
+        body: the raw request body as parsed JSON; hashed to detect retries and recorded.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    dialect: str = "openai_chat"
+    model: str | None = None
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    sampling: SamplingOverrides = Field(default_factory=SamplingOverrides)
+    stream: bool = False
+    include_usage: bool = False
+    body: dict[str, Any] = Field(default_factory=dict)
+
+
+class Usage(BaseModel):
+    """Token counts of one completion."""
+
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+
+    @property
+    def total_tokens(self) -> int:
+        """``prompt_tokens + completion_tokens``."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+class InternalResponse(BaseModel):
+    """One answer before dialect translation.
+
+    Attributes:
+        id: a stable id of the answer, derived from the session and completion index, so an
+            answer replayed from the log is identical to the first one.
+        created: Unix time (s) the completion started.
+        model: the model name shown to the harness.
+        text: the sampled text (end-of-turn token excluded).
+        content: the assistant's text with tool-call blocks removed; None when only tool calls.
+        tool_calls: OpenAI tool calls (``id``, ``type``, ``function.name``,
+            ``function.arguments`` as a JSON string).
+        finish_reason: ``stop``, ``length`` or ``tool_calls``.
+        usage: token counts.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    created: int
+    model: str
+    text: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    finish_reason: FinishReason
+    usage: Usage
+
+    def message(self) -> dict[str, Any]:
+        """The answer as an OpenAI assistant message (what is recorded as ``response_message``).
+
+        Returns:
+            ``{"role": "assistant", "content": ..., "tool_calls": [...]}``; ``tool_calls`` only
+            when there are some.
+        """
+        out: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        return out
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+@dataclass
+class StreamStart:
+    """First event of a stream: the sampler answered; chunks can start."""
+
+    id: str
+    created: int
+    model: str
+
+
+@dataclass
+class StreamContent:
+    """New content text, safe to show (never part of a tool call)."""
+
+    text: str
+
+
+@dataclass
+class StreamEnd:
+    """Last event: the recorded answer, and the content not streamed yet."""
+
+    response: InternalResponse
+    content_tail: str
+
+
+StreamEvent = StreamStart | StreamContent | StreamEnd

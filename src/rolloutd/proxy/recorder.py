@@ -1,0 +1,135 @@
+"""The recorder: every model call becomes a :class:`rolloutd.types.Completion` in the log.
+
+A completion is appended to the session's :class:`rolloutd.store.CompletionLog` before its
+response reaches the harness (DESIGN.md, Gateway), with a gap-free index assigned under the
+session's lock. A retried request (same ``request_hash`` as an answered one) is answered from
+the log: no second sample, no second completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from typing import Any
+
+import structlog
+
+from rolloutd.proxy.backends.base import Backend, GenerateResult
+from rolloutd.proxy.chat_template import PromptPlan, canonical_json
+from rolloutd.proxy.internal import InternalRequest, InternalResponse, Usage
+from rolloutd.proxy.sessions import Session
+from rolloutd.types import Completion, Timings
+
+log = structlog.get_logger(__name__)
+
+
+def request_hash(body: dict[str, Any]) -> str:
+    """sha256 (hex) of the canonical JSON of a request body: sorted keys, no spaces."""
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+
+def response_id(session_id: str, index: int) -> str:
+    """The stable answer id of completion ``index`` (a replay answers with the same id)."""
+    digest = hashlib.sha256(f"{session_id}#{index}".encode()).hexdigest()
+    return f"chatcmpl-{digest[:24]}"
+
+
+def build_completion(
+    session: Session,
+    *,
+    index: int,
+    request: InternalRequest,
+    body_hash: str,
+    plan: PromptPlan,
+    result: GenerateResult,
+    response: InternalResponse,
+    backend: Backend,
+    end_of_turn_id: int,
+    started_at: float,
+    duration_s: float,
+) -> Completion:
+    """The completion of one answered call (pure).
+
+    Args:
+        session: the session (its id, model and capture mode).
+        index: the completion's index (``session.next_index()`` under the lock).
+        request: the translated request.
+        body_hash: :func:`request_hash` of ``request.body``.
+        plan: the prompt sent (``prompt_ids``, length P, and ``extends``).
+        result: what the backend sampled (``response_ids``/``response_logprobs``, length R).
+        response: the answer returned to the harness.
+        backend: the backend that sampled (name and policy version are recorded).
+        end_of_turn_id: the chat template's end-of-turn token.
+        started_at: Unix time (s) the call started.
+        duration_s: wall time of the call, seconds.
+    """
+    return Completion(
+        session_id=session.session_id,
+        index=index,
+        request_hash=body_hash,
+        dialect=request.dialect,
+        capture_mode=session.state.capture_mode,
+        model=response.model,
+        messages=request.messages,
+        tools=request.tools,
+        request=request.body,
+        prompt_ids=plan.prompt_ids,
+        response_ids=result.response_ids,
+        response_logprobs=result.response_logprobs,
+        response_text=response.text,
+        response_message=response.message(),
+        finish_reason=response.finish_reason,
+        end_of_turn_sampled=bool(result.response_ids)
+        and result.response_ids[-1] == end_of_turn_id,
+        extends=plan.extends,
+        backend=backend.name,
+        policy_version=backend.policy_version,
+        timings=Timings(started_at=started_at, first_token_s=result.first_token_s,
+                        duration_s=duration_s),
+    )
+
+
+def response_from_completion(completion: Completion) -> InternalResponse:
+    """The answer recorded in ``completion``, identical to the one first returned."""
+    message = completion.response_message
+    return InternalResponse(
+        id=response_id(completion.session_id, completion.index),
+        created=int(completion.timings.started_at),
+        model=completion.model,
+        text=completion.response_text,
+        content=message.get("content"),
+        tool_calls=list(message.get("tool_calls") or []),
+        finish_reason=completion.finish_reason,  # type: ignore[arg-type]
+        usage=Usage(prompt_tokens=len(completion.prompt_ids),
+                    completion_tokens=len(completion.response_ids)),
+    )
+
+
+class Recorder:
+    """Appends completions to their session's log and finds retried requests."""
+
+    def find_retry(self, session: Session, body_hash: str) -> Completion | None:
+        """The completion that answered an identical request before, if any."""
+        index = session.by_hash.get(body_hash)
+        return None if index is None else session.completions[index]
+
+    async def record(self, session: Session, completion: Completion) -> None:
+        """Durably append ``completion`` (call with ``session.lock`` held).
+
+        Raises:
+            rolloutd.store.BlobExistsError: its index is written already (another writer).
+            ValueError: its index is not the session's next one.
+        """
+        if completion.index != session.next_index():
+            raise ValueError(f"completion index {completion.index} is not the next index "
+                             f"{session.next_index()} of session {session.session_id}")
+        started = time.monotonic()
+        await asyncio.to_thread(session.log.append, completion)
+        session.completions.append(completion)
+        session.by_hash.setdefault(completion.request_hash, completion.index)
+        log.info("completion_recorded", session_id=session.session_id, index=completion.index,
+                 num_prompt_tokens=len(completion.prompt_ids),
+                 num_response_tokens=len(completion.response_ids),
+                 finish_reason=completion.finish_reason, extends=completion.extends,
+                 append_s=round(time.monotonic() - started, 4))

@@ -1,0 +1,239 @@
+"""The generation pipeline of one call, shared by every dialect and by both answer modes.
+
+For a translated request in a session: refuse sealed sessions; answer a retried request from
+the log; build the prompt (token chain or fresh render); resolve sampling and bound
+``max_tokens`` by the context left; sample on the session's backend; parse tool calls; record
+the completion; answer. Streaming yields content deltas as they are sampled and the final
+answer only after the completion is recorded, so both modes record identical completions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import structlog
+
+from rolloutd.errors import BackendError, ContextLengthError
+from rolloutd.proxy.backends.base import Backend, GenerateDelta, GenerateRequest, GenerateResult
+from rolloutd.proxy.backends.pool import BackendPool
+from rolloutd.proxy.chat_template import ChatTemplate, PromptPlan
+from rolloutd.proxy.internal import (
+    InternalRequest,
+    InternalResponse,
+    SamplingOverrides,
+    StreamContent,
+    StreamEnd,
+    StreamEvent,
+    StreamStart,
+    Usage,
+)
+from rolloutd.proxy.recorder import (
+    Recorder,
+    build_completion,
+    request_hash,
+    response_from_completion,
+    response_id,
+)
+from rolloutd.proxy.sessions import Session
+from rolloutd.proxy.tool_parsers import get_tool_parser
+from rolloutd.types import Completion, SamplingParams
+
+log = structlog.get_logger(__name__)
+
+
+def resolve_sampling(task: SamplingParams, harness: SamplingOverrides) -> SamplingParams:
+    """The sampling values of one call.
+
+    ``policy == "respect"`` keeps the harness's temperature, top_p and max_tokens where it sent
+    them; ``override`` uses the task's values only. top_k and seed always come from the task.
+
+    Args:
+        task: the session's sampling parameters.
+        harness: the values in the request.
+
+    Returns:
+        The values to sample with (``max_tokens`` before the context bound).
+    """
+    if task.policy != "respect":
+        return task
+    update = {name: value for name, value in harness.model_dump().items() if value is not None}
+    return task.model_copy(update=update)
+
+
+def bound_max_tokens(max_tokens: int, num_prompt_tokens: int, ctx_size: int) -> int:
+    """``max_tokens`` cut to the context left after the prompt.
+
+    Args:
+        max_tokens: tokens asked for.
+        num_prompt_tokens: P.
+        ctx_size: the backend's context window per sequence.
+
+    Returns:
+        ``min(max_tokens, ctx_size - P)``, at least 1.
+
+    Raises:
+        ContextLengthError: ``P >= ctx_size``: no room for one sampled token.
+    """
+    room = ctx_size - num_prompt_tokens
+    if room < 1:
+        raise ContextLengthError(
+            f"this model's maximum context length is {ctx_size} tokens, but the prompt has "
+            f"{num_prompt_tokens} tokens, which leaves no room for the completion")
+    return min(max_tokens, room)
+
+
+@dataclass
+class _Prepared:
+    index: int
+    body_hash: str
+    plan: PromptPlan
+    backend: Backend
+    generate: GenerateRequest
+    started_at: float
+    started: float
+
+
+class ChatService:
+    """Runs calls: prompt, sample, parse, record, answer.
+
+    Args:
+        template: the model's chat template and token chain.
+        pool: the backends.
+        recorder: the completion recorder.
+        tool_parser: name in :data:`rolloutd.proxy.tool_parsers.TOOL_PARSERS`.
+    """
+
+    def __init__(self, template: ChatTemplate, pool: BackendPool, recorder: Recorder, *,
+                 tool_parser: str = "hermes") -> None:
+        self.template = template
+        self.pool = pool
+        self.recorder = recorder
+        self.tool_parser = get_tool_parser(tool_parser)
+
+    async def _prepare(self, session: Session, request: InternalRequest
+                       ) -> _Prepared | Completion:
+        """Checks, retry lookup, prompt and sampling (call with ``session.lock`` held)."""
+        session.ensure_open()
+        body_hash = request_hash(request.body)
+        if (answered := self.recorder.find_retry(session, body_hash)) is not None:
+            log.info("retry_answered_from_log", session_id=session.session_id,
+                     index=answered.index)
+            return answered
+        started_at, started = time.time(), time.monotonic()
+        plan = await asyncio.to_thread(self.template.build_prompt, request.messages,
+                                       request.tools, list(session.completions))
+        backend = self.pool.get(session.state.backend)
+        sampling = resolve_sampling(session.state.sampling, request.sampling)
+        max_tokens = bound_max_tokens(sampling.max_tokens, len(plan.prompt_ids),
+                                      await backend.context_size())
+        generate = GenerateRequest(prompt_ids=plan.prompt_ids, max_tokens=max_tokens,
+                                   temperature=sampling.temperature, top_p=sampling.top_p,
+                                   top_k=sampling.top_k, seed=sampling.seed)
+        log.debug("call_prepared", session_id=session.session_id, index=session.next_index(),
+                  num_prompt_tokens=len(plan.prompt_ids), num_new_tokens=plan.num_new_tokens,
+                  extends=plan.extends, max_tokens=max_tokens, backend=backend.name)
+        return _Prepared(index=session.next_index(), body_hash=body_hash, plan=plan,
+                         backend=backend, generate=generate, started_at=started_at,
+                         started=started)
+
+    async def _answer(self, session: Session, request: InternalRequest, prep: _Prepared,
+                      result: GenerateResult) -> InternalResponse:
+        """Parse, record and build the answer (call with ``session.lock`` held)."""
+        text_ids = result.response_ids[:-1] if result.ended_by_eos else result.response_ids
+        text = await asyncio.to_thread(self.template.decode, text_ids)
+        if request.tools:
+            parsed = self.tool_parser.parse(text)
+            content, tool_calls = parsed.content, parsed.tool_calls
+        else:
+            content, tool_calls = text, []
+        response = InternalResponse(
+            id=response_id(session.session_id, prep.index),
+            created=int(prep.started_at),
+            model=session.state.model,
+            text=text,
+            content=content,
+            tool_calls=tool_calls,
+            finish_reason="tool_calls" if tool_calls else result.finish_reason,
+            usage=Usage(prompt_tokens=len(prep.plan.prompt_ids),
+                        completion_tokens=len(result.response_ids)),
+        )
+        completion = build_completion(
+            session, index=prep.index, request=request, body_hash=prep.body_hash,
+            plan=prep.plan, result=result, response=response, backend=prep.backend,
+            end_of_turn_id=self.template.end_of_turn_id, started_at=prep.started_at,
+            duration_s=time.monotonic() - prep.started,
+        )
+        await self.recorder.record(session, completion)
+        return response
+
+    async def complete(self, session: Session, request: InternalRequest) -> InternalResponse:
+        """Answer one call in one piece.
+
+        Raises:
+            rolloutd.errors.AuthenticationError: the session is closed.
+            rolloutd.errors.InvalidRequestError: the template rejects the messages.
+            ContextLengthError: the prompt fills the context.
+            BackendError: the backend failed; nothing is recorded.
+        """
+        async with session.lock:
+            prep = await self._prepare(session, request)
+            if isinstance(prep, Completion):
+                return response_from_completion(prep)
+            result = await prep.backend.generate(prep.generate)
+            return await self._answer(session, request, prep, result)
+
+    async def stream(self, session: Session, request: InternalRequest
+                     ) -> AsyncIterator[StreamEvent]:
+        """Answer one call as events: :class:`StreamStart`, :class:`StreamContent`...,
+        :class:`StreamEnd`.
+
+        Errors before :class:`StreamStart` (closed session, bad messages, context, backend
+        refused) are raised before anything is sent, so the caller can answer with a status.
+        Content is held back from a tool-call marker on; tool calls come with the end event.
+
+        Raises:
+            The errors of :meth:`complete`.
+        """
+        async with session.lock:
+            prep = await self._prepare(session, request)
+            if isinstance(prep, Completion):
+                response = response_from_completion(prep)
+                yield StreamStart(id=response.id, created=response.created, model=response.model)
+                yield StreamEnd(response=response, content_tail=response.content or "")
+                return
+            streamable = self.tool_parser.streamable if request.tools else str
+            deltas = prep.backend.generate_stream(prep.generate)
+            try:
+                delta = await _next_delta(deltas, prep.backend)
+                yield StreamStart(id=response_id(session.session_id, prep.index),
+                                  created=int(prep.started_at), model=session.state.model)
+                text, sent = "", ""
+                while delta.result is None:
+                    text += delta.text
+                    safe = streamable(text)
+                    if len(safe) > len(sent) and safe.startswith(sent):
+                        yield StreamContent(text=safe[len(sent):])
+                        sent = safe
+                    delta = await _next_delta(deltas, prep.backend)
+            finally:
+                await deltas.aclose()  # type: ignore[attr-defined]
+            response = await self._answer(session, request, prep, delta.result)
+            final = response.content or ""
+            if final.startswith(sent):
+                tail = final[len(sent):]
+            else:
+                tail = ""
+                log.warning("stream_content_diverged", session_id=session.session_id,
+                            index=prep.index, num_sent_chars=len(sent),
+                            num_final_chars=len(final))
+            yield StreamEnd(response=response, content_tail=tail)
+
+
+async def _next_delta(deltas: AsyncIterator[GenerateDelta], backend: Backend) -> GenerateDelta:
+    try:
+        return await deltas.__anext__()
+    except StopAsyncIteration:
+        raise BackendError(f"backend {backend.name}: stream ended without a result") from None

@@ -1,0 +1,313 @@
+"""Gateway sessions: keys, durable state, completion history, open and close.
+
+Blob-store keys (besides :mod:`rolloutd.store`'s completion log)::
+
+    sessions/{session_id}/session.json          SessionState (includes the key: an open
+                                                 retried by Temporal must return the same one)
+    gateway/session_keys/{sha256(key)}.json     {"session_id": ...}: key -> session id
+
+The key index is named by the key's hash so listings never reveal keys. A gateway that
+restarts (or another gateway process) loads a session on first use of its key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import time
+from typing import Any
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field
+
+from rolloutd.errors import (
+    AuthenticationError,
+    InvalidRequestError,
+    NotFoundError,
+    SessionClosedError,
+)
+from rolloutd.proxy.backends.pool import BackendPool
+from rolloutd.store import BlobStore, CompletionLog, session_prefix
+from rolloutd.types import CaptureMode, Completion, SamplingParams
+
+log = structlog.get_logger(__name__)
+
+
+def session_state_key(session_id: str) -> str:
+    """Blob-store key of a session's gateway state."""
+    return f"{session_prefix(session_id)}/session.json"
+
+
+def session_key_index(session_key: str) -> str:
+    """Blob-store key mapping a session key (by its sha256) to its session id."""
+    return f"gateway/session_keys/{hashlib.sha256(session_key.encode()).hexdigest()}.json"
+
+
+class SessionState(BaseModel):
+    """What the gateway persists about a session.
+
+    Attributes:
+        session_id: ``{task_id}/{sample_index}``.
+        session_key: the secret (``secrets.token_urlsafe(24)``).
+        sampling: the task's sampling parameters.
+        model: the model name shown to the harness.
+        backend: name of the pinned backend.
+        closed: sealed: no further call is accepted.
+        num_completions: completions in the log when it was sealed.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    session_id: str
+    task_id: str
+    session_key: str
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    model: str
+    capture_mode: CaptureMode = CaptureMode.TOKENS
+    backend: str
+    created_at: float = 0.0
+    closed: bool = False
+    closed_at: float | None = None
+    num_completions: int = 0
+
+
+class SessionInfo(BaseModel):
+    """What opening a session returns: everything a harness adapter needs.
+
+    Attributes:
+        openai_base_url: ``{public_url}/s/{key}/v1`` (OpenAI chat/responses clients).
+        anthropic_base_url: ``{public_url}/s/{key}`` (Anthropic clients append ``/v1``).
+        gemini_base_url: ``{public_url}/s/{key}`` (Gemini clients append ``/v1beta``).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    session_id: str
+    session_key: str
+    openai_base_url: str
+    anthropic_base_url: str
+    gemini_base_url: str
+    model: str
+    backend: str
+
+
+class Session:
+    """A session in gateway memory: its state, its completions and its lock.
+
+    Calls of one session are serialised by ``lock``: the token chain of a call needs every
+    earlier completion, and index assignment must be gap-free.
+
+    Attributes:
+        state: the persisted state.
+        completions: the completion log so far, in index order.
+        by_hash: request_hash -> completion index, to answer retried requests from the log.
+    """
+
+    def __init__(self, state: SessionState, completions: list[Completion],
+                 log_: CompletionLog) -> None:
+        self.state = state
+        self.completions = completions
+        self.log = log_
+        self.lock = asyncio.Lock()
+        self.by_hash: dict[str, int] = {}
+        for completion in completions:
+            self.by_hash.setdefault(completion.request_hash, completion.index)
+
+    @property
+    def session_id(self) -> str:
+        """The session's id."""
+        return self.state.session_id
+
+    def next_index(self) -> int:
+        """Index of the next completion (call with ``lock`` held)."""
+        return len(self.completions)
+
+    def ensure_open(self) -> None:
+        """Raise when the session is sealed.
+
+        Raises:
+            AuthenticationError: the session is closed; its key no longer authorises calls
+                (401 rather than 409, so harnesses stop instead of retrying).
+        """
+        if self.state.closed:
+            raise AuthenticationError(
+                f"session {self.session_id} is closed: its key no longer accepts calls")
+
+
+class SessionManager:
+    """Opens, finds and closes sessions; loads them from the store after a restart.
+
+    Args:
+        store: the blob store.
+        pool: the backend pool (a new session is pinned to its least-assigned backend).
+        public_url: base URL harnesses use, without a trailing slash.
+        default_model: model name shown to harnesses when a task sets none.
+    """
+
+    def __init__(self, store: BlobStore, pool: BackendPool, *, public_url: str,
+                 default_model: str) -> None:
+        self.store = store
+        self.pool = pool
+        self.public_url = public_url.rstrip("/")
+        self.default_model = default_model
+        self._by_key: dict[str, Session] = {}
+        self._by_id: dict[str, Session] = {}
+        self._load_lock = asyncio.Lock()
+
+    def info(self, state: SessionState) -> SessionInfo:
+        """The :class:`SessionInfo` of ``state`` with this gateway's public URL."""
+        base = f"{self.public_url}/s/{state.session_key}"
+        return SessionInfo(session_id=state.session_id, session_key=state.session_key,
+                           openai_base_url=f"{base}/v1", anthropic_base_url=base,
+                           gemini_base_url=base, model=state.model, backend=state.backend)
+
+    def _remember(self, session: Session) -> Session:
+        self._by_key[session.state.session_key] = session
+        self._by_id[session.session_id] = session
+        return session
+
+    async def _load_by_id(self, session_id: str) -> Session | None:
+        key = session_state_key(session_id)
+        if not await asyncio.to_thread(self.store.exists, key):
+            return None
+        state = await asyncio.to_thread(self.store.get_model, key, SessionState)
+        completion_log = CompletionLog(self.store, session_id)
+        completions = await asyncio.to_thread(completion_log.read_all)
+        if [c.index for c in completions] != list(range(len(completions))):
+            log.warning("completion_log_gap", session_id=session_id,
+                        num_completions=len(completions))
+        if not state.closed:
+            self.pool.note_assigned(state.backend)
+        log.info("session_loaded", session_id=session_id, num_completions=len(completions),
+                 closed=state.closed)
+        return self._remember(Session(state, completions, completion_log))
+
+    async def get(self, session_id: str) -> Session:
+        """The session ``session_id``, loaded from the store when not in memory.
+
+        Raises:
+            NotFoundError: no such session.
+        """
+        if session := self._by_id.get(session_id):
+            return session
+        async with self._load_lock:
+            if session := self._by_id.get(session_id):
+                return session
+            if session := await self._load_by_id(session_id):
+                return session
+        raise NotFoundError(f"session {session_id!r} not found")
+
+    async def lookup(self, session_key: str | None) -> Session:
+        """The session a key authorises (open or closed; callers check ``ensure_open``).
+
+        Args:
+            session_key: the key from the URL path or the ``Authorization`` header.
+
+        Raises:
+            AuthenticationError: no key, or a key of no session.
+        """
+        if not session_key:
+            raise AuthenticationError("no session key: use the session's base URL or send "
+                                      "`Authorization: Bearer <session key>`")
+        if session := self._by_key.get(session_key):
+            return session
+        index_key = session_key_index(session_key)
+        async with self._load_lock:
+            if session := self._by_key.get(session_key):
+                return session
+            try:
+                entry: dict[str, Any] = await asyncio.to_thread(self.store.get_json, index_key)
+            except NotFoundError:
+                entry = {}
+            session_id = entry.get("session_id")
+            session = self._by_id.get(session_id) if session_id else None
+            if session is None and session_id:
+                session = await self._load_by_id(session_id)
+        if session is None or not secrets.compare_digest(session.state.session_key,
+                                                         session_key):
+            raise AuthenticationError("invalid session key")
+        return session
+
+    async def open_session(self, session_id: str, task_id: str, *,
+                           sampling: SamplingParams | None = None, model: str | None = None,
+                           capture_mode: CaptureMode | str = CaptureMode.TOKENS) -> SessionInfo:
+        """Open a session: new key, pinned backend, state persisted before returning.
+
+        Idempotent: opening an open session again (a Temporal retry) returns the same info.
+
+        Args:
+            session_id: ``{task_id}/{sample_index}``, e.g. ``"mytask/0"``.
+            task_id: the task.
+            sampling: the task's sampling parameters (default :class:`SamplingParams`).
+            model: model name shown to the harness; default the gateway's model.
+            capture_mode: ``tokens`` (only mode implemented).
+
+        Returns:
+            The session's key and base URLs.
+
+        Raises:
+            SessionClosedError: the session exists and is closed already.
+            BackendUnavailableError: no backend is registered.
+            rolloutd.errors.InvalidRequestError: ``capture_mode`` is not ``tokens``.
+        """
+        mode = CaptureMode(capture_mode)
+        if mode is not CaptureMode.TOKENS:
+            raise InvalidRequestError(f"capture_mode {mode.value!r} is not implemented yet")
+        try:
+            existing = await self.get(session_id)
+        except NotFoundError:
+            existing = None
+        if existing is not None:
+            if existing.state.closed:
+                raise SessionClosedError(f"session {session_id} is closed")
+            log.info("session_reopened", session_id=session_id)
+            return self.info(existing.state)
+        backend = self.pool.assign()
+        state = SessionState(
+            session_id=session_id, task_id=task_id, session_key=secrets.token_urlsafe(24),
+            sampling=sampling or SamplingParams(), model=model or self.default_model,
+            capture_mode=mode, backend=backend.name, created_at=time.time(),
+        )
+        try:
+            await asyncio.to_thread(self.store.put_json, session_state_key(session_id), state)
+            await asyncio.to_thread(self.store.put_json, session_key_index(state.session_key),
+                                    {"session_id": session_id})
+        except BaseException:
+            self.pool.release(backend.name)
+            raise
+        self._remember(Session(state, [], CompletionLog(self.store, session_id)))
+        log.info("session_opened", session_id=session_id, task_id=task_id,
+                 backend=backend.name, model=state.model)
+        return self.info(state)
+
+    async def close_session(self, session_id: str) -> int:
+        """Seal a session: waits for a call in flight, then refuses every further call.
+
+        Idempotent.
+
+        Returns:
+            The number of completions in its log.
+
+        Raises:
+            NotFoundError: no such session.
+        """
+        session = await self.get(session_id)
+        async with session.lock:
+            if not session.state.closed:
+                state = session.state.model_copy(update={
+                    "closed": True, "closed_at": time.time(),
+                    "num_completions": len(session.completions)})
+                await asyncio.to_thread(self.store.put_json, session_state_key(session_id),
+                                        state)
+                session.state = state
+                self.pool.release(state.backend)
+                log.info("session_closed", session_id=session_id,
+                         num_completions=len(session.completions))
+            return len(session.completions)
+
+    def forget(self, session_id: str) -> None:
+        """Drop a session from memory (it stays in the store and loads again on use)."""
+        session = self._by_id.pop(session_id, None)
+        if session is not None:
+            self._by_key.pop(session.state.session_key, None)

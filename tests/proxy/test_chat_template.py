@@ -1,0 +1,185 @@
+"""Chat template rendering and the token chain, with the real Qwen2.5 tokenizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rolloutd.errors import InvalidRequestError
+from rolloutd.proxy.chat_template import ChatTemplate, message_signature
+from rolloutd.types import Completion
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+USER = {"role": "user", "content": "What is the weather in Paris?"}
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def completion(template: ChatTemplate, messages: list[dict[str, Any]], answer: dict[str, Any],
+               response_ids: list[int], *, index: int = 0, tools: list[Any] | None = None,
+               prompt_ids: list[int] | None = None) -> Completion:
+    tools = TOOLS if tools is None else tools
+    return Completion(
+        session_id="t/0", index=index, messages=messages, tools=tools,
+        prompt_ids=prompt_ids if prompt_ids is not None else template.render(messages, tools),
+        response_ids=response_ids, response_logprobs=[-0.5] * len(response_ids),
+        response_message=answer,
+        end_of_turn_sampled=bool(response_ids) and response_ids[-1] == template.end_of_turn_id,
+    )
+
+
+def test_end_of_turn_comes_from_the_template(template: ChatTemplate, tokenizer: Any) -> None:
+    assert template.end_of_turn_text == "<|im_end|>"
+    assert template.end_of_turn_id == tokenizer.convert_tokens_to_ids("<|im_end|>") == 151645
+    assert template.trailer == "\n"
+
+
+def test_fresh_render_is_the_tokenizer_template(template: ChatTemplate, tokenizer: Any) -> None:
+    text = tokenizer.apply_chat_template([SYSTEM, USER], tools=TOOLS,
+                                         add_generation_prompt=True, tokenize=False)
+    assert template.render([SYSTEM, USER], TOOLS) == tokenizer.encode(text,
+                                                                      add_special_tokens=False)
+    assert template.decode(template.render([SYSTEM, USER], TOOLS)).endswith(
+        "<|im_start|>assistant\n")
+
+
+def test_chain_of_a_text_answer_equals_the_fresh_render(template: ChatTemplate) -> None:
+    first = [SYSTEM, USER]
+    sampled = template.encode("It is sunny.") + [template.end_of_turn_id]
+    c0 = completion(template, first, {"role": "assistant", "content": "It is sunny."}, sampled)
+    second = first + [{"role": "assistant", "content": "It is sunny."},
+                      {"role": "user", "content": "Thanks!"}]
+    plan = template.build_prompt(second, TOOLS, [c0])
+    assert plan.extends == 0
+    assert plan.prompt_ids[:len(c0.prompt_ids) + len(sampled)] == c0.prompt_ids + sampled
+    assert plan.prompt_ids == template.render(second, TOOLS)
+    assert plan.num_new_tokens == len(plan.prompt_ids) - len(c0.prompt_ids) - len(sampled)
+
+
+def test_chain_of_a_tool_call_with_echoed_ids_and_arguments(template: ChatTemplate) -> None:
+    sampled = template.encode(CALL_TEXT) + [template.end_of_turn_id]
+    ours = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_ours", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    c0 = completion(template, [USER], ours, sampled)
+    echoed = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_ours", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{ "city":"Paris" }'}}]}
+    second = [USER, echoed, {"role": "tool", "tool_call_id": "call_ours", "content": "sunny"}]
+    plan = template.build_prompt(second, TOOLS, [c0])
+    assert plan.extends == 0
+    assert plan.prompt_ids == template.render(second, TOOLS)
+    assert "<tool_response>\nsunny\n</tool_response>" in template.decode(plan.prompt_ids)
+
+
+def test_end_of_turn_is_inserted_when_not_sampled(template: ChatTemplate) -> None:
+    truncated = template.encode("It is sun")  # finish_reason length: no <|im_end|>
+    c0 = completion(template, [USER], {"role": "assistant", "content": "It is sun"}, truncated)
+    second = [USER, {"role": "assistant", "content": "It is sun"},
+              {"role": "user", "content": "Go on."}]
+    plan = template.build_prompt(second, TOOLS, [c0])
+    at = len(c0.prompt_ids) + len(truncated)
+    assert plan.extends == 0
+    assert plan.prompt_ids[:at] == c0.prompt_ids + truncated
+    assert plan.prompt_ids[at] == template.end_of_turn_id
+    assert plan.prompt_ids == template.render(second, TOOLS)
+
+
+def test_chain_keeps_sampled_tokens_where_they_differ(template: ChatTemplate) -> None:
+    text = "It is sunny."
+    # the model may sample a tokenization the tokenizer would never produce: one per character
+    sampled = [t for ch in text for t in template.encode(ch)] + [template.end_of_turn_id]
+    assert sampled[:-1] != template.encode(text)
+    c0 = completion(template, [USER], {"role": "assistant", "content": text}, sampled)
+    second = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "Ok"}]
+    plan = template.build_prompt(second, TOOLS, [c0])
+    fresh = template.render(second, TOOLS)
+    assert plan.prompt_ids != fresh
+    head, answer_len = len(c0.prompt_ids), len(sampled)
+    assert plan.prompt_ids[:head + answer_len] == c0.prompt_ids + sampled
+    fresh_answer_len = len(template.encode(text)) + 1
+    assert plan.prompt_ids[head + answer_len:] == fresh[head + fresh_answer_len:]
+    assert template.decode(plan.prompt_ids) == template.decode(fresh)
+
+
+@pytest.mark.parametrize("change", ["earlier_message", "answer", "tools"])
+def test_a_request_that_does_not_continue_is_rendered_fresh(template: ChatTemplate,
+                                                            change: str) -> None:
+    sampled = template.encode("Sunny.") + [template.end_of_turn_id]
+    c0 = completion(template, [SYSTEM, USER], {"role": "assistant", "content": "Sunny."},
+                    sampled)
+    messages = [SYSTEM, USER, {"role": "assistant", "content": "Sunny."},
+                {"role": "user", "content": "And tomorrow?"}]
+    tools = TOOLS
+    if change == "earlier_message":
+        messages[1] = {"role": "user", "content": "What is the weather in Rome?"}
+    elif change == "answer":
+        messages[2] = {"role": "assistant", "content": "Rainy."}
+    else:
+        tools = []
+    plan = template.build_prompt(messages, tools, [c0])
+    assert plan.extends is None
+    assert plan.prompt_ids == template.render(messages, tools)
+
+
+def test_the_longest_continued_conversation_wins(template: ChatTemplate) -> None:
+    a0 = template.encode("One.") + [template.end_of_turn_id]
+    c0 = completion(template, [USER], {"role": "assistant", "content": "One."}, a0)
+    m1 = [USER, {"role": "assistant", "content": "One."}, {"role": "user", "content": "Two?"}]
+    p1 = template.build_prompt(m1, TOOLS, [c0]).prompt_ids
+    a1 = template.encode("Two.") + [template.end_of_turn_id]
+    c1 = completion(template, m1, {"role": "assistant", "content": "Two."}, a1, index=1,
+                    prompt_ids=p1)
+    m2 = m1 + [{"role": "assistant", "content": "Two."}, {"role": "user", "content": "Three?"}]
+    plan = template.build_prompt(m2, TOOLS, [c0, c1])
+    assert plan.extends == 1
+    assert plan.prompt_ids[:len(p1) + len(a1)] == p1 + a1
+    # a branch back from the first answer still continues completion 0
+    branch = [USER, {"role": "assistant", "content": "One."}, {"role": "user", "content": "X"}]
+    assert template.build_prompt(branch, TOOLS, [c0, c1]).extends == 0
+
+
+def test_message_signature_normalises_echoes() -> None:
+    ours = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "f", "arguments": '{"b": 1, "a": [1, 2]}'}}]}
+    echoed = {"role": "assistant", "content": "  ", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": {"a": [1, 2], "b": 1}}}]}
+    assert message_signature(ours) == message_signature(echoed)
+    assert message_signature({"role": "user", "content": [{"type": "text", "text": "hi"}]}) == \
+        message_signature({"role": "user", "content": "hi "})
+    assert message_signature({"role": "user", "content": "hi"}) != \
+        message_signature({"role": "assistant", "content": "hi"})
+
+
+def test_non_text_content_is_refused(template: ChatTemplate) -> None:
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+    with pytest.raises(InvalidRequestError, match="image_url"):
+        template.render([image])
+
+
+_TEXT = st.text(alphabet=st.characters(whitelist_categories=("L", "N", "P", "Zs")),
+                min_size=1, max_size=40).filter(lambda s: s.strip() == s)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(user=_TEXT, answer=_TEXT, follow_up=_TEXT)
+def test_chain_property(template: ChatTemplate, user: str, answer: str, follow_up: str) -> None:
+    """For any texts: the chain continues the previous prompt and answer token for token, and
+    decodes to the same text as a fresh render (both decoded: the tokenizer normalises NFC)."""
+    first = [{"role": "user", "content": user}]
+    sampled = template.encode(answer) + [template.end_of_turn_id]
+    c0 = completion(template, first, {"role": "assistant", "content": answer}, sampled)
+    second = first + [{"role": "assistant", "content": answer},
+                      {"role": "user", "content": follow_up}]
+    plan = template.build_prompt(second, TOOLS, [c0])
+    assert plan.extends == 0
+    assert plan.prompt_ids[:len(c0.prompt_ids) + len(sampled)] == c0.prompt_ids + sampled
+    assert template.decode(plan.prompt_ids) == template.decode(template.render(second, TOOLS))

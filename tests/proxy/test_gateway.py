@@ -1,0 +1,59 @@
+"""serve(): uvicorn inside the running event loop, on a real socket."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from rolloutd.proxy.gateway import Gateway, serve, served_model_name
+from rolloutd.settings import GatewaySettings
+
+
+async def test_serve_binds_answers_and_shuts_down(gateway: Gateway) -> None:
+    handle = await serve(gateway, host="127.0.0.1", port=0)
+    try:
+        assert handle.port > 0
+        async with httpx.AsyncClient(base_url=handle.url, timeout=10) as http:
+            assert (await http.get("/health")).json()["status"] == "ok"
+            # gateway_public_url is set in the fixture: session URLs keep it
+            info = await gateway.sessions.open_session("served/0", "served")
+            assert info.openai_base_url.startswith("http://gateway.test/s/")
+            answer = await http.post(f"/s/{info.session_key}/v1/chat/completions",
+                                     json={"messages": [{"role": "user", "content": "hi"}]})
+            assert answer.json()["choices"][0]["message"]["content"] == "Hello there!"
+    finally:
+        await handle.shutdown()
+    assert handle.task.done()
+    with pytest.raises(httpx.ConnectError):
+        async with httpx.AsyncClient(timeout=2) as http:
+            await http.get(f"{handle.url}/health")
+
+
+async def test_serve_sets_the_public_url_from_the_bound_port(tmp_path: Path, tokenizer: Any,
+                                                             fake_llama: Any) -> None:
+    settings = GatewaySettings(store_url=str(tmp_path), backend_url="http://fake-llama")
+    gw = Gateway.from_settings(settings, tokenizer=tokenizer, transport=fake_llama.transport)
+    handle = await serve(gw, host="127.0.0.1", port=0)
+    try:
+        info = await gw.sessions.open_session("p/0", "p")
+        assert info.openai_base_url == f"http://127.0.0.1:{handle.port}/s/{info.session_key}/v1"
+    finally:
+        await handle.shutdown()
+        await gw.aclose()
+
+
+async def test_serve_on_a_busy_port_raises(gateway: Gateway) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(OSError):
+            await serve(gateway, host="127.0.0.1", port=busy.getsockname()[1])
+
+
+def test_served_model_name() -> None:
+    assert served_model_name("qwen2.5-coder-0.5b") == "Qwen2.5-Coder-0.5B-Instruct"
+    assert served_model_name("/models/mine") == "/models/mine"

@@ -100,6 +100,11 @@ class HarnessSpec(Model):
     args: list[str] = Field(default_factory=list, description="extra CLI arguments")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
     max_turns: int = Field(default=10, ge=1, le=1000, description="turn limit where supported")
+    profile: Literal["default", "compact"] = Field(
+        default="default",
+        description="`compact`: a short system prompt and the core tools only, for models "
+        "served with a small context window (where the adapter supports it)",
+    )
 
     @model_validator(mode="after")
     def _shell_needs_command(self) -> HarnessSpec:
@@ -280,6 +285,14 @@ class Trace(Model):
         completion_indices: the completions merged into this trace, in order.
         num_traces_in_session: how many traces the session produced (for per-session
             normalisation of a broadcast reward).
+        response_offsets: list[int], aligned with ``completion_indices``: where each merged
+            completion's sampled tokens start in ``response_ids`` (their context ends there).
+        retry_indices: retried completions (identical prompt and answer) collapsed into this
+            trace; each is kept once, in the trace of the completion it repeats.
+        drift_positions: positions in ``response_ids`` of sampled tokens that a later prompt of
+            this trace re-rendered differently (an insertion is located where it was inserted).
+        num_drift_tokens: number of differing tokens over the merges of this trace (per merge,
+            the larger of the sampled and the re-rendered side of each difference).
     """
 
     trace_index: int = Field(default=0, ge=0)
@@ -297,6 +310,9 @@ class Trace(Model):
     policy_versions: list[int] = Field(default_factory=list)
     drift_positions: list[int] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    response_offsets: list[int] = Field(default_factory=list)
+    retry_indices: list[int] = Field(default_factory=list)
+    num_drift_tokens: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _aligned(self) -> Trace:
@@ -310,7 +326,20 @@ class Trace(Model):
 
 
 class BuilderStats(Model):
-    """Reconstruction stats a builder reports on every trajectory."""
+    """Reconstruction stats a builder reports on every trajectory.
+
+    ``num_completions == num_chains + num_completions_merged + num_retries_collapsed``.
+
+    Attributes:
+        num_chains: traces built (per_request: one per completion).
+        num_completions_merged: completions that continued an existing chain.
+        num_chain_breaks: chains started by a completion that shares an existing chain's first
+            prompt but cannot continue it (retry with another answer, branch, drift split).
+        num_retries_collapsed: identical retries kept once.
+        num_drift_tokens / num_drift_turns: drift detected at merges (also when split off).
+        num_length_turns: completions that ended by length without sampling end-of-turn.
+        num_trainable_tokens: positions with loss_mask 1; num_response_tokens: all positions.
+    """
 
     num_completions: int = 0
     num_chains: int = 0
@@ -322,6 +351,7 @@ class BuilderStats(Model):
     num_untrainable_completions: int = 0
     num_trainable_tokens: int = 0
     num_response_tokens: int = 0
+    num_drift_turns: int = 0
 
 
 class SessionStatus(str, enum.Enum):

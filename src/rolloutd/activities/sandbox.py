@@ -64,18 +64,13 @@ class SandboxActivities:
             )
         return runtime
 
-    def _logs_dir(self, runtime_id: str) -> Path:
-        path = self.root / f"{runtime_id}.logs"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
     @activity.defn(name="provision_runtime")
     async def provision_runtime(self, input: ProvisionRuntimeInput) -> ProvisionRuntimeOutput:
         """Create and start a runtime for a session on this host."""
         structlog.contextvars.bind_contextvars(session_id=input.session_id,
                                                attempt=activity.info().attempt)
         t0 = time.monotonic()
-        runtime_id = f"{input.session_id.replace('/', '-')}-{uuid.uuid4().hex[:8]}"
+        runtime_id = f"{input.session_id.replace('/', '.')}-{uuid.uuid4().hex[:8]}"
         try:
             runtime = create_runtime(input.runtime, runtime_id, self.root)
             await runtime.start()
@@ -114,12 +109,11 @@ class SandboxActivities:
             command = await adapter.prepare(runtime, ctx)
         except Exception as e:
             raise to_application_error(e) from e
-        logs = self._logs_dir(input.runtime_id)
-        stdout_path, stderr_path = logs / "harness.stdout", logs / "harness.stderr"
         completions = CompletionLog(self.store, input.session_id)
         t0 = time.monotonic()
-        proc = await runtime.spawn(command.command, env=command.env, cwd=runtime.workdir,
-                                   stdout_path=stdout_path, stderr_path=stderr_path)
+        proc = await runtime.spawn(command.command, env=command.env,
+                                   cwd=command.cwd or runtime.workdir, name="harness")
+        stdout_path, stderr_path = proc.stdout_path, proc.stderr_path
         log.info("harness_started", harness=input.harness.type, pid=proc.pid)
         timed_out = False
         exit_code: int | None = None
@@ -142,9 +136,11 @@ class SandboxActivities:
             raise
         duration = time.monotonic() - t0
         out, err = _tail(stdout_path), _tail(stderr_path)
+        stdout = _tail(stdout_path, 1 << 20)
         self.store.put_json(artifact_key(input.session_id, "harness"), {
             "exit_code": exit_code, "timed_out": timed_out, "duration_s": duration,
-            "stdout": _tail(stdout_path, 64_000), "stderr": _tail(stderr_path, 64_000),
+            "stdout": stdout[-64_000:], "stderr": _tail(stderr_path, 64_000),
+            "summary": adapter.summarize(stdout),
         })
         log.info("harness_finished", exit_code=exit_code, timed_out=timed_out,
                  duration_s=round(duration, 3))
@@ -160,14 +156,13 @@ class SandboxActivities:
             try:
                 runtime = self._runtime(input.runtime_id)
                 result = await runtime.exec(["sh", "-c", input.evaluator.command],
+                                            cwd=runtime.workdir,
                                             timeout_s=input.evaluator.timeout_s)
             except Exception as e:
                 raise to_application_error(e) from e
             key = artifact_key(input.session_id, "check")
-            self.store.put_json(key, {
-                "exit_code": result.exit_code, "stdout": result.stdout,
-                "stderr": result.stderr, "timed_out": result.timed_out,
-            })
+            self.store.put_json(key, result.model_dump(
+                include={"exit_code", "stdout", "stderr", "timed_out"}))
             artifacts["check"] = key
             log.info("check_finished", exit_code=result.exit_code, timed_out=result.timed_out)
         return CollectArtifactsOutput(artifacts=artifacts)

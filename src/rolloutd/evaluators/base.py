@@ -1,0 +1,88 @@
+"""The evaluator contract: an :class:`EvaluationContext` in, an :class:`EvaluationOutcome` out.
+
+The sandbox runs ``EvaluatorSpec.command`` in the session's runtime after the harness and
+stores its result as the artifact ``check``::
+
+    {"exit_code": int, "stdout": str, "stderr": str, "timed_out": bool}
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rolloutd.types import EvaluatorSpec, SessionStatus
+
+#: the artifact holding the check command's result.
+CHECK_ARTIFACT = "check"
+
+
+class EvaluationContext(BaseModel):
+    """What an evaluator sees of a finished session.
+
+    Attributes:
+        task_id, session_id: the session's ids.
+        status: how the session ended.
+        harness_exit_code: the harness's exit code; None when it never exited by itself
+            (killed at timeout or cancellation, or never started).
+        num_completions: model calls recorded in the completion log.
+        num_traces: traces in the built trajectory (length of ``trace_rewards``).
+        artifacts: name -> JSON value collected from the runtime (``check``: see module doc).
+        spec: the task's evaluator spec.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str
+    session_id: str
+    status: SessionStatus
+    harness_exit_code: int | None = None
+    num_completions: int = Field(default=0, ge=0)
+    num_traces: int = Field(default=0, ge=0)
+    artifacts: dict[str, Any] = Field(default_factory=dict)
+    spec: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
+
+
+class EvaluationOutcome(BaseModel):
+    """An evaluator's verdict.
+
+    Attributes:
+        reward: the session's outcome reward; None when only per-trace rewards are given.
+        trace_rewards: list[float], length ``num_traces``: one reward per trace, or None.
+        details: why (JSON-serialisable; reasons, parsed answers, test counts).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    reward: float | None = None
+    trace_rewards: list[float] | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _some_reward(self) -> EvaluationOutcome:
+        if self.reward is None and self.trace_rewards is None:
+            raise ValueError("an evaluation outcome needs reward or trace_rewards")
+        return self
+
+
+class Evaluator(abc.ABC):
+    """Scores sessions. Instances are created per spec by the registry and may be reused.
+
+    Args:
+        spec: the task's evaluator spec (``params`` carries evaluator-specific settings).
+    """
+
+    name: ClassVar[str] = "abstract"
+
+    def __init__(self, spec: EvaluatorSpec) -> None:
+        self.spec = spec
+
+    @abc.abstractmethod
+    async def evaluate(self, ctx: EvaluationContext) -> EvaluationOutcome:
+        """Score one session.
+
+        Raises:
+            EvaluatorError: the session cannot be scored by this evaluator.
+        """

@@ -1,0 +1,401 @@
+"""The runtime contract: start, exec, spawn, upload, download, cancel, stop (DESIGN.md, Runtimes).
+
+A runtime owns one folder on the host, ``{root}/{runtime_id}``::
+
+    workspace/   the agent's working folder, seen inside the runtime at :attr:`Runtime.workdir`
+    home/        a private HOME, seen inside at :attr:`Runtime.home` (harness configs live here)
+    logs/        stdout/stderr files of spawned processes (never visible inside)
+
+Every process it starts leads its own process group and is tracked, so :meth:`Runtime.cancel`
+and :meth:`Runtime.stop` reach all of them: SIGTERM, a grace period, then SIGKILL to each group.
+Environments are never inherited from the worker: each command gets the runtime's base
+environment (PATH, HOME, LANG, ...), then ``spec.env``, then the call's ``env``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import re
+import shutil
+import time
+from pathlib import Path, PurePosixPath
+from typing import ClassVar, Literal
+
+import structlog
+from pydantic import BaseModel, Field
+
+from rolloutd.errors import ConfigError, NotFoundError, RolloutdError
+from rolloutd.sandbox.runtimes.process import BoundedOutput, RuntimeProcess, drain
+from rolloutd.types import RuntimeSpec
+
+log = structlog.get_logger(__name__)
+
+#: runtime ids become folder names: letters, digits, '.', '_' and '-' only.
+RUNTIME_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+#: bytes of stdout and of stderr :meth:`Runtime.exec` keeps per stream (head and tail halves).
+DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
+
+#: seconds left to read pipes after an exec'd command exited (a background child may hold them).
+PIPE_DRAIN_S = 1.0
+
+Command = str | list[str]
+
+
+class LaunchError(RolloutdError):
+    """A command could not be started at all (no such program or working folder)."""
+
+
+class ExecResult(BaseModel):
+    """The result of :meth:`Runtime.exec`.
+
+    Attributes:
+        exit_code: exit status; negative when a signal killed the command (-9: SIGKILL).
+        stdout, stderr: decoded output (UTF-8, invalid bytes replaced), at most
+            ``max_output_bytes`` each: the head and tail halves with a marker in between.
+        truncated: whether stdout or stderr lost bytes.
+        timed_out: whether the command was killed because ``timeout_s`` passed.
+        duration_s: wall-clock seconds from launch to exit.
+    """
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    truncated: bool = False
+    timed_out: bool = False
+    duration_s: float = Field(default=0.0, ge=0)
+
+
+class Runtime(abc.ABC):
+    """An environment a harness runs in.
+
+    Args:
+        spec: the task's runtime spec.
+        runtime_id: unique on this host; a folder name (see :data:`RUNTIME_ID_PATTERN`).
+        root: host folder holding the runtimes' folders (``SandboxSettings.runtime_root``).
+        grace_s: seconds between SIGTERM and SIGKILL when processes are terminated.
+
+    Attributes:
+        runtime_id, spec: as given.
+        runtime_dir: ``{root}/{runtime_id}`` on the host.
+        workspace: the host path of the workspace.
+        workdir: the workspace's path as seen by processes inside the runtime.
+        home: HOME as seen inside the runtime; its host path is :attr:`host_home`.
+
+    Raises:
+        ConfigError: ``runtime_id`` is not a safe folder name.
+    """
+
+    type: ClassVar[str] = "abstract"
+    #: whether SIGTERM must spare the group leader (bwrap's outer process: see process.py).
+    spare_leader_on_term: ClassVar[bool] = False
+
+    def __init__(self, spec: RuntimeSpec, runtime_id: str, root: Path, *,
+                 grace_s: float = 5.0) -> None:
+        if not RUNTIME_ID_PATTERN.match(runtime_id):
+            raise ConfigError(
+                f"runtime_id {runtime_id!r} must be 1-200 letters, digits, '.', '_' or '-' "
+                "(replace '/' in session ids)"
+            )
+        self.spec = spec
+        self.runtime_id = runtime_id
+        self.runtime_dir = Path(root).expanduser().absolute() / runtime_id
+        self.workspace = self.runtime_dir / "workspace"
+        self.host_home = self.runtime_dir / "home"
+        self.logs_dir = self.runtime_dir / "logs"
+        self.grace_s = grace_s
+        self.workdir: str = str(self.workspace)
+        self.home: str = str(self.host_home)
+        self.state: Literal["new", "started", "stopped"] = "new"
+        self._processes: list[RuntimeProcess] = []
+        self._num_spawned = 0
+
+    # -- to implement -------------------------------------------------------------------
+    @abc.abstractmethod
+    def _wrap(self, argv: list[str], cwd: str) -> tuple[list[str], Path | None]:
+        """Turn a command as run inside the runtime into the host command line.
+
+        Args:
+            argv: the command inside the runtime.
+            cwd: the working folder inside the runtime (absolute).
+
+        Returns:
+            (host argv, host cwd or None).
+        """
+
+    @abc.abstractmethod
+    def _base_env(self) -> dict[str, str]:
+        """The environment every command starts from (PATH, HOME, LANG, ...)."""
+
+    async def _check(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Check the runtime works after its folders exist; raise :class:`RuntimeStartError`."""
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Create the runtime's folders and write ``spec.files`` into the workspace.
+
+        A folder left by an earlier attempt with the same id is removed first, so a retried
+        provisioning starts fresh. Calling ``start`` twice on one object does nothing.
+
+        Raises:
+            RuntimeStartError: the runtime cannot run commands (retryable).
+            ConfigError: the spec asks for something this runtime cannot do.
+        """
+        if self.state == "started":
+            return
+        if self.state == "stopped":
+            raise RolloutdError(f"runtime {self.runtime_id} was stopped; create a new one")
+        began = time.monotonic()
+        if self.runtime_dir.exists():
+            shutil.rmtree(self.runtime_dir)
+        for folder in (self.workspace, self.host_home, self.logs_dir):
+            folder.mkdir(parents=True)
+        for path, text in self.spec.files.items():
+            target = self._host_path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        self.state = "started"
+        try:
+            await self._check()
+        except BaseException:
+            await self.stop()
+            raise
+        log.info("runtime_started", runtime=self.type, runtime_id=self.runtime_id,
+                 num_files=len(self.spec.files), duration_s=round(time.monotonic() - began, 3))
+
+    async def cancel(self) -> None:
+        """Terminate every process of the runtime (SIGTERM, grace, SIGKILL); keep its files.
+
+        The runtime stays usable: artifacts can still be downloaded and commands run.
+        """
+        live = [p for p in self._processes if p.alive()]
+        if live:
+            await asyncio.gather(*(p.terminate() for p in live))
+        self._processes = [p for p in self._processes if p.alive()]
+
+    async def stop(self) -> None:
+        """Terminate every process of the runtime, then remove its folder. Idempotent."""
+        if self.state == "stopped":
+            return
+        began = time.monotonic()
+        await self.cancel()
+        self.state = "stopped"
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        log.info("runtime_stopped", runtime=self.type, runtime_id=self.runtime_id,
+                 duration_s=round(time.monotonic() - began, 3))
+
+    # -- commands -----------------------------------------------------------------------
+    async def exec(
+        self,
+        command: Command,
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout_s: float | None = None,
+        stdin: bytes | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> ExecResult:
+        """Run a command to completion and capture its output.
+
+        Args:
+            command: argv, or a string run by ``/bin/sh -c``.
+            env: variables added on top of the base environment and ``spec.env``.
+            cwd: working folder inside the runtime; relative to :attr:`workdir`; default workdir.
+            timeout_s: seconds before the command's process group is killed; None: no limit.
+            stdin: bytes fed to standard input (then closed); None: /dev/null.
+            max_output_bytes: bytes kept of stdout and of stderr each.
+
+        Returns:
+            The :class:`ExecResult`; a timeout is reported (``timed_out``), not raised.
+
+        Raises:
+            RolloutdError: the runtime is not started.
+        """
+        began = time.monotonic()
+        try:
+            process = await self._launch(
+                command, env=env, cwd=cwd, name="exec",
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )
+        except LaunchError as exc:  # like a shell: 127, the reason on stderr
+            return ExecResult(exit_code=127, stderr=exc.message + "\n",
+                              duration_s=time.monotonic() - began)
+        proc = process.process
+        out, err = BoundedOutput(max_output_bytes), BoundedOutput(max_output_bytes)
+        readers = [asyncio.ensure_future(drain(proc.stdout, out)),  # type: ignore[arg-type]
+                   asyncio.ensure_future(drain(proc.stderr, err))]  # type: ignore[arg-type]
+        feeder = asyncio.ensure_future(_feed(proc, stdin)) if stdin is not None else None
+        timed_out = False
+        try:
+            if await process.wait(timeout_s) is None:
+                timed_out = True
+                log.info("runtime_exec_timed_out", runtime_id=self.runtime_id,
+                         timeout_s=timeout_s)
+                await process.terminate(grace_s=min(self.grace_s, 1.0))
+            # a background child may keep the pipes open: read what is there, then give up.
+            await asyncio.wait(readers, timeout=PIPE_DRAIN_S)
+        finally:
+            for task in [*readers, *([feeder] if feeder else [])]:
+                task.cancel()
+            if process.alive() and (timed_out or process.returncode is None):
+                await process.kill()
+        return ExecResult(
+            exit_code=process.returncode if process.returncode is not None else -9,
+            stdout=out.text(), stderr=err.text(), truncated=out.truncated or err.truncated,
+            timed_out=timed_out, duration_s=time.monotonic() - began,
+        )
+
+    async def spawn(
+        self,
+        command: Command,
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdout_path: Path | None = None,
+        stderr_path: Path | None = None,
+        name: str = "harness",
+    ) -> RuntimeProcess:
+        """Start a long-running command (a harness) in the background.
+
+        Args:
+            command: argv, or a string run by ``/bin/sh -c``.
+            env: variables added on top of the base environment and ``spec.env``.
+            cwd: working folder inside the runtime; default :attr:`workdir`.
+            stdout_path, stderr_path: host files receiving the output (appended); default
+                ``{runtime_dir}/logs/{name}-{n}.stdout`` / ``.stderr``.
+            name: a label for logs and the default log file names.
+
+        Returns:
+            The :class:`RuntimeProcess`: ``wait``, ``terminate``, ``returncode``.
+
+        Raises:
+            RolloutdError: the runtime is not started.
+            LaunchError: the command could not be started (local runtime; under bwrap a
+                missing program is a non-zero exit instead).
+        """
+        self._num_spawned += 1
+        stem = self.logs_dir / f"{name}-{self._num_spawned}"
+        stdout_path = Path(stdout_path) if stdout_path else stem.with_suffix(".stdout")
+        stderr_path = Path(stderr_path) if stderr_path else stem.with_suffix(".stderr")
+        stdout_path.parent.mkdir(parents=True, exist_ok=True)
+        stderr_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(stdout_path, "ab") as out, open(stderr_path, "ab") as err:
+            process = await self._launch(command, env=env, cwd=cwd, name=name,
+                                         stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err)
+        process.stdout_path, process.stderr_path = stdout_path, stderr_path
+        log.info("runtime_process_spawned", runtime_id=self.runtime_id, name=name,
+                 pid=process.pid)
+        return process
+
+    async def _launch(self, command: Command, *, env: dict[str, str] | None, cwd: str | None,
+                      name: str, stdin: int, stdout: object, stderr: object) -> RuntimeProcess:
+        if self.state != "started":
+            raise RolloutdError(f"runtime {self.runtime_id} is {self.state}, not started")
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        if not argv:
+            raise ConfigError("command must not be empty")
+        inside_cwd = self._inside_cwd(cwd)
+        host_argv, host_cwd = self._wrap(argv, inside_cwd)
+        full_env = {**self._base_env(), **self.spec.env, **(env or {})}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *host_argv, env=full_env, cwd=host_cwd, stdin=stdin, stdout=stdout,
+                stderr=stderr, start_new_session=True,
+            )
+        except OSError as exc:  # local runtime: no such program or folder
+            raise LaunchError(f"runtime {self.runtime_id}: cannot run {argv[0]!r} in "
+                              f"{inside_cwd}: {exc.strerror or exc}") from exc
+        process = RuntimeProcess(proc, name=name, spare_leader_on_term=self.spare_leader_on_term,
+                                 grace_s=self.grace_s)
+        self._processes = [p for p in self._processes if p.alive()] + [process]
+        return process
+
+    @property
+    def processes(self) -> list[RuntimeProcess]:
+        """Processes started by this runtime that may still be alive."""
+        return list(self._processes)
+
+    # -- files --------------------------------------------------------------------------
+    async def upload(self, path: str, data: bytes) -> None:
+        """Write ``data`` to a file of the runtime, creating its folders.
+
+        Args:
+            path: relative to the workspace, or absolute inside :attr:`workdir` or :attr:`home`.
+            data: the file's bytes.
+
+        Raises:
+            ConfigError: the path leaves the workspace and the home.
+        """
+        target = self._host_path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(target.write_bytes, data)
+
+    async def download(self, path: str) -> bytes:
+        """Read a file of the runtime.
+
+        Args:
+            path: relative to the workspace, or absolute inside :attr:`workdir` or :attr:`home`.
+
+        Returns:
+            The file's bytes.
+
+        Raises:
+            ConfigError: the path leaves the workspace and the home.
+            NotFoundError: no such file.
+        """
+        target = self._host_path(path)
+        if not target.is_file():
+            raise NotFoundError(f"runtime {self.runtime_id}: no file {path!r}")
+        return await asyncio.to_thread(target.read_bytes)
+
+    def _host_path(self, path: str) -> Path:
+        """Map a runtime path to its host path, refusing any escape (symlinks included)."""
+        if not path:
+            raise ConfigError("path must not be empty")
+        inside = PurePosixPath(path)
+        candidates = [(PurePosixPath(self.workdir), self.workspace),
+                      (PurePosixPath(self.home), self.host_home)]
+        if not inside.is_absolute():
+            inside = PurePosixPath(self.workdir) / inside
+        for inside_root, host_root in candidates:
+            if inside.is_relative_to(inside_root):
+                host = (host_root / inside.relative_to(inside_root)).resolve()
+                if host.is_relative_to(host_root.resolve()):
+                    return host
+        raise ConfigError(
+            f"path {path!r} leaves the runtime's workspace {self.workdir} and home {self.home}"
+        )
+
+    def _inside_cwd(self, cwd: str | None) -> str:
+        if cwd is None:
+            return self.workdir
+        inside = PurePosixPath(cwd)
+        return str(inside if inside.is_absolute() else PurePosixPath(self.workdir) / inside)
+
+
+async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
+    """Write ``data`` to the process's stdin and close it; a process that exits early is fine."""
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(data)
+        await proc.stdin.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        return
+    finally:
+        proc.stdin.close()
+
+
+def check_spec_network(spec: RuntimeSpec, supported: tuple[str, ...], runtime: str) -> None:
+    """Refuse a network policy a runtime cannot enforce.
+
+    Raises:
+        ConfigError: ``spec.network`` is not in ``supported``.
+    """
+    if spec.network not in supported:
+        raise ConfigError(
+            f"runtime.network={spec.network!r} is not built yet for the {runtime} runtime; "
+            f"use one of {', '.join(supported)}"
+        )
+

@@ -1,0 +1,55 @@
+"""The ``local`` runtime: a process group in a temporary folder, no isolation.
+
+Commands run directly on the host with the workspace as working folder and a private HOME.
+The environment is not inherited from the worker (secrets stay out) except PATH. Nothing stops a
+command from reading or writing elsewhere on the host, nor a child that calls ``setsid`` from
+leaving its process group: use ``bwrap`` for anything untrusted.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import structlog
+
+from rolloutd.sandbox.runtimes.base import Runtime, check_spec_network
+from rolloutd.types import RuntimeSpec
+
+log = structlog.get_logger(__name__)
+
+#: PATH when the worker has none.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class LocalRuntime(Runtime):
+    """A runtime of plain host processes; see the module docstring for what it does not isolate.
+
+    ``spec.network`` must be ``host``; ``spec.image`` is ignored; ``memory_mb`` is applied as
+    RLIMIT_AS through ``prlimit``; ``max_processes`` is not enforced (see bwrap.py).
+    """
+
+    type = "local"
+
+    def __init__(self, spec: RuntimeSpec, runtime_id: str, root: Path, **kwargs: float) -> None:
+        check_spec_network(spec, ("host",), "local")
+        super().__init__(spec, runtime_id, root, **kwargs)
+
+    def _wrap(self, argv: list[str], cwd: str) -> tuple[list[str], Path | None]:
+        prefix = ["prlimit", f"--as={self.spec.memory_mb * 2**20}", "--"] \
+            if self.spec.memory_mb else []
+        return prefix + argv, Path(cwd)
+
+    def _base_env(self) -> dict[str, str]:
+        return {
+            "PATH": os.environ.get("PATH", DEFAULT_PATH),
+            "HOME": self.home,
+            "LANG": "C.UTF-8",
+            "TMPDIR": str(self.runtime_dir / "tmp"),
+            "ROLLOUTD_RUNTIME_ID": self.runtime_id,
+        }
+
+    async def _check(self) -> None:
+        (self.runtime_dir / "tmp").mkdir(exist_ok=True)
+        if self.spec.max_processes:
+            log.warning("runtime_limit_not_enforced", runtime=self.type, limit="max_processes")

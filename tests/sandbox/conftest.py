@@ -1,0 +1,103 @@
+"""Fixtures and helpers of the sandbox tests: runtimes that are always stopped, and a /proc
+scan that finds every process belonging to a runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from rolloutd.sandbox.runtimes import Runtime, create_runtime
+from rolloutd.types import RuntimeSpec
+
+HAVE_BWRAP = shutil.which("bwrap") is not None
+
+#: runtime types to parametrize over; bwrap tests carry the `sandbox` marker.
+RUNTIME_TYPES = [
+    pytest.param("local", id="local"),
+    pytest.param("bwrap", id="bwrap", marks=[
+        pytest.mark.sandbox,
+        pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap is not installed"),
+    ]),
+]
+
+
+def _runtime_pids(runtime: Runtime) -> list[int]:
+    """Live (non-zombie) host processes of ``runtime``.
+
+    A process belongs to the runtime when its environment carries the runtime's
+    ``ROLLOUTD_RUNTIME_ID`` (every command gets it and children inherit it) or its command line
+    names the runtime's folder (the outer bwrap process).
+    """
+    marker = f"ROLLOUTD_RUNTIME_ID={runtime.runtime_id}".encode()
+    folder = str(runtime.runtime_dir).encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:  # exited meanwhile
+            continue
+        if marker in environ or folder in cmdline:
+            pids.append(int(entry))
+    return pids
+
+
+async def _wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Poll ``predicate`` every 20 ms until it holds or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+@pytest.fixture
+async def make_runtime(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Runtime]]]:
+    """A factory of started runtimes; each one is stopped (and checked empty) at teardown."""
+    made: list[Runtime] = []
+
+    async def make(type: str = "local", runtime_id: str | None = None,
+                   grace_s: float = 2.0, **spec: object) -> Runtime:
+        runtime = create_runtime(RuntimeSpec(type=type, **spec),
+                                 runtime_id or f"rt-{type}-{len(made)}-{os.getpid()}",
+                                 tmp_path / "runtimes", grace_s=grace_s)
+        made.append(runtime)
+        await runtime.start()
+        return runtime
+
+    yield make
+    for runtime in made:
+        await runtime.stop()
+        assert _runtime_pids(runtime) == []
+
+
+@pytest.fixture(params=RUNTIME_TYPES)
+def runtime_type(request: pytest.FixtureRequest) -> str:
+    """Each runtime type in turn: ``local``, then ``bwrap`` (marked ``sandbox``)."""
+    return request.param
+
+
+@pytest.fixture
+def runtime_pids() -> Callable[[Runtime], list[int]]:
+    """The /proc scan: live host processes of a runtime."""
+    return _runtime_pids
+
+
+@pytest.fixture
+def wait_for() -> Callable[..., Awaitable[bool]]:
+    """Poll a predicate with a deadline."""
+    return _wait_for

@@ -25,7 +25,7 @@ from rolloutd.errors import to_application_error
 from rolloutd.proxy.gateway import Gateway
 from rolloutd.store import CompletionLog, trajectory_key
 from rolloutd.task_queues import host_queue
-from rolloutd.trajectory import build_traces, check_invariants, end_of_turn_id
+from rolloutd.trajectory import build_traces, check_invariants
 from rolloutd.types import Trajectory
 
 log = structlog.get_logger(__name__)
@@ -42,7 +42,6 @@ class GatewayActivities:
     def __init__(self, gateway: Gateway, host_id: str) -> None:
         self.gateway = gateway
         self.host_queue = host_queue("gateway", host_id)
-        self._end_of_turn_id: int | None = None
 
     @activity.defn(name="open_session")
     async def open_session(self, input: OpenSessionInput) -> OpenSessionOutput:
@@ -93,10 +92,9 @@ class GatewayActivities:
     def _build(self, input: BuildTrajectoryInput) -> BuildTrajectoryOutput:
         store = self.gateway.store
         completions = CompletionLog(store, input.session_id).read_all()
-        if self._end_of_turn_id is None:
-            self._end_of_turn_id = end_of_turn_id(self.gateway.tokenizer)
+        # the end-of-turn token the gateway's token chains use, from the chat template
         traces, stats = build_traces(completions, input.builder,
-                                     end_of_turn_id=self._end_of_turn_id)
+                                     end_of_turn_id=self.gateway.template.end_of_turn_id)
         check_invariants(traces, completions)
         trajectory = Trajectory(
             session_id=input.session_id,

@@ -61,6 +61,12 @@ class GatewaySettings(CommonSettings):
     capture_mode: Literal["tokens", "passthrough"] = "tokens"
     max_body_bytes: int = Field(default=16 * 2**20, ge=1024, description="request size limit")
     backend_timeout_s: float = Field(default=600.0, gt=0, description="one backend call")
+    tool_parser: str | None = Field(
+        default=None, description="tool-call parser (hermes, hermes_lenient, llama3_json, "
+        "mistral, none); None: chosen from the model name")
+    reasoning_parser: str | None = Field(
+        default=None, description="reasoning parser (think, think_prompted, none); None: "
+        "chosen from the model name")
 
 
 class SandboxSettings(CommonSettings):

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rolloutd.errors import AuthenticationError, NotFoundError, SessionClosedError
+from rolloutd.errors import AuthenticationError, ConfigError, NotFoundError, SessionClosedError
 from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
 from rolloutd.proxy.backends.pool import BackendPool, backend_urls
 from rolloutd.proxy.gateway import Gateway
@@ -83,10 +83,11 @@ def test_backend_urls_setting() -> None:
     assert backend_urls("http://a:1/, http://b:2") == ["http://a:1", "http://b:2"]
 
 
-async def test_capture_mode_passthrough_is_not_implemented(gateway: Gateway) -> None:
-    from rolloutd.errors import InvalidRequestError
+async def test_passthrough_on_a_token_backend_is_refused_per_call(gateway: Gateway) -> None:
+    info = await gateway.sessions.open_session("t/9", "t", capture_mode="passthrough")
+    session = await gateway.sessions.lookup(info.session_key)
+    from rolloutd.proxy.dialects import openai_chat
 
-    with pytest.raises(InvalidRequestError, match="passthrough"):
-        await gateway.sessions.open_session("t/9", "t", capture_mode="passthrough")
-
-
+    request = openai_chat.parse({"messages": [{"role": "user", "content": "x"}]})
+    with pytest.raises(ConfigError, match="passthrough"):
+        await gateway.service.complete(session, request)

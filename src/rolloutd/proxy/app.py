@@ -1,14 +1,22 @@
 """The gateway's HTTP routes (transport only: parsing, auth, rendering; no logic).
 
 Session routes carry the key in the path, so a harness needs nothing but a base URL; the same
-routes without the prefix take the key as the API key (``Authorization: Bearer <key>``)::
+routes without the ``/s/{key}`` prefix take the key as the API key (``Authorization: Bearer``,
+``x-api-key`` for Anthropic clients, ``x-goog-api-key`` or ``?key=`` for Gemini clients)::
 
-    POST /s/{key}/v1/chat/completions    POST /v1/chat/completions
-    GET  /s/{key}/v1/models              GET  /v1/models
-    GET  /health
+    POST /s/{key}/v1/chat/completions                  OpenAI Chat Completions
+    POST /s/{key}/v1/responses                         OpenAI Responses
+    POST /s/{key}/v1/messages[?beta=true]              Anthropic Messages
+    POST /s/{key}/v1/messages/count_tokens             Anthropic token count (no sampling)
+    POST /s/{key}/v1beta/models/{model}:generateContent         Gemini
+    POST /s/{key}/v1beta/models/{model}:streamGenerateContent   Gemini (``alt=sse``)
+    POST /s/{key}/v1beta/models/{model}:countTokens             Gemini token count
+    GET  /s/{key}/v1/models                            GET /health
+    /admin/...                                         the backend pool (admin token)
 
-Every error is rendered once, here, in the OpenAI shape ``{"error": {"message", "type",
-"param", "code"}}`` with the error's status; bad input is never a 500.
+Every error is rendered once, here, in the dialect of the route it reached (chosen by path:
+OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``, Google
+``{"error": {"code", "message", "status"}}``); bad input is never a 500.
 """
 
 from __future__ import annotations
@@ -23,8 +31,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rolloutd.errors import InvalidRequestError, NotFoundError, RolloutdError
-from rolloutd.proxy.dialects import openai_chat
-from rolloutd.proxy.internal import StreamEvent, StreamStart
+from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
+from rolloutd.proxy.dialects.common import Encoder, RequestFieldError
+from rolloutd.proxy.internal import InternalRequest, StreamEvent, StreamStart
 
 if TYPE_CHECKING:
     from rolloutd.proxy.gateway import Gateway
@@ -32,8 +41,17 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
-def _error_response(error: RolloutdError) -> JSONResponse:
-    status, body = openai_chat.error_body(error)
+def _dialect_of(path: str) -> Any:
+    """The dialect module whose error shape a path gets."""
+    if "/v1/messages" in path:
+        return anthropic
+    if "/v1beta/" in path:
+        return gemini
+    return openai_chat
+
+
+def _error_response(error: RolloutdError, path: str = "") -> JSONResponse:
+    status, body = _dialect_of(path).error_body(error)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -45,6 +63,14 @@ def bearer_key(request: Request) -> str | None:
     if scheme.lower() != "bearer" or not value.strip():
         return None
     return value.strip()
+
+
+def api_key(request: Request) -> str | None:
+    """The session key sent as an API key: ``Authorization: Bearer``, ``x-api-key``
+    (Anthropic clients), ``x-goog-api-key`` or ``?key=`` (Gemini clients)."""
+    return (bearer_key(request) or request.headers.get("x-api-key")
+            or request.headers.get("x-goog-api-key") or request.query_params.get("key")
+            or None)
 
 
 async def read_json(request: Request, max_body_bytes: int) -> Any:
@@ -71,26 +97,27 @@ async def read_json(request: Request, max_body_bytes: int) -> Any:
     return body
 
 
-async def _sse(start: StreamStart, events: AsyncIterator[StreamEvent], *, include_usage: bool,
+async def _sse(encoder: Encoder, start: StreamStart, events: AsyncIterator[StreamEvent],
                session_id: str) -> AsyncIterator[bytes]:
-    """Serialise one answer's events as SSE; a failure mid-stream ends with an error event."""
-    chunks = openai_chat.ChunkStream(start, include_usage=include_usage)
+    """Serialise one answer's events with the dialect's encoder; a failure mid-stream ends
+    with the dialect's error event."""
     with structlog.contextvars.bound_contextvars(session_id=session_id):
         try:
-            for chunk in chunks.chunks(start):
-                yield openai_chat.sse(chunk)
+            for chunk in encoder.encode(start):
+                yield chunk
             async for event in events:
-                for chunk in chunks.chunks(event):
-                    yield openai_chat.sse(chunk)
-            yield openai_chat.sse("[DONE]")
+                for chunk in encoder.encode(event):
+                    yield chunk
+            for chunk in encoder.close():
+                yield chunk
         except RolloutdError as e:
             log.warning("stream_failed", error_type=type(e).__name__, error=e.message)
-            yield openai_chat.sse(openai_chat.error_body(e)[1])
+            for chunk in encoder.error(e):
+                yield chunk
         except Exception as e:
             log.exception("stream_crashed")
-            yield openai_chat.sse({"error": {"message": f"internal error: {type(e).__name__}",
-                                             "type": "server_error", "param": None,
-                                             "code": None}})
+            for chunk in encoder.error(RolloutdError(f"internal error: {type(e).__name__}")):
+                yield chunk
         finally:
             await events.aclose()  # type: ignore[attr-defined]
 
@@ -108,36 +135,35 @@ def create_app(gateway: Gateway) -> FastAPI:
         if error.status_code >= 500:
             log.warning("request_failed", path_kind=_path_kind(request),
                         error_type=type(error).__name__, error=error.message)
-        return _error_response(error)
+        return _error_response(error, request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         if error.status_code == 404:
             return _error_response(
-                NotFoundError(f"no route {request.method} {_path_kind(request)}"))
-        return JSONResponse({"error": {"message": str(error.detail),
-                                       "type": "invalid_request_error", "param": None,
-                                       "code": None}}, status_code=error.status_code)
+                NotFoundError(f"no route {request.method} {_path_kind(request)}"),
+                request.url.path)
+        http_error = InvalidRequestError(str(error.detail))
+        http_error.status_code = error.status_code
+        return _error_response(http_error, request.url.path)
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, error: Exception) -> JSONResponse:
         log.exception("request_crashed", path_kind=_path_kind(request))
-        return JSONResponse({"error": {"message": f"internal error: {type(error).__name__}",
-                                       "type": "server_error", "param": None, "code": None}},
-                            status_code=500)
+        return _error_response(RolloutdError(f"internal error: {type(error).__name__}"),
+                               request.url.path)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "backends": gateway.pool.names()}
 
-    async def chat(request: Request, key: str | None) -> Response:
-        session = await gateway.sessions.lookup(key)
-        body = await read_json(request, gateway.settings.max_body_bytes)
-        internal = openai_chat.to_internal(openai_chat.parse_request(body), body)
+    async def answer(session: Any, internal: InternalRequest, dialect: Any,
+                     make_encoder: Any = None) -> Response:
+        """Answer a translated request in one piece or as the dialect's SSE stream."""
         with structlog.contextvars.bound_contextvars(session_id=session.session_id):
             if not internal.stream:
                 response = await gateway.service.complete(session, internal)
-                return JSONResponse(openai_chat.response_json(response))
+                return JSONResponse(dialect.response_json(response, internal))
             events = gateway.service.stream(session, internal)
             try:
                 start = await anext(events)
@@ -147,12 +173,60 @@ def create_app(gateway: Gateway) -> FastAPI:
             if not isinstance(start, StreamStart):
                 await events.aclose()  # type: ignore[attr-defined]
                 raise RolloutdError(f"stream began with {type(start).__name__}")
+            encoder = (make_encoder or dialect.encoder)(start, internal)
+            media = "text/event-stream" if getattr(encoder, "sse", True) else "application/json"
             return StreamingResponse(
-                _sse(start, events, include_usage=internal.include_usage,
-                     session_id=session.session_id),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
+                _sse(encoder, start, events, session.session_id), media_type=media,
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def chat(request: Request, key: str | None) -> Response:
+        session = await gateway.sessions.lookup(key)
+        body = await read_json(request, gateway.settings.max_body_bytes)
+        return await answer(session, openai_chat.parse(body), openai_chat)
+
+    async def responses(request: Request, key: str | None) -> Response:
+        session = await gateway.sessions.lookup(key)
+        body = await read_json(request, gateway.settings.max_body_bytes)
+        previous = None
+        previous_id = body.get("previous_response_id") if isinstance(body, dict) else None
+        if isinstance(previous_id, str):
+            previous = gateway.service.previous_conversation(session, previous_id)
+            if previous is None:
+                raise RequestFieldError(f"previous response {previous_id!r} not found in "
+                                        "this session", param="previous_response_id")
+        return await answer(session, openai_responses.parse(body, previous=previous),
+                            openai_responses)
+
+    async def messages(request: Request, key: str | None) -> Response:
+        session = await gateway.sessions.lookup(key)
+        body = await read_json(request, gateway.settings.max_body_bytes)
+        return await answer(session, anthropic.parse(body), anthropic)
+
+    async def count_tokens(request: Request, key: str | None) -> dict[str, Any]:
+        session = await gateway.sessions.lookup(key)
+        body = await read_json(request, gateway.settings.max_body_bytes)
+        internal = anthropic.parse_count_tokens(body)
+        return {"input_tokens": await gateway.service.count_tokens(session, internal)}
+
+    async def generate_content(request: Request, key: str | None, model_action: str
+                               ) -> Response:
+        session = await gateway.sessions.lookup(key)
+        model, _, action = model_action.rpartition(":")
+        if action not in ("generateContent", "streamGenerateContent", "countTokens") \
+                or not model:
+            raise NotFoundError(f"no method {action!r}: use generateContent, "
+                                "streamGenerateContent or countTokens")
+        body = await read_json(request, gateway.settings.max_body_bytes)
+        model = model.removeprefix("models/")
+        if action == "countTokens":
+            internal = gemini.parse_count_tokens(body, model=model)
+            return JSONResponse(
+                {"totalTokens": await gateway.service.count_tokens(session, internal)})
+        stream = action == "streamGenerateContent"
+        internal = gemini.parse(body, model=model, stream=stream)
+        sse = request.query_params.get("alt") == "sse"
+        return await answer(session, internal, gemini,
+                            lambda start, req: gemini.encoder(start, req, sse=sse))
 
     async def models(key: str | None) -> dict[str, Any]:
         session = await gateway.sessions.lookup(key)
@@ -162,17 +236,49 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def session_chat(key: str, request: Request) -> Response:
         return await chat(request, key)
 
+    @app.post("/v1/chat/completions")
+    async def key_chat(request: Request) -> Response:
+        return await chat(request, api_key(request))
+
+    @app.post("/s/{key}/v1/responses")
+    async def session_responses(key: str, request: Request) -> Response:
+        return await responses(request, key)
+
+    @app.post("/v1/responses")
+    async def key_responses(request: Request) -> Response:
+        return await responses(request, api_key(request))
+
+    @app.post("/s/{key}/v1/messages")
+    async def session_messages(key: str, request: Request) -> Response:
+        return await messages(request, key)
+
+    @app.post("/v1/messages")
+    async def key_messages(request: Request) -> Response:
+        return await messages(request, api_key(request))
+
+    @app.post("/s/{key}/v1/messages/count_tokens")
+    async def session_count_tokens(key: str, request: Request) -> dict[str, Any]:
+        return await count_tokens(request, key)
+
+    @app.post("/v1/messages/count_tokens")
+    async def key_count_tokens(request: Request) -> dict[str, Any]:
+        return await count_tokens(request, api_key(request))
+
+    @app.post("/s/{key}/v1beta/models/{model_action:path}")
+    async def session_gemini(key: str, model_action: str, request: Request) -> Response:
+        return await generate_content(request, key, model_action)
+
+    @app.post("/v1beta/models/{model_action:path}")
+    async def key_gemini(model_action: str, request: Request) -> Response:
+        return await generate_content(request, api_key(request), model_action)
+
     @app.get("/s/{key}/v1/models")
     async def session_models(key: str) -> dict[str, Any]:
         return await models(key)
 
-    @app.post("/v1/chat/completions")
-    async def bearer_chat(request: Request) -> Response:
-        return await chat(request, bearer_key(request))
-
     @app.get("/v1/models")
-    async def bearer_models(request: Request) -> dict[str, Any]:
-        return await models(bearer_key(request))
+    async def key_models(request: Request) -> dict[str, Any]:
+        return await models(api_key(request))
 
     return app
 

@@ -30,6 +30,7 @@ from rolloutd.errors import RolloutdError
 from rolloutd.proxy.app import create_app
 from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.chat_template import ChatTemplate
+from rolloutd.proxy.parsers import parsers_for_model
 from rolloutd.proxy.recorder import Recorder
 from rolloutd.proxy.service import ChatService
 from rolloutd.proxy.sessions import SessionManager
@@ -55,6 +56,7 @@ class Gateway:
         pool: the backends.
         model_name: default model name shown to harnesses.
         tool_parser: tool-call parser name (``hermes`` for Qwen2.5).
+        reasoning_parser: reasoning parser name, or None.
 
     Attributes:
         sessions: open/close/lookup sessions (what the Temporal activities call).
@@ -63,7 +65,8 @@ class Gateway:
     """
 
     def __init__(self, settings: GatewaySettings, *, store: BlobStore, template: ChatTemplate,
-                 pool: BackendPool, model_name: str, tool_parser: str = "hermes") -> None:
+                 pool: BackendPool, model_name: str, tool_parser: str = "hermes",
+                 reasoning_parser: str | None = None) -> None:
         self.settings = settings
         self.store = store
         self.template = template
@@ -74,13 +77,15 @@ class Gateway:
         self.sessions = SessionManager(store, pool, public_url=public_url,
                                        default_model=model_name)
         self.recorder = Recorder()
-        self.service = ChatService(template, pool, self.recorder, tool_parser=tool_parser)
+        self.service = ChatService(template, pool, self.recorder, tool_parser=tool_parser,
+                                   reasoning_parser=reasoning_parser)
         self._app: FastAPI | None = None
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings, *, tokenizer: Any | None = None,
                       transport: httpx.AsyncBaseTransport | None = None,
-                      ctx_size: int | None = None, tool_parser: str = "hermes") -> Gateway:
+                      ctx_size: int | None = None, tool_parser: str | None = None,
+                      reasoning_parser: str | None = None) -> Gateway:
         """Build a gateway from settings (loads the tokenizer: takes a few seconds).
 
         Args:
@@ -90,7 +95,10 @@ class Gateway:
                 ``settings.model``).
             transport: httpx transport for backend clients (tests record through it).
             ctx_size: context window per sequence; None asks each backend's ``/props``.
-            tool_parser: tool-call parser name.
+            tool_parser: tool-call parser name; default ``settings.tool_parser``, else the
+                model's (:func:`rolloutd.proxy.parsers.parsers_for_model`).
+            reasoning_parser: reasoning parser name; default ``settings.reasoning_parser``,
+                else the model's.
 
         Raises:
             rolloutd.errors.ConfigError: unknown model, no chat template, unsupported backend.
@@ -98,8 +106,12 @@ class Gateway:
         template = ChatTemplate(tokenizer if tokenizer is not None
                                 else load_tokenizer(settings.model))
         pool = BackendPool.from_settings(settings, transport=transport, ctx_size=ctx_size)
+        defaults = parsers_for_model(settings.model)
         return cls(settings, store=BlobStore(settings.store_url), template=template, pool=pool,
-                   model_name=served_model_name(settings.model), tool_parser=tool_parser)
+                   model_name=served_model_name(settings.model),
+                   tool_parser=tool_parser or settings.tool_parser or defaults.tool_parser,
+                   reasoning_parser=reasoning_parser or settings.reasoning_parser
+                   or defaults.reasoning_parser)
 
     @property
     def app(self) -> FastAPI:

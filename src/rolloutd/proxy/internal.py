@@ -1,6 +1,6 @@
 """The gateway's internal request and response: what every dialect translates to and from.
 
-Dialects (OpenAI chat today; Responses, Anthropic and Gemini later) are pure translations
+Dialects (OpenAI Chat and Responses, Anthropic Messages, Gemini generateContent) are pure translations
 between their wire models and these models, so the generation pipeline, the token chain and
 the recorder see one shape only. Messages and tools use the OpenAI chat shape because that is
 what Hugging Face chat templates expect.
@@ -34,11 +34,13 @@ class InternalRequest(BaseModel):
     """One chat request after dialect translation.
 
     Attributes:
-        dialect: the wire dialect it came from (``openai_chat``); recorded on the completion.
+        dialect: the wire dialect it came from (``openai_chat``, ``openai_responses``,
+            ``anthropic``, ``gemini``); recorded on the completion.
         model: the model name the harness asked for (informational; the session decides).
         messages: the conversation in OpenAI chat shape: ``role`` in system/user/assistant/tool,
             ``content`` a string, assistant ``tool_calls`` with ``function.arguments`` as a JSON
-            string, tool messages with ``tool_call_id``.
+            string and optional ``reasoning_content`` (thinking the harness echoes back), tool
+            messages with ``tool_call_id``.
         tools: OpenAI tool definitions (``{"type": "function", "function": {...}}``).
         sampling: the harness's own sampling values.
         stream: answer as a stream of chunks.
@@ -79,7 +81,10 @@ class InternalResponse(BaseModel):
         created: Unix time (s) the completion started.
         model: the model name shown to the harness.
         text: the sampled text (end-of-turn token excluded).
-        content: the assistant's text with tool-call blocks removed; None when only tool calls.
+        content: the assistant's text with reasoning and tool-call blocks removed; None when
+            only tool calls.
+        reasoning: the reasoning text (``<think>...</think>``), when a reasoning parser is set
+            and found some; None otherwise.
         tool_calls: OpenAI tool calls (``id``, ``type``, ``function.name``,
             ``function.arguments`` as a JSON string).
         finish_reason: ``stop``, ``length`` or ``tool_calls``.
@@ -96,15 +101,19 @@ class InternalResponse(BaseModel):
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
     finish_reason: FinishReason
     usage: Usage
+    reasoning: str | None = None
 
     def message(self) -> dict[str, Any]:
         """The answer as an OpenAI assistant message (what is recorded as ``response_message``).
 
         Returns:
-            ``{"role": "assistant", "content": ..., "tool_calls": [...]}``; ``tool_calls`` only
-            when there are some.
+            ``{"role": "assistant", "content": ..., "tool_calls": [...],
+            "reasoning_content": ...}``; ``tool_calls`` and ``reasoning_content`` only when
+            there are some.
         """
         out: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning is not None:
+            out["reasoning_content"] = self.reasoning
         if self.tool_calls:
             out["tool_calls"] = self.tool_calls
         return out
@@ -130,11 +139,19 @@ class StreamContent:
 
 
 @dataclass
+class StreamReasoning:
+    """New reasoning text (inside ``<think>``), safe to show."""
+
+    text: str
+
+
+@dataclass
 class StreamEnd:
-    """Last event: the recorded answer, and the content not streamed yet."""
+    """Last event: the recorded answer, and the content and reasoning not streamed yet."""
 
     response: InternalResponse
     content_tail: str
+    reasoning_tail: str = ""
 
 
-StreamEvent = StreamStart | StreamContent | StreamEnd
+StreamEvent = StreamStart | StreamReasoning | StreamContent | StreamEnd

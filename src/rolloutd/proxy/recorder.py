@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from rolloutd.proxy.backends.base import Backend, GenerateResult
+from rolloutd.proxy.backends.base import Backend, ChatResult, GenerateResult
 from rolloutd.proxy.chat_template import PromptPlan, canonical_json
 from rolloutd.proxy.internal import InternalRequest, InternalResponse, Usage
 from rolloutd.proxy.sessions import Session
@@ -90,6 +90,29 @@ def build_completion(
     )
 
 
+def build_passthrough_completion(
+    session: Session, *, index: int, request: InternalRequest, body_hash: str,
+    result: ChatResult, response: InternalResponse, backend: Backend, started_at: float,
+    duration_s: float,
+) -> Completion:
+    """The completion of one ``passthrough`` call (pure): the backend rendered the prompt, so
+    token ids are the ones it returned, if any; without them the completion is untrainable.
+    """
+    trainable = result.trainable
+    return Completion(
+        session_id=session.session_id, index=index, request_hash=body_hash,
+        dialect=request.dialect, capture_mode=session.state.capture_mode, model=response.model,
+        messages=request.messages, tools=request.tools, request=request.body,
+        prompt_ids=result.prompt_ids if trainable else [],
+        response_ids=result.response_ids if trainable else [],
+        response_logprobs=result.response_logprobs if trainable else [],
+        response_text=response.text, response_message=response.message(),
+        finish_reason=response.finish_reason, end_of_turn_sampled=trainable,
+        backend=backend.name, policy_version=backend.policy_version, trainable=trainable,
+        timings=Timings(started_at=started_at, duration_s=duration_s),
+    )
+
+
 def response_from_completion(completion: Completion) -> InternalResponse:
     """The answer recorded in ``completion``, identical to the one first returned."""
     message = completion.response_message
@@ -100,6 +123,7 @@ def response_from_completion(completion: Completion) -> InternalResponse:
         text=completion.response_text,
         content=message.get("content"),
         tool_calls=list(message.get("tool_calls") or []),
+        reasoning=message.get("reasoning_content"),
         finish_reason=completion.finish_reason,  # type: ignore[arg-type]
         usage=Usage(prompt_tokens=len(completion.prompt_ids),
                     completion_tokens=len(completion.response_ids)),

@@ -16,10 +16,13 @@ from dataclasses import dataclass
 
 import structlog
 
-from rolloutd.errors import BackendError, ContextLengthError
+from rolloutd.errors import BackendError, ConfigError, ContextLengthError
 from rolloutd.proxy.backends.base import Backend, GenerateDelta, GenerateRequest, GenerateResult
+from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
 from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.chat_template import ChatTemplate, PromptPlan
+from rolloutd.proxy.dialects import openai_chat
+from rolloutd.proxy.dialects.common import id_suffix
 from rolloutd.proxy.internal import (
     InternalRequest,
     InternalResponse,
@@ -27,19 +30,22 @@ from rolloutd.proxy.internal import (
     StreamContent,
     StreamEnd,
     StreamEvent,
+    StreamReasoning,
     StreamStart,
     Usage,
 )
+from rolloutd.proxy.parsers import ReasoningParser, get_reasoning_parser
 from rolloutd.proxy.recorder import (
     Recorder,
     build_completion,
+    build_passthrough_completion,
     request_hash,
     response_from_completion,
     response_id,
 )
 from rolloutd.proxy.sessions import Session
 from rolloutd.proxy.tool_parsers import get_tool_parser
-from rolloutd.types import Completion, SamplingParams
+from rolloutd.types import CaptureMode, Completion, SamplingParams
 
 log = structlog.get_logger(__name__)
 
@@ -104,14 +110,52 @@ class ChatService:
         pool: the backends.
         recorder: the completion recorder.
         tool_parser: name in :data:`rolloutd.proxy.tool_parsers.TOOL_PARSERS`.
+        reasoning_parser: name in :data:`rolloutd.proxy.parsers.REASONING_PARSERS`, or None.
     """
 
     def __init__(self, template: ChatTemplate, pool: BackendPool, recorder: Recorder, *,
-                 tool_parser: str = "hermes") -> None:
+                 tool_parser: str = "hermes", reasoning_parser: str | None = None) -> None:
         self.template = template
         self.pool = pool
         self.recorder = recorder
         self.tool_parser = get_tool_parser(tool_parser)
+        self.reasoning_parser: ReasoningParser | None = get_reasoning_parser(reasoning_parser)
+
+    async def count_tokens(self, session: Session, request: InternalRequest) -> int:
+        """Prompt tokens the request would send: rendered (or chained) with the model's
+        template; nothing is sampled and nothing is recorded (Anthropic ``count_tokens``,
+        Gemini ``countTokens``).
+
+        Raises:
+            rolloutd.errors.InvalidRequestError: the template rejects the messages.
+        """
+        plan = await asyncio.to_thread(self.template.build_prompt, request.messages,
+                                       request.tools, list(session.completions))
+        return len(plan.prompt_ids)
+
+    def previous_conversation(self, session: Session, wire_id: str
+                              ) -> list[dict[str, object]] | None:
+        """The conversation answered by the Responses answer ``wire_id`` (``resp_...``):
+        that completion's messages and its answer, or None when the session has none such.
+
+        Reads the append-only completion list; no lock needed.
+        """
+        for completion in reversed(session.completions):
+            if f"resp_{id_suffix(response_id(completion.session_id, completion.index))}" \
+                    == wire_id:
+                return [*completion.messages, completion.response_message]
+        return None
+
+    def _shape(self, text: str, request: InternalRequest
+               ) -> tuple[str | None, str | None, list[dict[str, object]]]:
+        """(reasoning, content, tool_calls) of sampled text: reasoning first, then tool calls
+        in the rest (only when the request offered tools)."""
+        reasoning, rest = (self.reasoning_parser.split(text) if self.reasoning_parser
+                           else (None, text))
+        if request.tools:
+            parsed = self.tool_parser.parse(rest)
+            return reasoning, parsed.content, parsed.tool_calls
+        return reasoning, rest, []
 
     async def _prepare(self, session: Session, request: InternalRequest
                        ) -> _Prepared | Completion:
@@ -144,17 +188,14 @@ class ChatService:
         """Parse, record and build the answer (call with ``session.lock`` held)."""
         text_ids = result.response_ids[:-1] if result.ended_by_eos else result.response_ids
         text = await asyncio.to_thread(self.template.decode, text_ids)
-        if request.tools:
-            parsed = self.tool_parser.parse(text)
-            content, tool_calls = parsed.content, parsed.tool_calls
-        else:
-            content, tool_calls = text, []
+        reasoning, content, tool_calls = self._shape(text, request)
         response = InternalResponse(
             id=response_id(session.session_id, prep.index),
             created=int(prep.started_at),
             model=session.state.model,
             text=text,
             content=content,
+            reasoning=reasoning,
             tool_calls=tool_calls,
             finish_reason="tool_calls" if tool_calls else result.finish_reason,
             usage=Usage(prompt_tokens=len(prep.plan.prompt_ids),
@@ -169,6 +210,44 @@ class ChatService:
         await self.recorder.record(session, completion)
         return response
 
+    async def _passthrough(self, session: Session, request: InternalRequest) -> InternalResponse:
+        """One ``passthrough`` call (call with ``session.lock`` held): the backend renders the
+        chat; the gateway records what it returns (untrainable without token ids).
+
+        Raises:
+            ConfigError: the session's backend takes no chat requests.
+            BackendError: the backend failed; nothing is recorded.
+        """
+        session.ensure_open()
+        body_hash = request_hash(request.body)
+        if (answered := self.recorder.find_retry(session, body_hash)) is not None:
+            return response_from_completion(answered)
+        backend = self.pool.get(session.state.backend)
+        if not isinstance(backend, OpenAIChatBackend):
+            raise ConfigError(f"backend {backend.name} ({backend.type}) cannot serve "
+                              "capture_mode 'passthrough'")
+        started_at, started = time.time(), time.monotonic()
+        sampling = resolve_sampling(session.state.sampling, request.sampling)
+        body = {**openai_chat.request_from_internal(request), "temperature": sampling.temperature,
+                "top_p": sampling.top_p, "max_tokens": sampling.max_tokens}
+        result = await backend.chat(body)
+        index = session.next_index()
+        content = result.message.get("content")
+        response = InternalResponse(
+            id=response_id(session.session_id, index), created=int(started_at),
+            model=session.state.model, text=content or "", content=content,
+            reasoning=result.message.get("reasoning_content"),
+            tool_calls=list(result.message.get("tool_calls") or []),
+            finish_reason=result.finish_reason,
+            usage=Usage(prompt_tokens=result.num_prompt_tokens or len(result.prompt_ids),
+                        completion_tokens=result.num_completion_tokens
+                        or len(result.response_ids)))
+        await self.recorder.record(session, build_passthrough_completion(
+            session, index=index, request=request, body_hash=body_hash, result=result,
+            response=response, backend=backend, started_at=started_at,
+            duration_s=time.monotonic() - started))
+        return response
+
     async def complete(self, session: Session, request: InternalRequest) -> InternalResponse:
         """Answer one call in one piece.
 
@@ -179,6 +258,8 @@ class ChatService:
             BackendError: the backend failed; nothing is recorded.
         """
         async with session.lock:
+            if session.state.capture_mode is CaptureMode.PASSTHROUGH:
+                return await self._passthrough(session, request)
             prep = await self._prepare(session, request)
             if isinstance(prep, Completion):
                 return response_from_completion(prep)
@@ -192,17 +273,27 @@ class ChatService:
 
         Errors before :class:`StreamStart` (closed session, bad messages, context, backend
         refused) are raised before anything is sent, so the caller can answer with a status.
-        Content is held back from a tool-call marker on; tool calls come with the end event.
+        Reasoning (:class:`StreamReasoning`) streams while it is sampled; content is held back
+        from a tool-call marker on; tool calls come with the end event. The streamed reasoning
+        and content plus the end event's tails equal the recorded answer's.
 
         Raises:
             The errors of :meth:`complete`.
         """
         async with session.lock:
+            if session.state.capture_mode is CaptureMode.PASSTHROUGH:
+                # the upstream answer is taken whole, so the stream is not incremental here
+                response = await self._passthrough(session, request)
+                yield StreamStart(id=response.id, created=response.created, model=response.model)
+                yield StreamEnd(response=response, content_tail=response.content or "",
+                                reasoning_tail=response.reasoning or "")
+                return
             prep = await self._prepare(session, request)
             if isinstance(prep, Completion):
                 response = response_from_completion(prep)
                 yield StreamStart(id=response.id, created=response.created, model=response.model)
-                yield StreamEnd(response=response, content_tail=response.content or "")
+                yield StreamEnd(response=response, content_tail=response.content or "",
+                                reasoning_tail=response.reasoning or "")
                 return
             streamable = self.tool_parser.streamable if request.tools else str
             deltas = prep.backend.generate_stream(prep.generate)
@@ -210,10 +301,18 @@ class ChatService:
                 delta = await _next_delta(deltas, prep.backend)
                 yield StreamStart(id=response_id(session.session_id, prep.index),
                                   created=int(prep.started_at), model=session.state.model)
-                text, sent = "", ""
+                text, sent, sent_reasoning = "", "", ""
                 while delta.result is None:
                     text += delta.text
-                    safe = streamable(text)
+                    if self.reasoning_parser is not None:
+                        reasoning, rest = self.reasoning_parser.split_partial(text)
+                        if len(reasoning) > len(sent_reasoning) \
+                                and reasoning.startswith(sent_reasoning):
+                            yield StreamReasoning(text=reasoning[len(sent_reasoning):])
+                            sent_reasoning = reasoning
+                    else:
+                        rest = text
+                    safe = streamable(rest) if rest is not None else ""
                     if len(safe) > len(sent) and safe.startswith(sent):
                         yield StreamContent(text=safe[len(sent):])
                         sent = safe
@@ -221,15 +320,20 @@ class ChatService:
             finally:
                 await deltas.aclose()  # type: ignore[attr-defined]
             response = await self._answer(session, request, prep, delta.result)
-            final = response.content or ""
-            if final.startswith(sent):
-                tail = final[len(sent):]
-            else:
-                tail = ""
-                log.warning("stream_content_diverged", session_id=session.session_id,
-                            index=prep.index, num_sent_chars=len(sent),
-                            num_final_chars=len(final))
-            yield StreamEnd(response=response, content_tail=tail)
+            yield StreamEnd(
+                response=response,
+                content_tail=_tail(response.content or "", sent, "content", session, prep),
+                reasoning_tail=_tail(response.reasoning or "", sent_reasoning, "reasoning",
+                                     session, prep))
+
+
+def _tail(final: str, sent: str, part: str, session: Session, prep: _Prepared) -> str:
+    """The part of ``final`` not streamed yet (nothing, logged, if the stream diverged)."""
+    if final.startswith(sent):
+        return final[len(sent):]
+    log.warning("stream_diverged", part=part, session_id=session.session_id, index=prep.index,
+                num_sent_chars=len(sent), num_final_chars=len(final))
+    return ""
 
 
 async def _next_delta(deltas: AsyncIterator[GenerateDelta], backend: Backend) -> GenerateDelta:

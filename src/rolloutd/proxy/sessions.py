@@ -23,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rolloutd.errors import (
     AuthenticationError,
-    InvalidRequestError,
     NotFoundError,
     SessionClosedError,
 )
@@ -241,7 +240,8 @@ class SessionManager:
             task_id: the task.
             sampling: the task's sampling parameters (default :class:`SamplingParams`).
             model: model name shown to the harness; default the gateway's model.
-            capture_mode: ``tokens`` (only mode implemented).
+            capture_mode: ``tokens`` (the gateway renders and sends token ids) or
+                ``passthrough`` (the backend renders; needs a chat backend).
 
         Returns:
             The session's key and base URLs.
@@ -249,11 +249,9 @@ class SessionManager:
         Raises:
             SessionClosedError: the session exists and is closed already.
             BackendUnavailableError: no backend is registered.
-            rolloutd.errors.InvalidRequestError: ``capture_mode`` is not ``tokens``.
+            ValueError: an unknown ``capture_mode``.
         """
         mode = CaptureMode(capture_mode)
-        if mode is not CaptureMode.TOKENS:
-            raise InvalidRequestError(f"capture_mode {mode.value!r} is not implemented yet")
         try:
             existing = await self.get(session_id)
         except NotFoundError:

@@ -10,6 +10,12 @@ The ``hermes`` parser reads the format Qwen2.5's and Hermes' chat templates teac
     </tool_call>
 
 (Qwen2.5 model card, "Function calling"; vLLM ``hermes_tool_parser.py``.)
+
+``llama3_json`` reads Llama 3.1+'s JSON calls, ``{"name": ..., "parameters": {...}}``,
+optionally after ``<|python_tag|>``, several separated by ``;`` (Meta's Llama 3.1 prompt
+format, "JSON based tool calling"; vLLM ``llama_tool_parser.py``). ``mistral`` reads
+``[TOOL_CALLS][{"name": ..., "arguments": {...}}]`` (tokenizer v3-v7) and
+``[TOOL_CALLS]name[ARGS]{...}`` (v11+; vLLM ``mistral_tool_parser.py``).
 """
 
 from __future__ import annotations
@@ -150,6 +156,91 @@ def streamable_lenient(text: str) -> str:
     return streamable_prefix(text, HERMES_START)
 
 
+LLAMA_PYTHON_TAG = "<|python_tag|>"
+MISTRAL_TOOL_CALLS = "[TOOL_CALLS]"
+MISTRAL_ARGS = "[ARGS]"
+
+
+def _json_values(text: str, separators: str) -> list[Any] | None:
+    """Consecutive JSON values filling ``text``, split by ``separators``; None otherwise."""
+    decoder = json.JSONDecoder()
+    values, pos = [], 0
+    while True:
+        while pos < len(text) and (text[pos].isspace() or text[pos] in separators):
+            pos += 1
+        if pos == len(text):
+            return values or None
+        try:
+            value, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return None
+        values.append(value)
+
+
+def parse_llama3_json(text: str) -> ParsedOutput:
+    """Parse Llama 3 JSON tool calls: the whole answer is one or more call objects.
+
+    Anything else (prose, a JSON object without ``name``) is content, untouched.
+    """
+    body = text.strip()
+    body = body.removeprefix(LLAMA_PYTHON_TAG)
+    if not body.lstrip().startswith("{"):
+        return ParsedOutput(content=text)
+    values = _json_values(body, ";")
+    calls = [_call_from_object(v) for v in values or []]
+    if not calls or any(call is None for call in calls):
+        return ParsedOutput(content=text)
+    return ParsedOutput(content=None, tool_calls=calls)  # type: ignore[arg-type]
+
+
+def streamable_llama3_json(text: str) -> str:
+    """Streamable content for :func:`parse_llama3_json`: an answer that starts like a call
+    (``{`` or ``<|python_tag|>``) is held back whole."""
+    stripped = text.lstrip()
+    if not stripped or stripped.startswith(("{", LLAMA_PYTHON_TAG)) \
+            or LLAMA_PYTHON_TAG.startswith(stripped):
+        return ""
+    return text.rstrip()
+
+
+def _mistral_calls(tail: str) -> list[dict[str, Any]] | None:
+    """The calls after the first ``[TOOL_CALLS]``, in either Mistral syntax; None if malformed."""
+    if MISTRAL_ARGS in tail:
+        calls = []
+        for segment in tail.split(MISTRAL_TOOL_CALLS):
+            name, sep, arguments = segment.partition(MISTRAL_ARGS)
+            if not sep:
+                return None
+            try:
+                call = _call_from_object({"name": name.strip(), "arguments": json.loads(arguments)})
+            except json.JSONDecodeError:
+                return None
+            if call is None:
+                return None
+            calls.append(call)
+        return calls
+    values = _json_values(tail, "")
+    if not values:
+        return None
+    items = [item for value in values for item in (value if isinstance(value, list) else [value])]
+    parsed = [_call_from_object(item) for item in items]
+    return None if not parsed or any(c is None for c in parsed) else parsed  # type: ignore[return-value]
+
+
+def parse_mistral(text: str) -> ParsedOutput:
+    """Parse Mistral ``[TOOL_CALLS]`` calls; the text before the marker is the content.
+
+    A malformed call section leaves the whole text as content.
+    """
+    cut = text.find(MISTRAL_TOOL_CALLS)
+    if cut < 0:
+        return ParsedOutput(content=text)
+    calls = _mistral_calls(text[cut + len(MISTRAL_TOOL_CALLS):].strip())
+    if not calls:
+        return ParsedOutput(content=text)
+    return ParsedOutput(content=text[:cut].strip() or None, tool_calls=calls)
+
+
 def parse_none(text: str) -> ParsedOutput:
     """No tool-call syntax: everything is content."""
     return ParsedOutput(content=text)
@@ -179,6 +270,9 @@ def _hermes_streamable(text: str) -> str:
 TOOL_PARSERS: dict[str, ToolParser] = {
     "hermes": ToolParser("hermes", parse_hermes, _hermes_streamable),
     "hermes_lenient": ToolParser("hermes_lenient", parse_hermes_lenient, streamable_lenient),
+    "llama3_json": ToolParser("llama3_json", parse_llama3_json, streamable_llama3_json),
+    "mistral": ToolParser("mistral", parse_mistral,
+                          lambda text: streamable_prefix(text, MISTRAL_TOOL_CALLS)),
     "none": ToolParser("none", parse_none, str),
 }
 

@@ -122,10 +122,43 @@ class Backend(abc.ABC):
     async def context_size(self) -> int:
         """Context window of one sequence, in tokens (prompt plus response)."""
 
-    async def aclose(self) -> None:  # noqa: B027 - optional hook with nothing to release
+    async def aclose(self) -> None:
         """Release the client's connections (nothing by default)."""
 
     def describe(self) -> dict[str, Any]:
         """Name, type, URL and policy version (for logs and admin routes)."""
         return {"name": self.name, "type": self.type, "url": self.url,
                 "policy_version": self.policy_version}
+
+
+@dataclass
+class ChatResult:
+    """What a backend that renders the chat itself answered (``passthrough`` capture mode).
+
+    Invariant: ``len(response_ids) == len(response_logprobs)``; both are empty when the backend
+    does not return token ids (a plain OpenAI-compatible API): the completion is then
+    recorded as untrainable.
+
+    Attributes:
+        message: the assistant message: ``content``, ``tool_calls``, ``reasoning_content``.
+        finish_reason: ``stop``, ``length`` or ``tool_calls``.
+        prompt_ids: list[int], length P: the prompt as the backend tokenised it, or empty.
+        response_ids: list[int], length R: sampled ids, or empty.
+        response_logprobs: list[float], length R: their logprobs, or empty.
+        num_prompt_tokens: prompt tokens reported in ``usage``.
+        num_completion_tokens: completion tokens reported in ``usage``.
+    """
+
+    message: dict[str, Any]
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    prompt_ids: list[int] = field(default_factory=list)
+    response_ids: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+    num_completion_tokens: int = 0
+
+    @property
+    def trainable(self) -> bool:
+        """Token ids of prompt and response and a logprob per sampled token are known."""
+        return bool(self.prompt_ids) and bool(self.response_ids) \
+            and len(self.response_ids) == len(self.response_logprobs)

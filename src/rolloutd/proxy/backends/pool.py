@@ -16,6 +16,9 @@ import structlog
 from rolloutd.errors import BackendUnavailableError, ConfigError
 from rolloutd.proxy.backends.base import Backend
 from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
+from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
+from rolloutd.proxy.backends.sglang import SglangBackend
+from rolloutd.proxy.backends.vllm import VllmBackend
 from rolloutd.settings import GatewaySettings
 
 log = structlog.get_logger(__name__)
@@ -26,6 +29,22 @@ def backend_urls(setting: str | None) -> list[str]:
     if not setting:
         return []
     return [url.strip().rstrip("/") for url in setting.split(",") if url.strip()]
+
+
+def make_backend(backend_type: str, name: str, url: str, *, policy_version: int = 0,
+                 timeout_s: float = 600.0, ctx_size: int | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> Backend:
+    """A backend client of ``backend_type`` (``llama_cpp``, ``vllm``, ``sglang``, ``openai``).
+
+    Raises:
+        ConfigError: an unknown type.
+    """
+    kinds: dict[str, type[Backend]] = {"llama_cpp": LlamaCppBackend, "vllm": VllmBackend,
+                                       "sglang": SglangBackend, "openai": OpenAIChatBackend}
+    if backend_type not in kinds:
+        raise ConfigError(f"unknown backend type {backend_type!r}; known: {', '.join(kinds)}")
+    return kinds[backend_type](name, url, policy_version=policy_version,  # type: ignore[call-arg]
+                               timeout_s=timeout_s, ctx_size=ctx_size, transport=transport)
 
 
 class BackendPool:
@@ -57,16 +76,12 @@ class BackendPool:
             ctx_size: context window per sequence; None asks each backend.
 
         Raises:
-            ConfigError: a backend type other than ``llama_cpp`` (not implemented yet).
+            ConfigError: an unknown backend type.
         """
-        if settings.backend_type != "llama_cpp":
-            raise ConfigError(f"backend_type {settings.backend_type!r} is not supported yet; "
-                              "use 'llama_cpp'")
-        return cls(
-            LlamaCppBackend(url, url, timeout_s=settings.backend_timeout_s, ctx_size=ctx_size,
-                            transport=transport)
-            for url in backend_urls(settings.backend_url)
-        )
+        return cls(make_backend(settings.backend_type, url, url,
+                                timeout_s=settings.backend_timeout_s, ctx_size=ctx_size,
+                                transport=transport)
+                   for url in backend_urls(settings.backend_url))
 
     def add(self, backend: Backend) -> None:
         """Register ``backend``.

@@ -19,36 +19,32 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rolloutd.errors import (
     AuthenticationError,
     BackendError,
     BackendUnavailableError,
     ContextLengthError,
-    InvalidRequestError,
     NotFoundError,
     RolloutdError,
 )
 from rolloutd.proxy.chat_template import content_text
+from rolloutd.proxy.dialects.common import RequestFieldError, error_path, sse_data, validate
 from rolloutd.proxy.internal import (
     InternalRequest,
     InternalResponse,
     SamplingOverrides,
     StreamContent,
     StreamEvent,
+    StreamReasoning,
     StreamStart,
+    Usage,
 )
 
+__all__ = ["RequestFieldError", "error_path"]
+
 DIALECT = "openai_chat"
-
-
-class RequestFieldError(InvalidRequestError):
-    """A request field is invalid; ``param`` names its dotted path (OpenAI's ``param``)."""
-
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 # --------------------------------------------------------------------------- wire models
@@ -128,10 +124,11 @@ class ChatCompletionRequest(_Wire):
 
 
 class ResponseMessage(_Wire):
-    """``choices[].message``."""
+    """``choices[].message`` (``reasoning_content`` as vLLM's reasoning parsers send it)."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
 
@@ -193,34 +190,16 @@ def parse_request(body: Any) -> ChatCompletionRequest:
         RequestFieldError: the body is not an object, or a field is invalid (``param`` names
             the first invalid field).
     """
-    if not isinstance(body, dict):
-        raise RequestFieldError("the request body must be a JSON object")
-    try:
-        return ChatCompletionRequest.model_validate(body)
-    except ValidationError as e:
-        first = e.errors()[0]
-        param = _param(first["loc"], body, missing=first["type"] == "missing")
-        where = f"{param}: " if param else ""
-        raise RequestFieldError(f"invalid request: {where}{first['msg']}", param=param) from None
+    return validate(ChatCompletionRequest, body)
 
 
-def _param(loc: tuple[int | str, ...], body: Any, *, missing: bool) -> str | None:
-    """The dotted path of an error location in the body, without pydantic's union-member tags
-    (``messages.0.content.str`` -> ``messages.0.content``)."""
-    parts: list[str] = []
-    node = body
-    for part in loc:
-        in_dict = isinstance(node, dict) and part in node
-        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
-        if in_dict or in_list:
-            node = node[part]  # type: ignore[index]
-        elif missing and isinstance(node, dict) and isinstance(part, str):
-            parts.append(part)
-            break
-        else:
-            break
-        parts.append(str(part))
-    return ".".join(parts) or None
+def parse(body: Any) -> InternalRequest:
+    """Validate and translate a parsed JSON body (pure).
+
+    Raises:
+        InvalidRequestError: invalid fields or a content part that is not text.
+    """
+    return to_internal(parse_request(body), body)
 
 
 def _message_to_internal(message: ChatMessage) -> dict[str, Any]:
@@ -245,6 +224,9 @@ def _message_to_internal(message: ChatMessage) -> dict[str, Any]:
         ]
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
+    reasoning = (message.model_extra or {}).get("reasoning_content")
+    if message.role == "assistant" and isinstance(reasoning, str):
+        out["reasoning_content"] = reasoning
     return out
 
 
@@ -288,6 +270,7 @@ def from_internal(response: InternalResponse) -> ChatCompletionResponse:
         model=response.model,
         choices=[Choice(
             message=ResponseMessage(content=response.content,
+                                    reasoning_content=response.reasoning,
                                     tool_calls=response.tool_calls or None),
             finish_reason=response.finish_reason,
         )],
@@ -295,13 +278,53 @@ def from_internal(response: InternalResponse) -> ChatCompletionResponse:
     )
 
 
-def response_json(response: InternalResponse) -> dict[str, Any]:
-    """The ``chat.completion`` JSON of an answer: ``message.tool_calls`` only when present."""
+def response_json(response: InternalResponse, request: InternalRequest | None = None
+                  ) -> dict[str, Any]:
+    """The ``chat.completion`` JSON of an answer: ``message.tool_calls`` and
+    ``message.reasoning_content`` only when present."""
     body = from_internal(response).model_dump(mode="json")
     for choice in body["choices"]:
-        if choice["message"].get("tool_calls") is None:
-            choice["message"].pop("tool_calls", None)
+        for key in ("tool_calls", "reasoning_content"):
+            if choice["message"].get(key) is None:
+                choice["message"].pop(key, None)
     return body
+
+
+def request_from_internal(request: InternalRequest) -> dict[str, Any]:
+    """The Chat Completions body that carries ``request`` (the inverse of :func:`parse`;
+    property tests and passthrough backends use it)."""
+    body: dict[str, Any] = {"model": request.model or "", "messages": request.messages,
+                            "stream": request.stream}
+    if request.tools:
+        body["tools"] = request.tools
+    for name, value in (("temperature", request.sampling.temperature),
+                        ("top_p", request.sampling.top_p),
+                        ("max_tokens", request.sampling.max_tokens)):
+        if value is not None:
+            body[name] = value
+    if request.include_usage:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def response_to_internal(body: dict[str, Any]) -> InternalResponse:
+    """A ``chat.completion`` JSON back to the internal answer (round-trip tests; passthrough).
+
+    Raises:
+        InvalidRequestError: the object is not a chat completion.
+    """
+    response = validate(ChatCompletionResponse, body)
+    if len(response.choices) != 1:
+        raise RequestFieldError("a chat completion with exactly one choice is expected")
+    choice = response.choices[0]
+    return InternalResponse(
+        id=response.id, created=response.created, model=response.model,
+        text=choice.message.content or "", content=choice.message.content,
+        reasoning=choice.message.reasoning_content,
+        tool_calls=choice.message.tool_calls or [],
+        finish_reason=choice.finish_reason,  # type: ignore[arg-type]
+        usage=Usage(prompt_tokens=response.usage.prompt_tokens,
+                    completion_tokens=response.usage.completion_tokens))
 
 
 class ChunkStream:
@@ -334,8 +357,12 @@ class ChunkStream:
             return [self._chunk({"role": "assistant", "content": ""})]
         if isinstance(event, StreamContent):
             return [self._chunk({"content": event.text})] if event.text else []
+        if isinstance(event, StreamReasoning):
+            return [self._chunk({"reasoning_content": event.text})] if event.text else []
         response = event.response
         out = []
+        if event.reasoning_tail:
+            out.append(self._chunk({"reasoning_content": event.reasoning_tail}))
         if event.content_tail:
             out.append(self._chunk({"content": event.content_tail}))
         if response.tool_calls:
@@ -348,6 +375,56 @@ class ChunkStream:
                                            model=self.start.model, choices=[],
                                            usage=_usage(response)))
         return out
+
+
+class Encoder:
+    """SSE bytes of one answer: ``data: {chunk}`` per chunk, then ``data: [DONE]``."""
+
+    def __init__(self, start: StreamStart, request: InternalRequest) -> None:
+        self.chunks = ChunkStream(start, include_usage=request.include_usage)
+
+    def encode(self, event: StreamEvent) -> list[bytes]:
+        """Bytes of the chunks of ``event``."""
+        return [sse_data(chunk) for chunk in self.chunks.chunks(event)]
+
+    def close(self) -> list[bytes]:
+        """``data: [DONE]``."""
+        return [sse_data("[DONE]")]
+
+    def error(self, error: RolloutdError) -> list[bytes]:
+        """An OpenAI error object as the last event."""
+        return [sse_data(error_body(error)[1])]
+
+
+def encoder(start: StreamStart, request: InternalRequest) -> Encoder:
+    """The stream encoder of one answer."""
+    return Encoder(start, request)
+
+
+def collect_stream(events: list[dict[str, Any]]) -> InternalResponse:
+    """Rebuild the answer from parsed ``chat.completion.chunk`` objects (tests, passthrough).
+
+    Args:
+        events: the chunks in order, ``[DONE]`` excluded.
+    """
+    first = events[0]
+    content, reasoning, calls, finish, usage = "", "", [], "stop", Usage(prompt_tokens=0,
+                                                                         completion_tokens=0)
+    for chunk in events:
+        if chunk.get("usage"):
+            usage = Usage(prompt_tokens=chunk["usage"]["prompt_tokens"],
+                          completion_tokens=chunk["usage"]["completion_tokens"])
+        for choice in chunk.get("choices", []):
+            delta = choice.get("delta", {})
+            content += delta.get("content") or ""
+            reasoning += delta.get("reasoning_content") or ""
+            for call in delta.get("tool_calls") or []:
+                calls.append({k: v for k, v in call.items() if k != "index"})
+            finish = choice.get("finish_reason") or finish
+    return InternalResponse(id=first["id"], created=first["created"], model=first["model"],
+                            text=content, content=content or (None if calls else ""),
+                            reasoning=reasoning or None, tool_calls=calls,
+                            finish_reason=finish, usage=usage)  # type: ignore[arg-type]
 
 
 def models_list(model: str) -> dict[str, Any]:
@@ -389,10 +466,4 @@ def error_body(error: RolloutdError) -> tuple[int, dict[str, Any]]:
 
 def sse(payload: BaseModel | dict[str, Any] | str) -> bytes:
     """One server-sent event: ``data: {json}\\n\\n`` (or ``data: [DONE]\\n\\n``)."""
-    if isinstance(payload, BaseModel):
-        text = payload.model_dump_json(exclude_none=False)
-    elif isinstance(payload, dict):
-        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    else:
-        text = payload
-    return f"data: {text}\n\n".encode()
+    return sse_data(payload)

@@ -1,0 +1,150 @@
+"""What every HTTP backend shares: a client without retries, status and transport mapping,
+and an SSE line reader.
+
+Temporal owns retries (STYLE.md): a retried sampling call here could sample twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from rolloutd.errors import BackendError, BackendUnavailableError, ContextLengthError
+from rolloutd.proxy.backends.base import Backend
+
+_CONTEXT_HINTS = ("maximum context length", "context length", "exceed_context_size",
+                  "longer than the model")
+
+
+def new_client(url: str, timeout_s: float, transport: httpx.AsyncBaseTransport | None,
+               headers: dict[str, str] | None = None) -> httpx.AsyncClient:
+    """An async client for ``url`` with retries off and ``timeout_s`` per call."""
+    return httpx.AsyncClient(base_url=url, headers=headers,
+                             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
+                             transport=transport or httpx.AsyncHTTPTransport(retries=0))
+
+
+def error_message(response: httpx.Response) -> str:
+    """The message of an error answer (``{"error": {"message"}}``, ``{"message"}``,
+    ``{"detail"}``, or the text)."""
+    try:
+        body = json.loads(response.content)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return response.content[:300].decode(errors="replace")
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:500]
+        for key in ("message", "detail", "error"):
+            if body.get(key):
+                return str(body[key])[:500]
+    return str(body)[:300]
+
+
+def raise_for_status(backend: Backend, response: httpx.Response) -> None:
+    """Map an HTTP error answer to the error tree.
+
+    Raises:
+        ContextLengthError: a 400 that says the prompt is too long.
+        BackendUnavailableError: 503 (loading, overloaded, paused for a weight update).
+        BackendError: any other status >= 400 (retryable when >= 500).
+    """
+    if response.status_code < 400:
+        return
+    message = error_message(response)
+    if response.status_code == 400 and any(h in message.lower() for h in _CONTEXT_HINTS):
+        raise ContextLengthError(f"backend {backend.name}: {message}")
+    if response.status_code == 503:
+        raise BackendUnavailableError(f"backend {backend.name} is not ready: {message}")
+    raise BackendError(f"backend {backend.name} answered {response.status_code}: {message}",
+                       retryable=response.status_code >= 500)
+
+
+def transport_error(backend: Backend, error: httpx.HTTPError) -> BackendError:
+    """The error of a failed connection or a timeout."""
+    if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):
+        return BackendUnavailableError(f"backend {backend.name} unreachable: {error!r}")
+    if isinstance(error, httpx.TimeoutException):
+        return BackendError(f"backend {backend.name} timed out: {error!r}")
+    return BackendError(f"backend {backend.name} failed: {error!r}")
+
+
+async def post_json(backend: Backend, client: httpx.AsyncClient, path: str,
+                    body: dict[str, Any]) -> dict[str, Any]:
+    """POST ``body`` and return the JSON object answered.
+
+    Raises:
+        BackendError: transport failure, error status, or an answer that is not an object.
+    """
+    try:
+        response = await client.post(path, json=body)
+    except httpx.HTTPError as e:
+        raise transport_error(backend, e) from e
+    raise_for_status(backend, response)
+    try:
+        answer = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BackendError(f"backend {backend.name} answered non-JSON") from e
+    if not isinstance(answer, dict):
+        raise BackendError(f"backend {backend.name} answered {type(answer).__name__}")
+    return answer
+
+
+async def sse_events(backend: Backend, client: httpx.AsyncClient, path: str,
+                     body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """POST ``body`` and yield each ``data: {json}`` event until ``data: [DONE]`` or the end.
+
+    Raises:
+        BackendError: transport failure, error status, a malformed event, or an event that
+            carries an error.
+    """
+    try:
+        async with client.stream("POST", path, json=body) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                raise_for_status(backend, response)
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    return
+                try:
+                    event = json.loads(payload)
+                except json.JSONDecodeError as e:
+                    raise BackendError(f"backend {backend.name}: malformed stream event") from e
+                if not isinstance(event, dict):
+                    raise BackendError(f"backend {backend.name}: stream event is not an object")
+                if event.get("error") or event.get("object") == "error":
+                    raise BackendError(f"backend {backend.name} stream error: "
+                                       f"{event.get('error') or event.get('message')}")
+                yield event
+    except httpx.HTTPError as e:
+        raise transport_error(backend, e) from e
+
+
+def float_list(values: Any, where: str) -> list[float]:
+    """``values`` as floats; None entries (no logprob) are refused.
+
+    Raises:
+        BackendError: not a list of numbers.
+    """
+    if not isinstance(values, list) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        raise BackendError(f"{where}: logprobs are not a list of numbers")
+    return [float(v) for v in values]
+
+
+def int_list(values: Any, where: str) -> list[int]:
+    """``values`` as token ids.
+
+    Raises:
+        BackendError: not a list of integers.
+    """
+    if not isinstance(values, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise BackendError(f"{where}: token ids are not a list of integers")
+    return list(values)

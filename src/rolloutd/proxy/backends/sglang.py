@@ -1,0 +1,177 @@
+"""SGLang as a token-in/token-out backend (``POST /generate`` with ``input_ids``).
+
+References: SGLang docs, "Native APIs" (https://docs.sglang.io/basic_usage/native_api.html)
+and "Sampling Parameters" (https://docs.sglang.io/basic_usage/sampling_params.html):
+request ``input_ids``, ``sampling_params`` (``max_new_tokens``, ``temperature``, ``top_p``,
+``top_k`` with -1 disabling it, ``min_p``, ``sampling_seed``, ``skip_special_tokens``,
+``no_stop_trim``), ``return_logprob: true``, ``stream``. Answer: ``text``, ``output_ids``
+and ``meta_info`` with ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``,
+``finish_reason`` (``{"type": "stop", "matched": <token id>}`` or ``{"type": "length"}``)
+and ``output_token_logprobs`` as ``[logprob, token_id, text_or_null]`` per sampled token.
+Streaming sends ``data: {...}`` events whose ``text`` and ``meta_info.output_token_logprobs``
+are cumulative, then ``data: [DONE]``. The context window is ``max_total_num_tokens`` /
+``context_length`` of ``GET /get_model_info`` (``context_length``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from rolloutd.errors import BackendError
+from rolloutd.proxy.backends.base import Backend, GenerateDelta, GenerateRequest, GenerateResult
+from rolloutd.proxy.backends.http import (
+    new_client,
+    post_json,
+    raise_for_status,
+    sse_events,
+    transport_error,
+)
+
+
+def generate_body(request: GenerateRequest, *, stream: bool) -> dict[str, Any]:
+    """The JSON body of ``POST /generate`` for ``request``."""
+    sampling: dict[str, Any] = {
+        "max_new_tokens": request.max_tokens, "temperature": request.temperature,
+        "top_p": request.top_p, "top_k": request.top_k if request.top_k > 0 else -1,
+        "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
+        "presence_penalty": 0.0, "skip_special_tokens": False, "no_stop_trim": True,
+    }
+    if request.seed is not None:
+        sampling["sampling_seed"] = request.seed
+    return {"input_ids": list(request.prompt_ids), "sampling_params": sampling,
+            "return_logprob": True, "stream": stream}
+
+
+def token_logprobs(meta: dict[str, Any], where: str) -> tuple[list[int], list[float]]:
+    """Sampled ids and logprobs from ``meta_info.output_token_logprobs``.
+
+    Raises:
+        BackendError: missing, or an entry that is not ``[logprob, token_id, ...]``.
+    """
+    entries = meta.get("output_token_logprobs")
+    if not isinstance(entries, list):
+        raise BackendError(f"SGLang {where}: no meta_info.output_token_logprobs "
+                           "(return_logprob was sent)")
+    ids, logprobs = [], []
+    for entry in entries:
+        if not isinstance(entry, list | tuple) or len(entry) < 2 \
+                or not isinstance(entry[0], int | float) or isinstance(entry[1], bool) \
+                or not isinstance(entry[1], int):
+            raise BackendError(f"SGLang {where}: malformed output_token_logprobs entry")
+        logprobs.append(float(entry[0]))
+        ids.append(entry[1])
+    return ids, logprobs
+
+
+def _finish(meta: dict[str, Any], ids: list[int], where: str) -> tuple[str, bool]:
+    finish = meta.get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, dict) else None
+    if kind not in ("stop", "length"):
+        raise BackendError(f"SGLang {where}: unexpected finish_reason {finish!r}")
+    matched = finish.get("matched")  # type: ignore[union-attr]
+    ended_by_eos = kind == "stop" and isinstance(matched, int) and bool(ids) \
+        and ids[-1] == matched
+    return kind, ended_by_eos
+
+
+class SglangBackend(Backend):
+    """An SGLang server reached over HTTP.
+
+    Args:
+        name: pool name.
+        url: base URL, e.g. ``http://127.0.0.1:30000``.
+        policy_version: version of the served weights.
+        timeout_s: limit of one call, seconds.
+        ctx_size: context window; None reads ``/get_model_info``.
+        transport: httpx transport (tests).
+    """
+
+    type = "sglang"
+
+    def __init__(self, name: str, url: str, *, policy_version: int = 0,
+                 timeout_s: float = 600.0, ctx_size: int | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        super().__init__(name, url, policy_version=policy_version)
+        self.client = new_client(self.url, timeout_s, transport)
+        self._ctx_size = ctx_size
+
+    async def aclose(self) -> None:
+        """Close the HTTP client."""
+        await self.client.aclose()
+
+    async def context_size(self) -> int:
+        """``context_length`` from ``GET /get_model_info`` (cached).
+
+        Raises:
+            BackendError: the call fails or has no ``context_length``.
+        """
+        if self._ctx_size is None:
+            try:
+                response = await self.client.get("/get_model_info")
+            except httpx.HTTPError as e:
+                raise transport_error(self, e) from e
+            raise_for_status(self, response)
+            try:
+                self._ctx_size = int(response.json()["context_length"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise BackendError(f"backend {self.name}: /get_model_info has no "
+                                   "context_length") from e
+        return self._ctx_size
+
+    def _result(self, answer: dict[str, Any], where: str, first_token_s: float | None
+                ) -> GenerateResult:
+        meta = answer.get("meta_info")
+        if not isinstance(meta, dict):
+            raise BackendError(f"SGLang {where}: no meta_info")
+        ids, logprobs = token_logprobs(meta, where)
+        output_ids = answer.get("output_ids")
+        if isinstance(output_ids, list) and output_ids and output_ids != ids:
+            raise BackendError(f"SGLang {where}: output_ids differ from the logprob token ids")
+        reason, ended_by_eos = _finish(meta, ids, where)
+        return GenerateResult(
+            response_ids=ids, response_logprobs=logprobs, text=str(answer.get("text") or ""),
+            finish_reason=reason, ended_by_eos=ended_by_eos,  # type: ignore[arg-type]
+            num_prompt_tokens=int(meta.get("prompt_tokens") or 0),
+            num_cached_tokens=int(meta.get("cached_tokens") or 0),
+            first_token_s=first_token_s, raw={"finish_reason": meta.get("finish_reason")})
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Sample with one ``POST /generate``.
+
+        Raises:
+            BackendError: HTTP error or a malformed answer.
+        """
+        answer = await post_json(self, self.client, "/generate",
+                                 generate_body(request, stream=False))
+        return self._result(answer, "response", None)
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateDelta]:
+        """Sample with ``stream: true``; cumulative events become deltas.
+
+        Raises:
+            BackendError: HTTP error, a malformed event, or a stream without a finish.
+        """
+        started, first_token_s = time.monotonic(), None
+        num_ids, sent_text = 0, ""
+        async for event in sse_events(self, self.client, "/generate",
+                                      generate_body(request, stream=True)):
+            meta = event.get("meta_info") if isinstance(event.get("meta_info"), dict) else {}
+            ids, logprobs = token_logprobs(meta, "stream event")
+            text = str(event.get("text") or "")
+            if len(ids) < num_ids or not text.startswith(sent_text):
+                raise BackendError(f"backend {self.name}: stream events are not cumulative")
+            if len(ids) > num_ids and first_token_s is None:
+                first_token_s = time.monotonic() - started
+            if len(ids) > num_ids or len(text) > len(sent_text):
+                yield GenerateDelta(response_ids=ids[num_ids:],
+                                    response_logprobs=logprobs[num_ids:],
+                                    text=text[len(sent_text):])
+            num_ids, sent_text = len(ids), text
+            if meta.get("finish_reason") is not None:
+                yield GenerateDelta(result=self._result(event, "stream", first_token_s))
+                return
+        raise BackendError(f"backend {self.name}: stream ended without a finish_reason")

@@ -1,0 +1,206 @@
+"""vLLM as a token-in/token-out backend (``POST /v1/completions`` with token prompts) and as a
+``passthrough`` backend that returns token ids (``POST /v1/chat/completions`` with
+``return_token_ids``).
+
+References: vLLM docs, "OpenAI-Compatible Server", extra parameters of the Completions and
+Chat APIs (https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html):
+``prompt`` may be a list of token ids; ``return_token_ids: true`` adds
+``choices[i].token_ids`` (sampled ids) and ``prompt_token_ids``; ``logprobs: 1`` adds
+``choices[i].logprobs.token_logprobs`` (Completions) or ``logprobs.content[].logprob`` (Chat);
+``return_tokens_as_token_ids: true`` writes ``logprobs.tokens`` as ``"token_id:{id}"``;
+``top_k: -1`` disables top-k; ``skip_special_tokens: false`` keeps the end-of-turn token's
+text. ``finish_reason`` is ``stop`` or ``length``; ``stop_reason`` is None when the model's
+end-of-generation token stopped it (that token is the last of ``token_ids``). The context
+window is ``max_model_len`` of ``GET /v1/models``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from rolloutd.errors import BackendError
+from rolloutd.proxy.backends.base import ChatResult, GenerateDelta, GenerateRequest, GenerateResult
+from rolloutd.proxy.backends.http import (
+    float_list,
+    int_list,
+    post_json,
+    raise_for_status,
+    sse_events,
+    transport_error,
+)
+from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
+
+_TOKEN_ID = re.compile(r"token_id:(\d+)")
+
+
+def completions_body(request: GenerateRequest, *, model: str | None, stream: bool
+                     ) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/completions`` for ``request``."""
+    body: dict[str, Any] = {
+        "prompt": list(request.prompt_ids), "max_tokens": request.max_tokens,
+        "temperature": request.temperature, "top_p": request.top_p,
+        "top_k": request.top_k if request.top_k > 0 else -1, "min_p": 0.0,
+        "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "logprobs": 1, "return_token_ids": True, "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False, "spaces_between_special_tokens": False,
+        "stream": stream,
+    }
+    if request.seed is not None:
+        body["seed"] = request.seed
+    if model:
+        body["model"] = model
+    return body
+
+
+def _choice(answer: dict[str, Any], where: str) -> dict[str, Any]:
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        raise BackendError(f"vLLM {where}: expected exactly one choice")
+    return choices[0]
+
+
+def choice_tokens(choice: dict[str, Any], where: str) -> tuple[list[int], list[float]]:
+    """Sampled ids (``token_ids``, else ``logprobs.tokens`` as ``token_id:N``) and their
+    logprobs (``logprobs.token_logprobs``) of one Completions choice or chunk.
+
+    Raises:
+        BackendError: missing or misaligned fields.
+    """
+    logprobs = choice.get("logprobs") or {}
+    values = float_list(logprobs.get("token_logprobs") or [], where)
+    ids = choice.get("token_ids")
+    if ids is None:
+        tokens = logprobs.get("tokens") or []
+        matches = [_TOKEN_ID.fullmatch(t) if isinstance(t, str) else None for t in tokens]
+        if any(m is None for m in matches):
+            raise BackendError(f"vLLM {where}: no token_ids and tokens are not token_id:N")
+        ids = [int(m.group(1)) for m in matches]  # type: ignore[union-attr]
+    ids = int_list(ids, where)
+    if len(ids) != len(values):
+        raise BackendError(f"vLLM {where}: {len(ids)} token ids but {len(values)} logprobs")
+    return ids, values
+
+
+def _finish(choice: dict[str, Any], ids: list[int], where: str) -> tuple[str, bool]:
+    reason = choice.get("finish_reason")
+    if reason not in ("stop", "length"):
+        raise BackendError(f"vLLM {where}: unexpected finish_reason {reason!r}")
+    ended_by_eos = reason == "stop" and choice.get("stop_reason") is None and bool(ids)
+    return reason, ended_by_eos
+
+
+class VllmBackend(OpenAIChatBackend):
+    """A vLLM OpenAI-compatible server: token prompts on ``/v1/completions`` (``tokens``
+    capture) and chat with ``return_token_ids`` (``passthrough`` capture, trainable).
+
+    Args: as :class:`OpenAIChatBackend`.
+    """
+
+    type = "vllm"
+
+    async def context_size(self) -> int:
+        """``max_model_len`` from ``GET /v1/models`` (cached).
+
+        Raises:
+            BackendError: the listing fails or has no ``max_model_len``.
+        """
+        if self._ctx_size is None:
+            try:
+                response = await self.client.get("/v1/models")
+            except httpx.HTTPError as e:
+                raise transport_error(self, e) from e
+            raise_for_status(self, response)
+            try:
+                data = response.json()["data"]
+                entry = next((m for m in data if not self.model or m.get("id") == self.model),
+                             data[0])
+                self._ctx_size = int(entry["max_model_len"])
+            except (ValueError, KeyError, IndexError, TypeError) as e:
+                raise BackendError(f"backend {self.name}: /v1/models has no max_model_len") \
+                    from e
+        return self._ctx_size
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Sample with one ``POST /v1/completions`` on the token prompt.
+
+        Raises:
+            BackendError: HTTP error or a malformed answer.
+            rolloutd.errors.ContextLengthError: vLLM says the prompt is too long.
+        """
+        answer = await post_json(self, self.client, "/v1/completions",
+                                 completions_body(request, model=self.model, stream=False))
+        choice = _choice(answer, "response")
+        ids, logprobs = choice_tokens(choice, "response")
+        reason, ended_by_eos = _finish(choice, ids, "response")
+        usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
+        return GenerateResult(
+            response_ids=ids, response_logprobs=logprobs, text=str(choice.get("text") or ""),
+            finish_reason=reason, ended_by_eos=ended_by_eos,  # type: ignore[arg-type]
+            num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            raw={"stop_reason": choice.get("stop_reason")})
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateDelta]:
+        """Sample with ``stream: true``: one delta per chunk, then the result.
+
+        Raises:
+            BackendError: HTTP error, a malformed chunk, or no chunk with ``finish_reason``.
+        """
+        started, first_token_s = time.monotonic(), None
+        ids: list[int] = []
+        logprobs: list[float] = []
+        texts: list[str] = []
+        body = completions_body(request, model=self.model, stream=True)
+        async for chunk in sse_events(self, self.client, "/v1/completions", body):
+            if not chunk.get("choices"):
+                continue  # a usage-only chunk
+            choice = _choice(chunk, "stream chunk")
+            new_ids, new_logprobs = choice_tokens(choice, "stream chunk")
+            if new_ids and first_token_s is None:
+                first_token_s = time.monotonic() - started
+            ids += new_ids
+            logprobs += new_logprobs
+            texts.append(str(choice.get("text") or ""))
+            if new_ids or texts[-1]:
+                yield GenerateDelta(response_ids=new_ids, response_logprobs=new_logprobs,
+                                    text=texts[-1])
+            if choice.get("finish_reason") is not None:
+                reason, ended_by_eos = _finish(choice, ids, "stream")
+                yield GenerateDelta(result=GenerateResult(
+                    response_ids=ids, response_logprobs=logprobs, text="".join(texts),
+                    finish_reason=reason, ended_by_eos=ended_by_eos,  # type: ignore[arg-type]
+                    first_token_s=first_token_s,
+                    raw={"stop_reason": choice.get("stop_reason")}))
+                return
+        raise BackendError(f"backend {self.name}: stream ended without a finish_reason")
+
+    def chat_extras(self) -> dict[str, Any]:
+        """``return_token_ids`` and ``logprobs``: the completion stays trainable."""
+        return {"return_token_ids": True, "logprobs": True}
+
+    def parse_chat(self, answer: dict[str, Any]) -> ChatResult:
+        """:meth:`OpenAIChatBackend.parse_chat` plus ``prompt_token_ids``,
+        ``choices[0].token_ids`` and ``choices[0].logprobs.content[].logprob``.
+
+        Raises:
+            BackendError: token ids and logprobs that do not align.
+        """
+        result = super().parse_chat(answer)
+        choice = _choice(answer, "chat response")
+        prompt_ids = answer.get("prompt_token_ids") or choice.get("prompt_token_ids")
+        if prompt_ids is None or choice.get("token_ids") is None:
+            return result  # an older vLLM without return_token_ids: untrainable
+        content = (choice.get("logprobs") or {}).get("content") or []
+        result.prompt_ids = int_list(prompt_ids, "chat response")
+        result.response_ids = int_list(choice["token_ids"], "chat response")
+        result.response_logprobs = float_list(
+            [c.get("logprob") if isinstance(c, dict) else None for c in content],
+            "chat response")
+        if len(result.response_ids) != len(result.response_logprobs):
+            raise BackendError(f"backend {self.name}: {len(result.response_ids)} token ids "
+                               f"but {len(result.response_logprobs)} logprobs")
+        return result

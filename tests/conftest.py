@@ -73,7 +73,8 @@ async def fleets(temporal_server, engine, tmp_path_factory) -> AsyncIterator[Fle
     harness_tee = await Tee(f"http://127.0.0.1:{port}").start()
     gateway_settings = GatewaySettings(**common, gateway_port=port, backend_url=engine_tee.url,
                                        gateway_public_url=harness_tee.url,
-                                       model="qwen2.5-coder-0.5b")
+                                       model="qwen2.5-coder-0.5b",
+                                       tool_parser="hermes_lenient")
     sandbox_settings = SandboxSettings(**common, runtime_root=str(home / "runtimes"))
     client = await connect(gateway_settings)
     async with contextlib.AsyncExitStack() as stack:

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import structlog
 
+from rolloutd.engine.models import CATALOG
 from rolloutd.engine.server import LlamaServer
 from rolloutd.errors import ConfigError, RolloutdError
 from rolloutd.settings import default_home
@@ -187,6 +188,9 @@ class LocalStack:
             "ROLLOUTD_MODEL": self.model,
             "ROLLOUTD_RUNTIME_ROOT": str(self.home / "runtimes"),
         })
+        entry = CATALOG.get(self.model)
+        if entry is not None and entry.tool_parser and "ROLLOUTD_TOOL_PARSER" not in env:
+            env["ROLLOUTD_TOOL_PARSER"] = entry.tool_parser
         env.update(self.extra_env)
         return env
 

@@ -129,6 +129,10 @@ class QwenCodeHarness(HarnessAdapter):
         """
         cli = qwen_cli()
         settings = qwen_settings(ctx.model, self.spec.max_turns)
+        if self.spec.profile == "compact":
+            # the startup-context turn ("This is the Qwen Code ...", answered "Got it.") costs
+            # a small model its task: it echoes "Got it." instead of calling a tool
+            settings["model"]["skipStartupContext"] = True  # type: ignore[index]
         await runtime.upload(f"{runtime.home}/.qwen/settings.json",
                              json.dumps(settings, indent=2).encode("utf-8"))
         await self.write_instruction(runtime, ctx)

@@ -37,3 +37,6 @@ def configure_logging(level: str = "info", json: bool = True) -> None:
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=max(lvl, logging.INFO), stream=sys.stderr, format="%(message)s")
+    # one line per HTTP request at INFO would drown the events (and name session URLs)
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(max(lvl, logging.WARNING))

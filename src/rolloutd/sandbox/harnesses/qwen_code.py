@@ -66,12 +66,14 @@ OPTIONAL_TOOLS = ("todo_write", "agent", "skill", "web_fetch", "monitor", "tool_
 
 #: a short system prompt for small-context models (the built-in one is about 6.3K tokens).
 COMPACT_SYSTEM_PROMPT = (
-    "You are a coding agent in the current directory. Use the tools to change files and run "
-    "shell commands. When the task is done, reply with a one-line summary."
+    "You are a coding agent working in the folder {workdir}. Use the tools to change files "
+    "and run shell commands; give files absolute paths inside {workdir}. When the task is "
+    "done, reply with a one-line summary."
 )
 
 
-def compact_args(system_prompt: str = COMPACT_SYSTEM_PROMPT) -> list[str]:
+def compact_args(system_prompt: str = COMPACT_SYSTEM_PROMPT, workdir: str = "/workspace"
+                 ) -> list[str]:
     """CLI arguments that fit Qwen Code's first request in a small context window.
 
     Measured with qwen-code 0.15.10 and Qwen2.5's tokenizer, first request of a one-line task:
@@ -80,12 +82,16 @@ def compact_args(system_prompt: str = COMPACT_SYSTEM_PROMPT) -> list[str]:
     Put them in ``HarnessSpec.args`` for models served with a context under about 24K tokens.
 
     Args:
-        system_prompt: replaces the built-in system prompt (``--system-prompt``).
+        system_prompt: replaces the built-in system prompt (``--system-prompt``);
+            ``{workdir}`` in it is replaced by ``workdir`` (the compact profile skips the
+            startup context that would tell the model where it works).
+        workdir: the harness's working folder inside the runtime.
 
     Returns:
         list[str]: ``--exclude-tools ... --system-prompt=...``.
     """
-    return ["--exclude-tools", *OPTIONAL_TOOLS, f"--system-prompt={system_prompt}"]
+    prompt = system_prompt.replace("{workdir}", workdir)
+    return ["--exclude-tools", *OPTIONAL_TOOLS, f"--system-prompt={prompt}"]
 
 
 def qwen_settings(model: str, max_turns: int) -> dict[str, object]:
@@ -144,7 +150,8 @@ class QwenCodeHarness(HarnessAdapter):
             "--max-session-turns", str(self.spec.max_turns),
             "--output-format", "stream-json",
             "--chat-recording", "false",
-            *(compact_args() if self.spec.profile == "compact" else []),
+            *(compact_args(workdir=ctx.workdir or runtime.workdir)
+              if self.spec.profile == "compact" else []),
             *self.spec.args,
             f"--prompt={ctx.instruction}",
         ]

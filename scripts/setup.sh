@@ -18,7 +18,7 @@ python3 -c "import torch" 2>/dev/null || $PIP install torch==2.13.0
 # llama.cpp: build only what llama-server needs, with the machine's cores, once.
 export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
 export CMAKE_ARGS="${CMAKE_ARGS:--DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF}"
-$PIP install -e '.[engine,test]'
+$PIP install -e '.[engine,test,train]'
 
 # newer qwen-code releases need Node 22; Debian 12 ships Node 20, so the pin.
 NPM_PREFIX="${ROLLOUTD_NPM_PREFIX:-$HOME/.cache/rolloutd/npm}"

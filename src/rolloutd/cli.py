@@ -1,4 +1,4 @@
-"""``rolloutd up | worker | engine | models | submit | demo``."""
+"""``rolloutd up | worker | engine | models | submit | rest | demo``."""
 
 from __future__ import annotations
 
@@ -124,6 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     submit.add_argument("--address", default=None, help="Temporal address")
     submit.add_argument("--store-url", default=None)
 
+    rest = sub.add_parser("rest", help="serve the REST facade (POLAR / ProRL-compatible)")
+    rest.add_argument("--host", default="127.0.0.1")
+    rest.add_argument("--port", type=int, default=8080)
+    rest.add_argument("--address", default=None, help="Temporal address")
+    rest.add_argument("--store-url", default=None)
+    rest.add_argument("--gateway-url", default=None, help="gateway for backend admin calls")
+    rest.add_argument("--admin-token", default=None)
+
     demo = sub.add_parser("demo", help="run the stack and the bundled examples")
     demo.add_argument("--examples", type=Path, default=None)
     demo.add_argument("--model", default="qwen2.5-coder-0.5b")
@@ -169,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "submit":
         asyncio.run(submit_tasks(_load_tasks(args.file), args.address or settings.temporal_address,
                                  args.store_url or settings.store_url))
+    elif args.command == "rest":
+        from rolloutd.rest import serve
+
+        serve(args.address or settings.temporal_address, args.store_url or settings.store_url,
+              args.host, args.port, args.gateway_url, args.admin_token)
     elif args.command == "demo":
         from rolloutd.stack import LocalStack
 

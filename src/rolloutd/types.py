@@ -184,6 +184,13 @@ class TaskRequest(Model):
     phases: PhaseTimeouts = Field(default_factory=PhaseTimeouts)
     model: str | None = Field(default=None, description="model name shown to the harness")
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, kept")
+    callback_url: str | None = Field(
+        default=None, description="each session's SessionResult is POSTed here (retried)"
+    )
+    report_to: str | None = Field(
+        default=None, description="workflow id signalled `group_finished` with the group "
+        "(set by RolloutBufferWorkflow on the tasks it starts)"
+    )
 
     @field_validator("task_id")
     @classmethod

@@ -18,7 +18,9 @@ from rolloutd.types import (
     HarnessSpec,
     RuntimeSpec,
     SamplingParams,
+    SessionResult,
     SessionStatus,
+    TaskRequest,
 )
 
 
@@ -141,3 +143,33 @@ class EvaluateOutput(_IO):
     reward: float | None = None
     trace_rewards: list[float] | None = None
     details: dict[str, Any] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- eval fleet: trainer I/O
+
+
+class ReadTaskChunkInput(_IO):
+    """One chunk of a buffer's task source (JSONL or Parquet file), from row ``offset``."""
+
+    path: str = Field(description="file path (JSONL: one TaskRequest per line; Parquet: one per row)")
+    format: str = Field(default="jsonl", description="jsonl or parquet")
+    offset: int = Field(default=0, ge=0, description="rows already read (the cursor)")
+    limit: int = Field(default=64, ge=1, le=10_000, description="rows to read at most")
+
+
+class ReadTaskChunkOutput(_IO):
+    tasks: list[TaskRequest] = Field(default_factory=list, description="valid rows, in order")
+    errors: list[str] = Field(default_factory=list, description="`row N: message` per bad row")
+    next_offset: int = Field(ge=0, description="the cursor after this chunk")
+    exhausted: bool = Field(default=False, description="no rows after next_offset")
+
+
+class PostCallbackInput(_IO):
+    """A session's result for a task's ``callback_url``."""
+
+    url: str
+    session: SessionResult
+
+
+class PostCallbackOutput(_IO):
+    status_code: int

@@ -1,6 +1,9 @@
 """The trainer side: connect over Temporal's gRPC client, submit, await, cancel, read traces;
-export batches to verl / slime / SFT JSONL / Parquet; GRPO and DAPO helpers."""
+the durable buffer (take / ack); backend-pool admin; a blocking wrapper; export batches to
+verl / slime / SFT JSONL / Parquet; GRPO and DAPO helpers."""
 
+from rolloutd.trainer_client.admin import AdminError, BackendAdmin
+from rolloutd.trainer_client.buffer import BufferExhaustedError, RolloutBuffer
 from rolloutd.trainer_client.client import (
     InvalidTaskError,
     RolloutClient,
@@ -22,11 +25,18 @@ from rolloutd.trainer_client.grpo import (
     is_zero_variance,
     trace_weights,
 )
+from rolloutd.trainer_client.sync import SyncRolloutBuffer, SyncRolloutClient
 
 __all__ = [
+    "AdminError",
+    "BackendAdmin",
+    "BufferExhaustedError",
     "InvalidTaskError",
+    "RolloutBuffer",
     "RolloutClient",
     "RolloutHandle",
+    "SyncRolloutBuffer",
+    "SyncRolloutClient",
     "dapo_filter",
     "group_advantages",
     "group_rewards",

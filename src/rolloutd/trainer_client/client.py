@@ -120,6 +120,31 @@ class RolloutClient:
         return self.client.get_workflow_handle_for(RolloutTaskWorkflow.run,
                                                    task_workflow_id(task_id))
 
+    async def result(self, task_id: str) -> TaskResult:
+        """Wait for a submitted task's group (by id; a restarted trainer has no handle).
+
+        Raises:
+            temporalio.client.WorkflowFailureError: the task failed or was cancelled.
+        """
+        return await self.get_handle(task_id).result()
+
+    async def cancel(self, task_id: str) -> None:
+        """Cancel a task by id: its sessions stop, tear down and keep what they captured."""
+        await self.get_handle(task_id).cancel()
+
+    async def create_buffer(self, config: Any) -> Any:
+        """Start (or attach to) a training run's buffer: see
+        :func:`rolloutd.trainer_client.buffer.create_buffer`. Returns a ``RolloutBuffer``."""
+        from rolloutd.trainer_client.buffer import create_buffer
+
+        return await create_buffer(self.client, config)
+
+    def get_buffer(self, buffer_id: str) -> Any:
+        """The ``RolloutBuffer`` of a running buffer."""
+        from rolloutd.trainer_client.buffer import get_buffer
+
+        return get_buffer(self.client, buffer_id)
+
     def trajectory(self, session: SessionResult) -> Trajectory:
         """Load a session's trajectory from the blob store.
 

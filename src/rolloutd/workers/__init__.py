@@ -5,7 +5,7 @@
 | workflows | rolloutd-workflows                          | workflows only                       |
 | sandbox   | rolloutd-sandbox, rolloutd-sandbox@{host}   | provision / run / collect / teardown |
 | gateway   | rolloutd-gateway, rolloutd-gateway@{host}   | HTTP gateway + session activities    |
-| eval      | rolloutd-eval                               | evaluate                             |
+| eval      | rolloutd-eval                               | evaluate, read_task_chunk, callbacks |
 """
 
 from __future__ import annotations
@@ -72,12 +72,13 @@ async def run_fleet(
     handle = FleetHandle(fleet=fleet, workers=[])
     cleanups: list[Any] = []
     if fleet == "workflows":
+        from rolloutd.workflows.buffer import RolloutBufferWorkflow
         from rolloutd.workflows.session import RolloutSessionWorkflow
         from rolloutd.workflows.task import RolloutTaskWorkflow
 
         handle.workers.append(Worker(
             client, task_queue=task_queues.WORKFLOWS,
-            workflows=[RolloutTaskWorkflow, RolloutSessionWorkflow],
+            workflows=[RolloutTaskWorkflow, RolloutSessionWorkflow, RolloutBufferWorkflow],
         ))
     elif fleet == "sandbox":
         from rolloutd.activities.sandbox import SandboxActivities
@@ -110,13 +111,17 @@ async def run_fleet(
         cleanups.append(server.shutdown)
     elif fleet == "eval":
         from rolloutd.activities.evaluation import EvalActivities
+        from rolloutd.activities.trainer_io import TrainerIOActivities
 
         s = settings if isinstance(settings, EvalSettings) else EvalSettings()
         acts = EvalActivities(BlobStore(s.store_url))
+        io = TrainerIOActivities()
         handle.workers.append(Worker(
-            client, task_queue=task_queues.EVAL, activities=[acts.evaluate],
+            client, task_queue=task_queues.EVAL,
+            activities=[acts.evaluate, io.read_task_chunk, io.post_callback],
             max_concurrent_activities=s.max_concurrent_evaluations,
         ))
+        cleanups.append(io.aclose)
     else:
         raise ValueError(f"unknown fleet {fleet!r}; one of {', '.join(FLEETS)}")
 

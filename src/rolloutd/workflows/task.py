@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import math
+from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ChildWorkflowError
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
+    from rolloutd.activities.models import PostCallbackInput
     from rolloutd.types import SessionResult, SessionStatus, TaskRequest, TaskResult
     from rolloutd.workflows import search
     from rolloutd.workflows.session import RolloutSessionWorkflow, SessionInput
@@ -28,6 +31,17 @@ def task_workflow_id(task_id: str) -> str:
 def session_id_of(task_id: str, sample_index: int) -> str:
     """Session id of one sample of a task."""
     return f"{task_id}/{sample_index}"
+
+
+#: HTTP callbacks retry with exponential backoff for about 10 minutes, then give up.
+CALLBACK_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=60),
+    maximum_attempts=15,
+)
+#: the signal a task sends to ``TaskRequest.report_to`` (RolloutBufferWorkflow) at its end.
+GROUP_FINISHED_SIGNAL = "group_finished"
 
 
 @workflow.defn
@@ -63,6 +77,8 @@ class RolloutTaskWorkflow:
                                        sample_index=index, status=SessionStatus.FAILED,
                                        error=f"session workflow failed: {e.cause or e}")
             self._results[index] = result
+            if task.callback_url:
+                await _post_callback(task.callback_url, result)
             return result
 
         try:
@@ -72,7 +88,35 @@ class RolloutTaskWorkflow:
             raise
         group = summarize(task.task_id, list(results))
         search.upsert(status="completed", reward=group.mean_reward)
+        if task.report_to:
+            await _report(task.report_to, group)
         return group
+
+
+async def _post_callback(url: str, result: SessionResult) -> None:
+    """POST a session's result to the task's callback URL; a receiver that stays down is
+    logged, never a task failure (the result is kept in the task's group either way)."""
+    try:
+        await workflow.execute_activity(
+            "post_callback", PostCallbackInput(url=url, session=result),
+            task_queue=task_queues.EVAL,
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=CALLBACK_RETRY,
+        )
+    except ActivityError as e:
+        workflow.logger.warning("callback to %s for %s gave up: %s", url, result.session_id,
+                                e.cause or e)
+
+
+async def _report(workflow_id: str, group: TaskResult) -> None:
+    """Signal the task's group to the workflow that asked for it (its buffer). A buffer that
+    has closed is not an error of the task."""
+    try:
+        await workflow.get_external_workflow_handle(workflow_id).signal(
+            GROUP_FINISHED_SIGNAL, group)
+    except Exception as e:  # noqa: BLE001 - boundary: the buffer may be gone
+        workflow.logger.warning("could not report group %s to %s: %s", group.task_id,
+                                workflow_id, e)
 
 
 def summarize(task_id: str, sessions: list[SessionResult]) -> TaskResult:

@@ -1,0 +1,168 @@
+"""The trainer's handle on a :class:`~rolloutd.workflows.buffer.RolloutBufferWorkflow`.
+
+Example::
+
+    buffer = await client.create_buffer({"buffer_id": "run-7", "num_in_flight": 16,
+                                         "source": {"type": "jsonl", "path": "tasks.jsonl"},
+                                         "max_staleness": 1})
+    batch = await buffer.take(8, lease_s=900)      # a Batch: 8 groups, leased
+    ...train on batch.groups...
+    await buffer.ack(batch.batch_id)               # committed: never offered again
+    await buffer.set_policy_version(step + 1)
+
+A trainer that dies between ``take`` and ``ack`` gets the same batch again from its next
+``take`` once the lease has run out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.service import RPCError
+
+from rolloutd.errors import RolloutdError
+from rolloutd.types import TaskRequest
+from rolloutd.workflows.buffer import RolloutBufferWorkflow
+from rolloutd.workflows.buffer_models import (
+    AckInput,
+    AckOutput,
+    Batch,
+    BufferConfig,
+    BufferStats,
+    BufferSummary,
+    CloseInput,
+    PolicyVersionInput,
+    PushTasksInput,
+    PushTasksOutput,
+    TakeBatchInput,
+    TakeBatchOutput,
+)
+
+
+class BufferExhaustedError(RolloutdError):
+    """The buffer's file source is read to its end and every group was handed out."""
+
+
+class RolloutBuffer:
+    """A buffer workflow, seen from the trainer.
+
+    Args:
+        handle: the workflow handle (id ``buffer/{buffer_id}``).
+        buffer_id: the buffer's business key.
+    """
+
+    #: how long to keep retrying an update the server could not deliver (continue-as-new).
+    RETRY_S = 60.0
+
+    def __init__(self, handle: WorkflowHandle[Any, BufferSummary], buffer_id: str) -> None:
+        self.workflow = handle
+        self.buffer_id = buffer_id
+
+    async def _update(self, name: str, arg: Any, result_type: type) -> Any:
+        """Execute an update; retry the server's transient refusals (a run continuing-as-new
+        has no handler yet) for up to :attr:`RETRY_S`."""
+        deadline = time.monotonic() + self.RETRY_S
+        while True:
+            try:
+                return await self.workflow.execute_update(name, arg, result_type=result_type)
+            except RPCError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+    async def take(self, num_groups: int, *, lease_s: float | None = None,
+                   timeout_s: float = 300.0) -> Batch:
+        """Wait for a batch of ``num_groups`` groups and lease it.
+
+        Args:
+            num_groups: groups wanted (a re-offered batch keeps its own size).
+            lease_s: lease length; default the buffer's ``lease_s``.
+            timeout_s: overall wait.
+
+        Returns:
+            The batch; ``batch.num_offers > 1`` when it is a re-offer. A final batch may hold
+            fewer groups when the source is exhausted.
+
+        Raises:
+            TimeoutError: no batch within ``timeout_s``.
+            BufferExhaustedError: no group will ever come again.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no batch of {num_groups} from {self.buffer_id} "
+                                   f"within {timeout_s} s")
+            out: TakeBatchOutput = await self._update(
+                "take_batch", TakeBatchInput(num_groups=num_groups, lease_s=lease_s,
+                                             timeout_s=max(left, 0.5)), TakeBatchOutput)
+            if out.status in ("ok", "partial") and out.batch is not None:
+                return out.batch
+            if out.status == "exhausted":
+                raise BufferExhaustedError(f"buffer {self.buffer_id} is exhausted")
+            # "retry" (continue-as-new in progress) and "timeout": ask again until deadline
+
+    async def ack(self, batch_id: str) -> AckOutput:
+        """Commit a batch after training on it (idempotent).
+
+        Raises:
+            temporalio.client.WorkflowUpdateFailedError: the batch id is unknown.
+        """
+        return await self._update("ack", AckInput(batch_id=batch_id), AckOutput)
+
+    async def push(self, tasks: Sequence[TaskRequest | Mapping[str, Any]]) -> int:
+        """Queue tasks (validated here); returns the number of tasks waiting to start."""
+        requests = [t if isinstance(t, TaskRequest) else TaskRequest.model_validate(dict(t))
+                    for t in tasks]
+        out = await self._update("push_tasks", PushTasksInput(tasks=requests),
+                                 PushTasksOutput)
+        return out.num_pending
+
+    async def set_policy_version(self, policy_version: int) -> BufferStats:
+        """Move the buffer's policy version (after a weight update); stale groups drop."""
+        return await self._update("set_policy_version",
+                                  PolicyVersionInput(policy_version=policy_version), BufferStats)
+
+    async def stats(self) -> BufferStats:
+        """The buffer's counters, running tasks, ready groups and recent drops."""
+        return await self.workflow.query(RolloutBufferWorkflow.stats)
+
+    async def close(self, *, cancel_running: bool = True) -> BufferSummary:
+        """End the buffer and wait for its final summary."""
+        try:
+            await self._update("close", CloseInput(cancel_running=cancel_running), BufferStats)
+        except WorkflowUpdateFailedError:
+            pass
+        return await self.workflow.result()
+
+
+async def create_buffer(client: Client, config: BufferConfig | Mapping[str, Any]) -> RolloutBuffer:
+    """Start a buffer workflow ``buffer/{buffer_id}`` (or attach to the running one).
+
+    Raises:
+        pydantic.ValidationError: the config is malformed.
+    """
+    from temporalio.common import WorkflowIDConflictPolicy
+
+    from rolloutd import task_queues
+    from rolloutd.workflows.buffer_models import BufferInput, buffer_workflow_id
+
+    cfg = config if isinstance(config, BufferConfig) else BufferConfig.model_validate(dict(config))
+    handle = await client.start_workflow(
+        RolloutBufferWorkflow.run, BufferInput(config=cfg), id=buffer_workflow_id(cfg.buffer_id),
+        task_queue=task_queues.WORKFLOWS,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    return RolloutBuffer(handle, cfg.buffer_id)
+
+
+def get_buffer(client: Client, buffer_id: str) -> RolloutBuffer:
+    """The handle of a running buffer (a restarted trainer uses this)."""
+    from rolloutd.workflows.buffer_models import buffer_workflow_id
+
+    return RolloutBuffer(client.get_workflow_handle(buffer_workflow_id(buffer_id),
+                                                    result_type=BufferSummary), buffer_id)

@@ -1,0 +1,129 @@
+"""RolloutBufferWorkflow on real parts: Temporal dev server, the four fleets, shell tasks in
+the local runtime whose rewards the test controls (no model calls).
+
+Covers: a JSONL source read in chunks, DAPO zero-variance drops, staleness drops after the
+policy version moves, tasks still running carried into the next step, cancel_surplus, lease
+expiry and re-offer, idempotent and unknown acks.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+
+from rolloutd.trainer_client import BufferExhaustedError, RolloutClient
+from tests.support.buffer_tasks import all_win, first_wins, local_task, poll
+
+pytestmark = [pytest.mark.temporal, pytest.mark.engine]
+
+
+def rewards(batch) -> list[list[float]]:
+    return [[s.reward for s in g.group.sessions] for g in batch.groups]
+
+
+async def test_zero_variance_and_stale_groups_drop_running_tasks_carry_over(fleets, tmp_path):
+    u = uuid.uuid4().hex[:6]
+    gate_c, gate_e = tmp_path / "go-c", tmp_path / "go-e"
+    rows = [
+        local_task(f"a-{u}", all_win()),                                    # zero variance
+        local_task(f"b-{u}", first_wins(tmp_path / "b")),                   # mixed, fast
+        local_task(f"c-{u}", first_wins(tmp_path / "c", gate_c)),           # mixed, gated
+        local_task(f"e-{u}", first_wins(tmp_path / "e", gate_e)),           # mixed, gated
+    ]
+    source = tmp_path / "tasks.jsonl"
+    source.write_text("# a comment line\n" + "\n".join(json.dumps(r) for r in rows) + "\n")
+    client = RolloutClient(fleets.client)
+    buffer = await client.create_buffer({
+        "buffer_id": f"buf-{u}", "num_in_flight": 4, "num_samples": 4, "max_staleness": 1,
+        "source": {"type": "jsonl", "path": str(source), "chunk_size": 3},
+    })
+    try:
+        # step 0: the first informative group is B; A's all-equal group was dropped
+        batch = await buffer.take(1, timeout_s=120)
+        assert [g.group.task_id for g in batch.groups] == [f"b-{u}"]
+        assert sorted(rewards(batch)[0]) == [0.0, 0.0, 0.0, 1.0]
+        assert batch.groups[0].policy_version == 0
+        stats = await poll(buffer.stats, lambda s: any(
+            d.task_id == f"a-{u}" for d in s.dropped), what="A dropped")
+        assert [(d.task_id, d.reason) for d in stats.dropped] == [(f"a-{u}", "zero_variance")]
+        # C and E are still running after the hand-out: they carry into the next step
+        assert {r.task_id for r in stats.running} == {f"c-{u}", f"e-{u}"}
+        assert stats.source_exhausted and stats.state_counters["cursor"] == 4
+        assert (await buffer.ack(batch.batch_id)).num_groups == 1
+
+        # step 1: policy moves to 1; C (started at 0) finishes and is 1 version old: kept
+        await buffer.set_policy_version(1)
+        gate_c.touch()
+        batch = await buffer.take(1, timeout_s=120)
+        assert [g.group.task_id for g in batch.groups] == [f"c-{u}"]
+        assert batch.groups[0].policy_version == 0 and batch.policy_version == 1
+        await buffer.ack(batch.batch_id)
+
+        # step 2: policy moves to 2; E (started at 0) is 2 versions old when it ends: dropped
+        await buffer.set_policy_version(2)
+        gate_e.touch()
+        stats = await poll(buffer.stats, lambda s: any(d.task_id == f"e-{u}" for d in s.dropped),
+                           timeout_s=120, what="E dropped")
+        assert ("e-" + u, "stale") in [(d.task_id, d.reason) for d in stats.dropped]
+        assert stats.num_ready == 0 and not stats.running
+        assert stats.state_counters["num_dropped_stale"] == 1
+        assert stats.state_counters["num_dropped_zero_variance"] == 1
+        assert stats.state_counters["num_groups_acked"] == 2
+        with pytest.raises(BufferExhaustedError):
+            await buffer.take(1, timeout_s=30)
+    finally:
+        gate_c.touch()
+        gate_e.touch()
+        await buffer.close()
+
+
+async def test_lease_expiry_reoffers_the_same_batch_and_acks_are_exactly_once(fleets, tmp_path):
+    u = uuid.uuid4().hex[:6]
+    client = RolloutClient(fleets.client)
+    buffer = await client.create_buffer({"buffer_id": f"lease-{u}", "num_in_flight": 2,
+                                         "num_samples": 2, "lease_s": 600})
+    try:
+        await buffer.push([local_task(f"m0-{u}", first_wins(tmp_path / "m0"))])
+        first = await buffer.take(1, lease_s=1.0, timeout_s=120)
+        # not acked: after its 1 s lease the very same batch comes back
+        again = await buffer.take(1, timeout_s=60)
+        assert again.batch_id == first.batch_id and again.num_offers == 2
+        assert [g.group.task_id for g in again.groups] == [g.group.task_id for g in first.groups]
+        assert (await buffer.ack(again.batch_id)).num_groups == 1
+        assert (await buffer.ack(again.batch_id)).already_acked
+        with pytest.raises(WorkflowUpdateFailedError):
+            await buffer.ack(f"lease-{u}/batch/999")
+        await buffer.push([local_task(f"m1-{u}", first_wins(tmp_path / "m1"))])
+        second = await buffer.take(1, timeout_s=120)
+        assert second.batch_id != first.batch_id
+        assert second.groups[0].group.task_id != first.groups[0].group.task_id
+        await buffer.ack(second.batch_id)
+        stats = await buffer.stats()
+        assert stats.state_counters["num_groups_acked"] == 2 and not stats.leased_batch_ids
+    finally:
+        await buffer.close()
+
+
+async def test_cancel_surplus_stops_running_tasks_when_a_batch_is_handed_out(fleets, tmp_path):
+    u = uuid.uuid4().hex[:6]
+    client = RolloutClient(fleets.client)
+    buffer = await client.create_buffer({"buffer_id": f"surplus-{u}", "num_in_flight": 2,
+                                         "num_samples": 2, "cancel_surplus": True})
+    gate = tmp_path / "never"
+    try:
+        await buffer.push([local_task(f"fast-{u}", first_wins(tmp_path / "f")),
+                           local_task(f"slow-{u}", first_wins(tmp_path / "s", gate))])
+        batch = await buffer.take(1, timeout_s=120)
+        assert batch.groups[0].group.task_id == f"fast-{u}"
+        stats = await poll(buffer.stats, lambda s: s.state_counters["num_cancelled"] == 1,
+                           what="slow task cancelled")
+        assert (f"slow-{u}", "cancelled") in [(d.task_id, d.reason) for d in stats.dropped]
+        slow = client.get_handle(f"slow-{u}")
+        await poll(slow.describe, lambda d: d.status is not None and d.status.name != "RUNNING",
+                   what="slow task ended")
+    finally:
+        gate.touch()
+        await buffer.close()

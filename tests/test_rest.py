@@ -1,0 +1,169 @@
+"""The REST facade on real parts: a POLAR appendix A.3-shaped TaskRequest (with a runtime and a
+harness that exist here: ``local`` and ``shell``) is submitted, polled to completion, and its
+results come back; callbacks reach a real HTTP receiver that fails once (retried with backoff);
+DELETE cancels; the OpenAPI document is published; backend calls reach the gateway's admin
+routes when the gateway has them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from temporalio.service import RPCError
+
+from rolloutd.rest import create_app
+from rolloutd.stack import free_port
+from rolloutd.trainer_client import RolloutClient
+from tests.support.buffer_tasks import poll
+
+pytestmark = [pytest.mark.temporal, pytest.mark.engine]
+
+
+def polar_payload(task_id: str, command: str, callback_url: str | None = None) -> dict:
+    """Polar's TaskRequest (src/polar/rollout/models.py): agent/runtime/builder/evaluator."""
+    return {
+        "task_id": task_id,
+        "instruction": "Create a file named answer.txt containing 42.",
+        "num_samples": 2,
+        "dispatch_priority": 0,
+        "timeout_seconds": 300.0,
+        "runtime": {"backend": "local", "image": "host", "env": {"LANG": "C"},
+                    "network": "host"},
+        "agent": {"harness": "shell", "model_name": "SmolLM2-135M-Instruct",
+                  "settings": {"command": command}},
+        "builder": {"strategy": "prefix_merging", "config": {}},
+        "evaluator": {"strategy": "test_on_output",
+                      "config": {"command": "cat answer.txt", "expected_output": "42"}},
+        "callback_url": callback_url,
+        "metadata": {"dataset": "unit", "index": 7},
+    }
+
+
+@contextlib.asynccontextmanager
+async def receiver():
+    """An HTTP callback receiver that answers 503 to the first POST of each session."""
+    app = FastAPI()
+    received: list[dict] = []
+    refused: set[str] = set()
+
+    @app.post("/callback")
+    async def callback(request: Request):
+        body = await request.json()
+        if body["session_id"] not in refused:
+            refused.add(body["session_id"])
+            return _status(503)
+        received.append(body)
+        return {"ok": True}
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    task = asyncio.create_task(server.serve())
+    await poll(lambda: asyncio.sleep(0, server.started), bool, timeout_s=10, what="receiver up")
+    try:
+        yield f"http://127.0.0.1:{port}/callback", received
+    finally:
+        server.should_exit = True
+        await task
+
+
+def _status(code: int):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": "try later"}, status_code=code)
+
+
+@contextlib.asynccontextmanager
+async def facade(fleets, **kwargs):
+    client = RolloutClient(fleets.client)
+    from rolloutd.store import BlobStore
+
+    client.store = BlobStore(fleets.store_url)
+    app = create_app(client, **kwargs)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://facade") as http:
+        yield http
+
+
+async def test_polar_payload_runs_and_its_results_come_back(fleets):
+    task_id = f"polar-{uuid.uuid4().hex[:6]}"
+    async with receiver() as (callback_url, received), facade(fleets) as http:
+        submitted = await http.post("/rollout/task/submit", json=polar_payload(
+            task_id, "echo 42 > answer.txt", callback_url))
+        assert submitted.status_code == 200, submitted.text
+        assert submitted.json() == {"task_id": task_id, "status": "running"}
+        again = await http.post("/rollout/task/submit", json=polar_payload(task_id, "true"))
+        assert again.status_code == 409
+
+        async def status():
+            return (await http.get(f"/rollout/task/{task_id}")).json()
+
+        done = await poll(status, lambda s: s["status"] != "running", timeout_s=120,
+                          what="task finished")
+        assert done["status"] == "completed"
+        assert done["total_sessions"] == done["completed_sessions"] == 2
+        assert [r["status"] for r in done["results"]] == ["COMPLETED", "COMPLETED"]
+        for result in done["results"]:
+            assert result["task_id"] == task_id
+            assert result["trajectory"]["status"] == "COMPLETED"
+            assert result["metadata"]["rolloutd"]["reward"] == 1.0
+        # each session's result reached the receiver after one refused attempt
+        await poll(lambda: asyncio.sleep(0, len(received)), lambda n: n == 2, timeout_s=60,
+                   what="two callbacks")
+        assert sorted(b["session_id"] for b in received) == [f"{task_id}/0", f"{task_id}/1"]
+        assert all(b["reward"] == 1.0 for b in received)
+
+        assert (await http.get("/rollout/task/no-such-task")).status_code == 404
+        status_all = (await http.get("/rollout/status")).json()
+        assert status_all["status"] == "ok" and status_all["running_tasks"] >= 0
+        paths = (await http.get("/openapi.json")).json()["paths"]
+        assert {"/rollout/task/submit", "/rollout/task/{task_id}", "/rollout/status",
+                "/add_llm_server", "/clear_llm_server"} <= set(paths)
+
+
+async def test_delete_cancels_a_running_task_and_bad_payloads_are_422(fleets, tmp_path):
+    task_id = f"polar-del-{uuid.uuid4().hex[:6]}"
+    gate = tmp_path / "never"
+    async with facade(fleets) as http:
+        bad = polar_payload(task_id, "true")
+        bad["agent"] = {"import_path": "my.module:Harness"}
+        assert (await http.post("/rollout/task/submit", json=bad)).status_code == 422
+        bad = polar_payload(task_id, "true")
+        bad["num_samples"] = 0
+        assert (await http.post("/rollout/task/submit", json=bad)).status_code == 422
+
+        wait = f"while [ ! -e {gate} ]; do sleep 0.1; done"
+        assert (await http.post("/rollout/task/submit",
+                                json=polar_payload(task_id, wait))).status_code == 200
+        async def phase():
+            try:
+                return await fleets.client.get_workflow_handle(f"task/{task_id}/0").query("phase")
+            except RPCError:
+                return None  # not started yet
+
+        await poll(phase, lambda p: p == "run", timeout_s=60, what="session running")
+        cancelled = await http.delete(f"/rollout/task/{task_id}")
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "running"
+
+        async def status():
+            return (await http.get(f"/rollout/task/{task_id}")).json()
+
+        final = await poll(status, lambda s: s["status"] != "running", timeout_s=30,
+                           what="task cancelled")
+        assert final["status"] == "failed"
+    gate.touch()
+
+
+async def test_prorl_backend_calls_reach_the_gateway_admin_routes(fleets):
+    async with httpx.AsyncClient(timeout=5) as http:  # the gateway runs in this event loop
+        probe = await http.get(f"{fleets.gateway_url}/admin/backends")
+    if probe.status_code == 404:
+        pytest.skip("the gateway has no /admin routes yet (src/rolloutd/proxy/ in progress)")
+    async with facade(fleets, gateway_url=fleets.gateway_url, admin_token=None) as http:
+        added = await http.post("/add_llm_server", json={"address": fleets.engine_url})
+        assert added.status_code in (200, 401), added.text

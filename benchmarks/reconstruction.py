@@ -19,6 +19,7 @@ import argparse
 import random
 import statistics
 import sys
+from pathlib import Path
 import time
 from array import array
 
@@ -120,6 +121,20 @@ def main(argv: list[str] | None = None) -> int:
           "| 0 | - |")
     print(f"| prefix_merging | {len(merged)} | {merged_stats.num_trainable_tokens:,} "
           f"| {merged_stats.num_retries_collapsed} | {merged_stats.num_length_turns} |")
+    recorded = Path(__file__).resolve().parents[1] / "tests" / "trajectory" / "fixtures"
+    if recorded.is_dir():
+        print("\nrecorded real sessions (qwen-code via the gateway, tests/trajectory/fixtures):")
+        print("| session | completions | per_request traces | prefix_merging traces | "
+              "prefix_merging response tokens | trainable tokens |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for folder in sorted(p for p in recorded.iterdir() if p.is_dir()):
+            real = [Completion.model_validate_json(f.read_text())
+                    for f in sorted((folder / "completions").glob("*.json"))]
+            chained, chained_stats = build_traces(real, merging, end_of_turn_id=EOT)
+            single, _ = build_traces(real, BuilderSpec(type="per_request"), end_of_turn_id=EOT)
+            print(f"| {folder.name} | {len(real)} | {len(single)} | {len(chained)} | "
+                  f"{sum(len(t.response_ids) for t in chained)} | "
+                  f"{chained_stats.num_trainable_tokens} |")
     if bar_ms is not None:
         verdict = "PASS" if bar_ms <= 200 else "FAIL"
         print(f"\nbar: prefix_merging 500 x 32K in {bar_ms:.1f} ms (<= 200 ms): {verdict}")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any, Literal
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -45,11 +46,42 @@ class SamplingParams(Model):
     )
 
 
+class ExecStep(Model):
+    """A prepare step that runs a command in the runtime (``sh -c`` when a string)."""
+
+    type: Literal["exec"] = "exec"
+    command: str | list[str] = Field(description="argv, or a string run by /bin/sh -c")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment")
+    timeout_s: float = Field(default=300.0, gt=0, le=86_400, description="step time limit")
+
+
+class UploadStep(Model):
+    """A prepare step that copies a host file or folder (or an fsspec URL of a file) into the
+    runtime. The source is named by the trainer, never by the agent."""
+
+    type: Literal["upload"] = "upload"
+    source: str = Field(min_length=1, description="host path (file or folder) or fsspec URL")
+    path: str = Field(default=".", description="destination inside the runtime (workspace-"
+                      "relative or absolute under workdir or home); a folder for folders")
+    extract: bool = Field(default=False, description="unpack a .tar/.tar.gz/.tgz source there")
+
+
+PrepareStep = Annotated[ExecStep | UploadStep, Field(discriminator="type")]
+
+#: runtime types that isolate the network; ``gateway`` is their default policy.
+ISOLATING_RUNTIMES = ("bwrap", "apptainer", "docker")
+
+
 class RuntimeSpec(Model):
     """Where a harness runs: DESIGN.md's runtimes.
 
     ``type`` selects the backend. ``image`` means a root folder for ``bwrap`` (default: the
     host's read-only system), a SIF path for ``apptainer``, an image name for ``docker``.
+
+    ``network`` defaults to ``gateway`` (only the session's gateway is reachable) on every
+    isolating runtime and to ``host`` on ``local``, which isolates nothing.
+    Limits (``cpus``, ``memory_mb``, ``max_processes``, ``wall_time_s``) are enforced or the
+    runtime refuses to start (see each runtime's docstring for how).
     """
 
     type: Literal["local", "bwrap", "apptainer", "docker"] = Field(
@@ -62,12 +94,36 @@ class RuntimeSpec(Model):
         default_factory=dict,
         description="files written into the workspace before the harness runs: path -> text",
     )
+    prepare: list[PrepareStep] = Field(
+        default_factory=list, description="steps run in order at start, after `files`"
+    )
     network: Literal["gateway", "none", "host"] = Field(
-        default="host",
-        description="network policy; `gateway` and `none` isolate the sandbox (see runtimes)",
+        default=None,  # type: ignore[assignment] - resolved by _default_network
+        description="network policy: `gateway` (default where isolated) reaches only the "
+        "session's gateway, `none` nothing, `host` the host's network",
     )
     max_processes: int | None = Field(default=None, ge=1, description="process limit")
     memory_mb: int | None = Field(default=None, ge=16, description="memory limit, MiB")
+    cpus: float | None = Field(default=None, gt=0, le=1024, description="CPU limit, cores")
+    wall_time_s: float | None = Field(
+        default=None, gt=0, le=7 * 86_400,
+        description="default time limit of every command and of the harness run",
+    )
+    artifacts: list[str] = Field(
+        default_factory=list,
+        description="workspace files stored as artifacts after the run (relative paths)",
+    )
+    git_diff: bool = Field(
+        default=True, description="store `git diff --binary` of a git workspace as `patch`"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_network(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("network") is None:
+            kind = data.get("type", "bwrap")
+            data = {**data, "network": "gateway" if kind in ISOLATING_RUNTIMES else "host"}
+        return data
 
     @field_validator("files")
     @classmethod
@@ -76,6 +132,14 @@ class RuntimeSpec(Model):
             if path.startswith("/") or ".." in path.split("/") or not path:
                 raise ValueError(f"file path {path!r} must be relative and stay in the workspace")
         return files
+
+    @field_validator("artifacts")
+    @classmethod
+    def _relative_artifacts(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if path.startswith("/") or ".." in path.split("/") or not path:
+                raise ValueError(f"artifact path {path!r} must be relative to the workspace")
+        return paths
 
 
 class HarnessSpec(Model):
@@ -144,6 +208,15 @@ class EvaluatorSpec(Model):
     )
     timeout_s: float = Field(default=60.0, gt=0, le=86_400, description="check command limit")
     params: dict[str, Any] = Field(default_factory=dict, description="evaluator parameters")
+    runtime: Literal["session", "fresh"] = Field(
+        default="session",
+        description="where the check runs: the session's runtime after the harness, or a "
+        "fresh runtime provisioned while the harness runs (the session's patch is applied "
+        "there first)",
+    )
+    runtime_spec: RuntimeSpec | None = Field(
+        default=None, description="the fresh runtime's spec; default: the task's runtime"
+    )
 
     @model_validator(mode="after")
     def _test_needs_check(self) -> EvaluatorSpec:
@@ -392,6 +465,8 @@ class PhaseTiming(Model):
 
     phase: str
     duration_s: float = Field(ge=0)
+    started_at: datetime | None = Field(default=None, description="workflow time, UTC")
+    ended_at: datetime | None = Field(default=None, description="workflow time, UTC")
 
 
 class SessionResult(Model):

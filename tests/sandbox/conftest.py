@@ -27,22 +27,27 @@ RUNTIME_TYPES = [
 ]
 
 
-def _runtime_pids(runtime: Runtime) -> list[int]:
+def _runtime_pids(runtime: Runtime, *, with_holder: bool = False) -> list[int]:
     """Live (non-zombie) host processes of ``runtime``.
 
     A process belongs to the runtime when its environment carries the runtime's
     ``ROLLOUTD_RUNTIME_ID`` (every command gets it and children inherit it) or its command line
-    names the runtime's folder (the outer bwrap process).
+    names the runtime's folder (the outer bwrap process). The bwrap runtime's network holder
+    (its own process group, alive as long as the runtime) counts only with ``with_holder``;
+    once the runtime is stopped nothing may be left, holder included.
     """
     marker = f"ROLLOUTD_RUNTIME_ID={runtime.runtime_id}".encode()
     folder = str(runtime.runtime_dir).encode()
+    holder = getattr(runtime, "holder_pgid", None)
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                fields = f.read().rsplit(b")", 1)[1].split()
+                if fields[0] == b"Z" or (not with_holder and holder is not None
+                                         and int(fields[2]) == holder):
                     continue
             with open(f"/proc/{entry}/environ", "rb") as f:
                 environ = f.read().split(b"\0")

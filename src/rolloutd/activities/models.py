@@ -7,7 +7,7 @@ These models carry references and summaries only, never token arrays (Temporal p
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -79,6 +79,8 @@ class BuildTrajectoryOutput(_IO):
 class ProvisionRuntimeInput(_IO):
     session_id: str
     runtime: RuntimeSpec
+    purpose: Literal["session", "evaluation"] = Field(
+        default="session", description="an evaluation runtime's id carries `-evaluati`")
 
 
 class ProvisionRuntimeOutput(_IO):
@@ -110,6 +112,10 @@ class CollectArtifactsInput(_IO):
     runtime_id: str
     session_id: str
     evaluator: EvaluatorSpec
+    collect_outputs: bool = Field(default=True, description="store the patch and files")
+    run_check: bool = Field(default=True, description="run the evaluator's check here")
+    apply_patch_ref: str | None = Field(
+        default=None, description="blob key of a `patch` artifact applied before the check")
 
 
 class CollectArtifactsOutput(_IO):

@@ -25,8 +25,10 @@ from rolloutd.activities.models import (
     TeardownRuntimeInput,
     TeardownRuntimeOutput,
 )
-from rolloutd.errors import RuntimeNotFoundError, to_application_error
+from rolloutd.errors import NotFoundError, RuntimeNotFoundError, to_application_error
+from rolloutd.evaluators import CHECK_ARTIFACT, run_check
 from rolloutd.sandbox.harnesses import HarnessContext, get_harness
+from rolloutd.sandbox.prepare import apply_patch, git_patch
 from rolloutd.sandbox.runtimes import Runtime, create_runtime
 from rolloutd.settings import SandboxSettings
 from rolloutd.store import BlobStore, CompletionLog, artifact_key
@@ -70,7 +72,8 @@ class SandboxActivities:
         structlog.contextvars.bind_contextvars(session_id=input.session_id,
                                                attempt=activity.info().attempt)
         t0 = time.monotonic()
-        runtime_id = f"{input.session_id.replace('/', '.')}-{uuid.uuid4().hex[:8]}"
+        tag = "" if input.purpose == "session" else f"-{input.purpose[:8]}"
+        runtime_id = f"{input.session_id.replace('/', '.')}{tag}-{uuid.uuid4().hex[:8]}"
         try:
             runtime = create_runtime(input.runtime, runtime_id, self.root)
             await runtime.start()
@@ -97,11 +100,15 @@ class SandboxActivities:
         try:
             runtime = self._runtime(input.runtime_id)
             adapter = get_harness(input.harness)
+            # network `gateway`: the sandbox reaches only this session, at a loopback address
+            openai_url, anthropic_url, gemini_url = await runtime.connect_gateway(
+                input.session.openai_base_url, input.session.anthropic_base_url,
+                input.session.gemini_base_url)
             ctx = HarnessContext(
                 instruction=input.instruction,
-                openai_base_url=input.session.openai_base_url,
-                anthropic_base_url=input.session.anthropic_base_url,
-                gemini_base_url=input.session.gemini_base_url,
+                openai_base_url=openai_url,
+                anthropic_base_url=anthropic_url,
+                gemini_base_url=gemini_url,
                 api_key=input.session.session_key,
                 model=input.session.model,
                 workdir=runtime.workdir,
@@ -110,6 +117,7 @@ class SandboxActivities:
         except Exception as e:
             raise to_application_error(e) from e
         completions = CompletionLog(self.store, input.session_id)
+        timeout_s = min(input.timeout_s, runtime.spec.wall_time_s or input.timeout_s)
         t0 = time.monotonic()
         proc = await runtime.spawn(command.command, env=command.env,
                                    cwd=command.cwd or runtime.workdir, name="harness")
@@ -120,12 +128,12 @@ class SandboxActivities:
         try:
             while True:
                 elapsed = time.monotonic() - t0
-                if elapsed >= input.timeout_s:
+                if elapsed >= timeout_s:
                     timed_out = True
                     await proc.terminate()
                     exit_code = proc.returncode
                     break
-                exit_code = await proc.wait(min(HEARTBEAT_EVERY_S, input.timeout_s - elapsed))
+                exit_code = await proc.wait(min(HEARTBEAT_EVERY_S, timeout_s - elapsed))
                 if exit_code is not None:
                     break
                 activity.heartbeat({"elapsed_s": round(elapsed, 1),
@@ -149,23 +157,63 @@ class SandboxActivities:
 
     @activity.defn(name="collect_artifacts")
     async def collect_artifacts(self, input: CollectArtifactsInput) -> CollectArtifactsOutput:
-        """Run the evaluator's check command in the runtime and store its result as ``check``."""
+        """Collect a runtime's artifacts into the blob store, and run the evaluator's check.
+
+        In the session's runtime (``collect_outputs``): ``patch`` (``git diff --binary`` of a
+        git workspace, ``spec.git_diff``) and each ``spec.artifacts`` file as ``file:{path}``.
+        In an evaluation runtime (``apply_patch_ref`` set): that patch is applied first, as
+        ``patch_apply``. Then, when ``run_check``: the evaluator's in-runtime step (its
+        ``collect(runtime, ...)`` if it has one, else ``spec.command``) as ``check``.
+        """
         structlog.contextvars.bind_contextvars(session_id=input.session_id)
         artifacts = {"harness": artifact_key(input.session_id, "harness")}
-        if input.evaluator.command:
-            try:
-                runtime = self._runtime(input.runtime_id)
-                result = await runtime.exec(["sh", "-c", input.evaluator.command],
-                                            cwd=runtime.workdir,
-                                            timeout_s=input.evaluator.timeout_s)
-            except Exception as e:
-                raise to_application_error(e) from e
-            key = artifact_key(input.session_id, "check")
-            self.store.put_json(key, result.model_dump(
-                include={"exit_code", "stdout", "stderr", "timed_out"}))
-            artifacts["check"] = key
-            log.info("check_finished", exit_code=result.exit_code, timed_out=result.timed_out)
+        try:
+            runtime = self._runtime(input.runtime_id)
+            if input.collect_outputs:
+                artifacts |= await self._collect_outputs(runtime, input.session_id)
+            applied_ok = True
+            if input.apply_patch_ref:
+                patch = self.store.get_json(input.apply_patch_ref)
+                result = await apply_patch(runtime, str(patch.get("patch") or ""))
+                key = artifact_key(input.session_id, "patch_apply")
+                self.store.put_json(key, result.model_dump(
+                    include={"exit_code", "stdout", "stderr", "timed_out"}))
+                artifacts["patch_apply"] = key
+                applied_ok = result.exit_code == 0
+                log.info("patch_applied", exit_code=result.exit_code)
+            if input.run_check and applied_ok:
+                check = await run_check(runtime, input.evaluator)
+                if check is not None:
+                    key = artifact_key(input.session_id, CHECK_ARTIFACT)
+                    self.store.put_json(key, check)
+                    artifacts[CHECK_ARTIFACT] = key
+                    log.info("check_finished", exit_code=check.get("exit_code"),
+                             timed_out=check.get("timed_out"))
+        except Exception as e:
+            raise to_application_error(e) from e
         return CollectArtifactsOutput(artifacts=artifacts)
+
+    async def _collect_outputs(self, runtime: Runtime, session_id: str) -> dict[str, str]:
+        """Store the workspace's patch and the spec's artifact files; return name -> key."""
+        artifacts: dict[str, str] = {}
+        if runtime.spec.git_diff:
+            patch = await git_patch(runtime)
+            if patch is not None:
+                key = artifact_key(session_id, "patch")
+                self.store.put_json(key, patch)
+                artifacts["patch"] = key
+        for path in runtime.spec.artifacts:
+            name = f"file:{path}"
+            try:
+                data = await runtime.download(path)
+                value = {"path": path, "text": data.decode("utf-8", errors="replace"),
+                         "num_bytes": len(data)}
+            except NotFoundError:
+                value = {"path": path, "missing": True}
+            key = artifact_key(session_id, name.replace("/", "__"))
+            self.store.put_json(key, value)
+            artifacts[name] = key
+        return artifacts
 
     @activity.defn(name="teardown_runtime")
     async def teardown_runtime(self, input: TeardownRuntimeInput) -> TeardownRuntimeOutput:

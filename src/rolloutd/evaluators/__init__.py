@@ -1,7 +1,7 @@
 """Evaluators: score sessions (DESIGN.md, evaluators).
 
 ``get_evaluator(spec).evaluate(ctx)`` resolves ``spec.type`` as a registry name
-(``session_completed``, ``test_on_output``) or an import path ``package.module:attr``, where
+(``session_completed``, ``test_on_output``, ``swebench``) or an import path ``package.module:attr``, where
 ``attr`` is an :class:`Evaluator` subclass (called with the spec), a factory ``attr(spec)``
 returning an object with ``async evaluate(ctx)``, or such an object itself.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rolloutd.errors import EvaluatorError
 from rolloutd.evaluators.base import (
@@ -20,10 +20,14 @@ from rolloutd.evaluators.base import (
     Evaluator,
 )
 from rolloutd.evaluators.builtins import SessionCompleted, TestOnOutput
+from rolloutd.evaluators.swebench import Swebench
 from rolloutd.types import EvaluatorSpec
 
+if TYPE_CHECKING:
+    from rolloutd.sandbox.runtimes.base import Runtime
+
 __all__ = ["CHECK_ARTIFACT", "EVALUATORS", "EvaluationContext", "EvaluationOutcome",
-           "Evaluator", "SupportsEvaluate", "get_evaluator"]
+           "Evaluator", "SupportsEvaluate", "get_evaluator", "run_check"]
 
 
 class SupportsEvaluate(Protocol):
@@ -36,6 +40,7 @@ class SupportsEvaluate(Protocol):
 EVALUATORS: dict[str, type[Evaluator]] = {
     SessionCompleted.name: SessionCompleted,
     TestOnOutput.name: TestOnOutput,
+    Swebench.name: Swebench,
 }
 
 
@@ -71,3 +76,24 @@ def get_evaluator(spec: EvaluatorSpec) -> SupportsEvaluate:
             f"evaluator.type={spec.type!r} has no async evaluate(ctx) method"
         )
     return target
+
+
+async def run_check(runtime: Runtime, spec: EvaluatorSpec) -> dict[str, Any] | None:
+    """The evaluator's in-runtime step: the ``check`` artifact, or None when it has none.
+
+    An evaluator with ``async collect(runtime) -> dict`` (e.g. ``swebench``) runs that;
+    otherwise ``spec.command`` runs through ``sh -c`` in the workdir, limited to
+    ``spec.timeout_s``.
+
+    Returns:
+        ``{"exit_code", "stdout", "stderr", "timed_out", ...}`` or None.
+    """
+    evaluator = get_evaluator(spec)
+    collect = getattr(evaluator, "collect", None)
+    if collect is not None:
+        return await collect(runtime)
+    if not spec.command:
+        return None
+    result = await runtime.exec(["sh", "-c", spec.command], cwd=runtime.workdir,
+                                timeout_s=spec.timeout_s)
+    return result.model_dump(include={"exit_code", "stdout", "stderr", "timed_out"})

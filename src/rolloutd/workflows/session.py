@@ -1,9 +1,11 @@
 """``RolloutSessionWorkflow``: one sample of a task, DESIGN.md's session lifecycle.
 
-1. open a gateway session; 2. provision the runtime; 4. run the harness on the runtime's host
-queue; collect artifacts (the evaluator's check command) while the runtime lives;
-5. tear the runtime down, always; 6. close the gateway session; 7. build the trajectory;
-8. evaluate; 9. return the result.
+1. open a gateway session; 2. provision the runtime; 3. when the evaluator asks for a fresh
+runtime, provision it in parallel (prewarm); 4. run the harness on the runtime's host queue;
+collect artifacts (the workspace's patch; the evaluator's check when it runs in the session's
+runtime) while the runtime lives; 5. tear the runtime down, always; in the fresh evaluation
+runtime, apply the patch and run the check, then tear it down, always; 6. close the gateway
+session; 7. build the trajectory; 8. evaluate; 9. return the result.
 
 Deterministic code only: no I/O, ``workflow.now()`` for time.
 """
@@ -96,15 +98,16 @@ class RolloutSessionWorkflow:
         def deadline_left() -> float:
             return max(1.0, task.timeout_s - (workflow.now() - started).total_seconds())
 
-        async def timed(phase: str, coro):  # noqa: ANN001, ANN202 - internal helper
-            self._phase = phase
+        async def timed(phase: str, coro, *, current: bool = True):
+            if current:
+                self._phase = phase
             t0 = workflow.now()
             try:
                 return await coro
             finally:
-                timings.append(
-                    PhaseTiming(phase=phase, duration_s=(workflow.now() - t0).total_seconds())
-                )
+                t1 = workflow.now()
+                timings.append(PhaseTiming(phase=phase, duration_s=(t1 - t0).total_seconds(),
+                                           started_at=t0, ended_at=t1))
 
         opened: OpenSessionOutput = await timed("open", workflow.execute_activity(
             "open_session",
@@ -116,6 +119,20 @@ class RolloutSessionWorkflow:
             retry_policy=INFRA_RETRY,
             result_type=OpenSessionOutput,
         ))
+
+        fresh_eval = task.evaluator.runtime == "fresh"
+        prewarm: asyncio.Task[ProvisionRuntimeOutput] | None = None
+        if fresh_eval:  # step 3: the evaluation runtime is provisioned while the harness runs
+            prewarm = asyncio.ensure_future(timed("eval_provision", workflow.execute_activity(
+                "provision_runtime",
+                ProvisionRuntimeInput(session_id=input.session_id,
+                                      runtime=task.evaluator.runtime_spec or task.runtime,
+                                      purpose="evaluation"),
+                task_queue=task_queues.SANDBOX,
+                start_to_close_timeout=_seconds(phases.provision_s),
+                retry_policy=INFRA_RETRY,
+                result_type=ProvisionRuntimeOutput,
+            ), current=False))
 
         runtime: ProvisionRuntimeOutput | None = None
         try:
@@ -158,7 +175,8 @@ class RolloutSessionWorkflow:
                 collected: CollectArtifactsOutput = await timed("collect", workflow.execute_activity(
                     "collect_artifacts",
                     CollectArtifactsInput(runtime_id=runtime.runtime_id,
-                                          session_id=input.session_id, evaluator=task.evaluator),
+                                          session_id=input.session_id, evaluator=task.evaluator,
+                                          run_check=not fresh_eval),
                     task_queue=runtime.host_queue,
                     start_to_close_timeout=_seconds(phases.collect_s + task.evaluator.timeout_s),
                     heartbeat_timeout=HARNESS_HEARTBEAT,
@@ -184,6 +202,12 @@ class RolloutSessionWorkflow:
                     start_to_close_timeout=_seconds(phases.teardown_s),
                     retry_policy=INFRA_RETRY,
                 ))
+        if prewarm is not None:
+            eval_error = await self._evaluate_in_fresh_runtime(
+                input, prewarm, artifacts, run_check=not cancelled and status in (
+                    SessionStatus.COMPLETED, SessionStatus.TIMEOUT), timed=timed)
+            if eval_error and error is None:
+                error = eval_error
 
         closed: CloseSessionOutput = await timed("close", workflow.execute_activity(
             "close_session",
@@ -244,6 +268,58 @@ class RolloutSessionWorkflow:
         if cancelled:
             workflow.logger.info("session cancelled after cleanup: %s", input.session_id)
         return result
+
+
+    async def _evaluate_in_fresh_runtime(self, input: SessionInput,
+                                         prewarm: asyncio.Task[ProvisionRuntimeOutput],
+                                         artifacts: dict[str, str], *, run_check: bool,
+                                         timed) -> str | None:
+        """Apply the session's patch in the prewarmed runtime, run the check, tear it down.
+
+        ``artifacts`` (name -> blob key) gains the ``check`` and ``patch_apply`` keys.
+
+        Returns:
+            An error message when the evaluation runtime failed, else None.
+        """
+        task, phases = input.task, input.task.phases
+        eval_runtime: ProvisionRuntimeOutput | None = None
+        error: str | None = None
+        try:
+            # shielded: a cancellation must not abandon a runtime that is being provisioned
+            eval_runtime = await asyncio.shield(prewarm)
+            if run_check:
+                checked: CollectArtifactsOutput = await timed("eval_check",
+                                                              workflow.execute_activity(
+                    "collect_artifacts",
+                    CollectArtifactsInput(runtime_id=eval_runtime.runtime_id,
+                                          session_id=input.session_id, evaluator=task.evaluator,
+                                          collect_outputs=False, run_check=True,
+                                          apply_patch_ref=artifacts.get("patch")),
+                    task_queue=eval_runtime.host_queue,
+                    start_to_close_timeout=_seconds(phases.collect_s + task.evaluator.timeout_s),
+                    retry_policy=NO_RETRY,
+                    result_type=CollectArtifactsOutput,
+                ))
+                artifacts.update({k: v for k, v in checked.artifacts.items() if k != "harness"})
+        except ActivityError as e:
+            error = f"evaluation runtime failed: {_cause(e)}"
+        except asyncio.CancelledError:
+            error = "cancelled"
+        finally:
+            if eval_runtime is None and not prewarm.done():
+                try:
+                    eval_runtime = await prewarm
+                except ActivityError:
+                    eval_runtime = None
+            if eval_runtime is not None:
+                await timed("eval_teardown", workflow.execute_activity(
+                    "teardown_runtime",
+                    TeardownRuntimeInput(runtime_id=eval_runtime.runtime_id),
+                    task_queue=eval_runtime.host_queue,
+                    start_to_close_timeout=_seconds(phases.teardown_s),
+                    retry_policy=INFRA_RETRY,
+                ))
+        return error
 
 
 def _cause(e: BaseException) -> str:

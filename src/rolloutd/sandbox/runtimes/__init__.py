@@ -40,6 +40,12 @@ def create_runtime(spec: RuntimeSpec, runtime_id: str, root: Path, *,
         from rolloutd.sandbox.runtimes.bwrap import BwrapRuntime
 
         return BwrapRuntime(spec, runtime_id, Path(root), grace_s=grace_s)
-    if spec.type in ("apptainer", "docker"):
-        raise ConfigError(f"runtime.type={spec.type!r} is not built yet; use 'bwrap' or 'local'")
+    if spec.type == "apptainer":
+        from rolloutd.sandbox.runtimes.containers import ApptainerRuntime
+
+        return ApptainerRuntime(spec, runtime_id, Path(root), grace_s=grace_s)
+    if spec.type == "docker":
+        from rolloutd.sandbox.runtimes.containers import DockerRuntime
+
+        return DockerRuntime(spec, runtime_id, Path(root), grace_s=grace_s)
     raise ConfigError(f"runtime.type={spec.type!r} is unknown")

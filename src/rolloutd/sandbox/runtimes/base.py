@@ -131,9 +131,37 @@ class Runtime(abc.ABC):
     async def _check(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Check the runtime works after its folders exist; raise :class:`RuntimeStartError`."""
 
+    async def _cleanup(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Release what :meth:`_check` set up (after every process is gone, before rmtree)."""
+
+    def _host_env(self, argv: list[str], env: dict[str, str],
+                  host_argv: list[str]) -> dict[str, str]:
+        """The environment of the host command (default: the command's own environment).
+
+        Container runtimes pass it on through their CLI: they may edit ``host_argv`` in place
+        (``docker exec -e NAME``) and return what the CLI process needs.
+        """
+        return env
+
+    def _pass_fds(self) -> tuple[int, ...]:
+        """File descriptors every launched host command inherits (e.g. a namespace fd)."""
+        return ()
+
+    async def connect_gateway(self, *urls: str) -> list[str]:
+        """Make a session's gateway reachable from inside; return the URLs to use inside.
+
+        Args:
+            urls: the session's base URLs (same gateway origin and session prefix).
+
+        Returns:
+            list[str], same length: the URLs a harness inside the runtime must use. The
+            default (``host`` or ``none`` network) returns them unchanged.
+        """
+        return list(urls)
+
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
-        """Create the runtime's folders and write ``spec.files`` into the workspace.
+        """Create the runtime's folders, write ``spec.files``, run ``spec.prepare`` steps.
 
         A folder left by an earlier attempt with the same id is removed first, so a retried
         provisioning starts fresh. Calling ``start`` twice on one object does nothing.
@@ -158,6 +186,10 @@ class Runtime(abc.ABC):
         self.state = "started"
         try:
             await self._check()
+            if self.spec.prepare:
+                from rolloutd.sandbox.prepare import run_prepare
+
+                await run_prepare(self, self.spec.prepare)
         except BaseException:
             await self.stop()
             raise
@@ -181,7 +213,10 @@ class Runtime(abc.ABC):
         began = time.monotonic()
         await self.cancel()
         self.state = "stopped"
-        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        try:
+            await self._cleanup()
+        finally:
+            shutil.rmtree(self.runtime_dir, ignore_errors=True)
         log.info("runtime_stopped", runtime=self.type, runtime_id=self.runtime_id,
                  duration_s=round(time.monotonic() - began, 3))
 
@@ -202,7 +237,8 @@ class Runtime(abc.ABC):
             command: argv, or a string run by ``/bin/sh -c``.
             env: variables added on top of the base environment and ``spec.env``.
             cwd: working folder inside the runtime; relative to :attr:`workdir`; default workdir.
-            timeout_s: seconds before the command's process group is killed; None: no limit.
+            timeout_s: seconds before the command's process group is killed; None:
+                ``spec.wall_time_s`` (None there too: no limit).
             stdin: bytes fed to standard input (then closed); None: /dev/null.
             max_output_bytes: bytes kept of stdout and of stderr each.
 
@@ -213,6 +249,8 @@ class Runtime(abc.ABC):
             RolloutdError: the runtime is not started.
         """
         began = time.monotonic()
+        if timeout_s is None:
+            timeout_s = self.spec.wall_time_s
         try:
             process = await self._launch(
                 command, env=env, cwd=cwd, name="exec",
@@ -239,7 +277,7 @@ class Runtime(abc.ABC):
         finally:
             for task in [*readers, *([feeder] if feeder else [])]:
                 task.cancel()
-            if process.alive() and (timed_out or process.returncode is None):
+            if (timed_out or process.returncode is None) and process.alive():
                 await process.kill()
         return ExecResult(
             exit_code=process.returncode if process.returncode is not None else -9,
@@ -297,19 +335,20 @@ class Runtime(abc.ABC):
         if not argv:
             raise ConfigError("command must not be empty")
         inside_cwd = self._inside_cwd(cwd)
-        host_argv, host_cwd = self._wrap(argv, inside_cwd)
         full_env = {**self._base_env(), **self.spec.env, **(env or {})}
+        host_argv, host_cwd = self._wrap(argv, inside_cwd)
+        full_env = self._host_env(argv, full_env, host_argv)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *host_argv, env=full_env, cwd=host_cwd, stdin=stdin, stdout=stdout,
-                stderr=stderr, start_new_session=True,
+                stderr=stderr, start_new_session=True, pass_fds=self._pass_fds(),
             )
         except OSError as exc:  # local runtime: no such program or folder
             raise LaunchError(f"runtime {self.runtime_id}: cannot run {argv[0]!r} in "
                               f"{inside_cwd}: {exc.strerror or exc}") from exc
         process = RuntimeProcess(proc, name=name, spare_leader_on_term=self.spare_leader_on_term,
                                  grace_s=self.grace_s)
-        self._processes = [p for p in self._processes if p.alive()] + [process]
+        self._processes = [p for p in self._processes if p.maybe_alive()] + [process]
         return process
 
     @property
@@ -331,6 +370,22 @@ class Runtime(abc.ABC):
         target = self._host_path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(target.write_bytes, data)
+        await self.adopt(target)
+
+    async def adopt(self, host_path: Path) -> None:  # noqa: B027 - optional hook
+        """Hand a file or folder the worker wrote into the runtime to the runtime's user.
+
+        Args:
+            host_path: a host path below the workspace or home (a folder: recursively).
+        """
+
+    def host_path(self, path: str) -> Path:
+        """The host path of a runtime path (see :meth:`upload` for what is accepted).
+
+        Raises:
+            ConfigError: the path leaves the workspace and the home.
+        """
+        return self._host_path(path)
 
     async def download(self, path: str) -> bytes:
         """Read a file of the runtime.
@@ -395,7 +450,7 @@ def check_spec_network(spec: RuntimeSpec, supported: tuple[str, ...], runtime: s
     """
     if spec.network not in supported:
         raise ConfigError(
-            f"runtime.network={spec.network!r} is not built yet for the {runtime} runtime; "
+            f"runtime.network={spec.network!r} cannot be enforced by the {runtime} runtime; "
             f"use one of {', '.join(supported)}"
         )
 

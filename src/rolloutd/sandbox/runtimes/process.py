@@ -185,9 +185,25 @@ class RuntimeProcess:
         except TimeoutError:
             return None
 
+    def maybe_alive(self) -> bool:
+        """Cheap :meth:`alive`: also true while exited members of the group are still zombies."""
+        if self._process.returncode is None:
+            return True
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
     def alive(self) -> bool:
         """Whether the launched process or any member of its group still runs."""
-        return self._process.returncode is None or bool(group_members(self.pgid))
+        if self._process.returncode is None:
+            return True
+        try:  # cheap first: kill(2) with signal 0 fails with ESRCH when the group is empty
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        return bool(group_members(self.pgid))  # members may be zombies: look closer
 
     async def terminate(self, grace_s: float | None = None) -> int | None:
         """SIGTERM the process group, then SIGKILL it after the grace period.

@@ -1,0 +1,72 @@
+"""Build the swebench-style example task (``examples/swebench.jsonl``) from this folder.
+
+The repository under ``repo/`` has a bug: ``calc.ops.mean`` floors and divides by zero.
+``test.patch`` adds the tests that expose it; ``gold.patch`` fixes it, ``wrong.patch`` only
+half fixes it. The task carries the repository as ``runtime.files``, turns it into a git
+repository with a prepare step, and is scored by the ``swebench`` evaluator in a fresh runtime
+provisioned while the harness runs::
+
+    python3 examples/swebench_task/make_task.py > examples/swebench.jsonl
+
+``task(harness=...)`` is what tests use to run the same task with a harness that applies
+``gold.patch`` or ``wrong.patch``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+FAIL_TO_PASS = ["tests/test_mean.py::test_mean_is_exact",
+                "tests/test_mean.py::test_mean_of_empty_raises"]
+PASS_TO_PASS = ["tests/test_mean.py::test_mean_of_ints", "tests/test_ops.py::test_add"]
+INSTRUCTION = ("calc.ops.mean returns a floored value and fails with ZeroDivisionError on an "
+               "empty list. Make it return the exact mean, and raise ValueError for an empty "
+               "list.")
+GIT_INIT = ("git init -q && git add -A && git -c user.name=rolloutd "
+            "-c user.email=rolloutd@localhost commit -q -m base")
+
+
+def repo_files() -> dict[str, str]:
+    """Workspace-relative path -> text of every file of ``repo/``."""
+    root = HERE / "repo"
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+def patch_harness(patch_name: str) -> dict[str, Any]:
+    """A shell harness that applies ``{patch_name}`` (a stand-in for an agent)."""
+    patch = (HERE / patch_name).read_text()
+    return {"type": "shell",
+            "command": f"cat > /tmp/fix.patch <<'ROLLOUTD_EOF'\n{patch}ROLLOUTD_EOF\n"
+                       "git apply /tmp/fix.patch"}
+
+
+def task(task_id: str = "swebench-calc-mean", harness: dict[str, Any] | None = None,
+         runtime: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The task request (a dict for ``RolloutClient.submit``)."""
+    runtime = {"type": "bwrap", "files": repo_files(),
+               "prepare": [{"type": "exec", "command": GIT_INIT}], **(runtime or {})}
+    return {
+        "task_id": task_id,
+        "instruction": INSTRUCTION,
+        "num_samples": 1,
+        "harness": harness or {"type": "qwen_code", "profile": "compact", "max_turns": 6},
+        "runtime": runtime,
+        "evaluator": {
+            "type": "swebench",
+            "runtime": "fresh",
+            "timeout_s": 120,
+            "params": {"test_patch": (HERE / "test.patch").read_text(),
+                       "fail_to_pass": FAIL_TO_PASS, "pass_to_pass": PASS_TO_PASS},
+        },
+        "phases": {"run_s": 300},
+    }
+
+
+if __name__ == "__main__":
+    sys.stdout.write(json.dumps(task()) + "\n")

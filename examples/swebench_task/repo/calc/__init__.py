@@ -1,0 +1,1 @@
+"""A tiny calculator package: the repository of the swebench-style example task."""

@@ -1,0 +1,128 @@
+"""The ``swebench`` evaluator: SWE-bench's resolution rule on a repository in a runtime.
+
+SWE-bench (Jimenez et al., ICLR 2024; harness ``swebench/harness/grading.py``) calls an instance
+resolved when, after the model's patch and the instance's test patch are applied, every test of
+``FAIL_TO_PASS`` and every test of ``PASS_TO_PASS`` passes. Here:
+
+- in the runtime (:meth:`Swebench.collect`, run by the sandbox fleet after the session's patch
+  was applied, in the session's runtime or a fresh one): apply ``params.test_patch`` with
+  ``git apply``, run ``params.test_command`` on all listed tests at once, and parse the pytest
+  ``-rA`` summary (``PASSED id`` / ``FAILED id`` / ``ERROR id`` lines) into a status per test;
+- on the eval fleet (:meth:`Swebench.evaluate`): reward 1.0 when every listed test has status
+  ``PASSED`` (a test missing from the log counts as failed), else 0.0.
+
+``EvaluatorSpec.params``::
+
+    {"test_patch": str (a git diff, may be empty), "fail_to_pass": [test ids],
+     "pass_to_pass": [test ids], "test_command": "python3 -m pytest -rA ..." (optional)}
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rolloutd.errors import EvaluatorError
+from rolloutd.evaluators.base import (
+    CHECK_ARTIFACT,
+    EvaluationContext,
+    EvaluationOutcome,
+    Evaluator,
+)
+from rolloutd.sandbox.prepare import apply_patch
+from rolloutd.sandbox.runtimes.base import Runtime
+
+#: pytest's ``-rA`` short test summary line: ``STATUS test-id[ - message]``.
+PYTEST_SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+)", re.MULTILINE)
+#: bytes of test output kept in the check artifact (head and tail).
+MAX_LOG_BYTES = 256 * 1024
+
+
+class SwebenchParams(BaseModel):
+    """``EvaluatorSpec.params`` of the swebench evaluator (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    test_patch: str = Field(default="", description="git diff adding or changing the tests")
+    fail_to_pass: list[str] = Field(default_factory=list, description="must pass after the fix")
+    pass_to_pass: list[str] = Field(default_factory=list, description="must keep passing")
+    test_command: str = Field(
+        default="python3 -m pytest -rA -p no:cacheprovider",
+        description="test runner; the test ids are appended, shell-quoted",
+    )
+
+
+def parse_pytest_log(log: str) -> dict[str, str]:
+    """Test id -> status from pytest ``-rA`` output (the last status of an id wins).
+
+    Args:
+        log: pytest's stdout.
+    """
+    return {test_id: status for status, test_id in PYTEST_SUMMARY.findall(log)}
+
+
+class Swebench(Evaluator):
+    """Resolved (1.0) when every FAIL_TO_PASS and PASS_TO_PASS test passes; see the module."""
+
+    name = "swebench"
+
+    def params(self) -> SwebenchParams:
+        """The validated params.
+
+        Raises:
+            EvaluatorError: malformed ``params`` or no test listed at all.
+        """
+        try:
+            params = SwebenchParams.model_validate(self.spec.params)
+        except ValidationError as exc:
+            raise EvaluatorError(f"evaluator.params of swebench: {exc}") from exc
+        if not params.fail_to_pass and not params.pass_to_pass:
+            raise EvaluatorError("evaluator.params of swebench needs fail_to_pass or "
+                                 "pass_to_pass tests")
+        return params
+
+    async def collect(self, runtime: Runtime) -> dict[str, Any]:
+        """Apply the test patch and run the tests in ``runtime``: the ``check`` artifact.
+
+        Returns:
+            ``{"exit_code", "stdout", "stderr", "timed_out", "test_patch_applied",
+            "tests": {id: status}}``.
+        """
+        params = self.params()
+        applied = await apply_patch(runtime, params.test_patch)
+        if applied.exit_code != 0:
+            return {"exit_code": applied.exit_code, "stdout": applied.stdout,
+                    "stderr": applied.stderr, "timed_out": applied.timed_out,
+                    "test_patch_applied": False, "tests": {}}
+        test_ids = list(dict.fromkeys(params.fail_to_pass + params.pass_to_pass))
+        command = f"{params.test_command} {shlex.join(test_ids)}"
+        result = await runtime.exec(command, timeout_s=self.spec.timeout_s,
+                                    max_output_bytes=MAX_LOG_BYTES)
+        return {"exit_code": result.exit_code, "stdout": result.stdout,
+                "stderr": result.stderr, "timed_out": result.timed_out,
+                "test_patch_applied": True, "tests": parse_pytest_log(result.stdout)}
+
+    async def evaluate(self, ctx: EvaluationContext) -> EvaluationOutcome:
+        """Score the ``check`` artifact with SWE-bench's rule."""
+        params = self.params()
+        check: Any = ctx.artifacts.get(CHECK_ARTIFACT)
+        if not isinstance(check, dict) or "tests" not in check:
+            return EvaluationOutcome(reward=0.0, details={"reason": "no test results",
+                                                          "status": ctx.status.value})
+        tests: dict[str, str] = check["tests"]
+        failed_f2p = [t for t in params.fail_to_pass if tests.get(t) != "PASSED"]
+        failed_p2p = [t for t in params.pass_to_pass if tests.get(t) != "PASSED"]
+        resolved = (bool(check.get("test_patch_applied")) and not failed_f2p
+                    and not failed_p2p and not check.get("timed_out"))
+        return EvaluationOutcome(reward=1.0 if resolved else 0.0, details={
+            "resolved": resolved,
+            "test_patch_applied": bool(check.get("test_patch_applied")),
+            "num_fail_to_pass": len(params.fail_to_pass),
+            "num_pass_to_pass": len(params.pass_to_pass),
+            "failed_fail_to_pass": failed_f2p,
+            "failed_pass_to_pass": failed_p2p,
+            "timed_out": bool(check.get("timed_out")),
+        })

@@ -161,7 +161,11 @@ async def test_fork_bomb_is_bounded_and_torn_down(make_runtime, runtime_pids, wa
     assert runtime.cgroup is not None and runtime.cgroup.dirs
     pids_max = next(d / "pids.max" for d in runtime.cgroup.dirs if (d / "pids.max").exists())
     assert pids_max.read_text().strip() == str(limit)
-    bomb = await runtime.spawn("bomb() { bomb | bomb & }; bomb; sleep 1000", name="bomb")
+    # every process forks forever and retries when refused, so the bomb never dies out by
+    # itself (a shell `bomb | bomb &` can collapse when its forks fail, which made this flaky)
+    bomb = await runtime.spawn(
+        ["python3", "-c", "import os, time\nwhile True:\n    try:\n        os.fork()\n"
+         "    except OSError:\n        time.sleep(0.05)"], name="bomb")
     current = pids_max.parent / "pids.current"
     # the bomb fills its quota and stays there: it never exceeds it
     assert await wait_for(lambda: int(current.read_text()) >= limit - 2, timeout_s=30)

@@ -110,7 +110,9 @@ async def test_qwen_code_runs_against_llama_server_under_bwrap(make_runtime, lla
                                                                runtime_pids):
     if not (npm_prefix() / ENTRY_POINT).is_file():
         pytest.skip(f"qwen-code is not installed in {npm_prefix()} (set {NPM_PREFIX_ENV})")
-    runtime = await make_runtime("bwrap", grace_s=5.0)
+    # straight to llama-server, not through a gateway session: the gateway-only network
+    # (bwrap's default) would rightly refuse it
+    runtime = await make_runtime("bwrap", grace_s=5.0, network="host")
     logs = f"{runtime.home}/openai-logs"
     spec = HarnessSpec(type="qwen_code", max_turns=2,
                        args=[*compact_args(), "--openai-logging", f"--openai-logging-dir={logs}"])

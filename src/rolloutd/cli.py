@@ -107,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     worker.add_argument("--fleet", required=True,
                         choices=["workflows", "sandbox", "gateway", "eval"])
 
+    doctor = sub.add_parser("doctor", help="reliability figures (kills, cancellations, "
+                            "fuzzing) of the last tests/reliability run, as a table")
+    doctor.add_argument("--run", action="store_true", help="run tests/reliability first")
+
     engine = sub.add_parser("engine", help="run llama-server on a catalog model")
     engine.add_argument("--model", default="qwen2.5-coder-0.5b")
     engine.add_argument("--port", type=int, default=8400)
@@ -141,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = CommonSettings()
     configure_logging(settings.log_level, json=args.command == "worker" and settings.log_json)
 
-    if args.command == "worker":
+    if args.command == "doctor":
+        from rolloutd import doctor as doctor_mod
+
+        return doctor_mod.main(run=args.run)
+    elif args.command == "worker":
         from rolloutd.workers import run_forever
 
         asyncio.run(run_forever(args.fleet))

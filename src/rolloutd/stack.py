@@ -134,6 +134,12 @@ class TemporalDevServer:
         if self.process is not None:
             stop_process(self.process)
 
+    def restart(self, timeout_s: float = 60.0) -> TemporalDevServer:
+        """Stop the server and start it again on the same ports and SQLite file (workers and
+        clients reconnect by themselves; workflows carry on from the file)."""
+        self.stop()
+        return self.start(timeout_s)
+
 
 @dataclass
 class LocalStack:

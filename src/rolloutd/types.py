@@ -255,6 +255,9 @@ class TaskRequest(Model):
     evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     phases: PhaseTimeouts = Field(default_factory=PhaseTimeouts)
+    max_session_attempts: int = Field(
+        default=3, ge=1, le=10, description="attempts of a session whose sandbox host is lost "
+        "(each on a fresh runtime and a fresh gateway session; docs/faults.md)")
     model: str | None = Field(default=None, description="model name shown to the harness")
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, kept")
     callback_url: str | None = Field(
@@ -469,6 +472,23 @@ class PhaseTiming(Model):
     ended_at: datetime | None = Field(default=None, description="workflow time, UTC")
 
 
+class SessionAttempt(Model):
+    """An attempt of a session that was given up because its sandbox host was lost.
+
+    Attributes:
+        attempt: 1-based attempt number.
+        session_id: the attempt's gateway session (its completion log stays in the store,
+            sealed, and is not part of the trajectory).
+        error: why the attempt was given up.
+        num_completions: completions recorded in that attempt.
+    """
+
+    attempt: int = Field(ge=1)
+    session_id: str
+    error: str
+    num_completions: int = 0
+
+
 class SessionResult(Model):
     """What a session returns to its parent: a summary and references, never token arrays."""
 
@@ -486,6 +506,8 @@ class SessionResult(Model):
     harness_exit_code: int | None = None
     phases: list[PhaseTiming] = Field(default_factory=list)
     stats: BuilderStats = Field(default_factory=BuilderStats)
+    attempts: list[SessionAttempt] = Field(
+        default_factory=list, description="earlier attempts given up (sandbox host lost)")
 
 
 class TaskResult(Model):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import structlog
 from temporalio import activity
 
+from rolloutd.activities.heartbeat import heartbeating
 from rolloutd.activities.models import EvaluateInput, EvaluateOutput
 from rolloutd.errors import NotFoundError, to_application_error
 from rolloutd.evaluators import EvaluationContext, get_evaluator
@@ -54,7 +55,8 @@ class EvalActivities:
                 spec=input.evaluator,
                 num_traces=len(trajectory.traces) if trajectory else 0,
             )
-            outcome = await get_evaluator(input.evaluator).evaluate(ctx)
+            async with heartbeating(phase="evaluate"):
+                outcome = await get_evaluator(input.evaluator).evaluate(ctx)
             if trajectory is not None and input.trajectory_ref:
                 assign_rewards(trajectory.traces, outcome.reward, outcome.trace_rewards)
                 trajectory.reward = outcome.reward

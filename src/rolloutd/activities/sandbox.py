@@ -8,6 +8,7 @@ on this host only (samples-python worker_specific_task_queues/).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import structlog
 from temporalio import activity
 
+from rolloutd.activities.heartbeat import heartbeating
 from rolloutd.activities.models import (
     CollectArtifactsInput,
     CollectArtifactsOutput,
@@ -27,6 +29,7 @@ from rolloutd.activities.models import (
 )
 from rolloutd.errors import NotFoundError, RuntimeNotFoundError, to_application_error
 from rolloutd.evaluators import CHECK_ARTIFACT, run_check
+from rolloutd.sandbox import reclaim
 from rolloutd.sandbox.harnesses import HarnessContext, get_harness
 from rolloutd.sandbox.prepare import apply_patch, git_patch
 from rolloutd.sandbox.runtimes import Runtime, create_runtime
@@ -38,6 +41,10 @@ log = structlog.get_logger(__name__)
 
 #: seconds between heartbeats of a running harness (cancellation arrives through them).
 HEARTBEAT_EVERY_S = 1.0
+#: seconds between SIGTERM and SIGKILL of a cancelled harness.
+CANCEL_GRACE_S = 1.0
+#: heartbeats between two counts of the session's completions (sent as progress).
+COUNT_COMPLETIONS_EVERY = 5
 #: bytes of harness output kept in the activity result (the whole log goes to the store).
 TAIL_BYTES = 4000
 
@@ -58,6 +65,12 @@ class SandboxActivities:
         self.runtimes: dict[str, Runtime] = {}
         self.host_queue = host_queue("sandbox", settings.host_id)
 
+    def reclaim(self) -> reclaim.ReclaimReport:
+        """Kill and remove the runtimes a dead worker left under this host's runtime root
+        (called once when the worker starts, before it polls; see :mod:`rolloutd.sandbox.reclaim`).
+        """
+        return reclaim.reclaim_orphans(self.root)
+
     def _runtime(self, runtime_id: str) -> Runtime:
         runtime = self.runtimes.get(runtime_id)
         if runtime is None:
@@ -73,12 +86,17 @@ class SandboxActivities:
                                                attempt=activity.info().attempt)
         t0 = time.monotonic()
         tag = "" if input.purpose == "session" else f"-{input.purpose[:8]}"
-        runtime_id = f"{input.session_id.replace('/', '.')}{tag}-{uuid.uuid4().hex[:8]}"
+        runtime_id = f"{_short(input.session_id.replace('/', '.'))}{tag}-{uuid.uuid4().hex[:8]}"
         try:
+            # owned before it exists: a worker killed while provisioning leaves a record that
+            # lets the next worker on this root reclaim the half-made runtime
+            reclaim.claim(self.root, runtime_id, self.settings.host_id)
             runtime = create_runtime(input.runtime, runtime_id, self.root)
-            await runtime.start()
+            async with heartbeating(phase="provision"):
+                await runtime.start()
         except Exception as e:
             log.warning("runtime_start_failed", runtime=input.runtime.type, error=str(e))
+            reclaim.release(self.root, runtime_id)
             raise to_application_error(e) from e
         self.runtimes[runtime_id] = runtime
         duration = time.monotonic() - t0
@@ -125,6 +143,7 @@ class SandboxActivities:
         log.info("harness_started", harness=input.harness.type, pid=proc.pid)
         timed_out = False
         exit_code: int | None = None
+        beats = num_completions = 0
         try:
             while True:
                 elapsed = time.monotonic() - t0
@@ -136,10 +155,15 @@ class SandboxActivities:
                 exit_code = await proc.wait(min(HEARTBEAT_EVERY_S, timeout_s - elapsed))
                 if exit_code is not None:
                     break
+                beats += 1
+                if beats % COUNT_COMPLETIONS_EVERY == 1:  # a store listing: not every beat
+                    num_completions = await asyncio.to_thread(len, completions)
                 activity.heartbeat({"elapsed_s": round(elapsed, 1),
-                                    "num_completions": await asyncio.to_thread(len, completions)})
+                                    "num_completions": num_completions})
         except asyncio.CancelledError:
-            await proc.terminate()
+            # a cancelled session's output is not wanted: a short grace keeps mass
+            # cancellation (a trainer dropping a step's rollouts) within seconds
+            await proc.terminate(grace_s=CANCEL_GRACE_S)
             log.info("harness_cancelled", duration_s=round(time.monotonic() - t0, 3))
             raise
         duration = time.monotonic() - t0
@@ -169,29 +193,36 @@ class SandboxActivities:
         artifacts = {"harness": artifact_key(input.session_id, "harness")}
         try:
             runtime = self._runtime(input.runtime_id)
-            if input.collect_outputs:
-                artifacts |= await self._collect_outputs(runtime, input.session_id)
-            applied_ok = True
-            if input.apply_patch_ref:
-                patch = self.store.get_json(input.apply_patch_ref)
-                result = await apply_patch(runtime, str(patch.get("patch") or ""))
-                key = artifact_key(input.session_id, "patch_apply")
-                self.store.put_json(key, result.model_dump(
-                    include={"exit_code", "stdout", "stderr", "timed_out"}))
-                artifacts["patch_apply"] = key
-                applied_ok = result.exit_code == 0
-                log.info("patch_applied", exit_code=result.exit_code)
-            if input.run_check and applied_ok:
-                check = await run_check(runtime, input.evaluator)
-                if check is not None:
-                    key = artifact_key(input.session_id, CHECK_ARTIFACT)
-                    self.store.put_json(key, check)
-                    artifacts[CHECK_ARTIFACT] = key
-                    log.info("check_finished", exit_code=check.get("exit_code"),
-                             timed_out=check.get("timed_out"))
+            async with heartbeating(phase="collect"):
+                artifacts |= await self._collect(runtime, input)
         except Exception as e:
             raise to_application_error(e) from e
         return CollectArtifactsOutput(artifacts=artifacts)
+
+    async def _collect(self, runtime: Runtime, input: CollectArtifactsInput) -> dict[str, str]:
+        """The body of :meth:`collect_artifacts`; returns name -> blob key."""
+        artifacts: dict[str, str] = {}
+        if input.collect_outputs:
+            artifacts |= await self._collect_outputs(runtime, input.session_id)
+        applied_ok = True
+        if input.apply_patch_ref:
+            patch = self.store.get_json(input.apply_patch_ref)
+            result = await apply_patch(runtime, str(patch.get("patch") or ""))
+            key = artifact_key(input.session_id, "patch_apply")
+            self.store.put_json(key, result.model_dump(
+                include={"exit_code", "stdout", "stderr", "timed_out"}))
+            artifacts["patch_apply"] = key
+            applied_ok = result.exit_code == 0
+            log.info("patch_applied", exit_code=result.exit_code)
+        if input.run_check and applied_ok:
+            check = await run_check(runtime, input.evaluator)
+            if check is not None:
+                key = artifact_key(input.session_id, CHECK_ARTIFACT)
+                self.store.put_json(key, check)
+                artifacts[CHECK_ARTIFACT] = key
+                log.info("check_finished", exit_code=check.get("exit_code"),
+                         timed_out=check.get("timed_out"))
+        return artifacts
 
     async def _collect_outputs(self, runtime: Runtime, session_id: str) -> dict[str, str]:
         """Store the workspace's patch and the spec's artifact files; return name -> key."""
@@ -223,10 +254,12 @@ class SandboxActivities:
         if runtime is None:
             return TeardownRuntimeOutput(found=False)
         try:
-            await runtime.stop()
+            async with heartbeating(phase="teardown"):
+                await runtime.stop()
         except Exception as e:
             self.runtimes[input.runtime_id] = runtime
             raise to_application_error(e) from e
+        reclaim.release(self.root, input.runtime_id)
         duration = time.monotonic() - t0
         log.info("runtime_stopped", runtime_id=input.runtime_id, duration_s=round(duration, 4))
         return TeardownRuntimeOutput(found=True, duration_s=duration)
@@ -235,6 +268,20 @@ class SandboxActivities:
         """Tear down every runtime of this host (worker shutdown)."""
         for runtime_id in list(self.runtimes):
             await self.teardown_runtime(TeardownRuntimeInput(runtime_id=runtime_id))
+
+
+#: characters of a session id kept in a runtime id: the runtime's folder holds a unix socket
+#: (bwrap ``network: gateway``), and a socket path must fit in 108 bytes (unix(7)).
+RUNTIME_ID_SESSION_CHARS = 24
+
+
+def _short(name: str) -> str:
+    """``name``, or its head and a digest of the whole when longer than
+    :data:`RUNTIME_ID_SESSION_CHARS`."""
+    if len(name) <= RUNTIME_ID_SESSION_CHARS:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:RUNTIME_ID_SESSION_CHARS - 9]}~{digest}".replace("~", "_")
 
 
 def _tail(path: Path, limit: int = TAIL_BYTES) -> str:

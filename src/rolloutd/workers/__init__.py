@@ -34,6 +34,8 @@ from rolloutd.task_queues import Fleet
 log = structlog.get_logger(__name__)
 
 FLEETS: tuple[Fleet, ...] = ("workflows", "sandbox", "gateway", "eval")
+#: activity slots of a sandbox host's own queue (runs, collects, teardowns of its runtimes).
+HOST_QUEUE_SLOTS = 1000
 
 
 async def connect(settings: CommonSettings) -> Client:
@@ -85,12 +87,18 @@ async def run_fleet(
 
         s = settings if isinstance(settings, SandboxSettings) else SandboxSettings()
         acts = SandboxActivities(s, BlobStore(s.store_url))
-        handle.resources["activities"] = acts
+        # before polling: runtimes a killed worker left on this root are killed and removed,
+        # so a teardown of them that arrives on this host's queue finds nothing left running
+        reclaimed = await asyncio.to_thread(acts.reclaim)
+        handle.resources.update(activities=acts, reclaimed=reclaimed)
         handle.workers += [
             Worker(client, task_queue=task_queues.SANDBOX, activities=[acts.provision_runtime],
                    max_concurrent_activities=s.max_concurrent_sessions),
+            # every provisioned runtime needs a slot here for its run and then its teardown;
+            # provisioning (above) is what bounds the number of runtimes
             Worker(client, task_queue=acts.host_queue,
-                   activities=[acts.run_harness, acts.collect_artifacts, acts.teardown_runtime]),
+                   activities=[acts.run_harness, acts.collect_artifacts, acts.teardown_runtime],
+                   max_concurrent_activities=HOST_QUEUE_SLOTS),
         ]
         cleanups.append(acts.stop_all)
     elif fleet == "gateway":
@@ -103,8 +111,10 @@ async def run_fleet(
         acts = GatewayActivities(gateway, s.host_id)
         handle.resources.update(gateway=gateway, server=server, activities=acts)
         handle.workers += [
+            # close_session here too: when the gateway host serving a session is gone, any
+            # gateway seals it from the durable state in the store
             Worker(client, task_queue=task_queues.GATEWAY,
-                   activities=[acts.open_session, acts.build_trajectory]),
+                   activities=[acts.open_session, acts.close_session, acts.build_trajectory]),
             Worker(client, task_queue=acts.host_queue,
                    activities=[acts.close_session, acts.build_trajectory]),
         ]

@@ -13,12 +13,13 @@ Deterministic code only: no I/O, ``workflow.now()`` for time.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import timedelta
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 from temporalio.exceptions import CancelledError as TemporalCancelledError
 
 with workflow.unsafe.imports_passed_through():
@@ -40,12 +41,19 @@ with workflow.unsafe.imports_passed_through():
         RunHarnessOutput,
         TeardownRuntimeInput,
     )
-    from rolloutd.types import PhaseTiming, SessionResult, SessionStatus, TaskRequest
+    from rolloutd.types import (
+        PhaseTiming,
+        SessionAttempt,
+        SessionResult,
+        SessionStatus,
+        TaskRequest,
+    )
     from rolloutd.workflows import search
 
 #: heartbeats of the harness run: a dead sandbox worker is noticed within this time.
 #: (the SDK sends heartbeats at most every 0.8 x this, so cancellation also lands within it).
-HARNESS_HEARTBEAT = timedelta(seconds=5)
+#: 10 s, not less: a host running 100 harnesses on 2 busy cores misses 5 s beats while alive.
+HARNESS_HEARTBEAT = timedelta(seconds=10)
 #: infrastructure activities (open, provision, teardown, close, build) retry on these terms.
 INFRA_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -55,6 +63,44 @@ INFRA_RETRY = RetryPolicy(
 )
 #: the harness is not retried blindly: a retry would start from a dirty runtime.
 NO_RETRY = RetryPolicy(maximum_attempts=1)
+#: heartbeats of provision, collect, teardown and evaluate (they heartbeat every second).
+HEARTBEAT = timedelta(seconds=10)
+#: a host-pinned activity not picked up by then: the host is gone (the session may restart).
+HOST_QUEUE_START = timedelta(seconds=60)
+#: all teardown attempts on a host already known lost (else 3 x ``phases.teardown_s``).
+LOST_HOST_TEARDOWN = timedelta(seconds=15)
+#: one close attempt (it waits for a call in flight, which a slow backend may hold for
+#: minutes), and all attempts on the gateway host serving the session.
+CLOSE_TIMEOUT = timedelta(seconds=300)
+PINNED_CLOSE = timedelta(seconds=600)
+
+
+def attempt_session_id(session_id: str, attempt: int) -> str:
+    """The gateway session id of attempt ``attempt`` (1-based) of session ``session_id``:
+    the session id itself, then ``{session_id}.attempt-{n}``."""
+    return session_id if attempt == 1 else f"{session_id}.attempt-{attempt}"
+
+
+def host_lost(error: ActivityError) -> bool:
+    """Whether a host-pinned activity failed because its sandbox host died or restarted:
+    no heartbeat in time, never picked up from the host's queue, or the runtime is unknown
+    to the host (a restarted worker)."""
+    cause = error.cause
+    if isinstance(cause, TimeoutError):
+        return cause.type in (TimeoutType.HEARTBEAT, TimeoutType.SCHEDULE_TO_START)
+    return isinstance(cause, ApplicationError) and cause.type == "RuntimeNotFoundError"
+
+
+@dataclasses.dataclass
+class _Outcome:
+    """What one attempt ended with."""
+
+    status: SessionStatus = SessionStatus.COMPLETED
+    error: str | None = None
+    harness_exit: int | None = None
+    artifacts: dict[str, str] = dataclasses.field(default_factory=dict)
+    cancelled: bool = False
+    host_lost: bool = False
 
 
 class SessionInput(BaseModel):
@@ -87,16 +133,11 @@ class RolloutSessionWorkflow:
         task = input.task
         phases = task.phases
         timings: list[PhaseTiming] = []
-        status = SessionStatus.COMPLETED
-        error: str | None = None
-        harness_exit: int | None = None
-        artifacts: dict[str, str] = {}
-        cancelled = False
         started = workflow.now()
         search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
 
         def deadline_left() -> float:
-            return max(1.0, task.timeout_s - (workflow.now() - started).total_seconds())
+            return task.timeout_s - (workflow.now() - started).total_seconds()
 
         async def timed(phase: str, coro, *, current: bool = True):
             if current:
@@ -109,99 +150,56 @@ class RolloutSessionWorkflow:
                 timings.append(PhaseTiming(phase=phase, duration_s=(t1 - t0).total_seconds(),
                                            started_at=t0, ended_at=t1))
 
-        opened: OpenSessionOutput = await timed("open", workflow.execute_activity(
-            "open_session",
-            OpenSessionInput(session_id=input.session_id, task_id=task.task_id,
-                             owner=workflow.info().run_id, sampling=task.sampling,
-                             model=task.model),
-            task_queue=task_queues.GATEWAY,
-            start_to_close_timeout=_seconds(phases.open_s),
-            retry_policy=INFRA_RETRY,
-            result_type=OpenSessionOutput,
-        ))
-
         fresh_eval = task.evaluator.runtime == "fresh"
         prewarm: asyncio.Task[ProvisionRuntimeOutput] | None = None
-        if fresh_eval:  # step 3: the evaluation runtime is provisioned while the harness runs
-            prewarm = asyncio.ensure_future(timed("eval_provision", workflow.execute_activity(
-                "provision_runtime",
-                ProvisionRuntimeInput(session_id=input.session_id,
-                                      runtime=task.evaluator.runtime_spec or task.runtime,
-                                      purpose="evaluation"),
-                task_queue=task_queues.SANDBOX,
-                start_to_close_timeout=_seconds(phases.provision_s),
+        given_up: list[SessionAttempt] = []
+        attempt = 0
+        while True:
+            attempt += 1
+            session_id = attempt_session_id(input.session_id, attempt)
+            opened: OpenSessionOutput = await timed("open", workflow.execute_activity(
+                "open_session",
+                OpenSessionInput(session_id=session_id, task_id=task.task_id,
+                                 owner=workflow.info().run_id, sampling=task.sampling,
+                                 model=task.model),
+                task_queue=task_queues.GATEWAY,
+                start_to_close_timeout=_seconds(phases.open_s),
                 retry_policy=INFRA_RETRY,
-                result_type=ProvisionRuntimeOutput,
-            ), current=False))
-
-        runtime: ProvisionRuntimeOutput | None = None
-        try:
-            runtime = await timed("provision", workflow.execute_activity(
-                "provision_runtime",
-                ProvisionRuntimeInput(session_id=input.session_id, runtime=task.runtime),
-                task_queue=task_queues.SANDBOX,
-                start_to_close_timeout=_seconds(phases.provision_s),
-                retry_policy=INFRA_RETRY,
-                result_type=ProvisionRuntimeOutput,
+                result_type=OpenSessionOutput,
             ))
-            run_budget = min(phases.run_s, deadline_left())
-            try:
-                ran: RunHarnessOutput = await timed("run", workflow.execute_activity(
-                    "run_harness",
-                    RunHarnessInput(runtime_id=runtime.runtime_id, session_id=input.session_id,
-                                    harness=task.harness, instruction=task.instruction,
-                                    session=opened, timeout_s=run_budget),
-                    task_queue=runtime.host_queue,
-                    # the activity kills the harness at run_budget itself; this is the backstop
-                    start_to_close_timeout=_seconds(run_budget + 30),
-                    heartbeat_timeout=HARNESS_HEARTBEAT,
-                    retry_policy=NO_RETRY,
-                    cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                    result_type=RunHarnessOutput,
-                ))
-                harness_exit = ran.exit_code
-                if ran.timed_out:
-                    status, error = SessionStatus.TIMEOUT, f"run phase exceeded {run_budget:.0f} s"
-            except ActivityError as e:
-                if isinstance(e.cause, TemporalCancelledError):
-                    raise asyncio.CancelledError() from e
-                if isinstance(e.cause, TimeoutError) and e.cause.type in (
-                    TimeoutType.START_TO_CLOSE, TimeoutType.SCHEDULE_TO_CLOSE
-                ):
-                    status, error = SessionStatus.TIMEOUT, "run phase timed out"
-                else:
-                    status, error = SessionStatus.FAILED, f"harness run failed: {_cause(e)}"
-            if status in (SessionStatus.COMPLETED, SessionStatus.TIMEOUT):
-                collected: CollectArtifactsOutput = await timed("collect", workflow.execute_activity(
-                    "collect_artifacts",
-                    CollectArtifactsInput(runtime_id=runtime.runtime_id,
-                                          session_id=input.session_id, evaluator=task.evaluator,
-                                          run_check=not fresh_eval),
-                    task_queue=runtime.host_queue,
-                    start_to_close_timeout=_seconds(phases.collect_s + task.evaluator.timeout_s),
-                    heartbeat_timeout=HARNESS_HEARTBEAT,
-                    retry_policy=NO_RETRY,
-                    result_type=CollectArtifactsOutput,
-                ))
-                artifacts = collected.artifacts
-        except asyncio.CancelledError:
-            cancelled = True
-            status, error = SessionStatus.CANCELLED, "cancelled"
-        except ActivityError as e:
-            if isinstance(e.cause, TemporalCancelledError):
-                cancelled = True
-                status, error = SessionStatus.CANCELLED, "cancelled"
-            else:
-                status, error = SessionStatus.FAILED, f"{self._phase} failed: {_cause(e)}"
-        finally:
-            if runtime is not None:
-                await timed("teardown", workflow.execute_activity(
-                    "teardown_runtime",
-                    TeardownRuntimeInput(runtime_id=runtime.runtime_id),
-                    task_queue=runtime.host_queue,
-                    start_to_close_timeout=_seconds(phases.teardown_s),
+            if fresh_eval and prewarm is None:
+                # step 3: the evaluation runtime is provisioned while the harness runs
+                prewarm = asyncio.ensure_future(timed("eval_provision", workflow.execute_activity(
+                    "provision_runtime",
+                    ProvisionRuntimeInput(session_id=input.session_id,
+                                          runtime=task.evaluator.runtime_spec or task.runtime,
+                                          purpose="evaluation"),
+                    task_queue=task_queues.SANDBOX,
+                    start_to_close_timeout=_seconds(phases.provision_s),
+                    heartbeat_timeout=HEARTBEAT,
                     retry_policy=INFRA_RETRY,
-                ))
+                    result_type=ProvisionRuntimeOutput,
+                ), current=False))
+            outcome = await self._attempt(input, session_id, opened, attempt,
+                                          run_check=not fresh_eval, timed=timed,
+                                          deadline_left=deadline_left)
+            if (outcome.host_lost and attempt < task.max_session_attempts
+                    and deadline_left() > 1.0):
+                # the attempt's log is sealed and kept under its own session id; the next
+                # attempt starts from a fresh runtime and an empty log (docs/faults.md)
+                closed = await self._close(opened, session_id, timed)
+                given_up.append(SessionAttempt(attempt=attempt, session_id=session_id,
+                                               error=outcome.error or "sandbox host lost",
+                                               num_completions=closed.num_completions))
+                workflow.logger.warning("session %s attempt %d given up: %s", input.session_id,
+                                        attempt, outcome.error)
+                continue
+            break
+
+        status, error, artifacts = outcome.status, outcome.error, outcome.artifacts
+        cancelled = outcome.cancelled
+        if outcome.host_lost:
+            error = f"{error} (attempt {attempt} of {task.max_session_attempts}: giving up)"
         if prewarm is not None:
             eval_error = await self._evaluate_in_fresh_runtime(
                 input, prewarm, artifacts, run_check=not cancelled and status in (
@@ -209,19 +207,12 @@ class RolloutSessionWorkflow:
             if eval_error and error is None:
                 error = eval_error
 
-        closed: CloseSessionOutput = await timed("close", workflow.execute_activity(
-            "close_session",
-            CloseSessionInput(session_id=input.session_id),
-            task_queue=opened.host_queue,
-            start_to_close_timeout=_seconds(phases.open_s),
-            retry_policy=INFRA_RETRY,
-            result_type=CloseSessionOutput,
-        ))
+        closed = await self._close(opened, session_id, timed)
         self._num_completions = closed.num_completions
 
         built: BuildTrajectoryOutput = await timed("build", workflow.execute_activity(
             "build_trajectory",
-            BuildTrajectoryInput(session_id=input.session_id, task_id=task.task_id,
+            BuildTrajectoryInput(session_id=session_id, task_id=task.task_id,
                                  sample_index=input.sample_index, status=status,
                                  builder=task.builder),
             task_queue=task_queues.GATEWAY,
@@ -235,13 +226,14 @@ class RolloutSessionWorkflow:
         if not cancelled:
             evaluated: EvaluateOutput = await timed("evaluate", workflow.execute_activity(
                 "evaluate",
-                EvaluateInput(session_id=input.session_id, task_id=task.task_id,
+                EvaluateInput(session_id=session_id, task_id=task.task_id,
                               evaluator=task.evaluator, status=status,
-                              harness_exit_code=harness_exit,
+                              harness_exit_code=outcome.harness_exit,
                               num_completions=self._num_completions,
                               trajectory_ref=built.trajectory_ref, artifacts=artifacts),
                 task_queue=task_queues.EVAL,
                 start_to_close_timeout=_seconds(phases.evaluate_s),
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=INFRA_RETRY,
                 result_type=EvaluateOutput,
             ))
@@ -250,7 +242,7 @@ class RolloutSessionWorkflow:
         self._phase = "done"
         search.upsert(status=status.value, reward=reward)
         result = SessionResult(
-            session_id=input.session_id,
+            session_id=session_id,
             task_id=task.task_id,
             sample_index=input.sample_index,
             status=status,
@@ -261,14 +253,148 @@ class RolloutSessionWorkflow:
             num_traces=built.num_traces,
             num_trainable_tokens=built.stats.num_trainable_tokens,
             trajectory_ref=built.trajectory_ref,
-            harness_exit_code=harness_exit,
+            harness_exit_code=outcome.harness_exit,
             phases=timings,
             stats=built.stats,
+            attempts=given_up,
         )
         if cancelled:
             workflow.logger.info("session cancelled after cleanup: %s", input.session_id)
         return result
 
+    async def _attempt(self, input: SessionInput, session_id: str, opened: OpenSessionOutput,
+                       attempt: int, *, run_check: bool, timed, deadline_left) -> _Outcome:
+        """One attempt on one runtime: provision, run, collect, tear down (always).
+
+        Returns:
+            The attempt's :class:`_Outcome`; ``host_lost`` when the sandbox host died or
+            restarted under it (the session may start again on a fresh runtime).
+        """
+        task, phases = input.task, input.task.phases
+        out = _Outcome()
+        runtime: ProvisionRuntimeOutput | None = None
+        try:
+            runtime = await timed("provision", workflow.execute_activity(
+                "provision_runtime",
+                ProvisionRuntimeInput(session_id=session_id, runtime=task.runtime),
+                task_queue=task_queues.SANDBOX,
+                start_to_close_timeout=_seconds(phases.provision_s),
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=INFRA_RETRY,
+                result_type=ProvisionRuntimeOutput,
+            ))
+            run_budget = min(phases.run_s, max(1.0, deadline_left()))
+            try:
+                ran: RunHarnessOutput = await timed("run", workflow.execute_activity(
+                    "run_harness",
+                    RunHarnessInput(runtime_id=runtime.runtime_id, session_id=session_id,
+                                    harness=task.harness, instruction=task.instruction,
+                                    session=opened, timeout_s=run_budget),
+                    task_queue=runtime.host_queue,
+                    # the activity kills the harness at run_budget itself; this is the backstop
+                    start_to_close_timeout=_seconds(run_budget + 30),
+                    schedule_to_start_timeout=HOST_QUEUE_START,
+                    heartbeat_timeout=HARNESS_HEARTBEAT,
+                    retry_policy=NO_RETRY,
+                    cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                    result_type=RunHarnessOutput,
+                ))
+                out.harness_exit = ran.exit_code
+                if ran.timed_out:
+                    out.status = SessionStatus.TIMEOUT
+                    out.error = f"run phase exceeded {run_budget:.0f} s"
+            except ActivityError as e:
+                if isinstance(e.cause, TemporalCancelledError):
+                    raise asyncio.CancelledError() from e
+                if host_lost(e):
+                    out.host_lost = True
+                    out.status = SessionStatus.FAILED
+                    out.error = (f"sandbox host {runtime.host_id} lost during the run "
+                                 f"(attempt {attempt}): {_cause(e)}")
+                elif isinstance(e.cause, TimeoutError) and e.cause.type in (
+                    TimeoutType.START_TO_CLOSE, TimeoutType.SCHEDULE_TO_CLOSE
+                ):
+                    out.status, out.error = SessionStatus.TIMEOUT, "run phase timed out"
+                else:
+                    out.status = SessionStatus.FAILED
+                    out.error = f"harness run failed: {_cause(e)}"
+            if out.status in (SessionStatus.COMPLETED, SessionStatus.TIMEOUT):
+                collected: CollectArtifactsOutput = await timed("collect", workflow.execute_activity(
+                    "collect_artifacts",
+                    CollectArtifactsInput(runtime_id=runtime.runtime_id,
+                                          session_id=session_id, evaluator=task.evaluator,
+                                          run_check=run_check),
+                    task_queue=runtime.host_queue,
+                    start_to_close_timeout=_seconds(phases.collect_s + task.evaluator.timeout_s),
+                    schedule_to_start_timeout=HOST_QUEUE_START,
+                    heartbeat_timeout=HEARTBEAT,
+                    retry_policy=NO_RETRY,
+                    result_type=CollectArtifactsOutput,
+                ))
+                out.artifacts = collected.artifacts
+        except asyncio.CancelledError:
+            out.cancelled = True
+            out.status, out.error = SessionStatus.CANCELLED, "cancelled"
+        except ActivityError as e:
+            if isinstance(e.cause, TemporalCancelledError):
+                out.cancelled = True
+                out.status, out.error = SessionStatus.CANCELLED, "cancelled"
+            else:
+                out.status = SessionStatus.FAILED
+                out.error = f"{self._phase} failed: {_cause(e)}"
+                if self._phase == "collect" and host_lost(e):
+                    out.host_lost = True
+                    out.error = (f"sandbox host lost while collecting (attempt {attempt}): "
+                                 f"{_cause(e)}")
+        finally:
+            if runtime is not None:
+                await self._teardown(runtime, timed, host_lost=out.host_lost,
+                                     teardown_s=phases.teardown_s)
+        return out
+
+    async def _teardown(self, runtime: ProvisionRuntimeOutput, timed, *,
+                        host_lost: bool, teardown_s: float) -> None:
+        """Tear a runtime down on its host; a host that does not answer in time is left to
+        reclaim the runtime when it starts again (rolloutd.sandbox.reclaim)."""
+        try:
+            await timed("teardown", workflow.execute_activity(
+                "teardown_runtime",
+                TeardownRuntimeInput(runtime_id=runtime.runtime_id),
+                task_queue=runtime.host_queue,
+                start_to_close_timeout=_seconds(teardown_s),
+                schedule_to_close_timeout=(LOST_HOST_TEARDOWN if host_lost
+                                           else _seconds(3 * teardown_s)),
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=INFRA_RETRY,
+            ))
+        except ActivityError as e:
+            workflow.logger.warning("teardown of %s on %s abandoned (reclaimed when the host "
+                                    "restarts): %s", runtime.runtime_id, runtime.host_id,
+                                    _cause(e))
+
+    async def _close(self, opened: OpenSessionOutput, session_id: str,
+                     timed) -> CloseSessionOutput:
+        """Seal a gateway session on the gateway host serving it; when that host does not
+        answer in time, any gateway seals it from the durable state in the store."""
+        try:
+            return await timed("close", workflow.execute_activity(
+                "close_session", CloseSessionInput(session_id=session_id),
+                task_queue=opened.host_queue,
+                start_to_close_timeout=CLOSE_TIMEOUT,
+                schedule_to_close_timeout=PINNED_CLOSE,
+                retry_policy=INFRA_RETRY,
+                result_type=CloseSessionOutput,
+            ))
+        except ActivityError as e:
+            workflow.logger.warning("gateway host %s did not close %s (%s): closing on "
+                                    "any gateway", opened.host_queue, session_id, _cause(e))
+            return await timed("close", workflow.execute_activity(
+                "close_session", CloseSessionInput(session_id=session_id),
+                task_queue=task_queues.GATEWAY,
+                start_to_close_timeout=CLOSE_TIMEOUT,
+                retry_policy=INFRA_RETRY,
+                result_type=CloseSessionOutput,
+            ))
 
     async def _evaluate_in_fresh_runtime(self, input: SessionInput,
                                          prewarm: asyncio.Task[ProvisionRuntimeOutput],
@@ -297,6 +423,7 @@ class RolloutSessionWorkflow:
                                           apply_patch_ref=artifacts.get("patch")),
                     task_queue=eval_runtime.host_queue,
                     start_to_close_timeout=_seconds(phases.collect_s + task.evaluator.timeout_s),
+                    heartbeat_timeout=HEARTBEAT,
                     retry_policy=NO_RETRY,
                     result_type=CollectArtifactsOutput,
                 ))
@@ -317,6 +444,7 @@ class RolloutSessionWorkflow:
                     TeardownRuntimeInput(runtime_id=eval_runtime.runtime_id),
                     task_queue=eval_runtime.host_queue,
                     start_to_close_timeout=_seconds(phases.teardown_s),
+                    heartbeat_timeout=HEARTBEAT,
                     retry_policy=INFRA_RETRY,
                 ))
         return error

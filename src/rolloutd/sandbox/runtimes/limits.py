@@ -119,6 +119,28 @@ class RuntimeCgroup:
             ) from exc
         return group
 
+    @classmethod
+    def existing(cls, runtime_id: str) -> RuntimeCgroup:
+        """The cgroup folders :meth:`create` would use for ``runtime_id`` that exist now (a
+        dead worker's runtime, to :meth:`remove`); empty when there are none."""
+        group = cls()
+        version = cgroup_version()
+        try:
+            if version == 2:
+                parents = [CGROUP_ROOT / _own_cgroup(None).lstrip("/")]
+            elif version == 1:
+                parents = [CGROUP_ROOT / c / _own_cgroup(c).lstrip("/") for c in ("pids", "cpu")]
+            else:
+                parents = []
+        except (OSError, ConfigError):
+            parents = []
+        for parent in parents:
+            folder = parent / "rolloutd" / runtime_id
+            if folder.is_dir():
+                group.dirs.append(folder)
+                group.procs_files.append(folder / "cgroup.procs")
+        return group
+
     def _make(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.dirs.append(folder)

@@ -1,0 +1,166 @@
+"""Reclaiming runtimes a dead sandbox worker left behind (docs/faults.md, "sandbox worker dies").
+
+A sandbox worker records who owns each runtime before it creates it::
+
+    {runtime_root}/.owners/{runtime_id}.json    {"pid": worker pid, "start_ticks": ..., "host_id"}
+
+``start_ticks`` is field 22 of ``/proc/{pid}/stat`` (proc(5)): with the pid it names one process
+for the life of the machine, so a recycled pid is never mistaken for the owner. When a worker
+starts it calls :func:`reclaim_orphans`: every runtime whose owner is gone is reclaimed, that
+is every process carrying ``ROLLOUTD_RUNTIME_ID={runtime_id}`` in its environment (every
+runtime command starts with it; bwrap sandboxes also die with their worker through
+``--die-with-parent``) is killed with its process group, the runtime's cgroups are emptied and
+removed, and its folder is deleted. Runtimes of live workers sharing the root are left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from rolloutd.sandbox.runtimes.limits import RuntimeCgroup
+
+log = structlog.get_logger(__name__)
+
+#: folder below the runtime root holding one owner record per runtime.
+OWNERS_DIR = ".owners"
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of process ``pid`` in clock ticks since boot (proc(5) stat field 22), or None
+    when no such process exists."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: split after the last ')'
+    fields = stat[stat.rfind(")") + 2:].split()
+    return int(fields[19])
+
+
+def owner_path(root: Path, runtime_id: str) -> Path:
+    """Where the owner record of ``runtime_id`` lives."""
+    return Path(root) / OWNERS_DIR / f"{runtime_id}.json"
+
+
+def claim(root: Path, runtime_id: str, host_id: str) -> None:
+    """Record this process as the owner of ``runtime_id`` (before the runtime is created)."""
+    path = owner_path(root, runtime_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pid = os.getpid()
+    path.write_text(json.dumps({"pid": pid, "start_ticks": process_start_ticks(pid),
+                                "host_id": host_id}))
+
+
+def release(root: Path, runtime_id: str) -> None:
+    """Forget the owner record of a runtime that was torn down."""
+    owner_path(root, runtime_id).unlink(missing_ok=True)
+
+
+def _owner_alive(root: Path, runtime_id: str) -> bool:
+    try:
+        owner = json.loads(owner_path(root, runtime_id).read_text())
+    except (OSError, ValueError):
+        return False  # no record: created by no live worker of this version
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or pid == os.getpid():
+        return False  # this process is starting: nothing it owns is running yet
+    return process_start_ticks(pid) == owner.get("start_ticks")
+
+
+def processes_of(runtime_ids: set[str]) -> dict[int, str]:
+    """Pids (other than this process) whose environment names one of ``runtime_ids``.
+
+    Returns:
+        pid -> runtime id.
+    """
+    wanted = {f"ROLLOUTD_RUNTIME_ID={r}".encode(): r for r in runtime_ids}
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue  # gone, or another user's process: not ours to reclaim
+        for var in environ.split(b"\0"):
+            if var in wanted:
+                found[int(entry.name)] = wanted[var]
+                break
+    return found
+
+
+def _kill_group(pid: int) -> bool:
+    """SIGKILL the process group ``pid`` leads or belongs to (every runtime command leads its
+    own group), else ``pid`` alone; False when it is already gone."""
+    try:
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+@dataclass
+class ReclaimReport:
+    """What :func:`reclaim_orphans` did.
+
+    Attributes:
+        runtime_ids: runtimes reclaimed (folders removed).
+        num_killed: processes sent SIGKILL.
+        remaining_pids: processes still alive when the deadline passed (should be empty).
+    """
+
+    runtime_ids: list[str] = field(default_factory=list)
+    num_killed: int = 0
+    remaining_pids: list[int] = field(default_factory=list)
+
+
+def reclaim_orphans(root: Path, *, timeout_s: float = 10.0) -> ReclaimReport:
+    """Kill and remove every runtime under ``root`` whose owning worker is gone.
+
+    Args:
+        root: ``SandboxSettings.runtime_root``.
+        timeout_s: how long to wait for killed processes to disappear.
+
+    Returns:
+        The :class:`ReclaimReport`.
+    """
+    root = Path(root)
+    report = ReclaimReport()
+    if not root.is_dir():
+        return report
+    candidates = {d.name for d in root.iterdir() if d.is_dir() and d.name != OWNERS_DIR}
+    owners_dir = root / OWNERS_DIR
+    if owners_dir.is_dir():
+        candidates |= {p.stem for p in owners_dir.glob("*.json")}
+    orphans = {r for r in candidates if not _owner_alive(root, r)}
+    if not orphans:
+        return report
+    deadline = time.monotonic() + timeout_s
+    while pids := processes_of(orphans):
+        report.num_killed += sum(_kill_group(pid) for pid in pids)
+        if time.monotonic() > deadline:
+            report.remaining_pids = sorted(pids)
+            log.error("runtime_reclaim_incomplete", pids=report.remaining_pids[:20])
+            break
+        time.sleep(0.05)  # killed processes leave /proc once their parent reaps them
+    for runtime_id in sorted(orphans):
+        RuntimeCgroup.existing(runtime_id).remove(timeout_s=2.0)
+        shutil.rmtree(root / runtime_id, ignore_errors=True)
+        release(root, runtime_id)
+        report.runtime_ids.append(runtime_id)
+    log.info("runtimes_reclaimed", num_runtimes=len(report.runtime_ids),
+             num_killed=report.num_killed)
+    return report

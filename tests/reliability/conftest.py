@@ -1,0 +1,164 @@
+"""A real LocalStack for the reliability tests: Temporal dev server (SQLite), llama-server,
+and each fleet as its own child process; a recording proxy (Tee) between gateway and engine
+counts what llama-server really answered.
+
+Everything started here is stopped by its id at the end of the test session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rolloutd.stack import LocalStack, free_port
+
+#: the harness: a small agent loop making real chat calls through the session's gateway URL,
+#: with pauses so that kills land mid-session. A call that fails on the wire or with a 5xx is
+#: retried with the identical body (the gateway answers an answered request from its log).
+AGENT = r'''
+import json, os, sys, time, urllib.error, urllib.request
+base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
+num_calls, pause_s = int(sys.argv[1]), float(sys.argv[2])
+messages = [{"role": "user", "content": "Say one short word."}]
+ids = []
+for turn in range(num_calls):
+    body = json.dumps({"model": "m", "max_tokens": 8, "temperature": 0,
+                       "messages": messages}).encode()
+    for attempt in range(120):
+        request = urllib.request.Request(base + "/chat/completions", data=body, headers={
+            "Authorization": "Bearer " + key, "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                reply = json.load(response)
+            break
+        except urllib.error.HTTPError as e:
+            if e.code < 500:
+                raise
+            print("retry after", e.code, file=sys.stderr, flush=True)
+        except (urllib.error.URLError, OSError) as e:
+            print("retry after", repr(e), file=sys.stderr, flush=True)
+        time.sleep(1)
+    else:
+        sys.exit("gave up")
+    ids.append(reply["id"])
+    message = reply["choices"][0]["message"]
+    messages += [{"role": "assistant", "content": message.get("content") or ""},
+                 {"role": "user", "content": "Another word."}]
+    time.sleep(pause_s)
+print("IDS " + json.dumps(ids), flush=True)
+'''
+
+NUM_CALLS = 3
+
+
+def agent_task(task_id: str, marker: str, *, num_samples: int = 8, pause_s: float = 2.0,
+               **overrides: Any) -> dict[str, Any]:
+    """A task whose sessions run :data:`AGENT` in a bwrap runtime; ``marker`` is on the
+    harness's command line so leftover processes can be counted from /proc."""
+    task: dict[str, Any] = {
+        "task_id": task_id,
+        "instruction": "reliability",
+        "num_samples": num_samples,
+        "harness": {"type": "shell",
+                    "command": f"python3 agent.py {NUM_CALLS} {pause_s} {marker}"},
+        "runtime": {"type": "bwrap", "files": {"agent.py": AGENT}},
+        "evaluator": {"type": "session_completed"},
+        # the task's sampling governs (the gateway's default policy): keep calls short
+        "sampling": {"max_tokens": 16},
+        "phases": {"open_s": 20, "provision_s": 60, "run_s": 240},
+        "timeout_s": 400,
+    }
+    task.update(overrides)
+    return task
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids whose command line contains ``marker`` (counted from /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def new_ids(prefix: str) -> tuple[str, str]:
+    """A fresh task id and process marker."""
+    tag = uuid.uuid4().hex[:8]
+    return f"{prefix}-{tag}", f"rolloutd-rel-{tag}"
+
+
+async def poll(predicate, timeout_s: float, what: str, every_s: float = 0.25) -> Any:
+    """Await ``predicate()`` (sync or async) until truthy; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(every_s)
+
+
+@dataclass
+class Rig:
+    """The running stack and what the tests read from it."""
+
+    stack: LocalStack
+    engine_tee: Any
+    runtime_root: Path
+
+    def engine_answers(self) -> int:
+        """Completed generation requests llama-server answered (200) so far."""
+        return sum(1 for ex in self.engine_tee.exchanges
+                   if ex.method == "POST" and ex.status == 200
+                   and ex.path.rstrip("/").endswith(("completion", "completions")))
+
+
+@pytest.fixture(scope="session")
+async def rig(tmp_path_factory) -> AsyncIterator[Rig]:
+    """LocalStack (own Temporal with SQLite, own llama-server behind a Tee, four fleets)."""
+    from rolloutd.engine.server import LlamaServer
+    from tests.support.tee import Tee
+
+    home = tmp_path_factory.mktemp("reliability")
+    (home / "logs").mkdir()
+    engine = await asyncio.to_thread(
+        lambda: LlamaServer("qwen2.5-coder-0.5b", parallel=4, ctx_size=8192,
+                            log_path=home / "logs" / "engine.log").start(timeout_s=180))
+    tee = await Tee(engine.url).start()
+    stack = LocalStack(home=home, engine_url=tee.url, temporal_port=free_port(),
+                       ui_port=free_port(), gateway_port=free_port(),
+                       extra_env={"ROLLOUTD_LOG_JSON": "false", "ROLLOUTD_HOST_ID": "rel-host",
+                                  "ROLLOUTD_MAX_CONCURRENT_SESSIONS": "16"})
+    try:
+        await asyncio.to_thread(stack.start)
+        yield Rig(stack=stack, engine_tee=tee, runtime_root=home / "runtimes")
+    finally:
+        await asyncio.to_thread(stack.stop)
+        await tee.stop()
+        await asyncio.to_thread(engine.stop)
+
+
+def harness_ids(store, session_id: str) -> list[str] | None:
+    """The answer ids the harness of ``session_id`` printed (None: it printed none)."""
+    from rolloutd.store import artifact_key
+
+    harness = store.get_json(artifact_key(session_id, "harness"))
+    for line in str(harness.get("stdout") or "").splitlines():
+        if line.startswith("IDS "):
+            return json.loads(line[4:])
+    return None

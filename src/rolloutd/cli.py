@@ -78,6 +78,10 @@ async def submit_tasks(
         mean = "-" if group.mean_reward is None else f"{group.mean_reward:.2f}"
         print(f"task {group.task_id}: mean reward {mean}, "
               f"{group.num_completed}/{len(group.sessions)} completed")
+        if group.sessions:
+            first = group.sessions[0]
+            print(f"  phases of {first.session_id}: " + ", ".join(
+                f"{p.phase} {p.duration_s:.2f} s" for p in first.phases))
     return results
 
 

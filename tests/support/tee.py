@@ -27,6 +27,7 @@ class Exchange:
     status: int = 0
     response_body: bytes = b""
     content_type: str = ""
+    complete: bool = False  # the whole body reached the client (False: it hung up mid-way)
 
     def request_json(self) -> Any:
         """The request body as JSON."""
@@ -78,6 +79,7 @@ class Tee:
                     async for chunk in resp.aiter_raw():
                         chunks.append(chunk)
                         yield chunk
+                    ex.complete = True
                 finally:
                     ex.response_body = b"".join(chunks)
                     await resp.aclose()

@@ -3,8 +3,10 @@
     python3 benchmarks/runtime.py [--runs 50] [--execs 200]
 
 Targets (issue #5): start <= 50 ms, exec <= 5 ms at p50. Each start is a fresh runtime
-(folders, probe; for bwrap ``network: gateway`` also the network holder and relay); each exec
-is one ``Runtime.exec(["true"])``; teardown is ``Runtime.stop()``.
+(folders; for bwrap the sandbox and its agent, with ``network: gateway`` also the host side of
+the relay; for local nothing else); each exec is one ``Runtime.exec(["true"])`` (for bwrap: a
+request to an idle shim of the agent, a ``posix_spawn`` and the exit report); teardown is
+``Runtime.stop()``. The machine's load moves these numbers a lot: repeat, compare medians.
 """
 
 from __future__ import annotations

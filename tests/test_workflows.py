@@ -19,6 +19,7 @@ from rolloutd.trainer_client import InvalidTaskError, RolloutClient
 from rolloutd.trajectory import check_invariants
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.types import SessionStatus
+from tests.support.procs import processes_with
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox]
 
@@ -39,19 +40,6 @@ def shell_task(task_id: str, command: str, **overrides: object) -> dict:
     }
     task.update(overrides)
     return task
-
-
-def processes_with(marker: str) -> list[int]:
-    """Pids whose command line contains ``marker`` (counted from /proc, not assumed)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
 
 
 async def wait_phase(client, workflow_id: str, phase: str, timeout_s: float = 60) -> None:

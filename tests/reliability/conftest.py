@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from rolloutd.stack import LocalStack, free_port
+from tests.support.procs import processes_with
 
 #: the harness: a small agent loop making real chat calls through the session's gateway URL,
 #: with pauses so that kills land mid-session. A call that fails on the wire or with a 5xx is
@@ -78,19 +79,6 @@ def agent_task(task_id: str, marker: str, *, num_samples: int = 8, pause_s: floa
     }
     task.update(overrides)
     return task
-
-
-def processes_with(marker: str) -> list[int]:
-    """Pids whose command line contains ``marker`` (counted from /proc)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
 
 
 def new_ids(prefix: str) -> tuple[str, str]:

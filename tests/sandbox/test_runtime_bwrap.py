@@ -48,11 +48,13 @@ async def test_custom_workdir(make_runtime):
 
 async def test_own_pid_namespace(make_runtime):
     runtime = await make_runtime("bwrap")
-    result = await runtime.exec("echo $$; ls /proc | grep -c '^[0-9]'")
-    own_pid, num_visible = (int(x) for x in result.stdout.split())
-    assert own_pid == 2  # bwrap's init is pid 1
+    result = await runtime.exec("echo $$; cat /proc/1/comm; ls /proc | grep -c '^[0-9]'")
+    own_pid, init, num_visible = result.stdout.split()
+    # bwrap's init is pid 1, the sandbox agent pid 2, then its shims and their commands
+    assert init == "bwrap"
+    assert 2 < int(own_pid) < 100
     host_visible = sum(1 for entry in os.listdir("/proc") if entry.isdigit())
-    assert num_visible < 10 < host_visible
+    assert int(num_visible) < 10 < host_visible
 
 
 async def test_capabilities_dropped_cannot_remount(make_runtime):
@@ -115,6 +117,103 @@ async def test_setsid_child_dies_with_the_namespace(make_runtime, runtime_pids, 
     runtime = await make_runtime("bwrap")
     # a daemonised child leaves the process group; the PID namespace still takes it down
     await runtime.spawn("setsid sleep 1000 & wait")
-    assert await wait_for(lambda: len(runtime_pids(runtime)) >= 3)
+    # sh and sleep (the agent and its shims are in the holder's group, not counted)
+    assert await wait_for(lambda: len(runtime_pids(runtime)) >= 2)
     await runtime.stop()
     assert runtime_pids(runtime) == []
+
+
+async def test_what_a_command_leaves_behind_dies_with_it(make_runtime, runtime_pids):
+    runtime = await make_runtime("bwrap")
+    # a background child in the group and a setsid daemon that left it: both outlive the shell
+    result = await runtime.exec("sleep 1000 > /dev/null 2>&1 & "
+                                "setsid sleep 1000 > /dev/null 2>&1 < /dev/null & echo started")
+    assert result.stdout == "started\n"
+    assert runtime_pids(runtime) == []  # the command's shim killed them before reporting
+
+
+async def test_daemon_of_a_running_harness_lives_until_the_harness_ends(make_runtime,
+                                                                        runtime_pids, wait_for):
+    runtime = await make_runtime("bwrap", grace_s=0.5)
+    harness = await runtime.spawn("setsid sleep 1000 > /dev/null 2>&1 < /dev/null & "
+                                  "echo ready; sleep 1000")
+    assert await wait_for(lambda: "ready" in harness.stdout_path.read_text())
+    # sh, its sleep and the daemon; an exec meanwhile does not touch them
+    assert await wait_for(lambda: len(runtime_pids(runtime)) == 3)
+    assert (await runtime.exec("true")).exit_code == 0
+    assert len(runtime_pids(runtime)) == 3
+    await harness.terminate()
+    assert runtime_pids(runtime) == []
+
+
+#: tries to open the agent's control socket, read its environment and memory, attach to it.
+PEEK = """
+import ctypes, os
+for name in os.listdir("/proc/2/fd"):
+    try:
+        os.close(os.open(f"/proc/2/fd/{name}", os.O_RDWR))
+        print("fd:opened", name)
+        break
+    except OSError:
+        pass
+else:
+    print("fd:denied")
+for path in ("/proc/2/environ", "/proc/2/mem"):
+    try:
+        open(path, "rb").close()
+        print(path.rsplit("/", 1)[1] + ":opened")
+    except OSError:
+        print(path.rsplit("/", 1)[1] + ":denied")
+PTRACE_ATTACH = 16
+libc = ctypes.CDLL(None, use_errno=True)
+print("ptrace:" + ("attached" if libc.ptrace(PTRACE_ATTACH, 2, None, None) == 0 else "denied"))
+"""
+
+
+async def test_sandbox_cannot_reach_the_agent(make_runtime):
+    runtime = await make_runtime("bwrap")
+    # the agent (pid 2) is not dumpable: its fds (the control socket), environment and
+    # memory cannot be opened, nor can it be traced
+    result = await runtime.exec(["python3", "-c", PEEK], timeout_s=30)
+    assert result.stdout.split() == ["fd:denied", "environ:denied", "mem:denied",
+                                     "ptrace:denied"], result
+    assert (await runtime.exec("cat /proc/2/cmdline")).stdout.startswith("/")  # it is there
+
+
+async def test_killing_the_agent_ends_the_sandbox_not_the_worker(make_runtime, runtime_pids):
+    runtime = await make_runtime("bwrap")
+    harness = await runtime.spawn("sleep 1000")
+    killer = await runtime.exec("kill -KILL 2; sleep 5")
+    # the PID namespace died with the agent: killed (-9), or gone before its start was reported
+    assert killer.exit_code == -9 or "agent is gone" in killer.stderr, killer
+    assert await harness.wait(10) is not None
+    after = await runtime.exec("true")
+    assert after.exit_code == 127 and "agent is gone" in after.stderr
+    assert runtime_pids(runtime) == []
+
+
+async def test_long_requests_and_the_key_stay_off_command_lines(make_runtime, wait_for):
+    runtime = await make_runtime("bwrap")
+    # longer than one socket message: the request travels in a memfd (each string stays
+    # below execve(2)'s 128 KiB limit per argument or variable, MAX_ARG_STRLEN)
+    big = await runtime.exec(["sh", "-c", 'echo ${#BIG} "$1"', "sh", "y" * 100_000],
+                             env={"BIG": "x" * 100_000}, max_output_bytes=1 << 20)
+    assert big.stdout == f"100000 {'y' * 100_000}\n", big.stderr
+    harness = await runtime.spawn("echo ready; sleep 1000",
+                                  env={"OPENAI_API_KEY": "rolloutd-secret-key-123"})
+    assert await wait_for(lambda: "ready" in harness.stdout_path.read_text())
+    assert _command_lines_with(b"rolloutd-secret-key-123") == []
+
+
+def _command_lines_with(needle: bytes) -> list[int]:
+    """Pids of host processes whose command line contains ``needle``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if needle in f.read():
+                        found.append(int(entry))
+            except OSError:  # exited meanwhile
+                continue
+    return found

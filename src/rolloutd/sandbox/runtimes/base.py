@@ -279,6 +279,7 @@ class Runtime(abc.ABC):
                 task.cancel()
             if (timed_out or process.returncode is None) and process.alive():
                 await process.kill()
+            process.close_pipes()
         return ExecResult(
             exit_code=process.returncode if process.returncode is not None else -9,
             stdout=out.text(), stderr=err.text(), truncated=out.truncated or err.truncated,
@@ -336,20 +337,41 @@ class Runtime(abc.ABC):
             raise ConfigError("command must not be empty")
         inside_cwd = self._inside_cwd(cwd)
         full_env = {**self._base_env(), **self.spec.env, **(env or {})}
-        host_argv, host_cwd = self._wrap(argv, inside_cwd)
-        full_env = self._host_env(argv, full_env, host_argv)
+        process = await self._start_process(argv, inside_cwd, full_env, name=name, stdin=stdin,
+                                            stdout=stdout, stderr=stderr)
+        self._processes = [p for p in self._processes if p.maybe_alive()] + [process]
+        return process
+
+    async def _start_process(self, argv: list[str], cwd: str, env: dict[str, str], *,
+                             name: str, stdin: int, stdout: object,
+                             stderr: object) -> RuntimeProcess:
+        """Start one command; by default a host process (:meth:`_wrap`), in its own session.
+
+        Args:
+            argv: the command inside the runtime.
+            cwd: its working folder inside the runtime (absolute).
+            env: its whole environment.
+            name: a label for logs.
+            stdin, stdout, stderr: ``asyncio.subprocess.PIPE``, ``DEVNULL`` or an open file.
+
+        Returns:
+            The started :class:`RuntimeProcess`.
+
+        Raises:
+            LaunchError: the command could not be started.
+        """
+        host_argv, host_cwd = self._wrap(argv, cwd)
+        env = self._host_env(argv, env, host_argv)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *host_argv, env=full_env, cwd=host_cwd, stdin=stdin, stdout=stdout,
+                *host_argv, env=env, cwd=host_cwd, stdin=stdin, stdout=stdout,
                 stderr=stderr, start_new_session=True, pass_fds=self._pass_fds(),
             )
         except OSError as exc:  # local runtime: no such program or folder
             raise LaunchError(f"runtime {self.runtime_id}: cannot run {argv[0]!r} in "
-                              f"{inside_cwd}: {exc.strerror or exc}") from exc
-        process = RuntimeProcess(proc, name=name, spare_leader_on_term=self.spare_leader_on_term,
-                                 grace_s=self.grace_s)
-        self._processes = [p for p in self._processes if p.maybe_alive()] + [process]
-        return process
+                              f"{cwd}: {exc.strerror or exc}") from exc
+        return RuntimeProcess(proc, name=name, spare_leader_on_term=self.spare_leader_on_term,
+                              grace_s=self.grace_s)
 
     @property
     def processes(self) -> list[RuntimeProcess]:

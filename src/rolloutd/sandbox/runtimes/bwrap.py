@@ -1,56 +1,73 @@
 """The ``bwrap`` runtime: bubblewrap sandboxes over a read-only view of the host system.
 
-Each command runs in its own ``bwrap`` invocation (flags: bwrap(1), bubblewrap 0.8):
+One sandbox per runtime (flags: bwrap(1), bubblewrap 0.8), started once by :meth:`start` and
+running a small agent (:mod:`~rolloutd.sandbox.runtimes.agent_inside`, the worker's side in
+:mod:`~rolloutd.sandbox.runtimes.agent`) that forks every command of the runtime, harness and
+``exec`` alike, inside the same namespaces:
 
 - mount namespace: the host's ``/usr``, ``/etc``, ``/opt`` (and ``/bin``, ``/lib*`` as symlinks
   or binds), the Python installation and the npm prefix of harness CLIs bound read-only
-  (``--ro-bind``) at their host paths, or else ``spec.image`` as a read-only root folder (it
-  must already hold ``/tmp``, ``/proc``, ``/dev``, ``/home/agent`` and the workdir as mount
-  points); the workspace bound writable (``--bind``) at ``spec.workdir``; a private HOME at
-  ``/home/agent``; private ``/tmp`` (``--tmpfs``), ``/proc`` (``--proc``) and ``/dev``
-  (``--dev``); the root itself (bwrap's tmpfs) is made read-only (``--remount-ro /``).
-  Nothing else of the host is visible;
-- PID, IPC and UTS namespaces (``--unshare-pid --unshare-ipc --unshare-uts``): the command is
-  pid 2 under bwrap's init; killing the outer bwrap kills the whole namespace, so no process
-  survives teardown, not even one that called ``setsid``;
+  (``--ro-bind``) at their host paths; the workspace bound writable (``--bind``) at
+  ``spec.workdir``; a private HOME at ``/home/agent``; private ``/tmp`` (``--tmpfs``),
+  ``/proc`` (``--proc``) and ``/dev`` (``--dev``); the agent's script, and with ``network:
+  gateway`` the folder of the gateway socket, bound read-only under ``/run``; the root itself
+  (bwrap's tmpfs) is made read-only (``--remount-ro /``). Nothing else of the host is visible;
+- PID, IPC and UTS namespaces (``--unshare-pid --unshare-ipc --unshare-uts``): bwrap's init is
+  pid 1, the agent pid 2; when the agent exits (the worker closes its socket, or the holder is
+  killed) the namespace dies, so no process survives teardown, not even one that called
+  ``setsid``. Each command runs under a shim of the agent, a child subreaper that kills what
+  the command left behind when it exits (what a PID namespace per command used to do);
 - all capabilities dropped (``--cap-drop ALL``): as root without it, the sandbox could remount
   the read-only system writable; bwrap always sets ``PR_SET_NO_NEW_PRIVS``, so set-uid
-  programs do not regain them;
+  programs do not regain them. The agent is not dumpable, so commands cannot ptrace it or open
+  its control socket through ``/proc``;
 - ``--die-with-parent``: the sandbox dies with the worker;
-- environment: bwrap is started with an explicit environment (the equivalent of
-  ``--clearenv`` plus ``--setenv``): the base variables, ``spec.env`` and the call's ``env``,
-  nothing of the worker's; this also keeps the session key off the world-readable command line.
+- environment: the agent runs with PATH, LANG and ``ROLLOUTD_RUNTIME_ID`` only; each command is
+  spawned with exactly the environment in its request (the base variables, ``spec.env`` and
+  the call's ``env``), sent over the agent's socket, never on a command line, so the session
+  key stays off the world-readable ``/proc/PID/cmdline``;
+- standard streams: passed to the agent as file descriptors (``SCM_RIGHTS``): pipes for
+  :meth:`exec`, the log files for :meth:`spawn`; the logs folder itself is not visible.
 
 Network (``spec.network``):
 
-- ``gateway`` (the default): the runtime owns one network namespace, created at start by a
-  *network holder*, a bwrap with ``--unshare-net`` (bwrap brings ``lo`` up in it) running
-  :mod:`~rolloutd.sandbox.runtimes.relay_inside` on ``127.0.0.1:{GATEWAY_PORT}``, which relays to
-  a unix socket bound from the host (``{runtime_dir}/net/gateway.sock``), where
+- ``gateway`` (the default): the sandbox has its own network namespace (``--unshare-net``;
+  bwrap brings ``lo`` up in it) where the agent listens on ``127.0.0.1:{GATEWAY_PORT}`` and
+  relays to a unix socket bound from the host (``{runtime_dir}/net/gateway.sock``), where
   :class:`~rolloutd.sandbox.runtimes.gateway_relay.GatewayRelay` admits only the session's
-  ``/s/{key}/`` routes. Every command joins that namespace with ``nsenter --net`` (util-linux
-  nsenter(1)) on a namespace fd the worker holds open (so a recycled pid can never redirect it),
-  then starts its bwrap without ``--unshare-net``. Inside, only loopback exists: the relay's
-  port is the one thing listening, every other address is unreachable;
-- ``none``: ``--unshare-net`` per command, loopback only;
+  ``/s/{key}/`` routes. Inside, only loopback exists: the relay's port is the one thing
+  listening, every other address is unreachable;
+- ``none``: ``--unshare-net``, loopback only;
 - ``host``: the host's network (the harness reaches the gateway on 127.0.0.1 directly).
+
+With ``spec.image`` (a read-only root folder holding ``/tmp``, ``/proc``, ``/dev``,
+``/home/agent`` and the workdir as mount points) the host's Python may not run inside, so each
+command still runs in a bwrap of its own: joining, for ``gateway``, the network namespace of a
+*network holder* (a bwrap over the host system running
+:mod:`~rolloutd.sandbox.runtimes.relay_inside`) with ``nsenter --net`` (util-linux nsenter(1))
+on a namespace fd the worker holds open.
 
 Limits: ``max_processes`` and ``cpus`` through a cgroup per runtime, ``memory_mb`` as RLIMIT_AS
 (per process; node reserves a lot of address space, keep it >= 8192 for node harnesses): see
-:mod:`~rolloutd.sandbox.runtimes.limits`. Each running command also holds bwrap's own two
-processes (outer bwrap and its init), which count against ``max_processes``.
+:mod:`~rolloutd.sandbox.runtimes.limits`. The sandbox joins the cgroup before bwrap starts, so
+the agent and every command inherit it; bwrap's two processes, the agent and one idle shim are
+always there and count against ``max_processes``, plus one shim per running command.
 
-No ``--new-session``: it would move the command out of the outer process group, and the command
-has no terminal to attack (stdin is /dev/null or a pipe).
+Latency (``benchmarks/runtime.py``): a command costs a wake-up of an idle shim and a
+``posix_spawn``, not a bwrap (5-8 ms) and an ``nsenter``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import importlib.util
 import json
+import marshal
 import os
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -60,8 +77,9 @@ import structlog
 
 from rolloutd.errors import ConfigError, RuntimeStartError
 from rolloutd.sandbox.config import npm_prefix
-from rolloutd.sandbox.runtimes import relay_inside
-from rolloutd.sandbox.runtimes.base import Runtime, check_spec_network
+from rolloutd.sandbox.runtimes import agent_inside, relay_inside
+from rolloutd.sandbox.runtimes.agent import AgentError, SandboxAgent
+from rolloutd.sandbox.runtimes.base import LaunchError, Runtime, check_spec_network
 from rolloutd.sandbox.runtimes.gateway_relay import GatewayRelay, rewrite_url
 from rolloutd.sandbox.runtimes.limits import RuntimeCgroup, wrapper_argv
 from rolloutd.sandbox.runtimes.process import RuntimeProcess
@@ -85,6 +103,24 @@ GATEWAY_PORT = 8300
 NET_DIR_INSIDE = "/run/rolloutd"
 #: the gateway socket's file name in that folder.
 GATEWAY_SOCKET = "gateway.sock"
+#: where the sandbox agent's script, compiled (:func:`agent_pyc`), is bound read-only inside.
+AGENT_INSIDE = "/run/rolloutd-agent.pyc"
+#: seconds the sandbox may take to exit once its agent's control socket is closed.
+AGENT_EXIT_S = 2.0
+
+
+@functools.cache
+def agent_pyc() -> bytes:
+    """The agent's script compiled once per worker process, as a ``.pyc`` file's bytes.
+
+    Python runs a ``.pyc`` given as the script (same interpreter: the sandbox runs
+    ``sys.executable``), so no sandbox spends its start compiling the agent. Layout (PEP 552):
+    magic number, flags 0b01 (hash-based, not checked), the source hash, the marshalled code.
+    """
+    source = Path(agent_inside.__file__).read_bytes()
+    code = compile(source, AGENT_INSIDE.removesuffix("c"), "exec", dont_inherit=True)
+    return (importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little")
+            + importlib.util.source_hash(source) + marshal.dumps(code))
 
 
 def python_dirs() -> list[Path]:
@@ -129,12 +165,14 @@ class BwrapRuntime(Runtime):
         self.cgroup: RuntimeCgroup | None = None
         self.relay: GatewayRelay | None = None
         self._holder: RuntimeProcess | None = None
+        self._agent: SandboxAgent | None = None
         self._netns_fd: int | None = None
         self._prefix: list[str] = []
 
     @property
     def holder_pgid(self) -> int | None:
-        """Process group of the network holder (``network: gateway``), while it runs."""
+        """Host process group of the sandbox holder (outer bwrap, its init, the agent and the
+        agent's shims; with ``spec.image``: the network holder), while it runs."""
         return self._holder.pgid if self._holder is not None else None
 
     def _extra_ro_dirs(self) -> list[Path]:
@@ -149,18 +187,21 @@ class BwrapRuntime(Runtime):
     def _python_bin(self) -> str:
         return str(Path(sys.executable).parent)
 
-    def bwrap_args(self, cwd: str) -> list[str]:
+    def bwrap_args(self, cwd: str, *, holder: bool = False) -> list[str]:
         """The bwrap options (without the command) of one invocation.
 
         Args:
             cwd: the working folder inside the sandbox.
+            holder: options of the persistent sandbox the agent runs in: its own network
+                namespace unless ``network: host``, the agent's script and (``gateway``) the
+                gateway socket's folder bound read-only.
 
         Returns:
             list[str]: ``bwrap`` and its options, ending with ``--``.
         """
         args = [self.bwrap or "bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc",
                 "--unshare-uts", "--hostname", HOSTNAME, "--cap-drop", "ALL"]
-        if self.spec.network == "none":
+        if self.spec.network == "none" or (holder and self.spec.network == "gateway"):
             args.append("--unshare-net")
         # bwrap mounts in order: the root image first, then /tmp, then host folders (some may
         # live below /tmp), then the workspace and home.
@@ -173,6 +214,10 @@ class BwrapRuntime(Runtime):
                 args += ["--ro-bind", str(d), str(d)]
         args += ["--bind", str(self.workspace), self.workdir,
                  "--bind", str(self.host_home), self.home]
+        if holder:
+            args += ["--ro-bind", str(self.runtime_dir / "agent.pyc"), AGENT_INSIDE]
+            if self.spec.network == "gateway":
+                args += ["--ro-bind", str(self.net_dir), NET_DIR_INSIDE]
         if not self.spec.image:  # the root is bwrap's tmpfs: make it read-only too
             args += ["--remount-ro", "/"]
         args += ["--chdir", cwd, "--"]
@@ -180,6 +225,19 @@ class BwrapRuntime(Runtime):
 
     def _wrap(self, argv: list[str], cwd: str) -> tuple[list[str], Path | None]:
         return self._prefix + self.bwrap_args(cwd) + argv, None
+
+    async def _start_process(self, argv: list[str], cwd: str, env: dict[str, str], *,
+                             name: str, stdin: int, stdout: object,
+                             stderr: object) -> RuntimeProcess:
+        """Start a command through the sandbox agent (a bwrap per command with ``image``)."""
+        if self._agent is None:
+            return await super()._start_process(argv, cwd, env, name=name, stdin=stdin,
+                                                 stdout=stdout, stderr=stderr)
+        try:
+            return await self._agent.run(argv, env, cwd, name=name, grace_s=self.grace_s,
+                                         stdin=stdin, stdout=stdout, stderr=stderr)
+        except AgentError as exc:
+            raise LaunchError(exc.message) from exc
 
     def _pass_fds(self) -> tuple[int, ...]:
         return (self._netns_fd,) if self._netns_fd is not None else ()
@@ -208,6 +266,10 @@ class BwrapRuntime(Runtime):
                 cpus=self.spec.cpus)
         prefix = wrapper_argv(self.cgroup.procs_files if self.cgroup else [],
                               self.spec.memory_mb)
+        if not self.spec.image:
+            # the agent answering proves the sandbox runs Python: no probe command needed
+            await self._start_agent(prefix)
+            return
         if self.spec.network == "gateway":
             await self._start_network()
             prefix += ["nsenter", f"--net=/proc/self/fd/{self._netns_fd}", "--"]
@@ -218,6 +280,63 @@ class BwrapRuntime(Runtime):
                 f"bwrap runtime {self.runtime_id}: probe exited {probe.exit_code}: "
                 f"{probe.stderr.strip()[-500:]}"
             )
+
+    async def _start_agent(self, prefix: list[str]) -> None:
+        """Start the sandbox (a bwrap running the agent) and wait until the agent is ready.
+
+        Args:
+            prefix: the cgroup/rlimit wrapper (:func:`wrapper_argv`): the holder, the agent and
+                every command it forks are in the runtime's cgroup with its RLIMIT_AS.
+        """
+        agent_args = [str(GATEWAY_PORT), f"{NET_DIR_INSIDE}/{GATEWAY_SOCKET}"] \
+            if self.spec.network == "gateway" else []
+        if agent_args:
+            self.relay = GatewayRelay(self.net_dir / GATEWAY_SOCKET)
+            await self.relay.start()
+        (self.runtime_dir / "agent.pyc").write_bytes(agent_pyc())
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        argv = [*prefix, *self.bwrap_args(self.workdir, holder=True), sys.executable, "-S", "-I",
+                AGENT_INSIDE, str(theirs.fileno()), *agent_args]
+        stderr_path = self.logs_dir / "agent.stderr"
+        # the agent's own environment; each command gets its explicit one in its request
+        env = {"PATH": self._base_env()["PATH"], "LANG": "C.UTF-8",
+               "ROLLOUTD_RUNTIME_ID": self.runtime_id}
+        try:
+            with open(stderr_path, "ab") as err:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv, env=env, stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL, stderr=err, start_new_session=True,
+                    pass_fds=(theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._holder = RuntimeProcess(proc, name="sandbox", spare_leader_on_term=True,
+                                      grace_s=0.5)
+        self._agent = SandboxAgent(ours, self.runtime_id)
+        try:
+            await self._agent.ready(PROBE_TIMEOUT_S)
+        except (TimeoutError, AgentError) as exc:
+            raise RuntimeStartError(
+                f"bwrap runtime {self.runtime_id}: sandbox agent did not start ({exc}): "
+                f"{stderr_path.read_text(errors='replace')[-500:]}") from exc
+
+    async def cancel(self) -> None:
+        """Terminate every process of the runtime, then SIGKILL any left in the sandbox.
+
+        Processes whose shim was killed from inside the sandbox would otherwise survive until
+        :meth:`stop`; the agent counts them (``sweep``).
+        """
+        await super().cancel()
+        if self._agent is not None and not self._agent.closed:
+            try:
+                num_killed = await self._agent.sweep()
+            except (AgentError, TimeoutError) as exc:
+                log.warning("runtime_sweep_failed", runtime_id=self.runtime_id, error=str(exc))
+                return
+            if num_killed:
+                log.info("runtime_swept", runtime_id=self.runtime_id, num_killed=num_killed)
 
     async def _start_network(self) -> None:
         """Start the gateway relay and the network holder; keep an fd on its namespace."""
@@ -282,6 +401,11 @@ class BwrapRuntime(Runtime):
 
     async def _cleanup(self) -> None:
         began = time.monotonic()
+        if self._agent is not None:  # the agent exits at EOF, and with it the sandbox
+            self._agent.close()
+            self._agent = None
+            if self._holder is not None:
+                await self._holder.wait(AGENT_EXIT_S)
         if self._holder is not None:
             await self._holder.terminate()
             self._holder = None

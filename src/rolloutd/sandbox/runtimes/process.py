@@ -237,6 +237,12 @@ class RuntimeProcess:
                  exit_code=self.returncode, graceful=graceful)
         return self.returncode
 
+    def close_pipes(self) -> None:
+        """Close the worker's ends of the process's pipes (after :meth:`Runtime.exec`).
+
+        A no-op here: asyncio closes a subprocess's pipes itself.
+        """
+
     async def kill(self) -> int | None:
         """SIGKILL the process group at once; same as ``terminate(grace_s=0)``."""
         return await self.terminate(grace_s=0.0)

@@ -1,0 +1,540 @@
+"""Sandbox side of the bwrap runtime: one agent per sandbox that runs every command in it.
+
+Run as a script by the runtime's sandbox holder (standard library only, ``python3 -S -I``)::
+
+    python3 -S -I agent_inside.py CONTROL_FD [PORT SOCKET]
+
+``CONTROL_FD`` is one end of a ``SOCK_SEQPACKET`` socket pair (unix(7): message boundaries are
+kept, so a send is atomic; requests are ``marshal``-ed dicts, written by the worker, which the
+agent trusts; events are flat JSON objects, the worker trusts nothing else) whose other end the worker
+holds; nothing inside the sandbox can open it (it has no path, and the agent is not dumpable,
+see below). With ``PORT SOCKET`` the agent also relays TCP connections to ``127.0.0.1:PORT``
+byte for byte to the unix socket ``SOCKET`` (``network: gateway``; the host side,
+:mod:`rolloutd.sandbox.runtimes.gateway_relay`, checks each request); it does no filtering.
+
+Commands run under *shims*: forks of the agent, each with a ``SOCK_SEQPACKET`` pair of its own
+whose other end goes to the worker (``SCM_RIGHTS``). A shim serves exactly one command:
+
+1. it sets itself up, becomes a child subreaper (prctl(2) ``PR_SET_CHILD_SUBREAPER``), sends
+   ``{"event": "idle"}`` and blocks, so a request finds it scheduled and ready;
+2. request ``{"op": "run", "argv", "env", "cwd", "fds": ["stdout", ...]}`` with those fds
+   attached (missing streams: ``/dev/null``); a request longer than one message comes as
+   ``{"op": "indirect"}`` with a memfd holding it as the first fd;
+3. it ``posix_spawn``s the command (vfork and exec: no copy of the shim on the critical path)
+   with exactly ``env``, in its own process group, signals at their defaults; sends
+   ``{"event": "started", "pid"}`` (a pid inside the sandbox), or on failure an exit 127/126
+   with the reason on the command's stderr;
+4. ``{"op": "signal", "sig"}`` requests are ``killpg`` on the command's group, until the
+   command exits; then it SIGKILLs whatever the command left behind (its orphans, ``setsid``
+   daemons included, are reparented to the shim) and sends ``{"event": "exit", "code"}``
+   (negative: killed by that signal, as ``os.waitstatus_to_exitcode``) and exits. So, as when
+   every command had a PID namespace of its own, nothing a command started outlives it, and a
+   reported exit means an empty process tree.
+
+Control requests (worker -> agent): ``{"op": "shims", "n"}`` forks ``n`` more shims (event
+``{"event": "shim", "pid"}`` with the worker's end attached, or ``{"event": "shim_failed"}``
+when fork fails, e.g. at the pids limit); ``{"op": "sweep", "id"}`` SIGKILLs every process
+but pid 1, the agent and its shims (``{"event": "swept", "id", "num_killed"}``). The agent
+sends ``{"event": "ready"}`` once it listens, and exits when the worker closes its end; being
+the sandbox's first process, its exit ends the PID namespace and everything in it.
+
+The agent is not dumpable (``PR_SET_DUMPABLE`` 0, inherited by the shims): processes of the
+sandbox, which share its uid but have no capabilities, cannot ptrace it or open its
+``/proc/PID/fd``, ``environ`` or ``mem``; a command gets the default (dumpable) state back at
+``execve``. The worker does not trust the agent either: it runs inside.
+"""
+
+from __future__ import annotations
+
+# the C modules, not socket, signal, json and selectors: those import enum and re, which
+# would add about 10 ms to every sandbox's start (python3 -X importtime)
+import _signal as signal
+import _socket
+import array
+import gc
+import marshal
+import os
+import select
+import sys
+import time
+
+#: prctl(2) options (linux/prctl.h).
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+#: bytes read from a relayed socket at a time.
+CHUNK = 65536
+#: seconds a sweep keeps killing before it gives up (a process in D state may linger).
+SWEEP_TIMEOUT_S = 5.0
+#: idle shims forked when the agent starts (more on request).
+NUM_INITIAL_SHIMS = 1
+#: signals reset to their default action in a command (Python ignores SIGPIPE and SIGXFSZ,
+#: and an ignored signal stays ignored across execve).
+RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGINT, signal.SIGTERM)
+#: PATH searched when a command's environment has none (execvp(3)'s default).
+DEFAULT_PATH = "/bin:/usr/bin"
+
+#: epoll(7) events as the selectors module names them.
+EVENT_READ, EVENT_WRITE = select.EPOLLIN, select.EPOLLOUT
+
+_libc = None  # ctypes' libc, loaded after ``ready`` (importing ctypes takes about 4 ms)
+
+
+class Selector:
+    """A minimal ``selectors.EpollSelector``: register a socket with data, poll for events.
+
+    An error or hang-up is reported as readable and writable, as selectors does, so the next
+    read or write sees it.
+    """
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._keys: dict[int, tuple[object, object]] = {}
+
+    def register(self, obj: object, events: int, data: object) -> None:
+        """Watch ``obj`` (a socket or an fd) for ``events``; ``data`` comes back with them."""
+        fd = obj if isinstance(obj, int) else obj.fileno()  # type: ignore[attr-defined]
+        self._epoll.register(fd, events)
+        self._keys[fd] = (obj, data)
+
+    def modify(self, obj: object, events: int, data: object) -> None:
+        """Change what ``obj`` is watched for."""
+        fd = obj.fileno()  # type: ignore[attr-defined]
+        self._epoll.modify(fd, events)
+        self._keys[fd] = (obj, data)
+
+    def unregister(self, obj: object) -> None:
+        """Stop watching ``obj``."""
+        fd = obj.fileno()  # type: ignore[attr-defined]
+        self._epoll.unregister(fd)
+        del self._keys[fd]
+
+    def select(self) -> list[tuple[object, object, int]]:
+        """Block until events: ``(obj, data, events)`` per ready object."""
+        ready = []
+        for fd, event in self._epoll.poll():
+            if fd in self._keys:
+                mask = event & (EVENT_READ | EVENT_WRITE)
+                if event & ~(EVENT_READ | EVENT_WRITE):
+                    mask = EVENT_READ | EVENT_WRITE
+                ready.append((*self._keys[fd], mask))
+        return ready
+
+
+def dumps(message: dict) -> bytes:
+    """One event as JSON (RFC 8259): a flat object of str keys and str or int values."""
+    parts = []
+    for key, value in message.items():
+        if isinstance(value, int):
+            parts.append(f'"{key}": {value}')
+        else:
+            text = "".join(c if c >= " " and c not in '"\\' else f"\\u{ord(c):04x}"
+                           for c in str(value))
+            parts.append(f'"{key}": "{text}"')
+    return ("{" + ", ".join(parts) + "}").encode()
+
+
+def recv_fds(sock: _socket.socket, bufsize: int, maxfds: int,
+             flags: int = 0) -> tuple[bytes, list[int]]:
+    """One message and the fds passed with it (``SCM_RIGHTS``), as ``socket.recv_fds``."""
+    fds = array.array("i")
+    data, ancdata, _, _ = sock.recvmsg(bufsize, _socket.CMSG_LEN(maxfds * fds.itemsize), flags)
+    for level, kind, cmsg in ancdata:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds.frombytes(cmsg[: len(cmsg) - (len(cmsg) % fds.itemsize)])
+    return data, list(fds)
+
+
+def send_fds(sock: _socket.socket, data: bytes, fds: list[int]) -> None:
+    """Send one message with ``fds`` (``SCM_RIGHTS``), as ``socket.send_fds``."""
+    sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))])
+
+
+def prctl(option: int, value: int) -> None:
+    """Call prctl(2) with one argument; raise OSError on failure."""
+    global _libc
+    import ctypes
+
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if _libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def send(ctl: _socket.socket, message: dict) -> None:
+    """Send one event to the worker; a worker that went away is ignored (it kills us next)."""
+    try:
+        ctl.send(dumps(message))
+    except OSError:
+        pass  # the worker closed its end: the sandbox is being torn down
+
+
+def children_of(pid: int) -> list[int]:
+    """Live (non-zombie) processes whose parent is ``pid`` (a scan of this namespace's /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # exited while we listed /proc
+        if fields[0] != b"Z" and int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def shim(sock: _socket.socket) -> None:
+    """Body of a forked shim: wait for one command, run it, clean up after it; never returns.
+
+    Args:
+        sock: the shim's end of its own ``SOCK_SEQPACKET`` pair; the worker holds the other.
+    """
+    code = 70
+    try:
+        gc.disable()  # short-lived: collecting would only copy the agent's pages
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        for entry in os.listdir("/proc/self/fd"):
+            fd = int(entry)
+            if fd > 2 and fd != sock.fileno():
+                try:
+                    os.close(fd)
+                except OSError:
+                    continue  # the fd of the listdir itself, already closed
+        sock.setblocking(True)
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
+        send(sock, {"event": "idle"})  # set up and scheduled once: a request wakes it fast
+        # CLOEXEC: the command gets these fds only where posix_spawn dup2s them
+        data, fds = recv_fds(sock, CHUNK, 16, _socket.MSG_CMSG_CLOEXEC)
+        if not data:
+            code = 0
+            return  # the worker closed an idle shim
+        request = marshal.loads(data)  # written by the worker, which the agent trusts
+        if request["op"] == "indirect":
+            with os.fdopen(fds[0], "rb") as f:
+                request = marshal.loads(f.read())
+            fds = fds[1:]
+        code = run(sock, request, dict(zip(request.get("fds", []), fds)))
+    finally:
+        os._exit(code)
+
+
+def which(name: str, path: str) -> str:
+    """The executable ``name`` resolves to in ``path`` (execvp(3) rules); ``name`` itself if
+    it has a slash or nothing matches (the spawn then fails with ENOENT)."""
+    if "/" in name:
+        return name
+    for folder in path.split(":"):
+        candidate = os.path.join(folder or ".", name)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    return name
+
+
+def run(sock: _socket.socket, request: dict, fds: dict[str, int]) -> int:
+    """Run one command (posix_spawn(3): vfork and exec), serve signal requests until it exits,
+    kill what it left behind, report; return the shim's exit code."""
+    argv, cwd, env = request["argv"], request["cwd"], request["env"]
+    actions = []
+    for target, name in enumerate(("stdin", "stdout", "stderr")):
+        if name in fds:
+            actions.append((os.POSIX_SPAWN_DUP2, fds[name], target))
+        else:
+            actions.append((os.POSIX_SPAWN_OPEN, target, "/dev/null", os.O_RDWR, 0))
+    try:
+        os.chdir(cwd)  # posix_spawn has no chdir action; this shim serves one command only
+        pid = os.posix_spawn(which(argv[0], env.get("PATH", DEFAULT_PATH)), argv, env,
+                             file_actions=actions, setpgroup=0, setsigdef=RESET_SIGNALS,
+                             setsigmask=())
+    except OSError as exc:
+        message = f"rolloutd: cannot run {argv[0]!r} in {cwd}: {exc.strerror or exc}\n"
+        if "stderr" in fds:
+            os.write(fds["stderr"], message.encode())
+        send(sock, {"event": "exit", "code": 127 if isinstance(exc, FileNotFoundError) else 126,
+                    "message": message.strip()})
+        return 0
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    send(sock, {"event": "started", "pid": pid})
+    pidfd = os.pidfd_open(pid)
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    poller.register(sock, select.POLLIN)
+    while True:
+        if pidfd in {fd for fd, _ in poller.poll()}:
+            break
+        try:
+            data = sock.recv(CHUNK)
+        except OSError:
+            data = b""
+        # the worker went away: nobody will read the exit, end the command now
+        sig = int(marshal.loads(data)["sig"]) if data else signal.SIGKILL
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            pass  # the group is gone: its leader is about to be reaped
+        if not data:
+            break
+    _, status = os.waitpid(pid, 0)
+    exit_code = os.waitstatus_to_exitcode(status)
+    # kill what the command left behind until nothing is left: orphans come to us
+    while True:
+        for orphan in children_of(os.getpid()):
+            try:
+                os.kill(orphan, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+    send(sock, {"event": "exit", "code": exit_code})
+    return 0
+
+
+def sweep() -> int:
+    """SIGKILL every process of the sandbox but pid 1, this agent and its shims (each cleans
+    up after its own command); return how many were killed."""
+    me, killed = os.getpid(), set()
+    deadline = time.monotonic() + SWEEP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        victims = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in (1, me):
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue  # exited while we listed /proc
+            if fields[0] != b"Z" and int(fields[1]) != me:
+                victims.append(int(entry))
+        if not victims:
+            break
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                continue
+        time.sleep(0.002)  # killed processes take a moment to exit
+    return len(killed)
+
+
+class Relay:
+    """Non-blocking byte relay between an accepted TCP connection and the unix socket.
+
+    Args:
+        sel: the agent's selector.
+        client: the accepted connection.
+        path: the unix socket to connect to.
+
+    Raises:
+        OSError: the unix socket cannot be connected.
+    """
+
+    def __init__(self, sel: Selector, client: _socket.socket, path: str) -> None:
+        self.sel = sel
+        upstream = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            upstream.connect(path)  # a local unix socket: returns at once
+        except OSError:
+            upstream.close()
+            raise
+        client.setblocking(False)
+        upstream.setblocking(False)
+        self.socks = (client, upstream)
+        self.buf = {client: b"", upstream: b""}  # bytes read from a socket, for its peer
+        self.eof = {client: False, upstream: False}  # the socket's reading side ended
+        self.shut = {client: False, upstream: False}  # that EOF was passed on to the peer
+        self.masks = {client: 0, upstream: 0}
+        self.closed = False
+        self._update()
+
+    def peer(self, sock: _socket.socket) -> _socket.socket:
+        """The other socket of the pair."""
+        return self.socks[1] if sock is self.socks[0] else self.socks[0]
+
+    def on_event(self, sock: _socket.socket, mask: int) -> None:
+        """Read from ``sock`` when readable; flush pending bytes both ways."""
+        if self.closed:
+            return
+        try:
+            if mask & EVENT_READ:
+                data = sock.recv(CHUNK)
+                if data:
+                    self.buf[sock] += data
+                else:
+                    self.eof[sock] = True
+            for src in self.socks:
+                dst = self.peer(src)
+                if self.buf[src]:
+                    try:
+                        sent = dst.send(self.buf[src])
+                    except BlockingIOError:
+                        sent = 0
+                    self.buf[src] = self.buf[src][sent:]
+                if self.eof[src] and not self.buf[src] and not self.shut[src]:
+                    dst.shutdown(_socket.SHUT_WR)
+                    self.shut[src] = True
+        except OSError:  # a side reset the connection: the relay ends either way
+            self.close()
+            return
+        self._update()
+
+    def _update(self) -> None:
+        """Read while a socket's bytes can be passed on; write while its peer's bytes wait."""
+        if all(self.shut.values()):
+            self.close()
+            return
+        for sock in self.socks:
+            mask = 0
+            if not self.eof[sock] and not self.buf[sock]:
+                mask |= EVENT_READ
+            if self.buf[self.peer(sock)]:
+                mask |= EVENT_WRITE
+            old, self.masks[sock] = self.masks[sock], mask
+            if mask == old:
+                continue
+            if not old:
+                self.sel.register(sock, mask, self)
+            elif not mask:
+                self.sel.unregister(sock)
+            else:
+                self.sel.modify(sock, mask, self)
+
+    def close(self) -> None:
+        """Close both sockets (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        for sock in self.socks:
+            if self.masks[sock]:
+                self.sel.unregister(sock)
+            sock.close()
+
+
+class Agent:
+    """The agent's event loop: control requests, child exits and (optionally) the relay.
+
+    Args:
+        ctl: the control socket (``SOCK_SEQPACKET``).
+        relay: ``(port, unix socket path)`` to relay, or None.
+    """
+
+    def __init__(self, ctl: _socket.socket, relay: tuple[int, str] | None) -> None:
+        self.ctl = ctl
+        self.sel = Selector()
+        self.relay_path = relay[1] if relay else ""
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        self.wake_r = wake_r
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        # blocking sends (a slow worker slows the agent, events are never dropped),
+        # non-blocking reads (MSG_DONTWAIT)
+        ctl.setblocking(True)
+        self.sel.register(ctl, EVENT_READ, self.on_control)
+        self.sel.register(wake_r, EVENT_READ, self.on_child)
+        if relay:
+            self.listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+            self.listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+            self.listener.bind(("127.0.0.1", relay[0]))
+            self.listener.listen(128)
+            self.listener.setblocking(False)
+            self.sel.register(self.listener, EVENT_READ, self.on_accept)
+
+    def run(self) -> int:
+        """Serve until the worker closes the control socket."""
+        send(self.ctl, {"event": "ready"})
+        # before the first shim exists nothing of the sandbox runs that could attach to us
+        prctl(PR_SET_DUMPABLE, 0)
+        gc.freeze()  # what exists now stays out of collections: forked shims share its pages
+        self.fork_shims(NUM_INITIAL_SHIMS)
+        while True:
+            for obj, data, mask in self.sel.select():
+                if isinstance(data, Relay):
+                    data.on_event(obj, mask)  # type: ignore[arg-type]
+                elif data(mask) is False:  # type: ignore[operator]
+                    return 0
+
+    def on_accept(self, mask: int) -> None:
+        """Accept relayed connections."""
+        while True:
+            try:
+                fd, _ = self.listener._accept()
+                client = _socket.socket(fileno=fd)
+            except BlockingIOError:
+                return
+            try:
+                Relay(self.sel, client, self.relay_path)
+            except OSError:
+                client.close()  # the host side is gone: the client sees the connection end
+
+    def on_control(self, mask: int) -> bool:
+        """Handle pending requests; False once the worker closed its end."""
+        while True:
+            try:
+                data = self.ctl.recv(CHUNK, _socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
+            if not data:
+                return False
+            request = marshal.loads(data)
+            if request["op"] == "shims":
+                self.fork_shims(int(request["n"]))
+            elif request["op"] == "sweep":
+                send(self.ctl, {"id": request["id"], "event": "swept",
+                                "num_killed": sweep()})
+
+    def fork_shims(self, num: int) -> None:
+        """Fork ``num`` idle shims; pass the worker its end of each one's socket (``shim``)."""
+        for _ in range(num):
+            ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+            try:
+                pid = os.fork()
+            except OSError as exc:  # e.g. EAGAIN: the runtime's pids limit is reached
+                ours.close()
+                theirs.close()
+                send(self.ctl, {"event": "shim_failed", "message": f"fork: {exc.strerror}"})
+                continue
+            if pid == 0:
+                shim(theirs)
+            theirs.close()
+            try:
+                send_fds(self.ctl, dumps({"event": "shim", "pid": pid}), [ours.fileno()])
+            except OSError:
+                pass  # the worker closed its end: the sandbox is being torn down
+            ours.close()
+
+    def on_child(self, mask: int) -> None:
+        """Reap exited shims (each reported to the worker itself, or its socket closed)."""
+        try:
+            while os.read(self.wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass  # drained
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+
+def main(argv: list[str]) -> int:
+    """Run the agent (see the module docstring for the arguments)."""
+    ctl = _socket.socket(fileno=int(argv[1]))
+    os.set_inheritable(ctl.fileno(), False)
+    relay = (int(argv[2]), argv[3]) if len(argv) > 3 else None
+    return Agent(ctl, relay).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

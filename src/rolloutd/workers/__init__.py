@@ -2,7 +2,7 @@
 
 | fleet     | queues                                      | what it runs                         |
 |-----------|---------------------------------------------|--------------------------------------|
-| workflows | rolloutd-workflows                          | workflows only                       |
+| workflows | rolloutd-workflows                          | workflows + local cancel_workflows   |
 | sandbox   | rolloutd-sandbox, rolloutd-sandbox@{host}   | provision / run / collect / teardown |
 | gateway   | rolloutd-gateway, rolloutd-gateway@{host}   | HTTP gateway + session activities    |
 | eval      | rolloutd-eval                               | evaluate, read_task_chunk, callbacks |
@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Worker
+from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 
 from rolloutd import task_queues
 from rolloutd.settings import (
@@ -36,6 +36,12 @@ log = structlog.get_logger(__name__)
 FLEETS: tuple[Fleet, ...] = ("workflows", "sandbox", "gateway", "eval")
 #: activity slots of a sandbox host's own queue (runs, collects, teardowns of its runtimes).
 HOST_QUEUE_SLOTS = 1000
+#: concurrent task polls of the workflow worker (80 % on its sticky queue) and of the session
+#: queues (sandbox host queue: run/collect/teardown; gateway: close, build). The SDK's 5 take
+#: about 4 tasks a second from a loaded dev server, each poll waiting on the server's write:
+#: 100 sessions cancelled at once (4-5 workflow tasks and 3 activities each to tear down,
+#: close and build) waited 6-9 s per task for a poll. Idle long polls cost the server nothing.
+TASK_POLLS = PollerBehaviorSimpleMaximum(25)
 
 
 async def connect(settings: CommonSettings) -> Client:
@@ -74,6 +80,7 @@ async def run_fleet(
     handle = FleetHandle(fleet=fleet, workers=[])
     cleanups: list[Any] = []
     if fleet == "workflows":
+        from rolloutd.activities.cancel import cancel_workflows
         from rolloutd.workflows.buffer import RolloutBufferWorkflow
         from rolloutd.workflows.session import RolloutSessionWorkflow
         from rolloutd.workflows.task import RolloutTaskWorkflow
@@ -81,6 +88,9 @@ async def run_fleet(
         handle.workers.append(Worker(
             client, task_queue=task_queues.WORKFLOWS,
             workflows=[RolloutTaskWorkflow, RolloutSessionWorkflow, RolloutBufferWorkflow],
+            # a local activity only: a cancelled task cancels its sessions directly with it
+            activities=[cancel_workflows], no_remote_activities=True,
+            workflow_task_poller_behavior=TASK_POLLS,
         ))
     elif fleet == "sandbox":
         from rolloutd.activities.sandbox import SandboxActivities
@@ -98,7 +108,8 @@ async def run_fleet(
             # provisioning (above) is what bounds the number of runtimes
             Worker(client, task_queue=acts.host_queue,
                    activities=[acts.run_harness, acts.collect_artifacts, acts.teardown_runtime],
-                   max_concurrent_activities=HOST_QUEUE_SLOTS),
+                   max_concurrent_activities=HOST_QUEUE_SLOTS,
+                   activity_task_poller_behavior=TASK_POLLS),
         ]
         cleanups.append(acts.stop_all)
     elif fleet == "gateway":
@@ -114,9 +125,11 @@ async def run_fleet(
             # close_session here too: when the gateway host serving a session is gone, any
             # gateway seals it from the durable state in the store
             Worker(client, task_queue=task_queues.GATEWAY,
-                   activities=[acts.open_session, acts.close_session, acts.build_trajectory]),
+                   activities=[acts.open_session, acts.close_session, acts.build_trajectory],
+                   activity_task_poller_behavior=TASK_POLLS),
             Worker(client, task_queue=acts.host_queue,
-                   activities=[acts.close_session, acts.build_trajectory]),
+                   activities=[acts.close_session, acts.build_trajectory],
+                   activity_task_poller_behavior=TASK_POLLS),
         ]
         cleanups.append(server.shutdown)
     elif fleet == "eval":

@@ -17,6 +17,7 @@ from temporalio.exceptions import ActivityError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
+    from rolloutd.activities.cancel import cancel_workflows
     from rolloutd.activities.models import PostCallbackInput
     from rolloutd.types import SessionResult, SessionStatus, TaskRequest, TaskResult
     from rolloutd.workflows import search
@@ -42,6 +43,8 @@ CALLBACK_RETRY = RetryPolicy(
 )
 #: the signal a task sends to ``TaskRequest.report_to`` (RolloutBufferWorkflow) at its end.
 GROUP_FINISHED_SIGNAL = "group_finished"
+#: patch id of cancelling sessions directly (:func:`_cancel_sessions`), not as child cancels.
+CANCEL_DIRECTLY_PATCH = "cancel-sessions-directly"
 
 
 @workflow.defn
@@ -77,20 +80,50 @@ class RolloutTaskWorkflow:
                                        sample_index=index, status=SessionStatus.FAILED,
                                        error=f"session workflow failed: {e.cause or e}")
             self._results[index] = result
-            if task.callback_url:
+            if task.callback_url and not cancelling:
                 await _post_callback(task.callback_url, result)
             return result
 
+        cancelling = False
+        sessions = [asyncio.ensure_future(one(i)) for i in range(task.num_samples)]
         try:
-            results = await asyncio.gather(*(one(i) for i in range(task.num_samples)))
+            # shielded: a cancelled task cancels its sessions itself (_cancel_sessions), then
+            # waits for every one to end (its teardown done), as WAIT_CANCELLATION_COMPLETED
+            results = await asyncio.gather(*(asyncio.shield(s) for s in sessions))
         except asyncio.CancelledError:
+            cancelling = True
             search.upsert(status=SessionStatus.CANCELLED.value)
+            await _cancel_sessions(parent, sessions)
+            await asyncio.gather(*sessions, return_exceptions=True)
             raise
         group = summarize(task.task_id, list(results))
         search.upsert(status="completed", reward=group.mean_reward)
         if task.report_to:
             await _report(task.report_to, group)
         return group
+
+
+async def _cancel_sessions(parent: str, sessions: list[asyncio.Future]) -> None:
+    """Cancel the sessions still running: each directly by its workflow id (the local activity
+    ``cancel_workflows``, about a second for 100), not by the task's child cancellation, which
+    the server delivers at about one a second (:mod:`rolloutd.activities.cancel`). A session
+    that call could not reach (not started yet), or every one when the activity fails, is
+    cancelled as a child."""
+    running = [i for i, s in enumerate(sessions) if not s.done()]
+    fallback = running
+    if workflow.patched(CANCEL_DIRECTLY_PATCH):
+        try:
+            failed = await workflow.execute_local_activity(
+                cancel_workflows, [f"{parent}/{i}" for i in running],
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=2),
+            )
+            fallback = [i for i in running if f"{parent}/{i}" in set(failed)]
+        except ActivityError as e:
+            workflow.logger.warning("cancelling sessions directly failed (%s): cancelling "
+                                    "them as children", e.cause or e)
+    for i in fallback:
+        sessions[i].cancel()
 
 
 async def _post_callback(url: str, result: SessionResult) -> None:

@@ -60,6 +60,18 @@ class GatewaySettings(CommonSettings):
     model: str = Field(default="qwen2.5-coder-0.5b", description="model name or folder")
     capture_mode: Literal["tokens", "passthrough"] = "tokens"
     max_body_bytes: int = Field(default=16 * 2**20, ge=1024, description="request size limit")
+    max_header_bytes: int = Field(
+        default=64 * 2**10, ge=1024, description="limit of a request's headers (names, values "
+        "and target), bytes; larger requests get 431")
+    keep_alive_s: float = Field(
+        default=75.0, gt=0, description="idle time before the gateway closes a client's "
+        "keep-alive connection; harnesses pause for tool runs, and a close racing their next "
+        "request resets it (uvicorn's default is 5 s)")
+    backend_wait_s: float = Field(
+        default=600.0, gt=0, description="how long a call waits for a paused backend (or for "
+        "any backend when the pool is empty) before it fails with 503")
+    drain_timeout_s: float = Field(
+        default=300.0, ge=0, description="how long a pause waits for calls in flight to finish")
     backend_timeout_s: float = Field(default=600.0, gt=0, description="one backend call")
     tool_parser: str | None = Field(
         default=None, description="tool-call parser (hermes, hermes_lenient, llama3_json, "

@@ -12,7 +12,11 @@ routes without the ``/s/{key}`` prefix take the key as the API key (``Authorizat
     POST /s/{key}/v1beta/models/{model}:streamGenerateContent   Gemini (``alt=sse``)
     POST /s/{key}/v1beta/models/{model}:countTokens             Gemini token count
     GET  /s/{key}/v1/models                            GET /health
-    /admin/...                                         the backend pool (admin token)
+    /admin/...                                         the backend pool (admin token;
+                                                       rolloutd.proxy.admin)
+
+Bodies larger than ``settings.max_body_bytes`` get 413, headers larger than
+``settings.max_header_bytes`` get 431, each in the dialect's error shape.
 
 Every error is rendered once, here, in the dialect of the route it reached (chosen by path:
 OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``, Google
@@ -29,10 +33,17 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from rolloutd.errors import InvalidRequestError, NotFoundError, RolloutdError
+from rolloutd.proxy.admin import add_admin_routes
 from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
-from rolloutd.proxy.dialects.common import Encoder, RequestFieldError
+from rolloutd.proxy.dialects.common import (
+    Encoder,
+    HeadersTooLargeError,
+    RequestFieldError,
+    RequestTooLargeError,
+)
 from rolloutd.proxy.internal import InternalRequest, StreamEvent, StreamStart
 
 if TYPE_CHECKING:
@@ -73,18 +84,34 @@ def api_key(request: Request) -> str | None:
             or None)
 
 
-async def read_json(request: Request, max_body_bytes: int) -> Any:
-    """The request's JSON body.
+async def read_json(request: Request, max_body_bytes: int, *, empty: Any = None) -> Any:
+    """The request's JSON body, read up to ``max_body_bytes`` (a chunked body is cut off as
+    soon as it passes the limit).
+
+    Args:
+        request: the request.
+        max_body_bytes: the limit (``settings.max_body_bytes``).
+        empty: what an empty body means; None: an empty body is an error.
 
     Raises:
-        InvalidRequestError: too large, not UTF-8, or not JSON.
+        RequestTooLargeError: larger than ``max_body_bytes`` (413).
+        InvalidRequestError: not UTF-8, or not JSON.
     """
     declared = request.headers.get("content-length")
+    too_large = f"the request body exceeds the limit of {max_body_bytes} bytes"
     if declared and declared.isdigit() and int(declared) > max_body_bytes:
-        raise InvalidRequestError(f"request body exceeds {max_body_bytes} bytes")
-    raw = await request.body()
-    if len(raw) > max_body_bytes:
-        raise InvalidRequestError(f"request body exceeds {max_body_bytes} bytes")
+        raise RequestTooLargeError(too_large)
+    raw = bytearray()
+    try:
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > max_body_bytes:
+                raise RequestTooLargeError(too_large)
+    except ClientDisconnect:
+        raise InvalidRequestError("the client disconnected before sending its whole body") \
+            from None
+    if empty is not None and not raw.strip():
+        return empty
     try:
         body = json.loads(raw)
         # \ud800-style escapes decode to lone surrogates, which no UTF-8 consumer accepts
@@ -95,6 +122,33 @@ async def read_json(request: Request, max_body_bytes: int) -> Any:
         raise InvalidRequestError("the request body holds invalid Unicode (a lone surrogate)") \
             from None
     return body
+
+
+class HeaderLimit:
+    """ASGI middleware: a request whose target and headers exceed ``max_header_bytes`` gets
+    431 in its dialect's error shape before any route runs (uvicorn's h11 parser bounds the
+    raw header block as well; httptools has its own fixed bound).
+
+    Args:
+        app: the ASGI app.
+        max_header_bytes: ``settings.max_header_bytes``.
+    """
+
+    def __init__(self, app: Any, max_header_bytes: int) -> None:
+        self.app = app
+        self.max_header_bytes = max_header_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+            for name, value in scope["headers"]:
+                size += len(name) + len(value) + 4
+            if size > self.max_header_bytes:
+                error = HeadersTooLargeError(
+                    f"the request headers exceed the limit of {self.max_header_bytes} bytes")
+                await _error_response(error, scope.get("path", ""))(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _sse(encoder: Encoder, start: StreamStart, events: AsyncIterator[StreamEvent],
@@ -152,6 +206,9 @@ def create_app(gateway: Gateway) -> FastAPI:
         log.exception("request_crashed", path_kind=_path_kind(request))
         return _error_response(RolloutdError(f"internal error: {type(error).__name__}"),
                                request.url.path)
+
+    app.add_middleware(HeaderLimit, max_header_bytes=gateway.settings.max_header_bytes)
+    add_admin_routes(app, gateway)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -89,8 +89,8 @@ class Gateway:
         """Build a gateway from settings (loads the tokenizer: takes a few seconds).
 
         Args:
-            settings: ``store_url``, ``model``, ``backend_url`` (comma-separated URLs),
-                ``backend_timeout_s``, ``gateway_*``.
+            settings: ``store_url``, ``model``, ``backend_url`` (comma-separated URLs; used
+                until an admin manages the durable pool), ``backend_timeout_s``, ``gateway_*``.
             tokenizer: a loaded tokenizer (default: :func:`load_tokenizer` of
                 ``settings.model``).
             transport: httpx transport for backend clients (tests record through it).
@@ -105,9 +105,11 @@ class Gateway:
         """
         template = ChatTemplate(tokenizer if tokenizer is not None
                                 else load_tokenizer(settings.model))
-        pool = BackendPool.from_settings(settings, transport=transport, ctx_size=ctx_size)
+        store = BlobStore(settings.store_url)
+        pool = BackendPool.from_settings(settings, transport=transport, ctx_size=ctx_size,
+                                         store=store)
         defaults = parsers_for_model(settings.model)
-        return cls(settings, store=BlobStore(settings.store_url), template=template, pool=pool,
+        return cls(settings, store=store, template=template, pool=pool,
                    model_name=served_model_name(settings.model),
                    tool_parser=tool_parser or settings.tool_parser or defaults.tool_parser,
                    reasoning_parser=reasoning_parser or settings.reasoning_parser
@@ -191,7 +193,9 @@ async def serve(gateway: Gateway, host: str | None = None, port: int | None = No
     host = host if host is not None else gateway.settings.gateway_host
     port = port if port is not None else gateway.settings.gateway_port
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only then;
+    # without it Nagle plus delayed ACK add ~40 ms to every answer
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -201,7 +205,9 @@ async def serve(gateway: Gateway, host: str | None = None, port: int | None = No
     sock.set_inheritable(True)
     bound_port = sock.getsockname()[1]
     config = uvicorn.Config(gateway.app, host=host, port=bound_port, log_config=None,
-                            access_log=False, lifespan="off")
+                            access_log=False, lifespan="off",
+                            h11_max_incomplete_event_size=gateway.settings.max_header_bytes,
+                            timeout_keep_alive=int(max(1, gateway.settings.keep_alive_s)))
     server = _EmbeddedServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="rolloutd-gateway-http")
     loop = asyncio.get_running_loop()

@@ -48,6 +48,7 @@ def build_completion(
     end_of_turn_id: int,
     started_at: float,
     duration_s: float,
+    policy_version: int | None = None,
 ) -> Completion:
     """The completion of one answered call (pure).
 
@@ -63,6 +64,8 @@ def build_completion(
         end_of_turn_id: the chat template's end-of-turn token.
         started_at: Unix time (s) the call started.
         duration_s: wall time of the call, seconds.
+        policy_version: the backend's policy version when the call was sent (default: its
+            version now).
     """
     return Completion(
         session_id=session.session_id,
@@ -84,7 +87,7 @@ def build_completion(
         and result.response_ids[-1] == end_of_turn_id,
         extends=plan.extends,
         backend=backend.name,
-        policy_version=backend.policy_version,
+        policy_version=backend.policy_version if policy_version is None else policy_version,
         timings=Timings(started_at=started_at, first_token_s=result.first_token_s,
                         duration_s=duration_s),
     )
@@ -93,7 +96,7 @@ def build_completion(
 def build_passthrough_completion(
     session: Session, *, index: int, request: InternalRequest, body_hash: str,
     result: ChatResult, response: InternalResponse, backend: Backend, started_at: float,
-    duration_s: float,
+    duration_s: float, policy_version: int | None = None,
 ) -> Completion:
     """The completion of one ``passthrough`` call (pure): the backend rendered the prompt, so
     token ids are the ones it returned, if any; without them the completion is untrainable.
@@ -108,7 +111,8 @@ def build_passthrough_completion(
         response_logprobs=result.response_logprobs if trainable else [],
         response_text=response.text, response_message=response.message(),
         finish_reason=response.finish_reason, end_of_turn_sampled=trainable,
-        backend=backend.name, policy_version=backend.policy_version, trainable=trainable,
+        backend=backend.name, trainable=trainable,
+        policy_version=backend.policy_version if policy_version is None else policy_version,
         timings=Timings(started_at=started_at, duration_s=duration_s),
     )
 

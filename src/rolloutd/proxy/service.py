@@ -19,7 +19,7 @@ import structlog
 from rolloutd.errors import BackendError, ConfigError, ContextLengthError
 from rolloutd.proxy.backends.base import Backend, GenerateDelta, GenerateRequest, GenerateResult
 from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
-from rolloutd.proxy.backends.pool import BackendPool
+from rolloutd.proxy.backends.pool import BackendPool, Lease
 from rolloutd.proxy.chat_template import ChatTemplate, PromptPlan
 from rolloutd.proxy.dialects import openai_chat
 from rolloutd.proxy.dialects.common import id_suffix
@@ -100,6 +100,7 @@ class _Prepared:
     generate: GenerateRequest
     started_at: float
     started: float
+    policy_version: int
 
 
 class ChatService:
@@ -157,19 +158,37 @@ class ChatService:
             return reasoning, parsed.content, parsed.tool_calls
         return reasoning, rest, []
 
-    async def _prepare(self, session: Session, request: InternalRequest
-                       ) -> _Prepared | Completion:
-        """Checks, retry lookup, prompt and sampling (call with ``session.lock`` held)."""
+    def _retry(self, session: Session, request: InternalRequest
+               ) -> tuple[str, Completion | None]:
+        """(request hash, the completion that answered it already or None); refuses sealed
+        sessions (call with ``session.lock`` held)."""
         session.ensure_open()
         body_hash = request_hash(request.body)
-        if (answered := self.recorder.find_retry(session, body_hash)) is not None:
+        answered = self.recorder.find_retry(session, body_hash)
+        if answered is not None:
             log.info("retry_answered_from_log", session_id=session.session_id,
                      index=answered.index)
-            return answered
+        return body_hash, answered
+
+    async def _lease(self, session: Session) -> Lease:
+        """A lease on the session's backend (waits while it is paused); a session pinned to a
+        removed backend moves now, and the move is persisted (call with ``session.lock``)."""
+        lease = await self.pool.acquire(session.state.backend)
+        if lease.moved_from is not None:
+            try:
+                await session.move_backend(lease.moved_from, lease.backend.name)
+            except BaseException:
+                self.pool.release_lease(lease)
+                raise
+        return lease
+
+    async def _prepare(self, session: Session, request: InternalRequest, body_hash: str,
+                       lease: Lease) -> _Prepared:
+        """Prompt and sampling of a call on ``lease.backend`` (call with ``session.lock``)."""
         started_at, started = time.time(), time.monotonic()
         plan = await asyncio.to_thread(self.template.build_prompt, request.messages,
-                                       request.tools, list(session.completions))
-        backend = self.pool.get(session.state.backend)
+                                       request.tools, session.completions)
+        backend = lease.backend
         sampling = resolve_sampling(session.state.sampling, request.sampling)
         max_tokens = bound_max_tokens(sampling.max_tokens, len(plan.prompt_ids),
                                       await backend.context_size())
@@ -181,13 +200,15 @@ class ChatService:
                   extends=plan.extends, max_tokens=max_tokens, backend=backend.name)
         return _Prepared(index=session.next_index(), body_hash=body_hash, plan=plan,
                          backend=backend, generate=generate, started_at=started_at,
-                         started=started)
+                         started=started, policy_version=lease.policy_version)
 
     async def _answer(self, session: Session, request: InternalRequest, prep: _Prepared,
                       result: GenerateResult) -> InternalResponse:
         """Parse, record and build the answer (call with ``session.lock`` held)."""
         text_ids = result.response_ids[:-1] if result.ended_by_eos else result.response_ids
-        text = await asyncio.to_thread(self.template.decode, text_ids)
+        # a short answer decodes in microseconds: a thread hop would cost more
+        text = self.template.decode(text_ids) if len(text_ids) <= 256 \
+            else await asyncio.to_thread(self.template.decode, text_ids)
         reasoning, content, tool_calls = self._shape(text, request)
         response = InternalResponse(
             id=response_id(session.session_id, prep.index),
@@ -205,7 +226,7 @@ class ChatService:
             session, index=prep.index, request=request, body_hash=prep.body_hash,
             plan=prep.plan, result=result, response=response, backend=prep.backend,
             end_of_turn_id=self.template.end_of_turn_id, started_at=prep.started_at,
-            duration_s=time.monotonic() - prep.started,
+            duration_s=time.monotonic() - prep.started, policy_version=prep.policy_version,
         )
         await self.recorder.record(session, completion)
         return response
@@ -218,11 +239,19 @@ class ChatService:
             ConfigError: the session's backend takes no chat requests.
             BackendError: the backend failed; nothing is recorded.
         """
-        session.ensure_open()
-        body_hash = request_hash(request.body)
-        if (answered := self.recorder.find_retry(session, body_hash)) is not None:
+        body_hash, answered = self._retry(session, request)
+        if answered is not None:
             return response_from_completion(answered)
-        backend = self.pool.get(session.state.backend)
+        lease = await self._lease(session)
+        try:
+            return await self._passthrough_on(session, request, body_hash, lease)
+        finally:
+            self.pool.release_lease(lease)
+
+    async def _passthrough_on(self, session: Session, request: InternalRequest,
+                              body_hash: str, lease: Lease) -> InternalResponse:
+        """The ``passthrough`` call on a leased backend."""
+        backend = lease.backend
         if not isinstance(backend, OpenAIChatBackend):
             raise ConfigError(f"backend {backend.name} ({backend.type}) cannot serve "
                               "capture_mode 'passthrough'")
@@ -245,7 +274,7 @@ class ChatService:
         await self.recorder.record(session, build_passthrough_completion(
             session, index=index, request=request, body_hash=body_hash, result=result,
             response=response, backend=backend, started_at=started_at,
-            duration_s=time.monotonic() - started))
+            duration_s=time.monotonic() - started, policy_version=lease.policy_version))
         return response
 
     async def complete(self, session: Session, request: InternalRequest) -> InternalResponse:
@@ -260,11 +289,16 @@ class ChatService:
         async with session.lock:
             if session.state.capture_mode is CaptureMode.PASSTHROUGH:
                 return await self._passthrough(session, request)
-            prep = await self._prepare(session, request)
-            if isinstance(prep, Completion):
-                return response_from_completion(prep)
-            result = await prep.backend.generate(prep.generate)
-            return await self._answer(session, request, prep, result)
+            body_hash, answered = self._retry(session, request)
+            if answered is not None:
+                return response_from_completion(answered)
+            lease = await self._lease(session)
+            try:
+                prep = await self._prepare(session, request, body_hash, lease)
+                result = await prep.backend.generate(prep.generate)
+                return await self._answer(session, request, prep, result)
+            finally:
+                self.pool.release_lease(lease)
 
     async def stream(self, session: Session, request: InternalRequest
                      ) -> AsyncIterator[StreamEvent]:
@@ -288,43 +322,56 @@ class ChatService:
                 yield StreamEnd(response=response, content_tail=response.content or "",
                                 reasoning_tail=response.reasoning or "")
                 return
-            prep = await self._prepare(session, request)
-            if isinstance(prep, Completion):
-                response = response_from_completion(prep)
+            body_hash, answered = self._retry(session, request)
+            if answered is not None:
+                response = response_from_completion(answered)
                 yield StreamStart(id=response.id, created=response.created, model=response.model)
                 yield StreamEnd(response=response, content_tail=response.content or "",
                                 reasoning_tail=response.reasoning or "")
                 return
-            streamable = self.tool_parser.streamable if request.tools else str
-            deltas = prep.backend.generate_stream(prep.generate)
+            lease = await self._lease(session)
+            events = self._stream_on(session, request, body_hash, lease)
             try:
-                delta = await _next_delta(deltas, prep.backend)
-                yield StreamStart(id=response_id(session.session_id, prep.index),
-                                  created=int(prep.started_at), model=session.state.model)
-                text, sent, sent_reasoning = "", "", ""
-                while delta.result is None:
-                    text += delta.text
-                    if self.reasoning_parser is not None:
-                        reasoning, rest = self.reasoning_parser.split_partial(text)
-                        if len(reasoning) > len(sent_reasoning) \
-                                and reasoning.startswith(sent_reasoning):
-                            yield StreamReasoning(text=reasoning[len(sent_reasoning):])
-                            sent_reasoning = reasoning
-                    else:
-                        rest = text
-                    safe = streamable(rest) if rest is not None else ""
-                    if len(safe) > len(sent) and safe.startswith(sent):
-                        yield StreamContent(text=safe[len(sent):])
-                        sent = safe
-                    delta = await _next_delta(deltas, prep.backend)
+                async for event in events:
+                    yield event
             finally:
-                await deltas.aclose()  # type: ignore[attr-defined]
-            response = await self._answer(session, request, prep, delta.result)
-            yield StreamEnd(
-                response=response,
-                content_tail=_tail(response.content or "", sent, "content", session, prep),
-                reasoning_tail=_tail(response.reasoning or "", sent_reasoning, "reasoning",
-                                     session, prep))
+                await events.aclose()  # type: ignore[attr-defined]
+                self.pool.release_lease(lease)
+
+    async def _stream_on(self, session: Session, request: InternalRequest, body_hash: str,
+                         lease: Lease) -> AsyncIterator[StreamEvent]:
+        """The streamed tokens-mode call on a leased backend (call with ``session.lock``)."""
+        prep = await self._prepare(session, request, body_hash, lease)
+        streamable = self.tool_parser.streamable if request.tools else str
+        deltas = prep.backend.generate_stream(prep.generate)
+        try:
+            delta = await _next_delta(deltas, prep.backend)
+            yield StreamStart(id=response_id(session.session_id, prep.index),
+                              created=int(prep.started_at), model=session.state.model)
+            text, sent, sent_reasoning = "", "", ""
+            while delta.result is None:
+                text += delta.text
+                if self.reasoning_parser is not None:
+                    reasoning, rest = self.reasoning_parser.split_partial(text)
+                    if len(reasoning) > len(sent_reasoning) \
+                            and reasoning.startswith(sent_reasoning):
+                        yield StreamReasoning(text=reasoning[len(sent_reasoning):])
+                        sent_reasoning = reasoning
+                else:
+                    rest = text
+                safe = streamable(rest) if rest is not None else ""
+                if len(safe) > len(sent) and safe.startswith(sent):
+                    yield StreamContent(text=safe[len(sent):])
+                    sent = safe
+                delta = await _next_delta(deltas, prep.backend)
+        finally:
+            await deltas.aclose()  # type: ignore[attr-defined]
+        response = await self._answer(session, request, prep, delta.result)
+        yield StreamEnd(
+            response=response,
+            content_tail=_tail(response.content or "", sent, "content", session, prep),
+            reasoning_tail=_tail(response.reasoning or "", sent_reasoning, "reasoning",
+                                 session, prep))
 
 
 def _tail(final: str, sent: str, part: str, session: Session, prep: _Prepared) -> str:

@@ -43,6 +43,22 @@ def session_key_index(session_key: str) -> str:
     return f"gateway/session_keys/{hashlib.sha256(session_key.encode()).hexdigest()}.json"
 
 
+class BackendMove(BaseModel):
+    """A session moved off a removed backend (its token chain stays valid: prompts are ids).
+
+    Attributes:
+        moved_from: the removed backend.
+        moved_to: the live backend that took the session.
+        at_index: index of the first completion sampled on ``moved_to``.
+        at: Unix time (s) of the move.
+    """
+
+    moved_from: str
+    moved_to: str
+    at_index: int
+    at: float
+
+
 class SessionState(BaseModel):
     """What the gateway persists about a session.
 
@@ -54,6 +70,7 @@ class SessionState(BaseModel):
         backend: name of the pinned backend.
         closed: sealed: no further call is accepted.
         num_completions: completions in the log when it was sealed.
+        backend_moves: the moves off removed backends, in order.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -69,6 +86,7 @@ class SessionState(BaseModel):
     closed: bool = False
     closed_at: float | None = None
     num_completions: int = 0
+    backend_moves: list[BackendMove] = Field(default_factory=list)
 
 
 class SessionInfo(BaseModel):
@@ -117,6 +135,19 @@ class Session:
     def session_id(self) -> str:
         """The session's id."""
         return self.state.session_id
+
+    async def move_backend(self, moved_from: str, moved_to: str) -> None:
+        """Pin the session to ``moved_to`` (its backend ``moved_from`` was removed) and
+        persist the move (call with ``lock`` held)."""
+        move = BackendMove(moved_from=moved_from, moved_to=moved_to,
+                           at_index=self.next_index(), at=time.time())
+        state = self.state.model_copy(update={
+            "backend": moved_to, "backend_moves": [*self.state.backend_moves, move]})
+        await asyncio.to_thread(self.log.store.put_json, session_state_key(self.session_id),
+                                state)
+        self.state = state
+        log.info("session_moved", session_id=self.session_id, moved_from=moved_from,
+                 moved_to=moved_to, at_index=move.at_index)
 
     def next_index(self) -> int:
         """Index of the next completion (call with ``lock`` held)."""

@@ -19,12 +19,61 @@ _CONTEXT_HINTS = ("maximum context length", "context length", "exceed_context_si
                   "longer than the model")
 
 
+class ShardedClient:
+    """Several ``httpx.AsyncClient`` pools used in turn, each with a few connections.
+
+    httpcore's pool checks every pooled connection on each request (expiry, socket
+    readability), so with 64 concurrent calls one pool spends most of the gateway's CPU there;
+    shards of at most ``connections_per_shard`` keep that cost small (benchmarks/
+    gateway_overhead.py). The methods used by the backends are forwarded.
+
+    Args:
+        make: builds one shard.
+        num_shards: number of pools (>= 1).
+    """
+
+    def __init__(self, make: Any, num_shards: int) -> None:
+        self.shards: list[httpx.AsyncClient] = [make() for _ in range(max(1, num_shards))]
+        self._next = 0
+
+    def _pick(self) -> httpx.AsyncClient:
+        self._next = (self._next + 1) % len(self.shards)
+        return self.shards[self._next]
+
+    async def post(self, url: str, **kwargs: Any) -> httpx.Response:
+        """``AsyncClient.post`` on the next shard."""
+        return await self._pick().post(url, **kwargs)
+
+    async def get(self, url: str, **kwargs: Any) -> httpx.Response:
+        """``AsyncClient.get`` on the next shard."""
+        return await self._pick().get(url, **kwargs)
+
+    def stream(self, method: str, url: str, **kwargs: Any) -> Any:
+        """``AsyncClient.stream`` on the next shard (an async context manager)."""
+        return self._pick().stream(method, url, **kwargs)
+
+    async def aclose(self) -> None:
+        """Close every shard."""
+        for shard in self.shards:
+            await shard.aclose()
+
+
 def new_client(url: str, timeout_s: float, transport: httpx.AsyncBaseTransport | None,
-               headers: dict[str, str] | None = None) -> httpx.AsyncClient:
-    """An async client for ``url`` with retries off and ``timeout_s`` per call."""
-    return httpx.AsyncClient(base_url=url, headers=headers,
-                             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
-                             transport=transport or httpx.AsyncHTTPTransport(retries=0))
+               headers: dict[str, str] | None = None, *, num_shards: int = 8,
+               connections_per_shard: int = 16) -> Any:
+    """An async client for ``url`` with retries off and ``timeout_s`` per call, sharded
+    (:class:`ShardedClient`) unless a transport is given (tests pass one transport)."""
+    def make() -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=url, headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
+            limits=httpx.Limits(max_connections=connections_per_shard,
+                                max_keepalive_connections=connections_per_shard),
+            transport=transport or httpx.AsyncHTTPTransport(
+                retries=0, limits=httpx.Limits(max_connections=connections_per_shard,
+                                               max_keepalive_connections=connections_per_shard)))
+
+    return ShardedClient(make, 1 if transport is not None else num_shards)
 
 
 def error_message(response: httpx.Response) -> str:
@@ -72,7 +121,7 @@ def transport_error(backend: Backend, error: httpx.HTTPError) -> BackendError:
     return BackendError(f"backend {backend.name} failed: {error!r}")
 
 
-async def post_json(backend: Backend, client: httpx.AsyncClient, path: str,
+async def post_json(backend: Backend, client: ShardedClient, path: str,
                     body: dict[str, Any]) -> dict[str, Any]:
     """POST ``body`` and return the JSON object answered.
 
@@ -93,7 +142,7 @@ async def post_json(backend: Backend, client: httpx.AsyncClient, path: str,
     return answer
 
 
-async def sse_events(backend: Backend, client: httpx.AsyncClient, path: str,
+async def sse_events(backend: Backend, client: ShardedClient, path: str,
                      body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     """POST ``body`` and yield each ``data: {json}`` event until ``data: [DONE]`` or the end.
 

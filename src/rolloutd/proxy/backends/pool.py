@@ -1,27 +1,50 @@
-"""The backend pool: which backends serve, and which session is pinned to which.
+"""The backend pool: which backends serve, which session is pinned to which, and weight sync.
 
 A session stays on one backend for prefix-cache reuse; a new session goes to the
-least-assigned backend (DESIGN.md, Gateway). This pool lives in process memory and is built
-from settings; the durable pool (add, remove, pause and drain for weight sync) will keep the
-same interface.
+least-assigned backend (DESIGN.md, Gateway). The pool is durable: every admin change (add,
+remove, clear, pause, resume, policy version) is written to the blob store before it takes
+effect, so a gateway that restarts, or a second gateway over the same store, serves the same
+pool::
+
+    gateway/backend_pool.json    PoolState: [{name, type, url, policy_version, paused}], managed
+
+Until an admin route changes the pool (``managed`` false), a starting gateway registers the
+backends of its settings (``backend_url``) instead, so a restarted engine on a new URL is
+picked up; once managed, the stored pool wins.
+
+Every sampling call holds a :class:`Lease` on its backend while it runs. A paused backend
+grants no lease: new calls wait (bounded) while the ones in flight finish, which is the drain of
+a weight sync (ProRL Agent, arXiv 2603.18815: pause, update, resume). A call pinned to a
+removed backend moves to the least-assigned live one; in ``tokens`` mode its token chain stays
+valid because prompts are token ids.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import httpx
 import structlog
+from pydantic import BaseModel, Field
 
-from rolloutd.errors import BackendUnavailableError, ConfigError
+from rolloutd.errors import BackendUnavailableError, ConfigError, NotFoundError
 from rolloutd.proxy.backends.base import Backend
 from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
 from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
 from rolloutd.proxy.backends.sglang import SglangBackend
 from rolloutd.proxy.backends.vllm import VllmBackend
 from rolloutd.settings import GatewaySettings
+from rolloutd.store import BlobStore
 
 log = structlog.get_logger(__name__)
+
+POOL_KEY = "gateway/backend_pool.json"
+BackendType = Literal["llama_cpp", "vllm", "sglang", "openai"]
 
 
 def backend_urls(setting: str | None) -> list[str]:
@@ -47,57 +70,153 @@ def make_backend(backend_type: str, name: str, url: str, *, policy_version: int 
                                timeout_s=timeout_s, ctx_size=ctx_size, transport=transport)
 
 
+class BackendSpec(BaseModel):
+    """One backend as the store keeps it.
+
+    Attributes:
+        name: stable name; sessions are pinned by it.
+        type: client kind.
+        url: base URL, without a trailing slash.
+        policy_version: weights version stamped on its completions (>= 0).
+        paused: grants no new lease (weight sync in progress).
+        added_at: Unix time (s) it was registered.
+    """
+
+    name: str = Field(min_length=1, max_length=512)
+    type: BackendType = "llama_cpp"
+    url: str = Field(min_length=1, max_length=2048)
+    policy_version: int = Field(default=0, ge=0)
+    paused: bool = False
+    added_at: float = 0.0
+
+
+class PoolState(BaseModel):
+    """The durable pool (``gateway/backend_pool.json``).
+
+    Attributes:
+        backends: registered backends, in registration order (ties in assignment go to the
+            first).
+        managed: an admin route has changed the pool; it then wins over the settings.
+        updated_at: Unix time (s) of the last change.
+    """
+
+    backends: list[BackendSpec] = Field(default_factory=list)
+    managed: bool = False
+    updated_at: float = 0.0
+
+
+@dataclass(eq=False)
+class _Slot:
+    """A registered (or retiring) backend in memory."""
+
+    backend: Backend
+    spec: BackendSpec
+    num_assigned: int = 0
+    num_in_flight: int = 0
+    removed: bool = False
+
+
+@dataclass(eq=False)
+class Lease:
+    """A sampling call's hold on a backend (released when the call ends).
+
+    Attributes:
+        backend: the backend to call.
+        policy_version: its policy version when the lease was granted (stamped on the
+            completion).
+        moved_from: the removed backend the session was pinned to, when it moved now.
+    """
+
+    backend: Backend
+    policy_version: int
+    moved_from: str | None = None
+    _slot: _Slot | None = field(default=None, repr=False)
+
+
+BackendFactory = Callable[[BackendSpec], Backend]
+
+
 class BackendPool:
-    """The backends of this gateway and how many sessions each is assigned.
+    """The backends of this gateway, their sessions, leases, pause state and persistence.
 
     Args:
-        backends: the backends; names must be unique.
+        backends: backends registered at start (names must be unique).
+        store: the blob store that keeps the pool; None keeps it in memory only.
+        factory: builds the client of a backend added at run time (default
+            :func:`make_backend` with its defaults).
+        managed: whether the pool came from the store's admin-managed state.
+        wait_s: how long a call waits for a paused backend, or for any backend at all, before
+            it fails with 503.
 
     Raises:
         ConfigError: two backends share a name.
     """
 
-    def __init__(self, backends: Iterable[Backend] = ()) -> None:
-        self._backends: dict[str, Backend] = {}
-        self._num_assigned: dict[str, int] = {}
+    def __init__(self, backends: Iterable[Backend] = (), *, store: BlobStore | None = None,
+                 factory: BackendFactory | None = None, managed: bool = False,
+                 wait_s: float = 600.0, paused: Iterable[str] = ()) -> None:
+        self.store = store
+        self.factory = factory or (lambda spec: make_backend(
+            spec.type, spec.name, spec.url, policy_version=spec.policy_version))
+        self.managed = managed
+        self.wait_s = wait_s
+        self._slots: dict[str, _Slot] = {}
+        self._changed = asyncio.Event()
+        self._admin_lock = asyncio.Lock()
+        self._retiring: list[_Slot] = []
+        paused_names = set(paused)
         for backend in backends:
-            self.add(backend)
+            if backend.name in self._slots:
+                raise ConfigError(f"backend {backend.name!r} is registered already")
+            spec = BackendSpec(name=backend.name, type=_type_of(backend), url=backend.url,
+                               policy_version=backend.policy_version,
+                               paused=backend.name in paused_names, added_at=time.time())
+            self._slots[backend.name] = _Slot(backend, spec)
+            log.info("backend_added", **backend.describe())
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings, *,
                       transport: httpx.AsyncBaseTransport | None = None,
-                      ctx_size: int | None = None) -> BackendPool:
-        """One backend per URL of ``settings.backend_url``, policy version 0, named by URL.
+                      ctx_size: int | None = None, store: BlobStore | None = None
+                      ) -> BackendPool:
+        """The stored pool when an admin has managed it, else one backend per URL of
+        ``settings.backend_url`` (policy version 0, named by URL).
 
         Args:
-            settings: the gateway settings (``backend_url``, ``backend_type``,
-                ``backend_timeout_s``).
+            settings: ``backend_url``, ``backend_type``, ``backend_timeout_s``,
+                ``backend_wait_s``.
             transport: httpx transport for every backend client (tests).
             ctx_size: context window per sequence; None asks each backend.
+            store: the blob store that keeps the pool (None: memory only).
 
         Raises:
             ConfigError: an unknown backend type.
         """
-        return cls(make_backend(settings.backend_type, url, url,
+        def factory(spec: BackendSpec) -> Backend:
+            return make_backend(spec.type, spec.name, spec.url,
+                                policy_version=spec.policy_version,
                                 timeout_s=settings.backend_timeout_s, ctx_size=ctx_size,
                                 transport=transport)
-                   for url in backend_urls(settings.backend_url))
 
-    def add(self, backend: Backend) -> None:
-        """Register ``backend``.
+        stored = load_pool_state(store) if store is not None else None
+        if stored is not None and stored.managed:
+            pool = cls((factory(spec) for spec in stored.backends), store=store,
+                       factory=factory, managed=True, wait_s=settings.backend_wait_s,
+                       paused=[s.name for s in stored.backends if s.paused])
+            log.info("backend_pool_loaded", num_backends=len(stored.backends))
+            return pool
+        specs = [BackendSpec(name=url, type=settings.backend_type, url=url)
+                 for url in backend_urls(settings.backend_url)]
+        pool = cls((factory(spec) for spec in specs), store=store, factory=factory,
+                   wait_s=settings.backend_wait_s)
+        if store is not None:
+            store.put_json(POOL_KEY, pool.state())
+        return pool
 
-        Raises:
-            ConfigError: a backend of that name exists.
-        """
-        if backend.name in self._backends:
-            raise ConfigError(f"backend {backend.name!r} is registered already")
-        self._backends[backend.name] = backend
-        self._num_assigned[backend.name] = 0
-        log.info("backend_added", **backend.describe())
-
+    # -- reading -----------------------------------------------------------------------------
     def names(self) -> list[str]:
         """Names of the registered backends."""
-        return list(self._backends)
+        return list(self._slots)
 
     def get(self, name: str) -> Backend:
         """The backend named ``name``.
@@ -106,37 +225,272 @@ class BackendPool:
             BackendUnavailableError: it is not registered (any more).
         """
         try:
-            return self._backends[name]
+            return self._slots[name].backend
         except KeyError:
             raise BackendUnavailableError(f"backend {name!r} is not registered") from None
 
+    def describe(self) -> list[dict[str, Any]]:
+        """Each backend: name, type, url, policy_version, paused, num_assigned,
+        num_in_flight (the admin list)."""
+        return [_describe(slot) for slot in self._slots.values()]
+
+    def state(self) -> PoolState:
+        """The durable state of the pool as it is now."""
+        return PoolState(backends=[s.spec for s in self._slots.values()], managed=self.managed,
+                         updated_at=time.time())
+
+    # -- sessions ----------------------------------------------------------------------------
     def assign(self) -> Backend:
         """Pin a new session to the least-assigned backend (first registered on ties).
 
         Raises:
             BackendUnavailableError: no backend is registered.
         """
-        if not self._backends:
+        if not self._slots:
             raise BackendUnavailableError("no backend is registered")
-        name = min(self._backends, key=lambda n: self._num_assigned[n])
-        self._num_assigned[name] += 1
-        return self._backends[name]
+        slot = min(self._slots.values(), key=lambda s: s.num_assigned)
+        slot.num_assigned += 1
+        return slot.backend
 
     def note_assigned(self, name: str) -> None:
         """Count a session pinned to ``name`` earlier (loaded from the store)."""
-        if name in self._num_assigned:
-            self._num_assigned[name] += 1
+        if slot := self._slots.get(name):
+            slot.num_assigned += 1
 
     def release(self, name: str) -> None:
-        """A session pinned to ``name`` was closed."""
-        if self._num_assigned.get(name, 0) > 0:
-            self._num_assigned[name] -= 1
+        """A session pinned to ``name`` was closed (or moved away)."""
+        if (slot := self._slots.get(name)) and slot.num_assigned > 0:
+            slot.num_assigned -= 1
 
     def num_assigned(self, name: str) -> int:
         """Open sessions pinned to ``name``."""
-        return self._num_assigned.get(name, 0)
+        slot = self._slots.get(name)
+        return slot.num_assigned if slot else 0
+
+    # -- leases ------------------------------------------------------------------------------
+    async def acquire(self, name: str, *, wait_s: float | None = None) -> Lease:
+        """A lease on the backend a session is pinned to.
+
+        Waits while that backend is paused, or while the pool is empty; a session pinned to a
+        removed backend moves to the least-assigned live one (``Lease.moved_from``).
+
+        Args:
+            name: the session's pinned backend.
+            wait_s: limit of the wait (default ``self.wait_s``).
+
+        Raises:
+            BackendUnavailableError: still paused, or still no backend, after ``wait_s``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.wait_s if wait_s is None else wait_s)
+        moved_from: str | None = None
+        while True:
+            changed = self._changed
+            slot = self._slots.get(name)
+            if slot is None and self._slots:
+                moved_from = moved_from or name
+                name = self.assign().name
+                continue
+            if slot is not None and not slot.spec.paused:
+                slot.num_in_flight += 1
+                return Lease(slot.backend, slot.spec.policy_version, moved_from, slot)
+            remaining = deadline - loop.time()
+            why = f"backend {name!r} is paused" if slot else "no backend is registered"
+            if remaining <= 0:
+                raise BackendUnavailableError(f"{why}; waited {self.wait_s:g} s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+
+    def release_lease(self, lease: Lease) -> None:
+        """End a call's lease (idempotent); the client of a removed backend closes when its
+        last call ends."""
+        slot, lease._slot = lease._slot, None
+        if slot is None:
+            return
+        slot.num_in_flight -= 1
+        if slot.removed and slot.num_in_flight == 0 and slot in self._retiring:
+            self._retiring.remove(slot)
+            asyncio.get_running_loop().create_task(slot.backend.aclose())
+        self._notify()
+
+    @contextlib.asynccontextmanager
+    async def lease(self, name: str) -> AsyncIterator[Lease]:
+        """:meth:`acquire` and :meth:`release_lease` around a block."""
+        held = await self.acquire(name)
+        try:
+            yield held
+        finally:
+            self.release_lease(held)
+
+    # -- admin -------------------------------------------------------------------------------
+    async def add(self, url: str, *, type: BackendType = "llama_cpp", name: str | None = None,
+                  policy_version: int | None = None) -> dict[str, Any]:
+        """Register a backend (persisted first). Adding the same name with the same URL and
+        type again is a no-op that may update the policy version.
+
+        Returns:
+            The backend as :meth:`describe` shows it.
+
+        Raises:
+            ConflictError: the name is taken by another URL or type (409).
+        """
+        from rolloutd.proxy.dialects.common import ConflictError
+
+        url = url.rstrip("/")
+        name = name or url
+        async with self._admin_lock:
+            if slot := self._slots.get(name):
+                if (slot.spec.url, slot.spec.type) != (url, type):
+                    raise ConflictError(f"backend {name!r} is registered with "
+                                        f"{slot.spec.type} {slot.spec.url}")
+                if policy_version is not None:
+                    await self._commit([
+                        s.model_copy(update={"policy_version": policy_version})
+                        if s.name == name else s for s in self._specs()])
+                return _describe(slot)
+            spec = BackendSpec(name=name, type=type, url=url, policy_version=policy_version or 0,
+                               added_at=time.time())
+            backend = self.factory(spec)
+            try:
+                await self._commit([*self._specs(), spec], new={name: backend})
+            except BaseException:
+                await backend.aclose()
+                raise
+            log.info("backend_added", **backend.describe())
+            return _describe(self._slots[name])
+
+    async def remove(self, names: list[str] | None = None) -> list[str]:
+        """Remove backends (all when ``names`` is None). From the moment this returns no new
+        lease reaches them; calls in flight finish, then their clients close.
+
+        Returns:
+            The names removed.
+
+        Raises:
+            NotFoundError: a name is not registered.
+        """
+        async with self._admin_lock:
+            targets = self._targets(names)
+            await self._commit([s for s in self._specs() if s.name not in targets])
+        for target in targets:
+            log.info("backend_removed", name=target)
+        return targets
+
+    async def set_paused(self, paused: bool, names: list[str] | None = None, *,
+                         drain_timeout_s: float = 0.0) -> dict[str, Any]:
+        """Pause or resume backends (all when ``names`` is None); pausing then waits up to
+        ``drain_timeout_s`` for their calls in flight to finish.
+
+        Returns:
+            ``{"backends": [names], "paused": bool, "drained": bool, "num_in_flight": int}``.
+
+        Raises:
+            NotFoundError: a name is not registered.
+        """
+        async with self._admin_lock:
+            targets = self._targets(names)
+            await self._commit([s.model_copy(update={"paused": paused})
+                                if s.name in targets else s for s in self._specs()])
+            slots = [self._slots[t] for t in targets]
+        log.info("backends_paused" if paused else "backends_resumed", names=targets)
+        num_in_flight = await self.drain(slots, drain_timeout_s) if paused else 0
+        return {"backends": targets, "paused": paused, "drained": num_in_flight == 0,
+                "num_in_flight": num_in_flight}
+
+    async def drain(self, slots: list[_Slot], timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` until no call is in flight on ``slots``.
+
+        Returns:
+            Calls still in flight (0: drained).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (num := sum(s.num_in_flight for s in slots)) and loop.time() < deadline:
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), deadline - loop.time())
+        return num
+
+    async def set_policy_version(self, policy_version: int, names: list[str] | None = None
+                                 ) -> list[str]:
+        """Set the policy version stamped on later completions (all backends by default).
+
+        Raises:
+            NotFoundError: a name is not registered.
+            ValueError: a negative version.
+        """
+        if policy_version < 0:
+            raise ValueError("policy_version must be >= 0")
+        async with self._admin_lock:
+            targets = self._targets(names)
+            await self._commit([s.model_copy(update={"policy_version": policy_version})
+                                if s.name in targets else s for s in self._specs()])
+        log.info("policy_version_set", policy_version=policy_version, names=targets)
+        return targets
+
+    def _specs(self) -> list[BackendSpec]:
+        return [slot.spec for slot in self._slots.values()]
+
+    def _targets(self, names: list[str] | None) -> list[str]:
+        if names is None:
+            return list(self._slots)
+        unknown = [n for n in names if n not in self._slots]
+        if unknown:
+            raise NotFoundError(f"no backend named {', '.join(map(repr, unknown))}")
+        return list(dict.fromkeys(names))
+
+    async def _commit(self, specs: list[BackendSpec], *,
+                      new: dict[str, Backend] | None = None) -> None:
+        """Make ``specs`` the pool: persisted first (a failed write changes nothing), then
+        applied in memory. Call with the admin lock held.
+
+        Args:
+            specs: the whole pool after the change, in order.
+            new: clients of backends ``specs`` adds.
+        """
+        state = PoolState(backends=specs, managed=True, updated_at=time.time())
+        if self.store is not None:
+            await asyncio.to_thread(self.store.put_json, POOL_KEY, state)
+        slots: dict[str, _Slot] = {}
+        for spec in specs:
+            slot = self._slots.pop(spec.name, None) or _Slot((new or {})[spec.name], spec)
+            slot.spec = spec
+            slot.backend.policy_version = spec.policy_version
+            slots[spec.name] = slot
+        for slot in self._slots.values():  # what is left was removed
+            slot.removed = True
+            if slot.num_in_flight:
+                self._retiring.append(slot)
+            else:
+                await slot.backend.aclose()
+        self._slots = slots
+        self.managed = True
+        self._notify()
+
+    def _notify(self) -> None:
+        """Wake every waiter (leases, drains): something changed."""
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     async def aclose(self) -> None:
         """Close every backend client."""
-        for backend in self._backends.values():
-            await backend.aclose()
+        for slot in [*self._slots.values(), *self._retiring]:
+            await slot.backend.aclose()
+        self._retiring.clear()
+
+
+def _describe(slot: _Slot) -> dict[str, Any]:
+    return {**slot.spec.model_dump(exclude={"added_at"}), "num_assigned": slot.num_assigned,
+            "num_in_flight": slot.num_in_flight}
+
+
+def _type_of(backend: Backend) -> BackendType:
+    kind = backend.type
+    return kind if kind in ("llama_cpp", "vllm", "sglang", "openai") else "openai"  # type: ignore[return-value]
+
+
+def load_pool_state(store: BlobStore) -> PoolState | None:
+    """The stored pool, or None when none was written."""
+    if not store.exists(POOL_KEY):
+        return None
+    return store.get_model(POOL_KEY, PoolState)

@@ -64,9 +64,11 @@ class _Wire(BaseModel):
 
 
 class Message(_Wire):
-    """One of ``messages``: content a string or a list of blocks."""
+    """One of ``messages``: content a string or a list of blocks. Claude Code (2.1.x) also
+    sends ``system`` messages inside ``messages`` (reminders between turns); they become system
+    messages of the conversation where they stand."""
 
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[dict[str, Any]]
 
 
@@ -187,6 +189,14 @@ def to_internal(request: MessagesRequest, body: dict[str, Any]) -> InternalReque
     for i, message in enumerate(request.messages):
         if message.role == "user":
             messages += _user(message, i)
+        elif message.role == "system":
+            if i == 0:
+                raise RequestFieldError("messages.0.role: the first message must be 'user' "
+                                        "or 'assistant'", param="messages.0.role")
+            messages.append({"role": "system", "content": message.content
+                             if isinstance(message.content, str) else "".join(
+                                 _block_text(b, f"messages.{i}.content.{k}")
+                                 for k, b in enumerate(message.content))})
         else:
             messages.append(_assistant(message, i))
     tools = []
@@ -236,8 +246,9 @@ def request_from_internal(request: InternalRequest) -> dict[str, Any]:
                 out[-1]["content"].append(block)
             else:
                 out.append({"role": "user", "content": [block]})
-        elif m["role"] == "user":
-            out.append({"role": "user", "content": [{"type": "text", "text": m["content"]}]})
+        elif m["role"] in ("user", "system"):
+            out.append({"role": m["role"],
+                        "content": [{"type": "text", "text": m["content"]}]})
         else:
             out.append({"role": "assistant", "content": _assistant_blocks(
                 m.get("reasoning_content"), m.get("content"), m.get("tool_calls") or [])})
@@ -451,6 +462,8 @@ def error_body(error: RolloutdError) -> tuple[int, dict[str, Any]]:
         kind = "not_found_error"
     elif isinstance(error, BackendUnavailableError):
         kind = "overloaded_error"
+    elif status == 403:
+        kind = "permission_error"
     elif status == 413:
         kind = "request_too_large"
     elif 400 <= status < 500:

@@ -27,6 +27,31 @@ class RequestFieldError(InvalidRequestError):
         self.param = param
 
 
+class ConflictError(InvalidRequestError):
+    """The request conflicts with the current state (a backend name taken by another URL)."""
+
+    status_code = 409
+
+
+class RequestTooLargeError(InvalidRequestError):
+    """The request body exceeds ``settings.max_body_bytes``."""
+
+    status_code = 413
+
+
+class HeadersTooLargeError(InvalidRequestError):
+    """The request's headers exceed ``settings.max_header_bytes``."""
+
+    status_code = 431
+
+
+class PermissionDeniedError(RolloutdError):
+    """Authenticated, or not needing to be, but not allowed (admin routes disabled)."""
+
+    status_code = 403
+    error_type = "permission_error"
+
+
 def error_path(loc: tuple[int | str, ...], body: Any, *, missing: bool) -> str | None:
     """The dotted path of an error location in the body, without pydantic's union-member tags
     (``messages.0.content.str`` -> ``messages.0.content``)."""

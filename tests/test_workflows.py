@@ -97,7 +97,7 @@ async def test_run_phase_timeout_yields_timeout_and_what_was_captured(fleets):
     marker = f"rolloutd-timeout-{uuid.uuid4().hex[:8]}"
     task_id = f"timeout-{uuid.uuid4().hex[:6]}"
     handle = await client.submit(shell_task(
-        task_id, f"{CURL_ONE_CALL} && sleep 600 # {marker}",
+        task_id, f"{CURL_ONE_CALL} && sleep 600; echo {marker}",
         phases={"run_s": 8},
     ))
     group = await handle.result()
@@ -114,7 +114,10 @@ async def test_cancelling_a_task_ends_sessions_within_10_s_and_leaves_no_process
     client = RolloutClient(fleets.client, BlobStore(fleets.store_url))
     marker = f"rolloutd-cancel-{uuid.uuid4().hex[:8]}"
     task_id = f"cancel-{uuid.uuid4().hex[:6]}"
-    handle = await client.submit(shell_task(task_id, f"sleep 600 # {marker}", num_samples=2))
+    # a command after the sleep keeps the shell (and the marker in its command line) alive:
+    # `sh -c "sleep 600 # marker"` may exec sleep and drop the marker
+    handle = await client.submit(shell_task(task_id, f"sleep 600; echo {marker}",
+                                            num_samples=2))
     for i in range(2):
         await wait_phase(fleets.client, f"task/{task_id}/{i}", "run")
     assert len(processes_with(marker)) >= 2

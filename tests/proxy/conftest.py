@@ -128,9 +128,17 @@ async def client(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
 # --------------------------------------------------------------------------- real engine
 
 
-@pytest.fixture(scope="session")
-def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A real llama-server on the Qwen2.5-Coder-0.5B GGUF (2 slots, 4096 tokens each)."""
+def start_llama_server(tmp_path_factory: pytest.TempPathFactory, *, parallel: int,
+                       ctx_size: int) -> Any:
+    """Start llama-server on the Qwen2.5-Coder-0.5B GGUF, or skip when it is not installed.
+
+    Args:
+        parallel: slots; each gets ``ctx_size / parallel`` tokens of context.
+        ctx_size: total context, tokens.
+
+    Returns:
+        The started :class:`~rolloutd.engine.server.LlamaServer`; the caller stops it.
+    """
     from rolloutd.engine.server import LlamaServer, llama_server_binary
     from rolloutd.errors import ConfigError
 
@@ -139,7 +147,13 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     except ConfigError as e:
         pytest.skip(f"llama-server not available: {e}")
     log_path = tmp_path_factory.mktemp("engine") / "llama-server.log"
-    server = LlamaServer(MODEL, parallel=2, ctx_size=8192, log_path=log_path).start()
+    return LlamaServer(MODEL, parallel=parallel, ctx_size=ctx_size, log_path=log_path).start()
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real llama-server on the Qwen2.5-Coder-0.5B GGUF (2 slots, 4096 tokens each)."""
+    server = start_llama_server(tmp_path_factory, parallel=2, ctx_size=8192)
     try:
         yield server
     finally:

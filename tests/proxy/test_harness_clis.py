@@ -34,6 +34,7 @@ from rolloutd.store import CompletionLog
 from rolloutd.trajectory import build_traces
 from rolloutd.trajectory.invariants import check_invariants
 from rolloutd.types import BuilderSpec, SamplingParams
+from tests.proxy.conftest import start_llama_server
 
 pytestmark = [pytest.mark.harness, pytest.mark.engine, pytest.mark.slow,
               pytest.mark.timeout(900)]
@@ -74,15 +75,7 @@ class StatusRecorder:
 @pytest.fixture(scope="module")
 def cli_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One llama-server slot of 32K tokens (the CLIs' system prompts are large)."""
-    from rolloutd.engine.server import LlamaServer, llama_server_binary
-    from rolloutd.errors import ConfigError
-
-    try:
-        llama_server_binary()
-    except ConfigError as e:
-        pytest.skip(f"llama-server not available: {e}")
-    log_path = tmp_path_factory.mktemp("engine") / "llama-server.log"
-    server = LlamaServer(MODEL, parallel=1, ctx_size=32768, log_path=log_path).start()
+    server = start_llama_server(tmp_path_factory, parallel=1, ctx_size=32768)
     try:
         yield server
     finally:

@@ -12,6 +12,7 @@ routes without the ``/s/{key}`` prefix take the key as the API key (``Authorizat
     POST /s/{key}/v1beta/models/{model}:streamGenerateContent   Gemini (``alt=sse``)
     POST /s/{key}/v1beta/models/{model}:countTokens             Gemini token count
     GET  /s/{key}/v1/models                            GET /health
+    GET|HEAD /s/{key}                                  the base URL itself (a client's preconnect)
     /admin/...                                         the backend pool (admin token;
                                                        rolloutd.proxy.admin)
 
@@ -328,6 +329,14 @@ def create_app(gateway: Gateway) -> FastAPI:
     @app.post("/v1beta/models/{model_action:path}")
     async def key_gemini(model_action: str, request: Request) -> Response:
         return await generate_content(request, api_key(request), model_action)
+
+    # Claude Code sends `HEAD {ANTHROPIC_BASE_URL}` at startup to warm the connection; the
+    # base URL answers 200 for a valid key, so a client's probe of it is not an error
+    @app.api_route("/s/{key}", methods=["GET", "HEAD"])
+    @app.api_route("/s/{key}/", methods=["GET", "HEAD"])
+    async def session_root(key: str) -> dict[str, Any]:
+        await gateway.sessions.lookup(key)
+        return {"status": "ok"}
 
     @app.get("/s/{key}/v1/models")
     async def session_models(key: str) -> dict[str, Any]:

@@ -78,6 +78,10 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
         pass
 
 
+#: SQLite pragmas of the dev server's file (``temporal server start-dev --sqlite-pragma``).
+SQLITE_PRAGMAS = ("journal_mode=wal", "synchronous=normal")
+
+
 class TemporalDevServer:
     """``temporal server start-dev`` with rolloutd's search attributes, persisted to SQLite.
 
@@ -114,6 +118,11 @@ class TemporalDevServer:
                "--log-level", "warn"]
         if self.db_path:
             cmd += ["--db-filename", str(self.db_path)]
+            # write-ahead log, fsync at checkpoints only: a killed (even SIGKILLed) server
+            # loses nothing, since the WAL is in the page cache; only a host crash may lose
+            # the last transactions (sqlite.org/pragma.html#pragma_synchronous). Every
+            # workflow task and activity transition waits on these writes.
+            cmd += [f"--sqlite-pragma={p}" for p in SQLITE_PRAGMAS]
         if self.headless:
             cmd.append("--headless")
         for name, kind in search.DEFINITIONS.items():

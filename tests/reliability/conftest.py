@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -20,6 +21,9 @@ import pytest
 
 from rolloutd.stack import LocalStack, free_port
 from tests.support.procs import processes_with
+
+#: the repository (its ``tests`` package is imported by the fleets' children too).
+REPO = Path(__file__).resolve().parents[2]
 
 #: the harness: a small agent loop making real chat calls through the session's gateway URL,
 #: with pauses so that kills land mid-session. A call that fails on the wire or with a 5xx is
@@ -131,6 +135,9 @@ async def rig(tmp_path_factory) -> AsyncIterator[Rig]:
     stack = LocalStack(home=home, engine_url=tee.url, temporal_port=free_port(),
                        ui_port=free_port(), gateway_port=free_port(),
                        extra_env={"ROLLOUTD_LOG_JSON": "false", "ROLLOUTD_HOST_ID": "rel-host",
+                                  # the eval fleet imports tests.reliability.slow_evaluator
+                                  "PYTHONPATH": os.pathsep.join(
+                                      [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
                                   "ROLLOUTD_MAX_CONCURRENT_SESSIONS": "16"})
     try:
         await asyncio.to_thread(stack.start)

@@ -1,7 +1,8 @@
-"""Kill -9 a fleet process (sandbox, gateway, workflows) and restart the Temporal dev server in
-the middle of a batch of 8 sessions with a real harness (a small agent loop making real calls
-through the real gateway to the real llama-server): every session completes, no completion is
-lost or duplicated, nothing is left running (docs/faults.md).
+"""Kill -9 a fleet process (sandbox during provisioning and during the run, gateway, workflows,
+evaluator) and restart the Temporal dev server in the middle of a batch of 8 sessions with a
+real harness (a small agent loop making real calls through the real gateway to the real
+llama-server): every session completes, no completion is lost or duplicated, nothing is left
+running (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from temporalio.client import Client
@@ -42,6 +45,29 @@ async def connect(rig: Rig) -> Client:
     assert rig.stack.temporal is not None
     return await Client.connect(rig.stack.temporal.address,
                                 data_converter=pydantic_data_converter)
+
+
+async def sessions_in_phase(client: Client, task_id: str, phase: str, minimum: int) -> bool:
+    """Whether at least ``minimum`` sessions of the batch are in ``phase`` now."""
+    count = 0
+    for i in range(NUM_SESSIONS):
+        try:
+            now = await client.get_workflow_handle(f"task/{task_id}/{i}").query("phase")
+        except RPCError:
+            continue
+        count += now == phase
+    return count >= minimum
+
+
+async def activity_attempts(client: Client, workflow_id: str, activity: str) -> int:
+    """The highest attempt number with which ``activity`` started in a workflow's history."""
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    scheduled = {e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+                 for e in history.events if e.HasField("activity_task_scheduled_event_attributes")}
+    return max((e.activity_task_started_event_attributes.attempt for e in history.events
+                if e.HasField("activity_task_started_event_attributes")
+                and scheduled.get(e.activity_task_started_event_attributes.scheduled_event_id)
+                == activity), default=0)
 
 
 async def sessions_in_run_with_calls(client: Client, store: BlobStore, task_id: str,
@@ -98,17 +124,27 @@ def check_batch(rig: Rig, store: BlobStore, group: TaskResult, marker: str, *,
 
 
 async def run_batch_with_fault(rig: Rig, prefix: str, fault, *, calls_cut: bool = False,
-                               scenario: str) -> TaskResult:
-    """Submit 8 sessions, wait until some are mid-run with recorded calls, inject ``fault``,
-    wait for the group and check it."""
+                               scenario: str, when: str = "run",
+                               overrides: Callable[[str], dict] | None = None,
+                               ) -> TaskResult:
+    """Submit 8 sessions, wait until at least 3 are in phase ``when`` ("run": mid-run with
+    recorded calls), inject ``fault``, wait for the group and check it.
+
+    ``overrides(marker)`` gives TaskRequest fields to change in :func:`agent_task`'s task.
+    """
     client = await connect(rig)
     store = BlobStore(rig.stack.store_url)
     task_id, marker = new_ids(prefix)
     engine_before = rig.engine_answers()
     t0 = time.monotonic()
-    await RolloutClient(client, store).submit(agent_task(task_id, marker))
-    await poll(lambda: sessions_in_run_with_calls(client, store, task_id, 3), 120,
-               "sessions mid-run")
+    await RolloutClient(client, store).submit(
+        agent_task(task_id, marker, **(overrides(marker) if overrides else {})))
+    if when == "run":
+        await poll(lambda: sessions_in_run_with_calls(client, store, task_id, 3), 120,
+                   "sessions mid-run")
+    else:
+        await poll(lambda: sessions_in_phase(client, task_id, when, 3), 120,
+                   f"sessions in {when}")
     await fault()
     client = await connect(rig)  # a fresh client: the Temporal server may have restarted
     group = await asyncio.wait_for(client.get_workflow_handle(
@@ -147,6 +183,71 @@ async def test_kill_sandbox_worker_mid_batch(rig: Rig):
     for s in retried:
         assert s.session_id.endswith(f".attempt-{len(s.attempts) + 1}")
         assert all("lost" in a.error for a in s.attempts)
+
+
+async def test_kill_sandbox_worker_during_provisioning(rig: Rig):
+    """Every runtime is still running its prepare step (8 s) when its host is killed: the
+    provision activity's heartbeat stops, it is retried on the shared sandbox queue (the
+    restarted host, which first reclaimed the half-built runtimes), and every session runs on
+    a fresh runtime. No call was in flight, so llama-server answered exactly the recorded
+    completions."""
+
+    def slow_prepare(marker: str) -> dict:
+        task = agent_task("unused", marker)
+        # a shell that stays alive (not a lone command sh would exec), marker on its line
+        task["runtime"]["prepare"] = [{"type": "exec", "command": f"sleep 8; true {marker}"}]
+        return {"runtime": task["runtime"]}
+
+    client = await connect(rig)
+
+    async def fault() -> None:
+        kill9(rig, "sandbox")
+        await asyncio.sleep(1)
+        rig.stack.start_worker("sandbox")
+
+    group = await run_batch_with_fault(rig, "kill-provision", fault, when="provision",
+                                       overrides=slow_prepare,
+                                       scenario="kill -9 sandbox worker while provisioning")
+    attempts = [await activity_attempts(client, f"task/{group.task_id}/{i}",
+                                        "provision_runtime") for i in range(NUM_SESSIONS)]
+    assert sum(a >= 2 for a in attempts) >= 3, attempts  # provisioning retried, not the session
+    assert all(s.status == SessionStatus.COMPLETED for s in group.sessions)
+
+
+async def test_kill_evaluator_mid_batch(rig: Rig, tmp_path: Path):
+    """The eval worker dies while it scores: ``evaluate`` stops heartbeating, is retried on the
+    restarted worker, and every session gets its reward, computed to completion once."""
+    from tests.reliability.slow_evaluator import journal_lines
+
+    journal = tmp_path / "evaluations.log"
+
+    def slow_evaluator(marker: str) -> dict:
+        return {"evaluator": {"type": "tests.reliability.slow_evaluator:SlowEvaluator",
+                              "params": {"journal": str(journal), "seconds": 6}}}
+
+    async def fault() -> None:
+        def scoring() -> int:  # evaluations begun and not finished
+            events = journal_lines(journal)
+            return sum(events.count(("start", sid)) > events.count(("done", sid))
+                       for _, sid in set(events))
+        await poll(lambda: scoring() >= 3, 60, "3 evaluations in progress")
+        kill9(rig, "eval")
+        await asyncio.sleep(1)
+        rig.stack.start_worker("eval")
+
+    group = await run_batch_with_fault(rig, "kill-eval", fault, when="evaluate",
+                                       overrides=slow_evaluator,
+                                       scenario="kill -9 evaluator")
+    events = journal_lines(journal)
+    for s in group.sessions:
+        assert s.status == SessionStatus.COMPLETED and s.reward == 1.0, s
+        assert events.count(("done", s.session_id)) == 1, (s.session_id, events)
+    restarted = [s.session_id for s in group.sessions
+                 if events.count(("start", s.session_id)) >= 2]
+    assert len(restarted) >= 3, events  # the killed evaluations ran again, and only they
+    doctor.record("kill -9 evaluator: rewards", sessions=len(group.sessions),
+                  evaluations_restarted=len(restarted),
+                  rewards_computed=sum(e == "done" for e, _ in events), ok=True)
 
 
 async def test_kill_gateway_mid_batch(rig: Rig):

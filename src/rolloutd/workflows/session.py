@@ -73,6 +73,10 @@ LOST_HOST_TEARDOWN = timedelta(seconds=15)
 #: minutes), and all attempts on the gateway host serving the session.
 CLOSE_TIMEOUT = timedelta(seconds=300)
 PINNED_CLOSE = timedelta(seconds=600)
+#: patch id: the runtime is torn down while the gateway session closes and the trajectory is
+#: built, not before (they do not depend on each other; a cancelled session ends one activity
+#: round trip sooner). Histories recorded before it replay the sequential order.
+TEARDOWN_BESIDE_CLOSE = "teardown-beside-close"
 
 
 def attempt_session_id(session_id: str, attempt: int) -> str:
@@ -101,6 +105,13 @@ class _Outcome:
     artifacts: dict[str, str] = dataclasses.field(default_factory=dict)
     cancelled: bool = False
     host_lost: bool = False
+    #: the runtime's teardown, running beside close and build (see TEARDOWN_BESIDE_CLOSE)
+    teardown: asyncio.Future[None] | None = None
+
+    async def torn_down(self) -> None:
+        """Wait for the runtime's teardown when it runs in the background."""
+        if self.teardown is not None:
+            await self.teardown
 
 
 class SessionInput(BaseModel):
@@ -187,7 +198,10 @@ class RolloutSessionWorkflow:
                     and deadline_left() > 1.0):
                 # the attempt's log is sealed and kept under its own session id; the next
                 # attempt starts from a fresh runtime and an empty log (docs/faults.md)
-                closed = await self._close(opened, session_id, timed)
+                try:
+                    closed = await self._close(opened, session_id, timed)
+                finally:
+                    await outcome.torn_down()
                 given_up.append(SessionAttempt(attempt=attempt, session_id=session_id,
                                                error=outcome.error or "sandbox host lost",
                                                num_completions=closed.num_completions))
@@ -196,6 +210,19 @@ class RolloutSessionWorkflow:
                 continue
             break
 
+        try:
+            return await self._finish(input, outcome, opened, session_id, attempt, prewarm,
+                                      given_up, timings, timed)
+        finally:
+            await outcome.torn_down()
+
+    async def _finish(self, input: SessionInput, outcome: _Outcome, opened: OpenSessionOutput,
+                      session_id: str, attempt: int,
+                      prewarm: asyncio.Task[ProvisionRuntimeOutput] | None,
+                      given_up: list[SessionAttempt], timings: list[PhaseTiming],
+                      timed) -> SessionResult:
+        """Steps 5-9 after the last attempt: evaluation runtime, close, build, evaluate."""
+        task, phases = input.task, input.task.phases
         status, error, artifacts = outcome.status, outcome.error, outcome.artifacts
         cancelled = outcome.cancelled
         if outcome.host_lost:
@@ -239,6 +266,7 @@ class RolloutSessionWorkflow:
             ))
             reward, trace_rewards = evaluated.reward, evaluated.trace_rewards
 
+        await outcome.torn_down()
         self._phase = "done"
         search.upsert(status=status.value, reward=reward)
         result = SessionResult(
@@ -348,12 +376,17 @@ class RolloutSessionWorkflow:
                                  f"{_cause(e)}")
         finally:
             if runtime is not None:
-                await self._teardown(runtime, timed, host_lost=out.host_lost,
-                                     teardown_s=phases.teardown_s)
+                if workflow.patched(TEARDOWN_BESIDE_CLOSE):
+                    out.teardown = asyncio.ensure_future(self._teardown(
+                        runtime, timed, host_lost=out.host_lost, teardown_s=phases.teardown_s,
+                        current=False))
+                else:
+                    await self._teardown(runtime, timed, host_lost=out.host_lost,
+                                         teardown_s=phases.teardown_s)
         return out
 
     async def _teardown(self, runtime: ProvisionRuntimeOutput, timed, *,
-                        host_lost: bool, teardown_s: float) -> None:
+                        host_lost: bool, teardown_s: float, current: bool = True) -> None:
         """Tear a runtime down on its host; a host that does not answer in time is left to
         reclaim the runtime when it starts again (rolloutd.sandbox.reclaim)."""
         try:
@@ -366,7 +399,7 @@ class RolloutSessionWorkflow:
                                            else _seconds(3 * teardown_s)),
                 heartbeat_timeout=HEARTBEAT,
                 retry_policy=INFRA_RETRY,
-            ))
+            ), current=current)
         except ActivityError as e:
             workflow.logger.warning("teardown of %s on %s abandoned (reclaimed when the host "
                                     "restarts): %s", runtime.runtime_id, runtime.host_id,

@@ -1,12 +1,14 @@
 """Runtime latency: start, exec round trip (``true``) and teardown, p50/p99, local and bwrap.
 
-    python3 benchmarks/runtime.py [--runs 50] [--execs 200]
+    python3 benchmarks/runtime.py [--runs 50] [--execs 200] [--image ROOT_FOLDER]
 
-Targets (issue #5): start <= 50 ms, exec <= 5 ms at p50. Each start is a fresh runtime
-(folders; for bwrap the sandbox and its agent, with ``network: gateway`` also the host side of
-the relay; for local nothing else); each exec is one ``Runtime.exec(["true"])`` (for bwrap: a
-request to an idle shim of the agent, a ``posix_spawn`` and the exit report); teardown is
-``Runtime.stop()``. The machine's load moves these numbers a lot: repeat, compare medians.
+Targets (issue #5): start <= 50 ms, exec <= 5 ms at p50, with and without limits. Each start
+is a fresh runtime (folders; for bwrap the sandbox and its agent, with ``network: gateway``
+also the host side of the relay, with limits also the runtime's cgroup and moving the agent
+into it; for local nothing else); each exec is one ``Runtime.exec(["true"])`` (for bwrap: a
+request to an idle shim of the agent, a ``posix_spawn`` and the exit report), the first one
+right after the start; teardown is ``Runtime.stop()``. The machine's load moves these numbers
+a lot: the load average is printed with the table; repeat, compare medians.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +30,8 @@ CONFIGS = {
     "local": RuntimeSpec(type="local"),
     "bwrap (network none)": RuntimeSpec(type="bwrap", network="none"),
     "bwrap (network gateway)": RuntimeSpec(type="bwrap"),
-    "bwrap (gateway + max_processes)": RuntimeSpec(type="bwrap", max_processes=256),
+    "bwrap (gateway + limits)": RuntimeSpec(type="bwrap", max_processes=256, cpus=2,
+                                            memory_mb=8192),
 }
 
 
@@ -60,17 +64,25 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=50, help="runtimes started per config")
     parser.add_argument("--execs", type=int, default=200, help="execs per config")
+    parser.add_argument("--image", help="also measure bwrap with this image root folder")
     args = parser.parse_args()
+    configs = dict(CONFIGS)
+    if args.image:
+        configs["bwrap (image, gateway)"] = RuntimeSpec(type="bwrap", image=args.image)
+        configs["bwrap (image, gateway + limits)"] = RuntimeSpec(
+            type="bwrap", image=args.image, max_processes=256, cpus=2, memory_mb=8192)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    print("load average before: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     print("| runtime | start p50 | start p99 | exec p50 | exec p99 | teardown p50 | "
           "teardown p99 |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as root:
-        for name, spec in CONFIGS.items():
+        for name, spec in configs.items():
             t = await measure(spec, args.runs, args.execs, Path(root))
             print(f"| {name} | " + " | ".join(
                 f"{pct(t[k], q):.1f} ms" for k in ("start", "exec", "stop")
                 for q in (0.5, 0.99)) + " |")
+    print("load average after: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
 if __name__ == "__main__":

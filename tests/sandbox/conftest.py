@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -106,3 +107,38 @@ def runtime_pids() -> Callable[[Runtime], list[int]]:
 def wait_for() -> Callable[..., Awaitable[bool]]:
     """Poll a predicate with a deadline."""
     return _wait_for
+
+
+#: programs copied into :func:`image_root` (with the libraries they load).
+IMAGE_PROGRAMS = ("sh", "cat", "id", "whoami", "ls", "touch", "sleep", "true", "env")
+
+
+@pytest.fixture(scope="session")
+def image_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small root folder for ``RuntimeSpec.image``: a few of the host's programs and the
+    shared libraries they load (ldd(1)), at their paths, an ``/etc`` of its own and the
+    ``/home/agent`` mount point; no ``/usr`` and no Python."""
+    root = tmp_path_factory.mktemp("image")
+    for folder in ("bin", "etc", "home/agent"):
+        (root / folder).mkdir(parents=True)
+    libs: set[str] = set()
+    for name in IMAGE_PROGRAMS:
+        program = shutil.which(name)
+        if program is None:
+            pytest.skip(f"{name} is not installed on this host")
+        shutil.copy2(os.path.realpath(program), root / "bin" / name)
+        listing = subprocess.run(["ldd", program], capture_output=True, text=True, check=True)
+        for line in listing.stdout.splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[1] == "=>" and parts[2].startswith("/"):
+                libs.add(parts[2])
+            elif parts and parts[0].startswith("/"):  # the dynamic loader
+                libs.add(parts[0])
+    for lib in libs:
+        target = root / lib.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.realpath(lib), target)
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (root / "etc" / "group").write_text("root:x:0:\n")
+    (root / "etc" / "image-release").write_text("rolloutd-test-image\n")
+    return root

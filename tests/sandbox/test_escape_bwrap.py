@@ -3,8 +3,8 @@
 A real HTTP "gateway" listens on the host's loopback; the sandbox may reach its own session's
 routes through the relay and nothing else: no other loopback port of the host, no other
 session, no non-loopback address, no file that was not bound, no write outside the workspace,
-no variable of the worker's environment. A fork bomb is bounded by ``max_processes`` and torn
-down with the runtime.
+no variable of the worker's environment, no root (commands run as an unprivileged uid when the
+worker is root). A fork bomb is bounded by ``max_processes`` and torn down with the runtime.
 """
 
 from __future__ import annotations
@@ -153,6 +153,24 @@ async def test_host_environment_is_not_visible(make_runtime, monkeypatch):
     host_only = set(os.environ) - {"PATH", "HOME", "LANG", "TERM", "TMPDIR", "PWD", "SHLVL",
                                    "_", "OLDPWD"}
     assert not (host_only & set(inside)), host_only & set(inside)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="commands run as the worker's own uid unless the "
+                    "worker is root")
+async def test_commands_are_not_root(make_runtime):
+    runtime = await make_runtime("bwrap")
+    result = await runtime.exec("id -u; grep -E '^(CapEff|CapPrm|CapInh):' /proc/self/status")
+    uid, *caps = result.stdout.splitlines()
+    assert int(uid) != 0
+    assert all(line.split()[1] == "0000000000000000" for line in caps), caps
+    # root-only files of the read-only system stay unreadable (a root without capabilities,
+    # as commands used to be, still owned them)
+    if os.path.exists("/etc/shadow"):
+        shadow = await runtime.exec(["cat", "/etc/shadow"])
+        assert shadow.exit_code != 0 and "Permission denied" in shadow.stderr
+    # nor can a command take another uid
+    setuid = await runtime.exec(["python3", "-c", "import os; os.setuid(0)"])
+    assert setuid.exit_code != 0 and "PermissionError" in setuid.stderr
 
 
 async def test_fork_bomb_is_bounded_and_torn_down(make_runtime, runtime_pids, wait_for):

@@ -48,11 +48,12 @@ async def test_custom_workdir(make_runtime):
 
 async def test_own_pid_namespace(make_runtime):
     runtime = await make_runtime("bwrap")
-    result = await runtime.exec("echo $$; cat /proc/1/comm; ls /proc | grep -c '^[0-9]'")
-    own_pid, init, num_visible = result.stdout.split()
-    # bwrap's init is pid 1, the sandbox agent pid 2, then its shims and their commands
-    assert init == "bwrap"
-    assert 2 < int(own_pid) < 100
+    result = await runtime.exec("echo $$; tr '\\0' ' ' < /proc/1/cmdline; echo; "
+                                "ls /proc | grep -c '^[0-9]'")
+    own_pid, init, num_visible = result.stdout.split("\n")[:3]
+    # the sandbox agent is pid 1, then its shims and their commands
+    assert "rolloutd-agent" in init
+    assert 1 < int(own_pid) < 100
     host_visible = sum(1 for entry in os.listdir("/proc") if entry.isdigit())
     assert int(num_visible) < 10 < host_visible
 
@@ -149,16 +150,16 @@ async def test_daemon_of_a_running_harness_lives_until_the_harness_ends(make_run
 #: tries to open the agent's control socket, read its environment and memory, attach to it.
 PEEK = """
 import ctypes, os
-for name in os.listdir("/proc/2/fd"):
+for name in os.listdir("/proc/1/fd") if os.access("/proc/1/fd", os.R_OK) else []:
     try:
-        os.close(os.open(f"/proc/2/fd/{name}", os.O_RDWR))
+        os.close(os.open(f"/proc/1/fd/{name}", os.O_RDWR))
         print("fd:opened", name)
         break
     except OSError:
         pass
 else:
     print("fd:denied")
-for path in ("/proc/2/environ", "/proc/2/mem"):
+for path in ("/proc/1/environ", "/proc/1/mem"):
     try:
         open(path, "rb").close()
         print(path.rsplit("/", 1)[1] + ":opened")
@@ -166,30 +167,43 @@ for path in ("/proc/2/environ", "/proc/2/mem"):
         print(path.rsplit("/", 1)[1] + ":denied")
 PTRACE_ATTACH = 16
 libc = ctypes.CDLL(None, use_errno=True)
-print("ptrace:" + ("attached" if libc.ptrace(PTRACE_ATTACH, 2, None, None) == 0 else "denied"))
+print("ptrace:" + ("attached" if libc.ptrace(PTRACE_ATTACH, 1, None, None) == 0 else "denied"))
 """
 
 
 async def test_sandbox_cannot_reach_the_agent(make_runtime):
     runtime = await make_runtime("bwrap")
-    # the agent (pid 2) is not dumpable: its fds (the control socket), environment and
-    # memory cannot be opened, nor can it be traced
+    # the agent (pid 1) runs as root, commands as another uid, and it is not dumpable: its
+    # fds (the control socket), environment and memory cannot be opened, nor can it be traced
     result = await runtime.exec(["python3", "-c", PEEK], timeout_s=30)
     assert result.stdout.split() == ["fd:denied", "environ:denied", "mem:denied",
                                      "ptrace:denied"], result
-    assert (await runtime.exec("cat /proc/2/cmdline")).stdout.startswith("/")  # it is there
+    assert (await runtime.exec("cat /proc/1/cmdline")).stdout.startswith("/")  # it is there
 
 
-async def test_killing_the_agent_ends_the_sandbox_not_the_worker(make_runtime, runtime_pids):
+async def test_the_sandbox_cannot_kill_the_agent(make_runtime):
+    runtime = await make_runtime("bwrap")
+    # the namespace's init ignores signals from inside, and commands run as another uid
+    killer = await runtime.exec("kill -KILL 1; echo $?; kill -TERM 1; echo $?")
+    if runtime.uid >= 0:  # another uid: refused outright (else silently ignored)
+        assert killer.stdout.split() == ["1", "1"], killer
+    assert (await runtime.exec("true")).exit_code == 0
+
+
+async def test_killing_the_agent_ends_the_sandbox_not_the_worker(make_runtime, runtime_pids,
+                                                                 wait_for):
     runtime = await make_runtime("bwrap")
     harness = await runtime.spawn("sleep 1000")
-    killer = await runtime.exec("kill -KILL 2; sleep 5")
-    # the PID namespace died with the agent: killed (-9), or gone before its start was reported
-    assert killer.exit_code == -9 or "agent is gone" in killer.stderr, killer
+    running = await runtime.spawn("sleep 1000", name="other")
+    # killed from the host (it is pid 1 inside), the agent takes the PID namespace with it
+    assert runtime.agent_pid is not None
+    os.kill(runtime.agent_pid, 9)
     assert await harness.wait(10) is not None
+    assert await running.wait(10) is not None
     after = await runtime.exec("true")
     assert after.exit_code == 127 and "agent is gone" in after.stderr
-    assert runtime_pids(runtime) == []
+    # the kernel kills the rest of the namespace as its init exits
+    assert await wait_for(lambda: runtime_pids(runtime) == [])
 
 
 async def test_long_requests_and_the_key_stay_off_command_lines(make_runtime, wait_for):
@@ -217,3 +231,78 @@ def _command_lines_with(needle: bytes) -> list[int]:
             except OSError:  # exited meanwhile
                 continue
     return found
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="commands run as the worker's own uid unless the "
+                    "worker is root")
+async def test_commands_run_unprivileged_and_own_workspace_and_home(make_runtime, tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "mod.py").write_text("x = 1\n")
+    runtime = await make_runtime(
+        "bwrap", files={"notes.txt": "start\n"},
+        prepare=[{"type": "upload", "source": str(repo), "path": "repo"},
+                 {"type": "exec", "command": "git init -q repo && echo made > repo/pkg/new.py"}])
+    await runtime.upload("/home/agent/.config/tool/settings.json", b"{}")
+    ids = await runtime.exec("id -u; id -g; whoami; echo $HOME")
+    assert ids.stdout.split() == [str(runtime.uid), str(runtime.gid), "agent", "/home/agent"]
+    assert runtime.uid != 0 and runtime.gid != 0
+    # files written by the worker (spec.files, a prepare upload, an upload into HOME) and by
+    # commands are all writable inside, and belong to the sandbox user on the host
+    write = await runtime.exec("echo more >> notes.txt && echo y > repo/pkg/mod.py && "
+                               "echo 1 > ~/.config/tool/settings.json && "
+                               "touch ~/.config/tool/new.md && mkdir -p out/a && touch out/a/b "
+                               "&& git -C repo status --short | sort")
+    assert write.exit_code == 0, write.stderr
+    assert write.stdout.split() == ["??", "pkg/"]
+    for path in ("notes.txt", "repo/pkg/mod.py", "repo/pkg/new.py", "out/a/b"):
+        assert runtime.host_path(path).stat().st_uid == runtime.uid, path
+    assert (runtime.host_path("notes.txt").read_text()) == "start\nmore\n"
+
+
+async def test_memory_limit_is_a_cgroup_and_oom_kills_only_the_command(make_runtime):
+    runtime = await make_runtime("bwrap", memory_mb=128)
+    if runtime.cgroup is None or runtime.cgroup.memory_dir is None:
+        pytest.skip("no writable memory cgroup here: memory_mb falls back to RLIMIT_AS")
+    limit_file = next(runtime.cgroup.memory_dir / name for name in
+                      ("memory.max", "memory.limit_in_bytes")
+                      if (runtime.cgroup.memory_dir / name).exists())
+    assert int(limit_file.read_text()) == 128 * 2**20
+    harness = await runtime.spawn("sleep 1000")
+    assert runtime.num_oom_kills == 0
+    # touches every page of 512 MiB: only the cgroup stops it (address space is unlimited)
+    grab = await runtime.exec(["python3", "-c", "b = b'x' * (512 * 2**20); print(len(b))"])
+    assert grab.exit_code == -9 and grab.oom_killed, grab
+    assert runtime.num_oom_kills >= 1
+    # the rest of the runtime survives: the agent, a running harness, new commands
+    assert harness.returncode is None
+    after = await runtime.exec("echo alive")
+    assert after.stdout == "alive\n" and not after.oom_killed
+    # memory below the limit is fine
+    small = await runtime.exec(["python3", "-c", "b = b'x' * (32 * 2**20); print(len(b))"])
+    assert small.exit_code == 0 and small.stdout == f"{32 * 2**20}\n"
+
+
+async def test_image_runs_every_command_in_one_sandbox_of_the_image(make_runtime, image_root,
+                                                                    runtime_pids, wait_for):
+    runtime = await make_runtime("bwrap", image=str(image_root), max_processes=32,
+                                 files={"in.txt": "from the worker\n"})
+    result = await runtime.exec("cat /etc/image-release; ls /usr; cat in.txt; echo out > f; "
+                                "cat f; touch /bin/x")
+    assert result.stdout == "rolloutd-test-image\nfrom the worker\nout\n", result
+    assert "/usr" in result.stderr and "Read-only file system" in result.stderr
+    assert runtime.host_path("f").read_text() == "out\n"
+    if runtime.uid >= 0:  # the image's own /etc/passwd, plus the sandbox user
+        assert (await runtime.exec("id -u; whoami")).stdout.split() == [str(runtime.uid),
+                                                                      "agent"]
+    # one persistent sandbox: a harness and later commands share its PID namespace, whose
+    # pid 1 is the agent (the worker's Python, not the image's: it has none)
+    harness = await runtime.spawn(["sleep", "1000"])  # posix_spawn returns after the exec
+    seen = await runtime.exec("cat /proc/[0-9]*/comm")
+    assert "sleep" in seen.stdout.split()
+    assert "rolloutd-agent" in (await runtime.exec("cat /proc/1/cmdline")).stdout
+    assert runtime.cgroup is not None and runtime.cgroup.pids()
+    assert await wait_for(lambda: len(runtime_pids(runtime)) == 1)
+    await runtime.stop()
+    assert harness.returncode is not None
+    assert runtime_pids(runtime, with_holder=True) == []

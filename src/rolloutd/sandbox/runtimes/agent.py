@@ -11,7 +11,9 @@ files for :meth:`Runtime.spawn`. The protocol is described in ``agent_inside``'s
 An :class:`AgentProcess` stands for one such command: its ``pid``/``pgid`` are the command's pid
 inside the sandbox's PID namespace (it leads its own process group there); signals go through
 the agent (``killpg``), and the exit is reported by the command's shim once everything the
-command started is gone, so a reported exit means an empty process tree.
+command started is gone, so a reported exit means an empty process tree. The shim is then idle
+again and goes back to the pool (up to :data:`MAX_IDLE_SHIMS`), so a sequence of commands costs
+no fork but the commands' own.
 """
 
 from __future__ import annotations
@@ -42,10 +44,10 @@ MAX_INLINE_BYTES = 32 * 1024
 MAX_EVENT_BYTES = 64 * 1024
 #: seconds :meth:`AgentProcess.terminate` waits for the exit after SIGKILL before giving up.
 KILL_WAIT_S = 10.0
-#: shims the agent forks at start (agent_inside.NUM_INITIAL_SHIMS).
-NUM_INITIAL_SHIMS = 1
 #: idle shims kept ready, so a command does not wait for a fork.
 NUM_IDLE_SHIMS = 1
+#: idle shims kept at most: a shim whose command exited is reused while fewer are idle.
+MAX_IDLE_SHIMS = 4
 
 
 class AgentError(RolloutdError):
@@ -181,7 +183,7 @@ class AgentProcess(RuntimeProcess):
                 self.pid = self.pgid = int(event["pid"])
                 self._started.set_result(None)
             elif event.get("event") == "exit":
-                self._set_exit(int(event["code"]))
+                self._set_exit(int(event["code"]), reusable=True)
                 return
 
     def _on_gone(self) -> None:
@@ -190,7 +192,9 @@ class AgentProcess(RuntimeProcess):
             self._started.exception()  # retrieved: run() may not be waiting
         self._set_exit(-signal.SIGKILL)
 
-    def _set_exit(self, code: int) -> None:
+    def _set_exit(self, code: int, *, reusable: bool = False) -> None:
+        """Record the exit; hand the shim back to the agent (``reusable``: it reported the exit
+        and waits for the next command) or close its socket (the shim then ends)."""
         if not self._started.done():
             self._started.set_result(None)
         if self._returncode is None:
@@ -198,7 +202,10 @@ class AgentProcess(RuntimeProcess):
             self._exited.set_result(code)
         if self._sock.fileno() >= 0:
             self._loop.remove_reader(self._sock.fileno())
-            self._sock.close()
+            if reusable:
+                self._agent.reuse(self._sock)
+            else:
+                self._sock.close()
         self._agent.forget(self)
 
 
@@ -220,7 +227,7 @@ class SandboxAgent:
         self._starting: set[socket.socket] = set()  # shims not idle yet
         self._shim_waiters: collections.deque[asyncio.Future[socket.socket]] = \
             collections.deque()
-        self._num_requested = NUM_INITIAL_SHIMS  # forked by the agent at start, unasked
+        self._num_requested = 0  # shims asked for, not idle yet
         self._sweeps: dict[int, asyncio.Future[int]] = {}
         self._running: set[AgentProcess] = set()
         self._ready: asyncio.Future[None] = self._loop.create_future()
@@ -235,6 +242,16 @@ class SandboxAgent:
             TimeoutError: ``timeout_s`` passed first.
         """
         await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
+
+    async def prime(self) -> None:
+        """Ask for the first idle shim: until then the agent forks nothing, so the worker can
+        move it into the runtime's cgroup first.
+
+        Raises:
+            AgentError: the agent is gone.
+        """
+        self._check_open()
+        await self._request_shims()
 
     async def run(self, argv: list[str], env: dict[str, str], cwd: str, *, name: str,
                   grace_s: float, stdin: Any, stdout: Any, stderr: Any) -> AgentProcess:
@@ -319,6 +336,20 @@ class SandboxAgent:
         """Drop a process whose exit was reported."""
         self._running.discard(process)
 
+    def reuse(self, shim: socket.socket) -> None:
+        """Take back a shim whose command exited: give it to a waiting command, keep it idle,
+        or close it (the shim ends) when enough are idle or the agent is gone."""
+        while self._shim_waiters and self._shim_waiters[0].done():
+            self._shim_waiters.popleft()  # cancelled
+        if self.closed:
+            shim.close()
+        elif self._shim_waiters:
+            self._shim_waiters.popleft().set_result(shim)
+        elif len(self._idle) < MAX_IDLE_SHIMS:
+            self._idle.append(shim)
+        else:
+            shim.close()
+
     def close(self) -> None:
         """Close every socket: the agent exits, and with it the sandbox. Idempotent."""
         self._on_gone("closed by the worker")
@@ -331,8 +362,17 @@ class SandboxAgent:
     async def _take_shim(self) -> socket.socket:
         """An idle shim's socket (waiting for one to be forked when there is none)."""
         self._check_open()
-        if self._idle:
-            return self._idle.popleft()
+        while self._idle:
+            shim = self._idle.popleft()
+            try:  # a command may have killed an idle shim (same uid): its socket is at EOF
+                alive = shim.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+            except BlockingIOError:
+                alive = True
+            except OSError:
+                alive = False
+            if alive:
+                return shim
+            shim.close()
         waiter: asyncio.Future[socket.socket] = self._loop.create_future()
         self._shim_waiters.append(waiter)
         await self._request_shims()

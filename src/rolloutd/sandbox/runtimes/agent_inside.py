@@ -1,22 +1,28 @@
 """Sandbox side of the bwrap runtime: one agent per sandbox that runs every command in it.
 
-Run as a script by the runtime's sandbox holder (standard library only, ``python3 -S -I``)::
+Run as a script by the runtime's sandbox, as its pid 1 (standard library only, ``python3 -S -I``)::
 
-    python3 -S -I agent_inside.py CONTROL_FD [PORT SOCKET]
+    python3 -S -I agent_inside.py CONTROL_FD UID GID [PORT SOCKET]
 
 ``CONTROL_FD`` is one end of a ``SOCK_SEQPACKET`` socket pair (unix(7): message boundaries are
 kept, so a send is atomic; requests are ``marshal``-ed dicts, written by the worker, which the
-agent trusts; events are flat JSON objects, the worker trusts nothing else) whose other end the worker
-holds; nothing inside the sandbox can open it (it has no path, and the agent is not dumpable,
-see below). With ``PORT SOCKET`` the agent also relays TCP connections to ``127.0.0.1:PORT``
+agent trusts; events are flat JSON objects, the worker trusts nothing else) whose other end the
+worker holds; nothing inside the sandbox can open it (it has no path, and the agent is not dumpable,
+see below). ``UID GID`` (-1: keep the agent's own) are the ids commands run as: each shim
+drops to them (setgroups, setresgid, setresuid) before it takes a command, which clears every
+capability it had; the agent itself keeps root and the few capabilities that needs
+(``CAP_SETUID``, ``CAP_SETGID``, ``CAP_KILL`` for sweeps), none of which a command ever
+holds. With ``PORT SOCKET`` the agent also relays TCP connections to ``127.0.0.1:PORT``
 byte for byte to the unix socket ``SOCKET`` (``network: gateway``; the host side,
 :mod:`rolloutd.sandbox.runtimes.gateway_relay`, checks each request); it does no filtering.
 
 Commands run under *shims*: forks of the agent, each with a ``SOCK_SEQPACKET`` pair of its own
-whose other end goes to the worker (``SCM_RIGHTS``). A shim serves exactly one command:
+whose other end goes to the worker (``SCM_RIGHTS``). A shim serves one command at a time:
 
-1. it sets itself up, becomes a child subreaper (prctl(2) ``PR_SET_CHILD_SUBREAPER``), sends
-   ``{"event": "idle"}`` and blocks, so a request finds it scheduled and ready;
+1. it sets itself up once: raises its OOM score adjustment (so the OOM killer takes a command
+   before the agent), drops to ``UID GID``, becomes a child subreaper (prctl(2)
+   ``PR_SET_CHILD_SUBREAPER``), sends ``{"event": "idle"}`` and blocks, so a request finds it
+   scheduled and ready;
 2. request ``{"op": "run", "argv", "env", "cwd", "fds": ["stdout", ...]}`` with those fds
    attached (missing streams: ``/dev/null``); a request longer than one message comes as
    ``{"op": "indirect"}`` with a memfd holding it as the first fd;
@@ -27,27 +33,35 @@ whose other end goes to the worker (``SCM_RIGHTS``). A shim serves exactly one c
 4. ``{"op": "signal", "sig"}`` requests are ``killpg`` on the command's group, until the
    command exits; then it SIGKILLs whatever the command left behind (its orphans, ``setsid``
    daemons included, are reparented to the shim) and sends ``{"event": "exit", "code"}``
-   (negative: killed by that signal, as ``os.waitstatus_to_exitcode``) and exits. So, as when
-   every command had a PID namespace of its own, nothing a command started outlives it, and a
-   reported exit means an empty process tree.
+   (negative: killed by that signal, as ``os.waitstatus_to_exitcode``). So, as when every
+   command had a PID namespace of its own, nothing a command started outlives it, and a
+   reported exit means an empty process tree;
+5. it is idle again: the worker may send the next command on the same socket (a ``signal``
+   request that crossed the exit report is ignored), or close it to end the shim. Reusing a
+   shim saves a fork, its set-up and its exit per command.
 
 Control requests (worker -> agent): ``{"op": "shims", "n"}`` forks ``n`` more shims (event
 ``{"event": "shim", "pid"}`` with the worker's end attached, or ``{"event": "shim_failed"}``
 when fork fails, e.g. at the pids limit); ``{"op": "sweep", "id"}`` SIGKILLs every process
-but pid 1, the agent and its shims (``{"event": "swept", "id", "num_killed"}``). The agent
-sends ``{"event": "ready"}`` once it listens, and exits when the worker closes its end; being
-the sandbox's first process, its exit ends the PID namespace and everything in it.
+but the agent and its shims (``{"event": "swept", "id", "num_killed"}``). The agent sends
+``{"event": "ready"}`` once it listens, then forks nothing until the first ``shims`` request:
+meanwhile the worker moves it into the runtime's cgroup, so every shim and command is born
+inside. It exits when the worker closes its end; it is the sandbox's pid 1 (``bwrap
+--as-pid-1``), so its exit ends the PID namespace and everything in it, and no process of the
+sandbox can signal it (the kernel drops signals to a namespace's init from inside, and
+commands run as another uid).
 
 The agent is not dumpable (``PR_SET_DUMPABLE`` 0, inherited by the shims): processes of the
-sandbox, which share its uid but have no capabilities, cannot ptrace it or open its
-``/proc/PID/fd``, ``environ`` or ``mem``; a command gets the default (dumpable) state back at
-``execve``. The worker does not trust the agent either: it runs inside.
+sandbox, which have no capabilities (and, with ``UID``, another uid), cannot ptrace it or open
+its ``/proc/PID/fd``, ``environ`` or ``mem``; a command gets the default (dumpable) state back
+at ``execve``. The worker does not trust the agent either: it runs inside.
 """
 
 from __future__ import annotations
 
-# the C modules, not socket, signal, json and selectors: those import enum and re, which
-# would add about 10 ms to every sandbox's start (python3 -X importtime)
+# the C modules, not socket, signal, json, selectors and ctypes: those import enum, re and
+# struct, which would add about 14 ms to every sandbox's start (python3 -X importtime)
+import _ctypes
 import _signal as signal
 import _socket
 import array
@@ -61,12 +75,13 @@ import time
 #: prctl(2) options (linux/prctl.h).
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
+#: the OOM score adjustment of a shim and its commands: the OOM killer prefers them to the
+#: agent (0); without CAP_SYS_RESOURCE a command can lower its own to 0, not below.
+SHIM_OOM_SCORE_ADJ = 500
 #: bytes read from a relayed socket at a time.
 CHUNK = 65536
 #: seconds a sweep keeps killing before it gives up (a process in D state may linger).
 SWEEP_TIMEOUT_S = 5.0
-#: idle shims forked when the agent starts (more on request).
-NUM_INITIAL_SHIMS = 1
 #: signals reset to their default action in a command (Python ignores SIGPIPE and SIGXFSZ,
 #: and an ignored signal stays ignored across execve).
 RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGINT, signal.SIGTERM)
@@ -76,7 +91,32 @@ DEFAULT_PATH = "/bin:/usr/bin"
 #: epoll(7) events as the selectors module names them.
 EVENT_READ, EVENT_WRITE = select.EPOLLIN, select.EPOLLOUT
 
-_libc = None  # ctypes' libc, loaded after ``ready`` (importing ctypes takes about 4 ms)
+
+
+class _Int(_ctypes._SimpleCData):
+    _type_ = "i"
+
+
+class _ULong(_ctypes._SimpleCData):
+    _type_ = "L"
+
+
+class _CFunction(_ctypes.CFuncPtr):
+    """A libc function returning ``int`` that sets errno (what ctypes.CDLL builds)."""
+
+    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+    _restype_ = _Int
+
+
+class _Libc:
+    _handle = _ctypes.dlopen(None)
+
+
+_prctl = _CFunction(("prctl", _Libc()))
+_capset = _CFunction(("capset", _Libc()))
+#: capset(2) header: _LINUX_CAPABILITY_VERSION_3 for the calling thread; empty sets (2 x 3 u32).
+CAP_HEADER_V3 = array.array("I", [0x20080522, 0]).tobytes()
+NO_CAPS_V3 = bytes(24)
 
 
 class Selector:
@@ -151,13 +191,8 @@ def send_fds(sock: _socket.socket, data: bytes, fds: list[int]) -> None:
 
 def prctl(option: int, value: int) -> None:
     """Call prctl(2) with one argument; raise OSError on failure."""
-    global _libc
-    import ctypes
-
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    if _libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0) != 0:
-        err = ctypes.get_errno()
+    if _prctl(option, _ULong(value), _ULong(0), _ULong(0), _ULong(0)) != 0:
+        err = _ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
 
@@ -185,15 +220,16 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def shim(sock: _socket.socket) -> None:
-    """Body of a forked shim: wait for one command, run it, clean up after it; never returns.
+def shim(sock: _socket.socket, uid: int, gid: int) -> None:
+    """Body of a forked shim: run commands one at a time, clean up after each; never returns.
 
     Args:
         sock: the shim's end of its own ``SOCK_SEQPACKET`` pair; the worker holds the other.
+        uid, gid: the ids to run commands as (-1: keep the agent's).
     """
     code = 70
     try:
-        gc.disable()  # short-lived: collecting would only copy the agent's pages
+        gc.disable()  # collecting would only copy the agent's pages
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
@@ -205,21 +241,44 @@ def shim(sock: _socket.socket) -> None:
                 except OSError:
                     continue  # the fd of the listdir itself, already closed
         sock.setblocking(True)
+        set_oom_score_adj(SHIM_OOM_SCORE_ADJ)
+        if gid >= 0:
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+        if uid >= 0:  # all uids nonzero: every capability is gone (capabilities(7))
+            os.setresuid(uid, uid, uid)
+            _capset(CAP_HEADER_V3, NO_CAPS_V3)  # the inheritable set too
         prctl(PR_SET_CHILD_SUBREAPER, 1)
         send(sock, {"event": "idle"})  # set up and scheduled once: a request wakes it fast
-        # CLOEXEC: the command gets these fds only where posix_spawn dup2s them
-        data, fds = recv_fds(sock, CHUNK, 16, _socket.MSG_CMSG_CLOEXEC)
-        if not data:
-            code = 0
-            return  # the worker closed an idle shim
-        request = marshal.loads(data)  # written by the worker, which the agent trusts
-        if request["op"] == "indirect":
-            with os.fdopen(fds[0], "rb") as f:
-                request = marshal.loads(f.read())
-            fds = fds[1:]
-        code = run(sock, request, dict(zip(request.get("fds", []), fds)))
+        while True:
+            # CLOEXEC: the command gets these fds only where posix_spawn dup2s them
+            data, fds = recv_fds(sock, CHUNK, 16, _socket.MSG_CMSG_CLOEXEC)
+            if not data:
+                code = 0
+                return  # the worker closed the shim
+            request = marshal.loads(data)  # written by the worker, which the agent trusts
+            if request["op"] == "indirect":
+                with os.fdopen(fds[0], "rb") as f:
+                    request = marshal.loads(f.read())
+                fds = fds[1:]
+            if request["op"] != "run":  # a signal for a command that already exited
+                for fd in fds:
+                    os.close(fd)
+                continue
+            code = run(sock, request, dict(zip(request.get("fds", []), fds)))
+            if code:
+                return
     finally:
         os._exit(code)
+
+
+def set_oom_score_adj(value: int) -> None:
+    """Set this process's OOM score adjustment (proc(5)); its children inherit it."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(value))
+    except OSError:
+        pass  # no /proc (never in the sandbox) or not allowed: the default stays
 
 
 def which(name: str, path: str) -> str:
@@ -236,7 +295,8 @@ def which(name: str, path: str) -> str:
 
 def run(sock: _socket.socket, request: dict, fds: dict[str, int]) -> int:
     """Run one command (posix_spawn(3): vfork and exec), serve signal requests until it exits,
-    kill what it left behind, report; return the shim's exit code."""
+    kill what it left behind, report; return 0 to stay for the next command, 1 when the worker
+    closed the shim's socket."""
     argv, cwd, env = request["argv"], request["cwd"], request["env"]
     actions = []
     for target, name in enumerate(("stdin", "stdout", "stderr")):
@@ -245,7 +305,7 @@ def run(sock: _socket.socket, request: dict, fds: dict[str, int]) -> int:
         else:
             actions.append((os.POSIX_SPAWN_OPEN, target, "/dev/null", os.O_RDWR, 0))
     try:
-        os.chdir(cwd)  # posix_spawn has no chdir action; this shim serves one command only
+        os.chdir(cwd)  # posix_spawn has no chdir action; the shim runs one command at a time
         pid = os.posix_spawn(which(argv[0], env.get("PATH", DEFAULT_PATH)), argv, env,
                              file_actions=actions, setpgroup=0, setsigdef=RESET_SIGNALS,
                              setsigmask=())
@@ -260,6 +320,7 @@ def run(sock: _socket.socket, request: dict, fds: dict[str, int]) -> int:
         for fd in fds.values():
             os.close(fd)
     send(sock, {"event": "started", "pid": pid})
+    gone = False  # the worker closed the shim's socket
     pidfd = os.pidfd_open(pid)
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
@@ -278,7 +339,9 @@ def run(sock: _socket.socket, request: dict, fds: dict[str, int]) -> int:
         except ProcessLookupError:
             pass  # the group is gone: its leader is about to be reaped
         if not data:
+            gone = True
             break
+    os.close(pidfd)
     _, status = os.waitpid(pid, 0)
     exit_code = os.waitstatus_to_exitcode(status)
     # kill what the command left behind until nothing is left: orphans come to us
@@ -293,25 +356,25 @@ def run(sock: _socket.socket, request: dict, fds: dict[str, int]) -> int:
         except ChildProcessError:
             break
     send(sock, {"event": "exit", "code": exit_code})
-    return 0
+    return 1 if gone else 0
 
 
-def sweep() -> int:
-    """SIGKILL every process of the sandbox but pid 1, this agent and its shims (each cleans
-    up after its own command); return how many were killed."""
+def sweep(spared: set[int]) -> int:
+    """SIGKILL every process of the sandbox but this agent and the ``spared`` (its shims: each
+    cleans up after its own command); return how many were killed."""
     me, killed = os.getpid(), set()
     deadline = time.monotonic() + SWEEP_TIMEOUT_S
     while time.monotonic() < deadline:
         victims = []
         for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) in (1, me):
+            if not entry.isdigit() or int(entry) in (1, me) or int(entry) in spared:
                 continue
             try:
                 with open(f"/proc/{entry}/stat", "rb") as f:
                     fields = f.read().rsplit(b")", 1)[1].split()
             except OSError:
                 continue  # exited while we listed /proc
-            if fields[0] != b"Z" and int(fields[1]) != me:
+            if fields[0] != b"Z":  # orphans of a killed shim are the agent's children too
                 victims.append(int(entry))
         if not victims:
             break
@@ -423,11 +486,15 @@ class Agent:
 
     Args:
         ctl: the control socket (``SOCK_SEQPACKET``).
+        uid, gid: the ids commands run as (-1: the agent's own).
         relay: ``(port, unix socket path)`` to relay, or None.
     """
 
-    def __init__(self, ctl: _socket.socket, relay: tuple[int, str] | None) -> None:
+    def __init__(self, ctl: _socket.socket, uid: int, gid: int,
+                 relay: tuple[int, str] | None) -> None:
         self.ctl = ctl
+        self.uid, self.gid = uid, gid
+        self.shims: set[int] = set()  # pids of live shims
         self.sel = Selector()
         self.relay_path = relay[1] if relay else ""
         wake_r, wake_w = os.pipe()
@@ -451,11 +518,10 @@ class Agent:
 
     def run(self) -> int:
         """Serve until the worker closes the control socket."""
-        send(self.ctl, {"event": "ready"})
         # before the first shim exists nothing of the sandbox runs that could attach to us
         prctl(PR_SET_DUMPABLE, 0)
+        send(self.ctl, {"event": "ready"})
         gc.freeze()  # what exists now stays out of collections: forked shims share its pages
-        self.fork_shims(NUM_INITIAL_SHIMS)
         while True:
             for obj, data, mask in self.sel.select():
                 if isinstance(data, Relay):
@@ -490,7 +556,7 @@ class Agent:
                 self.fork_shims(int(request["n"]))
             elif request["op"] == "sweep":
                 send(self.ctl, {"id": request["id"], "event": "swept",
-                                "num_killed": sweep()})
+                                "num_killed": sweep(self.shims)})
 
     def fork_shims(self, num: int) -> None:
         """Fork ``num`` idle shims; pass the worker its end of each one's socket (``shim``)."""
@@ -504,7 +570,8 @@ class Agent:
                 send(self.ctl, {"event": "shim_failed", "message": f"fork: {exc.strerror}"})
                 continue
             if pid == 0:
-                shim(theirs)
+                shim(theirs, self.uid, self.gid)
+            self.shims.add(pid)
             theirs.close()
             try:
                 send_fds(self.ctl, dumps({"event": "shim", "pid": pid}), [ours.fileno()])
@@ -513,7 +580,8 @@ class Agent:
             ours.close()
 
     def on_child(self, mask: int) -> None:
-        """Reap exited shims (each reported to the worker itself, or its socket closed)."""
+        """Reap exited shims (each reported to the worker itself, or its socket closed) and, as
+        the namespace's init, orphans of a shim that was killed."""
         try:
             while os.read(self.wake_r, 4096):
                 pass
@@ -526,14 +594,15 @@ class Agent:
                 return
             if pid == 0:
                 return
+            self.shims.discard(pid)
 
 
 def main(argv: list[str]) -> int:
     """Run the agent (see the module docstring for the arguments)."""
     ctl = _socket.socket(fileno=int(argv[1]))
     os.set_inheritable(ctl.fileno(), False)
-    relay = (int(argv[2]), argv[3]) if len(argv) > 3 else None
-    return Agent(ctl, relay).run()
+    relay = (int(argv[4]), argv[5]) if len(argv) > 5 else None
+    return Agent(ctl, int(argv[2]), int(argv[3]), relay).run()
 
 
 if __name__ == "__main__":

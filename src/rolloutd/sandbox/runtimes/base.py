@@ -56,6 +56,9 @@ class ExecResult(BaseModel):
             ``max_output_bytes`` each: the head and tail halves with a marker in between.
         truncated: whether stdout or stderr lost bytes.
         timed_out: whether the command was killed because ``timeout_s`` passed.
+        oom_killed: whether the kernel's OOM killer killed a process of the runtime while the
+            command ran (its memory limit was reached: ``spec.memory_mb`` as a memory cgroup);
+            with concurrent commands it may have been another one's process.
         duration_s: wall-clock seconds from launch to exit.
     """
 
@@ -64,6 +67,7 @@ class ExecResult(BaseModel):
     stderr: str = ""
     truncated: bool = False
     timed_out: bool = False
+    oom_killed: bool = False
     duration_s: float = Field(default=0.0, ge=0)
 
 
@@ -110,6 +114,7 @@ class Runtime(abc.ABC):
         self.state: Literal["new", "started", "stopped"] = "new"
         self._processes: list[RuntimeProcess] = []
         self._num_spawned = 0
+        self._num_oom_kills_seen = 0
 
     # -- to implement -------------------------------------------------------------------
     @abc.abstractmethod
@@ -146,6 +151,16 @@ class Runtime(abc.ABC):
     def _pass_fds(self) -> tuple[int, ...]:
         """File descriptors every launched host command inherits (e.g. a namespace fd)."""
         return ()
+
+    def _oom_kills(self) -> int:
+        """Processes of the runtime the kernel's OOM killer killed so far (0: not tracked)."""
+        return 0
+
+    @property
+    def num_oom_kills(self) -> int:
+        """Processes of the runtime killed for exceeding its memory limit so far (the memory
+        cgroup's count; 0 where a runtime cannot tell)."""
+        return self._oom_kills()
 
     async def connect_gateway(self, *urls: str) -> list[str]:
         """Make a session's gateway reachable from inside; return the URLs to use inside.
@@ -280,10 +295,17 @@ class Runtime(abc.ABC):
             if (timed_out or process.returncode is None) and process.alive():
                 await process.kill()
             process.close_pipes()
+        exit_code = process.returncode if process.returncode is not None else -9
+        oom_killed = False
+        if exit_code != 0 and (num_oom_kills := self._oom_kills()) > self._num_oom_kills_seen:
+            self._num_oom_kills_seen = num_oom_kills
+            oom_killed = True
+            log.warning("runtime_oom_killed", runtime_id=self.runtime_id,
+                        exit_code=exit_code, num_oom_kills=num_oom_kills)
         return ExecResult(
-            exit_code=process.returncode if process.returncode is not None else -9,
-            stdout=out.text(), stderr=err.text(), truncated=out.truncated or err.truncated,
-            timed_out=timed_out, duration_s=time.monotonic() - began,
+            exit_code=exit_code, stdout=out.text(), stderr=err.text(),
+            truncated=out.truncated or err.truncated, timed_out=timed_out,
+            oom_killed=oom_killed, duration_s=time.monotonic() - began,
         )
 
     async def spawn(

@@ -1,4 +1,5 @@
-"""The ``bwrap`` runtime: bubblewrap sandboxes over a read-only view of the host system.
+"""The ``bwrap`` runtime: bubblewrap sandboxes over a read-only view of the host system (or of
+an image folder).
 
 One sandbox per runtime (flags: bwrap(1), bubblewrap 0.8), started once by :meth:`start` and
 running a small agent (:mod:`~rolloutd.sandbox.runtimes.agent_inside`, the worker's side in
@@ -12,15 +13,25 @@ running a small agent (:mod:`~rolloutd.sandbox.runtimes.agent_inside`, the worke
   ``/proc`` (``--proc``) and ``/dev`` (``--dev``); the agent's script, and with ``network:
   gateway`` the folder of the gateway socket, bound read-only under ``/run``; the root itself
   (bwrap's tmpfs) is made read-only (``--remount-ro /``). Nothing else of the host is visible;
-- PID, IPC and UTS namespaces (``--unshare-pid --unshare-ipc --unshare-uts``): bwrap's init is
-  pid 1, the agent pid 2; when the agent exits (the worker closes its socket, or the holder is
+- PID, IPC and UTS namespaces (``--unshare-pid --unshare-ipc --unshare-uts``): the agent is
+  pid 1 (``--as-pid-1``); when it exits (the worker closes its socket, or the holder is
   killed) the namespace dies, so no process survives teardown, not even one that called
   ``setsid``. Each command runs under a shim of the agent, a child subreaper that kills what
   the command left behind when it exits (what a PID namespace per command used to do);
-- all capabilities dropped (``--cap-drop ALL``): as root without it, the sandbox could remount
-  the read-only system writable; bwrap always sets ``PR_SET_NO_NEW_PRIVS``, so set-uid
-  programs do not regain them. The agent is not dumpable, so commands cannot ptrace it or open
-  its control socket through ``/proc``;
+- users: with a root worker, commands run as the unprivileged :data:`SANDBOX_UID` /
+  :data:`SANDBOX_GID` (user ``agent``, listed in the sandbox's ``/etc/passwd`` and
+  ``/etc/group``, which are the host's plus that entry), a uid of the host's own user
+  namespace (no user namespace: a file the sandbox writes is owned by that uid on the host
+  too). The workspace and home are handed to it (:meth:`BwrapRuntime.adopt`, also for every
+  upload and prepare step). The agent stays root with ``CAP_SETUID``, ``CAP_SETGID`` and
+  ``CAP_KILL`` only, which its shims drop with their uid; so no command can signal, trace or
+  read the agent, or read the host's root-only files (``/etc/shadow``). A worker that is not
+  root cannot change uids: commands then run as the worker's own (unprivileged) uid;
+- all capabilities of commands dropped (``--cap-drop ALL``; the agent's few above are added
+  back for it alone): as root with them, the sandbox could remount the read-only system
+  writable; bwrap always sets ``PR_SET_NO_NEW_PRIVS``, so set-uid programs do not regain them.
+  The agent is not dumpable, so commands cannot ptrace it or open its control socket through
+  ``/proc`` even under the same uid;
 - ``--die-with-parent``: the sandbox dies with the worker;
 - environment: the agent runs with PATH, LANG and ``ROLLOUTD_RUNTIME_ID`` only; each command is
   spawned with exactly the environment in its request (the base variables, ``spec.env`` and
@@ -40,34 +51,42 @@ Network (``spec.network``):
 - ``none``: ``--unshare-net``, loopback only;
 - ``host``: the host's network (the harness reaches the gateway on 127.0.0.1 directly).
 
-With ``spec.image`` (a read-only root folder holding ``/tmp``, ``/proc``, ``/dev``,
-``/home/agent`` and the workdir as mount points) the host's Python may not run inside, so each
-command still runs in a bwrap of its own: joining, for ``gateway``, the network namespace of a
-*network holder* (a bwrap over the host system running
-:mod:`~rolloutd.sandbox.runtimes.relay_inside`) with ``nsenter --net`` (util-linux nsenter(1))
-on a namespace fd the worker holds open.
+With ``spec.image`` (a root folder) the root is composed of the image's top-level entries bound
+read-only (:func:`image_root`; ``/home/agent``, or a workdir below one of them, must exist in
+the image as a mount point) instead of the host's system, and everything else is the same: one
+persistent sandbox, its agent, the same users, limits and network. The agent is the worker's
+own Python, started by the host's dynamic loader with the host's libraries, all bound
+read-only under :data:`HOST_INSIDE` (:func:`host_python`), so it runs whatever libc the image
+has (or none); the commands it spawns are the image's.
 
-Limits: ``max_processes`` and ``cpus`` through a cgroup per runtime, ``memory_mb`` as RLIMIT_AS
-(per process; node reserves a lot of address space, keep it >= 8192 for node harnesses): see
-:mod:`~rolloutd.sandbox.runtimes.limits`. The sandbox joins the cgroup before bwrap starts, so
-the agent and every command inherit it; bwrap's two processes, the agent and one idle shim are
-always there and count against ``max_processes``, plus one shim per running command.
+Limits (:mod:`~rolloutd.sandbox.runtimes.limits`): ``max_processes``, ``cpus`` and
+``memory_mb`` through a cgroup per runtime (``memory_mb`` as RLIMIT_AS only when there is no
+writable memory controller; node reserves a lot of address space, keep that >= 8192 for node
+harnesses). The worker moves the agent into the cgroup while the sandbox starts (bwrap reports
+the agent's host pid on ``--info-fd`` right after its clone), and the agent forks nothing
+before the worker's first request, so every shim and command is born inside; moving a process
+costs the kernel an RCU grace period (5-20 ms), here overlapped with bwrap's set-up and the
+agent's Python start. The agent and its idle shims (one to four: a shim is reused after its
+command) count against ``max_processes``, plus one shim per running command; bwrap's own
+outer process stays outside. Shims and commands run with an OOM score adjustment of +500
+(an unprivileged process may lower its own only down to 0, the agent's), so the kernel's OOM
+killer takes a command, not the agent; :attr:`ExecResult.oom_killed` reports it.
 
 Latency (``benchmarks/runtime.py``): a command costs a wake-up of an idle shim and a
-``posix_spawn``, not a bwrap (5-8 ms) and an ``nsenter``.
+``posix_spawn``, not a bwrap (5-8 ms) and an ``nsenter``; the shim is reused afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import importlib.util
-import json
 import marshal
 import os
+import re
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -77,29 +96,35 @@ import structlog
 
 from rolloutd.errors import ConfigError, RuntimeStartError
 from rolloutd.sandbox.config import npm_prefix
-from rolloutd.sandbox.runtimes import agent_inside, relay_inside
+from rolloutd.sandbox.runtimes import agent_inside
 from rolloutd.sandbox.runtimes.agent import AgentError, SandboxAgent
 from rolloutd.sandbox.runtimes.base import LaunchError, Runtime, check_spec_network
 from rolloutd.sandbox.runtimes.gateway_relay import GatewayRelay, rewrite_url
-from rolloutd.sandbox.runtimes.limits import RuntimeCgroup, wrapper_argv
+from rolloutd.sandbox.runtimes.limits import RuntimeCgroup, rlimit_as
 from rolloutd.sandbox.runtimes.process import RuntimeProcess
+from rolloutd.sandbox.runtimes.roots import (
+    HOME_INSIDE,
+    HOST_INSIDE,
+    SYSTEM_DIRS,
+    SYSTEM_LINKS,
+    account_files,
+    host_python,
+    image_root,
+    parents_to_create,
+    python_dirs,
+    system_binds,
+)
 from rolloutd.types import RuntimeSpec
 
 log = structlog.get_logger(__name__)
 
-#: host folders bound read-only when they exist (and are real folders, not symlinks).
-SYSTEM_DIRS = ("/usr", "/etc", "/opt")
-#: top-level entries that are symlinks into /usr on merged-/usr systems, or folders otherwise.
-SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-#: HOME inside the sandbox.
-HOME_INSIDE = "/home/agent"
 #: hostname inside the sandbox.
 HOSTNAME = "rolloutd"
-#: seconds the start probe (``true`` in a fresh sandbox) may take.
+#: seconds the sandbox may take to start (bwrap's report, the agent's ``ready``).
 PROBE_TIMEOUT_S = 30.0
 #: the loopback port where the session's gateway is reachable inside (``network: gateway``).
 GATEWAY_PORT = 8300
-#: where the network holder sees the host folder holding the gateway socket.
+#: where the agent sees the host folder holding the gateway socket.
 NET_DIR_INSIDE = "/run/rolloutd"
 #: the gateway socket's file name in that folder.
 GATEWAY_SOCKET = "gateway.sock"
@@ -107,6 +132,28 @@ GATEWAY_SOCKET = "gateway.sock"
 AGENT_INSIDE = "/run/rolloutd-agent.pyc"
 #: seconds the sandbox may take to exit once its agent's control socket is closed.
 AGENT_EXIT_S = 2.0
+#: the first field bwrap writes to ``--info-fd``.
+CHILD_PID = re.compile(rb'"child-pid": *(\d+)')
+#: uid and gid commands run as when the worker is root (user ``agent`` inside); on the host
+#: the uid owns the workspace and home of every runtime, and no host user should have it.
+SANDBOX_UID = SANDBOX_GID = 60000
+#: capabilities the agent keeps to run commands as :data:`SANDBOX_UID` (bwrap ``--cap-add``),
+#: with their numbers (linux/capability.h).
+AGENT_CAPS = {"CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
+
+
+@functools.cache
+def can_run_as_sandbox_user() -> bool:
+    """Whether commands can run as :data:`SANDBOX_UID`: the worker is root and its bounding
+    set has :data:`AGENT_CAPS` (bwrap 0.8 asked to add a capability outside the bounding set
+    silently keeps them all, so that is checked here, not left to bwrap)."""
+    if os.geteuid() != 0:
+        return False
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapBnd:"):
+            bounding = int(line.split()[1], 16)
+            return all(bounding >> bit & 1 for bit in AGENT_CAPS.values())
+    return False
 
 
 @functools.cache
@@ -121,25 +168,6 @@ def agent_pyc() -> bytes:
     code = compile(source, AGENT_INSIDE.removesuffix("c"), "exec", dont_inherit=True)
     return (importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little")
             + importlib.util.source_hash(source) + marshal.dumps(code))
-
-
-def python_dirs() -> list[Path]:
-    """Folders of the worker's Python installation (base prefix and venv prefix)."""
-    return sorted({Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()})
-
-
-def system_binds() -> list[str]:
-    """bwrap options binding the host system read-only (``/usr``, ``/etc``, ``/opt``, links)."""
-    args: list[str] = []
-    for d in SYSTEM_DIRS:
-        if os.path.isdir(d) and not os.path.islink(d):
-            args += ["--ro-bind", d, d]
-    for d in SYSTEM_LINKS:
-        if os.path.islink(d):
-            args += ["--symlink", os.readlink(d), d]
-        elif os.path.isdir(d):
-            args += ["--ro-bind", d, d]
-    return args
 
 
 class BwrapRuntime(Runtime):
@@ -166,13 +194,16 @@ class BwrapRuntime(Runtime):
         self.relay: GatewayRelay | None = None
         self._holder: RuntimeProcess | None = None
         self._agent: SandboxAgent | None = None
-        self._netns_fd: int | None = None
-        self._prefix: list[str] = []
+        #: host pid of the sandbox agent (pid 1 inside) once started.
+        self.agent_pid: int | None = None
+        #: ids commands run as (-1: the worker's own; see the module docstring, users).
+        self.uid, self.gid = (SANDBOX_UID, SANDBOX_GID) if can_run_as_sandbox_user() \
+            else (-1, -1)
 
     @property
     def holder_pgid(self) -> int | None:
-        """Host process group of the sandbox holder (outer bwrap, its init, the agent and the
-        agent's shims; with ``spec.image``: the network holder), while it runs."""
+        """Host process group of the sandbox holder (outer bwrap, the agent and the agent's
+        shims; with ``spec.image``: the network holder), while it runs."""
         return self._holder.pgid if self._holder is not None else None
 
     def _extra_ro_dirs(self) -> list[Path]:
@@ -187,60 +218,80 @@ class BwrapRuntime(Runtime):
     def _python_bin(self) -> str:
         return str(Path(sys.executable).parent)
 
-    def bwrap_args(self, cwd: str, *, holder: bool = False) -> list[str]:
-        """The bwrap options (without the command) of one invocation.
+    def bwrap_args(self, cwd: str) -> list[str]:
+        """The bwrap options (without the command) of the runtime's sandbox.
 
         Args:
             cwd: the working folder inside the sandbox.
-            holder: options of the persistent sandbox the agent runs in: its own network
-                namespace unless ``network: host``, the agent's script and (``gateway``) the
-                gateway socket's folder bound read-only.
 
         Returns:
             list[str]: ``bwrap`` and its options, ending with ``--``.
         """
         args = [self.bwrap or "bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc",
                 "--unshare-uts", "--hostname", HOSTNAME, "--cap-drop", "ALL"]
-        if self.spec.network == "none" or (holder and self.spec.network == "gateway"):
+        if self.spec.network in ("none", "gateway"):
             args.append("--unshare-net")
-        # bwrap mounts in order: the root image first, then /tmp, then host folders (some may
-        # live below /tmp), then the workspace and home.
+        # bwrap mounts in order: the root's entries first, then /tmp, then host folders (some
+        # may live below /tmp), then the workspace and home.
         if self.spec.image:
-            args += ["--ro-bind", self.spec.image, "/"]
+            root_args, existing = image_root(self.spec.image)
+            extra: list[Path] = []
+        else:
+            root_args, existing = system_binds(), (*SYSTEM_DIRS, *SYSTEM_LINKS)
+            extra = self._extra_ro_dirs()
+        args += root_args
         args += ["--perms", "1777", "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
-        if not self.spec.image:
-            args += system_binds()
-            for d in self._extra_ro_dirs():
-                args += ["--ro-bind", str(d), str(d)]
+        # bwrap creates missing parents of a mount point with mode 0700: a command that is not
+        # root could not reach the Python installation, the workspace or its home
+        for parent in parents_to_create([*map(str, extra), self.workdir, self.home, AGENT_INSIDE],
+                               existing):
+            args += ["--perms", "0755", "--dir", parent]
+        for d in extra:
+            args += ["--ro-bind", str(d), str(d)]
+        if self.spec.image:
+            prefix, _, libs = host_python()
+            args += ["--ro-bind", str(prefix), f"{HOST_INSIDE}/python"]
+            for name, path in libs.items():
+                args += ["--ro-bind", str(path), f"{HOST_INSIDE}/lib/{name}"]
         args += ["--bind", str(self.workspace), self.workdir,
-                 "--bind", str(self.host_home), self.home]
-        if holder:
-            args += ["--ro-bind", str(self.runtime_dir / "agent.pyc"), AGENT_INSIDE]
-            if self.spec.network == "gateway":
-                args += ["--ro-bind", str(self.net_dir), NET_DIR_INSIDE]
-        if not self.spec.image:  # the root is bwrap's tmpfs: make it read-only too
-            args += ["--remount-ro", "/"]
-        args += ["--chdir", cwd, "--"]
+                 "--bind", str(self.host_home), self.home,
+                 "--ro-bind", str(self.runtime_dir / "agent.pyc"), AGENT_INSIDE, "--as-pid-1"]
+        if self.uid >= 0:
+            for cap in AGENT_CAPS:
+                args += ["--cap-add", cap]
+            for name in ("passwd", "group"):
+                if (self.runtime_dir / name).exists():
+                    args += ["--ro-bind", str(self.runtime_dir / name), f"/etc/{name}"]
+        if self.spec.network == "gateway":
+            args += ["--ro-bind", str(self.net_dir), NET_DIR_INSIDE]
+        args += ["--remount-ro", "/", "--chdir", cwd, "--"]
         return args
 
     def _wrap(self, argv: list[str], cwd: str) -> tuple[list[str], Path | None]:
-        return self._prefix + self.bwrap_args(cwd) + argv, None
+        raise NotImplementedError("every command of a bwrap runtime runs through its agent")
+
+    def _agent_argv(self) -> list[str]:
+        """The agent's interpreter command line inside: the worker's own Python, or with
+        ``spec.image`` that Python started by the host's dynamic loader with the host's
+        libraries (bound under :data:`HOST_INSIDE`), whatever the image's libc is."""
+        if not self.spec.image:
+            return [sys.executable, "-S", "-I"]
+        _, executable, libs = host_python()
+        loader = next(name for name in libs if name.startswith("ld-"))
+        return [f"{HOST_INSIDE}/lib/{loader}", "--library-path", f"{HOST_INSIDE}/lib",
+                f"{HOST_INSIDE}/python/{executable}", "-S", "-I"]
 
     async def _start_process(self, argv: list[str], cwd: str, env: dict[str, str], *,
                              name: str, stdin: int, stdout: object,
                              stderr: object) -> RuntimeProcess:
-        """Start a command through the sandbox agent (a bwrap per command with ``image``)."""
+        """Start a command through the sandbox agent."""
         if self._agent is None:
-            return await super()._start_process(argv, cwd, env, name=name, stdin=stdin,
-                                                 stdout=stdout, stderr=stderr)
+            raise LaunchError(f"runtime {self.runtime_id}: the sandbox is not running")
         try:
             return await self._agent.run(argv, env, cwd, name=name, grace_s=self.grace_s,
                                          stdin=stdin, stdout=stdout, stderr=stderr)
         except AgentError as exc:
             raise LaunchError(exc.message) from exc
-
-    def _pass_fds(self) -> tuple[int, ...]:
-        return (self._netns_fd,) if self._netns_fd is not None else ()
 
     def _base_env(self) -> dict[str, str]:
         path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -260,43 +311,75 @@ class BwrapRuntime(Runtime):
         if self.bwrap is None:
             raise ConfigError("bwrap runtime: bubblewrap is not installed (apt-get install "
                               "bubblewrap)")
-        if self.spec.max_processes or self.spec.cpus:
-            self.cgroup = await asyncio.to_thread(
-                RuntimeCgroup.create, self.runtime_id, max_processes=self.spec.max_processes,
-                cpus=self.spec.cpus)
-        prefix = wrapper_argv(self.cgroup.procs_files if self.cgroup else [],
-                              self.spec.memory_mb)
-        if not self.spec.image:
-            # the agent answering proves the sandbox runs Python: no probe command needed
-            await self._start_agent(prefix)
+        if self.spec.image:
+            if not os.path.isdir(self.spec.image):
+                raise ConfigError(f"bwrap runtime: image {self.spec.image!r} is not a folder")
+            try:
+                await asyncio.to_thread(host_python)
+            except (OSError, ValueError, subprocess.CalledProcessError) as exc:
+                raise ConfigError(f"bwrap runtime: cannot find the libraries of this Python "
+                                  f"for an image sandbox: {exc}") from exc
+        # the agent answering proves the sandbox runs: no probe command needed
+        await self._start_agent()
+
+    def _oom_kills(self) -> int:
+        return self.cgroup.oom_kills() if self.cgroup is not None else 0
+
+    async def adopt(self, host_path: Path) -> None:
+        """Hand ``host_path`` (recursively) and the folders above it up to the workspace or
+        home (an upload may have created them) to :data:`SANDBOX_UID` when commands run as
+        it."""
+        if self.uid < 0:
             return
-        if self.spec.network == "gateway":
-            await self._start_network()
-            prefix += ["nsenter", f"--net=/proc/self/fd/{self._netns_fd}", "--"]
-        self._prefix = prefix
-        probe = await self.exec(["true"], timeout_s=PROBE_TIMEOUT_S)
-        if probe.exit_code != 0:
-            raise RuntimeStartError(
-                f"bwrap runtime {self.runtime_id}: probe exited {probe.exit_code}: "
-                f"{probe.stderr.strip()[-500:]}"
-            )
+        await asyncio.to_thread(_chown_tree, host_path, self.uid, self.gid)
+        for root in (self.workspace, self.host_home):
+            if host_path.is_relative_to(root):
+                for parent in host_path.parents:
+                    if not parent.is_relative_to(root):
+                        break
+                    os.lchown(parent, self.uid, self.gid)
 
-    async def _start_agent(self, prefix: list[str]) -> None:
-        """Start the sandbox (a bwrap running the agent) and wait until the agent is ready.
+    def _confine(self, pid: int) -> None:
+        """Put the agent (host ``pid``, not forking yet) under the runtime's limits.
 
-        Args:
-            prefix: the cgroup/rlimit wrapper (:func:`wrapper_argv`): the holder, the agent and
-                every command it forks are in the runtime's cgroup with its RLIMIT_AS.
+        Runs in a thread: moving a process into a cgroup waits for the kernel (see limits.py).
+
+        Raises:
+            ConfigError: ``max_processes``/``cpus`` without a writable cgroup.
         """
-        agent_args = [str(GATEWAY_PORT), f"{NET_DIR_INSIDE}/{GATEWAY_SOCKET}"] \
-            if self.spec.network == "gateway" else []
-        if agent_args:
+        spec = self.spec
+        self.cgroup = RuntimeCgroup.create(self.runtime_id, max_processes=spec.max_processes,
+                                           cpus=spec.cpus, memory_mb=spec.memory_mb)
+        try:
+            self.cgroup.attach(pid)
+            if spec.memory_mb and self.cgroup.memory_dir is None:
+                rlimit_as(pid, spec.memory_mb)
+        except OSError as exc:
+            raise RuntimeStartError(f"bwrap runtime {self.runtime_id}: cannot confine the "
+                                    f"sandbox: {exc}") from exc
+
+    async def _start_agent(self) -> None:
+        """Start the sandbox (a bwrap running the agent as its pid 1), confine the agent while
+        it starts, wait until it is ready, then let it fork its first shim."""
+        agent_args = [str(self.uid), str(self.gid)]
+        if self.spec.network == "gateway":
+            agent_args += [str(GATEWAY_PORT), f"{NET_DIR_INSIDE}/{GATEWAY_SOCKET}"]
             self.relay = GatewayRelay(self.net_dir / GATEWAY_SOCKET)
             await self.relay.start()
         (self.runtime_dir / "agent.pyc").write_bytes(agent_pyc())
+        if self.uid >= 0:
+            etc = Path(self.spec.image or "/") / "etc"
+            for name, text in zip(("passwd", "group"), account_files(etc, self.uid, self.gid),
+                                  strict=True):
+                if (etc / name).is_file():  # an image without one gets none (no mount point)
+                    (self.runtime_dir / name).write_bytes(text)
+            for folder in (self.workspace, self.host_home):  # with spec.files, if any
+                _chown_tree(folder, self.uid, self.gid)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = [*prefix, *self.bwrap_args(self.workdir, holder=True), sys.executable, "-S", "-I",
-                AGENT_INSIDE, str(theirs.fileno()), *agent_args]
+        info_r, info_w = os.pipe()
+        argv = [*self.bwrap_args(self.workdir), *self._agent_argv(), AGENT_INSIDE,
+                str(theirs.fileno()), *agent_args]
+        argv[1:1] = ["--info-fd", str(info_w)]
         stderr_path = self.logs_dir / "agent.stderr"
         # the agent's own environment; each command gets its explicit one in its request
         env = {"PATH": self._base_env()["PATH"], "LANG": "C.UTF-8",
@@ -306,20 +389,35 @@ class BwrapRuntime(Runtime):
                 proc = await asyncio.create_subprocess_exec(
                     *argv, env=env, stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.DEVNULL, stderr=err, start_new_session=True,
-                    pass_fds=(theirs.fileno(),))
+                    pass_fds=(theirs.fileno(), info_w))
         except BaseException:
             ours.close()
+            os.close(info_r)
             raise
         finally:
             theirs.close()
+            os.close(info_w)
         self._holder = RuntimeProcess(proc, name="sandbox", spare_leader_on_term=True,
                                       grace_s=0.5)
         self._agent = SandboxAgent(ours, self.runtime_id)
         try:
-            await self._agent.ready(PROBE_TIMEOUT_S)
-        except (TimeoutError, AgentError) as exc:
+            try:
+                pid = self.agent_pid = await _read_child_pid(info_r)
+            finally:
+                os.close(info_r)
+            # the cgroup move waits for the kernel while bwrap sets up and Python starts
+            limited = self.spec.max_processes or self.spec.cpus or self.spec.memory_mb
+            confined = asyncio.ensure_future(asyncio.to_thread(self._confine, pid)) \
+                if limited else None
+            try:
+                await self._agent.ready(PROBE_TIMEOUT_S)
+            finally:
+                if confined is not None:
+                    await confined
+            await self._agent.prime()
+        except (TimeoutError, AgentError, ValueError, KeyError) as exc:
             raise RuntimeStartError(
-                f"bwrap runtime {self.runtime_id}: sandbox agent did not start ({exc}): "
+                f"bwrap runtime {self.runtime_id}: sandbox agent did not start ({exc!r}): "
                 f"{stderr_path.read_text(errors='replace')[-500:]}") from exc
 
     async def cancel(self) -> None:
@@ -337,49 +435,6 @@ class BwrapRuntime(Runtime):
                 return
             if num_killed:
                 log.info("runtime_swept", runtime_id=self.runtime_id, num_killed=num_killed)
-
-    async def _start_network(self) -> None:
-        """Start the gateway relay and the network holder; keep an fd on its namespace."""
-        self.relay = GatewayRelay(self.net_dir / GATEWAY_SOCKET)
-        await self.relay.start()
-        info_r, info_w = os.pipe()
-        argv = [self.bwrap or "bwrap", "--die-with-parent", "--unshare-net", "--unshare-pid",
-                "--unshare-ipc", "--unshare-uts", "--hostname", HOSTNAME, "--cap-drop", "ALL",
-                "--info-fd", str(info_w), "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev",
-                *system_binds()]
-        for d in python_dirs():
-            if not any(d.is_relative_to(c) for c in SYSTEM_DIRS):
-                argv += ["--ro-bind", str(d), str(d)]
-        argv += ["--ro-bind", str(self.net_dir), NET_DIR_INSIDE,
-                 "--ro-bind", relay_inside.__file__, "/relay.py", "--",
-                 sys.executable, "-S", "-I", "/relay.py", str(GATEWAY_PORT),
-                 f"{NET_DIR_INSIDE}/{GATEWAY_SOCKET}"]
-        stderr_path = self.logs_dir / "netns.stderr"
-        try:
-            with open(stderr_path, "ab") as err:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                    stderr=err, start_new_session=True, pass_fds=(info_w,))
-        finally:
-            os.close(info_w)
-        self._holder = RuntimeProcess(proc, name="netns", spare_leader_on_term=True,
-                                      grace_s=0.5)
-        try:
-            assert proc.stdout is not None
-            ready = await asyncio.wait_for(proc.stdout.readline(), PROBE_TIMEOUT_S)
-            if ready.strip() != b"ready":
-                raise RuntimeStartError(
-                    f"bwrap runtime {self.runtime_id}: network holder did not start: "
-                    f"{stderr_path.read_text(errors='replace')[-500:]}")
-            info = json.loads(os.read(info_r, 65536).decode() or "{}")
-            child = int(info["child-pid"])
-            self._netns_fd = os.open(f"/proc/{child}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        except (TimeoutError, KeyError, ValueError, OSError) as exc:
-            raise RuntimeStartError(f"bwrap runtime {self.runtime_id}: network holder failed: "
-                                    f"{exc!r}") from exc
-        finally:
-            os.close(info_r)
 
     async def connect_gateway(self, *urls: str) -> list[str]:
         """Admit the session of ``urls`` at the relay; return them as seen inside.
@@ -411,12 +466,48 @@ class BwrapRuntime(Runtime):
             self._holder = None
         if self.relay is not None:
             await self.relay.close()
-        if self._netns_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._netns_fd)
-            self._netns_fd = None
         if self.cgroup is not None:
             await asyncio.to_thread(self.cgroup.remove)
             self.cgroup = None
         log.debug("runtime_cleaned_up", runtime_id=self.runtime_id,
                   duration_s=round(time.monotonic() - began, 4))
+
+
+async def _read_child_pid(info_fd: int) -> int:
+    """The host pid of bwrap's sandboxed child, from ``--info-fd`` (bwrap(1): a JSON object
+    beginning with ``child-pid``, written right after the clone, in several writes, then
+    closed; the child starts once it is closed).
+
+    Read to the end: closing our end earlier would kill bwrap with SIGPIPE on its next write,
+    and leave its child blocked forever.
+
+    Raises:
+        TimeoutError: no end within :data:`PROBE_TIMEOUT_S`.
+        ValueError: bwrap ended without reporting its child.
+    """
+    loop = asyncio.get_running_loop()
+    data = b""
+    deadline = loop.time() + PROBE_TIMEOUT_S
+    while True:
+        readable: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(info_fd, lambda f=readable: f.done() or f.set_result(None))
+        try:
+            await asyncio.wait_for(readable, max(0.0, deadline - loop.time()))
+        finally:
+            loop.remove_reader(info_fd)
+        chunk = os.read(info_fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    if not (found := CHILD_PID.search(data)):
+        raise ValueError(f"bwrap ended without reporting its child: {data!r}")
+    return int(found.group(1))
+
+
+def _chown_tree(path: Path, uid: int, gid: int) -> None:
+    """``chown -R uid:gid path`` without following symlinks."""
+    os.lchown(path, uid, gid)
+    if path.is_dir() and not path.is_symlink():
+        for folder, dirs, files in os.walk(path):
+            for name in dirs + files:
+                os.lchown(os.path.join(folder, name), uid, gid)

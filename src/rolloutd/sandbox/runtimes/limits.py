@@ -1,26 +1,34 @@
-"""Resource limits of a runtime: a cgroup per runtime for processes and CPU, rlimits for memory.
+"""Resource limits of a runtime: a cgroup per runtime for processes, CPU and memory.
 
 ``max_processes`` and ``cpus`` need a cgroup: RLIMIT_NPROC counts every process of the user on
 the host and does not apply to root at all (kernel/fork.c exempts INIT_USER), so it cannot bound
-one sandbox. Each runtime gets its own cgroup, ``{parent}/rolloutd/{runtime_id}``, below the
-worker's own cgroup of each controller (read from ``/proc/self/cgroup``):
+one sandbox. ``memory_mb`` is the memory cgroup's limit (resident memory and page cache of every
+process of the runtime together, swap off), so a process that allocates beyond it is killed by
+the kernel's OOM killer (counted in :meth:`RuntimeCgroup.oom_kills`); only without a writable
+memory controller is it RLIMIT_AS instead (per process, address space, not memory). Each runtime
+gets its own cgroup, ``{parent}/rolloutd/{runtime_id}``, below the worker's own cgroup of each
+controller (read from ``/proc/self/cgroup``):
 
-- cgroup v2 (``/sys/fs/cgroup/cgroup.controllers`` exists): ``pids.max``, ``cpu.max``
-  (kernel Documentation/admin-guide/cgroup-v2.rst); the parent must have the controllers in
-  ``cgroup.subtree_control`` (delegated);
-- cgroup v1: ``/sys/fs/cgroup/pids/.../pids.max`` and ``/sys/fs/cgroup/cpu/.../cpu.cfs_quota_us``
-  with ``cpu.cfs_period_us`` (Documentation/admin-guide/cgroup-v1/pids.rst, scheduler/
-  sched-bwc.rst).
+- cgroup v2 (``/sys/fs/cgroup/cgroup.controllers`` exists): ``pids.max``, ``cpu.max``,
+  ``memory.max`` and ``memory.swap.max`` (kernel Documentation/admin-guide/cgroup-v2.rst); the
+  parent must have the controllers in ``cgroup.subtree_control`` (delegated);
+- cgroup v1: ``/sys/fs/cgroup/pids/.../pids.max``, ``/sys/fs/cgroup/cpu/.../cpu.cfs_quota_us``
+  with ``cpu.cfs_period_us``, ``/sys/fs/cgroup/memory/.../memory.limit_in_bytes`` with
+  ``memory.memsw.limit_in_bytes`` (when swap accounting is on) and ``memory.swappiness`` 0
+  (Documentation/admin-guide/cgroup-v1/pids.rst, memory.rst, scheduler/sched-bwc.rst).
 
-Every command joins the cgroup before it runs (see :func:`wrapper_argv`): a ``/bin/sh`` writes
-``0`` ("the writing process") to each ``cgroup.procs``, sets ``ulimit -v`` for ``memory_mb``
-(RLIMIT_AS, per process), and ``exec``s the command, so its pid, process group and children are
-all inside from the first instruction. The pids controller counts tasks, threads included.
+A process enters the cgroup by a write of its pid to each ``cgroup.procs``
+(:meth:`RuntimeCgroup.attach`; the children it forks afterwards are born inside). Moving a
+process waits for an RCU grace period in the kernel (cgroup_threadgroup_rwsem, 5-20 ms on a busy
+host), so the bwrap runtime attaches its sandbox's agent while the sandbox is still starting,
+before the agent forks anything. The pids controller counts tasks, threads included.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import signal
 import time
 from dataclasses import dataclass, field
@@ -64,27 +72,35 @@ class RuntimeCgroup:
 
     Attributes:
         dirs: folders created, in creation order.
-        procs_files: ``cgroup.procs`` files a command joins.
+        procs_files: ``cgroup.procs`` files a process joins.
+        memory_dir: the folder holding the memory limit; None: memory is not limited here
+            (no ``memory_mb``, or no writable memory controller: see :func:`rlimit_as`).
     """
 
     dirs: list[Path] = field(default_factory=list)
     procs_files: list[Path] = field(default_factory=list)
+    memory_dir: Path | None = None
 
     @classmethod
-    def create(cls, runtime_id: str, *, max_processes: int | None,
-               cpus: float | None) -> RuntimeCgroup:
+    def create(cls, runtime_id: str, *, max_processes: int | None, cpus: float | None,
+               memory_mb: int | None = None) -> RuntimeCgroup:
         """Create the cgroup and write its limits.
 
         Args:
             runtime_id: names the cgroup folder.
             max_processes: tasks (processes and threads) allowed at once; None: no limit.
             cpus: CPU cores of bandwidth; None: no limit.
+            memory_mb: memory of all the runtime's processes together, MiB, swap off; None:
+                no limit. Left out (``memory_dir`` None) when there is no writable memory
+                controller: the caller falls back to RLIMIT_AS.
 
         Returns:
-            The cgroup; :meth:`remove` it when the runtime stops.
+            The cgroup (possibly without folders, when nothing was asked); :meth:`remove` it
+            when the runtime stops.
 
         Raises:
-            ConfigError: no writable cgroup hierarchy with the needed controllers.
+            ConfigError: ``max_processes`` or ``cpus`` without a writable cgroup hierarchy
+                with the pids/cpu controllers.
         """
         group = cls()
         version = cgroup_version()
@@ -97,19 +113,22 @@ class RuntimeCgroup:
                 if cpus:
                     (folder / "cpu.max").write_text(f"{int(cpus * CPU_PERIOD_US)} "
                                                     f"{CPU_PERIOD_US}")
+                if memory_mb and (folder / "memory.max").exists():
+                    (folder / "memory.max").write_text(str(memory_mb * 2**20))
+                    if (folder / "memory.swap.max").exists():
+                        (folder / "memory.swap.max").write_text("0")
+                    group.memory_dir = folder
             elif version == 1:
                 if max_processes:
-                    folder = (CGROUP_ROOT / "pids" / _own_cgroup("pids").lstrip("/")
-                              / "rolloutd" / runtime_id)
-                    group._make(folder)
+                    folder = group._make_v1("pids", runtime_id)
                     (folder / "pids.max").write_text(str(max_processes))
                 if cpus:
-                    folder = (CGROUP_ROOT / "cpu" / _own_cgroup("cpu").lstrip("/")
-                              / "rolloutd" / runtime_id)
-                    group._make(folder)
+                    folder = group._make_v1("cpu", runtime_id)
                     (folder / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
                     (folder / "cpu.cfs_quota_us").write_text(str(int(cpus * CPU_PERIOD_US)))
-            else:
+                if memory_mb and (CGROUP_ROOT / "memory" / "cgroup.procs").exists():
+                    group._memory_v1(runtime_id, memory_mb)
+            elif max_processes or cpus:
                 raise ConfigError("no cgroup file system at /sys/fs/cgroup")
         except (OSError, ConfigError) as exc:
             group.remove(timeout_s=1.0)
@@ -119,27 +138,74 @@ class RuntimeCgroup:
             ) from exc
         return group
 
+    def _make_v1(self, controller: str, runtime_id: str) -> Path:
+        folder = (CGROUP_ROOT / controller / _own_cgroup(controller).lstrip("/")
+                  / "rolloutd" / runtime_id)
+        self._make(folder)
+        return folder
+
+    def _memory_v1(self, runtime_id: str, memory_mb: int) -> None:
+        """The v1 memory folder; skipped (RLIMIT_AS fallback) when it cannot be written."""
+        try:
+            folder = self._make_v1("memory", runtime_id)
+        except (OSError, ConfigError) as exc:
+            log.warning("runtime_memory_cgroup_unavailable", error=str(exc))
+            return
+        limit = str(memory_mb * 2**20)
+        (folder / "memory.limit_in_bytes").write_text(limit)
+        if (folder / "memory.memsw.limit_in_bytes").exists():  # swap accounting is on
+            (folder / "memory.memsw.limit_in_bytes").write_text(limit)
+        try:
+            (folder / "memory.swappiness").write_text("0")
+        except OSError:  # refused when the parent has use_hierarchy and its own swappiness
+            pass
+        self.memory_dir = folder
+
     @classmethod
     def existing(cls, runtime_id: str) -> RuntimeCgroup:
         """The cgroup folders :meth:`create` would use for ``runtime_id`` that exist now (a
         dead worker's runtime, to :meth:`remove`); empty when there are none."""
         group = cls()
         version = cgroup_version()
-        try:
-            if version == 2:
-                parents = [CGROUP_ROOT / _own_cgroup(None).lstrip("/")]
-            elif version == 1:
-                parents = [CGROUP_ROOT / c / _own_cgroup(c).lstrip("/") for c in ("pids", "cpu")]
-            else:
-                parents = []
-        except (OSError, ConfigError):
-            parents = []
+        parents = []
+        if version == 2:
+            with contextlib.suppress(OSError, ConfigError):
+                parents.append(CGROUP_ROOT / _own_cgroup(None).lstrip("/"))
+        elif version == 1:
+            for controller in ("pids", "cpu", "memory"):
+                with contextlib.suppress(OSError, ConfigError):
+                    parents.append(CGROUP_ROOT / controller / _own_cgroup(controller).lstrip("/"))
         for parent in parents:
             folder = parent / "rolloutd" / runtime_id
             if folder.is_dir():
                 group.dirs.append(folder)
                 group.procs_files.append(folder / "cgroup.procs")
         return group
+
+    def attach(self, pid: int) -> None:
+        """Move process ``pid`` (not its existing children) into every folder of the cgroup.
+
+        Raises:
+            OSError: the process is gone, or the cgroup refused it.
+        """
+        for procs in self.procs_files:
+            procs.write_text(str(pid))
+
+    def oom_kills(self) -> int:
+        """Processes the kernel's OOM killer killed in this cgroup so far (0 without a memory
+        limit): ``oom_kill`` of ``memory.oom_control`` (v1) or ``memory.events`` (v2)."""
+        if self.memory_dir is None:
+            return 0
+        for name in ("memory.events", "memory.oom_control"):
+            try:
+                text = (self.memory_dir / name).read_text()
+            except FileNotFoundError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        return 0
 
     def _make(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -195,22 +261,11 @@ class RuntimeCgroup:
         self.procs_files.clear()
 
 
-def wrapper_argv(procs_files: list[Path], memory_mb: int | None) -> list[str]:
-    """The ``/bin/sh`` prefix that joins cgroups and sets RLIMIT_AS, then ``exec``s the rest.
+def rlimit_as(pid: int, memory_mb: int) -> None:
+    """Set RLIMIT_AS of process ``pid`` (prlimit(2)); its later children inherit it.
 
-    Args:
-        procs_files: ``cgroup.procs`` files to join.
-        memory_mb: RLIMIT_AS in MiB (``ulimit -v`` takes KiB); None: none.
-
-    Returns:
-        ``["/bin/sh", "-c", SCRIPT, "sh", *procs_files]``; append the command's argv. Empty
-        when there is nothing to do.
+    The fallback for ``memory_mb`` without a memory cgroup: it bounds each process's address
+    space, not the runtime's memory.
     """
-    if not procs_files and not memory_mb:
-        return []
-    steps = [f'echo 0 > "${i + 1}"' for i in range(len(procs_files))]
-    if memory_mb:
-        steps.append(f"ulimit -v {memory_mb * 1024}")
-    script = " && ".join(steps) + f' && shift {len(procs_files)} && exec "$@"' \
-        if procs_files else " && ".join(steps) + ' && exec "$@"'
-    return ["/bin/sh", "-c", script, "sh", *(str(p) for p in procs_files)]
+    limit = memory_mb * 2**20
+    resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))

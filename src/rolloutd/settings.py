@@ -70,6 +70,9 @@ class GatewaySettings(CommonSettings):
     backend_wait_s: float = Field(
         default=600.0, gt=0, description="how long a call waits for a paused backend (or for "
         "any backend when the pool is empty) before it fails with 503")
+    pool_refresh_s: float = Field(
+        default=1.0, gt=0, description="how often (at most) a gateway checks the store for a "
+        "backend pool changed by another replica, before a call takes its lease")
     drain_timeout_s: float = Field(
         default=300.0, ge=0, description="how long a pause waits for calls in flight to finish")
     backend_timeout_s: float = Field(default=600.0, gt=0, description="one backend call")

@@ -251,6 +251,39 @@ async def test_the_pool_is_durable_across_gateways(tmp_path: Path, tokenizer: An
     await second.aclose()
 
 
+async def test_a_running_replica_follows_pool_changes_made_on_another(
+        tmp_path: Path, tokenizer: Any, backends: Backends) -> None:
+    """Two gateways over one store, both running: clear-and-add and pause/resume done through
+    the first reach the second's next call (``pool_refresh_s`` 0.05 s here; 1 s default)."""
+    store = tmp_path / "store"
+    first = make_gateway(store, tokenizer, backends, pool_refresh_s=0.05)
+    second = make_gateway(store, tokenizer, backends, pool_refresh_s=0.05)
+    info = await second.sessions.open_session("t/0", "t")
+    transport = httpx.ASGITransport(app=second.app, raise_app_exceptions=False)
+    async with BackendAdmin("http://first", TOKEN,
+                            transport=httpx.ASGITransport(app=first.app)) as admin, \
+            httpx.AsyncClient(transport=transport, base_url="http://second") as client:
+        assert (await chat(client, info.session_key, "one")).status_code == 200
+        await admin.clear()
+        await admin.add("http://b", name="b", policy_version=3)
+        await asyncio.sleep(0.06)  # one refresh period
+        assert (await chat(client, info.session_key, "two")).status_code == 200
+        assert backends.hosts == ["a", "b"]  # the second replica dropped the removed backend
+        await admin.pause()
+        await asyncio.sleep(0.06)
+        waiting = asyncio.create_task(chat(client, info.session_key, "three"))
+        await asyncio.sleep(0.3)
+        assert not waiting.done() and len(backends.hosts) == 2  # held by the pause
+        await admin.resume()
+        assert (await waiting).status_code == 200
+    assert backends.hosts == ["a", "b", "b"]
+    completions = CompletionLog(second.store, "t/0").read_all()
+    assert [(c.backend, c.policy_version) for c in completions] \
+        == [("http://a", 0), ("b", 3), ("b", 3)]
+    await first.aclose()
+    await second.aclose()
+
+
 async def test_an_unmanaged_pool_follows_the_settings(tmp_path: Path, tokenizer: Any,
                                                       backends: Backends) -> None:
     first = make_gateway(tmp_path / "s", tokenizer, backends, backend_url="http://a")

@@ -12,6 +12,13 @@ Until an admin route changes the pool (``managed`` false), a starting gateway re
 backends of its settings (``backend_url``) instead, so a restarted engine on a new URL is
 picked up; once managed, the stored pool wins.
 
+Several gateway replicas over one store: the replica that serves an admin call applies it
+before answering; every other replica reloads the stored pool when it changed, checked at most
+every ``refresh_s`` (``ROLLOUTD_POOL_REFRESH_S``, default 1 s) before a call takes its lease
+and while a call waits on a paused backend. So a removal or a pause reaches every replica
+within ``refresh_s``; a trainer that needs "no new call anywhere" at once pauses, waits
+``refresh_s``, then drains (or sends the admin call to every replica).
+
 Every sampling call holds a :class:`Lease` on its backend while it runs. A paused backend
 grants no lease: new calls wait (bounded) while the ones in flight finish, which is the drain of
 a weight sync (ProRL Agent, arXiv 2603.18815: pause, update, resume). A call pinned to a
@@ -154,8 +161,13 @@ class BackendPool:
 
     def __init__(self, backends: Iterable[Backend] = (), *, store: BlobStore | None = None,
                  factory: BackendFactory | None = None, managed: bool = False,
-                 wait_s: float = 600.0, paused: Iterable[str] = ()) -> None:
+                 wait_s: float = 600.0, paused: Iterable[str] = (),
+                 refresh_s: float = 1.0, updated_at: float = 0.0) -> None:
         self.store = store
+        self.refresh_s = refresh_s
+        #: ``updated_at`` of the stored state this pool last wrote or loaded
+        self._updated_at = updated_at
+        self._checked_at = time.monotonic()
         self.factory = factory or (lambda spec: make_backend(
             spec.type, spec.name, spec.url, policy_version=spec.policy_version))
         self.managed = managed
@@ -184,7 +196,7 @@ class BackendPool:
 
         Args:
             settings: ``backend_url``, ``backend_type``, ``backend_timeout_s``,
-                ``backend_wait_s``.
+                ``backend_wait_s``, ``pool_refresh_s``.
             transport: httpx transport for every backend client (tests).
             ctx_size: context window per sequence; None asks each backend.
             store: the blob store that keeps the pool (None: memory only).
@@ -202,15 +214,18 @@ class BackendPool:
         if stored is not None and stored.managed:
             pool = cls((factory(spec) for spec in stored.backends), store=store,
                        factory=factory, managed=True, wait_s=settings.backend_wait_s,
-                       paused=[s.name for s in stored.backends if s.paused])
+                       paused=[s.name for s in stored.backends if s.paused],
+                       refresh_s=settings.pool_refresh_s, updated_at=stored.updated_at)
             log.info("backend_pool_loaded", num_backends=len(stored.backends))
             return pool
         specs = [BackendSpec(name=url, type=settings.backend_type, url=url)
                  for url in backend_urls(settings.backend_url)]
         pool = cls((factory(spec) for spec in specs), store=store, factory=factory,
-                   wait_s=settings.backend_wait_s)
+                   wait_s=settings.backend_wait_s, refresh_s=settings.pool_refresh_s)
         if store is not None:
-            store.put_json(POOL_KEY, pool.state())
+            state = pool.state()
+            store.put_json(POOL_KEY, state)
+            pool._updated_at = state.updated_at
         return pool
 
     # -- reading -----------------------------------------------------------------------------
@@ -285,6 +300,7 @@ class BackendPool:
         deadline = loop.time() + (self.wait_s if wait_s is None else wait_s)
         moved_from: str | None = None
         while True:
+            await self.refresh()
             changed = self._changed
             slot = self._slots.get(name)
             if slot is None and self._slots:
@@ -298,8 +314,34 @@ class BackendPool:
             why = f"backend {name!r} is paused" if slot else "no backend is registered"
             if remaining <= 0:
                 raise BackendUnavailableError(f"{why}; waited {self.wait_s:g} s")
+            # another replica may resume or add: look at the store again after refresh_s
+            if self.store is not None:
+                remaining = min(remaining, max(self.refresh_s, 0.01))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
+
+    async def refresh(self, *, force: bool = False) -> bool:
+        """Apply the stored pool when another replica changed it (checked at most every
+        ``refresh_s`` unless ``force``).
+
+        Returns:
+            Whether the pool changed.
+        """
+        if self.store is None or (not force
+                                  and time.monotonic() - self._checked_at < self.refresh_s):
+            return False
+        self._checked_at = time.monotonic()
+        async with self._admin_lock:
+            stored = await asyncio.to_thread(load_pool_state, self.store)
+            if stored is None or not stored.managed or stored.updated_at == self._updated_at:
+                return False
+            new = {spec.name: self.factory(spec) for spec in stored.backends
+                   if spec.name not in self._slots}
+            await self._apply(stored.backends, new=new)
+            self._updated_at = stored.updated_at
+        log.info("backend_pool_reloaded", backends=[s.name for s in stored.backends],
+                 paused=[s.name for s in stored.backends if s.paused])
+        return True
 
     def release_lease(self, lease: Lease) -> None:
         """End a call's lease (idempotent); the client of a removed backend closes when its
@@ -451,6 +493,13 @@ class BackendPool:
         state = PoolState(backends=specs, managed=True, updated_at=time.time())
         if self.store is not None:
             await asyncio.to_thread(self.store.put_json, POOL_KEY, state)
+            self._updated_at = state.updated_at
+        await self._apply(specs, new=new)
+
+    async def _apply(self, specs: list[BackendSpec], *,
+                     new: dict[str, Backend] | None = None) -> None:
+        """Make ``specs`` the pool in memory (clients of removed backends close when their
+        last call ends). Call with the admin lock held."""
         slots: dict[str, _Slot] = {}
         for spec in specs:
             slot = self._slots.pop(spec.name, None) or _Slot((new or {})[spec.name], spec)

@@ -17,7 +17,7 @@ from temporalio.service import RPCError
 
 from rolloutd.trainer_client import InvalidTaskError, RolloutClient
 from rolloutd.trajectory import check_invariants
-from rolloutd.store import BlobStore, CompletionLog
+from rolloutd.store import BlobStore, CompletionLog, artifact_key
 from rolloutd.types import SessionStatus
 from tests.support.procs import processes_with
 
@@ -134,3 +134,17 @@ async def test_cancelling_a_task_ends_sessions_within_10_s_and_leaves_no_process
     elapsed = time.monotonic() - t0
     assert elapsed <= 10, elapsed
     assert processes_with(marker) == []
+
+
+async def test_a_harness_over_its_memory_limit_is_oom_killed_and_reported(fleets):
+    """``runtime.memory_mb`` is a memory cgroup: a harness allocating 512 MiB under a 128 MiB
+    limit is killed by the kernel, and the session's ``harness`` artifact counts the kill."""
+    client = RolloutClient(fleets.client, BlobStore(fleets.store_url))
+    task_id = f"oom-{uuid.uuid4().hex[:6]}"
+    handle = await client.submit(shell_task(
+        task_id, "python3 -c 'b = bytearray(512 << 20); b[::4096] = b\"x\" * len(b[::4096])'",
+        runtime={"type": "bwrap", "memory_mb": 128}))
+    [session] = (await handle.result()).sessions
+    assert session.harness_exit_code not in (0, None)
+    harness = client.store.get_json(artifact_key(session.session_id, "harness"))
+    assert harness["num_oom_kills"] >= 1, harness

@@ -173,9 +173,11 @@ class SandboxActivities:
             "exit_code": exit_code, "timed_out": timed_out, "duration_s": duration,
             "stdout": stdout[-64_000:], "stderr": _tail(stderr_path, 64_000),
             "summary": adapter.summarize(stdout),
+            # processes the memory limit killed during the run (the harness or its tools)
+            "num_oom_kills": runtime.num_oom_kills,
         })
         log.info("harness_finished", exit_code=exit_code, timed_out=timed_out,
-                 duration_s=round(duration, 3))
+                 duration_s=round(duration, 3), num_oom_kills=runtime.num_oom_kills)
         return RunHarnessOutput(exit_code=exit_code, timed_out=timed_out, duration_s=duration,
                                 stdout_tail=out, stderr_tail=err)
 

@@ -8,11 +8,15 @@ One run, one instant local backend (a fake llama.cpp ``/completion`` + OpenAI
 - ``tokens``: rolloutd, capture mode ``tokens`` (chat template, token chain, logprobs);
 - ``litellm``: the LiteLLM proxy (``litellm --config``), if installed (``--litellm BIN``).
 
-Each system runs in its own process on loopback; the load generator is this process (httpx).
-Latency is measured per call at 1 and at 64 concurrent sessions (one session per worker,
-each call a new single-turn conversation); added latency is the path's percentile minus the
-direct one. Then one tokens-mode session grows a conversation to ``--turns`` turns and the
-per-call cost is reported by turn window. Output: markdown tables on stdout.
+Each system runs in its own process on loopback; the load generator is this process (httpx,
+one client per worker: a single pool of 64 connections costs more than the systems measured).
+The gateway children run on uvloop and uvicorn picks httptools when those are installed (the
+report says which). Latency is measured per call at 1 and at 64 concurrent sessions (one
+session per worker, each call a new single-turn conversation); added latency is the path's
+percentile minus the direct one. CPU/call is the serving process's own CPU time per call
+(from /proc): on a shared machine it varies much less than latency. Then one tokens-mode
+session grows a conversation to ``--turns`` turns and the per-call cost (latency, gateway
+CPU) is reported by turn window. Output: markdown tables on stdout.
 
     python benchmarks/gateway_overhead.py [--litellm ~/.cache/rolloutd/litellm-venv/bin/litellm]
 
@@ -216,6 +220,27 @@ class Path_:
     keys: list[str]
     kind: str  # "completion" (llama.cpp), "chat" (OpenAI)
     auth: str | None = None
+    pid: int | None = None  # the serving process, whose CPU time per call is reported
+
+
+def _cpu_s(pid: int | None) -> float:
+    """CPU time (user + system, s) of process ``pid`` and its descendants so far: on a shared
+    machine the CPU cost per call varies much less than latency does."""
+    if pid is None:
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    tree, total = {pid}, 0.0
+    for _ in range(8):  # bounded: descendants a few levels deep
+        tree |= {p for p, (ppid, _) in stats.items() if ppid in tree}
+    for p in tree:
+        total += stats.get(p, (0, 0.0))[1]
+    return total
 
 
 def _body(path: Path_, worker: int, call: int) -> dict[str, Any]:
@@ -235,14 +260,17 @@ def _target(path: Path_, worker: int) -> tuple[str, dict[str, str]]:
 
 
 async def _load(path: Path_, concurrency: int, calls_per_worker: int,
-                first_call: int) -> tuple[list[float], float, int]:
-    """Latencies (s) of every successful call, the wall time of the run, failed calls."""
+                first_call: int) -> tuple[list[float], float, int, float]:
+    """Latencies (s) of every successful call, the wall time of the run, failed calls, and
+    the serving process's CPU time per call (s)."""
     latencies: list[float] = []
     failures: list[str] = []
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+    limits = httpx.Limits(max_connections=2, max_keepalive_connections=1)
+    clients = [httpx.AsyncClient(limits=limits, timeout=60) for _ in range(concurrency)]
+    try:
         async def worker(w: int) -> None:
             url, headers = _target(path, w)
+            client = clients[w]
             for call in range(first_call, first_call + calls_per_worker):
                 started = time.perf_counter()
                 try:
@@ -259,14 +287,19 @@ async def _load(path: Path_, concurrency: int, calls_per_worker: int,
         for w in range(concurrency):  # warm-up: one call per connection
             url, headers = _target(path, w)
             with contextlib.suppress(httpx.HTTPError):
-                await client.post(url, json=_body(path, w, 10**6 + w), headers=headers)
+                await clients[w].post(url, json=_body(path, w, 10**6 + w), headers=headers)
+        cpu = _cpu_s(path.pid)
         started = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         wall = time.perf_counter() - started
+        cpu = _cpu_s(path.pid) - cpu
+    finally:
+        for client in clients:
+            await client.aclose()
     if failures:
         print(f"{path.name} @{concurrency}: {len(failures)} failed calls, first: {failures[0]}",
               file=sys.stderr)
-    return latencies, wall, len(failures)
+    return latencies, wall, len(failures), cpu / max(1, len(latencies))
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -274,21 +307,26 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _growth(url: str, key: str, turns: int) -> list[float]:
-    """Per-call latency (s) of one tokens-mode session growing to ``turns`` turns."""
+async def _growth(url: str, key: str, turns: int, pid: int | None
+                  ) -> tuple[list[float], list[float]]:
+    """Per-call latency (s) of one tokens-mode session growing to ``turns`` turns, and the
+    gateway's CPU time (s) of each call."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are helpful."}]
-    out = []
+    out, cpu = [], []
     async with httpx.AsyncClient(timeout=60) as client:
         for turn in range(turns):
             messages.append({"role": "user", "content": f"Turn {turn}: say hello."})
+            body = json.dumps({"model": "bench", "messages": messages}).encode()
+            cpu_before = _cpu_s(pid)
             started = time.perf_counter()
-            response = await client.post(f"{url}/s/{key}/v1/chat/completions",
-                                         json={"model": "bench", "messages": messages})
+            response = await client.post(f"{url}/s/{key}/v1/chat/completions", content=body,
+                                         headers={"Content-Type": "application/json"})
             out.append(time.perf_counter() - started)
+            cpu.append(_cpu_s(pid) - cpu_before)
             if response.status_code != 200:
                 raise RuntimeError(f"growth turn {turn}: {response.status_code} {response.text}")
             messages.append(response.json()["choices"][0]["message"])
-    return out
+    return out, cpu
 
 
 # -------------------------------------------------------------------------- main
@@ -314,27 +352,30 @@ async def _main(args: argparse.Namespace) -> None:
         passthrough = _start(["gateway", fake_url, "openai", "passthrough", str(sessions),
                               str(folder / "passthrough")])
         procs.append(passthrough)
-        paths = [Path_("direct (/completion)", fake_url, [], "completion"),
-                 Path_("direct (chat)", fake_url, [], "chat"),
+        paths = [Path_("direct (/completion)", fake_url, [], "completion",
+                       pid=fake.popen.pid),
+                 Path_("direct (chat)", fake_url, [], "chat", pid=fake.popen.pid),
                  Path_("rolloutd passthrough", f"http://127.0.0.1:{passthrough.ready['port']}",
-                       passthrough.ready["keys"], "chat"),
+                       passthrough.ready["keys"], "chat", pid=passthrough.popen.pid),
                  Path_("rolloutd tokens", f"http://127.0.0.1:{tokens.ready['port']}",
-                       tokens.ready["keys"][:-1], "chat")]
+                       tokens.ready["keys"][:-1], "chat", pid=tokens.popen.pid)]
         if args.litellm:
             litellm_port = args.litellm_port
             litellm = _start_litellm(args.litellm, fake.ready["port"], litellm_port, folder)
             await _wait_http(f"http://127.0.0.1:{litellm_port}/health/liveliness", 180, litellm)
             paths.append(Path_("LiteLLM proxy", f"http://127.0.0.1:{litellm_port}", [], "chat",
-                               auth=LITELLM_KEY))
-        results: dict[tuple[str, int], tuple[list[float], float, int]] = {}
+                               auth=LITELLM_KEY, pid=litellm.pid))
+        results: dict[tuple[str, int], tuple[list[float], float, int, float]] = {}
         for path in paths:
             for concurrency in args.concurrency:
                 calls = args.calls if concurrency == 1 else max(5, args.calls // concurrency * 4)
                 results[(path.name, concurrency)] = await _load(path, concurrency, calls, 0)
-                lat, wall, failed = results[(path.name, concurrency)]
+                lat, wall, failed, cpu = results[(path.name, concurrency)]
                 print(f"{path.name} @{concurrency}: p50 {_pct(lat, 0.5) * 1000:.2f} ms, "
-                      f"{len(lat) / wall:.0f} calls/s, {failed} failed", file=sys.stderr)
-        growth = await _growth(paths[3].url, tokens.ready["keys"][-1], args.turns)
+                      f"{len(lat) / wall:.0f} calls/s, {failed} failed, "
+                      f"{cpu * 1000:.2f} ms CPU/call", file=sys.stderr)
+        growth = await _growth(paths[3].url, tokens.ready["keys"][-1], args.turns,
+                               tokens.popen.pid)
     finally:
         if litellm is not None and litellm.poll() is None:
             litellm.terminate()
@@ -349,45 +390,69 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 def _report(paths: list[Path_],
-            results: dict[tuple[str, int], tuple[list[float], float, int]],
-            growth: list[float], args: argparse.Namespace) -> None:
+            results: dict[tuple[str, int], tuple[list[float], float, int, float]],
+            growth: tuple[list[float], list[float]], args: argparse.Namespace) -> None:
     ms = 1000.0
-    print(f"\n### Gateway overhead ({os.cpu_count()} cores, instant fake backend)\n")
-    cols = " | ".join(f"p50 @{c} | p99 @{c} | added p50 @{c} | added p99 @{c} | calls/s @{c}"
-                      for c in args.concurrency)
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"\n### Gateway overhead ({os.cpu_count()} cores, instant fake backend, load average "
+          f"at the end {load}; uvloop {'yes' if _has('uvloop') else 'no'}, httptools "
+          f"{'yes' if _has('httptools') else 'no'})\n")
+    cols = " | ".join(f"p50 @{c} | p99 @{c} | added p50 @{c} | added p99 @{c} | calls/s @{c} "
+                      f"| CPU/call @{c}" for c in args.concurrency)
     print(f"| path | {cols} |")
-    print("|---|" + "---|" * (5 * len(args.concurrency)))
+    print("|---|" + "---|" * (6 * len(args.concurrency)))
     for path in paths:
         base = "direct (/completion)" if path.kind == "completion" else "direct (chat)"
         cells = []
         for c in args.concurrency:
-            lat, wall, failed = results[(path.name, c)]
+            lat, wall, failed, cpu = results[(path.name, c)]
             base_lat = results[(base, c)][0]
             p50, p99 = _pct(lat, 0.5), _pct(lat, 0.99)
             cells.append(f"{p50 * ms:.2f} ms | {p99 * ms:.2f} ms | "
                          f"{(p50 - _pct(base_lat, 0.5)) * ms:+.2f} ms | "
                          f"{(p99 - _pct(base_lat, 0.99)) * ms:+.2f} ms | {len(lat) / wall:.0f}"
-                         + (f" ({failed} failed)" if failed else ""))
+                         + (f" ({failed} failed)" if failed else "")
+                         + f" | {cpu * ms:.2f} ms")
         print(f"| {path.name} | {' | '.join(cells)} |")
+    print("\nCPU/call: the serving process's own CPU time (user + system, with its children) "
+          "per call; for direct rows, the fake backend's.")
+    growth, growth_cpu = growth
     print(f"\n### tokens mode: per-call latency as one conversation grows to {len(growth)} "
-          "turns\n")
-    print("| turns | mean | p50 |")
-    print("|---|---|---|")
+          "turns (request bodies encoded before the clock starts)\n")
+    print("| turns | mean | p50 | gateway CPU/call (mean) |")
+    print("|---|---|---|---|")
     window = max(1, len(growth) // 5)
     for start in range(0, len(growth), window):
         part = growth[start:start + window]
+        part_cpu = growth_cpu[start:start + window]
         print(f"| {start + 1}-{start + len(part)} | {statistics.mean(part) * ms:.2f} ms | "
-              f"{statistics.median(part) * ms:.2f} ms |")
+              f"{statistics.median(part) * ms:.2f} ms | {statistics.mean(part_cpu) * ms:.2f} ms |")
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def _run(main: Any) -> None:
+    """``asyncio.run`` on uvloop when it is installed."""
+    if _has("uvloop"):
+        import uvloop
+
+        uvloop.run(main)
+    else:
+        asyncio.run(main)
 
 
 def main() -> None:
     """Entry point: ``fake``/``gateway`` run a child process; no command runs the benchmark."""
     if len(sys.argv) > 1 and sys.argv[1] == "fake":
-        asyncio.run(_run_fake(0, json.loads(sys.argv[2])))
+        _run(_run_fake(0, json.loads(sys.argv[2])))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "gateway":
         _, _, url, kind, mode, num, store = sys.argv
-        asyncio.run(_run_gateway(url, kind, mode, int(num), store))
+        _run(_run_gateway(url, kind, mode, int(num), store))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     default_litellm = Path.home() / ".cache/rolloutd/litellm-venv/bin/litellm"

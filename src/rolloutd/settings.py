@@ -76,6 +76,23 @@ class GatewaySettings(CommonSettings):
     drain_timeout_s: float = Field(
         default=300.0, ge=0, description="how long a pause waits for calls in flight to finish")
     backend_timeout_s: float = Field(default=600.0, gt=0, description="one backend call")
+    store_sync: Literal["always", "group", "os"] = Field(
+        default="group", description="durability of the gateway's local writes (completions, "
+        "session state). Every policy writes a completion into the operating system (a file "
+        "renamed into place) before its answer is sent, so it survives a kill of the gateway "
+        "process. 'group' (default) then fsyncs it in a background thread within "
+        "store_group_commit_s, one fsync batch per window: a machine crash or power loss "
+        "can lose the completions of the last window. 'always' fsyncs before answering "
+        "(survives power loss; costs a disk flush per call). 'os' never fsyncs. Closing a "
+        "session fsyncs everything written before it is sealed. Object stores (s3://, gs://) "
+        "store on put whatever the policy")
+    store_group_commit_s: float = Field(
+        default=0.05, gt=0, le=10.0, description="the 'group' window: how long a written "
+        "completion may wait for its fsync, seconds")
+    incremental_render: bool = Field(
+        default=True, description="render only the messages a call adds to the conversation "
+        "it continues (when the chat template passes the start-up probe); False renders the "
+        "whole conversation on every call")
     tool_parser: str | None = Field(
         default=None, description="tool-call parser (hermes, hermes_lenient, llama3_json, "
         "mistral, none); None: chosen from the model name")

@@ -10,22 +10,118 @@ Layout below the store's root (``session_id`` is ``{task_id}/{sample_index}``)::
 
 One object per completion makes the log append-only on every fsspec backend (S3 and GCS have
 no append): writes are create-exclusive, so a completion index is never written twice.
+
+Durability of a local store (``sync``): ``always`` fsyncs every object (and its folder) before
+the write returns; ``group`` (the gateway's default) returns once the object is in the
+operating system (written and renamed into place: it survives a kill of the writing process)
+and fsyncs it within ``group_commit_s`` in a background thread, batching the writes of that
+window (a machine crash or power loss can lose the objects of the last window);
+``os`` leaves flushing to the operating system. :meth:`BlobStore.flush` fsyncs everything
+written so far at once. Object stores (S3, GCS) have no such choice: a put returns when stored.
+
+Completion records (:func:`encode_completion`): a completion that continues an earlier one
+stores only what is new (format 2): its messages, tools, request lists and prompt ids are the
+earlier completion's followed by the ones stored. :meth:`CompletionLog.read_all` rebuilds full
+completions; records without ``format`` (format 1, every field in full) read as before.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import threading
+import time
 import uuid
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 import fsspec
+import structlog
 from pydantic import BaseModel
 
 from rolloutd.errors import NotFoundError, RolloutdError
 from rolloutd.types import Completion
 
 M = TypeVar("M", bound=BaseModel)
+
+log = structlog.get_logger(__name__)
+
+SyncPolicy = Literal["always", "group", "os"]
+
+#: a group-commit thread with nothing to sync for this long ends (a new write starts another)
+_IDLE_EXIT_S = 30.0
+
+
+def _fsync_path(path: str) -> None:
+    """fsync a file or a folder by path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class GroupCommit:
+    """fsyncs written paths in a background thread, one batch per ``delay_s`` window.
+
+    Args:
+        delay_s: how long a write may wait for its fsync (the window that groups writes).
+    """
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self._cond = threading.Condition()
+        self._pending: list[str] = []
+        self._num_added = 0
+        self._num_synced = 0
+        self._urgent = False
+        self._thread: threading.Thread | None = None
+
+    def add(self, *paths: str) -> None:
+        """Queue ``paths`` (files, then their folder) for the next batch."""
+        with self._cond:
+            self._pending.extend(paths)
+            self._num_added += len(paths)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="rolloutd-group-commit",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        """fsync everything queued so far now; True when done within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            target = self._num_added
+            self._urgent = True
+            self._cond.notify_all()
+            while self._num_synced < target:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    if not self._cond.wait(_IDLE_EXIT_S) and not self._pending:
+                        self._thread = None  # idle: add() starts a new one
+                        return
+                deadline = time.monotonic() + self.delay_s
+                while not self._urgent and (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)  # gather the window's writes; flush() cuts it short
+                batch, self._pending, self._urgent = self._pending, [], False
+            for path in dict.fromkeys(batch):
+                try:
+                    _fsync_path(path)
+                except OSError as e:
+                    log.error("group_commit_failed", error=repr(e))
+            with self._cond:
+                self._num_synced += len(batch)
+                self._cond.notify_all()
 
 
 class BlobExistsError(RolloutdError):
@@ -37,15 +133,40 @@ class BlobStore:
 
     Args:
         url: a local folder path or an fsspec URL (``file://``, ``s3://bucket/prefix``, ...).
+        sync: durability of a local write (module docstring): ``always`` (default: fsync
+            before returning), ``group`` (in the OS before returning, fsynced within
+            ``group_commit_s``), ``os`` (in the OS before returning).
+        group_commit_s: the ``group`` window, seconds.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, sync: SyncPolicy = "always",
+                 group_commit_s: float = 0.05) -> None:
         self.url = url
+        self.sync = sync
         self.fs, self.root = fsspec.core.url_to_fs(url)
         self._local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple)
                                  else (self.fs.protocol,))
+        self._group = GroupCommit(group_commit_s) if sync == "group" else None
+        self._folders: set[str] = set()
+        # temporary names unique per process and write (uuid4 reads the OS's random source)
+        self._tmp_prefix = f"{uuid.uuid4().hex[:8]}-"
+        self._tmp_counter = itertools.count()
         if self._local:
             self.fs.makedirs(self.root, exist_ok=True)
+
+    @property
+    def fast_writes(self) -> bool:
+        """A write returns in microseconds: a local store that does not fsync before
+        returning (callers may write on the event loop instead of a thread)."""
+        return self._local and self.sync != "always"
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        """fsync every local write made so far (``group`` policy; a no-op otherwise).
+
+        Returns:
+            True when done within ``timeout_s``.
+        """
+        return self._group.flush(timeout_s) if self._group is not None else True
 
     def _path(self, key: str) -> str:
         if key.startswith("/") or ".." in key.split("/"):
@@ -62,12 +183,15 @@ class BlobStore:
         path = self._path(key)
         if self._local:
             folder = os.path.dirname(path)
-            os.makedirs(folder, exist_ok=True)
-            tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+            if folder not in self._folders:
+                os.makedirs(folder, exist_ok=True)
+                self._folders.add(folder)
+            tmp = f"{path}.{os.getpid()}-{self._tmp_prefix}{next(self._tmp_counter)}.tmp"
             with open(tmp, "wb") as f:
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+                if self.sync == "always":
+                    f.flush()
+                    os.fsync(f.fileno())
             if exclusive:
                 try:
                     os.link(tmp, path)  # atomic create-if-absent
@@ -77,6 +201,10 @@ class BlobStore:
                     os.unlink(tmp)
             else:
                 os.replace(tmp, path)
+            if self.sync == "always":
+                _fsync_path(folder)  # the new name is durable too
+            elif self._group is not None:
+                self._group.add(path, folder)
             return
         if exclusive and self.fs.exists(path):
             raise BlobExistsError(f"blob {key!r} exists")
@@ -105,7 +233,7 @@ class BlobStore:
         except FileNotFoundError:
             return []
         root = self.root.rstrip("/") + "/"
-        return sorted(n[len(root):] if n.startswith(root) else n for n in names
+        return sorted(n.removeprefix(root) for n in names
                       if not n.endswith(".tmp"))
 
     # -- JSON and models -----------------------------------------------------------------
@@ -158,13 +286,21 @@ class CompletionLog:
         """Key of completion ``index``."""
         return f"{self.prefix}/{index:08d}.json"
 
-    def append(self, completion: Completion) -> None:
-        """Durably write ``completion`` at its index before anyone sees its response.
+    def append(self, completion: Completion, base: Completion | None = None) -> None:
+        """Write ``completion`` at its index before anyone sees its response, with the
+        store's durability (:class:`BlobStore` ``sync``).
+
+        Args:
+            completion: the completion, in full.
+            base: an earlier completion of this log (the one it continues, else the one
+                before it): only what ``completion`` adds to it is stored
+                (:func:`encode_completion`).
 
         Raises:
             BlobExistsError: that index is written already (the log is append-only).
         """
-        self.store.put_json(self.key(completion.index), completion, exclusive=True)
+        self.store.put_bytes(self.key(completion.index), encode_completion(completion, base),
+                             exclusive=True)
 
     def indices(self) -> list[int]:
         """Indices written so far, sorted."""
@@ -176,8 +312,133 @@ class CompletionLog:
         return sorted(out)
 
     def read_all(self) -> list[Completion]:
-        """Every completion in index order."""
-        return [self.store.get_model(self.key(i), Completion) for i in self.indices()]
+        """Every completion in index order, each in full (format 2 records rebuilt).
+
+        Raises:
+            ValueError: a record of an unknown format, or one whose base is missing.
+        """
+        by_index: dict[int, Completion] = {}
+
+        def earlier(index: int) -> Completion:
+            if index not in by_index:
+                raise ValueError(f"completion log of {self.session_id}: a record refers to "
+                                 f"completion {index}, which is not in the log")
+            return by_index[index]
+
+        for i in self.indices():
+            by_index[i] = decode_completion(self.store.get_bytes(self.key(i)), earlier)
+        return list(by_index.values())
 
     def __len__(self) -> int:
         return len(self.indices())
+
+
+# --------------------------------------------------------------------------- completion records
+
+#: the completion record format written by :func:`encode_completion` when it stores a delta;
+#: a record without ``format`` is format 1 (every field in full).
+COMPLETION_FORMAT = 2
+
+#: fields stored as a delta: ``field = source(base)[:n] + stored``.
+_DELTA_FIELDS = ("messages", "tools", "prompt_ids")
+
+
+def _delta_source(base: Completion, name: str) -> list[Any]:
+    """What field ``name`` of a record continues in its base: ``prompt_ids`` continues the
+    base's prompt and sampled tokens (the token chain), every other field the same field."""
+    if name == "prompt_ids":
+        return [*base.prompt_ids, *base.response_ids]
+    if name.startswith("request."):
+        value = base.request.get(name[len("request."):])
+        return value if isinstance(value, list) else []
+    return getattr(base, name)
+
+
+def _shared_prefix(value: list[Any], source: list[Any], *candidates: int) -> int:
+    """The first of ``candidates`` (lengths, longest first) such that ``value`` starts with
+    ``source[:n]``; 0 when none does."""
+    for n in candidates:
+        if 0 < n <= len(value) and n <= len(source) and value[:n] == source[:n]:
+            return n
+    return 0
+
+
+def encode_completion(completion: Completion, base: Completion | None = None) -> bytes:
+    """The JSON record of ``completion``: in full (format 1), or as what it adds to ``base``.
+
+    Format 2 adds ``format: 2``, ``delta_base`` (the base's index) and ``delta``, a map from a
+    field (``messages``, ``tools``, ``prompt_ids``, ``request.<key>`` for a list in the raw
+    request) to ``n``: the field is ``source[:n]`` followed by the stored value, where the
+    source of ``prompt_ids`` is ``base.prompt_ids + base.response_ids`` and of any other field
+    the base's same field. A harness resends its whole conversation on every call, so format 2
+    makes a record's size, and the cost of writing it, independent of the conversation's
+    length.
+
+    Args:
+        completion: the completion, in full.
+        base: an earlier completion of the same log, or None.
+
+    Returns:
+        UTF-8 JSON bytes; :func:`decode_completion` reads them back to ``completion``.
+    """
+    if base is None or base.index >= completion.index:
+        return completion.model_dump_json().encode()
+    delta: dict[str, int] = {}
+    update: dict[str, Any] = {}
+    for name in _DELTA_FIELDS:
+        value = getattr(completion, name)
+        source = _delta_source(base, name)
+        candidates = (len(source), len(base.prompt_ids)) if name == "prompt_ids" \
+            else (len(source),)
+        n = _shared_prefix(value, source, *candidates)
+        if n:
+            delta[name] = n
+            update[name] = value[n:]
+    request = completion.request
+    for key, value in request.items():
+        if isinstance(value, list):
+            n = _shared_prefix(value, source := _delta_source(base, f"request.{key}"),
+                               len(source))
+            if n:
+                delta[f"request.{key}"] = n
+                request = {**request, key: value[n:]}
+    if not delta:
+        return completion.model_dump_json().encode()
+    if request is not completion.request:
+        update["request"] = request
+    body = completion.model_copy(update=update).model_dump_json().encode()
+    header = json.dumps({"format": COMPLETION_FORMAT, "delta_base": base.index,
+                         "delta": delta}, separators=(",", ":")).encode()
+    return header[:-1] + b"," + body[1:]
+
+
+def decode_completion(data: bytes, earlier: Callable[[int], Completion]) -> Completion:
+    """The completion of a record written by :func:`encode_completion` (any format).
+
+    Args:
+        data: the record's JSON bytes.
+        earlier: the full completion of an earlier index of the same log (a format 2
+            record's base).
+
+    Raises:
+        ValueError: an unknown format, or a delta longer than its base.
+    """
+    if b'"format"' not in data[:16]:
+        return Completion.model_validate_json(data)
+    obj = json.loads(data)
+    version = obj.pop("format")
+    if version != COMPLETION_FORMAT:
+        raise ValueError(f"completion record format {version} is not known to this reader "
+                         f"(it reads 1 and {COMPLETION_FORMAT})")
+    base = earlier(obj.pop("delta_base"))
+    for name, n in obj.pop("delta").items():
+        source = _delta_source(base, name)
+        if n > len(source):
+            raise ValueError(f"completion record {obj.get('index')}: delta of {name} is "
+                             f"{n} items, its base has {len(source)}")
+        if name.startswith("request."):
+            key = name[len("request."):]
+            obj["request"][key] = source[:n] + obj["request"].get(key, [])
+        else:
+            obj[name] = source[:n] + obj.get(name, [])
+    return Completion.model_validate(obj)

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from rolloutd.proxy.backends.http import new_client
 from rolloutd.proxy.gateway import Gateway
 from rolloutd.proxy.sessions import SessionInfo
 from rolloutd.store import CompletionLog
@@ -250,14 +251,14 @@ async def test_backend_failures_are_502_and_503(gateway: Gateway, client: httpx.
         return httpx.Response(500, json={"error": {"code": 500, "message": "boom"}})
 
     backend = gateway.pool.get(info.backend)
-    backend.client._transport = httpx.MockTransport(broken)  # type: ignore[attr-defined]
+    backend.client = new_client(backend.url, 10.0, httpx.MockTransport(broken))
     error = assert_openai_error(await client.post(chat_url(info), json=body()), 502)
     assert error["code"] == "backend_error"
 
     def refused(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)
 
-    backend.client._transport = httpx.MockTransport(refused)  # type: ignore[attr-defined]
+    backend.client = new_client(backend.url, 10.0, httpx.MockTransport(refused))
     assert_openai_error(await client.post(chat_url(info), json=body("x")), 503)
     assert len(CompletionLog(gateway.store, "mytask/0")) == 0
 

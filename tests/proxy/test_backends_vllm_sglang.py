@@ -13,7 +13,9 @@ Shapes:
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +227,113 @@ async def test_openai_passthrough_session_records_untrainable_completions(
     assert completion.trainable is False and completion.response_ids == []
     assert completion.capture_mode.value == "passthrough" and completion.backend == "api"
     await gateway.aclose()
+
+
+# ------------------------------------------------------------------ streamed passthrough
+
+CHAT_PIECES = ["Let me ", "check ", "the weather."]
+TOOLS_ONE = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+CALL = {"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+
+
+def vllm_chat_answer() -> dict[str, Any]:
+    """A vLLM ``chat.completion`` with return_token_ids, logprobs and a tool call."""
+    return {"id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+            "prompt_token_ids": [5, 6, 7],
+            "choices": [{"index": 0, "finish_reason": "tool_calls",
+                         "message": {"role": "assistant", "content": "".join(CHAT_PIECES),
+                                     "reasoning_content": "hmm", "tool_calls": [CALL]},
+                         "token_ids": [11, 12, 13, 14, EOS],
+                         "logprobs": {"content": [{"token": "", "logprob": -0.1 * (i + 1)}
+                                                  for i in range(5)]}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}}
+
+
+def vllm_chat_chunks() -> list[dict[str, Any]]:
+    """The same answer as vLLM streams it: role, reasoning, content pieces, tool call
+    fragments, finish, usage."""
+    def chunk(delta: dict[str, Any], ids: list[int], **extra: Any) -> dict[str, Any]:
+        lps = [{"token": "", "logprob": -0.1 * (i + 1)} for i in ids]
+        return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "m",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": None,
+                             "token_ids": [[11, 12, 13, 14, EOS][i] for i in ids],
+                             "logprobs": {"content": lps} if lps else None, **extra}]}
+
+    first = chunk({"role": "assistant", "content": ""}, [])
+    first["prompt_token_ids"] = [5, 6, 7]
+    return [first, chunk({"reasoning_content": "hmm"}, [0]),
+            *[chunk({"content": piece}, [i + 1]) for i, piece in enumerate(CHAT_PIECES)],
+            chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                   "function": {"name": "get_weather", "arguments": ""}}]}, []),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}, []),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}, [4],
+                  finish_reason="tool_calls"),
+            {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "m", "choices": [],
+             "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}}]
+
+
+async def test_streamed_passthrough_forwards_chunks_and_records_the_same_completion(
+        tmp_path: Path, tokenizer: Any) -> None:
+    """A streaming harness on a streaming vLLM: each content chunk reaches the harness before
+    the backend sends the next one (the backend waits for it), and the completion recorded is
+    the one a non-streamed call records."""
+    from rolloutd.proxy.gateway import serve
+
+    forwarded = asyncio.Event()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for event in vllm_chat_chunks():
+            yield f"data: {json.dumps(event)}\n\n".encode()
+            if event["choices"] and event["choices"][0]["delta"].get("content") == "Let me ":
+                # the rest of the answer is sampled only once the first piece was forwarded
+                await asyncio.wait_for(forwarded.wait(), 30)
+        yield b"data: [DONE]\n\n"
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["stream"]:
+            return httpx.Response(200, content=chunks(),
+                                  headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json=vllm_chat_answer())
+
+    transport, seen = mock(handle)
+    gateway = Gateway.from_settings(
+        GatewaySettings(store_url=str(tmp_path / "store"), gateway_port=0), tokenizer=tokenizer)
+    gateway.pool = BackendPool([VllmBackend("v", "http://vllm", transport=transport)])
+    gateway.sessions.pool = gateway.service.pool = gateway.pool
+    handle_ = await serve(gateway, "127.0.0.1", 0)
+    try:
+        infos = [await gateway.sessions.open_session(f"p/{i}", "p", capture_mode="passthrough")
+                 for i in range(2)]
+        request = {"model": "m", "max_tokens": 16, "tools": TOOLS_ONE,
+                   "messages": [{"role": "user", "content": "Weather in Paris?"}]}
+        pieces: list[str] = []
+        async with httpx.AsyncClient(base_url=handle_.url, timeout=60) as client:
+            plain = await client.post(f"/s/{infos[0].session_key}/v1/chat/completions",
+                                      json=request)
+            async with client.stream("POST", f"/s/{infos[1].session_key}/v1/chat/completions",
+                                     json={**request, "stream": True}) as response:
+                assert response.status_code == 200
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    delta = json.loads(line[6:])["choices"][0]["delta"] \
+                        if json.loads(line[6:])["choices"] else {}
+                    if delta.get("content"):
+                        pieces.append(delta["content"])
+                        forwarded.set()
+                    if delta.get("tool_calls"):
+                        pieces.append(json.dumps(delta["tool_calls"]))
+        assert plain.status_code == 200, plain.text
+        assert pieces[:3] == CHAT_PIECES and "get_weather" in pieces[3]
+        assert [s["stream"] for s in seen] == [False, True]
+        [one] = CompletionLog(gateway.store, "p/0").read_all()
+        [streamed] = CompletionLog(gateway.store, "p/1").read_all()
+        assert streamed.trainable and streamed.response_ids == [11, 12, 13, 14, EOS]
+        differ = {"session_id", "request", "request_hash", "timings"}
+        assert streamed.model_dump(exclude=differ) == one.model_dump(exclude=differ)
+        assert streamed.request == {**one.request, "stream": True}
+    finally:
+        await handle_.shutdown()
+        await gateway.aclose()

@@ -183,3 +183,72 @@ def test_chain_property(template: ChatTemplate, user: str, answer: str, follow_u
     assert plan.extends == 0
     assert plan.prompt_ids[:len(c0.prompt_ids) + len(sampled)] == c0.prompt_ids + sampled
     assert template.decode(plan.prompt_ids) == template.decode(template.render(second, TOOLS))
+
+
+# ---------------------------------------------------------------- incremental rendering
+
+_WORD = st.text(alphabet=st.characters(whitelist_categories=("L", "N", "P", "Zs")),
+                min_size=0, max_size=12)
+
+
+@st.composite
+def _conversations(draw: Any) -> list[dict[str, Any]]:
+    """Agent conversations: optional system message, user turns, assistant answers with or
+    without tool calls, the tool results of each call, sometimes a late system message."""
+    messages: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        messages.append({"role": "system", "content": draw(_WORD)})
+    messages.append({"role": "user", "content": draw(_WORD)})
+    for turn in range(draw(st.integers(1, 6))):
+        num_calls = draw(st.integers(0, 2))
+        calls = [{"id": f"call_{turn}_{i}", "type": "function", "function": {
+            "name": "get_weather", "arguments": f'{{"city": "{draw(_WORD)}"}}'}}
+            for i in range(num_calls)]
+        answer: dict[str, Any] = {"role": "assistant", "content": draw(_WORD)}
+        if calls:
+            answer["tool_calls"] = calls
+        messages.append(answer)
+        for call in calls:
+            messages.append({"role": "tool", "tool_call_id": call["id"],
+                             "content": draw(_WORD)})
+        follow = draw(st.sampled_from(["user", "user", "none", "system_user"]))
+        if follow == "system_user":
+            messages.append({"role": "system", "content": draw(_WORD)})
+        if follow != "none" or not calls:
+            messages.append({"role": "user", "content": draw(_WORD)})
+    return messages
+
+
+@pytest.fixture(scope="module", params=["qwen2.5-coder-0.5b", "smollm2-135m"])
+def template_pair(request: Any) -> tuple[ChatTemplate, ChatTemplate]:
+    from rolloutd.engine.models import load_tokenizer
+
+    tokenizer = load_tokenizer(request.param)
+    return ChatTemplate(tokenizer), ChatTemplate(tokenizer, incremental=False)
+
+
+def test_both_templates_allow_incremental_rendering(
+        template_pair: tuple[ChatTemplate, ChatTemplate]) -> None:
+    incremental, full = template_pair
+    assert incremental.incremental and not full.incremental
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(conversation=_conversations(), with_tools=st.booleans(), data=st.data())
+def test_incremental_render_equals_full_render(
+        template_pair: tuple[ChatTemplate, ChatTemplate], conversation: list[dict[str, Any]],
+        with_tools: bool, data: Any) -> None:
+    """For any conversation continued after any assistant turn: the prompt built by rendering
+    only the new messages is the prompt built from full renders, token for token."""
+    incremental, full = template_pair
+    tools = TOOLS if with_tools else []
+    turns = [k for k, m in enumerate(conversation)
+             if m["role"] == "assistant" and k < len(conversation) - 1]
+    k = data.draw(st.sampled_from(turns))
+    answer = conversation[k]
+    sampled = full.encode("sampled") + [full.end_of_turn_id]
+    earlier = completion(full, conversation[:k], answer, sampled, tools=tools)
+    plan = incremental.build_prompt(conversation, tools, [earlier])
+    assert plan == full.build_prompt(conversation, tools, [earlier])
+    assert plan.extends == 0

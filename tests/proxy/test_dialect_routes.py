@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from rolloutd.proxy.backends.http import new_client
 from rolloutd.proxy.gateway import Gateway
 from rolloutd.proxy.sessions import SessionInfo
 from rolloutd.settings import GatewaySettings
@@ -365,8 +366,8 @@ async def test_backend_failure_in_each_dialect(gateway: Gateway, client: httpx.A
     info = await open_session(gateway)
     fake_llama.transport = None
     backend = gateway.pool.get(gateway.pool.names()[0])
-    backend.client._transport = httpx.MockTransport(  # type: ignore[attr-defined]
-        lambda request: httpx.Response(500, json={"error": {"message": "boom"}}))
+    backend.client = new_client(backend.url, 10.0, httpx.MockTransport(
+        lambda request: httpx.Response(500, json={"error": {"message": "boom"}})))
     assert_anthropic_error(await client.post(messages_url(info), json={
         "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}), 502)
     assert_gemini_error(await client.post(gemini_url(info), json={

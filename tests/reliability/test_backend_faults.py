@@ -1,6 +1,7 @@
 """A backend that answers garbage or hangs: the harness gets a clear error in its dialect's
-shape within the backend timeout, nothing is recorded, and the session is not stuck (its lock
-is free: it can be closed at once)."""
+shape within the backend timeout, nothing is recorded in the completion log, every failed call
+is recorded in the session's state (issue #6: ``num_errors``, ``errors``, kept after a
+restart), and the session is not stuck (its lock is free: it can be closed at once)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ import pytest
 
 from rolloutd import doctor
 from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.sessions import SessionManager
 from rolloutd.settings import GatewaySettings
+from rolloutd.store import CompletionLog
+from rolloutd.trajectory import build_traces
+from rolloutd.types import BuilderSpec
 from tests.proxy.conftest import MODEL
 
 BACKEND_TIMEOUT_S = 2.0
@@ -79,15 +84,35 @@ async def test_bad_backend_gives_a_clear_error_and_no_stuck_session(tmp_path, to
                                          json=body)
             elapsed = time.monotonic() - t0
             anthropic = await client.post(f"/s/{info.session_key}/v1/messages", json=body)
+            streamed = await client.post(f"/s/{info.session_key}/v1/chat/completions",
+                                         json={**body, "stream": True})
         assert response.status_code in (502, 503, 504), response.text
         error = response.json()["error"]
         assert error["message"] and "internal error" not in error["message"], error
         assert anthropic.status_code in (502, 503, 504)
         assert anthropic.json()["type"] == "error"
+        assert streamed.status_code in (502, 503, 504)
+        streamed_message = streamed.json()["error"]["message"]
+        assert streamed_message and "internal error" not in streamed_message
         assert elapsed < BACKEND_TIMEOUT_S + 5
-        # nothing recorded, and the session's lock is free: closing does not wait
+        # nothing in the log, and the session's lock is free: closing does not wait
         num = await asyncio.wait_for(gateway.sessions.close_session("bad/0"), 5)
         assert num == 0
+        # every failed call is in the sealed session's state, also after a restart
+        session = await gateway.sessions.get("bad/0")
+        reloaded = await SessionManager(gateway.store, gateway.pool, public_url="http://x",
+                                        default_model="m").get("bad/0")
+        for state in (session.state, reloaded.state):
+            assert state.closed and state.num_errors == 3
+            assert [(e.at_index, e.status_code, e.stream) for e in state.errors] == [
+                (0, response.status_code, False), (0, anthropic.status_code, False),
+                (0, streamed.status_code, True)]
+            assert all(e.error_type.startswith("Backend") and e.backend == state.backend
+                       for e in state.errors)
+            assert state.errors[0].message == error["message"]
+        # the builder sees an empty log, not the failed calls
+        completions = CompletionLog(gateway.store, "bad/0").read_all()
+        assert build_traces(completions, BuilderSpec(), end_of_turn_id=0)[0] == []
         doctor.record(f"backend {behaviour}", sessions=1, status=response.status_code,
                       seconds=elapsed, completions_recorded=num, ok=True)
     finally:

@@ -71,9 +71,10 @@ class GatewayActivities:
         structlog.contextvars.bind_contextvars(session_id=input.session_id)
         try:
             num = await self.gateway.sessions.close_session(input.session_id)
+            session = await self.gateway.sessions.get(input.session_id)
         except Exception as e:
             raise to_application_error(e) from e
-        return CloseSessionOutput(num_completions=num)
+        return CloseSessionOutput(num_completions=num, num_errors=session.state.num_errors)
 
     @activity.defn(name="build_trajectory")
     async def build_trajectory(self, input: BuildTrajectoryInput) -> BuildTrajectoryOutput:

@@ -56,6 +56,8 @@ class CloseSessionInput(_IO):
 
 class CloseSessionOutput(_IO):
     num_completions: int
+    #: calls that failed (answered with an error, not in the completion log; issue #6)
+    num_errors: int = 0
 
 
 class BuildTrajectoryInput(_IO):

@@ -27,6 +27,7 @@ OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``, Google
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
     from rolloutd.proxy.gateway import Gateway
 
 log = structlog.get_logger(__name__)
+
+#: a JSON escape of a UTF-16 surrogate (paired or lone): ``\ud800`` to ``\udfff``
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 def _dialect_of(path: str) -> Any:
@@ -115,8 +119,10 @@ async def read_json(request: Request, max_body_bytes: int, *, empty: Any = None)
         return empty
     try:
         body = json.loads(raw)
-        # \ud800-style escapes decode to lone surrogates, which no UTF-8 consumer accepts
-        json.dumps(body, ensure_ascii=False).encode()
+        # \ud800-style escapes decode to lone surrogates, which no UTF-8 consumer accepts;
+        # only a body with such an escape is serialised again to find out
+        if _SURROGATE_ESCAPE.search(raw):
+            json.dumps(body, ensure_ascii=False).encode()
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InvalidRequestError(f"the request body is not valid JSON: {e}") from None
     except UnicodeEncodeError:
@@ -290,45 +296,34 @@ def create_app(gateway: Gateway) -> FastAPI:
         session = await gateway.sessions.lookup(key)
         return openai_chat.models_list(session.state.model)
 
-    @app.post("/s/{key}/v1/chat/completions")
-    async def session_chat(key: str, request: Request) -> Response:
-        return await chat(request, key)
+    # The model-call routes are plain Starlette routes: FastAPI's parameter solving and
+    # response wrapping cost more per call than the routes do (benchmarks/gateway_overhead.py);
+    # errors still reach the exception handlers above.
+    def session_route(handler: Any) -> Any:
+        async def endpoint(request: Request) -> Response:
+            params = request.path_params
+            if "model_action" in params:
+                return await handler(request, params["key"], params["model_action"])
+            return await handler(request, params["key"])
+        return endpoint
 
-    @app.post("/v1/chat/completions")
-    async def key_chat(request: Request) -> Response:
-        return await chat(request, api_key(request))
+    def key_route(handler: Any) -> Any:
+        async def endpoint(request: Request) -> Response:
+            if "model_action" in request.path_params:
+                return await handler(request, api_key(request),
+                                     request.path_params["model_action"])
+            return await handler(request, api_key(request))
+        return endpoint
 
-    @app.post("/s/{key}/v1/responses")
-    async def session_responses(key: str, request: Request) -> Response:
-        return await responses(request, key)
+    async def count_tokens_response(request: Request, key: str | None) -> Response:
+        return JSONResponse(await count_tokens(request, key))
 
-    @app.post("/v1/responses")
-    async def key_responses(request: Request) -> Response:
-        return await responses(request, api_key(request))
-
-    @app.post("/s/{key}/v1/messages")
-    async def session_messages(key: str, request: Request) -> Response:
-        return await messages(request, key)
-
-    @app.post("/v1/messages")
-    async def key_messages(request: Request) -> Response:
-        return await messages(request, api_key(request))
-
-    @app.post("/s/{key}/v1/messages/count_tokens")
-    async def session_count_tokens(key: str, request: Request) -> dict[str, Any]:
-        return await count_tokens(request, key)
-
-    @app.post("/v1/messages/count_tokens")
-    async def key_count_tokens(request: Request) -> dict[str, Any]:
-        return await count_tokens(request, api_key(request))
-
-    @app.post("/s/{key}/v1beta/models/{model_action:path}")
-    async def session_gemini(key: str, model_action: str, request: Request) -> Response:
-        return await generate_content(request, key, model_action)
-
-    @app.post("/v1beta/models/{model_action:path}")
-    async def key_gemini(model_action: str, request: Request) -> Response:
-        return await generate_content(request, api_key(request), model_action)
+    for path, handler in (("/v1/chat/completions", chat), ("/v1/responses", responses),
+                          ("/v1/messages", messages),
+                          ("/v1/messages/count_tokens", count_tokens_response),
+                          ("/v1beta/models/{model_action:path}", generate_content)):
+        app.router.add_route("/s/{key}" + path, session_route(handler), methods=["POST"])
+        app.router.add_route(path, key_route(handler), methods=["POST"])
 
     # Claude Code sends `HEAD {ANTHROPIC_BASE_URL}` at startup to warm the connection; the
     # base URL answers 200 for a valid key, so a client's probe of it is not an error

@@ -14,6 +14,14 @@ messages, the assistant answer that completion returned, then new messages), the
 where ``trailer`` is what the template writes after the end-of-turn token of an assistant turn
 (``"\\n"`` after ``<|im_end|>`` for Qwen). The model thus sees exactly the tokens it sampled,
 and a trace built from the log is exact by construction (no re-tokenisation drift).
+
+Incremental rendering: the text after the continued assistant turn is rendered from a short
+stand-in conversation (the first message, the last user message before that turn, that turn,
+then the new messages) instead of the whole conversation, so a call costs the same at turn 200
+as at turn 2. It is used only for templates that pass a probe at start (the stand-in renders
+exactly what the full conversation renders after that turn, over a set of probe conversations:
+system or not, tools or not, tool calls and results, several turns); a stand-in that fails to
+render or does not end the turn where expected falls back to the full render.
 """
 
 from __future__ import annotations
@@ -35,6 +43,43 @@ log = structlog.get_logger(__name__)
 
 _PROBE_USER = "ping"
 _PROBE_ANSWER = "rolloutd-probe-answer"
+
+_PROBE_TOOLS = [{"type": "function", "function": {
+    "name": "probe_tool", "description": "A probe.",
+    "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}]
+
+
+def _probe_call(i: int) -> dict[str, Any]:
+    return {"id": f"call_{i}", "type": "function",
+            "function": {"name": "probe_tool", "arguments": json.dumps({"x": str(i)})}}
+
+
+#: conversations on which incremental rendering must equal the full render, after every
+#: assistant turn but the last (ChatTemplate._probe_incremental).
+_PROBES: list[list[dict[str, Any]]] = [
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a"},
+     {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"},
+     {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}],
+    [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+     {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"},
+     {"role": "user", "content": "e"}],
+    [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "a"},
+     {"role": "assistant", "content": "", "tool_calls": [_probe_call(1)]},
+     {"role": "tool", "tool_call_id": "call_1", "content": "r1"},
+     {"role": "assistant", "content": "thinking", "tool_calls": [_probe_call(2),
+                                                                 _probe_call(3)]},
+     {"role": "tool", "tool_call_id": "call_2", "content": "r2"},
+     {"role": "tool", "tool_call_id": "call_3", "content": "r3"},
+     {"role": "assistant", "content": "done"}, {"role": "user", "content": "more"},
+     {"role": "assistant", "content": "", "tool_calls": [_probe_call(4)]},
+     {"role": "tool", "tool_call_id": "call_4", "content": "r4"},
+     {"role": "user", "content": "and?"}],
+    [{"role": "user", "content": "a"},
+     {"role": "assistant", "content": "", "tool_calls": [_probe_call(1)]},
+     {"role": "tool", "tool_call_id": "call_1", "content": "r1"},
+     {"role": "assistant", "content": "ok"}, {"role": "system", "content": "late system"},
+     {"role": "user", "content": "b"}],
+]
 
 
 # --------------------------------------------------------------------------- messages
@@ -166,7 +211,7 @@ class ChatTemplate:
             determined from the template and the tokenizer's special tokens.
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, *, incremental: bool = True) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
@@ -175,6 +220,8 @@ class ChatTemplate:
         self._lock = threading.Lock()
         self.end_of_turn_text, self.trailer = self._find_end_of_turn()
         self.end_of_turn_id = self._single_token_id(self.end_of_turn_text)
+        #: render only what follows the continued turn (see the module docstring)
+        self.incremental = incremental and self._probe_incremental()
 
     # -- derivation of the end-of-turn token -------------------------------------------
     def _special_tokens(self) -> list[str]:
@@ -204,6 +251,25 @@ class ChatTemplate:
             "cannot determine the chat template's end-of-turn token: the text after an "
             f"assistant turn is {after[:40]!r}, which starts with no special token"
         )
+
+    def _probe_incremental(self) -> bool:
+        """Whether the stand-in render equals the full render after every assistant turn of
+        the probe conversations (:data:`_PROBES`), with and without tools."""
+        for tools in (None, _PROBE_TOOLS):
+            for conversation in _PROBES:
+                for k, message in enumerate(conversation):
+                    if message["role"] != "assistant" or k == len(conversation) - 1:
+                        continue
+                    try:
+                        full = self._after_turn_full(conversation, tools, k)
+                        short = self._after_turn_incremental(conversation, tools, k)
+                    except InvalidRequestError:
+                        continue  # the template refuses this shape: it never chains it
+                    if full != short:
+                        log.info("incremental_render_disabled", reason="template renders "
+                                 "new messages differently after a shortened conversation")
+                        return False
+        return True
 
     def _single_token_id(self, token: str) -> int:
         ids = self.tokenizer.encode(token, add_special_tokens=False)
@@ -269,38 +335,104 @@ class ChatTemplate:
         ``c.messages`` and then ``c``'s answer (compared by :func:`message_signature`).
         Among matches the longest conversation wins, then the latest.
 
+        Cost: a harness resends the earlier messages unchanged, so they are compared as plain
+        values first (one C-level comparison); signatures are computed only when that fails.
+
         Args:
             messages: the request's messages.
             tools: the request's tools.
             completions: the session's completions so far, in index order.
         """
-        signatures = [message_signature(m) for m in messages]
-        tools_key = canonical_json(list(tools))
+        signatures: dict[int, tuple[Any, ...]] = {}
+
+        def signature(i: int) -> tuple[Any, ...]:
+            if i not in signatures:
+                signatures[i] = message_signature(messages[i])
+            return signatures[i]
+
+        tools_key: str | None = None
         best: Completion | None = None
         for completion in reversed(completions):
             k = len(completion.messages)
             if not completion.response_ids or completion.finish_reason == "error":
                 continue
-            if len(signatures) <= k or (best is not None and k <= len(best.messages)):
+            if len(messages) <= k or (best is not None and k <= len(best.messages)):
                 continue
-            if canonical_json(completion.tools) != tools_key:
+            if completion.tools != tools:
+                if tools_key is None:
+                    tools_key = canonical_json(list(tools))
+                if canonical_json(completion.tools) != tools_key:
+                    continue
+            if signature(k) != message_signature(completion.response_message):
                 continue
-            if signatures[k] != message_signature(completion.response_message):
-                continue
-            if [message_signature(m) for m in completion.messages] != signatures[:k]:
+            if completion.messages != messages[:k] and any(
+                    message_signature(m) != signature(i)
+                    for i, m in enumerate(completion.messages)):
                 continue
             best = completion
         return best
 
+    def _after_turn_full(self, messages: Sequence[dict[str, Any]],
+                         tools: Sequence[dict[str, Any]] | None, k: int) -> str | None:
+        """The text the template renders after assistant turn ``messages[k]`` (its end-of-turn
+        token and trailer excluded) up to the generation prompt, from two full renders; None
+        when the conversation up to that turn is not a prefix of the whole or does not end
+        with the end-of-turn token and trailer."""
+        full_text = self.render_text(messages, tools, add_generation_prompt=True)
+        upto_text = self.render_text(messages[:k + 1], tools, add_generation_prompt=False)
+        if full_text.startswith(upto_text) \
+                and upto_text.endswith(self.end_of_turn_text + self.trailer):
+            return full_text[len(upto_text):]
+        return None
+
+    def _after_turn_incremental(self, messages: Sequence[dict[str, Any]],
+                                tools: Sequence[dict[str, Any]] | None, k: int) -> str | None:
+        """:meth:`_after_turn_full` of a stand-in conversation: the first message, the last
+        user message before turn ``k``, then ``messages[k:]``; its cost does not depend on
+        ``k``."""
+        head: list[dict[str, Any]] = []
+        if k > 0:
+            head.append(messages[0])
+            for i in range(k - 1, 0, -1):
+                if messages[i].get("role") == "user":
+                    head.append(messages[i])
+                    break
+        return self._after_turn_full([*head, *messages[k:]], tools, len(head))
+
+    def render_chars(self, messages: Sequence[dict[str, Any]],
+                     tools: Sequence[dict[str, Any]], previous: Completion | None) -> int:
+        """A rough size (characters) of what :meth:`build_prompt` renders and tokenizes for
+        this request, given its continued completion ``previous`` (from
+        :meth:`find_extended`): callers run small renders inline and large ones in a thread."""
+        todo = messages[len(previous.messages):] if previous is not None and self.incremental \
+            else messages
+        size = 600 * len(tools)
+        for message in todo:
+            content = message.get("content")
+            size += len(content) if isinstance(content, str) else 200
+            size += 200 * len(message.get("tool_calls") or ())
+        return size
+
+    @property
+    def busy(self) -> bool:
+        """The tokenizer is in use by another thread (an inline call would wait for it)."""
+        return self._lock.locked()
+
     def build_prompt(self, messages: Sequence[dict[str, Any]],
                      tools: Sequence[dict[str, Any]],
-                     completions: Sequence[Completion]) -> PromptPlan:
+                     completions: Sequence[Completion], *,
+                     previous: Completion | None | bool = False) -> PromptPlan:
         """The prompt of a request: chained onto an earlier completion when it continues one.
+
+        A chained prompt renders only what follows the continued turn (incrementally when the
+        template allows it, see the module docstring); a fresh prompt renders once.
 
         Args:
             messages: the request's messages (OpenAI chat shape).
             tools: the request's tools.
             completions: the session's completions so far, in index order.
+            previous: :meth:`find_extended`'s answer when the caller has it already
+                (False: find it here).
 
         Returns:
             The prompt ids and the index of the completion continued (None: fresh render).
@@ -309,20 +441,27 @@ class ChatTemplate:
         Raises:
             InvalidRequestError: the template rejects the messages.
         """
-        full_text = self.render_text(messages, tools, add_generation_prompt=True)
-        previous = self.find_extended(messages, tools, completions)
+        if previous is False:
+            previous = self.find_extended(messages, tools, completions)
+        assert previous is None or isinstance(previous, Completion)
         if previous is not None:
             k = len(previous.messages)
-            upto_text = self.render_text(messages[:k + 1], tools, add_generation_prompt=False)
-            turn_end = self.end_of_turn_text + self.trailer
-            if full_text.startswith(upto_text) and upto_text.endswith(turn_end):
-                new_ids = self.encode(self.trailer + full_text[len(upto_text):])
-                chained = list(previous.prompt_ids) + list(previous.response_ids)
+            new_text = None
+            if self.incremental:
+                try:
+                    new_text = self._after_turn_incremental(messages, tools, k)
+                except InvalidRequestError:
+                    new_text = None  # the stand-in is refused; the full render decides
+            if new_text is None:
+                new_text = self._after_turn_full(messages, tools, k)
+            if new_text is not None:
+                new_ids = self.encode(self.trailer + new_text)
+                chained = [*previous.prompt_ids, *previous.response_ids]
                 if previous.response_ids[-1] != self.end_of_turn_id:
                     chained.append(self.end_of_turn_id)
                 return PromptPlan(prompt_ids=chained + new_ids, extends=previous.index,
                                   num_new_tokens=len(new_ids))
             log.warning("chain_break", extends=previous.index,
                         reason="rendered conversation does not extend the earlier one")
-        prompt_ids = self.encode(full_text)
+        prompt_ids = self.encode(self.render_text(messages, tools, add_generation_prompt=True))
         return PromptPlan(prompt_ids=prompt_ids, extends=None, num_new_tokens=len(prompt_ids))

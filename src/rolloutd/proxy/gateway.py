@@ -104,8 +104,10 @@ class Gateway:
             rolloutd.errors.ConfigError: unknown model, no chat template, unsupported backend.
         """
         template = ChatTemplate(tokenizer if tokenizer is not None
-                                else load_tokenizer(settings.model))
-        store = BlobStore(settings.store_url)
+                                else load_tokenizer(settings.model),
+                                incremental=settings.incremental_render)
+        store = BlobStore(settings.store_url, sync=settings.store_sync,
+                          group_commit_s=settings.store_group_commit_s)
         pool = BackendPool.from_settings(settings, transport=transport, ctx_size=ctx_size,
                                          store=store)
         defaults = parsers_for_model(settings.model)
@@ -127,8 +129,9 @@ class Gateway:
         self.sessions.public_url = url.rstrip("/")
 
     async def aclose(self) -> None:
-        """Close backend clients."""
+        """Close backend clients; fsync what the store wrote (``store_sync`` ``group``)."""
         await self.pool.aclose()
+        await asyncio.to_thread(self.store.flush)
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -175,7 +178,9 @@ async def serve(gateway: Gateway, host: str | None = None, port: int | None = No
 
     The socket is bound here, so a port in use raises ``OSError`` to the caller instead of
     exiting the process. When ``settings.gateway_public_url`` is unset, the gateway's public
-    URL becomes ``http://{host}:{bound port}``.
+    URL becomes ``http://{host}:{bound port}``. uvicorn parses HTTP with httptools when it is
+    installed (h11 otherwise, which is pure Python and slower); the event loop is the
+    caller's, so running the process on uvloop (``uvloop.run``) is the caller's choice.
 
     Args:
         gateway: the gateway.

@@ -67,7 +67,11 @@ def build_completion(
         policy_version: the backend's policy version when the call was sent (default: its
             version now).
     """
-    return Completion(
+    if len(result.response_ids) != len(result.response_logprobs):
+        raise ValueError(f"completion {session.session_id}#{index}: {len(result.response_ids)} "
+                         f"sampled tokens, {len(result.response_logprobs)} logprobs")
+    # built from validated parts: validating again would copy the whole conversation per call
+    return Completion.model_construct(
         session_id=session.session_id,
         index=index,
         request_hash=body_hash,
@@ -101,8 +105,8 @@ def build_passthrough_completion(
     """The completion of one ``passthrough`` call (pure): the backend rendered the prompt, so
     token ids are the ones it returned, if any; without them the completion is untrainable.
     """
-    trainable = result.trainable
-    return Completion(
+    trainable = result.trainable  # implies aligned response ids and logprobs
+    return Completion.model_construct(
         session_id=session.session_id, index=index, request_hash=body_hash,
         dialect=request.dialect, capture_mode=session.state.capture_mode, model=response.model,
         messages=request.messages, tools=request.tools, request=request.body,
@@ -143,7 +147,11 @@ class Recorder:
         return None if index is None else session.completions[index]
 
     async def record(self, session: Session, completion: Completion) -> None:
-        """Durably append ``completion`` (call with ``session.lock`` held).
+        """Append ``completion`` to the log (call with ``session.lock`` held): it reaches
+        the operating system before this returns, so before the answer is sent; fsync follows
+        the store's ``sync`` policy (:class:`rolloutd.store.BlobStore`). Only what it adds
+        to the completion it continues (else the one before) is written
+        (:func:`rolloutd.store.encode_completion`).
 
         Raises:
             rolloutd.store.BlobExistsError: its index is written already (another writer).
@@ -153,10 +161,16 @@ class Recorder:
             raise ValueError(f"completion index {completion.index} is not the next index "
                              f"{session.next_index()} of session {session.session_id}")
         started = time.monotonic()
-        await asyncio.to_thread(session.log.append, completion)
+        base = session.completions[completion.extends] if completion.extends is not None \
+            else (session.completions[-1] if session.completions else None)
+        if session.log.store.fast_writes:
+            session.log.append(completion, base)  # a small write into the page cache
+        else:
+            await asyncio.to_thread(session.log.append, completion, base)
         session.completions.append(completion)
         session.by_hash.setdefault(completion.request_hash, completion.index)
-        log.info("completion_recorded", session_id=session.session_id, index=completion.index,
+        # per call: DEBUG (an INFO line per call costs more than the rest of the recording)
+        log.debug("completion_recorded", session_id=session.session_id, index=completion.index,
                  num_prompt_tokens=len(completion.prompt_ids),
                  num_response_tokens=len(completion.response_ids),
                  finish_reason=completion.finish_reason, extends=completion.extends,

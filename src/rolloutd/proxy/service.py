@@ -13,11 +13,19 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import structlog
 
-from rolloutd.errors import BackendError, ConfigError, ContextLengthError
-from rolloutd.proxy.backends.base import Backend, GenerateDelta, GenerateRequest, GenerateResult
+from rolloutd.errors import BackendError, ConfigError, ContextLengthError, RolloutdError
+from rolloutd.proxy.backends.base import (
+    Backend,
+    ChatDelta,
+    ChatResult,
+    GenerateDelta,
+    GenerateRequest,
+    GenerateResult,
+)
 from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
 from rolloutd.proxy.backends.pool import BackendPool, Lease
 from rolloutd.proxy.chat_template import ChatTemplate, PromptPlan
@@ -43,11 +51,17 @@ from rolloutd.proxy.recorder import (
     response_from_completion,
     response_id,
 )
-from rolloutd.proxy.sessions import Session
+from rolloutd.proxy.sessions import CallError, Session
 from rolloutd.proxy.tool_parsers import get_tool_parser
 from rolloutd.types import CaptureMode, Completion, SamplingParams
 
 log = structlog.get_logger(__name__)
+
+D = TypeVar("D", GenerateDelta, ChatDelta)
+
+#: renders up to this many characters (:meth:`ChatTemplate.render_chars`) run on the event loop
+#: (well under a millisecond); larger ones in a worker thread.
+INLINE_RENDER_CHARS = 16_000
 
 
 def resolve_sampling(task: SamplingParams, harness: SamplingOverrides) -> SamplingParams:
@@ -182,12 +196,24 @@ class ChatService:
                 raise
         return lease
 
+    async def _build_prompt(self, session: Session, request: InternalRequest) -> PromptPlan:
+        """The call's prompt: rendered inline when small (a thread hop costs more than a
+        render of a few messages), in a worker thread when large (the event loop serves
+        every session)."""
+        template = self.template
+        previous = template.find_extended(request.messages, request.tools, session.completions)
+        if not template.busy and template.render_chars(
+                request.messages, request.tools, previous) <= INLINE_RENDER_CHARS:
+            return template.build_prompt(request.messages, request.tools, session.completions,
+                                         previous=previous)
+        return await asyncio.to_thread(template.build_prompt, request.messages, request.tools,
+                                       session.completions, previous=previous)
+
     async def _prepare(self, session: Session, request: InternalRequest, body_hash: str,
                        lease: Lease) -> _Prepared:
         """Prompt and sampling of a call on ``lease.backend`` (call with ``session.lock``)."""
         started_at, started = time.time(), time.monotonic()
-        plan = await asyncio.to_thread(self.template.build_prompt, request.messages,
-                                       request.tools, session.completions)
+        plan = await self._build_prompt(session, request)
         backend = lease.backend
         sampling = resolve_sampling(session.state.sampling, request.sampling)
         max_tokens = bound_max_tokens(sampling.max_tokens, len(plan.prompt_ids),
@@ -231,35 +257,27 @@ class ChatService:
         await self.recorder.record(session, completion)
         return response
 
-    async def _passthrough(self, session: Session, request: InternalRequest) -> InternalResponse:
-        """One ``passthrough`` call (call with ``session.lock`` held): the backend renders the
-        chat; the gateway records what it returns (untrainable without token ids).
+    def _passthrough_body(self, session: Session, request: InternalRequest,
+                          lease: Lease) -> tuple[OpenAIChatBackend, dict[str, Any]]:
+        """The chat backend and the upstream body of a ``passthrough`` call.
 
         Raises:
             ConfigError: the session's backend takes no chat requests.
-            BackendError: the backend failed; nothing is recorded.
         """
-        body_hash, answered = self._retry(session, request)
-        if answered is not None:
-            return response_from_completion(answered)
-        lease = await self._lease(session)
-        try:
-            return await self._passthrough_on(session, request, body_hash, lease)
-        finally:
-            self.pool.release_lease(lease)
-
-    async def _passthrough_on(self, session: Session, request: InternalRequest,
-                              body_hash: str, lease: Lease) -> InternalResponse:
-        """The ``passthrough`` call on a leased backend."""
         backend = lease.backend
         if not isinstance(backend, OpenAIChatBackend):
             raise ConfigError(f"backend {backend.name} ({backend.type}) cannot serve "
                               "capture_mode 'passthrough'")
-        started_at, started = time.time(), time.monotonic()
         sampling = resolve_sampling(session.state.sampling, request.sampling)
         body = {**openai_chat.request_from_internal(request), "temperature": sampling.temperature,
                 "top_p": sampling.top_p, "max_tokens": sampling.max_tokens}
-        result = await backend.chat(body)
+        return backend, body
+
+    async def _passthrough_record(self, session: Session, request: InternalRequest,
+                                  body_hash: str, lease: Lease, result: ChatResult,
+                                  started_at: float, started: float) -> InternalResponse:
+        """Record a ``passthrough`` answer (streamed or not: the same completion) and return
+        it (call with ``session.lock`` held)."""
         index = session.next_index()
         content = result.message.get("content")
         response = InternalResponse(
@@ -273,32 +291,105 @@ class ChatService:
                         or len(result.response_ids)))
         await self.recorder.record(session, build_passthrough_completion(
             session, index=index, request=request, body_hash=body_hash, result=result,
-            response=response, backend=backend, started_at=started_at,
+            response=response, backend=lease.backend, started_at=started_at,
             duration_s=time.monotonic() - started, policy_version=lease.policy_version))
         return response
 
+    async def _passthrough_on(self, session: Session, request: InternalRequest,
+                              body_hash: str, lease: Lease) -> InternalResponse:
+        """One ``passthrough`` call on a leased backend (call with ``session.lock`` held):
+        the backend renders the chat; the gateway records what it returns (untrainable
+        without token ids)."""
+        started_at, started = time.time(), time.monotonic()
+        backend, body = self._passthrough_body(session, request, lease)
+        result = await backend.chat(body)
+        return await self._passthrough_record(session, request, body_hash, lease, result,
+                                              started_at, started)
+
+    async def _passthrough_stream_on(self, session: Session, request: InternalRequest,
+                                     body_hash: str, lease: Lease
+                                     ) -> AsyncIterator[StreamEvent]:
+        """A streamed ``passthrough`` call on a leased backend: the backend's chunks are
+        forwarded as they arrive; the completion is recorded from the assembled answer,
+        before the end event (call with ``session.lock`` held)."""
+        started_at, started = time.time(), time.monotonic()
+        backend, body = self._passthrough_body(session, request, lease)
+        deltas = backend.chat_stream(body)
+        try:
+            delta = await _next_delta(deltas, backend)
+            index = session.next_index()
+            yield StreamStart(id=response_id(session.session_id, index),
+                              created=int(started_at), model=session.state.model)
+            sent, sent_reasoning = "", ""
+            while delta.result is None:
+                if delta.reasoning:
+                    sent_reasoning += delta.reasoning
+                    yield StreamReasoning(text=delta.reasoning)
+                if delta.content:
+                    sent += delta.content
+                    yield StreamContent(text=delta.content)
+                delta = await _next_delta(deltas, backend)
+        finally:
+            await deltas.aclose()  # type: ignore[attr-defined]
+        response = await self._passthrough_record(session, request, body_hash, lease,
+                                                  delta.result, started_at, started)
+        yield StreamEnd(
+            response=response,
+            content_tail=_tail(response.content or "", sent, "content", session, index),
+            reasoning_tail=_tail(response.reasoning or "", sent_reasoning, "reasoning",
+                                 session, index))
+
+    async def _note_failure(self, session: Session, error: Exception, started: float, *,
+                            stream: bool) -> None:
+        """Record a failed call in the session's state (issue #6): the harness gets the
+        error, the session keeps it, the log stays as it was. Never raises."""
+        status = error.status_code if isinstance(error, RolloutdError) else 500
+        message = error.message if isinstance(error, RolloutdError) \
+            else f"internal error: {type(error).__name__}"
+        try:
+            await session.record_error(CallError(
+                at_index=session.next_index(), at=time.time(),
+                error_type=type(error).__name__, message=message[:500], status_code=status,
+                backend=session.state.backend, duration_s=time.monotonic() - started,
+                stream=stream))
+        except Exception:
+            log.exception("call_error_not_recorded", session_id=session.session_id)
+
+    async def _complete_locked(self, session: Session, request: InternalRequest
+                               ) -> InternalResponse:
+        body_hash, answered = self._retry(session, request)
+        if answered is not None:
+            return response_from_completion(answered)
+        lease = await self._lease(session)
+        try:
+            if session.state.capture_mode is CaptureMode.PASSTHROUGH:
+                return await self._passthrough_on(session, request, body_hash, lease)
+            prep = await self._prepare(session, request, body_hash, lease)
+            result = await prep.backend.generate(prep.generate)
+            return await self._answer(session, request, prep, result)
+        finally:
+            self.pool.release_lease(lease)
+
     async def complete(self, session: Session, request: InternalRequest) -> InternalResponse:
         """Answer one call in one piece.
+
+        A call of an open session that fails is recorded in the session's state
+        (:meth:`rolloutd.proxy.sessions.Session.record_error`), never in its log.
 
         Raises:
             rolloutd.errors.AuthenticationError: the session is closed.
             rolloutd.errors.InvalidRequestError: the template rejects the messages.
             ContextLengthError: the prompt fills the context.
-            BackendError: the backend failed; nothing is recorded.
+            BackendError: the backend failed; nothing is recorded in the log.
         """
         async with session.lock:
-            if session.state.capture_mode is CaptureMode.PASSTHROUGH:
-                return await self._passthrough(session, request)
-            body_hash, answered = self._retry(session, request)
-            if answered is not None:
-                return response_from_completion(answered)
-            lease = await self._lease(session)
+            session.ensure_open()
+            started = time.monotonic()
             try:
-                prep = await self._prepare(session, request, body_hash, lease)
-                result = await prep.backend.generate(prep.generate)
-                return await self._answer(session, request, prep, result)
-            finally:
-                self.pool.release_lease(lease)
+                return await self._complete_locked(session, request)
+            except Exception as e:
+                await self._note_failure(session, e, started, stream=False)
+                raise
 
     async def stream(self, session: Session, request: InternalRequest
                      ) -> AsyncIterator[StreamEvent]:
@@ -309,34 +400,38 @@ class ChatService:
         refused) are raised before anything is sent, so the caller can answer with a status.
         Reasoning (:class:`StreamReasoning`) streams while it is sampled; content is held back
         from a tool-call marker on; tool calls come with the end event. The streamed reasoning
-        and content plus the end event's tails equal the recorded answer's.
+        and content plus the end event's tails equal the recorded answer's. In
+        ``passthrough`` mode the backend's chunks are forwarded as they arrive. A failed call
+        is recorded in the session's state, as in :meth:`complete`.
 
         Raises:
             The errors of :meth:`complete`.
         """
         async with session.lock:
-            if session.state.capture_mode is CaptureMode.PASSTHROUGH:
-                # the upstream answer is taken whole, so the stream is not incremental here
-                response = await self._passthrough(session, request)
-                yield StreamStart(id=response.id, created=response.created, model=response.model)
-                yield StreamEnd(response=response, content_tail=response.content or "",
-                                reasoning_tail=response.reasoning or "")
-                return
-            body_hash, answered = self._retry(session, request)
-            if answered is not None:
-                response = response_from_completion(answered)
-                yield StreamStart(id=response.id, created=response.created, model=response.model)
-                yield StreamEnd(response=response, content_tail=response.content or "",
-                                reasoning_tail=response.reasoning or "")
-                return
-            lease = await self._lease(session)
-            events = self._stream_on(session, request, body_hash, lease)
+            session.ensure_open()
+            started = time.monotonic()
             try:
-                async for event in events:
-                    yield event
-            finally:
-                await events.aclose()  # type: ignore[attr-defined]
-                self.pool.release_lease(lease)
+                body_hash, answered = self._retry(session, request)
+                if answered is not None:
+                    response = response_from_completion(answered)
+                    yield StreamStart(id=response.id, created=response.created,
+                                      model=response.model)
+                    yield StreamEnd(response=response, content_tail=response.content or "",
+                                    reasoning_tail=response.reasoning or "")
+                    return
+                lease = await self._lease(session)
+                events = (self._passthrough_stream_on
+                          if session.state.capture_mode is CaptureMode.PASSTHROUGH
+                          else self._stream_on)(session, request, body_hash, lease)
+                try:
+                    async for event in events:
+                        yield event
+                finally:
+                    await events.aclose()  # type: ignore[attr-defined]
+                    self.pool.release_lease(lease)
+            except Exception as e:
+                await self._note_failure(session, e, started, stream=True)
+                raise
 
     async def _stream_on(self, session: Session, request: InternalRequest, body_hash: str,
                          lease: Lease) -> AsyncIterator[StreamEvent]:
@@ -369,21 +464,21 @@ class ChatService:
         response = await self._answer(session, request, prep, delta.result)
         yield StreamEnd(
             response=response,
-            content_tail=_tail(response.content or "", sent, "content", session, prep),
+            content_tail=_tail(response.content or "", sent, "content", session, prep.index),
             reasoning_tail=_tail(response.reasoning or "", sent_reasoning, "reasoning",
-                                 session, prep))
+                                 session, prep.index))
 
 
-def _tail(final: str, sent: str, part: str, session: Session, prep: _Prepared) -> str:
+def _tail(final: str, sent: str, part: str, session: Session, index: int) -> str:
     """The part of ``final`` not streamed yet (nothing, logged, if the stream diverged)."""
     if final.startswith(sent):
         return final[len(sent):]
-    log.warning("stream_diverged", part=part, session_id=session.session_id, index=prep.index,
+    log.warning("stream_diverged", part=part, session_id=session.session_id, index=index,
                 num_sent_chars=len(sent), num_final_chars=len(final))
     return ""
 
 
-async def _next_delta(deltas: AsyncIterator[GenerateDelta], backend: Backend) -> GenerateDelta:
+async def _next_delta(deltas: AsyncIterator[D], backend: Backend) -> D:
     try:
         return await deltas.__anext__()
     except StopAsyncIteration:

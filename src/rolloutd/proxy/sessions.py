@@ -59,6 +59,38 @@ class BackendMove(BaseModel):
     at: float
 
 
+#: failed calls whose details a session keeps (the most recent); ``num_errors`` counts all.
+MAX_RECORDED_ERRORS = 20
+
+
+class CallError(BaseModel):
+    """A call that failed: answered with an error, recorded in the session's state, never a
+    completion (issue #6).
+
+    Attributes:
+        at_index: completions recorded before it (it failed between ``at_index - 1`` and
+            ``at_index``).
+        at: Unix time (s) it failed.
+        error_type: the error's class (``BackendError``, ``BackendUnavailableError``,
+            ``ContextLengthError``, ...).
+        message: what the harness was told (at most 500 characters).
+        status_code: the HTTP status the harness got (before a stream started), or the one it
+            would have got (in the stream's error event).
+        backend: the session's backend.
+        duration_s: from the call's start to the failure, seconds.
+        stream: the harness asked for a stream.
+    """
+
+    at_index: int = Field(ge=0)
+    at: float
+    error_type: str
+    message: str
+    status_code: int
+    backend: str
+    duration_s: float = Field(ge=0)
+    stream: bool = False
+
+
 class SessionState(BaseModel):
     """What the gateway persists about a session.
 
@@ -71,6 +103,8 @@ class SessionState(BaseModel):
         closed: sealed: no further call is accepted.
         num_completions: completions in the log when it was sealed.
         backend_moves: the moves off removed backends, in order.
+        num_errors: calls that failed (answered with an error, nothing recorded in the log).
+        errors: the most recent :data:`MAX_RECORDED_ERRORS` of them.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -87,6 +121,8 @@ class SessionState(BaseModel):
     closed_at: float | None = None
     num_completions: int = 0
     backend_moves: list[BackendMove] = Field(default_factory=list)
+    num_errors: int = Field(default=0, ge=0)
+    errors: list[CallError] = Field(default_factory=list)
 
 
 class SessionInfo(BaseModel):
@@ -148,6 +184,19 @@ class Session:
         self.state = state
         log.info("session_moved", session_id=self.session_id, moved_from=moved_from,
                  moved_to=moved_to, at_index=move.at_index)
+
+    async def record_error(self, error: CallError) -> None:
+        """Count a failed call and keep its details in the persisted state (call with
+        ``lock`` held). The completion log is untouched: a failed call is not a completion."""
+        state = self.state.model_copy(update={
+            "num_errors": self.state.num_errors + 1,
+            "errors": [*self.state.errors, error][-MAX_RECORDED_ERRORS:]})
+        await asyncio.to_thread(self.log.store.put_json, session_state_key(self.session_id),
+                                state)
+        self.state = state
+        log.warning("call_failed", session_id=self.session_id, at_index=error.at_index,
+                    error_type=error.error_type, status_code=error.status_code,
+                    backend=error.backend, duration_s=round(error.duration_s, 4))
 
     def next_index(self) -> int:
         """Index of the next completion (call with ``lock`` held)."""
@@ -313,7 +362,8 @@ class SessionManager:
     async def close_session(self, session_id: str) -> int:
         """Seal a session: waits for a call in flight, then refuses every further call.
 
-        Idempotent.
+        Idempotent. Failed calls are in the sealed state (``num_errors``, ``errors``:
+        :meth:`get`), not in the log.
 
         Returns:
             The number of completions in its log.
@@ -324,6 +374,8 @@ class SessionManager:
         session = await self.get(session_id)
         async with session.lock:
             if not session.state.closed:
+                # sealed means durable: the group commit's window ends here
+                await asyncio.to_thread(self.store.flush)
                 state = session.state.model_copy(update={
                     "closed": True, "closed_at": time.time(),
                     "num_completions": len(session.completions)})
@@ -332,7 +384,8 @@ class SessionManager:
                 session.state = state
                 self.pool.release(state.backend)
                 log.info("session_closed", session_id=session_id,
-                         num_completions=len(session.completions))
+                         num_completions=len(session.completions),
+                         num_errors=state.num_errors)
             return len(session.completions)
 
     def forget(self, session_id: str) -> None:

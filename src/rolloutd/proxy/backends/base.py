@@ -162,3 +162,20 @@ class ChatResult:
         """Token ids of prompt and response and a logprob per sampled token are known."""
         return bool(self.prompt_ids) and bool(self.response_ids) \
             and len(self.response_ids) == len(self.response_logprobs)
+
+
+@dataclass
+class ChatDelta:
+    """One streamed step of a chat backend (``passthrough``): new text, or the final result.
+
+    Attributes:
+        content: new answer text (may be empty: the first chunk says only that the answer
+            started).
+        reasoning: new reasoning text.
+        result: set on the last delta only: the whole :class:`ChatResult`, the same one the
+            non-streamed call would have returned for the same answer.
+    """
+
+    content: str = ""
+    reasoning: str = ""
+    result: ChatResult | None = None

@@ -148,3 +148,23 @@ async def test_a_harness_over_its_memory_limit_is_oom_killed_and_reported(fleets
     assert session.harness_exit_code not in (0, None)
     harness = client.store.get_json(artifact_key(session.session_id, "harness"))
     assert harness["num_oom_kills"] >= 1, harness
+
+
+async def test_a_failed_model_call_is_counted_in_the_session_result(fleets):
+    """A call the gateway cannot serve (a prompt longer than the model's context) is answered
+    with an error and counted in ``SessionResult.num_call_errors``; nothing enters the log."""
+    client = RolloutClient(fleets.client, BlobStore(fleets.store_url))
+    task_id = f"callerr-{uuid.uuid4().hex[:6]}"
+    make_body = ("python3 -c \"import json; print(json.dumps({'model': 'm', 'max_tokens': 8, "
+                 "'messages': [{'role': 'user', 'content': 'hello ' * 40000}]}))\" > big.json")
+    post = (f"curl -sS -o answer.json -w '%{{http_code}}' \"$OPENAI_BASE_URL/chat/completions\" "
+            "-H \"Authorization: Bearer $OPENAI_API_KEY\" -H 'Content-Type: application/json' "
+            "-d @big.json > status.txt")
+    handle = await client.submit(shell_task(
+        task_id, f"{make_body} && {post}",
+        evaluator={"type": "test_on_output", "command": "cat status.txt",
+                   "expected_output": "400"}))
+    [session] = (await handle.result()).sessions
+    assert session.status == SessionStatus.COMPLETED, session.error
+    assert session.reward == 1.0  # the harness got a 400, in OpenAI's shape
+    assert session.num_call_errors == 1 and session.num_completions == 0

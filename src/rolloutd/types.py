@@ -500,6 +500,9 @@ class SessionResult(Model):
     trace_rewards: list[float] | None = None
     error: str | None = None
     num_completions: int = 0
+    num_call_errors: int = Field(
+        default=0, description="model calls answered with an error (backend failure, bad "
+        "request), not in the completion log; the last ones are in the session state")
     num_traces: int = 0
     num_trainable_tokens: int = 0
     trajectory_ref: str | None = Field(default=None, description="blob-store key")

@@ -278,6 +278,7 @@ class RolloutSessionWorkflow:
             trace_rewards=trace_rewards,
             error=error,
             num_completions=self._num_completions,
+            num_call_errors=closed.num_errors,
             num_traces=built.num_traces,
             num_trainable_tokens=built.stats.num_trainable_tokens,
             trajectory_ref=built.trajectory_ref,

@@ -9,15 +9,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
+from rolloutd.store import BlobStore, CompletionLog, artifact_key
 from rolloutd.trainer_client import InvalidTaskError, RolloutClient
 from rolloutd.trajectory import check_invariants
-from rolloutd.store import BlobStore, CompletionLog, artifact_key
 from rolloutd.types import SessionStatus
 from tests.support.procs import processes_with
 
@@ -157,7 +156,7 @@ async def test_a_failed_model_call_is_counted_in_the_session_result(fleets):
     task_id = f"callerr-{uuid.uuid4().hex[:6]}"
     make_body = ("python3 -c \"import json; print(json.dumps({'model': 'm', 'max_tokens': 8, "
                  "'messages': [{'role': 'user', 'content': 'hello ' * 40000}]}))\" > big.json")
-    post = (f"curl -sS -o answer.json -w '%{{http_code}}' \"$OPENAI_BASE_URL/chat/completions\" "
+    post = ("curl -sS -o answer.json -w '%{http_code}' \"$OPENAI_BASE_URL/chat/completions\" "
             "-H \"Authorization: Bearer $OPENAI_API_KEY\" -H 'Content-Type: application/json' "
             "-d @big.json > status.txt")
     handle = await client.submit(shell_task(

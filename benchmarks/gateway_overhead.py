@@ -10,8 +10,8 @@ One run, one instant local backend (a fake llama.cpp ``/completion`` + OpenAI
 
 Each system runs in its own process on loopback; the load generator is this process (httpx,
 one client per worker: a single pool of 64 connections costs more than the systems measured).
-The gateway children run on uvloop and uvicorn picks httptools when those are installed (the
-report says which). Latency is measured per call at 1 and at 64 concurrent sessions (one
+The gateway children run on uvloop and uvicorn picks httptools when those are installed, as the
+gateway fleet's process does (the report says which the gateway used). Latency is measured per call at 1 and at 64 concurrent sessions (one
 session per worker, each call a new single-turn conversation); added latency is the path's
 percentile minus the direct one. CPU/call is the serving process's own CPU time per call
 (from /proc): on a shared machine it varies much less than latency. Then one tokens-mode
@@ -132,7 +132,11 @@ async def _run_gateway(backend_url: str, backend_type: str, capture_mode: str,
                                                    sampling=SamplingParams(max_tokens=16),
                                                    capture_mode=capture_mode)
         keys.append(info.session_key)
-    print(json.dumps({"port": handle.port, "keys": keys}), flush=True)
+    loop = asyncio.get_running_loop()
+    print(json.dumps({"port": handle.port, "keys": keys,
+                      "http_parser": getattr(handle, "http_parser", "?"),
+                      "event_loop": f"{type(loop).__module__}.{type(loop).__name__}"}),
+          flush=True)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
@@ -386,17 +390,18 @@ async def _main(args: argparse.Namespace) -> None:
         for proc in procs:
             proc.stop()
         shutil.rmtree(folder, ignore_errors=True)
-    _report(paths, results, growth, args)
+    _report(paths, results, growth, args, tokens.ready)
 
 
 def _report(paths: list[Path_],
             results: dict[tuple[str, int], tuple[list[float], float, int, float]],
-            growth: tuple[list[float], list[float]], args: argparse.Namespace) -> None:
+            growth: tuple[list[float], list[float]], args: argparse.Namespace,
+            gateway: dict[str, Any]) -> None:
     ms = 1000.0
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"\n### Gateway overhead ({os.cpu_count()} cores, instant fake backend, load average "
-          f"at the end {load}; uvloop {'yes' if _has('uvloop') else 'no'}, httptools "
-          f"{'yes' if _has('httptools') else 'no'})\n")
+          f"at the end {load}; gateway event loop {gateway.get('event_loop', '?')}, HTTP "
+          f"parser {gateway.get('http_parser', '?')})\n")
     cols = " | ".join(f"p50 @{c} | p99 @{c} | added p50 @{c} | added p99 @{c} | calls/s @{c} "
                       f"| CPU/call @{c}" for c in args.concurrency)
     print(f"| path | {cols} |")

@@ -154,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return doctor_mod.main(run=args.run)
     elif args.command == "worker":
-        from rolloutd.workers import run_forever
+        from rolloutd.workers import run_process
 
-        asyncio.run(run_forever(args.fleet))
+        run_process(args.fleet)  # the gateway fleet on uvloop when installed
     elif args.command == "engine":
         from rolloutd.engine.server import LlamaServer
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 
 from rolloutd.proxy.gateway import Gateway, serve, served_model_name
 from rolloutd.settings import GatewaySettings
+from rolloutd.workers import loop_factory
 
 
 async def test_serve_binds_answers_and_shuts_down(gateway: Gateway) -> None:
@@ -57,3 +59,34 @@ async def test_serve_on_a_busy_port_raises(gateway: Gateway) -> None:
 def test_served_model_name() -> None:
     assert served_model_name("qwen2.5-coder-0.5b") == "Qwen2.5-Coder-0.5B-Instruct"
     assert served_model_name("/models/mine") == "/models/mine"
+
+
+def test_the_gateway_fleet_runs_on_uvloop_the_workflows_fleet_on_asyncio() -> None:
+    import uvloop  # a dependency (pyproject.toml): its absence is a failure, not a skip
+
+    assert loop_factory("gateway") is uvloop.new_event_loop
+    assert loop_factory("workflows") is None
+
+
+def test_the_gateway_process_serves_with_httptools_on_uvloop(tmp_path: Path, tokenizer: Any,
+                                                             fake_llama: Any) -> None:
+    # as `rolloutd worker --fleet gateway` runs it (rolloutd.workers.run_process)
+    async def serve_one_call() -> tuple[str, str, str]:
+        settings = GatewaySettings(store_url=str(tmp_path), backend_url="http://fake-llama")
+        gw = Gateway.from_settings(settings, tokenizer=tokenizer,
+                                   transport=fake_llama.transport)
+        handle = await serve(gw, host="127.0.0.1", port=0)
+        try:
+            info = await gw.sessions.open_session("uv/0", "uv")
+            async with httpx.AsyncClient(base_url=handle.url, timeout=10) as http:
+                answer = await http.post(f"/s/{info.session_key}/v1/chat/completions",
+                                         json={"messages": [{"role": "user", "content": "hi"}]})
+            return handle.http_parser, handle.event_loop, \
+                answer.json()["choices"][0]["message"]["content"]
+        finally:
+            await handle.shutdown()
+            await gw.aclose()
+
+    with asyncio.Runner(loop_factory=loop_factory("gateway")) as runner:
+        parser, loop, content = runner.run(serve_one_call())
+    assert (parser, loop, content) == ("httptools", "uvloop.Loop", "Hello there!")

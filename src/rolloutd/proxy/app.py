@@ -246,7 +246,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def chat(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
         body = await read_json(request, gateway.settings.max_body_bytes)
-        return await answer(session, openai_chat.parse(body), openai_chat)
+        return await answer(session, openai_chat.parse(body, memo=session.memo), openai_chat)
 
     async def responses(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
@@ -258,13 +258,14 @@ def create_app(gateway: Gateway) -> FastAPI:
             if previous is None:
                 raise RequestFieldError(f"previous response {previous_id!r} not found in "
                                         "this session", param="previous_response_id")
-        return await answer(session, openai_responses.parse(body, previous=previous),
-                            openai_responses)
+        return await answer(
+            session, openai_responses.parse(body, previous=previous, memo=session.memo),
+            openai_responses)
 
     async def messages(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
         body = await read_json(request, gateway.settings.max_body_bytes)
-        return await answer(session, anthropic.parse(body), anthropic)
+        return await answer(session, anthropic.parse(body, memo=session.memo), anthropic)
 
     async def count_tokens(request: Request, key: str | None) -> dict[str, Any]:
         session = await gateway.sessions.lookup(key)
@@ -287,7 +288,7 @@ def create_app(gateway: Gateway) -> FastAPI:
             return JSONResponse(
                 {"totalTokens": await gateway.service.count_tokens(session, internal)})
         stream = action == "streamGenerateContent"
-        internal = gemini.parse(body, model=model, stream=stream)
+        internal = gemini.parse(body, model=model, stream=stream, memo=session.memo)
         sse = request.query_params.get("alt") == "sse"
         return await answer(session, internal, gemini,
                             lambda start, req: gemini.encoder(start, req, sse=sse))

@@ -352,11 +352,13 @@ class ChatTemplate:
 
         tools_key: str | None = None
         best: Completion | None = None
+        num_messages, best_k = len(messages), -1
         for completion in reversed(completions):
+            # the cheapest test first: this loop runs over every completion of the session
             k = len(completion.messages)
-            if not completion.response_ids or completion.finish_reason == "error":
+            if num_messages <= k or k <= best_k:
                 continue
-            if len(messages) <= k or (best is not None and k <= len(best.messages)):
+            if not completion.response_ids or completion.finish_reason == "error":
                 continue
             if completion.tools != tools:
                 if tools_key is None:
@@ -369,7 +371,7 @@ class ChatTemplate:
                     message_signature(m) != signature(i)
                     for i, m in enumerate(completion.messages)):
                 continue
-            best = completion
+            best, best_k = completion, k
         return best
 
     def _after_turn_full(self, messages: Sequence[dict[str, Any]],

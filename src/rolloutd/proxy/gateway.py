@@ -149,12 +149,18 @@ class ServerHandle:
     Attributes:
         host: bound address.
         port: bound port (the real one when 0 was asked for).
+        http_parser: the HTTP/1.1 parser uvicorn serves with: ``httptools`` when installed
+            (a C parser), else ``h11`` (pure Python, slower).
+        event_loop: the event loop's class (``uvloop.Loop`` when the process runs on uvloop,
+            see :func:`rolloutd.workers.run_process`).
     """
 
     host: str
     port: int
     server: uvicorn.Server
     task: asyncio.Task[None]
+    http_parser: str = "h11"
+    event_loop: str = "asyncio"
 
     @property
     def url(self) -> str:
@@ -179,8 +185,10 @@ async def serve(gateway: Gateway, host: str | None = None, port: int | None = No
     The socket is bound here, so a port in use raises ``OSError`` to the caller instead of
     exiting the process. When ``settings.gateway_public_url`` is unset, the gateway's public
     URL becomes ``http://{host}:{bound port}``. uvicorn parses HTTP with httptools when it is
-    installed (h11 otherwise, which is pure Python and slower); the event loop is the
-    caller's, so running the process on uvloop (``uvloop.run``) is the caller's choice.
+    installed (a dependency; h11 otherwise, which is pure Python and slower); the event loop
+    is the caller's, so running the process on uvloop is the caller's choice
+    (:func:`rolloutd.workers.run_process` does for the gateway fleet). Both are logged with
+    ``gateway_started`` and kept on the handle.
 
     Args:
         gateway: the gateway.
@@ -213,6 +221,8 @@ async def serve(gateway: Gateway, host: str | None = None, port: int | None = No
                             access_log=False, lifespan="off",
                             h11_max_incomplete_event_size=gateway.settings.max_header_bytes,
                             timeout_keep_alive=int(max(1, gateway.settings.keep_alive_s)))
+    config.load()  # resolves http="auto" now, so the parser in use can be reported
+    http_parser = config.http_protocol_class.__module__.rsplit(".", 1)[-1].removesuffix("_impl")
     server = _EmbeddedServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="rolloutd-gateway-http")
     loop = asyncio.get_running_loop()
@@ -229,5 +239,8 @@ async def serve(gateway: Gateway, host: str | None = None, port: int | None = No
         await asyncio.sleep(0.01)  # polling uvicorn's `started` flag, bounded by the deadline
     if gateway.settings.gateway_public_url is None:
         gateway.set_public_url(f"http://{host}:{bound_port}")
-    log.info("gateway_started", host=host, port=bound_port)
-    return ServerHandle(host=host, port=bound_port, server=server, task=task)
+    event_loop = f"{type(loop).__module__}.{type(loop).__name__}"
+    log.info("gateway_started", host=host, port=bound_port, http_parser=http_parser,
+             event_loop=event_loop)
+    return ServerHandle(host=host, port=bound_port, server=server, task=task,
+                        http_parser=http_parser, event_loop=event_loop)

@@ -9,9 +9,10 @@ what Hugging Face chat templates expect.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 
@@ -58,6 +59,15 @@ class InternalRequest(BaseModel):
     stream: bool = False
     include_usage: bool = False
     body: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("messages", mode="plain")
+    @classmethod
+    def _messages(cls, value: Any) -> list[dict[str, Any]]:
+        # checked, not copied: copying every message of a long conversation on every call
+        # made the call's cost grow with the conversation (issue #3); nothing modifies them
+        if not isinstance(value, list) or not all(map(isinstance, value, repeat(dict))):
+            raise ValueError("messages must be a list of objects")
+        return value
 
 
 class Usage(BaseModel):

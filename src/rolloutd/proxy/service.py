@@ -47,7 +47,6 @@ from rolloutd.proxy.recorder import (
     Recorder,
     build_completion,
     build_passthrough_completion,
-    request_hash,
     response_from_completion,
     response_id,
 )
@@ -177,7 +176,7 @@ class ChatService:
         """(request hash, the completion that answered it already or None); refuses sealed
         sessions (call with ``session.lock`` held)."""
         session.ensure_open()
-        body_hash = request_hash(request.body)
+        body_hash = session.memo.request_hash(request.body)
         answered = self.recorder.find_retry(session, body_hash)
         if answered is not None:
             log.info("retry_answered_from_log", session_id=session.session_id,

@@ -27,6 +27,7 @@ from rolloutd.errors import (
     SessionClosedError,
 )
 from rolloutd.proxy.backends.pool import BackendPool
+from rolloutd.proxy.memo import RequestMemo
 from rolloutd.store import BlobStore, CompletionLog, session_prefix
 from rolloutd.types import CaptureMode, Completion, SamplingParams
 
@@ -155,6 +156,8 @@ class Session:
         state: the persisted state.
         completions: the completion log so far, in index order.
         by_hash: request_hash -> completion index, to answer retried requests from the log.
+        memo: what the last call computed for its messages (translation, hash state), reused
+            by the next call that resends them (:mod:`rolloutd.proxy.memo`).
     """
 
     def __init__(self, state: SessionState, completions: list[Completion],
@@ -164,6 +167,7 @@ class Session:
         self.log = log_
         self.lock = asyncio.Lock()
         self.by_hash: dict[str, int] = {}
+        self.memo = RequestMemo()
         for completion in completions:
             self.by_hash.setdefault(completion.request_hash, completion.index)
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import importlib.util
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -185,3 +186,25 @@ async def run_forever(fleet: Fleet) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with run_fleet(fleet, client, settings):
         await stop.wait()
+
+
+def loop_factory(fleet: Fleet) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop a fleet's process runs on: uvloop for the gateway fleet when installed
+    (a dependency on Linux and macOS), else asyncio's default (None).
+
+    The gateway's loop serves every harness call, and uvloop's costs less per call
+    (benchmarks/gateway_overhead.py); that fleet runs activities only. The workflows fleet
+    keeps the default loop: its workflow code runs on Temporal's own deterministic loop inside
+    the worker, and uvloop under it is not verified; sandbox and eval gain nothing from it.
+    """
+    if fleet == "gateway" and importlib.util.find_spec("uvloop") is not None:
+        import uvloop
+
+        return uvloop.new_event_loop
+    return None
+
+
+def run_process(fleet: Fleet) -> None:
+    """``rolloutd worker --fleet FLEET``: :func:`run_forever` on :func:`loop_factory`'s loop."""
+    with asyncio.Runner(loop_factory=loop_factory(fleet)) as runner:
+        runner.run(run_forever(fleet))

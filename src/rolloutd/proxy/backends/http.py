@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from json import dumps as json_dumps
 from typing import Any
 
 import httpx
 
 from rolloutd.errors import BackendError, BackendUnavailableError, ContextLengthError
+from rolloutd.proxy import fastjson
 from rolloutd.proxy.backends.base import Backend
 
 _CONTEXT_HINTS = ("maximum context length", "context length", "exceed_context_size",
@@ -67,8 +67,7 @@ class ShardedClient:
             target = self._urls[url] = httpx.URL(self._base_url + url)
         request = httpx.Request(
             "POST", target, headers=self._headers,
-            content=json_dumps(json, ensure_ascii=False, separators=(",", ":"),
-                               allow_nan=False).encode(),
+            content=fastjson.dumps(json),
             extensions={"timeout": self._timeout})
         response = await self._transports[self._next].handle_async_request(request)
         try:

@@ -23,6 +23,7 @@ Kept: ``max_tokens`` (required), ``temperature``, ``top_p``, ``stream``, ``tools
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -53,6 +54,7 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
+from rolloutd.proxy.memo import RequestMemo
 
 DIALECT = "anthropic"
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -174,19 +176,20 @@ def _assistant(message: Message, i: int) -> dict[str, Any]:
     return out
 
 
-def to_internal(request: MessagesRequest, body: dict[str, Any]) -> InternalRequest:
-    """Translate a validated request (pure).
-
-    Raises:
-        RequestFieldError: an unsupported block, or a tool_use/tool_result without its ids.
-    """
-    messages: list[dict[str, Any]] = []
+def _system(request: MessagesRequest) -> list[dict[str, Any]]:
+    """The system message of ``request.system``, if any."""
     if isinstance(request.system, str) and request.system:
-        messages.append({"role": "system", "content": request.system})
-    elif isinstance(request.system, list) and request.system:
-        messages.append({"role": "system", "content": "".join(
-            _block_text(b, f"system.{k}") for k, b in enumerate(request.system))})
-    for i, message in enumerate(request.messages):
+        return [{"role": "system", "content": request.system}]
+    if isinstance(request.system, list) and request.system:
+        return [{"role": "system", "content": "".join(
+            _block_text(b, f"system.{k}") for k, b in enumerate(request.system))}]
+    return []
+
+
+def _conversation(wire_messages: list[Message], first: int) -> list[dict[str, Any]]:
+    """The internal messages of ``wire_messages``, which stand at ``messages.{first}`` on."""
+    messages: list[dict[str, Any]] = []
+    for i, message in enumerate(wire_messages, first):
         if message.role == "user":
             messages += _user(message, i)
         elif message.role == "system":
@@ -199,6 +202,24 @@ def to_internal(request: MessagesRequest, body: dict[str, Any]) -> InternalReque
                                  for k, b in enumerate(message.content))})
         else:
             messages.append(_assistant(message, i))
+    return messages
+
+
+def to_internal(request: MessagesRequest, body: dict[str, Any], *,
+                messages: list[dict[str, Any]] | None = None) -> InternalRequest:
+    """Translate a validated request (pure).
+
+    Args:
+        request: the validated wire request.
+        body: the raw body (recorded and hashed as sent).
+        messages: the translation of the system prompt and messages when the caller has it
+            already (:func:`parse` with a memo); default: translated here.
+
+    Raises:
+        RequestFieldError: an unsupported block, or a tool_use/tool_result without its ids.
+    """
+    if messages is None:
+        messages = [*_system(request), *_conversation(request.messages, 0)]
     tools = []
     for tool in request.tools or []:
         if tool.type not in (None, "custom"):
@@ -215,9 +236,34 @@ def to_internal(request: MessagesRequest, body: dict[str, Any]) -> InternalReque
         stream=request.stream, body=body)
 
 
-def parse(body: Any) -> InternalRequest:
-    """Validate and translate a ``/v1/messages`` body (pure)."""
-    return to_internal(validate(MessagesRequest, body), body)
+def parse(body: Any, *, memo: RequestMemo | None = None) -> InternalRequest:
+    """Validate and translate a ``/v1/messages`` body.
+
+    Pure without ``memo``. With the session's ``memo``, the messages the session's last call
+    sent (the same JSON values, at the start of ``messages``, after the same ``system``) are
+    not validated and translated again; the result is the one without ``memo`` (issue #3).
+    """
+    if memo is None:
+        return to_internal(validate(MessagesRequest, body), body)
+    raw = body.get("messages") if isinstance(body, dict) else None
+    system = body.get("system") if isinstance(body, dict) else None
+    known, known_messages, _ = memo.known_prefix(DIALECT, system, raw)
+    wire: MessagesRequest | None = None
+    if known:
+        assert isinstance(raw, list)
+        # with no new message, the last one again, so that `messages` is not empty
+        start = min(known, len(raw) - 1)
+        with contextlib.suppress(RequestFieldError):  # the full parse names the field
+            wire = validate(MessagesRequest, {**body, "messages": raw[start:]})
+        if wire is not None:
+            messages = [*known_messages,
+                        *_conversation(wire.messages[known - start:], known)]
+    if wire is None:
+        wire = validate(MessagesRequest, body)
+        messages = [*_system(wire), *_conversation(wire.messages, 0)]
+    request = to_internal(wire, body, messages=messages)
+    memo.remember(DIALECT, system, raw, messages)
+    return request
 
 
 def parse_count_tokens(body: Any) -> InternalRequest:

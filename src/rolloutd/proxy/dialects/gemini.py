@@ -27,6 +27,7 @@ as the REST API's JSON mapping does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from typing import Any, Literal
@@ -54,6 +55,7 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
+from rolloutd.proxy.memo import RequestMemo
 
 DIALECT = "gemini"
 _FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP"}
@@ -203,8 +205,38 @@ def _tools(raw: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     return tools  # googleSearch, codeExecution, ...: hosted tools, dropped
 
 
+def _system(request: GenerateContentRequest) -> list[dict[str, Any]]:
+    """The system message of ``systemInstruction``, if any."""
+    if request.systemInstruction and request.systemInstruction.parts:
+        return [{"role": "system", "content": "".join(
+            str(p.get("text", "")) for p in request.systemInstruction.parts)}]
+    return []
+
+
+def _translate_contents(contents: list[Content], first: int, messages: list[dict[str, Any]],
+                        pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Append the messages of ``contents`` (standing at ``contents.{first}`` on) to
+    ``messages``.
+
+    Args:
+        pending: the tool calls of the last model turn not answered yet (what a
+            ``functionResponse`` without an id is matched against).
+
+    Returns:
+        The calls still pending after ``contents``.
+    """
+    for i, content in enumerate(contents, first):
+        if content.role == "model":
+            message = _model(content, i)
+            pending = list(message.get("tool_calls", []))
+            messages.append(message)
+        else:
+            _user(content, i, messages, pending)
+    return pending
+
+
 def to_internal(request: GenerateContentRequest, body: dict[str, Any], *, model: str | None,
-                stream: bool) -> InternalRequest:
+                stream: bool, messages: list[dict[str, Any]] | None = None) -> InternalRequest:
     """Translate a validated request (pure).
 
     Args:
@@ -212,22 +244,15 @@ def to_internal(request: GenerateContentRequest, body: dict[str, Any], *, model:
         body: the raw body (recorded and hashed).
         model: the model from the URL path.
         stream: ``streamGenerateContent`` was called.
+        messages: the translation of the system instruction and contents when the caller has
+            it already (:func:`parse` with a memo); default: translated here.
 
     Raises:
         RequestFieldError: an unsupported part, or a call/response without a name.
     """
-    messages: list[dict[str, Any]] = []
-    if request.systemInstruction and request.systemInstruction.parts:
-        messages.append({"role": "system", "content": "".join(
-            str(p.get("text", "")) for p in request.systemInstruction.parts)})
-    pending: list[dict[str, Any]] = []
-    for i, content in enumerate(request.contents):
-        if content.role == "model":
-            message = _model(content, i)
-            pending = list(message.get("tool_calls", []))
-            messages.append(message)
-        else:
-            _user(content, i, messages, pending)
+    if messages is None:
+        messages = _system(request)
+        _translate_contents(request.contents, 0, messages, [])
     config = request.generationConfig or GenerationConfig()
     return InternalRequest(
         dialect=DIALECT, model=model, messages=messages, tools=_tools(request.tools),
@@ -236,10 +261,43 @@ def to_internal(request: GenerateContentRequest, body: dict[str, Any], *, model:
         stream=stream, body=body)
 
 
-def parse(body: Any, *, model: str | None = None, stream: bool = False) -> InternalRequest:
-    """Validate and translate a body (pure); see :func:`to_internal`."""
-    wire = validate(GenerateContentRequest, camel_keys(body) if isinstance(body, dict) else body)
-    return to_internal(wire, body, model=model, stream=stream)
+def _validate(body: Any) -> GenerateContentRequest:
+    return validate(GenerateContentRequest, camel_keys(body) if isinstance(body, dict) else body)
+
+
+def parse(body: Any, *, model: str | None = None, stream: bool = False,
+          memo: RequestMemo | None = None) -> InternalRequest:
+    """Validate and translate a body; see :func:`to_internal`.
+
+    Pure without ``memo``. With the session's ``memo``, the contents the session's last call
+    sent (the same JSON values, at the start of ``contents``, after the same system
+    instruction) are not validated and translated again; the result is the one without
+    ``memo`` (issue #3).
+    """
+    if memo is None:
+        return to_internal(_validate(body), body, model=model, stream=stream)
+    raw = body.get("contents") if isinstance(body, dict) else None
+    context = ([body.get("systemInstruction"), body.get("system_instruction")]
+               if isinstance(body, dict) else None)
+    known, known_messages, known_pending = memo.known_prefix(DIALECT, context, raw)
+    wire: GenerateContentRequest | None = None
+    if known:
+        assert isinstance(raw, list)
+        # with no new content, the last one again, so that `contents` is not empty
+        start = min(known, len(raw) - 1)
+        with contextlib.suppress(RequestFieldError):  # the full parse names the field
+            wire = _validate({**body, "contents": raw[start:]})
+        if wire is not None:
+            messages = list(known_messages)
+            pending = _translate_contents(wire.contents[known - start:], known, messages,
+                                          list(known_pending))
+    if wire is None:
+        wire = _validate(body)
+        messages = _system(wire)
+        pending = _translate_contents(wire.contents, 0, messages, [])
+    request = to_internal(wire, body, model=model, stream=stream, messages=messages)
+    memo.remember(DIALECT, context, raw, messages, state=list(pending))
+    return request
 
 
 def parse_count_tokens(body: Any, *, model: str | None = None) -> InternalRequest:

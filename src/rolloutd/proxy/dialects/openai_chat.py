@@ -16,6 +16,7 @@ Wire models accept unknown fields (``extra="allow"``). Fields handled knowingly:
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any, Literal
 
@@ -41,6 +42,7 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
+from rolloutd.proxy.memo import RequestMemo
 
 __all__ = ["RequestFieldError", "error_path"]
 
@@ -193,13 +195,37 @@ def parse_request(body: Any) -> ChatCompletionRequest:
     return validate(ChatCompletionRequest, body)
 
 
-def parse(body: Any) -> InternalRequest:
-    """Validate and translate a parsed JSON body (pure).
+def parse(body: Any, *, memo: RequestMemo | None = None) -> InternalRequest:
+    """Validate and translate a parsed JSON body.
+
+    Pure without ``memo``. With the session's ``memo``, the messages the session's last call
+    sent (the same JSON values, at the start of ``messages``) are not validated and translated
+    again: their translation is reused, and the result is the one without ``memo`` (issue #3).
 
     Raises:
         InvalidRequestError: invalid fields or a content part that is not text.
     """
-    return to_internal(parse_request(body), body)
+    if memo is None:
+        return to_internal(parse_request(body), body)
+    raw = body.get("messages") if isinstance(body, dict) else None
+    known, known_messages, _ = memo.known_prefix(DIALECT, None, raw)
+    wire: ChatCompletionRequest | None = None
+    if known:
+        assert isinstance(raw, list)
+        # the rest of the body and the new messages; with none new, the last one again, so
+        # that `messages` is not empty (min_length)
+        start = min(known, len(raw) - 1)
+        with contextlib.suppress(RequestFieldError):  # the full parse names the field
+            wire = parse_request({**body, "messages": raw[start:]})
+        if wire is not None:
+            messages = [*known_messages,
+                        *(_message_to_internal(m) for m in wire.messages[known - start:])]
+    if wire is None:
+        wire = parse_request(body)
+        messages = [_message_to_internal(m) for m in wire.messages]
+    request = to_internal(wire, body, messages=messages)
+    memo.remember(DIALECT, None, raw, messages)
+    return request
 
 
 def _message_to_internal(message: ChatMessage) -> dict[str, Any]:
@@ -230,12 +256,15 @@ def _message_to_internal(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def to_internal(request: ChatCompletionRequest, body: dict[str, Any]) -> InternalRequest:
+def to_internal(request: ChatCompletionRequest, body: dict[str, Any], *,
+                messages: list[dict[str, Any]] | None = None) -> InternalRequest:
     """Translate a validated request (pure).
 
     Args:
         request: the validated wire request.
         body: the raw JSON body (recorded and hashed as sent).
+        messages: the translation of ``body``'s messages when the caller has it already
+            (:func:`parse` with a memo); default: ``request.messages`` translated.
 
     Raises:
         InvalidRequestError: a content part is not text.
@@ -243,7 +272,8 @@ def to_internal(request: ChatCompletionRequest, body: dict[str, Any]) -> Interna
     return InternalRequest(
         dialect=DIALECT,
         model=request.model,
-        messages=[_message_to_internal(m) for m in request.messages],
+        messages=messages if messages is not None
+        else [_message_to_internal(m) for m in request.messages],
         tools=[t.model_dump(exclude_none=True) for t in request.tools or []],
         sampling=SamplingOverrides(
             temperature=request.temperature,

@@ -24,6 +24,7 @@ Kept sampling fields: ``temperature``, ``top_p``, ``max_output_tokens``. Ignored
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any, Literal
 
@@ -45,6 +46,7 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
+from rolloutd.proxy.memo import RequestMemo
 
 log = structlog.get_logger(__name__)
 
@@ -156,18 +158,10 @@ def _tool(tool: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def to_internal(request: ResponsesRequest, body: dict[str, Any], *,
-                previous: list[dict[str, Any]] | None = None) -> InternalRequest:
-    """Translate a validated request (pure).
-
-    Args:
-        request: the validated wire request.
-        body: the raw body (recorded and hashed as sent).
-        previous: the conversation of ``previous_response_id`` (its messages and answer).
-
-    Raises:
-        RequestFieldError: an unsupported item or content part.
-    """
+def _head(request: ResponsesRequest, previous: list[dict[str, Any]] | None
+          ) -> list[dict[str, Any]]:
+    """The messages before the input items: the instructions, then the conversation of
+    ``previous_response_id`` (its own system messages left out; copies)."""
     messages: list[dict[str, Any]] = []
     if request.instructions:
         messages.append({"role": "system", "content": request.instructions})
@@ -175,10 +169,24 @@ def to_internal(request: ResponsesRequest, body: dict[str, Any], *,
         leading = 0
         while leading < len(previous) and previous[leading]["role"] == "system":
             leading += 1
-        messages += [dict(m) for m in previous[leading:]]
-    items = ([{"role": "user", "content": request.input}] if isinstance(request.input, str)
-             else request.input)
-    for i, raw in enumerate(items):
+        # copies down to the tool call list: the input's items may complete the last turn,
+        # and the recorded conversation must not change
+        messages += [{**m, "tool_calls": list(m["tool_calls"])} if m.get("tool_calls")
+                     else dict(m) for m in previous[leading:]]
+    return messages
+
+
+def _items(request: ResponsesRequest) -> list[dict[str, Any]]:
+    return ([{"role": "user", "content": request.input}] if isinstance(request.input, str)
+            else request.input)
+
+
+def _translate_items(items: list[dict[str, Any]], first: int,
+                     messages: list[dict[str, Any]]) -> None:
+    """Translate input items that stand at ``input.{first}`` on onto ``messages``: appends,
+    and may complete its last message (an assistant turn's reasoning, text and calls come as
+    separate items)."""
+    for i, raw in enumerate(items, first):
         item = _item(raw, i)
         if isinstance(item, MessageItem):
             text = content_text(item.content)
@@ -207,6 +215,26 @@ def to_internal(request: ResponsesRequest, body: dict[str, Any], *,
         elif isinstance(item, FunctionCallOutputItem):
             messages.append({"role": "tool", "tool_call_id": item.call_id,
                              "content": content_text(item.output)})
+
+
+def to_internal(request: ResponsesRequest, body: dict[str, Any], *,
+                previous: list[dict[str, Any]] | None = None,
+                messages: list[dict[str, Any]] | None = None) -> InternalRequest:
+    """Translate a validated request (pure).
+
+    Args:
+        request: the validated wire request.
+        body: the raw body (recorded and hashed as sent).
+        previous: the conversation of ``previous_response_id`` (its messages and answer).
+        messages: the translation of the instructions and input when the caller has it
+            already (:func:`parse` with a memo); default: translated here.
+
+    Raises:
+        RequestFieldError: an unsupported item or content part.
+    """
+    if messages is None:
+        messages = _head(request, previous)
+        _translate_items(_items(request), 0, messages)
     if not messages:
         raise RequestFieldError("input holds no message", param="input")
     tools = [t for t in (_tool(raw) for raw in request.tools or [] if isinstance(raw, dict))
@@ -227,9 +255,42 @@ def parse_request(body: Any) -> ResponsesRequest:
     return validate(ResponsesRequest, body)
 
 
-def parse(body: Any, *, previous: list[dict[str, Any]] | None = None) -> InternalRequest:
-    """Validate and translate a body (pure); see :func:`to_internal`."""
-    return to_internal(parse_request(body), body, previous=previous)
+def parse(body: Any, *, previous: list[dict[str, Any]] | None = None,
+          memo: RequestMemo | None = None) -> InternalRequest:
+    """Validate and translate a body; see :func:`to_internal`.
+
+    Pure without ``memo``. With the session's ``memo`` and no ``previous``, the input items
+    the session's last call sent (the same JSON values, at the start of ``input``, after the
+    same ``instructions``) are not validated and translated again; the result is the one
+    without ``memo`` (issue #3).
+    """
+    if memo is None or previous is not None:
+        return to_internal(parse_request(body), body, previous=previous)
+    raw = body.get("input") if isinstance(body, dict) else None
+    instructions = body.get("instructions") if isinstance(body, dict) else None
+    known, known_messages, _ = memo.known_prefix(DIALECT, instructions, raw)
+    wire: ResponsesRequest | None = None
+    if known:
+        assert isinstance(raw, list)
+        # with no new item, the last one again, so that the rest of the body is validated
+        start = min(known, len(raw) - 1)
+        with contextlib.suppress(RequestFieldError):  # the full parse names the field
+            wire = parse_request({**body, "input": raw[start:]})
+        if wire is not None:
+            messages = list(known_messages)
+            if messages:  # the new items may complete the last message: complete a copy
+                last = messages[-1] = dict(messages[-1])
+                if "tool_calls" in last:
+                    last["tool_calls"] = list(last["tool_calls"])
+            assert isinstance(wire.input, list)
+            _translate_items(wire.input[known - start:], known, messages)
+    if wire is None:
+        wire = parse_request(body)
+        messages = _head(wire, None)
+        _translate_items(_items(wire), 0, messages)
+    request = to_internal(wire, body, messages=messages)
+    memo.remember(DIALECT, instructions, raw, messages)
+    return request
 
 
 def request_from_internal(request: InternalRequest) -> dict[str, Any]:

@@ -1,0 +1,197 @@
+"""Per-session memo of the work a call repeats for the conversation it resends (issue #3).
+
+A harness resends the whole conversation on every call and adds a message or two, so a call's
+dialect translation and its retry hash would grow with the conversation. A
+:class:`RequestMemo`, one per session, keeps what the session's last call computed for its
+messages: their translation and the sha256 state of the request hash after them. The next
+call reuses both when its messages start with exactly those messages, and computes only the
+new ones.
+
+"Exactly" is checked on a type-exact fingerprint of the raw JSON values (``marshal`` format
+2, then blake2b): Python's ``==`` holds for ``1``, ``1.0`` and ``true``, which JSON (and a
+translation that re-serialises tool call arguments) tells apart. The fingerprint of a prefix
+is computed once per request and shared by the translation and the hash.
+
+Results are identical to the plain functions' (:func:`rolloutd.proxy.recorder.request_hash`,
+each dialect's ``parse``); property tests (tests/proxy/test_memo.py) check that over random
+conversation growth. Memory: one conversation per session, the same message objects the
+session's last completion holds, plus a sha256 state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rolloutd.proxy.chat_template import canonical_json
+
+#: the body field that holds the conversation, per dialect's body shape (the first that is a
+#: list is the one hashed incrementally)
+CONVERSATION_FIELDS = ("messages", "contents", "input")
+
+
+def _items_bytes(values: list[Any]) -> memoryview:
+    """``marshal`` (format 2: no back-references, so equal values give equal bytes) of the
+    items of ``values``, without the list header: the bytes of ``values[:n]`` are a prefix
+    of those of ``values``.
+
+    Raises:
+        ValueError: ``values`` holds something ``marshal`` cannot write.
+    """
+    return memoryview(marshal.dumps(values, 2))[5:]  # type byte and 4-byte count
+
+
+def fingerprint(values: list[Any]) -> bytes | None:
+    """A type-exact digest of JSON values (dict key order included), or None when they hold
+    something ``marshal`` cannot write."""
+    try:
+        return hashlib.blake2b(_items_bytes(values), digest_size=16).digest()
+    except ValueError:
+        return None
+
+
+@dataclass
+class _Translation:
+    dialect: str
+    context: bytes | None
+    num_raw: int
+    fingerprint: bytes
+    messages: tuple[dict[str, Any], ...]
+    state: Any
+
+
+@dataclass
+class _HashState:
+    head: str
+    num_raw: int
+    fingerprint: bytes
+    sha: Any  # hashlib sha256 object after the head and num_raw messages
+
+
+@dataclass
+class RequestMemo:
+    """What one session's last call computed for its messages (see the module docstring).
+
+    Use under the session's calls only: the methods are synchronous, so calls interleaving on
+    the event loop see a consistent memo, and every reuse is checked against the fingerprint.
+    """
+
+    _translation: _Translation | None = None
+    _hash: _HashState | None = None
+    # fingerprints of prefixes of one request's message list, from its parse to its hash
+    # (the list is held, so its identity stays valid; each parse starts afresh), and the
+    # blake2b state after its first _fp_upto items: the longer prefix continues it
+    _fp_of: list[Any] | None = field(default=None, repr=False)
+    _fps: dict[int, bytes | None] = field(default_factory=dict, repr=False)
+    _fp_state: Any = field(default=None, repr=False)
+    _fp_upto: int = 0
+
+    def _prefix_fingerprint(self, raw: list[Any], num: int) -> bytes | None:
+        """:func:`fingerprint` of ``raw[:num]``; the items are written once per request."""
+        if self._fp_of is not raw:
+            self._forget_fingerprints()
+            self._fp_of = raw
+        if num in self._fps:
+            return self._fps[num]
+        if self._fp_state is not None and num < self._fp_upto:
+            digest = fingerprint(raw[:num])
+        else:
+            state = self._fp_state or hashlib.blake2b(digest_size=16)
+            try:
+                state.update(_items_bytes(raw[self._fp_upto:num]))
+            except ValueError:
+                self._fps[num] = None
+                return None
+            self._fp_state, self._fp_upto = state, num
+            digest = state.copy().digest()
+        self._fps[num] = digest
+        return digest
+
+    def _forget_fingerprints(self) -> None:
+        self._fp_of, self._fps, self._fp_state, self._fp_upto = None, {}, None, 0
+
+    # -- translation -------------------------------------------------------------------
+    def known_prefix(self, dialect: str, context: Any, raw: Any
+                     ) -> tuple[int, Sequence[dict[str, Any]], Any]:
+        """How much of ``raw`` the last translation covers.
+
+        Args:
+            dialect: the dialect translating.
+            context: the raw request values other than the messages that their translation
+                depends on (Anthropic's ``system``), compared by :func:`fingerprint`.
+            raw: the request's raw messages (the JSON list).
+
+        Returns:
+            ``(n, messages, state)``: the first ``n`` raw messages are those translated last
+            time into ``messages`` (internal shape; shared with earlier requests and their
+            completions: never modified), with the dialect's carried ``state``;
+            ``(0, (), None)`` when nothing is reusable.
+        """
+        self._forget_fingerprints()
+        memo = self._translation
+        if memo is None or not isinstance(raw, list) or memo.dialect != dialect \
+                or memo.num_raw > len(raw) or memo.context != fingerprint([context]):
+            return 0, (), None
+        if self._prefix_fingerprint(raw, memo.num_raw) != memo.fingerprint:
+            return 0, (), None
+        return memo.num_raw, memo.messages, memo.state
+
+    def remember(self, dialect: str, context: Any, raw: Any, messages: list[dict[str, Any]],
+                 state: Any = None) -> None:
+        """Keep a successful translation of ``raw`` (the whole raw message list) into
+        ``messages`` for the next call (the list is copied, its messages are not: nothing
+        modifies an internal message once translated)."""
+        if not isinstance(raw, list) or not raw:
+            self._translation = None
+            return
+        digest, context_digest = self._prefix_fingerprint(raw, len(raw)), fingerprint([context])
+        self._translation = None if digest is None or context_digest is None else _Translation(
+            dialect, context_digest, len(raw), digest, tuple(messages), state)
+
+    # -- retry hash --------------------------------------------------------------------
+    def request_hash(self, body: dict[str, Any]) -> str:
+        """:func:`rolloutd.proxy.recorder.request_hash` of ``body`` (the same value), with
+        the sha256 state after the messages the last call hashed reused when ``body``
+        resends them: the cost is that of the new messages and the other fields."""
+        from rolloutd.proxy.recorder import request_hash
+
+        split = _split(body)
+        if split is None:
+            self._forget_fingerprints()
+            return request_hash(body)
+        head, raw, tail = split
+        memo = self._hash
+        if memo is not None and memo.head == head and memo.num_raw <= len(raw) \
+                and self._prefix_fingerprint(raw, memo.num_raw) == memo.fingerprint:
+            sha, start = memo.sha.copy(), memo.num_raw
+        else:
+            sha, start = hashlib.sha256(head.encode()), 0
+        for i in range(start, len(raw)):
+            sha.update(("," + canonical_json(raw[i]) if i else canonical_json(raw[i])).encode())
+        digest = self._prefix_fingerprint(raw, len(raw))
+        self._hash = None if digest is None else _HashState(head, len(raw), digest, sha.copy())
+        self._forget_fingerprints()
+        sha.update(tail.encode())
+        return sha.hexdigest()
+
+
+def _split(body: Any) -> tuple[str, list[Any], str] | None:
+    """``canonical_json(body)`` cut around its conversation list: ``head + "[" ...`` up to the
+    list's first element, the list, and what follows its last element; None when the body has
+    no such list (or keys :func:`canonical_json` could not sort)."""
+    if not isinstance(body, dict) or not all(isinstance(k, str) for k in body):
+        return None
+    name = next((f for f in CONVERSATION_FIELDS if isinstance(body.get(f), list)), None)
+    if name is None:
+        return None
+    before, after = [], []
+    for key, value in sorted(body.items()):
+        if key != name:
+            (before if key < name else after).append(
+                f"{canonical_json(key)}:{canonical_json(value)}")
+    head = "{" + "".join(part + "," for part in before) + canonical_json(name) + ":["
+    tail = "]" + "".join("," + part for part in after) + "}"
+    return head, body[name], tail

@@ -153,6 +153,11 @@ async def test_anthropic_answer_stream_and_retry(gateway: Gateway, client: httpx
     assert "".join(e["delta"]["text"] for k, e in events
                    if k == "content_block_delta") == "Hello there!"
     assert events[-2][1]["delta"]["stop_reason"] == "end_turn"
+    # message_start carries the prompt's tokens, as Anthropic's stream does; the same count
+    # as the final usage and as the recorded prompt
+    prompt_tokens = events[0][1]["message"]["usage"]["input_tokens"]
+    assert prompt_tokens == events[-2][1]["usage"]["input_tokens"] \
+        == len(completions(gateway)[-1].prompt_ids) > 0
 
 
 async def test_anthropic_tool_use_round(gateway: Gateway, client: httpx.AsyncClient,

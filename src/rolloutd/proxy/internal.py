@@ -134,11 +134,17 @@ class InternalResponse(BaseModel):
 
 @dataclass
 class StreamStart:
-    """First event of a stream: the sampler answered; chunks can start."""
+    """First event of a stream: the sampler answered; chunks can start.
+
+    ``prompt_tokens``: the prompt's length in tokens when known before sampling ends (tokens
+    mode, a retry answered from the log); None in passthrough, where the backend tells it
+    only at the end.
+    """
 
     id: str
     created: int
     model: str
+    prompt_tokens: int | None = None
 
 
 @dataclass

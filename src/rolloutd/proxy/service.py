@@ -414,7 +414,8 @@ class ChatService:
                 if answered is not None:
                     response = response_from_completion(answered)
                     yield StreamStart(id=response.id, created=response.created,
-                                      model=response.model)
+                                      model=response.model,
+                                      prompt_tokens=response.usage.prompt_tokens)
                     yield StreamEnd(response=response, content_tail=response.content or "",
                                     reasoning_tail=response.reasoning or "")
                     return
@@ -441,7 +442,8 @@ class ChatService:
         try:
             delta = await _next_delta(deltas, prep.backend)
             yield StreamStart(id=response_id(session.session_id, prep.index),
-                              created=int(prep.started_at), model=session.state.model)
+                              created=int(prep.started_at), model=session.state.model,
+                              prompt_tokens=len(prep.generate.prompt_ids))
             text, sent, sent_reasoning = "", "", ""
             while delta.result is None:
                 text += delta.text

@@ -416,7 +416,9 @@ class Encoder:
             message = {"id": _msg_id(self.start.id), "type": "message", "role": "assistant",
                        "model": self.start.model, "content": [], "stop_reason": None,
                        "stop_sequence": None,
-                       "usage": {"input_tokens": 0, "output_tokens": 0}}
+                       # the prompt's tokens when known now (Anthropic streams them here)
+                       "usage": {"input_tokens": event.prompt_tokens or 0,
+                                 "output_tokens": 0}}
             return [sse_named("message_start", {"type": "message_start", "message": message}),
                     sse_named("ping", {"type": "ping"})]
         if isinstance(event, StreamReasoning):

@@ -22,15 +22,43 @@ from __future__ import annotations
 
 import hashlib
 import marshal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from rolloutd.proxy.chat_template import canonical_json
+from rolloutd.proxy.dialects.common import RequestFieldError
+
+W = TypeVar("W")
 
 #: the body field that holds the conversation, per dialect's body shape (the first that is a
 #: list is the one hashed incrementally)
 CONVERSATION_FIELDS = ("messages", "contents", "input")
+
+
+def validate_new_items(body: dict[str, Any], field: str, known: int,
+                       validate: Callable[[dict[str, Any]], W]) -> tuple[W | None, int]:
+    """Validate ``body`` with its list ``body[field]`` cut to the items after the ``known``
+    ones a memo already translated (with none new, the last one again, so that a field that
+    must not be empty is not).
+
+    Args:
+        body: the request body; ``body[field]`` is a list longer than 0.
+        field: ``messages``, ``contents`` or ``input``.
+        known: items at the start of ``body[field]`` the memo knows (>= 1).
+        validate: the dialect's validation of a whole body.
+
+    Returns:
+        ``(wire, start)``: the validated cut body and the index in ``body[field]`` of its
+        first item; ``wire`` is None when a new item is invalid (the caller then parses the
+        whole body, so that the error names the field by its index in the body).
+    """
+    raw = body[field]
+    start = min(known, len(raw) - 1)
+    try:
+        return validate({**body, field: raw[start:]}), start
+    except RequestFieldError:
+        return None, start
 
 
 def _items_bytes(values: list[Any]) -> memoryview:

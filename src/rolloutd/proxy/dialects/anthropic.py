@@ -23,7 +23,6 @@ Kept: ``max_tokens`` (required), ``temperature``, ``top_p``, ``stream``, ``tools
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -54,7 +53,7 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
-from rolloutd.proxy.memo import RequestMemo
+from rolloutd.proxy.memo import RequestMemo, validate_new_items
 
 DIALECT = "anthropic"
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -250,11 +249,8 @@ def parse(body: Any, *, memo: RequestMemo | None = None) -> InternalRequest:
     known, known_messages, _ = memo.known_prefix(DIALECT, system, raw)
     wire: MessagesRequest | None = None
     if known:
-        assert isinstance(raw, list)
-        # with no new message, the last one again, so that `messages` is not empty
-        start = min(known, len(raw) - 1)
-        with contextlib.suppress(RequestFieldError):  # the full parse names the field
-            wire = validate(MessagesRequest, {**body, "messages": raw[start:]})
+        wire, start = validate_new_items(body, "messages", known,
+                                         lambda cut: validate(MessagesRequest, cut))
         if wire is not None:
             messages = [*known_messages,
                         *_conversation(wire.messages[known - start:], known)]

@@ -27,7 +27,6 @@ as the REST API's JSON mapping does.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from typing import Any, Literal
@@ -55,7 +54,7 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
-from rolloutd.proxy.memo import RequestMemo
+from rolloutd.proxy.memo import RequestMemo, validate_new_items
 
 DIALECT = "gemini"
 _FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP"}
@@ -282,11 +281,7 @@ def parse(body: Any, *, model: str | None = None, stream: bool = False,
     known, known_messages, known_pending = memo.known_prefix(DIALECT, context, raw)
     wire: GenerateContentRequest | None = None
     if known:
-        assert isinstance(raw, list)
-        # with no new content, the last one again, so that `contents` is not empty
-        start = min(known, len(raw) - 1)
-        with contextlib.suppress(RequestFieldError):  # the full parse names the field
-            wire = _validate({**body, "contents": raw[start:]})
+        wire, start = validate_new_items(body, "contents", known, _validate)
         if wire is not None:
             messages = list(known_messages)
             pending = _translate_contents(wire.contents[known - start:], known, messages,

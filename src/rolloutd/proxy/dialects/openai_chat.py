@@ -16,7 +16,6 @@ Wire models accept unknown fields (``extra="allow"``). Fields handled knowingly:
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Any, Literal
 
@@ -42,7 +41,7 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
-from rolloutd.proxy.memo import RequestMemo
+from rolloutd.proxy.memo import RequestMemo, validate_new_items
 
 __all__ = ["RequestFieldError", "error_path"]
 
@@ -211,12 +210,7 @@ def parse(body: Any, *, memo: RequestMemo | None = None) -> InternalRequest:
     known, known_messages, _ = memo.known_prefix(DIALECT, None, raw)
     wire: ChatCompletionRequest | None = None
     if known:
-        assert isinstance(raw, list)
-        # the rest of the body and the new messages; with none new, the last one again, so
-        # that `messages` is not empty (min_length)
-        start = min(known, len(raw) - 1)
-        with contextlib.suppress(RequestFieldError):  # the full parse names the field
-            wire = parse_request({**body, "messages": raw[start:]})
+        wire, start = validate_new_items(body, "messages", known, parse_request)
         if wire is not None:
             messages = [*known_messages,
                         *(_message_to_internal(m) for m in wire.messages[known - start:])]

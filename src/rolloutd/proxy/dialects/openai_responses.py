@@ -24,7 +24,6 @@ Kept sampling fields: ``temperature``, ``top_p``, ``max_output_tokens``. Ignored
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Any, Literal
 
@@ -46,7 +45,7 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
-from rolloutd.proxy.memo import RequestMemo
+from rolloutd.proxy.memo import RequestMemo, validate_new_items
 
 log = structlog.get_logger(__name__)
 
@@ -271,11 +270,7 @@ def parse(body: Any, *, previous: list[dict[str, Any]] | None = None,
     known, known_messages, _ = memo.known_prefix(DIALECT, instructions, raw)
     wire: ResponsesRequest | None = None
     if known:
-        assert isinstance(raw, list)
-        # with no new item, the last one again, so that the rest of the body is validated
-        start = min(known, len(raw) - 1)
-        with contextlib.suppress(RequestFieldError):  # the full parse names the field
-            wire = parse_request({**body, "input": raw[start:]})
+        wire, start = validate_new_items(body, "input", known, parse_request)
         if wire is not None:
             messages = list(known_messages)
             if messages:  # the new items may complete the last message: complete a copy

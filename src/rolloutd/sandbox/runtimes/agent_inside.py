@@ -204,8 +204,9 @@ def send(ctl: _socket.socket, message: dict) -> None:
         pass  # the worker closed its end: the sandbox is being torn down
 
 
-def children_of(pid: int) -> list[int]:
-    """Live (non-zombie) processes whose parent is ``pid`` (a scan of this namespace's /proc)."""
+def live_processes() -> list[tuple[int, int]]:
+    """``(pid, parent pid)`` of every live (non-zombie) process of this PID namespace, from
+    ``/proc/{pid}/stat`` (fields 3 and 4, after the command name: proc(5))."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -215,9 +216,14 @@ def children_of(pid: int) -> list[int]:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue  # exited while we listed /proc
-        if fields[0] != b"Z" and int(fields[1]) == pid:
-            found.append(int(entry))
+        if fields[0] != b"Z":
+            found.append((int(entry), int(fields[1])))
     return found
+
+
+def children_of(pid: int) -> list[int]:
+    """Live (non-zombie) processes whose parent is ``pid`` (a scan of this namespace's /proc)."""
+    return [child for child, parent in live_processes() if parent == pid]
 
 
 def shim(sock: _socket.socket, uid: int, gid: int) -> None:
@@ -365,17 +371,9 @@ def sweep(spared: set[int]) -> int:
     me, killed = os.getpid(), set()
     deadline = time.monotonic() + SWEEP_TIMEOUT_S
     while time.monotonic() < deadline:
-        victims = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) in (1, me) or int(entry) in spared:
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue  # exited while we listed /proc
-            if fields[0] != b"Z":  # orphans of a killed shim are the agent's children too
-                victims.append(int(entry))
+        # orphans of a killed shim are the agent's children too: every process goes
+        victims = [pid for pid, _ in live_processes()
+                   if pid not in (1, me) and pid not in spared]
         if not victims:
             break
         for pid in victims:

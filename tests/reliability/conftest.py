@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from rolloutd.stack import LocalStack, free_port
-from tests.support.procs import processes_with
+from tests.support.procs import processes_with  # noqa: F401  (re-exported to the tests)
 
 #: the repository (its ``tests`` package is imported by the fleets' children too).
 REPO = Path(__file__).resolve().parents[2]
@@ -65,16 +65,18 @@ NUM_CALLS = 3
 
 
 def agent_task(task_id: str, marker: str, *, num_samples: int = 8, pause_s: float = 2.0,
+               prepare: list[dict[str, Any]] | None = None,
                **overrides: Any) -> dict[str, Any]:
-    """A task whose sessions run :data:`AGENT` in a bwrap runtime; ``marker`` is on the
-    harness's command line so leftover processes can be counted from /proc."""
+    """A task whose sessions run :data:`AGENT` in a bwrap runtime (after the runtime's
+    ``prepare`` steps, if given); ``marker`` is on the harness's command line so leftover
+    processes can be counted from /proc. ``overrides`` replace TaskRequest fields."""
     task: dict[str, Any] = {
         "task_id": task_id,
         "instruction": "reliability",
         "num_samples": num_samples,
         "harness": {"type": "shell",
                     "command": f"python3 agent.py {NUM_CALLS} {pause_s} {marker}"},
-        "runtime": {"type": "bwrap", "files": {"agent.py": AGENT}},
+        "runtime": {"type": "bwrap", "files": {"agent.py": AGENT}, "prepare": prepare or []},
         "evaluator": {"type": "session_completed"},
         # the task's sampling governs (the gateway's default policy): keep calls short
         "sampling": {"max_tokens": 16},

@@ -169,11 +169,17 @@ def kill9(rig: Rig, fleet: str) -> int:
     return proc.pid
 
 
+async def kill9_and_restart(rig: Rig, fleet: str, outage_s: float = 1.0) -> None:
+    """SIGKILL a fleet's worker, keep its host down for ``outage_s`` (a simulated outage,
+    not a wait), then start it again."""
+    kill9(rig, fleet)
+    await asyncio.sleep(outage_s)
+    rig.stack.start_worker(fleet)
+
+
 async def test_kill_sandbox_worker_mid_batch(rig: Rig):
     async def fault() -> None:
-        kill9(rig, "sandbox")
-        await asyncio.sleep(1)  # simulated outage: the host is down for a moment
-        rig.stack.start_worker("sandbox")
+        await kill9_and_restart(rig, "sandbox")
 
     group = await run_batch_with_fault(rig, "kill-sandbox", fault, calls_cut=True,
                                        scenario="kill -9 sandbox worker")
@@ -193,17 +199,13 @@ async def test_kill_sandbox_worker_during_provisioning(rig: Rig):
     completions."""
 
     def slow_prepare(marker: str) -> dict:
-        task = agent_task("unused", marker)
         # a shell that stays alive (not a lone command sh would exec), marker on its line
-        task["runtime"]["prepare"] = [{"type": "exec", "command": f"sleep 8; true {marker}"}]
-        return {"runtime": task["runtime"]}
+        return {"prepare": [{"type": "exec", "command": f"sleep 8; true {marker}"}]}
 
     client = await connect(rig)
 
     async def fault() -> None:
-        kill9(rig, "sandbox")
-        await asyncio.sleep(1)
-        rig.stack.start_worker("sandbox")
+        await kill9_and_restart(rig, "sandbox")
 
     group = await run_batch_with_fault(rig, "kill-provision", fault, when="provision",
                                        overrides=slow_prepare,
@@ -231,9 +233,7 @@ async def test_kill_evaluator_mid_batch(rig: Rig, tmp_path: Path):
             return sum(events.count(("start", sid)) > events.count(("done", sid))
                        for _, sid in set(events))
         await poll(lambda: scoring() >= 3, 60, "3 evaluations in progress")
-        kill9(rig, "eval")
-        await asyncio.sleep(1)
-        rig.stack.start_worker("eval")
+        await kill9_and_restart(rig, "eval")
 
     group = await run_batch_with_fault(rig, "kill-eval", fault, when="evaluate",
                                        overrides=slow_evaluator,
@@ -252,9 +252,7 @@ async def test_kill_evaluator_mid_batch(rig: Rig, tmp_path: Path):
 
 async def test_kill_gateway_mid_batch(rig: Rig):
     async def fault() -> None:
-        kill9(rig, "gateway")
-        await asyncio.sleep(1)
-        rig.stack.start_worker("gateway")
+        await kill9_and_restart(rig, "gateway")
         await asyncio.to_thread(rig.stack.wait_gateway)
 
     await run_batch_with_fault(rig, "kill-gateway", fault, calls_cut=True,
@@ -263,9 +261,7 @@ async def test_kill_gateway_mid_batch(rig: Rig):
 
 async def test_kill_workflow_worker_mid_batch(rig: Rig):
     async def fault() -> None:
-        kill9(rig, "workflows")
-        await asyncio.sleep(1)
-        rig.stack.start_worker("workflows")
+        await kill9_and_restart(rig, "workflows")
 
     await run_batch_with_fault(rig, "kill-workflows", fault,
                                scenario="kill -9 workflow worker")

@@ -264,3 +264,16 @@ def test_fast_json_writes_the_standard_librarys_values_and_errors(value: Any) ->
             fastjson.dumps(value)
         return
     assert repr(json.loads(fastjson.dumps(value))) == repr(json.loads(expected))
+
+
+def test_gemini_memo_tells_the_order_of_both_system_instruction_spellings() -> None:
+    """With both ``systemInstruction`` and ``system_instruction``, the later one in the body
+    wins validation; swapping their order must not reuse the earlier translation (found by
+    the property test above)."""
+    brief, snake = {"parts": [{"text": "be brief"}]}, {"parts": [{"text": "snake"}]}
+    contents = [{"role": "user", "parts": [{"text": "hi"}]}]
+    memo = RequestMemo()
+    for body in ({"systemInstruction": brief, "system_instruction": snake, "contents": contents},
+                 {"system_instruction": snake, "systemInstruction": brief, "contents": contents}):
+        plain = gemini.parse(copy.deepcopy(body))
+        assert gemini.parse(body, memo=memo).messages == plain.messages

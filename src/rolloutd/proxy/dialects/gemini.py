@@ -276,7 +276,10 @@ def parse(body: Any, *, model: str | None = None, stream: bool = False,
     if memo is None:
         return to_internal(_validate(body), body, model=model, stream=stream)
     raw = body.get("contents") if isinstance(body, dict) else None
-    context = ([body.get("systemInstruction"), body.get("system_instruction")]
+    # both spellings of the system instruction, in the body's order: with both present, the
+    # order decides which one validation keeps
+    context = ([(k, v) for k, v in body.items() if k in ("systemInstruction",
+                                                         "system_instruction")]
                if isinstance(body, dict) else None)
     known, known_messages, known_pending = memo.known_prefix(DIALECT, context, raw)
     wire: GenerateContentRequest | None = None

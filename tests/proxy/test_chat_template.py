@@ -9,7 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rolloutd.errors import InvalidRequestError
-from rolloutd.proxy.chat_template import ChatTemplate, message_signature
+from rolloutd.proxy.chat_template import (
+    ChatTemplate,
+    ExtensionIndex,
+    canonical_json,
+    message_signature,
+)
 from rolloutd.types import Completion
 
 TOOLS = [{"type": "function", "function": {
@@ -252,3 +257,64 @@ def test_incremental_render_equals_full_render(
     plan = incremental.build_prompt(conversation, tools, [earlier])
     assert plan == full.build_prompt(conversation, tools, [earlier])
     assert plan.extends == 0
+
+
+def _linear_find_extended(messages: list[dict[str, Any]], tools: list[Any],
+                          completions: list[Completion]) -> Completion | None:
+    """The rule of ``find_extended`` as a scan of the whole log (the specification the index
+    must answer like): the longest continued conversation wins, then the latest."""
+    best: Completion | None = None
+    for c in completions:
+        k = len(c.messages)
+        if k >= len(messages) or not c.response_ids or c.finish_reason == "error":
+            continue
+        if canonical_json(c.tools) != canonical_json(tools):
+            continue
+        if [message_signature(m) for m in messages[:k + 1]] != \
+                [message_signature(m) for m in [*c.messages, c.response_message]]:
+            continue
+        if best is None or k >= len(best.messages):
+            best = c
+    return best
+
+
+_TURN = st.sampled_from([
+    {"role": "user", "content": "a"}, {"role": "user", "content": "b "},
+    {"role": "assistant", "content": "x"}, {"role": "assistant", "content": "y"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"q": 1}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "r"}])
+_ANSWER = st.sampled_from([
+    {"role": "assistant", "content": "x"}, {"role": "assistant", "content": " y"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": {"q": 1}}}]}])
+_LOGGED = st.tuples(st.lists(_TURN, min_size=1, max_size=5), _ANSWER,
+                    st.sampled_from([[], TOOLS]), st.booleans(), st.sampled_from(["stop",
+                                                                                  "error"]))
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(logged=st.lists(_LOGGED, max_size=12), request=st.lists(_TURN, min_size=1, max_size=8),
+       cut=st.integers(0, 11), request_tools=st.sampled_from([[], TOOLS]))
+def test_indexed_find_extended_answers_like_a_scan_of_the_log(
+        template: ChatTemplate, logged: list[Any], request: list[dict[str, Any]], cut: int,
+        request_tools: list[Any]) -> None:
+    """For any session log and request: the :class:`ExtensionIndex` lookup picks the very
+    completion a scan of the whole log picks. Requests are drawn both at random and as a
+    logged conversation with its answer and more turns (so matches are frequent)."""
+    completions = [Completion(
+        session_id="t/0", index=i, messages=messages, tools=tools, prompt_ids=[1, 2],
+        response_ids=[3] if sampled else [], response_logprobs=[-0.1] if sampled else [],
+        response_message=answer, finish_reason=finish)
+        for i, (messages, answer, tools, sampled, finish) in enumerate(logged)]
+    if completions and cut < len(completions):
+        base = completions[cut]
+        request = [*base.messages, base.response_message, *request]
+        request_tools = base.tools
+    index = ExtensionIndex()
+    for c in completions:
+        index.add(c)
+    expected = _linear_find_extended(request, request_tools, completions)
+    assert template.find_extended(request, request_tools, index) is expected
+    assert template.find_extended(request, request_tools, completions) is expected

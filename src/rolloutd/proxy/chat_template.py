@@ -26,6 +26,7 @@ render or does not end the turn where expected falls back to the full render.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import threading
@@ -200,6 +201,45 @@ class PromptPlan:
     num_new_tokens: int
 
 
+class ExtensionIndex:
+    """A session's completions by (number of messages, signature of the answer): the
+    candidates a request can continue, found without scanning the session's log
+    (:meth:`ChatTemplate.find_extended`).
+
+    Only completions that can be continued are kept: at least one sampled token and not
+    ended by an error. Within one key, completions keep index order.
+
+    Args:
+        completions: completions to index, in index order.
+    """
+
+    def __init__(self, completions: Sequence[Completion] = ()) -> None:
+        self._by_key: dict[tuple[int, tuple[Any, ...]], list[Completion]] = {}
+        self._lengths: list[int] = []  # distinct numbers of messages, ascending
+        for completion in completions:
+            self.add(completion)
+
+    def add(self, completion: Completion) -> None:
+        """Index ``completion`` (the session's newest)."""
+        if not completion.response_ids or completion.finish_reason == "error":
+            return
+        k = len(completion.messages)
+        key = (k, message_signature(completion.response_message))
+        self._by_key.setdefault(key, []).append(completion)
+        position = bisect.bisect_left(self._lengths, k)
+        if position == len(self._lengths) or self._lengths[position] != k:
+            self._lengths.insert(position, k)
+
+    def lengths_below(self, num_messages: int) -> list[int]:
+        """The indexed conversation lengths ``k < num_messages``, longest first."""
+        return self._lengths[:bisect.bisect_left(self._lengths, num_messages)][::-1]
+
+    def candidates(self, k: int, answer_signature: tuple[Any, ...]) -> list[Completion]:
+        """Completions of ``k`` messages whose answer has ``answer_signature``, latest
+        first."""
+        return self._by_key.get((k, answer_signature), [])[::-1]
+
+
 class ChatTemplate:
     """A tokenizer's chat template, its end-of-turn token, and the token chain.
 
@@ -328,21 +368,27 @@ class ChatTemplate:
     # -- the token chain -------------------------------------------------------------------
     def find_extended(self, messages: Sequence[dict[str, Any]],
                       tools: Sequence[dict[str, Any]],
-                      completions: Sequence[Completion]) -> Completion | None:
+                      completions: Sequence[Completion] | ExtensionIndex) -> Completion | None:
         """The completion whose conversation and answer ``messages`` continue, if any.
 
         A completion ``c`` matches when the request has the same tools, starts with
         ``c.messages`` and then ``c``'s answer (compared by :func:`message_signature`).
         Among matches the longest conversation wins, then the latest.
 
-        Cost: a harness resends the earlier messages unchanged, so they are compared as plain
-        values first (one C-level comparison); signatures are computed only when that fails.
+        Cost: candidates are looked up in an :class:`ExtensionIndex` by conversation length
+        and answer signature, longest first, so a session's thousandth call costs what its
+        first did; a harness resends the earlier messages unchanged, so a candidate's messages
+        are compared as plain values first (one C-level comparison) and by signature only
+        when that fails.
 
         Args:
             messages: the request's messages.
             tools: the request's tools.
-            completions: the session's completions so far, in index order.
+            completions: the session's completions so far, in index order, or their
+                :class:`ExtensionIndex` (a session keeps one; a list is indexed here).
         """
+        index = completions if isinstance(completions, ExtensionIndex) \
+            else ExtensionIndex(completions)
         signatures: dict[int, tuple[Any, ...]] = {}
 
         def signature(i: int) -> tuple[Any, ...]:
@@ -351,28 +397,19 @@ class ChatTemplate:
             return signatures[i]
 
         tools_key: str | None = None
-        best: Completion | None = None
-        num_messages, best_k = len(messages), -1
-        for completion in reversed(completions):
-            # the cheapest test first: this loop runs over every completion of the session
-            k = len(completion.messages)
-            if num_messages <= k or k <= best_k:
-                continue
-            if not completion.response_ids or completion.finish_reason == "error":
-                continue
-            if completion.tools != tools:
-                if tools_key is None:
-                    tools_key = canonical_json(list(tools))
-                if canonical_json(completion.tools) != tools_key:
+        for k in index.lengths_below(len(messages)):
+            for completion in index.candidates(k, signature(k)):
+                if completion.tools != tools:
+                    if tools_key is None:
+                        tools_key = canonical_json(list(tools))
+                    if canonical_json(completion.tools) != tools_key:
+                        continue
+                if completion.messages != messages[:k] and any(
+                        message_signature(m) != signature(i)
+                        for i, m in enumerate(completion.messages)):
                     continue
-            if signature(k) != message_signature(completion.response_message):
-                continue
-            if completion.messages != messages[:k] and any(
-                    message_signature(m) != signature(i)
-                    for i, m in enumerate(completion.messages)):
-                continue
-            best, best_k = completion, k
-        return best
+                return completion
+        return None
 
     def _after_turn_full(self, messages: Sequence[dict[str, Any]],
                          tools: Sequence[dict[str, Any]] | None, k: int) -> str | None:
@@ -422,7 +459,7 @@ class ChatTemplate:
 
     def build_prompt(self, messages: Sequence[dict[str, Any]],
                      tools: Sequence[dict[str, Any]],
-                     completions: Sequence[Completion], *,
+                     completions: Sequence[Completion] | ExtensionIndex, *,
                      previous: Completion | None | bool = False) -> PromptPlan:
         """The prompt of a request: chained onto an earlier completion when it continues one.
 
@@ -432,7 +469,8 @@ class ChatTemplate:
         Args:
             messages: the request's messages (OpenAI chat shape).
             tools: the request's tools.
-            completions: the session's completions so far, in index order.
+            completions: the session's completions so far, in index order, or their
+                :class:`ExtensionIndex`.
             previous: :meth:`find_extended`'s answer when the caller has it already
                 (False: find it here).
 

@@ -168,6 +168,7 @@ class Recorder:
         else:
             await asyncio.to_thread(session.log.append, completion, base)
         session.completions.append(completion)
+        session.extensions.add(completion)
         session.by_hash.setdefault(completion.request_hash, completion.index)
         # per call: DEBUG (an INFO line per call costs more than the rest of the recording)
         log.debug("completion_recorded", session_id=session.session_id, index=completion.index,

@@ -143,8 +143,10 @@ class ChatService:
         Raises:
             rolloutd.errors.InvalidRequestError: the template rejects the messages.
         """
+        previous = self.template.find_extended(request.messages, request.tools,
+                                               session.extensions)
         plan = await asyncio.to_thread(self.template.build_prompt, request.messages,
-                                       request.tools, list(session.completions))
+                                       request.tools, session.extensions, previous=previous)
         return len(plan.prompt_ids)
 
     def previous_conversation(self, session: Session, wire_id: str
@@ -200,13 +202,13 @@ class ChatService:
         render of a few messages), in a worker thread when large (the event loop serves
         every session)."""
         template = self.template
-        previous = template.find_extended(request.messages, request.tools, session.completions)
+        previous = template.find_extended(request.messages, request.tools, session.extensions)
         if not template.busy and template.render_chars(
                 request.messages, request.tools, previous) <= INLINE_RENDER_CHARS:
-            return template.build_prompt(request.messages, request.tools, session.completions,
+            return template.build_prompt(request.messages, request.tools, session.extensions,
                                          previous=previous)
         return await asyncio.to_thread(template.build_prompt, request.messages, request.tools,
-                                       session.completions, previous=previous)
+                                       session.extensions, previous=previous)
 
     async def _prepare(self, session: Session, request: InternalRequest, body_hash: str,
                        lease: Lease) -> _Prepared:

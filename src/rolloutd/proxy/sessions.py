@@ -27,6 +27,7 @@ from rolloutd.errors import (
     SessionClosedError,
 )
 from rolloutd.proxy.backends.pool import BackendPool
+from rolloutd.proxy.chat_template import ExtensionIndex
 from rolloutd.proxy.memo import RequestMemo
 from rolloutd.store import BlobStore, CompletionLog, session_prefix
 from rolloutd.types import CaptureMode, Completion, SamplingParams
@@ -158,6 +159,8 @@ class Session:
         by_hash: request_hash -> completion index, to answer retried requests from the log.
         memo: what the last call computed for its messages (translation, hash state), reused
             by the next call that resends them (:mod:`rolloutd.proxy.memo`).
+        extensions: the completions a call can continue, by conversation length and answer
+            (:class:`rolloutd.proxy.chat_template.ExtensionIndex`).
     """
 
     def __init__(self, state: SessionState, completions: list[Completion],
@@ -168,6 +171,7 @@ class Session:
         self.lock = asyncio.Lock()
         self.by_hash: dict[str, int] = {}
         self.memo = RequestMemo()
+        self.extensions = ExtensionIndex(completions)
         for completion in completions:
             self.by_hash.setdefault(completion.request_hash, completion.index)
 

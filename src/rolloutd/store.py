@@ -81,13 +81,16 @@ class GroupCommit:
     def add(self, *paths: str) -> None:
         """Queue ``paths`` (files, then their folder) for the next batch."""
         with self._cond:
+            idle = not self._pending
             self._pending.extend(paths)
             self._num_added += len(paths)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="rolloutd-group-commit",
                                                 daemon=True)
                 self._thread.start()
-            self._cond.notify_all()
+            elif idle:
+                # only the window's first write wakes the thread; the later ones wait with it
+                self._cond.notify_all()
 
     def flush(self, timeout_s: float = 60.0) -> bool:
         """fsync everything queued so far now; True when done within ``timeout_s``."""
@@ -187,11 +190,16 @@ class BlobStore:
                 os.makedirs(folder, exist_ok=True)
                 self._folders.add(folder)
             tmp = f"{path}.{os.getpid()}-{self._tmp_prefix}{next(self._tmp_counter)}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
+            # os-level calls: a buffered file object costs a third of a completion's write
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
                 if self.sync == "always":
-                    f.flush()
-                    os.fsync(f.fileno())
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
             if exclusive:
                 try:
                     os.link(tmp, path)  # atomic create-if-absent

@@ -318,3 +318,18 @@ def test_indexed_find_extended_answers_like_a_scan_of_the_log(
     expected = _linear_find_extended(request, request_tools, completions)
     assert template.find_extended(request, request_tools, index) is expected
     assert template.find_extended(request, request_tools, completions) is expected
+
+
+_PIECES = st.sampled_from(["<|im_start|>", "<|im_end|>", "<tool_call>", "\n", " ", "  ", "a",
+                           "Hello", "é", "日本", "\t", "def f():", "<|endoftext|>", "ğŸ"])
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=120) | st.lists(_PIECES, max_size=30).map("".join))
+def test_encode_is_the_tokenizers_encode(template: ChatTemplate, tokenizer: Any,
+                                         text: str) -> None:
+    """The gateway encodes through the Rust tokenizer directly (faster); for any text, with
+    special tokens, whitespace runs and any Unicode, the ids are transformers' own."""
+    assert template._backend is not None  # the fast path is the one under test
+    assert template.encode(text) == tokenizer.encode(text, add_special_tokens=False)

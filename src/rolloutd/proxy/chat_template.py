@@ -262,6 +262,7 @@ class ChatTemplate:
         self.end_of_turn_id = self._single_token_id(self.end_of_turn_text)
         #: render only what follows the continued turn (see the module docstring)
         self.incremental = incremental and self._probe_incremental()
+        self._backend = self._probe_backend()
 
     # -- derivation of the end-of-turn token -------------------------------------------
     def _special_tokens(self) -> list[str]:
@@ -346,9 +347,30 @@ class ChatTemplate:
         with self._lock:
             return self._render_text_unlocked(messages, tools, add_generation_prompt)
 
+    def _probe_backend(self) -> Any:
+        """The fast tokenizer's Rust ``tokenizers.Tokenizer``, when it encodes every probe
+        conversation (:data:`_PROBES`, rendered) exactly as ``tokenizer.encode`` does, else
+        None. transformers' ``encode`` wraps it with padding, truncation and batching logic
+        that costs more than encoding a short text (a fresh prompt of 30 tokens: 74 us
+        against 47 us)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None or getattr(self.tokenizer, "split_special_tokens", False):
+            return None
+        for tools in (None, _PROBE_TOOLS):
+            for conversation in _PROBES:
+                text = self._render_text_unlocked(conversation, tools, True) + " é 日本 \t\n"
+                if backend.encode(text, add_special_tokens=False).ids != \
+                        list(self.tokenizer.encode(text, add_special_tokens=False)):
+                    log.warning("tokenizer_backend_differs", hint="encoding through "
+                                "transformers' wrapper (slower)")
+                    return None
+        return backend
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, no special tokens added (the template wrote them)."""
         with self._lock:
+            if self._backend is not None:
+                return self._backend.encode(text, add_special_tokens=False).ids
             return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import structlog
 
 from rolloutd.proxy.backends.http import new_client
 from rolloutd.proxy.gateway import Gateway
@@ -377,4 +378,39 @@ async def test_backend_failure_in_each_dialect(gateway: Gateway, client: httpx.A
         "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}), 502)
     assert_gemini_error(await client.post(gemini_url(info), json={
         "contents": [{"parts": [{"text": "x"}]}]}), 502)
+    assert completions(gateway) == []
+
+
+async def test_edge_paths_of_the_model_call_routes(gateway: Gateway,
+                                                   client: httpx.AsyncClient) -> None:
+    """Model calls skip FastAPI's router (app.ModelCalls); the paths it does not serve, and
+    methods other than POST, still get the router's answers in the dialect's shape."""
+    info = await open_session(gateway)
+    key = info.session_key
+    assert_gemini_error(await client.post(f"/s/{key}/v1beta/models/", json={}), 404)
+    assert_gemini_error(await client.post("/v1beta/models/", json={},
+                                          headers={"x-goog-api-key": key}), 404)
+    assert_openai_error(await client.post("/s//v1/chat/completions", json={}), 404)
+    assert_openai_error(await client.post(f"/s/{key}/v1/nothing", json={}), 404)
+    assert_openai_error(await client.put(f"/s/{key}/v1/chat/completions", json={}), 405)
+    assert_anthropic_error(await client.delete("/v1/messages/count_tokens"), 405)
+    assert_gemini_error(await client.get(f"/s/{key}/v1beta/models/m:generateContent"), 405)
+    assert completions(gateway) == []
+
+
+async def test_a_crash_is_a_500_in_the_dialect_and_is_logged(
+        gateway: Gateway, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    info = await open_session(gateway)
+
+    async def crash(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(gateway.service, "complete", crash)
+    with structlog.testing.capture_logs() as logs:
+        response = await client.post(messages_url(info), json={
+            "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
+    assert_anthropic_error(response, 500)
+    assert response.json()["error"]["message"] == "internal error: RuntimeError"
+    crashed = [e for e in logs if e["event"] == "request_crashed"]
+    assert crashed and crashed[0]["path_kind"] == "/s/***/v1/messages"
     assert completions(gateway) == []

@@ -183,8 +183,62 @@ async def _sse(encoder: Encoder, start: StreamStart, events: AsyncIterator[Strea
             await events.aclose()  # type: ignore[attr-defined]
 
 
-def create_app(gateway: Gateway) -> FastAPI:
-    """The gateway's FastAPI app.
+class ModelCalls:
+    """ASGI app: model calls (``POST`` to a model-call route, with or without the
+    ``/s/{key}`` prefix) go straight to their handler; every other request goes to ``app``.
+
+    A model call thus skips FastAPI's middleware stack and router, which cost more per call
+    than the call's own work (benchmarks/gateway_overhead.py); its errors are rendered exactly
+    as the app's exception handlers render them (``render_error``).
+
+    Args:
+        app: the FastAPI app (admin, health, models, and every route not matched here).
+        handlers: ``route path -> handler(request, key)``; the Gemini route's handler takes
+            ``(request, key, model_action)`` and is keyed by its prefix
+            ``/v1beta/models/``.
+        render_error: ``(request, exception) -> Response``, the app's handlers in one.
+    """
+
+    _GEMINI = "/v1beta/models/"
+
+    def __init__(self, app: Any, handlers: dict[str, Any], render_error: Any) -> None:
+        self.app = app
+        self.handlers = handlers
+        self.render_error = render_error
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        key: str | None = None
+        route = path
+        if path.startswith("/s/"):
+            key, slash, route = path[3:].partition("/")
+            route = slash + route
+            if not key:
+                await self.app(scope, receive, send)
+                return
+        extra: tuple[str, ...] = ()
+        if route.startswith(self._GEMINI):
+            handler, extra = self.handlers[self._GEMINI], (route[len(self._GEMINI):],)
+        else:
+            handler = self.handlers.get(route)
+        if handler is None:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            response = await handler(request, key if key is not None else api_key(request),
+                                     *extra)
+        except Exception as e:
+            response = await self.render_error(request, e)
+        await response(scope, receive, send)
+
+
+def create_app(gateway: Gateway) -> Any:
+    """The gateway's ASGI app: :class:`HeaderLimit` around :class:`ModelCalls` around the
+    FastAPI app.
 
     Args:
         gateway: owns the settings, sessions and chat service the routes use.
@@ -214,7 +268,13 @@ def create_app(gateway: Gateway) -> FastAPI:
         return _error_response(RolloutdError(f"internal error: {type(error).__name__}"),
                                request.url.path)
 
-    app.add_middleware(HeaderLimit, max_header_bytes=gateway.settings.max_header_bytes)
+    async def render_error(request: Request, error: Exception) -> JSONResponse:
+        if isinstance(error, RolloutdError):
+            return await _rolloutd_error(request, error)
+        if isinstance(error, StarletteHTTPException):
+            return await _http_error(request, error)
+        return await _crash(request, error)
+
     add_admin_routes(app, gateway)
 
     @app.get("/health")
@@ -297,34 +357,18 @@ def create_app(gateway: Gateway) -> FastAPI:
         session = await gateway.sessions.lookup(key)
         return openai_chat.models_list(session.state.model)
 
-    # The model-call routes are plain Starlette routes: FastAPI's parameter solving and
-    # response wrapping cost more per call than the routes do (benchmarks/gateway_overhead.py);
-    # errors still reach the exception handlers above.
-    def session_route(handler: Any) -> Any:
-        async def endpoint(request: Request) -> Response:
-            params = request.path_params
-            if "model_action" in params:
-                return await handler(request, params["key"], params["model_action"])
-            return await handler(request, params["key"])
-        return endpoint
-
-    def key_route(handler: Any) -> Any:
-        async def endpoint(request: Request) -> Response:
-            if "model_action" in request.path_params:
-                return await handler(request, api_key(request),
-                                     request.path_params["model_action"])
-            return await handler(request, api_key(request))
-        return endpoint
-
     async def count_tokens_response(request: Request, key: str | None) -> Response:
         return JSONResponse(await count_tokens(request, key))
 
-    for path, handler in (("/v1/chat/completions", chat), ("/v1/responses", responses),
-                          ("/v1/messages", messages),
-                          ("/v1/messages/count_tokens", count_tokens_response),
-                          ("/v1beta/models/{model_action:path}", generate_content)):
-        app.router.add_route("/s/{key}" + path, session_route(handler), methods=["POST"])
-        app.router.add_route(path, key_route(handler), methods=["POST"])
+    # The model-call routes are served by ModelCalls in front of this app; the app answers
+    # other methods on their paths (405) and every other path.
+    model_calls = {"/v1/chat/completions": chat, "/v1/responses": responses,
+                   "/v1/messages": messages, "/v1/messages/count_tokens": count_tokens_response,
+                   ModelCalls._GEMINI: generate_content}
+    for path in model_calls:
+        for route in ("/s/{key}" + path, path):
+            app.router.add_route(route + ("{model_action:path}" if path == ModelCalls._GEMINI
+                                          else ""), _method_not_allowed, methods=["POST"])
 
     # Claude Code sends `HEAD {ANTHROPIC_BASE_URL}` at startup to warm the connection; the
     # base URL answers 200 for a valid key, so a client's probe of it is not an error
@@ -342,7 +386,14 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def key_models(request: Request) -> dict[str, Any]:
         return await models(api_key(request))
 
-    return app
+    return HeaderLimit(ModelCalls(app, model_calls, render_error),
+                       max_header_bytes=gateway.settings.max_header_bytes)
+
+
+async def _method_not_allowed(request: Request) -> Response:
+    """Never reached by a POST (:class:`ModelCalls` serves those): the route exists so the
+    router answers other methods on a model-call path with 405, as before."""
+    raise StarletteHTTPException(status_code=405)
 
 
 def _path_kind(request: Request) -> str:

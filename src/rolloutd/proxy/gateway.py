@@ -219,6 +219,8 @@ async def serve(gateway: Gateway, host: str | None = None, port: int | None = No
     bound_port = sock.getsockname()[1]
     config = uvicorn.Config(gateway.app, host=host, port=bound_port, log_config=None,
                             access_log=False, lifespan="off",
+                            # no client addresses are used: skip X-Forwarded-* parsing per call
+                            proxy_headers=False,
                             h11_max_incomplete_event_size=gateway.settings.max_header_bytes,
                             timeout_keep_alive=int(max(1, gateway.settings.keep_alive_s)))
     config.load()  # resolves http="auto" now, so the parser in use can be reported

@@ -277,3 +277,30 @@ def test_gemini_memo_tells_the_order_of_both_system_instruction_spellings() -> N
                  {"system_instruction": snake, "systemInstruction": brief, "contents": contents}):
         plain = gemini.parse(copy.deepcopy(body))
         assert gemini.parse(body, memo=memo).messages == plain.messages
+
+
+_JSON_TEXT_SPICE = st.sampled_from([
+    "NaN", "-Infinity", '"\\ud800"', '"\\ud83d\\ude00"', "18446744073709551616",
+    "-9223372036854775809", "1e400", "-0", "1.0", "[1,]", '{"a":1,"a":2}', "\ufeff{}",
+    "\xff", "", "tru", " [ 1 , 2 ] "])
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.one_of(
+    json_values.map(lambda v: json.dumps(v, ensure_ascii=False).encode()),
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.lists(_JSON_TEXT_SPICE, max_size=3).map(lambda parts: ("[" + ",".join(parts) + "]")
+                                               .encode("utf-8", "surrogatepass")),
+    _JSON_TEXT_SPICE.map(lambda part: part.encode("utf-8", "surrogatepass")),
+    st.binary(max_size=12)))
+def test_fast_json_reads_the_standard_librarys_values_and_errors(data: bytes) -> None:
+    """Request bodies are read through orjson when it would read them exactly as
+    :func:`json.loads` does (integers beyond 64 bits, NaN, lone surrogates and bad bytes go to
+    the standard library): the same values, types included, and the same errors."""
+    try:
+        expected = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        with pytest.raises(type(e)):
+            fastjson.loads(data)
+        return
+    assert repr(fastjson.loads(data)) == repr(expected)

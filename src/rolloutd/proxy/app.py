@@ -38,6 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from rolloutd.errors import InvalidRequestError, NotFoundError, RolloutdError
+from rolloutd.proxy import fastjson
 from rolloutd.proxy.admin import add_admin_routes
 from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
 from rolloutd.proxy.dialects.common import (
@@ -118,7 +119,7 @@ async def read_json(request: Request, max_body_bytes: int, *, empty: Any = None)
     if empty is not None and not raw.strip():
         return empty
     try:
-        body = json.loads(raw)
+        body = fastjson.loads(raw)
         # \ud800-style escapes decode to lone surrogates, which no UTF-8 consumer accepts;
         # only a body with such an escape is serialised again to find out
         if _SURROGATE_ESCAPE.search(raw):

@@ -67,6 +67,19 @@ def _dialect_of(path: str) -> Any:
     return openai_chat
 
 
+class FastJSONResponse(JSONResponse):
+    """Starlette's ``JSONResponse`` written by :func:`rolloutd.proxy.fastjson.dumps` (the same
+    bytes contract, through orjson)."""
+
+    def render(self, content: Any) -> bytes:
+        """The body of ``content``.
+
+        Raises:
+            ValueError: NaN or an infinity, as ``JSONResponse`` does.
+        """
+        return fastjson.dumps(content)
+
+
 def _error_response(error: RolloutdError, path: str = "") -> JSONResponse:
     status, body = _dialect_of(path).error_body(error)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
@@ -288,7 +301,7 @@ def create_app(gateway: Gateway) -> Any:
         with structlog.contextvars.bound_contextvars(session_id=session.session_id):
             if not internal.stream:
                 response = await gateway.service.complete(session, internal)
-                return JSONResponse(dialect.response_json(response, internal))
+                return FastJSONResponse(dialect.response_json(response, internal))
             events = gateway.service.stream(session, internal)
             try:
                 start = await anext(events)

@@ -321,15 +321,21 @@ def test_indexed_find_extended_answers_like_a_scan_of_the_log(
 
 
 _PIECES = st.sampled_from(["<|im_start|>", "<|im_end|>", "<tool_call>", "\n", " ", "  ", "a",
-                           "Hello", "é", "日本", "\t", "def f():", "<|endoftext|>", "ğŸ"])
+                           "Hello", "é", "日本", "\t", "def f():", "<|endoftext|>", "ğŸ",
+                           "<|im_start|>system\nBe brief.<|im_end|>\n", " <|im_start|>",
+                           "<|im_start|> ", "<|im_start|>user\n", "<|im_start|><|im_start|>"])
 
 
-@settings(max_examples=200, deadline=None,
+@settings(max_examples=400, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(max_size=120) | st.lists(_PIECES, max_size=30).map("".join))
 def test_encode_is_the_tokenizers_encode(template: ChatTemplate, tokenizer: Any,
                                          text: str) -> None:
-    """The gateway encodes through the Rust tokenizer directly (faster); for any text, with
-    special tokens, whitespace runs and any Unicode, the ids are transformers' own."""
-    assert template._backend is not None  # the fast path is the one under test
-    assert template.encode(text) == tokenizer.encode(text, add_special_tokens=False)
+    """The gateway encodes through the Rust tokenizer directly and turn by turn, with the
+    turns it has seen from a cache (faster); for any text, with special tokens, whitespace
+    runs and any Unicode, the ids are transformers' own, whether its turns are cached or
+    not."""
+    assert template._backend is not None and template.turn_start == "<|im_start|>"
+    expected = tokenizer.encode(text, add_special_tokens=False)
+    assert template.encode(text) == expected
+    assert template.encode(text) == expected  # its turns cached now

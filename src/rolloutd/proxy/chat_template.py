@@ -55,6 +55,12 @@ def _probe_call(i: int) -> dict[str, Any]:
             "function": {"name": "probe_tool", "arguments": json.dumps({"x": str(i)})}}
 
 
+#: encoded turns the chat template keeps (ChatTemplate.encode), at most so many and of so many
+#: characters in all (about 20 MB with their ids): each distinct system prompt with its tools,
+#: and recent turns
+TURN_CACHE_SIZE = 512
+TURN_CACHE_CHARS = 2_000_000
+
 #: conversations on which incremental rendering must equal the full render, after every
 #: assistant turn but the last (ChatTemplate._probe_incremental).
 _PROBES: list[list[dict[str, Any]]] = [
@@ -258,11 +264,17 @@ class ChatTemplate:
         # HF fast tokenizers are not safe to share between threads in every mode; renders run
         # in worker threads, so they take turns.
         self._lock = threading.Lock()
+        self._backend: Any = None
+        self.turn_start: str | None = None
+        #: encoded turns by text (:meth:`encode`), most recently used last, and their size
+        self._turn_ids: dict[str, list[int]] = {}
+        self._turn_chars = 0
         self.end_of_turn_text, self.trailer = self._find_end_of_turn()
         self.end_of_turn_id = self._single_token_id(self.end_of_turn_text)
         #: render only what follows the continued turn (see the module docstring)
         self.incremental = incremental and self._probe_incremental()
         self._backend = self._probe_backend()
+        self.turn_start = self._probe_turn_start()
 
     # -- derivation of the end-of-turn token -------------------------------------------
     def _special_tokens(self) -> list[str]:
@@ -366,12 +378,73 @@ class ChatTemplate:
                     return None
         return backend
 
+    def _probe_turn_start(self) -> str | None:
+        """The special token a turn starts with (``<|im_start|>`` for ChatML templates), when
+        encoding a rendered conversation turn by turn gives the ids of encoding it whole on
+        every probe conversation (:data:`_PROBES`, with and without tools), else None.
+
+        Tokenizers split the text at special tokens before anything else, so a special token
+        that neither strips nor joins its neighbours is a safe cut; the probe checks that of
+        this tokenizer."""
+        user = [{"role": "user", "content": _PROBE_USER}]
+        with_prompt = self._render_text_unlocked(user, None, add_generation_prompt=True)
+        without = self._render_text_unlocked(user, None, add_generation_prompt=False)
+        if not with_prompt.startswith(without):
+            return None
+        generation_prompt = with_prompt[len(without):]
+        token = next((t for t in self._special_tokens() if generation_prompt.startswith(t)),
+                     None)
+        if token is None:
+            return None
+        for tools in (None, _PROBE_TOOLS):
+            for conversation in _PROBES:
+                text = self._render_text_unlocked(conversation, tools, True)
+                whole = self._encode_whole(text)
+                if text.count(token) < 2 or self._encode_turns(text, token, cache=False) \
+                        != whole:
+                    return None
+        return token
+
+    def _encode_whole(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _encode_turns(self, text: str, token: str, *, cache: bool = True) -> list[int]:
+        """``text`` encoded turn by turn (cut before each ``token``), each turn's ids from
+        the cache when it was encoded before."""
+        pieces = text.split(token)
+        turns = [pieces[0], *(token + piece for piece in pieces[1:])] if pieces[0] \
+            else [token + piece for piece in pieces[1:]]
+        ids: list[int] = []
+        for turn in turns:
+            cached = self._turn_ids.pop(turn, None) if cache else None
+            if cached is None:
+                cached = self._encode_whole(turn)
+                self._turn_chars += len(turn) if cache else 0
+            if cache:
+                self._turn_ids[turn] = cached  # (re)inserted last: most recently used
+                while len(self._turn_ids) > TURN_CACHE_SIZE \
+                        or self._turn_chars > TURN_CACHE_CHARS:
+                    oldest = next(iter(self._turn_ids))
+                    del self._turn_ids[oldest]
+                    self._turn_chars -= len(oldest)
+            ids += cached
+        return ids
+
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, no special tokens added (the template wrote them)."""
+        """Token ids of ``text``, no special tokens added (the template wrote them).
+
+        Text with the template's turn-start token is encoded turn by turn and each turn's ids
+        are kept (the most recently used, :data:`TURN_CACHE_SIZE`): a fresh conversation
+        whose system prompt and tools were sent before (every call of a harness that starts
+        a new conversation) encodes only its new turns. The ids are those of encoding the
+        text whole (checked at start on the probes, :meth:`_probe_turn_start`).
+        """
         with self._lock:
-            if self._backend is not None:
-                return self._backend.encode(text, add_special_tokens=False).ids
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
+            if self.turn_start is not None and self.turn_start in text:
+                return self._encode_turns(text, self.turn_start)
+            return self._encode_whole(text)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens kept."""

@@ -14,9 +14,11 @@ The gateway children run on uvloop and uvicorn picks httptools when those are in
 gateway fleet's process does (the report says which the gateway used). Latency is measured per call at 1 and at 64 concurrent sessions (one
 session per worker, each call a new single-turn conversation); added latency is the path's
 percentile minus the direct one. CPU/call is the serving process's own CPU time per call
-(from /proc): on a shared machine it varies much less than latency. Then one tokens-mode
-session grows a conversation to ``--turns`` turns and the per-call cost (latency, gateway
-CPU) is reported by turn window. Output: markdown tables on stdout.
+(from /proc): on a shared machine it varies much less than latency. Before those rows, one
+tokens-mode session grows a conversation to ``--turns`` turns, each call followed by a
+single-turn call in another session; the per-call cost of both (latency, gateway CPU) and
+their ratio are reported by turn window. LiteLLM starts after the other rows are measured
+(its background work would weigh on them) and the gateways stop before its rows. Output: markdown tables on stdout.
 
     python benchmarks/gateway_overhead.py [--litellm ~/.cache/rolloutd/litellm-venv/bin/litellm]
 
@@ -247,6 +249,19 @@ def _cpu_s(pid: int | None) -> float:
     return total
 
 
+def _cpu_ns_s(pid: int | None) -> float:
+    """CPU time (s) of every thread of process ``pid`` so far, from the scheduler's
+    statistics (``/proc/PID/task/TID/schedstat``, nanoseconds: precise per call, where
+    ``/proc/PID/stat`` counts 10 ms ticks)."""
+    if pid is None:
+        return 0.0
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+    return total / 1e9
+
+
 def _body(path: Path_, worker: int, call: int) -> dict[str, Any]:
     if path.kind == "completion":
         return {"prompt": list(range(20 + call % 7)), "n_predict": 16, "n_probs": 1,
@@ -311,26 +326,38 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _growth(url: str, key: str, turns: int, pid: int | None
-                  ) -> tuple[list[float], list[float]]:
-    """Per-call latency (s) of one tokens-mode session growing to ``turns`` turns, and the
-    gateway's CPU time (s) of each call."""
+async def _growth(url: str, key: str, baseline_key: str, turns: int, pid: int | None
+                  ) -> dict[str, list[float]]:
+    """One tokens-mode session growing a conversation to ``turns`` turns, each of its calls
+    followed by a single-turn call in another session (the baseline, measured at the same
+    moment, so that a machine that slows down or speeds up during the run does not read as
+    growth). Per call: latency (s) and gateway CPU time (s) of both."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are helpful."}]
-    out, cpu = [], []
+    out: dict[str, list[float]] = {"lat": [], "cpu": [], "base_lat": [], "base_cpu": []}
+    headers = {"Content-Type": "application/json"}
     async with httpx.AsyncClient(timeout=60) as client:
+        async def timed(target: str, body: bytes) -> tuple[float, float, httpx.Response]:
+            cpu_before = _cpu_ns_s(pid)
+            started = time.perf_counter()
+            response = await client.post(target, content=body, headers=headers)
+            latency = time.perf_counter() - started
+            if response.status_code != 200:
+                raise RuntimeError(f"growth: {response.status_code} {response.text}")
+            return latency, _cpu_ns_s(pid) - cpu_before, response
+
         for turn in range(turns):
             messages.append({"role": "user", "content": f"Turn {turn}: say hello."})
             body = json.dumps({"model": "bench", "messages": messages}).encode()
-            cpu_before = _cpu_s(pid)
-            started = time.perf_counter()
-            response = await client.post(f"{url}/s/{key}/v1/chat/completions", content=body,
-                                         headers={"Content-Type": "application/json"})
-            out.append(time.perf_counter() - started)
-            cpu.append(_cpu_s(pid) - cpu_before)
-            if response.status_code != 200:
-                raise RuntimeError(f"growth turn {turn}: {response.status_code} {response.text}")
+            latency, cpu, response = await timed(f"{url}/s/{key}/v1/chat/completions", body)
+            out["lat"].append(latency)
+            out["cpu"].append(cpu)
             messages.append(response.json()["choices"][0]["message"])
-    return out, cpu
+            fresh = json.dumps({"model": "bench", "messages": [
+                messages[0], {"role": "user", "content": f"Turn {turn}: say hello."}]}).encode()
+            latency, cpu, _ = await timed(f"{url}/s/{baseline_key}/v1/chat/completions", fresh)
+            out["base_lat"].append(latency)
+            out["base_cpu"].append(cpu)
+    return out
 
 
 # -------------------------------------------------------------------------- main
@@ -350,7 +377,7 @@ async def _main(args: argparse.Namespace) -> None:
         procs.append(fake)
         fake_url = f"http://127.0.0.1:{fake.ready['port']}"
         sessions = max(args.concurrency)
-        tokens = _start(["gateway", fake_url, "llama_cpp", "tokens", str(sessions + 1),
+        tokens = _start(["gateway", fake_url, "llama_cpp", "tokens", str(sessions + 2),
                          str(folder / "tokens")])
         procs.append(tokens)
         passthrough = _start(["gateway", fake_url, "openai", "passthrough", str(sessions),
@@ -362,15 +389,20 @@ async def _main(args: argparse.Namespace) -> None:
                  Path_("rolloutd passthrough", f"http://127.0.0.1:{passthrough.ready['port']}",
                        passthrough.ready["keys"], "chat", pid=passthrough.popen.pid),
                  Path_("rolloutd tokens", f"http://127.0.0.1:{tokens.ready['port']}",
-                       tokens.ready["keys"][:-1], "chat", pid=tokens.popen.pid)]
-        if args.litellm:
+                       tokens.ready["keys"][:-2], "chat", pid=tokens.popen.pid)]
+        results: dict[tuple[str, int], tuple[list[float], float, int, float]] = {}
+        growth = await _growth(paths[3].url, tokens.ready["keys"][-1], tokens.ready["keys"][-2],
+                               args.turns, tokens.popen.pid)
+        if args.litellm:  # started last: its background work would weigh on the other rows
             litellm_port = args.litellm_port
             litellm = _start_litellm(args.litellm, fake.ready["port"], litellm_port, folder)
             await _wait_http(f"http://127.0.0.1:{litellm_port}/health/liveliness", 180, litellm)
             paths.append(Path_("LiteLLM proxy", f"http://127.0.0.1:{litellm_port}", [], "chat",
                                auth=LITELLM_KEY, pid=litellm.pid))
-        results: dict[tuple[str, int], tuple[list[float], float, int, float]] = {}
         for path in paths:
+            if path.name == "LiteLLM proxy":
+                for proc in procs[1:]:  # the gateways are idle from here on
+                    proc.stop()
             for concurrency in args.concurrency:
                 calls = args.calls if concurrency == 1 else max(5, args.calls // concurrency * 4)
                 results[(path.name, concurrency)] = await _load(path, concurrency, calls, 0)
@@ -378,8 +410,6 @@ async def _main(args: argparse.Namespace) -> None:
                 print(f"{path.name} @{concurrency}: p50 {_pct(lat, 0.5) * 1000:.2f} ms, "
                       f"{len(lat) / wall:.0f} calls/s, {failed} failed, "
                       f"{cpu * 1000:.2f} ms CPU/call", file=sys.stderr)
-        growth = await _growth(paths[3].url, tokens.ready["keys"][-1], args.turns,
-                               tokens.popen.pid)
     finally:
         if litellm is not None and litellm.poll() is None:
             litellm.terminate()
@@ -395,7 +425,7 @@ async def _main(args: argparse.Namespace) -> None:
 
 def _report(paths: list[Path_],
             results: dict[tuple[str, int], tuple[list[float], float, int, float]],
-            growth: tuple[list[float], list[float]], args: argparse.Namespace,
+            growth: dict[str, list[float]], args: argparse.Namespace,
             gateway: dict[str, Any]) -> None:
     ms = 1000.0
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -421,17 +451,21 @@ def _report(paths: list[Path_],
         print(f"| {path.name} | {' | '.join(cells)} |")
     print("\nCPU/call: the serving process's own CPU time (user + system, with its children) "
           "per call; for direct rows, the fake backend's.")
-    growth, growth_cpu = growth
-    print(f"\n### tokens mode: per-call latency as one conversation grows to {len(growth)} "
-          "turns (request bodies encoded before the clock starts)\n")
-    print("| turns | mean | p50 | gateway CPU/call (mean) |")
-    print("|---|---|---|---|")
-    window = max(1, len(growth) // 5)
-    for start in range(0, len(growth), window):
-        part = growth[start:start + window]
-        part_cpu = growth_cpu[start:start + window]
-        print(f"| {start + 1}-{start + len(part)} | {statistics.mean(part) * ms:.2f} ms | "
-              f"{statistics.median(part) * ms:.2f} ms | {statistics.mean(part_cpu) * ms:.2f} ms |")
+    lat, cpu, base_lat, base_cpu = (growth[k] for k in ("lat", "cpu", "base_lat", "base_cpu"))
+    print(f"\n### tokens mode: per-call cost as one conversation grows to {len(lat)} turns, "
+          "against a single-turn call made right after each (request bodies encoded before "
+          "the clock starts; CPU from the gateway's scheduler statistics, ns)\n")
+    print("| turns | p50 | single-turn p50 | ratio | gateway CPU/call (mean) | single-turn "
+          "CPU/call | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    window = max(1, len(lat) // 5)
+    for start in range(0, len(lat), window):
+        part = slice(start, start + window)
+        p50, base_p50 = statistics.median(lat[part]), statistics.median(base_lat[part])
+        mean_cpu, mean_base = statistics.mean(cpu[part]), statistics.mean(base_cpu[part])
+        print(f"| {start + 1}-{start + len(lat[part])} | {p50 * ms:.2f} ms | "
+              f"{base_p50 * ms:.2f} ms | {p50 / base_p50:.2f} | {mean_cpu * ms:.2f} ms | "
+              f"{mean_base * ms:.2f} ms | {mean_cpu / mean_base:.2f} |")
 
 
 def _has(module: str) -> bool:
@@ -465,7 +499,7 @@ def main() -> None:
                         else None, help="litellm binary (omit to skip LiteLLM)")
     parser.add_argument("--litellm-port", type=int, default=4017)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
-    parser.add_argument("--calls", type=int, default=300, help="calls at concurrency 1")
+    parser.add_argument("--calls", type=int, default=1000, help="calls at concurrency 1")
     parser.add_argument("--turns", type=int, default=200)
     asyncio.run(_main(parser.parse_args()))
 

@@ -53,10 +53,10 @@ class BackendTransport(AiohttpTransport):
 class ShardedClient:
     """Several ``httpx.AsyncClient`` pools used in turn, each with a few connections.
 
-    httpcore's pool checks every pooled connection on each request (expiry, socket
-    readability), so with 64 concurrent calls one pool spends most of the gateway's CPU there;
-    shards of at most ``connections_per_shard`` keep that cost small (benchmarks/
-    gateway_overhead.py). The methods used by the backends are forwarded.
+    The shards were made for httpcore's pool, which checks every pooled connection on each
+    request (with 64 concurrent calls one pool spent most of the gateway's CPU there); with
+    aiohttp's pool underneath (:class:`BackendTransport`, the default) they only bound the
+    connections of each pool. The methods used by the backends are forwarded.
 
     :meth:`post` with a ``json`` body sends through the shard's transport (httpx's transport
     API) with the client's base URL, headers and timeout: the client layers (auth, redirects,

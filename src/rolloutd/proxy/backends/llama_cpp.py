@@ -137,8 +137,7 @@ class LlamaCppBackend(Backend):
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         super().__init__(name, url, policy_version=policy_version)
         self._ctx_size = ctx_size
-        # retries=0: Temporal owns retries; a retried call here could sample twice. Sharded:
-        # one pool of 64 busy connections costs more CPU than the calls (ShardedClient).
+        # no retries: Temporal owns retries; a retried call here could sample twice
         self.client = new_client(self.url, timeout_s, transport)
 
     async def aclose(self) -> None:

@@ -17,8 +17,10 @@ percentile minus the direct one. CPU/call is the serving process's own CPU time 
 (from /proc): on a shared machine it varies much less than latency. Before those rows, one
 tokens-mode session grows a conversation to ``--turns`` turns, each call followed by a
 single-turn call in another session; the per-call cost of both (latency, gateway CPU) and
-their ratio are reported by turn window. LiteLLM starts after the other rows are measured
-(its background work would weigh on them) and the gateways stop before its rows. Output: markdown tables on stdout.
+their ratio are reported by turn window, and a fresh conversation's prompt with a long system
+prompt is rendered and encoded with and without the gateway's cache of encoded turns. LiteLLM
+starts after the other rows are measured (its background work would weigh on them) and the
+gateways stop before its rows. Output: markdown tables on stdout.
 
     python benchmarks/gateway_overhead.py [--litellm ~/.cache/rolloutd/litellm-venv/bin/litellm]
 
@@ -466,6 +468,48 @@ def _report(paths: list[Path_],
         print(f"| {start + 1}-{start + len(lat[part])} | {p50 * ms:.2f} ms | "
               f"{base_p50 * ms:.2f} ms | {p50 / base_p50:.2f} | {mean_cpu * ms:.2f} ms | "
               f"{mean_base * ms:.2f} ms | {mean_cpu / mean_base:.2f} |")
+    num_tokens, plain_ms, gateway_ms = _fresh_prompts()
+    print(f"\n### tokens mode: a fresh conversation's prompt ({num_tokens} tokens: a long "
+          "system prompt and 15 tools sent before, a new task), rendered and encoded\n")
+    print("| transformers (apply_chat_template + encode) | rolloutd (turns encoded before "
+          "from its cache) |")
+    print("|---|---|")
+    print(f"| {plain_ms:.2f} ms | {gateway_ms:.2f} ms |")
+
+
+def _fresh_prompts(num: int = 30) -> tuple[int, float, float]:
+    """A harness's fresh conversations (a long system prompt and tools sent before, a new
+    task): prompt tokens, and ms per prompt rendered and encoded by transformers alone and by
+    the gateway's chat template (turns encoded before come from its cache)."""
+    from rolloutd.engine.models import load_tokenizer
+    from rolloutd.proxy.chat_template import ChatTemplate
+
+    tokenizer = load_tokenizer(MODEL)
+    template = ChatTemplate(tokenizer)
+    system = "You are a coding agent working in a repository. " * 800
+    tools = [{"type": "function", "function": {
+        "name": f"tool_{i}", "description": "Runs one step of the task. " * 20,
+        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}
+        for i in range(15)]
+
+    def fresh(i: int) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": system},
+                {"role": "user", "content": f"Task {i}: fix the failing test."}]
+
+    def plain(i: int) -> list[int]:
+        return tokenizer.encode(template.render_text(fresh(i), tools), add_special_tokens=False)
+
+    def gateway(i: int) -> list[int]:
+        return template.encode(template.render_text(fresh(i), tools))
+
+    assert plain(-1) == gateway(-1)
+    out = []
+    for fn in (plain, gateway):
+        started = time.perf_counter()
+        for i in range(num):
+            fn(i)
+        out.append((time.perf_counter() - started) / num * 1000)
+    return len(plain(0)), out[0], out[1]
 
 
 def _has(module: str) -> bool:

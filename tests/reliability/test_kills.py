@@ -47,16 +47,20 @@ async def connect(rig: Rig) -> Client:
                                 data_converter=pydantic_data_converter)
 
 
-async def sessions_in_phase(client: Client, task_id: str, phase: str, minimum: int) -> bool:
-    """Whether at least ``minimum`` sessions of the batch are in ``phase`` now."""
-    count = 0
+async def phases(client: Client, task_id: str) -> dict[int, str]:
+    """The phase of each session of the batch whose workflow answers the query now."""
+    out = {}
     for i in range(NUM_SESSIONS):
         try:
-            now = await client.get_workflow_handle(f"task/{task_id}/{i}").query("phase")
+            out[i] = await client.get_workflow_handle(f"task/{task_id}/{i}").query("phase")
         except RPCError:
             continue
-        count += now == phase
-    return count >= minimum
+    return out
+
+
+async def sessions_in_phase(client: Client, task_id: str, phase: str, minimum: int) -> bool:
+    """Whether at least ``minimum`` sessions of the batch are in ``phase`` now."""
+    return sum(now == phase for now in (await phases(client, task_id)).values()) >= minimum
 
 
 async def activity_attempts(client: Client, workflow_id: str, activity: str) -> int:
@@ -73,15 +77,8 @@ async def activity_attempts(client: Client, workflow_id: str, activity: str) -> 
 async def sessions_in_run_with_calls(client: Client, store: BlobStore, task_id: str,
                                      minimum: int) -> bool:
     """Whether at least ``minimum`` sessions are running their harness with >= 1 completion."""
-    count = 0
-    for i in range(NUM_SESSIONS):
-        try:
-            phase = await client.get_workflow_handle(f"task/{task_id}/{i}").query("phase")
-        except RPCError:
-            continue
-        if phase == "run" and len(CompletionLog(store, f"{task_id}/{i}")) >= 1:
-            count += 1
-    return count >= minimum
+    return sum(phase == "run" and len(CompletionLog(store, f"{task_id}/{i}")) >= 1
+               for i, phase in (await phases(client, task_id)).items()) >= minimum
 
 
 def check_batch(rig: Rig, store: BlobStore, group: TaskResult, marker: str, *,

@@ -69,7 +69,8 @@ def _dialect_of(path: str) -> Any:
 
 class FastJSONResponse(JSONResponse):
     """Starlette's ``JSONResponse`` written by :func:`rolloutd.proxy.fastjson.dumps` (the same
-    bytes contract, through orjson)."""
+    bytes contract, through orjson). Not FastAPI's ``ORJSONResponse``: that one writes NaN
+    as ``null`` where ``JSONResponse`` refuses it."""
 
     def render(self, content: Any) -> bytes:
         """The body of ``content``.
@@ -245,7 +246,7 @@ class ModelCalls:
         try:
             response = await handler(request, key if key is not None else api_key(request),
                                      *extra)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - request boundary: rendered in the dialect
             response = await self.render_error(request, e)
         await response(scope, receive, send)
 

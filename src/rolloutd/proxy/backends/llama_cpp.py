@@ -34,6 +34,7 @@ import httpx
 import structlog
 
 from rolloutd.errors import BackendError, BackendUnavailableError, ContextLengthError
+from rolloutd.proxy import fastjson
 from rolloutd.proxy.backends.base import Backend, GenerateDelta, GenerateRequest, GenerateResult
 from rolloutd.proxy.backends.http import new_client
 
@@ -219,7 +220,7 @@ class LlamaCppBackend(Backend):
             raise self._transport_error(e) from e
         self._raise_for_status(response)
         try:
-            body = response.json()
+            body = fastjson.loads(response.content)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise BackendError(f"backend {self.name} answered non-JSON") from e
         if not isinstance(body, dict):

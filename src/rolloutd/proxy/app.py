@@ -104,7 +104,8 @@ def api_key(request: Request) -> str | None:
             or None)
 
 
-async def read_json(request: Request, max_body_bytes: int, *, empty: Any = None) -> Any:
+async def read_json(request: Request, max_body_bytes: int, *, empty: Any = None,
+                    reader: fastjson.BodyReader | None = None) -> Any:
     """The request's JSON body, read up to ``max_body_bytes`` (a chunked body is cut off as
     soon as it passes the limit).
 
@@ -112,6 +113,8 @@ async def read_json(request: Request, max_body_bytes: int, *, empty: Any = None)
         request: the request.
         max_body_bytes: the limit (``settings.max_body_bytes``).
         empty: what an empty body means; None: an empty body is an error.
+        reader: the session's :class:`~rolloutd.proxy.fastjson.BodyReader` (model calls:
+            the conversation the session sent last is not parsed again).
 
     Raises:
         RequestTooLargeError: larger than ``max_body_bytes`` (413).
@@ -133,7 +136,7 @@ async def read_json(request: Request, max_body_bytes: int, *, empty: Any = None)
     if empty is not None and not raw.strip():
         return empty
     try:
-        body = fastjson.loads(raw)
+        body = fastjson.loads(raw) if reader is None else reader.loads(raw)
         # \ud800-style escapes decode to lone surrogates, which no UTF-8 consumer accepts;
         # only a body with such an escape is serialised again to find out
         if _SURROGATE_ESCAPE.search(raw):
@@ -320,12 +323,14 @@ def create_app(gateway: Gateway) -> Any:
 
     async def chat(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
-        body = await read_json(request, gateway.settings.max_body_bytes)
+        body = await read_json(request, gateway.settings.max_body_bytes,
+                               reader=session.body_reader)
         return await answer(session, openai_chat.parse(body, memo=session.memo), openai_chat)
 
     async def responses(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
-        body = await read_json(request, gateway.settings.max_body_bytes)
+        body = await read_json(request, gateway.settings.max_body_bytes,
+                               reader=session.body_reader)
         previous = None
         previous_id = body.get("previous_response_id") if isinstance(body, dict) else None
         if isinstance(previous_id, str):
@@ -339,7 +344,8 @@ def create_app(gateway: Gateway) -> Any:
 
     async def messages(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
-        body = await read_json(request, gateway.settings.max_body_bytes)
+        body = await read_json(request, gateway.settings.max_body_bytes,
+                               reader=session.body_reader)
         return await answer(session, anthropic.parse(body, memo=session.memo), anthropic)
 
     async def count_tokens(request: Request, key: str | None) -> dict[str, Any]:
@@ -356,7 +362,8 @@ def create_app(gateway: Gateway) -> Any:
                 or not model:
             raise NotFoundError(f"no method {action!r}: use generateContent, "
                                 "streamGenerateContent or countTokens")
-        body = await read_json(request, gateway.settings.max_body_bytes)
+        body = await read_json(request, gateway.settings.max_body_bytes,
+                               reader=session.body_reader)
         model = model.removeprefix("models/")
         if action == "countTokens":
             internal = gemini.parse_count_tokens(body, model=model)

@@ -12,7 +12,10 @@ of 19 digits or more: orjson reads one beyond 64 bits as a float) is read by :mo
 from __future__ import annotations
 
 import json
+import json.decoder
+import json.scanner
 import math
+import re
 from typing import Any
 
 try:
@@ -75,3 +78,171 @@ def _has_nan(obj: Any, depth: int = 0) -> bool:
     if isinstance(obj, list | tuple):
         return any(_has_nan(v, depth + 1) for v in obj)
     return False
+
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_scan_once = json.scanner.make_scanner(json.JSONDecoder())  # json.loads' own value scanner
+
+
+class _Fallback(Exception):
+    """The body is not one :class:`BodyReader` reads itself: :func:`loads` decides."""
+
+
+class BodyReader:
+    """Reads one session's request bodies, each as :func:`loads` reads it (the same values,
+    the same errors), parsing again only what follows the part of the conversation the
+    session's last body sent.
+
+    A harness resends its whole conversation on every call, serialised as before: the body
+    of turn 200 starts with the text of turn 199's body up to its last message. The reader
+    keeps that text with its parsed fields and messages; a body that starts with it reuses
+    them and parses the rest with :mod:`json`'s scanner (``json.loads`` itself). Otherwise
+    it reuses the longest run of whole items it shares, or parses it whole. Equal text
+    parses to equal values (JSON's grammar has no context), and the text after a reused item
+    must go on with ``,`` or ``]``, which no value's text continues with (``1`` followed by
+    ``2`` is another number, and an error here: the body is then read whole), so reuse is
+    exact; a later duplicate of a field is read as ``json.loads`` reads it (the last wins).
+
+    The messages reused are the objects the last body holds, not copies: bodies are read,
+    never modified (the memo and the completion log share them too,
+    :mod:`rolloutd.proxy.memo`). Memory: the last body's text and values.
+
+    Args:
+        fields: the body fields that may hold the conversation, a list of objects (the first
+            one found is the one reused).
+    """
+
+    def __init__(self, fields: tuple[str, ...] = ("messages", "contents", "input")) -> None:
+        self.fields = fields
+        self._text = ""  # the last body's text up to the end of its last conversation item
+        self._ends: list[int] = []  # where each conversation item ends in _text
+        self._head: list[tuple[str, Any]] = []  # the fields before the conversation
+        self._field = ""
+        self._items: list[Any] = []
+
+    def loads(self, data: bytes | bytearray) -> Any:
+        """``json.loads(data)``: the same values, and the same errors (:func:`loads`).
+
+        Raises:
+            json.JSONDecodeError: not JSON.
+            UnicodeDecodeError: not UTF-8.
+        """
+        try:
+            text = data.decode("utf-8")
+            return self._read(text)
+        except (_Fallback, ValueError, StopIteration, RecursionError, IndexError):
+            self._forget()
+            return loads(data)
+
+    def _forget(self) -> None:
+        self._text, self._ends, self._head, self._field, self._items = "", [], [], "", []
+
+    def _reusable(self, text: str) -> int:
+        """How many of the last body's conversation items ``text`` starts with (their text,
+        and the fields before them)."""
+        ends = self._ends
+        if not ends or not text.startswith(self._text[:ends[0]]):
+            return 0
+        if text.startswith(self._text):
+            return len(ends)
+        low, high = 1, len(ends) - 1  # text starts with the first `low` items, not `high + 1`
+        while low < high:
+            mid = (low + high + 1) // 2
+            if text.startswith(self._text[:ends[mid - 1]]):
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def _read(self, text: str) -> Any:
+        reused = self._reusable(text)
+        obj: dict[str, Any] = {}
+        if reused:
+            field, items, ends = self._field, self._items[:reused], self._ends[:reused]
+            obj.update(self._head)
+            obj[field] = items
+            head = self._head
+            at = ends[-1]
+            at = self._rest_of_items(text, at, items, ends)
+        else:
+            field, items, ends, head = "", [], [], []
+            at = _WHITESPACE.match(text, 0).end()
+            if text[at] != "{":
+                raise _Fallback
+            at = _WHITESPACE.match(text, at + 1).end()
+            if text[at] == "}":
+                at += 1
+            else:
+                at = self._fields(text, at, obj, head, items, ends, first=True)
+                field = self._field_found
+        if reused:
+            at = _WHITESPACE.match(text, at).end()
+            if text[at] == ",":
+                at = self._fields(text, _WHITESPACE.match(text, at + 1).end(), obj, None,
+                                  items, ends, first=False)
+            elif text[at] == "}":
+                at += 1
+            else:
+                raise _Fallback
+        if _WHITESPACE.match(text, at).end() != len(text):
+            raise _Fallback  # extra data: json.loads reports it
+        if field and items:
+            self._text, self._ends, self._field, self._items = text[:ends[-1]], ends, field, items
+            self._head = head if not reused else self._head
+        else:
+            self._forget()
+        return obj
+
+    def _fields(self, text: str, at: int, obj: dict[str, Any],
+                head: list[tuple[str, Any]] | None, items: list[Any], ends: list[int], *,
+                first: bool) -> int:
+        """Read ``"key": value`` pairs into ``obj`` from ``at`` through the closing brace;
+        the first conversation field (when ``first``) fills ``items`` and ``ends``, and the
+        pairs before it are appended to ``head``. Returns the index after the brace."""
+        self._field_found = ""
+        while True:
+            if text[at] != '"':
+                raise _Fallback
+            key, at = json.decoder.scanstring(text, at + 1)
+            at = _WHITESPACE.match(text, at).end()
+            if text[at] != ":":
+                raise _Fallback
+            at = _WHITESPACE.match(text, at + 1).end()
+            if first and not self._field_found and key in self.fields and text[at] == "[" \
+                    and key not in obj:
+                self._field_found = key
+                obj[key] = items
+                at = _WHITESPACE.match(text, at + 1).end()
+                if text[at] == "]":
+                    at += 1
+                else:
+                    value, at = _scan_once(text, at)
+                    items.append(value)
+                    ends.append(at)
+                    at = self._rest_of_items(text, at, items, ends)
+            else:
+                value, at = _scan_once(text, at)
+                obj[key] = value
+                if head is not None and first and not self._field_found:
+                    head.append((key, value))
+            at = _WHITESPACE.match(text, at).end()
+            if text[at] == ",":
+                at = _WHITESPACE.match(text, at + 1).end()
+            elif text[at] == "}":
+                return at + 1
+            else:
+                raise _Fallback
+
+    @staticmethod
+    def _rest_of_items(text: str, at: int, items: list[Any], ends: list[int]) -> int:
+        """Read the conversation's items after one that ends at ``at``, through the closing
+        bracket; returns the index after it."""
+        while True:
+            at = _WHITESPACE.match(text, at).end()
+            if text[at] == "]":
+                return at + 1
+            if text[at] != ",":
+                raise _Fallback
+            value, at = _scan_once(text, _WHITESPACE.match(text, at + 1).end())
+            items.append(value)
+            ends.append(at)

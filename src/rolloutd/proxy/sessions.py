@@ -28,6 +28,7 @@ from rolloutd.errors import (
 )
 from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.chat_template import ExtensionIndex
+from rolloutd.proxy.fastjson import BodyReader
 from rolloutd.proxy.memo import RequestMemo
 from rolloutd.store import BlobStore, CompletionLog, session_prefix
 from rolloutd.types import CaptureMode, Completion, SamplingParams
@@ -159,6 +160,8 @@ class Session:
         by_hash: request_hash -> completion index, to answer retried requests from the log.
         memo: what the last call computed for its messages (translation, hash state), reused
             by the next call that resends them (:mod:`rolloutd.proxy.memo`).
+        body_reader: reads the session's request bodies without parsing again the
+            conversation its last body sent (:class:`rolloutd.proxy.fastjson.BodyReader`).
         extensions: the completions a call can continue, by conversation length and answer
             (:class:`rolloutd.proxy.chat_template.ExtensionIndex`).
     """
@@ -171,6 +174,7 @@ class Session:
         self.lock = asyncio.Lock()
         self.by_hash: dict[str, int] = {}
         self.memo = RequestMemo()
+        self.body_reader = BodyReader()
         self.extensions = ExtensionIndex(completions)
         for completion in completions:
             self.by_hash.setdefault(completion.request_hash, completion.index)

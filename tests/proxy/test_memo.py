@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from rolloutd.errors import InvalidRequestError
 from rolloutd.proxy import fastjson
 from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
+from rolloutd.proxy.fastjson import BodyReader
 from rolloutd.proxy.memo import RequestMemo
 from rolloutd.proxy.recorder import request_hash
 
@@ -203,21 +204,33 @@ def _outcome(dialect: ModuleType, body: dict[str, Any], memo: RequestMemo | None
                           (openai_responses, responses_items, responses_fields, "input"),
                           (gemini, gemini_contents, gemini_fields, "contents")],
                          ids=["openai_chat", "anthropic", "openai_responses", "gemini"])
+@pytest.mark.parametrize("wire", ["copies", "body_reader"])
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_memoised_parse_and_hash_equal_the_plain_ones(dialect: ModuleType, message: Any,
                                                       fields: Any, conversation: str,
-                                                      data: Any) -> None:
+                                                      wire: str, data: Any) -> None:
+    """``copies``: each body is new objects (the memo compares fingerprints);
+    ``body_reader``: each body is read as the gateway reads it, sharing the objects of what
+    it resends with the last body (the memo compares objects)."""
     bodies = data.draw(growth(message, fields, conversation))
     memo = RequestMemo()
+    reader = BodyReader()
     made: list[tuple[Any, Any]] = []
+    read: list[tuple[bytes, Any]] = []
     for body in bodies:
+        if wire == "body_reader":
+            data_ = json.dumps(body).encode()
+            body = reader.loads(data_)
+            read.append((data_, body))
         plain = _outcome(dialect, copy.deepcopy(body), None)
         assert _outcome(dialect, body, memo, made) == plain
         if plain[0] == "ok":
             assert memo.request_hash(body) == request_hash(body)
     # later calls did not change what earlier ones returned (they are recorded as returned)
     assert [request.model_dump(mode="json") for request, _ in made] == [d for _, d in made]
+    # nor the bodies they read (the reader and the memo share their objects)
+    assert all(repr(body) == repr(json.loads(data_)) for data_, body in read)
 
 
 def test_a_resent_message_of_another_json_type_is_translated_again() -> None:

@@ -7,10 +7,15 @@ messages: their translation and the sha256 state of the request hash after them.
 call reuses both when its messages start with exactly those messages, and computes only the
 new ones.
 
-"Exactly" is checked on a type-exact fingerprint of the raw JSON values (``marshal`` format
-2, then blake2b): Python's ``==`` holds for ``1``, ``1.0`` and ``true``, which JSON (and a
-translation that re-serialises tool call arguments) tells apart. The fingerprint of a prefix
-is computed once per request and shared by the translation and the hash.
+"Exactly" means the same objects: the gateway reads a session's bodies with its
+:class:`~rolloutd.proxy.fastjson.BodyReader`, which hands the next body the very objects of
+the messages it resends, so the check is a pointer comparison per message. Bodies and
+translations are read, never modified, by everything that holds them. Otherwise (another
+reader, a gateway restarted, a message the harness changed) it is a type-exact fingerprint of
+the raw JSON values (``marshal`` format 2, then blake2b): Python's ``==`` holds for ``1``,
+``1.0`` and ``true``, which JSON (and a translation that re-serialises tool call arguments)
+tells apart. The fingerprint of a prefix is computed once per request and shared by the
+translation and the hash.
 
 Results are identical to the plain functions' (:func:`rolloutd.proxy.recorder.request_hash`,
 each dialect's ``parse``); property tests (tests/proxy/test_memo.py) check that over random
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import marshal
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -81,12 +87,28 @@ def fingerprint(values: list[Any]) -> bytes | None:
         return None
 
 
+class _Known:
+    """Raw values a memo entry covers: the objects themselves (the next body, read by the
+    session's :class:`~rolloutd.proxy.fastjson.BodyReader`, holds the same objects for what
+    it resends) and their fingerprint, computed when first needed."""
+
+    __slots__ = ("items", "_digest")
+
+    def __init__(self, items: Sequence[Any]) -> None:
+        self.items = tuple(items)
+        self._digest: bytes | None | bool = False  # False: not computed yet
+
+    def digest(self) -> bytes | None:
+        if self._digest is False:
+            self._digest = fingerprint(list(self.items))
+        return self._digest  # type: ignore[return-value]
+
+
 @dataclass
 class _Translation:
     dialect: str
-    context: bytes | None
-    num_raw: int
-    fingerprint: bytes
+    context: _Known
+    raw: _Known
     messages: tuple[dict[str, Any], ...]
     state: Any
 
@@ -94,9 +116,8 @@ class _Translation:
 @dataclass
 class _HashState:
     head: str
-    num_raw: int
-    fingerprint: bytes
-    sha: Any  # hashlib sha256 object after the head and num_raw messages
+    raw: _Known
+    sha: Any  # hashlib sha256 object after the head and the raw messages
 
 
 @dataclass
@@ -104,7 +125,8 @@ class RequestMemo:
     """What one session's last call computed for its messages (see the module docstring).
 
     Use under the session's calls only: the methods are synchronous, so calls interleaving on
-    the event loop see a consistent memo, and every reuse is checked against the fingerprint.
+    the event loop see a consistent memo, and every reuse is checked: the same objects, or
+    the same fingerprint.
     """
 
     _translation: _Translation | None = None
@@ -116,6 +138,17 @@ class RequestMemo:
     _fps: dict[int, bytes | None] = field(default_factory=dict, repr=False)
     _fp_state: Any = field(default=None, repr=False)
     _fp_upto: int = 0
+
+    def _starts_with(self, raw: list[Any], known: _Known) -> bool:
+        """``raw`` starts with the values of ``known``: the very same objects (checked one
+        by one, a pointer comparison each), else the same fingerprint."""
+        n = len(known.items)
+        if n > len(raw):
+            return False
+        if all(map(operator.is_, raw, known.items)):
+            return True
+        digest = known.digest()
+        return digest is not None and self._prefix_fingerprint(raw, n) == digest
 
     def _prefix_fingerprint(self, raw: list[Any], num: int) -> bytes | None:
         """:func:`fingerprint` of ``raw[:num]``; the items are written once per request."""
@@ -160,12 +193,14 @@ class RequestMemo:
         """
         self._forget_fingerprints()
         memo = self._translation
-        if memo is None or not isinstance(raw, list) or memo.dialect != dialect \
-                or memo.num_raw > len(raw) or memo.context != fingerprint([context]):
+        if memo is None or not isinstance(raw, list) or memo.dialect != dialect:
             return 0, (), None
-        if self._prefix_fingerprint(raw, memo.num_raw) != memo.fingerprint:
+        if memo.context.items[0] is not context and (
+                memo.context.digest() is None or memo.context.digest() != fingerprint([context])):
             return 0, (), None
-        return memo.num_raw, memo.messages, memo.state
+        if not self._starts_with(raw, memo.raw):
+            return 0, (), None
+        return len(memo.raw.items), memo.messages, memo.state
 
     def remember(self, dialect: str, context: Any, raw: Any, messages: list[dict[str, Any]],
                  state: Any = None) -> None:
@@ -175,9 +210,8 @@ class RequestMemo:
         if not isinstance(raw, list) or not raw:
             self._translation = None
             return
-        digest, context_digest = self._prefix_fingerprint(raw, len(raw)), fingerprint([context])
-        self._translation = None if digest is None or context_digest is None else _Translation(
-            dialect, context_digest, len(raw), digest, tuple(messages), state)
+        self._translation = _Translation(dialect, _Known([context]), _Known(raw),
+                                         tuple(messages), state)
 
     # -- retry hash --------------------------------------------------------------------
     def request_hash(self, body: dict[str, Any]) -> str:
@@ -192,15 +226,13 @@ class RequestMemo:
             return request_hash(body)
         head, raw, tail = split
         memo = self._hash
-        if memo is not None and memo.head == head and memo.num_raw <= len(raw) \
-                and self._prefix_fingerprint(raw, memo.num_raw) == memo.fingerprint:
-            sha, start = memo.sha.copy(), memo.num_raw
+        if memo is not None and memo.head == head and self._starts_with(raw, memo.raw):
+            sha, start = memo.sha.copy(), len(memo.raw.items)
         else:
             sha, start = hashlib.sha256(head.encode()), 0
         for i in range(start, len(raw)):
             sha.update(("," + canonical_json(raw[i]) if i else canonical_json(raw[i])).encode())
-        digest = self._prefix_fingerprint(raw, len(raw))
-        self._hash = None if digest is None else _HashState(head, len(raw), digest, sha.copy())
+        self._hash = _HashState(head, _Known(raw), sha.copy())
         self._forget_fingerprints()
         sha.update(tail.encode())
         return sha.hexdigest()

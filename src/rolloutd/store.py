@@ -371,6 +371,20 @@ def _shared_prefix(value: list[Any], source: list[Any], *candidates: int) -> int
     return 0
 
 
+def _prompt_prefix(prompt_ids: list[int], base: Completion) -> int:
+    """:func:`_shared_prefix` of ``prompt_ids`` and ``base``'s token chain (its prompt and
+    sampled tokens; else its prompt alone), without building the chain: prompts of thousands
+    of tokens are compared on every call."""
+    num_prompt = len(base.prompt_ids)
+    if not num_prompt or prompt_ids[:num_prompt] != base.prompt_ids:
+        return 0
+    num_response = len(base.response_ids)
+    if num_response and \
+            prompt_ids[num_prompt:num_prompt + num_response] == base.response_ids:
+        return num_prompt + num_response
+    return num_prompt
+
+
 def encode_completion(completion: Completion, base: Completion | None = None) -> bytes:
     """The JSON record of ``completion``: in full (format 1), or as what it adds to ``base``.
 
@@ -395,10 +409,8 @@ def encode_completion(completion: Completion, base: Completion | None = None) ->
     update: dict[str, Any] = {}
     for name in _DELTA_FIELDS:
         value = getattr(completion, name)
-        source = _delta_source(base, name)
-        candidates = (len(source), len(base.prompt_ids)) if name == "prompt_ids" \
-            else (len(source),)
-        n = _shared_prefix(value, source, *candidates)
+        n = _prompt_prefix(value, base) if name == "prompt_ids" \
+            else _shared_prefix(value, source := getattr(base, name), len(source))
         if n:
             delta[name] = n
             update[name] = value[n:]

@@ -200,6 +200,7 @@ async def test_prompt_without_room_is_a_context_length_error(gateway: Gateway,
     (json.dumps({"messages": [{"role": "user", "content": "x"}],
                  "tools": [{"type": "function"}]}).encode(), 400, "tools.0.function"),
     (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, None),
+    (b'{"messages": [{"role": "user", "content": "ok \\uDFFF"}]}', 400, None),
     (b"\xff\xfe", 400, None),
 ])
 async def test_bad_requests_get_openai_errors_never_500(gateway: Gateway,

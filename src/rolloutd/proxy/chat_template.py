@@ -591,11 +591,11 @@ class ChatTemplate:
                 new_text = self._after_turn_full(messages, tools, k)
             if new_text is not None:
                 new_ids = self.encode(self.trailer + new_text)
-                chained = [*previous.prompt_ids, *previous.response_ids]
-                if previous.response_ids[-1] != self.end_of_turn_id:
-                    chained.append(self.end_of_turn_id)
-                return PromptPlan(prompt_ids=chained + new_ids, extends=previous.index,
-                                  num_new_tokens=len(new_ids))
+                closed = () if previous.response_ids[-1] == self.end_of_turn_id \
+                    else (self.end_of_turn_id,)
+                return PromptPlan(
+                    prompt_ids=[*previous.prompt_ids, *previous.response_ids, *closed, *new_ids],
+                    extends=previous.index, num_new_tokens=len(new_ids))
             log.warning("chain_break", extends=previous.index,
                         reason="rendered conversation does not extend the earlier one")
         prompt_ids = self.encode(self.render_text(messages, tools, add_generation_prompt=True))

@@ -13,7 +13,7 @@ no append): writes are create-exclusive, so a completion index is never written 
 
 Durability of a local store (``sync``): ``always`` fsyncs every object (and its folder) before
 the write returns; ``group`` (the gateway's default) returns once the object is in the
-operating system (written and renamed into place: it survives a kill of the writing process)
+operating system (written, then given its name: it survives a kill of the writing process)
 and fsyncs it within ``group_commit_s`` in a background thread, batching the writes of that
 window (a machine crash or power loss can lose the objects of the last window);
 ``os`` leaves flushing to the operating system. :meth:`BlobStore.flush` fsyncs everything
@@ -27,6 +27,7 @@ completions; records without ``format`` (format 1, every field in full) read as 
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -154,6 +155,10 @@ class BlobStore:
         # temporary names unique per process and write (uuid4 reads the OS's random source)
         self._tmp_prefix = f"{uuid.uuid4().hex[:8]}-"
         self._tmp_counter = itertools.count()
+        #: create-exclusive writes go through unnamed files (until the file system refuses)
+        self._unnamed_writes = hasattr(os, "O_TMPFILE") and os.link in os.supports_dir_fd
+        self._proc_fds: int | None = None
+        self._proc_pid = 0
         if self._local:
             self.fs.makedirs(self.root, exist_ok=True)
 
@@ -189,6 +194,8 @@ class BlobStore:
             if folder not in self._folders:
                 os.makedirs(folder, exist_ok=True)
                 self._folders.add(folder)
+            if exclusive and self._unnamed_writes and self._put_unnamed(key, path, folder, data):
+                return
             tmp = f"{path}.{os.getpid()}-{self._tmp_prefix}{next(self._tmp_counter)}.tmp"
             # os-level calls: a buffered file object costs a third of a completion's write
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
@@ -217,6 +224,45 @@ class BlobStore:
         if exclusive and self.fs.exists(path):
             raise BlobExistsError(f"blob {key!r} exists")
         self.fs.pipe_file(path, data)
+
+    def _put_unnamed(self, key: str, path: str, folder: str, data: bytes) -> bool:
+        """A create-exclusive local write as an unnamed file (``O_TMPFILE``) given its name
+        once written (``linkat``): two names fewer to create and remove than a named
+        temporary file (a completion's write: 57 -> 46 us here). False when the file system
+        or kernel has no unnamed files (the caller writes a named temporary file).
+
+        Raises:
+            BlobExistsError: the key exists already.
+        """
+        try:
+            fd = os.open(folder, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+            self._unnamed_writes = False
+            return False
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if self.sync == "always":
+                os.fsync(fd)
+            if self._proc_fds is None or self._proc_pid != os.getpid():
+                # "self" is resolved when opened: a forked child opens its own
+                self._proc_fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY
+                                         | os.O_CLOEXEC)
+                self._proc_pid = os.getpid()
+            try:  # atomic create-if-absent of the written file's name
+                os.link(str(fd), path, src_dir_fd=self._proc_fds, follow_symlinks=True)
+            except FileExistsError as e:
+                raise BlobExistsError(f"blob {key!r} exists") from e
+        finally:
+            os.close(fd)
+        if self.sync == "always":
+            _fsync_path(folder)
+        elif self._group is not None:
+            self._group.add(path, folder)
+        return True
 
     def get_bytes(self, key: str) -> bytes:
         """Read the bytes at ``key``.

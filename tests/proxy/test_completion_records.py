@@ -13,7 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rolloutd.proxy.gateway import Gateway
-from rolloutd.store import BlobStore, CompletionLog, decode_completion, encode_completion
+from rolloutd.store import (
+    BlobExistsError,
+    BlobStore,
+    CompletionLog,
+    decode_completion,
+    encode_completion,
+)
 from rolloutd.trajectory import build_traces
 from rolloutd.types import BuilderSpec, Completion, SamplingParams
 
@@ -171,3 +177,23 @@ def test_group_commit_flush_syncs_what_was_written(tmp_path: Any) -> None:
     assert store.get_bytes("a/b.json") == b"{}"  # readable before any fsync
     assert store.flush(timeout_s=30)
     assert store.flush(timeout_s=30)  # nothing pending: returns at once
+
+
+@pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed-file", "named-temporary"])
+@pytest.mark.parametrize("sync", ["always", "group", "os"])
+def test_a_completion_index_is_written_once(tmp_path: Any, sync: str, unnamed: bool) -> None:
+    """Create-exclusive writes (every completion record): the second write of a key is
+    refused and the first stays whole; no temporary file is left behind. Both ways of
+    writing: unnamed files (``O_TMPFILE``, where the file system has them) and named
+    temporary files."""
+    store = BlobStore(str(tmp_path), sync=sync)  # type: ignore[arg-type]
+    store._unnamed_writes = store._unnamed_writes and unnamed
+    store.put_bytes("sessions/t/0/completions/00000000.json", b'{"first": 1}', exclusive=True)
+    with pytest.raises(BlobExistsError):
+        store.put_bytes("sessions/t/0/completions/00000000.json", b'{"second": 2}',
+                        exclusive=True)
+    store.put_bytes("sessions/t/0/completions/00000001.json", b"{}", exclusive=True)
+    assert store.flush()
+    assert store.get_bytes("sessions/t/0/completions/00000000.json") == b'{"first": 1}'
+    assert sorted(p.name for p in (tmp_path / "sessions/t/0/completions").iterdir()) == \
+        ["00000000.json", "00000001.json"]

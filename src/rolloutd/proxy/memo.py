@@ -92,7 +92,7 @@ class _Known:
     session's :class:`~rolloutd.proxy.fastjson.BodyReader`, holds the same objects for what
     it resends) and their fingerprint, computed when first needed."""
 
-    __slots__ = ("items", "_digest")
+    __slots__ = ("_digest", "items")
 
     def __init__(self, items: Sequence[Any]) -> None:
         self.items = tuple(items)

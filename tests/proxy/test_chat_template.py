@@ -14,6 +14,7 @@ from rolloutd.proxy.chat_template import (
     ExtensionIndex,
     canonical_json,
     message_signature,
+    template_messages,
 )
 from rolloutd.types import Completion
 
@@ -339,3 +340,28 @@ def test_encode_is_the_tokenizers_encode(template: ChatTemplate, tokenizer: Any,
     expected = tokenizer.encode(text, add_special_tokens=False)
     assert template.encode(text) == expected
     assert template.encode(text) == expected  # its turns cached now
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(conversation=_conversations(), with_tools=st.booleans(), generation_prompt=st.booleans(),
+       extras=st.lists(st.tuples(st.integers(0, 40), st.sampled_from(
+           ["name", "reasoning_content", "thinking", "reasoning", "tool_calls", "refusal"]),
+           st.none() | _WORD), max_size=4))
+def test_direct_render_is_apply_chat_template(
+        template_pair: tuple[ChatTemplate, ChatTemplate], conversation: list[dict[str, Any]],
+        with_tools: bool, generation_prompt: bool, extras: list[tuple[int, str, Any]]) -> None:
+    """The compiled template rendered directly (both models pass the start probe) gives
+    ``apply_chat_template``'s text, keys set to None and reasoning fields included."""
+    template, _ = template_pair
+    assert template._direct is not None
+    for at, key, value in extras:
+        message = conversation[at % len(conversation)]
+        if key != "tool_calls" or value is None:
+            message[key] = value
+    tools = TOOLS if with_tools else None
+    expected = template.tokenizer.apply_chat_template(
+        template_messages(conversation), tools=tools, add_generation_prompt=generation_prompt,
+        tokenize=False)
+    assert template.render_text(conversation, tools,
+                                add_generation_prompt=generation_prompt) == expected

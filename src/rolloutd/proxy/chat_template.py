@@ -89,6 +89,18 @@ _PROBES: list[list[dict[str, Any]]] = [
 ]
 
 
+#: more conversations on which rendering the compiled template directly must equal
+#: apply_chat_template (ChatTemplate._probe_direct): keys set to None, reasoning fields
+_DIRECT_PROBES: list[list[dict[str, Any]]] = [
+    [{"role": "system", "content": "s", "name": None},
+     {"role": "user", "content": "a", "tool_calls": None},
+     {"role": "assistant", "content": "b", "reasoning_content": "why"},
+     {"role": "user", "content": "c"},
+     {"role": "assistant", "content": None, "reasoning": "r", "tool_calls": [_probe_call(5)]},
+     {"role": "tool", "tool_call_id": "call_5", "content": "r5", "name": "probe_tool"}],
+]
+
+
 # --------------------------------------------------------------------------- messages
 
 
@@ -265,10 +277,12 @@ class ChatTemplate:
         # in worker threads, so they take turns.
         self._lock = threading.Lock()
         self._backend: Any = None
+        self._direct: Any = None
         self.turn_start: str | None = None
         #: encoded turns by text (:meth:`encode`), most recently used last, and their size
         self._turn_ids: dict[str, list[int]] = {}
         self._turn_chars = 0
+        self._direct = self._probe_direct()
         self.end_of_turn_text, self.trailer = self._find_end_of_turn()
         self.end_of_turn_id = self._single_token_id(self.end_of_turn_text)
         #: render only what follows the continued turn (see the module docstring)
@@ -335,18 +349,72 @@ class ChatTemplate:
                               tools: Sequence[dict[str, Any]] | None,
                               add_generation_prompt: bool) -> str:
         try:
-            text = self.tokenizer.apply_chat_template(
-                template_messages(messages),
-                tools=list(tools) if tools else None,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=False,
-            )
+            if self._direct is not None:
+                text = self._direct(template_messages(messages), list(tools) if tools else None,
+                                    add_generation_prompt)
+            else:
+                text = self.tokenizer.apply_chat_template(
+                    template_messages(messages),
+                    tools=list(tools) if tools else None,
+                    add_generation_prompt=add_generation_prompt,
+                    tokenize=False,
+                )
         except (jinja2.TemplateError, TypeError, ValueError, KeyError) as e:
             raise InvalidRequestError(
                 f"the chat template cannot render these messages: {e}") from e
         if not isinstance(text, str):
             raise ConfigError(f"apply_chat_template returned {type(text).__name__}, not text")
         return text
+
+    def _probe_direct(self) -> Any:
+        """A render of the compiled template without ``apply_chat_template``'s preparation
+        of every call (its deep copy of messages, tools and arguments into plain values, a
+        third of a render's cost and more with long tools; the values here are plain JSON
+        already), when it renders every probe conversation (:data:`_PROBES` and
+        :data:`_DIRECT_PROBES`, with and without tools and generation prompt) exactly as
+        ``apply_chat_template`` does; else None (``apply_chat_template`` renders).
+
+        It keeps the rest of transformers' preparation: keys whose value is None dropped,
+        reasoning fields aliased (``_alias_reasoning_fields``), the tokenizer's special
+        tokens passed; the template runs in transformers' immutable sandbox as before. The
+        compiled template is transformers' own (``_compile_jinja_template``, cached), so the
+        probe also guards against a change of those private names."""
+        try:
+            from transformers.utils.chat_template_utils import (
+                _alias_reasoning_fields,
+                _compile_jinja_template,
+            )
+        except ImportError:
+            return None
+        tokenizer = self.tokenizer
+        special = dict(tokenizer.special_tokens_map)
+
+        def direct(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                   add_generation_prompt: bool) -> str:
+            compiled = _compile_jinja_template(tokenizer.get_chat_template(None, tools))
+            chat = _alias_reasoning_fields(
+                [{k: v for k, v in m.items() if v is not None} for m in messages])
+            return compiled.render(messages=chat, tools=tools, documents=None,
+                                   add_generation_prompt=add_generation_prompt, **special)
+
+        for tools in (None, _PROBE_TOOLS):
+            for conversation in (*_PROBES, *_DIRECT_PROBES):
+                for generation_prompt in (True, False):
+                    try:
+                        fast = direct(template_messages(conversation),
+                                      list(tools) if tools else None, generation_prompt)
+                    except Exception:  # noqa: BLE001 - any failure: the wrapper renders
+                        fast = None
+                    try:
+                        slow = self._render_text_unlocked(conversation, tools,
+                                                          generation_prompt)
+                    except InvalidRequestError:
+                        slow = None
+                    if fast != slow:
+                        log.info("direct_render_disabled", reason="the compiled template "
+                                 "renders a probe differently from apply_chat_template")
+                        return None
+        return direct
 
     def render_text(self, messages: Sequence[dict[str, Any]],
                     tools: Sequence[dict[str, Any]] | None = None, *,

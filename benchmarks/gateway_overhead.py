@@ -169,9 +169,9 @@ class Proc:
                 self.popen.wait(10)
 
 
-def _start(args: list[str], timeout_s: float = 120.0) -> Proc:
-    """Start ``python this_file args`` and wait for its JSON ready line."""
-    popen = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE,
+def _start(args: list[str], timeout_s: float = 120.0, prefix: tuple[str, ...] = ()) -> Proc:
+    """Start ``prefix python this_file args`` and wait for its JSON ready line."""
+    popen = subprocess.Popen([*prefix, sys.executable, __file__, *args], stdout=subprocess.PIPE,
                              text=True)
     deadline = time.monotonic() + timeout_s
     assert popen.stdout is not None

@@ -216,6 +216,19 @@ async def test_bad_requests_get_openai_errors_never_500(gateway: Gateway,
     assert len(CompletionLog(gateway.store, "mytask/0")) == 0
 
 
+async def test_a_lone_surrogate_resent_in_a_longer_body_is_still_refused(
+        gateway: Gateway, client: httpx.AsyncClient) -> None:
+    """The session's body reader reuses the text its last body sent; a body refused for a
+    lone surrogate escape leaves nothing to reuse, so the next one is searched whole."""
+    info = await open_session(gateway)
+    first = b'{"messages": [{"role": "user", "content": "bad \\udc00"}'
+    for raw in (first + b"]}", first + b', {"role": "user", "content": "more"}]}'):
+        response = await client.post(chat_url(info), content=raw,
+                                     headers={"content-type": "application/json"})
+        assert_openai_error(response, 400)
+    assert len(CompletionLog(gateway.store, "mytask/0")) == 0
+
+
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-key"},
                                      {"Authorization": "Basic abc"}])
 async def test_missing_or_wrong_key_is_401(gateway: Gateway, client: httpx.AsyncClient,

@@ -214,8 +214,8 @@ def test_memoised_parse_and_hash_equal_the_plain_ones(dialect: ModuleType, messa
     ``body_reader``: each body is read as the gateway reads it, sharing the objects of what
     it resends with the last body (the memo compares objects)."""
     bodies = data.draw(growth(message, fields, conversation))
-    memo = RequestMemo()
     reader = BodyReader()
+    memo = RequestMemo(reader=reader) if wire == "body_reader" else RequestMemo()
     made: list[tuple[Any, Any]] = []
     read: list[tuple[bytes, Any]] = []
     for body in bodies:

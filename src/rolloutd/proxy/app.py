@@ -138,12 +138,15 @@ async def read_json(request: Request, max_body_bytes: int, *, empty: Any = None,
     try:
         body = fastjson.loads(raw) if reader is None else reader.loads(raw)
         # \ud800-style escapes decode to lone surrogates, which no UTF-8 consumer accepts;
-        # only a body with such an escape is serialised again to find out
-        if _SURROGATE_ESCAPE.search(raw):
+        # only a body with such an escape is serialised again to find out; the text a
+        # reader reused was searched in the body it came from
+        if _SURROGATE_ESCAPE.search(raw, reader.reused_bytes if reader is not None else 0):
             json.dumps(body, ensure_ascii=False).encode()
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InvalidRequestError(f"the request body is not valid JSON: {e}") from None
     except UnicodeEncodeError:
+        if reader is not None:
+            reader.forget()  # what it kept was not checked for these escapes
         raise InvalidRequestError("the request body holds invalid Unicode (a lone surrogate)") \
             from None
     return body

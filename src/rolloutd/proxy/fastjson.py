@@ -118,7 +118,15 @@ class BodyReader:
         self._ends: list[int] = []  # where each conversation item ends in _text
         self._head: list[tuple[str, Any]] = []  # the fields before the conversation
         self._field = ""
-        self._items: list[Any] = []
+        self._items: list[Any] = []  # a copy: the body's list is the caller's
+        # the conversation list of the last body read, the one of the body before it, and
+        # how many items the first took from the second (:meth:`continues`)
+        self._returned: list[Any] | None = None
+        self._returned_before: list[Any] | None = None
+        self._reused = 0
+        #: where the last body's text stopped matching the one before it (bytes; 0: nowhere,
+        #: or a text that is not ASCII): what comes before was read in that body
+        self.reused_bytes = 0
 
     def loads(self, data: bytes | bytearray) -> Any:
         """``json.loads(data)``: the same values, and the same errors (:func:`loads`).
@@ -131,11 +139,21 @@ class BodyReader:
             text = data.decode("utf-8")
             return self._read(text)
         except (_Fallback, ValueError, StopIteration, RecursionError, IndexError):
-            self._forget()
+            self.forget()
             return loads(data)
 
-    def _forget(self) -> None:
+    def forget(self) -> None:
+        """Reuse nothing of the bodies read so far (a caller refused the last one)."""
         self._text, self._ends, self._head, self._field, self._items = "", [], [], "", []
+        self._returned = self._returned_before = None
+        self._reused = self.reused_bytes = 0
+
+    def continues(self, items: list[Any], earlier: list[Any], num: int) -> bool:
+        """Whether ``items`` is the conversation list of the last body read and its first
+        ``num`` items are those of ``earlier``, the one of the body read before it: the very
+        same objects (known without comparing them)."""
+        return items is self._returned and earlier is self._returned_before \
+            and num <= self._reused
 
     def _reusable(self, text: str) -> int:
         """How many of the last body's conversation items ``text`` starts with (their text,
@@ -187,10 +205,14 @@ class BodyReader:
         if _WHITESPACE.match(text, at).end() != len(text):
             raise _Fallback  # extra data: json.loads reports it
         if field and items:
-            self._text, self._ends, self._field, self._items = text[:ends[-1]], ends, field, items
+            self._returned_before = self._returned if reused else None
+            self._returned, self._reused = items, reused
+            self.reused_bytes = ends[reused - 1] if reused and text.isascii() else 0
+            self._text, self._ends, self._field = text[:ends[-1]], ends, field
+            self._items = items.copy()
             self._head = head if not reused else self._head
         else:
-            self._forget()
+            self.forget()
         return obj
 
     def _fields(self, text: str, at: int, obj: dict[str, Any],

@@ -92,10 +92,11 @@ class _Known:
     session's :class:`~rolloutd.proxy.fastjson.BodyReader`, holds the same objects for what
     it resends) and their fingerprint, computed when first needed."""
 
-    __slots__ = ("_digest", "items")
+    __slots__ = ("_digest", "items", "source")
 
-    def __init__(self, items: Sequence[Any]) -> None:
+    def __init__(self, items: Sequence[Any], source: list[Any] | None = None) -> None:
         self.items = tuple(items)
+        self.source = source  # the body's list they were taken from
         self._digest: bytes | None | bool = False  # False: not computed yet
 
     def digest(self) -> bytes | None:
@@ -129,6 +130,8 @@ class RequestMemo:
     the same fingerprint.
     """
 
+    #: the session's BodyReader, which knows which objects a body took from the last one
+    reader: Any = None
     _translation: _Translation | None = None
     _hash: _HashState | None = None
     # fingerprints of prefixes of one request's message list, from its parse to its hash
@@ -145,6 +148,9 @@ class RequestMemo:
         n = len(known.items)
         if n > len(raw):
             return False
+        if self.reader is not None and known.source is not None \
+                and self.reader.continues(raw, known.source, n):
+            return True  # the reader reused those very objects
         if all(map(operator.is_, raw, known.items)):
             return True
         digest = known.digest()
@@ -210,7 +216,7 @@ class RequestMemo:
         if not isinstance(raw, list) or not raw:
             self._translation = None
             return
-        self._translation = _Translation(dialect, _Known([context]), _Known(raw),
+        self._translation = _Translation(dialect, _Known([context]), _Known(raw, raw),
                                          tuple(messages), state)
 
     # -- retry hash --------------------------------------------------------------------
@@ -232,7 +238,7 @@ class RequestMemo:
             sha, start = hashlib.sha256(head.encode()), 0
         for i in range(start, len(raw)):
             sha.update(("," + canonical_json(raw[i]) if i else canonical_json(raw[i])).encode())
-        self._hash = _HashState(head, _Known(raw), sha.copy())
+        self._hash = _HashState(head, _Known(raw, raw), sha.copy())
         self._forget_fingerprints()
         sha.update(tail.encode())
         return sha.hexdigest()

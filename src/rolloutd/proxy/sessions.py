@@ -173,8 +173,8 @@ class Session:
         self.log = log_
         self.lock = asyncio.Lock()
         self.by_hash: dict[str, int] = {}
-        self.memo = RequestMemo()
         self.body_reader = BodyReader()
+        self.memo = RequestMemo(reader=self.body_reader)
         self.extensions = ExtensionIndex(completions)
         for completion in completions:
             self.by_hash.setdefault(completion.request_hash, completion.index)

@@ -7,6 +7,10 @@ Values and errors are the standard library's: what orjson cannot write (integers
 bits, non-string keys) and NaN or infinities (which orjson writes as null) go to :mod:`json`;
 a text orjson refuses (NaN, infinities, lone surrogates) or may read differently (an integer
 of 19 digits or more: orjson reads one beyond 64 bits as a float) is read by :mod:`json`.
+
+:class:`BodyReader` reads a session's request bodies, each as :func:`loads` would, without
+parsing again the conversation the session's last body sent (issue #3: a call's cost must not
+grow with the conversation).
 """
 
 from __future__ import annotations
@@ -173,55 +177,59 @@ class BodyReader:
         return low
 
     def _read(self, text: str) -> Any:
+        """``json.loads(text)``, reusing what the last body shares with it; the reader keeps
+        this body for the next one.
+
+        Raises:
+            _Fallback, ValueError, StopIteration, IndexError: not a body read here (the
+                caller reads it with :func:`loads`, which gives the value or the error).
+        """
         reused = self._reusable(text)
-        obj: dict[str, Any] = {}
         if reused:
-            field, items, ends = self._field, self._items[:reused], self._ends[:reused]
-            obj.update(self._head)
+            field, head = self._field, self._head
+            items, ends = self._items[:reused], self._ends[:reused]
+            obj = dict(head)
             obj[field] = items
-            head = self._head
-            at = ends[-1]
-            at = self._rest_of_items(text, at, items, ends)
+            at = _WHITESPACE.match(text, self._rest_of_items(text, ends[-1], items, ends)).end()
+            if text[at] == ",":
+                at, _ = self._fields(text, _WHITESPACE.match(text, at + 1).end(), obj, None,
+                                     items, ends)
+            elif text[at] == "}":
+                at += 1
+            else:
+                raise _Fallback
         else:
-            field, items, ends, head = "", [], [], []
+            obj, head, items, ends = {}, [], [], []
             at = _WHITESPACE.match(text, 0).end()
             if text[at] != "{":
                 raise _Fallback
             at = _WHITESPACE.match(text, at + 1).end()
             if text[at] == "}":
-                at += 1
+                at, field = at + 1, ""
             else:
-                at = self._fields(text, at, obj, head, items, ends, first=True)
-                field = self._field_found
-        if reused:
-            at = _WHITESPACE.match(text, at).end()
-            if text[at] == ",":
-                at = self._fields(text, _WHITESPACE.match(text, at + 1).end(), obj, None,
-                                  items, ends, first=False)
-            elif text[at] == "}":
-                at += 1
-            else:
-                raise _Fallback
+                at, field = self._fields(text, at, obj, head, items, ends)
         if _WHITESPACE.match(text, at).end() != len(text):
             raise _Fallback  # extra data: json.loads reports it
         if field and items:
             self._returned_before = self._returned if reused else None
             self._returned, self._reused = items, reused
             self.reused_bytes = ends[reused - 1] if reused and text.isascii() else 0
-            self._text, self._ends, self._field = text[:ends[-1]], ends, field
+            self._text, self._ends, self._field, self._head = text[:ends[-1]], ends, field, head
             self._items = items.copy()
-            self._head = head if not reused else self._head
         else:
             self.forget()
         return obj
 
     def _fields(self, text: str, at: int, obj: dict[str, Any],
-                head: list[tuple[str, Any]] | None, items: list[Any], ends: list[int], *,
-                first: bool) -> int:
-        """Read ``"key": value`` pairs into ``obj`` from ``at`` through the closing brace;
-        the first conversation field (when ``first``) fills ``items`` and ``ends``, and the
-        pairs before it are appended to ``head``. Returns the index after the brace."""
-        self._field_found = ""
+                head: list[tuple[str, Any]] | None, items: list[Any], ends: list[int]
+                ) -> tuple[int, str]:
+        """Read ``"key": value`` pairs into ``obj`` from ``at`` through the closing brace.
+
+        With ``head`` (the conversation not read yet): the first of :attr:`fields` holding a
+        list is the conversation, its items go to ``items`` (ending at ``ends``) and the
+        pairs before it to ``head``. Returns the index after the brace and the
+        conversation's field ("" when none)."""
+        field = ""
         while True:
             if text[at] != '"':
                 raise _Fallback
@@ -230,9 +238,9 @@ class BodyReader:
             if text[at] != ":":
                 raise _Fallback
             at = _WHITESPACE.match(text, at + 1).end()
-            if first and not self._field_found and key in self.fields and text[at] == "[" \
+            if head is not None and not field and key in self.fields and text[at] == "[" \
                     and key not in obj:
-                self._field_found = key
+                field = key
                 obj[key] = items
                 at = _WHITESPACE.match(text, at + 1).end()
                 if text[at] == "]":
@@ -245,13 +253,13 @@ class BodyReader:
             else:
                 value, at = _scan_once(text, at)
                 obj[key] = value
-                if head is not None and first and not self._field_found:
+                if head is not None and not field:
                     head.append((key, value))
             at = _WHITESPACE.match(text, at).end()
             if text[at] == ",":
                 at = _WHITESPACE.match(text, at + 1).end()
             elif text[at] == "}":
-                return at + 1
+                return at + 1, field
             else:
                 raise _Fallback
 

@@ -9,7 +9,8 @@ new ones.
 
 "Exactly" means the same objects: the gateway reads a session's bodies with its
 :class:`~rolloutd.proxy.fastjson.BodyReader`, which hands the next body the very objects of
-the messages it resends, so the check is a pointer comparison per message. Bodies and
+the messages it resends and says so (:meth:`~rolloutd.proxy.fastjson.BodyReader.continues`);
+other lists are compared object by object (a pointer comparison each). Bodies and
 translations are read, never modified, by everything that holds them. Otherwise (another
 reader, a gateway restarted, a message the harness changed) it is a type-exact fingerprint of
 the raw JSON values (``marshal`` format 2, then blake2b): Python's ``==`` holds for ``1``,
@@ -143,8 +144,8 @@ class RequestMemo:
     _fp_upto: int = 0
 
     def _starts_with(self, raw: list[Any], known: _Known) -> bool:
-        """``raw`` starts with the values of ``known``: the very same objects (checked one
-        by one, a pointer comparison each), else the same fingerprint."""
+        """``raw`` starts with the values of ``known``: the very same objects (as the
+        session's reader knows, or checked one by one), else the same fingerprint."""
         n = len(known.items)
         if n > len(raw):
             return False

@@ -200,11 +200,7 @@ class BlobStore:
             # os-level calls: a buffered file object costs a third of a completion's write
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                if self.sync == "always":
-                    os.fsync(fd)
+                self._write_whole(fd, data)
             finally:
                 os.close(fd)
             if exclusive:
@@ -216,10 +212,7 @@ class BlobStore:
                     os.unlink(tmp)
             else:
                 os.replace(tmp, path)
-            if self.sync == "always":
-                _fsync_path(folder)  # the new name is durable too
-            elif self._group is not None:
-                self._group.add(path, folder)
+            self._named(path, folder)
             return
         if exclusive and self.fs.exists(path):
             raise BlobExistsError(f"blob {key!r} exists")
@@ -242,11 +235,7 @@ class BlobStore:
             self._unnamed_writes = False
             return False
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if self.sync == "always":
-                os.fsync(fd)
+            self._write_whole(fd, data)
             if self._proc_fds is None or self._proc_pid != os.getpid():
                 # "self" is resolved when opened: a forked child opens its own
                 self._proc_fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY
@@ -258,11 +247,24 @@ class BlobStore:
                 raise BlobExistsError(f"blob {key!r} exists") from e
         finally:
             os.close(fd)
+        self._named(path, folder)
+        return True
+
+    def _write_whole(self, fd: int, data: bytes) -> None:
+        """Write all of ``data`` to ``fd`` (fsynced under ``always``)."""
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if self.sync == "always":
+            os.fsync(fd)
+
+    def _named(self, path: str, folder: str) -> None:
+        """A written file has its name: the name is made durable now (``always``: the folder
+        fsynced) or within the window (``group``)."""
         if self.sync == "always":
             _fsync_path(folder)
         elif self._group is not None:
             self._group.add(path, folder)
-        return True
 
     def get_bytes(self, key: str) -> bytes:
         """Read the bytes at ``key``.

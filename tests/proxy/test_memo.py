@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rolloutd.errors import InvalidRequestError
@@ -268,6 +268,11 @@ json_values = st.recursive(
 
 @settings(max_examples=300, deadline=None)
 @given(value=json_values)
+@example(value=[1, {"a": [None, float("inf")]}])  # an infinity beside a None, deep down
+@example(value={"content": None, "x": -float("inf")})
+@example(value=[None, float("nan")])
+@example(value=(1, [2.5, None]))
+@example(value=(None, {"a": float("nan")}))  # a tuple (orjson writes it as a list)
 def test_fast_json_writes_the_standard_librarys_values_and_errors(value: Any) -> None:
     try:
         expected = json.dumps(value, ensure_ascii=False, separators=(",", ":"),

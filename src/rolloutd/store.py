@@ -222,11 +222,20 @@ class BlobStore:
         """A create-exclusive local write as an unnamed file (``O_TMPFILE``) given its name
         once written (``linkat``): two names fewer to create and remove than a named
         temporary file (a completion's write: 57 -> 46 us here). False when the file system
-        or kernel has no unnamed files (the caller writes a named temporary file).
+        or kernel has no unnamed files, or ``/proc`` cannot name them: the caller writes a
+        named temporary file, as every later write does.
 
         Raises:
             BlobExistsError: the key exists already.
         """
+        if self._proc_fds is None or self._proc_pid != os.getpid():
+            try:  # "self" is resolved when opened: a forked child opens its own
+                self._proc_fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY
+                                         | os.O_CLOEXEC)
+            except OSError:
+                self._unnamed_writes = False  # no /proc here
+                return False
+            self._proc_pid = os.getpid()
         try:
             fd = os.open(folder, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o666)
         except OSError as e:
@@ -236,15 +245,13 @@ class BlobStore:
             return False
         try:
             self._write_whole(fd, data)
-            if self._proc_fds is None or self._proc_pid != os.getpid():
-                # "self" is resolved when opened: a forked child opens its own
-                self._proc_fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY
-                                         | os.O_CLOEXEC)
-                self._proc_pid = os.getpid()
             try:  # atomic create-if-absent of the written file's name
                 os.link(str(fd), path, src_dir_fd=self._proc_fds, follow_symlinks=True)
             except FileExistsError as e:
                 raise BlobExistsError(f"blob {key!r} exists") from e
+            except OSError:
+                self._unnamed_writes = False  # /proc that cannot link descriptors
+                return False
         finally:
             os.close(fd)
         self._named(path, folder)

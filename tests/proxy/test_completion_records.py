@@ -5,6 +5,7 @@ continues (format 2), readers rebuild every completion in full, and logs written
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import httpx
@@ -197,3 +198,26 @@ def test_a_completion_index_is_written_once(tmp_path: Any, sync: str, unnamed: b
     assert store.get_bytes("sessions/t/0/completions/00000000.json") == b'{"first": 1}'
     assert sorted(p.name for p in (tmp_path / "sessions/t/0/completions").iterdir()) == \
         ["00000000.json", "00000001.json"]
+
+
+def test_unnamed_writes_give_way_to_named_files_where_proc_cannot_name_them(
+        tmp_path: Any) -> None:
+    """A ``/proc`` that cannot link a descriptor (another mount, hidden descriptors): the
+    write still lands, through a named temporary file, and so do the later ones."""
+    store = BlobStore(str(tmp_path / "store"), sync="group")
+    if not store._unnamed_writes:
+        pytest.skip("no unnamed files here")
+    (tmp_path / "empty").mkdir()
+    store._proc_fds = os.open(tmp_path / "empty", os.O_RDONLY | os.O_DIRECTORY)
+    store._proc_pid = os.getpid()
+    try:
+        store.put_bytes("a/0.json", b'{"first": 1}', exclusive=True)
+        assert not store._unnamed_writes
+        with pytest.raises(BlobExistsError):
+            store.put_bytes("a/0.json", b'{"second": 2}', exclusive=True)
+        store.put_bytes("a/1.json", b"{}", exclusive=True)
+    finally:
+        os.close(store._proc_fds)
+    assert store.flush()
+    assert store.get_bytes("a/0.json") == b'{"first": 1}'
+    assert sorted(p.name for p in (tmp_path / "store/a").iterdir()) == ["0.json", "1.json"]

@@ -417,19 +417,17 @@ def _delta_source(base: Completion, name: str) -> list[Any]:
     return getattr(base, name)
 
 
-def _shared_prefix(value: list[Any], source: list[Any], *candidates: int) -> int:
-    """The first of ``candidates`` (lengths, longest first) such that ``value`` starts with
-    ``source[:n]``; 0 when none does."""
-    for n in candidates:
-        if 0 < n <= len(value) and n <= len(source) and value[:n] == source[:n]:
-            return n
-    return 0
+def _shared_prefix(value: list[Any], source: list[Any]) -> int:
+    """``len(source)`` when ``value`` starts with the whole of a non-empty ``source``, else 0
+    (a delta continues all of its base's field or none of it)."""
+    n = len(source)
+    return n if 0 < n <= len(value) and value[:n] == source else 0
 
 
 def _prompt_prefix(prompt_ids: list[int], base: Completion) -> int:
-    """:func:`_shared_prefix` of ``prompt_ids`` and ``base``'s token chain (its prompt and
-    sampled tokens; else its prompt alone), without building the chain: prompts of thousands
-    of tokens are compared on every call."""
+    """How many ids ``prompt_ids`` shares with ``base``'s token chain: its prompt and sampled
+    tokens, else its prompt alone, else 0. The chain is not built: prompts of thousands of
+    tokens are compared on every call."""
     num_prompt = len(base.prompt_ids)
     if not num_prompt or prompt_ids[:num_prompt] != base.prompt_ids:
         return 0
@@ -465,15 +463,14 @@ def encode_completion(completion: Completion, base: Completion | None = None) ->
     for name in _DELTA_FIELDS:
         value = getattr(completion, name)
         n = _prompt_prefix(value, base) if name == "prompt_ids" \
-            else _shared_prefix(value, source := getattr(base, name), len(source))
+            else _shared_prefix(value, getattr(base, name))
         if n:
             delta[name] = n
             update[name] = value[n:]
     request = completion.request
     for key, value in request.items():
         if isinstance(value, list):
-            n = _shared_prefix(value, source := _delta_source(base, f"request.{key}"),
-                               len(source))
+            n = _shared_prefix(value, _delta_source(base, f"request.{key}"))
             if n:
                 delta[f"request.{key}"] = n
                 request = {**request, key: value[n:]}

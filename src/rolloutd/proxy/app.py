@@ -220,7 +220,8 @@ class ModelCalls:
         render_error: ``(request, exception) -> Response``, the app's handlers in one.
     """
 
-    _GEMINI = "/v1beta/models/"
+    #: the Gemini route's prefix (the model and action follow it)
+    GEMINI_PREFIX = "/v1beta/models/"
 
     def __init__(self, app: Any, handlers: dict[str, Any], render_error: Any) -> None:
         self.app = app
@@ -241,8 +242,8 @@ class ModelCalls:
                 await self.app(scope, receive, send)
                 return
         extra: tuple[str, ...] = ()
-        if route.startswith(self._GEMINI):
-            handler, extra = self.handlers[self._GEMINI], (route[len(self._GEMINI):],)
+        if route.startswith(self.GEMINI_PREFIX):
+            handler, extra = self.handlers[self.GEMINI_PREFIX], (route[len(self.GEMINI_PREFIX):],)
         else:
             handler = self.handlers.get(route)
         if handler is None:
@@ -389,10 +390,10 @@ def create_app(gateway: Gateway) -> Any:
     # other methods on their paths (405) and every other path.
     model_calls = {"/v1/chat/completions": chat, "/v1/responses": responses,
                    "/v1/messages": messages, "/v1/messages/count_tokens": count_tokens_response,
-                   ModelCalls._GEMINI: generate_content}
+                   ModelCalls.GEMINI_PREFIX: generate_content}
     for path in model_calls:
         for route in ("/s/{key}" + path, path):
-            app.router.add_route(route + ("{model_action:path}" if path == ModelCalls._GEMINI
+            app.router.add_route(route + ("{model_action:path}" if path == ModelCalls.GEMINI_PREFIX
                                           else ""), _method_not_allowed, methods=["POST"])
 
     # Claude Code sends `HEAD {ANTHROPIC_BASE_URL}` at startup to warm the connection; the

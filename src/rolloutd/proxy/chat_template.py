@@ -276,6 +276,8 @@ class ChatTemplate:
         # HF fast tokenizers are not safe to share between threads in every mode; renders run
         # in worker threads, so they take turns.
         self._lock = threading.Lock()
+        # set by the probes below; None while they run (the probes render and encode
+        # through transformers, the reference they compare against)
         self._backend: Any = None
         self._direct: Any = None
         self.turn_start: str | None = None

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 from rolloutd.proxy.chat_template import canonical_json
 from rolloutd.proxy.dialects.common import RequestFieldError
+from rolloutd.proxy.fastjson import BodyReader
 
 W = TypeVar("W")
 
@@ -132,7 +133,7 @@ class RequestMemo:
     """
 
     #: the session's BodyReader, which knows which objects a body took from the last one
-    reader: Any = None
+    reader: BodyReader | None = None
     _translation: _Translation | None = None
     _hash: _HashState | None = None
     # fingerprints of prefixes of one request's message list, from its parse to its hash

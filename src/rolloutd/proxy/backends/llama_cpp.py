@@ -36,7 +36,7 @@ import structlog
 from rolloutd.errors import BackendError, BackendUnavailableError, ContextLengthError
 from rolloutd.proxy import fastjson
 from rolloutd.proxy.backends.base import Backend, GenerateDelta, GenerateRequest, GenerateResult
-from rolloutd.proxy.backends.http import new_client
+from rolloutd.proxy.backends.http import Answer, new_client
 
 log = structlog.get_logger(__name__)
 
@@ -109,7 +109,7 @@ def _finish(event: dict[str, Any], where: str) -> tuple[str, str]:
     return _STOP_TYPES[stop_type], stop_type
 
 
-def _error_message(response: httpx.Response) -> tuple[str, str | None]:
+def _error_message(response: Answer | httpx.Response) -> tuple[str, str | None]:
     """The message and type of a llama.cpp error response (``{"error": {...}}``)."""
     try:
         body = json.loads(response.content)
@@ -145,7 +145,7 @@ class LlamaCppBackend(Backend):
         """Close the HTTP client."""
         await self.client.aclose()
 
-    def _raise_for_status(self, response: httpx.Response) -> None:
+    def _raise_for_status(self, response: Answer | httpx.Response) -> None:
         if response.status_code < 400:
             return
         message, kind = _error_message(response)

@@ -155,6 +155,11 @@ class RequestMemo:
             return True  # the reader reused those very objects
         if all(map(operator.is_, raw, known.items)):
             return True
+        # equal JSON values compare equal, so unequal ones rule the prefix out at the first
+        # differing message (a new conversation) without fingerprinting both; equal ones may
+        # still differ (1 and 1.0 and true compare equal): the fingerprint decides
+        if tuple(raw[:n]) != known.items:
+            return False
         digest = known.digest()
         return digest is not None and self._prefix_fingerprint(raw, n) == digest
 

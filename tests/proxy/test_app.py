@@ -143,6 +143,8 @@ async def test_second_turn_extends_the_first(gateway: Gateway, client: httpx.Asy
     assert c1.prompt_ids[:len(c0.prompt_ids) + len(c0.response_ids)] == \
         c0.prompt_ids + c0.response_ids
     assert c0.response_message["tool_calls"] == message["tool_calls"]
+    # the backend got the recorded prompts (the second written as a continuation of the first)
+    assert [sent["prompt"] for sent in fake_llama.requests] == [c0.prompt_ids, c1.prompt_ids]
 
 
 async def test_respect_policy_uses_harness_values(gateway: Gateway, client: httpx.AsyncClient,

@@ -322,3 +322,30 @@ def test_fast_json_reads_the_standard_librarys_values_and_errors(data: bytes) ->
             fastjson.loads(data)
         return
     assert repr(fastjson.loads(data)) == repr(expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=st.lists(st.tuples(
+    st.sampled_from(["continue", "continue-older", "continue-a-copy", "fresh", "same"]),
+    st.lists(st.one_of(st.integers(0, 200_000), st.integers(2**63, 2**70)), max_size=12)),
+    max_size=14))
+def test_list_json_writes_what_dumps_writes(steps: list[tuple[str, list[int]]]) -> None:
+    """A session's prompts, each continuing the last one written, an older one, a copy of
+    the last (not the list written: it cannot be trusted to match the text held), or none:
+    every text is the standard library's."""
+    writer = fastjson.ListJson()
+    written: list[list[int]] = []
+    for kind, new in steps:
+        base: list[int] | None = None
+        if kind == "continue" and written:
+            base = written[-1]
+        elif kind == "continue-older" and written:
+            base = written[0]
+        elif kind == "continue-a-copy" and written:
+            base = list(written[-1])
+        elif kind == "same" and written:
+            base, new = written[-1], []
+        items = [*(base or ()), *new]
+        text = writer.dumps(items, base)
+        assert text == json.dumps(items, separators=(",", ":")).encode()
+        written.append(items)

@@ -219,9 +219,12 @@ class ChatService:
         sampling = resolve_sampling(session.state.sampling, request.sampling)
         max_tokens = bound_max_tokens(sampling.max_tokens, len(plan.prompt_ids),
                                       await backend.context_size())
+        base = session.completions[plan.extends].prompt_ids if plan.extends is not None \
+            else None
         generate = GenerateRequest(prompt_ids=plan.prompt_ids, max_tokens=max_tokens,
                                    temperature=sampling.temperature, top_p=sampling.top_p,
-                                   top_k=sampling.top_k, seed=sampling.seed)
+                                   top_k=sampling.top_k, seed=sampling.seed,
+                                   prompt_json=session.prompt_json.dumps(plan.prompt_ids, base))
         log.debug("call_prepared", session_id=session.session_id, index=session.next_index(),
                   num_prompt_tokens=len(plan.prompt_ids), num_new_tokens=plan.num_new_tokens,
                   extends=plan.extends, max_tokens=max_tokens, backend=backend.name)

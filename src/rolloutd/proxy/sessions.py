@@ -28,7 +28,7 @@ from rolloutd.errors import (
 )
 from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.chat_template import ExtensionIndex
-from rolloutd.proxy.fastjson import BodyReader
+from rolloutd.proxy.fastjson import BodyReader, ListJson
 from rolloutd.proxy.memo import RequestMemo
 from rolloutd.store import BlobStore, CompletionLog, session_prefix
 from rolloutd.types import CaptureMode, Completion, SamplingParams
@@ -164,6 +164,8 @@ class Session:
             conversation its last body sent (:class:`rolloutd.proxy.fastjson.BodyReader`).
         extensions: the completions a call can continue, by conversation length and answer
             (:class:`rolloutd.proxy.chat_template.ExtensionIndex`).
+        prompt_json: writes the JSON of the session's prompts, each continuing the last
+            (:class:`rolloutd.proxy.fastjson.ListJson`).
     """
 
     def __init__(self, state: SessionState, completions: list[Completion],
@@ -175,6 +177,7 @@ class Session:
         self.by_hash: dict[str, int] = {}
         self.body_reader = BodyReader()
         self.memo = RequestMemo(reader=self.body_reader)
+        self.prompt_json = ListJson()
         self.extensions = ExtensionIndex(completions)
         for completion in completions:
             self.by_hash.setdefault(completion.request_hash, completion.index)

@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from rolloutd.proxy import fastjson
+
 
 @dataclass(frozen=True)
 class GenerateRequest:
@@ -24,6 +26,9 @@ class GenerateRequest:
         top_p: nucleus mass in (0, 1]; 1 disables it.
         top_k: top-k cut-off; 0 disables it.
         seed: sampling seed, or None for a random one.
+        prompt_json: ``prompt_ids`` as JSON text (``fastjson.dumps(prompt_ids)``) when the
+            caller has it (a session writes its token chain once: ``fastjson.ListJson``),
+            else None.
     """
 
     prompt_ids: list[int]
@@ -32,6 +37,15 @@ class GenerateRequest:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    prompt_json: bytes | None = None
+
+    def prompt_value(self) -> Any:
+        """The prompt as a value of a backend's JSON body, serialised at once: ``prompt_json``
+        written as is (``fastjson.raw``), else ``prompt_ids`` (not copied: thousands of
+        ids)."""
+        if self.prompt_json is not None:
+            return fastjson.raw(self.prompt_json)
+        return self.prompt_ids
 
 
 @dataclass

@@ -199,7 +199,11 @@ class ShardedClient:
         return await self._pick().get(url, **kwargs)
 
     def stream(self, method: str, url: str, **kwargs: Any) -> Any:
-        """``AsyncClient.stream`` on the next shard (an async context manager)."""
+        """``AsyncClient.stream`` on the next shard (an async context manager); a ``json``
+        body is written by :func:`fastjson.dumps` (it may hold ``fastjson.raw`` values)."""
+        if kwargs.get("json") is not None:
+            kwargs["content"] = fastjson.dumps(kwargs.pop("json"))
+            kwargs["headers"] = {"Content-Type": "application/json", **kwargs.get("headers", {})}
         return self._pick().stream(method, url, **kwargs)
 
     async def aclose(self) -> None:

@@ -46,7 +46,7 @@ _STOP_TYPES = {"eos": "stop", "limit": "length", "word": "stop"}
 def completion_body(request: GenerateRequest, *, stream: bool) -> dict[str, Any]:
     """The JSON body of ``POST /completion`` for ``request``."""
     return {
-        "prompt": request.prompt_ids,  # not copied: thousands of ids, serialised at once
+        "prompt": request.prompt_value(),
         "n_predict": request.max_tokens,
         "temperature": request.temperature,
         "top_p": request.top_p,

@@ -42,7 +42,7 @@ def generate_body(request: GenerateRequest, *, stream: bool) -> dict[str, Any]:
     }
     if request.seed is not None:
         sampling["sampling_seed"] = request.seed
-    return {"input_ids": list(request.prompt_ids), "sampling_params": sampling,
+    return {"input_ids": request.prompt_value(), "sampling_params": sampling,
             "return_logprob": True, "stream": stream}
 
 

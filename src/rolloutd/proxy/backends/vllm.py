@@ -42,7 +42,7 @@ def completions_body(request: GenerateRequest, *, model: str | None, stream: boo
                      ) -> dict[str, Any]:
     """The JSON body of ``POST /v1/completions`` for ``request``."""
     body: dict[str, Any] = {
-        "prompt": list(request.prompt_ids), "max_tokens": request.max_tokens,
+        "prompt": request.prompt_value(), "max_tokens": request.max_tokens,
         "temperature": request.temperature, "top_p": request.top_p,
         "top_k": request.top_k if request.top_k > 0 else -1, "min_p": 0.0,
         "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import jinja2
+import jinja2.sandbox
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rolloutd.errors import InvalidRequestError
+from rolloutd.proxy import chat_template
 from rolloutd.proxy.chat_template import (
     ChatTemplate,
     ExtensionIndex,
@@ -365,3 +368,37 @@ def test_direct_render_is_apply_chat_template(
         tokenize=False)
     assert template.render_text(conversation, tools,
                                 add_generation_prompt=generation_prompt) == expected
+
+
+class _Attrs(dict):  # a dict subclass: the sandbox's own lookup applies
+    pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(names=st.lists(st.sampled_from(
+           ["role", "content", "items", "get", "keys", "pop", "update", "__class__",
+            "__len__", "_private", "missing", "mro", "copy"]) | _WORD, min_size=1,
+           max_size=6),
+       present=st.lists(st.sampled_from(["role", "content", "items", "get", "pop",
+                                         "__class__", "missing", "x"]) | _WORD, max_size=5),
+       subclass=st.booleans())
+def test_the_dict_first_sandbox_looks_up_as_the_sandbox_does(
+        names: list[str], present: list[str], subclass: bool) -> None:
+    """``message.<name>`` in the gateway's sandbox gives what transformers' sandbox gives
+    (an item, a safe method, undefined, or the same security error), for dict keys that are
+    also dict attribute names, missing keys and private names."""
+    source = "".join(f"[{{{{ m.{n} is defined }}}}|{{{{ m.{n} if m.{n} is string else "
+                     f"(m.{n} is callable) }}}}]" for n in names if n.isidentifier())
+    message = {name: f"v-{name}" for name in present}
+    value = _Attrs(message) if subclass else message
+    reference = jinja2.sandbox.ImmutableSandboxedEnvironment()
+    lean = reference.overlay()
+    lean.__class__ = chat_template._DictFirstSandbox
+
+    def render(env: Any) -> str:
+        try:
+            return env.from_string(source).render(m=value)
+        except jinja2.exceptions.SecurityError as e:
+            return f"SecurityError: {e}"
+
+    assert render(lean) == render(reference)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jinja2
+import jinja2.sandbox
 import structlog
 
 from rolloutd.errors import ConfigError, InvalidRequestError
@@ -102,6 +103,47 @@ _DIRECT_PROBES: list[list[dict[str, Any]]] = [
 
 
 # --------------------------------------------------------------------------- messages
+
+
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
+class _DictFirstSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """transformers' sandbox (``ImmutableSandboxedEnvironment``), whose ``getattr`` answers
+    ``message.role`` on a plain dict as the sandbox does, without first raising and
+    formatting an ``AttributeError`` (a dict has no attribute of that name; the sandbox then
+    returns the item, or undefined): a third of a short render. Every other lookup is the
+    sandbox's own."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and type(attribute) is str \
+                and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+
+def _lean_template(compiled: Any, source: str) -> Any:
+    """``compiled`` (transformers' compiled template) recompiled in a
+    :class:`_DictFirstSandbox` overlay of its environment (the same options, extensions,
+    filters and globals), its globals one plain dict (a render copies them: a ``ChainMap``
+    is copied key by key in Python); ``compiled`` itself when its environment is not
+    transformers' ``ImmutableSandboxedEnvironment``.
+
+    Args:
+        compiled: ``transformers.utils.chat_template_utils._compile_jinja_template(source)``.
+        source: the template's text.
+    """
+    env = compiled.environment
+    if type(env) is not jinja2.sandbox.ImmutableSandboxedEnvironment:
+        return compiled
+    lean_env = env.overlay()
+    lean_env.__class__ = _DictFirstSandbox
+    lean = lean_env.from_string(source)
+    lean.globals = dict(lean.globals)
+    return lean
 
 
 def content_text(content: Any) -> str:
@@ -378,9 +420,11 @@ class ChatTemplate:
 
         It keeps the rest of transformers' preparation: keys whose value is None dropped,
         reasoning fields aliased (``_alias_reasoning_fields``), the tokenizer's special
-        tokens passed; the template runs in transformers' immutable sandbox as before. The
-        compiled template is transformers' own (``_compile_jinja_template``, cached), so the
-        probe also guards against a change of those private names."""
+        tokens passed; the template runs in transformers' immutable sandbox, compiled by
+        transformers (``_compile_jinja_template``) and recompiled in an overlay of its
+        environment whose attribute lookups on plain dicts skip a raised ``AttributeError``
+        (:func:`_lean_template`): the probe also guards against a change of those private
+        names and of the sandbox."""
         try:
             from transformers.utils.chat_template_utils import (
                 _alias_reasoning_fields,
@@ -390,10 +434,15 @@ class ChatTemplate:
             return None
         tokenizer = self.tokenizer
         special = dict(tokenizer.special_tokens_map)
+        templates: dict[str, Any] = {}  # by source (a tokenizer may have one for tools)
 
         def direct(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                    add_generation_prompt: bool) -> str:
-            compiled = _compile_jinja_template(tokenizer.get_chat_template(None, tools))
+            source = tokenizer.get_chat_template(None, tools)
+            compiled = templates.get(source)
+            if compiled is None:
+                compiled = templates[source] = _lean_template(
+                    _compile_jinja_template(source), source)
             chat = _alias_reasoning_fields(
                 [{k: v for k, v in m.items() if v is not None} for m in messages])
             return compiled.render(messages=chat, tools=tools, documents=None,

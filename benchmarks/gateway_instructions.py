@@ -13,6 +13,10 @@ calls). Windows (each the mean over its calls):
 - tokens mode, one conversation growing to ``--turns`` turns: its first and last 20 calls
   past turn 10, against fresh single-turn calls in another session (the growth slope).
 
+Each window also shows the instructions spent in glibc's memcpy, memmove and memset: valgrind
+counts their ``rep movsb``/``rep stosb`` once per byte (copying 200 MB more adds 200 M
+instructions), so a larger request body inflates the count far beyond what the copies cost.
+
     python benchmarks/gateway_instructions.py [--calls 100] [--turns 200]
 
 Needs valgrind (Debian package ``valgrind``). Takes about 3 minutes here: the gateway runs
@@ -26,6 +30,7 @@ import asyncio
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +53,23 @@ def _total(dump: str) -> int:
     if not totals:
         raise RuntimeError(f"{dump}: no totals line")
     return max(totals)
+
+
+_COPY = re.compile(r"__mem(cpy|move|set)_\w*(erms|unaligned)")
+
+
+def _copies(dump: str) -> int:
+    """Instructions of one dump spent in glibc's memcpy, memmove and memset: valgrind counts
+    their ``rep movsb``/``rep stosb`` once per byte (measured here: copying 200 MB more added
+    200 M instructions), a cost the hardware pays 16 to 32 bytes at a time."""
+    out = subprocess.run(["callgrind_annotate", "--threshold=100", dump], check=True,
+                         capture_output=True, text=True, timeout=300).stdout
+    total = 0
+    for line in out.splitlines():
+        fields = line.split()
+        if fields and fields[0][0].isdigit() and _COPY.search(line):
+            total += int(fields[0].replace(",", ""))
+    return total
 
 
 class Counter:
@@ -76,14 +98,14 @@ class Counter:
         self._control("--dump")
         self.windows.append((name, calls))
 
-    def results(self) -> list[tuple[str, int]]:
-        """(window, instructions per call), in the order measured."""
+    def results(self) -> list[tuple[str, int, int]]:
+        """(window, instructions per call, of which byte copies), in the order measured."""
         self.proc.stop()
         dumps = sorted(glob.glob(self.out + ".*"), key=lambda f: int(f.rsplit(".", 1)[1]))
         if len(dumps) != len(self.windows):
             raise RuntimeError(f"{len(self.windows)} windows but {len(dumps)} dumps")
-        return [(name, _total(dump) // calls) for (name, calls), dump in
-                zip(self.windows, dumps, strict=True)]
+        return [(name, _total(dump) // calls, _copies(dump) // calls)
+                for (name, calls), dump in zip(self.windows, dumps, strict=True)]
 
 
 async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -134,7 +156,7 @@ async def _main(args: argparse.Namespace) -> None:
     folder = Path(tempfile.mkdtemp(prefix="rolloutd-bench-instr-"))
     fake = overhead._start(["fake", json.dumps(ids)])
     fake_url = f"http://127.0.0.1:{fake.ready['port']}"
-    rows: list[tuple[str, str, int]] = []
+    rows: list[tuple[str, str, int, int]] = []
     try:
         async with httpx.AsyncClient(timeout=600) as client:
             for kind, mode in (("openai", "passthrough"), ("llama_cpp", "tokens")):
@@ -149,22 +171,28 @@ async def _main(args: argparse.Namespace) -> None:
                                      first=10_000)
                 finally:
                     results = counter.results()
-                rows += [(mode, name, count) for name, count in results]
+                rows += [(mode, *result) for result in results]
     finally:
         fake.stop()
         shutil.rmtree(folder, ignore_errors=True)
     print("\n### Gateway instructions per call (callgrind, user space, all threads)\n")
-    print("| mode | calls | instructions/call |")
-    print("|---|---|---|")
-    for mode, name, count in rows:
-        print(f"| {mode} | {name} | {count / 1e6:.2f} M |")
-    growth = {name: count for mode, name, count in rows if mode == "tokens"}
+    print("| mode | calls | instructions/call | of which memcpy/memmove/memset | the rest |")
+    print("|---|---|---|---|---|")
+    for mode, name, count, copies in rows:
+        print(f"| {mode} | {name} | {count / 1e6:.2f} M | {copies / 1e6:.2f} M "
+              f"| {(count - copies) / 1e6:.2f} M |")
+    print("\nvalgrind counts a `rep movsb`/`rep stosb` (glibc's copies of more than a few KB) "
+          "once per byte; the hardware moves 16 to 32 bytes a cycle.")
+    growth = {name: (count, count - copies) for mode, name, count, copies in rows
+              if mode == "tokens"}
     early = growth.get("growing conversation, turns 11-30")
     late = growth.get(f"growing conversation, turns {args.turns - 19}-{args.turns}")
     base = growth.get("fresh single-turn conversations")
     if early and late and base:
-        print(f"\nGrowth: turns {args.turns - 19}-{args.turns} cost {late / early:.2f}x turns "
-              f"11-30 ({late / base:.2f}x and {early / base:.2f}x a fresh single-turn call).")
+        for what, i in (("all instructions", 0), ("without the byte copies", 1)):
+            print(f"\nGrowth, {what}: turns {args.turns - 19}-{args.turns} cost "
+                  f"{late[i] / early[i]:.2f}x turns 11-30 ({late[i] / base[i]:.2f}x and "
+                  f"{early[i] / base[i]:.2f}x a fresh single-turn call).")
 
 
 def main() -> None:

@@ -402,3 +402,20 @@ def test_the_dict_first_sandbox_looks_up_as_the_sandbox_does(
             return f"SecurityError: {e}"
 
     assert render(lean) == render(reference)
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_decode_is_the_tokenizers_decode(template_pair: tuple[ChatTemplate, ChatTemplate],
+                                         data: st.DataObject) -> None:
+    """The gateway decodes sampled ids through the Rust tokenizer directly (both models pass
+    its start probe); any ids, special tokens and byte pieces cut mid-character included,
+    give transformers' text."""
+    template, _ = template_pair
+    assert template._decoder is not None
+    size = len(template.tokenizer)
+    specials = [template.tokenizer.convert_tokens_to_ids(t) for t in template._special_tokens()]
+    ids = data.draw(st.lists(st.integers(0, size - 1) | st.sampled_from(specials),
+                             max_size=40))
+    assert template.decode(ids) == template.tokenizer.decode(ids, skip_special_tokens=False)

@@ -124,6 +124,7 @@ async def _run_gateway(backend_url: str, backend_type: str, capture_mode: str,
     from rolloutd.proxy.gateway import Gateway, serve
     from rolloutd.settings import GatewaySettings
     from rolloutd.types import SamplingParams
+    from rolloutd.workers import freeze_startup_objects
 
     configure_logging("warning", json=True)
     settings = GatewaySettings(store_url=store, backend_url=backend_url,
@@ -136,6 +137,7 @@ async def _run_gateway(backend_url: str, backend_type: str, capture_mode: str,
                                                    sampling=SamplingParams(max_tokens=16),
                                                    capture_mode=capture_mode)
         keys.append(info.session_key)
+    freeze_startup_objects()  # as the gateway fleet's process does once started
     loop = asyncio.get_running_loop()
     print(json.dumps({"port": handle.port, "keys": keys,
                       "http_parser": getattr(handle, "http_parser", "?"),

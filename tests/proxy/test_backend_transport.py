@@ -15,6 +15,7 @@ from rolloutd.errors import BackendError, BackendUnavailableError
 from rolloutd.proxy.backends.base import GenerateRequest
 from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
 from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
+from tests.support.loopback import loopback_server
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 ANSWER = {"id": "c", "object": "chat.completion", "created": 1, "model": "m",
@@ -33,22 +34,15 @@ async def server(answer: Callable[[bytes], bytes | None]) -> AsyncIterator[str]:
     """A loopback server that reads one request head and writes ``answer(head)`` (None:
     closes the connection without a word)."""
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            out = answer(head)
-            if out is not None:
-                writer.write(out)
-                await writer.drain()
-        finally:
-            writer.close()
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     number: int) -> None:
+        out = answer(await reader.readuntil(b"\r\n\r\n"))
+        if out is not None:
+            writer.write(out)
+            await writer.drain()
 
-    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
-    finally:
-        srv.close()
-        await srv.wait_closed()
+    async with loopback_server(handle) as url:
+        yield url
 
 
 async def test_a_real_answer_goes_through() -> None:

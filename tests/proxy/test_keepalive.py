@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -15,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rolloutd.proxy.backends.keepalive import KeepAlivePool, _Connection
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+from tests.support.loopback import Handler, loopback_server
 
 
 def _answer(body: bytes, *, status: str = "200 OK", extra: str = "") -> bytes:
@@ -32,31 +29,13 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     return head, await reader.readexactly(length)
 
 
-@asynccontextmanager
-async def server(handle: Handler) -> AsyncIterator[tuple[str, list[bytes]]]:
-    """A loopback server calling ``handle(reader, writer, connection_number)`` for each
-    connection; yields its URL and the request heads it read (filled by handlers)."""
-    heads: list[bytes] = []
-    count = 0
-
-    async def on_connection(reader: asyncio.StreamReader,
-                            writer: asyncio.StreamWriter) -> None:
-        nonlocal count
-        count += 1
-        try:
-            await handle(reader, writer, count)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    srv = await asyncio.start_server(on_connection, "127.0.0.1", 0)
-    srv.heads = heads  # type: ignore[attr-defined]
+async def post_each(url: str, bodies: list[bytes], **options: Any) -> list[tuple[int, bytes]]:
+    """Each body POSTed in turn through one pool (closed after)."""
+    pool = KeepAlivePool(url, **options)
     try:
-        yield f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}", heads
+        return [await pool.post("/a", body) for body in bodies]
     finally:
-        srv.close()
-        await srv.wait_closed()
+        await pool.aclose()
 
 
 def echo(heads: list[bytes], connections: list[int]) -> Handler:
@@ -75,7 +54,7 @@ def echo(heads: list[bytes], connections: list[int]) -> Handler:
 async def test_sequential_calls_share_one_connection_and_send_the_headers() -> None:
     connections: list[int] = []
     heads: list[bytes] = []
-    async with server(echo(heads, connections)) as (url, _):
+    async with loopback_server(echo(heads, connections)) as url:
         pool = KeepAlivePool(url + "/base/", headers={"Authorization": "Bearer k"})
         try:
             for i in range(3):
@@ -105,14 +84,9 @@ async def test_a_pooled_connection_closed_by_the_server_is_replaced_once() -> No
             writer.write(_answer(body))
             await writer.drain()
 
-    async with server(handle) as (url, _):
-        pool = KeepAlivePool(url)
-        try:
-            assert await pool.post("/a", b"1") == (200, b"1")
-            assert await pool.post("/a", b"2") == (200, b"2")
-            assert await pool.post("/a", b"3") == (200, b"3")
-        finally:
-            await pool.aclose()
+    async with loopback_server(handle) as url:
+        answers = await post_each(url, [b"1", b"2", b"3"])
+    assert answers == [(200, b"1"), (200, b"2"), (200, b"3")]
     assert seen == [1, 1, 2, 2]
 
 
@@ -124,13 +98,9 @@ async def test_a_new_connection_dropped_without_an_answer_is_not_sent_again() ->
         await _read_request(reader)
         seen.append(number)
 
-    async with server(handle) as (url, _):
-        pool = KeepAlivePool(url)
-        try:
-            with pytest.raises(httpx.RemoteProtocolError, match="without sending"):
-                await pool.post("/a", b"{}")
-        finally:
-            await pool.aclose()
+    async with loopback_server(handle) as url:
+        with pytest.raises(httpx.RemoteProtocolError, match="without sending"):
+            await post_each(url, [b"{}"])
     assert seen == [1]
 
 
@@ -144,13 +114,9 @@ async def test_connection_close_answers_are_not_reused() -> None:
         writer.write(_answer(body, extra="Connection: close\r\n"))
         await writer.drain()
 
-    async with server(handle) as (url, _):
-        pool = KeepAlivePool(url)
-        try:
-            assert await pool.post("/a", b"1") == (200, b"1")
-            assert await pool.post("/a", b"2") == (200, b"2")
-        finally:
-            await pool.aclose()
+    async with loopback_server(handle) as url:
+        answers = await post_each(url, [b"1", b"2"])
+    assert answers == [(200, b"1"), (200, b"2")]
     assert seen == [1, 2]
 
 
@@ -172,7 +138,7 @@ async def test_the_limit_bounds_open_connections_and_every_call_is_answered() ->
         finally:
             open_now -= 1
 
-    async with server(handle) as (url, _):
+    async with loopback_server(handle) as url:
         pool = KeepAlivePool(url, limit=2)
         try:
             answers = await asyncio.gather(*(pool.post("/a", b"%d" % i) for i in range(7)))
@@ -201,7 +167,7 @@ async def test_a_cancelled_call_gives_back_its_place_in_the_pool() -> None:
             writer.write(_answer(body))
             await writer.drain()
 
-    async with server(handle) as (url, _):
+    async with loopback_server(handle) as url:
         pool = KeepAlivePool(url, limit=1)
         try:
             slow = asyncio.create_task(pool.post("/a", b"slow"))
@@ -234,7 +200,7 @@ async def test_the_read_timeout_counts_from_the_last_byte() -> None:
             await writer.drain()
             await asyncio.sleep(0.1)
 
-    async with server(handle) as (url, _):
+    async with loopback_server(handle) as url:
         pool = KeepAlivePool(url, read_timeout_s=0.3)
         try:
             assert await pool.post("/a", b"trickle") == (200, body)
@@ -262,7 +228,7 @@ async def test_refused_connections_are_connect_errors() -> None:
 
 async def test_a_closed_pool_refuses_calls() -> None:
     connections: list[int] = []
-    async with server(echo([], connections)) as (url, _):
+    async with loopback_server(echo([], connections)) as url:
         pool = KeepAlivePool(url)
         assert await pool.post("/a", b"1") == (200, b"1")
         await pool.aclose()

@@ -15,7 +15,8 @@ calls). Windows (each the mean over its calls):
 
 Each window also shows the instructions spent in glibc's memcpy, memmove and memset: valgrind
 counts their ``rep movsb``/``rep stosb`` once per byte (copying 200 MB more adds 200 M
-instructions), so a larger request body inflates the count far beyond what the copies cost.
+instructions), so a larger request body inflates the count far beyond what the copies cost;
+and those of garbage collections, which fall in a window of 20 calls or not.
 
     python benchmarks/gateway_instructions.py [--calls 100] [--turns 200]
 
@@ -72,6 +73,17 @@ def _copies(dump: str) -> int:
     return total
 
 
+def _collections(dump: str) -> int:
+    """Instructions of one dump spent in the cyclic garbage collector (``gc_collect_main``
+    and what it calls): a window of 20 calls either holds a collection or not, and a full
+    one walks every long-lived object (the sessions' conversations and token ids)."""
+    out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", dump],
+                         check=True, capture_output=True, text=True, timeout=300).stdout
+    counts = [int(line.split()[0].replace(",", "")) for line in out.splitlines()
+              if "gcmodule.c:gc_collect_main " in line and line.split()[0][0].isdigit()]
+    return max(counts, default=0)
+
+
 class Counter:
     """The gateway under callgrind: windows of counted calls, each dumped on its own."""
 
@@ -98,13 +110,15 @@ class Counter:
         self._control("--dump")
         self.windows.append((name, calls))
 
-    def results(self) -> list[tuple[str, int, int]]:
-        """(window, instructions per call, of which byte copies), in the order measured."""
+    def results(self) -> list[tuple[str, int, int, int]]:
+        """(window, instructions per call, of which byte copies, of which garbage
+        collection), in the order measured."""
         self.proc.stop()
         dumps = sorted(glob.glob(self.out + ".*"), key=lambda f: int(f.rsplit(".", 1)[1]))
         if len(dumps) != len(self.windows):
             raise RuntimeError(f"{len(self.windows)} windows but {len(dumps)} dumps")
-        return [(name, _total(dump) // calls, _copies(dump) // calls)
+        return [(name, _total(dump) // calls, _copies(dump) // calls,
+                 _collections(dump) // calls)
                 for (name, calls), dump in zip(self.windows, dumps, strict=True)]
 
 
@@ -156,7 +170,7 @@ async def _main(args: argparse.Namespace) -> None:
     folder = Path(tempfile.mkdtemp(prefix="rolloutd-bench-instr-"))
     fake = overhead._start(["fake", json.dumps(ids)])
     fake_url = f"http://127.0.0.1:{fake.ready['port']}"
-    rows: list[tuple[str, str, int, int]] = []
+    rows: list[tuple[str, str, int, int, int]] = []
     try:
         async with httpx.AsyncClient(timeout=600) as client:
             for kind, mode in (("openai", "passthrough"), ("llama_cpp", "tokens")):
@@ -176,20 +190,23 @@ async def _main(args: argparse.Namespace) -> None:
         fake.stop()
         shutil.rmtree(folder, ignore_errors=True)
     print("\n### Gateway instructions per call (callgrind, user space, all threads)\n")
-    print("| mode | calls | instructions/call | of which memcpy/memmove/memset | the rest |")
-    print("|---|---|---|---|---|")
-    for mode, name, count, copies in rows:
+    print("| mode | calls | instructions/call | of which memcpy/memmove/memset "
+          "| of which garbage collection | the rest |")
+    print("|---|---|---|---|---|---|")
+    for mode, name, count, copies, collections in rows:
         print(f"| {mode} | {name} | {count / 1e6:.2f} M | {copies / 1e6:.2f} M "
-              f"| {(count - copies) / 1e6:.2f} M |")
+              f"| {collections / 1e6:.2f} M | {(count - copies - collections) / 1e6:.2f} M |")
     print("\nvalgrind counts a `rep movsb`/`rep stosb` (glibc's copies of more than a few KB) "
-          "once per byte; the hardware moves 16 to 32 bytes a cycle.")
-    growth = {name: (count, count - copies) for mode, name, count, copies in rows
-              if mode == "tokens"}
+          "once per byte; the hardware moves 16 to 32 bytes a cycle. A garbage collection "
+          "falls in a window of calls or not: its instructions are shown apart.")
+    growth = {name: (count, count - copies - collections)
+              for mode, name, count, copies, collections in rows if mode == "tokens"}
     early = growth.get("growing conversation, turns 11-30")
     late = growth.get(f"growing conversation, turns {args.turns - 19}-{args.turns}")
     base = growth.get("fresh single-turn conversations")
     if early and late and base:
-        for what, i in (("all instructions", 0), ("without the byte copies", 1)):
+        for what, i in (("all instructions", 0),
+                        ("without byte copies and garbage collections", 1)):
             print(f"\nGrowth, {what}: turns {args.turns - 19}-{args.turns} cost "
                   f"{late[i] / early[i]:.2f}x turns 11-30 ({late[i] / base[i]:.2f}x and "
                   f"{early[i] / base[i]:.2f}x a fresh single-turn call).")

@@ -89,20 +89,17 @@ async def test_a_backend_that_fails_mid_call_is_a_backend_error(
 
 async def test_a_backend_that_never_answers_times_out() -> None:
     """Reached but silent past the read timeout: "timed out", a retryable 502-class error."""
-    async def never(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def never(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    number: int) -> None:
         await reader.readuntil(b"\r\n\r\n")
         await reader.read()  # until the client gives up and closes
-        writer.close()
 
-    srv = await asyncio.start_server(never, "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
-    backend = LlamaCppBackend("b", url, ctx_size=4096, timeout_s=0.3)
-    try:
-        with pytest.raises(BackendError, match="timed out") as raised:
-            await backend.generate(GenerateRequest(prompt_ids=[1, 2], max_tokens=4))
-    finally:
-        await backend.aclose()
-        srv.close()
-        await srv.wait_closed()
+    async with loopback_server(never) as url:
+        backend = LlamaCppBackend("b", url, ctx_size=4096, timeout_s=0.3)
+        try:
+            with pytest.raises(BackendError, match="timed out") as raised:
+                await backend.generate(GenerateRequest(prompt_ids=[1, 2], max_tokens=4))
+        finally:
+            await backend.aclose()
     assert not isinstance(raised.value, BackendUnavailableError)
     assert raised.value.retryable

@@ -121,18 +121,23 @@ async def test_connection_close_answers_are_not_reused() -> None:
 
 
 async def test_the_limit_bounds_open_connections_and_every_call_is_answered() -> None:
+    """Answers are held until two connections are open at once (the limit), so the calls
+    queue; no third connection is ever opened."""
     open_now = 0
     most = 0
+    both_open = asyncio.Event()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      number: int) -> None:
         nonlocal open_now, most
         open_now += 1
         most = max(most, open_now)
+        if open_now == 2:
+            both_open.set()
         try:
             while True:
                 _, body = await _read_request(reader)
-                await asyncio.sleep(0.02)
+                await both_open.wait()
                 writer.write(_answer(body))
                 await writer.drain()
         finally:
@@ -141,7 +146,8 @@ async def test_the_limit_bounds_open_connections_and_every_call_is_answered() ->
     async with loopback_server(handle) as url:
         pool = KeepAlivePool(url, limit=2)
         try:
-            answers = await asyncio.gather(*(pool.post("/a", b"%d" % i) for i in range(7)))
+            answers = await asyncio.wait_for(
+                asyncio.gather(*(pool.post("/a", b"%d" % i) for i in range(7))), 10)
         finally:
             await pool.aclose()
     assert answers == [(200, b"%d" % i) for i in range(7)]
@@ -153,12 +159,14 @@ async def test_a_cancelled_call_gives_back_its_place_in_the_pool() -> None:
     would be read by the next call) and frees its place: with a limit of one, the next calls
     still go through."""
     closed_early: list[bool] = []
+    slow_read = asyncio.Event()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      number: int) -> None:
         while True:
             _, body = await _read_request(reader)
             if body == b"slow":
+                slow_read.set()
                 try:  # the client's end of the connection, before the answer is ready
                     closed_early.append(await asyncio.wait_for(reader.read(), 1) == b"")
                 except TimeoutError:
@@ -172,7 +180,8 @@ async def test_a_cancelled_call_gives_back_its_place_in_the_pool() -> None:
         try:
             slow = asyncio.create_task(pool.post("/a", b"slow"))
             waiting = asyncio.create_task(pool.post("/a", b"next"))
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(slow_read.wait(), 5)  # "next" waits for the one place
+            assert not waiting.done()
             slow.cancel()
             assert await asyncio.wait_for(waiting, 5) == (200, b"next")
             assert await pool.post("/a", b"last") == (200, b"last")
@@ -192,7 +201,7 @@ async def test_the_read_timeout_counts_from_the_last_byte() -> None:
                      number: int) -> None:
         _, request = await _read_request(reader)
         if request == b"silent":
-            await asyncio.sleep(5)
+            await reader.read()  # until the client gives up and closes
             return
         answer = _answer(body)
         for i in range(0, len(answer), 16):

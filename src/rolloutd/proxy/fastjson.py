@@ -114,8 +114,7 @@ class ListJson:
         Raises:
             TypeError, ValueError: as :func:`dumps`.
         """
-        if base is not None and base is self._items and base and len(items) >= len(base) \
-                and orjson is not None:
+        if base is not None and base is self._items and base and len(items) >= len(base):
             rest = items[len(base):]
             text = self._text if not rest else b"".join(
                 (memoryview(self._text)[:-1], b",", memoryview(dumps(rest))[1:]))

@@ -112,6 +112,7 @@ class Answer:
 
         Raises:
             json.JSONDecodeError: it is not JSON.
+            UnicodeDecodeError: it is not UTF-8.
         """
         return fastjson.loads(self.content)
 
@@ -203,7 +204,8 @@ class ShardedClient:
         body is written by :func:`fastjson.dumps` (it may hold ``fastjson.raw`` values)."""
         if kwargs.get("json") is not None:
             kwargs["content"] = fastjson.dumps(kwargs.pop("json"))
-            kwargs["headers"] = {"Content-Type": "application/json", **kwargs.get("headers", {})}
+            kwargs["headers"] = {"Content-Type": "application/json",
+                                 **(kwargs.get("headers") or {})}
         return self._pick().stream(method, url, **kwargs)
 
     async def aclose(self) -> None:

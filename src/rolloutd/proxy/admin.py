@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from rolloutd.errors import AuthenticationError
+from rolloutd.errors import AuthenticationError, PermissionDeniedError
 from rolloutd.proxy.backends.pool import BackendType
-from rolloutd.proxy.dialects.common import PermissionDeniedError, validate
+from rolloutd.proxy.dialects.common import validate
 
 if TYPE_CHECKING:
     from rolloutd.proxy.gateway import Gateway

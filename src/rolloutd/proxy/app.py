@@ -37,16 +37,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from rolloutd.errors import InvalidRequestError, NotFoundError, RolloutdError
+from rolloutd.errors import (
+    HeadersTooLargeError,
+    InvalidRequestError,
+    NotFoundError,
+    RequestFieldError,
+    RequestTooLargeError,
+    RolloutdError,
+)
 from rolloutd.proxy import fastjson
 from rolloutd.proxy.admin import add_admin_routes
 from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
-from rolloutd.proxy.dialects.common import (
-    Encoder,
-    HeadersTooLargeError,
-    RequestFieldError,
-    RequestTooLargeError,
-)
+from rolloutd.proxy.dialects.common import Encoder
 from rolloutd.proxy.internal import InternalRequest, StreamEvent, StreamStart
 
 if TYPE_CHECKING:

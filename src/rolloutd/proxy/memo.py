@@ -33,8 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from rolloutd.errors import RequestFieldError
 from rolloutd.proxy.chat_template import canonical_json
-from rolloutd.proxy.dialects.common import RequestFieldError
 from rolloutd.proxy.fastjson import BodyReader
 
 W = TypeVar("W")

@@ -31,11 +31,11 @@ from rolloutd.errors import (
     AuthenticationError,
     BackendUnavailableError,
     NotFoundError,
+    RequestFieldError,
     RolloutdError,
 )
 from rolloutd.proxy.chat_template import content_text
 from rolloutd.proxy.dialects.common import (
-    RequestFieldError,
     arguments_json,
     arguments_object,
     id_suffix,

@@ -33,10 +33,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rolloutd.errors import RolloutdError
+from rolloutd.errors import RequestFieldError, RolloutdError
 from rolloutd.proxy.chat_template import content_text
 from rolloutd.proxy.dialects.common import (
-    RequestFieldError,
     arguments_json,
     arguments_object,
     id_suffix,

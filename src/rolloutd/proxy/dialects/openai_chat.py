@@ -27,10 +27,11 @@ from rolloutd.errors import (
     BackendUnavailableError,
     ContextLengthError,
     NotFoundError,
+    RequestFieldError,
     RolloutdError,
 )
 from rolloutd.proxy.chat_template import content_text
-from rolloutd.proxy.dialects.common import RequestFieldError, error_path, sse_data, validate
+from rolloutd.proxy.dialects.common import error_path, sse_data, validate
 from rolloutd.proxy.internal import (
     InternalRequest,
     InternalResponse,

@@ -30,10 +30,10 @@ from typing import Any, Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from rolloutd.errors import RolloutdError
+from rolloutd.errors import RequestFieldError, RolloutdError
 from rolloutd.proxy.chat_template import content_text
 from rolloutd.proxy.dialects import openai_chat
-from rolloutd.proxy.dialects.common import RequestFieldError, id_suffix, sse_named, validate
+from rolloutd.proxy.dialects.common import id_suffix, sse_named, validate
 from rolloutd.proxy.internal import (
     InternalRequest,
     InternalResponse,

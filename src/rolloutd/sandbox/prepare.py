@@ -1,12 +1,7 @@
-"""Prepare steps (``RuntimeSpec.prepare``) and artifacts (the workspace's patch, named files).
+"""Artifacts of a runtime (the workspace's patch) and applying a patch to a workspace.
 
-Prepare steps run at the end of :meth:`Runtime.start`, in order, before any harness:
-
-- ``exec``: a command in the runtime; a non-zero exit fails provisioning (not retried: the same
-  step fails the same way);
-- ``upload``: a host file or folder, or a file behind an fsspec URL (``s3://``, ``gs://``,
-  ``file://``), copied to a path in the runtime; ``extract`` unpacks a tar archive there with
-  the ``data`` filter of :mod:`tarfile` (no absolute paths, no links out, no devices).
+Prepare steps (``RuntimeSpec.prepare``) are part of starting a runtime:
+:func:`rolloutd.sandbox.runtimes.base.run_prepare`.
 
 Artifacts (:func:`git_patch`) are read after the harness ran: ``git diff --binary`` of
 everything in a git workspace against ``HEAD``, untracked files included, computed with a
@@ -15,18 +10,9 @@ throw-away index so the workspace's own index is untouched (git-diff(1), git-rea
 
 from __future__ import annotations
 
-import asyncio
-import io
-import shutil
-import tarfile
-from pathlib import Path
-
-import fsspec
 import structlog
 
-from rolloutd.errors import RuntimeStartError
 from rolloutd.sandbox.runtimes.base import ExecResult, Runtime
-from rolloutd.types import ExecStep, UploadStep
 
 log = structlog.get_logger(__name__)
 
@@ -48,67 +34,6 @@ GIT_ENV = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory",
            "GIT_CONFIG_VALUE_0": "*", "GIT_AUTHOR_NAME": "rolloutd",
            "GIT_AUTHOR_EMAIL": "rolloutd@localhost", "GIT_COMMITTER_NAME": "rolloutd",
            "GIT_COMMITTER_EMAIL": "rolloutd@localhost"}
-
-
-async def run_prepare(runtime: Runtime, steps: list[ExecStep | UploadStep]) -> None:
-    """Run ``steps`` in ``runtime`` in order.
-
-    Raises:
-        RuntimeStartError (not retryable): a step failed; the message names its index.
-    """
-    for index, step in enumerate(steps):
-        if isinstance(step, ExecStep):
-            result = await runtime.exec(step.command, env=step.env, timeout_s=step.timeout_s)
-            if result.exit_code != 0:
-                raise RuntimeStartError(
-                    f"runtime.prepare[{index}] exited {result.exit_code}"
-                    f"{' (timed out)' if result.timed_out else ''}: "
-                    f"{(result.stderr or result.stdout).strip()[-500:]}", retryable=False)
-        else:
-            try:
-                await upload_source(runtime, step)
-            except (OSError, tarfile.TarError, ValueError) as exc:
-                raise RuntimeStartError(f"runtime.prepare[{index}] upload of {step.source!r} "
-                                        f"failed: {exc}", retryable=False) from exc
-        log.info("runtime_prepare_step_done", runtime_id=runtime.runtime_id, index=index,
-                 step=step.type)
-
-
-async def upload_source(runtime: Runtime, step: UploadStep) -> None:
-    """Copy ``step.source`` into the runtime (see the module docstring).
-
-    Raises:
-        OSError, tarfile.TarError: the source cannot be read or unpacked.
-        ConfigError: the destination leaves the workspace and home.
-    """
-    local = Path(step.source).expanduser()
-    if "://" not in step.source and local.is_dir():
-        target = runtime.host_path(step.path)
-        await asyncio.to_thread(shutil.copytree, local, target, symlinks=True,
-                                dirs_exist_ok=True)
-        await runtime.adopt(target)
-        return
-    data = await asyncio.to_thread(_read_source, step.source)
-    if step.extract:
-        target = runtime.host_path(step.path)
-        target.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(_extract, data, target)
-        await runtime.adopt(target)
-        return
-    path = step.path
-    if path in (".", "") or path.endswith("/"):
-        path = f"{path.rstrip('/') or '.'}/{Path(step.source).name}"
-    await runtime.upload(path, data)
-
-
-def _read_source(source: str) -> bytes:
-    with fsspec.open(source, "rb") as f:
-        return f.read()
-
-
-def _extract(data: bytes, target: Path) -> None:
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
-        tar.extractall(target, filter="data")
 
 
 async def git_patch(runtime: Runtime, *, timeout_s: float = 120.0) -> dict[str, object] | None:

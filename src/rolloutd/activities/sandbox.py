@@ -31,7 +31,7 @@ from rolloutd.errors import NotFoundError, RuntimeNotFoundError, to_application_
 from rolloutd.evaluators import CHECK_ARTIFACT, run_check
 from rolloutd.sandbox import reclaim
 from rolloutd.sandbox.harnesses import HarnessContext, get_harness
-from rolloutd.sandbox.prepare import apply_patch, git_patch
+from rolloutd.sandbox.artifacts import apply_patch, git_patch
 from rolloutd.sandbox.runtimes import Runtime, create_runtime
 from rolloutd.settings import SandboxSettings
 from rolloutd.store import BlobStore, CompletionLog, artifact_key

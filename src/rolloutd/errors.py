@@ -120,6 +120,11 @@ class RuntimeStartError(RolloutdError):
     retryable = True
 
 
+class ExecServerError(RolloutdError):
+    """The bwrap runtime's exec server (the sandbox's pid 1, which forks every command in it)
+    could not start a command, or is gone (the sandbox died)."""
+
+
 class RuntimeNotFoundError(RolloutdError):
     """The runtime is not on this host (the host restarted); the session must start afresh."""
 

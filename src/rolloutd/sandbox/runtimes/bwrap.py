@@ -94,11 +94,11 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from rolloutd.errors import ConfigError, RuntimeStartError
+from rolloutd.errors import ConfigError, ExecServerError, RuntimeStartError
 from rolloutd.sandbox.config import npm_prefix
 from rolloutd.sandbox.runtimes import exec_server_inside
-from rolloutd.sandbox.runtimes.exec_server import ExecServerError, ExecServerClient
 from rolloutd.sandbox.runtimes.base import LaunchError, Runtime, check_spec_network
+from rolloutd.sandbox.runtimes.exec_server import ExecServerClient
 from rolloutd.sandbox.runtimes.gateway_relay import GatewayRelay, rewrite_url
 from rolloutd.sandbox.runtimes.limits import RuntimeCgroup, rlimit_as
 from rolloutd.sandbox.runtimes.process import RuntimeProcess

@@ -33,7 +33,7 @@ from typing import Any
 
 import structlog
 
-from rolloutd.errors import RolloutdError
+from rolloutd.errors import ExecServerError
 from rolloutd.sandbox.runtimes.process import RuntimeProcess
 
 log = structlog.get_logger(__name__)
@@ -48,10 +48,6 @@ KILL_WAIT_S = 10.0
 NUM_IDLE_SHIMS = 1
 #: idle shims kept at most: a shim whose command exited is reused while fewer are idle.
 MAX_IDLE_SHIMS = 4
-
-
-class ExecServerError(RolloutdError):
-    """The exec server could not start a command, or is gone (the sandbox died)."""
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
     python3 benchmarks/runtime.py [--runs 50] [--execs 200] [--image ROOT_FOLDER]
 
-Targets (issue #5): start <= 50 ms, exec <= 5 ms at p50, with and without limits. Each start
+Targets: start <= 50 ms, exec <= 5 ms at p50, with and without limits. Each start
 is a fresh runtime (folders; for bwrap the sandbox and its exec server, with ``network:
 gateway`` also the host side of the relay, with limits also the runtime's cgroup and moving the
 exec server into it; for local nothing else); each exec is one ``Runtime.exec(["true"])`` (for

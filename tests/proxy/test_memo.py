@@ -1,4 +1,5 @@
-"""The per-session request memo (issue #3): a memoised parse and retry hash give exactly what
+"""The per-session request memo (a call's cost must not grow with the conversation): a
+memoised parse and retry hash give exactly what
 the plain ones give, over random conversation growth, edits and retries.
 
 Properties: for any sequence of requests of one session (append messages, resend the same

@@ -1,4 +1,6 @@
-"""Per-session memo of the work a call repeats for the conversation it resends (issue #3).
+"""Per-session memo of the work a call repeats for the conversation it resends.
+
+The rule it keeps: a call's cost must not grow with the conversation.
 
 A harness resends the whole conversation on every call and adds a message or two, so a call's
 dialect translation and its retry hash would grow with the conversation. A

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from typing import Any
 
 import structlog
 

@@ -1,4 +1,4 @@
-"""Benchmark of trajectory reconstruction (issue #4).
+"""Benchmark of trajectory reconstruction (the builders of rolloutd.trajectory).
 
 Bar: ``prefix_merging`` on 500 completions of 32K-token prompts in <= 200 ms; time linear in
 total tokens; ``per_request`` vs ``prefix_merging`` trace counts on a synthetic session.

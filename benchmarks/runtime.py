@@ -2,13 +2,13 @@
 
     python3 benchmarks/runtime.py [--runs 50] [--execs 200] [--image ROOT_FOLDER]
 
-Targets (issue #5): start <= 50 ms, exec <= 5 ms at p50, with and without limits. Each start
-is a fresh runtime (folders; for bwrap the sandbox and its agent, with ``network: gateway``
-also the host side of the relay, with limits also the runtime's cgroup and moving the agent
-into it; for local nothing else); each exec is one ``Runtime.exec(["true"])`` (for bwrap: a
-request to an idle shim of the agent, a ``posix_spawn`` and the exit report), the first one
-right after the start; teardown is ``Runtime.stop()``. The machine's load moves these numbers
-a lot: the load average is printed with the table; repeat, compare medians.
+Targets: start <= 50 ms, exec <= 5 ms at p50, with and without limits. Each start
+is a fresh runtime (folders; for bwrap the sandbox and its exec server, with ``network:
+gateway`` also the host side of the relay, with limits also the runtime's cgroup and moving the
+exec server into it; for local nothing else); each exec is one ``Runtime.exec(["true"])`` (for
+bwrap: a request to an idle shim of the exec server, a ``posix_spawn`` and the exit report), the
+first one right after the start; teardown is ``Runtime.stop()``. The machine's load moves these
+numbers a lot: the load average is printed with the table; repeat, compare medians.
 """
 
 from __future__ import annotations

@@ -42,11 +42,44 @@ class InvalidRequestError(RolloutdError):
     error_type = "invalid_request_error"
 
 
+class RequestFieldError(InvalidRequestError):
+    """A request field is invalid; ``param`` names its dotted path (OpenAI's ``param``)."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ConflictError(InvalidRequestError):
+    """The request conflicts with the current state (a backend name taken by another URL)."""
+
+    status_code = 409
+
+
+class RequestTooLargeError(InvalidRequestError):
+    """The request body exceeds ``settings.max_body_bytes``."""
+
+    status_code = 413
+
+
+class HeadersTooLargeError(InvalidRequestError):
+    """The request's headers exceed ``settings.max_header_bytes``."""
+
+    status_code = 431
+
+
 class AuthenticationError(RolloutdError):
     """No session key, a wrong key, or a key of a closed session."""
 
     status_code = 401
     error_type = "authentication_error"
+
+
+class PermissionDeniedError(RolloutdError):
+    """Authenticated, or not needing to be, but not allowed (admin routes disabled)."""
+
+    status_code = 403
+    error_type = "permission_error"
 
 
 class NotFoundError(RolloutdError):
@@ -85,6 +118,11 @@ class RuntimeStartError(RolloutdError):
     """A runtime could not be provisioned (infrastructure error, retryable)."""
 
     retryable = True
+
+
+class ExecServerError(RolloutdError):
+    """The bwrap runtime's exec server (the sandbox's pid 1, which forks every command in it)
+    could not start a command, or is gone (the sandbox died)."""
 
 
 class RuntimeNotFoundError(RolloutdError):

@@ -11,7 +11,7 @@ import pytest
 from rolloutd.errors import EvaluatorError
 from rolloutd.evaluators import EvaluationContext, get_evaluator, run_check
 from rolloutd.evaluators.swebench import parse_pytest_log
-from rolloutd.sandbox.prepare import apply_patch, git_patch
+from rolloutd.sandbox.artifacts import apply_patch, git_patch
 from rolloutd.sandbox.runtimes import create_runtime
 from rolloutd.types import EvaluatorSpec, RuntimeSpec, SessionStatus
 

@@ -1,10 +1,11 @@
-"""The per-session request memo (issue #3): a memoised parse and retry hash give exactly what
+"""The per-session request memo (a call's cost must not grow with the conversation): a
+memoised parse and retry hash give exactly what
 the plain ones give, over random conversation growth, edits and retries.
 
 Properties: for any sequence of requests of one session (append messages, resend the same
 request, edit or drop earlier messages, change fields around ``messages``, send an invalid
 message), ``parse(body, memo=memo)`` equals ``parse(body)`` (or raises the same error), and
-``memo.request_hash(body)`` equals :func:`rolloutd.proxy.recorder.request_hash`. And
+``memo.request_hash(body)`` equals :func:`rolloutd.proxy.memo.request_hash`. And
 :func:`rolloutd.proxy.fastjson.dumps` writes what the standard library writes.
 """
 
@@ -23,8 +24,7 @@ from rolloutd.errors import InvalidRequestError
 from rolloutd.proxy import fastjson
 from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
 from rolloutd.proxy.fastjson import BodyReader
-from rolloutd.proxy.memo import RequestMemo
-from rolloutd.proxy.recorder import request_hash
+from rolloutd.proxy.memo import RequestMemo, request_hash
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=8)
 names = st.from_regex(r"[a-z][a-z0-9_]{0,5}", fullmatch=True)

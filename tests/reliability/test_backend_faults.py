@@ -1,6 +1,6 @@
 """A backend that answers garbage or hangs: the harness gets a clear error in its dialect's
 shape within the backend timeout, nothing is recorded in the completion log, every failed call
-is recorded in the session's state (issue #6: ``num_errors``, ``errors``, kept after a
+is recorded in the session's state (``num_errors``, ``errors``, kept after a
 restart), and the session is not stuck (its lock is free: it can be closed at once)."""
 
 from __future__ import annotations

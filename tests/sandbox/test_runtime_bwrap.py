@@ -51,8 +51,8 @@ async def test_own_pid_namespace(make_runtime):
     result = await runtime.exec("echo $$; tr '\\0' ' ' < /proc/1/cmdline; echo; "
                                 "ls /proc | grep -c '^[0-9]'")
     own_pid, init, num_visible = result.stdout.split("\n")[:3]
-    # the sandbox agent is pid 1, then its shims and their commands
-    assert "rolloutd-agent" in init
+    # the exec server is pid 1, then its shims and their commands
+    assert "rolloutd-exec-server" in init
     assert 1 < int(own_pid) < 100
     host_visible = sum(1 for entry in os.listdir("/proc") if entry.isdigit())
     assert int(num_visible) < 10 < host_visible
@@ -118,7 +118,7 @@ async def test_setsid_child_dies_with_the_namespace(make_runtime, runtime_pids, 
     runtime = await make_runtime("bwrap")
     # a daemonised child leaves the process group; the PID namespace still takes it down
     await runtime.spawn("setsid sleep 1000 & wait")
-    # sh and sleep (the agent and its shims are in the holder's group, not counted)
+    # sh and sleep (the exec server and its shims are in the holder's group, not counted)
     assert await wait_for(lambda: len(runtime_pids(runtime)) >= 2)
     await runtime.stop()
     assert runtime_pids(runtime) == []
@@ -147,7 +147,7 @@ async def test_daemon_of_a_running_harness_lives_until_the_harness_ends(make_run
     assert runtime_pids(runtime) == []
 
 
-#: tries to open the agent's control socket, read its environment and memory, attach to it.
+#: tries to open the exec server's control socket, read its environment and memory, attach to it.
 PEEK = """
 import ctypes, os
 for name in os.listdir("/proc/1/fd") if os.access("/proc/1/fd", os.R_OK) else []:
@@ -171,9 +171,9 @@ print("ptrace:" + ("attached" if libc.ptrace(PTRACE_ATTACH, 1, None, None) == 0 
 """
 
 
-async def test_sandbox_cannot_reach_the_agent(make_runtime):
+async def test_sandbox_cannot_reach_the_exec_server(make_runtime):
     runtime = await make_runtime("bwrap")
-    # the agent (pid 1) runs as root, commands as another uid, and it is not dumpable: its
+    # the exec server (pid 1) runs as root, commands as another uid, and it is not dumpable: its
     # fds (the control socket), environment and memory cannot be opened, nor can it be traced
     result = await runtime.exec(["python3", "-c", PEEK], timeout_s=30)
     assert result.stdout.split() == ["fd:denied", "environ:denied", "mem:denied",
@@ -181,7 +181,7 @@ async def test_sandbox_cannot_reach_the_agent(make_runtime):
     assert (await runtime.exec("cat /proc/1/cmdline")).stdout.startswith("/")  # it is there
 
 
-async def test_the_sandbox_cannot_kill_the_agent(make_runtime):
+async def test_the_sandbox_cannot_kill_the_exec_server(make_runtime):
     runtime = await make_runtime("bwrap")
     # the namespace's init ignores signals from inside, and commands run as another uid
     killer = await runtime.exec("kill -KILL 1; echo $?; kill -TERM 1; echo $?")
@@ -190,18 +190,18 @@ async def test_the_sandbox_cannot_kill_the_agent(make_runtime):
     assert (await runtime.exec("true")).exit_code == 0
 
 
-async def test_killing_the_agent_ends_the_sandbox_not_the_worker(make_runtime, runtime_pids,
-                                                                 wait_for):
+async def test_killing_the_exec_server_ends_the_sandbox_not_the_worker(make_runtime,
+                                                                       runtime_pids, wait_for):
     runtime = await make_runtime("bwrap")
     harness = await runtime.spawn("sleep 1000")
     running = await runtime.spawn("sleep 1000", name="other")
-    # killed from the host (it is pid 1 inside), the agent takes the PID namespace with it
-    assert runtime.agent_pid is not None
-    os.kill(runtime.agent_pid, 9)
+    # killed from the host (it is pid 1 inside), the exec server takes the PID namespace with it
+    assert runtime.exec_server_pid is not None
+    os.kill(runtime.exec_server_pid, 9)
     assert await harness.wait(10) is not None
     assert await running.wait(10) is not None
     after = await runtime.exec("true")
-    assert after.exit_code == 127 and "agent is gone" in after.stderr
+    assert after.exit_code == 127 and "exec server is gone" in after.stderr
     # the kernel kills the rest of the namespace as its init exits
     assert await wait_for(lambda: runtime_pids(runtime) == [])
 
@@ -274,7 +274,7 @@ async def test_memory_limit_is_a_cgroup_and_oom_kills_only_the_command(make_runt
     grab = await runtime.exec(["python3", "-c", "b = b'x' * (512 * 2**20); print(len(b))"])
     assert grab.exit_code == -9 and grab.oom_killed, grab
     assert runtime.num_oom_kills >= 1
-    # the rest of the runtime survives: the agent, a running harness, new commands
+    # the rest of the runtime survives: the exec server, a running harness, new commands
     assert harness.returncode is None
     after = await runtime.exec("echo alive")
     assert after.stdout == "alive\n" and not after.oom_killed
@@ -296,11 +296,11 @@ async def test_image_runs_every_command_in_one_sandbox_of_the_image(make_runtime
         assert (await runtime.exec("id -u; whoami")).stdout.split() == [str(runtime.uid),
                                                                       "agent"]
     # one persistent sandbox: a harness and later commands share its PID namespace, whose
-    # pid 1 is the agent (the worker's Python, not the image's: it has none)
+    # pid 1 is the exec server (the worker's Python, not the image's: it has none)
     harness = await runtime.spawn(["sleep", "1000"])  # posix_spawn returns after the exec
     seen = await runtime.exec("cat /proc/[0-9]*/comm")
     assert "sleep" in seen.stdout.split()
-    assert "rolloutd-agent" in (await runtime.exec("cat /proc/1/cmdline")).stdout
+    assert "rolloutd-exec-server" in (await runtime.exec("cat /proc/1/cmdline")).stdout
     assert runtime.cgroup is not None and runtime.cgroup.pids()
     assert await wait_for(lambda: len(runtime_pids(runtime)) == 1)
     await runtime.stop()

@@ -212,7 +212,8 @@ class _Run:
     # ------------------------------------------------------------------ expectations
     def expect(self, c: Completion, parent: int | None, drift: tuple[int, list[int]] | None,
                split: bool) -> None:
-        """Place ``c`` in the expected chains (the rules of issue #4, from logical structure)."""
+        """Place ``c`` in the expected chains (the chain rules of
+        :func:`rolloutd.trajectory.chains.plan_chains`, from logical structure)."""
         exp = self.expected
         if parent is not None:
             parent = self.canonical.get(parent, parent)

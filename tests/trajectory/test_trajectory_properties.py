@@ -1,6 +1,6 @@
 """Property tests of the builders over generated sessions and the real Qwen2.5 tokenizer.
 
-Issue #4's acceptance: for every generated session (branches, retries, truncations,
+The builders' invariants: for every generated session (branches, retries, truncations,
 compaction, sub-agents with equal first prompts, a reasoning-stripping template) no completion is
 lost or duplicated, every trainable token and logprob is a sampled one, lengths are aligned,
 and drift is counted exactly where the generator put it.

@@ -1,4 +1,5 @@
-"""Unit tests of the builders: the failure modes named in issue #4, one by one, and the checks.
+"""Unit tests of the builders: the known failure modes of trajectory reconstruction, one by
+one, and the checks.
 
 Each test states the field failure it guards against (POLAR's prefix_merging, NeMo Gym's
 re-tokenization, OpenClaw-RL's logprob drift) on small logs over the real Qwen2.5 tokenizer.

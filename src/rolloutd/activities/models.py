@@ -56,7 +56,8 @@ class CloseSessionInput(_IO):
 
 class CloseSessionOutput(_IO):
     num_completions: int
-    #: calls that failed (answered with an error, not in the completion log; issue #6)
+    #: calls that failed (answered with an error, kept in the session's state, never in the
+    #: completion log)
     num_errors: int = 0
 
 

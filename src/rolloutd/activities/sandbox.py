@@ -30,8 +30,8 @@ from rolloutd.activities.models import (
 from rolloutd.errors import NotFoundError, RuntimeNotFoundError, to_application_error
 from rolloutd.evaluators import CHECK_ARTIFACT, run_check
 from rolloutd.sandbox import reclaim
+from rolloutd.sandbox.artifacts import apply_patch, git_patch
 from rolloutd.sandbox.harnesses import HarnessContext, get_harness
-from rolloutd.sandbox.prepare import apply_patch, git_patch
 from rolloutd.sandbox.runtimes import Runtime, create_runtime
 from rolloutd.settings import SandboxSettings
 from rolloutd.store import BlobStore, CompletionLog, artifact_key

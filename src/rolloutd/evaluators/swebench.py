@@ -32,7 +32,7 @@ from rolloutd.evaluators.base import (
     EvaluationOutcome,
     Evaluator,
 )
-from rolloutd.sandbox.prepare import apply_patch
+from rolloutd.sandbox.artifacts import apply_patch
 from rolloutd.sandbox.runtimes.base import Runtime
 
 #: pytest's ``-rA`` short test summary line: ``STATUS test-id[ - message]``.

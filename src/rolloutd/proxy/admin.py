@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from rolloutd.errors import AuthenticationError
+from rolloutd.errors import AuthenticationError, PermissionDeniedError
 from rolloutd.proxy.backends.pool import BackendType
-from rolloutd.proxy.dialects.common import PermissionDeniedError, validate
+from rolloutd.proxy.dialects.common import validate
+from rolloutd.proxy.inbound import bearer_key, read_json
 
 if TYPE_CHECKING:
     from rolloutd.proxy.gateway import Gateway
@@ -73,8 +74,6 @@ def authorize(request: Request, admin_token: str | None) -> None:
         AuthenticationError: no bearer token, or a wrong one (401).
         PermissionDeniedError: no admin token is configured: admin routes are disabled (403).
     """
-    from rolloutd.proxy.app import bearer_key
-
     sent = bearer_key(request)
     if sent is None:
         hint = "" if admin_token else (
@@ -90,8 +89,6 @@ def authorize(request: Request, admin_token: str | None) -> None:
 
 def add_admin_routes(app: FastAPI, gateway: Gateway) -> None:
     """Register the ``/admin/...`` routes of ``gateway`` on ``app``."""
-    from rolloutd.proxy.app import read_json
-
     settings = gateway.settings
 
     async def body_of(request: Request, model: type[Any]) -> Any:

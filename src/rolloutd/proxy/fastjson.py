@@ -2,15 +2,16 @@
 through orjson when it is installed (a dependency).
 
 orjson writes a 6,000-token prompt five times faster than the standard library, and reads a
-200-turn conversation's body (20 KB) in half the time (issue #3: both grow with the conversation).
+200-turn conversation's body (20 KB) in half the time (both grow with the conversation, and a
+call's cost must not).
 Values and errors are the standard library's: what orjson cannot write (integers beyond 64
 bits, non-string keys) and NaN or infinities (which orjson writes as null) go to :mod:`json`;
 a text orjson refuses (NaN, infinities, lone surrogates) or may read differently (an integer
 of 19 digits or more: orjson reads one beyond 64 bits as a float) is read by :mod:`json`.
 
 :class:`BodyReader` reads a session's request bodies, each as :func:`loads` would, without
-parsing again the conversation the session's last body sent (issue #3: a call's cost must not
-grow with the conversation).
+parsing again the conversation the session's last body sent (a call's cost must not grow with
+the conversation).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class ListJson:
     """The JSON text of a list that grows at its end, written once: a session's prompts
     (token ids), each the one before, what was sampled and the new turn (DESIGN.md, the token
     chain). A prompt of 4,300 ids costs orjson 220 K instructions to write whole, on every
-    call of the conversation (issue #3: a call's cost must not grow with it); continued, only
+    call of the conversation (a call's cost must not grow with it); continued, only
     the new ids are written.
 
     One per session; not for concurrent use.

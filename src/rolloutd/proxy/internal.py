@@ -64,7 +64,8 @@ class InternalRequest(BaseModel):
     @classmethod
     def _messages(cls, value: Any) -> list[dict[str, Any]]:
         # checked, not copied: copying every message of a long conversation on every call
-        # made the call's cost grow with the conversation (issue #3); nothing modifies them
+        # made the call's cost grow with the conversation, which it must not; nothing modifies
+        # them
         if not isinstance(value, list) or not all(map(isinstance, value, repeat(dict))):
             raise ValueError("messages must be a list of objects")
         return value

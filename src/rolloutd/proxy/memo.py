@@ -1,4 +1,6 @@
-"""Per-session memo of the work a call repeats for the conversation it resends (issue #3).
+"""Per-session memo of the work a call repeats for the conversation it resends.
+
+The rule it keeps: a call's cost must not grow with the conversation.
 
 A harness resends the whole conversation on every call and adds a message or two, so a call's
 dialect translation and its retry hash would grow with the conversation. A
@@ -18,7 +20,7 @@ the raw JSON values (``marshal`` format 2, then blake2b): Python's ``==`` holds 
 tells apart. The fingerprint of a prefix is computed once per request and shared by the
 translation and the hash.
 
-Results are identical to the plain functions' (:func:`rolloutd.proxy.recorder.request_hash`,
+Results are identical to the plain functions' (:func:`request_hash`,
 each dialect's ``parse``); property tests (tests/proxy/test_memo.py) check that over random
 conversation growth. Memory: one conversation per session, the same message objects the
 session's last completion holds, plus a sha256 state.
@@ -33,8 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from rolloutd.errors import RequestFieldError
 from rolloutd.proxy.chat_template import canonical_json
-from rolloutd.proxy.dialects.common import RequestFieldError
 from rolloutd.proxy.fastjson import BodyReader
 
 W = TypeVar("W")
@@ -42,6 +44,11 @@ W = TypeVar("W")
 #: the body field that holds the conversation, per dialect's body shape (the first that is a
 #: list is the one hashed incrementally)
 CONVERSATION_FIELDS = ("messages", "contents", "input")
+
+
+def request_hash(body: dict[str, Any]) -> str:
+    """sha256 (hex) of the canonical JSON of a request body: sorted keys, no spaces."""
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 
 def validate_new_items(body: dict[str, Any], field: str, known: int,
@@ -228,11 +235,9 @@ class RequestMemo:
 
     # -- retry hash --------------------------------------------------------------------
     def request_hash(self, body: dict[str, Any]) -> str:
-        """:func:`rolloutd.proxy.recorder.request_hash` of ``body`` (the same value), with
+        """:func:`request_hash` of ``body`` (the same value), with
         the sha256 state after the messages the last call hashed reused when ``body``
         resends them: the cost is that of the new messages and the other fields."""
-        from rolloutd.proxy.recorder import request_hash
-
         split = _split(body)
         if split is None:
             self._forget_fingerprints()

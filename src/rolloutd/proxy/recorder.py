@@ -11,22 +11,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from typing import Any
 
 import structlog
 
 from rolloutd.proxy.backends.base import Backend, ChatResult, GenerateResult
-from rolloutd.proxy.chat_template import PromptPlan, canonical_json
+from rolloutd.proxy.chat_template import PromptPlan
 from rolloutd.proxy.internal import InternalRequest, InternalResponse, Usage
 from rolloutd.proxy.sessions import Session
 from rolloutd.types import Completion, Timings
 
 log = structlog.get_logger(__name__)
-
-
-def request_hash(body: dict[str, Any]) -> str:
-    """sha256 (hex) of the canonical JSON of a request body: sorted keys, no spaces."""
-    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 
 def response_id(session_id: str, index: int) -> str:
@@ -56,7 +50,7 @@ def build_completion(
         session: the session (its id, model and capture mode).
         index: the completion's index (``session.next_index()`` under the lock).
         request: the translated request.
-        body_hash: :func:`request_hash` of ``request.body``.
+        body_hash: :func:`rolloutd.proxy.memo.request_hash` of ``request.body``.
         plan: the prompt sent (``prompt_ids``, length P, and ``extends``).
         result: what the backend sampled (``response_ids``/``response_logprobs``, length R).
         response: the answer returned to the harness.

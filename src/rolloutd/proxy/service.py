@@ -345,7 +345,7 @@ class ChatService:
 
     async def _note_failure(self, session: Session, error: Exception, started: float, *,
                             stream: bool) -> None:
-        """Record a failed call in the session's state (issue #6): the harness gets the
+        """Record a failed call in the session's state, not in its log: the harness gets the
         error, the session keeps it, the log stays as it was. Never raises."""
         status = error.status_code if isinstance(error, RolloutdError) else 500
         message = error.message if isinstance(error, RolloutdError) \

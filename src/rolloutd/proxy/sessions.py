@@ -68,7 +68,7 @@ MAX_RECORDED_ERRORS = 20
 
 class CallError(BaseModel):
     """A call that failed: answered with an error, recorded in the session's state, never a
-    completion (issue #6).
+    completion (the completion log holds answered calls only; the failures are counted apart).
 
     Attributes:
         at_index: completions recorded before it (it failed between ``at_index - 1`` and

@@ -3,8 +3,9 @@
 A completion *continues* a chain when its prompt extends the chain's tail: the last
 completion's ``prompt_ids + response_ids`` (+ the end-of-turn token when that turn ended by
 length and did not sample it), which is how the gateway builds prompts in tokens mode
-(DESIGN.md, Gateway). Everything else starts a chain of its own; nothing is dropped (issue #4,
-after POLAR's prefix_merging lost every completion after a chain broke).
+(DESIGN.md, Gateway). Everything else starts a chain of its own; nothing is dropped (every
+completion lands in exactly one trace: POLAR's prefix_merging lost every completion after a chain
+broke).
 
 Cost: one pass over the log. A link is first checked on a bounded sample (the end-of-turn
 boundary, the tail of the previous prompt, a strided sample of the rest), then verified in full
@@ -355,7 +356,7 @@ def plan_chains(completions: list[Completion], *, end_of_turn_id: int,
                 verify: Literal["sampled", "full"] = "sampled") -> ChainPlan:
     """Assign every completion of a log to exactly one chain.
 
-    Rules (issue #4): a completion continues the chain whose tail its prompt extends (ties: the
+    Rules: a completion continues the chain whose tail its prompt extends (ties: the
     longest tail, then the chain whose message history it continues, then the most recent);
     a retry with the same prompt and the same answer is collapsed into the completion it
     repeats; anything else (a retry with another answer, a sub-agent, a parallel branch, a

@@ -2,8 +2,8 @@
 
 Both come from the model's own tokenizer and chat template, never from the completion log:
 a builder that guessed the end-of-turn token from the data would insert the wrong token after a
-turn that ended by length (issue #4: "the end-of-turn token comes from the tokenizer and chat
-template, never guessed from data; an unknown one is a clear error").
+turn that ended by length. The rule: the end-of-turn token comes from the tokenizer and chat
+template, never guessed from data; an unknown one is a clear error.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ import httpx
 import structlog
 from pydantic import BaseModel, Field
 
-from rolloutd.errors import BackendUnavailableError, ConfigError, NotFoundError
+from rolloutd.errors import BackendUnavailableError, ConfigError, ConflictError, NotFoundError
 from rolloutd.proxy.backends.base import Backend
 from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
 from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
@@ -376,8 +376,6 @@ class BackendPool:
         Raises:
             ConflictError: the name is taken by another URL or type (409).
         """
-        from rolloutd.proxy.dialects.common import ConflictError
-
         url = url.rstrip("/")
         name = name or url
         async with self._admin_lock:

@@ -31,11 +31,11 @@ from rolloutd.errors import (
     AuthenticationError,
     BackendUnavailableError,
     NotFoundError,
+    RequestFieldError,
     RolloutdError,
 )
 from rolloutd.proxy.chat_template import content_text
 from rolloutd.proxy.dialects.common import (
-    RequestFieldError,
     arguments_json,
     arguments_object,
     id_suffix,
@@ -240,7 +240,8 @@ def parse(body: Any, *, memo: RequestMemo | None = None) -> InternalRequest:
 
     Pure without ``memo``. With the session's ``memo``, the messages the session's last call
     sent (the same JSON values, at the start of ``messages``, after the same ``system``) are
-    not validated and translated again; the result is the one without ``memo`` (issue #3).
+    not validated and translated again; the result is the one without ``memo`` (a call's cost
+    must not grow with the conversation).
     """
     if memo is None:
         return to_internal(validate(MessagesRequest, body), body)

@@ -13,43 +13,10 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from rolloutd.errors import InvalidRequestError, RolloutdError
+from rolloutd.errors import RequestFieldError, RolloutdError
 from rolloutd.proxy.internal import InternalRequest, InternalResponse, StreamEvent, StreamStart
 
 M = TypeVar("M", bound=BaseModel)
-
-
-class RequestFieldError(InvalidRequestError):
-    """A request field is invalid; ``param`` names its dotted path (OpenAI's ``param``)."""
-
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class ConflictError(InvalidRequestError):
-    """The request conflicts with the current state (a backend name taken by another URL)."""
-
-    status_code = 409
-
-
-class RequestTooLargeError(InvalidRequestError):
-    """The request body exceeds ``settings.max_body_bytes``."""
-
-    status_code = 413
-
-
-class HeadersTooLargeError(InvalidRequestError):
-    """The request's headers exceed ``settings.max_header_bytes``."""
-
-    status_code = 431
-
-
-class PermissionDeniedError(RolloutdError):
-    """Authenticated, or not needing to be, but not allowed (admin routes disabled)."""
-
-    status_code = 403
-    error_type = "permission_error"
 
 
 def error_path(loc: tuple[int | str, ...], body: Any, *, missing: bool) -> str | None:

@@ -33,10 +33,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rolloutd.errors import RolloutdError
+from rolloutd.errors import RequestFieldError, RolloutdError
 from rolloutd.proxy.chat_template import content_text
 from rolloutd.proxy.dialects.common import (
-    RequestFieldError,
     arguments_json,
     arguments_object,
     id_suffix,
@@ -271,7 +270,7 @@ def parse(body: Any, *, model: str | None = None, stream: bool = False,
     Pure without ``memo``. With the session's ``memo``, the contents the session's last call
     sent (the same JSON values, at the start of ``contents``, after the same system
     instruction) are not validated and translated again; the result is the one without
-    ``memo`` (issue #3).
+    ``memo`` (a call's cost must not grow with the conversation).
     """
     if memo is None:
         return to_internal(_validate(body), body, model=model, stream=stream)

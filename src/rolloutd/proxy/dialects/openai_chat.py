@@ -27,10 +27,11 @@ from rolloutd.errors import (
     BackendUnavailableError,
     ContextLengthError,
     NotFoundError,
+    RequestFieldError,
     RolloutdError,
 )
 from rolloutd.proxy.chat_template import content_text
-from rolloutd.proxy.dialects.common import RequestFieldError, error_path, sse_data, validate
+from rolloutd.proxy.dialects.common import error_path, sse_data, validate
 from rolloutd.proxy.internal import (
     InternalRequest,
     InternalResponse,
@@ -199,7 +200,8 @@ def parse(body: Any, *, memo: RequestMemo | None = None) -> InternalRequest:
 
     Pure without ``memo``. With the session's ``memo``, the messages the session's last call
     sent (the same JSON values, at the start of ``messages``) are not validated and translated
-    again: their translation is reused, and the result is the one without ``memo`` (issue #3).
+    again: their translation is reused, and the result is the one without ``memo`` (a call's
+    cost must not grow with the conversation).
 
     Raises:
         InvalidRequestError: invalid fields or a content part that is not text.

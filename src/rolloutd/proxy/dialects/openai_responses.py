@@ -30,10 +30,10 @@ from typing import Any, Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from rolloutd.errors import RolloutdError
+from rolloutd.errors import RequestFieldError, RolloutdError
 from rolloutd.proxy.chat_template import content_text
 from rolloutd.proxy.dialects import openai_chat
-from rolloutd.proxy.dialects.common import RequestFieldError, id_suffix, sse_named, validate
+from rolloutd.proxy.dialects.common import id_suffix, sse_named, validate
 from rolloutd.proxy.internal import (
     InternalRequest,
     InternalResponse,
@@ -261,7 +261,7 @@ def parse(body: Any, *, previous: list[dict[str, Any]] | None = None,
     Pure without ``memo``. With the session's ``memo`` and no ``previous``, the input items
     the session's last call sent (the same JSON values, at the start of ``input``, after the
     same ``instructions``) are not validated and translated again; the result is the one
-    without ``memo`` (issue #3).
+    without ``memo`` (a call's cost must not grow with the conversation).
     """
     if memo is None or previous is not None:
         return to_internal(parse_request(body), body, previous=previous)

@@ -2,48 +2,48 @@
 an image folder).
 
 One sandbox per runtime (flags: bwrap(1), bubblewrap 0.8), started once by :meth:`start` and
-running a small agent (:mod:`~rolloutd.sandbox.runtimes.agent_inside`, the worker's side in
-:mod:`~rolloutd.sandbox.runtimes.agent`) that forks every command of the runtime, harness and
-``exec`` alike, inside the same namespaces:
+running a small exec server (:mod:`~rolloutd.sandbox.runtimes.exec_server_inside`, the worker's side
+in :mod:`~rolloutd.sandbox.runtimes.exec_server`) that forks every command of the runtime, harness
+and ``exec`` alike, inside the same namespaces:
 
 - mount namespace: the host's ``/usr``, ``/etc``, ``/opt`` (and ``/bin``, ``/lib*`` as symlinks
   or binds), the Python installation and the npm prefix of harness CLIs bound read-only
   (``--ro-bind``) at their host paths; the workspace bound writable (``--bind``) at
   ``spec.workdir``; a private HOME at ``/home/agent``; private ``/tmp`` (``--tmpfs``),
-  ``/proc`` (``--proc``) and ``/dev`` (``--dev``); the agent's script, and with ``network:
+  ``/proc`` (``--proc``) and ``/dev`` (``--dev``); the exec server's script, and with ``network:
   gateway`` the folder of the gateway socket, bound read-only under ``/run``; the root itself
   (bwrap's tmpfs) is made read-only (``--remount-ro /``). Nothing else of the host is visible;
-- PID, IPC and UTS namespaces (``--unshare-pid --unshare-ipc --unshare-uts``): the agent is
+- PID, IPC and UTS namespaces (``--unshare-pid --unshare-ipc --unshare-uts``): the exec server is
   pid 1 (``--as-pid-1``); when it exits (the worker closes its socket, or the holder is
   killed) the namespace dies, so no process survives teardown, not even one that called
-  ``setsid``. Each command runs under a shim of the agent, a child subreaper that kills what
+  ``setsid``. Each command runs under a shim of the exec server, a child subreaper that kills what
   the command left behind when it exits (what a PID namespace per command used to do);
 - users: with a root worker, commands run as the unprivileged :data:`SANDBOX_UID` /
   :data:`SANDBOX_GID` (user ``agent``, listed in the sandbox's ``/etc/passwd`` and
   ``/etc/group``, which are the host's plus that entry), a uid of the host's own user
   namespace (no user namespace: a file the sandbox writes is owned by that uid on the host
   too). The workspace and home are handed to it (:meth:`BwrapRuntime.adopt`, also for every
-  upload and prepare step). The agent stays root with ``CAP_SETUID``, ``CAP_SETGID`` and
+  upload and prepare step). The exec server stays root with ``CAP_SETUID``, ``CAP_SETGID`` and
   ``CAP_KILL`` only, which its shims drop with their uid; so no command can signal, trace or
-  read the agent, or read the host's root-only files (``/etc/shadow``). A worker that is not
+  read the exec server, or read the host's root-only files (``/etc/shadow``). A worker that is not
   root cannot change uids: commands then run as the worker's own (unprivileged) uid;
-- all capabilities of commands dropped (``--cap-drop ALL``; the agent's few above are added
+- all capabilities of commands dropped (``--cap-drop ALL``; the exec server's few above are added
   back for it alone): as root with them, the sandbox could remount the read-only system
   writable; bwrap always sets ``PR_SET_NO_NEW_PRIVS``, so set-uid programs do not regain them.
-  The agent is not dumpable, so commands cannot ptrace it or open its control socket through
+  The exec server is not dumpable, so commands cannot ptrace it or open its control socket through
   ``/proc`` even under the same uid;
 - ``--die-with-parent``: the sandbox dies with the worker;
-- environment: the agent runs with PATH, LANG and ``ROLLOUTD_RUNTIME_ID`` only; each command is
-  spawned with exactly the environment in its request (the base variables, ``spec.env`` and
-  the call's ``env``), sent over the agent's socket, never on a command line, so the session
-  key stays off the world-readable ``/proc/PID/cmdline``;
-- standard streams: passed to the agent as file descriptors (``SCM_RIGHTS``): pipes for
+- environment: the exec server runs with PATH, LANG and ``ROLLOUTD_RUNTIME_ID`` only; each command
+  is spawned with exactly the environment in its request (the base variables, ``spec.env`` and the
+  call's ``env``), sent over the exec server's socket, never on a command line, so the session key
+  stays off the world-readable ``/proc/PID/cmdline``;
+- standard streams: passed to the exec server as file descriptors (``SCM_RIGHTS``): pipes for
   :meth:`exec`, the log files for :meth:`spawn`; the logs folder itself is not visible.
 
 Network (``spec.network``):
 
 - ``gateway`` (the default): the sandbox has its own network namespace (``--unshare-net``;
-  bwrap brings ``lo`` up in it) where the agent listens on ``127.0.0.1:{GATEWAY_PORT}`` and
+  bwrap brings ``lo`` up in it) where the exec server listens on ``127.0.0.1:{GATEWAY_PORT}`` and
   relays to a unix socket bound from the host (``{runtime_dir}/net/gateway.sock``), where
   :class:`~rolloutd.sandbox.runtimes.gateway_relay.GatewayRelay` admits only the session's
   ``/s/{key}/`` routes. Inside, only loopback exists: the relay's port is the one thing
@@ -54,23 +54,23 @@ Network (``spec.network``):
 With ``spec.image`` (a root folder) the root is composed of the image's top-level entries bound
 read-only (:func:`image_root`; ``/home/agent``, or a workdir below one of them, must exist in
 the image as a mount point) instead of the host's system, and everything else is the same: one
-persistent sandbox, its agent, the same users, limits and network. The agent is the worker's
-own Python, started by the host's dynamic loader with the host's libraries, all bound
-read-only under :data:`HOST_INSIDE` (:func:`host_python`), so it runs whatever libc the image
-has (or none); the commands it spawns are the image's.
+persistent sandbox, its exec server, the same users, limits and network. The exec server is the
+worker's own Python, started by the host's dynamic loader with the host's libraries, all bound
+read-only under :data:`HOST_INSIDE` (:func:`host_python`), so it runs whatever libc the image has
+(or none); the commands it spawns are the image's.
 
 Limits (:mod:`~rolloutd.sandbox.runtimes.limits`): ``max_processes``, ``cpus`` and
 ``memory_mb`` through a cgroup per runtime (``memory_mb`` as RLIMIT_AS only when there is no
 writable memory controller; node reserves a lot of address space, keep that >= 8192 for node
-harnesses). The worker moves the agent into the cgroup while the sandbox starts (bwrap reports
-the agent's host pid on ``--info-fd`` right after its clone), and the agent forks nothing
-before the worker's first request, so every shim and command is born inside; moving a process
-costs the kernel an RCU grace period (5-20 ms), here overlapped with bwrap's set-up and the
-agent's Python start. The agent and its idle shims (one to four: a shim is reused after its
-command) count against ``max_processes``, plus one shim per running command; bwrap's own
-outer process stays outside. Shims and commands run with an OOM score adjustment of +500
-(an unprivileged process may lower its own only down to 0, the agent's), so the kernel's OOM
-killer takes a command, not the agent; :attr:`ExecResult.oom_killed` reports it.
+harnesses). The worker moves the exec server into the cgroup while the sandbox starts (bwrap reports
+the exec server's host pid on ``--info-fd`` right after its clone), and the exec server forks
+nothing before the worker's first request, so every shim and command is born inside; moving a
+process costs the kernel an RCU grace period (5-20 ms), here overlapped with bwrap's set-up and the
+exec server's Python start. The exec server and its idle shims (one to four: a shim is reused after
+its command) count against ``max_processes``, plus one shim per running command; bwrap's own outer
+process stays outside. Shims and commands run with an OOM score adjustment of +500 (an unprivileged
+process may lower its own only down to 0, the exec server's), so the kernel's OOM killer takes a
+command, not the exec server; :attr:`ExecResult.oom_killed` reports it.
 
 Latency (``benchmarks/runtime.py``): a command costs a wake-up of an idle shim and a
 ``posix_spawn``, not a bwrap (5-8 ms) and an ``nsenter``; the shim is reused afterwards.
@@ -94,11 +94,11 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from rolloutd.errors import ConfigError, RuntimeStartError
+from rolloutd.errors import ConfigError, ExecServerError, RuntimeStartError
 from rolloutd.sandbox.config import npm_prefix
-from rolloutd.sandbox.runtimes import agent_inside
-from rolloutd.sandbox.runtimes.agent import AgentError, SandboxAgent
+from rolloutd.sandbox.runtimes import exec_server_inside
 from rolloutd.sandbox.runtimes.base import LaunchError, Runtime, check_spec_network
+from rolloutd.sandbox.runtimes.exec_server import ExecServerClient
 from rolloutd.sandbox.runtimes.gateway_relay import GatewayRelay, rewrite_url
 from rolloutd.sandbox.runtimes.limits import RuntimeCgroup, rlimit_as
 from rolloutd.sandbox.runtimes.process import RuntimeProcess
@@ -120,52 +120,52 @@ log = structlog.get_logger(__name__)
 
 #: hostname inside the sandbox.
 HOSTNAME = "rolloutd"
-#: seconds the sandbox may take to start (bwrap's report, the agent's ``ready``).
+#: seconds the sandbox may take to start (bwrap's report, the exec server's ``ready``).
 PROBE_TIMEOUT_S = 30.0
 #: the loopback port where the session's gateway is reachable inside (``network: gateway``).
 GATEWAY_PORT = 8300
-#: where the agent sees the host folder holding the gateway socket.
+#: where the exec server sees the host folder holding the gateway socket.
 NET_DIR_INSIDE = "/run/rolloutd"
 #: the gateway socket's file name in that folder.
 GATEWAY_SOCKET = "gateway.sock"
-#: where the sandbox agent's script, compiled (:func:`agent_pyc`), is bound read-only inside.
-AGENT_INSIDE = "/run/rolloutd-agent.pyc"
-#: seconds the sandbox may take to exit once its agent's control socket is closed.
-AGENT_EXIT_S = 2.0
+#: where the exec server's script, compiled (:func:`exec_server_pyc`), is bound read-only inside.
+EXEC_SERVER_INSIDE = "/run/rolloutd-exec-server.pyc"
+#: seconds the sandbox may take to exit once its exec server's control socket is closed.
+EXEC_SERVER_EXIT_S = 2.0
 #: the first field bwrap writes to ``--info-fd``.
 CHILD_PID = re.compile(rb'"child-pid": *(\d+)')
 #: uid and gid commands run as when the worker is root (user ``agent`` inside); on the host
 #: the uid owns the workspace and home of every runtime, and no host user should have it.
 SANDBOX_UID = SANDBOX_GID = 60000
-#: capabilities the agent keeps to run commands as :data:`SANDBOX_UID` (bwrap ``--cap-add``),
+#: capabilities the exec server keeps to run commands as :data:`SANDBOX_UID` (bwrap ``--cap-add``),
 #: with their numbers (linux/capability.h).
-AGENT_CAPS = {"CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
+EXEC_SERVER_CAPS = {"CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
 
 
 @functools.cache
 def can_run_as_sandbox_user() -> bool:
     """Whether commands can run as :data:`SANDBOX_UID`: the worker is root and its bounding
-    set has :data:`AGENT_CAPS` (bwrap 0.8 asked to add a capability outside the bounding set
+    set has :data:`EXEC_SERVER_CAPS` (bwrap 0.8 asked to add a capability outside the bounding set
     silently keeps them all, so that is checked here, not left to bwrap)."""
     if os.geteuid() != 0:
         return False
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("CapBnd:"):
             bounding = int(line.split()[1], 16)
-            return all(bounding >> bit & 1 for bit in AGENT_CAPS.values())
+            return all(bounding >> bit & 1 for bit in EXEC_SERVER_CAPS.values())
     return False
 
 
 @functools.cache
-def agent_pyc() -> bytes:
-    """The agent's script compiled once per worker process, as a ``.pyc`` file's bytes.
+def exec_server_pyc() -> bytes:
+    """The exec server's script compiled once per worker process, as a ``.pyc`` file's bytes.
 
     Python runs a ``.pyc`` given as the script (same interpreter: the sandbox runs
-    ``sys.executable``), so no sandbox spends its start compiling the agent. Layout (PEP 552):
+    ``sys.executable``), so no sandbox spends its start compiling the exec server. Layout (PEP 552):
     magic number, flags 0b01 (hash-based, not checked), the source hash, the marshalled code.
     """
-    source = Path(agent_inside.__file__).read_bytes()
-    code = compile(source, AGENT_INSIDE.removesuffix("c"), "exec", dont_inherit=True)
+    source = Path(exec_server_inside.__file__).read_bytes()
+    code = compile(source, EXEC_SERVER_INSIDE.removesuffix("c"), "exec", dont_inherit=True)
     return (importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little")
             + importlib.util.source_hash(source) + marshal.dumps(code))
 
@@ -193,17 +193,17 @@ class BwrapRuntime(Runtime):
         self.cgroup: RuntimeCgroup | None = None
         self.relay: GatewayRelay | None = None
         self._holder: RuntimeProcess | None = None
-        self._agent: SandboxAgent | None = None
-        #: host pid of the sandbox agent (pid 1 inside) once started.
-        self.agent_pid: int | None = None
+        self._exec_server: ExecServerClient | None = None
+        #: host pid of the exec server (pid 1 inside) once started.
+        self.exec_server_pid: int | None = None
         #: ids commands run as (-1: the worker's own; see the module docstring, users).
         self.uid, self.gid = (SANDBOX_UID, SANDBOX_GID) if can_run_as_sandbox_user() \
             else (-1, -1)
 
     @property
     def holder_pgid(self) -> int | None:
-        """Host process group of the sandbox holder (outer bwrap, the agent and the agent's
-        shims; with ``spec.image``: the network holder), while it runs."""
+        """Host process group of the sandbox holder (outer bwrap, the exec server and the exec
+        server's shims; with ``spec.image``: the network holder), while it runs."""
         return self._holder.pgid if self._holder is not None else None
 
     def _extra_ro_dirs(self) -> list[Path]:
@@ -243,8 +243,8 @@ class BwrapRuntime(Runtime):
         args += ["--perms", "1777", "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
         # bwrap creates missing parents of a mount point with mode 0700: a command that is not
         # root could not reach the Python installation, the workspace or its home
-        for parent in parents_to_create([*map(str, extra), self.workdir, self.home, AGENT_INSIDE],
-                               existing):
+        for parent in parents_to_create(
+                [*map(str, extra), self.workdir, self.home, EXEC_SERVER_INSIDE], existing):
             args += ["--perms", "0755", "--dir", parent]
         for d in extra:
             args += ["--ro-bind", str(d), str(d)]
@@ -255,9 +255,10 @@ class BwrapRuntime(Runtime):
                 args += ["--ro-bind", str(path), f"{HOST_INSIDE}/lib/{name}"]
         args += ["--bind", str(self.workspace), self.workdir,
                  "--bind", str(self.host_home), self.home,
-                 "--ro-bind", str(self.runtime_dir / "agent.pyc"), AGENT_INSIDE, "--as-pid-1"]
+                 "--ro-bind", str(self.runtime_dir / "exec-server.pyc"), EXEC_SERVER_INSIDE,
+                 "--as-pid-1"]
         if self.uid >= 0:
-            for cap in AGENT_CAPS:
+            for cap in EXEC_SERVER_CAPS:
                 args += ["--cap-add", cap]
             for name in ("passwd", "group"):
                 if (self.runtime_dir / name).exists():
@@ -268,10 +269,10 @@ class BwrapRuntime(Runtime):
         return args
 
     def _wrap(self, argv: list[str], cwd: str) -> tuple[list[str], Path | None]:
-        raise NotImplementedError("every command of a bwrap runtime runs through its agent")
+        raise NotImplementedError("every command of a bwrap runtime runs through its exec server")
 
-    def _agent_argv(self) -> list[str]:
-        """The agent's interpreter command line inside: the worker's own Python, or with
+    def _exec_server_argv(self) -> list[str]:
+        """The exec server's interpreter command line inside: the worker's own Python, or with
         ``spec.image`` that Python started by the host's dynamic loader with the host's
         libraries (bound under :data:`HOST_INSIDE`), whatever the image's libc is."""
         if not self.spec.image:
@@ -284,13 +285,13 @@ class BwrapRuntime(Runtime):
     async def _start_process(self, argv: list[str], cwd: str, env: dict[str, str], *,
                              name: str, stdin: int, stdout: object,
                              stderr: object) -> RuntimeProcess:
-        """Start a command through the sandbox agent."""
-        if self._agent is None:
+        """Start a command through the exec server."""
+        if self._exec_server is None:
             raise LaunchError(f"runtime {self.runtime_id}: the sandbox is not running")
         try:
-            return await self._agent.run(argv, env, cwd, name=name, grace_s=self.grace_s,
-                                         stdin=stdin, stdout=stdout, stderr=stderr)
-        except AgentError as exc:
+            return await self._exec_server.run(argv, env, cwd, name=name, grace_s=self.grace_s,
+                                               stdin=stdin, stdout=stdout, stderr=stderr)
+        except ExecServerError as exc:
             raise LaunchError(exc.message) from exc
 
     def _base_env(self) -> dict[str, str]:
@@ -319,8 +320,8 @@ class BwrapRuntime(Runtime):
             except (OSError, ValueError, subprocess.CalledProcessError) as exc:
                 raise ConfigError(f"bwrap runtime: cannot find the libraries of this Python "
                                   f"for an image sandbox: {exc}") from exc
-        # the agent answering proves the sandbox runs: no probe command needed
-        await self._start_agent()
+        # the exec server answering proves the sandbox runs: no probe command needed
+        await self._start_exec_server()
 
     def _oom_kills(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup is not None else 0
@@ -340,7 +341,7 @@ class BwrapRuntime(Runtime):
                     os.lchown(parent, self.uid, self.gid)
 
     def _confine(self, pid: int) -> None:
-        """Put the agent (host ``pid``, not forking yet) under the runtime's limits.
+        """Put the exec server (host ``pid``, not forking yet) under the runtime's limits.
 
         Runs in a thread: moving a process into a cgroup waits for the kernel (see limits.py).
 
@@ -358,15 +359,15 @@ class BwrapRuntime(Runtime):
             raise RuntimeStartError(f"bwrap runtime {self.runtime_id}: cannot confine the "
                                     f"sandbox: {exc}") from exc
 
-    async def _start_agent(self) -> None:
-        """Start the sandbox (a bwrap running the agent as its pid 1), confine the agent while
-        it starts, wait until it is ready, then let it fork its first shim."""
-        agent_args = [str(self.uid), str(self.gid)]
+    async def _start_exec_server(self) -> None:
+        """Start the sandbox (a bwrap running the exec server as its pid 1), confine the exec
+        server while it starts, wait until it is ready, then let it fork its first shim."""
+        exec_server_args = [str(self.uid), str(self.gid)]
         if self.spec.network == "gateway":
-            agent_args += [str(GATEWAY_PORT), f"{NET_DIR_INSIDE}/{GATEWAY_SOCKET}"]
+            exec_server_args += [str(GATEWAY_PORT), f"{NET_DIR_INSIDE}/{GATEWAY_SOCKET}"]
             self.relay = GatewayRelay(self.net_dir / GATEWAY_SOCKET)
             await self.relay.start()
-        (self.runtime_dir / "agent.pyc").write_bytes(agent_pyc())
+        (self.runtime_dir / "exec-server.pyc").write_bytes(exec_server_pyc())
         if self.uid >= 0:
             etc = Path(self.spec.image or "/") / "etc"
             for name, text in zip(("passwd", "group"), account_files(etc, self.uid, self.gid),
@@ -377,11 +378,11 @@ class BwrapRuntime(Runtime):
                 _chown_tree(folder, self.uid, self.gid)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()
-        argv = [*self.bwrap_args(self.workdir), *self._agent_argv(), AGENT_INSIDE,
-                str(theirs.fileno()), *agent_args]
+        argv = [*self.bwrap_args(self.workdir), *self._exec_server_argv(), EXEC_SERVER_INSIDE,
+                str(theirs.fileno()), *exec_server_args]
         argv[1:1] = ["--info-fd", str(info_w)]
-        stderr_path = self.logs_dir / "agent.stderr"
-        # the agent's own environment; each command gets its explicit one in its request
+        stderr_path = self.logs_dir / "exec-server.stderr"
+        # the exec server's own environment; each command gets its explicit one in its request
         env = {"PATH": self._base_env()["PATH"], "LANG": "C.UTF-8",
                "ROLLOUTD_RUNTIME_ID": self.runtime_id}
         try:
@@ -399,10 +400,10 @@ class BwrapRuntime(Runtime):
             os.close(info_w)
         self._holder = RuntimeProcess(proc, name="sandbox", spare_leader_on_term=True,
                                       grace_s=0.5)
-        self._agent = SandboxAgent(ours, self.runtime_id)
+        self._exec_server = ExecServerClient(ours, self.runtime_id)
         try:
             try:
-                pid = self.agent_pid = await _read_child_pid(info_r)
+                pid = self.exec_server_pid = await _read_child_pid(info_r)
             finally:
                 os.close(info_r)
             # the cgroup move waits for the kernel while bwrap sets up and Python starts
@@ -410,27 +411,27 @@ class BwrapRuntime(Runtime):
             confined = asyncio.ensure_future(asyncio.to_thread(self._confine, pid)) \
                 if limited else None
             try:
-                await self._agent.ready(PROBE_TIMEOUT_S)
+                await self._exec_server.ready(PROBE_TIMEOUT_S)
             finally:
                 if confined is not None:
                     await confined
-            await self._agent.prime()
-        except (TimeoutError, AgentError, ValueError, KeyError) as exc:
+            await self._exec_server.prime()
+        except (TimeoutError, ExecServerError, ValueError, KeyError) as exc:
             raise RuntimeStartError(
-                f"bwrap runtime {self.runtime_id}: sandbox agent did not start ({exc!r}): "
+                f"bwrap runtime {self.runtime_id}: exec server did not start ({exc!r}): "
                 f"{stderr_path.read_text(errors='replace')[-500:]}") from exc
 
     async def cancel(self) -> None:
         """Terminate every process of the runtime, then SIGKILL any left in the sandbox.
 
         Processes whose shim was killed from inside the sandbox would otherwise survive until
-        :meth:`stop`; the agent counts them (``sweep``).
+        :meth:`stop`; the exec server counts them (``sweep``).
         """
         await super().cancel()
-        if self._agent is not None and not self._agent.closed:
+        if self._exec_server is not None and not self._exec_server.closed:
             try:
-                num_killed = await self._agent.sweep()
-            except (AgentError, TimeoutError) as exc:
+                num_killed = await self._exec_server.sweep()
+            except (ExecServerError, TimeoutError) as exc:
                 log.warning("runtime_sweep_failed", runtime_id=self.runtime_id, error=str(exc))
                 return
             if num_killed:
@@ -456,11 +457,11 @@ class BwrapRuntime(Runtime):
 
     async def _cleanup(self) -> None:
         began = time.monotonic()
-        if self._agent is not None:  # the agent exits at EOF, and with it the sandbox
-            self._agent.close()
-            self._agent = None
+        if self._exec_server is not None:  # the exec server exits at EOF, and with it the sandbox
+            self._exec_server.close()
+            self._exec_server = None
             if self._holder is not None:
-                await self._holder.wait(AGENT_EXIT_S)
+                await self._holder.wait(EXEC_SERVER_EXIT_S)
         if self._holder is not None:
             await self._holder.terminate()
             self._holder = None

@@ -20,8 +20,8 @@ controller (read from ``/proc/self/cgroup``):
 A process enters the cgroup by a write of its pid to each ``cgroup.procs``
 (:meth:`RuntimeCgroup.attach`; the children it forks afterwards are born inside). Moving a
 process waits for an RCU grace period in the kernel (cgroup_threadgroup_rwsem, 5-20 ms on a busy
-host), so the bwrap runtime attaches its sandbox's agent while the sandbox is still starting,
-before the agent forks anything. The pids controller counts tasks, threads included.
+host), so the bwrap runtime attaches its sandbox's exec server while the sandbox is still
+starting, before the exec server forks anything. The pids controller counts tasks, threads included.
 """
 
 from __future__ import annotations

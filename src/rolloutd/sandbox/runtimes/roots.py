@@ -1,5 +1,5 @@
 """What a bwrap sandbox's root is made of: the host's system or an image folder's entries, the
-Python installation the agent runs, the account files, the mount points to create.
+Python installation the exec server runs, the account files, the mount points to create.
 
 Helpers of :mod:`~rolloutd.sandbox.runtimes.bwrap` (see its docstring); bubblewrap's options
 are bwrap(1)'s, of bubblewrap 0.8.
@@ -26,7 +26,7 @@ HOME_INSIDE = "/home/agent"
 #: name of the user and group commands run as (bwrap.SANDBOX_UID) inside.
 SANDBOX_USER = "agent"
 #: where, with ``spec.image``, the worker's Python installation and the libraries it needs
-#: are bound read-only (``python/`` and ``lib/``) for the agent.
+#: are bound read-only (``python/`` and ``lib/``) for the exec server.
 HOST_INSIDE = "/run/rolloutd-host"
 #: top-level entries of an image the sandbox provides itself.
 IMAGE_OWN_ENTRIES = ("tmp", "proc", "dev", "run")
@@ -61,7 +61,7 @@ def python_dirs() -> list[Path]:
 def image_root(image: str) -> tuple[list[str], tuple[str, ...]]:
     """bwrap options composing the root from an image folder's top-level entries, read-only,
     except ``/tmp``, ``/proc``, ``/dev`` and ``/run`` (the sandbox's own: a private tmpfs, the
-    sandbox's proc and dev, and a ``/run`` on bwrap's root tmpfs for the agent's files).
+    sandbox's proc and dev, and a ``/run`` on bwrap's root tmpfs for the exec server's files).
 
     The root itself stays bwrap's tmpfs, so the sandbox can add mount points (the workdir,
     :data:`HOST_INSIDE`) that the image lacks, and is made read-only afterwards.
@@ -86,10 +86,10 @@ def image_root(image: str) -> tuple[list[str], tuple[str, ...]]:
 
 @functools.cache
 def host_python() -> tuple[Path, str, dict[str, Path]]:
-    """What the agent needs to run inside an image: the worker's base Python installation,
-    its executable (relative to it), and every shared library the interpreter and the agent's
-    extension modules load, the dynamic loader included (ldd(1)), by the name they are
-    looked up under.
+    """What the exec server needs to run inside an image: the worker's base Python
+    installation, its executable (relative to it), and every shared library the interpreter and
+    the exec server's extension modules load, the dynamic loader included (ldd(1)), by the name
+    they are looked up under.
 
     Raises:
         OSError, subprocess.CalledProcessError: ``ldd`` is missing or fails.

@@ -1,26 +1,26 @@
-"""Sandbox side of the bwrap runtime: one agent per sandbox that runs every command in it.
+"""Sandbox side of the bwrap runtime: one exec server per sandbox that runs every command in it.
 
 Run as a script by the runtime's sandbox, as its pid 1 (standard library only, ``python3 -S -I``)::
 
-    python3 -S -I agent_inside.py CONTROL_FD UID GID [PORT SOCKET]
+    python3 -S -I exec_server_inside.py CONTROL_FD UID GID [PORT SOCKET]
 
 ``CONTROL_FD`` is one end of a ``SOCK_SEQPACKET`` socket pair (unix(7): message boundaries are
 kept, so a send is atomic; requests are ``marshal``-ed dicts, written by the worker, which the
-agent trusts; events are flat JSON objects, the worker trusts nothing else) whose other end the
-worker holds; nothing inside the sandbox can open it (it has no path, and the agent is not dumpable,
-see below). ``UID GID`` (-1: keep the agent's own) are the ids commands run as: each shim
-drops to them (setgroups, setresgid, setresuid) before it takes a command, which clears every
-capability it had; the agent itself keeps root and the few capabilities that needs
-(``CAP_SETUID``, ``CAP_SETGID``, ``CAP_KILL`` for sweeps), none of which a command ever
-holds. With ``PORT SOCKET`` the agent also relays TCP connections to ``127.0.0.1:PORT``
-byte for byte to the unix socket ``SOCKET`` (``network: gateway``; the host side,
+exec server trusts; events are flat JSON objects, the worker trusts nothing else) whose other end
+the worker holds; nothing inside the sandbox can open it (it has no path, and the exec server is not
+dumpable, see below). ``UID GID`` (-1: keep the exec server's own) are the ids commands run as: each
+shim drops to them (setgroups, setresgid, setresuid) before it takes a command, which clears every
+capability it had; the exec server itself keeps root and the few capabilities that needs
+(``CAP_SETUID``, ``CAP_SETGID``, ``CAP_KILL`` for sweeps), none of which a command ever holds. With
+``PORT SOCKET`` the exec server also relays TCP connections to ``127.0.0.1:PORT`` byte for byte to
+the unix socket ``SOCKET`` (``network: gateway``; the host side,
 :mod:`rolloutd.sandbox.runtimes.gateway_relay`, checks each request); it does no filtering.
 
-Commands run under *shims*: forks of the agent, each with a ``SOCK_SEQPACKET`` pair of its own
+Commands run under *shims*: forks of the exec server, each with a ``SOCK_SEQPACKET`` pair of its own
 whose other end goes to the worker (``SCM_RIGHTS``). A shim serves one command at a time:
 
 1. it sets itself up once: raises its OOM score adjustment (so the OOM killer takes a command
-   before the agent), drops to ``UID GID``, becomes a child subreaper (prctl(2)
+   before the exec server), drops to ``UID GID``, becomes a child subreaper (prctl(2)
    ``PR_SET_CHILD_SUBREAPER``), sends ``{"event": "idle"}`` and blocks, so a request finds it
    scheduled and ready;
 2. request ``{"op": "run", "argv", "env", "cwd", "fds": ["stdout", ...]}`` with those fds
@@ -40,21 +40,20 @@ whose other end goes to the worker (``SCM_RIGHTS``). A shim serves one command a
    request that crossed the exit report is ignored), or close it to end the shim. Reusing a
    shim saves a fork, its set-up and its exit per command.
 
-Control requests (worker -> agent): ``{"op": "shims", "n"}`` forks ``n`` more shims (event
+Control requests (worker -> exec server): ``{"op": "shims", "n"}`` forks ``n`` more shims (event
 ``{"event": "shim", "pid"}`` with the worker's end attached, or ``{"event": "shim_failed"}``
 when fork fails, e.g. at the pids limit); ``{"op": "sweep", "id"}`` SIGKILLs every process
-but the agent and its shims (``{"event": "swept", "id", "num_killed"}``). The agent sends
-``{"event": "ready"}`` once it listens, then forks nothing until the first ``shims`` request:
-meanwhile the worker moves it into the runtime's cgroup, so every shim and command is born
-inside. It exits when the worker closes its end; it is the sandbox's pid 1 (``bwrap
---as-pid-1``), so its exit ends the PID namespace and everything in it, and no process of the
-sandbox can signal it (the kernel drops signals to a namespace's init from inside, and
-commands run as another uid).
+but the exec server and its shims (``{"event": "swept", "id", "num_killed"}``). The exec server
+sends ``{"event": "ready"}`` once it listens, then forks nothing until the first ``shims`` request:
+meanwhile the worker moves it into the runtime's cgroup, so every shim and command is born inside.
+It exits when the worker closes its end; it is the sandbox's pid 1 (``bwrap --as-pid-1``), so its
+exit ends the PID namespace and everything in it, and no process of the sandbox can signal it (the
+kernel drops signals to a namespace's init from inside, and commands run as another uid).
 
-The agent is not dumpable (``PR_SET_DUMPABLE`` 0, inherited by the shims): processes of the
+The exec server is not dumpable (``PR_SET_DUMPABLE`` 0, inherited by the shims): processes of the
 sandbox, which have no capabilities (and, with ``UID``, another uid), cannot ptrace it or open
 its ``/proc/PID/fd``, ``environ`` or ``mem``; a command gets the default (dumpable) state back
-at ``execve``. The worker does not trust the agent either: it runs inside.
+at ``execve``. The worker does not trust the exec server either: it runs inside.
 """
 
 from __future__ import annotations
@@ -76,7 +75,7 @@ import time
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 #: the OOM score adjustment of a shim and its commands: the OOM killer prefers them to the
-#: agent (0); without CAP_SYS_RESOURCE a command can lower its own to 0, not below.
+#: exec server (0); without CAP_SYS_RESOURCE a command can lower its own to 0, not below.
 SHIM_OOM_SCORE_ADJ = 500
 #: bytes read from a relayed socket at a time.
 CHUNK = 65536
@@ -231,11 +230,11 @@ def shim(sock: _socket.socket, uid: int, gid: int) -> None:
 
     Args:
         sock: the shim's end of its own ``SOCK_SEQPACKET`` pair; the worker holds the other.
-        uid, gid: the ids to run commands as (-1: keep the agent's).
+        uid, gid: the ids to run commands as (-1: keep the exec server's).
     """
     code = 70
     try:
-        gc.disable()  # collecting would only copy the agent's pages
+        gc.disable()  # collecting would only copy the exec server's pages
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
@@ -262,7 +261,7 @@ def shim(sock: _socket.socket, uid: int, gid: int) -> None:
             if not data:
                 code = 0
                 return  # the worker closed the shim
-            request = marshal.loads(data)  # written by the worker, which the agent trusts
+            request = marshal.loads(data)  # written by the worker, which the exec server trusts
             if request["op"] == "indirect":
                 with os.fdopen(fds[0], "rb") as f:
                     request = marshal.loads(f.read())
@@ -366,12 +365,12 @@ def run(sock: _socket.socket, request: dict, fds: dict[str, int]) -> int:
 
 
 def sweep(spared: set[int]) -> int:
-    """SIGKILL every process of the sandbox but this agent and the ``spared`` (its shims: each
+    """SIGKILL every process of the sandbox but this exec server and the ``spared`` (its shims: each
     cleans up after its own command); return how many were killed."""
     me, killed = os.getpid(), set()
     deadline = time.monotonic() + SWEEP_TIMEOUT_S
     while time.monotonic() < deadline:
-        # orphans of a killed shim are the agent's children too: every process goes
+        # orphans of a killed shim are the exec server's children too: every process goes
         victims = [pid for pid, _ in live_processes()
                    if pid not in (1, me) and pid not in spared]
         if not victims:
@@ -390,7 +389,7 @@ class Relay:
     """Non-blocking byte relay between an accepted TCP connection and the unix socket.
 
     Args:
-        sel: the agent's selector.
+        sel: the exec server's selector.
         client: the accepted connection.
         path: the unix socket to connect to.
 
@@ -479,12 +478,12 @@ class Relay:
             sock.close()
 
 
-class Agent:
-    """The agent's event loop: control requests, child exits and (optionally) the relay.
+class ExecServer:
+    """The exec server's event loop: control requests, child exits and (optionally) the relay.
 
     Args:
         ctl: the control socket (``SOCK_SEQPACKET``).
-        uid, gid: the ids commands run as (-1: the agent's own).
+        uid, gid: the ids commands run as (-1: the exec server's own).
         relay: ``(port, unix socket path)`` to relay, or None.
     """
 
@@ -501,7 +500,7 @@ class Agent:
         self.wake_r = wake_r
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-        # blocking sends (a slow worker slows the agent, events are never dropped),
+        # blocking sends (a slow worker slows the exec server, events are never dropped),
         # non-blocking reads (MSG_DONTWAIT)
         ctl.setblocking(True)
         self.sel.register(ctl, EVENT_READ, self.on_control)
@@ -596,11 +595,11 @@ class Agent:
 
 
 def main(argv: list[str]) -> int:
-    """Run the agent (see the module docstring for the arguments)."""
+    """Run the exec server (see the module docstring for the arguments)."""
     ctl = _socket.socket(fileno=int(argv[1]))
     os.set_inheritable(ctl.fileno(), False)
     relay = (int(argv[4]), argv[5]) if len(argv) > 5 else None
-    return Agent(ctl, int(argv[2]), int(argv[3]), relay).run()
+    return ExecServer(ctl, int(argv[2]), int(argv[3]), relay).run()
 
 
 if __name__ == "__main__":

@@ -1,16 +1,16 @@
-"""Worker side of the bwrap runtime's sandbox agent: requests, events and agent processes.
+"""Worker side of the bwrap runtime's exec server: requests, events and sandbox processes.
 
-The agent (:mod:`rolloutd.sandbox.runtimes.agent_inside`, one Python process started once per
-runtime inside its sandbox) forks every command of the runtime; the worker talks to it over
-``SOCK_SEQPACKET`` socket pairs (unix(7)), one message per request (``marshal``: the agent
-trusts the worker, and the same interpreter runs on both sides) or event (JSON: the worker
-does not trust the agent, and reads nothing else from it), and passes the commands'
-standard streams as file descriptors (``SCM_RIGHTS``): pipes for :meth:`Runtime.exec`, the log
-files for :meth:`Runtime.spawn`. The protocol is described in ``agent_inside``'s docstring.
+The exec server (:mod:`rolloutd.sandbox.runtimes.exec_server_inside`, one Python process started
+once per runtime inside its sandbox) forks every command of the runtime; the worker talks to it over
+``SOCK_SEQPACKET`` socket pairs (unix(7)), one message per request (``marshal``: the exec server
+trusts the worker, and the same interpreter runs on both sides) or event (JSON: the worker does not
+trust the exec server, and reads nothing else from it), and passes the commands' standard streams as
+file descriptors (``SCM_RIGHTS``): pipes for :meth:`Runtime.exec`, the log files for
+:meth:`Runtime.spawn`. The protocol is described in ``exec_server_inside``'s docstring.
 
-An :class:`AgentProcess` stands for one such command: its ``pid``/``pgid`` are the command's pid
+A :class:`SandboxProcess` stands for one such command: its ``pid``/``pgid`` are the command's pid
 inside the sandbox's PID namespace (it leads its own process group there); signals go through
-the agent (``killpg``), and the exit is reported by the command's shim once everything the
+the exec server (``killpg``), and the exit is reported by the command's shim once everything the
 command started is gone, so a reported exit means an empty process tree. The shim is then idle
 again and goes back to the pool (up to :data:`MAX_IDLE_SHIMS`), so a sequence of commands costs
 no fork but the commands' own.
@@ -33,16 +33,16 @@ from typing import Any
 
 import structlog
 
-from rolloutd.errors import RolloutdError
+from rolloutd.errors import ExecServerError
 from rolloutd.sandbox.runtimes.process import RuntimeProcess
 
 log = structlog.get_logger(__name__)
 
 #: bytes of a request sent inline; longer ones (a long argv or env) go through a memfd.
 MAX_INLINE_BYTES = 32 * 1024
-#: bytes of one event read from the agent (events are small JSON objects).
+#: bytes of one event read from the exec server (events are small JSON objects).
 MAX_EVENT_BYTES = 64 * 1024
-#: seconds :meth:`AgentProcess.terminate` waits for the exit after SIGKILL before giving up.
+#: seconds :meth:`SandboxProcess.terminate` waits for the exit after SIGKILL before giving up.
 KILL_WAIT_S = 10.0
 #: idle shims kept ready, so a command does not wait for a fork.
 NUM_IDLE_SHIMS = 1
@@ -50,12 +50,8 @@ NUM_IDLE_SHIMS = 1
 MAX_IDLE_SHIMS = 4
 
 
-class AgentError(RolloutdError):
-    """The sandbox agent could not start a command, or is gone (the sandbox died)."""
-
-
 @dataclass
-class AgentPipes:
+class SandboxPipes:
     """The worker's ends of a command's pipes (None: not a pipe), like asyncio's Process."""
 
     stdin: asyncio.StreamWriter | None = None
@@ -64,11 +60,11 @@ class AgentPipes:
     transports: list[asyncio.BaseTransport] = field(default_factory=list)
 
 
-class AgentProcess(RuntimeProcess):
-    """A command run by a shim of the sandbox agent; same interface as :class:`RuntimeProcess`.
+class SandboxProcess(RuntimeProcess):
+    """A command run by a shim of the exec server; same interface as :class:`RuntimeProcess`.
 
     Args:
-        agent: the agent whose shim runs it.
+        server: the exec server whose shim runs it.
         sock: the worker's end of the shim's socket (owned from now on).
         name: a short label for logs.
         grace_s: seconds between SIGTERM and SIGKILL in :meth:`terminate`.
@@ -79,10 +75,10 @@ class AgentProcess(RuntimeProcess):
             shim reported it started.
     """
 
-    def __init__(self, agent: SandboxAgent, sock: socket.socket, *, name: str, grace_s: float,
-                 pipes: AgentPipes) -> None:
+    def __init__(self, server: ExecServerClient, sock: socket.socket, *, name: str,
+                 grace_s: float, pipes: SandboxPipes) -> None:
         # no super().__init__: there is no host process to wrap
-        self._agent = agent
+        self._exec_server = server
         self._sock = sock
         self.name = name
         self.pid = 0
@@ -105,7 +101,7 @@ class AgentProcess(RuntimeProcess):
         return self._returncode
 
     @property
-    def process(self) -> AgentPipes:  # type: ignore[override]
+    def process(self) -> SandboxPipes:  # type: ignore[override]
         """The worker's ends of the command's pipes (``stdin``, ``stdout``, ``stderr``)."""
         return self._pipes
 
@@ -177,7 +173,7 @@ class AgentProcess(RuntimeProcess):
             try:
                 event = json.loads(data)
             except ValueError:
-                log.warning("sandbox_agent_bad_event", name=self.name)
+                log.warning("exec_server_bad_event", name=self.name)
                 continue
             if event.get("event") == "started" and not self._started.done():
                 self.pid = self.pgid = int(event["pid"])
@@ -188,13 +184,13 @@ class AgentProcess(RuntimeProcess):
 
     def _on_gone(self) -> None:
         if not self._started.done():
-            self._started.set_exception(AgentError("the sandbox agent is gone"))
+            self._started.set_exception(ExecServerError("the exec server is gone"))
             self._started.exception()  # retrieved: run() may not be waiting
         self._set_exit(-signal.SIGKILL)
 
     def _set_exit(self, code: int, *, reusable: bool = False) -> None:
-        """Record the exit; hand the shim back to the agent (``reusable``: it reported the exit
-        and waits for the next command) or close its socket (the shim then ends)."""
+        """Record the exit; hand the shim back to the exec server (``reusable``: it reported the
+        exit and waits for the next command) or close its socket (the shim then ends)."""
         if not self._started.done():
             self._started.set_result(None)
         if self._returncode is None:
@@ -203,14 +199,14 @@ class AgentProcess(RuntimeProcess):
         if self._sock.fileno() >= 0:
             self._loop.remove_reader(self._sock.fileno())
             if reusable:
-                self._agent.reuse(self._sock)
+                self._exec_server.reuse(self._sock)
             else:
                 self._sock.close()
-        self._agent.forget(self)
+        self._exec_server.forget(self)
 
 
-class SandboxAgent:
-    """The worker's end of one sandbox agent: its control socket and a pool of idle shims.
+class ExecServerClient:
+    """The worker's end of one exec server: its control socket and a pool of idle shims.
 
     Args:
         sock: the worker's end of the control ``SOCK_SEQPACKET`` pair.
@@ -229,32 +225,32 @@ class SandboxAgent:
             collections.deque()
         self._num_requested = 0  # shims asked for, not idle yet
         self._sweeps: dict[int, asyncio.Future[int]] = {}
-        self._running: set[AgentProcess] = set()
+        self._running: set[SandboxProcess] = set()
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self.closed = False
         self._loop.add_reader(self._sock.fileno(), self._on_readable)
 
     async def ready(self, timeout_s: float) -> None:
-        """Wait for the agent's ``ready`` event.
+        """Wait for the exec server's ``ready`` event.
 
         Raises:
-            AgentError: the agent ended first.
+            ExecServerError: the exec server ended first.
             TimeoutError: ``timeout_s`` passed first.
         """
         await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
 
     async def prime(self) -> None:
-        """Ask for the first idle shim: until then the agent forks nothing, so the worker can
+        """Ask for the first idle shim: until then the exec server forks nothing, so the worker can
         move it into the runtime's cgroup first.
 
         Raises:
-            AgentError: the agent is gone.
+            ExecServerError: the exec server is gone.
         """
         self._check_open()
         await self._request_shims()
 
     async def run(self, argv: list[str], env: dict[str, str], cwd: str, *, name: str,
-                  grace_s: float, stdin: Any, stdout: Any, stderr: Any) -> AgentProcess:
+                  grace_s: float, stdin: Any, stdout: Any, stderr: Any) -> SandboxProcess:
         """Start a command in the sandbox through an idle shim; return once it started.
 
         Args:
@@ -266,14 +262,15 @@ class SandboxAgent:
             stdin, stdout, stderr: ``asyncio.subprocess.PIPE``, ``DEVNULL`` or an open file.
 
         Returns:
-            The :class:`AgentProcess`; a program that cannot be run is a 126/127 exit.
+            The :class:`SandboxProcess`; a program that cannot be run is a 126/127 exit.
 
         Raises:
-            AgentError: the agent is gone, or could not fork (e.g. the pids limit is reached).
+            ExecServerError: the exec server is gone, or could not fork (e.g. the pids limit
+                is reached).
         """
         shim = await self._take_shim()
-        pipes, names, send_fds, own_fds = AgentPipes(), [], [], []
-        process: AgentProcess | None = None
+        pipes, names, send_fds, own_fds = SandboxPipes(), [], [], []
+        process: SandboxProcess | None = None
         try:
             for stream, spec in (("stdin", stdin), ("stdout", stdout), ("stderr", stderr)):
                 if spec == asyncio.subprocess.DEVNULL or spec is None:
@@ -291,7 +288,7 @@ class SandboxAgent:
                 else:
                     send_fds.append(spec.fileno())
                 names.append(stream)
-            process = AgentProcess(self, shim, name=name, grace_s=grace_s, pipes=pipes)
+            process = SandboxProcess(self, shim, name=name, grace_s=grace_s, pipes=pipes)
             self._running.add(process)
             await _send(shim, self._loop, {"op": "run", "argv": argv, "env": env, "cwd": cwd,
                                            "fds": names}, send_fds)
@@ -316,10 +313,10 @@ class SandboxAgent:
         return process
 
     async def sweep(self, timeout_s: float = 10.0) -> int:
-        """SIGKILL every process of the sandbox but the agent; return how many there were.
+        """SIGKILL every process of the sandbox but the exec server; return how many there were.
 
         Raises:
-            AgentError: the agent is gone.
+            ExecServerError: the exec server is gone.
             TimeoutError: no answer within ``timeout_s``.
         """
         self._check_open()
@@ -332,13 +329,13 @@ class SandboxAgent:
         finally:
             self._sweeps.pop(request_id, None)
 
-    def forget(self, process: AgentProcess) -> None:
+    def forget(self, process: SandboxProcess) -> None:
         """Drop a process whose exit was reported."""
         self._running.discard(process)
 
     def reuse(self, shim: socket.socket) -> None:
         """Take back a shim whose command exited: give it to a waiting command, keep it idle,
-        or close it (the shim ends) when enough are idle or the agent is gone."""
+        or close it (the shim ends) when enough are idle or the exec server is gone."""
         while self._shim_waiters and self._shim_waiters[0].done():
             self._shim_waiters.popleft()  # cancelled
         if self.closed:
@@ -351,13 +348,13 @@ class SandboxAgent:
             shim.close()
 
     def close(self) -> None:
-        """Close every socket: the agent exits, and with it the sandbox. Idempotent."""
+        """Close every socket: the exec server exits, and with it the sandbox. Idempotent."""
         self._on_gone("closed by the worker")
 
     # -- plumbing ---------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self.closed:
-            raise AgentError(f"runtime {self._label}: the sandbox agent is gone")
+            raise ExecServerError(f"runtime {self._label}: the exec server is gone")
 
     async def _take_shim(self) -> socket.socket:
         """An idle shim's socket (waiting for one to be forked when there is none)."""
@@ -385,14 +382,14 @@ class SandboxAgent:
             self._num_requested += missing
             await _send(self._sock, self._loop, {"op": "shims", "n": missing}, [])
 
-    async def _reader(self, fd: int, pipes: AgentPipes) -> asyncio.StreamReader:
+    async def _reader(self, fd: int, pipes: SandboxPipes) -> asyncio.StreamReader:
         reader = asyncio.StreamReader(limit=2**16)
         transport, _ = await self._loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
         pipes.transports.append(transport)
         return reader
 
-    async def _writer(self, fd: int, pipes: AgentPipes) -> asyncio.StreamWriter:
+    async def _writer(self, fd: int, pipes: SandboxPipes) -> asyncio.StreamWriter:
         transport, protocol = await self._loop.connect_write_pipe(
             lambda: asyncio.streams.FlowControlMixin(), os.fdopen(fd, "wb", buffering=0))
         pipes.transports.append(transport)
@@ -410,7 +407,7 @@ class SandboxAgent:
                 self._on_gone(f"receive failed: {exc}")
                 return
             if not data and not fds:
-                self._on_gone("the agent ended")
+                self._on_gone("the exec server ended")
                 return
             try:
                 event = json.loads(data)
@@ -425,7 +422,7 @@ class SandboxAgent:
             elif kind == "shim_failed":
                 self._num_requested -= 1
                 if self._shim_waiters:
-                    self._shim_waiters.popleft().set_exception(AgentError(
+                    self._shim_waiters.popleft().set_exception(ExecServerError(
                         f"runtime {self._label}: cannot start a command: {event.get('message')}"))
             elif kind == "ready" and not self._ready.done():
                 self._ready.set_result(None)
@@ -434,7 +431,7 @@ class SandboxAgent:
                 if answer is not None and not answer.done():
                     answer.set_result(int(event.get("num_killed", 0)))
             else:
-                log.warning("sandbox_agent_bad_event", runtime_id=self._label, kind=kind)
+                log.warning("exec_server_bad_event", runtime_id=self._label, kind=kind)
             for fd in fds:  # none expected
                 os.close(fd)
 
@@ -458,7 +455,7 @@ class SandboxAgent:
             self._idle.append(shim)
 
     def _on_gone(self, reason: str) -> None:
-        """The agent is gone or closed: so is the sandbox, with every command in it."""
+        """The exec server is gone or closed: so is the sandbox, with every command in it."""
         if self.closed:
             return
         self.closed = True
@@ -471,7 +468,7 @@ class SandboxAgent:
             self._loop.remove_reader(shim.fileno())
             shim.close()
         self._starting.clear()
-        error = AgentError(f"runtime {self._label}: the sandbox agent is gone ({reason})")
+        error = ExecServerError(f"runtime {self._label}: the exec server is gone ({reason})")
         if not self._ready.done():
             self._ready.set_exception(error)
             self._ready.exception()  # retrieved: nobody may be waiting
@@ -481,7 +478,7 @@ class SandboxAgent:
         self._shim_waiters.clear()
         for process in list(self._running):
             process._on_gone()
-        log.debug("sandbox_agent_gone", runtime_id=self._label, reason=reason)
+        log.debug("exec_server_gone", runtime_id=self._label, reason=reason)
 
 
 async def _send(sock: socket.socket, loop: asyncio.AbstractEventLoop, request: dict[str, Any],
@@ -492,7 +489,7 @@ async def _send(sock: socket.socket, loop: asyncio.AbstractEventLoop, request: d
     passed first, behind ``{"op": "indirect"}``.
 
     Raises:
-        AgentError: the peer is gone.
+        ExecServerError: the peer is gone.
     """
     data = marshal.dumps(request)
     memfd = None
@@ -514,7 +511,7 @@ async def _send(sock: socket.socket, loop: asyncio.AbstractEventLoop, request: d
                 finally:
                     loop.remove_writer(sock.fileno())
             except OSError as exc:
-                raise AgentError(f"the sandbox agent is gone: {exc}") from exc
+                raise ExecServerError(f"the exec server is gone: {exc}") from exc
     finally:
         if memfd is not None:
             os.close(memfd)

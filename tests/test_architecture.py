@@ -1,0 +1,70 @@
+"""The import contracts (pyproject.toml, ``[tool.importlinter]``) hold, and they bite.
+
+``lint-imports`` runs in a child process over this checkout's ``src/`` (not whatever rolloutd
+the environment installed), as .ci/run runs it. The second test breaks a copy of the package
+in each way a contract forbids, with the import inside a function (the contracts count those
+too), and checks that ``lint-imports`` refuses the copy and names the import.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the console script of the environment running the tests (the one .ci/run calls)
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+def lint_imports(src: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``lint-imports`` with this checkout's contracts over the package under ``src``.
+
+    Returns:
+        The finished process: exit code 0 when every contract is kept, 1 when one is broken;
+        its report in ``stdout``.
+    """
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(ROOT / "pyproject.toml"), "--no-cache", "--no-logo"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_import_contracts_hold(tmp_path):
+    result = lint_imports(ROOT / "src", tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 kept, 0 broken" in result.stdout, result.stdout
+
+
+#: (module changed, import added inside a function, contract broken, line of the report)
+BREAKS = {
+    "lower layer imports a higher one": (
+        "errors.py", "rolloutd.cli", "rolloutd's layers",
+        "rolloutd.errors -> rolloutd.cli"),
+    "cycle between siblings": (
+        "proxy/memo.py", "rolloutd.proxy.recorder", "no import cycle",
+        "No cycles are allowed in rolloutd.proxy"),
+    "gateway imports the runtimes": (
+        "proxy/memo.py", "rolloutd.sandbox.artifacts", "do not import each other",
+        "rolloutd.proxy.memo -> rolloutd.sandbox.artifacts"),
+}
+
+
+@pytest.mark.parametrize("case", BREAKS)
+def test_a_forbidden_import_breaks_its_contract(case, tmp_path):
+    module, imported, contract, report = BREAKS[case]
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "src" / "rolloutd", src / "rolloutd",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with (src / "rolloutd" / module).open("a", encoding="utf-8") as f:
+        f.write(f"\n\ndef _forbidden() -> None:\n    import {imported}  # noqa: F401\n")
+    result = lint_imports(src, tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    # errors -> cli also closes cycles (cli imports errors), so other contracts may break too
+    broken = [line for line in result.stdout.splitlines() if line.endswith(" BROKEN")]
+    assert any(contract in line for line in broken), result.stdout
+    assert report in result.stdout, result.stdout

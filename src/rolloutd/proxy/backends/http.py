@@ -111,11 +111,12 @@ def _httpx_error(error: BaseException, request: httpx.Request) -> httpx.Transpor
 def _unanswered(error: BaseException) -> bool:
     """Whether ``error`` (raised before the answer's head was read) says the connection ended
     with no byte of the answer: closed (``ServerDisconnectedError`` with no partial answer) or
-    reset (``ClientOSError``, ``ClientConnectionResetError``), not a connect failure."""
+    reset (``ClientOSError``; aiohttp's ``ClientConnectionResetError``, a writing to a closed
+    transport, is a ``ConnectionResetError``), not a connect failure."""
     cause = error.__cause__ if isinstance(error, httpx.TransportError) else error
     if isinstance(cause, aiohttp.ServerDisconnectedError):
         return isinstance(cause.message, str)  # else the part of an answer that came
-    return isinstance(cause, aiohttp.ClientOSError | aiohttp.ClientConnectionResetError) \
+    return isinstance(cause, aiohttp.ClientOSError | ConnectionResetError) \
         and not isinstance(cause, aiohttp.ClientConnectorError)
 
 

@@ -1,5 +1,6 @@
-"""The backends' real HTTP transport (httpx over aiohttp) against real sockets that misbehave:
-each failure reaches the harness as the same error kind httpcore's did, never a crash."""
+"""The backends' one HTTP path (httpx over aiohttp) against real sockets: GETs, model calls
+and streams share one pool, and each failure reaches the harness as the same error kind
+httpcore's did, never a crash."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from rolloutd.errors import BackendError, BackendUnavailableError
 from rolloutd.proxy.backends.base import GenerateRequest
 from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
 from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
-from tests.support.loopback import loopback_server
+from rolloutd.proxy.backends.vllm import VllmBackend
+from tests.support.loopback import loopback_server, read_request
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 ANSWER = {"id": "c", "object": "chat.completion", "created": 1, "model": "m",
@@ -53,6 +55,65 @@ async def test_a_real_answer_goes_through() -> None:
         finally:
             await backend.aclose()
     assert result.message["content"] == "Hello"
+
+
+def _chunk(delta: dict[str, str], finish: str | None = None) -> bytes:
+    return b"data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1,
+                                   "model": "m", "choices": [{"index": 0, "delta": delta,
+                                                              "finish_reason": finish}]}
+                                  ).encode() + b"\n\n"
+
+
+async def test_a_get_and_a_stream_go_over_one_pooled_connection() -> None:
+    """``GET /v1/models``, then a streamed chat call: one connection serves both."""
+    connections: list[int] = []
+    models = json.dumps({"data": [{"id": "m", "max_model_len": 4096}]}).encode()
+    events = (_chunk({"role": "assistant", "content": "Hel"}) + _chunk({"content": "lo"}, "stop")
+              + b"data: [DONE]\n\n")
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     number: int) -> None:
+        while True:
+            head, _ = await read_request(reader)
+            connections.append(number)
+            if head.startswith(b"GET /v1/models "):
+                writer.write(_http(models))
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(events), events))
+            await writer.drain()
+
+    async with loopback_server(handle) as url:
+        backend = VllmBackend("b", url)
+        try:
+            assert await backend.context_size() == 4096
+            deltas = [delta async for delta in backend.chat_stream(dict(CHAT))]
+        finally:
+            await backend.aclose()
+    assert "".join(d.content for d in deltas) == "Hello"
+    assert deltas[-1].result is not None
+    assert deltas[-1].result.message["content"] == "Hello"
+    assert connections == [1, 1]
+
+
+async def test_a_stream_cut_short_is_a_backend_error() -> None:
+    """The connection drops in the middle of a stream's body: "failed", not "unreachable"."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     number: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Content-Length: 10000\r\n\r\n" + _chunk({"content": "Hel"}))
+        await writer.drain()
+
+    async with loopback_server(handle) as url:
+        backend = OpenAIChatBackend("b", url)
+        try:
+            with pytest.raises(BackendError) as raised:
+                _ = [delta async for delta in backend.chat_stream(dict(CHAT))]
+        finally:
+            await backend.aclose()
+    assert not isinstance(raised.value, BackendUnavailableError)
+    assert raised.value.status_code == 502
 
 
 async def test_a_refused_connection_is_unavailable() -> None:

@@ -33,3 +33,11 @@ async def loopback_server(handle: Handler) -> AsyncIterator[str]:
     finally:
         srv.close()
         await srv.wait_closed()
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """(head, body) of one request framed by ``Content-Length`` (none: an empty body)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    return head, await reader.readexactly(length)

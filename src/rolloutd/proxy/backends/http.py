@@ -1,251 +1,240 @@
-"""What every HTTP backend shares: a client without retries, status and transport mapping,
-and an SSE line reader.
+"""What every HTTP backend shares: one httpx client per backend over aiohttp's connections,
+without retries; status and transport mapping; an SSE line reader.
 
-Temporal owns retries (STYLE.md): a retried sampling call here could sample twice.
+Every backend call (the model call's POST, streams, GETs; ``http://`` or ``https://``) goes
+through the client :func:`new_client` builds: httpx is the interface (tests put an httpx
+transport in its place), and underneath the connections are aiohttp's (``httpx-aiohttp``, the
+transport the OpenAI and Anthropic Python SDKs offer). rolloutd speaks no HTTP of its own.
 
-The model call's POST to an ``http://`` backend goes over :class:`rolloutd.proxy.backends.
-keepalive.KeepAlivePool` (httptools-parsed keep-alive connections: 31 us of CPU per call on a
-loopback backend against 176 us through aiohttp's client and 650 us through httpcore's). The
-rest speaks httpx; underneath, the connections are aiohttp's (``httpx-aiohttp``, the transport
-the OpenAI and Anthropic Python SDKs offer for the same reason). Both raise the httpx errors
-httpcore raises for the same failures, so :func:`transport_error` maps them once.
+Temporal owns retries (STYLE.md): a retried sampling call here could sample twice. The one
+request sent again is one whose pooled connection the backend closed before answering a byte
+of it (RFC 9112 section 9.3.1, "Retrying Requests": a connection closed while idle, a race
+every keep-alive client meets); a request on a new connection is never sent twice.
+
+Failures are raised as the httpx errors httpcore raises for the same failures (a refused
+connection ``ConnectError``, a pooled connection not had in time ``ConnectTimeout``, no byte
+within the read timeout ``ReadTimeout``, an answer dropped or malformed
+``RemoteProtocolError``), so :func:`transport_error` maps each to the error tree once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import weakref
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import httpx
-import yarl
+import structlog
 from httpx_aiohttp import AiohttpTransport
-from httpx_aiohttp.transport import map_aiohttp_exceptions
 
 from rolloutd.errors import BackendError, BackendUnavailableError, ContextLengthError
 from rolloutd.proxy import fastjson
 from rolloutd.proxy.backends.base import Backend
-from rolloutd.proxy.backends.keepalive import KeepAlivePool
+
+log = structlog.get_logger(__name__)
 
 _CONTEXT_HINTS = ("maximum context length", "context length", "exceed_context_size",
                   "longer than the model")
 
+#: connections open at once to one backend; further calls wait for a free one
+MAX_CONNECTIONS = 128
+#: seconds to open a TCP (and TLS) connection, at most
+CONNECT_TIMEOUT_S = 10.0
+#: seconds an idle pooled connection is kept: below the backends' own idle timeout (uvicorn's
+#: ``timeout_keep_alive``, 5 s, which vLLM and SGLang serve with; cpp-httplib's keep-alive in
+#: llama-server, 5 s), so a connection the backend closes while idle is not picked for a call
+KEEPALIVE_EXPIRY_S = 4.0
 
-def _httpx_error(error: BaseException, request: httpx.Request | None) -> BaseException:
-    """The httpx error httpcore raised for aiohttp's ``error`` (see :class:`BackendTransport`),
-    or ``error`` itself when httpx-aiohttp's own mapping already holds."""
-    cause = error.__cause__ if isinstance(error, httpx.TransportError) else error
-    if isinstance(cause, aiohttp.ClientConnectorError):
-        return httpx.ConnectError(str(cause), request=request)
-    if isinstance(cause, aiohttp.ServerDisconnectedError):
-        return httpx.RemoteProtocolError(str(cause), request=request)
-    if isinstance(error, httpx.TransportError):
+
+@dataclass
+class _Sending:
+    """The attempt being sent in this task: whether its connection came from the pool."""
+
+    reused: bool = False
+
+
+#: set by :meth:`BackendTransport.handle_async_request`, filled by :class:`_Connector`
+#: (aiohttp acquires the connection in the caller's task)
+_SENDING: ContextVar[_Sending | None] = ContextVar("rolloutd_backend_sending", default=None)
+
+
+class _Connector(aiohttp.TCPConnector):
+    """aiohttp's connection pool, telling the attempt being sent whether its connection was
+    used before (a new connection's drop must not send the request again)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._used: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        """aiohttp's ``connect``; notes reuse on the current :class:`_Sending`."""
+        connection = await super().connect(req, traces, timeout)
+        sending = _SENDING.get()
+        if sending is not None:
+            protocol = connection.protocol
+            sending.reused = protocol in self._used
+            self._used.add(protocol)
+        return connection
+
+
+def _httpx_error(error: BaseException, request: httpx.Request) -> httpx.TransportError:
+    """The httpx error httpcore raises for the failure aiohttp raised as ``error``.
+
+    httpx-aiohttp's own table maps a dropped connection (``ServerDisconnectedError``, a
+    ``ClientConnectionError``) to ``ConnectTimeout``, which would report a backend that was
+    reached as unreachable; this one follows httpcore.
+    """
+    if isinstance(error, httpx.TransportError) and not isinstance(
+            error.__cause__, aiohttp.ClientError | asyncio.TimeoutError):
         return error
-    return httpx.RemoteProtocolError(f"{type(error).__name__}: {error}", request=request)
+    cause = error.__cause__ if isinstance(error, httpx.TransportError) else error
+    message = str(cause) or type(cause).__name__
+    if isinstance(cause, aiohttp.ConnectionTimeoutError):  # connect, or wait for the pool
+        return httpx.ConnectTimeout(message, request=request)
+    if isinstance(cause, aiohttp.SocketTimeoutError):  # no byte within the read timeout
+        return httpx.ReadTimeout(message, request=request)
+    if isinstance(cause, asyncio.TimeoutError):
+        return httpx.TimeoutException(message, request=request)
+    if isinstance(cause, aiohttp.ClientConnectorError):  # refused, unresolvable
+        return httpx.ConnectError(message, request=request)
+    if isinstance(cause, aiohttp.ClientOSError):  # reset, broken pipe
+        return httpx.ReadError(message, request=request)
+    # dropped (ServerDisconnectedError), cut short (ClientPayloadError), not HTTP at all
+    return httpx.RemoteProtocolError(f"{type(cause).__name__}: {message}", request=request)
+
+
+def _unanswered(error: BaseException) -> bool:
+    """Whether ``error`` (raised before the answer's head was read) says the connection ended
+    with no byte of the answer: closed (``ServerDisconnectedError`` with no partial answer) or
+    reset (``ClientOSError``; aiohttp's ``ClientConnectionResetError``, a writing to a closed
+    transport, is a ``ConnectionResetError``), not a connect failure."""
+    cause = error.__cause__ if isinstance(error, httpx.TransportError) else error
+    if isinstance(cause, aiohttp.ServerDisconnectedError):
+        return isinstance(cause.message, str)  # else the part of an answer that came
+    return isinstance(cause, aiohttp.ClientOSError | ConnectionResetError) \
+        and not isinstance(cause, aiohttp.ClientConnectorError)
+
+
+class _Body(httpx.AsyncByteStream):
+    """An answer's body as httpx-aiohttp streams it, its failures mapped by
+    :func:`_httpx_error`."""
+
+    def __init__(self, stream: httpx.AsyncByteStream, request: httpx.Request) -> None:
+        self._stream = stream
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._stream:
+                yield chunk
+        except (httpx.TransportError, aiohttp.ClientError) as e:
+            raise _httpx_error(e, self._request) from (e.__cause__ or e)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+_SEND_ERRORS = (httpx.TransportError, aiohttp.ClientError, asyncio.TimeoutError)
 
 
 class BackendTransport(AiohttpTransport):
-    """httpx-aiohttp's transport with aiohttp's failures as the httpx errors httpcore raises
-    for them: a refused connection is ``ConnectError``, a backend that drops the connection
-    mid-answer ``RemoteProtocolError`` (httpx-aiohttp maps the latter to ``ConnectTimeout``),
-    a malformed answer ``RemoteProtocolError`` (unmapped there), timeouts as httpx-aiohttp
-    maps them (``ReadTimeout``, ``TimeoutException``), so :func:`transport_error` reports
-    each as before.
+    """httpx-aiohttp's transport over one aiohttp connection pool, with aiohttp's failures
+    raised as the httpx errors httpcore raises for them (see the module docstring), and a
+    request that a pooled connection lost before any byte of its answer sent once more.
 
-    :meth:`post_bytes` is the model call's path: aiohttp's session directly, without the
-    httpx request and response layers around it (a third of the call's CPU), with the same
-    errors."""
+    Args:
+        max_connections: connections open at once (>= 1); further calls wait for a free one
+            within the pool timeout.
+        keepalive_expiry_s: seconds an idle connection stays in the pool.
+    """
+
+    def __init__(self, *, max_connections: int = MAX_CONNECTIONS,
+                 keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S) -> None:
+        super().__init__(limits=httpx.Limits(max_connections=max_connections,
+                                             max_keepalive_connections=max_connections,
+                                             keepalive_expiry=keepalive_expiry_s),
+                         client=self._new_session)
+
+    def _new_session(self) -> aiohttp.ClientSession:
+        """The aiohttp session, made on the first request (it needs the running loop)."""
+        connector = _Connector(limit=self.limits.max_connections, limit_per_host=0,
+                               keepalive_timeout=self.limits.keepalive_expiry,
+                               ssl=self.ssl_context)
+        # backends set no cookies worth keeping; httpx's client keeps its own
+        return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """Send ``request``; see the class docstring for the errors."""
-        try:
-            return await super().handle_async_request(request)
-        except (httpx.TransportError, aiohttp.ClientError) as e:
-            raise _httpx_error(e, request) from (e.__cause__ or e)
-
-    async def post_bytes(self, url: str | yarl.URL, content: bytes, headers: dict[str, str],
-                         timeout: aiohttp.ClientTimeout) -> tuple[int, bytes]:
-        """POST ``content`` to ``url`` and read the whole answer.
-
-        Returns:
-            ``(status code, body)``.
-
-        Raises:
-            httpx.TransportError: as :meth:`handle_async_request` raises them.
-        """
-        if not isinstance(self.client, aiohttp.ClientSession):
-            self.client = self.get_client()
-        try:
-            with map_aiohttp_exceptions():
-                async with self.client.post(url, data=content, headers=headers,
-                                            allow_redirects=False, auto_decompress=False,
-                                            compress=False, timeout=timeout) as response:
-                    return response.status, await response.read()
-        except (httpx.TransportError, aiohttp.ClientError) as e:
-            raise _httpx_error(e, None) from (e.__cause__ or e)
+        """Send ``request``; see the class docstring for the errors and the one resend."""
+        for resend in (False, True):
+            sending = _Sending()
+            token = _SENDING.set(sending)
+            try:
+                response = await super().handle_async_request(request)
+            except _SEND_ERRORS as e:
+                cause = (e.__cause__ or e) if isinstance(e, httpx.TransportError) else e
+                if resend or not (sending.reused and _unanswered(e)
+                                  and isinstance(request.stream, httpx.ByteStream)):
+                    raise _httpx_error(e, request) from cause
+                log.info("backend_request_resent", host=request.url.host,
+                         port=request.url.port, error=repr(cause))
+                continue
+            finally:
+                _SENDING.reset(token)
+            response.stream = _Body(response.stream, request)  # type: ignore[arg-type]
+            return response
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
 
-class Answer:
-    """A backend's whole answer to a model call's POST: what the backends read of an
-    ``httpx.Response`` (``status_code``, ``content``, ``text``), without building one (15 us
-    a call).
+class BackendClient(httpx.AsyncClient):
+    """``httpx.AsyncClient`` whose ``json=`` bodies are written by :func:`fastjson.dumps`
+    (orjson; a body may hold ``fastjson.raw`` values, a prompt's ids written once)."""
 
-    Args:
-        status_code: the HTTP status.
-        content: the body, bytes.
-    """
-
-    __slots__ = ("content", "status_code")
-
-    def __init__(self, status_code: int, content: bytes) -> None:
-        self.status_code = status_code
-        self.content = content
-
-    @property
-    def text(self) -> str:
-        """The body decoded as UTF-8 (undecodable bytes replaced)."""
-        return self.content.decode("utf-8", errors="replace")
-
-    def json(self) -> Any:
-        """The body parsed as JSON.
-
-        Raises:
-            json.JSONDecodeError: it is not JSON.
-            UnicodeDecodeError: it is not UTF-8.
-        """
-        return fastjson.loads(self.content)
-
-
-class ShardedClient:
-    """Several ``httpx.AsyncClient`` pools used in turn, each with a few connections.
-
-    The shards were made for httpcore's pool, which checks every pooled connection on each
-    request (with 64 concurrent calls one pool spent most of the gateway's CPU there); with
-    aiohttp's pool underneath (:class:`BackendTransport`, the default) they only bound the
-    connections of each pool. The methods used by the backends are forwarded.
-
-    :meth:`post` with a ``json`` body (the model call) sends with the client's base URL,
-    headers and timeout through ``keepalive`` (:class:`rolloutd.proxy.backends.keepalive.
-    KeepAlivePool`: ``http://`` origins), else :meth:`BackendTransport.post_bytes`, else the
-    shard's transport (tests): the client layers (auth, redirects, cookies, event hooks) and
-    httpx's request and response streams cost more than half of a call's CPU and are unused
-    here. Its answer is an :class:`Answer` (a read ``httpx.Response`` through a test's
-    transport).
-
-    Args:
-        make: builds one shard: ``(client, its transport)``.
-        num_shards: number of pools (>= 1).
-        base_url: the clients' base URL.
-        headers: headers of every request (besides ``Host``, ``Content-Type`` and length).
-        timeout: the clients' timeout.
-        keepalive: the model call's connections, or None.
-    """
-
-    def __init__(self, make: Any, num_shards: int, *, base_url: str = "",
-                 headers: dict[str, str] | None = None,
-                 timeout: httpx.Timeout | None = None,
-                 keepalive: KeepAlivePool | None = None) -> None:
-        self.keepalive = keepalive
-        pairs = [make() for _ in range(max(1, num_shards))]
-        self.shards: list[httpx.AsyncClient] = [client for client, _ in pairs]
-        self._transports: list[httpx.AsyncBaseTransport] = [t for _, t in pairs]
-        self._base_url = base_url.rstrip("/")
-        self._headers = [("Accept", "application/json"), ("Content-Type", "application/json"),
-                         *(headers or {}).items()]
-        self._timeout = (timeout or httpx.Timeout(600.0)).as_dict()
-        self._aiohttp_timeout = aiohttp.ClientTimeout(sock_connect=self._timeout["connect"],
-                                                      sock_read=self._timeout["read"],
-                                                      connect=self._timeout["pool"])
-        self._header_dict = dict(self._headers)
-        self._urls: dict[str, httpx.URL] = {}  # parsed once per path
-        self._yarl_urls: dict[str, yarl.URL] = {}
-        self._next = 0
-
-    def _pick(self) -> httpx.AsyncClient:
-        self._next = (self._next + 1) % len(self.shards)
-        return self.shards[self._next]
-
-    async def post(self, url: str, *, json: Any = None,
-                   **kwargs: Any) -> Answer | httpx.Response:
-        """``AsyncClient.post`` on the next shard; a JSON body skips the client layers."""
-        if json is None or kwargs:
-            return await self._pick().post(url, json=json, **kwargs)
-        if self.keepalive is not None:
-            return Answer(*await self.keepalive.post(url, fastjson.dumps(json)))
-        self._next = (self._next + 1) % len(self.shards)
-        transport = self._transports[self._next]
-        if isinstance(transport, BackendTransport):
-            address = self._yarl_urls.get(url)
-            if address is None:
-                address = self._yarl_urls[url] = yarl.URL(self._base_url + url)
-            return Answer(*await transport.post_bytes(
-                address, fastjson.dumps(json), self._header_dict, self._aiohttp_timeout))
-        target = self._urls.get(url)
-        if target is None:
-            target = self._urls[url] = httpx.URL(self._base_url + url)
-        request = httpx.Request(
-            "POST", target, headers=self._headers,
-            content=fastjson.dumps(json),
-            extensions={"timeout": self._timeout})
-        response = await self._transports[self._next].handle_async_request(request)
-        try:
-            await response.aread()
-        finally:
-            await response.aclose()
-        return response
-
-    async def get(self, url: str, **kwargs: Any) -> httpx.Response:
-        """``AsyncClient.get`` on the next shard."""
-        return await self._pick().get(url, **kwargs)
-
-    def stream(self, method: str, url: str, **kwargs: Any) -> Any:
-        """``AsyncClient.stream`` on the next shard (an async context manager); a ``json``
-        body is written by :func:`fastjson.dumps` (it may hold ``fastjson.raw`` values)."""
-        if kwargs.get("json") is not None:
-            kwargs["content"] = fastjson.dumps(kwargs.pop("json"))
-            kwargs["headers"] = {"Content-Type": "application/json",
-                                 **(kwargs.get("headers") or {})}
-        return self._pick().stream(method, url, **kwargs)
-
-    async def aclose(self) -> None:
-        """Close every shard and the model call's connections."""
-        if self.keepalive is not None:
-            await self.keepalive.aclose()
-        for shard in self.shards:
-            await shard.aclose()
+    def build_request(self, method: str, url: Any, *, json: Any = None,
+                      headers: Any = None, **kwargs: Any) -> httpx.Request:
+        """``AsyncClient.build_request``; a ``json`` body goes as ``content``."""
+        if json is not None:
+            kwargs["content"] = fastjson.dumps(json)
+            headers = httpx.Headers(headers)
+            headers.setdefault("Content-Type", "application/json")
+        return super().build_request(method, url, headers=headers, **kwargs)
 
 
 def new_client(url: str, timeout_s: float, transport: httpx.AsyncBaseTransport | None,
-               headers: dict[str, str] | None = None, *, num_shards: int = 8,
-               connections_per_shard: int = 16) -> Any:
-    """An async client for ``url`` with retries off and ``timeout_s`` per call, sharded
-    (:class:`ShardedClient`) unless a transport is given (tests pass one transport); its
-    model calls to an ``http://`` ``url`` go over a :class:`KeepAlivePool` of
-    ``num_shards * connections_per_shard`` connections."""
-    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+               headers: dict[str, str] | None = None, *,
+               max_connections: int = MAX_CONNECTIONS,
+               keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S) -> BackendClient:
+    """The client of the backend at ``url``: retries off, over a :class:`BackendTransport`
+    unless ``transport`` is given (tests).
 
-    def make() -> tuple[httpx.AsyncClient, httpx.AsyncBaseTransport]:
-        shard_transport = transport or BackendTransport(
-            limits=httpx.Limits(max_connections=connections_per_shard,
-                                max_keepalive_connections=connections_per_shard))
-        client = httpx.AsyncClient(
-            base_url=url, headers=headers, timeout=timeout,
-            limits=httpx.Limits(max_connections=connections_per_shard,
-                                max_keepalive_connections=connections_per_shard),
-            transport=shard_transport)
-        return client, shard_transport
+    Timeouts: a new connection opens within ``min(timeout_s, CONNECT_TIMEOUT_S)``; a call
+    has its connection (a pooled one, or a new one opened, waiting while ``max_connections``
+    are busy) within ``timeout_s``, which is aiohttp's ``connect`` timeout (httpx's ``pool``);
+    every read of the answer comes within ``timeout_s`` of the previous one (the answer of a
+    non-streamed sampling call comes at its end: the backend's longest generation must fit).
 
-    keepalive = None
-    if transport is None and url.startswith("http://"):
-        keepalive = KeepAlivePool(url, headers=headers, limit=num_shards * connections_per_shard,
-                                  connect_timeout_s=min(timeout_s, 10.0),
-                                  read_timeout_s=timeout_s)
-    return ShardedClient(make, 1 if transport is not None else num_shards, base_url=url,
-                         headers=headers, timeout=timeout, keepalive=keepalive)
+    Args:
+        url: the backend's base URL; request paths are appended to it.
+        timeout_s: the read and pool timeouts above, seconds (> 0).
+        transport: an httpx transport to use instead (tests), or None.
+        headers: sent with every request (``Authorization`` for an API).
+        max_connections: connections open at once to this backend.
+        keepalive_expiry_s: seconds an idle connection is kept (below the backend's own idle
+            timeout).
+    """
+    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S),
+                            pool=timeout_s)
+    return BackendClient(
+        base_url=url, headers=headers, timeout=timeout, follow_redirects=False,
+        transport=transport or BackendTransport(max_connections=max_connections,
+                                                keepalive_expiry_s=keepalive_expiry_s))
 
 
-def error_message(response: Answer | httpx.Response) -> str:
+def error_message(response: httpx.Response) -> str:
     """The message of an error answer (``{"error": {"message"}}``, ``{"message"}``,
     ``{"detail"}``, or the text)."""
     try:
@@ -262,7 +251,7 @@ def error_message(response: Answer | httpx.Response) -> str:
     return str(body)[:300]
 
 
-def raise_for_status(backend: Backend, response: Answer | httpx.Response) -> None:
+def raise_for_status(backend: Backend, response: httpx.Response) -> None:
     """Map an HTTP error answer to the error tree.
 
     Raises:
@@ -290,7 +279,7 @@ def transport_error(backend: Backend, error: httpx.HTTPError) -> BackendError:
     return BackendError(f"backend {backend.name} failed: {error!r}")
 
 
-async def post_json(backend: Backend, client: ShardedClient, path: str,
+async def post_json(backend: Backend, client: httpx.AsyncClient, path: str,
                     body: dict[str, Any]) -> dict[str, Any]:
     """POST ``body`` and return the JSON object answered.
 
@@ -311,7 +300,7 @@ async def post_json(backend: Backend, client: ShardedClient, path: str,
     return answer
 
 
-async def sse_events(backend: Backend, client: ShardedClient, path: str,
+async def sse_events(backend: Backend, client: httpx.AsyncClient, path: str,
                      body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     """POST ``body`` and yield each ``data: {json}`` event until ``data: [DONE]`` or the end.
 

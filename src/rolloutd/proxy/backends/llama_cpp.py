@@ -36,7 +36,7 @@ import structlog
 from rolloutd.errors import BackendError, BackendUnavailableError, ContextLengthError
 from rolloutd.proxy import fastjson
 from rolloutd.proxy.backends.base import Backend, GenerateDelta, GenerateRequest, GenerateResult
-from rolloutd.proxy.backends.http import Answer, new_client
+from rolloutd.proxy.backends.http import new_client, transport_error
 
 log = structlog.get_logger(__name__)
 
@@ -109,7 +109,7 @@ def _finish(event: dict[str, Any], where: str) -> tuple[str, str]:
     return _STOP_TYPES[stop_type], stop_type
 
 
-def _error_message(response: Answer | httpx.Response) -> tuple[str, str | None]:
+def _error_message(response: httpx.Response) -> tuple[str, str | None]:
     """The message and type of a llama.cpp error response (``{"error": {...}}``)."""
     try:
         body = json.loads(response.content)
@@ -145,7 +145,7 @@ class LlamaCppBackend(Backend):
         """Close the HTTP client."""
         await self.client.aclose()
 
-    def _raise_for_status(self, response: Answer | httpx.Response) -> None:
+    def _raise_for_status(self, response: httpx.Response) -> None:
         if response.status_code < 400:
             return
         message, kind = _error_message(response)
@@ -155,13 +155,6 @@ class LlamaCppBackend(Backend):
             raise BackendUnavailableError(f"backend {self.name} is not ready: {message}")
         raise BackendError(f"backend {self.name} answered {response.status_code}: {message}",
                            retryable=response.status_code >= 500)
-
-    def _transport_error(self, error: httpx.HTTPError) -> BackendError:
-        if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):
-            return BackendUnavailableError(f"backend {self.name} unreachable: {error!r}")
-        if isinstance(error, httpx.TimeoutException):
-            return BackendError(f"backend {self.name} timed out: {error!r}")
-        return BackendError(f"backend {self.name} failed: {error!r}")
 
     async def context_size(self) -> int:
         """Context window of one slot from ``/props`` (``default_generation_settings.n_ctx``).
@@ -175,7 +168,7 @@ class LlamaCppBackend(Backend):
             try:
                 response = await self.client.get("/props")
             except httpx.HTTPError as e:
-                raise self._transport_error(e) from e
+                raise transport_error(self, e) from e
             self._raise_for_status(response)
             try:
                 n_ctx = response.json()["default_generation_settings"]["n_ctx"]
@@ -217,7 +210,7 @@ class LlamaCppBackend(Backend):
             response = await self.client.post("/completion",
                                               json=completion_body(request, stream=False))
         except httpx.HTTPError as e:
-            raise self._transport_error(e) from e
+            raise transport_error(self, e) from e
         self._raise_for_status(response)
         try:
             body = fastjson.loads(response.content)
@@ -277,5 +270,5 @@ class LlamaCppBackend(Backend):
                             event, ids, logprobs, "".join(texts), first_token_s, "stream"))
                         return
         except httpx.HTTPError as e:
-            raise self._transport_error(e) from e
+            raise transport_error(self, e) from e
         raise BackendError(f"backend {self.name}: stream ended without its final event")

@@ -503,6 +503,13 @@ class SessionResult(Model):
     num_call_errors: int = Field(
         default=0, description="model calls answered with an error (backend failure, bad "
         "request), not in the completion log; the last ones are in the session state")
+    num_unrecovered_call_errors: int = Field(
+        default=0, description="of those, calls answered with a 5xx (gateway or backend "
+        "failure) that no later completion of the session made good: none answered the same "
+        "request or continued its conversation")
+    last_call_error: str | None = Field(
+        default=None, description="the last failed call in words, e.g. "
+        "'502 BackendError: backend b0: ...'")
     num_traces: int = 0
     num_trainable_tokens: int = 0
     trajectory_ref: str | None = Field(default=None, description="blob-store key")

@@ -19,6 +19,7 @@ import structlog
 
 from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
 from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.sessions import unrecovered_errors
 from rolloutd.store import CompletionLog
 from rolloutd.types import SamplingParams
 
@@ -100,3 +101,38 @@ async def test_an_unexpected_exception_is_answered_in_the_dialect_counted_and_lo
     assert failures[0]["session_id"] == "t/0" and failures[0]["exc_info"]
     if where == "pipeline":
         assert CompletionLog(gateway.store, "t/0").read_all() == []
+
+
+async def test_a_failed_call_is_recovered_by_a_later_completion_of_its_request(
+        gateway: Gateway, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The harness retried the failed request (same body), or carried on with its
+    conversation: the failure is made good; a failure nothing followed is not."""
+    record = gateway.service.recorder.record
+    failing = {"left": 0}
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failing["left"]:
+            failing["left"] -= 1
+            raise AttributeError("a bug")
+        return await record(*args, **kwargs)
+
+    monkeypatch.setattr(gateway.service.recorder, "record", flaky)
+    first = [{"role": "user", "content": "hi"}]
+    later = [*first, {"role": "assistant", "content": "?"}, {"role": "user", "content": "go"}]
+    for session_id, bodies in [("t/0", [first, first]), ("t/1", [first, later]),
+                               ("t/2", [first]), ("t/3", [[{"role": "user", "content": "x"}],
+                                                          first])]:
+        info = await gateway.sessions.open_session(session_id, "t",
+                                                   sampling=SamplingParams(max_tokens=8))
+        failing["left"] = 1
+        for messages in bodies:
+            await client.post(f"/s/{info.session_key}/v1/chat/completions",
+                              json={"messages": messages})
+        await gateway.sessions.close_session(session_id)
+    unrecovered = {}
+    for session_id in ("t/0", "t/1", "t/2", "t/3"):
+        session = await gateway.sessions.get(session_id)
+        assert session.state.num_errors == 1
+        unrecovered[session_id] = len(unrecovered_errors(session.state, session.completions))
+    # t/3: the later completion answered another conversation
+    assert unrecovered == {"t/0": 0, "t/1": 0, "t/2": 1, "t/3": 1}

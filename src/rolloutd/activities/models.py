@@ -56,8 +56,13 @@ class CloseSessionInput(_IO):
 
 class CloseSessionOutput(_IO):
     num_completions: int
-    #: calls that failed (answered with an error, not in the completion log; issue #6)
+    #: calls that failed (answered with an error, not in the completion log)
     num_errors: int = 0
+    #: failed calls answered with a 5xx (a gateway or backend failure, not a bad request)
+    #: that no later completion made good (rolloutd.proxy.sessions.recovered)
+    num_unrecovered_errors: int = 0
+    #: the last failed call, in words (``"502 BackendError: ..."``)
+    last_error: str | None = None
 
 
 class BuildTrajectoryInput(_IO):

@@ -279,6 +279,8 @@ class RolloutSessionWorkflow:
             error=error,
             num_completions=self._num_completions,
             num_call_errors=closed.num_errors,
+            num_unrecovered_call_errors=closed.num_unrecovered_errors,
+            last_call_error=closed.last_error,
             num_traces=built.num_traces,
             num_trainable_tokens=built.stats.num_trainable_tokens,
             trajectory_ref=built.trajectory_ref,

@@ -231,6 +231,10 @@ class PhaseTimeouts(Model):
 
     open_s: float = Field(default=30.0, gt=0, le=3600)
     provision_s: float = Field(default=120.0, gt=0, le=86_400)
+    provision_wait_s: float = Field(
+        default=60.0, gt=0, le=86_400, description="how long provisioning waits for a "
+        "sandbox host to pick it up while no sandbox worker polls: past it the session fails "
+        "('no sandbox worker is polling'); a fleet that polls but is busy is waited for")
     run_s: float = Field(default=600.0, gt=0, le=86_400)
     collect_s: float = Field(default=120.0, gt=0, le=86_400)
     teardown_s: float = Field(default=60.0, gt=0, le=3600)

@@ -50,6 +50,21 @@ class OpenSessionOutput(_IO):
     host_queue: str = Field(description="the gateway host's own task queue")
 
 
+class TaskQueuePollersInput(_IO):
+    task_queue: str
+    #: an activity of the calling workflow: is it still waiting in the queue?
+    activity_id: str = ""
+
+
+class TaskQueuePollersOutput(_IO):
+    #: pollers Temporal saw on the queue in the last few minutes
+    num_pollers: int = 0
+    #: seconds since the most recent poll (None: no poller seen)
+    last_poll_s_ago: float | None = None
+    #: the activity ``activity_id`` has left the queue (started or no longer pending)
+    picked_up: bool = False
+
+
 class CloseSessionInput(_IO):
     session_id: str
 

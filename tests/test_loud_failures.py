@@ -175,8 +175,10 @@ async def test_a_provisioning_a_host_picked_up_is_not_cut_by_the_wait(temporal_s
         raise ApplicationError("no runtime today", non_retryable=True)
 
     async with fleets_in_namespace(temporal_server.address, tmp_path, sandbox=False) as rig:
+        # one slot: while it provisions, the host does not poll (its last poll ages past
+        # the wait), as a full sandbox host does
         async with Worker(rig.client, task_queue=task_queues.SANDBOX,
-                          activities=[slow_provision]):
+                          activities=[slow_provision], max_concurrent_activities=1):
             handle = await RolloutClient(rig.client).submit(shell_task(
                 f"slowprov-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 2}))
             [session] = (await asyncio.wait_for(handle.result(), timeout=60)).sessions

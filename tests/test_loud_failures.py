@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import Worker
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer, Worker
 
 from rolloutd import task_queues
 from rolloutd.activities.models import ProvisionRuntimeInput, ProvisionRuntimeOutput
@@ -33,6 +34,7 @@ from rolloutd.stack import free_port
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionStatus
 from rolloutd.workers import connect, run_fleet
+from rolloutd.workflows.session import RolloutSessionWorkflow
 from tests.support.loopback import loopback_server
 from tests.support.namespaces import fresh_namespace
 
@@ -154,10 +156,15 @@ async def test_a_session_fails_when_no_sandbox_worker_polls(temporal_server,
             f"nosandbox-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 3}))
         [session] = (await asyncio.wait_for(handle.result(), timeout=60)).sessions
         waited_s = time.monotonic() - started
+        history = await rig.client.get_workflow_handle(  # type: ignore[attr-defined]
+            f"task/{session.session_id}").fetch_history()
     assert session.status == SessionStatus.FAILED
     assert session.error == ("no sandbox worker is polling task queue rolloutd-sandbox "
                              "(checked for 3 s)")
     assert waited_s < 20, waited_s
+    # the checks (timers, local activities, the cancel) replay deterministically
+    await Replayer(workflows=[RolloutSessionWorkflow],
+                   data_converter=pydantic_data_converter).replay_workflow(history)
 
 
 async def test_a_provisioning_a_host_picked_up_is_not_cut_by_the_wait(temporal_server,

@@ -13,6 +13,7 @@ from typing import Any
 
 from rolloutd.logs import configure_logging
 from rolloutd.settings import CommonSettings, default_home
+from rolloutd.types import SessionStatus
 
 
 def _load_tasks(path: Path) -> list[dict[str, Any]]:
@@ -63,7 +64,7 @@ def what_went_wrong(results: list[Any]) -> tuple[list[str], list[str]]:
             elif s.num_call_errors:
                 notes.append(f"session {s.session_id}: {s.num_call_errors} model call(s) "
                              f"failed, recovered or refused as bad requests{last}")
-            if s.status.value == "failed":
+            if s.status == SessionStatus.FAILED:
                 failures.append(f"session {s.session_id} failed: {s.error}")
         if group.sessions and all(s.num_completions == 0 for s in group.sessions):
             failures.append(f"task {group.task_id}: no session recorded a completion "

@@ -230,6 +230,7 @@ async def _sse(encoder: Encoder, start: StreamStart, events: AsyncIterator[Strea
             return
         if not await record(failure):
             log.warning("stream_failed", error_type=type(failure).__name__,
+                        error=_as_rolloutd_error(failure).message,
                         exc_info=None if isinstance(failure, RolloutdError) else failure)
         for chunk in encoder.error(_as_rolloutd_error(failure)):
             yield chunk
@@ -346,7 +347,7 @@ def create_app(gateway: Gateway) -> Any:
         with structlog.contextvars.bound_contextvars(session_id=session.session_id):
             try:
                 return await respond(call)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - request boundary: recorded, re-raised
                 await gateway.service.note_failure(session, e, call.started, stream=call.stream,
                                                    request=call.request)
                 raise

@@ -369,12 +369,12 @@ class ChatService:
         status = error.status_code if isinstance(error, RolloutdError) else 500
         message = error.message if isinstance(error, RolloutdError) \
             else f"internal error: {type(error).__name__}"
-        hashes: dict[str, Any] = {}
-        if request is not None:
-            hashes = {"request_hash": request_hash(request.body),
-                      "num_messages": len(request.messages),
-                      "conversation_hash": conversation_hash(request.messages)}
         try:
+            hashes: dict[str, Any] = {}
+            if request is not None:
+                hashes = {"request_hash": request_hash(request.body),
+                          "num_messages": len(request.messages),
+                          "conversation_hash": conversation_hash(request.messages)}
             await session.record_error(CallError(
                 at_index=session.next_index(), at=time.time(),
                 error_type=type(error).__name__, message=message[:500], status_code=status,

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, Worker
 
@@ -32,7 +33,7 @@ from rolloutd.activities.models import ProvisionRuntimeInput, ProvisionRuntimeOu
 from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
 from rolloutd.stack import free_port
 from rolloutd.trainer_client import RolloutClient
-from rolloutd.types import SessionStatus
+from rolloutd.types import SessionResult, SessionStatus
 from rolloutd.workers import connect, run_fleet
 from rolloutd.workflows.session import RolloutSessionWorkflow
 from tests.support.loopback import loopback_server
@@ -147,21 +148,42 @@ async def test_submit_exits_non_zero_and_prints_call_errors_when_the_backend_is_
     assert f"FAILED: task {task_id}: no session recorded a completion" in text
 
 
+async def wait_phase(client, workflow_id: str, phase: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(RPCError):
+            if await client.get_workflow_handle(workflow_id).query("phase") == phase:
+                return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{workflow_id} never reached phase {phase}")
+
+
 async def test_a_session_fails_when_no_sandbox_worker_polls(temporal_server,
                                                             tmp_path: Path) -> None:
+    """... and one cancelled while it waits ends cancelled at once."""
     async with fleets_in_namespace(temporal_server.address, tmp_path, sandbox=False) as rig:
         client = RolloutClient(rig.client)
         started = time.monotonic()
         handle = await client.submit(shell_task(
             f"nosandbox-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 3}))
+        waiting = await client.submit(shell_task(
+            f"cancelled-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 60}))
         [session] = (await asyncio.wait_for(handle.result(), timeout=60)).sessions
         waited_s = time.monotonic() - started
         history = await rig.client.get_workflow_handle(  # type: ignore[attr-defined]
             f"task/{session.session_id}").fetch_history()
+        waiting_session = rig.client.get_workflow_handle(  # type: ignore[attr-defined]
+            f"task/{waiting.task_id}/0", result_type=SessionResult)
+        await wait_phase(rig.client, waiting_session.id, "provision")
+        cancelled_at = time.monotonic()
+        await waiting.cancel()
+        cancelled = await asyncio.wait_for(waiting_session.result(), timeout=30)
+        cancel_s = time.monotonic() - cancelled_at
     assert session.status == SessionStatus.FAILED
     assert session.error == ("no sandbox worker is polling task queue rolloutd-sandbox "
                              "(checked for 3 s)")
     assert waited_s < 20, waited_s
+    assert cancelled.status == SessionStatus.CANCELLED and cancel_s < 10, (cancelled, cancel_s)
     # the checks (timers, local activities, the cancel) replay deterministically
     await Replayer(workflows=[RolloutSessionWorkflow],
                    data_converter=pydantic_data_converter).replay_workflow(history)

@@ -442,36 +442,44 @@ class RolloutSessionWorkflow:
         )
         every = max(1.0, min(POLLER_CHECK_EVERY_S, wait_s / 3))
         last_seen = workflow.now()  # the wait starts now: "not seen for wait_s" from here
-        while True:
-            try:
-                await workflow.wait_condition(handle.done, timeout=every)
-            except asyncio.TimeoutError:
-                pass
-            if handle.done():
-                return await handle
-            try:
-                pollers: TaskQueuePollersOutput = await workflow.execute_local_activity(
-                    "task_queue_pollers",
-                    TaskQueuePollersInput(task_queue=task_queues.SANDBOX,
-                                          activity_id=activity_id),
-                    start_to_close_timeout=POLLER_CHECK_TIMEOUT,
-                    retry_policy=POLLER_CHECK_RETRY,
-                    result_type=TaskQueuePollersOutput,
-                )
-            except ActivityError as e:
-                # no evidence either way: keep waiting, never fail a session on a failed check
-                workflow.logger.warning("sandbox poller check failed: %s", _cause(e))
-                continue
-            if pollers.picked_up:
-                return await handle
-            now = workflow.now()
-            if pollers.last_poll_s_ago is not None:
-                last_seen = max(last_seen, now - _seconds(pollers.last_poll_s_ago))
-            if (now - last_seen).total_seconds() >= wait_s:
-                handle.cancel()
-                raise NoSandboxWorkerError(
-                    f"no sandbox worker is polling task queue {task_queues.SANDBOX} "
-                    f"(checked for {wait_s:g} s)")
+        try:
+            while True:
+                try:
+                    await workflow.wait_condition(handle.done, timeout=every)
+                except asyncio.TimeoutError:
+                    pass
+                if handle.done():
+                    return await handle
+                try:
+                    pollers: TaskQueuePollersOutput = await workflow.execute_local_activity(
+                        "task_queue_pollers",
+                        TaskQueuePollersInput(task_queue=task_queues.SANDBOX,
+                                              activity_id=activity_id),
+                        start_to_close_timeout=POLLER_CHECK_TIMEOUT,
+                        retry_policy=POLLER_CHECK_RETRY,
+                        result_type=TaskQueuePollersOutput,
+                    )
+                except ActivityError as e:
+                    if isinstance(e.cause, TemporalCancelledError):
+                        raise asyncio.CancelledError() from e
+                    # no evidence either way: keep waiting; a failed check fails no session
+                    workflow.logger.warning("sandbox poller check failed: %s", _cause(e))
+                    continue
+                if pollers.picked_up:
+                    return await handle
+                now = workflow.now()
+                if pollers.last_poll_s_ago is not None:
+                    last_seen = max(last_seen, now - _seconds(pollers.last_poll_s_ago))
+                if (now - last_seen).total_seconds() >= wait_s:
+                    handle.cancel()
+                    raise NoSandboxWorkerError(
+                        f"no sandbox worker is polling task queue {task_queues.SANDBOX} "
+                        f"(checked for {wait_s:g} s)")
+        except asyncio.CancelledError:
+            # the session was cancelled while the provisioning waited: cancel it too, as
+            # awaiting it directly would
+            handle.cancel()
+            raise
 
     async def _teardown(self, runtime: ProvisionRuntimeOutput, timed, *,
                         host_lost: bool, teardown_s: float, current: bool = True) -> None:

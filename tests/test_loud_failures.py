@@ -25,6 +25,7 @@ import pytest
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
+from temporalio.api.enums.v1 import EventType
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, Worker
 
@@ -179,11 +180,14 @@ async def test_a_session_fails_when_no_sandbox_worker_polls(temporal_server,
         await waiting.cancel()
         cancelled = await asyncio.wait_for(waiting_session.result(), timeout=30)
         cancel_s = time.monotonic() - cancelled_at
+        cancel_events = [e async for e in waiting_session.fetch_history_events()
+                         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED]
     assert session.status == SessionStatus.FAILED
     assert session.error == ("no sandbox worker is polling task queue rolloutd-sandbox "
                              "(checked for 3 s)")
     assert waited_s < 20, waited_s
     assert cancelled.status == SessionStatus.CANCELLED and cancel_s < 10, (cancelled, cancel_s)
+    assert len(cancel_events) == 1  # the waiting provisioning was cancelled, not left queued
     # the checks (timers, local activities, the cancel) replay deterministically
     await Replayer(workflows=[RolloutSessionWorkflow],
                    data_converter=pydantic_data_converter).replay_workflow(history)

@@ -13,6 +13,7 @@ from typing import Any
 
 from rolloutd.logs import configure_logging
 from rolloutd.settings import CommonSettings, default_home
+from rolloutd.types import SessionStatus
 
 
 def _load_tasks(path: Path) -> list[dict[str, Any]]:
@@ -26,16 +27,64 @@ def _load_tasks(path: Path) -> list[dict[str, Any]]:
     return tasks
 
 
+def call_errors_cell(session: Any) -> str:
+    """The ``call errors`` column of a :class:`~rolloutd.types.SessionResult`: failed model
+    calls, and how many of them were 5xx answers the harness never recovered from."""
+    if not session.num_unrecovered_call_errors:
+        return str(session.num_call_errors)
+    return f"{session.num_call_errors} ({session.num_unrecovered_call_errors} unrecovered)"
+
+
+def what_went_wrong(results: list[Any]) -> tuple[list[str], list[str]]:
+    """What ``submit`` and ``demo`` print under their table, in words.
+
+    The run failed (the command exits non-zero) when a session ended with an infrastructure
+    cause that nothing made good: a gateway or backend failure (a 5xx answer) that no later
+    completion of the session recovered, or a failed session (``status`` ``failed``: a
+    runtime that could not be provisioned, a lost host, no sandbox worker), or when every
+    session of a task recorded 0 completions (the model was never reached). Failed calls
+    the harness recovered from, and 4xx answers, are reported but do not fail the run.
+
+    Args:
+        results: the :class:`~rolloutd.types.TaskResult` of every task.
+
+    Returns:
+        ``(failures, notes)``: lines that fail the run, lines that only inform.
+    """
+    failures: list[str] = []
+    notes: list[str] = []
+    for group in results:
+        for s in group.sessions:
+            last = f"; last: {s.last_call_error}" if s.last_call_error else ""
+            if s.num_unrecovered_call_errors:
+                failures.append(
+                    f"session {s.session_id}: {s.num_call_errors} model call(s) failed, "
+                    f"{s.num_unrecovered_call_errors} with a gateway/backend error (5xx) the "
+                    f"harness never recovered from{last}")
+            elif s.num_call_errors:
+                notes.append(f"session {s.session_id}: {s.num_call_errors} model call(s) "
+                             f"failed, recovered or refused as bad requests{last}")
+            if s.status == SessionStatus.FAILED:
+                failures.append(f"session {s.session_id} failed: {s.error}")
+        if group.sessions and all(s.num_completions == 0 for s in group.sessions):
+            failures.append(f"task {group.task_id}: no session recorded a completion "
+                            "(no model call was answered)")
+    return failures, notes
+
+
 async def submit_tasks(
     tasks: list[dict[str, Any]], address: str, store_url: str | None, *, suffix: str = "",
+    namespace: str = "default",
 ) -> list[Any]:
-    """Validate every task, submit them all, wait, print a table per session.
+    """Validate every task, submit them all, wait, print a table per session and, under it,
+    what went wrong (:func:`what_went_wrong`).
 
     Args:
         tasks: TaskRequest dicts.
         address: Temporal address.
         store_url: blob store (to count trainable tokens).
         suffix: appended to every task_id (so a demo can run again).
+        namespace: Temporal namespace.
 
     Returns:
         The TaskResults.
@@ -57,21 +106,21 @@ async def submit_tasks(
             requests.append(validate_task(task))
         except Exception as e:
             raise SystemExit(f"task {i}: {e}") from None
-    client = await RolloutClient.connect(address, store_url=store_url)
+    client = await RolloutClient.connect(address, namespace=namespace, store_url=store_url)
     t0 = time.monotonic()
     handles = [await client.submit(r) for r in requests]
     results = await asyncio.gather(*(h.result() for h in handles))
     wall = time.monotonic() - t0
     table = Table(title=f"rolloutd: {len(results)} tasks in {wall:.1f} s")
-    for col in ("session", "status", "reward", "completions", "traces", "trainable tokens",
-                "wall s"):
+    for col in ("session", "status", "reward", "completions", "call errors", "traces",
+                "trainable tokens", "wall s"):
         table.add_column(col)
     for group in results:
         for s in group.sessions:
             wall_s = sum(p.duration_s for p in s.phases)
             table.add_row(s.session_id, s.status.value,
                           "-" if s.reward is None else f"{s.reward:.2f}",
-                          str(s.num_completions), str(s.num_traces),
+                          str(s.num_completions), call_errors_cell(s), str(s.num_traces),
                           str(s.num_trainable_tokens), f"{wall_s:.1f}")
     Console().print(table)
     for group in results:
@@ -82,7 +131,17 @@ async def submit_tasks(
             first = group.sessions[0]
             print(f"  phases of {first.session_id}: " + ", ".join(
                 f"{p.phase} {p.duration_s:.2f} s" for p in first.phases))
+    failures, notes = what_went_wrong(results)
+    for line in notes:
+        print(f"note: {line}")
+    for line in failures:
+        print(f"FAILED: {line}")
     return results
+
+
+def exit_code(results: list[Any]) -> int:
+    """1 when :func:`what_went_wrong` finds a failure of the run, else 0."""
+    return 1 if what_went_wrong(results)[0] else 0
 
 
 def _wait_for_signal() -> None:
@@ -187,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"Logs:        {stack.logs}\nCtrl-C stops everything.", flush=True)
             _wait_for_signal()
     elif args.command == "submit":
-        asyncio.run(submit_tasks(_load_tasks(args.file), args.address or settings.temporal_address,
-                                 args.store_url or settings.store_url))
+        return exit_code(asyncio.run(submit_tasks(
+            _load_tasks(args.file), args.address or settings.temporal_address,
+            args.store_url or settings.store_url, namespace=settings.temporal_namespace)))
     elif args.command == "rest":
         from rolloutd.rest import serve
 
@@ -206,9 +266,10 @@ def main(argv: list[str] | None = None) -> int:
             assert stack.temporal is not None
             print(f"Temporal UI: {stack.temporal.ui_url} (stack up in "
                   f"{time.monotonic() - t0:.1f} s)", flush=True)
-            asyncio.run(submit_tasks(tasks, stack.temporal.address, stack.store_url,
-                                     suffix=f"-{int(time.time())}"))
+            results = asyncio.run(submit_tasks(tasks, stack.temporal.address,
+                                               stack.store_url, suffix=f"-{int(time.time())}"))
         print(f"demo wall time {time.monotonic() - t0:.1f} s")
+        return exit_code(results)
     return 0
 
 

@@ -125,6 +125,12 @@ class ExecServerError(RolloutdError):
     could not start a command, or is gone (the sandbox died)."""
 
 
+class NoSandboxWorkerError(RolloutdError):
+    """No sandbox worker polled the sandbox queue for ``phases.provision_wait_s`` while a
+    session's provisioning waited in it: the fleet is dead, not busy (a new attempt would
+    wait in the same queue)."""
+
+
 class RuntimeNotFoundError(RolloutdError):
     """The runtime is not on this host (the host restarted); the session must start afresh."""
 

@@ -231,6 +231,10 @@ class PhaseTimeouts(Model):
 
     open_s: float = Field(default=30.0, gt=0, le=3600)
     provision_s: float = Field(default=120.0, gt=0, le=86_400)
+    provision_wait_s: float = Field(
+        default=60.0, gt=0, le=86_400, description="how long provisioning waits for a "
+        "sandbox host to pick it up while no sandbox worker polls: past it the session fails "
+        "('no sandbox worker is polling'); a fleet that polls but is busy is waited for")
     run_s: float = Field(default=600.0, gt=0, le=86_400)
     collect_s: float = Field(default=120.0, gt=0, le=86_400)
     teardown_s: float = Field(default=60.0, gt=0, le=3600)
@@ -503,6 +507,13 @@ class SessionResult(Model):
     num_call_errors: int = Field(
         default=0, description="model calls answered with an error (backend failure, bad "
         "request), not in the completion log; the last ones are in the session state")
+    num_unrecovered_call_errors: int = Field(
+        default=0, description="of those, calls answered with a 5xx (gateway or backend "
+        "failure) that no later completion of the session made good: none answered the same "
+        "request or continued its conversation")
+    last_call_error: str | None = Field(
+        default=None, description="the last failed call in words, e.g. "
+        "'502 BackendError: backend b0: ...'")
     num_traces: int = 0
     num_trainable_tokens: int = 0
     trajectory_ref: str | None = Field(default=None, description="blob-store key")

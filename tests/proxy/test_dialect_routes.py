@@ -411,6 +411,8 @@ async def test_a_crash_is_a_500_in_the_dialect_and_is_logged(
             "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
     assert_anthropic_error(response, 500)
     assert response.json()["error"]["message"] == "internal error: RuntimeError"
-    crashed = [e for e in logs if e["event"] == "request_crashed"]
-    assert crashed and crashed[0]["path_kind"] == "/s/***/v1/messages"
+    # logged once, with the session, where the failed call is counted in its state
+    [crashed] = [e for e in logs if e["log_level"] in ("warning", "error")]
+    assert crashed["event"] == "call_failed" and crashed["session_id"] == "t/0"
+    assert (await gateway.sessions.get("t/0")).state.num_errors == 1
     assert completions(gateway) == []

@@ -23,6 +23,7 @@ from rolloutd.activities.models import (
 )
 from rolloutd.errors import to_application_error
 from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.sessions import unrecovered_errors
 from rolloutd.store import CompletionLog, trajectory_key
 from rolloutd.task_queues import host_queue
 from rolloutd.trajectory import build_traces, check_invariants
@@ -67,14 +68,24 @@ class GatewayActivities:
 
     @activity.defn(name="close_session")
     async def close_session(self, input: CloseSessionInput) -> CloseSessionOutput:
-        """Seal the session's completion log; later calls with its key are refused."""
+        """Seal the session's completion log; later calls with its key are refused.
+
+        Returns its failed calls too: how many, how many 5xx answers no later completion
+        made good (the harness did not recover), and the last one in words.
+        """
         structlog.contextvars.bind_contextvars(session_id=input.session_id)
         try:
             num = await self.gateway.sessions.close_session(input.session_id)
             session = await self.gateway.sessions.get(input.session_id)
         except Exception as e:
             raise to_application_error(e) from e
-        return CloseSessionOutput(num_completions=num, num_errors=session.state.num_errors)
+        state = session.state
+        unrecovered = [e for e in unrecovered_errors(state, session.completions)
+                       if e.status_code >= 500]
+        return CloseSessionOutput(
+            num_completions=num, num_errors=state.num_errors,
+            num_unrecovered_errors=len(unrecovered),
+            last_error=state.errors[-1].describe() if state.errors else None)
 
     @activity.defn(name="build_trajectory")
     async def build_trajectory(self, input: BuildTrajectoryInput) -> BuildTrajectoryOutput:

@@ -50,6 +50,21 @@ class OpenSessionOutput(_IO):
     host_queue: str = Field(description="the gateway host's own task queue")
 
 
+class TaskQueuePollersInput(_IO):
+    task_queue: str
+    #: an activity of the calling workflow: is it still waiting in the queue?
+    activity_id: str = ""
+
+
+class TaskQueuePollersOutput(_IO):
+    #: pollers Temporal saw on the queue in the last few minutes
+    num_pollers: int = 0
+    #: seconds since the most recent poll (None: no poller seen)
+    last_poll_s_ago: float | None = None
+    #: the activity ``activity_id`` has left the queue (started or no longer pending)
+    picked_up: bool = False
+
+
 class CloseSessionInput(_IO):
     session_id: str
 
@@ -59,6 +74,11 @@ class CloseSessionOutput(_IO):
     #: calls that failed (answered with an error, kept in the session's state, never in the
     #: completion log)
     num_errors: int = 0
+    #: failed calls answered with a 5xx (a gateway or backend failure, not a bad request)
+    #: that no later completion made good (rolloutd.proxy.sessions.recovered)
+    num_unrecovered_errors: int = 0
+    #: the last failed call, in words (``"502 BackendError: ..."``)
+    last_error: str | None = None
 
 
 class BuildTrajectoryInput(_IO):

@@ -26,7 +26,9 @@ OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``, Google
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -47,6 +49,7 @@ from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_respo
 from rolloutd.proxy.dialects.common import Encoder
 from rolloutd.proxy.inbound import api_key, read_json
 from rolloutd.proxy.internal import InternalRequest, StreamEvent, StreamStart
+from rolloutd.proxy.service import call_recorded
 
 if TYPE_CHECKING:
     from rolloutd.proxy.gateway import Gateway
@@ -109,11 +112,36 @@ class HeaderLimit:
         await self.app(scope, receive, send)
 
 
+@dataclass
+class _Call:
+    """What the app knows of one model call when it fails (for the session's record).
+
+    Attributes:
+        started: ``time.monotonic()`` when the call arrived.
+        stream: the harness asked for a stream (known once the body is translated).
+        request: the translated request, once it is.
+    """
+
+    started: float
+    stream: bool = False
+    request: InternalRequest | None = None
+
+
+def _as_rolloutd_error(error: Exception) -> RolloutdError:
+    """``error`` itself, or a 500 that names an unexpected exception's class (never its
+    text: it may hold prompt text or paths)."""
+    return error if isinstance(error, RolloutdError) \
+        else RolloutdError(f"internal error: {type(error).__name__}")
+
+
 async def _sse(encoder: Encoder, start: StreamStart, events: AsyncIterator[StreamEvent],
-               session_id: str) -> AsyncIterator[bytes]:
-    """Serialise one answer's events with the dialect's encoder; a failure mid-stream ends
-    with the dialect's error event."""
+               session_id: str, record: Callable[[Exception], Awaitable[bool]]
+               ) -> AsyncIterator[bytes]:
+    """Serialise one answer's events with the dialect's encoder; a failure mid-stream (in the
+    pipeline or in the encoder) is recorded in the session's state through ``record`` (which
+    logs it), then ends the stream with the dialect's error event."""
     with structlog.contextvars.bound_contextvars(session_id=session_id):
+        failure: Exception | None = None
         try:
             for chunk in encoder.encode(start):
                 yield chunk
@@ -122,16 +150,20 @@ async def _sse(encoder: Encoder, start: StreamStart, events: AsyncIterator[Strea
                     yield chunk
             for chunk in encoder.close():
                 yield chunk
-        except RolloutdError as e:
-            log.warning("stream_failed", error_type=type(e).__name__, error=e.message)
-            for chunk in encoder.error(e):
-                yield chunk
-        except Exception as e:
-            log.exception("stream_crashed")
-            for chunk in encoder.error(RolloutdError(f"internal error: {type(e).__name__}")):
-                yield chunk
+        except Exception as e:  # noqa: BLE001 - stream boundary: recorded, sent in the dialect
+            failure = e
         finally:
+            # first: the pipeline holds the session's lock until it is closed, and
+            # recording the failure takes that lock
             await events.aclose()  # type: ignore[attr-defined]
+        if failure is None:
+            return
+        if not await record(failure):
+            log.warning("stream_failed", error_type=type(failure).__name__,
+                        error=_as_rolloutd_error(failure).message,
+                        exc_info=None if isinstance(failure, RolloutdError) else failure)
+        for chunk in encoder.error(_as_rolloutd_error(failure)):
+            yield chunk
 
 
 class ModelCalls:
@@ -197,9 +229,11 @@ def create_app(gateway: Gateway) -> Any:
     """
     app = FastAPI(title="rolloutd gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
+    # a model call's failure is logged once, where it is recorded in its session's state
+    # (rolloutd.proxy.service); the handlers log the others
     @app.exception_handler(RolloutdError)
     async def _rolloutd_error(request: Request, error: RolloutdError) -> JSONResponse:
-        if error.status_code >= 500:
+        if error.status_code >= 500 and not call_recorded(error):
             log.warning("request_failed", path_kind=_path_kind(request),
                         error_type=type(error).__name__, error=error.message)
         return _error_response(error, request.url.path)
@@ -216,9 +250,9 @@ def create_app(gateway: Gateway) -> Any:
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, error: Exception) -> JSONResponse:
-        log.exception("request_crashed", path_kind=_path_kind(request))
-        return _error_response(RolloutdError(f"internal error: {type(error).__name__}"),
-                               request.url.path)
+        if not call_recorded(error):
+            log.error("request_crashed", path_kind=_path_kind(request), exc_info=error)
+        return _error_response(_as_rolloutd_error(error), request.url.path)
 
     async def render_error(request: Request, error: Exception) -> JSONResponse:
         if isinstance(error, RolloutdError):
@@ -233,54 +267,90 @@ def create_app(gateway: Gateway) -> Any:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "backends": gateway.pool.names()}
 
-    async def answer(session: Any, internal: InternalRequest, dialect: Any,
+    async def model_call(session: Any, respond: Callable[[_Call], Awaitable[Response]]
+                         ) -> Response:
+        """Run ``respond`` for one model call of ``session``; whatever it fails with, even an
+        unexpected exception outside the pipeline (reading the body, translating, rendering
+        the answer), is recorded in the session's state once and raised to be rendered in
+        the dialect's shape."""
+        call = _Call(started=time.monotonic())
+        with structlog.contextvars.bound_contextvars(session_id=session.session_id):
+            try:
+                return await respond(call)
+            except Exception as e:  # noqa: BLE001 - request boundary: recorded, re-raised
+                await gateway.service.note_failure(session, e, call.started, stream=call.stream,
+                                                   request=call.request)
+                raise
+
+    async def answer(session: Any, call: _Call, internal: InternalRequest, dialect: Any,
                      make_encoder: Any = None) -> Response:
         """Answer a translated request in one piece or as the dialect's SSE stream."""
-        with structlog.contextvars.bound_contextvars(session_id=session.session_id):
-            if not internal.stream:
-                response = await gateway.service.complete(session, internal)
-                return FastJSONResponse(dialect.response_json(response, internal))
-            events = gateway.service.stream(session, internal)
-            try:
-                start = await anext(events)
-            except BaseException:
-                await events.aclose()  # type: ignore[attr-defined]
-                raise
-            if not isinstance(start, StreamStart):
-                await events.aclose()  # type: ignore[attr-defined]
-                raise RolloutdError(f"stream began with {type(start).__name__}")
+        call.stream, call.request = internal.stream, internal
+        if not internal.stream:
+            response = await gateway.service.complete(session, internal)
+            return FastJSONResponse(dialect.response_json(response, internal))
+        events = gateway.service.stream(session, internal)
+        try:
+            start = await anext(events)
+        except BaseException:
+            await events.aclose()  # type: ignore[attr-defined]
+            raise
+        if not isinstance(start, StreamStart):
+            await events.aclose()  # type: ignore[attr-defined]
+            raise RolloutdError(f"stream began with {type(start).__name__}")
+        try:
             encoder = (make_encoder or dialect.encoder)(start, internal)
-            media = "text/event-stream" if getattr(encoder, "sse", True) else "application/json"
-            return StreamingResponse(
-                _sse(encoder, start, events, session.session_id), media_type=media,
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        except BaseException:
+            await events.aclose()  # type: ignore[attr-defined]
+            raise
+        media = "text/event-stream" if getattr(encoder, "sse", True) else "application/json"
+
+        def record(error: Exception) -> Awaitable[bool]:
+            return gateway.service.note_failure(session, error, call.started, stream=True,
+                                                request=internal)
+
+        return StreamingResponse(
+            _sse(encoder, start, events, session.session_id, record), media_type=media,
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def chat(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
-        body = await read_json(request, gateway.settings.max_body_bytes,
-                               reader=session.body_reader)
-        return await answer(session, openai_chat.parse(body, memo=session.memo), openai_chat)
+
+        async def respond(call: _Call) -> Response:
+            body = await read_json(request, gateway.settings.max_body_bytes,
+                                   reader=session.body_reader)
+            return await answer(session, call, openai_chat.parse(body, memo=session.memo),
+                                openai_chat)
+        return await model_call(session, respond)
 
     async def responses(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
-        body = await read_json(request, gateway.settings.max_body_bytes,
-                               reader=session.body_reader)
-        previous = None
-        previous_id = body.get("previous_response_id") if isinstance(body, dict) else None
-        if isinstance(previous_id, str):
-            previous = gateway.service.previous_conversation(session, previous_id)
-            if previous is None:
-                raise RequestFieldError(f"previous response {previous_id!r} not found in "
-                                        "this session", param="previous_response_id")
-        return await answer(
-            session, openai_responses.parse(body, previous=previous, memo=session.memo),
-            openai_responses)
+
+        async def respond(call: _Call) -> Response:
+            body = await read_json(request, gateway.settings.max_body_bytes,
+                                   reader=session.body_reader)
+            previous = None
+            previous_id = body.get("previous_response_id") if isinstance(body, dict) else None
+            if isinstance(previous_id, str):
+                previous = gateway.service.previous_conversation(session, previous_id)
+                if previous is None:
+                    raise RequestFieldError(f"previous response {previous_id!r} not found in "
+                                            "this session", param="previous_response_id")
+            return await answer(
+                session, call,
+                openai_responses.parse(body, previous=previous, memo=session.memo),
+                openai_responses)
+        return await model_call(session, respond)
 
     async def messages(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
-        body = await read_json(request, gateway.settings.max_body_bytes,
-                               reader=session.body_reader)
-        return await answer(session, anthropic.parse(body, memo=session.memo), anthropic)
+
+        async def respond(call: _Call) -> Response:
+            body = await read_json(request, gateway.settings.max_body_bytes,
+                                   reader=session.body_reader)
+            return await answer(session, call, anthropic.parse(body, memo=session.memo),
+                                anthropic)
+        return await model_call(session, respond)
 
     async def count_tokens(request: Request, key: str | None) -> dict[str, Any]:
         session = await gateway.sessions.lookup(key)
@@ -296,18 +366,23 @@ def create_app(gateway: Gateway) -> Any:
                 or not model:
             raise NotFoundError(f"no method {action!r}: use generateContent, "
                                 "streamGenerateContent or countTokens")
-        body = await read_json(request, gateway.settings.max_body_bytes,
-                               reader=session.body_reader)
         model = model.removeprefix("models/")
         if action == "countTokens":
+            body = await read_json(request, gateway.settings.max_body_bytes,
+                                   reader=session.body_reader)
             internal = gemini.parse_count_tokens(body, model=model)
             return JSONResponse(
                 {"totalTokens": await gateway.service.count_tokens(session, internal)})
         stream = action == "streamGenerateContent"
-        internal = gemini.parse(body, model=model, stream=stream, memo=session.memo)
         sse = request.query_params.get("alt") == "sse"
-        return await answer(session, internal, gemini,
-                            lambda start, req: gemini.encoder(start, req, sse=sse))
+
+        async def respond(call: _Call) -> Response:
+            body = await read_json(request, gateway.settings.max_body_bytes,
+                                   reader=session.body_reader)
+            internal = gemini.parse(body, model=model, stream=stream, memo=session.memo)
+            return await answer(session, call, internal, gemini,
+                                lambda start, req: gemini.encoder(start, req, sse=sse))
+        return await model_call(session, respond)
 
     async def models(key: str | None) -> dict[str, Any]:
         session = await gateway.sessions.lookup(key)

@@ -47,10 +47,11 @@ from rolloutd.proxy.recorder import (
     Recorder,
     build_completion,
     build_passthrough_completion,
+    request_hash,
     response_from_completion,
     response_id,
 )
-from rolloutd.proxy.sessions import CallError, Session
+from rolloutd.proxy.sessions import CallError, Session, conversation_hash
 from rolloutd.proxy.tool_parsers import get_tool_parser
 from rolloutd.types import CaptureMode, Completion, SamplingParams
 
@@ -58,9 +59,18 @@ log = structlog.get_logger(__name__)
 
 D = TypeVar("D", GenerateDelta, ChatDelta)
 
+#: attribute set on an exception once its failed call is in the session's state
+_RECORDED = "_rolloutd_call_recorded"
+
 #: renders up to this many characters (:meth:`ChatTemplate.render_chars`) run on the event loop
 #: (well under a millisecond); larger ones in a worker thread.
 INLINE_RENDER_CHARS = 16_000
+
+
+def call_recorded(error: BaseException) -> bool:
+    """Whether ``error``'s failed call is recorded (and logged) in its session's state
+    already: the gateway's layers count and log a failure once."""
+    return getattr(error, _RECORDED, False)
 
 
 def resolve_sampling(task: SamplingParams, harness: SamplingOverrides) -> SamplingParams:
@@ -344,20 +354,62 @@ class ChatService:
                                  session, index))
 
     async def _note_failure(self, session: Session, error: Exception, started: float, *,
-                            stream: bool) -> None:
-        """Record a failed call in the session's state, not in its log: the harness gets the
-        error, the session keeps it, the log stays as it was. Never raises."""
+                            stream: bool, request: InternalRequest | None = None) -> None:
+        """Record a failed call in the session's state (call with ``session.lock`` held):
+        the harness gets the error, the session keeps it, the log stays as it was; the
+        failure is logged here, once, and ``error`` is marked (:func:`call_recorded`) so the
+        layers it passes through on its way out neither count nor log it again. Never
+        raises.
+
+        Args:
+            request: the translated request, when the call got that far (its hashes let
+                :func:`rolloutd.proxy.sessions.recovered` find a later completion that made
+                the failure good).
+        """
         status = error.status_code if isinstance(error, RolloutdError) else 500
         message = error.message if isinstance(error, RolloutdError) \
             else f"internal error: {type(error).__name__}"
         try:
+            hashes: dict[str, Any] = {}
+            if request is not None:
+                hashes = {"request_hash": request_hash(request.body),
+                          "num_messages": len(request.messages),
+                          "conversation_hash": conversation_hash(request.messages)}
             await session.record_error(CallError(
                 at_index=session.next_index(), at=time.time(),
                 error_type=type(error).__name__, message=message[:500], status_code=status,
                 backend=session.state.backend, duration_s=time.monotonic() - started,
-                stream=stream))
+                stream=stream, **hashes),
+                cause=None if isinstance(error, RolloutdError) else error)
         except Exception:
             log.exception("call_error_not_recorded", session_id=session.session_id)
+        setattr(error, _RECORDED, True)
+
+    async def note_failure(self, session: Session, error: Exception, started: float, *,
+                           stream: bool, request: InternalRequest | None = None) -> bool:
+        """Record a call that failed outside :meth:`complete` and :meth:`stream` (reading or
+        translating its body, rendering its answer, encoding its stream) as they record
+        theirs; a failure recorded already, or one of a sealed session, is left alone.
+
+        Call without ``session.lock`` (it is taken here: the session's state is written).
+
+        Args:
+            session: the session the call was made in.
+            error: what the call failed with.
+            started: ``time.monotonic()`` when the call arrived.
+            stream: the harness asked for a stream.
+            request: the translated request, when the call got that far.
+
+        Returns:
+            Whether ``error`` is recorded in the session's state (now or before).
+        """
+        if call_recorded(error):
+            return True
+        async with session.lock:
+            if session.state.closed:
+                return False
+            await self._note_failure(session, error, started, stream=stream, request=request)
+        return True
 
     async def _complete_locked(self, session: Session, request: InternalRequest
                                ) -> InternalResponse:
@@ -392,7 +444,7 @@ class ChatService:
             try:
                 return await self._complete_locked(session, request)
             except Exception as e:
-                await self._note_failure(session, e, started, stream=False)
+                await self._note_failure(session, e, started, stream=False, request=request)
                 raise
 
     async def stream(self, session: Session, request: InternalRequest
@@ -435,7 +487,7 @@ class ChatService:
                     await events.aclose()  # type: ignore[attr-defined]
                     self.pool.release_lease(lease)
             except Exception as e:
-                await self._note_failure(session, e, started, stream=True)
+                await self._note_failure(session, e, started, stream=True, request=request)
                 raise
 
     async def _stream_on(self, session: Session, request: InternalRequest, body_hash: str,

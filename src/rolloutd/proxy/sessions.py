@@ -27,7 +27,7 @@ from rolloutd.errors import (
     SessionClosedError,
 )
 from rolloutd.proxy.backends.pool import BackendPool
-from rolloutd.proxy.chat_template import ExtensionIndex
+from rolloutd.proxy.chat_template import ExtensionIndex, canonical_json
 from rolloutd.proxy.fastjson import BodyReader, ListJson
 from rolloutd.proxy.memo import RequestMemo
 from rolloutd.store import BlobStore, CompletionLog, session_prefix
@@ -82,6 +82,10 @@ class CallError(BaseModel):
         backend: the session's backend.
         duration_s: from the call's start to the failure, seconds.
         stream: the harness asked for a stream.
+        request_hash: sha256 of the failed request's canonical body (the completion log's
+            ``request_hash``); empty when the call failed before its body was understood.
+        num_messages: messages of the failed request's conversation (0: unknown).
+        conversation_hash: :func:`conversation_hash` of those messages (empty: unknown).
     """
 
     at_index: int = Field(ge=0)
@@ -92,6 +96,47 @@ class CallError(BaseModel):
     backend: str
     duration_s: float = Field(ge=0)
     stream: bool = False
+    request_hash: str = ""
+    num_messages: int = Field(default=0, ge=0)
+    conversation_hash: str = ""
+
+    def describe(self) -> str:
+        """One line for people: ``"502 BackendError: backend x: ..."``."""
+        return f"{self.status_code} {self.error_type}: {self.message}"
+
+
+def conversation_hash(messages: list[dict[str, Any]]) -> str:
+    """sha256 (hex) of the canonical JSON of a conversation (OpenAI chat-shape messages)."""
+    return hashlib.sha256(canonical_json(messages).encode()).hexdigest()
+
+
+def recovered(error: CallError, completions: list[Completion]) -> bool:
+    """Whether the harness made good a failed call: a completion recorded after it answers
+    the same request (equal ``request_hash``) or continues its conversation (its messages
+    start with the failed request's). A failure before the request was understood (no hash)
+    counts as recovered by any later completion.
+
+    Args:
+        error: the failed call.
+        completions: the session's completion log, in index order.
+    """
+    later = completions[error.at_index:]
+    if not error.request_hash and not error.conversation_hash:
+        return bool(later)
+    for completion in later:
+        if error.request_hash and completion.request_hash == error.request_hash:
+            return True
+        if error.conversation_hash and len(completion.messages) >= error.num_messages \
+                and conversation_hash(completion.messages[:error.num_messages]) \
+                == error.conversation_hash:
+            return True
+    return False
+
+
+def unrecovered_errors(state: SessionState, completions: list[Completion]) -> list[CallError]:
+    """The kept failed calls (the last :data:`MAX_RECORDED_ERRORS`) that no later
+    completion made good (:func:`recovered`), oldest first."""
+    return [error for error in state.errors if not recovered(error, completions)]
 
 
 class SessionState(BaseModel):
@@ -200,9 +245,16 @@ class Session:
         log.info("session_moved", session_id=self.session_id, moved_from=moved_from,
                  moved_to=moved_to, at_index=move.at_index)
 
-    async def record_error(self, error: CallError) -> None:
+    async def record_error(self, error: CallError, cause: BaseException | None = None
+                           ) -> None:
         """Count a failed call and keep its details in the persisted state (call with
-        ``lock`` held). The completion log is untouched: a failed call is not a completion."""
+        ``lock`` held). The completion log is untouched: a failed call is not a completion.
+
+        Args:
+            error: the failed call.
+            cause: an unexpected exception (not a ``RolloutdError``): its traceback goes into
+                the one log event of the failure.
+        """
         state = self.state.model_copy(update={
             "num_errors": self.state.num_errors + 1,
             "errors": [*self.state.errors, error][-MAX_RECORDED_ERRORS:]})
@@ -211,7 +263,8 @@ class Session:
         self.state = state
         log.warning("call_failed", session_id=self.session_id, at_index=error.at_index,
                     error_type=error.error_type, status_code=error.status_code,
-                    backend=error.backend, duration_s=round(error.duration_s, 4))
+                    backend=error.backend, duration_s=round(error.duration_s, 4),
+                    message=error.message, exc_info=cause)
 
     def next_index(self) -> int:
         """Index of the next completion (call with ``lock`` held)."""

@@ -2,7 +2,7 @@
 
 | fleet     | queues                                      | what it runs                         |
 |-----------|---------------------------------------------|--------------------------------------|
-| workflows | rolloutd-workflows                          | workflows + local cancel_workflows   |
+| workflows | rolloutd-workflows                          | workflows + local activities         |
 | sandbox   | rolloutd-sandbox, rolloutd-sandbox@{host}   | provision / run / collect / teardown |
 | gateway   | rolloutd-gateway, rolloutd-gateway@{host}   | HTTP gateway + session activities    |
 | eval      | rolloutd-eval                               | evaluate, read_task_chunk, callbacks |
@@ -90,6 +90,7 @@ async def run_fleet(
     cleanups: list[Any] = []
     if fleet == "workflows":
         from rolloutd.activities.cancel import cancel_workflows
+        from rolloutd.activities.fleet_health import FleetHealthActivities
         from rolloutd.workflows.buffer import RolloutBufferWorkflow
         from rolloutd.workflows.session import RolloutSessionWorkflow
         from rolloutd.workflows.task import RolloutTaskWorkflow
@@ -97,8 +98,11 @@ async def run_fleet(
         handle.workers.append(Worker(
             client, task_queue=task_queues.WORKFLOWS,
             workflows=[RolloutTaskWorkflow, RolloutSessionWorkflow, RolloutBufferWorkflow],
-            # a local activity only: a cancelled task cancels its sessions directly with it
-            activities=[cancel_workflows], no_remote_activities=True,
+            # local activities only: a cancelled task cancels its sessions directly with
+            # cancel_workflows; a session asks whether a sandbox worker polls at all
+            activities=[cancel_workflows,
+                        FleetHealthActivities(client).task_queue_pollers],
+            no_remote_activities=True,
             workflow_task_poller_behavior=TASK_POLLS,
         ))
     elif fleet == "sandbox":

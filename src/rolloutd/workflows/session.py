@@ -24,6 +24,7 @@ from temporalio.exceptions import CancelledError as TemporalCancelledError
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
+    from rolloutd.errors import NoSandboxWorkerError
     from rolloutd.activities.models import (
         BuildTrajectoryInput,
         BuildTrajectoryOutput,
@@ -39,6 +40,8 @@ with workflow.unsafe.imports_passed_through():
         ProvisionRuntimeOutput,
         RunHarnessInput,
         RunHarnessOutput,
+        TaskQueuePollersInput,
+        TaskQueuePollersOutput,
         TeardownRuntimeInput,
     )
     from rolloutd.types import (
@@ -77,6 +80,15 @@ PINNED_CLOSE = timedelta(seconds=600)
 #: built, not before (they do not depend on each other; a cancelled session ends one activity
 #: round trip sooner). Histories recorded before it replay the sequential order.
 TEARDOWN_BESIDE_CLOSE = "teardown-beside-close"
+#: patch id: provisioning waits for a sandbox host to pick it up only while a sandbox worker
+#: polls (``phases.provision_wait_s``); before it, a session waited forever when none did.
+PROVISION_WAIT = "provision-wait"
+#: how often a provisioning still in the queue asks whether a sandbox worker polls (at most;
+#: a third of ``provision_wait_s`` when that is shorter, at least 1 s)
+POLLER_CHECK_EVERY_S = 10.0
+#: the poller check (a local activity: two Temporal RPCs)
+POLLER_CHECK_TIMEOUT = timedelta(seconds=10)
+POLLER_CHECK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
 
 
 def attempt_session_id(session_id: str, attempt: int) -> str:
@@ -105,6 +117,8 @@ class _Outcome:
     artifacts: dict[str, str] = dataclasses.field(default_factory=dict)
     cancelled: bool = False
     host_lost: bool = False
+    #: provisioning was given up: no sandbox worker polls (the prewarm waits in vain too)
+    no_sandbox_worker: bool = False
     #: the runtime's teardown, running beside close and build (see TEARDOWN_BESIDE_CLOSE)
     teardown: asyncio.Future[None] | None = None
 
@@ -228,6 +242,8 @@ class RolloutSessionWorkflow:
         if outcome.host_lost:
             error = f"{error} (attempt {attempt} of {task.max_session_attempts}: giving up)"
         if prewarm is not None:
+            if outcome.no_sandbox_worker and not prewarm.done():
+                prewarm.cancel()  # it waits in the same dead queue
             eval_error = await self._evaluate_in_fresh_runtime(
                 input, prewarm, artifacts, run_check=not cancelled and status in (
                     SessionStatus.COMPLETED, SessionStatus.TIMEOUT), timed=timed)
@@ -279,6 +295,8 @@ class RolloutSessionWorkflow:
             error=error,
             num_completions=self._num_completions,
             num_call_errors=closed.num_errors,
+            num_unrecovered_call_errors=closed.num_unrecovered_errors,
+            last_call_error=closed.last_error,
             num_traces=built.num_traces,
             num_trainable_tokens=built.stats.num_trainable_tokens,
             trajectory_ref=built.trajectory_ref,
@@ -303,15 +321,19 @@ class RolloutSessionWorkflow:
         out = _Outcome()
         runtime: ProvisionRuntimeOutput | None = None
         try:
-            runtime = await timed("provision", workflow.execute_activity(
-                "provision_runtime",
-                ProvisionRuntimeInput(session_id=session_id, runtime=task.runtime),
-                task_queue=task_queues.SANDBOX,
-                start_to_close_timeout=_seconds(phases.provision_s),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=INFRA_RETRY,
-                result_type=ProvisionRuntimeOutput,
-            ))
+            provision_input = ProvisionRuntimeInput(session_id=session_id, runtime=task.runtime)
+            if workflow.patched(PROVISION_WAIT):
+                runtime = await timed("provision", self._provision_watched(
+                    provision_input, phases.provision_s, phases.provision_wait_s, attempt))
+            else:
+                runtime = await timed("provision", workflow.execute_activity(
+                    "provision_runtime", provision_input,
+                    task_queue=task_queues.SANDBOX,
+                    start_to_close_timeout=_seconds(phases.provision_s),
+                    heartbeat_timeout=HEARTBEAT,
+                    retry_policy=INFRA_RETRY,
+                    result_type=ProvisionRuntimeOutput,
+                ))
             run_budget = min(phases.run_s, max(1.0, deadline_left()))
             try:
                 ran: RunHarnessOutput = await timed("run", workflow.execute_activity(
@@ -361,6 +383,9 @@ class RolloutSessionWorkflow:
                     result_type=CollectArtifactsOutput,
                 ))
                 out.artifacts = collected.artifacts
+        except NoSandboxWorkerError as e:
+            out.no_sandbox_worker = True
+            out.status, out.error = SessionStatus.FAILED, str(e)
         except asyncio.CancelledError:
             out.cancelled = True
             out.status, out.error = SessionStatus.CANCELLED, "cancelled"
@@ -385,6 +410,76 @@ class RolloutSessionWorkflow:
                     await self._teardown(runtime, timed, host_lost=out.host_lost,
                                          teardown_s=phases.teardown_s)
         return out
+
+    async def _provision_watched(self, input: ProvisionRuntimeInput, provision_s: float,
+                                 wait_s: float, attempt: int) -> ProvisionRuntimeOutput:
+        """Provision a runtime, giving up when no sandbox worker picks it up: while the
+        activity waits in the sandbox queue, a local activity asks Temporal every few seconds
+        which pollers it saw there (DescribeTaskQueue); when none has polled for ``wait_s``,
+        the activity is cancelled. A fleet that polls but is busy (a backlog) is waited for:
+        it is saturated, not dead. Once a host picked the activity up, its own timeouts
+        (start-to-close, heartbeat) govern.
+
+        Args:
+            input: the provisioning.
+            provision_s: the activity's start-to-close timeout, seconds.
+            wait_s: ``phases.provision_wait_s``.
+            attempt: the session's attempt (names the activity, so the check finds it).
+
+        Raises:
+            NoSandboxWorkerError: no sandbox worker polled for ``wait_s``.
+            ActivityError: the provisioning failed, as without the check.
+        """
+        activity_id = f"provision-{attempt}"
+        handle = workflow.start_activity(
+            "provision_runtime", input,
+            task_queue=task_queues.SANDBOX,
+            start_to_close_timeout=_seconds(provision_s),
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=INFRA_RETRY,
+            result_type=ProvisionRuntimeOutput,
+            activity_id=activity_id,
+        )
+        every = max(1.0, min(POLLER_CHECK_EVERY_S, wait_s / 3))
+        last_seen = workflow.now()  # the wait starts now: "not seen for wait_s" from here
+        try:
+            while True:
+                try:
+                    await workflow.wait_condition(handle.done, timeout=every)
+                except asyncio.TimeoutError:
+                    pass
+                if handle.done():
+                    return await handle
+                try:
+                    pollers: TaskQueuePollersOutput = await workflow.execute_local_activity(
+                        "task_queue_pollers",
+                        TaskQueuePollersInput(task_queue=task_queues.SANDBOX,
+                                              activity_id=activity_id),
+                        start_to_close_timeout=POLLER_CHECK_TIMEOUT,
+                        retry_policy=POLLER_CHECK_RETRY,
+                        result_type=TaskQueuePollersOutput,
+                    )
+                except ActivityError as e:
+                    if isinstance(e.cause, TemporalCancelledError):
+                        raise asyncio.CancelledError() from e
+                    # no evidence either way: keep waiting; a failed check fails no session
+                    workflow.logger.warning("sandbox poller check failed: %s", _cause(e))
+                    continue
+                if pollers.picked_up:
+                    return await handle
+                now = workflow.now()
+                if pollers.last_poll_s_ago is not None:
+                    last_seen = max(last_seen, now - _seconds(pollers.last_poll_s_ago))
+                if (now - last_seen).total_seconds() >= wait_s:
+                    handle.cancel()
+                    raise NoSandboxWorkerError(
+                        f"no sandbox worker is polling task queue {task_queues.SANDBOX} "
+                        f"(checked for {wait_s:g} s)")
+        except asyncio.CancelledError:
+            # the session was cancelled while the provisioning waited: cancel it too, as
+            # awaiting it directly would
+            handle.cancel()
+            raise
 
     async def _teardown(self, runtime: ProvisionRuntimeOutput, timed, *,
                         host_lost: bool, teardown_s: float, current: bool = True) -> None:

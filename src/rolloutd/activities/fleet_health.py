@@ -1,0 +1,71 @@
+"""``task_queue_pollers``: whether a fleet is polling a task queue, and whether a scheduled
+activity was picked up (a local activity of the workflow worker, which stays up when other
+fleets die).
+
+A fleet is dead when no poller has been seen on its task queue for a while; a fleet with
+pollers and a backlog is saturated, never dead. Both come from Temporal's DescribeTaskQueue
+(the pollers of the last few minutes, each with the time of its last poll):
+https://docs.temporal.io/references/commands#describe-task-queue .
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import structlog
+from temporalio import activity
+from temporalio.api.enums.v1 import PendingActivityState, TaskQueueKind, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client
+
+from rolloutd.activities.models import TaskQueuePollersInput, TaskQueuePollersOutput
+
+log = structlog.get_logger(__name__)
+
+
+class FleetHealthActivities:
+    """Activities that ask Temporal about the fleets.
+
+    Args:
+        client: the workflow worker's Temporal client (its namespace is the one asked about).
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    @activity.defn(name="task_queue_pollers")
+    async def task_queue_pollers(self, input: TaskQueuePollersInput) -> TaskQueuePollersOutput:
+        """The activity pollers of ``input.task_queue`` and, when ``input.activity_id`` is
+        given, whether that activity of the calling workflow has left the queue (started,
+        or no longer pending).
+
+        Raises:
+            temporalio.service.RPCError: Temporal did not answer (the local activity's retry
+                policy governs).
+        """
+        described = await self.client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=self.client.namespace,
+                task_queue=TaskQueue(name=input.task_queue,
+                                     kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY))
+        now = datetime.now(timezone.utc)
+        ages = [max(0.0, (now - p.last_access_time.ToDatetime(timezone.utc)).total_seconds())
+                for p in described.pollers if p.HasField("last_access_time")]
+        picked_up = False
+        if input.activity_id:
+            info = activity.info()
+            description = await self.client.get_workflow_handle(
+                info.workflow_id, run_id=info.workflow_run_id).describe()
+            pending = {a.activity_id: a.state
+                       for a in description.raw_description.pending_activities}
+            picked_up = pending.get(input.activity_id) \
+                != PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED
+        out = TaskQueuePollersOutput(num_pollers=len(ages),
+                                     last_poll_s_ago=min(ages) if ages else None,
+                                     picked_up=picked_up)
+        log.debug("task_queue_pollers", task_queue=input.task_queue,
+                  num_pollers=out.num_pollers, last_poll_s_ago=out.last_poll_s_ago,
+                  picked_up=picked_up)
+        return out

@@ -42,12 +42,12 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
+from rolloutd.proxy.memo import request_hash
 from rolloutd.proxy.parsers import ReasoningParser, get_reasoning_parser
 from rolloutd.proxy.recorder import (
     Recorder,
     build_completion,
     build_passthrough_completion,
-    request_hash,
     response_from_completion,
     response_id,
 )

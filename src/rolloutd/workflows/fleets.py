@@ -43,9 +43,11 @@ CHECK_TIMEOUT = timedelta(seconds=15)
 
 
 class FleetRegistryInput(Model):
-    """The registry's state carried over a continue-as-new."""
+    """The registry's state carried over a continue-as-new, and its history bound."""
 
     hosts: list[HostCapabilities] = Field(default_factory=list)
+    max_history_events: int = Field(default=MAX_HISTORY_EVENTS, ge=10,
+                                    description="continue as new after this many events")
 
 
 @workflow.defn
@@ -64,9 +66,10 @@ class FleetRegistryWorkflow:
             self._hosts.setdefault(host.instance_id, host)
         await workflow.wait_condition(
             lambda: workflow.info().is_continue_as_new_suggested()
-            or workflow.info().get_current_history_length() > MAX_HISTORY_EVENTS)
+            or workflow.info().get_current_history_length() > input.max_history_events)
         await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(FleetRegistryInput(hosts=list(self._hosts.values())))
+        workflow.continue_as_new(FleetRegistryInput(
+            hosts=list(self._hosts.values()), max_history_events=input.max_history_events))
 
     @workflow.signal(name=REGISTER_SIGNAL)
     def register(self, host: HostCapabilities) -> None:

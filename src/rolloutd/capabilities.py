@@ -13,8 +13,9 @@ that no registered host can run, before any workflow starts, with an error namin
   (``module:attr``) is checked on an eval host when a task names it (the submitting process
   never imports it).
 
-When no sandbox (or eval) host has registered yet, a task is refused with a message saying so;
-a caller that knows better submits with ``check_capabilities=False``. A host that was killed
+When no sandbox (or eval) host has registered yet, the client waits a little for one (a stack
+that is just starting), then refuses the task with a message saying so; a caller that knows
+better submits with ``check_capabilities=False``. A host that was killed
 without stopping stays registered until a host with its id registers again (its entry only
 ever says more than the fleet can do, never less).
 

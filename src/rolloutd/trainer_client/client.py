@@ -16,6 +16,8 @@ an evaluator import path that does not import on an eval host (:mod:`rolloutd.ca
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -63,6 +65,10 @@ from rolloutd.workflows.task import RolloutTaskWorkflow, task_workflow_id
 QUERY_TIMEOUT = timedelta(seconds=10)
 #: an import check waits for an eval host (the registry gives up after 15 s).
 IMPORT_CHECK_TIMEOUT = timedelta(seconds=30)
+#: how long a check waits for the first sandbox / eval host to register (workers start in
+#: a few seconds after Temporal; `rolloutd up` and `demo` submit right after starting them).
+REGISTRY_WAIT_S = 30.0
+REGISTRY_POLL_S = 0.5
 
 
 class InvalidTaskError(ConfigError):
@@ -134,13 +140,17 @@ class RolloutClient:
         store: the blob store where trajectories are kept (optional for submit-only use).
         check_capabilities: refuse at submit what no registered host can run (default); False
             skips that check (syntax is checked either way).
+        registry_wait_s: when no sandbox or no eval host has registered yet, how long a check
+            waits for one (a stack that is just starting) before it refuses the task.
     """
 
     def __init__(self, client: Client, store: BlobStore | None = None, *,
-                 check_capabilities: bool = True) -> None:
+                 check_capabilities: bool = True,
+                 registry_wait_s: float = REGISTRY_WAIT_S) -> None:
         self.client = client
         self.store = store
         self.check_capabilities = check_capabilities
+        self.registry_wait_s = registry_wait_s
 
     @classmethod
     async def connect(
@@ -214,6 +224,10 @@ class RolloutClient:
         if not check or not requests:
             return requests
         fleets = await self.capabilities()
+        deadline = time.monotonic() + self.registry_wait_s
+        while not (fleets.of("sandbox") and fleets.of("eval")) and time.monotonic() < deadline:
+            await asyncio.sleep(REGISTRY_POLL_S)
+            fleets = await self.capabilities()
         import_errors = {path: await self.check_evaluator_import(path)
                          for path in sorted({r.evaluator.type for r in requests
                                              if is_import_path(r.evaluator.type)})}

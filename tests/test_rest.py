@@ -255,3 +255,29 @@ async def test_bwrap_task_with_unreachable_callback_completes_when_its_sessions_
             assert result["callback"]["status"] == "failed"
             assert result["callback"]["attempts"] >= 2
             assert "ConnectError" in result["callback"]["error"]
+
+
+async def test_each_session_shows_in_the_status_as_soon_as_it_ends(fleets, tmp_path):
+    task_id = f"polar-part-{uuid.uuid4().hex[:6]}"
+    gate = tmp_path / "gate"
+    # the first session to take the lock answers at once; the other waits for the gate
+    command = (f"mkdir {tmp_path / 'first'} 2>/dev/null || "
+               f"while [ ! -e {gate} ]; do sleep 0.1; done; echo 42 > answer.txt")
+    payload = polar_payload(task_id, command)
+    async with facade(fleets) as http:
+        assert (await http.post("/rollout/task/submit", json=payload)).status_code == 200
+
+        async def status():
+            return (await http.get(f"/rollout/task/{task_id}")).json()
+
+        try:
+            partial = await poll(status, lambda s: s["completed_sessions"] >= 1,
+                                 timeout_s=60, what="first session ended")
+        finally:
+            gate.touch()
+        assert partial["status"] == "running" and partial["total_sessions"] == 2
+        (first,) = partial["results"]
+        assert (first["status"], first["reward"], first["error"]) == ("COMPLETED", 1.0, None)
+        done = await poll(status, lambda s: s["status"] != "running", timeout_s=60,
+                          what="task finished")
+        assert done["status"] == "completed" and done["completed_sessions"] == 2

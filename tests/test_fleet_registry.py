@@ -1,7 +1,8 @@
 """The fleet registry workflow on a real Temporal server (its own workflow id, so the registry
 the fleets fixture's hosts publish to is left alone): a host's registration replaces an earlier
 one of the same host, a stop withdraws it, and the history stays bounded by continue-as-new
-while every registration is kept.
+while every registration is kept. ``rolloutd submit`` refuses a file with one task no host can
+run before any of its tasks starts.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from temporalio.service import RPCError, RPCStatusCode
 
 from rolloutd import task_queues
 from rolloutd.capabilities import (
@@ -19,6 +21,7 @@ from rolloutd.capabilities import (
     FleetCapabilities,
     HostCapabilities,
 )
+from rolloutd.cli import submit_tasks
 from rolloutd.workflows.fleets import FleetRegistryInput, FleetRegistryWorkflow
 from tests.support.buffer_tasks import poll
 
@@ -59,3 +62,17 @@ async def test_the_fleets_hosts_registered_what_they_can_run(fleets):
     assert sandbox and sandbox[-1].harnesses["shell"] is None
     assert "qwen_code" in sandbox[-1].harnesses or "qwen_code" in sandbox[-1].missing_harnesses
     assert {"session_completed", "test_on_output", "swebench"} <= set(caps.evaluator_names())
+
+
+async def test_cli_submit_refuses_every_task_before_any_starts(fleets, temporal_server):
+    suffix = uuid.uuid4().hex[:6]
+    runnable = {"task_id": f"cli-ok-{suffix}", "instruction": "x",
+                "harness": {"type": "shell", "command": "true"}, "runtime": {"type": "local"}}
+    unrunnable = {**runnable, "task_id": f"cli-codex-{suffix}", "harness": {"type": "codex"}}
+    with pytest.raises(SystemExit) as info:
+        await submit_tasks([runnable, unrunnable], temporal_server.address, None)
+    assert f"harness.type: task cli-codex-{suffix}: harness.type='codex' has no adapter" in str(
+        info.value)
+    with pytest.raises(RPCError) as missing:
+        await fleets.client.get_workflow_handle(f"task/cli-ok-{suffix}").describe()
+    assert missing.value.status == RPCStatusCode.NOT_FOUND

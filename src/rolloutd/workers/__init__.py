@@ -28,6 +28,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 
 from rolloutd import task_queues
+from rolloutd.capabilities import HostCapabilities
 from rolloutd.settings import (
     CommonSettings,
     EvalSettings,
@@ -91,7 +92,7 @@ async def run_fleet(
     """
     handle = FleetHandle(fleet=fleet, workers=[])
     cleanups: list[Any] = []
-    host: Any = None  # the HostCapabilities this host publishes (sandbox and eval)
+    host: HostCapabilities | None = None  # what a sandbox or eval host publishes
     if fleet == "workflows":
         from rolloutd.activities.cancel import cancel_workflows
         from rolloutd.workflows.buffer import RolloutBufferWorkflow
@@ -183,7 +184,8 @@ async def run_fleet(
             # published once polling: a task accepted on it finds a worker; withdrawn first
             # at stop (cleanups run last-in first-out)
             await publish(client, host)
-            cleanups.append(lambda: withdraw(client, host))
+            published = host
+            cleanups.append(lambda: withdraw(client, published))
         try:
             yield handle
         finally:

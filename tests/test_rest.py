@@ -2,7 +2,10 @@
 harness that exist here: ``local`` and ``shell``) is submitted, polled to completion, and its
 results come back; callbacks reach a real HTTP receiver that fails once (retried with backoff);
 DELETE cancels; the OpenAPI document is published; backend calls reach the gateway's admin
-routes when the gateway has them.
+routes when the gateway has them. What no registered fleet host can run (POLAR's own A.3
+payload: codex, swebench_harness with another name, an unknown strategy) is refused with 422
+naming the Polar field before any workflow starts; a task whose callback URL is unreachable is
+completed with its results as soon as its sessions end, and its failed callback shows.
 """
 
 from __future__ import annotations
@@ -17,12 +20,33 @@ import uvicorn
 from fastapi import FastAPI, Request
 from temporalio.service import RPCError
 
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.service import RPCStatusCode
+
 from rolloutd.rest import create_app
 from rolloutd.stack import free_port
 from rolloutd.trainer_client import RolloutClient
+from tests.conftest import have_bwrap
 from tests.support.buffer_tasks import poll
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine]
+
+
+def polar_a3_payload(task_id: str, strategy: str) -> dict:
+    """POLAR's representative payload (its appendix A.3): codex, a SWE-bench evaluation in a
+    fresh runtime, a callback."""
+    return {
+        "task_id": task_id,
+        "instruction": "Fix the failing test in the repository.",
+        "num_samples": 2,
+        "timeout_seconds": 1800,
+        "runtime": {"backend": "docker", "image": "swebench/sweb.eval.x86_64.astropy:latest"},
+        "agent": {"harness": "codex", "model_name": "Qwen3-8B", "settings": {"max_turns": 50}},
+        "builder": {"strategy": "prefix_merging", "config": {}},
+        "evaluator": {"strategy": strategy,
+                      "config": {"refresh_runtime": True, "fail_to_pass": ["t::test_a"]}},
+        "callback_url": "http://127.0.0.1:9/callback",
+    }
 
 
 def polar_payload(task_id: str, command: str, callback_url: str | None = None) -> dict:
@@ -108,6 +132,7 @@ async def test_polar_payload_runs_and_its_results_come_back(fleets):
         assert done["status"] == "completed"
         assert done["total_sessions"] == done["completed_sessions"] == 2
         assert [r["status"] for r in done["results"]] == ["COMPLETED", "COMPLETED"]
+        assert [r["reward"] for r in done["results"]] == [1.0, 1.0]
         for result in done["results"]:
             assert result["task_id"] == task_id
             assert result["trajectory"]["status"] == "COMPLETED"
@@ -117,6 +142,9 @@ async def test_polar_payload_runs_and_its_results_come_back(fleets):
                    what="two callbacks")
         assert sorted(b["session_id"] for b in received) == [f"{task_id}/0", f"{task_id}/1"]
         assert all(b["reward"] == 1.0 for b in received)
+        delivered = await poll(status, lambda s: s["callback"]["status"] == "delivered",
+                               timeout_s=30, what="callbacks delivered in the status")
+        assert [r["callback"]["attempts"] for r in delivered["results"]] == [2, 2]
 
         assert (await http.get("/rollout/task/no-such-task")).status_code == 404
         status_all = (await http.get("/rollout/status")).json()
@@ -167,3 +195,92 @@ async def test_prorl_backend_calls_reach_the_gateway_admin_routes(fleets):
     async with facade(fleets, gateway_url=fleets.gateway_url, admin_token=None) as http:
         added = await http.post("/add_llm_server", json={"address": fleets.engine_url})
         assert added.status_code in (200, 401), added.text
+
+
+async def test_polar_a3_payload_is_refused_before_any_workflow_starts(fleets):
+    task_id = f"polar-a3-{uuid.uuid4().hex[:6]}"
+    async with facade(fleets) as http:
+        refused = await http.post("/rollout/task/submit",
+                                  json=polar_a3_payload(task_id, "swebench_grader"))
+        assert refused.status_code == 422, refused.text
+        errors = {".".join(e["loc"]): e["msg"] for e in refused.json()["detail"]}
+        assert set(errors) == {"agent.harness", "evaluator.strategy"}
+        assert "'codex' has no adapter" in errors["agent.harness"]
+        assert "'swebench_grader' is unknown" in errors["evaluator.strategy"]
+        # swebench_harness is rolloutd's swebench: only the harness is refused
+        refused = await http.post("/rollout/task/submit",
+                                  json=polar_a3_payload(task_id, "swebench_harness"))
+        assert [e["loc"] for e in refused.json()["detail"]] == [["agent", "harness"]]
+        # an import path is tried on an eval host, not here
+        payload = polar_a3_payload(task_id, "no_such_package.graders:Grader")
+        payload["agent"] = {"harness": "shell", "settings": {"command": "true"}}
+        refused = await http.post("/rollout/task/submit", json=payload)
+        assert refused.status_code == 422, refused.text
+        (error,) = refused.json()["detail"]
+        assert error["loc"] == ["evaluator", "strategy"]
+        assert "does not import on the eval fleet" in error["msg"]
+        assert "ModuleNotFoundError" in error["msg"]
+    with pytest.raises(RPCError) as info:
+        await fleets.client.get_workflow_handle(f"task/{task_id}").describe()
+    assert info.value.status == RPCStatusCode.NOT_FOUND
+
+
+async def test_bwrap_task_with_unreachable_callback_completes_when_its_sessions_end(fleets):
+    if not have_bwrap():
+        pytest.skip("bubblewrap is not installed")
+    task_id = f"polar-cb-{uuid.uuid4().hex[:6]}"
+    payload = polar_payload(task_id, "echo 42 > answer.txt",
+                            callback_url=f"http://127.0.0.1:{free_port()}/callback")
+    payload["runtime"] = {"backend": "bwrap"}
+    async with facade(fleets, callback_timeout_s=8.0) as http:
+        submitted = await http.post("/rollout/task/submit", json=payload)
+        assert submitted.status_code == 200, submitted.text
+
+        async def status():
+            return (await http.get(f"/rollout/task/{task_id}")).json()
+
+        done = await poll(status, lambda s: s["status"] != "running", timeout_s=120,
+                          what="task finished")
+        assert done["status"] == "completed"
+        assert done["completed_sessions"] == done["total_sessions"] == 2
+        assert [r["reward"] for r in done["results"]] == [1.0, 1.0]
+        # the task's workflow ends while its callbacks are still trying (for 8 s)
+        task = fleets.client.get_workflow_handle(f"task/{task_id}")
+        await poll(lambda: task.describe(),
+                   lambda d: d.status != WorkflowExecutionStatus.RUNNING, timeout_s=5,
+                   what="task workflow closed")
+        assert (await task.describe()).status == WorkflowExecutionStatus.COMPLETED
+        assert (await status())["callback"]["status"] == "pending"
+        failed = await poll(status, lambda s: s["callback"]["status"] == "failed",
+                            timeout_s=30, what="callbacks given up")
+        assert failed["status"] == "completed"
+        for result in failed["results"]:
+            assert result["callback"]["status"] == "failed"
+            assert result["callback"]["attempts"] >= 2
+            assert "ConnectError" in result["callback"]["error"]
+
+
+async def test_each_session_shows_in_the_status_as_soon_as_it_ends(fleets, tmp_path):
+    task_id = f"polar-part-{uuid.uuid4().hex[:6]}"
+    gate = tmp_path / "gate"
+    # the first session to take the lock answers at once; the other waits for the gate
+    command = (f"mkdir {tmp_path / 'first'} 2>/dev/null || "
+               f"while [ ! -e {gate} ]; do sleep 0.1; done; echo 42 > answer.txt")
+    payload = polar_payload(task_id, command)
+    async with facade(fleets) as http:
+        assert (await http.post("/rollout/task/submit", json=payload)).status_code == 200
+
+        async def status():
+            return (await http.get(f"/rollout/task/{task_id}")).json()
+
+        try:
+            partial = await poll(status, lambda s: s["completed_sessions"] >= 1,
+                                 timeout_s=60, what="first session ended")
+        finally:
+            gate.touch()
+        assert partial["status"] == "running" and partial["total_sessions"] == 2
+        (first,) = partial["results"]
+        assert (first["status"], first["reward"], first["error"]) == ("COMPLETED", 1.0, None)
+        done = await poll(status, lambda s: s["status"] != "running", timeout_s=60,
+                          what="task finished")
+        assert done["status"] == "completed" and done["completed_sessions"] == 2

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rolloutd.errors import RolloutdError
 from rolloutd.logs import configure_logging
 from rolloutd.settings import CommonSettings, default_home
 from rolloutd.types import SessionStatus
@@ -107,8 +108,12 @@ async def submit_tasks(
         except Exception as e:
             raise SystemExit(f"task {i}: {e}") from None
     client = await RolloutClient.connect(address, namespace=namespace, store_url=store_url)
+    try:  # what no registered host can run is refused before any task starts
+        requests = await client.check_tasks(requests)
+    except RolloutdError as e:
+        raise SystemExit(str(e)) from None
     t0 = time.monotonic()
-    handles = [await client.submit(r) for r in requests]
+    handles = [await client.submit(r, check_capabilities=False) for r in requests]
     results = await asyncio.gather(*(h.result() for h in handles))
     wall = time.monotonic() - t0
     table = Table(title=f"rolloutd: {len(results)} tasks in {wall:.1f} s")

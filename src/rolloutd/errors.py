@@ -147,6 +147,13 @@ class BuilderError(RolloutdError):
     """A completion log cannot be turned into a trajectory (for example, no end-of-turn token)."""
 
 
+class FleetRegistryError(RolloutdError):
+    """The fleet registry (what the fleets can run) did not answer, so a task cannot be checked
+    before it starts; retry, or submit without the check."""
+
+    retryable = True
+
+
 def to_application_error(error: BaseException) -> ApplicationError:
     """Convert any error raised in an activity into Temporal's ``ApplicationError``.
 

@@ -14,14 +14,14 @@ to the gateway's admin routes::
     POST /add_llm_server    {"address": URL, "type"?: ..., "name"?: ...}
     POST /clear_llm_server
 
-A Polar request maps onto rolloutd's TaskRequest: ``timeout_seconds`` -> ``timeout_s``,
-``runtime.backend`` -> ``runtime.type`` (local, bwrap, apptainer, docker), ``agent.harness`` ->
-``harness.type`` with ``agent.settings`` (``command``, ``args``, ``max_turns``, ``profile``) and
-``agent.env``, ``agent.model_name`` -> ``model``, ``builder.strategy`` -> ``builder.type``,
-``evaluator.strategy`` -> ``evaluator.type`` with ``evaluator.config`` (``command``,
-``expected_output``, ``timeout_s``; other keys become ``params``). Polar fields rolloutd has no
-use for (``dispatch_priority``, ``early_stop_min_usable_sessions``, ``agent.import_path``, ...)
-are accepted; ``agent.import_path`` is refused (rolloutd runs registered harnesses only).
+A Polar request maps onto rolloutd's TaskRequest field by field (the table is docs/polar.md,
+:data:`POLAR_PATHS` its code). A submit goes through the trainer client, so what no registered
+host can run (a harness without an adapter or CLI, an unknown evaluator, an evaluator import
+path that does not import on an eval host) is refused with 422 naming the Polar field (e.g.
+``evaluator.strategy``) before any workflow starts; this process never imports a module a
+request names. The status comes from the client too (queries and results, never raw history):
+each session's outcome as soon as it ends, ``completed``/``failed`` as soon as every session
+ended, and each session's callback (``delivered``, ``pending`` or ``failed``, attempts, error).
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
-from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
 
+from rolloutd.errors import FleetRegistryError, NotFoundError
+from rolloutd.settings import RestSettings
 from rolloutd.trainer_client.admin import AdminError, BackendAdmin
 from rolloutd.trainer_client.client import InvalidTaskError, RolloutClient
-from rolloutd.types import SessionResult, SessionStatus, TaskResult
+from rolloutd.types import CallbackStatus, SessionResult, SessionStatus, TaskProgress
 
 
 class _Wire(BaseModel):
@@ -86,7 +86,10 @@ class SubmitResponse(BaseModel):
 
 
 class PolarTaskStatus(BaseModel):
-    """Polar's ``TaskStatus``: ``status`` is running, completed or failed."""
+    """Polar's ``TaskStatus``: ``status`` is running, completed or failed; ``completed_sessions``
+    counts the sessions that ended, each in ``results`` as soon as it ended. rolloutd adds
+    ``error`` (why a task failed) and ``callback`` (all sessions' callbacks at once: ``status``
+    failed / pending / delivered, ``attempts``, ``error``; each session's own in its result)."""
 
     task_id: str
     status: str
@@ -94,6 +97,8 @@ class PolarTaskStatus(BaseModel):
     completed_sessions: int
     results: list[dict[str, Any]] = Field(default_factory=list)
     result_paths: list[str] = Field(default_factory=list)
+    error: str | None = None
+    callback: dict[str, Any] | None = None
 
 
 class AddLLMServer(_Wire):
@@ -105,6 +110,51 @@ class AddLLMServer(_Wire):
 _NETWORKS = {"host": "host", "none": "none", "gateway": "gateway", None: None}
 _SESSION_STATUS = {SessionStatus.COMPLETED: "COMPLETED", SessionStatus.FAILED: "ERROR",
                    SessionStatus.TIMEOUT: "TIMEOUT", SessionStatus.CANCELLED: "ERROR"}
+#: Polar's evaluator strategies under another name here.
+EVALUATOR_ALIASES = {"swebench_harness": "swebench"}
+#: rolloutd TaskRequest path -> the Polar request path it comes from (docs/polar.md's table),
+#: so an error names the field the caller sent. Longest prefix wins.
+POLAR_PATHS = {
+    "timeout_s": "timeout_seconds",
+    "harness": "agent",
+    "harness.type": "agent.harness",
+    "harness.command": "agent.settings.command",
+    "harness.args": "agent.settings.args",
+    "harness.max_turns": "agent.settings.max_turns",
+    "harness.profile": "agent.settings.profile",
+    "harness.env": "agent.env",
+    "model": "agent.model_name",
+    "runtime.type": "runtime.backend",
+    "builder.type": "builder.strategy",
+    "builder.on_drift": "builder.config.on_drift",
+    "builder.loss_mask": "builder.config.loss_mask",
+    "evaluator.type": "evaluator.strategy",
+    "evaluator.runtime": "evaluator.config.refresh_runtime",
+    "evaluator.command": "evaluator.config.command",
+    "evaluator.expected_output": "evaluator.config.expected_output",
+    "evaluator.timeout_s": "evaluator.config.timeout_s",
+    "evaluator.params": "evaluator.config",
+}
+
+
+def polar_path(path: str) -> str:
+    """The Polar request path of a rolloutd TaskRequest path (unchanged when it has none)."""
+    parts = path.split(".")
+    for n in range(len(parts), 0, -1):
+        head = ".".join(parts[:n])
+        if head in POLAR_PATHS:
+            return ".".join([POLAR_PATHS[head], *parts[n:]])
+    return path
+
+
+def _refresh_runtime(polar: PolarTaskRequest, config: dict[str, Any]) -> bool:
+    """Polar's ``refresh_runtime`` (evaluate in a fresh runtime), read from the evaluator's
+    config, the evaluator, or the request."""
+    evaluator = polar.evaluator.model_extra if polar.evaluator is not None else None
+    for where in (config, evaluator or {}, polar.model_extra or {}):
+        if "refresh_runtime" in where:
+            return bool(where["refresh_runtime"])
+    return False
 
 
 def to_task_request(polar: PolarTaskRequest) -> dict[str, Any]:
@@ -118,7 +168,8 @@ def to_task_request(polar: PolarTaskRequest) -> dict[str, Any]:
         raise InvalidTaskError([("agent.harness", "a registered harness name is required; "
                                  "agent.import_path is not supported")])
     settings = agent.settings
-    harness = {"type": agent.harness, "env": agent.env,
+    # Polar spells CLI names with hyphens (claude-code); the glossary with underscores
+    harness = {"type": agent.harness.replace("-", "_"), "env": agent.env,
                **{k: settings[k] for k in ("command", "args", "max_turns", "profile")
                   if k in settings}}
     task: dict[str, Any] = {
@@ -143,16 +194,40 @@ def to_task_request(polar: PolarTaskRequest) -> dict[str, Any]:
                               if k in ("on_drift", "loss_mask")}}
     if polar.evaluator is not None:
         config = dict(polar.evaluator.config)
-        task["evaluator"] = {"type": polar.evaluator.strategy,
+        fresh = _refresh_runtime(polar, config)
+        config.pop("refresh_runtime", None)
+        strategy = polar.evaluator.strategy
+        task["evaluator"] = {"type": EVALUATOR_ALIASES.get(strategy, strategy),
                              **{k: config.pop(k) for k in ("command", "expected_output",
                                                            "timeout_s") if k in config},
-                             "params": config}
+                             "params": config, "runtime": "fresh" if fresh else "session"}
     return task
 
 
-def _session_body(client: RolloutClient, session: SessionResult) -> dict[str, Any]:
-    """A Polar-shaped SessionResult: status, trajectory (traces when the store is reachable),
-    timing in ms, plus rolloutd's own summary under ``metadata.rolloutd``."""
+def _with_callbacks(progress: TaskProgress
+                    ) -> list[tuple[SessionResult, CallbackStatus | None]]:
+    """Each ended session with its callback's status (None without a callback)."""
+    callbacks = {c.session_id: c for c in progress.callbacks}
+    return [(s, callbacks.get(s.session_id)) for s in progress.sessions]
+
+
+def _callback_summary(progress: TaskProgress) -> dict[str, Any] | None:
+    """All sessions' callbacks at once: ``failed`` when one failed, else ``pending`` while
+    one is pending, else ``delivered``; attempts summed; the first error."""
+    if not progress.callbacks:
+        return None
+    states = {c.status for c in progress.callbacks}
+    status = next(s for s in ("failed", "pending", "delivered") if s in states)
+    errors = [c.error for c in progress.callbacks if c.error and c.status == status]
+    return {"status": status, "attempts": sum(c.attempts for c in progress.callbacks),
+            "error": errors[0] if errors else None}
+
+
+def _session_body(client: RolloutClient, session: SessionResult,
+                  callback: CallbackStatus | None = None) -> dict[str, Any]:
+    """A Polar-shaped SessionResult: status, reward, error, trajectory (traces when the store
+    is reachable), timing in ms, its callback, plus rolloutd's own summary under
+    ``metadata.rolloutd``."""
     status = _SESSION_STATUS[session.status]
     traces: list[dict[str, Any]] = []
     trajectory_meta: dict[str, Any] = {"builder": "", "stats": session.stats.model_dump()}
@@ -163,7 +238,8 @@ def _session_body(client: RolloutClient, session: SessionResult) -> dict[str, An
     timing = {f"{p.phase}_ms": p.duration_s * 1000 for p in session.phases}
     return {
         "session_id": session.session_id, "task_id": session.task_id, "status": status,
-        "error": session.error,
+        "reward": session.reward, "error": session.error,
+        "callback": callback.model_dump(mode="json") if callback is not None else None,
         "trajectory": {"status": status, "metadata": trajectory_meta, "traces": traces,
                        "error": session.error},
         "timing": timing, "node_id": None,
@@ -172,52 +248,45 @@ def _session_body(client: RolloutClient, session: SessionResult) -> dict[str, An
 
 
 def create_app(client: RolloutClient, *, gateway_url: str | None = None,
-               admin_token: str | None = None) -> FastAPI:
+               admin_token: str | None = None,
+               callback_timeout_s: float | None = None) -> FastAPI:
     """The facade's app.
 
     Args:
         client: a connected RolloutClient (with ``store_url`` to return traces).
         gateway_url, admin_token: the gateway whose admin routes the backend calls use.
+        callback_timeout_s: total time of one session's callback (``TaskRequest``'s default
+            when None; ``ROLLOUTD_CALLBACK_TIMEOUT_S`` for ``rolloutd rest``).
     """
     app = FastAPI(title="rolloutd REST facade", version="0.1.0",
                   description="POLAR- and ProRL-compatible rollout API over rolloutd.")
 
     async def status_of(task_id: str) -> PolarTaskStatus:
-        handle = client.get_handle(task_id)
         try:
-            described = await handle.describe()
-        except RPCError as e:
-            if e.status == RPCStatusCode.NOT_FOUND:
-                raise HTTPException(404, detail="Task not found") from None
-            raise
-        if described.status == WorkflowExecutionStatus.RUNNING:
-            try:
-                finished = (await handle.query("progress"))["finished"]
-            except RPCError:
-                finished = 0
-            request = await _request_of(handle)
-            return PolarTaskStatus(task_id=task_id, status="running",
-                                   total_sessions=request.get("num_samples", 1),
-                                   completed_sessions=finished)
-        if described.status == WorkflowExecutionStatus.COMPLETED:
-            group: TaskResult = await handle.result()
-            results = [_session_body(client, s) for s in group.sessions]
-            return PolarTaskStatus(task_id=task_id, status="completed",
-                                   total_sessions=len(results), completed_sessions=len(results),
-                                   results=results)
-        request = await _request_of(handle)
-        return PolarTaskStatus(task_id=task_id, status="failed",
-                               total_sessions=request.get("num_samples", 0),
-                               completed_sessions=0)
+            progress = await client.status(task_id)
+        except NotFoundError:
+            raise HTTPException(404, detail="Task not found") from None
+        results = [_session_body(client, s, c) for s, c in _with_callbacks(progress)]
+        return PolarTaskStatus(
+            task_id=task_id,
+            status="running" if progress.status == "running" else
+            "completed" if progress.status == "completed" else "failed",
+            total_sessions=progress.num_samples, completed_sessions=len(results),
+            results=results, error=progress.error, callback=_callback_summary(progress))
 
     @app.post("/rollout/task/submit", response_model=SubmitResponse)
     async def submit(request: PolarTaskRequest) -> SubmitResponse:
         """Non-blocking submission; poll ``GET /rollout/task/{task_id}``."""
         try:
-            handle = await client.submit(to_task_request(request))
+            task = to_task_request(request)
+            if callback_timeout_s is not None:
+                task["callback_timeout_s"] = callback_timeout_s
+            handle = await client.submit(task)
         except InvalidTaskError as e:
-            raise HTTPException(422, detail=[{"loc": p.split("."), "msg": m}
+            raise HTTPException(422, detail=[{"loc": polar_path(p).split("."), "msg": m}
                                              for p, m in e.errors]) from None
+        except FleetRegistryError as e:
+            raise HTTPException(503, detail=str(e)) from None
         except WorkflowAlreadyStartedError:
             raise HTTPException(409, detail=f"task {request.task_id} exists") from None
         return SubmitResponse(task_id=handle.task_id, status="running")
@@ -272,19 +341,6 @@ def create_app(client: RolloutClient, *, gateway_url: str | None = None,
     return app
 
 
-async def _request_of(handle: Any) -> dict[str, Any]:
-    """The TaskRequest a task workflow was started with (its first history event)."""
-    async for event in handle.fetch_history_events():
-        attrs = event.workflow_execution_started_event_attributes
-        payloads = attrs.input.payloads
-        if payloads:
-            import json
-
-            return json.loads(payloads[0].data)
-        break
-    return {}
-
-
 def serve(address: str, store_url: str | None, host: str, port: int,
           gateway_url: str | None, admin_token: str | None) -> None:
     """Entry point of ``rolloutd rest``: serve the facade with uvicorn until interrupted."""
@@ -294,7 +350,8 @@ def serve(address: str, store_url: str | None, host: str, port: int,
 
     async def main() -> None:
         client = await RolloutClient.connect(address, store_url=store_url)
-        app = create_app(client, gateway_url=gateway_url, admin_token=admin_token)
+        app = create_app(client, gateway_url=gateway_url, admin_token=admin_token,
+                         callback_timeout_s=RestSettings().callback_timeout_s)
         await uvicorn.Server(uvicorn.Config(app, host=host, port=port)).serve()
 
     asyncio.run(main())

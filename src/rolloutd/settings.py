@@ -117,6 +117,14 @@ class EvalSettings(CommonSettings):
     max_concurrent_evaluations: int = Field(default=8, ge=1)
 
 
+class RestSettings(CommonSettings):
+    """The REST facade (``rolloutd rest``)."""
+
+    callback_timeout_s: float = Field(
+        default=300.0, gt=0, le=86_400, description="total time of one session's callback to "
+        "a task's callback_url over all its attempts; then the task's status shows it failed")
+
+
 class EngineSettings(BaseSettings):
     """The local reference engine (llama-server)."""
 

@@ -265,8 +265,12 @@ class TaskRequest(Model):
     model: str | None = Field(default=None, description="model name shown to the harness")
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, kept")
     callback_url: str | None = Field(
-        default=None, description="each session's SessionResult is POSTed here (retried)"
+        default=None, description="each session's SessionResult is POSTed here when it ends, "
+        "after the task stored it (retried with backoff, never holding the task open)"
     )
+    callback_timeout_s: float = Field(
+        default=300.0, gt=0, le=86_400, description="total time of one session's callback over "
+        "all its attempts, queue time included; then it is marked failed in the task's status")
     report_to: str | None = Field(
         default=None, description="workflow id signalled `group_finished` with the group "
         "(set by RolloutBufferWorkflow on the tasks it starts)"
@@ -533,3 +537,44 @@ class TaskResult(Model):
     reward_std: float | None = None
     num_completed: int = 0
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class CallbackStatus(Model):
+    """Where a session's callback to ``TaskRequest.callback_url`` stands.
+
+    Attributes:
+        status: ``pending`` (trying), ``delivered`` (a 2xx answer) or ``failed`` (a final 4xx,
+            or ``callback_timeout_s`` spent).
+        attempts: POSTs tried so far.
+        error: the last attempt's error.
+        status_code: the receiver's answer when delivered.
+    """
+
+    session_id: str
+    status: Literal["pending", "delivered", "failed"] = "pending"
+    attempts: int = Field(default=0, ge=0)
+    error: str | None = None
+    status_code: int | None = None
+
+
+class TaskProgress(Model):
+    """A task as it stands: every session that has ended so far, with its outcome.
+
+    Attributes:
+        status: ``running`` while a session runs; ``completed`` once every session ended and
+            at least one completed; ``failed`` once every session ended without completing,
+            or when the task's workflow failed or was terminated; ``cancelled``.
+        num_samples: sessions of the task (0 when unknown).
+        sessions: the ended sessions' results, by sample index.
+        callbacks: each ended session's callback (empty without ``callback_url``).
+        error: why the task failed, in words.
+        result: the group with its stats, once the task's workflow completed.
+    """
+
+    task_id: str
+    status: Literal["running", "completed", "failed", "cancelled"] = "running"
+    num_samples: int = Field(default=0, ge=0)
+    sessions: list[SessionResult] = Field(default_factory=list)
+    callbacks: list[CallbackStatus] = Field(default_factory=list)
+    error: str | None = None
+    result: TaskResult | None = None

@@ -1,4 +1,5 @@
-"""Eval-fleet activity: score a session and write the rewards into its trajectory."""
+"""Eval-fleet activities: score a session and write the rewards into its trajectory; check that
+an evaluator import path imports on this host (asked by the fleet registry at submit)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ from temporalio import activity
 
 from rolloutd.activities.heartbeat import heartbeating
 from rolloutd.activities.models import EvaluateInput, EvaluateOutput
-from rolloutd.errors import NotFoundError, to_application_error
-from rolloutd.evaluators import EvaluationContext, get_evaluator
+from rolloutd.capabilities import (
+    CHECK_EVALUATOR_ACTIVITY,
+    CheckEvaluatorInput,
+    CheckEvaluatorOutput,
+)
+from rolloutd.errors import EvaluatorError, NotFoundError, to_application_error
+from rolloutd.evaluators import EvaluationContext, get_evaluator, import_evaluator
 from rolloutd.store import BlobStore
 from rolloutd.trajectory import assign_rewards
 from rolloutd.types import Trajectory
@@ -21,10 +27,27 @@ class EvalActivities:
 
     Args:
         store: the blob store holding artifacts and trajectories.
+        host_id: this host's id (named in import checks).
     """
 
-    def __init__(self, store: BlobStore) -> None:
+    def __init__(self, store: BlobStore, host_id: str | None = None) -> None:
         self.store = store
+        self.host_id = host_id
+
+    @activity.defn(name=CHECK_EVALUATOR_ACTIVITY)
+    async def check_evaluator(self, input: CheckEvaluatorInput) -> CheckEvaluatorOutput:
+        """Whether ``input.type`` (``module:attr``) imports here and names an evaluator.
+
+        The import runs in this worker's process, like the evaluation that would follow; a
+        module's import-time side effects are the evaluator author's to keep harmless.
+        """
+        try:
+            import_evaluator(input.type)
+        except EvaluatorError as e:
+            log.info("evaluator_import_checked", evaluator=input.type, ok=False)
+            return CheckEvaluatorOutput(error=str(e), host_id=self.host_id)
+        log.info("evaluator_import_checked", evaluator=input.type, ok=True)
+        return CheckEvaluatorOutput(host_id=self.host_id)
 
     @activity.defn(name="evaluate")
     async def evaluate(self, input: EvaluateInput) -> EvaluateOutput:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from rolloutd.sandbox.runtimes.base import Runtime
 
 __all__ = ["CHECK_ARTIFACT", "EVALUATORS", "EvaluationContext", "EvaluationOutcome",
-           "Evaluator", "SupportsEvaluate", "get_evaluator", "run_check"]
+           "Evaluator", "SupportsEvaluate", "get_evaluator", "import_evaluator", "run_check"]
 
 
 class SupportsEvaluate(Protocol):
@@ -62,19 +62,41 @@ def get_evaluator(spec: EvaluatorSpec) -> SupportsEvaluate:
     if ":" not in spec.type:
         raise EvaluatorError(f"evaluator.type={spec.type!r} is unknown; use one of "
                              f"{', '.join(EVALUATORS)} or an import path 'module:attr'")
-    module_name, _, attr = spec.type.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise EvaluatorError(f"evaluator.type={spec.type!r} does not import: {exc}") from exc
+    target = import_evaluator(spec.type)
     if inspect.isclass(target) or (callable(target) and not hasattr(target, "evaluate")):
         target = target(spec)
     if not inspect.iscoroutinefunction(getattr(target, "evaluate", None)):
         raise EvaluatorError(
             f"evaluator.type={spec.type!r} has no async evaluate(ctx) method"
         )
+    return target
+
+
+def import_evaluator(path: str) -> Any:
+    """The object an evaluator import path ``package.module:attr`` names, not yet called.
+
+    Args:
+        path: ``module:attr``; ``attr`` may be dotted.
+
+    Returns:
+        An :class:`Evaluator` subclass, a factory, or an object with ``async evaluate(ctx)``.
+
+    Raises:
+        EvaluatorError: the module does not import, the attribute is missing, or what it names
+            can be neither called nor awaited as an evaluator.
+    """
+    module_name, _, attr = path.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    # an import runs the module's code: whatever it raises means "does not import"
+    except Exception as exc:  # noqa: BLE001 - boundary: foreign module code
+        raise EvaluatorError(f"evaluator.type={path!r} does not import: "
+                             f"{type(exc).__name__}: {exc}") from exc
+    if not (callable(target) or inspect.iscoroutinefunction(getattr(target, "evaluate", None))):
+        raise EvaluatorError(f"evaluator.type={path!r} is neither an evaluator class, a "
+                             "factory, nor an object with async evaluate(ctx)")
     return target
 
 

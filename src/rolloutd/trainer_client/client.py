@@ -7,23 +7,68 @@ Example::
                                   "harness": {"type": "qwen_code"}})
     group = await handle.result()
     trajectories = [client.trajectory(s) for s in group.sessions]
+
+Before any workflow starts, :meth:`RolloutClient.submit` refuses what cannot run: a malformed
+field, a harness type no registered sandbox host can run, an evaluator name no eval host has,
+an evaluator import path that does not import on an eval host (:mod:`rolloutd.capabilities`).
+:meth:`RolloutClient.status` shows every session's outcome as soon as it ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import time
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, RPCStatusCode
 
 from rolloutd import task_queues
-from rolloutd.errors import ConfigError
+from rolloutd.capabilities import (
+    CAPABILITIES_QUERY,
+    CHECK_EVALUATOR_UPDATE,
+    OPT_OUT,
+    REGISTRY_WORKFLOW_ID,
+    CheckEvaluatorInput,
+    CheckEvaluatorOutput,
+    FleetCapabilities,
+    check_task,
+    is_import_path,
+)
+from rolloutd.errors import ConfigError, FleetRegistryError, NotFoundError
 from rolloutd.store import BlobStore
-from rolloutd.types import SessionResult, TaskRequest, TaskResult, Trajectory
+from rolloutd.types import (
+    CallbackStatus,
+    SessionResult,
+    SessionStatus,
+    TaskProgress,
+    TaskRequest,
+    TaskResult,
+    Trajectory,
+)
+from rolloutd.workflows.callback import CallbackWorkflow, callback_workflow_id
 from rolloutd.workflows.task import RolloutTaskWorkflow, task_workflow_id
+
+#: how long a query (capabilities, a task's or a callback's status) may take: a workflows
+#: fleet that does not answer by then is reported, not waited for.
+QUERY_TIMEOUT = timedelta(seconds=10)
+#: an import check waits for an eval host (the registry gives up after 15 s).
+IMPORT_CHECK_TIMEOUT = timedelta(seconds=30)
+#: how long a check waits for the first sandbox / eval host to register (workers start in
+#: a few seconds after Temporal; `rolloutd up` and `demo` submit right after starting them).
+REGISTRY_WAIT_S = 30.0
+REGISTRY_POLL_S = 0.5
 
 
 class InvalidTaskError(ConfigError):
@@ -53,9 +98,21 @@ def validate_task(task: TaskRequest | Mapping[str, Any]) -> TaskRequest:
 class RolloutHandle:
     """A submitted task: await its group, cancel it, or inspect its workflow."""
 
-    def __init__(self, handle: WorkflowHandle[Any, TaskResult], task: TaskRequest) -> None:
+    def __init__(self, handle: WorkflowHandle[Any, TaskResult], task: TaskRequest,
+                 client: RolloutClient | None = None) -> None:
         self.workflow = handle
         self.task = task
+        self.client = client
+
+    async def status(self) -> TaskProgress:
+        """The task as it stands (see :meth:`RolloutClient.status`).
+
+        Raises:
+            ConfigError: the handle was made without its client.
+        """
+        if self.client is None:
+            raise ConfigError("this RolloutHandle has no client; use RolloutClient.status")
+        return await self.client.status(self.task_id)
 
     @property
     def task_id(self) -> str:
@@ -81,11 +138,19 @@ class RolloutClient:
     Args:
         client: a Temporal client using the pydantic data converter.
         store: the blob store where trajectories are kept (optional for submit-only use).
+        check_capabilities: refuse at submit what no registered host can run (default); False
+            skips that check (syntax is checked either way).
+        registry_wait_s: when no sandbox or no eval host has registered yet, how long a check
+            waits for one (a stack that is just starting) before it refuses the task.
     """
 
-    def __init__(self, client: Client, store: BlobStore | None = None) -> None:
+    def __init__(self, client: Client, store: BlobStore | None = None, *,
+                 check_capabilities: bool = True,
+                 registry_wait_s: float = REGISTRY_WAIT_S) -> None:
         self.client = client
         self.store = store
+        self.check_capabilities = check_capabilities
+        self.registry_wait_s = registry_wait_s
 
     @classmethod
     async def connect(
@@ -97,23 +162,176 @@ class RolloutClient:
                                       data_converter=pydantic_data_converter)
         return cls(client, BlobStore(store_url) if store_url else None)
 
-    async def submit(self, task: TaskRequest | Mapping[str, Any]) -> RolloutHandle:
-        """Validate and start a task as workflow ``task/{task_id}``.
+    async def capabilities(self) -> FleetCapabilities:
+        """What the registered sandbox and eval hosts can run (empty when none registered).
 
         Raises:
-            InvalidTaskError: the request is malformed; no workflow was started.
+            FleetRegistryError: the registry exists but no workflows worker answered.
+        """
+        handle = self.client.get_workflow_handle(REGISTRY_WORKFLOW_ID)
+        try:
+            return await handle.query(CAPABILITIES_QUERY, result_type=FleetCapabilities,
+                                      rpc_timeout=QUERY_TIMEOUT)
+        except RPCError as e:
+            if e.status == RPCStatusCode.NOT_FOUND:
+                return FleetCapabilities()
+            raise FleetRegistryError(f"the fleet registry did not answer ({e}); retry, or "
+                                     f"submit with {OPT_OUT}") from e
+        except WorkflowQueryFailedError as e:
+            raise FleetRegistryError(f"the fleet registry failed to answer: {e}") from e
+
+    async def check_evaluator_import(self, path: str) -> str | None:
+        """Ask an eval host whether an evaluator import path imports (never imported here).
+
+        Returns:
+            None when it imports and names an evaluator; else why not.
+
+        Raises:
+            FleetRegistryError: the registry did not answer.
+        """
+        handle = self.client.get_workflow_handle(REGISTRY_WORKFLOW_ID)
+        try:
+            answer = await handle.execute_update(
+                CHECK_EVALUATOR_UPDATE, CheckEvaluatorInput(type=path),
+                result_type=CheckEvaluatorOutput, rpc_timeout=IMPORT_CHECK_TIMEOUT)
+        except RPCError as e:
+            if e.status == RPCStatusCode.NOT_FOUND:
+                return "no eval fleet has registered yet"
+            raise FleetRegistryError(f"the fleet registry did not answer ({e}); retry, or "
+                                     f"submit with {OPT_OUT}") from e
+        except WorkflowUpdateFailedError as e:
+            raise FleetRegistryError(f"the fleet registry failed to answer: {e}") from e
+        return answer.error
+
+    async def check_tasks(self, tasks: Iterable[TaskRequest | Mapping[str, Any]], *,
+                          check_capabilities: bool | None = None) -> list[TaskRequest]:
+        """Validate tasks and refuse what no registered host can run, before any starts.
+
+        Args:
+            tasks: TaskRequests or their dicts.
+            check_capabilities: override the client's setting for this call.
+
+        Returns:
+            The validated requests, in order.
+
+        Raises:
+            InvalidTaskError: naming each field by its dotted path (``harness.type``,
+                ``evaluator.type``, ...); with several tasks, the messages name the task.
+            FleetRegistryError: the registry did not answer.
+        """
+        requests = [validate_task(t) for t in tasks]
+        check = self.check_capabilities if check_capabilities is None else check_capabilities
+        if not check or not requests:
+            return requests
+        fleets = await self.capabilities()
+        deadline = time.monotonic() + self.registry_wait_s
+        while not (fleets.of("sandbox") and fleets.of("eval")) and time.monotonic() < deadline:
+            await asyncio.sleep(REGISTRY_POLL_S)
+            fleets = await self.capabilities()
+        import_errors = {path: await self.check_evaluator_import(path)
+                         for path in sorted({r.evaluator.type for r in requests
+                                             if is_import_path(r.evaluator.type)})}
+        errors = []
+        for request in requests:
+            for path, message in check_task(request, fleets, import_errors):
+                if len(requests) > 1:
+                    message = f"task {request.task_id}: {message}"
+                errors.append((path, message))
+        if errors:
+            raise InvalidTaskError(errors)
+        return requests
+
+    async def submit(self, task: TaskRequest | Mapping[str, Any], *,
+                     check_capabilities: bool | None = None) -> RolloutHandle:
+        """Validate and start a task as workflow ``task/{task_id}``.
+
+        Args:
+            task: a TaskRequest or its dict.
+            check_capabilities: override the client's setting (see :meth:`check_tasks`).
+
+        Raises:
+            InvalidTaskError: the request is malformed, or no registered host can run it; no
+                workflow was started.
+            FleetRegistryError: the registry did not answer; no workflow was started.
             temporalio.exceptions.WorkflowAlreadyStartedError: the task id was used before
                 (task ids are business keys).
         """
-        request = validate_task(task)
+        (request,) = await self.check_tasks([task], check_capabilities=check_capabilities)
         handle = await self.client.start_workflow(
             RolloutTaskWorkflow.run,
             request,
             id=task_workflow_id(request.task_id),
             task_queue=task_queues.WORKFLOWS,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            # read by status() without a worker (closed tasks) and without the history
+            memo={"num_samples": request.num_samples,
+                  "callback": request.callback_url is not None},
         )
-        return RolloutHandle(handle, request)
+        return RolloutHandle(handle, request, self)
+
+    async def status(self, task_id: str) -> TaskProgress:
+        """A task as it stands: every session that has ended, with its outcome, as it ends.
+
+        A task whose sessions have all ended is ``completed`` (at least one session completed)
+        or ``failed`` at once, also while its workflow is still finishing. Reads go through
+        queries and results with the client's data converter, never through raw history.
+
+        Raises:
+            NotFoundError: no task has this id.
+        """
+        handle = self.get_handle(task_id)
+        try:
+            described = await handle.describe()
+        except RPCError as e:
+            if e.status == RPCStatusCode.NOT_FOUND:
+                raise NotFoundError(f"task {task_id} not found") from None
+            raise
+        memo = await described.memo()
+        num_samples = int(memo.get("num_samples") or 0)
+        if described.status == WorkflowExecutionStatus.COMPLETED:
+            group = await handle.result()
+            progress = TaskProgress(task_id=task_id, num_samples=num_samples
+                                    or len(group.sessions), sessions=group.sessions,
+                                    result=group)
+            _settle(progress)
+        else:
+            progress = await self._query_progress(handle) or TaskProgress(task_id=task_id)
+            progress.num_samples = progress.num_samples or num_samples
+            if described.status == WorkflowExecutionStatus.RUNNING:
+                progress.status = "running"
+                if progress.num_samples and len(progress.sessions) >= progress.num_samples:
+                    _settle(progress)
+            else:
+                progress.status = ("cancelled" if described.status
+                                   == WorkflowExecutionStatus.CANCELED else "failed")
+                progress.error = f"the task's workflow ended {described.status.name.lower()}"
+        if memo.get("callback"):
+            progress.callbacks = [await self._callback_status(task_id, s)
+                                  for s in progress.sessions]
+        return progress
+
+    async def _query_progress(self, handle: WorkflowHandle[Any, TaskResult]
+                              ) -> TaskProgress | None:
+        """The task's ``status`` query; None when no worker answered (then nothing ended is
+        known)."""
+        try:
+            return await handle.query(RolloutTaskWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
+        except (RPCError, WorkflowQueryFailedError):
+            return None
+
+    async def _callback_status(self, task_id: str, session: SessionResult) -> CallbackStatus:
+        """One ended session's callback, from its workflow's ``state`` query."""
+        handle = self.client.get_workflow_handle(
+            callback_workflow_id(task_workflow_id(task_id), session.sample_index))
+        try:
+            state = await handle.query(CallbackWorkflow.state, rpc_timeout=QUERY_TIMEOUT)
+        except RPCError as e:
+            if e.status == RPCStatusCode.NOT_FOUND:  # not started yet
+                return CallbackStatus(session_id=session.session_id)
+            return CallbackStatus(session_id=session.session_id, error=f"status unknown: {e}")
+        except WorkflowQueryFailedError as e:
+            return CallbackStatus(session_id=session.session_id, error=f"status unknown: {e}")
+        return state or CallbackStatus(session_id=session.session_id)
 
     def get_handle(self, task_id: str) -> WorkflowHandle[Any, TaskResult]:
         """The workflow handle of an already submitted task."""
@@ -157,3 +375,15 @@ class RolloutClient:
         if not session.trajectory_ref:
             raise ConfigError(f"session {session.session_id} has no trajectory")
         return self.store.get_model(session.trajectory_ref, Trajectory)
+
+
+def _settle(progress: TaskProgress) -> None:
+    """Mark a task whose sessions have all ended: ``completed`` when at least one session
+    completed, else ``failed`` with the first session's error."""
+    if any(s.status == SessionStatus.COMPLETED for s in progress.sessions):
+        progress.status = "completed"
+        return
+    progress.status = "failed"
+    first = next((s for s in progress.sessions if s.error), None)
+    progress.error = (f"no session completed; {first.session_id}: {first.error}" if first
+                      else "no session completed")

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from rolloutd.trainer_client.admin import BackendAdmin
 from rolloutd.trainer_client.buffer import RolloutBuffer
 from rolloutd.trainer_client.client import RolloutClient
-from rolloutd.types import SessionResult, TaskRequest, TaskResult, Trajectory
+from rolloutd.types import SessionResult, TaskProgress, TaskRequest, TaskResult, Trajectory
 from rolloutd.workflows.buffer_models import AckOutput, Batch, BufferStats, BufferSummary
 
 T = TypeVar("T")
@@ -126,6 +126,10 @@ class SyncRolloutClient:
     def submit(self, task: TaskRequest | Mapping[str, Any]) -> str:
         """Validate and start a task; returns its ``task_id``. See ``RolloutClient.submit``."""
         return self._loop.run(self.aio.submit(task)).task_id
+
+    def status(self, task_id: str) -> TaskProgress:
+        """The task as it stands, each ended session's outcome. See ``RolloutClient.status``."""
+        return self._loop.run(self.aio.status(task_id))
 
     def result(self, task_id: str) -> TaskResult:
         """Wait for a task's group."""

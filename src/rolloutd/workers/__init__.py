@@ -6,6 +6,9 @@
 | sandbox   | rolloutd-sandbox, rolloutd-sandbox@{host}   | provision / run / collect / teardown |
 | gateway   | rolloutd-gateway, rolloutd-gateway@{host}   | HTTP gateway + session activities    |
 | eval      | rolloutd-eval                               | evaluate, read_task_chunk, callbacks |
+
+Sandbox and eval hosts publish what they can run to the fleet registry once their workers poll
+(:mod:`rolloutd.workers.registry`), and withdraw it when they stop.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 
 from rolloutd import task_queues
+from rolloutd.capabilities import HostCapabilities
 from rolloutd.settings import (
     CommonSettings,
     EvalSettings,
@@ -88,16 +92,20 @@ async def run_fleet(
     """
     handle = FleetHandle(fleet=fleet, workers=[])
     cleanups: list[Any] = []
+    host: HostCapabilities | None = None  # what a sandbox or eval host publishes
     if fleet == "workflows":
         from rolloutd.activities.cancel import cancel_workflows
         from rolloutd.activities.fleet_health import FleetHealthActivities
         from rolloutd.workflows.buffer import RolloutBufferWorkflow
+        from rolloutd.workflows.callback import CallbackWorkflow
+        from rolloutd.workflows.fleets import FleetRegistryWorkflow
         from rolloutd.workflows.session import RolloutSessionWorkflow
         from rolloutd.workflows.task import RolloutTaskWorkflow
 
         handle.workers.append(Worker(
             client, task_queue=task_queues.WORKFLOWS,
-            workflows=[RolloutTaskWorkflow, RolloutSessionWorkflow, RolloutBufferWorkflow],
+            workflows=[RolloutTaskWorkflow, RolloutSessionWorkflow, RolloutBufferWorkflow,
+                       FleetRegistryWorkflow, CallbackWorkflow],
             # local activities only: a cancelled task cancels its sessions directly with
             # cancel_workflows; a session asks whether a sandbox worker polls at all
             activities=[cancel_workflows,
@@ -107,8 +115,10 @@ async def run_fleet(
         ))
     elif fleet == "sandbox":
         from rolloutd.activities.sandbox import SandboxActivities
+        from rolloutd.workers.registry import host_capabilities
 
         s = settings if isinstance(settings, SandboxSettings) else SandboxSettings()
+        host = await asyncio.to_thread(host_capabilities, "sandbox", s.host_id)
         acts = SandboxActivities(s, BlobStore(s.store_url))
         # before polling: runtimes a killed worker left on this root are killed and removed,
         # so a teardown of them that arrives on this host's queue finds nothing left running
@@ -150,13 +160,16 @@ async def run_fleet(
     elif fleet == "eval":
         from rolloutd.activities.evaluation import EvalActivities
         from rolloutd.activities.trainer_io import TrainerIOActivities
+        from rolloutd.workers.registry import host_capabilities
 
         s = settings if isinstance(settings, EvalSettings) else EvalSettings()
-        acts = EvalActivities(BlobStore(s.store_url))
+        host = host_capabilities("eval", s.host_id)
+        acts = EvalActivities(BlobStore(s.store_url), host_id=s.host_id)
         io = TrainerIOActivities()
         handle.workers.append(Worker(
             client, task_queue=task_queues.EVAL,
-            activities=[acts.evaluate, io.read_task_chunk, io.post_callback],
+            activities=[acts.evaluate, acts.check_evaluator, io.read_task_chunk,
+                        io.post_callback],
             max_concurrent_activities=s.max_concurrent_evaluations,
             max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         ))
@@ -169,6 +182,14 @@ async def run_fleet(
             await stack.enter_async_context(worker)
         log.info("fleet_started", fleet=fleet,
                  task_queues=[w.task_queue for w in handle.workers])
+        if host is not None:
+            from rolloutd.workers.registry import publish, withdraw
+
+            # published once polling: a task accepted on it finds a worker; withdrawn first
+            # at stop (cleanups run last-in first-out)
+            await publish(client, host)
+            published = host
+            cleanups.append(lambda: withdraw(client, published))
         try:
             yield handle
         finally:

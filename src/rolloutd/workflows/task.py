@@ -3,6 +3,10 @@
 Workflow id ``task/{task_id}``; children ``task/{task_id}/{index}``; session ids
 ``{task_id}/{index}``. Cancelling the task cancels every session; each session tears its runtime
 down and stores what it captured before it ends.
+
+The query ``status`` answers every session that has ended, as it ends. A session's callback
+(``callback_url``) starts after its result is stored here, as a detached child
+(:mod:`rolloutd.workflows.callback`): the task ends when its sessions end, never later.
 """
 
 from __future__ import annotations
@@ -14,13 +18,21 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ChildWorkflowError
+from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
     from rolloutd.activities.cancel import cancel_workflows
     from rolloutd.activities.models import PostCallbackInput
-    from rolloutd.types import SessionResult, SessionStatus, TaskRequest, TaskResult
+    from rolloutd.types import (
+        SessionResult,
+        SessionStatus,
+        TaskProgress,
+        TaskRequest,
+        TaskResult,
+    )
     from rolloutd.workflows import search
+    from rolloutd.workflows.callback import CallbackInput, CallbackWorkflow, callback_workflow_id
     from rolloutd.workflows.session import RolloutSessionWorkflow, SessionInput
 
 
@@ -34,7 +46,8 @@ def session_id_of(task_id: str, sample_index: int) -> str:
     return f"{task_id}/{sample_index}"
 
 
-#: HTTP callbacks retry with exponential backoff for about 10 minutes, then give up.
+#: histories recorded before DETACHED_CALLBACKS_PATCH: callbacks ran inside the task, with
+#: exponential backoff for about 10 minutes, and held it running meanwhile.
 CALLBACK_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,
@@ -45,6 +58,10 @@ CALLBACK_RETRY = RetryPolicy(
 GROUP_FINISHED_SIGNAL = "group_finished"
 #: patch id of cancelling sessions directly (:func:`_cancel_sessions`), not as child cancels.
 CANCEL_DIRECTLY_PATCH = "cancel-sessions-directly"
+#: patch id of callbacks as detached children (:mod:`rolloutd.workflows.callback`).
+DETACHED_CALLBACKS_PATCH = "detached-callbacks"
+#: the query answering :class:`~rolloutd.types.TaskProgress`.
+STATUS_QUERY = "status"
 
 
 @workflow.defn
@@ -53,14 +70,27 @@ class RolloutTaskWorkflow:
 
     def __init__(self) -> None:
         self._results: dict[int, SessionResult] = {}
+        self._progress: TaskProgress | None = None
 
     @workflow.query
     def progress(self) -> dict[str, int]:
         """How many sessions have finished out of how many."""
         return {"finished": len(self._results)}
 
+    @workflow.query(name=STATUS_QUERY)
+    def status(self) -> TaskProgress | None:
+        """Every session that has ended so far, with its outcome (None before the first
+        workflow task ran). ``status`` is ``running`` here until the task's workflow ends;
+        readers decide from the sessions (:meth:`RolloutClient.status
+        <rolloutd.trainer_client.client.RolloutClient.status>`)."""
+        if self._progress is None:
+            return None
+        return self._progress.model_copy(update={
+            "sessions": [self._results[i] for i in sorted(self._results)]})
+
     @workflow.run
     async def run(self, task: TaskRequest) -> TaskResult:
+        self._progress = TaskProgress(task_id=task.task_id, num_samples=task.num_samples)
         search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
         parent = workflow.info().workflow_id
 
@@ -81,7 +111,10 @@ class RolloutTaskWorkflow:
                                        error=f"session workflow failed: {e.cause or e}")
             self._results[index] = result
             if task.callback_url and not cancelling:
-                await _post_callback(task.callback_url, result)
+                if workflow.patched(DETACHED_CALLBACKS_PATCH):
+                    await _start_callback(task.callback_url, parent, index, task, result)
+                else:
+                    await _post_callback(task.callback_url, result)
             return result
 
         cancelling = False
@@ -92,11 +125,13 @@ class RolloutTaskWorkflow:
             results = await asyncio.gather(*(asyncio.shield(s) for s in sessions))
         except asyncio.CancelledError:
             cancelling = True
+            self._progress.status = "cancelled"
             search.upsert(status=SessionStatus.CANCELLED.value)
             await _cancel_sessions(parent, sessions)
             await asyncio.gather(*sessions, return_exceptions=True)
             raise
         group = summarize(task.task_id, list(results))
+        self._progress.status = "completed" if group.num_completed else "failed"
         search.upsert(status="completed", reward=group.mean_reward)
         if task.report_to:
             await _report(task.report_to, group)
@@ -124,6 +159,19 @@ async def _cancel_sessions(parent: str, sessions: list[asyncio.Future]) -> None:
                                     "them as children", e.cause or e)
     for i in fallback:
         sessions[i].cancel()
+
+
+async def _start_callback(url: str, parent: str, index: int, task: TaskRequest,
+                          result: SessionResult) -> None:
+    """Start a session's callback as a detached child: it outlives the task, which never
+    waits for it (the receiver's answers are in the child's ``state`` query)."""
+    await workflow.start_child_workflow(
+        CallbackWorkflow.run,
+        CallbackInput(url=url, session=result, timeout_s=task.callback_timeout_s),
+        id=callback_workflow_id(parent, index),
+        task_queue=task_queues.WORKFLOWS,
+        parent_close_policy=ParentClosePolicy.ABANDON,
+    )
 
 
 async def _post_callback(url: str, result: SessionResult) -> None:

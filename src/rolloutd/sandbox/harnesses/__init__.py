@@ -12,9 +12,12 @@ from rolloutd.sandbox.harnesses.qwen_code import QwenCodeHarness
 from rolloutd.sandbox.harnesses.shell import ShellHarness
 from rolloutd.types import HarnessSpec
 
-__all__ = ["HARNESSES", "HarnessAdapter", "HarnessCommand", "HarnessContext", "get_harness"]
+__all__ = ["HARNESSES", "HarnessAdapter", "HarnessCommand", "HarnessContext", "get_harness",
+           "harness_capabilities"]
 
-#: harness type -> adapter class; the other types of HarnessSpec are not built yet.
+#: harness type -> adapter class; the other types of HarnessSpec are not built yet. A sandbox
+#: host publishes every type listed here whose CLI it has (:func:`harness_capabilities`), so an
+#: adapter added here is accepted at submit once the hosts run the new code.
 HARNESSES: dict[str, type[HarnessAdapter]] = {
     ShellHarness.type: ShellHarness,
     QwenCodeHarness.type: QwenCodeHarness,
@@ -40,3 +43,20 @@ def get_harness(spec: HarnessSpec) -> HarnessAdapter:
             f"harness.type={spec.type!r} is not built yet; available: {', '.join(HARNESSES)}"
         ) from None
     return cls(spec)
+
+
+def harness_capabilities() -> tuple[dict[str, str | None], dict[str, str]]:
+    """What this host can run, for the fleet registry (:mod:`rolloutd.capabilities`).
+
+    Returns:
+        ``(harnesses, missing)``: harness type -> its CLI's version (None: no CLI needed) for
+        every adapter whose CLI is installed here; harness type -> why not for the others.
+    """
+    harnesses: dict[str, str | None] = {}
+    missing: dict[str, str] = {}
+    for name, cls in HARNESSES.items():
+        try:
+            harnesses[name] = cls.cli_version()
+        except HarnessError as e:
+            missing[name] = str(e)
+    return harnesses, missing

@@ -76,6 +76,19 @@ class HarnessAdapter(abc.ABC):
     def __init__(self, spec: HarnessSpec) -> None:
         self.spec = spec
 
+    @classmethod
+    def cli_version(cls) -> str | None:
+        """The version of this harness's CLI on this host, published to the fleet registry
+        (:mod:`rolloutd.capabilities`) so that submit refuses a harness no host can run.
+
+        Returns:
+            The CLI's version, or None when the harness needs no CLI.
+
+        Raises:
+            HarnessError: the CLI is not installed on this host.
+        """
+        return None
+
     @abc.abstractmethod
     async def prepare(self, runtime: Runtime, ctx: HarnessContext) -> HarnessCommand:
         """Write the harness's config into ``runtime`` and return the command to run.

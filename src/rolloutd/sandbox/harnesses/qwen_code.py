@@ -58,6 +58,19 @@ def qwen_cli(prefix: Path | None = None) -> Path:
     return cli
 
 
+def installed_version(prefix: Path | None = None) -> str:
+    """The version of the Qwen Code CLI installed under ``prefix`` (its ``package.json``).
+
+    Raises:
+        HarnessError: the package is not installed there, or its ``package.json`` is unreadable.
+    """
+    package_json = qwen_cli(prefix).parent / "package.json"
+    try:
+        return str(json.loads(package_json.read_text(encoding="utf-8"))["version"])
+    except (OSError, ValueError, KeyError) as e:
+        raise HarnessError(f"qwen_code harness: cannot read {package_json}: {e}") from e
+
+
 #: tools whose schemas make up most of the first request and that a one-shot rollout does not
 #: need (sub-agents, skills, web access, planning, asking the user): 15 tools are 8.2K tokens.
 OPTIONAL_TOOLS = ("todo_write", "agent", "skill", "web_fetch", "monitor", "tool_search",
@@ -126,6 +139,11 @@ class QwenCodeHarness(HarnessAdapter):
     """Runs Qwen Code one-shot against the session; see the module docstring."""
 
     type = "qwen_code"
+
+    @classmethod
+    def cli_version(cls) -> str | None:
+        """The installed CLI's version (see :func:`installed_version`)."""
+        return installed_version()
 
     async def prepare(self, runtime: Runtime, ctx: HarnessContext) -> HarnessCommand:
         """Write ``~/.qwen/settings.json`` and return the CLI command.

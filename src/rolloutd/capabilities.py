@@ -1,0 +1,161 @@
+"""What the fleets can run, as each host publishes it at start, and the check of a task against it.
+
+The submitting process cannot see what the fleets have installed: a trainer's machine has no
+harness CLIs, and an evaluator's import path may import on the eval hosts only. So every
+sandbox and eval host publishes its capabilities to the fleet registry (the long-lived workflow
+``rolloutd-fleets``, :mod:`rolloutd.workflows.fleets`) when it starts and withdraws them when it
+stops; the trainer client (and through it ``rolloutd submit`` and the REST facade) refuses a task
+that no registered host can run, before any workflow starts, with an error naming the field.
+
+- sandbox hosts publish each harness type whose adapter is built and whose CLI is installed on
+  the host, with the CLI's version, and the types they cannot run with the reason;
+- eval hosts publish the names of the built-in evaluators; an evaluator import path
+  (``module:attr``) is checked on an eval host when a task names it (the submitting process
+  never imports it).
+
+When no sandbox (or eval) host has registered yet, the client waits a little for one (a stack
+that is just starting), then refuses the task with a message saying so; a caller that knows
+better submits with ``check_capabilities=False``. A host that was killed
+without stopping stays registered until a host with its id registers again (its entry only
+ever says more than the fleet can do, never less).
+
+Everything here is pure (no I/O): it runs in workflow code and in the client.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from rolloutd.types import Model, TaskRequest
+
+#: the fleet registry's workflow id (one per namespace).
+REGISTRY_WORKFLOW_ID = "rolloutd-fleets"
+#: signal a host sends at start (signal-with-start), with its :class:`HostCapabilities`.
+REGISTER_SIGNAL = "register"
+#: signal a host sends when it stops, with its ``instance_id``.
+UNREGISTER_SIGNAL = "unregister"
+#: query answering :class:`FleetCapabilities`.
+CAPABILITIES_QUERY = "capabilities"
+#: update that asks an eval host whether an evaluator import path imports.
+CHECK_EVALUATOR_UPDATE = "check_evaluator"
+#: the eval fleet's activity behind :data:`CHECK_EVALUATOR_UPDATE`.
+CHECK_EVALUATOR_ACTIVITY = "check_evaluator"
+#: what a caller names to skip the check (in messages).
+OPT_OUT = "check_capabilities=False"
+
+PublishingFleet = Literal["sandbox", "eval"]
+
+
+class HostCapabilities(Model):
+    """What one host of a fleet can run, published when its worker starts.
+
+    Attributes:
+        fleet: ``sandbox`` or ``eval``.
+        host_id: the host's id (``ROLLOUTD_HOST_ID``).
+        instance_id: this worker process's id; a stop withdraws exactly this registration.
+        harnesses: harness type -> version of its CLI on this host (None: the harness needs
+            no CLI, e.g. ``shell``); sandbox hosts only.
+        missing_harnesses: harness type -> why this host cannot run it (CLI not installed).
+        evaluators: built-in evaluator names; eval hosts only.
+        started_at: when the worker started (UTC).
+    """
+
+    fleet: PublishingFleet
+    host_id: str = Field(min_length=1)
+    instance_id: str = Field(min_length=1)
+    harnesses: dict[str, str | None] = Field(default_factory=dict)
+    missing_harnesses: dict[str, str] = Field(default_factory=dict)
+    evaluators: list[str] = Field(default_factory=list)
+    started_at: datetime | None = None
+
+
+class FleetCapabilities(Model):
+    """The registered hosts; what the fleets can run is the union of theirs."""
+
+    hosts: list[HostCapabilities] = Field(default_factory=list)
+
+    def of(self, fleet: PublishingFleet) -> list[HostCapabilities]:
+        """The registered hosts of one fleet."""
+        return [h for h in self.hosts if h.fleet == fleet]
+
+    def harness_types(self) -> list[str]:
+        """Harness types at least one sandbox host can run, sorted."""
+        return sorted({t for h in self.of("sandbox") for t in h.harnesses})
+
+    def evaluator_names(self) -> list[str]:
+        """Built-in evaluator names at least one eval host has, sorted."""
+        return sorted({n for h in self.of("eval") for n in h.evaluators})
+
+
+class CheckEvaluatorInput(Model):
+    """An evaluator import path to try on an eval host."""
+
+    type: str = Field(min_length=1, description="`module:attr`")
+
+
+class CheckEvaluatorOutput(Model):
+    """Whether an import path resolves to an evaluator on an eval host.
+
+    Attributes:
+        error: None when it imports and is an evaluator; else why not.
+        host_id: the eval host that checked it (None: no eval host answered).
+    """
+
+    error: str | None = None
+    host_id: str | None = None
+
+
+def is_import_path(evaluator_type: str) -> bool:
+    """Whether an ``evaluator.type`` is an import path (``module:attr``), not a registry name
+    (the rule of :func:`rolloutd.evaluators.get_evaluator`)."""
+    return ":" in evaluator_type
+
+
+def check_task(task: TaskRequest, fleets: FleetCapabilities,
+               import_errors: dict[str, str | None] | None = None) -> list[tuple[str, str]]:
+    """What of a task no registered host can run.
+
+    Args:
+        task: a validated task request.
+        fleets: the registry's answer.
+        import_errors: evaluator import path -> the eval host's answer (None: it imports);
+            a path missing here is not checked.
+
+    Returns:
+        ``(dotted.field.path, message)`` pairs, empty when the task can run.
+    """
+    errors: list[tuple[str, str]] = []
+    harness = task.harness.type
+    sandbox = fleets.of("sandbox")
+    if not sandbox:
+        errors.append(("harness.type", "no sandbox fleet has registered what it can run yet "
+                       "(start `rolloutd up` or `rolloutd worker --fleet sandbox`, or submit "
+                       f"with {OPT_OUT})"))
+    elif harness not in fleets.harness_types():
+        reasons = {h.host_id: h.missing_harnesses[harness] for h in sandbox
+                   if harness in h.missing_harnesses}
+        if reasons:
+            host, reason = next(iter(sorted(reasons.items())))
+            message = (f"harness.type={harness!r} cannot run on any sandbox host "
+                       f"({len(reasons)} of {len(sandbox)} lack it; {host}: {reason})")
+        else:
+            message = f"harness.type={harness!r} has no adapter on any sandbox host"
+        errors.append(("harness.type", f"{message}; available: "
+                       f"{', '.join(fleets.harness_types()) or 'none'}"))
+    evaluator = task.evaluator.type
+    if is_import_path(evaluator):
+        error = (import_errors or {}).get(evaluator)
+        if error:
+            errors.append(("evaluator.type", f"evaluator.type={evaluator!r} does not import on "
+                           f"the eval fleet: {error}"))
+    elif not fleets.of("eval"):
+        errors.append(("evaluator.type", "no eval fleet has registered what it can run yet "
+                       "(start `rolloutd up` or `rolloutd worker --fleet eval`, or submit with "
+                       f"{OPT_OUT})"))
+    elif evaluator not in fleets.evaluator_names():
+        errors.append(("evaluator.type", f"evaluator.type={evaluator!r} is unknown; use one of "
+                       f"{', '.join(fleets.evaluator_names())} or an import path 'module:attr'"))
+    return errors

@@ -1,0 +1,91 @@
+"""``CallbackWorkflow``: POST one session's result to its task's ``callback_url``.
+
+A task starts one per ended session, after it stored the session's result (the task's
+``status`` query answers it), as a detached child (``task/{task_id}/{index}/callback``,
+parent-close policy ABANDON): the task ends when its sessions end, whatever the receiver does.
+Attempts back off exponentially (1 s, 2 s, ... at most 60 s) within a total time of
+``TaskRequest.callback_timeout_s``, queue time included; a final 4xx ends them at once. The
+query ``state`` answers a :class:`~rolloutd.types.CallbackStatus` (attempts, last error), which
+the trainer client and the REST facade show in the task's status. Deterministic code only.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from rolloutd import task_queues
+    from rolloutd.activities.models import PostCallbackInput, PostCallbackOutput
+    from rolloutd.types import CallbackStatus, Model, SessionResult
+
+#: one POST's limit (the eval fleet's HTTP client gives up at 30 s).
+ATTEMPT_TIMEOUT_S = 60.0
+#: backoff between attempts: 1 s, doubled each time, at most 60 s.
+FIRST_BACKOFF_S = 1.0
+MAX_BACKOFF_S = 60.0
+#: the query answering the callback's :class:`CallbackStatus`.
+STATE_QUERY = "state"
+
+
+def callback_workflow_id(task_workflow_id: str, sample_index: int) -> str:
+    """Workflow id of one session's callback."""
+    return f"{task_workflow_id}/{sample_index}/callback"
+
+
+class CallbackInput(Model):
+    """One session's result for a task's callback URL, and the total time to deliver it."""
+
+    url: str
+    session: SessionResult
+    timeout_s: float = 300.0
+
+
+@workflow.defn
+class CallbackWorkflow:
+    """Deliver one session's result; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._state: CallbackStatus | None = None
+
+    @workflow.query(name=STATE_QUERY)
+    def state(self) -> CallbackStatus | None:
+        """The callback's status (None before the workflow's first task ran)."""
+        return self._state
+
+    @workflow.run
+    async def run(self, input: CallbackInput) -> CallbackStatus:
+        """POST until delivered, refused, or ``input.timeout_s`` is spent."""
+        state = self._state = CallbackStatus(session_id=input.session.session_id)
+        deadline = workflow.now() + timedelta(seconds=input.timeout_s)
+        backoff = FIRST_BACKOFF_S
+        while True:
+            remaining = (deadline - workflow.now()).total_seconds()
+            state.attempts += 1
+            try:
+                out: PostCallbackOutput = await workflow.execute_activity(
+                    "post_callback", PostCallbackInput(url=input.url, session=input.session),
+                    result_type=PostCallbackOutput, task_queue=task_queues.EVAL,
+                    # queue time counts: no eval worker must not hold the callback past it
+                    schedule_to_close_timeout=timedelta(seconds=max(remaining, 1.0)),
+                    start_to_close_timeout=timedelta(seconds=min(ATTEMPT_TIMEOUT_S,
+                                                                 max(remaining, 1.0))),
+                    retry_policy=RetryPolicy(maximum_attempts=1))
+            except ActivityError as e:
+                cause = e.cause or e
+                state.error = str(cause)
+                final = isinstance(cause, ApplicationError) and cause.non_retryable
+                remaining = (deadline - workflow.now()).total_seconds()
+                if final or remaining <= backoff:
+                    state.status = "failed"
+                    workflow.logger.warning("callback for %s failed after %d attempts: %s",
+                                            state.session_id, state.attempts, state.error)
+                    return state
+                await workflow.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            state.status, state.status_code, state.error = "delivered", out.status_code, None
+            return state

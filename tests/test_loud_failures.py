@@ -166,9 +166,9 @@ async def test_a_session_fails_when_no_sandbox_worker_polls(temporal_server,
         client = RolloutClient(rig.client)
         started = time.monotonic()
         handle = await client.submit(shell_task(
-            f"nosandbox-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 3}))
+            f"nosandbox-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 3}), check_capabilities=False)
         waiting = await client.submit(shell_task(
-            f"cancelled-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 60}))
+            f"cancelled-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 60}), check_capabilities=False)
         [session] = (await asyncio.wait_for(handle.result(), timeout=60)).sessions
         waited_s = time.monotonic() - started
         history = await rig.client.get_workflow_handle(  # type: ignore[attr-defined]
@@ -213,7 +213,7 @@ async def test_a_provisioning_a_host_picked_up_is_not_cut_by_the_wait(temporal_s
         async with Worker(rig.client, task_queue=task_queues.SANDBOX,
                           activities=[slow_provision], max_concurrent_activities=1):
             handle = await RolloutClient(rig.client).submit(shell_task(
-                f"slowprov-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 2}))
+                f"slowprov-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 2}), check_capabilities=False)
             [session] = (await asyncio.wait_for(handle.result(), timeout=60)).sessions
     assert session.status == SessionStatus.FAILED
     assert "no runtime today" in (session.error or ""), session.error

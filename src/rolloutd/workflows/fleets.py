@@ -54,16 +54,17 @@ class FleetRegistryInput(Model):
 class FleetRegistryWorkflow:
     """The union of what the registered hosts can run; see the module docstring."""
 
-    def __init__(self) -> None:
-        self._hosts: dict[str, HostCapabilities] = {}
+    @workflow.init
+    def __init__(self, input: FleetRegistryInput) -> None:
+        # the carried-over registrations are in place before any signal of the new run is
+        # handled (signals that arrived during continue-as-new come in its first activation)
+        self._hosts: dict[str, HostCapabilities] = {h.instance_id: h for h in input.hosts}
         #: import path -> an eval host's answer; emptied when an eval host (re)registers.
         self._checked: dict[str, CheckEvaluatorOutput] = {}
 
     @workflow.run
     async def run(self, input: FleetRegistryInput) -> None:
         """Keep the registrations until the history is long, then continue as new."""
-        for host in input.hosts:
-            self._hosts.setdefault(host.instance_id, host)
         await workflow.wait_condition(
             lambda: workflow.info().is_continue_as_new_suggested()
             or workflow.info().get_current_history_length() > input.max_history_events)

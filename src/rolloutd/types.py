@@ -310,6 +310,10 @@ class Completion(Model):
             reported (passthrough); empty when unknown.
         response_ids: list[int], length R: sampled token ids.
         response_logprobs: list[float], length R: logprob of each sampled token as reported.
+        recomputed_logprob_positions: positions in ``response_ids`` whose logprob the backend
+            did not report with the sample (llama.cpp: a token ending inside a UTF-8
+            character) and the gateway computed again from the same context; such a value may
+            differ from the sampling one in the last bits. Sorted; empty for most calls.
         messages / tools: the request's conversation in OpenAI chat shape (after translation).
         response_message: the answer in OpenAI chat shape (content, tool_calls, reasoning).
         trainable: False when token ids or logprobs are unknown (plain OpenAI passthrough).
@@ -329,6 +333,7 @@ class Completion(Model):
     prompt_ids: list[int] = Field(default_factory=list)
     response_ids: list[int] = Field(default_factory=list)
     response_logprobs: list[float] = Field(default_factory=list)
+    recomputed_logprob_positions: list[int] = Field(default_factory=list)
     response_text: str = ""
     response_message: dict[str, Any] = Field(default_factory=dict)
     finish_reason: Literal["stop", "length", "tool_calls", "error"] = "stop"
@@ -347,6 +352,9 @@ class Completion(Model):
                 f"completion {self.session_id}#{self.index}: response_ids has "
                 f"{len(self.response_ids)} tokens, response_logprobs {len(self.response_logprobs)}"
             )
+        if any(not 0 <= p < len(self.response_ids) for p in self.recomputed_logprob_positions):
+            raise ValueError(f"completion {self.session_id}#{self.index}: a recomputed logprob "
+                             f"position is outside its {len(self.response_ids)} tokens")
         return self
 
 

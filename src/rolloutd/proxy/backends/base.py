@@ -66,6 +66,9 @@ class GenerateResult:
         num_cached_tokens: prompt tokens served from its prefix cache.
         first_token_s: seconds from the request to the first sampled token (streaming), or None.
         raw: backend-specific extras (stop type, timings) kept for debugging.
+        recomputed_logprob_positions: positions in ``response_ids`` whose logprob the backend
+            did not report with the sample and computed again from the same context (not
+            always bit-identical to the sampled one); sorted, usually empty.
     """
 
     response_ids: list[int]
@@ -77,6 +80,7 @@ class GenerateResult:
     num_cached_tokens: int = 0
     first_token_s: float | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    recomputed_logprob_positions: list[int] = field(default_factory=list)
 
 
 @dataclass

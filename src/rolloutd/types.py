@@ -384,6 +384,10 @@ class Trace(Model):
             this trace re-rendered differently (an insertion is located where it was inserted).
         num_drift_tokens: number of differing tokens over the merges of this trace (per merge,
             the larger of the sampled and the re-rendered side of each difference).
+        recomputed_logprob_positions: positions in ``response_ids`` (``loss_mask`` 1) whose
+            logprob the backend computed again after sampling (a completion's
+            ``recomputed_logprob_positions`` moved to its offset); a trainer may leave them out
+            of an importance ratio.
     """
 
     trace_index: int = Field(default=0, ge=0)
@@ -400,6 +404,7 @@ class Trace(Model):
     num_traces_in_session: int = Field(default=1, ge=1)
     policy_versions: list[int] = Field(default_factory=list)
     drift_positions: list[int] = Field(default_factory=list)
+    recomputed_logprob_positions: list[int] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
     response_offsets: list[int] = Field(default_factory=list)
     retry_indices: list[int] = Field(default_factory=list)

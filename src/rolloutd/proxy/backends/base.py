@@ -89,7 +89,8 @@ class GenerateDelta:
 
     Attributes:
         response_ids: list[int]: tokens sampled in this step.
-        response_logprobs: list[float], same length: their logprobs.
+        response_logprobs: list[float], same length: their logprobs; NaN for a token whose
+            logprob the backend did not send with it (the result holds the recomputed value).
         text: text of this step (may be empty while a multi-byte character is incomplete).
         result: set on the last delta only: the whole :class:`GenerateResult`.
     """

@@ -165,8 +165,8 @@ def test_incomplete_utf8_positions() -> None:
 
 
 def scoring_backend(answer_body: dict[str, Any] | None = None, *,
-                    events: list[dict[str, Any]] | None = None,
-                    max_tokens: int = 8) -> tuple[LlamaCppBackend, list[dict[str, Any]]]:
+                    events: list[dict[str, Any]] | None = None, max_tokens: int = 8
+                    ) -> tuple[LlamaCppBackend, GenerateRequest, list[dict[str, Any]]]:
     """A backend whose llama-server samples ``answer_body`` (or streams ``events``), tokenizes
     with :data:`PIECES`, and scores id 11 at -0.7 after ``REQUEST.prompt_ids + [10]``."""
     scoring: list[dict[str, Any]] = []
@@ -188,14 +188,14 @@ def scoring_backend(answer_body: dict[str, Any] | None = None, *,
                                                    prob(0, -9.0) | {"top_logprobs": top}]))
 
     request = GenerateRequest(prompt_ids=REQUEST.prompt_ids, max_tokens=max_tokens)
-    return backend(handler), [request, scoring]  # type: ignore[list-item]
+    return backend(handler), request, scoring
 
 
 async def test_missing_logprob_is_scored_again() -> None:
-    b, (request, scoring) = scoring_backend(answer(
+    b, request, scoring = scoring_backend(answer(
         content="H𝔫", tokens=[10, 11, 12, 99],
         completion_probabilities=[prob(10, -0.1), prob(12, -0.3), prob(99, -0.4)]))
-    result = await b.generate(request)  # type: ignore[arg-type]
+    result = await b.generate(request)
     assert result.response_ids == [10, 11, 12, 99]
     assert result.response_logprobs == [-0.1, -0.7, -0.3, -0.4]
     assert result.recomputed_logprob_positions == [1]
@@ -204,10 +204,10 @@ async def test_missing_logprob_is_scored_again() -> None:
 
 
 async def test_entries_that_do_not_follow_the_tokens_are_an_error() -> None:
-    b, (request, _) = scoring_backend(answer(  # 12 has no entry, though it ends a character
+    b, request, _ = scoring_backend(answer(  # 12 has no entry, though it ends a character
         tokens=[10, 11, 12, 99], completion_probabilities=[prob(10, -0.1), prob(99, -0.4)]))
     with pytest.raises(BackendError, match="inside"):
-        await b.generate(request)  # type: ignore[arg-type]
+        await b.generate(request)
 
 
 def stream_events() -> list[dict[str, Any]]:
@@ -221,8 +221,8 @@ def stream_events() -> list[dict[str, Any]]:
 
 
 async def test_stream_left_out_token_is_found_and_scored() -> None:
-    b, (request, scoring) = scoring_backend(events=stream_events())
-    deltas = [d async for d in b.generate_stream(request)]  # type: ignore[arg-type]
+    b, request, scoring = scoring_backend(events=stream_events())
+    deltas = [d async for d in b.generate_stream(request)]
     assert [d.response_ids for d in deltas[:-1]] == [[10], [11, 12], [99]]
     assert math.isnan(deltas[1].response_logprobs[0])  # not sent: known with the result
     result = deltas[-1].result
@@ -233,8 +233,8 @@ async def test_stream_left_out_token_is_found_and_scored() -> None:
 
 
 async def test_stream_cut_inside_a_character_at_max_tokens() -> None:
-    b, (request, _) = scoring_backend(events=stream_events(), max_tokens=2)
-    deltas = [d async for d in b.generate_stream(request)]  # type: ignore[arg-type]
+    b, request, _ = scoring_backend(events=stream_events(), max_tokens=2)
+    deltas = [d async for d in b.generate_stream(request)]
     result = deltas[-1].result
     assert result is not None and result.finish_reason == "length"
     assert result.response_ids == [10, 11] and result.response_logprobs == [-0.1, -0.7]

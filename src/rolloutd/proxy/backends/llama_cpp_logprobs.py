@@ -60,7 +60,7 @@ def incomplete_utf8_positions(pieces: list[bytes]) -> list[int]:
     Returns:
         Sorted positions in ``[0, R)``: the tokens llama-server gave no logprob.
     """
-    positions = []
+    positions: list[int] = []
     tail = b""
     for position, piece in enumerate(pieces):
         tail = (tail + piece)[-4:]
@@ -210,7 +210,7 @@ async def score_positions(post_json: PostJson, prompt_ids: list[int], response_i
     Raises:
         BackendError: a scoring call failed or its answer has no such token.
     """
-    scores = {}
+    scores: dict[int, float] = {}
     for position in positions:
         token_id = response_ids[position]
         for top in (_TOP_FIRST, _TOP_ALL):

@@ -318,6 +318,10 @@ class Completion(Model):
             reported (passthrough); empty when unknown.
         response_ids: list[int], length R: sampled token ids.
         response_logprobs: list[float], length R: logprob of each sampled token as reported.
+        recomputed_logprob_positions: positions in ``response_ids`` whose logprob the backend
+            did not report with the sample (llama.cpp: a token ending inside a UTF-8
+            character) and the gateway computed again from the same context; such a value may
+            differ from the sampling one in the last bits. Sorted; empty for most calls.
         messages / tools: the request's conversation in OpenAI chat shape (after translation).
         response_message: the answer in OpenAI chat shape (content, tool_calls, reasoning).
         trainable: False when token ids or logprobs are unknown (plain OpenAI passthrough).
@@ -337,6 +341,7 @@ class Completion(Model):
     prompt_ids: list[int] = Field(default_factory=list)
     response_ids: list[int] = Field(default_factory=list)
     response_logprobs: list[float] = Field(default_factory=list)
+    recomputed_logprob_positions: list[int] = Field(default_factory=list)
     response_text: str = ""
     response_message: dict[str, Any] = Field(default_factory=dict)
     finish_reason: Literal["stop", "length", "tool_calls", "error"] = "stop"
@@ -355,6 +360,9 @@ class Completion(Model):
                 f"completion {self.session_id}#{self.index}: response_ids has "
                 f"{len(self.response_ids)} tokens, response_logprobs {len(self.response_logprobs)}"
             )
+        if any(not 0 <= p < len(self.response_ids) for p in self.recomputed_logprob_positions):
+            raise ValueError(f"completion {self.session_id}#{self.index}: a recomputed logprob "
+                             f"position is outside its {len(self.response_ids)} tokens")
         return self
 
 
@@ -384,6 +392,10 @@ class Trace(Model):
             this trace re-rendered differently (an insertion is located where it was inserted).
         num_drift_tokens: number of differing tokens over the merges of this trace (per merge,
             the larger of the sampled and the re-rendered side of each difference).
+        recomputed_logprob_positions: positions in ``response_ids`` (``loss_mask`` 1) whose
+            logprob the backend computed again after sampling (a completion's
+            ``recomputed_logprob_positions`` moved to its offset); a trainer may leave them out
+            of an importance ratio.
     """
 
     trace_index: int = Field(default=0, ge=0)
@@ -400,6 +412,7 @@ class Trace(Model):
     num_traces_in_session: int = Field(default=1, ge=1)
     policy_versions: list[int] = Field(default_factory=list)
     drift_positions: list[int] = Field(default_factory=list)
+    recomputed_logprob_positions: list[int] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
     response_offsets: list[int] = Field(default_factory=list)
     retry_indices: list[int] = Field(default_factory=list)

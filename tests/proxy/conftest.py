@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from rolloutd.proxy.backends.llama_cpp import STREAM_SLACK_TOKENS
 from rolloutd.proxy.chat_template import ChatTemplate
 from rolloutd.proxy.gateway import Gateway
 from rolloutd.settings import GatewaySettings
@@ -201,12 +202,17 @@ class RecordingTransport(httpx.AsyncBaseTransport):
 
     def sampled(self, i: int) -> tuple[list[int], list[float], list[int]]:
         """(sampled ids, their logprobs, prompt ids) of exchange ``i`` as llama-server sent them,
-        for a plain JSON answer or an SSE stream."""
+        for a plain JSON answer or an SSE stream.
+
+        A token that ends inside a character has no logprob here, and no id in a stream: the
+        recorded completion lists it in ``recomputed_logprob_positions``. A stream's tokens past
+        ``max_tokens`` (``STREAM_SLACK_TOKENS``, sampled then cut) are left out."""
         body, raw = self.exchanges[i]
         text = raw.decode()
         if body.get("stream"):
-            events = [json.loads(line[5:]) for line in text.splitlines()
-                      if line.startswith("data:")]
+            limit = body["n_predict"] - STREAM_SLACK_TOKENS
+            events = [event for line in text.splitlines() if line.startswith("data:")
+                      if (event := json.loads(line[5:])).get("tokens_predicted", 0) <= limit]
         else:
             events = [json.loads(text)]
         ids, logprobs = [], []

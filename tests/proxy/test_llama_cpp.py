@@ -1,8 +1,10 @@
-"""LlamaCppBackend against mocked llama-server answers: fields, garbage, HTTP errors."""
+"""LlamaCppBackend against mocked llama-server answers: fields, garbage, HTTP errors, and the
+tokens that end inside a character (no logprob sent, scored again)."""
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +13,8 @@ import pytest
 
 from rolloutd.errors import BackendError, BackendUnavailableError, ContextLengthError
 from rolloutd.proxy.backends.base import GenerateRequest
-from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
+from rolloutd.proxy.backends.llama_cpp import STREAM_SLACK_TOKENS, LlamaCppBackend
+from rolloutd.proxy.backends.llama_cpp_logprobs import incomplete_utf8_positions
 
 REQUEST = GenerateRequest(prompt_ids=[1, 2, 3], max_tokens=8, temperature=0.5, top_p=0.9,
                           top_k=0, seed=7)
@@ -145,3 +148,106 @@ async def test_context_size_from_props() -> None:
     assert await b.context_size() == 4096
     assert await b.context_size() == 4096
     assert calls == ["/props"]
+
+
+# ----------------------------------------------------------- tokens ending inside a character
+
+# "H", then 𝔫 (F0 9D 94 AB) sampled as two tokens: 11 ends inside the character, so llama-server
+# sends no completion_probabilities entry (and no stream event) for it; 99 ends the turn
+PIECES: dict[int, Any] = {10: "H", 11: [240, 157, 148], 12: [171], 99: "<|im_end|>"}
+
+
+def test_incomplete_utf8_positions() -> None:
+    pieces = [b"H", bytes([240, 157, 148]), bytes([171]), b"", bytes([0xE2]), bytes([0x9C]),
+              bytes([0x93]), "é".encode()[:1]]
+    assert incomplete_utf8_positions(pieces) == [1, 4, 5, 7]
+    assert incomplete_utf8_positions([]) == []
+
+
+def scoring_backend(answer_body: dict[str, Any] | None = None, *,
+                    events: list[dict[str, Any]] | None = None, max_tokens: int = 8
+                    ) -> tuple[LlamaCppBackend, GenerateRequest, list[dict[str, Any]]]:
+    """A backend whose llama-server samples ``answer_body`` (or streams ``events``), tokenizes
+    with :data:`PIECES`, and scores id 11 at -0.7 after ``REQUEST.prompt_ids + [10]``."""
+    scoring: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if request.url.path == "/tokenize":
+            content = body["content"]
+            ids = content if isinstance(content, list) else {"𝔫": [11, 12]}[content]
+            return httpx.Response(200, json={"tokens": [{"id": i, "piece": PIECES[i]}
+                                                        for i in ids]})
+        if body["prompt"] == REQUEST.prompt_ids:
+            return sse(*events) if events is not None else httpx.Response(200, json=answer_body)
+        scoring.append(body)
+        assert body["prompt"] == [*REQUEST.prompt_ids, 10]
+        top = [prob(11, -0.7), prob(13, -0.9)][:body["n_probs"]]
+        return httpx.Response(200, json=answer(tokens=[0], stop_type="limit",
+                                               completion_probabilities=[
+                                                   prob(0, -9.0) | {"top_logprobs": top}]))
+
+    request = GenerateRequest(prompt_ids=REQUEST.prompt_ids, max_tokens=max_tokens)
+    return backend(handler), request, scoring
+
+
+async def test_missing_logprob_is_scored_again() -> None:
+    b, request, scoring = scoring_backend(answer(
+        content="H𝔫", tokens=[10, 11, 12, 99],
+        completion_probabilities=[prob(10, -0.1), prob(12, -0.3), prob(99, -0.4)]))
+    result = await b.generate(request)
+    assert result.response_ids == [10, 11, 12, 99]
+    assert result.response_logprobs == [-0.1, -0.7, -0.3, -0.4]
+    assert result.recomputed_logprob_positions == [1]
+    assert len(scoring) == 1 and scoring[0]["n_predict"] == 1 and scoring[0]["n_probs"] >= 2
+    assert scoring[0]["logit_bias"] and scoring[0]["stream"] is False
+
+
+async def test_entries_that_do_not_follow_the_tokens_are_an_error() -> None:
+    b, request, _ = scoring_backend(answer(  # 12 has no entry, though it ends a character
+        tokens=[10, 11, 12, 99], completion_probabilities=[prob(10, -0.1), prob(99, -0.4)]))
+    with pytest.raises(BackendError, match="inside"):
+        await b.generate(request)
+
+
+def stream_events() -> list[dict[str, Any]]:
+    def event(token_id: int, content: str, predicted: int, logprob: float) -> dict[str, Any]:
+        return {"content": content, "tokens": [token_id], "tokens_predicted": predicted,
+                "completion_probabilities": [prob(token_id, logprob)], "stop": False}
+
+    return [event(10, "H", 1, -0.1), event(12, "𝔫", 3, -0.3), event(99, "", 4, -0.4),
+            {"content": "", "tokens": [], "tokens_predicted": 4, "stop": True,
+             "stop_type": "eos"}]
+
+
+async def test_stream_left_out_token_is_found_and_scored() -> None:
+    b, request, scoring = scoring_backend(events=stream_events())
+    deltas = [d async for d in b.generate_stream(request)]
+    assert [d.response_ids for d in deltas[:-1]] == [[10], [11, 12], [99]]
+    assert math.isnan(deltas[1].response_logprobs[0])  # not sent: known with the result
+    result = deltas[-1].result
+    assert result is not None and result.text == "H𝔫"
+    assert result.response_ids == [10, 11, 12, 99]
+    assert result.response_logprobs == [-0.1, -0.7, -0.3, -0.4]
+    assert result.recomputed_logprob_positions == [1] and len(scoring) == 1
+
+
+async def test_stream_cut_inside_a_character_at_max_tokens() -> None:
+    b, request, _ = scoring_backend(events=stream_events(), max_tokens=2)
+    deltas = [d async for d in b.generate_stream(request)]
+    result = deltas[-1].result
+    assert result is not None and result.finish_reason == "length"
+    assert result.response_ids == [10, 11] and result.response_logprobs == [-0.1, -0.7]
+    assert result.recomputed_logprob_positions == [1]
+
+
+async def test_stream_body_asks_for_slack_tokens() -> None:
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return sse({"content": "", "tokens": [], "stop": True, "stop_type": "limit"})
+
+    async for _ in backend(handler).generate_stream(REQUEST):
+        pass
+    assert bodies[0]["n_predict"] == REQUEST.max_tokens + STREAM_SLACK_TOKENS

@@ -143,6 +143,21 @@ def test_completions_without_tokens_get_their_own_untrained_trace(eot):
     assert stats.num_untrainable_completions == 1
 
 
+def test_recomputed_logprob_positions_move_to_the_trace(eot):
+    # a backend scored the logprob of completion 0's token 1 and completion 1's token 0 again
+    log = [_completion(0, [1, 2], [3, 4, eot], recomputed_logprob_positions=[1]),
+           _completion(1, [1, 2, 3, 4, eot, 6], [7, eot], recomputed_logprob_positions=[0])]
+    [merged], _ = build_traces(log, MERGING, end_of_turn_id=eot)
+    check_invariants([merged], log)
+    # response_ids: 3 4 eot | 6 | 7 eot
+    assert merged.recomputed_logprob_positions == [1, 4]
+    assert all(merged.loss_mask[k] for k in merged.recomputed_logprob_positions)
+    per_request, _ = build_traces(log, BuilderSpec(type="per_request"), end_of_turn_id=eot)
+    assert [t.recomputed_logprob_positions for t in per_request] == [[1], [0]]
+    with pytest.raises(ValueError, match="outside"):
+        _completion(2, [1], [3], recomputed_logprob_positions=[1])
+
+
 def test_action_only_masks_reasoning_and_needs_spans(generator, eot, reasoning):
     log, expected = generate(generator, _script(
         CaptureMode.TOKENS, _turn(think=(0, 1)), _turn(think=(2,)), _turn()), split=False)

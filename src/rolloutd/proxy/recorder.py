@@ -78,6 +78,7 @@ def build_completion(
         prompt_ids=plan.prompt_ids,
         response_ids=result.response_ids,
         response_logprobs=result.response_logprobs,
+        recomputed_logprob_positions=result.recomputed_logprob_positions,
         response_text=response.text,
         response_message=response.message(),
         finish_reason=response.finish_reason,

@@ -57,6 +57,11 @@ def sampled_loss_mask(c: Completion, strategy: LossMaskStrategy,
     return loss_mask, logprobs
 
 
+def _recomputed(c: Completion, loss_mask: list[int]) -> list[int]:
+    """The completion's recomputed logprob positions that are trained (``loss_mask`` 1)."""
+    return [k for k in c.recomputed_logprob_positions if loss_mask[k]]
+
+
 def _base_metadata(c: Completion, builder: str, start: str) -> dict[str, Any]:
     return {"session_id": c.session_id, "builder": builder, "chain_start": start}
 
@@ -83,6 +88,7 @@ def chain_trace(chain: Chain, by_index: dict[int, Completion], *, end_of_turn_id
     logprobs: list[float] = []
     offsets: list[int] = []
     drift_positions: list[int] = []
+    recomputed: list[int] = []
     num_drift = 0
     response_messages: list[dict[str, Any]] = []
     prev: Completion | None = None
@@ -102,6 +108,7 @@ def chain_trace(chain: Chain, by_index: dict[int, Completion], *, end_of_turn_id
             response_messages.extend(c.messages[len(prev.messages) + 1:])
         offsets.append(len(response_ids))
         mask, lps = sampled_loss_mask(c, strategy, reasoning_spans)
+        recomputed.extend(offsets[-1] + k for k in _recomputed(c, mask))
         response_ids.extend(c.response_ids)
         loss_mask.extend(mask)
         logprobs.extend(lps)
@@ -126,6 +133,7 @@ def chain_trace(chain: Chain, by_index: dict[int, Completion], *, end_of_turn_id
         policy_versions=[by_index[link.index].policy_version for link in chain.links],
         drift_positions=drift_positions,
         num_drift_tokens=num_drift,
+        recomputed_logprob_positions=recomputed,
         metadata=metadata,
     )
 
@@ -147,6 +155,7 @@ def request_trace(c: Completion, *, strategy: LossMaskStrategy,
         completion_indices=[c.index],
         response_offsets=[0],
         policy_versions=[c.policy_version],
+        recomputed_logprob_positions=_recomputed(c, mask),
         metadata=_base_metadata(c, "per_request", "request"),
     )
 

@@ -66,6 +66,9 @@ class GenerateResult:
         num_cached_tokens: prompt tokens served from its prefix cache.
         first_token_s: seconds from the request to the first sampled token (streaming), or None.
         raw: backend-specific extras (stop type, timings) kept for debugging.
+        recomputed_logprob_positions: positions in ``response_ids`` whose logprob the backend
+            did not report with the sample and computed again from the same context (not
+            always bit-identical to the sampled one); sorted, usually empty.
     """
 
     response_ids: list[int]
@@ -77,6 +80,7 @@ class GenerateResult:
     num_cached_tokens: int = 0
     first_token_s: float | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    recomputed_logprob_positions: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -85,7 +89,8 @@ class GenerateDelta:
 
     Attributes:
         response_ids: list[int]: tokens sampled in this step.
-        response_logprobs: list[float], same length: their logprobs.
+        response_logprobs: list[float], same length: their logprobs; NaN for a token whose
+            logprob the backend did not send with it (the result holds the recomputed value).
         text: text of this step (may be empty while a multi-byte character is incomplete).
         result: set on the last delta only: the whole :class:`GenerateResult`.
     """

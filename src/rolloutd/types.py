@@ -467,6 +467,35 @@ class SessionStatus(str, enum.Enum):
     CANCELLED = "cancelled"
 
 
+FailureKind = Literal["backend", "sandbox", "harness", "evaluator", "timeout", "cancelled"]
+
+
+class FailureCause(Model):
+    """Why a session did not run to its end (DESIGN.md's glossary: failure cause); a session
+    that did has ``failure = None``.
+
+    A reward measures the policy, never the infrastructure: a session whose failure is not the
+    policy's is not evaluated and its ``reward`` is None (never 0.0, never averaged into a
+    group). docs/failures.md gives the rule for each kind.
+
+    Attributes:
+        kind: ``backend`` (a model call got no usable answer and was not recovered),
+            ``sandbox`` (the runtime could not start, or its host was lost after the last
+            attempt), ``harness`` (the CLI could not start or was killed), ``evaluator`` (the
+            evaluator raised or its runtime could not start), ``timeout`` (a phase budget was
+            spent: ``phase`` says which), ``cancelled``.
+        message: what happened, in words.
+        phase: the session phase it happened in (``provision``, ``run``, ``evaluate``, ...).
+        retryable: whether a new attempt of the sample could succeed (false for what it would
+            hit again: a prepare step that fails, an image that does not exist).
+    """
+
+    kind: FailureKind
+    message: str
+    phase: str | None = None
+    retryable: bool = True
+
+
 class Trajectory(Model):
     """The traces of one session, with status, rewards and reconstruction stats."""
 
@@ -539,6 +568,8 @@ class SessionResult(Model):
     stats: BuilderStats = Field(default_factory=BuilderStats)
     attempts: list[SessionAttempt] = Field(
         default_factory=list, description="earlier attempts given up (sandbox host lost)")
+    failure: FailureCause | None = Field(
+        default=None, description="why the session did not run to its end; None when it did")
 
 
 class TaskResult(Model):

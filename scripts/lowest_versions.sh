@@ -35,6 +35,7 @@ echo
 MARKS="not engine and not harness and not slow and not sandbox and not lowest"
 if [ "$#" -eq 0 ]; then
   set -- tests/proxy tests/trajectory tests/trainer_client tests/evaluators/test_evaluators.py \
+    tests/engine/test_models.py tests/workers/test_health.py \
     tests/test_cli.py
 fi
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=15 -m "$MARKS" "$@"

@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
         default is ``None`` fall back to the ``ROLLOUTD_*`` settings their help names.
     """
     parser = argparse.ArgumentParser(
-        prog="rolloutd", description=__doc__,
+        prog="rolloutd", description="rolloutd: durable rollouts of multi-turn LLM agents for "
+        "RL training. Settings not given as options come from ROLLOUTD_* variables.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--version", action="version", version=f"rolloutd {package_version()}",
                         help="print rolloutd's version and exit")

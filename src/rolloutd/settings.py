@@ -42,6 +42,12 @@ class CommonSettings(BaseSettings):
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_json: bool = Field(default=True, description="JSON logs (False: console renderer)")
+    health_port: int = Field(
+        default=0, ge=0, le=65535, description="TCP port of the worker process's gRPC health "
+        "service (grpc.health.v1; services '' and 'rolloutd-{fleet}') for Kubernetes probes; "
+        "0: off. One port per process: each fleet of one host needs its own")
+    health_host: str = Field(default="0.0.0.0", description="bind address of the health "
+                             "service (all interfaces: a pod's probes come from its node)")
 
 
 class GatewaySettings(CommonSettings):

@@ -202,6 +202,9 @@ class LocalStack:
             "ROLLOUTD_BACKEND_URL": self.engine_url or (self.engine.url if self.engine else ""),
             "ROLLOUTD_MODEL": self.model,
             "ROLLOUTD_RUNTIME_ROOT": str(self.home / "runtimes"),
+            # the fleets share this host: one ROLLOUTD_HEALTH_PORT inherited by all four
+            # would collide (extra_env may give one fleet's process a port)
+            "ROLLOUTD_HEALTH_PORT": "0",
         })
         entry = CATALOG.get(self.model)
         if entry is not None and entry.tool_parser and "ROLLOUTD_TOOL_PARSER" not in env:

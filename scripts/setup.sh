@@ -32,6 +32,8 @@ PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
 # llama.cpp: build only what llama-server needs, with the machine's cores, once.
 export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
 export CMAKE_ARGS="${CMAKE_ARGS:--DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF}"
+# uv trusts the system's certificate store, as pip does (a machine behind its own CA)
+export UV_NATIVE_TLS="${UV_NATIVE_TLS:-1}"
 # --inexact keeps what the lock does not hold (pip, uv, torch); --frozen refuses a stale lock.
 UV_PROJECT_ENVIRONMENT="$VENV" "$VENV/bin/uv" sync --frozen --inexact --no-progress -q \
   --extra engine --extra test

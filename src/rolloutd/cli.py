@@ -140,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     rest.add_argument("--gateway-url", default=None, help="gateway for backend admin calls")
     rest.add_argument("--admin-token", default=None)
 
+    status = sub.add_parser("status", help="the running stack: children, pids, uptime, "
+                            "restarts, task queues, engine, sessions in flight by phase")
+    status.add_argument("--home", type=Path, default=None)
+    status.add_argument("--json", action="store_true", help="print JSON")
+
     demo = sub.add_parser("demo", help="run the stack and the bundled examples")
     demo.add_argument("--examples", type=Path, default=None)
     demo.add_argument("--model", default="qwen2.5-coder-0.5b")
@@ -184,8 +189,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"Temporal:    {stack.temporal.address}\n"
                   f"Gateway:     {stack.gateway_url}\n"
                   f"Store:       {stack.store_url}\n"
-                  f"Logs:        {stack.logs}\nCtrl-C stops everything.", flush=True)
-            _wait_for_signal()
+                  f"Logs:        {stack.logs}\n"
+                  f"Status:      rolloutd status --home {stack.home}\n"
+                  f"Ctrl-C stops everything.", flush=True)
+            if (failure := stack.serve_forever()) is not None:  # a child's restart limit
+                raise SystemExit(f"rolloutd up: {failure}")
+    elif args.command == "status":
+        from rolloutd.stack.status import main as status_main
+
+        return status_main(args.home or default_home(), as_json=args.json)
     elif args.command == "submit":
         asyncio.run(submit_tasks(_load_tasks(args.file), args.address or settings.temporal_address,
                                  args.store_url or settings.store_url))

@@ -141,6 +141,11 @@ class BuilderError(RolloutdError):
     """A completion log cannot be turned into a trajectory (for example, no end-of-turn token)."""
 
 
+class StackError(RolloutdError):
+    """The embedded stack (``rolloutd up``) cannot run: a child keeps exiting (its restart limit
+    is reached), does not start, or another stack already runs on the same home."""
+
+
 def to_application_error(error: BaseException) -> ApplicationError:
     """Convert any error raised in an activity into Temporal's ``ApplicationError``.
 

@@ -1,0 +1,166 @@
+"""``rolloutd status``: the running stack as its supervisor records it (``stack.json``), plus
+what only the live services know: the engine's busy slots (llama-server ``/slots``) and the
+sessions in flight by phase (Temporal: running ``RolloutSessionWorkflow`` executions, each
+asked its ``phase`` query).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, Field
+from temporalio.client import WorkflowQueryFailedError
+from temporalio.service import RPCError
+
+from rolloutd.stack.state import StackState, read_state
+from rolloutd.trainer_client import RolloutClient
+
+#: the visibility query of the sessions in flight (Temporal list filter syntax).
+SESSIONS_IN_FLIGHT = "WorkflowType = 'RolloutSessionWorkflow' AND ExecutionStatus = 'Running'"
+#: sessions asked for their phase at most; beyond, they count as ``unknown``.
+MAX_SESSIONS_QUERIED = 2000
+
+
+class StackStatus(BaseModel):
+    """What ``rolloutd status`` shows.
+
+    Attributes:
+        state: the supervisor's record; each child's ``pid`` is None when it is not alive.
+        uptime_s: per child name, seconds since its current process started.
+        busy_slots: engine slots processing a request now (None: not asked or no answer).
+        sessions_by_phase: sessions in flight per phase (None: Temporal did not answer).
+        temporal_error: why Temporal did not answer.
+    """
+
+    state: StackState
+    uptime_s: dict[str, float] = Field(default_factory=dict)
+    busy_slots: int | None = None
+    sessions_by_phase: dict[str, int] | None = None
+    temporal_error: str | None = None
+
+
+def busy_slots(engine_url: str) -> int | None:
+    """How many of llama-server's slots process a request now (its ``GET /slots``)."""
+    try:
+        slots = httpx.get(f"{engine_url}/slots", timeout=2.0).json()
+        return sum(bool(s.get("is_processing")) for s in slots)
+    except (httpx.HTTPError, ValueError, TypeError, AttributeError):
+        return None
+
+
+async def sessions_by_phase(address: str, timeout_s: float = 10.0) -> dict[str, int]:
+    """Count the sessions in flight by phase.
+
+    Raises:
+        TimeoutError: Temporal did not answer within ``timeout_s``.
+        RuntimeError, RPCError: Temporal refused the connection or the query.
+    """
+    client = (await asyncio.wait_for(RolloutClient.connect(address), timeout_s)).client
+    sem = asyncio.Semaphore(16)
+    counts: Counter[str] = Counter()
+
+    async def phase_of(workflow_id: str, run_id: str | None) -> None:
+        async with sem:
+            try:
+                counts[await client.get_workflow_handle(workflow_id, run_id=run_id)
+                       .query("phase")] += 1
+            except (RPCError, WorkflowQueryFailedError):  # it ended meanwhile, or is stuck
+                counts["unknown"] += 1
+
+    async def gather() -> None:
+        ids = []
+        async for wf in client.list_workflows(SESSIONS_IN_FLIGHT, limit=MAX_SESSIONS_QUERIED):
+            ids.append((wf.id, wf.run_id))
+        await asyncio.gather(*(phase_of(i, r) for i, r in ids))
+
+    await asyncio.wait_for(gather(), timeout_s)
+    return dict(sorted(counts.items()))
+
+
+def collect(home: Path, *, ask_services: bool = True) -> StackStatus | None:
+    """The status of the stack on ``home``; None when no stack ever ran there.
+
+    Args:
+        home: the stack's home.
+        ask_services: also ask the engine and Temporal (else the state file only).
+    """
+    state = read_state(home)
+    if state is None:
+        return None
+    now = time.time()
+    status = StackStatus(state=state)
+    for child in state.children:
+        if child.alive():
+            status.uptime_s[child.name] = now - (child.started_at or now)
+        else:
+            child.pid = None
+    if not ask_services or state.phase in ("stopped", "failed"):
+        return status
+    if state.engine is not None:
+        status.busy_slots = busy_slots(state.engine.url)
+    if state.temporal_address:
+        try:
+            status.sessions_by_phase = asyncio.run(sessions_by_phase(state.temporal_address))
+        except Exception as e:  # noqa: BLE001 -- shown, not raised: status must always print
+            status.temporal_error = f"{type(e).__name__}: {e}"
+    return status
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def render(status: StackStatus) -> str:
+    """The status as the text ``rolloutd status`` prints."""
+    st = status.state
+    lines = [f"stack on {st.home}: {st.phase} (rolloutd up pid {st.pid}, supervision "
+             f"{'on' if st.supervise else 'off'}, up {_duration(time.time() - st.started_at)})"]
+    if st.error:
+        lines.append(f"error: {st.error}")
+    lines.append(f"temporal {st.temporal_address}  ui {st.ui_url}  gateway {st.gateway_url}")
+    rows = [("child", "phase", "pid", "uptime", "restarts", "last exit", "task queues")]
+    for c in st.children:
+        rows.append((c.name, c.phase, str(c.pid or "-"), _duration(status.uptime_s.get(c.name)),
+                     str(c.restarts), "-" if c.last_exit_code is None else str(c.last_exit_code),
+                     ", ".join(c.task_queues) or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+              for r in rows]
+    if st.engine is not None:
+        e = st.engine
+        busy = "?" if status.busy_slots is None else str(status.busy_slots)
+        lines.append(f"engine {e.model} ({e.model_file}), policy version {e.policy_version}, "
+                     f"slots {busy}/{e.num_slots} busy, context {e.ctx_size} tokens")
+    elif st.backend_url:
+        lines.append(f"backend {st.backend_url} (external)")
+    if status.sessions_by_phase is not None:
+        total = sum(status.sessions_by_phase.values())
+        lines.append(f"sessions in flight: {total}" + (" (" + ", ".join(
+            f"{p} {n}" for p, n in status.sessions_by_phase.items()) + ")" if total else ""))
+    elif status.temporal_error:
+        lines.append(f"sessions in flight: unknown (Temporal: {status.temporal_error})")
+    return "\n".join(lines)
+
+
+def main(home: Path, *, as_json: bool = False) -> int:
+    """``rolloutd status``: print the status of the stack on ``home``.
+
+    Returns:
+        0 when the stack runs, 1 when it is stopped or failed, 2 when none ran on ``home``.
+    """
+    status = collect(home)
+    if status is None:
+        print(f"no stack has run on {home} (no {home / 'stack.json'})")
+        return 2
+    data: Any = status.model_dump(mode="json")
+    print(json.dumps(data, indent=2) if as_json else render(status))
+    return 0 if status.state.phase in ("starting", "running") else 1

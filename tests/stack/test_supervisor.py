@@ -1,0 +1,136 @@
+"""The supervisor of ``rolloutd up`` with real child processes (no Temporal, no engine):
+restart after SIGKILL with backoff, the restart limit that stops everything with an error
+naming the child, children that die with the thread that created them, and ``rolloutd status``
+reading the state file.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rolloutd.sandbox.reclaim import process_start_ticks
+from rolloutd.stack import RestartPolicy, StackState, read_state, spawn, stop_processes
+from rolloutd.stack.state import write_state
+from rolloutd.stack.supervisor import ChildSpec, Supervisor
+from tests.support.procs import processes_with
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def poll(predicate, timeout_s: float, what: str):
+    """Call ``predicate`` until truthy; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+def sleeper(marker: str, log: Path, code: str = "import time; time.sleep(600)"):
+    """A spawn function for a child whose command line carries ``marker``."""
+    return lambda: spawn([sys.executable, "-c", code, marker], log_path=log)
+
+
+def status(home: Path) -> tuple[int, str]:
+    """Run ``rolloutd status --home HOME``; its exit code and output."""
+    done = subprocess.run([sys.executable, "-m", "rolloutd.cli", "status", "--home", str(home)],
+                          capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stdout
+
+
+def stack_of(tmp_path: Path, policy: RestartPolicy) -> tuple[Supervisor, StackState]:
+    state = StackState(home=str(tmp_path), phase="running")
+    sup = Supervisor(policy, lambda: None, tick_s=0.05)
+
+    def on_change() -> None:
+        state.children = [c.state for c in sup.children.values()]
+        if sup.failure is not None:
+            state.phase, state.error = "failed", sup.failure.message
+        write_state(tmp_path, state)
+
+    sup.on_change = on_change
+    return sup, state
+
+
+def test_killed_child_is_restarted_and_status_shows_it(tmp_path: Path):
+    marker = f"rolloutd-sup-{uuid.uuid4().hex[:8]}"
+    sup, _ = stack_of(tmp_path, RestartPolicy(initial_backoff_s=0.3))
+    sup.add(ChildSpec("sandbox", "fleet", sleeper(marker, tmp_path / "sandbox.log"),
+                      lambda: True, tmp_path / "sandbox.log", ["rolloutd-sandbox"]))
+    first = sup.start("sandbox").state.pid
+    sup.run()
+    try:
+        t_kill = time.monotonic()
+        os.kill(first, signal.SIGKILL)
+        state = poll(lambda: (s := read_state(tmp_path)) and s.children[0].phase == "running"
+                     and s.children[0].pid not in (None, first) and s, 10, "a restart")
+        assert time.monotonic() - t_kill >= 0.3  # the backoff was kept
+        child = state.children[0]
+        assert child.restarts == 1 and child.last_exit_code == -signal.SIGKILL
+        assert processes_with(marker) == [child.pid]  # one process, never two
+        code, out = status(tmp_path)
+        assert code == 0, out
+        row = next(line for line in out.splitlines() if line.startswith("sandbox"))
+        assert row.split()[:5] == ["sandbox", "running", str(child.pid), row.split()[3], "1"]
+        assert "rolloutd-sandbox" in row
+    finally:
+        sup.stop_supervising()
+        stop_processes([c.proc for c in sup.children.values() if c.proc])
+    assert processes_with(marker) == []
+
+
+def test_restart_limit_stops_with_an_error_naming_the_child(tmp_path: Path):
+    marker = f"rolloutd-sup-{uuid.uuid4().hex[:8]}"
+    policy = RestartPolicy(initial_backoff_s=0.05, max_backoff_s=0.2, max_restarts=3,
+                           window_s=60)
+    sup, _ = stack_of(tmp_path, policy)
+    stopped = threading.Event()
+    sup.on_failure = stopped.set
+    sup.add(ChildSpec("steady", "fleet", sleeper(marker, tmp_path / "steady.log"),
+                      lambda: True, tmp_path / "steady.log"))
+    sup.add(ChildSpec("eval", "fleet",
+                      sleeper(marker, tmp_path / "eval.log", "import time; time.sleep(0.3); "
+                              "raise SystemExit(3)"), lambda: True, tmp_path / "eval.log"))
+    sup.start("steady")
+    sup.start("eval")
+    sup.run()
+    try:
+        poll(stopped.is_set, 20, "the supervisor to give up")
+        assert sup.failure is not None
+        assert "eval exited 4 times" in sup.failure.message
+        assert "exit code 3" in sup.failure.message and "eval.log" in sup.failure.message
+        state = read_state(tmp_path)
+        assert state is not None and state.phase == "failed" and "eval" in (state.error or "")
+        assert [c.restarts for c in state.children] == [0, 3]
+        assert status(tmp_path)[0] == 1
+    finally:
+        sup.stop_supervising()
+        stop_processes([c.proc for c in sup.children.values() if c.proc])
+    assert processes_with(marker) == []
+
+
+def test_children_die_with_the_thread_that_created_them(tmp_path: Path):
+    marker = f"rolloutd-sup-{uuid.uuid4().hex[:8]}"
+    procs = []
+    thread = threading.Thread(target=lambda: procs.append(sleeper(marker, tmp_path / "l")()))
+    thread.start()
+    thread.join()
+    pid = procs[0].pid
+    poll(lambda: procs[0].poll() is not None, 10, "the orphan to get SIGTERM")
+    assert procs[0].returncode == -signal.SIGTERM
+    assert process_start_ticks(pid) is None and processes_with(marker) == []
+
+
+def test_status_without_a_stack(tmp_path: Path):
+    code, out = status(tmp_path)
+    assert code == 2 and "no stack has run" in out

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -154,6 +156,11 @@ def render(status: StackStatus) -> str:
 def main(home: Path, *, as_json: bool = False) -> int:
     """``rolloutd status``: print the status of the stack on ``home``.
 
+    When it asked Temporal, it ends the process itself (``os._exit``) once the output is
+    flushed: a short-lived process holding a Temporal client can abort in interpreter
+    finalization ("PyGILState_Release ... finalizing", github.com/temporalio/sdk-python/issues/300),
+    which turned a correct report into exit status -6 here.
+
     Returns:
         0 when the stack runs, 1 when it is stopped or failed, 2 when none ran on ``home``.
     """
@@ -163,4 +170,9 @@ def main(home: Path, *, as_json: bool = False) -> int:
         return 2
     data: Any = status.model_dump(mode="json")
     print(json.dumps(data, indent=2) if as_json else render(status))
-    return 0 if status.state.phase in ("starting", "running") else 1
+    code = 0 if status.state.phase in ("starting", "running") else 1
+    if status.sessions_by_phase is not None or status.temporal_error is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

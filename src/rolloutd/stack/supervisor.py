@@ -226,7 +226,10 @@ class Supervisor:
                              f"see {child.spec.log_path}")
 
     def _notify(self) -> None:
-        self.on_change()
+        try:
+            self.on_change()
+        except OSError as e:  # the state file is a report: never let it stop supervision
+            log.error("stack_state_unwritable", error=str(e))
         self._changed.notify_all()
 
     def _loop(self) -> None:

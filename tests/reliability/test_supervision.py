@@ -74,7 +74,9 @@ async def test_every_child_killed_once_is_restarted_and_every_session_completes(
         extra_env={"ROLLOUTD_LOG_JSON": "false", "ROLLOUTD_HOST_ID": f"sup-{marker[-8:]}",
                    "PYTHONPATH": os.pathsep.join(
                        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
+    t_test = time.monotonic()
     pids: set[int] = set()
+    marker2 = marker
     kills: dict[str, dict] = {}
     status_text = ""
     try:
@@ -126,8 +128,17 @@ async def test_every_child_killed_once_is_restarted_and_every_session_completes(
             assert ids == expected and len(completions) == NUM_CALLS, (s.session_id, ids)
         assert lost == 0
         pids |= {c.pid for c in read_state(home).children if c.pid}  # type: ignore[union-attr]
+        # Ctrl-C's path with sessions running: the stack stops in order, in bounded time
+        task_id2, marker2 = new_ids("supervised-stop")
+        await client.submit(agent_task(task_id2, marker2, num_samples=2, pause_s=3.0))
+        await poll(lambda: any(len(CompletionLog(store, f"{task_id2}/{i}")) >= 1
+                               for i in range(2)), 120, "sessions of the second task mid-run")
     finally:
+        t_stop = time.monotonic()
         await asyncio.to_thread(stack.stop)
+        stop_s = time.monotonic() - t_stop
+    assert stop_s < stack.drain_s + 30, stop_s
+    assert processes_with(marker2) == []
     left = [p for p in pids if Path(f"/proc/{p}").exists()]
     runtimes = [p.name for p in stack.runtime_root.iterdir() if p.name != ".owners"] \
         if stack.runtime_root.exists() else []
@@ -135,7 +146,8 @@ async def test_every_child_killed_once_is_restarted_and_every_session_completes(
                   completed=sum(s.status == SessionStatus.COMPLETED for s in group.sessions),
                   lost=lost, orphans=len(left) + len(processes_with(marker)),
                   leftover_runtimes=len(runtimes),
-                  retried_sessions=sum(bool(s.attempts) for s in group.sessions), ok=True)
+                  retried_sessions=sum(bool(s.attempts) for s in group.sessions),
+                  seconds=round(time.monotonic() - t_test, 1), stop_s=round(stop_s, 1), ok=True)
     assert left == [] and processes_with(marker) == [] and runtimes == []
     assert read_state(home).phase == "stopped"  # type: ignore[union-attr]
     shutil.rmtree(home, ignore_errors=True)

@@ -17,9 +17,17 @@ from pathlib import Path
 
 import pytest
 
+from rolloutd.errors import StackError
 from rolloutd.sandbox.reclaim import process_start_ticks
-from rolloutd.stack import RestartPolicy, StackState, read_state, spawn, stop_processes
-from rolloutd.stack.state import write_state
+from rolloutd.stack import (
+    LocalStack,
+    RestartPolicy,
+    StackState,
+    read_state,
+    spawn,
+    stop_processes,
+)
+from rolloutd.stack.state import ChildState, write_state
 from rolloutd.stack.supervisor import ChildSpec, Supervisor
 from tests.support.procs import processes_with
 
@@ -134,3 +142,28 @@ def test_children_die_with_the_thread_that_created_them(tmp_path: Path):
 def test_status_without_a_stack(tmp_path: Path):
     code, out = status(tmp_path)
     assert code == 2 and "no stack has run" in out
+
+
+def test_next_up_reclaims_what_a_killed_up_left_and_refuses_a_live_one(tmp_path: Path):
+    marker = f"rolloutd-sup-{uuid.uuid4().hex[:8]}"
+    orphan = spawn([sys.executable, "-c", "import time; time.sleep(600)", marker],
+                   die_with_parent=False)
+    fake_up = spawn([sys.executable, "-c", "import time; time.sleep(600)", marker])
+    try:
+        record = ChildState(name="sandbox", kind="fleet", phase="running", pid=orphan.pid,
+                            start_ticks=process_start_ticks(orphan.pid))
+        # a live up on this home: refused, and its children are left alone
+        write_state(tmp_path, StackState(home=str(tmp_path), phase="running", pid=fake_up.pid,
+                                         start_ticks=process_start_ticks(fake_up.pid),
+                                         children=[record]))
+        with pytest.raises(StackError, match=f"already runs on .*pid {fake_up.pid}"):
+            LocalStack(home=tmp_path).reclaim_previous()
+        assert orphan.poll() is None
+        # that up killed (SIGKILL: nothing ran its cleanup): its child is stopped by its pid
+        os.kill(fake_up.pid, signal.SIGKILL)
+        fake_up.wait()
+        assert LocalStack(home=tmp_path).reclaim_previous() == 1
+        assert orphan.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        stop_processes([orphan, fake_up])
+    assert processes_with(marker) == []

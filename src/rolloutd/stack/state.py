@@ -17,6 +17,19 @@ from pydantic import BaseModel, Field
 
 from rolloutd.sandbox.reclaim import process_start_ticks
 
+def running(pid: int | None, start_ticks: int | None) -> bool:
+    """Whether ``pid`` is still the process that started at ``start_ticks`` and has not exited
+    (a zombie, exited but not yet reaped by its parent, is not running; proc(5) stat field 3).
+    """
+    if pid is None or start_ticks is None or process_start_ticks(pid) != start_ticks:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+
+
 #: the state file's name under the stack's home.
 STATE_FILE = "stack.json"
 
@@ -58,8 +71,7 @@ class ChildState(BaseModel):
 
     def alive(self) -> bool:
         """Whether the recorded pid still names this process (start time checked)."""
-        return (self.pid is not None and self.start_ticks is not None
-                and process_start_ticks(self.pid) == self.start_ticks)
+        return running(self.pid, self.start_ticks)
 
 
 class EngineState(BaseModel):
@@ -115,7 +127,7 @@ class StackState(BaseModel):
 
     def alive(self) -> bool:
         """Whether the ``up`` process that wrote this is still running."""
-        return self.start_ticks is not None and process_start_ticks(self.pid) == self.start_ticks
+        return running(self.pid, self.start_ticks)
 
 
 def state_path(home: Path) -> Path:

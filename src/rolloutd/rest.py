@@ -26,6 +26,8 @@ are accepted; ``agent.import_path`` is refused (rolloutd runs registered harness
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException
@@ -35,7 +37,9 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from rolloutd.trainer_client.admin import AdminError, BackendAdmin
+from rolloutd.settings import default_home
 from rolloutd.trainer_client.client import InvalidTaskError, RolloutClient
+from rolloutd.trainer_client.inflight import sessions_by_phase
 from rolloutd.types import SessionResult, SessionStatus, TaskResult
 
 
@@ -295,6 +299,32 @@ def serve(address: str, store_url: str | None, host: str, port: int,
     async def main() -> None:
         client = await RolloutClient.connect(address, store_url=store_url)
         app = create_app(client, gateway_url=gateway_url, admin_token=admin_token)
+        add_stack_status_route(app, client, default_home())
         await uvicorn.Server(uvicorn.Config(app, host=host, port=port)).serve()
 
     asyncio.run(main())
+
+
+def add_stack_status_route(app: FastAPI, client: RolloutClient, home: Path) -> None:
+    """``GET /stack/status``: what ``rolloutd status`` shows, for callers without a shell on
+    the machine: the state file ``rolloutd up`` keeps in ``home`` (each child's pid, start
+    time, restarts, last exit, task queues; the engine's model, policy version and slots)
+    and the sessions in flight by phase.
+
+    Args:
+        app: the facade's app.
+        client: its Temporal client.
+        home: the stack's home (``$ROLLOUTD_HOME``).
+
+    Responses:
+        200 ``{"state": {...}, "sessions_by_phase": {"run": 3, ...}}``; 404 when no stack has
+        run on ``home``.
+    """
+
+    @app.get("/stack/status")
+    async def stack_status() -> dict[str, Any]:
+        try:  # the name rolloutd.stack.state.STATE_FILE: the stack is this module's sibling
+            state = json.loads((home / "stack.json").read_text())
+        except FileNotFoundError:
+            raise HTTPException(404, f"no stack has run on {home}") from None
+        return {"state": state, "sessions_by_phase": await sessions_by_phase(client.client)}

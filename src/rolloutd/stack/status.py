@@ -11,22 +11,15 @@ import json
 import os
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import httpx
 from pydantic import BaseModel, Field
-from temporalio.client import WorkflowQueryFailedError
-from temporalio.service import RPCError
 
 from rolloutd.stack.state import StackState, read_state
 from rolloutd.trainer_client import RolloutClient
-
-#: the visibility query of the sessions in flight (Temporal list filter syntax).
-SESSIONS_IN_FLIGHT = "WorkflowType = 'RolloutSessionWorkflow' AND ExecutionStatus = 'Running'"
-#: sessions asked for their phase at most; beyond, they count as ``unknown``.
-MAX_SESSIONS_QUERIED = 2000
+from rolloutd.trainer_client.inflight import sessions_by_phase
 
 
 class StackStatus(BaseModel):
@@ -56,33 +49,9 @@ def busy_slots(engine_url: str) -> int | None:
         return None
 
 
-async def sessions_by_phase(address: str, timeout_s: float = 10.0) -> dict[str, int]:
-    """Count the sessions in flight by phase.
-
-    Raises:
-        TimeoutError: Temporal did not answer within ``timeout_s``.
-        RuntimeError, RPCError: Temporal refused the connection or the query.
-    """
-    client = (await asyncio.wait_for(RolloutClient.connect(address), timeout_s)).client
-    sem = asyncio.Semaphore(16)
-    counts: Counter[str] = Counter()
-
-    async def phase_of(workflow_id: str, run_id: str | None) -> None:
-        async with sem:
-            try:
-                counts[await client.get_workflow_handle(workflow_id, run_id=run_id)
-                       .query("phase")] += 1
-            except (RPCError, WorkflowQueryFailedError):  # it ended meanwhile, or is stuck
-                counts["unknown"] += 1
-
-    async def gather() -> None:
-        ids = []
-        async for wf in client.list_workflows(SESSIONS_IN_FLIGHT, limit=MAX_SESSIONS_QUERIED):
-            ids.append((wf.id, wf.run_id))
-        await asyncio.gather(*(phase_of(i, r) for i, r in ids))
-
-    await asyncio.wait_for(gather(), timeout_s)
-    return dict(sorted(counts.items()))
+async def _sessions_by_phase(address: str, timeout_s: float = 10.0) -> dict[str, int]:
+    client = await asyncio.wait_for(RolloutClient.connect(address), timeout_s)
+    return await sessions_by_phase(client.client, timeout_s)
 
 
 def collect(home: Path, *, ask_services: bool = True) -> StackStatus | None:
@@ -108,7 +77,7 @@ def collect(home: Path, *, ask_services: bool = True) -> StackStatus | None:
         status.busy_slots = busy_slots(state.engine.url)
     if state.temporal_address:
         try:
-            status.sessions_by_phase = asyncio.run(sessions_by_phase(state.temporal_address))
+            status.sessions_by_phase = asyncio.run(_sessions_by_phase(state.temporal_address))
         except Exception as e:  # noqa: BLE001 -- shown, not raised: status must always print
             status.temporal_error = f"{type(e).__name__}: {e}"
     return status

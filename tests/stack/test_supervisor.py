@@ -167,3 +167,32 @@ def test_next_up_reclaims_what_a_killed_up_left_and_refuses_a_live_one(tmp_path:
     finally:
         stop_processes([orphan, fake_up])
     assert processes_with(marker) == []
+
+
+def test_a_reload_is_not_a_crash_and_a_crash_restarts_on_the_current_settings(tmp_path: Path):
+    marker = f"rolloutd-sup-{uuid.uuid4().hex[:8]}"
+    v0, v1 = f"{marker}-v0.gguf", f"{marker}-v1.gguf"
+    current = {"model_file": v0}  # what LocalStack.load_model changes
+
+    def spawn_engine():
+        return spawn([sys.executable, "-c", "import time; time.sleep(600)",
+                      current["model_file"]], log_path=tmp_path / "engine.log")
+
+    sup, _ = stack_of(tmp_path, RestartPolicy(initial_backoff_s=0.1))
+    sup.add(ChildSpec("engine", "engine", spawn_engine, lambda: True, tmp_path / "engine.log"))
+    sup.start("engine")
+    sup.run()
+    try:
+        current["model_file"] = v1
+        sup.reload("engine", timeout_s=10)
+        reloaded = read_state(tmp_path).children[0]  # type: ignore[union-attr]
+        assert reloaded.phase == "running" and reloaded.restarts == 0
+        assert processes_with(v1) == [reloaded.pid] and processes_with(v0) == []
+        os.kill(reloaded.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        state = poll(lambda: (s := read_state(tmp_path)) and s.children[0].restarts == 1
+                     and s.children[0].phase == "running" and s, 10, "the crash restart")
+        assert processes_with(v1) == [state.children[0].pid]
+    finally:
+        sup.stop_supervising()
+        stop_processes([c.proc for c in sup.children.values() if c.proc])
+    assert processes_with(marker) == []

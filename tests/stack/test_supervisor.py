@@ -22,6 +22,7 @@ from rolloutd.sandbox.reclaim import process_start_ticks
 from rolloutd.stack import (
     LocalStack,
     RestartPolicy,
+    free_port,
     StackState,
     read_state,
     spawn,
@@ -196,3 +197,30 @@ def test_a_reload_is_not_a_crash_and_a_crash_restarts_on_the_current_settings(tm
         sup.stop_supervising()
         stop_processes([c.proc for c in sup.children.values() if c.proc])
     assert processes_with(marker) == []
+
+
+@pytest.mark.temporal
+def test_a_stack_past_its_restart_limit_is_stopped_completely_once(tmp_path: Path):
+    """Temporal SIGKILLed twice with one restart allowed: the supervisor stops the stack from
+    its thread while ``up``'s main thread stops it too; the main thread's stop returns only
+    when the fleet is gone and the state file says so."""
+    stack = LocalStack(home=tmp_path, fleets=("eval",), engine_url="http://127.0.0.1:9",
+                       temporal_port=free_port(), ui_port=free_port(), drain_s=10,
+                       restart_policy=RestartPolicy(initial_backoff_s=0.1, max_restarts=1))
+    stack.start()
+    try:
+        pid = None
+        for _ in range(2):
+            pid = poll(lambda p=pid: (c := stack.supervisor.children["temporal"].state).phase
+                       == "running" and c.pid not in (None, p) and c.pid, 30, "Temporal up")
+            os.kill(pid, signal.SIGKILL)
+        poll(stack.supervisor.failed.is_set, 30, "the restart limit")
+    finally:
+        stack.stop()
+    eval_proc = stack.supervisor.children["eval"].proc
+    assert eval_proc is not None and eval_proc.poll() is not None
+    state = read_state(tmp_path)
+    assert state is not None and state.phase == "failed"
+    assert "temporal exited 2 times" in (state.error or "")
+    assert [(c.name, c.phase, c.pid) for c in state.children] == [
+        ("temporal", "failed", None), ("eval", "stopped", None)]

@@ -100,6 +100,7 @@ class LocalStack:
                                 store_url=self.store_url, gateway_url=self.gateway_url,
                                 backend_url=self.engine_url)
         self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
 
     @property
     def logs(self) -> Path:
@@ -330,16 +331,21 @@ class LocalStack:
 
     def stop(self) -> None:
         """Stop every child in order: fleets drain together (bounded by ``drain_s``), then
-        the engine, then Temporal; then reclaim runtimes the fleets left. Idempotent."""
-        if self._stopped.is_set():
-            return
-        t0 = time.monotonic()
+        the engine, then Temporal; then reclaim runtimes the fleets left. Idempotent; a
+        second caller (``up``'s main thread while the supervisor stops a failed stack)
+        waits until the first has finished."""
         sup = self.supervisor
         sup.stop_supervising()
-        with sup.lock:
+        with self._stop_lock:
             if self._stopped.is_set():
                 return
+            self._stop_children()
             self._stopped.set()
+
+    def _stop_children(self) -> None:
+        t0 = time.monotonic()
+        sup = self.supervisor
+        with sup.lock:
             if self.state.phase != "failed":
                 self.state.phase = "stopping"
             if sup.children:

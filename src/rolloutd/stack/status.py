@@ -108,9 +108,10 @@ def render(status: StackStatus) -> str:
               for r in rows]
     if st.engine is not None:
         e = st.engine
-        busy = "?" if status.busy_slots is None else str(status.busy_slots)
+        slots = (f"{e.num_slots} slots" if status.busy_slots is None
+                 else f"slots {status.busy_slots}/{e.num_slots} busy")
         lines.append(f"engine {e.model} ({e.model_file}), policy version {e.policy_version}, "
-                     f"slots {busy}/{e.num_slots} busy, context {e.ctx_size} tokens")
+                     f"{slots}, context {e.ctx_size} tokens")
     elif st.backend_url:
         lines.append(f"backend {st.backend_url} (external)")
     if status.sessions_by_phase is not None:

@@ -255,6 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     rest.add_argument("--admin-token", default=None,
                       help="bearer token of the gateway's admin routes; None: none sent")
 
+    status = _sub(sub, "status", "the running stack: children, pids, uptime, restarts, task "
+                  "queues, engine, sessions in flight by phase")
+    status.add_argument("--home", type=Path, default=None,
+                        help="state folder of the stack; None: $ROLLOUTD_HOME or ~/.rolloutd")
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+
     demo = _sub(sub, "demo", "run the stack and the bundled examples")
     demo.add_argument("--examples", type=Path, default=None,
                       help="JSONL tasks to run; None: the repository's examples/tasks.jsonl")
@@ -308,8 +314,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"Temporal:    {stack.temporal.address}\n"
                   f"Gateway:     {stack.gateway_url}\n"
                   f"Store:       {stack.store_url}\n"
-                  f"Logs:        {stack.logs}\nCtrl-C stops everything.", flush=True)
-            _wait_for_signal()
+                  f"Logs:        {stack.logs}\n"
+                  f"Status:      rolloutd status --home {stack.home}\n"
+                  f"Ctrl-C stops everything.", flush=True)
+            if (failure := stack.serve_forever()) is not None:  # a child's restart limit
+                raise SystemExit(f"rolloutd up: {failure}")
+    elif args.command == "status":
+        from rolloutd.stack.status import main as status_main
+
+        return status_main(args.home or default_home(), as_json=args.json)
     elif args.command == "submit":
         return exit_code(asyncio.run(submit_tasks(
             _load_tasks(args.file), args.address or settings.temporal_address,

@@ -154,6 +154,11 @@ class FleetRegistryError(RolloutdError):
     retryable = True
 
 
+class StackError(RolloutdError):
+    """The embedded stack (``rolloutd up``) cannot run: a child keeps exiting (its restart limit
+    is reached), does not start, or another stack already runs on the same home."""
+
+
 def to_application_error(error: BaseException) -> ApplicationError:
     """Convert any error raised in an activity into Temporal's ``ApplicationError``.
 

@@ -26,6 +26,8 @@ ended, and each session's callback (``delivered``, ``pending`` or ``failed``, at
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException
@@ -33,9 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from rolloutd.errors import FleetRegistryError, NotFoundError
-from rolloutd.settings import RestSettings
+from rolloutd.settings import RestSettings, default_home
 from rolloutd.trainer_client.admin import AdminError, BackendAdmin
 from rolloutd.trainer_client.client import InvalidTaskError, RolloutClient
+from rolloutd.trainer_client.inflight import sessions_by_phase
 from rolloutd.types import CallbackStatus, SessionResult, SessionStatus, TaskProgress
 
 
@@ -352,6 +355,32 @@ def serve(address: str, store_url: str | None, host: str, port: int,
         client = await RolloutClient.connect(address, store_url=store_url)
         app = create_app(client, gateway_url=gateway_url, admin_token=admin_token,
                          callback_timeout_s=RestSettings().callback_timeout_s)
+        add_stack_status_route(app, client, default_home())
         await uvicorn.Server(uvicorn.Config(app, host=host, port=port)).serve()
 
     asyncio.run(main())
+
+
+def add_stack_status_route(app: FastAPI, client: RolloutClient, home: Path) -> None:
+    """``GET /stack/status``: what ``rolloutd status`` shows, for callers without a shell on
+    the machine: the state file ``rolloutd up`` keeps in ``home`` (each child's pid, start
+    time, restarts, last exit, task queues; the engine's model, policy version and slots)
+    and the sessions in flight by phase.
+
+    Args:
+        app: the facade's app.
+        client: its Temporal client.
+        home: the stack's home (``$ROLLOUTD_HOME``).
+
+    Responses:
+        200 ``{"state": {...}, "sessions_by_phase": {"run": 3, ...}}``; 404 when no stack has
+        run on ``home``.
+    """
+
+    @app.get("/stack/status")
+    async def stack_status() -> dict[str, Any]:
+        try:  # the name rolloutd.stack.state.STATE_FILE: the stack is this module's sibling
+            state = json.loads((home / "stack.json").read_text())
+        except FileNotFoundError:
+            raise HTTPException(404, f"no stack has run on {home}") from None
+        return {"state": state, "sessions_by_phase": await sessions_by_phase(client.client)}

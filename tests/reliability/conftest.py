@@ -134,8 +134,10 @@ async def rig(tmp_path_factory) -> AsyncIterator[Rig]:
         lambda: LlamaServer("qwen2.5-coder-0.5b", parallel=4, ctx_size=8192,
                             log_path=home / "logs" / "engine.log").start(timeout_s=180))
     tee = await Tee(engine.url).start()
+    # supervise=False: these tests restart a killed fleet by hand, and a supervisor doing it
+    # too would run two workers with one host id
     stack = LocalStack(home=home, engine_url=tee.url, temporal_port=free_port(),
-                       ui_port=free_port(), gateway_port=free_port(),
+                       ui_port=free_port(), gateway_port=free_port(), supervise=False,
                        extra_env={"ROLLOUTD_LOG_JSON": "false", "ROLLOUTD_HOST_ID": "rel-host",
                                   # the eval fleet imports tests.reliability.slow_evaluator
                                   "PYTHONPATH": os.pathsep.join(

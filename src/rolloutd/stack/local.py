@@ -1,0 +1,379 @@
+"""``LocalStack``: what ``rolloutd up`` runs on one machine, supervised.
+
+Children, in start order: the Temporal dev server (SQLite under the home, so workflows survive
+its restart), llama-server (unless an external backend is given), and each fleet as its own
+``rolloutd worker`` process. Each is restarted when it exits unexpectedly
+(:mod:`rolloutd.stack.supervisor`); their record is the state file (:mod:`rolloutd.stack.state`).
+
+Stopping is ordered and bounded: the fleets drain together (SIGTERM, the signal a cluster
+sends: a worker stops polling and hands its running work back), then the engine, then
+Temporal; last, runtimes left under the runtime root are reclaimed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import structlog
+
+from rolloutd import task_queues
+from rolloutd.engine.models import CATALOG
+from rolloutd.engine.server import LlamaServer
+from rolloutd.errors import StackError
+from rolloutd.sandbox.reclaim import reclaim_orphans
+from rolloutd.settings import default_home
+from rolloutd.stack.processes import TemporalDevServer, kill_group, spawn, stop_processes
+from rolloutd.stack.state import EngineState, StackState, read_state, write_state
+from rolloutd.stack.supervisor import ChildSpec, RestartPolicy, Supervisor
+
+log = structlog.get_logger(__name__)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class LocalStack:
+    """Everything ``rolloutd up`` runs, as supervised child processes.
+
+    Attributes:
+        home: state folder (Temporal SQLite, blob store, logs, runtimes, ``stack.json``).
+        model: catalog model served by llama-server.
+        fleets: which fleets run as child processes.
+        engine_url: use this backend instead of starting llama-server.
+        supervise: restart children that exit (off in tests that restart a fleet by hand, so
+            two workers never share one host id).
+        restart_policy: backoff and restart limit.
+        drain_s: bound on the fleets' drain when the stack stops, s (then SIGKILL).
+        model_file: GGUF the engine serves (None: the catalog model's); see :meth:`load_model`.
+        policy_version: version of the weights in ``model_file``.
+    """
+
+    home: Path = field(default_factory=default_home)
+    model: str = "qwen2.5-coder-0.5b"
+    fleets: tuple[str, ...] = ("workflows", "sandbox", "gateway", "eval")
+    engine_url: str | None = None
+    temporal_port: int = 7233
+    ui_port: int = 8233
+    gateway_port: int = 8300
+    engine_port: int = 8400
+    engine_parallel: int = 4
+    engine_ctx_size: int = 32768
+    extra_env: dict[str, str] = field(default_factory=dict)
+    supervise: bool = True
+    restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    drain_s: float = 30.0
+    model_file: Path | None = None
+    policy_version: int = 0
+    temporal: TemporalDevServer | None = None
+    engine: LlamaServer | None = None
+    supervisor: Supervisor = field(init=False)
+    state: StackState = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.home = Path(self.home)
+        self.supervisor = Supervisor(self.restart_policy, self._write_state)
+        self.supervisor.on_failure = self._stop_after_failure
+        self.state = StackState(home=str(self.home), supervise=self.supervise,
+                                store_url=self.store_url, gateway_url=self.gateway_url,
+                                backend_url=self.engine_url)
+        self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+
+    @property
+    def logs(self) -> Path:
+        """Folder of the children's logs."""
+        return self.home / "logs"
+
+    @property
+    def store_url(self) -> str:
+        """The blob store of the stack."""
+        return str(self.home / "store")
+
+    @property
+    def runtime_root(self) -> Path:
+        """Where the sandbox fleet creates runtimes."""
+        return Path(self.extra_env.get("ROLLOUTD_RUNTIME_ROOT", self.home / "runtimes"))
+
+    @property
+    def gateway_url(self) -> str:
+        """Base URL of the gateway."""
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    @property
+    def host_id(self) -> str:
+        """The host id of the fleets (their host queues), as the fleets' settings read it."""
+        return (self.extra_env.get("ROLLOUTD_HOST_ID") or os.environ.get("ROLLOUTD_HOST_ID")
+                or socket.gethostname())
+
+    @property
+    def workers(self) -> dict[str, subprocess.Popen[bytes]]:
+        """The current process of each fleet that has been started."""
+        return {name: c.proc for name, c in self.supervisor.children.items()
+                if c.spec.kind == "fleet" and c.proc is not None}
+
+    def env(self) -> dict[str, str]:
+        """Environment of the fleet processes."""
+        env = dict(os.environ)
+        env.update({
+            "ROLLOUTD_HOME": str(self.home),
+            "ROLLOUTD_TEMPORAL_ADDRESS": self.temporal.address if self.temporal else "",
+            "ROLLOUTD_STORE_URL": self.store_url,
+            "ROLLOUTD_GATEWAY_PORT": str(self.gateway_port),
+            "ROLLOUTD_BACKEND_URL": self.engine_url or (self.engine.url if self.engine else ""),
+            "ROLLOUTD_MODEL": self.model,
+            "ROLLOUTD_RUNTIME_ROOT": str(self.home / "runtimes"),
+            # the fleets share this host: one ROLLOUTD_HEALTH_PORT inherited by all four
+            # would collide (extra_env may give one fleet's process a port)
+            "ROLLOUTD_HEALTH_PORT": "0",
+        })
+        entry = CATALOG.get(self.model)
+        if entry is not None and entry.tool_parser and "ROLLOUTD_TOOL_PARSER" not in env:
+            env["ROLLOUTD_TOOL_PARSER"] = entry.tool_parser
+        env.update(self.extra_env)
+        return env
+
+    def fleet_queues(self, fleet: str) -> list[str]:
+        """The task queues one fleet's process polls."""
+        queues = [task_queues.FLEET_QUEUES[fleet]]
+        if fleet in ("sandbox", "gateway"):
+            queues.append(task_queues.host_queue(fleet, self.host_id))  # type: ignore[arg-type]
+        return queues
+
+    # --- children -------------------------------------------------------------------------
+
+    def _spawn_temporal(self) -> subprocess.Popen[bytes]:
+        assert self.temporal is not None
+        self.temporal.process = spawn(self.temporal.command(), log_path=self.temporal.log_path)
+        return self.temporal.process
+
+    def _spawn_engine(self) -> subprocess.Popen[bytes]:
+        assert self.engine is not None
+        if self.model_file is not None:
+            self.engine.files = dataclasses.replace(self.engine.files, gguf=self.model_file)
+        self.engine.process = spawn(self.engine.command(), log_path=self.engine.log_path)
+        return self.engine.process
+
+    def _spawn_worker(self, fleet: str) -> subprocess.Popen[bytes]:
+        return spawn([sys.executable, "-m", "rolloutd.cli", "worker", "--fleet", fleet],
+                     log_path=self.logs / f"{fleet}.log", env=self.env())
+
+    def _add_children(self) -> None:
+        sup = self.supervisor
+        self.temporal = TemporalDevServer(
+            self.home / "temporal.db", port=self.temporal_port, ui_port=self.ui_port,
+            log_path=self.logs / "temporal.log")
+        temporal = self.temporal
+        sup.add(ChildSpec("temporal", "temporal", self._spawn_temporal,
+                          lambda: _port_open(temporal.host, temporal.port),
+                          self.logs / "temporal.log"))
+        if self.engine_url is None:
+            self.engine = LlamaServer(self.model, port=self.engine_port,
+                                      parallel=self.engine_parallel,
+                                      ctx_size=self.engine_ctx_size,
+                                      log_path=self.logs / "engine.log")
+            engine = self.engine
+            sup.add(ChildSpec("engine", "engine", self._spawn_engine,
+                              lambda: _answers(f"{engine.url}/health"), self.logs / "engine.log"))
+        for fleet in self.fleets:
+            # the gateway is ready when it answers; other fleets have no port (the workers'
+            # pollers show in Temporal's DescribeTaskQueue), so they count as ready at once
+            ready = ((lambda: _answers(f"{self.gateway_url}/health")) if fleet == "gateway"
+                     else (lambda: True))
+            sup.add(ChildSpec(fleet, "fleet", lambda f=fleet: self._spawn_worker(f), ready,
+                              self.logs / f"{fleet}.log", self.fleet_queues(fleet)))
+
+    def _write_state(self) -> None:
+        with self.supervisor.lock:
+            st = self.state
+            if self.temporal is not None:
+                st.temporal_address, st.ui_url = self.temporal.address, self.temporal.ui_url
+            if self.engine is not None:
+                st.backend_url = self.engine.url
+                st.engine = EngineState(
+                    model=self.model, model_file=str(self.model_file or self.engine.files.gguf),
+                    policy_version=self.policy_version, url=self.engine.url,
+                    num_slots=self.engine_parallel, ctx_size=self.engine_ctx_size)
+            st.children = [c.state for c in self.supervisor.children.values()]
+            if self.supervisor.failure is not None:
+                st.phase, st.error = "failed", self.supervisor.failure.message
+            write_state(self.home, st)
+
+    def reclaim_previous(self, timeout_s: float = 10.0) -> int:
+        """Stop the children a killed ``up`` on this home left running, from its state file.
+
+        Returns:
+            The number of process groups stopped.
+
+        Raises:
+            StackError: another ``up`` is running on this home.
+        """
+        previous = read_state(self.home)
+        if previous is None:
+            return 0
+        if previous.alive() and previous.pid != os.getpid() and previous.phase not in (
+                "stopped", "failed"):
+            raise StackError(f"a stack already runs on {self.home} (rolloutd up, pid "
+                             f"{previous.pid}); stop it first, or use another --home")
+        alive = [c for c in previous.children if c.alive()]
+        for c in alive:
+            kill_group(c.pid, signal.SIGTERM)  # type: ignore[arg-type]
+        deadline = time.monotonic() + timeout_s
+        while any(c.alive() for c in alive) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for c in alive:
+            kill_group(c.pid)  # type: ignore[arg-type]
+        if alive:
+            log.warning("stack_reclaimed", num_children=len(alive),
+                        children=[c.name for c in alive])
+        return len(alive)
+
+    # --- life cycle -----------------------------------------------------------------------
+
+    def start(self) -> LocalStack:
+        """Reclaim what a killed ``up`` left, start Temporal, the engine and every fleet (each
+        ready before the next), then supervise them.
+
+        Raises:
+            StackError: another stack runs on this home, or a child did not start.
+        """
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.reclaim_previous()
+        self._add_children()
+        try:
+            for name in self.supervisor.children:
+                self.supervisor.start(name)
+            self.state.phase = "running"
+            self._write_state()
+            if self.supervise:
+                self.supervisor.run()
+        except BaseException:
+            self.stop()
+            raise
+        log.info("stack_started", home=str(self.home), supervise=self.supervise,
+                 children=list(self.supervisor.children))
+        return self
+
+    def start_worker(self, fleet: str) -> subprocess.Popen[bytes]:
+        """Start one fleet again by hand (tests that run with ``supervise=False``)."""
+        child = self.supervisor.start(fleet)
+        assert child.proc is not None
+        return child.proc
+
+    def wait_gateway(self, timeout_s: float = 120.0) -> None:
+        """Wait until the gateway's ``/health`` answers 200.
+
+        Raises:
+            StackError: it did not within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        while not _answers(f"{self.gateway_url}/health"):
+            if time.monotonic() > deadline:
+                raise StackError(f"gateway not healthy after {timeout_s} s; "
+                                 f"see {self.logs / 'gateway.log'}")
+            time.sleep(0.2)
+
+    def load_model(self, model_file: Path, policy_version: int,
+                   timeout_s: float = 120.0) -> None:
+        """Serve new weights: the one control interface of the engine ("load this GGUF,
+        answer when ready"). The supervisor then owns the file and version, and restarts a
+        crashed engine on them; this restart is deliberate and not counted.
+
+        Args:
+            model_file: a GGUF with the catalog model's tokenizer.
+            policy_version: the version of these weights (>= the current one).
+
+        Raises:
+            StackError: the stack runs no engine, or the engine did not answer in time.
+        """
+        if self.engine is None:
+            raise StackError("this stack uses an external backend; it runs no engine")
+        self.model_file, self.policy_version = Path(model_file), policy_version
+        self.supervisor.reload("engine", timeout_s)
+        log.info("engine_loaded", model_file=str(model_file), policy_version=policy_version)
+
+    def serve_forever(self) -> StackError | None:
+        """Run until SIGINT or SIGTERM (call from the main thread), or until the supervisor
+        gives up.
+
+        Returns:
+            None after a signal; the supervisor's error when a child reached its restart limit
+            (the stack has stopped then).
+        """
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        while not stop.is_set() and not self.supervisor.failed.is_set():
+            stop.wait(0.5)
+        return self.supervisor.failure
+
+    def _stop_after_failure(self) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop every child in order: fleets drain together (bounded by ``drain_s``), then
+        the engine, then Temporal; then reclaim runtimes the fleets left. Idempotent; a
+        second caller (``up``'s main thread while the supervisor stops a failed stack)
+        waits until the first has finished."""
+        sup = self.supervisor
+        sup.stop_supervising()
+        with self._stop_lock:
+            if self._stopped.is_set():
+                return
+            self._stop_children()
+            self._stopped.set()
+
+    def _stop_children(self) -> None:
+        t0 = time.monotonic()
+        sup = self.supervisor
+        with sup.lock:
+            if self.state.phase != "failed":
+                self.state.phase = "stopping"
+            if sup.children:
+                self._write_state()
+        fleets = [c for c in sup.children.values() if c.spec.kind == "fleet"]
+        killed = stop_processes([c.proc for c in fleets if c.proc], grace_s=self.drain_s)
+        if self.engine is not None and self.engine.process is not None:
+            stop_processes([self.engine.process])
+        if self.temporal is not None and self.temporal.process is not None:
+            stop_processes([self.temporal.process])
+        report = reclaim_orphans(self.runtime_root)
+        with sup.lock:
+            for c in sup.children.values():
+                c.state.pid = c.state.start_ticks = None
+                if c.state.phase != "failed":
+                    c.state.phase = "stopped"
+            if self.state.phase != "failed":
+                self.state.phase = "stopped"
+            if sup.children:
+                self._write_state()
+        log.info("stack_stopped", duration_s=round(time.monotonic() - t0, 2),
+                 num_killed=len(killed), num_runtimes_reclaimed=len(report.runtime_ids))
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

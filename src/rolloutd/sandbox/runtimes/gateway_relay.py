@@ -8,8 +8,9 @@ connection to the socket; this module answers on the socket and relays to the ga
     harness --tcp--> 127.0.0.1:8300 (sandbox netns) --unix--> GatewayRelay --tcp/tls--> gateway
 
 The relay parses each request with h11 (HTTP/1.1, RFC 9112) and admits it only when its
-target is below the session's path prefix ``/s/{key}/`` (DESIGN.md, Gateway: the key is in the
-path), so a sandbox cannot use other sessions' keys, the admin routes or any other host service.
+target is below the session's path prefix ``/s/{key}/`` (the session key is in the path:
+docs/architecture.md, "One model call, step by step"), so a sandbox cannot use other
+sessions' keys, the admin routes or any other host service.
 It rewrites ``Host`` to the gateway's and forces ``Connection: close`` (RFC 9110 section 7.6.1),
 so every request arrives on a connection of its own and is checked. The admitted request is
 written again by h11 as a client, its body passed on as it arrives (chunked or Content-Length),

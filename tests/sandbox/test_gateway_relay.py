@@ -7,6 +7,7 @@ parses what reaches it with its own h11 connection and echoes the body it read.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,5 +163,19 @@ async def test_unattached_relay_answers_503(tmp_path):
     try:
         status, _ = await exchange(relay, b"GET /s/KEY/v1/models HTTP/1.1\r\nHost: h\r\n\r\n")
         assert status == 503
+    finally:
+        await relay.close()
+
+
+async def test_unreachable_gateway_is_answered_502(tmp_path):
+    with socket.socket() as probe:  # a loopback port nothing listens on once it is closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    relay = GatewayRelay(tmp_path / "gateway.sock")
+    await relay.start()
+    relay.attach(f"http://127.0.0.1:{port}/s/KEY/v1")
+    try:
+        status, body = await exchange(relay, b"GET /s/KEY/v1/models HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert status == 502 and b"unreachable" in body
     finally:
         await relay.close()

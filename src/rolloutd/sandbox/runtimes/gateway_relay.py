@@ -175,9 +175,14 @@ class GatewayRelay:
         outbound = h11.Connection(h11.CLIENT)
         head = outbound.send(h11.Request(method=request.method, target=request.target,
                                          headers=self._forwarded_headers(request)))
-        up_reader, up_writer = await asyncio.open_connection(
-            self._host, self._port, ssl=self._tls,
-            server_hostname=self._host if self._tls else None)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(
+                self._host, self._port, ssl=self._tls,
+                server_hostname=self._host if self._tls else None)
+        except OSError as exc:  # a gateway restarting: the harness sees a 502 it may retry
+            log.info("gateway_relay_upstream_failed", error=type(exc).__name__)
+            await _refuse(writer, inbound, 502, "the gateway is unreachable", kind="server_error")
+            return
         self.num_admitted += 1
         try:
             up_writer.write(head)
@@ -296,14 +301,21 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 async def _refuse(writer: asyncio.StreamWriter, conn: h11.Connection, status: int,
-                  reason: str) -> None:
+                  reason: str, *, kind: str = "forbidden") -> None:
     """Answer ``status`` with an OpenAI-shaped error body and ``Connection: close``.
 
     h11 lets a server answer before it has a whole request (its IDLE state takes a Response),
     which is how a request it could not parse still gets a status.
+
+    Args:
+        writer: the sandbox's connection.
+        conn: its h11 server connection.
+        status: the HTTP status code.
+        reason: the error message's tail, for the harness's log.
+        kind: the error body's ``type``.
     """
     body = json.dumps({"error": {"message": f"rolloutd sandbox relay: {reason}",
-                                 "type": "forbidden"}}).encode()
+                                 "type": kind}}).encode()
     headers = [(b"Content-Type", b"application/json"), (b"Content-Length", b"%d" % len(body)),
                (b"Connection", b"close")]
     writer.write(conn.send(h11.Response(status_code=status, headers=headers,

@@ -15,7 +15,8 @@ It rewrites ``Host`` to the gateway's and forces ``Connection: close`` (RFC 9110
 so every request arrives on a connection of its own and is checked. The admitted request is
 written again by h11 as a client, its body passed on as it arrives (chunked or Content-Length),
 so the gateway frames it exactly as the relay did; the response, streamed or not, is piped back
-unchanged. A head over :data:`MAX_HEAD_BYTES` is answered 431, one h11 cannot parse 400.
+unchanged. A head over :data:`MAX_HEAD_BYTES` is answered 431, one h11 cannot parse 400, and a
+request the gateway cannot be reached for 502.
 """
 
 from __future__ import annotations

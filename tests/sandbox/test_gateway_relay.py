@@ -179,3 +179,29 @@ async def test_unreachable_gateway_is_answered_502(tmp_path):
         assert status == 502 and b"unreachable" in body
     finally:
         await relay.close()
+
+
+async def test_sandbox_hanging_up_closes_the_gateway_connection(tmp_path):
+    closed = asyncio.Event()
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # until the relay closes: the call's client is gone
+        closed.set()
+        writer.close()
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    relay = GatewayRelay(tmp_path / "gateway.sock")
+    await relay.start()
+    relay.attach(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/s/KEY/v1")
+    try:
+        _, writer = await asyncio.open_unix_connection(str(relay.socket_path))
+        writer.write(b"POST /s/KEY/v1/responses HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n"
+                     b"\r\n{}")
+        await writer.drain()
+        writer.close()
+        await asyncio.wait_for(closed.wait(), timeout=10)
+        assert relay.num_admitted == 1
+    finally:
+        await relay.close()
+        server.close()
+        await server.wait_closed()

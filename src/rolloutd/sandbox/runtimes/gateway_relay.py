@@ -276,8 +276,9 @@ async def _upload(inbound: h11.Connection, reader: asyncio.StreamReader,
     The body is parsed by ``inbound`` (chunked or Content-Length) and written by ``outbound``
     with the framing of the forwarded head, so the gateway reads exactly the body the relay
     read, and bytes after it (a pipelined request) never reach the gateway. Trailer fields are
-    dropped (RFC 9110 section 6.5.1 lets a recipient discard them). A malformed body or a
-    sandbox that hangs up mid-body aborts the gateway connection, which ends the response pipe.
+    dropped (RFC 9110 section 6.5.1 lets a recipient discard them). A malformed body, or a
+    sandbox that hangs up before the answer is through, aborts the gateway connection, which
+    ends the response pipe.
     """
     try:
         while isinstance(event := await _next_event(inbound, reader), h11.Data):
@@ -286,6 +287,13 @@ async def _upload(inbound: h11.Connection, reader: asyncio.StreamReader,
         if isinstance(event, h11.EndOfMessage):
             up_writer.write(outbound.send(h11.EndOfMessage()))
             await up_writer.drain()
+            # later bytes are not relayed (the answer closes the connection), but the sandbox
+            # hanging up is, as a proxy passes on a client's abort: the gateway then stops a
+            # call nobody waits for (the response pipe cancels this once the answer is through)
+            while await reader.read(_READ_BYTES):
+                pass
+            log.debug("gateway_relay_sandbox_closed")
+            up_writer.transport.abort()
             return
         error = "unexpected_event"  # h11 yields nothing else mid-body; never leave it hanging
     except (h11.RemoteProtocolError, ConnectionError, OSError) as exc:

@@ -1,4 +1,7 @@
-"""Task-queue names of DESIGN.md's fleets, and the host-specific queue of a runtime's host."""
+"""Task-queue names of the fleets, and the host-specific queue of a runtime's host.
+
+docs/architecture.md, "Processes", lists each fleet's queues and what runs there.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Shared domain models: the vocabulary of DESIGN.md's glossary as pydantic models.
+"""Shared domain models: the project's vocabulary (one meaning per term) as pydantic models.
 
 Every model here crosses a process boundary (Temporal payloads, the blob store, the trainer
 client), so new fields always get defaults: old and new workers must interoperate.
@@ -73,7 +73,7 @@ ISOLATING_RUNTIMES = ("bwrap", "apptainer", "docker")
 
 
 class RuntimeSpec(Model):
-    """Where a harness runs: DESIGN.md's runtimes.
+    """Where a harness runs: the runtime (:mod:`rolloutd.sandbox.runtimes`).
 
     ``type`` selects the backend. ``image`` means a root folder for ``bwrap`` (default: the
     host's read-only system), a SIF path for ``apptainer``, an image name for ``docker``.
@@ -143,7 +143,7 @@ class RuntimeSpec(Model):
 
 
 class HarnessSpec(Model):
-    """The agent program: DESIGN.md's harnesses.
+    """The agent program a session runs (:mod:`rolloutd.sandbox.harnesses`).
 
     ``command`` is the command template of the ``shell`` harness; ``{instruction}`` in it is
     replaced by the shell-quoted instruction and ``{base_url}`` by the session's OpenAI base URL.
@@ -178,7 +178,7 @@ class HarnessSpec(Model):
 
 
 class BuilderSpec(Model):
-    """How a completion log becomes a trajectory: DESIGN.md's builders."""
+    """How a completion log becomes a trajectory: the builder (:mod:`rolloutd.trajectory`)."""
 
     type: Literal["per_request", "prefix_merging"] = Field(
         default="prefix_merging", description="trajectory builder"
@@ -192,7 +192,7 @@ class BuilderSpec(Model):
 
 
 class EvaluatorSpec(Model):
-    """How a session is scored: DESIGN.md's evaluators.
+    """How a session is scored: the evaluator (:mod:`rolloutd.evaluators`).
 
     ``command`` runs in the session's runtime after the harness (before teardown); its exit
     code and output become the artifact ``check`` that ``test_on_output`` scores.
@@ -291,7 +291,12 @@ class TaskRequest(Model):
 
 
 class CaptureMode(str, enum.Enum):
-    """How the gateway captures tokens (DESIGN.md, Gateway)."""
+    """How the gateway captures tokens.
+
+    ``tokens``: the gateway renders the chat template and sends prompt token ids, so the trace
+    is the model's own tokens; ``passthrough``: the backend renders, the gateway records the
+    token ids it returns, when it does.
+    """
 
     TOKENS = "tokens"
     PASSTHROUGH = "passthrough"
@@ -471,7 +476,7 @@ FailureKind = Literal["backend", "sandbox", "harness", "evaluator", "timeout", "
 
 
 class FailureCause(Model):
-    """Why a session did not run to its end (DESIGN.md's glossary: failure cause); a session
+    """Why a session did not run to its end (the glossary's "failure cause", docs/failures.md); a session
     that did has ``failure = None``.
 
     A reward measures the policy, never the infrastructure: a session whose failure is not the

@@ -91,7 +91,8 @@ class GatewayActivities:
     async def build_trajectory(self, input: BuildTrajectoryInput) -> BuildTrajectoryOutput:
         """Build the session's trajectory from its completion log and store it.
 
-        Raises (as ApplicationError): BuilderError when an invariant of DESIGN.md fails.
+        Raises (as ApplicationError): BuilderError when a builder invariant fails
+        (:func:`rolloutd.trajectory.check_invariants`).
         """
         structlog.contextvars.bind_contextvars(session_id=input.session_id,
                                                task_id=input.task_id)

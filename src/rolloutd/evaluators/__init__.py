@@ -1,4 +1,4 @@
-"""Evaluators: score sessions (DESIGN.md, evaluators).
+"""Evaluators: score sessions (docs/architecture.md, "One session, step by step", step 10).
 
 ``get_evaluator(spec).evaluate(ctx)`` resolves ``spec.type`` as a registry name
 (``session_completed``, ``test_on_output``, ``swebench``) or an import path ``package.module:attr``, where

@@ -1,4 +1,4 @@
-"""Chat templates and the session's token chain (DESIGN.md, Gateway, ``tokens`` capture mode).
+"""Chat templates and the session's token chain (``tokens`` capture mode).
 
 The gateway renders prompts with the model's own tokenizer chat template (Hugging Face
 ``apply_chat_template(..., tools=..., add_generation_prompt=True, tokenize=False)``) and

@@ -1,9 +1,9 @@
 """The recorder: every model call becomes a :class:`rolloutd.types.Completion` in the log.
 
 A completion is appended to the session's :class:`rolloutd.store.CompletionLog` before its
-response reaches the harness (DESIGN.md, Gateway), with a gap-free index assigned under the
-session's lock. A retried request (same ``request_hash`` as an answered one) is answered from
-the log: no second sample, no second completion.
+response reaches the harness (docs/sessions.md, "The completion log"), with a gap-free index
+assigned under the session's lock. A retried request (same ``request_hash`` as an answered one)
+is answered from the log: no second sample, no second completion.
 """
 
 from __future__ import annotations

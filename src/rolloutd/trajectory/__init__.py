@@ -1,4 +1,4 @@
-"""Builders: turn a session's completion log into trainer-ready traces (DESIGN.md, Builders).
+"""Builders: turn a session's completion log into trainer-ready traces.
 
 Public API:
 
@@ -10,9 +10,9 @@ Public API:
 - :func:`check_invariants` verifies any builder's output against its log;
 - :func:`assign_rewards` and :func:`to_polar_trace` score and export traces.
 
-Invariants (DESIGN.md): ``len(response_ids) == len(loss_mask) == len(response_logprobs)``;
-``loss_mask`` is 1 only on sampled tokens, with their reported logprobs; every completion lands
-in exactly one trace.
+Invariants (:func:`check_invariants` lists them all):
+``len(response_ids) == len(loss_mask) == len(response_logprobs)``; ``loss_mask`` is 1 only on
+sampled tokens, with their reported logprobs; every completion lands in exactly one trace.
 """
 
 from __future__ import annotations

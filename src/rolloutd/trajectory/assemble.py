@@ -1,6 +1,6 @@
 """Turning chains into traces: token layout, loss-mask strategies and reconstruction stats.
 
-Layout of a merged trace (DESIGN.md, Builders: every completion in exactly one trace):
+Layout of a merged trace (every completion lands in exactly one trace):
 ``prompt_ids`` is the chain's first prompt; ``response_ids`` is ``response_0``
 [+ end-of-turn token, inserted after a turn that ended by length] + the tokens that are new in
 ``prompt_1`` (tool results, user turns) + ``response_1`` + ... ``loss_mask`` is 1 only on sampled
@@ -162,7 +162,7 @@ def request_trace(c: Completion, *, strategy: LossMaskStrategy,
 
 def builder_stats(traces: list[Trace], completions: list[Completion],
                   plan: ChainPlan | None = None) -> BuilderStats:
-    """Reconstruction stats of a trajectory (DESIGN.md, Builders: every builder reports them).
+    """Reconstruction stats of a trajectory (every builder reports them).
 
     ``num_completions == num_chains + num_completions_merged + num_retries_collapsed``.
     Drift counts are what was detected, also when ``on_drift="split"`` kept it out of traces.

@@ -3,9 +3,9 @@
 A completion *continues* a chain when its prompt extends the chain's tail: the last
 completion's ``prompt_ids + response_ids`` (+ the end-of-turn token when that turn ended by
 length and did not sample it), which is how the gateway builds prompts in tokens mode
-(DESIGN.md, Gateway). Everything else starts a chain of its own; nothing is dropped (every
-completion lands in exactly one trace: POLAR's prefix_merging lost every completion after a chain
-broke).
+(docs/architecture.md, "One model call, step by step", step 4). Everything else starts a chain
+of its own; nothing is dropped (every completion lands in exactly one trace: POLAR's
+prefix_merging lost every completion after a chain broke).
 
 Cost: one pass over the log. A link is first checked on a bounded sample (the end-of-turn
 boundary, the tail of the previous prompt, a strided sample of the rest), then verified in full

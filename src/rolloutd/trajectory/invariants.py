@@ -1,4 +1,4 @@
-"""The invariants every builder keeps (DESIGN.md, "Builders — invariants every builder keeps").
+"""The invariants every builder keeps, listed in :func:`check_invariants`.
 
 :func:`check_invariants` verifies a builder's output against the completion log it came from,
 token by token; it is what the property tests assert and what a trajectory activity may run

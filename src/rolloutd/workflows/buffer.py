@@ -1,4 +1,4 @@
-"""``RolloutBufferWorkflow``: a training run's durable data buffer (DESIGN.md, Session lifecycle).
+"""``RolloutBufferWorkflow``: a training run's durable data buffer.
 
 ProRL Agent's efficient DAPO keeps the job queue full, stops once enough informative groups
 are collected and carries unfinished jobs to the next step; slime's DataBuffer groups, filters

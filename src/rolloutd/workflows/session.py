@@ -1,4 +1,4 @@
-"""``RolloutSessionWorkflow``: one sample of a task, DESIGN.md's session lifecycle.
+"""``RolloutSessionWorkflow``: one sample of a task, its lifecycle (docs/sessions.md).
 
 1. open a gateway session; 2. provision the runtime; 3. when the evaluator asks for a fresh
 runtime, provision it in parallel (prewarm); 4. run the harness on the runtime's host queue;

@@ -2,7 +2,7 @@
 
 The backend renders the chat template itself, so the gateway cannot know the prompt tokens
 unless the backend returns them; a plain OpenAI-compatible API does not, and its completions
-are recorded with ``trainable: false`` (DESIGN.md, capture modes). vLLM returns them
+are recorded with ``trainable: false`` (the ``passthrough`` capture mode). vLLM returns them
 (:class:`rolloutd.proxy.backends.vllm.VllmBackend`).
 
 Request: the harness's conversation as a Chat Completions body (OpenAI API reference,

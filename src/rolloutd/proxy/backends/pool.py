@@ -1,7 +1,7 @@
 """The backend pool: which backends serve, which session is pinned to which, and weight sync.
 
 A session stays on one backend for prefix-cache reuse; a new session goes to the
-least-assigned backend (DESIGN.md, Gateway). The pool is durable: every admin change (add,
+least-assigned backend. The pool is durable: every admin change (add,
 remove, clear, pause, resume, policy version) is written to the blob store before it takes
 effect, so a gateway that restarts, or a second gateway over the same store, serves the same
 pool::

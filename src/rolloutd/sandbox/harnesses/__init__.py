@@ -1,7 +1,8 @@
-"""Harness adapters: configure an agent harness for a session (DESIGN.md, harnesses).
+"""Harness adapters: configure an agent harness for a session.
 
 Use :func:`get_harness`; each adapter's ``prepare(runtime, ctx)`` writes the harness's config
-into the runtime and returns the :class:`HarnessCommand` to spawn.
+into the runtime and returns the :class:`HarnessCommand` to spawn (docs/architecture.md, "One
+session, step by step", step 5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The harness-adapter contract (DESIGN.md, Runtimes, harnesses, evaluators).
+"""The harness-adapter contract (docs/architecture.md, "One session, step by step", step 5).
 
 An adapter writes the harness's config into the runtime, points its provider base URLs and API
 keys at the session, and returns the command to run. The activity then runs it::

@@ -1,4 +1,4 @@
-"""Runtimes: where harnesses run (DESIGN.md, Runtimes).
+"""Runtimes: where harnesses run: ``local``, ``bwrap``, ``apptainer``, ``docker``.
 
 Use :func:`create_runtime`; every runtime offers ``start``, ``exec``, ``spawn``, ``upload``,
 ``download``, ``cancel`` and ``stop`` (see :class:`~rolloutd.sandbox.runtimes.base.Runtime`).

@@ -1,4 +1,4 @@
-"""The runtime contract: start, exec, spawn, upload, download, cancel, stop (DESIGN.md, Runtimes).
+"""The runtime contract: start, exec, spawn, upload, download, cancel, stop.
 
 A runtime owns one folder on the host, ``{root}/{runtime_id}``::
 

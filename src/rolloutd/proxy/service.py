@@ -440,11 +440,14 @@ class ChatService:
         """
         async with session.lock:
             session.ensure_open()
-            started = time.monotonic()
+            started, started_at = time.monotonic(), time.time()
             try:
                 return await self._complete_locked(session, request)
             except Exception as e:
                 await self._note_failure(session, e, started, stream=False, request=request)
+                raise
+            except BaseException:
+                session.note_cut(started_at)
                 raise
 
     async def stream(self, session: Session, request: InternalRequest
@@ -465,7 +468,7 @@ class ChatService:
         """
         async with session.lock:
             session.ensure_open()
-            started = time.monotonic()
+            started, started_at = time.monotonic(), time.time()
             try:
                 body_hash, answered = self._retry(session, request)
                 if answered is not None:
@@ -488,6 +491,9 @@ class ChatService:
                     self.pool.release_lease(lease)
             except Exception as e:
                 await self._note_failure(session, e, started, stream=True, request=request)
+                raise
+            except BaseException:
+                session.note_cut(started_at)
                 raise
 
     async def _stream_on(self, session: Session, request: InternalRequest, body_hash: str,

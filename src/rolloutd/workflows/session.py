@@ -45,13 +45,14 @@ with workflow.unsafe.imports_passed_through():
         TeardownRuntimeInput,
     )
     from rolloutd.types import (
+        FailureCause,
         PhaseTiming,
         SessionAttempt,
         SessionResult,
         SessionStatus,
         TaskRequest,
     )
-    from rolloutd.workflows import search
+    from rolloutd.workflows import failures, search
 
 #: heartbeats of the harness run: a dead sandbox worker is noticed within this time.
 #: (the SDK sends heartbeats at most every 0.8 x this, so cancellation also lands within it).
@@ -83,6 +84,12 @@ TEARDOWN_BESIDE_CLOSE = "teardown-beside-close"
 #: patch id: provisioning waits for a sandbox host to pick it up only while a sandbox worker
 #: polls (``phases.provision_wait_s``); before it, a session waited forever when none did.
 PROVISION_WAIT = "provision-wait"
+#: patch id: a session gets a failure cause, and only one the policy is accountable for is
+#: scored (docs/failures.md); before it, every session not cancelled was evaluated.
+FAILURE_CAUSES = "failure-causes"
+#: counter of sessions ended with a failure cause (label ``kind``), from workflow code
+#: through ``workflow.metric_meter()`` (replay-safe)
+SESSION_FAILURES_METRIC = "rolloutd_session_failures"
 #: how often a provisioning still in the queue asks whether a sandbox worker polls (at most;
 #: a third of ``provision_wait_s`` when that is shorter, at least 1 s)
 POLLER_CHECK_EVERY_S = 10.0
@@ -119,6 +126,16 @@ class _Outcome:
     host_lost: bool = False
     #: provisioning was given up: no sandbox worker polls (the prewarm waits in vain too)
     no_sandbox_worker: bool = False
+    #: what the failure cause is decided from (rolloutd.workflows.failures.SessionFacts)
+    failed_phase: str | None = None
+    error_type: str | None = None
+    non_retryable: bool = False
+    timed_out: bool = False
+    harness_ran: bool = False
+    signal_sent: int | None = None
+    #: Unix time the run budget ran out (the harness was stopped then)
+    timed_out_at: float | None = None
+    run_budget_shortened: bool = False
     #: the runtime's teardown, running beside close and build (see TEARDOWN_BESIDE_CLOSE)
     teardown: asyncio.Future[None] | None = None
 
@@ -235,12 +252,22 @@ class RolloutSessionWorkflow:
                       prewarm: asyncio.Task[ProvisionRuntimeOutput] | None,
                       given_up: list[SessionAttempt], timings: list[PhaseTiming],
                       timed) -> SessionResult:
-        """Steps 5-9 after the last attempt: evaluation runtime, close, build, evaluate."""
+        """Steps 5-9 after the last attempt: evaluation runtime, close, build, evaluate.
+
+        The session's failure cause is decided from what was recorded
+        (:func:`rolloutd.workflows.failures.classify`); only a session the policy is
+        accountable for is scored (docs/failures.md). Histories recorded before
+        :data:`FAILURE_CAUSES` replay the earlier rule: every session not cancelled is
+        evaluated.
+        """
         task, phases = input.task, input.task.phases
         status, error, artifacts = outcome.status, outcome.error, outcome.artifacts
         cancelled = outcome.cancelled
+        causes = workflow.patched(FAILURE_CAUSES)
         if outcome.host_lost:
             error = f"{error} (attempt {attempt} of {task.max_session_attempts}: giving up)"
+            outcome.error = error
+        eval_error: str | None = None
         if prewarm is not None:
             if outcome.no_sandbox_worker and not prewarm.done():
                 prewarm.cancel()  # it waits in the same dead queue
@@ -250,14 +277,34 @@ class RolloutSessionWorkflow:
             if eval_error and error is None:
                 error = eval_error
 
-        closed = await self._close(opened, session_id, timed)
+        closed = await self._close(opened, session_id, timed,
+                                   run_deadline_at=outcome.timed_out_at if causes else None)
         self._num_completions = closed.num_completions
+
+        failure: FailureCause | None = None
+        forced: float | None = None
+        if causes:
+            failure = failures.classify(self._facts(outcome, closed, task.harness.type))
+            if failure is None and eval_error is not None and eval_error != "cancelled":
+                failure = FailureCause(kind="evaluator", message=eval_error,
+                                       phase="eval_provision")
+            how, forced = failures.scoring(failure, task.timeout_reward)
+            if (how != "skip" and closed.num_invalid_tool_calls
+                    and task.invalid_tool_call_reward is not None):
+                # an unreadable tool call is the model's doing: the task sets its reward
+                how, forced = "force", task.invalid_tool_call_reward
+            if failure is not None and failure.kind not in ("timeout", "cancelled"):
+                status = SessionStatus.FAILED
+                error = error or failure.message
+            evaluate = how != "skip"
+        else:
+            evaluate = not cancelled
 
         built: BuildTrajectoryOutput = await timed("build", workflow.execute_activity(
             "build_trajectory",
             BuildTrajectoryInput(session_id=session_id, task_id=task.task_id,
                                  sample_index=input.sample_index, status=status,
-                                 builder=task.builder),
+                                 builder=task.builder, failure=failure),
             task_queue=task_queues.GATEWAY,
             start_to_close_timeout=_seconds(phases.build_s),
             retry_policy=INFRA_RETRY,
@@ -266,25 +313,39 @@ class RolloutSessionWorkflow:
 
         reward: float | None = None
         trace_rewards: list[float] | None = None
-        if not cancelled:
-            evaluated: EvaluateOutput = await timed("evaluate", workflow.execute_activity(
-                "evaluate",
-                EvaluateInput(session_id=session_id, task_id=task.task_id,
-                              evaluator=task.evaluator, status=status,
-                              harness_exit_code=outcome.harness_exit,
-                              num_completions=self._num_completions,
-                              trajectory_ref=built.trajectory_ref, artifacts=artifacts),
-                task_queue=task_queues.EVAL,
-                start_to_close_timeout=_seconds(phases.evaluate_s),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=INFRA_RETRY,
-                result_type=EvaluateOutput,
-            ))
+        if evaluate:
+            try:
+                evaluated: EvaluateOutput = await timed("evaluate", workflow.execute_activity(
+                    "evaluate",
+                    EvaluateInput(session_id=session_id, task_id=task.task_id,
+                                  evaluator=task.evaluator, status=status,
+                                  harness_exit_code=outcome.harness_exit,
+                                  num_completions=self._num_completions,
+                                  trajectory_ref=built.trajectory_ref, artifacts=artifacts,
+                                  forced_reward=forced),
+                    task_queue=task_queues.EVAL,
+                    start_to_close_timeout=_seconds(phases.evaluate_s),
+                    heartbeat_timeout=HEARTBEAT,
+                    retry_policy=INFRA_RETRY,
+                    result_type=EvaluateOutput,
+                ))
+            except ActivityError as e:
+                if not causes or isinstance(e.cause, TemporalCancelledError):
+                    raise
+                evaluated = EvaluateOutput(error=f"evaluation failed: {_cause(e)}")
+            if evaluated.error is not None:
+                failure = FailureCause(kind="evaluator", phase="evaluate",
+                                       message=evaluated.error[:500], retryable=False)
+                status, error = SessionStatus.FAILED, error or evaluated.error
             reward, trace_rewards = evaluated.reward, evaluated.trace_rewards
 
         await outcome.torn_down()
         self._phase = "done"
         search.upsert(status=status.value, reward=reward)
+        if failure is not None:
+            workflow.metric_meter().create_counter(
+                SESSION_FAILURES_METRIC, "sessions that ended with a failure cause, by kind"
+            ).add(1, {"kind": failure.kind})
         result = SessionResult(
             session_id=session_id,
             task_id=task.task_id,
@@ -304,10 +365,28 @@ class RolloutSessionWorkflow:
             phases=timings,
             stats=built.stats,
             attempts=given_up,
+            failure=failure,
         )
         if cancelled:
             workflow.logger.info("session cancelled after cleanup: %s", input.session_id)
         return result
+
+    @staticmethod
+    def _facts(outcome: _Outcome, closed: CloseSessionOutput,
+               harness_type: str) -> failures.SessionFacts:
+        """What :func:`rolloutd.workflows.failures.classify` decides from."""
+        return failures.SessionFacts(
+            cancelled=outcome.cancelled, failed_phase=outcome.failed_phase,
+            error=outcome.error, error_type=outcome.error_type,
+            non_retryable=outcome.non_retryable, timed_out=outcome.timed_out,
+            host_lost=outcome.host_lost, no_sandbox_worker=outcome.no_sandbox_worker,
+            harness_type=harness_type,
+            harness_ran=outcome.harness_ran, harness_exit=outcome.harness_exit,
+            signal_sent=outcome.signal_sent, run_budget_shortened=outcome.run_budget_shortened,
+            num_completions=closed.num_completions,
+            num_unrecovered_backend_errors=closed.num_unrecovered_errors,
+            first_unrecovered_error=closed.first_unrecovered_error,
+            call_waiting_at_deadline=closed.call_waiting_at_deadline)
 
     async def _attempt(self, input: SessionInput, session_id: str, opened: OpenSessionOutput,
                        attempt: int, *, run_check: bool, timed, deadline_left) -> _Outcome:
@@ -351,12 +430,19 @@ class RolloutSessionWorkflow:
                     result_type=RunHarnessOutput,
                 ))
                 out.harness_exit = ran.exit_code
+                out.harness_ran, out.signal_sent = True, ran.signal_sent
+                out.run_budget_shortened = attempt > 1 and run_budget < phases.run_s
                 if ran.timed_out:
                     out.status = SessionStatus.TIMEOUT
                     out.error = f"run phase exceeded {run_budget:.0f} s"
+                    out.failed_phase, out.timed_out = "run", True
+                    out.timed_out_at = ran.timed_out_at
             except ActivityError as e:
                 if isinstance(e.cause, TemporalCancelledError):
                     raise asyncio.CancelledError() from e
+                out.failed_phase = "run"
+                _note_error(out, e)
+                out.run_budget_shortened = attempt > 1 and run_budget < phases.run_s
                 if host_lost(e):
                     out.host_lost = True
                     out.status = SessionStatus.FAILED
@@ -366,6 +452,7 @@ class RolloutSessionWorkflow:
                     TimeoutType.START_TO_CLOSE, TimeoutType.SCHEDULE_TO_CLOSE
                 ):
                     out.status, out.error = SessionStatus.TIMEOUT, "run phase timed out"
+                    out.timed_out = True
                 else:
                     out.status = SessionStatus.FAILED
                     out.error = f"harness run failed: {_cause(e)}"
@@ -386,6 +473,7 @@ class RolloutSessionWorkflow:
         except NoSandboxWorkerError as e:
             out.no_sandbox_worker = True
             out.status, out.error = SessionStatus.FAILED, str(e)
+            out.failed_phase = "provision"
         except asyncio.CancelledError:
             out.cancelled = True
             out.status, out.error = SessionStatus.CANCELLED, "cancelled"
@@ -396,6 +484,8 @@ class RolloutSessionWorkflow:
             else:
                 out.status = SessionStatus.FAILED
                 out.error = f"{self._phase} failed: {_cause(e)}"
+                out.failed_phase = self._phase
+                _note_error(out, e)
                 if self._phase == "collect" and host_lost(e):
                     out.host_lost = True
                     out.error = (f"sandbox host lost while collecting (attempt {attempt}): "
@@ -502,12 +592,18 @@ class RolloutSessionWorkflow:
                                     _cause(e))
 
     async def _close(self, opened: OpenSessionOutput, session_id: str,
-                     timed) -> CloseSessionOutput:
+                     timed, *, run_deadline_at: float | None = None) -> CloseSessionOutput:
         """Seal a gateway session on the gateway host serving it; when that host does not
-        answer in time, any gateway seals it from the durable state in the store."""
+        answer in time, any gateway seals it from the durable state in the store.
+
+        Args:
+            run_deadline_at: Unix time the run budget ran out: the output says whether a
+                call was waiting on the backend then.
+        """
+        close_input = CloseSessionInput(session_id=session_id, run_deadline_at=run_deadline_at)
         try:
             return await timed("close", workflow.execute_activity(
-                "close_session", CloseSessionInput(session_id=session_id),
+                "close_session", close_input,
                 task_queue=opened.host_queue,
                 start_to_close_timeout=CLOSE_TIMEOUT,
                 schedule_to_close_timeout=PINNED_CLOSE,
@@ -518,7 +614,7 @@ class RolloutSessionWorkflow:
             workflow.logger.warning("gateway host %s did not close %s (%s): closing on "
                                     "any gateway", opened.host_queue, session_id, _cause(e))
             return await timed("close", workflow.execute_activity(
-                "close_session", CloseSessionInput(session_id=session_id),
+                "close_session", close_input,
                 task_queue=task_queues.GATEWAY,
                 start_to_close_timeout=CLOSE_TIMEOUT,
                 retry_policy=INFRA_RETRY,
@@ -577,6 +673,17 @@ class RolloutSessionWorkflow:
                     retry_policy=INFRA_RETRY,
                 ))
         return error
+
+
+def _note_error(out: _Outcome, e: ActivityError) -> None:
+    """Keep what a failed activity said about itself: its error type, whether a new attempt
+    would fail again, whether its budget ran out."""
+    cause = e.cause
+    if isinstance(cause, ApplicationError):
+        out.error_type, out.non_retryable = cause.type, cause.non_retryable
+    elif isinstance(cause, TimeoutError) and cause.type in (
+            TimeoutType.START_TO_CLOSE, TimeoutType.SCHEDULE_TO_CLOSE):
+        out.timed_out = True
 
 
 def _cause(e: BaseException) -> str:

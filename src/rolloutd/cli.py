@@ -100,6 +100,8 @@ def what_went_wrong(results: list[Any]) -> tuple[list[str], list[str]]:
             if s.failure is not None:
                 where = f" in {s.failure.phase}" if s.failure.phase else ""
                 line = f"session {s.session_id}: {s.failure.kind}{where}: {s.failure.message}"
+                if s.failure.kind == "backend":
+                    line += last
                 if not infrastructure_failure(s):
                     notes.append(line)
                 elif made_good(s, group):

@@ -86,6 +86,8 @@ FAILURE_CAUSES = "failure-causes"
 #: counter of sessions ended with a failure cause (label ``kind``), from workflow code
 #: through ``workflow.metric_meter()`` (replay-safe)
 SESSION_FAILURES_METRIC = "rolloutd_session_failures"
+
+
 def attempt_session_id(session_id: str, attempt: int) -> str:
     """The gateway session id of attempt ``attempt`` (1-based) of session ``session_id``:
     the session id itself, then ``{session_id}.attempt-{n}``."""
@@ -194,8 +196,8 @@ class RolloutSessionWorkflow:
         finally:
             await outcome.torn_down()
 
-    async def _finish(self, input: SessionInput, outcome: AttemptOutcome, opened: OpenSessionOutput,
-                      session_id: str, attempt: int,
+    async def _finish(self, input: SessionInput, outcome: AttemptOutcome,
+                      opened: OpenSessionOutput, session_id: str, attempt: int,
                       prewarm: asyncio.Task[ProvisionRuntimeOutput] | None,
                       given_up: list[SessionAttempt], timings: list[PhaseTiming],
                       timed) -> SessionResult:

@@ -11,7 +11,8 @@ import httpx
 
 from rolloutd.activities.gateway import GatewayActivities
 from rolloutd.activities.models import CloseSessionInput
-from rolloutd.proxy.sessions import MAX_RECORDED_ERRORS
+from rolloutd.proxy.sessions import MAX_RECORDED_ERRORS, CallError, call_waiting_at
+from rolloutd.types import Completion, Timings
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -60,3 +61,22 @@ async def test_a_tool_call_the_parser_cannot_read_is_recorded(
     closed = await GatewayActivities(gateway, "h").close_session(
         CloseSessionInput(session_id="badtool/0"))
     assert closed.num_invalid_tool_calls == 1
+
+
+def test_a_call_spanning_the_run_deadline_was_waiting_on_the_backend() -> None:
+    """The run budget ran out at t=100: a completion, a failed call or a call cut off whose
+    time spans that moment was waiting on the backend; ones before or after were not."""
+    def completion(start: float, duration: float) -> Completion:
+        return Completion(session_id="s", index=0, request_hash="h",
+                          timings=Timings(started_at=start, duration_s=duration))
+
+    def error(end: float, duration: float) -> CallError:
+        return CallError(at_index=0, at=end, error_type="BackendError", message="x",
+                         status_code=502, backend="b", duration_s=duration)
+
+    done = [completion(90.0, 5.0)]
+    assert not call_waiting_at(100.0, done, [])
+    assert call_waiting_at(100.0, [*done, completion(97.0, 6.0)], [])
+    assert call_waiting_at(100.0, done, [error(104.0, 5.0)])
+    assert not call_waiting_at(100.0, done, [error(99.0, 5.0)])
+    assert call_waiting_at(100.0, done, [], [(98.0, 100.5)])

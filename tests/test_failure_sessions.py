@@ -45,15 +45,18 @@ async def run_all(fleets, *tasks: dict) -> list:
 
 async def test_infrastructure_and_evaluator_failures_get_no_reward(fleets):
     """A missing script (exit 127) gives ``harness``; an evaluator that raises gives
-    ``evaluator`` and keeps the trajectory; a failing check on a healthy stack gives 0.0."""
+    ``evaluator`` and keeps the trajectory; a failing check on a healthy stack gives 0.0; a
+    prepare step that fails gives ``sandbox``, not retryable."""
     store = BlobStore(fleets.store_url)
-    missing, raising, failing = await run_all(
+    missing, raising, failing, unprepared = await run_all(
         fleets,
         task("missing", "./no-such-script.sh"),
         task("raising", call("hi"),
              evaluator={"type": "tests.support.raising_evaluator:RaisingEvaluator"}),
         task("failing", call("hi"), evaluator={"type": "test_on_output",
-                                               "command": "test -f no-such-file"}))
+                                               "command": "test -f no-such-file"}),
+        task("unprepared", call("hi"), runtime={"type": "local", "prepare": [
+            {"type": "exec", "command": "exit 3"}]}))
     [s] = missing.sessions
     assert s.failure is not None and s.failure.kind == "harness", s
     assert not s.failure.retryable and s.reward is None and s.status == SessionStatus.FAILED
@@ -67,6 +70,9 @@ async def test_infrastructure_and_evaluator_failures_get_no_reward(fleets):
     assert len(trajectory.traces) == 1
     [s] = failing.sessions
     assert s.failure is None and s.reward == 0.0 and s.status == SessionStatus.COMPLETED
+    [s] = unprepared.sessions  # a prepare step that fails would fail again
+    assert s.failure is not None and (s.failure.kind, s.failure.phase) == ("sandbox", "provision")
+    assert not s.failure.retryable and s.reward is None
     assert exit_code([missing]) == 1 and exit_code([raising]) == 1
     assert exit_code([failing]) == 0
 

@@ -185,6 +185,8 @@ async def test_a_session_fails_when_no_sandbox_worker_polls(temporal_server,
     assert session.status == SessionStatus.FAILED
     assert session.error == ("no sandbox worker is polling task queue rolloutd-sandbox "
                              "(checked for 3 s)")
+    assert session.failure is not None and session.reward is None
+    assert (session.failure.kind, session.failure.phase) == ("sandbox", "provision")
     assert waited_s < 20, waited_s
     assert cancelled.status == SessionStatus.CANCELLED and cancel_s < 10, (cancelled, cancel_s)
     assert len(cancel_events) == 1  # the waiting provisioning was cancelled, not left queued
@@ -217,3 +219,6 @@ async def test_a_provisioning_a_host_picked_up_is_not_cut_by_the_wait(temporal_s
             [session] = (await asyncio.wait_for(handle.result(), timeout=60)).sessions
     assert session.status == SessionStatus.FAILED
     assert "no runtime today" in (session.error or ""), session.error
+    # a provisioning error that says a new attempt would fail again is not retryable
+    assert session.failure is not None and session.failure.kind == "sandbox"
+    assert not session.failure.retryable and session.reward is None

@@ -133,8 +133,10 @@ async def test_polar_payload_runs_and_its_results_come_back(fleets):
         assert done["total_sessions"] == done["completed_sessions"] == 2
         assert [r["status"] for r in done["results"]] == ["COMPLETED", "COMPLETED"]
         assert [r["reward"] for r in done["results"]] == [1.0, 1.0]
+        assert done["failures"] == {"none": 2}
         for result in done["results"]:
             assert result["task_id"] == task_id
+            assert result["failure"] is None and result["trajectory"]["failure"] is None
             assert result["trajectory"]["status"] == "COMPLETED"
             assert result["metadata"]["rolloutd"]["reward"] == 1.0
         # each session's result reached the receiver after one refused attempt

@@ -38,15 +38,55 @@ def call_errors_cell(session: Any) -> str:
     return f"{session.num_call_errors} ({session.num_unrecovered_call_errors} unrecovered)"
 
 
+def failure_cell(session: Any) -> str:
+    """The ``failure`` column of a :class:`~rolloutd.types.SessionResult`: ``-`` for a
+    session that ran to its end, else its cause's kind and phase (``timeout/run``), marked
+    ``(policy)`` when the policy is accountable (docs/failures.md)."""
+    failure = session.failure
+    if failure is None:
+        return "-"
+    cell = failure.kind if not failure.phase or failure.kind in ("cancelled",) \
+        else f"{failure.kind}/{failure.phase}"
+    return f"{cell} (policy)" if failure.policy_accountable else cell
+
+
+def infrastructure_failure(session: Any) -> bool:
+    """Whether a session ended with a cause that is not the policy's: any failure cause but
+    ``cancelled`` (someone asked) and a policy-accountable run timeout."""
+    failure = session.failure
+    return failure is not None and failure.kind != "cancelled" \
+        and not failure.policy_accountable
+
+
+def made_good(session: Any, group: Any) -> bool:
+    """Whether another session of the group with the same sample index (a replacement)
+    ended without an infrastructure cause."""
+    return any(other is not session and other.sample_index == session.sample_index
+               and not infrastructure_failure(other) for other in group.sessions)
+
+
+def failure_counts(results: list[Any]) -> dict[str, int]:
+    """Sessions by failure kind over every task (``none``: ran to its end), in the order
+    first seen."""
+    counts: dict[str, int] = {}
+    for group in results:
+        for s in group.sessions:
+            kind = s.failure.kind if s.failure is not None else "none"
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
 def what_went_wrong(results: list[Any]) -> tuple[list[str], list[str]]:
     """What ``submit`` and ``demo`` print under their table, in words.
 
     The run failed (the command exits non-zero) when a session ended with an infrastructure
-    cause that nothing made good: a gateway or backend failure (a 5xx answer) that no later
-    completion of the session recovered, or a failed session (``status`` ``failed``: a
-    runtime that could not be provisioned, a lost host, no sandbox worker), or when every
-    session of a task recorded 0 completions (the model was never reached). Failed calls
-    the harness recovered from, and 4xx answers, are reported but do not fail the run.
+    cause (its ``failure``: any kind but ``cancelled`` and a run timeout the policy is
+    accountable for) that no replacement made good (a session of the same sample index
+    without one); for results without a failure cause: a gateway or backend failure (a 5xx
+    answer) that no later completion of the session recovered, or a failed session
+    (``status`` ``failed``); or when every session of a task recorded 0 completions (the
+    model was never reached). Failed calls the harness recovered from, and 4xx answers, are
+    reported but do not fail the run.
 
     Args:
         results: the :class:`~rolloutd.types.TaskResult` of every task.
@@ -59,6 +99,21 @@ def what_went_wrong(results: list[Any]) -> tuple[list[str], list[str]]:
     for group in results:
         for s in group.sessions:
             last = f"; last: {s.last_call_error}" if s.last_call_error else ""
+            if s.failure is not None:
+                where = f" in {s.failure.phase}" if s.failure.phase else ""
+                line = f"session {s.session_id}: {s.failure.kind}{where}: {s.failure.message}"
+                if s.failure.kind == "backend":
+                    line += last
+                if not infrastructure_failure(s):
+                    notes.append(line)
+                elif made_good(s, group):
+                    notes.append(f"{line} (replaced)")
+                else:
+                    failures.append(line)
+                if s.num_call_errors and not s.num_unrecovered_call_errors:
+                    notes.append(f"session {s.session_id}: {s.num_call_errors} model call(s) "
+                                 f"failed, recovered or refused as bad requests{last}")
+                continue
             if s.num_unrecovered_call_errors:
                 failures.append(
                     f"session {s.session_id}: {s.num_call_errors} model call(s) failed, "
@@ -119,17 +174,19 @@ async def submit_tasks(
     results = await asyncio.gather(*(h.result() for h in handles))
     wall = time.monotonic() - t0
     table = Table(title=f"rolloutd: {len(results)} tasks in {wall:.1f} s")
-    for col in ("session", "status", "reward", "completions", "call errors", "traces",
-                "trainable tokens", "wall s"):
+    for col in ("session", "status", "failure", "reward", "completions", "call errors",
+                "traces", "trainable tokens", "wall s"):
         table.add_column(col)
     for group in results:
         for s in group.sessions:
             wall_s = sum(p.duration_s for p in s.phases)
-            table.add_row(s.session_id, s.status.value,
+            table.add_row(s.session_id, s.status.value, failure_cell(s),
                           "-" if s.reward is None else f"{s.reward:.2f}",
                           str(s.num_completions), call_errors_cell(s), str(s.num_traces),
                           str(s.num_trainable_tokens), f"{wall_s:.1f}")
     Console().print(table)
+    print("failures by kind: " + ", ".join(
+        f"{kind} {n}" for kind, n in failure_counts(results).items()))
     for group in results:
         mean = "-" if group.mean_reward is None else f"{group.mean_reward:.2f}"
         print(f"task {group.task_id}: mean reward {mean}, "

@@ -91,8 +91,10 @@ class SubmitResponse(BaseModel):
 class PolarTaskStatus(BaseModel):
     """Polar's ``TaskStatus``: ``status`` is running, completed or failed; ``completed_sessions``
     counts the sessions that ended, each in ``results`` as soon as it ended. rolloutd adds
-    ``error`` (why a task failed) and ``callback`` (all sessions' callbacks at once: ``status``
-    failed / pending / delivered, ``attempts``, ``error``; each session's own in its result)."""
+    ``error`` (why a task failed), ``callback`` (all sessions' callbacks at once: ``status``
+    failed / pending / delivered, ``attempts``, ``error``; each session's own in its result)
+    and ``failures`` (the ended sessions by failure kind, ``none`` for those that ran to their
+    end; each session's cause is its result's ``failure``, docs/failures.md)."""
 
     task_id: str
     status: str
@@ -101,6 +103,7 @@ class PolarTaskStatus(BaseModel):
     results: list[dict[str, Any]] = Field(default_factory=list)
     result_paths: list[str] = Field(default_factory=list)
     error: str | None = None
+    failures: dict[str, int] = Field(default_factory=dict)
     callback: dict[str, Any] | None = None
 
 
@@ -226,12 +229,22 @@ def _callback_summary(progress: TaskProgress) -> dict[str, Any] | None:
             "error": errors[0] if errors else None}
 
 
+def _failure_counts(sessions: list[SessionResult]) -> dict[str, int]:
+    """Ended sessions by failure kind (``none``: ran to its end)."""
+    counts: dict[str, int] = {}
+    for session in sessions:
+        kind = session.failure.kind if session.failure is not None else "none"
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
 def _session_body(client: RolloutClient, session: SessionResult,
                   callback: CallbackStatus | None = None) -> dict[str, Any]:
     """A Polar-shaped SessionResult: status, reward, error, trajectory (traces when the store
     is reachable), timing in ms, its callback, plus rolloutd's own summary under
     ``metadata.rolloutd``."""
     status = _SESSION_STATUS[session.status]
+    failure = session.failure.model_dump(mode="json") if session.failure else None
     traces: list[dict[str, Any]] = []
     trajectory_meta: dict[str, Any] = {"builder": "", "stats": session.stats.model_dump()}
     if client.store is not None and session.trajectory_ref:
@@ -241,10 +254,10 @@ def _session_body(client: RolloutClient, session: SessionResult,
     timing = {f"{p.phase}_ms": p.duration_s * 1000 for p in session.phases}
     return {
         "session_id": session.session_id, "task_id": session.task_id, "status": status,
-        "reward": session.reward, "error": session.error,
+        "reward": session.reward, "error": session.error, "failure": failure,
         "callback": callback.model_dump(mode="json") if callback is not None else None,
         "trajectory": {"status": status, "metadata": trajectory_meta, "traces": traces,
-                       "error": session.error},
+                       "error": session.error, "failure": failure},
         "timing": timing, "node_id": None,
         "metadata": {"rolloutd": session.model_dump(mode="json", exclude={"phases", "stats"})},
     }
@@ -275,7 +288,8 @@ def create_app(client: RolloutClient, *, gateway_url: str | None = None,
             status="running" if progress.status == "running" else
             "completed" if progress.status == "completed" else "failed",
             total_sessions=progress.num_samples, completed_sessions=len(results),
-            results=results, error=progress.error, callback=_callback_summary(progress))
+            results=results, error=progress.error, callback=_callback_summary(progress),
+            failures=_failure_counts(progress.sessions))
 
     @app.post("/rollout/task/submit", response_model=SubmitResponse)
     async def submit(request: PolarTaskRequest) -> SubmitResponse:

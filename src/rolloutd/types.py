@@ -263,6 +263,16 @@ class TaskRequest(Model):
         default=3, ge=1, le=10, description="attempts of a session whose sandbox host is lost "
         "(each on a fresh runtime and a fresh gateway session; docs/faults.md)")
     model: str | None = Field(default=None, description="model name shown to the harness")
+    timeout_reward: Literal["evaluate"] | float | None = Field(
+        default="evaluate", description="the reward of a session whose run phase timed out "
+        "while the policy was accountable (no backend error stood unrecovered, no call was "
+        "waiting on the backend at the deadline, the budget was not shortened by a lost "
+        "attempt): 'evaluate' scores it as any other session, a number is its reward, null "
+        "leaves it unscored (reward None; docs/failures.md)")
+    invalid_tool_call_reward: float | None = Field(
+        default=None, description="the reward forced on a session one of whose completions "
+        "holds a tool call the parser could not read (the model's doing, tokens mode); "
+        "None (default): no forcing, the evaluator scores it (POLAR forces 0.0)")
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, kept")
     callback_url: str | None = Field(
         default=None, description="each session's SessionResult is POSTed here when it ends, "
@@ -332,6 +342,9 @@ class Completion(Model):
         trainable: False when token ids or logprobs are unknown (plain OpenAI passthrough).
         extends: index of the completion whose prompt + response this prompt continues
             (tokens mode), or None for a fresh render.
+        tool_call_parse_failed: the answer holds a tool call the parser could not read
+            (tokens mode): the model's doing; its tokens stay, and the task may force the
+            session's reward (``TaskRequest.invalid_tool_call_reward``).
     """
 
     session_id: str
@@ -357,6 +370,7 @@ class Completion(Model):
     trainable: bool = True
     error: str | None = None
     timings: Timings = Field(default_factory=Timings)
+    tool_call_parse_failed: bool = False
 
     @model_validator(mode="after")
     def _aligned(self) -> Completion:
@@ -492,13 +506,19 @@ class FailureCause(Model):
         message: what happened, in words.
         phase: the session phase it happened in (``provision``, ``run``, ``evaluate``, ...).
         retryable: whether a new attempt of the sample could succeed (false for what it would
-            hit again: a prepare step that fails, an image that does not exist).
+            hit again: a prepare step that fails, an image that does not exist; false for
+            what the policy is accountable for).
+        policy_accountable: the outcome is the policy's (see the field).
     """
 
     kind: FailureKind
     message: str
     phase: str | None = None
     retryable: bool = True
+    policy_accountable: bool = Field(
+        default=False, description="the policy, not the infrastructure, is accountable for "
+        "the outcome (a run-phase timeout while the model kept answering): the session is "
+        "scored as the task's timeout_reward says, and it does not fail a run")
 
 
 class Trajectory(Model):
@@ -513,6 +533,8 @@ class Trajectory(Model):
     reward: float | None = None
     stats: BuilderStats = Field(default_factory=BuilderStats)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    failure: FailureCause | None = Field(
+        default=None, description="the session's failure cause (SessionResult.failure)")
 
 
 # --------------------------------------------------------------------------- results

@@ -48,6 +48,15 @@ def test_malformed_block_stays_content(block: str) -> None:
     parsed = parse_hermes(text)
     assert parsed.tool_calls == []
     assert parsed.content == text
+    assert parsed.num_unreadable == 1  # the model's doing: the completion records it
+
+
+def test_readable_calls_and_plain_text_count_no_unreadable_call() -> None:
+    assert parse_hermes(CALL).num_unreadable == 0
+    assert parse_hermes("just text").num_unreadable == 0
+    # a call begun and never closed (cut by max_tokens) could not be read either
+    assert parse_hermes(f"{CALL}\n<tool_call>{{\"name\": \"f\"").num_unreadable == 1
+    assert parse_hermes_lenient('<tool_call>{"nope"</tool_call>').num_unreadable == 1
 
 
 def test_malformed_block_beside_valid_one_is_kept_in_content() -> None:

@@ -54,6 +54,9 @@ class Tee:
     upstream: str
     exchanges: list[Exchange] = field(default_factory=list)
     url: str = ""
+    #: the next this-many POSTs are answered 500 (not forwarded): a backend failing for a
+    #: while
+    fail_next_posts: int = 0
     _server: uvicorn.Server | None = None
     _task: asyncio.Task[None] | None = None
 
@@ -64,6 +67,11 @@ class Tee:
             body = await request.body()
             ex = Exchange(request.method, request.url.path, body)
             self.exchanges.append(ex)
+            if request.method == "POST" and self.fail_next_posts > 0:
+                self.fail_next_posts -= 1
+                ex.status, ex.complete = 500, True
+                return Response(b'{"error": {"message": "injected failure"}}', status_code=500,
+                                media_type="application/json")
             headers = {k: v for k, v in request.headers.items()
                        if k.lower() not in ("host", "content-length")}
             upstream = client.build_request(request.method, request.url.path + (

@@ -14,10 +14,15 @@ from rolloutd.capabilities import (
     CheckEvaluatorOutput,
 )
 from rolloutd.errors import EvaluatorError, NotFoundError, to_application_error
-from rolloutd.evaluators import EvaluationContext, get_evaluator, import_evaluator
+from rolloutd.evaluators import (
+    EvaluationContext,
+    EvaluationOutcome,
+    get_evaluator,
+    import_evaluator,
+)
 from rolloutd.store import BlobStore
 from rolloutd.trajectory import assign_rewards
-from rolloutd.types import Trajectory
+from rolloutd.types import FailureCause, SessionStatus, Trajectory
 
 log = structlog.get_logger(__name__)
 
@@ -78,8 +83,28 @@ class EvalActivities:
                 spec=input.evaluator,
                 num_traces=len(trajectory.traces) if trajectory else 0,
             )
-            async with heartbeating(phase="evaluate"):
-                outcome = await get_evaluator(input.evaluator).evaluate(ctx)
+            if input.forced_reward is not None:
+                # the task decides this session's reward (a policy-accountable run timeout,
+                # an invalid tool call): the evaluator is not asked
+                outcome = EvaluationOutcome(reward=input.forced_reward,
+                                            details={"forced": True})
+            else:
+                try:
+                    async with heartbeating(phase="evaluate"):
+                        outcome = await get_evaluator(input.evaluator).evaluate(ctx)
+                except Exception as e:
+                    # the evaluator's own failure: a retry would raise again, and the session
+                    # keeps its trajectory with the failure instead of failing its workflow
+                    error = f"{type(e).__name__}: {e}"
+                    log.warning("evaluator_raised", evaluator=input.evaluator.type,
+                                error=error)
+                    if trajectory is not None and input.trajectory_ref:
+                        trajectory.status = SessionStatus.FAILED
+                        trajectory.failure = FailureCause(
+                            kind="evaluator", message=f"the evaluator raised: {error}"[:500],
+                            phase="evaluate", retryable=False)
+                        self.store.put_json(input.trajectory_ref, trajectory)
+                    return EvaluateOutput(error=error)
             if trajectory is not None and input.trajectory_ref:
                 assign_rewards(trajectory.traces, outcome.reward, outcome.trace_rewards)
                 trajectory.reward = outcome.reward

@@ -23,7 +23,7 @@ from rolloutd.activities.models import (
 )
 from rolloutd.errors import to_application_error
 from rolloutd.proxy.gateway import Gateway
-from rolloutd.proxy.sessions import unrecovered_errors
+from rolloutd.proxy.sessions import call_waiting_at, is_backend_error, unrecovered_errors
 from rolloutd.store import CompletionLog, trajectory_key
 from rolloutd.task_queues import host_queue
 from rolloutd.trajectory import build_traces, check_invariants
@@ -80,12 +80,24 @@ class GatewayActivities:
         except Exception as e:
             raise to_application_error(e) from e
         state = session.state
+        # every unrecovered failure is kept (not only the last few), so one that scrolled
+        # out of the recent errors still decides the failure cause (docs/failures.md)
         unrecovered = [e for e in unrecovered_errors(state, session.completions)
-                       if e.status_code >= 500]
+                       if is_backend_error(e)]
+        waiting = input.run_deadline_at is not None and call_waiting_at(
+            input.run_deadline_at, session.completions,
+            state.errors if state.open_errors is None else [*state.errors, *state.open_errors],
+            session.cut_calls)
+        first = unrecovered[0] if unrecovered else None
         return CloseSessionOutput(
             num_completions=num, num_errors=state.num_errors,
             num_unrecovered_errors=len(unrecovered),
-            last_error=state.errors[-1].describe() if state.errors else None)
+            last_error=state.errors[-1].describe() if state.errors else None,
+            first_unrecovered_error=(f"{first.describe()} (request {first.request_hash[:12]})"
+                                     if first else None),
+            call_waiting_at_deadline=waiting,
+            num_invalid_tool_calls=sum(1 for c in session.completions
+                                       if c.tool_call_parse_failed))
 
     @activity.defn(name="build_trajectory")
     async def build_trajectory(self, input: BuildTrajectoryInput) -> BuildTrajectoryOutput:
@@ -118,6 +130,7 @@ class GatewayActivities:
             traces=traces,
             stats=stats,
             metadata=input.metadata,
+            failure=input.failure,
         )
         key = trajectory_key(input.session_id)
         store.put_json(key, trajectory)

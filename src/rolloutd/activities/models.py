@@ -15,6 +15,7 @@ from rolloutd.types import (
     BuilderSpec,
     BuilderStats,
     EvaluatorSpec,
+    FailureCause,
     HarnessSpec,
     RuntimeSpec,
     SamplingParams,
@@ -67,6 +68,9 @@ class TaskQueuePollersOutput(_IO):
 
 class CloseSessionInput(_IO):
     session_id: str
+    #: Unix time (s) the run phase's budget ran out and the harness was stopped: the output
+    #: says whether a call was waiting on the backend then (None: the run did not time out)
+    run_deadline_at: float | None = None
 
 
 class CloseSessionOutput(_IO):
@@ -79,6 +83,13 @@ class CloseSessionOutput(_IO):
     num_unrecovered_errors: int = 0
     #: the last failed call, in words (``"502 BackendError: ..."``)
     last_error: str | None = None
+    #: the first failed call of the backend kind (BackendError, BackendUnavailableError, a
+    #: 5xx) that no completion made good, in words, with its request hash; None: none
+    first_unrecovered_error: str | None = None
+    #: a call was waiting on the backend at ``CloseSessionInput.run_deadline_at``
+    call_waiting_at_deadline: bool = False
+    #: completions whose tool call the parser could not read (tokens mode)
+    num_invalid_tool_calls: int = 0
 
 
 class BuildTrajectoryInput(_IO):
@@ -86,6 +97,7 @@ class BuildTrajectoryInput(_IO):
     task_id: str
     sample_index: int = 0
     status: SessionStatus = SessionStatus.COMPLETED
+    failure: FailureCause | None = None
     builder: BuilderSpec = Field(default_factory=BuilderSpec)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -124,8 +136,16 @@ class RunHarnessInput(_IO):
 
 
 class RunHarnessOutput(_IO):
+    #: negative: killed by that signal (-9: SIGKILL)
     exit_code: int | None
     timed_out: bool = False
+    #: Unix time (s) the run budget ran out and the harness was stopped (``timed_out``)
+    timed_out_at: float | None = None
+    #: the signal the sandbox sent the harness itself (SIGTERM, then SIGKILL, at the
+    #: budget): a death by another signal was not the session's doing
+    signal_sent: int | None = None
+    #: processes the runtime's memory limit killed during the run
+    num_oom_kills: int = 0
     duration_s: float = 0.0
     stdout_tail: str = ""
     stderr_tail: str = ""
@@ -166,12 +186,19 @@ class EvaluateInput(_IO):
     num_completions: int = 0
     trajectory_ref: str | None = None
     artifacts: dict[str, str] = Field(default_factory=dict, description="name -> blob key")
+    #: the session's reward decided by the task, not the evaluator (a run-phase timeout's
+    #: ``timeout_reward``, an invalid tool call's ``invalid_tool_call_reward``): the
+    #: evaluator is not run and the trajectory gets this reward
+    forced_reward: float | None = None
 
 
 class EvaluateOutput(_IO):
     reward: float | None = None
     trace_rewards: list[float] | None = None
     details: dict[str, Any] = Field(default_factory=dict)
+    #: the evaluator raised (``"ErrorType: message"``): no reward; the trajectory is kept
+    #: and carries the failure (a raising evaluator is not retried: it would raise again)
+    error: str | None = None
 
 
 # --------------------------------------------------------------------------- eval fleet: trainer I/O

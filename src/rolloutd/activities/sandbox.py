@@ -142,13 +142,14 @@ class SandboxActivities:
         stdout_path, stderr_path = proc.stdout_path, proc.stderr_path
         log.info("harness_started", harness=input.harness.type, pid=proc.pid)
         timed_out = False
+        timed_out_at: float | None = None
         exit_code: int | None = None
         beats = num_completions = 0
         try:
             while True:
                 elapsed = time.monotonic() - t0
                 if elapsed >= timeout_s:
-                    timed_out = True
+                    timed_out, timed_out_at = True, time.time()
                     await proc.terminate()
                     exit_code = proc.returncode
                     break
@@ -179,7 +180,11 @@ class SandboxActivities:
         log.info("harness_finished", exit_code=exit_code, timed_out=timed_out,
                  duration_s=round(duration, 3), num_oom_kills=runtime.num_oom_kills)
         return RunHarnessOutput(exit_code=exit_code, timed_out=timed_out, duration_s=duration,
-                                stdout_tail=out, stderr_tail=err)
+                                stdout_tail=out, stderr_tail=err, timed_out_at=timed_out_at,
+                                # terminate() sends SIGTERM, then SIGKILL after its grace
+                                signal_sent=(-exit_code if timed_out and exit_code is not None
+                                             and exit_code < 0 else None),
+                                num_oom_kills=runtime.num_oom_kills)
 
     @activity.defn(name="collect_artifacts")
     async def collect_artifacts(self, input: CollectArtifactsInput) -> CollectArtifactsOutput:

@@ -173,15 +173,16 @@ class ChatService:
         return None
 
     def _shape(self, text: str, request: InternalRequest
-               ) -> tuple[str | None, str | None, list[dict[str, object]]]:
-        """(reasoning, content, tool_calls) of sampled text: reasoning first, then tool calls
-        in the rest (only when the request offered tools)."""
+               ) -> tuple[str | None, str | None, list[dict[str, object]], bool]:
+        """(reasoning, content, tool_calls, a tool call could not be read) of sampled text:
+        reasoning first, then tool calls in the rest (only when the request offered
+        tools)."""
         reasoning, rest = (self.reasoning_parser.split(text) if self.reasoning_parser
                            else (None, text))
         if request.tools:
             parsed = self.tool_parser.parse(rest)
-            return reasoning, parsed.content, parsed.tool_calls
-        return reasoning, rest, []
+            return reasoning, parsed.content, parsed.tool_calls, parsed.num_unreadable > 0
+        return reasoning, rest, [], False
 
     def _retry(self, session: Session, request: InternalRequest
                ) -> tuple[str, Completion | None]:
@@ -249,7 +250,7 @@ class ChatService:
         # a short answer decodes in microseconds: a thread hop would cost more
         text = self.template.decode(text_ids) if len(text_ids) <= 256 \
             else await asyncio.to_thread(self.template.decode, text_ids)
-        reasoning, content, tool_calls = self._shape(text, request)
+        reasoning, content, tool_calls, unreadable = self._shape(text, request)
         response = InternalResponse(
             id=response_id(session.session_id, prep.index),
             created=int(prep.started_at),
@@ -268,6 +269,8 @@ class ChatService:
             end_of_turn_id=self.template.end_of_turn_id, started_at=prep.started_at,
             duration_s=time.monotonic() - prep.started, policy_version=prep.policy_version,
         )
+        # the model's doing: its tokens stay; the task may force the session's reward
+        completion.tool_call_parse_failed = unreadable
         await self.recorder.record(session, completion)
         return response
 
@@ -440,11 +443,14 @@ class ChatService:
         """
         async with session.lock:
             session.ensure_open()
-            started = time.monotonic()
+            started, started_at = time.monotonic(), time.time()
             try:
                 return await self._complete_locked(session, request)
             except Exception as e:
                 await self._note_failure(session, e, started, stream=False, request=request)
+                raise
+            except BaseException:
+                session.note_cut(started_at)
                 raise
 
     async def stream(self, session: Session, request: InternalRequest
@@ -465,7 +471,7 @@ class ChatService:
         """
         async with session.lock:
             session.ensure_open()
-            started = time.monotonic()
+            started, started_at = time.monotonic(), time.time()
             try:
                 body_hash, answered = self._retry(session, request)
                 if answered is not None:
@@ -488,6 +494,9 @@ class ChatService:
                     self.pool.release_lease(lease)
             except Exception as e:
                 await self._note_failure(session, e, started, stream=True, request=request)
+                raise
+            except BaseException:
+                session.note_cut(started_at)
                 raise
 
     async def _stream_on(self, session: Session, request: InternalRequest, body_hash: str,

@@ -133,10 +133,64 @@ def recovered(error: CallError, completions: list[Completion]) -> bool:
     return False
 
 
+#: error types of a model call that got no answer because of the backend or the gateway (the
+#: infrastructure); any other 5xx answer counts too. ``ContextLengthError`` (the conversation
+#: grew too long: the policy's) and ``InvalidRequestError`` (the harness's) are 4xx.
+BACKEND_ERROR_TYPES = frozenset({"BackendError", "BackendUnavailableError"})
+
+
+def is_backend_error(error: CallError) -> bool:
+    """Whether a failed call is the infrastructure's: a backend error type or a 5xx answer
+    (docs/failures.md, kind ``backend``)."""
+    return error.error_type in BACKEND_ERROR_TYPES or error.status_code >= 500
+
+
 def unrecovered_errors(state: SessionState, completions: list[Completion]) -> list[CallError]:
-    """The kept failed calls (the last :data:`MAX_RECORDED_ERRORS`) that no later
-    completion made good (:func:`recovered`), oldest first."""
-    return [error for error in state.errors if not recovered(error, completions)]
+    """Every failed call that no later completion made good (:func:`recovered`), oldest
+    first: ``state.open_errors`` (all of them, one per distinct request), or for a state
+    written before that list existed, the last :data:`MAX_RECORDED_ERRORS` failed calls."""
+    candidates = state.errors if state.open_errors is None else state.open_errors
+    return [error for error in candidates if not recovered(error, completions)]
+
+
+def still_open(errors: list[CallError], error: CallError,
+               completions: list[Completion]) -> list[CallError]:
+    """``errors`` (the failed calls not made good so far) with ``error`` added: those a
+    completion recovered since are dropped, and an earlier failure of the same request
+    (equal ``request_hash``) gives way to ``error`` (whatever recovers the later one
+    recovers the earlier), so the list grows with distinct failed requests only.
+
+    Args:
+        errors: the open failed calls, oldest first.
+        error: the call that just failed.
+        completions: the session's completion log, in index order.
+    """
+    kept = [e for e in errors if not recovered(e, completions)
+            and not (error.request_hash and e.request_hash == error.request_hash)]
+    return [*kept, error]
+
+
+def call_waiting_at(moment: float, completions: list[Completion], errors: list[CallError],
+                    cut_calls: list[tuple[float, float]] | None = None) -> bool:
+    """Whether a model call of the session was waiting on the backend at Unix time
+    ``moment``: a completion, a failed call or a call cut off that started before it and
+    ended after it.
+
+    Args:
+        moment: Unix time, seconds (the run phase's deadline, when the harness was stopped).
+        completions: the session's completions (``timings.started_at``, ``duration_s``).
+        errors: its failed calls (``at`` is their end, ``duration_s`` their length).
+        cut_calls: (start, end) Unix times of calls cut off (:meth:`Session.note_cut`).
+    """
+    if any(start <= moment <= end for start, end in cut_calls or []):
+        return True
+    for completion in reversed(completions):
+        start = completion.timings.started_at
+        if start and start <= moment <= start + completion.timings.duration_s:
+            return True
+        if start and start + completion.timings.duration_s < moment:
+            break  # completions are serialised and in order: none earlier spans it
+    return any(e.at - e.duration_s <= moment <= e.at for e in errors)
 
 
 class SessionState(BaseModel):
@@ -153,6 +207,8 @@ class SessionState(BaseModel):
         backend_moves: the moves off removed backends, in order.
         num_errors: calls that failed (answered with an error, nothing recorded in the log).
         errors: the most recent :data:`MAX_RECORDED_ERRORS` of them.
+        open_errors: every failed call no completion has made good yet (:func:`still_open`),
+            however many; None in a state written before it was kept.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -171,6 +227,7 @@ class SessionState(BaseModel):
     backend_moves: list[BackendMove] = Field(default_factory=list)
     num_errors: int = Field(default=0, ge=0)
     errors: list[CallError] = Field(default_factory=list)
+    open_errors: list[CallError] | None = None
 
 
 class SessionInfo(BaseModel):
@@ -224,6 +281,9 @@ class Session:
         self.memo = RequestMemo(reader=self.body_reader)
         self.prompt_json = ListJson()
         self.extensions = ExtensionIndex(completions)
+        #: (start, end) Unix times of calls cut off before they ended (:meth:`note_cut`);
+        #: kept in memory only: the gateway serving the session closes it
+        self.cut_calls: list[tuple[float, float]] = []
         for completion in completions:
             self.by_hash.setdefault(completion.request_hash, completion.index)
 
@@ -257,7 +317,12 @@ class Session:
         """
         state = self.state.model_copy(update={
             "num_errors": self.state.num_errors + 1,
-            "errors": [*self.state.errors, error][-MAX_RECORDED_ERRORS:]})
+            "errors": [*self.state.errors, error][-MAX_RECORDED_ERRORS:],
+            # every unrecovered failure, not the last 20: one that scrolled out of ``errors``
+            # still decides the session's failure cause
+            "open_errors": still_open(
+                self.state.errors if self.state.open_errors is None else self.state.open_errors,
+                error, self.completions)})
         await asyncio.to_thread(self.log.store.put_json, session_state_key(self.session_id),
                                 state)
         self.state = state
@@ -265,6 +330,12 @@ class Session:
                     error_type=error.error_type, status_code=error.status_code,
                     backend=error.backend, duration_s=round(error.duration_s, 4),
                     message=error.message, exc_info=cause)
+
+    def note_cut(self, started_at: float) -> None:
+        """Remember a call cut off before it ended (its harness went away, or the gateway
+        was cancelled): neither a completion nor a failed call, but it was waiting on the
+        backend from ``started_at`` (Unix time, s) until now (:func:`call_waiting_at`)."""
+        self.cut_calls.append((started_at, time.time()))
 
     def next_index(self) -> int:
         """Index of the next completion (call with ``lock`` held)."""

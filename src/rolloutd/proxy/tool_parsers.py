@@ -44,10 +44,14 @@ class ParsedOutput:
             tool calls (OpenAI's convention for a pure tool-call message).
         tool_calls: OpenAI tool calls: ``{"id": "call_...", "type": "function",
             "function": {"name": str, "arguments": str (JSON)}}``.
+        num_unreadable: tool calls the model began but the parser could not read (malformed
+            JSON, no name, no closing marker): the model's doing, left in the content
+            (counted by the parsers that can tell; ``hermes`` and ``hermes_lenient``).
     """
 
     content: str | None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    num_unreadable: int = 0
 
 
 def new_tool_call_id() -> str:
@@ -99,19 +103,24 @@ def parse_hermes(text: str) -> ParsedOutput:
     """
     tool_calls: list[dict[str, Any]] = []
     kept: list[str] = []
-    pos = 0
+    pos = end = unreadable = 0
     for match in _HERMES_BLOCK.finditer(text):
+        end = match.end()
         call = _hermes_call(match.group(1))
         if call is None:
+            unreadable += 1
             continue
         kept.append(text[pos:match.start()])
         pos = match.end()
         tool_calls.append(call)
+    if HERMES_START in text[end:]:
+        unreadable += 1  # a call begun and never closed (cut by max_tokens, or malformed)
     if not tool_calls:
-        return ParsedOutput(content=text)
+        return ParsedOutput(content=text, num_unreadable=unreadable)
     kept.append(text[pos:])
     content = "".join(kept).strip()
-    return ParsedOutput(content=content or None, tool_calls=tool_calls)
+    return ParsedOutput(content=content or None, tool_calls=tool_calls,
+                        num_unreadable=unreadable)
 
 
 def _bare_json_calls(text: str) -> list[dict[str, Any]] | None:

@@ -13,13 +13,12 @@ Deterministic code only: no I/O, ``workflow.now()`` for time.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from datetime import timedelta
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
+from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
 from temporalio.exceptions import CancelledError as TemporalCancelledError
 
 with workflow.unsafe.imports_passed_through():
@@ -40,34 +39,32 @@ with workflow.unsafe.imports_passed_through():
         ProvisionRuntimeOutput,
         RunHarnessInput,
         RunHarnessOutput,
-        TaskQueuePollersInput,
-        TaskQueuePollersOutput,
         TeardownRuntimeInput,
     )
     from rolloutd.types import (
+        FailureCause,
         PhaseTiming,
         SessionAttempt,
         SessionResult,
         SessionStatus,
         TaskRequest,
     )
-    from rolloutd.workflows import search
+    from rolloutd.workflows import failures, search
+    from rolloutd.workflows.provisioning import HEARTBEAT, INFRA_RETRY, provision_watched
+    from rolloutd.workflows.outcome import (
+        AttemptOutcome,
+        cause_text,
+        host_lost,
+        note_error,
+        session_facts,
+    )
 
 #: heartbeats of the harness run: a dead sandbox worker is noticed within this time.
 #: (the SDK sends heartbeats at most every 0.8 x this, so cancellation also lands within it).
 #: 10 s, not less: a host running 100 harnesses on 2 busy cores misses 5 s beats while alive.
 HARNESS_HEARTBEAT = timedelta(seconds=10)
-#: infrastructure activities (open, provision, teardown, close, build) retry on these terms.
-INFRA_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=5,
-)
 #: the harness is not retried blindly: a retry would start from a dirty runtime.
 NO_RETRY = RetryPolicy(maximum_attempts=1)
-#: heartbeats of provision, collect, teardown and evaluate (they heartbeat every second).
-HEARTBEAT = timedelta(seconds=10)
 #: a host-pinned activity not picked up by then: the host is gone (the session may restart).
 HOST_QUEUE_START = timedelta(seconds=60)
 #: all teardown attempts on a host already known lost (else 3 x ``phases.teardown_s``).
@@ -83,49 +80,18 @@ TEARDOWN_BESIDE_CLOSE = "teardown-beside-close"
 #: patch id: provisioning waits for a sandbox host to pick it up only while a sandbox worker
 #: polls (``phases.provision_wait_s``); before it, a session waited forever when none did.
 PROVISION_WAIT = "provision-wait"
-#: how often a provisioning still in the queue asks whether a sandbox worker polls (at most;
-#: a third of ``provision_wait_s`` when that is shorter, at least 1 s)
-POLLER_CHECK_EVERY_S = 10.0
-#: the poller check (a local activity: two Temporal RPCs)
-POLLER_CHECK_TIMEOUT = timedelta(seconds=10)
-POLLER_CHECK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
+#: patch id: a session gets a failure cause, and only one the policy is accountable for is
+#: scored (docs/failures.md); before it, every session not cancelled was evaluated.
+FAILURE_CAUSES = "failure-causes"
+#: counter of sessions ended with a failure cause (label ``kind``), from workflow code
+#: through ``workflow.metric_meter()`` (replay-safe)
+SESSION_FAILURES_METRIC = "rolloutd_session_failures"
 
 
 def attempt_session_id(session_id: str, attempt: int) -> str:
     """The gateway session id of attempt ``attempt`` (1-based) of session ``session_id``:
     the session id itself, then ``{session_id}.attempt-{n}``."""
     return session_id if attempt == 1 else f"{session_id}.attempt-{attempt}"
-
-
-def host_lost(error: ActivityError) -> bool:
-    """Whether a host-pinned activity failed because its sandbox host died or restarted:
-    no heartbeat in time, never picked up from the host's queue, or the runtime is unknown
-    to the host (a restarted worker)."""
-    cause = error.cause
-    if isinstance(cause, TimeoutError):
-        return cause.type in (TimeoutType.HEARTBEAT, TimeoutType.SCHEDULE_TO_START)
-    return isinstance(cause, ApplicationError) and cause.type == "RuntimeNotFoundError"
-
-
-@dataclasses.dataclass
-class _Outcome:
-    """What one attempt ended with."""
-
-    status: SessionStatus = SessionStatus.COMPLETED
-    error: str | None = None
-    harness_exit: int | None = None
-    artifacts: dict[str, str] = dataclasses.field(default_factory=dict)
-    cancelled: bool = False
-    host_lost: bool = False
-    #: provisioning was given up: no sandbox worker polls (the prewarm waits in vain too)
-    no_sandbox_worker: bool = False
-    #: the runtime's teardown, running beside close and build (see TEARDOWN_BESIDE_CLOSE)
-    teardown: asyncio.Future[None] | None = None
-
-    async def torn_down(self) -> None:
-        """Wait for the runtime's teardown when it runs in the background."""
-        if self.teardown is not None:
-            await self.teardown
 
 
 class SessionInput(BaseModel):
@@ -230,17 +196,27 @@ class RolloutSessionWorkflow:
         finally:
             await outcome.torn_down()
 
-    async def _finish(self, input: SessionInput, outcome: _Outcome, opened: OpenSessionOutput,
-                      session_id: str, attempt: int,
+    async def _finish(self, input: SessionInput, outcome: AttemptOutcome,
+                      opened: OpenSessionOutput, session_id: str, attempt: int,
                       prewarm: asyncio.Task[ProvisionRuntimeOutput] | None,
                       given_up: list[SessionAttempt], timings: list[PhaseTiming],
                       timed) -> SessionResult:
-        """Steps 5-9 after the last attempt: evaluation runtime, close, build, evaluate."""
+        """Steps 5-9 after the last attempt: evaluation runtime, close, build, evaluate.
+
+        The session's failure cause is decided from what was recorded
+        (:func:`rolloutd.workflows.failures.classify`); only a session the policy is
+        accountable for is scored (docs/failures.md). Histories recorded before
+        :data:`FAILURE_CAUSES` replay the earlier rule: every session not cancelled is
+        evaluated.
+        """
         task, phases = input.task, input.task.phases
         status, error, artifacts = outcome.status, outcome.error, outcome.artifacts
         cancelled = outcome.cancelled
+        causes = workflow.patched(FAILURE_CAUSES)
         if outcome.host_lost:
             error = f"{error} (attempt {attempt} of {task.max_session_attempts}: giving up)"
+            outcome.error = error
+        eval_error: str | None = None
         if prewarm is not None:
             if outcome.no_sandbox_worker and not prewarm.done():
                 prewarm.cancel()  # it waits in the same dead queue
@@ -250,14 +226,34 @@ class RolloutSessionWorkflow:
             if eval_error and error is None:
                 error = eval_error
 
-        closed = await self._close(opened, session_id, timed)
+        closed = await self._close(opened, session_id, timed,
+                                   run_deadline_at=outcome.timed_out_at if causes else None)
         self._num_completions = closed.num_completions
+
+        failure: FailureCause | None = None
+        forced: float | None = None
+        if causes:
+            failure = failures.classify(session_facts(outcome, closed, task.harness.type))
+            if failure is None and eval_error is not None and eval_error != "cancelled":
+                failure = FailureCause(kind="evaluator", message=eval_error,
+                                       phase="eval_provision")
+            how, forced = failures.scoring(failure, task.timeout_reward)
+            if (how != "skip" and closed.num_invalid_tool_calls
+                    and task.invalid_tool_call_reward is not None):
+                # an unreadable tool call is the model's doing: the task sets its reward
+                how, forced = "force", task.invalid_tool_call_reward
+            if failure is not None and failure.kind not in ("timeout", "cancelled"):
+                status = SessionStatus.FAILED
+                error = error or failure.message
+            evaluate = how != "skip"
+        else:
+            evaluate = not cancelled
 
         built: BuildTrajectoryOutput = await timed("build", workflow.execute_activity(
             "build_trajectory",
             BuildTrajectoryInput(session_id=session_id, task_id=task.task_id,
                                  sample_index=input.sample_index, status=status,
-                                 builder=task.builder),
+                                 builder=task.builder, failure=failure),
             task_queue=task_queues.GATEWAY,
             start_to_close_timeout=_seconds(phases.build_s),
             retry_policy=INFRA_RETRY,
@@ -266,25 +262,39 @@ class RolloutSessionWorkflow:
 
         reward: float | None = None
         trace_rewards: list[float] | None = None
-        if not cancelled:
-            evaluated: EvaluateOutput = await timed("evaluate", workflow.execute_activity(
-                "evaluate",
-                EvaluateInput(session_id=session_id, task_id=task.task_id,
-                              evaluator=task.evaluator, status=status,
-                              harness_exit_code=outcome.harness_exit,
-                              num_completions=self._num_completions,
-                              trajectory_ref=built.trajectory_ref, artifacts=artifacts),
-                task_queue=task_queues.EVAL,
-                start_to_close_timeout=_seconds(phases.evaluate_s),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=INFRA_RETRY,
-                result_type=EvaluateOutput,
-            ))
+        if evaluate:
+            try:
+                evaluated: EvaluateOutput = await timed("evaluate", workflow.execute_activity(
+                    "evaluate",
+                    EvaluateInput(session_id=session_id, task_id=task.task_id,
+                                  evaluator=task.evaluator, status=status,
+                                  harness_exit_code=outcome.harness_exit,
+                                  num_completions=self._num_completions,
+                                  trajectory_ref=built.trajectory_ref, artifacts=artifacts,
+                                  forced_reward=forced),
+                    task_queue=task_queues.EVAL,
+                    start_to_close_timeout=_seconds(phases.evaluate_s),
+                    heartbeat_timeout=HEARTBEAT,
+                    retry_policy=INFRA_RETRY,
+                    result_type=EvaluateOutput,
+                ))
+            except ActivityError as e:
+                if not causes or isinstance(e.cause, TemporalCancelledError):
+                    raise
+                evaluated = EvaluateOutput(error=f"evaluation failed: {cause_text(e)}")
+            if evaluated.error is not None:
+                failure = FailureCause(kind="evaluator", phase="evaluate",
+                                       message=evaluated.error[:500], retryable=False)
+                status, error = SessionStatus.FAILED, error or evaluated.error
             reward, trace_rewards = evaluated.reward, evaluated.trace_rewards
 
         await outcome.torn_down()
         self._phase = "done"
         search.upsert(status=status.value, reward=reward)
+        if failure is not None:
+            workflow.metric_meter().create_counter(
+                SESSION_FAILURES_METRIC, "sessions that ended with a failure cause, by kind"
+            ).add(1, {"kind": failure.kind})
         result = SessionResult(
             session_id=session_id,
             task_id=task.task_id,
@@ -304,26 +314,27 @@ class RolloutSessionWorkflow:
             phases=timings,
             stats=built.stats,
             attempts=given_up,
+            failure=failure,
         )
         if cancelled:
             workflow.logger.info("session cancelled after cleanup: %s", input.session_id)
         return result
 
     async def _attempt(self, input: SessionInput, session_id: str, opened: OpenSessionOutput,
-                       attempt: int, *, run_check: bool, timed, deadline_left) -> _Outcome:
+                       attempt: int, *, run_check: bool, timed, deadline_left) -> AttemptOutcome:
         """One attempt on one runtime: provision, run, collect, tear down (always).
 
         Returns:
-            The attempt's :class:`_Outcome`; ``host_lost`` when the sandbox host died or
+            The attempt's :class:`AttemptOutcome`; ``host_lost`` when the sandbox host died or
             restarted under it (the session may start again on a fresh runtime).
         """
         task, phases = input.task, input.task.phases
-        out = _Outcome()
+        out = AttemptOutcome()
         runtime: ProvisionRuntimeOutput | None = None
         try:
             provision_input = ProvisionRuntimeInput(session_id=session_id, runtime=task.runtime)
             if workflow.patched(PROVISION_WAIT):
-                runtime = await timed("provision", self._provision_watched(
+                runtime = await timed("provision", provision_watched(
                     provision_input, phases.provision_s, phases.provision_wait_s, attempt))
             else:
                 runtime = await timed("provision", workflow.execute_activity(
@@ -351,24 +362,32 @@ class RolloutSessionWorkflow:
                     result_type=RunHarnessOutput,
                 ))
                 out.harness_exit = ran.exit_code
+                out.harness_ran, out.signal_sent = True, ran.signal_sent
+                out.run_budget_shortened = attempt > 1 and run_budget < phases.run_s
                 if ran.timed_out:
                     out.status = SessionStatus.TIMEOUT
                     out.error = f"run phase exceeded {run_budget:.0f} s"
+                    out.failed_phase, out.timed_out = "run", True
+                    out.timed_out_at = ran.timed_out_at
             except ActivityError as e:
                 if isinstance(e.cause, TemporalCancelledError):
                     raise asyncio.CancelledError() from e
+                out.failed_phase = "run"
+                note_error(out, e)
+                out.run_budget_shortened = attempt > 1 and run_budget < phases.run_s
                 if host_lost(e):
                     out.host_lost = True
                     out.status = SessionStatus.FAILED
                     out.error = (f"sandbox host {runtime.host_id} lost during the run "
-                                 f"(attempt {attempt}): {_cause(e)}")
+                                 f"(attempt {attempt}): {cause_text(e)}")
                 elif isinstance(e.cause, TimeoutError) and e.cause.type in (
                     TimeoutType.START_TO_CLOSE, TimeoutType.SCHEDULE_TO_CLOSE
                 ):
                     out.status, out.error = SessionStatus.TIMEOUT, "run phase timed out"
+                    out.timed_out = True
                 else:
                     out.status = SessionStatus.FAILED
-                    out.error = f"harness run failed: {_cause(e)}"
+                    out.error = f"harness run failed: {cause_text(e)}"
             if out.status in (SessionStatus.COMPLETED, SessionStatus.TIMEOUT):
                 collected: CollectArtifactsOutput = await timed("collect", workflow.execute_activity(
                     "collect_artifacts",
@@ -386,6 +405,7 @@ class RolloutSessionWorkflow:
         except NoSandboxWorkerError as e:
             out.no_sandbox_worker = True
             out.status, out.error = SessionStatus.FAILED, str(e)
+            out.failed_phase = "provision"
         except asyncio.CancelledError:
             out.cancelled = True
             out.status, out.error = SessionStatus.CANCELLED, "cancelled"
@@ -395,11 +415,13 @@ class RolloutSessionWorkflow:
                 out.status, out.error = SessionStatus.CANCELLED, "cancelled"
             else:
                 out.status = SessionStatus.FAILED
-                out.error = f"{self._phase} failed: {_cause(e)}"
+                out.error = f"{self._phase} failed: {cause_text(e)}"
+                out.failed_phase = self._phase
+                note_error(out, e)
                 if self._phase == "collect" and host_lost(e):
                     out.host_lost = True
                     out.error = (f"sandbox host lost while collecting (attempt {attempt}): "
-                                 f"{_cause(e)}")
+                                 f"{cause_text(e)}")
         finally:
             if runtime is not None:
                 if workflow.patched(TEARDOWN_BESIDE_CLOSE):
@@ -410,76 +432,6 @@ class RolloutSessionWorkflow:
                     await self._teardown(runtime, timed, host_lost=out.host_lost,
                                          teardown_s=phases.teardown_s)
         return out
-
-    async def _provision_watched(self, input: ProvisionRuntimeInput, provision_s: float,
-                                 wait_s: float, attempt: int) -> ProvisionRuntimeOutput:
-        """Provision a runtime, giving up when no sandbox worker picks it up: while the
-        activity waits in the sandbox queue, a local activity asks Temporal every few seconds
-        which pollers it saw there (DescribeTaskQueue); when none has polled for ``wait_s``,
-        the activity is cancelled. A fleet that polls but is busy (a backlog) is waited for:
-        it is saturated, not dead. Once a host picked the activity up, its own timeouts
-        (start-to-close, heartbeat) govern.
-
-        Args:
-            input: the provisioning.
-            provision_s: the activity's start-to-close timeout, seconds.
-            wait_s: ``phases.provision_wait_s``.
-            attempt: the session's attempt (names the activity, so the check finds it).
-
-        Raises:
-            NoSandboxWorkerError: no sandbox worker polled for ``wait_s``.
-            ActivityError: the provisioning failed, as without the check.
-        """
-        activity_id = f"provision-{attempt}"
-        handle = workflow.start_activity(
-            "provision_runtime", input,
-            task_queue=task_queues.SANDBOX,
-            start_to_close_timeout=_seconds(provision_s),
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=INFRA_RETRY,
-            result_type=ProvisionRuntimeOutput,
-            activity_id=activity_id,
-        )
-        every = max(1.0, min(POLLER_CHECK_EVERY_S, wait_s / 3))
-        last_seen = workflow.now()  # the wait starts now: "not seen for wait_s" from here
-        try:
-            while True:
-                try:
-                    await workflow.wait_condition(handle.done, timeout=every)
-                except asyncio.TimeoutError:
-                    pass
-                if handle.done():
-                    return await handle
-                try:
-                    pollers: TaskQueuePollersOutput = await workflow.execute_local_activity(
-                        "task_queue_pollers",
-                        TaskQueuePollersInput(task_queue=task_queues.SANDBOX,
-                                              activity_id=activity_id),
-                        start_to_close_timeout=POLLER_CHECK_TIMEOUT,
-                        retry_policy=POLLER_CHECK_RETRY,
-                        result_type=TaskQueuePollersOutput,
-                    )
-                except ActivityError as e:
-                    if isinstance(e.cause, TemporalCancelledError):
-                        raise asyncio.CancelledError() from e
-                    # no evidence either way: keep waiting; a failed check fails no session
-                    workflow.logger.warning("sandbox poller check failed: %s", _cause(e))
-                    continue
-                if pollers.picked_up:
-                    return await handle
-                now = workflow.now()
-                if pollers.last_poll_s_ago is not None:
-                    last_seen = max(last_seen, now - _seconds(pollers.last_poll_s_ago))
-                if (now - last_seen).total_seconds() >= wait_s:
-                    handle.cancel()
-                    raise NoSandboxWorkerError(
-                        f"no sandbox worker is polling task queue {task_queues.SANDBOX} "
-                        f"(checked for {wait_s:g} s)")
-        except asyncio.CancelledError:
-            # the session was cancelled while the provisioning waited: cancel it too, as
-            # awaiting it directly would
-            handle.cancel()
-            raise
 
     async def _teardown(self, runtime: ProvisionRuntimeOutput, timed, *,
                         host_lost: bool, teardown_s: float, current: bool = True) -> None:
@@ -499,15 +451,21 @@ class RolloutSessionWorkflow:
         except ActivityError as e:
             workflow.logger.warning("teardown of %s on %s abandoned (reclaimed when the host "
                                     "restarts): %s", runtime.runtime_id, runtime.host_id,
-                                    _cause(e))
+                                    cause_text(e))
 
     async def _close(self, opened: OpenSessionOutput, session_id: str,
-                     timed) -> CloseSessionOutput:
+                     timed, *, run_deadline_at: float | None = None) -> CloseSessionOutput:
         """Seal a gateway session on the gateway host serving it; when that host does not
-        answer in time, any gateway seals it from the durable state in the store."""
+        answer in time, any gateway seals it from the durable state in the store.
+
+        Args:
+            run_deadline_at: Unix time the run budget ran out: the output says whether a
+                call was waiting on the backend then.
+        """
+        close_input = CloseSessionInput(session_id=session_id, run_deadline_at=run_deadline_at)
         try:
             return await timed("close", workflow.execute_activity(
-                "close_session", CloseSessionInput(session_id=session_id),
+                "close_session", close_input,
                 task_queue=opened.host_queue,
                 start_to_close_timeout=CLOSE_TIMEOUT,
                 schedule_to_close_timeout=PINNED_CLOSE,
@@ -516,9 +474,9 @@ class RolloutSessionWorkflow:
             ))
         except ActivityError as e:
             workflow.logger.warning("gateway host %s did not close %s (%s): closing on "
-                                    "any gateway", opened.host_queue, session_id, _cause(e))
+                                    "any gateway", opened.host_queue, session_id, cause_text(e))
             return await timed("close", workflow.execute_activity(
-                "close_session", CloseSessionInput(session_id=session_id),
+                "close_session", close_input,
                 task_queue=task_queues.GATEWAY,
                 start_to_close_timeout=CLOSE_TIMEOUT,
                 retry_policy=INFRA_RETRY,
@@ -558,7 +516,7 @@ class RolloutSessionWorkflow:
                 ))
                 artifacts.update({k: v for k, v in checked.artifacts.items() if k != "harness"})
         except ActivityError as e:
-            error = f"evaluation runtime failed: {_cause(e)}"
+            error = f"evaluation runtime failed: {cause_text(e)}"
         except asyncio.CancelledError:
             error = "cancelled"
         finally:
@@ -577,9 +535,3 @@ class RolloutSessionWorkflow:
                     retry_policy=INFRA_RETRY,
                 ))
         return error
-
-
-def _cause(e: BaseException) -> str:
-    while e.__cause__ is not None:
-        e = e.__cause__
-    return str(e) or type(e).__name__

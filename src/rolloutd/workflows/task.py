@@ -204,13 +204,16 @@ class RolloutTaskWorkflow:
         fleet_down = failure is not None and is_fleet_down(failure)
         if not fleet_down and self._num_counted_replacements >= task.max_replacements:
             return False
+        # shown as being replaced while it waits for the fleet, too
+        self._replaced.append(result)
+        self._replacing.add(result.sample_index)
         if fleet_down and not await _wait_for_sandbox_fleet(task):
+            self._replaced.remove(result)
+            self._replacing.discard(result.sample_index)
             return False
         if not fleet_down:
             self._num_counted_replacements += 1
         self._num_replacements += 1
-        self._replaced.append(result)
-        self._replacing.add(result.sample_index)
         workflow.logger.info("replacing session %s (%s): replacement %d of the group",
                              result.session_id, failure.kind if failure else "?",
                              self._num_replacements)

@@ -25,6 +25,7 @@ __all__ = [
     "failure_counts",
     "failure_of",
     "is_fleet_down",
+    "is_policy_timeout",
     "is_replaceable",
     "is_scored",
     "scored_rewards",
@@ -65,9 +66,10 @@ def failure_of(result: SessionResult | Trajectory) -> FailureCause | None:
     return None
 
 
-def _policy_accountable(failure: FailureCause) -> bool:
-    """A run-phase timeout is the only failure a reward may measure (the session workflow
-    evaluates it only when no backend error stood unrecovered at the deadline)."""
+def is_policy_timeout(failure: FailureCause) -> bool:
+    """A run-phase timeout: the only failure a reward may measure (the session workflow
+    evaluates it only when no backend error stood unrecovered at the deadline; a session it
+    did not evaluate has no reward, which :func:`is_scored` checks)."""
     return failure.kind == "timeout" and failure.phase == "run"
 
 
@@ -81,7 +83,7 @@ def is_scored(result: SessionResult | Trajectory) -> bool:
     if result.reward is None:
         return False
     failure = failure_of(result)
-    return failure is None or _policy_accountable(failure)
+    return failure is None or is_policy_timeout(failure)
 
 
 def scored_sessions(group: TaskResult | Iterable[SessionResult]) -> list[SessionResult]:
@@ -114,7 +116,7 @@ def is_replaceable(result: SessionResult) -> bool:
     a retryable cause that is not the policy's and not a cancellation."""
     failure = failure_of(result)
     return (failure is not None and failure.retryable and failure.kind != "cancelled"
-            and not (_policy_accountable(failure) and result.reward is not None))
+            and not (is_policy_timeout(failure) and result.reward is not None))
 
 
 def failure_counts(sessions: Iterable[SessionResult]) -> dict[str, int]:

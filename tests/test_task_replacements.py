@@ -14,10 +14,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
 
 from rolloutd.settings import SandboxSettings
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.workers import run_fleet
+from rolloutd.workflows.task import RolloutTaskWorkflow
 from tests.support.buffer_tasks import local_task, poll
 from tests.test_loud_failures import fleets_in_namespace
 
@@ -71,8 +74,10 @@ async def test_a_replacement_waits_for_a_dead_sandbox_fleet_without_counting(
         handle = await client.submit({**local_task(task_id, "touch won"), "max_replacements": 0,
                                       "phases": {"provision_wait_s": 3}},
                                      check_capabilities=False)
-        waiting = await poll(lambda: client.status(task_id), lambda p: p.replacing == [0],
+        waiting = await poll(lambda: client.status(task_id),
+                             lambda p: p.replacing == [0] or p.result is not None,
                              timeout_s=60, what="the replacement waiting for the fleet")
+        assert waiting.replacing == [0], waiting
         assert "no sandbox worker is polling" in (waiting.replaced[0].error or "")
         async with contextlib.AsyncExitStack() as stack:
             root = stack.enter_context(tempfile.TemporaryDirectory(prefix="fleet-"))
@@ -81,6 +86,11 @@ async def test_a_replacement_waits_for_a_dead_sandbox_fleet_without_counting(
                 store_url=rig.store_url, host_id="fleet-host", log_json=False,
                 runtime_root=root)))
             group = await handle.result()
+        history = await rig.client.get_workflow_handle(  # type: ignore[attr-defined]
+            f"task/{task_id}").fetch_history()
     assert [s.session_id for s in group.sessions] == [f"{task_id}/0/r1"]
     assert group.sessions[0].reward == 1.0 and not group.incomplete
     assert group.num_replacements == 1 and group.num_failed_by_kind == {}
+    # the poller checks and waits replay deterministically
+    await Replayer(workflows=[RolloutTaskWorkflow],
+                   data_converter=pydantic_data_converter).replay_workflow(history)

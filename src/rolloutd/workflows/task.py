@@ -20,7 +20,9 @@ The query ``status`` answers every session that has ended, as it ends. A session
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
@@ -110,6 +112,7 @@ class RolloutTaskWorkflow:
         self._num_replacements = 0
         self._num_counted_replacements = 0
         self._child_ids: dict[int, str] = {}
+        self._cancelling = False
 
     @workflow.query
     def progress(self) -> dict[str, int]:
@@ -156,27 +159,26 @@ class RolloutTaskWorkflow:
         async def one(index: int) -> SessionResult:
             result = await session(index, 0)
             replacement = 0
-            while replace and not cancelling and await self._replace(task, result):
+            while replace and not self._cancelling and await self._replace(task, result):
                 replacement += 1
                 self._child_ids[index] = session_workflow_id(parent, index, replacement)
                 result = await session(index, replacement)
                 self._replacing.discard(index)
             self._results[index] = result
-            if task.callback_url and not cancelling:
+            if task.callback_url and not self._cancelling:
                 if workflow.patched(DETACHED_CALLBACKS_PATCH):
                     await _start_callback(task.callback_url, parent, index, task, result)
                 else:
                     await _post_callback(task.callback_url, result)
             return result
 
-        cancelling = False
         sessions = [asyncio.ensure_future(one(i)) for i in range(task.num_samples)]
         try:
             # shielded: a cancelled task cancels its sessions itself (_cancel_sessions), then
             # waits for every one to end (its teardown done), as WAIT_CANCELLATION_COMPLETED
             results = await asyncio.gather(*(asyncio.shield(s) for s in sessions))
         except asyncio.CancelledError:
-            cancelling = True
+            self._cancelling = True
             self._progress.status = "cancelled"
             search.upsert(status=SessionStatus.CANCELLED.value)
             await _cancel_sessions(self._child_ids, sessions)
@@ -207,7 +209,7 @@ class RolloutTaskWorkflow:
         # shown as being replaced while it waits for the fleet, too
         self._replaced.append(result)
         self._replacing.add(result.sample_index)
-        if fleet_down and not await _wait_for_sandbox_fleet(task):
+        if fleet_down and not await _wait_for_sandbox_fleet(task, lambda: self._cancelling):
             self._replaced.remove(result)
             self._replacing.discard(result.sample_index)
             return False
@@ -220,10 +222,11 @@ class RolloutTaskWorkflow:
         return True
 
 
-async def _wait_for_sandbox_fleet(task: TaskRequest) -> bool:
+async def _wait_for_sandbox_fleet(task: TaskRequest, cancelling: Callable[[], bool]) -> bool:
     """Wait until a sandbox worker polls again: a poll seen within
     ``task.phases.provision_wait_s``, the rule by which the session called the fleet dead.
-    Gives up after ``task.timeout_s`` (the session deadline): the group then ends incomplete.
+    Gives up after ``task.timeout_s`` (the session deadline; the group then ends incomplete)
+    or as soon as the task is being cancelled.
 
     Returns:
         True when the fleet polls; False when the wait gave up.
@@ -231,7 +234,7 @@ async def _wait_for_sandbox_fleet(task: TaskRequest) -> bool:
     wait_s = task.phases.provision_wait_s
     every = max(1.0, min(FLEET_CHECK_EVERY_S, wait_s / 3))
     give_up_at = workflow.now() + timedelta(seconds=task.timeout_s)
-    while workflow.now() < give_up_at:
+    while workflow.now() < give_up_at and not cancelling():
         try:
             pollers: TaskQueuePollersOutput = await workflow.execute_local_activity(
                 "task_queue_pollers", TaskQueuePollersInput(task_queue=task_queues.SANDBOX),
@@ -244,7 +247,10 @@ async def _wait_for_sandbox_fleet(task: TaskRequest) -> bool:
         except ActivityError as e:
             # no evidence either way: keep waiting
             workflow.logger.warning("sandbox poller check failed: %s", e.cause or e)
-        await workflow.sleep(timedelta(seconds=every))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await workflow.wait_condition(cancelling, timeout=every)
+    if cancelling():
+        return False
     workflow.logger.warning("sandbox fleet still down after %g s: no replacement", task.timeout_s)
     return False
 

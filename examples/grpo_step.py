@@ -85,8 +85,7 @@ def grpo_step(model, optimizer, batch, client, clip_eps: float) -> dict[str, flo
     """
     import torch
 
-    from rolloutd.scoring import scored_sessions
-    from rolloutd.trainer_client import group_advantages
+    from rolloutd.trainer_client import group_advantages, scored_sessions
 
     token_losses, mismatches = [], []
     num_trainable = num_tokens = 0

@@ -72,7 +72,7 @@ async def test_a_replacement_waits_for_a_dead_sandbox_fleet_without_counting(
         client = RolloutClient(rig.client)
         task_id = f"fleetdown-{uuid.uuid4().hex[:6]}"
         handle = await client.submit({**local_task(task_id, "touch won"), "max_replacements": 0,
-                                      "phases": {"provision_wait_s": 3}},
+                                      "phases": {"provision_wait_s": 5}},
                                      check_capabilities=False)
         waiting = await poll(lambda: client.status(task_id),
                              lambda p: p.replacing == [0] or p.result is not None,

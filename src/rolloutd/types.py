@@ -265,7 +265,8 @@ class TaskRequest(Model):
     max_replacements: int = Field(
         default=2, ge=0, le=64, description="new sessions of a sample that ended with a "
         "retryable infrastructure cause, per group (the replacement keeps its sample_index); "
-        "a failure because the sandbox fleet was down waits for the fleet and is not counted")
+        "a failure because the sandbox fleet was down waits for the fleet (up to "
+        "phases.provision_wait_s) and is not counted")
     model: str | None = Field(default=None, description="model name shown to the harness")
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, kept")
     callback_url: str | None = Field(

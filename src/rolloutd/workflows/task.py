@@ -225,15 +225,18 @@ class RolloutTaskWorkflow:
 async def _wait_for_sandbox_fleet(task: TaskRequest, cancelling: Callable[[], bool]) -> bool:
     """Wait until a sandbox worker polls again: a poll seen within
     ``task.phases.provision_wait_s``, the rule by which the session called the fleet dead.
-    Gives up after ``task.timeout_s`` (the session deadline; the group then ends incomplete)
-    or as soon as the task is being cancelled.
+
+    The fleet gets as long to come back as it had to show up (``provision_wait_s`` again):
+    a fleet that stays dead must reach the trainer as an incomplete group within minutes, not
+    hold the task for its whole deadline (DESIGN.md: a dead fleet reaches the trainer within a
+    minute). Gives up at once when the task is being cancelled.
 
     Returns:
         True when the fleet polls; False when the wait gave up.
     """
     wait_s = task.phases.provision_wait_s
     every = max(1.0, min(FLEET_CHECK_EVERY_S, wait_s / 3))
-    give_up_at = workflow.now() + timedelta(seconds=task.timeout_s)
+    give_up_at = workflow.now() + timedelta(seconds=wait_s)
     while workflow.now() < give_up_at and not cancelling():
         try:
             pollers: TaskQueuePollersOutput = await workflow.execute_local_activity(
@@ -251,7 +254,7 @@ async def _wait_for_sandbox_fleet(task: TaskRequest, cancelling: Callable[[], bo
             await workflow.wait_condition(cancelling, timeout=every)
     if cancelling():
         return False
-    workflow.logger.warning("sandbox fleet still down after %g s: no replacement", task.timeout_s)
+    workflow.logger.warning("sandbox fleet still down after %g s: no replacement", wait_s)
     return False
 
 

@@ -98,6 +98,9 @@ REPLACEMENTS_PATCH = "replace-infrastructure-failures"
 FLEET_CHECK_EVERY_S = 10.0
 FLEET_CHECK_TIMEOUT = timedelta(seconds=10)
 FLEET_CHECK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
+#: fleet-down replacements per sample of a group at most (they are not counted against
+#: ``max_replacements``): a fleet that comes back only to die again cannot hold a task forever
+FLEET_DOWN_REPLACEMENTS_PER_SAMPLE = 3
 
 
 @workflow.defn
@@ -111,6 +114,7 @@ class RolloutTaskWorkflow:
         self._replacing: set[int] = set()
         self._num_replacements = 0
         self._num_counted_replacements = 0
+        self._num_fleet_down_replacements = 0
         self._child_ids: dict[int, str] = {}
         self._cancelling = False
 
@@ -206,6 +210,9 @@ class RolloutTaskWorkflow:
         fleet_down = failure is not None and is_fleet_down(failure)
         if not fleet_down and self._num_counted_replacements >= task.max_replacements:
             return False
+        if fleet_down and (self._num_fleet_down_replacements
+                           >= FLEET_DOWN_REPLACEMENTS_PER_SAMPLE * task.num_samples):
+            return False
         # shown as being replaced while it waits for the fleet, too
         self._replaced.append(result)
         self._replacing.add(result.sample_index)
@@ -213,7 +220,9 @@ class RolloutTaskWorkflow:
             self._replaced.remove(result)
             self._replacing.discard(result.sample_index)
             return False
-        if not fleet_down:
+        if fleet_down:
+            self._num_fleet_down_replacements += 1
+        else:
             self._num_counted_replacements += 1
         self._num_replacements += 1
         workflow.logger.info("replacing session %s (%s): replacement %d of the group",

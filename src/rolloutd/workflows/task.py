@@ -101,6 +101,10 @@ FLEET_CHECK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_a
 #: fleet-down replacements per sample of a group at most (they are not counted against
 #: ``max_replacements``): a fleet that comes back only to die again cannot hold a task forever
 FLEET_DOWN_REPLACEMENTS_PER_SAMPLE = 3
+#: workflow metrics (``workflow.metric_meter()``: not emitted again on replay); no label
+#: carries a session or task id
+REPLACEMENTS_METRIC = "rolloutd_session_replacements"
+INCOMPLETE_GROUPS_METRIC = "rolloutd_incomplete_groups"
 
 
 @workflow.defn
@@ -191,6 +195,10 @@ class RolloutTaskWorkflow:
         group = summarize(task.task_id, list(results), num_samples=task.num_samples,
                           replaced=self._replaced, num_replacements=self._num_replacements)
         self._progress.status = "completed" if group.num_completed else "failed"
+        if group.incomplete:
+            workflow.metric_meter().create_counter(
+                INCOMPLETE_GROUPS_METRIC, "groups that ended with fewer scored sessions than "
+                "samples").add(1)
         search.upsert(status="completed", reward=group.mean_reward)
         if task.report_to:
             await _report(task.report_to, group)
@@ -225,6 +233,10 @@ class RolloutTaskWorkflow:
         else:
             self._num_counted_replacements += 1
         self._num_replacements += 1
+        workflow.metric_meter().create_counter(
+            REPLACEMENTS_METRIC, "sessions replaced after a retryable infrastructure failure"
+        ).add(1, {"kind": failure.kind if failure else "unknown",
+                  "fleet_down": "true" if fleet_down else "false"})
         workflow.logger.info("replacing session %s (%s): replacement %d of the group",
                              result.session_id, failure.kind if failure else "?",
                              self._num_replacements)

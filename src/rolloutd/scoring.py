@@ -107,8 +107,9 @@ def scored_rewards(group: TaskResult | Iterable[SessionResult]) -> list[float]:
 def is_fleet_down(failure: FailureCause) -> bool:
     """Whether a failure says the sandbox fleet was down (no worker polled its queue), not
     that this sample failed: its replacement waits for the fleet and is not counted against
-    ``TaskRequest.max_replacements``."""
-    return failure.kind == "sandbox" and any(m in failure.message for m in FLEET_DOWN_MARKERS)
+    ``TaskRequest.max_replacements``. The message decides (``NoSandboxWorkerError``'s text),
+    whichever kind the session gave it (``sandbox`` by the taxonomy)."""
+    return failure.kind != "cancelled" and any(m in failure.message for m in FLEET_DOWN_MARKERS)
 
 
 def is_replaceable(result: SessionResult) -> bool:

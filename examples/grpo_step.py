@@ -85,14 +85,16 @@ def grpo_step(model, optimizer, batch, client, clip_eps: float) -> dict[str, flo
     """
     import torch
 
-    from rolloutd.trainer_client import group_advantages
+    from rolloutd.trainer_client import group_advantages, scored_sessions
 
     token_losses, mismatches = [], []
     num_trainable = num_tokens = 0
     rewards: list[float] = []
     for buffered in batch.groups:
-        sessions = buffered.group.sessions
-        group_rewards = [s.reward if s.reward is not None else 0.0 for s in sessions]
+        # a session that failed for infrastructure has no reward the policy earned: it is
+        # left out of the group's baseline and of the update, never scored 0.0
+        sessions = scored_sessions(buffered.group)
+        group_rewards = [float(s.reward) for s in sessions]
         rewards += group_rewards
         for session, advantage in zip(sessions, group_advantages(group_rewards)):
             if not session.trajectory_ref:

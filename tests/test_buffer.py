@@ -14,6 +14,7 @@ import uuid
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
+from rolloutd.scoring import scored_rewards
 from rolloutd.trainer_client import BufferExhaustedError, RolloutClient
 from tests.support.buffer_tasks import all_win, first_wins, local_task, poll
 
@@ -127,3 +128,35 @@ async def test_cancel_surplus_stops_running_tasks_when_a_batch_is_handed_out(fle
     finally:
         gate.touch()
         await buffer.close()
+
+
+def incomplete_task(task_id: str, folder) -> dict:
+    """Three samples, the first provisioning fails, no replacement: two scored sessions, one
+    winning (a mixed, incomplete group)."""
+    task = local_task(task_id, first_wins(folder))
+    task["runtime"]["prepare"] = [{"type": "exec", "command":
+                                   f"mkdir -p {folder}; mkdir {folder}/failed 2>/dev/null "
+                                   "&& exit 1; true"}]
+    return {**task, "num_samples": 3, "max_replacements": 0}
+
+
+async def test_an_incomplete_group_is_handed_out_or_dropped_as_configured(fleets, tmp_path):
+    u = uuid.uuid4().hex[:6]
+    client = RolloutClient(fleets.client)
+    keep = await client.create_buffer({"buffer_id": f"keep-{u}"})
+    drop = await client.create_buffer({"buffer_id": f"drop-{u}", "incomplete_groups": "drop"})
+    try:
+        await keep.push([incomplete_task(f"k-{u}", tmp_path / "k")])
+        await drop.push([incomplete_task(f"d-{u}", tmp_path / "d")])
+        batch = await keep.take(1, timeout_s=120)
+        [group] = [g.group for g in batch.groups]
+        assert (group.incomplete, group.num_scored, sorted(scored_rewards(group))) \
+            == (True, 2, [0.0, 1.0])
+        stats = await poll(drop.stats, lambda s: bool(s.dropped), what="the group dropped")
+        assert [(d.task_id, d.reason) for d in stats.dropped] == [(f"d-{u}", "incomplete")]
+        assert stats.state_counters["num_dropped_incomplete"] == 1
+        for buffer in (keep, drop):
+            assert sum((await buffer.stats()).num_failed_by_kind.values()) == 1
+    finally:
+        await keep.close()
+        await drop.close()

@@ -262,6 +262,11 @@ class TaskRequest(Model):
     max_session_attempts: int = Field(
         default=3, ge=1, le=10, description="attempts of a session whose sandbox host is lost "
         "(each on a fresh runtime and a fresh gateway session; docs/faults.md)")
+    max_replacements: int = Field(
+        default=2, ge=0, le=64, description="new sessions of a sample that ended with a "
+        "retryable infrastructure cause, per group (the replacement keeps its sample_index); "
+        "a failure because the sandbox fleet was down waits for the fleet (up to "
+        "phases.provision_wait_s) and is not counted")
     model: str | None = Field(default=None, description="model name shown to the harness")
     timeout_reward: Literal["evaluate"] | float | None = Field(
         default="evaluate", description="the reward of a session whose run phase timed out "
@@ -475,6 +480,9 @@ class BuilderStats(Model):
     num_trainable_tokens: int = 0
     num_response_tokens: int = 0
     num_drift_turns: int = 0
+    policy_versions: list[int] = Field(
+        default_factory=list, description="the distinct policy versions of the completions, "
+        "ascending (empty without completions)")
 
 
 class SessionStatus(str, enum.Enum):
@@ -600,7 +608,21 @@ class SessionResult(Model):
 
 
 class TaskResult(Model):
-    """A task's group of sessions with group stats."""
+    """A task's group of sessions with group stats.
+
+    Group stats (``mean_reward``, ``reward_std``) are over the scored sessions only
+    (:func:`rolloutd.scoring.scored_sessions`): a session that failed for infrastructure has
+    no reward and is never averaged in.
+
+    Attributes:
+        sessions: one result per sample index (the last attempt of a replaced sample).
+        replaced: the sessions that a replacement superseded, in the order they ended.
+        num_replacements: replacements started (fleet-down ones included).
+        num_scored: sessions whose reward counts; ``incomplete`` when fewer than
+            ``num_samples``.
+        num_failed_by_kind: failure kind -> sessions of ``sessions`` that ended with it.
+        policy_versions: the policy versions the group's sessions ran on, ascending.
+    """
 
     task_id: str
     sessions: list[SessionResult] = Field(default_factory=list)
@@ -608,6 +630,12 @@ class TaskResult(Model):
     reward_std: float | None = None
     num_completed: int = 0
     metadata: dict[str, Any] = Field(default_factory=dict)
+    replaced: list[SessionResult] = Field(default_factory=list)
+    num_replacements: int = Field(default=0, ge=0)
+    num_scored: int = Field(default=0, ge=0)
+    incomplete: bool = False
+    num_failed_by_kind: dict[str, int] = Field(default_factory=dict)
+    policy_versions: list[int] = Field(default_factory=list)
 
 
 class CallbackStatus(Model):
@@ -636,7 +664,10 @@ class TaskProgress(Model):
             at least one completed; ``failed`` once every session ended without completing,
             or when the task's workflow failed or was terminated; ``cancelled``.
         num_samples: sessions of the task (0 when unknown).
-        sessions: the ended sessions' results, by sample index.
+        sessions: the ended sessions' results, by sample index (a replaced sample's is the
+            latest attempt's, once it ended).
+        replaced: sessions superseded by a replacement (their sample's new session runs or
+            ended); ``replacing`` the sample indexes whose replacement is running.
         callbacks: each ended session's callback (empty without ``callback_url``).
         error: why the task failed, in words.
         result: the group with its stats, once the task's workflow completed.
@@ -646,6 +677,8 @@ class TaskProgress(Model):
     status: Literal["running", "completed", "failed", "cancelled"] = "running"
     num_samples: int = Field(default=0, ge=0)
     sessions: list[SessionResult] = Field(default_factory=list)
+    replaced: list[SessionResult] = Field(default_factory=list)
+    replacing: list[int] = Field(default_factory=list)
     callbacks: list[CallbackStatus] = Field(default_factory=list)
     error: str | None = None
     result: TaskResult | None = None

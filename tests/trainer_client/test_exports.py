@@ -17,7 +17,7 @@ from rolloutd.trainer_client.exports import (
     to_verl_batch,
     trace_reward,
 )
-from rolloutd.types import SessionStatus, Trace, Trajectory
+from rolloutd.types import FailureCause, SessionStatus, Trace, Trajectory
 
 try:
     import torch
@@ -197,6 +197,41 @@ def test_verl_reward_resolution() -> None:
         == [[0.25]]
 
 
+def failed_session(task_id: str = "task-a") -> Trajectory:
+    """A session whose backend failed, that an older evaluator still scored 1.0."""
+    failed = make_trajectory(task_id, 7, [make_trace([5], [8, 9], [1, 1], reward=1.0)],
+                             reward=1.0, status=SessionStatus.FAILED)
+    failed.failure = FailureCause(kind="backend", message="502 BackendError", phase="run")
+    return failed
+
+
+@needs_torch
+def test_verl_leaves_failed_sessions_out_or_marks_them() -> None:
+    batch = [*small_batch(), failed_session()]
+    plain = to_verl_batch(batch, pad_token_id=PAD)
+    assert list(plain["session_id"]).count("task-a-s7") == 0
+    assert list(plain["failure"]) == [None] * 4
+    out = to_verl_batch(batch, pad_token_id=PAD, include_failed=True)
+    assert list(out["failure"]) == [None] * 4 + ["backend"]
+    # a group of its own: task-a's GRPO baseline stays over its two scored sessions
+    assert list(out["uid"]) == ["task-a", "task-a", "task-a", "task-b", "failed/task-a-s7"]
+    assert out["response_mask"][4].sum().item() == 0 and out["responses"][4, :2].tolist() == [8, 9]
+    assert out["token_level_scores"][4].abs().sum().item() == 0.0
+
+
+def test_jsonl_marks_failed_sessions_when_asked(tmp_path: Path) -> None:
+    batch = [*small_batch(), failed_session()]
+    assert to_openai_messages_jsonl(batch, io.StringIO()) == 4
+    buffer = io.StringIO()
+    assert to_openai_messages_jsonl(batch, buffer, include_failed=True) == 5
+    lines = [json.loads(line) for line in buffer.getvalue().splitlines()]
+    assert lines[-1]["failure"]["kind"] == "backend"
+    assert all("failure" not in line for line in lines[:-1])
+    # its stale reward of 1.0 is not the policy's: rejection sampling never keeps it
+    assert to_openai_messages_jsonl(batch, io.StringIO(), min_reward=1.0,
+                                    include_failed=True) == 1
+
+
 @needs_torch
 def test_verl_refuses_empty_batches_and_empty_responses() -> None:
     with pytest.raises(ValueError, match="at least one trace"):
@@ -242,12 +277,19 @@ def test_slime_groups_and_statuses() -> None:
                                  status=SessionStatus.TIMEOUT))
     batch.append(make_trajectory("task-c", 0, [make_trace([1], [2], [1])],
                                  status=SessionStatus.FAILED))
-    samples = to_slime_samples(batch)
+    # the timed-out (unrewarded) and failed sessions are left out unless asked for
+    assert [s["session_id"] for s in to_slime_samples(batch)] == [
+        "task-a-s0", "task-a-s1", "task-a-s1", "task-b-s0"]
+    samples = to_slime_samples(batch, include_failed=True, default_reward=0.0)
     assert [s["group_index"] for s in samples] == [0, 0, 0, 1, 0, 2]
     assert [s["status"] for s in samples] == ["completed", "completed", "truncated", "completed",
                                               "aborted", "failed"]
-    assert samples[4]["reward"] is None
-    assert to_slime_samples(batch, default_reward=0.0)[4]["reward"] == 0.0
+    # marked: no reward (not even the default, nor the failed trace's own 1.0), nothing
+    # trainable, removed from slime's loss, the cause in metadata
+    for sample, kind in zip(samples[4:], ["timeout", "sandbox"], strict=True):
+        assert sample["reward"] is None and sample["remove_sample"]
+        assert sample["loss_mask"] == [0] and sample["metadata"]["failure"]["kind"] == kind
+    assert samples[0]["reward"] == 1.0 and not samples[0]["remove_sample"]
     assert samples[0]["weight_versions"] == ["3"]
     assert samples[0]["session_id"] == "task-a-s0"
     json.dumps(samples)  # plain data: serialisable as is
@@ -285,10 +327,13 @@ def test_parquet_round_trip(tmp_path: Path) -> None:
     batch.append(make_trajectory("task-c", 0, [make_trace([], [2], [1], reward=None)],
                                  status=SessionStatus.CANCELLED))
     path = tmp_path / "traces.parquet"
-    assert to_parquet(batch, path) == 5
+    assert to_parquet(batch, path) == 4  # the cancelled session is left out
+    assert to_parquet(batch, path, include_failed=True) == 5
     rows = pq.read_table(path).to_pylist()
     assert len(rows) == 5
-    for row, (trajectory, trace) in zip(rows, _rows(batch), strict=True):
+    cancelled = batch[-1].traces[0].model_copy(update={"loss_mask": [0]})
+    expected = [*_rows(batch[:-1]), (batch[-1], cancelled)]
+    for row, (trajectory, trace) in zip(rows, expected, strict=True):
         assert row["task_id"] == trajectory.task_id
         assert row["session_id"] == trajectory.session_id
         assert row["status"] == trajectory.status.value
@@ -302,8 +347,11 @@ def test_parquet_round_trip(tmp_path: Path) -> None:
         assert json.loads(row["prompt_messages"]) == trace.prompt_messages
         assert json.loads(row["response_messages"]) == trace.response_messages
         assert json.loads(row["tools"]) == trace.tools
-        assert json.loads(row["metadata"]) == trace.metadata
-    assert rows[-1]["reward"] is None
+        assert json.loads(row["metadata"]) == {
+            **trace.metadata, **({"failure": json.loads(row["failure"])}
+                                 if row["failure"] else {})}
+    assert rows[-1]["reward"] is None and json.loads(rows[-1]["failure"])["kind"] == "cancelled"
+    assert [r["failure"] for r in rows[:-1]] == [None] * 4
 
 
 def test_parquet_of_no_traces_has_the_schema(tmp_path: Path) -> None:

@@ -285,3 +285,13 @@ def test_an_answer_without_tokens_is_not_taken_for_drift_of_a_sibling(generator,
     check_invariants(traces, log)
     assert sorted(t.completion_indices for t in traces) == [[0], [1], [2]]
     assert stats.num_drift_tokens == 0
+
+
+def test_stats_list_the_policy_versions_the_session_ran_on(eot):
+    # weights moved between the two calls of one chain: the group records both versions
+    log = [_completion(0, [1, 2], [3, eot], policy_version=4),
+           _completion(1, [1, 2, 3, eot, 5], [6, eot], policy_version=5),
+           _completion(2, [9], [8, eot], policy_version=4)]
+    _, stats = build_traces(log, MERGING, end_of_turn_id=eot)
+    assert stats.policy_versions == [4, 5]
+    assert build_traces([], MERGING, end_of_turn_id=eot)[1].policy_versions == []

@@ -10,7 +10,9 @@ from rolloutd.trainer_client.client import (
     RolloutHandle,
     validate_task,
 )
+from rolloutd.scoring import failure_of, scored_sessions
 from rolloutd.trainer_client.exports import (
+    failed_cause,
     parquet_schema,
     to_openai_messages_jsonl,
     to_parquet,
@@ -38,10 +40,13 @@ __all__ = [
     "SyncRolloutBuffer",
     "SyncRolloutClient",
     "dapo_filter",
+    "failed_cause",
+    "failure_of",
     "group_advantages",
     "group_rewards",
     "is_zero_variance",
     "parquet_schema",
+    "scored_sessions",
     "to_openai_messages_jsonl",
     "to_parquet",
     "to_slime_samples",

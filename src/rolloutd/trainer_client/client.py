@@ -292,7 +292,7 @@ class RolloutClient:
             group = await handle.result()
             progress = TaskProgress(task_id=task_id, num_samples=num_samples
                                     or len(group.sessions), sessions=group.sessions,
-                                    result=group)
+                                    replaced=group.replaced, result=group)
             _settle(progress)
         else:
             progress = await self._query_progress(handle) or TaskProgress(task_id=task_id)

@@ -11,6 +11,13 @@ A trace's reward is ``trace.reward`` (set by ``rolloutd.trajectory.assign_reward
 trajectory's ``reward``. The exports never truncate or drop silently: a trace over a length
 limit, or without a reward where one is needed, raises a ``ValueError`` that names it.
 
+Failed sessions (a failure cause that is not a rewarded run-phase timeout of the policy:
+:func:`failed_cause`) are left out of every export: a reward measures the policy, never the
+infrastructure (DESIGN.md, failure causes). ``include_failed=True`` keeps them, marked: the
+cause in the row's metadata (``failure``: ``{kind, message, phase, retryable}``), an all-zero
+loss mask, no reward; verl rows get a group of their own (``uid``) so no GRPO baseline
+includes them.
+
 Heavy imports (numpy, torch, pyarrow) happen inside the functions that need them, so importing
 this module costs nothing for a trainer that only writes JSONL.
 """
@@ -23,13 +30,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from typing import IO, TYPE_CHECKING, Any, Literal
 
-from rolloutd.types import SessionStatus, Trace, Trajectory
+from rolloutd.scoring import failure_of, is_policy_timeout
+from rolloutd.types import FailureCause, SessionStatus, Trace, Trajectory
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
 __all__ = [
+    "failed_cause",
     "parquet_schema",
     "to_openai_messages_jsonl",
     "to_parquet",
@@ -46,10 +55,54 @@ _SLIME_STATUS = {
 }
 
 
-def _rows(trajectories: Sequence[Trajectory]) -> Iterator[tuple[Trajectory, Trace]]:
+def failed_cause(trajectory: Trajectory) -> FailureCause | None:
+    """The failure that keeps a session out of training data, or None.
+
+    None for a session that ran to its end, and for a run-phase timeout the policy is
+    accountable for and that was rewarded (the task's ``timeout_reward``); any other cause
+    (infrastructure, cancellation, an unrewarded timeout) is returned
+    (:func:`rolloutd.scoring.failure_of`, which also reads trajectories stored before causes
+    existed from their status).
+
+    Args:
+        trajectory: one session's trajectory.
+    """
+    failure = failure_of(trajectory)
+    if failure is None:
+        return None
+    rewarded = trajectory.reward is not None or any(
+        t.reward is not None for t in trajectory.traces)
+    return None if is_policy_timeout(failure) and rewarded else failure
+
+
+def _rows(trajectories: Sequence[Trajectory], include_failed: bool = False
+          ) -> Iterator[tuple[Trajectory, Trace]]:
+    """Every trace of every trajectory in order; failed sessions only with ``include_failed``,
+    then each trace as :func:`_marked`."""
     for trajectory in trajectories:
+        failure = failed_cause(trajectory)
+        if failure is not None and not include_failed:
+            continue
         for trace in trajectory.traces:
-            yield trajectory, trace
+            yield trajectory, (trace if failure is None else _marked(trace, failure))
+
+
+def _marked(trace: Trace, failure: FailureCause) -> Trace:
+    """A failed session's trace as exported: nothing trainable, no reward, the cause in its
+    metadata."""
+    return trace.model_copy(update={
+        "loss_mask": [0] * len(trace.loss_mask), "reward": None,
+        "metadata": {**trace.metadata, "failure": failure.model_dump()}})
+
+
+def _failure_of_row(trace: Trace) -> dict[str, Any] | None:
+    return trace.metadata.get("failure") if isinstance(trace.metadata, dict) else None
+
+
+def _reward_of_row(trajectory: Trajectory, trace: Trace) -> float | None:
+    """:func:`trace_reward`, and None for a failed session's row (marked by :func:`_marked`):
+    its trajectory's reward, where an older evaluator set one, is not the policy's."""
+    return None if _failure_of_row(trace) is not None else trace_reward(trajectory, trace)
 
 
 def _name(trajectory: Trajectory, trace: Trace) -> str:
@@ -127,6 +180,7 @@ def to_verl_batch(
     truncate: bool = False,
     reward_position: Literal["last_token", "last_trainable"] = "last_token",
     default_reward: float | None = None,
+    include_failed: bool = False,
 ) -> dict[str, torch.Tensor | np.ndarray]:
     """Pad a batch of traces into verl's ``DataProto`` layout, one row per trace.
 
@@ -157,6 +211,9 @@ def to_verl_batch(
             ``last_trainable`` (the last token with ``loss_mask == 1``; the last token when
             none is trainable). They differ only for a trace that ends with non-sampled tokens.
         default_reward: reward of traces whose session is unscored; None raises instead.
+        include_failed: keep failed sessions' traces (:func:`failed_cause`): all-zero
+            ``response_mask`` and ``token_level_scores``, ``uid`` ``failed/{session_id}`` (a
+            group of their own, outside every GRPO baseline), ``failure`` set.
 
     Returns:
         A dict with, for B traces, P the longest (kept) prompt and R the longest response:
@@ -167,7 +224,9 @@ def to_verl_batch(
         - ``rollout_log_probs``: torch.float32 [B, R], ``response_logprobs`` then zeros;
         - ``token_level_scores``: torch.float32 [B, R], the reward at one position, else 0;
         - ``uid``: np.ndarray of object (str) [B], the ``task_id``, so GRPO groups by task;
-        - ``session_id``: np.ndarray of object (str) [B], for per-session weighting.
+        - ``session_id``: np.ndarray of object (str) [B], for per-session weighting;
+        - ``failure``: np.ndarray of object [B], the failure kind of a failed session's row,
+          else None.
 
     Raises:
         ValueError: no traces; a trace over a limit without ``truncate``; a trace without
@@ -177,11 +236,14 @@ def to_verl_batch(
     import torch
 
     rows = []
-    for trajectory, trace in _rows(trajectories):
+    failures: list[str | None] = []
+    for trajectory, trace in _rows(trajectories, include_failed):
         arrays = _fit(trajectory, trace, max_prompt_len=max_prompt_len,
                       max_response_len=max_response_len, truncate=truncate)
-        reward = _required_reward(trajectory, trace, default_reward)
+        failure = _failure_of_row(trace)
+        reward = 0.0 if failure else _required_reward(trajectory, trace, default_reward)
         rows.append((trajectory, arrays, reward))
+        failures.append(failure["kind"] if failure else None)
     if not rows:
         raise ValueError("to_verl_batch needs at least one trace")
 
@@ -215,9 +277,12 @@ def to_verl_batch(
     position_ids = np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None)
     input_ids = np.concatenate([prompts, responses], axis=1)
     uid = np.empty(num_rows, dtype=object)
-    uid[:] = [trajectory.task_id for trajectory, _, _ in rows]
+    uid[:] = [trajectory.task_id if kind is None else f"failed/{trajectory.session_id}"
+              for (trajectory, _, _), kind in zip(rows, failures, strict=True)]
     session_id = np.empty(num_rows, dtype=object)
     session_id[:] = [trajectory.session_id for trajectory, _, _ in rows]
+    failure_kind = np.empty(num_rows, dtype=object)
+    failure_kind[:] = failures
     return {
         "input_ids": torch.from_numpy(input_ids),
         "attention_mask": torch.from_numpy(attention_mask),
@@ -229,6 +294,7 @@ def to_verl_batch(
         "token_level_scores": torch.from_numpy(token_level_scores),
         "uid": uid,
         "session_id": session_id,
+        "failure": failure_kind,
     }
 
 
@@ -243,6 +309,7 @@ def _slime_status(trajectory: Trajectory, trace: Trace) -> str:
 
 def to_slime_samples(
     trajectories: Sequence[Trajectory], *, default_reward: float | None = None,
+    include_failed: bool = False,
 ) -> list[dict[str, Any]]:
     """Convert traces to slime ``Sample`` dicts, one per trace.
 
@@ -259,6 +326,8 @@ def to_slime_samples(
         trajectories: list[Trajectory]; N traces in all.
         default_reward: reward of traces whose session is unscored; None leaves ``reward``
             None (slime's ``Sample.reward`` is optional: its reward model can fill it).
+        include_failed: keep failed sessions' traces (:func:`failed_cause`): all-zero
+            ``loss_mask``, ``reward`` None, ``remove_sample`` True, ``metadata["failure"]``.
 
     Returns:
         list[dict], length N, each with:
@@ -274,17 +343,18 @@ def to_slime_samples(
         - ``weight_versions``: list[str], the policy versions of the trace's completions;
         - ``status``: "completed" | "truncated" | "aborted" | "failed";
         - ``session_id``: the rolloutd session (slime routes a session to one engine by it);
-        - ``remove_sample``: False;
+        - ``remove_sample``: False (True for a failed session's row);
         - ``metadata``: the trace's metadata plus ``task_id``, ``sample_index``,
           ``trace_index``, ``num_traces_in_session``, ``finish_reason``,
           ``response_messages`` and ``tools``.
     """
     group_indices: dict[str, int] = {}
     samples = []
-    for index, (trajectory, trace) in enumerate(_rows(trajectories)):
+    for index, (trajectory, trace) in enumerate(_rows(trajectories, include_failed)):
         group_index = group_indices.setdefault(trajectory.task_id, len(group_indices))
-        reward = trace_reward(trajectory, trace)
-        if reward is None and default_reward is not None:
+        failed = _failure_of_row(trace) is not None
+        reward = _reward_of_row(trajectory, trace)
+        if reward is None and default_reward is not None and not failed:
             reward = float(default_reward)
         samples.append({
             "group_index": group_index,
@@ -300,7 +370,7 @@ def to_slime_samples(
             "weight_versions": [str(v) for v in trace.policy_versions],
             "status": _slime_status(trajectory, trace),
             "session_id": trajectory.session_id,
-            "remove_sample": False,
+            "remove_sample": failed,
             "metadata": {
                 **trace.metadata,
                 "task_id": trajectory.task_id,
@@ -323,6 +393,7 @@ def to_openai_messages_jsonl(
     path_or_file: str | os.PathLike[str] | IO[str],
     *,
     min_reward: float | None = None,
+    include_failed: bool = False,
 ) -> int:
     """Write traces as OpenAI chat messages JSONL for SFT, one line per trace.
 
@@ -336,6 +407,9 @@ def to_openai_messages_jsonl(
             not closed).
         min_reward: keep only traces whose reward (:func:`trace_reward`) is not None and
             ``>= min_reward`` (rejection sampling for SFT); None keeps every trace.
+        include_failed: keep failed sessions' traces (:func:`failed_cause`), each line with
+            a ``failure`` key (``{kind, message, phase, retryable}``); they have no reward,
+            so ``min_reward`` leaves them out.
 
     Returns:
         The number of lines written.
@@ -346,13 +420,16 @@ def to_openai_messages_jsonl(
         target = nullcontext(path_or_file)
     num_lines = 0
     with target as out:
-        for trajectory, trace in _rows(trajectories):
+        for trajectory, trace in _rows(trajectories, include_failed):
             if min_reward is not None:
-                reward = trace_reward(trajectory, trace)
+                reward = _reward_of_row(trajectory, trace)
                 if reward is None or reward < min_reward:
                     continue
-            line = {"messages": [*trace.prompt_messages, *trace.response_messages],
-                    "tools": list(trace.tools)}
+            line: dict[str, Any] = {
+                "messages": [*trace.prompt_messages, *trace.response_messages],
+                "tools": list(trace.tools)}
+            if (failure := _failure_of_row(trace)) is not None:
+                line["failure"] = failure
             out.write(json.dumps(line, ensure_ascii=False) + "\n")
             num_lines += 1
     return num_lines
@@ -392,21 +469,26 @@ def parquet_schema() -> Any:
         ("response_messages", pa.string()),
         ("tools", pa.string()),
         ("metadata", pa.string()),
+        ("failure", pa.string()),
     ])
 
 
 def to_parquet(
     trajectories: Sequence[Trajectory], path: str | os.PathLike[str] | IO[bytes],
+    *, include_failed: bool = False,
 ) -> int:
     """Write traces to a Parquet file, one row per trace, columns of :func:`parquet_schema`.
 
-    ``reward`` is :func:`trace_reward` (null for an unscored session); ``response_logprobs``
+    ``reward`` is :func:`trace_reward` (null for an unscored or failed session);
+    ``failure`` is the cause as JSON (null but for a failed session's row); ``response_logprobs``
     are float64, so values round-trip exactly. Read back with ``pyarrow.parquet.read_table``
     (or pandas / datasets); ``json.loads`` the message columns.
 
     Args:
         trajectories: list[Trajectory]; N traces in all.
         path: file path or binary file object.
+        include_failed: keep failed sessions' traces (:func:`failed_cause`): all-zero
+            ``loss_mask``, null ``reward``, ``failure`` set (also in ``metadata``).
 
     Returns:
         N, the number of rows written (an empty file with the schema when N is 0).
@@ -422,7 +504,8 @@ def to_parquet(
 
     schema = parquet_schema()
     columns: dict[str, list[Any]] = {name: [] for name in schema.names}
-    for trajectory, trace in _rows(trajectories):
+    for trajectory, trace in _rows(trajectories, include_failed):
+        failure = _failure_of_row(trace)
         values = {
             "task_id": trajectory.task_id,
             "session_id": trajectory.session_id,
@@ -433,7 +516,7 @@ def to_parquet(
             "response_ids": trace.response_ids,
             "loss_mask": trace.loss_mask,
             "response_logprobs": trace.response_logprobs,
-            "reward": trace_reward(trajectory, trace),
+            "reward": _reward_of_row(trajectory, trace),
             "finish_reason": trace.finish_reason,
             "num_traces_in_session": trace.num_traces_in_session,
             "completion_indices": trace.completion_indices,
@@ -442,6 +525,7 @@ def to_parquet(
             "response_messages": json.dumps(trace.response_messages, ensure_ascii=False),
             "tools": json.dumps(trace.tools, ensure_ascii=False),
             "metadata": json.dumps(trace.metadata, ensure_ascii=False),
+            "failure": None if failure is None else json.dumps(failure, ensure_ascii=False),
         }
         for name, value in values.items():
             columns[name].append(value)

@@ -23,6 +23,7 @@ import math
 from collections.abc import Sequence
 from typing import TypeVar, overload
 
+from rolloutd.scoring import scored_rewards
 from rolloutd.types import TaskResult, Trace
 
 __all__ = [
@@ -121,12 +122,13 @@ def group_rewards(group: TaskResult | Sequence[float]) -> list[float]:
         group: a :class:`TaskResult` (its sessions' ``reward``), or the rewards themselves.
 
     Returns:
-        list[float], length ≤ G. Unscored sessions (``reward is None``: a failed session its
-        evaluator did not score) are left out, as in the task workflow's group stats; an
-        evaluator that wants failures to count must score them (e.g. 0.0).
+        list[float], length ≤ G: the scored sessions only (:func:`rolloutd.scoring.
+        scored_rewards`, the rule the task's group stats and the buffer's DAPO filter use).
+        A session that failed for infrastructure is left out even when an older evaluator
+        gave it a reward: a reward measures the policy, never the infrastructure.
     """
     if isinstance(group, TaskResult):
-        return [float(s.reward) for s in group.sessions if s.reward is not None]
+        return scored_rewards(group)
     return [float(r) for r in group]
 
 

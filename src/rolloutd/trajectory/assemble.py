@@ -180,4 +180,5 @@ def builder_stats(traces: list[Trace], completions: list[Completion],
         num_untrainable_completions=sum(not c.trainable for c in completions),
         num_trainable_tokens=sum(sum(t.loss_mask) for t in traces),
         num_response_tokens=sum(len(t.response_ids) for t in traces),
+        policy_versions=sorted({c.policy_version for c in completions}),
     )

@@ -9,8 +9,10 @@ nothing:
   continue-as-new) from a task source: tasks pushed by the trainer, then rows of a JSONL /
   Parquet file read in chunks by the ``read_task_chunk`` activity (eval fleet), with a cursor;
 - each task signals ``group_finished`` with its group; the group is stamped with the buffer's
-  policy version at the task's start; zero-variance groups (DAPO) and groups more than
-  ``max_staleness`` versions old are dropped;
+  policy version at the task's start; zero-variance groups (DAPO, over the scored sessions
+  only: :func:`rolloutd.scoring.scored_rewards`), groups more than ``max_staleness`` versions
+  old, and incomplete groups when ``incomplete_groups="drop"`` are dropped; failures are
+  counted by kind;
 - ``take_batch`` (an Update) returns ``num_groups`` groups as soon as they are ready, under a
   lease; ``ack`` commits the batch; a batch whose lease runs out unacked is offered again, whole,
   to the next ``take_batch``: a trainer that acks after it trains gets each group exactly once;
@@ -32,6 +34,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
     from rolloutd.activities.models import ReadTaskChunkInput, ReadTaskChunkOutput
+    from rolloutd.scoring import scored_rewards
     from rolloutd.types import TaskRequest, TaskResult
     from rolloutd.workflows import search
     from rolloutd.workflows.buffer_models import (
@@ -66,18 +69,15 @@ SOURCE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coeffi
 MAX_REMEMBERED = 1000
 
 
-def group_rewards_or_zero(group: TaskResult) -> list[float]:
-    """One reward per session; a session without a reward (failed, cancelled) scores 0.0."""
-    return [s.reward if s.reward is not None else 0.0 for s in group.sessions]
-
-
 def is_zero_variance(group: TaskResult) -> bool:
-    """All rewards equal, or fewer than two: no GRPO signal (DAPO, arXiv 2503.14476, 3.2).
+    """The scored sessions' rewards are all equal, or fewer than two: no GRPO signal (DAPO,
+    arXiv 2503.14476, 3.2). A session without a scored reward (an infrastructure failure) is
+    left out, never counted as 0.0.
 
     Same rule as :func:`rolloutd.trainer_client.grpo.is_zero_variance` (not imported here: the
     trainer client pulls in I/O libraries a workflow module must not import).
     """
-    rewards = group_rewards_or_zero(group)
+    rewards = scored_rewards(group)
     return len(rewards) < 2 or max(rewards) == min(rewards)
 
 
@@ -270,13 +270,19 @@ class RolloutBufferWorkflow:
             workflow.logger.info("group of %s ignored: not running here", group.task_id)
             return
         self._s.num_groups_finished += 1
+        for kind, count in group.num_failed_by_kind.items():
+            self._s.num_failed_by_kind[kind] = self._s.num_failed_by_kind.get(kind, 0) + count
         if self._is_stale(running.policy_version):
             self._drop(group.task_id, "stale", running.policy_version)
             self._s.num_dropped_stale += 1
+        elif group.incomplete and self._config.incomplete_groups == "drop":
+            self._drop(group.task_id, "incomplete", running.policy_version)
+            self._s.num_dropped_incomplete += 1
         elif self._config.drop_zero_variance and is_zero_variance(group):
             self._drop(group.task_id, "zero_variance", running.policy_version)
             self._s.num_dropped_zero_variance += 1
         else:
+            self._s.num_incomplete_handed_out += group.incomplete
             self._s.ready.append(BufferedGroup(group=group,
                                                policy_version=running.policy_version))
         self._dirty = True
@@ -393,7 +399,8 @@ class RolloutBufferWorkflow:
         """Counters, what runs, what is ready and leased, recent drops."""
         s = self._s
         counters = {k: v for k, v in s.model_dump().items()
-                    if k.startswith("num_") or k in ("cursor", "next_batch")}
+                    if isinstance(v, int) and (k.startswith("num_")
+                                               or k in ("cursor", "next_batch"))}
         return BufferStats(
             buffer_id=self._config.buffer_id, run_id=workflow.info().run_id,
             policy_version=s.policy_version, num_pending=len(s.pending) + len(s.pushed),
@@ -403,4 +410,5 @@ class RolloutBufferWorkflow:
             reoffer_batch_ids=[b.batch_id for b in s.reoffer],
             state_counters=counters, dropped=list(s.dropped[-100:]),
             source_exhausted=s.source_exhausted, closed=s.closed,
+            num_failed_by_kind=dict(s.num_failed_by_kind),
         )

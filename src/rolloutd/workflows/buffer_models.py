@@ -53,7 +53,11 @@ class BufferConfig(_M):
         task_id_suffix: appended to every source task id (a second run over the same file
             needs new ids: task ids are business keys).
         drop_zero_variance: drop groups whose rewards are all equal (DAPO, arXiv 2503.14476,
-            section 3.2); see :func:`rolloutd.trainer_client.grpo.is_zero_variance`.
+            section 3.2) over their scored sessions; see
+            :func:`rolloutd.trainer_client.grpo.is_zero_variance`.
+        incomplete_groups: a group that misses scored samples after its replacements
+            (``TaskResult.incomplete``): ``hand_out`` (the trainer gets the scored sessions;
+            GRPO stats use those only) or ``drop`` (reason ``incomplete``).
         max_staleness: drop a group when ``policy_version - group.policy_version`` exceeds it
             (the group's version is the buffer's when its task started); None keeps all.
         cancel_surplus: when a batch is handed out, cancel the tasks still running (ProRL's
@@ -69,6 +73,8 @@ class BufferConfig(_M):
     num_samples: int | None = Field(default=None, ge=1, le=1024)
     task_id_suffix: str = Field(default="", max_length=40)
     drop_zero_variance: bool = True
+    incomplete_groups: Literal["hand_out", "drop"] = Field(
+        default="hand_out", description="hand out or drop a group that misses scored samples")
     max_staleness: int | None = Field(default=None, ge=0)
     cancel_surplus: bool = False
     lease_s: float = Field(default=600.0, gt=0, le=7 * 86_400)
@@ -115,7 +121,8 @@ class DroppedGroup(_M):
     """A group the buffer did not hand out, and why."""
 
     task_id: str
-    reason: Literal["zero_variance", "stale", "cancelled", "start_failed", "invalid"]
+    reason: Literal["zero_variance", "stale", "cancelled", "start_failed", "invalid",
+                    "incomplete"]
     policy_version: int = 0
 
 
@@ -138,6 +145,10 @@ class BufferState(_M):
     num_groups_finished: int = 0
     num_dropped_zero_variance: int = 0
     num_dropped_stale: int = 0
+    num_dropped_incomplete: int = 0
+    num_incomplete_handed_out: int = 0
+    num_failed_by_kind: dict[str, int] = Field(
+        default_factory=dict, description="failure kind -> sessions of finished groups")
     num_cancelled: int = 0
     num_groups_acked: int = 0
     num_batches_acked: int = 0
@@ -232,3 +243,6 @@ class BufferStats(_M):
     dropped: list[DroppedGroup] = Field(default_factory=list)
     source_exhausted: bool = False
     closed: bool = False
+    num_failed_by_kind: dict[str, int] = Field(
+        default_factory=dict, description="failure kind -> sessions of finished groups "
+        "(replaced sessions not included)")

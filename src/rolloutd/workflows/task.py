@@ -4,6 +4,14 @@ Workflow id ``task/{task_id}``; children ``task/{task_id}/{index}``; session ids
 ``{task_id}/{index}``. Cancelling the task cancels every session; each session tears its runtime
 down and stores what it captured before it ends.
 
+A sample whose session ended with a retryable infrastructure cause (not the policy's, not a
+cancellation: :func:`rolloutd.scoring.is_replaceable`) is run again as a new session of the same
+sample index, child ``task/{task_id}/{index}/r{n}``, session ``{task_id}/{index}/r{n}``, up to
+``TaskRequest.max_replacements`` per group. A failure because the sandbox fleet was down is
+not counted: its replacement first waits until a sandbox worker polls again. A group that still
+misses a scored sample ends ``incomplete`` (DESIGN.md, failure causes: a reward measures the
+policy, never the infrastructure).
+
 The query ``status`` answers every session that has ended, as it ends. A session's callback
 (``callback_url``) starts after its result is stored here, as a detached child
 (:mod:`rolloutd.workflows.callback`): the task ends when its sessions end, never later.
@@ -12,7 +20,9 @@ The query ``status`` answers every session that has ended, as it ends. A session
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
@@ -23,7 +33,18 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
     from rolloutd.activities.cancel import cancel_workflows
-    from rolloutd.activities.models import PostCallbackInput
+    from rolloutd.activities.models import (
+        PostCallbackInput,
+        TaskQueuePollersInput,
+        TaskQueuePollersOutput,
+    )
+    from rolloutd.scoring import (
+        failure_counts,
+        failure_of,
+        is_fleet_down,
+        is_replaceable,
+        scored_sessions,
+    )
     from rolloutd.types import (
         SessionResult,
         SessionStatus,
@@ -41,9 +62,17 @@ def task_workflow_id(task_id: str) -> str:
     return f"task/{task_id}"
 
 
-def session_id_of(task_id: str, sample_index: int) -> str:
-    """Session id of one sample of a task."""
-    return f"{task_id}/{sample_index}"
+def session_id_of(task_id: str, sample_index: int, replacement: int = 0) -> str:
+    """Session id of one sample of a task: ``{task_id}/{index}``, and ``{task_id}/{index}/r{n}``
+    for its n-th replacement."""
+    base = f"{task_id}/{sample_index}"
+    return base if replacement == 0 else f"{base}/r{replacement}"
+
+
+def session_workflow_id(parent: str, sample_index: int, replacement: int = 0) -> str:
+    """Child workflow id of one sample: ``{parent}/{index}``, then ``{parent}/{index}/r{n}``."""
+    base = f"{parent}/{sample_index}"
+    return base if replacement == 0 else f"{base}/r{replacement}"
 
 
 #: histories recorded before DETACHED_CALLBACKS_PATCH: callbacks ran inside the task, with
@@ -62,6 +91,20 @@ CANCEL_DIRECTLY_PATCH = "cancel-sessions-directly"
 DETACHED_CALLBACKS_PATCH = "detached-callbacks"
 #: the query answering :class:`~rolloutd.types.TaskProgress`.
 STATUS_QUERY = "status"
+#: patch id of replacing samples that failed for infrastructure; histories recorded before it
+#: end with every sample's first session.
+REPLACEMENTS_PATCH = "replace-infrastructure-failures"
+#: how often a replacement waiting for the sandbox fleet asks whether a worker polls (at most)
+FLEET_CHECK_EVERY_S = 10.0
+FLEET_CHECK_TIMEOUT = timedelta(seconds=10)
+FLEET_CHECK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
+#: fleet-down replacements per sample of a group at most (they are not counted against
+#: ``max_replacements``): a fleet that comes back only to die again cannot hold a task forever
+FLEET_DOWN_REPLACEMENTS_PER_SAMPLE = 3
+#: workflow metrics (``workflow.metric_meter()``: not emitted again on replay); no label
+#: carries a session or task id
+REPLACEMENTS_METRIC = "rolloutd_session_replacements"
+INCOMPLETE_GROUPS_METRIC = "rolloutd_incomplete_groups"
 
 
 @workflow.defn
@@ -71,6 +114,13 @@ class RolloutTaskWorkflow:
     def __init__(self) -> None:
         self._results: dict[int, SessionResult] = {}
         self._progress: TaskProgress | None = None
+        self._replaced: list[SessionResult] = []
+        self._replacing: set[int] = set()
+        self._num_replacements = 0
+        self._num_counted_replacements = 0
+        self._num_fleet_down_replacements = 0
+        self._child_ids: dict[int, str] = {}
+        self._cancelling = False
 
     @workflow.query
     def progress(self) -> dict[str, int]:
@@ -86,59 +136,150 @@ class RolloutTaskWorkflow:
         if self._progress is None:
             return None
         return self._progress.model_copy(update={
-            "sessions": [self._results[i] for i in sorted(self._results)]})
+            "sessions": [self._results[i] for i in sorted(self._results)],
+            "replaced": list(self._replaced), "replacing": sorted(self._replacing)})
 
     @workflow.run
     async def run(self, task: TaskRequest) -> TaskResult:
         self._progress = TaskProgress(task_id=task.task_id, num_samples=task.num_samples)
         search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
         parent = workflow.info().workflow_id
+        replace = workflow.patched(REPLACEMENTS_PATCH)
+        # a sample's running session, by index: cancelled directly by this id
+        self._child_ids = {i: session_workflow_id(parent, i) for i in range(task.num_samples)}
 
-        async def one(index: int) -> SessionResult:
-            session_id = session_id_of(task.task_id, index)
+        async def session(index: int, replacement: int) -> SessionResult:
+            session_id = session_id_of(task.task_id, index, replacement)
             try:
-                result = await workflow.execute_child_workflow(
+                return await workflow.execute_child_workflow(
                     RolloutSessionWorkflow.run,
                     SessionInput(task=task, sample_index=index, session_id=session_id),
-                    id=f"{parent}/{index}",
+                    id=session_workflow_id(parent, index, replacement),
                     task_queue=task_queues.WORKFLOWS,
                     execution_timeout=None,
                     cancellation_type=workflow.ChildWorkflowCancellationType.WAIT_CANCELLATION_COMPLETED,
                 )
             except ChildWorkflowError as e:
-                result = SessionResult(session_id=session_id, task_id=task.task_id,
-                                       sample_index=index, status=SessionStatus.FAILED,
-                                       error=f"session workflow failed: {e.cause or e}")
+                return SessionResult(session_id=session_id, task_id=task.task_id,
+                                     sample_index=index, status=SessionStatus.FAILED,
+                                     error=f"session workflow failed: {e.cause or e}")
+
+        async def one(index: int) -> SessionResult:
+            result = await session(index, 0)
+            replacement = 0
+            while replace and not self._cancelling and await self._replace(task, result):
+                replacement += 1
+                self._child_ids[index] = session_workflow_id(parent, index, replacement)
+                result = await session(index, replacement)
+                self._replacing.discard(index)
             self._results[index] = result
-            if task.callback_url and not cancelling:
+            if task.callback_url and not self._cancelling:
                 if workflow.patched(DETACHED_CALLBACKS_PATCH):
                     await _start_callback(task.callback_url, parent, index, task, result)
                 else:
                     await _post_callback(task.callback_url, result)
             return result
 
-        cancelling = False
         sessions = [asyncio.ensure_future(one(i)) for i in range(task.num_samples)]
         try:
             # shielded: a cancelled task cancels its sessions itself (_cancel_sessions), then
             # waits for every one to end (its teardown done), as WAIT_CANCELLATION_COMPLETED
             results = await asyncio.gather(*(asyncio.shield(s) for s in sessions))
         except asyncio.CancelledError:
-            cancelling = True
+            self._cancelling = True
             self._progress.status = "cancelled"
             search.upsert(status=SessionStatus.CANCELLED.value)
-            await _cancel_sessions(parent, sessions)
+            await _cancel_sessions(self._child_ids, sessions)
             await asyncio.gather(*sessions, return_exceptions=True)
             raise
-        group = summarize(task.task_id, list(results))
+        group = summarize(task.task_id, list(results), num_samples=task.num_samples,
+                          replaced=self._replaced, num_replacements=self._num_replacements)
         self._progress.status = "completed" if group.num_completed else "failed"
+        if group.incomplete:
+            workflow.metric_meter().create_counter(
+                INCOMPLETE_GROUPS_METRIC, "groups that ended with fewer scored sessions than "
+                "samples").add(1)
         search.upsert(status="completed", reward=group.mean_reward)
         if task.report_to:
             await _report(task.report_to, group)
         return group
 
+    async def _replace(self, task: TaskRequest, result: SessionResult) -> bool:
+        """Decide whether a sample's ended session gets a replacement, and wait for the
+        sandbox fleet first when the session failed because it was down.
 
-async def _cancel_sessions(parent: str, sessions: list[asyncio.Future]) -> None:
+        Returns:
+            True when a new session of the sample is to start now (the ended one is moved to
+            ``replaced``); False when ``result`` stands.
+        """
+        if not is_replaceable(result):
+            return False
+        failure = failure_of(result)
+        fleet_down = failure is not None and is_fleet_down(failure)
+        if not fleet_down and self._num_counted_replacements >= task.max_replacements:
+            return False
+        if fleet_down and (self._num_fleet_down_replacements
+                           >= FLEET_DOWN_REPLACEMENTS_PER_SAMPLE * task.num_samples):
+            return False
+        # shown as being replaced while it waits for the fleet, too
+        self._replaced.append(result)
+        self._replacing.add(result.sample_index)
+        if fleet_down and not await _wait_for_sandbox_fleet(task, lambda: self._cancelling):
+            self._replaced.remove(result)
+            self._replacing.discard(result.sample_index)
+            return False
+        if fleet_down:
+            self._num_fleet_down_replacements += 1
+        else:
+            self._num_counted_replacements += 1
+        self._num_replacements += 1
+        workflow.metric_meter().create_counter(
+            REPLACEMENTS_METRIC, "sessions replaced after a retryable infrastructure failure"
+        ).add(1, {"kind": failure.kind if failure else "unknown",
+                  "fleet_down": "true" if fleet_down else "false"})
+        workflow.logger.info("replacing session %s (%s): replacement %d of the group",
+                             result.session_id, failure.kind if failure else "?",
+                             self._num_replacements)
+        return True
+
+
+async def _wait_for_sandbox_fleet(task: TaskRequest, cancelling: Callable[[], bool]) -> bool:
+    """Wait until a sandbox worker polls again: a poll seen within
+    ``task.phases.provision_wait_s``, the rule by which the session called the fleet dead.
+
+    The fleet gets as long to come back as it had to show up (``provision_wait_s`` again):
+    a fleet that stays dead must reach the trainer as an incomplete group within minutes, not
+    hold the task for its whole deadline (DESIGN.md: a dead fleet reaches the trainer within a
+    minute). Gives up at once when the task is being cancelled.
+
+    Returns:
+        True when the fleet polls; False when the wait gave up.
+    """
+    wait_s = task.phases.provision_wait_s
+    every = max(1.0, min(FLEET_CHECK_EVERY_S, wait_s / 3))
+    give_up_at = workflow.now() + timedelta(seconds=wait_s)
+    while workflow.now() < give_up_at and not cancelling():
+        try:
+            pollers: TaskQueuePollersOutput = await workflow.execute_local_activity(
+                "task_queue_pollers", TaskQueuePollersInput(task_queue=task_queues.SANDBOX),
+                start_to_close_timeout=FLEET_CHECK_TIMEOUT,
+                retry_policy=FLEET_CHECK_RETRY,
+                result_type=TaskQueuePollersOutput,
+            )
+            if pollers.last_poll_s_ago is not None and pollers.last_poll_s_ago < wait_s:
+                return True
+        except ActivityError as e:
+            # no evidence either way: keep waiting
+            workflow.logger.warning("sandbox poller check failed: %s", e.cause or e)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await workflow.wait_condition(cancelling, timeout=every)
+    if cancelling():
+        return False
+    workflow.logger.warning("sandbox fleet still down after %g s: no replacement", wait_s)
+    return False
+
+
+async def _cancel_sessions(child_ids: dict[int, str], sessions: list[asyncio.Future]) -> None:
     """Cancel the sessions still running: each directly by its workflow id (the local activity
     ``cancel_workflows``, about a second for 100), not by the task's child cancellation, which
     the server delivers at about one a second (:mod:`rolloutd.activities.cancel`). A session
@@ -149,11 +290,11 @@ async def _cancel_sessions(parent: str, sessions: list[asyncio.Future]) -> None:
     if workflow.patched(CANCEL_DIRECTLY_PATCH):
         try:
             failed = await workflow.execute_local_activity(
-                cancel_workflows, [f"{parent}/{i}" for i in running],
+                cancel_workflows, [child_ids[i] for i in running],
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(maximum_attempts=2),
             )
-            fallback = [i for i in running if f"{parent}/{i}" in set(failed)]
+            fallback = [i for i in running if child_ids[i] in set(failed)]
         except ActivityError as e:
             workflow.logger.warning("cancelling sessions directly failed (%s): cancelling "
                                     "them as children", e.cause or e)
@@ -200,16 +341,38 @@ async def _report(workflow_id: str, group: TaskResult) -> None:
                                 workflow_id, e)
 
 
-def summarize(task_id: str, sessions: list[SessionResult]) -> TaskResult:
-    """Group stats of a task's sessions: mean and (population) std of the rewards."""
-    rewards = [s.reward for s in sessions if s.reward is not None]
+def summarize(task_id: str, sessions: list[SessionResult], *, num_samples: int | None = None,
+              replaced: list[SessionResult] | None = None,
+              num_replacements: int = 0) -> TaskResult:
+    """Group stats of a task's sessions, over the scored sessions only
+    (:func:`rolloutd.scoring.scored_sessions`): mean and (population) std of their rewards.
+
+    Args:
+        task_id: the task.
+        sessions: one result per sample (a replaced sample's last session).
+        num_samples: the group size G; ``len(sessions)`` when None. The group is
+            ``incomplete`` when fewer than G sessions are scored.
+        replaced: sessions superseded by replacements.
+        num_replacements: replacements started.
+
+    Returns:
+        The group; ``mean_reward`` and ``reward_std`` are None without a scored session.
+    """
+    rewards = [float(s.reward) for s in scored_sessions(sessions)]  # type: ignore[arg-type]
     mean = sum(rewards) / len(rewards) if rewards else None
     std = (math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
            if rewards and mean is not None else None)
+    size = len(sessions) if num_samples is None else num_samples
     return TaskResult(
         task_id=task_id,
         sessions=sorted(sessions, key=lambda s: s.sample_index),
         mean_reward=mean,
         reward_std=std,
         num_completed=sum(s.status == SessionStatus.COMPLETED for s in sessions),
+        replaced=list(replaced or []),
+        num_replacements=num_replacements,
+        num_scored=len(rewards),
+        incomplete=len(rewards) < size,
+        num_failed_by_kind=failure_counts(sessions),
+        policy_versions=sorted({v for s in sessions for v in s.stats.policy_versions}),
     )

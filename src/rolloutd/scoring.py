@@ -1,0 +1,129 @@
+"""Which sessions of a group carry a reward the policy earned: one rule for every reader.
+
+A reward measures the policy, never the infrastructure (DESIGN.md, failure causes). The task's
+group stats (:func:`rolloutd.workflows.task.summarize`), the buffer's DAPO filter and
+:mod:`rolloutd.trainer_client.grpo` all ask "which rewards of this group count?"; they ask it
+here, so the answer cannot drift apart (before, the buffer zero-filled missing rewards while
+the other two skipped them).
+
+The rule: a session is **scored** when it has a reward and either ran to its end
+(``failure is None``) or timed out in the run phase while the policy was accountable (the only
+failure the policy owns; the session workflow gives such a session a reward only then).
+
+Deterministic and I/O-free: workflow code imports it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from rolloutd.types import FailureCause, SessionResult, SessionStatus, TaskResult, Trajectory
+
+__all__ = [
+    "FLEET_DOWN_MARKERS",
+    "failure_counts",
+    "failure_of",
+    "is_fleet_down",
+    "is_policy_timeout",
+    "is_replaceable",
+    "is_scored",
+    "scored_rewards",
+    "scored_sessions",
+]
+
+#: text of :class:`rolloutd.errors.NoSandboxWorkerError` (raised by the session workflow when
+#: no sandbox worker polls): a failure with it says the fleet was down, not this sample.
+FLEET_DOWN_MARKERS = ("no sandbox worker is polling", "NoSandboxWorkerError")
+
+
+def failure_of(result: SessionResult | Trajectory) -> FailureCause | None:
+    """The failure cause of a session, also for results recorded before causes existed.
+
+    ``result.failure`` when it is set. Otherwise the status decides, as results were written
+    before the session workflow set causes: ``cancelled`` is a cancellation; ``failed`` was
+    only ever an activity error, a lost host or no sandbox worker, i.e. infrastructure
+    (retryable; ``sandbox`` kind, the phase unknown); ``timeout`` without a reward is an
+    infrastructure timeout; ``timeout`` with a reward was evaluated as the policy's run-phase
+    timeout.
+
+    Args:
+        result: a session's result, or its trajectory.
+
+    Returns:
+        The cause, or None for a session that ran to its end.
+    """
+    if result.failure is not None:
+        return result.failure
+    message = getattr(result, "error", None) or result.status.value
+    if result.status == SessionStatus.CANCELLED:
+        return FailureCause(kind="cancelled", message=message, retryable=False)
+    if result.status == SessionStatus.FAILED:
+        return FailureCause(kind="sandbox", message=message, retryable=True)
+    if result.status == SessionStatus.TIMEOUT:
+        evaluated = result.reward is not None
+        return FailureCause(kind="timeout", message=message, phase="run" if evaluated else None,
+                            retryable=not evaluated, policy_accountable=evaluated)
+    return None
+
+
+def is_policy_timeout(failure: FailureCause) -> bool:
+    """A failure the policy is accountable for: a run-phase timeout while the model kept
+    answering (``FailureCause.policy_accountable``, set by the session workflow: no backend
+    error stood unrecovered and no call waited on the engine at the deadline). The only
+    failure a reward may measure; the task's ``timeout_reward`` may still leave it unscored."""
+    return failure.policy_accountable
+
+
+def is_scored(result: SessionResult | Trajectory) -> bool:
+    """Whether a session's reward counts: it has one, and it ran to its end or its run-phase
+    timeout is the policy's.
+
+    Args:
+        result: a session's result, or its trajectory.
+    """
+    if result.reward is None:
+        return False
+    failure = failure_of(result)
+    return failure is None or is_policy_timeout(failure)
+
+
+def scored_sessions(group: TaskResult | Iterable[SessionResult]) -> list[SessionResult]:
+    """The scored sessions of a group (:func:`is_scored`), in their given order.
+
+    Args:
+        group: a task's group, or its sessions.
+
+    Returns:
+        list[SessionResult], length ≤ G; every one has a reward.
+    """
+    sessions = group.sessions if isinstance(group, TaskResult) else group
+    return [s for s in sessions if is_scored(s)]
+
+
+def scored_rewards(group: TaskResult | Iterable[SessionResult]) -> list[float]:
+    """The rewards of :func:`scored_sessions`, as floats, in session order (length ≤ G)."""
+    return [float(s.reward) for s in scored_sessions(group)]  # type: ignore[arg-type]
+
+
+def is_fleet_down(failure: FailureCause) -> bool:
+    """Whether a failure says the sandbox fleet was down (no worker polled its queue), not
+    that this sample failed: its replacement waits for the fleet and is not counted against
+    ``TaskRequest.max_replacements``. The message decides (``NoSandboxWorkerError``'s text),
+    whichever kind the session gave it (``sandbox`` by the taxonomy)."""
+    return failure.kind != "cancelled" and any(m in failure.message for m in FLEET_DOWN_MARKERS)
+
+
+def is_replaceable(result: SessionResult) -> bool:
+    """Whether a new attempt of the sample may make the group whole: the session ended with
+    a retryable cause that is not the policy's and not a cancellation."""
+    failure = failure_of(result)
+    return (failure is not None and failure.retryable and failure.kind != "cancelled"
+            and not is_policy_timeout(failure))
+
+
+def failure_counts(sessions: Iterable[SessionResult]) -> dict[str, int]:
+    """How many sessions ended with each failure kind (kinds with none are left out);
+    policy-accountable run timeouts count under ``timeout`` too."""
+    counts = Counter(f.kind for f in map(failure_of, sessions) if f is not None)
+    return dict(sorted(counts.items()))

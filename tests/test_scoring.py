@@ -17,7 +17,7 @@ from rolloutd.workflows.task import summarize
 
 BACKEND = FailureCause(kind="backend", message="502 BackendError", phase="run")
 RUN_TIMEOUT = FailureCause(kind="timeout", message="run phase exceeded 5 s", phase="run",
-                           retryable=False)
+                           retryable=False, policy_accountable=True)
 FLEET_DOWN = FailureCause(kind="sandbox", message="no sandbox worker is polling task queue "
                           "rolloutd-sandbox (checked for 60 s)", phase="provision")
 

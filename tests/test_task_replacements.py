@@ -1,8 +1,8 @@
 """A sample that failed for infrastructure is run again, and its group says whether it is
 whole: real Temporal, the in-process fleets, shell harnesses in the local runtime.
 
-The infrastructure failure is a provisioning that fails (a prepare step failing until marker
-folders exist, outside the runtime); the fleet-down case runs its fleets in their own
+The infrastructure failure is a model call the backend fails (answered 500 by the engine's
+tee: an unrecovered backend error); the fleet-down case runs its fleets in their own
 namespace and starts the sandbox fleet only after the first session gave up on it.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import uuid
-from pathlib import Path
 
 import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -22,44 +21,44 @@ from rolloutd.trainer_client import RolloutClient
 from rolloutd.workers import run_fleet
 from rolloutd.workflows.task import RolloutTaskWorkflow
 from tests.support.buffer_tasks import local_task, poll
+from tests.test_failure_sessions import call
 from tests.test_loud_failures import fleets_in_namespace
 
 pytestmark = [pytest.mark.temporal]
 
 
-def failing_provisions(folder: Path, times: int) -> dict:
-    """A prepare step whose first ``times`` runs fail (over every session using ``folder``)."""
-    claims = "; ".join(f"mkdir {folder}/{n} 2>/dev/null && exit 1" for n in range(times))
-    return {"type": "exec", "command": f"mkdir -p {folder}; {claims}; true"}
-
-
-def task_failing(task_id: str, folder: Path, times: int, **overrides: object) -> dict:
-    task = local_task(task_id, "touch won")
-    task["runtime"]["prepare"] = [failing_provisions(folder, times)]
-    return {**task, "num_samples": 2, **overrides}
+def task_calling(task_id: str, **overrides: object) -> dict:
+    """Two samples, each making one model call, then winning: a call the backend fails leaves
+    an unrecovered backend error, a retryable infrastructure cause."""
+    return {**local_task(task_id, f"{call('hi')}; touch won"), "num_samples": 2,
+            "sampling": {"max_tokens": 4, "policy": "override"}, **overrides}
 
 
 @pytest.mark.engine
-async def test_a_replacement_makes_the_group_whole_and_the_limit_holds(fleets, tmp_path):
+async def test_a_replacement_makes_the_group_whole_and_the_limit_holds(fleets):
     client = RolloutClient(fleets.client)
     u = uuid.uuid4().hex[:6]
-    once = await client.submit(task_failing(f"once-{u}", tmp_path / "once", 1))
-    twice = await client.submit(task_failing(f"twice-{u}", tmp_path / "twice", 2,
-                                             max_replacements=1))
-    whole, short = await once.result(), await twice.result()
+    try:
+        fleets.engine_tee.fail_next_posts = 1  # one of the two first calls fails
+        whole = await (await client.submit(task_calling(f"once-{u}"))).result()
+        # both first calls fail, one replacement is allowed: one sample stays failed
+        fleets.engine_tee.fail_next_posts = 2
+        short = await (await client.submit(task_calling(f"twice-{u}",
+                                                        max_replacements=1))).result()
+    finally:
+        fleets.engine_tee.fail_next_posts = 0
 
     assert [s.reward for s in whole.sessions] == [1.0, 1.0]
     assert (whole.num_scored, whole.incomplete, whole.num_replacements) == (2, False, 1)
     [replaced] = whole.replaced
-    # (its reward: None once the session workflow stops evaluating failed sessions)
-    assert replaced.status == "failed" and "prepare[0] exited 1" in (replaced.error or "")
+    assert replaced.status == "failed" and replaced.reward is None
+    assert replaced.failure is not None and replaced.failure.kind == "backend"
     replacement = whole.sessions[replaced.sample_index]
     assert replacement.session_id == f"once-{u}/{replaced.sample_index}/r1"
     assert whole.num_failed_by_kind == {} and whole.mean_reward == 1.0
 
-    # both first sessions failed, one replacement was allowed: one sample stays failed
     assert (short.num_scored, short.incomplete, short.num_replacements) == (1, True, 1)
-    assert sum(short.num_failed_by_kind.values()) == 1
+    assert short.num_failed_by_kind == {"backend": 1}
     assert sorted(s.status.value for s in short.sessions) == ["completed", "failed"]
     assert short.mean_reward == 1.0 and short.reward_std == 0.0
     status = await client.status(f"twice-{u}")

@@ -184,7 +184,10 @@ async def submit_tasks(
                           "-" if s.reward is None else f"{s.reward:.2f}",
                           str(s.num_completions), call_errors_cell(s), str(s.num_traces),
                           str(s.num_trainable_tokens), f"{wall_s:.1f}")
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # a log or a pipe: rich would cut every column to fit 80
+        console = Console(width=200)
+    console.print(table)
     print("failures by kind: " + ", ".join(
         f"{kind} {n}" for kind, n in failure_counts(results).items()))
     for group in results:

@@ -179,20 +179,26 @@ class RecordingTransport(httpx.AsyncBaseTransport):
     """A real HTTP transport that keeps every ``/completion`` request and raw response body.
 
     Attributes:
-        exchanges: ``(request body, response bytes)`` per ``/completion`` call, in order;
-            the bytes fill in as the response is read (streaming stays incremental).
+        exchanges: ``(request body, response bytes)`` per sampling ``/completion`` call, in
+            order; the bytes fill in as the response is read (streaming stays incremental).
+        scoring: the same for the calls that score a left-out logprob again
+            (``proxy/backends/llama_cpp_logprobs.py``: one forced token, ``logit_bias``).
     """
 
     def __init__(self) -> None:
         self.inner = httpx.AsyncHTTPTransport(retries=0)
         self.exchanges: list[tuple[dict[str, Any], bytearray]] = []
+        self.scoring: list[tuple[dict[str, Any], bytearray]] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self.inner.handle_async_request(request)
         if request.url.path != "/completion":
             return response
         sink = bytearray()
-        self.exchanges.append((json.loads(request.content), sink))
+        body = json.loads(request.content)
+        # a call that scores a left-out logprob again (one forced token) samples nothing
+        (self.scoring if "logit_bias" in body and body.get("n_predict") == 1
+         else self.exchanges).append((body, sink))
         return httpx.Response(response.status_code, headers=response.headers,
                               stream=_TeeStream(response.stream, sink),  # type: ignore[arg-type]
                               extensions=response.extensions)

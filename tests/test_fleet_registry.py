@@ -40,7 +40,9 @@ async def test_registrations_replace_withdraw_and_survive_continue_as_new(fleets
         return HostCapabilities(fleet="sandbox", host_id=host_id, instance_id=instance_id,
                                 harnesses={"shell": None})
 
-    for i in range(12):  # about 3 events each: past 20 events, so it continues as new
+    # at least one history event each, however the server batches them into workflow tasks:
+    # past 20 events, so the registry continues as new
+    for i in range(24):
         await handle.signal(REGISTER_SIGNAL, host(f"h{i}", f"i{i}"))
     await handle.signal(REGISTER_SIGNAL, host("h0", "i0-restarted"))
     await handle.signal(UNREGISTER_SIGNAL, "i1")
@@ -49,9 +51,15 @@ async def test_registrations_replace_withdraw_and_survive_continue_as_new(fleets
         caps = await handle.query(CAPABILITIES_QUERY, result_type=FleetCapabilities)
         return sorted(h.instance_id for h in caps.hosts)
 
-    expected = sorted(["i0-restarted", *(f"i{i}" for i in range(2, 12))])
+    expected = sorted(["i0-restarted", *(f"i{i}" for i in range(2, 24))])
     assert await poll(hosts, lambda ids: ids == expected, timeout_s=30, what="registrations")
-    assert (await handle.describe()).run_id != first_run
+
+    async def run_id() -> str:
+        return (await handle.describe()).run_id
+
+    await poll(run_id, lambda current: current != first_run, timeout_s=30,
+               what="the registry to continue as new")
+    assert await hosts() == expected  # the registrations carried over
     await handle.terminate("test done")
 
 

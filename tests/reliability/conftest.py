@@ -116,10 +116,23 @@ class Rig:
     runtime_root: Path
 
     def engine_answers(self) -> int:
-        """Completed generation requests llama-server answered (200) so far."""
+        """Completed generation requests llama-server answered (200) so far; the calls that
+        score a left-out logprob again (one forced token, ``logit_bias``:
+        ``proxy/backends/llama_cpp_logprobs.py``) sample nothing and are not counted."""
         return sum(1 for ex in self.engine_tee.exchanges
                    if ex.method == "POST" and ex.status == 200
-                   and ex.path.rstrip("/").endswith(("completion", "completions")))
+                   and ex.path.rstrip("/").endswith(("completion", "completions"))
+                   and not _scores_again(ex.request_body))
+
+
+def _scores_again(request_body: bytes) -> bool:
+    """Whether a llama.cpp ``/completion`` request scores a left-out logprob again (one
+    forced token through ``logit_bias``) instead of sampling an answer."""
+    try:
+        body = json.loads(request_body)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and "logit_bias" in body and body.get("n_predict") == 1
 
 
 @pytest.fixture(scope="session")

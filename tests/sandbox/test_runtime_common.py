@@ -132,10 +132,9 @@ async def test_stop_kills_a_process_tree(runtime_type, make_runtime, runtime_pid
     runtime = await make_runtime(runtime_type)
     await runtime.spawn(TREE)
     # sh and two sleeps (plus bwrap's outer process and init): wait until all are up
+    # (the count is taken once: a second /proc scan may run while a process is mid-fork)
     assert await wait_for(lambda: len(runtime_pids(runtime)) >= 3)
-    before = len(runtime_pids(runtime))
     await runtime.stop()
-    assert before >= 3
     assert runtime_pids(runtime) == []
     assert not runtime.runtime_dir.exists()
     await runtime.stop()  # idempotent

@@ -159,8 +159,20 @@ class HarnessSpec(Model):
         "opencode",
         "pi",
         "mini_swe_agent",
+        "aider",
+        "cli",
     ] = Field(default="shell", description="harness adapter")
-    command: str | None = Field(default=None, description="command template (shell harness)")
+    command: str | list[str] | None = Field(
+        default=None,
+        description="command template: a shell string (shell, cli) or an argv list (cli)")
+    dialect: Literal["chat", "responses", "anthropic", "gemini"] | None = Field(
+        default=None,
+        description="the provider API the harness speaks, where it can speak several (cli, pi); "
+        "`{base_url}` in a cli template is this dialect's session URL")
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="files written into the runtime before the harness starts: path (relative: "
+        "under the runtime's HOME) -> content template with the cli placeholders")
     args: list[str] = Field(default_factory=list, description="extra CLI arguments")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
     max_turns: int = Field(default=10, ge=1, le=1000, description="turn limit where supported")
@@ -172,8 +184,10 @@ class HarnessSpec(Model):
 
     @model_validator(mode="after")
     def _shell_needs_command(self) -> HarnessSpec:
-        if self.type == "shell" and not self.command:
-            raise ValueError("harness.command is required when harness.type is 'shell'")
+        if self.type in ("shell", "cli") and not self.command:
+            raise ValueError(f"harness.command is required when harness.type is {self.type!r}")
+        if self.type == "shell" and not isinstance(self.command, str):
+            raise ValueError("harness.command of the shell harness is one shell string")
         return self
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rolloutd.errors import HarnessError
-from rolloutd.sandbox.harnesses import HarnessContext, get_harness
+from rolloutd.sandbox.harnesses import HARNESSES, HarnessContext, get_harness
 from rolloutd.sandbox.harnesses.shell import ShellHarness, render_template
 from rolloutd.types import HarnessSpec
 
@@ -65,6 +65,7 @@ async def test_session_env_includes_other_dialects_when_set(make_runtime):
     assert full.env["GOOGLE_GEMINI_BASE_URL"] == "http://g/s/k"
 
 
-def test_get_harness_refuses_unbuilt_types():
+def test_get_harness_refuses_unbuilt_types(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delitem(HARNESSES, "codex", raising=False)
     with pytest.raises(HarnessError, match="not built yet"):
         get_harness(HarnessSpec(type="codex"))

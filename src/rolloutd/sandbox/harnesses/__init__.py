@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.harnesses.base import HarnessAdapter, HarnessCommand, HarnessContext
+from rolloutd.sandbox.harnesses.cli import CliHarness, CliRecipe
 from rolloutd.sandbox.harnesses.qwen_code import QwenCodeHarness
 from rolloutd.sandbox.harnesses.shell import ShellHarness
 from rolloutd.types import HarnessSpec
 
-__all__ = ["HARNESSES", "HarnessAdapter", "HarnessCommand", "HarnessContext", "get_harness",
+__all__ = ["HARNESSES", "CliHarness", "CliRecipe", "HarnessAdapter", "HarnessCommand", "HarnessContext", "get_harness",
            "harness_capabilities"]
 
 #: harness type -> adapter class; the other types of HarnessSpec are not built yet. A sandbox
@@ -21,6 +22,7 @@ __all__ = ["HARNESSES", "HarnessAdapter", "HarnessCommand", "HarnessContext", "g
 #: adapter added here is accepted at submit once the hosts run the new code.
 HARNESSES: dict[str, type[HarnessAdapter]] = {
     ShellHarness.type: ShellHarness,
+    CliHarness.type: CliHarness,
     QwenCodeHarness.type: QwenCodeHarness,
 }
 

@@ -58,8 +58,9 @@ class ShellHarness(HarnessAdapter):
         Raises:
             HarnessError: ``spec.command`` is empty.
         """
-        if not self.spec.command:
-            raise HarnessError("harness.command is required for the shell harness")
+        if not isinstance(self.spec.command, str) or not self.spec.command:
+            raise HarnessError("harness.command (one shell string) is required for the shell "
+                               "harness")
         workdir = ctx.workdir or runtime.workdir
         values = {
             "instruction": ctx.instruction,

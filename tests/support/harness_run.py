@@ -1,0 +1,80 @@
+"""Run one harness task through the trainer client and check what every harness test checks.
+
+Used by tests/harnesses/: a task submitted through :class:`RolloutClient` to the session's
+real fleets (tests/conftest.py ``fleets``: real Temporal, real llama-server), then per session:
+the completions, the trajectory (DESIGN.md's invariants, ``check_invariants``) and whether the
+harness executed a tool call of its own (:func:`executed_tool_calls`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from rolloutd.errors import NotFoundError
+from rolloutd.store import BlobStore, CompletionLog, artifact_key
+from rolloutd.trainer_client import RolloutClient
+from rolloutd.trajectory import check_invariants
+from rolloutd.types import Completion, SessionResult, TaskResult, Trajectory
+
+
+@dataclass
+class SessionRun:
+    """One session of a harness task, read back."""
+
+    result: SessionResult
+    completions: list[Completion]
+    trajectory: Trajectory | None
+    harness: dict[str, Any] = field(default_factory=dict)  # the `harness` artifact
+
+
+@dataclass
+class TaskRun:
+    """A harness task's result, its sessions read back, and its wall time."""
+
+    group: TaskResult
+    sessions: list[SessionRun]
+    wall_s: float
+
+
+def executed_tool_calls(completions: list[Completion]) -> int:
+    """How many tool results the harness sent back to the model.
+
+    A tool call the harness executed shows up in a later request as a tool-result message
+    (OpenAI chat shape after translation: ``role == "tool"``), whatever the dialect.
+    """
+    seen: set[str] = set()
+    for c in completions:
+        for m in c.messages:
+            if m.get("role") == "tool":
+                seen.add(str(m.get("tool_call_id")) + str(m.get("content"))[:200])
+    return len(seen)
+
+
+async def run_task(fleets: Any, task: dict[str, Any]) -> TaskRun:
+    """Submit ``task`` (``task_id`` added when missing) and read every session back.
+
+    Checks on the way (an AssertionError names the session): each session's completions are
+    all in its log, and its trajectory keeps the builder invariants.
+    """
+    client = RolloutClient(fleets.client, BlobStore(fleets.store_url))
+    task = {"task_id": f"h-{uuid.uuid4().hex[:8]}"} | task
+    t0 = time.monotonic()
+    handle = await client.submit(task)
+    group = await handle.result()
+    wall_s = time.monotonic() - t0
+    runs = []
+    for session in group.sessions:
+        completions = CompletionLog(client.store, session.session_id).read_all()
+        assert len(completions) == session.num_completions, session.session_id
+        trajectory = client.trajectory(session) if completions else None
+        if trajectory is not None:
+            check_invariants(trajectory.traces, completions)
+        try:
+            harness = client.store.get_json(artifact_key(session.session_id, "harness"))
+        except NotFoundError:  # the harness never ran (provisioning failed)
+            harness = {}
+        runs.append(SessionRun(session, completions, trajectory, harness))
+    return TaskRun(group, runs, wall_s)

@@ -165,6 +165,19 @@ class _Call:
     request: InternalRequest | None = None
 
 
+class ClosingStreamingResponse(StreamingResponse):
+    """A ``StreamingResponse`` that closes its body iterator when it ends, however it ends.
+    Starlette cancels a stream whose client went away and leaves the iterator suspended;
+    closed here, the pipeline behind it ends now (its call stops counting as in flight, its
+    answer is settled undelivered), not whenever the garbage collector finalises it."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
 def _as_rolloutd_error(error: Exception) -> RolloutdError:
     """``error`` itself, or a 500 that names an unexpected exception's class (never its
     text: it may hold prompt text or paths)."""
@@ -370,7 +383,7 @@ def create_app(gateway: Gateway) -> Any:
         def settle(index: int, delivered: bool) -> None:
             session.settle(index, delivered=delivered)
 
-        return StreamingResponse(
+        return ClosingStreamingResponse(
             _sse(encoder, start, events, session.session_id, record, settle), media_type=media,
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

@@ -204,6 +204,23 @@ class ChatService:
                      index=answered.index, marked=marked)
         return body_hash, answered
 
+    async def _find_answer(self, session: Session, request: InternalRequest, marked: bool
+                           ) -> tuple[str, Completion | None]:
+        """:meth:`_retry`; a marked retry of a request that another call of the session is
+        sampling now (the client timed out and retried) waits for that call and answers with
+        its completion, so one request is sampled once."""
+        body_hash, answered = self._retry(session, request, marked)
+        waiting = session.sampling_calls.get(body_hash) if marked and answered is None \
+            else None
+        if waiting is not None:
+            index = await asyncio.shield(waiting)
+            if index is not None:
+                answered = session.completions[index]
+                session.sending(index)
+                log.info("retry_answered_from_log", session_id=session.session_id,
+                         index=index, marked=marked, waited=True)
+        return body_hash, answered
+
     async def _lease(self, session: Session) -> Lease:
         """A lease on the session's backend (waits while it is paused); a session pinned to a
         removed backend moves now, and the move is persisted."""
@@ -434,18 +451,26 @@ class ChatService:
 
     async def _complete(self, session: Session, request: InternalRequest, marked: bool
                         ) -> InternalResponse:
-        body_hash, answered = self._retry(session, request, marked)
+        body_hash, answered = await self._find_answer(session, request, marked)
         if answered is not None:
             return response_from_completion(answered)
-        lease = await self._lease(session)
+        own = session.start_sampling(body_hash)
+        index: int | None = None
         try:
-            if session.state.capture_mode is CaptureMode.PASSTHROUGH:
-                return await self._passthrough_on(session, request, body_hash, lease)
-            prep = await self._prepare(session, request, body_hash, lease)
-            result = await prep.backend.generate(prep.generate)
-            return await self._answer(session, request, prep, result)
+            lease = await self._lease(session)
+            try:
+                if session.state.capture_mode is CaptureMode.PASSTHROUGH:
+                    response = await self._passthrough_on(session, request, body_hash, lease)
+                else:
+                    prep = await self._prepare(session, request, body_hash, lease)
+                    result = await prep.backend.generate(prep.generate)
+                    response = await self._answer(session, request, prep, result)
+            finally:
+                self.pool.release_lease(lease)
+            index = response.completion_index
+            return response
         finally:
-            self.pool.release_lease(lease)
+            session.end_sampling(body_hash, own, index)
 
     async def complete(self, session: Session, request: InternalRequest, *,
                        marked_retry: bool = False) -> InternalResponse:
@@ -504,8 +529,10 @@ class ChatService:
         session.begin_call()
         started, started_at = time.monotonic(), time.time()
         end_index: int | None = None
+        own: asyncio.Future[int | None] | None = None
+        body_hash = ""
         try:
-            body_hash, answered = self._retry(session, request, marked_retry)
+            body_hash, answered = await self._find_answer(session, request, marked_retry)
             if answered is not None:
                 response = response_from_completion(answered)
                 end_index = answered.index
@@ -515,6 +542,7 @@ class ChatService:
                 yield StreamEnd(response=response, content_tail=response.content or "",
                                 reasoning_tail=response.reasoning or "")
                 return
+            own = session.start_sampling(body_hash)
             lease = await self._lease(session)
             events = (self._passthrough_stream_on
                       if session.state.capture_mode is CaptureMode.PASSTHROUGH
@@ -538,6 +566,7 @@ class ChatService:
             session.note_cut(started_at)
             raise
         finally:
+            session.end_sampling(body_hash, own, end_index)
             session.end_call()
 
     async def _stream_on(self, session: Session, request: InternalRequest, body_hash: str,

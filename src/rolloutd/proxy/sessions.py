@@ -291,6 +291,9 @@ class Session:
             (:class:`rolloutd.proxy.chat_template.ExtensionIndex`).
         prompt_json: writes the JSON of the session's prompts, each continuing the last
             (:class:`rolloutd.proxy.fastjson.ListJson`).
+        sampling_calls: request_hash -> the outcome (completion index, or None: failed) of
+            the call sampling that request now (the first, when several do), which a marked
+            retry arriving meanwhile waits for (:meth:`start_sampling`).
         num_in_flight: calls between :meth:`begin_call` and :meth:`end_call`.
         closing: :meth:`SessionManager.close_session` started: new calls are refused.
     """
@@ -307,6 +310,7 @@ class Session:
         self.memo = RequestMemo(reader=self.body_reader)
         self.prompt_json = ListJson()
         self.extensions = ExtensionIndex(completions)
+        self.sampling_calls: dict[str, asyncio.Future[int | None]] = {}
         self.num_in_flight = 0
         self.closing = False
         self._idle = asyncio.Event()
@@ -363,6 +367,28 @@ class Session:
                     is Delivery.UNDELIVERED:
                 return self.completions[index]
         return None
+
+    def start_sampling(self, body_hash: str) -> asyncio.Future[int | None] | None:
+        """Note that a call samples the request ``body_hash``: a client that gave up
+        waiting for it (a timeout) and retries, marked, waits for its outcome instead of
+        sampling the same request twice. Returns the future to resolve with
+        :meth:`end_sampling`, or None when another call samples that request already."""
+        if body_hash in self.sampling_calls:
+            return None
+        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self.sampling_calls[body_hash] = future
+        return future
+
+    def end_sampling(self, body_hash: str, future: asyncio.Future[int | None] | None,
+                     index: int | None) -> None:
+        """The call that :meth:`start_sampling` returned ``future`` to recorded completion
+        ``index`` (None: it failed or was cut)."""
+        if future is None:
+            return
+        if self.sampling_calls.get(body_hash) is future:
+            del self.sampling_calls[body_hash]
+        if not future.done():
+            future.set_result(index)
 
     def sending(self, index: int) -> None:
         """Completion ``index``'s answer is on its way (recorded, or answered again)."""

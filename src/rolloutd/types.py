@@ -364,6 +364,10 @@ class Completion(Model):
         tool_call_parse_failed: the answer holds a tool call the parser could not read
             (tokens mode): the model's doing; its tokens stay, and the task may force the
             session's reward (``TaskRequest.invalid_tool_call_reward``).
+        response_id: the answer's id as the harness got it (``chatcmpl-<hex>``; each dialect
+            prefixes its hex part its own way); chosen when the call starts, since a stream
+            names its answer before the completion has an index. Empty in logs written before
+            it was kept: then derived from ``session_id`` and ``index``.
     """
 
     session_id: str
@@ -390,6 +394,7 @@ class Completion(Model):
     error: str | None = None
     timings: Timings = Field(default_factory=Timings)
     tool_call_parse_failed: bool = False
+    response_id: str = ""
 
     @model_validator(mode="after")
     def _aligned(self) -> Completion:

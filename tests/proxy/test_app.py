@@ -107,21 +107,28 @@ async def test_bearer_route_records_in_the_same_session(gateway: Gateway,
     assert len(CompletionLog(gateway.store, "mytask/0")) == 1
 
 
-async def test_identical_retry_is_answered_from_the_log(gateway: Gateway,
-                                                        client: httpx.AsyncClient,
-                                                        fake_llama: Any) -> None:
-    fake_llama.answers = ["First answer.", "Second answer."]
+async def test_a_marked_retry_is_answered_from_the_log(gateway: Gateway,
+                                                      client: httpx.AsyncClient,
+                                                      fake_llama: Any) -> None:
+    """A delivered answer is given again only to a request the client marks as a retry (the
+    OpenAI and Anthropic SDKs send ``x-stainless-retry-count``); the same body unmarked is a
+    new call (a sub-agent with the same first prompt) and is sampled."""
+    fake_llama.answers = ["First answer.", "Second answer.", "Third answer."]
     info = await open_session(gateway)
-    first = await client.post(chat_url(info), json=body())
+    first = await client.post(chat_url(info), json=body(),
+                              headers={"x-stainless-retry-count": "0"})
     retried = await client.post(chat_url(info), content=json.dumps(body(), indent=2),
-                                headers={"content-type": "application/json"})
+                                headers={"content-type": "application/json",
+                                         "x-stainless-retry-count": "1"})
     assert retried.status_code == 200
     assert retried.json() == first.json()
     assert len(fake_llama.requests) == 1
     assert len(CompletionLog(gateway.store, "mytask/0")) == 1
+    again = await client.post(chat_url(info), json=body())
+    assert again.json()["choices"][0]["message"]["content"] == "Second answer."
     other = await client.post(chat_url(info), json=body("Something else"))
-    assert other.json()["choices"][0]["message"]["content"] == "Second answer."
-    assert CompletionLog(gateway.store, "mytask/0").indices() == [0, 1]
+    assert other.json()["choices"][0]["message"]["content"] == "Third answer."
+    assert CompletionLog(gateway.store, "mytask/0").indices() == [0, 1, 2]
 
 
 async def test_second_turn_extends_the_first(gateway: Gateway, client: httpx.AsyncClient,
@@ -336,7 +343,8 @@ async def test_streamed_retry_is_replayed_from_the_log(gateway: Gateway,
                                                        fake_llama: Any) -> None:
     info = await open_session(gateway)
     first = await client.post(chat_url(info), json=body(stream=True))
-    again = await client.post(chat_url(info), json=body(stream=True))
+    again = await client.post(chat_url(info), json=body(stream=True),
+                              headers={"x-stainless-retry-count": "2"})
 
     def content(text: str) -> str:
         return "".join(c["choices"][0]["delta"].get("content") or ""

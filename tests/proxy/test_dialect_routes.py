@@ -141,7 +141,11 @@ async def test_anthropic_answer_stream_and_retry(gateway: Gateway, client: httpx
     assert message["type"] == "message" and message["id"].startswith("msg_")
     assert message["content"] == [{"type": "text", "text": "Hello there!"}]
     assert message["stop_reason"] == "end_turn"
-    retried = await client.post(messages_url(info), json=body)
+    # the Anthropic SDK marks its retries; Claude Code's per-process metadata.user_id is no
+    # part of a request's identity
+    retried = await client.post(messages_url(info),
+                                json={**body, "metadata": {"user_id": "another process"}},
+                                headers={"x-stainless-retry-count": "1"})
     assert retried.json() == message
     assert len(completions(gateway)) == 1 and len(fake_llama.requests) == 1
     assert fake_llama.requests[0]["n_predict"] == 64  # the task's policy is `override`

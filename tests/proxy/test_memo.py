@@ -226,7 +226,8 @@ def test_memoised_parse_and_hash_equal_the_plain_ones(dialect: ModuleType, messa
         plain = _outcome(dialect, copy.deepcopy(body), None)
         assert _outcome(dialect, body, memo, made) == plain
         if plain[0] == "ok":
-            assert memo.request_hash(body) == request_hash(body)
+            assert memo.request_hash(body, dialect.DIALECT) \
+                == request_hash(body, dialect.DIALECT)
     # later calls did not change what earlier ones returned (they are recorded as returned)
     assert [request.model_dump(mode="json") for request, _ in made] == [d for _, d in made]
     # nor the bodies they read (the reader and the memo share their objects)
@@ -245,6 +246,28 @@ def test_a_resent_message_of_another_json_type_is_translated_again() -> None:
     request = openai_chat.parse(second, memo=memo)
     assert request.messages[0]["tool_calls"][0]["function"]["arguments"] == '{"a": true}'
     assert memo.request_hash(second) == request_hash(second) != request_hash(first)
+
+
+@pytest.mark.parametrize(("dialect", "volatile"), [
+    ("anthropic", {"metadata": {"user_id": "user_1_account__session_9", "tag": "x"}}),
+    ("openai_responses", {"prompt_cache_key": "019a-conversation"}),
+    ("openai_chat", {"prompt_cache_key": "k2"})])
+def test_a_request_s_identity_leaves_out_its_dialect_s_volatile_fields(
+        dialect: str, volatile: dict[str, Any]) -> None:
+    """The identity (the retry rule's, and a replay's key) is the canonical body with
+    ``stream``, minus a few per-process fields of the dialect; never messages or sampling."""
+    base = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": False,
+            "metadata": {"user_id": "user_0", "tag": "x"}, "prompt_cache_key": "k1"}
+    other = {**copy.deepcopy(base), **volatile}
+    before = copy.deepcopy(other)
+    assert request_hash(other, dialect) == request_hash(base, dialect)
+    assert RequestMemo().request_hash(other, dialect) == request_hash(base, dialect)
+    assert other == before  # the body itself is untouched
+    assert request_hash(other) != request_hash(base)  # the whole body tells them apart
+    for change in ({"stream": True}, {"temperature": 0.5}, {"metadata": {"user_id": "u",
+                                                                         "tag": "y"}},
+                   {"messages": [{"role": "user", "content": "ho"}]}):
+        assert request_hash({**base, **change}, dialect) != request_hash(base, dialect)
 
 
 def test_an_error_in_a_new_message_names_its_index_in_the_body() -> None:

@@ -20,7 +20,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
 from rolloutd import doctor
-from rolloutd.proxy.recorder import response_id
+from rolloutd.proxy.recorder import answer_id
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionStatus, TaskResult
@@ -99,7 +99,7 @@ def check_batch(rig: Rig, store: BlobStore, group: TaskResult, marker: str, *,
         # the harness received exactly the recorded answers, each once, in order
         ids = harness_ids(store, s.session_id)
         assert ids is not None, f"{s.session_id}: harness printed no ids"
-        expected = [response_id(s.session_id, c.index) for c in completions]
+        expected = [answer_id(c) for c in completions]
         lost += len(set(expected) - set(ids))
         duplicated += len(ids) - len(set(ids)) + max(0, len(completions) - NUM_CALLS)
         assert ids == expected and len(completions) == NUM_CALLS, (s.session_id, ids, expected)

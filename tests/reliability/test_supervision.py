@@ -22,7 +22,7 @@ from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from rolloutd import doctor
-from rolloutd.proxy.recorder import response_id
+from rolloutd.proxy.recorder import answer_id
 from rolloutd.stack import LocalStack, RestartPolicy, free_port, read_state
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
@@ -122,7 +122,7 @@ async def test_every_child_killed_once_is_restarted_and_every_session_completes(
         for s in group.sessions:
             assert s.status == SessionStatus.COMPLETED and s.reward == 1.0, s
             completions = CompletionLog(store, s.session_id).read_all()
-            expected = [response_id(s.session_id, c.index) for c in completions]
+            expected = [answer_id(c) for c in completions]
             ids = harness_ids(store, s.session_id) or []
             lost += len(set(expected) - set(ids))
             assert ids == expected and len(completions) == NUM_CALLS, (s.session_id, ids)

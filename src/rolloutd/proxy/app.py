@@ -48,7 +48,7 @@ from rolloutd.proxy.admin import add_admin_routes
 from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
 from rolloutd.proxy.dialects.common import Encoder
 from rolloutd.proxy.inbound import api_key, read_json
-from rolloutd.proxy.internal import InternalRequest, StreamEvent, StreamStart
+from rolloutd.proxy.internal import InternalRequest, StreamEnd, StreamEvent, StreamStart
 from rolloutd.proxy.service import call_recorded
 
 if TYPE_CHECKING:
@@ -65,6 +65,24 @@ def _dialect_of(path: str) -> Any:
     return openai_chat
 
 
+#: the header the OpenAI and Anthropic Python and TypeScript SDKs send on every call: how many
+#: times they retried it (``0`` on the first try; openai/_base_client.py,
+#: anthropic/_base_client.py)
+RETRY_COUNT_HEADER = "x-stainless-retry-count"
+
+
+def marked_retry(request: Request) -> bool:
+    """Whether the client marks the call as a retry of one it sent before
+    (:data:`RETRY_COUNT_HEADER` > 0); a value that is not an integer marks nothing."""
+    value = request.headers.get(RETRY_COUNT_HEADER)
+    if not value:
+        return False
+    try:
+        return int(value) > 0
+    except ValueError:
+        return False
+
+
 class FastJSONResponse(JSONResponse):
     """Starlette's ``JSONResponse`` written by :func:`rolloutd.proxy.fastjson.dumps` (the same
     bytes contract, through orjson). Not FastAPI's ``ORJSONResponse``: that one writes NaN
@@ -77,6 +95,26 @@ class FastJSONResponse(JSONResponse):
             ValueError: NaN or an infinity, as ``JSONResponse`` does.
         """
         return fastjson.dumps(content)
+
+
+class SettledJSONResponse(FastJSONResponse):
+    """A :class:`FastJSONResponse` that reports whether it was handed to the server whole
+    (``settle(True)``) or failed on the way (``settle(False)``): the session uses it to tell
+    a retry of an undelivered answer from a new call (docs/sessions.md, "Request
+    identity"). uvicorn drops the writes of a client that went away without an error, so a
+    one-piece answer counts as delivered once written; a stream knows better."""
+
+    def __init__(self, content: Any, settle: Callable[[bool], None]) -> None:
+        super().__init__(content)
+        self._settle = settle
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except BaseException:
+            self._settle(False)
+            raise
+        self._settle(True)
 
 
 def _error_response(error: RolloutdError, path: str = "") -> JSONResponse:
@@ -127,6 +165,19 @@ class _Call:
     request: InternalRequest | None = None
 
 
+class ClosingStreamingResponse(StreamingResponse):
+    """A ``StreamingResponse`` that closes its body iterator when it ends, however it ends.
+    Starlette cancels a stream whose client went away and leaves the iterator suspended;
+    closed here, the pipeline behind it ends now (its call stops counting as in flight, its
+    answer is settled undelivered), not whenever the garbage collector finalises it."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
 def _as_rolloutd_error(error: Exception) -> RolloutdError:
     """``error`` itself, or a 500 that names an unexpected exception's class (never its
     text: it may hold prompt text or paths)."""
@@ -135,26 +186,35 @@ def _as_rolloutd_error(error: Exception) -> RolloutdError:
 
 
 async def _sse(encoder: Encoder, start: StreamStart, events: AsyncIterator[StreamEvent],
-               session_id: str, record: Callable[[Exception], Awaitable[bool]]
-               ) -> AsyncIterator[bytes]:
+               session_id: str, record: Callable[[Exception], Awaitable[bool]],
+               settle: Callable[[int, bool], None]) -> AsyncIterator[bytes]:
     """Serialise one answer's events with the dialect's encoder; a failure mid-stream (in the
     pipeline or in the encoder) is recorded in the session's state through ``record`` (which
-    logs it), then ends the stream with the dialect's error event."""
+    logs it), then ends the stream with the dialect's error event. ``settle(index,
+    delivered)`` is told whether the recorded answer's last byte was sent (the server asks for
+    the next chunk only once it sent the one before), or the stream ended before that (the
+    client went away, the encoder failed)."""
     with structlog.contextvars.bound_contextvars(session_id=session_id):
         failure: Exception | None = None
+        end_index: int | None = None
+        delivered = False
         try:
             for chunk in encoder.encode(start):
                 yield chunk
             async for event in events:
+                if isinstance(event, StreamEnd):
+                    end_index = event.response.completion_index
                 for chunk in encoder.encode(event):
                     yield chunk
             for chunk in encoder.close():
                 yield chunk
+            delivered = True
         except Exception as e:  # noqa: BLE001 - stream boundary: recorded, sent in the dialect
             failure = e
         finally:
-            # first: the pipeline holds the session's lock until it is closed, and
-            # recording the failure takes that lock
+            if end_index is not None:
+                settle(end_index, delivered)
+            # first: the pipeline counts as a call in flight until it is closed
             await events.aclose()  # type: ignore[attr-defined]
         if failure is None:
             return
@@ -283,13 +343,24 @@ def create_app(gateway: Gateway) -> Any:
                 raise
 
     async def answer(session: Any, call: _Call, internal: InternalRequest, dialect: Any,
-                     make_encoder: Any = None) -> Response:
-        """Answer a translated request in one piece or as the dialect's SSE stream."""
+                     make_encoder: Any = None, *, retry: bool = False) -> Response:
+        """Answer a translated request in one piece or as the dialect's SSE stream;
+        ``retry``: the client marks it a retry (:func:`marked_retry`)."""
         call.stream, call.request = internal.stream, internal
         if not internal.stream:
-            response = await gateway.service.complete(session, internal)
-            return FastJSONResponse(dialect.response_json(response, internal))
-        events = gateway.service.stream(session, internal)
+            response = await gateway.service.complete(session, internal, marked_retry=retry)
+            index = response.completion_index
+
+            def settle_one(delivered: bool) -> None:
+                if index is not None:
+                    session.settle(index, delivered=delivered)
+            try:
+                body = dialect.response_json(response, internal)
+            except BaseException:
+                settle_one(False)
+                raise
+            return SettledJSONResponse(body, settle_one)
+        events = gateway.service.stream(session, internal, marked_retry=retry)
         try:
             start = await anext(events)
         except BaseException:
@@ -309,8 +380,11 @@ def create_app(gateway: Gateway) -> Any:
             return gateway.service.note_failure(session, error, call.started, stream=True,
                                                 request=internal)
 
-        return StreamingResponse(
-            _sse(encoder, start, events, session.session_id, record), media_type=media,
+        def settle(index: int, delivered: bool) -> None:
+            session.settle(index, delivered=delivered)
+
+        return ClosingStreamingResponse(
+            _sse(encoder, start, events, session.session_id, record, settle), media_type=media,
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def chat(request: Request, key: str | None) -> Response:
@@ -320,7 +394,7 @@ def create_app(gateway: Gateway) -> Any:
             body = await read_json(request, gateway.settings.max_body_bytes,
                                    reader=session.body_reader)
             return await answer(session, call, openai_chat.parse(body, memo=session.memo),
-                                openai_chat)
+                                openai_chat, retry=marked_retry(request))
         return await model_call(session, respond)
 
     async def responses(request: Request, key: str | None) -> Response:
@@ -339,7 +413,7 @@ def create_app(gateway: Gateway) -> Any:
             return await answer(
                 session, call,
                 openai_responses.parse(body, previous=previous, memo=session.memo),
-                openai_responses)
+                openai_responses, retry=marked_retry(request))
         return await model_call(session, respond)
 
     async def messages(request: Request, key: str | None) -> Response:
@@ -349,7 +423,7 @@ def create_app(gateway: Gateway) -> Any:
             body = await read_json(request, gateway.settings.max_body_bytes,
                                    reader=session.body_reader)
             return await answer(session, call, anthropic.parse(body, memo=session.memo),
-                                anthropic)
+                                anthropic, retry=marked_retry(request))
         return await model_call(session, respond)
 
     async def count_tokens(request: Request, key: str | None) -> dict[str, Any]:
@@ -381,7 +455,8 @@ def create_app(gateway: Gateway) -> Any:
                                    reader=session.body_reader)
             internal = gemini.parse(body, model=model, stream=stream, memo=session.memo)
             return await answer(session, call, internal, gemini,
-                                lambda start, req: gemini.encoder(start, req, sse=sse))
+                                lambda start, req: gemini.encoder(start, req, sse=sse),
+                                retry=marked_retry(request))
         return await model_call(session, respond)
 
     async def models(key: str | None) -> dict[str, Any]:

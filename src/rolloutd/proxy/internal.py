@@ -87,8 +87,9 @@ class InternalResponse(BaseModel):
     """One answer before dialect translation.
 
     Attributes:
-        id: a stable id of the answer, derived from the session and completion index, so an
-            answer replayed from the log is identical to the first one.
+        id: the answer's id, chosen when the call starts and recorded with the completion
+            (``Completion.response_id``), so an answer given again from the log is identical
+            to the first one.
         created: Unix time (s) the completion started.
         model: the model name shown to the harness.
         text: the sampled text (end-of-turn token excluded).
@@ -100,6 +101,9 @@ class InternalResponse(BaseModel):
             ``function.arguments`` as a JSON string).
         finish_reason: ``stop``, ``length`` or ``tool_calls``.
         usage: token counts.
+        completion_index: index of the completion that holds this answer in the session's
+            log (None until it is recorded); the gateway tells the session whether the answer
+            reached the harness (:meth:`rolloutd.proxy.sessions.Session.settle`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -113,6 +117,7 @@ class InternalResponse(BaseModel):
     finish_reason: FinishReason
     usage: Usage
     reasoning: str | None = None
+    completion_index: int | None = None
 
     def message(self) -> dict[str, Any]:
         """The answer as an OpenAI assistant message (what is recorded as ``response_message``).

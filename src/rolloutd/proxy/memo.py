@@ -46,9 +46,59 @@ W = TypeVar("W")
 CONVERSATION_FIELDS = ("messages", "contents", "input")
 
 
-def request_hash(body: dict[str, Any]) -> str:
-    """sha256 (hex) of the canonical JSON of a request body: sorted keys, no spaces."""
-    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+#: per dialect, the body fields that change per harness process and carry no conversation
+#: (dotted paths): left out of a request's identity, so a request resent by another process
+#: of the same harness (a new attempt, docs/sessions.md "Request identity") has the identity
+#: it had. Never messages, tools or sampling values. Claude Code puts a per-process id in
+#: ``metadata.user_id``; Codex sends a per-process ``prompt_cache_key``.
+VOLATILE_FIELDS: dict[str, tuple[str, ...]] = {
+    "openai_chat": ("prompt_cache_key",),
+    "openai_responses": ("prompt_cache_key",),
+    "anthropic": ("metadata.user_id",),
+    "gemini": (),
+}
+
+
+def identity_body(body: Any, dialect: str = "") -> Any:
+    """``body`` without the :data:`VOLATILE_FIELDS` of ``dialect`` (the same object when it
+    has none of them; otherwise a shallow copy along each removed path: the body is never
+    modified, its conversation list is shared).
+
+    Args:
+        body: the request body as parsed JSON.
+        dialect: ``openai_chat``, ``openai_responses``, ``anthropic``, ``gemini``; another
+            name (or ``""``) removes nothing.
+    """
+    paths = VOLATILE_FIELDS.get(dialect, ())
+    if not paths or not isinstance(body, dict):
+        return body
+    for path in paths:
+        *parents, name = path.split(".")
+        chain = [body]
+        for parent in parents:
+            inner = chain[-1].get(parent)
+            if not isinstance(inner, dict):
+                break
+            chain.append(inner)
+        else:
+            if name not in chain[-1]:
+                continue
+            value = {k: v for k, v in chain[-1].items() if k != name}
+            for outer, key in zip(reversed(chain[:-1]), reversed(parents), strict=True):
+                value = {**outer, key: value}
+            body = value
+    return body
+
+
+def request_hash(body: dict[str, Any], dialect: str = "") -> str:
+    """A request's identity: sha256 (hex) of the canonical JSON (sorted keys, no spaces) of
+    its body without the dialect's :data:`VOLATILE_FIELDS`. ``stream`` is part of it.
+
+    Args:
+        body: the request body as parsed JSON.
+        dialect: the body's dialect (``""``: the whole body).
+    """
+    return hashlib.sha256(canonical_json(identity_body(body, dialect)).encode()).hexdigest()
 
 
 def validate_new_items(body: dict[str, Any], field: str, known: int,
@@ -234,14 +284,15 @@ class RequestMemo:
                                          tuple(messages), state)
 
     # -- retry hash --------------------------------------------------------------------
-    def request_hash(self, body: dict[str, Any]) -> str:
+    def request_hash(self, body: dict[str, Any], dialect: str = "") -> str:
         """:func:`request_hash` of ``body`` (the same value), with
         the sha256 state after the messages the last call hashed reused when ``body``
         resends them: the cost is that of the new messages and the other fields."""
+        body = identity_body(body, dialect)
         split = _split(body)
         if split is None:
             self._forget_fingerprints()
-            return request_hash(body)
+            return request_hash(body)  # volatile fields are out already
         head, raw, tail = split
         memo = self._hash
         if memo is not None and memo.head == head and self._starts_with(raw, memo.raw):

@@ -2,15 +2,18 @@
 
 A completion is appended to the session's :class:`rolloutd.store.CompletionLog` before its
 response reaches the harness (docs/sessions.md, "The completion log"), with a gap-free index
-assigned under the session's lock. A retried request (same ``request_hash`` as an answered one)
-is answered from the log: no second sample, no second completion.
+assigned when it is recorded (append order), in one short critical section under the
+session's lock. A retried request (docs/sessions.md, "Request identity") is answered from the
+log: no second sample, no second completion.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import secrets
 import time
+from collections.abc import Callable
 
 import structlog
 
@@ -24,9 +27,21 @@ log = structlog.get_logger(__name__)
 
 
 def response_id(session_id: str, index: int) -> str:
-    """The stable answer id of completion ``index`` (a replay answers with the same id)."""
+    """The answer id of completion ``index`` in a log written before completions kept their
+    own (``Completion.response_id``)."""
     digest = hashlib.sha256(f"{session_id}#{index}".encode()).hexdigest()
     return f"chatcmpl-{digest[:24]}"
+
+
+def new_response_id() -> str:
+    """A fresh answer id, ``chatcmpl-`` plus 24 random hex digits: chosen when a call starts
+    (a stream names its answer before the completion has its index)."""
+    return "chatcmpl-" + secrets.token_hex(12)
+
+
+def answer_id(completion: Completion) -> str:
+    """The id the harness got with ``completion``'s answer."""
+    return completion.response_id or response_id(completion.session_id, completion.index)
 
 
 def build_completion(
@@ -48,7 +63,7 @@ def build_completion(
 
     Args:
         session: the session (its id, model and capture mode).
-        index: the completion's index (``session.next_index()`` under the lock).
+        index: the completion's index (given by :meth:`Recorder.record`).
         request: the translated request.
         body_hash: :func:`rolloutd.proxy.memo.request_hash` of ``request.body``.
         plan: the prompt sent (``prompt_ids``, length P, and ``extends``).
@@ -89,6 +104,7 @@ def build_completion(
         policy_version=backend.policy_version if policy_version is None else policy_version,
         timings=Timings(started_at=started_at, first_token_s=result.first_token_s,
                         duration_s=duration_s),
+        response_id=response.id,
     )
 
 
@@ -113,6 +129,7 @@ def build_passthrough_completion(
         backend=backend.name, trainable=trainable,
         policy_version=backend.policy_version if policy_version is None else policy_version,
         timings=Timings(started_at=started_at, duration_s=duration_s),
+        response_id=response.id,
     )
 
 
@@ -120,7 +137,7 @@ def response_from_completion(completion: Completion) -> InternalResponse:
     """The answer recorded in ``completion``, identical to the one first returned."""
     message = completion.response_message
     return InternalResponse(
-        id=response_id(completion.session_id, completion.index),
+        id=answer_id(completion), completion_index=completion.index,
         created=int(completion.timings.started_at),
         model=completion.model,
         text=completion.response_text,
@@ -134,40 +151,47 @@ def response_from_completion(completion: Completion) -> InternalResponse:
 
 
 class Recorder:
-    """Appends completions to their session's log and finds retried requests."""
+    """Appends completions to their session's log."""
 
-    def find_retry(self, session: Session, body_hash: str) -> Completion | None:
-        """The completion that answered an identical request before, if any."""
-        index = session.by_hash.get(body_hash)
-        return None if index is None else session.completions[index]
+    async def record(self, session: Session, build: Callable[[int], Completion]
+                     ) -> Completion:
+        """Give the next index to the completion ``build(index)`` and append it to the log,
+        in one critical section under ``session.lock`` (never held across a backend call):
+        the index is the completion's place in append order, gap-free whatever order
+        concurrent calls end in. The record reaches the operating system before this
+        returns, so before the answer is sent; fsync follows the store's ``sync`` policy
+        (:class:`rolloutd.store.BlobStore`). Only what it adds to the completion it continues
+        (else the one before) is written (:func:`rolloutd.store.encode_completion`). Its
+        answer is then on its way (:meth:`Session.sending`).
 
-    async def record(self, session: Session, completion: Completion) -> None:
-        """Append ``completion`` to the log (call with ``session.lock`` held): it reaches
-        the operating system before this returns, so before the answer is sent; fsync follows
-        the store's ``sync`` policy (:class:`rolloutd.store.BlobStore`). Only what it adds
-        to the completion it continues (else the one before) is written
-        (:func:`rolloutd.store.encode_completion`).
+        Args:
+            session: the session.
+            build: the completion of a given index (pure; :func:`build_completion`).
+
+        Returns:
+            The recorded completion.
 
         Raises:
             rolloutd.store.BlobExistsError: its index is written already (another writer).
-            ValueError: its index is not the session's next one.
         """
-        if completion.index != session.next_index():
-            raise ValueError(f"completion index {completion.index} is not the next index "
-                             f"{session.next_index()} of session {session.session_id}")
-        started = time.monotonic()
-        base = session.completions[completion.extends] if completion.extends is not None \
-            else (session.completions[-1] if session.completions else None)
-        if session.log.store.fast_writes:
-            session.log.append(completion, base)  # a small write into the page cache
-        else:
-            await asyncio.to_thread(session.log.append, completion, base)
-        session.completions.append(completion)
-        session.extensions.add(completion)
-        session.by_hash.setdefault(completion.request_hash, completion.index)
+        async with session.lock:
+            started = time.monotonic()
+            completion = build(session.next_index())
+            base = session.completions[completion.extends] \
+                if completion.extends is not None \
+                else (session.completions[-1] if session.completions else None)
+            if session.log.store.fast_writes:
+                session.log.append(completion, base)  # a small write into the page cache
+            else:
+                await asyncio.to_thread(session.log.append, completion, base)
+            session.completions.append(completion)
+            session.extensions.add(completion)
+            session.by_hash.setdefault(completion.request_hash, []).append(completion.index)
+            session.sending(completion.index)
         # per call: DEBUG (an INFO line per call costs more than the rest of the recording)
         log.debug("completion_recorded", session_id=session.session_id, index=completion.index,
                  num_prompt_tokens=len(completion.prompt_ids),
                  num_response_tokens=len(completion.response_ids),
                  finish_reason=completion.finish_reason, extends=completion.extends,
                  append_s=round(time.monotonic() - started, 4))
+        return completion

@@ -1,10 +1,16 @@
 """The generation pipeline of one call, shared by every dialect and by both answer modes.
 
-For a translated request in a session: refuse sealed sessions; answer a retried request from
-the log; build the prompt (token chain or fresh render); resolve sampling and bound
-``max_tokens`` by the context left; sample on the session's backend; parse tool calls; record
-the completion; answer. Streaming yields content deltas as they are sampled and the final
-answer only after the completion is recorded, so both modes record identical completions.
+For a translated request in a session: refuse sealed sessions; answer a retry from the log;
+build the prompt (the token chain of the conversation it continues, or a fresh render);
+resolve sampling and bound ``max_tokens`` by the context left; sample on the session's
+backend; parse tool calls; record the completion; answer. Streaming yields content deltas as
+they are sampled and the final answer only after the completion is recorded, so both modes
+record identical completions.
+
+Calls of one session run concurrently (sub-agents, parallel tool calls): nothing here holds a
+lock across a backend call. Only the session's short critical sections (the recorder's index
+assignment and append, state writes) take ``session.lock`` (docs/sessions.md, "Concurrent
+calls").
 """
 
 from __future__ import annotations
@@ -46,10 +52,11 @@ from rolloutd.proxy.memo import request_hash
 from rolloutd.proxy.parsers import ReasoningParser, get_reasoning_parser
 from rolloutd.proxy.recorder import (
     Recorder,
+    answer_id,
     build_completion,
     build_passthrough_completion,
+    new_response_id,
     response_from_completion,
-    response_id,
 )
 from rolloutd.proxy.sessions import CallError, Session, conversation_hash
 from rolloutd.proxy.tool_parsers import get_tool_parser
@@ -116,7 +123,7 @@ def bound_max_tokens(max_tokens: int, num_prompt_tokens: int, ctx_size: int) -> 
 
 @dataclass
 class _Prepared:
-    index: int
+    response_id: str
     body_hash: str
     plan: PromptPlan
     backend: Backend
@@ -167,8 +174,7 @@ class ChatService:
         Reads the append-only completion list; no lock needed.
         """
         for completion in reversed(session.completions):
-            if f"resp_{id_suffix(response_id(completion.session_id, completion.index))}" \
-                    == wire_id:
+            if f"resp_{id_suffix(answer_id(completion))}" == wire_id:
                 return [*completion.messages, completion.response_message]
         return None
 
@@ -184,21 +190,40 @@ class ChatService:
             return reasoning, parsed.content, parsed.tool_calls, parsed.num_unreadable > 0
         return reasoning, rest, [], False
 
-    def _retry(self, session: Session, request: InternalRequest
+    def _retry(self, session: Session, request: InternalRequest, marked: bool
                ) -> tuple[str, Completion | None]:
-        """(request hash, the completion that answered it already or None); refuses sealed
-        sessions (call with ``session.lock`` held)."""
-        session.ensure_open()
-        body_hash = session.memo.request_hash(request.body)
-        answered = self.recorder.find_retry(session, body_hash)
+        """(request identity, the completion this call is a retry of, or None)
+        (:meth:`rolloutd.proxy.sessions.Session.find_retry`). A completion found is marked
+        as being sent again in the same step (no await between), so a concurrent identical
+        request does not take it too."""
+        body_hash = session.memo.request_hash(request.body, request.dialect)
+        answered = session.find_retry(body_hash, marked=marked)
         if answered is not None:
+            session.sending(answered.index)
             log.info("retry_answered_from_log", session_id=session.session_id,
-                     index=answered.index)
+                     index=answered.index, marked=marked)
+        return body_hash, answered
+
+    async def _find_answer(self, session: Session, request: InternalRequest, marked: bool
+                           ) -> tuple[str, Completion | None]:
+        """:meth:`_retry`; a marked retry of a request that another call of the session is
+        sampling now (the client timed out and retried) waits for that call and answers with
+        its completion, so one request is sampled once."""
+        body_hash, answered = self._retry(session, request, marked)
+        waiting = session.sampling_calls.get(body_hash) if marked and answered is None \
+            else None
+        if waiting is not None:
+            index = await asyncio.shield(waiting)
+            if index is not None:
+                answered = session.completions[index]
+                session.sending(index)
+                log.info("retry_answered_from_log", session_id=session.session_id,
+                         index=index, marked=marked, waited=True)
         return body_hash, answered
 
     async def _lease(self, session: Session) -> Lease:
         """A lease on the session's backend (waits while it is paused); a session pinned to a
-        removed backend moves now, and the move is persisted (call with ``session.lock``)."""
+        removed backend moves now, and the move is persisted."""
         lease = await self.pool.acquire(session.state.backend)
         if lease.moved_from is not None:
             try:
@@ -223,7 +248,9 @@ class ChatService:
 
     async def _prepare(self, session: Session, request: InternalRequest, body_hash: str,
                        lease: Lease) -> _Prepared:
-        """Prompt and sampling of a call on ``lease.backend`` (call with ``session.lock``)."""
+        """Prompt and sampling of a call on ``lease.backend``: the prompt continues the
+        completion whose conversation and answer the request extends (its chain's tail,
+        whichever conversation of the session that is), else renders afresh."""
         started_at, started = time.time(), time.monotonic()
         plan = await self._build_prompt(session, request)
         backend = lease.backend
@@ -236,23 +263,24 @@ class ChatService:
                                    temperature=sampling.temperature, top_p=sampling.top_p,
                                    top_k=sampling.top_k, seed=sampling.seed,
                                    prompt_json=session.prompt_json.dumps(plan.prompt_ids, base))
-        log.debug("call_prepared", session_id=session.session_id, index=session.next_index(),
+        log.debug("call_prepared", session_id=session.session_id,
                   num_prompt_tokens=len(plan.prompt_ids), num_new_tokens=plan.num_new_tokens,
                   extends=plan.extends, max_tokens=max_tokens, backend=backend.name)
-        return _Prepared(index=session.next_index(), body_hash=body_hash, plan=plan,
+        return _Prepared(response_id=new_response_id(), body_hash=body_hash, plan=plan,
                          backend=backend, generate=generate, started_at=started_at,
                          started=started, policy_version=lease.policy_version)
 
     async def _answer(self, session: Session, request: InternalRequest, prep: _Prepared,
                       result: GenerateResult) -> InternalResponse:
-        """Parse, record and build the answer (call with ``session.lock`` held)."""
+        """Parse, record and build the answer (the completion's index is given when it is
+        recorded)."""
         text_ids = result.response_ids[:-1] if result.ended_by_eos else result.response_ids
         # a short answer decodes in microseconds: a thread hop would cost more
         text = self.template.decode(text_ids) if len(text_ids) <= 256 \
             else await asyncio.to_thread(self.template.decode, text_ids)
         reasoning, content, tool_calls, unreadable = self._shape(text, request)
         response = InternalResponse(
-            id=response_id(session.session_id, prep.index),
+            id=prep.response_id,
             created=int(prep.started_at),
             model=session.state.model,
             text=text,
@@ -263,15 +291,19 @@ class ChatService:
             usage=Usage(prompt_tokens=len(prep.plan.prompt_ids),
                         completion_tokens=len(result.response_ids)),
         )
-        completion = build_completion(
-            session, index=prep.index, request=request, body_hash=prep.body_hash,
-            plan=prep.plan, result=result, response=response, backend=prep.backend,
-            end_of_turn_id=self.template.end_of_turn_id, started_at=prep.started_at,
-            duration_s=time.monotonic() - prep.started, policy_version=prep.policy_version,
-        )
-        # the model's doing: its tokens stay; the task may force the session's reward
-        completion.tool_call_parse_failed = unreadable
-        await self.recorder.record(session, completion)
+        duration_s = time.monotonic() - prep.started
+
+        def build(index: int) -> Completion:
+            completion = build_completion(
+                session, index=index, request=request, body_hash=prep.body_hash,
+                plan=prep.plan, result=result, response=response, backend=prep.backend,
+                end_of_turn_id=self.template.end_of_turn_id, started_at=prep.started_at,
+                duration_s=duration_s, policy_version=prep.policy_version)
+            # the model's doing: its tokens stay; the task may force the session's reward
+            completion.tool_call_parse_failed = unreadable
+            return completion
+
+        response.completion_index = (await self.recorder.record(session, build)).index
         return response
 
     def _passthrough_body(self, session: Session, request: InternalRequest,
@@ -292,13 +324,13 @@ class ChatService:
 
     async def _passthrough_record(self, session: Session, request: InternalRequest,
                                   body_hash: str, lease: Lease, result: ChatResult,
-                                  started_at: float, started: float) -> InternalResponse:
+                                  started_at: float, started: float,
+                                  answer_id_: str | None = None) -> InternalResponse:
         """Record a ``passthrough`` answer (streamed or not: the same completion) and return
-        it (call with ``session.lock`` held)."""
-        index = session.next_index()
+        it."""
         content = result.message.get("content")
         response = InternalResponse(
-            id=response_id(session.session_id, index), created=int(started_at),
+            id=answer_id_ or new_response_id(), created=int(started_at),
             model=session.state.model, text=content or "", content=content,
             reasoning=result.message.get("reasoning_content"),
             tool_calls=list(result.message.get("tool_calls") or []),
@@ -306,17 +338,19 @@ class ChatService:
             usage=Usage(prompt_tokens=result.num_prompt_tokens or len(result.prompt_ids),
                         completion_tokens=result.num_completion_tokens
                         or len(result.response_ids)))
-        await self.recorder.record(session, build_passthrough_completion(
-            session, index=index, request=request, body_hash=body_hash, result=result,
-            response=response, backend=lease.backend, started_at=started_at,
-            duration_s=time.monotonic() - started, policy_version=lease.policy_version))
+        duration_s = time.monotonic() - started
+        completion = await self.recorder.record(session, lambda index: (
+            build_passthrough_completion(
+                session, index=index, request=request, body_hash=body_hash, result=result,
+                response=response, backend=lease.backend, started_at=started_at,
+                duration_s=duration_s, policy_version=lease.policy_version)))
+        response.completion_index = completion.index
         return response
 
     async def _passthrough_on(self, session: Session, request: InternalRequest,
                               body_hash: str, lease: Lease) -> InternalResponse:
-        """One ``passthrough`` call on a leased backend (call with ``session.lock`` held):
-        the backend renders the chat; the gateway records what it returns (untrainable
-        without token ids)."""
+        """One ``passthrough`` call on a leased backend: the backend renders the chat; the
+        gateway records what it returns (untrainable without token ids)."""
         started_at, started = time.time(), time.monotonic()
         backend, body = self._passthrough_body(session, request, lease)
         result = await backend.chat(body)
@@ -328,15 +362,14 @@ class ChatService:
                                      ) -> AsyncIterator[StreamEvent]:
         """A streamed ``passthrough`` call on a leased backend: the backend's chunks are
         forwarded as they arrive; the completion is recorded from the assembled answer,
-        before the end event (call with ``session.lock`` held)."""
+        before the end event."""
         started_at, started = time.time(), time.monotonic()
         backend, body = self._passthrough_body(session, request, lease)
         deltas = backend.chat_stream(body)
         try:
             delta = await _next_delta(deltas, backend)
-            index = session.next_index()
-            yield StreamStart(id=response_id(session.session_id, index),
-                              created=int(started_at), model=session.state.model)
+            wire_id = new_response_id()
+            yield StreamStart(id=wire_id, created=int(started_at), model=session.state.model)
             sent, sent_reasoning = "", ""
             while delta.result is None:
                 if delta.reasoning:
@@ -349,7 +382,8 @@ class ChatService:
         finally:
             await deltas.aclose()  # type: ignore[attr-defined]
         response = await self._passthrough_record(session, request, body_hash, lease,
-                                                  delta.result, started_at, started)
+                                                  delta.result, started_at, started, wire_id)
+        index = response.completion_index
         yield StreamEnd(
             response=response,
             content_tail=_tail(response.content or "", sent, "content", session, index),
@@ -357,12 +391,12 @@ class ChatService:
                                  session, index))
 
     async def _note_failure(self, session: Session, error: Exception, started: float, *,
-                            stream: bool, request: InternalRequest | None = None) -> None:
-        """Record a failed call in the session's state (call with ``session.lock`` held):
-        the harness gets the error, the session keeps it, the log stays as it was; the
-        failure is logged here, once, and ``error`` is marked (:func:`call_recorded`) so the
-        layers it passes through on its way out neither count nor log it again. Never
-        raises.
+                            stream: bool, request: InternalRequest | None = None) -> bool:
+        """Record a failed call in the session's state (under its lock, briefly): the
+        harness gets the error, the session keeps it, the log stays as it was; the failure
+        is logged here, once, and ``error`` is marked (:func:`call_recorded`) so the layers
+        it passes through on its way out neither count nor log it again. Never raises.
+        Returns whether it was recorded (not in a sealed session).
 
         Args:
             request: the translated request, when the call got that far (its hashes let
@@ -372,13 +406,14 @@ class ChatService:
         status = error.status_code if isinstance(error, RolloutdError) else 500
         message = error.message if isinstance(error, RolloutdError) \
             else f"internal error: {type(error).__name__}"
+        recorded = False
         try:
             hashes: dict[str, Any] = {}
             if request is not None:
-                hashes = {"request_hash": request_hash(request.body),
+                hashes = {"request_hash": request_hash(request.body, request.dialect),
                           "num_messages": len(request.messages),
                           "conversation_hash": conversation_hash(request.messages)}
-            await session.record_error(CallError(
+            recorded = await session.record_error(CallError(
                 at_index=session.next_index(), at=time.time(),
                 error_type=type(error).__name__, message=message[:500], status_code=status,
                 backend=session.state.backend, duration_s=time.monotonic() - started,
@@ -387,6 +422,7 @@ class ChatService:
         except Exception:
             log.exception("call_error_not_recorded", session_id=session.session_id)
         setattr(error, _RECORDED, True)
+        return recorded
 
     async def note_failure(self, session: Session, error: Exception, started: float, *,
                            stream: bool, request: InternalRequest | None = None) -> bool:
@@ -394,7 +430,7 @@ class ChatService:
         translating its body, rendering its answer, encoding its stream) as they record
         theirs; a failure recorded already, or one of a sealed session, is left alone.
 
-        Call without ``session.lock`` (it is taken here: the session's state is written).
+        Call without ``session.lock`` (it is taken briefly: the session's state is written).
 
         Args:
             session: the session the call was made in.
@@ -408,32 +444,50 @@ class ChatService:
         """
         if call_recorded(error):
             return True
-        async with session.lock:
-            if session.state.closed:
-                return False
-            await self._note_failure(session, error, started, stream=stream, request=request)
-        return True
+        if session.state.closed:
+            return False
+        return await self._note_failure(session, error, started, stream=stream,
+                                        request=request)
 
-    async def _complete_locked(self, session: Session, request: InternalRequest
-                               ) -> InternalResponse:
-        body_hash, answered = self._retry(session, request)
+    async def _complete(self, session: Session, request: InternalRequest, marked: bool
+                        ) -> InternalResponse:
+        body_hash, answered = await self._find_answer(session, request, marked)
         if answered is not None:
             return response_from_completion(answered)
-        lease = await self._lease(session)
+        own = session.start_sampling(body_hash)
+        index: int | None = None
         try:
-            if session.state.capture_mode is CaptureMode.PASSTHROUGH:
-                return await self._passthrough_on(session, request, body_hash, lease)
-            prep = await self._prepare(session, request, body_hash, lease)
-            result = await prep.backend.generate(prep.generate)
-            return await self._answer(session, request, prep, result)
+            lease = await self._lease(session)
+            try:
+                if session.state.capture_mode is CaptureMode.PASSTHROUGH:
+                    response = await self._passthrough_on(session, request, body_hash, lease)
+                else:
+                    prep = await self._prepare(session, request, body_hash, lease)
+                    result = await prep.backend.generate(prep.generate)
+                    response = await self._answer(session, request, prep, result)
+            finally:
+                self.pool.release_lease(lease)
+            index = response.completion_index
+            return response
         finally:
-            self.pool.release_lease(lease)
+            session.end_sampling(body_hash, own, index)
 
-    async def complete(self, session: Session, request: InternalRequest) -> InternalResponse:
+    async def complete(self, session: Session, request: InternalRequest, *,
+                       marked_retry: bool = False) -> InternalResponse:
         """Answer one call in one piece.
 
-        A call of an open session that fails is recorded in the session's state
+        The answer's ``completion_index`` names the completion that holds it; the caller
+        tells the session whether it reached the harness
+        (:meth:`rolloutd.proxy.sessions.Session.settle`). A call of an open session that
+        fails is recorded in the session's state
         (:meth:`rolloutd.proxy.sessions.Session.record_error`), never in its log.
+
+        Args:
+            session: the session.
+            request: the translated request.
+            marked_retry: the client marks the call as a retry (``x-stainless-retry-count``
+                > 0): an earlier completion of the same identity answers it even when its
+                answer was delivered.
 
         Raises:
             rolloutd.errors.AuthenticationError: the session is closed.
@@ -441,20 +495,21 @@ class ChatService:
             ContextLengthError: the prompt fills the context.
             BackendError: the backend failed; nothing is recorded in the log.
         """
-        async with session.lock:
-            session.ensure_open()
-            started, started_at = time.monotonic(), time.time()
-            try:
-                return await self._complete_locked(session, request)
-            except Exception as e:
-                await self._note_failure(session, e, started, stream=False, request=request)
-                raise
-            except BaseException:
-                session.note_cut(started_at)
-                raise
+        session.begin_call()
+        started, started_at = time.monotonic(), time.time()
+        try:
+            return await self._complete(session, request, marked_retry)
+        except Exception as e:
+            await self._note_failure(session, e, started, stream=False, request=request)
+            raise
+        except BaseException:
+            session.note_cut(started_at)
+            raise
+        finally:
+            session.end_call()
 
-    async def stream(self, session: Session, request: InternalRequest
-                     ) -> AsyncIterator[StreamEvent]:
+    async def stream(self, session: Session, request: InternalRequest, *,
+                     marked_retry: bool = False) -> AsyncIterator[StreamEvent]:
         """Answer one call as events: :class:`StreamStart`, :class:`StreamContent`...,
         :class:`StreamEnd`.
 
@@ -464,50 +519,65 @@ class ChatService:
         from a tool-call marker on; tool calls come with the end event. The streamed reasoning
         and content plus the end event's tails equal the recorded answer's. In
         ``passthrough`` mode the backend's chunks are forwarded as they arrive. A failed call
-        is recorded in the session's state, as in :meth:`complete`.
+        is recorded in the session's state, as in :meth:`complete`. The end event's answer
+        names its completion (``completion_index``); the caller settles its delivery, and a
+        stream closed before the end event was taken leaves it undelivered.
 
         Raises:
             The errors of :meth:`complete`.
         """
-        async with session.lock:
-            session.ensure_open()
-            started, started_at = time.monotonic(), time.time()
+        session.begin_call()
+        started, started_at = time.monotonic(), time.time()
+        end_index: int | None = None
+        own: asyncio.Future[int | None] | None = None
+        body_hash = ""
+        try:
+            body_hash, answered = await self._find_answer(session, request, marked_retry)
+            if answered is not None:
+                response = response_from_completion(answered)
+                end_index = answered.index
+                yield StreamStart(id=response.id, created=response.created,
+                                  model=response.model,
+                                  prompt_tokens=response.usage.prompt_tokens)
+                yield StreamEnd(response=response, content_tail=response.content or "",
+                                reasoning_tail=response.reasoning or "")
+                return
+            own = session.start_sampling(body_hash)
+            lease = await self._lease(session)
+            events = (self._passthrough_stream_on
+                      if session.state.capture_mode is CaptureMode.PASSTHROUGH
+                      else self._stream_on)(session, request, body_hash, lease)
             try:
-                body_hash, answered = self._retry(session, request)
-                if answered is not None:
-                    response = response_from_completion(answered)
-                    yield StreamStart(id=response.id, created=response.created,
-                                      model=response.model,
-                                      prompt_tokens=response.usage.prompt_tokens)
-                    yield StreamEnd(response=response, content_tail=response.content or "",
-                                    reasoning_tail=response.reasoning or "")
-                    return
-                lease = await self._lease(session)
-                events = (self._passthrough_stream_on
-                          if session.state.capture_mode is CaptureMode.PASSTHROUGH
-                          else self._stream_on)(session, request, body_hash, lease)
-                try:
-                    async for event in events:
-                        yield event
-                finally:
-                    await events.aclose()  # type: ignore[attr-defined]
-                    self.pool.release_lease(lease)
-            except Exception as e:
-                await self._note_failure(session, e, started, stream=True, request=request)
-                raise
-            except BaseException:
-                session.note_cut(started_at)
-                raise
+                async for event in events:
+                    if isinstance(event, StreamEnd):
+                        end_index = event.response.completion_index
+                    yield event
+            finally:
+                await events.aclose()  # type: ignore[attr-defined]
+                self.pool.release_lease(lease)
+        except Exception as e:
+            if end_index is not None:
+                session.settle(end_index, delivered=False)
+            await self._note_failure(session, e, started, stream=True, request=request)
+            raise
+        except BaseException:
+            if end_index is not None:
+                session.settle(end_index, delivered=False)
+            session.note_cut(started_at)
+            raise
+        finally:
+            session.end_sampling(body_hash, own, end_index)
+            session.end_call()
 
     async def _stream_on(self, session: Session, request: InternalRequest, body_hash: str,
                          lease: Lease) -> AsyncIterator[StreamEvent]:
-        """The streamed tokens-mode call on a leased backend (call with ``session.lock``)."""
+        """The streamed tokens-mode call on a leased backend."""
         prep = await self._prepare(session, request, body_hash, lease)
         streamable = self.tool_parser.streamable if request.tools else str
         deltas = prep.backend.generate_stream(prep.generate)
         try:
             delta = await _next_delta(deltas, prep.backend)
-            yield StreamStart(id=response_id(session.session_id, prep.index),
+            yield StreamStart(id=prep.response_id,
                               created=int(prep.started_at), model=session.state.model,
                               prompt_tokens=len(prep.generate.prompt_ids))
             text, sent, sent_reasoning = "", "", ""
@@ -529,14 +599,15 @@ class ChatService:
         finally:
             await deltas.aclose()  # type: ignore[attr-defined]
         response = await self._answer(session, request, prep, delta.result)
+        index = response.completion_index
         yield StreamEnd(
             response=response,
-            content_tail=_tail(response.content or "", sent, "content", session, prep.index),
+            content_tail=_tail(response.content or "", sent, "content", session, index),
             reasoning_tail=_tail(response.reasoning or "", sent_reasoning, "reasoning",
-                                 session, prep.index))
+                                 session, index))
 
 
-def _tail(final: str, sent: str, part: str, session: Session, index: int) -> str:
+def _tail(final: str, sent: str, part: str, session: Session, index: int | None) -> str:
     """The part of ``final`` not streamed yet (nothing, logged, if the stream diverged)."""
     if final.startswith(sent):
         return final[len(sent):]

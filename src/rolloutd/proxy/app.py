@@ -6,11 +6,14 @@ routes without the ``/s/{key}`` prefix take the key as the API key (``Authorizat
 
     POST /s/{key}/v1/chat/completions                  OpenAI Chat Completions
     POST /s/{key}/v1/responses                         OpenAI Responses
+    POST /s/{key}/v1/responses/input_tokens            OpenAI Responses token count
     POST /s/{key}/v1/messages[?beta=true]              Anthropic Messages
     POST /s/{key}/v1/messages/count_tokens             Anthropic token count (no sampling)
     POST /s/{key}/v1beta/models/{model}:generateContent         Gemini
     POST /s/{key}/v1beta/models/{model}:streamGenerateContent   Gemini (``alt=sse``)
     POST /s/{key}/v1beta/models/{model}:countTokens             Gemini token count
+    POST /s/{key}/v1/models/{model}:...                the same three on Gemini API ``v1``
+                                                       (google-genai's default version)
     GET  /s/{key}/v1/models                            GET /health
     GET|HEAD /s/{key}                                  the base URL itself (a client's preconnect)
     /admin/...                                         the backend pool (admin token;
@@ -57,10 +60,11 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 def _dialect_of(path: str) -> Any:
-    """The dialect module whose error shape a path gets."""
+    """The dialect module whose error shape a path gets: a Gemini method on ``/v1/models/``
+    (``{model}:{method}``) is Google's, while ``/v1/models`` itself lists OpenAI models."""
     if "/v1/messages" in path:
         return anthropic
-    if "/v1beta/" in path:
+    if "/v1beta/" in path or ("/v1/models/" in path and ":" in path.rpartition("/")[2]):
         return gemini
     return openai_chat
 
@@ -237,13 +241,16 @@ class ModelCalls:
     Args:
         app: the FastAPI app (admin, health, models, and every route not matched here).
         handlers: ``route path -> handler(request, key)``; the Gemini route's handler takes
-            ``(request, key, model_action)`` and is keyed by its prefix
-            ``/v1beta/models/``.
+            ``(request, key, model_action)`` and is keyed by its ``v1beta`` prefix; it serves
+            every prefix of :attr:`GEMINI_PREFIXES`.
         render_error: ``(request, exception) -> Response``, the app's handlers in one.
     """
 
     #: the Gemini route's prefix (the model and action follow it)
     GEMINI_PREFIX = "/v1beta/models/"
+    #: the Gemini API versions a client may use: google-genai defaults to ``v1``, the CLIs
+    #: use ``v1beta``; the methods and bodies are the same
+    GEMINI_PREFIXES = (GEMINI_PREFIX, "/v1/models/")
 
     def __init__(self, app: Any, handlers: dict[str, Any], render_error: Any) -> None:
         self.app = app
@@ -264,10 +271,10 @@ class ModelCalls:
                 await self.app(scope, receive, send)
                 return
         extra: tuple[str, ...] = ()
-        if route.startswith(self.GEMINI_PREFIX):
-            handler, extra = self.handlers[self.GEMINI_PREFIX], (route[len(self.GEMINI_PREFIX):],)
-        else:
-            handler = self.handlers.get(route)
+        handler = self.handlers.get(route)
+        for prefix in self.GEMINI_PREFIXES:
+            if route.startswith(prefix):
+                handler, extra = self.handlers[self.GEMINI_PREFIX], (route[len(prefix):],)
         if handler is None:
             await self.app(scope, receive, send)
             return
@@ -403,18 +410,27 @@ def create_app(gateway: Gateway) -> Any:
         async def respond(call: _Call) -> Response:
             body = await read_json(request, gateway.settings.max_body_bytes,
                                    reader=session.body_reader)
-            previous = None
-            previous_id = body.get("previous_response_id") if isinstance(body, dict) else None
-            if isinstance(previous_id, str):
-                previous = gateway.service.previous_conversation(session, previous_id)
-                if previous is None:
-                    raise RequestFieldError(f"previous response {previous_id!r} not found in "
-                                            "this session", param="previous_response_id")
             return await answer(
                 session, call,
-                openai_responses.parse(body, previous=previous, memo=session.memo),
+                openai_responses.parse(body, previous=previous_of(session, body),
+                                       memo=session.memo),
                 openai_responses, retry=marked_retry(request))
         return await model_call(session, respond)
+
+    def previous_of(session: Any, body: Any) -> list[dict[str, Any]] | None:
+        """The conversation a Responses body continues (``previous_response_id``), or None.
+
+        Raises:
+            RequestFieldError: the id names no answer of this session.
+        """
+        previous_id = body.get("previous_response_id") if isinstance(body, dict) else None
+        if not isinstance(previous_id, str):
+            return None
+        previous = gateway.service.previous_conversation(session, previous_id)
+        if previous is None:
+            raise RequestFieldError(f"previous response {previous_id!r} not found in "
+                                    "this session", param="previous_response_id")
+        return previous
 
     async def messages(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
@@ -466,15 +482,24 @@ def create_app(gateway: Gateway) -> Any:
     async def count_tokens_response(request: Request, key: str | None) -> Response:
         return JSONResponse(await count_tokens(request, key))
 
+    async def responses_input_tokens(request: Request, key: str | None) -> Response:
+        session = await gateway.sessions.lookup(key)
+        body = await read_json(request, gateway.settings.max_body_bytes)
+        internal = openai_responses.parse(body, previous=previous_of(session, body))
+        return JSONResponse(openai_responses.input_tokens_json(
+            await gateway.service.count_tokens(session, internal)))
+
     # The model-call routes are served by ModelCalls in front of this app; the app answers
     # other methods on their paths (405) and every other path.
     model_calls = {"/v1/chat/completions": chat, "/v1/responses": responses,
+                   "/v1/responses/input_tokens": responses_input_tokens,
                    "/v1/messages": messages, "/v1/messages/count_tokens": count_tokens_response,
                    ModelCalls.GEMINI_PREFIX: generate_content}
-    for path in model_calls:
+    for path in [*model_calls, *ModelCalls.GEMINI_PREFIXES[1:]]:
         for route in ("/s/{key}" + path, path):
-            app.router.add_route(route + ("{model_action:path}" if path == ModelCalls.GEMINI_PREFIX
-                                          else ""), _method_not_allowed, methods=["POST"])
+            app.router.add_route(route + ("{model_action:path}"
+                                          if path in ModelCalls.GEMINI_PREFIXES else ""),
+                                 _method_not_allowed, methods=["POST"])
 
     # Claude Code sends `HEAD {ANTHROPIC_BASE_URL}` at startup to warm the connection; the
     # base URL answers 200 for a valid key, so a client's probe of it is not an error

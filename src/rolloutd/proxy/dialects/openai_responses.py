@@ -379,7 +379,8 @@ def _response_object(response: InternalResponse | None, start: StreamStart,
     usage = None
     if response is not None:
         usage = {"input_tokens": response.usage.prompt_tokens,
-                 "input_tokens_details": {"cached_tokens": 0},
+                 # the SDK's types require both counts (openai 3.57, strict validation)
+                 "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                  "output_tokens": response.usage.completion_tokens,
                  "output_tokens_details": {"reasoning_tokens": 0},
                  "total_tokens": response.usage.total_tokens}
@@ -478,7 +479,9 @@ class Encoder:
             part = {"type": "output_text", "text": self.text, "annotations": []}
             common = {"item_id": self.msg_id, "output_index": index, "content_index": 0}
             item = _message_item(self.msg_id, self.text)
-            out += [self._event("response.output_text.done", text=self.text, **common),
+            # logprobs is required on the done event as on each delta (the SDK's types)
+            out += [self._event("response.output_text.done", text=self.text, logprobs=[],
+                                **common),
                     self._event("response.content_part.done", part=part, **common),
                     self._event("response.output_item.done", output_index=index, item=item)]
             self.output.append(item)
@@ -611,6 +614,16 @@ def collect_stream(events: list[dict[str, Any]]) -> InternalResponse:
     body["output"] += [{"type": "function_call", "call_id": c["id"], **c["function"]}
                        for c in calls]
     return response_to_internal(body)
+
+
+def input_tokens_json(num_tokens: int) -> dict[str, Any]:
+    """The body of ``POST /v1/responses/input_tokens``: the prompt tokens a Responses
+    request would send (``InputTokenCountResponse`` of the openai SDK).
+
+    Args:
+        num_tokens: prompt tokens, as the session would render them.
+    """
+    return {"object": "response.input_tokens", "input_tokens": num_tokens}
 
 
 def error_body(error: RolloutdError) -> tuple[int, dict[str, Any]]:

@@ -265,7 +265,11 @@ def create_app(gateway: Gateway) -> Any:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "backends": gateway.pool.names()}
+        # the gateway answers, so its status is ok; the pool's health is apart: a trainer
+        # waiting on rollouts reads ``backend_health`` to tell a dead engine from a slow one
+        await gateway.pool.probe_unhealthy()
+        return {"status": "ok", "backends": gateway.pool.names(),
+                "backend_health": gateway.pool.health()}
 
     async def model_call(session: Any, respond: Callable[[_Call], Awaitable[Response]]
                          ) -> Response:

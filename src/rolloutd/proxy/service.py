@@ -320,6 +320,7 @@ class ChatService:
         started_at, started = time.time(), time.monotonic()
         backend, body = self._passthrough_body(session, request, lease)
         result = await backend.chat(body)
+        self.pool.note_answered(lease)
         return await self._passthrough_record(session, request, body_hash, lease, result,
                                               started_at, started)
 
@@ -425,7 +426,11 @@ class ChatService:
                 return await self._passthrough_on(session, request, body_hash, lease)
             prep = await self._prepare(session, request, body_hash, lease)
             result = await prep.backend.generate(prep.generate)
+            self.pool.note_answered(lease)
             return await self._answer(session, request, prep, result)
+        except BackendError as e:
+            self.pool.note_failed(lease, e)
+            raise
         finally:
             self.pool.release_lease(lease)
 
@@ -489,6 +494,10 @@ class ChatService:
                 try:
                     async for event in events:
                         yield event
+                    self.pool.note_answered(lease)
+                except BackendError as e:
+                    self.pool.note_failed(lease, e)
+                    raise
                 finally:
                     await events.aclose()  # type: ignore[attr-defined]
                     self.pool.release_lease(lease)

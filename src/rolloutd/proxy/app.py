@@ -413,6 +413,13 @@ def create_app(gateway: Gateway) -> Any:
         await gateway.sessions.lookup(key)
         return {"status": "ok"}
 
+    # the sandbox asks at each heartbeat of a running harness (docs/failures.md): after
+    # backend_dead_after_s of unanswered calls it stops the harness
+    @app.get("/s/{key}/rolloutd/verdict")
+    async def session_verdict(key: str) -> dict[str, Any]:
+        session = await gateway.sessions.lookup(key)
+        return session.liveness.verdict(gateway.settings.backend_dead_after_s).model_dump()
+
     @app.get("/s/{key}/v1/models")
     async def session_models(key: str) -> dict[str, Any]:
         return await models(key)

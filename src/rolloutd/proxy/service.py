@@ -415,12 +415,13 @@ class ChatService:
             await self._note_failure(session, error, started, stream=stream, request=request)
         return True
 
-    async def _complete_locked(self, session: Session, request: InternalRequest
+    async def _complete_locked(self, session: Session, request: InternalRequest, token: int
                                ) -> InternalResponse:
         body_hash, answered = self._retry(session, request)
         if answered is not None:
             return response_from_completion(answered)
         lease = await self._lease(session)
+        session.liveness.leased(token)
         try:
             if session.state.capture_mode is CaptureMode.PASSTHROUGH:
                 return await self._passthrough_on(session, request, body_hash, lease)
@@ -449,12 +450,17 @@ class ChatService:
         async with session.lock:
             session.ensure_open()
             started, started_at = time.monotonic(), time.time()
+            token = session.liveness.started()
             try:
-                return await self._complete_locked(session, request)
+                response = await self._complete_locked(session, request, token)
+                session.liveness.answered(token)
+                return response
             except Exception as e:
+                session.liveness.failed(token, e, started_at)
                 await self._note_failure(session, e, started, stream=False, request=request)
                 raise
             except BaseException:
+                session.liveness.cut(token)
                 session.note_cut(started_at)
                 raise
 
@@ -477,9 +483,11 @@ class ChatService:
         async with session.lock:
             session.ensure_open()
             started, started_at = time.monotonic(), time.time()
+            token = session.liveness.started()
             try:
                 body_hash, answered = self._retry(session, request)
                 if answered is not None:
+                    session.liveness.answered(token)
                     response = response_from_completion(answered)
                     yield StreamStart(id=response.id, created=response.created,
                                       model=response.model,
@@ -488,6 +496,7 @@ class ChatService:
                                     reasoning_tail=response.reasoning or "")
                     return
                 lease = await self._lease(session)
+                session.liveness.leased(token)
                 events = (self._passthrough_stream_on
                           if session.state.capture_mode is CaptureMode.PASSTHROUGH
                           else self._stream_on)(session, request, body_hash, lease)
@@ -495,6 +504,7 @@ class ChatService:
                     async for event in events:
                         yield event
                     self.pool.note_answered(lease)
+                    session.liveness.answered(token)
                 except BackendError as e:
                     self.pool.note_failed(lease, e)
                     raise
@@ -502,9 +512,11 @@ class ChatService:
                     await events.aclose()  # type: ignore[attr-defined]
                     self.pool.release_lease(lease)
             except Exception as e:
+                session.liveness.failed(token, e, started_at)
                 await self._note_failure(session, e, started, stream=True, request=request)
                 raise
             except BaseException:
+                session.liveness.cut(token)
                 session.note_cut(started_at)
                 raise
 

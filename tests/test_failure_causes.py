@@ -47,6 +47,9 @@ def test_a_session_that_ran_to_its_end_has_no_failure_and_is_evaluated() -> None
     (SessionFacts(failed_phase="run", error="exec server gone",
                   error_type="ExecServerError"), "sandbox", True),
     (ran(harness_exit=1, num_unrecovered_backend_errors=7), "backend", True),
+    # stopped by the gateway's verdict (SIGTERM sent by the session; calls only waited)
+    (ran(harness_exit=-15, signal_sent=15, backend_verdict="calls stood unanswered 61 s"),
+     "backend", True),
     (SessionFacts(failed_phase="eval_check", error="x"), "evaluator", True),
     (SessionFacts(cancelled=True), "cancelled", False),
 ])

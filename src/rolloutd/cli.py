@@ -13,10 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from rolloutd import __version__
-from rolloutd.errors import RolloutdError
+from rolloutd.errors import FleetUnavailableError, RolloutdError
 from rolloutd.logs import configure_logging
 from rolloutd.settings import CommonSettings, default_home
 from rolloutd.types import SessionStatus
+
+
+def _stack_gateway_url() -> str | None:
+    """The gateway URL of the `rolloutd up` stack running on the default home, if any."""
+    from rolloutd.stack.state import read_state
+
+    state = read_state(default_home())
+    return state.gateway_url if state is not None and state.phase == "running" else None
 
 
 def _load_tasks(path: Path) -> list[dict[str, Any]]:
@@ -132,7 +140,7 @@ def what_went_wrong(results: list[Any]) -> tuple[list[str], list[str]]:
 
 async def submit_tasks(
     tasks: list[dict[str, Any]], address: str, store_url: str | None, *, suffix: str = "",
-    namespace: str = "default",
+    namespace: str = "default", gateway_url: str | None = None,
 ) -> list[Any]:
     """Validate every task, submit them all, wait, print a table per session and, under it,
     what went wrong (:func:`what_went_wrong`).
@@ -143,12 +151,15 @@ async def submit_tasks(
         store_url: blob store (to count trainable tokens).
         suffix: appended to every task_id (so a demo can run again).
         namespace: Temporal namespace.
+        gateway_url: the gateway's base URL: a dead engine ends the wait (below).
 
     Returns:
         The TaskResults.
 
     Raises:
         InvalidTaskError: before any workflow starts, when any task is malformed.
+        SystemExit: a fleet died while waiting (``FleetUnavailableError``, within a minute;
+            the tasks keep running and complete once it is back).
     """
     from rich.console import Console
     from rich.table import Table
@@ -164,14 +175,19 @@ async def submit_tasks(
             requests.append(validate_task(task))
         except Exception as e:
             raise SystemExit(f"task {i}: {e}") from None
-    client = await RolloutClient.connect(address, namespace=namespace, store_url=store_url)
+    client = await RolloutClient.connect(address, namespace=namespace, store_url=store_url,
+                                         gateway_url=gateway_url)
     try:  # what no registered host can run is refused before any task starts
         requests = await client.check_tasks(requests)
     except RolloutdError as e:
         raise SystemExit(str(e)) from None
     t0 = time.monotonic()
     handles = [await client.submit(r, check_capabilities=False) for r in requests]
-    results = await asyncio.gather(*(h.result() for h in handles))
+    try:
+        results = await asyncio.gather(*(h.result() for h in handles))
+    except FleetUnavailableError as e:
+        raise SystemExit(f"{e} (the tasks keep running: {', '.join(h.task_id for h in handles)})"
+                         ) from None
     wall = time.monotonic() - t0
     table = Table(title=f"rolloutd: {len(results)} tasks in {wall:.1f} s")
     for col in ("session", "status", "failure", "reward", "completions", "call errors",
@@ -300,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--store-url", default=None,
                         help="fsspec URL of the blob store; None: $ROLLOUTD_STORE_URL or "
                         "~/.rolloutd/store")
+    submit.add_argument("--gateway-url", default=None,
+                        help="gateway base URL whose /health tells a dead engine; None: the "
+                        "running `rolloutd up` stack's, else no engine check")
 
     rest = _sub(sub, "rest", "serve the REST facade (POLAR / ProRL-compatible)")
     rest.add_argument("--host", default="127.0.0.1", help="bind address")
@@ -386,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "submit":
         return exit_code(asyncio.run(submit_tasks(
             _load_tasks(args.file), args.address or settings.temporal_address,
-            args.store_url or settings.store_url, namespace=settings.temporal_namespace)))
+            args.store_url or settings.store_url, namespace=settings.temporal_namespace,
+            gateway_url=args.gateway_url or _stack_gateway_url())))
     elif args.command == "rest":
         from rolloutd.rest import serve
 

@@ -154,6 +154,28 @@ class FleetRegistryError(RolloutdError):
     retryable = True
 
 
+class FleetUnavailableError(RolloutdError):
+    """A fleet that waiting work needs is dead: no worker has polled its task queue for a
+    minute (``workflows``, ``sandbox``, ``gateway``, ``eval``), or no healthy backend serves
+    the policy (``engine``). Raised to the caller that waits (``rolloutd submit``, a trainer
+    in ``take_batch``); the workflows keep running and complete once the fleet is back, so
+    waiting again is right.
+
+    Attributes:
+        fleet: the dead fleet's name.
+        unavailable_s: how long it has been dead, seconds, when known.
+    """
+
+    retryable = True
+    status_code = 503
+
+    def __init__(self, fleet: str, message: str, *, unavailable_s: float | None = None
+                 ) -> None:
+        super().__init__(f"fleet {fleet!r} is unavailable: {message}")
+        self.fleet = fleet
+        self.unavailable_s = unavailable_s
+
+
 class StackError(RolloutdError):
     """The embedded stack (``rolloutd up``) cannot run: a child keeps exiting (its restart limit
     is reached), does not start, or another stack already runs on the same home."""

@@ -82,6 +82,11 @@ class GatewaySettings(CommonSettings):
     drain_timeout_s: float = Field(
         default=300.0, ge=0, description="how long a pause waits for calls in flight to finish")
     backend_timeout_s: float = Field(default=600.0, gt=0, description="one backend call")
+    backend_dead_after_s: float = Field(
+        default=60.0, gt=0, description="how long a session's model calls may stand "
+        "unanswered (failed with a backend-kind error since the last answer, or waiting on "
+        "their backend) before the gateway's verdict on the session is `backend`: its "
+        "harness is then stopped and the session ends with failure kind backend")
     store_sync: Literal["always", "group", "os"] = Field(
         default="group", description="durability of the gateway's local writes (completions, "
         "session state). Every policy writes a completion into the operating system (a file "

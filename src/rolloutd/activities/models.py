@@ -146,6 +146,9 @@ class RunHarnessOutput(_IO):
     signal_sent: int | None = None
     #: processes the runtime's memory limit killed during the run
     num_oom_kills: int = 0
+    #: the gateway's verdict that stopped the harness: its model calls stood unanswered
+    #: for ``backend_dead_after_s`` (None: not stopped for that)
+    backend_verdict: str | None = None
     duration_s: float = 0.0
     stdout_tail: str = ""
     stderr_tail: str = ""

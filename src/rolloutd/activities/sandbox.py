@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+import httpx
 import structlog
 from temporalio import activity
 
@@ -29,6 +30,7 @@ from rolloutd.activities.models import (
 )
 from rolloutd.errors import NotFoundError, RuntimeNotFoundError, to_application_error
 from rolloutd.evaluators import CHECK_ARTIFACT, run_check
+from rolloutd.proxy.liveness import Verdict
 from rolloutd.sandbox import reclaim
 from rolloutd.sandbox.artifacts import apply_patch, git_patch
 from rolloutd.sandbox.harnesses import HarnessContext, get_harness
@@ -47,6 +49,26 @@ CANCEL_GRACE_S = 1.0
 COUNT_COMPLETIONS_EVERY = 5
 #: bytes of harness output kept in the activity result (the whole log goes to the store).
 TAIL_BYTES = 4000
+#: limit of one ask for the gateway's verdict, seconds (a slow answer skips one beat)
+VERDICT_TIMEOUT_S = 2.0
+
+
+async def gateway_verdict(http: httpx.AsyncClient, session_base_url: str) -> Verdict | None:
+    """The gateway's verdict on a session (``GET {base}/rolloutd/verdict``), or None when
+    the gateway did not answer (its calls then fail on their own; the next beat asks again).
+
+    Args:
+        http: the client to ask with.
+        session_base_url: the session's ``{public_url}/s/{key}`` (its Anthropic base URL).
+    """
+    try:
+        response = await http.get(f"{session_base_url}/rolloutd/verdict",
+                                  timeout=VERDICT_TIMEOUT_S)
+        response.raise_for_status()
+        return Verdict.model_validate(response.json())
+    except (httpx.HTTPError, ValueError) as e:
+        log.debug("verdict_not_read", error=repr(e))
+        return None
 
 
 class SandboxActivities:
@@ -110,8 +132,11 @@ class SandboxActivities:
     async def run_harness(self, input: RunHarnessInput) -> RunHarnessOutput:
         """Run the harness to its end, its time budget, or cancellation.
 
-        Heartbeats every second with ``{"elapsed_s", "num_completions"}``; the harness's whole
-        process group is killed on timeout or cancellation.
+        Heartbeats every second with ``{"elapsed_s", "num_completions"}``, and at each beat
+        asks the gateway's verdict on the session: when its model calls have stood unanswered
+        for the gateway's ``backend_dead_after_s``, the harness is stopped
+        (``backend_verdict``). The harness's whole process group is killed on timeout,
+        cancellation or that verdict.
         """
         structlog.contextvars.bind_contextvars(session_id=input.session_id,
                                                attempt=activity.info().attempt)
@@ -144,7 +169,10 @@ class SandboxActivities:
         timed_out = False
         timed_out_at: float | None = None
         exit_code: int | None = None
+        backend_verdict: str | None = None
+        signal_sent: int | None = None
         beats = num_completions = 0
+        http = httpx.AsyncClient()
         try:
             while True:
                 elapsed = time.monotonic() - t0
@@ -161,12 +189,26 @@ class SandboxActivities:
                     num_completions = await asyncio.to_thread(len, completions)
                 activity.heartbeat({"elapsed_s": round(elapsed, 1),
                                     "num_completions": num_completions})
+                verdict = await gateway_verdict(http, input.session.anthropic_base_url)
+                if verdict is not None and verdict.verdict == "backend":
+                    # the model stopped answering: waiting out the run budget would only
+                    # delay the failure the session ends with anyway
+                    log.warning("harness_stopped_backend_dead", message=verdict.message,
+                                unanswered_s=verdict.unanswered_s)
+                    backend_verdict = verdict.message or "backend"
+                    await proc.terminate()
+                    exit_code = proc.returncode
+                    signal_sent = -exit_code if exit_code is not None and exit_code < 0 \
+                        else None
+                    break
         except asyncio.CancelledError:
             # a cancelled session's output is not wanted: a short grace keeps mass
             # cancellation (a trainer dropping a step's rollouts) within seconds
             await proc.terminate(grace_s=CANCEL_GRACE_S)
             log.info("harness_cancelled", duration_s=round(time.monotonic() - t0, 3))
             raise
+        finally:
+            await http.aclose()
         duration = time.monotonic() - t0
         out, err = _tail(stdout_path), _tail(stderr_path)
         stdout = _tail(stdout_path, 1 << 20)
@@ -183,8 +225,9 @@ class SandboxActivities:
                                 stdout_tail=out, stderr_tail=err, timed_out_at=timed_out_at,
                                 # terminate() sends SIGTERM, then SIGKILL after its grace
                                 signal_sent=(-exit_code if timed_out and exit_code is not None
-                                             and exit_code < 0 else None),
-                                num_oom_kills=runtime.num_oom_kills)
+                                             and exit_code < 0 else signal_sent),
+                                num_oom_kills=runtime.num_oom_kills,
+                                backend_verdict=backend_verdict)
 
     @activity.defn(name="collect_artifacts")
     async def collect_artifacts(self, input: CollectArtifactsInput) -> CollectArtifactsOutput:

@@ -332,7 +332,11 @@ def create_app(gateway: Gateway) -> Any:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "backends": gateway.pool.names()}
+        # the gateway answers, so its status is ok; the pool's health is apart: a trainer
+        # waiting on rollouts reads ``backend_health`` to tell a dead engine from a slow one
+        await gateway.pool.probe_unhealthy()
+        return {"status": "ok", "backends": gateway.pool.names(),
+                "backend_health": gateway.pool.health()}
 
     async def model_call(session: Any, respond: Callable[[_Call], Awaitable[Response]]
                          ) -> Response:
@@ -344,7 +348,7 @@ def create_app(gateway: Gateway) -> Any:
         with structlog.contextvars.bound_contextvars(session_id=session.session_id):
             try:
                 return await respond(call)
-            except Exception as e:  # noqa: BLE001 - request boundary: recorded, re-raised
+            except Exception as e:
                 await gateway.service.note_failure(session, e, call.started, stream=call.stream,
                                                    request=call.request)
                 raise
@@ -508,6 +512,13 @@ def create_app(gateway: Gateway) -> Any:
     async def session_root(key: str) -> dict[str, Any]:
         await gateway.sessions.lookup(key)
         return {"status": "ok"}
+
+    # the sandbox asks at each heartbeat of a running harness (docs/failures.md): after
+    # backend_dead_after_s of unanswered calls it stops the harness
+    @app.get("/s/{key}/rolloutd/verdict")
+    async def session_verdict(key: str) -> dict[str, Any]:
+        session = await gateway.sessions.lookup(key)
+        return session.liveness.verdict(gateway.settings.backend_dead_after_s).model_dump()
 
     @app.get("/s/{key}/v1/models")
     async def session_models(key: str) -> dict[str, Any]:

@@ -354,6 +354,7 @@ class ChatService:
         started_at, started = time.time(), time.monotonic()
         backend, body = self._passthrough_body(session, request, lease)
         result = await backend.chat(body)
+        self.pool.note_answered(lease)
         return await self._passthrough_record(session, request, body_hash, lease, result,
                                               started_at, started)
 
@@ -449,8 +450,8 @@ class ChatService:
         return await self._note_failure(session, error, started, stream=stream,
                                         request=request)
 
-    async def _complete(self, session: Session, request: InternalRequest, marked: bool
-                        ) -> InternalResponse:
+    async def _complete(self, session: Session, request: InternalRequest, marked: bool,
+                        token: int) -> InternalResponse:
         body_hash, answered = await self._find_answer(session, request, marked)
         if answered is not None:
             return response_from_completion(answered)
@@ -458,13 +459,18 @@ class ChatService:
         index: int | None = None
         try:
             lease = await self._lease(session)
+            session.liveness.leased(token)
             try:
                 if session.state.capture_mode is CaptureMode.PASSTHROUGH:
                     response = await self._passthrough_on(session, request, body_hash, lease)
                 else:
                     prep = await self._prepare(session, request, body_hash, lease)
                     result = await prep.backend.generate(prep.generate)
+                    self.pool.note_answered(lease)
                     response = await self._answer(session, request, prep, result)
+            except BackendError as e:
+                self.pool.note_failed(lease, e)
+                raise
             finally:
                 self.pool.release_lease(lease)
             index = response.completion_index
@@ -497,12 +503,17 @@ class ChatService:
         """
         session.begin_call()
         started, started_at = time.monotonic(), time.time()
+        token = session.liveness.started()
         try:
-            return await self._complete(session, request, marked_retry)
+            response = await self._complete(session, request, marked_retry, token)
+            session.liveness.answered(token)
+            return response
         except Exception as e:
+            session.liveness.failed(token, e, started_at)
             await self._note_failure(session, e, started, stream=False, request=request)
             raise
         except BaseException:
+            session.liveness.cut(token)
             session.note_cut(started_at)
             raise
         finally:
@@ -528,12 +539,14 @@ class ChatService:
         """
         session.begin_call()
         started, started_at = time.monotonic(), time.time()
+        token = session.liveness.started()
         end_index: int | None = None
         own: asyncio.Future[int | None] | None = None
         body_hash = ""
         try:
             body_hash, answered = await self._find_answer(session, request, marked_retry)
             if answered is not None:
+                session.liveness.answered(token)
                 response = response_from_completion(answered)
                 end_index = answered.index
                 yield StreamStart(id=response.id, created=response.created,
@@ -544,6 +557,7 @@ class ChatService:
                 return
             own = session.start_sampling(body_hash)
             lease = await self._lease(session)
+            session.liveness.leased(token)
             events = (self._passthrough_stream_on
                       if session.state.capture_mode is CaptureMode.PASSTHROUGH
                       else self._stream_on)(session, request, body_hash, lease)
@@ -552,15 +566,22 @@ class ChatService:
                     if isinstance(event, StreamEnd):
                         end_index = event.response.completion_index
                     yield event
+                self.pool.note_answered(lease)
+                session.liveness.answered(token)
+            except BackendError as e:
+                self.pool.note_failed(lease, e)
+                raise
             finally:
                 await events.aclose()  # type: ignore[attr-defined]
                 self.pool.release_lease(lease)
         except Exception as e:
+            session.liveness.failed(token, e, started_at)
             if end_index is not None:
                 session.settle(end_index, delivered=False)
             await self._note_failure(session, e, started, stream=True, request=request)
             raise
         except BaseException:
+            session.liveness.cut(token)
             if end_index is not None:
                 session.settle(end_index, delivered=False)
             session.note_cut(started_at)

@@ -30,6 +30,7 @@ from rolloutd.errors import (
 from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.chat_template import ExtensionIndex, canonical_json
 from rolloutd.proxy.fastjson import BodyReader, ListJson
+from rolloutd.proxy.liveness import Liveness
 from rolloutd.proxy.memo import RequestMemo
 from rolloutd.store import BlobStore, CompletionLog, session_prefix
 from rolloutd.types import CaptureMode, Completion, SamplingParams
@@ -318,6 +319,8 @@ class Session:
         #: (start, end) Unix times of calls cut off before they ended (:meth:`note_cut`);
         #: kept in memory only: the gateway serving the session closes it
         self.cut_calls: list[tuple[float, float]] = []
+        #: whether its calls stand unanswered (:mod:`rolloutd.proxy.liveness`)
+        self.liveness = Liveness()
         for completion in completions:
             self.by_hash.setdefault(completion.request_hash, []).append(completion.index)
 

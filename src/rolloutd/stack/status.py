@@ -1,7 +1,7 @@
 """``rolloutd status``: the running stack as its supervisor records it (``stack.json``), plus
 what only the live services know: the engine's busy slots (llama-server ``/slots``) and the
 sessions in flight by phase (Temporal: running ``RolloutSessionWorkflow`` executions, each
-asked its ``phase`` query).
+asked its ``phase`` query), and the failure counts by kind of the running and recent tasks.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from rolloutd.stack.state import StackState, read_state
 from rolloutd.trainer_client import RolloutClient
-from rolloutd.trainer_client.inflight import sessions_by_phase
+from rolloutd.trainer_client.inflight import TaskFailures, sessions_by_phase, task_failures
 
 
 class StackStatus(BaseModel):
@@ -31,6 +31,7 @@ class StackStatus(BaseModel):
         busy_slots: engine slots processing a request now (None: not asked or no answer).
         sessions_by_phase: sessions in flight per phase (None: Temporal did not answer).
         temporal_error: why Temporal did not answer.
+        tasks: running and recent tasks with their failure counts (None: not asked).
     """
 
     state: StackState
@@ -38,6 +39,7 @@ class StackStatus(BaseModel):
     busy_slots: int | None = None
     sessions_by_phase: dict[str, int] | None = None
     temporal_error: str | None = None
+    tasks: list[TaskFailures] | None = None
 
 
 def busy_slots(engine_url: str) -> int | None:
@@ -49,9 +51,11 @@ def busy_slots(engine_url: str) -> int | None:
         return None
 
 
-async def _sessions_by_phase(address: str, timeout_s: float = 10.0) -> dict[str, int]:
+async def _from_temporal(address: str, timeout_s: float = 10.0
+                         ) -> tuple[dict[str, int], list[TaskFailures]]:
     client = await asyncio.wait_for(RolloutClient.connect(address), timeout_s)
-    return await sessions_by_phase(client.client, timeout_s)
+    return (await sessions_by_phase(client.client, timeout_s),
+            await task_failures(client.client, timeout_s=timeout_s))
 
 
 def collect(home: Path, *, ask_services: bool = True) -> StackStatus | None:
@@ -77,7 +81,8 @@ def collect(home: Path, *, ask_services: bool = True) -> StackStatus | None:
         status.busy_slots = busy_slots(state.engine.url)
     if state.temporal_address:
         try:
-            status.sessions_by_phase = asyncio.run(_sessions_by_phase(state.temporal_address))
+            status.sessions_by_phase, status.tasks = asyncio.run(
+                _from_temporal(state.temporal_address))
         except Exception as e:  # noqa: BLE001 -- shown, not raised: status must always print
             status.temporal_error = f"{type(e).__name__}: {e}"
     return status
@@ -120,6 +125,10 @@ def render(status: StackStatus) -> str:
             f"{p} {n}" for p, n in status.sessions_by_phase.items()) + ")" if total else ""))
     elif status.temporal_error:
         lines.append(f"sessions in flight: unknown (Temporal: {status.temporal_error})")
+    for task in status.tasks or []:
+        failed = ", ".join(f"{kind} {n}" for kind, n in task.num_failed_by_kind.items())
+        lines.append(f"task {task.task_id}: {task.status}, {task.num_sessions} sessions ended"
+                     f", failed: {failed or 'none'}")
     return "\n".join(lines)
 
 

@@ -2,6 +2,7 @@
 the durable buffer (take / ack); backend-pool admin; a blocking wrapper; export batches to
 verl / slime / SFT JSONL / Parquet; GRPO and DAPO helpers."""
 
+from rolloutd.errors import FleetUnavailableError
 from rolloutd.trainer_client.admin import AdminError, BackendAdmin
 from rolloutd.trainer_client.buffer import BufferExhaustedError, RolloutBuffer
 from rolloutd.trainer_client.client import (
@@ -20,6 +21,7 @@ from rolloutd.trainer_client.exports import (
     to_verl_batch,
     trace_reward,
 )
+from rolloutd.trainer_client.health import FleetHealth
 from rolloutd.trainer_client.grpo import (
     dapo_filter,
     group_advantages,
@@ -33,6 +35,8 @@ __all__ = [
     "AdminError",
     "BackendAdmin",
     "BufferExhaustedError",
+    "FleetHealth",
+    "FleetUnavailableError",
     "InvalidTaskError",
     "RolloutBuffer",
     "RolloutClient",

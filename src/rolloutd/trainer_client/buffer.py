@@ -25,6 +25,7 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from rolloutd.errors import RolloutdError
+from rolloutd.trainer_client.health import CHECK_EVERY_S, FleetHealth
 from rolloutd.types import TaskRequest
 from rolloutd.workflows.buffer import RolloutBufferWorkflow
 from rolloutd.workflows.buffer_models import (
@@ -58,9 +59,12 @@ class RolloutBuffer:
     #: how long to keep retrying an update the server could not deliver (continue-as-new).
     RETRY_S = 60.0
 
-    def __init__(self, handle: WorkflowHandle[Any, BufferSummary], buffer_id: str) -> None:
+    def __init__(self, handle: WorkflowHandle[Any, BufferSummary], buffer_id: str, *,
+                 health: FleetHealth | None = None) -> None:
         self.workflow = handle
         self.buffer_id = buffer_id
+        #: checked while ``take`` waits (:mod:`rolloutd.trainer_client.health`)
+        self.health = health
 
     async def _update(self, name: str, arg: Any, result_type: type) -> Any:
         """Execute an update; retry the server's transient refusals (a run continuing-as-new
@@ -90,6 +94,9 @@ class RolloutBuffer:
         Raises:
             TimeoutError: no batch within ``timeout_s``.
             BufferExhaustedError: no group will ever come again.
+            rolloutd.errors.FleetUnavailableError: a fleet the buffer's tasks need is dead
+                (checked every :data:`~rolloutd.trainer_client.health.CHECK_EVERY_S` of the
+                wait); the buffer keeps its tasks running: take again once it is back.
         """
         deadline = time.monotonic() + timeout_s
         while True:
@@ -97,6 +104,8 @@ class RolloutBuffer:
             if left <= 0:
                 raise TimeoutError(f"no batch of {num_groups} from {self.buffer_id} "
                                    f"within {timeout_s} s")
+            if self.health is not None:
+                left = min(left, CHECK_EVERY_S)  # a slice of the wait, then a fleet check
             out: TakeBatchOutput = await self._update(
                 "take_batch", TakeBatchInput(num_groups=num_groups, lease_s=lease_s,
                                              timeout_s=max(left, 0.5)), TakeBatchOutput)
@@ -105,6 +114,8 @@ class RolloutBuffer:
             if out.status == "exhausted":
                 raise BufferExhaustedError(f"buffer {self.buffer_id} is exhausted")
             # "retry" (continue-as-new in progress) and "timeout": ask again until deadline
+            if out.status == "timeout" and self.health is not None:
+                await self.health.check()
 
     async def ack(self, batch_id: str) -> AckOutput:
         """Commit a batch after training on it (idempotent).
@@ -140,8 +151,10 @@ class RolloutBuffer:
         return await self.workflow.result()
 
 
-async def create_buffer(client: Client, config: BufferConfig | Mapping[str, Any]) -> RolloutBuffer:
-    """Start a buffer workflow ``buffer/{buffer_id}`` (or attach to the running one).
+async def create_buffer(client: Client, config: BufferConfig | Mapping[str, Any], *,
+                        health: FleetHealth | None = None) -> RolloutBuffer:
+    """Start a buffer workflow ``buffer/{buffer_id}`` (or attach to the running one);
+    ``health`` is checked while ``take`` waits.
 
     Raises:
         pydantic.ValidationError: the config is malformed.
@@ -157,12 +170,14 @@ async def create_buffer(client: Client, config: BufferConfig | Mapping[str, Any]
         task_queue=task_queues.WORKFLOWS,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
     )
-    return RolloutBuffer(handle, cfg.buffer_id)
+    return RolloutBuffer(handle, cfg.buffer_id, health=health)
 
 
-def get_buffer(client: Client, buffer_id: str) -> RolloutBuffer:
+def get_buffer(client: Client, buffer_id: str, *,
+               health: FleetHealth | None = None) -> RolloutBuffer:
     """The handle of a running buffer (a restarted trainer uses this)."""
     from rolloutd.workflows.buffer_models import buffer_workflow_id
 
     return RolloutBuffer(client.get_workflow_handle(buffer_workflow_id(buffer_id),
-                                                    result_type=BufferSummary), buffer_id)
+                                                    result_type=BufferSummary), buffer_id,
+                         health=health)

@@ -48,6 +48,7 @@ from rolloutd.capabilities import (
 )
 from rolloutd.errors import ConfigError, FleetRegistryError, NotFoundError
 from rolloutd.store import BlobStore
+from rolloutd.trainer_client.health import FleetHealth, watch
 from rolloutd.types import (
     CallbackStatus,
     SessionResult,
@@ -120,12 +121,16 @@ class RolloutHandle:
         return self.task.task_id
 
     async def result(self) -> TaskResult:
-        """Wait for the task's group of sessions.
+        """Wait for the task's group of sessions, checking the fleets meanwhile (when the
+        handle has its client: :mod:`rolloutd.trainer_client.health`).
 
         Raises:
             temporalio.client.WorkflowFailureError: the task failed or was cancelled.
+            rolloutd.errors.FleetUnavailableError: a fleet the task needs died while waiting
+                (the task keeps running; wait again once the fleet is back).
         """
-        return await self.workflow.result()
+        return await watch(self.workflow.result(),
+                           self.client.fleet_health if self.client else None)
 
     async def cancel(self) -> None:
         """Cancel the task: every session stops, tears its runtime down and keeps its traces."""
@@ -142,12 +147,21 @@ class RolloutClient:
             skips that check (syntax is checked either way).
         registry_wait_s: when no sandbox or no eval host has registered yet, how long a check
             waits for one (a stack that is just starting) before it refuses the task.
+        gateway_url: the gateway's base URL; its ``/health`` tells a waiting caller that the
+            engine is dead (None: only the worker fleets are checked).
+        check_fleets: waits (:meth:`RolloutHandle.result`, a buffer's ``take``) raise
+            ``FleetUnavailableError`` when a fleet dies; False waits without checking.
+
+    Attributes:
+        fleet_health: the check those waits use (None when ``check_fleets`` is False).
     """
 
     def __init__(self, client: Client, store: BlobStore | None = None, *,
                  check_capabilities: bool = True,
-                 registry_wait_s: float = REGISTRY_WAIT_S) -> None:
+                 registry_wait_s: float = REGISTRY_WAIT_S, gateway_url: str | None = None,
+                 check_fleets: bool = True) -> None:
         self.client = client
+        self.fleet_health = FleetHealth(client, gateway_url) if check_fleets else None
         self.store = store
         self.check_capabilities = check_capabilities
         self.registry_wait_s = registry_wait_s
@@ -155,12 +169,14 @@ class RolloutClient:
     @classmethod
     async def connect(
         cls, address: str = "localhost:7233", *, namespace: str = "default",
-        store_url: str | None = None,
+        store_url: str | None = None, gateway_url: str | None = None,
     ) -> RolloutClient:
-        """Connect to Temporal (gRPC) and, optionally, to the blob store."""
+        """Connect to Temporal (gRPC) and, optionally, to the blob store; ``gateway_url``
+        lets waits tell a dead engine (see the class)."""
         client = await Client.connect(address, namespace=namespace,
                                       data_converter=pydantic_data_converter)
-        return cls(client, BlobStore(store_url) if store_url else None)
+        return cls(client, BlobStore(store_url) if store_url else None,
+                   gateway_url=gateway_url)
 
     async def capabilities(self) -> FleetCapabilities:
         """What the registered sandbox and eval hosts can run (empty when none registered).
@@ -355,13 +371,13 @@ class RolloutClient:
         :func:`rolloutd.trainer_client.buffer.create_buffer`. Returns a ``RolloutBuffer``."""
         from rolloutd.trainer_client.buffer import create_buffer
 
-        return await create_buffer(self.client, config)
+        return await create_buffer(self.client, config, health=self.fleet_health)
 
     def get_buffer(self, buffer_id: str) -> Any:
         """The ``RolloutBuffer`` of a running buffer."""
         from rolloutd.trainer_client.buffer import get_buffer
 
-        return get_buffer(self.client, buffer_id)
+        return get_buffer(self.client, buffer_id, health=self.fleet_health)
 
     def trajectory(self, session: SessionResult) -> Trajectory:
         """Load a session's trajectory from the blob store.

@@ -51,6 +51,8 @@ class SessionFacts:
         first_unrecovered_error: the first of them, in words.
         call_waiting_at_deadline: a call was waiting on the backend when the run budget
             ran out.
+        backend_verdict: the gateway's verdict that stopped the harness: its model calls
+            stood unanswered for ``backend_dead_after_s`` (None: not stopped for that).
     """
 
     cancelled: bool = False
@@ -70,6 +72,7 @@ class SessionFacts:
     num_unrecovered_backend_errors: int = 0
     first_unrecovered_error: str | None = None
     call_waiting_at_deadline: bool = False
+    backend_verdict: str | None = None
 
 
 def _signal_name(number: int) -> str:
@@ -88,9 +91,10 @@ def classify(facts: SessionFacts) -> FailureCause | None:
     2. ``sandbox``: no sandbox worker polled, the runtime could not be provisioned, its host
        was lost after the last attempt, or the runtime failed under the harness or while
        collecting (not a harness preparation error).
-    3. ``backend``: a failed call of the backend kind stood unrecovered; this wins over the
-       harness's exit and over a run timeout (the harness failed because the model did not
-       answer).
+    3. ``backend``: a failed call of the backend kind stood unrecovered, or the gateway's
+       verdict stopped the harness (its calls stood unanswered for ``backend_dead_after_s``);
+       this wins over the harness's exit and over a run timeout (the harness failed because
+       the model did not answer).
     4. ``timeout`` in the run phase: the policy's (``policy_accountable``) unless a call was
        waiting on the backend at the deadline or the budget was shortened by a lost attempt.
     5. ``harness``: its preparation failed, it exited 126/127, it was killed by a signal the
@@ -121,6 +125,8 @@ def classify(facts: SessionFacts) -> FailureCause | None:
             return FailureCause(kind="timeout", message=error, phase=phase)
         return FailureCause(kind="sandbox", message=error, phase=phase,
                             retryable=not facts.non_retryable)
+    if facts.backend_verdict and not facts.num_unrecovered_backend_errors:
+        return FailureCause(kind="backend", phase="run", message=facts.backend_verdict)
     if facts.num_unrecovered_backend_errors:
         first = f"; first: {facts.first_unrecovered_error}" \
             if facts.first_unrecovered_error else ""

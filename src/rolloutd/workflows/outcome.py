@@ -47,6 +47,8 @@ class AttemptOutcome:
     #: Unix time the run budget ran out (the harness was stopped then)
     timed_out_at: float | None = None
     run_budget_shortened: bool = False
+    #: the gateway's verdict that stopped the harness (its calls stood unanswered)
+    backend_verdict: str | None = None
     #: the runtime's teardown, running beside close and build (see TEARDOWN_BESIDE_CLOSE)
     teardown: asyncio.Future[None] | None = None
 
@@ -71,7 +73,8 @@ def session_facts(outcome: AttemptOutcome, closed: CloseSessionOutput,
         num_completions=closed.num_completions,
         num_unrecovered_backend_errors=closed.num_unrecovered_errors,
         first_unrecovered_error=closed.first_unrecovered_error,
-        call_waiting_at_deadline=closed.call_waiting_at_deadline)
+        call_waiting_at_deadline=closed.call_waiting_at_deadline,
+        backend_verdict=outcome.backend_verdict)
 
 
 def note_error(out: AttemptOutcome, e: ActivityError) -> None:

@@ -363,6 +363,7 @@ class RolloutSessionWorkflow:
                 ))
                 out.harness_exit = ran.exit_code
                 out.harness_ran, out.signal_sent = True, ran.signal_sent
+                out.backend_verdict = ran.backend_verdict
                 out.run_budget_shortened = attempt > 1 and run_budget < phases.run_s
                 if ran.timed_out:
                     out.status = SessionStatus.TIMEOUT

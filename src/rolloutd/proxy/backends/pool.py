@@ -24,6 +24,14 @@ grants no lease: new calls wait (bounded) while the ones in flight finish, which
 a weight sync (ProRL Agent, arXiv 2603.18815: pause, update, resume). A call pinned to a
 removed backend moves to the least-assigned live one; in ``tokens`` mode its token chain stays
 valid because prompts are token ids.
+
+A backend that refuses connections or times out is unhealthy (:mod:`.health`) until a probe
+reaches it again. An unhealthy backend grants no lease: a session pinned to it moves to a
+healthy backend serving the same policy version when the pool has one (its token chain stays
+valid, as above); else the call fails at once with ``BackendUnavailableError``, instead of
+waiting out its timeout. A paused backend is never unhealthy: a weight update may stop its
+engine on purpose. :meth:`BackendPool.health` says, per policy version, since when no
+healthy backend serves it (the gateway's ``/health``; the trainer's fleet check reads it).
 """
 
 from __future__ import annotations
@@ -41,6 +49,13 @@ from pydantic import BaseModel, Field
 
 from rolloutd.errors import BackendUnavailableError, ConfigError, ConflictError, NotFoundError
 from rolloutd.proxy.backends.base import Backend
+from rolloutd.proxy.backends.health import (
+    BackendHealth,
+    dead_message,
+    is_unreachable,
+    pool_health,
+    probe,
+)
 from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
 from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
 from rolloutd.proxy.backends.sglang import SglangBackend
@@ -121,6 +136,7 @@ class _Slot:
     num_assigned: int = 0
     num_in_flight: int = 0
     removed: bool = False
+    health: BackendHealth = field(default_factory=BackendHealth)
 
 
 @dataclass(eq=False)
@@ -162,8 +178,11 @@ class BackendPool:
     def __init__(self, backends: Iterable[Backend] = (), *, store: BlobStore | None = None,
                  factory: BackendFactory | None = None, managed: bool = False,
                  wait_s: float = 600.0, paused: Iterable[str] = (),
-                 refresh_s: float = 1.0, updated_at: float = 0.0) -> None:
+                 refresh_s: float = 1.0, updated_at: float = 0.0,
+                 probe_transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.store = store
+        #: the client of health probes (:func:`rolloutd.proxy.backends.health.probe`)
+        self._probe_http = httpx.AsyncClient(transport=probe_transport)
         self.refresh_s = refresh_s
         #: ``updated_at`` of the stored state this pool last wrote or loaded
         self._updated_at = updated_at
@@ -215,13 +234,15 @@ class BackendPool:
             pool = cls((factory(spec) for spec in stored.backends), store=store,
                        factory=factory, managed=True, wait_s=settings.backend_wait_s,
                        paused=[s.name for s in stored.backends if s.paused],
-                       refresh_s=settings.pool_refresh_s, updated_at=stored.updated_at)
+                       refresh_s=settings.pool_refresh_s, updated_at=stored.updated_at,
+                       probe_transport=transport)
             log.info("backend_pool_loaded", num_backends=len(stored.backends))
             return pool
         specs = [BackendSpec(name=url, type=settings.backend_type, url=url)
                  for url in backend_urls(settings.backend_url)]
         pool = cls((factory(spec) for spec in specs), store=store, factory=factory,
-                   wait_s=settings.backend_wait_s, refresh_s=settings.pool_refresh_s)
+                   wait_s=settings.backend_wait_s, refresh_s=settings.pool_refresh_s,
+                   probe_transport=transport)
         if store is not None:
             state = pool.state()
             store.put_json(POOL_KEY, state)
@@ -256,14 +277,16 @@ class BackendPool:
 
     # -- sessions ----------------------------------------------------------------------------
     def assign(self) -> Backend:
-        """Pin a new session to the least-assigned backend (first registered on ties).
+        """Pin a new session to the least-assigned backend (first registered on ties),
+        among the healthy or paused ones when there are some.
 
         Raises:
             BackendUnavailableError: no backend is registered.
         """
         if not self._slots:
             raise BackendUnavailableError("no backend is registered")
-        slot = min(self._slots.values(), key=lambda s: s.num_assigned)
+        live = [s for s in self._slots.values() if s.health.healthy or s.spec.paused]
+        slot = min(live or self._slots.values(), key=lambda s: s.num_assigned)
         slot.num_assigned += 1
         return slot.backend
 
@@ -287,14 +310,18 @@ class BackendPool:
         """A lease on the backend a session is pinned to.
 
         Waits while that backend is paused, or while the pool is empty; a session pinned to a
-        removed backend moves to the least-assigned live one (``Lease.moved_from``).
+        removed backend moves to the least-assigned live one (``Lease.moved_from``), and one
+        pinned to an unhealthy backend to the least-assigned healthy one serving the same
+        policy version.
 
         Args:
             name: the session's pinned backend.
             wait_s: limit of the wait (default ``self.wait_s``).
 
         Raises:
-            BackendUnavailableError: still paused, or still no backend, after ``wait_s``.
+            BackendUnavailableError: still paused, or still no backend, after ``wait_s``; at
+                once when the backend is unhealthy and no healthy one serves its policy
+                version.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self.wait_s if wait_s is None else wait_s)
@@ -307,6 +334,21 @@ class BackendPool:
                 moved_from = moved_from or name
                 name = self.assign().name
                 continue
+            if slot is not None and not slot.spec.paused and not slot.health.healthy:
+                await self._probe(slot)
+                if not slot.health.healthy:
+                    other = self._healthy_serving(slot.spec.policy_version)
+                    if other is None:
+                        raise BackendUnavailableError(dead_message(
+                            slot.spec.name, slot.spec.policy_version, slot.health))
+                    log.info("backend_session_moved", moved_from=name, moved_to=other.spec.name,
+                             policy_version=slot.spec.policy_version,
+                             reason=slot.health.last_error)
+                    moved_from = moved_from or name
+                    self.release(name)
+                    other.num_assigned += 1
+                    name = other.spec.name
+                    continue
             if slot is not None and not slot.spec.paused:
                 slot.num_in_flight += 1
                 return Lease(slot.backend, slot.spec.policy_version, moved_from, slot)
@@ -342,6 +384,58 @@ class BackendPool:
         log.info("backend_pool_reloaded", backends=[s.name for s in stored.backends],
                  paused=[s.name for s in stored.backends if s.paused])
         return True
+
+    def _healthy_serving(self, policy_version: int) -> _Slot | None:
+        """The least-assigned healthy, unpaused backend serving ``policy_version``."""
+        slots = [s for s in self._slots.values() if s.health.healthy and not s.spec.paused
+                 and s.spec.policy_version == policy_version]
+        return min(slots, key=lambda s: s.num_assigned) if slots else None
+
+    async def _probe(self, slot: _Slot) -> None:
+        """Probe an unhealthy backend when its backoff allows (:mod:`.health`)."""
+        if not slot.health.probe_due():
+            return
+        slot.health.probing = True
+        try:
+            error = await probe(self._probe_http, slot.spec.url)
+        finally:
+            slot.health.probing = False
+        if error is None:
+            self._mark_answered(slot)
+        else:
+            slot.health.mark_unreachable(error)
+
+    async def probe_unhealthy(self) -> None:
+        """Probe every unhealthy backend whose backoff allows (the ``/health`` route: the
+        health of an idle pool comes back without a call)."""
+        await asyncio.gather(*(self._probe(s) for s in list(self._slots.values())
+                               if not s.spec.paused))
+
+    def _mark_answered(self, slot: _Slot) -> None:
+        if slot.health.mark_answered():
+            log.info("backend_healthy", name=slot.spec.name)
+            self._notify()
+
+    def note_answered(self, lease: Lease) -> None:
+        """A call on ``lease`` got its answer: its backend is healthy (call before
+        :meth:`release_lease`)."""
+        if lease._slot is not None and not lease._slot.health.healthy:
+            self._mark_answered(lease._slot)
+
+    def note_failed(self, lease: Lease, error: BaseException) -> None:
+        """A call on ``lease`` failed: a refusal or a timeout marks its backend unhealthy
+        unless it is paused (call before :meth:`release_lease`)."""
+        slot = lease._slot
+        if slot is None or slot.spec.paused or not is_unreachable(error):
+            return
+        if slot.health.mark_unreachable(str(error)):
+            log.warning("backend_unhealthy", name=slot.spec.name, error=str(error)[:300],
+                        policy_version=slot.spec.policy_version)
+
+    def health(self) -> dict[str, Any]:
+        """The pool's health per policy version (:func:`.health.pool_health`)."""
+        return pool_health([(s.spec.name, s.spec.policy_version, s.spec.paused, s.health)
+                            for s in self._slots.values()])
 
     def release_lease(self, lease: Lease) -> None:
         """End a call's lease (idempotent); the client of a removed backend closes when its
@@ -432,6 +526,9 @@ class BackendPool:
             await self._commit([s.model_copy(update={"paused": paused})
                                 if s.name in targets else s for s in self._specs()])
             slots = [self._slots[t] for t in targets]
+            if not paused:  # an engine restarted for the update is given a fresh start
+                for slot in slots:
+                    slot.health = BackendHealth()
         log.info("backends_paused" if paused else "backends_resumed", names=targets)
         num_in_flight = await self.drain(slots, drain_timeout_s) if paused else 0
         return {"backends": targets, "paused": paused, "drained": num_in_flight == 0,
@@ -521,6 +618,7 @@ class BackendPool:
 
     async def aclose(self) -> None:
         """Close every backend client."""
+        await self._probe_http.aclose()
         for slot in [*self._slots.values(), *self._retiring]:
             await slot.backend.aclose()
         self._retiring.clear()
@@ -528,7 +626,7 @@ class BackendPool:
 
 def _describe(slot: _Slot) -> dict[str, Any]:
     return {**slot.spec.model_dump(exclude={"added_at"}), "num_assigned": slot.num_assigned,
-            "num_in_flight": slot.num_in_flight}
+            "num_in_flight": slot.num_in_flight, **slot.health.describe()}
 
 
 def _type_of(backend: Backend) -> BackendType:

@@ -196,7 +196,7 @@ async def test_sub_agents_overlap_in_time_and_both_land_in_traces(
         engine: Any, recording_transport: Any) -> None:
     gateway, client = engine
     info = await gateway.sessions.open_session(
-        "sub/0", "sub", sampling=SamplingParams(temperature=0.7, seed=1, max_tokens=24))
+        "sub/0", "sub", sampling=SamplingParams(temperature=0.7, seed=1, max_tokens=12))
     url = f"/s/{info.session_key}/v1/chat/completions"
 
     async def agent(task: str) -> None:
@@ -225,7 +225,7 @@ async def test_identical_concurrent_first_prompts_are_two_samples(
         engine: Any, recording_transport: Any) -> None:
     gateway, client = engine
     info = await gateway.sessions.open_session(
-        "twins/0", "twins", sampling=SamplingParams(temperature=1.0, max_tokens=16))
+        "twins/0", "twins", sampling=SamplingParams(temperature=1.0, max_tokens=8))
     url = f"/s/{info.session_key}/v1/chat/completions"
     body = {"model": "m", "messages": [user("Name a colour.")]}
     answers = await asyncio.gather(client.post(url, json=body), client.post(url, json=body))
@@ -277,7 +277,7 @@ async def test_a_retry_after_a_broken_stream_is_answered_from_the_log(
         engine: Any, recording_transport: Any) -> None:
     gateway, client = engine
     info = await gateway.sessions.open_session(
-        "cut/0", "cut", sampling=SamplingParams(temperature=0.7, max_tokens=16))
+        "cut/0", "cut", sampling=SamplingParams(temperature=0.7, max_tokens=8))
     url = f"/s/{info.session_key}/v1/chat/completions"
     body = {"model": "m", "messages": [user("Say hello.")], "stream": True}
     cut = await asgi_post(gateway.app, url, body, cut_after=b'"finish_reason":"')
@@ -325,7 +325,7 @@ async def test_an_sdk_retry_of_a_delivered_answer_is_answered_from_the_log(
     openai = pytest.importorskip("openai")
     gateway, _ = engine
     info = await gateway.sessions.open_session(
-        "sdk/0", "sdk", sampling=SamplingParams(temperature=0.7, max_tokens=16))
+        "sdk/0", "sdk", sampling=SamplingParams(temperature=0.7, max_tokens=8))
     transport = DropFirstAnswer(httpx.ASGITransport(app=gateway.app))
     async with httpx.AsyncClient(transport=transport, timeout=300) as http:
         sdk = openai.AsyncOpenAI(base_url=info.openai_base_url, api_key="unused",

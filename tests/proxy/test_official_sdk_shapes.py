@@ -138,3 +138,36 @@ async def test_google_genai_errors_are_typed(served: Served) -> None:
             role="nobody", parts=[genai_types.Part(text="x")])])
     assert bad.value.code == 400 and bad.value.status == "INVALID_ARGUMENT"
     assert "role" in (bad.value.message or "")
+
+
+async def test_openai_models_and_an_unknown_model(served: Served) -> None:
+    info = await served.open("oai-models/0")
+    client = strict_openai(info)
+    assert [m.id async for m in client.models.list()] == [info.model]
+    assert (await client.models.retrieve(info.model)).id == info.model
+    with pytest.raises(openai.NotFoundError, match="not found") as missing:
+        await client.models.retrieve("gpt-nothing")
+    assert missing.value.code == "not_found"
+
+
+async def test_anthropic_models_and_an_unknown_model(served: Served) -> None:
+    """Anthropic's ``/v1/models`` answered OpenAI's list, which its strict client rejects."""
+    info = await served.open("anth-models/0")
+    client = strict_anthropic(info)
+    assert [m.id async for m in client.models.list()] == [info.model]
+    assert (await client.models.retrieve(info.model)).display_name == info.model
+    with pytest.raises(anthropic.NotFoundError, match="not found") as missing:
+        await client.models.retrieve("claude-nothing")
+    assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("api_version", ["v1beta", "v1"])
+async def test_google_genai_models_and_an_unknown_model(served: Served, api_version: str
+                                                        ) -> None:
+    info = await served.open(f"gem-models-{api_version}/0")
+    models = gemini_client(info, api_version).aio.models
+    assert (await models.get(model=info.model)).name == f"models/{info.model}"
+    assert [m.name async for m in await models.list()] == [f"models/{info.model}"]
+    with pytest.raises(genai_errors.ClientError, match="not found") as missing:
+        await models.get(model="gemini-nothing")
+    assert missing.value.code == 404 and missing.value.status == "NOT_FOUND"

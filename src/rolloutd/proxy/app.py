@@ -14,7 +14,9 @@ routes without the ``/s/{key}`` prefix take the key as the API key (``Authorizat
     POST /s/{key}/v1beta/models/{model}:countTokens             Gemini token count
     POST /s/{key}/v1/models/{model}:...                the same three on Gemini API ``v1``
                                                        (google-genai's default version)
-    GET  /s/{key}/v1/models                            GET /health
+    GET  /s/{key}/v1/models[/{model}]                  the served model, in the caller's dialect
+    GET  /s/{key}/v1beta/models[/{model}]              (Anthropic and Google SDKs list and
+                                                       look up models too); GET /health
     GET|HEAD /s/{key}                                  the base URL itself (a client's preconnect)
     /admin/...                                         the backend pool (admin token;
                                                        rolloutd.proxy.admin)
@@ -49,7 +51,7 @@ from rolloutd.errors import (
 from rolloutd.proxy import fastjson
 from rolloutd.proxy.admin import add_admin_routes
 from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
-from rolloutd.proxy.dialects.common import Encoder
+from rolloutd.proxy.dialects.common import Encoder, served_model
 from rolloutd.proxy.inbound import api_key, read_json
 from rolloutd.proxy.internal import InternalRequest, StreamEnd, StreamEvent, StreamStart
 from rolloutd.proxy.service import call_recorded
@@ -59,13 +61,20 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-def _dialect_of(path: str) -> Any:
+def _dialect_of(path: str, headers: Any = None) -> Any:
     """The dialect module whose error shape a path gets: a Gemini method on ``/v1/models/``
-    (``{model}:{method}``) is Google's, while ``/v1/models`` itself lists OpenAI models."""
+    (``{model}:{method}``) is Google's. ``/v1/models`` is shared by the three SDKs: there
+    the header each SDK always sends decides (``anthropic-version``, ``x-goog-api-key``),
+    else OpenAI's."""
     if "/v1/messages" in path:
         return anthropic
     if "/v1beta/" in path or ("/v1/models/" in path and ":" in path.rpartition("/")[2]):
         return gemini
+    if headers is not None and "/v1/models" in path:
+        if "anthropic-version" in headers:
+            return anthropic
+        if "x-goog-api-key" in headers:
+            return gemini
     return openai_chat
 
 
@@ -121,8 +130,8 @@ class SettledJSONResponse(FastJSONResponse):
         self._settle(True)
 
 
-def _error_response(error: RolloutdError, path: str = "") -> JSONResponse:
-    status, body = _dialect_of(path).error_body(error)
+def _error_response(error: RolloutdError, path: str = "", headers: Any = None) -> JSONResponse:
+    status, body = _dialect_of(path, headers).error_body(error)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -303,23 +312,23 @@ def create_app(gateway: Gateway) -> Any:
         if error.status_code >= 500 and not call_recorded(error):
             log.warning("request_failed", path_kind=_path_kind(request),
                         error_type=type(error).__name__, error=error.message)
-        return _error_response(error, request.url.path)
+        return _error_response(error, request.url.path, request.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         if error.status_code == 404:
             return _error_response(
                 NotFoundError(f"no route {request.method} {_path_kind(request)}"),
-                request.url.path)
+                request.url.path, request.headers)
         http_error = InvalidRequestError(str(error.detail))
         http_error.status_code = error.status_code
-        return _error_response(http_error, request.url.path)
+        return _error_response(http_error, request.url.path, request.headers)
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, error: Exception) -> JSONResponse:
         if not call_recorded(error):
             log.error("request_crashed", path_kind=_path_kind(request), exc_info=error)
-        return _error_response(_as_rolloutd_error(error), request.url.path)
+        return _error_response(_as_rolloutd_error(error), request.url.path, request.headers)
 
     async def render_error(request: Request, error: Exception) -> JSONResponse:
         if isinstance(error, RolloutdError):
@@ -479,9 +488,15 @@ def create_app(gateway: Gateway) -> Any:
                                 retry=marked_retry(request))
         return await model_call(session, respond)
 
-    async def models(key: str | None) -> dict[str, Any]:
-        session = await gateway.sessions.lookup(key)
-        return openai_chat.models_list(session.state.model)
+    async def models(request: Request, key: str | None, model_id: str | None = None
+                     ) -> dict[str, Any]:
+        """The served model listed, or looked up by ``model_id``, in the caller's dialect."""
+        session = await gateway.sessions.lookup(key if key is not None else api_key(request))
+        dialect = _dialect_of(request.url.path, request.headers)
+        if model_id is None:
+            return dialect.models_list(session.state.model)  # type: ignore[no-any-return]
+        return dialect.model_json(  # type: ignore[no-any-return]
+            served_model(session.state.model, model_id))
 
     async def count_tokens_response(request: Request, key: str | None) -> Response:
         return JSONResponse(await count_tokens(request, key))
@@ -520,13 +535,19 @@ def create_app(gateway: Gateway) -> Any:
         session = await gateway.sessions.lookup(key)
         return session.liveness.verdict(gateway.settings.backend_dead_after_s).model_dump()
 
-    @app.get("/s/{key}/v1/models")
-    async def session_models(key: str) -> dict[str, Any]:
-        return await models(key)
+    async def list_models(request: Request, key: str | None = None) -> dict[str, Any]:
+        return await models(request, key)
 
-    @app.get("/v1/models")
-    async def key_models(request: Request) -> dict[str, Any]:
-        return await models(api_key(request))
+    async def get_model(request: Request, model_id: str, key: str | None = None
+                        ) -> dict[str, Any]:
+        if ":" in model_id:  # a Gemini method ({model}:generateContent): POST only
+            raise StarletteHTTPException(status_code=405)
+        return await models(request, key, model_id)
+
+    for path in ("/v1/models", "/v1beta/models"):
+        for route in ("/s/{key}" + path, path):
+            app.router.add_api_route(route, list_models, methods=["GET"])
+            app.router.add_api_route(route + "/{model_id:path}", get_model, methods=["GET"])
 
     return HeaderLimit(ModelCalls(app, model_calls, render_error),
                        max_header_bytes=gateway.settings.max_header_bytes)

@@ -492,6 +492,19 @@ def collect_stream(events: list[dict[str, Any]]) -> InternalResponse:
 # --------------------------------------------------------------------------- errors
 
 
+def model_json(model: str) -> dict[str, Any]:
+    """``GET /v1/models/{model}``: Anthropic's ``ModelInfo`` (``lifecycle`` is required by
+    anthropic 2.14's types; ``created_at`` is RFC 3339)."""
+    return {"type": "model", "id": model, "display_name": model,
+            "created_at": "1970-01-01T00:00:00Z", "lifecycle": "active"}
+
+
+def models_list(model: str) -> dict[str, Any]:
+    """``GET /v1/models``: one page holding the one model a session serves."""
+    return {"data": [model_json(model)], "has_more": False, "first_id": model,
+            "last_id": model}
+
+
 def error_body(error: RolloutdError) -> tuple[int, dict[str, Any]]:
     """The HTTP status and Anthropic error object of ``error``.
 

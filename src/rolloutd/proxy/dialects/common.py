@@ -13,10 +13,25 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from rolloutd.errors import RequestFieldError, RolloutdError
+from rolloutd.errors import NotFoundError, RequestFieldError, RolloutdError
 from rolloutd.proxy.internal import InternalRequest, InternalResponse, StreamEvent, StreamStart
 
 M = TypeVar("M", bound=BaseModel)
+
+
+def served_model(model: str, requested: str) -> str:
+    """``model`` when ``requested`` names it (Google's ``models/`` prefix allowed).
+
+    A model call may name any model (each harness names its own, and the session serves one),
+    but a lookup of one model (``GET .../models/{id}``) answers only for the served one, as
+    the providers answer 404 for a model they do not serve.
+
+    Raises:
+        NotFoundError: ``requested`` is another model.
+    """
+    if requested.removeprefix("models/") != model:
+        raise NotFoundError(f"model {requested!r} not found: this session serves {model!r}")
+    return model
 
 
 def error_path(loc: tuple[int | str, ...], body: Any, *, missing: bool) -> str | None:

@@ -477,6 +477,20 @@ def collect_stream(chunks: list[dict[str, Any]]) -> InternalResponse:
     return response_to_internal({**last_chunk, "candidates": [candidate]})
 
 
+def model_json(model: str) -> dict[str, Any]:
+    """``GET /v1beta/models/{model}``: the Gemini API's ``Model`` resource, with the methods
+    the gateway serves for it."""
+    return {"name": f"models/{model}", "baseModelId": model, "version": "1",
+            "displayName": model,
+            "supportedGenerationMethods": ["generateContent", "streamGenerateContent",
+                                           "countTokens"]}
+
+
+def models_list(model: str) -> dict[str, Any]:
+    """``GET /v1beta/models``: the one model a session serves, one page."""
+    return {"models": [model_json(model)]}
+
+
 def error_body(error: RolloutdError) -> tuple[int, dict[str, Any]]:
     """The HTTP status and Google error object: ``{"error": {"code", "message", "status"}}``."""
     status = error.status_code

@@ -453,10 +453,14 @@ def collect_stream(events: list[dict[str, Any]]) -> InternalResponse:
                             finish_reason=finish, usage=usage)  # type: ignore[arg-type]
 
 
+def model_json(model: str) -> dict[str, Any]:
+    """``GET /v1/models/{model}``: the OpenAI ``Model`` object."""
+    return {"id": model, "object": "model", "created": 0, "owned_by": "rolloutd"}
+
+
 def models_list(model: str) -> dict[str, Any]:
     """``GET /v1/models``: the one model a session serves."""
-    return {"object": "list",
-            "data": [{"id": model, "object": "model", "created": 0, "owned_by": "rolloutd"}]}
+    return {"object": "list", "data": [model_json(model)]}
 
 
 # --------------------------------------------------------------------------- errors

@@ -11,7 +11,10 @@ platform package (``@openai/codex-linux-x64``) with the runtime's ``node``::
 - ``$CODEX_HOME/config.toml`` (``CODEX_HOME=$HOME/.codex``) declares the session as a custom
   model provider (``wire_api = "responses"``, ``base_url`` the session's OpenAI URL) whose key
   comes from ``OPENAI_API_KEY`` (``env_key``), so the key is never on argv and no login runs;
-  retries are off (the gateway's log answers a retried request, Temporal owns retries);
+  retries are off (the gateway's log answers a retried request, Temporal owns retries) and
+  the stream idle timeout is an hour: the gateway streams a turn once the backend sampled it,
+  and a loaded CPU engine took over Codex's default 300 s (``stream disconnected before
+  completion: idle timeout waiting for SSE``, the run then ends with no completion);
   update checks, analytics and feedback are off;
 - ``--dangerously-bypass-approvals-and-sandbox`` (and ``approval_policy = "never"``,
   ``sandbox_mode = "danger-full-access"``): the runtime is the sandbox; Codex's own Linux
@@ -65,6 +68,7 @@ wire_api = "responses"
 env_key = "OPENAI_API_KEY"
 request_max_retries = 0
 stream_max_retries = 0
+stream_idle_timeout_ms = 3600000
 
 [analytics]
 enabled = false

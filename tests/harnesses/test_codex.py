@@ -1,0 +1,48 @@
+"""Acceptance: a codex task through the trainer client, under bwrap, scored by a check.
+
+Real Temporal, real llama-server (Qwen2.5-Coder-0.5B, slots of 16K tokens), Codex 0.169 in
+its compact profile speaking the Responses API to the gateway.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rolloutd.sandbox.config import npm_prefix
+from rolloutd.sandbox.harnesses.codex import ENTRY, PACKAGE
+from tests.conftest import have_bwrap
+from tests.support.harness_run import executed_tool_calls, run_task
+
+pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
+              pytest.mark.harness, pytest.mark.slow, pytest.mark.timeout(1500),
+              pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
+              pytest.mark.skipif(not (npm_prefix() / "node_modules" / PACKAGE / ENTRY).is_file(),
+                                 reason=f"codex is not installed in {npm_prefix()}: "
+                                        "bash scripts/setup.sh")]
+
+#: one task of examples/harnesses.jsonl, with a short budget
+TASK = {
+    "instruction": "Run this shell command with the exec_command tool: "
+                   "printf 'print(\"hello world\")\\n' > hello.py",
+    "num_samples": 2,
+    "harness": {"type": "codex", "profile": "compact"},
+    "runtime": {"type": "bwrap", "network": "gateway"},
+    "evaluator": {"type": "test_on_output", "command": "python3 hello.py",
+                  "expected_output": "hello world"},
+    "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
+    "phases": {"run_s": 420},
+}
+
+
+async def test_codex_task_runs_a_tool_and_is_scored(fleets):
+    run = await run_task(fleets, TASK)
+    for s in run.sessions:
+        print(f"codex {s.result.session_id}: reward {s.result.reward} status "
+              f"{s.result.status} completions {len(s.completions)} traces "
+              f"{s.result.num_traces} trainable {s.result.num_trainable_tokens} tools "
+              f"{executed_tool_calls(s.completions)} harness {s.harness.get('summary')}")
+    print(f"codex wall {run.wall_s:.0f} s")
+    assert all(s.result.reward is not None for s in run.sessions), \
+        [(s.result.status, s.result.error) for s in run.sessions]
+    assert all(s.completions for s in run.sessions)
+    assert any(executed_tool_calls(s.completions) >= 1 for s in run.sessions)

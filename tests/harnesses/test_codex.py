@@ -6,12 +6,18 @@ its compact profile speaking the Responses API to the gateway.
 
 from __future__ import annotations
 
+import json
+import uuid
+from pathlib import Path
+
 import pytest
 
 from rolloutd.sandbox.config import npm_prefix
 from rolloutd.sandbox.harnesses.codex import ENTRY, PACKAGE
 from tests.conftest import have_bwrap
 from tests.support.harness_run import executed_tool_calls, run_task
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "harnesses.jsonl"
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
               pytest.mark.harness, pytest.mark.slow, pytest.mark.timeout(1500),
@@ -20,22 +26,14 @@ pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
                                  reason=f"codex is not installed in {npm_prefix()}: "
                                         "bash scripts/setup.sh")]
 
-#: one task of examples/harnesses.jsonl, with a short budget
-TASK = {
-    "instruction": "Run this shell command with the exec_command tool: "
-                   "printf 'print(\"hello world\")\\n' > hello.py",
-    "num_samples": 2,
-    "harness": {"type": "codex", "profile": "compact"},
-    "runtime": {"type": "bwrap", "network": "gateway"},
-    "evaluator": {"type": "test_on_output", "command": "python3 hello.py",
-                  "expected_output": "hello world"},
-    "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
-    "phases": {"run_s": 420},
-}
+#: this harness's task of examples/harnesses.jsonl (`rolloutd submit examples/harnesses.jsonl`)
+TASK = next(task for line in EXAMPLES.read_text().splitlines() if line.strip()
+            and (task := json.loads(line))["task_id"] == "harness-codex-hello")
 
 
 async def test_codex_task_runs_a_tool_and_is_scored(fleets):
-    run = await run_task(fleets, TASK)
+    # a task id of its own per run: the example's id names a workflow of an earlier run
+    run = await run_task(fleets, TASK | {"task_id": f"{TASK['task_id']}-{uuid.uuid4().hex[:6]}"})
     for s in run.sessions:
         print(f"codex {s.result.session_id}: reward {s.result.reward} status "
               f"{s.result.status} completions {len(s.completions)} traces "

@@ -77,14 +77,14 @@ def polar_a3(task_id: str = "polar-a3-calc-mean",
              callback_url: str = "http://127.0.0.1:8765/callback") -> dict[str, Any]:
     """POLAR's appendix A.3 payload for this task (a dict for ``POST /rollout/task/submit``).
 
-    ``runtime.files``, ``runtime.prepare`` and ``sampling`` are rolloutd's own fields
+    ``runtime.files``, ``runtime.prepare``, ``sampling`` and ``phases`` are rolloutd's own fields
     (docs/polar.md): POLAR's payload names a SWE-bench image that holds the repository.
     """
     return {
         "task_id": task_id,
         "instruction": INSTRUCTION,
         "num_samples": 2,
-        "timeout_seconds": 900,
+        "timeout_seconds": 2400,
         "runtime": {"backend": "bwrap", "network": "gateway", "files": repo_files(),
                     "prepare": [{"type": "exec", "command": GIT_INIT}]},
         "agent": {"harness": "codex", "model_name": "Qwen2.5-Coder-0.5B-Instruct",
@@ -94,7 +94,8 @@ def polar_a3(task_id: str = "polar-a3-calc-mean",
                       "config": {"refresh_runtime": True, "timeout_s": 120,
                                  "test_patch": (HERE / "test.patch").read_text(),
                                  "fail_to_pass": FAIL_TO_PASS, "pass_to_pass": PASS_TO_PASS}},
-        "sampling": {"temperature": 0.2, "max_tokens": 384, "seed": 7},
+        "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
+        "phases": {"run_s": 1500},
         "callback_url": callback_url,
         "metadata": {"dataset": "examples/swebench_task", "instance_id": "calc__mean-1"},
     }

@@ -85,8 +85,10 @@ class PolarTaskRequest(_Wire):
     evaluator: PolarStrategy | None = None
     callback_url: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
-    #: rolloutd's own: the sampling parameters (TaskRequest.sampling), passed as they are
+    #: rolloutd's own: sampling parameters and phase budgets (TaskRequest.sampling, .phases),
+    #: passed as they are
     sampling: dict[str, Any] | None = None
+    phases: dict[str, Any] | None = None
 
 
 class SubmitResponse(BaseModel):
@@ -193,6 +195,8 @@ def to_task_request(polar: PolarTaskRequest) -> dict[str, Any]:
         task["model"] = agent.model_name
     if polar.sampling is not None:
         task["sampling"] = polar.sampling
+    if polar.phases is not None:
+        task["phases"] = polar.phases
     if polar.runtime is not None:
         rt = polar.runtime
         runtime: dict[str, Any] = {"type": rt.backend, "image": rt.image, "env": rt.env,

@@ -20,7 +20,7 @@ from tests.support.harness_run import executed_tool_calls, run_task
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "harnesses.jsonl"
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
-              pytest.mark.harness, pytest.mark.slow, pytest.mark.timeout(1500),
+              pytest.mark.harness, pytest.mark.slow, pytest.mark.timeout(2400),
               pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
               pytest.mark.skipif(not (npm_prefix() / "node_modules" / PACKAGE / ENTRY).is_file(),
                                  reason=f"codex is not installed in {npm_prefix()}: "

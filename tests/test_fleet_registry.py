@@ -76,10 +76,12 @@ async def test_cli_submit_refuses_every_task_before_any_starts(fleets, temporal_
     suffix = uuid.uuid4().hex[:6]
     runnable = {"task_id": f"cli-ok-{suffix}", "instruction": "x",
                 "harness": {"type": "shell", "command": "true"}, "runtime": {"type": "local"}}
-    unrunnable = {**runnable, "task_id": f"cli-codex-{suffix}", "harness": {"type": "codex"}}
+    # an evaluator no eval host registered (harness types get adapters one by one)
+    unrunnable = {**runnable, "task_id": f"cli-bad-{suffix}",
+                  "evaluator": {"type": "no_such_evaluator"}}
     with pytest.raises(SystemExit) as info:
         await submit_tasks([runnable, unrunnable], temporal_server.address, None)
-    assert f"harness.type: task cli-codex-{suffix}: harness.type='codex' has no adapter" in str(
+    assert f"task cli-bad-{suffix}: evaluator.type='no_such_evaluator' is unknown" in str(
         info.value)
     with pytest.raises(RPCError) as missing:
         await fleets.client.get_workflow_handle(f"task/cli-ok-{suffix}").describe()

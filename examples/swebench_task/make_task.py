@@ -9,7 +9,12 @@ provisioned while the harness runs::
     python3 examples/swebench_task/make_task.py > examples/swebench.jsonl
 
 ``task(harness=...)`` is what tests use to run the same task with a harness that applies
-``gold.patch`` or ``wrong.patch``.
+``gold.patch`` or ``wrong.patch``. ``polar_a3()`` is the same task as POLAR's appendix A.3
+payload (harness ``codex``, builder ``prefix_merging``, evaluator ``swebench_harness`` with
+``refresh_runtime``, a callback, metadata) for ``POST /rollout/task/submit`` of
+``rolloutd rest``, with ``runtime.backend: bwrap`` and the repository as ``runtime.files``::
+
+    python3 examples/swebench_task/make_task.py --polar > examples/polar_a3.json
 """
 
 from __future__ import annotations
@@ -68,5 +73,36 @@ def task(task_id: str = "swebench-calc-mean", harness: dict[str, Any] | None = N
     }
 
 
+def polar_a3(task_id: str = "polar-a3-calc-mean",
+             callback_url: str = "http://127.0.0.1:8765/callback") -> dict[str, Any]:
+    """POLAR's appendix A.3 payload for this task (a dict for ``POST /rollout/task/submit``).
+
+    ``runtime.files``, ``runtime.prepare``, ``sampling`` and ``phases`` are rolloutd's own fields
+    (docs/polar.md): POLAR's payload names a SWE-bench image that holds the repository.
+    """
+    return {
+        "task_id": task_id,
+        "instruction": INSTRUCTION,
+        "num_samples": 2,
+        "timeout_seconds": 2400,
+        "runtime": {"backend": "bwrap", "network": "gateway", "files": repo_files(),
+                    "prepare": [{"type": "exec", "command": GIT_INIT}]},
+        "agent": {"harness": "codex", "model_name": "Qwen2.5-Coder-0.5B-Instruct",
+                  "settings": {"max_turns": 6, "profile": "compact"}},
+        "builder": {"strategy": "prefix_merging", "config": {}},
+        "evaluator": {"strategy": "swebench_harness",
+                      "config": {"refresh_runtime": True, "timeout_s": 120,
+                                 "test_patch": (HERE / "test.patch").read_text(),
+                                 "fail_to_pass": FAIL_TO_PASS, "pass_to_pass": PASS_TO_PASS}},
+        "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
+        "phases": {"run_s": 1500},
+        "callback_url": callback_url,
+        "metadata": {"dataset": "examples/swebench_task", "instance_id": "calc__mean-1"},
+    }
+
+
 if __name__ == "__main__":
-    sys.stdout.write(json.dumps(task()) + "\n")
+    if sys.argv[1:] == ["--polar"]:
+        sys.stdout.write(json.dumps(polar_a3(), indent=1) + "\n")
+    else:
+        sys.stdout.write(json.dumps(task()) + "\n")

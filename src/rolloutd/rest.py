@@ -53,6 +53,10 @@ class PolarRuntime(_Wire):
     network: str | None = None
     workdir: str | None = None
     memory_mb: int | None = None
+    #: rolloutd's own: the workspace's files and the steps that prepare it (a task's repository,
+    #: where POLAR names an image that holds it)
+    files: dict[str, str] = Field(default_factory=dict)
+    prepare: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class PolarAgent(_Wire):
@@ -81,6 +85,10 @@ class PolarTaskRequest(_Wire):
     evaluator: PolarStrategy | None = None
     callback_url: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    #: rolloutd's own: sampling parameters and phase budgets (TaskRequest.sampling, .phases),
+    #: passed as they are
+    sampling: dict[str, Any] | None = None
+    phases: dict[str, Any] | None = None
 
 
 class SubmitResponse(BaseModel):
@@ -185,12 +193,20 @@ def to_task_request(polar: PolarTaskRequest) -> dict[str, Any]:
     }
     if agent.model_name:
         task["model"] = agent.model_name
+    if polar.sampling is not None:
+        task["sampling"] = polar.sampling
+    if polar.phases is not None:
+        task["phases"] = polar.phases
     if polar.runtime is not None:
         rt = polar.runtime
         runtime: dict[str, Any] = {"type": rt.backend, "image": rt.image, "env": rt.env,
                                    "memory_mb": rt.memory_mb}
         if rt.workdir:
             runtime["workdir"] = rt.workdir
+        if rt.files:
+            runtime["files"] = rt.files
+        if rt.prepare:
+            runtime["prepare"] = rt.prepare
         if rt.network in _NETWORKS and rt.network is not None:
             runtime["network"] = rt.network
         task["runtime"] = runtime

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.harnesses.base import HarnessAdapter, HarnessCommand, HarnessContext
+from rolloutd.sandbox.harnesses.claude_code import ClaudeCodeHarness
 from rolloutd.sandbox.harnesses.cli import CliHarness, CliRecipe
+from rolloutd.sandbox.harnesses.codex import CodexHarness
 from rolloutd.sandbox.harnesses.qwen_code import QwenCodeHarness
 from rolloutd.sandbox.harnesses.shell import ShellHarness
 from rolloutd.types import HarnessSpec
@@ -24,6 +26,8 @@ HARNESSES: dict[str, type[HarnessAdapter]] = {
     ShellHarness.type: ShellHarness,
     CliHarness.type: CliHarness,
     QwenCodeHarness.type: QwenCodeHarness,
+    CodexHarness.type: CodexHarness,
+    ClaudeCodeHarness.type: ClaudeCodeHarness,
 }
 
 

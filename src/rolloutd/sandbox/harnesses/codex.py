@@ -1,0 +1,217 @@
+"""The ``codex`` harness: OpenAI's Codex CLI (npm ``@openai/codex``), one-shot, Responses API.
+
+Installed on the host with ``npm install --prefix $ROLLOUTD_NPM_PREFIX @openai/codex`` (bwrap
+binds the prefix read-only at the same path); ``bin/codex.js`` starts the native binary of the
+platform package (``@openai/codex-linux-x64``) with the runtime's ``node``::
+
+    node {prefix}/node_modules/@openai/codex/bin/codex.js exec --json --ephemeral \
+        --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox -C WORKDIR \
+        [spec.args] - < $HOME/.rolloutd/instruction.md
+
+- ``$CODEX_HOME/config.toml`` (``CODEX_HOME=$HOME/.codex``) declares the session as a custom
+  model provider (``wire_api = "responses"``, ``base_url`` the session's OpenAI URL) whose key
+  comes from ``OPENAI_API_KEY`` (``env_key``), so the key is never on argv and no login runs;
+  retries are off (the gateway's log answers a retried request, Temporal owns retries) and
+  the stream idle timeout is an hour: the gateway streams a turn once the backend sampled it,
+  and a loaded CPU engine took over Codex's default 300 s (``stream disconnected before
+  completion: idle timeout waiting for SSE``, the run then ends with no completion);
+  update checks, analytics and feedback are off;
+- ``--dangerously-bypass-approvals-and-sandbox`` (and ``approval_policy = "never"``,
+  ``sandbox_mode = "danger-full-access"``): the runtime is the sandbox; Codex's own Linux
+  sandbox (landlock, its own bubblewrap) cannot nest inside bwrap, and nobody is there to
+  approve a command;
+- the instruction comes on stdin (``-``): a file has no argv size limit and an instruction
+  starting with ``-`` is not read as an option; ``< /dev/null`` would otherwise be appended;
+- ``--json`` writes one JSON event per line on stdout; :func:`summarize_output` reads it.
+- Codex has no turn limit in ``exec`` mode: ``max_turns`` is not applied (the run phase's
+  budget bounds the run).
+
+``profile: compact`` (measured with codex 0.169.0, first request of a one-line task): the
+shipped prompt is 39.5 KB (about 10K tokens: a 17.7 KB developer prompt, 2.7 KB of skills, and
+tool schemas of 17.8 KB, 10 KB of them sub-agents); compact is 6.1 KB: ``model_instructions_file``
+replaces the developer prompt, skills, apps and permissions instructions are left out, and only
+the shell tools stay (``exec_command``, ``write_stdin``, ``request_user_input``; sub-agents,
+goals, images, web search, plugins off through ``[features]``, ``[agents]``, ``web_search``).
+Config keys are those codex 0.169 accepts (``codex features list``; unknown keys are reported
+as ``error`` items in the JSON output).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from rolloutd.sandbox.harnesses.base import HarnessContext
+from rolloutd.sandbox.harnesses.cli import CliHarness, CliRecipe
+from rolloutd.sandbox.harnesses.installed import npm_cli, npm_version
+from rolloutd.sandbox.runtimes.base import Runtime
+
+#: npm package and its entry point below the package folder.
+PACKAGE = "@openai/codex"
+ENTRY = "bin/codex.js"
+
+#: ``$CODEX_HOME/config.toml`` with placeholders (filled and TOML-escaped by :class:`CliHarness`);
+#: top-level keys must precede the first table.
+CONFIG_TOML = """\
+model = "{model}"
+model_provider = "rolloutd"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+check_for_update_on_startup = false
+model_reasoning_summary = "none"
+{compact_top}
+[model_providers.rolloutd]
+name = "rolloutd"
+base_url = "{base_url}"
+wire_api = "responses"
+env_key = "OPENAI_API_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+stream_idle_timeout_ms = 3600000
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[history]
+persistence = "none"
+{compact_tables}"""
+
+#: top-level keys of the compact profile.
+COMPACT_TOP = """\
+model_instructions_file = "{home}/.codex/instructions.md"
+include_permissions_instructions = false
+include_apps_instructions = false
+web_search = "disabled"
+"""
+
+#: tables of the compact profile: tools a one-shot rollout does not need.
+COMPACT_TABLES = """
+[features]
+goals = false
+view_image = false
+image_generation = false
+apps = false
+plugins = false
+shell_snapshot = false
+
+[skills]
+include_instructions = false
+
+[agents]
+enabled = false
+"""
+
+#: the compact profile's developer prompt (``{workdir}`` is filled in).
+COMPACT_INSTRUCTIONS = (
+    "You are a coding agent working in the folder {workdir}. Use the exec_command tool to run "
+    "shell commands: create and change files with them (for example with cat > file <<'EOF'). "
+    "When the task is done, reply with a one-line summary."
+)
+
+
+def codex_config(profile: str) -> str:
+    """The ``config.toml`` template of ``profile`` (``default`` or ``compact``)."""
+    compact = profile == "compact"
+    return CONFIG_TOML.replace("{compact_top}", COMPACT_TOP if compact else "").replace(
+        "{compact_tables}", COMPACT_TABLES if compact else "")
+
+
+class CodexHarness(CliHarness):
+    """Runs ``codex exec`` against the session's Responses URL; see the module docstring."""
+
+    type = "codex"
+
+    @classmethod
+    def cli_version(cls) -> str | None:
+        """The installed ``@openai/codex`` version.
+
+        Raises:
+            HarnessError: not installed; the message names the setup step.
+        """
+        return npm_version(cls.type, PACKAGE)
+
+    async def recipe(self, runtime: Runtime, ctx: HarnessContext) -> CliRecipe:
+        """The Codex recipe: config.toml, the instruction on stdin.
+
+        Raises:
+            HarnessError: the CLI is not installed on this host.
+        """
+        cli = npm_cli(self.type, PACKAGE, ENTRY)
+        files = {".codex/config.toml": codex_config(self.spec.profile)}
+        if self.spec.profile == "compact":
+            files[".codex/instructions.md"] = COMPACT_INSTRUCTIONS
+        command = (f"exec node {shlex.quote(str(cli))} exec --json --ephemeral "
+                   "--skip-git-repo-check --dangerously-bypass-approvals-and-sandbox "
+                   "--color never -C {workdir} - < {instruction_file}")
+        return CliRecipe(
+            command=command, dialect="responses", files=files,
+            env={"CODEX_HOME": "{home}/.codex", "NO_COLOR": "1",
+                 # Codex reads RUST_LOG; keep its stderr to warnings
+                 "RUST_LOG": "warn"})
+
+    def summarize(self, stdout: str) -> dict[str, Any] | None:
+        """See :func:`summarize_output`."""
+        return summarize_output(stdout)
+
+
+def summarize_output(stdout: str) -> dict[str, Any]:
+    """Summarise a ``codex exec --json`` run from its stdout.
+
+    Events (codex 0.169): ``thread.started``, ``turn.started``, ``item.completed`` (items of
+    type ``agent_message``, ``command_execution``, ``file_change``, ``error`` -- the latter
+    also for warnings such as unknown model metadata), ``turn.completed`` (with ``usage``),
+    ``turn.failed`` and ``error`` (the provider's error text).
+
+    Args:
+        stdout: the CLI's standard output, one JSON event per line.
+
+    Returns:
+        ``{"completed": bool, "is_error": bool, "error": str | None, "num_commands": int,
+        "num_warnings": int, "input_tokens": int, "output_tokens": int, "result": str}``
+        (texts cut to 1000 characters).
+    """
+    completed = False
+    error: str | None = None
+    num_commands = num_warnings = input_tokens = output_tokens = 0
+    result = ""
+    for event in _json_lines(stdout):
+        kind = event.get("type")
+        if kind == "turn.completed":
+            completed = True
+            usage = event.get("usage") or {}
+            input_tokens += int(usage.get("input_tokens") or 0)
+            output_tokens += int(usage.get("output_tokens") or 0)
+        elif kind == "turn.failed":
+            error = str((event.get("error") or {}).get("message") or error or "turn failed")
+        elif kind == "error":
+            error = str(event.get("message") or "error")
+        elif kind == "item.completed":
+            item = event.get("item") or {}
+            if item.get("type") == "agent_message":
+                result = str(item.get("text") or "")
+            elif item.get("type") in ("command_execution", "file_change"):
+                num_commands += 1
+            elif item.get("type") == "error":
+                num_warnings += 1
+    return {"completed": completed, "is_error": error is not None or not completed,
+            "error": error[:1000] if error else None, "num_commands": num_commands,
+            "num_warnings": num_warnings, "input_tokens": input_tokens,
+            "output_tokens": output_tokens, "result": result[:1000]}
+
+
+def _json_lines(stdout: str) -> list[dict[str, Any]]:
+    """The JSON objects among ``stdout``'s lines (other lines are warnings)."""
+    events = []
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(event, dict):
+                events.append(event)
+    return events

@@ -1,0 +1,134 @@
+"""The codex harness: its config and command, run with a stand-in CLI and with the real one."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from rolloutd.errors import HarnessError
+from rolloutd.sandbox.config import NPM_PREFIX_ENV, npm_prefix
+from rolloutd.sandbox.harnesses import HarnessContext, get_harness
+from rolloutd.sandbox.harnesses.codex import ENTRY, PACKAGE, summarize_output
+from rolloutd.types import HarnessSpec
+from tests.support.refusing_provider import refusing_provider
+
+SESSION_KEY = "sk-session-secret"
+INSTRUCTION = "-n create hello.py that prints 'hello world'"
+
+#: stand-in for codex.js: records argv, stdin, its config and environment
+FAKE_CODEX = """\
+const fs = require("fs");
+const home = process.env.CODEX_HOME;
+fs.writeFileSync("out.json", JSON.stringify({
+  argv: process.argv.slice(2), stdin: fs.readFileSync(0, "utf8"),
+  config: fs.readFileSync(home + "/config.toml", "utf8"),
+  key: process.env.OPENAI_API_KEY, home: home}));
+"""
+
+
+def _ctx(url: str = "http://127.0.0.1:8300/s/k/v1") -> HarnessContext:
+    return HarnessContext(instruction=INSTRUCTION, openai_base_url=url, api_key=SESSION_KEY,
+                          model="Qwen2.5-Coder-0.5B-Instruct")
+
+
+@pytest.fixture
+def fake_codex(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    prefix = tmp_path / "npm"
+    package = prefix / "node_modules" / PACKAGE
+    (package / ENTRY).parent.mkdir(parents=True)
+    (package / ENTRY).write_text(FAKE_CODEX)
+    (package / "package.json").write_text('{"name": "@openai/codex", "version": "9.9.9"}')
+    monkeypatch.setenv(NPM_PREFIX_ENV, str(prefix))
+    return prefix
+
+
+@pytest.mark.parametrize("profile", ["default", "compact"])
+async def test_codex_runs_exec_on_the_session_with_the_key_off_argv(make_runtime, fake_codex,
+                                                                    profile):
+    runtime = await make_runtime("local")
+    adapter = get_harness(HarnessSpec(type="codex", profile=profile, args=["--strict-config"]))
+    assert type(adapter).cli_version() == "9.9.9"
+    command = await adapter.prepare(runtime, _ctx())
+    assert SESSION_KEY not in str(command.command)
+    process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
+    assert await process.wait(60) == 0, process.stderr_path.read_text()
+    out = json.loads(await runtime.download("out.json"))
+    argv = out["argv"]
+    assert argv[0] == "exec" and "--json" in argv and "--skip-git-repo-check" in argv
+    assert "--dangerously-bypass-approvals-and-sandbox" in argv
+    assert argv[argv.index("-C") + 1] == runtime.workdir
+    assert argv[-2:] == ["-", "--strict-config"]  # the instruction on stdin, task args last
+    assert out["stdin"] == INSTRUCTION
+    assert out["key"] == SESSION_KEY and out["home"] == f"{runtime.home}/.codex"
+    config = tomllib.loads(out["config"])
+    assert config["model"] == "Qwen2.5-Coder-0.5B-Instruct"
+    provider = config["model_providers"][config["model_provider"]]
+    assert provider["base_url"] == "http://127.0.0.1:8300/s/k/v1"
+    assert provider["wire_api"] == "responses" and provider["env_key"] == "OPENAI_API_KEY"
+    assert config["check_for_update_on_startup"] is False
+    assert config["analytics"]["enabled"] is False
+    assert config["approval_policy"] == "never"
+    if profile == "compact":
+        assert config["agents"]["enabled"] is False
+        instructions = await runtime.download(config["model_instructions_file"])
+        assert runtime.workdir in instructions.decode()
+    else:
+        assert "model_instructions_file" not in config and "features" not in config
+
+
+async def test_codex_missing_names_the_setup_step(make_runtime, tmp_path, monkeypatch):
+    monkeypatch.setenv(NPM_PREFIX_ENV, str(tmp_path / "empty"))
+    runtime = await make_runtime("local")
+    with pytest.raises(HarnessError, match="scripts/setup.sh"):
+        await get_harness(HarnessSpec(type="codex")).prepare(runtime, _ctx())
+    with pytest.raises(HarnessError, match="npm install --prefix"):
+        get_harness(HarnessSpec(type="codex")).cli_version()
+
+
+def test_summarize_output_reports_the_provider_error():
+    failed = ('{"type":"thread.started","thread_id":"t"}\n'
+              '{"type":"item.completed","item":{"type":"error","message":"Model metadata"}}\n'
+              '{"type":"turn.started"}\n'
+              '{"type":"error","message":"unexpected status 400 Bad Request"}\n'
+              '{"type":"turn.failed","error":{"message":"unexpected status 400 Bad Request"}}\n')
+    summary = summarize_output(failed)
+    assert summary["is_error"] and summary["error"] == "unexpected status 400 Bad Request"
+    assert summary["num_warnings"] == 1 and not summary["completed"]
+    ok = ('{"type":"item.completed","item":{"type":"command_execution","command":"ls"}}\n'
+          '{"type":"item.completed","item":{"type":"agent_message","text":"Done."}}\n'
+          '{"type":"turn.completed","usage":{"input_tokens":1200,"output_tokens":30}}\n')
+    assert summarize_output(ok) == {
+        "completed": True, "is_error": False, "error": None, "num_commands": 1,
+        "num_warnings": 0, "input_tokens": 1200, "output_tokens": 30, "result": "Done."}
+
+
+# ------------------------------------------------------------- the real CLI, a fake provider
+
+
+@pytest.mark.harness
+@pytest.mark.timeout(120)
+async def test_real_codex_accepts_the_config_and_calls_the_session(make_runtime):
+    """codex 0.169 reads every key we write (no "unrecognized" warning) and calls the session."""
+    if not (npm_prefix() / "node_modules" / PACKAGE / ENTRY).is_file():
+        pytest.skip(f"codex is not installed in {npm_prefix()} (bash scripts/setup.sh)")
+    runtime = await make_runtime("local")
+    async with refusing_provider() as provider:
+        for profile in ("default", "compact"):
+            await _run_refused(runtime, profile, f"{provider.url}/s/k/v1")
+    assert provider.seen
+    assert all(line.startswith("POST /s/k/v1/responses ") for line, _ in provider.seen)
+    assert all(h["authorization"] == f"Bearer {SESSION_KEY}" for _, h in provider.seen)
+
+
+async def _run_refused(runtime, profile: str, url: str) -> None:
+    adapter = get_harness(HarnessSpec(type="codex", profile=profile))
+    command = await adapter.prepare(runtime, _ctx(url))
+    process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
+    assert await process.wait(90) == 1, process.stderr_path.read_text()[-2000:]
+    stdout = process.stdout_path.read_text()
+    summary = adapter.summarize(stdout)
+    assert summary is not None and summary["is_error"] and "refused" in summary["error"]
+    assert "unrecognized" not in stdout, stdout

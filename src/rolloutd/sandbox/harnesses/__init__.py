@@ -10,6 +10,9 @@ from __future__ import annotations
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.harnesses.base import HarnessAdapter, HarnessCommand, HarnessContext
 from rolloutd.sandbox.harnesses.cli import CliHarness, CliRecipe
+from rolloutd.sandbox.harnesses.gemini_cli import GeminiCliHarness
+from rolloutd.sandbox.harnesses.opencode import OpencodeHarness
+from rolloutd.sandbox.harnesses.pi import PiHarness
 from rolloutd.sandbox.harnesses.qwen_code import QwenCodeHarness
 from rolloutd.sandbox.harnesses.shell import ShellHarness
 from rolloutd.types import HarnessSpec
@@ -24,6 +27,9 @@ HARNESSES: dict[str, type[HarnessAdapter]] = {
     ShellHarness.type: ShellHarness,
     CliHarness.type: CliHarness,
     QwenCodeHarness.type: QwenCodeHarness,
+    GeminiCliHarness.type: GeminiCliHarness,
+    OpencodeHarness.type: OpencodeHarness,
+    PiHarness.type: PiHarness,
 }
 
 

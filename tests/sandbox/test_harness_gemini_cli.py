@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -10,7 +16,13 @@ import pytest
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.config import NPM_PREFIX_ENV
 from rolloutd.sandbox.harnesses import HarnessContext, get_harness, harness_capabilities
-from rolloutd.sandbox.harnesses.gemini_cli import CORE_TOOLS, ENTRY, PACKAGE, summarize_output
+from rolloutd.sandbox.harnesses.gemini_cli import (
+    CORE_TOOLS,
+    ENTRY,
+    FETCH_PRELOAD,
+    PACKAGE,
+    summarize_output,
+)
 from rolloutd.types import HarnessSpec
 
 KEY = "sk-session-secret"
@@ -46,6 +58,8 @@ async def test_compact_run_is_offline_one_shot_and_keeps_the_key_off_argv(make_r
     assert not any(KEY in a for a in argv)
     assert command.env["GEMINI_API_KEY"] == KEY
     assert command.env["GOOGLE_GEMINI_BASE_URL"] == "http://g/s/k"
+    preload = command.env["NODE_OPTIONS"].removeprefix("--require=")
+    assert (await runtime.download(preload)).decode() == FETCH_PRELOAD
     settings = json.loads(await runtime.download(f"{runtime.home}/.gemini/settings.json"))
     assert settings["security"]["auth"]["selectedType"] == "gemini-api-key"
     assert settings["privacy"]["usageStatisticsEnabled"] is False
@@ -84,3 +98,54 @@ def test_summarize_reads_the_json_result_among_warnings():
     failed = summarize_output('{"error": {"type": "Error", "message": "Reached max turns"}}')
     assert failed["is_error"] and failed["error"] == "Reached max turns"
     assert summarize_output("no json")["is_error"]
+
+
+#: what Gemini CLI does at start, scaled down: replace the global dispatcher with an undici
+#: Agent whose headersTimeout is short (the CLI's is 60 s), then fetch from a slow server.
+NODE_CLIENT = """
+const sym = Symbol.for('undici.globalDispatcher.1');
+(async () => {
+  await fetch(process.argv[2] + '/fast');
+  globalThis[sym] = new globalThis[sym].constructor({ headersTimeout: 300 });
+  try {
+    const r = await fetch(process.argv[2] + '/slow');
+    console.log('status ' + r.status);
+  } catch (e) {
+    console.log('failed ' + (e.cause && e.cause.code));
+  }
+})();
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_fetch_preload_lifts_the_clis_header_timeout(tmp_path):
+    class Slow(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/slow":
+                time.sleep(1.0)  # the server under test is slow on purpose, nothing waits on it
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    preload = tmp_path / "preload.cjs"
+    preload.write_text(FETCH_PRELOAD)
+    script = tmp_path / "client.js"
+    script.write_text(NODE_CLIENT)
+    try:
+        def run(env: dict[str, str]) -> str:
+            return subprocess.run(["node", str(script), url], capture_output=True, text=True,
+                                  timeout=60, env={"PATH": os.environ["PATH"], **env}
+                                  ).stdout.strip()
+
+        assert run({}) == "failed UND_ERR_HEADERS_TIMEOUT"
+        assert run({"NODE_OPTIONS": f"--require={preload}",
+                    "ROLLOUTD_FETCH_TIMEOUT_MS": "0"}) == "status 200"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -17,7 +17,13 @@ run with the runtime's ``node`` (Gemini CLI 0.61 needs Node >= 20)::
   shipped one plus every tool's schema is about 10K tokens) and settings ``tools.core`` keeps
   the few file and shell tools a one-shot task needs;
 - ``--output-format json``: one JSON object on stdout, ``{"response", "stats", "error"?}``,
-  read by :func:`summarize_output`.
+  read by :func:`summarize_output`;
+- the CLI installs an undici dispatcher whose ``headersTimeout`` is 60 s (only Google's
+  server-side experiment flags raise it): a call whose first byte takes longer (prompt
+  processing of a 2.4K-token first request on a loaded CPU does) fails with ``fetch failed``
+  and is retried from scratch, forever. ``NODE_OPTIONS=--require`` loads :data:`FETCH_PRELOAD`,
+  which gives ``fetch`` an agent of the same class with no header or body timeout; the run
+  budget (``phases.run_s``) bounds the run instead.
 
 Settings keys come from the settings schema bundled in the CLI (gemini-cli 0.61).
 """
@@ -48,6 +54,30 @@ COMPACT_SYSTEM_PROMPT = (
 
 #: where the compact system prompt is written, under the runtime's HOME.
 SYSTEM_MD = ".gemini/system.md"
+
+#: where :data:`FETCH_PRELOAD` is written, under the runtime's HOME.
+FETCH_PRELOAD_FILE = ".rolloutd/fetch-timeout.cjs"
+
+#: preloaded into node: every ``fetch`` without a dispatcher of its own gets one built from the
+#: current global dispatcher's class (undici's Agent, as the CLI installs it) with
+#: ``headersTimeout``/``bodyTimeout`` from ``ROLLOUTD_FETCH_TIMEOUT_MS`` (0: none).
+FETCH_PRELOAD = """\
+'use strict';
+const GLOBAL_DISPATCHER = Symbol.for('undici.globalDispatcher.1');
+const timeoutMs = Number(process.env.ROLLOUTD_FETCH_TIMEOUT_MS || 0);
+const originalFetch = globalThis.fetch;
+let base;
+let agent;
+globalThis.fetch = function fetch(input, init) {
+  const current = globalThis[GLOBAL_DISPATCHER];
+  if (current && current !== base) {
+    base = current;
+    agent = new current.constructor({ headersTimeout: timeoutMs, bodyTimeout: timeoutMs });
+  }
+  if (!agent || (init && init.dispatcher)) return originalFetch(input, init);
+  return originalFetch(input, { ...init, dispatcher: agent });
+};
+"""
 
 
 def gemini_settings(max_turns: int, compact: bool) -> dict[str, Any]:
@@ -97,9 +127,12 @@ class GeminiCliHarness(CliHarness):
         compact = self.spec.profile == "compact"
         env = {"GEMINI_CLI_TRUST_WORKSPACE": "true", "NO_COLOR": "1", "CI": "true",
                # no relaunch with a bigger heap: one node process per run
-               "GEMINI_CLI_NO_RELAUNCH": "true"}
+               "GEMINI_CLI_NO_RELAUNCH": "true",
+               "NODE_OPTIONS": f"--require={runtime.home}/{FETCH_PRELOAD_FILE}",
+               "ROLLOUTD_FETCH_TIMEOUT_MS": "0"}
         files = {".gemini/settings.json": json.dumps(
-            gemini_settings(self.spec.max_turns, compact), indent=2)}
+                     gemini_settings(self.spec.max_turns, compact), indent=2),
+                 FETCH_PRELOAD_FILE: FETCH_PRELOAD}
         if compact:
             # a file, not a template: the prompt's own braces stay as written
             files[SYSTEM_MD] = COMPACT_SYSTEM_PROMPT.replace(

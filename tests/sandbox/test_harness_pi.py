@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,13 @@ import pytest
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.config import NPM_PREFIX_ENV
 from rolloutd.sandbox.harnesses import HarnessContext, get_harness
-from rolloutd.sandbox.harnesses.pi import ENTRY, PACKAGE, summarize_output
+from rolloutd.sandbox.harnesses.pi import (
+    ENTRY,
+    MAX_TURNS_EXTENSION,
+    PACKAGE,
+    PiHarness,
+    summarize_output,
+)
 from rolloutd.types import HarnessSpec
 
 KEY = "sk-session-secret"
@@ -47,6 +55,9 @@ async def test_dialect_picks_the_provider_api_and_url(make_runtime, fake_prefix,
     assert argv[:3] == ["node", str(fake_prefix / "node_modules" / PACKAGE / ENTRY), "-p"]
     assert argv[argv.index("--mode") + 1] == "json"
     assert "--offline" in argv and "--no-session" in argv
+    assert command.env["ROLLOUTD_MAX_TURNS"] == "10"
+    extension = argv[argv.index("-e") + 1]
+    assert (await runtime.download(extension)).decode() == MAX_TURNS_EXTENSION
     assert argv[-1] == "make hello.py"
     assert not any(KEY in a for a in argv)
     assert command.env["ROLLOUTD_SESSION_KEY"] == KEY
@@ -100,3 +111,56 @@ def test_summarize_reads_the_last_assistant_message():
     failed = summarize_output(end({"role": "assistant", "stopReason": "error", "content": [],
                                    "errorMessage": "400 status code (no body)"}))
     assert failed["is_error"] and failed["error"] == "400 status code (no body)"
+
+
+class AlwaysToolCall(BaseHTTPRequestHandler):
+    """A Chat Completions server whose model calls ``bash`` on every turn, as a small model
+    that never stops does; counts the calls."""
+
+    calls = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        type(self).calls += 1
+        call = {"index": 0, "id": f"call_{self.calls}", "type": "function",
+                "function": {"name": "bash", "arguments": '{"command": "echo hi"}'}}
+        chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]},
+                                "finish_reason": None}]},
+                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}]
+        body = "".join(f"data: {json.dumps({'id': 'c', 'object': 'chat.completion.chunk', 'created': 0, 'model': 'm', **c})}\n\n"  # noqa: E501
+                       for c in chunks) + "data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.harness
+@pytest.mark.timeout(120)
+async def test_turn_limit_extension_stops_a_model_that_never_stops(make_runtime):
+    try:
+        PiHarness.cli_version()
+    except HarnessError as e:
+        pytest.skip(str(e))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), AlwaysToolCall)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        runtime = await make_runtime("local")
+        ctx = _ctx().model_copy(update={
+            "openai_base_url": f"http://127.0.0.1:{server.server_port}/v1"})
+        command = await get_harness(HarnessSpec(type="pi", max_turns=2)).prepare(runtime, ctx)
+        process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
+        code = await process.wait(90)
+        if code is None:
+            await process.terminate()
+        summary = summarize_output(process.stdout_path.read_text())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 0, process.stderr_path.read_text()[-2000:]
+    assert AlwaysToolCall.calls == 2
+    assert summary["num_tool_calls"] == 2 and summary["stop_reason"] == "aborted"
+    assert not summary["is_error"]

@@ -5,7 +5,8 @@ run with the runtime's ``node`` (pi 0.73 needs Node >= 20)::
 
     node {prefix}/node_modules/@mariozechner/pi-coding-agent/dist/cli.js -p --mode json \
         --no-session --offline --no-context-files --no-extensions --no-skills \
-        --no-prompt-templates --provider rolloutd --model MODEL [spec.args] INSTRUCTION
+        --no-prompt-templates -e ~/.rolloutd/pi-max-turns.js --provider rolloutd \
+        --model MODEL [spec.args] INSTRUCTION
 
 - ``harness.dialect`` picks the wire API of pi's custom provider in
   ``$HOME/.pi/agent/models.json``: ``chat`` -> ``openai-completions``, ``responses`` ->
@@ -15,8 +16,13 @@ run with the runtime's ``node`` (pi 0.73 needs Node >= 20)::
 - pi asks no permission for its tools (read, bash, edit, write) in print mode;
 - ``--offline`` / ``PI_OFFLINE``, ``PI_SKIP_VERSION_CHECK`` and ``PI_TELEMETRY=0`` keep it off
   the network; ``--no-session`` writes no session file;
-- pi has no turn limit (the agent loop runs until the model stops calling tools):
-  ``harness.max_turns`` does not apply, the run budget (``phases.run_s``) bounds the run;
+- pi has no turn limit of its own (the agent loop runs until the model stops calling tools;
+  a 0.5B model repeats its tool call until the run budget ends it, with a model call in
+  flight, which the session counts against the backend and replaces). The adapter adds one:
+  :data:`MAX_TURNS_EXTENSION`, loaded with ``-e`` (explicit paths load despite
+  ``--no-extensions``), aborts the agent after ``harness.max_turns`` turns (a turn is one
+  model answer and its tool calls); the last assistant message then has stop reason
+  ``aborted`` and pi exits 0;
 - ``profile: compact``: ``--system-prompt`` replaces pi's (already short) prompt with a
   shorter one and ``--tools read,bash,write`` drops ``edit``;
 - an instruction that pi's parser would take for an option (``-...``) or a file (``@...``) is
@@ -49,6 +55,20 @@ COMPACT_SYSTEM_PROMPT = (
     "files and to run shell commands. When the task is done, reply with a one-line summary."
 )
 COMPACT_TOOLS = "read,bash,write"
+
+#: where :data:`MAX_TURNS_EXTENSION` is written, under the runtime's HOME.
+MAX_TURNS_FILE = ".rolloutd/pi-max-turns.js"
+
+#: a pi extension (docs/extensions.md of the package: ``turn_end``, ``ctx.abort()``) that ends
+#: the agent loop after ``ROLLOUTD_MAX_TURNS`` turns.
+MAX_TURNS_EXTENSION = """\
+export default function (pi) {
+  const maxTurns = Number(process.env.ROLLOUTD_MAX_TURNS || 0);
+  pi.on("turn_end", async (event, ctx) => {
+    if (maxTurns > 0 && event.turnIndex + 1 >= maxTurns) ctx.abort();
+  });
+}
+"""
 
 
 def pi_models(api: str, context_window: int = 32768, max_tokens: int = 4096) -> dict[str, Any]:
@@ -96,6 +116,7 @@ class PiHarness(CliHarness):
                                f"{', '.join(PI_APIS)}")
         argv = ["node", str(cli), "-p", "--mode", "json", "--no-session", "--offline",
                 "--no-context-files", "--no-extensions", "--no-skills", "--no-prompt-templates",
+                "-e", f"{runtime.home}/{MAX_TURNS_FILE}",
                 "--provider", PROVIDER, "--model", "{model}"]
         if self.spec.profile == "compact":
             argv += ["--system-prompt",
@@ -104,11 +125,13 @@ class PiHarness(CliHarness):
         message = ("@{instruction_file}" if ctx.instruction.startswith(("-", "@"))
                    else "{instruction}")
         env = {"ROLLOUTD_SESSION_KEY": "{api_key}", "PI_OFFLINE": "1",
-               "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0", "NO_COLOR": "1"}
+               "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0", "NO_COLOR": "1",
+               "ROLLOUTD_MAX_TURNS": str(self.spec.max_turns)}
         files = {
             ".pi/agent/models.json": json.dumps(pi_models(PI_APIS[dialect]), indent=2),
             ".pi/agent/settings.json": json.dumps(
                 {"quietStartup": True, "enableInstallTelemetry": False}, indent=2),
+            MAX_TURNS_FILE: MAX_TURNS_EXTENSION,
         }
         return CliRecipe(command=[*argv, message], dialect=dialect, env=env, files=files)
 
@@ -126,8 +149,9 @@ def summarize_output(stdout: str) -> dict[str, Any]:
     Returns:
         ``{"num_turns": int, "num_tool_calls": int, "tool_errors": int, "is_error": bool,
         "error": str | None, "stop_reason": str | None, "input_tokens": int,
-        "output_tokens": int, "result": str}``: turns are assistant messages, the error is
-        the last assistant message's ``errorMessage`` (stop reason ``error`` or ``aborted``).
+        "output_tokens": int, "result": str}``: turns are assistant messages (the turn-limit
+        extension's abort adds one with stop reason ``aborted`` and no model call), the error
+        is the last assistant message's ``errorMessage`` when its stop reason is ``error``.
     """
     turns = tool_calls = tool_errors = input_tokens = output_tokens = 0
     last: dict[str, Any] = {}
@@ -152,8 +176,8 @@ def summarize_output(stdout: str) -> dict[str, Any]:
             tool_calls += 1
             tool_errors += bool(event.get("isError"))
     stop_reason = last.get("stopReason")
-    failed = stop_reason in ("error", "aborted")
-    error = str(last.get("errorMessage") or f"request {stop_reason}") if failed else None
+    failed = stop_reason == "error"
+    error = str(last.get("errorMessage") or "request failed") if failed else None
     text = "".join(str(c.get("text") or "") for c in last.get("content") or []
                    if isinstance(c, dict) and c.get("type") == "text")
     return {

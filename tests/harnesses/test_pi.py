@@ -3,7 +3,8 @@
 The task goes through the trainer client to the shared fleets (real Temporal, llama-server with
 Qwen2.5-Coder-0.5B-Instruct); pi speaks OpenAI Chat, OpenAI Responses or Anthropic Messages
 (``harness.dialect``) to its session from a bubblewrap runtime that reaches only the gateway.
-pi has no turn limit: the run budget (``phases.run_s``) bounds a model that keeps calling tools.
+pi has no turn limit of its own: the adapter's extension ends the agent loop after
+``harness.max_turns`` turns (a 0.5B model repeats its write call otherwise).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ async def test_pi_makes_a_file_with_its_tools_and_is_scored(fleets, dialect):
         "instruction": "Use the write tool to create the file hello.py containing "
                        "print('hello world'). Then stop.",
         "num_samples": 2,
-        "harness": {"type": "pi", "dialect": dialect, "profile": "compact"},
+        "harness": {"type": "pi", "dialect": dialect, "profile": "compact", "max_turns": 2},
         "runtime": {"type": "bwrap", "network": "gateway"},
         "evaluator": {"type": "test_on_output", "command": "python3 hello.py",
                       "expected_output": "hello world"},

@@ -16,7 +16,7 @@ from rolloutd.sandbox.harnesses.gemini_cli import GeminiCliHarness
 from tests.support.harness_run import executed_tool_calls, run_task
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
-              pytest.mark.harness, pytest.mark.slow, pytest.mark.timeout(1200)]
+              pytest.mark.harness, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def _skip_without_cli() -> None:
@@ -39,7 +39,7 @@ async def test_gemini_cli_makes_a_file_with_its_tools_and_is_scored(fleets):
         "evaluator": {"type": "test_on_output", "command": "python3 hello.py",
                       "expected_output": "hello world"},
         "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
-        "phases": {"run_s": 420},
+        "phases": {"run_s": 600},
     })
     for s in run.sessions:
         print(f"gemini_cli {s.result.session_id}: reward {s.result.reward}, "

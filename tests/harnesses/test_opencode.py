@@ -17,7 +17,7 @@ from rolloutd.sandbox.harnesses.opencode import OpencodeHarness
 from tests.support.harness_run import executed_tool_calls, run_task
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
-              pytest.mark.harness, pytest.mark.slow, pytest.mark.timeout(1200)]
+              pytest.mark.harness, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 async def test_opencode_makes_a_file_with_its_tools_and_is_scored(fleets):
@@ -36,7 +36,7 @@ async def test_opencode_makes_a_file_with_its_tools_and_is_scored(fleets):
         "evaluator": {"type": "test_on_output", "command": "python3 hello.py",
                       "expected_output": "hello world"},
         "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
-        "phases": {"run_s": 420},
+        "phases": {"run_s": 600},
     })
     for s in run.sessions:
         print(f"opencode {s.result.session_id}: reward {s.result.reward}, "

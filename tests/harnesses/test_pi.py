@@ -18,7 +18,7 @@ from rolloutd.sandbox.harnesses.pi import PiHarness
 from tests.support.harness_run import executed_tool_calls, run_task
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
-              pytest.mark.harness, pytest.mark.slow, pytest.mark.timeout(1200)]
+              pytest.mark.harness, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 @pytest.mark.parametrize("dialect", ["chat", "responses", "anthropic"])
@@ -38,7 +38,7 @@ async def test_pi_makes_a_file_with_its_tools_and_is_scored(fleets, dialect):
         "evaluator": {"type": "test_on_output", "command": "python3 hello.py",
                       "expected_output": "hello world"},
         "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
-        "phases": {"run_s": 300},
+        "phases": {"run_s": 600},
     })
     for s in run.sessions:
         print(f"pi/{dialect} {s.result.session_id}: reward {s.result.reward}, "

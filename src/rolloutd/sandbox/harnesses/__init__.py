@@ -12,12 +12,15 @@ from rolloutd.sandbox.harnesses.base import HarnessAdapter, HarnessCommand, Harn
 from rolloutd.sandbox.harnesses.claude_code import ClaudeCodeHarness
 from rolloutd.sandbox.harnesses.cli import CliHarness, CliRecipe
 from rolloutd.sandbox.harnesses.codex import CodexHarness
+from rolloutd.sandbox.harnesses.gemini_cli import GeminiCliHarness
+from rolloutd.sandbox.harnesses.opencode import OpencodeHarness
+from rolloutd.sandbox.harnesses.pi import PiHarness
 from rolloutd.sandbox.harnesses.qwen_code import QwenCodeHarness
 from rolloutd.sandbox.harnesses.shell import ShellHarness
 from rolloutd.types import HarnessSpec
 
-__all__ = ["HARNESSES", "CliHarness", "CliRecipe", "HarnessAdapter", "HarnessCommand", "HarnessContext", "get_harness",
-           "harness_capabilities"]
+__all__ = ["HARNESSES", "CliHarness", "CliRecipe", "HarnessAdapter", "HarnessCommand",
+           "HarnessContext", "get_harness", "harness_capabilities"]
 
 #: harness type -> adapter class; the other types of HarnessSpec are not built yet. A sandbox
 #: host publishes every type listed here whose CLI it has (:func:`harness_capabilities`), so an
@@ -28,6 +31,9 @@ HARNESSES: dict[str, type[HarnessAdapter]] = {
     QwenCodeHarness.type: QwenCodeHarness,
     CodexHarness.type: CodexHarness,
     ClaudeCodeHarness.type: ClaudeCodeHarness,
+    GeminiCliHarness.type: GeminiCliHarness,
+    OpencodeHarness.type: OpencodeHarness,
+    PiHarness.type: PiHarness,
 }
 
 

@@ -1,0 +1,51 @@
+"""Acceptance: opencode runs a tool-using task through the workflow, scored, under bwrap.
+
+The task goes through the trainer client to the shared fleets (real Temporal, llama-server with
+Qwen2.5-Coder-0.5B-Instruct); opencode speaks OpenAI Chat to its session from a bubblewrap
+runtime that reaches only the gateway (so any start-up download would fail, not hang the run),
+with the compact profile (16K-token engine slots).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from rolloutd.errors import HarnessError
+from rolloutd.sandbox.harnesses.opencode import OpencodeHarness
+from tests.support.harness_run import executed_tool_calls, run_task
+
+pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
+              pytest.mark.harness, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+async def test_opencode_makes_a_file_with_its_tools_and_is_scored(fleets):
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    try:
+        OpencodeHarness.cli_version()
+    except HarnessError as e:
+        pytest.skip(str(e))
+    run = await run_task(fleets, {
+        "instruction": "Use the write tool to create the file hello.py containing "
+                       "print('hello world'). Then stop.",
+        "num_samples": 2,
+        "harness": {"type": "opencode", "profile": "compact", "max_turns": 3},
+        "runtime": {"type": "bwrap", "network": "gateway"},
+        "evaluator": {"type": "test_on_output", "command": "python3 hello.py",
+                      "expected_output": "hello world"},
+        "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
+        "phases": {"run_s": 600},
+    })
+    for s in run.sessions:
+        print(f"opencode {s.result.session_id}: reward {s.result.reward}, "
+              f"{len(s.completions)} completions, {s.result.num_traces} traces, "
+              f"{s.result.num_trainable_tokens} trainable tokens, "
+              f"{executed_tool_calls(s.completions)} tool results, "
+              f"exit {s.harness.get('exit_code')}, summary {s.harness.get('summary')}")
+    print(f"opencode wall {run.wall_s:.0f} s")
+    assert all(s.result.reward is not None for s in run.sessions)
+    assert all(s.completions for s in run.sessions)
+    assert any(executed_tool_calls(s.completions) >= 1 or s.result.reward == 1.0
+               for s in run.sessions)

@@ -1,8 +1,9 @@
 """Whether a session's model calls stand unanswered, and the gateway's verdict on it.
 
-A session's calls stand unanswered from the start of the first call that failed with a
-backend-kind error (``BackendError``, ``BackendUnavailableError``, any 5xx: docs/failures.md)
-since the last answered call, or from the moment a call still in flight got its backend,
+A session's calls stand unanswered from the first failure of a call with a backend-kind
+error (``BackendError``, ``BackendUnavailableError``, any 5xx: docs/failures.md) since the
+last answered call (from the failure, not the call's start: time queued on a saturated
+engine before it died is not time the engine was dead), or from the moment a call still in flight got its backend,
 whichever is earlier; a call in flight counts only while its backend does not answer a probe
 (a saturated engine answers: its calls queue, it is not dead; a call waiting for a backend
 paused by a weight update is not waiting on a dead one). A call answered since ends it: the backend answers. When they have
@@ -61,8 +62,8 @@ class Liveness:
     Attributes:
         waiting: token -> (Unix time it got its backend, None before; the call's task) of
             each call in flight.
-        failing_since: Unix start time of the first backend-kind failed call since the last
-            answered one, None when none failed since.
+        failing_since: Unix time of the first backend-kind failure since the last answered
+            call, None when none failed since.
         last_error: the last backend-kind error, in words.
     """
 
@@ -87,14 +88,14 @@ class Liveness:
         self.waiting.pop(token, None)
         self.failing_since = self.last_error = None
 
-    def failed(self, token: int, error: BaseException, started_at: float) -> None:
-        """The call that began at Unix time ``started_at`` failed; a backend-kind failure
-        starts (or continues) the unanswered stretch from then."""
+    def failed(self, token: int, error: BaseException) -> None:
+        """The call failed; a backend-kind failure starts (or continues) the unanswered
+        stretch."""
         self.waiting.pop(token, None)
         if backend_kind(error):
             self.last_error = f"{type(error).__name__}: {error}"[:300]
             if self.failing_since is None:
-                self.failing_since = started_at
+                self.failing_since = time.time()
 
     def cut(self, token: int) -> None:
         """The call was cut off (its harness went away): neither answered nor failed."""

@@ -29,10 +29,11 @@ PROBE_FIRST_S = 0.5
 #: the longest wait between two probes, seconds: bounds how late a restarted engine is seen
 PROBE_MAX_S = 5.0
 #: limit of one probe, seconds (a hung engine must not hold the caller for longer)
-PROBE_TIMEOUT_S = 2.0
+PROBE_TIMEOUT_S = 5.0
 #: limit of the probe that tells a saturated engine (long queue, slow answers) from a hung
-#: one, seconds: its HTTP thread answers ``/health`` while every slot is busy
-ANSWERS_PROBE_TIMEOUT_S = 5.0
+#: one, seconds: its HTTP thread answers ``/health`` while every slot is busy, but on 2 cores
+#: at load 16 it took over 5 s (measured), and a false "hung" ends healthy sessions
+ANSWERS_PROBE_TIMEOUT_S = 15.0
 #: a backend that answered a probe this recently is not probed again to ask, seconds
 ANSWERED_FRESH_S = 5.0
 

@@ -415,7 +415,8 @@ class BackendPool:
 
     async def answers(self, name: str) -> bool:
         """Whether backend ``name`` answers now: a saturated engine does (its calls queue,
-        it is not dead), a hung or refusing one does not (then it is marked unhealthy). A
+        it is not dead), a hung or refusing one does not. The pool's health is left to the
+        calls (a slow probe of a starved engine must not fail every session's calls). A
         paused backend counts as answering: a weight update is not a death."""
         slot = self._slots.get(name)
         if slot is None or slot.spec.paused:
@@ -428,9 +429,7 @@ class BackendPool:
         if error is None:
             slot.health.answered_at = time.monotonic()
             return True
-        if slot.health.mark_unreachable(error):
-            log.warning("backend_unhealthy", name=name, error=error,
-                        policy_version=slot.spec.policy_version)
+        log.warning("backend_not_answering", name=name, error=error)
         return False
 
     def _mark_answered(self, slot: _Slot) -> None:

@@ -76,3 +76,51 @@ async def test_calls_unanswered_for_dead_after_s_give_the_backend_verdict(
                                        "dead_after_s": DEAD_AFTER_S, "message": None}
     finally:
         await gateway.aclose()
+
+
+async def test_a_call_queued_on_a_saturated_engine_is_not_unanswered_a_hung_one_is(
+        tmp_path: Path, tokenizer: Any) -> None:
+    engine = FakeLlamaCpp(tokenizer)
+    state = {"health": True}
+    release = asyncio.Event()
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            if not state["health"]:
+                raise httpx.ReadTimeout("no answer", request=request)
+            return httpx.Response(200, json={"status": "ok"})
+        if request.url.path == "/completion":
+            await release.wait()  # every slot busy: the call queues
+        return engine.handle(request)
+
+    settings = GatewaySettings(store_url=str(tmp_path / "store"), backend_url=FAKE_URL,
+                               gateway_public_url="http://gateway.test",
+                               backend_dead_after_s=DEAD_AFTER_S)
+    gateway = Gateway.from_settings(settings, tokenizer=tokenizer,
+                                    transport=httpx.MockTransport(handle))
+    transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as c:
+            info = await gateway.sessions.open_session(
+                "w/0", "w", sampling=SamplingParams(max_tokens=4))
+            base = f"/s/{info.session_key}"
+            queued = asyncio.ensure_future(c.post(f"{base}/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "hi"}]}))
+            started = time.monotonic()
+            while time.monotonic() - started < 3 * DEAD_AFTER_S:  # saturated: answers probes
+                assert (await c.get(f"{base}/rolloutd/verdict")).json()["verdict"] is None
+                await asyncio.sleep(0.2)  # sampling the verdict over a span, not waiting
+            state["health"] = False  # hung: the next probe gets no answer
+            deadline = time.monotonic() + 30  # a probe answered less than 5 s ago stands
+            while (verdict := (await c.get(f"{base}/rolloutd/verdict")).json())["verdict"] \
+                    is None:
+                assert time.monotonic() < deadline, verdict
+                await asyncio.sleep(0.2)  # polling the route, bounded by the deadline
+            assert verdict["verdict"] == "backend", verdict
+            assert verdict["unanswered_s"] >= 3 * DEAD_AFTER_S
+            # the waited call is cancelled: the session's close does not wait for it
+            await asyncio.wait_for(gateway.sessions.close_session("w/0"), 10)
+            release.set()
+            await asyncio.wait_for(asyncio.gather(queued, return_exceptions=True), 10)
+    finally:
+        await gateway.aclose()

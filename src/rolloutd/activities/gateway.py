@@ -14,6 +14,8 @@ import structlog
 from temporalio import activity
 
 from rolloutd.activities.models import (
+    BackendHealthInput,
+    BackendHealthOutput,
     BuildTrajectoryInput,
     BuildTrajectoryOutput,
     CloseSessionInput,
@@ -65,6 +67,13 @@ class GatewayActivities:
             backend=info.backend,
             host_queue=self.host_queue,
         )
+
+    @activity.defn(name="backend_health")
+    async def backend_health(self, input: BackendHealthInput) -> BackendHealthOutput:
+        """The backend pool's health (unhealthy backends probed first, so an engine that
+        came back is seen without a call): whether a policy version has no healthy backend."""
+        await self.gateway.pool.probe_unhealthy()
+        return BackendHealthOutput.model_validate(self.gateway.pool.health())
 
     @activity.defn(name="close_session")
     async def close_session(self, input: CloseSessionInput) -> CloseSessionOutput:

@@ -51,6 +51,17 @@ class OpenSessionOutput(_IO):
     host_queue: str = Field(description="the gateway host's own task queue")
 
 
+class BackendHealthInput(_IO):
+    """``backend_health``: nothing to say; the gateway answers about its whole pool."""
+
+
+class BackendHealthOutput(_IO):
+    #: ``ok``, ``unavailable`` (a policy version has no healthy backend) or ``empty``
+    status: str = "ok"
+    #: per unavailable policy version: ``{policy_version, unhealthy_s, message}``
+    unavailable: list[dict[str, Any]] = Field(default_factory=list)
+
+
 class TaskQueuePollersInput(_IO):
     task_queue: str
     #: an activity of the calling workflow: is it still waiting in the queue?

@@ -533,7 +533,11 @@ def create_app(gateway: Gateway) -> Any:
     @app.get("/s/{key}/rolloutd/verdict")
     async def session_verdict(key: str) -> dict[str, Any]:
         session = await gateway.sessions.lookup(key)
-        return session.liveness.verdict(gateway.settings.backend_dead_after_s).model_dump()
+        dead_after_s = gateway.settings.backend_dead_after_s
+        # a probe only when a call has waited that long: a saturated engine is not dead
+        answers = session.liveness.waited(dead_after_s) \
+            and await gateway.pool.answers(session.state.backend)
+        return session.liveness.verdict(dead_after_s, backend_answers=answers).model_dump()
 
     async def list_models(request: Request, key: str | None = None) -> dict[str, Any]:
         return await models(request, key)

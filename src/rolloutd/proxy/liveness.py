@@ -1,10 +1,12 @@
 """Whether a session's model calls stand unanswered, and the gateway's verdict on it.
 
-A session's calls stand unanswered from the start of the first call that failed with a
-backend-kind error (``BackendError``, ``BackendUnavailableError``, any 5xx: docs/failures.md)
-since the last answered call, or from the moment a call still in flight got its backend
-(a call waiting for a backend paused by a weight update is not waiting on a dead one),
-whichever is earlier. A call answered since ends it: the backend answers. When they have
+A session's calls stand unanswered from the first failure of a call with a backend-kind
+error (``BackendError``, ``BackendUnavailableError``, any 5xx: docs/failures.md) since the
+last answered call (from the failure, not the call's start: time queued on a saturated
+engine before it died is not time the engine was dead), or from the moment a call still in flight got its backend,
+whichever is earlier; a call in flight counts only while its backend does not answer a probe
+(a saturated engine answers: its calls queue, it is not dead; a call waiting for a backend
+paused by a weight update is not waiting on a dead one). A call answered since ends it: the backend answers. When they have
 stood unanswered for ``backend_dead_after_s`` (a gateway setting, default 60 s), the
 gateway's verdict on the session is ``backend``: the sandbox's run-harness activity asks for
 it at each heartbeat and stops the harness, so the session ends with failure kind
@@ -60,8 +62,8 @@ class Liveness:
     Attributes:
         waiting: token -> (Unix time it got its backend, None before; the call's task) of
             each call in flight.
-        failing_since: Unix start time of the first backend-kind failed call since the last
-            answered one, None when none failed since.
+        failing_since: Unix time of the first backend-kind failure since the last answered
+            call, None when none failed since.
         last_error: the last backend-kind error, in words.
     """
 
@@ -86,35 +88,45 @@ class Liveness:
         self.waiting.pop(token, None)
         self.failing_since = self.last_error = None
 
-    def failed(self, token: int, error: BaseException, started_at: float) -> None:
-        """The call that began at Unix time ``started_at`` failed; a backend-kind failure
-        starts (or continues) the unanswered stretch from then."""
+    def failed(self, token: int, error: BaseException) -> None:
+        """The call failed; a backend-kind failure starts (or continues) the unanswered
+        stretch."""
         self.waiting.pop(token, None)
         if backend_kind(error):
             self.last_error = f"{type(error).__name__}: {error}"[:300]
             if self.failing_since is None:
-                self.failing_since = started_at
+                self.failing_since = time.time()
 
     def cut(self, token: int) -> None:
         """The call was cut off (its harness went away): neither answered nor failed."""
         self.waiting.pop(token, None)
 
-    def unanswered_since(self) -> float | None:
-        """Unix time from which the session's calls stand unanswered, or None."""
-        starts = [start for start, _ in self.waiting.values() if start is not None]
+    def waited(self, seconds: float) -> bool:
+        """Whether a call in flight has waited on its backend for ``seconds``."""
+        now = time.time()
+        return any(start is not None and now - start >= seconds
+                   for start, _ in self.waiting.values())
+
+    def unanswered_since(self, *, count_waiting: bool = True) -> float | None:
+        """Unix time from which the session's calls stand unanswered, or None; calls in
+        flight count only with ``count_waiting``."""
+        starts = [start for start, _ in self.waiting.values()
+                  if start is not None and count_waiting]
         if self.failing_since is not None:
             starts.append(self.failing_since)
         return min(starts) if starts else None
 
-    def verdict(self, dead_after_s: float) -> Verdict:
+    def verdict(self, dead_after_s: float, *, backend_answers: bool = False) -> Verdict:
         """The gateway's verdict now; a ``backend`` verdict also cancels the calls that have
         waited ``dead_after_s`` themselves (the session is ending: its close must not wait
         for them up to the backend's timeout).
 
         Args:
             dead_after_s: the gateway's ``backend_dead_after_s``, seconds.
+            backend_answers: the session's backend answered a probe just now: its calls in
+                flight are queued on a saturated engine, not unanswered.
         """
-        since = self.unanswered_since()
+        since = self.unanswered_since(count_waiting=not backend_answers)
         now = time.time()
         if since is None:
             return Verdict(dead_after_s=dead_after_s)
@@ -124,7 +136,7 @@ class Liveness:
         for start, task in self.waiting.values():
             if task is not None and start is not None and now - start >= dead_after_s:
                 task.cancel()
-        why = self.last_error or "a call waited on the backend without an answer"
+        why = self.last_error or "a call waited on a backend that does not answer"
         return Verdict(verdict="backend", unanswered_s=round(unanswered_s, 1),
                        dead_after_s=dead_after_s,
                        message=f"the session's model calls stood unanswered for "

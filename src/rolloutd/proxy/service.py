@@ -509,7 +509,7 @@ class ChatService:
             session.liveness.answered(token)
             return response
         except Exception as e:
-            session.liveness.failed(token, e, started_at)
+            session.liveness.failed(token, e)
             await self._note_failure(session, e, started, stream=False, request=request)
             raise
         except BaseException:
@@ -575,7 +575,7 @@ class ChatService:
                 await events.aclose()  # type: ignore[attr-defined]
                 self.pool.release_lease(lease)
         except Exception as e:
-            session.liveness.failed(token, e, started_at)
+            session.liveness.failed(token, e)
             if end_index is not None:
                 session.settle(end_index, delivered=False)
             await self._note_failure(session, e, started, stream=True, request=request)

@@ -151,7 +151,8 @@ async def run_fleet(
             # close_session here too: when the gateway host serving a session is gone, any
             # gateway seals it from the durable state in the store
             Worker(client, task_queue=task_queues.GATEWAY,
-                   activities=[acts.open_session, acts.close_session, acts.build_trajectory],
+                   activities=[acts.open_session, acts.close_session, acts.build_trajectory,
+                               acts.backend_health],
                    activity_task_poller_behavior=TASK_POLLS),
             Worker(client, task_queue=acts.host_queue,
                    activities=[acts.close_session, acts.build_trajectory],

@@ -8,7 +8,9 @@ A sample whose session ended with a retryable infrastructure cause (not the poli
 cancellation: :func:`rolloutd.scoring.is_replaceable`) is run again as a new session of the same
 sample index, child ``task/{task_id}/{index}/r{n}``, session ``{task_id}/{index}/r{n}``, up to
 ``TaskRequest.max_replacements`` per group. A failure because the sandbox fleet was down is
-not counted: its replacement first waits until a sandbox worker polls again. A group that still
+not counted: its replacement first waits until a sandbox worker polls again; so is a
+``backend`` failure while the gateway's pool has no healthy backend (the engine is down): its
+replacement waits until the engine answers again. A group that still
 misses a scored sample ends ``incomplete`` (DESIGN.md, failure causes: a reward measures the
 policy, never the infrastructure).
 
@@ -34,6 +36,8 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
     from rolloutd.activities.cancel import cancel_workflows
     from rolloutd.activities.models import (
+        BackendHealthInput,
+        BackendHealthOutput,
         PostCallbackInput,
         TaskQueuePollersInput,
         TaskQueuePollersOutput,
@@ -94,6 +98,10 @@ STATUS_QUERY = "status"
 #: patch id of replacing samples that failed for infrastructure; histories recorded before it
 #: end with every sample's first session.
 REPLACEMENTS_PATCH = "replace-infrastructure-failures"
+#: patch id of waiting for the engine before replacing a ``backend`` failure (and not
+#: counting it) while the gateway's pool has no healthy backend; histories recorded before it
+#: replace at once and count it.
+ENGINE_WAIT_PATCH = "wait-for-engine-before-replacing"
 #: how often a replacement waiting for the sandbox fleet asks whether a worker polls (at most)
 FLEET_CHECK_EVERY_S = 10.0
 FLEET_CHECK_TIMEOUT = timedelta(seconds=10)
@@ -216,6 +224,10 @@ class RolloutTaskWorkflow:
             return False
         failure = failure_of(result)
         fleet_down = failure is not None and is_fleet_down(failure)
+        # a backend failure while the engine is down is the fleet's, as a dead sandbox fleet
+        engine_down = (not fleet_down and failure is not None and failure.kind == "backend"
+                       and workflow.patched(ENGINE_WAIT_PATCH) and await _engine_down())
+        fleet_down = fleet_down or engine_down
         if not fleet_down and self._num_counted_replacements >= task.max_replacements:
             return False
         if fleet_down and (self._num_fleet_down_replacements
@@ -224,7 +236,8 @@ class RolloutTaskWorkflow:
         # shown as being replaced while it waits for the fleet, too
         self._replaced.append(result)
         self._replacing.add(result.sample_index)
-        if fleet_down and not await _wait_for_sandbox_fleet(task, lambda: self._cancelling):
+        wait_for = _wait_for_engine if engine_down else _wait_for_sandbox_fleet
+        if fleet_down and not await wait_for(task, lambda: self._cancelling):
             self._replaced.remove(result)
             self._replacing.discard(result.sample_index)
             return False
@@ -276,6 +289,49 @@ async def _wait_for_sandbox_fleet(task: TaskRequest, cancelling: Callable[[], bo
     if cancelling():
         return False
     workflow.logger.warning("sandbox fleet still down after %g s: no replacement", wait_s)
+    return False
+
+
+async def _backend_health() -> BackendHealthOutput | None:
+    """The gateway pool's health (activity ``backend_health`` on the gateway fleet), or None
+    when no gateway answered."""
+    try:
+        return await workflow.execute_activity(
+            "backend_health", BackendHealthInput(), task_queue=task_queues.GATEWAY,
+            start_to_close_timeout=FLEET_CHECK_TIMEOUT,
+            schedule_to_close_timeout=3 * FLEET_CHECK_TIMEOUT,
+            retry_policy=FLEET_CHECK_RETRY, result_type=BackendHealthOutput)
+    except ActivityError as e:
+        workflow.logger.warning("backend health check failed: %s", e.cause or e)
+        return None
+
+
+async def _engine_down() -> bool:
+    """Whether the gateway's pool has a policy version without a healthy backend now."""
+    health = await _backend_health()
+    return health is not None and health.status == "unavailable"
+
+
+async def _wait_for_engine(task: TaskRequest, cancelling: Callable[[], bool]) -> bool:
+    """Wait until the gateway's pool has a healthy backend for every policy version again
+    (its probes see a restarted engine), for as long as a dead sandbox fleet gets
+    (``task.phases.provision_wait_s``): an engine that stays dead reaches the trainer as an
+    incomplete group, not a task held for its deadline.
+
+    Returns:
+        True when the engine is back; False when the wait gave up.
+    """
+    wait_s = task.phases.provision_wait_s
+    every = max(1.0, min(FLEET_CHECK_EVERY_S / 2, wait_s / 3))
+    give_up_at = workflow.now() + timedelta(seconds=wait_s)
+    while workflow.now() < give_up_at and not cancelling():
+        health = await _backend_health()
+        if health is not None and health.status != "unavailable":
+            return True
+        with contextlib.suppress(asyncio.TimeoutError):
+            await workflow.wait_condition(cancelling, timeout=every)
+    if not cancelling():
+        workflow.logger.warning("engine still down after %g s: no replacement", wait_s)
     return False
 
 

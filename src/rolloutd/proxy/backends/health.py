@@ -29,7 +29,13 @@ PROBE_FIRST_S = 0.5
 #: the longest wait between two probes, seconds: bounds how late a restarted engine is seen
 PROBE_MAX_S = 5.0
 #: limit of one probe, seconds (a hung engine must not hold the caller for longer)
-PROBE_TIMEOUT_S = 2.0
+PROBE_TIMEOUT_S = 5.0
+#: limit of the probe that tells a saturated engine (long queue, slow answers) from a hung
+#: one, seconds: its HTTP thread answers ``/health`` while every slot is busy, but on 2 cores
+#: at load 16 it took over 5 s (measured), and a false "hung" ends healthy sessions
+ANSWERS_PROBE_TIMEOUT_S = 15.0
+#: a backend that answered a probe this recently is not probed again to ask, seconds
+ANSWERED_FRESH_S = 5.0
 
 
 def is_unreachable(error: BaseException) -> bool:
@@ -50,6 +56,7 @@ class BackendHealth:
         next_probe_at: ``time.monotonic()`` from which a probe may run.
         backoff_s: the wait before the probe after the next failed one.
         probing: a probe is running (others do not start one).
+        answered_at: ``time.monotonic()`` of its last answered probe (0: none).
     """
 
     healthy: bool = True
@@ -58,6 +65,7 @@ class BackendHealth:
     next_probe_at: float = 0.0
     backoff_s: float = PROBE_FIRST_S
     probing: bool = False
+    answered_at: float = 0.0
 
     def mark_unreachable(self, error: str) -> bool:
         """Record a failed call or probe; returns whether the backend was healthy before."""

@@ -50,6 +50,8 @@ from pydantic import BaseModel, Field
 from rolloutd.errors import BackendUnavailableError, ConfigError, ConflictError, NotFoundError
 from rolloutd.proxy.backends.base import Backend
 from rolloutd.proxy.backends.health import (
+    ANSWERED_FRESH_S,
+    ANSWERS_PROBE_TIMEOUT_S,
     BackendHealth,
     dead_message,
     is_unreachable,
@@ -410,6 +412,25 @@ class BackendPool:
         health of an idle pool comes back without a call)."""
         await asyncio.gather(*(self._probe(s) for s in list(self._slots.values())
                                if not s.spec.paused))
+
+    async def answers(self, name: str) -> bool:
+        """Whether backend ``name`` answers now: a saturated engine does (its calls queue,
+        it is not dead), a hung or refusing one does not. The pool's health is left to the
+        calls (a slow probe of a starved engine must not fail every session's calls). A
+        paused backend counts as answering: a weight update is not a death."""
+        slot = self._slots.get(name)
+        if slot is None or slot.spec.paused:
+            return slot is not None
+        if not slot.health.healthy:
+            return False
+        if time.monotonic() - slot.health.answered_at < ANSWERED_FRESH_S:
+            return True
+        error = await probe(self._probe_http, slot.spec.url, ANSWERS_PROBE_TIMEOUT_S)
+        if error is None:
+            slot.health.answered_at = time.monotonic()
+            return True
+        log.warning("backend_not_answering", name=name, error=error)
+        return False
 
     def _mark_answered(self, slot: _Slot) -> None:
         if slot.health.mark_answered():

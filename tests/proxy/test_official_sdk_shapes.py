@@ -7,11 +7,13 @@ own shape raised as the SDK's typed exception.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 from google.genai import errors as genai_errors
@@ -171,3 +173,36 @@ async def test_google_genai_models_and_an_unknown_model(served: Served, api_vers
     with pytest.raises(genai_errors.ClientError, match="not found") as missing:
         await models.get(model="gemini-nothing")
     assert missing.value.code == 404 and missing.value.status == "NOT_FOUND"
+
+
+async def test_a_stream_the_backend_cuts_fails_typed_in_each_sdk(
+        tmp_path: Path, tokenizer: Any, fake_llama: FakeLlamaCpp) -> None:
+    """A backend stream that ends without its final event, after a token: each SDK raises its
+    typed error, or (Responses) yields ``error`` and a ``response.failed`` its strict types
+    accept; before, ``response.error.code`` was a code the API does not enumerate."""
+    def cut(request: httpx.Request) -> httpx.Response:
+        answer = fake_llama.handle(request)
+        if request.url.path != "/completion" or not json.loads(request.content).get("stream"):
+            return answer
+        first_event = answer.content.split(b"\n\n")[0] + b"\n\n"
+        return httpx.Response(200, content=first_event, headers=answer.headers)
+
+    async with served_gateway(tmp_path / "store", FAKE_URL, tokenizer,
+                              transport=httpx.MockTransport(cut)) as served:
+        info = await served.open("cut/0")
+        client = strict_openai(info)
+        with pytest.raises(openai.APIError, match="final event"):
+            async for _ in await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "a"}], stream=True):
+                pass
+        async with client.responses.stream(model="m", input="b") as stream:
+            kinds = [e.type async for e in stream]
+        assert kinds[-2:] == ["error", "response.failed"]
+        with pytest.raises(anthropic.APIStatusError, match="final event"):
+            async with strict_anthropic(info).messages.stream(
+                    model="m", max_tokens=8, messages=[{"role": "user", "content": "c"}]) as s:
+                await s.get_final_message()
+        with pytest.raises(genai_errors.ServerError, match="final event"):
+            async for _ in await gemini_client(info, "v1").aio.models.generate_content_stream(
+                    model="g", contents="d"):
+                pass

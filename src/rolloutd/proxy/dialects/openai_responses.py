@@ -569,11 +569,20 @@ class Encoder:
         _, body = error_body(error)
         failed = _response_object(None, self.start, self.request, status="failed",
                                   output=self.output)
-        failed["error"] = {"code": body["error"]["code"] or body["error"]["type"],
-                           "message": error.message}
+        failed["error"] = {"code": _failed_code(error.status_code), "message": error.message,
+                           "param": body["error"]["param"], "type": body["error"]["type"]}
         return [self._event("error", code=body["error"]["code"], message=error.message,
                             param=body["error"]["param"]),
                 self._event("response.failed", response=failed)]
+
+
+def _failed_code(status: int) -> str:
+    """The ``response.error.code`` of a failed Responses answer: one of the codes the API
+    enumerates (``ResponseError.code`` of the openai SDK; a strict client rejects any other),
+    chosen by HTTP status. The ``error`` event before it carries the gateway's own code."""
+    if status == 429:
+        return "rate_limit_exceeded"
+    return "invalid_prompt" if 400 <= status < 500 else "server_error"
 
 
 def encoder(start: StreamStart, request: InternalRequest) -> Encoder:

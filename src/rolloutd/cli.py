@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import importlib.metadata
 import json
+import os
 import signal
 import sys
 import time
@@ -471,9 +472,16 @@ def main(argv: list[str] | None = None) -> int:
               args.host, args.port, args.gateway_url, args.admin_token)
     elif args.command in ("generate", "schedule"):
         try:
-            return asyncio.run(_generation_main(args, settings))
+            code = asyncio.run(_generation_main(args, settings))
         except RolloutdError as e:
             raise SystemExit(f"rolloutd {args.command}: {e}") from None
+        # a short client process: temporalio's Rust runtime threads can abort it during
+        # interpreter finalization (SIGABRT, "PyGILState_Release: thread state ... must be
+        # current"; open upstream in sdk-python); 2 of 8 schedule commands died so. Nothing
+        # is left to finalize once the output is flushed.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     elif args.command == "demo":
         from rolloutd.stack import LocalStack
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,6 +16,7 @@ from rolloutd.store import BlobStore
 from rolloutd.types import SessionResult, SessionStatus, TaskResult, Trace, Trajectory
 from rolloutd.workflows.generation_models import GenerationSpec, JournalEntry
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ROWS = [{"id": "a/1", "q": "x"}, {"id": "b", "q": "y"}, {"id": "c", "q": "z"}]
 
 
@@ -114,3 +116,18 @@ def test_journal_writes_a_row_once(tmp_path):
     assert journal_row(store, "t", e) is True
     assert journal_row(store, "t", e.model_copy(update={"task_id": "other"})) is False
     assert [j.task_id for j in read_journal(store, "t")] == ["HumanEval/3"]
+
+
+def test_swebench_instances_become_tasks_with_the_instances_tests():
+    s = GenerationSpec.model_validate({
+        "name": "swe", "outputs": {"dir": "/tmp/unused"},
+        "source": {"type": "swebench", "path": str(EXAMPLES / "swebench_instances.jsonl")},
+        "template": {"instruction": "{problem_statement}",
+                     "harness": {"type": "shell", "command": "true"},
+                     "evaluator": {"type": "swebench", "runtime": "fresh"}}})
+    ((key, row),) = read_rows(s.source)
+    task = row_to_task(s, key, row)
+    assert key == "local__calc-1" and task.task_id == "gen-swe-local__calc-1"
+    assert task.evaluator.params["fail_to_pass"] == [
+        "tests/test_mean.py::test_mean_is_exact", "tests/test_mean.py::test_mean_of_empty_raises"]
+    assert task.evaluator.params["test_patch"].startswith("diff --git")

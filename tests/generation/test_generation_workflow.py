@@ -63,6 +63,7 @@ def write_spec(path: Path, spec: dict) -> Path:
     return path
 
 
+@pytest.mark.timeout(2400)  # 20 engine sessions on a shared 2-core machine
 async def test_killed_generation_resumes_and_does_every_row_once(fleets, temporal_server,
                                                                  tmp_path):
     name = f"he-{uuid.uuid4().hex[:6]}"
@@ -78,7 +79,7 @@ async def test_killed_generation_resumes_and_does_every_row_once(fleets, tempora
                                                     "solution.py"},
             "runtime": {"type": "local", "files": {"ask.py": ASK}},
             "evaluator": {"type": "humaneval", "timeout_s": 30},
-            "sampling": {"temperature": 0.8, "max_tokens": 200, "seed": 7},
+            "sampling": {"temperature": 0.8, "max_tokens": 128, "seed": 7},
             "timeout_s": 600},
         "outputs": {"dir": str(tmp_path / "out"), "datasets": True},
         "max_concurrent_rows": 3})
@@ -140,6 +141,7 @@ async def test_killed_generation_resumes_and_does_every_row_once(fleets, tempora
     assert len(datasets.load_from_disk(str(tmp_path / "out" / "dataset"))) == len(table)
 
 
+@pytest.mark.timeout(600)
 async def test_schedule_fires_on_trigger_and_skips_rows_done(fleets, temporal_server, tmp_path):
     name = f"sched-{uuid.uuid4().hex[:6]}"
     address = temporal_server.address

@@ -79,7 +79,7 @@ async def test_killed_generation_resumes_and_does_every_row_once(fleets, tempora
                                                     "solution.py"},
             "runtime": {"type": "local", "files": {"ask.py": ASK}},
             "evaluator": {"type": "humaneval", "timeout_s": 30},
-            "sampling": {"temperature": 0.8, "max_tokens": 128, "seed": 7},
+            "sampling": {"temperature": 0.8, "max_tokens": 24, "seed": 7},
             "timeout_s": 600},
         "outputs": {"dir": str(tmp_path / "out"), "datasets": True},
         "max_concurrent_rows": 3})

@@ -36,7 +36,7 @@ export CMAKE_ARGS="${CMAKE_ARGS:--DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=
 export UV_NATIVE_TLS="${UV_NATIVE_TLS:-1}"
 # --inexact keeps what the lock does not hold (pip, uv, torch); --frozen refuses a stale lock.
 UV_PROJECT_ENVIRONMENT="$VENV" "$VENV/bin/uv" sync --frozen --inexact --no-progress -q \
-  --extra engine --extra test
+  --extra engine --extra test --extra swebench
 # PyTorch CPU from the local wheel through pip's configuration; accelerate at the locked version.
 accelerate=$(awk '/^name = "accelerate"$/{getline; gsub(/[^0-9.]/, ""); print; exit}' uv.lock)
 "$VENV/bin/python" -c "import torch, accelerate" 2>/dev/null \

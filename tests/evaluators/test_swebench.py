@@ -83,3 +83,21 @@ async def test_example_task_scores_in_a_bwrap_runtime(tmp_path, patch_name, rewa
     if patch_name == "wrong.patch":
         assert outcome.details["failed_fail_to_pass"] == [
             "tests/test_mean.py::test_mean_of_empty_raises"]
+
+
+async def test_official_swebench_package_grades_the_log():
+    pytest.importorskip("swebench")
+    spec = EvaluatorSpec(type="swebench", params={
+        "fail_to_pass": ["t.py::a"], "pass_to_pass": ["t.py::b"]})
+    log = "PASSED t.py::a\nPASSED t.py::b\n"
+    check = {"exit_code": 0, "stdout": log, "timed_out": False, "test_patch_applied": True,
+             "tests": parse_pytest_log(log)}
+    ctx = EvaluationContext(task_id="t", session_id="s", status=SessionStatus.COMPLETED,
+                            spec=spec, artifacts={"check": check})
+    outcome = await get_evaluator(spec).evaluate(ctx)
+    assert outcome.reward == 1.0 and outcome.details["grader"] == "swebench"
+    assert outcome.details["resolution_status"] == "RESOLVED_FULL"
+    check["stdout"] = "PASSED t.py::a\nFAILED t.py::b - AssertionError\n"
+    outcome = await get_evaluator(spec).evaluate(ctx)
+    assert outcome.reward == 0.0 and outcome.details["failed_pass_to_pass"] == ["t.py::b"]
+    assert outcome.details["resolution_status"] == "RESOLVED_NO"

@@ -1,7 +1,8 @@
 """Evaluators: score sessions (docs/architecture.md, "One session, step by step", step 10).
 
 ``get_evaluator(spec).evaluate(ctx)`` resolves ``spec.type`` as a registry name
-(``session_completed``, ``test_on_output``, ``swebench``) or an import path ``package.module:attr``, where
+(``session_completed``, ``test_on_output``, ``swebench``, ``humaneval``,
+``math_answer``) or an import path ``package.module:attr``, where
 ``attr`` is an :class:`Evaluator` subclass (called with the spec), a factory ``attr(spec)``
 returning an object with ``async evaluate(ctx)``, or such an object itself.
 """
@@ -20,6 +21,8 @@ from rolloutd.evaluators.base import (
     Evaluator,
 )
 from rolloutd.evaluators.builtins import SessionCompleted, TestOnOutput
+from rolloutd.evaluators.humaneval import HumanEval
+from rolloutd.evaluators.math_answer import MathAnswer
 from rolloutd.evaluators.swebench import Swebench
 from rolloutd.types import EvaluatorSpec
 
@@ -41,6 +44,8 @@ EVALUATORS: dict[str, type[Evaluator]] = {
     SessionCompleted.name: SessionCompleted,
     TestOnOutput.name: TestOnOutput,
     Swebench.name: Swebench,
+    HumanEval.name: HumanEval,
+    MathAnswer.name: MathAnswer,
 }
 
 

@@ -8,17 +8,24 @@ resolved when, after the model's patch and the instance's test patch are applied
   was applied, in the session's runtime or a fresh one): apply ``params.test_patch`` with
   ``git apply``, run ``params.test_command`` on all listed tests at once, and parse the pytest
   ``-rA`` summary (``PASSED id`` / ``FAILED id`` / ``ERROR id`` lines) into a status per test;
-- on the eval fleet (:meth:`Swebench.evaluate`): reward 1.0 when every listed test has status
-  ``PASSED`` (a test missing from the log counts as failed), else 0.0.
+- on the eval fleet (:meth:`Swebench.evaluate`): with the official ``swebench`` package
+  installed (the ``swebench`` extra), the log is parsed by its parser ``params.log_parser``
+  (``swebench.harness.log_parsers.PARSER_REGISTRY``) and graded by its
+  ``get_eval_tests_report`` / ``get_resolution_status``: reward 1.0 when the FAIL_TO_PASS /
+  PASS_TO_PASS report says ``RESOLVED_FULL``; without it, by the same rule here: every listed
+  test has status ``PASSED`` (a test missing from the log counts as failed). Either way 0.0
+  when the test patch did not apply or the tests timed out. ``details["grader"]`` says which.
 
 ``EvaluatorSpec.params``::
 
     {"test_patch": str (a git diff, may be empty), "fail_to_pass": [test ids],
-     "pass_to_pass": [test ids], "test_command": "python3 -m pytest -rA ..." (optional)}
+     "pass_to_pass": [test ids], "test_command": "python3 -m pytest -rA ..." (optional),
+     "log_parser": "parse_log_pytest" (optional)}
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shlex
 from typing import Any
@@ -53,6 +60,44 @@ class SwebenchParams(BaseModel):
         default="python3 -m pytest -rA -p no:cacheprovider",
         description="test runner; the test ids are appended, shell-quoted",
     )
+    log_parser: str = Field(
+        default="parse_log_pytest",
+        description="the swebench package's log parser (PARSER_REGISTRY name) for the "
+        "test runner's output")
+
+
+def official_grade(log: str, params: SwebenchParams) -> dict[str, Any] | None:
+    """The official ``swebench`` package's verdict on a test log, or None without it.
+
+    Imported here, not at module load: the package (and docker, modal, datasets with it) is
+    an optional extra and takes seconds to import; evaluators that never grade SWE-bench do
+    not pay for it.
+
+    Returns:
+        ``{"resolved": bool, "status": "RESOLVED_FULL" | ..., "report": {FAIL_TO_PASS:
+        {success, failure}, PASS_TO_PASS: {...}, ...}, "tests": {id: status}}``.
+
+    Raises:
+        EvaluatorError: ``params.log_parser`` is not one of the package's parsers.
+    """
+    if importlib.util.find_spec("swebench") is None:
+        return None
+    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, ResolvedStatus
+    from swebench.harness.grading import get_eval_tests_report, get_resolution_status
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    parser = PARSER_REGISTRY.get(params.log_parser)
+    if parser is None:
+        raise EvaluatorError(f"evaluator.params.log_parser={params.log_parser!r} is not a "
+                             "parser of the swebench package (PARSER_REGISTRY)")
+    # the pytest-style parsers read the log alone; test_spec only matters to a few
+    # repository-specific ones
+    tests = parser(log, None)
+    report = get_eval_tests_report(tests, {FAIL_TO_PASS: params.fail_to_pass,
+                                           PASS_TO_PASS: params.pass_to_pass})
+    status = get_resolution_status(report)
+    return {"resolved": status == ResolvedStatus.FULL.value, "status": status,
+            "report": report, "tests": tests}
 
 
 def parse_pytest_log(log: str) -> dict[str, str]:
@@ -112,17 +157,27 @@ class Swebench(Evaluator):
         if not isinstance(check, dict) or "tests" not in check:
             return EvaluationOutcome(reward=0.0, details={"reason": "no test results",
                                                           "status": ctx.status.value})
-        tests: dict[str, str] = check["tests"]
-        failed_f2p = [t for t in params.fail_to_pass if tests.get(t) != "PASSED"]
-        failed_p2p = [t for t in params.pass_to_pass if tests.get(t) != "PASSED"]
-        resolved = (bool(check.get("test_patch_applied")) and not failed_f2p
-                    and not failed_p2p and not check.get("timed_out"))
+        applied = bool(check.get("test_patch_applied"))
+        timed_out = bool(check.get("timed_out"))
+        official = official_grade(str(check.get("stdout") or ""), params) if applied else None
+        if official is not None:
+            report = official["report"]
+            failed_f2p = report["FAIL_TO_PASS"]["failure"]
+            failed_p2p = report["PASS_TO_PASS"]["failure"]
+            resolved = official["resolved"] and not timed_out
+        else:
+            tests: dict[str, str] = check["tests"]
+            failed_f2p = [t for t in params.fail_to_pass if tests.get(t) != "PASSED"]
+            failed_p2p = [t for t in params.pass_to_pass if tests.get(t) != "PASSED"]
+            resolved = applied and not failed_f2p and not failed_p2p and not timed_out
         return EvaluationOutcome(reward=1.0 if resolved else 0.0, details={
             "resolved": resolved,
-            "test_patch_applied": bool(check.get("test_patch_applied")),
+            "grader": "rolloutd" if official is None else "swebench",
+            "resolution_status": None if official is None else official["status"],
+            "test_patch_applied": applied,
             "num_fail_to_pass": len(params.fail_to_pass),
             "num_pass_to_pass": len(params.pass_to_pass),
             "failed_fail_to_pass": failed_f2p,
             "failed_pass_to_pass": failed_p2p,
-            "timed_out": bool(check.get("timed_out")),
+            "timed_out": timed_out,
         })

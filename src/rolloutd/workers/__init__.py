@@ -5,7 +5,8 @@
 | workflows | rolloutd-workflows                          | workflows + local activities         |
 | sandbox   | rolloutd-sandbox, rolloutd-sandbox@{host}   | provision / run / collect / teardown |
 | gateway   | rolloutd-gateway, rolloutd-gateway@{host}   | HTTP gateway + session activities    |
-| eval      | rolloutd-eval                               | evaluate, read_task_chunk, callbacks |
+| eval      | rolloutd-eval                               | evaluate, read_task_chunk, callbacks,|
+|           |                                             | generation I/O                       |
 
 Sandbox and eval hosts publish what they can run to the fleet registry once their workers poll
 (:mod:`rolloutd.workers.registry`), and withdraw it when they stop.
@@ -100,13 +101,14 @@ async def run_fleet(
         from rolloutd.workflows.buffer import RolloutBufferWorkflow
         from rolloutd.workflows.callback import CallbackWorkflow
         from rolloutd.workflows.fleets import FleetRegistryWorkflow
+        from rolloutd.workflows.generation import GenerationWorkflow
         from rolloutd.workflows.session import RolloutSessionWorkflow
         from rolloutd.workflows.task import RolloutTaskWorkflow
 
         handle.workers.append(Worker(
             client, task_queue=task_queues.WORKFLOWS,
             workflows=[RolloutTaskWorkflow, RolloutSessionWorkflow, RolloutBufferWorkflow,
-                       FleetRegistryWorkflow, CallbackWorkflow],
+                       FleetRegistryWorkflow, CallbackWorkflow, GenerationWorkflow],
             # local activities only: a cancelled task cancels its sessions directly with
             # cancel_workflows; a session asks whether a sandbox worker polls at all
             activities=[cancel_workflows,
@@ -162,16 +164,19 @@ async def run_fleet(
     elif fleet == "eval":
         from rolloutd.activities.evaluation import EvalActivities
         from rolloutd.activities.trainer_io import TrainerIOActivities
+        from rolloutd.generation.activities import GenerationActivities
         from rolloutd.workers.registry import host_capabilities
 
         s = settings if isinstance(settings, EvalSettings) else EvalSettings()
         host = host_capabilities("eval", s.host_id)
         acts = EvalActivities(BlobStore(s.store_url), host_id=s.host_id)
         io = TrainerIOActivities()
+        gen = GenerationActivities(client, BlobStore(s.store_url))
         handle.workers.append(Worker(
             client, task_queue=task_queues.EVAL,
             activities=[acts.evaluate, acts.check_evaluator, io.read_task_chunk,
-                        io.post_callback],
+                        io.post_callback, gen.plan_generation, gen.journal_row,
+                        gen.await_task, gen.write_generation_outputs],
             max_concurrent_activities=s.max_concurrent_evaluations,
             max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         ))

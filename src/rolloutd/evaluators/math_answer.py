@@ -1,0 +1,133 @@
+"""The ``math_answer`` evaluator: the model's final answer against the gold one, by math-verify.
+
+Hugging Face's ``math-verify`` (``math_verify.parse`` / ``math_verify.verify``) extracts the
+answer of a text (the last ``\\boxed{...}``, else the last LaTeX or plain expression) and
+compares it with the gold answer symbolically: ``\\frac{1}{2}``, ``0.5`` and ``1/2`` are one
+answer, and so are equivalent sets, intervals and equations. It enforces its time limits with
+SIGALRM, which only works in a process's main thread, so it runs here in a child interpreter
+(a Python subprocess per answer), never in the worker's event loop thread.
+
+- in the runtime (:meth:`MathAnswer.collect`, sandbox fleet, after the harness): read the
+  answer the harness left in ``params.answer_file`` (a path in the workspace);
+- on the eval fleet (:meth:`MathAnswer.evaluate`): reward 1.0 when math-verify finds the
+  answer equivalent to ``params.answer``, else 0.0 (no answer, nothing parsable, a wrong one,
+  or a check that ran past ``EvaluatorSpec.timeout_s``).
+
+``EvaluatorSpec.params``::
+
+    {"answer": str (the gold answer, LaTeX or plain), "answer_file": "answer.txt"}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rolloutd.errors import EvaluatorError, NotFoundError
+from rolloutd.evaluators.base import (
+    CHECK_ARTIFACT,
+    EvaluationContext,
+    EvaluationOutcome,
+    Evaluator,
+)
+from rolloutd.sandbox.runtimes.base import Runtime
+
+#: the child's program: JSON ``{"gold", "answer"}`` on stdin, JSON verdict on stdout.
+VERIFY_PROGRAM = r"""
+import json, sys
+from math_verify import parse, verify
+req = json.load(sys.stdin)
+gold = req["gold"]
+if "$" not in gold and "\\boxed" not in gold:
+    gold = "$" + gold + "$"
+parsed_gold = parse(gold)
+parsed_answer = parse(req["answer"])
+ok = bool(parsed_gold) and bool(parsed_answer) and bool(verify(parsed_gold, parsed_answer))
+json.dump({"verified": ok, "gold": [str(x) for x in parsed_gold],
+           "parsed": [str(x) for x in parsed_answer]}, sys.stdout)
+"""
+#: bytes of the answer file read (a harness that dumps a log there is not an answer).
+MAX_ANSWER_BYTES = 64 * 1024
+
+
+class MathAnswerParams(BaseModel):
+    """``EvaluatorSpec.params`` of the math_answer evaluator (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    answer: str = Field(min_length=1, description="the gold answer, LaTeX or plain")
+    answer_file: str = Field(default="answer.txt",
+                             description="workspace file holding the model's answer")
+
+
+async def verify_answer(gold: str, answer: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
+    """math-verify's verdict on ``answer`` against ``gold``, computed in a child interpreter.
+
+    Args:
+        gold: the gold answer; wrapped in ``$...$`` unless it has ``$`` or ``\\boxed``.
+        answer: the model's text.
+        timeout_s: the child is killed after this many seconds.
+
+    Returns:
+        ``{"verified": bool, "gold": [str], "parsed": [str]}``, or ``{"verified": False,
+        "error": str}`` when the child timed out or failed.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", VERIFY_PROGRAM, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    request = json.dumps({"gold": gold, "answer": answer}).encode()
+    try:
+        stdout, stderr = await asyncio.wait_for(proc.communicate(request), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return {"verified": False, "error": f"math-verify ran past {timeout_s} s"}
+    if proc.returncode != 0:
+        lines = stderr.decode(errors="replace").strip().splitlines()
+        return {"verified": False,
+                "error": lines[-1] if lines else f"math-verify exited {proc.returncode}"}
+    return json.loads(stdout)
+
+
+class MathAnswer(Evaluator):
+    """1.0 when math-verify finds the model's answer equivalent to the gold one, else 0.0."""
+
+    name = "math_answer"
+
+    def params(self) -> MathAnswerParams:
+        """The validated params.
+
+        Raises:
+            EvaluatorError: malformed ``params``.
+        """
+        try:
+            return MathAnswerParams.model_validate(self.spec.params)
+        except ValidationError as exc:
+            raise EvaluatorError(f"evaluator.params of math_answer: {exc}") from exc
+
+    async def collect(self, runtime: Runtime) -> dict[str, Any]:
+        """Read the answer file of ``runtime``: the ``check`` artifact ``{"answer": str|None}``."""
+        params = self.params()
+        try:
+            data = await runtime.download(params.answer_file)
+        except NotFoundError:
+            return {"answer": None}
+        return {"answer": data[:MAX_ANSWER_BYTES].decode("utf-8", "replace")}
+
+    async def evaluate(self, ctx: EvaluationContext) -> EvaluationOutcome:
+        """Score the answer with math-verify (in a subprocess)."""
+        params = self.params()
+        check: Any = ctx.artifacts.get(CHECK_ARTIFACT)
+        answer = check.get("answer") if isinstance(check, dict) else None
+        if not answer or not str(answer).strip():
+            return EvaluationOutcome(reward=0.0, details={"reason": "no answer",
+                                                          "status": ctx.status.value})
+        verdict = await verify_answer(params.answer, str(answer), timeout_s=self.spec.timeout_s)
+        if not verdict.get("verified"):
+            verdict["reason"] = verdict.get("error") or (
+                "no answer parsed" if not verdict.get("parsed") else "wrong answer")
+        return EvaluationOutcome(reward=1.0 if verdict["verified"] else 0.0, details=verdict)

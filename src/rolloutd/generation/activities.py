@@ -1,0 +1,123 @@
+"""The eval fleet's generation activities: plan rows, journal a row, await a task found
+running, write the outputs. Called by name from
+:class:`~rolloutd.workflows.generation.GenerationWorkflow`.
+
+Datasets and output folders are read and written on the eval host (its file system), the
+journal in the blob store. Temporal owns retries: a dataset that cannot be read or a row that
+cannot become a task is a non-retryable ``GenerationSourceError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+
+from rolloutd.errors import ConfigError
+from rolloutd.generation import outputs
+from rolloutd.generation.sources import read_rows, row_to_task
+from rolloutd.store import BlobStore
+from rolloutd.types import TaskResult
+from rolloutd.workflows.generation import failed, passing
+from rolloutd.workflows.generation_models import (
+    AwaitTaskInput,
+    GenerationSummary,
+    JournalRowInput,
+    JournalRowOutput,
+    PlannedRow,
+    PlanInput,
+    PlanOutput,
+    WriteOutputsInput,
+)
+
+log = structlog.get_logger(__name__)
+#: how often ``await_task`` heartbeats while the task runs
+AWAIT_HEARTBEAT_EVERY_S = 10.0
+
+
+class GenerationActivities:
+    """Generation I/O on the eval fleet; owns a Temporal client (to await tasks) and the store.
+
+    Args:
+        client: a Temporal client with rolloutd's data converter.
+        store: the blob store holding journals and trajectories.
+    """
+
+    def __init__(self, client: Client, store: BlobStore) -> None:
+        self.client = client
+        self.store = store
+
+    @activity.defn(name="plan_generation")
+    async def plan_generation(self, input: PlanInput) -> PlanOutput:
+        """Up to ``limit`` rows not yet journaled, as tasks, with the journal's totals.
+
+        Raises:
+            ApplicationError: non-retryable ``GenerationSourceError`` when the dataset cannot
+                be read or a row cannot become a task.
+        """
+        spec = input.spec
+        try:
+            rows = await asyncio.to_thread(read_rows, spec.source)
+            entries = await asyncio.to_thread(outputs.read_journal, self.store, spec.name)
+            done = {e.key for e in entries}
+            pending = [(key, row) for key, row in rows if key not in done]
+            planned = [PlannedRow(key=key, task=row_to_task(spec, key, row))
+                       for key, row in pending[:input.limit]]
+        except (OSError, ConfigError, ImportError, ValidationError) as e:
+            raise ApplicationError(f"generation {spec.name}: {type(e).__name__}: {e}",
+                                   type="GenerationSourceError", non_retryable=True) from e
+        keys = {key for key, _ in rows}
+        journaled = [e for e in entries if e.key in keys]
+        log.info("generation_planned", generation=spec.name, num_rows=len(rows),
+                 num_journaled=len(journaled), num_planned=len(planned))
+        return PlanOutput(
+            rows=planned, num_rows=len(rows), num_journaled=len(journaled),
+            num_journaled_failed=sum(failed(e.result) for e in journaled),
+            num_journaled_passing=sum(passing(e.result, spec.filters.pass_reward)
+                                      for e in journaled),
+            num_pending=len(pending))
+
+    @activity.defn(name="journal_row")
+    async def journal_row(self, input: JournalRowInput) -> JournalRowOutput:
+        """Journal one row, once (a retried or repeated call writes nothing)."""
+        written = await asyncio.to_thread(outputs.journal_row, self.store, input.name,
+                                          input.entry)
+        log.info("generation_row_journaled", generation=input.name, key=input.entry.key,
+                 written=written)
+        return JournalRowOutput(written=written)
+
+    @activity.defn(name="await_task")
+    async def await_task(self, input: AwaitTaskInput) -> TaskResult:
+        """The result of a task workflow started earlier, heartbeating while it runs."""
+        handle = self.client.get_workflow_handle(input.workflow_id, result_type=TaskResult)
+        waiting = asyncio.ensure_future(handle.result())
+        try:
+            while True:
+                done, _ = await asyncio.wait({waiting}, timeout=AWAIT_HEARTBEAT_EVERY_S)
+                if done:
+                    return waiting.result()
+                activity.heartbeat()
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiting
+
+    @activity.defn(name="write_generation_outputs")
+    async def write_generation_outputs(self, input: WriteOutputsInput) -> GenerationSummary:
+        """Filter every journaled row's samples and write the outputs; the summary."""
+        spec = input.spec
+        entries = await asyncio.to_thread(outputs.read_journal, self.store, spec.name)
+        keys = {key for key, _ in await asyncio.to_thread(read_rows, spec.source)}
+        entries = [e for e in entries if e.key in keys]
+        activity.heartbeat()
+        summary = await asyncio.to_thread(outputs.write_outputs, spec, self.store, entries)
+        log.info("generation_outputs_written", generation=spec.name, num_rows=summary.num_rows,
+                 num_kept=summary.num_kept, num_sft_lines=summary.num_sft_lines,
+                 num_parquet_rows=summary.num_parquet_rows)
+        return summary

@@ -10,6 +10,7 @@ from __future__ import annotations
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.harnesses.base import HarnessAdapter, HarnessCommand, HarnessContext
 from rolloutd.sandbox.harnesses.cli import CliHarness, CliRecipe
+from rolloutd.sandbox.harnesses.python import PythonHarness
 from rolloutd.sandbox.harnesses.qwen_code import QwenCodeHarness
 from rolloutd.sandbox.harnesses.shell import ShellHarness
 from rolloutd.types import HarnessSpec
@@ -24,6 +25,7 @@ HARNESSES: dict[str, type[HarnessAdapter]] = {
     ShellHarness.type: ShellHarness,
     CliHarness.type: CliHarness,
     QwenCodeHarness.type: QwenCodeHarness,
+    PythonHarness.type: PythonHarness,
 }
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.harnesses.base import HarnessAdapter, HarnessCommand, HarnessContext
 from rolloutd.sandbox.harnesses.cli import CliHarness, CliRecipe
+from rolloutd.sandbox.harnesses.aider import AiderHarness
+from rolloutd.sandbox.harnesses.mini_swe_agent import MiniSweAgentHarness
 from rolloutd.sandbox.harnesses.python import PythonHarness
 from rolloutd.sandbox.harnesses.qwen_code import QwenCodeHarness
 from rolloutd.sandbox.harnesses.shell import ShellHarness
@@ -25,6 +27,8 @@ HARNESSES: dict[str, type[HarnessAdapter]] = {
     ShellHarness.type: ShellHarness,
     CliHarness.type: CliHarness,
     QwenCodeHarness.type: QwenCodeHarness,
+    MiniSweAgentHarness.type: MiniSweAgentHarness,
+    AiderHarness.type: AiderHarness,
     PythonHarness.type: PythonHarness,
 }
 

@@ -57,4 +57,20 @@ if [ ! -x "$NPM_PREFIX/node_modules/.bin/pi" ]; then
     opencode-ai@1.18.33 @mariozechner/pi-coding-agent@0.73.1
 fi
 
+# the Python harness CLIs, each in its own environment under the tools folder (uv tool install,
+# pipx-style), so their pins (litellm, openai, numpy ...) never meet rolloutd's. They run on the
+# venv's base Python, which bwrap already binds; uv caches the wheels, so a reinstall is offline.
+# mini-swe-agent imports mcp through litellm's proxy helpers, which it does not declare.
+TOOLS_DIR="${ROLLOUTD_TOOLS_DIR:-$HOME/.cache/rolloutd/tools}"
+BASE_PYTHON=$("$VENV/bin/python" -c 'import os, sys; print(os.path.realpath(sys.executable))')
+tool() {  # tool ENTRY_POINT REQUIREMENT [--with REQUIREMENT ...]
+  local entry=$1; shift
+  if [ ! -x "$TOOLS_DIR/bin/$entry" ]; then
+    UV_TOOL_DIR="$TOOLS_DIR" UV_TOOL_BIN_DIR="$TOOLS_DIR/bin" UV_PYTHON_DOWNLOADS=never \
+      "$VENV/bin/uv" tool install --no-progress -q --python "$BASE_PYTHON" "$@"
+  fi
+}
+tool mini mini-swe-agent==2.4.6 --with mcp==2.3.0
+tool aider aider-chat==0.86.2
+
 "$VENV/bin/rolloutd" models pull qwen2.5-coder-0.5b smollm2-135m

@@ -181,11 +181,18 @@ class HarnessSpec(Model):
         description="`compact`: a short system prompt and the core tools only, for models "
         "served with a small context window (where the adapter supports it)",
     )
+    entry: str | None = Field(
+        default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="python: the agent coroutine as `module:function`, imported inside the "
+        "runtime from the workdir, HOME (where `files` go) or PYTHONPATH")
 
     @model_validator(mode="after")
     def _shell_needs_command(self) -> HarnessSpec:
         if self.type in ("shell", "cli") and not self.command:
             raise ValueError(f"harness.command is required when harness.type is {self.type!r}")
+        if self.type == "python" and not self.entry:
+            raise ValueError("harness.entry (`module:function`) is required when harness.type "
+                             "is 'python'")
         if self.type == "shell" and not isinstance(self.command, str):
             raise ValueError("harness.command of the shell harness is one shell string")
         return self

@@ -8,13 +8,16 @@ session, step by step", step 5).
 from __future__ import annotations
 
 from rolloutd.errors import HarnessError
+from rolloutd.sandbox.harnesses.aider import AiderHarness
 from rolloutd.sandbox.harnesses.base import HarnessAdapter, HarnessCommand, HarnessContext
 from rolloutd.sandbox.harnesses.claude_code import ClaudeCodeHarness
 from rolloutd.sandbox.harnesses.cli import CliHarness, CliRecipe
 from rolloutd.sandbox.harnesses.codex import CodexHarness
 from rolloutd.sandbox.harnesses.gemini_cli import GeminiCliHarness
+from rolloutd.sandbox.harnesses.mini_swe_agent import MiniSweAgentHarness
 from rolloutd.sandbox.harnesses.opencode import OpencodeHarness
 from rolloutd.sandbox.harnesses.pi import PiHarness
+from rolloutd.sandbox.harnesses.python import PythonHarness
 from rolloutd.sandbox.harnesses.qwen_code import QwenCodeHarness
 from rolloutd.sandbox.harnesses.shell import ShellHarness
 from rolloutd.types import HarnessSpec
@@ -34,6 +37,9 @@ HARNESSES: dict[str, type[HarnessAdapter]] = {
     GeminiCliHarness.type: GeminiCliHarness,
     OpencodeHarness.type: OpencodeHarness,
     PiHarness.type: PiHarness,
+    MiniSweAgentHarness.type: MiniSweAgentHarness,
+    AiderHarness.type: AiderHarness,
+    PythonHarness.type: PythonHarness,
 }
 
 

@@ -7,8 +7,9 @@ in :mod:`~rolloutd.sandbox.runtimes.exec_server`) that forks every command of th
 and ``exec`` alike, inside the same namespaces:
 
 - mount namespace: the host's ``/usr``, ``/etc``, ``/opt`` (and ``/bin``, ``/lib*`` as symlinks
-  or binds), the Python installation and the npm prefix of harness CLIs bound read-only
-  (``--ro-bind``) at their host paths; the workspace bound writable (``--bind``) at
+  or binds), the Python installation, the npm prefix of harness CLIs and the Python harness
+  CLIs' environments (with the base Pythons they link to) bound read-only (``--ro-bind``) at
+  their host paths; the workspace bound writable (``--bind``) at
   ``spec.workdir``; a private HOME at ``/home/agent``; private ``/tmp`` (``--tmpfs``),
   ``/proc`` (``--proc``) and ``/dev`` (``--dev``); the exec server's script, and with ``network:
   gateway`` the folder of the gateway socket, bound read-only under ``/run``; the root itself
@@ -95,7 +96,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from rolloutd.errors import ConfigError, ExecServerError, RuntimeStartError
-from rolloutd.sandbox.config import npm_prefix
+from rolloutd.sandbox.config import npm_prefix, tool_python_dirs, tools_dir
 from rolloutd.sandbox.runtimes import exec_server_inside
 from rolloutd.sandbox.runtimes.base import LaunchError, Runtime, check_spec_network
 from rolloutd.sandbox.runtimes.exec_server import ExecServerClient
@@ -207,10 +208,11 @@ class BwrapRuntime(Runtime):
         return self._holder.pgid if self._holder is not None else None
 
     def _extra_ro_dirs(self) -> list[Path]:
-        """Read-only binds beyond the system folders: Python, the npm prefix."""
+        """Read-only binds beyond the system folders: Python, the npm prefix, the Python
+        harness CLIs' environments and the base Pythons they link to."""
         covered = [Path(d) for d in SYSTEM_DIRS]
         dirs: list[Path] = []
-        for d in [*python_dirs(), npm_prefix()]:
+        for d in [*python_dirs(), npm_prefix(), tools_dir(), *tool_python_dirs()]:
             if d.is_dir() and not any(d.is_relative_to(c) for c in covered + dirs):
                 dirs.append(d)
         return dirs

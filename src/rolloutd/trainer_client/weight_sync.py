@@ -123,7 +123,10 @@ class _HttpLoader:
         if response.status_code >= 300:
             raise WeightSyncError(f"POST {self.url}{path}: {response.status_code} "
                                   f"{response.text[:500]}")
-        return response.json() if response.content else None
+        # SGLang's /flush_cache answers plain text; the answers that matter are JSON
+        if "json" not in response.headers.get("content-type", ""):
+            return response.text
+        return response.json()
 
 
 class SglangLoader(_HttpLoader):

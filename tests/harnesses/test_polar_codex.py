@@ -45,7 +45,8 @@ def test_the_example_payload_maps_onto_a_task_request():
             task.evaluator.runtime) == ("codex", "prefix_merging", "swebench", "fresh")
     assert (task.runtime.type, task.runtime.network) == ("bwrap", "gateway")
     assert "calc/ops.py" in task.runtime.files and task.runtime.prepare
-    assert task.sampling.seed == 7 and task.phases.run_s == 900 and task.metadata["instance_id"] == "calc__mean-1"
+    assert (task.sampling.seed, task.phases.run_s) == (7, 900)
+    assert task.metadata["instance_id"] == "calc__mean-1"
     assert task.callback_url == polar.callback_url
 
 

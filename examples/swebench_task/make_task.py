@@ -73,6 +73,16 @@ def task(task_id: str = "swebench-calc-mean", harness: dict[str, Any] | None = N
     }
 
 
+#: the instruction with the way in spelled out: Qwen2.5-Coder-0.5B in Codex, told only the bug,
+#: called a tool named after the function (``calc.ops.mean``) and repeated Codex's "unsupported
+#: call" answer until the run budget ran out
+POLAR_INSTRUCTION = (
+    INSTRUCTION + " The repository is /workspace; the only tool is exec_command. Edit "
+    "calc/ops.py by calling exec_command with a shell command, for example: "
+    "sed -i 's|return sum(values) // len(values)|return sum(values) / len(values)|' "
+    "calc/ops.py")
+
+
 def polar_a3(task_id: str = "polar-a3-calc-mean",
              callback_url: str = "http://127.0.0.1:8765/callback") -> dict[str, Any]:
     """POLAR's appendix A.3 payload for this task (a dict for ``POST /rollout/task/submit``).
@@ -82,20 +92,20 @@ def polar_a3(task_id: str = "polar-a3-calc-mean",
     """
     return {
         "task_id": task_id,
-        "instruction": INSTRUCTION,
+        "instruction": POLAR_INSTRUCTION,
         "num_samples": 2,
-        "timeout_seconds": 2400,
+        "timeout_seconds": 1800,
         "runtime": {"backend": "bwrap", "network": "gateway", "files": repo_files(),
                     "prepare": [{"type": "exec", "command": GIT_INIT}]},
         "agent": {"harness": "codex", "model_name": "Qwen2.5-Coder-0.5B-Instruct",
-                  "settings": {"max_turns": 6, "profile": "compact"}},
+                  "settings": {"max_turns": 1, "profile": "compact"}},
         "builder": {"strategy": "prefix_merging", "config": {}},
         "evaluator": {"strategy": "swebench_harness",
                       "config": {"refresh_runtime": True, "timeout_s": 120,
                                  "test_patch": (HERE / "test.patch").read_text(),
                                  "fail_to_pass": FAIL_TO_PASS, "pass_to_pass": PASS_TO_PASS}},
         "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
-        "phases": {"run_s": 1500},
+        "phases": {"run_s": 900},
         "callback_url": callback_url,
         "metadata": {"dataset": "examples/swebench_task", "instance_id": "calc__mean-1"},
     }

@@ -45,7 +45,8 @@ def test_the_example_payload_maps_onto_a_task_request():
             task.evaluator.runtime) == ("codex", "prefix_merging", "swebench", "fresh")
     assert (task.runtime.type, task.runtime.network) == ("bwrap", "gateway")
     assert "calc/ops.py" in task.runtime.files and task.runtime.prepare
-    assert task.sampling.seed == 7 and task.phases.run_s == 1500 and task.metadata["instance_id"] == "calc__mean-1"
+    assert (task.sampling.seed, task.phases.run_s) == (7, 900)
+    assert task.metadata["instance_id"] == "calc__mean-1"
     assert task.callback_url == polar.callback_url
 
 
@@ -76,7 +77,7 @@ async def callback_receiver() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]
 @pytest.mark.sandbox
 @pytest.mark.harness
 @pytest.mark.slow
-@pytest.mark.timeout(3000)
+@pytest.mark.timeout(2400)
 @pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed")
 @pytest.mark.skipif(not (npm_prefix() / "node_modules" / PACKAGE / ENTRY).is_file(),
                     reason=f"codex is not installed in {npm_prefix()}: bash scripts/setup.sh")
@@ -96,7 +97,7 @@ async def test_polar_a3_payload_ends_scored_and_calls_back(fleets):
         async def status() -> dict[str, Any]:
             return (await http.get(f"/rollout/task/{payload['task_id']}")).json()
 
-        done = await poll(status, lambda s: s["status"] != "running", timeout_s=2700,
+        done = await poll(status, lambda s: s["status"] != "running", timeout_s=2100,
                           what="the POLAR task ended")
         await poll(lambda: asyncio.sleep(0, len(received)), lambda n: n == 1,
                    timeout_s=120, what="both callbacks received")

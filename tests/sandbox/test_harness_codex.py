@@ -79,6 +79,28 @@ async def test_codex_runs_exec_on_the_session_with_the_key_off_argv(make_runtime
         assert "model_instructions_file" not in config and "features" not in config
 
 
+#: stand-in that makes three tool calls, then would run forever
+LOOPING_CODEX = """\
+for (let i = 0; i < 3; i++)
+  console.log(JSON.stringify({type: "item.completed",
+                              item: {type: "command_execution", command: "ls"}}));
+setInterval(() => {}, 1000);
+"""
+
+
+async def test_max_turns_stops_codex_after_that_many_tool_calls(make_runtime, fake_codex):
+    (fake_codex / "node_modules" / PACKAGE / ENTRY).write_text(LOOPING_CODEX)
+    runtime = await make_runtime("local")
+    adapter = get_harness(HarnessSpec(type="codex", max_turns=2))
+    command = await adapter.prepare(runtime, _ctx())
+    process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
+    assert await process.wait(60) == 0, process.stderr_path.read_text()
+    summary = adapter.summarize(process.stdout_path.read_text())
+    assert summary is not None
+    assert summary["num_commands"] == 2 and summary["max_turns_reached"]
+    assert not summary["is_error"]
+
+
 async def test_codex_missing_names_the_setup_step(make_runtime, tmp_path, monkeypatch):
     monkeypatch.setenv(NPM_PREFIX_ENV, str(tmp_path / "empty"))
     runtime = await make_runtime("local")
@@ -101,7 +123,7 @@ def test_summarize_output_reports_the_provider_error():
           '{"type":"item.completed","item":{"type":"agent_message","text":"Done."}}\n'
           '{"type":"turn.completed","usage":{"input_tokens":1200,"output_tokens":30}}\n')
     assert summarize_output(ok) == {
-        "completed": True, "is_error": False, "error": None, "num_commands": 1,
+        "completed": True, "max_turns_reached": False, "is_error": False, "error": None, "num_commands": 1,
         "num_warnings": 0, "input_tokens": 1200, "output_tokens": 30, "result": "Done."}
 
 

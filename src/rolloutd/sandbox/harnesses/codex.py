@@ -23,8 +23,12 @@ platform package (``@openai/codex-linux-x64``) with the runtime's ``node``::
 - the instruction comes on stdin (``-``): a file has no argv size limit and an instruction
   starting with ``-`` is not read as an option; ``< /dev/null`` would otherwise be appended;
 - ``--json`` writes one JSON event per line on stdout; :func:`summarize_output` reads it.
-- Codex has no turn limit in ``exec`` mode: ``max_turns`` is not applied (the run phase's
-  budget bounds the run).
+- Codex has no turn limit in ``exec`` mode, so a small model that keeps calling tools runs
+  until the run budget, where a call is usually in flight and the session is left unscored.
+  ``max_turns`` is applied outside the CLI: :data:`TURN_CAP` (``$HOME/.rolloutd/codex_turns.py``,
+  run with the runtime's ``python3``) passes Codex's JSON events through and stops Codex
+  (SIGTERM, then exits 0 with a ``rolloutd.max_turns`` event) once ``max_turns`` tool calls
+  completed (``command_execution``, ``file_change``, ``mcp_tool_call`` items).
 
 ``profile: compact`` (measured with codex 0.169.0, first request of a one-line task): the
 shipped prompt is 39.5 KB (about 10K tokens: a 17.7 KB developer prompt, 2.7 KB of skills, and
@@ -113,6 +117,36 @@ COMPACT_INSTRUCTIONS = (
 )
 
 
+#: the turn cap (module docstring): ``python3 codex_turns.py MAX_TURNS ARGV...``.
+TURN_CAP = """\
+import json, signal, subprocess, sys
+
+limit, argv = int(sys.argv[1]), sys.argv[2:]
+child = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+signal.signal(signal.SIGTERM, lambda *_: (child.terminate(), sys.exit(143)))
+done = 0
+for line in child.stdout:
+    sys.stdout.write(line)
+    sys.stdout.flush()
+    try:
+        event = json.loads(line)
+    except ValueError:
+        continue
+    if not isinstance(event, dict):
+        continue
+    item = event.get("item") or {}
+    if event.get("type") == "item.completed" and item.get("type") in (
+            "command_execution", "file_change", "mcp_tool_call"):
+        done += 1
+        if done >= limit:
+            child.terminate()
+            child.wait()
+            print(json.dumps({"type": "rolloutd.max_turns", "max_turns": limit}), flush=True)
+            sys.exit(0)
+sys.exit(child.wait())
+"""
+
+
 def codex_config(profile: str) -> str:
     """The ``config.toml`` template of ``profile`` (``default`` or ``compact``)."""
     compact = profile == "compact"
@@ -141,10 +175,12 @@ class CodexHarness(CliHarness):
             HarnessError: the CLI is not installed on this host.
         """
         cli = npm_cli(self.type, PACKAGE, ENTRY)
-        files = {".codex/config.toml": codex_config(self.spec.profile)}
+        files = {".codex/config.toml": codex_config(self.spec.profile),
+                 ".rolloutd/codex_turns.py": TURN_CAP}
         if self.spec.profile == "compact":
             files[".codex/instructions.md"] = COMPACT_INSTRUCTIONS
-        command = (f"exec node {shlex.quote(str(cli))} exec --json --ephemeral "
+        command = ("exec python3 {home}/.rolloutd/codex_turns.py {max_turns} "
+                   f"node {shlex.quote(str(cli))} exec --json --ephemeral "
                    "--skip-git-repo-check --dangerously-bypass-approvals-and-sandbox "
                    "--color never -C {workdir} - < {instruction_file}")
         return CliRecipe(
@@ -164,23 +200,27 @@ def summarize_output(stdout: str) -> dict[str, Any]:
     Events (codex 0.169): ``thread.started``, ``turn.started``, ``item.completed`` (items of
     type ``agent_message``, ``command_execution``, ``file_change``, ``error`` -- the latter
     also for warnings such as unknown model metadata), ``turn.completed`` (with ``usage``),
-    ``turn.failed`` and ``error`` (the provider's error text).
+    ``turn.failed`` and ``error`` (the provider's error text); ``rolloutd.max_turns`` comes
+    from the turn cap.
 
     Args:
         stdout: the CLI's standard output, one JSON event per line.
 
     Returns:
-        ``{"completed": bool, "is_error": bool, "error": str | None, "num_commands": int,
+        ``{"completed": bool, "max_turns_reached": bool, "is_error": bool,
+        "error": str | None, "num_commands": int,
         "num_warnings": int, "input_tokens": int, "output_tokens": int, "result": str}``
         (texts cut to 1000 characters).
     """
-    completed = False
+    completed = max_turns_reached = False
     error: str | None = None
     num_commands = num_warnings = input_tokens = output_tokens = 0
     result = ""
     for event in _json_lines(stdout):
         kind = event.get("type")
-        if kind == "turn.completed":
+        if kind == "rolloutd.max_turns":
+            max_turns_reached = True
+        elif kind == "turn.completed":
             completed = True
             usage = event.get("usage") or {}
             input_tokens += int(usage.get("input_tokens") or 0)
@@ -197,7 +237,8 @@ def summarize_output(stdout: str) -> dict[str, Any]:
                 num_commands += 1
             elif item.get("type") == "error":
                 num_warnings += 1
-    return {"completed": completed, "is_error": error is not None or not completed,
+    return {"completed": completed, "max_turns_reached": max_turns_reached,
+            "is_error": error is not None or not (completed or max_turns_reached),
             "error": error[:1000] if error else None, "num_commands": num_commands,
             "num_warnings": num_warnings, "input_tokens": input_tokens,
             "output_tokens": output_tokens, "result": result[:1000]}

@@ -4,10 +4,10 @@ The rule it keeps: a call's cost must not grow with the conversation.
 
 A harness resends the whole conversation on every call and adds a message or two, so a call's
 dialect translation and its retry hash would grow with the conversation. A
-:class:`RequestMemo`, one per session, keeps what the session's last call computed for its
-messages: their translation and the sha256 state of the request hash after them. The next
-call reuses both when its messages start with exactly those messages, and computes only the
-new ones.
+:class:`RequestMemo`, one per session, keeps what the last call of each of the session's
+recent conversations (sub-agents alternate) computed for its messages: their translation and
+the sha256 state of the request hash after them. The next call reuses both when its messages
+start with exactly those messages, and computes only the new ones.
 
 "Exactly" means the same objects: the gateway reads a session's bodies with its
 :class:`~rolloutd.proxy.fastjson.BodyReader`, which hands the next body the very objects of
@@ -22,8 +22,9 @@ translation and the hash.
 
 Results are identical to the plain functions' (:func:`request_hash`,
 each dialect's ``parse``); property tests (tests/proxy/test_memo.py) check that over random
-conversation growth. Memory: one conversation per session, the same message objects the
-session's last completion holds, plus a sha256 state.
+conversation growth, also interleaved. Memory: up to :data:`MAX_CONVERSATIONS` conversations
+per session, the same message objects their last completions hold, plus a sha256 state
+each.
 """
 
 from __future__ import annotations

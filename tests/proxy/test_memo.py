@@ -234,6 +234,37 @@ def test_memoised_parse_and_hash_equal_the_plain_ones(dialect: ModuleType, messa
     assert all(repr(body) == repr(json.loads(data_)) for data_, body in read)
 
 
+@pytest.mark.parametrize(("dialect", "message", "fields", "conversation"),
+                         [(openai_chat, chat_messages, chat_fields, "messages"),
+                          (anthropic, anthropic_messages, anthropic_fields, "messages"),
+                          (openai_responses, responses_items, responses_fields, "input"),
+                          (gemini, gemini_contents, gemini_fields, "contents")],
+                         ids=["openai_chat", "anthropic", "openai_responses", "gemini"])
+@pytest.mark.parametrize("wire", ["copies", "body_reader"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_interleaved_conversations_give_the_plain_results(dialect: ModuleType, message: Any,
+                                                          fields: Any, conversation: str,
+                                                          wire: str, data: Any) -> None:
+    """Sub-agents of one session alternate between up to five conversations (one more than
+    the memo keeps): every memoised parse and hash still equals the plain one."""
+    streams = [data.draw(growth(message, fields, conversation))
+               for _ in range(data.draw(st.integers(2, 5)))]
+    order = data.draw(st.permutations([i for i, bodies in enumerate(streams)
+                                       for _ in bodies]))
+    reader = BodyReader()
+    memo = RequestMemo(reader=reader) if wire == "body_reader" else RequestMemo()
+    for i in order:
+        body = streams[i].pop(0)
+        if wire == "body_reader":
+            body = reader.loads(json.dumps(body).encode())
+        plain = _outcome(dialect, copy.deepcopy(body), None)
+        assert _outcome(dialect, body, memo) == plain
+        if plain[0] == "ok":
+            assert memo.request_hash(body, dialect.DIALECT) \
+                == request_hash(body, dialect.DIALECT)
+
+
 def test_a_resent_message_of_another_json_type_is_translated_again() -> None:
     memo = RequestMemo()
     first = {"messages": [{"role": "assistant", "content": None, "tool_calls": [

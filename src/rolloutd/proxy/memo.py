@@ -4,10 +4,10 @@ The rule it keeps: a call's cost must not grow with the conversation.
 
 A harness resends the whole conversation on every call and adds a message or two, so a call's
 dialect translation and its retry hash would grow with the conversation. A
-:class:`RequestMemo`, one per session, keeps what the session's last call computed for its
-messages: their translation and the sha256 state of the request hash after them. The next
-call reuses both when its messages start with exactly those messages, and computes only the
-new ones.
+:class:`RequestMemo`, one per session, keeps what the last call of each of the session's
+recent conversations (sub-agents alternate) computed for its messages: their translation and
+the sha256 state of the request hash after them. The next call reuses both when its messages
+start with exactly those messages, and computes only the new ones.
 
 "Exactly" means the same objects: the gateway reads a session's bodies with its
 :class:`~rolloutd.proxy.fastjson.BodyReader`, which hands the next body the very objects of
@@ -22,8 +22,9 @@ translation and the hash.
 
 Results are identical to the plain functions' (:func:`request_hash`,
 each dialect's ``parse``); property tests (tests/proxy/test_memo.py) check that over random
-conversation growth. Memory: one conversation per session, the same message objects the
-session's last completion holds, plus a sha256 state.
+conversation growth, also interleaved. Memory: up to :data:`MAX_CONVERSATIONS` conversations
+per session, the same message objects their last completions hold, plus a sha256 state
+each.
 """
 
 from __future__ import annotations
@@ -180,9 +181,15 @@ class _HashState:
     sha: Any  # hashlib sha256 object after the head and the raw messages
 
 
+#: conversations a memo keeps (sub-agents of one session alternate between theirs)
+MAX_CONVERSATIONS = 4
+
+
 @dataclass
 class RequestMemo:
-    """What one session's last call computed for its messages (see the module docstring).
+    """What one session's last calls computed for their messages (see the module
+    docstring), for up to :data:`MAX_CONVERSATIONS` conversations: concurrent sub-agents
+    alternate, and each call reuses what the last call of its own conversation computed.
 
     Use under the session's calls only: the methods are synchronous, so calls interleaving on
     the event loop see a consistent memo, and every reuse is checked: the same objects, or
@@ -191,8 +198,11 @@ class RequestMemo:
 
     #: the session's BodyReader, which knows which objects a body took from the last one
     reader: BodyReader | None = None
-    _translation: _Translation | None = None
-    _hash: _HashState | None = None
+    #: most recent first; a conversation's newer entry replaces the one it continued
+    _translations: list[_Translation] = field(default_factory=list, repr=False)
+    _hashes: list[_HashState] = field(default_factory=list, repr=False)
+    # the entry the last known_prefix reused: the translation remembered next supersedes it
+    _reused: _Translation | None = field(default=None, repr=False)
     # fingerprints of prefixes of one request's message list, from its parse to its hash
     # (the list is held, so its identity stays valid; each parse starts afresh), and the
     # blake2b state after its first _fp_upto items: the longer prefix continues it
@@ -262,15 +272,24 @@ class RequestMemo:
             ``(0, (), None)`` when nothing is reusable.
         """
         self._forget_fingerprints()
-        memo = self._translation
-        if memo is None or not isinstance(raw, list) or memo.dialect != dialect:
+        self._reused = None
+        if not isinstance(raw, list):
             return 0, (), None
-        if memo.context.items[0] is not context and (
-                memo.context.digest() is None or memo.context.digest() != fingerprint([context])):
+        best: _Translation | None = None
+        for memo in self._translations:
+            if memo.dialect != dialect or (best is not None
+                                           and len(memo.raw.items) <= len(best.raw.items)):
+                continue
+            if memo.context.items[0] is not context and (
+                    memo.context.digest() is None
+                    or memo.context.digest() != fingerprint([context])):
+                continue
+            if self._starts_with(raw, memo.raw):
+                best = memo
+        if best is None:
             return 0, (), None
-        if not self._starts_with(raw, memo.raw):
-            return 0, (), None
-        return len(memo.raw.items), memo.messages, memo.state
+        self._reused = best
+        return len(best.raw.items), best.messages, best.state
 
     def remember(self, dialect: str, context: Any, raw: Any, messages: list[dict[str, Any]],
                  state: Any = None) -> None:
@@ -278,10 +297,13 @@ class RequestMemo:
         ``messages`` for the next call (the list is copied, its messages are not: nothing
         modifies an internal message once translated)."""
         if not isinstance(raw, list) or not raw:
-            self._translation = None
             return
-        self._translation = _Translation(dialect, _Known([context]), _Known(raw, raw),
-                                         tuple(messages), state)
+        entry = _Translation(dialect, _Known([context]), _Known(raw, raw), tuple(messages),
+                             state)
+        # the entry this one continues is superseded
+        reused, self._reused = self._reused, None
+        kept = [m for m in self._translations if m is not reused]
+        self._translations = [entry, *kept][:MAX_CONVERSATIONS]
 
     # -- retry hash --------------------------------------------------------------------
     def request_hash(self, body: dict[str, Any], dialect: str = "") -> str:
@@ -294,14 +316,21 @@ class RequestMemo:
             self._forget_fingerprints()
             return request_hash(body)  # volatile fields are out already
         head, raw, tail = split
-        memo = self._hash
-        if memo is not None and memo.head == head and self._starts_with(raw, memo.raw):
-            sha, start = memo.sha.copy(), len(memo.raw.items)
+        best: _HashState | None = None
+        for memo in self._hashes:
+            if memo.head == head and (best is None
+                                      or len(memo.raw.items) > len(best.raw.items)) \
+                    and self._starts_with(raw, memo.raw):
+                best = memo
+        if best is not None:
+            sha, start = best.sha.copy(), len(best.raw.items)
         else:
             sha, start = hashlib.sha256(head.encode()), 0
         for i in range(start, len(raw)):
             sha.update(("," + canonical_json(raw[i]) if i else canonical_json(raw[i])).encode())
-        self._hash = _HashState(head, _Known(raw, raw), sha.copy())
+        kept = [m for m in self._hashes if m is not best]
+        self._hashes = [_HashState(head, _Known(raw, raw), sha.copy()), *kept
+                        ][:MAX_CONVERSATIONS]
         self._forget_fingerprints()
         sha.update(tail.encode())
         return sha.hexdigest()

@@ -284,7 +284,7 @@ class Session:
         completions: the completion log so far, in index order (append order).
         by_hash: request_hash -> indices of the completions that answered it, in order.
         delivery: completion index -> :class:`Delivery` of its answer (absent: unknown).
-        memo: what the last call computed for its messages (translation, hash state), reused
+        memo: what the last calls computed for their messages (translation, hash state), reused
             by the next call that resends them (:mod:`rolloutd.proxy.memo`).
         body_reader: reads the session's request bodies without parsing again the
             conversation its last body sent (:class:`rolloutd.proxy.fastjson.BodyReader`).

@@ -263,7 +263,8 @@ def summary(rows: list[dict]) -> dict[str, float]:
         "held_out_step_to_step_sd": statistics.stdev(diffs) if len(diffs) > 1 else math.nan,
         "held_out_first3_sd": statistics.stdev(first) if len(first) > 1 else math.nan,
         "held_out_last3_sd": statistics.stdev(last) if len(last) > 1 else math.nan,
-        "probe_mismatch_min": min(probes), "probe_mismatch_max": max(probes),
+        "probe_mismatch_min": min(probes, default=math.nan),
+        "probe_mismatch_max": max(probes, default=math.nan),
     }
 
 
@@ -327,6 +328,7 @@ async def main(args: argparse.Namespace) -> int:
         rows.append(row)
         write(f"step 0: held_out_reward={row['held_out_reward']:.3f} "
               f"probe_mismatch={row['probe_mismatch']:.4f} policy_version=0")
+        report(rows, args)
         try:
             for step in range(1, args.steps + 1):
                 t0 = time.monotonic()
@@ -359,11 +361,21 @@ async def main(args: argparse.Namespace) -> int:
                       f"groups={metrics['num_groups']} loss={metrics['loss']:.4f} "
                       f"train_s={t_train - t0:.0f} sync_s={sync_s:.1f} "
                       f"step_s={row['step_s']:.0f}")
+                report(rows, args)
         finally:
             await buffer.close()
             await admin.aclose()
-    stats = summary(rows)
+    stats = report(rows, args)
     write("summary: " + " ".join(f"{k}={v:.4f}" for k, v in stats.items()))
+    if args.plot:
+        write(f"plot: {args.plot}")
+    return 0
+
+
+def report(rows: list[dict], args: argparse.Namespace) -> dict[str, float]:
+    """Write the metrics JSON and the plot as they stand (after every step, so a run cut
+    short still leaves its record); returns the summary."""
+    stats = summary(rows)
     if args.metrics:
         Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
         Path(args.metrics).write_text(json.dumps({"args": vars(args), "rows": rows,
@@ -372,8 +384,7 @@ async def main(args: argparse.Namespace) -> int:
         plot(rows, Path(args.plot), f"GRPO on SmolLM2-135M, one-word format reward: "
              f"{args.groups_per_step} groups x {args.num_samples} samples per step, "
              f"lr {args.lr:g}")
-        write(f"plot: {args.plot}")
-    return 0
+    return stats
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

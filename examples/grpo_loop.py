@@ -89,20 +89,23 @@ def make_task(index: int, category: str, suffix: str, max_tokens: int) -> dict:
     }
 
 
-def grpo_update(model, optimizer, batch, client, clip_eps: float) -> dict[str, float]:
+def grpo_update(model, optimizer, batch, client, clip_eps: float,
+                policy_version: int) -> dict[str, float]:
     """One GRPO update on a batch; returns loss, mean reward and rollout logprob mismatch.
 
     Per trace of session i in group g: ``A_i = (r_i - mean(r_g)) / (std(r_g) + eps)``,
     ``ratio_t = exp(logp_t - rollout_logp_t)``, loss ``-min(ratio_t A_i, clip(ratio_t, 1 ± eps)
     A_i)`` averaged over all trainable tokens of the batch (``loss_mask == 1``; DAPO
     token-level mean). The mismatch is mean |logp_t - rollout_logp_t| on trainable tokens
-    before the update: trainer vs the engine that sampled them.
+    before the update: trainer vs the engine that sampled them; ``on_policy_mismatch`` takes
+    only the traces the engine sampled at the trainer's own ``policy_version`` (the
+    engine-vs-trainer figure; the rest is staleness, bounded by ``max_staleness``).
     """
     import torch
 
     from rolloutd.trainer_client import group_advantages, scored_sessions
 
-    token_losses, mismatches, rewards = [], [], []
+    token_losses, mismatches, on_policy, rewards = [], [], [], []
     for buffered in batch.groups:
         sessions = scored_sessions(buffered.group)
         group_rewards = [float(s.reward) for s in sessions]
@@ -120,6 +123,8 @@ def grpo_update(model, optimizer, batch, client, clip_eps: float) -> dict[str, f
                 loss_mask = torch.tensor(trace.loss_mask, dtype=torch.bool)
                 rollout_logp = torch.tensor(trace.response_logprobs)
                 mismatches.append((logp.detach() - rollout_logp)[loss_mask].abs())
+                if set(trace.policy_versions) == {policy_version}:
+                    on_policy.append(mismatches[-1])
                 ratio = torch.exp(logp[loss_mask] - rollout_logp[loss_mask])
                 surrogate = torch.minimum(ratio * advantage,
                                           ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantage)
@@ -134,6 +139,7 @@ def grpo_update(model, optimizer, batch, client, clip_eps: float) -> dict[str, f
         "loss": float(loss.detach()),
         "mean_reward": sum(rewards) / max(len(rewards), 1),
         "rollout_mismatch": float(torch.cat(mismatches).mean()) if mismatches else math.nan,
+        "on_policy_mismatch": float(torch.cat(on_policy).mean()) if on_policy else math.nan,
         "num_groups": len(batch.groups),
     }
 
@@ -179,6 +185,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         ("reward", [("mean_reward", "train batch", (31, 119, 180)),
                     ("held_out_reward", "held-out", (214, 39, 40))], (0.0, 1.0)),
         ("|logprob diff| (nats)", [("rollout_mismatch", "rollout vs trainer", (44, 160, 44)),
+                                   ("on_policy_mismatch", "on-policy rollouts", (255, 127, 14)),
                                    ("probe_mismatch", "probe after sync", (148, 103, 189))],
          None),
         ("policy version", [("policy_version", "engine", (140, 86, 75))], None),
@@ -263,7 +270,8 @@ def summary(rows: list[dict]) -> dict[str, float]:
         "held_out_step_to_step_sd": statistics.stdev(diffs) if len(diffs) > 1 else math.nan,
         "held_out_first3_sd": statistics.stdev(first) if len(first) > 1 else math.nan,
         "held_out_last3_sd": statistics.stdev(last) if len(last) > 1 else math.nan,
-        "probe_mismatch_min": min(probes), "probe_mismatch_max": max(probes),
+        "probe_mismatch_min": min(probes, default=math.nan),
+        "probe_mismatch_max": max(probes, default=math.nan),
     }
 
 
@@ -277,7 +285,7 @@ async def main(args: argparse.Namespace) -> int:
 
     from rolloutd.engine.models import load_tokenizer, pull_model
     from rolloutd.store import BlobStore
-    from rolloutd.trainer_client import RolloutClient
+    from rolloutd.trainer_client import BufferExhaustedError, RolloutClient
     from rolloutd.trainer_client.admin import BackendAdmin
     from rolloutd.trainer_client.gguf_export import export_gguf
     from rolloutd.trainer_client.probe import probe
@@ -316,7 +324,9 @@ async def main(args: argparse.Namespace) -> int:
             "num_samples": args.num_samples, "max_staleness": args.max_staleness,
             "lease_s": 1800,
         })
-        num_tasks = (args.steps + 2) * args.groups_per_step * 3 + args.in_flight
+        # zero-variance groups are dropped, so push several times what the steps take
+        num_tasks = (args.steps + 2) * args.groups_per_step * args.task_pool_factor \
+            + args.in_flight
         await buffer.push([make_task(i, rng.choice(CATEGORIES), suffix, args.max_tokens)
                            for i in range(num_tasks)])
         row = {"step": 0, "policy_version": 0,
@@ -327,12 +337,20 @@ async def main(args: argparse.Namespace) -> int:
         rows.append(row)
         write(f"step 0: held_out_reward={row['held_out_reward']:.3f} "
               f"probe_mismatch={row['probe_mismatch']:.4f} policy_version=0")
+        report(rows, args)
         try:
             for step in range(1, args.steps + 1):
                 t0 = time.monotonic()
-                batch = await buffer.take(args.groups_per_step, timeout_s=args.take_timeout_s)
+                try:
+                    batch = await buffer.take(args.groups_per_step,
+                                              timeout_s=args.take_timeout_s)
+                except (TimeoutError, BufferExhaustedError) as e:
+                    # every group left scored all-equal (the reward saturated) and the buffer
+                    # dropped it (DAPO): no signal is left to train on
+                    write(f"step {step}: no informative batch ({e}); stopping")
+                    break
                 metrics = await asyncio.to_thread(grpo_update, model, optimizer, batch, client,
-                                                  args.clip_eps)
+                                                  args.clip_eps, step - 1)
                 await buffer.ack(batch.batch_id)
                 t_train = time.monotonic()
                 path = await asyncio.to_thread(export_gguf, model.state_dict(), files.gguf,
@@ -355,15 +373,26 @@ async def main(args: argparse.Namespace) -> int:
                     else f"held_out_reward={row['held_out_reward']:.3f} "
                 write(f"step {step}: mean_reward={metrics['mean_reward']:.3f} {held}"
                       f"rollout_mismatch={metrics['rollout_mismatch']:.4f} "
+                      f"on_policy_mismatch={metrics['on_policy_mismatch']:.4f} "
                       f"probe_mismatch={result.mean_abs_diff:.4f} policy_version={step} "
                       f"groups={metrics['num_groups']} loss={metrics['loss']:.4f} "
                       f"train_s={t_train - t0:.0f} sync_s={sync_s:.1f} "
                       f"step_s={row['step_s']:.0f}")
+                report(rows, args)
         finally:
             await buffer.close()
             await admin.aclose()
-    stats = summary(rows)
+    stats = report(rows, args)
     write("summary: " + " ".join(f"{k}={v:.4f}" for k, v in stats.items()))
+    if args.plot:
+        write(f"plot: {args.plot}")
+    return 0
+
+
+def report(rows: list[dict], args: argparse.Namespace) -> dict[str, float]:
+    """Write the metrics JSON and the plot as they stand (after every step, so a run cut
+    short still leaves its record); returns the summary."""
+    stats = summary(rows)
     if args.metrics:
         Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
         Path(args.metrics).write_text(json.dumps({"args": vars(args), "rows": rows,
@@ -372,8 +401,7 @@ async def main(args: argparse.Namespace) -> int:
         plot(rows, Path(args.plot), f"GRPO on SmolLM2-135M, one-word format reward: "
              f"{args.groups_per_step} groups x {args.num_samples} samples per step, "
              f"lr {args.lr:g}")
-        write(f"plot: {args.plot}")
-    return 0
+    return stats
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -396,7 +424,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # every barrier (measured here under load 18: 8 s per token with 2 threads)
     parser.add_argument("--engine-threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--take-timeout-s", type=float, default=1200.0)
+    parser.add_argument("--take-timeout-s", type=float, default=600.0)
+    parser.add_argument("--task-pool-factor", type=int, default=6,
+                        help="tasks pushed per group the steps take")
     parser.add_argument("--home", default=None, help="state folder (default: a temp folder)")
     parser.add_argument("--plot", default=None, help="PNG to write, e.g. docs/grpo_loop.png")
     parser.add_argument("--metrics", default=None, help="JSON of every step's metrics")

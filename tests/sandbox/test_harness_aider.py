@@ -10,7 +10,12 @@ import pytest
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.config import TOOLS_DIR_ENV
 from rolloutd.sandbox.harnesses import HarnessContext, get_harness
-from rolloutd.sandbox.harnesses.aider import CONFIG_FILE, METADATA_FILE, summarize_output
+from rolloutd.sandbox.harnesses.aider import (
+    CONFIG_FILE,
+    METADATA_FILE,
+    SETTINGS_FILE,
+    summarize_output,
+)
 from rolloutd.types import HarnessSpec
 
 SESSION_KEY = "sk-session-secret"
@@ -58,6 +63,11 @@ async def test_one_message_offline_with_the_key_in_the_environment(make_runtime,
     assert config["yes-always"] and not config["git"] and not config["check-update"]
     assert config["analytics-disable"] and not config["show-model-warnings"]
     assert ("map-tokens" in config) == (profile == "compact")
+    if profile == "compact":  # no format reminder after the request: a small model echoes it
+        settings = json.loads(await runtime.download(f"{runtime.home}/{SETTINGS_FILE}"))
+        assert settings == [{"name": "openai/qwen-test", "edit_format": "whole",
+                             "reminder": "none", "examples_as_sys_msg": True}]
+        assert config["model-settings-file"] == f"{runtime.home}/{SETTINGS_FILE}"
     metadata = json.loads(await runtime.download(f"{runtime.home}/{METADATA_FILE}"))
     assert metadata["openai/qwen-test"]["input_cost_per_token"] == 0.0
     assert summarize_output(result.stdout)["edited_files"] == ["hello.py"]

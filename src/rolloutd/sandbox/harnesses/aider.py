@@ -21,7 +21,8 @@ Installed on the host in its own environment under the tools folder (scripts/set
   so what it did shows in the workspace, not as tool results in the completion log;
 - ``max_turns`` has nothing to map to: a ``--message`` run is one user turn plus at most three
   automatic reflections (``Coder.max_reflections``, fixed in aider's code);
-- ``compact`` turns off the repository map and linting and bounds the chat history, for models
+- ``compact`` turns off the repository map and linting, bounds the chat history and drops the
+  edit-format reminder after the request (:func:`compact_model_settings`), for small models
   served with a small context window; ``default`` is aider as shipped (for a model it does not
   know, aider's own default edit format, ``whole``).
 
@@ -44,6 +45,7 @@ ENTRY_POINT = "aider"
 
 CONFIG_FILE = ".aider.conf.yml"
 METADATA_FILE = ".aider.model.metadata.json"
+SETTINGS_FILE = ".aider.model.settings.yml"
 
 #: the context window aider is told the model has (tokens); the gateway enforces the real one.
 CONTEXT_TOKENS = 16384
@@ -86,8 +88,22 @@ def aider_config(model: str, home: str, compact: bool) -> dict[str, Any]:
         "input-history-file": f"{home}/.aider.input.history",
     }
     if compact:
-        config |= {"map-tokens": 0, "auto-lint": False, "max-chat-history-tokens": 2048}
+        config |= {"map-tokens": 0, "auto-lint": False, "max-chat-history-tokens": 2048,
+                   "model-settings-file": f"{home}/{SETTINGS_FILE}"}
     return config
+
+
+def compact_model_settings(model: str) -> list[dict[str, Any]]:
+    """aider model settings of the ``compact`` profile: no edit-format reminder after the
+    request (the format stays in the system prompt), the examples in the system message.
+
+    Qwen2.5-Coder-0.5B answered aider's reminder (the whole-file format rules, appended to the
+    instruction by default, or as a last system message with ``reminder: sys``) by echoing it
+    ("To suggest changes to a file you MUST return ...") instead of a file listing. aider adds
+    the reminder only for ``reminder`` ``user`` or ``sys`` (``Coder.format_chat_chunks``).
+    """
+    return [{"name": f"openai/{model}", "edit_format": "whole", "reminder": "none",
+             "examples_as_sys_msg": True}]
 
 
 def model_metadata(model: str) -> dict[str, Any]:
@@ -129,7 +145,9 @@ class AiderHarness(CliHarness):
             env={"OPENAI_API_BASE": "{base_url}", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                  "NO_COLOR": "1", "TERM": "dumb"},
             files={CONFIG_FILE: json.dumps(config, indent=2),
-                   METADATA_FILE: json.dumps(model_metadata(ctx.model), indent=2)},
+                   METADATA_FILE: json.dumps(model_metadata(ctx.model), indent=2)}
+            | ({SETTINGS_FILE: json.dumps(compact_model_settings(ctx.model), indent=2)}
+               if self.spec.profile == "compact" else {}),
         )
 
     def summarize(self, stdout: str) -> dict[str, Any] | None:

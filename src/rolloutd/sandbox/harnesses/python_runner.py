@@ -62,7 +62,9 @@ def load(entry: str, search: list[str]) -> Any:
 
 async def run(function: Any, instruction: str, workdir: str, model: str, max_turns: int) -> Any:
     """Call the agent with a session-bound client; the client is closed afterwards."""
-    import openai  # the interpreter running this file must have the SDK; checked at startup
+    # imported here, not at the top: the worker imports this module (for its file and
+    # SUMMARY_KEY) without needing the SDK; main() checks it before the agent is loaded
+    import openai
 
     params = inspect.signature(function).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
@@ -80,7 +82,7 @@ def main(argv: list[str]) -> int:
         return 2
     workdir = os.environ.get("ROLLOUTD_WORKDIR") or os.getcwd()
     try:
-        import openai  # noqa: F401 - fail early, with a clear line, when the SDK is missing
+        import openai  # noqa: F401 - a missing SDK is reported on the outcome line
 
         with open(os.environ["ROLLOUTD_INSTRUCTION_FILE"], encoding="utf-8") as f:
             instruction = f.read()

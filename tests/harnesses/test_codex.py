@@ -43,4 +43,7 @@ async def test_codex_task_runs_a_tool_and_is_scored(fleets):
     assert all(s.result.reward is not None for s in run.sessions), \
         [(s.result.status, s.result.error) for s in run.sessions]
     assert all(s.completions for s in run.sessions)
-    assert any(executed_tool_calls(s.completions) >= 1 for s in run.sessions)
+    # a tool result in a later request, or (max_turns 1 stops Codex right after its first
+    # call) the file it made: the check runs hello.py, which only the harness wrote
+    assert any(executed_tool_calls(s.completions) >= 1 or s.result.reward == 1.0
+               for s in run.sessions)

@@ -79,8 +79,9 @@ async def test_codex_runs_exec_on_the_session_with_the_key_off_argv(make_runtime
         assert "model_instructions_file" not in config and "features" not in config
 
 
-#: stand-in that makes three tool calls, then would run forever
+#: stand-in with one call Codex refused (stderr only) and three tool calls, then forever
 LOOPING_CODEX = """\
+console.error("ERROR codex_core::tools::router: error=`justification` requires ...");
 for (let i = 0; i < 3; i++)
   console.log(JSON.stringify({type: "item.completed",
                               item: {type: "command_execution", command: "ls"}}));
@@ -91,13 +92,14 @@ setInterval(() => {}, 1000);
 async def test_max_turns_stops_codex_after_that_many_tool_calls(make_runtime, fake_codex):
     (fake_codex / "node_modules" / PACKAGE / ENTRY).write_text(LOOPING_CODEX)
     runtime = await make_runtime("local")
-    adapter = get_harness(HarnessSpec(type="codex", max_turns=2))
+    adapter = get_harness(HarnessSpec(type="codex", max_turns=3))
     command = await adapter.prepare(runtime, _ctx())
     process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
     assert await process.wait(60) == 0, process.stderr_path.read_text()
     summary = adapter.summarize(process.stdout_path.read_text())
     assert summary is not None
-    assert summary["num_commands"] == 2 and summary["max_turns_reached"]
+    # the refused call and the items race to the count: it stops at the 2nd or 3rd item
+    assert summary["num_commands"] in (2, 3) and summary["max_turns_reached"]
     assert not summary["is_error"]
 
 

@@ -28,7 +28,9 @@ platform package (``@openai/codex-linux-x64``) with the runtime's ``node``::
   ``max_turns`` is applied outside the CLI: :data:`TURN_CAP` (``$HOME/.rolloutd/codex_turns.py``,
   run with the runtime's ``python3``) passes Codex's JSON events through and stops Codex
   (SIGTERM, then exits 0 with a ``rolloutd.max_turns`` event) once ``max_turns`` tool calls
-  completed (``command_execution``, ``file_change``, ``mcp_tool_call`` items).
+  completed (``command_execution``, ``file_change``, ``mcp_tool_call`` items) or were
+  refused by Codex (``codex_core::tools::router: error=`` on stderr: the 0.5B model copies
+  the schema's ``justification`` into its calls, which Codex rejects without an item).
 
 ``profile: compact`` (measured with codex 0.169.0, first request of a one-line task): the
 shipped prompt is 39.5 KB (about 10K tokens: a 17.7 KB developer prompt, 2.7 KB of skills, and
@@ -119,31 +121,50 @@ COMPACT_INSTRUCTIONS = (
 
 #: the turn cap (module docstring): ``python3 codex_turns.py MAX_TURNS ARGV...``.
 TURN_CAP = """\
-import json, signal, subprocess, sys
+import json, signal, subprocess, sys, threading
 
 limit, argv = int(sys.argv[1]), sys.argv[2:]
-child = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 signal.signal(signal.SIGTERM, lambda *_: (child.terminate(), sys.exit(143)))
-done = 0
-for line in child.stdout:
-    sys.stdout.write(line)
-    sys.stdout.flush()
+lock, done = threading.Lock(), [0]
+
+
+def count():
+    with lock:
+        done[0] += 1
+        if done[0] == limit:
+            child.terminate()
+
+
+def pump(stream, out, is_call):
+    for line in stream:
+        out.write(line)
+        out.flush()
+        if is_call(line):
+            count()
+
+
+def is_item(line):
     try:
         event = json.loads(line)
     except ValueError:
-        continue
+        return False
     if not isinstance(event, dict):
-        continue
+        return False
     item = event.get("item") or {}
-    if event.get("type") == "item.completed" and item.get("type") in (
-            "command_execution", "file_change", "mcp_tool_call"):
-        done += 1
-        if done >= limit:
-            child.terminate()
-            child.wait()
-            print(json.dumps({"type": "rolloutd.max_turns", "max_turns": limit}), flush=True)
-            sys.exit(0)
-sys.exit(child.wait())
+    return event.get("type") == "item.completed" and item.get("type") in (
+        "command_execution", "file_change", "mcp_tool_call")
+
+
+# a call Codex refused (bad arguments) is a turn too; it shows only on stderr
+threading.Thread(target=pump, daemon=True, args=(
+    child.stderr, sys.stderr, lambda line: "codex_core::tools::router: error=" in line)).start()
+pump(child.stdout, sys.stdout, lambda line: line.startswith("{") and is_item(line))
+code = child.wait()
+if done[0] >= limit:
+    print(json.dumps({"type": "rolloutd.max_turns", "max_turns": limit}), flush=True)
+    sys.exit(0)
+sys.exit(code)
 """
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from rolloutd.proxy.chat_template import canonical_json
+from rolloutd.proxy.messages import canonical_json
 from rolloutd.types import Completion
 
 #: failed calls whose details a session keeps (the most recent); ``num_errors`` counts all.

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from rolloutd.errors import BackendError, ConfigError, ContextLengthError, RolloutdError
+from rolloutd.errors import BackendError, ConfigError, RolloutdError
 from rolloutd.proxy.backends.base import (
     Backend,
     ChatDelta,
@@ -40,7 +40,6 @@ from rolloutd.proxy.dialects.common import id_suffix
 from rolloutd.proxy.internal import (
     InternalRequest,
     InternalResponse,
-    SamplingOverrides,
     StreamContent,
     StreamEnd,
     StreamEvent,
@@ -58,9 +57,10 @@ from rolloutd.proxy.recorder import (
     new_response_id,
     response_from_completion,
 )
+from rolloutd.proxy.sampling import bound_max_tokens, resolve_sampling
 from rolloutd.proxy.sessions import CallError, Session, conversation_hash
 from rolloutd.proxy.tool_parsers import get_tool_parser
-from rolloutd.types import CaptureMode, Completion, SamplingParams
+from rolloutd.types import CaptureMode, Completion
 
 log = structlog.get_logger(__name__)
 
@@ -78,47 +78,6 @@ def call_recorded(error: BaseException) -> bool:
     """Whether ``error``'s failed call is recorded (and logged) in its session's state
     already: the gateway's layers count and log a failure once."""
     return getattr(error, _RECORDED, False)
-
-
-def resolve_sampling(task: SamplingParams, harness: SamplingOverrides) -> SamplingParams:
-    """The sampling values of one call.
-
-    ``policy == "respect"`` keeps the harness's temperature, top_p and max_tokens where it sent
-    them; ``override`` uses the task's values only. top_k and seed always come from the task.
-
-    Args:
-        task: the session's sampling parameters.
-        harness: the values in the request.
-
-    Returns:
-        The values to sample with (``max_tokens`` before the context bound).
-    """
-    if task.policy != "respect":
-        return task
-    update = {name: value for name, value in harness.model_dump().items() if value is not None}
-    return task.model_copy(update=update)
-
-
-def bound_max_tokens(max_tokens: int, num_prompt_tokens: int, ctx_size: int) -> int:
-    """``max_tokens`` cut to the context left after the prompt.
-
-    Args:
-        max_tokens: tokens asked for.
-        num_prompt_tokens: P.
-        ctx_size: the backend's context window per sequence.
-
-    Returns:
-        ``min(max_tokens, ctx_size - P)``, at least 1.
-
-    Raises:
-        ContextLengthError: ``P >= ctx_size``: no room for one sampled token.
-    """
-    room = ctx_size - num_prompt_tokens
-    if room < 1:
-        raise ContextLengthError(
-            f"this model's maximum context length is {ctx_size} tokens, but the prompt has "
-            f"{num_prompt_tokens} tokens, which leaves no room for the completion")
-    return min(max_tokens, room)
 
 
 @dataclass

@@ -1,0 +1,238 @@
+"""The task's specs: where a harness runs (runtime), what runs (harness), how a session is
+prepared, built and scored (builder, evaluator), and the phase budgets; with :class:`Model`,
+the base of every rolloutd model.
+
+Split from :mod:`rolloutd.types`, which re-exports every name here (import them from there):
+they cross process boundaries as fields of :class:`rolloutd.types.TaskRequest` (Temporal
+payloads encode pydantic models by field, not by class path), so new fields always get
+defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Model(BaseModel):
+    """Base for rolloutd's models: unknown fields are refused, so a typo names its field."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False, populate_by_name=True)
+
+
+class ExecStep(Model):
+    """A prepare step that runs a command in the runtime (``sh -c`` when a string)."""
+
+    type: Literal["exec"] = "exec"
+    command: str | list[str] = Field(description="argv, or a string run by /bin/sh -c")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment")
+    timeout_s: float = Field(default=300.0, gt=0, le=86_400, description="step time limit")
+
+
+class UploadStep(Model):
+    """A prepare step that copies a host file or folder (or an fsspec URL of a file) into the
+    runtime. The source is named by the trainer, never by the agent."""
+
+    type: Literal["upload"] = "upload"
+    source: str = Field(min_length=1, description="host path (file or folder) or fsspec URL")
+    path: str = Field(default=".", description="destination inside the runtime (workspace-"
+                      "relative or absolute under workdir or home); a folder for folders")
+    extract: bool = Field(default=False, description="unpack a .tar/.tar.gz/.tgz source there")
+
+
+PrepareStep = Annotated[ExecStep | UploadStep, Field(discriminator="type")]
+
+#: runtime types that isolate the network; ``gateway`` is their default policy.
+ISOLATING_RUNTIMES = ("bwrap", "apptainer", "docker")
+
+
+class RuntimeSpec(Model):
+    """Where a harness runs: the runtime (:mod:`rolloutd.sandbox.runtimes`).
+
+    ``type`` selects the backend. ``image`` means a root folder for ``bwrap`` (default: the
+    host's read-only system), a SIF path for ``apptainer``, an image name for ``docker``.
+
+    ``network`` defaults to ``gateway`` (only the session's gateway is reachable) on every
+    isolating runtime and to ``host`` on ``local``, which isolates nothing.
+    Limits (``cpus``, ``memory_mb``, ``max_processes``, ``wall_time_s``) are enforced or the
+    runtime refuses to start (see each runtime's docstring for how).
+    """
+
+    type: Literal["local", "bwrap", "apptainer", "docker"] = Field(
+        default="bwrap", description="runtime backend"
+    )
+    image: str | None = Field(default=None, description="root folder, SIF path or image name")
+    workdir: str = Field(default="/workspace", description="working folder inside the runtime")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="files written into the workspace before the harness runs: path -> text",
+    )
+    prepare: list[PrepareStep] = Field(
+        default_factory=list, description="steps run in order at start, after `files`"
+    )
+    network: Literal["gateway", "none", "host"] = Field(
+        default=None,  # type: ignore[assignment] - resolved by _default_network
+        description="network policy: `gateway` (default where isolated) reaches only the "
+        "session's gateway, `none` nothing, `host` the host's network",
+    )
+    max_processes: int | None = Field(default=None, ge=1, description="process limit")
+    memory_mb: int | None = Field(default=None, ge=16, description="memory limit, MiB")
+    cpus: float | None = Field(default=None, gt=0, le=1024, description="CPU limit, cores")
+    wall_time_s: float | None = Field(
+        default=None, gt=0, le=7 * 86_400,
+        description="default time limit of every command and of the harness run",
+    )
+    artifacts: list[str] = Field(
+        default_factory=list,
+        description="workspace files stored as artifacts after the run (relative paths)",
+    )
+    git_diff: bool = Field(
+        default=True, description="store `git diff --binary` of a git workspace as `patch`"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_network(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("network") is None:
+            kind = data.get("type", "bwrap")
+            data = {**data, "network": "gateway" if kind in ISOLATING_RUNTIMES else "host"}
+        return data
+
+    @field_validator("files")
+    @classmethod
+    def _relative_paths(cls, files: dict[str, str]) -> dict[str, str]:
+        for path in files:
+            if path.startswith("/") or ".." in path.split("/") or not path:
+                raise ValueError(f"file path {path!r} must be relative and stay in the workspace")
+        return files
+
+    @field_validator("artifacts")
+    @classmethod
+    def _relative_artifacts(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if path.startswith("/") or ".." in path.split("/") or not path:
+                raise ValueError(f"artifact path {path!r} must be relative to the workspace")
+        return paths
+
+
+class HarnessSpec(Model):
+    """The agent program a session runs (:mod:`rolloutd.sandbox.harnesses`).
+
+    ``command`` is the command template of the ``shell`` harness; ``{instruction}`` in it is
+    replaced by the shell-quoted instruction and ``{base_url}`` by the session's OpenAI base URL.
+    """
+
+    type: Literal[
+        "shell",
+        "python",
+        "qwen_code",
+        "codex",
+        "claude_code",
+        "gemini_cli",
+        "opencode",
+        "pi",
+        "mini_swe_agent",
+        "aider",
+        "cli",
+    ] = Field(default="shell", description="harness adapter")
+    command: str | list[str] | None = Field(
+        default=None,
+        description="command template: a shell string (shell, cli) or an argv list (cli)")
+    dialect: Literal["chat", "responses", "anthropic", "gemini"] | None = Field(
+        default=None,
+        description="the provider API the harness speaks, where it can speak several (cli, pi); "
+        "`{base_url}` in a cli template is this dialect's session URL")
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="files written into the runtime before the harness starts: path (relative: "
+        "under the runtime's HOME) -> content template with the cli placeholders")
+    args: list[str] = Field(default_factory=list, description="extra CLI arguments")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    max_turns: int = Field(default=10, ge=1, le=1000, description="turn limit where supported")
+    profile: Literal["default", "compact"] = Field(
+        default="default",
+        description="`compact`: a short system prompt and the core tools only, for models "
+        "served with a small context window (where the adapter supports it)",
+    )
+    entry: str | None = Field(
+        default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="python: the agent coroutine as `module:function`, imported inside the "
+        "runtime from the workdir, HOME (where `files` go) or PYTHONPATH")
+
+    @model_validator(mode="after")
+    def _shell_needs_command(self) -> HarnessSpec:
+        if self.type in ("shell", "cli") and not self.command:
+            raise ValueError(f"harness.command is required when harness.type is {self.type!r}")
+        if self.type == "python" and not self.entry:
+            raise ValueError("harness.entry (`module:function`) is required when harness.type "
+                             "is 'python'")
+        if self.type == "shell" and not isinstance(self.command, str):
+            raise ValueError("harness.command of the shell harness is one shell string")
+        return self
+
+
+class BuilderSpec(Model):
+    """How a completion log becomes a trajectory: the builder (:mod:`rolloutd.trajectory`)."""
+
+    type: Literal["per_request", "prefix_merging"] = Field(
+        default="prefix_merging", description="trajectory builder"
+    )
+    on_drift: Literal["keep", "split"] = Field(
+        default="split", description="a drifting turn continues its chain (keep) or starts one"
+    )
+    loss_mask: Literal["full_assistant", "action_only"] = Field(
+        default="full_assistant", description="which sampled tokens are trainable"
+    )
+
+
+class EvaluatorSpec(Model):
+    """How a session is scored: the evaluator (:mod:`rolloutd.evaluators`).
+
+    ``command`` runs in the session's runtime after the harness (before teardown); its exit
+    code and output become the artifact ``check`` that ``test_on_output`` scores.
+    """
+
+    type: str = Field(
+        default="session_completed",
+        description="registry name (session_completed, test_on_output, ...) or import path",
+    )
+    command: str | None = Field(default=None, description="check command run in the runtime")
+    expected_output: str | None = Field(
+        default=None, description="test_on_output: reward 1.0 when stdout contains it"
+    )
+    timeout_s: float = Field(default=60.0, gt=0, le=86_400, description="check command limit")
+    params: dict[str, Any] = Field(default_factory=dict, description="evaluator parameters")
+    runtime: Literal["session", "fresh"] = Field(
+        default="session",
+        description="where the check runs: the session's runtime after the harness, or a "
+        "fresh runtime provisioned while the harness runs (the session's patch is applied "
+        "there first)",
+    )
+    runtime_spec: RuntimeSpec | None = Field(
+        default=None, description="the fresh runtime's spec; default: the task's runtime"
+    )
+
+    @model_validator(mode="after")
+    def _test_needs_check(self) -> EvaluatorSpec:
+        if self.type == "test_on_output" and not (self.command or self.expected_output):
+            raise ValueError("evaluator.command or evaluator.expected_output is required "
+                             "when evaluator.type is 'test_on_output'")
+        return self
+
+
+class PhaseTimeouts(Model):
+    """Execution budget of each session phase, in seconds (queue time is not charged)."""
+
+    open_s: float = Field(default=30.0, gt=0, le=3600)
+    provision_s: float = Field(default=120.0, gt=0, le=86_400)
+    provision_wait_s: float = Field(
+        default=60.0, gt=0, le=86_400, description="how long provisioning waits for a "
+        "sandbox host to pick it up while no sandbox worker polls: past it the session fails "
+        "('no sandbox worker is polling'); a fleet that polls but is busy is waited for")
+    run_s: float = Field(default=600.0, gt=0, le=86_400)
+    collect_s: float = Field(default=120.0, gt=0, le=86_400)
+    teardown_s: float = Field(default=60.0, gt=0, le=3600)
+    build_s: float = Field(default=120.0, gt=0, le=86_400)
+    evaluate_s: float = Field(default=300.0, gt=0, le=86_400)

@@ -8,6 +8,8 @@ POLAR request maps onto a TaskRequest as docs/polar.md's table says.
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import pytest
 
 from rolloutd.capabilities import FleetCapabilities, HostCapabilities, check_task
@@ -64,10 +66,14 @@ def test_an_unknown_evaluator_and_an_import_path_that_does_not_import_are_refuse
 
 def test_a_host_publishes_every_adapter_and_why_it_cannot_run_one(tmp_path, monkeypatch):
     monkeypatch.setenv("ROLLOUTD_NPM_PREFIX", str(tmp_path))  # no CLI installed there
+    monkeypatch.setenv("ROLLOUTD_TOOLS_DIR", str(tmp_path))
     harnesses, missing = harness_capabilities()
-    assert harnesses == {"shell": None}
-    assert set(missing) == set(HARNESSES) - {"shell"}
+    # shell and cli need no CLI of ours; python needs the openai SDK in rolloutd's environment
+    assert harnesses == {"shell": None, "cli": None,
+                         "python": importlib.metadata.version("openai")}
+    assert set(missing) == set(HARNESSES) - {"shell", "cli", "python"}
     assert "not found" in missing["qwen_code"]
+    assert "scripts/setup.sh" in missing["codex"] and "scripts/setup.sh" in missing["aider"]
 
 
 def test_polar_a3_fields_map_onto_a_task_request():

@@ -19,6 +19,9 @@ needed) under the npm prefix (scripts/setup.sh; bwrap binds it read-only)::
 - no network at start: ``OPENCODE_DISABLE_MODELS_FETCH`` (the models.dev catalogue),
   ``OPENCODE_DISABLE_AUTOUPDATE``, ``OPENCODE_DISABLE_DEFAULT_PLUGINS`` and ``--pure`` (plugins
   are npm packages installed at start), ``OPENCODE_DISABLE_LSP_DOWNLOAD``;
+- the provider's request, header and stream-chunk timeouts (300 s each by default) are off: on
+  a loaded CPU a 2.7K-token first prompt took longer, opencode aborted the call and sent it
+  again, and the session never got an answer; the run budget bounds the run instead;
 - ``--title rollout`` names the session, so opencode makes no extra model call to title it;
 - ``--format json`` prints one JSON event per line, read by :func:`summarize_output`.
 
@@ -75,7 +78,9 @@ def opencode_config(max_turns: int, compact: bool, workdir: str) -> dict[str, An
         "provider": {PROVIDER: {
             "npm": "@ai-sdk/openai-compatible", "name": PROVIDER,
             "options": {"baseURL": "{openai_base_url}",
-                        "apiKey": "{env:ROLLOUTD_SESSION_KEY}"},
+                        "apiKey": "{env:ROLLOUTD_SESSION_KEY}",
+                        # see the module docstring: the run budget bounds a call instead
+                        "timeout": False, "headerTimeout": False, "chunkTimeout": False},
             "models": {"{model}": {"name": "{model}", "tool_call": True}},
         }},
         "model": f"{PROVIDER}/{{model}}",

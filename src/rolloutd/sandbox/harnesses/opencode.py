@@ -13,7 +13,10 @@ needed) under the npm prefix (scripts/setup.sh; bwrap binds it read-only)::
   ``enabled_providers`` keeps the others from loading;
 - every permission is ``allow`` (nobody is there to answer a prompt) except ``question``;
   ``autoupdate``/``share`` off; no LSP servers or formatters (both download binaries);
-- ``agent.build.steps`` is ``harness.max_turns``: opencode's own cap on agentic iterations;
+- ``agent.build.steps`` is ``harness.max_turns``: opencode's own cap on agentic iterations,
+  after which it forces a text-only response. It is not a hard stop: a fake server that
+  answers every request with a tool call got 396 calls in 120 s with ``steps: 2``; a model
+  answering a request without tools cannot call one, so against the gateway it holds;
 - ``profile: compact``: ``agent.build.prompt`` replaces the shipped system prompt and
   ``permission`` denies the tools a one-shot task does not need (sub-agents, to-do lists, web);
 - no network at start: ``OPENCODE_DISABLE_MODELS_FETCH`` (the models.dev catalogue),

@@ -15,8 +15,9 @@ needed) under the npm prefix (scripts/setup.sh; bwrap binds it read-only)::
   ``autoupdate``/``share`` off; no LSP servers or formatters (both download binaries);
 - ``agent.build.steps`` is ``harness.max_turns``: opencode's own cap on agentic iterations,
   after which it forces a text-only response. It is not a hard stop: a fake server that
-  answers every request with a tool call got 396 calls in 120 s with ``steps: 2`` (whether
-  the forced turn withdraws the tools from the request was not measured): the run budget
+  answers every request with a tool call got 396 calls in 120 s with ``steps: 2``. Against
+  the gateway it held: with ``steps: 3`` the third call was the forced turn ("MAXIMUM STEPS
+  REACHED ... Respond with text only") and opencode exited 0. The run budget
   (``phases.run_s``) is the bound that always holds;
 - ``profile: compact``: ``agent.build.prompt`` replaces the shipped system prompt and
   ``permission`` denies the tools a one-shot task does not need (sub-agents, to-do lists, web);

@@ -31,7 +31,7 @@ def _skip_without_cli() -> None:
 async def test_gemini_cli_makes_a_file_with_its_tools_and_is_scored(fleets):
     _skip_without_cli()
     run = await run_task(fleets, {
-        "instruction": "Use the write_file tool to create the file hello.py containing "
+        "instruction": "Use the write_file tool to create the file /workspace/hello.py containing "
                        "print('hello world'). Then stop.",
         "num_samples": 2,
         "harness": {"type": "gemini_cli", "profile": "compact", "max_turns": 3},

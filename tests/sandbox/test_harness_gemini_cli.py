@@ -97,7 +97,7 @@ def test_summarize_reads_the_json_result_among_warnings():
         "result": "Created hello.py"}
     failed = summarize_output('{"error": {"type": "Error", "message": "Reached max turns"}}')
     assert failed["is_error"] and failed["error"] == "Reached max turns"
-    assert summarize_output("no json")["is_error"]
+    assert "stderr" in summarize_output("no json")["error"]
 
 
 #: what Gemini CLI does at start, scaled down: replace the global dispatcher with an undici

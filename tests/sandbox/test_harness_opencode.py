@@ -51,7 +51,9 @@ async def test_config_points_at_the_session_and_allows_every_tool(make_runtime, 
     provider = config["provider"]["rolloutd"]
     assert provider["npm"] == "@ai-sdk/openai-compatible"
     assert provider["options"] == {"baseURL": "http://g/s/k/v1",
-                                   "apiKey": "{env:ROLLOUTD_SESSION_KEY}"}
+                                   "apiKey": "{env:ROLLOUTD_SESSION_KEY}",
+                                   "timeout": False, "headerTimeout": False,
+                                   "chunkTimeout": False}
     assert list(provider["models"]) == [MODEL]
     assert config["model"] == f"rolloutd/{MODEL}"
     assert config["autoupdate"] is False and config["share"] == "disabled"

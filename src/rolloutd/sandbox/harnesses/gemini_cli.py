@@ -161,7 +161,8 @@ def summarize_output(stdout: str) -> dict[str, Any]:
         ``{"has_result": bool, "is_error": bool, "error": str | None, "num_requests": int,
         "num_tool_calls": int, "input_tokens": int, "output_tokens": int, "result": str}``
         (texts cut to 1000 characters); ``num_requests`` and tokens add up every model in
-        ``stats.models``.
+        ``stats.models``. A fatal error (exit 53 when ``model.maxSessionTurns`` is reached)
+        goes to stderr, not stdout: then ``has_result`` is False and ``error`` says so.
     """
     result: dict[str, Any] = {}
     for match in re.finditer(r"^\{", stdout, re.MULTILINE):
@@ -174,6 +175,10 @@ def summarize_output(stdout: str) -> dict[str, Any]:
     error = result.get("error")
     if isinstance(error, dict):
         error = error.get("message") or json.dumps(error)
+    if not result:
+        # a fatal error (exit 53: maxSessionTurns reached) is printed as JSON on stderr, which
+        # the harness artifact keeps; stdout then holds nothing
+        error = "no JSON result on stdout; a fatal error is printed as JSON on stderr"
     stats = result.get("stats") or {}
     models = (stats.get("models") or {}).values()
     tokens = [m.get("tokens") or {} for m in models]

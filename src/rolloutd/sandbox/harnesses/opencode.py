@@ -13,12 +13,20 @@ needed) under the npm prefix (scripts/setup.sh; bwrap binds it read-only)::
   ``enabled_providers`` keeps the others from loading;
 - every permission is ``allow`` (nobody is there to answer a prompt) except ``question``;
   ``autoupdate``/``share`` off; no LSP servers or formatters (both download binaries);
-- ``agent.build.steps`` is ``harness.max_turns``: opencode's own cap on agentic iterations;
+- ``agent.build.steps`` is ``harness.max_turns``: opencode's own cap on agentic iterations,
+  after which it forces a text-only response. It is not a hard stop: a fake server that
+  answers every request with a tool call got 396 calls in 120 s with ``steps: 2``. Against
+  the gateway it held: with ``steps: 3`` the third call was the forced turn ("MAXIMUM STEPS
+  REACHED ... Respond with text only") and opencode exited 0. The run budget
+  (``phases.run_s``) is the bound that always holds;
 - ``profile: compact``: ``agent.build.prompt`` replaces the shipped system prompt and
   ``permission`` denies the tools a one-shot task does not need (sub-agents, to-do lists, web);
 - no network at start: ``OPENCODE_DISABLE_MODELS_FETCH`` (the models.dev catalogue),
   ``OPENCODE_DISABLE_AUTOUPDATE``, ``OPENCODE_DISABLE_DEFAULT_PLUGINS`` and ``--pure`` (plugins
   are npm packages installed at start), ``OPENCODE_DISABLE_LSP_DOWNLOAD``;
+- the provider's request, header and stream-chunk timeouts (300 s each by default) are off: on
+  a loaded CPU a 2.7K-token first prompt took longer, opencode aborted the call and sent it
+  again, and the session never got an answer; the run budget bounds the run instead;
 - ``--title rollout`` names the session, so opencode makes no extra model call to title it;
 - ``--format json`` prints one JSON event per line, read by :func:`summarize_output`.
 
@@ -75,7 +83,9 @@ def opencode_config(max_turns: int, compact: bool, workdir: str) -> dict[str, An
         "provider": {PROVIDER: {
             "npm": "@ai-sdk/openai-compatible", "name": PROVIDER,
             "options": {"baseURL": "{openai_base_url}",
-                        "apiKey": "{env:ROLLOUTD_SESSION_KEY}"},
+                        "apiKey": "{env:ROLLOUTD_SESSION_KEY}",
+                        # see the module docstring: the run budget bounds a call instead
+                        "timeout": False, "headerTimeout": False, "chunkTimeout": False},
             "models": {"{model}": {"name": "{model}", "tool_call": True}},
         }},
         "model": f"{PROVIDER}/{{model}}",

@@ -7,6 +7,7 @@ its compact profile speaking the Anthropic Messages API to the gateway.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from rolloutd.sandbox.harnesses.claude_code import ENTRY, PACKAGE
 from tests.conftest import have_bwrap
 from tests.support.harness_run import executed_tool_calls, run_task
 
+#: the example's count in CI; the closing figures use 4 (ROLLOUTD_HARNESS_SAMPLES=4)
+NUM_SAMPLES = int(os.environ.get("ROLLOUTD_HARNESS_SAMPLES", "2"))
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "harnesses.jsonl"
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
@@ -33,7 +36,8 @@ TASK = next(task for line in EXAMPLES.read_text().splitlines() if line.strip()
 
 async def test_claude_code_task_runs_a_tool_and_is_scored(fleets):
     # a task id of its own per run: the example's id names a workflow of an earlier run
-    run = await run_task(fleets, TASK | {"task_id": f"{TASK['task_id']}-{uuid.uuid4().hex[:6]}"})
+    run = await run_task(fleets, TASK | {"task_id": f"{TASK['task_id']}-{uuid.uuid4().hex[:6]}",
+                                         "num_samples": NUM_SAMPLES})
     for s in run.sessions:
         print(f"claude_code {s.result.session_id}: reward {s.result.reward} status "
               f"{s.result.status} completions {len(s.completions)} traces "

@@ -7,6 +7,7 @@ runtime that reaches only the gateway, with the compact profile (16K-token engin
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -14,6 +15,9 @@ import pytest
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.harnesses.gemini_cli import GeminiCliHarness
 from tests.support.harness_run import executed_tool_calls, run_task
+
+#: 2 in CI; the closing figures use 4 (ROLLOUTD_HARNESS_SAMPLES=4)
+NUM_SAMPLES = int(os.environ.get("ROLLOUTD_HARNESS_SAMPLES", "2"))
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
               pytest.mark.harness, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -33,7 +37,7 @@ async def test_gemini_cli_makes_a_file_with_its_tools_and_is_scored(fleets):
     run = await run_task(fleets, {
         "instruction": "Use the write_file tool to create the file /workspace/hello.py containing "
                        "print('hello world'). Then stop.",
-        "num_samples": 2,
+        "num_samples": NUM_SAMPLES,
         "harness": {"type": "gemini_cli", "profile": "compact", "max_turns": 3},
         "runtime": {"type": "bwrap", "network": "gateway"},
         "evaluator": {"type": "test_on_output", "command": "python3 hello.py",

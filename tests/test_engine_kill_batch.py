@@ -58,7 +58,7 @@ def task_body(marks: Path) -> dict:
                                "world.",
                 "harness": {"type": "python", "entry": "file_agent:agent", "max_turns": 2,
                             "files": {"file_agent.py": AGENT.read_text()}},
-                "sampling": {"max_tokens": 96, "temperature": 0.2, "seed": 7},
+                "sampling": {"max_tokens": 256, "temperature": 0.2, "seed": 7},
                 "evaluator": {"type": "test_on_output", "command": "python3 hello.py",
                               "expected_output": "hello world"}}
     return {"instruction": "list the files",
@@ -68,8 +68,9 @@ def task_body(marks: Path) -> dict:
 
 
 def num_recorded(store: Path) -> int:
-    """Completions recorded so far in the store (``sessions/*/completions/*.json``)."""
-    return len(list(store.glob("sessions/*/completions/*.json")))
+    """Completions recorded so far in the store (``sessions/{task}/{n}/completions/*.json``:
+    a session id holds a ``/``)."""
+    return len(list(store.glob("sessions/**/completions/*.json")))
 
 
 def script(marks: Path) -> str:

@@ -105,7 +105,8 @@ async def test_a_killed_engine_is_reported_and_replacements_make_every_group_who
     port = free_port()
     gateway_url = f"http://127.0.0.1:{port}"
     gateway = GatewaySettings(**common, gateway_port=port, backend_url=engine.url,
-                              gateway_public_url=gateway_url, model="qwen2.5-coder-0.5b")
+                              gateway_public_url=gateway_url, model="qwen2.5-coder-0.5b",
+                              tool_parser="hermes_lenient")  # as the shared fleets
     try:
         client = await connect(gateway)
         async with contextlib.AsyncExitStack() as stack:

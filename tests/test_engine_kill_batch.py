@@ -1,17 +1,15 @@
 """llama-server killed by SIGKILL in the middle of a batch of 4 tasks x 4 samples, then
 restarted on the same port with the same command: the acceptance test of a dead engine.
 
-The harness is a shell script (not Qwen Code: 16 agent CLIs on 2 shared cores would not fit
-the CI budget) that makes 3 chat calls, each offering a tool, and, like Qwen Code, carries on
-after a failed call and exits 0 with its output. Checked: a waiting caller gets
-``FleetUnavailableError`` naming the engine within 60 s of the kill; no session has a reward
-unless every call it made was answered, and every session replaced shows failure kind
-``backend``; once the engine is back, replacements (waiting for it, not counted) make every
-group whole, so the groups a trainer takes hold no session without a reward.
-
-With ``ROLLOUTD_KILL_BATCH_HARNESS=python`` the harness is instead a real tool-using agent,
-examples/agents/file_agent.py on the ``python`` harness (its write_file and run tools execute;
-a varying number of calls per session): run by hand for the closing figures, too slow for CI.
+The harness is a real tool-using agent, examples/agents/file_agent.py on the ``python``
+harness (its write_file and run tools execute; the engine's answers carry tool calls through
+the lenient hermes parser), which, like Qwen Code, exits on its own with its output. Checked: a
+waiting caller gets ``FleetUnavailableError`` naming the engine within 60 s of the kill; no
+session has a reward unless every call it made was answered, and every session replaced shows
+failure kind ``backend``; once the engine is back, replacements (waiting for it, not counted)
+make every group whole, so the groups a trainer takes hold no session without a reward; the
+scored sessions ran a tool. ``ROLLOUTD_KILL_BATCH_HARNESS=script`` runs a scripted client
+instead (3 chat calls, each offering a tool, exit 0 whatever happened).
 
 Its own llama-server (the shared one must survive) and its own namespace on the shared
 Temporal dev server; the fleets run in this process; the real local runtime."""
@@ -44,7 +42,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.temporal, pytest.mark.engine,
 
 NUM_TASKS = NUM_SAMPLES = 4
 NUM_CALLS = 3
-HARNESS = os.environ.get("ROLLOUTD_KILL_BATCH_HARNESS", "script")
+HARNESS = os.environ.get("ROLLOUTD_KILL_BATCH_HARNESS", "python")
 AGENT = Path(__file__).parents[1] / "examples" / "agents" / "file_agent.py"
 TOOLS = [{"type": "function", "function": {
     "name": "list_files", "description": "list the files of the workspace",

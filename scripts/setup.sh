@@ -66,11 +66,11 @@ accelerate=$(awk '/^name = "accelerate"$/{getline; gsub(/[^0-9.]/, ""); print; e
 NPM_PREFIX="${ROLLOUTD_NPM_PREFIX:-$HOME/.cache/rolloutd/npm}"
 if [ ! -x "$NPM_PREFIX/node_modules/.bin/qwen" ]; then
   mkdir -p "$NPM_PREFIX"
-  npm install --silent --no-fund --no-audit --prefix "$NPM_PREFIX" @qwen-code/qwen-code@0.15.10
+  npm install --loglevel=error --no-fund --no-audit --prefix "$NPM_PREFIX" @qwen-code/qwen-code@0.15.10
 fi
 # the other harness CLIs; claude-code after 2.1.197 needs Node 22, so the pin.
 if [ ! -x "$NPM_PREFIX/node_modules/.bin/pi" ]; then
-  npm install --silent --no-fund --no-audit --prefix "$NPM_PREFIX" \
+  npm install --loglevel=error --no-fund --no-audit --prefix "$NPM_PREFIX" \
     @openai/codex@0.169.0 @anthropic-ai/claude-code@2.1.195 @google/gemini-cli@0.61.0 \
     opencode-ai@1.18.33 @mariozechner/pi-coding-agent@0.73.1
 fi

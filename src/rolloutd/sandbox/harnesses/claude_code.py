@@ -40,7 +40,7 @@ from typing import Any
 
 from rolloutd.sandbox.harnesses.base import HarnessContext
 from rolloutd.sandbox.harnesses.cli import CliHarness, CliRecipe
-from rolloutd.sandbox.harnesses.installed import npm_cli, npm_version
+from rolloutd.sandbox.harnesses.installed import npm_cli
 from rolloutd.sandbox.runtimes.base import Runtime
 
 #: npm package and its entry point below the package folder.
@@ -84,14 +84,7 @@ class ClaudeCodeHarness(CliHarness):
 
     type = "claude_code"
 
-    @classmethod
-    def cli_version(cls) -> str | None:
-        """The installed ``@anthropic-ai/claude-code`` version.
-
-        Raises:
-            HarnessError: not installed; the message names the setup step.
-        """
-        return npm_version(cls.type, PACKAGE)
+    npm_package = PACKAGE
 
     async def recipe(self, runtime: Runtime, ctx: HarnessContext) -> CliRecipe:
         """The Claude Code recipe: print mode, quiet environment, the instruction on stdin.

@@ -34,12 +34,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.harnesses.base import HarnessAdapter, HarnessCommand, HarnessContext
+from rolloutd.sandbox.harnesses.installed import npm_version
 from rolloutd.sandbox.runtimes.base import Runtime
 
 Dialect = Literal["chat", "responses", "anthropic", "gemini"]
@@ -111,6 +112,17 @@ class CliHarness(HarnessAdapter):
     """
 
     type = "cli"
+    #: the npm package of a subclass's CLI (installed under the npm prefix); None: no CLI of ours
+    npm_package: ClassVar[str | None] = None
+
+    @classmethod
+    def cli_version(cls) -> str | None:
+        """The installed version of ``npm_package``, or None when the harness needs no CLI.
+
+        Raises:
+            HarnessError: the package is not installed (the message names the setup step).
+        """
+        return npm_version(cls.type, cls.npm_package) if cls.npm_package else None
 
     async def recipe(self, runtime: Runtime, ctx: HarnessContext) -> CliRecipe:
         """The recipe to run; for ``cli``, the task's spec.

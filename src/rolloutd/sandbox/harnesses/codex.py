@@ -50,7 +50,7 @@ from typing import Any
 
 from rolloutd.sandbox.harnesses.base import HarnessContext
 from rolloutd.sandbox.harnesses.cli import CliHarness, CliRecipe
-from rolloutd.sandbox.harnesses.installed import npm_cli, npm_version
+from rolloutd.sandbox.harnesses.installed import npm_cli
 from rolloutd.sandbox.runtimes.base import Runtime
 
 #: npm package and its entry point below the package folder.
@@ -180,14 +180,7 @@ class CodexHarness(CliHarness):
 
     type = "codex"
 
-    @classmethod
-    def cli_version(cls) -> str | None:
-        """The installed ``@openai/codex`` version.
-
-        Raises:
-            HarnessError: not installed; the message names the setup step.
-        """
-        return npm_version(cls.type, PACKAGE)
+    npm_package = PACKAGE
 
     async def recipe(self, runtime: Runtime, ctx: HarnessContext) -> CliRecipe:
         """The Codex recipe: config.toml, the instruction on stdin.

@@ -36,7 +36,7 @@ from typing import Any
 
 from rolloutd.sandbox.harnesses.base import HarnessContext
 from rolloutd.sandbox.harnesses.cli import CliHarness, CliRecipe
-from rolloutd.sandbox.harnesses.installed import npm_cli, npm_version
+from rolloutd.sandbox.harnesses.installed import npm_cli
 from rolloutd.sandbox.runtimes.base import Runtime
 
 PACKAGE = "@google/gemini-cli"
@@ -108,14 +108,7 @@ class GeminiCliHarness(CliHarness):
 
     type = "gemini_cli"
 
-    @classmethod
-    def cli_version(cls) -> str | None:
-        """The installed ``@google/gemini-cli`` version.
-
-        Raises:
-            HarnessError: the CLI is not installed (the message names the setup step).
-        """
-        return npm_version(cls.type, PACKAGE)
+    npm_package = PACKAGE
 
     async def recipe(self, runtime: Runtime, ctx: HarnessContext) -> CliRecipe:
         """Settings file, environment and argv of a one-shot Gemini CLI run.

@@ -41,7 +41,7 @@ from typing import Any
 
 from rolloutd.sandbox.harnesses.base import HarnessContext
 from rolloutd.sandbox.harnesses.cli import CliHarness, CliRecipe
-from rolloutd.sandbox.harnesses.installed import npm_cli, npm_version
+from rolloutd.sandbox.harnesses.installed import npm_cli
 from rolloutd.sandbox.runtimes.base import Runtime
 
 PACKAGE = "opencode-ai"
@@ -102,14 +102,7 @@ class OpencodeHarness(CliHarness):
 
     type = "opencode"
 
-    @classmethod
-    def cli_version(cls) -> str | None:
-        """The installed ``opencode-ai`` version.
-
-        Raises:
-            HarnessError: the CLI is not installed (the message names the setup step).
-        """
-        return npm_version(cls.type, PACKAGE)
+    npm_package = PACKAGE
 
     async def recipe(self, runtime: Runtime, ctx: HarnessContext) -> CliRecipe:
         """Config file, environment and argv of a one-shot opencode run.

@@ -39,7 +39,7 @@ from typing import Any
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.harnesses.base import HarnessContext
 from rolloutd.sandbox.harnesses.cli import CliHarness, CliRecipe, Dialect
-from rolloutd.sandbox.harnesses.installed import npm_cli, npm_version
+from rolloutd.sandbox.harnesses.installed import npm_cli
 from rolloutd.sandbox.runtimes.base import Runtime
 
 PACKAGE = "@mariozechner/pi-coding-agent"
@@ -93,14 +93,7 @@ class PiHarness(CliHarness):
 
     type = "pi"
 
-    @classmethod
-    def cli_version(cls) -> str | None:
-        """The installed ``@mariozechner/pi-coding-agent`` version.
-
-        Raises:
-            HarnessError: the CLI is not installed (the message names the setup step).
-        """
-        return npm_version(cls.type, PACKAGE)
+    npm_package = PACKAGE
 
     async def recipe(self, runtime: Runtime, ctx: HarnessContext) -> CliRecipe:
         """Models file, environment and argv of a pi print-mode run.

@@ -87,14 +87,14 @@ def main(argv: list[str]) -> int:
         with open(os.environ["ROLLOUTD_INSTRUCTION_FILE"], encoding="utf-8") as f:
             instruction = f.read()
         function = load(argv[1], [workdir, os.path.expanduser("~")])
-    except Exception as exc:  # process boundary: report what could not be loaded
+    except Exception as exc:  # noqa: BLE001 - process boundary: report what could not load
         traceback.print_exc()
         report(False, error=exc)
         return 2
     try:
         result = asyncio.run(run(function, instruction, workdir, os.environ.get("OPENAI_MODEL", ""),
                                  int(os.environ.get("ROLLOUTD_MAX_TURNS", "10"))))
-    except Exception as exc:  # process boundary: the agent's own failure, reported and exit 1
+    except Exception as exc:  # noqa: BLE001 - process boundary: the agent failed, exit 1
         traceback.print_exc()
         report(False, error=exc)
         return 1

@@ -78,3 +78,25 @@ async def run_task(fleets: Any, task: dict[str, Any]) -> TaskRun:
             harness = {}
         runs.append(SessionRun(session, completions, trajectory, harness))
     return TaskRun(group, runs, wall_s)
+
+
+def check_scored_with_tools(run: TaskRun, name: str) -> None:
+    """Print each session's figures (for the closing note), then check the acceptance: every
+    session scored and recorded completions, and the harness's own tool ran in at least one
+    session (its result went back to the model, or the check ran the file it made).
+
+    Raises:
+        AssertionError: a session without a reward or completions, or no tool ran.
+    """
+    for s in run.sessions:
+        print(f"{name} {s.result.session_id}: reward {s.result.reward}, "
+              f"{len(s.completions)} completions, {s.result.num_traces} traces, "
+              f"{s.result.num_trainable_tokens} trainable tokens, "
+              f"{executed_tool_calls(s.completions)} tool results, "
+              f"exit {s.harness.get('exit_code')}, summary {s.harness.get('summary')}")
+    print(f"{name} wall {run.wall_s:.0f} s")
+    assert all(s.result.reward is not None for s in run.sessions), [
+        (s.result.status, s.result.failure) for s in run.sessions]
+    assert all(s.completions for s in run.sessions)
+    assert any(executed_tool_calls(s.completions) >= 1 or s.result.reward == 1.0
+               for s in run.sessions)

@@ -116,9 +116,11 @@ async def test_200_sessions_leave_no_process_mount_cgroup_or_folder(tmp_path):
         await acts.stop_all()
         server.close()
         await server.wait_closed()
-    assert len(seen) == NUM_SESSIONS
+    # a harness running past one heartbeat also asks the gateway's verdict on its session
+    calls = [line for line in seen if b"/rolloutd/verdict " not in line]
+    assert len(calls) == NUM_SESSIONS
     assert all(line == f"GET /s/key{i}/v1/models HTTP/1.1".encode()
-               for i, line in enumerate(seen))
+               for i, line in enumerate(calls))
     after = (mount_counts(), cgroup_dirs(), len(os.listdir("/proc/self/fd")))
     assert rolloutd_processes() == []
     assert after[:2] == before[:2], (before, after)  # mounts (own, pid 1), cgroup folders

@@ -304,6 +304,23 @@ class _Run:
         prompt = prev.prompt_ids + prev.response_ids + tail + new_ids
         return prompt, agent.last
 
+    def exact_sibling(self, c: Completion, parent: int | None) -> int | None:
+        """The turn a passthrough prompt follows: ``parent``, unless another turn with the
+        same prompt (a retry with another answer) is repeated token for token by ``c``'s
+        prompt while ``parent``'s re-render drifts (a template that strips reasoning makes a
+        retry that differs only in its reasoning render as the original did). The builder's
+        rule (:meth:`rolloutd.trajectory.chains._Planner.parent_turn`): an exact repeat wins.
+        """
+        if parent is None or not c.prompt_ids:
+            return parent
+        head = self.log[self.canonical.get(parent, parent)]
+        exact = [s.index for s in self.log[: c.index]
+                 if s.index != head.index and s.index not in self.canonical and s.prompt_ids
+                 and s.prompt_ids == head.prompt_ids and s.end_of_turn_sampled
+                 and c.prompt_ids[: len(s.prompt_ids) + len(s.response_ids)]
+                 == s.prompt_ids + s.response_ids]
+        return max(exact) if exact else parent
+
     def turn(self, agent: Agent, answer: Answer, split: bool, opaque: bool = False) -> None:
         if agent.last is not None:
             agent.messages.append(self.new_message())
@@ -314,7 +331,7 @@ class _Run:
             parent = agent.last
         else:
             c = self.call(agent, answer, opaque=opaque)
-            parent = agent.last_tokens
+            parent = self.exact_sibling(c, agent.last_tokens)
         self.place(c, parent, split)
         agent.messages.append(dict(c.response_message))
         agent.last = c.index

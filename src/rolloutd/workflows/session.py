@@ -17,7 +17,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
 from temporalio.exceptions import CancelledError as TemporalCancelledError
 
@@ -49,7 +49,9 @@ with workflow.unsafe.imports_passed_through():
         SessionStatus,
         TaskRequest,
     )
-    from rolloutd.workflows import failures, search
+    from rolloutd.activities.tenants import GRANTED_SIGNAL
+    from rolloutd.workflows import failures, search, tenants
+    from rolloutd.workflows.tenants import task_priority
     from rolloutd.workflows.provisioning import HEARTBEAT, INFRA_RETRY, provision_watched
     from rolloutd.workflows.outcome import (
         AttemptOutcome,
@@ -86,6 +88,10 @@ FAILURE_CAUSES = "failure-causes"
 #: counter of sessions ended with a failure cause (label ``kind``), from workflow code
 #: through ``workflow.metric_meter()`` (replay-safe)
 SESSION_FAILURES_METRIC = "rolloutd_session_failures"
+#: patch id: a session of a tenant with a quota waits for a slot of its tenant before it
+#: opens its gateway session, and time spent waiting for a slot or in the sandbox queue is
+#: not charged to the session deadline (docs/tenancy.md); before it, neither.
+TENANT_QUOTA = "tenant-quota"
 
 
 def attempt_session_id(session_id: str, attempt: int) -> str:
@@ -113,6 +119,17 @@ class RolloutSessionWorkflow:
     def __init__(self) -> None:
         self._phase = "pending"
         self._num_completions = 0
+        self._priority = Priority.default
+        self._granted = False
+        #: seconds spent waiting for capacity (a tenant slot, the sandbox queue): the
+        #: session deadline does not tick meanwhile
+        self._waited_s = 0.0
+        self._tenancy = False
+
+    @workflow.signal(name=GRANTED_SIGNAL)
+    def tenant_slot_granted(self) -> None:
+        """The tenant's quota workflow granted this session a slot."""
+        self._granted = True
 
     @workflow.query
     def phase(self) -> str:
@@ -122,13 +139,32 @@ class RolloutSessionWorkflow:
     @workflow.run
     async def run(self, input: SessionInput) -> SessionResult:
         task = input.task
-        phases = task.phases
         timings: list[PhaseTiming] = []
-        started = workflow.now()
         search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
+        tenancy = self._tenancy = workflow.patched(TENANT_QUOTA)
+        waited: float | None = None
+        if tenancy:
+            self._priority = task_priority(task)
+            # the deadline starts once the slot is held (in _run)
+            self._phase = "tenant_wait"
+            waited = await tenants.acquire_slot(task, lambda: self._granted, timings)
+        holds_slot = waited is not None
+        try:
+            return await self._run(input, timings)
+        finally:
+            if holds_slot:
+                await tenants.release_slot(task)
+
+    async def _run(self, input: SessionInput, timings: list[PhaseTiming]) -> SessionResult:
+        """Steps 1-9 (the module docstring)."""
+        task = input.task
+        phases = task.phases
+        started = workflow.now()
 
         def deadline_left() -> float:
-            return task.timeout_s - (workflow.now() - started).total_seconds()
+            # time waiting for capacity does not tick the deadline (DESIGN.md)
+            return task.timeout_s - ((workflow.now() - started).total_seconds()
+                                     - self._waited_s)
 
         async def timed(phase: str, coro, *, current: bool = True):
             if current:
@@ -156,6 +192,7 @@ class RolloutSessionWorkflow:
                 task_queue=task_queues.GATEWAY,
                 start_to_close_timeout=_seconds(phases.open_s),
                 retry_policy=INFRA_RETRY,
+                priority=self._priority,
                 result_type=OpenSessionOutput,
             ))
             if fresh_eval and prewarm is None:
@@ -169,6 +206,7 @@ class RolloutSessionWorkflow:
                     start_to_close_timeout=_seconds(phases.provision_s),
                     heartbeat_timeout=HEARTBEAT,
                     retry_policy=INFRA_RETRY,
+                    priority=self._priority,
                     result_type=ProvisionRuntimeOutput,
                 ), current=False))
             outcome = await self._attempt(input, session_id, opened, attempt,
@@ -257,6 +295,7 @@ class RolloutSessionWorkflow:
             task_queue=task_queues.GATEWAY,
             start_to_close_timeout=_seconds(phases.build_s),
             retry_policy=INFRA_RETRY,
+            priority=self._priority,
             result_type=BuildTrajectoryOutput,
         ))
 
@@ -276,6 +315,7 @@ class RolloutSessionWorkflow:
                     start_to_close_timeout=_seconds(phases.evaluate_s),
                     heartbeat_timeout=HEARTBEAT,
                     retry_policy=INFRA_RETRY,
+                    priority=self._priority,
                     result_type=EvaluateOutput,
                 ))
             except ActivityError as e:
@@ -335,7 +375,10 @@ class RolloutSessionWorkflow:
             provision_input = ProvisionRuntimeInput(session_id=session_id, runtime=task.runtime)
             if workflow.patched(PROVISION_WAIT):
                 runtime = await timed("provision", provision_watched(
-                    provision_input, phases.provision_s, phases.provision_wait_s, attempt))
+                    provision_input, phases.provision_s, phases.provision_wait_s, attempt,
+                    priority=self._priority))
+                # waiting in the sandbox queue for a host's capacity: not the deadline's
+                self._waited_s += runtime.queue_wait_s if self._tenancy else 0.0
             else:
                 runtime = await timed("provision", workflow.execute_activity(
                     "provision_runtime", provision_input,
@@ -343,6 +386,7 @@ class RolloutSessionWorkflow:
                     start_to_close_timeout=_seconds(phases.provision_s),
                     heartbeat_timeout=HEARTBEAT,
                     retry_policy=INFRA_RETRY,
+                    priority=self._priority,
                     result_type=ProvisionRuntimeOutput,
                 ))
             run_budget = min(phases.run_s, max(1.0, deadline_left()))
@@ -358,6 +402,7 @@ class RolloutSessionWorkflow:
                     schedule_to_start_timeout=HOST_QUEUE_START,
                     heartbeat_timeout=HARNESS_HEARTBEAT,
                     retry_policy=NO_RETRY,
+                    priority=self._priority,
                     cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                     result_type=RunHarnessOutput,
                 ))
@@ -400,6 +445,7 @@ class RolloutSessionWorkflow:
                     schedule_to_start_timeout=HOST_QUEUE_START,
                     heartbeat_timeout=HEARTBEAT,
                     retry_policy=NO_RETRY,
+                    priority=self._priority,
                     result_type=CollectArtifactsOutput,
                 ))
                 out.artifacts = collected.artifacts
@@ -448,6 +494,7 @@ class RolloutSessionWorkflow:
                                            else _seconds(3 * teardown_s)),
                 heartbeat_timeout=HEARTBEAT,
                 retry_policy=INFRA_RETRY,
+                priority=self._priority,
             ), current=current)
         except ActivityError as e:
             workflow.logger.warning("teardown of %s on %s abandoned (reclaimed when the host "
@@ -471,6 +518,7 @@ class RolloutSessionWorkflow:
                 start_to_close_timeout=CLOSE_TIMEOUT,
                 schedule_to_close_timeout=PINNED_CLOSE,
                 retry_policy=INFRA_RETRY,
+                priority=self._priority,
                 result_type=CloseSessionOutput,
             ))
         except ActivityError as e:
@@ -481,6 +529,7 @@ class RolloutSessionWorkflow:
                 task_queue=task_queues.GATEWAY,
                 start_to_close_timeout=CLOSE_TIMEOUT,
                 retry_policy=INFRA_RETRY,
+                priority=self._priority,
                 result_type=CloseSessionOutput,
             ))
 
@@ -513,6 +562,7 @@ class RolloutSessionWorkflow:
                     start_to_close_timeout=_seconds(phases.collect_s + task.evaluator.timeout_s),
                     heartbeat_timeout=HEARTBEAT,
                     retry_policy=NO_RETRY,
+                    priority=self._priority,
                     result_type=CollectArtifactsOutput,
                 ))
                 artifacts.update({k: v for k, v in checked.artifacts.items() if k != "harness"})
@@ -534,5 +584,6 @@ class RolloutSessionWorkflow:
                     start_to_close_timeout=_seconds(phases.teardown_s),
                     heartbeat_timeout=HEARTBEAT,
                     retry_policy=INFRA_RETRY,
+                    priority=self._priority,
                 ))
         return error

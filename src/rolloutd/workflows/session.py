@@ -13,6 +13,7 @@ Deterministic code only: no I/O, ``workflow.now()`` for time.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import timedelta
 
 from pydantic import BaseModel, Field
@@ -88,9 +89,8 @@ FAILURE_CAUSES = "failure-causes"
 #: counter of sessions ended with a failure cause (label ``kind``), from workflow code
 #: through ``workflow.metric_meter()`` (replay-safe)
 SESSION_FAILURES_METRIC = "rolloutd_session_failures"
-#: patch id: a session of a tenant with a quota waits for a slot of its tenant before it
-#: opens its gateway session, and time spent waiting for a slot or in the sandbox queue is
-#: not charged to the session deadline (docs/tenancy.md); before it, neither.
+#: patch id: tenant priority and quota slot; capacity waits do not tick the deadline; the
+#: evaluation runtime is asked for after the session's (docs/tenancy.md). Before: none.
 TENANT_QUOTA = "tenant-quota"
 
 
@@ -125,6 +125,8 @@ class RolloutSessionWorkflow:
         #: session deadline does not tick meanwhile
         self._waited_s = 0.0
         self._tenancy = False
+        self._prewarm: asyncio.Task[ProvisionRuntimeOutput] | None = None
+        self._start_prewarm: Callable[[], asyncio.Task[ProvisionRuntimeOutput]] | None = None
 
     @workflow.signal(name=GRANTED_SIGNAL)
     def tenant_slot_granted(self) -> None:
@@ -178,7 +180,25 @@ class RolloutSessionWorkflow:
                                            started_at=t0, ended_at=t1))
 
         fresh_eval = task.evaluator.runtime == "fresh"
-        prewarm: asyncio.Task[ProvisionRuntimeOutput] | None = None
+
+        def start_prewarm() -> asyncio.Task[ProvisionRuntimeOutput]:
+            # step 3: the evaluation runtime is provisioned while the harness runs
+            return asyncio.ensure_future(timed("eval_provision", workflow.execute_activity(
+                "provision_runtime",
+                ProvisionRuntimeInput(session_id=input.session_id,
+                                      runtime=task.evaluator.runtime_spec or task.runtime,
+                                      purpose="evaluation"),
+                task_queue=task_queues.SANDBOX,
+                start_to_close_timeout=_seconds(phases.provision_s),
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=INFRA_RETRY,
+                priority=self._priority,
+                result_type=ProvisionRuntimeOutput,
+            ), current=False))
+
+        # with host capacity bounded (TENANT_QUOTA), asked for once the session's runtime is
+        # up: sessions holding evaluation runtimes while waiting for their own fill a host
+        self._start_prewarm = start_prewarm if fresh_eval and self._tenancy else None
         given_up: list[SessionAttempt] = []
         attempt = 0
         while True:
@@ -195,20 +215,8 @@ class RolloutSessionWorkflow:
                 priority=self._priority,
                 result_type=OpenSessionOutput,
             ))
-            if fresh_eval and prewarm is None:
-                # step 3: the evaluation runtime is provisioned while the harness runs
-                prewarm = asyncio.ensure_future(timed("eval_provision", workflow.execute_activity(
-                    "provision_runtime",
-                    ProvisionRuntimeInput(session_id=input.session_id,
-                                          runtime=task.evaluator.runtime_spec or task.runtime,
-                                          purpose="evaluation"),
-                    task_queue=task_queues.SANDBOX,
-                    start_to_close_timeout=_seconds(phases.provision_s),
-                    heartbeat_timeout=HEARTBEAT,
-                    retry_policy=INFRA_RETRY,
-                    priority=self._priority,
-                    result_type=ProvisionRuntimeOutput,
-                ), current=False))
+            if fresh_eval and self._prewarm is None and not self._tenancy:
+                self._prewarm = start_prewarm()
             outcome = await self._attempt(input, session_id, opened, attempt,
                                           run_check=not fresh_eval, timed=timed,
                                           deadline_left=deadline_left)
@@ -229,7 +237,7 @@ class RolloutSessionWorkflow:
             break
 
         try:
-            return await self._finish(input, outcome, opened, session_id, attempt, prewarm,
+            return await self._finish(input, outcome, opened, session_id, attempt, self._prewarm,
                                       given_up, timings, timed)
         finally:
             await outcome.torn_down()
@@ -379,6 +387,8 @@ class RolloutSessionWorkflow:
                     priority=self._priority))
                 # waiting in the sandbox queue for a host's capacity: not the deadline's
                 self._waited_s += runtime.queue_wait_s if self._tenancy else 0.0
+            if self._start_prewarm is not None and self._prewarm is None:
+                self._prewarm = self._start_prewarm()
             else:
                 runtime = await timed("provision", workflow.execute_activity(
                     "provision_runtime", provision_input,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import random
 import tempfile
 import time
@@ -30,7 +32,7 @@ from rolloutd.workers import connect, run_fleet
 from tests.conftest import have_bwrap
 from tests.support.loopback import loopback_server
 from tests.support.namespaces import fresh_namespace
-from tests.test_loud_failures import answer_garbage
+from tests.test_loud_failures import REPO, answer_garbage, rolloutd_command
 
 pytestmark = [pytest.mark.temporal]
 
@@ -44,6 +46,8 @@ class Rig:
 
     client: RolloutClient
     slots: object
+    address: str
+    namespace: str
 
 
 @contextlib.asynccontextmanager
@@ -68,7 +72,7 @@ async def rig(address: str, home: Path) -> AsyncIterator[Rig]:
             await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
             await stack.enter_async_context(run_fleet("workflows", client, gateway))
             yield Rig(RolloutClient(client, check_capabilities=False),
-                      sandbox.resources["slots"])
+                      sandbox.resources["slots"], address, namespace)
 
 
 def sleeper(tag: int) -> str:
@@ -249,8 +253,15 @@ async def test_a_tenant_with_quota_3_never_has_more_in_flight_and_the_rest_finis
         temporal_server, tmp_path: Path) -> None:
     tag = random.randrange(10_000, 99_990)
     async with rig(temporal_server.address, tmp_path) as r:
-        state = await r.client.set_tenant_quota("quota-3", 3)
-        assert state.quota.max_sessions_in_flight == 3
+        # set through the command line, as an operator would
+        env = {**os.environ, "ROLLOUTD_TEMPORAL_NAMESPACE": r.namespace,
+               "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+        proc = await asyncio.create_subprocess_exec(
+            *rolloutd_command(), "quota", "quota-3", "3", "--address", r.address, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
+        assert proc.returncode == 0, out.decode()
+        assert json.loads(out)["quota"]["max_sessions_in_flight"] == 3
         holders: list[int] = []
         stop = asyncio.Event()
 

@@ -51,9 +51,9 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rig(address: str, home: Path) -> AsyncIterator[Rig]:
-    """The four fleets in a fresh namespace; the sandbox host holds at most
-    :data:`HOST_LIMIT` runtimes."""
+async def rig(address: str, home: Path, limit: int = HOST_LIMIT) -> AsyncIterator[Rig]:
+    """The four fleets in a fresh namespace; the sandbox host holds at most ``limit``
+    runtimes."""
     namespace = await fresh_namespace(address, "tenancy")
     common = {"temporal_address": address, "temporal_namespace": namespace,
               "store_url": str(home / "store"), "host_id": "tenancy-host", "log_json": False}
@@ -68,7 +68,7 @@ async def rig(address: str, home: Path) -> AsyncIterator[Rig]:
             # a short root: a runtime's unix sockets live under it (108 bytes at most)
             root = stack.enter_context(tempfile.TemporaryDirectory(prefix="ten-"))
             sandbox = await stack.enter_async_context(run_fleet("sandbox", client, SandboxSettings(
-                **common, runtime_root=root, max_concurrent_sessions=HOST_LIMIT)))
+                **common, runtime_root=root, max_concurrent_sessions=limit)))
             await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
             await stack.enter_async_context(run_fleet("workflows", client, gateway))
             yield Rig(RolloutClient(client, check_capabilities=False),
@@ -305,3 +305,20 @@ async def _final_state(r: Rig):
         if not state.holders or time.monotonic() > deadline:
             return state
         await asyncio.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+async def test_a_full_host_is_saturated_not_dead(temporal_server, tmp_path: Path) -> None:
+    """A host limited to 1 runs a 6 s harness; the second session waits longer than its
+    ``provision_wait_s`` (2 s) while the shared sandbox queue sees no poll (the host's slot
+    is taken), and is still not failed for want of a sandbox worker: the host polls its
+    own queue."""
+    async with rig(temporal_server.address, tmp_path, limit=1) as r:
+        handle = await r.client.submit(task(f"full-{uuid.uuid4().hex[:6]}", "sleep 6", 2,
+                                            phases={"run_s": 30, "provision_wait_s": 2}))
+        group = await handle.result()
+    assert_all_completed(group)
+    waits = sorted(sum(p.duration_s for p in s.phases if p.phase == "provision")
+                   for s in group.sessions)
+    print(f"\nprovisioning of the second session (queue wait included): {waits[-1]:.1f} s")
+    assert waits[-1] > 4.0

@@ -77,3 +77,15 @@ class _Release:
 def test_runtime_slots_refuse_a_limit_below_one() -> None:
     with pytest.raises(ValueError, match="limit"):
         RuntimeSlots(0, lambda: 0)
+    with pytest.raises(ValueError, match="max_reserved"):
+        RuntimeSlots(4, lambda: 0, max_reserved=0)
+
+
+async def test_runtime_slots_bound_provisionings_at_once_within_the_limit() -> None:
+    slots = RuntimeSlots(10, lambda: 0, max_reserved=2)
+    ctx = None
+    await slots.reserve_slot(ctx)  # type: ignore[arg-type]
+    permit = await slots.reserve_slot(ctx)  # type: ignore[arg-type]
+    assert slots.try_reserve_slot(ctx) is None  # type: ignore[arg-type]
+    slots.release_slot(_Release(permit))
+    assert slots.try_reserve_slot(ctx) is not None  # type: ignore[arg-type]

@@ -139,7 +139,8 @@ async def run_fleet(
         reclaimed = await asyncio.to_thread(acts.reclaim)
         # backpressure: a provisioning slot is handed out only while the host's live
         # runtimes (so its running harnesses) stay under max_concurrent_sessions
-        slots = RuntimeSlots(s.max_concurrent_sessions, lambda: len(acts.runtimes))
+        slots = RuntimeSlots(s.max_concurrent_sessions, lambda: len(acts.runtimes),
+                             max_reserved=s.max_concurrent_provisions)
         acts.on_runtime_gone = slots.notify
         handle.resources.update(activities=acts, reclaimed=reclaimed, slots=slots)
         handle.workers += [

@@ -31,18 +31,27 @@ log = structlog.get_logger(__name__)
 class RuntimeSlots(CustomSlotSupplier):
     """Activity slots of a sandbox host's provisioning worker, bounded by its live runtimes.
 
-    Invariant: ``reserved + live_runtimes() <= limit`` whenever a slot is handed out (a
-    provisioning that finished counts twice for a moment, which only delays the next one).
+    Invariant: ``reserved + live_runtimes() <= limit`` and ``reserved <= max_reserved``
+    whenever a slot is handed out (a provisioning that finished counts twice for a moment,
+    which only delays the next one).
 
     Args:
         limit: ``SandboxSettings.max_concurrent_sessions``, >= 1.
         live_runtimes: the number of runtimes the host holds now (provisioned, not torn down).
+        max_reserved: provisionings at once (``SandboxSettings.max_concurrent_provisions``);
+            None: ``limit``.
+
+    Raises:
+        ValueError: a bound below 1.
     """
 
-    def __init__(self, limit: int, live_runtimes: Callable[[], int]) -> None:
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, not {limit}")
+    def __init__(self, limit: int, live_runtimes: Callable[[], int],
+                 max_reserved: int | None = None) -> None:
+        if limit < 1 or (max_reserved is not None and max_reserved < 1):
+            raise ValueError(f"limit and max_reserved must be >= 1, not {limit}, "
+                             f"{max_reserved}")
         self.limit = limit
+        self.max_reserved = limit if max_reserved is None else max_reserved
         self._live_runtimes = live_runtimes
         self._lock = threading.Lock()
         self._reserved = 0
@@ -56,7 +65,8 @@ class RuntimeSlots(CustomSlotSupplier):
 
     def _take(self) -> bool:
         with self._lock:
-            if self._reserved + self._live_runtimes() >= self.limit:
+            if (self._reserved >= self.max_reserved
+                    or self._reserved + self._live_runtimes() >= self.limit):
                 return False
             self._reserved += 1
             return True

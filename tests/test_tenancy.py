@@ -230,7 +230,9 @@ async def test_two_tenants_share_the_fleet_and_a_high_priority_task_overtakes(
     print(f"priority 1 submitted with a backlog of {backlog}: {overtaken_by} of it started "
           f"before it")
     assert backlog >= 30
-    assert overtaken_by <= HOST_LIMIT + 2
+    # those that were already on their way (opened, provisioning) while its own session
+    # started and opened: a few seconds of a host running 4 at once
+    assert overtaken_by <= 3 * HOST_LIMIT
 
 
 async def _num_run_started(r: Rig, task_id: str, at_least: int) -> bool:

@@ -11,6 +11,7 @@ tenants: each tenant's workflow counts its own sessions only.
 from __future__ import annotations
 
 import structlog
+from pydantic import Field
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
@@ -47,13 +48,13 @@ class TenantSlotRequest(Model):
     """
 
     workflow_id: str
-    priority: int = 3
+    priority: int = Field(default=3, ge=1, le=5)
 
 
 class TenantQuota(Model):
     """A tenant's quota. ``max_sessions_in_flight`` None: no bound (every request is granted)."""
 
-    max_sessions_in_flight: int | None = None
+    max_sessions_in_flight: int | None = Field(default=None, ge=1)
 
 
 class TenantState(Model):
@@ -61,9 +62,9 @@ class TenantState(Model):
     requests waiting (in grant order)."""
 
     tenant: str
-    quota: TenantQuota = TenantQuota()
-    holders: list[str] = []
-    waiting: list[TenantSlotRequest] = []
+    quota: TenantQuota = Field(default_factory=TenantQuota)
+    holders: list[str] = Field(default_factory=list)
+    waiting: list[TenantSlotRequest] = Field(default_factory=list)
     #: slots granted since the workflow started (over continue-as-new)
     num_granted: int = 0
 

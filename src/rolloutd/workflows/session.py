@@ -387,8 +387,6 @@ class RolloutSessionWorkflow:
                     priority=self._priority))
                 # waiting in the sandbox queue for a host's capacity: not the deadline's
                 self._waited_s += runtime.queue_wait_s if self._tenancy else 0.0
-            if self._start_prewarm is not None and self._prewarm is None:
-                self._prewarm = self._start_prewarm()
             else:
                 runtime = await timed("provision", workflow.execute_activity(
                     "provision_runtime", provision_input,
@@ -399,6 +397,8 @@ class RolloutSessionWorkflow:
                     priority=self._priority,
                     result_type=ProvisionRuntimeOutput,
                 ))
+            if self._start_prewarm is not None and self._prewarm is None:
+                self._prewarm = self._start_prewarm()
             run_budget = min(phases.run_s, max(1.0, deadline_left()))
             try:
                 ran: RunHarnessOutput = await timed("run", workflow.execute_activity(

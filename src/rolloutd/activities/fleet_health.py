@@ -28,7 +28,10 @@ from rolloutd.task_queues import host_queue
 log = structlog.get_logger(__name__)
 
 #: a shared sandbox queue whose last poll is older than this: ask the hosts' own queues too
-FULL_HOST_S = 5.0
+FULL_HOST_S = 1.0
+#: the longest a worker's poll waits on an empty queue before it polls again (the server's
+#: ``matching.longPollExpirationInterval``, 1 min, and a margin)
+LONG_POLL_S = 70.0
 
 
 class FleetHealthActivities:
@@ -55,8 +58,11 @@ class FleetHealthActivities:
         if input.task_queue == task_queues.SANDBOX and (not ages or min(ages) > FULL_HOST_S):
             # a full host does not poll the shared queue (its provisioning slots wait for
             # room: rolloutd.workers.capacity) but still polls its own: saturated, not dead
+            # a poll waits on an idle queue for up to a long poll (DescribeTaskQueue shows
+            # when it started): a host queue polled within one is polled still
             for host_id in await self._sandbox_hosts():
-                ages += await self._poll_ages(host_queue("sandbox", host_id))
+                ages += [max(0.0, age - LONG_POLL_S)
+                         for age in await self._poll_ages(host_queue("sandbox", host_id))]
         picked_up = False
         if input.activity_id:
             info = activity.info()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
@@ -121,8 +121,8 @@ class RolloutSessionWorkflow:
         self._num_completions = 0
         self._priority = Priority.default
         self._granted = False
-        #: seconds spent waiting for capacity (a tenant slot, the sandbox queue): the
-        #: session deadline does not tick meanwhile
+        # the deadline's clock (None: not started) and the later attempts' queue waits, s
+        self._clock: datetime | None = None
         self._waited_s = 0.0
         self._tenancy = False
         self._prewarm: asyncio.Task[ProvisionRuntimeOutput] | None = None
@@ -147,7 +147,6 @@ class RolloutSessionWorkflow:
         waited: float | None = None
         if tenancy:
             self._priority = task_priority(task)
-            # the deadline starts once the slot is held (in _run)
             self._phase = "tenant_wait"
             waited = await tenants.acquire_slot(task, lambda: self._granted, timings)
         holds_slot = waited is not None
@@ -161,12 +160,12 @@ class RolloutSessionWorkflow:
         """Steps 1-9 (the module docstring)."""
         task = input.task
         phases = task.phases
-        started = workflow.now()
+        # with tenancy it ticks from the first runtime up: no capacity wait is charged
+        self._clock = None if self._tenancy else workflow.now()
 
         def deadline_left() -> float:
-            # time waiting for capacity does not tick the deadline (DESIGN.md)
-            return task.timeout_s - ((workflow.now() - started).total_seconds()
-                                     - self._waited_s)
+            ticked = (workflow.now() - (self._clock or workflow.now())).total_seconds()
+            return task.timeout_s - (ticked - self._waited_s)
 
         async def timed(phase: str, coro, *, current: bool = True):
             if current:
@@ -196,8 +195,7 @@ class RolloutSessionWorkflow:
                 result_type=ProvisionRuntimeOutput,
             ), current=False))
 
-        # with host capacity bounded (TENANT_QUOTA), asked for once the session's runtime is
-        # up: sessions holding evaluation runtimes while waiting for their own fill a host
+        # with tenancy, once the session's runtime is up (else such runtimes fill a host)
         self._start_prewarm = start_prewarm if fresh_eval and self._tenancy else None
         given_up: list[SessionAttempt] = []
         attempt = 0
@@ -385,8 +383,10 @@ class RolloutSessionWorkflow:
                 runtime = await timed("provision", provision_watched(
                     provision_input, phases.provision_s, phases.provision_wait_s, attempt,
                     priority=self._priority))
-                # waiting in the sandbox queue for a host's capacity: not the deadline's
-                self._waited_s += runtime.queue_wait_s if self._tenancy else 0.0
+                if self._tenancy and self._clock is None:
+                    self._clock = workflow.now()
+                elif self._tenancy:  # a later attempt's wait for a host
+                    self._waited_s += runtime.queue_wait_s
             else:
                 runtime = await timed("provision", workflow.execute_activity(
                     "provision_runtime", provision_input,

@@ -75,7 +75,10 @@ async def fleets(temporal_server, engine, tmp_path_factory) -> AsyncIterator[Fle
                                        gateway_public_url=harness_tee.url,
                                        model="qwen2.5-coder-0.5b",
                                        tool_parser="hermes_lenient")
-    sandbox_settings = SandboxSettings(**common, runtime_root=str(home / "runtimes"))
+    # tests on these fleets hold many sessions open at once (gated harnesses): a host bound
+    # above all of them (tests/test_tenancy.py checks the bound on fleets of its own)
+    sandbox_settings = SandboxSettings(**common, runtime_root=str(home / "runtimes"),
+                                       max_concurrent_sessions=64)
     client = await connect(gateway_settings)
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(run_fleet("gateway", client, gateway_settings))

@@ -335,6 +335,15 @@ def build_parser() -> argparse.ArgumentParser:
     rest.add_argument("--admin-token", default=None,
                       help="bearer token of the gateway's admin routes; None: none sent")
 
+    quota = _sub(sub, "quota", "show or set a tenant's quota of sessions in flight "
+                 "(docs/tenancy.md)")
+    quota.add_argument("tenant", help="the tenant (TaskRequest.tenant)")
+    quota.add_argument("max_sessions", nargs="?", default=None,
+                       help="the bound (>= 1), or 'none' to lift it; omitted: show only")
+    quota.add_argument("--address", default=None,
+                       help="Temporal address host:port; None: $ROLLOUTD_TEMPORAL_ADDRESS "
+                       "or localhost:7233")
+
     status = _sub(sub, "status", "the running stack: children, pids, uptime, restarts, task "
                   "queues, engine, sessions in flight by phase")
     status.add_argument("--home", type=Path, default=None,
@@ -429,6 +438,31 @@ async def _generation_main(args: argparse.Namespace, settings: CommonSettings) -
     return 0
 
 
+async def _quota_main(args: argparse.Namespace, settings: CommonSettings) -> int:
+    """``rolloutd quota TENANT [N|none]``: print the tenant's state as JSON (after setting)."""
+    from rolloutd.trainer_client import RolloutClient
+
+    bound: int | None = None
+    if args.max_sessions is not None and args.max_sessions.lower() != "none":
+        try:
+            bound = int(args.max_sessions)
+        except ValueError:
+            bound = 0
+        if bound < 1:
+            raise SystemExit(f"rolloutd quota: MAX_SESSIONS must be a number >= 1 or 'none', "
+                             f"not {args.max_sessions!r}")
+    client = await RolloutClient.connect(args.address or settings.temporal_address,
+                                         namespace=settings.temporal_namespace)
+    try:
+        state = (await client.set_tenant_quota(args.tenant, bound)
+                 if args.max_sessions is not None else await client.tenant_state(args.tenant))
+    except ValueError as e:
+        raise SystemExit(f"rolloutd quota: {e}") from None
+    print(state.model_dump_json(indent=2) if state is not None
+          else f"tenant {args.tenant} has no quota")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rolloutd`` command."""
     parser = build_parser()
@@ -485,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
             _load_tasks(args.file), args.address or settings.temporal_address,
             args.store_url or settings.store_url, namespace=settings.temporal_namespace,
             gateway_url=args.gateway_url or _stack_gateway_url())))
+    elif args.command == "quota":
+        return asyncio.run(_quota_main(args, settings))
     elif args.command == "rest":
         from rolloutd.rest import serve
 

@@ -89,6 +89,21 @@ class PolarTaskRequest(_Wire):
     #: passed as they are
     sampling: dict[str, Any] | None = None
     phases: dict[str, Any] | None = None
+    #: Polar's: larger is dispatched sooner (0 by default); mapped to TaskRequest.priority
+    #: by :func:`priority_of`
+    dispatch_priority: int | None = None
+    #: rolloutd's own (TaskRequest.tenant, .priority, .fairness_weight); ``priority``, when
+    #: given, wins over ``dispatch_priority``
+    tenant: str | None = None
+    priority: int | None = None
+    fairness_weight: float | None = None
+
+
+def priority_of(dispatch_priority: int) -> int:
+    """TaskRequest.priority (Temporal's key: 1 first, 3 default, 5 last) of a Polar
+    ``dispatch_priority`` (larger sooner, 0 default): ``3 - dispatch_priority``, clamped to
+    1..5, so 0 is the default, 1 one step sooner, 2 and above the first."""
+    return min(5, max(1, 3 - dispatch_priority))
 
 
 class SubmitResponse(BaseModel):
@@ -193,6 +208,11 @@ def to_task_request(polar: PolarTaskRequest) -> dict[str, Any]:
     }
     if agent.model_name:
         task["model"] = agent.model_name
+    if polar.dispatch_priority is not None:
+        task["priority"] = priority_of(polar.dispatch_priority)
+    for own in ("tenant", "priority", "fairness_weight"):
+        if getattr(polar, own) is not None:
+            task[own] = getattr(polar, own)
     if polar.sampling is not None:
         task["sampling"] = polar.sampling
     if polar.phases is not None:

@@ -119,7 +119,14 @@ class SandboxSettings(CommonSettings):
         default_factory=lambda: str(default_home() / "runtimes"),
         description="folder where runtimes keep their workspaces",
     )
-    max_concurrent_sessions: int = Field(default=8, ge=1, description="harness runs at once")
+    max_concurrent_sessions: int = Field(
+        default=8, ge=1, description="runtimes (so running harnesses) this host holds at "
+        "once, evaluation runtimes included; further sessions wait in the sandbox queue "
+        "before provisioning, their deadline not ticking (docs/tenancy.md)")
+    max_concurrent_provisions: int = Field(
+        default=16, ge=1, description="runtimes this host starts at once (within "
+        "max_concurrent_sessions): many bwrap or container starts at once on few cores slow "
+        "each other down")
 
 
 class EvalSettings(CommonSettings):

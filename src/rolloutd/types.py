@@ -34,6 +34,10 @@ __all__ = ["ISOLATING_RUNTIMES", "ExecStep", "PrepareStep", "UploadStep"]
 
 #: task ids become workflow ids and blob-store folders, so they are kept path- and URL-safe.
 TASK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: the tenant of a task that names none
+DEFAULT_TENANT = "default"
+#: Temporal's default priority key (1 first ... 5 last)
+DEFAULT_PRIORITY = 3
 
 
 # --------------------------------------------------------------------------- task request
@@ -82,6 +86,18 @@ class TaskRequest(Model):
         "a failure because the sandbox fleet was down waits for the fleet (up to "
         "phases.provision_wait_s) and is not counted")
     model: str | None = Field(default=None, description="model name shown to the harness")
+    tenant: str = Field(
+        default=DEFAULT_TENANT, description="the trainer job, evaluation or generation the "
+        "task belongs to: the fairness key of every activity and child workflow of the task "
+        "(Temporal task fairness), and the key of its quota of sessions in flight "
+        "(docs/tenancy.md)")
+    priority: int = Field(
+        default=DEFAULT_PRIORITY, ge=1, le=5, description="Temporal task priority key of "
+        "every activity and child workflow of the task: 1 is served first, 5 last, 3 is "
+        "Temporal's default (docs.temporal.io/develop/task-queue-priority-fairness)")
+    fairness_weight: float = Field(
+        default=1.0, gt=0.0, le=1000.0, description="the tenant's share among tasks of equal "
+        "priority: a tenant of weight 2 gets about twice the dispatches of one of weight 1")
     timeout_reward: Literal["evaluate"] | float | None = Field(
         default="evaluate", description="the reward of a session whose run phase timed out "
         "while the policy was accountable (no backend error stood unrecovered, no call was "
@@ -114,6 +130,23 @@ class TaskRequest(Model):
                 "starting with a letter or digit"
             )
         return task_id
+
+    @field_validator("tenant")
+    @classmethod
+    def _safe_tenant(cls, tenant: str) -> str:
+        return check_tenant(tenant)
+
+
+def check_tenant(tenant: str) -> str:
+    """``tenant``, when it is a valid tenant name: it names a workflow id (``tenant/{tenant}``).
+
+    Raises:
+        ValueError: not 1-128 letters, digits, '.', '_' or '-' starting with a letter or digit.
+    """
+    if not TASK_ID_PATTERN.match(tenant):
+        raise ValueError("tenant must be 1-128 characters of letters, digits, '.', '_' or '-', "
+                         f"starting with a letter or digit, not {tenant!r}")
+    return tenant
 
 
 # --------------------------------------------------------------------------- completions

@@ -155,7 +155,10 @@ async def rig(tmp_path_factory) -> AsyncIterator[Rig]:
                                   # the eval fleet imports tests.reliability.slow_evaluator
                                   "PYTHONPATH": os.pathsep.join(
                                       [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
-                                  "ROLLOUTD_MAX_CONCURRENT_SESSIONS": "16"})
+                                  # test_cancel_many runs 100 harnesses on this host at
+                                  # once, starting 16 at a time
+                                  "ROLLOUTD_MAX_CONCURRENT_SESSIONS": "128",
+                                  "ROLLOUTD_MAX_CONCURRENT_PROVISIONS": "16"})
     try:
         await asyncio.to_thread(stack.start)
         yield Rig(stack=stack, engine_tee=tee, runtime_root=home / "runtimes")

@@ -135,6 +135,9 @@ class ProvisionRuntimeOutput(_IO):
     host_queue: str
     workdir: str
     duration_s: float = 0.0
+    #: seconds the (last attempt of the) provisioning waited in the sandbox queue for a host
+    #: with capacity: not charged to the session deadline
+    queue_wait_s: float = Field(default=0.0, ge=0.0)
 
 
 class RunHarnessInput(_IO):

@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -86,6 +87,9 @@ class SandboxActivities:
         self.root.mkdir(parents=True, exist_ok=True)
         self.runtimes: dict[str, Runtime] = {}
         self.host_queue = host_queue("sandbox", settings.host_id)
+        #: called when a runtime is gone (torn down): the host has room for another
+        #: (:class:`rolloutd.workers.capacity.RuntimeSlots`)
+        self.on_runtime_gone: Callable[[], None] = lambda: None
 
     def reclaim(self) -> reclaim.ReclaimReport:
         """Kill and remove the runtimes a dead worker left under this host's runtime root
@@ -124,9 +128,13 @@ class SandboxActivities:
         duration = time.monotonic() - t0
         log.info("runtime_started", runtime=input.runtime.type, runtime_id=runtime_id,
                  duration_s=round(duration, 4))
+        info = activity.info()
+        # both times are the server's: the time this attempt waited for a host's capacity
+        queue_wait = max(0.0, (info.started_time
+                               - info.current_attempt_scheduled_time).total_seconds())
         return ProvisionRuntimeOutput(runtime_id=runtime_id, host_id=self.settings.host_id,
                                       host_queue=self.host_queue, workdir=runtime.workdir,
-                                      duration_s=duration)
+                                      duration_s=duration, queue_wait_s=queue_wait)
 
     @activity.defn(name="run_harness")
     async def run_harness(self, input: RunHarnessInput) -> RunHarnessOutput:
@@ -310,6 +318,7 @@ class SandboxActivities:
             self.runtimes[input.runtime_id] = runtime
             raise to_application_error(e) from e
         reclaim.release(self.root, input.runtime_id)
+        self.on_runtime_gone()
         duration = time.monotonic() - t0
         log.info("runtime_stopped", runtime_id=input.runtime_id, duration_s=round(duration, 4))
         return TeardownRuntimeOutput(found=True, duration_s=duration)

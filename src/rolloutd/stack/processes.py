@@ -150,6 +150,8 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
 
 #: SQLite pragmas of the dev server's file (``temporal server start-dev --sqlite-pragma``).
 SQLITE_PRAGMAS = ("journal_mode=wal", "synchronous=normal")
+#: dynamic config of the dev server (``--dynamic-config-value``; values are JSON)
+DYNAMIC_CONFIG = {"matching.enableFairness": "true"}
 
 
 class TemporalDevServer:
@@ -195,6 +197,10 @@ class TemporalDevServer:
             cmd += [f"--sqlite-pragma={p}" for p in SQLITE_PRAGMAS]
         if self.headless:
             cmd.append("--headless")
+        # task fairness (TaskRequest.tenant as fairness key) is off by default on the server;
+        # task priority is on (docs/tenancy.md)
+        cmd += [f"--dynamic-config-value={key}={value}"
+                for key, value in DYNAMIC_CONFIG.items()]
         for name, kind in search.DEFINITIONS.items():
             cmd += ["--search-attribute", f"{name}={kind}"]
         return cmd

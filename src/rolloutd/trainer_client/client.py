@@ -49,6 +49,7 @@ from rolloutd.capabilities import (
 from rolloutd.errors import ConfigError, FleetRegistryError, NotFoundError
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client.health import FleetHealth, watch
+from rolloutd.trainer_client.tenants import TenantState, set_tenant_quota, tenant_state
 from rolloutd.types import (
     CallbackStatus,
     SessionResult,
@@ -60,6 +61,7 @@ from rolloutd.types import (
 )
 from rolloutd.workflows.callback import CallbackWorkflow, callback_workflow_id
 from rolloutd.workflows.task import RolloutTaskWorkflow, task_workflow_id
+from rolloutd.workflows.tenants import task_priority
 
 #: how long a query (capabilities, a task's or a callback's status) may take: a workflows
 #: fleet that does not answer by then is reported, not waited for.
@@ -279,6 +281,8 @@ class RolloutClient:
             id=task_workflow_id(request.task_id),
             task_queue=task_queues.WORKFLOWS,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            # the task's own workflow tasks too; it sets it on each session and activity
+            priority=task_priority(request),
             # read by status() without a worker (closed tasks) and without the history
             memo={"num_samples": request.num_samples,
                   "callback": request.callback_url is not None},
@@ -365,6 +369,16 @@ class RolloutClient:
     async def cancel(self, task_id: str) -> None:
         """Cancel a task by id: its sessions stop, tear down and keep what they captured."""
         await self.get_handle(task_id).cancel()
+
+    async def set_tenant_quota(self, tenant: str,
+                               max_sessions_in_flight: int | None) -> TenantState:
+        """Bound a tenant's sessions in flight (None: unbounded); see
+        :func:`rolloutd.trainer_client.tenants.set_tenant_quota`."""
+        return await set_tenant_quota(self.client, tenant, max_sessions_in_flight)
+
+    async def tenant_state(self, tenant: str) -> TenantState | None:
+        """A tenant's quota, holders and waiting sessions (None: the tenant has no quota)."""
+        return await tenant_state(self.client, tenant)
 
     async def create_buffer(self, config: Any) -> Any:
         """Start (or attach to) a training run's buffer: see

@@ -26,7 +26,12 @@ from typing import Any
 import structlog
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
+from temporalio.worker import (
+    FixedSizeSlotSupplier,
+    PollerBehaviorSimpleMaximum,
+    Worker,
+    WorkerTuner,
+)
 
 from rolloutd import task_queues
 from rolloutd.capabilities import HostCapabilities
@@ -38,6 +43,7 @@ from rolloutd.settings import (
 )
 from rolloutd.store import BlobStore
 from rolloutd.task_queues import Fleet
+from rolloutd.workers.capacity import RuntimeSlots
 from rolloutd.workers.health import serve_health
 
 log = structlog.get_logger(__name__)
@@ -98,21 +104,26 @@ async def run_fleet(
     if fleet == "workflows":
         from rolloutd.activities.cancel import cancel_workflows
         from rolloutd.activities.fleet_health import FleetHealthActivities
+        from rolloutd.activities.tenants import TenantActivities
         from rolloutd.workflows.buffer import RolloutBufferWorkflow
         from rolloutd.workflows.callback import CallbackWorkflow
         from rolloutd.workflows.fleets import FleetRegistryWorkflow
         from rolloutd.workflows.generation import GenerationWorkflow
         from rolloutd.workflows.session import RolloutSessionWorkflow
         from rolloutd.workflows.task import RolloutTaskWorkflow
+        from rolloutd.workflows.tenants import TenantWorkflow
 
         handle.workers.append(Worker(
             client, task_queue=task_queues.WORKFLOWS,
             workflows=[RolloutTaskWorkflow, RolloutSessionWorkflow, RolloutBufferWorkflow,
-                       FleetRegistryWorkflow, CallbackWorkflow, GenerationWorkflow],
+                       FleetRegistryWorkflow, CallbackWorkflow, GenerationWorkflow,
+                       TenantWorkflow],
             # local activities only: a cancelled task cancels its sessions directly with
-            # cancel_workflows; a session asks whether a sandbox worker polls at all
+            # cancel_workflows; a session asks whether a sandbox worker polls at all, and
+            # its tenant's quota workflow for a slot
             activities=[cancel_workflows,
-                        FleetHealthActivities(client).task_queue_pollers],
+                        FleetHealthActivities(client).task_queue_pollers,
+                        TenantActivities(client).request_tenant_slot],
             no_remote_activities=True,
             workflow_task_poller_behavior=TASK_POLLS,
         ))
@@ -126,10 +137,19 @@ async def run_fleet(
         # before polling: runtimes a killed worker left on this root are killed and removed,
         # so a teardown of them that arrives on this host's queue finds nothing left running
         reclaimed = await asyncio.to_thread(acts.reclaim)
-        handle.resources.update(activities=acts, reclaimed=reclaimed)
+        # backpressure: a provisioning slot is handed out only while the host's live
+        # runtimes (so its running harnesses) stay under max_concurrent_sessions
+        slots = RuntimeSlots(s.max_concurrent_sessions, lambda: len(acts.runtimes),
+                             max_reserved=s.max_concurrent_provisions)
+        acts.on_runtime_gone = slots.notify
+        handle.resources.update(activities=acts, reclaimed=reclaimed, slots=slots)
         handle.workers += [
             Worker(client, task_queue=task_queues.SANDBOX, activities=[acts.provision_runtime],
-                   max_concurrent_activities=s.max_concurrent_sessions,
+                   tuner=WorkerTuner.create_composite(
+                       workflow_supplier=FixedSizeSlotSupplier(1),
+                       activity_supplier=slots,
+                       local_activity_supplier=FixedSizeSlotSupplier(1),
+                       nexus_supplier=FixedSizeSlotSupplier(1)),
                    max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE),
             # every provisioned runtime needs a slot here for its run and then its teardown;
             # provisioning (above) is what bounds the number of runtimes

@@ -56,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
         TakeBatchInput,
         TakeBatchOutput,
     )
+    from rolloutd.workflows.tenants import task_priority
     from rolloutd.workflows.task import (
         GROUP_FINISHED_SIGNAL,
         RolloutTaskWorkflow,
@@ -186,7 +187,7 @@ class RolloutBufferWorkflow:
         try:
             await workflow.start_child_workflow(
                 RolloutTaskWorkflow.run, request, id=running.workflow_id,
-                task_queue=task_queues.WORKFLOWS,
+                task_queue=task_queues.WORKFLOWS, priority=task_priority(request),
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
             )
         except Exception as e:  # noqa: BLE001 - boundary: a reused task id, a bad request

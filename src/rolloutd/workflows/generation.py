@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         WriteOutputsInput,
     )
     from rolloutd.workflows.task import RolloutTaskWorkflow, task_workflow_id
+    from rolloutd.workflows.tenants import task_priority
 
 IO_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30),
                        maximum_attempts=10, non_retryable_error_types=["GenerationSourceError"])
@@ -134,7 +135,7 @@ class GenerationWorkflow:
         try:
             return await workflow.execute_child_workflow(
                 RolloutTaskWorkflow.run, row.task, id=workflow_id,
-                task_queue=task_queues.WORKFLOWS,
+                task_queue=task_queues.WORKFLOWS, priority=task_priority(row.task),
                 parent_close_policy=ParentClosePolicy.ABANDON,
                 # a failed or terminated task may run again; a completed one never
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY)

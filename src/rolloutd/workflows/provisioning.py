@@ -8,7 +8,7 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError
 from temporalio.exceptions import CancelledError as TemporalCancelledError
 
@@ -41,7 +41,8 @@ POLLER_CHECK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_
 
 
 async def provision_watched(input: ProvisionRuntimeInput, provision_s: float,
-                            wait_s: float, attempt: int) -> ProvisionRuntimeOutput:
+                            wait_s: float, attempt: int, *,
+                            priority: Priority = Priority.default) -> ProvisionRuntimeOutput:
     """Provision a runtime, giving up when no sandbox worker picks it up: while the
     activity waits in the sandbox queue, a local activity asks Temporal every few seconds
     which pollers it saw there (DescribeTaskQueue); when none has polled for ``wait_s``,
@@ -54,6 +55,7 @@ async def provision_watched(input: ProvisionRuntimeInput, provision_s: float,
         provision_s: the activity's start-to-close timeout, seconds.
         wait_s: ``phases.provision_wait_s``.
         attempt: the session's attempt (names the activity, so the check finds it).
+        priority: the task's Temporal priority (:func:`rolloutd.workflows.tenants.task_priority`).
 
     Raises:
         NoSandboxWorkerError: no sandbox worker polled for ``wait_s``.
@@ -68,6 +70,7 @@ async def provision_watched(input: ProvisionRuntimeInput, provision_s: float,
         retry_policy=INFRA_RETRY,
         result_type=ProvisionRuntimeOutput,
         activity_id=activity_id,
+        priority=priority,
     )
     every = max(1.0, min(POLLER_CHECK_EVERY_S, wait_s / 3))
     last_seen = workflow.now()  # the wait starts now: "not seen for wait_s" from here

@@ -13,11 +13,12 @@ Deterministic code only: no I/O, ``workflow.now()`` for time.
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
 from temporalio.exceptions import CancelledError as TemporalCancelledError
 
@@ -49,7 +50,9 @@ with workflow.unsafe.imports_passed_through():
         SessionStatus,
         TaskRequest,
     )
-    from rolloutd.workflows import failures, search
+    from rolloutd.activities.tenants import GRANTED_SIGNAL
+    from rolloutd.workflows import failures, search, tenants
+    from rolloutd.workflows.tenants import task_priority
     from rolloutd.workflows.provisioning import HEARTBEAT, INFRA_RETRY, provision_watched
     from rolloutd.workflows.outcome import (
         AttemptOutcome,
@@ -86,6 +89,9 @@ FAILURE_CAUSES = "failure-causes"
 #: counter of sessions ended with a failure cause (label ``kind``), from workflow code
 #: through ``workflow.metric_meter()`` (replay-safe)
 SESSION_FAILURES_METRIC = "rolloutd_session_failures"
+#: patch id: tenant priority and quota slot; capacity waits do not tick the deadline; the
+#: evaluation runtime is asked for after the session's (docs/tenancy.md). Before: none.
+TENANT_QUOTA = "tenant-quota"
 
 
 def attempt_session_id(session_id: str, attempt: int) -> str:
@@ -113,6 +119,19 @@ class RolloutSessionWorkflow:
     def __init__(self) -> None:
         self._phase = "pending"
         self._num_completions = 0
+        self._priority = Priority.default
+        self._granted = False
+        # the deadline's clock (None: not started) and the later attempts' queue waits, s
+        self._clock: datetime | None = None
+        self._waited_s = 0.0
+        self._tenancy = False
+        self._prewarm: asyncio.Task[ProvisionRuntimeOutput] | None = None
+        self._start_prewarm: Callable[[], asyncio.Task[ProvisionRuntimeOutput]] | None = None
+
+    @workflow.signal(name=GRANTED_SIGNAL)
+    def tenant_slot_granted(self) -> None:
+        """The tenant's quota workflow granted this session a slot."""
+        self._granted = True
 
     @workflow.query
     def phase(self) -> str:
@@ -122,13 +141,31 @@ class RolloutSessionWorkflow:
     @workflow.run
     async def run(self, input: SessionInput) -> SessionResult:
         task = input.task
-        phases = task.phases
         timings: list[PhaseTiming] = []
-        started = workflow.now()
         search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
+        tenancy = self._tenancy = workflow.patched(TENANT_QUOTA)
+        waited: float | None = None
+        if tenancy:
+            self._priority = task_priority(task)
+            self._phase = "tenant_wait"
+            waited = await tenants.acquire_slot(task, lambda: self._granted, timings)
+        holds_slot = waited is not None
+        try:
+            return await self._run(input, timings)
+        finally:
+            if holds_slot:
+                await tenants.release_slot(task)
+
+    async def _run(self, input: SessionInput, timings: list[PhaseTiming]) -> SessionResult:
+        """Steps 1-9 (the module docstring)."""
+        task = input.task
+        phases = task.phases
+        # with tenancy it ticks from the first runtime up: no capacity wait is charged
+        self._clock = None if self._tenancy else workflow.now()
 
         def deadline_left() -> float:
-            return task.timeout_s - (workflow.now() - started).total_seconds()
+            ticked = (workflow.now() - (self._clock or workflow.now())).total_seconds()
+            return task.timeout_s - (ticked - self._waited_s)
 
         async def timed(phase: str, coro, *, current: bool = True):
             if current:
@@ -142,7 +179,24 @@ class RolloutSessionWorkflow:
                                            started_at=t0, ended_at=t1))
 
         fresh_eval = task.evaluator.runtime == "fresh"
-        prewarm: asyncio.Task[ProvisionRuntimeOutput] | None = None
+
+        def start_prewarm() -> asyncio.Task[ProvisionRuntimeOutput]:
+            # step 3: the evaluation runtime is provisioned while the harness runs
+            return asyncio.ensure_future(timed("eval_provision", workflow.execute_activity(
+                "provision_runtime",
+                ProvisionRuntimeInput(session_id=input.session_id,
+                                      runtime=task.evaluator.runtime_spec or task.runtime,
+                                      purpose="evaluation"),
+                task_queue=task_queues.SANDBOX,
+                start_to_close_timeout=_seconds(phases.provision_s),
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=INFRA_RETRY,
+                priority=self._priority,
+                result_type=ProvisionRuntimeOutput,
+            ), current=False))
+
+        # with tenancy, once the session's runtime is up (else such runtimes fill a host)
+        self._start_prewarm = start_prewarm if fresh_eval and self._tenancy else None
         given_up: list[SessionAttempt] = []
         attempt = 0
         while True:
@@ -156,21 +210,11 @@ class RolloutSessionWorkflow:
                 task_queue=task_queues.GATEWAY,
                 start_to_close_timeout=_seconds(phases.open_s),
                 retry_policy=INFRA_RETRY,
+                priority=self._priority,
                 result_type=OpenSessionOutput,
             ))
-            if fresh_eval and prewarm is None:
-                # step 3: the evaluation runtime is provisioned while the harness runs
-                prewarm = asyncio.ensure_future(timed("eval_provision", workflow.execute_activity(
-                    "provision_runtime",
-                    ProvisionRuntimeInput(session_id=input.session_id,
-                                          runtime=task.evaluator.runtime_spec or task.runtime,
-                                          purpose="evaluation"),
-                    task_queue=task_queues.SANDBOX,
-                    start_to_close_timeout=_seconds(phases.provision_s),
-                    heartbeat_timeout=HEARTBEAT,
-                    retry_policy=INFRA_RETRY,
-                    result_type=ProvisionRuntimeOutput,
-                ), current=False))
+            if fresh_eval and self._prewarm is None and not self._tenancy:
+                self._prewarm = start_prewarm()
             outcome = await self._attempt(input, session_id, opened, attempt,
                                           run_check=not fresh_eval, timed=timed,
                                           deadline_left=deadline_left)
@@ -191,7 +235,7 @@ class RolloutSessionWorkflow:
             break
 
         try:
-            return await self._finish(input, outcome, opened, session_id, attempt, prewarm,
+            return await self._finish(input, outcome, opened, session_id, attempt, self._prewarm,
                                       given_up, timings, timed)
         finally:
             await outcome.torn_down()
@@ -257,6 +301,7 @@ class RolloutSessionWorkflow:
             task_queue=task_queues.GATEWAY,
             start_to_close_timeout=_seconds(phases.build_s),
             retry_policy=INFRA_RETRY,
+            priority=self._priority,
             result_type=BuildTrajectoryOutput,
         ))
 
@@ -276,6 +321,7 @@ class RolloutSessionWorkflow:
                     start_to_close_timeout=_seconds(phases.evaluate_s),
                     heartbeat_timeout=HEARTBEAT,
                     retry_policy=INFRA_RETRY,
+                    priority=self._priority,
                     result_type=EvaluateOutput,
                 ))
             except ActivityError as e:
@@ -335,7 +381,12 @@ class RolloutSessionWorkflow:
             provision_input = ProvisionRuntimeInput(session_id=session_id, runtime=task.runtime)
             if workflow.patched(PROVISION_WAIT):
                 runtime = await timed("provision", provision_watched(
-                    provision_input, phases.provision_s, phases.provision_wait_s, attempt))
+                    provision_input, phases.provision_s, phases.provision_wait_s, attempt,
+                    priority=self._priority))
+                if self._tenancy and self._clock is None:
+                    self._clock = workflow.now()
+                elif self._tenancy:  # a later attempt's wait for a host
+                    self._waited_s += runtime.queue_wait_s
             else:
                 runtime = await timed("provision", workflow.execute_activity(
                     "provision_runtime", provision_input,
@@ -343,8 +394,11 @@ class RolloutSessionWorkflow:
                     start_to_close_timeout=_seconds(phases.provision_s),
                     heartbeat_timeout=HEARTBEAT,
                     retry_policy=INFRA_RETRY,
+                    priority=self._priority,
                     result_type=ProvisionRuntimeOutput,
                 ))
+            if self._start_prewarm is not None and self._prewarm is None:
+                self._prewarm = self._start_prewarm()
             run_budget = min(phases.run_s, max(1.0, deadline_left()))
             try:
                 ran: RunHarnessOutput = await timed("run", workflow.execute_activity(
@@ -358,6 +412,7 @@ class RolloutSessionWorkflow:
                     schedule_to_start_timeout=HOST_QUEUE_START,
                     heartbeat_timeout=HARNESS_HEARTBEAT,
                     retry_policy=NO_RETRY,
+                    priority=self._priority,
                     cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                     result_type=RunHarnessOutput,
                 ))
@@ -400,6 +455,7 @@ class RolloutSessionWorkflow:
                     schedule_to_start_timeout=HOST_QUEUE_START,
                     heartbeat_timeout=HEARTBEAT,
                     retry_policy=NO_RETRY,
+                    priority=self._priority,
                     result_type=CollectArtifactsOutput,
                 ))
                 out.artifacts = collected.artifacts
@@ -448,6 +504,7 @@ class RolloutSessionWorkflow:
                                            else _seconds(3 * teardown_s)),
                 heartbeat_timeout=HEARTBEAT,
                 retry_policy=INFRA_RETRY,
+                priority=self._priority,
             ), current=current)
         except ActivityError as e:
             workflow.logger.warning("teardown of %s on %s abandoned (reclaimed when the host "
@@ -471,6 +528,7 @@ class RolloutSessionWorkflow:
                 start_to_close_timeout=CLOSE_TIMEOUT,
                 schedule_to_close_timeout=PINNED_CLOSE,
                 retry_policy=INFRA_RETRY,
+                priority=self._priority,
                 result_type=CloseSessionOutput,
             ))
         except ActivityError as e:
@@ -481,6 +539,7 @@ class RolloutSessionWorkflow:
                 task_queue=task_queues.GATEWAY,
                 start_to_close_timeout=CLOSE_TIMEOUT,
                 retry_policy=INFRA_RETRY,
+                priority=self._priority,
                 result_type=CloseSessionOutput,
             ))
 
@@ -513,6 +572,7 @@ class RolloutSessionWorkflow:
                     start_to_close_timeout=_seconds(phases.collect_s + task.evaluator.timeout_s),
                     heartbeat_timeout=HEARTBEAT,
                     retry_policy=NO_RETRY,
+                    priority=self._priority,
                     result_type=CollectArtifactsOutput,
                 ))
                 artifacts.update({k: v for k, v in checked.artifacts.items() if k != "harness"})
@@ -534,5 +594,6 @@ class RolloutSessionWorkflow:
                     start_to_close_timeout=_seconds(phases.teardown_s),
                     heartbeat_timeout=HEARTBEAT,
                     retry_policy=INFRA_RETRY,
+                    priority=self._priority,
                 ))
         return error

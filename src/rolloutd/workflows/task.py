@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd.workflows import search
     from rolloutd.workflows.callback import CallbackInput, CallbackWorkflow, callback_workflow_id
     from rolloutd.workflows.session import RolloutSessionWorkflow, SessionInput
+    from rolloutd.workflows.tenants import task_priority
 
 
 def task_workflow_id(task_id: str) -> str:
@@ -165,6 +166,7 @@ class RolloutTaskWorkflow:
                     id=session_workflow_id(parent, index, replacement),
                     task_queue=task_queues.WORKFLOWS,
                     execution_timeout=None,
+                    priority=task_priority(task),
                     cancellation_type=workflow.ChildWorkflowCancellationType.WAIT_CANCELLATION_COMPLETED,
                 )
             except ChildWorkflowError as e:
@@ -368,6 +370,7 @@ async def _start_callback(url: str, parent: str, index: int, task: TaskRequest,
         id=callback_workflow_id(parent, index),
         task_queue=task_queues.WORKFLOWS,
         parent_close_policy=ParentClosePolicy.ABANDON,
+        priority=task_priority(task),
     )
 
 

@@ -1,0 +1,112 @@
+"""Backpressure on a sandbox host: ``max_concurrent_sessions`` bounds its live runtimes, so
+its running harnesses (docs/tenancy.md; DECISIONS.md, ruling 1).
+
+The host's provisioning worker (queue ``rolloutd-sandbox``) takes its activity slots from a
+:class:`RuntimeSlots` supplier whose ``reserve_slot`` waits while the host's live runtimes plus
+the slots already reserved reach the limit. A slot is reserved before the worker polls, so a
+full host does not take new provisioning: the sessions wait in the fleet's task queue, ordered
+by Temporal's priority and fairness, and no phase budget or session deadline ticks for them.
+A runtime counts from its provisioning until its teardown (:meth:`RuntimeSlots.notify` is
+called then), so a harness runs only on a runtime that holds a place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+import structlog
+from temporalio.worker import (
+    CustomSlotSupplier,
+    SlotMarkUsedContext,
+    SlotPermit,
+    SlotReleaseContext,
+    SlotReserveContext,
+)
+
+log = structlog.get_logger(__name__)
+
+
+class RuntimeSlots(CustomSlotSupplier):
+    """Activity slots of a sandbox host's provisioning worker, bounded by its live runtimes.
+
+    Invariant: ``reserved + live_runtimes() <= limit`` and ``reserved <= max_reserved``
+    whenever a slot is handed out (a provisioning that finished counts twice for a moment,
+    which only delays the next one).
+
+    Args:
+        limit: ``SandboxSettings.max_concurrent_sessions``, >= 1.
+        live_runtimes: the number of runtimes the host holds now (provisioned, not torn down).
+        max_reserved: provisionings at once (``SandboxSettings.max_concurrent_provisions``);
+            None: ``limit``.
+
+    Raises:
+        ValueError: a bound below 1.
+    """
+
+    def __init__(self, limit: int, live_runtimes: Callable[[], int],
+                 max_reserved: int | None = None) -> None:
+        if limit < 1 or (max_reserved is not None and max_reserved < 1):
+            raise ValueError(f"limit and max_reserved must be >= 1, not {limit}, "
+                             f"{max_reserved}")
+        self.limit = limit
+        self.max_reserved = limit if max_reserved is None else max_reserved
+        self._live_runtimes = live_runtimes
+        self._lock = threading.Lock()
+        self._reserved = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed: asyncio.Event | None = None
+
+    @property
+    def reserved(self) -> int:
+        """Slots handed out and not released (polls waiting for a task, provisionings)."""
+        return self._reserved
+
+    def _take(self) -> bool:
+        with self._lock:
+            if (self._reserved >= self.max_reserved
+                    or self._reserved + self._live_runtimes() >= self.limit):
+                return False
+            self._reserved += 1
+            return True
+
+    async def reserve_slot(self, ctx: SlotReserveContext) -> SlotPermit:
+        """Wait until the host has room for one more runtime, then hand out a slot."""
+        if self._changed is None:
+            self._loop = asyncio.get_running_loop()
+            self._changed = asyncio.Event()
+        while True:
+            self._changed.clear()
+            if self._take():
+                return SlotPermit()
+            await self._changed.wait()
+
+    def try_reserve_slot(self, ctx: SlotReserveContext) -> SlotPermit | None:
+        """Hand out a slot when the host has room now (eager activities), else None."""
+        return SlotPermit() if self._take() else None
+
+    def mark_slot_used(self, ctx: SlotMarkUsedContext) -> None:
+        """Nothing to do: the slot was counted when reserved."""
+
+    def release_slot(self, ctx: SlotReleaseContext) -> None:
+        """A provisioning ended (its runtime, when made, is counted live now) or a poll gave
+        its slot back."""
+        with self._lock:
+            self._reserved -= 1
+        self.notify()
+
+    def notify(self) -> None:
+        """The counts changed (a slot released, a runtime torn down): wake a waiting
+        reservation. Safe from any thread."""
+        loop, changed = self._loop, self._changed
+        if loop is None or changed is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            changed.set()
+        else:
+            loop.call_soon_threadsafe(changed.set)

@@ -1,0 +1,186 @@
+"""Tenants: the Temporal priority of a task's work, and a tenant's quota of sessions in flight
+(docs/tenancy.md).
+
+Every activity and child workflow of a task carries :func:`task_priority`: Temporal's task
+priority key (1 first) and fairness key (the tenant) with its weight, so a high-priority
+evaluation overtakes a training job's backlog in every task queue, and tenants of equal
+priority share the fleets by weight (docs.temporal.io/develop/task-queue-priority-fairness).
+
+``TenantWorkflow`` (id ``tenant/{tenant}``) exists only for a tenant with a quota: it grants
+at most ``max_sessions_in_flight`` slots at once, each to a session that holds it from before
+it opens its gateway session until it ends. Waiting requests are granted by priority, then in
+arrival order. It is one tenant's counter, not a lock shared by tenants; sessions waiting for
+the fleet's capacity still wait in the fleet's task queue (DECISIONS.md, ruling 1).
+
+Deterministic code only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import timedelta
+
+from pydantic import Field
+from temporalio import workflow
+from temporalio.common import Priority, RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from rolloutd.activities.tenants import (
+        ACQUIRE_SIGNAL,
+        GRANTED_SIGNAL,
+        RELEASE_SIGNAL,
+        SET_QUOTA_UPDATE,
+        STATE_QUERY,
+        RequestTenantSlotInput,
+        RequestTenantSlotOutput,
+        TenantQuota,
+        TenantSlotRequest,
+        TenantState,
+        tenant_workflow_id,
+    )
+    from rolloutd.types import Model, PhaseTiming, TaskRequest
+
+#: history events after which the tenant workflow continues as new (at most)
+MAX_HISTORY_EVENTS = 5_000
+#: the local activity asking the tenant's quota workflow for a slot
+TENANT_SLOT_TIMEOUT = timedelta(seconds=10)
+TENANT_SLOT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=5)
+
+
+def task_priority(task: TaskRequest) -> Priority:
+    """The Temporal priority of every activity and child workflow of ``task``.
+
+    Returns:
+        ``Priority(priority_key=task.priority, fairness_key=task.tenant,
+        fairness_weight=task.fairness_weight)``.
+    """
+    return Priority(priority_key=task.priority, fairness_key=task.tenant,
+                    fairness_weight=task.fairness_weight)
+
+
+async def acquire_slot(task: TaskRequest, granted: Callable[[], bool],
+                       timings: list[PhaseTiming]) -> float | None:
+    """From a session workflow: wait for a slot of the task's tenant when the tenant has a
+    quota (its quota workflow runs). The wait is appended to ``timings`` as ``tenant_wait``.
+
+    Args:
+        task: the session's task (tenant, priority).
+        granted: whether the session's ``tenant_slot_granted`` signal has arrived.
+        timings: the session's phase timings.
+
+    Returns:
+        Seconds waited while a slot is now held (release it with :func:`release_slot`);
+        None when the tenant has no quota.
+    """
+    t0 = workflow.now()
+    asked: RequestTenantSlotOutput = await workflow.execute_local_activity(
+        "request_tenant_slot",
+        RequestTenantSlotInput(tenant=task.tenant, request=TenantSlotRequest(
+            workflow_id=workflow.info().workflow_id, priority=task.priority)),
+        start_to_close_timeout=TENANT_SLOT_TIMEOUT,
+        retry_policy=TENANT_SLOT_RETRY,
+        result_type=RequestTenantSlotOutput,
+    )
+    if not asked.has_quota:
+        return None
+    try:
+        await workflow.wait_condition(granted)
+    except asyncio.CancelledError:
+        await release_slot(task)
+        raise
+    t1 = workflow.now()
+    waited = (t1 - t0).total_seconds()
+    timings.append(PhaseTiming(phase="tenant_wait", duration_s=waited, started_at=t0,
+                               ended_at=t1))
+    return waited
+
+
+async def release_slot(task: TaskRequest) -> None:
+    """From a session workflow: give its tenant slot back (or withdraw its request); a tenant
+    workflow that is gone is not an error of the session."""
+    try:
+        await workflow.get_external_workflow_handle(tenant_workflow_id(task.tenant)).signal(
+            RELEASE_SIGNAL, workflow.info().workflow_id)
+    except Exception as e:  # noqa: BLE001 - boundary: the tenant workflow may be gone
+        workflow.logger.warning("could not release the slot of tenant %s: %s", task.tenant, e)
+
+
+class TenantInput(Model):
+    """The tenant workflow's state, carried over a continue-as-new."""
+
+    state: TenantState
+    max_history_events: int = Field(default=MAX_HISTORY_EVENTS, ge=10)
+
+
+@workflow.defn
+class TenantWorkflow:
+    """One tenant's quota of sessions in flight; see the module docstring."""
+
+    @workflow.init
+    def __init__(self, input: TenantInput) -> None:
+        self._state = input.state.model_copy(deep=True)
+
+    @workflow.run
+    async def run(self, input: TenantInput) -> None:
+        """Grant slots while the quota allows, until the history is long; then continue as
+        new with the holders and the waiting requests."""
+        while True:
+            await workflow.wait_condition(
+                lambda: self._grantable()
+                or workflow.info().is_continue_as_new_suggested()
+                or workflow.info().get_current_history_length() > input.max_history_events)
+            while self._grantable():
+                request = self._state.waiting.pop(0)
+                self._state.holders.append(request.workflow_id)
+                self._state.num_granted += 1
+                try:
+                    await workflow.get_external_workflow_handle(request.workflow_id).signal(
+                        GRANTED_SIGNAL)
+                except Exception as e:  # noqa: BLE001 - boundary: the session may be gone
+                    workflow.logger.warning("session %s gone before its grant: %s",
+                                            request.workflow_id, e)
+                    self._release(request.workflow_id)
+            if (workflow.info().is_continue_as_new_suggested()
+                    or workflow.info().get_current_history_length() > input.max_history_events):
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(TenantInput(
+                    state=self._state, max_history_events=input.max_history_events))
+
+    def _grantable(self) -> bool:
+        limit = self._state.quota.max_sessions_in_flight
+        return bool(self._state.waiting) and (limit is None
+                                              or len(self._state.holders) < limit)
+
+    @workflow.signal(name=ACQUIRE_SIGNAL)
+    def acquire(self, request: TenantSlotRequest) -> None:
+        """A session asks for a slot; a request repeated by a retried activity counts once."""
+        if (request.workflow_id in self._state.holders
+                or any(w.workflow_id == request.workflow_id for w in self._state.waiting)):
+            return
+        # stable: by priority key (1 first), then arrival
+        at = next((i for i, w in enumerate(self._state.waiting)
+                   if w.priority > request.priority), len(self._state.waiting))
+        self._state.waiting.insert(at, request)
+
+    @workflow.signal(name=RELEASE_SIGNAL)
+    def release(self, workflow_id: str) -> None:
+        """A session ended (or stopped waiting): its slot or its request is freed."""
+        self._release(workflow_id)
+
+    def _release(self, workflow_id: str) -> None:
+        if workflow_id in self._state.holders:
+            self._state.holders.remove(workflow_id)
+        self._state.waiting = [w for w in self._state.waiting if w.workflow_id != workflow_id]
+
+    @workflow.update(name=SET_QUOTA_UPDATE)
+    def set_quota(self, quota: TenantQuota) -> TenantState:
+        """Set the tenant's quota; slots already granted are kept (a lower quota takes effect
+        as sessions end)."""
+        self._state.quota = quota
+        return self._state
+
+    @workflow.query(name=STATE_QUERY)
+    def state(self) -> TenantState:
+        """The quota, the holders and the waiting requests."""
+        return self._state

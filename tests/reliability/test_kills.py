@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
 from rolloutd import doctor
 from rolloutd.proxy.recorder import answer_id
+from rolloutd.security.connection import data_converter
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionStatus, TaskResult
@@ -44,7 +44,7 @@ async def connect(rig: Rig) -> Client:
     """A client of the stack's Temporal server."""
     assert rig.stack.temporal is not None
     return await Client.connect(rig.stack.temporal.address,
-                                data_converter=pydantic_data_converter)
+                                data_converter=data_converter())
 
 
 async def phases(client: Client, task_id: str) -> dict[int, str]:

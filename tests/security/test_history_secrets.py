@@ -18,6 +18,7 @@ import contextlib
 import json
 import re
 import subprocess
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -60,10 +61,12 @@ def readable_text(show_json: str) -> str:
     return "\n".join(parts)
 
 
-def workflow_show(address: str, workflow_id: str, *codec: str) -> str:
-    done = subprocess.run([temporal_binary(), "workflow", "show", "--address", address,
-                           "-w", workflow_id, "-o", "json", *codec],
-                          capture_output=True, text=True, timeout=120)
+async def workflow_show(address: str, workflow_id: str, *codec: str) -> str:
+    # in a thread: the codec server it may call runs on this event loop
+    done = await asyncio.to_thread(
+        subprocess.run, [temporal_binary(), "workflow", "show", "--address", address,
+                         "-w", workflow_id, "-o", "json", *codec],
+        capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -109,7 +112,7 @@ async def test_history_holds_no_key_or_prompt_and_the_ui_decodes_them(engine, tm
             handle = await rollout.submit({
                 "task_id": task_id, "instruction": f"Answer {marker}",
                 "harness": {"type": "shell", "command": curl_call(f"Say {marker}")},
-                "runtime": {"type": "bwrap"},
+                "runtime": {"type": "bwrap"}, "sampling": {"max_tokens": 4},
                 "evaluator": {"type": "test_on_output", "command": "test -s reply.json"}})
             group = await handle.result()
         (session,) = group.sessions
@@ -119,24 +122,32 @@ async def test_history_holds_no_key_or_prompt_and_the_ui_decodes_them(engine, tm
         async with codec_server(CommonSettings(**common), token, codec_port,
                                 temporal.ui_url) as codec_url:
             auth = ["--codec-endpoint", codec_url, "--codec-auth", f"Bearer {token}"]
-            decoded = readable_text(workflow_show(temporal.address, session_wf, *auth))
+            decoded = readable_text(await workflow_show(temporal.address, session_wf, *auth))
             # the decoded history holds both, so the check below can fail
             keys = set(re.findall(r'"session_key":\s*"([^"]+)"', decoded))
             assert len(keys) == 1 and marker in decoded
             (session_key,) = keys
             for workflow_id in (task_workflow_id(task_id), session_wf):
-                raw = readable_text(workflow_show(temporal.address, workflow_id))
+                raw = readable_text(await workflow_show(temporal.address, workflow_id))
                 assert "binary/encrypted" in raw
                 assert session_key not in raw, workflow_id
                 assert marker not in raw, workflow_id
 
             run_id = (await client.get_workflow_handle(session_wf).describe()).run_id
-            url = f"{temporal.ui_url}/namespaces/default/workflows/{session_wf}/{run_id}/history"
+            url = (f"{temporal.ui_url}/namespaces/default/workflows/"
+                   f"{urllib.parse.quote(session_wf, safe='')}/{run_id}/history")
             async with open_page(url) as page:
                 # the workflow's input (the task, with its prompt) and open_session's result
-                # (the session key) in the event history, both decoded by the codec server
-                await page.wait_for_text(marker, session_key, "Activity Task Completed",
-                                         timeout_s=120)
+                # (the session key) in the event history, both decoded by the codec server;
+                # the row shows the result's first characters, its expanded form all of it
+                await page.wait_for_text(marker, '"session_key":', timeout_s=120)
+                expanded = await page.evaluate(
+                    "(() => { const rows = [...document.querySelectorAll('tr')].filter(r => "
+                    "/Activity Task Completed/.test(r.innerText) && "
+                    "/session_key/.test(r.innerText)); rows.forEach(r => r.click()); "
+                    "return rows.length; })()")
+                assert expanded == 1
+                await page.wait_for_text(marker, session_key, timeout_s=60)
                 await page.screenshot(SCREENSHOT)
     finally:
         temporal.stop()

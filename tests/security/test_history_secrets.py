@@ -136,16 +136,26 @@ async def test_history_holds_no_key_or_prompt_and_the_ui_decodes_them(engine, tm
             run_id = (await client.get_workflow_handle(session_wf).describe()).run_id
             url = (f"{temporal.ui_url}/namespaces/default/workflows/"
                    f"{urllib.parse.quote(session_wf, safe='')}/{run_id}/history")
-            async with open_page(url) as page:
+            async with open_page(url, height=2000) as page:
                 # the workflow's input (the task, with its prompt) and open_session's result
                 # (the session key) in the event history, both decoded by the codec server;
                 # the row shows the result's first characters, its expanded form all of it
                 await page.wait_for_text(marker, '"session_key":', timeout_s=120)
-                expanded = await page.evaluate(
-                    "(() => { const rows = [...document.querySelectorAll('tr')].filter(r => "
-                    "/Activity Task Completed/.test(r.innerText) && "
-                    "/session_key/.test(r.innerText)); rows.forEach(r => r.click()); "
-                    "return rows.length; })()")
+                # oldest first, so the screenshot shows the open's event under the input
+                await page.evaluate(
+                    "[...document.querySelectorAll('button')].filter(b => "
+                    "/Descending/.test(b.innerText)).forEach(b => b.click())")
+                await page.wait_for_text("Ascending", timeout_s=30)
+                expanded = 0
+                for _ in range(60):  # the table reloads after the sort
+                    await asyncio.sleep(0.5)
+                    expanded = await page.evaluate(
+                        "(() => { const rows = [...document.querySelectorAll('tr')].filter("
+                        "r => /Activity Task Completed/.test(r.innerText) && "
+                        "/session_key/.test(r.innerText)); rows.forEach(r => r.click()); "
+                        "return rows.length; })()")
+                    if expanded:
+                        break
                 assert expanded == 1
                 await page.wait_for_text(marker, session_key, timeout_s=60)
                 await page.screenshot(SCREENSHOT)

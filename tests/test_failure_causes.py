@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from rolloutd.cli import exit_code, failure_cell, failure_counts, what_went_wrong
+from rolloutd.security.connection import data_converter
 from rolloutd.types import FailureCause, SessionResult, SessionStatus, TaskResult
 from rolloutd.workflows.failures import SessionFacts, classify, scoring
 from rolloutd.workflows.session import RolloutSessionWorkflow
@@ -121,4 +121,4 @@ async def test_a_session_recorded_before_failure_causes_replays_the_old_rule() -
     keep working across the change (``workflow.patched``)."""
     history = WorkflowHistory.from_json("task/missing/0", HISTORY_BEFORE.read_text())
     await Replayer(workflows=[RolloutSessionWorkflow],
-                   data_converter=pydantic_data_converter).replay_workflow(history)
+                   data_converter=data_converter()).replay_workflow(history)

@@ -26,11 +26,11 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.api.enums.v1 import EventType
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, Worker
 
 from rolloutd import task_queues
 from rolloutd.activities.models import ProvisionRuntimeInput, ProvisionRuntimeOutput
+from rolloutd.security.connection import data_converter
 from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
 from rolloutd.stack import free_port
 from rolloutd.trainer_client import RolloutClient
@@ -192,7 +192,7 @@ async def test_a_session_fails_when_no_sandbox_worker_polls(temporal_server,
     assert len(cancel_events) == 1  # the waiting provisioning was cancelled, not left queued
     # the checks (timers, local activities, the cancel) replay deterministically
     await Replayer(workflows=[RolloutSessionWorkflow],
-                   data_converter=pydantic_data_converter).replay_workflow(history)
+                   data_converter=data_converter()).replay_workflow(history)
 
 
 async def test_a_provisioning_a_host_picked_up_is_not_cut_by_the_wait(temporal_server,

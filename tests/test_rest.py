@@ -109,8 +109,9 @@ async def facade(fleets, **kwargs):
 
     client.store = BlobStore(fleets.store_url)
     app = create_app(client, **kwargs)
+    headers = {"Authorization": f"Bearer {kwargs['token']}"} if kwargs.get("token") else {}
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://facade") as http:
+                                 base_url="http://facade", headers=headers) as http:
         yield http
 
 
@@ -195,6 +196,12 @@ async def test_prorl_backend_calls_reach_the_gateway_admin_routes(fleets):
     if probe.status_code == 404:
         pytest.skip("the gateway has no /admin routes yet (src/rolloutd/proxy/ in progress)")
     async with facade(fleets, gateway_url=fleets.gateway_url, admin_token=None) as http:
+        # forwarded only for callers holding the facade's token (DECISIONS.md ruling 7)
+        refused = await http.post("/add_llm_server", json={"address": fleets.engine_url})
+        assert refused.status_code == 403, refused.text
+        assert "ROLLOUTD_REST_TOKEN" in refused.text
+    async with facade(fleets, gateway_url=fleets.gateway_url, admin_token=None,
+                      token="rest-token") as http:
         added = await http.post("/add_llm_server", json={"address": fleets.engine_url})
         assert added.status_code in (200, 401), added.text
 

@@ -13,9 +13,9 @@ import tempfile
 import uuid
 
 import pytest
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from rolloutd.security.connection import data_converter
 from rolloutd.settings import SandboxSettings
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.workers import run_fleet
@@ -92,4 +92,4 @@ async def test_a_replacement_waits_for_a_dead_sandbox_fleet_without_counting(
     assert group.num_replacements == 1 and group.num_failed_by_kind == {}
     # the poller checks and waits replay deterministically
     await Replayer(workflows=[RolloutTaskWorkflow],
-                   data_converter=pydantic_data_converter).replay_workflow(history)
+                   data_converter=data_converter()).replay_workflow(history)

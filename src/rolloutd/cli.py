@@ -1,4 +1,5 @@
-"""``rolloutd up | worker | engine | models | submit | rest | demo | generate | schedule``."""
+"""``rolloutd up | worker | engine | models | submit | rest | codec-server | codec-key | demo |
+generate | schedule``."""
 
 from __future__ import annotations
 
@@ -344,6 +345,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="Temporal address host:port; None: $ROLLOUTD_TEMPORAL_ADDRESS "
                        "or localhost:7233")
 
+    codec = _sub(sub, "codec-server", "serve Temporal's remote codec protocol (POST /decode, "
+                 "/encode) with the payload codec's keys, so the Temporal UI and CLI can show "
+                 "encrypted payloads (docs/security.md)")
+    codec.add_argument("--host", default="127.0.0.1", help="bind address")
+    codec.add_argument("--port", type=int, default=8888, help="bind TCP port")
+    _sub(sub, "codec-key", "print a new payload codec key (`id:key`, 256-bit, base64) to add "
+         "to ROLLOUTD_CODEC_KEYS or ROLLOUTD_CODEC_KEY_FILE")
+
     status = _sub(sub, "status", "the running stack: children, pids, uptime, restarts, task "
                   "queues, engine, sessions in flight by phase")
     status.add_argument("--home", type=Path, default=None,
@@ -463,6 +472,34 @@ async def _quota_main(args: argparse.Namespace, settings: CommonSettings) -> int
     return 0
 
 
+def _serve_codec(host: str, port: int) -> None:
+    """``rolloutd codec-server``: the codec server on ``host:port`` until interrupted.
+
+    Raises:
+        ConfigError: no codec keys, or no ``ROLLOUTD_CODEC_SERVER_TOKEN``.
+    """
+    import uvicorn
+
+    from rolloutd.errors import ConfigError
+    from rolloutd.security.codec_server import create_codec_app
+    from rolloutd.security.connection import payload_codec
+    from rolloutd.settings import CodecServerSettings
+
+    settings = CodecServerSettings()
+    codec = payload_codec(settings)
+    if codec is None:
+        raise ConfigError("no codec keys: set ROLLOUTD_CODEC_KEYS or ROLLOUTD_CODEC_KEY_FILE "
+                          "(the fleets' keys)")
+    if not settings.codec_server_token:
+        raise ConfigError("set ROLLOUTD_CODEC_SERVER_TOKEN: whoever holds it reads every "
+                          "payload in clear")
+    origins = [o.strip() for o in settings.codec_server_origins.split(",") if o.strip()]
+    app = create_codec_app(codec, settings.codec_server_token, origins=origins)
+    print(f"codec server on http://{host}:{port} (keys {', '.join(codec.key_ids)}; "
+          f"CORS {', '.join(origins)})", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rolloutd`` command."""
     parser = build_parser()
@@ -477,7 +514,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "worker":
         from rolloutd.workers import run_process
 
-        run_process(args.fleet)  # the gateway fleet on uvloop when installed
+        try:
+            run_process(args.fleet)  # the gateway fleet on uvloop when installed
+        except RolloutdError as e:  # a setting refused at start: the message, exit 1
+            raise SystemExit(f"rolloutd worker --fleet {args.fleet}: {e}") from None
     elif args.command == "engine":
         from rolloutd.engine.server import LlamaServer
 
@@ -499,9 +539,19 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "up":
         from rolloutd.stack import LocalStack
 
+        from rolloutd.security.connection import payload_codec
+
+        try:  # the fleets inherit these settings: refuse bad keys before starting anything
+            codec = payload_codec(settings)
+        except RolloutdError as e:
+            raise SystemExit(f"rolloutd up: {e}") from None
         with LocalStack(home=args.home or default_home(), model=args.model) as stack:
             assert stack.temporal is not None
-            print(f"Temporal UI: {stack.temporal.ui_url}\n"
+            codec_line = (f"on, payloads encrypted with key {codec.key_id}" if codec else
+                          "off (no ROLLOUTD_CODEC_KEYS: payloads stored in clear; "
+                          "docs/security.md)")
+            print(f"Codec:       {codec_line}\n"
+                  f"Temporal UI: {stack.temporal.ui_url}\n"
                   f"Temporal:    {stack.temporal.address}\n"
                   f"Gateway:     {stack.gateway_url}\n"
                   f"Store:       {stack.store_url}\n"
@@ -524,8 +574,21 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "rest":
         from rolloutd.rest import serve
 
-        serve(args.address or settings.temporal_address, args.store_url or settings.store_url,
-              args.host, args.port, args.gateway_url, args.admin_token)
+        try:
+            serve(args.address or settings.temporal_address,
+                  args.store_url or settings.store_url, args.host, args.port,
+                  args.gateway_url, args.admin_token)
+        except RolloutdError as e:
+            raise SystemExit(f"rolloutd rest: {e}") from None
+    elif args.command == "codec-server":
+        try:
+            _serve_codec(args.host, args.port)
+        except RolloutdError as e:
+            raise SystemExit(f"rolloutd codec-server: {e}") from None
+    elif args.command == "codec-key":
+        from rolloutd.security.codec import generate_key
+
+        print(f"key-{time.strftime('%Y%m%d')}-{os.urandom(2).hex()}:{generate_key()}")
     elif args.command in ("generate", "schedule"):
         try:
             code = asyncio.run(_generation_main(args, settings))

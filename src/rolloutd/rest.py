@@ -8,6 +8,9 @@ NVIDIA-NeMo/ProRL-Agent-Server ``src/polar/rollout/{models,server}.py``)::
     DELETE /rollout/task/{task_id}  cancel; the TaskStatus after cancellation was requested
     GET    /rollout/status          counts of running tasks and buffers
 
+Every route needs ``Authorization: Bearer <ROLLOUTD_REST_TOKEN>`` when the token is set;
+without one the facade serves on a loopback address only, and refuses the backend calls.
+
 ProRL Agent-compatible backend calls (arXiv 2603.18815; ``add_llm_server(address)``), forwarded
 to the gateway's admin routes::
 
@@ -27,14 +30,17 @@ ended, and each session's callback (``delivered``, ``pending`` or ``failed``, at
 from __future__ import annotations
 
 import json
+import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from rolloutd.errors import FleetRegistryError, NotFoundError
+from rolloutd.security.exposure import require_token_off_loopback
 from rolloutd.settings import RestSettings, default_home
 from rolloutd.trainer_client.admin import AdminError, BackendAdmin
 from rolloutd.trainer_client.client import InvalidTaskError, RolloutClient
@@ -299,9 +305,32 @@ def _session_body(client: RolloutClient, session: SessionResult,
     }
 
 
+def require_token(token: str | None) -> Callable[[Request], None]:
+    """A FastAPI dependency checking ``Authorization: Bearer <token>`` (constant time).
+
+    Args:
+        token: the facade's token (``ROLLOUTD_REST_TOKEN``); None: every request passes.
+
+    Raises:
+        HTTPException: 401 without the bearer token or with a wrong one.
+    """
+
+    def check(request: Request) -> None:
+        if token is None:
+            return
+        header = request.headers.get("authorization", "")
+        sent = header[7:].strip() if header.lower().startswith("bearer ") else ""
+        if not sent or not secrets.compare_digest(sent.encode(), token.encode()):
+            raise HTTPException(401, detail="this REST facade needs `Authorization: Bearer "
+                                "<ROLLOUTD_REST_TOKEN>`", headers={"WWW-Authenticate": "Bearer"})
+
+    return check
+
+
 def create_app(client: RolloutClient, *, gateway_url: str | None = None,
                admin_token: str | None = None,
-               callback_timeout_s: float | None = None) -> FastAPI:
+               callback_timeout_s: float | None = None,
+               token: str | None = None) -> FastAPI:
     """The facade's app.
 
     Args:
@@ -309,9 +338,14 @@ def create_app(client: RolloutClient, *, gateway_url: str | None = None,
         gateway_url, admin_token: the gateway whose admin routes the backend calls use.
         callback_timeout_s: total time of one session's callback (``TaskRequest``'s default
             when None; ``ROLLOUTD_CALLBACK_TIMEOUT_S`` for ``rolloutd rest``).
+        token: the facade's bearer token (``ROLLOUTD_REST_TOKEN``): every route but the
+            OpenAPI pages needs it (401 otherwise). None: the task routes are open (a
+            loopback-only facade, :func:`serve`) and the backend routes answer 403, since
+            they are forwarded only for callers holding the token (DECISIONS.md ruling 7).
     """
     app = FastAPI(title="rolloutd REST facade", version="0.1.0",
-                  description="POLAR- and ProRL-compatible rollout API over rolloutd.")
+                  description="POLAR- and ProRL-compatible rollout API over rolloutd.",
+                  dependencies=[Depends(require_token(token or None))])
 
     async def status_of(task_id: str) -> PolarTaskStatus:
         try:
@@ -367,6 +401,9 @@ def create_app(client: RolloutClient, *, gateway_url: str | None = None,
         return {"status": "ok", "running_tasks": tasks.count, "running_buffers": buffers.count}
 
     def admin() -> BackendAdmin:
+        if not token:
+            raise HTTPException(403, detail="backend calls are forwarded only for callers "
+                                "holding the facade's token; start it with ROLLOUTD_REST_TOKEN")
         if not gateway_url:
             raise HTTPException(503, detail="no gateway configured (--gateway-url)")
         return BackendAdmin(gateway_url, admin_token)
@@ -396,15 +433,28 @@ def create_app(client: RolloutClient, *, gateway_url: str | None = None,
 
 def serve(address: str, store_url: str | None, host: str, port: int,
           gateway_url: str | None, admin_token: str | None) -> None:
-    """Entry point of ``rolloutd rest``: serve the facade with uvicorn until interrupted."""
+    """Entry point of ``rolloutd rest``: serve the facade with uvicorn until interrupted.
+
+    The facade's token is ``ROLLOUTD_REST_TOKEN`` (:class:`RestSettings`).
+
+    Raises:
+        ConfigError: ``host`` is not loopback and no token is set (before connecting).
+    """
     import asyncio
 
     import uvicorn
 
+    settings = RestSettings()
+    require_token_off_loopback(
+        host, settings.rest_token, service="the REST facade",
+        token_setting="ROLLOUTD_REST_TOKEN",
+        protects="its task routes (submit, cancel, results) and backend calls")
+
     async def main() -> None:
         client = await RolloutClient.connect(address, store_url=store_url)
         app = create_app(client, gateway_url=gateway_url, admin_token=admin_token,
-                         callback_timeout_s=RestSettings().callback_timeout_s)
+                         callback_timeout_s=settings.callback_timeout_s,
+                         token=settings.rest_token)
         add_stack_status_route(app, client, default_home())
         await uvicorn.Server(uvicorn.Config(app, host=host, port=port)).serve()
 

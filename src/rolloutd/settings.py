@@ -48,6 +48,30 @@ class CommonSettings(BaseSettings):
         "0: off. One port per process: each fleet of one host needs its own")
     health_host: str = Field(default="0.0.0.0", description="bind address of the health "
                              "service (all interfaces: a pod's probes come from its node)")
+    # secrets (docs/security.md says what each one protects)
+    codec_keys: str | None = Field(
+        default=None, repr=False, description="payload codec keys, `id:base64key` entries "
+        "separated by commas, oldest first: the last one encrypts, every one decrypts "
+        "(rotation). With this and codec_key_file unset, payloads are not encrypted")
+    codec_key_file: str | None = Field(
+        default=None, description="file of payload codec keys, one `id:base64key` a line, "
+        "oldest first (after codec_keys' entries)")
+    temporal_tls: bool = Field(
+        default=False, description="connect to Temporal over TLS (implied by any "
+        "temporal_tls_* path or temporal_api_key)")
+    temporal_tls_ca: str | None = Field(
+        default=None, description="PEM file of the CA that signed the Temporal frontend's "
+        "certificate (default: the system's roots)")
+    temporal_tls_cert: str | None = Field(
+        default=None, description="PEM client certificate for mTLS (with temporal_tls_key)")
+    temporal_tls_key: str | None = Field(
+        default=None, repr=False, description="PEM private key of temporal_tls_cert")
+    temporal_tls_server_name: str | None = Field(
+        default=None, description="name the frontend's certificate is checked against "
+        "(default: the address's host)")
+    temporal_api_key: str | None = Field(
+        default=None, repr=False, description="API key sent to Temporal (Temporal Cloud); "
+        "implies TLS")
 
 
 class GatewaySettings(CommonSettings):
@@ -138,9 +162,26 @@ class EvalSettings(CommonSettings):
 class RestSettings(CommonSettings):
     """The REST facade (``rolloutd rest``)."""
 
+    rest_token: str | None = Field(
+        default=None, repr=False, description="bearer token of every route but /health "
+        "and the OpenAPI schema; `rolloutd rest` refuses to start without one unless given "
+        "--no-token on a loopback address")
+
     callback_timeout_s: float = Field(
         default=300.0, gt=0, le=86_400, description="total time of one session's callback to "
         "a task's callback_url over all its attempts; then the task's status shows it failed")
+
+
+class CodecServerSettings(CommonSettings):
+    """``rolloutd codec-server``: Temporal's remote codec protocol for the UI and CLI."""
+
+    codec_server_token: str | None = Field(
+        default=None, repr=False, description="bearer token a decode or encode request must "
+        "carry (Authorization header, or the first path segment: /{token}/decode, for the "
+        "Temporal UI, which cannot set headers)")
+    codec_server_origins: str = Field(
+        default="http://localhost:8233,http://127.0.0.1:8233", description="comma-separated "
+        "browser origins allowed by CORS (the Temporal UI's)")
 
 
 class EngineSettings(BaseSettings):

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from rolloutd.errors import ConfigError
 from rolloutd.proxy.gateway import Gateway, serve, served_model_name
 from rolloutd.settings import GatewaySettings
 from rolloutd.workers import loop_factory
@@ -48,6 +49,21 @@ async def test_serve_sets_the_public_url_from_the_bound_port(tmp_path: Path, tok
         assert info.openai_base_url == f"http://127.0.0.1:{handle.port}/s/{info.session_key}/v1"
     finally:
         await handle.shutdown()
+        await gw.aclose()
+
+
+async def test_serve_refuses_admin_routes_off_loopback_without_a_token(
+        tmp_path: Path, tokenizer: Any, fake_llama: Any) -> None:
+    settings = GatewaySettings(store_url=str(tmp_path), backend_url="http://fake-llama",
+                               admin_token=None)
+    gw = Gateway.from_settings(settings, tokenizer=tokenizer, transport=fake_llama.transport)
+    try:
+        with pytest.raises(ConfigError, match="ROLLOUTD_ADMIN_TOKEN"):
+            await serve(gw, host="0.0.0.0", port=0)
+        gw.settings = settings.model_copy(update={"admin_token": "t"})
+        handle = await serve(gw, host="0.0.0.0", port=0)  # with a token it serves
+        await handle.shutdown()
+    finally:
         await gw.aclose()
 
 

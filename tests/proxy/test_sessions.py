@@ -11,7 +11,13 @@ from rolloutd.errors import AuthenticationError, ConfigError, NotFoundError, Ses
 from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
 from rolloutd.proxy.backends.pool import BackendPool, backend_urls
 from rolloutd.proxy.gateway import Gateway
-from rolloutd.proxy.sessions import SessionManager, session_key_index, session_state_key
+from rolloutd.proxy.sessions import (
+    SessionManager,
+    SessionState,
+    hash_session_key,
+    session_key_index,
+    session_state_key,
+)
 from rolloutd.store import BlobStore
 from rolloutd.types import SamplingParams
 
@@ -28,11 +34,35 @@ async def test_open_persists_state_and_returns_base_urls(gateway: Gateway) -> No
     assert state["session_id"] == "mytask/3" and state["sampling"]["temperature"] == 0.5
     assert gateway.store.get_json(session_key_index(key)) == {"session_id": "mytask/3"}
     assert key not in session_key_index(key)
+    # only verification is needed: the store holds the key's hash, nowhere the key
+    assert state["session_key_sha256"] == hash_session_key(key)
+    stored = [p.read_text() for p in Path(gateway.store.url).rglob("*") if p.is_file()]
+    assert stored and not any(key in text for text in stored)
 
 
-async def test_open_is_idempotent_and_closed_sessions_stay_closed(gateway: Gateway) -> None:
+async def test_a_state_written_with_a_clear_key_is_read_as_its_hash() -> None:
+    state = SessionState.model_validate({"session_id": "t/0", "task_id": "t", "model": "m",
+                                         "backend": "b", "session_key": "old-key"})
+    assert state.session_key_sha256 == hash_session_key("old-key")
+    assert "old-key" not in state.model_dump_json()
+
+
+async def test_a_retried_open_rekeys_and_closed_sessions_stay_closed(gateway: Gateway) -> None:
     first = await gateway.sessions.open_session("t/0", "t")
-    assert await gateway.sessions.open_session("t/0", "t") == first
+    again = await gateway.sessions.open_session("t/0", "t")
+    assert again.session_key != first.session_key
+    assert again.model_copy(update={"session_key": "", "openai_base_url": "",
+                                    "anthropic_base_url": "", "gemini_base_url": ""}) \
+        == first.model_copy(update={"session_key": "", "openai_base_url": "",
+                                    "anthropic_base_url": "", "gemini_base_url": ""})
+    assert (await gateway.sessions.lookup(again.session_key)).session_id == "t/0"
+    with pytest.raises(AuthenticationError):  # the earlier attempt's key reached no one
+        await gateway.sessions.lookup(first.session_key)
+    fresh = SessionManager(BlobStore(gateway.store.url), gateway.pool,
+                           public_url="http://other", default_model="m")
+    with pytest.raises(AuthenticationError):
+        await fresh.lookup(first.session_key)
+    assert (await fresh.lookup(again.session_key)).session_id == "t/0"
     assert await gateway.sessions.close_session("t/0") == 0
     assert await gateway.sessions.close_session("t/0") == 0
     with pytest.raises(SessionClosedError):

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
 from rolloutd import doctor
 from rolloutd.proxy.recorder import answer_id
+from rolloutd.security.connection import data_converter
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionStatus, TaskResult
@@ -44,7 +44,7 @@ async def connect(rig: Rig) -> Client:
     """A client of the stack's Temporal server."""
     assert rig.stack.temporal is not None
     return await Client.connect(rig.stack.temporal.address,
-                                data_converter=pydantic_data_converter)
+                                data_converter=data_converter())
 
 
 async def phases(client: Client, task_id: str) -> dict[int, str]:
@@ -274,18 +274,27 @@ async def test_restart_temporal_server_mid_batch(rig: Rig):
 
 
 async def test_no_session_key_or_prompt_in_any_log(rig: Rig):
-    """After the batches above: no fleet's log (INFO level) holds a session key or prompt."""
-    from rolloutd.proxy.sessions import SessionState, session_state_key
+    """After the batches above: no fleet's log (INFO level) holds a session key or prompt.
+
+    The gateway stores only the keys' hashes, so every key-shaped word of a log
+    (``token_urlsafe(24)``: 32 URL-safe characters) is hashed and looked up among them.
+    """
+    import re
+
+    from rolloutd.proxy.sessions import SessionState, hash_session_key, session_state_key
 
     store = BlobStore(rig.stack.store_url)
-    keys = []
+    hashes = set()
     for path in (rig.stack.home / "store" / "sessions").rglob("session.json"):
         session_id = str(path.parent.relative_to(rig.stack.home / "store" / "sessions"))
-        keys.append(store.get_model(session_state_key(session_id), SessionState).session_key)
-    assert len(keys) >= NUM_SESSIONS
+        hashes.add(store.get_model(session_state_key(session_id),
+                                   SessionState).session_key_sha256)
+    assert len(hashes) >= NUM_SESSIONS
     logs = {p.name: p.read_text(errors="replace") for p in rig.stack.logs.glob("*.log")}
-    leaked = [(name, "key") for name, text in logs.items() for k in keys if k in text]
+    word = re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{32}(?![A-Za-z0-9_-])")
+    leaked = [(name, "key") for name, text in logs.items()
+              for w in set(word.findall(text)) if hash_session_key(w) in hashes]
     leaked += [(name, "prompt") for name, text in logs.items() if "Say one short word" in text]
-    doctor.record("keys and prompts in INFO logs", sessions=len(keys), leaked=len(leaked),
+    doctor.record("keys and prompts in INFO logs", sessions=len(hashes), leaked=len(leaked),
                   log_files=len(logs), ok=not leaked)
     assert leaked == []

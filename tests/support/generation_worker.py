@@ -7,14 +7,14 @@ import asyncio
 import sys
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
+from rolloutd.security.connection import data_converter
 from rolloutd.workflows.generation import GenerationWorkflow
 
 
 async def main(address: str, task_queue: str) -> None:
-    client = await Client.connect(address, data_converter=pydantic_data_converter)
+    client = await Client.connect(address, data_converter=data_converter())
     async with Worker(client, task_queue=task_queue, workflows=[GenerationWorkflow]):
         print("generation worker polling", flush=True)
         await asyncio.Event().wait()

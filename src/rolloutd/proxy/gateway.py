@@ -34,6 +34,7 @@ from rolloutd.proxy.parsers import parsers_for_model
 from rolloutd.proxy.recorder import Recorder
 from rolloutd.proxy.service import ChatService
 from rolloutd.proxy.sessions import SessionManager
+from rolloutd.security.exposure import require_token_off_loopback
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import BlobStore
 
@@ -44,6 +45,23 @@ def served_model_name(model: str) -> str:
     """The model name harnesses see: the catalog's served name, else ``model`` itself."""
     entry = CATALOG.get(model)
     return entry.served_name if entry else model
+
+
+def check_admin_exposure(settings: GatewaySettings, host: str | None = None) -> None:
+    """Refuse a gateway that would serve its admin routes to the network without a token.
+
+    Args:
+        settings: ``gateway_host`` and ``admin_token``.
+        host: the bind address, when not ``settings.gateway_host``.
+
+    Raises:
+        ConfigError: the bind address is not loopback and ``admin_token`` is unset
+            (issue 20: admin routes need a token off loopback).
+    """
+    require_token_off_loopback(
+        settings.gateway_host if host is None else host, settings.admin_token,
+        service="the gateway", token_setting="ROLLOUTD_ADMIN_TOKEN",
+        protects="its admin routes (backend pool, pause and drain, policy version)")
 
 
 class Gateway:
@@ -201,10 +219,12 @@ async def serve(gateway: Gateway, host: str | None = None, port: int | None = No
 
     Raises:
         OSError: the address cannot be bound.
+        ConfigError: ``host`` is not loopback and no admin token is configured.
         RolloutdError: uvicorn did not start within ``startup_timeout_s``.
     """
     host = host if host is not None else gateway.settings.gateway_host
     port = port if port is not None else gateway.settings.gateway_port
+    check_admin_exposure(gateway.settings, host)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only then;
     # without it Nagle plus delayed ACK add ~40 ms to every answer

@@ -2,12 +2,15 @@
 
 Blob-store keys (besides :mod:`rolloutd.store`'s completion log)::
 
-    sessions/{session_id}/session.json          SessionState (includes the key: an open
-                                                 retried by Temporal must return the same one)
+    sessions/{session_id}/session.json          SessionState (the key's sha256, never the key)
     gateway/session_keys/{sha256(key)}.json     {"session_id": ...}: key -> session id
 
-The key index is named by the key's hash so listings never reveal keys. A gateway that
-restarts (or another gateway process) loads a session on first use of its key.
+The gateway only verifies keys, so it keeps their hashes (issue 20): neither the store nor a
+listing holds a usable key. The key itself travels once, in the open's answer (an activity
+result, encrypted in the workflow history when the payload codec is on). An open retried by
+Temporal gets a new key, which replaces the earlier one (that attempt's answer reached no
+one). A gateway that restarts (or another gateway process) loads a session on first use of
+its key.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import time
 from typing import Any
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rolloutd.errors import (
     AuthenticationError,
@@ -57,9 +60,14 @@ def session_state_key(session_id: str) -> str:
     return f"{session_prefix(session_id)}/session.json"
 
 
+def hash_session_key(session_key: str) -> str:
+    """The sha256 of a session key, hex: what the gateway stores and compares."""
+    return hashlib.sha256(session_key.encode()).hexdigest()
+
+
 def session_key_index(session_key: str) -> str:
     """Blob-store key mapping a session key (by its sha256) to its session id."""
-    return f"gateway/session_keys/{hashlib.sha256(session_key.encode()).hexdigest()}.json"
+    return f"gateway/session_keys/{hash_session_key(session_key)}.json"
 
 
 class BackendMove(BaseModel):
@@ -91,7 +99,8 @@ class SessionState(BaseModel):
 
     Attributes:
         session_id: ``{task_id}/{sample_index}``.
-        session_key: the secret (``secrets.token_urlsafe(24)``).
+        session_key_sha256: the sha256 (hex) of the secret (``secrets.token_urlsafe(24)``);
+            a state written with the key in clear is read as its hash.
         sampling: the task's sampling parameters.
         model: the model name shown to the harness.
         backend: name of the pinned backend.
@@ -108,7 +117,7 @@ class SessionState(BaseModel):
 
     session_id: str
     task_id: str
-    session_key: str
+    session_key_sha256: str
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     model: str
     capture_mode: CaptureMode = CaptureMode.TOKENS
@@ -121,6 +130,17 @@ class SessionState(BaseModel):
     num_errors: int = Field(default=0, ge=0)
     errors: list[CallError] = Field(default_factory=list)
     open_errors: list[CallError] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hash_a_clear_key(cls, data: Any) -> Any:
+        # a state written before keys were hashed: keep only the hash, in memory and on the
+        # next write
+        if isinstance(data, dict) and "session_key" in data:
+            data = dict(data)
+            key = data.pop("session_key")
+            data.setdefault("session_key_sha256", hash_session_key(key))
+        return data
 
 
 class SessionInfo(BaseModel):
@@ -383,15 +403,15 @@ class SessionManager:
         self._by_id: dict[str, Session] = {}
         self._load_lock = asyncio.Lock()
 
-    def info(self, state: SessionState) -> SessionInfo:
-        """The :class:`SessionInfo` of ``state`` with this gateway's public URL."""
-        base = f"{self.public_url}/s/{state.session_key}"
-        return SessionInfo(session_id=state.session_id, session_key=state.session_key,
+    def info(self, state: SessionState, session_key: str) -> SessionInfo:
+        """The :class:`SessionInfo` of ``state`` and its key, with this gateway's public URL."""
+        base = f"{self.public_url}/s/{session_key}"
+        return SessionInfo(session_id=state.session_id, session_key=session_key,
                            openai_base_url=f"{base}/v1", anthropic_base_url=base,
                            gemini_base_url=base, model=state.model, backend=state.backend)
 
     def _remember(self, session: Session) -> Session:
-        self._by_key[session.state.session_key] = session
+        self._by_key[session.state.session_key_sha256] = session
         self._by_id[session.session_id] = session
         return session
 
@@ -438,11 +458,12 @@ class SessionManager:
         if not session_key:
             raise AuthenticationError("no session key: use the session's base URL or send "
                                       "`Authorization: Bearer <session key>`")
-        if session := self._by_key.get(session_key):
+        key_hash = hash_session_key(session_key)
+        if session := self._by_key.get(key_hash):
             return session
         index_key = session_key_index(session_key)
         async with self._load_lock:
-            if session := self._by_key.get(session_key):
+            if session := self._by_key.get(key_hash):
                 return session
             try:
                 entry: dict[str, Any] = await asyncio.to_thread(self.store.get_json, index_key)
@@ -452,8 +473,8 @@ class SessionManager:
             session = self._by_id.get(session_id) if session_id else None
             if session is None and session_id:
                 session = await self._load_by_id(session_id)
-        if session is None or not secrets.compare_digest(session.state.session_key,
-                                                         session_key):
+        if session is None or not secrets.compare_digest(session.state.session_key_sha256,
+                                                         key_hash):
             raise AuthenticationError("invalid session key")
         return session
 
@@ -462,7 +483,9 @@ class SessionManager:
                            capture_mode: CaptureMode | str = CaptureMode.TOKENS) -> SessionInfo:
         """Open a session: new key, pinned backend, state persisted before returning.
 
-        Idempotent: opening an open session again (a Temporal retry) returns the same info.
+        Opening an open session again (a Temporal retry) returns its info with a new key,
+        which replaces the earlier one: the gateway keeps only hashes, and the earlier
+        attempt's answer reached no one.
 
         Args:
             session_id: ``{task_id}/{sample_index}``, e.g. ``"mytask/0"``.
@@ -488,17 +511,18 @@ class SessionManager:
         if existing is not None:
             if existing.state.closed:
                 raise SessionClosedError(f"session {session_id} is closed")
-            log.info("session_reopened", session_id=session_id)
-            return self.info(existing.state)
+            return await self._rekey(existing)
         backend = self.pool.assign()
+        session_key = secrets.token_urlsafe(24)
         state = SessionState(
-            session_id=session_id, task_id=task_id, session_key=secrets.token_urlsafe(24),
+            session_id=session_id, task_id=task_id,
+            session_key_sha256=hash_session_key(session_key),
             sampling=sampling or SamplingParams(), model=model or self.default_model,
             capture_mode=mode, backend=backend.name, created_at=time.time(),
         )
         try:
             await asyncio.to_thread(self.store.put_json, session_state_key(session_id), state)
-            await asyncio.to_thread(self.store.put_json, session_key_index(state.session_key),
+            await asyncio.to_thread(self.store.put_json, session_key_index(session_key),
                                     {"session_id": session_id})
         except BaseException:
             self.pool.release(backend.name)
@@ -506,7 +530,23 @@ class SessionManager:
         self._remember(Session(state, [], CompletionLog(self.store, session_id)))
         log.info("session_opened", session_id=session_id, task_id=task_id,
                  backend=backend.name, model=state.model)
-        return self.info(state)
+        return self.info(state, session_key)
+
+    async def _rekey(self, session: Session) -> SessionInfo:
+        """A new key for an open session (a retried open); the earlier key stops working."""
+        session_key = secrets.token_urlsafe(24)
+        async with session.lock:
+            state = session.state.model_copy(
+                update={"session_key_sha256": hash_session_key(session_key)})
+            await asyncio.to_thread(self.store.put_json, session_key_index(session_key),
+                                    {"session_id": session.session_id})
+            await asyncio.to_thread(self.store.put_json,
+                                    session_state_key(session.session_id), state)
+            self._by_key.pop(session.state.session_key_sha256, None)
+            session.state = state
+            self._by_key[state.session_key_sha256] = session
+        log.info("session_reopened", session_id=session.session_id)
+        return self.info(state, session_key)
 
     async def close_session(self, session_id: str) -> int:
         """Seal a session: refuses new calls, waits for the calls in flight, then seals.
@@ -544,4 +584,4 @@ class SessionManager:
         """Drop a session from memory (it stays in the store and loads again on use)."""
         session = self._by_id.pop(session_id, None)
         if session is not None:
-            self._by_key.pop(session.state.session_key, None)
+            self._by_key.pop(session.state.session_key_sha256, None)

@@ -184,7 +184,8 @@ class LocalStack:
         sup = self.supervisor
         self.temporal = TemporalDevServer(
             self.home / "temporal.db", port=self.temporal_port, ui_port=self.ui_port,
-            log_path=self.logs / "temporal.log")
+            log_path=self.logs / "temporal.log", ui_codec_endpoint=self.env().get(
+                "ROLLOUTD_UI_CODEC_ENDPOINT") or None)
         temporal = self.temporal
         sup.add(ChildSpec("temporal", "temporal", self._spawn_temporal,
                           lambda: _port_open(temporal.host, temporal.port),

@@ -161,15 +161,19 @@ class TemporalDevServer:
         db_path: SQLite file (None: in memory).
         port, ui_port: gRPC frontend and Web UI ports (0: pick free ones).
         headless: no Web UI.
+        ui_codec_endpoint: the remote codec the Web UI decodes payloads with
+            (``rolloutd codec-server``'s URL, e.g. ``http://127.0.0.1:8888/<token>``).
     """
 
     def __init__(self, db_path: Path | None = None, *, host: str = "127.0.0.1", port: int = 0,
-                 ui_port: int = 0, headless: bool = False, log_path: Path | None = None) -> None:
+                 ui_port: int = 0, headless: bool = False, log_path: Path | None = None,
+                 ui_codec_endpoint: str | None = None) -> None:
         self.db_path = db_path
         self.host = host
         self.port = port or free_port(host)
         self.ui_port = ui_port or free_port(host)
         self.headless = headless
+        self.ui_codec_endpoint = ui_codec_endpoint
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -197,6 +201,8 @@ class TemporalDevServer:
             cmd += [f"--sqlite-pragma={p}" for p in SQLITE_PRAGMAS]
         if self.headless:
             cmd.append("--headless")
+        elif self.ui_codec_endpoint:
+            cmd += ["--ui-codec-endpoint", self.ui_codec_endpoint]
         # task fairness (TaskRequest.tenant as fairness key) is off by default on the server;
         # task priority is on (docs/tenancy.md)
         cmd += [f"--dynamic-config-value={key}={value}"

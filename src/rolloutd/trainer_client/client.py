@@ -31,7 +31,6 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 
 from rolloutd import task_queues
@@ -47,6 +46,7 @@ from rolloutd.capabilities import (
     is_import_path,
 )
 from rolloutd.errors import ConfigError, FleetRegistryError, NotFoundError
+from rolloutd.security.connection import connect_temporal
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client.health import FleetHealth, watch
 from rolloutd.trainer_client.tenants import TenantState, set_tenant_quota, tenant_state
@@ -174,9 +174,13 @@ class RolloutClient:
         store_url: str | None = None, gateway_url: str | None = None,
     ) -> RolloutClient:
         """Connect to Temporal (gRPC) and, optionally, to the blob store; ``gateway_url``
-        lets waits tell a dead engine (see the class)."""
-        client = await Client.connect(address, namespace=namespace,
-                                      data_converter=pydantic_data_converter)
+        lets waits tell a dead engine (see the class). The payload codec, TLS and API key
+        come from ``ROLLOUTD_*`` settings (:func:`rolloutd.security.connection.connect_temporal`).
+
+        Raises:
+            ConfigError: bad codec keys or TLS files.
+        """
+        client = await connect_temporal(address=address, namespace=namespace)
         return cls(client, BlobStore(store_url) if store_url else None,
                    gateway_url=gateway_url)
 

@@ -25,7 +25,6 @@ from typing import Any
 
 import structlog
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import (
     FixedSizeSlotSupplier,
     PollerBehaviorSimpleMaximum,
@@ -35,6 +34,7 @@ from temporalio.worker import (
 
 from rolloutd import task_queues
 from rolloutd.capabilities import HostCapabilities
+from rolloutd.security.connection import connect_temporal
 from rolloutd.settings import (
     CommonSettings,
     EvalSettings,
@@ -66,12 +66,10 @@ HEARTBEAT_THROTTLE = timedelta(seconds=2)
 
 
 async def connect(settings: CommonSettings) -> Client:
-    """Connect to Temporal with rolloutd's data converter (pydantic)."""
-    return await Client.connect(
-        settings.temporal_address,
-        namespace=settings.temporal_namespace,
-        data_converter=pydantic_data_converter,
-    )
+    """Connect to Temporal with rolloutd's data converter (pydantic; the payload codec when
+    keys are configured) and transport security
+    (:func:`rolloutd.security.connection.connect_temporal`)."""
+    return await connect_temporal(settings)
 
 
 @dataclass
@@ -237,6 +235,10 @@ async def run_forever(fleet: Fleet) -> None:
 
     settings = {"sandbox": SandboxSettings, "gateway": GatewaySettings,
                 "eval": EvalSettings}.get(fleet, CommonSettings)()
+    if isinstance(settings, GatewaySettings):  # refuse before connecting or loading anything
+        from rolloutd.proxy.gateway import check_admin_exposure
+
+        check_admin_exposure(settings)
     client = await connect(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

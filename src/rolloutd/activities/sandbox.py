@@ -30,6 +30,7 @@ from rolloutd.activities.models import (
 )
 from rolloutd.errors import NotFoundError, RuntimeNotFoundError, to_application_error
 from rolloutd.evaluators import CHECK_ARTIFACT, run_check
+from rolloutd.observability import metrics
 from rolloutd.proxy.liveness import Verdict
 from rolloutd.sandbox import reclaim
 from rolloutd.sandbox.artifacts import apply_patch, git_patch
@@ -86,6 +87,7 @@ class SandboxActivities:
         self.root.mkdir(parents=True, exist_ok=True)
         self.runtimes: dict[str, Runtime] = {}
         self.host_queue = host_queue("sandbox", settings.host_id)
+        metrics.watch_runtimes(self, settings.host_id)  # rolloutd_runtimes_alive, per scrape
 
     def reclaim(self) -> reclaim.ReclaimReport:
         """Kill and remove the runtimes a dead worker left under this host's runtime root

@@ -30,6 +30,7 @@ from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 
 from rolloutd import task_queues
 from rolloutd.capabilities import HostCapabilities
+from rolloutd.observability.exporter import start_process_metrics
 from rolloutd.settings import (
     CommonSettings,
     EvalSettings,
@@ -60,11 +61,25 @@ HEARTBEAT_THROTTLE = timedelta(seconds=2)
 
 
 async def connect(settings: CommonSettings) -> Client:
-    """Connect to Temporal with rolloutd's data converter (pydantic)."""
+    """Connect to Temporal with rolloutd's data converter (pydantic).
+
+    With ``settings.metrics_port`` set, the process's metrics start first (once per process:
+    :func:`rolloutd.observability.exporter.start_process_metrics`) and the client runs on
+    their Temporal runtime, so the SDK's metrics of every worker on this client reach that
+    port (docs/metrics.md).
+
+    Raises:
+        OSError: the metrics port cannot be bound.
+    """
+    runtime = None
+    if settings.metrics_port:
+        runtime = start_process_metrics(settings.metrics_port, settings.metrics_host).runtime
+        log.info("metrics_serving", port=settings.metrics_port, host=settings.metrics_host)
     return await Client.connect(
         settings.temporal_address,
         namespace=settings.temporal_namespace,
         data_converter=pydantic_data_converter,
+        runtime=runtime,
     )
 
 
@@ -206,17 +221,19 @@ async def run_fleet(
     log.info("fleet_stopped", fleet=fleet)
 
 
-async def run_forever(fleet: Fleet) -> None:
+async def run_forever(fleet: Fleet, metrics_port: int | None = None) -> None:
     """Entry point of ``rolloutd worker --fleet FLEET``: run until SIGINT/SIGTERM.
 
     With ``ROLLOUTD_HEALTH_PORT`` set, the process also serves ``grpc.health.v1``
     (:mod:`rolloutd.workers.health`): SERVING while its workers poll, NOT_SERVING from the
-    signal on, while they drain.
+    signal on, while they drain. With a metrics port (``metrics_port``, else
+    ``ROLLOUTD_METRICS_PORT``), it serves its Prometheus metrics there (docs/metrics.md).
     """
     import signal
 
+    overrides = {} if metrics_port is None else {"metrics_port": metrics_port}
     settings = {"sandbox": SandboxSettings, "gateway": GatewaySettings,
-                "eval": EvalSettings}.get(fleet, CommonSettings)()
+                "eval": EvalSettings}.get(fleet, CommonSettings)(**overrides)
     client = await connect(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -273,7 +290,8 @@ def loop_factory(fleet: Fleet) -> Callable[[], asyncio.AbstractEventLoop] | None
     return None
 
 
-def run_process(fleet: Fleet) -> None:
-    """``rolloutd worker --fleet FLEET``: :func:`run_forever` on :func:`loop_factory`'s loop."""
+def run_process(fleet: Fleet, metrics_port: int | None = None) -> None:
+    """``rolloutd worker --fleet FLEET [--metrics-port N]``: :func:`run_forever` on
+    :func:`loop_factory`'s loop."""
     with asyncio.Runner(loop_factory=loop_factory(fleet)) as runner:
-        runner.run(run_forever(fleet))
+        runner.run(run_forever(fleet, metrics_port))

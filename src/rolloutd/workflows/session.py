@@ -23,6 +23,7 @@ from temporalio.exceptions import CancelledError as TemporalCancelledError
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
+    from rolloutd.observability import names
     from rolloutd.errors import NoSandboxWorkerError
     from rolloutd.activities.models import (
         BuildTrajectoryInput,
@@ -85,7 +86,7 @@ PROVISION_WAIT = "provision-wait"
 FAILURE_CAUSES = "failure-causes"
 #: counter of sessions ended with a failure cause (label ``kind``), from workflow code
 #: through ``workflow.metric_meter()`` (replay-safe)
-SESSION_FAILURES_METRIC = "rolloutd_session_failures"
+SESSION_FAILURES_METRIC = names.SESSION_FAILURES
 
 
 def attempt_session_id(session_id: str, attempt: int) -> str:
@@ -126,6 +127,13 @@ class RolloutSessionWorkflow:
         timings: list[PhaseTiming] = []
         started = workflow.now()
         search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
+        # metric_meter() is replay-safe: nothing is emitted again when a history replays
+        meter = workflow.metric_meter().with_additional_attributes(
+            {"harness": task.harness.type})
+        meter.create_counter(names.SESSIONS_STARTED, "sessions started").add(1)
+        phase_seconds = meter.create_histogram_float(
+            names.SESSION_PHASE_SECONDS, "wall time of a session's phase, queue time included",
+            "s")
 
         def deadline_left() -> float:
             return task.timeout_s - (workflow.now() - started).total_seconds()
@@ -140,6 +148,7 @@ class RolloutSessionWorkflow:
                 t1 = workflow.now()
                 timings.append(PhaseTiming(phase=phase, duration_s=(t1 - t0).total_seconds(),
                                            started_at=t0, ended_at=t1))
+                phase_seconds.record((t1 - t0).total_seconds(), {"phase": phase})
 
         fresh_eval = task.evaluator.runtime == "fresh"
         prewarm: asyncio.Task[ProvisionRuntimeOutput] | None = None
@@ -295,6 +304,8 @@ class RolloutSessionWorkflow:
             workflow.metric_meter().create_counter(
                 SESSION_FAILURES_METRIC, "sessions that ended with a failure cause, by kind"
             ).add(1, {"kind": failure.kind})
+        meter.create_counter(names.SESSIONS_ENDED, "sessions ended, by status").add(
+            1, {"status": status.value})
         result = SessionResult(
             session_id=session_id,
             task_id=task.task_id,

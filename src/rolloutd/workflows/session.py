@@ -304,8 +304,9 @@ class RolloutSessionWorkflow:
             workflow.metric_meter().create_counter(
                 SESSION_FAILURES_METRIC, "sessions that ended with a failure cause, by kind"
             ).add(1, {"kind": failure.kind})
-        meter.create_counter(names.SESSIONS_ENDED, "sessions ended, by status").add(
-            1, {"status": status.value})
+        workflow.metric_meter().create_counter(
+            names.SESSIONS_ENDED, "sessions ended, by status and harness"
+        ).add(1, {"status": status.value, "harness": input.task.harness.type})
         result = SessionResult(
             session_id=session_id,
             task_id=task.task_id,

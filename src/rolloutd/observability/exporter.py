@@ -101,6 +101,9 @@ def sdk_runtime(bind_address: str) -> Runtime:
     SDK's own latencies stay in milliseconds, as its docs name them)."""
     return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(
         bind_address=bind_address,
+        # counters named as prometheus-client names them, so the re-exported scrape
+        # (TemporalMetrics) shows the names the SDK's exporter serves
+        counters_total_suffix=True,
         histogram_bucket_overrides={names.SESSION_PHASE_SECONDS: list(names.PHASE_BUCKETS_S)},
     )))
 

@@ -9,7 +9,9 @@ Two exporters:
 - **workflow metrics** are counted in workflow code through ``workflow.metric_meter()``
   (not emitted again on replay) and exported by the Temporal SDK's Prometheus exporter of the
   workflows fleet; the SDK adds the labels ``namespace``, ``task_queue``, ``workflow_type``
-  and ``service_name``, and names counters without a ``_total`` suffix;
+  and ``service_name``; its exporter appends ``_total`` to counters (``counters_total_suffix``),
+  so a counter named ``rolloutd_sessions_started`` here is scraped as
+  ``rolloutd_sessions_started_total`` (:func:`series_names`), as are the SDK's own counters;
 - **process metrics** are prometheus-client metrics of the gateway and sandbox processes
   (counters end in ``_total``, as prometheus-client names them).
 
@@ -89,7 +91,7 @@ TEMPORAL_ACTIVITY_EXECUTION = "temporal_activity_execution_latency"
 TEMPORAL_SLOTS_AVAILABLE = "temporal_worker_task_slots_available"
 #: gauge: used task slots of a worker; labels ``worker_type``, ``task_queue``
 TEMPORAL_SLOTS_USED = "temporal_worker_task_slots_used"
-#: counter: workflows completed; label ``workflow_type``
+#: counter (scraped as ``..._total``): workflows completed; label ``workflow_type``
 TEMPORAL_WORKFLOW_COMPLETED = "temporal_workflow_completed"
 
 #: metric families counted in workflow code, with their Prometheus type
@@ -119,7 +121,8 @@ PROCESS_METRICS = {
 
 def series_names(families: dict[str, str]) -> set[str]:
     """The sample names a scrape shows for metric families: a histogram ``h`` shows
-    ``h_bucket``, ``h_sum`` and ``h_count``; a counter or gauge its own name.
+    ``h_bucket``, ``h_sum`` and ``h_count``; a counter ``c`` ``c_total``; a gauge its own
+    name.
 
     Args:
         families: family name -> Prometheus type (``counter``, ``gauge``, ``histogram``).
@@ -131,9 +134,17 @@ def series_names(families: dict[str, str]) -> set[str]:
     for name, kind in families.items():
         if kind == "histogram":
             out.update(f"{name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
+        elif kind == "counter":
+            out.add(counter_series(name))
         else:
             out.add(name)
     return out
+
+
+def counter_series(name: str) -> str:
+    """The sample name a scrape shows for counter ``name``: ``name`` with ``_total``
+    (prometheus-client's and the SDK exporter's convention)."""
+    return name if name.endswith("_total") else f"{name}_total"
 
 
 def exported_series() -> set[str]:

@@ -81,11 +81,11 @@ RUNTIMES_ALIVE = "rolloutd_runtimes_alive"
 
 # --- the Temporal SDK's own metrics (its Prometheus exporter, every worker process) ------
 #: histogram, ms: time an activity task waited in its queue (the backlog signal of the
-#: sandbox, gateway and eval fleets); labels ``activity_type``, ``task_queue``
+#: sandbox, gateway and eval fleets); label ``task_queue``
 TEMPORAL_ACTIVITY_SCHEDULE_TO_START = "temporal_activity_schedule_to_start_latency"
 #: histogram, ms: time a workflow task waited in its queue (the workflows fleet's backlog)
 TEMPORAL_WORKFLOW_TASK_SCHEDULE_TO_START = "temporal_workflow_task_schedule_to_start_latency"
-#: histogram, ms: an activity's execution time; label ``activity_type``
+#: histogram, ms: an activity's execution time; label ``task_queue``
 TEMPORAL_ACTIVITY_EXECUTION = "temporal_activity_execution_latency"
 #: gauge: free task slots of a worker; labels ``worker_type``, ``task_queue``
 TEMPORAL_SLOTS_AVAILABLE = "temporal_worker_task_slots_available"

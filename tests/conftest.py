@@ -50,6 +50,8 @@ class Fleets:
     engine_url: str
     engine_tee: object
     harness_tee: object
+    #: the process's metrics port (all four fleets run in this process): docs/metrics.md
+    metrics_url: str = ""
 
 
 @pytest.fixture(scope="session")
@@ -66,6 +68,9 @@ async def fleets(temporal_server, engine, tmp_path_factory) -> AsyncIterator[Fle
         "store_url": str(home / "store"),
         "host_id": "test-host",
         "log_json": False,
+        # the fleets' Prometheus metrics and the Temporal SDK's (tests/observability)
+        "metrics_port": free_port(),
+        "metrics_host": "127.0.0.1",
     }
     port = free_port()
     # engine_tee records what llama-server really answered; harness_tee what harnesses got.
@@ -87,7 +92,8 @@ async def fleets(temporal_server, engine, tmp_path_factory) -> AsyncIterator[Fle
         await stack.enter_async_context(run_fleet("workflows", client, gateway_settings))
         yield Fleets(client=client, store_url=common["store_url"],
                      gateway_url=f"http://127.0.0.1:{port}", runtime_root=home / "runtimes",
-                     engine_url=engine.url, engine_tee=engine_tee, harness_tee=harness_tee)
+                     engine_url=engine.url, engine_tee=engine_tee, harness_tee=harness_tee,
+                     metrics_url=f"http://127.0.0.1:{common['metrics_port']}/metrics")
     await harness_tee.stop()
     await engine_tee.stop()
 

@@ -283,11 +283,17 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--home", type=Path, default=None,
                     help="state folder (Temporal SQLite, store, logs, runtimes); "
                     "None: $ROLLOUTD_HOME or ~/.rolloutd")
+    up.add_argument("--metrics-port", type=int, default=9300,
+                    help="first of the fleets' Prometheus metrics ports (workflows, sandbox, "
+                    "gateway, eval: this port + 0..3; docs/metrics.md); 0: off")
 
     worker = _sub(sub, "worker", "run one fleet's workers")
     worker.add_argument("--fleet", required=True,
                         choices=["workflows", "sandbox", "gateway", "eval"],
                         help="which fleet; its settings come from ROLLOUTD_* variables")
+    worker.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus metrics (rolloutd's and the Temporal SDK's) on "
+                        "this port; default: ROLLOUTD_METRICS_PORT, 0 (off) when unset")
 
     doctor = _sub(sub, "doctor", "reliability figures (kills, cancellations, fuzzing) of the "
                   "last tests/reliability run, as a table")
@@ -514,8 +520,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "worker":
         from rolloutd.workers import run_process
 
-        try:
-            run_process(args.fleet)  # the gateway fleet on uvloop when installed
+        try:  # the gateway fleet on uvloop when installed
+            run_process(args.fleet, metrics_port=args.metrics_port)
         except RolloutdError as e:  # a setting refused at start: the message, exit 1
             raise SystemExit(f"rolloutd worker --fleet {args.fleet}: {e}") from None
     elif args.command == "engine":
@@ -545,13 +551,17 @@ def main(argv: list[str] | None = None) -> int:
             codec = payload_codec(settings)
         except RolloutdError as e:
             raise SystemExit(f"rolloutd up: {e}") from None
-        with LocalStack(home=args.home or default_home(), model=args.model) as stack:
+        with LocalStack(home=args.home or default_home(), model=args.model,
+                        metrics_port=args.metrics_port) as stack:
             assert stack.temporal is not None
             codec_line = (f"on, payloads encrypted with key {codec.key_id}" if codec else
                           "off (no ROLLOUTD_CODEC_KEYS: payloads stored in clear; "
                           "docs/security.md)")
+            metrics = "  ".join(f"{fleet} http://127.0.0.1:{port}/metrics"
+                                for fleet, port in stack.metrics_ports().items()) or "off"
             print(f"Codec:       {codec_line}\n"
                   f"Temporal UI: {stack.temporal.ui_url}\n"
+                  f"Metrics:     {metrics}\n"
                   f"Temporal:    {stack.temporal.address}\n"
                   f"Gateway:     {stack.gateway_url}\n"
                   f"Store:       {stack.store_url}\n"

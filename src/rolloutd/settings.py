@@ -72,6 +72,12 @@ class CommonSettings(BaseSettings):
     temporal_api_key: str | None = Field(
         default=None, repr=False, description="API key sent to Temporal (Temporal Cloud); "
         "implies TLS")
+    metrics_port: int = Field(
+        default=0, ge=0, le=65535, description="TCP port of the worker process's Prometheus "
+        "metrics (rolloutd's and the Temporal SDK's, docs/metrics.md); 0: off. One port per "
+        "process; the gateway's /metrics route serves its process's metrics either way")
+    metrics_host: str = Field(default="0.0.0.0", description="bind address of the metrics "
+                              "port (all interfaces: Prometheus scrapes pods from outside)")
 
 
 class GatewaySettings(CommonSettings):

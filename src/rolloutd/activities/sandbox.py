@@ -31,6 +31,7 @@ from rolloutd.activities.models import (
 )
 from rolloutd.errors import NotFoundError, RuntimeNotFoundError, to_application_error
 from rolloutd.evaluators import CHECK_ARTIFACT, run_check
+from rolloutd.observability import metrics
 from rolloutd.proxy.liveness import Verdict
 from rolloutd.sandbox import reclaim
 from rolloutd.sandbox.artifacts import apply_patch, git_patch
@@ -90,6 +91,7 @@ class SandboxActivities:
         #: called when a runtime is gone (torn down): the host has room for another
         #: (:class:`rolloutd.workers.capacity.RuntimeSlots`)
         self.on_runtime_gone: Callable[[], None] = lambda: None
+        metrics.watch_runtimes(self, settings.host_id)  # rolloutd_runtimes_alive, per scrape
 
     def reclaim(self) -> reclaim.ReclaimReport:
         """Kill and remove the runtimes a dead worker left under this host's runtime root

@@ -20,6 +20,8 @@ routes without the ``/s/{key}`` prefix take the key as the API key (``Authorizat
     GET|HEAD /s/{key}                                  the base URL itself (a client's preconnect)
     /admin/...                                         the backend pool (admin token;
                                                        rolloutd.proxy.admin)
+    GET  /metrics                                      Prometheus metrics of the process
+                                                       (docs/metrics.md)
 
 Bodies larger than ``settings.max_body_bytes`` get 413, headers larger than
 ``settings.max_header_bytes`` get 431, each in the dialect's error shape.
@@ -31,6 +33,7 @@ OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``, Google
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -39,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rolloutd.errors import (
@@ -48,6 +52,7 @@ from rolloutd.errors import (
     RequestFieldError,
     RolloutdError,
 )
+from rolloutd.observability import metrics
 from rolloutd.proxy import fastjson
 from rolloutd.proxy.admin import add_admin_routes
 from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
@@ -253,6 +258,8 @@ class ModelCalls:
             ``(request, key, model_action)`` and is keyed by its ``v1beta`` prefix; it serves
             every prefix of :attr:`GEMINI_PREFIXES`.
         render_error: ``(request, exception) -> Response``, the app's handlers in one.
+        dialects: ``route path -> dialect`` of the routes whose calls are counted
+            (``rolloutd_gateway_calls_total``, docs/metrics.md); others are not.
     """
 
     #: the Gemini route's prefix (the model and action follow it)
@@ -261,10 +268,12 @@ class ModelCalls:
     #: use ``v1beta``; the methods and bodies are the same
     GEMINI_PREFIXES = (GEMINI_PREFIX, "/v1/models/")
 
-    def __init__(self, app: Any, handlers: dict[str, Any], render_error: Any) -> None:
+    def __init__(self, app: Any, handlers: dict[str, Any], render_error: Any,
+                 dialects: dict[str, str] | None = None) -> None:
         self.app = app
         self.handlers = handlers
         self.render_error = render_error
+        self.dialects = dialects or {}
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -281,9 +290,11 @@ class ModelCalls:
                 return
         extra: tuple[str, ...] = ()
         handler = self.handlers.get(route)
+        dialect = self.dialects.get(route)
         for prefix in self.GEMINI_PREFIXES:
             if route.startswith(prefix):
                 handler, extra = self.handlers[self.GEMINI_PREFIX], (route[len(prefix):],)
+                dialect = self.dialects.get(self.GEMINI_PREFIX)
         if handler is None:
             await self.app(scope, receive, send)
             return
@@ -293,6 +304,8 @@ class ModelCalls:
                                      *extra)
         except Exception as e:  # noqa: BLE001 - request boundary: rendered in the dialect
             response = await self.render_error(request, e)
+        if dialect is not None:
+            metrics.count_call(dialect, response.status_code)
         await response(scope, receive, send)
 
 
@@ -553,7 +566,16 @@ def create_app(gateway: Gateway) -> Any:
             app.router.add_api_route(route, list_models, methods=["GET"])
             app.router.add_api_route(route + "/{model_id:path}", get_model, methods=["GET"])
 
-    return HeaderLimit(ModelCalls(app, model_calls, render_error),
+    # the Prometheus metrics of this process (docs/metrics.md); a scrape may fetch the
+    # Temporal SDK's exporter over loopback, so it runs off the event loop
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        body = await asyncio.to_thread(generate_latest, REGISTRY)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    call_dialects = {"/v1/chat/completions": "openai_chat", "/v1/responses": "openai_responses",
+                     "/v1/messages": "anthropic", ModelCalls.GEMINI_PREFIX: "gemini"}
+    return HeaderLimit(ModelCalls(app, model_calls, render_error, call_dialects),
                        max_header_bytes=gateway.settings.max_header_bytes)
 
 

@@ -27,6 +27,7 @@ from fastapi import FastAPI
 
 from rolloutd.engine.models import CATALOG, load_tokenizer
 from rolloutd.errors import RolloutdError
+from rolloutd.observability import metrics
 from rolloutd.proxy.app import create_app
 from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.chat_template import ChatTemplate
@@ -89,6 +90,7 @@ class Gateway:
         self.store = store
         self.template = template
         self.pool = pool
+        metrics.watch_pool(pool)  # its backends' state, read at each scrape
         self.model_name = model_name
         public_url = settings.gateway_public_url or (
             f"http://{settings.gateway_host}:{settings.gateway_port}")

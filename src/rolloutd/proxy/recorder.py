@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import structlog
 
+from rolloutd.observability import metrics
 from rolloutd.proxy.backends.base import Backend, ChatResult, GenerateResult
 from rolloutd.proxy.chat_template import PromptPlan
 from rolloutd.proxy.internal import InternalRequest, InternalResponse, Usage
@@ -180,18 +181,23 @@ class Recorder:
             base = session.completions[completion.extends] \
                 if completion.extends is not None \
                 else (session.completions[-1] if session.completions else None)
+            writing = time.monotonic()
             if session.log.store.fast_writes:
                 session.log.append(completion, base)  # a small write into the page cache
             else:
                 await asyncio.to_thread(session.log.append, completion, base)
+            appended = time.monotonic()
             session.completions.append(completion)
             session.extensions.add(completion)
             session.by_hash.setdefault(completion.request_hash, []).append(completion.index)
             session.sending(completion.index)
+        metrics.observe_log_write(appended - writing)
+        metrics.count_tokens(completion.backend, len(completion.prompt_ids),
+                             len(completion.response_ids))
         # per call: DEBUG (an INFO line per call costs more than the rest of the recording)
         log.debug("completion_recorded", session_id=session.session_id, index=completion.index,
                  num_prompt_tokens=len(completion.prompt_ids),
                  num_response_tokens=len(completion.response_ids),
                  finish_reason=completion.finish_reason, extends=completion.extends,
-                 append_s=round(time.monotonic() - started, 4))
+                 append_s=round(appended - started, 4))
         return completion

@@ -19,23 +19,19 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 
-from rolloutd.errors import BackendError, ConfigError, RolloutdError
+from rolloutd.errors import BackendError, RolloutdError
+from rolloutd.observability.metrics import CallClock
 from rolloutd.proxy.backends.base import (
     Backend,
-    ChatDelta,
-    ChatResult,
-    GenerateDelta,
     GenerateRequest,
     GenerateResult,
 )
-from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
 from rolloutd.proxy.backends.pool import BackendPool, Lease
 from rolloutd.proxy.chat_template import ChatTemplate, PromptPlan
-from rolloutd.proxy.dialects import openai_chat
 from rolloutd.proxy.dialects.common import id_suffix
 from rolloutd.proxy.internal import (
     InternalRequest,
@@ -49,11 +45,11 @@ from rolloutd.proxy.internal import (
 )
 from rolloutd.proxy.memo import request_hash
 from rolloutd.proxy.parsers import ReasoningParser, get_reasoning_parser
+from rolloutd.proxy.passthrough import PassthroughCalls, next_delta, stream_tail
 from rolloutd.proxy.recorder import (
     Recorder,
     answer_id,
     build_completion,
-    build_passthrough_completion,
     new_response_id,
     response_from_completion,
 )
@@ -63,8 +59,6 @@ from rolloutd.proxy.tool_parsers import get_tool_parser
 from rolloutd.types import CaptureMode, Completion
 
 log = structlog.get_logger(__name__)
-
-D = TypeVar("D", GenerateDelta, ChatDelta)
 
 #: attribute set on an exception once its failed call is in the session's state
 _RECORDED = "_rolloutd_call_recorded"
@@ -92,7 +86,7 @@ class _Prepared:
     policy_version: int
 
 
-class ChatService:
+class ChatService(PassthroughCalls):
     """Runs calls: prompt, sample, parse, record, answer.
 
     Args:
@@ -265,91 +259,6 @@ class ChatService:
         response.completion_index = (await self.recorder.record(session, build)).index
         return response
 
-    def _passthrough_body(self, session: Session, request: InternalRequest,
-                          lease: Lease) -> tuple[OpenAIChatBackend, dict[str, Any]]:
-        """The chat backend and the upstream body of a ``passthrough`` call.
-
-        Raises:
-            ConfigError: the session's backend takes no chat requests.
-        """
-        backend = lease.backend
-        if not isinstance(backend, OpenAIChatBackend):
-            raise ConfigError(f"backend {backend.name} ({backend.type}) cannot serve "
-                              "capture_mode 'passthrough'")
-        sampling = resolve_sampling(session.state.sampling, request.sampling)
-        body = {**openai_chat.request_from_internal(request), "temperature": sampling.temperature,
-                "top_p": sampling.top_p, "max_tokens": sampling.max_tokens}
-        return backend, body
-
-    async def _passthrough_record(self, session: Session, request: InternalRequest,
-                                  body_hash: str, lease: Lease, result: ChatResult,
-                                  started_at: float, started: float,
-                                  answer_id_: str | None = None) -> InternalResponse:
-        """Record a ``passthrough`` answer (streamed or not: the same completion) and return
-        it."""
-        content = result.message.get("content")
-        response = InternalResponse(
-            id=answer_id_ or new_response_id(), created=int(started_at),
-            model=session.state.model, text=content or "", content=content,
-            reasoning=result.message.get("reasoning_content"),
-            tool_calls=list(result.message.get("tool_calls") or []),
-            finish_reason=result.finish_reason,
-            usage=Usage(prompt_tokens=result.num_prompt_tokens or len(result.prompt_ids),
-                        completion_tokens=result.num_completion_tokens
-                        or len(result.response_ids)))
-        duration_s = time.monotonic() - started
-        completion = await self.recorder.record(session, lambda index: (
-            build_passthrough_completion(
-                session, index=index, request=request, body_hash=body_hash, result=result,
-                response=response, backend=lease.backend, started_at=started_at,
-                duration_s=duration_s, policy_version=lease.policy_version)))
-        response.completion_index = completion.index
-        return response
-
-    async def _passthrough_on(self, session: Session, request: InternalRequest,
-                              body_hash: str, lease: Lease) -> InternalResponse:
-        """One ``passthrough`` call on a leased backend: the backend renders the chat; the
-        gateway records what it returns (untrainable without token ids)."""
-        started_at, started = time.time(), time.monotonic()
-        backend, body = self._passthrough_body(session, request, lease)
-        result = await backend.chat(body)
-        self.pool.note_answered(lease)
-        return await self._passthrough_record(session, request, body_hash, lease, result,
-                                              started_at, started)
-
-    async def _passthrough_stream_on(self, session: Session, request: InternalRequest,
-                                     body_hash: str, lease: Lease
-                                     ) -> AsyncIterator[StreamEvent]:
-        """A streamed ``passthrough`` call on a leased backend: the backend's chunks are
-        forwarded as they arrive; the completion is recorded from the assembled answer,
-        before the end event."""
-        started_at, started = time.time(), time.monotonic()
-        backend, body = self._passthrough_body(session, request, lease)
-        deltas = backend.chat_stream(body)
-        try:
-            delta = await _next_delta(deltas, backend)
-            wire_id = new_response_id()
-            yield StreamStart(id=wire_id, created=int(started_at), model=session.state.model)
-            sent, sent_reasoning = "", ""
-            while delta.result is None:
-                if delta.reasoning:
-                    sent_reasoning += delta.reasoning
-                    yield StreamReasoning(text=delta.reasoning)
-                if delta.content:
-                    sent += delta.content
-                    yield StreamContent(text=delta.content)
-                delta = await _next_delta(deltas, backend)
-        finally:
-            await deltas.aclose()  # type: ignore[attr-defined]
-        response = await self._passthrough_record(session, request, body_hash, lease,
-                                                  delta.result, started_at, started, wire_id)
-        index = response.completion_index
-        yield StreamEnd(
-            response=response,
-            content_tail=_tail(response.content or "", sent, "content", session, index),
-            reasoning_tail=_tail(response.reasoning or "", sent_reasoning, "reasoning",
-                                 session, index))
-
     async def _note_failure(self, session: Session, error: Exception, started: float, *,
                             stream: bool, request: InternalRequest | None = None) -> bool:
         """Record a failed call in the session's state (under its lock, briefly): the
@@ -410,7 +319,7 @@ class ChatService:
                                         request=request)
 
     async def _complete(self, session: Session, request: InternalRequest, marked: bool,
-                        token: int) -> InternalResponse:
+                        token: int, clock: CallClock) -> InternalResponse:
         body_hash, answered = await self._find_answer(session, request, marked)
         if answered is not None:
             return response_from_completion(answered)
@@ -421,12 +330,16 @@ class ChatService:
             session.liveness.leased(token)
             try:
                 if session.state.capture_mode is CaptureMode.PASSTHROUGH:
-                    response = await self._passthrough_on(session, request, body_hash, lease)
+                    response = await self._passthrough_on(session, request, body_hash, lease,
+                                                          clock)
                 else:
                     prep = await self._prepare(session, request, body_hash, lease)
+                    clock.sent()
                     result = await prep.backend.generate(prep.generate)
+                    clock.answered()
                     self.pool.note_answered(lease)
                     response = await self._answer(session, request, prep, result)
+                clock.observe(request.dialect, False)
             except BackendError as e:
                 self.pool.note_failed(lease, e)
                 raise
@@ -464,7 +377,8 @@ class ChatService:
         started, started_at = time.monotonic(), time.time()
         token = session.liveness.started()
         try:
-            response = await self._complete(session, request, marked_retry, token)
+            response = await self._complete(session, request, marked_retry, token,
+                                            CallClock(started))
             session.liveness.answered(token)
             return response
         except Exception as e:
@@ -519,7 +433,8 @@ class ChatService:
             session.liveness.leased(token)
             events = (self._passthrough_stream_on
                       if session.state.capture_mode is CaptureMode.PASSTHROUGH
-                      else self._stream_on)(session, request, body_hash, lease)
+                      else self._stream_on)(session, request, body_hash, lease,
+                                            CallClock(started))
             try:
                 async for event in events:
                     if isinstance(event, StreamEnd):
@@ -550,13 +465,14 @@ class ChatService:
             session.end_call()
 
     async def _stream_on(self, session: Session, request: InternalRequest, body_hash: str,
-                         lease: Lease) -> AsyncIterator[StreamEvent]:
+                         lease: Lease, clock: CallClock) -> AsyncIterator[StreamEvent]:
         """The streamed tokens-mode call on a leased backend."""
         prep = await self._prepare(session, request, body_hash, lease)
         streamable = self.tool_parser.streamable if request.tools else str
+        clock.sent()
         deltas = prep.backend.generate_stream(prep.generate)
         try:
-            delta = await _next_delta(deltas, prep.backend)
+            delta = await next_delta(deltas, prep.backend)
             yield StreamStart(id=prep.response_id,
                               created=int(prep.started_at), model=session.state.model,
                               prompt_tokens=len(prep.generate.prompt_ids))
@@ -575,29 +491,16 @@ class ChatService:
                 if len(safe) > len(sent) and safe.startswith(sent):
                     yield StreamContent(text=safe[len(sent):])
                     sent = safe
-                delta = await _next_delta(deltas, prep.backend)
+                delta = await next_delta(deltas, prep.backend)
+            clock.answered()
         finally:
             await deltas.aclose()  # type: ignore[attr-defined]
         response = await self._answer(session, request, prep, delta.result)
         index = response.completion_index
+        clock.observe(request.dialect, True)
         yield StreamEnd(
             response=response,
-            content_tail=_tail(response.content or "", sent, "content", session, index),
-            reasoning_tail=_tail(response.reasoning or "", sent_reasoning, "reasoning",
+            content_tail=stream_tail(response.content or "", sent, "content", session,
+                                     index),
+            reasoning_tail=stream_tail(response.reasoning or "", sent_reasoning, "reasoning",
                                  session, index))
-
-
-def _tail(final: str, sent: str, part: str, session: Session, index: int | None) -> str:
-    """The part of ``final`` not streamed yet (nothing, logged, if the stream diverged)."""
-    if final.startswith(sent):
-        return final[len(sent):]
-    log.warning("stream_diverged", part=part, session_id=session.session_id, index=index,
-                num_sent_chars=len(sent), num_final_chars=len(final))
-    return ""
-
-
-async def _next_delta(deltas: AsyncIterator[D], backend: Backend) -> D:
-    try:
-        return await deltas.__anext__()
-    except StopAsyncIteration:
-        raise BackendError(f"backend {backend.name}: stream ended without a result") from None

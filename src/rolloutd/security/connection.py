@@ -15,6 +15,7 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes
+from temporalio.runtime import Runtime
 from temporalio.service import TLSConfig
 
 from rolloutd.errors import ConfigError
@@ -86,7 +87,8 @@ def tls_config(settings: CommonSettings) -> TLSConfig | bool:
 
 
 async def connect_temporal(settings: CommonSettings | None = None, *,
-                           address: str | None = None, namespace: str | None = None) -> Client:
+                           address: str | None = None, namespace: str | None = None,
+                           runtime: Runtime | None = None) -> Client:
     """Connect to Temporal the way every rolloutd process does.
 
     Args:
@@ -94,6 +96,8 @@ async def connect_temporal(settings: CommonSettings | None = None, *,
             ``ROLLOUTD_*`` variables.
         address: overrides ``settings.temporal_address`` (``host:port``).
         namespace: overrides ``settings.temporal_namespace``.
+        runtime: the Temporal runtime to run on (its telemetry, e.g. a Prometheus
+            exporter); None: the SDK's default runtime.
 
     Returns:
         A connected client whose data converter is :func:`data_converter`'s.
@@ -105,4 +109,5 @@ async def connect_temporal(settings: CommonSettings | None = None, *,
     s = settings or CommonSettings()
     return await Client.connect(
         address or s.temporal_address, namespace=namespace or s.temporal_namespace,
-        data_converter=data_converter(s), tls=tls_config(s), api_key=s.temporal_api_key)
+        data_converter=data_converter(s), tls=tls_config(s), api_key=s.temporal_api_key,
+        runtime=runtime)

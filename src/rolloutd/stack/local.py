@@ -69,6 +69,9 @@ class LocalStack:
         drain_s: bound on the fleets' drain when the stack stops, s (then SIGKILL).
         model_file: GGUF the engine serves (None: the catalog model's); see :meth:`load_model`.
         policy_version: version of the weights in ``model_file``.
+        metrics_port: first of the fleets' metrics ports (docs/metrics.md): fleet i of
+            :data:`rolloutd.workers.FLEETS` order serves on ``metrics_port + i``; 0: off (tests
+            run several stacks on one machine).
     """
 
     home: Path = field(default_factory=default_home)
@@ -87,6 +90,7 @@ class LocalStack:
     drain_s: float = 30.0
     model_file: Path | None = None
     policy_version: int = 0
+    metrics_port: int = 0
     temporal: TemporalDevServer | None = None
     engine: LlamaServer | None = None
     supervisor: Supervisor = field(init=False)
@@ -176,9 +180,19 @@ class LocalStack:
         self.engine.process = spawn(self.engine.command(), log_path=self.engine.log_path)
         return self.engine.process
 
+    def metrics_ports(self) -> dict[str, int]:
+        """Each fleet's metrics port (empty when :attr:`metrics_port` is 0)."""
+        if not self.metrics_port:
+            return {}
+        order = ("workflows", "sandbox", "gateway", "eval")
+        return {fleet: self.metrics_port + order.index(fleet) for fleet in self.fleets}
+
     def _spawn_worker(self, fleet: str) -> subprocess.Popen[bytes]:
+        env = self.env()
+        # one port per process: a ROLLOUTD_METRICS_PORT inherited by all four would collide
+        env["ROLLOUTD_METRICS_PORT"] = str(self.metrics_ports().get(fleet, 0))
         return spawn([sys.executable, "-m", "rolloutd.cli", "worker", "--fleet", fleet],
-                     log_path=self.logs / f"{fleet}.log", env=self.env())
+                     log_path=self.logs / f"{fleet}.log", env=env)
 
     def _add_children(self) -> None:
         sup = self.supervisor

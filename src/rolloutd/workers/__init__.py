@@ -34,6 +34,7 @@ from temporalio.worker import (
 
 from rolloutd import task_queues
 from rolloutd.capabilities import HostCapabilities
+from rolloutd.observability.exporter import start_process_metrics
 from rolloutd.security.connection import connect_temporal
 from rolloutd.settings import (
     CommonSettings,
@@ -68,8 +69,22 @@ HEARTBEAT_THROTTLE = timedelta(seconds=2)
 async def connect(settings: CommonSettings) -> Client:
     """Connect to Temporal with rolloutd's data converter (pydantic; the payload codec when
     keys are configured) and transport security
-    (:func:`rolloutd.security.connection.connect_temporal`)."""
-    return await connect_temporal(settings)
+    (:func:`rolloutd.security.connection.connect_temporal`).
+
+    With ``settings.metrics_port`` set, the process's metrics start first (once per process:
+    :func:`rolloutd.observability.exporter.start_process_metrics`) and the client runs on
+    their Temporal runtime, so the SDK's metrics of every worker on this client reach that
+    port (docs/metrics.md).
+
+    Raises:
+        OSError: the metrics port cannot be bound.
+        ConfigError: bad codec keys or TLS files.
+    """
+    runtime = None
+    if settings.metrics_port:
+        runtime = start_process_metrics(settings.metrics_port, settings.metrics_host).runtime
+        log.info("metrics_serving", port=settings.metrics_port, host=settings.metrics_host)
+    return await connect_temporal(settings, runtime=runtime)
 
 
 @dataclass
@@ -224,17 +239,19 @@ async def run_fleet(
     log.info("fleet_stopped", fleet=fleet)
 
 
-async def run_forever(fleet: Fleet) -> None:
+async def run_forever(fleet: Fleet, metrics_port: int | None = None) -> None:
     """Entry point of ``rolloutd worker --fleet FLEET``: run until SIGINT/SIGTERM.
 
     With ``ROLLOUTD_HEALTH_PORT`` set, the process also serves ``grpc.health.v1``
     (:mod:`rolloutd.workers.health`): SERVING while its workers poll, NOT_SERVING from the
-    signal on, while they drain.
+    signal on, while they drain. With a metrics port (``metrics_port``, else
+    ``ROLLOUTD_METRICS_PORT``), it serves its Prometheus metrics there (docs/metrics.md).
     """
     import signal
 
+    overrides = {} if metrics_port is None else {"metrics_port": metrics_port}
     settings = {"sandbox": SandboxSettings, "gateway": GatewaySettings,
-                "eval": EvalSettings}.get(fleet, CommonSettings)()
+                "eval": EvalSettings}.get(fleet, CommonSettings)(**overrides)
     if isinstance(settings, GatewaySettings):  # refuse before connecting or loading anything
         from rolloutd.proxy.gateway import check_admin_exposure
 
@@ -295,7 +312,8 @@ def loop_factory(fleet: Fleet) -> Callable[[], asyncio.AbstractEventLoop] | None
     return None
 
 
-def run_process(fleet: Fleet) -> None:
-    """``rolloutd worker --fleet FLEET``: :func:`run_forever` on :func:`loop_factory`'s loop."""
+def run_process(fleet: Fleet, metrics_port: int | None = None) -> None:
+    """``rolloutd worker --fleet FLEET [--metrics-port N]``: :func:`run_forever` on
+    :func:`loop_factory`'s loop."""
     with asyncio.Runner(loop_factory=loop_factory(fleet)) as runner:
-        runner.run(run_forever(fleet))
+        runner.run(run_forever(fleet, metrics_port))

@@ -24,6 +24,7 @@ from temporalio.exceptions import CancelledError as TemporalCancelledError
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
+    from rolloutd.observability import names
     from rolloutd.errors import NoSandboxWorkerError
     from rolloutd.activities.models import (
         BuildTrajectoryInput,
@@ -88,7 +89,7 @@ PROVISION_WAIT = "provision-wait"
 FAILURE_CAUSES = "failure-causes"
 #: counter of sessions ended with a failure cause (label ``kind``), from workflow code
 #: through ``workflow.metric_meter()`` (replay-safe)
-SESSION_FAILURES_METRIC = "rolloutd_session_failures"
+SESSION_FAILURES_METRIC = names.SESSION_FAILURES
 #: patch id: tenant priority and quota slot; capacity waits do not tick the deadline; the
 #: evaluation runtime is asked for after the session's (docs/tenancy.md). Before: none.
 TENANT_QUOTA = "tenant-quota"
@@ -162,6 +163,13 @@ class RolloutSessionWorkflow:
         phases = task.phases
         # with tenancy it ticks from the first runtime up: no capacity wait is charged
         self._clock = None if self._tenancy else workflow.now()
+        # metric_meter() is replay-safe: nothing is emitted again when a history replays
+        meter = workflow.metric_meter().with_additional_attributes(
+            {"harness": task.harness.type})
+        meter.create_counter(names.SESSIONS_STARTED, "sessions started").add(1)
+        phase_seconds = meter.create_histogram_float(
+            names.SESSION_PHASE_SECONDS, "wall time of a session's phase, queue time included",
+            "s")
 
         def deadline_left() -> float:
             ticked = (workflow.now() - (self._clock or workflow.now())).total_seconds()
@@ -177,6 +185,7 @@ class RolloutSessionWorkflow:
                 t1 = workflow.now()
                 timings.append(PhaseTiming(phase=phase, duration_s=(t1 - t0).total_seconds(),
                                            started_at=t0, ended_at=t1))
+                phase_seconds.record((t1 - t0).total_seconds(), {"phase": phase})
 
         fresh_eval = task.evaluator.runtime == "fresh"
 
@@ -341,6 +350,9 @@ class RolloutSessionWorkflow:
             workflow.metric_meter().create_counter(
                 SESSION_FAILURES_METRIC, "sessions that ended with a failure cause, by kind"
             ).add(1, {"kind": failure.kind})
+        workflow.metric_meter().create_counter(
+            names.SESSIONS_ENDED, "sessions ended, by status and harness"
+        ).add(1, {"status": status.value, "harness": input.task.harness.type})
         result = SessionResult(
             session_id=session_id,
             task_id=task.task_id,

@@ -34,6 +34,7 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
+    from rolloutd.observability import names
     from rolloutd.activities.cancel import cancel_workflows
     from rolloutd.activities.models import (
         BackendHealthInput,
@@ -112,8 +113,8 @@ FLEET_CHECK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_a
 FLEET_DOWN_REPLACEMENTS_PER_SAMPLE = 3
 #: workflow metrics (``workflow.metric_meter()``: not emitted again on replay); no label
 #: carries a session or task id
-REPLACEMENTS_METRIC = "rolloutd_session_replacements"
-INCOMPLETE_GROUPS_METRIC = "rolloutd_incomplete_groups"
+REPLACEMENTS_METRIC = names.SESSION_REPLACEMENTS
+INCOMPLETE_GROUPS_METRIC = names.INCOMPLETE_GROUPS
 
 
 @workflow.defn

@@ -49,7 +49,7 @@ with workflow.unsafe.imports_passed_through():
         SessionStatus,
         TaskRequest,
     )
-    from rolloutd.workflows import failures, search
+    from rolloutd.workflows import failures, metadata, search
     from rolloutd.workflows.provisioning import HEARTBEAT, INFRA_RETRY, provision_watched
     from rolloutd.workflows.outcome import (
         AttemptOutcome,
@@ -119,6 +119,12 @@ class RolloutSessionWorkflow:
         """The phase the session is in (open, provision, run, collect, teardown, ...)."""
         return self._phase
 
+    def _show(self, **final) -> None:
+        """Current details for the Temporal UI (:mod:`rolloutd.workflows.metadata`); the
+        completions are known once the gateway session closed."""
+        workflow.set_current_details(metadata.current_details(
+            phase=self._phase, num_completions=self._num_completions, **final))
+
     @workflow.run
     async def run(self, input: SessionInput) -> SessionResult:
         task = input.task
@@ -126,6 +132,7 @@ class RolloutSessionWorkflow:
         timings: list[PhaseTiming] = []
         started = workflow.now()
         search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
+        self._show()
 
         def deadline_left() -> float:
             return task.timeout_s - (workflow.now() - started).total_seconds()
@@ -133,6 +140,7 @@ class RolloutSessionWorkflow:
         async def timed(phase: str, coro, *, current: bool = True):
             if current:
                 self._phase = phase
+                self._show()
             t0 = workflow.now()
             try:
                 return await coro
@@ -291,6 +299,8 @@ class RolloutSessionWorkflow:
         await outcome.torn_down()
         self._phase = "done"
         search.upsert(status=status.value, reward=reward)
+        self._show(status=status.value, reward=reward,
+                   failure=failure.kind if failure is not None else None)
         if failure is not None:
             workflow.metric_meter().create_counter(
                 SESSION_FAILURES_METRIC, "sessions that ended with a failure cause, by kind"

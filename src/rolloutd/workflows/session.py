@@ -298,7 +298,10 @@ class RolloutSessionWorkflow:
 
         await outcome.torn_down()
         self._phase = "done"
-        search.upsert(status=status.value, reward=reward)
+        versions = built.stats.policy_versions
+        search.upsert(status=status.value, reward=reward,
+                      policy_version=max(versions) if versions else None,
+                      failure=failure.kind if failure is not None else None)
         self._show(status=status.value, reward=reward,
                    failure=failure.kind if failure is not None else None)
         if failure is not None:

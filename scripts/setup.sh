@@ -24,9 +24,10 @@ if ! command -v bwrap >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq bubblewrap >/dev/null
 fi
-# headless Chromium: the tests that look at pages (the Temporal UI decoding payloads through
-# `rolloutd codec-server`); Debian's package, no browser download at run time
-if ! command -v chromium >/dev/null 2>&1; then
+# headless Chromium: the tests that look at pages (the trace viewer, tests/viewer; the Temporal
+# UI decoding payloads through `rolloutd codec-server`); Debian's package, never downloaded at
+# run time
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-headless-shell >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq chromium >/dev/null
 fi

@@ -1,5 +1,5 @@
-"""``rolloutd up | worker | engine | models | submit | rest | codec-server | codec-key | demo |
-generate | schedule``."""
+"""``rolloutd up | worker | engine | models | submit | rest | view | quota | codec-server |
+codec-key | demo | generate | schedule``."""
 
 from __future__ import annotations
 
@@ -144,8 +144,9 @@ async def submit_tasks(
     tasks: list[dict[str, Any]], address: str, store_url: str | None, *, suffix: str = "",
     namespace: str = "default", gateway_url: str | None = None,
 ) -> list[Any]:
-    """Validate every task, submit them all, wait, print a table per session and, under it,
-    what went wrong (:func:`what_went_wrong`).
+    """Validate every task, submit them all, wait (showing them live: sessions by phase,
+    completions, rewards), print a table per session and, under it, what went wrong
+    (:func:`what_went_wrong`).
 
     Args:
         tasks: TaskRequest dicts.
@@ -167,6 +168,7 @@ async def submit_tasks(
     from rich.table import Table
 
     from rolloutd.trainer_client import RolloutClient, validate_task
+    from rolloutd.trainer_client.live import watch
 
     requests = []
     for i, task in enumerate(tasks):
@@ -185,8 +187,10 @@ async def submit_tasks(
         raise SystemExit(str(e)) from None
     t0 = time.monotonic()
     handles = [await client.submit(r, check_capabilities=False) for r in requests]
-    try:
-        results = await asyncio.gather(*(h.result() for h in handles))
+    try:  # a live view while waiting (rolloutd.trainer_client.live): rich on a terminal,
+        # plain lines on stderr otherwise, so a script's stdout stays as it was
+        results = await watch(client, [h.task_id for h in handles],
+                              asyncio.gather(*(h.result() for h in handles)))
     except FleetUnavailableError as e:
         raise SystemExit(f"{e} (the tasks keep running: {', '.join(h.task_id for h in handles)})"
                          ) from None
@@ -358,6 +362,18 @@ def build_parser() -> argparse.ArgumentParser:
     codec.add_argument("--port", type=int, default=8888, help="bind TCP port")
     _sub(sub, "codec-key", "print a new payload codec key (`id:key`, 256-bit, base64) to add "
          "to ROLLOUTD_CODEC_KEYS or ROLLOUTD_CODEC_KEY_FILE")
+
+    view = _sub(sub, "view", "open the trace viewer's page of a session or a task (prints "
+                "its URL; serves the viewer itself when no REST facade answers at --url)")
+    view.add_argument("id", metavar="ID", help="a session id ({task_id}/{index}) or a task id")
+    view.add_argument("--url", default="http://127.0.0.1:8080",
+                      help="base URL of a running `rolloutd rest`")
+    view.add_argument("--address", default=None,
+                      help="Temporal address host:port, when serving; None: "
+                      "$ROLLOUTD_TEMPORAL_ADDRESS or localhost:7233")
+    view.add_argument("--store-url", default=None,
+                      help="fsspec URL of the blob store, when serving; None: "
+                      "$ROLLOUTD_STORE_URL or ~/.rolloutd/store")
 
     status = _sub(sub, "status", "the running stack: children, pids, uptime, restarts, task "
                   "queues, engine, sessions in flight by phase")
@@ -599,6 +615,15 @@ def main(argv: list[str] | None = None) -> int:
         from rolloutd.security.codec import generate_key
 
         print(f"key-{time.strftime('%Y%m%d')}-{os.urandom(2).hex()}:{generate_key()}")
+    elif args.command == "view":
+        from rolloutd.settings import RestSettings
+        from rolloutd.viewer.command import main as view_main
+
+        return view_main(args.id, url=args.url,
+                         address=args.address or settings.temporal_address,
+                         store_url=args.store_url or settings.store_url,
+                         namespace=settings.temporal_namespace,
+                         viewer_model=RestSettings().viewer_model)
     elif args.command in ("generate", "schedule"):
         try:
             code = asyncio.run(_generation_main(args, settings))

@@ -17,6 +17,11 @@ to the gateway's admin routes::
     POST /add_llm_server    {"address": URL, "type"?: ..., "name"?: ...}
     POST /clear_llm_server
 
+The trace viewer's pages (:mod:`rolloutd.viewer`; ``rolloutd view ID`` opens them)::
+
+    GET /view/task/{task_id}         the task and its group of sessions (HTML)
+    GET /view/session/{session_id}   a session's completions and traces, token by token (HTML)
+
 A Polar request maps onto rolloutd's TaskRequest field by field (the table is docs/polar.md,
 :data:`POLAR_PATHS` its code). A submit goes through the trainer client, so what no registered
 host can run (a harness without an adapter or CLI, an unknown evaluator, an evaluator import
@@ -46,6 +51,7 @@ from rolloutd.trainer_client.admin import AdminError, BackendAdmin
 from rolloutd.trainer_client.client import InvalidTaskError, RolloutClient
 from rolloutd.trainer_client.inflight import sessions_by_phase
 from rolloutd.types import CallbackStatus, SessionResult, SessionStatus, TaskProgress
+from rolloutd.viewer import add_viewer_routes
 
 
 class _Wire(BaseModel):
@@ -456,6 +462,7 @@ def serve(address: str, store_url: str | None, host: str, port: int,
                          callback_timeout_s=settings.callback_timeout_s,
                          token=settings.rest_token)
         add_stack_status_route(app, client, default_home())
+        add_viewer_routes(app, client, default_model=settings.viewer_model)
         await uvicorn.Server(uvicorn.Config(app, host=host, port=port)).serve()
 
     asyncio.run(main())

@@ -176,6 +176,10 @@ class RestSettings(CommonSettings):
     callback_timeout_s: float = Field(
         default=300.0, gt=0, le=86_400, description="total time of one session's callback to "
         "a task's callback_url over all its attempts; then the task's status shows it failed")
+    viewer_model: str = Field(
+        default="qwen2.5-coder-0.5b", description="the trace viewer decodes tokens with this "
+        "model's tokenizer (a catalog name or a tokenizer folder) when a completion's model is "
+        "not in the catalog")
 
 
 class CodecServerSettings(CommonSettings):

@@ -59,6 +59,7 @@ from rolloutd.types import (
     TaskResult,
     Trajectory,
 )
+from rolloutd.workflows.metadata import static_details, task_summary
 from rolloutd.workflows.callback import CallbackWorkflow, callback_workflow_id
 from rolloutd.workflows.task import RolloutTaskWorkflow, task_workflow_id
 from rolloutd.workflows.tenants import task_priority
@@ -287,6 +288,9 @@ class RolloutClient:
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             # the task's own workflow tasks too; it sets it on each session and activity
             priority=task_priority(request),
+            # what the Temporal UI's list and detail pages show (rolloutd.workflows.metadata)
+            static_summary=task_summary(request),
+            static_details=static_details(request),
             # read by status() without a worker (closed tasks) and without the history
             memo={"num_samples": request.num_samples,
                   "callback": request.callback_url is not None},

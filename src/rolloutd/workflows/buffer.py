@@ -36,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd.activities.models import ReadTaskChunkInput, ReadTaskChunkOutput
     from rolloutd.scoring import scored_rewards
     from rolloutd.types import TaskRequest, TaskResult
-    from rolloutd.workflows import search
+    from rolloutd.workflows import metadata, search
     from rolloutd.workflows.buffer_models import (
         AckInput,
         AckOutput,
@@ -188,6 +188,8 @@ class RolloutBufferWorkflow:
             await workflow.start_child_workflow(
                 RolloutTaskWorkflow.run, request, id=running.workflow_id,
                 task_queue=task_queues.WORKFLOWS, priority=task_priority(request),
+                static_summary=metadata.task_summary(request),
+                static_details=metadata.static_details(request),
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
             )
         except Exception as e:  # noqa: BLE001 - boundary: a reused task id, a bad request

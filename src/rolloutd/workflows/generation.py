@@ -48,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         PlanOutput,
         WriteOutputsInput,
     )
+    from rolloutd.workflows import metadata
     from rolloutd.workflows.task import RolloutTaskWorkflow, task_workflow_id
     from rolloutd.workflows.tenants import task_priority
 
@@ -136,6 +137,8 @@ class GenerationWorkflow:
             return await workflow.execute_child_workflow(
                 RolloutTaskWorkflow.run, row.task, id=workflow_id,
                 task_queue=task_queues.WORKFLOWS, priority=task_priority(row.task),
+                static_summary=metadata.task_summary(row.task),
+                static_details=metadata.static_details(row.task),
                 parent_close_policy=ParentClosePolicy.ABANDON,
                 # a failed or terminated task may run again; a completed one never
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY)

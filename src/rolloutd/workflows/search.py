@@ -14,6 +14,8 @@ HARNESS = SearchAttributeKey.for_keyword("RolloutHarness")
 STATUS = SearchAttributeKey.for_keyword("RolloutStatus")
 REWARD = SearchAttributeKey.for_float("RolloutReward")
 POLICY_VERSION = SearchAttributeKey.for_int("RolloutPolicyVersion")
+#: a session's failure cause kind (docs/failures.md); unset when it ran to its end
+FAILURE = SearchAttributeKey.for_keyword("RolloutFailure")
 
 #: name -> Temporal type, for ``temporal server start-dev --search-attribute NAME=TYPE``.
 DEFINITIONS: dict[str, str] = {
@@ -22,6 +24,7 @@ DEFINITIONS: dict[str, str] = {
     STATUS.name: "Keyword",
     REWARD.name: "Double",
     POLICY_VERSION.name: "Int",
+    FAILURE.name: "Keyword",
 }
 
 
@@ -32,6 +35,7 @@ def upsert(
     status: str | None = None,
     reward: float | None = None,
     policy_version: int | None = None,
+    failure: str | None = None,
 ) -> None:
     """Upsert the given search attributes on the current workflow (None leaves one unset)."""
     pairs: list[SearchAttributePair] = []
@@ -45,5 +49,7 @@ def upsert(
         pairs.append(REWARD.value_set(reward))
     if policy_version is not None:
         pairs.append(POLICY_VERSION.value_set(policy_version))
+    if failure is not None:
+        pairs.append(FAILURE.value_set(failure))
     if pairs:
         workflow.upsert_search_attributes(pairs)

@@ -52,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
         TaskRequest,
     )
     from rolloutd.activities.tenants import GRANTED_SIGNAL
-    from rolloutd.workflows import failures, search, tenants
+    from rolloutd.workflows import failures, metadata, search, tenants
     from rolloutd.workflows.tenants import task_priority
     from rolloutd.workflows.provisioning import HEARTBEAT, INFRA_RETRY, provision_watched
     from rolloutd.workflows.outcome import (
@@ -139,11 +139,18 @@ class RolloutSessionWorkflow:
         """The phase the session is in (open, provision, run, collect, teardown, ...)."""
         return self._phase
 
+    def _show(self, **final) -> None:
+        """Current details for the Temporal UI (:mod:`rolloutd.workflows.metadata`); the
+        completions are known once the gateway session closed."""
+        workflow.set_current_details(metadata.current_details(
+            phase=self._phase, num_completions=self._num_completions, **final))
+
     @workflow.run
     async def run(self, input: SessionInput) -> SessionResult:
         task = input.task
         timings: list[PhaseTiming] = []
         search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
+        self._show()
         tenancy = self._tenancy = workflow.patched(TENANT_QUOTA)
         waited: float | None = None
         if tenancy:
@@ -178,6 +185,7 @@ class RolloutSessionWorkflow:
         async def timed(phase: str, coro, *, current: bool = True):
             if current:
                 self._phase = phase
+                self._show()
             t0 = workflow.now()
             try:
                 return await coro
@@ -345,7 +353,12 @@ class RolloutSessionWorkflow:
 
         await outcome.torn_down()
         self._phase = "done"
-        search.upsert(status=status.value, reward=reward)
+        versions = built.stats.policy_versions
+        search.upsert(status=status.value, reward=reward,
+                      policy_version=max(versions) if versions else None,
+                      failure=failure.kind if failure is not None else None)
+        self._show(status=status.value, reward=reward,
+                   failure=failure.kind if failure is not None else None)
         if failure is not None:
             workflow.metric_meter().create_counter(
                 SESSION_FAILURES_METRIC, "sessions that ended with a failure cause, by kind"

@@ -57,7 +57,7 @@ with workflow.unsafe.imports_passed_through():
         TaskRequest,
         TaskResult,
     )
-    from rolloutd.workflows import search
+    from rolloutd.workflows import metadata, search
     from rolloutd.workflows.callback import CallbackInput, CallbackWorkflow, callback_workflow_id
     from rolloutd.workflows.session import RolloutSessionWorkflow, SessionInput
     from rolloutd.workflows.tenants import task_priority
@@ -153,6 +153,7 @@ class RolloutTaskWorkflow:
     async def run(self, task: TaskRequest) -> TaskResult:
         self._progress = TaskProgress(task_id=task.task_id, num_samples=task.num_samples)
         search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
+        self._show(task, "running")
         parent = workflow.info().workflow_id
         replace = workflow.patched(REPLACEMENTS_PATCH)
         # a sample's running session, by index: cancelled directly by this id
@@ -168,6 +169,9 @@ class RolloutTaskWorkflow:
                     task_queue=task_queues.WORKFLOWS,
                     execution_timeout=None,
                     priority=task_priority(task),
+                    static_summary=metadata.session_summary(task, index) + (
+                        f" · replacement {replacement}" if replacement else ""),
+                    static_details=metadata.static_details(task),
                     cancellation_type=workflow.ChildWorkflowCancellationType.WAIT_CANCELLATION_COMPLETED,
                 )
             except ChildWorkflowError as e:
@@ -184,6 +188,7 @@ class RolloutTaskWorkflow:
                 result = await session(index, replacement)
                 self._replacing.discard(index)
             self._results[index] = result
+            self._show(task, "running")
             if task.callback_url and not self._cancelling:
                 if workflow.patched(DETACHED_CALLBACKS_PATCH):
                     await _start_callback(task.callback_url, parent, index, task, result)
@@ -199,6 +204,7 @@ class RolloutTaskWorkflow:
         except asyncio.CancelledError:
             self._cancelling = True
             self._progress.status = "cancelled"
+            self._show(task, "cancelled")
             search.upsert(status=SessionStatus.CANCELLED.value)
             await _cancel_sessions(self._child_ids, sessions)
             await asyncio.gather(*sessions, return_exceptions=True)
@@ -211,9 +217,18 @@ class RolloutTaskWorkflow:
                 INCOMPLETE_GROUPS_METRIC, "groups that ended with fewer scored sessions than "
                 "samples").add(1)
         search.upsert(status="completed", reward=group.mean_reward)
+        self._show(task, "done", status=self._progress.status, reward=group.mean_reward)
         if task.report_to:
             await _report(task.report_to, group)
         return group
+
+    def _show(self, task: TaskRequest, phase: str, **final) -> None:
+        """Current details for the Temporal UI (:mod:`rolloutd.workflows.metadata`): sessions
+        ended, their completions, and at the end the group's mean reward."""
+        ended = list(self._results.values())
+        workflow.set_current_details(metadata.current_details(
+            phase=phase, sessions=f"{len(ended)}/{task.num_samples} ended",
+            num_completions=sum(r.num_completions for r in ended), **final))
 
     async def _replace(self, task: TaskRequest, result: SessionResult) -> bool:
         """Decide whether a sample's ended session gets a replacement, and wait for the

@@ -1,0 +1,111 @@
+"""The trace viewer's routes on the REST facade (``rolloutd rest``; ``rolloutd view`` opens
+them)::
+
+    GET /view/task/{task_id}          the task and its group of sessions (HTML)
+    GET /view/session/{session_id}    a session: completions and traces, token by token (HTML)
+
+Reads go through the trainer client (the task's status: queries and results, never raw
+history) and its blob store (completion log, trajectory). Token ids are decoded with the
+tokenizer of the model that sampled them: the completion's model when the catalog knows it,
+else ``default_model`` (``ROLLOUTD_VIEWER_MODEL``, a catalog name or a tokenizer folder).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import HTMLResponse
+
+from rolloutd.engine.models import CATALOG, load_tokenizer
+from rolloutd.errors import NotFoundError
+from rolloutd.store import CompletionLog
+from rolloutd.trainer_client.client import RolloutClient
+from rolloutd.types import Completion, SessionResult, TaskProgress
+from rolloutd.viewer.pages import session_page, task_page
+from rolloutd.viewer.tokens import TokenText
+
+
+def task_id_of(session_id: str) -> str:
+    """The task of a session id (``{task_id}/{index}[/r{n}][.attempt-{k}]``; task ids hold no
+    ``/``)."""
+    return session_id.split("/", 1)[0]
+
+
+def tokenizer_name(completions: list[Completion], default_model: str) -> str:
+    """The catalog name of the model that sampled ``completions`` (by catalog or served name),
+    else ``default_model``."""
+    served = {entry.served_name: name for name, entry in CATALOG.items()}
+    for c in completions:
+        if c.model in CATALOG:
+            return c.model
+        if c.model in served:
+            return served[c.model]
+    return default_model
+
+
+class _Tokenizers:
+    """Loaded tokenizers by name (loading one takes about a second; pages reuse it)."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, TokenText] = {}
+        self._lock = asyncio.Lock()
+
+    async def get(self, name: str) -> TokenText:
+        async with self._lock:
+            if name not in self._loaded:
+                tokenizer = await asyncio.to_thread(load_tokenizer, name)
+                self._loaded[name] = TokenText(tokenizer)
+            return self._loaded[name]
+
+
+def add_viewer_routes(app: FastAPI, client: RolloutClient, *,
+                      default_model: str = "qwen2.5-coder-0.5b") -> None:
+    """Serve the trace viewer's pages on ``app``.
+
+    Args:
+        app: the facade's app.
+        client: its trainer client; session pages need ``client.store``.
+        default_model: tokenizer for completions whose model the catalog does not know.
+
+    Responses:
+        200 HTML; 404 (HTML) for an unknown task or session; 503 when the client has no
+        blob store (``--store-url``).
+    """
+    tokenizers = _Tokenizers()
+
+    async def progress_of(task_id: str) -> TaskProgress:
+        try:
+            return await client.status(task_id)
+        except NotFoundError:
+            raise HTTPException(404, f"task {task_id} not found") from None
+
+    @app.get("/view/task/{task_id}", response_class=HTMLResponse)
+    async def view_task(task_id: str) -> Any:
+        """The task page."""
+        return HTMLResponse(task_page(await progress_of(task_id)))
+
+    @app.get("/view/session/{session_id:path}", response_class=HTMLResponse)
+    async def view_session(session_id: str) -> Any:
+        """The session page."""
+        progress = await progress_of(task_id_of(session_id))
+        session = _find(progress, session_id)
+        if client.store is None:
+            raise HTTPException(503, "the facade has no blob store (--store-url)")
+        completions = await asyncio.to_thread(
+            CompletionLog(client.store, session.session_id).read_all)
+        trajectory = (await asyncio.to_thread(client.trajectory, session)
+                      if session.trajectory_ref else None)
+        tokens = await tokenizers.get(tokenizer_name(completions, default_model))
+        page = await asyncio.to_thread(session_page, session, completions, trajectory, tokens)
+        return HTMLResponse(page)
+
+
+def _find(progress: TaskProgress, session_id: str) -> SessionResult:
+    for session in [*progress.sessions, *progress.replaced]:
+        if session.session_id == session_id:
+            return session
+    ended = ", ".join(s.session_id for s in progress.sessions) or "none"
+    raise HTTPException(404, f"session {session_id} has not ended or does not exist "
+                             f"(ended sessions of task {progress.task_id}: {ended})")

@@ -13,7 +13,7 @@ Reported per mode: engine requests, prompt tokens sent, response tokens sampled,
 wall time of the second attempt. The gateway runs in this process (httpx.ASGITransport);
 llama-server is started here and stopped at the end.
 
-    python benchmarks/resume.py [--calls 20] [--kill-at 15] [--max-tokens 48]
+    python benchmarks/resume.py [--calls 20] [--kill-at 15] [--max-tokens 48] [--model M]
 
 Output: a markdown table on stdout.
 """
@@ -37,7 +37,8 @@ from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.types import SamplingParams
 
-MODEL = "qwen2.5-coder-0.5b"
+#: the catalog model (the figures compare token counts: its quality does not matter)
+MODEL = "smollm2-135m"
 
 
 async def harness(client: httpx.AsyncClient, key: str, calls: int) -> None:
@@ -64,8 +65,8 @@ def engine_figures(gateway: Gateway, session_id: str) -> tuple[int, int, int]:
 
 
 async def main(args: argparse.Namespace) -> None:
-    tokenizer = load_tokenizer(MODEL)
-    server = LlamaServer(MODEL, parallel=1, ctx_size=16384).start(timeout_s=180)
+    tokenizer = load_tokenizer(args.model)
+    server = LlamaServer(args.model, parallel=1, ctx_size=8192).start(timeout_s=180)
     try:
         with tempfile.TemporaryDirectory() as home:
             settings = GatewaySettings(store_url=str(Path(home) / "store"),
@@ -98,7 +99,7 @@ async def main(args: argparse.Namespace) -> None:
             await gateway.aclose()
     finally:
         server.stop()
-    print(f"{args.calls}-call session killed after call {args.kill_at} ({MODEL}, "
+    print(f"{args.calls}-call session killed after call {args.kill_at} ({args.model}, "
           f"llama-server, temperature 0, max_tokens {args.max_tokens})\n")
     print("| attempt | engine requests | prompt tokens | response tokens sampled | wall s |")
     print("| --- | ---: | ---: | ---: | ---: |")
@@ -111,4 +112,5 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--kill-at", type=int, default=15)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--model", default=MODEL, help="a catalog model name")
     asyncio.run(main(parser.parse_args()))

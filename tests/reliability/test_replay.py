@@ -86,8 +86,9 @@ def tool_task(task_id: str, marker: str, tool: str, *, pause_s: float = 1.5) -> 
     }
 
 
-async def run(rig: Rig, task: dict[str, Any], fault=None) -> TaskResult:
-    """Submit ``task``; run ``fault()`` meanwhile (when given); return the group."""
+async def run(rig: Rig, task: dict[str, Any], fault=None, wait_s: float = 240) -> TaskResult:
+    """Submit ``task``; run ``fault()`` meanwhile (when given); return the group within
+    ``wait_s``."""
     client = await connect(rig)
     store = BlobStore(rig.stack.store_url)
     await RolloutClient(client, store).submit(task)
@@ -95,15 +96,16 @@ async def run(rig: Rig, task: dict[str, Any], fault=None) -> TaskResult:
         await fault()
         client = await connect(rig)
     return await asyncio.wait_for(client.get_workflow_handle(
-        f"task/{task['task_id']}", result_type=TaskResult).result(), 240)
+        f"task/{task['task_id']}", result_type=TaskResult).result(), wait_s)
 
 
 def logged(store: BlobStore, session_id: str) -> int:
     return len(CompletionLog(store, session_id))
 
 
-async def kill_sandbox_after(rig: Rig, store: BlobStore, session_id: str, calls: int) -> None:
-    await poll(lambda: logged(store, session_id) >= calls, 150, f"{calls} calls in the log")
+async def kill_sandbox_after(rig: Rig, store: BlobStore, session_id: str, calls: int,
+                             wait_s: float = 150) -> None:
+    await poll(lambda: logged(store, session_id) >= calls, wait_s, f"{calls} calls in the log")
     await kill9_and_restart(rig, "sandbox")
 
 
@@ -215,6 +217,7 @@ QWEN_TASK = ("Use the run_shell_command tool six times, one command per turn, an
              "with one word: done.")
 
 
+@pytest.mark.timeout(1200)  # Qwen Code's first request is 3.2K tokens of prefill on a CPU
 async def test_qwen_code_killed_after_4_calls_replays_them(rig: Rig):
     from rolloutd.sandbox.config import npm_prefix
     from rolloutd.sandbox.harnesses.qwen_code import ENTRY_POINT
@@ -228,18 +231,19 @@ async def test_qwen_code_killed_after_4_calls_replays_them(rig: Rig):
                 "harness": {"type": "qwen_code", "profile": "compact", "max_turns": 10},
                 "runtime": {"type": "bwrap"}, "evaluator": {"type": "session_completed"},
                 "sampling": {"temperature": 0.0, "max_tokens": 96},
-                "phases": {"open_s": 20, "provision_s": 60, "run_s": 200},
-                "timeout_s": 280}
+                "phases": {"open_s": 20, "provision_s": 60, "run_s": 500},
+                "timeout_s": 560}
 
     base_id, _ = new_ids("replay-qwen-base")
-    base = (await run(rig, task(base_id))).sessions[0]
+    base = (await run(rig, task(base_id), wait_s=560)).sessions[0]
     assert base.status == SessionStatus.COMPLETED, base
     assert base.num_completions >= 6, base.num_completions
 
     task_id, _ = new_ids("replay-qwen")
     engine_before, t0 = rig.engine_answers(), time.monotonic()
     group = await run(rig, task(task_id),
-                      lambda: kill_sandbox_after(rig, store, f"{task_id}/0", KILL_AT))
+                      lambda: kill_sandbox_after(rig, store, f"{task_id}/0", KILL_AT, 500),
+                      wait_s=560)
     wall_s = time.monotonic() - t0
     [s] = group.sessions
     assert s.status == SessionStatus.COMPLETED, s

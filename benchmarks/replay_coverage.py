@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
+import sys
 import tempfile
 import time
 import uuid
@@ -144,4 +146,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--harness", default="shell,qwen_code")
     parser.add_argument("--runtime", default="bwrap,local")
+    # SIGTERM unwinds like Ctrl-C: the servers started here are stopped by main's finally
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     asyncio.run(main(parser.parse_args()))

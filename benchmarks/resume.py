@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -113,4 +115,6 @@ if __name__ == "__main__":
     parser.add_argument("--kill-at", type=int, default=15)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--model", default=MODEL, help="a catalog model name")
+    # SIGTERM unwinds like Ctrl-C, so llama-server is stopped by the finally above
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     asyncio.run(main(parser.parse_args()))

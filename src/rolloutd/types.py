@@ -98,6 +98,17 @@ class TaskRequest(Model):
     fairness_weight: float = Field(
         default=1.0, gt=0.0, le=1000.0, description="the tenant's share among tasks of equal "
         "priority: a tenant of weight 2 gets about twice the dispatches of one of weight 1")
+    resume: Literal["replay", "restart"] = Field(
+        default="replay", description="what a new attempt of a sample does (after a lost "
+        "sandbox host, or as the replacement of a session that failed for infrastructure): "
+        "'replay' answers each request identical to one the earlier attempt recorded from "
+        "that record, without an engine call, so every conversation replays until its first "
+        "difference, then samples; 'restart' samples everything again (docs/sessions.md, "
+        "\"Replay across attempts\")")
+    replay_max_staleness: int = Field(
+        default=0, ge=0, le=1_000_000, description="policy versions a replayed completion may "
+        "lag behind the current version of the session's backend; 0: replay only what the "
+        "current version sampled")
     timeout_reward: Literal["evaluate"] | float | None = Field(
         default="evaluate", description="the reward of a session whose run phase timed out "
         "while the policy was accountable (no backend error stood unrecovered, no call was "
@@ -201,6 +212,9 @@ class Completion(Model):
             prefixes its hex part its own way); chosen when the call starts, since a stream
             names its answer before the completion has an index. Empty in logs written before
             it was kept: then derived from ``session_id`` and ``index``.
+        replayed_from: ``{session_id}#{index}`` of the earlier attempt's completion this one
+            replays (its tokens, logprobs, policy version and answer ids, copied; no engine
+            call); None when sampled here.
     """
 
     session_id: str
@@ -228,6 +242,7 @@ class Completion(Model):
     timings: Timings = Field(default_factory=Timings)
     tool_call_parse_failed: bool = False
     response_id: str = ""
+    replayed_from: str | None = None
 
     @model_validator(mode="after")
     def _aligned(self) -> Completion:
@@ -426,6 +441,53 @@ class SessionAttempt(Model):
     num_completions: int = 0
 
 
+class ReplayEnd(Model):
+    """Where one conversation of a resumed session stopped replaying, and why.
+
+    Attributes:
+        last_index: index in the new log of the conversation's last replayed completion.
+        source: ``{session_id}#{index}`` of the completion it replayed.
+        reason: ``body_differed``: the source's conversation went on, but the next request
+            differed from its recorded one (a tool output changed, the harness chose another
+            path), or its recorded next completion was too stale to replay;
+            ``source_ended``: the source recorded nothing after it (the attempt died there).
+    """
+
+    last_index: int = Field(ge=0)
+    source: str
+    reason: Literal["body_differed", "source_ended"]
+
+
+class ReplayStats(Model):
+    """What replay across attempts did for a session (docs/sessions.md, "Replay across
+    attempts"); all zero when the session had no earlier attempt or ``resume`` is
+    ``restart``.
+
+    Attributes:
+        sources: gateway session ids of the earlier attempts replayed from, newest first.
+        num_source_completions: completions of those attempts offered for replay (each
+            earlier completion once: one a later attempt replayed already is offered as that
+            attempt's copy).
+        num_replayed: calls answered from the source, without an engine call.
+        num_not_replayed: source completions never replayed (they stay in their sealed
+            logs, out of training).
+        num_stale: source completions whose request came again but whose policy version
+            lagged more than ``replay_max_staleness``: sampled again.
+        num_prompt_tokens_saved / num_response_tokens_saved: the engine tokens replay saved
+            (prompt tokens not prefilled, response tokens not sampled).
+        ends: per replayed conversation, where and why its replay ended.
+    """
+
+    sources: list[str] = Field(default_factory=list)
+    num_source_completions: int = Field(default=0, ge=0)
+    num_replayed: int = Field(default=0, ge=0)
+    num_not_replayed: int = Field(default=0, ge=0)
+    num_stale: int = Field(default=0, ge=0)
+    num_prompt_tokens_saved: int = Field(default=0, ge=0)
+    num_response_tokens_saved: int = Field(default=0, ge=0)
+    ends: list[ReplayEnd] = Field(default_factory=list)
+
+
 class SessionResult(Model):
     """What a session returns to its parent: a summary and references, never token arrays."""
 
@@ -457,6 +519,10 @@ class SessionResult(Model):
         default_factory=list, description="earlier attempts given up (sandbox host lost)")
     failure: FailureCause | None = Field(
         default=None, description="why the session did not run to its end; None when it did")
+    replay: ReplayStats = Field(
+        default_factory=ReplayStats, description="calls this attempt replayed from earlier "
+        "attempts instead of sampling them, where each conversation's replay ended and why, "
+        "and the engine tokens saved")
 
 
 class TaskResult(Model):

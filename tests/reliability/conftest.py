@@ -137,14 +137,15 @@ def _scores_again(request_body: bytes) -> bool:
 
 @pytest.fixture(scope="session")
 async def rig(tmp_path_factory) -> AsyncIterator[Rig]:
-    """LocalStack (own Temporal with SQLite, own llama-server behind a Tee, four fleets)."""
+    """LocalStack (own Temporal with SQLite, own llama-server behind a Tee, four fleets).
+    8K tokens per slot: Qwen Code's compact first request is about 3.2K (test_replay.py)."""
     from rolloutd.engine.server import LlamaServer
     from tests.support.tee import Tee
 
     home = tmp_path_factory.mktemp("reliability")
     (home / "logs").mkdir()
     engine = await asyncio.to_thread(
-        lambda: LlamaServer("qwen2.5-coder-0.5b", parallel=4, ctx_size=8192,
+        lambda: LlamaServer("qwen2.5-coder-0.5b", parallel=4, ctx_size=32768,
                             log_path=home / "logs" / "engine.log").start(timeout_s=180))
     tee = await Tee(engine.url).start()
     # supervise=False: these tests restart a killed fleet by hand, and a supervisor doing it

@@ -92,7 +92,9 @@ def check_batch(rig: Rig, store: BlobStore, group: TaskResult, marker: str, *,
     for s in group.sessions:
         given_up = sum(a.num_completions for a in s.attempts)
         completions = CompletionLog(store, s.session_id).read_all()
-        recorded += len(completions) + given_up
+        # a call the next attempt replayed from an earlier one was not sampled again
+        assert s.replay.num_replayed == sum(c.replayed_from is not None for c in completions)
+        recorded += len(completions) - s.replay.num_replayed + given_up
         assert [c.index for c in completions] == list(range(len(completions)))
         if s.status != SessionStatus.COMPLETED:
             continue

@@ -29,7 +29,7 @@ from rolloutd.proxy.sessions import call_waiting_at, is_backend_error, unrecover
 from rolloutd.store import CompletionLog, trajectory_key
 from rolloutd.task_queues import host_queue
 from rolloutd.trajectory import build_traces, check_invariants
-from rolloutd.types import Trajectory
+from rolloutd.types import ReplayStats, Trajectory
 
 log = structlog.get_logger(__name__)
 
@@ -53,8 +53,8 @@ class GatewayActivities:
                                                task_id=input.task_id)
         try:
             info = await self.gateway.sessions.open_session(
-                input.session_id, input.task_id, sampling=input.sampling, model=input.model
-            )
+                input.session_id, input.task_id, sampling=input.sampling, model=input.model,
+                replay_from=input.replay_from, replay_max_staleness=input.replay_max_staleness)
         except Exception as e:
             raise to_application_error(e) from e
         return OpenSessionOutput(
@@ -98,7 +98,15 @@ class GatewayActivities:
             state.errors if state.open_errors is None else [*state.errors, *state.open_errors],
             session.cut_calls)
         first = unrecovered[0] if unrecovered else None
+        replay = ReplayStats()
+        if session.replay is not None:
+            try:
+                await session.replay.ensure_loaded(session.completions)
+                replay = session.replay.stats(session.completions)
+            except Exception as e:
+                raise to_application_error(e) from e
         return CloseSessionOutput(
+            replay=replay,
             num_completions=num, num_errors=state.num_errors,
             num_unrecovered_errors=len(unrecovered),
             last_error=state.errors[-1].describe() if state.errors else None,

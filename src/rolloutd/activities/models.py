@@ -17,6 +17,7 @@ from rolloutd.types import (
     EvaluatorSpec,
     FailureCause,
     HarnessSpec,
+    ReplayStats,
     RuntimeSpec,
     SamplingParams,
     SessionResult,
@@ -38,6 +39,11 @@ class OpenSessionInput(_IO):
     owner: str = Field(default="", description="workflow run id owning the session")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     model: str | None = None
+    #: gateway session ids of the sample's earlier attempts, newest first, whose sealed logs
+    #: answer this session's requests identical to theirs (replay; empty: none)
+    replay_from: list[str] = Field(default_factory=list)
+    #: policy versions a replayed completion may lag behind the backend's current one
+    replay_max_staleness: int = Field(default=0, ge=0)
 
 
 class OpenSessionOutput(_IO):
@@ -101,6 +107,8 @@ class CloseSessionOutput(_IO):
     call_waiting_at_deadline: bool = False
     #: completions whose tool call the parser could not read (tokens mode)
     num_invalid_tool_calls: int = 0
+    #: what replay across attempts did (rolloutd.proxy.replay.replay_stats)
+    replay: ReplayStats = Field(default_factory=ReplayStats)
 
 
 class BuildTrajectoryInput(_IO):

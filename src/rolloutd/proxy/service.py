@@ -53,6 +53,7 @@ from rolloutd.proxy.recorder import (
     new_response_id,
     response_from_completion,
 )
+from rolloutd.proxy.replaying import answer_from_source
 from rolloutd.proxy.sampling import bound_max_tokens, resolve_sampling
 from rolloutd.proxy.sessions import CallError, Session, conversation_hash
 from rolloutd.proxy.tool_parsers import get_tool_parser
@@ -163,6 +164,12 @@ class ChatService(PassthroughCalls):
         sampling now (the client timed out and retried) waits for that call and answers with
         its completion, so one request is sampled once."""
         body_hash, answered = self._retry(session, request, marked)
+        if answered is None and session.replay is not None:
+            # a new attempt: the earlier attempt's record of this request (issue 25)
+            answered = await answer_from_source(session, self.recorder, self.pool, request,
+                                                body_hash)
+            if answered is not None:
+                return body_hash, answered
         waiting = session.sampling_calls.get(body_hash) if marked and answered is None \
             else None
         if waiting is not None:

@@ -45,6 +45,7 @@ from rolloutd.proxy.chat_template import ExtensionIndex
 from rolloutd.proxy.fastjson import BodyReader, ListJson
 from rolloutd.proxy.liveness import Liveness
 from rolloutd.proxy.memo import RequestMemo
+from rolloutd.proxy.replay import ReplaySource
 from rolloutd.store import BlobStore, CompletionLog, session_prefix
 from rolloutd.types import CaptureMode, Completion, SamplingParams
 
@@ -111,6 +112,9 @@ class SessionState(BaseModel):
         errors: the most recent :data:`MAX_RECORDED_ERRORS` of them.
         open_errors: every failed call no completion has made good yet (:func:`still_open`),
             however many; None in a state written before it was kept.
+        replay_from: gateway session ids of the sample's earlier attempts, newest first,
+            whose logs answer requests identical to theirs (:mod:`rolloutd.proxy.replay`).
+        replay_max_staleness: policy versions a replayed completion may lag behind.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -130,6 +134,8 @@ class SessionState(BaseModel):
     num_errors: int = Field(default=0, ge=0)
     errors: list[CallError] = Field(default_factory=list)
     open_errors: list[CallError] | None = None
+    replay_from: list[str] = Field(default_factory=list)
+    replay_max_staleness: int = Field(default=0, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -231,6 +237,9 @@ class Session:
         self.cut_calls: list[tuple[float, float]] = []
         #: whether its calls stand unanswered (:mod:`rolloutd.proxy.liveness`)
         self.liveness = Liveness()
+        #: the earlier attempts' completions this session may replay (None: no source)
+        self.replay = ReplaySource(log_.store, state.replay_from, state.replay_max_staleness) \
+            if state.replay_from else None
         for completion in completions:
             self.by_hash.setdefault(completion.request_hash, []).append(completion.index)
 
@@ -480,7 +489,9 @@ class SessionManager:
 
     async def open_session(self, session_id: str, task_id: str, *,
                            sampling: SamplingParams | None = None, model: str | None = None,
-                           capture_mode: CaptureMode | str = CaptureMode.TOKENS) -> SessionInfo:
+                           capture_mode: CaptureMode | str = CaptureMode.TOKENS,
+                           replay_from: list[str] | None = None,
+                           replay_max_staleness: int = 0) -> SessionInfo:
         """Open a session: new key, pinned backend, state persisted before returning.
 
         Opening an open session again (a Temporal retry) returns its info with a new key,
@@ -494,6 +505,11 @@ class SessionManager:
             model: model name shown to the harness; default the gateway's model.
             capture_mode: ``tokens`` (the gateway renders and sends token ids) or
                 ``passthrough`` (the backend renders; needs a chat backend).
+            replay_from: gateway session ids of the sample's earlier attempts, newest
+                first: requests identical to theirs are answered from their logs
+                (:mod:`rolloutd.proxy.replay`); None or empty: no replay.
+            replay_max_staleness: policy versions a replayed completion may lag behind the
+                backend's current one.
 
         Returns:
             The session's key and base URLs.
@@ -519,6 +535,7 @@ class SessionManager:
             session_key_sha256=hash_session_key(session_key),
             sampling=sampling or SamplingParams(), model=model or self.default_model,
             capture_mode=mode, backend=backend.name, created_at=time.time(),
+            replay_from=list(replay_from or []), replay_max_staleness=replay_max_staleness,
         )
         try:
             await asyncio.to_thread(self.store.put_json, session_state_key(session_id), state)

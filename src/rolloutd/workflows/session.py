@@ -107,6 +107,9 @@ class SessionInput(BaseModel):
     task: TaskRequest
     sample_index: int = Field(ge=0)
     session_id: str
+    #: gateway session ids of the sample's earlier sessions (a replaced session's attempts),
+    #: newest first: replayed from when ``task.resume`` is ``replay``
+    replay_from: list[str] = Field(default_factory=list)
 
 
 def _seconds(s: float) -> timedelta:
@@ -219,11 +222,16 @@ class RolloutSessionWorkflow:
         while True:
             attempt += 1
             session_id = attempt_session_id(input.session_id, attempt)
+            # the earlier attempts' sealed logs (newest first) answer the requests identical
+            # to theirs: each conversation replays until its first difference (issue 25)
+            replay_from = [*(a.session_id for a in reversed(given_up)), *input.replay_from] \
+                if task.resume == "replay" else []
             opened: OpenSessionOutput = await timed("open", workflow.execute_activity(
                 "open_session",
                 OpenSessionInput(session_id=session_id, task_id=task.task_id,
                                  owner=workflow.info().run_id, sampling=task.sampling,
-                                 model=task.model),
+                                 model=task.model, replay_from=replay_from,
+                                 replay_max_staleness=task.replay_max_staleness),
                 task_queue=task_queues.GATEWAY,
                 start_to_close_timeout=_seconds(phases.open_s),
                 retry_policy=INFRA_RETRY,
@@ -238,7 +246,8 @@ class RolloutSessionWorkflow:
             if (outcome.host_lost and attempt < task.max_session_attempts
                     and deadline_left() > 1.0):
                 # the attempt's log is sealed and kept under its own session id; the next
-                # attempt starts from a fresh runtime and an empty log (docs/faults.md)
+                # attempt starts from a fresh runtime and an empty log that replays this one
+                # (task.resume; docs/faults.md)
                 try:
                     closed = await self._close(opened, session_id, timed)
                 finally:
@@ -386,6 +395,7 @@ class RolloutSessionWorkflow:
             stats=built.stats,
             attempts=given_up,
             failure=failure,
+            replay=closed.replay,
         )
         if cancelled:
             workflow.logger.info("session cancelled after cleanup: %s", input.session_id)

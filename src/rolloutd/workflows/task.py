@@ -159,12 +159,14 @@ class RolloutTaskWorkflow:
         # a sample's running session, by index: cancelled directly by this id
         self._child_ids = {i: session_workflow_id(parent, i) for i in range(task.num_samples)}
 
-        async def session(index: int, replacement: int) -> SessionResult:
+        async def session(index: int, replacement: int,
+                          replay_from: list[str] | None = None) -> SessionResult:
             session_id = session_id_of(task.task_id, index, replacement)
             try:
                 return await workflow.execute_child_workflow(
                     RolloutSessionWorkflow.run,
-                    SessionInput(task=task, sample_index=index, session_id=session_id),
+                    SessionInput(task=task, sample_index=index, session_id=session_id,
+                                 replay_from=replay_from or []),
                     id=session_workflow_id(parent, index, replacement),
                     task_queue=task_queues.WORKFLOWS,
                     execution_timeout=None,
@@ -182,10 +184,16 @@ class RolloutTaskWorkflow:
         async def one(index: int) -> SessionResult:
             result = await session(index, 0)
             replacement = 0
+            earlier: list[str] = []
             while replace and not self._cancelling and await self._replace(task, result):
                 replacement += 1
                 self._child_ids[index] = session_workflow_id(parent, index, replacement)
-                result = await session(index, replacement)
+                # the replaced session's attempts, newest first, are the replacement's replay
+                # source (issue 25); a gateway skips an id that never opened
+                earlier = [result.session_id,
+                           *(a.session_id for a in reversed(result.attempts)), *earlier]
+                result = await session(index, replacement,
+                                       earlier if task.resume == "replay" else None)
                 self._replacing.discard(index)
             self._results[index] = result
             self._show(task, "running")

@@ -1,0 +1,151 @@
+"""Replay coverage per harness adapter and runtime on a fixed tool-using task (issue 25).
+
+For each (harness, runtime): the task runs once to its end (attempt 1); then the same sample
+runs again as a new attempt whose replay source is attempt 1's sealed log (a
+``RolloutSessionWorkflow`` started with ``replay_from``, what a lost host or a replacement
+does). Coverage is calls replayed / calls recorded by attempt 1; the table says where each
+conversation's replay ended and why (``ReplayStats.ends``), which shows the volatile values
+(a timestamp, a temporary path, a per-process id) that a harness puts in its requests.
+
+Real parts: a Temporal dev server, llama-server (Qwen2.5-Coder-0.5B), the four fleets in this
+process, the harness CLIs installed by scripts/setup.sh, bwrap or the local runtime. Sampling
+at temperature 0 does not decide coverage: attempt 2 gets attempt 1's answers while it replays.
+
+    python benchmarks/replay_coverage.py [--harness shell,qwen_code] [--runtime bwrap,local]
+
+Output: a markdown table on stdout (docs/sessions.md keeps the last one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rolloutd.engine.server import LlamaServer
+from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
+from rolloutd.stack import TemporalDevServer, free_port
+from rolloutd.trainer_client import RolloutClient
+from rolloutd.types import SessionResult, TaskRequest
+from rolloutd.workers import connect, run_fleet
+from rolloutd.workflows.session import RolloutSessionWorkflow, SessionInput
+
+MODEL = "qwen2.5-coder-0.5b"
+INSTRUCTION = ("Use your shell tool to run `ls`, then create notes.txt containing the word "
+               "done, then reply with one word: done.")
+#: the shell harness's agent: a tool (a shell command) per turn, its output sent back
+SHELL_AGENT = r'''
+import json, os, subprocess, urllib.request
+base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
+messages = [{"role": "user",
+             "content": open(os.environ["ROLLOUTD_INSTRUCTION_FILE"]).read()}]
+for command in ["ls", "echo done > notes.txt", "cat notes.txt", "pwd", "wc -c notes.txt"]:
+    body = json.dumps({"model": "m", "max_tokens": 16, "messages": messages}).encode()
+    request = urllib.request.Request(base + "/chat/completions", data=body, headers={
+        "Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    reply = json.load(urllib.request.urlopen(request, timeout=300))
+    out = subprocess.run(command, shell=True, capture_output=True, text=True).stdout
+    messages += [{"role": "assistant",
+                  "content": reply["choices"][0]["message"].get("content") or ""},
+                 {"role": "user", "content": f"$ {command}\n{out}"}]
+'''
+
+
+def harness_spec(name: str) -> dict[str, Any]:
+    if name == "shell":
+        return {"type": "shell", "command": "python3 agent.py"}
+    if name == "qwen_code":
+        return {"type": name, "profile": "compact", "max_turns": 6}
+    return {"type": name, "max_turns": 6}
+
+
+def task(harness: str, runtime: str) -> dict[str, Any]:
+    files = {"agent.py": SHELL_AGENT} if harness == "shell" else {}
+    return {"task_id": f"cov-{harness.replace('_', '-')}-{runtime}-{uuid.uuid4().hex[:6]}",
+            "instruction": INSTRUCTION, "num_samples": 1,
+            "harness": harness_spec(harness), "runtime": {"type": runtime, "files": files},
+            "evaluator": {"type": "session_completed"},
+            "sampling": {"temperature": 0.0, "max_tokens": 128},
+            "phases": {"run_s": 300}, "timeout_s": 600}
+
+
+async def measure(client: Any, store_url: str, harness: str, runtime: str
+                  ) -> dict[str, Any]:
+    """Run the task, then a new attempt replaying it; return the row."""
+    spec = TaskRequest.model_validate(task(harness, runtime))
+    trainer = RolloutClient(client)
+    t0 = time.monotonic()
+    first = (await (await trainer.submit(spec)).result()).sessions[0]
+    first_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    second: SessionResult = await client.execute_workflow(
+        RolloutSessionWorkflow.run,
+        SessionInput(task=spec, sample_index=0, session_id=f"{spec.task_id}/0/replay",
+                     replay_from=[first.session_id]),
+        id=f"task/{spec.task_id}/0/replay", task_queue="rolloutd-workflows")
+    second_s = time.monotonic() - t0
+    replay = second.replay
+    ends = ", ".join(f"#{e.last_index} {e.reason}" for e in replay.ends) or "-"
+    return {"harness": harness, "runtime": runtime, "recorded": first.num_completions,
+            "replayed": replay.num_replayed, "calls_2": second.num_completions,
+            "ends": ends, "status": f"{first.status.value}/{second.status.value}",
+            "seconds": f"{first_s:.0f}/{second_s:.0f}"}
+
+
+async def main(args: argparse.Namespace) -> None:
+    rows = []
+    engine = LlamaServer(MODEL, parallel=2, ctx_size=32768).start(timeout_s=180)
+    temporal = TemporalDevServer(headless=True).start()
+    try:
+        with tempfile.TemporaryDirectory() as home:
+            common = {"temporal_address": temporal.address,
+                      "store_url": str(Path(home) / "store"), "host_id": "coverage",
+                      "log_json": False}
+            port = free_port()
+            gateway = GatewaySettings(**common, gateway_port=port, backend_url=engine.url,
+                                      gateway_public_url=f"http://127.0.0.1:{port}",
+                                      model=MODEL, tool_parser="hermes_lenient")
+            client = await connect(gateway)
+            async with contextlib.AsyncExitStack() as stack:
+                await stack.enter_async_context(run_fleet("gateway", client, gateway))
+                await stack.enter_async_context(run_fleet("sandbox", client, SandboxSettings(
+                    **common, runtime_root=str(Path(home) / "runtimes"))))
+                await stack.enter_async_context(run_fleet("eval", client,
+                                                          EvalSettings(**common)))
+                await stack.enter_async_context(run_fleet("workflows", client, gateway))
+                for runtime in args.runtime.split(","):
+                    for harness in args.harness.split(","):
+                        try:
+                            rows.append(await measure(client, common["store_url"], harness,
+                                                      runtime))
+                        except Exception as e:  # a row per pair, whatever fails
+                            rows.append({"harness": harness, "runtime": runtime,
+                                         "ends": f"error: {type(e).__name__}: {e}"[:120]})
+    finally:
+        temporal.stop()
+        engine.stop()
+    print("| harness | runtime | calls recorded | replayed | coverage | attempt 2 calls | "
+          "replay ended | status 1/2 | s 1/2 |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | --- | --- | --- |")
+    for r in rows:
+        recorded = r.get("recorded")
+        coverage = f"{r['replayed'] / recorded:.0%}" if recorded else "-"
+        print(f"| {r['harness']} | {r['runtime']} | {recorded if recorded is not None else '-'}"
+              f" | {r.get('replayed', '-')} | {coverage} | {r.get('calls_2', '-')} | "
+              f"{r['ends']} | {r.get('status', '-')} | {r.get('seconds', '-')} |")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--harness", default="shell,qwen_code")
+    parser.add_argument("--runtime", default="bwrap,local")
+    # SIGTERM unwinds like Ctrl-C: the servers started here are stopped by main's finally
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    asyncio.run(main(parser.parse_args()))

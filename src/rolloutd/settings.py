@@ -89,6 +89,13 @@ class GatewaySettings(CommonSettings):
         default=None, description="base URL harnesses use; default http://{host}:{port}"
     )
     admin_token: str | None = Field(default=None, description="bearer token of admin routes")
+    engine_control_url: str | None = Field(
+        default=None, description="the local engine's control server (set by `rolloutd up`, "
+        "rolloutd.engine.control): the admin route POST /admin/engine/load forwards to it; "
+        "None: this gateway has no local engine to reload")
+    engine_control_token: str | None = Field(
+        default=None, description="bearer token of the engine control server (set by "
+        "`rolloutd up` with engine_control_url)")
     backend_url: str | None = Field(
         default=None, description="first backend registered at start (llama-server URL)"
     )

@@ -12,6 +12,16 @@ Routes (``Authorization: Bearer <settings.admin_token>``; errors in OpenAI's sha
                                                                     drained, num_in_flight}
     POST   /admin/backends/resume     {names?}
     POST   /admin/policy_version      {policy_version, names?} -> {backends, policy_version}
+    POST   /admin/engine/load         {model_file, policy_version, timeout_s?} -> {model_file,
+                                                          policy_version, duration_s}
+
+``/admin/engine/load`` reloads the local engine that ``rolloutd up`` owns on a new GGUF (a path
+on that machine) and answers once it serves it: the gateway forwards the call to the engine's
+control server (:mod:`rolloutd.engine.control`, ``settings.engine_control_url``). It is the
+push step of a weight sync (pause, load, policy_version, resume); it neither pauses nor stamps
+a version itself. Without a local engine it answers 409; when the control server cannot be
+reached, 503; the control server's own errors (400 no such file, 409 a lower version, 503
+the engine did not come back) pass through with their status.
 
 Authorization: a request without a bearer token gets 401; with no admin token configured the
 routes are disabled and a request with one gets 403; a wrong token gets 401. A backend name
@@ -23,10 +33,17 @@ from __future__ import annotations
 import secrets
 from typing import TYPE_CHECKING, Any
 
+import httpx
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from rolloutd.errors import AuthenticationError, PermissionDeniedError
+from rolloutd.errors import (
+    AuthenticationError,
+    BackendUnavailableError,
+    ConflictError,
+    PermissionDeniedError,
+)
 from rolloutd.proxy.backends.pool import BackendType
 from rolloutd.proxy.dialects.common import validate
 from rolloutd.proxy.inbound import bearer_key, read_json
@@ -65,6 +82,16 @@ class PolicyVersion(Names):
     """``POST /admin/policy_version``."""
 
     policy_version: int = Field(ge=0)
+
+
+class LoadEngine(BaseModel):
+    """``POST /admin/engine/load`` (the engine control server's body, forwarded as it is)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_file: str = Field(min_length=1, max_length=4096)
+    policy_version: int = Field(ge=0)
+    timeout_s: float = Field(default=120.0, gt=0, le=3600)
 
 
 def authorize(request: Request, admin_token: str | None) -> None:
@@ -134,3 +161,25 @@ def add_admin_routes(app: FastAPI, gateway: Gateway) -> None:
         body: PolicyVersion = await body_of(request, PolicyVersion)
         names = await gateway.pool.set_policy_version(body.policy_version, body.names)
         return {"backends": names, "policy_version": body.policy_version}
+
+    @app.post("/admin/engine/load")
+    async def load_engine(request: Request) -> Any:
+        body: LoadEngine = await body_of(request, LoadEngine)
+        if not settings.engine_control_url:
+            raise ConflictError("this gateway has no local engine to reload: it was not "
+                                "started by `rolloutd up` with its own engine "
+                                "(ROLLOUTD_ENGINE_CONTROL_URL is unset); load weights through "
+                                "the backend's own API instead (vLLM, SGLang)")
+        url = settings.engine_control_url.rstrip("/") + "/engine/load"
+        headers = {"Authorization": f"Bearer {settings.engine_control_token or ''}"}
+        try:
+            async with httpx.AsyncClient(timeout=body.timeout_s + 30.0) as http:
+                answer = await http.post(url, json=body.model_dump(), headers=headers)
+        except httpx.HTTPError as e:
+            raise BackendUnavailableError(f"the engine control server at {url} did not "
+                                          f"answer: {e!r}") from e
+        try:
+            content = answer.json()
+        except ValueError:
+            content = {"error": {"message": answer.text[:500], "type": "engine_control"}}
+        return JSONResponse(content, status_code=answer.status_code)

@@ -27,6 +27,7 @@ import httpx
 import structlog
 
 from rolloutd import task_queues
+from rolloutd.engine.control import EngineControlServer
 from rolloutd.engine.models import CATALOG
 from rolloutd.engine.server import LlamaServer
 from rolloutd.errors import StackError
@@ -72,6 +73,9 @@ class LocalStack:
         metrics_port: first of the fleets' metrics ports (docs/metrics.md): fleet i of
             :data:`rolloutd.workers.FLEETS` order serves on ``metrics_port + i``; 0: off (tests
             run several stacks on one machine).
+        engine_control: the engine's control server (loopback HTTP; its URL and token go to
+            the fleets as ``ROLLOUTD_ENGINE_CONTROL_URL`` / ``_TOKEN``), so that the gateway's
+            ``POST /admin/engine/load`` reaches :meth:`load_model` from another process.
     """
 
     home: Path = field(default_factory=default_home)
@@ -93,6 +97,7 @@ class LocalStack:
     metrics_port: int = 0
     temporal: TemporalDevServer | None = None
     engine: LlamaServer | None = None
+    engine_control: EngineControlServer | None = None
     supervisor: Supervisor = field(init=False)
     state: StackState = field(init=False)
 
@@ -153,6 +158,9 @@ class LocalStack:
             # would collide (extra_env may give one fleet's process a port)
             "ROLLOUTD_HEALTH_PORT": "0",
         })
+        if self.engine_control is not None:
+            env["ROLLOUTD_ENGINE_CONTROL_URL"] = self.engine_control.url
+            env["ROLLOUTD_ENGINE_CONTROL_TOKEN"] = self.engine_control.token
         entry = CATALOG.get(self.model)
         if entry is not None and entry.tool_parser and "ROLLOUTD_TOOL_PARSER" not in env:
             env["ROLLOUTD_TOOL_PARSER"] = entry.tool_parser
@@ -278,6 +286,9 @@ class LocalStack:
         self.reclaim_previous()
         self._add_children()
         try:
+            if self.engine is not None:
+                # before the fleets start: their environment carries its URL and token
+                self.engine_control = EngineControlServer(self).start()
             for name in self.supervisor.children:
                 self.supervisor.start(name)
             self.state.phase = "running"
@@ -370,6 +381,8 @@ class LocalStack:
                 self._write_state()
         fleets = [c for c in sup.children.values() if c.spec.kind == "fleet"]
         killed = stop_processes([c.proc for c in fleets if c.proc], grace_s=self.drain_s)
+        if self.engine_control is not None:
+            self.engine_control.stop()
         if self.engine is not None and self.engine.process is not None:
             stop_processes([self.engine.process])
         if self.temporal is not None and self.temporal.process is not None:

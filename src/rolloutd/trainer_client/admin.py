@@ -17,6 +17,7 @@ Routes used (the gateway's admin API; this client is their only caller here)::
     POST   /admin/backends/pause              {names?: [...]}: pause (all when omitted)
     POST   /admin/backends/resume             {names?: [...]}
     POST   /admin/policy_version              {policy_version, names?: [...]}
+    POST   /admin/engine/load                 {model_file, policy_version, timeout_s?}
 
 Errors: any non-2xx answer raises :class:`AdminError` with the status and the gateway's body.
 """
@@ -121,6 +122,28 @@ class BackendAdmin:
         """Set the policy version stamped on completions (all backends by default)."""
         return await self._call("POST", "/admin/policy_version",
                                 {"policy_version": policy_version, **_names(names)})
+
+    async def load_engine(self, model_file: str, policy_version: int, *,
+                          timeout_s: float = 120.0) -> dict[str, Any]:
+        """Reload the local engine of ``rolloutd up`` on ``model_file`` (a GGUF path on the
+        engine's machine) and return once it serves it.
+
+        Returns:
+            ``{model_file, policy_version, duration_s}`` (duration of the reload, s).
+
+        Raises:
+            AdminError: 409 (no local engine behind this gateway, or a lower version than the
+                one served), 400 (no such file), 503 (the engine did not come back).
+        """
+        response = await self.http.post(
+            "/admin/engine/load", json={"model_file": model_file,
+                                        "policy_version": policy_version,
+                                        "timeout_s": timeout_s},
+            timeout=timeout_s + 60.0)
+        if response.status_code >= 300:
+            raise AdminError(f"POST /admin/engine/load: {response.status_code} "
+                             f"{response.text[:500]}", response.status_code)
+        return response.json()
 
 
 def _names(names: list[str] | None) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 The protocol (ProRL Agent's pause / update / resume cycle, over the gateway's admin API)::
 
-    sync = WeightSync(admin, [EngineLoader(stack)])      # or VllmLoader(url), SglangLoader(url)
+    sync = WeightSync(admin, [GatewayEngineLoader(admin)])  # or EngineLoader(engine),
+                                                            # VllmLoader(url), SglangLoader(url)
     await sync.update(export_gguf(model.state_dict(), template, path), policy_version=step)
 
 which is three steps a trainer may also take one by one:
@@ -12,7 +13,9 @@ which is three steps a trainer may also take one by one:
    reload would cut those calls off.
 2. :meth:`WeightSync.push`: every loader makes its server serve the new weights and returns
    once it answers: the local engine restarts llama-server on the new GGUF (the one control
-   interface "load this GGUF, answer when ready", :class:`EngineControl`); vLLM and SGLang
+   interface "load this GGUF, answer when ready", :class:`EngineControl`; in this process with
+   :class:`EngineLoader`, or in ``rolloutd up``'s process through the gateway's
+   ``POST /admin/engine/load`` with :class:`GatewayEngineLoader`); vLLM and SGLang
    load a checkpoint folder through their own weight-update endpoints.
 3. :meth:`WeightSync.end`: ``POST /admin/policy_version`` then ``POST /admin/backends/resume``.
    Every completion sampled after it carries the new ``policy_version``; the waiting calls go on.
@@ -99,6 +102,37 @@ class EngineLoader:
             await asyncio.to_thread(self.control.load_model, Path(path), policy_version,
                                     self.timeout_s)
         except RolloutdError as e:
+            raise WeightSyncError(f"the engine did not load {path}: {e}") from e
+
+
+class GatewayEngineLoader:
+    """The local engine of ``rolloutd up`` (another process) loads a GGUF, asked through the
+    gateway's admin route ``POST /admin/engine/load`` (forwarded to the engine's control
+    server, :mod:`rolloutd.engine.control`).
+
+    The GGUF path must be readable on the engine's machine (``up`` runs the gateway and the
+    engine on one machine).
+
+    Args:
+        admin: the gateway's admin client (its token).
+        timeout_s: bound on the reload (stop, start, first ``/health`` 200), s.
+    """
+
+    def __init__(self, admin: BackendAdmin, *, timeout_s: float = 120.0) -> None:
+        self.admin = admin
+        self.timeout_s = timeout_s
+
+    async def load(self, path: Path, policy_version: int) -> None:
+        """Reload the engine on ``path`` and wait until it answers.
+
+        Raises:
+            WeightSyncError: the gateway or the engine refused (no local engine, no such file,
+                a lower version) or the engine did not come back within ``timeout_s``.
+        """
+        try:
+            await self.admin.load_engine(str(Path(path).resolve()), policy_version,
+                                         timeout_s=self.timeout_s)
+        except (RolloutdError, httpx.HTTPError) as e:
             raise WeightSyncError(f"the engine did not load {path}: {e}") from e
 
 

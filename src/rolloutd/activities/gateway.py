@@ -53,8 +53,8 @@ class GatewayActivities:
                                                task_id=input.task_id)
         try:
             info = await self.gateway.sessions.open_session(
-                input.session_id, input.task_id, sampling=input.sampling, model=input.model
-            )
+                input.session_id, input.task_id, sampling=input.sampling, model=input.model,
+                wait_for_backends=input.wait_for_backends)
         except Exception as e:
             raise to_application_error(e) from e
         return OpenSessionOutput(

@@ -38,6 +38,9 @@ class OpenSessionInput(_IO):
     owner: str = Field(default="", description="workflow run id owning the session")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     model: str | None = None
+    wait_for_backends: bool = Field(
+        default=False, description="refuse (BackendSaturatedError) while the backends hold "
+        "their bound of open sessions: the session waits before provisioning")
 
 
 class OpenSessionOutput(_IO):

@@ -24,10 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rolloutd.errors import (
     AuthenticationError,
+    BackendSaturatedError,
     NotFoundError,
     SessionClosedError,
 )
 from rolloutd.proxy.backends.pool import BackendPool
+from rolloutd.proxy.backends.saturation import BackendCapacity
 from rolloutd.proxy.call_errors import (
     BACKEND_ERROR_TYPES,
     MAX_RECORDED_ERRORS,
@@ -379,6 +381,8 @@ class SessionManager:
         self.pool = pool
         self.public_url = public_url.rstrip("/")
         self.default_model = default_model
+        #: open sessions per backend slot (backpressure); None: never saturated
+        self.capacity: BackendCapacity | None = None
         self._by_key: dict[str, Session] = {}
         self._by_id: dict[str, Session] = {}
         self._load_lock = asyncio.Lock()
@@ -459,7 +463,8 @@ class SessionManager:
 
     async def open_session(self, session_id: str, task_id: str, *,
                            sampling: SamplingParams | None = None, model: str | None = None,
-                           capture_mode: CaptureMode | str = CaptureMode.TOKENS) -> SessionInfo:
+                           capture_mode: CaptureMode | str = CaptureMode.TOKENS,
+                           wait_for_backends: bool = False) -> SessionInfo:
         """Open a session: new key, pinned backend, state persisted before returning.
 
         Idempotent: opening an open session again (a Temporal retry) returns the same info.
@@ -471,16 +476,23 @@ class SessionManager:
             model: model name shown to the harness; default the gateway's model.
             capture_mode: ``tokens`` (the gateway renders and sends token ids) or
                 ``passthrough`` (the backend renders; needs a chat backend).
+            wait_for_backends: refuse a new session while the pool is saturated
+                (:mod:`rolloutd.proxy.backends.saturation`).
 
         Returns:
             The session's key and base URLs.
 
         Raises:
+            BackendSaturatedError: ``wait_for_backends`` and the pool holds its bound of open
+                sessions; nothing was opened.
             SessionClosedError: the session exists and is closed already.
             BackendUnavailableError: no backend is registered.
             ValueError: an unknown ``capture_mode``.
         """
         mode = CaptureMode(capture_mode)
+        capacity = self.capacity if wait_for_backends else None
+        if capacity is not None:
+            await capacity.refresh()
         try:
             existing = await self.get(session_id)
         except NotFoundError:
@@ -490,6 +502,12 @@ class SessionManager:
                 raise SessionClosedError(f"session {session_id} is closed")
             log.info("session_reopened", session_id=session_id)
             return self.info(existing.state)
+        # no await from this check to the pinning: concurrent opens see each other's counts
+        if capacity is not None and (load := capacity.check()).saturated:
+            raise BackendSaturatedError(
+                f"backends saturated: {load.num_sessions_open} sessions open, bound "
+                f"{load.max_sessions} ({load.num_slots} slots, {load.num_in_flight} calls "
+                "in flight)")
         backend = self.pool.assign()
         state = SessionState(
             session_id=session_id, task_id=task_id, session_key=secrets.token_urlsafe(24),

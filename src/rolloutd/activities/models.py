@@ -54,6 +54,30 @@ class OpenSessionOutput(_IO):
     host_queue: str = Field(description="the gateway host's own task queue")
 
 
+class CapacityInput(_IO):
+    """``sandbox_capacity``, ``backend_capacity``: nothing to say; the whole fleet answers."""
+
+
+class SandboxCapacityOutput(_IO):
+    """The sandbox fleet's capacity: the registered hosts' ``max_concurrent_sessions``
+    summed (None: no host publishes one, or the registry did not answer)."""
+
+    max_sessions: int | None = None
+    num_hosts: int = 0
+
+
+class BackendCapacityOutput(_IO):
+    """The gateway pool's load (:class:`rolloutd.proxy.backends.saturation.Saturation`):
+    sessions open, engine slots, calls in flight, and the open sessions it takes (None:
+    unbounded)."""
+
+    num_sessions_open: int = 0
+    num_slots: int = 0
+    num_in_flight: int = 0
+    max_sessions: int | None = None
+    saturated: bool = False
+
+
 class BackendHealthInput(_IO):
     """``backend_health``: nothing to say; the gateway answers about its whole pool."""
 

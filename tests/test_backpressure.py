@@ -138,3 +138,30 @@ async def test_concurrent_opens_never_exceed_the_bound(engine, tmp_path: Path) -
             await sessions.open_session("t/over", "t", wait_for_backends=True)
     finally:
         await pool.aclose()
+
+
+@pytest.mark.timeout(300)
+async def test_the_buffer_keeps_its_in_flight_target_from_the_observed_capacity(
+        temporal_server, engine, tmp_path: Path) -> None:
+    """A buffer configured for 10 tasks in flight over a fleet that runs 2 sessions at once
+    (backends: 4 slots x 0.5; sandbox host: 8) keeps 2 x 2 / 1 = 4 tasks running."""
+    tag = random.randrange(10_000, 99_999)
+    async with rig(temporal_server.address, engine.url, tmp_path) as r:
+        buffer = await r.client.create_buffer({
+            "buffer_id": f"bp-{uuid.uuid4().hex[:6]}", "num_in_flight": 10, "num_samples": 1,
+            "adapt_in_flight": True, "drop_zero_variance": False})
+        await buffer.push([task(f"bpb-{uuid.uuid4().hex[:6]}-{i}", f"sleep 2.{tag:05d}", 1,
+                                timeout_s=5) for i in range(8)])
+        most_running, stats = 0, await buffer.stats()
+        deadline = time.monotonic() + 240
+        while stats.state_counters.get("num_groups_finished", 0) < 8:
+            assert time.monotonic() < deadline, f"groups not finished: {stats}"
+            most_running = max(most_running, len(stats.running))
+            await asyncio.sleep(0.1)
+            stats = await buffer.stats()
+        await buffer.close()
+    print(f"\nbuffer: num_in_flight 10, observed {stats.observed_sessions} sessions at once, "
+          f"target {stats.in_flight_target} tasks; at most {most_running} running")
+    assert (stats.observed_sessions, stats.in_flight_target) == (BOUND, 4)
+    assert most_running == 4
+    assert stats.num_failed_by_kind == {}

@@ -426,4 +426,5 @@ class RolloutBufferWorkflow:
             state_counters=counters, dropped=list(s.dropped[-100:]),
             source_exhausted=s.source_exhausted, closed=s.closed,
             num_failed_by_kind=dict(s.num_failed_by_kind),
+            in_flight_target=s.in_flight_target, observed_sessions=s.observed_sessions,
         )

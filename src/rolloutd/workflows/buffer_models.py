@@ -257,3 +257,7 @@ class BufferStats(_M):
     num_failed_by_kind: dict[str, int] = Field(
         default_factory=dict, description="failure kind -> sessions of finished groups "
         "(replaced sessions not included)")
+    in_flight_target: int | None = Field(
+        default=None, description="tasks kept running (adapt_in_flight); None: num_in_flight")
+    observed_sessions: int | None = Field(
+        default=None, description="sessions the fleets run at once, as last observed")

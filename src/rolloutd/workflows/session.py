@@ -206,9 +206,9 @@ class RolloutSessionWorkflow:
             attempt += 1
             session_id = attempt_session_id(input.session_id, attempt)
             wait = attempt == 1 and backend_wait  # a replacement is not held back
-            open_once = lambda: timed("open", workflow.execute_activity(  # noqa: E731
+            open_once = lambda sid=session_id, wait=wait: timed("open", workflow.execute_activity(
                 "open_session",
-                OpenSessionInput(session_id=session_id, task_id=task.task_id,
+                OpenSessionInput(session_id=sid, task_id=task.task_id,
                                  owner=workflow.info().run_id, sampling=task.sampling,
                                  model=task.model, wait_for_backends=wait),
                 task_queue=task_queues.GATEWAY,

@@ -491,6 +491,8 @@ class SessionManager:
         """
         mode = CaptureMode(capture_mode)
         capacity = self.capacity if wait_for_backends else None
+        if capacity is not None and capacity.max_sessions_per_slot is None:
+            capacity = None  # unbounded: no slot lookup on the open path
         if capacity is not None:
             await capacity.refresh()
         try:

@@ -60,6 +60,8 @@ class HostCapabilities(Model):
             no CLI, e.g. ``shell``); sandbox hosts only.
         missing_harnesses: harness type -> why this host cannot run it (CLI not installed).
         evaluators: built-in evaluator names; eval hosts only.
+        max_concurrent_sessions: runtimes the host holds at once
+            (``SandboxSettings.max_concurrent_sessions``); sandbox hosts only.
         started_at: when the worker started (UTC).
     """
 
@@ -69,6 +71,7 @@ class HostCapabilities(Model):
     harnesses: dict[str, str | None] = Field(default_factory=dict)
     missing_harnesses: dict[str, str] = Field(default_factory=dict)
     evaluators: list[str] = Field(default_factory=list)
+    max_concurrent_sessions: int | None = Field(default=None, ge=1)
     started_at: datetime | None = None
 
 

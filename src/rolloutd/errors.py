@@ -114,6 +114,14 @@ class BackendUnavailableError(BackendError):
     status_code = 503
 
 
+class BackendSaturatedError(RolloutdError):
+    """Every backend holds its bound of open sessions (``max_sessions_per_slot`` x slots): a
+    new session waits before it provisions (docs/tenancy.md). Not retried by Temporal: the
+    session workflow waits on its own timer, charged to no phase budget."""
+
+    status_code = 503
+
+
 class RuntimeStartError(RolloutdError):
     """A runtime could not be provisioned (infrastructure error, retryable)."""
 

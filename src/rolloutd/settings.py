@@ -119,6 +119,13 @@ class GatewaySettings(CommonSettings):
     drain_timeout_s: float = Field(
         default=300.0, ge=0, description="how long a pause waits for calls in flight to finish")
     backend_timeout_s: float = Field(default=600.0, gt=0, description="one backend call")
+    max_sessions_per_slot: float | None = Field(
+        default=None, gt=0, description="backpressure: open sessions per backend slot; a new "
+        "session waits before provisioning while the pool holds this many times its slots "
+        "(docs/tenancy.md); unset: never")
+    backend_slots: int | None = Field(
+        default=None, ge=1, description="slots (sequences decoded at once) of every backend; "
+        "unset: llama-server's total_slots from /props, else 1")
     backend_dead_after_s: float = Field(
         default=60.0, gt=0, description="how long a session's model calls may stand "
         "unanswered (failed with a backend-kind error since the last answer, or waiting on "

@@ -21,7 +21,12 @@ from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from rolloutd import task_queues
-from rolloutd.activities.models import TaskQueuePollersInput, TaskQueuePollersOutput
+from rolloutd.activities.models import (
+    CapacityInput,
+    SandboxCapacityOutput,
+    TaskQueuePollersInput,
+    TaskQueuePollersOutput,
+)
 from rolloutd.capabilities import CAPABILITIES_QUERY, REGISTRY_WORKFLOW_ID, FleetCapabilities
 from rolloutd.task_queues import host_queue
 
@@ -79,6 +84,21 @@ class FleetHealthActivities:
                   num_pollers=out.num_pollers, last_poll_s_ago=out.last_poll_s_ago,
                   picked_up=picked_up)
         return out
+
+    @activity.defn(name="sandbox_capacity")
+    async def sandbox_capacity(self, input: CapacityInput) -> SandboxCapacityOutput:
+        """The sandbox hosts' ``max_concurrent_sessions`` summed, from the fleet registry
+        (one per host id: its latest registration)."""
+        try:
+            registered = await self.client.get_workflow_handle(REGISTRY_WORKFLOW_ID).query(
+                CAPABILITIES_QUERY, result_type=FleetCapabilities)
+        except (RPCError, WorkflowQueryFailedError) as e:
+            log.warning("fleet_registry_unanswered", error=str(e))
+            return SandboxCapacityOutput()
+        limits = {h.host_id: h.max_concurrent_sessions for h in registered.hosts
+                  if h.fleet == "sandbox" and h.max_concurrent_sessions is not None}
+        return SandboxCapacityOutput(max_sessions=sum(limits.values()) if limits else None,
+                                     num_hosts=len(limits))
 
     async def _poll_ages(self, task_queue: str) -> list[float]:
         """Seconds since each activity poller of ``task_queue`` last polled."""

@@ -14,12 +14,14 @@ import structlog
 from temporalio import activity
 
 from rolloutd.activities.models import (
+    BackendCapacityOutput,
     BackendHealthInput,
     BackendHealthOutput,
     BuildTrajectoryInput,
     BuildTrajectoryOutput,
     CloseSessionInput,
     CloseSessionOutput,
+    CapacityInput,
     OpenSessionInput,
     OpenSessionOutput,
 )
@@ -54,7 +56,8 @@ class GatewayActivities:
         try:
             info = await self.gateway.sessions.open_session(
                 input.session_id, input.task_id, sampling=input.sampling, model=input.model,
-                replay_from=input.replay_from, replay_max_staleness=input.replay_max_staleness)
+                replay_from=input.replay_from, replay_max_staleness=input.replay_max_staleness,
+                wait_for_backends=input.wait_for_backends)
         except Exception as e:
             raise to_application_error(e) from e
         return OpenSessionOutput(
@@ -74,6 +77,16 @@ class GatewayActivities:
         came back is seen without a call): whether a policy version has no healthy backend."""
         await self.gateway.pool.probe_unhealthy()
         return BackendHealthOutput.model_validate(self.gateway.pool.health())
+
+    @activity.defn(name="backend_capacity")
+    async def backend_capacity(self, input: CapacityInput) -> BackendCapacityOutput:
+        """The pool's saturation now: open sessions against ``max_sessions_per_slot`` x
+        slots (:mod:`rolloutd.proxy.backends.saturation`); unbounded without a capacity."""
+        capacity = self.gateway.sessions.capacity
+        if capacity is None:
+            return BackendCapacityOutput()
+        await capacity.refresh()
+        return BackendCapacityOutput.model_validate(capacity.check().describe())
 
     @activity.defn(name="close_session")
     async def close_session(self, input: CloseSessionInput) -> CloseSessionOutput:

@@ -44,6 +44,9 @@ class OpenSessionInput(_IO):
     replay_from: list[str] = Field(default_factory=list)
     #: policy versions a replayed completion may lag behind the backend's current one
     replay_max_staleness: int = Field(default=0, ge=0)
+    wait_for_backends: bool = Field(
+        default=False, description="refuse (BackendSaturatedError) while the backends hold "
+        "their bound of open sessions: the session waits before provisioning")
 
 
 class OpenSessionOutput(_IO):
@@ -55,6 +58,30 @@ class OpenSessionOutput(_IO):
     model: str
     backend: str
     host_queue: str = Field(description="the gateway host's own task queue")
+
+
+class CapacityInput(_IO):
+    """``sandbox_capacity``, ``backend_capacity``: nothing to say; the whole fleet answers."""
+
+
+class SandboxCapacityOutput(_IO):
+    """The sandbox fleet's capacity: the registered hosts' ``max_concurrent_sessions``
+    summed (None: no host publishes one, or the registry did not answer)."""
+
+    max_sessions: int | None = None
+    num_hosts: int = 0
+
+
+class BackendCapacityOutput(_IO):
+    """The gateway pool's load (:class:`rolloutd.proxy.backends.saturation.Saturation`):
+    sessions open, engine slots, calls in flight, and the open sessions it takes (None:
+    unbounded)."""
+
+    num_sessions_open: int = 0
+    num_slots: int = 0
+    num_in_flight: int = 0
+    max_sessions: int | None = None
+    saturated: bool = False
 
 
 class BackendHealthInput(_IO):

@@ -30,6 +30,7 @@ from rolloutd.errors import RolloutdError
 from rolloutd.observability import metrics
 from rolloutd.proxy.app import create_app
 from rolloutd.proxy.backends.pool import BackendPool
+from rolloutd.proxy.backends.saturation import BackendCapacity
 from rolloutd.proxy.chat_template import ChatTemplate
 from rolloutd.proxy.parsers import parsers_for_model
 from rolloutd.proxy.recorder import Recorder
@@ -96,6 +97,9 @@ class Gateway:
             f"http://{settings.gateway_host}:{settings.gateway_port}")
         self.sessions = SessionManager(store, pool, public_url=public_url,
                                        default_model=model_name)
+        self.sessions.capacity = BackendCapacity(
+            pool, max_sessions_per_slot=settings.max_sessions_per_slot,
+            backend_slots=settings.backend_slots)
         self.recorder = Recorder()
         self.service = ChatService(template, pool, self.recorder, tool_parser=tool_parser,
                                    reasoning_parser=reasoning_parser)

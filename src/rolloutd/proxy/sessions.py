@@ -27,10 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rolloutd.errors import (
     AuthenticationError,
+    BackendSaturatedError,
     NotFoundError,
     SessionClosedError,
 )
 from rolloutd.proxy.backends.pool import BackendPool
+from rolloutd.proxy.backends.saturation import BackendCapacity
 from rolloutd.proxy.call_errors import (
     BACKEND_ERROR_TYPES,
     MAX_RECORDED_ERRORS,
@@ -408,6 +410,8 @@ class SessionManager:
         self.pool = pool
         self.public_url = public_url.rstrip("/")
         self.default_model = default_model
+        #: open sessions per backend slot (backpressure); None: never saturated
+        self.capacity: BackendCapacity | None = None
         self._by_key: dict[str, Session] = {}
         self._by_id: dict[str, Session] = {}
         self._load_lock = asyncio.Lock()
@@ -491,7 +495,8 @@ class SessionManager:
                            sampling: SamplingParams | None = None, model: str | None = None,
                            capture_mode: CaptureMode | str = CaptureMode.TOKENS,
                            replay_from: list[str] | None = None,
-                           replay_max_staleness: int = 0) -> SessionInfo:
+                           replay_max_staleness: int = 0,
+                           wait_for_backends: bool = False) -> SessionInfo:
         """Open a session: new key, pinned backend, state persisted before returning.
 
         Opening an open session again (a Temporal retry) returns its info with a new key,
@@ -510,16 +515,25 @@ class SessionManager:
                 (:mod:`rolloutd.proxy.replay`); None or empty: no replay.
             replay_max_staleness: policy versions a replayed completion may lag behind the
                 backend's current one.
+            wait_for_backends: refuse a new session while the pool is saturated
+                (:mod:`rolloutd.proxy.backends.saturation`).
 
         Returns:
             The session's key and base URLs.
 
         Raises:
+            BackendSaturatedError: ``wait_for_backends`` and the pool holds its bound of open
+                sessions; nothing was opened.
             SessionClosedError: the session exists and is closed already.
             BackendUnavailableError: no backend is registered.
             ValueError: an unknown ``capture_mode``.
         """
         mode = CaptureMode(capture_mode)
+        capacity = self.capacity if wait_for_backends else None
+        if capacity is not None and capacity.max_sessions_per_slot is None:
+            capacity = None  # unbounded: no slot lookup on the open path
+        if capacity is not None:
+            await capacity.refresh()
         try:
             existing = await self.get(session_id)
         except NotFoundError:
@@ -528,6 +542,12 @@ class SessionManager:
             if existing.state.closed:
                 raise SessionClosedError(f"session {session_id} is closed")
             return await self._rekey(existing)
+        # no await from this check to the pinning: concurrent opens see each other's counts
+        if capacity is not None and (load := capacity.check()).saturated:
+            raise BackendSaturatedError(
+                f"backends saturated: {load.num_sessions_open} sessions open, bound "
+                f"{load.max_sessions} ({load.num_slots} slots, {load.num_in_flight} calls "
+                "in flight)")
         backend = self.pool.assign()
         session_key = secrets.token_urlsafe(24)
         state = SessionState(

@@ -136,6 +136,7 @@ async def run_fleet(
             # its tenant's quota workflow for a slot
             activities=[cancel_workflows,
                         FleetHealthActivities(client).task_queue_pollers,
+                        FleetHealthActivities(client).sandbox_capacity,
                         TenantActivities(client).request_tenant_slot],
             no_remote_activities=True,
             workflow_task_poller_behavior=TASK_POLLS,
@@ -146,6 +147,7 @@ async def run_fleet(
 
         s = settings if isinstance(settings, SandboxSettings) else SandboxSettings()
         host = await asyncio.to_thread(host_capabilities, "sandbox", s.host_id)
+        host.max_concurrent_sessions = s.max_concurrent_sessions
         acts = SandboxActivities(s, BlobStore(s.store_url))
         # before polling: runtimes a killed worker left on this root are killed and removed,
         # so a teardown of them that arrives on this host's queue finds nothing left running
@@ -187,7 +189,7 @@ async def run_fleet(
             # gateway seals it from the durable state in the store
             Worker(client, task_queue=task_queues.GATEWAY,
                    activities=[acts.open_session, acts.close_session, acts.build_trajectory,
-                               acts.backend_health],
+                               acts.backend_health, acts.backend_capacity],
                    activity_task_poller_behavior=TASK_POLLS),
             Worker(client, task_queue=acts.host_queue,
                    activities=[acts.close_session, acts.build_trajectory],

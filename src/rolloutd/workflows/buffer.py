@@ -36,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd.activities.models import ReadTaskChunkInput, ReadTaskChunkOutput
     from rolloutd.scoring import scored_rewards
     from rolloutd.types import TaskRequest, TaskResult
-    from rolloutd.workflows import metadata, search
+    from rolloutd.workflows import buffer_capacity, metadata, search
     from rolloutd.workflows.buffer_models import (
         AckInput,
         AckOutput,
@@ -66,6 +66,8 @@ with workflow.unsafe.imports_passed_through():
 #: reading a task file is retried like other infrastructure work.
 SOURCE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                            maximum_interval=timedelta(seconds=30), maximum_attempts=5)
+#: patch id: the in-flight target follows the observed capacity (adapt_in_flight)
+ADAPT_IN_FLIGHT = "buffer-adapt-in-flight"
 #: how many acked batch ids and dropped groups the state remembers (bounded history).
 MAX_REMEMBERED = 1000
 
@@ -95,6 +97,8 @@ class RolloutBufferWorkflow:
         self._draining = False
         self._cancel_running = False
         self._close_cancel = True
+        #: workflow time (s) the fleets' capacity is asked again (adapt_in_flight)
+        self._capacity_due = 0.0
 
     # ------------------------------------------------------------------ main loop
 
@@ -130,6 +134,8 @@ class RolloutBufferWorkflow:
         self._dirty = False
         now = workflow.now().timestamp()
         expiries = [b.lease_expires_at for b in self._s.leased]
+        if self._config.adapt_in_flight:
+            expiries.append(self._capacity_due)
         timeout = max(0.001, min(expiries) - now) if expiries else None
         try:
             await workflow.wait_condition(
@@ -141,8 +147,16 @@ class RolloutBufferWorkflow:
     async def _refill(self) -> None:
         """Start tasks until ``num_in_flight`` run, reading the source file when needed."""
         cfg = self._config
+        num_in_flight = cfg.num_in_flight
+        if cfg.adapt_in_flight and workflow.patched(ADAPT_IN_FLIGHT):
+            now = workflow.now().timestamp()
+            if now >= self._capacity_due:
+                self._capacity_due = now + buffer_capacity.CAPACITY_CHECK_S
+                self._s.observed_sessions = await buffer_capacity.observed_sessions()
+            num_in_flight = self._s.in_flight_target = buffer_capacity.target(
+                cfg.num_in_flight, cfg.num_samples or 1, self._s.observed_sessions)
         while (not self._s.closed and not self._draining
-               and len(self._s.running) < cfg.num_in_flight):
+               and len(self._s.running) < num_in_flight):
             if self._s.pushed:
                 await self._start(self._s.pushed.pop(0))
                 continue
@@ -414,4 +428,5 @@ class RolloutBufferWorkflow:
             state_counters=counters, dropped=list(s.dropped[-100:]),
             source_exhausted=s.source_exhausted, closed=s.closed,
             num_failed_by_kind=dict(s.num_failed_by_kind),
+            in_flight_target=s.in_flight_target, observed_sessions=s.observed_sessions,
         )

@@ -65,6 +65,9 @@ class BufferConfig(_M):
         lease_s: default lease of a batch; an unacked batch is offered again after it.
         max_history_events: continue-as-new once the history is this long (or when Temporal
             suggests it).
+        adapt_in_flight: keep fewer than ``num_in_flight`` tasks running when the fleets'
+            observed capacity (sandbox hosts, backend slots) takes fewer
+            (:mod:`rolloutd.workflows.buffer_capacity`); needs ``num_samples``.
     """
 
     buffer_id: str
@@ -80,11 +83,14 @@ class BufferConfig(_M):
     lease_s: float = Field(default=600.0, gt=0, le=7 * 86_400)
     max_history_events: int = Field(default=10_000, ge=50)
     policy_version: int = Field(default=0, ge=0, description="initial policy version")
+    adapt_in_flight: bool = False
 
     @model_validator(mode="after")
     def _safe_id(self) -> BufferConfig:
         if not TASK_ID_PATTERN.match(self.buffer_id):
             raise ValueError("buffer_id must be 1-128 letters, digits, '.', '_' or '-'")
+        if self.adapt_in_flight and self.num_samples is None:
+            raise ValueError("adapt_in_flight needs num_samples (sessions per task)")
         return self
 
 
@@ -154,6 +160,11 @@ class BufferState(_M):
     num_batches_acked: int = 0
     num_source_errors: int = 0
     num_runs: int = Field(default=1, description="runs of this buffer (continue-as-new + 1)")
+    in_flight_target: int | None = Field(
+        default=None, description="tasks kept running from the observed capacity "
+        "(adapt_in_flight); None: num_in_flight")
+    observed_sessions: int | None = Field(
+        default=None, description="sessions the fleets run at once, as last observed")
     closed: bool = False
 
 
@@ -246,3 +257,7 @@ class BufferStats(_M):
     num_failed_by_kind: dict[str, int] = Field(
         default_factory=dict, description="failure kind -> sessions of finished groups "
         "(replaced sessions not included)")
+    in_flight_target: int | None = Field(
+        default=None, description="tasks kept running (adapt_in_flight); None: num_in_flight")
+    observed_sessions: int | None = Field(
+        default=None, description="sessions the fleets run at once, as last observed")

@@ -52,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
         TaskRequest,
     )
     from rolloutd.activities.tenants import GRANTED_SIGNAL
-    from rolloutd.workflows import failures, metadata, search, tenants
+    from rolloutd.workflows import backpressure, failures, metadata, search, tenants
     from rolloutd.workflows.tenants import task_priority
     from rolloutd.workflows.provisioning import HEARTBEAT, INFRA_RETRY, provision_watched
     from rolloutd.workflows.outcome import (
@@ -93,6 +93,8 @@ SESSION_FAILURES_METRIC = names.SESSION_FAILURES
 #: patch id: tenant priority and quota slot; capacity waits do not tick the deadline; the
 #: evaluation runtime is asked for after the session's (docs/tenancy.md). Before: none.
 TENANT_QUOTA = "tenant-quota"
+#: patch id: the first gateway session opens once the backends have room (docs/tenancy.md)
+BACKEND_WAIT = "backend-wait"
 
 
 def attempt_session_id(session_id: str, attempt: int) -> str:
@@ -210,34 +212,38 @@ class RolloutSessionWorkflow:
                 task_queue=task_queues.SANDBOX,
                 start_to_close_timeout=_seconds(phases.provision_s),
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=INFRA_RETRY,
-                priority=self._priority,
+                retry_policy=INFRA_RETRY, priority=self._priority,
                 result_type=ProvisionRuntimeOutput,
             ), current=False))
 
         # with tenancy, once the session's runtime is up (else such runtimes fill a host)
         self._start_prewarm = start_prewarm if fresh_eval and self._tenancy else None
         given_up: list[SessionAttempt] = []
+        # with tenancy only: its deadline does not tick before the first runtime is up
+        backend_wait = self._tenancy and workflow.patched(BACKEND_WAIT)
         attempt = 0
         while True:
             attempt += 1
             session_id = attempt_session_id(input.session_id, attempt)
+            wait = attempt == 1 and backend_wait  # a replacement is not held back
             # the earlier attempts' sealed logs (newest first) answer the requests identical
             # to theirs: each conversation replays until its first difference (issue 25)
             replay_from = [*(a.session_id for a in reversed(given_up)), *input.replay_from] \
                 if task.resume == "replay" else []
-            opened: OpenSessionOutput = await timed("open", workflow.execute_activity(
-                "open_session",
-                OpenSessionInput(session_id=session_id, task_id=task.task_id,
-                                 owner=workflow.info().run_id, sampling=task.sampling,
-                                 model=task.model, replay_from=replay_from,
-                                 replay_max_staleness=task.replay_max_staleness),
-                task_queue=task_queues.GATEWAY,
-                start_to_close_timeout=_seconds(phases.open_s),
-                retry_policy=INFRA_RETRY,
-                priority=self._priority,
-                result_type=OpenSessionOutput,
-            ))
+
+            def open_once(sid=session_id, wait=wait, replay=replay_from):
+                return timed("open", workflow.execute_activity(
+                    "open_session",
+                    OpenSessionInput(session_id=sid, task_id=task.task_id,
+                                     owner=workflow.info().run_id, sampling=task.sampling,
+                                     model=task.model, replay_from=replay,
+                                     replay_max_staleness=task.replay_max_staleness,
+                                     wait_for_backends=wait),
+                    task_queue=task_queues.GATEWAY,
+                    start_to_close_timeout=_seconds(phases.open_s), retry_policy=INFRA_RETRY,
+                    priority=self._priority, result_type=OpenSessionOutput))
+            opened: OpenSessionOutput = await (
+                backpressure.open_when_backends_free(open_once, timings) if wait else open_once())
             if fresh_eval and self._prewarm is None and not self._tenancy:
                 self._prewarm = start_prewarm()
             outcome = await self._attempt(input, session_id, opened, attempt,
@@ -562,9 +568,7 @@ class RolloutSessionWorkflow:
                 task_queue=opened.host_queue,
                 start_to_close_timeout=CLOSE_TIMEOUT,
                 schedule_to_close_timeout=PINNED_CLOSE,
-                retry_policy=INFRA_RETRY,
-                priority=self._priority,
-                result_type=CloseSessionOutput,
+                retry_policy=INFRA_RETRY, priority=self._priority, result_type=CloseSessionOutput,
             ))
         except ActivityError as e:
             workflow.logger.warning("gateway host %s did not close %s (%s): closing on "
@@ -573,9 +577,7 @@ class RolloutSessionWorkflow:
                 "close_session", close_input,
                 task_queue=task_queues.GATEWAY,
                 start_to_close_timeout=CLOSE_TIMEOUT,
-                retry_policy=INFRA_RETRY,
-                priority=self._priority,
-                result_type=CloseSessionOutput,
+                retry_policy=INFRA_RETRY, priority=self._priority, result_type=CloseSessionOutput,
             ))
 
     async def _evaluate_in_fresh_runtime(self, input: SessionInput,

@@ -15,10 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from rolloutd import __version__
-from rolloutd.errors import FleetUnavailableError, RolloutdError
+from rolloutd.cli_report import (  # noqa: F401 - re-exported for tests and scripts
+    call_errors_cell,
+    exit_code,
+    failure_cell,
+    failure_counts,
+    infrastructure_failure,
+    made_good,
+    submit_tasks,
+    what_went_wrong,
+)
+from rolloutd.errors import RolloutdError
 from rolloutd.logs import configure_logging
 from rolloutd.settings import CommonSettings, default_home
-from rolloutd.types import SessionStatus
 
 
 def _stack_gateway_url() -> str | None:
@@ -38,199 +47,6 @@ def _load_tasks(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError as e:
                 raise SystemExit(f"{path}:{n}: not JSON: {e}") from None
     return tasks
-
-
-def call_errors_cell(session: Any) -> str:
-    """The ``call errors`` column of a :class:`~rolloutd.types.SessionResult`: failed model
-    calls, and how many of them were 5xx answers the harness never recovered from."""
-    if not session.num_unrecovered_call_errors:
-        return str(session.num_call_errors)
-    return f"{session.num_call_errors} ({session.num_unrecovered_call_errors} unrecovered)"
-
-
-def failure_cell(session: Any) -> str:
-    """The ``failure`` column of a :class:`~rolloutd.types.SessionResult`: ``-`` for a
-    session that ran to its end, else its cause's kind and phase (``timeout/run``), marked
-    ``(policy)`` when the policy is accountable (docs/failures.md)."""
-    failure = session.failure
-    if failure is None:
-        return "-"
-    cell = failure.kind if not failure.phase or failure.kind in ("cancelled",) \
-        else f"{failure.kind}/{failure.phase}"
-    return f"{cell} (policy)" if failure.policy_accountable else cell
-
-
-def infrastructure_failure(session: Any) -> bool:
-    """Whether a session ended with a cause that is not the policy's: any failure cause but
-    ``cancelled`` (someone asked) and a policy-accountable run timeout."""
-    failure = session.failure
-    return failure is not None and failure.kind != "cancelled" \
-        and not failure.policy_accountable
-
-
-def made_good(session: Any, group: Any) -> bool:
-    """Whether another session of the group with the same sample index (a replacement)
-    ended without an infrastructure cause."""
-    return any(other is not session and other.sample_index == session.sample_index
-               and not infrastructure_failure(other) for other in group.sessions)
-
-
-def failure_counts(results: list[Any]) -> dict[str, int]:
-    """Sessions by failure kind over every task (``none``: ran to its end), in the order
-    first seen."""
-    counts: dict[str, int] = {}
-    for group in results:
-        for s in group.sessions:
-            kind = s.failure.kind if s.failure is not None else "none"
-            counts[kind] = counts.get(kind, 0) + 1
-    return counts
-
-
-def what_went_wrong(results: list[Any]) -> tuple[list[str], list[str]]:
-    """What ``submit`` and ``demo`` print under their table, in words.
-
-    The run failed (the command exits non-zero) when a session ended with an infrastructure
-    cause (its ``failure``: any kind but ``cancelled`` and a run timeout the policy is
-    accountable for) that no replacement made good (a session of the same sample index
-    without one); for results without a failure cause: a gateway or backend failure (a 5xx
-    answer) that no later completion of the session recovered, or a failed session
-    (``status`` ``failed``); or when every session of a task recorded 0 completions (the
-    model was never reached). Failed calls the harness recovered from, and 4xx answers, are
-    reported but do not fail the run.
-
-    Args:
-        results: the :class:`~rolloutd.types.TaskResult` of every task.
-
-    Returns:
-        ``(failures, notes)``: lines that fail the run, lines that only inform.
-    """
-    failures: list[str] = []
-    notes: list[str] = []
-    for group in results:
-        for s in group.sessions:
-            last = f"; last: {s.last_call_error}" if s.last_call_error else ""
-            if s.failure is not None:
-                where = f" in {s.failure.phase}" if s.failure.phase else ""
-                line = f"session {s.session_id}: {s.failure.kind}{where}: {s.failure.message}"
-                if s.failure.kind == "backend":
-                    line += last
-                if not infrastructure_failure(s):
-                    notes.append(line)
-                elif made_good(s, group):
-                    notes.append(f"{line} (replaced)")
-                else:
-                    failures.append(line)
-                if s.num_call_errors and not s.num_unrecovered_call_errors:
-                    notes.append(f"session {s.session_id}: {s.num_call_errors} model call(s) "
-                                 f"failed, recovered or refused as bad requests{last}")
-                continue
-            if s.num_unrecovered_call_errors:
-                failures.append(
-                    f"session {s.session_id}: {s.num_call_errors} model call(s) failed, "
-                    f"{s.num_unrecovered_call_errors} with a gateway/backend error (5xx) the "
-                    f"harness never recovered from{last}")
-            elif s.num_call_errors:
-                notes.append(f"session {s.session_id}: {s.num_call_errors} model call(s) "
-                             f"failed, recovered or refused as bad requests{last}")
-            if s.status == SessionStatus.FAILED:
-                failures.append(f"session {s.session_id} failed: {s.error}")
-        if group.sessions and all(s.num_completions == 0 for s in group.sessions):
-            failures.append(f"task {group.task_id}: no session recorded a completion "
-                            "(no model call was answered)")
-    return failures, notes
-
-
-async def submit_tasks(
-    tasks: list[dict[str, Any]], address: str, store_url: str | None, *, suffix: str = "",
-    namespace: str = "default", gateway_url: str | None = None,
-) -> list[Any]:
-    """Validate every task, submit them all, wait (showing them live: sessions by phase,
-    completions, rewards), print a table per session and, under it, what went wrong
-    (:func:`what_went_wrong`).
-
-    Args:
-        tasks: TaskRequest dicts.
-        address: Temporal address.
-        store_url: blob store (to count trainable tokens).
-        suffix: appended to every task_id (so a demo can run again).
-        namespace: Temporal namespace.
-        gateway_url: the gateway's base URL: a dead engine ends the wait (below).
-
-    Returns:
-        The TaskResults.
-
-    Raises:
-        InvalidTaskError: before any workflow starts, when any task is malformed.
-        SystemExit: a fleet died while waiting (``FleetUnavailableError``, within a minute;
-            the tasks keep running and complete once it is back).
-    """
-    from rich.console import Console
-    from rich.table import Table
-
-    from rolloutd.trainer_client import RolloutClient, validate_task
-    from rolloutd.trainer_client.live import watch
-
-    requests = []
-    for i, task in enumerate(tasks):
-        task = dict(task)
-        if suffix and "task_id" in task:
-            task["task_id"] = f"{task['task_id']}{suffix}"
-        try:
-            requests.append(validate_task(task))
-        except Exception as e:
-            raise SystemExit(f"task {i}: {e}") from None
-    client = await RolloutClient.connect(address, namespace=namespace, store_url=store_url,
-                                         gateway_url=gateway_url)
-    try:  # what no registered host can run is refused before any task starts
-        requests = await client.check_tasks(requests)
-    except RolloutdError as e:
-        raise SystemExit(str(e)) from None
-    t0 = time.monotonic()
-    handles = [await client.submit(r, check_capabilities=False) for r in requests]
-    try:  # a live view while waiting (rolloutd.trainer_client.live): rich on a terminal,
-        # plain lines on stderr otherwise, so a script's stdout stays as it was
-        results = await watch(client, [h.task_id for h in handles],
-                              asyncio.gather(*(h.result() for h in handles)))
-    except FleetUnavailableError as e:
-        raise SystemExit(f"{e} (the tasks keep running: {', '.join(h.task_id for h in handles)})"
-                         ) from None
-    wall = time.monotonic() - t0
-    table = Table(title=f"rolloutd: {len(results)} tasks in {wall:.1f} s")
-    for col in ("session", "status", "failure", "reward", "completions", "call errors",
-                "traces", "trainable tokens", "wall s"):
-        table.add_column(col)
-    for group in results:
-        for s in group.sessions:
-            wall_s = sum(p.duration_s for p in s.phases)
-            table.add_row(s.session_id, s.status.value, failure_cell(s),
-                          "-" if s.reward is None else f"{s.reward:.2f}",
-                          str(s.num_completions), call_errors_cell(s), str(s.num_traces),
-                          str(s.num_trainable_tokens), f"{wall_s:.1f}")
-    console = Console()
-    if not console.is_terminal:  # a log or a pipe: rich would cut every column to fit 80
-        console = Console(width=200)
-    console.print(table)
-    print("failures by kind: " + ", ".join(
-        f"{kind} {n}" for kind, n in failure_counts(results).items()))
-    for group in results:
-        mean = "-" if group.mean_reward is None else f"{group.mean_reward:.2f}"
-        print(f"task {group.task_id}: mean reward {mean}, "
-              f"{group.num_completed}/{len(group.sessions)} completed")
-        if group.sessions:
-            first = group.sessions[0]
-            print(f"  phases of {first.session_id}: " + ", ".join(
-                f"{p.phase} {p.duration_s:.2f} s" for p in first.phases))
-    failures, notes = what_went_wrong(results)
-    for line in notes:
-        print(f"note: {line}")
-    for line in failures:
-        print(f"FAILED: {line}")
-    return results
-
-
-def exit_code(results: list[Any]) -> int:
-    """1 when :func:`what_went_wrong` finds a failure of the run, else 0."""
-    return 1 if what_went_wrong(results)[0] else 0
 
 
 def _wait_for_signal() -> None:

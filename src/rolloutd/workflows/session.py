@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
-from temporalio.common import Priority, RetryPolicy
+from temporalio.common import Priority
 from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
 from temporalio.exceptions import CancelledError as TemporalCancelledError
 
@@ -29,8 +29,6 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd.activities.models import (
         BuildTrajectoryInput,
         BuildTrajectoryOutput,
-        CloseSessionInput,
-        CloseSessionOutput,
         CollectArtifactsInput,
         CollectArtifactsOutput,
         EvaluateInput,
@@ -41,7 +39,6 @@ with workflow.unsafe.imports_passed_through():
         ProvisionRuntimeOutput,
         RunHarnessInput,
         RunHarnessOutput,
-        TeardownRuntimeInput,
     )
     from rolloutd.types import (
         FailureCause,
@@ -55,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd.workflows import backpressure, failures, metadata, search, tenants
     from rolloutd.workflows.tenants import task_priority
     from rolloutd.workflows.provisioning import HEARTBEAT, INFRA_RETRY, provision_watched
+    from rolloutd.workflows.session_end import NO_RETRY, SessionEnding, _seconds
     from rolloutd.workflows.outcome import (
         AttemptOutcome,
         cause_text,
@@ -67,16 +65,8 @@ with workflow.unsafe.imports_passed_through():
 #: (the SDK sends heartbeats at most every 0.8 x this, so cancellation also lands within it).
 #: 10 s, not less: a host running 100 harnesses on 2 busy cores misses 5 s beats while alive.
 HARNESS_HEARTBEAT = timedelta(seconds=10)
-#: the harness is not retried blindly: a retry would start from a dirty runtime.
-NO_RETRY = RetryPolicy(maximum_attempts=1)
 #: a host-pinned activity not picked up by then: the host is gone (the session may restart).
 HOST_QUEUE_START = timedelta(seconds=60)
-#: all teardown attempts on a host already known lost (else 3 x ``phases.teardown_s``).
-LOST_HOST_TEARDOWN = timedelta(seconds=15)
-#: one close attempt (it waits for a call in flight, which a slow backend may hold for
-#: minutes), and all attempts on the gateway host serving the session.
-CLOSE_TIMEOUT = timedelta(seconds=300)
-PINNED_CLOSE = timedelta(seconds=600)
 #: patch id: the runtime is torn down while the gateway session closes and the trajectory is
 #: built, not before (they do not depend on each other; a cancelled session ends one activity
 #: round trip sooner). Histories recorded before it replay the sequential order.
@@ -114,12 +104,10 @@ class SessionInput(BaseModel):
     replay_from: list[str] = Field(default_factory=list)
 
 
-def _seconds(s: float) -> timedelta:
-    return timedelta(seconds=s)
 
 
 @workflow.defn
-class RolloutSessionWorkflow:
+class RolloutSessionWorkflow(SessionEnding):
     """One harness run in one runtime, with its trajectory and score."""
 
     def __init__(self) -> None:
@@ -530,107 +518,3 @@ class RolloutSessionWorkflow:
                     await self._teardown(runtime, timed, host_lost=out.host_lost,
                                          teardown_s=phases.teardown_s)
         return out
-
-    async def _teardown(self, runtime: ProvisionRuntimeOutput, timed, *,
-                        host_lost: bool, teardown_s: float, current: bool = True) -> None:
-        """Tear a runtime down on its host; a host that does not answer in time is left to
-        reclaim the runtime when it starts again (rolloutd.sandbox.reclaim)."""
-        try:
-            await timed("teardown", workflow.execute_activity(
-                "teardown_runtime",
-                TeardownRuntimeInput(runtime_id=runtime.runtime_id),
-                task_queue=runtime.host_queue,
-                start_to_close_timeout=_seconds(teardown_s),
-                schedule_to_close_timeout=(LOST_HOST_TEARDOWN if host_lost
-                                           else _seconds(3 * teardown_s)),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=INFRA_RETRY,
-                priority=self._priority,
-            ), current=current)
-        except ActivityError as e:
-            workflow.logger.warning("teardown of %s on %s abandoned (reclaimed when the host "
-                                    "restarts): %s", runtime.runtime_id, runtime.host_id,
-                                    cause_text(e))
-
-    async def _close(self, opened: OpenSessionOutput, session_id: str,
-                     timed, *, run_deadline_at: float | None = None) -> CloseSessionOutput:
-        """Seal a gateway session on the gateway host serving it; when that host does not
-        answer in time, any gateway seals it from the durable state in the store.
-
-        Args:
-            run_deadline_at: Unix time the run budget ran out: the output says whether a
-                call was waiting on the backend then.
-        """
-        close_input = CloseSessionInput(session_id=session_id, run_deadline_at=run_deadline_at)
-        try:
-            return await timed("close", workflow.execute_activity(
-                "close_session", close_input,
-                task_queue=opened.host_queue,
-                start_to_close_timeout=CLOSE_TIMEOUT,
-                schedule_to_close_timeout=PINNED_CLOSE,
-                retry_policy=INFRA_RETRY, priority=self._priority, result_type=CloseSessionOutput,
-            ))
-        except ActivityError as e:
-            workflow.logger.warning("gateway host %s did not close %s (%s): closing on "
-                                    "any gateway", opened.host_queue, session_id, cause_text(e))
-            return await timed("close", workflow.execute_activity(
-                "close_session", close_input,
-                task_queue=task_queues.GATEWAY,
-                start_to_close_timeout=CLOSE_TIMEOUT,
-                retry_policy=INFRA_RETRY, priority=self._priority, result_type=CloseSessionOutput,
-            ))
-
-    async def _evaluate_in_fresh_runtime(self, input: SessionInput,
-                                         prewarm: asyncio.Task[ProvisionRuntimeOutput],
-                                         artifacts: dict[str, str], *, run_check: bool,
-                                         timed) -> str | None:
-        """Apply the session's patch in the prewarmed runtime, run the check, tear it down.
-
-        ``artifacts`` (name -> blob key) gains the ``check`` and ``patch_apply`` keys.
-
-        Returns:
-            An error message when the evaluation runtime failed, else None.
-        """
-        task, phases = input.task, input.task.phases
-        eval_runtime: ProvisionRuntimeOutput | None = None
-        error: str | None = None
-        try:
-            # shielded: a cancellation must not abandon a runtime that is being provisioned
-            eval_runtime = await asyncio.shield(prewarm)
-            if run_check:
-                checked: CollectArtifactsOutput = await timed("eval_check",
-                                                              workflow.execute_activity(
-                    "collect_artifacts",
-                    CollectArtifactsInput(runtime_id=eval_runtime.runtime_id,
-                                          session_id=input.session_id, evaluator=task.evaluator,
-                                          collect_outputs=False, run_check=True,
-                                          apply_patch_ref=artifacts.get("patch")),
-                    task_queue=eval_runtime.host_queue,
-                    start_to_close_timeout=_seconds(phases.collect_s + task.evaluator.timeout_s),
-                    heartbeat_timeout=HEARTBEAT,
-                    retry_policy=NO_RETRY,
-                    priority=self._priority,
-                    result_type=CollectArtifactsOutput,
-                ))
-                artifacts.update({k: v for k, v in checked.artifacts.items() if k != "harness"})
-        except ActivityError as e:
-            error = f"evaluation runtime failed: {cause_text(e)}"
-        except asyncio.CancelledError:
-            error = "cancelled"
-        finally:
-            if eval_runtime is None and not prewarm.done():
-                try:
-                    eval_runtime = await prewarm
-                except ActivityError:
-                    eval_runtime = None
-            if eval_runtime is not None:
-                await timed("eval_teardown", workflow.execute_activity(
-                    "teardown_runtime",
-                    TeardownRuntimeInput(runtime_id=eval_runtime.runtime_id),
-                    task_queue=eval_runtime.host_queue,
-                    start_to_close_timeout=_seconds(phases.teardown_s),
-                    heartbeat_timeout=HEARTBEAT,
-                    retry_policy=INFRA_RETRY,
-                    priority=self._priority,
-                ))
-        return error

@@ -27,7 +27,7 @@ from rolloutd.cli_report import (  # noqa: F401 - re-exported for tests and scri
 )
 from rolloutd.errors import RolloutdError
 from rolloutd.logs import configure_logging
-from rolloutd.settings import CommonSettings, default_home
+from rolloutd.settings import CommonSettings, admin_token_file, default_home
 
 
 def _stack_gateway_url() -> str | None:
@@ -391,11 +391,15 @@ def main(argv: list[str] | None = None) -> int:
                           "docs/security.md)")
             metrics = "  ".join(f"{fleet} http://127.0.0.1:{port}/metrics"
                                 for fleet, port in stack.metrics_ports().items()) or "off"
+            admin_line = (f"{admin_token_file(stack.home)} (generated; the trainer client "
+                          "and `rolloutd rest` read it)" if stack.admin_token
+                          else "from ROLLOUTD_ADMIN_TOKEN")
             print(f"Codec:       {codec_line}\n"
                   f"Temporal UI: {stack.temporal.ui_url}\n"
                   f"Metrics:     {metrics}\n"
                   f"Temporal:    {stack.temporal.address}\n"
                   f"Gateway:     {stack.gateway_url}\n"
+                  f"Admin token: {admin_line}\n"
                   f"Store:       {stack.store_url}\n"
                   f"Logs:        {stack.logs}\n"
                   f"Status:      rolloutd status --home {stack.home}\n"

@@ -21,6 +21,25 @@ def default_home() -> Path:
     return Path(os.environ.get("ROLLOUTD_HOME", Path.home() / ".rolloutd")).expanduser()
 
 
+def admin_token_file(home: Path | None = None) -> Path:
+    """Where ``rolloutd up`` writes the admin token it generated (DECISIONS ruling 7):
+    ``{home}/admin_token``, mode 0600."""
+    return (home or default_home()) / "admin_token"
+
+
+def find_admin_token(home: Path | None = None) -> str | None:
+    """The gateway's admin bearer token as a client on this machine finds it:
+    ``$ROLLOUTD_ADMIN_TOKEN``, else the token ``rolloutd up`` generated for its stack on
+    ``home`` (default :func:`default_home`), else None (admin routes then answer 403)."""
+    token = os.environ.get("ROLLOUTD_ADMIN_TOKEN")
+    if token:
+        return token
+    try:
+        return admin_token_file(home).read_text().strip() or None
+    except OSError:
+        return None
+
+
 def default_cache() -> Path:
     """Cache of built binaries and models: ``$ROLLOUTD_CACHE`` or ``~/.cache/rolloutd``."""
     return Path(os.environ.get("ROLLOUTD_CACHE", Path.home() / ".cache" / "rolloutd")).expanduser()

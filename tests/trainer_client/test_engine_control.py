@@ -154,18 +154,23 @@ async def test_the_gateway_reloads_the_local_engine_on_the_trainers_gguf(
 @pytest.mark.temporal
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-async def test_rolloutd_up_serves_the_load_route_for_its_own_engine(tmp_path: Path) -> None:
+async def test_rolloutd_up_serves_the_load_route_for_its_own_engine(tmp_path: Path,
+                                                                   monkeypatch) -> None:
     """``LocalStack`` (what ``rolloutd up`` runs): its gateway is another process, started with
     the control server's URL and token; the trainer here reloads the stack's engine through
-    it. The supervisor owns the new file and version and does not count the reload as a
-    crash. The GGUF is a copy of the catalog file: what is checked is which file is served."""
+    it, with the admin token the stack generated (DECISIONS ruling 7: none was configured).
+    The supervisor owns the new file and version and does not count the reload as a crash.
+    The GGUF is a copy of the catalog file: what is checked is which file is served."""
     import asyncio
     import os
     import shutil
     import tempfile
 
     from rolloutd.engine.models import pull_model
+    from rolloutd.settings import admin_token_file, find_admin_token
     from rolloutd.stack import LocalStack, free_port, read_state
+
+    monkeypatch.delenv("ROLLOUTD_ADMIN_TOKEN", raising=False)
 
     files = pull_model(MODEL)
     # short and outside pytest's basetemp (runtimes hold AF_UNIX sockets; see the
@@ -177,12 +182,18 @@ async def test_rolloutd_up_serves_the_load_route_for_its_own_engine(tmp_path: Pa
         home=home, model=MODEL, fleets=("gateway",), supervise=True,
         temporal_port=free_port(), ui_port=free_port(), gateway_port=free_port(),
         engine_port=free_port(), engine_parallel=1, engine_ctx_size=2048,
-        extra_env={"ROLLOUTD_ADMIN_TOKEN": TOKEN, "ROLLOUTD_LOG_JSON": "false",
-                   "ROLLOUTD_HOST_ID": f"ctl-{os.getpid()}"})
+        extra_env={"ROLLOUTD_LOG_JSON": "false", "ROLLOUTD_HOST_ID": f"ctl-{os.getpid()}"})
     try:
         await asyncio.to_thread(stack.start)
         assert stack.engine_control is not None and stack.engine is not None
-        async with BackendAdmin(stack.gateway_url, TOKEN) as admin:
+        token = find_admin_token(home)
+        assert token is not None and token == stack.admin_token
+        assert admin_token_file(home).stat().st_mode & 0o777 == 0o600
+        async with BackendAdmin(stack.gateway_url, "wrong") as refused:
+            with pytest.raises(AdminError) as info:
+                await refused.list()
+            assert info.value.status_code == 401
+        async with BackendAdmin(stack.gateway_url, token) as admin:
             sync = WeightSync(admin, [GatewayEngineLoader(admin, timeout_s=180)])
             await sync.update(new_file, policy_version=1)
             [backend] = await admin.list()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -32,7 +33,7 @@ from rolloutd.engine.models import CATALOG
 from rolloutd.engine.server import LlamaServer
 from rolloutd.errors import StackError
 from rolloutd.sandbox.reclaim import reclaim_orphans
-from rolloutd.settings import default_home
+from rolloutd.settings import admin_token_file, default_home
 from rolloutd.stack.processes import TemporalDevServer, kill_group, spawn, stop_processes
 from rolloutd.stack.state import EngineState, StackState, read_state, write_state
 from rolloutd.stack.supervisor import ChildSpec, RestartPolicy, Supervisor
@@ -98,6 +99,8 @@ class LocalStack:
     temporal: TemporalDevServer | None = None
     engine: LlamaServer | None = None
     engine_control: EngineControlServer | None = None
+    #: the admin token ``start`` generated (None: the environment gives one)
+    admin_token: str | None = None
     supervisor: Supervisor = field(init=False)
     state: StackState = field(init=False)
 
@@ -158,6 +161,8 @@ class LocalStack:
             # would collide (extra_env may give one fleet's process a port)
             "ROLLOUTD_HEALTH_PORT": "0",
         })
+        if self.admin_token is not None:
+            env["ROLLOUTD_ADMIN_TOKEN"] = self.admin_token
         if self.engine_control is not None:
             env["ROLLOUTD_ENGINE_CONTROL_URL"] = self.engine_control.url
             env["ROLLOUTD_ENGINE_CONTROL_TOKEN"] = self.engine_control.token
@@ -275,6 +280,20 @@ class LocalStack:
 
     # --- life cycle -----------------------------------------------------------------------
 
+    def _make_admin_token(self) -> None:
+        """Without ``ROLLOUTD_ADMIN_TOKEN`` (the environment or ``extra_env``), generate the
+        gateway's admin token and write it, mode 0600, where the trainer client and
+        ``rolloutd rest`` find it (:func:`rolloutd.settings.find_admin_token`; DECISIONS
+        ruling 7): weight sync and the backend routes work on a fresh ``up``."""
+        if self.extra_env.get("ROLLOUTD_ADMIN_TOKEN") or os.environ.get("ROLLOUTD_ADMIN_TOKEN"):
+            return
+        self.admin_token = secrets.token_urlsafe(32)
+        path = admin_token_file(self.home)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.admin_token + "\n")
+        os.chmod(path, 0o600)  # an older file keeps its mode through O_TRUNC
+
     def start(self) -> LocalStack:
         """Reclaim what a killed ``up`` left, start Temporal, the engine and every fleet (each
         ready before the next), then supervise them.
@@ -284,6 +303,7 @@ class LocalStack:
         """
         self.logs.mkdir(parents=True, exist_ok=True)
         self.reclaim_previous()
+        self._make_admin_token()
         self._add_children()
         try:
             if self.engine is not None:

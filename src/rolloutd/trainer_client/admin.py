@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from rolloutd.errors import RolloutdError
+from rolloutd.settings import find_admin_token
 
 
 class AdminError(RolloutdError):
@@ -44,14 +45,17 @@ class BackendAdmin:
 
     Args:
         gateway_url: the gateway's base URL, e.g. ``http://127.0.0.1:8300``.
-        token: the gateway's admin bearer token (``ROLLOUTD_ADMIN_TOKEN``).
+        token: the gateway's admin bearer token; None: ``$ROLLOUTD_ADMIN_TOKEN``, else the
+            token ``rolloutd up`` generated for its stack
+            (:func:`rolloutd.settings.find_admin_token`).
         transport: an httpx transport (tests: ``httpx.ASGITransport(app=...)``).
         timeout_s: limit of one call (pause waits for the drain).
     """
 
-    def __init__(self, gateway_url: str, token: str | None, *,
+    def __init__(self, gateway_url: str, token: str | None = None, *,
                  transport: httpx.AsyncBaseTransport | None = None,
                  timeout_s: float = 120.0) -> None:
+        token = token or find_admin_token()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.AsyncClient(base_url=gateway_url.rstrip("/"), headers=headers,
                                       transport=transport, timeout=timeout_s)

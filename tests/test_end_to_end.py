@@ -15,6 +15,7 @@ import uuid
 
 import pytest
 
+from rolloutd.proxy.sessions import hash_session_key
 from rolloutd.stack import temporal_binary
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
@@ -119,9 +120,9 @@ async def test_qwen_code_rollout_is_token_faithful_and_scored(fleets, temporal_s
         # the harness got well-formed OpenAI answers (on a loaded machine a harness may time
         # out and hang up mid-stream, then retry: only answers it read to the end are judged)
         session_state = client.store.get_bytes(f"sessions/{session.session_id}/session.json")
-        mine = [ex for ex in fleets.harness_tee.exchanges
+        mine = [ex for ex in fleets.harness_tee.exchanges  # the gateway keeps key hashes
                 if ex.path.endswith("/chat/completions")
-                and ex.path.split("/")[2] in session_state.decode()]
+                and hash_session_key(ex.path.split("/")[2]) in session_state.decode()]
         read_to_the_end = [ex for ex in mine if ex.complete]
         assert len(read_to_the_end) >= session.num_completions
         for ex in read_to_the_end:

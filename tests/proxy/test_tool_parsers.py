@@ -79,6 +79,7 @@ def test_plain_text_is_untouched() -> None:
 @pytest.mark.parametrize("text", [
     '{"name": "get_weather", "arguments": {"city": "Tokyo"}}',
     '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Tokyo"}\n}\n```',
+    '{"name": "get_weather", "arguments": {"city": "Tokyo"}',  # its last brace not sampled
 ])
 def test_lenient_parser_reads_bare_json_calls(text: str) -> None:
     assert parse_hermes(text).tool_calls == []
@@ -89,9 +90,9 @@ def test_lenient_parser_reads_bare_json_calls(text: str) -> None:
 
 
 def test_lenient_parser_leaves_other_json_as_content() -> None:
-    text = '{"answer": 42}'
-    assert parse_hermes_lenient(text).content == text
-    assert parse_hermes_lenient(text).tool_calls == []
+    for text in ('{"answer": 42}', '{"name": "f", "arguments": {"x": "a', '{"name": "f"'):
+        assert parse_hermes_lenient(text).content == text
+        assert parse_hermes_lenient(text).tool_calls == []
 
 
 def test_registry() -> None:

@@ -134,7 +134,15 @@ def _bare_json_calls(text: str) -> list[dict[str, Any]] | None:
     try:
         obj = json.loads(body)
     except json.JSONDecodeError:
-        return None
+        # a small model's call that stopped before its last brace or two (seen from
+        # Qwen2.5-Coder-0.5B: '{"name": ..., "arguments": {...}' then end of turn)
+        missing = body.count("{") - body.count("}")
+        if not 1 <= missing <= 2 or not body.startswith("{"):
+            return None
+        try:
+            obj = json.loads(body + "}" * missing)
+        except json.JSONDecodeError:
+            return None
     items = obj if isinstance(obj, list) else [obj]
     calls = [_call_from_object(item) if isinstance(item, dict) and "arguments" in item
              else None for item in items]
@@ -147,7 +155,8 @@ def parse_hermes_lenient(text: str) -> ParsedOutput:
     """:func:`parse_hermes`, plus a whole answer that is a bare JSON call as a tool call.
 
     Small models (Qwen2.5-Coder-0.5B) often answer ``{"name": ..., "arguments": {...}}``
-    without the ``<tool_call>`` tags, sometimes inside a Markdown code fence. The trace keeps
+    without the ``<tool_call>`` tags, sometimes inside a Markdown code fence, sometimes one or
+    two closing braces short (those are added when the result then parses). The trace keeps
     the sampled tokens either way; only the harness's view changes.
     """
     parsed = parse_hermes(text)

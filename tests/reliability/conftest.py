@@ -28,10 +28,13 @@ REPO = Path(__file__).resolve().parents[2]
 #: the harness: a small agent loop making real chat calls through the session's gateway URL,
 #: with pauses so that kills land mid-session. A call that fails on the wire or with a 5xx is
 #: retried with the identical body (the gateway answers an answered request from its log).
+#: With ``AGENT_TOOL`` in the runtime's env, each turn runs that shell command (its tool) and
+#: sends its output back with the next request.
 AGENT = r'''
-import json, os, sys, time, urllib.error, urllib.request
+import json, os, subprocess, sys, time, urllib.error, urllib.request
 base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
 num_calls, pause_s = int(sys.argv[1]), float(sys.argv[2])
+tool = os.environ.get("AGENT_TOOL")
 messages = [{"role": "user", "content": "Say one short word."}]
 ids = []
 for turn in range(num_calls):
@@ -55,8 +58,12 @@ for turn in range(num_calls):
         sys.exit("gave up")
     ids.append(reply["id"])
     message = reply["choices"][0]["message"]
+    follow = "Another word."
+    if tool:
+        out = subprocess.run(tool, shell=True, capture_output=True, text=True).stdout.strip()
+        follow = f"The tool printed {out}. " + follow
     messages += [{"role": "assistant", "content": message.get("content") or ""},
-                 {"role": "user", "content": "Another word."}]
+                 {"role": "user", "content": follow}]
     time.sleep(pause_s)
 print("IDS " + json.dumps(ids), flush=True)
 '''

@@ -25,7 +25,7 @@ from rolloutd.proxy.recorder import answer_id
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionResult, SessionStatus, TaskResult, Trajectory
-from tests.reliability.conftest import Rig, harness_ids, new_ids, poll, processes_with
+from tests.reliability.conftest import AGENT, Rig, harness_ids, new_ids, poll, processes_with
 from tests.reliability.test_kills import connect, kill9_and_restart
 
 pytestmark = [pytest.mark.slow, pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
@@ -36,50 +36,14 @@ NUM_CALLS = 8
 #: calls in attempt 1's log when its sandbox worker is killed
 KILL_AT = 4
 
-#: a deterministic agent: every turn asks the model (temperature 0), runs its tool (a shell
-#: command, argv[3]) and sends the tool's output back with the next request. Retries a call
-#: that failed on the wire or with a 5xx with the identical body.
-TOOL_AGENT = r'''
-import json, os, subprocess, sys, time, urllib.error, urllib.request
-base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
-num_calls, pause_s, tool = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-messages = [{"role": "user", "content": "Name one fruit, in one word."}]
-ids = []
-for turn in range(num_calls):
-    body = json.dumps({"model": "m", "max_tokens": 6, "temperature": 0,
-                       "messages": messages}).encode()
-    for attempt in range(120):
-        request = urllib.request.Request(base + "/chat/completions", data=body, headers={
-            "Authorization": "Bearer " + key, "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=120) as response:
-                reply = json.load(response)
-            break
-        except urllib.error.HTTPError as e:
-            if e.code < 500:
-                raise
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1)
-    else:
-        sys.exit("gave up")
-    ids.append(reply["id"])
-    out = subprocess.run(tool, shell=True, capture_output=True, text=True).stdout.strip()
-    messages += [{"role": "assistant",
-                  "content": reply["choices"][0]["message"].get("content") or ""},
-                 {"role": "user", "content": f"The tool printed {out}. Another fruit?"}]
-    time.sleep(pause_s)
-print("IDS " + json.dumps(ids), flush=True)
-'''
-
-
 def tool_task(task_id: str, marker: str, tool: str, *, pause_s: float = 1.5) -> dict[str, Any]:
-    """One sample of :data:`TOOL_AGENT` on bwrap with ``tool`` as its tool."""
+    """One sample of the reliability agent (:data:`tests.reliability.conftest.AGENT`, at
+    temperature 0) on bwrap with ``tool`` as its tool."""
     return {
         "task_id": task_id, "instruction": "replay", "num_samples": 1,
         "harness": {"type": "shell",
-                    "command": f"python3 agent.py {NUM_CALLS} {pause_s} '{tool}' {marker}"},
-        "runtime": {"type": "bwrap", "files": {"agent.py": TOOL_AGENT}},
+                    "command": f"python3 agent.py {NUM_CALLS} {pause_s} {marker}"},
+        "runtime": {"type": "bwrap", "files": {"agent.py": AGENT}, "env": {"AGENT_TOOL": tool}},
         "evaluator": {"type": "session_completed"},
         "sampling": {"max_tokens": 16},
         "phases": {"open_s": 20, "provision_s": 60, "run_s": 200},

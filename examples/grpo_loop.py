@@ -61,6 +61,7 @@ from rolloutd.evaluators import (
     EvaluationOutcome,
     Evaluator,
 )
+from rolloutd.trainer_client.process import end_process
 
 ASK_PY = r'''
 import json, os, sys, urllib.request
@@ -510,4 +511,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(parse_args())))
+    code = asyncio.run(main(parse_args()))
+    end_process(code)  # past temporalio's exit-time abort (sdk-python#300)
+    sys.exit(code)

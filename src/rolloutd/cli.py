@@ -339,7 +339,25 @@ def _serve_codec(host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``rolloutd`` command."""
+    """Entry point of the ``rolloutd`` command (``argv`` None: the process's own arguments,
+    and the process ends here; see :func:`rolloutd.trainer_client.process.end_process`)."""
+    if argv is not None:
+        return _dispatch(argv)
+    try:
+        code = _dispatch(None)
+    except SystemExit as e:  # argparse's and our own error exits: message on stderr, code
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            code = 1
+        else:
+            code = 0 if e.code is None else int(e.code)
+    from rolloutd.trainer_client.process import end_process
+
+    end_process(code)
+    return code
+
+
+def _dispatch(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     settings = CommonSettings()
@@ -449,13 +467,7 @@ def main(argv: list[str] | None = None) -> int:
             code = asyncio.run(_generation_main(args, settings))
         except RolloutdError as e:
             raise SystemExit(f"rolloutd {args.command}: {e}") from None
-        # a short client process: temporalio's Rust runtime threads can abort it during
-        # interpreter finalization (SIGABRT, "PyGILState_Release: thread state ... must be
-        # current"; open upstream in sdk-python); 2 of 8 schedule commands died so. Nothing
-        # is left to finalize once the output is flushed.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        return code
     elif args.command == "demo":
         from rolloutd.stack import LocalStack
 

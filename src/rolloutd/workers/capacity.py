@@ -63,6 +63,11 @@ class RuntimeSlots(CustomSlotSupplier):
         """Slots handed out and not released (polls waiting for a task, provisionings)."""
         return self._reserved
 
+    @property
+    def live(self) -> int:
+        """Runtimes the host holds now (provisioned, not torn down)."""
+        return self._live_runtimes()
+
     def _take(self) -> bool:
         with self._lock:
             if (self._reserved >= self.max_reserved

@@ -2,7 +2,7 @@
 weights exported as GGUF and loaded by the engine through the gateway's admin API after each
 step, the probe and the held-out evaluation.
 
-It starts its own Temporal dev server and llama-server (SmolLM2-135M-Instruct, F16 from the
+It starts its own Temporal dev server and llama-server (SmolLM2-135M-Instruct, F32 from the
 trainer's weights): run it on its own (``pytest -m slow tests/test_grpo_loop_example.py``).
 It takes about 3-6 minutes on 2 CPU cores.
 """
@@ -23,8 +23,9 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "grpo_loop.py"
 LINE = re.compile(r"^step (\d+): loss=(-?[\d.]+) mean_reward=([\d.]+) "
                   r"trainable_fraction=([\d.]+) .*probe_mismatch=([\d.]+) "
                   r"policy_version=(\d+) sampled_versions=([\d,]+) ", re.M)
-#: mean |engine - trainer| on the probe after a sync, nats (F16 floor: about 0.002-0.006)
-TOLERANCE = 0.03
+#: mean |engine - trainer| on the probe after a sync, nats: the F32 export's floor is about
+#: 0.001; F16 (which drops small updates) reached 0.013 after step 1 of the loop
+TOLERANCE = 0.008
 
 
 @pytest.mark.timeout(1200)

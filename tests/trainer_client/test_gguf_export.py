@@ -66,14 +66,16 @@ def hf_state_dict(template: Path) -> dict[str, np.ndarray]:
     return out
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_export_reproduces_the_templates_tensors_and_tokenizer(
-        template: Path, state: dict[str, np.ndarray], tmp_path: Path) -> None:
-    out = export_gguf(state, template, tmp_path / "policy.gguf")
+        template: Path, state: dict[str, np.ndarray], tmp_path: Path, dtype: str) -> None:
+    out = export_gguf(state, template, tmp_path / "policy.gguf", dtype=dtype)
     source, written = gguf.GGUFReader(str(template)), gguf.GGUFReader(str(out))
     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.chat_template",
                 "tokenizer.ggml.eos_token_id", "llama.rope.freq_base"):
         assert written.fields[key].contents() == source.fields[key].contents(), key
-    assert written.fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_F16
+    assert written.fields["general.file_type"].contents() == (
+        gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
     expected = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in source.tensors}
     assert {t.name for t in written.tensors} == set(expected)
     for tensor in written.tensors:
@@ -91,3 +93,5 @@ def test_export_refuses_weights_that_do_not_fit_the_template(
     with pytest.raises(ConfigError, match="shape"):
         export_gguf(misshapen, template, tmp_path / "b.gguf")
     assert list(tmp_path.iterdir()) == []  # nothing half-written is left behind
+    with pytest.raises(ConfigError, match="dtype"):
+        export_gguf(state, template, tmp_path / "c.gguf", dtype="bf16")

@@ -1,19 +1,20 @@
 """The trainer's weights written as a GGUF the reference engine (llama-server) loads.
 
 Weight sync to the engine moves a file: after an optimizer step the trainer writes its fp32
-weights as an F16 GGUF and asks the engine to load it. The tokenizer, chat template and every
+weights as an F32 GGUF (F16 on request) and asks the engine to load it. The tokenizer, chat template and every
 hyper-parameter are copied unchanged from a template GGUF (the catalog model's), so the engine
 renders and tokenizes exactly as before; only the tensors change.
 
 The rule for the tensors is llama.cpp's own converter (``convert_hf_to_gguf.py``, ``LlamaModel``):
 Hugging Face names map to GGUF names through ``gguf``'s ``TensorNameMap``; the rows of
 ``q_proj`` and ``k_proj`` are permuted from Hugging Face's rotary layout (halves) to llama.cpp's
-(interleaved pairs); 1-D tensors (norms) stay F32, matrices become F16. A tied ``lm_head`` is not
+(interleaved pairs); 1-D tensors (norms) stay F32, matrices are F32 or F16. A tied ``lm_head`` is not
 written (llama.cpp reuses ``token_embd`` when ``output.weight`` is absent).
 
-Measured here (SmolLM2-135M): llama-server loads the 270 MB file in about 0.5 s; the mean
-absolute difference of its logprobs to PyTorch fp32 is about 0.003 for F16 (the catalog's Q4_1
-is about 0.07).
+Measured here (SmolLM2-135M): llama-server loads the 514 MB F32 file (F16: 258 MB) in about
+a second; the mean absolute difference of its logprobs to PyTorch fp32 on the untrained model is
+about 0.001 for F32 and 0.002 for F16 (the catalog's Q4_1 is about 0.07); after training, F16's
+grows (see :func:`export_gguf`).
 """
 
 from __future__ import annotations
@@ -66,8 +67,19 @@ def _field_value(field: Any) -> tuple[Any, gguf.GGUFValueType, gguf.GGUFValueTyp
     return field.contents(), vtype, None
 
 
-def export_gguf(state_dict: Mapping[str, Any], template: str | Path, out: str | Path) -> Path:
-    """Write a model's weights as an F16 GGUF with a template GGUF's metadata and tokenizer.
+def export_gguf(state_dict: Mapping[str, Any], template: str | Path, out: str | Path, *,
+                dtype: str = "f32") -> Path:
+    """Write a model's weights as an F32 (or F16) GGUF with a template GGUF's metadata and
+    tokenizer.
+
+    F32 is the default because F16 drops training updates. A base model read from a GGUF has
+    weights on (or near) the F16 grid, and an Adam step at lr 1e-5 moves most weights by less
+    than half an F16 ULP, so F16 rounds the update away and the engine lags the trainer in
+    exactly the direction training moved it. Measured on SmolLM2-135M after 3 Adam steps
+    (lr 1e-5) toward a reply to the probe prompt: engine vs trainer mean |Δlogprob| 0.038 nats
+    for F16, 0.0012 for F32 (``tests/trainer_client/test_gguf_precision.py``); in the closed
+    loop F16's mismatch grew from 0.0016 to 0.038 over 7 steps (docs/rl_loop.md). F16 halves
+    the file and suits a step large enough to cross the grid or weights trained in F16.
 
     The file is written beside ``out`` and renamed into place, so an engine never loads a
     partial file.
@@ -77,6 +89,7 @@ def export_gguf(state_dict: Mapping[str, Any], template: str | Path, out: str | 
             ``model.state_dict()`` of a ``LlamaForCausalLM``; fp32 or bf16.
         template: a GGUF of the same architecture and shapes (the catalog model's).
         out: the GGUF to write.
+        dtype: ``"f32"`` (every tensor F32) or ``"f16"`` (matrices F16, norms F32).
 
     Returns:
         ``out`` as a ``Path``.
@@ -85,6 +98,8 @@ def export_gguf(state_dict: Mapping[str, Any], template: str | Path, out: str | 
         ConfigError: the template's architecture is not one this exporter knows, a parameter
             has no GGUF name, or a tensor's shape differs from the template's.
     """
+    if dtype not in ("f16", "f32"):
+        raise ConfigError(f"GGUF export: dtype must be 'f16' or 'f32', not {dtype!r}")
     t0 = time.monotonic()
     reader = gguf.GGUFReader(str(template))
     arch = str(reader.fields["general.architecture"].contents())
@@ -107,10 +122,11 @@ def export_gguf(state_dict: Mapping[str, Any], template: str | Path, out: str | 
                 continue
             value, vtype, sub_type = _field_value(field)
             writer.add_key_value(key, value, vtype, sub_type=sub_type)
-        writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+        writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16"
+                             else gguf.LlamaFileType.ALL_F32)
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         for name, array in _gguf_tensors(state_dict, names, num_heads, num_kv_heads,
-                                         set(template_shapes)):
+                                         set(template_shapes), np.dtype(dtype.replace("f", "float"))):
             expected = template_shapes[name]
             if tuple(array.shape) != expected:
                 raise ConfigError(f"GGUF export: {name} has shape {tuple(array.shape)}, the "
@@ -130,7 +146,8 @@ def export_gguf(state_dict: Mapping[str, Any], template: str | Path, out: str | 
 
 
 def _gguf_tensors(state_dict: Mapping[str, Any], names: gguf.TensorNameMap, num_heads: int,
-                  num_kv_heads: int, wanted: set[str]) -> Iterable[tuple[str, np.ndarray]]:
+                  num_kv_heads: int, wanted: set[str],
+                  matrix_dtype: np.dtype) -> Iterable[tuple[str, np.ndarray]]:
     """GGUF name and array of every parameter the template has, in its dtype rule."""
     written: set[str] = set()
     for hf_name, tensor in state_dict.items():
@@ -148,7 +165,7 @@ def _gguf_tensors(state_dict: Mapping[str, Any], names: gguf.TensorNameMap, num_
         elif hf_name.endswith("k_proj.weight"):
             array = permute_qk(array, num_kv_heads)
         # llama.cpp keeps 1-D tensors (norms) in F32: they are small and precision-sensitive
-        array = array.astype(np.float32 if array.ndim == 1 else np.float16)
+        array = array.astype(np.float32 if array.ndim == 1 else matrix_dtype)
         written.add(name)
         yield name, array
     if missing := wanted - written:

@@ -1,0 +1,79 @@
+"""helm/rolloutd lints clean and every manifest it renders is valid Kubernetes (or KEDA), over
+the default values and the value sets of :data:`tests.helm.chart.VALUE_SETS`; values the chart
+must refuse fail the render with a message naming the value. No cluster: Helm as a library."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import helm_python as helm
+import pytest
+
+from tests.helm.chart import CHART, KUBE_VERSION, VALUE_SETS, merged, notes, render, validate
+
+pytestmark = pytest.mark.helm
+
+
+def test_validates_against_a_current_kubernetes() -> None:
+    major, minor = (int(p) for p in KUBE_VERSION.split(".")[:2])
+    assert (major, minor) >= (1, 33), KUBE_VERSION
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_lint_is_clean(name: str) -> None:
+    report = helm.lint(CHART, VALUE_SETS[name] or None, strict=True, namespace="rl",
+                       kube_version=f"v{KUBE_VERSION}.0")
+    assert report["errors"] == [], report
+    # severity 2 = warning, 3 = error ("icon is recommended" is 1, info)
+    assert [m for m in report["messages"] if m["severity"] >= 2] == [], report
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_every_manifest_validates(name: str) -> None:
+    docs = render(VALUE_SETS[name])
+    assert docs
+    for doc in docs:
+        validate(doc)
+
+
+def test_validation_refuses_a_broken_manifest() -> None:
+    """The validators are not vacuous: an unknown field, a wrong type and a number where KEDA
+    wants a string are each refused."""
+    import jsonschema
+
+    docs = render(VALUE_SETS["keda"])
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["comand"] = ["typo"]
+    with pytest.raises(jsonschema.ValidationError):
+        validate(deployment)
+    pdb = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
+    pdb["spec"]["maxUnavailable"] = [1]
+    with pytest.raises(jsonschema.ValidationError):
+        validate(pdb)
+    scaled = next(d for d in docs if d["kind"] == "ScaledObject")
+    scaled["spec"]["triggers"][0]["metadata"]["targetQueueSize"] = 8
+    with pytest.raises(jsonschema.ValidationError):
+        validate(scaled)
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"workflows": {"autoscaling": {"minReplicas": 0}}}, "ruling 1"),
+    ({"autoscaling": {"mode": "sometimes"}}, "autoscaling.mode must be"),
+    ({"temporal": {"tls": {"existingSecret": "a"}, "apiKey": {"existingSecret": "b"}}},
+     "not both"),
+    ({"store": {"url": "", "persistence": {"enabled": False}}}, "shared blob store"),
+    ({"temporal": {"address": ""}}, "temporal.address is required"),
+])
+def test_refuses_bad_values(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmError, match=message):
+        render(values)
+
+
+def test_notes_say_where_things_are() -> None:
+    text = notes(VALUE_SETS["dev"])
+    assert "rd-rolloutd-temporal-dev:7233" in text
+    assert "rd-rolloutd-gateway-hosts.rl.svc:8300" in text
+    assert "port-forward svc/rd-rolloutd-rest 8080" in text
+    assert "WARNING" not in text  # the engine is the backend, the codec is on
+    bare = notes(merged({"secrets": {"codec": {"enabled": False}}}))
+    assert "no backends.urls" in bare and "in clear" in bare

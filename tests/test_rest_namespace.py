@@ -40,9 +40,9 @@ async def start_tasks(address: str, namespace: str, n: int) -> None:
             await asyncio.sleep(0.5)
 
 
-async def test_rest_facade_reads_the_configured_namespace(temporal_server) -> None:
+def test_rest_facade_reads_the_configured_namespace(temporal_server) -> None:
     namespace = f"rest-{uuid.uuid4().hex[:8]}"
-    await start_tasks(temporal_server.address, namespace, 2)
+    asyncio.run(start_tasks(temporal_server.address, namespace, 2))
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUTD_")}
     env.update(ROLLOUTD_TEMPORAL_NAMESPACE=namespace, ROLLOUTD_LOG_JSON="false")
@@ -53,12 +53,12 @@ async def test_rest_facade_reads_the_configured_namespace(temporal_server) -> No
     try:
         wait_port("127.0.0.1", port, 60, proc)
         deadline = time.monotonic() + 30
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
             while True:  # visibility (what count reads) trails the starts
-                status = (await http.get("/rollout/status")).json()
+                status = http.get("/rollout/status").json()
                 if status["running_tasks"] == 2 or time.monotonic() > deadline:
                     break
-                await asyncio.sleep(0.5)
+                time.sleep(0.5)
         assert status["running_tasks"] == 2, status
     finally:
         proc.terminate()

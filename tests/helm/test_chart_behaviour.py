@@ -137,6 +137,9 @@ def test_keda_scales_each_fleet_on_its_own_queue() -> None:
         assert meta["queueTypes"] == ("workflow" if fleet == "workflows" else "activity")
         assert meta["endpoint"] == "temporal-frontend.temporal.svc.cluster.local:7233"
         assert "authenticationRef" not in trigger
+        # the backlog omits running tasks: scale down slowly, one pod at a time
+        down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+        assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 300}]
 
 
 @pytest.mark.parametrize(("name", "params"), [
@@ -160,6 +163,9 @@ def test_hpa_only_when_keda_is_absent() -> None:
         for hpa in hpas.values():
             assert hpa["spec"]["minReplicas"] >= 1
             assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+        for fleet in FLEETS:
+            down = hpas[f"{FULLNAME}-{fleet}"]["spec"]["behavior"]["scaleDown"]
+            assert down["stabilizationWindowSeconds"] == 600
     off = render(VALUE_SETS["off"])
     assert by_kind(off, "HorizontalPodAutoscaler") == by_kind(off, "ScaledObject") == {}
     assert all(w["spec"]["replicas"] >= 1 for w in workloads(off).values())

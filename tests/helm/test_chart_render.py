@@ -4,6 +4,7 @@ must refuse fail the render with a message naming the value. No cluster: Helm as
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import helm_python as helm
@@ -77,3 +78,20 @@ def test_notes_say_where_things_are() -> None:
     assert "WARNING" not in text  # the engine is the backend, the codec is on
     bare = notes(merged({"secrets": {"codec": {"enabled": False}}}))
     assert "no backends.urls" in bare and "in clear" in bare
+
+
+def test_packaged_chart_carries_the_dashboard(tmp_path) -> None:
+    """``helm package`` follows the chart's link to helm/dashboards/rolloutd.json: the archive
+    renders the dashboard ConfigMap on its own."""
+    import yaml
+
+    archive = helm.package(CHART, destination=tmp_path)
+    chart = helm.Chart.load_archive(Path(archive).read_bytes())
+    try:
+        out = chart.render(None, name="rd", namespace="rl")
+    finally:
+        chart.close()
+    docs = [d for path, text in out.items() if not path.endswith("NOTES.txt")
+            for d in yaml.safe_load_all(text) if d]
+    dashboard = next(d for d in docs if d["metadata"]["name"] == "rd-rolloutd-dashboard")
+    assert '"panels"' in dashboard["data"]["rolloutd.json"]

@@ -4,6 +4,7 @@ must refuse fail the render with a message naming the value. No cluster: Helm as
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +59,13 @@ def test_validation_refuses_a_broken_manifest() -> None:
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    ({"workflows": {"autoscaling": {"minReplicas": 0}}}, "ruling 1"),
-    ({"autoscaling": {"mode": "sometimes"}}, "autoscaling.mode must be"),
+    # values.schema.json: Helm refuses before rendering, naming the value
+    ({"workflows": {"autoscaling": {"minReplicas": 0}}},
+     "/workflows/autoscaling/minReplicas': minimum: got 0, want 1"),
+    ({"autoscaling": {"mode": "sometimes"}}, "/autoscaling/mode': value must be one of"),
+    ({"temporal": {"adress": "x:7233"}}, "additional properties 'adress' not allowed"),
+    ({"backends": {"type": "tgi"}}, "/backends/type"),
+    # the templates' own checks (the schema cannot compare two values)
     ({"temporal": {"tls": {"existingSecret": "a"}, "apiKey": {"existingSecret": "b"}}},
      "not both"),
     ({"store": {"url": "", "persistence": {"enabled": False}}}, "shared blob store"),
@@ -68,6 +74,25 @@ def test_validation_refuses_a_broken_manifest() -> None:
 def test_refuses_bad_values(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmError, match=message):
         render(values)
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"workflows": {"autoscaling": {"minReplicas": 0}}}, "ruling 1"),
+    ({"autoscaling": {"mode": "sometimes"}}, "autoscaling.mode must be"),
+])
+def test_templates_refuse_bad_values_without_the_schema(values: dict[str, Any], message: str,
+                                                        tmp_path: Path) -> None:
+    """Without values.schema.json (``--skip-schema-validation``) the templates still refuse
+    (helm lint cannot show it: in lint mode ``fail`` only logs)."""
+    bare = tmp_path / "rolloutd"
+    shutil.copytree(CHART, bare)  # the dashboard link becomes a copy
+    (bare / "values.schema.json").unlink()
+    chart = helm.Chart.load(bare)
+    try:
+        with pytest.raises(helm.HelmError, match=message):
+            chart.render(values, name="rd", namespace="rl")
+    finally:
+        chart.close()
 
 
 def test_notes_say_where_things_are() -> None:

@@ -56,7 +56,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "observability": {"metrics": {"serviceMonitor": {"enabled": True}},
                       "codecServer": {"enabled": True, "origins": "https://temporal.example.com"},
                       "backends": {"urls": ["http://vllm-0.vllm:8000", "http://vllm-1.vllm:8000"],
-                                   "type": "vllm"}},
+                                   "type": "vllm", "policyVersion": 3}},
     "unprivileged": {"sandbox": {"privileged": False, "securityContext": {
         "capabilities": {"add": ["SYS_ADMIN"]}, "seccompProfile": {"type": "Unconfined"}}}},
 }

@@ -251,6 +251,15 @@ def test_dev_temporal_runs_with_rolloutds_search_attributes() -> None:
     assert f"{FULLNAME}-engine" in by_kind(docs, "Service")
 
 
+def test_backends_reach_the_gateway_settings() -> None:
+    data = by_kind(render(VALUE_SETS["observability"]), "ConfigMap")[f"{FULLNAME}-config"]["data"]
+    gateway = settings_mod.GatewaySettings.model_validate(
+        {k.removeprefix("ROLLOUTD_").lower(): v for k, v in data.items()})
+    assert gateway.backend_url == "http://vllm-0.vllm:8000,http://vllm-1.vllm:8000"
+    assert (gateway.backend_type, gateway.backend_policy_version) == ("vllm", 3)
+    assert (gateway.gateway_host, gateway.gateway_port) == ("0.0.0.0", 8300)
+
+
 def test_no_rest_facade() -> None:
     docs = render(VALUE_SETS["no-rest"])
     assert not [d for d in docs if d["metadata"]["name"].endswith("-rest")]

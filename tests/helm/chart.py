@@ -17,6 +17,7 @@ import helm_python as helm
 import jsonschema
 import kubernetes_validate
 import yaml
+from helm_python import _native as helm_native
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "rolloutd"
 HERE = Path(__file__).resolve().parent
@@ -78,32 +79,50 @@ def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
             into[key] = value
 
 
-def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """``helm template`` of the chart: its manifests as dicts (NOTES.txt left out).
+def rendered(values: dict[str, Any] | None = None, *,
+             api_versions: list[str] | None = None) -> dict[str, str]:
+    """``helm template`` of the chart: ``{template path: text}``.
+
+    Args:
+        values: overrides of values.yaml.
+        api_versions: APIs the cluster is said to serve, as ``helm template --api-versions``
+            (e.g. ``["keda.sh/v1alpha1"]``). helm-python-sdk 0.2.2's ``Chart.render`` does not
+            expose it; its C library's render options do (``api_versions``), so this calls the
+            same entry point (``helm_render``) with it.
 
     Raises:
-        helm_python.HelmRenderError: a template failed (``fail``/``required`` included).
+        helm_python.HelmError: the values break values.schema.json, or a template failed
+            (``fail``/``required`` included).
     """
     chart = helm.Chart.load(CHART)
     try:
-        out = chart.render(values or None, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        if not api_versions:
+            return chart.render(values or None, name=RELEASE, namespace=NAMESPACE,
+                                is_install=True)
+        opts = {"name": RELEASE, "namespace": NAMESPACE, "is_install": True,
+                "api_versions": api_versions}
+        out: dict[str, str] = json.loads(helm_native.call_string(
+            "helm_render", chart._raw(), json.dumps(values) if values else None,
+            json.dumps(opts)))
+        return out
     finally:
         chart.close()
+
+
+def render(values: dict[str, Any] | None = None, *,
+           api_versions: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rendered manifests as dicts (NOTES.txt left out); arguments as :func:`rendered`."""
     docs: list[dict[str, Any]] = []
-    for path, text in sorted(out.items()):
-        if path.endswith("NOTES.txt"):
-            continue
-        docs += [d for d in yaml.safe_load_all(text) if d]
+    for path, text in sorted(rendered(values, api_versions=api_versions).items()):
+        if not path.endswith("NOTES.txt"):
+            docs += [d for d in yaml.safe_load_all(text) if d]
     return docs
 
 
-def notes(values: dict[str, Any] | None = None) -> str:
+def notes(values: dict[str, Any] | None = None, *,
+          api_versions: list[str] | None = None) -> str:
     """The rendered NOTES.txt."""
-    chart = helm.Chart.load(CHART)
-    try:
-        out = chart.render(values or None, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    finally:
-        chart.close()
+    out = rendered(values, api_versions=api_versions)
     return next(text for path, text in out.items() if path.endswith("NOTES.txt"))
 
 

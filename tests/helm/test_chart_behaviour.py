@@ -24,6 +24,7 @@ from tests.helm.chart import (
     container,
     env_of,
     merged,
+    notes,
     render,
 )
 
@@ -151,6 +152,15 @@ def test_keda_authenticates_to_temporal_like_the_fleets(name: str, params: set[s
     for so in by_kind(docs, "ScaledObject").values():
         (trigger,) = so["spec"]["triggers"]
         assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+
+
+def test_auto_picks_keda_when_the_cluster_serves_it() -> None:
+    docs = render(api_versions=["keda.sh/v1alpha1"])  # autoscaling.mode: auto (default)
+    assert by_kind(docs, "HorizontalPodAutoscaler") == {}
+    scaled = by_kind(docs, "ScaledObject")
+    assert {so["spec"]["triggers"][0]["metadata"]["taskQueue"] for so in scaled.values()} == {
+        FLEET_QUEUES[f] for f in FLEETS}
+    assert "Scaling:   keda (KEDA's temporal scaler" in notes(api_versions=["keda.sh/v1alpha1"])
 
 
 def test_hpa_only_when_keda_is_absent() -> None:

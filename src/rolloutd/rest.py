@@ -457,7 +457,8 @@ def serve(address: str, store_url: str | None, host: str, port: int,
         protects="its task routes (submit, cancel, results) and backend calls")
 
     async def main() -> None:
-        client = await RolloutClient.connect(address, store_url=store_url)
+        client = await RolloutClient.connect(
+            address, namespace=settings.temporal_namespace, store_url=store_url)
         app = create_app(client, gateway_url=gateway_url, admin_token=admin_token,
                          callback_timeout_s=settings.callback_timeout_s,
                          token=settings.rest_token)

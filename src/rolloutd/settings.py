@@ -119,6 +119,9 @@ class GatewaySettings(CommonSettings):
         default=None, description="first backend registered at start (llama-server URL)"
     )
     backend_type: Literal["llama_cpp", "vllm", "sglang", "openai"] = "llama_cpp"
+    backend_policy_version: int = Field(
+        default=0, ge=0, description="policy version of the backend_url backends, stamped on "
+        "their completions until an admin changes it (the pool then belongs to the admin API)")
     model: str = Field(default="qwen2.5-coder-0.5b", description="model name or folder")
     capture_mode: Literal["tokens", "passthrough"] = "tokens"
     max_body_bytes: int = Field(default=16 * 2**20, ge=1024, description="request size limit")

@@ -205,11 +205,12 @@ class BackendPool(PoolHealth):
                       ctx_size: int | None = None, store: BlobStore | None = None
                       ) -> BackendPool:
         """The stored pool when an admin has managed it, else one backend per URL of
-        ``settings.backend_url`` (policy version 0, named by URL).
+        ``settings.backend_url`` (policy version ``settings.backend_policy_version``, named
+        by URL).
 
         Args:
-            settings: ``backend_url``, ``backend_type``, ``backend_timeout_s``,
-                ``backend_wait_s``, ``pool_refresh_s``.
+            settings: ``backend_url``, ``backend_type``, ``backend_policy_version``,
+                ``backend_timeout_s``, ``backend_wait_s``, ``pool_refresh_s``.
             transport: httpx transport for every backend client (tests).
             ctx_size: context window per sequence; None asks each backend.
             store: the blob store that keeps the pool (None: memory only).
@@ -232,7 +233,8 @@ class BackendPool(PoolHealth):
                        probe_transport=transport)
             log.info("backend_pool_loaded", num_backends=len(stored.backends))
             return pool
-        specs = [BackendSpec(name=url, type=settings.backend_type, url=url)
+        specs = [BackendSpec(name=url, type=settings.backend_type, url=url,
+                             policy_version=settings.backend_policy_version)
                  for url in backend_urls(settings.backend_url)]
         pool = cls((factory(spec) for spec in specs), store=store, factory=factory,
                    wait_s=settings.backend_wait_s, refresh_s=settings.pool_refresh_s,

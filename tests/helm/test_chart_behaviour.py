@@ -1,0 +1,290 @@
+"""What helm/rolloutd's manifests do: each fleet runs its own worker and is scaled on its own
+task queue (the queue names of rolloutd.task_queues), gateway pods get distinct host ids and
+addresses, secrets are referenced and never inlined, KEDA or the HPA fallback, PDBs and the
+drain's grace period, and every ROLLOUTD_* variable the chart sets is a real setting."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from typing import Any
+
+import pytest
+
+from rolloutd import settings as settings_mod
+from rolloutd.security.codec import parse_keys
+from rolloutd.task_queues import FLEET_QUEUES, host_queue
+from rolloutd.workflows import search
+from tests.helm.chart import (
+    FULLNAME,
+    NAMESPACE,
+    VALUE_SETS,
+    by_kind,
+    container,
+    env_of,
+    merged,
+    notes,
+    render,
+)
+
+pytestmark = pytest.mark.helm
+
+FLEETS = ["workflows", "sandbox", "gateway", "eval"]
+
+
+def workloads(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Deployments and StatefulSets by name."""
+    return {**by_kind(docs, "Deployment"), **by_kind(docs, "StatefulSet")}
+
+
+def test_each_fleet_runs_its_own_worker() -> None:
+    docs = render()
+    found = workloads(docs)
+    for fleet in FLEETS:
+        w = found[f"{FULLNAME}-{fleet}"]
+        assert w["kind"] == ("StatefulSet" if fleet == "gateway" else "Deployment")
+        assert container(w)["command"] == ["rolloutd", "worker", "--fleet", fleet]
+        probe = container(w)["readinessProbe"]["grpc"]  # rolloutd.workers.health's service
+        assert probe["service"] == FLEET_QUEUES[fleet]
+    rest = container(found[f"{FULLNAME}-rest"])
+    assert rest["command"][:2] == ["rolloutd", "rest"]
+    assert f"http://{FULLNAME}-gateway:8300" in rest["command"]
+
+
+def test_host_id_is_the_pod_name_and_gateway_pods_get_distinct_addresses() -> None:
+    docs = render(VALUE_SETS["dev"])
+    found = workloads(docs)
+    for fleet in FLEETS:
+        env = container(found[f"{FULLNAME}-{fleet}"])["env"]
+        names = [e["name"] for e in env]
+        # $(POD_NAME) expands only from a variable defined earlier in the list
+        assert names.index("POD_NAME") < names.index("ROLLOUTD_HOST_ID")
+        assert env[names.index("POD_NAME")]["valueFrom"] == {
+            "fieldRef": {"fieldPath": "metadata.name"}}
+        assert env[names.index("ROLLOUTD_HOST_ID")]["value"] == "$(POD_NAME)"
+
+    gateway = found[f"{FULLNAME}-gateway"]
+    headless = by_kind(docs, "Service")[gateway["spec"]["serviceName"]]
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"] == gateway["spec"]["selector"]["matchLabels"]
+    public = env_of(gateway)["ROLLOUTD_GATEWAY_PUBLIC_URL"]["value"]
+    # a StatefulSet's pods are {name}-{ordinal}: expand the env as the kubelet does
+    pods = [f"{gateway['metadata']['name']}-{i}" for i in range(gateway["spec"]["replicas"])]
+    urls = {public.replace("$(POD_NAME)", pod) for pod in pods}
+    queues = {host_queue("gateway", pod) for pod in pods}
+    assert len(urls) == len(queues) == len(pods) == 2
+    for pod in pods:
+        assert (f"http://{pod}.{headless['metadata']['name']}.{NAMESPACE}.svc:8300"
+                in urls)
+
+
+def test_secrets_are_referenced_never_inlined() -> None:
+    for name in ["default", "tls", "api-key", "s3", "observability"]:
+        docs = render(VALUE_SETS[name])
+        secret_values = [base64.b64decode(v).decode()
+                         for s in by_kind(docs, "Secret").values() for v in s["data"].values()]
+        assert secret_values
+        others = json.dumps([d for d in docs if d["kind"] != "Secret"])
+        for value in secret_values:
+            assert value not in others
+        for w in workloads(docs).values():
+            for e in container(w).get("env", []):
+                if re.search(r"TOKEN|KEY|PASSWORD|SECRET", e["name"]):
+                    assert "secretKeyRef" in e.get("valueFrom", {}), (name, e)
+
+
+def test_existing_secret_is_used_and_none_is_created() -> None:
+    docs = render(VALUE_SETS["existing-secret"])
+    assert by_kind(docs, "Secret") == {}
+    refs = {e["valueFrom"]["secretKeyRef"]["name"]
+            for w in workloads(docs).values() for e in container(w)["env"]
+            if "secretKeyRef" in e.get("valueFrom", {})}
+    assert refs == {"rolloutd-tokens"}
+
+
+def test_admin_token_reaches_only_the_gateway_and_rest() -> None:
+    found = workloads(render())
+    holders = {n.removeprefix(f"{FULLNAME}-") for n, w in found.items()
+               if "ROLLOUTD_ADMIN_TOKEN" in env_of(w)}
+    assert holders == {"gateway", "rest"}
+    assert "ROLLOUTD_REST_TOKEN" in env_of(found[f"{FULLNAME}-rest"])
+
+
+def test_generated_codec_key_is_one_rolloutd_accepts() -> None:
+    (secret,) = by_kind(render(), "Secret").values()
+    text = base64.b64decode(secret["data"]["codec-keys"]).decode()
+    [(key_id, key)] = parse_keys(text, source="chart")
+    assert key_id.startswith("key-helm-") and len(key) == 32
+
+
+def test_keda_scales_each_fleet_on_its_own_queue() -> None:
+    docs = render(VALUE_SETS["keda"])
+    scaled = by_kind(docs, "ScaledObject")
+    assert by_kind(docs, "HorizontalPodAutoscaler") == {}
+    assert set(scaled) == {f"{FULLNAME}-{f}" for f in FLEETS}
+    found = workloads(docs)
+    for fleet in FLEETS:
+        spec = scaled[f"{FULLNAME}-{fleet}"]["spec"]
+        target = found[spec["scaleTargetRef"]["name"]]
+        assert target["kind"] == spec["scaleTargetRef"]["kind"]
+        assert container(target)["command"][-1] == fleet
+        assert "replicas" not in target["spec"]  # the autoscaler owns it
+        assert spec["minReplicaCount"] >= 1  # DECISIONS ruling 1
+        (trigger,) = spec["triggers"]
+        assert trigger["type"] == "temporal"
+        meta = trigger["metadata"]
+        assert meta["taskQueue"] == FLEET_QUEUES[fleet]
+        assert meta["queueTypes"] == ("workflow" if fleet == "workflows" else "activity")
+        assert meta["endpoint"] == "temporal-frontend.temporal.svc.cluster.local:7233"
+        assert "authenticationRef" not in trigger
+        # the backlog omits running tasks: scale down slowly, one pod at a time
+        down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+        assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 300}]
+
+
+@pytest.mark.parametrize(("name", "params"), [
+    ("tls", {"cert", "key", "ca"}), ("api-key", {"apiKey"})])
+def test_keda_authenticates_to_temporal_like_the_fleets(name: str, params: set[str]) -> None:
+    docs = render(VALUE_SETS[name])
+    (auth,) = by_kind(docs, "TriggerAuthentication").values()
+    assert {r["parameter"] for r in auth["spec"]["secretTargetRef"]} == params
+    for so in by_kind(docs, "ScaledObject").values():
+        (trigger,) = so["spec"]["triggers"]
+        assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+
+
+def test_auto_picks_keda_when_the_cluster_serves_it() -> None:
+    docs = render(api_versions=["keda.sh/v1alpha1"])  # autoscaling.mode: auto (default)
+    assert by_kind(docs, "HorizontalPodAutoscaler") == {}
+    scaled = by_kind(docs, "ScaledObject")
+    assert {so["spec"]["triggers"][0]["metadata"]["taskQueue"] for so in scaled.values()} == {
+        FLEET_QUEUES[f] for f in FLEETS}
+    assert "Scaling:   keda (KEDA's temporal scaler" in notes(api_versions=["keda.sh/v1alpha1"])
+
+
+def test_hpa_only_when_keda_is_absent() -> None:
+    # helm template sees no keda.sh/v1alpha1 API: "auto" falls back to CPU HPAs
+    for name in ["default", "hpa"]:
+        docs = render(VALUE_SETS[name])
+        assert by_kind(docs, "ScaledObject") == {}
+        hpas = by_kind(docs, "HorizontalPodAutoscaler")
+        assert {f"{FULLNAME}-{f}" for f in FLEETS} <= set(hpas)
+        for hpa in hpas.values():
+            assert hpa["spec"]["minReplicas"] >= 1
+            assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+        for fleet in FLEETS:
+            down = hpas[f"{FULLNAME}-{fleet}"]["spec"]["behavior"]["scaleDown"]
+            assert down["stabilizationWindowSeconds"] == 600
+    off = render(VALUE_SETS["off"])
+    assert by_kind(off, "HorizontalPodAutoscaler") == by_kind(off, "ScaledObject") == {}
+    assert all(w["spec"]["replicas"] >= 1 for w in workloads(off).values())
+
+
+def test_pdbs_and_drain_grace_period() -> None:
+    docs = render(merged({"sandbox": {"terminationGracePeriodSeconds": 900}}))
+    pdbs = by_kind(docs, "PodDisruptionBudget")
+    found = workloads(docs)
+    for component in [*FLEETS, "rest"]:
+        pdb = pdbs[f"{FULLNAME}-{component}"]
+        labels = found[f"{FULLNAME}-{component}"]["spec"]["template"]["metadata"]["labels"]
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    grace = {n.removeprefix(f"{FULLNAME}-"): w["spec"]["template"]["spec"]
+             ["terminationGracePeriodSeconds"] for n, w in found.items()}
+    assert grace["sandbox"] == 900
+    assert grace["workflows"] == grace["gateway"] == grace["eval"] == 120
+
+
+def test_only_sandbox_pods_are_privileged() -> None:
+    found = workloads(render())
+    for name, w in found.items():
+        privileged = container(w).get("securityContext", {}).get("privileged", False)
+        assert privileged == name.endswith("-sandbox"), name
+    strict = workloads(render(VALUE_SETS["unprivileged"]))[f"{FULLNAME}-sandbox"]
+    assert container(strict)["securityContext"] == {
+        "capabilities": {"add": ["SYS_ADMIN"]}, "seccompProfile": {"type": "Unconfined"}}
+
+
+def test_every_rolloutd_variable_is_a_setting() -> None:
+    """The ConfigMap's and the pods' ROLLOUTD_* names are fields of the settings classes, and
+    the ConfigMap's values parse (a typo or a bad value would be ignored or refused at start)."""
+    classes = [settings_mod.GatewaySettings, settings_mod.SandboxSettings,
+               settings_mod.EvalSettings, settings_mod.RestSettings,
+               settings_mod.CodecServerSettings]
+    fields = {f"ROLLOUTD_{n.upper()}" for c in classes for n in c.model_fields}
+    for name in VALUE_SETS:
+        docs = render(VALUE_SETS[name])
+        data = by_kind(docs, "ConfigMap")[f"{FULLNAME}-config"]["data"]
+        names = set(data) | {e["name"] for w in workloads(docs).values()
+                             for e in container(w).get("env", [])
+                             if e["name"].startswith("ROLLOUTD_")
+                             and not e["name"].startswith("ROLLOUTD_ENGINE_")}
+        assert names - fields == set(), name
+        for cls in classes:
+            cls.model_validate({k.removeprefix("ROLLOUTD_").lower(): v for k, v in data.items()
+                                if k.removeprefix("ROLLOUTD_").lower() in cls.model_fields})
+
+
+def test_s3_store_takes_credentials_from_the_secret() -> None:
+    docs = render(VALUE_SETS["s3"])
+    config = by_kind(docs, "ConfigMap")[f"{FULLNAME}-config"]
+    assert config["data"]["ROLLOUTD_STORE_URL"] == "s3://rollouts/prod"
+    assert by_kind(docs, "PersistentVolumeClaim") == {}
+    for w in workloads(docs).values():
+        assert {"secretRef": {"name": "s3-creds"}} in container(w)["envFrom"]
+        assert "store" not in {v["name"] for v in w["spec"]["template"]["spec"].get("volumes", [])}
+
+
+def test_tls_files_come_from_the_secret_outside_etc() -> None:
+    docs = render(VALUE_SETS["tls"])
+    data = by_kind(docs, "ConfigMap")[f"{FULLNAME}-config"]["data"]
+    cert = data["ROLLOUTD_TEMPORAL_TLS_CERT"]
+    assert not cert.startswith("/etc/")  # bubblewrap binds /etc into every sandbox
+    for w in workloads(docs).values():
+        mount = next(m for m in container(w)["volumeMounts"] if m["name"] == "temporal-tls")
+        assert cert.startswith(mount["mountPath"] + "/") and mount["readOnly"]
+        vol = next(v for v in w["spec"]["template"]["spec"]["volumes"]
+                   if v["name"] == "temporal-tls")
+        assert vol["secret"]["secretName"] == "temporal-client"
+
+
+def test_dev_temporal_runs_with_rolloutds_search_attributes() -> None:
+    docs = render(VALUE_SETS["dev"])
+    dev = workloads(docs)[f"{FULLNAME}-temporal-dev"]
+    cmd = container(dev)["command"]
+    assert cmd[:3] == ["temporal", "server", "start-dev"]
+    attrs = dict(cmd[i + 1].split("=") for i, a in enumerate(cmd) if a == "--search-attribute")
+    assert attrs == search.DEFINITIONS
+    data = by_kind(docs, "ConfigMap")[f"{FULLNAME}-config"]["data"]
+    assert data["ROLLOUTD_TEMPORAL_ADDRESS"] == f"{FULLNAME}-temporal-dev:7233"
+    assert data["ROLLOUTD_BACKEND_URL"] == f"http://{FULLNAME}-engine:8400"
+    assert f"{FULLNAME}-engine" in by_kind(docs, "Service")
+
+
+def test_backends_reach_the_gateway_settings() -> None:
+    data = by_kind(render(VALUE_SETS["observability"]), "ConfigMap")[f"{FULLNAME}-config"]["data"]
+    gateway = settings_mod.GatewaySettings.model_validate(
+        {k.removeprefix("ROLLOUTD_").lower(): v for k, v in data.items()})
+    assert gateway.backend_url == "http://vllm-0.vllm:8000,http://vllm-1.vllm:8000"
+    assert (gateway.backend_type, gateway.backend_policy_version) == ("vllm", 3)
+    assert (gateway.gateway_host, gateway.gateway_port) == ("0.0.0.0", 8300)
+
+
+def test_no_rest_facade() -> None:
+    docs = render(VALUE_SETS["no-rest"])
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-rest")]
+
+
+def test_metrics_are_scraped_and_the_dashboard_ships() -> None:
+    docs = render(VALUE_SETS["observability"])
+    for w in workloads(docs).values():
+        if w["metadata"]["name"].split("-")[-1] in FLEETS:
+            annotations = w["spec"]["template"]["metadata"]["annotations"]
+            assert annotations["prometheus.io/port"] == "9300"
+    (monitor,) = by_kind(docs, "ServiceMonitor").values()
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    services = by_kind(docs, "Service")
+    for fleet in ["workflows", "sandbox", "eval"]:
+        assert services[f"{FULLNAME}-{fleet}-metrics"]["spec"]["ports"][0]["name"] == "metrics"
+    dashboard = by_kind(docs, "ConfigMap")[f"{FULLNAME}-dashboard"]
+    assert json.loads(dashboard["data"]["rolloutd.json"])["panels"]

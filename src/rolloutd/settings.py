@@ -95,9 +95,10 @@ class CommonSettings(BaseSettings):
         default=25.0, ge=0, le=3600, description="drain of a worker process on SIGTERM or "
         "SIGINT, s (Temporal's graceful_shutdown_timeout): it stops polling at once, hands a "
         "running harness back at once (the session starts a new attempt on another host), "
-        "and gives its other activities this long to finish before they are cancelled. 25 s "
-        "fits a pod's default terminationGracePeriodSeconds of 30; give the pod this plus "
-        "about 10 s for the runtimes' teardown (docs/faults.md)")
+        "and gives its other activities this long to finish before they are cancelled. A pod "
+        "needs terminationGracePeriodSeconds of this plus 15 s (the gateway's HTTP server "
+        "takes up to 10 s more; a sandbox host tears down what it held): 40 s by default, "
+        "more than Kubernetes' 30 (docs/faults.md)")
     metrics_port: int = Field(
         default=0, ge=0, le=65535, description="TCP port of the worker process's Prometheus "
         "metrics (rolloutd's and the Temporal SDK's, docs/metrics.md); 0: off. One port per "

@@ -69,8 +69,9 @@ class LocalStack:
             two workers never share one host id).
         restart_policy: backoff and restart limit.
         drain_s: bound on the fleets' drain when the stack stops, s (then SIGKILL): the
-            fleets' own grace (``ROLLOUTD_GRACEFUL_SHUTDOWN_S``, 25 s) plus 10 s for the
-            teardown of runtimes a sandbox host still held then (rolloutd.workers.drain).
+            fleets' own grace (``ROLLOUTD_GRACEFUL_SHUTDOWN_S``, 25 s) plus 15 s for the
+            gateway's HTTP server (up to 10 s) and the teardown of runtimes a sandbox host
+            still held then (rolloutd.workers.drain).
         model_file: GGUF the engine serves (None: the catalog model's); see :meth:`load_model`.
         policy_version: version of the weights in ``model_file``.
         metrics_port: first of the fleets' metrics ports (docs/metrics.md): fleet i of
@@ -94,7 +95,7 @@ class LocalStack:
     extra_env: dict[str, str] = field(default_factory=dict)
     supervise: bool = True
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
-    drain_s: float = 35.0
+    drain_s: float = 40.0
     model_file: Path | None = None
     policy_version: int = 0
     metrics_port: int = 0

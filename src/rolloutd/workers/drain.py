@@ -16,6 +16,12 @@ host does more, because a harness run may last far longer than any grace period:
    up to the grace period, so that collects and teardowns of sessions whose harness had
    already finished run here instead of waiting for a host that is gone;
 4. runtimes still held after the grace period are torn down, then its own queue stops.
+
+An activity of any fleet that is still running when the grace period ends is cancelled by the
+SDK and fails with a retryable ``ApplicationError`` of type ``WorkerShutdown`` (not as
+cancelled: tests/workers/test_drain_shutdown.py): Temporal retries it on another worker, and
+for a host-pinned one the session counts a lost host
+(:data:`rolloutd.workflows.outcome.HOST_LOST_ERRORS`).
 """
 
 from __future__ import annotations

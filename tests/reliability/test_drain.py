@@ -195,3 +195,32 @@ async def test_sigterm_evaluator_mid_batch(rig: Rig, tmp_path: Path):
         assert events.count(("start", s.session_id)) == 1, (s.session_id, events)
         assert events.count(("done", s.session_id)) == 1, (s.session_id, events)
     doctor.record("SIGTERM evaluator: exit", exit_s=round(exits[0], 2), ok=True)
+
+
+async def test_up_stop_drains_every_fleet_mid_batch(rig: Rig):
+    """``rolloutd up``'s Ctrl-C: its fleets get SIGTERM together through the function
+    ``LocalStack.stop`` uses (``stop_processes``, bounded by ``drain_s``) while sessions run.
+    Each drains and exits 0 with nothing SIGKILLed; once the fleets are back (the next
+    ``up``), every session completes: a Ctrl-C never ends a session."""
+    from rolloutd.stack.processes import stop_processes
+
+    fleets = ("workflows", "sandbox", "gateway", "eval")
+    stopped: dict[str, float] = {}
+
+    async def fault() -> None:
+        procs = [rig.stack.workers[f] for f in fleets]
+        t0 = time.monotonic()
+        killed = await asyncio.to_thread(stop_processes, procs, rig.stack.drain_s)
+        stopped["stop_s"] = time.monotonic() - t0
+        assert killed == [], killed
+        assert [p.returncode for p in procs] == [0] * len(procs)
+        for fleet in fleets:
+            rig.stack.start_worker(fleet)
+        await asyncio.to_thread(rig.stack.wait_gateway)
+
+    group = await run_batch_with_fault(rig, "drain-up", fault, calls_cut=True,
+                                       scenario="up's Ctrl-C: SIGTERM every fleet (drain)")
+    assert all(s.status == SessionStatus.COMPLETED and s.reward == 1.0 for s in group.sessions)
+    assert any(s.attempts for s in group.sessions)  # the running harnesses were handed back
+    doctor.record("up's Ctrl-C: fleets stopped", stop_s=round(stopped["stop_s"], 2),
+                  drain_s=rig.stack.drain_s, ok=True)

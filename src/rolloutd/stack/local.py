@@ -70,8 +70,8 @@ class LocalStack:
         restart_policy: backoff and restart limit.
         drain_s: bound on the fleets' drain when the stack stops, s (then SIGKILL): the
             fleets' own grace (``ROLLOUTD_GRACEFUL_SHUTDOWN_S``, 25 s) plus 15 s for the
-            gateway's HTTP server (up to 10 s) and the teardown of runtimes a sandbox host
-            still held then (rolloutd.workers.drain).
+            teardown of runtimes a sandbox host still held then, and the exit
+            (rolloutd.workers.drain).
         model_file: GGUF the engine serves (None: the catalog model's); see :meth:`load_model`.
         policy_version: version of the weights in ``model_file``.
         metrics_port: first of the fleets' metrics ports (docs/metrics.md): fleet i of

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import gc
 import importlib.util
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -123,6 +124,7 @@ async def run_fleet(
     # get this long to finish, then the SDK cancels them
     grace = timedelta(seconds=grace_s)
     cleanups: list[Any] = []
+    drain_began = [time.monotonic()]  # set again when the drain begins
     host: HostCapabilities | None = None  # what a sandbox or eval host publishes
     if fleet == "workflows":
         from rolloutd.activities.cancel import cancel_workflows
@@ -208,8 +210,10 @@ async def run_fleet(
                    activities=[acts.close_session, acts.build_trajectory],
                    activity_task_poller_behavior=TASK_POLLS, graceful_shutdown_timeout=grace),
         ]
-        # after the drain: harness calls in flight are answered (and recorded) first
-        cleanups.append(server.shutdown)
+        # after the drain: harness calls in flight are answered (and recorded) within what
+        # is left of the grace period (a call cut here was sampled for nothing)
+        cleanups.append(lambda: server.shutdown(timeout_s=max(
+            1.0, grace_s - (time.monotonic() - drain_began[0]))))
     elif fleet == "eval":
         from rolloutd.activities.evaluation import EvalActivities
         from rolloutd.activities.trainer_io import TrainerIOActivities
@@ -250,6 +254,7 @@ async def run_fleet(
         try:
             yield handle
         finally:
+            drain_began[0] = time.monotonic()
             if host is not None:
                 with contextlib.suppress(Exception):
                     await cleanups.pop()()

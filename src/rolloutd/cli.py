@@ -421,7 +421,8 @@ def _dispatch(argv: list[str] | None) -> int:
                   f"Store:       {stack.store_url}\n"
                   f"Logs:        {stack.logs}\n"
                   f"Status:      rolloutd status --home {stack.home}\n"
-                  f"Ctrl-C stops everything.", flush=True)
+                  f"Ctrl-C drains the fleets (no session ends) and stops everything.",
+                  flush=True)
             if (failure := stack.serve_forever()) is not None:  # a child's restart limit
                 raise SystemExit(f"rolloutd up: {failure}")
     elif args.command == "status":

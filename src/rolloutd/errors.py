@@ -143,6 +143,15 @@ class RuntimeNotFoundError(RolloutdError):
     """The runtime is not on this host (the host restarted); the session must start afresh."""
 
 
+class HostDrainingError(RolloutdError):
+    """The sandbox host is draining (its worker got SIGTERM or SIGINT): a harness run it held
+    is handed back and its runtime torn down, and the session treats this as a lost host
+    (a new attempt on another host, replaying the recorded calls; DECISIONS ruling 9). A
+    provisioning is retried on another host."""
+
+    retryable = True
+
+
 class HarnessError(RolloutdError):
     """A harness could not be configured or started."""
 

@@ -91,6 +91,14 @@ class CommonSettings(BaseSettings):
     temporal_api_key: str | None = Field(
         default=None, repr=False, description="API key sent to Temporal (Temporal Cloud); "
         "implies TLS")
+    graceful_shutdown_s: float = Field(
+        default=25.0, ge=0, le=3600, description="drain of a worker process on SIGTERM or "
+        "SIGINT, s (Temporal's graceful_shutdown_timeout): it stops polling at once, hands a "
+        "running harness back at once (the session starts a new attempt on another host), "
+        "and gives its other activities this long to finish before they are cancelled. A pod "
+        "needs terminationGracePeriodSeconds of this plus 15 s (a sandbox host then tears "
+        "down what it still held, and the process exits): 40 s by default, more than "
+        "Kubernetes' 30 (docs/faults.md)")
     metrics_port: int = Field(
         default=0, ge=0, le=65535, description="TCP port of the worker process's Prometheus "
         "metrics (rolloutd's and the Temporal SDK's, docs/metrics.md); 0: off. One port per "

@@ -29,14 +29,19 @@ from rolloutd.activities.models import (
     TeardownRuntimeInput,
     TeardownRuntimeOutput,
 )
-from rolloutd.errors import NotFoundError, RuntimeNotFoundError, to_application_error
+from rolloutd.errors import (
+    HostDrainingError,
+    NotFoundError,
+    RuntimeNotFoundError,
+    to_application_error,
+)
 from rolloutd.evaluators import CHECK_ARTIFACT, run_check
 from rolloutd.observability import metrics
 from rolloutd.proxy.liveness import Verdict
 from rolloutd.sandbox import reclaim
 from rolloutd.sandbox.artifacts import apply_patch, git_patch
 from rolloutd.sandbox.harnesses import HarnessContext, get_harness
-from rolloutd.sandbox.runtimes import Runtime, create_runtime
+from rolloutd.sandbox.runtimes import Runtime, RuntimeProcess, create_runtime
 from rolloutd.settings import SandboxSettings
 from rolloutd.store import BlobStore, CompletionLog, artifact_key
 from rolloutd.task_queues import host_queue
@@ -91,6 +96,11 @@ class SandboxActivities:
         #: called when a runtime is gone (torn down): the host has room for another
         #: (:class:`rolloutd.workers.capacity.RuntimeSlots`)
         self.on_runtime_gone: Callable[[], None] = lambda: None
+        #: set when the worker drains (SIGTERM): harness runs are handed back, runtimes
+        #: provisioned from then on are not kept (:meth:`start_drain`)
+        self.draining = asyncio.Event()
+        #: harness runs handed back by the drain
+        self.num_handed_back = 0
         metrics.watch_runtimes(self, settings.host_id)  # rolloutd_runtimes_alive, per scrape
 
     def reclaim(self) -> reclaim.ReclaimReport:
@@ -98,6 +108,28 @@ class SandboxActivities:
         (called once when the worker starts, before it polls; see :mod:`rolloutd.sandbox.reclaim`).
         """
         return reclaim.reclaim_orphans(self.root)
+
+    def start_drain(self) -> None:
+        """Begin the host's drain (DECISIONS ruling 9): each running harness is stopped within
+        a heartbeat (about 1 s), its runtime torn down, and its activity fails with
+        ``HostDrainingError``, which the session treats as a lost host (a new attempt on
+        another host, replaying the recorded calls); a provisioning that ends from now on
+        tears its runtime down and fails retryably (Temporal retries it on another host).
+        Collects and teardowns run on. Called by :func:`rolloutd.workers.drain.drain_fleet`.
+        """
+        if not self.draining.is_set():
+            log.info("host_draining", host_id=self.settings.host_id,
+                     num_runtimes=len(self.runtimes))
+        self.draining.set()
+
+    def _draining_error(self, what: str) -> HostDrainingError:
+        return HostDrainingError(f"sandbox host {self.settings.host_id} is draining "
+                                 f"(SIGTERM): {what}")
+
+    async def _hand_back(self, runtime_id: str) -> None:
+        """Tear a runtime down on the drain's behalf (the workflow's own teardown then finds
+        nothing: the host may have stopped polling by the time it is scheduled)."""
+        await self.teardown_runtime(TeardownRuntimeInput(runtime_id=runtime_id))
 
     def _runtime(self, runtime_id: str) -> Runtime:
         runtime = self.runtimes.get(runtime_id)
@@ -115,6 +147,8 @@ class SandboxActivities:
         t0 = time.monotonic()
         tag = "" if input.purpose == "session" else f"-{input.purpose[:8]}"
         runtime_id = f"{_short(input.session_id.replace('/', '.'))}{tag}-{uuid.uuid4().hex[:8]}"
+        if self.draining.is_set():
+            raise to_application_error(self._draining_error("provisioning refused"))
         try:
             # owned before it exists: a worker killed while provisioning leaves a record that
             # lets the next worker on this root reclaim the half-made runtime
@@ -127,6 +161,11 @@ class SandboxActivities:
             reclaim.release(self.root, runtime_id)
             raise to_application_error(e) from e
         self.runtimes[runtime_id] = runtime
+        if self.draining.is_set():
+            # its run would find this host gone: Temporal retries the provisioning elsewhere
+            await self._hand_back(runtime_id)
+            raise to_application_error(self._draining_error(
+                "runtime stopped after provisioning"))
         duration = time.monotonic() - t0
         log.info("runtime_started", runtime=input.runtime.type, runtime_id=runtime_id,
                  duration_s=round(duration, 4))
@@ -147,10 +186,19 @@ class SandboxActivities:
         for the gateway's ``backend_dead_after_s``, the harness is stopped
         (``backend_verdict``). The harness's whole process group is killed on timeout,
         cancellation or that verdict.
+
+        Raises:
+            ApplicationError: type ``HostDrainingError`` when the host drains (SIGTERM,
+                :meth:`start_drain`): the harness is stopped and its runtime torn down, and
+                the session starts a new attempt on another host.
         """
         structlog.contextvars.bind_contextvars(session_id=input.session_id,
                                                attempt=activity.info().attempt)
         try:
+            if self.draining.is_set():
+                await self._hand_back(input.runtime_id)
+                self.num_handed_back += 1
+                raise self._draining_error("harness run handed back before it started")
             runtime = self._runtime(input.runtime_id)
             adapter = get_harness(input.harness)
             # network `gateway`: the sandbox reaches only this session, at a loopback address
@@ -183,8 +231,12 @@ class SandboxActivities:
         signal_sent: int | None = None
         beats = num_completions = 0
         http = httpx.AsyncClient()
+        drained = False
         try:
             while True:
+                if self.draining.is_set():
+                    drained = True
+                    break
                 elapsed = time.monotonic() - t0
                 if elapsed >= timeout_s:
                     timed_out, timed_out_at = True, time.time()
@@ -219,6 +271,8 @@ class SandboxActivities:
             raise
         finally:
             await http.aclose()
+        if drained:
+            await self._drain_run(proc, input.runtime_id, time.monotonic() - t0)
         duration = time.monotonic() - t0
         out, err = _tail(stdout_path), _tail(stderr_path)
         stdout = _tail(stdout_path, 1 << 20)
@@ -238,6 +292,20 @@ class SandboxActivities:
                                              and exit_code < 0 else signal_sent),
                                 num_oom_kills=runtime.num_oom_kills,
                                 backend_verdict=backend_verdict)
+
+    async def _drain_run(self, proc: RuntimeProcess, runtime_id: str,
+                         elapsed_s: float) -> None:
+        """Stop a harness run because the host drains: the harness's process group gets
+        SIGTERM then SIGKILL (the cancellation's short grace), its runtime is torn down, and
+        ``HostDrainingError`` goes back to the session. Its completions are in the log
+        already (each is recorded before it is answered), so the next attempt replays them."""
+        await proc.terminate(grace_s=CANCEL_GRACE_S)
+        await self._hand_back(runtime_id)
+        self.num_handed_back += 1
+        log.warning("harness_handed_back", runtime_id=runtime_id,
+                    elapsed_s=round(elapsed_s, 3))
+        raise to_application_error(self._draining_error(
+            f"harness run handed back after {elapsed_s:.1f} s"))
 
     @activity.defn(name="collect_artifacts")
     async def collect_artifacts(self, input: CollectArtifactsInput) -> CollectArtifactsOutput:

@@ -68,7 +68,10 @@ class LocalStack:
         supervise: restart children that exit (off in tests that restart a fleet by hand, so
             two workers never share one host id).
         restart_policy: backoff and restart limit.
-        drain_s: bound on the fleets' drain when the stack stops, s (then SIGKILL).
+        drain_s: bound on the fleets' drain when the stack stops, s (then SIGKILL): the
+            fleets' own grace (``ROLLOUTD_GRACEFUL_SHUTDOWN_S``, 25 s) plus 15 s for the
+            teardown of runtimes a sandbox host still held then, and the exit
+            (rolloutd.workers.drain).
         model_file: GGUF the engine serves (None: the catalog model's); see :meth:`load_model`.
         policy_version: version of the weights in ``model_file``.
         metrics_port: first of the fleets' metrics ports (docs/metrics.md): fleet i of
@@ -92,7 +95,7 @@ class LocalStack:
     extra_env: dict[str, str] = field(default_factory=dict)
     supervise: bool = True
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
-    drain_s: float = 30.0
+    drain_s: float = 40.0
     model_file: Path | None = None
     policy_version: int = 0
     metrics_port: int = 0

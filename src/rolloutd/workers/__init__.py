@@ -9,7 +9,9 @@
 |           |                                             | generation I/O                       |
 
 Sandbox and eval hosts publish what they can run to the fleet registry once their workers poll
-(:mod:`rolloutd.workers.registry`), and withdraw it when they stop.
+(:mod:`rolloutd.workers.registry`), and withdraw it when they stop. On SIGTERM or SIGINT every
+fleet drains (:mod:`rolloutd.workers.drain`): it stops polling, a sandbox host hands its
+running harnesses back, and other activities get ``ROLLOUTD_GRACEFUL_SHUTDOWN_S`` to finish.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncio
 import contextlib
 import gc
 import importlib.util
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -45,6 +48,7 @@ from rolloutd.settings import (
 from rolloutd.store import BlobStore
 from rolloutd.task_queues import Fleet
 from rolloutd.workers.capacity import RuntimeSlots
+from rolloutd.workers.drain import drain_fleet
 from rolloutd.workers.health import serve_health
 
 log = structlog.get_logger(__name__)
@@ -110,9 +114,17 @@ async def run_fleet(
     Yields:
         A :class:`FleetHandle`; for the gateway, ``resources["gateway"]`` is the
         :class:`~rolloutd.proxy.gateway.Gateway` and ``resources["server"]`` its server handle.
+        When the block exits, the fleet drains (:func:`rolloutd.workers.drain.drain_fleet`,
+        bounded by ``settings.graceful_shutdown_s``) and ``resources["drain"]`` holds its
+        :class:`~rolloutd.workers.drain.DrainReport`; then what the fleet owns is stopped.
     """
     handle = FleetHandle(fleet=fleet, workers=[])
+    grace_s = (settings or CommonSettings()).graceful_shutdown_s
+    # Temporal's graceful_shutdown_timeout: activities still running when the drain began
+    # get this long to finish, then the SDK cancels them
+    grace = timedelta(seconds=grace_s)
     cleanups: list[Any] = []
+    drain_began = [time.monotonic()]  # set again when the drain begins
     host: HostCapabilities | None = None  # what a sandbox or eval host publishes
     if fleet == "workflows":
         from rolloutd.activities.cancel import cancel_workflows
@@ -140,6 +152,7 @@ async def run_fleet(
                         TenantActivities(client).request_tenant_slot],
             no_remote_activities=True,
             workflow_task_poller_behavior=TASK_POLLS,
+            graceful_shutdown_timeout=grace,
         ))
     elif fleet == "sandbox":
         from rolloutd.activities.sandbox import SandboxActivities
@@ -165,14 +178,16 @@ async def run_fleet(
                        activity_supplier=slots,
                        local_activity_supplier=FixedSizeSlotSupplier(1),
                        nexus_supplier=FixedSizeSlotSupplier(1)),
-                   max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE),
+                   max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+                   graceful_shutdown_timeout=grace),
             # every provisioned runtime needs a slot here for its run and then its teardown;
             # provisioning (above) is what bounds the number of runtimes
             Worker(client, task_queue=acts.host_queue,
                    activities=[acts.run_harness, acts.collect_artifacts, acts.teardown_runtime],
                    max_concurrent_activities=HOST_QUEUE_SLOTS,
                    activity_task_poller_behavior=TASK_POLLS,
-                   max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE),
+                   max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+                   graceful_shutdown_timeout=grace),
         ]
         cleanups.append(acts.stop_all)
     elif fleet == "gateway":
@@ -190,12 +205,15 @@ async def run_fleet(
             Worker(client, task_queue=task_queues.GATEWAY,
                    activities=[acts.open_session, acts.close_session, acts.build_trajectory,
                                acts.backend_health, acts.backend_capacity],
-                   activity_task_poller_behavior=TASK_POLLS),
+                   activity_task_poller_behavior=TASK_POLLS, graceful_shutdown_timeout=grace),
             Worker(client, task_queue=acts.host_queue,
                    activities=[acts.close_session, acts.build_trajectory],
-                   activity_task_poller_behavior=TASK_POLLS),
+                   activity_task_poller_behavior=TASK_POLLS, graceful_shutdown_timeout=grace),
         ]
-        cleanups.append(server.shutdown)
+        # after the drain: harness calls in flight are answered (and recorded) within what
+        # is left of the grace period (a call cut here was sampled for nothing)
+        cleanups.append(lambda: server.shutdown(timeout_s=max(
+            1.0, grace_s - (time.monotonic() - drain_began[0]))))
     elif fleet == "eval":
         from rolloutd.activities.evaluation import EvalActivities
         from rolloutd.activities.trainer_io import TrainerIOActivities
@@ -214,6 +232,7 @@ async def run_fleet(
                         gen.await_task, gen.write_generation_outputs],
             max_concurrent_activities=s.max_concurrent_evaluations,
             max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+            graceful_shutdown_timeout=grace,
         ))
         cleanups.append(io.aclose)
     else:
@@ -228,13 +247,23 @@ async def run_fleet(
             from rolloutd.workers.registry import publish, withdraw
 
             # published once polling: a task accepted on it finds a worker; withdrawn first
-            # at stop (cleanups run last-in first-out)
+            # at stop, before the drain
             await publish(client, host)
             published = host
             cleanups.append(lambda: withdraw(client, published))
         try:
             yield handle
         finally:
+            drain_began[0] = time.monotonic()
+            if host is not None:
+                with contextlib.suppress(Exception):
+                    await cleanups.pop()()
+            try:
+                handle.resources["drain"] = await drain_fleet(
+                    fleet, handle.workers, grace_s, handle.resources.get("activities")
+                    if fleet == "sandbox" else None)
+            except Exception as e:  # a process boundary: the cleanups below still run
+                log.error("fleet_drain_failed", fleet=fleet, error=repr(e))
             for cleanup in reversed(cleanups):
                 with contextlib.suppress(Exception):
                     await cleanup()
@@ -242,7 +271,8 @@ async def run_fleet(
 
 
 async def run_forever(fleet: Fleet, metrics_port: int | None = None) -> None:
-    """Entry point of ``rolloutd worker --fleet FLEET``: run until SIGINT/SIGTERM.
+    """Entry point of ``rolloutd worker --fleet FLEET``: run until SIGINT/SIGTERM, then drain
+    (:mod:`rolloutd.workers.drain`) and return (exit code 0).
 
     With ``ROLLOUTD_HEALTH_PORT`` set, the process also serves ``grpc.health.v1``
     (:mod:`rolloutd.workers.health`): SERVING while its workers poll, NOT_SERVING from the
@@ -261,8 +291,15 @@ async def run_forever(fleet: Fleet, metrics_port: int | None = None) -> None:
     client = await connect(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            log.info("drain_signal", fleet=fleet, signal=sig.name,
+                     grace_s=settings.graceful_shutdown_s)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     async with contextlib.AsyncExitStack() as stack:
         # exits in reverse: the fleet's workers drain first, while the health service already
         # answers NOT_SERVING, then the health service stops

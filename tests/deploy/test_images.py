@@ -80,7 +80,7 @@ def test_rolloutd_image_runs_the_cli_and_temporal(images: dict[str, str]) -> Non
     out = _podman("run", "--rm", images["rolloutd"], "sh", "-c", script).stdout
     assert out.startswith("rolloutd "), out
     assert "qwen2.5-coder-0.5b" in out and "temporal version" in out, out
-    assert "bubblewrap 0.7" in out, out
+    assert "bubblewrap 0." in out, out
     assert "\nv20." in out, out  # Node >= 20: bookworm's own nodejs is 18
     assert "fleets importable" in out, out
 

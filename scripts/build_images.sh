@@ -111,6 +111,15 @@ if ! exists "$ENGINE_TAG"; then
     || die "rolloutd models pull $MODEL failed"
   rm -rf "$CTX/model-$MODEL" && cp -a "$CACHE/models/$MODEL" "$CTX/model-$MODEL"
 fi
+# the catalog's tokenizers for the rolloutd image (the gateway renders chat templates with them)
+if ! exists "$RD_TAG"; then
+  ROLLOUTD_CACHE="$CACHE" "$VENV/bin/rolloutd" models pull qwen2.5-coder-0.5b smollm2-135m \
+    >/dev/null || die "rolloutd models pull failed"
+  rm -rf "$CTX/tokenizers"
+  for m in qwen2.5-coder-0.5b smollm2-135m; do
+    mkdir -p "$CTX/tokenizers/$m" && cp -a "$CACHE/models/$m/tokenizer" "$CTX/tokenizers/$m/"
+  done
+fi
 # rolloutd itself, from this checkout (the deps layers above stay cached when only code changes)
 if ! exists "$RD_TAG" || ! exists "$ENGINE_TAG"; then
   rm -rf "$CTX/app" && mkdir -p "$CTX/app"

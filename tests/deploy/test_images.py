@@ -76,13 +76,17 @@ def test_rolloutd_image_runs_the_cli_and_temporal(images: dict[str, str]) -> Non
     script = ("rolloutd --version && rolloutd --help >/dev/null && rolloutd models list && "
               "temporal --version && bwrap --version && node --version && "
               "python -c 'import rolloutd.workers, rolloutd.rest, rolloutd.proxy.gateway, "
-              "rolloutd.sandbox.runtimes.bwrap; print(\"fleets importable\")'")
+              "rolloutd.sandbox.runtimes.bwrap; print(\"fleets importable\")' && "
+              "python -c 'from rolloutd.engine.models import load_tokenizer as t; "
+              "print(\"tokenizer\", len(t(\"qwen2.5-coder-0.5b\")(\"def f():\").input_ids))'")
     out = _podman("run", "--rm", images["rolloutd"], "sh", "-c", script).stdout
     assert out.startswith("rolloutd "), out
     assert "qwen2.5-coder-0.5b" in out and "temporal version" in out, out
     assert "bubblewrap 0." in out, out
     assert "\nv20." in out, out  # Node >= 20: bookworm's own nodejs is 18
     assert "fleets importable" in out, out
+    # the gateway's chat template: the catalog's tokenizer without its weights or torch
+    assert "tokenizer " in out and "tokenizer 0" not in out, out
 
 
 def _npm_version(package: str) -> str:
@@ -105,8 +109,9 @@ def _tool_version(tool: str) -> str:
 ])
 def test_npm_harness_cli_answers_its_version(images: dict[str, str], command: str,
                                              package: str) -> None:
-    out = _podman("run", "--rm", images["rolloutd"],
-                  f"{NPM_PREFIX}/node_modules/.bin/{command}", "--version").stdout
+    result = _podman("run", "--rm", images["rolloutd"],
+                     f"{NPM_PREFIX}/node_modules/.bin/{command}", "--version")
+    out = result.stdout + result.stderr  # pi prints its version on stderr
     assert _npm_version(package) in out, out
 
 
@@ -125,7 +130,7 @@ def test_bubblewrap_sandboxes_a_harness_in_a_privileged_container(images: dict[s
     script = ("bwrap --unshare-all --die-with-parent --ro-bind /usr /usr --ro-bind /opt /opt "
               "--symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin "
               "--proc /proc --dev /dev --tmpfs /tmp "
-              f"sh -c 'echo pid $$; node {NPM_PREFIX}/node_modules/.bin/pi --version'")
+              f"sh -c 'echo pid $$; node {NPM_PREFIX}/node_modules/.bin/pi --version 2>&1'")
     out = _podman("run", "--rm", "--privileged", images["rolloutd"], "sh", "-c", script).stdout
     assert "pid 1\n" in out or "pid 2\n" in out, out  # its own PID namespace
     assert _npm_version("@mariozechner/pi-coding-agent") in out, out

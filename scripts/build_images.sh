@@ -135,8 +135,12 @@ build() {  # build TAG CONTAINERFILE [--build-arg ...]
     "$CTX" >/dev/null
   report "$tag" $((SECONDS - t0)) "built"
 }
-build "$RD_TAG" images/rolloutd/Containerfile
-build "$ENGINE_TAG" images/engine/Containerfile --build-arg MODEL="$MODEL"
+# what each bind-mounted install holds (a RUN's cache key does not see it otherwise)
+DEPS_HASH="$LOCK_HASH-$( (cat "$CTX"/engine/*.whl 2>/dev/null || true) | sha256sum | cut -c1-12)"
+build "$RD_TAG" images/rolloutd/Containerfile --build-arg DEPS_HASH="$DEPS_HASH" \
+  --build-arg APP_HASH="$SRC_HASH"
+build "$ENGINE_TAG" images/engine/Containerfile --build-arg DEPS_HASH="$DEPS_HASH" \
+  --build-arg APP_HASH="$SRC_HASH" --build-arg MODEL="$MODEL"
 
 echo "IMAGE_BASE=$BASE_TAG"
 echo "IMAGE_ROLLOUTD=$RD_TAG"

@@ -89,6 +89,22 @@ def test_rolloutd_image_runs_the_cli_and_temporal(images: dict[str, str]) -> Non
     assert "tokenizer " in out and "tokenizer 0" not in out, out
 
 
+_CODE_HASH = ("import hashlib, pathlib, rolloutd; root = pathlib.Path(rolloutd.__file__).parent; "
+              "h = hashlib.sha256(); "
+              "[h.update(p.relative_to(root).as_posix().encode() + p.read_bytes()) "
+              "for p in sorted(root.rglob('*.py'))]; print(h.hexdigest())")
+
+
+@pytest.mark.parametrize("image", ["rolloutd", "engine"])
+def test_images_hold_this_checkouts_code(images: dict[str, str], image: str) -> None:
+    """A cached layer must never keep older code (a bind-mounted install is cached on its
+    instruction's text and build arguments, not on the files it installs)."""
+    local = subprocess.run([sys.executable, "-c", _CODE_HASH], capture_output=True, text=True,
+                           check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    inside = _podman("run", "--rm", images[image], "python", "-c", _CODE_HASH).stdout
+    assert inside.strip() == local.stdout.strip()
+
+
 def _npm_version(package: str) -> str:
     lock = json.loads((ROOT / "images" / "rolloutd" / "package-lock.json").read_text())
     return lock["packages"][f"node_modules/{package}"]["version"]

@@ -8,8 +8,8 @@
 #                                          harness CLIs (npm and Python), bubblewrap, temporal
 #   localhost/rolloutd-engine:HASH         llama-server and one catalog model (MODEL)
 #
-# HASH is the sha256 (12 hex) of uv.lock, pyproject.toml, images/, this script and src/: an
-# image whose tag exists is not built again. Every Python package comes from uv.lock (frozen):
+# HASH is the sha256 (12 hex) of the base image's name, uv.lock, pyproject.toml, images/, this
+# script and src/: an image whose tag exists is not built again. Every Python package comes from uv.lock (frozen):
 # the wheels are made on the host (pip wheel, pip's cache) and installed inside the build with
 # --no-index, so a build needs no network and no certificate of the host's inside; the harness
 # CLIs are installed from the lock files under images/rolloutd (npm ci, tool-*.txt). llama-server
@@ -43,12 +43,13 @@ for tool in podman npm; do
 done
 [ -x "$VENV/bin/uv" ] || die "$VENV/bin/uv not found: run scripts/setup.sh or set ROLLOUTD_VENV"
 
-hash_of() { sha256sum "$@" | sha256sum | cut -c1-12; }
 LOCK_HASH=$( { echo "$CONTEXT_VERSION"; cat uv.lock images/rolloutd/package-lock.json \
   images/rolloutd/tool-*.txt; } | sha256sum | cut -c1-12)
-SRC_HASH=$(hash_of uv.lock pyproject.toml scripts/build_images.sh \
-  $(find images src -type f ! -name '*.pyc' ! -path '*__pycache__*' | LC_ALL=C sort))
-BASE_TAG="localhost/rolloutd-base:bookworm-$(printf '%s' "$BASE_PACKAGES" | sha256sum | cut -c1-12)"
+BASE_TAG="${BASE_IMAGE:-localhost/rolloutd-base:bookworm-$(printf '%s' "$BASE_PACKAGES" \
+  | sha256sum | cut -c1-12)}"
+SRC_HASH=$( { echo "$BASE_TAG"; sha256sum uv.lock pyproject.toml scripts/build_images.sh \
+  $(find images src -type f ! -name '*.pyc' ! -path '*__pycache__*' | LC_ALL=C sort); } \
+  | sha256sum | cut -c1-12)
 RD_TAG="localhost/rolloutd:$SRC_HASH"
 ENGINE_TAG="localhost/rolloutd-engine:$SRC_HASH-$MODEL"
 
@@ -61,7 +62,7 @@ report() {  # report TAG SECONDS WHAT
 
 # --- base -------------------------------------------------------------------------------------
 if [ -n "${BASE_IMAGE:-}" ]; then
-  BASE_TAG="$BASE_IMAGE"
+  :  # pulled by podman build
 elif exists "$BASE_TAG"; then
   report "$BASE_TAG" 0 "cached"
 else

@@ -99,7 +99,7 @@ if [ ! -f "$CTX/.complete" ] && { ! exists "$RD_TAG" || ! exists "$ENGINE_TAG"; 
   # npm install on the lock, not npm ci: a lock resolved on one platform lacks the other
   # platforms' optional packages (opencode-*, clipboard-*) and npm ci refuses it; install keeps
   # every version the lock has
-  npm install --loglevel=error --no-fund --no-audit --prefix "$CTX/npm"
+  npm install --loglevel=error --no-fund --no-audit --prefix "$CTX/npm" >/dev/null
   cmp -s images/rolloutd/package-lock.json "$CTX/npm/package-lock.json" \
     || die "npm changed images/rolloutd/package-lock.json's versions: regenerate it"
   touch "$CTX/.complete"

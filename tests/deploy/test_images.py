@@ -214,3 +214,46 @@ def test_engine_image_serves_its_model_and_the_control_interface(
                        json={"model_file": model, "policy_version": 0})
     assert older.status_code == 409, older.text
 
+
+
+def test_a_fleet_runs_against_the_images_temporal_dev_server_in_a_pod(
+        images: dict[str, str]) -> None:
+    """One pod (shared network namespace, as `podman kube play` makes): the image's
+    ``temporal server start-dev`` with rolloutd's search attributes (the chart's dev mode) and
+    the workflows and eval fleets polling it."""
+    pod = f"rolloutd-test-{uuid.uuid4().hex[:8]}"
+    dev = ("exec $(python -c 'from rolloutd.stack.processes import TemporalDevServer as T; "
+           "print(\" \".join(T(host=\"0.0.0.0\", port=7233, ui_port=8233, "
+           "headless=True).command()))')")
+    env = ["-e", "ROLLOUTD_TEMPORAL_ADDRESS=localhost:7233",
+           "-e", "ROLLOUTD_STORE_URL=/var/lib/rolloutd/store"]
+    _podman("pod", "create", "--name", pod)
+    try:
+        _podman("run", "-d", "--pod", pod, "--name", f"{pod}-temporal", images["rolloutd"],
+                "sh", "-c", dev)
+        # a worker does not wait for Temporal at start (in a cluster its pod restarts)
+        deadline = time.monotonic() + 120
+        while "SERVING" not in _podman("exec", f"{pod}-temporal", "temporal", "operator",
+                                       "cluster", "health", "--address", "localhost:7233",
+                                       check=False).stdout:
+            assert time.monotonic() < deadline, "the dev server did not serve within 120 s"
+            time.sleep(2)
+        for fleet in ("workflows", "eval"):
+            _podman("run", "-d", "--pod", pod, "--name", f"{pod}-{fleet}", *env,
+                    images["rolloutd"], "rolloutd", "worker", "--fleet", fleet)
+        deadline = time.monotonic() + 120
+        logs: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            logs = {fleet: (lambda r: r.stdout + r.stderr)(
+                        _podman("logs", f"{pod}-{fleet}", check=False))
+                    for fleet in ("workflows", "eval")}
+            if all('"fleet_started"' in text for text in logs.values()):
+                break
+            time.sleep(2)
+        assert all('"fleet_started"' in text for text in logs.values()), logs
+        # still polling after starting: a refused connection would have ended the process
+        time.sleep(3)
+        running = _podman("ps", "--filter", f"pod={pod}", "--format", "{{.Names}}").stdout
+        assert f"{pod}-workflows" in running and f"{pod}-eval" in running, (running, logs)
+    finally:
+        _podman("pod", "rm", "-f", "-t", "5", pod, check=False)

@@ -31,6 +31,18 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-headless-shell
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq chromium >/dev/null
 fi
+# container images and the pod test (scripts/build_images.sh, tests/deploy): podman with runc
+# (crun refuses here: cgroups in hybrid mode), buildah, and mmdebstrap for a local base image
+if ! command -v podman >/dev/null 2>&1 || ! command -v mmdebstrap >/dev/null 2>&1; then
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq podman runc buildah mmdebstrap >/dev/null
+fi
+# podman run: no default ulimits (raising RLIMIT_NPROC is not permitted here), runc as runtime
+if [ ! -f /etc/containers/containers.conf ]; then
+  $SUDO mkdir -p /etc/containers
+  printf '[containers]\ndefault_ulimits = []\n\n[engine]\nruntime = "runc"\n' \
+    | $SUDO tee /etc/containers/containers.conf >/dev/null
+fi
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"

@@ -122,7 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
     engine = _sub(sub, "engine", "run llama-server on a catalog model")
     engine.add_argument("--model", default="qwen2.5-coder-0.5b",
                         help="catalog model (rolloutd models list)")
-    engine.add_argument("--port", type=int, default=8400, help="TCP port on 127.0.0.1")
+    engine.add_argument("--host", default="127.0.0.1",
+                        help="bind address of llama-server and of the control port (0.0.0.0 "
+                        "in a container)")
+    engine.add_argument("--port", type=int, default=8400, help="llama-server's TCP port")
+    engine.add_argument("--control-port", type=int, default=0,
+                        help="serve the engine control interface (GET /engine, POST "
+                        "/engine/load; rolloutd.engine.control) on this port, with bearer "
+                        "$ROLLOUTD_ENGINE_CONTROL_TOKEN; 0, or the variable unset: off")
     engine.add_argument("--parallel", type=int, default=4,
                         help="llama-server slots: requests decoded at once")
     engine.add_argument("--ctx-size", type=int, default=32768,
@@ -377,10 +384,21 @@ def _dispatch(argv: list[str] | None) -> int:
     elif args.command == "engine":
         from rolloutd.engine.server import LlamaServer
 
-        with LlamaServer(args.model, port=args.port, parallel=args.parallel,
+        from rolloutd.engine.control import EngineControlServer
+
+        token = os.environ.get("ROLLOUTD_ENGINE_CONTROL_TOKEN")
+        with LlamaServer(args.model, host=args.host, port=args.port, parallel=args.parallel,
                          ctx_size=args.ctx_size) as srv:
             print(f"llama-server on {srv.url} serving {srv.files.served_name}", flush=True)
-            _wait_for_signal()
+            if args.control_port and token:
+                with EngineControlServer(srv, token=token, host=args.host,
+                                         port=args.control_port) as control:
+                    print(f"engine control on {control.url}", flush=True)
+                    _wait_for_signal()
+            else:
+                print("engine control off (needs --control-port and "
+                      "ROLLOUTD_ENGINE_CONTROL_TOKEN)", flush=True)
+                _wait_for_signal()
     elif args.command == "models":
         from rolloutd.engine.models import CATALOG, pull_model
 

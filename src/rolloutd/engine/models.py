@@ -247,6 +247,9 @@ def pull_model(name: str, cache: Path | None = None) -> ModelFiles:
 def load_tokenizer(name_or_path: str):  # -> transformers.PreTrainedTokenizerBase
     """Load a tokenizer by catalog name (pulling it if needed) or from a folder.
 
+    A catalog model's saved tokenizer folder is enough: a worker (the rolloutd image) carries
+    the catalog's tokenizers without their weights, and saving a tokenizer needs torch.
+
     Args:
         name_or_path: a catalog name or a folder with a saved tokenizer.
 
@@ -256,7 +259,9 @@ def load_tokenizer(name_or_path: str):  # -> transformers.PreTrainedTokenizerBas
     from transformers import AutoTokenizer
 
     if name_or_path in CATALOG:
-        path = pull_model(name_or_path).tokenizer
+        saved = model_files(name_or_path).tokenizer
+        path = (saved if (saved / "tokenizer_config.json").is_file()
+                else pull_model(name_or_path).tokenizer)
     else:
         path = Path(name_or_path)
     return AutoTokenizer.from_pretrained(str(path))

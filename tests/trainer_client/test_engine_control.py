@@ -70,27 +70,14 @@ async def test_the_gateway_reloads_the_local_engine_on_the_trainers_gguf(
         tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("gguf")
-    from transformers import AutoModelForCausalLM
-
-    from rolloutd.engine.models import pull_model
-    from rolloutd.engine.server import LlamaServer, llama_server_binary
-    from rolloutd.errors import ConfigError
+    from rolloutd.engine.server import LlamaServer
     from rolloutd.trainer_client.gguf_export import export_gguf
     from rolloutd.trainer_client.probe import probe
+    from tests.support.trainer_model import load_trainer_model
 
-    try:
-        llama_server_binary()
-    except ConfigError as e:
-        pytest.skip(f"llama-server not available: {e}")
-    torch.manual_seed(0)
-    torch.set_num_threads(2)
-    files = pull_model(MODEL)
-    tokenizer = load_tokenizer(MODEL)
-    model = AutoModelForCausalLM.from_pretrained(str(files.folder), gguf_file=files.gguf.name,
-                                                 torch_dtype=torch.float32)
-    probe_ids = tokenizer.encode(tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Name three colours."}], add_generation_prompt=True,
-        tokenize=False), add_special_tokens=False)
+    trainer = load_trainer_model(MODEL)
+    files, tokenizer, model = trainer.files, trainer.tokenizer, trainer.model
+    probe_ids = trainer.chat_ids("Name three colours.")
     start = export_gguf(model.state_dict(), files.gguf, tmp_path / "policy-0.gguf")
     engine = LlamaServer(dataclasses.replace(files, gguf=start), parallel=1, ctx_size=2048,
                          log_path=tmp_path / "engine.log").start(timeout_s=180)

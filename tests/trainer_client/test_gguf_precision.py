@@ -4,8 +4,8 @@ SmolLM2-135M takes 3 Adam steps (lr 1e-5, as the closed-loop example) toward a r
 probe prompt, then the same weights are exported as F32 and as F16 and each is served by a real
 llama-server. F32 keeps the engine at the trainer's logprobs (the compute floor, about 0.001
 nats); F16 leaves it behind by the part of the update smaller than half an F16 ULP, 30-50x
-more (0.038 and 0.074 nats measured on two prompts). The test pins both: a regression to F16 by default, or an export
-that loses the update, fails it.
+more (0.038 and 0.074 nats measured on two prompts). The test pins both: a regression to F16
+by default, or an export that loses the update, fails it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ pytest.importorskip("gguf")
 
 from rolloutd.trainer_client.gguf_export import export_gguf  # noqa: E402
 from rolloutd.trainer_client.probe import probe  # noqa: E402
+from tests.support.trainer_model import load_trainer_model  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -30,27 +31,13 @@ F32_FLOOR = 0.005
 
 @pytest.mark.timeout(900)
 def test_f32_keeps_a_small_update_that_f16_rounds_away(tmp_path: Path) -> None:
-    from transformers import AutoModelForCausalLM
+    from rolloutd.engine.server import LlamaServer
 
-    from rolloutd.engine.models import load_tokenizer, pull_model
-    from rolloutd.engine.server import LlamaServer, llama_server_binary
-    from rolloutd.errors import ConfigError
-
-    try:
-        llama_server_binary()
-    except ConfigError as e:
-        pytest.skip(f"llama-server not available: {e}")
-    torch.manual_seed(0)
-    torch.set_num_threads(2)
-    files = pull_model(MODEL)
-    tokenizer = load_tokenizer(MODEL)
-    model = AutoModelForCausalLM.from_pretrained(str(files.folder), gguf_file=files.gguf.name,
-                                                 torch_dtype=torch.float32)
-    prompt = tokenizer.encode(tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Describe the ocean in one word."}],
-        add_generation_prompt=True, tokenize=False), add_special_tokens=False)
-    reply = tokenizer.encode(" Blue waves whisper secrets to the moonlit shore, endlessly.",
-                             add_special_tokens=False)
+    trainer = load_trainer_model(MODEL)
+    files, model = trainer.files, trainer.model
+    prompt = trainer.chat_ids("Describe the ocean in one word.")
+    reply = trainer.tokenizer.encode(" Blue waves whisper secrets to the moonlit shore, "
+                                     "endlessly.", add_special_tokens=False)
     ids = torch.tensor([prompt + reply])
     labels = torch.tensor([[-100] * len(prompt) + reply])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)

@@ -2,9 +2,9 @@
 step in PyTorch, GGUF export, weight sync, and again.
 
 After each sync the engine's greedy logprobs of a probe prompt equal the trainer's within
-``TOLERANCE`` (the F32 export's floor: about 0.001 nats mean on SmolLM2-135M), and the next completion
-carries the step's policy version. The engine here is a separate llama-server on SmolLM2-135M
-(the one test that reloads weights has its own engine); the gateway runs in-process.
+``TOLERANCE`` (the F32 export's floor: about 0.001 nats mean on SmolLM2-135M), and the next
+completion carries the step's policy version. The engine here is a separate llama-server on
+SmolLM2-135M (the one test that reloads weights has its own engine); the gateway runs in-process.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ pytest.importorskip("gguf")
 from rolloutd.trainer_client.gguf_export import export_gguf  # noqa: E402
 from rolloutd.trainer_client.probe import probe  # noqa: E402
 from rolloutd.trainer_client.weight_sync import EngineLoader, WeightSync  # noqa: E402
+from tests.support.trainer_model import load_trainer_model  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -42,26 +43,12 @@ SAMPLING = SamplingParams(max_tokens=12, temperature=1.0)
 
 @pytest.mark.timeout(900)
 async def test_each_sync_serves_the_trainers_weights_and_version(tmp_path: Path) -> None:
-    from transformers import AutoModelForCausalLM
+    from rolloutd.engine.server import LlamaServer
 
-    from rolloutd.engine.models import load_tokenizer, pull_model
-    from rolloutd.engine.server import LlamaServer, llama_server_binary
-    from rolloutd.errors import ConfigError
-
-    try:
-        llama_server_binary()
-    except ConfigError as e:
-        pytest.skip(f"llama-server not available: {e}")
-    torch.manual_seed(0)
-    torch.set_num_threads(2)
-    files = pull_model(MODEL)
-    tokenizer = load_tokenizer(MODEL)
-    model = AutoModelForCausalLM.from_pretrained(str(files.folder), gguf_file=files.gguf.name,
-                                                 torch_dtype=torch.float32)
+    trainer = load_trainer_model(MODEL)
+    files, tokenizer, model = trainer.files, trainer.tokenizer, trainer.model
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    probe_ids = tokenizer.encode(tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Name three colours."}], add_generation_prompt=True,
-        tokenize=False), add_special_tokens=False)
+    probe_ids = trainer.chat_ids("Name three colours.")
 
     start = export_gguf(model.state_dict(), files.gguf, tmp_path / "policy-0.gguf")
     engine = LlamaServer(dataclasses.replace(files, gguf=start), parallel=1, ctx_size=2048,

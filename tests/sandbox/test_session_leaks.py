@@ -123,7 +123,10 @@ async def test_200_sessions_leave_no_process_mount_cgroup_or_folder(tmp_path):
                for i, line in enumerate(calls))
     after = (mount_counts(), cgroup_dirs(), len(os.listdir("/proc/self/fd")))
     assert rolloutd_processes() == []
-    assert after[:2] == before[:2], (before, after)  # mounts (own, pid 1), cgroup folders
+    # mounts (own, pid 1) and cgroup folders: a leak adds one; other processes on the machine
+    # (a podman build) may remove one of theirs meanwhile, so fewer is not a leak
+    assert after[0][0] <= before[0][0] and after[0][1] <= before[0][1], (before, after)
+    assert after[1] <= before[1], (before, after)
     assert after[2] <= before[2], (before, after)  # no file descriptor leaked (netns fds)
     # the runtime root keeps only its ownership bookkeeping folder, with no owner left in it
     root = tmp_path / "runtimes"

@@ -52,18 +52,27 @@ class Page:
         """The page's visible text (``document.body.innerText``)."""
         return await self.evaluate("document.body ? document.body.innerText : ''") or ""
 
-    async def wait_for_text(self, *needles: str, timeout_s: float = 60.0) -> str:
+    async def wait_for_text(self, *needles: str, timeout_s: float = 60.0,
+                            max_reloads: int = 3) -> str:
         """Poll the page's text until it holds every needle; returns the text.
+
+        A page that shows the Temporal UI's error screen ("Uh oh. There's an error.", after a
+        500 from one of its API calls; seen once on a loaded machine) is reloaded, at most
+        ``max_reloads`` times, as a person would.
 
         Raises:
             AssertionError: the deadline passed; the message holds the page's last text.
         """
         deadline = time.monotonic() + timeout_s
         text = ""
+        reloads = 0
         while time.monotonic() < deadline:
             text = await self.text()
             if all(n in text for n in needles):
                 return text
+            if "Uh oh. There's an error." in text and reloads < max_reloads:
+                reloads += 1
+                await self.call("Page.reload", ignoreCache=True)
             await asyncio.sleep(0.5)
         raise AssertionError(f"page never showed {needles}; its text:\n{text[:3000]}")
 

@@ -47,10 +47,12 @@ async def test_zero_variance_and_stale_groups_drop_running_tasks_carry_over(flee
         assert [g.group.task_id for g in batch.groups] == [f"b-{u}"]
         assert sorted(rewards(batch)[0]) == [0.0, 0.0, 0.0, 1.0]
         assert batch.groups[0].policy_version == 0
+        # C and E are still running after the hand-out: they carry into the next step (E may
+        # start after the take: staleness admission holds 2 groups ready or running here)
         stats = await poll(buffer.stats, lambda s: any(
-            d.task_id == f"a-{u}" for d in s.dropped), what="A dropped")
+            d.task_id == f"a-{u}" for d in s.dropped) and len(s.running) == 2,
+            what="A dropped, C and E running")
         assert [(d.task_id, d.reason) for d in stats.dropped] == [(f"a-{u}", "zero_variance")]
-        # C and E are still running after the hand-out: they carry into the next step
         assert {r.task_id for r in stats.running} == {f"c-{u}", f"e-{u}"}
         assert stats.source_exhausted and stats.state_counters["cursor"] == 4
         assert (await buffer.ack(batch.batch_id)).num_groups == 1
@@ -160,3 +162,46 @@ async def test_an_incomplete_group_is_handed_out_or_dropped_as_configured(fleets
     finally:
         await keep.close()
         await drop.close()
+
+
+async def test_staleness_admission_starts_no_task_that_would_go_stale(fleets, tmp_path):
+    """With ``max_staleness`` 0 and batches of 1 group, once the trainer has taken a batch the
+    buffer holds at most one group ready or running (AReaL's staleness control): one task at a
+    time starts, and after the policy moves the batch it gives was sampled by the new policy.
+    Without admission, every pushed task starts whatever the trainer does."""
+    u = uuid.uuid4().hex[:6]
+    client = RolloutClient(fleets.client)
+    tasks = [local_task(f"s{i}-{u}", first_wins(tmp_path / f"s{i}")) for i in range(6)]
+    buffer = await client.create_buffer({"buffer_id": f"adm-{u}", "num_in_flight": 4,
+                                         "num_samples": 2, "max_staleness": 0})
+    try:
+        await buffer.push(tasks)
+        batch = await buffer.take(1, timeout_s=120)
+        assert batch.groups[0].policy_version == 0
+        await buffer.ack(batch.batch_id)
+        await buffer.set_policy_version(1)
+        # the take set the bound to 1 group: one more task started at version 0 (its group is
+        # dropped as stale once the policy moves), then one at version 1
+        stats = await poll(buffer.stats, lambda s: s.num_ready == 1 and not s.running,
+                           timeout_s=120, what="one version-1 group ready")
+        assert stats.state_counters["num_started"] == 3, stats.state_counters
+        assert stats.num_pending == 3 and stats.state_counters["batch_groups"] == 1
+        assert stats.state_counters["num_dropped_stale"] == 1
+        batch = await buffer.take(1, timeout_s=60)
+        assert batch.groups[0].policy_version == 1 and batch.policy_version == 1
+        await buffer.ack(batch.batch_id)
+    finally:
+        await buffer.close()
+
+    free = await client.create_buffer({"buffer_id": f"free-{u}", "num_in_flight": 4,
+                                       "num_samples": 2, "max_staleness": 0,
+                                       "staleness_admission": False})
+    try:
+        await free.push([{**t, "task_id": "f" + t["task_id"]} for t in tasks])
+        batch = await free.take(1, timeout_s=120)
+        await free.ack(batch.batch_id)
+        stats = await poll(free.stats, lambda s: s.state_counters["num_started"] == 6,
+                           timeout_s=120, what="every pushed task started")
+        assert stats.num_pending == 0
+    finally:
+        await free.close()

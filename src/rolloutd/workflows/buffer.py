@@ -8,6 +8,8 @@ nothing:
 - it keeps ``num_in_flight`` tasks running (``RolloutTaskWorkflow`` children, ``ABANDON``ed on
   continue-as-new) from a task source: tasks pushed by the trainer, then rows of a JSONL /
   Parquet file read in chunks by the ``read_task_chunk`` activity (eval fleet), with a cursor;
+  with ``max_staleness`` set it starts no task whose group would go stale before a take could
+  reach it (``staleness_admission``, AReaL's staleness control);
 - each task signals ``group_finished`` with its group; the group is stamped with the buffer's
   policy version at the task's start; zero-variance groups (DAPO, over the scored sessions
   only: :func:`rolloutd.scoring.scored_rewards`), groups more than ``max_staleness`` versions
@@ -68,6 +70,8 @@ SOURCE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coeffi
                            maximum_interval=timedelta(seconds=30), maximum_attempts=5)
 #: patch id: the in-flight target follows the observed capacity (adapt_in_flight)
 ADAPT_IN_FLIGHT = "buffer-adapt-in-flight"
+#: patch id: no task starts past the staleness bound (staleness_admission)
+STALENESS_ADMISSION = "buffer-staleness-admission"
 #: how many acked batch ids and dropped groups the state remembers (bounded history).
 MAX_REMEMBERED = 1000
 
@@ -156,7 +160,7 @@ class RolloutBufferWorkflow:
             num_in_flight = self._s.in_flight_target = buffer_capacity.target(
                 cfg.num_in_flight, cfg.num_samples or 1, self._s.observed_sessions)
         while (not self._s.closed and not self._draining
-               and len(self._s.running) < num_in_flight):
+               and len(self._s.running) < num_in_flight and not self._admission_full()):
             if self._s.pushed:
                 await self._start(self._s.pushed.pop(0))
                 continue
@@ -180,6 +184,21 @@ class RolloutBufferWorkflow:
                     workflow.logger.warning("task source row skipped: %s", error)
                 continue
             await self._start(self._s.pending.pop(0))
+
+    def _admission_full(self) -> bool:
+        """Whether a new task's group could go stale before a take reaches it (see
+        ``BufferConfig.staleness_admission``).
+
+        Takes hand out the oldest ready groups first, B per policy version at most, so the
+        ``(max_staleness + 1) x B`` groups ready or running now are all taken within the next
+        ``max_staleness + 1`` versions.
+        """
+        cfg = self._config
+        if (cfg.max_staleness is None or not cfg.staleness_admission
+                or not self._s.batch_groups or not workflow.patched(STALENESS_ADMISSION)):
+            return False
+        queued = len(self._s.ready) + len(self._s.running)
+        return queued >= (cfg.max_staleness + 1) * self._s.batch_groups
 
     async def _start(self, task: TaskRequest) -> None:
         cfg = self._config
@@ -314,6 +333,9 @@ class RolloutBufferWorkflow:
         ``num_groups`` asks: the trainer that lost it gets the very same groups again.
         """
         deadline = workflow.now().timestamp() + input.timeout_s
+        if input.num_groups > self._s.batch_groups:
+            self._s.batch_groups = input.num_groups
+            self._dirty = True  # the admission bound moved: refill
 
         def servable() -> bool:
             return (self._draining or self._s.closed or bool(self._s.reoffer)
@@ -417,7 +439,8 @@ class RolloutBufferWorkflow:
         s = self._s
         counters = {k: v for k, v in s.model_dump().items()
                     if isinstance(v, int) and (k.startswith("num_")
-                                               or k in ("cursor", "next_batch"))}
+                                               or k in ("cursor", "next_batch",
+                                                        "batch_groups"))}
         return BufferStats(
             buffer_id=self._config.buffer_id, run_id=workflow.info().run_id,
             policy_version=s.policy_version, num_pending=len(s.pending) + len(s.pushed),

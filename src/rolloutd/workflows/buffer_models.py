@@ -60,6 +60,14 @@ class BufferConfig(_M):
             GRPO stats use those only) or ``drop`` (reason ``incomplete``).
         max_staleness: drop a group when ``policy_version - group.policy_version`` exceeds it
             (the group's version is the buffer's when its task started); None keeps all.
+        staleness_admission: with ``max_staleness`` set, start no task whose group could
+            not be taken before it goes stale: ready + running groups stay below
+            ``(max_staleness + 1) x B``, where B is the largest ``num_groups`` a
+            ``take_batch`` asked for (no bound before the first take). AReaL's staleness
+            control (Fu et al., arXiv 2505.24298: generation is refused once it would run
+            more than ``eta`` versions ahead of training). Off: tasks start whenever fewer
+            than ``num_in_flight`` run, and a trainer slower than its rollouts gets most
+            groups dropped as stale. ``max_staleness = 0`` is then synchronous RL.
         cancel_surplus: when a batch is handed out, cancel the tasks still running (ProRL's
             early termination) instead of carrying them into the next step.
         lease_s: default lease of a batch; an unacked batch is offered again after it.
@@ -79,6 +87,7 @@ class BufferConfig(_M):
     incomplete_groups: Literal["hand_out", "drop"] = Field(
         default="hand_out", description="hand out or drop a group that misses scored samples")
     max_staleness: int | None = Field(default=None, ge=0)
+    staleness_admission: bool = True
     cancel_surplus: bool = False
     lease_s: float = Field(default=600.0, gt=0, le=7 * 86_400)
     max_history_events: int = Field(default=10_000, ge=50)
@@ -165,6 +174,8 @@ class BufferState(_M):
         "(adapt_in_flight); None: num_in_flight")
     observed_sessions: int | None = Field(
         default=None, description="sessions the fleets run at once, as last observed")
+    batch_groups: int = Field(
+        default=0, description="largest num_groups a take_batch asked for (0: none yet)")
     closed: bool = False
 
 

@@ -180,13 +180,24 @@ class RolloutSessionWorkflow(SessionEnding):
                 self._phase = phase
                 self._show()
             t0 = workflow.now()
-            try:
-                return await coro
-            finally:
+
+            def record() -> None:
                 t1 = workflow.now()
                 timings.append(PhaseTiming(phase=phase, duration_s=(t1 - t0).total_seconds(),
                                            started_at=t0, ended_at=t1))
                 phase_seconds.record((t1 - t0).total_seconds(), {"phase": phase})
+
+            try:
+                result = await coro
+            except GeneratorExit:
+                # the worker evicted the workflow from its cache and closes its coroutines:
+                # no workflow clock to read, and no timing to keep
+                raise
+            except BaseException:
+                record()
+                raise
+            record()
+            return result
 
         fresh_eval = task.evaluator.runtime == "fresh"
 

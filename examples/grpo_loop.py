@@ -387,6 +387,7 @@ async def main(args: argparse.Namespace) -> int:
     suffix = uuid.uuid4().hex[:6]
     token = secrets.token_urlsafe(16)
     rows: list[dict] = []
+    failed = False
     stack = local_stack(home, args.model, policy, token, args.engine_threads)
     async with stack as (temporal_client, store_url, engine, gateway_url):
         client = RolloutClient(temporal_client, BlobStore(store_url))
@@ -417,10 +418,17 @@ async def main(args: argparse.Namespace) -> int:
                 try:
                     batch = await buffer.take(args.groups_per_step,
                                               timeout_s=args.take_timeout_s)
-                except (TimeoutError, BufferExhaustedError) as e:
+                except BufferExhaustedError as e:
                     # every group left scored all-equal (the reward saturated) and the buffer
                     # dropped it (DAPO): no signal is left to train on
                     write(f"step {step}: no informative batch ({e}); stopping")
+                    break
+                except TimeoutError as e:
+                    stats = await buffer.stats()
+                    write(f"step {step}: FAILED: no batch ({e}); buffer: "
+                          f"{len(stats.running)} running, {stats.num_pending} pending, "
+                          f"{stats.state_counters}")
+                    failed = True
                     break
                 metrics = await asyncio.to_thread(grpo_update, model, optimizer, batch, client,
                                                   args.clip_eps, step - 1)
@@ -463,7 +471,7 @@ async def main(args: argparse.Namespace) -> int:
     write("summary: " + " ".join(f"{k}={v:.4f}" for k, v in stats.items()))
     if args.plot:
         write(f"plot: {args.plot}")
-    return 0
+    return 1 if failed else 0
 
 
 def report(rows: list[dict], args: argparse.Namespace) -> dict[str, float]:

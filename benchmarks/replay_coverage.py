@@ -11,7 +11,7 @@ Real parts: a Temporal dev server, llama-server (Qwen2.5-Coder-0.5B), the four f
 process, the harness CLIs installed by scripts/setup.sh, bwrap or the local runtime. Sampling
 at temperature 0 does not decide coverage: attempt 2 gets attempt 1's answers while it replays.
 
-    python benchmarks/replay_coverage.py [--harness shell,qwen_code] [--runtime bwrap,local]
+    python benchmarks/replay_coverage.py [--harness shell,qwen_code,...] [--runtime bwrap,local]
 
 Output: a markdown table on stdout (docs/sessions.md keeps the last one).
 """
@@ -40,6 +40,9 @@ from rolloutd.workflows.session import RolloutSessionWorkflow, SessionInput
 MODEL = "qwen2.5-coder-0.5b"
 INSTRUCTION = ("Use your shell tool to run `ls`, then create notes.txt containing the word "
                "done, then reply with one word: done.")
+#: every adapter of a CLI harness, and the shell harness
+ADAPTERS = ("shell", "qwen_code", "codex", "claude_code", "gemini_cli", "opencode", "pi",
+            "mini_swe_agent", "aider")
 #: the shell harness's agent: a tool (a shell command) per turn, its output sent back
 SHELL_AGENT = r'''
 import json, os, subprocess, urllib.request
@@ -61,9 +64,8 @@ for command in ["ls", "echo done > notes.txt", "cat notes.txt", "pwd", "wc -c no
 def harness_spec(name: str) -> dict[str, Any]:
     if name == "shell":
         return {"type": "shell", "command": "python3 agent.py"}
-    if name == "qwen_code":
-        return {"type": name, "profile": "compact", "max_turns": 6}
-    return {"type": name, "max_turns": 6}
+    # the compact profile (short system prompt, fewer tools) keeps a CPU engine's prefill short
+    return {"type": name, "profile": "compact", "max_turns": 6}
 
 
 def task(harness: str, runtime: str) -> dict[str, Any]:
@@ -144,7 +146,7 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--harness", default="shell,qwen_code")
+    parser.add_argument("--harness", default=",".join(ADAPTERS))
     parser.add_argument("--runtime", default="bwrap,local")
     # SIGTERM unwinds like Ctrl-C: the servers started here are stopped by main's finally
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

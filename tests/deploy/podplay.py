@@ -68,7 +68,8 @@ NAMESPACE = "rl"
 NICE = ["nice", "-n", "10"]
 
 
-def podman(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+def podman(*args: str, timeout: float = 300,
+           check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run ``nice podman ARGS``; raise with its output when it fails and ``check``."""
     result = subprocess.run([*NICE, "podman", *args], capture_output=True, text=True,
                             timeout=timeout)

@@ -71,11 +71,16 @@ pytestmark = [
 #: sessions per submission path (REST facade, trainer client)
 NUM_SAMPLES = 4
 PAUSE_S = 3.0
-#: tests/reliability's agent, with a 20 s client timeout instead of 120 s: a pod that is
-#: SIGKILLed takes its network namespace with it, so its open connections get no reset and a
-#: call in flight hangs until the harness's own timeout (then it retries, identically)
-POD_AGENT = AGENT.replace("timeout=120", "timeout=20")
-assert POD_AGENT != AGENT
+#: tests/reliability's agent, with a 20 s client timeout instead of 120 s, and its retries
+#: marked as the OpenAI/Anthropic SDKs mark theirs (``x-stainless-retry-count``). A pod that
+#: is SIGKILLed takes its network namespace with it, so its open connections get no reset and
+#: a call in flight hangs until the harness's own timeout. A retry the client marks is
+#: answered from the log, or waits for the same request still being sampled; an unmarked
+#: identical request while the first is sampling is another call (sub-agents) and samples.
+POD_AGENT = AGENT.replace("timeout=120", "timeout=20").replace(
+    '"Content-Type": "application/json"}',
+    '"Content-Type": "application/json", "x-stainless-retry-count": str(attempt)}')
+assert POD_AGENT.count("timeout=20") == 1 and POD_AGENT.count("x-stainless") == 1
 
 
 def pod_task(task_id: str, marker: str) -> dict:
@@ -117,11 +122,12 @@ def deployment(tmp_path_factory) -> Iterator[PodDeployment]:
         assert left == [], f"left after kube down: {left}"
 
 
-def _runtimes(pod: str) -> int:
-    """Runtimes a sandbox pod holds now (its runtime root's folders)."""
+def _runtimes(pod: str) -> list[str]:
+    """The runtime ids a sandbox pod holds now (its runtime root's folders; a first
+    attempt's id starts with its session id, "/" made ".")."""
     out = podman("exec", f"{pod}-sandbox", "ls", "/var/lib/rolloutd/runtimes",
                  check=False).stdout.split()
-    return len([n for n in out if not n.startswith(".")])
+    return [n for n in out if not n.startswith(".")]
 
 
 async def _poll(predicate, timeout_s: float, what: str) -> object:
@@ -166,16 +172,21 @@ async def test_pods_lose_no_session_or_completion_when_a_sandbox_and_gateway_die
         sessions = [f"{t}/{i}" for t in task_ids for i in range(NUM_SAMPLES)]
 
         # mid-run: sessions with recorded calls; the sandbox pod holding more runtimes dies
-        def mid_run() -> bool:
-            with_calls = sum(len(CompletionLog(store, s)) >= 1 for s in sessions)
-            return with_calls >= 3
-        await _poll(mid_run, 240, "sessions mid-run with recorded calls")
-        sandboxes = pods.pods_of("sandbox")
-        held = {p: _runtimes(p) for p in sandboxes}
-        victim_sandbox = max(held, key=held.get)
+        def mid_run() -> dict[str, int]:
+            """{sandbox pod: its sessions with recorded calls}, once 3 sessions have some."""
+            with_calls = [s for s in sessions if len(CompletionLog(store, s)) >= 1]
+            if len(with_calls) < 3:
+                return {}
+            held = {p: _runtimes(p) for p in pods.pods_of("sandbox")}
+            busy = {p: sum(any(r.startswith(s.replace("/", ".") + "-") for s in with_calls)
+                           for r in ids) for p, ids in held.items()}
+            return busy if any(busy.values()) else {}
+        busy = await _poll(mid_run, 240, "sessions mid-run with recorded calls")
+        victim_sandbox = max(busy, key=busy.get)
+        held = busy
         victim_gateway = f"{pods.fullname}-gateway-0"
         completions_before = sum(len(CompletionLog(store, s)) for s in sessions)
-        print(f"killing {victim_sandbox} (runtimes {held}) and {victim_gateway} with "
+        print(f"killing {victim_sandbox} (sessions with calls {held}) and {victim_gateway} with "
               f"{completions_before} completions recorded")
         pods.kill(victim_sandbox)
         pods.kill(victim_gateway)

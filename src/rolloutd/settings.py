@@ -99,6 +99,12 @@ class CommonSettings(BaseSettings):
         "needs terminationGracePeriodSeconds of this plus 15 s (a sandbox host then tears "
         "down what it still held, and the process exits): 40 s by default, more than "
         "Kubernetes' 30 (docs/faults.md)")
+    temporal_connect_wait_s: float = Field(
+        default=120.0, ge=0, le=3600, description="how long a worker process keeps retrying "
+        "its first connection to Temporal, s (every 2 s, a `temporal_connect_retry` log line "
+        "each): pods of a fresh deployment start in any order, so a worker may start before "
+        "its Temporal frontend answers. Past it, the process exits non-zero with the last "
+        "error; 0: one attempt")
     metrics_port: int = Field(
         default=0, ge=0, le=65535, description="TCP port of the worker process's Prometheus "
         "metrics (rolloutd's and the Temporal SDK's, docs/metrics.md); 0: off. One port per "

@@ -251,7 +251,8 @@ def test_a_fleet_runs_against_the_images_temporal_dev_server_in_a_pod(
     try:
         _podman("run", "-d", "--pod", pod, "--name", f"{pod}-temporal", images["rolloutd"],
                 "sh", "-c", dev)
-        # a worker does not wait for Temporal at start (in a cluster its pod restarts)
+        # workers retry their first connect (ROLLOUTD_TEMPORAL_CONNECT_WAIT_S); waiting here
+        # keeps this test about the image, tests/workers/test_connect_retry.py is the wait's
         deadline = time.monotonic() + 120
         while "SERVING" not in _podman("exec", f"{pod}-temporal", "temporal", "operator",
                                        "cluster", "health", "--address", "localhost:7233",

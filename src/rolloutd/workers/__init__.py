@@ -68,6 +68,8 @@ TASK_POLLS = PollerBehaviorSimpleMaximum(25)
 #: learned of it up to 8 s late. 2 s: 100 running harnesses cost the server 50 heartbeats a
 #: second.
 HEARTBEAT_THROTTLE = timedelta(seconds=2)
+#: seconds between a worker's attempts to reach Temporal at start (:func:`connect`)
+CONNECT_RETRY_S = 2.0
 
 
 async def connect(settings: CommonSettings) -> Client:
@@ -80,15 +82,37 @@ async def connect(settings: CommonSettings) -> Client:
     their Temporal runtime, so the SDK's metrics of every worker on this client reach that
     port (docs/metrics.md).
 
+    Temporal not answering yet (a refused or unresolvable address: the SDK's ``RuntimeError``)
+    is retried every :data:`CONNECT_RETRY_S` for ``settings.temporal_connect_wait_s``, with a
+    ``temporal_connect_retry`` log line each time: the pods of a fresh deployment start in any
+    order, and a worker that started before its frontend would otherwise exit (issue 15).
+
     Raises:
         OSError: the metrics port cannot be bound.
         ConfigError: bad codec keys or TLS files.
+        RuntimeError: Temporal did not answer within ``temporal_connect_wait_s`` (the SDK's
+            last "Failed client connect" error).
     """
     runtime = None
     if settings.metrics_port:
         runtime = start_process_metrics(settings.metrics_port, settings.metrics_host).runtime
         log.info("metrics_serving", port=settings.metrics_port, host=settings.metrics_host)
-    return await connect_temporal(settings, runtime=runtime)
+    deadline = time.monotonic() + settings.temporal_connect_wait_s
+    attempt = 1
+    while True:
+        try:
+            return await connect_temporal(settings, runtime=runtime)
+        except RuntimeError as e:  # temporalio's "Failed client connect: ..."
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                log.error("temporal_connect_failed", address=settings.temporal_address,
+                          attempts=attempt, wait_s=settings.temporal_connect_wait_s,
+                          error=str(e))
+                raise
+            log.warning("temporal_connect_retry", address=settings.temporal_address,
+                        attempt=attempt, left_s=round(left_s, 1), error=str(e))
+            await asyncio.sleep(min(CONNECT_RETRY_S, left_s))
+            attempt += 1
 
 
 @dataclass

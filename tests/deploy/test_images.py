@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -27,39 +26,21 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.images import no_image_cache
+
 ROOT = Path(__file__).resolve().parents[2]
 NPM_PREFIX = "/opt/rolloutd/cache/npm"
 TOOLS = "/opt/rolloutd/cache/tools"
 
-def _no_image_cache() -> str | None:
-    """Why this machine would build the images cold (None: a build cache is here, or
-    ``ROLLOUTD_BUILD_IMAGES=1`` asks for the build).
-
-    A cold build takes about 23 minutes on 2 cores (docs/images.md), which a cold CI run cannot
-    add to its budget (DECISIONS.md ruling 12: images cached on the lock file's hash); with the
-    base image and the build context cached, a changed ``src/`` rebuilds in about 36 s.
-    """
-    if os.environ.get("ROLLOUTD_BUILD_IMAGES") == "1" or shutil.which("podman") is None:
-        return None
-    cache = Path(os.environ.get("ROLLOUTD_CACHE", Path.home() / ".cache" / "rolloutd"))
-    base = subprocess.run(["podman", "images", "--format", "{{.Repository}}"],
-                          capture_output=True, text=True, timeout=60).stdout
-    if "rolloutd-base" in base and any((cache / "images").glob("context-*")):
-        return None
-    return ("no image build cache on this machine (a cold build takes ~23 min): run "
-            "scripts/build_images.sh once, or set ROLLOUTD_BUILD_IMAGES=1")
-
-
 pytestmark = [
     pytest.mark.deploy,
-    pytest.mark.skipif(_no_image_cache() is not None, reason=str(_no_image_cache())),
+    pytest.mark.skipif(no_image_cache() is not None, reason=str(no_image_cache())),
     pytest.mark.timeout(3600),  # a cold build: base, wheels, npm ci, two images
-    pytest.mark.skipif(shutil.which("podman") is None,
-                       reason="podman is not installed (scripts/setup.sh installs it)"),
 ]
 
 
-def _podman(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _podman(*args: str, timeout: float = 300,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"podman {' '.join(args)} exited {result.returncode}:\n"

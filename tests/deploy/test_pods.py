@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -42,29 +41,15 @@ from rolloutd.types import SessionStatus, TaskResult
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from podplay import PodDeployment, local_values, podman  # noqa: E402
 from tests.reliability.conftest import AGENT, NUM_CALLS, agent_task, harness_ids  # noqa: E402
+from tests.support.images import no_image_cache  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _no_images() -> str | None:
-    """Why the images cannot be had here cheaply (None: they can); as test_images.py."""
-    if shutil.which("podman") is None:
-        return "podman is not installed (scripts/setup.sh installs it)"
-    if os.environ.get("ROLLOUTD_BUILD_IMAGES") == "1":
-        return None
-    cache = Path(os.environ.get("ROLLOUTD_CACHE", Path.home() / ".cache" / "rolloutd"))
-    base = subprocess.run(["podman", "images", "--format", "{{.Repository}}"],
-                          capture_output=True, text=True, timeout=60).stdout
-    if "rolloutd-base" in base and any((cache / "images").glob("context-*")):
-        return None
-    return ("no image build cache on this machine (a cold build takes ~23 min): run "
-            "scripts/build_images.sh once, or set ROLLOUTD_BUILD_IMAGES=1")
 
 
 pytestmark = [
     pytest.mark.deploy, pytest.mark.slow, pytest.mark.temporal, pytest.mark.engine,
     pytest.mark.sandbox,
-    pytest.mark.skipif(_no_images() is not None, reason=str(_no_images())),
+    pytest.mark.skipif(no_image_cache() is not None, reason=str(no_image_cache())),
     pytest.mark.timeout(900),
 ]
 

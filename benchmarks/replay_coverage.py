@@ -38,8 +38,13 @@ from rolloutd.workers import connect, run_fleet
 from rolloutd.workflows.session import RolloutSessionWorkflow, SessionInput
 
 MODEL = "qwen2.5-coder-0.5b"
-INSTRUCTION = ("Use your shell tool to run `ls`, then create notes.txt containing the word "
-               "done, then reply with one word: done.")
+INSTRUCTION = "Run the command `sh next.sh` in the shell and do what it says."
+#: each run says what to do next, so a small model makes 3 tool calls and a final reply; the
+#: counter starts at 0 in every fresh runtime, so both attempts see the same tool outputs
+NEXT_SH = """n=$(cat .count 2>/dev/null || echo 0); n=$((n + 1)); echo $n > .count
+if [ $n -lt 3 ]; then echo "Step $n of 3 done. Now run the command: sh next.sh"
+else echo "Step 3 of 3 done. All steps are finished. Reply with one word: done."; fi
+"""
 #: every adapter of a CLI harness, and the shell harness
 ADAPTERS = ("shell", "qwen_code", "codex", "claude_code", "gemini_cli", "opencode", "pi",
             "mini_swe_agent", "aider")
@@ -49,11 +54,13 @@ import json, os, subprocess, urllib.request
 base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
 messages = [{"role": "user",
              "content": open(os.environ["ROLLOUTD_INSTRUCTION_FILE"]).read()}]
-for command in ["ls", "echo done > notes.txt", "cat notes.txt", "pwd", "wc -c notes.txt"]:
+for command in ["sh next.sh"] * 3 + [None]:
     body = json.dumps({"model": "m", "max_tokens": 16, "messages": messages}).encode()
     request = urllib.request.Request(base + "/chat/completions", data=body, headers={
         "Authorization": "Bearer " + key, "Content-Type": "application/json"})
     reply = json.load(urllib.request.urlopen(request, timeout=300))
+    if command is None:
+        break
     out = subprocess.run(command, shell=True, capture_output=True, text=True).stdout
     messages += [{"role": "assistant",
                   "content": reply["choices"][0]["message"].get("content") or ""},
@@ -69,7 +76,7 @@ def harness_spec(name: str) -> dict[str, Any]:
 
 
 def task(harness: str, runtime: str) -> dict[str, Any]:
-    files = {"agent.py": SHELL_AGENT} if harness == "shell" else {}
+    files = {"next.sh": NEXT_SH, **({"agent.py": SHELL_AGENT} if harness == "shell" else {})}
     return {"task_id": f"cov-{harness.replace('_', '-')}-{runtime}-{uuid.uuid4().hex[:6]}",
             "instruction": INSTRUCTION, "num_samples": 1,
             "harness": harness_spec(harness), "runtime": {"type": runtime, "files": files},
@@ -130,6 +137,7 @@ async def main(args: argparse.Namespace) -> None:
                         except Exception as e:  # a row per pair, whatever fails
                             rows.append({"harness": harness, "runtime": runtime,
                                          "ends": f"error: {type(e).__name__}: {e}"[:120]})
+                        print(rows[-1], file=sys.stderr, flush=True)  # progress, kept if killed
     finally:
         temporal.stop()
         engine.stop()

@@ -48,46 +48,57 @@ CONVERSATION_FIELDS = ("messages", "contents", "input")
 
 
 #: per dialect, the body fields that change per harness process and carry no conversation
-#: (dotted paths): left out of a request's identity, so a request resent by another process
-#: of the same harness (a new attempt, docs/sessions.md "Request identity") has the identity
-#: it had. Never messages, tools or sampling values. Claude Code puts a per-process id in
-#: ``metadata.user_id``; Codex sends a per-process ``prompt_cache_key``.
+#: (dotted paths; ``[message]`` steps into every message item of a list): left out of a
+#: request's identity, so a request resent by another process of the same harness (a new
+#: attempt, docs/sessions.md "Request identity") has the identity it had. Never messages' text,
+#: tools or sampling values. Claude Code puts a per-process id in ``metadata.user_id``. Codex
+#: (0.6x, measured by benchmarks/replay_coverage.py) sends a per-process ``prompt_cache_key``,
+#: ``client_metadata`` (installation, session, thread and turn ids) and a fresh id on each
+#: message item it builds (``msg_{uuid}``); the ids of items the gateway answered with
+#: (function calls, reasoning) are the gateway's, replayed as they were, and kept.
 VOLATILE_FIELDS: dict[str, tuple[str, ...]] = {
     "openai_chat": ("prompt_cache_key",),
-    "openai_responses": ("prompt_cache_key",),
+    "openai_responses": ("prompt_cache_key", "client_metadata", "input.[message].id"),
     "anthropic": ("metadata.user_id",),
     "gemini": (),
 }
 
 
+def _is_message_item(value: Any) -> bool:
+    """A Responses input item that is a message (``type: message``, or a role without type)."""
+    return isinstance(value, dict) and (value.get("type") == "message"
+                                        or ("type" not in value and "role" in value))
+
+
+def _without(value: Any, path: list[str]) -> Any:
+    """``value`` without what ``path`` names (the same object when nothing is removed;
+    otherwise copies along the path only)."""
+    step, rest = path[0], path[1:]
+    if step == "[message]":
+        if not isinstance(value, list) or not rest:
+            return value
+        items = [_without(v, rest) if _is_message_item(v) else v for v in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    if not isinstance(value, dict) or step not in value:
+        return value
+    if not rest:
+        return {k: v for k, v in value.items() if k != step}
+    inner = _without(value[step], rest)
+    return value if inner is value[step] else {**value, step: inner}
+
+
 def identity_body(body: Any, dialect: str = "") -> Any:
     """``body`` without the :data:`VOLATILE_FIELDS` of ``dialect`` (the same object when it
     has none of them; otherwise a shallow copy along each removed path: the body is never
-    modified, its conversation list is shared).
+    modified, the items of its conversation list that lose nothing are shared).
 
     Args:
         body: the request body as parsed JSON.
         dialect: ``openai_chat``, ``openai_responses``, ``anthropic``, ``gemini``; another
             name (or ``""``) removes nothing.
     """
-    paths = VOLATILE_FIELDS.get(dialect, ())
-    if not paths or not isinstance(body, dict):
-        return body
-    for path in paths:
-        *parents, name = path.split(".")
-        chain = [body]
-        for parent in parents:
-            inner = chain[-1].get(parent)
-            if not isinstance(inner, dict):
-                break
-            chain.append(inner)
-        else:
-            if name not in chain[-1]:
-                continue
-            value = {k: v for k, v in chain[-1].items() if k != name}
-            for outer, key in zip(reversed(chain[:-1]), reversed(parents), strict=True):
-                value = {**outer, key: value}
-            body = value
+    for path in VOLATILE_FIELDS.get(dialect, ()):
+        body = _without(body, path.split("."))
     return body
 
 

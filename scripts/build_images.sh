@@ -48,7 +48,8 @@ LOCK_HASH=$( { echo "$CONTEXT_VERSION"; cat uv.lock images/rolloutd/package-lock
 BASE_TAG="${BASE_IMAGE:-localhost/rolloutd-base:bookworm-$(printf '%s' "$BASE_PACKAGES" \
   | sha256sum | cut -c1-12)}"
 SRC_HASH=$( { echo "$BASE_TAG"; sha256sum uv.lock pyproject.toml scripts/build_images.sh \
-  $(find images src -type f ! -name '*.pyc' ! -path '*__pycache__*' | LC_ALL=C sort); } \
+  $(find images src -type f ! -name '*.pyc' ! -path '*__pycache__*' ! -path '*.egg-info/*' \
+    | LC_ALL=C sort); } \
   | sha256sum | cut -c1-12)
 RD_TAG="localhost/rolloutd:$SRC_HASH"
 ENGINE_TAG="localhost/rolloutd-engine:$SRC_HASH-$MODEL"

@@ -302,9 +302,10 @@ def test_a_request_s_identity_leaves_out_its_dialect_s_volatile_fields(
 
 
 def test_codex_s_per_process_ids_are_out_of_a_responses_request_s_identity() -> None:
-    """Codex sends per-process ids in ``client_metadata`` and on each message item it builds
-    (seen in benchmarks/replay_coverage.py: a second process of the same task differed only
-    there); the ids of items the gateway answered with, and every item's content, count."""
+    """Codex sends per-process ids in ``client_metadata`` and on each message and tool output
+    item it builds (seen in benchmarks/replay_coverage.py: a second process of the same task
+    differed only there); the ids of items the gateway answered with, an item reference's id
+    and every item's content count."""
     def body(process: str, call_id: str = "fc_1", text: str = "run it") -> dict[str, Any]:
         return {"model": "m", "stream": True, "prompt_cache_key": process,
                 "client_metadata": {"session_id": process, "turn_id": process + "-t"},
@@ -314,7 +315,9 @@ def test_codex_s_per_process_ids_are_out_of_a_responses_request_s_identity() -> 
                     {"role": "user", "id": f"msg_{process}_1", "content": text},
                     {"type": "function_call", "id": call_id, "call_id": "call_1",
                      "name": "shell", "arguments": "{}"},
-                    {"type": "function_call_output", "call_id": "call_1", "output": "ok"}]}
+                    {"type": "function_call_output", "id": f"fco_{process}", "call_id": "call_1",
+                     "output": "ok"},
+                    {"type": "item_reference", "id": "rs_1"}]}
 
     first, second = body("p1"), body("p2")
     before = copy.deepcopy(second)
@@ -323,7 +326,9 @@ def test_codex_s_per_process_ids_are_out_of_a_responses_request_s_identity() -> 
         request_hash(first, "openai_responses")
     assert second == before  # the body itself is untouched
     assert request_hash(first) != request_hash(second)
-    for other in (body("p2", call_id="fc_2"), body("p2", text="run that")):
+    referenced = body("p2")
+    referenced["input"][-1]["id"] = "rs_2"
+    for other in (body("p2", call_id="fc_2"), body("p2", text="run that"), referenced):
         assert request_hash(other, "openai_responses") != \
             request_hash(first, "openai_responses")
 

@@ -48,36 +48,43 @@ CONVERSATION_FIELDS = ("messages", "contents", "input")
 
 
 #: per dialect, the body fields that change per harness process and carry no conversation
-#: (dotted paths; ``[message]`` steps into every message item of a list): left out of a
+#: (dotted paths; ``[client]`` steps into every item of a list that the client built): left
+#: out of a
 #: request's identity, so a request resent by another process of the same harness (a new
 #: attempt, docs/sessions.md "Request identity") has the identity it had. Never messages' text,
 #: tools or sampling values. Claude Code puts a per-process id in ``metadata.user_id``. Codex
 #: (0.6x, measured by benchmarks/replay_coverage.py) sends a per-process ``prompt_cache_key``,
 #: ``client_metadata`` (installation, session, thread and turn ids) and a fresh id on each
-#: message item it builds (``msg_{uuid}``); the ids of items the gateway answered with
-#: (function calls, reasoning) are the gateway's, replayed as they were, and kept.
+#: item it builds (messages ``msg_{uuid}``, tool outputs ``fco_{uuid}``); the ids of items
+#: the gateway answered with (function calls, reasoning) are the gateway's, replayed as they
+#: were, and kept.
 VOLATILE_FIELDS: dict[str, tuple[str, ...]] = {
     "openai_chat": ("prompt_cache_key",),
-    "openai_responses": ("prompt_cache_key", "client_metadata", "input.[message].id"),
+    "openai_responses": ("prompt_cache_key", "client_metadata", "input.[client].id"),
     "anthropic": ("metadata.user_id",),
     "gemini": (),
 }
 
 
-def _is_message_item(value: Any) -> bool:
-    """A Responses input item that is a message (``type: message``, or a role without type)."""
-    return isinstance(value, dict) and (value.get("type") == "message"
-                                        or ("type" not in value and "role" in value))
+def _is_client_item(value: Any) -> bool:
+    """A Responses input item the client builds: a message (``type: message``, or a role
+    without type) or a tool's output (``function_call_output``, ``*_call_output``), never an
+    ``item_reference`` (its id is what it says)."""
+    if not isinstance(value, dict):
+        return False
+    kind = value.get("type")
+    return (kind == "message" or (kind is None and "role" in value)
+            or (isinstance(kind, str) and kind.endswith("_output")))
 
 
 def _without(value: Any, path: list[str]) -> Any:
     """``value`` without what ``path`` names (the same object when nothing is removed;
     otherwise copies along the path only)."""
     step, rest = path[0], path[1:]
-    if step == "[message]":
+    if step == "[client]":
         if not isinstance(value, list) or not rest:
             return value
-        items = [_without(v, rest) if _is_message_item(v) else v for v in value]
+        items = [_without(v, rest) if _is_client_item(v) else v for v in value]
         return value if all(a is b for a, b in zip(items, value, strict=True)) else items
     if not isinstance(value, dict) or step not in value:
         return value

@@ -40,7 +40,13 @@ from rolloutd.types import SessionStatus, TaskResult
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from podplay import PodDeployment, local_values, podman  # noqa: E402
-from tests.reliability.conftest import AGENT, NUM_CALLS, agent_task, harness_ids  # noqa: E402
+from tests.reliability.conftest import (  # noqa: E402
+    AGENT,
+    NUM_CALLS,
+    agent_task,
+    harness_ids,
+    poll,
+)
 from tests.support.images import no_image_cache  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,14 +121,6 @@ def _runtimes(pod: str) -> list[str]:
     return [n for n in out if not n.startswith(".")]
 
 
-async def _poll(predicate, timeout_s: float, what: str) -> object:
-    deadline = time.monotonic() + timeout_s
-    while not (value := await asyncio.to_thread(predicate)):
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s: {what}"
-        await asyncio.sleep(1)
-    return value
-
-
 async def test_pods_lose_no_session_or_completion_when_a_sandbox_and_gateway_die(
         deployment: PodDeployment, monkeypatch: pytest.MonkeyPatch) -> None:
     pods = deployment
@@ -166,7 +164,8 @@ async def test_pods_lose_no_session_or_completion_when_a_sandbox_and_gateway_die
             busy = {p: sum(any(r.startswith(s.replace("/", ".") + "-") for s in with_calls)
                            for r in ids) for p, ids in held.items()}
             return busy if any(busy.values()) else {}
-        busy = await _poll(mid_run, 240, "sessions mid-run with recorded calls")
+        busy = await poll(lambda: asyncio.to_thread(mid_run), 240,
+                          "sessions mid-run with recorded calls", every_s=1)
         victim_sandbox = max(busy, key=busy.get)
         held = busy
         victim_gateway = f"{pods.fullname}-gateway-0"
@@ -184,10 +183,7 @@ async def test_pods_lose_no_session_or_completion_when_a_sandbox_and_gateway_die
         async def rest_done() -> dict:
             body = (await http.get(f"/rollout/task/{rest_task['task_id']}")).json()
             return body if body["status"] != "running" else {}
-        deadline = time.monotonic() + 420
-        while not (rest_body := await rest_done()):
-            assert time.monotonic() < deadline, "the REST task did not finish"
-            await asyncio.sleep(3)
+        rest_body = await poll(rest_done, 420, "the REST task to finish", every_s=3)
     groups = [await asyncio.wait_for(client.result(t), 120) for t in task_ids]
     wall_s = time.monotonic() - t0
 

@@ -19,9 +19,7 @@ Output: a markdown table on stdout (docs/sessions.md keeps the last one).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import signal
 import sys
 import tempfile
 import time
@@ -33,6 +31,7 @@ from rolloutd.engine.server import LlamaServer
 from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
 from rolloutd.stack import TemporalDevServer, free_port
 from rolloutd.trainer_client import RolloutClient
+from rolloutd.trainer_client.process import run_until_sigterm
 from rolloutd.types import SessionResult, TaskRequest
 from rolloutd.workers import connect, run_fleet
 from rolloutd.workflows.session import RolloutSessionWorkflow, SessionInput
@@ -156,6 +155,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--harness", default=",".join(ADAPTERS))
     parser.add_argument("--runtime", default="bwrap,local")
-    # SIGTERM unwinds like Ctrl-C: the servers started here are stopped by main's finally
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    asyncio.run(main(parser.parse_args()))
+    # SIGTERM cancels main: its finally stops the servers started here, then exit 143
+    run_until_sigterm(main(parser.parse_args()))

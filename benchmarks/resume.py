@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +35,7 @@ from rolloutd.engine.server import LlamaServer
 from rolloutd.proxy.gateway import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
+from rolloutd.trainer_client.process import run_until_sigterm
 from rolloutd.types import SamplingParams
 
 #: the catalog model (the figures compare token counts: its quality does not matter)
@@ -115,6 +114,5 @@ if __name__ == "__main__":
     parser.add_argument("--kill-at", type=int, default=15)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--model", default=MODEL, help="a catalog model name")
-    # SIGTERM unwinds like Ctrl-C, so llama-server is stopped by the finally above
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    asyncio.run(main(parser.parse_args()))
+    # SIGTERM cancels main: its finally stops the servers started here, then exit 143
+    run_until_sigterm(main(parser.parse_args()))

@@ -1,24 +1,19 @@
-"""``request_tenant_slot``: ask a tenant's quota workflow for a slot (a local activity of the
-workflow worker), and the names both sides of the quota share (docs/tenancy.md).
+"""The names and models both sides of a tenant's quota share: the session workflows asking for
+a slot, the tenant's quota workflow granting it, the client setting the quota
+(docs/tenancy.md).
 
 A tenant has a quota of sessions in flight only when someone set one
 (:meth:`RolloutClient.set_tenant_quota <rolloutd.trainer_client.client.RolloutClient.set_tenant_quota>`),
 which starts the tenant's own workflow ``tenant/{tenant}``. A session of a tenant without one
-pays one RPC (the signal finds no workflow) and waits for nothing. There is no lock shared by
+pays one signal that finds no workflow, and waits for nothing. There is no lock shared by
 tenants: each tenant's workflow counts its own sessions only.
 """
 
 from __future__ import annotations
 
-import structlog
 from pydantic import Field
-from temporalio import activity
-from temporalio.client import Client
-from temporalio.service import RPCError, RPCStatusCode
 
 from rolloutd.types import Model
-
-log = structlog.get_logger(__name__)
 
 #: signal to the tenant workflow: a session asks for a slot (:class:`TenantSlotRequest`)
 ACQUIRE_SIGNAL = "acquire"
@@ -67,47 +62,3 @@ class TenantState(Model):
     waiting: list[TenantSlotRequest] = Field(default_factory=list)
     #: slots granted since the workflow started (over continue-as-new)
     num_granted: int = 0
-
-
-class RequestTenantSlotInput(Model):
-    tenant: str
-    request: TenantSlotRequest
-
-
-class RequestTenantSlotOutput(Model):
-    #: the tenant has a quota workflow: wait for :data:`GRANTED_SIGNAL`, release at the end
-    has_quota: bool
-
-
-class TenantActivities:
-    """Activities of the workflow worker that reach a tenant's quota workflow.
-
-    Args:
-        client: the workflow worker's Temporal client.
-    """
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-
-    @activity.defn(name="request_tenant_slot")
-    async def request_tenant_slot(self, input: RequestTenantSlotInput) -> RequestTenantSlotOutput:
-        """Signal ``acquire`` to the tenant's quota workflow, when it has one.
-
-        Returns:
-            ``has_quota`` False when no quota workflow runs for the tenant (nothing to wait
-            for).
-
-        Raises:
-            temporalio.service.RPCError: Temporal did not answer (the local activity's retry
-                policy governs).
-        """
-        handle = self.client.get_workflow_handle(tenant_workflow_id(input.tenant))
-        try:
-            await handle.signal(ACQUIRE_SIGNAL, input.request)
-        except RPCError as e:
-            if e.status == RPCStatusCode.NOT_FOUND:
-                return RequestTenantSlotOutput(has_quota=False)
-            raise
-        log.debug("tenant_slot_requested", tenant=input.tenant,
-                  workflow_id=input.request.workflow_id)
-        return RequestTenantSlotOutput(has_quota=True)

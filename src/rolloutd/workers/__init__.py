@@ -153,7 +153,6 @@ async def run_fleet(
     if fleet == "workflows":
         from rolloutd.activities.cancel import cancel_workflows
         from rolloutd.activities.fleet_health import FleetHealthActivities
-        from rolloutd.activities.tenants import TenantActivities
         from rolloutd.workflows.buffer import RolloutBufferWorkflow
         from rolloutd.workflows.callback import CallbackWorkflow
         from rolloutd.workflows.fleets import FleetRegistryWorkflow
@@ -168,12 +167,10 @@ async def run_fleet(
                        FleetRegistryWorkflow, CallbackWorkflow, GenerationWorkflow,
                        TenantWorkflow],
             # local activities only: a cancelled task cancels its sessions directly with
-            # cancel_workflows; a session asks whether a sandbox worker polls at all, and
-            # its tenant's quota workflow for a slot
+            # cancel_workflows; a session asks whether a sandbox worker polls at all
             activities=[cancel_workflows,
                         FleetHealthActivities(client).task_queue_pollers,
-                        FleetHealthActivities(client).sandbox_capacity,
-                        TenantActivities(client).request_tenant_slot],
+                        FleetHealthActivities(client).sandbox_capacity],
             no_remote_activities=True,
             workflow_task_poller_behavior=TASK_POLLS,
             graceful_shutdown_timeout=grace,

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import timedelta
 
 from pydantic import Field
 from temporalio import workflow
-from temporalio.common import Priority, RetryPolicy
+from temporalio.common import Priority
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd.activities.tenants import (
@@ -32,8 +32,6 @@ with workflow.unsafe.imports_passed_through():
         RELEASE_SIGNAL,
         SET_QUOTA_UPDATE,
         STATE_QUERY,
-        RequestTenantSlotInput,
-        RequestTenantSlotOutput,
         TenantQuota,
         TenantSlotRequest,
         TenantState,
@@ -43,9 +41,8 @@ with workflow.unsafe.imports_passed_through():
 
 #: history events after which the tenant workflow continues as new (at most)
 MAX_HISTORY_EVENTS = 5_000
-#: the local activity asking the tenant's quota workflow for a slot
-TENANT_SLOT_TIMEOUT = timedelta(seconds=10)
-TENANT_SLOT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=5)
+#: ``ApplicationError.type`` of a signal to a workflow that does not run
+EXTERNAL_NOT_FOUND = "ExternalWorkflowExecutionNotFound"
 
 
 def task_priority(task: TaskRequest) -> Priority:
@@ -64,6 +61,12 @@ async def acquire_slot(task: TaskRequest, granted: Callable[[], bool],
     """From a session workflow: wait for a slot of the task's tenant when the tenant has a
     quota (its quota workflow runs). The wait is appended to ``timings`` as ``tenant_wait``.
 
+    The request is a signal to the tenant's workflow sent by workflow code (a command whose
+    outcome is an event of the session's own history), not a local activity: code that runs
+    on a local activity's result may run in a later workflow task than the one that recorded
+    the result, while a replay runs it in the same one, so what it decides (a patch, a
+    ``workflow.now()``) can differ on replay.
+
     Args:
         task: the session's task (tenant, priority).
         granted: whether the session's ``tenant_slot_granted`` signal has arrived.
@@ -72,18 +75,20 @@ async def acquire_slot(task: TaskRequest, granted: Callable[[], bool],
     Returns:
         Seconds waited while a slot is now held (release it with :func:`release_slot`);
         None when the tenant has no quota.
+
+    Raises:
+        temporalio.exceptions.ApplicationError: the signal failed for another reason than
+            a missing tenant workflow.
     """
     t0 = workflow.now()
-    asked: RequestTenantSlotOutput = await workflow.execute_local_activity(
-        "request_tenant_slot",
-        RequestTenantSlotInput(tenant=task.tenant, request=TenantSlotRequest(
-            workflow_id=workflow.info().workflow_id, priority=task.priority)),
-        start_to_close_timeout=TENANT_SLOT_TIMEOUT,
-        retry_policy=TENANT_SLOT_RETRY,
-        result_type=RequestTenantSlotOutput,
-    )
-    if not asked.has_quota:
-        return None
+    try:
+        await workflow.get_external_workflow_handle(tenant_workflow_id(task.tenant)).signal(
+            ACQUIRE_SIGNAL, TenantSlotRequest(workflow_id=workflow.info().workflow_id,
+                                              priority=task.priority))
+    except ApplicationError as e:
+        if e.type == EXTERNAL_NOT_FOUND:
+            return None  # no quota workflow: the tenant has no quota
+        raise
     try:
         await workflow.wait_condition(granted)
     except asyncio.CancelledError:

@@ -3,18 +3,13 @@ scored, and how `rolloutd submit` reports and exits on them. Pure functions: no 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowHistory
-from temporalio.worker import Replayer
 
 from rolloutd.cli import exit_code, failure_cell, failure_counts, what_went_wrong
-from rolloutd.security.connection import data_converter
 from rolloutd.types import FailureCause, SessionResult, SessionStatus, TaskResult
 from rolloutd.workflows.failures import SessionFacts, classify, scoring
-from rolloutd.workflows.session import RolloutSessionWorkflow
 
 
 def ran(**fields: Any) -> SessionFacts:
@@ -110,15 +105,3 @@ def test_submit_fails_on_an_infrastructure_cause_no_replacement_made_good() -> N
     assert [failure_cell(s) for s in replaced[0].sessions] == \
         ["backend/run", "-", "timeout/run (policy)"]
     assert failure_counts(replaced) == {"backend": 1, "none": 1, "timeout": 1}
-
-
-HISTORY_BEFORE = Path(__file__).parent / "data" / "session_history_before_failure_causes.json"
-
-
-async def test_a_session_recorded_before_failure_causes_replays_the_old_rule() -> None:
-    """A session that ran on the code before failure causes (a shell harness whose script
-    does not exist, exit 127, evaluated 0.0) replays on today's workflow: running workflows
-    keep working across the change (``workflow.patched``)."""
-    history = WorkflowHistory.from_json("task/missing/0", HISTORY_BEFORE.read_text())
-    await Replayer(workflows=[RolloutSessionWorkflow],
-                   data_converter=data_converter()).replay_workflow(history)

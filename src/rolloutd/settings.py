@@ -111,6 +111,11 @@ class CommonSettings(BaseSettings):
         "process; the gateway's /metrics route serves its process's metrics either way")
     metrics_host: str = Field(default="0.0.0.0", description="bind address of the metrics "
                               "port (all interfaces: Prometheus scrapes pods from outside)")
+    max_cached_workflows: int = Field(
+        default=1000, ge=0, le=1_000_000, description="workflows the workflows fleet keeps "
+        "in memory between their tasks (Temporal's max_cached_workflows); one evicted is "
+        "replayed from its history at its next task or query. 0 replays every task (the "
+        "replay tests)")
 
 
 class GatewaySettings(CommonSettings):

@@ -172,6 +172,7 @@ async def run_fleet(
                         FleetHealthActivities(client).task_queue_pollers,
                         FleetHealthActivities(client).sandbox_capacity],
             no_remote_activities=True,
+            max_cached_workflows=(settings or CommonSettings()).max_cached_workflows,
             workflow_task_poller_behavior=TASK_POLLS,
             graceful_shutdown_timeout=grace,
         ))

@@ -68,10 +68,6 @@ with workflow.unsafe.imports_passed_through():
 #: reading a task file is retried like other infrastructure work.
 SOURCE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                            maximum_interval=timedelta(seconds=30), maximum_attempts=5)
-#: patch id: the in-flight target follows the observed capacity (adapt_in_flight)
-ADAPT_IN_FLIGHT = "buffer-adapt-in-flight"
-#: patch id: no task starts past the staleness bound (staleness_admission)
-STALENESS_ADMISSION = "buffer-staleness-admission"
 #: how many acked batch ids and dropped groups the state remembers (bounded history).
 MAX_REMEMBERED = 1000
 
@@ -152,7 +148,7 @@ class RolloutBufferWorkflow:
         """Start tasks until ``num_in_flight`` run, reading the source file when needed."""
         cfg = self._config
         num_in_flight = cfg.num_in_flight
-        if cfg.adapt_in_flight and workflow.patched(ADAPT_IN_FLIGHT):
+        if cfg.adapt_in_flight:
             now = workflow.now().timestamp()
             if now >= self._capacity_due:
                 self._capacity_due = now + buffer_capacity.CAPACITY_CHECK_S
@@ -195,7 +191,7 @@ class RolloutBufferWorkflow:
         """
         cfg = self._config
         if (cfg.max_staleness is None or not cfg.staleness_admission
-                or not self._s.batch_groups or not workflow.patched(STALENESS_ADMISSION)):
+                or not self._s.batch_groups):
             return False
         queued = len(self._s.ready) + len(self._s.running)
         return queued >= (cfg.max_staleness + 1) * self._s.batch_groups

@@ -56,7 +56,7 @@ class AttemptOutcome:
     run_budget_shortened: bool = False
     #: the gateway's verdict that stopped the harness (its calls stood unanswered)
     backend_verdict: str | None = None
-    #: the runtime's teardown, running beside close and build (see TEARDOWN_BESIDE_CLOSE)
+    #: the runtime's teardown, running beside close and build (they do not depend on each other)
     teardown: asyncio.Future[None] | None = None
 
     async def torn_down(self) -> None:

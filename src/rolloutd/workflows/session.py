@@ -67,24 +67,9 @@ with workflow.unsafe.imports_passed_through():
 HARNESS_HEARTBEAT = timedelta(seconds=10)
 #: a host-pinned activity not picked up by then: the host is gone (the session may restart).
 HOST_QUEUE_START = timedelta(seconds=60)
-#: patch id: the runtime is torn down while the gateway session closes and the trajectory is
-#: built, not before (they do not depend on each other; a cancelled session ends one activity
-#: round trip sooner). Histories recorded before it replay the sequential order.
-TEARDOWN_BESIDE_CLOSE = "teardown-beside-close"
-#: patch id: provisioning waits for a sandbox host to pick it up only while a sandbox worker
-#: polls (``phases.provision_wait_s``); before it, a session waited forever when none did.
-PROVISION_WAIT = "provision-wait"
-#: patch id: a session gets a failure cause, and only one the policy is accountable for is
-#: scored (docs/failures.md); before it, every session not cancelled was evaluated.
-FAILURE_CAUSES = "failure-causes"
 #: counter of sessions ended with a failure cause (label ``kind``), from workflow code
 #: through ``workflow.metric_meter()`` (replay-safe)
 SESSION_FAILURES_METRIC = names.SESSION_FAILURES
-#: patch id: tenant priority and quota slot; capacity waits do not tick the deadline; the
-#: evaluation runtime is asked for after the session's (docs/tenancy.md). Before: none.
-TENANT_QUOTA = "tenant-quota"
-#: patch id: the first gateway session opens once the backends have room (docs/tenancy.md)
-BACKEND_WAIT = "backend-wait"
 
 
 def attempt_session_id(session_id: str, attempt: int) -> str:
@@ -118,7 +103,6 @@ class RolloutSessionWorkflow(SessionEnding):
         # the deadline's clock (None: not started) and the later attempts' queue waits, s
         self._clock: datetime | None = None
         self._waited_s = 0.0
-        self._tenancy = False
         self._prewarm: asyncio.Task[ProvisionRuntimeOutput] | None = None
         self._start_prewarm: Callable[[], asyncio.Task[ProvisionRuntimeOutput]] | None = None
 
@@ -144,12 +128,9 @@ class RolloutSessionWorkflow(SessionEnding):
         timings: list[PhaseTiming] = []
         search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
         self._show()
-        tenancy = self._tenancy = workflow.patched(TENANT_QUOTA)
-        waited: float | None = None
-        if tenancy:
-            self._priority = task_priority(task)
-            self._phase = "tenant_wait"
-            waited = await tenants.acquire_slot(task, lambda: self._granted, timings)
+        self._priority = task_priority(task)
+        self._phase = "tenant_wait"
+        waited = await tenants.acquire_slot(task, lambda: self._granted, timings)
         holds_slot = waited is not None
         try:
             return await self._run(input, timings)
@@ -161,8 +142,8 @@ class RolloutSessionWorkflow(SessionEnding):
         """Steps 1-9 (the module docstring)."""
         task = input.task
         phases = task.phases
-        # with tenancy it ticks from the first runtime up: no capacity wait is charged
-        self._clock = None if self._tenancy else workflow.now()
+        # the deadline ticks from the first runtime up: no capacity wait is charged
+        self._clock = None
         # metric_meter() is replay-safe: nothing is emitted again when a history replays
         meter = workflow.metric_meter().with_additional_attributes(
             {"harness": task.harness.type})
@@ -215,16 +196,14 @@ class RolloutSessionWorkflow(SessionEnding):
                 result_type=ProvisionRuntimeOutput,
             ), current=False))
 
-        # with tenancy, once the session's runtime is up (else such runtimes fill a host)
-        self._start_prewarm = start_prewarm if fresh_eval and self._tenancy else None
+        # once the session's runtime is up (else such runtimes fill a host)
+        self._start_prewarm = start_prewarm if fresh_eval else None
         given_up: list[SessionAttempt] = []
-        # with tenancy only: its deadline does not tick before the first runtime is up
-        backend_wait = self._tenancy and workflow.patched(BACKEND_WAIT)
         attempt = 0
         while True:
             attempt += 1
             session_id = attempt_session_id(input.session_id, attempt)
-            wait = attempt == 1 and backend_wait  # a replacement is not held back
+            wait = attempt == 1  # a replacement is not held back
             # the earlier attempts' sealed logs (newest first) answer the requests identical
             # to theirs: each conversation replays until its first difference (issue 25)
             replay_from = [*(a.session_id for a in reversed(given_up)), *input.replay_from] \
@@ -243,8 +222,6 @@ class RolloutSessionWorkflow(SessionEnding):
                     priority=self._priority, result_type=OpenSessionOutput))
             opened: OpenSessionOutput = await (
                 backpressure.open_when_backends_free(open_once, timings) if wait else open_once())
-            if fresh_eval and self._prewarm is None and not self._tenancy:
-                self._prewarm = start_prewarm()
             outcome = await self._attempt(input, session_id, opened, attempt,
                                           run_check=not fresh_eval, timed=timed,
                                           deadline_left=deadline_left)
@@ -280,14 +257,11 @@ class RolloutSessionWorkflow(SessionEnding):
 
         The session's failure cause is decided from what was recorded
         (:func:`rolloutd.workflows.failures.classify`); only a session the policy is
-        accountable for is scored (docs/failures.md). Histories recorded before
-        :data:`FAILURE_CAUSES` replay the earlier rule: every session not cancelled is
-        evaluated.
+        accountable for is scored (docs/failures.md).
         """
         task, phases = input.task, input.task.phases
         status, error, artifacts = outcome.status, outcome.error, outcome.artifacts
         cancelled = outcome.cancelled
-        causes = workflow.patched(FAILURE_CAUSES)
         if outcome.host_lost:
             error = f"{error} (attempt {attempt} of {task.max_session_attempts}: giving up)"
             outcome.error = error
@@ -302,27 +276,21 @@ class RolloutSessionWorkflow(SessionEnding):
                 error = eval_error
 
         closed = await self._close(opened, session_id, timed,
-                                   run_deadline_at=outcome.timed_out_at if causes else None)
+                                   run_deadline_at=outcome.timed_out_at)
         self._num_completions = closed.num_completions
 
-        failure: FailureCause | None = None
-        forced: float | None = None
-        if causes:
-            failure = failures.classify(session_facts(outcome, closed, task.harness.type))
-            if failure is None and eval_error is not None and eval_error != "cancelled":
-                failure = FailureCause(kind="evaluator", message=eval_error,
-                                       phase="eval_provision")
-            how, forced = failures.scoring(failure, task.timeout_reward)
-            if (how != "skip" and closed.num_invalid_tool_calls
-                    and task.invalid_tool_call_reward is not None):
-                # an unreadable tool call is the model's doing: the task sets its reward
-                how, forced = "force", task.invalid_tool_call_reward
-            if failure is not None and failure.kind not in ("timeout", "cancelled"):
-                status = SessionStatus.FAILED
-                error = error or failure.message
-            evaluate = how != "skip"
-        else:
-            evaluate = not cancelled
+        failure = failures.classify(session_facts(outcome, closed, task.harness.type))
+        if failure is None and eval_error is not None and eval_error != "cancelled":
+            failure = FailureCause(kind="evaluator", message=eval_error, phase="eval_provision")
+        how, forced = failures.scoring(failure, task.timeout_reward)
+        if (how != "skip" and closed.num_invalid_tool_calls
+                and task.invalid_tool_call_reward is not None):
+            # an unreadable tool call is the model's doing: the task sets its reward
+            how, forced = "force", task.invalid_tool_call_reward
+        if failure is not None and failure.kind not in ("timeout", "cancelled"):
+            status = SessionStatus.FAILED
+            error = error or failure.message
+        evaluate = how != "skip"
 
         built: BuildTrajectoryOutput = await timed("build", workflow.execute_activity(
             "build_trajectory",
@@ -356,7 +324,7 @@ class RolloutSessionWorkflow(SessionEnding):
                     result_type=EvaluateOutput,
                 ))
             except ActivityError as e:
-                if not causes or isinstance(e.cause, TemporalCancelledError):
+                if isinstance(e.cause, TemporalCancelledError):
                     raise
                 evaluated = EvaluateOutput(error=f"evaluation failed: {cause_text(e)}")
             if evaluated.error is not None:
@@ -419,24 +387,13 @@ class RolloutSessionWorkflow(SessionEnding):
         runtime: ProvisionRuntimeOutput | None = None
         try:
             provision_input = ProvisionRuntimeInput(session_id=session_id, runtime=task.runtime)
-            if workflow.patched(PROVISION_WAIT):
-                runtime = await timed("provision", provision_watched(
-                    provision_input, phases.provision_s, phases.provision_wait_s, attempt,
-                    priority=self._priority))
-                if self._tenancy and self._clock is None:
-                    self._clock = workflow.now()
-                elif self._tenancy:  # a later attempt's wait for a host
-                    self._waited_s += runtime.queue_wait_s
-            else:
-                runtime = await timed("provision", workflow.execute_activity(
-                    "provision_runtime", provision_input,
-                    task_queue=task_queues.SANDBOX,
-                    start_to_close_timeout=_seconds(phases.provision_s),
-                    heartbeat_timeout=HEARTBEAT,
-                    retry_policy=INFRA_RETRY,
-                    priority=self._priority,
-                    result_type=ProvisionRuntimeOutput,
-                ))
+            runtime = await timed("provision", provision_watched(
+                provision_input, phases.provision_s, phases.provision_wait_s, attempt,
+                priority=self._priority))
+            if self._clock is None:
+                self._clock = workflow.now()
+            else:  # a later attempt's wait for a host
+                self._waited_s += runtime.queue_wait_s
             if self._start_prewarm is not None and self._prewarm is None:
                 self._prewarm = self._start_prewarm()
             run_budget = min(phases.run_s, max(1.0, deadline_left()))
@@ -521,11 +478,8 @@ class RolloutSessionWorkflow(SessionEnding):
                                  f"{cause_text(e)}")
         finally:
             if runtime is not None:
-                if workflow.patched(TEARDOWN_BESIDE_CLOSE):
-                    out.teardown = asyncio.ensure_future(self._teardown(
-                        runtime, timed, host_lost=out.host_lost, teardown_s=phases.teardown_s,
-                        current=False))
-                else:
-                    await self._teardown(runtime, timed, host_lost=out.host_lost,
-                                         teardown_s=phases.teardown_s)
+                # torn down while the gateway session closes and the trajectory is built
+                out.teardown = asyncio.ensure_future(self._teardown(
+                    runtime, timed, host_lost=out.host_lost, teardown_s=phases.teardown_s,
+                    current=False))
         return out

@@ -39,7 +39,6 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd.activities.models import (
         BackendHealthInput,
         BackendHealthOutput,
-        PostCallbackInput,
         TaskQueuePollersInput,
         TaskQueuePollersOutput,
     )
@@ -81,29 +80,10 @@ def session_workflow_id(parent: str, sample_index: int, replacement: int = 0) ->
     return base if replacement == 0 else f"{base}/r{replacement}"
 
 
-#: histories recorded before DETACHED_CALLBACKS_PATCH: callbacks ran inside the task, with
-#: exponential backoff for about 10 minutes, and held it running meanwhile.
-CALLBACK_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=60),
-    maximum_attempts=15,
-)
 #: the signal a task sends to ``TaskRequest.report_to`` (RolloutBufferWorkflow) at its end.
 GROUP_FINISHED_SIGNAL = "group_finished"
-#: patch id of cancelling sessions directly (:func:`_cancel_sessions`), not as child cancels.
-CANCEL_DIRECTLY_PATCH = "cancel-sessions-directly"
-#: patch id of callbacks as detached children (:mod:`rolloutd.workflows.callback`).
-DETACHED_CALLBACKS_PATCH = "detached-callbacks"
 #: the query answering :class:`~rolloutd.types.TaskProgress`.
 STATUS_QUERY = "status"
-#: patch id of replacing samples that failed for infrastructure; histories recorded before it
-#: end with every sample's first session.
-REPLACEMENTS_PATCH = "replace-infrastructure-failures"
-#: patch id of waiting for the engine before replacing a ``backend`` failure (and not
-#: counting it) while the gateway's pool has no healthy backend; histories recorded before it
-#: replace at once and count it.
-ENGINE_WAIT_PATCH = "wait-for-engine-before-replacing"
 #: how often a replacement waiting for the sandbox fleet asks whether a worker polls (at most)
 FLEET_CHECK_EVERY_S = 10.0
 FLEET_CHECK_TIMEOUT = timedelta(seconds=10)
@@ -155,7 +135,6 @@ class RolloutTaskWorkflow:
         search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
         self._show(task, "running")
         parent = workflow.info().workflow_id
-        replace = workflow.patched(REPLACEMENTS_PATCH)
         # a sample's running session, by index: cancelled directly by this id
         self._child_ids = {i: session_workflow_id(parent, i) for i in range(task.num_samples)}
 
@@ -185,7 +164,7 @@ class RolloutTaskWorkflow:
             result = await session(index, 0)
             replacement = 0
             earlier: list[str] = []
-            while replace and not self._cancelling and await self._replace(task, result):
+            while not self._cancelling and await self._replace(task, result):
                 replacement += 1
                 self._child_ids[index] = session_workflow_id(parent, index, replacement)
                 # the replaced session's attempts, newest first, are the replacement's replay
@@ -198,10 +177,7 @@ class RolloutTaskWorkflow:
             self._results[index] = result
             self._show(task, "running")
             if task.callback_url and not self._cancelling:
-                if workflow.patched(DETACHED_CALLBACKS_PATCH):
-                    await _start_callback(task.callback_url, parent, index, task, result)
-                else:
-                    await _post_callback(task.callback_url, result)
+                await _start_callback(task.callback_url, parent, index, task, result)
             return result
 
         sessions = [asyncio.ensure_future(one(i)) for i in range(task.num_samples)]
@@ -252,7 +228,7 @@ class RolloutTaskWorkflow:
         fleet_down = failure is not None and is_fleet_down(failure)
         # a backend failure while the engine is down is the fleet's, as a dead sandbox fleet
         engine_down = (not fleet_down and failure is not None and failure.kind == "backend"
-                       and workflow.patched(ENGINE_WAIT_PATCH) and await _engine_down())
+                       and await _engine_down())
         fleet_down = fleet_down or engine_down
         if not fleet_down and self._num_counted_replacements >= task.max_replacements:
             return False
@@ -369,17 +345,16 @@ async def _cancel_sessions(child_ids: dict[int, str], sessions: list[asyncio.Fut
     cancelled as a child."""
     running = [i for i, s in enumerate(sessions) if not s.done()]
     fallback = running
-    if workflow.patched(CANCEL_DIRECTLY_PATCH):
-        try:
-            failed = await workflow.execute_local_activity(
-                cancel_workflows, [child_ids[i] for i in running],
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_attempts=2),
-            )
-            fallback = [i for i in running if child_ids[i] in set(failed)]
-        except ActivityError as e:
-            workflow.logger.warning("cancelling sessions directly failed (%s): cancelling "
-                                    "them as children", e.cause or e)
+    try:
+        failed = await workflow.execute_local_activity(
+            cancel_workflows, [child_ids[i] for i in running],
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=2),
+        )
+        fallback = [i for i in running if child_ids[i] in set(failed)]
+    except ActivityError as e:
+        workflow.logger.warning("cancelling sessions directly failed (%s): cancelling "
+                                "them as children", e.cause or e)
     for i in fallback:
         sessions[i].cancel()
 
@@ -396,21 +371,6 @@ async def _start_callback(url: str, parent: str, index: int, task: TaskRequest,
         parent_close_policy=ParentClosePolicy.ABANDON,
         priority=task_priority(task),
     )
-
-
-async def _post_callback(url: str, result: SessionResult) -> None:
-    """POST a session's result to the task's callback URL; a receiver that stays down is
-    logged, never a task failure (the result is kept in the task's group either way)."""
-    try:
-        await workflow.execute_activity(
-            "post_callback", PostCallbackInput(url=url, session=result),
-            task_queue=task_queues.EVAL,
-            start_to_close_timeout=timedelta(seconds=60),
-            retry_policy=CALLBACK_RETRY,
-        )
-    except ActivityError as e:
-        workflow.logger.warning("callback to %s for %s gave up: %s", url, result.session_id,
-                                e.cause or e)
 
 
 async def _report(workflow_id: str, group: TaskResult) -> None:

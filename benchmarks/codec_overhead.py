@@ -48,8 +48,10 @@ def main() -> None:
     print("| --- | --- | --- | --- |")
     for size in SIZES:
         enc, dec, added = measure(codec, size, args.repeat if size < 2**20 else 20)
-        print(f"| {size // 1024 or size} {'KiB' if size >= 1024 else 'B'} | {enc:.1f} | "
-              f"{dec:.1f} | {added} |")
+        print(
+            f"| {size // 1024 or size} {'KiB' if size >= 1024 else 'B'} | {enc:.1f} | "
+            f"{dec:.1f} | {added} |"
+        )
 
 
 if __name__ == "__main__":

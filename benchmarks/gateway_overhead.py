@@ -11,7 +11,8 @@ One run, one instant local backend (a fake llama.cpp ``/completion`` + OpenAI
 Each system runs in its own process on loopback; the load generator is this process (httpx,
 one client per worker: a single pool of 64 connections costs more than the systems measured).
 The gateway children run on uvloop and uvicorn picks httptools when those are installed, as the
-gateway fleet's process does (the report says which the gateway used). Latency is measured per call at 1 and at 64 concurrent sessions (one
+gateway fleet's process does (the report says which the gateway used). Latency is measured per call
+at 1 and at 64 concurrent sessions (one
 session per worker, each call a new single-turn conversation); added latency is the path's
 percentile minus the direct one. CPU/call is the serving process's own CPU time per call
 (from /proc): on a shared machine it varies much less than latency. Before those rows, one
@@ -63,20 +64,46 @@ LITELLM_KEY = "sk-rolloutd-bench-0123456789abcdef"
 
 def _fake_answers(ids: list[int]) -> dict[str, bytes]:
     """Fixed answer bodies by path: llama.cpp ``/completion`` and ``/props``, OpenAI chat."""
-    probs = [{"id": i, "token": "", "bytes": [], "logprob": -0.01,
-              "top_logprobs": [{"id": i, "logprob": -0.01}]} for i in ids]
-    completion = {"content": ANSWER, "tokens": ids, "completion_probabilities": probs,
-                  "stop": True, "stop_type": "eos", "tokens_evaluated": 10,
-                  "timings": {"cache_n": 0}}
-    chat = {"id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": "bench",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER},
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": len(ids), "total_tokens": 20}}
-    return {"/completion": json.dumps(completion).encode(),
-            "/props": json.dumps({"default_generation_settings": {"n_ctx": 131072}}).encode(),
-            "/v1/chat/completions": json.dumps(chat).encode(),
-            "/chat/completions": json.dumps(chat).encode(),
-            "/v1/models": json.dumps({"object": "list", "data": [{"id": "bench"}]}).encode()}
+    probs = [
+        {
+            "id": i,
+            "token": "",
+            "bytes": [],
+            "logprob": -0.01,
+            "top_logprobs": [{"id": i, "logprob": -0.01}],
+        }
+        for i in ids
+    ]
+    completion = {
+        "content": ANSWER,
+        "tokens": ids,
+        "completion_probabilities": probs,
+        "stop": True,
+        "stop_type": "eos",
+        "tokens_evaluated": 10,
+        "timings": {"cache_n": 0},
+    }
+    chat = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "bench",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": ANSWER},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": len(ids), "total_tokens": 20},
+    }
+    return {
+        "/completion": json.dumps(completion).encode(),
+        "/props": json.dumps({"default_generation_settings": {"n_ctx": 131072}}).encode(),
+        "/v1/chat/completions": json.dumps(chat).encode(),
+        "/chat/completions": json.dumps(chat).encode(),
+        "/v1/models": json.dumps({"object": "list", "data": [{"id": "bench"}]}).encode(),
+    }
 
 
 class _FakeProtocol(asyncio.Protocol):
@@ -111,7 +138,9 @@ class _FakeProtocol(asyncio.Protocol):
             body = body if body is not None else b'{"error": {"message": "not found"}}'
             self.transport.write(
                 f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n".encode() + body)
+                f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n".encode()
+                + body
+            )
 
 
 async def _run_fake(port: int, ids: list[int]) -> None:
@@ -125,8 +154,9 @@ async def _run_fake(port: int, ids: list[int]) -> None:
 # -------------------------------------------------------------------------- the gateway
 
 
-async def _run_gateway(backend_url: str, backend_type: str, capture_mode: str,
-                       num_sessions: int, store: str) -> None:
+async def _run_gateway(
+    backend_url: str, backend_type: str, capture_mode: str, num_sessions: int, store: str
+) -> None:
     from rolloutd.logs import configure_logging
     from rolloutd.proxy.gateway import Gateway, serve
     from rolloutd.settings import GatewaySettings
@@ -134,22 +164,34 @@ async def _run_gateway(backend_url: str, backend_type: str, capture_mode: str,
     from rolloutd.workers import freeze_startup_objects
 
     configure_logging("warning", json=True)
-    settings = GatewaySettings(store_url=store, backend_url=backend_url,
-                               backend_type=backend_type, model=MODEL, gateway_port=0)
+    settings = GatewaySettings(
+        store_url=store,
+        backend_url=backend_url,
+        backend_type=backend_type,
+        model=MODEL,
+        gateway_port=0,
+    )
     gateway = Gateway.from_settings(settings)
     handle = await serve(gateway, "127.0.0.1", 0)
     keys = []
     for i in range(num_sessions):
-        info = await gateway.sessions.open_session(f"bench/{i}", "bench",
-                                                   sampling=SamplingParams(max_tokens=16),
-                                                   capture_mode=capture_mode)
+        info = await gateway.sessions.open_session(
+            f"bench/{i}", "bench", sampling=SamplingParams(max_tokens=16), capture_mode=capture_mode
+        )
         keys.append(info.session_key)
     freeze_startup_objects()  # as the gateway fleet's process does once started
     loop = asyncio.get_running_loop()
-    print(json.dumps({"port": handle.port, "keys": keys,
-                      "http_parser": getattr(handle, "http_parser", "?"),
-                      "event_loop": f"{type(loop).__module__}.{type(loop).__name__}"}),
-          flush=True)
+    print(
+        json.dumps(
+            {
+                "port": handle.port,
+                "keys": keys,
+                "http_parser": getattr(handle, "http_parser", "?"),
+                "event_loop": f"{type(loop).__module__}.{type(loop).__name__}",
+            }
+        ),
+        flush=True,
+    )
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
@@ -180,8 +222,9 @@ class Proc:
 
 def _start(args: list[str], timeout_s: float = 120.0, prefix: tuple[str, ...] = ()) -> Proc:
     """Start ``prefix python this_file args`` and wait for its JSON ready line."""
-    popen = subprocess.Popen([*prefix, sys.executable, __file__, *args], stdout=subprocess.PIPE,
-                             text=True)
+    popen = subprocess.Popen(
+        [*prefix, sys.executable, __file__, *args], stdout=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + timeout_s
     assert popen.stdout is not None
     while time.monotonic() < deadline:
@@ -203,12 +246,33 @@ def _start_litellm(binary: str, fake_port: int, port: int, folder: Path) -> subp
         f"      model: openai/bench\n      api_base: http://127.0.0.1:{fake_port}/v1\n"
         "      api_key: sk-bench\n"
         "litellm_settings:\n  telemetry: false\n  drop_params: true\n  set_verbose: false\n"
-        "  json_logs: false\n")
-    env = {**os.environ, "LITELLM_MASTER_KEY": LITELLM_KEY, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False",
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_DOCS": "True", "DISABLE_ADMIN_UI": "True"}
-    return subprocess.Popen([binary, "--config", str(config), "--host", "127.0.0.1",
-                             "--port", str(port), "--num_workers", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        "  json_logs: false\n"
+    )
+    env = {
+        **os.environ,
+        "LITELLM_MASTER_KEY": LITELLM_KEY,
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_TELEMETRY": "False",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "NO_DOCS": "True",
+        "DISABLE_ADMIN_UI": "True",
+    }
+    return subprocess.Popen(
+        [
+            binary,
+            "--config",
+            str(config),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num_workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
 
 
 async def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
@@ -275,11 +339,21 @@ def _cpu_ns_s(pid: int | None) -> float:
 
 def _body(path: Path_, worker: int, call: int) -> dict[str, Any]:
     if path.kind == "completion":
-        return {"prompt": list(range(20 + call % 7)), "n_predict": 16, "n_probs": 1,
-                "cache_prompt": True, "return_tokens": True}
-    return {"model": "bench", "max_tokens": 16, "messages": [
-        {"role": "system", "content": "You are a helpful assistant."},
-        {"role": "user", "content": f"Say hello to worker {worker}, call {call}."}]}
+        return {
+            "prompt": list(range(20 + call % 7)),
+            "n_predict": 16,
+            "n_probs": 1,
+            "cache_prompt": True,
+            "return_tokens": True,
+        }
+    return {
+        "model": "bench",
+        "max_tokens": 16,
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": f"Say hello to worker {worker}, call {call}."},
+        ],
+    }
 
 
 def _target(path: Path_, worker: int) -> tuple[str, dict[str, str]]:
@@ -289,8 +363,9 @@ def _target(path: Path_, worker: int) -> tuple[str, dict[str, str]]:
     return path.url + suffix, ({"Authorization": f"Bearer {path.auth}"} if path.auth else {})
 
 
-async def _load(path: Path_, concurrency: int, calls_per_worker: int,
-                first_call: int) -> tuple[list[float], float, int, float]:
+async def _load(
+    path: Path_, concurrency: int, calls_per_worker: int, first_call: int
+) -> tuple[list[float], float, int, float]:
     """Latencies (s) of every successful call, the wall time of the run, failed calls, and
     the serving process's CPU time per call (s)."""
     latencies: list[float] = []
@@ -298,14 +373,14 @@ async def _load(path: Path_, concurrency: int, calls_per_worker: int,
     limits = httpx.Limits(max_connections=2, max_keepalive_connections=1)
     clients = [httpx.AsyncClient(limits=limits, timeout=60) for _ in range(concurrency)]
     try:
+
         async def worker(w: int) -> None:
             url, headers = _target(path, w)
             client = clients[w]
             for call in range(first_call, first_call + calls_per_worker):
                 started = time.perf_counter()
                 try:
-                    response = await client.post(url, json=_body(path, w, call),
-                                                 headers=headers)
+                    response = await client.post(url, json=_body(path, w, call), headers=headers)
                 except httpx.HTTPError as e:
                     failures.append(repr(e))
                     continue
@@ -327,8 +402,10 @@ async def _load(path: Path_, concurrency: int, calls_per_worker: int,
         for client in clients:
             await client.aclose()
     if failures:
-        print(f"{path.name} @{concurrency}: {len(failures)} failed calls, first: {failures[0]}",
-              file=sys.stderr)
+        print(
+            f"{path.name} @{concurrency}: {len(failures)} failed calls, first: {failures[0]}",
+            file=sys.stderr,
+        )
     return latencies, wall, len(failures), cpu / max(1, len(latencies))
 
 
@@ -337,8 +414,9 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _growth(url: str, key: str, baseline_key: str, turns: int, pid: int | None
-                  ) -> dict[str, list[float]]:
+async def _growth(
+    url: str, key: str, baseline_key: str, turns: int, pid: int | None
+) -> dict[str, list[float]]:
     """One tokens-mode session growing a conversation to ``turns`` turns, each of its calls
     followed by a single-turn call in another session (the baseline, measured at the same
     moment, so that a machine that slows down or speeds up during the run does not read as
@@ -347,6 +425,7 @@ async def _growth(url: str, key: str, baseline_key: str, turns: int, pid: int | 
     out: dict[str, list[float]] = {"lat": [], "cpu": [], "base_lat": [], "base_cpu": []}
     headers = {"Content-Type": "application/json"}
     async with httpx.AsyncClient(timeout=60) as client:
+
         async def timed(target: str, body: bytes) -> tuple[float, float, httpx.Response]:
             cpu_before = _cpu_ns_s(pid)
             started = time.perf_counter()
@@ -363,8 +442,15 @@ async def _growth(url: str, key: str, baseline_key: str, turns: int, pid: int | 
             out["lat"].append(latency)
             out["cpu"].append(cpu)
             messages.append(response.json()["choices"][0]["message"])
-            fresh = json.dumps({"model": "bench", "messages": [
-                messages[0], {"role": "user", "content": f"Turn {turn}: say hello."}]}).encode()
+            fresh = json.dumps(
+                {
+                    "model": "bench",
+                    "messages": [
+                        messages[0],
+                        {"role": "user", "content": f"Turn {turn}: say hello."},
+                    ],
+                }
+            ).encode()
             latency, cpu, _ = await timed(f"{url}/s/{baseline_key}/v1/chat/completions", fresh)
             out["base_lat"].append(latency)
             out["base_cpu"].append(cpu)
@@ -379,7 +465,8 @@ async def _main(args: argparse.Namespace) -> None:
 
     tokenizer = load_tokenizer(MODEL)
     ids = list(tokenizer.encode(ANSWER, add_special_tokens=False)) + [
-        tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ]
     procs: list[Proc] = []
     litellm: subprocess.Popen | None = None
     folder = Path(tempfile.mkdtemp(prefix="rolloutd-bench-"))
@@ -388,28 +475,61 @@ async def _main(args: argparse.Namespace) -> None:
         procs.append(fake)
         fake_url = f"http://127.0.0.1:{fake.ready['port']}"
         sessions = max(args.concurrency)
-        tokens = _start(["gateway", fake_url, "llama_cpp", "tokens", str(sessions + 2),
-                         str(folder / "tokens")])
+        tokens = _start(
+            ["gateway", fake_url, "llama_cpp", "tokens", str(sessions + 2), str(folder / "tokens")]
+        )
         procs.append(tokens)
-        passthrough = _start(["gateway", fake_url, "openai", "passthrough", str(sessions),
-                              str(folder / "passthrough")])
+        passthrough = _start(
+            [
+                "gateway",
+                fake_url,
+                "openai",
+                "passthrough",
+                str(sessions),
+                str(folder / "passthrough"),
+            ]
+        )
         procs.append(passthrough)
-        paths = [Path_("direct (/completion)", fake_url, [], "completion",
-                       pid=fake.popen.pid),
-                 Path_("direct (chat)", fake_url, [], "chat", pid=fake.popen.pid),
-                 Path_("rolloutd passthrough", f"http://127.0.0.1:{passthrough.ready['port']}",
-                       passthrough.ready["keys"], "chat", pid=passthrough.popen.pid),
-                 Path_("rolloutd tokens", f"http://127.0.0.1:{tokens.ready['port']}",
-                       tokens.ready["keys"][:-2], "chat", pid=tokens.popen.pid)]
+        paths = [
+            Path_("direct (/completion)", fake_url, [], "completion", pid=fake.popen.pid),
+            Path_("direct (chat)", fake_url, [], "chat", pid=fake.popen.pid),
+            Path_(
+                "rolloutd passthrough",
+                f"http://127.0.0.1:{passthrough.ready['port']}",
+                passthrough.ready["keys"],
+                "chat",
+                pid=passthrough.popen.pid,
+            ),
+            Path_(
+                "rolloutd tokens",
+                f"http://127.0.0.1:{tokens.ready['port']}",
+                tokens.ready["keys"][:-2],
+                "chat",
+                pid=tokens.popen.pid,
+            ),
+        ]
         results: dict[tuple[str, int], tuple[list[float], float, int, float]] = {}
-        growth = await _growth(paths[3].url, tokens.ready["keys"][-1], tokens.ready["keys"][-2],
-                               args.turns, tokens.popen.pid)
+        growth = await _growth(
+            paths[3].url,
+            tokens.ready["keys"][-1],
+            tokens.ready["keys"][-2],
+            args.turns,
+            tokens.popen.pid,
+        )
         if args.litellm:  # started last: its background work would weigh on the other rows
             litellm_port = args.litellm_port
             litellm = _start_litellm(args.litellm, fake.ready["port"], litellm_port, folder)
             await _wait_http(f"http://127.0.0.1:{litellm_port}/health/liveliness", 180, litellm)
-            paths.append(Path_("LiteLLM proxy", f"http://127.0.0.1:{litellm_port}", [], "chat",
-                               auth=LITELLM_KEY, pid=litellm.pid))
+            paths.append(
+                Path_(
+                    "LiteLLM proxy",
+                    f"http://127.0.0.1:{litellm_port}",
+                    [],
+                    "chat",
+                    auth=LITELLM_KEY,
+                    pid=litellm.pid,
+                )
+            )
         for path in paths:
             if path.name == "LiteLLM proxy":
                 for proc in procs[1:]:  # the gateways are idle from here on
@@ -418,9 +538,12 @@ async def _main(args: argparse.Namespace) -> None:
                 calls = args.calls if concurrency == 1 else max(5, args.calls // concurrency * 4)
                 results[(path.name, concurrency)] = await _load(path, concurrency, calls, 0)
                 lat, wall, failed, cpu = results[(path.name, concurrency)]
-                print(f"{path.name} @{concurrency}: p50 {_pct(lat, 0.5) * 1000:.2f} ms, "
-                      f"{len(lat) / wall:.0f} calls/s, {failed} failed, "
-                      f"{cpu * 1000:.2f} ms CPU/call", file=sys.stderr)
+                print(
+                    f"{path.name} @{concurrency}: p50 {_pct(lat, 0.5) * 1000:.2f} ms, "
+                    f"{len(lat) / wall:.0f} calls/s, {failed} failed, "
+                    f"{cpu * 1000:.2f} ms CPU/call",
+                    file=sys.stderr,
+                )
     finally:
         if litellm is not None and litellm.poll() is None:
             litellm.terminate()
@@ -434,17 +557,24 @@ async def _main(args: argparse.Namespace) -> None:
     _report(paths, results, growth, args, tokens.ready)
 
 
-def _report(paths: list[Path_],
-            results: dict[tuple[str, int], tuple[list[float], float, int, float]],
-            growth: dict[str, list[float]], args: argparse.Namespace,
-            gateway: dict[str, Any]) -> None:
+def _report(
+    paths: list[Path_],
+    results: dict[tuple[str, int], tuple[list[float], float, int, float]],
+    growth: dict[str, list[float]],
+    args: argparse.Namespace,
+    gateway: dict[str, Any],
+) -> None:
     ms = 1000.0
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"\n### Gateway overhead ({os.cpu_count()} cores, instant fake backend, load average "
-          f"at the end {load}; gateway event loop {gateway.get('event_loop', '?')}, HTTP "
-          f"parser {gateway.get('http_parser', '?')})\n")
-    cols = " | ".join(f"p50 @{c} | p99 @{c} | added p50 @{c} | added p99 @{c} | calls/s @{c} "
-                      f"| CPU/call @{c}" for c in args.concurrency)
+    print(
+        f"\n### Gateway overhead ({os.cpu_count()} cores, instant fake backend, load average "
+        f"at the end {load}; gateway event loop {gateway.get('event_loop', '?')}, HTTP "
+        f"parser {gateway.get('http_parser', '?')})\n"
+    )
+    cols = " | ".join(
+        f"p50 @{c} | p99 @{c} | added p50 @{c} | added p99 @{c} | calls/s @{c} | CPU/call @{c}"
+        for c in args.concurrency
+    )
     print(f"| path | {cols} |")
     print("|---|" + "---|" * (6 * len(args.concurrency)))
     for path in paths:
@@ -454,51 +584,72 @@ def _report(paths: list[Path_],
             lat, wall, failed, cpu = results[(path.name, c)]
             base_lat = results[(base, c)][0]
             p50, p99 = _pct(lat, 0.5), _pct(lat, 0.99)
-            cells.append(f"{p50 * ms:.2f} ms | {p99 * ms:.2f} ms | "
-                         f"{(p50 - _pct(base_lat, 0.5)) * ms:+.2f} ms | "
-                         f"{(p99 - _pct(base_lat, 0.99)) * ms:+.2f} ms | {len(lat) / wall:.0f}"
-                         + (f" ({failed} failed)" if failed else "")
-                         + f" | {cpu * ms:.2f} ms")
+            cells.append(
+                f"{p50 * ms:.2f} ms | {p99 * ms:.2f} ms | "
+                f"{(p50 - _pct(base_lat, 0.5)) * ms:+.2f} ms | "
+                f"{(p99 - _pct(base_lat, 0.99)) * ms:+.2f} ms | {len(lat) / wall:.0f}"
+                + (f" ({failed} failed)" if failed else "")
+                + f" | {cpu * ms:.2f} ms"
+            )
         print(f"| {path.name} | {' | '.join(cells)} |")
-    print("\nCPU/call: the serving process's own CPU time (user + system, with its children) "
-          "per call; for direct rows, the fake backend's.")
+    print(
+        "\nCPU/call: the serving process's own CPU time (user + system, with its children) "
+        "per call; for direct rows, the fake backend's."
+    )
     _report_targets(results)
     lat, cpu, base_lat, base_cpu = (growth[k] for k in ("lat", "cpu", "base_lat", "base_cpu"))
-    print(f"\n### tokens mode: per-call cost as one conversation grows to {len(lat)} turns, "
-          "against a single-turn call made right after each (request bodies encoded before "
-          "the clock starts; CPU from the gateway's scheduler statistics, ns)\n")
-    print("| turns | p50 | single-turn p50 | ratio | gateway CPU/call (mean) | single-turn "
-          "CPU/call | ratio |")
+    print(
+        f"\n### tokens mode: per-call cost as one conversation grows to {len(lat)} turns, "
+        "against a single-turn call made right after each (request bodies encoded before "
+        "the clock starts; CPU from the gateway's scheduler statistics, ns)\n"
+    )
+    print(
+        "| turns | p50 | single-turn p50 | ratio | gateway CPU/call (mean) | single-turn "
+        "CPU/call | ratio |"
+    )
     print("|---|---|---|---|---|---|---|")
     window = max(1, len(lat) // 5)
     for start in range(0, len(lat), window):
         part = slice(start, start + window)
         p50, base_p50 = statistics.median(lat[part]), statistics.median(base_lat[part])
         mean_cpu, mean_base = statistics.mean(cpu[part]), statistics.mean(base_cpu[part])
-        print(f"| {start + 1}-{start + len(lat[part])} | {p50 * ms:.2f} ms | "
-              f"{base_p50 * ms:.2f} ms | {p50 / base_p50:.2f} | {mean_cpu * ms:.2f} ms | "
-              f"{mean_base * ms:.2f} ms | {mean_cpu / mean_base:.2f} |")
+        print(
+            f"| {start + 1}-{start + len(lat[part])} | {p50 * ms:.2f} ms | "
+            f"{base_p50 * ms:.2f} ms | {p50 / base_p50:.2f} | {mean_cpu * ms:.2f} ms | "
+            f"{mean_base * ms:.2f} ms | {mean_cpu / mean_base:.2f} |"
+        )
     num_tokens, plain_ms, gateway_ms = _fresh_prompts()
-    print(f"\n### tokens mode: a fresh conversation's prompt ({num_tokens} tokens: a long "
-          "system prompt and 15 tools sent before, a new task), rendered and encoded\n")
-    print("| transformers (apply_chat_template + encode) | rolloutd (turns encoded before "
-          "from its cache) |")
+    print(
+        f"\n### tokens mode: a fresh conversation's prompt ({num_tokens} tokens: a long "
+        "system prompt and 15 tools sent before, a new task), rendered and encoded\n"
+    )
+    print(
+        "| transformers (apply_chat_template + encode) | rolloutd (turns encoded before "
+        "from its cache) |"
+    )
     print("|---|---|")
     print(f"| {plain_ms:.2f} ms | {gateway_ms:.2f} ms |")
 
 
-def _report_targets(results: dict[tuple[str, int], tuple[list[float], float, int, float]]
-                    ) -> None:
+def _report_targets(results: dict[tuple[str, int], tuple[list[float], float, int, float]]) -> None:
     """The targets of the module docstring, checked on this run's tokens and LiteLLM rows."""
-    needed = [("rolloutd tokens", 1), ("rolloutd tokens", 64), ("LiteLLM proxy", 1),
-              ("LiteLLM proxy", 64), ("direct (/completion)", 1), ("direct (chat)", 1)]
+    needed = [
+        ("rolloutd tokens", 1),
+        ("rolloutd tokens", 64),
+        ("LiteLLM proxy", 1),
+        ("LiteLLM proxy", 64),
+        ("direct (/completion)", 1),
+        ("direct (chat)", 1),
+    ]
     if any(key not in results for key in needed):
         print("\nTargets: not checked (they need LiteLLM and concurrencies 1 and 64).")
         return
-    added = (_pct(results[("rolloutd tokens", 1)][0], 0.5)
-             - _pct(results[("direct (/completion)", 1)][0], 0.5))
-    added_litellm = (_pct(results[("LiteLLM proxy", 1)][0], 0.5)
-                     - _pct(results[("direct (chat)", 1)][0], 0.5))
+    added = _pct(results[("rolloutd tokens", 1)][0], 0.5) - _pct(
+        results[("direct (/completion)", 1)][0], 0.5
+    )
+    added_litellm = _pct(results[("LiteLLM proxy", 1)][0], 0.5) - _pct(
+        results[("direct (chat)", 1)][0], 0.5
+    )
 
     def rate(name: str) -> float:
         latencies, wall, _, _ = results[(name, 64)]
@@ -506,11 +657,13 @@ def _report_targets(results: dict[tuple[str, int], tuple[list[float], float, int
 
     share = added / added_litellm
     multiple = rate("rolloutd tokens") / rate("LiteLLM proxy")
-    print(f"\nTargets (tokens mode, against LiteLLM in this run): added p50 @1 "
-          f"{share:.2f}x LiteLLM's (target <= {TARGET_ADDED_P50_SHARE:g}x: "
-          f"{'met' if share <= TARGET_ADDED_P50_SHARE else 'MISSED'}); calls/s @64 "
-          f"{multiple:.1f}x LiteLLM's (target >= {TARGET_THROUGHPUT_MULTIPLE:g}x: "
-          f"{'met' if multiple >= TARGET_THROUGHPUT_MULTIPLE else 'MISSED'}).")
+    print(
+        f"\nTargets (tokens mode, against LiteLLM in this run): added p50 @1 "
+        f"{share:.2f}x LiteLLM's (target <= {TARGET_ADDED_P50_SHARE:g}x: "
+        f"{'met' if share <= TARGET_ADDED_P50_SHARE else 'MISSED'}); calls/s @64 "
+        f"{multiple:.1f}x LiteLLM's (target >= {TARGET_THROUGHPUT_MULTIPLE:g}x: "
+        f"{'met' if multiple >= TARGET_THROUGHPUT_MULTIPLE else 'MISSED'})."
+    )
 
 
 def _fresh_prompts(num: int = 30) -> tuple[int, float, float]:
@@ -523,14 +676,23 @@ def _fresh_prompts(num: int = 30) -> tuple[int, float, float]:
     tokenizer = load_tokenizer(MODEL)
     template = ChatTemplate(tokenizer)
     system = "You are a coding agent working in a repository. " * 800
-    tools = [{"type": "function", "function": {
-        "name": f"tool_{i}", "description": "Runs one step of the task. " * 20,
-        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}
-        for i in range(15)]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "description": "Runs one step of the task. " * 20,
+                "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+            },
+        }
+        for i in range(15)
+    ]
 
     def fresh(i: int) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": system},
-                {"role": "user", "content": f"Task {i}: fix the failing test."}]
+        return [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"Task {i}: fix the failing test."},
+        ]
 
     def plain(i: int) -> list[int]:
         return tokenizer.encode(template.render_text(fresh(i), tools), add_special_tokens=False)
@@ -575,8 +737,11 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     default_litellm = Path.home() / ".cache/rolloutd/litellm-venv/bin/litellm"
-    parser.add_argument("--litellm", default=str(default_litellm) if default_litellm.exists()
-                        else None, help="litellm binary (omit to skip LiteLLM)")
+    parser.add_argument(
+        "--litellm",
+        default=str(default_litellm) if default_litellm.exists() else None,
+        help="litellm binary (omit to skip LiteLLM)",
+    )
     parser.add_argument("--litellm-port", type=int, default=4017)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--calls", type=int, default=1000, help="calls at concurrency 1")

@@ -40,10 +40,19 @@ from tests.reliability.conftest import agent_task  # noqa: E402
 def images() -> dict[str, str]:
     """The images of scripts/build_images.sh (built or reused)."""
     env = {**os.environ, "ROLLOUTD_VENV": sys.prefix}
-    out = subprocess.run(["nice", "-n", "10", str(ROOT / "scripts" / "build_images.sh")],
-                         cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
-    tags = dict(line[len("IMAGE_"):].split("=", 1) for line in out.splitlines()
-                if line.startswith("IMAGE_"))
+    out = subprocess.run(
+        ["nice", "-n", "10", str(ROOT / "scripts" / "build_images.sh")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    tags = dict(
+        line[len("IMAGE_") :].split("=", 1)
+        for line in out.splitlines()
+        if line.startswith("IMAGE_")
+    )
     return {"rolloutd": tags["ROLLOUTD"], "engine": tags["ENGINE"]}
 
 
@@ -53,25 +62,30 @@ async def run_workload(pods: PodDeployment, num_sessions: int, sleep_s: float) -
     temporal = f"{pods.ip(f'{pods.fullname}-temporal-dev')}:7233"
     client = await RolloutClient.connect(temporal, store_url=str(pods.store_path()))
     tag = uuid.uuid4().hex[:6]
-    task = agent_task(f"scale-{tag}", f"rolloutd-scale-{tag}", num_samples=num_sessions,
-                      pause_s=sleep_s)
-    task["harness"]["command"] = task["harness"]["command"].replace("agent.py 3 ",
-                                                                    "agent.py 1 ")
+    task = agent_task(
+        f"scale-{tag}", f"rolloutd-scale-{tag}", num_samples=num_sessions, pause_s=sleep_s
+    )
+    task["harness"]["command"] = task["harness"]["command"].replace("agent.py 3 ", "agent.py 1 ")
     t0 = time.monotonic()
     await client.submit(task)
     group = await asyncio.wait_for(client.result(task["task_id"]), 1800)
     wall_s = time.monotonic() - t0
     completed = sum(s.status == SessionStatus.COMPLETED for s in group.sessions)
-    return {"sessions": num_sessions, "completed": completed, "wall_s": round(wall_s, 1),
-            "sessions_per_min": round(num_sessions / wall_s * 60, 2)}
+    return {
+        "sessions": num_sessions,
+        "completed": completed,
+        "wall_s": round(wall_s, 1),
+        "sessions_per_min": round(num_sessions / wall_s * 60, 2),
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--sessions", type=int, default=24)
-    parser.add_argument("--max-sessions", type=int, default=2,
-                        help="concurrent sessions per sandbox pod")
+    parser.add_argument(
+        "--max-sessions", type=int, default=2, help="concurrent sessions per sandbox pod"
+    )
     parser.add_argument("--sleep-s", type=float, default=8.0)
     args = parser.parse_args()
     tags = images()
@@ -79,15 +93,25 @@ def main() -> int:
     for replicas in args.replicas:
         release = f"ps{uuid.uuid4().hex[:6]}"
         with tempfile.TemporaryDirectory() as tmp:
-            pods = PodDeployment(release, local_values(
-                tags, sandbox_replicas=replicas, gateway_replicas=1,
-                max_sessions=args.max_sessions), Path(tmp))
+            pods = PodDeployment(
+                release,
+                local_values(
+                    tags,
+                    sandbox_replicas=replicas,
+                    gateway_replicas=1,
+                    max_sessions=args.max_sessions,
+                ),
+                Path(tmp),
+            )
             try:
                 pods.up()
                 pods.wait_started(timeout_s=300)
-                row = {"sandbox_replicas": replicas, "max_sessions_per_pod": args.max_sessions,
-                       "sleep_s": args.sleep_s,
-                       **asyncio.run(run_workload(pods, args.sessions, args.sleep_s))}
+                row = {
+                    "sandbox_replicas": replicas,
+                    "max_sessions_per_pod": args.max_sessions,
+                    "sleep_s": args.sleep_s,
+                    **asyncio.run(run_workload(pods, args.sessions, args.sleep_s)),
+                }
             finally:
                 left = pods.down()
         print(json.dumps(row), flush=True)
@@ -96,13 +120,16 @@ def main() -> int:
             print(f"left after kube down: {left}", file=sys.stderr)
             return 1
         if row["completed"] != row["sessions"]:
-            print(f"{row['sessions'] - row['completed']} sessions did not complete",
-                  file=sys.stderr)
+            print(
+                f"{row['sessions'] - row['completed']} sessions did not complete", file=sys.stderr
+            )
             return 1
     print("\n| sandbox pods | sessions | wall s | sessions/min |\n|---|---|---|---|")
     for row in rows:
-        print(f"| {row['sandbox_replicas']} | {row['sessions']} | {row['wall_s']} | "
-              f"{row['sessions_per_min']} |")
+        print(
+            f"| {row['sandbox_replicas']} | {row['sessions']} | {row['wall_s']} | "
+            f"{row['sessions_per_min']} |"
+        )
     return 0
 
 

@@ -45,10 +45,19 @@ if [ $n -lt 3 ]; then echo "Step $n of 3 done. Now run the command: sh next.sh"
 else echo "Step 3 of 3 done. All steps are finished. Reply with one word: done."; fi
 """
 #: every adapter of a CLI harness, and the shell harness
-ADAPTERS = ("shell", "qwen_code", "codex", "claude_code", "gemini_cli", "opencode", "pi",
-            "mini_swe_agent", "aider")
+ADAPTERS = (
+    "shell",
+    "qwen_code",
+    "codex",
+    "claude_code",
+    "gemini_cli",
+    "opencode",
+    "pi",
+    "mini_swe_agent",
+    "aider",
+)
 #: the shell harness's agent: a tool (a shell command) per turn, its output sent back
-SHELL_AGENT = r'''
+SHELL_AGENT = r"""
 import json, os, subprocess, urllib.request
 base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
 messages = [{"role": "user",
@@ -64,7 +73,7 @@ for command in ["sh next.sh"] * 3 + [None]:
     messages += [{"role": "assistant",
                   "content": reply["choices"][0]["message"].get("content") or ""},
                  {"role": "user", "content": f"$ {command}\n{out}"}]
-'''
+"""
 
 
 def harness_spec(name: str) -> dict[str, Any]:
@@ -76,16 +85,20 @@ def harness_spec(name: str) -> dict[str, Any]:
 
 def task(harness: str, runtime: str) -> dict[str, Any]:
     files = {"next.sh": NEXT_SH, **({"agent.py": SHELL_AGENT} if harness == "shell" else {})}
-    return {"task_id": f"cov-{harness.replace('_', '-')}-{runtime}-{uuid.uuid4().hex[:6]}",
-            "instruction": INSTRUCTION, "num_samples": 1,
-            "harness": harness_spec(harness), "runtime": {"type": runtime, "files": files},
-            "evaluator": {"type": "session_completed"},
-            "sampling": {"temperature": 0.0, "max_tokens": 128},
-            "phases": {"run_s": 300}, "timeout_s": 600}
+    return {
+        "task_id": f"cov-{harness.replace('_', '-')}-{runtime}-{uuid.uuid4().hex[:6]}",
+        "instruction": INSTRUCTION,
+        "num_samples": 1,
+        "harness": harness_spec(harness),
+        "runtime": {"type": runtime, "files": files},
+        "evaluator": {"type": "session_completed"},
+        "sampling": {"temperature": 0.0, "max_tokens": 128},
+        "phases": {"run_s": 300},
+        "timeout_s": 600,
+    }
 
 
-async def measure(client: Any, store_url: str, harness: str, runtime: str
-                  ) -> dict[str, Any]:
+async def measure(client: Any, store_url: str, harness: str, runtime: str) -> dict[str, Any]:
     """Run the task, then a new attempt replaying it; return the row."""
     spec = TaskRequest.model_validate(task(harness, runtime))
     trainer = RolloutClient(client)
@@ -95,16 +108,28 @@ async def measure(client: Any, store_url: str, harness: str, runtime: str
     t0 = time.monotonic()
     second: SessionResult = await client.execute_workflow(
         RolloutSessionWorkflow.run,
-        SessionInput(task=spec, sample_index=0, session_id=f"{spec.task_id}/0/replay",
-                     replay_from=[first.session_id]),
-        id=f"task/{spec.task_id}/0/replay", task_queue="rolloutd-workflows")
+        SessionInput(
+            task=spec,
+            sample_index=0,
+            session_id=f"{spec.task_id}/0/replay",
+            replay_from=[first.session_id],
+        ),
+        id=f"task/{spec.task_id}/0/replay",
+        task_queue="rolloutd-workflows",
+    )
     second_s = time.monotonic() - t0
     replay = second.replay
     ends = ", ".join(f"#{e.last_index} {e.reason}" for e in replay.ends) or "-"
-    return {"harness": harness, "runtime": runtime, "recorded": first.num_completions,
-            "replayed": replay.num_replayed, "calls_2": second.num_completions,
-            "ends": ends, "status": f"{first.status.value}/{second.status.value}",
-            "seconds": f"{first_s:.0f}/{second_s:.0f}"}
+    return {
+        "harness": harness,
+        "runtime": runtime,
+        "recorded": first.num_completions,
+        "replayed": replay.num_replayed,
+        "calls_2": second.num_completions,
+        "ends": ends,
+        "status": f"{first.status.value}/{second.status.value}",
+        "seconds": f"{first_s:.0f}/{second_s:.0f}",
+    }
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -113,42 +138,64 @@ async def main(args: argparse.Namespace) -> None:
     temporal = TemporalDevServer(headless=True).start()
     try:
         with tempfile.TemporaryDirectory() as home:
-            common = {"temporal_address": temporal.address,
-                      "store_url": str(Path(home) / "store"), "host_id": "coverage",
-                      "log_json": False}
+            common = {
+                "temporal_address": temporal.address,
+                "store_url": str(Path(home) / "store"),
+                "host_id": "coverage",
+                "log_json": False,
+            }
             port = free_port()
-            gateway = GatewaySettings(**common, gateway_port=port, backend_url=engine.url,
-                                      gateway_public_url=f"http://127.0.0.1:{port}",
-                                      model=MODEL, tool_parser="hermes_lenient")
+            gateway = GatewaySettings(
+                **common,
+                gateway_port=port,
+                backend_url=engine.url,
+                gateway_public_url=f"http://127.0.0.1:{port}",
+                model=MODEL,
+                tool_parser="hermes_lenient",
+            )
             client = await connect(gateway)
             async with contextlib.AsyncExitStack() as stack:
                 await stack.enter_async_context(run_fleet("gateway", client, gateway))
-                await stack.enter_async_context(run_fleet("sandbox", client, SandboxSettings(
-                    **common, runtime_root=str(Path(home) / "runtimes"))))
-                await stack.enter_async_context(run_fleet("eval", client,
-                                                          EvalSettings(**common)))
+                await stack.enter_async_context(
+                    run_fleet(
+                        "sandbox",
+                        client,
+                        SandboxSettings(**common, runtime_root=str(Path(home) / "runtimes")),
+                    )
+                )
+                await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
                 await stack.enter_async_context(run_fleet("workflows", client, gateway))
                 for runtime in args.runtime.split(","):
                     for harness in args.harness.split(","):
                         try:
-                            rows.append(await measure(client, common["store_url"], harness,
-                                                      runtime))
-                        except Exception as e:  # a row per pair, whatever fails
-                            rows.append({"harness": harness, "runtime": runtime,
-                                         "ends": f"error: {type(e).__name__}: {e}"[:120]})
+                            rows.append(
+                                await measure(client, common["store_url"], harness, runtime)
+                            )
+                        except Exception as e:  # noqa: BLE001 - a row per pair, whatever fails
+                            rows.append(
+                                {
+                                    "harness": harness,
+                                    "runtime": runtime,
+                                    "ends": f"error: {type(e).__name__}: {e}"[:120],
+                                }
+                            )
                         print(rows[-1], file=sys.stderr, flush=True)  # progress, kept if killed
     finally:
         temporal.stop()
         engine.stop()
-    print("| harness | runtime | calls recorded | replayed | coverage | attempt 2 calls | "
-          "replay ended | status 1/2 | s 1/2 |")
+    print(
+        "| harness | runtime | calls recorded | replayed | coverage | attempt 2 calls | "
+        "replay ended | status 1/2 | s 1/2 |"
+    )
     print("| --- | --- | ---: | ---: | ---: | ---: | --- | --- | --- |")
     for r in rows:
         recorded = r.get("recorded")
         coverage = f"{r['replayed'] / recorded:.0%}" if recorded else "-"
-        print(f"| {r['harness']} | {r['runtime']} | {recorded if recorded is not None else '-'}"
-              f" | {r.get('replayed', '-')} | {coverage} | {r.get('calls_2', '-')} | "
-              f"{r['ends']} | {r.get('status', '-')} | {r.get('seconds', '-')} |")
+        print(
+            f"| {r['harness']} | {r['runtime']} | {recorded if recorded is not None else '-'}"
+            f" | {r.get('replayed', '-')} | {coverage} | {r.get('calls_2', '-')} | "
+            f"{r['ends']} | {r.get('status', '-')} | {r.get('seconds', '-')} |"
+        )
 
 
 if __name__ == "__main__":

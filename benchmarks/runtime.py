@@ -30,8 +30,9 @@ CONFIGS = {
     "local": RuntimeSpec(type="local"),
     "bwrap (network none)": RuntimeSpec(type="bwrap", network="none"),
     "bwrap (network gateway)": RuntimeSpec(type="bwrap"),
-    "bwrap (gateway + limits)": RuntimeSpec(type="bwrap", max_processes=256, cpus=2,
-                                            memory_mb=8192),
+    "bwrap (gateway + limits)": RuntimeSpec(
+        type="bwrap", max_processes=256, cpus=2, memory_mb=8192
+    ),
 }
 
 
@@ -70,18 +71,22 @@ async def main() -> None:
     if args.image:
         configs["bwrap (image, gateway)"] = RuntimeSpec(type="bwrap", image=args.image)
         configs["bwrap (image, gateway + limits)"] = RuntimeSpec(
-            type="bwrap", image=args.image, max_processes=256, cpus=2, memory_mb=8192)
+            type="bwrap", image=args.image, max_processes=256, cpus=2, memory_mb=8192
+        )
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     print("load average before: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
-    print("| runtime | start p50 | start p99 | exec p50 | exec p99 | teardown p50 | "
-          "teardown p99 |")
+    print("| runtime | start p50 | start p99 | exec p50 | exec p99 | teardown p50 | teardown p99 |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as root:
         for name, spec in configs.items():
             t = await measure(spec, args.runs, args.execs, Path(root))
-            print(f"| {name} | " + " | ".join(
-                f"{pct(t[k], q):.1f} ms" for k in ("start", "exec", "stop")
-                for q in (0.5, 0.99)) + " |")
+            print(
+                f"| {name} | "
+                + " | ".join(
+                    f"{pct(t[k], q):.1f} ms" for k in ("start", "exec", "stop") for q in (0.5, 0.99)
+                )
+                + " |"
+            )
     print("load average after: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 

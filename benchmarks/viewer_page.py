@@ -61,10 +61,17 @@ def long_trajectory(tokenizer, num_tokens: int, prompt_tokens: int = 2048) -> Tr
         logprobs += [0.0] * tool
         position += tool
     drift = [p for p in range(0, len(response), 5000) if loss_mask[p]]
-    trace = Trace(prompt_ids=prompt, response_ids=response, loss_mask=loss_mask,
-                  response_logprobs=logprobs, response_offsets=offsets,
-                  completion_indices=indices, drift_positions=drift, reward=1.0,
-                  prompt_messages=[{"role": "user", "content": "benchmark"}])
+    trace = Trace(
+        prompt_ids=prompt,
+        response_ids=response,
+        loss_mask=loss_mask,
+        response_logprobs=logprobs,
+        response_offsets=offsets,
+        completion_indices=indices,
+        drift_positions=drift,
+        reward=1.0,
+        prompt_messages=[{"role": "user", "content": "benchmark"}],
+    )
     return Trajectory(session_id="bench/0", task_id="bench", traces=[trace], reward=1.0)
 
 
@@ -72,11 +79,17 @@ async def measure(num_tokens: int, out: Path) -> dict[str, float]:
     tokenizer = load_tokenizer("qwen2.5-coder-0.5b")
     tokens = TokenText(tokenizer)
     trajectory = long_trajectory(tokenizer, num_tokens)
-    session = SessionResult(session_id="bench/0", task_id="bench", status=SessionStatus.COMPLETED,
-                            reward=1.0, num_completions=len(trajectory.traces[0].response_offsets),
-                            num_traces=1)
-    completions = [Completion(session_id="bench/0", index=i)
-                   for i in range(session.num_completions)]
+    session = SessionResult(
+        session_id="bench/0",
+        task_id="bench",
+        status=SessionStatus.COMPLETED,
+        reward=1.0,
+        num_completions=len(trajectory.traces[0].response_offsets),
+        num_traces=1,
+    )
+    completions = [
+        Completion(session_id="bench/0", index=i) for i in range(session.num_completions)
+    ]
     t0 = time.perf_counter()
     page = session_page(session, completions, trajectory, tokens)
     render_s = time.perf_counter() - t0
@@ -87,12 +100,18 @@ async def measure(num_tokens: int, out: Path) -> dict[str, float]:
         await browser.evaluate(
             "(() => { const s = document.querySelector('[data-part=response] span:nth-of-type("
             "20000)'); s.dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));"
-            " return document.getElementById('hover').textContent; })()")
+            " return document.getElementById('hover').textContent; })()"
+        )
         hover_s = time.perf_counter() - t1
         spans = await browser.evaluate("document.querySelectorAll('.toks span').length")
-    return {"tokens": num_tokens, "spans": spans, "page_bytes": len(page.encode()),
-            "server_render_s": round(render_s, 3), "chromium_load_s": round(load_s, 3),
-            "first_hover_s": round(hover_s, 3)}
+    return {
+        "tokens": num_tokens,
+        "spans": spans,
+        "page_bytes": len(page.encode()),
+        "server_render_s": round(render_s, 3),
+        "chromium_load_s": round(load_s, 3),
+        "first_hover_s": round(hover_s, 3),
+    }
 
 
 def main() -> None:

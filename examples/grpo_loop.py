@@ -63,7 +63,7 @@ from rolloutd.evaluators import (
 )
 from rolloutd.trainer_client.process import end_process
 
-ASK_PY = r'''
+ASK_PY = r"""
 import json, os, sys, urllib.request
 body = {"model": "m", "messages": [{"role": "user", "content": sys.argv[1]}]}
 request = urllib.request.Request(
@@ -73,16 +73,39 @@ request = urllib.request.Request(
              "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
 reply = json.load(urllib.request.urlopen(request, timeout=600))
 open("reply.txt", "w").write(reply["choices"][0]["message"]["content"] or "")
-'''
+"""
 
 #: the task family: name one thing of a category in one word. The reward gives partial
 #: credit, 1 / the number of words, so a group's samples differ and GRPO has a gradient from
 #: the first step; SmolLM2-135M-Instruct's base rate is about 0.3 at 8 tokens (0.300 on 32
 #: samples; the strict one-word rule: 0.125), measured before choosing it (docs/rl_loop.md).
 #: A stricter family (a comma-separated list of three, partial credit) scored 0.10.
-CATEGORIES = ["fruit", "colour", "animal", "country", "city", "vegetable", "tree", "metal",
-              "flower", "bird", "fish", "sport", "instrument", "planet", "drink", "tool",
-              "insect", "river", "language", "dessert", "vehicle", "mountain", "gem", "spice"]
+CATEGORIES = [
+    "fruit",
+    "colour",
+    "animal",
+    "country",
+    "city",
+    "vegetable",
+    "tree",
+    "metal",
+    "flower",
+    "bird",
+    "fish",
+    "sport",
+    "instrument",
+    "planet",
+    "drink",
+    "tool",
+    "insect",
+    "river",
+    "language",
+    "dessert",
+    "vehicle",
+    "mountain",
+    "gem",
+    "spice",
+]
 HELD_OUT = ["month", "ocean", "dog breed", "cheese", "dance", "weapon", "shape", "fabric"]
 WORD = re.compile(r"[A-Za-z]+")
 
@@ -127,8 +150,9 @@ def make_task(index: int, category: str, suffix: str, max_tokens: int) -> dict:
     }
 
 
-def grpo_update(model, optimizer, batch, client, clip_eps: float,
-                policy_version: int) -> dict[str, float]:
+def grpo_update(
+    model, optimizer, batch, client, clip_eps: float, policy_version: int
+) -> dict[str, float]:
     """One GRPO update on a batch; returns loss, mean reward, logprob mismatches, the
     trainable fraction of tokens (``loss_mask == 1`` over prompt + response tokens).
 
@@ -160,9 +184,10 @@ def grpo_update(model, optimizer, batch, client, clip_eps: float,
                 if not trace.response_ids or not any(trace.loss_mask):
                     continue
                 ids = torch.tensor([trace.prompt_ids + trace.response_ids])
-                logits = model(ids).logits[0, len(trace.prompt_ids) - 1:-1].float()
+                logits = model(ids).logits[0, len(trace.prompt_ids) - 1 : -1].float()
                 logp = torch.log_softmax(logits, dim=-1).gather(
-                    1, torch.tensor(trace.response_ids)[:, None])[:, 0]
+                    1, torch.tensor(trace.response_ids)[:, None]
+                )[:, 0]
                 loss_mask = torch.tensor(trace.loss_mask, dtype=torch.bool)
                 rollout_logp = torch.tensor(trace.response_logprobs)
                 mismatches.append((logp.detach() - rollout_logp)[loss_mask].abs())
@@ -170,8 +195,9 @@ def grpo_update(model, optimizer, batch, client, clip_eps: float,
                 if set(trace.policy_versions) == {policy_version}:
                     on_policy.append(mismatches[-1])
                 ratio = torch.exp(logp[loss_mask] - rollout_logp[loss_mask])
-                surrogate = torch.minimum(ratio * advantage,
-                                          ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantage)
+                surrogate = torch.minimum(
+                    ratio * advantage, ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantage
+                )
                 token_losses.append(-surrogate)
     loss = torch.cat(token_losses).mean() if token_losses else torch.tensor(0.0)
     optimizer.zero_grad()
@@ -190,8 +216,9 @@ def grpo_update(model, optimizer, batch, client, clip_eps: float,
     }
 
 
-def held_out_reward(engine_url: str, tokenizer, num_samples: int, max_tokens: int,
-                    seed: int) -> tuple[float, float]:
+def held_out_reward(
+    engine_url: str, tokenizer, num_samples: int, max_tokens: int, seed: int
+) -> tuple[float, float]:
     """Reward of ``num_samples`` sampled replies (temperature 1) to each held-out prompt,
     straight from the engine (the policy as served, no training data).
 
@@ -204,18 +231,31 @@ def held_out_reward(engine_url: str, tokenizer, num_samples: int, max_tokens: in
 
     def one(i: int, j: int) -> float:
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt_of(HELD_OUT[i])}], add_generation_prompt=True,
-            tokenize=False)
-        answer = httpx.post(f"{engine_url}/completion", json={
-            "prompt": tokenizer.encode(text, add_special_tokens=False),
-            "n_predict": max_tokens, "temperature": 1.0, "seed": seed + 100 * i + j,
-            "cache_prompt": False}, timeout=600).json()
+            [{"role": "user", "content": prompt_of(HELD_OUT[i])}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        answer = httpx.post(
+            f"{engine_url}/completion",
+            json={
+                "prompt": tokenizer.encode(text, add_special_tokens=False),
+                "n_predict": max_tokens,
+                "temperature": 1.0,
+                "seed": seed + 100 * i + j,
+                "cache_prompt": False,
+            },
+            timeout=600,
+        ).json()
         return reward_of(answer["content"])
 
     # as many calls at once as the engine has slots
     with ThreadPoolExecutor(4) as pool:
-        rewards = list(pool.map(lambda ij: one(*ij), [(i, j) for i in range(len(HELD_OUT))
-                                                      for j in range(num_samples)]))
+        rewards = list(
+            pool.map(
+                lambda ij: one(*ij),
+                [(i, j) for i in range(len(HELD_OUT)) for j in range(num_samples)],
+            )
+        )
     sem = statistics.stdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.0
     return statistics.fmean(rewards), sem
 
@@ -235,18 +275,33 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     steps = [r["step"] for r in rows]
     x_max = max(max(steps), 1)
     panels = [
-        ("reward", [("mean_reward", "train batch", (31, 119, 180)),
-                    ("held_out_reward", "held-out", (214, 39, 40))], (0.0, 1.0)),
-        ("|logprob diff| (nats)", [("rollout_mismatch", "rollout vs trainer", (44, 160, 44)),
-                                   ("on_policy_mismatch", "on-policy rollouts", (255, 127, 14)),
-                                   ("probe_mismatch", "probe after sync", (148, 103, 189))],
-         None),
+        (
+            "reward",
+            [
+                ("mean_reward", "train batch", (31, 119, 180)),
+                ("held_out_reward", "held-out", (214, 39, 40)),
+            ],
+            (0.0, 1.0),
+        ),
+        (
+            "|logprob diff| (nats)",
+            [
+                ("rollout_mismatch", "rollout vs trainer", (44, 160, 44)),
+                ("on_policy_mismatch", "on-policy rollouts", (255, 127, 14)),
+                ("probe_mismatch", "probe after sync", (148, 103, 189)),
+            ],
+            None,
+        ),
         ("policy version", [("policy_version", "engine", (140, 86, 75))], None),
     ]
     for p, (label, series, y_range) in enumerate(panels):
         y0 = top + p * (panel_h + 40)
-        values = [r[key] for key, _, _ in series for r in rows
-                  if r.get(key) is not None and not math.isnan(r[key])]
+        values = [
+            r[key]
+            for key, _, _ in series
+            for r in rows
+            if r.get(key) is not None and not math.isnan(r[key])
+        ]
         lo, hi = y_range or (0.0, max(values, default=1.0) * 1.15 or 1.0)
         draw.rectangle([left, y0, width - right, y0 + panel_h], outline="black")
         draw.text((5, y0 + panel_h // 2), label[:11], fill="black")
@@ -255,14 +310,18 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
             draw.line([left - 4, y, left, y], fill="black")
             draw.text((left - 45, y - 6), f"{lo + frac * (hi - lo):.3g}", fill="black")
 
-        def xy(step: float, value: float, y0: int = y0, lo: float = lo,
-               hi: float = hi) -> tuple[float, float]:
+        def xy(
+            step: float, value: float, y0: int = y0, lo: float = lo, hi: float = hi
+        ) -> tuple[float, float]:
             x = left + (width - left - right) * step / x_max
             return x, y0 + panel_h - (value - lo) / ((hi - lo) or 1.0) * panel_h
 
         for k, (key, name, colour) in enumerate(series):
-            points = [xy(r["step"], r[key]) for r in rows
-                      if r.get(key) is not None and not math.isnan(r[key])]
+            points = [
+                xy(r["step"], r[key])
+                for r in rows
+                if r.get(key) is not None and not math.isnan(r[key])
+            ]
             if len(points) > 1:
                 draw.line(points, fill=colour, width=2)
             for x, y in points:
@@ -277,8 +336,9 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def local_stack(home: Path, model_name: str, model_file: Path, admin_token: str,
-                      threads: int):
+async def local_stack(
+    home: Path, model_name: str, model_file: Path, admin_token: str, threads: int
+):
     """Temporal dev server + llama-server on ``model_file`` + the four fleets in-process."""
     from rolloutd.engine.control import EngineControlServer
     from rolloutd.engine.models import pull_model
@@ -292,22 +352,37 @@ async def local_stack(home: Path, model_name: str, model_file: Path, admin_token
     try:
         files = dataclasses.replace(pull_model(model_name), gguf=model_file)
         engine = await asyncio.to_thread(
-            LlamaServer(files, parallel=4, ctx_size=4096, threads=threads,
-                        log_path=home / "engine.log").start)
+            LlamaServer(
+                files, parallel=4, ctx_size=4096, threads=threads, log_path=home / "engine.log"
+            ).start
+        )
         # the engine's control server, as `rolloutd up` runs it: the trainer reloads the
         # engine through the gateway's POST /admin/engine/load
         control = EngineControlServer(engine).start()
-        common = {"temporal_address": temporal.address, "store_url": str(home / "store"),
-                  "host_id": "grpo-loop", "log_json": False, "log_level": "warning"}
-        gateway = GatewaySettings(**common, gateway_port=free_port(), backend_url=engine.url,
-                                  model=model_name, admin_token=admin_token,
-                                  engine_control_url=control.url,
-                                  engine_control_token=control.token)
+        common = {
+            "temporal_address": temporal.address,
+            "store_url": str(home / "store"),
+            "host_id": "grpo-loop",
+            "log_json": False,
+            "log_level": "warning",
+        }
+        gateway = GatewaySettings(
+            **common,
+            gateway_port=free_port(),
+            backend_url=engine.url,
+            model=model_name,
+            admin_token=admin_token,
+            engine_control_url=control.url,
+            engine_control_token=control.token,
+        )
         client = await connect(gateway)
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(run_fleet("gateway", client, gateway))
-            await stack.enter_async_context(run_fleet(
-                "sandbox", client, SandboxSettings(**common, runtime_root=str(home / "rt"))))
+            await stack.enter_async_context(
+                run_fleet(
+                    "sandbox", client, SandboxSettings(**common, runtime_root=str(home / "rt"))
+                )
+            )
             await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
             await stack.enter_async_context(run_fleet("workflows", client, gateway))
             yield client, common["store_url"], engine, f"http://127.0.0.1:{gateway.gateway_port}"
@@ -372,16 +447,22 @@ async def main(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     files = pull_model(args.model)
     tokenizer = load_tokenizer(args.model)
-    model = AutoModelForCausalLM.from_pretrained(str(files.folder), gguf_file=files.gguf.name,
-                                                 torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(files.folder), gguf_file=files.gguf.name, torch_dtype=torch.float32
+    )
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     home = Path(args.home or tempfile.mkdtemp(prefix="rolloutd-grpo-loop-"))
     weights = home / "weights"
     policy = export_gguf(model.state_dict(), files.gguf, weights / "policy-0.gguf")
-    probe_ids = tokenizer.encode(tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt_of("ocean")}], add_generation_prompt=True,
-        tokenize=False), add_special_tokens=False)
+    probe_ids = tokenizer.encode(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt_of("ocean")}],
+            add_generation_prompt=True,
+            tokenize=False,
+        ),
+        add_special_tokens=False,
+    )
     write: Callable[[str], None] = lambda line: print(line, flush=True)  # noqa: E731
 
     suffix = uuid.uuid4().hex[:6]
@@ -393,31 +474,44 @@ async def main(args: argparse.Namespace) -> int:
         client = RolloutClient(temporal_client, BlobStore(store_url))
         admin = BackendAdmin(gateway_url, token)
         sync = WeightSync(admin, [GatewayEngineLoader(admin, timeout_s=300)])
-        buffer = await client.create_buffer({
-            "buffer_id": f"grpo-loop-{suffix}", "num_in_flight": args.in_flight,
-            "num_samples": args.num_samples, "max_staleness": args.max_staleness,
-            "lease_s": 1800,
-        })
+        buffer = await client.create_buffer(
+            {
+                "buffer_id": f"grpo-loop-{suffix}",
+                "num_in_flight": args.in_flight,
+                "num_samples": args.num_samples,
+                "max_staleness": args.max_staleness,
+                "lease_s": 1800,
+            }
+        )
         # zero-variance groups are dropped, so push several times what the steps take
-        num_tasks = (args.steps + 2) * args.groups_per_step * args.task_pool_factor \
-            + args.in_flight
-        await buffer.push([make_task(i, rng.choice(CATEGORIES), suffix, args.max_tokens)
-                           for i in range(num_tasks)])
-        mean, sem = await asyncio.to_thread(held_out_reward, engine.url, tokenizer,
-                                            args.eval_samples, args.max_tokens, args.seed)
-        row = {"step": 0, "policy_version": 0,
-               "probe_mismatch": probe(model, engine.url, probe_ids).mean_abs_diff,
-               "held_out_reward": mean, "held_out_sem": sem}
+        num_tasks = (args.steps + 2) * args.groups_per_step * args.task_pool_factor + args.in_flight
+        await buffer.push(
+            [
+                make_task(i, rng.choice(CATEGORIES), suffix, args.max_tokens)
+                for i in range(num_tasks)
+            ]
+        )
+        mean, sem = await asyncio.to_thread(
+            held_out_reward, engine.url, tokenizer, args.eval_samples, args.max_tokens, args.seed
+        )
+        row = {
+            "step": 0,
+            "policy_version": 0,
+            "probe_mismatch": probe(model, engine.url, probe_ids).mean_abs_diff,
+            "held_out_reward": mean,
+            "held_out_sem": sem,
+        }
         rows.append(row)
-        write(f"step 0: held_out_reward={mean:.3f} held_out_sem={sem:.3f} "
-              f"probe_mismatch={row['probe_mismatch']:.4f} policy_version=0")
+        write(
+            f"step 0: held_out_reward={mean:.3f} held_out_sem={sem:.3f} "
+            f"probe_mismatch={row['probe_mismatch']:.4f} policy_version=0"
+        )
         report(rows, args)
         try:
             for step in range(1, args.steps + 1):
                 t0 = time.monotonic()
                 try:
-                    batch = await buffer.take(args.groups_per_step,
-                                              timeout_s=args.take_timeout_s)
+                    batch = await buffer.take(args.groups_per_step, timeout_s=args.take_timeout_s)
                 except BufferExhaustedError as e:
                     # every group left scored all-equal (the reward saturated) and the buffer
                     # dropped it (DAPO): no signal is left to train on
@@ -425,44 +519,64 @@ async def main(args: argparse.Namespace) -> int:
                     break
                 except TimeoutError as e:
                     stats = await buffer.stats()
-                    write(f"step {step}: FAILED: no batch ({e}); buffer: "
-                          f"{len(stats.running)} running, {stats.num_pending} pending, "
-                          f"{stats.state_counters}")
+                    write(
+                        f"step {step}: FAILED: no batch ({e}); buffer: "
+                        f"{len(stats.running)} running, {stats.num_pending} pending, "
+                        f"{stats.state_counters}"
+                    )
                     failed = True
                     break
-                metrics = await asyncio.to_thread(grpo_update, model, optimizer, batch, client,
-                                                  args.clip_eps, step - 1)
+                metrics = await asyncio.to_thread(
+                    grpo_update, model, optimizer, batch, client, args.clip_eps, step - 1
+                )
                 await buffer.ack(batch.batch_id)
                 t_train = time.monotonic()
-                path = await asyncio.to_thread(export_gguf, model.state_dict(), files.gguf,
-                                               weights / f"policy-{step}.gguf")
+                path = await asyncio.to_thread(
+                    export_gguf, model.state_dict(), files.gguf, weights / f"policy-{step}.gguf"
+                )
                 sync_s = await sync.update(path, policy_version=step)
                 await buffer.set_policy_version(step)
                 (weights / f"policy-{step - 1}.gguf").unlink(missing_ok=True)
                 result = await asyncio.to_thread(probe, model, engine.url, probe_ids)
-                row = {"step": step, "policy_version": engine.policy_version,
-                       **metrics, "probe_mismatch": result.mean_abs_diff,
-                       "probe_max": result.max_abs_diff, "sync_s": sync_s,
-                       "held_out_reward": None, "held_out_sem": None}
+                row = {
+                    "step": step,
+                    "policy_version": engine.policy_version,
+                    **metrics,
+                    "probe_mismatch": result.mean_abs_diff,
+                    "probe_max": result.max_abs_diff,
+                    "sync_s": sync_s,
+                    "held_out_reward": None,
+                    "held_out_sem": None,
+                }
                 if step % args.eval_every == 0 or step == args.steps:
                     row["held_out_reward"], row["held_out_sem"] = await asyncio.to_thread(
-                        held_out_reward, engine.url, tokenizer, args.eval_samples,
-                        args.max_tokens, args.seed)
+                        held_out_reward,
+                        engine.url,
+                        tokenizer,
+                        args.eval_samples,
+                        args.max_tokens,
+                        args.seed,
+                    )
                 row["step_s"] = time.monotonic() - t0
                 rows.append(row)
-                held = "" if row["held_out_reward"] is None \
+                held = (
+                    ""
+                    if row["held_out_reward"] is None
                     else f"held_out_reward={row['held_out_reward']:.3f} "
-                write(f"step {step}: loss={metrics['loss']:.4f} "
-                      f"mean_reward={metrics['mean_reward']:.3f} "
-                      f"trainable_fraction={metrics['trainable_fraction']:.3f} {held}"
-                      f"rollout_mismatch={metrics['rollout_mismatch']:.4f} "
-                      f"on_policy_mismatch={metrics['on_policy_mismatch']:.4f} "
-                      f"probe_mismatch={result.mean_abs_diff:.4f} "
-                      f"policy_version={row['policy_version']} "
-                      f"sampled_versions={','.join(map(str, metrics['sampled_versions']))} "
-                      f"groups={metrics['num_groups']} "
-                      f"train_s={t_train - t0:.0f} sync_s={sync_s:.1f} "
-                      f"step_s={row['step_s']:.0f}")
+                )
+                write(
+                    f"step {step}: loss={metrics['loss']:.4f} "
+                    f"mean_reward={metrics['mean_reward']:.3f} "
+                    f"trainable_fraction={metrics['trainable_fraction']:.3f} {held}"
+                    f"rollout_mismatch={metrics['rollout_mismatch']:.4f} "
+                    f"on_policy_mismatch={metrics['on_policy_mismatch']:.4f} "
+                    f"probe_mismatch={result.mean_abs_diff:.4f} "
+                    f"policy_version={row['policy_version']} "
+                    f"sampled_versions={','.join(map(str, metrics['sampled_versions']))} "
+                    f"groups={metrics['num_groups']} "
+                    f"train_s={t_train - t0:.0f} sync_s={sync_s:.1f} "
+                    f"step_s={row['step_s']:.0f}"
+                )
                 report(rows, args)
         finally:
             await buffer.close()
@@ -480,12 +594,17 @@ def report(rows: list[dict], args: argparse.Namespace) -> dict[str, float]:
     stats = summary(rows)
     if args.metrics:
         Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.metrics).write_text(json.dumps({"args": vars(args), "rows": rows,
-                                                  "summary": stats}, indent=1))
+        Path(args.metrics).write_text(
+            json.dumps({"args": vars(args), "rows": rows, "summary": stats}, indent=1)
+        )
     if args.plot:
-        plot(rows, Path(args.plot), f"GRPO on SmolLM2-135M, 1/words reward: "
-             f"{args.groups_per_step} groups x {args.num_samples} samples per step, "
-             f"lr {args.lr:g}")
+        plot(
+            rows,
+            Path(args.plot),
+            f"GRPO on SmolLM2-135M, 1/words reward: "
+            f"{args.groups_per_step} groups x {args.num_samples} samples per step, "
+            f"lr {args.lr:g}",
+        )
     return stats
 
 
@@ -495,14 +614,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--groups-per-step", type=int, default=3)
     parser.add_argument("--num-samples", type=int, default=4)
     parser.add_argument("--in-flight", type=int, default=4)
-    parser.add_argument("--max-staleness", type=int, default=2,
-                        help="drop groups started more than this many versions ago")
+    parser.add_argument(
+        "--max-staleness",
+        type=int,
+        default=2,
+        help="drop groups started more than this many versions ago",
+    )
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--clip-eps", type=float, default=0.2)
     parser.add_argument("--eval-every", type=int, default=1)
-    parser.add_argument("--eval-samples", type=int, default=4,
-                        help="samples per held-out prompt")
+    parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--threads", type=int, default=1, help="trainer threads")
     # one thread: on a shared, oversubscribed CPU llama.cpp's threads wait on each other at
@@ -510,8 +632,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine-threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--take-timeout-s", type=float, default=600.0)
-    parser.add_argument("--task-pool-factor", type=int, default=6,
-                        help="tasks pushed per group the steps take")
+    parser.add_argument(
+        "--task-pool-factor", type=int, default=6, help="tasks pushed per group the steps take"
+    )
     parser.add_argument("--home", default=None, help="state folder (default: a temp folder)")
     parser.add_argument("--plot", default=None, help="PNG to write, e.g. docs/grpo_loop.png")
     parser.add_argument("--metrics", default=None, help="JSON of every step's metrics")

@@ -76,24 +76,35 @@ async def fleets(temporal_server, engine, tmp_path_factory) -> AsyncIterator[Fle
     # engine_tee records what llama-server really answered; harness_tee what harnesses got.
     engine_tee = await Tee(engine.url).start()
     harness_tee = await Tee(f"http://127.0.0.1:{port}").start()
-    gateway_settings = GatewaySettings(**common, gateway_port=port, backend_url=engine_tee.url,
-                                       gateway_public_url=harness_tee.url,
-                                       model="qwen2.5-coder-0.5b",
-                                       tool_parser="hermes_lenient")
+    gateway_settings = GatewaySettings(
+        **common,
+        gateway_port=port,
+        backend_url=engine_tee.url,
+        gateway_public_url=harness_tee.url,
+        model="qwen2.5-coder-0.5b",
+        tool_parser="hermes_lenient",
+    )
     # tests on these fleets hold many sessions open at once (gated harnesses): a host bound
     # above all of them (tests/test_tenancy.py checks the bound on fleets of its own)
-    sandbox_settings = SandboxSettings(**common, runtime_root=str(home / "runtimes"),
-                                       max_concurrent_sessions=64)
+    sandbox_settings = SandboxSettings(
+        **common, runtime_root=str(home / "runtimes"), max_concurrent_sessions=64
+    )
     client = await connect(gateway_settings)
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(run_fleet("gateway", client, gateway_settings))
         await stack.enter_async_context(run_fleet("sandbox", client, sandbox_settings))
         await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
         await stack.enter_async_context(run_fleet("workflows", client, gateway_settings))
-        yield Fleets(client=client, store_url=common["store_url"],
-                     gateway_url=f"http://127.0.0.1:{port}", runtime_root=home / "runtimes",
-                     engine_url=engine.url, engine_tee=engine_tee, harness_tee=harness_tee,
-                     metrics_url=f"http://127.0.0.1:{common['metrics_port']}/metrics")
+        yield Fleets(
+            client=client,
+            store_url=common["store_url"],
+            gateway_url=f"http://127.0.0.1:{port}",
+            runtime_root=home / "runtimes",
+            engine_url=engine.url,
+            engine_tee=engine_tee,
+            harness_tee=harness_tee,
+            metrics_url=f"http://127.0.0.1:{common['metrics_port']}/metrics",
+        )
     await harness_tee.stop()
     await engine_tee.stop()
 
@@ -105,5 +116,4 @@ def have_bwrap() -> bool:
 
 def npm_prefix() -> Path:
     """Where the harness CLIs are installed."""
-    return Path(os.environ.get("ROLLOUTD_NPM_PREFIX",
-                               Path.home() / ".cache" / "rolloutd" / "npm"))
+    return Path(os.environ.get("ROLLOUTD_NPM_PREFIX", Path.home() / ".cache" / "rolloutd" / "npm"))

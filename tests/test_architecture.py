@@ -31,7 +31,13 @@ def lint_imports(src: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(src)}
     return subprocess.run(
         [str(LINT_IMPORTS), "--config", str(ROOT / "pyproject.toml"), "--no-cache", "--no-logo"],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False)
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_the_import_contracts_hold(tmp_path):
@@ -43,14 +49,23 @@ def test_the_import_contracts_hold(tmp_path):
 #: (module changed, import added inside a function, contract broken, line of the report)
 BREAKS = {
     "lower layer imports a higher one": (
-        "errors.py", "rolloutd.cli", "rolloutd's layers",
-        "rolloutd.errors -> rolloutd.cli"),
+        "errors.py",
+        "rolloutd.cli",
+        "rolloutd's layers",
+        "rolloutd.errors -> rolloutd.cli",
+    ),
     "cycle between siblings": (
-        "proxy/memo.py", "rolloutd.proxy.recorder", "no import cycle",
-        "No cycles are allowed in rolloutd.proxy"),
+        "proxy/memo.py",
+        "rolloutd.proxy.recorder",
+        "no import cycle",
+        "No cycles are allowed in rolloutd.proxy",
+    ),
     "gateway imports the runtimes": (
-        "proxy/memo.py", "rolloutd.sandbox.artifacts", "do not import each other",
-        "rolloutd.proxy.memo -> rolloutd.sandbox.artifacts"),
+        "proxy/memo.py",
+        "rolloutd.sandbox.artifacts",
+        "do not import each other",
+        "rolloutd.proxy.memo -> rolloutd.sandbox.artifacts",
+    ),
 }
 
 
@@ -58,8 +73,9 @@ BREAKS = {
 def test_a_forbidden_import_breaks_its_contract(case, tmp_path):
     module, imported, contract, report = BREAKS[case]
     src = tmp_path / "src"
-    shutil.copytree(ROOT / "src" / "rolloutd", src / "rolloutd",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "src" / "rolloutd", src / "rolloutd", ignore=shutil.ignore_patterns("__pycache__")
+    )
     with (src / "rolloutd" / module).open("a", encoding="utf-8") as f:
         f.write(f"\n\ndef _forbidden() -> None:\n    import {imported}  # noqa: F401\n")
     result = lint_imports(src, tmp_path)

@@ -13,22 +13,30 @@ from rolloutd.workflows.buffer_capacity import target
 from rolloutd.workflows.buffer_models import BufferConfig
 
 
-@pytest.mark.parametrize(("num_in_flight", "num_samples", "sessions", "expected"), [
-    (10, 1, 2, 4),      # 2 x 2 sessions / 1 per task
-    (10, 8, 16, 4),     # 2 x 16 / 8
-    (10, 8, 3, 1),      # fewer sessions than one task: still one task
-    (10, 4, 100, 10),   # the configured target caps it
-    (10, 4, None, 10),  # nothing observed: the configured target
-    (10, 3, 4, 3),      # ceil(8 / 3)
-])
-def test_the_in_flight_target(num_in_flight: int, num_samples: int, sessions: int | None,
-                              expected: int) -> None:
+@pytest.mark.parametrize(
+    ("num_in_flight", "num_samples", "sessions", "expected"),
+    [
+        (10, 1, 2, 4),  # 2 x 2 sessions / 1 per task
+        (10, 8, 16, 4),  # 2 x 16 / 8
+        (10, 8, 3, 1),  # fewer sessions than one task: still one task
+        (10, 4, 100, 10),  # the configured target caps it
+        (10, 4, None, 10),  # nothing observed: the configured target
+        (10, 3, 4, 3),  # ceil(8 / 3)
+    ],
+)
+def test_the_in_flight_target(
+    num_in_flight: int, num_samples: int, sessions: int | None, expected: int
+) -> None:
     assert target(num_in_flight, num_samples, sessions) == expected
 
 
 async def test_the_bound_counts_configured_slots_of_every_backend() -> None:
-    pool = BackendPool([make_backend("openai", "a", "http://127.0.0.1:9"),
-                        make_backend("openai", "b", "http://127.0.0.1:10")])
+    pool = BackendPool(
+        [
+            make_backend("openai", "a", "http://127.0.0.1:9"),
+            make_backend("openai", "b", "http://127.0.0.1:10"),
+        ]
+    )
     capacity = BackendCapacity(pool, max_sessions_per_slot=1.5, backend_slots=3)
     try:
         await capacity.refresh()

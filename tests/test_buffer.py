@@ -29,18 +29,23 @@ async def test_zero_variance_and_stale_groups_drop_running_tasks_carry_over(flee
     u = uuid.uuid4().hex[:6]
     gate_c, gate_e = tmp_path / "go-c", tmp_path / "go-e"
     rows = [
-        local_task(f"a-{u}", all_win()),                                    # zero variance
-        local_task(f"b-{u}", first_wins(tmp_path / "b")),                   # mixed, fast
-        local_task(f"c-{u}", first_wins(tmp_path / "c", gate_c)),           # mixed, gated
-        local_task(f"e-{u}", first_wins(tmp_path / "e", gate_e)),           # mixed, gated
+        local_task(f"a-{u}", all_win()),  # zero variance
+        local_task(f"b-{u}", first_wins(tmp_path / "b")),  # mixed, fast
+        local_task(f"c-{u}", first_wins(tmp_path / "c", gate_c)),  # mixed, gated
+        local_task(f"e-{u}", first_wins(tmp_path / "e", gate_e)),  # mixed, gated
     ]
     source = tmp_path / "tasks.jsonl"
     source.write_text("# a comment line\n" + "\n".join(json.dumps(r) for r in rows) + "\n")
     client = RolloutClient(fleets.client)
-    buffer = await client.create_buffer({
-        "buffer_id": f"buf-{u}", "num_in_flight": 4, "num_samples": 4, "max_staleness": 1,
-        "source": {"type": "jsonl", "path": str(source), "chunk_size": 3},
-    })
+    buffer = await client.create_buffer(
+        {
+            "buffer_id": f"buf-{u}",
+            "num_in_flight": 4,
+            "num_samples": 4,
+            "max_staleness": 1,
+            "source": {"type": "jsonl", "path": str(source), "chunk_size": 3},
+        }
+    )
     try:
         # step 0: the first informative group is B; A's all-equal group was dropped
         batch = await buffer.take(1, timeout_s=120)
@@ -49,9 +54,11 @@ async def test_zero_variance_and_stale_groups_drop_running_tasks_carry_over(flee
         assert batch.groups[0].policy_version == 0
         # C and E are still running after the hand-out: they carry into the next step (E may
         # start after the take: staleness admission holds 2 groups ready or running here)
-        stats = await poll(buffer.stats, lambda s: any(
-            d.task_id == f"a-{u}" for d in s.dropped) and len(s.running) == 2,
-            what="A dropped, C and E running")
+        stats = await poll(
+            buffer.stats,
+            lambda s: any(d.task_id == f"a-{u}" for d in s.dropped) and len(s.running) == 2,
+            what="A dropped, C and E running",
+        )
         assert [(d.task_id, d.reason) for d in stats.dropped] == [(f"a-{u}", "zero_variance")]
         assert {r.task_id for r in stats.running} == {f"c-{u}", f"e-{u}"}
         assert stats.source_exhausted and stats.state_counters["cursor"] == 4
@@ -68,8 +75,12 @@ async def test_zero_variance_and_stale_groups_drop_running_tasks_carry_over(flee
         # step 2: policy moves to 2; E (started at 0) is 2 versions old when it ends: dropped
         await buffer.set_policy_version(2)
         gate_e.touch()
-        stats = await poll(buffer.stats, lambda s: any(d.task_id == f"e-{u}" for d in s.dropped),
-                           timeout_s=120, what="E dropped")
+        stats = await poll(
+            buffer.stats,
+            lambda s: any(d.task_id == f"e-{u}" for d in s.dropped),
+            timeout_s=120,
+            what="E dropped",
+        )
         assert ("e-" + u, "stale") in [(d.task_id, d.reason) for d in stats.dropped]
         assert stats.num_ready == 0 and not stats.running
         assert stats.state_counters["num_dropped_stale"] == 1
@@ -86,8 +97,9 @@ async def test_zero_variance_and_stale_groups_drop_running_tasks_carry_over(flee
 async def test_lease_expiry_reoffers_the_same_batch_and_acks_are_exactly_once(fleets, tmp_path):
     u = uuid.uuid4().hex[:6]
     client = RolloutClient(fleets.client)
-    buffer = await client.create_buffer({"buffer_id": f"lease-{u}", "num_in_flight": 2,
-                                         "num_samples": 2, "lease_s": 600})
+    buffer = await client.create_buffer(
+        {"buffer_id": f"lease-{u}", "num_in_flight": 2, "num_samples": 2, "lease_s": 600}
+    )
     try:
         await buffer.push([local_task(f"m0-{u}", first_wins(tmp_path / "m0"))])
         first = await buffer.take(1, lease_s=1.0, timeout_s=120)
@@ -113,20 +125,31 @@ async def test_lease_expiry_reoffers_the_same_batch_and_acks_are_exactly_once(fl
 async def test_cancel_surplus_stops_running_tasks_when_a_batch_is_handed_out(fleets, tmp_path):
     u = uuid.uuid4().hex[:6]
     client = RolloutClient(fleets.client)
-    buffer = await client.create_buffer({"buffer_id": f"surplus-{u}", "num_in_flight": 2,
-                                         "num_samples": 2, "cancel_surplus": True})
+    buffer = await client.create_buffer(
+        {"buffer_id": f"surplus-{u}", "num_in_flight": 2, "num_samples": 2, "cancel_surplus": True}
+    )
     gate = tmp_path / "never"
     try:
-        await buffer.push([local_task(f"fast-{u}", first_wins(tmp_path / "f")),
-                           local_task(f"slow-{u}", first_wins(tmp_path / "s", gate))])
+        await buffer.push(
+            [
+                local_task(f"fast-{u}", first_wins(tmp_path / "f")),
+                local_task(f"slow-{u}", first_wins(tmp_path / "s", gate)),
+            ]
+        )
         batch = await buffer.take(1, timeout_s=120)
         assert batch.groups[0].group.task_id == f"fast-{u}"
-        stats = await poll(buffer.stats, lambda s: s.state_counters["num_cancelled"] == 1,
-                           what="slow task cancelled")
+        stats = await poll(
+            buffer.stats,
+            lambda s: s.state_counters["num_cancelled"] == 1,
+            what="slow task cancelled",
+        )
         assert (f"slow-{u}", "cancelled") in [(d.task_id, d.reason) for d in stats.dropped]
         slow = client.get_handle(f"slow-{u}")
-        await poll(slow.describe, lambda d: d.status is not None and d.status.name != "RUNNING",
-                   what="slow task ended")
+        await poll(
+            slow.describe,
+            lambda d: d.status is not None and d.status.name != "RUNNING",
+            what="slow task ended",
+        )
     finally:
         gate.touch()
         await buffer.close()
@@ -136,9 +159,12 @@ def incomplete_task(task_id: str, folder) -> dict:
     """Three samples, the first provisioning fails, no replacement: two scored sessions, one
     winning (a mixed, incomplete group)."""
     task = local_task(task_id, first_wins(folder))
-    task["runtime"]["prepare"] = [{"type": "exec", "command":
-                                   f"mkdir -p {folder}; mkdir {folder}/failed 2>/dev/null "
-                                   "&& exit 1; true"}]
+    task["runtime"]["prepare"] = [
+        {
+            "type": "exec",
+            "command": f"mkdir -p {folder}; mkdir {folder}/failed 2>/dev/null && exit 1; true",
+        }
+    ]
     return {**task, "num_samples": 3, "max_replacements": 0}
 
 
@@ -152,8 +178,11 @@ async def test_an_incomplete_group_is_handed_out_or_dropped_as_configured(fleets
         await drop.push([incomplete_task(f"d-{u}", tmp_path / "d")])
         batch = await keep.take(1, timeout_s=120)
         [group] = [g.group for g in batch.groups]
-        assert (group.incomplete, group.num_scored, sorted(scored_rewards(group))) \
-            == (True, 2, [0.0, 1.0])
+        assert (group.incomplete, group.num_scored, sorted(scored_rewards(group))) == (
+            True,
+            2,
+            [0.0, 1.0],
+        )
         stats = await poll(drop.stats, lambda s: bool(s.dropped), what="the group dropped")
         assert [(d.task_id, d.reason) for d in stats.dropped] == [(f"d-{u}", "incomplete")]
         assert stats.state_counters["num_dropped_incomplete"] == 1
@@ -172,8 +201,9 @@ async def test_staleness_admission_starts_no_task_that_would_go_stale(fleets, tm
     u = uuid.uuid4().hex[:6]
     client = RolloutClient(fleets.client)
     tasks = [local_task(f"s{i}-{u}", first_wins(tmp_path / f"s{i}")) for i in range(6)]
-    buffer = await client.create_buffer({"buffer_id": f"adm-{u}", "num_in_flight": 4,
-                                         "num_samples": 2, "max_staleness": 0})
+    buffer = await client.create_buffer(
+        {"buffer_id": f"adm-{u}", "num_in_flight": 4, "num_samples": 2, "max_staleness": 0}
+    )
     try:
         await buffer.push(tasks)
         batch = await buffer.take(1, timeout_s=120)
@@ -182,8 +212,12 @@ async def test_staleness_admission_starts_no_task_that_would_go_stale(fleets, tm
         await buffer.set_policy_version(1)
         # the take set the bound to 1 group: one more task started at version 0 (its group is
         # dropped as stale once the policy moves), then one at version 1
-        stats = await poll(buffer.stats, lambda s: s.num_ready == 1 and not s.running,
-                           timeout_s=120, what="one version-1 group ready")
+        stats = await poll(
+            buffer.stats,
+            lambda s: s.num_ready == 1 and not s.running,
+            timeout_s=120,
+            what="one version-1 group ready",
+        )
         assert stats.state_counters["num_started"] == 3, stats.state_counters
         assert stats.num_pending == 3 and stats.state_counters["batch_groups"] == 1
         assert stats.state_counters["num_dropped_stale"] == 1
@@ -193,15 +227,25 @@ async def test_staleness_admission_starts_no_task_that_would_go_stale(fleets, tm
     finally:
         await buffer.close()
 
-    free = await client.create_buffer({"buffer_id": f"free-{u}", "num_in_flight": 4,
-                                       "num_samples": 2, "max_staleness": 0,
-                                       "staleness_admission": False})
+    free = await client.create_buffer(
+        {
+            "buffer_id": f"free-{u}",
+            "num_in_flight": 4,
+            "num_samples": 2,
+            "max_staleness": 0,
+            "staleness_admission": False,
+        }
+    )
     try:
         await free.push([{**t, "task_id": "f" + t["task_id"]} for t in tasks])
         batch = await free.take(1, timeout_s=120)
         await free.ack(batch.batch_id)
-        stats = await poll(free.stats, lambda s: s.state_counters["num_started"] == 6,
-                           timeout_s=120, what="every pushed task started")
+        stats = await poll(
+            free.stats,
+            lambda s: s.state_counters["num_started"] == 6,
+            timeout_s=120,
+            what="every pushed task started",
+        )
         assert stats.num_pending == 0
     finally:
         await free.close()

@@ -33,12 +33,22 @@ def events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def start_trainer(address: str, buffer_id: str, out: Path, mode: str, num_groups: int,
-                  lease_s: float) -> subprocess.Popen[bytes]:
+def start_trainer(
+    address: str, buffer_id: str, out: Path, mode: str, num_groups: int, lease_s: float
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, str(TRAINER), address, buffer_id, str(out), mode, str(num_groups),
-         str(lease_s)],
-        stdout=subprocess.DEVNULL, stderr=open(out.with_suffix(".err"), "ab"),
+        [
+            sys.executable,
+            str(TRAINER),
+            address,
+            buffer_id,
+            str(out),
+            mode,
+            str(num_groups),
+            str(lease_s),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(out.with_suffix(".err"), "ab"),
         start_new_session=True,
     )
 
@@ -50,26 +60,31 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 async def test_trainer_killed_after_take_gets_the_batch_again_exactly_once(
-        fleets, temporal_server, tmp_path):
+    fleets, temporal_server, tmp_path
+):
     u = uuid.uuid4().hex[:6]
     task_ids = [f"k{i}-{u}" for i in range(3)]
     client = RolloutClient(fleets.client)
-    buffer = await client.create_buffer({"buffer_id": f"crash-{u}", "num_in_flight": 3,
-                                         "num_samples": 2, "max_history_events": 60})
+    buffer = await client.create_buffer(
+        {"buffer_id": f"crash-{u}", "num_in_flight": 3, "num_samples": 2, "max_history_events": 60}
+    )
     await buffer.push([local_task(t, first_wins(tmp_path / t)) for t in task_ids])
     out = tmp_path / "trainer.jsonl"
     procs: list[subprocess.Popen[bytes]] = []
     try:
         hung = start_trainer(temporal_server.address, buffer.buffer_id, out, "hang", 3, 3.0)
         procs.append(hung)
-        taken = await poll(lambda: asyncio.to_thread(events, out), lambda e: len(e) == 1, timeout_s=120,
-                           what="first trainer took a batch")
+        taken = await poll(
+            lambda: asyncio.to_thread(events, out),
+            lambda e: len(e) == 1,
+            timeout_s=120,
+            what="first trainer took a batch",
+        )
         os.kill(hung.pid, signal.SIGKILL)  # after take_batch, before ack
         hung.wait()
         lost = taken[0]
 
-        restarted = start_trainer(temporal_server.address, buffer.buffer_id, out, "train", 3,
-                                  30.0)
+        restarted = start_trainer(temporal_server.address, buffer.buffer_id, out, "train", 3, 30.0)
         procs.append(restarted)
         deadline = time.monotonic() + 180
         while restarted.poll() is None:
@@ -90,4 +105,3 @@ async def test_trainer_killed_after_take_gets_the_batch_again_exactly_once(
         for proc in procs:
             stop(proc)
         await buffer.close()
-

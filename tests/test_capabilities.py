@@ -19,18 +19,29 @@ from rolloutd.types import TaskRequest
 
 
 def _task(harness: str = "shell", evaluator: str = "session_completed") -> TaskRequest:
-    return TaskRequest(task_id="t", instruction="x", harness={"type": harness, "command": "true"},
-                       evaluator={"type": evaluator})
+    return TaskRequest(
+        task_id="t",
+        instruction="x",
+        harness={"type": harness, "command": "true"},
+        evaluator={"type": evaluator},
+    )
 
 
 def _fleets(harnesses=None, missing=None, evaluators=("session_completed",)) -> FleetCapabilities:
-    return FleetCapabilities(hosts=[
-        HostCapabilities(fleet="sandbox", host_id="h1", instance_id="a",
-                         harnesses=harnesses if harnesses is not None else {"shell": None},
-                         missing_harnesses=missing or {}),
-        HostCapabilities(fleet="eval", host_id="h1", instance_id="b",
-                         evaluators=list(evaluators)),
-    ])
+    return FleetCapabilities(
+        hosts=[
+            HostCapabilities(
+                fleet="sandbox",
+                host_id="h1",
+                instance_id="a",
+                harnesses=harnesses if harnesses is not None else {"shell": None},
+                missing_harnesses=missing or {},
+            ),
+            HostCapabilities(
+                fleet="eval", host_id="h1", instance_id="b", evaluators=list(evaluators)
+            ),
+        ]
+    )
 
 
 def test_a_runnable_task_passes():
@@ -44,11 +55,17 @@ def test_no_registered_host_refuses_with_a_message_saying_so():
     assert "check_capabilities=False" in errors["harness.type"]
 
 
-@pytest.mark.parametrize(("harness", "missing", "expected"), [
-    ("codex", {}, "'codex' has no adapter on any sandbox host; available: shell"),
-    ("qwen_code", {"qwen_code": "cli.js not found"},
-     "'qwen_code' cannot run on any sandbox host (1 of 1 lack it; h1: cli.js not found)"),
-])
+@pytest.mark.parametrize(
+    ("harness", "missing", "expected"),
+    [
+        ("codex", {}, "'codex' has no adapter on any sandbox host; available: shell"),
+        (
+            "qwen_code",
+            {"qwen_code": "cli.js not found"},
+            "'qwen_code' cannot run on any sandbox host (1 of 1 lack it; h1: cli.js not found)",
+        ),
+    ],
+)
 def test_a_harness_no_host_can_run_is_refused(harness, missing, expected):
     (error,) = check_task(_task(harness), _fleets(missing=missing))
     assert error[0] == "harness.type" and expected in error[1]
@@ -58,8 +75,9 @@ def test_an_unknown_evaluator_and_an_import_path_that_does_not_import_are_refuse
     (error,) = check_task(_task(evaluator="swebench_harness"), _fleets())
     assert error[0] == "evaluator.type" and "'swebench_harness' is unknown" in error[1]
     path = "pkg.mod:Grader"
-    (error,) = check_task(_task(evaluator=path), _fleets(),
-                          {path: "ModuleNotFoundError: No module named 'pkg'"})
+    (error,) = check_task(
+        _task(evaluator=path), _fleets(), {path: "ModuleNotFoundError: No module named 'pkg'"}
+    )
     assert error[0] == "evaluator.type" and "does not import on the eval fleet" in error[1]
     assert check_task(_task(evaluator=path), _fleets(), {path: None}) == []
 
@@ -69,25 +87,34 @@ def test_a_host_publishes_every_adapter_and_why_it_cannot_run_one(tmp_path, monk
     monkeypatch.setenv("ROLLOUTD_TOOLS_DIR", str(tmp_path))
     harnesses, missing = harness_capabilities()
     # shell and cli need no CLI of ours; python needs the openai SDK in rolloutd's environment
-    assert harnesses == {"shell": None, "cli": None,
-                         "python": importlib.metadata.version("openai")}
+    assert harnesses == {"shell": None, "cli": None, "python": importlib.metadata.version("openai")}
     assert set(missing) == set(HARNESSES) - {"shell", "cli", "python"}
     assert "not found" in missing["qwen_code"]
     assert "scripts/setup.sh" in missing["codex"] and "scripts/setup.sh" in missing["aider"]
 
 
 def test_polar_a3_fields_map_onto_a_task_request():
-    polar = PolarTaskRequest.model_validate({
-        "task_id": "a3", "instruction": "fix it", "timeout_seconds": 1800,
-        "runtime": {"backend": "bwrap"},
-        "agent": {"harness": "qwen-code", "model_name": "Qwen3-8B"},
-        "builder": {"strategy": "per_request"},
-        "evaluator": {"strategy": "swebench_harness",
-                      "config": {"refresh_runtime": True, "fail_to_pass": ["t::a"]}},
-    })
+    polar = PolarTaskRequest.model_validate(
+        {
+            "task_id": "a3",
+            "instruction": "fix it",
+            "timeout_seconds": 1800,
+            "runtime": {"backend": "bwrap"},
+            "agent": {"harness": "qwen-code", "model_name": "Qwen3-8B"},
+            "builder": {"strategy": "per_request"},
+            "evaluator": {
+                "strategy": "swebench_harness",
+                "config": {"refresh_runtime": True, "fail_to_pass": ["t::a"]},
+            },
+        }
+    )
     task = TaskRequest.model_validate(to_task_request(polar))
     assert (task.harness.type, task.model, task.runtime.type, task.builder.type) == (
-        "qwen_code", "Qwen3-8B", "bwrap", "per_request")
+        "qwen_code",
+        "Qwen3-8B",
+        "bwrap",
+        "per_request",
+    )
     assert (task.evaluator.type, task.evaluator.runtime) == ("swebench", "fresh")
     assert task.evaluator.params == {"fail_to_pass": ["t::a"]}
     assert task.timeout_s == 1800

@@ -25,9 +25,11 @@ def test_every_option_and_positional_has_help():
     actions = list(_walk(build_parser(), "rolloutd"))
     # the walk reached nested subcommands (models pull), so a missing level would show
     assert any(path == "rolloutd models pull" for path, _ in actions)
-    missing = [f"{path}: {action.option_strings or action.dest}"
-               for path, action in actions
-               if not action.help or action.help == argparse.SUPPRESS]
+    missing = [
+        f"{path}: {action.option_strings or action.dest}"
+        for path, action in actions
+        if not action.help or action.help == argparse.SUPPRESS
+    ]
     assert missing == []
 
 
@@ -38,8 +40,13 @@ def test_help_shows_defaults():
 
 
 def test_version_prints_the_installed_version():
-    out = subprocess.run([sys.executable, "-m", "rolloutd.cli", "--version"],
-                         capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rolloutd.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert out.stdout.strip() == f"rolloutd {importlib.metadata.version('rolloutd')}"
 
 

@@ -11,8 +11,12 @@ from rolloutd.types import SessionResult, SessionStatus, TaskResult
 
 
 def session(index: int, **fields: Any) -> SessionResult:
-    values: dict[str, Any] = {"session_id": f"t/{index}", "task_id": "t",
-                              "status": SessionStatus.COMPLETED, "num_completions": 3}
+    values: dict[str, Any] = {
+        "session_id": f"t/{index}",
+        "task_id": "t",
+        "status": SessionStatus.COMPLETED,
+        "num_completions": 3,
+    }
     values.update(fields)
     return SessionResult(**values)
 
@@ -23,19 +27,29 @@ def test_recovered_call_errors_are_noted_and_do_not_fail_the_run() -> None:
     results = [TaskResult(task_id="t", sessions=[recovered, refused])]
     failures, notes = what_went_wrong(results)
     assert failures == [] and exit_code(results) == 0
-    assert notes == ["session t/0: 2 model call(s) failed, recovered or refused as bad "
-                     "requests; last: 502 BackendError: reset",
-                     "session t/1: 1 model call(s) failed, recovered or refused as bad "
-                     "requests; last: 400 ContextLengthError: long"]
+    assert notes == [
+        "session t/0: 2 model call(s) failed, recovered or refused as bad "
+        "requests; last: 502 BackendError: reset",
+        "session t/1: 1 model call(s) failed, recovered or refused as bad "
+        "requests; last: 400 ContextLengthError: long",
+    ]
     assert call_errors_cell(recovered) == "2"
 
 
 def test_unrecovered_5xx_failed_sessions_and_silent_tasks_fail_the_run() -> None:
-    broken = session(0, num_completions=0, num_call_errors=2, num_unrecovered_call_errors=2,
-                     last_call_error="500 RolloutdError: internal error: AttributeError")
-    lost = session(1, num_completions=0, status=SessionStatus.FAILED,
-                   error="no sandbox worker is polling task queue rolloutd-sandbox "
-                   "(checked for 60 s)")
+    broken = session(
+        0,
+        num_completions=0,
+        num_call_errors=2,
+        num_unrecovered_call_errors=2,
+        last_call_error="500 RolloutdError: internal error: AttributeError",
+    )
+    lost = session(
+        1,
+        num_completions=0,
+        status=SessionStatus.FAILED,
+        error="no sandbox worker is polling task queue rolloutd-sandbox (checked for 60 s)",
+    )
     results = [TaskResult(task_id="t", sessions=[broken, lost])]
     failures, _ = what_went_wrong(results)
     assert exit_code(results) == 1
@@ -44,7 +58,8 @@ def test_unrecovered_5xx_failed_sessions_and_silent_tasks_fail_the_run() -> None
         "harness never recovered from; last: 500 RolloutdError: internal error: AttributeError",
         "session t/1 failed: no sandbox worker is polling task queue rolloutd-sandbox "
         "(checked for 60 s)",
-        "task t: no session recorded a completion (no model call was answered)"]
+        "task t: no session recorded a completion (no model call was answered)",
+    ]
     assert call_errors_cell(broken) == "2 (2 unrecovered)"
 
 

@@ -23,8 +23,13 @@ from rolloutd.trajectory import check_invariants
 from rolloutd.types import SessionStatus
 from tests.conftest import npm_prefix
 
-pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
-              pytest.mark.harness, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.temporal,
+    pytest.mark.engine,
+    pytest.mark.sandbox,
+    pytest.mark.harness,
+    pytest.mark.slow,
+]
 
 
 def engine_answers(exchanges) -> dict[tuple[int, ...], list[tuple[list[int], list[float]]]]:
@@ -69,22 +74,30 @@ def assert_openai_chat_response(ex) -> None:
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.skipif(not (npm_prefix() / "node_modules/.bin/qwen").exists(),
-                    reason="qwen-code CLI not installed (scripts/setup.sh installs it)")
+@pytest.mark.skipif(
+    not (npm_prefix() / "node_modules/.bin/qwen").exists(),
+    reason="qwen-code CLI not installed (scripts/setup.sh installs it)",
+)
 async def test_qwen_code_rollout_is_token_faithful_and_scored(fleets, temporal_server):
     client = RolloutClient(fleets.client, BlobStore(fleets.store_url))
     task_id = f"e2e-{uuid.uuid4().hex[:6]}"
-    handle = await client.submit({
-        "task_id": task_id,
-        "instruction": "Use the write_file tool to create a file named hello.py that prints the text hello world.",
-        "num_samples": 2,
-        "harness": {"type": "qwen_code", "profile": "compact", "max_turns": 4},
-        "runtime": {"type": "bwrap"},
-        "evaluator": {"type": "test_on_output", "command": "python3 hello.py",
-                      "expected_output": "hello world"},
-        "sampling": {"temperature": 0.7, "max_tokens": 256},
-        "phases": {"run_s": 600},
-    })
+    handle = await client.submit(
+        {
+            "task_id": task_id,
+            "instruction": "Use the write_file tool to create a file named hello.py that "
+            "prints the text hello world.",
+            "num_samples": 2,
+            "harness": {"type": "qwen_code", "profile": "compact", "max_turns": 4},
+            "runtime": {"type": "bwrap"},
+            "evaluator": {
+                "type": "test_on_output",
+                "command": "python3 hello.py",
+                "expected_output": "hello world",
+            },
+            "sampling": {"temperature": 0.7, "max_tokens": 256},
+            "phases": {"run_s": 600},
+        }
+    )
     group = await handle.result()
 
     assert len(group.sessions) == 2
@@ -102,9 +115,14 @@ async def test_qwen_code_rollout_is_token_faithful_and_scored(fleets, temporal_s
         # every sampled token and logprob is what llama-server returned for that very prompt
         for c in completions:
             candidates = answers.get(tuple(c.prompt_ids), [])
-            match = [a for a in candidates if a[0] == c.response_ids
-                     and a[1] == pytest.approx(c.response_logprobs, abs=1e-6)]
-            assert match, f"completion {c.index} of {session.session_id} is not what the engine sent"
+            match = [
+                a
+                for a in candidates
+                if a[0] == c.response_ids and a[1] == pytest.approx(c.response_logprobs, abs=1e-6)
+            ]
+            assert match, (
+                f"completion {c.index} of {session.session_id} is not what the engine sent"
+            )
             candidates.remove(match[0])  # one engine answer backs one completion
         # ... and every trainable position of every trace is one of those sampled tokens
         by_index = {c.index: c for c in completions}
@@ -113,25 +131,40 @@ async def test_qwen_code_rollout_is_token_faithful_and_scored(fleets, temporal_s
             sampled = [t for c in merged for t in c.response_ids]
             sampled_logprobs = [lp for c in merged for lp in c.response_logprobs]
             trainable = [t for t, m in zip(trace.response_ids, trace.loss_mask) if m]
-            trainable_logprobs = [lp for lp, m in zip(trace.response_logprobs, trace.loss_mask)
-                                  if m]
+            trainable_logprobs = [
+                lp for lp, m in zip(trace.response_logprobs, trace.loss_mask) if m
+            ]
             assert trainable == sampled
             assert trainable_logprobs == sampled_logprobs
         # the harness got well-formed OpenAI answers (on a loaded machine a harness may time
         # out and hang up mid-stream, then retry: only answers it read to the end are judged)
         session_state = client.store.get_bytes(f"sessions/{session.session_id}/session.json")
-        mine = [ex for ex in fleets.harness_tee.exchanges  # the gateway keeps key hashes
-                if ex.path.endswith("/chat/completions")
-                and hash_session_key(ex.path.split("/")[2]) in session_state.decode()]
+        mine = [
+            ex
+            for ex in fleets.harness_tee.exchanges  # the gateway keeps key hashes
+            if ex.path.endswith("/chat/completions")
+            and hash_session_key(ex.path.split("/")[2]) in session_state.decode()
+        ]
         read_to_the_end = [ex for ex in mine if ex.complete]
         assert len(read_to_the_end) >= session.num_completions
         for ex in read_to_the_end:
             assert_openai_chat_response(ex)
 
     listed = subprocess.run(
-        [temporal_binary(), "workflow", "list", "--address", temporal_server.address,
-         "--query", f"WorkflowId STARTS_WITH 'task/{task_id}'", "-o", "json"],
-        capture_output=True, text=True, check=True,
+        [
+            temporal_binary(),
+            "workflow",
+            "list",
+            "--address",
+            temporal_server.address,
+            "--query",
+            f"WorkflowId STARTS_WITH 'task/{task_id}'",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     ids = {w["execution"]["workflowId"] for w in json.loads(listed.stdout or "[]")}
     assert {f"task/{task_id}", f"task/{task_id}/0", f"task/{task_id}/1"} <= ids

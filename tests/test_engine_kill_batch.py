@@ -37,32 +37,48 @@ from rolloutd.workers import connect, run_fleet
 from tests.support.harness_run import executed_tool_calls
 from tests.support.namespaces import fresh_namespace
 
-pytestmark = [pytest.mark.slow, pytest.mark.temporal, pytest.mark.engine,
-              pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.temporal, pytest.mark.engine, pytest.mark.timeout(1500)]
 
 NUM_TASKS = NUM_SAMPLES = 4
 NUM_CALLS = 3
 HARNESS = os.environ.get("ROLLOUTD_KILL_BATCH_HARNESS", "python")
 AGENT = Path(__file__).parents[1] / "examples" / "agents" / "file_agent.py"
-TOOLS = [{"type": "function", "function": {
-    "name": "list_files", "description": "list the files of the workspace",
-    "parameters": {"type": "object", "properties": {}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "list_files",
+            "description": "list the files of the workspace",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+]
 
 
 def task_body(marks: Path) -> dict:
     """The harness, instruction, sampling and evaluator of each task (module docstring)."""
     if HARNESS == "python":
-        return {"instruction": "Use the write_file tool to create hello.py that prints hello "
-                               "world.",
-                "harness": {"type": "python", "entry": "file_agent:agent", "max_turns": 2,
-                            "files": {"file_agent.py": AGENT.read_text()}},
-                "sampling": {"max_tokens": 256, "temperature": 0.2, "seed": 7},
-                "evaluator": {"type": "test_on_output", "command": "python3 hello.py",
-                              "expected_output": "hello world"}}
-    return {"instruction": "list the files",
-            "harness": {"type": "shell", "command": script(marks)},
-            "sampling": {"max_tokens": 4, "policy": "override"},
-            "evaluator": {"type": "test_on_output", "command": "test -f answered.txt"}}
+        return {
+            "instruction": "Use the write_file tool to create hello.py that prints hello world.",
+            "harness": {
+                "type": "python",
+                "entry": "file_agent:agent",
+                "max_turns": 2,
+                "files": {"file_agent.py": AGENT.read_text()},
+            },
+            "sampling": {"max_tokens": 256, "temperature": 0.2, "seed": 7},
+            "evaluator": {
+                "type": "test_on_output",
+                "command": "python3 hello.py",
+                "expected_output": "hello world",
+            },
+        }
+    return {
+        "instruction": "list the files",
+        "harness": {"type": "shell", "command": script(marks)},
+        "sampling": {"max_tokens": 4, "policy": "override"},
+        "evaluator": {"type": "test_on_output", "command": "test -f answered.txt"},
+    }
 
 
 def num_recorded(store: Path) -> int:
@@ -76,55 +92,89 @@ def script(marks: Path) -> str:
     answered call is marked in ``marks`` (the local runtime shares the host's files)."""
     calls = []
     for n in range(NUM_CALLS):
-        body = json.dumps({"model": "m", "tools": TOOLS, "messages": [
-            {"role": "user", "content": f"Step {n}: list the files with the tool."}]})
+        body = json.dumps(
+            {
+                "model": "m",
+                "tools": TOOLS,
+                "messages": [
+                    {"role": "user", "content": f"Step {n}: list the files with the tool."}
+                ],
+            }
+        )
         calls.append(
-            "curl -sS -f -o /dev/null \"$OPENAI_BASE_URL/chat/completions\" "
+            'curl -sS -f -o /dev/null "$OPENAI_BASE_URL/chat/completions" '
             "-H \"Authorization: Bearer $OPENAI_API_KEY\" -H 'Content-Type: application/json' "
-            f"-d '{body}' && echo ok >> answered.txt && echo ok >> {marks} || true")
+            f"-d '{body}' && echo ok >> answered.txt && echo ok >> {marks} || true"
+        )
     return "; ".join(calls) + "; touch answered.txt; exit 0"
 
 
 async def test_a_killed_engine_is_reported_and_replacements_make_every_group_whole(
-        temporal_server, tmp_path: Path) -> None:
+    temporal_server, tmp_path: Path
+) -> None:
     from rolloutd.engine.server import LlamaServer
 
     def engine_on(port: int, log_name: str) -> LlamaServer:
-        return LlamaServer("qwen2.5-coder-0.5b", port=port, parallel=4, ctx_size=8192,
-                           log_path=tmp_path / log_name).start(timeout_s=180)
+        return LlamaServer(
+            "qwen2.5-coder-0.5b", port=port, parallel=4, ctx_size=8192, log_path=tmp_path / log_name
+        ).start(timeout_s=180)
 
     engine = await asyncio.to_thread(engine_on, 0, "engine.log")
     restarted: LlamaServer | None = None
     marks = tmp_path / "answered-calls"
     marks.touch()
     namespace = await fresh_namespace(temporal_server.address, "kill-batch")
-    common = {"temporal_address": temporal_server.address, "temporal_namespace": namespace,
-              "store_url": str(tmp_path / "store"), "host_id": "kill-batch", "log_json": False}
+    common = {
+        "temporal_address": temporal_server.address,
+        "temporal_namespace": namespace,
+        "store_url": str(tmp_path / "store"),
+        "host_id": "kill-batch",
+        "log_json": False,
+    }
     port = free_port()
     gateway_url = f"http://127.0.0.1:{port}"
-    gateway = GatewaySettings(**common, gateway_port=port, backend_url=engine.url,
-                              gateway_public_url=gateway_url, model="qwen2.5-coder-0.5b",
-                              tool_parser="hermes_lenient")  # as the shared fleets
+    gateway = GatewaySettings(
+        **common,
+        gateway_port=port,
+        backend_url=engine.url,
+        gateway_public_url=gateway_url,
+        model="qwen2.5-coder-0.5b",
+        tool_parser="hermes_lenient",
+    )  # as the shared fleets
     try:
         client = await connect(gateway)
         async with contextlib.AsyncExitStack() as stack:
             root = stack.enter_context(tempfile.TemporaryDirectory(prefix="kb-"))
             await stack.enter_async_context(run_fleet("gateway", client, gateway))
-            await stack.enter_async_context(run_fleet("sandbox", client, SandboxSettings(
-                **common, runtime_root=root)))
+            await stack.enter_async_context(
+                run_fleet("sandbox", client, SandboxSettings(**common, runtime_root=root))
+            )
             await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
             await stack.enter_async_context(run_fleet("workflows", client, gateway))
             rollouts = RolloutClient(client, gateway_url=gateway_url, check_capabilities=False)
-            handles = [await rollouts.submit({
-                "task_id": f"kill-batch-{n}-{uuid.uuid4().hex[:6]}",
-                "num_samples": NUM_SAMPLES, "runtime": {"type": "local"}, **task_body(marks),
-                # the engine gets as long as a dead sandbox fleet to come back; a run budget
-                # that a saturated engine (48 s a call at load 16, measured) cannot exhaust
-                "phases": {"run_s": 600, "provision_wait_s": 240}, "timeout_s": 1200})
-                for n in range(NUM_TASKS)]
+            handles = [
+                await rollouts.submit(
+                    {
+                        "task_id": f"kill-batch-{n}-{uuid.uuid4().hex[:6]}",
+                        "num_samples": NUM_SAMPLES,
+                        "runtime": {"type": "local"},
+                        **task_body(marks),
+                        # the engine gets as long as a dead sandbox fleet to come back; a run budget
+                        # that a saturated engine (48 s a call at load 16, measured) cannot exhaust
+                        "phases": {"run_s": 600, "provision_wait_s": 240},
+                        "timeout_s": 1200,
+                    }
+                )
+                for n in range(NUM_TASKS)
+            ]
             deadline = time.monotonic() + 400
-            while max(len(marks.read_text().split()),  # the batch is under way
-                      num_recorded(tmp_path / "store")) < 4:
+            while (
+                max(
+                    len(marks.read_text().split()),  # the batch is under way
+                    num_recorded(tmp_path / "store"),
+                )
+                < 4
+            ):
                 assert time.monotonic() < deadline, "no call answered"
                 await asyncio.sleep(0.1)  # polling the marks file, bounded by the deadline
             assert engine.process is not None
@@ -143,7 +193,8 @@ async def test_a_killed_engine_is_reported_and_replacements_make_every_group_who
             # the fixture's command on the same port: the pool's probes see it come back
             restarted = await asyncio.to_thread(engine_on, engine.port, "engine-2.log")
             results = await asyncio.wait_for(
-                asyncio.gather(*(h.workflow.result() for h in handles)), timeout=900)
+                asyncio.gather(*(h.workflow.result() for h in handles)), timeout=900
+            )
     finally:
         await asyncio.to_thread(engine.stop)
         if restarted is not None:
@@ -151,8 +202,10 @@ async def test_a_killed_engine_is_reported_and_replacements_make_every_group_who
 
     replaced = [s for group in results for s in group.replaced]
     for s in replaced:
-        print(f"replaced {s.session_id}: {s.failure}, completions {s.num_completions}, "
-              f"call errors {s.num_call_errors}")
+        print(
+            f"replaced {s.session_id}: {s.failure}, completions {s.num_completions}, "
+            f"call errors {s.num_call_errors}"
+        )
     assert replaced, "the kill hit no session"
     for s in replaced:  # a broken session never becomes a reward
         assert s.reward is None and s.failure is not None, s
@@ -167,10 +220,19 @@ async def test_a_killed_engine_is_reported_and_replacements_make_every_group_who
                 assert s.num_completions == NUM_CALLS, s
     if HARNESS == "python":  # the agent's tools ran: a later request holds their results
         store = BlobStore(str(tmp_path / "store"))
-        tool_results = [executed_tool_calls(CompletionLog(store, s.session_id).read_all())
-                        for group in results for s in group.sessions]
-        print("tool results per scored session:", tool_results,
-              "rewards:", [s.reward for group in results for s in group.sessions])
+        tool_results = [
+            executed_tool_calls(CompletionLog(store, s.session_id).read_all())
+            for group in results
+            for s in group.sessions
+        ]
+        print(
+            "tool results per scored session:",
+            tool_results,
+            "rewards:",
+            [s.reward for group in results for s in group.sessions],
+        )
         assert sum(tool_results) >= 1
-    print(f"{len(replaced)} sessions replaced (all backend); "
-          f"{sum(len(g.sessions) for g in results)} sessions scored")
+    print(
+        f"{len(replaced)} sessions replaced (all backend); "
+        f"{sum(len(g.sessions) for g in results)} sessions scored"
+    )

@@ -19,20 +19,26 @@ pytestmark = [pytest.mark.temporal, pytest.mark.engine]
 
 def call(content: str) -> str:
     """One chat call with ``content`` (curl fails on an error answer: ``-f``)."""
-    return ("curl -sS -f -o reply.json \"$OPENAI_BASE_URL/chat/completions\" "
-            "-H \"Authorization: Bearer $OPENAI_API_KEY\" -H 'Content-Type: application/json' "
-            "-d '{\"model\": \"m\", \"max_tokens\": 4, \"messages\": [{\"role\": \"user\", "
-            f"\"content\": \"{content}\"}}]}}'")
+    return (
+        'curl -sS -f -o reply.json "$OPENAI_BASE_URL/chat/completions" '
+        "-H \"Authorization: Bearer $OPENAI_API_KEY\" -H 'Content-Type: application/json' "
+        '-d \'{"model": "m", "max_tokens": 4, "messages": [{"role": "user", '
+        f'"content": "{content}"}}]}}\''
+    )
 
 
 def task(name: str, command: str, **overrides: object) -> dict:
     """A shell task on the local runtime (no isolation needed here: cheap on 2 cores)."""
-    value: dict = {"task_id": f"{name}-{uuid.uuid4().hex[:6]}", "instruction": "test",
-                   "harness": {"type": "shell", "command": command},
-                   "runtime": {"type": "local"},
-                   "evaluator": {"type": "test_on_output", "command": "test -s reply.json"},
-                   "sampling": {"max_tokens": 8, "policy": "override"},
-                   "phases": {"run_s": 60}, "timeout_s": 180}
+    value: dict = {
+        "task_id": f"{name}-{uuid.uuid4().hex[:6]}",
+        "instruction": "test",
+        "harness": {"type": "shell", "command": command},
+        "runtime": {"type": "local"},
+        "evaluator": {"type": "test_on_output", "command": "test -s reply.json"},
+        "sampling": {"max_tokens": 8, "policy": "override"},
+        "phases": {"run_s": 60},
+        "timeout_s": 180,
+    }
     value.update(overrides)
     return value
 
@@ -51,12 +57,22 @@ async def test_infrastructure_and_evaluator_failures_get_no_reward(fleets):
     missing, raising, failing, unprepared = await run_all(
         fleets,
         task("missing", "./no-such-script.sh"),
-        task("raising", call("hi"),
-             evaluator={"type": "tests.support.raising_evaluator:RaisingEvaluator"}),
-        task("failing", call("hi"), evaluator={"type": "test_on_output",
-                                               "command": "test -f no-such-file"}),
-        task("unprepared", call("hi"), runtime={"type": "local", "prepare": [
-            {"type": "exec", "command": "exit 3"}]}))
+        task(
+            "raising",
+            call("hi"),
+            evaluator={"type": "tests.support.raising_evaluator:RaisingEvaluator"},
+        ),
+        task(
+            "failing",
+            call("hi"),
+            evaluator={"type": "test_on_output", "command": "test -f no-such-file"},
+        ),
+        task(
+            "unprepared",
+            call("hi"),
+            runtime={"type": "local", "prepare": [{"type": "exec", "command": "exit 3"}]},
+        ),
+    )
     [s] = missing.sessions
     assert s.failure is not None and s.failure.kind == "harness", s
     assert not s.failure.retryable and s.reward is None and s.status == SessionStatus.FAILED
@@ -84,9 +100,11 @@ async def test_a_run_timeout_while_the_model_answers_is_the_policys(fleets):
     # the budget leaves the call time to be answered on 2 busy cores
     command, phases = f"{call('hi')} && sleep 600", {"run_s": 20}
     evaluated, forced, unscored = await run_all(
-        fleets, task("tmo-eval", command, phases=phases),
+        fleets,
+        task("tmo-eval", command, phases=phases),
         task("tmo-num", command, phases=phases, timeout_reward=0.25),
-        task("tmo-null", command, phases=phases, timeout_reward=None))
+        task("tmo-null", command, phases=phases, timeout_reward=None),
+    )
     for group in (evaluated, forced, unscored):
         [s] = group.sessions
         assert s.status == SessionStatus.TIMEOUT and s.failure is not None, s
@@ -102,8 +120,9 @@ async def test_a_5xx_counts_as_backend_unless_the_harness_recovered(fleets):
     failure, scored."""
     fleets.engine_tee.fail_next_posts = 2
     try:
-        [broken] = await run_all(fleets, task("b5xx", f"{call('one')}; {call('two')}; true",
-                                                  max_replacements=0))
+        [broken] = await run_all(
+            fleets, task("b5xx", f"{call('one')}; {call('two')}; true", max_replacements=0)
+        )
     finally:
         fleets.engine_tee.fail_next_posts = 0
     [s] = broken.sessions

@@ -20,9 +20,12 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.temporal]
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "grpo_loop.py"
-LINE = re.compile(r"^step (\d+): loss=(-?[\d.]+) mean_reward=([\d.]+) "
-                  r"trainable_fraction=([\d.]+) .*probe_mismatch=([\d.]+) "
-                  r"policy_version=(\d+) sampled_versions=([\d,]+) ", re.M)
+LINE = re.compile(
+    r"^step (\d+): loss=(-?[\d.]+) mean_reward=([\d.]+) "
+    r"trainable_fraction=([\d.]+) .*probe_mismatch=([\d.]+) "
+    r"policy_version=(\d+) sampled_versions=([\d,]+) ",
+    re.M,
+)
 #: mean |engine - trainer| on the probe after a sync, nats: the F32 export's floor is about
 #: 0.001; F16 (which drops small updates) reached 0.013 after step 1 of the loop
 TOLERANCE = 0.008
@@ -31,11 +34,27 @@ TOLERANCE = 0.008
 @pytest.mark.timeout(1200)
 def test_grpo_loop_example_runs_two_synced_steps(tmp_path):
     metrics = tmp_path / "metrics.json"
-    proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", "2", "--eval-every", "2",
-                             "--eval-samples", "1", "--home", str(tmp_path / "home"),
-                             "--metrics", str(metrics), "--plot", str(tmp_path / "loop.png")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "--steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--eval-samples",
+            "1",
+            "--home",
+            str(tmp_path / "home"),
+            "--metrics",
+            str(metrics),
+            "--plot",
+            str(tmp_path / "loop.png"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=1140)
     finally:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
-from temporalio.api.enums.v1 import EventType
 from temporalio.worker import Replayer, Worker
 
 from rolloutd import task_queues
@@ -45,19 +45,27 @@ pytestmark = [pytest.mark.temporal]
 REPO = Path(__file__).resolve().parents[1]
 
 #: what the backend answers to every request: 200, JSON content type, not JSON
-GARBAGE = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 9\r\n"
-           b"Connection: close\r\n\r\n<garbage>")
+GARBAGE = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 9\r\n"
+    b"Connection: close\r\n\r\n<garbage>"
+)
 
 #: two chat calls; the harness carries on (and exits 0) whatever it gets
 TWO_CALLS = "; ".join(
-    ["curl -sS -o /dev/null -w '%{http_code}\\n' \"$OPENAI_BASE_URL/chat/completions\" "
-     "-H \"Authorization: Bearer $OPENAI_API_KEY\" -H 'Content-Type: application/json' "
-     "-d '{\"model\": \"m\", \"max_tokens\": 8, \"messages\": [{\"role\": \"user\", "
-     f"\"content\": \"call {n}\"}}]}}' >> codes.txt" for n in (1, 2)] + ["cat codes.txt"])
+    [
+        "curl -sS -o /dev/null -w '%{http_code}\\n' \"$OPENAI_BASE_URL/chat/completions\" "
+        "-H \"Authorization: Bearer $OPENAI_API_KEY\" -H 'Content-Type: application/json' "
+        '-d \'{"model": "m", "max_tokens": 8, "messages": [{"role": "user", '
+        f'"content": "call {n}"}}]}}\' >> codes.txt'
+        for n in (1, 2)
+    ]
+    + ["cat codes.txt"]
+)
 
 
-async def answer_garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         _: int) -> None:
+async def answer_garbage(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int
+) -> None:
     """Read one request (headers and body) and answer :data:`GARBAGE`."""
     head = await reader.readuntil(b"\r\n\r\n")
     for line in head.split(b"\r\n"):
@@ -79,36 +87,50 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def fleets_in_namespace(address: str, home: Path, *, sandbox: bool
-                              ) -> AsyncIterator[Rig]:
+async def fleets_in_namespace(address: str, home: Path, *, sandbox: bool) -> AsyncIterator[Rig]:
     """The workflows, gateway (its backend answering :data:`GARBAGE`) and eval fleets, and
     the sandbox fleet when ``sandbox``, in a fresh namespace."""
     namespace = await fresh_namespace(address, "loud")
-    common = {"temporal_address": address, "temporal_namespace": namespace,
-              "store_url": str(home / "store"), "host_id": "loud-host", "log_json": False}
+    common = {
+        "temporal_address": address,
+        "temporal_namespace": namespace,
+        "store_url": str(home / "store"),
+        "host_id": "loud-host",
+        "log_json": False,
+    }
     port = free_port()
     async with loopback_server(answer_garbage) as backend_url:
-        gateway = GatewaySettings(**common, gateway_port=port, backend_url=backend_url,
-                                  gateway_public_url=f"http://127.0.0.1:{port}",
-                                  model="qwen2.5-coder-0.5b")
+        gateway = GatewaySettings(
+            **common,
+            gateway_port=port,
+            backend_url=backend_url,
+            gateway_public_url=f"http://127.0.0.1:{port}",
+            model="qwen2.5-coder-0.5b",
+        )
         client = await connect(gateway)
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(run_fleet("gateway", client, gateway))
             if sandbox:
                 # a short root: the runtime's unix sockets live under it (108 bytes at most)
                 root = stack.enter_context(tempfile.TemporaryDirectory(prefix="loud-"))
-                await stack.enter_async_context(run_fleet("sandbox", client, SandboxSettings(
-                    **common, runtime_root=root)))
+                await stack.enter_async_context(
+                    run_fleet("sandbox", client, SandboxSettings(**common, runtime_root=root))
+                )
             await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
             await stack.enter_async_context(run_fleet("workflows", client, gateway))
             yield Rig(address, namespace, common["store_url"], client)
 
 
 def shell_task(task_id: str, command: str, **overrides: object) -> dict:
-    task: dict = {"task_id": task_id, "instruction": "test",
-                  "harness": {"type": "shell", "command": command},
-                  "runtime": {"type": "bwrap"}, "evaluator": {"type": "session_completed"},
-                  "phases": {"run_s": 60}, "timeout_s": 120}
+    task: dict = {
+        "task_id": task_id,
+        "instruction": "test",
+        "harness": {"type": "shell", "command": command},
+        "runtime": {"type": "bwrap"},
+        "evaluator": {"type": "session_completed"},
+        "phases": {"run_s": 60},
+        "timeout_s": 120,
+    }
     task.update(overrides)
     return task
 
@@ -122,17 +144,30 @@ def rolloutd_command() -> list[str]:
 
 @pytest.mark.sandbox
 async def test_submit_exits_non_zero_and_prints_call_errors_when_the_backend_is_garbage(
-        temporal_server, tmp_path: Path) -> None:
+    temporal_server, tmp_path: Path
+) -> None:
     task_id = f"garbage-{uuid.uuid4().hex[:6]}"
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps(shell_task(task_id, TWO_CALLS, num_samples=2)) + "\n")
     async with fleets_in_namespace(temporal_server.address, tmp_path, sandbox=True) as rig:
-        env = {**os.environ, "ROLLOUTD_TEMPORAL_NAMESPACE": rig.namespace, "COLUMNS": "200",
-               "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+        env = {
+            **os.environ,
+            "ROLLOUTD_TEMPORAL_NAMESPACE": rig.namespace,
+            "COLUMNS": "200",
+            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        }
         proc = await asyncio.create_subprocess_exec(
-            *rolloutd_command(), "submit", str(tasks), "--address", rig.address,
-            "--store-url", rig.store_url, env=env, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT)
+            *rolloutd_command(),
+            "submit",
+            str(tasks),
+            "--address",
+            rig.address,
+            "--store-url",
+            rig.store_url,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), timeout=180)
         finally:
@@ -159,44 +194,59 @@ async def wait_phase(client, workflow_id: str, phase: str, timeout_s: float = 30
     raise AssertionError(f"{workflow_id} never reached phase {phase}")
 
 
-async def test_a_session_fails_when_no_sandbox_worker_polls(temporal_server,
-                                                            tmp_path: Path) -> None:
+async def test_a_session_fails_when_no_sandbox_worker_polls(
+    temporal_server, tmp_path: Path
+) -> None:
     """... and one cancelled while it waits ends cancelled at once."""
     async with fleets_in_namespace(temporal_server.address, tmp_path, sandbox=False) as rig:
         client = RolloutClient(rig.client)
         started = time.monotonic()
-        handle = await client.submit(shell_task(
-            f"nosandbox-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 3}), check_capabilities=False)
-        waiting = await client.submit(shell_task(
-            f"cancelled-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 60}), check_capabilities=False)
+        handle = await client.submit(
+            shell_task(f"nosandbox-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 3}),
+            check_capabilities=False,
+        )
+        waiting = await client.submit(
+            shell_task(
+                f"cancelled-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 60}
+            ),
+            check_capabilities=False,
+        )
         [session] = (await asyncio.wait_for(handle.result(), timeout=60)).sessions
         waited_s = time.monotonic() - started
         history = await rig.client.get_workflow_handle(  # type: ignore[attr-defined]
-            f"task/{session.session_id}").fetch_history()
+            f"task/{session.session_id}"
+        ).fetch_history()
         waiting_session = rig.client.get_workflow_handle(  # type: ignore[attr-defined]
-            f"task/{waiting.task_id}/0", result_type=SessionResult)
+            f"task/{waiting.task_id}/0", result_type=SessionResult
+        )
         await wait_phase(rig.client, waiting_session.id, "provision")
         cancelled_at = time.monotonic()
         await waiting.cancel()
         cancelled = await asyncio.wait_for(waiting_session.result(), timeout=30)
         cancel_s = time.monotonic() - cancelled_at
-        cancel_events = [e async for e in waiting_session.fetch_history_events()
-                         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED]
+        cancel_events = [
+            e
+            async for e in waiting_session.fetch_history_events()
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED
+        ]
     assert session.status == SessionStatus.FAILED
-    assert session.error == ("no sandbox worker is polling task queue rolloutd-sandbox "
-                             "(checked for 3 s)")
+    assert session.error == (
+        "no sandbox worker is polling task queue rolloutd-sandbox (checked for 3 s)"
+    )
     assert session.failure is not None and session.reward is None
     assert (session.failure.kind, session.failure.phase) == ("sandbox", "provision")
     assert waited_s < 20, waited_s
     assert cancelled.status == SessionStatus.CANCELLED and cancel_s < 10, (cancelled, cancel_s)
     assert len(cancel_events) == 1  # the waiting provisioning was cancelled, not left queued
     # the checks (timers, local activities, the cancel) replay deterministically
-    await Replayer(workflows=[RolloutSessionWorkflow],
-                   data_converter=data_converter()).replay_workflow(history)
+    await Replayer(
+        workflows=[RolloutSessionWorkflow], data_converter=data_converter()
+    ).replay_workflow(history)
 
 
-async def test_a_provisioning_a_host_picked_up_is_not_cut_by_the_wait(temporal_server,
-                                                                     tmp_path: Path) -> None:
+async def test_a_provisioning_a_host_picked_up_is_not_cut_by_the_wait(
+    temporal_server, tmp_path: Path
+) -> None:
     """A sandbox host that took the provisioning and works on it past ``provision_wait_s``
     (then fails it) is not mistaken for a dead fleet."""
     busy_s = 6.0
@@ -212,10 +262,18 @@ async def test_a_provisioning_a_host_picked_up_is_not_cut_by_the_wait(temporal_s
     async with fleets_in_namespace(temporal_server.address, tmp_path, sandbox=False) as rig:
         # one slot: while it provisions, the host does not poll (its last poll ages past
         # the wait), as a full sandbox host does
-        async with Worker(rig.client, task_queue=task_queues.SANDBOX,
-                          activities=[slow_provision], max_concurrent_activities=1):
-            handle = await RolloutClient(rig.client).submit(shell_task(
-                f"slowprov-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 2}), check_capabilities=False)
+        async with Worker(
+            rig.client,
+            task_queue=task_queues.SANDBOX,
+            activities=[slow_provision],
+            max_concurrent_activities=1,
+        ):
+            handle = await RolloutClient(rig.client).submit(
+                shell_task(
+                    f"slowprov-{uuid.uuid4().hex[:6]}", "true", phases={"provision_wait_s": 2}
+                ),
+                check_capabilities=False,
+            )
             [session] = (await asyncio.wait_for(handle.result(), timeout=60)).sessions
     assert session.status == SessionStatus.FAILED
     assert "no runtime today" in (session.error or ""), session.error

@@ -30,12 +30,22 @@ def test_lowest_direct_versions_pass_the_fast_tests(tmp_path: Path) -> None:
     uv = _uv()
     if uv is None:
         pytest.skip("uv is not installed (scripts/setup.sh installs it into the venv)")
-    env = dict(os.environ, UV=uv, ROLLOUTD_LOWEST_VENV=str(tmp_path / "venv"),
-               ROLLOUTD_LOWEST_PYTHON=sys.executable)
+    env = dict(
+        os.environ,
+        UV=uv,
+        ROLLOUTD_LOWEST_VENV=str(tmp_path / "venv"),
+        ROLLOUTD_LOWEST_PYTHON=sys.executable,
+    )
     env.pop("PYTHONPATH", None)  # the inner run imports rolloutd from its own environment
-    run = subprocess.run(["bash", str(ROOT / "scripts" / "lowest_versions.sh")], cwd=ROOT,
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         timeout=1700)
+    run = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "lowest_versions.sh")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=1700,
+    )
     tail = "\n".join(run.stdout.splitlines()[-60:])
     assert run.returncode == 0, tail
     assert " passed" in tail and " failed" not in tail, tail

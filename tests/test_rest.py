@@ -18,10 +18,8 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
-from temporalio.service import RPCError
-
 from temporalio.client import WorkflowExecutionStatus
-from temporalio.service import RPCStatusCode
+from temporalio.service import RPCError, RPCStatusCode
 
 from rolloutd.rest import create_app
 from rolloutd.stack import free_port
@@ -43,8 +41,10 @@ def polar_a3_payload(task_id: str, strategy: str) -> dict:
         "runtime": {"backend": "docker", "image": "swebench/sweb.eval.x86_64.astropy:latest"},
         "agent": {"harness": "codex", "model_name": "Qwen3-8B", "settings": {"max_turns": 50}},
         "builder": {"strategy": "prefix_merging", "config": {}},
-        "evaluator": {"strategy": strategy,
-                      "config": {"refresh_runtime": True, "fail_to_pass": ["t::test_a"]}},
+        "evaluator": {
+            "strategy": strategy,
+            "config": {"refresh_runtime": True, "fail_to_pass": ["t::test_a"]},
+        },
         "callback_url": "http://127.0.0.1:9/callback",
     }
 
@@ -57,13 +57,17 @@ def polar_payload(task_id: str, command: str, callback_url: str | None = None) -
         "num_samples": 2,
         "dispatch_priority": 0,
         "timeout_seconds": 300.0,
-        "runtime": {"backend": "local", "image": "host", "env": {"LANG": "C"},
-                    "network": "host"},
-        "agent": {"harness": "shell", "model_name": "SmolLM2-135M-Instruct",
-                  "settings": {"command": command}},
+        "runtime": {"backend": "local", "image": "host", "env": {"LANG": "C"}, "network": "host"},
+        "agent": {
+            "harness": "shell",
+            "model_name": "SmolLM2-135M-Instruct",
+            "settings": {"command": command},
+        },
         "builder": {"strategy": "prefix_merging", "config": {}},
-        "evaluator": {"strategy": "test_on_output",
-                      "config": {"command": "cat answer.txt", "expected_output": "42"}},
+        "evaluator": {
+            "strategy": "test_on_output",
+            "config": {"command": "cat answer.txt", "expected_output": "42"},
+        },
         "callback_url": callback_url,
         "metadata": {"dataset": "unit", "index": 7},
     }
@@ -110,16 +114,19 @@ async def facade(fleets, **kwargs):
     client.store = BlobStore(fleets.store_url)
     app = create_app(client, **kwargs)
     headers = {"Authorization": f"Bearer {kwargs['token']}"} if kwargs.get("token") else {}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://facade", headers=headers) as http:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://facade", headers=headers
+    ) as http:
         yield http
 
 
 async def test_polar_payload_runs_and_its_results_come_back(fleets):
     task_id = f"polar-{uuid.uuid4().hex[:6]}"
     async with receiver() as (callback_url, received), facade(fleets) as http:
-        submitted = await http.post("/rollout/task/submit", json=polar_payload(
-            task_id, "echo 42 > answer.txt", callback_url))
+        submitted = await http.post(
+            "/rollout/task/submit",
+            json=polar_payload(task_id, "echo 42 > answer.txt", callback_url),
+        )
         assert submitted.status_code == 200, submitted.text
         assert submitted.json() == {"task_id": task_id, "status": "running"}
         again = await http.post("/rollout/task/submit", json=polar_payload(task_id, "true"))
@@ -128,8 +135,9 @@ async def test_polar_payload_runs_and_its_results_come_back(fleets):
         async def status():
             return (await http.get(f"/rollout/task/{task_id}")).json()
 
-        done = await poll(status, lambda s: s["status"] != "running", timeout_s=120,
-                          what="task finished")
+        done = await poll(
+            status, lambda s: s["status"] != "running", timeout_s=120, what="task finished"
+        )
         assert done["status"] == "completed"
         assert done["total_sessions"] == done["completed_sessions"] == 2
         assert [r["status"] for r in done["results"]] == ["COMPLETED", "COMPLETED"]
@@ -141,20 +149,33 @@ async def test_polar_payload_runs_and_its_results_come_back(fleets):
             assert result["trajectory"]["status"] == "COMPLETED"
             assert result["metadata"]["rolloutd"]["reward"] == 1.0
         # each session's result reached the receiver after one refused attempt
-        await poll(lambda: asyncio.sleep(0, len(received)), lambda n: n == 2, timeout_s=60,
-                   what="two callbacks")
+        await poll(
+            lambda: asyncio.sleep(0, len(received)),
+            lambda n: n == 2,
+            timeout_s=60,
+            what="two callbacks",
+        )
         assert sorted(b["session_id"] for b in received) == [f"{task_id}/0", f"{task_id}/1"]
         assert all(b["reward"] == 1.0 for b in received)
-        delivered = await poll(status, lambda s: s["callback"]["status"] == "delivered",
-                               timeout_s=30, what="callbacks delivered in the status")
+        delivered = await poll(
+            status,
+            lambda s: s["callback"]["status"] == "delivered",
+            timeout_s=30,
+            what="callbacks delivered in the status",
+        )
         assert [r["callback"]["attempts"] for r in delivered["results"]] == [2, 2]
 
         assert (await http.get("/rollout/task/no-such-task")).status_code == 404
         status_all = (await http.get("/rollout/status")).json()
         assert status_all["status"] == "ok" and status_all["running_tasks"] >= 0
         paths = (await http.get("/openapi.json")).json()["paths"]
-        assert {"/rollout/task/submit", "/rollout/task/{task_id}", "/rollout/status",
-                "/add_llm_server", "/clear_llm_server"} <= set(paths)
+        assert {
+            "/rollout/task/submit",
+            "/rollout/task/{task_id}",
+            "/rollout/status",
+            "/add_llm_server",
+            "/clear_llm_server",
+        } <= set(paths)
 
 
 async def test_delete_cancels_a_running_task_and_bad_payloads_are_422(fleets, tmp_path):
@@ -169,8 +190,10 @@ async def test_delete_cancels_a_running_task_and_bad_payloads_are_422(fleets, tm
         assert (await http.post("/rollout/task/submit", json=bad)).status_code == 422
 
         wait = f"while [ ! -e {gate} ]; do sleep 0.1; done"
-        assert (await http.post("/rollout/task/submit",
-                                json=polar_payload(task_id, wait))).status_code == 200
+        assert (
+            await http.post("/rollout/task/submit", json=polar_payload(task_id, wait))
+        ).status_code == 200
+
         async def phase():
             try:
                 return await fleets.client.get_workflow_handle(f"task/{task_id}/0").query("phase")
@@ -184,8 +207,9 @@ async def test_delete_cancels_a_running_task_and_bad_payloads_are_422(fleets, tm
         async def status():
             return (await http.get(f"/rollout/task/{task_id}")).json()
 
-        final = await poll(status, lambda s: s["status"] != "running", timeout_s=30,
-                           what="task cancelled")
+        final = await poll(
+            status, lambda s: s["status"] != "running", timeout_s=30, what="task cancelled"
+        )
         assert final["status"] == "failed"
     gate.touch()
 
@@ -200,8 +224,9 @@ async def test_prorl_backend_calls_reach_the_gateway_admin_routes(fleets):
         refused = await http.post("/add_llm_server", json={"address": fleets.engine_url})
         assert refused.status_code == 403, refused.text
         assert "ROLLOUTD_REST_TOKEN" in refused.text
-    async with facade(fleets, gateway_url=fleets.gateway_url, admin_token=None,
-                      token="rest-token") as http:
+    async with facade(
+        fleets, gateway_url=fleets.gateway_url, admin_token=None, token="rest-token"
+    ) as http:
         added = await http.post("/add_llm_server", json={"address": fleets.engine_url})
         assert added.status_code in (200, 401), added.text
 
@@ -209,8 +234,9 @@ async def test_prorl_backend_calls_reach_the_gateway_admin_routes(fleets):
 async def test_polar_a3_payload_is_refused_before_any_workflow_starts(fleets):
     task_id = f"polar-a3-{uuid.uuid4().hex[:6]}"
     async with facade(fleets) as http:
-        refused = await http.post("/rollout/task/submit",
-                                  json=polar_a3_payload(task_id, "swebench_grader"))
+        refused = await http.post(
+            "/rollout/task/submit", json=polar_a3_payload(task_id, "swebench_grader")
+        )
         assert refused.status_code == 422, refused.text
         errors = {".".join(e["loc"]): e["msg"] for e in refused.json()["detail"]}
         # codex has an adapter (tests/harnesses/test_polar_codex.py runs this payload's
@@ -243,8 +269,9 @@ async def test_bwrap_task_with_unreachable_callback_completes_when_its_sessions_
     if not have_bwrap():
         pytest.skip("bubblewrap is not installed")
     task_id = f"polar-cb-{uuid.uuid4().hex[:6]}"
-    payload = polar_payload(task_id, "echo 42 > answer.txt",
-                            callback_url=f"http://127.0.0.1:{free_port()}/callback")
+    payload = polar_payload(
+        task_id, "echo 42 > answer.txt", callback_url=f"http://127.0.0.1:{free_port()}/callback"
+    )
     payload["runtime"] = {"backend": "bwrap"}
     async with facade(fleets, callback_timeout_s=8.0) as http:
         submitted = await http.post("/rollout/task/submit", json=payload)
@@ -253,24 +280,31 @@ async def test_bwrap_task_with_unreachable_callback_completes_when_its_sessions_
         async def status():
             return (await http.get(f"/rollout/task/{task_id}")).json()
 
-        done = await poll(status, lambda s: s["status"] != "running", timeout_s=120,
-                          what="task finished")
+        done = await poll(
+            status, lambda s: s["status"] != "running", timeout_s=120, what="task finished"
+        )
         assert done["status"] == "completed"
         assert done["completed_sessions"] == done["total_sessions"] == 2
         assert [r["reward"] for r in done["results"]] == [1.0, 1.0]
         # the task's workflow ends while its callbacks are still trying (for 8 s)
         task = fleets.client.get_workflow_handle(f"task/{task_id}")
-        await poll(lambda: task.describe(),
-                   lambda d: d.status != WorkflowExecutionStatus.RUNNING, timeout_s=5,
-                   what="task workflow closed")
+        await poll(
+            lambda: task.describe(),
+            lambda d: d.status != WorkflowExecutionStatus.RUNNING,
+            timeout_s=5,
+            what="task workflow closed",
+        )
         assert (await task.describe()).status == WorkflowExecutionStatus.COMPLETED
         # the last session's callback started as the task ended: still trying (the first
         # session's may have given up already on a loaded machine)
         states = [(r["callback"] or {}).get("status") for r in (await status())["results"]]
         assert "pending" in states, states
-        failed = await poll(status, lambda s: all((r["callback"] or {}).get("status") == "failed"
-                                                  for r in s["results"]),
-                            timeout_s=30, what="callbacks given up")
+        failed = await poll(
+            status,
+            lambda s: all((r["callback"] or {}).get("status") == "failed" for r in s["results"]),
+            timeout_s=30,
+            what="callbacks given up",
+        )
         assert failed["callback"]["status"] == "failed"
         assert failed["status"] == "completed"
         for result in failed["results"]:
@@ -283,8 +317,10 @@ async def test_each_session_shows_in_the_status_as_soon_as_it_ends(fleets, tmp_p
     task_id = f"polar-part-{uuid.uuid4().hex[:6]}"
     gate = tmp_path / "gate"
     # the first session to take the lock answers at once; the other waits for the gate
-    command = (f"mkdir {tmp_path / 'first'} 2>/dev/null || "
-               f"while [ ! -e {gate} ]; do sleep 0.1; done; echo 42 > answer.txt")
+    command = (
+        f"mkdir {tmp_path / 'first'} 2>/dev/null || "
+        f"while [ ! -e {gate} ]; do sleep 0.1; done; echo 42 > answer.txt"
+    )
     payload = polar_payload(task_id, command)
     async with facade(fleets) as http:
         assert (await http.post("/rollout/task/submit", json=payload)).status_code == 200
@@ -293,13 +329,18 @@ async def test_each_session_shows_in_the_status_as_soon_as_it_ends(fleets, tmp_p
             return (await http.get(f"/rollout/task/{task_id}")).json()
 
         try:
-            partial = await poll(status, lambda s: s["completed_sessions"] >= 1,
-                                 timeout_s=60, what="first session ended")
+            partial = await poll(
+                status,
+                lambda s: s["completed_sessions"] >= 1,
+                timeout_s=60,
+                what="first session ended",
+            )
         finally:
             gate.touch()
         assert partial["status"] == "running" and partial["total_sessions"] == 2
         (first,) = partial["results"]
         assert (first["status"], first["reward"], first["error"]) == ("COMPLETED", 1.0, None)
-        done = await poll(status, lambda s: s["status"] != "running", timeout_s=60,
-                          what="task finished")
+        done = await poll(
+            status, lambda s: s["status"] != "running", timeout_s=60, what="task finished"
+        )
         assert done["status"] == "completed" and done["completed_sessions"] == 2

@@ -26,13 +26,19 @@ async def start_tasks(address: str, namespace: str, n: int) -> None:
     """Register ``namespace`` and start ``n`` RolloutTaskWorkflow executions in it on a queue
     no worker polls, so they stay running."""
     client = await connect_temporal(address=address, namespace=namespace)
-    await client.workflow_service.register_namespace(RegisterNamespaceRequest(
-        namespace=namespace, workflow_execution_retention_period=Duration(seconds=86400)))
+    await client.workflow_service.register_namespace(
+        RegisterNamespaceRequest(
+            namespace=namespace, workflow_execution_retention_period=Duration(seconds=86400)
+        )
+    )
     started, deadline = 0, time.monotonic() + 60
     while started < n:
         try:  # a new namespace reaches the frontend's cache within seconds
-            await client.start_workflow("RolloutTaskWorkflow", id=f"ns-task-{started}",
-                                        task_queue=f"nobody-{uuid.uuid4().hex[:6]}")
+            await client.start_workflow(
+                "RolloutTaskWorkflow",
+                id=f"ns-task-{started}",
+                task_queue=f"nobody-{uuid.uuid4().hex[:6]}",
+            )
             started += 1
         except RPCError:
             if time.monotonic() > deadline:
@@ -47,9 +53,22 @@ def test_rest_facade_reads_the_configured_namespace(temporal_server) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUTD_")}
     env.update(ROLLOUTD_TEMPORAL_NAMESPACE=namespace, ROLLOUTD_LOG_JSON="false")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rolloutd.cli", "rest", "--host", "127.0.0.1", "--port",
-         str(port), "--address", temporal_server.address],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-m",
+            "rolloutd.cli",
+            "rest",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--address",
+            temporal_server.address,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_port("127.0.0.1", port, 60, proc)
         deadline = time.monotonic() + 30

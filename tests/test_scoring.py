@@ -16,16 +16,35 @@ from rolloutd.workflows.buffer import is_zero_variance as buffer_drops
 from rolloutd.workflows.task import summarize
 
 BACKEND = FailureCause(kind="backend", message="502 BackendError", phase="run")
-RUN_TIMEOUT = FailureCause(kind="timeout", message="run phase exceeded 5 s", phase="run",
-                           retryable=False, policy_accountable=True)
-FLEET_DOWN = FailureCause(kind="sandbox", message="no sandbox worker is polling task queue "
-                          "rolloutd-sandbox (checked for 60 s)", phase="provision")
+RUN_TIMEOUT = FailureCause(
+    kind="timeout",
+    message="run phase exceeded 5 s",
+    phase="run",
+    retryable=False,
+    policy_accountable=True,
+)
+FLEET_DOWN = FailureCause(
+    kind="sandbox",
+    message="no sandbox worker is polling task queue rolloutd-sandbox (checked for 60 s)",
+    phase="provision",
+)
 
 
-def session(index: int, reward: float | None, *, status: SessionStatus = SessionStatus.COMPLETED,
-            failure: FailureCause | None = None) -> SessionResult:
-    return SessionResult(session_id=f"t/{index}", task_id="t", sample_index=index,
-                         status=status, reward=reward, failure=failure)
+def session(
+    index: int,
+    reward: float | None,
+    *,
+    status: SessionStatus = SessionStatus.COMPLETED,
+    failure: FailureCause | None = None,
+) -> SessionResult:
+    return SessionResult(
+        session_id=f"t/{index}",
+        task_id="t",
+        sample_index=index,
+        status=status,
+        reward=reward,
+        failure=failure,
+    )
 
 
 def test_only_scored_sessions_count_everywhere() -> None:
@@ -43,8 +62,9 @@ def test_only_scored_sessions_count_everywhere() -> None:
     assert group.num_failed_by_kind == {"backend": 1, "sandbox": 1, "timeout": 1}
     assert not buffer_drops(group) and dapo_filter([group]) == [group]
     # zero-filling the failures would have made this group [1, 0, 0]: informative; it is not
-    solved_but_failed = summarize("t", [session(0, 1.0), session(1, None, failure=BACKEND),
-                                        session(2, 1.0)])
+    solved_but_failed = summarize(
+        "t", [session(0, 1.0), session(1, None, failure=BACKEND), session(2, 1.0)]
+    )
     assert buffer_drops(solved_but_failed) and dapo_filter([solved_but_failed]) == []
     assert solved_but_failed.mean_reward == 1.0 and solved_but_failed.reward_std == 0.0
 
@@ -61,8 +81,7 @@ def test_failure_of_reads_legacy_statuses() -> None:
 def test_what_is_replaced_and_what_waits_for_the_fleet() -> None:
     assert is_replaceable(session(0, None, status=SessionStatus.FAILED, failure=BACKEND))
     assert not is_replaceable(session(0, 0.0))
-    assert not is_replaceable(session(0, 1.0, status=SessionStatus.TIMEOUT,
-                                      failure=RUN_TIMEOUT))
+    assert not is_replaceable(session(0, 1.0, status=SessionStatus.TIMEOUT, failure=RUN_TIMEOUT))
     assert not is_replaceable(session(0, None, status=SessionStatus.CANCELLED))
     bad_image = FailureCause(kind="sandbox", message="prepare[0] exited 1", retryable=False)
     assert not is_replaceable(session(0, None, status=SessionStatus.FAILED, failure=bad_image))

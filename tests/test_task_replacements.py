@@ -30,8 +30,12 @@ pytestmark = [pytest.mark.temporal]
 def task_calling(task_id: str, **overrides: object) -> dict:
     """Two samples, each making one model call, then winning: a call the backend fails leaves
     an unrecovered backend error, a retryable infrastructure cause."""
-    return {**local_task(task_id, f"{call('hi')}; touch won"), "num_samples": 2,
-            "sampling": {"max_tokens": 4, "policy": "override"}, **overrides}
+    return {
+        **local_task(task_id, f"{call('hi')}; touch won"),
+        "num_samples": 2,
+        "sampling": {"max_tokens": 4, "policy": "override"},
+        **overrides,
+    }
 
 
 @pytest.mark.engine
@@ -43,8 +47,7 @@ async def test_a_replacement_makes_the_group_whole_and_the_limit_holds(fleets):
         whole = await (await client.submit(task_calling(f"once-{u}"))).result()
         # both first calls fail, one replacement is allowed: one sample stays failed
         fleets.engine_tee.fail_next_posts = 2
-        short = await (await client.submit(task_calling(f"twice-{u}",
-                                                        max_replacements=1))).result()
+        short = await (await client.submit(task_calling(f"twice-{u}", max_replacements=1))).result()
     finally:
         fleets.engine_tee.fail_next_posts = 0
 
@@ -66,30 +69,51 @@ async def test_a_replacement_makes_the_group_whole_and_the_limit_holds(fleets):
 
 
 async def test_a_replacement_waits_for_a_dead_sandbox_fleet_without_counting(
-        temporal_server, tmp_path):
+    temporal_server, tmp_path
+):
     async with fleets_in_namespace(temporal_server.address, tmp_path, sandbox=False) as rig:
         client = RolloutClient(rig.client)
         task_id = f"fleetdown-{uuid.uuid4().hex[:6]}"
-        handle = await client.submit({**local_task(task_id, "touch won"), "max_replacements": 0,
-                                      "phases": {"provision_wait_s": 5}},
-                                     check_capabilities=False)
-        waiting = await poll(lambda: client.status(task_id),
-                             lambda p: p.replacing == [0] or p.result is not None,
-                             timeout_s=60, what="the replacement waiting for the fleet")
+        handle = await client.submit(
+            {
+                **local_task(task_id, "touch won"),
+                "max_replacements": 0,
+                "phases": {"provision_wait_s": 5},
+            },
+            check_capabilities=False,
+        )
+        waiting = await poll(
+            lambda: client.status(task_id),
+            lambda p: p.replacing == [0] or p.result is not None,
+            timeout_s=60,
+            what="the replacement waiting for the fleet",
+        )
         assert waiting.replacing == [0], waiting
         assert "no sandbox worker is polling" in (waiting.replaced[0].error or "")
         async with contextlib.AsyncExitStack() as stack:
             root = stack.enter_context(tempfile.TemporaryDirectory(prefix="fleet-"))
-            await stack.enter_async_context(run_fleet("sandbox", rig.client, SandboxSettings(
-                temporal_address=rig.address, temporal_namespace=rig.namespace,
-                store_url=rig.store_url, host_id="fleet-host", log_json=False,
-                runtime_root=root)))
+            await stack.enter_async_context(
+                run_fleet(
+                    "sandbox",
+                    rig.client,
+                    SandboxSettings(
+                        temporal_address=rig.address,
+                        temporal_namespace=rig.namespace,
+                        store_url=rig.store_url,
+                        host_id="fleet-host",
+                        log_json=False,
+                        runtime_root=root,
+                    ),
+                )
+            )
             group = await handle.result()
         history = await rig.client.get_workflow_handle(  # type: ignore[attr-defined]
-            f"task/{task_id}").fetch_history()
+            f"task/{task_id}"
+        ).fetch_history()
     assert [s.session_id for s in group.sessions] == [f"{task_id}/0/r1"]
     assert group.sessions[0].reward == 1.0 and not group.incomplete
     assert group.num_replacements == 1 and group.num_failed_by_kind == {}
     # the poller checks and waits replay deterministically
-    await Replayer(workflows=[RolloutTaskWorkflow],
-                   data_converter=data_converter()).replay_workflow(history)
+    await Replayer(
+        workflows=[RolloutTaskWorkflow], data_converter=data_converter()
+    ).replay_workflow(history)

@@ -19,17 +19,22 @@ BASE = {"task_id": "t1", "instruction": "x", "harness": {"type": "shell", "comma
 
 
 def test_a_task_carries_tenant_priority_and_weight_to_temporal() -> None:
-    task = TaskRequest.model_validate({**BASE, "tenant": "eval-run", "priority": 1,
-                                       "fairness_weight": 2.5})
-    assert task_priority(task) == Priority(priority_key=1, fairness_key="eval-run",
-                                           fairness_weight=2.5)
+    task = TaskRequest.model_validate(
+        {**BASE, "tenant": "eval-run", "priority": 1, "fairness_weight": 2.5}
+    )
+    assert task_priority(task) == Priority(
+        priority_key=1, fairness_key="eval-run", fairness_weight=2.5
+    )
     default = TaskRequest.model_validate(BASE)
-    assert task_priority(default) == Priority(priority_key=3, fairness_key="default",
-                                              fairness_weight=1.0)
+    assert task_priority(default) == Priority(
+        priority_key=3, fairness_key="default", fairness_weight=1.0
+    )
 
 
-@pytest.mark.parametrize("field,value", [("priority", 0), ("priority", 6), ("tenant", "a/b"),
-                                         ("tenant", ""), ("fairness_weight", 0)])
+@pytest.mark.parametrize(
+    "field,value",
+    [("priority", 0), ("priority", 6), ("tenant", "a/b"), ("tenant", ""), ("fairness_weight", 0)],
+)
 def test_bad_tenancy_fields_are_refused_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(pydantic.ValidationError, match=field):
         TaskRequest.model_validate({**BASE, field: value})
@@ -37,15 +42,23 @@ def test_bad_tenancy_fields_are_refused_naming_the_field(field: str, value: obje
 
 def test_polar_dispatch_priority_maps_to_priority() -> None:
     assert [priority_of(d) for d in (-5, -1, 0, 1, 2, 9)] == [5, 4, 3, 2, 1, 1]
-    polar = {"task_id": "p1", "instruction": "x", "agent": {"harness": "shell"},
-             "dispatch_priority": 2}
+    polar = {
+        "task_id": "p1",
+        "instruction": "x",
+        "agent": {"harness": "shell"},
+        "dispatch_priority": 2,
+    }
     assert to_task_request(PolarTaskRequest.model_validate(polar))["priority"] == 1
     # rolloutd's own priority wins; the tenant passes through
-    own = to_task_request(PolarTaskRequest.model_validate(
-        {**polar, "priority": 4, "tenant": "job-7"}))
+    own = to_task_request(
+        PolarTaskRequest.model_validate({**polar, "priority": 4, "tenant": "job-7"})
+    )
     assert (own["priority"], own["tenant"]) == (4, "job-7")
-    assert "priority" not in to_task_request(PolarTaskRequest.model_validate(
-        {k: v for k, v in polar.items() if k != "dispatch_priority"}))
+    assert "priority" not in to_task_request(
+        PolarTaskRequest.model_validate(
+            {k: v for k, v in polar.items() if k != "dispatch_priority"}
+        )
+    )
 
 
 async def test_runtime_slots_wait_while_live_runtimes_fill_the_host() -> None:

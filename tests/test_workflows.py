@@ -23,10 +23,10 @@ from tests.support.procs import processes_with
 pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox]
 
 CURL_ONE_CALL = (
-    "curl -sS -f \"$OPENAI_BASE_URL/chat/completions\" -H \"Authorization: Bearer $OPENAI_API_KEY\" "
+    'curl -sS -f "$OPENAI_BASE_URL/chat/completions" -H "Authorization: Bearer $OPENAI_API_KEY" '
     "-H 'Content-Type: application/json' "
-    "-d '{\"model\": \"m\", \"max_tokens\": 8, "
-    "\"messages\": [{\"role\": \"user\", \"content\": \"Say hi\"}]}' > reply.json"
+    '-d \'{"model": "m", "max_tokens": 8, '
+    '"messages": [{"role": "user", "content": "Say hi"}]}\' > reply.json'
 )
 
 
@@ -60,12 +60,18 @@ async def test_malformed_task_is_refused_before_any_workflow_starts(fleets):
         await client.submit(shell_task(task_id, "true", num_samples=0))
     assert "num_samples" in str(info.value)
     with pytest.raises(InvalidTaskError) as info:
-        await client.submit({"task_id": task_id, "instruction": "x",
-                             "harness": {"type": "no-such-harness"}})
+        await client.submit(
+            {"task_id": task_id, "instruction": "x", "harness": {"type": "no-such-harness"}}
+        )
     assert "harness.type" in str(info.value)
     with pytest.raises(InvalidTaskError) as info:
-        await client.submit({"task_id": "../escape", "instruction": "x",
-                             "harness": {"type": "shell", "command": "true"}})
+        await client.submit(
+            {
+                "task_id": "../escape",
+                "instruction": "x",
+                "harness": {"type": "shell", "command": "true"},
+            }
+        )
     assert "task_id" in str(info.value)
     with pytest.raises(RPCError):
         await client.get_handle(task_id).describe()
@@ -74,10 +80,14 @@ async def test_malformed_task_is_refused_before_any_workflow_starts(fleets):
 async def test_shell_session_records_scores_and_builds(fleets):
     client = RolloutClient(fleets.client, BlobStore(fleets.store_url))
     task_id = f"shell-{uuid.uuid4().hex[:6]}"
-    handle = await client.submit(shell_task(
-        task_id, CURL_ONE_CALL, num_samples=2,
-        evaluator={"type": "test_on_output", "command": "test -s reply.json"},
-    ))
+    handle = await client.submit(
+        shell_task(
+            task_id,
+            CURL_ONE_CALL,
+            num_samples=2,
+            evaluator={"type": "test_on_output", "command": "test -s reply.json"},
+        )
+    )
     group = await handle.result()
     assert [s.status for s in group.sessions] == [SessionStatus.COMPLETED] * 2
     for session in group.sessions:
@@ -87,18 +97,28 @@ async def test_shell_session_records_scores_and_builds(fleets):
         completions = CompletionLog(client.store, session.session_id).read_all()
         check_invariants(trajectory.traces, completions)
         assert trajectory.reward == 1.0
-        assert {p.phase for p in session.phases} >= {"open", "provision", "run", "teardown",
-                                                     "close", "build", "evaluate"}
+        assert {p.phase for p in session.phases} >= {
+            "open",
+            "provision",
+            "run",
+            "teardown",
+            "close",
+            "build",
+            "evaluate",
+        }
 
 
 async def test_run_phase_timeout_yields_timeout_and_what_was_captured(fleets):
     client = RolloutClient(fleets.client, BlobStore(fleets.store_url))
     marker = f"rolloutd-timeout-{uuid.uuid4().hex[:8]}"
     task_id = f"timeout-{uuid.uuid4().hex[:6]}"
-    handle = await client.submit(shell_task(
-        task_id, f"{CURL_ONE_CALL} && sleep 600; echo {marker}",
-        phases={"run_s": 8},
-    ))
+    handle = await client.submit(
+        shell_task(
+            task_id,
+            f"{CURL_ONE_CALL} && sleep 600; echo {marker}",
+            phases={"run_s": 8},
+        )
+    )
     group = await handle.result()
     (session,) = group.sessions
     assert session.status == SessionStatus.TIMEOUT
@@ -115,8 +135,7 @@ async def test_cancelling_a_task_ends_sessions_within_10_s_and_leaves_no_process
     task_id = f"cancel-{uuid.uuid4().hex[:6]}"
     # a command after the sleep keeps the shell (and the marker in its command line) alive:
     # `sh -c "sleep 600 # marker"` may exec sleep and drop the marker
-    handle = await client.submit(shell_task(task_id, f"sleep 600; echo {marker}",
-                                            num_samples=2))
+    handle = await client.submit(shell_task(task_id, f"sleep 600; echo {marker}", num_samples=2))
     for i in range(2):
         await wait_phase(fleets.client, f"task/{task_id}/{i}", "run")
     # phase "run" is set when the run is scheduled: the harness starts a moment later
@@ -144,9 +163,13 @@ async def test_a_harness_over_its_memory_limit_is_oom_killed_and_reported(fleets
     limit is killed by the kernel, and the session's ``harness`` artifact counts the kill."""
     client = RolloutClient(fleets.client, BlobStore(fleets.store_url))
     task_id = f"oom-{uuid.uuid4().hex[:6]}"
-    handle = await client.submit(shell_task(
-        task_id, "python3 -c 'b = bytearray(512 << 20); b[::4096] = b\"x\" * len(b[::4096])'",
-        runtime={"type": "bwrap", "memory_mb": 128}))
+    handle = await client.submit(
+        shell_task(
+            task_id,
+            "python3 -c 'b = bytearray(512 << 20); b[::4096] = b\"x\" * len(b[::4096])'",
+            runtime={"type": "bwrap", "memory_mb": 128},
+        )
+    )
     [session] = (await handle.result()).sessions
     assert session.harness_exit_code not in (0, None)
     harness = client.store.get_json(artifact_key(session.session_id, "harness"))
@@ -158,15 +181,26 @@ async def test_a_failed_model_call_is_counted_in_the_session_result(fleets):
     with an error and counted in ``SessionResult.num_call_errors``; nothing enters the log."""
     client = RolloutClient(fleets.client, BlobStore(fleets.store_url))
     task_id = f"callerr-{uuid.uuid4().hex[:6]}"
-    make_body = ("python3 -c \"import json; print(json.dumps({'model': 'm', 'max_tokens': 8, "
-                 "'messages': [{'role': 'user', 'content': 'hello ' * 40000}]}))\" > big.json")
-    post = ("curl -sS -o answer.json -w '%{http_code}' \"$OPENAI_BASE_URL/chat/completions\" "
-            "-H \"Authorization: Bearer $OPENAI_API_KEY\" -H 'Content-Type: application/json' "
-            "-d @big.json > status.txt")
-    handle = await client.submit(shell_task(
-        task_id, f"{make_body} && {post}",
-        evaluator={"type": "test_on_output", "command": "cat status.txt",
-                   "expected_output": "400"}))
+    make_body = (
+        "python3 -c \"import json; print(json.dumps({'model': 'm', 'max_tokens': 8, "
+        "'messages': [{'role': 'user', 'content': 'hello ' * 40000}]}))\" > big.json"
+    )
+    post = (
+        "curl -sS -o answer.json -w '%{http_code}' \"$OPENAI_BASE_URL/chat/completions\" "
+        "-H \"Authorization: Bearer $OPENAI_API_KEY\" -H 'Content-Type: application/json' "
+        "-d @big.json > status.txt"
+    )
+    handle = await client.submit(
+        shell_task(
+            task_id,
+            f"{make_body} && {post}",
+            evaluator={
+                "type": "test_on_output",
+                "command": "cat status.txt",
+                "expected_output": "400",
+            },
+        )
+    )
     [session] = (await handle.result()).sessions
     assert session.status == SessionStatus.COMPLETED, session.error
     assert session.reward == 1.0  # the harness got a 400, in OpenAI's shape

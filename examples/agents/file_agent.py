@@ -18,24 +18,44 @@ import os
 
 import openai
 
-SYSTEM = ("You are a coding agent. Use the write_file tool to create files and the run tool "
-          "to run shell commands in the working folder. When the task is done, answer with a "
-          "one-line summary and no tool call.")
+SYSTEM = (
+    "You are a coding agent. Use the write_file tool to create files and the run tool "
+    "to run shell commands in the working folder. When the task is done, answer with a "
+    "one-line summary and no tool call."
+)
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "write_file",
-        "description": "Write text to a file in the working folder (created or replaced).",
-        "parameters": {"type": "object", "properties": {
-            "path": {"type": "string", "description": "file path, relative to the working folder"},
-            "content": {"type": "string", "description": "the whole file's text"}},
-            "required": ["path", "content"]}}},
-    {"type": "function", "function": {
-        "name": "run",
-        "description": "Run a shell command in the working folder; returns exit code and output.",
-        "parameters": {"type": "object", "properties": {
-            "command": {"type": "string", "description": "the command line"}},
-            "required": ["command"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "write_file",
+            "description": "Write text to a file in the working folder (created or replaced).",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {
+                        "type": "string",
+                        "description": "file path, relative to the working folder",
+                    },
+                    "content": {"type": "string", "description": "the whole file's text"},
+                },
+                "required": ["path", "content"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "run",
+            "description": "Run a shell command in the working folder; returns exit code "
+            "and output.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string", "description": "the command line"}},
+                "required": ["command"],
+            },
+        },
+    },
 ]
 
 
@@ -54,7 +74,8 @@ async def run(folder: str, command: str, timeout_s: float = 30.0) -> str:
     """Run ``command`` with ``/bin/sh`` in ``folder``; exit code and the output's last 4000
     characters."""
     process = await asyncio.create_subprocess_shell(
-        command, cwd=folder, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        command, cwd=folder, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
     try:
         out, _ = await asyncio.wait_for(process.communicate(), timeout_s)
     except TimeoutError:
@@ -77,8 +98,9 @@ async def call_tool(folder: str, name: str, arguments: str) -> str:
         return "error: " + type(exc).__name__ + ": " + str(exc)
 
 
-async def agent(client: openai.AsyncOpenAI, instruction: str, workdir: str, *, model: str,
-                max_turns: int = 4) -> str:
+async def agent(
+    client: openai.AsyncOpenAI, instruction: str, workdir: str, *, model: str, max_turns: int = 4
+) -> str:
     """Call the model, execute its tool calls, repeat until it answers without one.
 
     Args:
@@ -91,12 +113,13 @@ async def agent(client: openai.AsyncOpenAI, instruction: str, workdir: str, *, m
     Returns:
         The model's last text answer.
     """
-    messages: list[dict] = [{"role": "system", "content": SYSTEM},
-                            {"role": "user", "content": instruction}]
+    messages: list[dict] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": instruction},
+    ]
     answer = ""
     for _ in range(max_turns):
-        response = await client.chat.completions.create(model=model, messages=messages,
-                                                        tools=TOOLS)
+        response = await client.chat.completions.create(model=model, messages=messages, tools=TOOLS)
         message = response.choices[0].message
         answer = message.content or ""
         messages.append(message.model_dump(exclude_none=True))

@@ -11,13 +11,18 @@ import sys
 import urllib.request
 
 instruction_file, output_file = sys.argv[1:3]
-body = {"model": os.environ.get("OPENAI_MODEL", "model"),
-        "messages": [{"role": "user", "content": open(instruction_file).read()}]}
+body = {
+    "model": os.environ.get("OPENAI_MODEL", "model"),
+    "messages": [{"role": "user", "content": open(instruction_file).read()}],
+}
 request = urllib.request.Request(
     os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
     data=json.dumps(body).encode(),
-    headers={"Content-Type": "application/json",
-             "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+    headers={
+        "Content-Type": "application/json",
+        "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+    },
+)
 with urllib.request.urlopen(request, timeout=600) as response:
     reply = json.load(response)
 with open(output_file, "w") as out:

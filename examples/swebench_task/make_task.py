@@ -26,36 +26,54 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
-FAIL_TO_PASS = ["tests/test_mean.py::test_mean_is_exact",
-                "tests/test_mean.py::test_mean_of_empty_raises"]
+FAIL_TO_PASS = [
+    "tests/test_mean.py::test_mean_is_exact",
+    "tests/test_mean.py::test_mean_of_empty_raises",
+]
 PASS_TO_PASS = ["tests/test_mean.py::test_mean_of_ints", "tests/test_ops.py::test_add"]
-INSTRUCTION = ("calc.ops.mean returns a floored value and fails with ZeroDivisionError on an "
-               "empty list. Make it return the exact mean, and raise ValueError for an empty "
-               "list.")
-GIT_INIT = ("git init -q && git add -A && git -c user.name=rolloutd "
-            "-c user.email=rolloutd@localhost commit -q -m base")
+INSTRUCTION = (
+    "calc.ops.mean returns a floored value and fails with ZeroDivisionError on an "
+    "empty list. Make it return the exact mean, and raise ValueError for an empty "
+    "list."
+)
+GIT_INIT = (
+    "git init -q && git add -A && git -c user.name=rolloutd "
+    "-c user.email=rolloutd@localhost commit -q -m base"
+)
 
 
 def repo_files() -> dict[str, str]:
     """Workspace-relative path -> text of every file of ``repo/``."""
     root = HERE / "repo"
-    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        str(p.relative_to(root)): p.read_text()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def patch_harness(patch_name: str) -> dict[str, Any]:
     """A shell harness that applies ``{patch_name}`` (a stand-in for an agent)."""
     patch = (HERE / patch_name).read_text()
-    return {"type": "shell",
-            "command": f"cat > /tmp/fix.patch <<'ROLLOUTD_EOF'\n{patch}ROLLOUTD_EOF\n"
-                       "git apply /tmp/fix.patch"}
+    return {
+        "type": "shell",
+        "command": f"cat > /tmp/fix.patch <<'ROLLOUTD_EOF'\n{patch}ROLLOUTD_EOF\n"
+        "git apply /tmp/fix.patch",
+    }
 
 
-def task(task_id: str = "swebench-calc-mean", harness: dict[str, Any] | None = None,
-         runtime: dict[str, Any] | None = None) -> dict[str, Any]:
+def task(
+    task_id: str = "swebench-calc-mean",
+    harness: dict[str, Any] | None = None,
+    runtime: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The task request (a dict for ``RolloutClient.submit``)."""
-    runtime = {"type": "bwrap", "files": repo_files(),
-               "prepare": [{"type": "exec", "command": GIT_INIT}], **(runtime or {})}
+    runtime = {
+        "type": "bwrap",
+        "files": repo_files(),
+        "prepare": [{"type": "exec", "command": GIT_INIT}],
+        **(runtime or {}),
+    }
     return {
         "task_id": task_id,
         "instruction": INSTRUCTION,
@@ -66,8 +84,11 @@ def task(task_id: str = "swebench-calc-mean", harness: dict[str, Any] | None = N
             "type": "swebench",
             "runtime": "fresh",
             "timeout_s": 120,
-            "params": {"test_patch": (HERE / "test.patch").read_text(),
-                       "fail_to_pass": FAIL_TO_PASS, "pass_to_pass": PASS_TO_PASS},
+            "params": {
+                "test_patch": (HERE / "test.patch").read_text(),
+                "fail_to_pass": FAIL_TO_PASS,
+                "pass_to_pass": PASS_TO_PASS,
+            },
         },
         "phases": {"run_s": 300},
     }
@@ -80,11 +101,13 @@ POLAR_INSTRUCTION = (
     INSTRUCTION + " The repository is /workspace; the only tool is exec_command. Edit "
     "calc/ops.py by calling exec_command with a shell command, for example: "
     "sed -i 's|return sum(values) // len(values)|return sum(values) / len(values)|' "
-    "calc/ops.py")
+    "calc/ops.py"
+)
 
 
-def polar_a3(task_id: str = "polar-a3-calc-mean",
-             callback_url: str = "http://127.0.0.1:8765/callback") -> dict[str, Any]:
+def polar_a3(
+    task_id: str = "polar-a3-calc-mean", callback_url: str = "http://127.0.0.1:8765/callback"
+) -> dict[str, Any]:
     """POLAR's appendix A.3 payload for this task (a dict for ``POST /rollout/task/submit``).
 
     ``runtime.files``, ``runtime.prepare``, ``sampling`` and ``phases`` are rolloutd's own fields
@@ -95,15 +118,28 @@ def polar_a3(task_id: str = "polar-a3-calc-mean",
         "instruction": POLAR_INSTRUCTION,
         "num_samples": 2,
         "timeout_seconds": 1800,
-        "runtime": {"backend": "bwrap", "network": "gateway", "files": repo_files(),
-                    "prepare": [{"type": "exec", "command": GIT_INIT}]},
-        "agent": {"harness": "codex", "model_name": "Qwen2.5-Coder-0.5B-Instruct",
-                  "settings": {"max_turns": 1, "profile": "compact"}},
+        "runtime": {
+            "backend": "bwrap",
+            "network": "gateway",
+            "files": repo_files(),
+            "prepare": [{"type": "exec", "command": GIT_INIT}],
+        },
+        "agent": {
+            "harness": "codex",
+            "model_name": "Qwen2.5-Coder-0.5B-Instruct",
+            "settings": {"max_turns": 1, "profile": "compact"},
+        },
         "builder": {"strategy": "prefix_merging", "config": {}},
-        "evaluator": {"strategy": "swebench_harness",
-                      "config": {"refresh_runtime": True, "timeout_s": 120,
-                                 "test_patch": (HERE / "test.patch").read_text(),
-                                 "fail_to_pass": FAIL_TO_PASS, "pass_to_pass": PASS_TO_PASS}},
+        "evaluator": {
+            "strategy": "swebench_harness",
+            "config": {
+                "refresh_runtime": True,
+                "timeout_s": 120,
+                "test_patch": (HERE / "test.patch").read_text(),
+                "fail_to_pass": FAIL_TO_PASS,
+                "pass_to_pass": PASS_TO_PASS,
+            },
+        },
         "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
         "phases": {"run_s": 900},
         "callback_url": callback_url,

@@ -117,8 +117,9 @@ def is_import_path(evaluator_type: str) -> bool:
     return ":" in evaluator_type
 
 
-def check_task(task: TaskRequest, fleets: FleetCapabilities,
-               import_errors: dict[str, str | None] | None = None) -> list[tuple[str, str]]:
+def check_task(
+    task: TaskRequest, fleets: FleetCapabilities, import_errors: dict[str, str | None] | None = None
+) -> list[tuple[str, str]]:
     """What of a task no registered host can run.
 
     Args:
@@ -134,31 +135,56 @@ def check_task(task: TaskRequest, fleets: FleetCapabilities,
     harness = task.harness.type
     sandbox = fleets.of("sandbox")
     if not sandbox:
-        errors.append(("harness.type", "no sandbox fleet has registered what it can run yet "
-                       "(start `rolloutd up` or `rolloutd worker --fleet sandbox`, or submit "
-                       f"with {OPT_OUT})"))
+        errors.append(
+            (
+                "harness.type",
+                "no sandbox fleet has registered what it can run yet "
+                "(start `rolloutd up` or `rolloutd worker --fleet sandbox`, or submit "
+                f"with {OPT_OUT})",
+            )
+        )
     elif harness not in fleets.harness_types():
-        reasons = {h.host_id: h.missing_harnesses[harness] for h in sandbox
-                   if harness in h.missing_harnesses}
+        reasons = {
+            h.host_id: h.missing_harnesses[harness]
+            for h in sandbox
+            if harness in h.missing_harnesses
+        }
         if reasons:
             host, reason = next(iter(sorted(reasons.items())))
-            message = (f"harness.type={harness!r} cannot run on any sandbox host "
-                       f"({len(reasons)} of {len(sandbox)} lack it; {host}: {reason})")
+            message = (
+                f"harness.type={harness!r} cannot run on any sandbox host "
+                f"({len(reasons)} of {len(sandbox)} lack it; {host}: {reason})"
+            )
         else:
             message = f"harness.type={harness!r} has no adapter on any sandbox host"
-        errors.append(("harness.type", f"{message}; available: "
-                       f"{', '.join(fleets.harness_types()) or 'none'}"))
+        errors.append(
+            ("harness.type", f"{message}; available: {', '.join(fleets.harness_types()) or 'none'}")
+        )
     evaluator = task.evaluator.type
     if is_import_path(evaluator):
         error = (import_errors or {}).get(evaluator)
         if error:
-            errors.append(("evaluator.type", f"evaluator.type={evaluator!r} does not import on "
-                           f"the eval fleet: {error}"))
+            errors.append(
+                (
+                    "evaluator.type",
+                    f"evaluator.type={evaluator!r} does not import on the eval fleet: {error}",
+                )
+            )
     elif not fleets.of("eval"):
-        errors.append(("evaluator.type", "no eval fleet has registered what it can run yet "
-                       "(start `rolloutd up` or `rolloutd worker --fleet eval`, or submit with "
-                       f"{OPT_OUT})"))
+        errors.append(
+            (
+                "evaluator.type",
+                "no eval fleet has registered what it can run yet "
+                "(start `rolloutd up` or `rolloutd worker --fleet eval`, or submit with "
+                f"{OPT_OUT})",
+            )
+        )
     elif evaluator not in fleets.evaluator_names():
-        errors.append(("evaluator.type", f"evaluator.type={evaluator!r} is unknown; use one of "
-                       f"{', '.join(fleets.evaluator_names())} or an import path 'module:attr'"))
+        errors.append(
+            (
+                "evaluator.type",
+                f"evaluator.type={evaluator!r} is unknown; use one of "
+                f"{', '.join(fleets.evaluator_names())} or an import path 'module:attr'",
+            )
+        )
     return errors

@@ -26,8 +26,11 @@ def failure_cell(session: Any) -> str:
     failure = session.failure
     if failure is None:
         return "-"
-    cell = failure.kind if not failure.phase or failure.kind in ("cancelled",) \
+    cell = (
+        failure.kind
+        if not failure.phase or failure.kind in ("cancelled",)
         else f"{failure.kind}/{failure.phase}"
+    )
     return f"{cell} (policy)" if failure.policy_accountable else cell
 
 
@@ -35,15 +38,18 @@ def infrastructure_failure(session: Any) -> bool:
     """Whether a session ended with a cause that is not the policy's: any failure cause but
     ``cancelled`` (someone asked) and a policy-accountable run timeout."""
     failure = session.failure
-    return failure is not None and failure.kind != "cancelled" \
-        and not failure.policy_accountable
+    return failure is not None and failure.kind != "cancelled" and not failure.policy_accountable
 
 
 def made_good(session: Any, group: Any) -> bool:
     """Whether another session of the group with the same sample index (a replacement)
     ended without an infrastructure cause."""
-    return any(other is not session and other.sample_index == session.sample_index
-               and not infrastructure_failure(other) for other in group.sessions)
+    return any(
+        other is not session
+        and other.sample_index == session.sample_index
+        and not infrastructure_failure(other)
+        for other in group.sessions
+    )
 
 
 def failure_counts(results: list[Any]) -> dict[str, int]:
@@ -92,28 +98,40 @@ def what_went_wrong(results: list[Any]) -> tuple[list[str], list[str]]:
                 else:
                     failures.append(line)
                 if s.num_call_errors and not s.num_unrecovered_call_errors:
-                    notes.append(f"session {s.session_id}: {s.num_call_errors} model call(s) "
-                                 f"failed, recovered or refused as bad requests{last}")
+                    notes.append(
+                        f"session {s.session_id}: {s.num_call_errors} model call(s) "
+                        f"failed, recovered or refused as bad requests{last}"
+                    )
                 continue
             if s.num_unrecovered_call_errors:
                 failures.append(
                     f"session {s.session_id}: {s.num_call_errors} model call(s) failed, "
                     f"{s.num_unrecovered_call_errors} with a gateway/backend error (5xx) the "
-                    f"harness never recovered from{last}")
+                    f"harness never recovered from{last}"
+                )
             elif s.num_call_errors:
-                notes.append(f"session {s.session_id}: {s.num_call_errors} model call(s) "
-                             f"failed, recovered or refused as bad requests{last}")
+                notes.append(
+                    f"session {s.session_id}: {s.num_call_errors} model call(s) "
+                    f"failed, recovered or refused as bad requests{last}"
+                )
             if s.status == SessionStatus.FAILED:
                 failures.append(f"session {s.session_id} failed: {s.error}")
         if group.sessions and all(s.num_completions == 0 for s in group.sessions):
-            failures.append(f"task {group.task_id}: no session recorded a completion "
-                            "(no model call was answered)")
+            failures.append(
+                f"task {group.task_id}: no session recorded a completion "
+                "(no model call was answered)"
+            )
     return failures, notes
 
 
 async def submit_tasks(
-    tasks: list[dict[str, Any]], address: str, store_url: str | None, *, suffix: str = "",
-    namespace: str = "default", gateway_url: str | None = None,
+    tasks: list[dict[str, Any]],
+    address: str,
+    store_url: str | None,
+    *,
+    suffix: str = "",
+    namespace: str = "default",
+    gateway_url: str | None = None,
 ) -> list[Any]:
     """Validate every task, submit them all, wait (showing them live: sessions by phase,
     completions, rewards), print a table per session and, under it, what went wrong
@@ -148,10 +166,11 @@ async def submit_tasks(
             task["task_id"] = f"{task['task_id']}{suffix}"
         try:
             requests.append(validate_task(task))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - boundary
             raise SystemExit(f"task {i}: {e}") from None
-    client = await RolloutClient.connect(address, namespace=namespace, store_url=store_url,
-                                         gateway_url=gateway_url)
+    client = await RolloutClient.connect(
+        address, namespace=namespace, store_url=store_url, gateway_url=gateway_url
+    )
     try:  # what no registered host can run is refused before any task starts
         requests = await client.check_tasks(requests)
     except RolloutdError as e:
@@ -160,37 +179,61 @@ async def submit_tasks(
     handles = [await client.submit(r, check_capabilities=False) for r in requests]
     try:  # a live view while waiting (rolloutd.trainer_client.live): rich on a terminal,
         # plain lines on stderr otherwise, so a script's stdout stays as it was
-        results = await watch(client, [h.task_id for h in handles],
-                              asyncio.gather(*(h.result() for h in handles)))
+        results = await watch(
+            client, [h.task_id for h in handles], asyncio.gather(*(h.result() for h in handles))
+        )
     except FleetUnavailableError as e:
-        raise SystemExit(f"{e} (the tasks keep running: {', '.join(h.task_id for h in handles)})"
-                         ) from None
+        raise SystemExit(
+            f"{e} (the tasks keep running: {', '.join(h.task_id for h in handles)})"
+        ) from None
     wall = time.monotonic() - t0
     table = Table(title=f"rolloutd: {len(results)} tasks in {wall:.1f} s")
-    for col in ("session", "status", "failure", "reward", "completions", "call errors",
-                "traces", "trainable tokens", "wall s"):
+    for col in (
+        "session",
+        "status",
+        "failure",
+        "reward",
+        "completions",
+        "call errors",
+        "traces",
+        "trainable tokens",
+        "wall s",
+    ):
         table.add_column(col)
     for group in results:
         for s in group.sessions:
             wall_s = sum(p.duration_s for p in s.phases)
-            table.add_row(s.session_id, s.status.value, failure_cell(s),
-                          "-" if s.reward is None else f"{s.reward:.2f}",
-                          str(s.num_completions), call_errors_cell(s), str(s.num_traces),
-                          str(s.num_trainable_tokens), f"{wall_s:.1f}")
+            table.add_row(
+                s.session_id,
+                s.status.value,
+                failure_cell(s),
+                "-" if s.reward is None else f"{s.reward:.2f}",
+                str(s.num_completions),
+                call_errors_cell(s),
+                str(s.num_traces),
+                str(s.num_trainable_tokens),
+                f"{wall_s:.1f}",
+            )
     console = Console()
     if not console.is_terminal:  # a log or a pipe: rich would cut every column to fit 80
         console = Console(width=200)
     console.print(table)
-    print("failures by kind: " + ", ".join(
-        f"{kind} {n}" for kind, n in failure_counts(results).items()))
+    print(
+        "failures by kind: "
+        + ", ".join(f"{kind} {n}" for kind, n in failure_counts(results).items())
+    )
     for group in results:
         mean = "-" if group.mean_reward is None else f"{group.mean_reward:.2f}"
-        print(f"task {group.task_id}: mean reward {mean}, "
-              f"{group.num_completed}/{len(group.sessions)} completed")
+        print(
+            f"task {group.task_id}: mean reward {mean}, "
+            f"{group.num_completed}/{len(group.sessions)} completed"
+        )
         if group.sessions:
             first = group.sessions[0]
-            print(f"  phases of {first.session_id}: " + ", ".join(
-                f"{p.phase} {p.duration_s:.2f} s" for p in first.phases))
+            print(
+                f"  phases of {first.session_id}: "
+                + ", ".join(f"{p.phase} {p.duration_s:.2f} s" for p in first.phases)
+            )
     failures, notes = what_went_wrong(results)
     for line in notes:
         print(f"note: {line}")

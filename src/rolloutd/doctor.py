@@ -19,9 +19,23 @@ from typing import Any
 from rolloutd.settings import default_home
 
 #: column order of the table; any other figure is appended.
-COLUMNS = ("scenario", "sessions", "completed", "failed", "cancelled", "completions_recorded",
-           "engine_requests", "lost", "duplicated", "orphans", "refused", "status_500",
-           "wrong_shape", "seconds", "ok")
+COLUMNS = (
+    "scenario",
+    "sessions",
+    "completed",
+    "failed",
+    "cancelled",
+    "completions_recorded",
+    "engine_requests",
+    "lost",
+    "duplicated",
+    "orphans",
+    "refused",
+    "status_500",
+    "wrong_shape",
+    "seconds",
+    "ok",
+)
 
 
 def report_path() -> Path:
@@ -76,8 +90,9 @@ def main(run: bool = False, tests: str = "tests/reliability") -> int:
     """
     code = 0
     if run:
-        code = subprocess.call([sys.executable, "-m", "pytest", tests, "-q",
-                                "-p", "no:cacheprovider"])
+        code = subprocess.call(
+            [sys.executable, "-m", "pytest", tests, "-q", "-p", "no:cacheprovider"]
+        )
     path = report_path()
     if not path.exists():
         print(f"no reliability figures at {path}: run `rolloutd doctor --run`")

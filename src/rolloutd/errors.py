@@ -186,8 +186,7 @@ class FleetUnavailableError(RolloutdError):
     retryable = True
     status_code = 503
 
-    def __init__(self, fleet: str, message: str, *, unavailable_s: float | None = None
-                 ) -> None:
+    def __init__(self, fleet: str, message: str, *, unavailable_s: float | None = None) -> None:
         super().__init__(f"fleet {fleet!r} is unavailable: {message}")
         self.fleet = fleet
         self.unavailable_s = unavailable_s

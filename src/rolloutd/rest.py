@@ -149,8 +149,12 @@ class AddLLMServer(_Wire):
 
 
 _NETWORKS = {"host": "host", "none": "none", "gateway": "gateway", None: None}
-_SESSION_STATUS = {SessionStatus.COMPLETED: "COMPLETED", SessionStatus.FAILED: "ERROR",
-                   SessionStatus.TIMEOUT: "TIMEOUT", SessionStatus.CANCELLED: "ERROR"}
+_SESSION_STATUS = {
+    SessionStatus.COMPLETED: "COMPLETED",
+    SessionStatus.FAILED: "ERROR",
+    SessionStatus.TIMEOUT: "TIMEOUT",
+    SessionStatus.CANCELLED: "ERROR",
+}
 #: Polar's evaluator strategies under another name here.
 EVALUATOR_ALIASES = {"swebench_harness": "swebench"}
 #: rolloutd TaskRequest path -> the Polar request path it comes from (docs/polar.md's table),
@@ -206,17 +210,29 @@ def to_task_request(polar: PolarTaskRequest) -> dict[str, Any]:
     """
     agent = polar.agent
     if agent.import_path or not agent.harness:
-        raise InvalidTaskError([("agent.harness", "a registered harness name is required; "
-                                 "agent.import_path is not supported")])
+        raise InvalidTaskError(
+            [
+                (
+                    "agent.harness",
+                    "a registered harness name is required; agent.import_path is not supported",
+                )
+            ]
+        )
     settings = agent.settings
     # Polar spells CLI names with hyphens (claude-code); the glossary with underscores
-    harness = {"type": agent.harness.replace("-", "_"), "env": agent.env,
-               **{k: settings[k] for k in ("command", "args", "max_turns", "profile")
-                  if k in settings}}
+    harness = {
+        "type": agent.harness.replace("-", "_"),
+        "env": agent.env,
+        **{k: settings[k] for k in ("command", "args", "max_turns", "profile") if k in settings},
+    }
     task: dict[str, Any] = {
-        "task_id": polar.task_id, "instruction": polar.instruction,
-        "num_samples": polar.num_samples, "timeout_s": polar.timeout_seconds,
-        "harness": harness, "metadata": polar.metadata, "callback_url": polar.callback_url,
+        "task_id": polar.task_id,
+        "instruction": polar.instruction,
+        "num_samples": polar.num_samples,
+        "timeout_s": polar.timeout_seconds,
+        "harness": harness,
+        "metadata": polar.metadata,
+        "callback_url": polar.callback_url,
     }
     if agent.model_name:
         task["model"] = agent.model_name
@@ -231,8 +247,12 @@ def to_task_request(polar: PolarTaskRequest) -> dict[str, Any]:
         task["phases"] = polar.phases
     if polar.runtime is not None:
         rt = polar.runtime
-        runtime: dict[str, Any] = {"type": rt.backend, "image": rt.image, "env": rt.env,
-                                   "memory_mb": rt.memory_mb}
+        runtime: dict[str, Any] = {
+            "type": rt.backend,
+            "image": rt.image,
+            "env": rt.env,
+            "memory_mb": rt.memory_mb,
+        }
         if rt.workdir:
             runtime["workdir"] = rt.workdir
         if rt.files:
@@ -243,23 +263,27 @@ def to_task_request(polar: PolarTaskRequest) -> dict[str, Any]:
             runtime["network"] = rt.network
         task["runtime"] = runtime
     if polar.builder is not None:
-        task["builder"] = {"type": polar.builder.strategy,
-                           **{k: v for k, v in polar.builder.config.items()
-                              if k in ("on_drift", "loss_mask")}}
+        task["builder"] = {
+            "type": polar.builder.strategy,
+            **{k: v for k, v in polar.builder.config.items() if k in ("on_drift", "loss_mask")},
+        }
     if polar.evaluator is not None:
         config = dict(polar.evaluator.config)
         fresh = _refresh_runtime(polar, config)
         config.pop("refresh_runtime", None)
         strategy = polar.evaluator.strategy
-        task["evaluator"] = {"type": EVALUATOR_ALIASES.get(strategy, strategy),
-                             **{k: config.pop(k) for k in ("command", "expected_output",
-                                                           "timeout_s") if k in config},
-                             "params": config, "runtime": "fresh" if fresh else "session"}
+        task["evaluator"] = {
+            "type": EVALUATOR_ALIASES.get(strategy, strategy),
+            **{
+                k: config.pop(k) for k in ("command", "expected_output", "timeout_s") if k in config
+            },
+            "params": config,
+            "runtime": "fresh" if fresh else "session",
+        }
     return task
 
 
-def _with_callbacks(progress: TaskProgress
-                    ) -> list[tuple[SessionResult, CallbackStatus | None]]:
+def _with_callbacks(progress: TaskProgress) -> list[tuple[SessionResult, CallbackStatus | None]]:
     """Each ended session with its callback's status (None without a callback)."""
     callbacks = {c.session_id: c for c in progress.callbacks}
     return [(s, callbacks.get(s.session_id)) for s in progress.sessions]
@@ -273,8 +297,11 @@ def _callback_summary(progress: TaskProgress) -> dict[str, Any] | None:
     states = {c.status for c in progress.callbacks}
     status = next(s for s in ("failed", "pending", "delivered") if s in states)
     errors = [c.error for c in progress.callbacks if c.error and c.status == status]
-    return {"status": status, "attempts": sum(c.attempts for c in progress.callbacks),
-            "error": errors[0] if errors else None}
+    return {
+        "status": status,
+        "attempts": sum(c.attempts for c in progress.callbacks),
+        "error": errors[0] if errors else None,
+    }
 
 
 def _failure_counts(sessions: list[SessionResult]) -> dict[str, int]:
@@ -286,8 +313,9 @@ def _failure_counts(sessions: list[SessionResult]) -> dict[str, int]:
     return counts
 
 
-def _session_body(client: RolloutClient, session: SessionResult,
-                  callback: CallbackStatus | None = None) -> dict[str, Any]:
+def _session_body(
+    client: RolloutClient, session: SessionResult, callback: CallbackStatus | None = None
+) -> dict[str, Any]:
     """A Polar-shaped SessionResult: status, reward, error, trajectory (traces when the store
     is reachable), timing in ms, its callback, plus rolloutd's own summary under
     ``metadata.rolloutd``."""
@@ -301,12 +329,22 @@ def _session_body(client: RolloutClient, session: SessionResult,
         trajectory_meta["builder"] = trajectory.builder
     timing = {f"{p.phase}_ms": p.duration_s * 1000 for p in session.phases}
     return {
-        "session_id": session.session_id, "task_id": session.task_id, "status": status,
-        "reward": session.reward, "error": session.error, "failure": failure,
+        "session_id": session.session_id,
+        "task_id": session.task_id,
+        "status": status,
+        "reward": session.reward,
+        "error": session.error,
+        "failure": failure,
         "callback": callback.model_dump(mode="json") if callback is not None else None,
-        "trajectory": {"status": status, "metadata": trajectory_meta, "traces": traces,
-                       "error": session.error, "failure": failure},
-        "timing": timing, "node_id": None,
+        "trajectory": {
+            "status": status,
+            "metadata": trajectory_meta,
+            "traces": traces,
+            "error": session.error,
+            "failure": failure,
+        },
+        "timing": timing,
+        "node_id": None,
         "metadata": {"rolloutd": session.model_dump(mode="json", exclude={"phases", "stats"})},
     }
 
@@ -327,16 +365,23 @@ def require_token(token: str | None) -> Callable[[Request], None]:
         header = request.headers.get("authorization", "")
         sent = header[7:].strip() if header.lower().startswith("bearer ") else ""
         if not sent or not secrets.compare_digest(sent.encode(), token.encode()):
-            raise HTTPException(401, detail="this REST facade needs `Authorization: Bearer "
-                                "<ROLLOUTD_REST_TOKEN>`", headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                401,
+                detail="this REST facade needs `Authorization: Bearer <ROLLOUTD_REST_TOKEN>`",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     return check
 
 
-def create_app(client: RolloutClient, *, gateway_url: str | None = None,
-               admin_token: str | None = None,
-               callback_timeout_s: float | None = None,
-               token: str | None = None) -> FastAPI:
+def create_app(
+    client: RolloutClient,
+    *,
+    gateway_url: str | None = None,
+    admin_token: str | None = None,
+    callback_timeout_s: float | None = None,
+    token: str | None = None,
+) -> FastAPI:
     """The facade's app.
 
     Args:
@@ -349,9 +394,12 @@ def create_app(client: RolloutClient, *, gateway_url: str | None = None,
             loopback-only facade, :func:`serve`) and the backend routes answer 403, since
             they are forwarded only for callers holding the token (DECISIONS.md ruling 7).
     """
-    app = FastAPI(title="rolloutd REST facade", version="0.1.0",
-                  description="POLAR- and ProRL-compatible rollout API over rolloutd.",
-                  dependencies=[Depends(require_token(token or None))])
+    app = FastAPI(
+        title="rolloutd REST facade",
+        version="0.1.0",
+        description="POLAR- and ProRL-compatible rollout API over rolloutd.",
+        dependencies=[Depends(require_token(token or None))],
+    )
 
     async def status_of(task_id: str) -> PolarTaskStatus:
         try:
@@ -361,11 +409,18 @@ def create_app(client: RolloutClient, *, gateway_url: str | None = None,
         results = [_session_body(client, s, c) for s, c in _with_callbacks(progress)]
         return PolarTaskStatus(
             task_id=task_id,
-            status="running" if progress.status == "running" else
-            "completed" if progress.status == "completed" else "failed",
-            total_sessions=progress.num_samples, completed_sessions=len(results),
-            results=results, error=progress.error, callback=_callback_summary(progress),
-            failures=_failure_counts(progress.sessions))
+            status="running"
+            if progress.status == "running"
+            else "completed"
+            if progress.status == "completed"
+            else "failed",
+            total_sessions=progress.num_samples,
+            completed_sessions=len(results),
+            results=results,
+            error=progress.error,
+            callback=_callback_summary(progress),
+            failures=_failure_counts(progress.sessions),
+        )
 
     @app.post("/rollout/task/submit", response_model=SubmitResponse)
     async def submit(request: PolarTaskRequest) -> SubmitResponse:
@@ -376,8 +431,9 @@ def create_app(client: RolloutClient, *, gateway_url: str | None = None,
                 task["callback_timeout_s"] = callback_timeout_s
             handle = await client.submit(task)
         except InvalidTaskError as e:
-            raise HTTPException(422, detail=[{"loc": polar_path(p).split("."), "msg": m}
-                                             for p, m in e.errors]) from None
+            raise HTTPException(
+                422, detail=[{"loc": polar_path(p).split("."), "msg": m} for p, m in e.errors]
+            ) from None
         except FleetRegistryError as e:
             raise HTTPException(503, detail=str(e)) from None
         except WorkflowAlreadyStartedError:
@@ -402,14 +458,16 @@ def create_app(client: RolloutClient, *, gateway_url: str | None = None,
         """How many tasks and buffers run."""
         count = client.client.count_workflows
         tasks = await count("WorkflowType='RolloutTaskWorkflow' AND ExecutionStatus='Running'")
-        buffers = await count(
-            "WorkflowType='RolloutBufferWorkflow' AND ExecutionStatus='Running'")
+        buffers = await count("WorkflowType='RolloutBufferWorkflow' AND ExecutionStatus='Running'")
         return {"status": "ok", "running_tasks": tasks.count, "running_buffers": buffers.count}
 
     def admin() -> BackendAdmin:
         if not token:
-            raise HTTPException(403, detail="backend calls are forwarded only for callers "
-                                "holding the facade's token; start it with ROLLOUTD_REST_TOKEN")
+            raise HTTPException(
+                403,
+                detail="backend calls are forwarded only for callers "
+                "holding the facade's token; start it with ROLLOUTD_REST_TOKEN",
+            )
         if not gateway_url:
             raise HTTPException(503, detail="no gateway configured (--gateway-url)")
         return BackendAdmin(gateway_url, admin_token)
@@ -437,8 +495,14 @@ def create_app(client: RolloutClient, *, gateway_url: str | None = None,
     return app
 
 
-def serve(address: str, store_url: str | None, host: str, port: int,
-          gateway_url: str | None, admin_token: str | None) -> None:
+def serve(
+    address: str,
+    store_url: str | None,
+    host: str,
+    port: int,
+    gateway_url: str | None,
+    admin_token: str | None,
+) -> None:
     """Entry point of ``rolloutd rest``: serve the facade with uvicorn until interrupted.
 
     The facade's token is ``ROLLOUTD_REST_TOKEN`` (:class:`RestSettings`).
@@ -452,16 +516,24 @@ def serve(address: str, store_url: str | None, host: str, port: int,
 
     settings = RestSettings()
     require_token_off_loopback(
-        host, settings.rest_token, service="the REST facade",
+        host,
+        settings.rest_token,
+        service="the REST facade",
         token_setting="ROLLOUTD_REST_TOKEN",
-        protects="its task routes (submit, cancel, results) and backend calls")
+        protects="its task routes (submit, cancel, results) and backend calls",
+    )
 
     async def main() -> None:
         client = await RolloutClient.connect(
-            address, namespace=settings.temporal_namespace, store_url=store_url)
-        app = create_app(client, gateway_url=gateway_url, admin_token=admin_token,
-                         callback_timeout_s=settings.callback_timeout_s,
-                         token=settings.rest_token)
+            address, namespace=settings.temporal_namespace, store_url=store_url
+        )
+        app = create_app(
+            client,
+            gateway_url=gateway_url,
+            admin_token=admin_token,
+            callback_timeout_s=settings.callback_timeout_s,
+            token=settings.rest_token,
+        )
         add_stack_status_route(app, client, default_home())
         add_viewer_routes(app, client, default_model=settings.viewer_model)
         await uvicorn.Server(uvicorn.Config(app, host=host, port=port)).serve()

@@ -62,8 +62,13 @@ def failure_of(result: SessionResult | Trajectory) -> FailureCause | None:
         return FailureCause(kind="sandbox", message=message, retryable=True)
     if result.status == SessionStatus.TIMEOUT:
         evaluated = result.reward is not None
-        return FailureCause(kind="timeout", message=message, phase="run" if evaluated else None,
-                            retryable=not evaluated, policy_accountable=evaluated)
+        return FailureCause(
+            kind="timeout",
+            message=message,
+            phase="run" if evaluated else None,
+            retryable=not evaluated,
+            policy_accountable=evaluated,
+        )
     return None
 
 
@@ -118,8 +123,12 @@ def is_replaceable(result: SessionResult) -> bool:
     """Whether a new attempt of the sample may make the group whole: the session ended with
     a retryable cause that is not the policy's and not a cancellation."""
     failure = failure_of(result)
-    return (failure is not None and failure.retryable and failure.kind != "cancelled"
-            and not is_policy_timeout(failure))
+    return (
+        failure is not None
+        and failure.retryable
+        and failure.kind != "cancelled"
+        and not is_policy_timeout(failure)
+    )
 
 
 def failure_counts(sessions: Iterable[SessionResult]) -> dict[str, int]:

@@ -62,60 +62,101 @@ class CommonSettings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_json: bool = Field(default=True, description="JSON logs (False: console renderer)")
     health_port: int = Field(
-        default=0, ge=0, le=65535, description="TCP port of the worker process's gRPC health "
+        default=0,
+        ge=0,
+        le=65535,
+        description="TCP port of the worker process's gRPC health "
         "service (grpc.health.v1; services '' and 'rolloutd-{fleet}') for Kubernetes probes; "
-        "0: off. One port per process: each fleet of one host needs its own")
-    health_host: str = Field(default="0.0.0.0", description="bind address of the health "
-                             "service (all interfaces: a pod's probes come from its node)")
+        "0: off. One port per process: each fleet of one host needs its own",
+    )
+    health_host: str = Field(
+        default="0.0.0.0",
+        description="bind address of the health "
+        "service (all interfaces: a pod's probes come from its node)",
+    )
     # secrets (docs/security.md says what each one protects)
     codec_keys: str | None = Field(
-        default=None, repr=False, description="payload codec keys, `id:base64key` entries "
+        default=None,
+        repr=False,
+        description="payload codec keys, `id:base64key` entries "
         "separated by commas, oldest first: the last one encrypts, every one decrypts "
-        "(rotation). With this and codec_key_file unset, payloads are not encrypted")
+        "(rotation). With this and codec_key_file unset, payloads are not encrypted",
+    )
     codec_key_file: str | None = Field(
-        default=None, description="file of payload codec keys, one `id:base64key` a line, "
-        "oldest first (after codec_keys' entries)")
+        default=None,
+        description="file of payload codec keys, one `id:base64key` a line, "
+        "oldest first (after codec_keys' entries)",
+    )
     temporal_tls: bool = Field(
-        default=False, description="connect to Temporal over TLS (implied by any "
-        "temporal_tls_* path or temporal_api_key)")
+        default=False,
+        description="connect to Temporal over TLS (implied by any "
+        "temporal_tls_* path or temporal_api_key)",
+    )
     temporal_tls_ca: str | None = Field(
-        default=None, description="PEM file of the CA that signed the Temporal frontend's "
-        "certificate (default: the system's roots)")
+        default=None,
+        description="PEM file of the CA that signed the Temporal frontend's "
+        "certificate (default: the system's roots)",
+    )
     temporal_tls_cert: str | None = Field(
-        default=None, description="PEM client certificate for mTLS (with temporal_tls_key)")
+        default=None, description="PEM client certificate for mTLS (with temporal_tls_key)"
+    )
     temporal_tls_key: str | None = Field(
-        default=None, repr=False, description="PEM private key of temporal_tls_cert")
+        default=None, repr=False, description="PEM private key of temporal_tls_cert"
+    )
     temporal_tls_server_name: str | None = Field(
-        default=None, description="name the frontend's certificate is checked against "
-        "(default: the address's host)")
+        default=None,
+        description="name the frontend's certificate is checked against "
+        "(default: the address's host)",
+    )
     temporal_api_key: str | None = Field(
-        default=None, repr=False, description="API key sent to Temporal (Temporal Cloud); "
-        "implies TLS")
+        default=None,
+        repr=False,
+        description="API key sent to Temporal (Temporal Cloud); implies TLS",
+    )
     graceful_shutdown_s: float = Field(
-        default=25.0, ge=0, le=3600, description="drain of a worker process on SIGTERM or "
+        default=25.0,
+        ge=0,
+        le=3600,
+        description="drain of a worker process on SIGTERM or "
         "SIGINT, s (Temporal's graceful_shutdown_timeout): it stops polling at once, hands a "
         "running harness back at once (the session starts a new attempt on another host), "
         "and gives its other activities this long to finish before they are cancelled. A pod "
         "needs terminationGracePeriodSeconds of this plus 15 s (a sandbox host then tears "
         "down what it still held, and the process exits): 40 s by default, more than "
-        "Kubernetes' 30 (docs/faults.md)")
+        "Kubernetes' 30 (docs/faults.md)",
+    )
     temporal_connect_wait_s: float = Field(
-        default=120.0, ge=0, le=3600, description="how long a worker process keeps retrying "
+        default=120.0,
+        ge=0,
+        le=3600,
+        description="how long a worker process keeps retrying "
         "its first connection to Temporal, s (every 2 s, a `temporal_connect_retry` log line "
         "each): pods of a fresh deployment start in any order, so a worker may start before "
         "its Temporal frontend answers. Past it, the process exits non-zero with the last "
-        "error; 0: one attempt")
+        "error; 0: one attempt",
+    )
     metrics_port: int = Field(
-        default=0, ge=0, le=65535, description="TCP port of the worker process's Prometheus "
+        default=0,
+        ge=0,
+        le=65535,
+        description="TCP port of the worker process's Prometheus "
         "metrics (rolloutd's and the Temporal SDK's, docs/metrics.md); 0: off. One port per "
-        "process; the gateway's /metrics route serves its process's metrics either way")
-    metrics_host: str = Field(default="0.0.0.0", description="bind address of the metrics "
-                              "port (all interfaces: Prometheus scrapes pods from outside)")
+        "process; the gateway's /metrics route serves its process's metrics either way",
+    )
+    metrics_host: str = Field(
+        default="0.0.0.0",
+        description="bind address of the metrics "
+        "port (all interfaces: Prometheus scrapes pods from outside)",
+    )
     max_cached_workflows: int = Field(
-        default=1000, ge=0, le=1_000_000, description="workflows the workflows fleet keeps "
+        default=1000,
+        ge=0,
+        le=1_000_000,
+        description="workflows the workflows fleet keeps "
         "in memory between their tasks (Temporal's max_cached_workflows); one evicted is "
         "replayed from its history at its next task or query. 0 replays every task (the "
-        "replay tests)")
+        "replay tests)",
+    )
 
 
 class GatewaySettings(CommonSettings):
@@ -128,52 +169,82 @@ class GatewaySettings(CommonSettings):
     )
     admin_token: str | None = Field(default=None, description="bearer token of admin routes")
     engine_control_url: str | None = Field(
-        default=None, description="the local engine's control server (set by `rolloutd up`, "
+        default=None,
+        description="the local engine's control server (set by `rolloutd up`, "
         "rolloutd.engine.control): the admin route POST /admin/engine/load forwards to it; "
-        "None: this gateway has no local engine to reload")
+        "None: this gateway has no local engine to reload",
+    )
     engine_control_token: str | None = Field(
-        default=None, description="bearer token of the engine control server (set by "
-        "`rolloutd up` with engine_control_url)")
+        default=None,
+        description="bearer token of the engine control server (set by "
+        "`rolloutd up` with engine_control_url)",
+    )
     backend_url: str | None = Field(
         default=None, description="first backend registered at start (llama-server URL)"
     )
     backend_type: Literal["llama_cpp", "vllm", "sglang", "openai"] = "llama_cpp"
     backend_policy_version: int = Field(
-        default=0, ge=0, description="policy version of the backend_url backends, stamped on "
-        "their completions until an admin changes it (the pool then belongs to the admin API)")
+        default=0,
+        ge=0,
+        description="policy version of the backend_url backends, stamped on "
+        "their completions until an admin changes it (the pool then belongs to the admin API)",
+    )
     model: str = Field(default="qwen2.5-coder-0.5b", description="model name or folder")
     capture_mode: Literal["tokens", "passthrough"] = "tokens"
     max_body_bytes: int = Field(default=16 * 2**20, ge=1024, description="request size limit")
     max_header_bytes: int = Field(
-        default=64 * 2**10, ge=1024, description="limit of a request's headers (names, values "
-        "and target), bytes; larger requests get 431")
+        default=64 * 2**10,
+        ge=1024,
+        description="limit of a request's headers (names, values "
+        "and target), bytes; larger requests get 431",
+    )
     keep_alive_s: float = Field(
-        default=75.0, gt=0, description="idle time before the gateway closes a client's "
+        default=75.0,
+        gt=0,
+        description="idle time before the gateway closes a client's "
         "keep-alive connection; harnesses pause for tool runs, and a close racing their next "
-        "request resets it (uvicorn's default is 5 s)")
+        "request resets it (uvicorn's default is 5 s)",
+    )
     backend_wait_s: float = Field(
-        default=600.0, gt=0, description="how long a call waits for a paused backend (or for "
-        "any backend when the pool is empty) before it fails with 503")
+        default=600.0,
+        gt=0,
+        description="how long a call waits for a paused backend (or for "
+        "any backend when the pool is empty) before it fails with 503",
+    )
     pool_refresh_s: float = Field(
-        default=1.0, gt=0, description="how often (at most) a gateway checks the store for a "
-        "backend pool changed by another replica, before a call takes its lease")
+        default=1.0,
+        gt=0,
+        description="how often (at most) a gateway checks the store for a "
+        "backend pool changed by another replica, before a call takes its lease",
+    )
     drain_timeout_s: float = Field(
-        default=300.0, ge=0, description="how long a pause waits for calls in flight to finish")
+        default=300.0, ge=0, description="how long a pause waits for calls in flight to finish"
+    )
     backend_timeout_s: float = Field(default=600.0, gt=0, description="one backend call")
     max_sessions_per_slot: float | None = Field(
-        default=None, gt=0, description="backpressure: open sessions per backend slot; a new "
+        default=None,
+        gt=0,
+        description="backpressure: open sessions per backend slot; a new "
         "session waits before provisioning while the pool holds this many times its slots "
-        "(docs/tenancy.md); unset: never")
+        "(docs/tenancy.md); unset: never",
+    )
     backend_slots: int | None = Field(
-        default=None, ge=1, description="slots (sequences decoded at once) of every backend; "
-        "unset: llama-server's total_slots from /props, else 1")
+        default=None,
+        ge=1,
+        description="slots (sequences decoded at once) of every backend; "
+        "unset: llama-server's total_slots from /props, else 1",
+    )
     backend_dead_after_s: float = Field(
-        default=60.0, gt=0, description="how long a session's model calls may stand "
+        default=60.0,
+        gt=0,
+        description="how long a session's model calls may stand "
         "unanswered (failed with a backend-kind error since the last answer, or waiting on "
         "their backend) before the gateway's verdict on the session is `backend`: its "
-        "harness is then stopped and the session ends with failure kind backend")
+        "harness is then stopped and the session ends with failure kind backend",
+    )
     store_sync: Literal["always", "group", "os"] = Field(
-        default="group", description="durability of the gateway's local writes (completions, "
+        default="group",
+        description="durability of the gateway's local writes (completions, "
         "session state). Every policy writes a completion into the operating system (a file "
         "renamed into place) before its answer is sent, so it survives a kill of the gateway "
         "process. 'group' (default) then fsyncs it in a background thread within "
@@ -181,20 +252,31 @@ class GatewaySettings(CommonSettings):
         "can lose the completions of the last window. 'always' fsyncs before answering "
         "(survives power loss; costs a disk flush per call). 'os' never fsyncs. Closing a "
         "session fsyncs everything written before it is sealed. Object stores (s3://, gs://) "
-        "store on put whatever the policy")
+        "store on put whatever the policy",
+    )
     store_group_commit_s: float = Field(
-        default=0.05, gt=0, le=10.0, description="the 'group' window: how long a written "
-        "completion may wait for its fsync, seconds")
+        default=0.05,
+        gt=0,
+        le=10.0,
+        description="the 'group' window: how long a written "
+        "completion may wait for its fsync, seconds",
+    )
     incremental_render: bool = Field(
-        default=True, description="render only the messages a call adds to the conversation "
+        default=True,
+        description="render only the messages a call adds to the conversation "
         "it continues (when the chat template passes the start-up probe); False renders the "
-        "whole conversation on every call")
+        "whole conversation on every call",
+    )
     tool_parser: str | None = Field(
-        default=None, description="tool-call parser (hermes, hermes_lenient, llama3_json, "
-        "mistral, none); None: chosen from the model name")
+        default=None,
+        description="tool-call parser (hermes, hermes_lenient, llama3_json, "
+        "mistral, none); None: chosen from the model name",
+    )
     reasoning_parser: str | None = Field(
-        default=None, description="reasoning parser (think, think_prompted, none); None: "
-        "chosen from the model name")
+        default=None,
+        description="reasoning parser (think, think_prompted, none); None: "
+        "chosen from the model name",
+    )
 
 
 class SandboxSettings(CommonSettings):
@@ -205,13 +287,19 @@ class SandboxSettings(CommonSettings):
         description="folder where runtimes keep their workspaces",
     )
     max_concurrent_sessions: int = Field(
-        default=8, ge=1, description="runtimes (so running harnesses) this host holds at "
+        default=8,
+        ge=1,
+        description="runtimes (so running harnesses) this host holds at "
         "once, evaluation runtimes included; further sessions wait in the sandbox queue "
-        "before provisioning, their deadline not ticking (docs/tenancy.md)")
+        "before provisioning, their deadline not ticking (docs/tenancy.md)",
+    )
     max_concurrent_provisions: int = Field(
-        default=16, ge=1, description="runtimes this host starts at once (within "
+        default=16,
+        ge=1,
+        description="runtimes this host starts at once (within "
         "max_concurrent_sessions): many bwrap or container starts at once on few cores slow "
-        "each other down")
+        "each other down",
+    )
 
 
 class EvalSettings(CommonSettings):
@@ -224,29 +312,42 @@ class RestSettings(CommonSettings):
     """The REST facade (``rolloutd rest``)."""
 
     rest_token: str | None = Field(
-        default=None, repr=False, description="bearer token of every route but /health "
+        default=None,
+        repr=False,
+        description="bearer token of every route but /health "
         "and the OpenAPI schema; `rolloutd rest` refuses to start without one unless given "
-        "--no-token on a loopback address")
+        "--no-token on a loopback address",
+    )
 
     callback_timeout_s: float = Field(
-        default=300.0, gt=0, le=86_400, description="total time of one session's callback to "
-        "a task's callback_url over all its attempts; then the task's status shows it failed")
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="total time of one session's callback to "
+        "a task's callback_url over all its attempts; then the task's status shows it failed",
+    )
     viewer_model: str = Field(
-        default="qwen2.5-coder-0.5b", description="the trace viewer decodes tokens with this "
+        default="qwen2.5-coder-0.5b",
+        description="the trace viewer decodes tokens with this "
         "model's tokenizer (a catalog name or a tokenizer folder) when a completion's model is "
-        "not in the catalog")
+        "not in the catalog",
+    )
 
 
 class CodecServerSettings(CommonSettings):
     """``rolloutd codec-server``: Temporal's remote codec protocol for the UI and CLI."""
 
     codec_server_token: str | None = Field(
-        default=None, repr=False, description="bearer token a decode or encode request must "
+        default=None,
+        repr=False,
+        description="bearer token a decode or encode request must "
         "carry (Authorization header, or the first path segment: /{token}/decode, for the "
-        "Temporal UI, which cannot set headers)")
+        "Temporal UI, which cannot set headers)",
+    )
     codec_server_origins: str = Field(
-        default="http://localhost:8233,http://127.0.0.1:8233", description="comma-separated "
-        "browser origins allowed by CORS (the Temporal UI's)")
+        default="http://localhost:8233,http://127.0.0.1:8233",
+        description="comma-separated browser origins allowed by CORS (the Temporal UI's)",
+    )
 
 
 class EngineSettings(BaseSettings):

@@ -86,8 +86,9 @@ class GroupCommit:
             self._pending.extend(paths)
             self._num_added += len(paths)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="rolloutd-group-commit",
-                                                daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="rolloutd-group-commit", daemon=True
+                )
                 self._thread.start()
             elif idle:
                 # only the window's first write wakes the thread; the later ones wait with it
@@ -143,13 +144,15 @@ class BlobStore:
         group_commit_s: the ``group`` window, seconds.
     """
 
-    def __init__(self, url: str, *, sync: SyncPolicy = "always",
-                 group_commit_s: float = 0.05) -> None:
+    def __init__(
+        self, url: str, *, sync: SyncPolicy = "always", group_commit_s: float = 0.05
+    ) -> None:
         self.url = url
         self.sync = sync
         self.fs, self.root = fsspec.core.url_to_fs(url)
-        self._local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple)
-                                 else (self.fs.protocol,))
+        self._local = "file" in (
+            self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        )
         self._group = GroupCommit(group_commit_s) if sync == "group" else None
         self._folders: set[str] = set()
         # temporary names unique per process and write (uuid4 reads the OS's random source)
@@ -230,8 +233,9 @@ class BlobStore:
         """
         if self._proc_fds is None or self._proc_pid != os.getpid():
             try:  # "self" is resolved when opened: a forked child opens its own
-                self._proc_fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY
-                                         | os.O_CLOEXEC)
+                self._proc_fds = os.open(
+                    "/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+                )
             except OSError:
                 self._unnamed_writes = False  # no /proc here
                 return False
@@ -261,7 +265,7 @@ class BlobStore:
         """Write all of ``data`` to ``fd`` (fsynced under ``always``)."""
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         if self.sync == "always":
             os.fsync(fd)
 
@@ -296,8 +300,7 @@ class BlobStore:
         except FileNotFoundError:
             return []
         root = self.root.rstrip("/") + "/"
-        return sorted(n.removeprefix(root) for n in names
-                      if not n.endswith(".tmp"))
+        return sorted(n.removeprefix(root) for n in names if not n.endswith(".tmp"))
 
     # -- JSON and models -----------------------------------------------------------------
     def put_json(self, key: str, obj: Any, *, exclusive: bool = False) -> None:
@@ -362,8 +365,9 @@ class CompletionLog:
         Raises:
             BlobExistsError: that index is written already (the log is append-only).
         """
-        self.store.put_bytes(self.key(completion.index), encode_completion(completion, base),
-                             exclusive=True)
+        self.store.put_bytes(
+            self.key(completion.index), encode_completion(completion, base), exclusive=True
+        )
 
     def indices(self) -> list[int]:
         """Indices written so far, sorted."""
@@ -384,8 +388,10 @@ class CompletionLog:
 
         def earlier(index: int) -> Completion:
             if index not in by_index:
-                raise ValueError(f"completion log of {self.session_id}: a record refers to "
-                                 f"completion {index}, which is not in the log")
+                raise ValueError(
+                    f"completion log of {self.session_id}: a record refers to "
+                    f"completion {index}, which is not in the log"
+                )
             return by_index[index]
 
         for i in self.indices():
@@ -412,7 +418,7 @@ def _delta_source(base: Completion, name: str) -> list[Any]:
     if name == "prompt_ids":
         return [*base.prompt_ids, *base.response_ids]
     if name.startswith("request."):
-        value = base.request.get(name[len("request."):])
+        value = base.request.get(name[len("request.") :])
         return value if isinstance(value, list) else []
     return getattr(base, name)
 
@@ -432,8 +438,7 @@ def _prompt_prefix(prompt_ids: list[int], base: Completion) -> int:
     if not num_prompt or prompt_ids[:num_prompt] != base.prompt_ids:
         return 0
     num_response = len(base.response_ids)
-    if num_response and \
-            prompt_ids[num_prompt:num_prompt + num_response] == base.response_ids:
+    if num_response and prompt_ids[num_prompt : num_prompt + num_response] == base.response_ids:
         return num_prompt + num_response
     return num_prompt
 
@@ -462,8 +467,11 @@ def encode_completion(completion: Completion, base: Completion | None = None) ->
     update: dict[str, Any] = {}
     for name in _DELTA_FIELDS:
         value = getattr(completion, name)
-        n = _prompt_prefix(value, base) if name == "prompt_ids" \
+        n = (
+            _prompt_prefix(value, base)
+            if name == "prompt_ids"
             else _shared_prefix(value, getattr(base, name))
+        )
         if n:
             delta[name] = n
             update[name] = value[n:]
@@ -479,8 +487,10 @@ def encode_completion(completion: Completion, base: Completion | None = None) ->
     if request is not completion.request:
         update["request"] = request
     body = completion.model_copy(update=update).model_dump_json().encode()
-    header = json.dumps({"format": COMPLETION_FORMAT, "delta_base": base.index,
-                         "delta": delta}, separators=(",", ":")).encode()
+    header = json.dumps(
+        {"format": COMPLETION_FORMAT, "delta_base": base.index, "delta": delta},
+        separators=(",", ":"),
+    ).encode()
     return header[:-1] + b"," + body[1:]
 
 
@@ -500,16 +510,20 @@ def decode_completion(data: bytes, earlier: Callable[[int], Completion]) -> Comp
     obj = json.loads(data)
     version = obj.pop("format")
     if version != COMPLETION_FORMAT:
-        raise ValueError(f"completion record format {version} is not known to this reader "
-                         f"(it reads 1 and {COMPLETION_FORMAT})")
+        raise ValueError(
+            f"completion record format {version} is not known to this reader "
+            f"(it reads 1 and {COMPLETION_FORMAT})"
+        )
     base = earlier(obj.pop("delta_base"))
     for name, n in obj.pop("delta").items():
         source = _delta_source(base, name)
         if n > len(source):
-            raise ValueError(f"completion record {obj.get('index')}: delta of {name} is "
-                             f"{n} items, its base has {len(source)}")
+            raise ValueError(
+                f"completion record {obj.get('index')}: delta of {name} is "
+                f"{n} items, its base has {len(source)}"
+            )
         if name.startswith("request."):
-            key = name[len("request."):]
+            key = name[len("request.") :]
             obj["request"][key] = source[:n] + obj["request"].get(key, [])
         else:
             obj[name] = source[:n] + obj.get(name, [])

@@ -36,8 +36,11 @@ class UploadStep(Model):
 
     type: Literal["upload"] = "upload"
     source: str = Field(min_length=1, description="host path (file or folder) or fsspec URL")
-    path: str = Field(default=".", description="destination inside the runtime (workspace-"
-                      "relative or absolute under workdir or home); a folder for folders")
+    path: str = Field(
+        default=".",
+        description="destination inside the runtime (workspace-"
+        "relative or absolute under workdir or home); a folder for folders",
+    )
     extract: bool = Field(default=False, description="unpack a .tar/.tar.gz/.tgz source there")
 
 
@@ -81,7 +84,9 @@ class RuntimeSpec(Model):
     memory_mb: int | None = Field(default=None, ge=16, description="memory limit, MiB")
     cpus: float | None = Field(default=None, gt=0, le=1024, description="CPU limit, cores")
     wall_time_s: float | None = Field(
-        default=None, gt=0, le=7 * 86_400,
+        default=None,
+        gt=0,
+        le=7 * 86_400,
         description="default time limit of every command and of the harness run",
     )
     artifacts: list[str] = Field(
@@ -139,15 +144,18 @@ class HarnessSpec(Model):
     ] = Field(default="shell", description="harness adapter")
     command: str | list[str] | None = Field(
         default=None,
-        description="command template: a shell string (shell, cli) or an argv list (cli)")
+        description="command template: a shell string (shell, cli) or an argv list (cli)",
+    )
     dialect: Literal["chat", "responses", "anthropic", "gemini"] | None = Field(
         default=None,
         description="the provider API the harness speaks, where it can speak several (cli, pi); "
-        "`{base_url}` in a cli template is this dialect's session URL")
+        "`{base_url}` in a cli template is this dialect's session URL",
+    )
     files: dict[str, str] = Field(
         default_factory=dict,
         description="files written into the runtime before the harness starts: path (relative: "
-        "under the runtime's HOME) -> content template with the cli placeholders")
+        "under the runtime's HOME) -> content template with the cli placeholders",
+    )
     args: list[str] = Field(default_factory=list, description="extra CLI arguments")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
     max_turns: int = Field(default=10, ge=1, le=1000, description="turn limit where supported")
@@ -157,17 +165,20 @@ class HarnessSpec(Model):
         "served with a small context window (where the adapter supports it)",
     )
     entry: str | None = Field(
-        default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        default=None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
         description="python: the agent coroutine as `module:function`, imported inside the "
-        "runtime from the workdir, HOME (where `files` go) or PYTHONPATH")
+        "runtime from the workdir, HOME (where `files` go) or PYTHONPATH",
+    )
 
     @model_validator(mode="after")
     def _shell_needs_command(self) -> HarnessSpec:
         if self.type in ("shell", "cli") and not self.command:
             raise ValueError(f"harness.command is required when harness.type is {self.type!r}")
         if self.type == "python" and not self.entry:
-            raise ValueError("harness.entry (`module:function`) is required when harness.type "
-                             "is 'python'")
+            raise ValueError(
+                "harness.entry (`module:function`) is required when harness.type is 'python'"
+            )
         if self.type == "shell" and not isinstance(self.command, str):
             raise ValueError("harness.command of the shell harness is one shell string")
         return self
@@ -217,8 +228,10 @@ class EvaluatorSpec(Model):
     @model_validator(mode="after")
     def _test_needs_check(self) -> EvaluatorSpec:
         if self.type == "test_on_output" and not (self.command or self.expected_output):
-            raise ValueError("evaluator.command or evaluator.expected_output is required "
-                             "when evaluator.type is 'test_on_output'")
+            raise ValueError(
+                "evaluator.command or evaluator.expected_output is required "
+                "when evaluator.type is 'test_on_output'"
+            )
         return self
 
 
@@ -228,9 +241,13 @@ class PhaseTimeouts(Model):
     open_s: float = Field(default=30.0, gt=0, le=3600)
     provision_s: float = Field(default=120.0, gt=0, le=86_400)
     provision_wait_s: float = Field(
-        default=60.0, gt=0, le=86_400, description="how long provisioning waits for a "
+        default=60.0,
+        gt=0,
+        le=86_400,
+        description="how long provisioning waits for a "
         "sandbox host to pick it up while no sandbox worker polls: past it the session fails "
-        "('no sandbox worker is polling'); a fleet that polls but is busy is waited for")
+        "('no sandbox worker is polling'); a fleet that polls but is busy is waited for",
+    )
     run_s: float = Field(default=600.0, gt=0, le=86_400)
     collect_s: float = Field(default=120.0, gt=0, le=86_400)
     teardown_s: float = Field(default=60.0, gt=0, le=3600)

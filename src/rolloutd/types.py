@@ -78,58 +78,92 @@ class TaskRequest(Model):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     phases: PhaseTimeouts = Field(default_factory=PhaseTimeouts)
     max_session_attempts: int = Field(
-        default=3, ge=1, le=10, description="attempts of a session whose sandbox host is lost "
-        "(each on a fresh runtime and a fresh gateway session; docs/faults.md)")
+        default=3,
+        ge=1,
+        le=10,
+        description="attempts of a session whose sandbox host is lost "
+        "(each on a fresh runtime and a fresh gateway session; docs/faults.md)",
+    )
     max_replacements: int = Field(
-        default=2, ge=0, le=64, description="new sessions of a sample that ended with a "
+        default=2,
+        ge=0,
+        le=64,
+        description="new sessions of a sample that ended with a "
         "retryable infrastructure cause, per group (the replacement keeps its sample_index); "
         "a failure because the sandbox fleet was down waits for the fleet (up to "
-        "phases.provision_wait_s) and is not counted")
+        "phases.provision_wait_s) and is not counted",
+    )
     model: str | None = Field(default=None, description="model name shown to the harness")
     tenant: str = Field(
-        default=DEFAULT_TENANT, description="the trainer job, evaluation or generation the "
+        default=DEFAULT_TENANT,
+        description="the trainer job, evaluation or generation the "
         "task belongs to: the fairness key of every activity and child workflow of the task "
         "(Temporal task fairness), and the key of its quota of sessions in flight "
-        "(docs/tenancy.md)")
+        "(docs/tenancy.md)",
+    )
     priority: int = Field(
-        default=DEFAULT_PRIORITY, ge=1, le=5, description="Temporal task priority key of "
+        default=DEFAULT_PRIORITY,
+        ge=1,
+        le=5,
+        description="Temporal task priority key of "
         "every activity and child workflow of the task: 1 is served first, 5 last, 3 is "
-        "Temporal's default (docs.temporal.io/develop/task-queue-priority-fairness)")
+        "Temporal's default (docs.temporal.io/develop/task-queue-priority-fairness)",
+    )
     fairness_weight: float = Field(
-        default=1.0, gt=0.0, le=1000.0, description="the tenant's share among tasks of equal "
-        "priority: a tenant of weight 2 gets about twice the dispatches of one of weight 1")
+        default=1.0,
+        gt=0.0,
+        le=1000.0,
+        description="the tenant's share among tasks of equal "
+        "priority: a tenant of weight 2 gets about twice the dispatches of one of weight 1",
+    )
     resume: Literal["replay", "restart"] = Field(
-        default="replay", description="what a new attempt of a sample does (after a lost "
+        default="replay",
+        description="what a new attempt of a sample does (after a lost "
         "sandbox host, or as the replacement of a session that failed for infrastructure): "
         "'replay' answers each request identical to one the earlier attempt recorded from "
         "that record, without an engine call, so every conversation replays until its first "
         "difference, then samples; 'restart' samples everything again (docs/sessions.md, "
-        "\"Replay across attempts\")")
+        '"Replay across attempts")',
+    )
     replay_max_staleness: int = Field(
-        default=0, ge=0, le=1_000_000, description="policy versions a replayed completion may "
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="policy versions a replayed completion may "
         "lag behind the current version of the session's backend; 0: replay only what the "
-        "current version sampled")
+        "current version sampled",
+    )
     timeout_reward: Literal["evaluate"] | float | None = Field(
-        default="evaluate", description="the reward of a session whose run phase timed out "
+        default="evaluate",
+        description="the reward of a session whose run phase timed out "
         "while the policy was accountable (no backend error stood unrecovered, no call was "
         "waiting on the backend at the deadline, the budget was not shortened by a lost "
         "attempt): 'evaluate' scores it as any other session, a number is its reward, null "
-        "leaves it unscored (reward None; docs/failures.md)")
+        "leaves it unscored (reward None; docs/failures.md)",
+    )
     invalid_tool_call_reward: float | None = Field(
-        default=None, description="the reward forced on a session one of whose completions "
+        default=None,
+        description="the reward forced on a session one of whose completions "
         "holds a tool call the parser could not read (the model's doing, tokens mode); "
-        "None (default): no forcing, the evaluator scores it (POLAR forces 0.0)")
+        "None (default): no forcing, the evaluator scores it (POLAR forces 0.0)",
+    )
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, kept")
     callback_url: str | None = Field(
-        default=None, description="each session's SessionResult is POSTed here when it ends, "
-        "after the task stored it (retried with backoff, never holding the task open)"
+        default=None,
+        description="each session's SessionResult is POSTed here when it ends, "
+        "after the task stored it (retried with backoff, never holding the task open)",
     )
     callback_timeout_s: float = Field(
-        default=300.0, gt=0, le=86_400, description="total time of one session's callback over "
-        "all its attempts, queue time included; then it is marked failed in the task's status")
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="total time of one session's callback over "
+        "all its attempts, queue time included; then it is marked failed in the task's status",
+    )
     report_to: str | None = Field(
-        default=None, description="workflow id signalled `group_finished` with the group "
-        "(set by RolloutBufferWorkflow on the tasks it starts)"
+        default=None,
+        description="workflow id signalled `group_finished` with the group "
+        "(set by RolloutBufferWorkflow on the tasks it starts)",
     )
 
     @field_validator("task_id")
@@ -155,8 +189,10 @@ def check_tenant(tenant: str) -> str:
         ValueError: not 1-128 letters, digits, '.', '_' or '-' starting with a letter or digit.
     """
     if not TASK_ID_PATTERN.match(tenant):
-        raise ValueError("tenant must be 1-128 characters of letters, digits, '.', '_' or '-', "
-                         f"starting with a letter or digit, not {tenant!r}")
+        raise ValueError(
+            "tenant must be 1-128 characters of letters, digits, '.', '_' or '-', "
+            f"starting with a letter or digit, not {tenant!r}"
+        )
     return tenant
 
 
@@ -252,8 +288,10 @@ class Completion(Model):
                 f"{len(self.response_ids)} tokens, response_logprobs {len(self.response_logprobs)}"
             )
         if any(not 0 <= p < len(self.response_ids) for p in self.recomputed_logprob_positions):
-            raise ValueError(f"completion {self.session_id}#{self.index}: a recomputed logprob "
-                             f"position is outside its {len(self.response_ids)} tokens")
+            raise ValueError(
+                f"completion {self.session_id}#{self.index}: a recomputed logprob "
+                f"position is outside its {len(self.response_ids)} tokens"
+            )
         return self
 
 
@@ -348,8 +386,10 @@ class BuilderStats(Model):
     num_response_tokens: int = 0
     num_drift_turns: int = 0
     policy_versions: list[int] = Field(
-        default_factory=list, description="the distinct policy versions of the completions, "
-        "ascending (empty without completions)")
+        default_factory=list,
+        description="the distinct policy versions of the completions, "
+        "ascending (empty without completions)",
+    )
 
 
 class SessionStatus(str, enum.Enum):
@@ -365,8 +405,8 @@ FailureKind = Literal["backend", "sandbox", "harness", "evaluator", "timeout", "
 
 
 class FailureCause(Model):
-    """Why a session did not run to its end (the glossary's "failure cause", docs/failures.md); a session
-    that did has ``failure = None``.
+    """Why a session did not run to its end (the glossary's "failure cause",
+    docs/failures.md); a session that did has ``failure = None``.
 
     A reward measures the policy, never the infrastructure: a session whose failure is not the
     policy's is not evaluated and its ``reward`` is None (never 0.0, never averaged into a
@@ -391,9 +431,11 @@ class FailureCause(Model):
     phase: str | None = None
     retryable: bool = True
     policy_accountable: bool = Field(
-        default=False, description="the policy, not the infrastructure, is accountable for "
+        default=False,
+        description="the policy, not the infrastructure, is accountable for "
         "the outcome (a run-phase timeout while the model kept answering): the session is "
-        "scored as the task's timeout_reward says, and it does not fail a run")
+        "scored as the task's timeout_reward says, and it does not fail a run",
+    )
 
 
 class Trajectory(Model):
@@ -409,7 +451,8 @@ class Trajectory(Model):
     stats: BuilderStats = Field(default_factory=BuilderStats)
     metadata: dict[str, Any] = Field(default_factory=dict)
     failure: FailureCause | None = Field(
-        default=None, description="the session's failure cause (SessionResult.failure)")
+        default=None, description="the session's failure cause (SessionResult.failure)"
+    )
 
 
 # --------------------------------------------------------------------------- results
@@ -500,15 +543,20 @@ class SessionResult(Model):
     error: str | None = None
     num_completions: int = 0
     num_call_errors: int = Field(
-        default=0, description="model calls answered with an error (backend failure, bad "
-        "request), not in the completion log; the last ones are in the session state")
+        default=0,
+        description="model calls answered with an error (backend failure, bad "
+        "request), not in the completion log; the last ones are in the session state",
+    )
     num_unrecovered_call_errors: int = Field(
-        default=0, description="of those, calls answered with a 5xx (gateway or backend "
+        default=0,
+        description="of those, calls answered with a 5xx (gateway or backend "
         "failure) that no later completion of the session made good: none answered the same "
-        "request or continued its conversation")
+        "request or continued its conversation",
+    )
     last_call_error: str | None = Field(
-        default=None, description="the last failed call in words, e.g. "
-        "'502 BackendError: backend b0: ...'")
+        default=None,
+        description="the last failed call in words, e.g. '502 BackendError: backend b0: ...'",
+    )
     num_traces: int = 0
     num_trainable_tokens: int = 0
     trajectory_ref: str | None = Field(default=None, description="blob-store key")
@@ -516,13 +564,17 @@ class SessionResult(Model):
     phases: list[PhaseTiming] = Field(default_factory=list)
     stats: BuilderStats = Field(default_factory=BuilderStats)
     attempts: list[SessionAttempt] = Field(
-        default_factory=list, description="earlier attempts given up (sandbox host lost)")
+        default_factory=list, description="earlier attempts given up (sandbox host lost)"
+    )
     failure: FailureCause | None = Field(
-        default=None, description="why the session did not run to its end; None when it did")
+        default=None, description="why the session did not run to its end; None when it did"
+    )
     replay: ReplayStats = Field(
-        default_factory=ReplayStats, description="calls this attempt replayed from earlier "
+        default_factory=ReplayStats,
+        description="calls this attempt replayed from earlier "
         "attempts instead of sampling them, where each conversation's replay ended and why, "
-        "and the engine tokens saved")
+        "and the engine tokens saved",
+    )
 
 
 class TaskResult(Model):

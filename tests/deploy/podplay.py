@@ -68,35 +68,50 @@ NAMESPACE = "rl"
 NICE = ["nice", "-n", "10"]
 
 
-def podman(*args: str, timeout: float = 300,
-           check: bool = True) -> subprocess.CompletedProcess[str]:
+def podman(
+    *args: str, timeout: float = 300, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """Run ``nice podman ARGS``; raise with its output when it fails and ``check``."""
-    result = subprocess.run([*NICE, "podman", *args], capture_output=True, text=True,
-                            timeout=timeout)
+    result = subprocess.run(
+        [*NICE, "podman", *args], capture_output=True, text=True, timeout=timeout
+    )
     if check and result.returncode != 0:
-        raise AssertionError(f"podman {' '.join(args)} exited {result.returncode}:\n"
-                             f"{result.stdout}\n{result.stderr}")
+        raise AssertionError(
+            f"podman {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+        )
     return result
 
 
-def local_values(images: dict[str, str], *, sandbox_replicas: int = 2,
-                 gateway_replicas: int = 2, max_sessions: int = 8,
-                 model: str = "smollm2-135m") -> dict[str, Any]:
+def local_values(
+    images: dict[str, str],
+    *,
+    sandbox_replicas: int = 2,
+    gateway_replicas: int = 2,
+    max_sessions: int = 8,
+    model: str = "smollm2-135m",
+) -> dict[str, Any]:
     """Chart values for a local run: the dev Temporal server, the engine with ``model``, the
     local images (``{"rolloutd"|"engine": "localhost/name:tag"}``, build_images.sh's tags),
     fixed replicas (no autoscaler here), ``max_sessions`` concurrent sessions per sandbox
     pod, the store on the chart's PersistentVolumeClaim, REST on, tokens in the chart's
     generated Secret."""
+
     def split(ref: str) -> dict[str, str]:
         repo, tag = ref.rsplit(":", 1)
         return {"repository": repo, "tag": tag, "pullPolicy": "Never"}
 
     return {
-        "image": split(images["rolloutd"]), "engineImage": split(images["engine"]),
+        "image": split(images["rolloutd"]),
+        "engineImage": split(images["engine"]),
         "temporal": {"dev": {"enabled": True}},
-        "engine": {"enabled": True, "model": model, "env": [
-            {"name": "ROLLOUTD_ENGINE_PARALLEL", "value": "4"},
-            {"name": "ROLLOUTD_ENGINE_CTX_SIZE", "value": "8192"}]},
+        "engine": {
+            "enabled": True,
+            "model": model,
+            "env": [
+                {"name": "ROLLOUTD_ENGINE_PARALLEL", "value": "4"},
+                {"name": "ROLLOUTD_ENGINE_CTX_SIZE", "value": "8192"},
+            ],
+        },
         "backends": {"model": model},
         "autoscaling": {"mode": "off"},
         "sandbox": {"replicas": sandbox_replicas, "maxConcurrentSessions": max_sessions},
@@ -164,8 +179,11 @@ def _fix_env(spec: dict[str, Any], pod_name: str | None) -> None:
 
 def _pod(name: str, workload: dict[str, Any]) -> dict[str, Any]:
     template = copy.deepcopy(workload["spec"]["template"])
-    meta = {"name": name, "labels": template["metadata"].get("labels", {}),
-            "annotations": template["metadata"].get("annotations", {})}
+    meta = {
+        "name": name,
+        "labels": template["metadata"].get("labels", {}),
+        "annotations": template["metadata"].get("annotations", {}),
+    }
     _fix_env(template["spec"], name)
     _short_annotations(meta)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]}
@@ -186,8 +204,11 @@ def to_podman(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue  # the StatefulSet's per-pod names, made below
         (target,) = [w for w in workloads if _matches(svc["spec"]["selector"], w)]
         if target["kind"] == "Deployment" and target["spec"].get("replicas", 1) == 1:
-            ports = {p["name"]: p["containerPort"] for c in
-                     target["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
+            ports = {
+                p["name"]: p["containerPort"]
+                for c in target["spec"]["template"]["spec"]["containers"]
+                for p in c["ports"]
+            }
             for p in svc["spec"]["ports"]:
                 assert ports[p["targetPort"]] == p["port"], (svc["metadata"]["name"], p)
             as_pod[target["metadata"]["name"]] = svc["metadata"]["name"]
@@ -203,8 +224,12 @@ def to_podman(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             _short_annotations(d["spec"]["template"]["metadata"])
             out.append(d)
         elif kind == "StatefulSet":
-            port = next(p["containerPort"] for c in d["spec"]["template"]["spec"]["containers"]
-                        for p in c["ports"] if p["name"] == "http")
+            port = next(
+                p["containerPort"]
+                for c in d["spec"]["template"]["spec"]["containers"]
+                for p in c["ports"]
+                if p["name"] == "http"
+            )
             for i in range(d["spec"]["replicas"]):
                 pod = _pod(f"{name}-{i}", d)
                 for c in pod["spec"]["containers"]:
@@ -217,11 +242,11 @@ def to_podman(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda d: order.get(d["kind"], 2))
 
 
-def secrets_and_play(docs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
-                                                          list[dict[str, Any]]]:
+def secrets_and_play(
+    docs: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(Secrets, the rest)``: Secrets become podman secrets before the play (module doc)."""
-    return ([d for d in docs if d["kind"] == "Secret"],
-            [d for d in docs if d["kind"] != "Secret"])
+    return ([d for d in docs if d["kind"] == "Secret"], [d for d in docs if d["kind"] != "Secret"])
 
 
 class PodDeployment:
@@ -271,10 +296,16 @@ class PodDeployment:
                 podman("volume", "rm", "-f", d["metadata"]["name"], check=False)
         podman("network", "rm", "-f", self.network, check=False)
         left = self.pod_names()
-        left += [v for v in podman("volume", "ls", "--format", "{{.Name}}").stdout.split()
-                 if v.startswith(self.fullname)]
-        left += [n for n in podman("network", "ls", "--format", "{{.Name}}").stdout.split()
-                 if n == self.network]
+        left += [
+            v
+            for v in podman("volume", "ls", "--format", "{{.Name}}").stdout.split()
+            if v.startswith(self.fullname)
+        ]
+        left += [
+            n
+            for n in podman("network", "ls", "--format", "{{.Name}}").stdout.split()
+            if n == self.network
+        ]
         return left
 
     # --- reading ------------------------------------------------------------------------
@@ -285,24 +316,32 @@ class PodDeployment:
 
     def pods_of(self, component: str) -> list[str]:
         """The running pods of one component (``sandbox``, ``gateway``...)."""
-        out = podman("pod", "ps", "--filter", "status=running", "--format",
-                     "{{.Name}}").stdout.split()
+        out = podman(
+            "pod", "ps", "--filter", "status=running", "--format", "{{.Name}}"
+        ).stdout.split()
         prefix = f"{self.fullname}-{component}"
         return sorted(p for p in out if p == prefix or p.startswith(f"{prefix}-"))
 
     def ip(self, pod: str) -> str:
         """The pod's address on the release's network (reachable from this host)."""
         infra = podman("pod", "inspect", pod, "--format", "{{.InfraContainerID}}").stdout
-        nets = json.loads(podman("inspect", infra.strip(), "--format",
-                                 "{{json .NetworkSettings.Networks}}").stdout)
+        nets = json.loads(
+            podman(
+                "inspect", infra.strip(), "--format", "{{json .NetworkSettings.Networks}}"
+            ).stdout
+        )
         return nets[self.network]["IPAddress"]
 
     def logs(self, pod: str) -> str:
         """Every container's output of one pod (infra left out)."""
-        names = podman("ps", "-a", "--filter", f"pod={pod}", "--format",
-                       "{{.Names}}").stdout.split()
-        return "".join((lambda r: r.stdout + r.stderr)(podman("logs", n, check=False))
-                       for n in names if not n.endswith("-infra"))
+        names = podman(
+            "ps", "-a", "--filter", f"pod={pod}", "--format", "{{.Names}}"
+        ).stdout.split()
+        return "".join(
+            (lambda r: r.stdout + r.stderr)(podman("logs", n, check=False))
+            for n in names
+            if not n.endswith("-infra")
+        )
 
     def secret(self, key: str) -> str:
         """A value of the chart's generated Secret."""
@@ -311,8 +350,11 @@ class PodDeployment:
 
     def store_path(self) -> Path:
         """The host folder of the store's volume (the chart's PersistentVolumeClaim)."""
-        return Path(podman("volume", "inspect", f"{self.fullname}-store", "--format",
-                           "{{.Mountpoint}}").stdout.strip())
+        return Path(
+            podman(
+                "volume", "inspect", f"{self.fullname}-store", "--format", "{{.Mountpoint}}"
+            ).stdout.strip()
+        )
 
     def wait_started(self, timeout_s: float = 300) -> dict[str, float]:
         """Wait until every worker pod logged ``fleet_started`` and the REST facade answers
@@ -320,9 +362,14 @@ class PodDeployment:
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         started: dict[str, float] = {}
-        workers = [p for p in self.pod_names()
-                   if any(p.startswith(f"{self.fullname}-{c}")
-                          for c in ("workflows", "sandbox", "eval", "gateway"))]
+        workers = [
+            p
+            for p in self.pod_names()
+            if any(
+                p.startswith(f"{self.fullname}-{c}")
+                for c in ("workflows", "sandbox", "eval", "gateway")
+            )
+        ]
         while True:
             for pod in workers:
                 if pod not in started and '"fleet_started"' in self.logs(pod):
@@ -330,10 +377,13 @@ class PodDeployment:
             if len(started) == len(workers):
                 break
             if time.monotonic() > deadline:
-                raise AssertionError(f"not started within {timeout_s} s: "
-                                     f"{sorted(set(workers) - set(started))}; "
-                                     + "".join(f"\n--- {p}\n{self.logs(p)[-3000:]}"
-                                               for p in workers if p not in started))
+                raise AssertionError(
+                    f"not started within {timeout_s} s: "
+                    f"{sorted(set(workers) - set(started))}; "
+                    + "".join(
+                        f"\n--- {p}\n{self.logs(p)[-3000:]}" for p in workers if p not in started
+                    )
+                )
             time.sleep(3)
         return started
 
@@ -348,16 +398,23 @@ class PodDeployment:
         the same name, a Deployment's under ``new_name`` (a new pod). Returns its name."""
         config = [d for d in self.docs if d["kind"] == "ConfigMap"]
         if pod.startswith(f"{self.fullname}-gateway-"):
-            doc = copy.deepcopy(next(d for d in self.docs if d["kind"] == "Pod"
-                                     and d["metadata"]["name"] == pod))
+            doc = copy.deepcopy(
+                next(d for d in self.docs if d["kind"] == "Pod" and d["metadata"]["name"] == pod)
+            )
         else:
-            deployment = next(d for d in self.docs if d["kind"] == "Deployment"
-                              and pod.startswith(f"{d['metadata']['name']}-pod-"))
+            deployment = next(
+                d
+                for d in self.docs
+                if d["kind"] == "Deployment" and pod.startswith(f"{d['metadata']['name']}-pod-")
+            )
             name = new_name or f"{deployment['metadata']['name']}-{uuid.uuid4().hex[:5]}"
             template = deployment["spec"]["template"]
-            doc = {"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {"name": name, "labels": template["metadata"]["labels"]},
-                   "spec": copy.deepcopy(template["spec"])}
+            doc = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "labels": template["metadata"]["labels"]},
+                "spec": copy.deepcopy(template["spec"]),
+            }
         path = self.workdir / f"{doc['metadata']['name']}.yaml"
         path.write_text(yaml.safe_dump_all([*config, doc]))
         self.extra_files.append(path)

@@ -39,12 +39,14 @@ pytestmark = [
 ]
 
 
-def _podman(*args: str, timeout: float = 300,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
+def _podman(
+    *args: str, timeout: float = 300, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
     if check and result.returncode != 0:
-        raise AssertionError(f"podman {' '.join(args)} exited {result.returncode}:\n"
-                             f"{result.stdout}\n{result.stderr}")
+        raise AssertionError(
+            f"podman {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+        )
     return result
 
 
@@ -52,12 +54,21 @@ def _podman(*args: str, timeout: float = 300,
 def images() -> dict[str, str]:
     """``{"base"|"rolloutd"|"engine": tag}`` from scripts/build_images.sh (builds or reuses)."""
     env = {**os.environ, "ROLLOUTD_VENV": sys.prefix}
-    result = subprocess.run([str(ROOT / "scripts" / "build_images.sh")], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=3000)
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "build_images.sh")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
     sys.stdout.write(result.stdout)
     assert result.returncode == 0, f"build_images.sh failed:\n{result.stdout}\n{result.stderr}"
-    tags = {line.split("=", 1)[0][len("IMAGE_"):].lower(): line.split("=", 1)[1]
-            for line in result.stdout.splitlines() if line.startswith("IMAGE_")}
+    tags = {
+        line.split("=", 1)[0][len("IMAGE_") :].lower(): line.split("=", 1)[1]
+        for line in result.stdout.splitlines()
+        if line.startswith("IMAGE_")
+    }
     assert set(tags) == {"base", "rolloutd", "engine"}, result.stdout
     return tags
 
@@ -65,8 +76,14 @@ def images() -> dict[str, str]:
 def test_a_second_run_reuses_every_image(images: dict[str, str]) -> None:
     env = {**os.environ, "ROLLOUTD_VENV": sys.prefix}
     t0 = time.monotonic()
-    result = subprocess.run([str(ROOT / "scripts" / "build_images.sh")], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "build_images.sh")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(" cached") == 3, result.stdout
     assert f"IMAGE_ROLLOUTD={images['rolloutd']}" in result.stdout
@@ -74,12 +91,14 @@ def test_a_second_run_reuses_every_image(images: dict[str, str]) -> None:
 
 
 def test_rolloutd_image_runs_the_cli_and_temporal(images: dict[str, str]) -> None:
-    script = ("rolloutd --version && rolloutd --help >/dev/null && rolloutd models list && "
-              "temporal --version && bwrap --version && node --version && "
-              "python -c 'import rolloutd.workers, rolloutd.rest, rolloutd.proxy.gateway, "
-              "rolloutd.sandbox.runtimes.bwrap; print(\"fleets importable\")' && "
-              "python -c 'from rolloutd.engine.models import load_tokenizer as t; "
-              "print(\"tokenizer\", len(t(\"qwen2.5-coder-0.5b\")(\"def f():\").input_ids))'")
+    script = (
+        "rolloutd --version && rolloutd --help >/dev/null && rolloutd models list && "
+        "temporal --version && bwrap --version && node --version && "
+        "python -c 'import rolloutd.workers, rolloutd.rest, rolloutd.proxy.gateway, "
+        'rolloutd.sandbox.runtimes.bwrap; print("fleets importable")\' && '
+        "python -c 'from rolloutd.engine.models import load_tokenizer as t; "
+        'print("tokenizer", len(t("qwen2.5-coder-0.5b")("def f():").input_ids))\''
+    )
     out = _podman("run", "--rm", images["rolloutd"], "sh", "-c", script).stdout
     assert out.startswith("rolloutd "), out
     assert "qwen2.5-coder-0.5b" in out and "temporal version" in out, out
@@ -90,18 +109,25 @@ def test_rolloutd_image_runs_the_cli_and_temporal(images: dict[str, str]) -> Non
     assert "tokenizer " in out and "tokenizer 0" not in out, out
 
 
-_CODE_HASH = ("import hashlib, pathlib, rolloutd; root = pathlib.Path(rolloutd.__file__).parent; "
-              "h = hashlib.sha256(); "
-              "[h.update(p.relative_to(root).as_posix().encode() + p.read_bytes()) "
-              "for p in sorted(root.rglob('*.py'))]; print(h.hexdigest())")
+_CODE_HASH = (
+    "import hashlib, pathlib, rolloutd; root = pathlib.Path(rolloutd.__file__).parent; "
+    "h = hashlib.sha256(); "
+    "[h.update(p.relative_to(root).as_posix().encode() + p.read_bytes()) "
+    "for p in sorted(root.rglob('*.py'))]; print(h.hexdigest())"
+)
 
 
 @pytest.mark.parametrize("image", ["rolloutd", "engine"])
 def test_images_hold_this_checkouts_code(images: dict[str, str], image: str) -> None:
     """A cached layer must never keep older code (a bind-mounted install is cached on its
     instruction's text and build arguments, not on the files it installs)."""
-    local = subprocess.run([sys.executable, "-c", _CODE_HASH], capture_output=True, text=True,
-                           check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    local = subprocess.run(
+        [sys.executable, "-c", _CODE_HASH],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
     inside = _podman("run", "--rm", images[image], "python", "-c", _CODE_HASH).stdout
     assert inside.strip() == local.stdout.strip()
 
@@ -116,26 +142,33 @@ def _tool_version(tool: str) -> str:
     return next(line.split("==")[1] for line in pins if line.startswith(f"{tool}=="))
 
 
-@pytest.mark.parametrize(("command", "package"), [
-    ("codex", "@openai/codex"),
-    ("claude", "@anthropic-ai/claude-code"),
-    ("gemini", "@google/gemini-cli"),
-    ("qwen", "@qwen-code/qwen-code"),
-    ("pi", "@mariozechner/pi-coding-agent"),
-    ("opencode", "opencode-ai"),
-])
-def test_npm_harness_cli_answers_its_version(images: dict[str, str], command: str,
-                                             package: str) -> None:
-    result = _podman("run", "--rm", images["rolloutd"],
-                     f"{NPM_PREFIX}/node_modules/.bin/{command}", "--version")
+@pytest.mark.parametrize(
+    ("command", "package"),
+    [
+        ("codex", "@openai/codex"),
+        ("claude", "@anthropic-ai/claude-code"),
+        ("gemini", "@google/gemini-cli"),
+        ("qwen", "@qwen-code/qwen-code"),
+        ("pi", "@mariozechner/pi-coding-agent"),
+        ("opencode", "opencode-ai"),
+    ],
+)
+def test_npm_harness_cli_answers_its_version(
+    images: dict[str, str], command: str, package: str
+) -> None:
+    result = _podman(
+        "run", "--rm", images["rolloutd"], f"{NPM_PREFIX}/node_modules/.bin/{command}", "--version"
+    )
     out = result.stdout + result.stderr  # pi prints its version on stderr
     assert _npm_version(package) in out, out
 
 
 def test_python_harness_clis_run_in_their_own_environments(images: dict[str, str]) -> None:
-    script = (f"{TOOLS}/bin/aider --version && {TOOLS}/bin/mini --help >/dev/null && "
-              f"{TOOLS}/mini-swe-agent/bin/python -c 'import importlib.metadata as m; "
-              f"print(\"mini-swe-agent\", m.version(\"mini-swe-agent\"))'")
+    script = (
+        f"{TOOLS}/bin/aider --version && {TOOLS}/bin/mini --help >/dev/null && "
+        f"{TOOLS}/mini-swe-agent/bin/python -c 'import importlib.metadata as m; "
+        f'print("mini-swe-agent", m.version("mini-swe-agent"))\''
+    )
     out = _podman("run", "--rm", images["rolloutd"], "sh", "-c", script).stdout
     assert f"aider {_tool_version('aider-chat')}" in out, out
     assert f"mini-swe-agent {_tool_version('mini-swe-agent')}" in out, out
@@ -144,10 +177,12 @@ def test_python_harness_clis_run_in_their_own_environments(images: dict[str, str
 def test_bubblewrap_sandboxes_a_harness_in_a_privileged_container(images: dict[str, str]) -> None:
     """A sandbox pod runs privileged (user, mount, PID and network namespaces); /usr and /opt
     bound read-only as the bwrap runtime binds them, so node and the CLIs resolve inside."""
-    script = ("bwrap --unshare-all --die-with-parent --ro-bind /usr /usr --ro-bind /opt /opt "
-              "--symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin "
-              "--proc /proc --dev /dev --tmpfs /tmp "
-              f"sh -c 'echo pid $$; node {NPM_PREFIX}/node_modules/.bin/pi --version 2>&1'")
+    script = (
+        "bwrap --unshare-all --die-with-parent --ro-bind /usr /usr --ro-bind /opt /opt "
+        "--symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin "
+        "--proc /proc --dev /dev --tmpfs /tmp "
+        f"sh -c 'echo pid $$; node {NPM_PREFIX}/node_modules/.bin/pi --version 2>&1'"
+    )
     out = _podman("run", "--rm", "--privileged", images["rolloutd"], "sh", "-c", script).stdout
     assert "pid 1\n" in out or "pid 2\n" in out, out  # its own PID namespace
     assert _npm_version("@mariozechner/pi-coding-agent") in out, out
@@ -165,10 +200,23 @@ def engine_container(images: dict[str, str]) -> Iterator[tuple[str, str, str, st
     control token)."""
     name = f"rolloutd-engine-test-{uuid.uuid4().hex[:8]}"
     port, control_port, token = _free_port(), _free_port(), uuid.uuid4().hex
-    _podman("run", "-d", "--name", name, "-e", f"ROLLOUTD_ENGINE_CONTROL_TOKEN={token}",
-            "-e", "ROLLOUTD_ENGINE_PARALLEL=2", "-e", "ROLLOUTD_ENGINE_CTX_SIZE=4096",
-            "-p", f"127.0.0.1:{port}:8400", "-p", f"127.0.0.1:{control_port}:8401",
-            images["engine"])
+    _podman(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "-e",
+        f"ROLLOUTD_ENGINE_CONTROL_TOKEN={token}",
+        "-e",
+        "ROLLOUTD_ENGINE_PARALLEL=2",
+        "-e",
+        "ROLLOUTD_ENGINE_CTX_SIZE=4096",
+        "-p",
+        f"127.0.0.1:{port}:8400",
+        "-p",
+        f"127.0.0.1:{control_port}:8401",
+        images["engine"],
+    )
     try:
         yield name, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{control_port}", token
     finally:
@@ -190,13 +238,15 @@ def _wait_healthy(url: str, timeout_s: float = 180) -> None:
 
 
 def test_engine_image_serves_its_model_and_the_control_interface(
-        engine_container: tuple[str, str, str, str]) -> None:
+    engine_container: tuple[str, str, str, str],
+) -> None:
     name, url, control, token = engine_container
     _wait_healthy(url)
     served = [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]]
     assert len(served) == 1 and served[0], served
-    completion = httpx.post(f"{url}/completion", json={"prompt": "def add(a, b):",
-                                                       "n_predict": 4}, timeout=60).json()
+    completion = httpx.post(
+        f"{url}/completion", json={"prompt": "def add(a, b):", "n_predict": 4}, timeout=60
+    ).json()
     assert completion["tokens_predicted"] > 0 and completion["content"], completion
 
     assert httpx.get(f"{control}/engine", timeout=10).status_code == 401
@@ -204,51 +254,102 @@ def test_engine_image_serves_its_model_and_the_control_interface(
     state = httpx.get(f"{control}/engine", headers=auth, timeout=10).json()
     assert state["policy_version"] == 0, state
     # "load this GGUF, answer when ready": the baked-in file again, as policy version 1
-    model = _podman("exec", name, "sh", "-c",
-                    "ls /opt/rolloutd/cache/models/*/model.gguf").stdout.strip()
-    loaded = httpx.post(f"{control}/engine/load", headers=auth, timeout=180,
-                        json={"model_file": model, "policy_version": 1})
+    model = _podman(
+        "exec", name, "sh", "-c", "ls /opt/rolloutd/cache/models/*/model.gguf"
+    ).stdout.strip()
+    loaded = httpx.post(
+        f"{control}/engine/load",
+        headers=auth,
+        timeout=180,
+        json={"model_file": model, "policy_version": 1},
+    )
     assert loaded.status_code == 200, loaded.text
     assert loaded.json()["policy_version"] == 1
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
-    older = httpx.post(f"{control}/engine/load", headers=auth, timeout=60,
-                       json={"model_file": model, "policy_version": 0})
+    older = httpx.post(
+        f"{control}/engine/load",
+        headers=auth,
+        timeout=60,
+        json={"model_file": model, "policy_version": 0},
+    )
     assert older.status_code == 409, older.text
 
 
-
 def test_a_fleet_runs_against_the_images_temporal_dev_server_in_a_pod(
-        images: dict[str, str]) -> None:
+    images: dict[str, str],
+) -> None:
     """One pod (shared network namespace, as `podman kube play` makes): the image's
     ``temporal server start-dev`` with rolloutd's search attributes (the chart's dev mode) and
     the workflows and eval fleets polling it."""
     pod = f"rolloutd-test-{uuid.uuid4().hex[:8]}"
-    dev = ("exec $(python -c 'from rolloutd.stack.processes import TemporalDevServer as T; "
-           "print(\" \".join(T(host=\"0.0.0.0\", port=7233, ui_port=8233, "
-           "headless=True).command()))')")
-    env = ["-e", "ROLLOUTD_TEMPORAL_ADDRESS=localhost:7233",
-           "-e", "ROLLOUTD_STORE_URL=/var/lib/rolloutd/store"]
+    dev = (
+        "exec $(python -c 'from rolloutd.stack.processes import TemporalDevServer as T; "
+        'print(" ".join(T(host="0.0.0.0", port=7233, ui_port=8233, '
+        "headless=True).command()))')"
+    )
+    env = [
+        "-e",
+        "ROLLOUTD_TEMPORAL_ADDRESS=localhost:7233",
+        "-e",
+        "ROLLOUTD_STORE_URL=/var/lib/rolloutd/store",
+    ]
     _podman("pod", "create", "--name", pod)
     try:
-        _podman("run", "-d", "--pod", pod, "--name", f"{pod}-temporal", images["rolloutd"],
-                "sh", "-c", dev)
+        _podman(
+            "run",
+            "-d",
+            "--pod",
+            pod,
+            "--name",
+            f"{pod}-temporal",
+            images["rolloutd"],
+            "sh",
+            "-c",
+            dev,
+        )
         # workers retry their first connect (ROLLOUTD_TEMPORAL_CONNECT_WAIT_S); waiting here
         # keeps this test about the image, tests/workers/test_connect_retry.py is the wait's
         deadline = time.monotonic() + 120
-        while "SERVING" not in _podman("exec", f"{pod}-temporal", "temporal", "operator",
-                                       "cluster", "health", "--address", "localhost:7233",
-                                       check=False).stdout:
+        while (
+            "SERVING"
+            not in _podman(
+                "exec",
+                f"{pod}-temporal",
+                "temporal",
+                "operator",
+                "cluster",
+                "health",
+                "--address",
+                "localhost:7233",
+                check=False,
+            ).stdout
+        ):
             assert time.monotonic() < deadline, "the dev server did not serve within 120 s"
             time.sleep(2)
         for fleet in ("workflows", "eval"):
-            _podman("run", "-d", "--pod", pod, "--name", f"{pod}-{fleet}", *env,
-                    images["rolloutd"], "rolloutd", "worker", "--fleet", fleet)
+            _podman(
+                "run",
+                "-d",
+                "--pod",
+                pod,
+                "--name",
+                f"{pod}-{fleet}",
+                *env,
+                images["rolloutd"],
+                "rolloutd",
+                "worker",
+                "--fleet",
+                fleet,
+            )
         deadline = time.monotonic() + 120
         logs: dict[str, str] = {}
         while time.monotonic() < deadline:
-            logs = {fleet: (lambda r: r.stdout + r.stderr)(
-                        _podman("logs", f"{pod}-{fleet}", check=False))
-                    for fleet in ("workflows", "eval")}
+            logs = {
+                fleet: (lambda r: r.stdout + r.stderr)(
+                    _podman("logs", f"{pod}-{fleet}", check=False)
+                )
+                for fleet in ("workflows", "eval")
+            }
             if all('"fleet_started"' in text for text in logs.values()):
                 break
             time.sleep(2)

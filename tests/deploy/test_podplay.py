@@ -27,16 +27,24 @@ def _by(docs: list[dict], kind: str) -> dict[str, dict]:
 def test_only_what_podman_cannot_run_is_converted(rendered) -> None:
     docs, out = rendered
     # a Service in front of a one-replica Deployment: that pod, under the Service's name
-    assert set(_by(out, "Pod")) == {"pp-rolloutd-temporal-dev", "pp-rolloutd-engine",
-                                    "pp-rolloutd-rest", "pp-rolloutd-gateway-0",
-                                    "pp-rolloutd-gateway-1"}
+    assert set(_by(out, "Pod")) == {
+        "pp-rolloutd-temporal-dev",
+        "pp-rolloutd-engine",
+        "pp-rolloutd-rest",
+        "pp-rolloutd-gateway-0",
+        "pp-rolloutd-gateway-1",
+    }
     # the fleets without a Service stay the chart's Deployments, replicas included
     deployments = _by(out, "Deployment")
-    assert set(deployments) == {"pp-rolloutd-workflows", "pp-rolloutd-sandbox",
-                                "pp-rolloutd-eval"}
+    assert set(deployments) == {"pp-rolloutd-workflows", "pp-rolloutd-sandbox", "pp-rolloutd-eval"}
     assert deployments["pp-rolloutd-sandbox"]["spec"]["replicas"] == 3
-    assert not {d["kind"] for d in out} & {"Service", "StatefulSet", "PodDisruptionBudget",
-                                           "HorizontalPodAutoscaler", "ScaledObject"}
+    assert not {d["kind"] for d in out} & {
+        "Service",
+        "StatefulSet",
+        "PodDisruptionBudget",
+        "HorizontalPodAutoscaler",
+        "ScaledObject",
+    }
     # ConfigMap, Secret and the store's claim are the chart's own
     for kind in ("ConfigMap", "Secret", "PersistentVolumeClaim"):
         assert _by(out, kind) == _by(docs, kind), kind
@@ -51,11 +59,11 @@ def test_env_is_the_charts_with_pod_names_expanded(rendered) -> None:
     assert "$(" not in text  # podman 4.3 would pass these literally
     pods = _by(out, "Pod")
     for i in (0, 1):
-        env = {e["name"]: e for e in pods[f"pp-rolloutd-gateway-{i}"]["spec"]["containers"][0]
-               ["env"]}
+        env = {
+            e["name"]: e for e in pods[f"pp-rolloutd-gateway-{i}"]["spec"]["containers"][0]["env"]
+        }
         assert env["ROLLOUTD_HOST_ID"]["value"] == f"pp-rolloutd-gateway-{i}"
-        assert (env["ROLLOUTD_GATEWAY_PUBLIC_URL"]["value"]
-                == f"http://pp-rolloutd-gateway-{i}:8300")
+        assert env["ROLLOUTD_GATEWAY_PUBLIC_URL"]["value"] == f"http://pp-rolloutd-gateway-{i}:8300"
         assert env["ROLLOUTD_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "admin-token"
     sandbox = _by(out, "Deployment")["pp-rolloutd-sandbox"]["spec"]["template"]["spec"]
     (container,) = sandbox["containers"]

@@ -40,6 +40,7 @@ from rolloutd.types import SessionStatus, TaskResult
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from podplay import PodDeployment, local_values, podman  # noqa: E402
+
 from tests.reliability.conftest import (  # noqa: E402
     AGENT,
     NUM_CALLS,
@@ -53,7 +54,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 pytestmark = [
-    pytest.mark.deploy, pytest.mark.slow, pytest.mark.temporal, pytest.mark.engine,
+    pytest.mark.deploy,
+    pytest.mark.slow,
+    pytest.mark.temporal,
+    pytest.mark.engine,
     pytest.mark.sandbox,
     pytest.mark.skipif(no_image_cache() is not None, reason=str(no_image_cache())),
     pytest.mark.timeout(900),
@@ -70,7 +74,8 @@ PAUSE_S = 3.0
 #: identical request while the first is sampling is another call (sub-agents) and samples.
 POD_AGENT = AGENT.replace("timeout=120", "timeout=20").replace(
     '"Content-Type": "application/json"}',
-    '"Content-Type": "application/json", "x-stainless-retry-count": str(attempt)}')
+    '"Content-Type": "application/json", "x-stainless-retry-count": str(attempt)}',
+)
 assert POD_AGENT.count("timeout=20") == 1 and POD_AGENT.count("x-stainless") == 1
 
 
@@ -84,11 +89,20 @@ def pod_task(task_id: str, marker: str) -> dict:
 def build_images() -> dict[str, str]:
     """``{"rolloutd"|"engine": tag}`` from scripts/build_images.sh (builds or reuses)."""
     env = {**os.environ, "ROLLOUTD_VENV": sys.prefix}
-    result = subprocess.run(["nice", "-n", "10", str(ROOT / "scripts" / "build_images.sh")],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
+    result = subprocess.run(
+        ["nice", "-n", "10", str(ROOT / "scripts" / "build_images.sh")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
     assert result.returncode == 0, f"build_images.sh failed:\n{result.stdout}\n{result.stderr}"
-    tags = {line.split("=", 1)[0][len("IMAGE_"):].lower(): line.split("=", 1)[1]
-            for line in result.stdout.splitlines() if line.startswith("IMAGE_")}
+    tags = {
+        line.split("=", 1)[0][len("IMAGE_") :].lower(): line.split("=", 1)[1]
+        for line in result.stdout.splitlines()
+        if line.startswith("IMAGE_")
+    }
     return {"rolloutd": tags["rolloutd"], "engine": tags["engine"]}
 
 
@@ -116,13 +130,15 @@ def deployment(tmp_path_factory) -> Iterator[PodDeployment]:
 def _runtimes(pod: str) -> list[str]:
     """The runtime ids a sandbox pod holds now (its runtime root's folders; a first
     attempt's id starts with its session id, "/" made ".")."""
-    out = podman("exec", f"{pod}-sandbox", "ls", "/var/lib/rolloutd/runtimes",
-                 check=False).stdout.split()
+    out = podman(
+        "exec", f"{pod}-sandbox", "ls", "/var/lib/rolloutd/runtimes", check=False
+    ).stdout.split()
     return [n for n in out if not n.startswith(".")]
 
 
 async def test_pods_lose_no_session_or_completion_when_a_sandbox_and_gateway_die(
-        deployment: PodDeployment, monkeypatch: pytest.MonkeyPatch) -> None:
+    deployment: PodDeployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pods = deployment
     monkeypatch.setenv("ROLLOUTD_CODEC_KEYS", pods.secret("codec-keys"))
     temporal = f"{pods.ip(f'{pods.fullname}-temporal-dev')}:7233"
@@ -137,16 +153,26 @@ async def test_pods_lose_no_session_or_completion_when_a_sandbox_and_gateway_die
     auth = {"Authorization": f"Bearer {pods.secret('rest-token')}"}
     async with httpx.AsyncClient(base_url=rest_url, headers=auth, timeout=60) as http:
         assert (await http.get("/rollout/status")).status_code == 200
-        assert (await http.get("/rollout/status", headers={"Authorization": "Bearer x"})
-                ).status_code == 401
-        submitted = await http.post("/rollout/task/submit", json={
-            "task_id": rest_task["task_id"], "instruction": rest_task["instruction"],
-            "num_samples": NUM_SAMPLES, "timeout_seconds": rest_task["timeout_s"],
-            "runtime": {"backend": "bwrap", "files": rest_task["runtime"]["files"]},
-            "agent": {"harness": "shell", "settings": {
-                "command": rest_task["harness"]["command"]}},
-            "evaluator": {"strategy": "session_completed"},
-            "sampling": rest_task["sampling"], "phases": rest_task["phases"]})
+        assert (
+            await http.get("/rollout/status", headers={"Authorization": "Bearer x"})
+        ).status_code == 401
+        submitted = await http.post(
+            "/rollout/task/submit",
+            json={
+                "task_id": rest_task["task_id"],
+                "instruction": rest_task["instruction"],
+                "num_samples": NUM_SAMPLES,
+                "timeout_seconds": rest_task["timeout_s"],
+                "runtime": {"backend": "bwrap", "files": rest_task["runtime"]["files"]},
+                "agent": {
+                    "harness": "shell",
+                    "settings": {"command": rest_task["harness"]["command"]},
+                },
+                "evaluator": {"strategy": "session_completed"},
+                "sampling": rest_task["sampling"],
+                "phases": rest_task["phases"],
+            },
+        )
         assert submitted.status_code == 200, submitted.text
         # the trainer client (gRPC to Temporal)
         grpc_task = pod_task(f"pods-grpc-{tag}", f"rolloutd-pods-{tag}")
@@ -161,17 +187,28 @@ async def test_pods_lose_no_session_or_completion_when_a_sandbox_and_gateway_die
             if len(with_calls) < 3:
                 return {}
             held = {p: _runtimes(p) for p in pods.pods_of("sandbox")}
-            busy = {p: sum(any(r.startswith(s.replace("/", ".") + "-") for s in with_calls)
-                           for r in ids) for p, ids in held.items()}
+            busy = {
+                p: sum(
+                    any(r.startswith(s.replace("/", ".") + "-") for s in with_calls) for r in ids
+                )
+                for p, ids in held.items()
+            }
             return busy if any(busy.values()) else {}
-        busy = await poll(lambda: asyncio.to_thread(mid_run), 240,
-                          "sessions mid-run with recorded calls", every_s=1)
+
+        busy = await poll(
+            lambda: asyncio.to_thread(mid_run),
+            240,
+            "sessions mid-run with recorded calls",
+            every_s=1,
+        )
         victim_sandbox = max(busy, key=busy.get)
         held = busy
         victim_gateway = f"{pods.fullname}-gateway-0"
         completions_before = sum(len(CompletionLog(store, s)) for s in sessions)
-        print(f"killing {victim_sandbox} (sessions with calls {held}) and {victim_gateway} with "
-              f"{completions_before} completions recorded")
+        print(
+            f"killing {victim_sandbox} (sessions with calls {held}) and {victim_gateway} with "
+            f"{completions_before} completions recorded"
+        )
         pods.kill(victim_sandbox)
         pods.kill(victim_gateway)
         # what the controllers would do: the StatefulSet's pod under its name, a new
@@ -183,6 +220,7 @@ async def test_pods_lose_no_session_or_completion_when_a_sandbox_and_gateway_die
         async def rest_done() -> dict:
             body = (await http.get(f"/rollout/task/{rest_task['task_id']}")).json()
             return body if body["status"] != "running" else {}
+
         rest_body = await poll(rest_done, 420, "the REST task to finish", every_s=3)
     groups = [await asyncio.wait_for(client.result(t), 120) for t in task_ids]
     wall_s = time.monotonic() - t0
@@ -191,15 +229,21 @@ async def test_pods_lose_no_session_or_completion_when_a_sandbox_and_gateway_die
         for s in group.sessions:
             if s.reward != 1.0:
                 harness = store.get_json(artifact_key(s.session_id, "harness"))
-                print(f"{s.session_id}: {s.status} reward {s.reward} error {s.error}\n"
-                      f"{str(harness.get('stderr'))[-2000:]}")
+                print(
+                    f"{s.session_id}: {s.status} reward {s.reward} error {s.error}\n"
+                    f"{str(harness.get('stderr'))[-2000:]}"
+                )
     assert rest_body["status"] == "completed", rest_body
     assert len(rest_body["results"]) == NUM_SAMPLES
-    assert all(r["status"].lower() == "completed" and r["reward"] == 1.0
-               for r in rest_body["results"]), rest_body["results"]
+    assert all(
+        r["status"].lower() == "completed" and r["reward"] == 1.0 for r in rest_body["results"]
+    ), rest_body["results"]
     figures = check_groups(store, groups)
-    figures |= {"wall_s": round(wall_s, 1), "completions_before_kill": completions_before,
-                "killed": [victim_sandbox, victim_gateway]}
+    figures |= {
+        "wall_s": round(wall_s, 1),
+        "completions_before_kill": completions_before,
+        "killed": [victim_sandbox, victim_gateway],
+    }
     print("pod-kill figures:", json.dumps(figures))
     assert figures["sessions"] == 2 * NUM_SAMPLES
     assert figures["lost_sessions"] == 0 and figures["scored"] == 2 * NUM_SAMPLES, figures
@@ -211,8 +255,16 @@ async def test_pods_lose_no_session_or_completion_when_a_sandbox_and_gateway_die
 def check_groups(store: BlobStore, groups: list[TaskResult]) -> dict:
     """The invariants of every session (as tests/reliability/test_kills.py checks them);
     returns the figures."""
-    out = {"sessions": 0, "lost_sessions": 0, "scored": 0, "completions": 0, "replayed": 0,
-           "restarted": 0, "lost": 0, "duplicated": 0}
+    out = {
+        "sessions": 0,
+        "lost_sessions": 0,
+        "scored": 0,
+        "completions": 0,
+        "replayed": 0,
+        "restarted": 0,
+        "lost": 0,
+        "duplicated": 0,
+    }
     for group in groups:
         for s in group.sessions:
             out["sessions"] += 1
@@ -222,8 +274,7 @@ def check_groups(store: BlobStore, groups: list[TaskResult]) -> dict:
             out["scored"] += s.reward is not None
             completions = CompletionLog(store, s.session_id).read_all()
             assert [c.index for c in completions] == list(range(len(completions)))
-            assert s.replay.num_replayed == sum(c.replayed_from is not None
-                                                for c in completions)
+            assert s.replay.num_replayed == sum(c.replayed_from is not None for c in completions)
             out["completions"] += len(completions)
             out["replayed"] += s.replay.num_replayed
             out["restarted"] += bool(s.attempts)

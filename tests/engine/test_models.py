@@ -40,8 +40,13 @@ def test_a_part_with_one_byte_changed_is_refused(tmp_path: Path, monkeypatch) ->
     parts = _fake_package(tmp_path / "site", "rolloutd_fake_weights", chunks)
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     whole = b"".join(chunks)
-    entry = ModelEntry(name="fake", served_name="Fake", parts=tuple(parts),
-                       size_bytes=len(whole), sha256=hashlib.sha256(whole).hexdigest())
+    entry = ModelEntry(
+        name="fake",
+        served_name="Fake",
+        parts=tuple(parts),
+        size_bytes=len(whole),
+        sha256=hashlib.sha256(whole).hexdigest(),
+    )
     monkeypatch.setitem(CATALOG, "fake", entry)
     bad = tmp_path / "site" / "rolloutd_fake_weights" / "part1.bin"
     _flip_byte(bad, 100)
@@ -56,7 +61,8 @@ def test_a_part_with_one_byte_changed_is_refused(tmp_path: Path, monkeypatch) ->
 
 
 def test_an_assembled_file_is_verified_once_and_refused_once_changed(
-        tmp_path: Path, monkeypatch) -> None:
+    tmp_path: Path, monkeypatch
+) -> None:
     real = models.model_files("smollm2-135m")
     if not real.gguf.is_file():
         pytest.skip("smollm2-135m is not pulled (rolloutd models pull smollm2-135m)")
@@ -84,4 +90,3 @@ def test_catalog_pins_every_part_and_the_assembled_file() -> None:
     for entry in CATALOG.values():
         for sha in (entry.sha256, *(part.sha256 for part in entry.parts)):
             assert len(sha) == 64 and int(sha, 16) >= 0
-

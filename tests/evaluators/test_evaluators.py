@@ -14,25 +14,35 @@ from rolloutd.types import EvaluatorSpec, SessionStatus
 
 
 def _ctx(spec: EvaluatorSpec, **overrides: object) -> EvaluationContext:
-    values: dict[str, object] = dict(task_id="t1", session_id="t1/0",
-                                     status=SessionStatus.COMPLETED, harness_exit_code=0,
-                                     num_completions=3, num_traces=1, spec=spec)
+    values: dict[str, object] = dict(
+        task_id="t1",
+        session_id="t1/0",
+        status=SessionStatus.COMPLETED,
+        harness_exit_code=0,
+        num_completions=3,
+        num_traces=1,
+        spec=spec,
+    )
     return EvaluationContext(**(values | overrides))
 
 
 def _check(exit_code: int = 0, stdout: str = "", timed_out: bool = False) -> dict[str, object]:
-    return {"check": {"exit_code": exit_code, "stdout": stdout, "stderr": "",
-                      "timed_out": timed_out}}
+    return {
+        "check": {"exit_code": exit_code, "stdout": stdout, "stderr": "", "timed_out": timed_out}
+    }
 
 
-@pytest.mark.parametrize(("status", "exit_code", "reward"), [
-    (SessionStatus.COMPLETED, 0, 1.0),
-    (SessionStatus.COMPLETED, 1, 0.0),
-    (SessionStatus.COMPLETED, None, 0.0),
-    (SessionStatus.TIMEOUT, 0, 0.0),
-    (SessionStatus.FAILED, 0, 0.0),
-    (SessionStatus.CANCELLED, None, 0.0),
-])
+@pytest.mark.parametrize(
+    ("status", "exit_code", "reward"),
+    [
+        (SessionStatus.COMPLETED, 0, 1.0),
+        (SessionStatus.COMPLETED, 1, 0.0),
+        (SessionStatus.COMPLETED, None, 0.0),
+        (SessionStatus.TIMEOUT, 0, 0.0),
+        (SessionStatus.FAILED, 0, 0.0),
+        (SessionStatus.CANCELLED, None, 0.0),
+    ],
+)
 async def test_session_completed(status, exit_code, reward):
     spec = EvaluatorSpec()
     evaluator = get_evaluator(spec)
@@ -42,15 +52,18 @@ async def test_session_completed(status, exit_code, reward):
     assert outcome.details["status"] == status.value
 
 
-@pytest.mark.parametrize(("expected", "artifacts", "reward"), [
-    (None, _check(0), 1.0),
-    (None, _check(1), 0.0),
-    (None, _check(0, timed_out=True), 0.0),
-    ("42", _check(0, "answer: 42\n"), 1.0),
-    ("  42\n", _check(0, "answer: 42\n"), 1.0),  # expected_output is stripped
-    ("42", _check(0, "answer: 41\n"), 0.0),
-    ("42", _check(3, "answer: 42\n"), 0.0),
-])
+@pytest.mark.parametrize(
+    ("expected", "artifacts", "reward"),
+    [
+        (None, _check(0), 1.0),
+        (None, _check(1), 0.0),
+        (None, _check(0, timed_out=True), 0.0),
+        ("42", _check(0, "answer: 42\n"), 1.0),
+        ("  42\n", _check(0, "answer: 42\n"), 1.0),  # expected_output is stripped
+        ("42", _check(0, "answer: 41\n"), 0.0),
+        ("42", _check(3, "answer: 42\n"), 0.0),
+    ],
+)
 async def test_test_on_output(expected, artifacts, reward):
     spec = EvaluatorSpec(type="test_on_output", command="pytest -q", expected_output=expected)
     evaluator = get_evaluator(spec)
@@ -63,7 +76,8 @@ async def test_test_on_output(expected, artifacts, reward):
 async def test_test_on_output_without_check_artifact_scores_zero_with_reason():
     spec = EvaluatorSpec(type="test_on_output", command="pytest -q")
     outcome = await get_evaluator(spec).evaluate(
-        _ctx(spec, status=SessionStatus.TIMEOUT, harness_exit_code=None, artifacts={}))
+        _ctx(spec, status=SessionStatus.TIMEOUT, harness_exit_code=None, artifacts={})
+    )
     assert outcome.reward == 0.0
     assert outcome.details["reason"] == "no check artifact"
 
@@ -74,8 +88,7 @@ async def test_import_path_to_a_builtin_class():
     assert outcome.reward == 1.0
 
 
-async def test_import_path_to_a_factory_returning_per_trace_rewards(tmp_path: Path,
-                                                                    monkeypatch):
+async def test_import_path_to_a_factory_returning_per_trace_rewards(tmp_path: Path, monkeypatch):
     (tmp_path / "my_rolloutd_eval.py").write_text(
         "from rolloutd.evaluators import EvaluationOutcome\n"
         "class PerTrace:\n"
@@ -96,8 +109,15 @@ async def test_import_path_to_a_factory_returning_per_trace_rewards(tmp_path: Pa
         sys.modules.pop("my_rolloutd_eval", None)
 
 
-@pytest.mark.parametrize("name", ["no_such_evaluator", "no_such_module_xyz:Eval",
-                                  "rolloutd.evaluators:NoSuchAttr", "json:dumps.__name__"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "no_such_evaluator",
+        "no_such_module_xyz:Eval",
+        "rolloutd.evaluators:NoSuchAttr",
+        "json:dumps.__name__",
+    ],
+)
 def test_unknown_evaluators_raise(name):
     with pytest.raises(EvaluatorError):
         get_evaluator(EvaluatorSpec(type=name))
@@ -110,8 +130,12 @@ def test_outcome_needs_a_reward():
 
 async def test_session_completed_scores_zero_when_the_harness_hid_an_error_behind_exit_0():
     spec = EvaluatorSpec(type="session_completed")
-    hidden = {"harness": {"exit_code": 0, "summary": {"is_error": True,
-                                                      "api_error": "[API Error: 400 ...]"}}}
+    hidden = {
+        "harness": {
+            "exit_code": 0,
+            "summary": {"is_error": True, "api_error": "[API Error: 400 ...]"},
+        }
+    }
     clean = {"harness": {"exit_code": 0, "summary": {"is_error": False}}}
     bad = await get_evaluator(spec).evaluate(_ctx(spec, harness_exit_code=0, artifacts=hidden))
     good = await get_evaluator(spec).evaluate(_ctx(spec, harness_exit_code=0, artifacts=clean))

@@ -16,9 +16,15 @@ from rolloutd.sandbox.runtimes import create_runtime
 from rolloutd.types import EvaluatorSpec, RuntimeSpec, SessionStatus
 
 PROBLEM = read_problems()["HumanEval/0"]
-SPEC = EvaluatorSpec(type="humaneval", timeout_s=30, params={
-    "prompt": PROBLEM["prompt"], "test": PROBLEM["test"],
-    "entry_point": PROBLEM["entry_point"]})
+SPEC = EvaluatorSpec(
+    type="humaneval",
+    timeout_s=30,
+    params={
+        "prompt": PROBLEM["prompt"],
+        "test": PROBLEM["test"],
+        "entry_point": PROBLEM["entry_point"],
+    },
+)
 WHOLE_FUNCTION = """Here it is:
 ```python
 from typing import List
@@ -31,18 +37,26 @@ def has_close_elements(numbers: List[float], threshold: float) -> bool:
 
 
 async def score(spec: EvaluatorSpec, check: dict | None) -> object:
-    ctx = EvaluationContext(task_id="t", session_id="s", status=SessionStatus.COMPLETED,
-                            spec=spec, artifacts={} if check is None else {"check": check})
+    ctx = EvaluationContext(
+        task_id="t",
+        session_id="s",
+        status=SessionStatus.COMPLETED,
+        spec=spec,
+        artifacts={} if check is None else {"check": check},
+    )
     return await get_evaluator(spec).evaluate(ctx)
 
 
-@pytest.mark.parametrize(("answer", "reward"), [
-    (PROBLEM["canonical_solution"], 1.0),  # HumanEval's completion format: the body
-    (WHOLE_FUNCTION, 1.0),  # a chat model's answer: a fenced, whole function
-    ("    return False\n", 0.0),  # wrong
-    ("def has_close_elements(:\n  retur", 0.0),  # malformed: a syntax error
-    (None, 0.0),  # no answer file at all
-])
+@pytest.mark.parametrize(
+    ("answer", "reward"),
+    [
+        (PROBLEM["canonical_solution"], 1.0),  # HumanEval's completion format: the body
+        (WHOLE_FUNCTION, 1.0),  # a chat model's answer: a fenced, whole function
+        ("    return False\n", 0.0),  # wrong
+        ("def has_close_elements(:\n  retur", 0.0),  # malformed: a syntax error
+        (None, 0.0),  # no answer file at all
+    ],
+)
 async def test_humaneval_runs_the_problems_check_in_the_runtime(tmp_path, answer, reward):
     runtime = create_runtime(RuntimeSpec(type="local"), "he", tmp_path)
     await runtime.start()
@@ -67,18 +81,20 @@ def test_humaneval_program_keeps_the_prompts_imports():
 
 async def test_humaneval_params_are_checked():
     with pytest.raises(EvaluatorError, match="entry_point"):
-        get_evaluator(EvaluatorSpec(type="humaneval", params={"prompt": "", "test": ""}))\
-            .params()
+        get_evaluator(EvaluatorSpec(type="humaneval", params={"prompt": "", "test": ""})).params()
 
 
-@pytest.mark.parametrize(("gold", "answer", "reward"), [
-    ("\\frac{1}{2}", "So the probability is \\boxed{0.5}.", 1.0),  # numeric = LaTeX
-    ("2\\sqrt{2}", "The length is $\\sqrt{8}$", 1.0),  # symbolic equivalence
-    ("(1, 3]", "\\boxed{(1,3]}", 1.0),  # an interval
-    ("12", "The answer is \\boxed{13}", 0.0),  # wrong
-    ("12", "\\boxed{\\frac{", 0.0),  # malformed LaTeX
-    ("12", "I do not know", 0.0),  # no answer at all
-])
+@pytest.mark.parametrize(
+    ("gold", "answer", "reward"),
+    [
+        ("\\frac{1}{2}", "So the probability is \\boxed{0.5}.", 1.0),  # numeric = LaTeX
+        ("2\\sqrt{2}", "The length is $\\sqrt{8}$", 1.0),  # symbolic equivalence
+        ("(1, 3]", "\\boxed{(1,3]}", 1.0),  # an interval
+        ("12", "The answer is \\boxed{13}", 0.0),  # wrong
+        ("12", "\\boxed{\\frac{", 0.0),  # malformed LaTeX
+        ("12", "I do not know", 0.0),  # no answer at all
+    ],
+)
 async def test_math_answer_verifies_with_math_verify(gold, answer, reward):
     spec = EvaluatorSpec(type="math_answer", params={"answer": gold})
     outcome = await score(spec, {"answer": answer})

@@ -26,11 +26,15 @@ def load_example():
 
 
 def test_parse_pytest_log_reads_the_short_summary():
-    log = ("tests/a.py ..F\n= short test summary info =\nPASSED tests/a.py::test_x\n"
-           "FAILED tests/a.py::test_y - AssertionError: 1 != 2\nERROR tests/b.py::test_z\n")
-    assert parse_pytest_log(log) == {"tests/a.py::test_x": "PASSED",
-                                     "tests/a.py::test_y": "FAILED",
-                                     "tests/b.py::test_z": "ERROR"}
+    log = (
+        "tests/a.py ..F\n= short test summary info =\nPASSED tests/a.py::test_x\n"
+        "FAILED tests/a.py::test_y - AssertionError: 1 != 2\nERROR tests/b.py::test_z\n"
+    )
+    assert parse_pytest_log(log) == {
+        "tests/a.py::test_x": "PASSED",
+        "tests/a.py::test_y": "FAILED",
+        "tests/b.py::test_z": "ERROR",
+    }
 
 
 async def test_params_are_checked():
@@ -44,16 +48,18 @@ async def test_params_are_checked():
 
 async def test_missing_results_score_zero():
     spec = EvaluatorSpec(type="swebench", params={"fail_to_pass": ["t::a"]})
-    ctx = EvaluationContext(task_id="t", session_id="s", status=SessionStatus.COMPLETED,
-                            spec=spec, artifacts={})
+    ctx = EvaluationContext(
+        task_id="t", session_id="s", status=SessionStatus.COMPLETED, spec=spec, artifacts={}
+    )
     outcome = await get_evaluator(spec).evaluate(ctx)
     assert outcome.reward == 0.0 and outcome.details["reason"] == "no test results"
 
 
 @pytest.mark.sandbox
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
-@pytest.mark.parametrize(("patch_name", "reward"), [("gold.patch", 1.0), ("wrong.patch", 0.0),
-                                                    (None, 0.0)])
+@pytest.mark.parametrize(
+    ("patch_name", "reward"), [("gold.patch", 1.0), ("wrong.patch", 0.0), (None, 0.0)]
+)
 async def test_example_task_scores_in_a_bwrap_runtime(tmp_path, patch_name, reward):
     example = load_example()
     task = example.task()
@@ -72,8 +78,13 @@ async def test_example_task_scores_in_a_bwrap_runtime(tmp_path, patch_name, rewa
         assert applied.exit_code == 0, applied.stderr
         check = await run_check(fresh, evaluator_spec)
         assert check["test_patch_applied"] is True
-        ctx = EvaluationContext(task_id="t", session_id="s", status=SessionStatus.COMPLETED,
-                                spec=evaluator_spec, artifacts={"check": check})
+        ctx = EvaluationContext(
+            task_id="t",
+            session_id="s",
+            status=SessionStatus.COMPLETED,
+            spec=evaluator_spec,
+            artifacts={"check": check},
+        )
         outcome = await get_evaluator(evaluator_spec).evaluate(ctx)
     finally:
         await session.stop()
@@ -82,18 +93,30 @@ async def test_example_task_scores_in_a_bwrap_runtime(tmp_path, patch_name, rewa
     assert check["tests"]["tests/test_ops.py::test_add"] == "PASSED"
     if patch_name == "wrong.patch":
         assert outcome.details["failed_fail_to_pass"] == [
-            "tests/test_mean.py::test_mean_of_empty_raises"]
+            "tests/test_mean.py::test_mean_of_empty_raises"
+        ]
 
 
 async def test_official_swebench_package_grades_the_log():
     pytest.importorskip("swebench")
-    spec = EvaluatorSpec(type="swebench", params={
-        "fail_to_pass": ["t.py::a"], "pass_to_pass": ["t.py::b"]})
+    spec = EvaluatorSpec(
+        type="swebench", params={"fail_to_pass": ["t.py::a"], "pass_to_pass": ["t.py::b"]}
+    )
     log = "PASSED t.py::a\nPASSED t.py::b\n"
-    check = {"exit_code": 0, "stdout": log, "timed_out": False, "test_patch_applied": True,
-             "tests": parse_pytest_log(log)}
-    ctx = EvaluationContext(task_id="t", session_id="s", status=SessionStatus.COMPLETED,
-                            spec=spec, artifacts={"check": check})
+    check = {
+        "exit_code": 0,
+        "stdout": log,
+        "timed_out": False,
+        "test_patch_applied": True,
+        "tests": parse_pytest_log(log),
+    }
+    ctx = EvaluationContext(
+        task_id="t",
+        session_id="s",
+        status=SessionStatus.COMPLETED,
+        spec=spec,
+        artifacts={"check": check},
+    )
     outcome = await get_evaluator(spec).evaluate(ctx)
     assert outcome.reward == 1.0 and outcome.details["grader"] == "swebench"
     assert outcome.details["resolution_status"] == "RESOLVED_FULL"

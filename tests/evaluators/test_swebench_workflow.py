@@ -40,9 +40,13 @@ async def test_swebench_example_gold_scores_1_wrong_scores_0_with_prewarm(fleets
         assert prewarm.started_at <= run.started_at + (run.ended_at - run.started_at)
         assert prewarm.ended_at <= run.ended_at, (prewarm, run)
         assert phases["eval_check"].started_at >= run.ended_at
-        print(f"{patch_name}: " + ", ".join(
-            f"{p.phase} {p.started_at:%H:%M:%S.%f}-{p.ended_at:%H:%M:%S.%f}"
-            for p in session.phases))
+        print(
+            f"{patch_name}: "
+            + ", ".join(
+                f"{p.phase} {p.started_at:%H:%M:%S.%f}-{p.ended_at:%H:%M:%S.%f}"
+                for p in session.phases
+            )
+        )
     assert rewards == {"gold.patch": 1.0, "wrong.patch": 0.0}
     root = fleets.runtime_root  # only the (empty) ownership bookkeeping folder stays
     assert [p.name for p in root.iterdir() if p.name != ".owners"] == []

@@ -42,9 +42,14 @@ def run_env() -> dict[str, str]:
 
 
 def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=run_env(),
-                            stdout=open(log, "ab"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=run_env(),
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -54,8 +59,14 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def rolloutd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rolloutd.cli", *args], cwd=ROOT,
-                          env=run_env(), capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rolloutd.cli", *args],
+        cwd=ROOT,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def write_spec(path: Path, spec: dict) -> Path:
@@ -64,34 +75,50 @@ def write_spec(path: Path, spec: dict) -> Path:
 
 
 @pytest.mark.timeout(2400)  # 20 engine sessions on a shared 2-core machine
-async def test_killed_generation_resumes_and_does_every_row_once(fleets, temporal_server,
-                                                                 tmp_path):
+async def test_killed_generation_resumes_and_does_every_row_once(fleets, temporal_server, tmp_path):
     name = f"he-{uuid.uuid4().hex[:6]}"
     queue = f"generation-test-{name}"
     address = temporal_server.address
-    spec_path = write_spec(tmp_path / "spec.json", {
-        "name": name, "source": {"type": "humaneval", "limit": 10},
-        "template": {
-            "instruction": "Complete this Python function. Answer with the whole function "
-                           "in one ```python code block.\n\n{prompt}",
-            "num_samples": 2,
-            "harness": {"type": "shell", "command": "python3 ask.py {instruction_file} "
-                                                    "solution.py"},
-            "runtime": {"type": "local", "files": {"ask.py": ASK}},
-            "evaluator": {"type": "humaneval", "timeout_s": 30},
-            "sampling": {"temperature": 0.8, "max_tokens": 24, "seed": 7},
-            "timeout_s": 600},
-        "outputs": {"dir": str(tmp_path / "out"), "datasets": True},
-        "max_concurrent_rows": 3})
+    spec_path = write_spec(
+        tmp_path / "spec.json",
+        {
+            "name": name,
+            "source": {"type": "humaneval", "limit": 10},
+            "template": {
+                "instruction": "Complete this Python function. Answer with the whole function "
+                "in one ```python code block.\n\n{prompt}",
+                "num_samples": 2,
+                "harness": {
+                    "type": "shell",
+                    "command": "python3 ask.py {instruction_file} solution.py",
+                },
+                "runtime": {"type": "local", "files": {"ask.py": ASK}},
+                "evaluator": {"type": "humaneval", "timeout_s": 30},
+                "sampling": {"temperature": 0.8, "max_tokens": 24, "seed": 7},
+                "timeout_s": 600,
+            },
+            "outputs": {"dir": str(tmp_path / "out"), "datasets": True},
+            "max_concurrent_rows": 3,
+        },
+    )
     store = BlobStore(fleets.store_url)
     journaled = lambda: asyncio.to_thread(store.list, journal_prefix(name))  # noqa: E731
-    cli_args = ["-m", "rolloutd.cli", "generate", str(spec_path), "--address", address,
-                "--task-queue", queue]
+    cli_args = [
+        "-m",
+        "rolloutd.cli",
+        "generate",
+        str(spec_path),
+        "--address",
+        address,
+        "--task-queue",
+        queue,
+    ]
     worker_args = ["-m", "tests.support.generation_worker", address, queue]
     procs = [spawn(worker_args, tmp_path / "worker.log"), spawn(cli_args, tmp_path / "cli.log")]
     try:
-        await poll(journaled, lambda keys: len(keys) >= 3, timeout_s=900,
-                   what="3 of 10 rows journaled")
+        await poll(
+            journaled, lambda keys: len(keys) >= 3, timeout_s=900, what="3 of 10 rows journaled"
+        )
         for proc in procs:  # halfway: the generation's workflow worker and the CLI
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -124,18 +151,22 @@ async def test_killed_generation_resumes_and_does_every_row_once(fleets, tempora
     sessions = {s.session_id for e in entries for s in e.result.sessions}
     assert len(sessions) == 20
 
-    scored = [s for e in entries for s in e.result.sessions
-              if s.reward is not None and s.status == SessionStatus.COMPLETED]
-    lines = [json.loads(line) for line in
-             (tmp_path / "out" / "sft.jsonl").read_text().splitlines()]
+    scored = [
+        s
+        for e in entries
+        for s in e.result.sessions
+        if s.reward is not None and s.status == SessionStatus.COMPLETED
+    ]
+    lines = [json.loads(line) for line in (tmp_path / "out" / "sft.jsonl").read_text().splitlines()]
     table = pq.read_table(tmp_path / "out" / "traces.parquet").to_pylist()
     assert len(lines) == len(table) >= len(scored) > 0
     assert all(m["messages"][-1]["role"] == "assistant" for m in lines)
     assert len({(r["session_id"], r["trace_index"]) for r in table}) == len(table)
     assert {r["session_id"] for r in table} <= sessions
     for row in table:
-        assert len(row["response_ids"]) == len(row["loss_mask"]) \
-            == len(row["response_logprobs"]) > 0
+        assert (
+            len(row["response_ids"]) == len(row["loss_mask"]) == len(row["response_logprobs"]) > 0
+        )
         assert sum(row["loss_mask"]) > 0 and row["prompt_ids"]
     import datasets
 
@@ -147,23 +178,39 @@ async def test_schedule_fires_on_trigger_and_skips_rows_done(fleets, temporal_se
     name = f"sched-{uuid.uuid4().hex[:6]}"
     address = temporal_server.address
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"id": f"r{i}", "q": f"say {i}"}) + "\n"
-                            for i in range(3)))
-    spec = {"name": name, "source": {"type": "jsonl", "path": str(rows), "limit": 2},
-            "template": {"instruction": "{q}", "num_samples": 1,
-                         "harness": {"type": "shell", "command": "echo {instruction}"},
-                         "runtime": {"type": "local"}},
-            "outputs": {"dir": str(tmp_path / "out")}}
+    rows.write_text("".join(json.dumps({"id": f"r{i}", "q": f"say {i}"}) + "\n" for i in range(3)))
+    spec = {
+        "name": name,
+        "source": {"type": "jsonl", "path": str(rows), "limit": 2},
+        "template": {
+            "instruction": "{q}",
+            "num_samples": 1,
+            "harness": {"type": "shell", "command": "echo {instruction}"},
+            "runtime": {"type": "local"},
+        },
+        "outputs": {"dir": str(tmp_path / "out")},
+    }
     first = await generate(fleets.client, load_spec(write_spec(tmp_path / "a.json", spec)))
     assert (first.num_rows, first.num_rows_this_run) == (2, 2)
 
     spec["source"]["limit"] = 3  # the schedule covers one more row
-    created = rolloutd("schedule", "create", str(write_spec(tmp_path / "b.json", spec)),
-                       "--every", "1d", "--address", address)
+    created = rolloutd(
+        "schedule",
+        "create",
+        str(write_spec(tmp_path / "b.json", spec)),
+        "--every",
+        "1d",
+        "--address",
+        address,
+    )
     assert created.returncode == 0, created.stderr
     try:
-        listed = subprocess.run([temporal_binary(), "schedule", "list", "--address", address],
-                                capture_output=True, text=True, timeout=60)
+        listed = subprocess.run(
+            [temporal_binary(), "schedule", "list", "--address", address],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert f"generation-{name}" in listed.stdout, listed.stdout + listed.stderr
         assert rolloutd("schedule", "trigger", name, "--address", address).returncode == 0
 
@@ -172,14 +219,14 @@ async def test_schedule_fires_on_trigger_and_skips_rows_done(fleets, temporal_se
             return d["recent"]
 
         recent = await poll(firing, lambda r: len(r) == 1, timeout_s=60, what="a firing")
-        handle = fleets.client.get_workflow_handle(recent[0]["workflow_id"],
-                                                   result_type=GenerationSummary)
+        handle = fleets.client.get_workflow_handle(
+            recent[0]["workflow_id"], result_type=GenerationSummary
+        )
         summary = await asyncio.wait_for(handle.result(), 300)
         assert (summary.num_rows, summary.num_rows_this_run) == (3, 1)
         assert len(read_journal(BlobStore(fleets.store_url), name)) == 3
         assert rolloutd("schedule", "pause", name, "--address", address).returncode == 0
-        described = json.loads(rolloutd("schedule", "describe", name, "--address",
-                                        address).stdout)
+        described = json.loads(rolloutd("schedule", "describe", name, "--address", address).stdout)
         assert described["paused"] is True and described["overlap"] == "SKIP"
     finally:
         assert rolloutd("schedule", "delete", name, "--address", address).returncode == 0

@@ -21,12 +21,21 @@ ROWS = [{"id": "a/1", "q": "x"}, {"id": "b", "q": "y"}, {"id": "c", "q": "z"}]
 
 
 def spec(source: dict, **filters) -> GenerationSpec:
-    return GenerationSpec.model_validate({
-        "name": "t", "source": source, "outputs": {"dir": "/tmp/unused"}, "filters": filters,
-        "template": {"instruction": "Q: {q}", "num_samples": 2,
-                     "harness": {"type": "shell", "command": "true"},
-                     "evaluator": {"type": "math_answer", "params": {"answer": "1"}},
-                     "evaluator_params": {"answer": "id"}}})
+    return GenerationSpec.model_validate(
+        {
+            "name": "t",
+            "source": source,
+            "outputs": {"dir": "/tmp/unused"},
+            "filters": filters,
+            "template": {
+                "instruction": "Q: {q}",
+                "num_samples": 2,
+                "harness": {"type": "shell", "command": "true"},
+                "evaluator": {"type": "math_answer", "params": {"answer": "1"}},
+                "evaluator_params": {"answer": "id"},
+            },
+        }
+    )
 
 
 def test_keys_map_to_task_ids_and_stay_distinct():
@@ -56,8 +65,9 @@ def test_rows_read_from_every_format(tmp_path, fmt):
 
 def test_humaneval_rows_and_colliding_keys(tmp_path):
     s = spec({"type": "humaneval", "limit": 3})
-    s.template.evaluator = s.template.evaluator.model_copy(update={"type": "humaneval",
-                                                                   "params": {}})
+    s.template.evaluator = s.template.evaluator.model_copy(
+        update={"type": "humaneval", "params": {}}
+    )
     s.template.evaluator_params = {}
     s.template.instruction = "{prompt}"
     rows = read_rows(s.source)
@@ -77,27 +87,45 @@ def test_pass_at_k_is_the_unbiased_estimate():
 
 
 def entry(key: str, rewards: list[float | None], answers: list[str]) -> JournalEntry:
-    sessions = [SessionResult(session_id=f"{key}/{i}", task_id=key, sample_index=i,
-                              status=SessionStatus.COMPLETED, reward=r, num_trainable_tokens=5,
-                              trajectory_ref=f"traj/{key}/{i}")
-                for i, r in enumerate(rewards)]
+    sessions = [
+        SessionResult(
+            session_id=f"{key}/{i}",
+            task_id=key,
+            sample_index=i,
+            status=SessionStatus.COMPLETED,
+            reward=r,
+            num_trainable_tokens=5,
+            trajectory_ref=f"traj/{key}/{i}",
+        )
+        for i, r in enumerate(rewards)
+    ]
     return JournalEntry(key=key, task_id=key, result=TaskResult(task_id=key, sessions=sessions))
 
 
 def test_filters_and_summary(tmp_path):
-    entries = [entry("solved", [1.0, 1.0], ["A", "A"]), entry("half", [1.0, 0.0], ["A", "B"]),
-               entry("failed", [None, None], ["", ""])]
+    entries = [
+        entry("solved", [1.0, 1.0], ["A", "A"]),
+        entry("half", [1.0, 0.0], ["A", "B"]),
+        entry("failed", [None, None], ["", ""]),
+    ]
 
     def load(ref: str) -> Trajectory:
         key, i = ref.split("/")[1:]
         answer = {"solved": "A", "half": "AB"[int(i)]}[key]
-        trace = Trace(prompt_ids=[1], response_ids=[2], loss_mask=[1], response_logprobs=[0.0],
-                      response_messages=[{"role": "assistant", "content": f" {answer} "}])
+        trace = Trace(
+            prompt_ids=[1],
+            response_ids=[2],
+            loss_mask=[1],
+            response_logprobs=[0.0],
+            response_messages=[{"role": "assistant", "content": f" {answer} "}],
+        )
         return Trajectory(session_id=ref, task_id=key, sample_index=int(i), traces=[trace])
 
     def kept(**filters) -> list[str]:
-        return [t.session_id for t in select(entries, spec({"type": "humaneval"}, **filters)
-                                             .filters, load)]
+        return [
+            t.session_id
+            for t in select(entries, spec({"type": "humaneval"}, **filters).filters, load)
+        ]
 
     assert kept() == ["traj/solved/0", "traj/solved/1", "traj/half/0", "traj/half/1"]
     assert kept(min_reward=1.0) == ["traj/solved/0", "traj/solved/1", "traj/half/0"]
@@ -119,15 +147,23 @@ def test_journal_writes_a_row_once(tmp_path):
 
 
 def test_swebench_instances_become_tasks_with_the_instances_tests():
-    s = GenerationSpec.model_validate({
-        "name": "swe", "outputs": {"dir": "/tmp/unused"},
-        "source": {"type": "swebench", "path": str(EXAMPLES / "swebench_instances.jsonl")},
-        "template": {"instruction": "{problem_statement}",
-                     "harness": {"type": "shell", "command": "true"},
-                     "evaluator": {"type": "swebench", "runtime": "fresh"}}})
+    s = GenerationSpec.model_validate(
+        {
+            "name": "swe",
+            "outputs": {"dir": "/tmp/unused"},
+            "source": {"type": "swebench", "path": str(EXAMPLES / "swebench_instances.jsonl")},
+            "template": {
+                "instruction": "{problem_statement}",
+                "harness": {"type": "shell", "command": "true"},
+                "evaluator": {"type": "swebench", "runtime": "fresh"},
+            },
+        }
+    )
     ((key, row),) = read_rows(s.source)
     task = row_to_task(s, key, row)
     assert key == "local__calc-1" and task.task_id == "gen-swe-local__calc-1"
     assert task.evaluator.params["fail_to_pass"] == [
-        "tests/test_mean.py::test_mean_is_exact", "tests/test_mean.py::test_mean_of_empty_raises"]
+        "tests/test_mean.py::test_mean_is_exact",
+        "tests/test_mean.py::test_mean_of_empty_raises",
+    ]
     assert task.evaluator.params["test_patch"].startswith("diff --git")

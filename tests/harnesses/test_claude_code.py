@@ -22,29 +22,44 @@ from tests.support.harness_run import executed_tool_calls, run_task
 NUM_SAMPLES = int(os.environ.get("ROLLOUTD_HARNESS_SAMPLES", "2"))
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "harnesses.jsonl"
 
-pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
-              pytest.mark.harness, pytest.mark.slow, pytest.mark.timeout(2400),
-              pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
-              pytest.mark.skipif(not (npm_prefix() / "node_modules" / PACKAGE / ENTRY).is_file(),
-                                 reason=f"claude-code is not installed in {npm_prefix()}: "
-                                        "bash scripts/setup.sh")]
+pytestmark = [
+    pytest.mark.temporal,
+    pytest.mark.engine,
+    pytest.mark.sandbox,
+    pytest.mark.harness,
+    pytest.mark.slow,
+    pytest.mark.timeout(2400),
+    pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
+    pytest.mark.skipif(
+        not (npm_prefix() / "node_modules" / PACKAGE / ENTRY).is_file(),
+        reason=f"claude-code is not installed in {npm_prefix()}: bash scripts/setup.sh",
+    ),
+]
 
 #: this harness's task of examples/harnesses.jsonl (`rolloutd submit examples/harnesses.jsonl`)
-TASK = next(task for line in EXAMPLES.read_text().splitlines() if line.strip()
-            and (task := json.loads(line))["task_id"] == "harness-claude-code-hello")
+TASK = next(
+    task
+    for line in EXAMPLES.read_text().splitlines()
+    if line.strip() and (task := json.loads(line))["task_id"] == "harness-claude-code-hello"
+)
 
 
 async def test_claude_code_task_runs_a_tool_and_is_scored(fleets):
     # a task id of its own per run: the example's id names a workflow of an earlier run
-    run = await run_task(fleets, TASK | {"task_id": f"{TASK['task_id']}-{uuid.uuid4().hex[:6]}",
-                                         "num_samples": NUM_SAMPLES})
+    run = await run_task(
+        fleets,
+        TASK | {"task_id": f"{TASK['task_id']}-{uuid.uuid4().hex[:6]}", "num_samples": NUM_SAMPLES},
+    )
     for s in run.sessions:
-        print(f"claude_code {s.result.session_id}: reward {s.result.reward} status "
-              f"{s.result.status} completions {len(s.completions)} traces "
-              f"{s.result.num_traces} trainable {s.result.num_trainable_tokens} tools "
-              f"{executed_tool_calls(s.completions)} harness {s.harness.get('summary')}")
+        print(
+            f"claude_code {s.result.session_id}: reward {s.result.reward} status "
+            f"{s.result.status} completions {len(s.completions)} traces "
+            f"{s.result.num_traces} trainable {s.result.num_trainable_tokens} tools "
+            f"{executed_tool_calls(s.completions)} harness {s.harness.get('summary')}"
+        )
     print(f"claude_code wall {run.wall_s:.0f} s")
-    assert all(s.result.reward is not None for s in run.sessions), \
-        [(s.result.status, s.result.error) for s in run.sessions]
+    assert all(s.result.reward is not None for s in run.sessions), [
+        (s.result.status, s.result.error) for s in run.sessions
+    ]
     assert all(s.completions for s in run.sessions)
     assert any(executed_tool_calls(s.completions) >= 1 for s in run.sessions)

@@ -26,22 +26,37 @@ exec "$1" api chat.completions.create -m "$2" -M 16 -t 0 -g user "$(cat "$3")" >
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed")
-@pytest.mark.skipif(not OPENAI_CLI.exists(),
-                    reason="the openai CLI comes with aider's tool environment (setup.sh)")
+@pytest.mark.skipif(
+    not OPENAI_CLI.exists(), reason="the openai CLI comes with aider's tool environment (setup.sh)"
+)
 async def test_a_cli_harness_defined_only_in_json_runs_and_is_scored(fleets):
-    run = await run_task(fleets, {
-        "instruction": "Reply with one word: hello",
-        "num_samples": 1,
-        "harness": {"type": "cli", "dialect": "chat",
-                    "command": ["/bin/sh", "{home}/ask.sh", str(OPENAI_CLI), "{model}",
-                                "{instruction_file}"],
-                    "files": {"ask.sh": ASK}},
-        "runtime": {"type": "bwrap", "network": "gateway"},
-        "evaluator": {"type": "test_on_output", "command": "test -s answer.txt && echo ok",
-                      "expected_output": "ok"},
-        "sampling": {"temperature": 0.0, "max_tokens": 16, "seed": 7},
-        "phases": {"run_s": 300},
-    })
+    run = await run_task(
+        fleets,
+        {
+            "instruction": "Reply with one word: hello",
+            "num_samples": 1,
+            "harness": {
+                "type": "cli",
+                "dialect": "chat",
+                "command": [
+                    "/bin/sh",
+                    "{home}/ask.sh",
+                    str(OPENAI_CLI),
+                    "{model}",
+                    "{instruction_file}",
+                ],
+                "files": {"ask.sh": ASK},
+            },
+            "runtime": {"type": "bwrap", "network": "gateway"},
+            "evaluator": {
+                "type": "test_on_output",
+                "command": "test -s answer.txt && echo ok",
+                "expected_output": "ok",
+            },
+            "sampling": {"temperature": 0.0, "max_tokens": 16, "seed": 7},
+            "phases": {"run_s": 300},
+        },
+    )
     (session,) = run.sessions
     assert session.harness["exit_code"] == 0, session.harness
     assert session.result.failure is None, session.result.failure

@@ -19,8 +19,14 @@ from tests.support.harness_run import check_scored_with_tools, run_task
 #: 2 in CI; the closing figures use 4 (ROLLOUTD_HARNESS_SAMPLES=4)
 NUM_SAMPLES = int(os.environ.get("ROLLOUTD_HARNESS_SAMPLES", "2"))
 
-pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
-              pytest.mark.harness, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [
+    pytest.mark.temporal,
+    pytest.mark.engine,
+    pytest.mark.sandbox,
+    pytest.mark.harness,
+    pytest.mark.slow,
+    pytest.mark.timeout(1800),
+]
 
 
 def _skip_without_cli() -> None:
@@ -34,15 +40,21 @@ def _skip_without_cli() -> None:
 
 async def test_gemini_cli_makes_a_file_with_its_tools_and_is_scored(fleets):
     _skip_without_cli()
-    run = await run_task(fleets, {
-        "instruction": "Use the write_file tool to create the file /workspace/hello.py containing "
-                       "print('hello world'). Then stop.",
-        "num_samples": NUM_SAMPLES,
-        "harness": {"type": "gemini_cli", "profile": "compact", "max_turns": 3},
-        "runtime": {"type": "bwrap", "network": "gateway"},
-        "evaluator": {"type": "test_on_output", "command": "python3 hello.py",
-                      "expected_output": "hello world"},
-        "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
-        "phases": {"run_s": 600},
-    })
+    run = await run_task(
+        fleets,
+        {
+            "instruction": "Use the write_file tool to create the file /workspace/hello.py "
+            "containing print('hello world'). Then stop.",
+            "num_samples": NUM_SAMPLES,
+            "harness": {"type": "gemini_cli", "profile": "compact", "max_turns": 3},
+            "runtime": {"type": "bwrap", "network": "gateway"},
+            "evaluator": {
+                "type": "test_on_output",
+                "command": "python3 hello.py",
+                "expected_output": "hello world",
+            },
+            "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
+            "phases": {"run_s": 600},
+        },
+    )
     check_scored_with_tools(run, "gemini_cli")

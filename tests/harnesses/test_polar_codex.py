@@ -41,8 +41,12 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "polar_a3.json"
 def test_the_example_payload_maps_onto_a_task_request():
     polar = PolarTaskRequest.model_validate(json.loads(EXAMPLE.read_text()))
     task = TaskRequest.model_validate(to_task_request(polar))
-    assert (task.harness.type, task.builder.type, task.evaluator.type,
-            task.evaluator.runtime) == ("codex", "prefix_merging", "swebench", "fresh")
+    assert (task.harness.type, task.builder.type, task.evaluator.type, task.evaluator.runtime) == (
+        "codex",
+        "prefix_merging",
+        "swebench",
+        "fresh",
+    )
     assert (task.runtime.type, task.runtime.network) == ("bwrap", "gateway")
     assert "calc/ops.py" in task.runtime.files and task.runtime.prepare
     assert (task.sampling.seed, task.phases.run_s) == (7, 900)
@@ -79,17 +83,22 @@ async def callback_receiver() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 @pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed")
-@pytest.mark.skipif(not (npm_prefix() / "node_modules" / PACKAGE / ENTRY).is_file(),
-                    reason=f"codex is not installed in {npm_prefix()}: bash scripts/setup.sh")
+@pytest.mark.skipif(
+    not (npm_prefix() / "node_modules" / PACKAGE / ENTRY).is_file(),
+    reason=f"codex is not installed in {npm_prefix()}: bash scripts/setup.sh",
+)
 async def test_polar_a3_payload_ends_scored_and_calls_back(fleets):
     payload = json.loads(EXAMPLE.read_text())
     payload["task_id"] = f"polar-a3-{uuid.uuid4().hex[:6]}"
     # one sample keeps the run within CI's time on a 2-core CPU (a turn can take minutes)
     payload["num_samples"] = 1
     client = RolloutClient(fleets.client, BlobStore(fleets.store_url))
-    async with callback_receiver() as (callback_url, received), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=create_app(client)),
-            base_url="http://rest") as http:
+    async with (
+        callback_receiver() as (callback_url, received),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(client)), base_url="http://rest"
+        ) as http,
+    ):
         payload["callback_url"] = callback_url
         submitted = await http.post("/rollout/task/submit", json=payload)
         assert submitted.status_code == 200, submitted.text
@@ -97,18 +106,26 @@ async def test_polar_a3_payload_ends_scored_and_calls_back(fleets):
         async def status() -> dict[str, Any]:
             return (await http.get(f"/rollout/task/{payload['task_id']}")).json()
 
-        done = await poll(status, lambda s: s["status"] != "running", timeout_s=2100,
-                          what="the POLAR task ended")
-        await poll(lambda: asyncio.sleep(0, len(received)), lambda n: n == 1,
-                   timeout_s=120, what="both callbacks received")
+        done = await poll(
+            status, lambda s: s["status"] != "running", timeout_s=2100, what="the POLAR task ended"
+        )
+        await poll(
+            lambda: asyncio.sleep(0, len(received)),
+            lambda n: n == 1,
+            timeout_s=120,
+            what="both callbacks received",
+        )
     for r in done["results"]:
-        print(f"polar a3 {r['session_id']}: {r['status']} reward {r['reward']} failure "
-              f"{r['failure']} traces {len(r['trajectory']['traces'])} "
-              f"callback {r['callback']}")
+        print(
+            f"polar a3 {r['session_id']}: {r['status']} reward {r['reward']} failure "
+            f"{r['failure']} traces {len(r['trajectory']['traces'])} "
+            f"callback {r['callback']}"
+        )
     assert done["status"] == "completed", done.get("error")
     assert done["total_sessions"] == done["completed_sessions"] == 1
     assert all(r["reward"] is not None for r in done["results"]), done["results"]
     assert all(r["trajectory"]["traces"] for r in done["results"])
-    assert sorted(b["session_id"] for b in received) == \
-        sorted(r["session_id"] for r in done["results"])
+    assert sorted(b["session_id"] for b in received) == sorted(
+        r["session_id"] for r in done["results"]
+    )
     assert all(b["task_id"] == payload["task_id"] for b in received)

@@ -24,22 +24,36 @@ AGENT = Path(__file__).parents[2] / "examples" / "agents" / "file_agent.py"
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed")
 async def test_python_agent_calls_its_tools_and_is_scored(fleets):
-    run = await run_task(fleets, {
-        "instruction": "Use the write_file tool to create hello.py that prints hello world.",
-        "num_samples": NUM_SAMPLES,
-        "harness": {"type": "python", "entry": "file_agent:agent", "max_turns": 2,
-                    "files": {"file_agent.py": AGENT.read_text()}},
-        "runtime": {"type": "bwrap", "network": "gateway"},
-        "evaluator": {"type": "test_on_output", "command": "python3 hello.py",
-                      "expected_output": "hello world"},
-        "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
-        "phases": {"run_s": 600},
-    })
+    run = await run_task(
+        fleets,
+        {
+            "instruction": "Use the write_file tool to create hello.py that prints hello world.",
+            "num_samples": NUM_SAMPLES,
+            "harness": {
+                "type": "python",
+                "entry": "file_agent:agent",
+                "max_turns": 2,
+                "files": {"file_agent.py": AGENT.read_text()},
+            },
+            "runtime": {"type": "bwrap", "network": "gateway"},
+            "evaluator": {
+                "type": "test_on_output",
+                "command": "python3 hello.py",
+                "expected_output": "hello world",
+            },
+            "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
+            "phases": {"run_s": 600},
+        },
+    )
     for s in run.sessions:
         assert executed_tool_calls(s.completions) >= 1, s.harness
         assert s.result.reward is not None, (s.result.status, s.result.error, s.harness)
-    print("python", [s.result.reward for s in run.sessions],
-          [s.result.num_completions for s in run.sessions],
-          [s.result.num_traces for s in run.sessions],
-          [s.result.num_trainable_tokens for s in run.sessions], round(run.wall_s, 1),
-          [s.harness.get("summary") for s in run.sessions])
+    print(
+        "python",
+        [s.result.reward for s in run.sessions],
+        [s.result.num_completions for s in run.sessions],
+        [s.result.num_traces for s in run.sessions],
+        [s.result.num_trainable_tokens for s in run.sessions],
+        round(run.wall_s, 1),
+        [s.harness.get("summary") for s in run.sessions],
+    )

@@ -31,8 +31,8 @@ KUBE_VERSION = kubernetes_validate.utils.latest_version()
 #: vendored JSON Schemas of kinds kubernetes-validate has none for (CRDs)
 CRD_SCHEMAS = {
     ("keda.sh/v1alpha1", "ScaledObject"): HERE / "keda_scaledobject_v1alpha1.schema.json",
-    ("keda.sh/v1alpha1", "TriggerAuthentication"):
-        HERE / "keda_triggerauthentication_v1alpha1.schema.json",
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): HERE
+    / "keda_triggerauthentication_v1alpha1.schema.json",
 }
 
 #: value sets the chart is linted, rendered and validated with (name -> overrides)
@@ -41,25 +41,49 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "keda": {"autoscaling": {"mode": "keda"}},
     "hpa": {"autoscaling": {"mode": "hpa"}, "rest": {"autoscaling": {"enabled": True}}},
     "off": {"autoscaling": {"mode": "off"}},
-    "tls": {"autoscaling": {"mode": "keda"},
-            "temporal": {"address": "temporal.example.com:7233",
-                         "tls": {"existingSecret": "temporal-client",
-                                 "serverName": "temporal.example.com"}}},
-    "api-key": {"autoscaling": {"mode": "keda"},
-                "temporal": {"address": "ns.acct.tmprl.cloud:7233", "namespace": "ns.acct",
-                             "apiKey": {"existingSecret": "temporal-cloud"}}},
+    "tls": {
+        "autoscaling": {"mode": "keda"},
+        "temporal": {
+            "address": "temporal.example.com:7233",
+            "tls": {"existingSecret": "temporal-client", "serverName": "temporal.example.com"},
+        },
+    },
+    "api-key": {
+        "autoscaling": {"mode": "keda"},
+        "temporal": {
+            "address": "ns.acct.tmprl.cloud:7233",
+            "namespace": "ns.acct",
+            "apiKey": {"existingSecret": "temporal-cloud"},
+        },
+    },
     "s3": {"store": {"url": "s3://rollouts/prod", "credentials": {"existingSecret": "s3-creds"}}},
-    "dev": {"temporal": {"dev": {"enabled": True}}, "engine": {"enabled": True},
-            "autoscaling": {"mode": "off"}, "sandbox": {"replicas": 2},
-            "gateway": {"replicas": 2}},
+    "dev": {
+        "temporal": {"dev": {"enabled": True}},
+        "engine": {"enabled": True},
+        "autoscaling": {"mode": "off"},
+        "sandbox": {"replicas": 2},
+        "gateway": {"replicas": 2},
+    },
     "existing-secret": {"secrets": {"existingSecret": "rolloutd-tokens"}},
     "no-rest": {"rest": {"enabled": False}},
-    "observability": {"metrics": {"serviceMonitor": {"enabled": True}},
-                      "codecServer": {"enabled": True, "origins": "https://temporal.example.com"},
-                      "backends": {"urls": ["http://vllm-0.vllm:8000", "http://vllm-1.vllm:8000"],
-                                   "type": "vllm", "policyVersion": 3}},
-    "unprivileged": {"sandbox": {"privileged": False, "securityContext": {
-        "capabilities": {"add": ["SYS_ADMIN"]}, "seccompProfile": {"type": "Unconfined"}}}},
+    "observability": {
+        "metrics": {"serviceMonitor": {"enabled": True}},
+        "codecServer": {"enabled": True, "origins": "https://temporal.example.com"},
+        "backends": {
+            "urls": ["http://vllm-0.vllm:8000", "http://vllm-1.vllm:8000"],
+            "type": "vllm",
+            "policyVersion": 3,
+        },
+    },
+    "unprivileged": {
+        "sandbox": {
+            "privileged": False,
+            "securityContext": {
+                "capabilities": {"add": ["SYS_ADMIN"]},
+                "seccompProfile": {"type": "Unconfined"},
+            },
+        }
+    },
 }
 
 
@@ -79,8 +103,9 @@ def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
             into[key] = value
 
 
-def rendered(values: dict[str, Any] | None = None, *,
-             api_versions: list[str] | None = None) -> dict[str, str]:
+def rendered(
+    values: dict[str, Any] | None = None, *, api_versions: list[str] | None = None
+) -> dict[str, str]:
     """``helm template`` of the chart: ``{template path: text}``.
 
     Args:
@@ -97,20 +122,29 @@ def rendered(values: dict[str, Any] | None = None, *,
     chart = helm.Chart.load(CHART)
     try:
         if not api_versions:
-            return chart.render(values or None, name=RELEASE, namespace=NAMESPACE,
-                                is_install=True)
-        opts = {"name": RELEASE, "namespace": NAMESPACE, "is_install": True,
-                "api_versions": api_versions}
-        out: dict[str, str] = json.loads(helm_native.call_string(
-            "helm_render", chart._raw(), json.dumps(values) if values else None,
-            json.dumps(opts)))
+            return chart.render(values or None, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        opts = {
+            "name": RELEASE,
+            "namespace": NAMESPACE,
+            "is_install": True,
+            "api_versions": api_versions,
+        }
+        out: dict[str, str] = json.loads(
+            helm_native.call_string(
+                "helm_render",
+                chart._raw(),
+                json.dumps(values) if values else None,
+                json.dumps(opts),
+            )
+        )
         return out
     finally:
         chart.close()
 
 
-def render(values: dict[str, Any] | None = None, *,
-           api_versions: list[str] | None = None) -> list[dict[str, Any]]:
+def render(
+    values: dict[str, Any] | None = None, *, api_versions: list[str] | None = None
+) -> list[dict[str, Any]]:
     """The rendered manifests as dicts (NOTES.txt left out); arguments as :func:`rendered`."""
     docs: list[dict[str, Any]] = []
     for path, text in sorted(rendered(values, api_versions=api_versions).items()):
@@ -119,8 +153,7 @@ def render(values: dict[str, Any] | None = None, *,
     return docs
 
 
-def notes(values: dict[str, Any] | None = None, *,
-          api_versions: list[str] | None = None) -> str:
+def notes(values: dict[str, Any] | None = None, *, api_versions: list[str] | None = None) -> str:
     """The rendered NOTES.txt."""
     out = rendered(values, api_versions=api_versions)
     return next(text for path, text in out.items() if path.endswith("NOTES.txt"))

@@ -61,7 +61,8 @@ def test_host_id_is_the_pod_name_and_gateway_pods_get_distinct_addresses() -> No
         # $(POD_NAME) expands only from a variable defined earlier in the list
         assert names.index("POD_NAME") < names.index("ROLLOUTD_HOST_ID")
         assert env[names.index("POD_NAME")]["valueFrom"] == {
-            "fieldRef": {"fieldPath": "metadata.name"}}
+            "fieldRef": {"fieldPath": "metadata.name"}
+        }
         assert env[names.index("ROLLOUTD_HOST_ID")]["value"] == "$(POD_NAME)"
 
     gateway = found[f"{FULLNAME}-gateway"]
@@ -75,15 +76,17 @@ def test_host_id_is_the_pod_name_and_gateway_pods_get_distinct_addresses() -> No
     queues = {host_queue("gateway", pod) for pod in pods}
     assert len(urls) == len(queues) == len(pods) == 2
     for pod in pods:
-        assert (f"http://{pod}.{headless['metadata']['name']}.{NAMESPACE}.svc:8300"
-                in urls)
+        assert f"http://{pod}.{headless['metadata']['name']}.{NAMESPACE}.svc:8300" in urls
 
 
 def test_secrets_are_referenced_never_inlined() -> None:
     for name in ["default", "tls", "api-key", "s3", "observability"]:
         docs = render(VALUE_SETS[name])
-        secret_values = [base64.b64decode(v).decode()
-                         for s in by_kind(docs, "Secret").values() for v in s["data"].values()]
+        secret_values = [
+            base64.b64decode(v).decode()
+            for s in by_kind(docs, "Secret").values()
+            for v in s["data"].values()
+        ]
         assert secret_values
         others = json.dumps([d for d in docs if d["kind"] != "Secret"])
         for value in secret_values:
@@ -97,16 +100,22 @@ def test_secrets_are_referenced_never_inlined() -> None:
 def test_existing_secret_is_used_and_none_is_created() -> None:
     docs = render(VALUE_SETS["existing-secret"])
     assert by_kind(docs, "Secret") == {}
-    refs = {e["valueFrom"]["secretKeyRef"]["name"]
-            for w in workloads(docs).values() for e in container(w)["env"]
-            if "secretKeyRef" in e.get("valueFrom", {})}
+    refs = {
+        e["valueFrom"]["secretKeyRef"]["name"]
+        for w in workloads(docs).values()
+        for e in container(w)["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
     assert refs == {"rolloutd-tokens"}
 
 
 def test_admin_token_reaches_only_the_gateway_and_rest() -> None:
     found = workloads(render())
-    holders = {n.removeprefix(f"{FULLNAME}-") for n, w in found.items()
-               if "ROLLOUTD_ADMIN_TOKEN" in env_of(w)}
+    holders = {
+        n.removeprefix(f"{FULLNAME}-")
+        for n, w in found.items()
+        if "ROLLOUTD_ADMIN_TOKEN" in env_of(w)
+    }
     assert holders == {"gateway", "rest"}
     assert "ROLLOUTD_REST_TOKEN" in env_of(found[f"{FULLNAME}-rest"])
 
@@ -143,8 +152,9 @@ def test_keda_scales_each_fleet_on_its_own_queue() -> None:
         assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 300}]
 
 
-@pytest.mark.parametrize(("name", "params"), [
-    ("tls", {"cert", "key", "ca"}), ("api-key", {"apiKey"})])
+@pytest.mark.parametrize(
+    ("name", "params"), [("tls", {"cert", "key", "ca"}), ("api-key", {"apiKey"})]
+)
 def test_keda_authenticates_to_temporal_like_the_fleets(name: str, params: set[str]) -> None:
     docs = render(VALUE_SETS[name])
     (auth,) = by_kind(docs, "TriggerAuthentication").values()
@@ -159,7 +169,8 @@ def test_auto_picks_keda_when_the_cluster_serves_it() -> None:
     assert by_kind(docs, "HorizontalPodAutoscaler") == {}
     scaled = by_kind(docs, "ScaledObject")
     assert {so["spec"]["triggers"][0]["metadata"]["taskQueue"] for so in scaled.values()} == {
-        FLEET_QUEUES[f] for f in FLEETS}
+        FLEET_QUEUES[f] for f in FLEETS
+    }
     assert "Scaling:   keda (KEDA's temporal scaler" in notes(api_versions=["keda.sh/v1alpha1"])
 
 
@@ -189,8 +200,12 @@ def test_pdbs_and_drain_grace_period() -> None:
         pdb = pdbs[f"{FULLNAME}-{component}"]
         labels = found[f"{FULLNAME}-{component}"]["spec"]["template"]["metadata"]["labels"]
         assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    grace = {n.removeprefix(f"{FULLNAME}-"): w["spec"]["template"]["spec"]
-             ["terminationGracePeriodSeconds"] for n, w in found.items()}
+    grace = {
+        n.removeprefix(f"{FULLNAME}-"): w["spec"]["template"]["spec"][
+            "terminationGracePeriodSeconds"
+        ]
+        for n, w in found.items()
+    }
     assert grace["sandbox"] == 900
     assert grace["workflows"] == grace["gateway"] == grace["eval"] == 120
 
@@ -202,27 +217,40 @@ def test_only_sandbox_pods_are_privileged() -> None:
         assert privileged == name.endswith("-sandbox"), name
     strict = workloads(render(VALUE_SETS["unprivileged"]))[f"{FULLNAME}-sandbox"]
     assert container(strict)["securityContext"] == {
-        "capabilities": {"add": ["SYS_ADMIN"]}, "seccompProfile": {"type": "Unconfined"}}
+        "capabilities": {"add": ["SYS_ADMIN"]},
+        "seccompProfile": {"type": "Unconfined"},
+    }
 
 
 def test_every_rolloutd_variable_is_a_setting() -> None:
     """The ConfigMap's and the pods' ROLLOUTD_* names are fields of the settings classes, and
     the ConfigMap's values parse (a typo or a bad value would be ignored or refused at start)."""
-    classes = [settings_mod.GatewaySettings, settings_mod.SandboxSettings,
-               settings_mod.EvalSettings, settings_mod.RestSettings,
-               settings_mod.CodecServerSettings]
+    classes = [
+        settings_mod.GatewaySettings,
+        settings_mod.SandboxSettings,
+        settings_mod.EvalSettings,
+        settings_mod.RestSettings,
+        settings_mod.CodecServerSettings,
+    ]
     fields = {f"ROLLOUTD_{n.upper()}" for c in classes for n in c.model_fields}
     for name in VALUE_SETS:
         docs = render(VALUE_SETS[name])
         data = by_kind(docs, "ConfigMap")[f"{FULLNAME}-config"]["data"]
-        names = set(data) | {e["name"] for w in workloads(docs).values()
-                             for e in container(w).get("env", [])
-                             if e["name"].startswith("ROLLOUTD_")
-                             and not e["name"].startswith("ROLLOUTD_ENGINE_")}
+        names = set(data) | {
+            e["name"]
+            for w in workloads(docs).values()
+            for e in container(w).get("env", [])
+            if e["name"].startswith("ROLLOUTD_") and not e["name"].startswith("ROLLOUTD_ENGINE_")
+        }
         assert names - fields == set(), name
         for cls in classes:
-            cls.model_validate({k.removeprefix("ROLLOUTD_").lower(): v for k, v in data.items()
-                                if k.removeprefix("ROLLOUTD_").lower() in cls.model_fields})
+            cls.model_validate(
+                {
+                    k.removeprefix("ROLLOUTD_").lower(): v
+                    for k, v in data.items()
+                    if k.removeprefix("ROLLOUTD_").lower() in cls.model_fields
+                }
+            )
 
 
 def test_s3_store_takes_credentials_from_the_secret() -> None:
@@ -243,8 +271,9 @@ def test_tls_files_come_from_the_secret_outside_etc() -> None:
     for w in workloads(docs).values():
         mount = next(m for m in container(w)["volumeMounts"] if m["name"] == "temporal-tls")
         assert cert.startswith(mount["mountPath"] + "/") and mount["readOnly"]
-        vol = next(v for v in w["spec"]["template"]["spec"]["volumes"]
-                   if v["name"] == "temporal-tls")
+        vol = next(
+            v for v in w["spec"]["template"]["spec"]["volumes"] if v["name"] == "temporal-tls"
+        )
         assert vol["secret"]["secretName"] == "temporal-client"
 
 
@@ -264,7 +293,8 @@ def test_dev_temporal_runs_with_rolloutds_search_attributes() -> None:
 def test_backends_reach_the_gateway_settings() -> None:
     data = by_kind(render(VALUE_SETS["observability"]), "ConfigMap")[f"{FULLNAME}-config"]["data"]
     gateway = settings_mod.GatewaySettings.model_validate(
-        {k.removeprefix("ROLLOUTD_").lower(): v for k, v in data.items()})
+        {k.removeprefix("ROLLOUTD_").lower(): v for k, v in data.items()}
+    )
     assert gateway.backend_url == "http://vllm-0.vllm:8000,http://vllm-1.vllm:8000"
     assert (gateway.backend_type, gateway.backend_policy_version) == ("vllm", 3)
     assert (gateway.gateway_host, gateway.gateway_port) == ("0.0.0.0", 8300)

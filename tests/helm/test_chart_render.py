@@ -23,8 +23,13 @@ def test_validates_against_a_current_kubernetes() -> None:
 
 @pytest.mark.parametrize("name", list(VALUE_SETS))
 def test_lint_is_clean(name: str) -> None:
-    report = helm.lint(CHART, VALUE_SETS[name] or None, strict=True, namespace="rl",
-                       kube_version=f"v{KUBE_VERSION}.0")
+    report = helm.lint(
+        CHART,
+        VALUE_SETS[name] or None,
+        strict=True,
+        namespace="rl",
+        kube_version=f"v{KUBE_VERSION}.0",
+    )
     assert report["errors"] == [], report
     # severity 2 = warning, 3 = error ("icon is recommended" is 1, info)
     assert [m for m in report["messages"] if m["severity"] >= 2] == [], report
@@ -58,30 +63,41 @@ def test_validation_refuses_a_broken_manifest() -> None:
         validate(scaled)
 
 
-@pytest.mark.parametrize(("values", "message"), [
-    # values.schema.json: Helm refuses before rendering, naming the value
-    ({"workflows": {"autoscaling": {"minReplicas": 0}}},
-     "/workflows/autoscaling/minReplicas': minimum: got 0, want 1"),
-    ({"autoscaling": {"mode": "sometimes"}}, "/autoscaling/mode': value must be one of"),
-    ({"temporal": {"adress": "x:7233"}}, "additional properties 'adress' not allowed"),
-    ({"backends": {"type": "tgi"}}, "/backends/type"),
-    # the templates' own checks (the schema cannot compare two values)
-    ({"temporal": {"tls": {"existingSecret": "a"}, "apiKey": {"existingSecret": "b"}}},
-     "not both"),
-    ({"store": {"url": "", "persistence": {"enabled": False}}}, "shared blob store"),
-    ({"temporal": {"address": ""}}, "temporal.address is required"),
-])
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        # values.schema.json: Helm refuses before rendering, naming the value
+        (
+            {"workflows": {"autoscaling": {"minReplicas": 0}}},
+            "/workflows/autoscaling/minReplicas': minimum: got 0, want 1",
+        ),
+        ({"autoscaling": {"mode": "sometimes"}}, "/autoscaling/mode': value must be one of"),
+        ({"temporal": {"adress": "x:7233"}}, "additional properties 'adress' not allowed"),
+        ({"backends": {"type": "tgi"}}, "/backends/type"),
+        # the templates' own checks (the schema cannot compare two values)
+        (
+            {"temporal": {"tls": {"existingSecret": "a"}, "apiKey": {"existingSecret": "b"}}},
+            "not both",
+        ),
+        ({"store": {"url": "", "persistence": {"enabled": False}}}, "shared blob store"),
+        ({"temporal": {"address": ""}}, "temporal.address is required"),
+    ],
+)
 def test_refuses_bad_values(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmError, match=message):
         render(values)
 
 
-@pytest.mark.parametrize(("values", "message"), [
-    ({"workflows": {"autoscaling": {"minReplicas": 0}}}, "ruling 1"),
-    ({"autoscaling": {"mode": "sometimes"}}, "autoscaling.mode must be"),
-])
-def test_templates_refuse_bad_values_without_the_schema(values: dict[str, Any], message: str,
-                                                        tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"workflows": {"autoscaling": {"minReplicas": 0}}}, "ruling 1"),
+        ({"autoscaling": {"mode": "sometimes"}}, "autoscaling.mode must be"),
+    ],
+)
+def test_templates_refuse_bad_values_without_the_schema(
+    values: dict[str, Any], message: str, tmp_path: Path
+) -> None:
     """Without values.schema.json (``--skip-schema-validation``) the templates still refuse
     (helm lint cannot show it: in lint mode ``fail`` only logs)."""
     bare = tmp_path / "rolloutd"
@@ -116,7 +132,12 @@ def test_packaged_chart_carries_the_dashboard(tmp_path) -> None:
         out = chart.render(None, name="rd", namespace="rl")
     finally:
         chart.close()
-    docs = [d for path, text in out.items() if not path.endswith("NOTES.txt")
-            for d in yaml.safe_load_all(text) if d]
+    docs = [
+        d
+        for path, text in out.items()
+        if not path.endswith("NOTES.txt")
+        for d in yaml.safe_load_all(text)
+        if d
+    ]
     dashboard = next(d for d in docs if d["metadata"]["name"] == "rd-rolloutd-dashboard")
     assert '"panels"' in dashboard["data"]["rolloutd.json"]

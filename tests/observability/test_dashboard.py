@@ -20,8 +20,21 @@ from rolloutd.store import BlobStore
 DASHBOARD = Path(__file__).resolve().parents[2] / "helm" / "dashboards" / "rolloutd.json"
 
 #: PromQL words that are not metric names (prometheus.io/docs/prometheus/latest/querying/)
-KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or",
-            "unless", "bool", "offset", "inf", "nan"}
+KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "inf",
+    "nan",
+}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -40,16 +53,18 @@ def metric_names(expr: str) -> set[str]:
     found = set()
     for m in re.finditer(r"(?<![0-9.])[A-Za-z_:][A-Za-z0-9_:]*", text):
         word = m.group(0)
-        if word.lower() in KEYWORDS or text[m.end():].lstrip().startswith("("):
+        if word.lower() in KEYWORDS or text[m.end() :].lstrip().startswith("("):
             continue
         found.add(word)
     return found
 
 
 def test_metric_names_parses_promql():
-    expr = ('histogram_quantile(0.95, sum by (le, phase) (rate(rolloutd_x_bucket'
-            '{phase="run", a=~"b"}[$__rate_interval]))) / on(phase) group_left(h) '
-            'sum without (le) (temporal_y offset 5m) > bool 2 or vector(1) and z')
+    expr = (
+        "histogram_quantile(0.95, sum by (le, phase) (rate(rolloutd_x_bucket"
+        '{phase="run", a=~"b"}[$__rate_interval]))) / on(phase) group_left(h) '
+        "sum without (le) (temporal_y offset 5m) > bool 2 or vector(1) and z"
+    )
     assert metric_names(expr) == {"rolloutd_x_bucket", "temporal_y", "z"}
 
 
@@ -97,14 +112,17 @@ def registry_names(tmp_path: Path) -> set[str]:
     metrics.observe_log_write(0.0001)
     pool = BackendPool([make_backend("llama_cpp", "dashboard-test", "http://127.0.0.1:9")])
     metrics.watch_pool(pool)
-    acts = SandboxActivities(SandboxSettings(host_id="dashboard-test",
-                                             runtime_root=str(tmp_path / "runtimes"),
-                                             store_url=str(tmp_path / "store")),
-                             BlobStore(str(tmp_path / "store")))
+    acts = SandboxActivities(
+        SandboxSettings(
+            host_id="dashboard-test",
+            runtime_root=str(tmp_path / "runtimes"),
+            store_url=str(tmp_path / "store"),
+        ),
+        BlobStore(str(tmp_path / "store")),
+    )
     exported = {s.name for family in REGISTRY.collect() for s in family.samples}
     del pool, acts
-    return exported | names.series_names({**names.WORKFLOW_METRICS,
-                                          **names.TEMPORAL_SDK_METRICS})
+    return exported | names.series_names({**names.WORKFLOW_METRICS, **names.TEMPORAL_SDK_METRICS})
 
 
 def test_dashboard_references_only_exported_metrics(tmp_path):
@@ -125,8 +143,7 @@ def test_dashboard_references_only_exported_metrics(tmp_path):
     assert shown == families, families - shown
 
 
-@pytest.mark.parametrize("panel", ["backlog", "phase", "added latency", "tokens",
-                                   "backend"])
+@pytest.mark.parametrize("panel", ["backlog", "phase", "added latency", "tokens", "backend"])
 def test_dashboard_has_the_panels_the_issue_asks_for(panel):
     titles = " | ".join(p["title"].lower() for p in dashboard()["panels"])
     assert panel in titles

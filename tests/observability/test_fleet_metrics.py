@@ -31,10 +31,10 @@ pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox]
 
 #: one plain and one streamed Chat Completions call per session
 TWO_CALLS = (
-    "for s in false true; do curl -sS -f \"$OPENAI_BASE_URL/chat/completions\" "
+    'for s in false true; do curl -sS -f "$OPENAI_BASE_URL/chat/completions" '
     "-H \"Authorization: Bearer $OPENAI_API_KEY\" -H 'Content-Type: application/json' "
-    "-d \"{\\\"model\\\": \\\"m\\\", \\\"max_tokens\\\": 6, \\\"stream\\\": $s, "
-    "\\\"messages\\\": [{\\\"role\\\": \\\"user\\\", \\\"content\\\": \\\"Say hi $s\\\"}]}\" "
+    '-d "{\\"model\\": \\"m\\", \\"max_tokens\\": 6, \\"stream\\": $s, '
+    '\\"messages\\": [{\\"role\\": \\"user\\", \\"content\\": \\"Say hi $s\\"}]}" '
     "> reply-$s.txt || exit 1; done; sleep 2"
 )
 
@@ -73,17 +73,20 @@ async def test_each_fleet_exports_what_real_sessions_did(fleets):
     gateway_metrics = f"{fleets.gateway_url}/metrics"
     before_gw, before = await ascrape(gateway_metrics), await ascrape(fleets.metrics_url)
     task_id = f"metrics-{uuid.uuid4().hex[:6]}"
-    handle = await client.submit({
-        "task_id": task_id, "instruction": "metrics", "num_samples": 2,
-        "harness": {"type": "shell", "command": TWO_CALLS},
-        "runtime": {"type": "bwrap"},
-        "evaluator": {"type": "test_on_output", "command": "test -s reply-true.txt"},
-    })
+    handle = await client.submit(
+        {
+            "task_id": task_id,
+            "instruction": "metrics",
+            "num_samples": 2,
+            "harness": {"type": "shell", "command": TWO_CALLS},
+            "runtime": {"type": "bwrap"},
+            "evaluator": {"type": "test_on_output", "command": "test -s reply-true.txt"},
+        }
+    )
     # while the harnesses sleep, the sandbox host shows their runtimes alive
     deadline, alive = time.monotonic() + 60, 0.0
     while alive < 1 and time.monotonic() < deadline:
-        alive = total(await ascrape(fleets.metrics_url), names.RUNTIMES_ALIVE,
-                      host="test-host")
+        alive = total(await ascrape(fleets.metrics_url), names.RUNTIMES_ALIVE, host="test-host")
         await asyncio.sleep(0.2)
     assert alive >= 1
     group = await handle.result()
@@ -106,17 +109,22 @@ async def test_each_fleet_exports_what_real_sessions_did(fleets):
     assert delta(f"{phase}_sum", harness="shell", phase="run") >= 2 * 2  # the sleeps
 
     # gateway calls and tokens equal the completion logs'
-    completions = [c for s in group.sessions
-                   for c in CompletionLog(client.store, s.session_id).read_all()]
+    completions = [
+        c for s in group.sessions for c in CompletionLog(client.store, s.session_id).read_all()
+    ]
     assert len(completions) == sum(s.num_completions for s in group.sessions) == 4
     calls = names.GATEWAY_CALLS
     assert delta(calls, gateway=True, dialect="openai_chat", status="200") == 4
     assert delta(calls, gateway=True, dialect="openai_chat") == 4
     backend = completions[0].backend
-    assert delta(names.GATEWAY_PROMPT_TOKENS, gateway=True, backend=backend) \
-        == sum(len(c.prompt_ids) for c in completions)
-    assert delta(names.GATEWAY_SAMPLED_TOKENS, gateway=True, backend=backend) \
-        == sum(len(c.response_ids) for c in completions) > 0
+    assert delta(names.GATEWAY_PROMPT_TOKENS, gateway=True, backend=backend) == sum(
+        len(c.prompt_ids) for c in completions
+    )
+    assert (
+        delta(names.GATEWAY_SAMPLED_TOKENS, gateway=True, backend=backend)
+        == sum(len(c.response_ids) for c in completions)
+        > 0
+    )
     added = names.GATEWAY_ADDED_LATENCY
     for stream in ("false", "true"):
         assert delta(f"{added}_count", gateway=True, dialect="openai_chat", stream=stream) == 2
@@ -129,8 +137,10 @@ async def test_each_fleet_exports_what_real_sessions_did(fleets):
     # per-backend state, read at scrape time: nothing in flight after the sessions
     assert total(after_gw, names.BACKEND_CALLS_IN_FLIGHT, backend=backend) == 0
     assert total(after_gw, names.BACKEND_PAUSED, backend=backend) == 0
-    assert total(after_gw, names.BACKEND_POLICY_VERSION, backend=backend) \
+    assert (
+        total(after_gw, names.BACKEND_POLICY_VERSION, backend=backend)
         == completions[0].policy_version
+    )
     assert total(after_gw, names.BACKEND_HEALTHY, backend=backend) == 1
     assert total(after, names.RUNTIMES_ALIVE, host="test-host") == 0
 
@@ -140,22 +150,42 @@ async def test_each_fleet_exports_what_real_sessions_did(fleets):
     assert delta(f"{sdk}_count", task_queue="rolloutd-sandbox@test-host") >= 2 * 3
     assert delta(f"{names.TEMPORAL_WORKFLOW_TASK_SCHEDULE_TO_START}_count") > 0
     # every documented series is in a scrape (the failure-only counters once they count)
-    event_only = names.series_names({n: "counter" for n in (
-        names.SESSION_FAILURES, names.SESSION_REPLACEMENTS, names.INCOMPLETE_GROUPS)})
+    event_only = names.series_names(
+        {
+            n: "counter"
+            for n in (names.SESSION_FAILURES, names.SESSION_REPLACEMENTS, names.INCOMPLETE_GROUPS)
+        }
+    )
     missing = names.exported_series() - event_only - set(after) - set(after_gw)
     assert not missing, missing
 
 
 def test_a_worker_process_serves_its_metrics_port(temporal_server, tmp_path):
     port = free_port()
-    env = {**os.environ, "ROLLOUTD_TEMPORAL_ADDRESS": temporal_server.address,
-           "ROLLOUTD_STORE_URL": str(tmp_path / "store"), "ROLLOUTD_HOST_ID": "metrics-host",
-           "ROLLOUTD_METRICS_HOST": "127.0.0.1", "ROLLOUTD_LOG_JSON": "false"}
+    env = {
+        **os.environ,
+        "ROLLOUTD_TEMPORAL_ADDRESS": temporal_server.address,
+        "ROLLOUTD_STORE_URL": str(tmp_path / "store"),
+        "ROLLOUTD_HOST_ID": "metrics-host",
+        "ROLLOUTD_METRICS_HOST": "127.0.0.1",
+        "ROLLOUTD_LOG_JSON": "false",
+    }
     env.pop("ROLLOUTD_METRICS_PORT", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rolloutd.cli", "worker", "--fleet", "eval",
-         "--metrics-port", str(port)], env=env, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-m",
+            "rolloutd.cli",
+            "worker",
+            "--fleet",
+            "eval",
+            "--metrics-port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline, samples = time.monotonic() + 90, None
         while time.monotonic() < deadline:

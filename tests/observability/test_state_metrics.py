@@ -19,9 +19,12 @@ def gauge(name: str, **labels: str) -> float | None:
 
 
 async def test_backend_gauges_follow_pool_admin_operations():
-    pool = BackendPool([make_backend("llama_cpp", "state-a", "http://127.0.0.1:9"),
-                        make_backend("llama_cpp", "state-b", "http://127.0.0.1:9",
-                                     policy_version=3)])
+    pool = BackendPool(
+        [
+            make_backend("llama_cpp", "state-a", "http://127.0.0.1:9"),
+            make_backend("llama_cpp", "state-b", "http://127.0.0.1:9", policy_version=3),
+        ]
+    )
     metrics.watch_pool(pool)
     try:
         assert gauge(names.BACKEND_PAUSED, backend="state-a") == 0
@@ -42,8 +45,9 @@ async def test_backend_gauges_follow_pool_admin_operations():
 
 
 def test_runtimes_alive_counts_a_hosts_runtimes(tmp_path):
-    settings = SandboxSettings(host_id="state-host", runtime_root=str(tmp_path / "rt"),
-                               store_url=str(tmp_path / "store"))
+    settings = SandboxSettings(
+        host_id="state-host", runtime_root=str(tmp_path / "rt"), store_url=str(tmp_path / "store")
+    )
     acts = SandboxActivities(settings, BlobStore(settings.store_url))
     assert gauge(names.RUNTIMES_ALIVE, host="state-host") == 0
     acts.runtimes["r1"] = object()  # type: ignore[assignment]  # only counted, never run

@@ -64,7 +64,7 @@ class FakeLlamaCpp:
         ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + [self.end_of_turn_id]
         stop_type = "eos"
         if len(ids) > body["n_predict"]:
-            ids, stop_type = ids[:body["n_predict"]], "limit"
+            ids, stop_type = ids[: body["n_predict"]], "limit"
         logprobs = [-0.01 * (i + 1) for i in range(len(ids))]
         return ids, logprobs, stop_type
 
@@ -76,27 +76,54 @@ class FakeLlamaCpp:
         body = json.loads(request.content)
         self.requests.append(body)
         ids, logprobs, stop_type = self._sample(body)
-        probs = [{"id": i, "token": "", "bytes": [], "logprob": lp,
-                  "top_logprobs": [{"id": i, "logprob": lp}]}
-                 for i, lp in zip(ids, logprobs, strict=True)]
-        final = {"stop": True, "stop_type": stop_type, "tokens_evaluated": len(body["prompt"]),
-                 "timings": {"cache_n": 0}}
+        probs = [
+            {
+                "id": i,
+                "token": "",
+                "bytes": [],
+                "logprob": lp,
+                "top_logprobs": [{"id": i, "logprob": lp}],
+            }
+            for i, lp in zip(ids, logprobs, strict=True)
+        ]
+        final = {
+            "stop": True,
+            "stop_type": stop_type,
+            "tokens_evaluated": len(body["prompt"]),
+            "timings": {"cache_n": 0},
+        }
         text_ids = ids[:-1] if stop_type == "eos" else ids
         if not body.get("stream"):
-            return httpx.Response(200, json={
-                "content": self.tokenizer.decode(text_ids), "tokens": ids,
-                "completion_probabilities": probs, **final})
+            return httpx.Response(
+                200,
+                json={
+                    "content": self.tokenizer.decode(text_ids),
+                    "tokens": ids,
+                    "completion_probabilities": probs,
+                    **final,
+                },
+            )
         events = []
         for i, (token_id, prob) in enumerate(zip(ids, probs, strict=True)):
-            piece = self.tokenizer.decode([token_id]) if token_id != self.end_of_turn_id \
-                or stop_type != "eos" else ""
-            events.append({"content": piece, "tokens": [token_id],
-                           "completion_probabilities": [prob], "stop": False,
-                           "tokens_predicted": i + 1})
+            piece = (
+                self.tokenizer.decode([token_id])
+                if token_id != self.end_of_turn_id or stop_type != "eos"
+                else ""
+            )
+            events.append(
+                {
+                    "content": piece,
+                    "tokens": [token_id],
+                    "completion_probabilities": [prob],
+                    "stop": False,
+                    "tokens_predicted": i + 1,
+                }
+            )
         events.append({"content": "", "tokens": [], **final})
         data = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
-        return httpx.Response(200, content=data.encode(),
-                              headers={"content-type": "text/event-stream"})
+        return httpx.Response(
+            200, content=data.encode(), headers={"content-type": "text/event-stream"}
+        )
 
 
 @pytest.fixture
@@ -110,10 +137,14 @@ def fake_llama(tokenizer: Any) -> FakeLlamaCpp:
 
 
 @pytest.fixture
-async def gateway(tmp_path: Path, tokenizer: Any, fake_llama: FakeLlamaCpp
-                  ) -> AsyncIterator[Gateway]:
-    settings = GatewaySettings(store_url=str(tmp_path / "store"), backend_url=FAKE_URL,
-                               gateway_public_url="http://gateway.test")
+async def gateway(
+    tmp_path: Path, tokenizer: Any, fake_llama: FakeLlamaCpp
+) -> AsyncIterator[Gateway]:
+    settings = GatewaySettings(
+        store_url=str(tmp_path / "store"),
+        backend_url=FAKE_URL,
+        gateway_public_url="http://gateway.test",
+    )
     gw = Gateway.from_settings(settings, tokenizer=tokenizer, transport=fake_llama.transport)
     yield gw
     await gw.aclose()
@@ -129,8 +160,9 @@ async def client(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
 # --------------------------------------------------------------------------- real engine
 
 
-def start_llama_server(tmp_path_factory: pytest.TempPathFactory, *, parallel: int,
-                       ctx_size: int) -> Any:
+def start_llama_server(
+    tmp_path_factory: pytest.TempPathFactory, *, parallel: int, ctx_size: int
+) -> Any:
     """Start llama-server on the Qwen2.5-Coder-0.5B GGUF, or skip when it is not installed.
 
     Args:
@@ -197,11 +229,15 @@ class RecordingTransport(httpx.AsyncBaseTransport):
         sink = bytearray()
         body = json.loads(request.content)
         # a call that scores a left-out logprob again (one forced token) samples nothing
-        (self.scoring if "logit_bias" in body and body.get("n_predict") == 1
-         else self.exchanges).append((body, sink))
-        return httpx.Response(response.status_code, headers=response.headers,
-                              stream=_TeeStream(response.stream, sink),  # type: ignore[arg-type]
-                              extensions=response.extensions)
+        (
+            self.scoring if "logit_bias" in body and body.get("n_predict") == 1 else self.exchanges
+        ).append((body, sink))
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_TeeStream(response.stream, sink),  # type: ignore[arg-type]
+            extensions=response.extensions,
+        )
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -217,8 +253,12 @@ class RecordingTransport(httpx.AsyncBaseTransport):
         text = raw.decode()
         if body.get("stream"):
             limit = body["n_predict"] - STREAM_SLACK_TOKENS
-            events = [event for line in text.splitlines() if line.startswith("data:")
-                      if (event := json.loads(line[5:])).get("tokens_predicted", 0) <= limit]
+            events = [
+                event
+                for line in text.splitlines()
+                if line.startswith("data:")
+                if (event := json.loads(line[5:])).get("tokens_predicted", 0) <= limit
+            ]
         else:
             events = [json.loads(text)]
         ids, logprobs = [], []

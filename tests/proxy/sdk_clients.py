@@ -62,8 +62,9 @@ class BodyRecorder:
                 continue
             text = body.decode()
             if path.endswith("streamGenerateContent"):
-                chunks += [json.loads(line[5:]) for line in text.splitlines()
-                           if line.startswith("data:")]
+                chunks += [
+                    json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")
+                ]
             else:
                 chunks.append(json.loads(text))
         return chunks
@@ -80,18 +81,24 @@ class Served:
     async def open(self, name: str, *, max_tokens: int = 16) -> SessionInfo:
         """Open session ``name`` (greedy, seeded, ``max_tokens`` per call)."""
         return await self.gateway.sessions.open_session(
-            name, name.split("/")[0],
-            sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=1))
+            name,
+            name.split("/")[0],
+            sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=1),
+        )
 
 
 @asynccontextmanager
-async def served_gateway(store: Path, backend_url: str, tokenizer: Any,
-                         transport: httpx.AsyncBaseTransport | None = None
-                         ) -> AsyncIterator[Served]:
+async def served_gateway(
+    store: Path, backend_url: str, tokenizer: Any, transport: httpx.AsyncBaseTransport | None = None
+) -> AsyncIterator[Served]:
     """A gateway served by uvicorn on ``127.0.0.1`` (any port) in the running event loop."""
-    settings = GatewaySettings(store_url=str(store), backend_url=backend_url,
-                               model="qwen2.5-coder-0.5b", tool_parser="hermes_lenient",
-                               backend_timeout_s=300)
+    settings = GatewaySettings(
+        store_url=str(store),
+        backend_url=backend_url,
+        model="qwen2.5-coder-0.5b",
+        tool_parser="hermes_lenient",
+        backend_timeout_s=300,
+    )
     gateway = Gateway.from_settings(settings, tokenizer=tokenizer, transport=transport)
     recorder = BodyRecorder(create_app(gateway))
     gateway._app = recorder  # type: ignore[assignment]  # serve() runs gateway.app
@@ -105,22 +112,35 @@ async def served_gateway(store: Path, backend_url: str, tokenizer: Any,
 
 def strict_openai(info: SessionInfo) -> openai.AsyncOpenAI:
     """An OpenAI client on the session's base URL, strict, without retries."""
-    return openai.AsyncOpenAI(base_url=info.openai_base_url, api_key="unused", max_retries=0,
-                              timeout=300, _strict_response_validation=True)
+    return openai.AsyncOpenAI(
+        base_url=info.openai_base_url,
+        api_key="unused",
+        max_retries=0,
+        timeout=300,
+        _strict_response_validation=True,
+    )
 
 
 def strict_anthropic(info: SessionInfo) -> anthropic.AsyncAnthropic:
     """An Anthropic client on the session's base URL, strict, without retries."""
-    return anthropic.AsyncAnthropic(base_url=info.anthropic_base_url, api_key="unused",
-                                    max_retries=0, timeout=300,
-                                    _strict_response_validation=True)
+    return anthropic.AsyncAnthropic(
+        base_url=info.anthropic_base_url,
+        api_key="unused",
+        max_retries=0,
+        timeout=300,
+        _strict_response_validation=True,
+    )
 
 
 def gemini_client(info: SessionInfo, api_version: str) -> genai.Client:
     """A google-genai client on the session's base URL and ``api_version`` (its default for
     the Gemini API is ``v1``; ``v1beta`` is what the CLIs use)."""
-    return genai.Client(api_key="unused", http_options=genai_types.HttpOptions(
-        base_url=info.gemini_base_url, api_version=api_version, timeout=300_000))
+    return genai.Client(
+        api_key="unused",
+        http_options=genai_types.HttpOptions(
+            base_url=info.gemini_base_url, api_version=api_version, timeout=300_000
+        ),
+    )
 
 
 def strict_gemini(recorder: BodyRecorder) -> int:

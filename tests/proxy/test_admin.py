@@ -47,11 +47,16 @@ def backends(fake_llama: FakeLlamaCpp) -> Backends:
 
 
 def make_gateway(store: Path, tokenizer: Any, backends: Backends, **settings: Any) -> Gateway:
-    values: dict[str, Any] = {"store_url": str(store), "backend_url": "http://a",
-                              "gateway_public_url": "http://gateway.test", "admin_token": TOKEN,
-                              **settings}
-    return Gateway.from_settings(GatewaySettings(**values), tokenizer=tokenizer,
-                                 transport=backends.transport)
+    values: dict[str, Any] = {
+        "store_url": str(store),
+        "backend_url": "http://a",
+        "gateway_public_url": "http://gateway.test",
+        "admin_token": TOKEN,
+        **settings,
+    }
+    return Gateway.from_settings(
+        GatewaySettings(**values), tokenizer=tokenizer, transport=backends.transport
+    )
 
 
 @pytest.fixture
@@ -70,8 +75,9 @@ async def http(gw: Gateway) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 async def admin(gw: Gateway) -> AsyncIterator[BackendAdmin]:
-    async with BackendAdmin("http://gateway.test", TOKEN,
-                            transport=httpx.ASGITransport(app=gw.app)) as a:
+    async with BackendAdmin(
+        "http://gateway.test", TOKEN, transport=httpx.ASGITransport(app=gw.app)
+    ) as a:
         yield a
 
 
@@ -108,16 +114,19 @@ async def test_admin_routes_need_the_admin_token(http: httpx.AsyncClient) -> Non
 
 
 async def test_without_a_configured_token_admin_routes_are_disabled(
-        tmp_path: Path, tokenizer: Any, backends: Backends) -> None:
+    tmp_path: Path, tokenizer: Any, backends: Backends
+) -> None:
     gateway = make_gateway(tmp_path / "s", tokenizer, backends, admin_token=None)
     transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://g") as client:
-        sent = await client.post("/admin/backends", json={"url": "http://b"},
-                                 headers={"Authorization": "Bearer anything"})
+        sent = await client.post(
+            "/admin/backends",
+            json={"url": "http://b"},
+            headers={"Authorization": "Bearer anything"},
+        )
         assert "ROLLOUTD_ADMIN_TOKEN" in openai_error(sent, 403)
         assert sent.json()["error"]["type"] == "permission_error"
-        assert "no admin token configured" in openai_error(await client.get("/admin/backends"),
-                                                           401)
+        assert "no admin token configured" in openai_error(await client.get("/admin/backends"), 401)
     assert gateway.pool.names() == ["http://a"]
     await gateway.aclose()
 
@@ -161,8 +170,9 @@ async def test_add_list_policy_version_remove_clear(admin: BackendAdmin, gw: Gat
     assert raised.value.status_code == 404
 
 
-async def test_new_sessions_go_to_the_least_assigned_backend(admin: BackendAdmin,
-                                                             gw: Gateway) -> None:
+async def test_new_sessions_go_to_the_least_assigned_backend(
+    admin: BackendAdmin, gw: Gateway
+) -> None:
     first = [(await gw.sessions.open_session(f"t/{i}", "t")).backend for i in range(2)]
     assert first == ["http://a", "http://a"]
     await admin.add("http://b", name="b")
@@ -173,16 +183,21 @@ async def test_new_sessions_go_to_the_least_assigned_backend(admin: BackendAdmin
 
 
 async def test_clear_and_add_moves_pinned_sessions_and_records_it(
-        admin: BackendAdmin, gw: Gateway, http: httpx.AsyncClient, backends: Backends) -> None:
+    admin: BackendAdmin, gw: Gateway, http: httpx.AsyncClient, backends: Backends
+) -> None:
     info = await gw.sessions.open_session("t/0", "t")
     first = await chat(http, info.session_key, "one")
     assert first.status_code == 200 and backends.hosts == ["a"]
     await admin.clear()
     await admin.add("http://b", name="b", policy_version=2)
-    conversation = [{"role": "user", "content": "one"},
-                    first.json()["choices"][0]["message"], {"role": "user", "content": "two"}]
-    answer = await http.post(f"/s/{info.session_key}/v1/chat/completions",
-                             json={**CHAT, "messages": conversation})
+    conversation = [
+        {"role": "user", "content": "one"},
+        first.json()["choices"][0]["message"],
+        {"role": "user", "content": "two"},
+    ]
+    answer = await http.post(
+        f"/s/{info.session_key}/v1/chat/completions", json={**CHAT, "messages": conversation}
+    )
     assert answer.status_code == 200, answer.text
     assert backends.hosts == ["a", "b"]  # nothing reached the removed backend after clear
     completions = CompletionLog(gw.store, "t/0").read_all()
@@ -193,12 +208,12 @@ async def test_clear_and_add_moves_pinned_sessions_and_records_it(
     assert (move.moved_from, move.moved_to, move.at_index) == ("http://a", "b", 1)
     # the token chain survives the move: the second prompt extends the first call's tokens
     assert completions[1].extends == 0
-    assert completions[1].prompt_ids[:len(completions[0].prompt_ids)] \
-        == completions[0].prompt_ids
+    assert completions[1].prompt_ids[: len(completions[0].prompt_ids)] == completions[0].prompt_ids
 
 
 async def test_pause_drains_in_flight_calls_and_holds_new_ones(
-        admin: BackendAdmin, gw: Gateway, http: httpx.AsyncClient, backends: Backends) -> None:
+    admin: BackendAdmin, gw: Gateway, http: httpx.AsyncClient, backends: Backends
+) -> None:
     a = await gw.sessions.open_session("t/0", "t")
     b = await gw.sessions.open_session("t/1", "t")
     backends.hold = asyncio.Event()
@@ -223,7 +238,8 @@ async def test_pause_drains_in_flight_calls_and_holds_new_ones(
 
 
 async def test_a_call_waits_for_a_backend_then_fails_with_503(
-        tmp_path: Path, tokenizer: Any, backends: Backends) -> None:
+    tmp_path: Path, tokenizer: Any, backends: Backends
+) -> None:
     gateway = make_gateway(tmp_path / "s", tokenizer, backends, backend_wait_s=0.05)
     info = await gateway.sessions.open_session("t/0", "t")
     await gateway.pool.remove(None)
@@ -235,24 +251,28 @@ async def test_a_call_waits_for_a_backend_then_fails_with_503(
     await gateway.aclose()
 
 
-async def test_the_pool_is_durable_across_gateways(tmp_path: Path, tokenizer: Any,
-                                                   backends: Backends,
-                                                   admin: BackendAdmin, gw: Gateway) -> None:
+async def test_the_pool_is_durable_across_gateways(
+    tmp_path: Path, tokenizer: Any, backends: Backends, admin: BackendAdmin, gw: Gateway
+) -> None:
     await admin.add("http://b", name="b", policy_version=4)
     await admin.remove("http://a")
     await admin.pause(names=["b"])
     # a second gateway over the same store, started with other settings, sees the pool
-    second = make_gateway(Path(gw.settings.store_url), tokenizer, backends,
-                          backend_url="http://c")
+    second = make_gateway(Path(gw.settings.store_url), tokenizer, backends, backend_url="http://c")
     [entry] = second.pool.describe()
-    assert (entry["name"], entry["url"], entry["policy_version"], entry["paused"]) \
-        == ("b", "http://b", 4, True)
+    assert (entry["name"], entry["url"], entry["policy_version"], entry["paused"]) == (
+        "b",
+        "http://b",
+        4,
+        True,
+    )
     assert second.pool.get("b").policy_version == 4
     await second.aclose()
 
 
 async def test_a_running_replica_follows_pool_changes_made_on_another(
-        tmp_path: Path, tokenizer: Any, backends: Backends) -> None:
+    tmp_path: Path, tokenizer: Any, backends: Backends
+) -> None:
     """Two gateways over one store, both running: clear-and-add and pause/resume done through
     the first reach the second's next call. ``pool_refresh_s`` is ~0 here, so the second
     looks at the store before every lease (1 s by default)."""
@@ -261,9 +281,10 @@ async def test_a_running_replica_follows_pool_changes_made_on_another(
     second = make_gateway(store, tokenizer, backends, pool_refresh_s=1e-9)
     info = await second.sessions.open_session("t/0", "t")
     transport = httpx.ASGITransport(app=second.app, raise_app_exceptions=False)
-    async with BackendAdmin("http://first", TOKEN,
-                            transport=httpx.ASGITransport(app=first.app)) as admin, \
-            httpx.AsyncClient(transport=transport, base_url="http://second") as client:
+    async with (
+        BackendAdmin("http://first", TOKEN, transport=httpx.ASGITransport(app=first.app)) as admin,
+        httpx.AsyncClient(transport=transport, base_url="http://second") as client,
+    ):
         assert (await chat(client, info.session_key, "one")).status_code == 200
         await admin.clear()
         await admin.add("http://b", name="b", policy_version=3)
@@ -279,14 +300,18 @@ async def test_a_running_replica_follows_pool_changes_made_on_another(
         assert (await waiting).status_code == 200
     assert backends.hosts == ["a", "b", "b"]
     completions = CompletionLog(second.store, "t/0").read_all()
-    assert [(c.backend, c.policy_version) for c in completions] \
-        == [("http://a", 0), ("b", 3), ("b", 3)]
+    assert [(c.backend, c.policy_version) for c in completions] == [
+        ("http://a", 0),
+        ("b", 3),
+        ("b", 3),
+    ]
     await first.aclose()
     await second.aclose()
 
 
-async def test_an_unmanaged_pool_follows_the_settings(tmp_path: Path, tokenizer: Any,
-                                                      backends: Backends) -> None:
+async def test_an_unmanaged_pool_follows_the_settings(
+    tmp_path: Path, tokenizer: Any, backends: Backends
+) -> None:
     first = make_gateway(tmp_path / "s", tokenizer, backends, backend_url="http://a")
     await first.aclose()
     second = make_gateway(tmp_path / "s", tokenizer, backends, backend_url="http://c")
@@ -298,7 +323,8 @@ async def test_an_unmanaged_pool_follows_the_settings(tmp_path: Path, tokenizer:
 
 
 async def test_bodies_over_the_limit_get_413_in_each_dialect(
-        tmp_path: Path, tokenizer: Any, backends: Backends) -> None:
+    tmp_path: Path, tokenizer: Any, backends: Backends
+) -> None:
     gateway = make_gateway(tmp_path / "s", tokenizer, backends, max_body_bytes=2048)
     info = await gateway.sessions.open_session("t/0", "t")
     big = {**CHAT, "messages": [{"role": "user", "content": "x" * 4096}]}

@@ -10,13 +10,21 @@ from rolloutd.store import CompletionLog
 
 
 async def test_a_system_message_inside_messages_is_a_system_turn(
-        gateway: Gateway, client: httpx.AsyncClient) -> None:
+    gateway: Gateway, client: httpx.AsyncClient
+) -> None:
     info = await gateway.sessions.open_session("t/0", "t")
-    response = await client.post(f"/s/{info.session_key}/v1/messages", json={
-        "max_tokens": 16, "system": "Be brief.", "messages": [
-            {"role": "user", "content": "Hi"},
-            {"role": "system", "content": [{"type": "text", "text": "Reminder: be kind."}]},
-            {"role": "user", "content": "Again"}]})
+    response = await client.post(
+        f"/s/{info.session_key}/v1/messages",
+        json={
+            "max_tokens": 16,
+            "system": "Be brief.",
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "system", "content": [{"type": "text", "text": "Reminder: be kind."}]},
+                {"role": "user", "content": "Again"},
+            ],
+        },
+    )
     assert response.status_code == 200, response.text
     [completion] = CompletionLog(gateway.store, "t/0").read_all()
     assert [m["role"] for m in completion.messages] == ["system", "user", "system", "user"]
@@ -26,9 +34,12 @@ async def test_a_system_message_inside_messages_is_a_system_turn(
 
 
 async def test_a_conversation_cannot_start_with_a_system_message(
-        gateway: Gateway, client: httpx.AsyncClient) -> None:
+    gateway: Gateway, client: httpx.AsyncClient
+) -> None:
     info = await gateway.sessions.open_session("t/1", "t")
-    response = await client.post(f"/s/{info.session_key}/v1/messages", json={
-        "max_tokens": 16, "messages": [{"role": "system", "content": "x"}]})
+    response = await client.post(
+        f"/s/{info.session_key}/v1/messages",
+        json={"max_tokens": 16, "messages": [{"role": "system", "content": "x"}]},
+    )
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"

@@ -26,13 +26,16 @@ pytestmark = [pytest.mark.engine]
 
 async def post(client: httpx.AsyncClient, key: str, text: str) -> httpx.Response:
     """One chat call of the session ``key``."""
-    return await client.post(f"/s/{key}/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": text}], "max_tokens": 4})
+    return await client.post(
+        f"/s/{key}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": text}], "max_tokens": 4},
+    )
 
 
 @contextlib.asynccontextmanager
 async def answering(port: int) -> AsyncIterator[None]:
     """A server on ``port`` that answers every request 200 (a backend come back)."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
@@ -48,19 +51,25 @@ async def answering(port: int) -> AsyncIterator[None]:
 
 
 async def test_a_refusing_backend_is_skipped_fails_fast_and_comes_back(
-        tmp_path: Path, tokenizer: Any, llama_server: Any) -> None:
+    tmp_path: Path, tokenizer: Any, llama_server: Any
+) -> None:
     dead_port = free_port()
     dead = f"http://127.0.0.1:{dead_port}"
-    settings = GatewaySettings(store_url=str(tmp_path / "store"),
-                               backend_url=f"{dead},{llama_server.url}",
-                               gateway_public_url="http://gateway.test", backend_timeout_s=300)
+    settings = GatewaySettings(
+        store_url=str(tmp_path / "store"),
+        backend_url=f"{dead},{llama_server.url}",
+        gateway_public_url="http://gateway.test",
+        backend_timeout_s=300,
+    )
     gateway = Gateway.from_settings(settings, tokenizer=tokenizer, ctx_size=4096)
     transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test",
-                                     timeout=120) as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gateway.test", timeout=120
+        ) as client:
             info = await gateway.sessions.open_session(
-                "h/0", "h", sampling=SamplingParams(max_tokens=4))
+                "h/0", "h", sampling=SamplingParams(max_tokens=4)
+            )
             assert info.backend == dead  # least-assigned, first registered
             refused = await post(client, info.session_key, "one")
             assert refused.status_code == 503, refused.text
@@ -78,7 +87,8 @@ async def test_a_refusing_backend_is_skipped_fails_fast_and_comes_back(
             # no healthy backend left: a call fails at once, not after its 300 s timeout
             await gateway.pool.remove([llama_server.url])
             other = await gateway.sessions.open_session(
-                "h/1", "h", sampling=SamplingParams(max_tokens=4))
+                "h/1", "h", sampling=SamplingParams(max_tokens=4)
+            )
             started = time.monotonic()
             fast = await post(client, other.session_key, "three")
             assert fast.status_code == 503, fast.text
@@ -93,8 +103,7 @@ async def test_a_refusing_backend_is_skipped_fails_fast_and_comes_back(
             assert (await client.get("/health")).json()["backend_health"]["status"] == "ok"
             await gateway.pool.set_paused(False, [dead])
             await post(client, other.session_key, "four")  # refused again
-            assert (await client.get("/health")).json()["backend_health"]["status"] \
-                == "unavailable"
+            assert (await client.get("/health")).json()["backend_health"]["status"] == "unavailable"
 
             # it answers again: a probe (with backoff) brings its health back
             async with answering(dead_port):

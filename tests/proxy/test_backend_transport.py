@@ -20,15 +20,23 @@ from rolloutd.proxy.backends.vllm import VllmBackend
 from tests.support.loopback import loopback_server, read_request
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-ANSWER = {"id": "c", "object": "chat.completion", "created": 1, "model": "m",
-          "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"},
-                       "finish_reason": "stop"}],
-          "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+ANSWER = {
+    "id": "c",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "m",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "Hello"}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+}
 
 
 def _http(body: bytes, status: str = "200 OK") -> bytes:
-    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 @asynccontextmanager
@@ -36,8 +44,9 @@ async def server(answer: Callable[[bytes], bytes | None]) -> AsyncIterator[str]:
     """A loopback server that reads one request head and writes ``answer(head)`` (None:
     closes the connection without a word)."""
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     number: int) -> None:
+    async def handle(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int
+    ) -> None:
         out = answer(await reader.readuntil(b"\r\n\r\n"))
         if out is not None:
             writer.write(out)
@@ -58,29 +67,44 @@ async def test_a_real_answer_goes_through() -> None:
 
 
 def _chunk(delta: dict[str, str], finish: str | None = None) -> bytes:
-    return b"data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1,
-                                   "model": "m", "choices": [{"index": 0, "delta": delta,
-                                                              "finish_reason": finish}]}
-                                  ).encode() + b"\n\n"
+    return (
+        b"data: "
+        + json.dumps(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": "m",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+        ).encode()
+        + b"\n\n"
+    )
 
 
 async def test_a_get_and_a_stream_go_over_one_pooled_connection() -> None:
     """``GET /v1/models``, then a streamed chat call: one connection serves both."""
     connections: list[int] = []
     models = json.dumps({"data": [{"id": "m", "max_model_len": 4096}]}).encode()
-    events = (_chunk({"role": "assistant", "content": "Hel"}) + _chunk({"content": "lo"}, "stop")
-              + b"data: [DONE]\n\n")
+    events = (
+        _chunk({"role": "assistant", "content": "Hel"})
+        + _chunk({"content": "lo"}, "stop")
+        + b"data: [DONE]\n\n"
+    )
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     number: int) -> None:
+    async def handle(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int
+    ) -> None:
         while True:
             head, _ = await read_request(reader)
             connections.append(number)
             if head.startswith(b"GET /v1/models "):
                 writer.write(_http(models))
             else:
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (len(events), events))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(events), events)
+                )
             await writer.drain()
 
     async with loopback_server(handle) as url:
@@ -98,11 +122,15 @@ async def test_a_get_and_a_stream_go_over_one_pooled_connection() -> None:
 
 async def test_a_stream_cut_short_is_a_backend_error() -> None:
     """The connection drops in the middle of a stream's body: "failed", not "unreachable"."""
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     number: int) -> None:
+
+    async def handle(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int
+    ) -> None:
         await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                     b"Content-Length: 10000\r\n\r\n" + _chunk({"content": "Hel"}))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Content-Length: 10000\r\n\r\n" + _chunk({"content": "Hel"})
+        )
         await writer.drain()
 
     async with loopback_server(handle) as url:
@@ -128,13 +156,17 @@ async def test_a_refused_connection_is_unavailable() -> None:
         await backend.aclose()
 
 
-@pytest.mark.parametrize("answer", [
-    pytest.param(lambda head: None, id="dropped-without-an-answer"),
-    pytest.param(lambda head: b"NOT HTTP AT ALL\r\n\r\n", id="not-http"),
-    pytest.param(lambda head: _http(b'{"content": "Hi", "tok')[:-5], id="cut-mid-body"),
-])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(lambda head: None, id="dropped-without-an-answer"),
+        pytest.param(lambda head: b"NOT HTTP AT ALL\r\n\r\n", id="not-http"),
+        pytest.param(lambda head: _http(b'{"content": "Hi", "tok')[:-5], id="cut-mid-body"),
+    ],
+)
 async def test_a_backend_that_fails_mid_call_is_a_backend_error(
-        answer: Callable[[bytes], bytes | None]) -> None:
+    answer: Callable[[bytes], bytes | None],
+) -> None:
     """Dropped connections, garbage and cut bodies are 502s ("failed"), not 503s: the
     backend was reached, so it is not "unreachable"."""
     async with server(answer) as url:
@@ -150,8 +182,10 @@ async def test_a_backend_that_fails_mid_call_is_a_backend_error(
 
 async def test_a_backend_that_never_answers_times_out() -> None:
     """Reached but silent past the read timeout: "timed out", a retryable 502-class error."""
-    async def never(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    number: int) -> None:
+
+    async def never(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int
+    ) -> None:
         await reader.readuntil(b"\r\n\r\n")
         await reader.read()  # until the client gives up and closes
 

@@ -23,8 +23,12 @@ from rolloutd.proxy.sessions import unrecovered_errors
 from rolloutd.store import CompletionLog
 from rolloutd.types import SamplingParams
 
-DIALECTS = {"chat": openai_chat, "responses": openai_responses, "anthropic": anthropic,
-            "gemini": gemini}
+DIALECTS = {
+    "chat": openai_chat,
+    "responses": openai_responses,
+    "anthropic": anthropic,
+    "gemini": gemini,
+}
 MESSAGE = "internal error: AttributeError"
 
 
@@ -32,15 +36,21 @@ def call(key: str, dialect: str, stream: bool) -> tuple[str, dict[str, Any]]:
     """(path, body) of a one-message call in ``dialect``."""
     if dialect == "chat":
         return f"/s/{key}/v1/chat/completions", {
-            "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": stream,
+        }
     if dialect == "responses":
         return f"/s/{key}/v1/responses", {"input": "hi", "stream": stream}
     if dialect == "anthropic":
         return f"/s/{key}/v1/messages", {
-            "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": stream,
+        }
     action = "streamGenerateContent?alt=sse" if stream else "generateContent"
     return f"/s/{key}/v1beta/models/qwen:{action}", {
-        "contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+        "contents": [{"role": "user", "parts": [{"text": "hi"}]}]
+    }
 
 
 def error_of(dialect: str, response: httpx.Response, stream: bool) -> dict[str, Any]:
@@ -56,8 +66,11 @@ def error_of(dialect: str, response: httpx.Response, stream: bool) -> dict[str, 
             assert set(body["error"]) == {"message", "type", "param", "code"}
         return body["error"]
     assert response.status_code == 200  # the stream had begun: the error is its last event
-    frames = [json.loads(line.removeprefix("data: ")) for line in response.text.split("\n")
-              if line.startswith("data: ") and line != "data: [DONE]"]
+    frames = [
+        json.loads(line.removeprefix("data: "))
+        for line in response.text.split("\n")
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
     if dialect == "responses":
         assert frames[-2]["type"] == "error" and frames[-1]["type"] == "response.failed"
         return frames[-2]
@@ -72,8 +85,13 @@ def error_of(dialect: str, response: httpx.Response, stream: bool) -> dict[str, 
 @pytest.mark.parametrize("where", ["pipeline", "render"])
 @pytest.mark.parametrize("dialect", list(DIALECTS))
 async def test_an_unexpected_exception_is_answered_in_the_dialect_counted_and_logged_once(
-        gateway: Gateway, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch,
-        dialect: str, where: str, stream: bool) -> None:
+    gateway: Gateway,
+    client: httpx.AsyncClient,
+    monkeypatch: pytest.MonkeyPatch,
+    dialect: str,
+    where: str,
+    stream: bool,
+) -> None:
     info = await gateway.sessions.open_session("t/0", "t", sampling=SamplingParams(max_tokens=8))
 
     def bug(*args: Any, **kwargs: Any) -> Any:
@@ -94,7 +112,10 @@ async def test_an_unexpected_exception_is_answered_in_the_dialect_counted_and_lo
     assert session.state.num_errors == 1
     [recorded] = session.state.errors
     assert (recorded.error_type, recorded.status_code, recorded.stream) == (
-        "AttributeError", 500, stream)
+        "AttributeError",
+        500,
+        stream,
+    )
     assert recorded.request_hash and recorded.num_messages == 1
     failures = [e for e in logs if e["log_level"] in ("warning", "error", "critical")]
     assert [e["event"] for e in failures] == ["call_failed"], failures
@@ -104,7 +125,8 @@ async def test_an_unexpected_exception_is_answered_in_the_dialect_counted_and_lo
 
 
 async def test_a_failed_call_is_recovered_by_a_later_completion_of_its_request(
-        gateway: Gateway, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    gateway: Gateway, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The harness retried the failed request (same body), or carried on with its
     conversation: the failure is made good; a failure nothing followed is not."""
     record = gateway.service.recorder.record
@@ -119,15 +141,20 @@ async def test_a_failed_call_is_recovered_by_a_later_completion_of_its_request(
     monkeypatch.setattr(gateway.service.recorder, "record", flaky)
     first = [{"role": "user", "content": "hi"}]
     later = [*first, {"role": "assistant", "content": "?"}, {"role": "user", "content": "go"}]
-    for session_id, bodies in [("t/0", [first, first]), ("t/1", [first, later]),
-                               ("t/2", [first]), ("t/3", [[{"role": "user", "content": "x"}],
-                                                          first])]:
-        info = await gateway.sessions.open_session(session_id, "t",
-                                                   sampling=SamplingParams(max_tokens=8))
+    for session_id, bodies in [
+        ("t/0", [first, first]),
+        ("t/1", [first, later]),
+        ("t/2", [first]),
+        ("t/3", [[{"role": "user", "content": "x"}], first]),
+    ]:
+        info = await gateway.sessions.open_session(
+            session_id, "t", sampling=SamplingParams(max_tokens=8)
+        )
         failing["left"] = 1
         for messages in bodies:
-            await client.post(f"/s/{info.session_key}/v1/chat/completions",
-                              json={"messages": messages})
+            await client.post(
+                f"/s/{info.session_key}/v1/chat/completions", json={"messages": messages}
+            )
         await gateway.sessions.close_session(session_id)
     unrecovered = {}
     for session_id in ("t/0", "t/1", "t/2", "t/3"):

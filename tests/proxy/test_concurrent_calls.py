@@ -29,8 +29,7 @@ from tests.proxy.conftest import FAKE_URL, FakeLlamaCpp
 DEADLINE_S = 30.0
 
 
-async def until(condition: Callable[[], bool], what: str, deadline_s: float = DEADLINE_S
-                ) -> None:
+async def until(condition: Callable[[], bool], what: str, deadline_s: float = DEADLINE_S) -> None:
     """Poll ``condition`` until it holds (fails the test after ``deadline_s``)."""
     deadline = time.monotonic() + deadline_s
     while not condition():
@@ -57,11 +56,15 @@ class Gate:
 
 
 @pytest.fixture
-async def gated(tmp_path: Path, tokenizer: Any, fake_llama: FakeLlamaCpp
-                ) -> AsyncIterator[tuple[Gateway, Gate, httpx.AsyncClient]]:
+async def gated(
+    tmp_path: Path, tokenizer: Any, fake_llama: FakeLlamaCpp
+) -> AsyncIterator[tuple[Gateway, Gate, httpx.AsyncClient]]:
     gate = Gate(fake_llama)
-    settings = GatewaySettings(store_url=str(tmp_path / "store"), backend_url=FAKE_URL,
-                               gateway_public_url="http://gateway.test")
+    settings = GatewaySettings(
+        store_url=str(tmp_path / "store"),
+        backend_url=FAKE_URL,
+        gateway_public_url="http://gateway.test",
+    )
     gateway = Gateway.from_settings(settings, tokenizer=tokenizer, transport=gate.transport)
     transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as client:
@@ -83,13 +86,16 @@ def conversation_of(completion: Completion) -> str:
 
 def assert_traces_per_conversation(gateway: Gateway, completions: list[Completion]) -> None:
     """prefix_merging makes one trace per conversation, and the invariants hold."""
-    traces, _ = build_traces(completions, BuilderSpec(),
-                             end_of_turn_id=gateway.template.end_of_turn_id)
+    traces, _ = build_traces(
+        completions, BuilderSpec(), end_of_turn_id=gateway.template.end_of_turn_id
+    )
     check_invariants(traces, completions)
     by_index = {c.index: c for c in completions}
     groups = sorted(sorted(trace.completion_indices) for trace in traces)
-    expected = sorted(sorted(c.index for c in completions if conversation_of(c) == name)
-                      for name in {conversation_of(c) for c in completions})
+    expected = sorted(
+        sorted(c.index for c in completions if conversation_of(c) == name)
+        for name in {conversation_of(c) for c in completions}
+    )
     assert groups == expected, (groups, [(c.index, conversation_of(c)) for c in completions])
     for trace in traces:
         assert len({conversation_of(by_index[i]) for i in trace.completion_indices}) == 1
@@ -112,10 +118,13 @@ async def test_two_conversations_sample_at_once_and_keep_their_own_chains(gated:
     conversations = {name: [user(name)] for name in ("agent A", "agent B")}
     for num_turns in (1, 2):
         gate.opened.clear()
-        calls = {name: asyncio.ensure_future(turn(messages))
-                 for name, messages in conversations.items()}
-        await until(lambda n=num_turns: gate.num_waiting == 2 * n,
-                    "both conversations' calls at the backend at once")
+        calls = {
+            name: asyncio.ensure_future(turn(messages)) for name, messages in conversations.items()
+        }
+        await until(
+            lambda n=num_turns: gate.num_waiting == 2 * n,
+            "both conversations' calls at the backend at once",
+        )
         gate.opened.set()
         for name, call in calls.items():
             conversations[name] += [await call, user("go on")]
@@ -137,8 +146,9 @@ async def test_a_marked_retry_waits_for_the_identical_call_in_flight(gated: Any)
     body = {"model": "m", "messages": [user("Hi!")]}
     first = asyncio.ensure_future(client.post(url, json=body))
     await until(lambda: gate.num_waiting == 1, "the first call at the backend")
-    retry = asyncio.ensure_future(client.post(url, json=body,
-                                              headers={"x-stainless-retry-count": "1"}))
+    retry = asyncio.ensure_future(
+        client.post(url, json=body, headers={"x-stainless-retry-count": "1"})
+    )
     session = await session_of(gateway, info)
     await until(lambda: session.num_in_flight == 2, "the retry in flight")
     gate.opened.set()
@@ -153,8 +163,10 @@ async def test_closing_waits_for_every_call_in_flight(gated: Any) -> None:
     gateway, gate, client = gated
     info = await gateway.sessions.open_session("close/0", "close")
     url = f"/s/{info.session_key}/v1/chat/completions"
-    calls = [asyncio.ensure_future(client.post(url, json={"messages": [user(f"agent {i}")]}))
-             for i in range(2)]
+    calls = [
+        asyncio.ensure_future(client.post(url, json={"messages": [user(f"agent {i}")]}))
+        for i in range(2)
+    ]
     await until(lambda: gate.num_waiting == 2, "both calls at the backend")
     closing = asyncio.ensure_future(gateway.sessions.close_session("close/0"))
     session = await session_of(gateway, info)
@@ -171,15 +183,20 @@ async def test_closing_waits_for_every_call_in_flight(gated: Any) -> None:
 
 
 @pytest.fixture
-async def engine(tmp_path: Path, tokenizer: Any, llama_server: Any,
-                 recording_transport: Any) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient]]:
-    settings = GatewaySettings(store_url=str(tmp_path / "store"), backend_url=llama_server.url,
-                               gateway_public_url="http://gateway.test", backend_timeout_s=300)
-    gateway = Gateway.from_settings(settings, tokenizer=tokenizer,
-                                    transport=recording_transport)
+async def engine(
+    tmp_path: Path, tokenizer: Any, llama_server: Any, recording_transport: Any
+) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient]]:
+    settings = GatewaySettings(
+        store_url=str(tmp_path / "store"),
+        backend_url=llama_server.url,
+        gateway_public_url="http://gateway.test",
+        backend_timeout_s=300,
+    )
+    gateway = Gateway.from_settings(settings, tokenizer=tokenizer, transport=recording_transport)
     transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test",
-                                 timeout=300) as client:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://gateway.test", timeout=300
+    ) as client:
         yield gateway, client
     await gateway.aclose()
 
@@ -193,10 +210,12 @@ def overlap(a: Completion, b: Completion) -> bool:
 
 @pytest.mark.engine
 async def test_sub_agents_overlap_in_time_and_both_land_in_traces(
-        engine: Any, recording_transport: Any) -> None:
+    engine: Any, recording_transport: Any
+) -> None:
     gateway, client = engine
     info = await gateway.sessions.open_session(
-        "sub/0", "sub", sampling=SamplingParams(temperature=0.7, seed=1, max_tokens=12))
+        "sub/0", "sub", sampling=SamplingParams(temperature=0.7, seed=1, max_tokens=12)
+    )
     url = f"/s/{info.session_key}/v1/chat/completions"
 
     async def agent(task: str) -> None:
@@ -206,8 +225,9 @@ async def test_sub_agents_overlap_in_time_and_both_land_in_traces(
             assert response.status_code == 200, response.text
             messages += [response.json()["choices"][0]["message"], user("Shorter, please.")]
 
-    await asyncio.gather(agent("Write a haiku about rivers."),
-                         agent("List three prime numbers and explain why."))
+    await asyncio.gather(
+        agent("Write a haiku about rivers."), agent("List three prime numbers and explain why.")
+    )
     completions = CompletionLog(gateway.store, "sub/0").read_all()
     assert [c.index for c in completions] == [0, 1, 2, 3]
     assert len(recording_transport.exchanges) == 4
@@ -215,17 +235,20 @@ async def test_sub_agents_overlap_in_time_and_both_land_in_traces(
     assert len(firsts) == 2 and overlap(*firsts), [c.timings for c in completions]
     for c in completions:
         if len(c.messages) > 1:
-            assert c.extends is not None \
-                and conversation_of(completions[c.extends]) == conversation_of(c)
+            assert c.extends is not None and conversation_of(
+                completions[c.extends]
+            ) == conversation_of(c)
     assert_traces_per_conversation(gateway, completions)
 
 
 @pytest.mark.engine
 async def test_identical_concurrent_first_prompts_are_two_samples(
-        engine: Any, recording_transport: Any) -> None:
+    engine: Any, recording_transport: Any
+) -> None:
     gateway, client = engine
     info = await gateway.sessions.open_session(
-        "twins/0", "twins", sampling=SamplingParams(temperature=1.0, max_tokens=8))
+        "twins/0", "twins", sampling=SamplingParams(temperature=1.0, max_tokens=8)
+    )
     url = f"/s/{info.session_key}/v1/chat/completions"
     body = {"model": "m", "messages": [user("Name a colour.")]}
     answers = await asyncio.gather(client.post(url, json=body), client.post(url, json=body))
@@ -238,8 +261,7 @@ async def test_identical_concurrent_first_prompts_are_two_samples(
     assert {c.response_id for c in completions} == {a.json()["id"] for a in answers}
 
 
-async def asgi_post(app: Any, path: str, body: dict[str, Any], *, cut_after: bytes
-                    ) -> bytes:
+async def asgi_post(app: Any, path: str, body: dict[str, Any], *, cut_after: bytes) -> bytes:
     """POST ``body`` to the ASGI app as a client that goes away once it has received a body
     chunk containing ``cut_after``: that write never completes and the server is told the
     client disconnected (what uvicorn does when a connection drops mid-stream)."""
@@ -263,21 +285,32 @@ async def asgi_post(app: Any, path: str, body: dict[str, Any], *, cut_after: byt
                 gone.set()
                 await asyncio.Future()  # a write to a dead connection: never completes
 
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-             "http_version": "1.1", "method": "POST", "scheme": "http", "path": path,
-             "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(b"host", b"gateway.test"), (b"content-type", b"application/json")],
-             "client": ("127.0.0.1", 5000), "server": ("gateway.test", 80)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"gateway.test"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 5000),
+        "server": ("gateway.test", 80),
+    }
     await app(scope, receive, send)
     return bytes(received)
 
 
 @pytest.mark.engine
 async def test_a_retry_after_a_broken_stream_is_answered_from_the_log(
-        engine: Any, recording_transport: Any) -> None:
+    engine: Any, recording_transport: Any
+) -> None:
     gateway, client = engine
     info = await gateway.sessions.open_session(
-        "cut/0", "cut", sampling=SamplingParams(temperature=0.7, max_tokens=8))
+        "cut/0", "cut", sampling=SamplingParams(temperature=0.7, max_tokens=8)
+    )
     url = f"/s/{info.session_key}/v1/chat/completions"
     body = {"model": "m", "messages": [user("Say hello.")], "stream": True}
     cut = await asgi_post(gateway.app, url, body, cut_after=b'"finish_reason":"')
@@ -288,10 +321,14 @@ async def test_a_retry_after_a_broken_stream_is_answered_from_the_log(
     assert again.status_code == 200 and again.text.endswith("data: [DONE]\n\n")
 
     def content(text: str) -> str:
-        chunks = [json.loads(line[len("data: "):]) for line in text.split("\n")
-                  if line.startswith("data: {")]
-        return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
-                       if c["choices"])
+        chunks = [
+            json.loads(line[len("data: ") :])
+            for line in text.split("\n")
+            if line.startswith("data: {")
+        ]
+        return "".join(
+            c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
+        )
 
     assert content(again.text) == content(cut.decode()) != ""
     assert len(recording_transport.exchanges) == 1
@@ -321,17 +358,19 @@ class DropFirstAnswer(httpx.AsyncBaseTransport):
 
 @pytest.mark.engine
 async def test_an_sdk_retry_of_a_delivered_answer_is_answered_from_the_log(
-        engine: Any, recording_transport: Any) -> None:
+    engine: Any, recording_transport: Any
+) -> None:
     openai = pytest.importorskip("openai")
     gateway, _ = engine
     info = await gateway.sessions.open_session(
-        "sdk/0", "sdk", sampling=SamplingParams(temperature=0.7, max_tokens=8))
+        "sdk/0", "sdk", sampling=SamplingParams(temperature=0.7, max_tokens=8)
+    )
     transport = DropFirstAnswer(httpx.ASGITransport(app=gateway.app))
     async with httpx.AsyncClient(transport=transport, timeout=300) as http:
-        sdk = openai.AsyncOpenAI(base_url=info.openai_base_url, api_key="unused",
-                                 http_client=http, max_retries=1)
-        answer = await sdk.chat.completions.create(
-            model="m", messages=[user("Say hello.")])  # type: ignore[list-item]
+        sdk = openai.AsyncOpenAI(
+            base_url=info.openai_base_url, api_key="unused", http_client=http, max_retries=1
+        )
+        answer = await sdk.chat.completions.create(model="m", messages=[user("Say hello.")])  # type: ignore[list-item]
     assert transport.retry_counts == ["0", "1"]
     [completion] = CompletionLog(gateway.store, "sdk/0").read_all()
     assert answer.id == completion.response_id

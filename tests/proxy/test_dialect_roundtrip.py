@@ -38,17 +38,23 @@ from rolloutd.proxy.internal import (
 
 DIALECTS = [openai_chat, openai_responses, anthropic, gemini]
 
-text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1,
-               max_size=12)
+text = st.text(
+    st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1, max_size=12
+)
 names = st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True)
 arguments = st.dictionaries(names, st.integers(-5, 5) | text | st.booleans(), max_size=3)
 
 
 @st.composite
 def tool_calls(draw: Any, prefix: str) -> list[dict[str, Any]]:
-    return [{"id": f"call_{prefix}_{j}", "type": "function",
-             "function": {"name": draw(names), "arguments": json.dumps(draw(arguments))}}
-            for j in range(draw(st.integers(0, 2)))]
+    return [
+        {
+            "id": f"call_{prefix}_{j}",
+            "type": "function",
+            "function": {"name": draw(names), "arguments": json.dumps(draw(arguments))},
+        }
+        for j in range(draw(st.integers(0, 2)))
+    ]
 
 
 @st.composite
@@ -59,35 +65,62 @@ def conversations(draw: Any) -> list[dict[str, Any]]:
     for turn in range(draw(st.integers(1, 3))):
         messages.append({"role": "user", "content": draw(text)})
         calls = draw(tool_calls(str(turn)))
-        assistant: dict[str, Any] = {"role": "assistant",
-                                     "content": draw(st.none() | text) if calls else draw(text)}
+        assistant: dict[str, Any] = {
+            "role": "assistant",
+            "content": draw(st.none() | text) if calls else draw(text),
+        }
         if draw(st.booleans()):
             assistant["reasoning_content"] = draw(text)
         if calls:
             assistant["tool_calls"] = calls
         messages.append(assistant)
-        messages += [{"role": "tool", "tool_call_id": c["id"], "name": c["function"]["name"],
-                      "content": draw(text)} for c in calls]
+        messages += [
+            {
+                "role": "tool",
+                "tool_call_id": c["id"],
+                "name": c["function"]["name"],
+                "content": draw(text),
+            }
+            for c in calls
+        ]
     messages.append({"role": "user", "content": draw(text)})
     return messages
 
 
-tools = st.lists(st.builds(
-    lambda name, description, props: {"type": "function", "function": {
-        "name": name, **({"description": description} if description else {}),
-        "parameters": {"type": "object", "properties": {p: {"type": "string"} for p in props}}}},
-    names, st.none() | text, st.lists(names, max_size=2)), max_size=2,
-    unique_by=lambda t: t["function"]["name"])
+tools = st.lists(
+    st.builds(
+        lambda name, description, props: {
+            "type": "function",
+            "function": {
+                "name": name,
+                **({"description": description} if description else {}),
+                "parameters": {
+                    "type": "object",
+                    "properties": {p: {"type": "string"} for p in props},
+                },
+            },
+        },
+        names,
+        st.none() | text,
+        st.lists(names, max_size=2),
+    ),
+    max_size=2,
+    unique_by=lambda t: t["function"]["name"],
+)
 
 
 @st.composite
 def requests(draw: Any) -> InternalRequest:
     return InternalRequest(
-        messages=draw(conversations()), tools=draw(tools), stream=draw(st.booleans()),
+        messages=draw(conversations()),
+        tools=draw(tools),
+        stream=draw(st.booleans()),
         sampling=SamplingOverrides(
             temperature=draw(st.none() | st.sampled_from([0.0, 0.25, 0.7, 1.0])),
             top_p=draw(st.none() | st.sampled_from([0.5, 0.95, 1.0])),
-            max_tokens=draw(st.integers(1, 4096))))
+            max_tokens=draw(st.integers(1, 4096)),
+        ),
+    )
 
 
 @st.composite
@@ -96,11 +129,18 @@ def responses(draw: Any) -> InternalResponse:
     content = draw(st.none() | text) if calls else draw(st.just("") | text)
     finish = "tool_calls" if calls else draw(st.sampled_from(["stop", "length"]))
     return InternalResponse(
-        id="chatcmpl-" + draw(st.from_regex(r"[0-9a-f]{24}", fullmatch=True)), created=1,
-        model="m", text=content or "", content=content, tool_calls=calls,
-        reasoning=draw(st.none() | text), finish_reason=finish,
-        usage=Usage(prompt_tokens=draw(st.integers(0, 99)),
-                    completion_tokens=draw(st.integers(0, 99))))
+        id="chatcmpl-" + draw(st.from_regex(r"[0-9a-f]{24}", fullmatch=True)),
+        created=1,
+        model="m",
+        text=content or "",
+        content=content,
+        tool_calls=calls,
+        reasoning=draw(st.none() | text),
+        finish_reason=finish,
+        usage=Usage(
+            prompt_tokens=draw(st.integers(0, 99)), completion_tokens=draw(st.integers(0, 99))
+        ),
+    )
 
 
 def normal_messages(messages: list[dict[str, Any]], dialect: ModuleType) -> list[Any]:
@@ -110,9 +150,14 @@ def normal_messages(messages: list[dict[str, Any]], dialect: ModuleType) -> list
     for m in messages:
         m = dict(m)
         if m.get("tool_calls"):
-            m["tool_calls"] = [{"id": c["id"], "name": c["function"]["name"],
-                                "arguments": json.loads(c["function"]["arguments"])}
-                               for c in m["tool_calls"]]
+            m["tool_calls"] = [
+                {
+                    "id": c["id"],
+                    "name": c["function"]["name"],
+                    "arguments": json.loads(c["function"]["arguments"]),
+                }
+                for c in m["tool_calls"]
+            ]
         if m["role"] == "tool" and dialect in (openai_responses, anthropic):
             m.pop("name", None)
         out.append(m)
@@ -140,10 +185,16 @@ def test_request_round_trip_is_lossless(dialect: ModuleType, request: InternalRe
 
 
 def answer_fields(response: InternalResponse) -> dict[str, Any]:
-    return {"content": response.content, "reasoning": response.reasoning,
-            "finish_reason": response.finish_reason, "usage": response.usage,
-            "tool_calls": [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"]))
-                           for c in response.tool_calls]}
+    return {
+        "content": response.content,
+        "reasoning": response.reasoning,
+        "finish_reason": response.finish_reason,
+        "usage": response.usage,
+        "tool_calls": [
+            (c["id"], c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in response.tool_calls
+        ],
+    }
 
 
 def carried(response: InternalResponse) -> dict[str, Any]:
@@ -153,10 +204,8 @@ def carried(response: InternalResponse) -> dict[str, Any]:
 @pytest.mark.parametrize("dialect", DIALECTS, ids=lambda d: d.DIALECT)
 @settings(max_examples=150, deadline=None)
 @given(response=responses())
-def test_response_round_trip_is_lossless(dialect: ModuleType,
-                                         response: InternalResponse) -> None:
-    request = InternalRequest(dialect=dialect.DIALECT, messages=[{"role": "user",
-                                                                  "content": "x"}])
+def test_response_round_trip_is_lossless(dialect: ModuleType, response: InternalResponse) -> None:
+    request = InternalRequest(dialect=dialect.DIALECT, messages=[{"role": "user", "content": "x"}])
     body = json.loads(json.dumps(dialect.response_json(response, request)))
     assert answer_fields(dialect.response_to_internal(body)) == carried(response)
 
@@ -185,40 +234,51 @@ def parse_sse(raw: bytes, dialect: ModuleType) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("dialect", DIALECTS, ids=lambda d: d.DIALECT)
 @settings(max_examples=150, deadline=None)
-@given(response=responses(), cuts=st.lists(st.integers(0, 50), max_size=4),
-       tail=st.integers(0, 50))
-def test_streamed_answer_equals_the_plain_one(dialect: ModuleType, response: InternalResponse,
-                                             cuts: list[int], tail: int) -> None:
-    request = InternalRequest(dialect=dialect.DIALECT, messages=[{"role": "user",
-                                                                  "content": "x"}],
-                              stream=True, include_usage=True)
+@given(response=responses(), cuts=st.lists(st.integers(0, 50), max_size=4), tail=st.integers(0, 50))
+def test_streamed_answer_equals_the_plain_one(
+    dialect: ModuleType, response: InternalResponse, cuts: list[int], tail: int
+) -> None:
+    request = InternalRequest(
+        dialect=dialect.DIALECT,
+        messages=[{"role": "user", "content": "x"}],
+        stream=True,
+        include_usage=True,
+    )
     start = StreamStart(id=response.id, created=response.created, model=response.model)
     reasoning, content = response.reasoning or "", response.content or ""
     r_cut, c_cut = tail % (len(reasoning) + 1), tail % (len(content) + 1)
     events: list[Any] = [start]
     events += [StreamReasoning(p) for p in split(reasoning[:r_cut], cuts)]
     events += [StreamContent(p) for p in split(content[:c_cut], cuts)]
-    events.append(StreamEnd(response=response, content_tail=content[c_cut:],
-                            reasoning_tail=reasoning[r_cut:]))
+    events.append(
+        StreamEnd(response=response, content_tail=content[c_cut:], reasoning_tail=reasoning[r_cut:])
+    )
     encoder = dialect.encoder(start, request)
     raw = b"".join(b"".join(encoder.encode(e)) for e in events) + b"".join(encoder.close())
     streamed = dialect.collect_stream(parse_sse(raw, dialect))
     plain = dialect.response_to_internal(
-        json.loads(json.dumps(dialect.response_json(response, request))))
+        json.loads(json.dumps(dialect.response_json(response, request)))
+    )
     assert answer_fields(streamed) == answer_fields(plain)
 
 
 def test_gemini_json_array_stream_is_one_json_array() -> None:
     """Without ``alt=sse`` streamGenerateContent answers a JSON array of responses
     (https://ai.google.dev/api/generate-content#method:-models.streamgeneratecontent)."""
-    response = InternalResponse(id="chatcmpl-ab", created=1, model="m", text="hi", content="hi",
-                                finish_reason="stop", usage=Usage(prompt_tokens=1,
-                                                                  completion_tokens=1))
+    response = InternalResponse(
+        id="chatcmpl-ab",
+        created=1,
+        model="m",
+        text="hi",
+        content="hi",
+        finish_reason="stop",
+        usage=Usage(prompt_tokens=1, completion_tokens=1),
+    )
     start = StreamStart(id=response.id, created=1, model="m")
     request = InternalRequest(messages=[{"role": "user", "content": "x"}], stream=True)
     encoder = gemini.encoder(start, request, sse=False)
-    raw = b"".join(b"".join(encoder.encode(e)) for e in
-                   [start, StreamContent("h"), StreamEnd(response, "i")]) \
-        + b"".join(encoder.close())
+    raw = b"".join(
+        b"".join(encoder.encode(e)) for e in [start, StreamContent("h"), StreamEnd(response, "i")]
+    ) + b"".join(encoder.close())
     chunks = json.loads(raw)
     assert gemini.collect_stream(chunks).content == "hi"

@@ -19,21 +19,36 @@ from rolloutd.types import SamplingParams
 
 pytestmark = pytest.mark.engine
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather of a city",
-    "parameters": {"type": "object",
-                   "properties": {"city": {"type": "string", "description": "city name"}},
-                   "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "city name"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Use the tools when needed."}
 
 
 @pytest.fixture
-async def engine_gateway(tmp_path: Path, tokenizer: Any, llama_server: Any,
-                         recording_transport: Any) -> AsyncIterator[Gateway]:
-    settings = GatewaySettings(store_url=str(tmp_path / "store"), backend_url=llama_server.url,
-                               gateway_public_url="http://gateway.test", backend_timeout_s=120)
-    gw = Gateway.from_settings(settings, tokenizer=tokenizer, transport=recording_transport,
-                               tool_parser="hermes_lenient")
+async def engine_gateway(
+    tmp_path: Path, tokenizer: Any, llama_server: Any, recording_transport: Any
+) -> AsyncIterator[Gateway]:
+    settings = GatewaySettings(
+        store_url=str(tmp_path / "store"),
+        backend_url=llama_server.url,
+        gateway_public_url="http://gateway.test",
+        backend_timeout_s=120,
+    )
+    gw = Gateway.from_settings(
+        settings, tokenizer=tokenizer, transport=recording_transport, tool_parser="hermes_lenient"
+    )
     yield gw
     await gw.aclose()
 
@@ -41,8 +56,9 @@ async def engine_gateway(tmp_path: Path, tokenizer: Any, llama_server: Any,
 @pytest.fixture
 async def engine_client(engine_gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=engine_gateway.app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test",
-                                 timeout=120) as client:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://gateway.test", timeout=120
+    ) as client:
         yield client
 
 
@@ -57,18 +73,23 @@ def assert_recorded_as_sampled(completions: list[Any], recording: Any) -> None:
         assert all(lp <= 0.0 for lp in logprobs)
 
 
-async def test_two_turns_with_a_tool_result(engine_gateway: Gateway,
-                                            engine_client: httpx.AsyncClient,
-                                            recording_transport: Any, tokenizer: Any) -> None:
+async def test_two_turns_with_a_tool_result(
+    engine_gateway: Gateway,
+    engine_client: httpx.AsyncClient,
+    recording_transport: Any,
+    tokenizer: Any,
+) -> None:
     assert await engine_gateway.pool.get(engine_gateway.pool.names()[0]).context_size() == 4096
     info = await engine_gateway.sessions.open_session(
-        "engine-tools/0", "engine-tools", sampling=SamplingParams(temperature=0.0, max_tokens=48))
+        "engine-tools/0", "engine-tools", sampling=SamplingParams(temperature=0.0, max_tokens=48)
+    )
     url = f"/s/{info.session_key}/v1/chat/completions"
     messages: list[dict[str, Any]] = [
-        SYSTEM, {"role": "user", "content": "What's the weather like in Tokyo right now?"}]
+        SYSTEM,
+        {"role": "user", "content": "What's the weather like in Tokyo right now?"},
+    ]
 
-    first = await engine_client.post(url, json={"model": "m", "messages": messages,
-                                                "tools": TOOLS})
+    first = await engine_client.post(url, json={"model": "m", "messages": messages, "tools": TOOLS})
     assert first.status_code == 200, first.text
     message = first.json()["choices"][0]["message"]
     assert first.json()["choices"][0]["finish_reason"] == "tool_calls"
@@ -76,10 +97,17 @@ async def test_two_turns_with_a_tool_result(engine_gateway: Gateway,
     assert call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Tokyo"}
 
-    messages += [message, {"role": "tool", "tool_call_id": call["id"],
-                           "content": '{"temperature_c": 18, "sky": "cloudy"}'}]
-    second = await engine_client.post(url, json={"model": "m", "messages": messages,
-                                                 "tools": TOOLS})
+    messages += [
+        message,
+        {
+            "role": "tool",
+            "tool_call_id": call["id"],
+            "content": '{"temperature_c": 18, "sky": "cloudy"}',
+        },
+    ]
+    second = await engine_client.post(
+        url, json={"model": "m", "messages": messages, "tools": TOOLS}
+    )
     assert second.status_code == 200, second.text
     assert second.json()["usage"]["completion_tokens"] > 0
 
@@ -95,19 +123,25 @@ async def test_two_turns_with_a_tool_result(engine_gateway: Gateway,
     assert second.json()["usage"]["prompt_tokens"] == len(c1.prompt_ids)
 
     # durable: a gateway restarted over the same store serves the session and its log
-    restarted = SessionManager(BlobStore(engine_gateway.store.url), engine_gateway.pool,
-                               public_url="http://restarted", default_model="m")
+    restarted = SessionManager(
+        BlobStore(engine_gateway.store.url),
+        engine_gateway.pool,
+        public_url="http://restarted",
+        default_model="m",
+    )
     session = await restarted.lookup(info.session_key)
     assert session.completions == completions
     assert await restarted.close_session("engine-tools/0") == 2
 
 
 async def test_truncated_answer_gets_its_end_of_turn_in_the_chain(
-        engine_gateway: Gateway, engine_client: httpx.AsyncClient,
-        recording_transport: Any) -> None:
+    engine_gateway: Gateway, engine_client: httpx.AsyncClient, recording_transport: Any
+) -> None:
     info = await engine_gateway.sessions.open_session(
-        "engine-length/0", "engine-length",
-        sampling=SamplingParams(temperature=0.7, seed=11, max_tokens=4))
+        "engine-length/0",
+        "engine-length",
+        sampling=SamplingParams(temperature=0.7, seed=11, max_tokens=4),
+    )
     url = f"/s/{info.session_key}/v1/chat/completions"
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Write a long poem."}]
     first = (await engine_client.post(url, json={"messages": messages})).json()
@@ -125,21 +159,28 @@ async def test_truncated_answer_gets_its_end_of_turn_in_the_chain(
 
 
 async def test_streaming_is_well_formed_and_recorded_like_the_plain_answer(
-        engine_gateway: Gateway, engine_client: httpx.AsyncClient,
-        recording_transport: Any) -> None:
-    request = {"model": "m", "messages": [{"role": "user", "content": "Say hello in French."}],
-               "max_tokens": 24, "stream": True, "stream_options": {"include_usage": True}}
+    engine_gateway: Gateway, engine_client: httpx.AsyncClient, recording_transport: Any
+) -> None:
+    request = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Say hello in French."}],
+        "max_tokens": 24,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     sampling = SamplingParams(temperature=0.0, max_tokens=24)
-    streamed = await engine_gateway.sessions.open_session("engine-stream/0", "engine-stream",
-                                                          sampling=sampling)
+    streamed = await engine_gateway.sessions.open_session(
+        "engine-stream/0", "engine-stream", sampling=sampling
+    )
     async with engine_client.stream(
-            "POST", f"/s/{streamed.session_key}/v1/chat/completions", json=request) as response:
+        "POST", f"/s/{streamed.session_key}/v1/chat/completions", json=request
+    ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         raw = (await response.aread()).decode()
     blocks = raw.split("\n\n")
     assert blocks[-1] == "" and blocks[-2] == "data: [DONE]"
-    chunks = [json.loads(b[len("data: "):]) for b in blocks[:-2]]
+    chunks = [json.loads(b[len("data: ") :]) for b in blocks[:-2]]
     assert all(b.startswith("data: ") for b in blocks[:-1])
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
     assert len({c["id"] for c in chunks}) == 1
@@ -154,14 +195,23 @@ async def test_streaming_is_well_formed_and_recorded_like_the_plain_answer(
     assert content == completion.response_message["content"] and content.strip()
     assert chunks[-1]["usage"]["completion_tokens"] == len(completion.response_ids)
 
-    plain = await engine_gateway.sessions.open_session("engine-plain/0", "engine-plain",
-                                                       sampling=sampling)
-    response = await engine_client.post(f"/s/{plain.session_key}/v1/chat/completions",
-                                        json=request | {"stream": False})
+    plain = await engine_gateway.sessions.open_session(
+        "engine-plain/0", "engine-plain", sampling=sampling
+    )
+    response = await engine_client.post(
+        f"/s/{plain.session_key}/v1/chat/completions", json=request | {"stream": False}
+    )
     assert response.json()["choices"][0]["message"]["content"] == content
     [other] = CompletionLog(engine_gateway.store, "engine-plain/0").read_all()
-    same = {"prompt_ids", "response_ids", "response_text", "response_message",
-            "finish_reason", "end_of_turn_sampled", "extends"}
+    same = {
+        "prompt_ids",
+        "response_ids",
+        "response_text",
+        "response_message",
+        "finish_reason",
+        "end_of_turn_sampled",
+        "extends",
+    }
     assert other.model_dump(include=same) == completion.model_dump(include=same)
     # greedy, same prompt: logprobs agree up to numerics (the second call reuses llama.cpp's
     # prompt cache, which evaluates in other batch shapes: differences of ~0.05 were seen)

@@ -28,32 +28,40 @@ MESSAGES = [{"role": "user", "content": "Repeat exactly: 𝔘𝔫𝔦𝔠𝔬�
 
 
 @pytest.fixture
-async def engine_gateway(tmp_path: Path, tokenizer: Any, llama_server: Any,
-                         recording_transport: Any) -> AsyncIterator[tuple[Gateway,
-                                                                          httpx.AsyncClient]]:
-    settings = GatewaySettings(store_url=str(tmp_path / "store"), backend_url=llama_server.url,
-                               gateway_public_url="http://gateway.test", backend_timeout_s=120)
+async def engine_gateway(
+    tmp_path: Path, tokenizer: Any, llama_server: Any, recording_transport: Any
+) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient]]:
+    settings = GatewaySettings(
+        store_url=str(tmp_path / "store"),
+        backend_url=llama_server.url,
+        gateway_public_url="http://gateway.test",
+        backend_timeout_s=120,
+    )
     gw = Gateway.from_settings(settings, tokenizer=tokenizer, transport=recording_transport)
     transport = httpx.ASGITransport(app=gw.app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test",
-                                 timeout=120) as client:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://gateway.test", timeout=120
+    ) as client:
         yield gw, client
     await gw.aclose()
 
 
-async def call(gateway: Gateway, client: httpx.AsyncClient, session_id: str,
-               stream: bool) -> tuple[httpx.Response, Completion]:
+async def call(
+    gateway: Gateway, client: httpx.AsyncClient, session_id: str, stream: bool
+) -> tuple[httpx.Response, Completion]:
     info = await gateway.sessions.open_session(
-        session_id, "logprobs", sampling=SamplingParams(max_tokens=12, temperature=0.0))
-    response = await client.post(f"/s/{info.session_key}/v1/chat/completions",
-                                 json={"messages": MESSAGES, "stream": stream})
+        session_id, "logprobs", sampling=SamplingParams(max_tokens=12, temperature=0.0)
+    )
+    response = await client.post(
+        f"/s/{info.session_key}/v1/chat/completions", json={"messages": MESSAGES, "stream": stream}
+    )
     [completion] = CompletionLog(gateway.store, session_id).read_all()
     return response, completion
 
 
 def inside_a_character(tokenizer: Any, ids: list[int]) -> list[int]:
     """Positions whose prefix decodes to a cut-off character (the tokenizer's own view)."""
-    return [k for k in range(len(ids)) if tokenizer.decode(ids[:k + 1]).endswith("\ufffd")]
+    return [k for k in range(len(ids)) if tokenizer.decode(ids[: k + 1]).endswith("\ufffd")]
 
 
 def assert_every_logprob(completion: Completion, tokenizer: Any) -> None:
@@ -63,8 +71,9 @@ def assert_every_logprob(completion: Completion, tokenizer: Any) -> None:
     assert recomputed and recomputed == inside_a_character(tokenizer, completion.response_ids)
 
 
-async def test_non_streamed_answer_keeps_every_logprob(engine_gateway: Any, tokenizer: Any,
-                                                       recording_transport: Any) -> None:
+async def test_non_streamed_answer_keeps_every_logprob(
+    engine_gateway: Any, tokenizer: Any, recording_transport: Any
+) -> None:
     gateway, client = engine_gateway
     response, completion = await call(gateway, client, "lp/plain", stream=False)
     assert response.status_code == 200
@@ -73,11 +82,15 @@ async def test_non_streamed_answer_keeps_every_logprob(engine_gateway: Any, toke
     assert completion.response_ids == sampled["tokens"]
     # the entries llama-server sent are kept as sent; only the left-out positions are new
     sent = [p["logprob"] for p in sampled["completion_probabilities"]]
-    kept = [lp for k, lp in enumerate(completion.response_logprobs)
-            if k not in completion.recomputed_logprob_positions]
+    kept = [
+        lp
+        for k, lp in enumerate(completion.response_logprobs)
+        if k not in completion.recomputed_logprob_positions
+    ]
     assert len(sent) < len(completion.response_ids) and kept == sent
-    assert response.json()["choices"][0]["message"]["content"] == \
-        tokenizer.decode(completion.response_ids)
+    assert response.json()["choices"][0]["message"]["content"] == tokenizer.decode(
+        completion.response_ids
+    )
 
 
 async def test_streamed_answer_keeps_every_token(engine_gateway: Any, tokenizer: Any) -> None:
@@ -85,10 +98,14 @@ async def test_streamed_answer_keeps_every_token(engine_gateway: Any, tokenizer:
     response, completion = await call(gateway, client, "lp/stream", stream=True)
     assert response.status_code == 200
     assert_every_logprob(completion, tokenizer)
-    chunks = [json.loads(line[5:]) for line in response.text.splitlines()
-              if line.startswith("data:") and line.strip() != "data: [DONE]"]
-    streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
-                       if c.get("choices"))
+    chunks = [
+        json.loads(line[5:])
+        for line in response.text.splitlines()
+        if line.startswith("data:") and line.strip() != "data: [DONE]"
+    ]
+    streamed = "".join(
+        c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")
+    )
     # every id the stream left out is recorded: the ids spell the text the harness received
     assert tokenizer.decode(completion.response_ids).startswith(streamed) and "𝔫" in streamed
     assert completion.finish_reason == "length"

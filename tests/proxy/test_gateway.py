@@ -28,8 +28,10 @@ async def test_serve_binds_answers_and_shuts_down(gateway: Gateway) -> None:
             # gateway_public_url is set in the fixture: session URLs keep it
             info = await gateway.sessions.open_session("served/0", "served")
             assert info.openai_base_url.startswith("http://gateway.test/s/")
-            answer = await http.post(f"/s/{info.session_key}/v1/chat/completions",
-                                     json={"messages": [{"role": "user", "content": "hi"}]})
+            answer = await http.post(
+                f"/s/{info.session_key}/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "hi"}]},
+            )
             assert answer.json()["choices"][0]["message"]["content"] == "Hello there!"
     finally:
         await handle.shutdown()
@@ -39,8 +41,9 @@ async def test_serve_binds_answers_and_shuts_down(gateway: Gateway) -> None:
             await http.get(f"{handle.url}/health")
 
 
-async def test_serve_sets_the_public_url_from_the_bound_port(tmp_path: Path, tokenizer: Any,
-                                                             fake_llama: Any) -> None:
+async def test_serve_sets_the_public_url_from_the_bound_port(
+    tmp_path: Path, tokenizer: Any, fake_llama: Any
+) -> None:
     settings = GatewaySettings(store_url=str(tmp_path), backend_url="http://fake-llama")
     gw = Gateway.from_settings(settings, tokenizer=tokenizer, transport=fake_llama.transport)
     handle = await serve(gw, host="127.0.0.1", port=0)
@@ -53,9 +56,11 @@ async def test_serve_sets_the_public_url_from_the_bound_port(tmp_path: Path, tok
 
 
 async def test_serve_refuses_admin_routes_off_loopback_without_a_token(
-        tmp_path: Path, tokenizer: Any, fake_llama: Any) -> None:
-    settings = GatewaySettings(store_url=str(tmp_path), backend_url="http://fake-llama",
-                               admin_token=None)
+    tmp_path: Path, tokenizer: Any, fake_llama: Any
+) -> None:
+    settings = GatewaySettings(
+        store_url=str(tmp_path), backend_url="http://fake-llama", admin_token=None
+    )
     gw = Gateway.from_settings(settings, tokenizer=tokenizer, transport=fake_llama.transport)
     try:
         with pytest.raises(ConfigError, match="ROLLOUTD_ADMIN_TOKEN"):
@@ -87,21 +92,26 @@ def test_the_gateway_fleet_runs_on_uvloop_the_workflows_fleet_on_asyncio() -> No
     assert loop_factory("workflows") is None
 
 
-def test_the_gateway_process_serves_with_httptools_on_uvloop(tmp_path: Path, tokenizer: Any,
-                                                             fake_llama: Any) -> None:
+def test_the_gateway_process_serves_with_httptools_on_uvloop(
+    tmp_path: Path, tokenizer: Any, fake_llama: Any
+) -> None:
     # as `rolloutd worker --fleet gateway` runs it (rolloutd.workers.run_process)
     async def serve_one_call() -> tuple[str, str, str]:
         settings = GatewaySettings(store_url=str(tmp_path), backend_url="http://fake-llama")
-        gw = Gateway.from_settings(settings, tokenizer=tokenizer,
-                                   transport=fake_llama.transport)
+        gw = Gateway.from_settings(settings, tokenizer=tokenizer, transport=fake_llama.transport)
         handle = await serve(gw, host="127.0.0.1", port=0)
         try:
             info = await gw.sessions.open_session("uv/0", "uv")
             async with httpx.AsyncClient(base_url=handle.url, timeout=10) as http:
-                answer = await http.post(f"/s/{info.session_key}/v1/chat/completions",
-                                         json={"messages": [{"role": "user", "content": "hi"}]})
-            return handle.http_parser, handle.event_loop, \
-                answer.json()["choices"][0]["message"]["content"]
+                answer = await http.post(
+                    f"/s/{info.session_key}/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "hi"}]},
+                )
+            return (
+                handle.http_parser,
+                handle.event_loop,
+                answer.json()["choices"][0]["message"]["content"],
+            )
         finally:
             await handle.shutdown()
             await gw.aclose()
@@ -123,9 +133,11 @@ def test_startup_objects_are_frozen_and_later_garbage_is_still_collected() -> No
         "class Node: pass\n"
         "node = Node(); node.me = node; del node\n"
         "print(json.dumps({'frozen': frozen, 'collected': gc.collect(),\n"
-        "                  'tracked': len(gc.get_objects())}))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True, timeout=120)
+        "                  'tracked': len(gc.get_objects())}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["frozen"] >= 50_000
     assert out["collected"] >= 1

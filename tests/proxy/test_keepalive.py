@@ -15,30 +15,36 @@ from tests.support.loopback import Handler, loopback_server, read_request
 
 
 def _answer(body: bytes, *, extra: str = "") -> bytes:
-    return (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n{extra}"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n{extra}"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 async def post_each(url: str, bodies: list[bytes], **options: Any) -> list[tuple[int, bytes]]:
     """Each body POSTed in turn through one backend client (closed after)."""
     client = new_client(url, 30.0, None, **options)
     try:
-        return [((r := await client.post("/a", content=body)).status_code, r.content)
-                for body in bodies]
+        return [
+            ((r := await client.post("/a", content=body)).status_code, r.content) for body in bodies
+        ]
     finally:
         await client.aclose()
 
 
 def echo(heads: list[bytes], connections: list[int]) -> Handler:
     """Answers every request of a connection with its body, keeping the connection."""
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     number: int) -> None:
+
+    async def handle(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int
+    ) -> None:
         while True:
             head, body = await read_request(reader)
             heads.append(head)
             connections.append(number)
             writer.write(_answer(body))
             await writer.drain()
+
     return handle
 
 
@@ -67,8 +73,9 @@ async def test_a_pooled_connection_closed_by_the_server_is_replaced_once() -> No
     sent once there."""
     seen: list[int] = []
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     number: int) -> None:
+    async def handle(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int
+    ) -> None:
         while True:
             _, body = await read_request(reader)
             seen.append(number)
@@ -87,8 +94,9 @@ async def test_a_new_connection_dropped_without_an_answer_is_not_sent_again() ->
     """The backend may have started sampling: sending again could sample twice."""
     seen: list[int] = []
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     number: int) -> None:
+    async def handle(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int
+    ) -> None:
         await read_request(reader)
         seen.append(number)
 
@@ -101,8 +109,9 @@ async def test_a_new_connection_dropped_without_an_answer_is_not_sent_again() ->
 async def test_connection_close_answers_are_not_reused() -> None:
     seen: list[int] = []
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     number: int) -> None:
+    async def handle(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int
+    ) -> None:
         _, body = await read_request(reader)
         seen.append(number)
         writer.write(_answer(body, extra="Connection: close\r\n"))
@@ -137,8 +146,9 @@ async def test_the_limit_bounds_open_connections_and_every_call_is_answered() ->
     most = 0
     both_open = asyncio.Event()
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     number: int) -> None:
+    async def handle(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int
+    ) -> None:
         nonlocal open_now, most
         open_now += 1
         most = max(most, open_now)
@@ -156,8 +166,9 @@ async def test_the_limit_bounds_open_connections_and_every_call_is_answered() ->
     async with loopback_server(handle) as url:
         client = new_client(url, 30.0, None, max_connections=2)
         try:
-            answers = await asyncio.wait_for(asyncio.gather(
-                *(client.post("/a", content=b"%d" % i) for i in range(7))), 10)
+            answers = await asyncio.wait_for(
+                asyncio.gather(*(client.post("/a", content=b"%d" % i) for i in range(7))), 10
+            )
         finally:
             await client.aclose()
     assert [a.content for a in answers] == [b"%d" % i for i in range(7)]
@@ -171,8 +182,9 @@ async def test_a_cancelled_call_gives_back_its_place_in_the_pool() -> None:
     closed_early: list[bool] = []
     slow_read = asyncio.Event()
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     number: int) -> None:
+    async def handle(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int
+    ) -> None:
         while True:
             _, body = await read_request(reader)
             if body == b"slow":
@@ -207,15 +219,16 @@ async def test_the_read_timeout_counts_from_the_last_byte() -> None:
     whole; a silent backend times out."""
     body = b'{"content": "' + b"x" * 40 + b'"}'
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     number: int) -> None:
+    async def handle(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int
+    ) -> None:
         _, request = await read_request(reader)
         if request == b"silent":
             await reader.read()  # until the client gives up and closes
             return
         answer = _answer(body)
         for i in range(0, len(answer), 16):
-            writer.write(answer[i:i + 16])
+            writer.write(answer[i : i + 16])
             await writer.drain()
             await asyncio.sleep(0.1)  # the pace under test
 

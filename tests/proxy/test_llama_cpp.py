@@ -16,8 +16,9 @@ from rolloutd.proxy.backends.base import GenerateRequest
 from rolloutd.proxy.backends.llama_cpp import STREAM_SLACK_TOKENS, LlamaCppBackend
 from rolloutd.proxy.backends.llama_cpp_logprobs import incomplete_utf8_positions
 
-REQUEST = GenerateRequest(prompt_ids=[1, 2, 3], max_tokens=8, temperature=0.5, top_p=0.9,
-                          top_k=0, seed=7)
+REQUEST = GenerateRequest(
+    prompt_ids=[1, 2, 3], max_tokens=8, temperature=0.5, top_p=0.9, top_k=0, seed=7
+)
 
 
 def backend(handler: Callable[[httpx.Request], httpx.Response]) -> LlamaCppBackend:
@@ -29,10 +30,15 @@ def prob(token_id: int, logprob: float) -> dict[str, Any]:
 
 
 def answer(**fields: Any) -> dict[str, Any]:
-    return {"content": "Hi", "tokens": [10, 11, 99],
-            "completion_probabilities": [prob(10, -0.1), prob(11, -0.2), prob(99, -0.3)],
-            "stop": True, "stop_type": "eos", "tokens_evaluated": 3,
-            "timings": {"cache_n": 2}} | fields
+    return {
+        "content": "Hi",
+        "tokens": [10, 11, 99],
+        "completion_probabilities": [prob(10, -0.1), prob(11, -0.2), prob(99, -0.3)],
+        "stop": True,
+        "stop_type": "eos",
+        "tokens_evaluated": 3,
+        "timings": {"cache_n": 2},
+    } | fields
 
 
 async def test_request_body_and_parsed_result() -> None:
@@ -55,21 +61,27 @@ async def test_request_body_and_parsed_result() -> None:
 
 
 async def test_limit_is_length() -> None:
-    result = await backend(lambda r: httpx.Response(200, json=answer(stop_type="limit"))
-                           ).generate(REQUEST)
+    result = await backend(lambda r: httpx.Response(200, json=answer(stop_type="limit"))).generate(
+        REQUEST
+    )
     assert result.finish_reason == "length" and not result.ended_by_eos
 
 
-@pytest.mark.parametrize("response", [
-    httpx.Response(200, content=b"<html>oops"),
-    httpx.Response(200, json=[1, 2]),
-    httpx.Response(200, json=answer(tokens=[10, 11])),  # misaligned
-    httpx.Response(200, json=answer(completion_probabilities=None)),
-    httpx.Response(200, json=answer(tokens=[10, 12, 99])),  # probs of other tokens
-    httpx.Response(200, json=answer(stop_type="banana")),
-    httpx.Response(200, json=answer(completion_probabilities=[
-        prob(10, -0.1), prob(11, "x"), prob(99, -0.3)])),  # type: ignore[arg-type]
-])
+@pytest.mark.parametrize(
+    "response",
+    [
+        httpx.Response(200, content=b"<html>oops"),
+        httpx.Response(200, json=[1, 2]),
+        httpx.Response(200, json=answer(tokens=[10, 11])),  # misaligned
+        httpx.Response(200, json=answer(completion_probabilities=None)),
+        httpx.Response(200, json=answer(tokens=[10, 12, 99])),  # probs of other tokens
+        httpx.Response(200, json=answer(stop_type="banana")),
+        httpx.Response(
+            200,
+            json=answer(completion_probabilities=[prob(10, -0.1), prob(11, "x"), prob(99, -0.3)]),
+        ),  # type: ignore[arg-type]
+    ],
+)
 async def test_garbage_is_a_backend_error(response: httpx.Response) -> None:
     with pytest.raises(BackendError):
         await backend(lambda r: response).generate(REQUEST)
@@ -77,19 +89,25 @@ async def test_garbage_is_a_backend_error(response: httpx.Response) -> None:
 
 async def test_http_errors() -> None:
     with pytest.raises(BackendError) as server_error:
-        await backend(lambda r: httpx.Response(500, json={"error": {"message": "boom"}})
-                      ).generate(REQUEST)
+        await backend(lambda r: httpx.Response(500, json={"error": {"message": "boom"}})).generate(
+            REQUEST
+        )
     assert server_error.value.retryable and "boom" in server_error.value.message
     with pytest.raises(BackendError) as client_error:
-        await backend(lambda r: httpx.Response(400, json={"error": {"message": "bad"}})
-                      ).generate(REQUEST)
+        await backend(lambda r: httpx.Response(400, json={"error": {"message": "bad"}})).generate(
+            REQUEST
+        )
     assert not client_error.value.retryable
     with pytest.raises(ContextLengthError):
-        await backend(lambda r: httpx.Response(400, json={"error": {
-            "message": "too long", "type": "exceed_context_size_error"}})).generate(REQUEST)
+        await backend(
+            lambda r: httpx.Response(
+                400, json={"error": {"message": "too long", "type": "exceed_context_size_error"}}
+            )
+        ).generate(REQUEST)
     with pytest.raises(BackendUnavailableError):
-        await backend(lambda r: httpx.Response(503, json={"error": {"message": "loading"}})
-                      ).generate(REQUEST)
+        await backend(
+            lambda r: httpx.Response(503, json={"error": {"message": "loading"}})
+        ).generate(REQUEST)
 
     def refused(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
@@ -106,18 +124,29 @@ async def test_http_errors() -> None:
 
 def sse(*events: dict[str, Any]) -> httpx.Response:
     data = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
-    return httpx.Response(200, content=data.encode(),
-                          headers={"content-type": "text/event-stream"})
+    return httpx.Response(200, content=data.encode(), headers={"content-type": "text/event-stream"})
 
 
 async def test_stream_deltas_and_result() -> None:
     events = [
-        {"content": "H", "tokens": [10], "completion_probabilities": [prob(10, -0.1)],
-         "stop": False},
-        {"content": "i", "tokens": [11], "completion_probabilities": [prob(11, -0.2)],
-         "stop": False},
-        {"content": "", "tokens": [99], "completion_probabilities": [prob(99, -0.3)],
-         "stop": False},
+        {
+            "content": "H",
+            "tokens": [10],
+            "completion_probabilities": [prob(10, -0.1)],
+            "stop": False,
+        },
+        {
+            "content": "i",
+            "tokens": [11],
+            "completion_probabilities": [prob(11, -0.2)],
+            "stop": False,
+        },
+        {
+            "content": "",
+            "tokens": [99],
+            "completion_probabilities": [prob(99, -0.3)],
+            "stop": False,
+        },
         {"content": "", "tokens": [], "stop": True, "stop_type": "eos", "tokens_evaluated": 3},
     ]
     deltas = [d async for d in backend(lambda r: sse(*events)).generate_stream(REQUEST)]
@@ -130,8 +159,12 @@ async def test_stream_deltas_and_result() -> None:
 
 
 async def test_stream_without_final_event_is_an_error() -> None:
-    event = {"content": "H", "tokens": [10], "completion_probabilities": [prob(10, -0.1)],
-             "stop": False}
+    event = {
+        "content": "H",
+        "tokens": [10],
+        "completion_probabilities": [prob(10, -0.1)],
+        "stop": False,
+    }
     with pytest.raises(BackendError, match="final event"):
         async for _ in backend(lambda r: sse(event)).generate_stream(REQUEST):
             pass
@@ -158,15 +191,26 @@ PIECES: dict[int, Any] = {10: "H", 11: [240, 157, 148], 12: [171], 99: "<|im_end
 
 
 def test_incomplete_utf8_positions() -> None:
-    pieces = [b"H", bytes([240, 157, 148]), bytes([171]), b"", bytes([0xE2]), bytes([0x9C]),
-              bytes([0x93]), "é".encode()[:1]]
+    pieces = [
+        b"H",
+        bytes([240, 157, 148]),
+        bytes([171]),
+        b"",
+        bytes([0xE2]),
+        bytes([0x9C]),
+        bytes([0x93]),
+        "é".encode()[:1],
+    ]
     assert incomplete_utf8_positions(pieces) == [1, 4, 5, 7]
     assert incomplete_utf8_positions([]) == []
 
 
-def scoring_backend(answer_body: dict[str, Any] | None = None, *,
-                    events: list[dict[str, Any]] | None = None, max_tokens: int = 8
-                    ) -> tuple[LlamaCppBackend, GenerateRequest, list[dict[str, Any]]]:
+def scoring_backend(
+    answer_body: dict[str, Any] | None = None,
+    *,
+    events: list[dict[str, Any]] | None = None,
+    max_tokens: int = 8,
+) -> tuple[LlamaCppBackend, GenerateRequest, list[dict[str, Any]]]:
     """A backend whose llama-server samples ``answer_body`` (or streams ``events``), tokenizes
     with :data:`PIECES`, and scores id 11 at -0.7 after ``REQUEST.prompt_ids + [10]``."""
     scoring: list[dict[str, Any]] = []
@@ -176,25 +220,35 @@ def scoring_backend(answer_body: dict[str, Any] | None = None, *,
         if request.url.path == "/tokenize":
             content = body["content"]
             ids = content if isinstance(content, list) else {"𝔫": [11, 12]}[content]
-            return httpx.Response(200, json={"tokens": [{"id": i, "piece": PIECES[i]}
-                                                        for i in ids]})
+            return httpx.Response(
+                200, json={"tokens": [{"id": i, "piece": PIECES[i]} for i in ids]}
+            )
         if body["prompt"] == REQUEST.prompt_ids:
             return sse(*events) if events is not None else httpx.Response(200, json=answer_body)
         scoring.append(body)
         assert body["prompt"] == [*REQUEST.prompt_ids, 10]
-        top = [prob(11, -0.7), prob(13, -0.9)][:body["n_probs"]]
-        return httpx.Response(200, json=answer(tokens=[0], stop_type="limit",
-                                               completion_probabilities=[
-                                                   prob(0, -9.0) | {"top_logprobs": top}]))
+        top = [prob(11, -0.7), prob(13, -0.9)][: body["n_probs"]]
+        return httpx.Response(
+            200,
+            json=answer(
+                tokens=[0],
+                stop_type="limit",
+                completion_probabilities=[prob(0, -9.0) | {"top_logprobs": top}],
+            ),
+        )
 
     request = GenerateRequest(prompt_ids=REQUEST.prompt_ids, max_tokens=max_tokens)
     return backend(handler), request, scoring
 
 
 async def test_missing_logprob_is_scored_again() -> None:
-    b, request, scoring = scoring_backend(answer(
-        content="H𝔫", tokens=[10, 11, 12, 99],
-        completion_probabilities=[prob(10, -0.1), prob(12, -0.3), prob(99, -0.4)]))
+    b, request, scoring = scoring_backend(
+        answer(
+            content="H𝔫",
+            tokens=[10, 11, 12, 99],
+            completion_probabilities=[prob(10, -0.1), prob(12, -0.3), prob(99, -0.4)],
+        )
+    )
     result = await b.generate(request)
     assert result.response_ids == [10, 11, 12, 99]
     assert result.response_logprobs == [-0.1, -0.7, -0.3, -0.4]
@@ -204,20 +258,31 @@ async def test_missing_logprob_is_scored_again() -> None:
 
 
 async def test_entries_that_do_not_follow_the_tokens_are_an_error() -> None:
-    b, request, _ = scoring_backend(answer(  # 12 has no entry, though it ends a character
-        tokens=[10, 11, 12, 99], completion_probabilities=[prob(10, -0.1), prob(99, -0.4)]))
+    b, request, _ = scoring_backend(
+        answer(  # 12 has no entry, though it ends a character
+            tokens=[10, 11, 12, 99], completion_probabilities=[prob(10, -0.1), prob(99, -0.4)]
+        )
+    )
     with pytest.raises(BackendError, match="inside"):
         await b.generate(request)
 
 
 def stream_events() -> list[dict[str, Any]]:
     def event(token_id: int, content: str, predicted: int, logprob: float) -> dict[str, Any]:
-        return {"content": content, "tokens": [token_id], "tokens_predicted": predicted,
-                "completion_probabilities": [prob(token_id, logprob)], "stop": False}
+        return {
+            "content": content,
+            "tokens": [token_id],
+            "tokens_predicted": predicted,
+            "completion_probabilities": [prob(token_id, logprob)],
+            "stop": False,
+        }
 
-    return [event(10, "H", 1, -0.1), event(12, "𝔫", 3, -0.3), event(99, "", 4, -0.4),
-            {"content": "", "tokens": [], "tokens_predicted": 4, "stop": True,
-             "stop_type": "eos"}]
+    return [
+        event(10, "H", 1, -0.1),
+        event(12, "𝔫", 3, -0.3),
+        event(99, "", 4, -0.4),
+        {"content": "", "tokens": [], "tokens_predicted": 4, "stop": True, "stop_type": "eos"},
+    ]
 
 
 async def test_stream_left_out_token_is_found_and_scored() -> None:

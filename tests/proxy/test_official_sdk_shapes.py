@@ -34,37 +34,41 @@ PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "req
 
 
 @pytest.fixture
-async def served(tmp_path: Path, tokenizer: Any, fake_llama: FakeLlamaCpp
-                 ) -> AsyncIterator[Served]:
+async def served(tmp_path: Path, tokenizer: Any, fake_llama: FakeLlamaCpp) -> AsyncIterator[Served]:
     fake_llama.answers = [TOOL_CALL]
-    async with served_gateway(tmp_path / "store", FAKE_URL, tokenizer,
-                              transport=fake_llama.transport) as s:
+    async with served_gateway(
+        tmp_path / "store", FAKE_URL, tokenizer, transport=fake_llama.transport
+    ) as s:
         yield s
 
 
 async def test_openai_chat_tool_calls_plain_and_streamed(served: Served) -> None:
     client = strict_openai(await served.open("chat/0", max_tokens=64))
-    tools: Any = [{"type": "function", "function": {"name": "get_weather",
-                                                    "parameters": PARAMETERS}}]
+    tools: Any = [
+        {"type": "function", "function": {"name": "get_weather", "parameters": PARAMETERS}}
+    ]
     plain = await client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Weather?"}], tools=tools)
+        model="m", messages=[{"role": "user", "content": "Weather?"}], tools=tools
+    )
     assert plain.choices[0].finish_reason == "tool_calls"
     call = plain.choices[0].message.tool_calls[0]  # type: ignore[index]
     assert call.function.name == "get_weather"  # type: ignore[union-attr]
     stream = await client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Weather now?"}], tools=tools,
-        stream=True)
+        model="m", messages=[{"role": "user", "content": "Weather now?"}], tools=tools, stream=True
+    )
     chunks = [c async for c in stream]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 async def test_openai_responses_tool_calls_text_and_input_tokens(
-        served: Served, fake_llama: FakeLlamaCpp) -> None:
+    served: Served, fake_llama: FakeLlamaCpp
+) -> None:
     """The usage's ``cache_write_tokens``, the ``logprobs`` of ``output_text.done`` and the
     ``/responses/input_tokens`` route: what openai 3.57 strict rejected before."""
     client = strict_openai(await served.open("resp/0", max_tokens=64))
-    tools: Any = [{"type": "function", "name": "get_weather", "parameters": PARAMETERS,
-                   "strict": False}]
+    tools: Any = [
+        {"type": "function", "name": "get_weather", "parameters": PARAMETERS, "strict": False}
+    ]
     called = await client.responses.create(model="m", input="Weather?", tools=tools)
     assert called.output[-1].type == "function_call" and called.usage is not None
     async with client.responses.stream(model="m", input="Weather now?", tools=tools) as stream:
@@ -73,8 +77,7 @@ async def test_openai_responses_tool_calls_text_and_input_tokens(
     async with client.responses.stream(model="m", input="And tomorrow?") as stream:
         kinds = [e.type async for e in stream]
     assert "response.output_text.done" in kinds and kinds[-1] == "response.completed"
-    counted = await client.responses.input_tokens.count(model="m", input="Weather?",
-                                                        tools=tools)
+    counted = await client.responses.input_tokens.count(model="m", input="Weather?", tools=tools)
     assert counted.object == "response.input_tokens" and counted.input_tokens > 10
 
 
@@ -82,29 +85,42 @@ async def test_anthropic_tool_use_plain_streamed_and_beta(served: Served) -> Non
     client = strict_anthropic(await served.open("anth/0", max_tokens=64))
     tools: Any = [{"name": "get_weather", "input_schema": PARAMETERS}]
     plain = await client.messages.create(
-        model="m", max_tokens=64, tools=tools,
-        messages=[{"role": "user", "content": "Weather?"}])
+        model="m", max_tokens=64, tools=tools, messages=[{"role": "user", "content": "Weather?"}]
+    )
     assert plain.stop_reason == "tool_use" and plain.content[-1].type == "tool_use"
     async with client.beta.messages.stream(
-            model="m", max_tokens=64, tools=tools, betas=["fine-grained-tool-streaming-2025-05-14"],
-            messages=[{"role": "user", "content": "Weather now?"}]) as stream:
+        model="m",
+        max_tokens=64,
+        tools=tools,
+        betas=["fine-grained-tool-streaming-2025-05-14"],
+        messages=[{"role": "user", "content": "Weather now?"}],
+    ) as stream:
         final = await stream.get_final_message()
     assert final.stop_reason == "tool_use"
 
 
 @pytest.mark.parametrize("api_version", ["v1beta", "v1"])
 async def test_google_genai_function_call_and_count_on_each_version(
-        served: Served, api_version: str) -> None:
+    served: Served, api_version: str
+) -> None:
     """google-genai calls ``/v1/models/...`` by default: the gateway served only ``v1beta``."""
-    models = gemini_client(await served.open(f"gem-{api_version}/0", max_tokens=64),
-                           api_version).aio.models
-    tool = genai_types.Tool(function_declarations=[genai_types.FunctionDeclaration(
-        name="get_weather", parameters_json_schema=PARAMETERS)])
+    models = gemini_client(
+        await served.open(f"gem-{api_version}/0", max_tokens=64), api_version
+    ).aio.models
+    tool = genai_types.Tool(
+        function_declarations=[
+            genai_types.FunctionDeclaration(name="get_weather", parameters_json_schema=PARAMETERS)
+        ]
+    )
     config = genai_types.GenerateContentConfig(tools=[tool])
     plain = await models.generate_content(model="g", contents="Weather?", config=config)
     assert plain.function_calls and plain.function_calls[0].args == {"city": "Paris"}
-    chunks = [c async for c in await models.generate_content_stream(
-        model="g", contents="Weather now?", config=config)]
+    chunks = [
+        c
+        async for c in await models.generate_content_stream(
+            model="g", contents="Weather now?", config=config
+        )
+    ]
     assert any(c.function_calls for c in chunks)
     counted = await models.count_tokens(model="g", contents="Weather?")
     assert counted.total_tokens and counted.total_tokens > 3
@@ -116,28 +132,35 @@ async def test_openai_errors_are_typed(served: Served) -> None:
     client = strict_openai(info)
     with pytest.raises(openai.BadRequestError, match="role") as bad:
         await client.chat.completions.create(
-            model="m", messages=[{"role": "nobody", "content": "x"}])  # type: ignore[misc]
+            model="m", messages=[{"role": "nobody", "content": "x"}]
+        )  # type: ignore[misc]
     assert bad.value.type == "invalid_request_error"
     with pytest.raises(openai.BadRequestError):
         await client.responses.create(model="m", input=[{"type": "nothing"}])  # type: ignore[list-item]
     with pytest.raises(openai.AuthenticationError):
-        await openai.AsyncOpenAI(base_url=info.openai_base_url.replace(info.session_key, "no"),
-                                 api_key="unused", max_retries=0).models.list()
+        await openai.AsyncOpenAI(
+            base_url=info.openai_base_url.replace(info.session_key, "no"),
+            api_key="unused",
+            max_retries=0,
+        ).models.list()
 
 
 async def test_anthropic_errors_are_typed(served: Served) -> None:
     client = strict_anthropic(await served.open("anth-err/0"))
     with pytest.raises(anthropic.BadRequestError, match="role") as bad:
-        await client.messages.create(model="m", max_tokens=8,
-                                     messages=[{"role": "nobody", "content": "x"}])  # type: ignore[typeddict-item]
+        await client.messages.create(
+            model="m", max_tokens=8, messages=[{"role": "nobody", "content": "x"}]
+        )  # type: ignore[typeddict-item]
     assert bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
 
 
 async def test_google_genai_errors_are_typed(served: Served) -> None:
     models = gemini_client(await served.open("gem-err/0"), "v1").aio.models
     with pytest.raises(genai_errors.ClientError) as bad:
-        await models.generate_content(model="g", contents=[genai_types.Content(
-            role="nobody", parts=[genai_types.Part(text="x")])])
+        await models.generate_content(
+            model="g",
+            contents=[genai_types.Content(role="nobody", parts=[genai_types.Part(text="x")])],
+        )
     assert bad.value.code == 400 and bad.value.status == "INVALID_ARGUMENT"
     assert "role" in (bad.value.message or "")
 
@@ -164,8 +187,7 @@ async def test_anthropic_models_and_an_unknown_model(served: Served) -> None:
 
 
 @pytest.mark.parametrize("api_version", ["v1beta", "v1"])
-async def test_google_genai_models_and_an_unknown_model(served: Served, api_version: str
-                                                        ) -> None:
+async def test_google_genai_models_and_an_unknown_model(served: Served, api_version: str) -> None:
     info = await served.open(f"gem-models-{api_version}/0")
     models = gemini_client(info, api_version).aio.models
     assert (await models.get(model=info.model)).name == f"models/{info.model}"
@@ -176,10 +198,12 @@ async def test_google_genai_models_and_an_unknown_model(served: Served, api_vers
 
 
 async def test_a_stream_the_backend_cuts_fails_typed_in_each_sdk(
-        tmp_path: Path, tokenizer: Any, fake_llama: FakeLlamaCpp) -> None:
+    tmp_path: Path, tokenizer: Any, fake_llama: FakeLlamaCpp
+) -> None:
     """A backend stream that ends without its final event, after a token: each SDK raises its
     typed error, or (Responses) yields ``error`` and a ``response.failed`` its strict types
     accept; before, ``response.error.code`` was a code the API does not enumerate."""
+
     def cut(request: httpx.Request) -> httpx.Response:
         answer = fake_llama.handle(request)
         if request.url.path != "/completion" or not json.loads(request.content).get("stream"):
@@ -187,22 +211,26 @@ async def test_a_stream_the_backend_cuts_fails_typed_in_each_sdk(
         first_event = answer.content.split(b"\n\n")[0] + b"\n\n"
         return httpx.Response(200, content=first_event, headers=answer.headers)
 
-    async with served_gateway(tmp_path / "store", FAKE_URL, tokenizer,
-                              transport=httpx.MockTransport(cut)) as served:
+    async with served_gateway(
+        tmp_path / "store", FAKE_URL, tokenizer, transport=httpx.MockTransport(cut)
+    ) as served:
         info = await served.open("cut/0")
         client = strict_openai(info)
         with pytest.raises(openai.APIError, match="final event"):
             async for _ in await client.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": "a"}], stream=True):
+                model="m", messages=[{"role": "user", "content": "a"}], stream=True
+            ):
                 pass
         async with client.responses.stream(model="m", input="b") as stream:
             kinds = [e.type async for e in stream]
         assert kinds[-2:] == ["error", "response.failed"]
         with pytest.raises(anthropic.APIStatusError, match="final event"):
             async with strict_anthropic(info).messages.stream(
-                    model="m", max_tokens=8, messages=[{"role": "user", "content": "c"}]) as s:
+                model="m", max_tokens=8, messages=[{"role": "user", "content": "c"}]
+            ) as s:
                 await s.get_final_message()
         with pytest.raises(genai_errors.ServerError, match="final event"):
             async for _ in await gemini_client(info, "v1").aio.models.generate_content_stream(
-                    model="g", contents="d"):
+                model="g", contents="d"
+            ):
                 pass

@@ -22,14 +22,19 @@ from rolloutd.proxy.tool_parsers import get_tool_parser
 
 
 def calls(parsed: object) -> list[tuple[str, dict[str, object]]]:
-    return [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-            for c in parsed.tool_calls]  # type: ignore[attr-defined]
+    return [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls
+    ]  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("text", [
-    '{"name": "f", "parameters": {"a": 1}}',
-    '<|python_tag|>{"name": "f", "parameters": {"a": 1}}',
-    '  {"name": "f", "arguments": {"a": 1}}\n'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "f", "parameters": {"a": 1}}',
+        '<|python_tag|>{"name": "f", "parameters": {"a": 1}}',
+        '  {"name": "f", "arguments": {"a": 1}}\n',
+    ],
+)
 def test_llama3_json_calls(text: str) -> None:
     parsed = get_tool_parser("llama3_json").parse(text)
     assert parsed.content is None and calls(parsed) == [("f", {"a": 1})]
@@ -47,8 +52,9 @@ def test_llama3_json_several_calls_and_non_calls() -> None:
 
 def test_mistral_both_syntaxes() -> None:
     parser = get_tool_parser("mistral")
-    v3 = parser.parse('Sure. [TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, '
-                      '{"name": "g", "arguments": {}}]')
+    v3 = parser.parse(
+        'Sure. [TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]'
+    )
     assert v3.content == "Sure." and calls(v3) == [("f", {"a": 1}), ("g", {})]
     v11 = parser.parse('[TOOL_CALLS]f[ARGS]{"a": 1}[TOOL_CALLS]g[ARGS]{}')
     assert v11.content is None and calls(v11) == [("f", {"a": 1}), ("g", {})]
@@ -70,8 +76,11 @@ def test_think_split() -> None:
         get_reasoning_parser("nope")
 
 
-@given(reasoning=st.text(max_size=20).filter(lambda s: "<" not in s),
-       answer=st.text(max_size=20), cut=st.integers(0, 80))
+@given(
+    reasoning=st.text(max_size=20).filter(lambda s: "<" not in s),
+    answer=st.text(max_size=20),
+    cut=st.integers(0, 80),
+)
 def test_think_partial_is_a_prefix_of_the_final(reasoning: str, answer: str, cut: int) -> None:
     think = get_reasoning_parser("think")
     assert think is not None

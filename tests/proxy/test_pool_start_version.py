@@ -15,9 +15,12 @@ from rolloutd.store import BlobStore
 
 def test_start_backends_carry_the_configured_policy_version(tmp_path: Path) -> None:
     store = BlobStore(str(tmp_path))
-    settings = GatewaySettings(backend_url="http://10.0.0.1:8000,http://10.0.0.2:8000",
-                               backend_type="vllm", backend_policy_version=7,
-                               store_url=str(tmp_path))
+    settings = GatewaySettings(
+        backend_url="http://10.0.0.1:8000,http://10.0.0.2:8000",
+        backend_type="vllm",
+        backend_policy_version=7,
+        store_url=str(tmp_path),
+    )
     pool = BackendPool.from_settings(settings, store=store)
     assigned = {pool.assign().policy_version for _ in range(2)}
     assert assigned == {7}
@@ -27,8 +30,9 @@ def test_start_backends_carry_the_configured_policy_version(tmp_path: Path) -> N
 
 
 def test_default_is_version_zero_and_negative_is_refused(tmp_path: Path) -> None:
-    pool = BackendPool.from_settings(GatewaySettings(backend_url="http://10.0.0.1:8000",
-                                                     store_url=str(tmp_path)))
+    pool = BackendPool.from_settings(
+        GatewaySettings(backend_url="http://10.0.0.1:8000", store_url=str(tmp_path))
+    )
     assert pool.assign().policy_version == 0
     with pytest.raises(ValidationError, match="backend_policy_version"):
         GatewaySettings(backend_policy_version=-1)

@@ -21,20 +21,32 @@ from tests.proxy.conftest import RecordingTransport
 pytestmark = pytest.mark.engine
 
 SAMPLING = SamplingParams(temperature=0.0, max_tokens=8)
-TOOLS = [{"type": "function", "function": {
-    "name": "read_clock", "description": "Read the clock",
-    "parameters": {"type": "object", "properties": {}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_clock",
+            "description": "Read the clock",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+]
 
 
 def make_gateway(store: Path, llama_server: Any, tokenizer: Any, transport: Any) -> Gateway:
-    settings = GatewaySettings(store_url=str(store), backend_url=llama_server.url,
-                               gateway_public_url="http://gateway.test", backend_timeout_s=120)
+    settings = GatewaySettings(
+        store_url=str(store),
+        backend_url=llama_server.url,
+        gateway_public_url="http://gateway.test",
+        backend_timeout_s=120,
+    )
     return Gateway.from_settings(settings, tokenizer=tokenizer, transport=transport)
 
 
 @pytest.fixture
-async def gw(tmp_path: Path, tokenizer: Any, llama_server: Any, recording_transport: Any
-             ) -> AsyncIterator[Gateway]:
+async def gw(
+    tmp_path: Path, tokenizer: Any, llama_server: Any, recording_transport: Any
+) -> AsyncIterator[Gateway]:
     gateway = make_gateway(tmp_path / "store", llama_server, tokenizer, recording_transport)
     yield gateway
     await gateway.aclose()
@@ -45,11 +57,14 @@ class Harness:
     request's assistant message; ``volatile`` changes per process (Codex's
     ``prompt_cache_key``); turn ``i`` in ``streamed`` asks for a stream."""
 
-    def __init__(self, gateway: Gateway, key: str, *, volatile: str,
-                 streamed: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self, gateway: Gateway, key: str, *, volatile: str, streamed: frozenset[int] = frozenset()
+    ) -> None:
         self.client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False),
-            base_url="http://gateway.test", timeout=120)
+            base_url="http://gateway.test",
+            timeout=120,
+        )
         self.url = f"/s/{key}/v1/chat/completions"
         self.volatile = volatile
         self.streamed = streamed
@@ -59,8 +74,9 @@ class Harness:
     async def call(self, turn: int, user: str) -> None:
         body = {"model": "m", "messages": self.messages, "prompt_cache_key": self.volatile}
         if turn in self.streamed:
-            async with self.client.stream("POST", self.url, json={**body, "stream": True}
-                                          ) as response:
+            async with self.client.stream(
+                "POST", self.url, json={**body, "stream": True}
+            ) as response:
                 assert response.status_code == 200
                 text, first_id = "", None
                 async for line in response.aiter_lines():
@@ -91,7 +107,8 @@ USERS = ["Another word.", "One more.", "And another.", "Last one.", "Thanks.", "
 
 
 async def test_second_attempt_replays_then_samples_and_continues_the_chain(
-        gw: Gateway, recording_transport: Any) -> None:
+    gw: Gateway, recording_transport: Any
+) -> None:
     first = await gw.sessions.open_session("rp/0", "rp", sampling=SAMPLING)
     one = Harness(gw, first.session_key, volatile="process-1", streamed=frozenset({1}))
     await one.run(USERS[:4])
@@ -99,8 +116,9 @@ async def test_second_attempt_replays_then_samples_and_continues_the_chain(
     assert len(recording_transport.exchanges) == 4
     recorded = CompletionLog(gw.store, "rp/0").read_all()
 
-    second = await gw.sessions.open_session("rp/0.attempt-2", "rp", sampling=SAMPLING,
-                                            replay_from=["rp/0"])
+    second = await gw.sessions.open_session(
+        "rp/0.attempt-2", "rp", sampling=SAMPLING, replay_from=["rp/0"]
+    )
     two = Harness(gw, second.session_key, volatile="process-2", streamed=frozenset({1}))
     await two.run(USERS[:4])
     # the 4 recorded calls: no engine request, the recorded answers and ids
@@ -115,15 +133,25 @@ async def test_second_attempt_replays_then_samples_and_continues_the_chain(
     assert [c.replayed_from for c in log] == [f"rp/0#{i}" for i in range(4)] + [None, None]
     for copy, source in zip(log, recorded, strict=False):
         assert copy.session_id == "rp/0.attempt-2"
-        assert (copy.response_ids, copy.response_logprobs, copy.prompt_ids,
-                copy.policy_version) == (source.response_ids, source.response_logprobs,
-                                         source.prompt_ids, source.policy_version)
+        assert (
+            copy.response_ids,
+            copy.response_logprobs,
+            copy.prompt_ids,
+            copy.policy_version,
+        ) == (
+            source.response_ids,
+            source.response_logprobs,
+            source.prompt_ids,
+            source.policy_version,
+        )
         assert copy.extends == source.extends
         assert copy.request["prompt_cache_key"] == "process-2"
     # the first sampled call continues the replayed chain: no chain break
     assert log[4].extends == 3
-    assert log[4].prompt_ids[:len(log[3].prompt_ids) + len(log[3].response_ids)] == \
-        log[3].prompt_ids + log[3].response_ids
+    assert (
+        log[4].prompt_ids[: len(log[3].prompt_ids) + len(log[3].response_ids)]
+        == log[3].prompt_ids + log[3].response_ids
+    )
 
     session = await gw.sessions.get("rp/0.attempt-2")
     assert session.replay is not None
@@ -133,8 +161,9 @@ async def test_second_attempt_replays_then_samples_and_continues_the_chain(
     assert [(e.last_index, e.reason) for e in stats.ends] == [(3, "source_ended")]
 
     # a third attempt replays the second's log: its copies and its sampled calls
-    third = await gw.sessions.open_session("rp/0.attempt-3", "rp", sampling=SAMPLING,
-                                           replay_from=["rp/0.attempt-2", "rp/0"])
+    third = await gw.sessions.open_session(
+        "rp/0.attempt-3", "rp", sampling=SAMPLING, replay_from=["rp/0.attempt-2", "rp/0"]
+    )
     three = Harness(gw, third.session_key, volatile="process-3", streamed=frozenset({1}))
     await three.run(USERS)
     assert len(recording_transport.exchanges) == 6
@@ -142,15 +171,17 @@ async def test_second_attempt_replays_then_samples_and_continues_the_chain(
     await one.aclose(), await two.aclose(), await three.aclose()
 
 
-async def test_replay_ends_at_the_first_differing_request(gw: Gateway,
-                                                         recording_transport: Any) -> None:
+async def test_replay_ends_at_the_first_differing_request(
+    gw: Gateway, recording_transport: Any
+) -> None:
     first = await gw.sessions.open_session("rd/0", "rd", sampling=SAMPLING)
     one = Harness(gw, first.session_key, volatile="a")
     await one.run(["It is 10:00:01.", "More.", "Again."])
     await gw.sessions.close_session("rd/0")
 
-    second = await gw.sessions.open_session("rd/0.attempt-2", "rd", sampling=SAMPLING,
-                                            replay_from=["rd/0"])
+    second = await gw.sessions.open_session(
+        "rd/0.attempt-2", "rd", sampling=SAMPLING, replay_from=["rd/0"]
+    )
     two = Harness(gw, second.session_key, volatile="b")
     # the second request differs (the "tool output" changed): replay ends after the first
     await two.run(["It is 10:00:07.", "More.", "Again."])
@@ -164,15 +195,17 @@ async def test_replay_ends_at_the_first_differing_request(gw: Gateway,
 
 
 async def test_a_gateway_restart_mid_replay_resumes_at_the_right_position(
-        tmp_path: Path, tokenizer: Any, llama_server: Any, recording_transport: Any) -> None:
+    tmp_path: Path, tokenizer: Any, llama_server: Any, recording_transport: Any
+) -> None:
     store = tmp_path / "store"
     gw = make_gateway(store, llama_server, tokenizer, recording_transport)
     first = await gw.sessions.open_session("rr/0", "rr", sampling=SAMPLING)
     one = Harness(gw, first.session_key, volatile="a")
     await one.run(USERS[:4])
     await gw.sessions.close_session("rr/0")
-    second = await gw.sessions.open_session("rr/0.attempt-2", "rr", sampling=SAMPLING,
-                                            replay_from=["rr/0"])
+    second = await gw.sessions.open_session(
+        "rr/0.attempt-2", "rr", sampling=SAMPLING, replay_from=["rr/0"]
+    )
     two = Harness(gw, second.session_key, volatile="b")
     await two.run(USERS[:2])
     await two.aclose()
@@ -189,8 +222,13 @@ async def test_a_gateway_restart_mid_replay_resumes_at_the_right_position(
         assert len(transport2.exchanges) == 1  # calls 2 and 3 replayed, call 4 sampled
         assert again.ids[:4] == one.ids
         session = await gw2.sessions.get("rr/0.attempt-2")
-        assert [c.replayed_from for c in session.completions] == \
-            ["rr/0#0", "rr/0#1", "rr/0#2", "rr/0#3", None]
+        assert [c.replayed_from for c in session.completions] == [
+            "rr/0#0",
+            "rr/0#1",
+            "rr/0#2",
+            "rr/0#3",
+            None,
+        ]
         assert session.completions[4].extends == 3
         await again.aclose()
     finally:
@@ -205,8 +243,9 @@ async def test_staleness_bounds_what_is_replayed(gw: Gateway, recording_transpor
     await gw.sessions.close_session("rs/0")
     await gw.pool.set_policy_version(1)
 
-    stale = await gw.sessions.open_session("rs/0.attempt-2", "rs", sampling=SAMPLING,
-                                           replay_from=["rs/0"])
+    stale = await gw.sessions.open_session(
+        "rs/0.attempt-2", "rs", sampling=SAMPLING, replay_from=["rs/0"]
+    )
     two = Harness(gw, stale.session_key, volatile="b")
     await two.run(USERS[:1])
     assert len(recording_transport.exchanges) == 2 + 1  # version 0 is one behind: sampled
@@ -214,19 +253,23 @@ async def test_staleness_bounds_what_is_replayed(gw: Gateway, recording_transpor
     assert session.completions[0].replayed_from is None
     assert session.completions[0].policy_version == 1
 
-    allowed = await gw.sessions.open_session("rs/0.attempt-3", "rs", sampling=SAMPLING,
-                                             replay_from=["rs/0"], replay_max_staleness=1)
+    allowed = await gw.sessions.open_session(
+        "rs/0.attempt-3", "rs", sampling=SAMPLING, replay_from=["rs/0"], replay_max_staleness=1
+    )
     three = Harness(gw, allowed.session_key, volatile="c")
     await three.run(USERS[:2])
     assert len(recording_transport.exchanges) == 3  # both replayed, keeping version 0
     session = await gw.sessions.get("rs/0.attempt-3")
-    assert [(c.replayed_from, c.policy_version) for c in session.completions] == \
-        [("rs/0#0", 0), ("rs/0#1", 0)]
+    assert [(c.replayed_from, c.policy_version) for c in session.completions] == [
+        ("rs/0#0", 0),
+        ("rs/0#1", 0),
+    ]
     await one.aclose(), await two.aclose(), await three.aclose()
 
 
-async def test_passthrough_sessions_replay_too(tmp_path: Path, tokenizer: Any,
-                                               llama_server: Any) -> None:
+async def test_passthrough_sessions_replay_too(
+    tmp_path: Path, tokenizer: Any, llama_server: Any
+) -> None:
     """``passthrough``: llama-server's own chat endpoint renders; replay is by identity alike."""
     from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
     from rolloutd.proxy.backends.pool import BackendPool
@@ -238,27 +281,37 @@ async def test_passthrough_sessions_replay_too(tmp_path: Path, tokenizer: Any,
             calls.append(request.url.path)
             return await super().handle_async_request(request)
 
-    settings = GatewaySettings(store_url=str(tmp_path / "store"),
-                               gateway_public_url="http://gateway.test")
+    settings = GatewaySettings(
+        store_url=str(tmp_path / "store"), gateway_public_url="http://gateway.test"
+    )
     gw = Gateway.from_settings(settings, tokenizer=tokenizer)
     gw.pool = BackendPool([OpenAIChatBackend("chat", llama_server.url, transport=Counting())])
     gw.sessions.pool = gw.service.pool = gw.pool
     try:
-        first = await gw.sessions.open_session("pt/0", "pt", sampling=SAMPLING,
-                                               capture_mode="passthrough")
+        first = await gw.sessions.open_session(
+            "pt/0", "pt", sampling=SAMPLING, capture_mode="passthrough"
+        )
         one = Harness(gw, first.session_key, volatile="a", streamed=frozenset({1}))
         await one.run(USERS[:3])
         await gw.sessions.close_session("pt/0")
         assert len(calls) == 3
-        second = await gw.sessions.open_session("pt/0.attempt-2", "pt", sampling=SAMPLING,
-                                                capture_mode="passthrough",
-                                                replay_from=["pt/0"])
+        second = await gw.sessions.open_session(
+            "pt/0.attempt-2",
+            "pt",
+            sampling=SAMPLING,
+            capture_mode="passthrough",
+            replay_from=["pt/0"],
+        )
         two = Harness(gw, second.session_key, volatile="b", streamed=frozenset({1}))
         await two.run(USERS[:4])
         assert len(calls) == 4 and two.ids[:3] == one.ids
         session = await gw.sessions.get("pt/0.attempt-2")
-        assert [c.replayed_from for c in session.completions] == \
-            ["pt/0#0", "pt/0#1", "pt/0#2", None]
+        assert [c.replayed_from for c in session.completions] == [
+            "pt/0#0",
+            "pt/0#1",
+            "pt/0#2",
+            None,
+        ]
         stats = session.replay.stats(session.completions)  # type: ignore[union-attr]
         assert [(e.last_index, e.reason) for e in stats.ends] == [(2, "source_ended")]
         await one.aclose(), await two.aclose()

@@ -11,18 +11,28 @@ from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.types import Completion
 
 
-def conversation(session_id: str, keys: list[str], *, version: int = 0,
-                 start: int = 0, root: int | None = None) -> list[Completion]:
+def conversation(
+    session_id: str, keys: list[str], *, version: int = 0, start: int = 0, root: int | None = None
+) -> list[Completion]:
     """One conversation's completions: request ``keys[i]`` extends the one before."""
     out = []
     for i, key in enumerate(keys):
         index = start + i
         extends = (index - 1) if i else root
-        out.append(Completion(
-            session_id=session_id, index=index, request_hash=key,
-            messages=[{"role": "user", "content": k} for k in keys[:i + 1]],
-            prompt_ids=[1, 2, 3], response_ids=[7, 8], response_logprobs=[-0.1, -0.2],
-            extends=extends, policy_version=version, response_id=f"chatcmpl-{key}"))
+        out.append(
+            Completion(
+                session_id=session_id,
+                index=index,
+                request_hash=key,
+                messages=[{"role": "user", "content": k} for k in keys[: i + 1]],
+                prompt_ids=[1, 2, 3],
+                response_ids=[7, 8],
+                response_logprobs=[-0.1, -0.2],
+                extends=extends,
+                policy_version=version,
+                response_id=f"chatcmpl-{key}",
+            )
+        )
     return out
 
 
@@ -35,9 +45,18 @@ async def test_offers_each_earlier_completion_once_across_attempts(tmp_path: Pat
     store = BlobStore(str(tmp_path))
     write(store, conversation("s", ["a", "b", "c", "d"]))
     # attempt 2 replayed a and b, then sampled x
-    second = [replayed_copy(c, session_id="s.attempt-2", index=c.index, extends=c.extends,
-                            request={}, body_hash=c.request_hash, response_id=c.response_id)
-              for c in conversation("s", ["a", "b"])]
+    second = [
+        replayed_copy(
+            c,
+            session_id="s.attempt-2",
+            index=c.index,
+            extends=c.extends,
+            request={},
+            body_hash=c.request_hash,
+            response_id=c.response_id,
+        )
+        for c in conversation("s", ["a", "b"])
+    ]
     second += conversation("s.attempt-2", ["x"], start=2, root=1)
     write(store, second)
 
@@ -45,7 +64,12 @@ async def test_offers_each_earlier_completion_once_across_attempts(tmp_path: Pat
     await source.ensure_loaded([])
     # a and b offered as attempt 2's copies; c and d (not consumed) from attempt 1
     assert [completion_key(c) for c in source.offered] == [
-        "s.attempt-2#0", "s.attempt-2#1", "s.attempt-2#2", "s#2", "s#3"]
+        "s.attempt-2#0",
+        "s.attempt-2#1",
+        "s.attempt-2#2",
+        "s#2",
+        "s#3",
+    ]
     a = source.take("a", 0)
     assert a is not None and completion_key(a) == "s.attempt-2#0"
     assert source.take("a", 0) is None  # taken once
@@ -62,9 +86,18 @@ async def test_offers_each_earlier_completion_once_across_attempts(tmp_path: Pat
 async def test_a_restart_reads_the_position_from_replayed_from(tmp_path: Path) -> None:
     store = BlobStore(str(tmp_path))
     write(store, conversation("s", ["a", "b", "c"]))
-    own = [replayed_copy(c, session_id="s.attempt-2", index=c.index, extends=c.extends,
-                         request={}, body_hash=c.request_hash, response_id=c.response_id)
-           for c in conversation("s", ["a", "b"])]
+    own = [
+        replayed_copy(
+            c,
+            session_id="s.attempt-2",
+            index=c.index,
+            extends=c.extends,
+            request={},
+            body_hash=c.request_hash,
+            response_id=c.response_id,
+        )
+        for c in conversation("s", ["a", "b"])
+    ]
     source = ReplaySource(store, ["s"])
     await source.ensure_loaded(own)
     assert source.take("a", 0) is None and source.take("b", 0) is None
@@ -89,22 +122,36 @@ async def test_stats_say_where_each_conversation_ended(tmp_path: Path) -> None:
     # m2 (2, extends 0), m3 (3, extends 2)
     [m1, m2, m3] = conversation("s", ["m1", "m2", "m3"])
     [k1] = conversation("s", ["k1"], start=1)
-    write(store, [m1, k1, m2.model_copy(update={"index": 2, "extends": 0}),
-                  m3.model_copy(update={"index": 3, "extends": 2})])
+    write(
+        store,
+        [
+            m1,
+            k1,
+            m2.model_copy(update={"index": 2, "extends": 0}),
+            m3.model_copy(update={"index": 3, "extends": 2}),
+        ],
+    )
     source = ReplaySource(store, ["s"])
     await source.ensure_loaded([])
     log = []
     for key in ["m1", "k1"]:  # then m2's request differs: sampled; k1 was its source's last
         taken = source.take(key, 0)
         assert taken is not None
-        copy = replayed_copy(taken, session_id="n", index=len(log),
-                             extends=source.remap(taken), request={},
-                             body_hash=key, response_id=taken.response_id)
+        copy = replayed_copy(
+            taken,
+            session_id="n",
+            index=len(log),
+            extends=source.remap(taken),
+            request={},
+            body_hash=key,
+            response_id=taken.response_id,
+        )
         source.placed(taken, copy.index)
         log.append(copy)
     stats = source.stats(log)
-    assert (stats.num_replayed, stats.num_source_completions, stats.num_not_replayed) == \
-        (2, 4, 2)
+    assert (stats.num_replayed, stats.num_source_completions, stats.num_not_replayed) == (2, 4, 2)
     assert [(e.last_index, e.source, e.reason) for e in stats.ends] == [
-        (0, "s#0", "body_differed"), (1, "s#1", "source_ended")]
+        (0, "s#0", "body_differed"),
+        (1, "s#1", "source_ended"),
+    ]
     assert stats.num_response_tokens_saved == 4 and stats.num_prompt_tokens_saved == 6

@@ -17,11 +17,15 @@ from rolloutd.types import SamplingParams
 
 @pytest.mark.parametrize("method", ["HEAD", "GET"])
 @pytest.mark.parametrize("slash", ["", "/"])
-async def test_base_url_answers_a_valid_key(gateway: Gateway, client: httpx.AsyncClient,
-                                            method: str, slash: str) -> None:
+async def test_base_url_answers_a_valid_key(
+    gateway: Gateway, client: httpx.AsyncClient, method: str, slash: str
+) -> None:
     info = await gateway.sessions.open_session("probe/0", "probe", sampling=SamplingParams())
-    assert info.anthropic_base_url == info.gemini_base_url == \
-        f"http://gateway.test/s/{info.session_key}"
+    assert (
+        info.anthropic_base_url
+        == info.gemini_base_url
+        == f"http://gateway.test/s/{info.session_key}"
+    )
     response = await client.request(method, f"/s/{info.session_key}{slash}")
     assert response.status_code == 200, response.text
     if method == "HEAD":
@@ -32,8 +36,9 @@ async def test_base_url_answers_a_valid_key(gateway: Gateway, client: httpx.Asyn
 
 
 @pytest.mark.parametrize("method", ["HEAD", "GET"])
-async def test_base_url_refuses_a_wrong_key(gateway: Gateway, client: httpx.AsyncClient,
-                                            method: str) -> None:
+async def test_base_url_refuses_a_wrong_key(
+    gateway: Gateway, client: httpx.AsyncClient, method: str
+) -> None:
     await gateway.sessions.open_session("probe/0", "probe", sampling=SamplingParams())
     response = await client.request(method, "/s/wrong-key")
     assert response.status_code == 401

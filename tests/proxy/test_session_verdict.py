@@ -21,7 +21,8 @@ DEAD_AFTER_S = 1.0
 
 
 async def test_calls_unanswered_for_dead_after_s_give_the_backend_verdict(
-        tmp_path: Path, tokenizer: Any) -> None:
+    tmp_path: Path, tokenizer: Any
+) -> None:
     engine = FakeLlamaCpp(tokenizer)
     state = {"down": False}
 
@@ -30,21 +31,28 @@ async def test_calls_unanswered_for_dead_after_s_give_the_backend_verdict(
             raise httpx.ConnectError("connection refused", request=request)
         return engine.handle(request)
 
-    settings = GatewaySettings(store_url=str(tmp_path / "store"), backend_url=FAKE_URL,
-                               gateway_public_url="http://gateway.test",
-                               backend_dead_after_s=DEAD_AFTER_S)
-    gateway = Gateway.from_settings(settings, tokenizer=tokenizer,
-                                    transport=httpx.MockTransport(handle))
+    settings = GatewaySettings(
+        store_url=str(tmp_path / "store"),
+        backend_url=FAKE_URL,
+        gateway_public_url="http://gateway.test",
+        backend_dead_after_s=DEAD_AFTER_S,
+    )
+    gateway = Gateway.from_settings(
+        settings, tokenizer=tokenizer, transport=httpx.MockTransport(handle)
+    )
     transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as c:
             info = await gateway.sessions.open_session(
-                "v/0", "v", sampling=SamplingParams(max_tokens=4))
+                "v/0", "v", sampling=SamplingParams(max_tokens=4)
+            )
             base = f"/s/{info.session_key}"
 
             async def call(text: str) -> int:
-                response = await c.post(f"{base}/v1/chat/completions", json={
-                    "messages": [{"role": "user", "content": text}]})
+                response = await c.post(
+                    f"{base}/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": text}]},
+                )
                 return response.status_code
 
             async def verdict() -> dict[str, Any]:
@@ -72,14 +80,19 @@ async def test_calls_unanswered_for_dead_after_s_give_the_backend_verdict(
             while await call("three") != 200:
                 assert time.monotonic() < deadline, "the backend's health did not come back"
                 await asyncio.sleep(0.2)  # the probe's backoff, bounded by the deadline
-            assert await verdict() == {"verdict": None, "unanswered_s": None,
-                                       "dead_after_s": DEAD_AFTER_S, "message": None}
+            assert await verdict() == {
+                "verdict": None,
+                "unanswered_s": None,
+                "dead_after_s": DEAD_AFTER_S,
+                "message": None,
+            }
     finally:
         await gateway.aclose()
 
 
 async def test_a_call_queued_on_a_saturated_engine_is_not_unanswered_a_hung_one_is(
-        tmp_path: Path, tokenizer: Any) -> None:
+    tmp_path: Path, tokenizer: Any
+) -> None:
     engine = FakeLlamaCpp(tokenizer)
     state = {"health": True}
     release = asyncio.Event()
@@ -93,27 +106,35 @@ async def test_a_call_queued_on_a_saturated_engine_is_not_unanswered_a_hung_one_
             await release.wait()  # every slot busy: the call queues
         return engine.handle(request)
 
-    settings = GatewaySettings(store_url=str(tmp_path / "store"), backend_url=FAKE_URL,
-                               gateway_public_url="http://gateway.test",
-                               backend_dead_after_s=DEAD_AFTER_S)
-    gateway = Gateway.from_settings(settings, tokenizer=tokenizer,
-                                    transport=httpx.MockTransport(handle))
+    settings = GatewaySettings(
+        store_url=str(tmp_path / "store"),
+        backend_url=FAKE_URL,
+        gateway_public_url="http://gateway.test",
+        backend_dead_after_s=DEAD_AFTER_S,
+    )
+    gateway = Gateway.from_settings(
+        settings, tokenizer=tokenizer, transport=httpx.MockTransport(handle)
+    )
     transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as c:
             info = await gateway.sessions.open_session(
-                "w/0", "w", sampling=SamplingParams(max_tokens=4))
+                "w/0", "w", sampling=SamplingParams(max_tokens=4)
+            )
             base = f"/s/{info.session_key}"
-            queued = asyncio.ensure_future(c.post(f"{base}/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": "hi"}]}))
+            queued = asyncio.ensure_future(
+                c.post(
+                    f"{base}/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "hi"}]},
+                )
+            )
             started = time.monotonic()
             while time.monotonic() - started < 3 * DEAD_AFTER_S:  # saturated: answers probes
                 assert (await c.get(f"{base}/rolloutd/verdict")).json()["verdict"] is None
                 await asyncio.sleep(0.2)  # sampling the verdict over a span, not waiting
             state["health"] = False  # hung: the next probe gets no answer
             deadline = time.monotonic() + 30  # a probe answered less than 5 s ago stands
-            while (verdict := (await c.get(f"{base}/rolloutd/verdict")).json())["verdict"] \
-                    is None:
+            while (verdict := (await c.get(f"{base}/rolloutd/verdict")).json())["verdict"] is None:
                 assert time.monotonic() < deadline, verdict
                 await asyncio.sleep(0.2)  # polling the route, bounded by the deadline
             assert verdict["verdict"] == "backend", verdict

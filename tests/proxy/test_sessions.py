@@ -23,8 +23,9 @@ from rolloutd.types import SamplingParams
 
 
 async def test_open_persists_state_and_returns_base_urls(gateway: Gateway) -> None:
-    info = await gateway.sessions.open_session("mytask/3", "mytask",
-                                               sampling=SamplingParams(temperature=0.5))
+    info = await gateway.sessions.open_session(
+        "mytask/3", "mytask", sampling=SamplingParams(temperature=0.5)
+    )
     key = info.session_key
     assert len(key) >= 32
     assert info.openai_base_url == f"http://gateway.test/s/{key}/v1"
@@ -41,8 +42,15 @@ async def test_open_persists_state_and_returns_base_urls(gateway: Gateway) -> No
 
 
 async def test_a_state_written_with_a_clear_key_is_read_as_its_hash() -> None:
-    state = SessionState.model_validate({"session_id": "t/0", "task_id": "t", "model": "m",
-                                         "backend": "b", "session_key": "old-key"})
+    state = SessionState.model_validate(
+        {
+            "session_id": "t/0",
+            "task_id": "t",
+            "model": "m",
+            "backend": "b",
+            "session_key": "old-key",
+        }
+    )
     assert state.session_key_sha256 == hash_session_key("old-key")
     assert "old-key" not in state.model_dump_json()
 
@@ -51,15 +59,27 @@ async def test_a_retried_open_rekeys_and_closed_sessions_stay_closed(gateway: Ga
     first = await gateway.sessions.open_session("t/0", "t")
     again = await gateway.sessions.open_session("t/0", "t")
     assert again.session_key != first.session_key
-    assert again.model_copy(update={"session_key": "", "openai_base_url": "",
-                                    "anthropic_base_url": "", "gemini_base_url": ""}) \
-        == first.model_copy(update={"session_key": "", "openai_base_url": "",
-                                    "anthropic_base_url": "", "gemini_base_url": ""})
+    assert again.model_copy(
+        update={
+            "session_key": "",
+            "openai_base_url": "",
+            "anthropic_base_url": "",
+            "gemini_base_url": "",
+        }
+    ) == first.model_copy(
+        update={
+            "session_key": "",
+            "openai_base_url": "",
+            "anthropic_base_url": "",
+            "gemini_base_url": "",
+        }
+    )
     assert (await gateway.sessions.lookup(again.session_key)).session_id == "t/0"
     with pytest.raises(AuthenticationError):  # the earlier attempt's key reached no one
         await gateway.sessions.lookup(first.session_key)
-    fresh = SessionManager(BlobStore(gateway.store.url), gateway.pool,
-                           public_url="http://other", default_model="m")
+    fresh = SessionManager(
+        BlobStore(gateway.store.url), gateway.pool, public_url="http://other", default_model="m"
+    )
     with pytest.raises(AuthenticationError):
         await fresh.lookup(first.session_key)
     assert (await fresh.lookup(again.session_key)).session_id == "t/0"
@@ -69,25 +89,32 @@ async def test_a_retried_open_rekeys_and_closed_sessions_stay_closed(gateway: Ga
         await gateway.sessions.open_session("t/0", "t")
 
 
-async def test_a_new_manager_serves_sessions_from_the_store(gateway: Gateway,
-                                                            client: httpx.AsyncClient) -> None:
+async def test_a_new_manager_serves_sessions_from_the_store(
+    gateway: Gateway, client: httpx.AsyncClient
+) -> None:
     info = await gateway.sessions.open_session("t/1", "t")
-    response = await client.post(f"/s/{info.session_key}/v1/chat/completions",
-                                 json={"messages": [{"role": "user", "content": "hi"}]})
+    response = await client.post(
+        f"/s/{info.session_key}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}]},
+    )
     assert response.status_code == 200
-    restarted = SessionManager(BlobStore(gateway.store.url), gateway.pool,
-                               public_url="http://other", default_model="m")
+    restarted = SessionManager(
+        BlobStore(gateway.store.url), gateway.pool, public_url="http://other", default_model="m"
+    )
     session = await restarted.lookup(info.session_key)
     assert session.session_id == "t/1"
     assert [c.index for c in session.completions] == [0]
     assert session.by_hash == {session.completions[0].request_hash: [0]}
     # a restart may have cut its answer: its delivery is unknown, so the same request again
     # is a retry of it
-    assert session.find_retry(session.completions[0].request_hash, marked=False) \
+    assert (
+        session.find_retry(session.completions[0].request_hash, marked=False)
         is session.completions[0]
+    )
     assert await restarted.close_session("t/1") == 1
-    again = SessionManager(BlobStore(gateway.store.url), gateway.pool,
-                           public_url="http://other", default_model="m")
+    again = SessionManager(
+        BlobStore(gateway.store.url), gateway.pool, public_url="http://other", default_model="m"
+    )
     with pytest.raises(AuthenticationError, match="closed"):
         (await again.lookup(info.session_key)).ensure_open()
 
@@ -103,8 +130,9 @@ async def test_unknown_keys_and_sessions(gateway: Gateway) -> None:
 
 async def test_sessions_go_to_the_least_assigned_backend(tmp_path: Path) -> None:
     pool = BackendPool([LlamaCppBackend("a", "http://a"), LlamaCppBackend("b", "http://b")])
-    manager = SessionManager(BlobStore(str(tmp_path)), pool, public_url="http://g",
-                             default_model="m")
+    manager = SessionManager(
+        BlobStore(str(tmp_path)), pool, public_url="http://g", default_model="m"
+    )
     backends = [(await manager.open_session(f"t/{i}", "t")).backend for i in range(3)]
     assert backends == ["a", "b", "a"]
     await manager.close_session("t/1")

@@ -38,11 +38,14 @@ def test_text_around_calls_is_content_and_calls_keep_order() -> None:
     assert len({c["id"] for c in parsed.tool_calls}) == 2
 
 
-@pytest.mark.parametrize("block", [
-    '<tool_call>{"name": "f", "arguments": {"a": 1}</tool_call>',  # broken JSON
-    '<tool_call>{"arguments": {}}</tool_call>',  # no name
-    '<tool_call>["f"]</tool_call>',  # not an object
-])
+@pytest.mark.parametrize(
+    "block",
+    [
+        '<tool_call>{"name": "f", "arguments": {"a": 1}</tool_call>',  # broken JSON
+        '<tool_call>{"arguments": {}}</tool_call>',  # no name
+        '<tool_call>["f"]</tool_call>',  # not an object
+    ],
+)
 def test_malformed_block_stays_content(block: str) -> None:
     text = f"before {block} after"
     parsed = parse_hermes(text)
@@ -55,7 +58,7 @@ def test_readable_calls_and_plain_text_count_no_unreadable_call() -> None:
     assert parse_hermes(CALL).num_unreadable == 0
     assert parse_hermes("just text").num_unreadable == 0
     # a call begun and never closed (cut by max_tokens) could not be read either
-    assert parse_hermes(f"{CALL}\n<tool_call>{{\"name\": \"f\"").num_unreadable == 1
+    assert parse_hermes(f'{CALL}\n<tool_call>{{"name": "f"').num_unreadable == 1
     assert parse_hermes_lenient('<tool_call>{"nope"</tool_call>').num_unreadable == 1
 
 
@@ -76,11 +79,14 @@ def test_plain_text_is_untouched() -> None:
     assert parse_hermes("  just text\n").tool_calls == []
 
 
-@pytest.mark.parametrize("text", [
-    '{"name": "get_weather", "arguments": {"city": "Tokyo"}}',
-    '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Tokyo"}\n}\n```',
-    '{"name": "get_weather", "arguments": {"city": "Tokyo"}',  # its last brace not sampled
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "get_weather", "arguments": {"city": "Tokyo"}}',
+        '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Tokyo"}\n}\n```',
+        '{"name": "get_weather", "arguments": {"city": "Tokyo"}',  # its last brace not sampled
+    ],
+)
 def test_lenient_parser_reads_bare_json_calls(text: str) -> None:
     assert parse_hermes(text).tool_calls == []
     parsed = parse_hermes_lenient(text)

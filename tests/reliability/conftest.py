@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: retried with the identical body (the gateway answers an answered request from its log).
 #: With ``AGENT_TOOL`` in the runtime's env, each turn runs that shell command (its tool) and
 #: sends its output back with the next request.
-AGENT = r'''
+AGENT = r"""
 import json, os, subprocess, sys, time, urllib.error, urllib.request
 base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
 num_calls, pause_s = int(sys.argv[1]), float(sys.argv[2])
@@ -66,14 +66,20 @@ for turn in range(num_calls):
                  {"role": "user", "content": follow}]
     time.sleep(pause_s)
 print("IDS " + json.dumps(ids), flush=True)
-'''
+"""
 
 NUM_CALLS = 3
 
 
-def agent_task(task_id: str, marker: str, *, num_samples: int = 8, pause_s: float = 2.0,
-               prepare: list[dict[str, Any]] | None = None,
-               **overrides: Any) -> dict[str, Any]:
+def agent_task(
+    task_id: str,
+    marker: str,
+    *,
+    num_samples: int = 8,
+    pause_s: float = 2.0,
+    prepare: list[dict[str, Any]] | None = None,
+    **overrides: Any,
+) -> dict[str, Any]:
     """A task whose sessions run :data:`AGENT` in a bwrap runtime (after the runtime's
     ``prepare`` steps, if given); ``marker`` is on the harness's command line so leftover
     processes can be counted from /proc. ``overrides`` replace TaskRequest fields."""
@@ -81,8 +87,7 @@ def agent_task(task_id: str, marker: str, *, num_samples: int = 8, pause_s: floa
         "task_id": task_id,
         "instruction": "reliability",
         "num_samples": num_samples,
-        "harness": {"type": "shell",
-                    "command": f"python3 agent.py {NUM_CALLS} {pause_s} {marker}"},
+        "harness": {"type": "shell", "command": f"python3 agent.py {NUM_CALLS} {pause_s} {marker}"},
         "runtime": {"type": "bwrap", "files": {"agent.py": AGENT}, "prepare": prepare or []},
         "evaluator": {"type": "session_completed"},
         # the task's sampling governs (the gateway's default policy): keep calls short
@@ -126,10 +131,14 @@ class Rig:
         """Completed generation requests llama-server answered (200) so far; the calls that
         score a left-out logprob again (one forced token, ``logit_bias``:
         ``proxy/backends/llama_cpp_logprobs.py``) sample nothing and are not counted."""
-        return sum(1 for ex in self.engine_tee.exchanges
-                   if ex.method == "POST" and ex.status == 200
-                   and ex.path.rstrip("/").endswith(("completion", "completions"))
-                   and not _scores_again(ex.request_body))
+        return sum(
+            1
+            for ex in self.engine_tee.exchanges
+            if ex.method == "POST"
+            and ex.status == 200
+            and ex.path.rstrip("/").endswith(("completion", "completions"))
+            and not _scores_again(ex.request_body)
+        )
 
 
 def _scores_again(request_body: bytes) -> bool:
@@ -152,21 +161,33 @@ async def rig(tmp_path_factory) -> AsyncIterator[Rig]:
     home = tmp_path_factory.mktemp("reliability")
     (home / "logs").mkdir()
     engine = await asyncio.to_thread(
-        lambda: LlamaServer("qwen2.5-coder-0.5b", parallel=4, ctx_size=32768,
-                            log_path=home / "logs" / "engine.log").start(timeout_s=180))
+        lambda: LlamaServer(
+            "qwen2.5-coder-0.5b", parallel=4, ctx_size=32768, log_path=home / "logs" / "engine.log"
+        ).start(timeout_s=180)
+    )
     tee = await Tee(engine.url).start()
     # supervise=False: these tests restart a killed fleet by hand, and a supervisor doing it
     # too would run two workers with one host id
-    stack = LocalStack(home=home, engine_url=tee.url, temporal_port=free_port(),
-                       ui_port=free_port(), gateway_port=free_port(), supervise=False,
-                       extra_env={"ROLLOUTD_LOG_JSON": "false", "ROLLOUTD_HOST_ID": "rel-host",
-                                  # the eval fleet imports tests.reliability.slow_evaluator
-                                  "PYTHONPATH": os.pathsep.join(
-                                      [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
-                                  # test_cancel_many runs 100 harnesses on this host at
-                                  # once, starting 16 at a time
-                                  "ROLLOUTD_MAX_CONCURRENT_SESSIONS": "128",
-                                  "ROLLOUTD_MAX_CONCURRENT_PROVISIONS": "16"})
+    stack = LocalStack(
+        home=home,
+        engine_url=tee.url,
+        temporal_port=free_port(),
+        ui_port=free_port(),
+        gateway_port=free_port(),
+        supervise=False,
+        extra_env={
+            "ROLLOUTD_LOG_JSON": "false",
+            "ROLLOUTD_HOST_ID": "rel-host",
+            # the eval fleet imports tests.reliability.slow_evaluator
+            "PYTHONPATH": os.pathsep.join(
+                [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
+            # test_cancel_many runs 100 harnesses on this host at
+            # once, starting 16 at a time
+            "ROLLOUTD_MAX_CONCURRENT_SESSIONS": "128",
+            "ROLLOUTD_MAX_CONCURRENT_PROVISIONS": "16",
+        },
+    )
     try:
         await asyncio.to_thread(stack.start)
         yield Rig(stack=stack, engine_tee=tee, runtime_root=home / "runtimes")

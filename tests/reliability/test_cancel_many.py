@@ -17,8 +17,7 @@ from rolloutd.types import SessionResult, SessionStatus
 from tests.reliability.conftest import Rig, new_ids, poll, processes_with
 from tests.reliability.test_kills import connect
 
-pytestmark = [pytest.mark.slow, pytest.mark.temporal, pytest.mark.sandbox,
-              pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.temporal, pytest.mark.sandbox, pytest.mark.timeout(400)]
 
 NUM_SESSIONS = 100
 CANCEL_WITHIN_S = 30.0
@@ -27,12 +26,17 @@ CANCEL_WITHIN_S = 30.0
 async def test_cancelling_100_running_sessions_leaves_nothing(rig: Rig):
     client = await connect(rig)
     task_id, marker = new_ids("cancel-100")
-    handle = await RolloutClient(client, BlobStore(rig.stack.store_url)).submit({
-        "task_id": task_id, "instruction": "cancel me", "num_samples": NUM_SESSIONS,
-        "harness": {"type": "shell", "command": f"sleep 600 # {marker}"},
-        "runtime": {"type": "bwrap", "network": "none"},
-        "phases": {"provision_s": 120, "run_s": 900}, "timeout_s": 1200,
-    })
+    handle = await RolloutClient(client, BlobStore(rig.stack.store_url)).submit(
+        {
+            "task_id": task_id,
+            "instruction": "cancel me",
+            "num_samples": NUM_SESSIONS,
+            "harness": {"type": "shell", "command": f"sleep 600 # {marker}"},
+            "runtime": {"type": "bwrap", "network": "none"},
+            "phases": {"provision_s": 120, "run_s": 900},
+            "timeout_s": 1200,
+        }
+    )
     children = [client.get_workflow_handle(f"task/{task_id}/{i}") for i in range(NUM_SESSIONS)]
 
     def num_running() -> int:
@@ -40,8 +44,9 @@ async def test_cancelling_100_running_sessions_leaves_nothing(rig: Rig):
         would load the workflow worker the test is measuring)."""
         return len(running_runtimes(marker))
 
-    await poll(lambda: num_running() >= NUM_SESSIONS, 240, f"{NUM_SESSIONS} sessions running",
-               every_s=1.0)
+    await poll(
+        lambda: num_running() >= NUM_SESSIONS, 240, f"{NUM_SESSIONS} sessions running", every_s=1.0
+    )
     assert len(processes_with(marker)) >= NUM_SESSIONS
 
     t0 = time.monotonic()
@@ -61,10 +66,15 @@ async def test_cancelling_100_running_sessions_leaves_nothing(rig: Rig):
     statuses = [s.status for s in sessions]
     leftover = [p.name for p in rig.runtime_root.iterdir() if p.name != ".owners"]
     owners = list((rig.runtime_root / ".owners").glob("*.json"))
-    doctor.record("cancel 100 running sessions", sessions=NUM_SESSIONS,
-                  cancelled=statuses.count(SessionStatus.CANCELLED), seconds=elapsed,
-                  orphans=len(processes_with(marker)), leftover_runtimes=len(leftover),
-                  ok=elapsed <= CANCEL_WITHIN_S and not leftover)
+    doctor.record(
+        "cancel 100 running sessions",
+        sessions=NUM_SESSIONS,
+        cancelled=statuses.count(SessionStatus.CANCELLED),
+        seconds=elapsed,
+        orphans=len(processes_with(marker)),
+        leftover_runtimes=len(leftover),
+        ok=elapsed <= CANCEL_WITHIN_S and not leftover,
+    )
     assert statuses == [SessionStatus.CANCELLED] * NUM_SESSIONS
     assert elapsed <= CANCEL_WITHIN_S
     assert processes_with(marker) == []

@@ -35,8 +35,13 @@ from tests.reliability.conftest import (
 )
 from tests.reliability.test_kills import check_batch, connect, phases, run_batch_with_fault
 
-pytestmark = [pytest.mark.slow, pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
-              pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.temporal,
+    pytest.mark.engine,
+    pytest.mark.sandbox,
+    pytest.mark.timeout(300),
+]
 
 #: the second sandbox host's grace period, s (the rig's fleets keep the default, 25 s)
 GRACE_B_S = 10.0
@@ -49,8 +54,11 @@ def runtime_sessions(root: Path, task_id: str) -> set[str]:
     ``{session id with '/' as '.'}-{8 hex}``: rolloutd.activities.sandbox)."""
     if not root.exists():
         return set()
-    return {p.name.rsplit("-", 1)[0].replace(".", "/") for p in root.iterdir()
-            if p.name.startswith(f"{task_id}.")}
+    return {
+        p.name.rsplit("-", 1)[0].replace(".", "/")
+        for p in root.iterdir()
+        if p.name.startswith(f"{task_id}.")
+    }
 
 
 def leftovers(root: Path) -> tuple[list[str], list[int]]:
@@ -78,32 +86,46 @@ async def test_sigterm_sandbox_host_mid_batch(rig: Rig):
     on it after a new attempt on the other host that replayed its recorded calls."""
     stack = rig.stack
     root_b = stack.home / "runtimes-b"
-    env = stack.env() | {"ROLLOUTD_HOST_ID": HOST_B, "ROLLOUTD_RUNTIME_ROOT": str(root_b),
-                         "ROLLOUTD_GRACEFUL_SHUTDOWN_S": str(GRACE_B_S),
-                         "ROLLOUTD_METRICS_PORT": "0"}
+    env = stack.env() | {
+        "ROLLOUTD_HOST_ID": HOST_B,
+        "ROLLOUTD_RUNTIME_ROOT": str(root_b),
+        "ROLLOUTD_GRACEFUL_SHUTDOWN_S": str(GRACE_B_S),
+        "ROLLOUTD_METRICS_PORT": "0",
+    }
     log_b = stack.logs / "sandbox-b.log"
-    host_b = spawn([sys.executable, "-m", "rolloutd.cli", "worker", "--fleet", "sandbox"],
-                   log_path=log_b, env=env)
+    host_b = spawn(
+        [sys.executable, "-m", "rolloutd.cli", "worker", "--fleet", "sandbox"],
+        log_path=log_b,
+        env=env,
+    )
     restart_a = False
     try:
-        await poll(lambda: log_b.exists() and "fleet_started" in log_b.read_text(), 60,
-                   "the second sandbox host to poll")
+        await poll(
+            lambda: log_b.exists() and "fleet_started" in log_b.read_text(),
+            60,
+            "the second sandbox host to poll",
+        )
         client = await connect(rig)
         store = BlobStore(stack.store_url)
         task_id, marker = new_ids("drain")
         engine_before = rig.engine_answers()
         t0 = time.monotonic()
         await RolloutClient(client, store).submit(agent_task(task_id, marker))
-        hosts = {"rel-host": (stack.workers["sandbox"], rig.runtime_root, DEFAULT_GRACE_S),
-                 HOST_B: (host_b, root_b, GRACE_B_S)}
+        hosts = {
+            "rel-host": (stack.workers["sandbox"], rig.runtime_root, DEFAULT_GRACE_S),
+            HOST_B: (host_b, root_b, GRACE_B_S),
+        }
 
         async def running_on(root: Path) -> set[str]:
             # mid-run: at least one call recorded and one more to come (a harness on its
             # last pause might end before the drain reaches it)
             now = await phases(client, task_id)
-            return {sid for sid in runtime_sessions(root, task_id)
-                    if now.get(int(sid.rsplit("/", 1)[1])) == "run"
-                    and 1 <= len(CompletionLog(store, sid)) < NUM_CALLS}
+            return {
+                sid
+                for sid in runtime_sessions(root, task_id)
+                if now.get(int(sid.rsplit("/", 1)[1])) == "run"
+                and 1 <= len(CompletionLog(store, sid)) < NUM_CALLS
+            }
 
         async def target() -> str | None:
             counts = {h: len(await running_on(root)) for h, (_, root, _) in hosts.items()}
@@ -119,28 +141,37 @@ async def test_sigterm_sandbox_host_mid_batch(rig: Rig):
         folders, procs = leftovers(root)
         assert folders == [] and procs == [], (folders, procs)
 
-        group = await asyncio.wait_for(client.get_workflow_handle(
-            f"task/{task_id}", result_type=TaskResult).result(), 240)
+        group = await asyncio.wait_for(
+            client.get_workflow_handle(f"task/{task_id}", result_type=TaskResult).result(), 240
+        )
         await poll(lambda: not processes_with(marker), 15, "harness processes to end")
-        figures = check_batch(rig, store, group, marker, engine_before=engine_before,
-                              calls_cut=True)
+        figures = check_batch(
+            rig, store, group, marker, engine_before=engine_before, calls_cut=True
+        )
         by_id = {s.session_id.split(".attempt-")[0]: s for s in group.sessions}
         for s in group.sessions:
             assert s.status == SessionStatus.COMPLETED and s.reward == 1.0, s
         for sid in on_drained:
             s = by_id[sid]
             assert s.attempts, f"{sid} ran on the drained host and shows no new attempt"
-            assert "HostDrainingError" in s.attempts[0].error or \
-                "draining" in s.attempts[0].error, s.attempts
+            assert (
+                "HostDrainingError" in s.attempts[0].error or "draining" in s.attempts[0].error
+            ), s.attempts
             assert s.session_id.endswith(".attempt-2"), s.session_id
         replayed = sum(by_id[sid].replay.num_replayed for sid in on_drained)
         assert replayed >= len(on_drained), (replayed, on_drained)  # each had >= 1 call
         assert figures["lost"] == 0 and figures["duplicated"] == 0, figures
-        doctor.record("SIGTERM sandbox host mid-batch (drain)", **figures,
-                      drained_sessions=len(on_drained), replayed_completions=replayed,
-                      retried_sessions=sum(bool(s.attempts) for s in group.sessions),
-                      exit_s=round(exit_s, 2), grace_s=grace_s,
-                      seconds=round(time.monotonic() - t0, 1), ok=True)
+        doctor.record(
+            "SIGTERM sandbox host mid-batch (drain)",
+            **figures,
+            drained_sessions=len(on_drained),
+            replayed_completions=replayed,
+            retried_sessions=sum(bool(s.attempts) for s in group.sessions),
+            exit_s=round(exit_s, 2),
+            grace_s=grace_s,
+            seconds=round(time.monotonic() - t0, 1),
+            ok=True,
+        )
     finally:
         if host_b.poll() is None:
             stop_process(host_b, grace_s=GRACE_B_S + 10)
@@ -158,8 +189,9 @@ async def test_sigterm_gateway_mid_batch(rig: Rig):
         rig.stack.start_worker("gateway")
         await asyncio.to_thread(rig.stack.wait_gateway)
 
-    group = await run_batch_with_fault(rig, "drain-gateway", fault,
-                                       scenario="SIGTERM gateway (drain)")
+    group = await run_batch_with_fault(
+        rig, "drain-gateway", fault, scenario="SIGTERM gateway (drain)"
+    )
     assert all(s.status == SessionStatus.COMPLETED and s.reward == 1.0 for s in group.sessions)
     doctor.record("SIGTERM gateway: exit", exit_s=round(exits[0], 2), ok=True)
 
@@ -173,21 +205,28 @@ async def test_sigterm_evaluator_mid_batch(rig: Rig, tmp_path: Path):
     exits: list[float] = []
 
     def slow_evaluator(marker: str) -> dict:
-        return {"evaluator": {"type": "tests.reliability.slow_evaluator:SlowEvaluator",
-                              "params": {"journal": str(journal), "seconds": 8}}}
+        return {
+            "evaluator": {
+                "type": "tests.reliability.slow_evaluator:SlowEvaluator",
+                "params": {"journal": str(journal), "seconds": 8},
+            }
+        }
 
     async def fault() -> None:
         def scoring() -> int:
             events = journal_lines(journal)
-            return sum(events.count(("start", sid)) > events.count(("done", sid))
-                       for _, sid in set(events))
+            return sum(
+                events.count(("start", sid)) > events.count(("done", sid)) for _, sid in set(events)
+            )
+
         # sessions end staggered on a loaded machine: one evaluation in flight is the case
         await poll(lambda: scoring() >= 1, 180, "an evaluation in progress")
         exits.append(await sigterm_and_wait(rig.stack.workers["eval"], DEFAULT_GRACE_S))
         rig.stack.start_worker("eval")
 
-    group = await run_batch_with_fault(rig, "drain-eval", fault, overrides=slow_evaluator,
-                                       scenario="SIGTERM evaluator (drain)")
+    group = await run_batch_with_fault(
+        rig, "drain-eval", fault, overrides=slow_evaluator, scenario="SIGTERM evaluator (drain)"
+    )
     events = journal_lines(journal)
     for s in group.sessions:
         assert s.status == SessionStatus.COMPLETED and s.reward == 1.0, s
@@ -218,9 +257,14 @@ async def test_up_stop_drains_every_fleet_mid_batch(rig: Rig):
             rig.stack.start_worker(fleet)
         await asyncio.to_thread(rig.stack.wait_gateway)
 
-    group = await run_batch_with_fault(rig, "drain-up", fault, calls_cut=True,
-                                       scenario="up's Ctrl-C: SIGTERM every fleet (drain)")
+    group = await run_batch_with_fault(
+        rig, "drain-up", fault, calls_cut=True, scenario="up's Ctrl-C: SIGTERM every fleet (drain)"
+    )
     assert all(s.status == SessionStatus.COMPLETED and s.reward == 1.0 for s in group.sessions)
     assert any(s.attempts for s in group.sessions)  # the running harnesses were handed back
-    doctor.record("up's Ctrl-C: fleets stopped", stop_s=round(stopped["stop_s"], 2),
-                  drain_s=rig.stack.drain_s, ok=True)
+    doctor.record(
+        "up's Ctrl-C: fleets stopped",
+        stop_s=round(stopped["stop_s"], 2),
+        drain_s=rig.stack.drain_s,
+        ok=True,
+    )

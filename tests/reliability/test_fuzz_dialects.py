@@ -26,35 +26,95 @@ NUM_EXAMPLES = 1000
 
 #: route (after ``/s/{key}``) and the fields a well-formed body of its dialect has.
 DIALECTS: dict[str, tuple[str, list[str]]] = {
-    "openai_chat": ("/v1/chat/completions", ["model", "messages", "max_tokens", "stream",
-                                              "tools", "tool_choice", "temperature", "stop"]),
-    "openai_responses": ("/v1/responses", ["model", "input", "instructions", "tools",
-                                           "max_output_tokens", "stream",
-                                           "previous_response_id"]),
-    "anthropic": ("/v1/messages", ["model", "messages", "max_tokens", "system", "tools",
-                                   "stream", "tool_choice", "stop_sequences"]),
-    "gemini": (f"/v1beta/models/{MODEL}:generateContent",
-               ["contents", "systemInstruction", "tools", "generationConfig", "toolConfig"]),
+    "openai_chat": (
+        "/v1/chat/completions",
+        [
+            "model",
+            "messages",
+            "max_tokens",
+            "stream",
+            "tools",
+            "tool_choice",
+            "temperature",
+            "stop",
+        ],
+    ),
+    "openai_responses": (
+        "/v1/responses",
+        [
+            "model",
+            "input",
+            "instructions",
+            "tools",
+            "max_output_tokens",
+            "stream",
+            "previous_response_id",
+        ],
+    ),
+    "anthropic": (
+        "/v1/messages",
+        [
+            "model",
+            "messages",
+            "max_tokens",
+            "system",
+            "tools",
+            "stream",
+            "tool_choice",
+            "stop_sequences",
+        ],
+    ),
+    "gemini": (
+        f"/v1beta/models/{MODEL}:generateContent",
+        ["contents", "systemInstruction", "tools", "generationConfig", "toolConfig"],
+    ),
 }
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**40, 2**40)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-        st.sampled_from(["role", "content", "type", "text", "parts", "name", "id",
-                         "function", "arguments", "input", "tool_use_id", "x"]) | st.text(
-            max_size=8), inner, max_size=4),
-    max_leaves=12)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "role",
+                    "content",
+                    "type",
+                    "text",
+                    "parts",
+                    "name",
+                    "id",
+                    "function",
+                    "arguments",
+                    "input",
+                    "tool_use_id",
+                    "x",
+                ]
+            )
+            | st.text(max_size=8),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
 
 
 def bodies(fields: list[str]) -> st.SearchStrategy[bytes]:
     """Malformed bodies: objects with the dialect's field names holding arbitrary JSON,
     arbitrary JSON documents, and bytes that are not JSON at all."""
-    objects = st.dictionaries(st.sampled_from(fields) | st.text(max_size=8), json_values,
-                              max_size=6)
-    return st.one_of(objects.map(lambda o: json.dumps(o).encode()),
-                     json_values.map(lambda v: json.dumps(v).encode()),
-                     st.binary(max_size=64))
+    objects = st.dictionaries(
+        st.sampled_from(fields) | st.text(max_size=8), json_values, max_size=6
+    )
+    return st.one_of(
+        objects.map(lambda o: json.dumps(o).encode()),
+        json_values.map(lambda v: json.dumps(v).encode()),
+        st.binary(max_size=64),
+    )
 
 
 def in_shape(dialect: str, body: Any) -> bool:
@@ -63,11 +123,19 @@ def in_shape(dialect: str, body: Any) -> bool:
         return False
     error = body.get("error")
     if dialect == "anthropic":
-        return body.get("type") == "error" and isinstance(error, dict) \
-            and isinstance(error.get("type"), str) and isinstance(error.get("message"), str)
+        return (
+            body.get("type") == "error"
+            and isinstance(error, dict)
+            and isinstance(error.get("type"), str)
+            and isinstance(error.get("message"), str)
+        )
     if dialect == "gemini":
-        return isinstance(error, dict) and isinstance(error.get("code"), int) \
-            and isinstance(error.get("message"), str) and isinstance(error.get("status"), str)
+        return (
+            isinstance(error, dict)
+            and isinstance(error.get("code"), int)
+            and isinstance(error.get("message"), str)
+            and isinstance(error.get("status"), str)
+        )
     return isinstance(error, dict) and isinstance(error.get("message"), str)
 
 
@@ -81,12 +149,16 @@ def rig(tmp_path_factory):
     fake = FakeLlamaCpp(tokenizer)
     store = tmp_path_factory.mktemp("fuzz") / "store"
     gateway = Gateway.from_settings(
-        GatewaySettings(store_url=str(store), backend_url=FAKE_URL,
-                        gateway_public_url="http://gateway.test"),
-        tokenizer=tokenizer, transport=fake.transport)
+        GatewaySettings(
+            store_url=str(store), backend_url=FAKE_URL, gateway_public_url="http://gateway.test"
+        ),
+        tokenizer=tokenizer,
+        transport=fake.transport,
+    )
     info = loop.run_until_complete(gateway.sessions.open_session("fuzz/0", "fuzz"))
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway.app),
-                               base_url="http://gateway.test", timeout=30)
+    client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=gateway.app), base_url="http://gateway.test", timeout=30
+    )
     yield gateway, info.session_key, client, loop
     loop.run_until_complete(client.aclose())
     loop.run_until_complete(gateway.aclose())
@@ -99,12 +171,19 @@ def test_malformed_requests_get_4xx_in_the_dialects_shape(rig, dialect: str):
     path, fields = DIALECTS[dialect]
     seen = {"requests": 0, "status_500": 0, "wrong_shape": 0, "ok_200": 0}
 
-    @settings(max_examples=NUM_EXAMPLES, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=NUM_EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(body=bodies(fields))
     def one(body: bytes) -> None:
-        response = loop.run_until_complete(client.post(
-            f"/s/{key}{path}", content=body, headers={"content-type": "application/json"}))
+        response = loop.run_until_complete(
+            client.post(
+                f"/s/{key}{path}", content=body, headers={"content-type": "application/json"}
+            )
+        )
         seen["requests"] += 1
         if response.status_code >= 500:
             seen["status_500"] += 1
@@ -115,8 +194,12 @@ def test_malformed_requests_get_4xx_in_the_dialects_shape(rig, dialect: str):
             seen["wrong_shape"] += 1
 
     one()
-    doctor.record(f"fuzz {dialect}", sessions="-", **{k: v for k, v in seen.items()},
-                  ok=seen["status_500"] == 0 and seen["wrong_shape"] == 0)
+    doctor.record(
+        f"fuzz {dialect}",
+        sessions="-",
+        **{k: v for k, v in seen.items()},
+        ok=seen["status_500"] == 0 and seen["wrong_shape"] == 0,
+    )
     assert seen["requests"] >= NUM_EXAMPLES
     assert seen["status_500"] == 0, seen
     assert seen["wrong_shape"] == 0, seen
@@ -124,8 +207,9 @@ def test_malformed_requests_get_4xx_in_the_dialects_shape(rig, dialect: str):
 
 def test_wrong_or_missing_session_keys_are_refused(rig):
     _, key, client, loop = rig
-    body = json.dumps({"model": "m", "max_tokens": 4,
-                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    body = json.dumps(
+        {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    ).encode()
     refused = total = wrong_shape = 0
     for i in range(NUM_EXAMPLES):
         dialect = list(DIALECTS)[i % len(DIALECTS)]
@@ -140,14 +224,23 @@ def test_wrong_or_missing_session_keys_are_refused(rig):
             url, headers = path, {}
         else:  # a wrong API key header on the keyless route
             url = path
-            headers = {"authorization": f"Bearer {secrets.token_urlsafe(16)}",
-                       "x-api-key": secrets.token_urlsafe(16)}
-        response = loop.run_until_complete(client.post(
-            url, content=body, headers={"content-type": "application/json", **headers}))
+            headers = {
+                "authorization": f"Bearer {secrets.token_urlsafe(16)}",
+                "x-api-key": secrets.token_urlsafe(16),
+            }
+        response = loop.run_until_complete(
+            client.post(url, content=body, headers={"content-type": "application/json", **headers})
+        )
         total += 1
         refused += response.status_code == 401
         wrong_shape += not in_shape(dialect, response.json())
-    doctor.record("wrong or missing session keys", sessions="-", requests=total,
-                  refused=refused, wrong_shape=wrong_shape, ok=refused == total)
+    doctor.record(
+        "wrong or missing session keys",
+        sessions="-",
+        requests=total,
+        refused=refused,
+        wrong_shape=wrong_shape,
+        ok=refused == total,
+    )
     assert refused == total
     assert wrong_shape == 0

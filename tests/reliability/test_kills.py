@@ -34,8 +34,13 @@ from tests.reliability.conftest import (
     processes_with,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
-              pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.temporal,
+    pytest.mark.engine,
+    pytest.mark.sandbox,
+    pytest.mark.timeout(300),
+]
 
 NUM_SESSIONS = 8
 
@@ -43,8 +48,7 @@ NUM_SESSIONS = 8
 async def connect(rig: Rig) -> Client:
     """A client of the stack's Temporal server."""
     assert rig.stack.temporal is not None
-    return await Client.connect(rig.stack.temporal.address,
-                                data_converter=data_converter())
+    return await Client.connect(rig.stack.temporal.address, data_converter=data_converter())
 
 
 async def phases(client: Client, task_id: str) -> dict[int, str]:
@@ -66,23 +70,45 @@ async def sessions_in_phase(client: Client, task_id: str, phase: str, minimum: i
 async def activity_attempts(client: Client, workflow_id: str, activity: str) -> int:
     """The highest attempt number with which ``activity`` started in a workflow's history."""
     history = await client.get_workflow_handle(workflow_id).fetch_history()
-    scheduled = {e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
-                 for e in history.events if e.HasField("activity_task_scheduled_event_attributes")}
-    return max((e.activity_task_started_event_attributes.attempt for e in history.events
-                if e.HasField("activity_task_started_event_attributes")
-                and scheduled.get(e.activity_task_started_event_attributes.scheduled_event_id)
-                == activity), default=0)
+    scheduled = {
+        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    }
+    return max(
+        (
+            e.activity_task_started_event_attributes.attempt
+            for e in history.events
+            if e.HasField("activity_task_started_event_attributes")
+            and scheduled.get(e.activity_task_started_event_attributes.scheduled_event_id)
+            == activity
+        ),
+        default=0,
+    )
 
 
-async def sessions_in_run_with_calls(client: Client, store: BlobStore, task_id: str,
-                                     minimum: int) -> bool:
+async def sessions_in_run_with_calls(
+    client: Client, store: BlobStore, task_id: str, minimum: int
+) -> bool:
     """Whether at least ``minimum`` sessions are running their harness with >= 1 completion."""
-    return sum(phase == "run" and len(CompletionLog(store, f"{task_id}/{i}")) >= 1
-               for i, phase in (await phases(client, task_id)).items()) >= minimum
+    return (
+        sum(
+            phase == "run" and len(CompletionLog(store, f"{task_id}/{i}")) >= 1
+            for i, phase in (await phases(client, task_id)).items()
+        )
+        >= minimum
+    )
 
 
-def check_batch(rig: Rig, store: BlobStore, group: TaskResult, marker: str, *,
-                engine_before: int, calls_cut: bool) -> dict:
+def check_batch(
+    rig: Rig,
+    store: BlobStore,
+    group: TaskResult,
+    marker: str,
+    *,
+    engine_before: int,
+    calls_cut: bool,
+) -> dict:
     """Assert the batch's invariants; return its figures for ``rolloutd doctor``."""
     statuses = [s.status for s in group.sessions]
     failed = [s for s in group.sessions if s.status != SessionStatus.COMPLETED]
@@ -116,16 +142,28 @@ def check_batch(rig: Rig, store: BlobStore, group: TaskResult, marker: str, *,
         assert engine == recorded, (engine, recorded)
     orphans = processes_with(marker)
     assert orphans == [], orphans
-    return {"sessions": len(statuses), "completed": statuses.count(SessionStatus.COMPLETED),
-            "failed": statuses.count(SessionStatus.FAILED), "completions_recorded": recorded,
-            "engine_requests": engine, "lost": lost, "duplicated": duplicated,
-            "orphans": len(orphans)}
+    return {
+        "sessions": len(statuses),
+        "completed": statuses.count(SessionStatus.COMPLETED),
+        "failed": statuses.count(SessionStatus.FAILED),
+        "completions_recorded": recorded,
+        "engine_requests": engine,
+        "lost": lost,
+        "duplicated": duplicated,
+        "orphans": len(orphans),
+    }
 
 
-async def run_batch_with_fault(rig: Rig, prefix: str, fault, *, calls_cut: bool = False,
-                               scenario: str, when: str = "run",
-                               overrides: Callable[[str], dict] | None = None,
-                               ) -> TaskResult:
+async def run_batch_with_fault(
+    rig: Rig,
+    prefix: str,
+    fault,
+    *,
+    calls_cut: bool = False,
+    scenario: str,
+    when: str = "run",
+    overrides: Callable[[str], dict] | None = None,
+) -> TaskResult:
     """Submit 8 sessions, wait until at least 3 are in phase ``when`` ("run": mid-run with
     recorded calls), inject ``fault``, wait for the group and check it.
 
@@ -137,24 +175,33 @@ async def run_batch_with_fault(rig: Rig, prefix: str, fault, *, calls_cut: bool 
     engine_before = rig.engine_answers()
     t0 = time.monotonic()
     await RolloutClient(client, store).submit(
-        agent_task(task_id, marker, **(overrides(marker) if overrides else {})))
+        agent_task(task_id, marker, **(overrides(marker) if overrides else {}))
+    )
     if when == "run":
-        await poll(lambda: sessions_in_run_with_calls(client, store, task_id, 3), 120,
-                   "sessions mid-run")
+        await poll(
+            lambda: sessions_in_run_with_calls(client, store, task_id, 3), 120, "sessions mid-run"
+        )
     else:
-        await poll(lambda: sessions_in_phase(client, task_id, when, 3), 120,
-                   f"sessions in {when}")
+        await poll(lambda: sessions_in_phase(client, task_id, when, 3), 120, f"sessions in {when}")
     await fault()
     client = await connect(rig)  # a fresh client: the Temporal server may have restarted
-    group = await asyncio.wait_for(client.get_workflow_handle(
-        f"task/{task_id}", result_type=TaskResult).result(), 240)
+    group = await asyncio.wait_for(
+        client.get_workflow_handle(f"task/{task_id}", result_type=TaskResult).result(), 240
+    )
     await poll(lambda: not processes_with(marker), 15, "harness processes to end")
-    figures = check_batch(rig, store, group, marker, engine_before=engine_before,
-                          calls_cut=calls_cut)
-    leftover = [p.name for p in rig.runtime_root.iterdir() if p.name != ".owners"] \
-        if rig.runtime_root.exists() else []
-    figures |= {"seconds": time.monotonic() - t0, "leftover_runtimes": len(leftover),
-                "retried_sessions": sum(bool(s.attempts) for s in group.sessions)}
+    figures = check_batch(
+        rig, store, group, marker, engine_before=engine_before, calls_cut=calls_cut
+    )
+    leftover = (
+        [p.name for p in rig.runtime_root.iterdir() if p.name != ".owners"]
+        if rig.runtime_root.exists()
+        else []
+    )
+    figures |= {
+        "seconds": time.monotonic() - t0,
+        "leftover_runtimes": len(leftover),
+        "retried_sessions": sum(bool(s.attempts) for s in group.sessions),
+    }
     doctor.record(scenario, **figures, ok=True)
     assert leftover == [], leftover
     return group
@@ -180,8 +227,9 @@ async def test_kill_sandbox_worker_mid_batch(rig: Rig):
     async def fault() -> None:
         await kill9_and_restart(rig, "sandbox")
 
-    group = await run_batch_with_fault(rig, "kill-sandbox", fault, calls_cut=True,
-                                       scenario="kill -9 sandbox worker")
+    group = await run_batch_with_fault(
+        rig, "kill-sandbox", fault, calls_cut=True, scenario="kill -9 sandbox worker"
+    )
     # the sessions that were running lost their host and started again on a fresh runtime
     retried = [s for s in group.sessions if s.attempts]
     assert retried, "no session noticed the dead sandbox worker"
@@ -206,11 +254,18 @@ async def test_kill_sandbox_worker_during_provisioning(rig: Rig):
     async def fault() -> None:
         await kill9_and_restart(rig, "sandbox")
 
-    group = await run_batch_with_fault(rig, "kill-provision", fault, when="provision",
-                                       overrides=slow_prepare,
-                                       scenario="kill -9 sandbox worker while provisioning")
-    attempts = [await activity_attempts(client, f"task/{group.task_id}/{i}",
-                                        "provision_runtime") for i in range(NUM_SESSIONS)]
+    group = await run_batch_with_fault(
+        rig,
+        "kill-provision",
+        fault,
+        when="provision",
+        overrides=slow_prepare,
+        scenario="kill -9 sandbox worker while provisioning",
+    )
+    attempts = [
+        await activity_attempts(client, f"task/{group.task_id}/{i}", "provision_runtime")
+        for i in range(NUM_SESSIONS)
+    ]
     assert sum(a >= 2 for a in attempts) >= 3, attempts  # provisioning retried, not the session
     assert all(s.status == SessionStatus.COMPLETED for s in group.sessions)
 
@@ -223,30 +278,44 @@ async def test_kill_evaluator_mid_batch(rig: Rig, tmp_path: Path):
     journal = tmp_path / "evaluations.log"
 
     def slow_evaluator(marker: str) -> dict:
-        return {"evaluator": {"type": "tests.reliability.slow_evaluator:SlowEvaluator",
-                              "params": {"journal": str(journal), "seconds": 6}}}
+        return {
+            "evaluator": {
+                "type": "tests.reliability.slow_evaluator:SlowEvaluator",
+                "params": {"journal": str(journal), "seconds": 6},
+            }
+        }
 
     async def fault() -> None:
         def scoring() -> int:  # evaluations begun and not finished
             events = journal_lines(journal)
-            return sum(events.count(("start", sid)) > events.count(("done", sid))
-                       for _, sid in set(events))
+            return sum(
+                events.count(("start", sid)) > events.count(("done", sid)) for _, sid in set(events)
+            )
+
         await poll(lambda: scoring() >= 3, 60, "3 evaluations in progress")
         await kill9_and_restart(rig, "eval")
 
-    group = await run_batch_with_fault(rig, "kill-eval", fault, when="evaluate",
-                                       overrides=slow_evaluator,
-                                       scenario="kill -9 evaluator")
+    group = await run_batch_with_fault(
+        rig,
+        "kill-eval",
+        fault,
+        when="evaluate",
+        overrides=slow_evaluator,
+        scenario="kill -9 evaluator",
+    )
     events = journal_lines(journal)
     for s in group.sessions:
         assert s.status == SessionStatus.COMPLETED and s.reward == 1.0, s
         assert events.count(("done", s.session_id)) == 1, (s.session_id, events)
-    restarted = [s.session_id for s in group.sessions
-                 if events.count(("start", s.session_id)) >= 2]
+    restarted = [s.session_id for s in group.sessions if events.count(("start", s.session_id)) >= 2]
     assert len(restarted) >= 3, events  # the killed evaluations ran again, and only they
-    doctor.record("kill -9 evaluator: rewards", sessions=len(group.sessions),
-                  evaluations_restarted=len(restarted),
-                  rewards_computed=sum(e == "done" for e, _ in events), ok=True)
+    doctor.record(
+        "kill -9 evaluator: rewards",
+        sessions=len(group.sessions),
+        evaluations_restarted=len(restarted),
+        rewards_computed=sum(e == "done" for e, _ in events),
+        ok=True,
+    )
 
 
 async def test_kill_gateway_mid_batch(rig: Rig):
@@ -254,16 +323,16 @@ async def test_kill_gateway_mid_batch(rig: Rig):
         await kill9_and_restart(rig, "gateway")
         await asyncio.to_thread(rig.stack.wait_gateway)
 
-    await run_batch_with_fault(rig, "kill-gateway", fault, calls_cut=True,
-                               scenario="kill -9 gateway")
+    await run_batch_with_fault(
+        rig, "kill-gateway", fault, calls_cut=True, scenario="kill -9 gateway"
+    )
 
 
 async def test_kill_workflow_worker_mid_batch(rig: Rig):
     async def fault() -> None:
         await kill9_and_restart(rig, "workflows")
 
-    await run_batch_with_fault(rig, "kill-workflows", fault,
-                               scenario="kill -9 workflow worker")
+    await run_batch_with_fault(rig, "kill-workflows", fault, scenario="kill -9 workflow worker")
 
 
 async def test_restart_temporal_server_mid_batch(rig: Rig):
@@ -271,8 +340,9 @@ async def test_restart_temporal_server_mid_batch(rig: Rig):
         assert rig.stack.temporal is not None
         await asyncio.to_thread(rig.stack.temporal.restart)
 
-    await run_batch_with_fault(rig, "restart-temporal", fault,
-                               scenario="restart Temporal dev server")
+    await run_batch_with_fault(
+        rig, "restart-temporal", fault, scenario="restart Temporal dev server"
+    )
 
 
 async def test_no_session_key_or_prompt_in_any_log(rig: Rig):
@@ -289,14 +359,22 @@ async def test_no_session_key_or_prompt_in_any_log(rig: Rig):
     hashes = set()
     for path in (rig.stack.home / "store" / "sessions").rglob("session.json"):
         session_id = str(path.parent.relative_to(rig.stack.home / "store" / "sessions"))
-        hashes.add(store.get_model(session_state_key(session_id),
-                                   SessionState).session_key_sha256)
+        hashes.add(store.get_model(session_state_key(session_id), SessionState).session_key_sha256)
     assert len(hashes) >= NUM_SESSIONS
     logs = {p.name: p.read_text(errors="replace") for p in rig.stack.logs.glob("*.log")}
     word = re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{32}(?![A-Za-z0-9_-])")
-    leaked = [(name, "key") for name, text in logs.items()
-              for w in set(word.findall(text)) if hash_session_key(w) in hashes]
+    leaked = [
+        (name, "key")
+        for name, text in logs.items()
+        for w in set(word.findall(text))
+        if hash_session_key(w) in hashes
+    ]
     leaked += [(name, "prompt") for name, text in logs.items() if "Say one short word" in text]
-    doctor.record("keys and prompts in INFO logs", sessions=len(hashes), leaked=len(leaked),
-                  log_files=len(logs), ok=not leaked)
+    doctor.record(
+        "keys and prompts in INFO logs",
+        sessions=len(hashes),
+        leaked=len(leaked),
+        log_files=len(logs),
+        ok=not leaked,
+    )
     assert leaked == []

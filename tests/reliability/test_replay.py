@@ -28,21 +28,28 @@ from rolloutd.types import SessionResult, SessionStatus, TaskResult, Trajectory
 from tests.reliability.conftest import AGENT, Rig, harness_ids, new_ids, poll, processes_with
 from tests.reliability.test_kills import connect, kill9_and_restart
 
-pytestmark = [pytest.mark.slow, pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
-              pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.temporal,
+    pytest.mark.engine,
+    pytest.mark.sandbox,
+    pytest.mark.timeout(300),
+]
 
 #: model calls of the scripted agent
 NUM_CALLS = 8
 #: calls in attempt 1's log when its sandbox worker is killed
 KILL_AT = 4
 
+
 def tool_task(task_id: str, marker: str, tool: str, *, pause_s: float = 1.5) -> dict[str, Any]:
     """One sample of the reliability agent (:data:`tests.reliability.conftest.AGENT`, at
     temperature 0) on bwrap with ``tool`` as its tool."""
     return {
-        "task_id": task_id, "instruction": "replay", "num_samples": 1,
-        "harness": {"type": "shell",
-                    "command": f"python3 agent.py {NUM_CALLS} {pause_s} {marker}"},
+        "task_id": task_id,
+        "instruction": "replay",
+        "num_samples": 1,
+        "harness": {"type": "shell", "command": f"python3 agent.py {NUM_CALLS} {pause_s} {marker}"},
         "runtime": {"type": "bwrap", "files": {"agent.py": AGENT}, "env": {"AGENT_TOOL": tool}},
         "evaluator": {"type": "session_completed"},
         "sampling": {"max_tokens": 16},
@@ -60,16 +67,19 @@ async def run(rig: Rig, task: dict[str, Any], fault=None, wait_s: float = 240) -
     if fault is not None:
         await fault()
         client = await connect(rig)
-    return await asyncio.wait_for(client.get_workflow_handle(
-        f"task/{task['task_id']}", result_type=TaskResult).result(), wait_s)
+    return await asyncio.wait_for(
+        client.get_workflow_handle(f"task/{task['task_id']}", result_type=TaskResult).result(),
+        wait_s,
+    )
 
 
 def logged(store: BlobStore, session_id: str) -> int:
     return len(CompletionLog(store, session_id))
 
 
-async def kill_sandbox_after(rig: Rig, store: BlobStore, session_id: str, calls: int,
-                             wait_s: float = 150) -> None:
+async def kill_sandbox_after(
+    rig: Rig, store: BlobStore, session_id: str, calls: int, wait_s: float = 150
+) -> None:
     await poll(lambda: logged(store, session_id) >= calls, wait_s, f"{calls} calls in the log")
     await kill9_and_restart(rig, "sandbox")
 
@@ -80,8 +90,9 @@ def check_trajectory(store: BlobStore, result: SessionResult) -> Trajectory:
     trajectory = store.get_model(result.trajectory_ref, Trajectory)
     for trace in trajectory.traces:
         assert len(trace.response_ids) == len(trace.loss_mask) == len(trace.response_logprobs)
-        trainable = [lp for lp, m in zip(trace.response_logprobs, trace.loss_mask,
-                                         strict=True) if m]
+        trainable = [
+            lp for lp, m in zip(trace.response_logprobs, trace.loss_mask, strict=True) if m
+        ]
         assert trainable and all(math.isfinite(lp) and lp <= 0.0 for lp in trainable)
     return trajectory
 
@@ -96,8 +107,11 @@ async def test_shell_agent_killed_after_4_calls_replays_them(rig: Rig):
 
     task_id, marker = new_ids("replay-shell")
     engine_before, t0 = rig.engine_answers(), time.monotonic()
-    group = await run(rig, tool_task(task_id, marker, tool),
-                      lambda: kill_sandbox_after(rig, store, f"{task_id}/0", KILL_AT))
+    group = await run(
+        rig,
+        tool_task(task_id, marker, tool),
+        lambda: kill_sandbox_after(rig, store, f"{task_id}/0", KILL_AT),
+    )
     wall_s = time.monotonic() - t0
     [s] = group.sessions
     assert s.status == SessionStatus.COMPLETED and s.reward == 1.0, s
@@ -106,9 +120,9 @@ async def test_shell_agent_killed_after_4_calls_replays_them(rig: Rig):
     completions = CompletionLog(store, s.session_id).read_all()
     assert len(completions) == NUM_CALLS
     # every call attempt 1 recorded is replayed, in order, the rest sampled
-    assert [c.replayed_from for c in completions] == \
-        [f"{lost.session_id}#{i}" for i in range(lost.num_completions)] + \
-        [None] * (NUM_CALLS - lost.num_completions)
+    assert [c.replayed_from for c in completions] == [
+        f"{lost.session_id}#{i}" for i in range(lost.num_completions)
+    ] + [None] * (NUM_CALLS - lost.num_completions)
     assert s.replay.num_replayed == lost.num_completions and s.replay.num_not_replayed == 0
     assert [e.reason for e in s.replay.ends] == ["source_ended"]
     # each call was sampled once (a call cut in flight by the kill may be sampled twice)
@@ -119,25 +133,33 @@ async def test_shell_agent_killed_after_4_calls_replays_them(rig: Rig):
     assert (s.num_traces, s.num_completions) == (base.num_traces, base.num_completions)
     assert s.replay.num_response_tokens_saved > 0
     await poll(lambda: not processes_with(marker), 15, "harness processes to end")
-    doctor.record("replay: shell agent killed after 4 calls", calls=NUM_CALLS,
-                  replayed=s.replay.num_replayed, engine_requests=engine,
-                  traces=s.num_traces, seconds=round(wall_s, 1), ok=True)
+    doctor.record(
+        "replay: shell agent killed after 4 calls",
+        calls=NUM_CALLS,
+        replayed=s.replay.num_replayed,
+        engine_requests=engine,
+        traces=s.num_traces,
+        seconds=round(wall_s, 1),
+        ok=True,
+    )
 
 
 async def test_a_tool_printing_the_time_ends_replay_at_the_first_difference(rig: Rig):
     store = BlobStore(rig.stack.store_url)
     task_id, marker = new_ids("replay-time")
     engine_before = rig.engine_answers()
-    group = await run(rig, tool_task(task_id, marker, "date +%s.%N"),
-                      lambda: kill_sandbox_after(rig, store, f"{task_id}/0", KILL_AT))
+    group = await run(
+        rig,
+        tool_task(task_id, marker, "date +%s.%N"),
+        lambda: kill_sandbox_after(rig, store, f"{task_id}/0", KILL_AT),
+    )
     [s] = group.sessions
     assert s.status == SessionStatus.COMPLETED and s.reward == 1.0, s  # completed, scored
     [lost] = s.attempts
     completions = CompletionLog(store, s.session_id).read_all()
     assert len(completions) == NUM_CALLS
     # the first request is the same; its tool's output (the time) changes the second
-    assert [c.replayed_from is not None for c in completions] == \
-        [True] + [False] * (NUM_CALLS - 1)
+    assert [c.replayed_from is not None for c in completions] == [True] + [False] * (NUM_CALLS - 1)
     assert s.replay.num_replayed == 1
     assert s.replay.num_not_replayed == lost.num_completions - 1
     assert [(e.last_index, e.reason) for e in s.replay.ends] == [(0, "body_differed")]
@@ -156,8 +178,7 @@ async def test_a_gateway_killed_mid_replay_resumes_at_the_right_position(rig: Ri
     async def faults() -> None:
         await kill_sandbox_after(rig, store, session_id, KILL_AT)
         # attempt 2 replays (its harness pauses between calls): kill the gateway after 2
-        await poll(lambda: logged(store, f"{session_id}.attempt-2") >= 2, 150,
-                   "2 replayed calls")
+        await poll(lambda: logged(store, f"{session_id}.attempt-2") >= 2, 150, "2 replayed calls")
         await kill9_and_restart(rig, "gateway")
         await asyncio.to_thread(rig.stack.wait_gateway)
 
@@ -167,9 +188,9 @@ async def test_a_gateway_killed_mid_replay_resumes_at_the_right_position(rig: Ri
     [lost] = s.attempts
     completions = CompletionLog(store, s.session_id).read_all()
     assert len(completions) == NUM_CALLS
-    assert [c.replayed_from for c in completions] == \
-        [f"{lost.session_id}#{i}" for i in range(lost.num_completions)] + \
-        [None] * (NUM_CALLS - lost.num_completions)
+    assert [c.replayed_from for c in completions] == [
+        f"{lost.session_id}#{i}" for i in range(lost.num_completions)
+    ] + [None] * (NUM_CALLS - lost.num_completions)
     engine = rig.engine_answers() - engine_before
     assert NUM_CALLS <= engine <= NUM_CALLS + 2, engine  # + calls cut by either kill
     assert harness_ids(store, s.session_id) == [answer_id(c) for c in completions]
@@ -202,13 +223,17 @@ async def test_qwen_code_killed_after_4_calls_replays_them(rig: Rig):
     store = BlobStore(rig.stack.store_url)
 
     def task(task_id: str) -> dict[str, Any]:
-        return {"task_id": task_id, "instruction": QWEN_TASK, "num_samples": 1,
-                "harness": {"type": "qwen_code", "profile": "compact", "max_turns": 10},
-                "runtime": {"type": "bwrap", "files": {"next.sh": NEXT_SH}},
-                "evaluator": {"type": "session_completed"},
-                "sampling": {"temperature": 0.0, "max_tokens": 96},
-                "phases": {"open_s": 20, "provision_s": 60, "run_s": 500},
-                "timeout_s": 560}
+        return {
+            "task_id": task_id,
+            "instruction": QWEN_TASK,
+            "num_samples": 1,
+            "harness": {"type": "qwen_code", "profile": "compact", "max_turns": 10},
+            "runtime": {"type": "bwrap", "files": {"next.sh": NEXT_SH}},
+            "evaluator": {"type": "session_completed"},
+            "sampling": {"temperature": 0.0, "max_tokens": 96},
+            "phases": {"open_s": 20, "provision_s": 60, "run_s": 500},
+            "timeout_s": 560,
+        }
 
     base_id, _ = new_ids("replay-qwen-base")
     base = (await run(rig, task(base_id), wait_s=560)).sessions[0]
@@ -217,9 +242,12 @@ async def test_qwen_code_killed_after_4_calls_replays_them(rig: Rig):
 
     task_id, _ = new_ids("replay-qwen")
     engine_before, t0 = rig.engine_answers(), time.monotonic()
-    group = await run(rig, task(task_id),
-                      lambda: kill_sandbox_after(rig, store, f"{task_id}/0", KILL_AT, 500),
-                      wait_s=560)
+    group = await run(
+        rig,
+        task(task_id),
+        lambda: kill_sandbox_after(rig, store, f"{task_id}/0", KILL_AT, 500),
+        wait_s=560,
+    )
     wall_s = time.monotonic() - t0
     [s] = group.sessions
     assert s.status == SessionStatus.COMPLETED, s
@@ -227,13 +255,21 @@ async def test_qwen_code_killed_after_4_calls_replays_them(rig: Rig):
     completions = CompletionLog(store, s.session_id).read_all()
     replayed = [c.replayed_from for c in completions if c.replayed_from]
     assert replayed == [f"{lost.session_id}#{i}" for i in range(lost.num_completions)], (
-        replayed, s.replay.ends)
+        replayed,
+        s.replay.ends,
+    )
     engine = rig.engine_answers() - engine_before
     sampled = len(completions) - len(replayed)
     assert lost.num_completions + sampled <= engine <= lost.num_completions + sampled + 1
     check_trajectory(store, s)
     assert (s.num_traces, s.num_completions) == (base.num_traces, base.num_completions)
-    doctor.record("replay: qwen_code killed after 4 calls", calls=len(completions),
-                  replayed=len(replayed), engine_requests=engine, traces=s.num_traces,
-                  seconds=round(wall_s, 1), ok=True)
+    doctor.record(
+        "replay: qwen_code killed after 4 calls",
+        calls=len(completions),
+        replayed=len(replayed),
+        engine_requests=engine,
+        traces=s.num_traces,
+        seconds=round(wall_s, 1),
+        ok=True,
+    )
     print("qwen_code replay:", json.dumps(s.replay.model_dump()))

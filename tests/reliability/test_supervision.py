@@ -37,8 +37,13 @@ from tests.reliability.conftest import (
     processes_with,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
-              pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.temporal,
+    pytest.mark.engine,
+    pytest.mark.sandbox,
+    pytest.mark.timeout(600),
+]
 
 NUM_SESSIONS = 3
 KILLED = ("sandbox", "gateway", "workflows", "eval", "engine")
@@ -68,12 +73,22 @@ async def test_every_child_killed_once_is_restarted_and_every_session_completes(
     home = Path(tempfile.mkdtemp(prefix="rolloutd-sup-"))
     task_id, marker = new_ids("supervised")
     stack = LocalStack(
-        home=home, temporal_port=free_port(), ui_port=free_port(), gateway_port=free_port(),
-        engine_port=free_port(), engine_parallel=4, engine_ctx_size=8192,
+        home=home,
+        temporal_port=free_port(),
+        ui_port=free_port(),
+        gateway_port=free_port(),
+        engine_port=free_port(),
+        engine_parallel=4,
+        engine_ctx_size=8192,
         restart_policy=RestartPolicy(initial_backoff_s=0.5),
-        extra_env={"ROLLOUTD_LOG_JSON": "false", "ROLLOUTD_HOST_ID": f"sup-{marker[-8:]}",
-                   "PYTHONPATH": os.pathsep.join(
-                       [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
+        extra_env={
+            "ROLLOUTD_LOG_JSON": "false",
+            "ROLLOUTD_HOST_ID": f"sup-{marker[-8:]}",
+            "PYTHONPATH": os.pathsep.join(
+                [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
+        },
+    )
     t_test = time.monotonic()
     pids: set[int] = set()
     marker2 = marker
@@ -84,15 +99,18 @@ async def test_every_child_killed_once_is_restarted_and_every_session_completes(
         assert stack.temporal is not None
         client = await RolloutClient.connect(stack.temporal.address, store_url=stack.store_url)
         store = BlobStore(stack.store_url)
-        handle = await client.submit(agent_task(task_id, marker, num_samples=NUM_SESSIONS,
-                                                pause_s=3.0))
+        handle = await client.submit(
+            agent_task(task_id, marker, num_samples=NUM_SESSIONS, pause_s=3.0)
+        )
         result = asyncio.ensure_future(handle.result())
 
         def mid_run() -> bool:
             if result.done():
                 raise AssertionError(f"the task ended before the kills: {result.result()}")
-            return sum(len(CompletionLog(store, f"{task_id}/{i}")) >= 1
-                       for i in range(NUM_SESSIONS)) >= 2
+            return (
+                sum(len(CompletionLog(store, f"{task_id}/{i}")) >= 1 for i in range(NUM_SESSIONS))
+                >= 2
+            )
 
         await poll(mid_run, 180, "sessions mid-run")
         for name in KILLED:
@@ -102,16 +120,26 @@ async def test_every_child_killed_once_is_restarted_and_every_session_completes(
             sessions = len(await in_flight(client, task_id))
             t0 = time.monotonic()
             os.kill(before.pid, signal.SIGKILL)
-            after = await poll(lambda n=name, p=before.pid: (
-                (c := child(home, n)).phase == "running" and c.pid not in (None, p) and c),
-                120, f"{name} restarted by the supervisor")
+            after = await poll(
+                lambda n=name, p=before.pid: (
+                    (c := child(home, n)).phase == "running" and c.pid not in (None, p) and c
+                ),
+                120,
+                f"{name} restarted by the supervisor",
+            )
             assert after.restarts == 1 and after.last_exit_code == -signal.SIGKILL
             pids.add(after.pid)
-            kills[name] = {"sessions_in_flight": sessions,
-                           "restart_s": round(time.monotonic() - t0, 1)}
+            kills[name] = {
+                "sessions_in_flight": sessions,
+                "restart_s": round(time.monotonic() - t0, 1),
+            }
         group: TaskResult = await asyncio.wait_for(result, 300)
-        done = subprocess.run([sys.executable, "-m", "rolloutd.cli", "status", "--home",
-                               str(home)], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "rolloutd.cli", "status", "--home", str(home)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         status_text = done.stdout
         print(f"\n$ rolloutd status --home {home}\n{status_text}\nkills: {kills}")
         assert done.returncode == 0, done.stdout + done.stderr
@@ -131,8 +159,11 @@ async def test_every_child_killed_once_is_restarted_and_every_session_completes(
         # Ctrl-C's path with sessions running: the stack stops in order, in bounded time
         task_id2, marker2 = new_ids("supervised-stop")
         await client.submit(agent_task(task_id2, marker2, num_samples=2, pause_s=3.0))
-        await poll(lambda: any(len(CompletionLog(store, f"{task_id2}/{i}")) >= 1
-                               for i in range(2)), 120, "sessions of the second task mid-run")
+        await poll(
+            lambda: any(len(CompletionLog(store, f"{task_id2}/{i}")) >= 1 for i in range(2)),
+            120,
+            "sessions of the second task mid-run",
+        )
     finally:
         t_stop = time.monotonic()
         await asyncio.to_thread(stack.stop)
@@ -140,14 +171,23 @@ async def test_every_child_killed_once_is_restarted_and_every_session_completes(
     assert stop_s < stack.drain_s + 30, stop_s
     assert processes_with(marker2) == []
     left = [p for p in pids if Path(f"/proc/{p}").exists()]
-    runtimes = [p.name for p in stack.runtime_root.iterdir() if p.name != ".owners"] \
-        if stack.runtime_root.exists() else []
-    doctor.record("supervised up: kill -9 each fleet and the engine", sessions=NUM_SESSIONS,
-                  completed=sum(s.status == SessionStatus.COMPLETED for s in group.sessions),
-                  lost=lost, orphans=len(left) + len(processes_with(marker)),
-                  leftover_runtimes=len(runtimes),
-                  retried_sessions=sum(bool(s.attempts) for s in group.sessions),
-                  seconds=round(time.monotonic() - t_test, 1), stop_s=round(stop_s, 1), ok=True)
+    runtimes = (
+        [p.name for p in stack.runtime_root.iterdir() if p.name != ".owners"]
+        if stack.runtime_root.exists()
+        else []
+    )
+    doctor.record(
+        "supervised up: kill -9 each fleet and the engine",
+        sessions=NUM_SESSIONS,
+        completed=sum(s.status == SessionStatus.COMPLETED for s in group.sessions),
+        lost=lost,
+        orphans=len(left) + len(processes_with(marker)),
+        leftover_runtimes=len(runtimes),
+        retried_sessions=sum(bool(s.attempts) for s in group.sessions),
+        seconds=round(time.monotonic() - t_test, 1),
+        stop_s=round(stop_s, 1),
+        ok=True,
+    )
     assert left == [] and processes_with(marker) == [] and runtimes == []
     assert read_state(home).phase == "stopped"  # type: ignore[union-attr]
     shutil.rmtree(home, ignore_errors=True)

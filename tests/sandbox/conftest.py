@@ -21,10 +21,14 @@ HAVE_BWRAP = shutil.which("bwrap") is not None
 #: runtime types to parametrize over; bwrap tests carry the `sandbox` marker.
 RUNTIME_TYPES = [
     pytest.param("local", id="local"),
-    pytest.param("bwrap", id="bwrap", marks=[
-        pytest.mark.sandbox,
-        pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap is not installed"),
-    ]),
+    pytest.param(
+        "bwrap",
+        id="bwrap",
+        marks=[
+            pytest.mark.sandbox,
+            pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap is not installed"),
+        ],
+    ),
 ]
 
 
@@ -47,8 +51,9 @@ def _runtime_pids(runtime: Runtime, *, with_holder: bool = False) -> list[int]:
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
-                if fields[0] == b"Z" or (not with_holder and holder is not None
-                                         and int(fields[2]) == holder):
+                if fields[0] == b"Z" or (
+                    not with_holder and holder is not None and int(fields[2]) == holder
+                ):
                     continue
             with open(f"/proc/{entry}/environ", "rb") as f:
                 environ = f.read().split(b"\0")
@@ -76,11 +81,15 @@ async def make_runtime(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[
     """A factory of started runtimes; each one is stopped (and checked empty) at teardown."""
     made: list[Runtime] = []
 
-    async def make(type: str = "local", runtime_id: str | None = None,
-                   grace_s: float = 2.0, **spec: object) -> Runtime:
-        runtime = create_runtime(RuntimeSpec(type=type, **spec),
-                                 runtime_id or f"rt-{type}-{len(made)}-{os.getpid()}",
-                                 tmp_path / "runtimes", grace_s=grace_s)
+    async def make(
+        type: str = "local", runtime_id: str | None = None, grace_s: float = 2.0, **spec: object
+    ) -> Runtime:
+        runtime = create_runtime(
+            RuntimeSpec(type=type, **spec),
+            runtime_id or f"rt-{type}-{len(made)}-{os.getpid()}",
+            tmp_path / "runtimes",
+            grace_s=grace_s,
+        )
         made.append(runtime)
         await runtime.start()
         return runtime

@@ -56,8 +56,10 @@ async def gateway():
         line = head.split(b"\r\n", 1)[0].decode()
         seen.append(line)
         body = line.encode()
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                     % (len(body), body))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+            % (len(body), body)
+        )
         await writer.drain()
         writer.close()
 
@@ -68,18 +70,25 @@ async def gateway():
     await server.wait_closed()
 
 
-async def test_default_network_is_gateway_and_only_the_session_is_reachable(make_runtime,
-                                                                            gateway):
+async def test_default_network_is_gateway_and_only_the_session_is_reachable(make_runtime, gateway):
     port, seen = gateway
     runtime = await make_runtime("bwrap")
     assert runtime.spec.network == "gateway"
     (url,) = await runtime.connect_gateway(f"http://127.0.0.1:{port}/s/KEY1/v1")
     assert url.startswith("http://127.0.0.1:8300/s/KEY1/v1")
-    result = await runtime.exec(["python3", "-c", FETCH, f"{url}/models",
-                                 "http://127.0.0.1:8300/s/OTHER/v1/models",
-                                 "http://127.0.0.1:8300/admin/backends",
-                                 "http://127.0.0.1:8300/s/KEY1/../OTHER/v1/models",
-                                 "http://127.0.0.1:8300/s/KEY1/%2e%2e/admin"], timeout_s=30)
+    result = await runtime.exec(
+        [
+            "python3",
+            "-c",
+            FETCH,
+            f"{url}/models",
+            "http://127.0.0.1:8300/s/OTHER/v1/models",
+            "http://127.0.0.1:8300/admin/backends",
+            "http://127.0.0.1:8300/s/KEY1/../OTHER/v1/models",
+            "http://127.0.0.1:8300/s/KEY1/%2e%2e/admin",
+        ],
+        timeout_s=30,
+    )
     lines = result.stdout.splitlines()
     assert lines[0] == "OK GET /s/KEY1/v1/models HTTP/1.1", result
     assert lines[1:] == ["ERR HTTPError 403"] * 4, result
@@ -90,18 +99,33 @@ async def test_other_loopback_ports_of_the_host_are_unreachable(make_runtime, ga
     port, _ = gateway
     runtime = await make_runtime("bwrap")
     await runtime.connect_gateway(f"http://127.0.0.1:{port}/s/KEY/v1")
-    result = await runtime.exec(["python3", "-c", CONNECT, f"127.0.0.1:{port}",
-                                 "127.0.0.1:22", "localhost:7233", "[::1]:" + str(port)],
-                                timeout_s=30)
+    result = await runtime.exec(
+        [
+            "python3",
+            "-c",
+            CONNECT,
+            f"127.0.0.1:{port}",
+            "127.0.0.1:22",
+            "localhost:7233",
+            "[::1]:" + str(port),
+        ],
+        timeout_s=30,
+    )
     assert result.stdout.splitlines() == ["ERR ECONNREFUSED"] * 4, result
 
 
 async def test_non_loopback_addresses_are_unreachable(make_runtime):
     runtime = await make_runtime("bwrap")
-    host_ips = {addr[4][0] for addr in socket.getaddrinfo(socket.gethostname(), None,
-                                                          socket.AF_INET)} - {"127.0.0.1"}
-    targets = ["1.1.1.1:53", "8.8.8.8:443", "10.0.0.1:80", "169.254.169.254:80",
-               *(f"{ip}:22" for ip in host_ips)]
+    host_ips = {
+        addr[4][0] for addr in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+    } - {"127.0.0.1"}
+    targets = [
+        "1.1.1.1:53",
+        "8.8.8.8:443",
+        "10.0.0.1:80",
+        "169.254.169.254:80",
+        *(f"{ip}:22" for ip in host_ips),
+    ]
     result = await runtime.exec(["python3", "-c", CONNECT, *targets], timeout_s=30)
     lines = result.stdout.splitlines()
     assert len(lines) == len(targets) and all(line.startswith("ERR") for line in lines), result
@@ -117,8 +141,13 @@ async def test_unbound_files_are_invisible(make_runtime, tmp_path):
     home_secret.write_text("home secret")
     try:
         runtime = await make_runtime("bwrap")
-        for path in (secret, home_secret, Path(f"/proc/{os.getpid()}/environ"),
-                     Path("/root/.bash_history"), Path("/var/log")):
+        for path in (
+            secret,
+            home_secret,
+            Path(f"/proc/{os.getpid()}/environ"),
+            Path("/root/.bash_history"),
+            Path("/var/log"),
+        ):
             result = await runtime.exec(["cat", str(path)])
             assert result.exit_code != 0, (path, result)
             assert "secret" not in result.stdout
@@ -131,8 +160,16 @@ async def test_unbound_files_are_invisible(make_runtime, tmp_path):
 async def test_writes_outside_the_workspace_fail(make_runtime, tmp_path):
     runtime = await make_runtime("bwrap")
     outside = tmp_path / "written-from-sandbox"
-    for target in ("/usr/x", "/etc/x", "/opt/x", "/x", str(outside), "/proc/sys/kernel/x",
-                   "/sys/x", f"{runtime.runtime_dir}/logs/x"):
+    for target in (
+        "/usr/x",
+        "/etc/x",
+        "/opt/x",
+        "/x",
+        str(outside),
+        "/proc/sys/kernel/x",
+        "/sys/x",
+        f"{runtime.runtime_dir}/logs/x",
+    ):
         result = await runtime.exec(["sh", "-c", f"echo pwned > {target}"])
         assert result.exit_code != 0, target
     assert not outside.exists()
@@ -150,13 +187,23 @@ async def test_host_environment_is_not_visible(make_runtime, monkeypatch):
     assert "ROLLOUTD_ESCAPE_SECRET" not in result.stdout
     inside = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
     # PWD, SHLVL and _ are set by the shell inside, not inherited
-    host_only = set(os.environ) - {"PATH", "HOME", "LANG", "TERM", "TMPDIR", "PWD", "SHLVL",
-                                   "_", "OLDPWD"}
+    host_only = set(os.environ) - {
+        "PATH",
+        "HOME",
+        "LANG",
+        "TERM",
+        "TMPDIR",
+        "PWD",
+        "SHLVL",
+        "_",
+        "OLDPWD",
+    }
     assert not (host_only & set(inside)), host_only & set(inside)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="commands run as the worker's own uid unless the "
-                    "worker is root")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="commands run as the worker's own uid unless the worker is root"
+)
 async def test_commands_are_not_root(make_runtime):
     runtime = await make_runtime("bwrap")
     result = await runtime.exec("id -u; grep -E '^(CapEff|CapPrm|CapInh):' /proc/self/status")
@@ -182,8 +229,14 @@ async def test_fork_bomb_is_bounded_and_torn_down(make_runtime, runtime_pids, wa
     # every process forks forever and retries when refused, so the bomb never dies out by
     # itself (a shell `bomb | bomb &` can collapse when its forks fail, which made this flaky)
     bomb = await runtime.spawn(
-        ["python3", "-c", "import os, time\nwhile True:\n    try:\n        os.fork()\n"
-         "    except OSError:\n        time.sleep(0.05)"], name="bomb")
+        [
+            "python3",
+            "-c",
+            "import os, time\nwhile True:\n    try:\n        os.fork()\n"
+            "    except OSError:\n        time.sleep(0.05)",
+        ],
+        name="bomb",
+    )
     current = pids_max.parent / "pids.current"
     # the bomb fills its quota and stays there: it never exceeds it
     assert await wait_for(lambda: int(current.read_text()) >= limit - 2, timeout_s=30)

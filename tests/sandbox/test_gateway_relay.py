@@ -52,8 +52,14 @@ async def gateway() -> AsyncIterator[Gateway]:
             elif isinstance(event, h11.EndOfMessage):
                 break
         state.bodies.append(bytes(body))
-        writer.write(conn.send(h11.Response(status_code=200, headers=[
-            (b"Content-Length", b"%d" % len(body)), (b"Connection", b"close")])))
+        writer.write(
+            conn.send(
+                h11.Response(
+                    status_code=200,
+                    headers=[(b"Content-Length", b"%d" % len(body)), (b"Connection", b"close")],
+                )
+            )
+        )
         writer.write(conn.send(h11.Data(data=bytes(body))) + conn.send(h11.EndOfMessage()))
         await writer.drain()
         writer.close()
@@ -86,11 +92,13 @@ async def exchange(relay: GatewayRelay, request: bytes) -> tuple[int, bytes]:
 
 
 async def test_chunked_body_is_forwarded_reframed_with_host_and_close(relay, gateway):
-    request = (b"POST /s/KEY/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8300\r\n"
-               b"Connection: keep-alive\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n"
-               b"X-Trace: 7\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
-               # a second request in the same bytes must not reach the gateway
-               b"GET /admin/backends HTTP/1.1\r\nHost: x\r\n\r\n")
+    request = (
+        b"POST /s/KEY/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8300\r\n"
+        b"Connection: keep-alive\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n"
+        b"X-Trace: 7\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+        # a second request in the same bytes must not reach the gateway
+        b"GET /admin/backends HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
     status, body = await exchange(relay, request)
     assert (status, body) == (200, b"hello world")
     (forwarded,) = gateway.requests
@@ -106,8 +114,10 @@ async def test_chunked_body_is_forwarded_reframed_with_host_and_close(relay, gat
 
 async def test_malformed_chunk_cuts_the_request_before_the_gateway_answers(relay, gateway):
     reader, writer = await asyncio.open_unix_connection(str(relay.socket_path))
-    writer.write(b"POST /s/KEY/v1/responses HTTP/1.1\r\nHost: h\r\n"
-                 b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n")
+    writer.write(
+        b"POST /s/KEY/v1/responses HTTP/1.1\r\nHost: h\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n"
+    )
     await writer.drain()
     assert await asyncio.wait_for(reader.read(), timeout=10) == b""
     writer.close()
@@ -116,20 +126,26 @@ async def test_malformed_chunk_cuts_the_request_before_the_gateway_answers(relay
 
 async def test_content_length_body_is_forwarded(relay, gateway):
     payload = b'{"model": "m", "messages": []}' * 1000
-    status, body = await exchange(relay, b"POST /s/KEY/v1/responses HTTP/1.1\r\nHost: h\r\n"
-                                  b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+    status, body = await exchange(
+        relay,
+        b"POST /s/KEY/v1/responses HTTP/1.1\r\nHost: h\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload),
+    )
     assert (status, body) == (200, payload)
     assert dict(gateway.requests[0].headers)[b"content-length"] == b"%d" % len(payload)
 
 
-@pytest.mark.parametrize("target", [
-    b"/s/OTHER/v1/models",
-    b"/admin/backends",
-    b"/s/KEY/..%2f..%2fadmin",
-    b"/s/KEY/%2e%2e/OTHER/v1/models",
-    b"/s/KEY%2fv1/models",
-    b"http://127.0.0.1:8300/s/KEY/v1/models",
-])
+@pytest.mark.parametrize(
+    "target",
+    [
+        b"/s/OTHER/v1/models",
+        b"/admin/backends",
+        b"/s/KEY/..%2f..%2fadmin",
+        b"/s/KEY/%2e%2e/OTHER/v1/models",
+        b"/s/KEY%2fv1/models",
+        b"http://127.0.0.1:8300/s/KEY/v1/models",
+    ],
+)
 async def test_targets_outside_the_session_are_refused_403(relay, gateway, target):
     status, body = await exchange(relay, b"GET %s HTTP/1.1\r\nHost: h\r\n\r\n" % target)
     assert status == 403 and b"rolloutd sandbox relay" in body
@@ -146,13 +162,17 @@ async def test_oversized_head_is_answered_431(relay, gateway):
     assert len(gateway.requests) == 1 and relay.num_refused == 1
 
 
-@pytest.mark.parametrize(("request_bytes", "expected"), [
-    (b"GET /s/KEY/v1/models\r\n\r\n", 400),  # no HTTP version
-    (b"GET /s/KEY/v1/models HTTP/1.1\r\n\r\n", 400),  # HTTP/1.1 without Host
-    (b"POST /s/KEY/v1/x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
-])
-async def test_malformed_requests_are_answered_and_not_forwarded(relay, gateway, request_bytes,
-                                                                 expected):
+@pytest.mark.parametrize(
+    ("request_bytes", "expected"),
+    [
+        (b"GET /s/KEY/v1/models\r\n\r\n", 400),  # no HTTP version
+        (b"GET /s/KEY/v1/models HTTP/1.1\r\n\r\n", 400),  # HTTP/1.1 without Host
+        (b"POST /s/KEY/v1/x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+    ],
+)
+async def test_malformed_requests_are_answered_and_not_forwarded(
+    relay, gateway, request_bytes, expected
+):
     status, _ = await exchange(relay, request_bytes)
     assert status == expected and gateway.requests == []
 
@@ -195,8 +215,7 @@ async def test_sandbox_hanging_up_closes_the_gateway_connection(tmp_path):
     relay.attach(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/s/KEY/v1")
     try:
         _, writer = await asyncio.open_unix_connection(str(relay.socket_path))
-        writer.write(b"POST /s/KEY/v1/responses HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n"
-                     b"\r\n{}")
+        writer.write(b"POST /s/KEY/v1/responses HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}")
         await writer.drain()
         writer.close()
         await asyncio.wait_for(closed.wait(), timeout=10)

@@ -39,21 +39,31 @@ def fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _ctx() -> HarnessContext:
-    return HarnessContext(instruction="create hello.py", openai_base_url="http://127.0.0.1:9/s/k/v1",
-                          api_key=SESSION_KEY, model="qwen-test")
+    return HarnessContext(
+        instruction="create hello.py",
+        openai_base_url="http://127.0.0.1:9/s/k/v1",
+        api_key=SESSION_KEY,
+        model="qwen-test",
+    )
 
 
 @pytest.mark.parametrize("profile", ["default", "compact"])
-async def test_one_message_offline_with_the_key_in_the_environment(make_runtime, fake_tools,
-                                                                   profile):
+async def test_one_message_offline_with_the_key_in_the_environment(
+    make_runtime, fake_tools, profile
+):
     runtime = await make_runtime("local")
     spec = HarnessSpec(type="aider", profile=profile, args=["--verbose"])
     command = await get_harness(spec).prepare(runtime, _ctx())
     result = await runtime.exec(command.command, env=command.env, cwd=command.cwd)
     assert result.exit_code == 0
     argv = (await runtime.download(f"{runtime.home}/aider.argv")).decode().splitlines()
-    assert argv == ["--config", f"{runtime.home}/{CONFIG_FILE}", "--message-file",
-                    f"{runtime.home}/.rolloutd/instruction.md", "--verbose"]
+    assert argv == [
+        "--config",
+        f"{runtime.home}/{CONFIG_FILE}",
+        "--message-file",
+        f"{runtime.home}/.rolloutd/instruction.md",
+        "--verbose",
+    ]
     env = (await runtime.download(f"{runtime.home}/aider.env")).decode().splitlines()
     assert f"OPENAI_API_KEY={SESSION_KEY}" in env
     assert "OPENAI_API_BASE=http://127.0.0.1:9/s/k/v1" in env
@@ -65,8 +75,14 @@ async def test_one_message_offline_with_the_key_in_the_environment(make_runtime,
     assert ("map-tokens" in config) == (profile == "compact")
     if profile == "compact":  # no format reminder after the request: a small model echoes it
         settings = json.loads(await runtime.download(f"{runtime.home}/{SETTINGS_FILE}"))
-        assert settings == [{"name": "openai/qwen-test", "edit_format": "whole",
-                             "reminder": "none", "examples_as_sys_msg": True}]
+        assert settings == [
+            {
+                "name": "openai/qwen-test",
+                "edit_format": "whole",
+                "reminder": "none",
+                "examples_as_sys_msg": True,
+            }
+        ]
         assert config["model-settings-file"] == f"{runtime.home}/{SETTINGS_FILE}"
     metadata = json.loads(await runtime.download(f"{runtime.home}/{METADATA_FILE}"))
     assert metadata["openai/qwen-test"]["input_cost_per_token"] == 0.0
@@ -81,8 +97,10 @@ async def test_missing_cli_names_the_setup_step(make_runtime, tmp_path, monkeypa
 
 
 def test_summary_flags_a_run_that_edited_nothing():
-    out = ("Aider v0.86.2\nlitellm.APIConnectionError: connection refused\n"
-           "Tokens: 1.2k sent, 0 received.\n")
+    out = (
+        "Aider v0.86.2\nlitellm.APIConnectionError: connection refused\n"
+        "Tokens: 1.2k sent, 0 received.\n"
+    )
     summary = summarize_output(out)
     assert summary["is_error"] and summary["tokens"] == "1.2k sent, 0 received."
     assert summary["errors"] == ["litellm.APIConnectionError: connection refused"]

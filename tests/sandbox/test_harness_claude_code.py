@@ -26,9 +26,13 @@ json.dump({"argv": sys.argv[1:], "stdin": sys.stdin.read(), "env": dict(os.envir
 
 
 def _ctx(root: str = "http://127.0.0.1:8300/s/k") -> HarnessContext:
-    return HarnessContext(instruction=INSTRUCTION, openai_base_url=f"{root}/v1",
-                          anthropic_base_url=root, api_key=SESSION_KEY,
-                          model="Qwen2.5-Coder-0.5B-Instruct")
+    return HarnessContext(
+        instruction=INSTRUCTION,
+        openai_base_url=f"{root}/v1",
+        anthropic_base_url=root,
+        api_key=SESSION_KEY,
+        model="Qwen2.5-Coder-0.5B-Instruct",
+    )
 
 
 @pytest.fixture
@@ -46,8 +50,15 @@ def fake_claude(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.mark.parametrize("profile", ["default", "compact"])
 async def test_claude_code_runs_print_mode_on_the_session(make_runtime, fake_claude, profile):
     runtime = await make_runtime("local")
-    adapter = get_harness(HarnessSpec(type="claude_code", profile=profile, max_turns=3,
-                                      args=["--debug"], env={"MY_VAR": "{model}"}))
+    adapter = get_harness(
+        HarnessSpec(
+            type="claude_code",
+            profile=profile,
+            max_turns=3,
+            args=["--debug"],
+            env={"MY_VAR": "{model}"},
+        )
+    )
     assert type(adapter).cli_version() == "2.0.0"
     command = await adapter.prepare(runtime, _ctx())
     assert SESSION_KEY not in str(command.command)
@@ -85,15 +96,24 @@ async def test_claude_code_missing_names_the_setup_step(make_runtime, tmp_path, 
 
 
 def test_summarize_output_reads_the_result_event():
-    stream = ('{"type":"system","subtype":"init","tools":["Bash"]}\n'
-              '{"type":"assistant","message":{"content":[{"type":"tool_use","name":"Bash"}]}}\n'
-              '{"type":"result","subtype":"error_max_turns","is_error":true,"num_turns":3,'
-              '"api_error_status":null,"usage":{"input_tokens":900,"output_tokens":40},'
-              '"result":""}\n')
+    stream = (
+        '{"type":"system","subtype":"init","tools":["Bash"]}\n'
+        '{"type":"assistant","message":{"content":[{"type":"tool_use","name":"Bash"}]}}\n'
+        '{"type":"result","subtype":"error_max_turns","is_error":true,"num_turns":3,'
+        '"api_error_status":null,"usage":{"input_tokens":900,"output_tokens":40},'
+        '"result":""}\n'
+    )
     assert summarize_output(stream) == {
-        "has_result": True, "is_error": True, "subtype": "error_max_turns", "num_turns": 3,
-        "num_tool_uses": 1, "api_error_status": None, "input_tokens": 900,
-        "output_tokens": 40, "result": ""}
+        "has_result": True,
+        "is_error": True,
+        "subtype": "error_max_turns",
+        "num_turns": 3,
+        "num_tool_uses": 1,
+        "api_error_status": None,
+        "input_tokens": 900,
+        "output_tokens": 40,
+        "result": "",
+    }
     assert summarize_output("Killed\n")["is_error"]
 
 

@@ -12,22 +12,30 @@ from rolloutd.sandbox.harnesses import CliHarness, HarnessContext, get_harness
 from rolloutd.sandbox.harnesses.cli import render
 from rolloutd.types import HarnessSpec
 
-NASTY = "It's \"quoted\" $HOME `id` ; echo {model} \\ \n second line"
+NASTY = 'It\'s "quoted" $HOME `id` ; echo {model} \\ \n second line'
 
 
 def _ctx() -> HarnessContext:
-    return HarnessContext(instruction=NASTY, openai_base_url="http://g/s/key123/v1",
-                          anthropic_base_url="http://g/s/key123",
-                          gemini_base_url="http://g/s/key123",
-                          api_key="key123", model="Qwen2.5-Coder-0.5B-Instruct")
+    return HarnessContext(
+        instruction=NASTY,
+        openai_base_url="http://g/s/key123/v1",
+        anthropic_base_url="http://g/s/key123",
+        gemini_base_url="http://g/s/key123",
+        api_key="key123",
+        model="Qwen2.5-Coder-0.5B-Instruct",
+    )
 
 
 def test_render_quotes_per_place_and_leaves_other_braces():
     values = {"instruction": "a \"b\" 'c'", "model": "m"}
-    assert render('{"k": "{instruction}", "o": {}}', values, "json") == \
-        '{"k": "a \\"b\\" \'c\'", "o": {}}'
-    assert render("x {instruction} ${HOME} {unknown}", values, "shell") == \
-        "x 'a \"b\" '\"'\"'c'\"'\"'' ${HOME} {unknown}"
+    assert (
+        render('{"k": "{instruction}", "o": {}}', values, "json")
+        == '{"k": "a \\"b\\" \'c\'", "o": {}}'
+    )
+    assert (
+        render("x {instruction} ${HOME} {unknown}", values, "shell")
+        == "x 'a \"b\" '\"'\"'c'\"'\"'' ${HOME} {unknown}"
+    )
     # one pass: a value holding a placeholder is not substituted again
     assert render("{instruction}", {"instruction": "{model}", "model": "m"}) == "{model}"
 
@@ -50,24 +58,43 @@ async def test_cli_harness_from_json_writes_files_and_runs_argv(make_runtime):
         "       'instruction': pathlib.Path(cfg['task_file']).read_text()}\n"
         "pathlib.Path('out.json').write_text(json.dumps(out))\n"
     )
-    spec = HarnessSpec.model_validate({
-        "type": "cli", "dialect": "anthropic", "max_turns": 3,
-        "command": [sys.executable, "{home}/.agent/agent.py", "--url", "{base_url}",
-                    "--model={model}", "--turns", "{max_turns}"],
-        "files": {".agent/agent.py": agent,
-                  ".agent/config.json": '{"prompt": "{instruction}", '
-                                        '"task_file": "{instruction_file}"}'},
-        "env": {"AGENT_URL": "{openai_base_url}"},
-        "args": ["--extra"],
-    })
+    spec = HarnessSpec.model_validate(
+        {
+            "type": "cli",
+            "dialect": "anthropic",
+            "max_turns": 3,
+            "command": [
+                sys.executable,
+                "{home}/.agent/agent.py",
+                "--url",
+                "{base_url}",
+                "--model={model}",
+                "--turns",
+                "{max_turns}",
+            ],
+            "files": {
+                ".agent/agent.py": agent,
+                ".agent/config.json": '{"prompt": "{instruction}", '
+                '"task_file": "{instruction_file}"}',
+            },
+            "env": {"AGENT_URL": "{openai_base_url}"},
+            "args": ["--extra"],
+        }
+    )
     adapter = get_harness(spec)
     assert isinstance(adapter, CliHarness)
     command = await adapter.prepare(runtime, _ctx())
     process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
     assert await process.wait(30) == 0, process.stderr_path.read_text()
     out = json.loads(await runtime.download("out.json"))
-    assert out["argv"] == ["--url", "http://g/s/key123", "--model=Qwen2.5-Coder-0.5B-Instruct",
-                           "--turns", "3", "--extra"]
+    assert out["argv"] == [
+        "--url",
+        "http://g/s/key123",
+        "--model=Qwen2.5-Coder-0.5B-Instruct",
+        "--turns",
+        "3",
+        "--extra",
+    ]
     assert out["cfg"]["prompt"] == NASTY
     assert out["instruction"] == NASTY
     assert out["env"] == "http://g/s/key123/v1"
@@ -76,8 +103,9 @@ async def test_cli_harness_from_json_writes_files_and_runs_argv(make_runtime):
 
 async def test_cli_harness_shell_string_quotes_values(make_runtime):
     runtime = await make_runtime("local")
-    adapter = get_harness(HarnessSpec(type="cli", command="printf '%s' {instruction} > i.txt",
-                                      env={"X": "{model}"}))
+    adapter = get_harness(
+        HarnessSpec(type="cli", command="printf '%s' {instruction} > i.txt", env={"X": "{model}"})
+    )
     command = await adapter.prepare(runtime, _ctx())
     assert command.env["X"] == "Qwen2.5-Coder-0.5B-Instruct"
     process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)

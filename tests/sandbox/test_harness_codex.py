@@ -30,8 +30,12 @@ fs.writeFileSync("out.json", JSON.stringify({
 
 
 def _ctx(url: str = "http://127.0.0.1:8300/s/k/v1") -> HarnessContext:
-    return HarnessContext(instruction=INSTRUCTION, openai_base_url=url, api_key=SESSION_KEY,
-                          model="Qwen2.5-Coder-0.5B-Instruct")
+    return HarnessContext(
+        instruction=INSTRUCTION,
+        openai_base_url=url,
+        api_key=SESSION_KEY,
+        model="Qwen2.5-Coder-0.5B-Instruct",
+    )
 
 
 @pytest.fixture
@@ -46,8 +50,9 @@ def fake_codex(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.parametrize("profile", ["default", "compact"])
-async def test_codex_runs_exec_on_the_session_with_the_key_off_argv(make_runtime, fake_codex,
-                                                                    profile):
+async def test_codex_runs_exec_on_the_session_with_the_key_off_argv(
+    make_runtime, fake_codex, profile
+):
     runtime = await make_runtime("local")
     adapter = get_harness(HarnessSpec(type="codex", profile=profile, args=["--strict-config"]))
     assert type(adapter).cli_version() == "9.9.9"
@@ -113,20 +118,32 @@ async def test_codex_missing_names_the_setup_step(make_runtime, tmp_path, monkey
 
 
 def test_summarize_output_reports_the_provider_error():
-    failed = ('{"type":"thread.started","thread_id":"t"}\n'
-              '{"type":"item.completed","item":{"type":"error","message":"Model metadata"}}\n'
-              '{"type":"turn.started"}\n'
-              '{"type":"error","message":"unexpected status 400 Bad Request"}\n'
-              '{"type":"turn.failed","error":{"message":"unexpected status 400 Bad Request"}}\n')
+    failed = (
+        '{"type":"thread.started","thread_id":"t"}\n'
+        '{"type":"item.completed","item":{"type":"error","message":"Model metadata"}}\n'
+        '{"type":"turn.started"}\n'
+        '{"type":"error","message":"unexpected status 400 Bad Request"}\n'
+        '{"type":"turn.failed","error":{"message":"unexpected status 400 Bad Request"}}\n'
+    )
     summary = summarize_output(failed)
     assert summary["is_error"] and summary["error"] == "unexpected status 400 Bad Request"
     assert summary["num_warnings"] == 1 and not summary["completed"]
-    ok = ('{"type":"item.completed","item":{"type":"command_execution","command":"ls"}}\n'
-          '{"type":"item.completed","item":{"type":"agent_message","text":"Done."}}\n'
-          '{"type":"turn.completed","usage":{"input_tokens":1200,"output_tokens":30}}\n')
+    ok = (
+        '{"type":"item.completed","item":{"type":"command_execution","command":"ls"}}\n'
+        '{"type":"item.completed","item":{"type":"agent_message","text":"Done."}}\n'
+        '{"type":"turn.completed","usage":{"input_tokens":1200,"output_tokens":30}}\n'
+    )
     assert summarize_output(ok) == {
-        "completed": True, "max_turns_reached": False, "is_error": False, "error": None, "num_commands": 1,
-        "num_warnings": 0, "input_tokens": 1200, "output_tokens": 30, "result": "Done."}
+        "completed": True,
+        "max_turns_reached": False,
+        "is_error": False,
+        "error": None,
+        "num_commands": 1,
+        "num_warnings": 0,
+        "input_tokens": 1200,
+        "output_tokens": 30,
+        "result": "Done.",
+    }
 
 
 # ------------------------------------------------------------- the real CLI, a fake provider

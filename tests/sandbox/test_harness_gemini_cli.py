@@ -29,9 +29,14 @@ KEY = "sk-session-secret"
 
 
 def _ctx(instruction: str = "-make hello.py") -> HarnessContext:
-    return HarnessContext(instruction=instruction, openai_base_url="http://g/s/k/v1",
-                          anthropic_base_url="http://g/s/k", gemini_base_url="http://g/s/k",
-                          api_key=KEY, model="Qwen2.5-Coder-0.5B-Instruct")
+    return HarnessContext(
+        instruction=instruction,
+        openai_base_url="http://g/s/k/v1",
+        anthropic_base_url="http://g/s/k",
+        gemini_base_url="http://g/s/k",
+        api_key=KEY,
+        model="Qwen2.5-Coder-0.5B-Instruct",
+    )
 
 
 @pytest.fixture
@@ -44,8 +49,9 @@ def fake_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "npm"
 
 
-async def test_compact_run_is_offline_one_shot_and_keeps_the_key_off_argv(make_runtime,
-                                                                          fake_prefix):
+async def test_compact_run_is_offline_one_shot_and_keeps_the_key_off_argv(
+    make_runtime, fake_prefix
+):
     runtime = await make_runtime("local")
     spec = HarnessSpec(type="gemini_cli", profile="compact", max_turns=3, args=["--debug"])
     command = await get_harness(spec).prepare(runtime, _ctx())
@@ -88,13 +94,21 @@ async def test_missing_cli_names_the_setup_step(make_runtime, tmp_path, monkeypa
 
 
 def test_summarize_reads_the_json_result_among_warnings():
-    out = ('Warning: something\n{\n  "response": "Created hello.py",\n  "stats": {"models": '
-           '{"m": {"api": {"totalRequests": 2}, "tokens": {"prompt": 900, "candidates": 40}}},'
-           ' "tools": {"totalCalls": 1}}\n}\n')
+    out = (
+        'Warning: something\n{\n  "response": "Created hello.py",\n  "stats": {"models": '
+        '{"m": {"api": {"totalRequests": 2}, "tokens": {"prompt": 900, "candidates": 40}}},'
+        ' "tools": {"totalCalls": 1}}\n}\n'
+    )
     assert summarize_output(out) == {
-        "has_result": True, "is_error": False, "error": None, "num_requests": 2,
-        "num_tool_calls": 1, "input_tokens": 900, "output_tokens": 40,
-        "result": "Created hello.py"}
+        "has_result": True,
+        "is_error": False,
+        "error": None,
+        "num_requests": 2,
+        "num_tool_calls": 1,
+        "input_tokens": 900,
+        "output_tokens": 40,
+        "result": "Created hello.py",
+    }
     failed = summarize_output('{"error": {"type": "Error", "message": "Reached max turns"}}')
     assert failed["is_error"] and failed["error"] == "Reached max turns"
     assert "stderr" in summarize_output("no json")["error"]
@@ -138,14 +152,21 @@ def test_fetch_preload_lifts_the_clis_header_timeout(tmp_path):
     script = tmp_path / "client.js"
     script.write_text(NODE_CLIENT)
     try:
+
         def run(env: dict[str, str]) -> str:
-            return subprocess.run(["node", str(script), url], capture_output=True, text=True,
-                                  timeout=60, env={"PATH": os.environ["PATH"], **env}
-                                  ).stdout.strip()
+            return subprocess.run(
+                ["node", str(script), url],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={"PATH": os.environ["PATH"], **env},
+            ).stdout.strip()
 
         assert run({}) == "failed UND_ERR_HEADERS_TIMEOUT"
-        assert run({"NODE_OPTIONS": f"--require={preload}",
-                    "ROLLOUTD_FETCH_TIMEOUT_MS": "0"}) == "status 200"
+        assert (
+            run({"NODE_OPTIONS": f"--require={preload}", "ROLLOUTD_FETCH_TIMEOUT_MS": "0"})
+            == "status 200"
+        )
     finally:
         server.shutdown()
         server.server_close()

@@ -13,8 +13,8 @@ from rolloutd.errors import HarnessError
 from rolloutd.sandbox.config import TOOLS_DIR_ENV
 from rolloutd.sandbox.harnesses import HarnessContext, get_harness, harness_capabilities
 from rolloutd.sandbox.harnesses.mini_swe_agent import (
-    CONFIG_FILE,
     COMPACT_INSTANCE_TEMPLATE,
+    CONFIG_FILE,
     summarize_output,
 )
 from rolloutd.types import HarnessSpec
@@ -26,7 +26,8 @@ FAKE_MINI = """#!/bin/sh
 printf '%s\\n' "$@" > "$HOME/mini.argv"
 env > "$HOME/mini.env"
 while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done
-printf '{"info": {"exit_status": "Submitted", "submission": "", "model_stats": {"api_calls": 2}}, "messages": [{"role": "exit", "extra": {}}]}' > "$out"
+printf '{"info": {"exit_status": "Submitted", "submission": "", ' > "$out"
+printf '"model_stats": {"api_calls": 2}}, "messages": [{"role": "exit", "extra": {}}]}' >> "$out"
 exit 3
 """
 
@@ -46,8 +47,12 @@ def fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _ctx() -> HarnessContext:
-    return HarnessContext(instruction="-create hello.py", openai_base_url="http://127.0.0.1:9/s/k/v1",
-                          api_key=SESSION_KEY, model="qwen-test")
+    return HarnessContext(
+        instruction="-create hello.py",
+        openai_base_url="http://127.0.0.1:9/s/k/v1",
+        api_key=SESSION_KEY,
+        model="qwen-test",
+    )
 
 
 async def test_runs_headless_with_step_limit_and_cost_tracking_off(make_runtime, fake_tools):
@@ -58,20 +63,30 @@ async def test_runs_headless_with_step_limit_and_cost_tracking_off(make_runtime,
     result = await runtime.exec(command.command, env=command.env, cwd=command.cwd)
     assert result.exit_code == 3  # the CLI's own exit code, after the summary line
     assert summarize_output(result.stdout) == {
-        "exit_status": "Submitted", "submission": "", "api_calls": 2, "num_messages": 1,
-        "exception": "", "is_error": False}
+        "exit_status": "Submitted",
+        "submission": "",
+        "api_calls": 2,
+        "num_messages": 1,
+        "exception": "",
+        "is_error": False,
+    }
     argv = (await runtime.download(f"{runtime.home}/mini.argv")).decode().splitlines()
     assert argv[:3] == ["-y", "--exit-immediately", "-c"]
     assert argv[-2:] == ["--extra", "--task=-create hello.py"]
-    env = dict(line.split("=", 1) for line in
-               (await runtime.download(f"{runtime.home}/mini.env")).decode().splitlines()
-               if "=" in line)
+    env = dict(
+        line.split("=", 1)
+        for line in (await runtime.download(f"{runtime.home}/mini.env")).decode().splitlines()
+        if "=" in line
+    )
     assert env["OPENAI_API_KEY"] == SESSION_KEY
     assert env["MSWEA_CONFIGURED"] == "true"
     config = json.loads(await runtime.download(f"{runtime.home}/{CONFIG_FILE}"))
     assert SESSION_KEY not in json.dumps(config)
-    assert config["agent"] | {"step_limit": 5, "cost_limit": 0, "mode": "yolo",
-                              "agent_class": "default"} == config["agent"]
+    assert (
+        config["agent"]
+        | {"step_limit": 5, "cost_limit": 0, "mode": "yolo", "agent_class": "default"}
+        == config["agent"]
+    )
     assert config["agent"]["instance_template"] == COMPACT_INSTANCE_TEMPLATE
     assert config["model"]["model_name"] == "openai/qwen-test"
     assert config["model"]["model_kwargs"]["api_base"] == "http://127.0.0.1:9/s/k/v1"

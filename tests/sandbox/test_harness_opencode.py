@@ -18,8 +18,9 @@ MODEL = 'Qwen2.5-"Coder"'  # a quote in the name must stay valid JSON in the con
 
 
 def _ctx() -> HarnessContext:
-    return HarnessContext(instruction="make hello.py", openai_base_url="http://g/s/k/v1",
-                          api_key=KEY, model=MODEL)
+    return HarnessContext(
+        instruction="make hello.py", openai_base_url="http://g/s/k/v1", api_key=KEY, model=MODEL
+    )
 
 
 @pytest.fixture
@@ -50,10 +51,13 @@ async def test_config_points_at_the_session_and_allows_every_tool(make_runtime, 
     config = json.loads(text)
     provider = config["provider"]["rolloutd"]
     assert provider["npm"] == "@ai-sdk/openai-compatible"
-    assert provider["options"] == {"baseURL": "http://g/s/k/v1",
-                                   "apiKey": "{env:ROLLOUTD_SESSION_KEY}",
-                                   "timeout": False, "headerTimeout": False,
-                                   "chunkTimeout": False}
+    assert provider["options"] == {
+        "baseURL": "http://g/s/k/v1",
+        "apiKey": "{env:ROLLOUTD_SESSION_KEY}",
+        "timeout": False,
+        "headerTimeout": False,
+        "chunkTimeout": False,
+    }
     assert list(provider["models"]) == [MODEL]
     assert config["model"] == f"rolloutd/{MODEL}"
     assert config["autoupdate"] is False and config["share"] == "disabled"
@@ -78,16 +82,27 @@ async def test_missing_cli_names_the_setup_step(make_runtime, tmp_path, monkeypa
 
 
 def test_summarize_counts_steps_tools_and_errors():
-    out = "\n".join(json.dumps(e) for e in [
-        {"type": "step_start", "part": {}},
-        {"type": "tool_use", "part": {"tool": "write", "state": {"status": "completed"}}},
-        {"type": "step_finish", "part": {"tokens": {"input": 1200, "output": 30}}},
-        {"type": "text", "part": {"text": "Done."}},
-        {"type": "step_finish", "part": {"tokens": {"input": 1300, "output": 5}}},
-    ])
+    out = "\n".join(
+        json.dumps(e)
+        for e in [
+            {"type": "step_start", "part": {}},
+            {"type": "tool_use", "part": {"tool": "write", "state": {"status": "completed"}}},
+            {"type": "step_finish", "part": {"tokens": {"input": 1200, "output": 30}}},
+            {"type": "text", "part": {"text": "Done."}},
+            {"type": "step_finish", "part": {"tokens": {"input": 1300, "output": 5}}},
+        ]
+    )
     assert summarize_output(out) == {
-        "num_steps": 2, "num_tool_calls": 1, "tool_errors": 0, "is_error": False,
-        "error": None, "input_tokens": 2500, "output_tokens": 35, "result": "Done."}
-    failed = summarize_output(json.dumps(
-        {"type": "error", "error": {"name": "APIError", "data": {"message": "400 bad"}}}))
+        "num_steps": 2,
+        "num_tool_calls": 1,
+        "tool_errors": 0,
+        "is_error": False,
+        "error": None,
+        "input_tokens": 2500,
+        "output_tokens": 35,
+        "result": "Done.",
+    }
+    failed = summarize_output(
+        json.dumps({"type": "error", "error": {"name": "APIError", "data": {"message": "400 bad"}}})
+    )
     assert failed["is_error"] and failed["error"] == "400 bad"

@@ -25,9 +25,14 @@ KEY = "sk-session-secret"
 
 
 def _ctx(instruction: str = "make hello.py") -> HarnessContext:
-    return HarnessContext(instruction=instruction, openai_base_url="http://g/s/k/v1",
-                          anthropic_base_url="http://g/s/k", gemini_base_url="http://g/s/k",
-                          api_key=KEY, model="Qwen2.5-Coder-0.5B-Instruct")
+    return HarnessContext(
+        instruction=instruction,
+        openai_base_url="http://g/s/k/v1",
+        anthropic_base_url="http://g/s/k",
+        gemini_base_url="http://g/s/k",
+        api_key=KEY,
+        model="Qwen2.5-Coder-0.5B-Instruct",
+    )
 
 
 @pytest.fixture
@@ -40,13 +45,15 @@ def fake_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "npm"
 
 
-@pytest.mark.parametrize(("dialect", "api", "url"), [
-    (None, "openai-completions", "http://g/s/k/v1"),
-    ("responses", "openai-responses", "http://g/s/k/v1"),
-    ("anthropic", "anthropic-messages", "http://g/s/k"),
-])
-async def test_dialect_picks_the_provider_api_and_url(make_runtime, fake_prefix, dialect, api,
-                                                       url):
+@pytest.mark.parametrize(
+    ("dialect", "api", "url"),
+    [
+        (None, "openai-completions", "http://g/s/k/v1"),
+        ("responses", "openai-responses", "http://g/s/k/v1"),
+        ("anthropic", "anthropic-messages", "http://g/s/k"),
+    ],
+)
+async def test_dialect_picks_the_provider_api_and_url(make_runtime, fake_prefix, dialect, api, url):
     runtime = await make_runtime("local")
     spec = HarnessSpec(type="pi", dialect=dialect)
     command = await get_harness(spec).prepare(runtime, _ctx())
@@ -69,8 +76,9 @@ async def test_dialect_picks_the_provider_api_and_url(make_runtime, fake_prefix,
     assert provider["models"][0]["id"] == "Qwen2.5-Coder-0.5B-Instruct"
 
 
-async def test_compact_profile_and_an_instruction_that_looks_like_an_option(make_runtime,
-                                                                            fake_prefix):
+async def test_compact_profile_and_an_instruction_that_looks_like_an_option(
+    make_runtime, fake_prefix
+):
     runtime = await make_runtime("local")
     spec = HarnessSpec(type="pi", profile="compact")
     command = await get_harness(spec).prepare(runtime, _ctx("--help me write hello.py"))
@@ -82,8 +90,9 @@ async def test_compact_profile_and_an_instruction_that_looks_like_an_option(make
     assert await runtime.download(argv[-1][1:]) == b"--help me write hello.py"
 
 
-async def test_gemini_dialect_and_missing_cli_are_refused(make_runtime, fake_prefix, tmp_path,
-                                                          monkeypatch):
+async def test_gemini_dialect_and_missing_cli_are_refused(
+    make_runtime, fake_prefix, tmp_path, monkeypatch
+):
     runtime = await make_runtime("local")
     with pytest.raises(HarnessError, match="dialect='gemini'"):
         await get_harness(HarnessSpec(type="pi", dialect="gemini")).prepare(runtime, _ctx())
@@ -96,20 +105,50 @@ def test_summarize_reads_the_last_assistant_message():
     def end(message):
         return json.dumps({"type": "message_end", "message": message})
 
-    out = "\n".join([
-        json.dumps({"type": "session", "id": "x"}),
-        end({"role": "user", "content": []}),
-        end({"role": "assistant", "stopReason": "toolUse", "content": [],
-             "usage": {"input": 800, "output": 40}}),
-        json.dumps({"type": "tool_execution_end", "toolName": "write", "isError": False}),
-        end({"role": "assistant", "stopReason": "stop",
-             "content": [{"type": "text", "text": "Done."}], "usage": {"input": 900, "output": 3}}),
-    ])
+    out = "\n".join(
+        [
+            json.dumps({"type": "session", "id": "x"}),
+            end({"role": "user", "content": []}),
+            end(
+                {
+                    "role": "assistant",
+                    "stopReason": "toolUse",
+                    "content": [],
+                    "usage": {"input": 800, "output": 40},
+                }
+            ),
+            json.dumps({"type": "tool_execution_end", "toolName": "write", "isError": False}),
+            end(
+                {
+                    "role": "assistant",
+                    "stopReason": "stop",
+                    "content": [{"type": "text", "text": "Done."}],
+                    "usage": {"input": 900, "output": 3},
+                }
+            ),
+        ]
+    )
     assert summarize_output(out) == {
-        "num_turns": 2, "num_tool_calls": 1, "tool_errors": 0, "is_error": False, "error": None,
-        "stop_reason": "stop", "input_tokens": 1700, "output_tokens": 43, "result": "Done."}
-    failed = summarize_output(end({"role": "assistant", "stopReason": "error", "content": [],
-                                   "errorMessage": "400 status code (no body)"}))
+        "num_turns": 2,
+        "num_tool_calls": 1,
+        "tool_errors": 0,
+        "is_error": False,
+        "error": None,
+        "stop_reason": "stop",
+        "input_tokens": 1700,
+        "output_tokens": 43,
+        "result": "Done.",
+    }
+    failed = summarize_output(
+        end(
+            {
+                "role": "assistant",
+                "stopReason": "error",
+                "content": [],
+                "errorMessage": "400 status code (no body)",
+            }
+        )
+    )
     assert failed["is_error"] and failed["error"] == "400 status code (no body)"
 
 
@@ -122,13 +161,31 @@ class AlwaysToolCall(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["content-length"]))
         type(self).calls += 1
-        call = {"index": 0, "id": f"call_{self.calls}", "type": "function",
-                "function": {"name": "bash", "arguments": '{"command": "echo hi"}'}}
-        chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]},
-                                "finish_reason": None}]},
-                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}]
-        body = "".join(f"data: {json.dumps({'id': 'c', 'object': 'chat.completion.chunk', 'created': 0, 'model': 'm', **c})}\n\n"  # noqa: E501
-                       for c in chunks) + "data: [DONE]\n\n"
+        call = {
+            "index": 0,
+            "id": f"call_{self.calls}",
+            "type": "function",
+            "function": {"name": "bash", "arguments": '{"command": "echo hi"}'},
+        }
+        chunks = [
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "tool_calls": [call]},
+                        "finish_reason": None,
+                    }
+                ]
+            },
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        ]
+        body = (
+            "".join(
+                f"data: {json.dumps({'id': 'c', 'object': 'chat.completion.chunk', 'created': 0, 'model': 'm', **c})}\n\n"  # noqa: E501
+                for c in chunks
+            )
+            + "data: [DONE]\n\n"
+        )
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.end_headers()
@@ -149,8 +206,9 @@ async def test_turn_limit_extension_stops_a_model_that_never_stops(make_runtime)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         runtime = await make_runtime("local")
-        ctx = _ctx().model_copy(update={
-            "openai_base_url": f"http://127.0.0.1:{server.server_port}/v1"})
+        ctx = _ctx().model_copy(
+            update={"openai_base_url": f"http://127.0.0.1:{server.server_port}/v1"}
+        )
         command = await get_harness(HarnessSpec(type="pi", max_turns=2)).prepare(runtime, ctx)
         process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
         code = await process.wait(90)

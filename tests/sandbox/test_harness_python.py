@@ -12,7 +12,7 @@ from rolloutd.types import HarnessSpec
 SESSION_KEY = "sk-session-secret"
 
 #: an agent that checks what it was given, makes a file and calls nothing.
-AGENT = '''
+AGENT = """
 import os, openai
 async def agent(client, instruction, wd, *, model, max_turns):
     assert isinstance(client, openai.AsyncOpenAI)
@@ -24,12 +24,16 @@ async def failing(client, instruction, wd):
     raise ValueError("the agent gave up")
 def not_async(client, instruction, wd):
     pass
-'''
+"""
 
 
 def _ctx() -> HarnessContext:
-    return HarnessContext(instruction="make a file", openai_base_url="http://127.0.0.1:9/s/k/v1",
-                          api_key=SESSION_KEY, model="qwen-test")
+    return HarnessContext(
+        instruction="make a file",
+        openai_base_url="http://127.0.0.1:9/s/k/v1",
+        api_key=SESSION_KEY,
+        model="qwen-test",
+    )
 
 
 def test_python_harness_needs_an_entry():
@@ -41,24 +45,33 @@ def test_python_harness_needs_an_entry():
 
 async def test_runner_calls_the_coroutine_in_its_own_process(make_runtime, runtime_type):
     runtime = await make_runtime(runtime_type)
-    spec = HarnessSpec(type="python", entry="agents.mine:agent", max_turns=3,
-                       files={"agents/mine.py": AGENT})
+    spec = HarnessSpec(
+        type="python", entry="agents.mine:agent", max_turns=3, files={"agents/mine.py": AGENT}
+    )
     command = await get_harness(spec).prepare(runtime, _ctx())
     assert not any(SESSION_KEY in arg for arg in command.command)
     result = await runtime.exec(command.command, env=command.env, cwd=command.cwd)
     assert result.exit_code == 0, result.stdout + result.stderr
     summary = summarize_output(result.stdout)
-    assert summary == {"ok": True, "result": "done", "error": "", "error_type": "",
-                       "is_error": False}
+    assert summary == {
+        "ok": True,
+        "result": "done",
+        "error": "",
+        "error_type": "",
+        "is_error": False,
+    }
     made = await runtime.download(f"{runtime.workdir}/made.txt")
     assert made.decode() == "make a file|qwen-test|3"
 
 
-@pytest.mark.parametrize(("entry", "exit_code", "error_type"), [
-    ("agents.mine:failing", 1, "ValueError"),
-    ("agents.mine:not_async", 2, "TypeError"),
-    ("agents.absent:agent", 2, "ModuleNotFoundError"),
-])
+@pytest.mark.parametrize(
+    ("entry", "exit_code", "error_type"),
+    [
+        ("agents.mine:failing", 1, "ValueError"),
+        ("agents.mine:not_async", 2, "TypeError"),
+        ("agents.absent:agent", 2, "ModuleNotFoundError"),
+    ],
+)
 async def test_runner_reports_what_went_wrong(make_runtime, entry, exit_code, error_type):
     runtime = await make_runtime("local")
     spec = HarnessSpec(type="python", entry=entry, files={"agents/mine.py": AGENT})

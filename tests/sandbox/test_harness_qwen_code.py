@@ -20,9 +20,17 @@ SESSION_KEY = "sk-session-secret"
 
 
 def _ctx(url: str = "http://127.0.0.1:8300/s/k/v1", **overrides: str) -> HarnessContext:
-    return HarnessContext(**({"instruction": "Create a file hello.txt containing the word hello",
-                              "openai_base_url": url, "api_key": SESSION_KEY,
-                              "model": "Qwen2.5-Coder-0.5B-Instruct"} | overrides))
+    return HarnessContext(
+        **(
+            {
+                "instruction": "Create a file hello.txt containing the word hello",
+                "openai_base_url": url,
+                "api_key": SESSION_KEY,
+                "model": "Qwen2.5-Coder-0.5B-Instruct",
+            }
+            | overrides
+        )
+    )
 
 
 @pytest.fixture
@@ -67,14 +75,24 @@ async def test_prepare_without_the_cli_says_how_to_install(make_runtime, tmp_pat
 
 
 def test_summarize_output_flags_api_errors_despite_exit_zero():
-    ok = ('{"type":"system","subtype":"init"}\n'
-          '{"type":"result","is_error":false,"num_turns":2,"result":"Done.",'
-          '"usage":{"input_tokens":3215,"output_tokens":17}}\n')
+    ok = (
+        '{"type":"system","subtype":"init"}\n'
+        '{"type":"result","is_error":false,"num_turns":2,"result":"Done.",'
+        '"usage":{"input_tokens":3215,"output_tokens":17}}\n'
+    )
     assert summarize_output(ok) == {
-        "has_result": True, "is_error": False, "api_error": None, "num_turns": 2,
-        "input_tokens": 3215, "output_tokens": 17, "result": "Done."}
-    failed = ('{"type":"result","is_error":false,"num_turns":1,"result":"[API Error: 400 '
-              'request (17291 tokens) exceeds the available context size (8192 tokens)]"}')
+        "has_result": True,
+        "is_error": False,
+        "api_error": None,
+        "num_turns": 2,
+        "input_tokens": 3215,
+        "output_tokens": 17,
+        "result": "Done.",
+    }
+    failed = (
+        '{"type":"result","is_error":false,"num_turns":1,"result":"[API Error: 400 '
+        'request (17291 tokens) exceeds the available context size (8192 tokens)]"}'
+    )
     summary = summarize_output(failed)
     assert summary["is_error"] and "17291 tokens" in summary["api_error"]
     assert summarize_output("not json\n")["is_error"]
@@ -106,16 +124,20 @@ def llama_server() -> Iterator[object]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
-async def test_qwen_code_runs_against_llama_server_under_bwrap(make_runtime, llama_server,
-                                                               runtime_pids):
+async def test_qwen_code_runs_against_llama_server_under_bwrap(
+    make_runtime, llama_server, runtime_pids
+):
     if not (npm_prefix() / ENTRY_POINT).is_file():
         pytest.skip(f"qwen-code is not installed in {npm_prefix()} (set {NPM_PREFIX_ENV})")
     # straight to llama-server, not through a gateway session: the gateway-only network
     # (bwrap's default) would rightly refuse it
     runtime = await make_runtime("bwrap", grace_s=5.0, network="host")
     logs = f"{runtime.home}/openai-logs"
-    spec = HarnessSpec(type="qwen_code", max_turns=2,
-                       args=[*compact_args(), "--openai-logging", f"--openai-logging-dir={logs}"])
+    spec = HarnessSpec(
+        type="qwen_code",
+        max_turns=2,
+        args=[*compact_args(), "--openai-logging", f"--openai-logging-dir={logs}"],
+    )
     command = await get_harness(spec).prepare(runtime, _ctx(f"{llama_server.url}/v1"))
     began = time.monotonic()
     process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
@@ -128,11 +150,15 @@ async def test_qwen_code_runs_against_llama_server_under_bwrap(make_runtime, lla
     assert code == 0, stderr[-2000:]
     summary = summarize_output(stdout)
     assert summary["has_result"] and not summary["is_error"], summary
-    calls = [json.loads(p.read_text()) for p in sorted((runtime.host_home / "openai-logs")
-                                                        .glob("*.json"))]
+    calls = [
+        json.loads(p.read_text())
+        for p in sorted((runtime.host_home / "openai-logs").glob("*.json"))
+    ]
     assert 1 <= len(calls) <= 2 * spec.max_turns
     assert all(call.get("error") in (None, {}) for call in calls), calls[-1].get("error")
     assert summary["input_tokens"] > 0
-    print(f"qwen_code: exit {code}, {len(calls)} model calls, {duration_s:.1f} s, "
-          f"{summary['input_tokens']} input tokens, {summary['num_turns']} turns")
+    print(
+        f"qwen_code: exit {code}, {len(calls)} model calls, {duration_s:.1f} s, "
+        f"{summary['input_tokens']} input tokens, {summary['num_turns']} turns"
+    )
     assert runtime_pids(runtime) == []  # the CLI exited and left nothing behind

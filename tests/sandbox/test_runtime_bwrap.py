@@ -21,8 +21,12 @@ async def test_workspace_writable_system_read_only(make_runtime):
     assert runtime.workdir == "/workspace"
     ok = await runtime.exec("echo data > /workspace/f && cat f")
     assert ok.exit_code == 0 and ok.stdout == "data\n"
-    for path in ("/usr/rolloutd-test", "/etc/rolloutd-test", "/opt/rolloutd-test",
-                 "/bin/rolloutd-test"):
+    for path in (
+        "/usr/rolloutd-test",
+        "/etc/rolloutd-test",
+        "/opt/rolloutd-test",
+        "/bin/rolloutd-test",
+    ):
         result = await runtime.exec(["touch", path])
         assert result.exit_code != 0, path
         assert "Read-only file system" in result.stderr or "No such file" in result.stderr
@@ -48,8 +52,9 @@ async def test_custom_workdir(make_runtime):
 
 async def test_own_pid_namespace(make_runtime):
     runtime = await make_runtime("bwrap")
-    result = await runtime.exec("echo $$; tr '\\0' ' ' < /proc/1/cmdline; echo; "
-                                "ls /proc | grep -c '^[0-9]'")
+    result = await runtime.exec(
+        "echo $$; tr '\\0' ' ' < /proc/1/cmdline; echo; ls /proc | grep -c '^[0-9]'"
+    )
     own_pid, init, num_visible = result.stdout.split("\n")[:3]
     # the exec server is pid 1, then its shims and their commands
     assert "rolloutd-exec-server" in init
@@ -127,17 +132,21 @@ async def test_setsid_child_dies_with_the_namespace(make_runtime, runtime_pids, 
 async def test_what_a_command_leaves_behind_dies_with_it(make_runtime, runtime_pids):
     runtime = await make_runtime("bwrap")
     # a background child in the group and a setsid daemon that left it: both outlive the shell
-    result = await runtime.exec("sleep 1000 > /dev/null 2>&1 & "
-                                "setsid sleep 1000 > /dev/null 2>&1 < /dev/null & echo started")
+    result = await runtime.exec(
+        "sleep 1000 > /dev/null 2>&1 & "
+        "setsid sleep 1000 > /dev/null 2>&1 < /dev/null & echo started"
+    )
     assert result.stdout == "started\n"
     assert runtime_pids(runtime) == []  # the command's shim killed them before reporting
 
 
-async def test_daemon_of_a_running_harness_lives_until_the_harness_ends(make_runtime,
-                                                                        runtime_pids, wait_for):
+async def test_daemon_of_a_running_harness_lives_until_the_harness_ends(
+    make_runtime, runtime_pids, wait_for
+):
     runtime = await make_runtime("bwrap", grace_s=0.5)
-    harness = await runtime.spawn("setsid sleep 1000 > /dev/null 2>&1 < /dev/null & "
-                                  "echo ready; sleep 1000")
+    harness = await runtime.spawn(
+        "setsid sleep 1000 > /dev/null 2>&1 < /dev/null & echo ready; sleep 1000"
+    )
     assert await wait_for(lambda: "ready" in harness.stdout_path.read_text())
     # sh, its sleep and the daemon; an exec meanwhile does not touch them
     assert await wait_for(lambda: len(runtime_pids(runtime)) == 3)
@@ -176,8 +185,12 @@ async def test_sandbox_cannot_reach_the_exec_server(make_runtime):
     # the exec server (pid 1) runs as root, commands as another uid, and it is not dumpable: its
     # fds (the control socket), environment and memory cannot be opened, nor can it be traced
     result = await runtime.exec(["python3", "-c", PEEK], timeout_s=30)
-    assert result.stdout.split() == ["fd:denied", "environ:denied", "mem:denied",
-                                     "ptrace:denied"], result
+    assert result.stdout.split() == [
+        "fd:denied",
+        "environ:denied",
+        "mem:denied",
+        "ptrace:denied",
+    ], result
     assert (await runtime.exec("cat /proc/1/cmdline")).stdout.startswith("/")  # it is there
 
 
@@ -190,8 +203,9 @@ async def test_the_sandbox_cannot_kill_the_exec_server(make_runtime):
     assert (await runtime.exec("true")).exit_code == 0
 
 
-async def test_killing_the_exec_server_ends_the_sandbox_not_the_worker(make_runtime,
-                                                                       runtime_pids, wait_for):
+async def test_killing_the_exec_server_ends_the_sandbox_not_the_worker(
+    make_runtime, runtime_pids, wait_for
+):
     runtime = await make_runtime("bwrap")
     harness = await runtime.spawn("sleep 1000")
     running = await runtime.spawn("sleep 1000", name="other")
@@ -210,11 +224,15 @@ async def test_long_requests_and_the_key_stay_off_command_lines(make_runtime, wa
     runtime = await make_runtime("bwrap")
     # longer than one socket message: the request travels in a memfd (each string stays
     # below execve(2)'s 128 KiB limit per argument or variable, MAX_ARG_STRLEN)
-    big = await runtime.exec(["sh", "-c", 'echo ${#BIG} "$1"', "sh", "y" * 100_000],
-                             env={"BIG": "x" * 100_000}, max_output_bytes=1 << 20)
+    big = await runtime.exec(
+        ["sh", "-c", 'echo ${#BIG} "$1"', "sh", "y" * 100_000],
+        env={"BIG": "x" * 100_000},
+        max_output_bytes=1 << 20,
+    )
     assert big.stdout == f"100000 {'y' * 100_000}\n", big.stderr
-    harness = await runtime.spawn("echo ready; sleep 1000",
-                                  env={"OPENAI_API_KEY": "rolloutd-secret-key-123"})
+    harness = await runtime.spawn(
+        "echo ready; sleep 1000", env={"OPENAI_API_KEY": "rolloutd-secret-key-123"}
+    )
     assert await wait_for(lambda: "ready" in harness.stdout_path.read_text())
     assert _command_lines_with(b"rolloutd-secret-key-123") == []
 
@@ -233,26 +251,33 @@ def _command_lines_with(needle: bytes) -> list[int]:
     return found
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="commands run as the worker's own uid unless the "
-                    "worker is root")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="commands run as the worker's own uid unless the worker is root"
+)
 async def test_commands_run_unprivileged_and_own_workspace_and_home(make_runtime, tmp_path):
     repo = tmp_path / "repo"
     (repo / "pkg").mkdir(parents=True)
     (repo / "pkg" / "mod.py").write_text("x = 1\n")
     runtime = await make_runtime(
-        "bwrap", files={"notes.txt": "start\n"},
-        prepare=[{"type": "upload", "source": str(repo), "path": "repo"},
-                 {"type": "exec", "command": "git init -q repo && echo made > repo/pkg/new.py"}])
+        "bwrap",
+        files={"notes.txt": "start\n"},
+        prepare=[
+            {"type": "upload", "source": str(repo), "path": "repo"},
+            {"type": "exec", "command": "git init -q repo && echo made > repo/pkg/new.py"},
+        ],
+    )
     await runtime.upload("/home/agent/.config/tool/settings.json", b"{}")
     ids = await runtime.exec("id -u; id -g; whoami; echo $HOME")
     assert ids.stdout.split() == [str(runtime.uid), str(runtime.gid), "agent", "/home/agent"]
     assert runtime.uid != 0 and runtime.gid != 0
     # files written by the worker (spec.files, a prepare upload, an upload into HOME) and by
     # commands are all writable inside, and belong to the sandbox user on the host
-    write = await runtime.exec("echo more >> notes.txt && echo y > repo/pkg/mod.py && "
-                               "echo 1 > ~/.config/tool/settings.json && "
-                               "touch ~/.config/tool/new.md && mkdir -p out/a && touch out/a/b "
-                               "&& git -C repo status --short | sort")
+    write = await runtime.exec(
+        "echo more >> notes.txt && echo y > repo/pkg/mod.py && "
+        "echo 1 > ~/.config/tool/settings.json && "
+        "touch ~/.config/tool/new.md && mkdir -p out/a && touch out/a/b "
+        "&& git -C repo status --short | sort"
+    )
     assert write.exit_code == 0, write.stderr
     assert write.stdout.split() == ["??", "pkg/"]
     for path in ("notes.txt", "repo/pkg/mod.py", "repo/pkg/new.py", "out/a/b"):
@@ -264,9 +289,11 @@ async def test_memory_limit_is_a_cgroup_and_oom_kills_only_the_command(make_runt
     runtime = await make_runtime("bwrap", memory_mb=128)
     if runtime.cgroup is None or runtime.cgroup.memory_dir is None:
         pytest.skip("no writable memory cgroup here: memory_mb falls back to RLIMIT_AS")
-    limit_file = next(runtime.cgroup.memory_dir / name for name in
-                      ("memory.max", "memory.limit_in_bytes")
-                      if (runtime.cgroup.memory_dir / name).exists())
+    limit_file = next(
+        runtime.cgroup.memory_dir / name
+        for name in ("memory.max", "memory.limit_in_bytes")
+        if (runtime.cgroup.memory_dir / name).exists()
+    )
     assert int(limit_file.read_text()) == 128 * 2**20
     harness = await runtime.spawn("sleep 1000")
     assert runtime.num_oom_kills == 0
@@ -283,18 +310,20 @@ async def test_memory_limit_is_a_cgroup_and_oom_kills_only_the_command(make_runt
     assert small.exit_code == 0 and small.stdout == f"{32 * 2**20}\n"
 
 
-async def test_image_runs_every_command_in_one_sandbox_of_the_image(make_runtime, image_root,
-                                                                    runtime_pids, wait_for):
-    runtime = await make_runtime("bwrap", image=str(image_root), max_processes=32,
-                                 files={"in.txt": "from the worker\n"})
-    result = await runtime.exec("cat /etc/image-release; ls /usr; cat in.txt; echo out > f; "
-                                "cat f; touch /bin/x")
+async def test_image_runs_every_command_in_one_sandbox_of_the_image(
+    make_runtime, image_root, runtime_pids, wait_for
+):
+    runtime = await make_runtime(
+        "bwrap", image=str(image_root), max_processes=32, files={"in.txt": "from the worker\n"}
+    )
+    result = await runtime.exec(
+        "cat /etc/image-release; ls /usr; cat in.txt; echo out > f; cat f; touch /bin/x"
+    )
     assert result.stdout == "rolloutd-test-image\nfrom the worker\nout\n", result
     assert "/usr" in result.stderr and "Read-only file system" in result.stderr
     assert runtime.host_path("f").read_text() == "out\n"
     if runtime.uid >= 0:  # the image's own /etc/passwd, plus the sandbox user
-        assert (await runtime.exec("id -u; whoami")).stdout.split() == [str(runtime.uid),
-                                                                      "agent"]
+        assert (await runtime.exec("id -u; whoami")).stdout.split() == [str(runtime.uid), "agent"]
     # one persistent sandbox: a harness and later commands share its PID namespace, whose
     # pid 1 is the exec server (the worker's Python, not the image's: it has none)
     harness = await runtime.spawn(["sleep", "1000"])  # posix_spawn returns after the exec

@@ -30,7 +30,9 @@ async def test_exec_argv_env_cwd_and_stdin(runtime_type, make_runtime):
     await runtime.exec(["mkdir", "sub"])
     result = await runtime.exec(
         ["sh", "-c", 'pwd; echo "$FROM_SPEC $FROM_CALL"; cat'],
-        env={"FROM_CALL": "call"}, cwd="sub", stdin=b"from stdin",
+        env={"FROM_CALL": "call"},
+        cwd="sub",
+        stdin=b"from stdin",
     )
     assert result.exit_code == 0, result.stderr
     assert result.stdout.splitlines() == [f"{runtime.workdir}/sub", "spec call", "from stdin"]
@@ -66,8 +68,9 @@ async def test_exec_timeout_kills_and_reports(runtime_type, make_runtime, runtim
 
 async def test_exec_output_is_bounded(runtime_type, make_runtime):
     runtime = await make_runtime(runtime_type)
-    result = await runtime.exec("head -c 200000 /dev/zero | tr '\\0' a; echo END",
-                                max_output_bytes=1000)
+    result = await runtime.exec(
+        "head -c 200000 /dev/zero | tr '\\0' a; echo END", max_output_bytes=1000
+    )
     assert result.exit_code == 0
     assert result.truncated
     assert result.stdout.startswith("a" * 500)
@@ -96,8 +99,17 @@ async def test_upload_download_round_trip(runtime_type, make_runtime):
         await runtime.download("missing.txt")
 
 
-@pytest.mark.parametrize("path", ["../escape.txt", "a/../../escape.txt", "/etc/passwd",
-                                  "/workspacex/file", "link/passwd", "passwd-link"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../escape.txt",
+        "a/../../escape.txt",
+        "/etc/passwd",
+        "/workspacex/file",
+        "link/passwd",
+        "passwd-link",
+    ],
+)
 async def test_paths_cannot_escape(runtime_type, make_runtime, path):
     runtime = await make_runtime(runtime_type)
     await runtime.exec("ln -s /etc link && ln -s /etc/passwd passwd-link")
@@ -111,8 +123,7 @@ async def test_paths_cannot_escape(runtime_type, make_runtime, path):
 
 async def test_spawn_writes_logs_and_waits(runtime_type, make_runtime, tmp_path):
     runtime = await make_runtime(runtime_type)
-    process = await runtime.spawn("echo out; echo err >&2; exit 7",
-                                  stdout_path=tmp_path / "h.out")
+    process = await runtime.spawn("echo out; echo err >&2; exit 7", stdout_path=tmp_path / "h.out")
     assert await process.wait(30) == 7
     assert process.returncode == 7
     assert (tmp_path / "h.out").read_text() == "out\n"
@@ -140,8 +151,9 @@ async def test_stop_kills_a_process_tree(runtime_type, make_runtime, runtime_pid
     await runtime.stop()  # idempotent
 
 
-async def test_cancel_kills_processes_and_keeps_files(runtime_type, make_runtime, runtime_pids,
-                                                      wait_for):
+async def test_cancel_kills_processes_and_keeps_files(
+    runtime_type, make_runtime, runtime_pids, wait_for
+):
     runtime = await make_runtime(runtime_type)
     await runtime.exec("echo kept > kept.txt")
     first = await runtime.spawn(TREE)
@@ -154,8 +166,7 @@ async def test_cancel_kills_processes_and_keeps_files(runtime_type, make_runtime
     assert (await runtime.exec("cat kept.txt")).stdout == "kept\n"
 
 
-async def test_background_child_of_exec_is_killed_at_stop(runtime_type, make_runtime,
-                                                          runtime_pids):
+async def test_background_child_of_exec_is_killed_at_stop(runtime_type, make_runtime, runtime_pids):
     runtime = await make_runtime(runtime_type)
     result = await runtime.exec("sleep 1000 > /dev/null 2>&1 & echo started")
     assert result.stdout == "started\n"
@@ -168,11 +179,11 @@ async def _wait_ready(process, wait_for) -> None:
     assert await wait_for(lambda: "ready" in process.stdout_path.read_text())
 
 
-async def test_terminate_is_graceful_when_sigterm_is_handled(runtime_type, make_runtime,
-                                                             wait_for):
+async def test_terminate_is_graceful_when_sigterm_is_handled(runtime_type, make_runtime, wait_for):
     runtime = await make_runtime(runtime_type, grace_s=10.0)
-    process = await runtime.spawn("trap 'echo bye; exit 5' TERM; echo ready; "
-                                  "while true; do sleep 0.05; done")
+    process = await runtime.spawn(
+        "trap 'echo bye; exit 5' TERM; echo ready; while true; do sleep 0.05; done"
+    )
     await _wait_ready(process, wait_for)
     began = time.monotonic()
     code = await process.terminate()
@@ -181,8 +192,9 @@ async def test_terminate_is_graceful_when_sigterm_is_handled(runtime_type, make_
     assert process.stdout_path.read_text() == "ready\nbye\n"
 
 
-async def test_harness_ignoring_sigterm_is_killed(runtime_type, make_runtime, runtime_pids,
-                                                  wait_for):
+async def test_harness_ignoring_sigterm_is_killed(
+    runtime_type, make_runtime, runtime_pids, wait_for
+):
     runtime = await make_runtime(runtime_type, grace_s=0.5)
     process = await runtime.spawn("trap '' TERM; echo ready; sleep 1000 & wait")
     await _wait_ready(process, wait_for)

@@ -19,11 +19,33 @@ from rolloutd.types import RuntimeSpec
 #: apptainer_instance_start.html, apptainer_exec.html, apptainer_instance_stop.html,
 #: apptainer_build.html (subsets: the flags this project may use).
 APPTAINER_FLAGS = {
-    ("instance", "start"): {"--containall", "--no-home", "--cleanenv", "--net", "--network",
-                            "--fakeroot", "--bind", "--pids-limit", "--memory", "--cpus",
-                            "--contain", "--env", "--pwd", "--writable-tmpfs"},
-    ("exec",): {"--cleanenv", "--pwd", "--containall", "--bind", "--env", "--net",
-                "--network", "--no-home", "--fakeroot"},
+    ("instance", "start"): {
+        "--containall",
+        "--no-home",
+        "--cleanenv",
+        "--net",
+        "--network",
+        "--fakeroot",
+        "--bind",
+        "--pids-limit",
+        "--memory",
+        "--cpus",
+        "--contain",
+        "--env",
+        "--pwd",
+        "--writable-tmpfs",
+    },
+    ("exec",): {
+        "--cleanenv",
+        "--pwd",
+        "--containall",
+        "--bind",
+        "--env",
+        "--net",
+        "--network",
+        "--no-home",
+        "--fakeroot",
+    },
     ("build",): {"--fakeroot", "--force", "--sandbox", "--notest"},
 }
 
@@ -33,8 +55,9 @@ def _flags(argv: list[str]) -> set[str]:
 
 
 def _docker_help_flags(*subcommand: str) -> set[str]:
-    out = subprocess.run(["docker", *subcommand, "--help"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["docker", *subcommand, "--help"], capture_output=True, text=True, check=True
+    ).stdout
     return set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", out))
 
 
@@ -45,9 +68,13 @@ def _docker_daemon() -> bool:
 
 
 def test_apptainer_commands_use_documented_flags(tmp_path: Path):
-    runtime = create_runtime(RuntimeSpec(type="apptainer", image="/images/swe.sif",
-                                         max_processes=64, memory_mb=2048, cpus=1.5),
-                             "app-1", tmp_path)
+    runtime = create_runtime(
+        RuntimeSpec(
+            type="apptainer", image="/images/swe.sif", max_processes=64, memory_mb=2048, cpus=1.5
+        ),
+        "app-1",
+        tmp_path,
+    )
     assert isinstance(runtime, ApptainerRuntime)
     start = runtime.start_argv()
     assert start[1:3] == ["instance", "start"]
@@ -61,16 +88,21 @@ def test_apptainer_commands_use_documented_flags(tmp_path: Path):
     assert argv[-3:] == [f"instance://{runtime.name}", "python3", "-V"]
     env = runtime._host_env(["x"], {"OPENAI_API_KEY": "secret"}, argv)
     assert env["APPTAINERENV_OPENAI_API_KEY"] == "secret" and "secret" not in " ".join(argv)
-    fakeroot = ApptainerRuntime(RuntimeSpec(type="apptainer", image="/i.sif"), "app-2",
-                                tmp_path, fakeroot=True)
+    fakeroot = ApptainerRuntime(
+        RuntimeSpec(type="apptainer", image="/i.sif"), "app-2", tmp_path, fakeroot=True
+    )
     assert "--fakeroot" in fakeroot.start_argv()
 
 
 @pytest.mark.skipif(shutil.which("docker") is None, reason="the docker CLI is not installed")
 def test_docker_commands_use_flags_of_the_installed_cli(tmp_path: Path):
-    runtime = create_runtime(RuntimeSpec(type="docker", image="python:3.11-slim",
-                                         max_processes=64, memory_mb=2048, cpus=2),
-                             "dock-1", tmp_path)
+    runtime = create_runtime(
+        RuntimeSpec(
+            type="docker", image="python:3.11-slim", max_processes=64, memory_mb=2048, cpus=2
+        ),
+        "dock-1",
+        tmp_path,
+    )
     assert isinstance(runtime, DockerRuntime)
     start = runtime.start_argv()
     assert _flags(start) <= _docker_help_flags("run"), _flags(start) - _docker_help_flags("run")
@@ -90,8 +122,9 @@ async def test_apptainer_runs_a_command(tmp_path: Path):  # pragma: no cover - n
     sif = Path(__file__).with_name("alpine.sif")
     if not sif.exists():
         pytest.skip("no SIF image at tests/sandbox/alpine.sif")
-    runtime = create_runtime(RuntimeSpec(type="apptainer", image=str(sif), network="none"),
-                             "app-run", tmp_path)
+    runtime = create_runtime(
+        RuntimeSpec(type="apptainer", image=str(sif), network="none"), "app-run", tmp_path
+    )
     await runtime.start()
     try:
         assert (await runtime.exec("echo hi")).stdout == "hi\n"
@@ -101,8 +134,9 @@ async def test_apptainer_runs_a_command(tmp_path: Path):  # pragma: no cover - n
 
 @pytest.mark.skipif(not _docker_daemon(), reason="no Docker daemon reachable (docker info fails)")
 async def test_docker_runs_a_command(tmp_path: Path):  # pragma: no cover - needs a daemon
-    runtime = create_runtime(RuntimeSpec(type="docker", image="python:3.11-slim",
-                                         network="none"), "dock-run", tmp_path)
+    runtime = create_runtime(
+        RuntimeSpec(type="docker", image="python:3.11-slim", network="none"), "dock-run", tmp_path
+    )
     await runtime.start()
     try:
         assert (await runtime.exec("echo hi")).stdout == "hi\n"
@@ -111,8 +145,14 @@ async def test_docker_runs_a_command(tmp_path: Path):  # pragma: no cover - need
 
 
 def test_definition_template_renders_through_spython():
-    text = definition(ImageTemplate(name="swe", base_image="python:3.11-slim",
-                                    post=["pip install pytest"], environment={"A": "1"}))
+    text = definition(
+        ImageTemplate(
+            name="swe",
+            base_image="python:3.11-slim",
+            post=["pip install pytest"],
+            environment={"A": "1"},
+        )
+    )
     assert text.startswith("Bootstrap: docker\nFrom: python:3.11-slim")
     assert "%post\npip install pytest" in text
     assert "export A=1" in text and "rolloutd.version 1" in text
@@ -146,8 +186,7 @@ async def test_image_cache_modes(tmp_path: Path):
     locked, built = await ensure_image(base, cache, "lockfile", build=fake_build)
     assert built
     bumped_only = base.model_copy(update={"version": "3"})  # the version does not matter here
-    assert (await ensure_image(bumped_only, cache, "lockfile", build=fake_build)) == (locked,
-                                                                                       False)
+    assert (await ensure_image(bumped_only, cache, "lockfile", build=fake_build)) == (locked, False)
     lock.write_text("pytest==8.1\n")
     assert (await ensure_image(base, cache, "lockfile", build=fake_build))[1] is True
     num_builds = len(builds)
@@ -156,7 +195,8 @@ async def test_image_cache_modes(tmp_path: Path):
         return 1
 
     with pytest.raises(RuntimeError):
-        await ensure_image(base.model_copy(update={"name": "bad"}), cache, "base_version",
-                           build=failing)
+        await ensure_image(
+            base.model_copy(update={"name": "bad"}), cache, "base_version", build=failing
+        )
     assert len(builds) == num_builds
     assert not list(cache.glob("bad-*.sif"))

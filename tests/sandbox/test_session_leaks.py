@@ -24,15 +24,18 @@ from rolloutd.store import BlobStore
 from rolloutd.types import EvaluatorSpec, HarnessSpec, RuntimeSpec
 
 pytestmark = [
-    pytest.mark.sandbox, pytest.mark.slow,
+    pytest.mark.sandbox,
+    pytest.mark.slow,
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
 ]
 
 NUM_SESSIONS = 200
 #: the harness calls its session through the relay and writes what it got into the workspace.
-HARNESS = ("python3 -c \"import os, urllib.request; "
-           "open('reply.txt', 'wb').write(urllib.request.urlopen("
-           "os.environ['OPENAI_BASE_URL'] + '/models', timeout=5).read())\"")
+HARNESS = (
+    'python3 -c "import os, urllib.request; '
+    "open('reply.txt', 'wb').write(urllib.request.urlopen("
+    "os.environ['OPENAI_BASE_URL'] + '/models', timeout=5).read())\""
+)
 
 
 def mount_counts() -> tuple[int, int]:
@@ -80,8 +83,12 @@ async def test_200_sessions_leave_no_process_mount_cgroup_or_folder(tmp_path):
 
     server = await asyncio.start_server(gateway, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    settings = SandboxSettings(host_id="leak-host", runtime_root=str(tmp_path / "runtimes"),
-                               store_url=str(tmp_path / "store"), log_json=False)
+    settings = SandboxSettings(
+        host_id="leak-host",
+        runtime_root=str(tmp_path / "runtimes"),
+        store_url=str(tmp_path / "store"),
+        log_json=False,
+    )
     acts = SandboxActivities(settings, BlobStore(settings.store_url))
     env = ActivityEnvironment()
     spec = RuntimeSpec(type="bwrap", max_processes=64, files={"a.txt": "x"})
@@ -92,26 +99,44 @@ async def test_200_sessions_leave_no_process_mount_cgroup_or_folder(tmp_path):
             session_id = f"leak-{i}"
             key = f"key{i}"
             session = OpenSessionOutput(
-                session_id=session_id, session_key=key,
+                session_id=session_id,
+                session_key=key,
                 openai_base_url=f"http://127.0.0.1:{port}/s/{key}/v1",
                 anthropic_base_url=f"http://127.0.0.1:{port}/s/{key}",
-                gemini_base_url=f"http://127.0.0.1:{port}/s/{key}", model="m", backend="b",
-                host_queue="q")
-            provisioned = await env.run(acts.provision_runtime,
-                                        ProvisionRuntimeInput(session_id=session_id,
-                                                              runtime=spec))
-            ran = await env.run(acts.run_harness, RunHarnessInput(
-                runtime_id=provisioned.runtime_id, session_id=session_id,
-                harness=HarnessSpec(type="shell", command=HARNESS), instruction="x",
-                session=session, timeout_s=60))
+                gemini_base_url=f"http://127.0.0.1:{port}/s/{key}",
+                model="m",
+                backend="b",
+                host_queue="q",
+            )
+            provisioned = await env.run(
+                acts.provision_runtime, ProvisionRuntimeInput(session_id=session_id, runtime=spec)
+            )
+            ran = await env.run(
+                acts.run_harness,
+                RunHarnessInput(
+                    runtime_id=provisioned.runtime_id,
+                    session_id=session_id,
+                    harness=HarnessSpec(type="shell", command=HARNESS),
+                    instruction="x",
+                    session=session,
+                    timeout_s=60,
+                ),
+            )
             assert ran.exit_code == 0, ran.stderr_tail
-            collected = await env.run(acts.collect_artifacts, CollectArtifactsInput(
-                runtime_id=provisioned.runtime_id, session_id=session_id,
-                evaluator=EvaluatorSpec(type="test_on_output", command="cat reply.txt",
-                                        expected_output="data")))
+            collected = await env.run(
+                acts.collect_artifacts,
+                CollectArtifactsInput(
+                    runtime_id=provisioned.runtime_id,
+                    session_id=session_id,
+                    evaluator=EvaluatorSpec(
+                        type="test_on_output", command="cat reply.txt", expected_output="data"
+                    ),
+                ),
+            )
             assert "check" in collected.artifacts
-            await env.run(acts.teardown_runtime,
-                          TeardownRuntimeInput(runtime_id=provisioned.runtime_id))
+            await env.run(
+                acts.teardown_runtime, TeardownRuntimeInput(runtime_id=provisioned.runtime_id)
+            )
     finally:
         await acts.stop_all()
         server.close()
@@ -119,8 +144,7 @@ async def test_200_sessions_leave_no_process_mount_cgroup_or_folder(tmp_path):
     # a harness running past one heartbeat also asks the gateway's verdict on its session
     calls = [line for line in seen if b"/rolloutd/verdict " not in line]
     assert len(calls) == NUM_SESSIONS
-    assert all(line == f"GET /s/key{i}/v1/models HTTP/1.1".encode()
-               for i, line in enumerate(calls))
+    assert all(line == f"GET /s/key{i}/v1/models HTTP/1.1".encode() for i, line in enumerate(calls))
     after = (mount_counts(), cgroup_dirs(), len(os.listdir("/proc/self/fd")))
     assert rolloutd_processes() == []
     # mounts (own, pid 1) and cgroup folders: a leak adds one; other processes on the machine

@@ -23,7 +23,8 @@ def test_tool_python_dirs_are_the_bases_the_environments_link_to(tmp_path):
     for name in ("a", "b"):
         (tmp_path / "tools" / name).mkdir(parents=True)
         (tmp_path / "tools" / name / "pyvenv.cfg").write_text(
-            f"home = {base}/bin\nversion_info = 3.11.7\n")
+            f"home = {base}/bin\nversion_info = 3.11.7\n"
+        )
     assert tool_python_dirs(tmp_path / "tools") == [base.resolve()]
     assert tool_python_dirs(tmp_path / "nothing") == []
 
@@ -32,8 +33,9 @@ def test_tool_python_dirs_are_the_bases_the_environments_link_to(tmp_path):
 @pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap is not installed")
 async def test_bwrap_runs_a_tool_environment_read_only(make_runtime, tmp_path, monkeypatch):
     tools = tmp_path / "tools"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tools / "hello")],
-                   check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(tools / "hello")], check=True
+    )
     entry = tools / "bin" / "hello"
     entry.parent.mkdir()
     entry.write_text(f"#!{tools}/hello/bin/python\nimport sys\nprint('hello from', sys.prefix)\n")

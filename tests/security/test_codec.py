@@ -60,8 +60,9 @@ async def test_tampering_and_a_relabelled_key_id_fail_authentication() -> None:
     key = generate_key()
     codec = AesGcmCodec(parse_keys(f"a:{key},b:{key}", source="t"))
     (encoded,) = await codec.encode([payload()])
-    tampered = Payload(metadata=dict(encoded.metadata),
-                       data=encoded.data[:-1] + bytes([encoded.data[-1] ^ 1]))
+    tampered = Payload(
+        metadata=dict(encoded.metadata), data=encoded.data[:-1] + bytes([encoded.data[-1] ^ 1])
+    )
     with pytest.raises(CodecKeyError, match="authentication"):
         await codec.decode([tampered])
     # the key id is the associated data: the same key under another id does not open it
@@ -105,11 +106,21 @@ def test_tls_settings(tmp_path) -> None:
     cert, key, ca = (tmp_path / n for n in ("c.pem", "k.pem", "ca.pem"))
     for f in (cert, key, ca):
         f.write_bytes(f"-- {f.name} --".encode())
-    tls = tls_config(CommonSettings(temporal_tls_cert=str(cert), temporal_tls_key=str(key),
-                                    temporal_tls_ca=str(ca), temporal_tls_server_name="t"))
+    tls = tls_config(
+        CommonSettings(
+            temporal_tls_cert=str(cert),
+            temporal_tls_key=str(key),
+            temporal_tls_ca=str(ca),
+            temporal_tls_server_name="t",
+        )
+    )
     assert not isinstance(tls, bool)
-    assert (tls.client_cert, tls.client_private_key, tls.server_root_ca_cert, tls.domain) \
-        == (b"-- c.pem --", b"-- k.pem --", b"-- ca.pem --", "t")
+    assert (tls.client_cert, tls.client_private_key, tls.server_root_ca_cert, tls.domain) == (
+        b"-- c.pem --",
+        b"-- k.pem --",
+        b"-- ca.pem --",
+        "t",
+    )
     assert tls_config(CommonSettings(temporal_api_key="x")) is not False
     with pytest.raises(ConfigError, match="go together"):
         tls_config(CommonSettings(temporal_tls_cert=str(cert)))

@@ -40,16 +40,22 @@ from rolloutd.workers import connect, run_fleet
 from rolloutd.workflows.task import session_workflow_id, task_workflow_id
 from tests.support.chromium_cdp import open_page
 
-pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox,
-              pytest.mark.timeout(600)]
-
+pytestmark = [
+    pytest.mark.temporal,
+    pytest.mark.engine,
+    pytest.mark.sandbox,
+    pytest.mark.timeout(600),
+]
 
 
 def curl_call(prompt: str) -> str:
-    body = json.dumps({"model": "m", "max_tokens": 4,
-                       "messages": [{"role": "user", "content": prompt}]})
-    return (f"curl -sS -f \"$OPENAI_BASE_URL/chat/completions\" -H \"Authorization: Bearer "
-            f"$OPENAI_API_KEY\" -H 'Content-Type: application/json' -d '{body}' > reply.json")
+    body = json.dumps(
+        {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": prompt}]}
+    )
+    return (
+        f'curl -sS -f "$OPENAI_BASE_URL/chat/completions" -H "Authorization: Bearer '
+        f"$OPENAI_API_KEY\" -H 'Content-Type: application/json' -d '{body}' > reply.json"
+    )
 
 
 def readable_text(show_json: str) -> str:
@@ -65,9 +71,23 @@ def readable_text(show_json: str) -> str:
 async def workflow_show(address: str, workflow_id: str, *codec: str) -> str:
     # in a thread: the codec server it may call runs on this event loop
     done = await asyncio.to_thread(
-        subprocess.run, [temporal_binary(), "workflow", "show", "--address", address,
-                         "-w", workflow_id, "-o", "json", *codec],
-        capture_output=True, text=True, timeout=120)
+        subprocess.run,
+        [
+            temporal_binary(),
+            "workflow",
+            "show",
+            "--address",
+            address,
+            "-w",
+            workflow_id,
+            "-o",
+            "json",
+            *codec,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -76,8 +96,14 @@ async def workflow_show(address: str, workflow_id: str, *codec: str) -> str:
 async def codec_server(settings: CommonSettings, token: str, port: int, origin: str):
     codec = payload_codec(settings)
     assert codec is not None
-    server = uvicorn.Server(uvicorn.Config(create_codec_app(codec, token, origins=[origin]),
-                                           host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_codec_app(codec, token, origins=[origin]),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
     task = asyncio.create_task(server.serve())
     try:
         while not server.started:
@@ -92,37 +118,52 @@ async def test_history_holds_no_key_or_prompt_and_the_ui_decodes_them(engine, tm
     screenshot = Path(os.environ.get("ROLLOUTD_CODEC_UI_PNG") or tmp_path / "codec_ui.png")
     token = uuid.uuid4().hex
     codec_port = free_port()
-    temporal = TemporalDevServer(ui_codec_endpoint=f"http://127.0.0.1:{codec_port}/{token}",
-                                 log_path=tmp_path / "temporal.log").start()
+    temporal = TemporalDevServer(
+        ui_codec_endpoint=f"http://127.0.0.1:{codec_port}/{token}",
+        log_path=tmp_path / "temporal.log",
+    ).start()
     try:
-        common = {"temporal_address": temporal.address, "store_url": str(tmp_path / "store"),
-                  "host_id": "codec-host", "log_json": False,
-                  "codec_keys": f"old:{generate_key()},current:{generate_key()}"}
-        gateway = GatewaySettings(**common, gateway_port=free_port(), backend_url=engine.url,
-                                  model="qwen2.5-coder-0.5b")
+        common = {
+            "temporal_address": temporal.address,
+            "store_url": str(tmp_path / "store"),
+            "host_id": "codec-host",
+            "log_json": False,
+            "codec_keys": f"old:{generate_key()},current:{generate_key()}",
+        }
+        gateway = GatewaySettings(
+            **common, gateway_port=free_port(), backend_url=engine.url, model="qwen2.5-coder-0.5b"
+        )
         client = await connect(gateway)
         assert client.data_converter.payload_codec is not None
         marker = f"secret-prompt-{uuid.uuid4().hex[:8]}"
         task_id = f"codec-{uuid.uuid4().hex[:6]}"
         async with contextlib.AsyncExitStack() as stack:
             for fleet, settings in (
-                    ("gateway", gateway),
-                    ("sandbox", SandboxSettings(**common, runtime_root=str(tmp_path / "rt"))),
-                    ("eval", EvalSettings(**common)), ("workflows", gateway)):
+                ("gateway", gateway),
+                ("sandbox", SandboxSettings(**common, runtime_root=str(tmp_path / "rt"))),
+                ("eval", EvalSettings(**common)),
+                ("workflows", gateway),
+            ):
                 await stack.enter_async_context(run_fleet(fleet, client, settings))
             rollout = RolloutClient(client, BlobStore(common["store_url"]))
-            handle = await rollout.submit({
-                "task_id": task_id, "instruction": f"Answer {marker}",
-                "harness": {"type": "shell", "command": curl_call(f"Say {marker}")},
-                "runtime": {"type": "bwrap"}, "sampling": {"max_tokens": 4},
-                "evaluator": {"type": "test_on_output", "command": "test -s reply.json"}})
+            handle = await rollout.submit(
+                {
+                    "task_id": task_id,
+                    "instruction": f"Answer {marker}",
+                    "harness": {"type": "shell", "command": curl_call(f"Say {marker}")},
+                    "runtime": {"type": "bwrap"},
+                    "sampling": {"max_tokens": 4},
+                    "evaluator": {"type": "test_on_output", "command": "test -s reply.json"},
+                }
+            )
             group = await handle.result()
         (session,) = group.sessions
         assert session.status == SessionStatus.COMPLETED and session.num_completions == 1
 
         session_wf = session_workflow_id(task_workflow_id(task_id), 0)
-        async with codec_server(CommonSettings(**common), token, codec_port,
-                                temporal.ui_url) as codec_url:
+        async with codec_server(
+            CommonSettings(**common), token, codec_port, temporal.ui_url
+        ) as codec_url:
             auth = ["--codec-endpoint", codec_url, "--codec-auth", f"Bearer {token}"]
             decoded = readable_text(await workflow_show(temporal.address, session_wf, *auth))
             # the decoded history holds both, so the check below can fail
@@ -136,8 +177,10 @@ async def test_history_holds_no_key_or_prompt_and_the_ui_decodes_them(engine, tm
                 assert marker not in raw, workflow_id
 
             run_id = (await client.get_workflow_handle(session_wf).describe()).run_id
-            url = (f"{temporal.ui_url}/namespaces/default/workflows/"
-                   f"{urllib.parse.quote(session_wf, safe='')}/{run_id}/history")
+            url = (
+                f"{temporal.ui_url}/namespaces/default/workflows/"
+                f"{urllib.parse.quote(session_wf, safe='')}/{run_id}/history"
+            )
             async with open_page(url, height=2000) as page:
                 # the workflow's input (the task, with its prompt) and open_session's result
                 # (the session key) in the event history, both decoded by the codec server;
@@ -146,7 +189,8 @@ async def test_history_holds_no_key_or_prompt_and_the_ui_decodes_them(engine, tm
                 # oldest first, so the screenshot shows the open's event under the input
                 await page.evaluate(
                     "[...document.querySelectorAll('button')].filter(b => "
-                    "/Descending/.test(b.innerText)).forEach(b => b.click())")
+                    "/Descending/.test(b.innerText)).forEach(b => b.click())"
+                )
                 await page.wait_for_text("Ascending", timeout_s=30)
                 expanded = 0
                 for _ in range(60):  # the table reloads after the sort
@@ -155,7 +199,8 @@ async def test_history_holds_no_key_or_prompt_and_the_ui_decodes_them(engine, tm
                         "(() => { const rows = [...document.querySelectorAll('tr')].filter("
                         "r => /Activity Task Completed/.test(r.innerText) && "
                         "/session_key/.test(r.innerText)); rows.forEach(r => r.click()); "
-                        "return rows.length; })()")
+                        "return rows.length; })()"
+                    )
                     if expanded:
                         break
                 assert expanded == 1

@@ -10,10 +10,18 @@ from rolloutd.trainer_client.inflight import TaskFailures
 
 
 def test_status_shows_failure_counts_by_kind_per_task(tmp_path: Path) -> None:
-    status = StackStatus(state=StackState(home=str(tmp_path), phase="running"), tasks=[
-        TaskFailures(task_id="a", status="running", num_sessions=3,
-                     num_failed_by_kind={"backend": 2, "harness": 1}),
-        TaskFailures(task_id="b", status="completed", num_sessions=4)])
+    status = StackStatus(
+        state=StackState(home=str(tmp_path), phase="running"),
+        tasks=[
+            TaskFailures(
+                task_id="a",
+                status="running",
+                num_sessions=3,
+                num_failed_by_kind={"backend": 2, "harness": 1},
+            ),
+            TaskFailures(task_id="b", status="completed", num_sessions=4),
+        ],
+    )
     lines = render(status).splitlines()
     assert "task a: running, 3 sessions ended, failed: backend 2, harness 1" in lines
     assert "task b: completed, 4 sessions ended, failed: none" in lines

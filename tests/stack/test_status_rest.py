@@ -20,14 +20,29 @@ async def test_stack_status_route(temporal_server, tmp_path: Path):
     client = await RolloutClient.connect(temporal_server.address)
     app = create_app(client)
     add_stack_status_route(app, client, tmp_path)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://rest") as http:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://rest"
+    ) as http:
         assert (await http.get("/stack/status")).status_code == 404
-        write_state(tmp_path, StackState(
-            home=str(tmp_path), phase="running", temporal_address=temporal_server.address,
-            children=[ChildState(name="sandbox", kind="fleet", phase="running", pid=4242,
-                                 restarts=2, last_exit_code=-9,
-                                 task_queues=["rolloutd-sandbox"])]))
+        write_state(
+            tmp_path,
+            StackState(
+                home=str(tmp_path),
+                phase="running",
+                temporal_address=temporal_server.address,
+                children=[
+                    ChildState(
+                        name="sandbox",
+                        kind="fleet",
+                        phase="running",
+                        pid=4242,
+                        restarts=2,
+                        last_exit_code=-9,
+                        task_queues=["rolloutd-sandbox"],
+                    )
+                ],
+            ),
+        )
         response = await http.get("/stack/status")
     assert response.status_code == 200
     body = response.json()

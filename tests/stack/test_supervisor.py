@@ -22,8 +22,8 @@ from rolloutd.sandbox.reclaim import process_start_ticks
 from rolloutd.stack import (
     LocalStack,
     RestartPolicy,
-    free_port,
     StackState,
+    free_port,
     read_state,
     spawn,
     stop_processes,
@@ -52,8 +52,12 @@ def sleeper(marker: str, log: Path, code: str = "import time; time.sleep(600)"):
 
 def status(home: Path) -> tuple[int, str]:
     """Run ``rolloutd status --home HOME``; its exit code and output."""
-    done = subprocess.run([sys.executable, "-m", "rolloutd.cli", "status", "--home", str(home)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "rolloutd.cli", "status", "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return done.returncode, done.stdout
 
 
@@ -74,15 +78,31 @@ def stack_of(tmp_path: Path, policy: RestartPolicy) -> tuple[Supervisor, StackSt
 def test_killed_child_is_restarted_and_status_shows_it(tmp_path: Path):
     marker = f"rolloutd-sup-{uuid.uuid4().hex[:8]}"
     sup, _ = stack_of(tmp_path, RestartPolicy(initial_backoff_s=0.3))
-    sup.add(ChildSpec("sandbox", "fleet", sleeper(marker, tmp_path / "sandbox.log"),
-                      lambda: True, tmp_path / "sandbox.log", ["rolloutd-sandbox"]))
+    sup.add(
+        ChildSpec(
+            "sandbox",
+            "fleet",
+            sleeper(marker, tmp_path / "sandbox.log"),
+            lambda: True,
+            tmp_path / "sandbox.log",
+            ["rolloutd-sandbox"],
+        )
+    )
     first = sup.start("sandbox").state.pid
     sup.run()
     try:
         t_kill = time.monotonic()
         os.kill(first, signal.SIGKILL)
-        state = poll(lambda: (s := read_state(tmp_path)) and s.children[0].phase == "running"
-                     and s.children[0].pid not in (None, first) and s, 10, "a restart")
+        state = poll(
+            lambda: (
+                (s := read_state(tmp_path))
+                and s.children[0].phase == "running"
+                and s.children[0].pid not in (None, first)
+                and s
+            ),
+            10,
+            "a restart",
+        )
         assert time.monotonic() - t_kill >= 0.3  # the backoff was kept
         child = state.children[0]
         assert child.restarts == 1 and child.last_exit_code == -signal.SIGKILL
@@ -100,16 +120,30 @@ def test_killed_child_is_restarted_and_status_shows_it(tmp_path: Path):
 
 def test_restart_limit_stops_with_an_error_naming_the_child(tmp_path: Path):
     marker = f"rolloutd-sup-{uuid.uuid4().hex[:8]}"
-    policy = RestartPolicy(initial_backoff_s=0.05, max_backoff_s=0.2, max_restarts=3,
-                           window_s=60)
+    policy = RestartPolicy(initial_backoff_s=0.05, max_backoff_s=0.2, max_restarts=3, window_s=60)
     sup, _ = stack_of(tmp_path, policy)
     stopped = threading.Event()
     sup.on_failure = stopped.set
-    sup.add(ChildSpec("steady", "fleet", sleeper(marker, tmp_path / "steady.log"),
-                      lambda: True, tmp_path / "steady.log"))
-    sup.add(ChildSpec("eval", "fleet",
-                      sleeper(marker, tmp_path / "eval.log", "import time; time.sleep(0.3); "
-                              "raise SystemExit(3)"), lambda: True, tmp_path / "eval.log"))
+    sup.add(
+        ChildSpec(
+            "steady",
+            "fleet",
+            sleeper(marker, tmp_path / "steady.log"),
+            lambda: True,
+            tmp_path / "steady.log",
+        )
+    )
+    sup.add(
+        ChildSpec(
+            "eval",
+            "fleet",
+            sleeper(
+                marker, tmp_path / "eval.log", "import time; time.sleep(0.3); raise SystemExit(3)"
+            ),
+            lambda: True,
+            tmp_path / "eval.log",
+        )
+    )
     sup.start("steady")
     sup.start("eval")
     sup.run()
@@ -147,16 +181,29 @@ def test_status_without_a_stack(tmp_path: Path):
 
 def test_next_up_reclaims_what_a_killed_up_left_and_refuses_a_live_one(tmp_path: Path):
     marker = f"rolloutd-sup-{uuid.uuid4().hex[:8]}"
-    orphan = spawn([sys.executable, "-c", "import time; time.sleep(600)", marker],
-                   die_with_parent=False)
+    orphan = spawn(
+        [sys.executable, "-c", "import time; time.sleep(600)", marker], die_with_parent=False
+    )
     fake_up = spawn([sys.executable, "-c", "import time; time.sleep(600)", marker])
     try:
-        record = ChildState(name="sandbox", kind="fleet", phase="running", pid=orphan.pid,
-                            start_ticks=process_start_ticks(orphan.pid))
+        record = ChildState(
+            name="sandbox",
+            kind="fleet",
+            phase="running",
+            pid=orphan.pid,
+            start_ticks=process_start_ticks(orphan.pid),
+        )
         # a live up on this home: refused, and its children are left alone
-        write_state(tmp_path, StackState(home=str(tmp_path), phase="running", pid=fake_up.pid,
-                                         start_ticks=process_start_ticks(fake_up.pid),
-                                         children=[record]))
+        write_state(
+            tmp_path,
+            StackState(
+                home=str(tmp_path),
+                phase="running",
+                pid=fake_up.pid,
+                start_ticks=process_start_ticks(fake_up.pid),
+                children=[record],
+            ),
+        )
         with pytest.raises(StackError, match=f"already runs on .*pid {fake_up.pid}"):
             LocalStack(home=tmp_path).reclaim_previous()
         assert orphan.poll() is None
@@ -176,8 +223,10 @@ def test_a_reload_is_not_a_crash_and_a_crash_restarts_on_the_current_settings(tm
     current = {"model_file": v0}  # what LocalStack.load_model changes
 
     def spawn_engine():
-        return spawn([sys.executable, "-c", "import time; time.sleep(600)",
-                      current["model_file"]], log_path=tmp_path / "engine.log")
+        return spawn(
+            [sys.executable, "-c", "import time; time.sleep(600)", current["model_file"]],
+            log_path=tmp_path / "engine.log",
+        )
 
     sup, _ = stack_of(tmp_path, RestartPolicy(initial_backoff_s=0.1))
     sup.add(ChildSpec("engine", "engine", spawn_engine, lambda: True, tmp_path / "engine.log"))
@@ -190,8 +239,16 @@ def test_a_reload_is_not_a_crash_and_a_crash_restarts_on_the_current_settings(tm
         assert reloaded.phase == "running" and reloaded.restarts == 0
         assert processes_with(v1) == [reloaded.pid] and processes_with(v0) == []
         os.kill(reloaded.pid, signal.SIGKILL)  # type: ignore[arg-type]
-        state = poll(lambda: (s := read_state(tmp_path)) and s.children[0].restarts == 1
-                     and s.children[0].phase == "running" and s, 10, "the crash restart")
+        state = poll(
+            lambda: (
+                (s := read_state(tmp_path))
+                and s.children[0].restarts == 1
+                and s.children[0].phase == "running"
+                and s
+            ),
+            10,
+            "the crash restart",
+        )
         assert processes_with(v1) == [state.children[0].pid]
     finally:
         sup.stop_supervising()
@@ -204,15 +261,28 @@ def test_a_stack_past_its_restart_limit_is_stopped_completely_once(tmp_path: Pat
     """Temporal SIGKILLed twice with one restart allowed: the supervisor stops the stack from
     its thread while ``up``'s main thread stops it too; the main thread's stop returns only
     when the fleet is gone and the state file says so."""
-    stack = LocalStack(home=tmp_path, fleets=("eval",), engine_url="http://127.0.0.1:9",
-                       temporal_port=free_port(), ui_port=free_port(), drain_s=10,
-                       restart_policy=RestartPolicy(initial_backoff_s=0.1, max_restarts=1))
+    stack = LocalStack(
+        home=tmp_path,
+        fleets=("eval",),
+        engine_url="http://127.0.0.1:9",
+        temporal_port=free_port(),
+        ui_port=free_port(),
+        drain_s=10,
+        restart_policy=RestartPolicy(initial_backoff_s=0.1, max_restarts=1),
+    )
     stack.start()
     try:
         pid = None
         for _ in range(2):
-            pid = poll(lambda p=pid: (c := stack.supervisor.children["temporal"].state).phase
-                       == "running" and c.pid not in (None, p) and c.pid, 30, "Temporal up")
+            pid = poll(
+                lambda p=pid: (
+                    (c := stack.supervisor.children["temporal"].state).phase == "running"
+                    and c.pid not in (None, p)
+                    and c.pid
+                ),
+                30,
+                "Temporal up",
+            )
             os.kill(pid, signal.SIGKILL)
         poll(stack.supervisor.failed.is_set, 30, "the restart limit")
     finally:
@@ -223,4 +293,6 @@ def test_a_stack_past_its_restart_limit_is_stopped_completely_once(tmp_path: Pat
     assert state is not None and state.phase == "failed"
     assert "temporal exited 2 times" in (state.error or "")
     assert [(c.name, c.phase, c.pid) for c in state.children] == [
-        ("temporal", "failed", None), ("eval", "stopped", None)]
+        ("temporal", "failed", None),
+        ("eval", "stopped", None),
+    ]

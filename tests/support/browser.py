@@ -44,10 +44,20 @@ class Chromium:
         self._profile = tempfile.TemporaryDirectory(prefix="rolloutd-chromium-")
         profile = Path(self._profile.name)
         self._proc = subprocess.Popen(
-            [self._binary, "--headless", "--no-sandbox", "--disable-gpu",
-             "--no-first-run", "--remote-debugging-port=0", f"--user-data-dir={profile}",
-             f"--window-size={self._size[0]},{self._size[1]}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                self._binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={profile}",
+                f"--window-size={self._size[0]},{self._size[1]}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not port_file.exists() or not port_file.read_text().strip():
@@ -59,8 +69,7 @@ class Chromium:
         self._http = aiohttp.ClientSession()
         async with self._http.get(f"http://127.0.0.1:{port}/json/list") as r:
             pages = [t for t in await r.json() if t["type"] == "page"]
-        self._ws = await self._http.ws_connect(pages[0]["webSocketDebuggerUrl"],
-                                               max_msg_size=0)
+        self._ws = await self._http.ws_connect(pages[0]["webSocketDebuggerUrl"], max_msg_size=0)
         await self.send("Page.enable")
         await self.send("Runtime.enable")
         return self
@@ -99,13 +108,15 @@ class Chromium:
         await self.wait_for("document.readyState === 'complete'")
         timing = await self.evaluate(
             "(() => { const n = performance.getEntriesByType('navigation')[0];"
-            " return n.loadEventEnd - n.startTime; })()")
+            " return n.loadEventEnd - n.startTime; })()"
+        )
         return float(timing) / 1000
 
     async def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page (JSON-serialisable)."""
-        result = await self.send("Runtime.evaluate", expression=expression,
-                                 returnByValue=True, awaitPromise=True)
+        result = await self.send(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression[:80]}: {result['exceptionDetails']}")
         return result["result"].get("value")
@@ -118,8 +129,9 @@ class Chromium:
                 raise TimeoutError(f"page never satisfied {expression!r}")
             await asyncio.sleep(0.05)
 
-    async def screenshot(self, path: Path, *, selector: str | None = None,
-                         max_height: int = 1200) -> None:
+    async def screenshot(
+        self, path: Path, *, selector: str | None = None, max_height: int = 1200
+    ) -> None:
         """Save a PNG of the viewport, or of the element ``selector`` matches (cut at
         ``max_height`` px)."""
         params: dict[str, Any] = {"format": "png"}
@@ -127,10 +139,15 @@ class Chromium:
             box = await self.evaluate(
                 f"(() => {{ const r = document.querySelector({selector!r})"
                 ".getBoundingClientRect(); return [r.left + window.scrollX, r.top + "
-                "window.scrollY, r.width, r.height]; })()")
-            params["clip"] = {"x": max(0, box[0] - 8), "y": max(0, box[1] - 8),
-                              "width": box[2] + 16, "height": min(max_height, box[3] + 16),
-                              "scale": 1}
+                "window.scrollY, r.width, r.height]; })()"
+            )
+            params["clip"] = {
+                "x": max(0, box[0] - 8),
+                "y": max(0, box[1] - 8),
+                "width": box[2] + 16,
+                "height": min(max_height, box[3] + 16),
+                "scale": 1,
+            }
             params["captureBeyondViewport"] = True
         shot = await self.send("Page.captureScreenshot", **params)
         path.write_bytes(base64.b64decode(shot["data"]))

@@ -36,8 +36,12 @@ def first_wins(folder: Path, gate: Path | None = None) -> str:
     return f"{wait}mkdir -p {folder}; mkdir {folder}/won 2>/dev/null && touch won; true"
 
 
-async def poll(fetch: Callable[[], Any], predicate: Callable[[Any], bool],
-               timeout_s: float = 60.0, what: str = "condition") -> Any:
+async def poll(
+    fetch: Callable[[], Any],
+    predicate: Callable[[Any], bool],
+    timeout_s: float = 60.0,
+    what: str = "condition",
+) -> Any:
     """Poll ``await fetch()`` until ``predicate(value)``; fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     value = None

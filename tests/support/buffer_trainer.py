@@ -31,14 +31,28 @@ def main() -> int:
     acked = 0
     while acked < int(num_groups):
         batch = buffer.take(1, lease_s=float(lease_s), timeout_s=120)
-        record(out, {"event": "taken", "pid": os.getpid(), "batch_id": batch.batch_id,
-                     "num_offers": batch.num_offers,
-                     "task_ids": [g.group.task_id for g in batch.groups]})
+        record(
+            out,
+            {
+                "event": "taken",
+                "pid": os.getpid(),
+                "batch_id": batch.batch_id,
+                "num_offers": batch.num_offers,
+                "task_ids": [g.group.task_id for g in batch.groups],
+            },
+        )
         if mode == "hang":
             threading.Event().wait()  # killed here, between take_batch and ack
         buffer.ack(batch.batch_id)
-        record(out, {"event": "acked", "pid": os.getpid(), "batch_id": batch.batch_id,
-                     "task_ids": [g.group.task_id for g in batch.groups]})
+        record(
+            out,
+            {
+                "event": "acked",
+                "pid": os.getpid(),
+                "batch_id": batch.batch_id,
+                "task_ids": [g.group.task_id for g in batch.groups],
+            },
+        )
         acked += len(batch.groups)
     client.close()
     return 0

@@ -44,16 +44,18 @@ class Page:
 
     async def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page."""
-        result = await self.call("Runtime.evaluate", expression=expression,
-                                 returnByValue=True, awaitPromise=True)
+        result = await self.call(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
         return result.get("result", {}).get("value")
 
     async def text(self) -> str:
         """The page's visible text (``document.body.innerText``)."""
         return await self.evaluate("document.body ? document.body.innerText : ''") or ""
 
-    async def wait_for_text(self, *needles: str, timeout_s: float = 60.0,
-                            max_reloads: int = 3) -> str:
+    async def wait_for_text(
+        self, *needles: str, timeout_s: float = 60.0, max_reloads: int = 3
+    ) -> str:
         """Poll the page's text until it holds every needle; returns the text.
 
         A page that shows the Temporal UI's error screen ("Uh oh. There's an error.", after a
@@ -78,14 +80,14 @@ class Page:
 
     async def screenshot(self, path: Path) -> None:
         """Save a PNG of the whole page."""
-        shot = await self.call("Page.captureScreenshot", format="png",
-                               captureBeyondViewport=True)
+        shot = await self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
         path.write_bytes(base64.b64decode(shot["data"]))
 
 
 @contextlib.asynccontextmanager
-async def open_page(url: str, *, width: int = 1400, height: int = 1100,
-                    start_timeout_s: float = 60.0) -> AsyncIterator[Page]:
+async def open_page(
+    url: str, *, width: int = 1400, height: int = 1100, start_timeout_s: float = 60.0
+) -> AsyncIterator[Page]:
     """Start headless Chromium, open ``url`` and yield its :class:`Page`; stops the browser.
 
     Raises:
@@ -96,10 +98,22 @@ async def open_page(url: str, *, width: int = 1400, height: int = 1100,
         raise RuntimeError("no chromium on PATH (scripts/setup.sh installs Debian's)")
     profile = tempfile.mkdtemp(prefix="rolloutd-chromium-")
     proc = subprocess.Popen(
-        [binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--disable-dev-shm-usage", f"--user-data-dir={profile}",
-         "--remote-debugging-port=0", f"--window-size={width},{height}", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            binary,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-dev-shm-usage",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-port=0",
+            f"--window-size={width},{height}",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stderr is not None
         port = await asyncio.wait_for(asyncio.to_thread(_devtools_port, proc), start_timeout_s)
@@ -109,8 +123,13 @@ async def open_page(url: str, *, width: int = 1400, height: int = 1100,
             page_ws = next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")
             async with http.ws_connect(page_ws, max_msg_size=0) as ws:
                 page = Page(ws)
-                await page.call("Emulation.setDeviceMetricsOverride", width=width,
-                                height=height, deviceScaleFactor=1, mobile=False)
+                await page.call(
+                    "Emulation.setDeviceMetricsOverride",
+                    width=width,
+                    height=height,
+                    deviceScaleFactor=1,
+                    mobile=False,
+                )
                 await page.call("Page.navigate", url=url)
                 yield page
     finally:

@@ -89,14 +89,18 @@ def check_scored_with_tools(run: TaskRun, name: str) -> None:
         AssertionError: a session without a reward or completions, or no tool ran.
     """
     for s in run.sessions:
-        print(f"{name} {s.result.session_id}: reward {s.result.reward}, "
-              f"{len(s.completions)} completions, {s.result.num_traces} traces, "
-              f"{s.result.num_trainable_tokens} trainable tokens, "
-              f"{executed_tool_calls(s.completions)} tool results, "
-              f"exit {s.harness.get('exit_code')}, summary {s.harness.get('summary')}")
+        print(
+            f"{name} {s.result.session_id}: reward {s.result.reward}, "
+            f"{len(s.completions)} completions, {s.result.num_traces} traces, "
+            f"{s.result.num_trainable_tokens} trainable tokens, "
+            f"{executed_tool_calls(s.completions)} tool results, "
+            f"exit {s.harness.get('exit_code')}, summary {s.harness.get('summary')}"
+        )
     print(f"{name} wall {run.wall_s:.0f} s")
     assert all(s.result.reward is not None for s in run.sessions), [
-        (s.result.status, s.result.failure) for s in run.sessions]
+        (s.result.status, s.result.failure) for s in run.sessions
+    ]
     assert all(s.completions for s in run.sessions)
-    assert any(executed_tool_calls(s.completions) >= 1 or s.result.reward == 1.0
-               for s in run.sessions)
+    assert any(
+        executed_tool_calls(s.completions) >= 1 or s.result.reward == 1.0 for s in run.sessions
+    )

@@ -21,9 +21,15 @@ def no_image_cache() -> str | None:
     if os.environ.get("ROLLOUTD_BUILD_IMAGES") == "1":
         return None
     cache = Path(os.environ.get("ROLLOUTD_CACHE", Path.home() / ".cache" / "rolloutd"))
-    base = subprocess.run(["podman", "images", "--format", "{{.Repository}}"],
-                          capture_output=True, text=True, timeout=60).stdout
+    base = subprocess.run(
+        ["podman", "images", "--format", "{{.Repository}}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     if "rolloutd-base" in base and any((cache / "images").glob("context-*")):
         return None
-    return ("no image build cache on this machine (a cold build takes ~23 min): run "
-            "scripts/build_images.sh once, or set ROLLOUTD_BUILD_IMAGES=1")
+    return (
+        "no image build cache on this machine (a cold build takes ~23 min): run "
+        "scripts/build_images.sh once, or set ROLLOUTD_BUILD_IMAGES=1"
+    )

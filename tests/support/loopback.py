@@ -16,8 +16,7 @@ async def loopback_server(handle: Handler) -> AsyncIterator[str]:
     leaves first ends it quietly); yields ``http://127.0.0.1:{port}``."""
     count = 0
 
-    async def on_connection(reader: asyncio.StreamReader,
-                            writer: asyncio.StreamWriter) -> None:
+    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal count
         count += 1
         try:
@@ -38,6 +37,12 @@ async def loopback_server(handle: Handler) -> AsyncIterator[str]:
 async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     """(head, body) of one request framed by ``Content-Length`` (none: an empty body)."""
     head = await reader.readuntil(b"\r\n\r\n")
-    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
+    length = next(
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
+    )
     return head, await reader.readexactly(length)

@@ -33,21 +33,32 @@ async def fresh_namespace(address: str, prefix: str = "test", timeout_s: float =
     """
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     client = await Client.connect(address)
-    await client.workflow_service.register_namespace(RegisterNamespaceRequest(
-        namespace=name, workflow_execution_retention_period=Duration(seconds=86_400)))
-    kinds = {kind: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
-             for kind in set(search.DEFINITIONS.values())}
+    await client.workflow_service.register_namespace(
+        RegisterNamespaceRequest(
+            namespace=name, workflow_execution_retention_period=Duration(seconds=86_400)
+        )
+    )
+    kinds = {
+        kind: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
+        for kind in set(search.DEFINITIONS.values())
+    }
     deadline = time.monotonic() + timeout_s
     added = False
     while True:
         try:
             if not added:
-                await client.operator_service.add_search_attributes(AddSearchAttributesRequest(
-                    namespace=name, search_attributes={
-                        attr: kinds[kind] for attr, kind in search.DEFINITIONS.items()}))
+                await client.operator_service.add_search_attributes(
+                    AddSearchAttributesRequest(
+                        namespace=name,
+                        search_attributes={
+                            attr: kinds[kind] for attr, kind in search.DEFINITIONS.items()
+                        },
+                    )
+                )
                 added = True
             listed = await client.operator_service.list_search_attributes(
-                ListSearchAttributesRequest(namespace=name))
+                ListSearchAttributesRequest(namespace=name)
+            )
             if set(search.DEFINITIONS) <= set(listed.custom_attributes):
                 return name
         except RPCError:  # the new namespace is not known everywhere yet

@@ -8,8 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 #: an error body each SDK reads: OpenAI's ``error`` object and Anthropic's ``type: error``
-REFUSAL = (b'{"type": "error", "error": {"message": "refused", '
-           b'"type": "invalid_request_error"}}')
+REFUSAL = b'{"type": "error", "error": {"message": "refused", "type": "invalid_request_error"}}'
 
 
 @dataclass
@@ -28,13 +27,15 @@ async def refusing_provider() -> AsyncIterator[Refusing]:
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         lines = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")
-        headers = {k.lower(): v for k, v in
-                   (line.split(": ", 1) for line in lines[1:] if ": " in line)}
+        headers = {
+            k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:] if ": " in line)
+        }
         await reader.readexactly(int(headers.get("content-length", 0)))
         state.seen.append((lines[0], headers))
-        writer.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\nconnection: close\r\n\r\n%s"
-                     % (len(REFUSAL), REFUSAL))
+        writer.write(
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(REFUSAL), REFUSAL)
+        )
         await writer.drain()
         writer.close()
 

@@ -70,13 +70,22 @@ class Tee:
             if request.method == "POST" and self.fail_next_posts > 0:
                 self.fail_next_posts -= 1
                 ex.status, ex.complete = 500, True
-                return Response(b'{"error": {"message": "injected failure"}}', status_code=500,
-                                media_type="application/json")
-            headers = {k: v for k, v in request.headers.items()
-                       if k.lower() not in ("host", "content-length")}
-            upstream = client.build_request(request.method, request.url.path + (
-                f"?{request.url.query}" if request.url.query else ""), content=body,
-                headers=headers)
+                return Response(
+                    b'{"error": {"message": "injected failure"}}',
+                    status_code=500,
+                    media_type="application/json",
+                )
+            headers = {
+                k: v
+                for k, v in request.headers.items()
+                if k.lower() not in ("host", "content-length")
+            }
+            upstream = client.build_request(
+                request.method,
+                request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+                content=body,
+                headers=headers,
+            )
             resp = await client.send(upstream, stream=True)
             ex.status = resp.status_code
             ex.content_type = resp.headers.get("content-type", "")
@@ -92,16 +101,21 @@ class Tee:
                     ex.response_body = b"".join(chunks)
                     await resp.aclose()
 
-            passed = {k: v for k, v in resp.headers.items()
-                      if k.lower() not in ("content-length", "transfer-encoding", "connection")}
+            passed = {
+                k: v
+                for k, v in resp.headers.items()
+                if k.lower() not in ("content-length", "transfer-encoding", "connection")
+            }
             return StreamingResponse(body_iter(), status_code=resp.status_code, headers=passed)
 
-        return Starlette(routes=[Route("/{path:path}", forward,
-                                       methods=["GET", "POST", "DELETE", "PUT"])])
+        return Starlette(
+            routes=[Route("/{path:path}", forward, methods=["GET", "POST", "DELETE", "PUT"])]
+        )
 
     async def start(self) -> Tee:
-        config = uvicorn.Config(self.app(), host="127.0.0.1", port=0, log_level="warning",
-                                lifespan="off")
+        config = uvicorn.Config(
+            self.app(), host="127.0.0.1", port=0, log_level="warning", lifespan="off"
+        )
         self._server = uvicorn.Server(config)
         self._task = asyncio.create_task(self._server.serve())
         loop = asyncio.get_running_loop()

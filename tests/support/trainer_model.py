@@ -20,9 +20,12 @@ class TrainerModel:
 
     def chat_ids(self, content: str) -> list[int]:
         """Token ids of one user turn and the assistant's header (the probe prompt)."""
-        return self.tokenizer.encode(self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}], add_generation_prompt=True,
-            tokenize=False), add_special_tokens=False)
+        return self.tokenizer.encode(
+            self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+            ),
+            add_special_tokens=False,
+        )
 
 
 def load_trainer_model(name: str = "smollm2-135m") -> TrainerModel:
@@ -42,6 +45,7 @@ def load_trainer_model(name: str = "smollm2-135m") -> TrainerModel:
     torch.manual_seed(0)
     torch.set_num_threads(2)
     files = pull_model(name)
-    model = AutoModelForCausalLM.from_pretrained(str(files.folder), gguf_file=files.gguf.name,
-                                                 torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(files.folder), gguf_file=files.gguf.name, torch_dtype=torch.float32
+    )
     return TrainerModel(files, load_tokenizer(name), model)

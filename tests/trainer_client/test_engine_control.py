@@ -40,9 +40,16 @@ TOLERANCE = 0.03
 
 
 def _gateway(store: Path, tokenizer: Any, **settings: Any) -> Gateway:
-    return Gateway.from_settings(GatewaySettings(
-        store_url=str(store), model=MODEL, gateway_public_url="http://gateway.test",
-        admin_token=TOKEN, **settings), tokenizer=tokenizer)
+    return Gateway.from_settings(
+        GatewaySettings(
+            store_url=str(store),
+            model=MODEL,
+            gateway_public_url="http://gateway.test",
+            admin_token=TOKEN,
+            **settings,
+        ),
+        tokenizer=tokenizer,
+    )
 
 
 async def test_a_gateway_without_a_local_engine_refuses_the_load(tmp_path: Path) -> None:
@@ -66,8 +73,7 @@ async def test_a_gateway_without_a_local_engine_refuses_the_load(tmp_path: Path)
 @pytest.mark.engine
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # under load 30 here: 10 min to load the model, 80 s per export
-async def test_the_gateway_reloads_the_local_engine_on_the_trainers_gguf(
-        tmp_path: Path) -> None:
+async def test_the_gateway_reloads_the_local_engine_on_the_trainers_gguf(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("gguf")
     from rolloutd.engine.server import LlamaServer
@@ -79,19 +85,30 @@ async def test_the_gateway_reloads_the_local_engine_on_the_trainers_gguf(
     files, tokenizer, model = trainer.files, trainer.tokenizer, trainer.model
     probe_ids = trainer.chat_ids("Name three colours.")
     start = export_gguf(model.state_dict(), files.gguf, tmp_path / "policy-0.gguf")
-    engine = LlamaServer(dataclasses.replace(files, gguf=start), parallel=1, ctx_size=2048,
-                         log_path=tmp_path / "engine.log").start(timeout_s=180)
+    engine = LlamaServer(
+        dataclasses.replace(files, gguf=start),
+        parallel=1,
+        ctx_size=2048,
+        log_path=tmp_path / "engine.log",
+    ).start(timeout_s=180)
     control = EngineControlServer(engine).start()
-    gateway = _gateway(tmp_path / "store", tokenizer, backend_url=engine.url,
-                       engine_control_url=control.url, engine_control_token=control.token)
+    gateway = _gateway(
+        tmp_path / "store",
+        tokenizer,
+        backend_url=engine.url,
+        engine_control_url=control.url,
+        engine_control_token=control.token,
+    )
     transport = httpx.ASGITransport(app=gateway.app)
     try:
-        async with BackendAdmin("http://gateway.test", TOKEN, transport=transport) as admin, \
-                httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as http:
+        async with (
+            BackendAdmin("http://gateway.test", TOKEN, transport=transport) as admin,
+            httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as http,
+        ):
             # one optimizer step: raise the likelihood of a fixed answer
             ids = torch.tensor([probe_ids + tokenizer.encode("Red, green, blue.")])
-            logits = model(ids).logits[0, len(probe_ids) - 1:-1]
-            logp = torch.log_softmax(logits, -1).gather(1, ids[0, len(probe_ids):, None])
+            logits = model(ids).logits[0, len(probe_ids) - 1 : -1]
+            logp = torch.log_softmax(logits, -1).gather(1, ids[0, len(probe_ids) :, None])
             optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
             (-logp.mean()).backward()
             optimizer.step()
@@ -106,18 +123,24 @@ async def test_the_gateway_reloads_the_local_engine_on_the_trainers_gguf(
             assert synced.mean_abs_diff < TOLERANCE, synced
             assert engine.policy_version == 1
             assert engine.files.gguf == path
-            state = httpx.get(f"{control.url}/engine",
-                              headers={"Authorization": f"Bearer {control.token}"}).json()
+            state = httpx.get(
+                f"{control.url}/engine", headers={"Authorization": f"Bearer {control.token}"}
+            ).json()
             assert state == {"model_file": str(path), "policy_version": 1}
-            info = await gateway.sessions.open_session("control/after", "control",
-                                                       sampling=SamplingParams(max_tokens=4))
-            answer = await http.post(f"/s/{info.session_key}/v1/chat/completions", json={
-                "model": MODEL, "messages": [{"role": "user", "content": "Hi"}]})
+            info = await gateway.sessions.open_session(
+                "control/after", "control", sampling=SamplingParams(max_tokens=4)
+            )
+            answer = await http.post(
+                f"/s/{info.session_key}/v1/chat/completions",
+                json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]},
+            )
             assert answer.status_code == 200, answer.text
             [last] = CompletionLog(gateway.store, "control/after").read_all()
             assert last.policy_version == 1
-            print(f"probe mean_abs_diff stale={stale.mean_abs_diff:.4f} "
-                  f"synced={synced.mean_abs_diff:.4f}")
+            print(
+                f"probe mean_abs_diff stale={stale.mean_abs_diff:.4f} "
+                f"synced={synced.mean_abs_diff:.4f}"
+            )
 
             # refusals pass through with their status; the engine keeps serving version 1
             loader = GatewayEngineLoader(admin, timeout_s=60)
@@ -125,9 +148,11 @@ async def test_the_gateway_reloads_the_local_engine_on_the_trainers_gguf(
                 await loader.load(tmp_path / "missing.gguf", 2)
             with pytest.raises(WeightSyncError, match="409"):
                 await loader.load(path, 0)
-            wrong = httpx.post(f"{control.url}/engine/load", json={
-                "model_file": str(path), "policy_version": 2},
-                headers={"Authorization": "Bearer wrong"})
+            wrong = httpx.post(
+                f"{control.url}/engine/load",
+                json={"model_file": str(path), "policy_version": 2},
+                headers={"Authorization": "Bearer wrong"},
+            )
             assert wrong.status_code == 401
             assert engine.policy_version == 1
             assert probe(model, engine.url, probe_ids).mean_abs_diff < TOLERANCE
@@ -141,8 +166,9 @@ async def test_the_gateway_reloads_the_local_engine_on_the_trainers_gguf(
 @pytest.mark.temporal
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-async def test_rolloutd_up_serves_the_load_route_for_its_own_engine(tmp_path: Path,
-                                                                   monkeypatch) -> None:
+async def test_rolloutd_up_serves_the_load_route_for_its_own_engine(
+    tmp_path: Path, monkeypatch
+) -> None:
     """``LocalStack`` (what ``rolloutd up`` runs): its gateway is another process, started with
     the control server's URL and token; the trainer here reloads the stack's engine through
     it, with the admin token the stack generated (DECISIONS ruling 7: none was configured).
@@ -166,10 +192,18 @@ async def test_rolloutd_up_serves_the_load_route_for_its_own_engine(tmp_path: Pa
     new_file = tmp_path / "policy-1.gguf"
     shutil.copyfile(files.gguf, new_file)
     stack = LocalStack(
-        home=home, model=MODEL, fleets=("gateway",), supervise=True,
-        temporal_port=free_port(), ui_port=free_port(), gateway_port=free_port(),
-        engine_port=free_port(), engine_parallel=1, engine_ctx_size=2048,
-        extra_env={"ROLLOUTD_LOG_JSON": "false", "ROLLOUTD_HOST_ID": f"ctl-{os.getpid()}"})
+        home=home,
+        model=MODEL,
+        fleets=("gateway",),
+        supervise=True,
+        temporal_port=free_port(),
+        ui_port=free_port(),
+        gateway_port=free_port(),
+        engine_port=free_port(),
+        engine_parallel=1,
+        engine_ctx_size=2048,
+        extra_env={"ROLLOUTD_LOG_JSON": "false", "ROLLOUTD_HOST_ID": f"ctl-{os.getpid()}"},
+    )
     try:
         await asyncio.to_thread(stack.start)
         assert stack.engine_control is not None and stack.engine is not None

@@ -45,10 +45,15 @@ async def test_live_fleets_pass_and_a_fleet_without_workers_is_named(temporal_se
     async with contextlib.AsyncExitStack() as stack:
         for fleet, queue in task_queues.FLEET_QUEUES.items():
             if fleet != "eval":  # the eval fleet never starts
-                await stack.enter_async_context(Worker(
-                    client, task_queue=queue, activities=[noop],
-                    workflows=[Noop] if fleet == "workflows" else [],
-                    workflow_runner=UnsandboxedWorkflowRunner()))
+                await stack.enter_async_context(
+                    Worker(
+                        client,
+                        task_queue=queue,
+                        activities=[noop],
+                        workflows=[Noop] if fleet == "workflows" else [],
+                        workflow_runner=UnsandboxedWorkflowRunner(),
+                    )
+                )
         live = FleetHealth(client, fleets=["workflows", "sandbox", "gateway"])
         deadline = time.monotonic() + 30
         while True:  # pollers show on the queues a moment after the workers start
@@ -61,8 +66,10 @@ async def test_live_fleets_pass_and_a_fleet_without_workers_is_named(temporal_se
 
         started = time.monotonic()
         with pytest.raises(FleetUnavailableError) as raised:
-            await watch(asyncio.Event().wait(), FleetHealth(client, dead_after_s=DEAD_AFTER_S,
-                                                            fleets=["eval"]),
-                        every_s=0.5)
+            await watch(
+                asyncio.Event().wait(),
+                FleetHealth(client, dead_after_s=DEAD_AFTER_S, fleets=["eval"]),
+                every_s=0.5,
+            )
         assert raised.value.fleet == "eval"
         assert DEAD_AFTER_S <= time.monotonic() - started < DEAD_AFTER_S + 10

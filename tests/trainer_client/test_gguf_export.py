@@ -51,13 +51,22 @@ def hf_state_dict(template: Path) -> dict[str, np.ndarray]:
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 30)
     to_hf = {}
     for hf in ["model.embed_tokens", "model.norm"] + [
-            f"model.layers.{i}.{part}" for i in range(30) for part in (
-                "input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
-                "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-                "mlp.up_proj", "mlp.down_proj")]:
+        f"model.layers.{i}.{part}"
+        for i in range(30)
+        for part in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    ]:
         to_hf[names.get_name(hf)] = hf
-    processor = LlamaTensorProcessor(config={"num_attention_heads": 9,
-                                             "num_key_value_heads": 3})
+    processor = LlamaTensorProcessor(config={"num_attention_heads": 9, "num_key_value_heads": 3})
     out = {}
     for tensor in reader.tensors:
         weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
@@ -68,24 +77,33 @@ def hf_state_dict(template: Path) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_export_reproduces_the_templates_tensors_and_tokenizer(
-        template: Path, state: dict[str, np.ndarray], tmp_path: Path, dtype: str) -> None:
+    template: Path, state: dict[str, np.ndarray], tmp_path: Path, dtype: str
+) -> None:
     out = export_gguf(state, template, tmp_path / "policy.gguf", dtype=dtype)
     source, written = gguf.GGUFReader(str(template)), gguf.GGUFReader(str(out))
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.chat_template",
-                "tokenizer.ggml.eos_token_id", "llama.rope.freq_base"):
+    for key in (
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.merges",
+        "tokenizer.chat_template",
+        "tokenizer.ggml.eos_token_id",
+        "llama.rope.freq_base",
+    ):
         assert written.fields[key].contents() == source.fields[key].contents(), key
     assert written.fields["general.file_type"].contents() == (
-        gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
+        gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16
+    )
     expected = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in source.tensors}
     assert {t.name for t in written.tensors} == set(expected)
     for tensor in written.tensors:
         values = np.asarray(tensor.data, dtype=np.float32).reshape(expected[tensor.name].shape)
-        np.testing.assert_allclose(values, expected[tensor.name], rtol=1e-3, atol=1e-4,
-                                   err_msg=tensor.name)
+        np.testing.assert_allclose(
+            values, expected[tensor.name], rtol=1e-3, atol=1e-4, err_msg=tensor.name
+        )
 
 
 def test_export_refuses_weights_that_do_not_fit_the_template(
-        template: Path, state: dict[str, np.ndarray], tmp_path: Path) -> None:
+    template: Path, state: dict[str, np.ndarray], tmp_path: Path
+) -> None:
     missing = {k: v for k, v in state.items() if k != "model.layers.3.mlp.up_proj.weight"}
     with pytest.raises(ConfigError, match="lack"):
         export_gguf(missing, template, tmp_path / "a.gguf")

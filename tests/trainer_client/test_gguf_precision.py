@@ -36,8 +36,9 @@ def test_f32_keeps_a_small_update_that_f16_rounds_away(tmp_path: Path) -> None:
     trainer = load_trainer_model(MODEL)
     files, model = trainer.files, trainer.model
     prompt = trainer.chat_ids("Describe the ocean in one word.")
-    reply = trainer.tokenizer.encode(" Blue waves whisper secrets to the moonlit shore, "
-                                     "endlessly.", add_special_tokens=False)
+    reply = trainer.tokenizer.encode(
+        " Blue waves whisper secrets to the moonlit shore, endlessly.", add_special_tokens=False
+    )
     ids = torch.tensor([prompt + reply])
     labels = torch.tensor([[-100] * len(prompt) + reply])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
@@ -48,13 +49,15 @@ def test_f32_keeps_a_small_update_that_f16_rounds_away(tmp_path: Path) -> None:
         optimizer.step()
     mismatch = {}
     for dtype in ("f32", "f16"):
-        path = export_gguf(model.state_dict(), files.gguf, tmp_path / f"{dtype}.gguf",
-                           dtype=dtype)
-        with LlamaServer(dataclasses.replace(files, gguf=path), parallel=1, ctx_size=1024,
-                         threads=2) as engine:
+        path = export_gguf(model.state_dict(), files.gguf, tmp_path / f"{dtype}.gguf", dtype=dtype)
+        with LlamaServer(
+            dataclasses.replace(files, gguf=path), parallel=1, ctx_size=1024, threads=2
+        ) as engine:
             mismatch[dtype] = probe(model, engine.url, prompt, 32).mean_abs_diff
-    print(f"\nprobe after 3 Adam steps: F32 {mismatch['f32']:.4f} nats, "
-          f"F16 {mismatch['f16']:.4f} nats")
+    print(
+        f"\nprobe after 3 Adam steps: F32 {mismatch['f32']:.4f} nats, "
+        f"F16 {mismatch['f16']:.4f} nats"
+    )
     assert mismatch["f32"] < F32_FLOOR
     assert mismatch["f16"] > 5 * mismatch["f32"]
     # the default is the one that keeps the update

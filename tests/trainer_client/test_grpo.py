@@ -34,8 +34,7 @@ def test_advantages_have_mean_zero_and_unit_sample_std(rewards: list[float]) -> 
 @given(groups)
 def test_advantages_are_always_finite(rewards: list[float]) -> None:
     for normalize_std in (True, False):
-        assert all(math.isfinite(a) for a in group_advantages(rewards,
-                                                              normalize_std=normalize_std))
+        assert all(math.isfinite(a) for a in group_advantages(rewards, normalize_std=normalize_std))
 
 
 @given(st.lists(finite_rewards, min_size=2, max_size=32))
@@ -73,7 +72,8 @@ def test_advantages_match_verl_with_the_unbiased_std() -> None:
     assert group_advantages(rewards) == pytest.approx(expected.tolist(), abs=1e-12)
     # two samples {0, 1}: unbiased std is 1/sqrt(2), population std would be 1/2
     assert group_advantages([0.0, 1.0], eps=1e-12) == pytest.approx(
-        [-1 / math.sqrt(2), 1 / math.sqrt(2)])
+        [-1 / math.sqrt(2), 1 / math.sqrt(2)]
+    )
 
 
 def test_unnormalised_advantages_are_centred_rewards() -> None:
@@ -108,17 +108,29 @@ def test_zero_variance() -> None:
 
 
 def _task(task_id: str, rewards: list[float | None]) -> TaskResult:
-    return TaskResult(task_id=task_id, sessions=[
-        SessionResult(session_id=f"{task_id}/{i}", task_id=task_id, sample_index=i,
-                      status=SessionStatus.COMPLETED if r is not None else SessionStatus.FAILED,
-                      reward=r)
-        for i, r in enumerate(rewards)
-    ])
+    return TaskResult(
+        task_id=task_id,
+        sessions=[
+            SessionResult(
+                session_id=f"{task_id}/{i}",
+                task_id=task_id,
+                sample_index=i,
+                status=SessionStatus.COMPLETED if r is not None else SessionStatus.FAILED,
+                reward=r,
+            )
+            for i, r in enumerate(rewards)
+        ],
+    )
 
 
 def test_dapo_filter_drops_all_equal_reward_lists_and_keeps_order() -> None:
-    mixed_a, all_one, mixed_b, all_zero, single = [1.0, 0.0], [1.0, 1.0], [0.0, 0.2, 0.0], \
-        [0.0, 0.0, 0.0], [1.0]
+    mixed_a, all_one, mixed_b, all_zero, single = (
+        [1.0, 0.0],
+        [1.0, 1.0],
+        [0.0, 0.2, 0.0],
+        [0.0, 0.0, 0.0],
+        [1.0],
+    )
     kept = dapo_filter([mixed_a, all_one, mixed_b, all_zero, single])
     assert kept == [mixed_a, mixed_b]
     assert kept[0] is mixed_a
@@ -135,7 +147,8 @@ def test_dapo_filter_on_task_results_ignores_unscored_sessions() -> None:
 
 @given(st.lists(st.lists(finite_rewards, max_size=8), max_size=8))
 def test_dapo_filter_keeps_exactly_the_groups_with_nonzero_advantages(
-        reward_groups: list[list[float]]) -> None:
+    reward_groups: list[list[float]],
+) -> None:
     kept = dapo_filter(reward_groups)
     assert kept == [g for g in reward_groups if any(a != 0 for a in group_advantages(g))]
 

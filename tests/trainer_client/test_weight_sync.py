@@ -44,8 +44,7 @@ class RecordingControl:
         self.loads: list[tuple[Path, int]] = []
         self.fail = False
 
-    def load_model(self, model_file: Path, policy_version: int,
-                   timeout_s: float = 120.0) -> None:
+    def load_model(self, model_file: Path, policy_version: int, timeout_s: float = 120.0) -> None:
         if self.fail:
             raise StackError("engine not ready after a reload")
         self.loads.append((model_file, policy_version))
@@ -77,13 +76,15 @@ async def http(gw: Gateway) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 async def admin(gw: Gateway) -> AsyncIterator[BackendAdmin]:
-    async with BackendAdmin("http://gateway.test", TOKEN,
-                            transport=httpx.ASGITransport(app=gw.app)) as a:
+    async with BackendAdmin(
+        "http://gateway.test", TOKEN, transport=httpx.ASGITransport(app=gw.app)
+    ) as a:
         yield a
 
 
 async def test_update_waits_for_calls_in_flight_then_stamps_the_new_version(
-        admin: BackendAdmin, gw: Gateway, http: httpx.AsyncClient, backends: Backends) -> None:
+    admin: BackendAdmin, gw: Gateway, http: httpx.AsyncClient, backends: Backends
+) -> None:
     control = RecordingControl()
     sync = WeightSync(admin, [EngineLoader(control)])
     a = await gw.sessions.open_session("t/0", "t")
@@ -107,7 +108,8 @@ async def test_update_waits_for_calls_in_flight_then_stamps_the_new_version(
 
 
 async def test_a_failed_load_keeps_the_backends_paused_until_abort(
-        admin: BackendAdmin, gw: Gateway) -> None:
+    admin: BackendAdmin, gw: Gateway
+) -> None:
     control = RecordingControl()
     control.fail = True
     sync = WeightSync(admin, [EngineLoader(control)])
@@ -121,7 +123,8 @@ async def test_a_failed_load_keeps_the_backends_paused_until_abort(
 
 
 async def test_a_drain_that_times_out_raises_and_stays_paused(
-        admin: BackendAdmin, gw: Gateway, http: httpx.AsyncClient, backends: Backends) -> None:
+    admin: BackendAdmin, gw: Gateway, http: httpx.AsyncClient, backends: Backends
+) -> None:
     control = RecordingControl()
     sync = WeightSync(admin, [EngineLoader(control)], drain_timeout_s=0.05)
     a = await gw.sessions.open_session("t/0", "t")
@@ -135,17 +138,25 @@ async def test_a_drain_that_times_out_raises_and_stays_paused(
     assert (await in_flight).status_code == 200
 
 
-def sglang_double(seen: list[tuple[str, dict[str, Any]]], *, success: bool = True
-                  ) -> httpx.MockTransport:
+def sglang_double(
+    seen: list[tuple[str, dict[str, Any]]], *, success: bool = True
+) -> httpx.MockTransport:
     def handle(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content) if request.content else {}
         seen.append((request.url.path, body))
         if request.url.path == "/update_weights_from_disk":
             if not success:
-                return httpx.Response(400, json={"success": False,
-                                                 "message": "Failed to load weights"})
-            return httpx.Response(200, json={"success": True, "message": "Succeeded to update "
-                                             "model weights.", "num_paused_requests": 0})
+                return httpx.Response(
+                    400, json={"success": False, "message": "Failed to load weights"}
+                )
+            return httpx.Response(
+                200,
+                json={
+                    "success": True,
+                    "message": "Succeeded to update model weights.",
+                    "num_paused_requests": 0,
+                },
+            )
         if request.url.path == "/flush_cache":
             return httpx.Response(200, text="Cache flushed.")
         return httpx.Response(404, json={"detail": "Not Found"})
@@ -157,9 +168,10 @@ async def test_sglang_loads_from_disk_and_flushes_its_cache() -> None:
     seen: list[tuple[str, dict[str, Any]]] = []
     loader = SglangLoader("http://sglang:30000", transport=sglang_double(seen))
     await loader.load(Path("/ckpt/step-3"), 3)
-    assert seen == [("/update_weights_from_disk",
-                     {"model_path": "/ckpt/step-3", "weight_version": "3"}),
-                    ("/flush_cache", {})]
+    assert seen == [
+        ("/update_weights_from_disk", {"model_path": "/ckpt/step-3", "weight_version": "3"}),
+        ("/flush_cache", {}),
+    ]
     failing = SglangLoader("http://sglang:30000", transport=sglang_double([], success=False))
     with pytest.raises(WeightSyncError, match="Failed to load weights"):
         await failing.load(Path("/ckpt/step-4"), 4)
@@ -179,18 +191,27 @@ async def test_vllm_reloads_through_collective_rpc_and_resets_its_prefix_cache()
             return httpx.Response(200)
         return httpx.Response(404, json={"detail": "Not Found"})
 
-    loader = VllmLoader("http://vllm:8000", transport=httpx.MockTransport(handle),
-                        rpc_timeout_s=60)
+    loader = VllmLoader("http://vllm:8000", transport=httpx.MockTransport(handle), rpc_timeout_s=60)
     await loader.load(Path("/ckpt/step-3"), 3)
     assert [(path, body.get("method")) for path, body in seen] == [
-        ("/collective_rpc", "update_config"), ("/collective_rpc", "reload_weights"),
-        ("/reset_prefix_cache", None)]
-    assert seen[0][1] == {"method": "update_config", "kwargs": {}, "timeout": 60,
-                          "args": [{"model_config": {"model": "/ckpt/step-3"}}]}
+        ("/collective_rpc", "update_config"),
+        ("/collective_rpc", "reload_weights"),
+        ("/reset_prefix_cache", None),
+    ]
+    assert seen[0][1] == {
+        "method": "update_config",
+        "kwargs": {},
+        "timeout": 60,
+        "args": [{"model_config": {"model": "/ckpt/step-3"}}],
+    }
     await loader.aclose()
 
-    no_dev_mode = VllmLoader("http://vllm:8000", transport=httpx.MockTransport(
-        lambda request: httpx.Response(404, json={"detail": "Not Found"})))
+    no_dev_mode = VllmLoader(
+        "http://vllm:8000",
+        transport=httpx.MockTransport(
+            lambda request: httpx.Response(404, json={"detail": "Not Found"})
+        ),
+    )
     with pytest.raises(WeightSyncError, match="404"):
         await no_dev_mode.load(Path("/ckpt/step-4"), 4)
     await no_dev_mode.aclose()

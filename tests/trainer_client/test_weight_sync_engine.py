@@ -51,32 +51,53 @@ async def test_each_sync_serves_the_trainers_weights_and_version(tmp_path: Path)
     probe_ids = trainer.chat_ids("Name three colours.")
 
     start = export_gguf(model.state_dict(), files.gguf, tmp_path / "policy-0.gguf")
-    engine = LlamaServer(dataclasses.replace(files, gguf=start), parallel=1, ctx_size=2048,
-                         log_path=tmp_path / "engine.log").start(timeout_s=180)
-    gateway = Gateway.from_settings(GatewaySettings(
-        store_url=str(tmp_path / "store"), backend_url=engine.url, model=MODEL,
-        gateway_public_url="http://gateway.test", admin_token=TOKEN), tokenizer=tokenizer)
+    engine = LlamaServer(
+        dataclasses.replace(files, gguf=start),
+        parallel=1,
+        ctx_size=2048,
+        log_path=tmp_path / "engine.log",
+    ).start(timeout_s=180)
+    gateway = Gateway.from_settings(
+        GatewaySettings(
+            store_url=str(tmp_path / "store"),
+            backend_url=engine.url,
+            model=MODEL,
+            gateway_public_url="http://gateway.test",
+            admin_token=TOKEN,
+        ),
+        tokenizer=tokenizer,
+    )
     transport = httpx.ASGITransport(app=gateway.app)
     try:
-        async with BackendAdmin("http://gateway.test", TOKEN, transport=transport) as admin, \
-                httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as http:
+        async with (
+            BackendAdmin("http://gateway.test", TOKEN, transport=transport) as admin,
+            httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as http,
+        ):
             sync = WeightSync(admin, [EngineLoader(engine, timeout_s=180)])
             assert probe(model, engine.url, probe_ids).mean_abs_diff < TOLERANCE
             for step in range(1, NUM_STEPS + 1):
                 # rollout on the current policy, through the gateway
-                info = await gateway.sessions.open_session(f"loop/{step}", "loop",
-                                                           sampling=SAMPLING)
-                answer = await http.post(f"/s/{info.session_key}/v1/chat/completions", json={
-                    "model": MODEL, "max_tokens": 12, "temperature": 1.0,
-                    "messages": [{"role": "user", "content": "Say something short."}]})
+                info = await gateway.sessions.open_session(
+                    f"loop/{step}", "loop", sampling=SAMPLING
+                )
+                answer = await http.post(
+                    f"/s/{info.session_key}/v1/chat/completions",
+                    json={
+                        "model": MODEL,
+                        "max_tokens": 12,
+                        "temperature": 1.0,
+                        "messages": [{"role": "user", "content": "Say something short."}],
+                    },
+                )
                 assert answer.status_code == 200, answer.text
                 [completion] = CompletionLog(gateway.store, f"loop/{step}").read_all()
                 assert completion.policy_version == step - 1
                 # one optimizer step: raise the likelihood of the sampled response
                 ids = torch.tensor([completion.prompt_ids + completion.response_ids])
-                logits = model(ids).logits[0, len(completion.prompt_ids) - 1:-1]
+                logits = model(ids).logits[0, len(completion.prompt_ids) - 1 : -1]
                 logp = torch.log_softmax(logits, -1).gather(
-                    1, torch.tensor(completion.response_ids)[:, None])
+                    1, torch.tensor(completion.response_ids)[:, None]
+                )
                 optimizer.zero_grad()
                 (-logp.mean()).backward()
                 optimizer.step()
@@ -89,14 +110,20 @@ async def test_each_sync_serves_the_trainers_weights_and_version(tmp_path: Path)
                 synced = probe(model, engine.url, probe_ids)
                 assert synced.mean_abs_diff < TOLERANCE, synced
                 assert engine.policy_version == step
-                print(f"step {step}: probe mean_abs_diff stale={stale.mean_abs_diff:.4f} "
-                      f"synced={synced.mean_abs_diff:.4f} max={synced.max_abs_diff:.4f}")
+                print(
+                    f"step {step}: probe mean_abs_diff stale={stale.mean_abs_diff:.4f} "
+                    f"synced={synced.mean_abs_diff:.4f} max={synced.max_abs_diff:.4f}"
+                )
             # a completion after the last sync carries its version
-            info = await gateway.sessions.open_session("loop/after", "loop",
-                                                       sampling=SAMPLING)
-            answer = await http.post(f"/s/{info.session_key}/v1/chat/completions", json={
-                "model": MODEL, "max_tokens": 4,
-                "messages": [{"role": "user", "content": "Hi"}]})
+            info = await gateway.sessions.open_session("loop/after", "loop", sampling=SAMPLING)
+            answer = await http.post(
+                f"/s/{info.session_key}/v1/chat/completions",
+                json={
+                    "model": MODEL,
+                    "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "Hi"}],
+                },
+            )
             assert answer.status_code == 200, answer.text
             [last] = CompletionLog(gateway.store, "loop/after").read_all()
             assert last.policy_version == NUM_STEPS

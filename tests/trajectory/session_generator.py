@@ -23,19 +23,55 @@ from hypothesis import strategies as st
 
 from rolloutd.types import CaptureMode, Completion
 
-ANSWER_WORDS = ("file", "test", "run", "value", "list", "code", "error", "data", "line", "read",
-                "write", "check", "build", "open", "close", "start", "stop", "return", "print",
-                "update", "search", "result", "path", "table", "query")
-THINK_WORDS = ("maybe", "consider", "hmm", "perhaps", "guess", "plan", "idea", "wonder",
-               "suppose", "likely")
+ANSWER_WORDS = (
+    "file",
+    "test",
+    "run",
+    "value",
+    "list",
+    "code",
+    "error",
+    "data",
+    "line",
+    "read",
+    "write",
+    "check",
+    "build",
+    "open",
+    "close",
+    "start",
+    "stop",
+    "return",
+    "print",
+    "update",
+    "search",
+    "result",
+    "path",
+    "table",
+    "query",
+)
+THINK_WORDS = (
+    "maybe",
+    "consider",
+    "hmm",
+    "perhaps",
+    "guess",
+    "plan",
+    "idea",
+    "wonder",
+    "suppose",
+    "likely",
+)
 SYSTEM = {"role": "system", "content": "You are a careful coding agent."}
 
 #: Qwen2.5's template with previous assistant turns rendered without their reasoning
 #: (Qwen3 and DeepSeek-R1 templates do this).
 STRIP_FIND = "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
-STRIP_REPLACE = ("{{- '<|im_start|>' + message.role + '\\n' + (message.content.split('</think>')"
-                 "[-1].lstrip('\\n') if message.role == 'assistant' else message.content) "
-                 "+ '<|im_end|>' + '\\n' }}")
+STRIP_REPLACE = (
+    "{{- '<|im_start|>' + message.role + '\\n' + (message.content.split('</think>')"
+    "[-1].lstrip('\\n') if message.role == 'assistant' else message.content) "
+    "+ '<|im_end|>' + '\\n' }}"
+)
 
 
 @dataclass(frozen=True)
@@ -60,16 +96,16 @@ class Event:
 answers = st.builds(
     Answer,
     think_words=st.lists(st.integers(0, len(THINK_WORDS) - 1), max_size=4).map(tuple),
-    answer_words=st.lists(st.integers(0, len(ANSWER_WORDS) - 1), min_size=1, max_size=5)
-    .map(tuple),
+    answer_words=st.lists(st.integers(0, len(ANSWER_WORDS) - 1), min_size=1, max_size=5).map(tuple),
     truncate_at=st.none() | st.integers(1, 6),
     retok_word=st.none() | st.integers(0, 4),
     trainable=st.sampled_from([True, True, True, False]),
 )
 events = st.builds(
     Event,
-    kind=st.sampled_from(["turn"] * 6 + ["retry_same", "retry_diff", "subagent", "branch",
-                                         "compaction", "opaque"]),
+    kind=st.sampled_from(
+        ["turn"] * 6 + ["retry_same", "retry_diff", "subagent", "branch", "compaction", "opaque"]
+    ),
     agent=st.integers(0, 7),
     answer=answers,
     same_task=st.booleans(),
@@ -81,8 +117,7 @@ def scripts(draw: st.DrawFn) -> dict[str, Any]:
     """A session script: mode, template, events."""
     mode = draw(st.sampled_from([CaptureMode.TOKENS, CaptureMode.PASSTHROUGH]))
     strip = mode == CaptureMode.PASSTHROUGH and draw(st.booleans())
-    return {"mode": mode, "strip": strip, "events": draw(st.lists(events, min_size=1,
-                                                                      max_size=12))}
+    return {"mode": mode, "strip": strip, "events": draw(st.lists(events, min_size=1, max_size=12))}
 
 
 @dataclass
@@ -137,35 +172,52 @@ class SessionGenerator:
 
     def render(self, messages: list[dict[str, Any]], *, strip: bool, generation: bool) -> str:
         return self.tok.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation,
-            chat_template=self.strip_template if strip else None)
+            messages,
+            tokenize=False,
+            add_generation_prompt=generation,
+            chat_template=self.strip_template if strip else None,
+        )
 
     # ------------------------------------------------------------------ sampling
     def sample(self, answer: Answer, taken: set[tuple[int, ...]]) -> Sampled:
         """Token ids of an answer; unique in the session (only retry_same repeats one)."""
         words = [ANSWER_WORDS[i] for i in answer.answer_words]
-        think = ("<think>\n" + "".join(" " + THINK_WORDS[i] for i in answer.think_words)
-                 + "\n</think>\n\n") if answer.think_words else ""
+        think = (
+            (
+                "<think>\n"
+                + "".join(" " + THINK_WORDS[i] for i in answer.think_words)
+                + "\n</think>\n\n"
+            )
+            if answer.think_words
+            else ""
+        )
         extra = 0
         while True:
-            body = ["OK"] + [" " + w for w in words] + [" " + ANSWER_WORDS[(len(taken) + k)
-                                                             % len(ANSWER_WORDS)]
-                                                        for k in range(extra)]
+            body = (
+                ["OK"]
+                + [" " + w for w in words]
+                + [" " + ANSWER_WORDS[(len(taken) + k) % len(ANSWER_WORDS)] for k in range(extra)]
+            )
             think_ids = self.encode(think) if think else []
             ids = list(think_ids)
             retok: list[int] = []
             for position, piece in enumerate(body):
                 word = piece.strip()
-                if (answer.retok_word is not None and position == answer.retok_word + 1
-                        and (answer.truncate_at is None or extra) and word in self.pieces):
+                if (
+                    answer.retok_word is not None
+                    and position == answer.retok_word + 1
+                    and (answer.truncate_at is None or extra)
+                    and word in self.pieces
+                ):
                     retok = list(range(len(ids), len(ids) + len(self.pieces[word])))
                     ids += self.pieces[word]
                 else:
                     ids += self.encode(piece)
             assert self.encode(think + "".join(body)) == think_ids + self.encode("".join(body))
             # a collision is made unique by more words, so a truncated answer stops instead
-            length = (extra == 0 and answer.truncate_at is not None
-                      and answer.truncate_at < len(body))
+            length = (
+                extra == 0 and answer.truncate_at is not None and answer.truncate_at < len(body)
+            )
             if length:
                 ids = ids[: len(think_ids) + answer.truncate_at]
                 retok = []
@@ -210,8 +262,9 @@ class _Run:
         return {"role": role, "content": f"result {self.counter}: 3 passed"}
 
     # ------------------------------------------------------------------ expectations
-    def expect(self, c: Completion, parent: int | None, drift: tuple[int, list[int]] | None,
-               split: bool) -> None:
+    def expect(
+        self, c: Completion, parent: int | None, drift: tuple[int, list[int]] | None, split: bool
+    ) -> None:
         """Place ``c`` in the expected chains (the chain rules of
         :func:`rolloutd.trajectory.chains.plan_chains`, from logical structure)."""
         exp = self.expected
@@ -246,7 +299,7 @@ class _Run:
         positions = list(range(sampled.num_think)) if self.strip else []
         positions += sampled.retok_positions
         # self-check: the re-rendered turn is what the generator believes it is
-        body = prev.response_ids[sampled.num_think if self.strip else 0:]
+        body = prev.response_ids[sampled.num_think if self.strip else 0 :]
         rendered = [t for t in body if t != self.gen.eot]
         n = len(prev.prompt_ids)
         assert c.prompt_ids[:n] == prev.prompt_ids, "generator: prompt prefix not stable"
@@ -263,22 +316,36 @@ class _Run:
         self.expect(c, parent, drift, split)
 
     # ------------------------------------------------------------------ events
-    def call(self, agent: Agent, answer: Answer, *, prompt_ids: list[int] | None = None,
-             extends: int | None = None, opaque: bool = False) -> Completion:
+    def call(
+        self,
+        agent: Agent,
+        answer: Answer,
+        *,
+        prompt_ids: list[int] | None = None,
+        extends: int | None = None,
+        opaque: bool = False,
+    ) -> Completion:
         sampled = self.gen.sample(answer, self.taken)
         index = len(self.log)
         trainable = answer.trainable and not opaque
         if prompt_ids is None:
-            prompt_ids = self.gen.encode(self.gen.render(agent.messages, strip=self.strip,
-                                                         generation=True))
+            prompt_ids = self.gen.encode(
+                self.gen.render(agent.messages, strip=self.strip, generation=True)
+            )
         c = Completion(
-            session_id="gen", index=index, capture_mode=self.mode,
+            session_id="gen",
+            index=index,
+            capture_mode=self.mode,
             messages=[dict(m) for m in agent.messages],
             prompt_ids=[] if opaque else prompt_ids,
             response_ids=[] if opaque else sampled.response_ids,
-            response_logprobs=[] if opaque else (
-                _logprobs(sampled.response_ids, index) if trainable
-                else [0.0] * len(sampled.response_ids)),
+            response_logprobs=[]
+            if opaque
+            else (
+                _logprobs(sampled.response_ids, index)
+                if trainable
+                else [0.0] * len(sampled.response_ids)
+            ),
             response_text=sampled.text,
             response_message={"role": "assistant", "content": sampled.text},
             finish_reason="length" if sampled.ended_by_length else "stop",
@@ -293,14 +360,15 @@ class _Run:
     def tokens_prompt(self, agent: Agent) -> tuple[list[int], int | None]:
         """The gateway's token chain: previous prompt + sampled (+ eot) + new messages."""
         if agent.last is None:
-            return self.gen.encode(self.gen.render(agent.messages, strip=False,
-                                                   generation=True)), None
+            return self.gen.encode(
+                self.gen.render(agent.messages, strip=False, generation=True)
+            ), None
         prev = self.log[agent.last]
         upto = self.gen.render(agent.messages[:-1], strip=False, generation=False)
         full = self.gen.render(agent.messages, strip=False, generation=True)
         assert full.startswith(upto) and upto.endswith("<|im_end|>\n")
         tail = [self.gen.eot] if not prev.end_of_turn_sampled else []
-        new_ids = self.gen.encode("\n" + full[len(upto):])
+        new_ids = self.gen.encode("\n" + full[len(upto) :])
         prompt = prev.prompt_ids + prev.response_ids + tail + new_ids
         return prompt, agent.last
 
@@ -314,11 +382,17 @@ class _Run:
         if parent is None or not c.prompt_ids:
             return parent
         head = self.log[self.canonical.get(parent, parent)]
-        exact = [s.index for s in self.log[: c.index]
-                 if s.index != head.index and s.index not in self.canonical and s.prompt_ids
-                 and s.prompt_ids == head.prompt_ids and s.end_of_turn_sampled
-                 and c.prompt_ids[: len(s.prompt_ids) + len(s.response_ids)]
-                 == s.prompt_ids + s.response_ids]
+        exact = [
+            s.index
+            for s in self.log[: c.index]
+            if s.index != head.index
+            and s.index not in self.canonical
+            and s.prompt_ids
+            and s.prompt_ids == head.prompt_ids
+            and s.end_of_turn_sampled
+            and c.prompt_ids[: len(s.prompt_ids) + len(s.response_ids)]
+            == s.prompt_ids + s.response_ids
+        ]
         return max(exact) if exact else parent
 
     def turn(self, agent: Agent, answer: Answer, split: bool, opaque: bool = False) -> None:
@@ -362,8 +436,9 @@ class _Run:
         agent.last = agent.last_tokens = c.index
 
 
-def generate(gen: SessionGenerator, script: dict[str, Any], *, split: bool
-             ) -> tuple[list[Completion], Expected]:
+def generate(
+    gen: SessionGenerator, script: dict[str, Any], *, split: bool
+) -> tuple[list[Completion], Expected]:
     """Play a script; returns the completion log and what a correct builder makes of it."""
     run = _Run(gen, script)
     run.agents.append(Agent(messages=run.fresh_task()))
@@ -383,12 +458,19 @@ def generate(gen: SessionGenerator, script: dict[str, Any], *, split: bool
         elif event.kind == "branch":
             if agent.last is None:
                 continue
-            run.agents.append(Agent(messages=[dict(m) for m in agent.messages],
-                                    last=agent.last, last_tokens=agent.last_tokens))
+            run.agents.append(
+                Agent(
+                    messages=[dict(m) for m in agent.messages],
+                    last=agent.last,
+                    last_tokens=agent.last_tokens,
+                )
+            )
             run.turn(run.agents[-1], event.answer, split)
         elif event.kind == "compaction":
-            agent.messages = [SYSTEM, {"role": "user",
-                                       "content": f"summary {len(run.log)}: tests were fixed"}]
+            agent.messages = [
+                SYSTEM,
+                {"role": "user", "content": f"summary {len(run.log)}: tests were fixed"},
+            ]
             agent.last = agent.last_tokens = None
             run.turn(agent, event.answer, split)
     return run.log, run.expected

@@ -22,24 +22,32 @@ QWEN_END_OF_TURN = 151645
 
 
 def load(folder: Path) -> tuple[list[Completion], dict]:
-    completions = [Completion.model_validate_json(p.read_text())
-                   for p in sorted((folder / "completions").glob("*.json"))]
+    completions = [
+        Completion.model_validate_json(p.read_text())
+        for p in sorted((folder / "completions").glob("*.json"))
+    ]
     return completions, json.loads((folder / "expected.json").read_text())
 
 
 def shape(traces) -> list[dict]:
-    return [{"completion_indices": t.completion_indices,
-             "num_prompt_tokens": len(t.prompt_ids),
-             "num_response_tokens": len(t.response_ids),
-             "num_trainable_tokens": sum(t.loss_mask)} for t in traces]
+    return [
+        {
+            "completion_indices": t.completion_indices,
+            "num_prompt_tokens": len(t.prompt_ids),
+            "num_response_tokens": len(t.response_ids),
+            "num_trainable_tokens": sum(t.loss_mask),
+        }
+        for t in traces
+    ]
 
 
 @pytest.mark.parametrize("folder", FIXTURES, ids=[p.name for p in FIXTURES])
 @pytest.mark.parametrize("builder", ["prefix_merging", "per_request"])
 def test_recorded_session_builds_the_expected_traces(folder: Path, builder: str):
     completions, expected = load(folder)
-    traces, stats = build_traces(completions, BuilderSpec(type=builder),
-                                 end_of_turn_id=QWEN_END_OF_TURN)
+    traces, stats = build_traces(
+        completions, BuilderSpec(type=builder), end_of_turn_id=QWEN_END_OF_TURN
+    )
     check_invariants(traces, completions)
     assert shape(traces) == expected[builder]["traces"]
     assert stats.num_chains == expected[builder]["num_chains"]

@@ -24,11 +24,21 @@ from rolloutd.types import BuilderSpec, CaptureMode, Completion, Trace
 MERGING = BuilderSpec(type="prefix_merging", on_drift="keep")
 
 
-def _answer(think: tuple[int, ...] = (), words: tuple[int, ...] = (0, 1), *,
-            truncate_at: int | None = None, retok: int | None = None,
-            trainable: bool = True) -> Answer:
-    return Answer(think_words=think, answer_words=words, truncate_at=truncate_at,
-                  retok_word=retok, trainable=trainable)
+def _answer(
+    think: tuple[int, ...] = (),
+    words: tuple[int, ...] = (0, 1),
+    *,
+    truncate_at: int | None = None,
+    retok: int | None = None,
+    trainable: bool = True,
+) -> Answer:
+    return Answer(
+        think_words=think,
+        answer_words=words,
+        truncate_at=truncate_at,
+        retok_word=retok,
+        trainable=trainable,
+    )
 
 
 def _script(mode: CaptureMode, *events: Event, strip: bool = False) -> dict:
@@ -40,8 +50,14 @@ def _turn(agent: int = 0, **kwargs) -> Event:
 
 
 def _completion(index: int, prompt: list[int], response: list[int], **kwargs) -> Completion:
-    return Completion(session_id="s", index=index, prompt_ids=prompt, response_ids=response,
-                      response_logprobs=[-0.5] * len(response), **kwargs)
+    return Completion(
+        session_id="s",
+        index=index,
+        prompt_ids=prompt,
+        response_ids=response,
+        response_logprobs=[-0.5] * len(response),
+        **kwargs,
+    )
 
 
 # ---------------------------------------------------------------- POLAR's failure modes
@@ -49,9 +65,13 @@ def _completion(index: int, prompt: list[int], response: list[int], **kwargs) ->
 
 @pytest.mark.parametrize("mode", [CaptureMode.TOKENS, CaptureMode.PASSTHROUGH])
 def test_identical_retry_is_kept_once_and_the_chain_goes_on(generator, eot, mode):
-    log, _ = generate(generator, _script(
-        mode, _turn(), Event(kind="retry_same", agent=0, answer=_answer()), _turn(), _turn()),
-        split=False)
+    log, _ = generate(
+        generator,
+        _script(
+            mode, _turn(), Event(kind="retry_same", agent=0, answer=_answer()), _turn(), _turn()
+        ),
+        split=False,
+    )
     traces, stats = build_traces(log, MERGING, end_of_turn_id=eot)
     check_invariants(traces, log)
     assert [(t.completion_indices, t.retry_indices) for t in traces] == [([0, 2, 3], [1])]
@@ -61,8 +81,9 @@ def test_identical_retry_is_kept_once_and_the_chain_goes_on(generator, eot, mode
 @pytest.mark.parametrize("mode", [CaptureMode.TOKENS, CaptureMode.PASSTHROUGH])
 def test_sub_agents_with_equal_first_prompts_are_separate_chains(generator, eot, mode):
     subagent = Event(kind="subagent", agent=0, answer=_answer(words=(3,)), same_task=True)
-    log, _ = generate(generator, _script(mode, _turn(), subagent, _turn(0), _turn(1), _turn(1)),
-                      split=False)
+    log, _ = generate(
+        generator, _script(mode, _turn(), subagent, _turn(0), _turn(1), _turn(1)), split=False
+    )
     assert log[0].prompt_ids == log[1].prompt_ids
     traces, stats = build_traces(log, MERGING, end_of_turn_id=eot)
     check_invariants(traces, log)
@@ -86,8 +107,11 @@ def test_a_chain_whose_turns_all_end_by_length_stays_one_chain(generator, eot, m
 
 def test_a_reasoning_stripping_template_is_drift_counted_and_located(generator, eot):
     think = (0, 1, 2)
-    log, expected = generate(generator, _script(
-        CaptureMode.PASSTHROUGH, _turn(think=think), _turn(), strip=True), split=False)
+    log, expected = generate(
+        generator,
+        _script(CaptureMode.PASSTHROUGH, _turn(think=think), _turn(), strip=True),
+        split=False,
+    )
     num_think = expected.sampled[0].num_think
     kept, kept_stats = build_traces(log, MERGING, end_of_turn_id=eot)
     check_invariants(kept, log)
@@ -102,8 +126,11 @@ def test_a_reasoning_stripping_template_is_drift_counted_and_located(generator, 
 
 
 def test_retokenized_turn_is_drift_at_the_respelled_word(generator, eot):
-    log, expected = generate(generator, _script(
-        CaptureMode.PASSTHROUGH, _turn(words=(0, 1, 2), retok=1), _turn()), split=False)
+    log, expected = generate(
+        generator,
+        _script(CaptureMode.PASSTHROUGH, _turn(words=(0, 1, 2), retok=1), _turn()),
+        split=False,
+    )
     (trace,), stats = build_traces(log, MERGING, end_of_turn_id=eot)
     assert trace.drift_positions == expected.sampled[0].retok_positions
     assert stats.num_drift_tokens == len(expected.sampled[0].retok_positions) >= 2
@@ -111,8 +138,9 @@ def test_retokenized_turn_is_drift_at_the_respelled_word(generator, eot):
 
 def test_tokens_mode_drift_is_an_error(generator, eot):
     log, _ = generate(generator, _script(CaptureMode.TOKENS, _turn(), _turn()), split=False)
-    broken = log[1].model_copy(update={"prompt_ids": [log[1].prompt_ids[0] + 1]
-                                       + log[1].prompt_ids[1:]})
+    broken = log[1].model_copy(
+        update={"prompt_ids": [log[1].prompt_ids[0] + 1] + log[1].prompt_ids[1:]}
+    )
     with pytest.raises(BuilderError, match="drift must be zero in tokens mode"):
         build_traces([log[0], broken], MERGING, end_of_turn_id=eot, verify="full")
 
@@ -132,10 +160,17 @@ def test_prefix_merging_needs_the_end_of_turn_token(eot):
 
 
 def test_completions_without_tokens_get_their_own_untrained_trace(eot):
-    log = [_completion(0, [1, 2], [3, eot]),
-           Completion(session_id="s", index=1, capture_mode=CaptureMode.PASSTHROUGH,
-                      trainable=False, response_text="hi"),
-           _completion(2, [1, 2, 3, eot, 4], [5, eot])]
+    log = [
+        _completion(0, [1, 2], [3, eot]),
+        Completion(
+            session_id="s",
+            index=1,
+            capture_mode=CaptureMode.PASSTHROUGH,
+            trainable=False,
+            response_text="hi",
+        ),
+        _completion(2, [1, 2, 3, eot, 4], [5, eot]),
+    ]
     traces, stats = build_traces(log, MERGING, end_of_turn_id=eot)
     check_invariants(traces, log)
     assert [t.completion_indices for t in traces] == [[0, 2], [1]]
@@ -145,8 +180,10 @@ def test_completions_without_tokens_get_their_own_untrained_trace(eot):
 
 def test_recomputed_logprob_positions_move_to_the_trace(eot):
     # a backend scored the logprob of completion 0's token 1 and completion 1's token 0 again
-    log = [_completion(0, [1, 2], [3, 4, eot], recomputed_logprob_positions=[1]),
-           _completion(1, [1, 2, 3, 4, eot, 6], [7, eot], recomputed_logprob_positions=[0])]
+    log = [
+        _completion(0, [1, 2], [3, 4, eot], recomputed_logprob_positions=[1]),
+        _completion(1, [1, 2, 3, 4, eot, 6], [7, eot], recomputed_logprob_positions=[0]),
+    ]
     [merged], _ = build_traces(log, MERGING, end_of_turn_id=eot)
     check_invariants([merged], log)
     # response_ids: 3 4 eot | 6 | 7 eot
@@ -159,15 +196,18 @@ def test_recomputed_logprob_positions_move_to_the_trace(eot):
 
 
 def test_action_only_masks_reasoning_and_needs_spans(generator, eot, reasoning):
-    log, expected = generate(generator, _script(
-        CaptureMode.TOKENS, _turn(think=(0, 1)), _turn(think=(2,)), _turn()), split=False)
+    log, expected = generate(
+        generator,
+        _script(CaptureMode.TOKENS, _turn(think=(0, 1)), _turn(think=(2,)), _turn()),
+        split=False,
+    )
     spec = BuilderSpec(loss_mask="action_only")
     (trace,), _ = build_traces(log, spec, end_of_turn_id=eot, reasoning_spans=reasoning)
     check_invariants([trace], log)
     for index, offset in zip(trace.completion_indices, trace.response_offsets, strict=True):
         num_think = expected.sampled[index].num_think
         n = len(log[index].response_ids)
-        assert trace.loss_mask[offset:offset + n] == [0] * num_think + [1] * (n - num_think)
+        assert trace.loss_mask[offset : offset + n] == [0] * num_think + [1] * (n - num_think)
     with pytest.raises(BuilderError, match="reasoning_spans"):
         build_traces(log, spec, end_of_turn_id=eot)
 
@@ -176,11 +216,19 @@ def test_action_only_masks_reasoning_and_needs_spans(generator, eot, reasoning):
 
 
 def _built(generator, eot):
-    log, _ = generate(generator, _script(
-        CaptureMode.TOKENS, _turn(truncate_at=1), _turn(), _turn(trainable=False),
-        Event(kind="retry_same", agent=0, answer=_answer()),
-        Event(kind="subagent", agent=0, answer=_answer(), same_task=True), _turn(1)),
-        split=False)
+    log, _ = generate(
+        generator,
+        _script(
+            CaptureMode.TOKENS,
+            _turn(truncate_at=1),
+            _turn(),
+            _turn(trainable=False),
+            Event(kind="retry_same", agent=0, answer=_answer()),
+            Event(kind="subagent", agent=0, answer=_answer(), same_task=True),
+            _turn(1),
+        ),
+        split=False,
+    )
     traces, _ = build_traces(log, MERGING, end_of_turn_id=eot)
     check_invariants(traces, log)
     return traces, log
@@ -192,30 +240,45 @@ def _untrained_context_position(trace: Trace, log: list[Completion]) -> int:
 
 
 MUTATIONS = {
-    "dropped trace": (lambda t, log: [setattr(x, "num_traces_in_session", 1) for x in t[:-1]]
-                      and t.pop(), "in no trace"),
+    "dropped trace": (
+        lambda t, log: [setattr(x, "num_traces_in_session", 1) for x in t[:-1]] and t.pop(),
+        "in no trace",
+    ),
     "duplicated completion": (
         lambda t, log: t[1].completion_indices.__setitem__(0, t[0].completion_indices[0]),
-        "also in trace"),
+        "also in trace",
+    ),
     "mask on inserted token": (
         lambda t, log: t[0].loss_mask.__setitem__(_untrained_context_position(t[0], log), 1),
-        "logprobs|not sampled"),
+        "logprobs|not sampled",
+    ),
     "mask on tool tokens with logprob": (
-        lambda t, log: (t[0].loss_mask.__setitem__(_untrained_context_position(t[0], log) + 1, 1),
-                        t[0].response_logprobs.__setitem__(
-                            _untrained_context_position(t[0], log) + 1, -1.0)),
-        "not sampled"),
+        lambda t, log: (
+            t[0].loss_mask.__setitem__(_untrained_context_position(t[0], log) + 1, 1),
+            t[0].response_logprobs.__setitem__(_untrained_context_position(t[0], log) + 1, -1.0),
+        ),
+        "not sampled",
+    ),
     "wrong logprob": (lambda t, log: t[0].response_logprobs.__setitem__(0, -9.0), "reported"),
     "misaligned": (lambda t, log: t[0].loss_mask.pop(), "must be equal"),
-    "wrong session count": (lambda t, log: setattr(t[0], "num_traces_in_session", 7),
-                            "num_traces_in_session"),
-    "context differs": (lambda t, log: t[0].response_ids.__setitem__(
-        _untrained_context_position(t[0], log) + 1, 0), "differs from its prompt"),
+    "wrong session count": (
+        lambda t, log: setattr(t[0], "num_traces_in_session", 7),
+        "num_traces_in_session",
+    ),
+    "context differs": (
+        lambda t, log: t[0].response_ids.__setitem__(_untrained_context_position(t[0], log) + 1, 0),
+        "differs from its prompt",
+    ),
     "drift in tokens mode": (lambda t, log: setattr(t[0], "num_drift_tokens", 1), "tokens mode"),
-    "mask on untrainable": (lambda t, log: t[0].loss_mask.__setitem__(
-        t[0].response_offsets[2], 1) or t[0].response_logprobs.__setitem__(
-        t[0].response_offsets[2], log[t[0].completion_indices[2]].response_logprobs[0]),
-        "untrainable"),
+    "mask on untrainable": (
+        lambda t, log: (
+            t[0].loss_mask.__setitem__(t[0].response_offsets[2], 1)
+            or t[0].response_logprobs.__setitem__(
+                t[0].response_offsets[2], log[t[0].completion_indices[2]].response_logprobs[0]
+            )
+        ),
+        "untrainable",
+    ),
 }
 
 
@@ -247,11 +310,23 @@ def test_polar_export_has_the_paper_shape(generator, eot):
     traces, _ = _built(generator, eot)
     assign_rewards(traces, 0.5, None)
     exported = to_polar_trace(traces[0])
-    assert set(exported) == {"prompt_ids", "response_ids", "loss_mask", "response_logprobs",
-                             "prompt_messages", "response_messages", "tools", "finish_reason",
-                             "reward", "metadata"}
-    assert (len(exported["response_ids"]) == len(exported["loss_mask"])
-            == len(exported["response_logprobs"]))
+    assert set(exported) == {
+        "prompt_ids",
+        "response_ids",
+        "loss_mask",
+        "response_logprobs",
+        "prompt_messages",
+        "response_messages",
+        "tools",
+        "finish_reason",
+        "reward",
+        "metadata",
+    }
+    assert (
+        len(exported["response_ids"])
+        == len(exported["loss_mask"])
+        == len(exported["response_logprobs"])
+    )
     assert exported["reward"] == 0.5 and exported["metadata"]["num_traces_in_session"] == 2
     assert exported["prompt_messages"][-1]["role"] == "user"
     roles = [m["role"] for m in exported["response_messages"]]
@@ -266,8 +341,9 @@ def test_polar_export_has_the_paper_shape(generator, eot):
 def test_retry_with_another_answer_later_in_a_chain_is_a_branch_not_drift(generator, eot):
     # c3 repeats c2's prompt; c0's prompt is a prefix of it, but c3 follows c1's answer, not c0's
     retry = Event(kind="retry_diff", agent=0, answer=_answer(words=(5,)))
-    log, _ = generate(generator, _script(CaptureMode.PASSTHROUGH, _turn(), retry, _turn(), retry),
-                      split=False)
+    log, _ = generate(
+        generator, _script(CaptureMode.PASSTHROUGH, _turn(), retry, _turn(), retry), split=False
+    )
     traces, stats = build_traces(log, MERGING, end_of_turn_id=eot)
     check_invariants(traces, log)
     assert sorted(t.completion_indices for t in traces) == [[0], [1, 2], [3]]
@@ -279,8 +355,9 @@ def test_an_answer_without_tokens_is_not_taken_for_drift_of_a_sibling(generator,
     # next prompt starts with the sub-agent's prompt, but message history names its real parent
     subagent = Event(kind="subagent", agent=0, answer=_answer(), same_task=True)
     opaque = Event(kind="opaque", agent=0, answer=_answer(words=(4,)))
-    log, _ = generate(generator, _script(CaptureMode.PASSTHROUGH, subagent, opaque, _turn(0)),
-                      split=False)
+    log, _ = generate(
+        generator, _script(CaptureMode.PASSTHROUGH, subagent, opaque, _turn(0)), split=False
+    )
     traces, stats = build_traces(log, MERGING, end_of_turn_id=eot)
     check_invariants(traces, log)
     assert sorted(t.completion_indices for t in traces) == [[0], [1], [2]]
@@ -289,9 +366,11 @@ def test_an_answer_without_tokens_is_not_taken_for_drift_of_a_sibling(generator,
 
 def test_stats_list_the_policy_versions_the_session_ran_on(eot):
     # weights moved between the two calls of one chain: the group records both versions
-    log = [_completion(0, [1, 2], [3, eot], policy_version=4),
-           _completion(1, [1, 2, 3, eot, 5], [6, eot], policy_version=5),
-           _completion(2, [9], [8, eot], policy_version=4)]
+    log = [
+        _completion(0, [1, 2], [3, eot], policy_version=4),
+        _completion(1, [1, 2, 3, eot, 5], [6, eot], policy_version=5),
+        _completion(2, [9], [8, eot], policy_version=4),
+    ]
     _, stats = build_traces(log, MERGING, end_of_turn_id=eot)
     assert stats.policy_versions == [4, 5]
     assert build_traces([], MERGING, end_of_turn_id=eot)[1].policy_versions == []

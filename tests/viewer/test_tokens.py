@@ -15,12 +15,21 @@ def test_shade_buckets_follow_the_bounds():
 
 def test_each_response_token_is_one_span_with_its_classes():
     texts = ["a", "<b>", "c", "d"]
-    markup = response_html(texts, [1, 2, 3, 4], [1, 0, 1, 1], [-0.01, 0.0, -3.0, -0.2],
-                           drift_positions=[2], recomputed_positions=[3],
-                           completion_offsets=[(0, 0), (2, 1)], special_ids={4})
-    assert markup == ('<b class="cb">#0</b><span class="k0">a</span>'
-                      '<span class="n">&lt;b&gt;</span><b class="cb">#1</b>'
-                      '<span class="k4 d">c</span><span class="k1 r s">d</span>')
+    markup = response_html(
+        texts,
+        [1, 2, 3, 4],
+        [1, 0, 1, 1],
+        [-0.01, 0.0, -3.0, -0.2],
+        drift_positions=[2],
+        recomputed_positions=[3],
+        completion_offsets=[(0, 0), (2, 1)],
+        special_ids={4},
+    )
+    assert markup == (
+        '<b class="cb">#0</b><span class="k0">a</span>'
+        '<span class="n">&lt;b&gt;</span><b class="cb">#1</b>'
+        '<span class="k4 d">c</span><span class="k1 r s">d</span>'
+    )
 
 
 def test_misaligned_arrays_are_refused():
@@ -29,9 +38,19 @@ def test_misaligned_arrays_are_refused():
 
 
 def test_tool_calls_and_results_are_shown_as_such():
-    call = _message_html({"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function",
-         "function": {"name": "write_file", "arguments": '{"path": "a.py"}'}}]})
+    call = _message_html(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "write_file", "arguments": '{"path": "a.py"}'},
+                }
+            ],
+        }
+    )
     assert 'class="msg toolcall"' in call
     assert "write_file({&quot;path&quot;: &quot;a.py&quot;})" in call
     result = _message_html({"role": "tool", "tool_call_id": "c1", "content": "wrote 3"})

@@ -54,8 +54,7 @@ async def _relay_after(delay_s: float, port: int, target: str) -> asyncio.Server
 
 async def test_a_worker_waits_for_a_temporal_that_starts_after_it(temporal_server) -> None:
     port = _free_port()
-    settings = CommonSettings(temporal_address=f"127.0.0.1:{port}",
-                              temporal_connect_wait_s=60)
+    settings = CommonSettings(temporal_address=f"127.0.0.1:{port}", temporal_connect_wait_s=60)
     relay = asyncio.create_task(_relay_after(4.0, port, temporal_server.address))
     t0 = time.monotonic()
     with structlog.testing.capture_logs() as logs:
@@ -80,8 +79,10 @@ async def test_the_wait_is_bounded_and_the_error_says_where() -> None:
     port = _free_port()  # nothing will ever listen here
     settings = CommonSettings(temporal_address=f"127.0.0.1:{port}", temporal_connect_wait_s=3)
     t0 = time.monotonic()
-    with structlog.testing.capture_logs() as logs, pytest.raises(RuntimeError,
-                                                                  match="Failed client connect"):
+    with (
+        structlog.testing.capture_logs() as logs,
+        pytest.raises(RuntimeError, match="Failed client connect"),
+    ):
         await connect(settings)
     assert 3.0 <= time.monotonic() - t0 < 20
     failed = [e for e in logs if e["event"] == "temporal_connect_failed"]

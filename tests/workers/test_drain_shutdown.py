@@ -38,15 +38,19 @@ class DrainTestWorkflow:
     async def run(self, queue: str) -> str:
         try:
             await workflow.execute_activity(
-                "drain_test_slow", task_queue=queue, start_to_close_timeout=timedelta(seconds=60),
+                "drain_test_slow",
+                task_queue=queue,
+                start_to_close_timeout=timedelta(seconds=60),
                 heartbeat_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_attempts=1))
+                retry_policy=RetryPolicy(maximum_attempts=1),
+            )
         except ActivityError as e:
             if isinstance(e.cause, TemporalCancelledError):
                 return "cancelled"
             if isinstance(e.cause, ApplicationError):
-                return (f"{e.cause.type} non_retryable={e.cause.non_retryable} "
-                        f"host_lost={host_lost(e)}")
+                return (
+                    f"{e.cause.type} non_retryable={e.cause.non_retryable} host_lost={host_lost(e)}"
+                )
             return type(e.cause).__name__
         return "completed"
 
@@ -57,11 +61,16 @@ async def test_an_activity_cut_by_the_drain_fails_retryably(temporal_server):
     wf_queue, act_queue = f"drain-wf-{tag}", f"drain-act-{tag}"
     started.clear()
     async with Worker(client, task_queue=wf_queue, workflows=[DrainTestWorkflow]):
-        act_worker = Worker(client, task_queue=act_queue, activities=[slow],
-                            graceful_shutdown_timeout=timedelta(seconds=0.5))
+        act_worker = Worker(
+            client,
+            task_queue=act_queue,
+            activities=[slow],
+            graceful_shutdown_timeout=timedelta(seconds=0.5),
+        )
         run = asyncio.ensure_future(act_worker.run())
-        handle = await client.start_workflow(DrainTestWorkflow.run, act_queue,
-                                             id=f"drain-{tag}", task_queue=wf_queue)
+        handle = await client.start_workflow(
+            DrainTestWorkflow.run, act_queue, id=f"drain-{tag}", task_queue=wf_queue
+        )
         await asyncio.wait_for(started.wait(), 30)
         await act_worker.shutdown()  # what SIGTERM does: rolloutd.workers.drain
         await run

@@ -31,14 +31,23 @@ def _status(stub: health_pb2_grpc.HealthStub, service: str) -> int | None:
 
 def test_worker_process_serves_grpc_health(temporal_server, tmp_path: Path) -> None:
     port = free_port()
-    env = dict(os.environ, ROLLOUTD_TEMPORAL_ADDRESS=temporal_server.address,
-               ROLLOUTD_HEALTH_PORT=str(port), ROLLOUTD_HEALTH_HOST="127.0.0.1",
-               ROLLOUTD_HOME=str(tmp_path), ROLLOUTD_LOG_JSON="false",
-               PYTHONPATH=os.pathsep.join(sys.path))
+    env = dict(
+        os.environ,
+        ROLLOUTD_TEMPORAL_ADDRESS=temporal_server.address,
+        ROLLOUTD_HEALTH_PORT=str(port),
+        ROLLOUTD_HEALTH_HOST="127.0.0.1",
+        ROLLOUTD_HOME=str(tmp_path),
+        ROLLOUTD_LOG_JSON="false",
+        PYTHONPATH=os.pathsep.join(sys.path),
+    )
     log = open(tmp_path / "worker.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "rolloutd.cli", "worker", "--fleet",
-                             "workflows"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rolloutd.cli", "worker", "--fleet", "workflows"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:
         stub = health_pb2_grpc.HealthStub(channel)
@@ -53,8 +62,7 @@ def test_worker_process_serves_grpc_health(temporal_server, tmp_path: Path) -> N
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
 
         # a watch opened while serving sees NOT_SERVING as the process starts to shut down
-        watch = stub.Watch(health_pb2.HealthCheckRequest(service="rolloutd-workflows"),
-                           timeout=60)
+        watch = stub.Watch(health_pb2.HealthCheckRequest(service="rolloutd-workflows"), timeout=60)
         assert next(watch).status == SERVING
         os.kill(proc.pid, signal.SIGTERM)
         assert next(watch).status == NOT_SERVING

@@ -61,9 +61,9 @@ class EvalActivities:
         Re-running it (a retry after a crash) recomputes the same reward from the same stored
         artifacts and overwrites the trajectory with the same values.
         """
-        structlog.contextvars.bind_contextvars(session_id=input.session_id,
-                                               task_id=input.task_id,
-                                               attempt=activity.info().attempt)
+        structlog.contextvars.bind_contextvars(
+            session_id=input.session_id, task_id=input.task_id, attempt=activity.info().attempt
+        )
         try:
             artifacts = {}
             for name, key in input.artifacts.items():
@@ -71,8 +71,11 @@ class EvalActivities:
                     artifacts[name] = self.store.get_json(key)
                 except NotFoundError:
                     log.warning("artifact_missing", artifact=name)
-            trajectory = (self.store.get_model(input.trajectory_ref, Trajectory)
-                          if input.trajectory_ref else None)
+            trajectory = (
+                self.store.get_model(input.trajectory_ref, Trajectory)
+                if input.trajectory_ref
+                else None
+            )
             ctx = EvaluationContext(
                 task_id=input.task_id,
                 session_id=input.session_id,
@@ -86,23 +89,24 @@ class EvalActivities:
             if input.forced_reward is not None:
                 # the task decides this session's reward (a policy-accountable run timeout,
                 # an invalid tool call): the evaluator is not asked
-                outcome = EvaluationOutcome(reward=input.forced_reward,
-                                            details={"forced": True})
+                outcome = EvaluationOutcome(reward=input.forced_reward, details={"forced": True})
             else:
                 try:
                     async with heartbeating(phase="evaluate"):
                         outcome = await get_evaluator(input.evaluator).evaluate(ctx)
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - boundary
                     # the evaluator's own failure: a retry would raise again, and the session
                     # keeps its trajectory with the failure instead of failing its workflow
                     error = f"{type(e).__name__}: {e}"
-                    log.warning("evaluator_raised", evaluator=input.evaluator.type,
-                                error=error)
+                    log.warning("evaluator_raised", evaluator=input.evaluator.type, error=error)
                     if trajectory is not None and input.trajectory_ref:
                         trajectory.status = SessionStatus.FAILED
                         trajectory.failure = FailureCause(
-                            kind="evaluator", message=f"the evaluator raised: {error}"[:500],
-                            phase="evaluate", retryable=False)
+                            kind="evaluator",
+                            message=f"the evaluator raised: {error}"[:500],
+                            phase="evaluate",
+                            retryable=False,
+                        )
                         self.store.put_json(input.trajectory_ref, trajectory)
                     return EvaluateOutput(error=error)
             if trajectory is not None and input.trajectory_ref:
@@ -113,5 +117,6 @@ class EvalActivities:
             log.warning("evaluation_failed", error=str(e))
             raise to_application_error(e) from e
         log.info("session_evaluated", evaluator=input.evaluator.type, reward=outcome.reward)
-        return EvaluateOutput(reward=outcome.reward, trace_rewards=outcome.trace_rewards,
-                              details=outcome.details)
+        return EvaluateOutput(
+            reward=outcome.reward, trace_rewards=outcome.trace_rewards, details=outcome.details
+        )

@@ -10,7 +10,7 @@ https://docs.temporal.io/references/commands#describe-task-queue .
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import structlog
 from temporalio import activity
@@ -66,23 +66,33 @@ class FleetHealthActivities:
             # a poll waits on an idle queue for up to a long poll (DescribeTaskQueue shows
             # when it started): a host queue polled within one is polled still
             for host_id in await self._sandbox_hosts():
-                ages += [max(0.0, age - LONG_POLL_S)
-                         for age in await self._poll_ages(host_queue("sandbox", host_id))]
+                ages += [
+                    max(0.0, age - LONG_POLL_S)
+                    for age in await self._poll_ages(host_queue("sandbox", host_id))
+                ]
         picked_up = False
         if input.activity_id:
             info = activity.info()
             description = await self.client.get_workflow_handle(
-                info.workflow_id, run_id=info.workflow_run_id).describe()
-            pending = {a.activity_id: a.state
-                       for a in description.raw_description.pending_activities}
-            picked_up = pending.get(input.activity_id) \
+                info.workflow_id, run_id=info.workflow_run_id
+            ).describe()
+            pending = {
+                a.activity_id: a.state for a in description.raw_description.pending_activities
+            }
+            picked_up = (
+                pending.get(input.activity_id)
                 != PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED
-        out = TaskQueuePollersOutput(num_pollers=len(ages),
-                                     last_poll_s_ago=min(ages) if ages else None,
-                                     picked_up=picked_up)
-        log.debug("task_queue_pollers", task_queue=input.task_queue,
-                  num_pollers=out.num_pollers, last_poll_s_ago=out.last_poll_s_ago,
-                  picked_up=picked_up)
+            )
+        out = TaskQueuePollersOutput(
+            num_pollers=len(ages), last_poll_s_ago=min(ages) if ages else None, picked_up=picked_up
+        )
+        log.debug(
+            "task_queue_pollers",
+            task_queue=input.task_queue,
+            num_pollers=out.num_pollers,
+            last_poll_s_ago=out.last_poll_s_ago,
+            picked_up=picked_up,
+        )
         return out
 
     @activity.defn(name="sandbox_capacity")
@@ -91,14 +101,19 @@ class FleetHealthActivities:
         (one per host id: its latest registration)."""
         try:
             registered = await self.client.get_workflow_handle(REGISTRY_WORKFLOW_ID).query(
-                CAPABILITIES_QUERY, result_type=FleetCapabilities)
+                CAPABILITIES_QUERY, result_type=FleetCapabilities
+            )
         except (RPCError, WorkflowQueryFailedError) as e:
             log.warning("fleet_registry_unanswered", error=str(e))
             return SandboxCapacityOutput()
-        limits = {h.host_id: h.max_concurrent_sessions for h in registered.hosts
-                  if h.fleet == "sandbox" and h.max_concurrent_sessions is not None}
-        return SandboxCapacityOutput(max_sessions=sum(limits.values()) if limits else None,
-                                     num_hosts=len(limits))
+        limits = {
+            h.host_id: h.max_concurrent_sessions
+            for h in registered.hosts
+            if h.fleet == "sandbox" and h.max_concurrent_sessions is not None
+        }
+        return SandboxCapacityOutput(
+            max_sessions=sum(limits.values()) if limits else None, num_hosts=len(limits)
+        )
 
     async def _poll_ages(self, task_queue: str) -> list[float]:
         """Seconds since each activity poller of ``task_queue`` last polled."""
@@ -106,17 +121,23 @@ class FleetHealthActivities:
             DescribeTaskQueueRequest(
                 namespace=self.client.namespace,
                 task_queue=TaskQueue(name=task_queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
-                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY))
-        now = datetime.now(timezone.utc)
-        return [max(0.0, (now - p.last_access_time.ToDatetime(timezone.utc)).total_seconds())
-                for p in described.pollers if p.HasField("last_access_time")]
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+            )
+        )
+        now = datetime.now(UTC)
+        return [
+            max(0.0, (now - p.last_access_time.ToDatetime(UTC)).total_seconds())
+            for p in described.pollers
+            if p.HasField("last_access_time")
+        ]
 
     async def _sandbox_hosts(self) -> list[str]:
         """Host ids of the sandbox hosts in the fleet registry (none when it does not
         answer: then only the shared queue's pollers count)."""
         try:
             registered = await self.client.get_workflow_handle(REGISTRY_WORKFLOW_ID).query(
-                CAPABILITIES_QUERY, result_type=FleetCapabilities)
+                CAPABILITIES_QUERY, result_type=FleetCapabilities
+            )
         except (RPCError, WorkflowQueryFailedError) as e:
             log.warning("fleet_registry_unanswered", error=str(e))
             return []

@@ -19,9 +19,9 @@ from rolloutd.activities.models import (
     BackendHealthOutput,
     BuildTrajectoryInput,
     BuildTrajectoryOutput,
+    CapacityInput,
     CloseSessionInput,
     CloseSessionOutput,
-    CapacityInput,
     OpenSessionInput,
     OpenSessionOutput,
 )
@@ -51,13 +51,17 @@ class GatewayActivities:
     @activity.defn(name="open_session")
     async def open_session(self, input: OpenSessionInput) -> OpenSessionOutput:
         """Open (or re-open, on retry) a gateway session and return how a harness reaches it."""
-        structlog.contextvars.bind_contextvars(session_id=input.session_id,
-                                               task_id=input.task_id)
+        structlog.contextvars.bind_contextvars(session_id=input.session_id, task_id=input.task_id)
         try:
             info = await self.gateway.sessions.open_session(
-                input.session_id, input.task_id, sampling=input.sampling, model=input.model,
-                replay_from=input.replay_from, replay_max_staleness=input.replay_max_staleness,
-                wait_for_backends=input.wait_for_backends)
+                input.session_id,
+                input.task_id,
+                sampling=input.sampling,
+                model=input.model,
+                replay_from=input.replay_from,
+                replay_max_staleness=input.replay_max_staleness,
+                wait_for_backends=input.wait_for_backends,
+            )
         except Exception as e:
             raise to_application_error(e) from e
         return OpenSessionOutput(
@@ -104,12 +108,15 @@ class GatewayActivities:
         state = session.state
         # every unrecovered failure is kept (not only the last few), so one that scrolled
         # out of the recent errors still decides the failure cause (docs/failures.md)
-        unrecovered = [e for e in unrecovered_errors(state, session.completions)
-                       if is_backend_error(e)]
+        unrecovered = [
+            e for e in unrecovered_errors(state, session.completions) if is_backend_error(e)
+        ]
         waiting = input.run_deadline_at is not None and call_waiting_at(
-            input.run_deadline_at, session.completions,
+            input.run_deadline_at,
+            session.completions,
             state.errors if state.open_errors is None else [*state.errors, *state.open_errors],
-            session.cut_calls)
+            session.cut_calls,
+        )
         first = unrecovered[0] if unrecovered else None
         replay = ReplayStats()
         if session.replay is not None:
@@ -120,14 +127,16 @@ class GatewayActivities:
                 raise to_application_error(e) from e
         return CloseSessionOutput(
             replay=replay,
-            num_completions=num, num_errors=state.num_errors,
+            num_completions=num,
+            num_errors=state.num_errors,
             num_unrecovered_errors=len(unrecovered),
             last_error=state.errors[-1].describe() if state.errors else None,
-            first_unrecovered_error=(f"{first.describe()} (request {first.request_hash[:12]})"
-                                     if first else None),
+            first_unrecovered_error=(
+                f"{first.describe()} (request {first.request_hash[:12]})" if first else None
+            ),
             call_waiting_at_deadline=waiting,
-            num_invalid_tool_calls=sum(1 for c in session.completions
-                                       if c.tool_call_parse_failed))
+            num_invalid_tool_calls=sum(1 for c in session.completions if c.tool_call_parse_failed),
+        )
 
     @activity.defn(name="build_trajectory")
     async def build_trajectory(self, input: BuildTrajectoryInput) -> BuildTrajectoryOutput:
@@ -136,8 +145,7 @@ class GatewayActivities:
         Raises (as ApplicationError): BuilderError when a builder invariant fails
         (:func:`rolloutd.trajectory.check_invariants`).
         """
-        structlog.contextvars.bind_contextvars(session_id=input.session_id,
-                                               task_id=input.task_id)
+        structlog.contextvars.bind_contextvars(session_id=input.session_id, task_id=input.task_id)
         try:
             return await asyncio.to_thread(self._build, input)
         except Exception as e:
@@ -148,8 +156,9 @@ class GatewayActivities:
         store = self.gateway.store
         completions = CompletionLog(store, input.session_id).read_all()
         # the end-of-turn token the gateway's token chains use, from the chat template
-        traces, stats = build_traces(completions, input.builder,
-                                     end_of_turn_id=self.gateway.template.end_of_turn_id)
+        traces, stats = build_traces(
+            completions, input.builder, end_of_turn_id=self.gateway.template.end_of_turn_id
+        )
         check_invariants(traces, completions)
         trajectory = Trajectory(
             session_id=input.session_id,
@@ -164,7 +173,11 @@ class GatewayActivities:
         )
         key = trajectory_key(input.session_id)
         store.put_json(key, trajectory)
-        log.info("trajectory_built", builder=input.builder.type, num_traces=len(traces),
-                 num_completions=stats.num_completions,
-                 num_trainable_tokens=stats.num_trainable_tokens)
+        log.info(
+            "trajectory_built",
+            builder=input.builder.type,
+            num_traces=len(traces),
+            num_completions=stats.num_completions,
+            num_trainable_tokens=stats.num_trainable_tokens,
+        )
         return BuildTrajectoryOutput(trajectory_ref=key, num_traces=len(traces), stats=stats)

@@ -45,8 +45,10 @@ class OpenSessionInput(_IO):
     #: policy versions a replayed completion may lag behind the backend's current one
     replay_max_staleness: int = Field(default=0, ge=0)
     wait_for_backends: bool = Field(
-        default=False, description="refuse (BackendSaturatedError) while the backends hold "
-        "their bound of open sessions: the session waits before provisioning")
+        default=False,
+        description="refuse (BackendSaturatedError) while the backends hold "
+        "their bound of open sessions: the session waits before provisioning",
+    )
 
 
 class OpenSessionOutput(_IO):
@@ -161,7 +163,8 @@ class ProvisionRuntimeInput(_IO):
     session_id: str
     runtime: RuntimeSpec
     purpose: Literal["session", "evaluation"] = Field(
-        default="session", description="an evaluation runtime's id carries `-evaluati`")
+        default="session", description="an evaluation runtime's id carries `-evaluati`"
+    )
 
 
 class ProvisionRuntimeOutput(_IO):
@@ -210,7 +213,8 @@ class CollectArtifactsInput(_IO):
     collect_outputs: bool = Field(default=True, description="store the patch and files")
     run_check: bool = Field(default=True, description="run the evaluator's check here")
     apply_patch_ref: str | None = Field(
-        default=None, description="blob key of a `patch` artifact applied before the check")
+        default=None, description="blob key of a `patch` artifact applied before the check"
+    )
 
 
 class CollectArtifactsOutput(_IO):
@@ -253,13 +257,15 @@ class EvaluateOutput(_IO):
     error: str | None = None
 
 
-# --------------------------------------------------------------------------- eval fleet: trainer I/O
+# ------------------------------------------------------------------ eval fleet: trainer I/O
 
 
 class ReadTaskChunkInput(_IO):
     """One chunk of a buffer's task source (JSONL or Parquet file), from row ``offset``."""
 
-    path: str = Field(description="file path (JSONL: one TaskRequest per line; Parquet: one per row)")
+    path: str = Field(
+        description="file path (JSONL: one TaskRequest per line; Parquet: one per row)"
+    )
     format: str = Field(default="jsonl", description="jsonl or parquet")
     offset: int = Field(default=0, ge=0, description="rows already read (the cursor)")
     limit: int = Field(default=64, ge=1, le=10_000, description="rows to read at most")

@@ -69,8 +69,7 @@ async def gateway_verdict(http: httpx.AsyncClient, session_base_url: str) -> Ver
         session_base_url: the session's ``{public_url}/s/{key}`` (its Anthropic base URL).
     """
     try:
-        response = await http.get(f"{session_base_url}/rolloutd/verdict",
-                                  timeout=VERDICT_TIMEOUT_S)
+        response = await http.get(f"{session_base_url}/rolloutd/verdict", timeout=VERDICT_TIMEOUT_S)
         response.raise_for_status()
         return Verdict.model_validate(response.json())
     except (httpx.HTTPError, ValueError) as e:
@@ -118,13 +117,15 @@ class SandboxActivities:
         Collects and teardowns run on. Called by :func:`rolloutd.workers.drain.drain_fleet`.
         """
         if not self.draining.is_set():
-            log.info("host_draining", host_id=self.settings.host_id,
-                     num_runtimes=len(self.runtimes))
+            log.info(
+                "host_draining", host_id=self.settings.host_id, num_runtimes=len(self.runtimes)
+            )
         self.draining.set()
 
     def _draining_error(self, what: str) -> HostDrainingError:
-        return HostDrainingError(f"sandbox host {self.settings.host_id} is draining "
-                                 f"(SIGTERM): {what}")
+        return HostDrainingError(
+            f"sandbox host {self.settings.host_id} is draining (SIGTERM): {what}"
+        )
 
     async def _hand_back(self, runtime_id: str) -> None:
         """Tear a runtime down on the drain's behalf (the workflow's own teardown then finds
@@ -142,8 +143,9 @@ class SandboxActivities:
     @activity.defn(name="provision_runtime")
     async def provision_runtime(self, input: ProvisionRuntimeInput) -> ProvisionRuntimeOutput:
         """Create and start a runtime for a session on this host."""
-        structlog.contextvars.bind_contextvars(session_id=input.session_id,
-                                               attempt=activity.info().attempt)
+        structlog.contextvars.bind_contextvars(
+            session_id=input.session_id, attempt=activity.info().attempt
+        )
         t0 = time.monotonic()
         tag = "" if input.purpose == "session" else f"-{input.purpose[:8]}"
         runtime_id = f"{_short(input.session_id.replace('/', '.'))}{tag}-{uuid.uuid4().hex[:8]}"
@@ -164,18 +166,27 @@ class SandboxActivities:
         if self.draining.is_set():
             # its run would find this host gone: Temporal retries the provisioning elsewhere
             await self._hand_back(runtime_id)
-            raise to_application_error(self._draining_error(
-                "runtime stopped after provisioning"))
+            raise to_application_error(self._draining_error("runtime stopped after provisioning"))
         duration = time.monotonic() - t0
-        log.info("runtime_started", runtime=input.runtime.type, runtime_id=runtime_id,
-                 duration_s=round(duration, 4))
+        log.info(
+            "runtime_started",
+            runtime=input.runtime.type,
+            runtime_id=runtime_id,
+            duration_s=round(duration, 4),
+        )
         info = activity.info()
         # both times are the server's: the time this attempt waited for a host's capacity
-        queue_wait = max(0.0, (info.started_time
-                               - info.current_attempt_scheduled_time).total_seconds())
-        return ProvisionRuntimeOutput(runtime_id=runtime_id, host_id=self.settings.host_id,
-                                      host_queue=self.host_queue, workdir=runtime.workdir,
-                                      duration_s=duration, queue_wait_s=queue_wait)
+        queue_wait = max(
+            0.0, (info.started_time - info.current_attempt_scheduled_time).total_seconds()
+        )
+        return ProvisionRuntimeOutput(
+            runtime_id=runtime_id,
+            host_id=self.settings.host_id,
+            host_queue=self.host_queue,
+            workdir=runtime.workdir,
+            duration_s=duration,
+            queue_wait_s=queue_wait,
+        )
 
     @activity.defn(name="run_harness")
     async def run_harness(self, input: RunHarnessInput) -> RunHarnessOutput:
@@ -192,8 +203,9 @@ class SandboxActivities:
                 :meth:`start_drain`): the harness is stopped and its runtime torn down, and
                 the session starts a new attempt on another host.
         """
-        structlog.contextvars.bind_contextvars(session_id=input.session_id,
-                                               attempt=activity.info().attempt)
+        structlog.contextvars.bind_contextvars(
+            session_id=input.session_id, attempt=activity.info().attempt
+        )
         try:
             if self.draining.is_set():
                 await self._hand_back(input.runtime_id)
@@ -203,8 +215,10 @@ class SandboxActivities:
             adapter = get_harness(input.harness)
             # network `gateway`: the sandbox reaches only this session, at a loopback address
             openai_url, anthropic_url, gemini_url = await runtime.connect_gateway(
-                input.session.openai_base_url, input.session.anthropic_base_url,
-                input.session.gemini_base_url)
+                input.session.openai_base_url,
+                input.session.anthropic_base_url,
+                input.session.gemini_base_url,
+            )
             ctx = HarnessContext(
                 instruction=input.instruction,
                 openai_base_url=openai_url,
@@ -220,8 +234,9 @@ class SandboxActivities:
         completions = CompletionLog(self.store, input.session_id)
         timeout_s = min(input.timeout_s, runtime.spec.wall_time_s or input.timeout_s)
         t0 = time.monotonic()
-        proc = await runtime.spawn(command.command, env=command.env,
-                                   cwd=command.cwd or runtime.workdir, name="harness")
+        proc = await runtime.spawn(
+            command.command, env=command.env, cwd=command.cwd or runtime.workdir, name="harness"
+        )
         stdout_path, stderr_path = proc.stdout_path, proc.stderr_path
         log.info("harness_started", harness=input.harness.type, pid=proc.pid)
         timed_out = False
@@ -249,19 +264,22 @@ class SandboxActivities:
                 beats += 1
                 if beats % COUNT_COMPLETIONS_EVERY == 1:  # a store listing: not every beat
                     num_completions = await asyncio.to_thread(len, completions)
-                activity.heartbeat({"elapsed_s": round(elapsed, 1),
-                                    "num_completions": num_completions})
+                activity.heartbeat(
+                    {"elapsed_s": round(elapsed, 1), "num_completions": num_completions}
+                )
                 verdict = await gateway_verdict(http, input.session.anthropic_base_url)
                 if verdict is not None and verdict.verdict == "backend":
                     # the model stopped answering: waiting out the run budget would only
                     # delay the failure the session ends with anyway
-                    log.warning("harness_stopped_backend_dead", message=verdict.message,
-                                unanswered_s=verdict.unanswered_s)
+                    log.warning(
+                        "harness_stopped_backend_dead",
+                        message=verdict.message,
+                        unanswered_s=verdict.unanswered_s,
+                    )
                     backend_verdict = verdict.message or "backend"
                     await proc.terminate()
                     exit_code = proc.returncode
-                    signal_sent = -exit_code if exit_code is not None and exit_code < 0 \
-                        else None
+                    signal_sent = -exit_code if exit_code is not None and exit_code < 0 else None
                     break
         except asyncio.CancelledError:
             # a cancelled session's output is not wanted: a short grace keeps mass
@@ -276,25 +294,42 @@ class SandboxActivities:
         duration = time.monotonic() - t0
         out, err = _tail(stdout_path), _tail(stderr_path)
         stdout = _tail(stdout_path, 1 << 20)
-        self.store.put_json(artifact_key(input.session_id, "harness"), {
-            "exit_code": exit_code, "timed_out": timed_out, "duration_s": duration,
-            "stdout": stdout[-64_000:], "stderr": _tail(stderr_path, 64_000),
-            "summary": adapter.summarize(stdout),
-            # processes the memory limit killed during the run (the harness or its tools)
-            "num_oom_kills": runtime.num_oom_kills,
-        })
-        log.info("harness_finished", exit_code=exit_code, timed_out=timed_out,
-                 duration_s=round(duration, 3), num_oom_kills=runtime.num_oom_kills)
-        return RunHarnessOutput(exit_code=exit_code, timed_out=timed_out, duration_s=duration,
-                                stdout_tail=out, stderr_tail=err, timed_out_at=timed_out_at,
-                                # terminate() sends SIGTERM, then SIGKILL after its grace
-                                signal_sent=(-exit_code if timed_out and exit_code is not None
-                                             and exit_code < 0 else signal_sent),
-                                num_oom_kills=runtime.num_oom_kills,
-                                backend_verdict=backend_verdict)
+        self.store.put_json(
+            artifact_key(input.session_id, "harness"),
+            {
+                "exit_code": exit_code,
+                "timed_out": timed_out,
+                "duration_s": duration,
+                "stdout": stdout[-64_000:],
+                "stderr": _tail(stderr_path, 64_000),
+                "summary": adapter.summarize(stdout),
+                # processes the memory limit killed during the run (the harness or its tools)
+                "num_oom_kills": runtime.num_oom_kills,
+            },
+        )
+        log.info(
+            "harness_finished",
+            exit_code=exit_code,
+            timed_out=timed_out,
+            duration_s=round(duration, 3),
+            num_oom_kills=runtime.num_oom_kills,
+        )
+        return RunHarnessOutput(
+            exit_code=exit_code,
+            timed_out=timed_out,
+            duration_s=duration,
+            stdout_tail=out,
+            stderr_tail=err,
+            timed_out_at=timed_out_at,
+            # terminate() sends SIGTERM, then SIGKILL after its grace
+            signal_sent=(
+                -exit_code if timed_out and exit_code is not None and exit_code < 0 else signal_sent
+            ),
+            num_oom_kills=runtime.num_oom_kills,
+            backend_verdict=backend_verdict,
+        )
 
-    async def _drain_run(self, proc: RuntimeProcess, runtime_id: str,
-                         elapsed_s: float) -> None:
+    async def _drain_run(self, proc: RuntimeProcess, runtime_id: str, elapsed_s: float) -> None:
         """Stop a harness run because the host drains: the harness's process group gets
         SIGTERM then SIGKILL (the cancellation's short grace), its runtime is torn down, and
         ``HostDrainingError`` goes back to the session. Its completions are in the log
@@ -302,10 +337,10 @@ class SandboxActivities:
         await proc.terminate(grace_s=CANCEL_GRACE_S)
         await self._hand_back(runtime_id)
         self.num_handed_back += 1
-        log.warning("harness_handed_back", runtime_id=runtime_id,
-                    elapsed_s=round(elapsed_s, 3))
-        raise to_application_error(self._draining_error(
-            f"harness run handed back after {elapsed_s:.1f} s"))
+        log.warning("harness_handed_back", runtime_id=runtime_id, elapsed_s=round(elapsed_s, 3))
+        raise to_application_error(
+            self._draining_error(f"harness run handed back after {elapsed_s:.1f} s")
+        )
 
     @activity.defn(name="collect_artifacts")
     async def collect_artifacts(self, input: CollectArtifactsInput) -> CollectArtifactsOutput:
@@ -337,8 +372,9 @@ class SandboxActivities:
             patch = self.store.get_json(input.apply_patch_ref)
             result = await apply_patch(runtime, str(patch.get("patch") or ""))
             key = artifact_key(input.session_id, "patch_apply")
-            self.store.put_json(key, result.model_dump(
-                include={"exit_code", "stdout", "stderr", "timed_out"}))
+            self.store.put_json(
+                key, result.model_dump(include={"exit_code", "stdout", "stderr", "timed_out"})
+            )
             artifacts["patch_apply"] = key
             applied_ok = result.exit_code == 0
             log.info("patch_applied", exit_code=result.exit_code)
@@ -348,8 +384,11 @@ class SandboxActivities:
                 key = artifact_key(input.session_id, CHECK_ARTIFACT)
                 self.store.put_json(key, check)
                 artifacts[CHECK_ARTIFACT] = key
-                log.info("check_finished", exit_code=check.get("exit_code"),
-                         timed_out=check.get("timed_out"))
+                log.info(
+                    "check_finished",
+                    exit_code=check.get("exit_code"),
+                    timed_out=check.get("timed_out"),
+                )
         return artifacts
 
     async def _collect_outputs(self, runtime: Runtime, session_id: str) -> dict[str, str]:
@@ -365,8 +404,11 @@ class SandboxActivities:
             name = f"file:{path}"
             try:
                 data = await runtime.download(path)
-                value = {"path": path, "text": data.decode("utf-8", errors="replace"),
-                         "num_bytes": len(data)}
+                value = {
+                    "path": path,
+                    "text": data.decode("utf-8", errors="replace"),
+                    "num_bytes": len(data),
+                }
             except NotFoundError:
                 value = {"path": path, "missing": True}
             key = artifact_key(session_id, name.replace("/", "__"))
@@ -410,7 +452,7 @@ def _short(name: str) -> str:
     if len(name) <= RUNTIME_ID_SESSION_CHARS:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"{name[:RUNTIME_ID_SESSION_CHARS - 9]}~{digest}".replace("~", "_")
+    return f"{name[: RUNTIME_ID_SESSION_CHARS - 9]}~{digest}".replace("~", "_")
 
 
 def _tail(path: Path, limit: int = TAIL_BYTES) -> str:

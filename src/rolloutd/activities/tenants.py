@@ -3,7 +3,8 @@ a slot, the tenant's quota workflow granting it, the client setting the quota
 (docs/tenancy.md).
 
 A tenant has a quota of sessions in flight only when someone set one
-(:meth:`RolloutClient.set_tenant_quota <rolloutd.trainer_client.client.RolloutClient.set_tenant_quota>`),
+(:meth:`RolloutClient.set_tenant_quota
+<rolloutd.trainer_client.client.RolloutClient.set_tenant_quota>`),
 which starts the tenant's own workflow ``tenant/{tenant}``. A session of a tenant without one
 pays one signal that finds no workflow, and waits for nothing. There is no lock shared by
 tenants: each tenant's workflow counts its own sessions only.

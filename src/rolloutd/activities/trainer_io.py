@@ -90,8 +90,9 @@ def _raise_for_status(response: httpx.Response) -> None:
     if 200 <= code < 300:
         return
     retryable = code >= 500 or code in (408, 409, 425, 429)
-    raise ApplicationError(f"callback answered {code}", type="CallbackHTTPError",
-                           non_retryable=not retryable)
+    raise ApplicationError(
+        f"callback answered {code}", type="CallbackHTTPError", non_retryable=not retryable
+    )
 
 
 class TrainerIOActivities:
@@ -118,8 +119,9 @@ class TrainerIOActivities:
             ApplicationError: non-retryable when the file is missing or unreadable.
         """
         try:
-            rows, exhausted = read_rows(Path(input.path).expanduser(), input.format,
-                                        input.offset, input.limit)
+            rows, exhausted = read_rows(
+                Path(input.path).expanduser(), input.format, input.offset, input.limit
+            )
         except (OSError, ValueError) as e:
             raise ApplicationError(str(e), type="TaskSourceError", non_retryable=True) from e
         tasks: list[TaskRequest] = []
@@ -131,8 +133,9 @@ class TrainerIOActivities:
                 errors.append(f"row {input.offset + i}: {e}")
         if errors:
             log.warning("task_source_rows_invalid", path=input.path, num_invalid=len(errors))
-        return ReadTaskChunkOutput(tasks=tasks, errors=errors,
-                                   next_offset=input.offset + len(rows), exhausted=exhausted)
+        return ReadTaskChunkOutput(
+            tasks=tasks, errors=errors, next_offset=input.offset + len(rows), exhausted=exhausted
+        )
 
     @activity.defn(name="post_callback")
     async def post_callback(self, input: PostCallbackInput) -> PostCallbackOutput:
@@ -142,15 +145,17 @@ class TrainerIOActivities:
             ApplicationError: retryable on connection errors, 5xx, 408/409/425/429;
                 non-retryable on other 4xx.
         """
-        structlog.contextvars.bind_contextvars(session_id=input.session.session_id,
-                                               task_id=input.session.task_id,
-                                               attempt=activity.info().attempt)
+        structlog.contextvars.bind_contextvars(
+            session_id=input.session.session_id,
+            task_id=input.session.task_id,
+            attempt=activity.info().attempt,
+        )
         try:
-            response = await self.http.post(input.url,
-                                            json=input.session.model_dump(mode="json"))
+            response = await self.http.post(input.url, json=input.session.model_dump(mode="json"))
         except httpx.HTTPError as e:
-            raise ApplicationError(f"callback failed: {type(e).__name__}: {e}",
-                                   type="CallbackHTTPError") from e
+            raise ApplicationError(
+                f"callback failed: {type(e).__name__}: {e}", type="CallbackHTTPError"
+            ) from e
         _raise_for_status(response)
         log.info("callback_posted", status_code=response.status_code)
         return PostCallbackOutput(status_code=response.status_code)

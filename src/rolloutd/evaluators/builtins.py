@@ -25,12 +25,18 @@ class SessionCompleted(Evaluator):
         harness: Any = ctx.artifacts.get("harness") or {}
         summary = harness.get("summary") if isinstance(harness, dict) else None
         harness_error = bool(summary.get("is_error")) if isinstance(summary, dict) else False
-        ok = (ctx.status == SessionStatus.COMPLETED and ctx.harness_exit_code == 0
-              and not harness_error)
+        ok = (
+            ctx.status == SessionStatus.COMPLETED
+            and ctx.harness_exit_code == 0
+            and not harness_error
+        )
         return EvaluationOutcome(
             reward=1.0 if ok else 0.0,
-            details={"status": ctx.status.value, "harness_exit_code": ctx.harness_exit_code,
-                     "harness_error": harness_error},
+            details={
+                "status": ctx.status.value,
+                "harness_exit_code": ctx.harness_exit_code,
+                "harness_error": harness_error,
+            },
         )
 
 
@@ -49,11 +55,17 @@ class TestOnOutput(Evaluator):
         """Score the ``check`` artifact."""
         check: Any = ctx.artifacts.get(CHECK_ARTIFACT)
         if not isinstance(check, dict) or "exit_code" not in check:
-            return EvaluationOutcome(reward=0.0, details={
-                "reason": "no check artifact", "status": ctx.status.value,
-            })
-        details: dict[str, Any] = {"exit_code": check["exit_code"],
-                                   "timed_out": bool(check.get("timed_out", False))}
+            return EvaluationOutcome(
+                reward=0.0,
+                details={
+                    "reason": "no check artifact",
+                    "status": ctx.status.value,
+                },
+            )
+        details: dict[str, Any] = {
+            "exit_code": check["exit_code"],
+            "timed_out": bool(check.get("timed_out", False)),
+        }
         passed = check["exit_code"] == 0 and not details["timed_out"]
         expected = (self.spec.expected_output or "").strip()
         if expected:
@@ -61,7 +73,11 @@ class TestOnOutput(Evaluator):
             details["expected_output_found"] = found
             passed = passed and found
         if not passed:
-            details["reason"] = ("check timed out" if details["timed_out"]
-                                 else f"check exited {check['exit_code']}"
-                                 if check["exit_code"] != 0 else "expected output not found")
+            details["reason"] = (
+                "check timed out"
+                if details["timed_out"]
+                else f"check exited {check['exit_code']}"
+                if check["exit_code"] != 0
+                else "expected output not found"
+            )
         return EvaluationOutcome(reward=1.0 if passed else 0.0, details=details)

@@ -46,8 +46,9 @@ class HumanEvalParams(BaseModel):
     prompt: str = Field(description="the problem's prompt: imports, signature, docstring")
     test: str = Field(description="the problem's test code, defining check(candidate)")
     entry_point: str = Field(min_length=1, description="the function under test")
-    solution_file: str = Field(default="solution.py",
-                               description="workspace file holding the harness's answer")
+    solution_file: str = Field(
+        default="solution.py", description="workspace file holding the harness's answer"
+    )
 
 
 def extract_code(answer: str) -> str:
@@ -98,25 +99,38 @@ class HumanEval(Evaluator):
         try:
             answer = (await runtime.download(params.solution_file)).decode("utf-8", "replace")
         except NotFoundError:
-            return {"exit_code": -1, "stdout": "", "stderr": "no answer file",
-                    "timed_out": False, "has_answer": False}
+            return {
+                "exit_code": -1,
+                "stdout": "",
+                "stderr": "no answer file",
+                "timed_out": False,
+                "has_answer": False,
+            }
         await runtime.upload(CHECK_PROGRAM, check_program(params, answer).encode())
         result = await runtime.exec(["python3", CHECK_PROGRAM], timeout_s=self.spec.timeout_s)
-        return {"exit_code": result.exit_code, "stdout": result.stdout,
-                "stderr": result.stderr[-4000:], "timed_out": result.timed_out,
-                "has_answer": True}
+        return {
+            "exit_code": result.exit_code,
+            "stdout": result.stdout,
+            "stderr": result.stderr[-4000:],
+            "timed_out": result.timed_out,
+            "has_answer": True,
+        }
 
     async def evaluate(self, ctx: EvaluationContext) -> EvaluationOutcome:
         """Score the ``check`` artifact: passed when the program exited 0 in time."""
         self.params()
         check: Any = ctx.artifacts.get(CHECK_ARTIFACT)
         if not isinstance(check, dict) or "exit_code" not in check:
-            return EvaluationOutcome(reward=0.0, details={"reason": "no check artifact",
-                                                          "status": ctx.status.value})
+            return EvaluationOutcome(
+                reward=0.0, details={"reason": "no check artifact", "status": ctx.status.value}
+            )
         passed = check["exit_code"] == 0 and not check.get("timed_out")
-        details: dict[str, Any] = {"passed": passed, "exit_code": check["exit_code"],
-                                   "timed_out": bool(check.get("timed_out")),
-                                   "has_answer": bool(check.get("has_answer", True))}
+        details: dict[str, Any] = {
+            "passed": passed,
+            "exit_code": check["exit_code"],
+            "timed_out": bool(check.get("timed_out")),
+            "has_answer": bool(check.get("has_answer", True)),
+        }
         if not passed:
             # the last line of a traceback names the failed assertion or the syntax error
             lines = str(check.get("stderr") or "").strip().splitlines()

@@ -60,8 +60,9 @@ class MathAnswerParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     answer: str = Field(min_length=1, description="the gold answer, LaTeX or plain")
-    answer_file: str = Field(default="answer.txt",
-                             description="workspace file holding the model's answer")
+    answer_file: str = Field(
+        default="answer.txt", description="workspace file holding the model's answer"
+    )
 
 
 async def verify_answer(gold: str, answer: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -77,8 +78,13 @@ async def verify_answer(gold: str, answer: str, *, timeout_s: float = 30.0) -> d
         "error": str}`` when the child timed out or failed.
     """
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", VERIFY_PROGRAM, stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-c",
+        VERIFY_PROGRAM,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     request = json.dumps({"gold": gold, "answer": answer}).encode()
     try:
         stdout, stderr = await asyncio.wait_for(proc.communicate(request), timeout_s)
@@ -88,8 +94,10 @@ async def verify_answer(gold: str, answer: str, *, timeout_s: float = 30.0) -> d
         return {"verified": False, "error": f"math-verify ran past {timeout_s} s"}
     if proc.returncode != 0:
         lines = stderr.decode(errors="replace").strip().splitlines()
-        return {"verified": False,
-                "error": lines[-1] if lines else f"math-verify exited {proc.returncode}"}
+        return {
+            "verified": False,
+            "error": lines[-1] if lines else f"math-verify exited {proc.returncode}",
+        }
     return json.loads(stdout)
 
 
@@ -124,10 +132,12 @@ class MathAnswer(Evaluator):
         check: Any = ctx.artifacts.get(CHECK_ARTIFACT)
         answer = check.get("answer") if isinstance(check, dict) else None
         if not answer or not str(answer).strip():
-            return EvaluationOutcome(reward=0.0, details={"reason": "no answer",
-                                                          "status": ctx.status.value})
+            return EvaluationOutcome(
+                reward=0.0, details={"reason": "no answer", "status": ctx.status.value}
+            )
         verdict = await verify_answer(params.answer, str(answer), timeout_s=self.spec.timeout_s)
         if not verdict.get("verified"):
             verdict["reason"] = verdict.get("error") or (
-                "no answer parsed" if not verdict.get("parsed") else "wrong answer")
+                "no answer parsed" if not verdict.get("parsed") else "wrong answer"
+            )
         return EvaluationOutcome(reward=1.0 if verdict["verified"] else 0.0, details=verdict)

@@ -63,7 +63,8 @@ class SwebenchParams(BaseModel):
     log_parser: str = Field(
         default="parse_log_pytest",
         description="the swebench package's log parser (PARSER_REGISTRY name) for the "
-        "test runner's output")
+        "test runner's output",
+    )
 
 
 def official_grade(log: str, params: SwebenchParams) -> dict[str, Any] | None:
@@ -88,16 +89,23 @@ def official_grade(log: str, params: SwebenchParams) -> dict[str, Any] | None:
 
     parser = PARSER_REGISTRY.get(params.log_parser)
     if parser is None:
-        raise EvaluatorError(f"evaluator.params.log_parser={params.log_parser!r} is not a "
-                             "parser of the swebench package (PARSER_REGISTRY)")
+        raise EvaluatorError(
+            f"evaluator.params.log_parser={params.log_parser!r} is not a "
+            "parser of the swebench package (PARSER_REGISTRY)"
+        )
     # the pytest-style parsers read the log alone; test_spec only matters to a few
     # repository-specific ones
     tests = parser(log, None)
-    report = get_eval_tests_report(tests, {FAIL_TO_PASS: params.fail_to_pass,
-                                           PASS_TO_PASS: params.pass_to_pass})
+    report = get_eval_tests_report(
+        tests, {FAIL_TO_PASS: params.fail_to_pass, PASS_TO_PASS: params.pass_to_pass}
+    )
     status = get_resolution_status(report)
-    return {"resolved": status == ResolvedStatus.FULL.value, "status": status,
-            "report": report, "tests": tests}
+    return {
+        "resolved": status == ResolvedStatus.FULL.value,
+        "status": status,
+        "report": report,
+        "tests": tests,
+    }
 
 
 def parse_pytest_log(log: str) -> dict[str, str]:
@@ -125,8 +133,9 @@ class Swebench(Evaluator):
         except ValidationError as exc:
             raise EvaluatorError(f"evaluator.params of swebench: {exc}") from exc
         if not params.fail_to_pass and not params.pass_to_pass:
-            raise EvaluatorError("evaluator.params of swebench needs fail_to_pass or "
-                                 "pass_to_pass tests")
+            raise EvaluatorError(
+                "evaluator.params of swebench needs fail_to_pass or pass_to_pass tests"
+            )
         return params
 
     async def collect(self, runtime: Runtime) -> dict[str, Any]:
@@ -139,24 +148,36 @@ class Swebench(Evaluator):
         params = self.params()
         applied = await apply_patch(runtime, params.test_patch)
         if applied.exit_code != 0:
-            return {"exit_code": applied.exit_code, "stdout": applied.stdout,
-                    "stderr": applied.stderr, "timed_out": applied.timed_out,
-                    "test_patch_applied": False, "tests": {}}
+            return {
+                "exit_code": applied.exit_code,
+                "stdout": applied.stdout,
+                "stderr": applied.stderr,
+                "timed_out": applied.timed_out,
+                "test_patch_applied": False,
+                "tests": {},
+            }
         test_ids = list(dict.fromkeys(params.fail_to_pass + params.pass_to_pass))
         command = f"{params.test_command} {shlex.join(test_ids)}"
-        result = await runtime.exec(command, timeout_s=self.spec.timeout_s,
-                                    max_output_bytes=MAX_LOG_BYTES)
-        return {"exit_code": result.exit_code, "stdout": result.stdout,
-                "stderr": result.stderr, "timed_out": result.timed_out,
-                "test_patch_applied": True, "tests": parse_pytest_log(result.stdout)}
+        result = await runtime.exec(
+            command, timeout_s=self.spec.timeout_s, max_output_bytes=MAX_LOG_BYTES
+        )
+        return {
+            "exit_code": result.exit_code,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "timed_out": result.timed_out,
+            "test_patch_applied": True,
+            "tests": parse_pytest_log(result.stdout),
+        }
 
     async def evaluate(self, ctx: EvaluationContext) -> EvaluationOutcome:
         """Score the ``check`` artifact with SWE-bench's rule."""
         params = self.params()
         check: Any = ctx.artifacts.get(CHECK_ARTIFACT)
         if not isinstance(check, dict) or "tests" not in check:
-            return EvaluationOutcome(reward=0.0, details={"reason": "no test results",
-                                                          "status": ctx.status.value})
+            return EvaluationOutcome(
+                reward=0.0, details={"reason": "no test results", "status": ctx.status.value}
+            )
         applied = bool(check.get("test_patch_applied"))
         timed_out = bool(check.get("timed_out"))
         official = official_grade(str(check.get("stdout") or ""), params) if applied else None
@@ -170,14 +191,17 @@ class Swebench(Evaluator):
             failed_f2p = [t for t in params.fail_to_pass if tests.get(t) != "PASSED"]
             failed_p2p = [t for t in params.pass_to_pass if tests.get(t) != "PASSED"]
             resolved = applied and not failed_f2p and not failed_p2p and not timed_out
-        return EvaluationOutcome(reward=1.0 if resolved else 0.0, details={
-            "resolved": resolved,
-            "grader": "rolloutd" if official is None else "swebench",
-            "resolution_status": None if official is None else official["status"],
-            "test_patch_applied": applied,
-            "num_fail_to_pass": len(params.fail_to_pass),
-            "num_pass_to_pass": len(params.pass_to_pass),
-            "failed_fail_to_pass": failed_f2p,
-            "failed_pass_to_pass": failed_p2p,
-            "timed_out": timed_out,
-        })
+        return EvaluationOutcome(
+            reward=1.0 if resolved else 0.0,
+            details={
+                "resolved": resolved,
+                "grader": "rolloutd" if official is None else "swebench",
+                "resolution_status": None if official is None else official["status"],
+                "test_patch_applied": applied,
+                "num_fail_to_pass": len(params.fail_to_pass),
+                "num_pass_to_pass": len(params.pass_to_pass),
+                "failed_fail_to_pass": failed_f2p,
+                "failed_pass_to_pass": failed_p2p,
+                "timed_out": timed_out,
+            },
+        )

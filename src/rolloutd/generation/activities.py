@@ -29,8 +29,8 @@ from rolloutd.workflows.generation_models import (
     GenerationSummary,
     JournalRowInput,
     JournalRowOutput,
-    PlannedRow,
     PlanInput,
+    PlannedRow,
     PlanOutput,
     WriteOutputsInput,
 )
@@ -66,29 +66,43 @@ class GenerationActivities:
             entries = await asyncio.to_thread(outputs.read_journal, self.store, spec.name)
             done = {e.key for e in entries}
             pending = [(key, row) for key, row in rows if key not in done]
-            planned = [PlannedRow(key=key, task=row_to_task(spec, key, row))
-                       for key, row in pending[:input.limit]]
+            planned = [
+                PlannedRow(key=key, task=row_to_task(spec, key, row))
+                for key, row in pending[: input.limit]
+            ]
         except (OSError, ConfigError, ImportError, ValidationError) as e:
-            raise ApplicationError(f"generation {spec.name}: {type(e).__name__}: {e}",
-                                   type="GenerationSourceError", non_retryable=True) from e
+            raise ApplicationError(
+                f"generation {spec.name}: {type(e).__name__}: {e}",
+                type="GenerationSourceError",
+                non_retryable=True,
+            ) from e
         keys = {key for key, _ in rows}
         journaled = [e for e in entries if e.key in keys]
-        log.info("generation_planned", generation=spec.name, num_rows=len(rows),
-                 num_journaled=len(journaled), num_planned=len(planned))
+        log.info(
+            "generation_planned",
+            generation=spec.name,
+            num_rows=len(rows),
+            num_journaled=len(journaled),
+            num_planned=len(planned),
+        )
         return PlanOutput(
-            rows=planned, num_rows=len(rows), num_journaled=len(journaled),
+            rows=planned,
+            num_rows=len(rows),
+            num_journaled=len(journaled),
             num_journaled_failed=sum(failed(e.result) for e in journaled),
-            num_journaled_passing=sum(passing(e.result, spec.filters.pass_reward)
-                                      for e in journaled),
-            num_pending=len(pending))
+            num_journaled_passing=sum(
+                passing(e.result, spec.filters.pass_reward) for e in journaled
+            ),
+            num_pending=len(pending),
+        )
 
     @activity.defn(name="journal_row")
     async def journal_row(self, input: JournalRowInput) -> JournalRowOutput:
         """Journal one row, once (a retried or repeated call writes nothing)."""
-        written = await asyncio.to_thread(outputs.journal_row, self.store, input.name,
-                                          input.entry)
-        log.info("generation_row_journaled", generation=input.name, key=input.entry.key,
-                 written=written)
+        written = await asyncio.to_thread(outputs.journal_row, self.store, input.name, input.entry)
+        log.info(
+            "generation_row_journaled", generation=input.name, key=input.entry.key, written=written
+        )
         return JournalRowOutput(written=written)
 
     @activity.defn(name="await_task")
@@ -117,7 +131,12 @@ class GenerationActivities:
         entries = [e for e in entries if e.key in keys]
         activity.heartbeat()
         summary = await asyncio.to_thread(outputs.write_outputs, spec, self.store, entries)
-        log.info("generation_outputs_written", generation=spec.name, num_rows=summary.num_rows,
-                 num_kept=summary.num_kept, num_sft_lines=summary.num_sft_lines,
-                 num_parquet_rows=summary.num_parquet_rows)
+        log.info(
+            "generation_outputs_written",
+            generation=spec.name,
+            num_rows=summary.num_rows,
+            num_kept=summary.num_kept,
+            num_sft_lines=summary.num_sft_lines,
+            num_parquet_rows=summary.num_parquet_rows,
+        )
         return summary

@@ -84,17 +84,35 @@ def _console() -> Console:
 def summary_table(summary: GenerationSummary) -> Table:
     """The final table: pass@1, pass@k, rows, samples, tokens, wall time, outputs."""
     table = Table(title=f"generation {summary.name}")
-    for column in ("rows", "failed rows", "samples", "scored", "passing", "pass@1",
-                   f"pass@{summary.k}", "tokens", "kept", "wall s"):
+    for column in (
+        "rows",
+        "failed rows",
+        "samples",
+        "scored",
+        "passing",
+        "pass@1",
+        f"pass@{summary.k}",
+        "tokens",
+        "kept",
+        "wall s",
+    ):
         table.add_column(column, justify="right")
 
     def rate(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}"
 
-    table.add_row(str(summary.num_rows), str(summary.num_rows_failed), str(summary.num_samples),
-                  str(summary.num_scored), str(summary.num_passing), rate(summary.pass_at_1),
-                  rate(summary.pass_at_k), str(summary.num_tokens), str(summary.num_kept),
-                  f"{summary.wall_time_s:.1f}")
+    table.add_row(
+        str(summary.num_rows),
+        str(summary.num_rows_failed),
+        str(summary.num_samples),
+        str(summary.num_scored),
+        str(summary.num_passing),
+        rate(summary.pass_at_1),
+        rate(summary.pass_at_k),
+        str(summary.num_tokens),
+        str(summary.num_kept),
+        f"{summary.wall_time_s:.1f}",
+    )
     return table
 
 
@@ -105,8 +123,9 @@ async def _query(handle: WorkflowHandle[Any, Any]) -> GenerationProgress | None:
         return None
 
 
-async def follow(handle: WorkflowHandle[Any, GenerationSummary],
-                 console: Console) -> GenerationSummary:
+async def follow(
+    handle: WorkflowHandle[Any, GenerationSummary], console: Console
+) -> GenerationSummary:
     """Show a generation's progress until it ends; its summary.
 
     On a terminal: a live bar (rows done of rows, failed, passing, running, ETA); elsewhere one
@@ -115,16 +134,29 @@ async def follow(handle: WorkflowHandle[Any, GenerationSummary],
     result = asyncio.ensure_future(handle.result())
     last: tuple[int, ...] | None = None
     if console.is_terminal:
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("failed {task.fields[failed]} passing {task.fields[passing]} "
-                              "running {task.fields[running]}"), TimeRemainingColumn())
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(
+                "failed {task.fields[failed]} passing {task.fields[passing]} "
+                "running {task.fields[running]}"
+            ),
+            TimeRemainingColumn(),
+        )
         with Progress(*columns, console=console) as bar:
             task = bar.add_task("rows", total=None, failed=0, passing=0, running=0)
             while not result.done():
                 if (p := await _query(handle)) is not None:
-                    bar.update(task, total=p.num_rows or None, completed=p.num_done,
-                               failed=p.num_failed, passing=p.num_passing,
-                               running=p.num_running, description=f"rows ({p.status})")
+                    bar.update(
+                        task,
+                        total=p.num_rows or None,
+                        completed=p.num_done,
+                        failed=p.num_failed,
+                        passing=p.num_passing,
+                        running=p.num_running,
+                        description=f"rows ({p.status})",
+                    )
                 await asyncio.wait({result}, timeout=POLL_EVERY_S)
         return await result
     t0 = time.monotonic()
@@ -142,15 +174,19 @@ async def follow(handle: WorkflowHandle[Any, GenerationSummary],
                 if p.num_done > first_done and p.num_rows:
                     rate = (p.num_done - first_done) / elapsed
                     eta = f"{(p.num_rows - p.num_done) / rate:.0f} s"
-                console.print(f"progress {p.status}: rows {p.num_done}/{p.num_rows} "
-                              f"failed {p.num_failed} passing {p.num_passing} running "
-                              f"{p.num_running} eta {eta}", highlight=False)
+                console.print(
+                    f"progress {p.status}: rows {p.num_done}/{p.num_rows} "
+                    f"failed {p.num_failed} passing {p.num_passing} running "
+                    f"{p.num_running} eta {eta}",
+                    highlight=False,
+                )
         await asyncio.wait({result}, timeout=POLL_EVERY_S)
     return await result
 
 
-async def generate(client: Client, spec: GenerationSpec, *,
-                   task_queue: str = task_queues.WORKFLOWS) -> GenerationSummary:
+async def generate(
+    client: Client, spec: GenerationSpec, *, task_queue: str = task_queues.WORKFLOWS
+) -> GenerationSummary:
     """``rolloutd generate``: start or attach to ``generation/{name}``, follow it, print its
     final table.
 
@@ -165,12 +201,16 @@ async def generate(client: Client, spec: GenerationSpec, *,
     """
     console = _console()
     handle = await client.start_workflow(
-        GenerationWorkflow.run, GenerationInput(spec=spec),
-        id=generation_workflow_id(spec.name), task_queue=task_queue,
+        GenerationWorkflow.run,
+        GenerationInput(spec=spec),
+        id=generation_workflow_id(spec.name),
+        task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
-    console.print(f"generation {spec.name}: workflow {handle.id} run {handle.result_run_id}",
-                  highlight=False)
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )
+    console.print(
+        f"generation {spec.name}: workflow {handle.id} run {handle.result_run_id}", highlight=False
+    )
     summary = await follow(handle, console)
     console.print(summary_table(summary))
     for kind, path in summary.outputs.items():
@@ -197,9 +237,15 @@ def parse_every(text: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-async def create_schedule(client: Client, spec: GenerationSpec, *, cron: str | None,
-                          every: str | None, task_queue: str = task_queues.WORKFLOWS,
-                          paused: bool = False) -> str:
+async def create_schedule(
+    client: Client,
+    spec: GenerationSpec,
+    *,
+    cron: str | None,
+    every: str | None,
+    task_queue: str = task_queues.WORKFLOWS,
+    paused: bool = False,
+) -> str:
     """A Temporal Schedule that runs the generation over rows not yet journaled.
 
     Overlap policy SKIP: a firing while the last run is still running is skipped (the rows are
@@ -215,15 +261,23 @@ async def create_schedule(client: Client, spec: GenerationSpec, *, cron: str | N
     if (cron is None) == (every is None):
         raise ConfigError("give exactly one of --cron and --every")
     sid = schedule_id(spec.name)
-    await client.create_schedule(sid, Schedule(
-        action=ScheduleActionStartWorkflow(
-            GenerationWorkflow.run, GenerationInput(spec=spec),
-            id=generation_workflow_id(spec.name), task_queue=task_queue),
-        spec=ScheduleSpec(cron_expressions=[cron] if cron else [],
-                          intervals=[ScheduleIntervalSpec(every=parse_every(every))]
-                          if every else []),
-        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
-        state=ScheduleState(paused=paused, note=f"rolloutd generation {spec.name}")))
+    await client.create_schedule(
+        sid,
+        Schedule(
+            action=ScheduleActionStartWorkflow(
+                GenerationWorkflow.run,
+                GenerationInput(spec=spec),
+                id=generation_workflow_id(spec.name),
+                task_queue=task_queue,
+            ),
+            spec=ScheduleSpec(
+                cron_expressions=[cron] if cron else [],
+                intervals=[ScheduleIntervalSpec(every=parse_every(every))] if every else [],
+            ),
+            policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+            state=ScheduleState(paused=paused, note=f"rolloutd generation {spec.name}"),
+        ),
+    )
     return sid
 
 
@@ -232,9 +286,14 @@ async def list_schedules(client: Client) -> list[dict[str, Any]]:
     rows = []
     async for entry in await client.list_schedules():
         info = entry.info
-        rows.append({"id": entry.id, "paused": bool(info and info.paused),
-                     "next": [t.isoformat() for t in (info.next_action_times if info else [])][:1],
-                     "recent": len(info.recent_actions) if info else 0})
+        rows.append(
+            {
+                "id": entry.id,
+                "paused": bool(info and info.paused),
+                "next": [t.isoformat() for t in (info.next_action_times if info else [])][:1],
+                "recent": len(info.recent_actions) if info else 0,
+            }
+        )
     return rows
 
 
@@ -252,9 +311,13 @@ async def describe_schedule(client: Client, sid: str) -> dict[str, Any]:
         "workflow": getattr(action, "workflow", None),
         "num_actions": d.info.num_actions,
         "num_skipped": d.info.num_actions_skipped_overlap,
-        "recent": [{"scheduled": a.scheduled_at.isoformat(),
-                    "workflow_id": getattr(a.action, "workflow_id", None)}
-                   for a in d.info.recent_actions],
+        "recent": [
+            {
+                "scheduled": a.scheduled_at.isoformat(),
+                "workflow_id": getattr(a.action, "workflow_id", None),
+            }
+            for a in d.info.recent_actions
+        ],
         "running": [getattr(a, "workflow_id", None) for a in d.info.running_actions],
         "next": [t.isoformat() for t in d.info.next_action_times[:3]],
     }

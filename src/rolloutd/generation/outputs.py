@@ -55,8 +55,11 @@ def journal_row(store: BlobStore, name: str, entry: JournalEntry) -> bool:
 
 def read_journal(store: BlobStore, name: str) -> list[JournalEntry]:
     """Every journaled row of a generation, by key order."""
-    return [store.get_model(k, JournalEntry) for k in store.list(journal_prefix(name))
-            if k.endswith(".json")]
+    return [
+        store.get_model(k, JournalEntry)
+        for k in store.list(journal_prefix(name))
+        if k.endswith(".json")
+    ]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -78,8 +81,9 @@ def final_answer(trajectory: Trajectory) -> str:
     return ""
 
 
-def select(entries: list[JournalEntry], filters: GenerationFilters,
-           load: Callable[[str], Trajectory]) -> list[Trajectory]:
+def select(
+    entries: list[JournalEntry], filters: GenerationFilters, load: Callable[[str], Trajectory]
+) -> list[Trajectory]:
     """The trajectories the filters keep, by row then sample index.
 
     A row passes when its pass rate is within ``[min_pass_rate, max_pass_rate]``; of its
@@ -140,8 +144,9 @@ def summarize(spec: GenerationSpec, entries: list[JournalEntry]) -> GenerationSu
     return summary
 
 
-def write_outputs(spec: GenerationSpec, store: BlobStore,
-                  entries: list[JournalEntry]) -> GenerationSummary:
+def write_outputs(
+    spec: GenerationSpec, store: BlobStore, entries: list[JournalEntry]
+) -> GenerationSummary:
     """Filter the journaled rows' samples and write the outputs ``spec.outputs`` asks for.
 
     Files are written under a temporary name and renamed, so a reader never sees half a file.

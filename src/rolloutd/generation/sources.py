@@ -22,10 +22,12 @@ from rolloutd.workflows.generation_models import GenerationSource, GenerationSpe
 KEY_FIELDS = ("id", "task_id", "instance_id", "key")
 #: evaluator params a built-in source fills from its rows' own fields, by (source, evaluator).
 SOURCE_PARAMS = {
-    ("humaneval", "humaneval"): {"prompt": "prompt", "test": "test",
-                                 "entry_point": "entry_point"},
-    ("swebench", "swebench"): {"test_patch": "test_patch", "fail_to_pass": "FAIL_TO_PASS",
-                               "pass_to_pass": "PASS_TO_PASS"},
+    ("humaneval", "humaneval"): {"prompt": "prompt", "test": "test", "entry_point": "entry_point"},
+    ("swebench", "swebench"): {
+        "test_patch": "test_patch",
+        "fail_to_pass": "FAIL_TO_PASS",
+        "pass_to_pass": "PASS_TO_PASS",
+    },
 }
 #: SWE-bench columns that its datasets hold as JSON text of a list.
 SWEBENCH_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")
@@ -103,7 +105,7 @@ def read_rows(source: GenerationSource) -> list[tuple[str, dict[str, Any]]]:
     end = None if source.limit is None else source.offset + source.limit
     keyed: list[tuple[str, dict[str, Any]]] = []
     seen: dict[str, str] = {}
-    for index, row in enumerate(rows[:end][source.offset:], source.offset):
+    for index, row in enumerate(rows[:end][source.offset :], source.offset):
         if source.key_field is not None:
             if row.get(source.key_field) is None:
                 raise ConfigError(f"row {index} has no {source.key_field!r} (source.key_field)")
@@ -112,8 +114,10 @@ def read_rows(source: GenerationSource) -> list[tuple[str, dict[str, Any]]]:
             key = next((str(row[f]) for f in KEY_FIELDS if row.get(f) is not None), str(index))
         mapped = safe_key(key)
         if mapped in seen:
-            raise ConfigError(f"rows {seen[mapped]!r} and {key!r} map to one task id key "
-                              f"{mapped!r}; set source.key_field to a unique column")
+            raise ConfigError(
+                f"rows {seen[mapped]!r} and {key!r} map to one task id key "
+                f"{mapped!r}; set source.key_field to a unique column"
+            )
         seen[mapped] = key
         keyed.append((key, row))
     return keyed
@@ -131,20 +135,33 @@ def row_to_task(spec: GenerationSpec, key: str, row: dict[str, Any]) -> TaskRequ
     try:
         instruction = template.instruction.format(**row)
     except (KeyError, IndexError) as e:
-        raise ConfigError(f"row {key!r}: template.instruction names {e}, which the row "
-                          f"lacks (columns: {sorted(row)})") from None
-    columns = {**SOURCE_PARAMS.get((spec.source.type, template.evaluator.type), {}),
-               **template.evaluator_params}
+        raise ConfigError(
+            f"row {key!r}: template.instruction names {e}, which the row "
+            f"lacks (columns: {sorted(row)})"
+        ) from None
+    columns = {
+        **SOURCE_PARAMS.get((spec.source.type, template.evaluator.type), {}),
+        **template.evaluator_params,
+    }
     params = dict(template.evaluator.params)
     for param, column in columns.items():
         if column not in row:
-            raise ConfigError(f"row {key!r}: template.evaluator_params.{param} names "
-                              f"column {column!r}, which the row lacks")
+            raise ConfigError(
+                f"row {key!r}: template.evaluator_params.{param} names "
+                f"column {column!r}, which the row lacks"
+            )
         params[param] = row[column]
     return TaskRequest(
-        task_id=row_task_id(spec.name, key), instruction=instruction,
-        num_samples=template.num_samples, timeout_s=template.timeout_s,
-        runtime=template.runtime, harness=template.harness, builder=template.builder,
+        task_id=row_task_id(spec.name, key),
+        instruction=instruction,
+        num_samples=template.num_samples,
+        timeout_s=template.timeout_s,
+        runtime=template.runtime,
+        harness=template.harness,
+        builder=template.builder,
         evaluator=template.evaluator.model_copy(update={"params": params}),
-        sampling=template.sampling, phases=template.phases, model=template.model,
-        metadata={**spec.metadata, "generation": spec.name, "row_key": key})
+        sampling=template.sampling,
+        phases=template.phases,
+        model=template.model,
+        metadata={**spec.metadata, "generation": spec.name, "row_key": key},
+    )

@@ -99,13 +99,19 @@ def sdk_runtime(bind_address: str) -> Runtime:
     """A Temporal runtime whose Prometheus exporter serves on ``bind_address``
     (``host:port``), with rolloutd's bucket bounds for the phase histogram (seconds; the
     SDK's own latencies stay in milliseconds, as its docs name them)."""
-    return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(
-        bind_address=bind_address,
-        # counters named as prometheus-client names them, so the re-exported scrape
-        # (TemporalMetrics) shows the names the SDK's exporter serves
-        counters_total_suffix=True,
-        histogram_bucket_overrides={names.SESSION_PHASE_SECONDS: list(names.PHASE_BUCKETS_S)},
-    )))
+    return Runtime(
+        telemetry=TelemetryConfig(
+            metrics=PrometheusConfig(
+                bind_address=bind_address,
+                # counters named as prometheus-client names them, so the re-exported scrape
+                # (TemporalMetrics) shows the names the SDK's exporter serves
+                counters_total_suffix=True,
+                histogram_bucket_overrides={
+                    names.SESSION_PHASE_SECONDS: list(names.PHASE_BUCKETS_S)
+                },
+            )
+        )
+    )
 
 
 def start_process_metrics(port: int, host: str = "0.0.0.0") -> ProcessMetrics:
@@ -134,8 +140,9 @@ def start_process_metrics(port: int, host: str = "0.0.0.0") -> ProcessMetrics:
         sdk_url = f"http://127.0.0.1:{sdk_port}/metrics"
         server, thread = start_http_server(port, addr=host)
         REGISTRY.register(TemporalMetrics(sdk_url))
-        _process = ProcessMetrics(runtime=runtime, sdk_url=sdk_url, port=port, server=server,
-                                  thread=thread)
+        _process = ProcessMetrics(
+            runtime=runtime, sdk_url=sdk_url, port=port, server=server, thread=thread
+        )
         return _process
 
 

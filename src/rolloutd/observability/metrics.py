@@ -28,19 +28,28 @@ def _family(name: str, suffix: str = "_total") -> str:
 
 
 GATEWAY_CALLS = Counter(
-    _family(names.GATEWAY_CALLS), "model calls the gateway answered, by dialect and HTTP status",
-    ["dialect", "status"])
+    _family(names.GATEWAY_CALLS),
+    "model calls the gateway answered, by dialect and HTTP status",
+    ["dialect", "status"],
+)
 GATEWAY_ADDED_LATENCY = Histogram(
-    names.GATEWAY_ADDED_LATENCY, "seconds the gateway adds to a sampled call (its time before "
-    "the backend request and after the backend's answer)", ["dialect", "stream"],
-    buckets=names.ADDED_LATENCY_BUCKETS_S)
+    names.GATEWAY_ADDED_LATENCY,
+    "seconds the gateway adds to a sampled call (its time before "
+    "the backend request and after the backend's answer)",
+    ["dialect", "stream"],
+    buckets=names.ADDED_LATENCY_BUCKETS_S,
+)
 GATEWAY_PROMPT_TOKENS = Counter(
-    _family(names.GATEWAY_PROMPT_TOKENS), "prompt tokens of recorded completions", ["backend"])
+    _family(names.GATEWAY_PROMPT_TOKENS), "prompt tokens of recorded completions", ["backend"]
+)
 GATEWAY_SAMPLED_TOKENS = Counter(
-    _family(names.GATEWAY_SAMPLED_TOKENS), "sampled tokens of recorded completions", ["backend"])
+    _family(names.GATEWAY_SAMPLED_TOKENS), "sampled tokens of recorded completions", ["backend"]
+)
 COMPLETION_LOG_WRITE = Histogram(
-    names.COMPLETION_LOG_WRITE, "seconds to append one completion to its completion log",
-    buckets=names.LOG_WRITE_BUCKETS_S)
+    names.COMPLETION_LOG_WRITE,
+    "seconds to append one completion to its completion log",
+    buckets=names.LOG_WRITE_BUCKETS_S,
+)
 
 
 class _Children:
@@ -121,14 +130,18 @@ class StateCollector(Collector):
     """Reads per-backend and per-host state when a scrape asks (registered once)."""
 
     def collect(self) -> Iterator[Metric]:
-        in_flight = GaugeMetricFamily(names.BACKEND_CALLS_IN_FLIGHT,
-                                      "sampling calls running on a backend", labels=["backend"])
-        paused = GaugeMetricFamily(names.BACKEND_PAUSED, "1 while a backend is paused "
-                                   "(weight sync)", labels=["backend"])
-        version = GaugeMetricFamily(names.BACKEND_POLICY_VERSION,
-                                    "policy version a backend serves", labels=["backend"])
-        healthy = GaugeMetricFamily(names.BACKEND_HEALTHY, "1 while a backend answers its "
-                                    "probes", labels=["backend"])
+        in_flight = GaugeMetricFamily(
+            names.BACKEND_CALLS_IN_FLIGHT, "sampling calls running on a backend", labels=["backend"]
+        )
+        paused = GaugeMetricFamily(
+            names.BACKEND_PAUSED, "1 while a backend is paused (weight sync)", labels=["backend"]
+        )
+        version = GaugeMetricFamily(
+            names.BACKEND_POLICY_VERSION, "policy version a backend serves", labels=["backend"]
+        )
+        healthy = GaugeMetricFamily(
+            names.BACKEND_HEALTHY, "1 while a backend answers its probes", labels=["backend"]
+        )
         seen: set[str] = set()
         for pool in list(_pools):
             for backend in _snapshot(pool.describe):
@@ -140,8 +153,11 @@ class StateCollector(Collector):
                 paused.add_metric([name], 1 if backend.get("paused") else 0)
                 version.add_metric([name], backend.get("policy_version", 0))
                 healthy.add_metric([name], 1 if backend.get("healthy", True) else 0)
-        alive = GaugeMetricFamily(names.RUNTIMES_ALIVE, "runtimes provisioned and not torn "
-                                  "down on a sandbox host", labels=["host"])
+        alive = GaugeMetricFamily(
+            names.RUNTIMES_ALIVE,
+            "runtimes provisioned and not torn down on a sandbox host",
+            labels=["host"],
+        )
         per_host: dict[str, int] = {}
         for owner, host in list(_runtime_owners.items()):
             per_host[host] = per_host.get(host, 0) + len(owner.runtimes)
@@ -192,5 +208,8 @@ class CallClock:
         """The answer is ready now: record the call's added latency (nothing when no
         backend request was timed, as for an answer replayed from the log)."""
         if self.sent_at and self.answered_at:
-            observe_added_latency(dialect, stream, (self.sent_at - self.started)
-                                  + (time.monotonic() - self.answered_at))
+            observe_added_latency(
+                dialect,
+                stream,
+                (self.sent_at - self.started) + (time.monotonic() - self.answered_at),
+            )

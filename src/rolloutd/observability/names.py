@@ -40,8 +40,23 @@ INCOMPLETE_GROUPS = "rolloutd_incomplete_groups"
 
 #: bucket bounds of :data:`SESSION_PHASE_SECONDS`, s: phases last from milliseconds (open,
 #: close) to the run budget (minutes)
-PHASE_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-                   600.0, 1800.0)
+PHASE_BUCKETS_S = (
+    0.01,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+)
 
 # --- gateway process (prometheus-client) --------------------------------------------------
 #: counter: model calls answered (or refused) by the gateway; labels ``dialect``
@@ -69,11 +84,22 @@ BACKEND_POLICY_VERSION = "rolloutd_backend_policy_version"
 BACKEND_HEALTHY = "rolloutd_backend_healthy"
 
 #: bucket bounds of :data:`GATEWAY_ADDED_LATENCY`, s (the gateway's goal is a few ms)
-ADDED_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                           1.0, 2.5)
+ADDED_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 #: bucket bounds of :data:`COMPLETION_LOG_WRITE`, s (a page-cache write, or an fsync)
-LOG_WRITE_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                       0.1, 0.25, 1.0)
+LOG_WRITE_BUCKETS_S = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
+)
 
 # --- sandbox process (prometheus-client) --------------------------------------------------
 #: gauge: runtimes provisioned and not yet torn down on a sandbox host; label ``host``
@@ -96,9 +122,12 @@ TEMPORAL_WORKFLOW_COMPLETED = "temporal_workflow_completed"
 
 #: metric families counted in workflow code, with their Prometheus type
 WORKFLOW_METRICS = {
-    SESSIONS_STARTED: "counter", SESSIONS_ENDED: "counter",
-    SESSION_PHASE_SECONDS: "histogram", SESSION_FAILURES: "counter",
-    SESSION_REPLACEMENTS: "counter", INCOMPLETE_GROUPS: "counter",
+    SESSIONS_STARTED: "counter",
+    SESSIONS_ENDED: "counter",
+    SESSION_PHASE_SECONDS: "histogram",
+    SESSION_FAILURES: "counter",
+    SESSION_REPLACEMENTS: "counter",
+    INCOMPLETE_GROUPS: "counter",
 }
 #: the Temporal SDK's metric families that docs/metrics.md and the dashboard use, with
 #: their Prometheus type (the SDK exports more: docs.temporal.io/references/sdk-metrics)
@@ -106,15 +135,21 @@ TEMPORAL_SDK_METRICS = {
     TEMPORAL_ACTIVITY_SCHEDULE_TO_START: "histogram",
     TEMPORAL_WORKFLOW_TASK_SCHEDULE_TO_START: "histogram",
     TEMPORAL_ACTIVITY_EXECUTION: "histogram",
-    TEMPORAL_SLOTS_AVAILABLE: "gauge", TEMPORAL_SLOTS_USED: "gauge",
+    TEMPORAL_SLOTS_AVAILABLE: "gauge",
+    TEMPORAL_SLOTS_USED: "gauge",
     TEMPORAL_WORKFLOW_COMPLETED: "counter",
 }
 #: metric families of the gateway and sandbox processes, with their Prometheus type
 PROCESS_METRICS = {
-    GATEWAY_CALLS: "counter", GATEWAY_ADDED_LATENCY: "histogram",
-    GATEWAY_PROMPT_TOKENS: "counter", GATEWAY_SAMPLED_TOKENS: "counter",
-    COMPLETION_LOG_WRITE: "histogram", BACKEND_CALLS_IN_FLIGHT: "gauge",
-    BACKEND_PAUSED: "gauge", BACKEND_POLICY_VERSION: "gauge", BACKEND_HEALTHY: "gauge",
+    GATEWAY_CALLS: "counter",
+    GATEWAY_ADDED_LATENCY: "histogram",
+    GATEWAY_PROMPT_TOKENS: "counter",
+    GATEWAY_SAMPLED_TOKENS: "counter",
+    COMPLETION_LOG_WRITE: "histogram",
+    BACKEND_CALLS_IN_FLIGHT: "gauge",
+    BACKEND_PAUSED: "gauge",
+    BACKEND_POLICY_VERSION: "gauge",
+    BACKEND_HEALTHY: "gauge",
     RUNTIMES_ALIVE: "gauge",
 }
 

@@ -103,13 +103,20 @@ def authorize(request: Request, admin_token: str | None) -> None:
     """
     sent = bearer_key(request)
     if sent is None:
-        hint = "" if admin_token else (
-            "; this gateway has no admin token configured (ROLLOUTD_ADMIN_TOKEN), so admin "
-            "routes are disabled")
+        hint = (
+            ""
+            if admin_token
+            else (
+                "; this gateway has no admin token configured (ROLLOUTD_ADMIN_TOKEN), so admin "
+                "routes are disabled"
+            )
+        )
         raise AuthenticationError(f"admin routes need `Authorization: Bearer <admin token>`{hint}")
     if not admin_token:
-        raise PermissionDeniedError("admin routes are disabled: this gateway has no admin "
-                                    "token configured (set ROLLOUTD_ADMIN_TOKEN)")
+        raise PermissionDeniedError(
+            "admin routes are disabled: this gateway has no admin "
+            "token configured (set ROLLOUTD_ADMIN_TOKEN)"
+        )
     if not secrets.compare_digest(sent.encode(), admin_token.encode()):
         raise AuthenticationError("invalid admin token")
 
@@ -120,8 +127,7 @@ def add_admin_routes(app: FastAPI, gateway: Gateway) -> None:
 
     async def body_of(request: Request, model: type[Any]) -> Any:
         authorize(request, settings.admin_token)
-        return validate(model, await read_json(request, settings.max_body_bytes,
-                                               empty={}))
+        return validate(model, await read_json(request, settings.max_body_bytes, empty={}))
 
     @app.get("/admin/backends")
     async def list_backends(request: Request) -> dict[str, Any]:
@@ -131,8 +137,9 @@ def add_admin_routes(app: FastAPI, gateway: Gateway) -> None:
     @app.post("/admin/backends")
     async def add_backend(request: Request) -> dict[str, Any]:
         add: AddBackend = await body_of(request, AddBackend)
-        return await gateway.pool.add(add.url, type=add.type, name=add.name,
-                                      policy_version=add.policy_version)
+        return await gateway.pool.add(
+            add.url, type=add.type, name=add.name, policy_version=add.policy_version
+        )
 
     @app.delete("/admin/backends")
     async def clear_backends(request: Request) -> dict[str, Any]:
@@ -147,8 +154,9 @@ def add_admin_routes(app: FastAPI, gateway: Gateway) -> None:
     @app.post("/admin/backends/pause")
     async def pause(request: Request) -> dict[str, Any]:
         body: Pause = await body_of(request, Pause)
-        timeout_s = settings.drain_timeout_s if body.drain_timeout_s is None \
-            else body.drain_timeout_s
+        timeout_s = (
+            settings.drain_timeout_s if body.drain_timeout_s is None else body.drain_timeout_s
+        )
         return await gateway.pool.set_paused(True, body.names, drain_timeout_s=timeout_s)
 
     @app.post("/admin/backends/resume")
@@ -166,18 +174,21 @@ def add_admin_routes(app: FastAPI, gateway: Gateway) -> None:
     async def load_engine(request: Request) -> Any:
         body: LoadEngine = await body_of(request, LoadEngine)
         if not settings.engine_control_url:
-            raise ConflictError("this gateway has no local engine to reload: it was not "
-                                "started by `rolloutd up` with its own engine "
-                                "(ROLLOUTD_ENGINE_CONTROL_URL is unset); load weights through "
-                                "the backend's own API instead (vLLM, SGLang)")
+            raise ConflictError(
+                "this gateway has no local engine to reload: it was not "
+                "started by `rolloutd up` with its own engine "
+                "(ROLLOUTD_ENGINE_CONTROL_URL is unset); load weights through "
+                "the backend's own API instead (vLLM, SGLang)"
+            )
         url = settings.engine_control_url.rstrip("/") + "/engine/load"
         headers = {"Authorization": f"Bearer {settings.engine_control_token or ''}"}
         try:
             async with httpx.AsyncClient(timeout=body.timeout_s + 30.0) as http:
                 answer = await http.post(url, json=body.model_dump(), headers=headers)
         except httpx.HTTPError as e:
-            raise BackendUnavailableError(f"the engine control server at {url} did not "
-                                          f"answer: {e!r}") from e
+            raise BackendUnavailableError(
+                f"the engine control server at {url} did not answer: {e!r}"
+            ) from e
         try:
             content = answer.json()
         except ValueError:

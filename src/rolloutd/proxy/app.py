@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+
 def _dialect_of(path: str, headers: Any = None) -> Any:
     """The dialect module whose error shape a path gets: a Gemini method on ``/v1/models/``
     (``{model}:{method}``) is Google's. ``/v1/models`` is shared by the three SDKs: there
@@ -162,7 +163,8 @@ class HeaderLimit:
                 size += len(name) + len(value) + 4
             if size > self.max_header_bytes:
                 error = HeadersTooLargeError(
-                    f"the request headers exceed the limit of {self.max_header_bytes} bytes")
+                    f"the request headers exceed the limit of {self.max_header_bytes} bytes"
+                )
                 await _error_response(error, scope.get("path", ""))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -199,13 +201,21 @@ class ClosingStreamingResponse(StreamingResponse):
 def _as_rolloutd_error(error: Exception) -> RolloutdError:
     """``error`` itself, or a 500 that names an unexpected exception's class (never its
     text: it may hold prompt text or paths)."""
-    return error if isinstance(error, RolloutdError) \
+    return (
+        error
+        if isinstance(error, RolloutdError)
         else RolloutdError(f"internal error: {type(error).__name__}")
+    )
 
 
-async def _sse(encoder: Encoder, start: StreamStart, events: AsyncIterator[StreamEvent],
-               session_id: str, record: Callable[[Exception], Awaitable[bool]],
-               settle: Callable[[int, bool], None]) -> AsyncIterator[bytes]:
+async def _sse(
+    encoder: Encoder,
+    start: StreamStart,
+    events: AsyncIterator[StreamEvent],
+    session_id: str,
+    record: Callable[[Exception], Awaitable[bool]],
+    settle: Callable[[int, bool], None],
+) -> AsyncIterator[bytes]:
     """Serialise one answer's events with the dialect's encoder; a failure mid-stream (in the
     pipeline or in the encoder) is recorded in the session's state through ``record`` (which
     logs it), then ends the stream with the dialect's error event. ``settle(index,
@@ -237,9 +247,12 @@ async def _sse(encoder: Encoder, start: StreamStart, events: AsyncIterator[Strea
         if failure is None:
             return
         if not await record(failure):
-            log.warning("stream_failed", error_type=type(failure).__name__,
-                        error=_as_rolloutd_error(failure).message,
-                        exc_info=None if isinstance(failure, RolloutdError) else failure)
+            log.warning(
+                "stream_failed",
+                error_type=type(failure).__name__,
+                error=_as_rolloutd_error(failure).message,
+                exc_info=None if isinstance(failure, RolloutdError) else failure,
+            )
         for chunk in encoder.error(_as_rolloutd_error(failure)):
             yield chunk
 
@@ -268,8 +281,13 @@ class ModelCalls:
     #: use ``v1beta``; the methods and bodies are the same
     GEMINI_PREFIXES = (GEMINI_PREFIX, "/v1/models/")
 
-    def __init__(self, app: Any, handlers: dict[str, Any], render_error: Any,
-                 dialects: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        handlers: dict[str, Any],
+        render_error: Any,
+        dialects: dict[str, str] | None = None,
+    ) -> None:
         self.app = app
         self.handlers = handlers
         self.render_error = render_error
@@ -293,15 +311,14 @@ class ModelCalls:
         dialect = self.dialects.get(route)
         for prefix in self.GEMINI_PREFIXES:
             if route.startswith(prefix):
-                handler, extra = self.handlers[self.GEMINI_PREFIX], (route[len(prefix):],)
+                handler, extra = self.handlers[self.GEMINI_PREFIX], (route[len(prefix) :],)
                 dialect = self.dialects.get(self.GEMINI_PREFIX)
         if handler is None:
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
         try:
-            response = await handler(request, key if key is not None else api_key(request),
-                                     *extra)
+            response = await handler(request, key if key is not None else api_key(request), *extra)
         except Exception as e:  # noqa: BLE001 - request boundary: rendered in the dialect
             response = await self.render_error(request, e)
         if dialect is not None:
@@ -323,8 +340,12 @@ def create_app(gateway: Gateway) -> Any:
     @app.exception_handler(RolloutdError)
     async def _rolloutd_error(request: Request, error: RolloutdError) -> JSONResponse:
         if error.status_code >= 500 and not call_recorded(error):
-            log.warning("request_failed", path_kind=_path_kind(request),
-                        error_type=type(error).__name__, error=error.message)
+            log.warning(
+                "request_failed",
+                path_kind=_path_kind(request),
+                error_type=type(error).__name__,
+                error=error.message,
+            )
         return _error_response(error, request.url.path, request.headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -332,7 +353,9 @@ def create_app(gateway: Gateway) -> Any:
         if error.status_code == 404:
             return _error_response(
                 NotFoundError(f"no route {request.method} {_path_kind(request)}"),
-                request.url.path, request.headers)
+                request.url.path,
+                request.headers,
+            )
         http_error = InvalidRequestError(str(error.detail))
         http_error.status_code = error.status_code
         return _error_response(http_error, request.url.path, request.headers)
@@ -357,11 +380,13 @@ def create_app(gateway: Gateway) -> Any:
         # the gateway answers, so its status is ok; the pool's health is apart: a trainer
         # waiting on rollouts reads ``backend_health`` to tell a dead engine from a slow one
         await gateway.pool.probe_unhealthy()
-        return {"status": "ok", "backends": gateway.pool.names(),
-                "backend_health": gateway.pool.health()}
+        return {
+            "status": "ok",
+            "backends": gateway.pool.names(),
+            "backend_health": gateway.pool.health(),
+        }
 
-    async def model_call(session: Any, respond: Callable[[_Call], Awaitable[Response]]
-                         ) -> Response:
+    async def model_call(session: Any, respond: Callable[[_Call], Awaitable[Response]]) -> Response:
         """Run ``respond`` for one model call of ``session``; whatever it fails with, even an
         unexpected exception outside the pipeline (reading the body, translating, rendering
         the answer), is recorded in the session's state once and raised to be rendered in
@@ -371,12 +396,20 @@ def create_app(gateway: Gateway) -> Any:
             try:
                 return await respond(call)
             except Exception as e:
-                await gateway.service.note_failure(session, e, call.started, stream=call.stream,
-                                                   request=call.request)
+                await gateway.service.note_failure(
+                    session, e, call.started, stream=call.stream, request=call.request
+                )
                 raise
 
-    async def answer(session: Any, call: _Call, internal: InternalRequest, dialect: Any,
-                     make_encoder: Any = None, *, retry: bool = False) -> Response:
+    async def answer(
+        session: Any,
+        call: _Call,
+        internal: InternalRequest,
+        dialect: Any,
+        make_encoder: Any = None,
+        *,
+        retry: bool = False,
+    ) -> Response:
         """Answer a translated request in one piece or as the dialect's SSE stream;
         ``retry``: the client marks it a retry (:func:`marked_retry`)."""
         call.stream, call.request = internal.stream, internal
@@ -387,6 +420,7 @@ def create_app(gateway: Gateway) -> Any:
             def settle_one(delivered: bool) -> None:
                 if index is not None:
                     session.settle(index, delivered=delivered)
+
             try:
                 body = dialect.response_json(response, internal)
             except BaseException:
@@ -410,37 +444,53 @@ def create_app(gateway: Gateway) -> Any:
         media = "text/event-stream" if getattr(encoder, "sse", True) else "application/json"
 
         def record(error: Exception) -> Awaitable[bool]:
-            return gateway.service.note_failure(session, error, call.started, stream=True,
-                                                request=internal)
+            return gateway.service.note_failure(
+                session, error, call.started, stream=True, request=internal
+            )
 
         def settle(index: int, delivered: bool) -> None:
             session.settle(index, delivered=delivered)
 
         return ClosingStreamingResponse(
-            _sse(encoder, start, events, session.session_id, record, settle), media_type=media,
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            _sse(encoder, start, events, session.session_id, record, settle),
+            media_type=media,
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     async def chat(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
 
         async def respond(call: _Call) -> Response:
-            body = await read_json(request, gateway.settings.max_body_bytes,
-                                   reader=session.body_reader)
-            return await answer(session, call, openai_chat.parse(body, memo=session.memo),
-                                openai_chat, retry=marked_retry(request))
+            body = await read_json(
+                request, gateway.settings.max_body_bytes, reader=session.body_reader
+            )
+            return await answer(
+                session,
+                call,
+                openai_chat.parse(body, memo=session.memo),
+                openai_chat,
+                retry=marked_retry(request),
+            )
+
         return await model_call(session, respond)
 
     async def responses(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
 
         async def respond(call: _Call) -> Response:
-            body = await read_json(request, gateway.settings.max_body_bytes,
-                                   reader=session.body_reader)
+            body = await read_json(
+                request, gateway.settings.max_body_bytes, reader=session.body_reader
+            )
             return await answer(
-                session, call,
-                openai_responses.parse(body, previous=previous_of(session, body),
-                                       memo=session.memo),
-                openai_responses, retry=marked_retry(request))
+                session,
+                call,
+                openai_responses.parse(
+                    body, previous=previous_of(session, body), memo=session.memo
+                ),
+                openai_responses,
+                retry=marked_retry(request),
+            )
+
         return await model_call(session, respond)
 
     def previous_of(session: Any, body: Any) -> list[dict[str, Any]] | None:
@@ -454,18 +504,27 @@ def create_app(gateway: Gateway) -> Any:
             return None
         previous = gateway.service.previous_conversation(session, previous_id)
         if previous is None:
-            raise RequestFieldError(f"previous response {previous_id!r} not found in "
-                                    "this session", param="previous_response_id")
+            raise RequestFieldError(
+                f"previous response {previous_id!r} not found in this session",
+                param="previous_response_id",
+            )
         return previous
 
     async def messages(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
 
         async def respond(call: _Call) -> Response:
-            body = await read_json(request, gateway.settings.max_body_bytes,
-                                   reader=session.body_reader)
-            return await answer(session, call, anthropic.parse(body, memo=session.memo),
-                                anthropic, retry=marked_retry(request))
+            body = await read_json(
+                request, gateway.settings.max_body_bytes, reader=session.body_reader
+            )
+            return await answer(
+                session,
+                call,
+                anthropic.parse(body, memo=session.memo),
+                anthropic,
+                retry=marked_retry(request),
+            )
+
         return await model_call(session, respond)
 
     async def count_tokens(request: Request, key: str | None) -> dict[str, Any]:
@@ -474,42 +533,52 @@ def create_app(gateway: Gateway) -> Any:
         internal = anthropic.parse_count_tokens(body)
         return {"input_tokens": await gateway.service.count_tokens(session, internal)}
 
-    async def generate_content(request: Request, key: str | None, model_action: str
-                               ) -> Response:
+    async def generate_content(request: Request, key: str | None, model_action: str) -> Response:
         session = await gateway.sessions.lookup(key)
         model, _, action = model_action.rpartition(":")
-        if action not in ("generateContent", "streamGenerateContent", "countTokens") \
-                or not model:
-            raise NotFoundError(f"no method {action!r}: use generateContent, "
-                                "streamGenerateContent or countTokens")
+        if action not in ("generateContent", "streamGenerateContent", "countTokens") or not model:
+            raise NotFoundError(
+                f"no method {action!r}: use generateContent, streamGenerateContent or countTokens"
+            )
         model = model.removeprefix("models/")
         if action == "countTokens":
-            body = await read_json(request, gateway.settings.max_body_bytes,
-                                   reader=session.body_reader)
+            body = await read_json(
+                request, gateway.settings.max_body_bytes, reader=session.body_reader
+            )
             internal = gemini.parse_count_tokens(body, model=model)
             return JSONResponse(
-                {"totalTokens": await gateway.service.count_tokens(session, internal)})
+                {"totalTokens": await gateway.service.count_tokens(session, internal)}
+            )
         stream = action == "streamGenerateContent"
         sse = request.query_params.get("alt") == "sse"
 
         async def respond(call: _Call) -> Response:
-            body = await read_json(request, gateway.settings.max_body_bytes,
-                                   reader=session.body_reader)
+            body = await read_json(
+                request, gateway.settings.max_body_bytes, reader=session.body_reader
+            )
             internal = gemini.parse(body, model=model, stream=stream, memo=session.memo)
-            return await answer(session, call, internal, gemini,
-                                lambda start, req: gemini.encoder(start, req, sse=sse),
-                                retry=marked_retry(request))
+            return await answer(
+                session,
+                call,
+                internal,
+                gemini,
+                lambda start, req: gemini.encoder(start, req, sse=sse),
+                retry=marked_retry(request),
+            )
+
         return await model_call(session, respond)
 
-    async def models(request: Request, key: str | None, model_id: str | None = None
-                     ) -> dict[str, Any]:
+    async def models(
+        request: Request, key: str | None, model_id: str | None = None
+    ) -> dict[str, Any]:
         """The served model listed, or looked up by ``model_id``, in the caller's dialect."""
         session = await gateway.sessions.lookup(key if key is not None else api_key(request))
         dialect = _dialect_of(request.url.path, request.headers)
         if model_id is None:
             return dialect.models_list(session.state.model)  # type: ignore[no-any-return]
         return dialect.model_json(  # type: ignore[no-any-return]
-            served_model(session.state.model, model_id))
+            served_model(session.state.model, model_id)
+        )
 
     async def count_tokens_response(request: Request, key: str | None) -> Response:
         return JSONResponse(await count_tokens(request, key))
@@ -518,20 +587,29 @@ def create_app(gateway: Gateway) -> Any:
         session = await gateway.sessions.lookup(key)
         body = await read_json(request, gateway.settings.max_body_bytes)
         internal = openai_responses.parse(body, previous=previous_of(session, body))
-        return JSONResponse(openai_responses.input_tokens_json(
-            await gateway.service.count_tokens(session, internal)))
+        return JSONResponse(
+            openai_responses.input_tokens_json(
+                await gateway.service.count_tokens(session, internal)
+            )
+        )
 
     # The model-call routes are served by ModelCalls in front of this app; the app answers
     # other methods on their paths (405) and every other path.
-    model_calls = {"/v1/chat/completions": chat, "/v1/responses": responses,
-                   "/v1/responses/input_tokens": responses_input_tokens,
-                   "/v1/messages": messages, "/v1/messages/count_tokens": count_tokens_response,
-                   ModelCalls.GEMINI_PREFIX: generate_content}
+    model_calls = {
+        "/v1/chat/completions": chat,
+        "/v1/responses": responses,
+        "/v1/responses/input_tokens": responses_input_tokens,
+        "/v1/messages": messages,
+        "/v1/messages/count_tokens": count_tokens_response,
+        ModelCalls.GEMINI_PREFIX: generate_content,
+    }
     for path in [*model_calls, *ModelCalls.GEMINI_PREFIXES[1:]]:
         for route in ("/s/{key}" + path, path):
-            app.router.add_route(route + ("{model_action:path}"
-                                          if path in ModelCalls.GEMINI_PREFIXES else ""),
-                                 _method_not_allowed, methods=["POST"])
+            app.router.add_route(
+                route + ("{model_action:path}" if path in ModelCalls.GEMINI_PREFIXES else ""),
+                _method_not_allowed,
+                methods=["POST"],
+            )
 
     # Claude Code sends `HEAD {ANTHROPIC_BASE_URL}` at startup to warm the connection; the
     # base URL answers 200 for a valid key, so a client's probe of it is not an error
@@ -548,15 +626,15 @@ def create_app(gateway: Gateway) -> Any:
         session = await gateway.sessions.lookup(key)
         dead_after_s = gateway.settings.backend_dead_after_s
         # a probe only when a call has waited that long: a saturated engine is not dead
-        answers = session.liveness.waited(dead_after_s) \
-            and await gateway.pool.answers(session.state.backend)
+        answers = session.liveness.waited(dead_after_s) and await gateway.pool.answers(
+            session.state.backend
+        )
         return session.liveness.verdict(dead_after_s, backend_answers=answers).model_dump()
 
     async def list_models(request: Request, key: str | None = None) -> dict[str, Any]:
         return await models(request, key)
 
-    async def get_model(request: Request, model_id: str, key: str | None = None
-                        ) -> dict[str, Any]:
+    async def get_model(request: Request, model_id: str, key: str | None = None) -> dict[str, Any]:
         if ":" in model_id:  # a Gemini method ({model}:generateContent): POST only
             raise StarletteHTTPException(status_code=405)
         return await models(request, key, model_id)
@@ -573,10 +651,16 @@ def create_app(gateway: Gateway) -> Any:
         body = await asyncio.to_thread(generate_latest, REGISTRY)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    call_dialects = {"/v1/chat/completions": "openai_chat", "/v1/responses": "openai_responses",
-                     "/v1/messages": "anthropic", ModelCalls.GEMINI_PREFIX: "gemini"}
-    return HeaderLimit(ModelCalls(app, model_calls, render_error, call_dialects),
-                       max_header_bytes=gateway.settings.max_header_bytes)
+    call_dialects = {
+        "/v1/chat/completions": "openai_chat",
+        "/v1/responses": "openai_responses",
+        "/v1/messages": "anthropic",
+        ModelCalls.GEMINI_PREFIX: "gemini",
+    }
+    return HeaderLimit(
+        ModelCalls(app, model_calls, render_error, call_dialects),
+        max_header_bytes=gateway.settings.max_header_bytes,
+    )
 
 
 async def _method_not_allowed(request: Request) -> Response:

@@ -76,15 +76,18 @@ def recovered(error: CallError, completions: list[Completion]) -> bool:
         error: the failed call.
         completions: the session's completion log, in index order.
     """
-    later = completions[error.at_index:]
+    later = completions[error.at_index :]
     if not error.request_hash and not error.conversation_hash:
         return bool(later)
     for completion in later:
         if error.request_hash and completion.request_hash == error.request_hash:
             return True
-        if error.conversation_hash and len(completion.messages) >= error.num_messages \
-                and conversation_hash(completion.messages[:error.num_messages]) \
-                == error.conversation_hash:
+        if (
+            error.conversation_hash
+            and len(completion.messages) >= error.num_messages
+            and conversation_hash(completion.messages[: error.num_messages])
+            == error.conversation_hash
+        ):
             return True
     return False
 
@@ -101,8 +104,9 @@ def is_backend_error(error: CallError) -> bool:
     return error.error_type in BACKEND_ERROR_TYPES or error.status_code >= 500
 
 
-def still_open(errors: list[CallError], error: CallError,
-               completions: list[Completion]) -> list[CallError]:
+def still_open(
+    errors: list[CallError], error: CallError, completions: list[Completion]
+) -> list[CallError]:
     """``errors`` (the failed calls not made good so far) with ``error`` added: those a
     completion recovered since are dropped, and an earlier failure of the same request
     (equal ``request_hash``) gives way to ``error`` (whatever recovers the later one
@@ -113,13 +117,21 @@ def still_open(errors: list[CallError], error: CallError,
         error: the call that just failed.
         completions: the session's completion log, in index order.
     """
-    kept = [e for e in errors if not recovered(e, completions)
-            and not (error.request_hash and e.request_hash == error.request_hash)]
+    kept = [
+        e
+        for e in errors
+        if not recovered(e, completions)
+        and not (error.request_hash and e.request_hash == error.request_hash)
+    ]
     return [*kept, error]
 
 
-def call_waiting_at(moment: float, completions: list[Completion], errors: list[CallError],
-                    cut_calls: list[tuple[float, float]] | None = None) -> bool:
+def call_waiting_at(
+    moment: float,
+    completions: list[Completion],
+    errors: list[CallError],
+    cut_calls: list[tuple[float, float]] | None = None,
+) -> bool:
     """Whether a model call of the session was waiting on the backend at Unix time
     ``moment``: a completion, a failed call or a call cut off that started before it and
     ended after it.

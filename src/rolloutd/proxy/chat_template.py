@@ -55,14 +55,24 @@ __all__ = ["content_text"]
 _PROBE_USER = "ping"
 _PROBE_ANSWER = "rolloutd-probe-answer"
 
-_PROBE_TOOLS = [{"type": "function", "function": {
-    "name": "probe_tool", "description": "A probe.",
-    "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}]
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "probe_tool",
+            "description": "A probe.",
+            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+        },
+    }
+]
 
 
 def _probe_call(i: int) -> dict[str, Any]:
-    return {"id": f"call_{i}", "type": "function",
-            "function": {"name": "probe_tool", "arguments": json.dumps({"x": str(i)})}}
+    return {
+        "id": f"call_{i}",
+        "type": "function",
+        "function": {"name": "probe_tool", "arguments": json.dumps({"x": str(i)})},
+    }
 
 
 #: encoded turns the chat template keeps (ChatTemplate.encode), at most so many and of so many
@@ -74,40 +84,61 @@ TURN_CACHE_CHARS = 2_000_000
 #: conversations on which incremental rendering must equal the full render, after every
 #: assistant turn but the last (ChatTemplate._probe_incremental).
 _PROBES: list[list[dict[str, Any]]] = [
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a"},
-     {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"},
-     {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}],
-    [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-     {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"},
-     {"role": "user", "content": "e"}],
-    [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "a"},
-     {"role": "assistant", "content": "", "tool_calls": [_probe_call(1)]},
-     {"role": "tool", "tool_call_id": "call_1", "content": "r1"},
-     {"role": "assistant", "content": "thinking", "tool_calls": [_probe_call(2),
-                                                                 _probe_call(3)]},
-     {"role": "tool", "tool_call_id": "call_2", "content": "r2"},
-     {"role": "tool", "tool_call_id": "call_3", "content": "r3"},
-     {"role": "assistant", "content": "done"}, {"role": "user", "content": "more"},
-     {"role": "assistant", "content": "", "tool_calls": [_probe_call(4)]},
-     {"role": "tool", "tool_call_id": "call_4", "content": "r4"},
-     {"role": "user", "content": "and?"}],
-    [{"role": "user", "content": "a"},
-     {"role": "assistant", "content": "", "tool_calls": [_probe_call(1)]},
-     {"role": "tool", "tool_call_id": "call_1", "content": "r1"},
-     {"role": "assistant", "content": "ok"}, {"role": "system", "content": "late system"},
-     {"role": "user", "content": "b"}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "d"},
+        {"role": "user", "content": "e"},
+    ],
+    [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "d"},
+        {"role": "user", "content": "e"},
+    ],
+    [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "", "tool_calls": [_probe_call(1)]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "r1"},
+        {
+            "role": "assistant",
+            "content": "thinking",
+            "tool_calls": [_probe_call(2), _probe_call(3)],
+        },
+        {"role": "tool", "tool_call_id": "call_2", "content": "r2"},
+        {"role": "tool", "tool_call_id": "call_3", "content": "r3"},
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "more"},
+        {"role": "assistant", "content": "", "tool_calls": [_probe_call(4)]},
+        {"role": "tool", "tool_call_id": "call_4", "content": "r4"},
+        {"role": "user", "content": "and?"},
+    ],
+    [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "", "tool_calls": [_probe_call(1)]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "r1"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "system", "content": "late system"},
+        {"role": "user", "content": "b"},
+    ],
 ]
 
 
 #: more conversations on which rendering the compiled template directly must equal
 #: apply_chat_template (ChatTemplate._probe_direct): keys set to None, reasoning fields
 _DIRECT_PROBES: list[list[dict[str, Any]]] = [
-    [{"role": "system", "content": "s", "name": None},
-     {"role": "user", "content": "a", "tool_calls": None},
-     {"role": "assistant", "content": "b", "reasoning_content": "why"},
-     {"role": "user", "content": "c"},
-     {"role": "assistant", "content": None, "reasoning": "r", "tool_calls": [_probe_call(5)]},
-     {"role": "tool", "tool_call_id": "call_5", "content": "r5", "name": "probe_tool"}],
+    [
+        {"role": "system", "content": "s", "name": None},
+        {"role": "user", "content": "a", "tool_calls": None},
+        {"role": "assistant", "content": "b", "reasoning_content": "why"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": None, "reasoning": "r", "tool_calls": [_probe_call(5)]},
+        {"role": "tool", "tool_call_id": "call_5", "content": "r5", "name": "probe_tool"},
+    ],
 ]
 
 
@@ -125,8 +156,7 @@ class _DictFirstSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     sandbox's own."""
 
     def getattr(self, obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and type(attribute) is str \
-                and attribute not in _DICT_ATTRIBUTES:
+        if type(obj) is dict and type(attribute) is str and attribute not in _DICT_ATTRIBUTES:
             try:
                 return obj[attribute]
             except KeyError:
@@ -223,16 +253,18 @@ class ChatTemplate:
         return sorted(tokens, key=len, reverse=True)
 
     def _find_end_of_turn(self) -> tuple[str, str]:
-        probe = [{"role": "user", "content": _PROBE_USER},
-                 {"role": "assistant", "content": _PROBE_ANSWER}]
+        probe = [
+            {"role": "user", "content": _PROBE_USER},
+            {"role": "assistant", "content": _PROBE_ANSWER},
+        ]
         text = self._render_text_unlocked(probe, None, add_generation_prompt=False)
         at = text.rfind(_PROBE_ANSWER)
         if at < 0:
             raise ConfigError("the chat template does not render the assistant's content")
-        after = text[at + len(_PROBE_ANSWER):]
+        after = text[at + len(_PROBE_ANSWER) :]
         for token in self._special_tokens():
             if after.startswith(token):
-                return token, after[len(token):]
+                return token, after[len(token) :]
         raise ConfigError(
             "cannot determine the chat template's end-of-turn token: the text after an "
             f"assistant turn is {after[:40]!r}, which starts with no special token"
@@ -252,8 +284,11 @@ class ChatTemplate:
                     except InvalidRequestError:
                         continue  # the template refuses this shape: it never chains it
                     if full != short:
-                        log.info("incremental_render_disabled", reason="template renders "
-                                 "new messages differently after a shortened conversation")
+                        log.info(
+                            "incremental_render_disabled",
+                            reason="template renders "
+                            "new messages differently after a shortened conversation",
+                        )
                         return False
         return True
 
@@ -264,13 +299,19 @@ class ChatTemplate:
         return int(ids[0])
 
     # -- rendering -----------------------------------------------------------------------
-    def _render_text_unlocked(self, messages: Sequence[dict[str, Any]],
-                              tools: Sequence[dict[str, Any]] | None,
-                              add_generation_prompt: bool) -> str:
+    def _render_text_unlocked(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> str:
         try:
             if self._direct is not None:
-                text = self._direct(template_messages(messages), list(tools) if tools else None,
-                                    add_generation_prompt)
+                text = self._direct(
+                    template_messages(messages),
+                    list(tools) if tools else None,
+                    add_generation_prompt,
+                )
             else:
                 text = self.tokenizer.apply_chat_template(
                     template_messages(messages),
@@ -279,8 +320,7 @@ class ChatTemplate:
                     tokenize=False,
                 )
         except (jinja2.TemplateError, TypeError, ValueError, KeyError) as e:
-            raise InvalidRequestError(
-                f"the chat template cannot render these messages: {e}") from e
+            raise InvalidRequestError(f"the chat template cannot render these messages: {e}") from e
         if not isinstance(text, str):
             raise ConfigError(f"apply_chat_template returned {type(text).__name__}, not text")
         return text
@@ -311,40 +351,59 @@ class ChatTemplate:
         special = dict(tokenizer.special_tokens_map)
         templates: dict[str, Any] = {}  # by source (a tokenizer may have one for tools)
 
-        def direct(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                   add_generation_prompt: bool) -> str:
+        def direct(
+            messages: list[dict[str, Any]],
+            tools: list[dict[str, Any]] | None,
+            add_generation_prompt: bool,
+        ) -> str:
             source = tokenizer.get_chat_template(None, tools)
             compiled = templates.get(source)
             if compiled is None:
                 compiled = templates[source] = _lean_template(
-                    _compile_jinja_template(source), source)
+                    _compile_jinja_template(source), source
+                )
             chat = _alias_reasoning_fields(
-                [{k: v for k, v in m.items() if v is not None} for m in messages])
-            return compiled.render(messages=chat, tools=tools, documents=None,
-                                   add_generation_prompt=add_generation_prompt, **special)
+                [{k: v for k, v in m.items() if v is not None} for m in messages]
+            )
+            return compiled.render(
+                messages=chat,
+                tools=tools,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **special,
+            )
 
         for tools in (None, _PROBE_TOOLS):
             for conversation in (*_PROBES, *_DIRECT_PROBES):
                 for generation_prompt in (True, False):
                     try:
-                        fast = direct(template_messages(conversation),
-                                      list(tools) if tools else None, generation_prompt)
+                        fast = direct(
+                            template_messages(conversation),
+                            list(tools) if tools else None,
+                            generation_prompt,
+                        )
                     except Exception:  # noqa: BLE001 - any failure: the wrapper renders
                         fast = None
                     try:
-                        slow = self._render_text_unlocked(conversation, tools,
-                                                          generation_prompt)
+                        slow = self._render_text_unlocked(conversation, tools, generation_prompt)
                     except InvalidRequestError:
                         slow = None
                     if fast != slow:
-                        log.info("direct_render_disabled", reason="the compiled template "
-                                 "renders a probe differently from apply_chat_template")
+                        log.info(
+                            "direct_render_disabled",
+                            reason="the compiled template "
+                            "renders a probe differently from apply_chat_template",
+                        )
                         return None
         return direct
 
-    def render_text(self, messages: Sequence[dict[str, Any]],
-                    tools: Sequence[dict[str, Any]] | None = None, *,
-                    add_generation_prompt: bool = True) -> str:
+    def render_text(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> str:
         """Render messages and tools to prompt text with the model's template.
 
         Raises:
@@ -361,16 +420,22 @@ class ChatTemplate:
         costs more than encoding a short text (a fresh prompt of 30 tokens: 74 us against
         47 us)."""
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is None or getattr(self.tokenizer, "split_special_tokens", False) \
-                or not hasattr(backend, "encode_batch_fast"):
+        if (
+            backend is None
+            or getattr(self.tokenizer, "split_special_tokens", False)
+            or not hasattr(backend, "encode_batch_fast")
+        ):
             return None
         for tools in (None, _PROBE_TOOLS):
             for conversation in _PROBES:
                 text = self._render_text_unlocked(conversation, tools, True) + " é 日本 \t\n"
-                if backend.encode_batch_fast([text], add_special_tokens=False)[0].ids != \
-                        list(self.tokenizer.encode(text, add_special_tokens=False)):
-                    log.warning("tokenizer_backend_differs", hint="encoding through "
-                                "transformers' wrapper (slower)")
+                if backend.encode_batch_fast([text], add_special_tokens=False)[0].ids != list(
+                    self.tokenizer.encode(text, add_special_tokens=False)
+                ):
+                    log.warning(
+                        "tokenizer_backend_differs",
+                        hint="encoding through transformers' wrapper (slower)",
+                    )
                     return None
         return backend
 
@@ -387,17 +452,15 @@ class ChatTemplate:
         without = self._render_text_unlocked(user, None, add_generation_prompt=False)
         if not with_prompt.startswith(without):
             return None
-        generation_prompt = with_prompt[len(without):]
-        token = next((t for t in self._special_tokens() if generation_prompt.startswith(t)),
-                     None)
+        generation_prompt = with_prompt[len(without) :]
+        token = next((t for t in self._special_tokens() if generation_prompt.startswith(t)), None)
         if token is None:
             return None
         for tools in (None, _PROBE_TOOLS):
             for conversation in _PROBES:
                 text = self._render_text_unlocked(conversation, tools, True)
                 whole = self._encode_whole(text)
-                if text.count(token) < 2 or self._encode_turns(text, token, cache=False) \
-                        != whole:
+                if text.count(token) < 2 or self._encode_turns(text, token, cache=False) != whole:
                     return None
         return token
 
@@ -411,8 +474,11 @@ class ChatTemplate:
         """``text`` encoded turn by turn (cut before each ``token``), each turn's ids from
         the cache when it was encoded before."""
         pieces = text.split(token)
-        turns = [pieces[0], *(token + piece for piece in pieces[1:])] if pieces[0] \
+        turns = (
+            [pieces[0], *(token + piece for piece in pieces[1:])]
+            if pieces[0]
             else [token + piece for piece in pieces[1:]]
+        )
         ids: list[int] = []
         for turn in turns:
             cached = self._turn_ids.pop(turn, None) if cache else None
@@ -421,8 +487,7 @@ class ChatTemplate:
                 self._turn_chars += len(turn) if cache else 0
             if cache:
                 self._turn_ids[turn] = cached  # (re)inserted last: most recently used
-                while len(self._turn_ids) > TURN_CACHE_SIZE \
-                        or self._turn_chars > TURN_CACHE_CHARS:
+                while len(self._turn_ids) > TURN_CACHE_SIZE or self._turn_chars > TURN_CACHE_CHARS:
                     oldest = next(iter(self._turn_ids))
                     del self._turn_ids[oldest]
                     self._turn_chars -= len(oldest)
@@ -460,24 +525,31 @@ class ChatTemplate:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is None:
             return None
-        samples = [self._encode_whole(self._render_text_unlocked(conversation, tools, True))
-                   for tools in (None, _PROBE_TOOLS) for conversation in _PROBES]
+        samples = [
+            self._encode_whole(self._render_text_unlocked(conversation, tools, True))
+            for tools in (None, _PROBE_TOOLS)
+            for conversation in _PROBES
+        ]
         size = len(self.tokenizer)
         samples += [[self.tokenizer.convert_tokens_to_ids(t) for t in self._special_tokens()]]
         samples += [list(range(start, min(start + 64, size))) for start in range(0, size, 64)]
         try:
             for ids in samples:
-                if backend.decode(ids, skip_special_tokens=False) != \
-                        self.tokenizer.decode(ids, skip_special_tokens=False):
-                    log.info("tokenizer_backend_decode_differs", hint="decoding through "
-                             "transformers' wrapper (slower)")
+                if backend.decode(ids, skip_special_tokens=False) != self.tokenizer.decode(
+                    ids, skip_special_tokens=False
+                ):
+                    log.info(
+                        "tokenizer_backend_decode_differs",
+                        hint="decoding through transformers' wrapper (slower)",
+                    )
                     return None
         except Exception:  # noqa: BLE001 - any failure: transformers decodes
             return None
         return backend
 
-    def render(self, messages: Sequence[dict[str, Any]],
-               tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+    def render(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
         """Fresh prompt ids with the generation prompt.
 
         Returns:
@@ -486,9 +558,12 @@ class ChatTemplate:
         return self.encode(self.render_text(messages, tools, add_generation_prompt=True))
 
     # -- the token chain -------------------------------------------------------------------
-    def find_extended(self, messages: Sequence[dict[str, Any]],
-                      tools: Sequence[dict[str, Any]],
-                      completions: Sequence[Completion] | ExtensionIndex) -> Completion | None:
+    def find_extended(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]],
+        completions: Sequence[Completion] | ExtensionIndex,
+    ) -> Completion | None:
         """The completion whose conversation and answer ``messages`` continue, if any.
 
         A completion ``c`` matches when the request has the same tools, starts with
@@ -507,8 +582,9 @@ class ChatTemplate:
             completions: the session's completions so far, in index order, or their
                 :class:`ExtensionIndex` (a session keeps one; a list is indexed here).
         """
-        index = completions if isinstance(completions, ExtensionIndex) \
-            else ExtensionIndex(completions)
+        index = (
+            completions if isinstance(completions, ExtensionIndex) else ExtensionIndex(completions)
+        )
         signatures: dict[int, tuple[Any, ...]] = {}
 
         def signature(i: int) -> tuple[Any, ...]:
@@ -525,27 +601,30 @@ class ChatTemplate:
                     if canonical_json(completion.tools) != tools_key:
                         continue
                 if completion.messages != messages[:k] and any(
-                        message_signature(m) != signature(i)
-                        for i, m in enumerate(completion.messages)):
+                    message_signature(m) != signature(i) for i, m in enumerate(completion.messages)
+                ):
                     continue
                 return completion
         return None
 
-    def _after_turn_full(self, messages: Sequence[dict[str, Any]],
-                         tools: Sequence[dict[str, Any]] | None, k: int) -> str | None:
+    def _after_turn_full(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, k: int
+    ) -> str | None:
         """The text the template renders after assistant turn ``messages[k]`` (its end-of-turn
         token and trailer excluded) up to the generation prompt, from two full renders; None
         when the conversation up to that turn is not a prefix of the whole or does not end
         with the end-of-turn token and trailer."""
         full_text = self.render_text(messages, tools, add_generation_prompt=True)
-        upto_text = self.render_text(messages[:k + 1], tools, add_generation_prompt=False)
-        if full_text.startswith(upto_text) \
-                and upto_text.endswith(self.end_of_turn_text + self.trailer):
-            return full_text[len(upto_text):]
+        upto_text = self.render_text(messages[: k + 1], tools, add_generation_prompt=False)
+        if full_text.startswith(upto_text) and upto_text.endswith(
+            self.end_of_turn_text + self.trailer
+        ):
+            return full_text[len(upto_text) :]
         return None
 
-    def _after_turn_incremental(self, messages: Sequence[dict[str, Any]],
-                                tools: Sequence[dict[str, Any]] | None, k: int) -> str | None:
+    def _after_turn_incremental(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, k: int
+    ) -> str | None:
         """:meth:`_after_turn_full` of a stand-in conversation: the first message, the last
         user message before turn ``k``, then ``messages[k:]``; its cost does not depend on
         ``k``."""
@@ -558,13 +637,20 @@ class ChatTemplate:
                     break
         return self._after_turn_full([*head, *messages[k:]], tools, len(head))
 
-    def render_chars(self, messages: Sequence[dict[str, Any]],
-                     tools: Sequence[dict[str, Any]], previous: Completion | None) -> int:
+    def render_chars(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]],
+        previous: Completion | None,
+    ) -> int:
         """A rough size (characters) of what :meth:`build_prompt` renders and tokenizes for
         this request, given its continued completion ``previous`` (from
         :meth:`find_extended`): callers run small renders inline and large ones in a thread."""
-        todo = messages[len(previous.messages):] if previous is not None and self.incremental \
+        todo = (
+            messages[len(previous.messages) :]
+            if previous is not None and self.incremental
             else messages
+        )
         size = 600 * len(tools)
         for message in todo:
             content = message.get("content")
@@ -577,10 +663,14 @@ class ChatTemplate:
         """The tokenizer is in use by another thread (an inline call would wait for it)."""
         return self._lock.locked()
 
-    def build_prompt(self, messages: Sequence[dict[str, Any]],
-                     tools: Sequence[dict[str, Any]],
-                     completions: Sequence[Completion] | ExtensionIndex, *,
-                     previous: Completion | None | bool = False) -> PromptPlan:
+    def build_prompt(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]],
+        completions: Sequence[Completion] | ExtensionIndex,
+        *,
+        previous: Completion | None | bool = False,
+    ) -> PromptPlan:
         """The prompt of a request: chained onto an earlier completion when it continues one.
 
         A chained prompt renders only what follows the continued turn (incrementally when the
@@ -616,12 +706,20 @@ class ChatTemplate:
                 new_text = self._after_turn_full(messages, tools, k)
             if new_text is not None:
                 new_ids = self.encode(self.trailer + new_text)
-                closed = () if previous.response_ids[-1] == self.end_of_turn_id \
+                closed = (
+                    ()
+                    if previous.response_ids[-1] == self.end_of_turn_id
                     else (self.end_of_turn_id,)
+                )
                 return PromptPlan(
                     prompt_ids=[*previous.prompt_ids, *previous.response_ids, *closed, *new_ids],
-                    extends=previous.index, num_new_tokens=len(new_ids))
-            log.warning("chain_break", extends=previous.index,
-                        reason="rendered conversation does not extend the earlier one")
+                    extends=previous.index,
+                    num_new_tokens=len(new_ids),
+                )
+            log.warning(
+                "chain_break",
+                extends=previous.index,
+                reason="rendered conversation does not extend the earlier one",
+            )
         prompt_ids = self.encode(self.render_text(messages, tools, add_generation_prompt=True))
         return PromptPlan(prompt_ids=prompt_ids, extends=None, num_new_tokens=len(prompt_ids))

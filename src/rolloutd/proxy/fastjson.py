@@ -69,8 +69,9 @@ def dumps(obj: Any) -> bytes:
             # orjson writes NaN and infinities as null; the standard library refuses them
             if b"null" not in out or not _has_nan(obj):
                 return out
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False,
-                      default=_fragment_value).encode()
+    return json.dumps(
+        obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_fragment_value
+    ).encode()
 
 
 def _fragment_value(obj: Any) -> Any:
@@ -116,9 +117,12 @@ class ListJson:
             TypeError, ValueError: as :func:`dumps`.
         """
         if base is not None and base is self._items and base and len(items) >= len(base):
-            rest = items[len(base):]
-            text = self._text if not rest else b"".join(
-                (memoryview(self._text)[:-1], b",", memoryview(dumps(rest))[1:]))
+            rest = items[len(base) :]
+            text = (
+                self._text
+                if not rest
+                else b"".join((memoryview(self._text)[:-1], b",", memoryview(dumps(rest))[1:]))
+            )
         else:
             text = dumps(items)
         self._items, self._text = items, text
@@ -228,21 +232,20 @@ class BodyReader:
         """Whether ``items`` is the conversation list of the last body read and its first
         ``num`` items are those of ``earlier``, the one of the body read before it: the very
         same objects (known without comparing them)."""
-        return items is self._returned and earlier is self._returned_before \
-            and num <= self._reused
+        return items is self._returned and earlier is self._returned_before and num <= self._reused
 
     def _reusable(self, text: str) -> int:
         """How many of the last body's conversation items ``text`` starts with (their text,
         and the fields before them)."""
         ends = self._ends
-        if not ends or not text.startswith(self._text[:ends[0]]):
+        if not ends or not text.startswith(self._text[: ends[0]]):
             return 0
         if text.startswith(self._text):
             return len(ends)
         low, high = 1, len(ends) - 1  # text starts with the first `low` items, not `high + 1`
         while low < high:
             mid = (low + high + 1) // 2
-            if text.startswith(self._text[:ends[mid - 1]]):
+            if text.startswith(self._text[: ends[mid - 1]]):
                 low = mid
             else:
                 high = mid - 1
@@ -264,8 +267,9 @@ class BodyReader:
             obj[field] = items
             at = _WHITESPACE.match(text, self._rest_of_items(text, ends[-1], items, ends)).end()
             if text[at] == ",":
-                at, _ = self._fields(text, _WHITESPACE.match(text, at + 1).end(), obj, None,
-                                     items, ends)
+                at, _ = self._fields(
+                    text, _WHITESPACE.match(text, at + 1).end(), obj, None, items, ends
+                )
             elif text[at] == "}":
                 at += 1
             else:
@@ -286,15 +290,21 @@ class BodyReader:
             self._returned_before = self._returned if reused else None
             self._returned, self._reused = items, reused
             self.reused_bytes = ends[reused - 1] if reused and text.isascii() else 0
-            self._text, self._ends, self._field, self._head = text[:ends[-1]], ends, field, head
+            self._text, self._ends, self._field, self._head = text[: ends[-1]], ends, field, head
             self._items = items.copy()
         else:
             self.forget()
         return obj
 
-    def _fields(self, text: str, at: int, obj: dict[str, Any],
-                head: list[tuple[str, Any]] | None, items: list[Any], ends: list[int]
-                ) -> tuple[int, str]:
+    def _fields(
+        self,
+        text: str,
+        at: int,
+        obj: dict[str, Any],
+        head: list[tuple[str, Any]] | None,
+        items: list[Any],
+        ends: list[int],
+    ) -> tuple[int, str]:
         """Read ``"key": value`` pairs into ``obj`` from ``at`` through the closing brace.
 
         With ``head`` (the conversation not read yet): the first of :attr:`fields` holding a
@@ -310,8 +320,13 @@ class BodyReader:
             if text[at] != ":":
                 raise _Fallback
             at = _WHITESPACE.match(text, at + 1).end()
-            if head is not None and not field and key in self.fields and text[at] == "[" \
-                    and key not in obj:
+            if (
+                head is not None
+                and not field
+                and key in self.fields
+                and text[at] == "["
+                and key not in obj
+            ):
                 field = key
                 obj[key] = items
                 at = _WHITESPACE.match(text, at + 1).end()

@@ -61,9 +61,12 @@ def check_admin_exposure(settings: GatewaySettings, host: str | None = None) -> 
             (issue 20: admin routes need a token off loopback).
     """
     require_token_off_loopback(
-        settings.gateway_host if host is None else host, settings.admin_token,
-        service="the gateway", token_setting="ROLLOUTD_ADMIN_TOKEN",
-        protects="its admin routes (backend pool, pause and drain, policy version)")
+        settings.gateway_host if host is None else host,
+        settings.admin_token,
+        service="the gateway",
+        token_setting="ROLLOUTD_ADMIN_TOKEN",
+        protects="its admin routes (backend pool, pause and drain, policy version)",
+    )
 
 
 class Gateway:
@@ -84,9 +87,17 @@ class Gateway:
         app: the FastAPI app (built on first use).
     """
 
-    def __init__(self, settings: GatewaySettings, *, store: BlobStore, template: ChatTemplate,
-                 pool: BackendPool, model_name: str, tool_parser: str = "hermes",
-                 reasoning_parser: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        *,
+        store: BlobStore,
+        template: ChatTemplate,
+        pool: BackendPool,
+        model_name: str,
+        tool_parser: str = "hermes",
+        reasoning_parser: str | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.template = template
@@ -94,22 +105,35 @@ class Gateway:
         metrics.watch_pool(pool)  # its backends' state, read at each scrape
         self.model_name = model_name
         public_url = settings.gateway_public_url or (
-            f"http://{settings.gateway_host}:{settings.gateway_port}")
-        self.sessions = SessionManager(store, pool, public_url=public_url,
-                                       default_model=model_name)
+            f"http://{settings.gateway_host}:{settings.gateway_port}"
+        )
+        self.sessions = SessionManager(store, pool, public_url=public_url, default_model=model_name)
         self.sessions.capacity = BackendCapacity(
-            pool, max_sessions_per_slot=settings.max_sessions_per_slot,
-            backend_slots=settings.backend_slots)
+            pool,
+            max_sessions_per_slot=settings.max_sessions_per_slot,
+            backend_slots=settings.backend_slots,
+        )
         self.recorder = Recorder()
-        self.service = ChatService(template, pool, self.recorder, tool_parser=tool_parser,
-                                   reasoning_parser=reasoning_parser)
+        self.service = ChatService(
+            template,
+            pool,
+            self.recorder,
+            tool_parser=tool_parser,
+            reasoning_parser=reasoning_parser,
+        )
         self._app: FastAPI | None = None
 
     @classmethod
-    def from_settings(cls, settings: GatewaySettings, *, tokenizer: Any | None = None,
-                      transport: httpx.AsyncBaseTransport | None = None,
-                      ctx_size: int | None = None, tool_parser: str | None = None,
-                      reasoning_parser: str | None = None) -> Gateway:
+    def from_settings(
+        cls,
+        settings: GatewaySettings,
+        *,
+        tokenizer: Any | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        ctx_size: int | None = None,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
+    ) -> Gateway:
         """Build a gateway from settings (loads the tokenizer: takes a few seconds).
 
         Args:
@@ -127,19 +151,30 @@ class Gateway:
         Raises:
             rolloutd.errors.ConfigError: unknown model, no chat template, unsupported backend.
         """
-        template = ChatTemplate(tokenizer if tokenizer is not None
-                                else load_tokenizer(settings.model),
-                                incremental=settings.incremental_render)
-        store = BlobStore(settings.store_url, sync=settings.store_sync,
-                          group_commit_s=settings.store_group_commit_s)
-        pool = BackendPool.from_settings(settings, transport=transport, ctx_size=ctx_size,
-                                         store=store)
+        template = ChatTemplate(
+            tokenizer if tokenizer is not None else load_tokenizer(settings.model),
+            incremental=settings.incremental_render,
+        )
+        store = BlobStore(
+            settings.store_url,
+            sync=settings.store_sync,
+            group_commit_s=settings.store_group_commit_s,
+        )
+        pool = BackendPool.from_settings(
+            settings, transport=transport, ctx_size=ctx_size, store=store
+        )
         defaults = parsers_for_model(settings.model)
-        return cls(settings, store=store, template=template, pool=pool,
-                   model_name=served_model_name(settings.model),
-                   tool_parser=tool_parser or settings.tool_parser or defaults.tool_parser,
-                   reasoning_parser=reasoning_parser or settings.reasoning_parser
-                   or defaults.reasoning_parser)
+        return cls(
+            settings,
+            store=store,
+            template=template,
+            pool=pool,
+            model_name=served_model_name(settings.model),
+            tool_parser=tool_parser or settings.tool_parser or defaults.tool_parser,
+            reasoning_parser=reasoning_parser
+            or settings.reasoning_parser
+            or defaults.reasoning_parser,
+        )
 
     @property
     def app(self) -> FastAPI:
@@ -202,8 +237,13 @@ class ServerHandle:
         log.info("gateway_stopped", port=self.port)
 
 
-async def serve(gateway: Gateway, host: str | None = None, port: int | None = None, *,
-                startup_timeout_s: float = 30.0) -> ServerHandle:
+async def serve(
+    gateway: Gateway,
+    host: str | None = None,
+    port: int | None = None,
+    *,
+    startup_timeout_s: float = 30.0,
+) -> ServerHandle:
     """Run the gateway's app with uvicorn in the running event loop.
 
     The socket is bound here, so a port in use raises ``OSError`` to the caller instead of
@@ -243,12 +283,18 @@ async def serve(gateway: Gateway, host: str | None = None, port: int | None = No
         raise
     sock.set_inheritable(True)
     bound_port = sock.getsockname()[1]
-    config = uvicorn.Config(gateway.app, host=host, port=bound_port, log_config=None,
-                            access_log=False, lifespan="off",
-                            # no client addresses are used: skip X-Forwarded-* parsing per call
-                            proxy_headers=False,
-                            h11_max_incomplete_event_size=gateway.settings.max_header_bytes,
-                            timeout_keep_alive=int(max(1, gateway.settings.keep_alive_s)))
+    config = uvicorn.Config(
+        gateway.app,
+        host=host,
+        port=bound_port,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        # no client addresses are used: skip X-Forwarded-* parsing per call
+        proxy_headers=False,
+        h11_max_incomplete_event_size=gateway.settings.max_header_bytes,
+        timeout_keep_alive=int(max(1, gateway.settings.keep_alive_s)),
+    )
     config.load()  # resolves http="auto" now, so the parser in use can be reported
     http_parser = config.http_protocol_class.__module__.rsplit(".", 1)[-1].removesuffix("_impl")
     server = _EmbeddedServer(config)
@@ -258,8 +304,7 @@ async def serve(gateway: Gateway, host: str | None = None, port: int | None = No
     while not server.started:
         if task.done():
             sock.close()
-            raise RolloutdError("gateway HTTP server stopped during startup") \
-                from task.exception()
+            raise RolloutdError("gateway HTTP server stopped during startup") from task.exception()
         if loop.time() > deadline:
             server.should_exit = True
             sock.close()
@@ -268,7 +313,18 @@ async def serve(gateway: Gateway, host: str | None = None, port: int | None = No
     if gateway.settings.gateway_public_url is None:
         gateway.set_public_url(f"http://{host}:{bound_port}")
     event_loop = f"{type(loop).__module__}.{type(loop).__name__}"
-    log.info("gateway_started", host=host, port=bound_port, http_parser=http_parser,
-             event_loop=event_loop)
-    return ServerHandle(host=host, port=bound_port, server=server, task=task,
-                        http_parser=http_parser, event_loop=event_loop)
+    log.info(
+        "gateway_started",
+        host=host,
+        port=bound_port,
+        http_parser=http_parser,
+        event_loop=event_loop,
+    )
+    return ServerHandle(
+        host=host,
+        port=bound_port,
+        server=server,
+        task=task,
+        http_parser=http_parser,
+        event_loop=event_loop,
+    )

@@ -32,13 +32,22 @@ def bearer_key(request: Request) -> str | None:
 def api_key(request: Request) -> str | None:
     """The session key sent as an API key: ``Authorization: Bearer``, ``x-api-key``
     (Anthropic clients), ``x-goog-api-key`` or ``?key=`` (Gemini clients)."""
-    return (bearer_key(request) or request.headers.get("x-api-key")
-            or request.headers.get("x-goog-api-key") or request.query_params.get("key")
-            or None)
+    return (
+        bearer_key(request)
+        or request.headers.get("x-api-key")
+        or request.headers.get("x-goog-api-key")
+        or request.query_params.get("key")
+        or None
+    )
 
 
-async def read_json(request: Request, max_body_bytes: int, *, empty: Any = None,
-                    reader: fastjson.BodyReader | None = None) -> Any:
+async def read_json(
+    request: Request,
+    max_body_bytes: int,
+    *,
+    empty: Any = None,
+    reader: fastjson.BodyReader | None = None,
+) -> Any:
     """The request's JSON body, read up to ``max_body_bytes`` (a chunked body is cut off as
     soon as it passes the limit).
 
@@ -64,8 +73,7 @@ async def read_json(request: Request, max_body_bytes: int, *, empty: Any = None,
             if len(raw) > max_body_bytes:
                 raise RequestTooLargeError(too_large)
     except ClientDisconnect:
-        raise InvalidRequestError("the client disconnected before sending its whole body") \
-            from None
+        raise InvalidRequestError("the client disconnected before sending its whole body") from None
     if empty is not None and not raw.strip():
         return empty
     try:
@@ -80,6 +88,7 @@ async def read_json(request: Request, max_body_bytes: int, *, empty: Any = None,
     except UnicodeEncodeError:
         if reader is not None:
             reader.forget()  # what it kept was not checked for these escapes
-        raise InvalidRequestError("the request body holds invalid Unicode (a lone surrogate)") \
-            from None
+        raise InvalidRequestError(
+            "the request body holds invalid Unicode (a lone surrogate)"
+        ) from None
     return body

@@ -1,6 +1,7 @@
 """The gateway's internal request and response: what every dialect translates to and from.
 
-Dialects (OpenAI Chat and Responses, Anthropic Messages, Gemini generateContent) are pure translations
+Dialects (OpenAI Chat and Responses, Anthropic Messages, Gemini generateContent) are pure
+translations
 between their wire models and these models, so the generation pipeline, the token chain and
 the recorder see one shape only. Messages and tools use the OpenAI chat shape because that is
 what Hugging Face chat templates expect.

@@ -3,10 +3,12 @@
 A session's calls stand unanswered from the first failure of a call with a backend-kind
 error (``BackendError``, ``BackendUnavailableError``, any 5xx: docs/failures.md) since the
 last answered call (from the failure, not the call's start: time queued on a saturated
-engine before it died is not time the engine was dead), or from the moment a call still in flight got its backend,
+engine before it died is not time the engine was dead), or from the moment a call still in flight
+got its backend,
 whichever is earlier; a call in flight counts only while its backend does not answer a probe
 (a saturated engine answers: its calls queue, it is not dead; a call waiting for a backend
-paused by a weight update is not waiting on a dead one). A call answered since ends it: the backend answers. When they have
+paused by a weight update is not waiting on a dead one). A call answered since ends it: the backend
+answers. When they have
 stood unanswered for ``backend_dead_after_s`` (a gateway setting, default 60 s), the
 gateway's verdict on the session is ``backend``: the sandbox's run-harness activity asks for
 it at each heartbeat and stops the harness, so the session ends with failure kind
@@ -68,7 +70,8 @@ class Liveness:
     """
 
     waiting: dict[int, tuple[float | None, asyncio.Task[object] | None]] = field(
-        default_factory=dict)
+        default_factory=dict
+    )
     failing_since: float | None = None
     last_error: str | None = None
 
@@ -104,14 +107,16 @@ class Liveness:
     def waited(self, seconds: float) -> bool:
         """Whether a call in flight has waited on its backend for ``seconds``."""
         now = time.time()
-        return any(start is not None and now - start >= seconds
-                   for start, _ in self.waiting.values())
+        return any(
+            start is not None and now - start >= seconds for start, _ in self.waiting.values()
+        )
 
     def unanswered_since(self, *, count_waiting: bool = True) -> float | None:
         """Unix time from which the session's calls stand unanswered, or None; calls in
         flight count only with ``count_waiting``."""
-        starts = [start for start, _ in self.waiting.values()
-                  if start is not None and count_waiting]
+        starts = [
+            start for start, _ in self.waiting.values() if start is not None and count_waiting
+        ]
         if self.failing_since is not None:
             starts.append(self.failing_since)
         return min(starts) if starts else None
@@ -137,7 +142,10 @@ class Liveness:
             if task is not None and start is not None and now - start >= dead_after_s:
                 task.cancel()
         why = self.last_error or "a call waited on a backend that does not answer"
-        return Verdict(verdict="backend", unanswered_s=round(unanswered_s, 1),
-                       dead_after_s=dead_after_s,
-                       message=f"the session's model calls stood unanswered for "
-                               f"{unanswered_s:.0f} s (limit {dead_after_s:g} s); last: {why}")
+        return Verdict(
+            verdict="backend",
+            unanswered_s=round(unanswered_s, 1),
+            dead_after_s=dead_after_s,
+            message=f"the session's model calls stood unanswered for "
+            f"{unanswered_s:.0f} s (limit {dead_after_s:g} s); last: {why}",
+        )

@@ -73,8 +73,11 @@ def _is_client_item(value: Any) -> bool:
     if not isinstance(value, dict):
         return False
     kind = value.get("type")
-    return (kind == "message" or (kind is None and "role" in value)
-            or (isinstance(kind, str) and kind.endswith("_output")))
+    return (
+        kind == "message"
+        or (kind is None and "role" in value)
+        or (isinstance(kind, str) and kind.endswith("_output"))
+    )
 
 
 def _without(value: Any, path: list[str]) -> Any:
@@ -120,8 +123,9 @@ def request_hash(body: dict[str, Any], dialect: str = "") -> str:
     return hashlib.sha256(canonical_json(identity_body(body, dialect)).encode()).hexdigest()
 
 
-def validate_new_items(body: dict[str, Any], field: str, known: int,
-                       validate: Callable[[dict[str, Any]], W]) -> tuple[W | None, int]:
+def validate_new_items(
+    body: dict[str, Any], field: str, known: int, validate: Callable[[dict[str, Any]], W]
+) -> tuple[W | None, int]:
     """Validate ``body`` with its list ``body[field]`` cut to the items after the ``known``
     ones a memo already translated (with none new, the last one again, so that a field that
     must not be empty is not).
@@ -235,8 +239,11 @@ class RequestMemo:
         n = len(known.items)
         if n > len(raw):
             return False
-        if self.reader is not None and known.source is not None \
-                and self.reader.continues(raw, known.source, n):
+        if (
+            self.reader is not None
+            and known.source is not None
+            and self.reader.continues(raw, known.source, n)
+        ):
             return True  # the reader reused those very objects
         if all(map(operator.is_, raw, known.items)):
             return True
@@ -260,7 +267,7 @@ class RequestMemo:
         else:
             state = self._fp_state or hashlib.blake2b(digest_size=16)
             try:
-                state.update(_items_bytes(raw[self._fp_upto:num]))
+                state.update(_items_bytes(raw[self._fp_upto : num]))
             except ValueError:
                 self._fps[num] = None
                 return None
@@ -273,8 +280,9 @@ class RequestMemo:
         self._fp_of, self._fps, self._fp_state, self._fp_upto = None, {}, None, 0
 
     # -- translation -------------------------------------------------------------------
-    def known_prefix(self, dialect: str, context: Any, raw: Any
-                     ) -> tuple[int, Sequence[dict[str, Any]], Any]:
+    def known_prefix(
+        self, dialect: str, context: Any, raw: Any
+    ) -> tuple[int, Sequence[dict[str, Any]], Any]:
         """How much of ``raw`` the last translation covers.
 
         Args:
@@ -295,12 +303,13 @@ class RequestMemo:
             return 0, (), None
         best: _Translation | None = None
         for memo in self._translations:
-            if memo.dialect != dialect or (best is not None
-                                           and len(memo.raw.items) <= len(best.raw.items)):
+            if memo.dialect != dialect or (
+                best is not None and len(memo.raw.items) <= len(best.raw.items)
+            ):
                 continue
             if memo.context.items[0] is not context and (
-                    memo.context.digest() is None
-                    or memo.context.digest() != fingerprint([context])):
+                memo.context.digest() is None or memo.context.digest() != fingerprint([context])
+            ):
                 continue
             if self._starts_with(raw, memo.raw):
                 best = memo
@@ -309,15 +318,20 @@ class RequestMemo:
         self._reused = best
         return len(best.raw.items), best.messages, best.state
 
-    def remember(self, dialect: str, context: Any, raw: Any, messages: list[dict[str, Any]],
-                 state: Any = None) -> None:
+    def remember(
+        self,
+        dialect: str,
+        context: Any,
+        raw: Any,
+        messages: list[dict[str, Any]],
+        state: Any = None,
+    ) -> None:
         """Keep a successful translation of ``raw`` (the whole raw message list) into
         ``messages`` for the next call (the list is copied, its messages are not: nothing
         modifies an internal message once translated)."""
         if not isinstance(raw, list) or not raw:
             return
-        entry = _Translation(dialect, _Known([context]), _Known(raw, raw), tuple(messages),
-                             state)
+        entry = _Translation(dialect, _Known([context]), _Known(raw, raw), tuple(messages), state)
         # the entry this one continues is superseded
         reused, self._reused = self._reused, None
         kept = [m for m in self._translations if m is not reused]
@@ -336,9 +350,11 @@ class RequestMemo:
         head, raw, tail = split
         best: _HashState | None = None
         for memo in self._hashes:
-            if memo.head == head and (best is None
-                                      or len(memo.raw.items) > len(best.raw.items)) \
-                    and self._starts_with(raw, memo.raw):
+            if (
+                memo.head == head
+                and (best is None or len(memo.raw.items) > len(best.raw.items))
+                and self._starts_with(raw, memo.raw)
+            ):
                 best = memo
         if best is not None:
             sha, start = best.sha.copy(), len(best.raw.items)
@@ -347,8 +363,7 @@ class RequestMemo:
         for i in range(start, len(raw)):
             sha.update(("," + canonical_json(raw[i]) if i else canonical_json(raw[i])).encode())
         kept = [m for m in self._hashes if m is not best]
-        self._hashes = [_HashState(head, _Known(raw, raw), sha.copy()), *kept
-                        ][:MAX_CONVERSATIONS]
+        self._hashes = [_HashState(head, _Known(raw, raw), sha.copy()), *kept][:MAX_CONVERSATIONS]
         self._forget_fingerprints()
         sha.update(tail.encode())
         return sha.hexdigest()
@@ -367,7 +382,8 @@ def _split(body: Any) -> tuple[str, list[Any], str] | None:
     for key, value in sorted(body.items()):
         if key != name:
             (before if key < name else after).append(
-                f"{canonical_json(key)}:{canonical_json(value)}")
+                f"{canonical_json(key)}:{canonical_json(value)}"
+            )
     head = "{" + "".join(part + "," for part in before) + canonical_json(name) + ":["
     tail = "]" + "".join("," + part for part in after) + "}"
     return head, body[name], tail

@@ -32,8 +32,11 @@ def content_text(content: Any) -> str:
         for part in content:
             if isinstance(part, str):
                 texts.append(part)
-            elif isinstance(part, dict) and part.get("type") in ("text", "input_text",
-                                                                 "output_text"):
+            elif isinstance(part, dict) and part.get("type") in (
+                "text",
+                "input_text",
+                "output_text",
+            ):
                 texts.append(str(part.get("text", "")))
             else:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
@@ -145,7 +148,7 @@ class ExtensionIndex:
 
     def lengths_below(self, num_messages: int) -> list[int]:
         """The indexed conversation lengths ``k < num_messages``, longest first."""
-        return self._lengths[:bisect.bisect_left(self._lengths, num_messages)][::-1]
+        return self._lengths[: bisect.bisect_left(self._lengths, num_messages)][::-1]
 
     def candidates(self, k: int, answer_signature: tuple[Any, ...]) -> list[Completion]:
         """Completions of ``k`` messages whose answer has ``answer_signature``, latest

@@ -52,7 +52,7 @@ class ReasoningParser:
         stripped = text.lstrip()
         if not stripped.startswith(THINK_OPEN):
             return None
-        return stripped[len(THINK_OPEN):].lstrip()
+        return stripped[len(THINK_OPEN) :].lstrip()
 
     def split(self, text: str) -> tuple[str | None, str]:
         """Reasoning and answer of a whole sampled text.
@@ -71,7 +71,7 @@ class ReasoningParser:
         end = body.find(THINK_CLOSE)
         if end < 0:
             return body.strip(), ""
-        return body[:end].strip(), body[end + len(THINK_CLOSE):].lstrip()
+        return body[:end].strip(), body[end + len(THINK_CLOSE) :].lstrip()
 
     def split_partial(self, text: str) -> tuple[str, str | None]:
         """What can be streamed of a growing sampled text.
@@ -91,7 +91,7 @@ class ReasoningParser:
         end = body.find(THINK_CLOSE)
         if end < 0:
             return _held_back(body, THINK_CLOSE).rstrip(), None
-        return body[:end].strip(), body[end + len(THINK_CLOSE):].lstrip()
+        return body[:end].strip(), body[end + len(THINK_CLOSE) :].lstrip()
 
 
 #: reasoning parser name -> parser
@@ -112,8 +112,9 @@ def get_reasoning_parser(name: str | None) -> ReasoningParser | None:
     try:
         return REASONING_PARSERS[name]
     except KeyError:
-        raise ConfigError(f"unknown reasoning parser {name!r}; known: "
-                          f"{', '.join(sorted(REASONING_PARSERS))}") from None
+        raise ConfigError(
+            f"unknown reasoning parser {name!r}; known: {', '.join(sorted(REASONING_PARSERS))}"
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -78,8 +78,10 @@ def build_completion(
             version now).
     """
     if len(result.response_ids) != len(result.response_logprobs):
-        raise ValueError(f"completion {session.session_id}#{index}: {len(result.response_ids)} "
-                         f"sampled tokens, {len(result.response_logprobs)} logprobs")
+        raise ValueError(
+            f"completion {session.session_id}#{index}: {len(result.response_ids)} "
+            f"sampled tokens, {len(result.response_logprobs)} logprobs"
+        )
     # built from validated parts: validating again would copy the whole conversation per call
     return Completion.model_construct(
         session_id=session.session_id,
@@ -98,36 +100,53 @@ def build_completion(
         response_text=response.text,
         response_message=response.message(),
         finish_reason=response.finish_reason,
-        end_of_turn_sampled=bool(result.response_ids)
-        and result.response_ids[-1] == end_of_turn_id,
+        end_of_turn_sampled=bool(result.response_ids) and result.response_ids[-1] == end_of_turn_id,
         extends=plan.extends,
         backend=backend.name,
         policy_version=backend.policy_version if policy_version is None else policy_version,
-        timings=Timings(started_at=started_at, first_token_s=result.first_token_s,
-                        duration_s=duration_s),
+        timings=Timings(
+            started_at=started_at, first_token_s=result.first_token_s, duration_s=duration_s
+        ),
         response_id=response.id,
     )
 
 
 def build_passthrough_completion(
-    session: Session, *, index: int, request: InternalRequest, body_hash: str,
-    result: ChatResult, response: InternalResponse, backend: Backend, started_at: float,
-    duration_s: float, policy_version: int | None = None,
+    session: Session,
+    *,
+    index: int,
+    request: InternalRequest,
+    body_hash: str,
+    result: ChatResult,
+    response: InternalResponse,
+    backend: Backend,
+    started_at: float,
+    duration_s: float,
+    policy_version: int | None = None,
 ) -> Completion:
     """The completion of one ``passthrough`` call (pure): the backend rendered the prompt, so
     token ids are the ones it returned, if any; without them the completion is untrainable.
     """
     trainable = result.trainable  # implies aligned response ids and logprobs
     return Completion.model_construct(
-        session_id=session.session_id, index=index, request_hash=body_hash,
-        dialect=request.dialect, capture_mode=session.state.capture_mode, model=response.model,
-        messages=request.messages, tools=request.tools, request=request.body,
+        session_id=session.session_id,
+        index=index,
+        request_hash=body_hash,
+        dialect=request.dialect,
+        capture_mode=session.state.capture_mode,
+        model=response.model,
+        messages=request.messages,
+        tools=request.tools,
+        request=request.body,
         prompt_ids=result.prompt_ids if trainable else [],
         response_ids=result.response_ids if trainable else [],
         response_logprobs=result.response_logprobs if trainable else [],
-        response_text=response.text, response_message=response.message(),
-        finish_reason=response.finish_reason, end_of_turn_sampled=trainable,
-        backend=backend.name, trainable=trainable,
+        response_text=response.text,
+        response_message=response.message(),
+        finish_reason=response.finish_reason,
+        end_of_turn_sampled=trainable,
+        backend=backend.name,
+        trainable=trainable,
         policy_version=backend.policy_version if policy_version is None else policy_version,
         timings=Timings(started_at=started_at, duration_s=duration_s),
         response_id=response.id,
@@ -138,7 +157,8 @@ def response_from_completion(completion: Completion) -> InternalResponse:
     """The answer recorded in ``completion``, identical to the one first returned."""
     message = completion.response_message
     return InternalResponse(
-        id=answer_id(completion), completion_index=completion.index,
+        id=answer_id(completion),
+        completion_index=completion.index,
         created=int(completion.timings.started_at),
         model=completion.model,
         text=completion.response_text,
@@ -146,16 +166,16 @@ def response_from_completion(completion: Completion) -> InternalResponse:
         tool_calls=list(message.get("tool_calls") or []),
         reasoning=message.get("reasoning_content"),
         finish_reason=completion.finish_reason,  # type: ignore[arg-type]
-        usage=Usage(prompt_tokens=len(completion.prompt_ids),
-                    completion_tokens=len(completion.response_ids)),
+        usage=Usage(
+            prompt_tokens=len(completion.prompt_ids), completion_tokens=len(completion.response_ids)
+        ),
     )
 
 
 class Recorder:
     """Appends completions to their session's log."""
 
-    async def record(self, session: Session, build: Callable[[int], Completion]
-                     ) -> Completion:
+    async def record(self, session: Session, build: Callable[[int], Completion]) -> Completion:
         """Give the next index to the completion ``build(index)`` and append it to the log,
         in one critical section under ``session.lock`` (never held across a backend call):
         the index is the completion's place in append order, gap-free whatever order
@@ -178,9 +198,11 @@ class Recorder:
         async with session.lock:
             started = time.monotonic()
             completion = build(session.next_index())
-            base = session.completions[completion.extends] \
-                if completion.extends is not None \
+            base = (
+                session.completions[completion.extends]
+                if completion.extends is not None
                 else (session.completions[-1] if session.completions else None)
+            )
             writing = time.monotonic()
             if session.log.store.fast_writes:
                 session.log.append(completion, base)  # a small write into the page cache
@@ -192,12 +214,18 @@ class Recorder:
             session.by_hash.setdefault(completion.request_hash, []).append(completion.index)
             session.sending(completion.index)
         metrics.observe_log_write(appended - writing)
-        metrics.count_tokens(completion.backend, len(completion.prompt_ids),
-                             len(completion.response_ids))
+        metrics.count_tokens(
+            completion.backend, len(completion.prompt_ids), len(completion.response_ids)
+        )
         # per call: DEBUG (an INFO line per call costs more than the rest of the recording)
-        log.debug("completion_recorded", session_id=session.session_id, index=completion.index,
-                 num_prompt_tokens=len(completion.prompt_ids),
-                 num_response_tokens=len(completion.response_ids),
-                 finish_reason=completion.finish_reason, extends=completion.extends,
-                 append_s=round(appended - started, 4))
+        log.debug(
+            "completion_recorded",
+            session_id=session.session_id,
+            index=completion.index,
+            num_prompt_tokens=len(completion.prompt_ids),
+            num_response_tokens=len(completion.response_ids),
+            finish_reason=completion.finish_reason,
+            extends=completion.extends,
+            append_s=round(appended - started, 4),
+        )
         return completion

@@ -43,9 +43,16 @@ def completion_key(completion: Completion) -> str:
     return f"{completion.session_id}#{completion.index}"
 
 
-def replayed_copy(source: Completion, *, session_id: str, index: int, extends: int | None,
-                  request: dict[str, object], body_hash: str, response_id: str
-                  ) -> Completion:
+def replayed_copy(
+    source: Completion,
+    *,
+    session_id: str,
+    index: int,
+    extends: int | None,
+    request: dict[str, object],
+    body_hash: str,
+    response_id: str,
+) -> Completion:
     """The completion that replays ``source`` as completion ``index`` of session
     ``session_id`` (pure): ``source``'s tokens, logprobs, policy version, timings, answer and
     answer id; this call's raw request (its volatile fields may differ) and identity.
@@ -60,10 +67,17 @@ def replayed_copy(source: Completion, *, session_id: str, index: int, extends: i
         response_id: the id the harness got with ``source``'s answer
             (:func:`rolloutd.proxy.recorder.answer_id`).
     """
-    return source.model_copy(update={
-        "session_id": session_id, "index": index, "extends": extends,
-        "replayed_from": completion_key(source), "response_id": response_id,
-        "request": request, "request_hash": body_hash})
+    return source.model_copy(
+        update={
+            "session_id": session_id,
+            "index": index,
+            "extends": extends,
+            "replayed_from": completion_key(source),
+            "response_id": response_id,
+            "request": request,
+            "request_hash": body_hash,
+        }
+    )
 
 
 class ReplaySource:
@@ -80,8 +94,7 @@ class ReplaySource:
             current one (``TaskRequest.replay_max_staleness``).
     """
 
-    def __init__(self, store: BlobStore, source_ids: Sequence[str], max_staleness: int = 0
-                 ) -> None:
+    def __init__(self, store: BlobStore, source_ids: Sequence[str], max_staleness: int = 0) -> None:
         self.store = store
         self.source_ids = list(source_ids)
         self.max_staleness = max_staleness
@@ -114,13 +127,16 @@ class ReplaySource:
                 if completion.replayed_from:
                     self.taken[completion.replayed_from] = completion.index
             self.loaded = True
-        log.info("replay_source_loaded", sources=self.source_ids,
-                 num_offered=len(self.offered), num_replayed_before=len(self.taken))
+        log.info(
+            "replay_source_loaded",
+            sources=self.source_ids,
+            num_offered=len(self.offered),
+            num_replayed_before=len(self.taken),
+        )
 
     def _read(self) -> list[list[Completion]]:
         # a source that never opened has no log: it offers nothing
-        return [CompletionLog(self.store, source_id).read_all()
-                for source_id in self.source_ids]
+        return [CompletionLog(self.store, source_id).read_all() for source_id in self.source_ids]
 
     def _index(self, logs: list[list[Completion]]) -> None:
         consumed: set[str] = set()
@@ -179,8 +195,11 @@ class ReplaySource:
     def _successor(self, source: Completion) -> Completion | None:
         """The first completion of ``source``'s own log that continues its conversation."""
         for completion in self._all.values():
-            if completion.session_id == source.session_id \
-                    and completion.index > source.index and _continues(completion, source):
+            if (
+                completion.session_id == source.session_id
+                and completion.index > source.index
+                and _continues(completion, source)
+            ):
                 return completion
         return None
 
@@ -196,23 +215,32 @@ class ReplaySource:
         replayed = [c for c in completions if c.replayed_from]
         ends = []
         for completion in replayed:
-            if any(_continues(other, completion) for other in replayed
-                   if other.index > completion.index):
+            if any(
+                _continues(other, completion)
+                for other in replayed
+                if other.index > completion.index
+            ):
                 continue
             source = self._all.get(completion.replayed_from or "")
             went_on = source is not None and self._successor(source) is not None
-            ends.append(ReplayEnd(last_index=completion.index,
-                                  source=completion.replayed_from or "",
-                                  reason="body_differed" if went_on else "source_ended"))
+            ends.append(
+                ReplayEnd(
+                    last_index=completion.index,
+                    source=completion.replayed_from or "",
+                    reason="body_differed" if went_on else "source_ended",
+                )
+            )
         offered = {completion_key(c) for c in self.offered}
         return ReplayStats(
-            sources=self.source_ids, num_source_completions=len(self.offered),
+            sources=self.source_ids,
+            num_source_completions=len(self.offered),
             num_replayed=len(replayed),
             num_not_replayed=len(offered - {c.replayed_from for c in replayed}),
             num_stale=len(self.stale - {c.replayed_from for c in replayed}),
             num_prompt_tokens_saved=sum(len(c.prompt_ids) for c in replayed),
             num_response_tokens_saved=sum(len(c.response_ids) for c in replayed),
-            ends=ends)
+            ends=ends,
+        )
 
 
 def _continues(later: Completion, earlier: Completion) -> bool:
@@ -224,8 +252,11 @@ def _continues(later: Completion, earlier: Completion) -> bool:
     if later.extends is not None:
         return later.extends == earlier.index
     n = len(earlier.messages)
-    return len(later.messages) > n and later.messages[:n] == earlier.messages \
+    return (
+        len(later.messages) > n
+        and later.messages[:n] == earlier.messages
         and _same_answer(later.messages[n], earlier.response_message)
+    )
 
 
 def _same_answer(message: dict[str, object], answer: dict[str, object]) -> bool:
@@ -235,5 +266,4 @@ def _same_answer(message: dict[str, object], answer: dict[str, object]) -> bool:
         return False
     calls = [c.get("id") for c in message.get("tool_calls") or []]  # type: ignore[union-attr]
     answer_calls = [c.get("id") for c in answer.get("tool_calls") or []]  # type: ignore[union-attr]
-    return calls == answer_calls and (message.get("content") or "") == (
-        answer.get("content") or "")
+    return calls == answer_calls and (message.get("content") or "") == (answer.get("content") or "")

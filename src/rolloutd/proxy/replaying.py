@@ -16,8 +16,13 @@ from rolloutd.types import Completion
 log = structlog.get_logger(__name__)
 
 
-async def answer_from_source(session: Session, recorder: Recorder, pool: BackendPool,
-                             request: InternalRequest, body_hash: str) -> Completion | None:
+async def answer_from_source(
+    session: Session,
+    recorder: Recorder,
+    pool: BackendPool,
+    request: InternalRequest,
+    body_hash: str,
+) -> Completion | None:
     """The earlier attempt's completion of this request's identity, not replayed yet and not
     staler than the session allows, copied into the session's log (next index, ``extends``
     remapped, ``replayed_from``, the source's answer ids) before the answer is sent; None when
@@ -47,9 +52,15 @@ async def answer_from_source(session: Session, recorder: Recorder, pool: Backend
         return None
 
     def build(index: int) -> Completion:
-        copy = replayed_copy(source, session_id=session.session_id, index=index,
-                             extends=replay.remap(source), request=request.body,
-                             body_hash=body_hash, response_id=answer_id(source))
+        copy = replayed_copy(
+            source,
+            session_id=session.session_id,
+            index=index,
+            extends=replay.remap(source),
+            request=request.body,
+            body_hash=body_hash,
+            response_id=answer_id(source),
+        )
         replay.placed(source, index)
         return copy
 
@@ -58,7 +69,11 @@ async def answer_from_source(session: Session, recorder: Recorder, pool: Backend
     except BaseException:
         replay.release(source)
         raise
-    log.info("call_replayed", session_id=session.session_id, index=completion.index,
-             replayed_from=completion.replayed_from,
-             num_response_tokens=len(completion.response_ids))
+    log.info(
+        "call_replayed",
+        session_id=session.session_id,
+        index=completion.index,
+        replayed_from=completion.replayed_from,
+        num_response_tokens=len(completion.response_ids),
+    )
     return completion

@@ -48,5 +48,6 @@ def bound_max_tokens(max_tokens: int, num_prompt_tokens: int, ctx_size: int) -> 
     if room < 1:
         raise ContextLengthError(
             f"this model's maximum context length is {ctx_size} tokens, but the prompt has "
-            f"{num_prompt_tokens} tokens, which leaves no room for the completion")
+            f"{num_prompt_tokens} tokens, which leaves no room for the completion"
+        )
     return min(max_tokens, room)

@@ -98,8 +98,15 @@ class ChatService(PassthroughCalls):
         reasoning_parser: name in :data:`rolloutd.proxy.parsers.REASONING_PARSERS`, or None.
     """
 
-    def __init__(self, template: ChatTemplate, pool: BackendPool, recorder: Recorder, *,
-                 tool_parser: str = "hermes", reasoning_parser: str | None = None) -> None:
+    def __init__(
+        self,
+        template: ChatTemplate,
+        pool: BackendPool,
+        recorder: Recorder,
+        *,
+        tool_parser: str = "hermes",
+        reasoning_parser: str | None = None,
+    ) -> None:
         self.template = template
         self.pool = pool
         self.recorder = recorder
@@ -114,14 +121,19 @@ class ChatService(PassthroughCalls):
         Raises:
             rolloutd.errors.InvalidRequestError: the template rejects the messages.
         """
-        previous = self.template.find_extended(request.messages, request.tools,
-                                               session.extensions)
-        plan = await asyncio.to_thread(self.template.build_prompt, request.messages,
-                                       request.tools, session.extensions, previous=previous)
+        previous = self.template.find_extended(request.messages, request.tools, session.extensions)
+        plan = await asyncio.to_thread(
+            self.template.build_prompt,
+            request.messages,
+            request.tools,
+            session.extensions,
+            previous=previous,
+        )
         return len(plan.prompt_ids)
 
-    def previous_conversation(self, session: Session, wire_id: str
-                              ) -> list[dict[str, object]] | None:
+    def previous_conversation(
+        self, session: Session, wire_id: str
+    ) -> list[dict[str, object]] | None:
         """The conversation answered by the Responses answer ``wire_id`` (``resp_...``):
         that completion's messages and its answer, or None when the session has none such.
 
@@ -132,20 +144,23 @@ class ChatService(PassthroughCalls):
                 return [*completion.messages, completion.response_message]
         return None
 
-    def _shape(self, text: str, request: InternalRequest
-               ) -> tuple[str | None, str | None, list[dict[str, object]], bool]:
+    def _shape(
+        self, text: str, request: InternalRequest
+    ) -> tuple[str | None, str | None, list[dict[str, object]], bool]:
         """(reasoning, content, tool_calls, a tool call could not be read) of sampled text:
         reasoning first, then tool calls in the rest (only when the request offered
         tools)."""
-        reasoning, rest = (self.reasoning_parser.split(text) if self.reasoning_parser
-                           else (None, text))
+        reasoning, rest = (
+            self.reasoning_parser.split(text) if self.reasoning_parser else (None, text)
+        )
         if request.tools:
             parsed = self.tool_parser.parse(rest)
             return reasoning, parsed.content, parsed.tool_calls, parsed.num_unreadable > 0
         return reasoning, rest, [], False
 
-    def _retry(self, session: Session, request: InternalRequest, marked: bool
-               ) -> tuple[str, Completion | None]:
+    def _retry(
+        self, session: Session, request: InternalRequest, marked: bool
+    ) -> tuple[str, Completion | None]:
         """(request identity, the completion this call is a retry of, or None)
         (:meth:`rolloutd.proxy.sessions.Session.find_retry`). A completion found is marked
         as being sent again in the same step (no await between), so a concurrent identical
@@ -154,31 +169,41 @@ class ChatService(PassthroughCalls):
         answered = session.find_retry(body_hash, marked=marked)
         if answered is not None:
             session.sending(answered.index)
-            log.info("retry_answered_from_log", session_id=session.session_id,
-                     index=answered.index, marked=marked)
+            log.info(
+                "retry_answered_from_log",
+                session_id=session.session_id,
+                index=answered.index,
+                marked=marked,
+            )
         return body_hash, answered
 
-    async def _find_answer(self, session: Session, request: InternalRequest, marked: bool
-                           ) -> tuple[str, Completion | None]:
+    async def _find_answer(
+        self, session: Session, request: InternalRequest, marked: bool
+    ) -> tuple[str, Completion | None]:
         """:meth:`_retry`; a marked retry of a request that another call of the session is
         sampling now (the client timed out and retried) waits for that call and answers with
         its completion, so one request is sampled once."""
         body_hash, answered = self._retry(session, request, marked)
         if answered is None and session.replay is not None:
             # a new attempt: the earlier attempt's record of this request (issue 25)
-            answered = await answer_from_source(session, self.recorder, self.pool, request,
-                                                body_hash)
+            answered = await answer_from_source(
+                session, self.recorder, self.pool, request, body_hash
+            )
             if answered is not None:
                 return body_hash, answered
-        waiting = session.sampling_calls.get(body_hash) if marked and answered is None \
-            else None
+        waiting = session.sampling_calls.get(body_hash) if marked and answered is None else None
         if waiting is not None:
             index = await asyncio.shield(waiting)
             if index is not None:
                 answered = session.completions[index]
                 session.sending(index)
-                log.info("retry_answered_from_log", session_id=session.session_id,
-                         index=index, marked=marked, waited=True)
+                log.info(
+                    "retry_answered_from_log",
+                    session_id=session.session_id,
+                    index=index,
+                    marked=marked,
+                    waited=True,
+                )
         return body_hash, answered
 
     async def _lease(self, session: Session) -> Lease:
@@ -199,15 +224,25 @@ class ChatService(PassthroughCalls):
         every session)."""
         template = self.template
         previous = template.find_extended(request.messages, request.tools, session.extensions)
-        if not template.busy and template.render_chars(
-                request.messages, request.tools, previous) <= INLINE_RENDER_CHARS:
-            return template.build_prompt(request.messages, request.tools, session.extensions,
-                                         previous=previous)
-        return await asyncio.to_thread(template.build_prompt, request.messages, request.tools,
-                                       session.extensions, previous=previous)
+        if (
+            not template.busy
+            and template.render_chars(request.messages, request.tools, previous)
+            <= INLINE_RENDER_CHARS
+        ):
+            return template.build_prompt(
+                request.messages, request.tools, session.extensions, previous=previous
+            )
+        return await asyncio.to_thread(
+            template.build_prompt,
+            request.messages,
+            request.tools,
+            session.extensions,
+            previous=previous,
+        )
 
-    async def _prepare(self, session: Session, request: InternalRequest, body_hash: str,
-                       lease: Lease) -> _Prepared:
+    async def _prepare(
+        self, session: Session, request: InternalRequest, body_hash: str, lease: Lease
+    ) -> _Prepared:
         """Prompt and sampling of a call on ``lease.backend``: the prompt continues the
         completion whose conversation and answer the request extends (its chain's tail,
         whichever conversation of the session that is), else renders afresh."""
@@ -215,29 +250,51 @@ class ChatService(PassthroughCalls):
         plan = await self._build_prompt(session, request)
         backend = lease.backend
         sampling = resolve_sampling(session.state.sampling, request.sampling)
-        max_tokens = bound_max_tokens(sampling.max_tokens, len(plan.prompt_ids),
-                                      await backend.context_size())
-        base = session.completions[plan.extends].prompt_ids if plan.extends is not None \
-            else None
-        generate = GenerateRequest(prompt_ids=plan.prompt_ids, max_tokens=max_tokens,
-                                   temperature=sampling.temperature, top_p=sampling.top_p,
-                                   top_k=sampling.top_k, seed=sampling.seed,
-                                   prompt_json=session.prompt_json.dumps(plan.prompt_ids, base))
-        log.debug("call_prepared", session_id=session.session_id,
-                  num_prompt_tokens=len(plan.prompt_ids), num_new_tokens=plan.num_new_tokens,
-                  extends=plan.extends, max_tokens=max_tokens, backend=backend.name)
-        return _Prepared(response_id=new_response_id(), body_hash=body_hash, plan=plan,
-                         backend=backend, generate=generate, started_at=started_at,
-                         started=started, policy_version=lease.policy_version)
+        max_tokens = bound_max_tokens(
+            sampling.max_tokens, len(plan.prompt_ids), await backend.context_size()
+        )
+        base = session.completions[plan.extends].prompt_ids if plan.extends is not None else None
+        generate = GenerateRequest(
+            prompt_ids=plan.prompt_ids,
+            max_tokens=max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            seed=sampling.seed,
+            prompt_json=session.prompt_json.dumps(plan.prompt_ids, base),
+        )
+        log.debug(
+            "call_prepared",
+            session_id=session.session_id,
+            num_prompt_tokens=len(plan.prompt_ids),
+            num_new_tokens=plan.num_new_tokens,
+            extends=plan.extends,
+            max_tokens=max_tokens,
+            backend=backend.name,
+        )
+        return _Prepared(
+            response_id=new_response_id(),
+            body_hash=body_hash,
+            plan=plan,
+            backend=backend,
+            generate=generate,
+            started_at=started_at,
+            started=started,
+            policy_version=lease.policy_version,
+        )
 
-    async def _answer(self, session: Session, request: InternalRequest, prep: _Prepared,
-                      result: GenerateResult) -> InternalResponse:
+    async def _answer(
+        self, session: Session, request: InternalRequest, prep: _Prepared, result: GenerateResult
+    ) -> InternalResponse:
         """Parse, record and build the answer (the completion's index is given when it is
         recorded)."""
         text_ids = result.response_ids[:-1] if result.ended_by_eos else result.response_ids
         # a short answer decodes in microseconds: a thread hop would cost more
-        text = self.template.decode(text_ids) if len(text_ids) <= 256 \
+        text = (
+            self.template.decode(text_ids)
+            if len(text_ids) <= 256
             else await asyncio.to_thread(self.template.decode, text_ids)
+        )
         reasoning, content, tool_calls, unreadable = self._shape(text, request)
         response = InternalResponse(
             id=prep.response_id,
@@ -248,17 +305,27 @@ class ChatService(PassthroughCalls):
             reasoning=reasoning,
             tool_calls=tool_calls,
             finish_reason="tool_calls" if tool_calls else result.finish_reason,
-            usage=Usage(prompt_tokens=len(prep.plan.prompt_ids),
-                        completion_tokens=len(result.response_ids)),
+            usage=Usage(
+                prompt_tokens=len(prep.plan.prompt_ids), completion_tokens=len(result.response_ids)
+            ),
         )
         duration_s = time.monotonic() - prep.started
 
         def build(index: int) -> Completion:
             completion = build_completion(
-                session, index=index, request=request, body_hash=prep.body_hash,
-                plan=prep.plan, result=result, response=response, backend=prep.backend,
-                end_of_turn_id=self.template.end_of_turn_id, started_at=prep.started_at,
-                duration_s=duration_s, policy_version=prep.policy_version)
+                session,
+                index=index,
+                request=request,
+                body_hash=prep.body_hash,
+                plan=prep.plan,
+                result=result,
+                response=response,
+                backend=prep.backend,
+                end_of_turn_id=self.template.end_of_turn_id,
+                started_at=prep.started_at,
+                duration_s=duration_s,
+                policy_version=prep.policy_version,
+            )
             # the model's doing: its tokens stay; the task may force the session's reward
             completion.tool_call_parse_failed = unreadable
             return completion
@@ -266,8 +333,15 @@ class ChatService(PassthroughCalls):
         response.completion_index = (await self.recorder.record(session, build)).index
         return response
 
-    async def _note_failure(self, session: Session, error: Exception, started: float, *,
-                            stream: bool, request: InternalRequest | None = None) -> bool:
+    async def _note_failure(
+        self,
+        session: Session,
+        error: Exception,
+        started: float,
+        *,
+        stream: bool,
+        request: InternalRequest | None = None,
+    ) -> bool:
         """Record a failed call in the session's state (under its lock, briefly): the
         harness gets the error, the session keeps it, the log stays as it was; the failure
         is logged here, once, and ``error`` is marked (:func:`call_recorded`) so the layers
@@ -280,28 +354,48 @@ class ChatService(PassthroughCalls):
                 the failure good).
         """
         status = error.status_code if isinstance(error, RolloutdError) else 500
-        message = error.message if isinstance(error, RolloutdError) \
+        message = (
+            error.message
+            if isinstance(error, RolloutdError)
             else f"internal error: {type(error).__name__}"
+        )
         recorded = False
         try:
             hashes: dict[str, Any] = {}
             if request is not None:
-                hashes = {"request_hash": request_hash(request.body, request.dialect),
-                          "num_messages": len(request.messages),
-                          "conversation_hash": conversation_hash(request.messages)}
-            recorded = await session.record_error(CallError(
-                at_index=session.next_index(), at=time.time(),
-                error_type=type(error).__name__, message=message[:500], status_code=status,
-                backend=session.state.backend, duration_s=time.monotonic() - started,
-                stream=stream, **hashes),
-                cause=None if isinstance(error, RolloutdError) else error)
+                hashes = {
+                    "request_hash": request_hash(request.body, request.dialect),
+                    "num_messages": len(request.messages),
+                    "conversation_hash": conversation_hash(request.messages),
+                }
+            recorded = await session.record_error(
+                CallError(
+                    at_index=session.next_index(),
+                    at=time.time(),
+                    error_type=type(error).__name__,
+                    message=message[:500],
+                    status_code=status,
+                    backend=session.state.backend,
+                    duration_s=time.monotonic() - started,
+                    stream=stream,
+                    **hashes,
+                ),
+                cause=None if isinstance(error, RolloutdError) else error,
+            )
         except Exception:
             log.exception("call_error_not_recorded", session_id=session.session_id)
         setattr(error, _RECORDED, True)
         return recorded
 
-    async def note_failure(self, session: Session, error: Exception, started: float, *,
-                           stream: bool, request: InternalRequest | None = None) -> bool:
+    async def note_failure(
+        self,
+        session: Session,
+        error: Exception,
+        started: float,
+        *,
+        stream: bool,
+        request: InternalRequest | None = None,
+    ) -> bool:
         """Record a call that failed outside :meth:`complete` and :meth:`stream` (reading or
         translating its body, rendering its answer, encoding its stream) as they record
         theirs; a failure recorded already, or one of a sealed session, is left alone.
@@ -322,11 +416,11 @@ class ChatService(PassthroughCalls):
             return True
         if session.state.closed:
             return False
-        return await self._note_failure(session, error, started, stream=stream,
-                                        request=request)
+        return await self._note_failure(session, error, started, stream=stream, request=request)
 
-    async def _complete(self, session: Session, request: InternalRequest, marked: bool,
-                        token: int, clock: CallClock) -> InternalResponse:
+    async def _complete(
+        self, session: Session, request: InternalRequest, marked: bool, token: int, clock: CallClock
+    ) -> InternalResponse:
         body_hash, answered = await self._find_answer(session, request, marked)
         if answered is not None:
             return response_from_completion(answered)
@@ -337,8 +431,7 @@ class ChatService(PassthroughCalls):
             session.liveness.leased(token)
             try:
                 if session.state.capture_mode is CaptureMode.PASSTHROUGH:
-                    response = await self._passthrough_on(session, request, body_hash, lease,
-                                                          clock)
+                    response = await self._passthrough_on(session, request, body_hash, lease, clock)
                 else:
                     prep = await self._prepare(session, request, body_hash, lease)
                     clock.sent()
@@ -357,8 +450,9 @@ class ChatService(PassthroughCalls):
         finally:
             session.end_sampling(body_hash, own, index)
 
-    async def complete(self, session: Session, request: InternalRequest, *,
-                       marked_retry: bool = False) -> InternalResponse:
+    async def complete(
+        self, session: Session, request: InternalRequest, *, marked_retry: bool = False
+    ) -> InternalResponse:
         """Answer one call in one piece.
 
         The answer's ``completion_index`` names the completion that holds it; the caller
@@ -384,8 +478,9 @@ class ChatService(PassthroughCalls):
         started, started_at = time.monotonic(), time.time()
         token = session.liveness.started()
         try:
-            response = await self._complete(session, request, marked_retry, token,
-                                            CallClock(started))
+            response = await self._complete(
+                session, request, marked_retry, token, CallClock(started)
+            )
             session.liveness.answered(token)
             return response
         except Exception as e:
@@ -399,8 +494,9 @@ class ChatService(PassthroughCalls):
         finally:
             session.end_call()
 
-    async def stream(self, session: Session, request: InternalRequest, *,
-                     marked_retry: bool = False) -> AsyncIterator[StreamEvent]:
+    async def stream(
+        self, session: Session, request: InternalRequest, *, marked_retry: bool = False
+    ) -> AsyncIterator[StreamEvent]:
         """Answer one call as events: :class:`StreamStart`, :class:`StreamContent`...,
         :class:`StreamEnd`.
 
@@ -429,19 +525,26 @@ class ChatService(PassthroughCalls):
                 session.liveness.answered(token)
                 response = response_from_completion(answered)
                 end_index = answered.index
-                yield StreamStart(id=response.id, created=response.created,
-                                  model=response.model,
-                                  prompt_tokens=response.usage.prompt_tokens)
-                yield StreamEnd(response=response, content_tail=response.content or "",
-                                reasoning_tail=response.reasoning or "")
+                yield StreamStart(
+                    id=response.id,
+                    created=response.created,
+                    model=response.model,
+                    prompt_tokens=response.usage.prompt_tokens,
+                )
+                yield StreamEnd(
+                    response=response,
+                    content_tail=response.content or "",
+                    reasoning_tail=response.reasoning or "",
+                )
                 return
             own = session.start_sampling(body_hash)
             lease = await self._lease(session)
             session.liveness.leased(token)
-            events = (self._passthrough_stream_on
-                      if session.state.capture_mode is CaptureMode.PASSTHROUGH
-                      else self._stream_on)(session, request, body_hash, lease,
-                                            CallClock(started))
+            events = (
+                self._passthrough_stream_on
+                if session.state.capture_mode is CaptureMode.PASSTHROUGH
+                else self._stream_on
+            )(session, request, body_hash, lease, CallClock(started))
             try:
                 async for event in events:
                     if isinstance(event, StreamEnd):
@@ -471,8 +574,14 @@ class ChatService(PassthroughCalls):
             session.end_sampling(body_hash, own, end_index)
             session.end_call()
 
-    async def _stream_on(self, session: Session, request: InternalRequest, body_hash: str,
-                         lease: Lease, clock: CallClock) -> AsyncIterator[StreamEvent]:
+    async def _stream_on(
+        self,
+        session: Session,
+        request: InternalRequest,
+        body_hash: str,
+        lease: Lease,
+        clock: CallClock,
+    ) -> AsyncIterator[StreamEvent]:
         """The streamed tokens-mode call on a leased backend."""
         prep = await self._prepare(session, request, body_hash, lease)
         streamable = self.tool_parser.streamable if request.tools else str
@@ -480,23 +589,27 @@ class ChatService(PassthroughCalls):
         deltas = prep.backend.generate_stream(prep.generate)
         try:
             delta = await next_delta(deltas, prep.backend)
-            yield StreamStart(id=prep.response_id,
-                              created=int(prep.started_at), model=session.state.model,
-                              prompt_tokens=len(prep.generate.prompt_ids))
+            yield StreamStart(
+                id=prep.response_id,
+                created=int(prep.started_at),
+                model=session.state.model,
+                prompt_tokens=len(prep.generate.prompt_ids),
+            )
             text, sent, sent_reasoning = "", "", ""
             while delta.result is None:
                 text += delta.text
                 if self.reasoning_parser is not None:
                     reasoning, rest = self.reasoning_parser.split_partial(text)
-                    if len(reasoning) > len(sent_reasoning) \
-                            and reasoning.startswith(sent_reasoning):
-                        yield StreamReasoning(text=reasoning[len(sent_reasoning):])
+                    if len(reasoning) > len(sent_reasoning) and reasoning.startswith(
+                        sent_reasoning
+                    ):
+                        yield StreamReasoning(text=reasoning[len(sent_reasoning) :])
                         sent_reasoning = reasoning
                 else:
                     rest = text
                 safe = streamable(rest) if rest is not None else ""
                 if len(safe) > len(sent) and safe.startswith(sent):
-                    yield StreamContent(text=safe[len(sent):])
+                    yield StreamContent(text=safe[len(sent) :])
                     sent = safe
                 delta = await next_delta(deltas, prep.backend)
             clock.answered()
@@ -507,7 +620,8 @@ class ChatService(PassthroughCalls):
         clock.observe(request.dialect, True)
         yield StreamEnd(
             response=response,
-            content_tail=stream_tail(response.content or "", sent, "content", session,
-                                     index),
-            reasoning_tail=stream_tail(response.reasoning or "", sent_reasoning, "reasoning",
-                                 session, index))
+            content_tail=stream_tail(response.content or "", sent, "content", session, index),
+            reasoning_tail=stream_tail(
+                response.reasoning or "", sent_reasoning, "reasoning", session, index
+            ),
+        )

@@ -217,8 +217,9 @@ class Session:
         closing: :meth:`SessionManager.close_session` started: new calls are refused.
     """
 
-    def __init__(self, state: SessionState, completions: list[Completion],
-                 log_: CompletionLog) -> None:
+    def __init__(
+        self, state: SessionState, completions: list[Completion], log_: CompletionLog
+    ) -> None:
         self.state = state
         self.completions = completions
         self.log = log_
@@ -240,8 +241,11 @@ class Session:
         #: whether its calls stand unanswered (:mod:`rolloutd.proxy.liveness`)
         self.liveness = Liveness()
         #: the earlier attempts' completions this session may replay (None: no source)
-        self.replay = ReplaySource(log_.store, state.replay_from, state.replay_max_staleness) \
-            if state.replay_from else None
+        self.replay = (
+            ReplaySource(log_.store, state.replay_from, state.replay_max_staleness)
+            if state.replay_from
+            else None
+        )
         for completion in completions:
             self.by_hash.setdefault(completion.request_hash, []).append(completion.index)
 
@@ -287,8 +291,7 @@ class Session:
             marked: the client says it retries (``x-stainless-retry-count`` > 0).
         """
         for index in reversed(self.by_hash.get(body_hash, ())):
-            if marked or self.delivery.get(index, Delivery.UNDELIVERED) \
-                    is Delivery.UNDELIVERED:
+            if marked or self.delivery.get(index, Delivery.UNDELIVERED) is Delivery.UNDELIVERED:
                 return self.completions[index]
         return None
 
@@ -303,8 +306,9 @@ class Session:
         self.sampling_calls[body_hash] = future
         return future
 
-    def end_sampling(self, body_hash: str, future: asyncio.Future[int | None] | None,
-                     index: int | None) -> None:
+    def end_sampling(
+        self, body_hash: str, future: asyncio.Future[int | None] | None, index: int | None
+    ) -> None:
         """The call that :meth:`start_sampling` returned ``future`` to recorded completion
         ``index`` (None: it failed or was cut)."""
         if future is None:
@@ -329,18 +333,25 @@ class Session:
         async with self.lock:
             if self.state.backend != moved_from:
                 return
-            move = BackendMove(moved_from=moved_from, moved_to=moved_to,
-                               at_index=self.next_index(), at=time.time())
-            state = self.state.model_copy(update={
-                "backend": moved_to, "backend_moves": [*self.state.backend_moves, move]})
-            await asyncio.to_thread(self.log.store.put_json,
-                                    session_state_key(self.session_id), state)
+            move = BackendMove(
+                moved_from=moved_from, moved_to=moved_to, at_index=self.next_index(), at=time.time()
+            )
+            state = self.state.model_copy(
+                update={"backend": moved_to, "backend_moves": [*self.state.backend_moves, move]}
+            )
+            await asyncio.to_thread(
+                self.log.store.put_json, session_state_key(self.session_id), state
+            )
             self.state = state
-        log.info("session_moved", session_id=self.session_id, moved_from=moved_from,
-                 moved_to=moved_to, at_index=move.at_index)
+        log.info(
+            "session_moved",
+            session_id=self.session_id,
+            moved_from=moved_from,
+            moved_to=moved_to,
+            at_index=move.at_index,
+        )
 
-    async def record_error(self, error: CallError, cause: BaseException | None = None
-                           ) -> bool:
+    async def record_error(self, error: CallError, cause: BaseException | None = None) -> bool:
         """Count a failed call and keep its details in the persisted state (takes
         ``lock``). The completion log is untouched: a failed call is not a completion.
 
@@ -355,21 +366,36 @@ class Session:
         async with self.lock:
             if self.state.closed:
                 return False
-            state = self.state.model_copy(update={
-                "num_errors": self.state.num_errors + 1,
-                "errors": [*self.state.errors, error][-MAX_RECORDED_ERRORS:],
-                # every unrecovered failure, not the last 20: one that scrolled out of
-                # ``errors`` still decides the session's failure cause
-                "open_errors": still_open(
-                    self.state.errors if self.state.open_errors is None
-                    else self.state.open_errors, error, self.completions)})
-            await asyncio.to_thread(self.log.store.put_json,
-                                    session_state_key(self.session_id), state)
+            state = self.state.model_copy(
+                update={
+                    "num_errors": self.state.num_errors + 1,
+                    "errors": [*self.state.errors, error][-MAX_RECORDED_ERRORS:],
+                    # every unrecovered failure, not the last 20: one that scrolled out of
+                    # ``errors`` still decides the session's failure cause
+                    "open_errors": still_open(
+                        self.state.errors
+                        if self.state.open_errors is None
+                        else self.state.open_errors,
+                        error,
+                        self.completions,
+                    ),
+                }
+            )
+            await asyncio.to_thread(
+                self.log.store.put_json, session_state_key(self.session_id), state
+            )
             self.state = state
-        log.warning("call_failed", session_id=self.session_id, at_index=error.at_index,
-                    error_type=error.error_type, status_code=error.status_code,
-                    backend=error.backend, duration_s=round(error.duration_s, 4),
-                    message=error.message, exc_info=cause)
+        log.warning(
+            "call_failed",
+            session_id=self.session_id,
+            at_index=error.at_index,
+            error_type=error.error_type,
+            status_code=error.status_code,
+            backend=error.backend,
+            duration_s=round(error.duration_s, 4),
+            message=error.message,
+            exc_info=cause,
+        )
         return True
 
     def note_cut(self, started_at: float) -> None:
@@ -391,7 +417,8 @@ class Session:
         """
         if self.state.closed or self.closing:
             raise AuthenticationError(
-                f"session {self.session_id} is closed: its key no longer accepts calls")
+                f"session {self.session_id} is closed: its key no longer accepts calls"
+            )
 
 
 class SessionManager:
@@ -404,8 +431,9 @@ class SessionManager:
         default_model: model name shown to harnesses when a task sets none.
     """
 
-    def __init__(self, store: BlobStore, pool: BackendPool, *, public_url: str,
-                 default_model: str) -> None:
+    def __init__(
+        self, store: BlobStore, pool: BackendPool, *, public_url: str, default_model: str
+    ) -> None:
         self.store = store
         self.pool = pool
         self.public_url = public_url.rstrip("/")
@@ -419,9 +447,15 @@ class SessionManager:
     def info(self, state: SessionState, session_key: str) -> SessionInfo:
         """The :class:`SessionInfo` of ``state`` and its key, with this gateway's public URL."""
         base = f"{self.public_url}/s/{session_key}"
-        return SessionInfo(session_id=state.session_id, session_key=session_key,
-                           openai_base_url=f"{base}/v1", anthropic_base_url=base,
-                           gemini_base_url=base, model=state.model, backend=state.backend)
+        return SessionInfo(
+            session_id=state.session_id,
+            session_key=session_key,
+            openai_base_url=f"{base}/v1",
+            anthropic_base_url=base,
+            gemini_base_url=base,
+            model=state.model,
+            backend=state.backend,
+        )
 
     def _remember(self, session: Session) -> Session:
         self._by_key[session.state.session_key_sha256] = session
@@ -436,12 +470,17 @@ class SessionManager:
         completion_log = CompletionLog(self.store, session_id)
         completions = await asyncio.to_thread(completion_log.read_all)
         if [c.index for c in completions] != list(range(len(completions))):
-            log.warning("completion_log_gap", session_id=session_id,
-                        num_completions=len(completions))
+            log.warning(
+                "completion_log_gap", session_id=session_id, num_completions=len(completions)
+            )
         if not state.closed:
             self.pool.note_assigned(state.backend)
-        log.info("session_loaded", session_id=session_id, num_completions=len(completions),
-                 closed=state.closed)
+        log.info(
+            "session_loaded",
+            session_id=session_id,
+            num_completions=len(completions),
+            closed=state.closed,
+        )
         return self._remember(Session(state, completions, completion_log))
 
     async def get(self, session_id: str) -> Session:
@@ -469,8 +508,10 @@ class SessionManager:
             AuthenticationError: no key, or a key of no session.
         """
         if not session_key:
-            raise AuthenticationError("no session key: use the session's base URL or send "
-                                      "`Authorization: Bearer <session key>`")
+            raise AuthenticationError(
+                "no session key: use the session's base URL or send "
+                "`Authorization: Bearer <session key>`"
+            )
         key_hash = hash_session_key(session_key)
         if session := self._by_key.get(key_hash):
             return session
@@ -486,17 +527,24 @@ class SessionManager:
             session = self._by_id.get(session_id) if session_id else None
             if session is None and session_id:
                 session = await self._load_by_id(session_id)
-        if session is None or not secrets.compare_digest(session.state.session_key_sha256,
-                                                         key_hash):
+        if session is None or not secrets.compare_digest(
+            session.state.session_key_sha256, key_hash
+        ):
             raise AuthenticationError("invalid session key")
         return session
 
-    async def open_session(self, session_id: str, task_id: str, *,
-                           sampling: SamplingParams | None = None, model: str | None = None,
-                           capture_mode: CaptureMode | str = CaptureMode.TOKENS,
-                           replay_from: list[str] | None = None,
-                           replay_max_staleness: int = 0,
-                           wait_for_backends: bool = False) -> SessionInfo:
+    async def open_session(
+        self,
+        session_id: str,
+        task_id: str,
+        *,
+        sampling: SamplingParams | None = None,
+        model: str | None = None,
+        capture_mode: CaptureMode | str = CaptureMode.TOKENS,
+        replay_from: list[str] | None = None,
+        replay_max_staleness: int = 0,
+        wait_for_backends: bool = False,
+    ) -> SessionInfo:
         """Open a session: new key, pinned backend, state persisted before returning.
 
         Opening an open session again (a Temporal retry) returns its info with a new key,
@@ -547,26 +595,38 @@ class SessionManager:
             raise BackendSaturatedError(
                 f"backends saturated: {load.num_sessions_open} sessions open, bound "
                 f"{load.max_sessions} ({load.num_slots} slots, {load.num_in_flight} calls "
-                "in flight)")
+                "in flight)"
+            )
         backend = self.pool.assign()
         session_key = secrets.token_urlsafe(24)
         state = SessionState(
-            session_id=session_id, task_id=task_id,
+            session_id=session_id,
+            task_id=task_id,
             session_key_sha256=hash_session_key(session_key),
-            sampling=sampling or SamplingParams(), model=model or self.default_model,
-            capture_mode=mode, backend=backend.name, created_at=time.time(),
-            replay_from=list(replay_from or []), replay_max_staleness=replay_max_staleness,
+            sampling=sampling or SamplingParams(),
+            model=model or self.default_model,
+            capture_mode=mode,
+            backend=backend.name,
+            created_at=time.time(),
+            replay_from=list(replay_from or []),
+            replay_max_staleness=replay_max_staleness,
         )
         try:
             await asyncio.to_thread(self.store.put_json, session_state_key(session_id), state)
-            await asyncio.to_thread(self.store.put_json, session_key_index(session_key),
-                                    {"session_id": session_id})
+            await asyncio.to_thread(
+                self.store.put_json, session_key_index(session_key), {"session_id": session_id}
+            )
         except BaseException:
             self.pool.release(backend.name)
             raise
         self._remember(Session(state, [], CompletionLog(self.store, session_id)))
-        log.info("session_opened", session_id=session_id, task_id=task_id,
-                 backend=backend.name, model=state.model)
+        log.info(
+            "session_opened",
+            session_id=session_id,
+            task_id=task_id,
+            backend=backend.name,
+            model=state.model,
+        )
         return self.info(state, session_key)
 
     async def _rekey(self, session: Session) -> SessionInfo:
@@ -574,11 +634,16 @@ class SessionManager:
         session_key = secrets.token_urlsafe(24)
         async with session.lock:
             state = session.state.model_copy(
-                update={"session_key_sha256": hash_session_key(session_key)})
-            await asyncio.to_thread(self.store.put_json, session_key_index(session_key),
-                                    {"session_id": session.session_id})
-            await asyncio.to_thread(self.store.put_json,
-                                    session_state_key(session.session_id), state)
+                update={"session_key_sha256": hash_session_key(session_key)}
+            )
+            await asyncio.to_thread(
+                self.store.put_json,
+                session_key_index(session_key),
+                {"session_id": session.session_id},
+            )
+            await asyncio.to_thread(
+                self.store.put_json, session_state_key(session.session_id), state
+            )
             self._by_key.pop(session.state.session_key_sha256, None)
             session.state = state
             self._by_key[state.session_key_sha256] = session
@@ -605,16 +670,22 @@ class SessionManager:
             if not session.state.closed:
                 # sealed means durable: the group commit's window ends here
                 await asyncio.to_thread(self.store.flush)
-                state = session.state.model_copy(update={
-                    "closed": True, "closed_at": time.time(),
-                    "num_completions": len(session.completions)})
-                await asyncio.to_thread(self.store.put_json, session_state_key(session_id),
-                                        state)
+                state = session.state.model_copy(
+                    update={
+                        "closed": True,
+                        "closed_at": time.time(),
+                        "num_completions": len(session.completions),
+                    }
+                )
+                await asyncio.to_thread(self.store.put_json, session_state_key(session_id), state)
                 session.state = state
                 self.pool.release(state.backend)
-                log.info("session_closed", session_id=session_id,
-                         num_completions=len(session.completions),
-                         num_errors=state.num_errors)
+                log.info(
+                    "session_closed",
+                    session_id=session_id,
+                    num_completions=len(session.completions),
+                    num_errors=state.num_errors,
+                )
             return len(session.completions)
 
     def forget(self, session_id: str) -> None:

@@ -110,7 +110,7 @@ def parse_hermes(text: str) -> ParsedOutput:
         if call is None:
             unreadable += 1
             continue
-        kept.append(text[pos:match.start()])
+        kept.append(text[pos : match.start()])
         pos = match.end()
         tool_calls.append(call)
     if HERMES_START in text[end:]:
@@ -119,8 +119,7 @@ def parse_hermes(text: str) -> ParsedOutput:
         return ParsedOutput(content=text, num_unreadable=unreadable)
     kept.append(text[pos:])
     content = "".join(kept).strip()
-    return ParsedOutput(content=content or None, tool_calls=tool_calls,
-                        num_unreadable=unreadable)
+    return ParsedOutput(content=content or None, tool_calls=tool_calls, num_unreadable=unreadable)
 
 
 def _bare_json_calls(text: str) -> list[dict[str, Any]] | None:
@@ -144,8 +143,10 @@ def _bare_json_calls(text: str) -> list[dict[str, Any]] | None:
         except json.JSONDecodeError:
             return None
     items = obj if isinstance(obj, list) else [obj]
-    calls = [_call_from_object(item) if isinstance(item, dict) and "arguments" in item
-             else None for item in items]
+    calls = [
+        _call_from_object(item) if isinstance(item, dict) and "arguments" in item else None
+        for item in items
+    ]
     if not calls or any(call is None for call in calls):
         return None
     return calls  # type: ignore[return-value]
@@ -215,8 +216,11 @@ def streamable_llama3_json(text: str) -> str:
     """Streamable content for :func:`parse_llama3_json`: an answer that starts like a call
     (``{`` or ``<|python_tag|>``) is held back whole."""
     stripped = text.lstrip()
-    if not stripped or stripped.startswith(("{", LLAMA_PYTHON_TAG)) \
-            or LLAMA_PYTHON_TAG.startswith(stripped):
+    if (
+        not stripped
+        or stripped.startswith(("{", LLAMA_PYTHON_TAG))
+        or LLAMA_PYTHON_TAG.startswith(stripped)
+    ):
         return ""
     return text.rstrip()
 
@@ -253,7 +257,7 @@ def parse_mistral(text: str) -> ParsedOutput:
     cut = text.find(MISTRAL_TOOL_CALLS)
     if cut < 0:
         return ParsedOutput(content=text)
-    calls = _mistral_calls(text[cut + len(MISTRAL_TOOL_CALLS):].strip())
+    calls = _mistral_calls(text[cut + len(MISTRAL_TOOL_CALLS) :].strip())
     if not calls:
         return ParsedOutput(content=text)
     return ParsedOutput(content=text[:cut].strip() or None, tool_calls=calls)
@@ -289,8 +293,9 @@ TOOL_PARSERS: dict[str, ToolParser] = {
     "hermes": ToolParser("hermes", parse_hermes, _hermes_streamable),
     "hermes_lenient": ToolParser("hermes_lenient", parse_hermes_lenient, streamable_lenient),
     "llama3_json": ToolParser("llama3_json", parse_llama3_json, streamable_llama3_json),
-    "mistral": ToolParser("mistral", parse_mistral,
-                          lambda text: streamable_prefix(text, MISTRAL_TOOL_CALLS)),
+    "mistral": ToolParser(
+        "mistral", parse_mistral, lambda text: streamable_prefix(text, MISTRAL_TOOL_CALLS)
+    ),
     "none": ToolParser("none", parse_none, str),
 }
 

@@ -22,18 +22,23 @@ MAX_PATCH_BYTES = 8 * 2**20
 #: ``git diff --binary`` of the workspace against HEAD, untracked files included; the real
 #: index is left alone (a temporary one is filled from HEAD, then ``add -A``).
 GIT_PATCH_SCRIPT = (
-    'git rev-parse --is-inside-work-tree >/dev/null 2>&1 || exit 3; '
+    "git rev-parse --is-inside-work-tree >/dev/null 2>&1 || exit 3; "
     'export GIT_INDEX_FILE="$(mktemp)"; '
-    'git read-tree HEAD && git add -A && '
-    'git -c core.fileMode=false diff --binary --no-color --no-ext-diff --cached HEAD; '
+    "git read-tree HEAD && git add -A && "
+    "git -c core.fileMode=false diff --binary --no-color --no-ext-diff --cached HEAD; "
     'status=$?; rm -f "$GIT_INDEX_FILE"; exit $status'
 )
 
 #: git identity and safety settings for commands in a workspace owned by another uid.
-GIT_ENV = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory",
-           "GIT_CONFIG_VALUE_0": "*", "GIT_AUTHOR_NAME": "rolloutd",
-           "GIT_AUTHOR_EMAIL": "rolloutd@localhost", "GIT_COMMITTER_NAME": "rolloutd",
-           "GIT_COMMITTER_EMAIL": "rolloutd@localhost"}
+GIT_ENV = {
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "safe.directory",
+    "GIT_CONFIG_VALUE_0": "*",
+    "GIT_AUTHOR_NAME": "rolloutd",
+    "GIT_AUTHOR_EMAIL": "rolloutd@localhost",
+    "GIT_COMMITTER_NAME": "rolloutd",
+    "GIT_COMMITTER_EMAIL": "rolloutd@localhost",
+}
 
 
 async def git_patch(runtime: Runtime, *, timeout_s: float = 120.0) -> dict[str, object] | None:
@@ -43,19 +48,33 @@ async def git_patch(runtime: Runtime, *, timeout_s: float = 120.0) -> dict[str, 
         ``{"format": "git-diff-binary", "patch": str, "num_bytes": int, "truncated": bool}``;
         a patch over :data:`MAX_PATCH_BYTES` is stored empty with ``truncated`` true.
     """
-    result = await runtime.exec(["/bin/sh", "-c", GIT_PATCH_SCRIPT], env=GIT_ENV,
-                                timeout_s=timeout_s, max_output_bytes=MAX_PATCH_BYTES + 1)
+    result = await runtime.exec(
+        ["/bin/sh", "-c", GIT_PATCH_SCRIPT],
+        env=GIT_ENV,
+        timeout_s=timeout_s,
+        max_output_bytes=MAX_PATCH_BYTES + 1,
+    )
     if result.exit_code == 3:
         return None
     if result.exit_code != 0:
-        log.warning("git_patch_failed", exit_code=result.exit_code,
-                    stderr=result.stderr.strip()[-300:])
-        return {"format": "git-diff-binary", "patch": "", "num_bytes": 0, "truncated": False,
-                "error": result.stderr.strip()[-1000:] or f"exit {result.exit_code}"}
+        log.warning(
+            "git_patch_failed", exit_code=result.exit_code, stderr=result.stderr.strip()[-300:]
+        )
+        return {
+            "format": "git-diff-binary",
+            "patch": "",
+            "num_bytes": 0,
+            "truncated": False,
+            "error": result.stderr.strip()[-1000:] or f"exit {result.exit_code}",
+        }
     num_bytes = len(result.stdout.encode())
     truncated = result.truncated or num_bytes > MAX_PATCH_BYTES
-    return {"format": "git-diff-binary", "patch": "" if truncated else result.stdout,
-            "num_bytes": num_bytes, "truncated": truncated}
+    return {
+        "format": "git-diff-binary",
+        "patch": "" if truncated else result.stdout,
+        "num_bytes": num_bytes,
+        "truncated": truncated,
+    }
 
 
 async def apply_patch(runtime: Runtime, patch: str, *, timeout_s: float = 120.0) -> ExecResult:
@@ -65,5 +84,9 @@ async def apply_patch(runtime: Runtime, patch: str, *, timeout_s: float = 120.0)
     """
     if not patch.strip():
         return ExecResult(exit_code=0)
-    return await runtime.exec(["git", "apply", "--binary", "--whitespace=nowarn", "-"],
-                              env=GIT_ENV, stdin=patch.encode(), timeout_s=timeout_s)
+    return await runtime.exec(
+        ["git", "apply", "--binary", "--whitespace=nowarn", "-"],
+        env=GIT_ENV,
+        stdin=patch.encode(),
+        timeout_s=timeout_s,
+    )

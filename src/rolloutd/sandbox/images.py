@@ -63,8 +63,7 @@ def definition(template: ImageTemplate) -> str:
     recipe.fromHeader = template.base_image
     recipe.install = list(template.post)
     recipe.environ = [f"{k}={v}" for k, v in template.environment.items()]
-    recipe.labels = [["rolloutd.template", template.name],
-                     ["rolloutd.version", template.version]]
+    recipe.labels = [["rolloutd.template", template.name], ["rolloutd.version", template.version]]
     return SingularityWriter({"spython-base": recipe}).convert()
 
 
@@ -86,16 +85,28 @@ def cache_key(template: ImageTemplate, mode: CacheMode) -> dict[str, str]:
     return key
 
 
-def build_argv(definition_path: Path, sif_path: Path, *, fakeroot: bool,
-               binary: str = "apptainer") -> list[str]:
+def build_argv(
+    definition_path: Path, sif_path: Path, *, fakeroot: bool, binary: str = "apptainer"
+) -> list[str]:
     """``apptainer build [--fakeroot] --force SIF DEF``."""
-    return [binary, "build", *(["--fakeroot"] if fakeroot else []), "--force",
-            str(sif_path), str(definition_path)]
+    return [
+        binary,
+        "build",
+        *(["--fakeroot"] if fakeroot else []),
+        "--force",
+        str(sif_path),
+        str(definition_path),
+    ]
 
 
-async def ensure_image(template: ImageTemplate, cache_dir: Path, mode: CacheMode, *,
-                       build: Callable[[list[str]], Awaitable[int]],
-                       fakeroot: bool = False) -> tuple[Path, bool]:
+async def ensure_image(
+    template: ImageTemplate,
+    cache_dir: Path,
+    mode: CacheMode,
+    *,
+    build: Callable[[list[str]], Awaitable[int]],
+    fakeroot: bool = False,
+) -> tuple[Path, bool]:
     """The SIF for ``template``, built only when ``mode`` says the cache is stale.
 
     Args:

@@ -41,7 +41,7 @@ def process_start_ticks(pid: int) -> int | None:
     except OSError:
         return None
     # the command name (field 2) may hold spaces and parentheses: split after the last ')'
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = stat[stat.rfind(")") + 2 :].split()
     return int(fields[19])
 
 
@@ -55,8 +55,9 @@ def claim(root: Path, runtime_id: str, host_id: str) -> None:
     path = owner_path(root, runtime_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     pid = os.getpid()
-    path.write_text(json.dumps({"pid": pid, "start_ticks": process_start_ticks(pid),
-                                "host_id": host_id}))
+    path.write_text(
+        json.dumps({"pid": pid, "start_ticks": process_start_ticks(pid), "host_id": host_id})
+    )
 
 
 def release(root: Path, runtime_id: str) -> None:
@@ -161,6 +162,7 @@ def reclaim_orphans(root: Path, *, timeout_s: float = 10.0) -> ReclaimReport:
         shutil.rmtree(root / runtime_id, ignore_errors=True)
         release(root, runtime_id)
         report.runtime_ids.append(runtime_id)
-    log.info("runtimes_reclaimed", num_runtimes=len(report.runtime_ids),
-             num_killed=report.num_killed)
+    log.info(
+        "runtimes_reclaimed", num_runtimes=len(report.runtime_ids), num_killed=report.num_killed
+    )
     return report

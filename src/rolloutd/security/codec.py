@@ -67,16 +67,21 @@ def parse_keys(text: str, *, source: str) -> list[tuple[str, bytes]]:
         key_id, sep, encoded = entry.partition(":")
         key_id, encoded = key_id.strip(), encoded.strip()
         if not sep or not _KEY_ID_RE.match(key_id):
-            raise ConfigError(f"{source}: entry {key_id[:20]!r}... is not `id:base64key` with "
-                              f"an id of letters, digits, '.', '_' or '-'")
+            raise ConfigError(
+                f"{source}: entry {key_id[:20]!r}... is not `id:base64key` with "
+                f"an id of letters, digits, '.', '_' or '-'"
+            )
         try:
-            key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), altchars=b"-_",
-                                   validate=True)
+            key = base64.b64decode(
+                encoded + "=" * (-len(encoded) % 4), altchars=b"-_", validate=True
+            )
         except (binascii.Error, ValueError):
             key = b""
         if len(key) != KEY_BYTES:
-            raise ConfigError(f"{source}: key {key_id!r} is not base64 of {KEY_BYTES} bytes "
-                              f"(make one with `rolloutd codec-key`)")
+            raise ConfigError(
+                f"{source}: key {key_id!r} is not base64 of {KEY_BYTES} bytes "
+                f"(make one with `rolloutd codec-key`)"
+            )
         if any(key_id == k for k, _ in keys):
             raise ConfigError(f"{source}: key id {key_id!r} given twice")
         keys.append((key_id, key))
@@ -142,8 +147,7 @@ class AesGcmCodec(PayloadCodec):
         """One payload, encrypted with the newest key (a fresh random nonce each time)."""
         nonce = os.urandom(NONCE_BYTES)
         aad = self.key_id.encode()
-        data = nonce + self._ciphers[self.key_id].encrypt(nonce, payload.SerializeToString(),
-                                                          aad)
+        data = nonce + self._ciphers[self.key_id].encrypt(nonce, payload.SerializeToString(), aad)
         return Payload(metadata={"encoding": ENCODING, KEY_ID: aad}, data=data)
 
     def decrypt(self, payload: Payload) -> Payload:
@@ -159,14 +163,17 @@ class AesGcmCodec(PayloadCodec):
         key_id = payload.metadata.get(KEY_ID, b"").decode(errors="replace")
         cipher = self._ciphers.get(key_id)
         if cipher is None:
-            raise CodecKeyError(f"payload encrypted with key {key_id!r}, which the key ring "
-                                f"({', '.join(self._ciphers)}) does not hold")
+            raise CodecKeyError(
+                f"payload encrypted with key {key_id!r}, which the key ring "
+                f"({', '.join(self._ciphers)}) does not hold"
+            )
         data = payload.data
         try:
             plain = cipher.decrypt(data[:NONCE_BYTES], data[NONCE_BYTES:], key_id.encode())
         except (InvalidTag, ValueError) as e:  # ValueError: shorter than a nonce
-            raise CodecKeyError(f"payload with key {key_id!r} failed authentication "
-                                f"({type(e).__name__})") from None
+            raise CodecKeyError(
+                f"payload with key {key_id!r} failed authentication ({type(e).__name__})"
+            ) from None
         return Payload.FromString(plain)
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:

@@ -61,11 +61,18 @@ def create_codec_app(codec: AesGcmCodec, token: str, *, origins: list[str]) -> F
     """
     if not token:
         raise ValueError("the codec server needs a token")
-    app = FastAPI(title="rolloutd codec server", version="0.1.0",
-                  description="Temporal remote codec protocol over rolloutd's AES-GCM codec.")
-    app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=True,
-                       allow_methods=["POST", "OPTIONS"],
-                       allow_headers=["authorization", "content-type", "x-namespace"])
+    app = FastAPI(
+        title="rolloutd codec server",
+        version="0.1.0",
+        description="Temporal remote codec protocol over rolloutd's AES-GCM codec.",
+    )
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=origins,
+        allow_credentials=True,
+        allow_methods=["POST", "OPTIONS"],
+        allow_headers=["authorization", "content-type", "x-namespace"],
+    )
 
     def authorize(request: Request, path_token: str | None) -> None:
         given = path_token
@@ -73,14 +80,16 @@ def create_codec_app(codec: AesGcmCodec, token: str, *, origins: list[str]) -> F
         if header.lower().startswith("bearer "):
             given = header[7:].strip()
         if not given or not secrets.compare_digest(given.encode(), token.encode()):
-            raise HTTPException(401, detail="codec server: missing or wrong token",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                401,
+                detail="codec server: missing or wrong token",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     async def run(action: str, body: PayloadsBody) -> dict[str, Any]:
         payloads = _parse(body)
         try:
-            out = await (codec.decode(payloads) if action == "decode"
-                         else codec.encode(payloads))
+            out = await (codec.decode(payloads) if action == "decode" else codec.encode(payloads))
         except CodecKeyError as e:
             raise HTTPException(400, detail=str(e)) from None
         return _render(out)
@@ -103,15 +112,17 @@ def create_codec_app(codec: AesGcmCodec, token: str, *, origins: list[str]) -> F
         return await run("encode", body)
 
     @app.post("/{path_token}/decode")
-    async def decode_token_path(path_token: str, request: Request,
-                                body: PayloadsBody) -> dict[str, Any]:
+    async def decode_token_path(
+        path_token: str, request: Request, body: PayloadsBody
+    ) -> dict[str, Any]:
         """:func:`decode` with the token as the endpoint's first path segment."""
         authorize(request, path_token)
         return await run("decode", body)
 
     @app.post("/{path_token}/encode")
-    async def encode_token_path(path_token: str, request: Request,
-                                body: PayloadsBody) -> dict[str, Any]:
+    async def encode_token_path(
+        path_token: str, request: Request, body: PayloadsBody
+    ) -> dict[str, Any]:
         """:func:`encode` with the token as the endpoint's first path segment."""
         authorize(request, path_token)
         return await run("encode", body)

@@ -48,8 +48,10 @@ def data_converter(settings: CommonSettings | None = None) -> DataConverter:
     if codec is None:
         return pydantic_data_converter
     return dataclasses.replace(
-        pydantic_data_converter, payload_codec=codec,
-        failure_converter_class=DefaultFailureConverterWithEncodedAttributes)
+        pydantic_data_converter,
+        payload_codec=codec,
+        failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
+    )
 
 
 def _read(path: str | None, what: str) -> bytes | None:
@@ -73,22 +75,34 @@ def tls_config(settings: CommonSettings) -> TLSConfig | bool:
     """
     s = settings
     if (s.temporal_tls_cert is None) != (s.temporal_tls_key is None):
-        raise ConfigError("ROLLOUTD_TEMPORAL_TLS_CERT and ROLLOUTD_TEMPORAL_TLS_KEY go "
-                          "together (mTLS needs the certificate and its private key)")
-    on = s.temporal_tls or s.temporal_api_key or s.temporal_tls_ca or s.temporal_tls_cert \
+        raise ConfigError(
+            "ROLLOUTD_TEMPORAL_TLS_CERT and ROLLOUTD_TEMPORAL_TLS_KEY go "
+            "together (mTLS needs the certificate and its private key)"
+        )
+    on = (
+        s.temporal_tls
+        or s.temporal_api_key
+        or s.temporal_tls_ca
+        or s.temporal_tls_cert
         or s.temporal_tls_server_name
+    )
     if not on:
         return False
     return TLSConfig(
         server_root_ca_cert=_read(s.temporal_tls_ca, "ROLLOUTD_TEMPORAL_TLS_CA"),
         client_cert=_read(s.temporal_tls_cert, "ROLLOUTD_TEMPORAL_TLS_CERT"),
         client_private_key=_read(s.temporal_tls_key, "ROLLOUTD_TEMPORAL_TLS_KEY"),
-        domain=s.temporal_tls_server_name)
+        domain=s.temporal_tls_server_name,
+    )
 
 
-async def connect_temporal(settings: CommonSettings | None = None, *,
-                           address: str | None = None, namespace: str | None = None,
-                           runtime: Runtime | None = None) -> Client:
+async def connect_temporal(
+    settings: CommonSettings | None = None,
+    *,
+    address: str | None = None,
+    namespace: str | None = None,
+    runtime: Runtime | None = None,
+) -> Client:
     """Connect to Temporal the way every rolloutd process does.
 
     Args:
@@ -108,6 +122,10 @@ async def connect_temporal(settings: CommonSettings | None = None, *,
     """
     s = settings or CommonSettings()
     return await Client.connect(
-        address or s.temporal_address, namespace=namespace or s.temporal_namespace,
-        data_converter=data_converter(s), tls=tls_config(s), api_key=s.temporal_api_key,
-        runtime=runtime)
+        address or s.temporal_address,
+        namespace=namespace or s.temporal_namespace,
+        data_converter=data_converter(s),
+        tls=tls_config(s),
+        api_key=s.temporal_api_key,
+        runtime=runtime,
+    )

@@ -32,8 +32,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def require_token_off_loopback(host: str, token: str | None, *, service: str,
-                               token_setting: str, protects: str) -> None:
+def require_token_off_loopback(
+    host: str, token: str | None, *, service: str, token_setting: str, protects: str
+) -> None:
     """Refuse to serve privileged routes without a token on a non-loopback address.
 
     Args:
@@ -51,4 +52,5 @@ def require_token_off_loopback(host: str, token: str | None, *, service: str,
             f"{service} would listen on {host!r}, which is not a loopback address, without "
             f"a token: {protects} would be open to the network. Set {token_setting} (a long "
             f"random string, e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
-            f"), or bind 127.0.0.1. See docs/security.md.")
+            f"), or bind 127.0.0.1. See docs/security.md."
+        )

@@ -111,9 +111,13 @@ class LocalStack:
         self.home = Path(self.home)
         self.supervisor = Supervisor(self.restart_policy, self._write_state)
         self.supervisor.on_failure = self._stop_after_failure
-        self.state = StackState(home=str(self.home), supervise=self.supervise,
-                                store_url=self.store_url, gateway_url=self.gateway_url,
-                                backend_url=self.engine_url)
+        self.state = StackState(
+            home=str(self.home),
+            supervise=self.supervise,
+            store_url=self.store_url,
+            gateway_url=self.gateway_url,
+            backend_url=self.engine_url,
+        )
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
 
@@ -140,30 +144,38 @@ class LocalStack:
     @property
     def host_id(self) -> str:
         """The host id of the fleets (their host queues), as the fleets' settings read it."""
-        return (self.extra_env.get("ROLLOUTD_HOST_ID") or os.environ.get("ROLLOUTD_HOST_ID")
-                or socket.gethostname())
+        return (
+            self.extra_env.get("ROLLOUTD_HOST_ID")
+            or os.environ.get("ROLLOUTD_HOST_ID")
+            or socket.gethostname()
+        )
 
     @property
     def workers(self) -> dict[str, subprocess.Popen[bytes]]:
         """The current process of each fleet that has been started."""
-        return {name: c.proc for name, c in self.supervisor.children.items()
-                if c.spec.kind == "fleet" and c.proc is not None}
+        return {
+            name: c.proc
+            for name, c in self.supervisor.children.items()
+            if c.spec.kind == "fleet" and c.proc is not None
+        }
 
     def env(self) -> dict[str, str]:
         """Environment of the fleet processes."""
         env = dict(os.environ)
-        env.update({
-            "ROLLOUTD_HOME": str(self.home),
-            "ROLLOUTD_TEMPORAL_ADDRESS": self.temporal.address if self.temporal else "",
-            "ROLLOUTD_STORE_URL": self.store_url,
-            "ROLLOUTD_GATEWAY_PORT": str(self.gateway_port),
-            "ROLLOUTD_BACKEND_URL": self.engine_url or (self.engine.url if self.engine else ""),
-            "ROLLOUTD_MODEL": self.model,
-            "ROLLOUTD_RUNTIME_ROOT": str(self.home / "runtimes"),
-            # the fleets share this host: one ROLLOUTD_HEALTH_PORT inherited by all four
-            # would collide (extra_env may give one fleet's process a port)
-            "ROLLOUTD_HEALTH_PORT": "0",
-        })
+        env.update(
+            {
+                "ROLLOUTD_HOME": str(self.home),
+                "ROLLOUTD_TEMPORAL_ADDRESS": self.temporal.address if self.temporal else "",
+                "ROLLOUTD_STORE_URL": self.store_url,
+                "ROLLOUTD_GATEWAY_PORT": str(self.gateway_port),
+                "ROLLOUTD_BACKEND_URL": self.engine_url or (self.engine.url if self.engine else ""),
+                "ROLLOUTD_MODEL": self.model,
+                "ROLLOUTD_RUNTIME_ROOT": str(self.home / "runtimes"),
+                # the fleets share this host: one ROLLOUTD_HEALTH_PORT inherited by all four
+                # would collide (extra_env may give one fleet's process a port)
+                "ROLLOUTD_HEALTH_PORT": "0",
+            }
+        )
         if self.admin_token is not None:
             env["ROLLOUTD_ADMIN_TOKEN"] = self.admin_token
         if self.engine_control is not None:
@@ -207,34 +219,67 @@ class LocalStack:
         env = self.env()
         # one port per process: a ROLLOUTD_METRICS_PORT inherited by all four would collide
         env["ROLLOUTD_METRICS_PORT"] = str(self.metrics_ports().get(fleet, 0))
-        return spawn([sys.executable, "-m", "rolloutd.cli", "worker", "--fleet", fleet],
-                     log_path=self.logs / f"{fleet}.log", env=env)
+        return spawn(
+            [sys.executable, "-m", "rolloutd.cli", "worker", "--fleet", fleet],
+            log_path=self.logs / f"{fleet}.log",
+            env=env,
+        )
 
     def _add_children(self) -> None:
         sup = self.supervisor
         self.temporal = TemporalDevServer(
-            self.home / "temporal.db", port=self.temporal_port, ui_port=self.ui_port,
-            log_path=self.logs / "temporal.log", ui_codec_endpoint=self.env().get(
-                "ROLLOUTD_UI_CODEC_ENDPOINT") or None)
+            self.home / "temporal.db",
+            port=self.temporal_port,
+            ui_port=self.ui_port,
+            log_path=self.logs / "temporal.log",
+            ui_codec_endpoint=self.env().get("ROLLOUTD_UI_CODEC_ENDPOINT") or None,
+        )
         temporal = self.temporal
-        sup.add(ChildSpec("temporal", "temporal", self._spawn_temporal,
-                          lambda: _port_open(temporal.host, temporal.port),
-                          self.logs / "temporal.log"))
+        sup.add(
+            ChildSpec(
+                "temporal",
+                "temporal",
+                self._spawn_temporal,
+                lambda: _port_open(temporal.host, temporal.port),
+                self.logs / "temporal.log",
+            )
+        )
         if self.engine_url is None:
-            self.engine = LlamaServer(self.model, port=self.engine_port,
-                                      parallel=self.engine_parallel,
-                                      ctx_size=self.engine_ctx_size,
-                                      log_path=self.logs / "engine.log")
+            self.engine = LlamaServer(
+                self.model,
+                port=self.engine_port,
+                parallel=self.engine_parallel,
+                ctx_size=self.engine_ctx_size,
+                log_path=self.logs / "engine.log",
+            )
             engine = self.engine
-            sup.add(ChildSpec("engine", "engine", self._spawn_engine,
-                              lambda: _answers(f"{engine.url}/health"), self.logs / "engine.log"))
+            sup.add(
+                ChildSpec(
+                    "engine",
+                    "engine",
+                    self._spawn_engine,
+                    lambda: _answers(f"{engine.url}/health"),
+                    self.logs / "engine.log",
+                )
+            )
         for fleet in self.fleets:
             # the gateway is ready when it answers; other fleets have no port (the workers'
             # pollers show in Temporal's DescribeTaskQueue), so they count as ready at once
-            ready = ((lambda: _answers(f"{self.gateway_url}/health")) if fleet == "gateway"
-                     else (lambda: True))
-            sup.add(ChildSpec(fleet, "fleet", lambda f=fleet: self._spawn_worker(f), ready,
-                              self.logs / f"{fleet}.log", self.fleet_queues(fleet)))
+            ready = (
+                (lambda: _answers(f"{self.gateway_url}/health"))
+                if fleet == "gateway"
+                else (lambda: True)
+            )
+            sup.add(
+                ChildSpec(
+                    fleet,
+                    "fleet",
+                    lambda f=fleet: self._spawn_worker(f),
+                    ready,
+                    self.logs / f"{fleet}.log",
+                    self.fleet_queues(fleet),
+                )
+            )
 
     def _write_state(self) -> None:
         with self.supervisor.lock:
@@ -244,9 +289,13 @@ class LocalStack:
             if self.engine is not None:
                 st.backend_url = self.engine.url
                 st.engine = EngineState(
-                    model=self.model, model_file=str(self.model_file or self.engine.files.gguf),
-                    policy_version=self.policy_version, url=self.engine.url,
-                    num_slots=self.engine_parallel, ctx_size=self.engine_ctx_size)
+                    model=self.model,
+                    model_file=str(self.model_file or self.engine.files.gguf),
+                    policy_version=self.policy_version,
+                    url=self.engine.url,
+                    num_slots=self.engine_parallel,
+                    ctx_size=self.engine_ctx_size,
+                )
             st.children = [c.state for c in self.supervisor.children.values()]
             if self.supervisor.failure is not None:
                 st.phase, st.error = "failed", self.supervisor.failure.message
@@ -264,10 +313,15 @@ class LocalStack:
         previous = read_state(self.home)
         if previous is None:
             return 0
-        if previous.alive() and previous.pid != os.getpid() and previous.phase not in (
-                "stopped", "failed"):
-            raise StackError(f"a stack already runs on {self.home} (rolloutd up, pid "
-                             f"{previous.pid}); stop it first, or use another --home")
+        if (
+            previous.alive()
+            and previous.pid != os.getpid()
+            and previous.phase not in ("stopped", "failed")
+        ):
+            raise StackError(
+                f"a stack already runs on {self.home} (rolloutd up, pid "
+                f"{previous.pid}); stop it first, or use another --home"
+            )
         alive = [c for c in previous.children if c.alive()]
         for c in alive:
             kill_group(c.pid, signal.SIGTERM)  # type: ignore[arg-type]
@@ -277,8 +331,9 @@ class LocalStack:
         for c in alive:
             kill_group(c.pid)  # type: ignore[arg-type]
         if alive:
-            log.warning("stack_reclaimed", num_children=len(alive),
-                        children=[c.name for c in alive])
+            log.warning(
+                "stack_reclaimed", num_children=len(alive), children=[c.name for c in alive]
+            )
         return len(alive)
 
     # --- life cycle -----------------------------------------------------------------------
@@ -321,8 +376,12 @@ class LocalStack:
         except BaseException:
             self.stop()
             raise
-        log.info("stack_started", home=str(self.home), supervise=self.supervise,
-                 children=list(self.supervisor.children))
+        log.info(
+            "stack_started",
+            home=str(self.home),
+            supervise=self.supervise,
+            children=list(self.supervisor.children),
+        )
         return self
 
     def start_worker(self, fleet: str) -> subprocess.Popen[bytes]:
@@ -340,12 +399,12 @@ class LocalStack:
         deadline = time.monotonic() + timeout_s
         while not _answers(f"{self.gateway_url}/health"):
             if time.monotonic() > deadline:
-                raise StackError(f"gateway not healthy after {timeout_s} s; "
-                                 f"see {self.logs / 'gateway.log'}")
+                raise StackError(
+                    f"gateway not healthy after {timeout_s} s; see {self.logs / 'gateway.log'}"
+                )
             time.sleep(0.2)
 
-    def load_model(self, model_file: Path, policy_version: int,
-                   timeout_s: float = 120.0) -> None:
+    def load_model(self, model_file: Path, policy_version: int, timeout_s: float = 120.0) -> None:
         """Serve new weights: the one control interface of the engine ("load this GGUF,
         answer when ready"). The supervisor then owns the file and version, and restarts a
         crashed engine on them; this restart is deliberate and not counted.
@@ -420,8 +479,12 @@ class LocalStack:
                 self.state.phase = "stopped"
             if sup.children:
                 self._write_state()
-        log.info("stack_stopped", duration_s=round(time.monotonic() - t0, 2),
-                 num_killed=len(killed), num_runtimes_reclaimed=len(report.runtime_ids))
+        log.info(
+            "stack_stopped",
+            duration_s=round(time.monotonic() - t0, 2),
+            num_killed=len(killed),
+            num_runtimes_reclaimed=len(report.runtime_ids),
+        )
 
     def __enter__(self) -> LocalStack:
         return self.start()

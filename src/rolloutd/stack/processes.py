@@ -61,8 +61,13 @@ def _die_with_parent() -> None:
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def spawn(command: list[str], *, log_path: Path | None = None, env: dict[str, str] | None = None,
-          die_with_parent: bool = True) -> subprocess.Popen[bytes]:
+def spawn(
+    command: list[str],
+    *,
+    log_path: Path | None = None,
+    env: dict[str, str] | None = None,
+    die_with_parent: bool = True,
+) -> subprocess.Popen[bytes]:
     """Start a child in its own session (process group = its pid), output appended to a log.
 
     Args:
@@ -79,7 +84,11 @@ def spawn(command: list[str], *, log_path: Path | None = None, env: dict[str, st
     out: IO[bytes] | int = open(log_path, "ab") if log_path else subprocess.DEVNULL
     try:
         return subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
             preexec_fn=_die_with_parent if die_with_parent and sys.platform == "linux" else None,
         )
     finally:
@@ -165,9 +174,17 @@ class TemporalDevServer:
             (``rolloutd codec-server``'s URL, e.g. ``http://127.0.0.1:8888/<token>``).
     """
 
-    def __init__(self, db_path: Path | None = None, *, host: str = "127.0.0.1", port: int = 0,
-                 ui_port: int = 0, headless: bool = False, log_path: Path | None = None,
-                 ui_codec_endpoint: str | None = None) -> None:
+    def __init__(
+        self,
+        db_path: Path | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        ui_port: int = 0,
+        headless: bool = False,
+        log_path: Path | None = None,
+        ui_codec_endpoint: str | None = None,
+    ) -> None:
         self.db_path = db_path
         self.host = host
         self.port = port or free_port(host)
@@ -189,9 +206,19 @@ class TemporalDevServer:
 
     def command(self) -> list[str]:
         """The command line."""
-        cmd = [temporal_binary(), "server", "start-dev", "--ip", self.host,
-               "--port", str(self.port), "--ui-port", str(self.ui_port),
-               "--log-level", "warn"]
+        cmd = [
+            temporal_binary(),
+            "server",
+            "start-dev",
+            "--ip",
+            self.host,
+            "--port",
+            str(self.port),
+            "--ui-port",
+            str(self.ui_port),
+            "--log-level",
+            "warn",
+        ]
         if self.db_path:
             cmd += ["--db-filename", str(self.db_path)]
             # write-ahead log, fsync at checkpoints only: a killed (even SIGKILLed) server
@@ -205,8 +232,7 @@ class TemporalDevServer:
             cmd += ["--ui-codec-endpoint", self.ui_codec_endpoint]
         # task fairness (TaskRequest.tenant as fairness key) is off by default on the server;
         # task priority is on (docs/tenancy.md)
-        cmd += [f"--dynamic-config-value={key}={value}"
-                for key, value in DYNAMIC_CONFIG.items()]
+        cmd += [f"--dynamic-config-value={key}={value}" for key, value in DYNAMIC_CONFIG.items()]
         for name, kind in search.DEFINITIONS.items():
             cmd += ["--search-attribute", f"{name}={kind}"]
         return cmd

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from rolloutd.sandbox.reclaim import process_start_ticks
 
+
 def running(pid: int | None, start_ticks: int | None) -> bool:
     """Whether ``pid`` is still the process that started at ``start_ticks`` and has not exited
     (a zombie, exited but not yet reaped by its parent, is not running; proc(5) stat field 3).
@@ -27,7 +28,7 @@ def running(pid: int | None, start_ticks: int | None) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+    return stat[stat.rfind(")") + 2 :].split()[0] != "Z"
 
 
 #: the state file's name under the stack's home.

@@ -51,11 +51,14 @@ def busy_slots(engine_url: str) -> int | None:
         return None
 
 
-async def _from_temporal(address: str, timeout_s: float = 10.0
-                         ) -> tuple[dict[str, int], list[TaskFailures]]:
+async def _from_temporal(
+    address: str, timeout_s: float = 10.0
+) -> tuple[dict[str, int], list[TaskFailures]]:
     client = await asyncio.wait_for(RolloutClient.connect(address), timeout_s)
-    return (await sessions_by_phase(client.client, timeout_s),
-            await task_failures(client.client, timeout_s=timeout_s))
+    return (
+        await sessions_by_phase(client.client, timeout_s),
+        await task_failures(client.client, timeout_s=timeout_s),
+    )
 
 
 def collect(home: Path, *, ask_services: bool = True) -> StackStatus | None:
@@ -82,7 +85,8 @@ def collect(home: Path, *, ask_services: bool = True) -> StackStatus | None:
     if state.temporal_address:
         try:
             status.sessions_by_phase, status.tasks = asyncio.run(
-                _from_temporal(state.temporal_address))
+                _from_temporal(state.temporal_address)
+            )
         except Exception as e:  # noqa: BLE001 -- shown, not raised: status must always print
             status.temporal_error = f"{type(e).__name__}: {e}"
     return status
@@ -98,37 +102,59 @@ def _duration(seconds: float | None) -> str:
 def render(status: StackStatus) -> str:
     """The status as the text ``rolloutd status`` prints."""
     st = status.state
-    lines = [f"stack on {st.home}: {st.phase} (rolloutd up pid {st.pid}, supervision "
-             f"{'on' if st.supervise else 'off'}, up {_duration(time.time() - st.started_at)})"]
+    lines = [
+        f"stack on {st.home}: {st.phase} (rolloutd up pid {st.pid}, supervision "
+        f"{'on' if st.supervise else 'off'}, up {_duration(time.time() - st.started_at)})"
+    ]
     if st.error:
         lines.append(f"error: {st.error}")
     lines.append(f"temporal {st.temporal_address}  ui {st.ui_url}  gateway {st.gateway_url}")
     rows = [("child", "phase", "pid", "uptime", "restarts", "last exit", "task queues")]
     for c in st.children:
-        rows.append((c.name, c.phase, str(c.pid or "-"), _duration(status.uptime_s.get(c.name)),
-                     str(c.restarts), "-" if c.last_exit_code is None else str(c.last_exit_code),
-                     ", ".join(c.task_queues) or "-"))
+        rows.append(
+            (
+                c.name,
+                c.phase,
+                str(c.pid or "-"),
+                _duration(status.uptime_s.get(c.name)),
+                str(c.restarts),
+                "-" if c.last_exit_code is None else str(c.last_exit_code),
+                ", ".join(c.task_queues) or "-",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
-              for r in rows]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     if st.engine is not None:
         e = st.engine
-        slots = (f"{e.num_slots} slots" if status.busy_slots is None
-                 else f"slots {status.busy_slots}/{e.num_slots} busy")
-        lines.append(f"engine {e.model} ({e.model_file}), policy version {e.policy_version}, "
-                     f"{slots}, context {e.ctx_size} tokens")
+        slots = (
+            f"{e.num_slots} slots"
+            if status.busy_slots is None
+            else f"slots {status.busy_slots}/{e.num_slots} busy"
+        )
+        lines.append(
+            f"engine {e.model} ({e.model_file}), policy version {e.policy_version}, "
+            f"{slots}, context {e.ctx_size} tokens"
+        )
     elif st.backend_url:
         lines.append(f"backend {st.backend_url} (external)")
     if status.sessions_by_phase is not None:
         total = sum(status.sessions_by_phase.values())
-        lines.append(f"sessions in flight: {total}" + (" (" + ", ".join(
-            f"{p} {n}" for p, n in status.sessions_by_phase.items()) + ")" if total else ""))
+        lines.append(
+            f"sessions in flight: {total}"
+            + (
+                " (" + ", ".join(f"{p} {n}" for p, n in status.sessions_by_phase.items()) + ")"
+                if total
+                else ""
+            )
+        )
     elif status.temporal_error:
         lines.append(f"sessions in flight: unknown (Temporal: {status.temporal_error})")
     for task in status.tasks or []:
         failed = ", ".join(f"{kind} {n}" for kind, n in task.num_failed_by_kind.items())
-        lines.append(f"task {task.task_id}: {task.status}, {task.num_sessions} sessions ended"
-                     f", failed: {failed or 'none'}")
+        lines.append(
+            f"task {task.task_id}: {task.status}, {task.num_sessions} sessions ended"
+            f", failed: {failed or 'none'}"
+        )
     return "\n".join(lines)
 
 

@@ -40,16 +40,20 @@ class RestartPolicy(BaseModel):
     ``max_restarts`` exits of one child within ``window_s`` stop the stack.
     """
 
-    initial_backoff_s: float = Field(default=1.0, gt=0, le=60,
-                                     description="delay before the first restart, s")
+    initial_backoff_s: float = Field(
+        default=1.0, gt=0, le=60, description="delay before the first restart, s"
+    )
     max_backoff_s: float = Field(default=30.0, gt=0, le=600, description="cap of the delay, s")
-    max_restarts: int = Field(default=5, ge=0, le=1000,
-                              description="restarts of one child allowed within window_s")
+    max_restarts: int = Field(
+        default=5, ge=0, le=1000, description="restarts of one child allowed within window_s"
+    )
     window_s: float = Field(default=300.0, gt=0, description="restart-limit window, s")
-    stable_s: float = Field(default=60.0, gt=0,
-                            description="uptime after which the backoff starts over, s")
-    ready_timeout_s: float = Field(default=180.0, gt=0,
-                                   description="a started child not ready by then has failed, s")
+    stable_s: float = Field(
+        default=60.0, gt=0, description="uptime after which the backoff starts over, s"
+    )
+    ready_timeout_s: float = Field(
+        default=180.0, gt=0, description="a started child not ready by then has failed, s"
+    )
 
     def backoff_s(self, num_consecutive: int) -> float:
         """Delay before restart number ``num_consecutive`` (1-based) of a run of exits."""
@@ -104,8 +108,9 @@ class Supervisor:
         tick_s: how often the children are checked, s.
     """
 
-    def __init__(self, policy: RestartPolicy, on_change: Callable[[], None],
-                 tick_s: float = 0.2) -> None:
+    def __init__(
+        self, policy: RestartPolicy, on_change: Callable[[], None], tick_s: float = 0.2
+    ) -> None:
         self.policy = policy
         self.on_change = on_change
         self.tick_s = tick_s
@@ -125,9 +130,16 @@ class Supervisor:
 
     def add(self, spec: ChildSpec) -> Child:
         """Register a child (not started)."""
-        child = Child(spec=spec, state=ChildState(
-            name=spec.name, kind=spec.kind, phase="stopped", task_queues=spec.task_queues,
-            log=str(spec.log_path)))
+        child = Child(
+            spec=spec,
+            state=ChildState(
+                name=spec.name,
+                kind=spec.kind,
+                phase="stopped",
+                task_queues=spec.task_queues,
+                log=str(spec.log_path),
+            ),
+        )
         self.children[spec.name] = child
         return child
 
@@ -164,25 +176,28 @@ class Supervisor:
                 with self._lock:
                     child.state.phase, child.state.last_exit_code = "failed", code
                     self._notify()
-                raise StackError(f"{name} exited with {code} while starting; "
-                                 f"see {child.spec.log_path}")
+                raise StackError(
+                    f"{name} exited with {code} while starting; see {child.spec.log_path}"
+                )
             if child.spec.ready():
                 with self._lock:
                     child.state.phase = "running"
                     self._notify()
-                log.info("child_ready", child=name, pid=child.proc.pid,
-                         duration_s=round(time.monotonic() - child.started_mono, 2))
+                log.info(
+                    "child_ready",
+                    child=name,
+                    pid=child.proc.pid,
+                    duration_s=round(time.monotonic() - child.started_mono, 2),
+                )
                 return child
             if time.monotonic() > deadline:
-                raise StackError(f"{name} not ready after {timeout_s} s; "
-                                 f"see {child.spec.log_path}")
+                raise StackError(f"{name} not ready after {timeout_s} s; see {child.spec.log_path}")
             time.sleep(0.1)
 
     def run(self) -> None:
         """Start supervising, in a daemon thread, until :meth:`stop_supervising`."""
         self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="rolloutd-supervisor",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="rolloutd-supervisor", daemon=True)
         self._thread.start()
 
     @property
@@ -216,14 +231,18 @@ class Supervisor:
         with self._changed:
             child.reload_requested = True
             ok = self._changed.wait_for(
-                lambda: self.failure is not None or (not child.reload_requested
-                                                     and child.state.phase == "running"),
-                timeout=max(0.0, deadline - time.monotonic()))
+                lambda: (
+                    self.failure is not None
+                    or (not child.reload_requested and child.state.phase == "running")
+                ),
+                timeout=max(0.0, deadline - time.monotonic()),
+            )
         if self.failure is not None:
             raise self.failure
         if not ok:
-            raise StackError(f"{name} not ready {timeout_s} s after a reload; "
-                             f"see {child.spec.log_path}")
+            raise StackError(
+                f"{name} not ready {timeout_s} s after a reload; see {child.spec.log_path}"
+            )
 
     def _notify(self) -> None:
         try:
@@ -260,12 +279,20 @@ class Supervisor:
             elif st.phase == "starting":
                 if child.spec.ready():
                     st.phase = "running"
-                    log.info("child_ready", child=st.name, pid=child.proc.pid,
-                             duration_s=round(now - child.started_mono, 2))
+                    log.info(
+                        "child_ready",
+                        child=st.name,
+                        pid=child.proc.pid,
+                        duration_s=round(now - child.started_mono, 2),
+                    )
                     self._notify()
                 elif now > child.ready_deadline:
-                    log.error("child_not_ready", child=st.name, pid=child.proc.pid,
-                              timeout_s=self.policy.ready_timeout_s)
+                    log.error(
+                        "child_not_ready",
+                        child=st.name,
+                        pid=child.proc.pid,
+                        timeout_s=self.policy.ready_timeout_s,
+                    )
                     kill_group(child.proc.pid)
                     self._exited(child, child.proc.wait(), now)
         elif st.phase == "backoff" and now >= child.next_start_at:
@@ -287,14 +314,27 @@ class Supervisor:
             self.failure = StackError(
                 f"{st.name} exited {len(child.exits)} times within {p.window_s:.0f} s (last "
                 f"exit code {code}), more than the {p.max_restarts} restarts allowed: the stack "
-                f"stops; see {child.spec.log_path}")
-            log.error("child_restart_limit", child=st.name, exit_code=code,
-                      num_exits=len(child.exits), window_s=p.window_s, log=st.log)
+                f"stops; see {child.spec.log_path}"
+            )
+            log.error(
+                "child_restart_limit",
+                child=st.name,
+                exit_code=code,
+                num_exits=len(child.exits),
+                window_s=p.window_s,
+                log=st.log,
+            )
             self.failed.set()
             self._notify()
             return
         delay_s = p.backoff_s(child.num_consecutive)
         st.phase, child.next_start_at = "backoff", now + delay_s
-        log.warning("child_exited", child=st.name, exit_code=code, uptime_s=round(uptime_s, 1),
-                    restart_in_s=delay_s, num_exits_in_window=len(child.exits))
+        log.warning(
+            "child_exited",
+            child=st.name,
+            exit_code=code,
+            uptime_s=round(uptime_s, 1),
+            restart_in_s=delay_s,
+            num_exits_in_window=len(child.exits),
+        )
         self._notify()

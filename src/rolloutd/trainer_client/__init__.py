@@ -3,6 +3,7 @@ the durable buffer (take / ack); backend-pool admin; a blocking wrapper; export 
 verl / slime / SFT JSONL / Parquet; GRPO and DAPO helpers."""
 
 from rolloutd.errors import FleetUnavailableError
+from rolloutd.scoring import failure_of, scored_sessions
 from rolloutd.trainer_client.admin import AdminError, BackendAdmin
 from rolloutd.trainer_client.buffer import BufferExhaustedError, RolloutBuffer
 from rolloutd.trainer_client.client import (
@@ -11,7 +12,6 @@ from rolloutd.trainer_client.client import (
     RolloutHandle,
     validate_task,
 )
-from rolloutd.scoring import failure_of, scored_sessions
 from rolloutd.trainer_client.exports import (
     failed_cause,
     parquet_schema,
@@ -21,7 +21,6 @@ from rolloutd.trainer_client.exports import (
     to_verl_batch,
     trace_reward,
 )
-from rolloutd.trainer_client.health import FleetHealth
 from rolloutd.trainer_client.grpo import (
     dapo_filter,
     group_advantages,
@@ -29,6 +28,7 @@ from rolloutd.trainer_client.grpo import (
     is_zero_variance,
     trace_weights,
 )
+from rolloutd.trainer_client.health import FleetHealth
 from rolloutd.trainer_client.sync import SyncRolloutBuffer, SyncRolloutClient
 
 __all__ = [

@@ -52,13 +52,22 @@ class BackendAdmin:
         timeout_s: limit of one call (pause waits for the drain).
     """
 
-    def __init__(self, gateway_url: str, token: str | None = None, *,
-                 transport: httpx.AsyncBaseTransport | None = None,
-                 timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        gateway_url: str,
+        token: str | None = None,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
         token = token or find_admin_token()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.AsyncClient(base_url=gateway_url.rstrip("/"), headers=headers,
-                                      transport=transport, timeout=timeout_s)
+        self.http = httpx.AsyncClient(
+            base_url=gateway_url.rstrip("/"),
+            headers=headers,
+            transport=transport,
+            timeout=timeout_s,
+        )
 
     async def aclose(self) -> None:
         """Close the HTTP client."""
@@ -73,8 +82,10 @@ class BackendAdmin:
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         response = await self.http.request(method, path, json=body)
         if response.status_code >= 300:
-            raise AdminError(f"{method} {path}: {response.status_code} {response.text[:500]}",
-                             response.status_code)
+            raise AdminError(
+                f"{method} {path}: {response.status_code} {response.text[:500]}",
+                response.status_code,
+            )
         return response.json() if response.content else None
 
     async def list(self) -> list[dict[str, Any]]:
@@ -82,8 +93,14 @@ class BackendAdmin:
         out = await self._call("GET", "/admin/backends")
         return out.get("backends", out) if isinstance(out, dict) else out
 
-    async def add(self, url: str, *, type: str = "llama_cpp", name: str | None = None,
-                  policy_version: int | None = None) -> dict[str, Any]:
+    async def add(
+        self,
+        url: str,
+        *,
+        type: str = "llama_cpp",
+        name: str | None = None,
+        policy_version: int | None = None,
+    ) -> dict[str, Any]:
         """Register a backend (new sessions go to the least-assigned one)."""
         body: dict[str, Any] = {"url": url, "type": type}
         if name is not None:
@@ -100,8 +117,9 @@ class BackendAdmin:
         """Remove every backend."""
         return await self._call("DELETE", "/admin/backends")
 
-    async def pause(self, names: list[str] | None = None, *,
-                    drain_timeout_s: float | None = None) -> Any:
+    async def pause(
+        self, names: list[str] | None = None, *, drain_timeout_s: float | None = None
+    ) -> Any:
         """Pause backends (all by default) for a weight sync: in-flight calls drain.
 
         Args:
@@ -121,14 +139,15 @@ class BackendAdmin:
         """Resume paused backends."""
         return await self._call("POST", "/admin/backends/resume", _names(names))
 
-    async def set_policy_version(self, policy_version: int,
-                                 names: list[str] | None = None) -> Any:
+    async def set_policy_version(self, policy_version: int, names: list[str] | None = None) -> Any:
         """Set the policy version stamped on completions (all backends by default)."""
-        return await self._call("POST", "/admin/policy_version",
-                                {"policy_version": policy_version, **_names(names)})
+        return await self._call(
+            "POST", "/admin/policy_version", {"policy_version": policy_version, **_names(names)}
+        )
 
-    async def load_engine(self, model_file: str, policy_version: int, *,
-                          timeout_s: float = 120.0) -> dict[str, Any]:
+    async def load_engine(
+        self, model_file: str, policy_version: int, *, timeout_s: float = 120.0
+    ) -> dict[str, Any]:
         """Reload the local engine of ``rolloutd up`` on ``model_file`` (a GGUF path on the
         engine's machine) and return once it serves it.
 
@@ -140,13 +159,19 @@ class BackendAdmin:
                 one served), 400 (no such file), 503 (the engine did not come back).
         """
         response = await self.http.post(
-            "/admin/engine/load", json={"model_file": model_file,
-                                        "policy_version": policy_version,
-                                        "timeout_s": timeout_s},
-            timeout=timeout_s + 60.0)
+            "/admin/engine/load",
+            json={
+                "model_file": model_file,
+                "policy_version": policy_version,
+                "timeout_s": timeout_s,
+            },
+            timeout=timeout_s + 60.0,
+        )
         if response.status_code >= 300:
-            raise AdminError(f"POST /admin/engine/load: {response.status_code} "
-                             f"{response.text[:500]}", response.status_code)
+            raise AdminError(
+                f"POST /admin/engine/load: {response.status_code} {response.text[:500]}",
+                response.status_code,
+            )
         return response.json()
 
 

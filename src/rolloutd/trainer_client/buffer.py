@@ -59,8 +59,13 @@ class RolloutBuffer:
     #: how long to keep retrying an update the server could not deliver (continue-as-new).
     RETRY_S = 60.0
 
-    def __init__(self, handle: WorkflowHandle[Any, BufferSummary], buffer_id: str, *,
-                 health: FleetHealth | None = None) -> None:
+    def __init__(
+        self,
+        handle: WorkflowHandle[Any, BufferSummary],
+        buffer_id: str,
+        *,
+        health: FleetHealth | None = None,
+    ) -> None:
         self.workflow = handle
         self.buffer_id = buffer_id
         #: checked while ``take`` waits (:mod:`rolloutd.trainer_client.health`)
@@ -78,8 +83,9 @@ class RolloutBuffer:
                     raise
                 await asyncio.sleep(0.2)
 
-    async def take(self, num_groups: int, *, lease_s: float | None = None,
-                   timeout_s: float = 300.0) -> Batch:
+    async def take(
+        self, num_groups: int, *, lease_s: float | None = None, timeout_s: float = 300.0
+    ) -> Batch:
         """Wait for a batch of ``num_groups`` groups and lease it.
 
         Args:
@@ -102,13 +108,16 @@ class RolloutBuffer:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"no batch of {num_groups} from {self.buffer_id} "
-                                   f"within {timeout_s} s")
+                raise TimeoutError(
+                    f"no batch of {num_groups} from {self.buffer_id} within {timeout_s} s"
+                )
             if self.health is not None:
                 left = min(left, CHECK_EVERY_S)  # a slice of the wait, then a fleet check
             out: TakeBatchOutput = await self._update(
-                "take_batch", TakeBatchInput(num_groups=num_groups, lease_s=lease_s,
-                                             timeout_s=max(left, 0.5)), TakeBatchOutput)
+                "take_batch",
+                TakeBatchInput(num_groups=num_groups, lease_s=lease_s, timeout_s=max(left, 0.5)),
+                TakeBatchOutput,
+            )
             if out.status in ("ok", "partial") and out.batch is not None:
                 return out.batch
             if out.status == "exhausted":
@@ -127,16 +136,17 @@ class RolloutBuffer:
 
     async def push(self, tasks: Sequence[TaskRequest | Mapping[str, Any]]) -> int:
         """Queue tasks (validated here); returns the number of tasks waiting to start."""
-        requests = [t if isinstance(t, TaskRequest) else TaskRequest.model_validate(dict(t))
-                    for t in tasks]
-        out = await self._update("push_tasks", PushTasksInput(tasks=requests),
-                                 PushTasksOutput)
+        requests = [
+            t if isinstance(t, TaskRequest) else TaskRequest.model_validate(dict(t)) for t in tasks
+        ]
+        out = await self._update("push_tasks", PushTasksInput(tasks=requests), PushTasksOutput)
         return out.num_pending
 
     async def set_policy_version(self, policy_version: int) -> BufferStats:
         """Move the buffer's policy version (after a weight update); stale groups drop."""
-        return await self._update("set_policy_version",
-                                  PolicyVersionInput(policy_version=policy_version), BufferStats)
+        return await self._update(
+            "set_policy_version", PolicyVersionInput(policy_version=policy_version), BufferStats
+        )
 
     async def stats(self) -> BufferStats:
         """The buffer's counters, running tasks, ready groups and recent drops."""
@@ -151,8 +161,9 @@ class RolloutBuffer:
         return await self.workflow.result()
 
 
-async def create_buffer(client: Client, config: BufferConfig | Mapping[str, Any], *,
-                        health: FleetHealth | None = None) -> RolloutBuffer:
+async def create_buffer(
+    client: Client, config: BufferConfig | Mapping[str, Any], *, health: FleetHealth | None = None
+) -> RolloutBuffer:
     """Start a buffer workflow ``buffer/{buffer_id}`` (or attach to the running one);
     ``health`` is checked while ``take`` waits.
 
@@ -166,18 +177,23 @@ async def create_buffer(client: Client, config: BufferConfig | Mapping[str, Any]
 
     cfg = config if isinstance(config, BufferConfig) else BufferConfig.model_validate(dict(config))
     handle = await client.start_workflow(
-        RolloutBufferWorkflow.run, BufferInput(config=cfg), id=buffer_workflow_id(cfg.buffer_id),
+        RolloutBufferWorkflow.run,
+        BufferInput(config=cfg),
+        id=buffer_workflow_id(cfg.buffer_id),
         task_queue=task_queues.WORKFLOWS,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
     )
     return RolloutBuffer(handle, cfg.buffer_id, health=health)
 
 
-def get_buffer(client: Client, buffer_id: str, *,
-               health: FleetHealth | None = None) -> RolloutBuffer:
+def get_buffer(
+    client: Client, buffer_id: str, *, health: FleetHealth | None = None
+) -> RolloutBuffer:
     """The handle of a running buffer (a restarted trainer uses this)."""
     from rolloutd.workflows.buffer_models import buffer_workflow_id
 
-    return RolloutBuffer(client.get_workflow_handle(buffer_workflow_id(buffer_id),
-                                                    result_type=BufferSummary), buffer_id,
-                         health=health)
+    return RolloutBuffer(
+        client.get_workflow_handle(buffer_workflow_id(buffer_id), result_type=BufferSummary),
+        buffer_id,
+        health=health,
+    )

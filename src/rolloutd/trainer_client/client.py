@@ -59,8 +59,8 @@ from rolloutd.types import (
     TaskResult,
     Trajectory,
 )
-from rolloutd.workflows.metadata import static_details, task_summary
 from rolloutd.workflows.callback import CallbackWorkflow, callback_workflow_id
+from rolloutd.workflows.metadata import static_details, task_summary
 from rolloutd.workflows.task import RolloutTaskWorkflow, task_workflow_id
 from rolloutd.workflows.tenants import task_priority
 
@@ -94,16 +94,20 @@ def validate_task(task: TaskRequest | Mapping[str, Any]) -> TaskRequest:
     try:
         return TaskRequest.model_validate(dict(task))
     except ValidationError as e:
-        raise InvalidTaskError([
-            (".".join(str(p) for p in err["loc"]) or "(root)", err["msg"]) for err in e.errors()
-        ]) from None
+        raise InvalidTaskError(
+            [(".".join(str(p) for p in err["loc"]) or "(root)", err["msg"]) for err in e.errors()]
+        ) from None
 
 
 class RolloutHandle:
     """A submitted task: await its group, cancel it, or inspect its workflow."""
 
-    def __init__(self, handle: WorkflowHandle[Any, TaskResult], task: TaskRequest,
-                 client: RolloutClient | None = None) -> None:
+    def __init__(
+        self,
+        handle: WorkflowHandle[Any, TaskResult],
+        task: TaskRequest,
+        client: RolloutClient | None = None,
+    ) -> None:
         self.workflow = handle
         self.task = task
         self.client = client
@@ -132,8 +136,9 @@ class RolloutHandle:
             rolloutd.errors.FleetUnavailableError: a fleet the task needs died while waiting
                 (the task keeps running; wait again once the fleet is back).
         """
-        return await watch(self.workflow.result(),
-                           self.client.fleet_health if self.client else None)
+        return await watch(
+            self.workflow.result(), self.client.fleet_health if self.client else None
+        )
 
     async def cancel(self) -> None:
         """Cancel the task: every session stops, tears its runtime down and keeps its traces."""
@@ -159,10 +164,16 @@ class RolloutClient:
         fleet_health: the check those waits use (None when ``check_fleets`` is False).
     """
 
-    def __init__(self, client: Client, store: BlobStore | None = None, *,
-                 check_capabilities: bool = True,
-                 registry_wait_s: float = REGISTRY_WAIT_S, gateway_url: str | None = None,
-                 check_fleets: bool = True) -> None:
+    def __init__(
+        self,
+        client: Client,
+        store: BlobStore | None = None,
+        *,
+        check_capabilities: bool = True,
+        registry_wait_s: float = REGISTRY_WAIT_S,
+        gateway_url: str | None = None,
+        check_fleets: bool = True,
+    ) -> None:
         self.client = client
         self.fleet_health = FleetHealth(client, gateway_url) if check_fleets else None
         self.store = store
@@ -171,8 +182,12 @@ class RolloutClient:
 
     @classmethod
     async def connect(
-        cls, address: str = "localhost:7233", *, namespace: str = "default",
-        store_url: str | None = None, gateway_url: str | None = None,
+        cls,
+        address: str = "localhost:7233",
+        *,
+        namespace: str = "default",
+        store_url: str | None = None,
+        gateway_url: str | None = None,
     ) -> RolloutClient:
         """Connect to Temporal (gRPC) and, optionally, to the blob store; ``gateway_url``
         lets waits tell a dead engine (see the class). The payload codec, TLS and API key
@@ -182,8 +197,7 @@ class RolloutClient:
             ConfigError: bad codec keys or TLS files.
         """
         client = await connect_temporal(address=address, namespace=namespace)
-        return cls(client, BlobStore(store_url) if store_url else None,
-                   gateway_url=gateway_url)
+        return cls(client, BlobStore(store_url) if store_url else None, gateway_url=gateway_url)
 
     async def capabilities(self) -> FleetCapabilities:
         """What the registered sandbox and eval hosts can run (empty when none registered).
@@ -193,13 +207,15 @@ class RolloutClient:
         """
         handle = self.client.get_workflow_handle(REGISTRY_WORKFLOW_ID)
         try:
-            return await handle.query(CAPABILITIES_QUERY, result_type=FleetCapabilities,
-                                      rpc_timeout=QUERY_TIMEOUT)
+            return await handle.query(
+                CAPABILITIES_QUERY, result_type=FleetCapabilities, rpc_timeout=QUERY_TIMEOUT
+            )
         except RPCError as e:
             if e.status == RPCStatusCode.NOT_FOUND:
                 return FleetCapabilities()
-            raise FleetRegistryError(f"the fleet registry did not answer ({e}); retry, or "
-                                     f"submit with {OPT_OUT}") from e
+            raise FleetRegistryError(
+                f"the fleet registry did not answer ({e}); retry, or submit with {OPT_OUT}"
+            ) from e
         except WorkflowQueryFailedError as e:
             raise FleetRegistryError(f"the fleet registry failed to answer: {e}") from e
 
@@ -215,19 +231,27 @@ class RolloutClient:
         handle = self.client.get_workflow_handle(REGISTRY_WORKFLOW_ID)
         try:
             answer = await handle.execute_update(
-                CHECK_EVALUATOR_UPDATE, CheckEvaluatorInput(type=path),
-                result_type=CheckEvaluatorOutput, rpc_timeout=IMPORT_CHECK_TIMEOUT)
+                CHECK_EVALUATOR_UPDATE,
+                CheckEvaluatorInput(type=path),
+                result_type=CheckEvaluatorOutput,
+                rpc_timeout=IMPORT_CHECK_TIMEOUT,
+            )
         except RPCError as e:
             if e.status == RPCStatusCode.NOT_FOUND:
                 return "no eval fleet has registered yet"
-            raise FleetRegistryError(f"the fleet registry did not answer ({e}); retry, or "
-                                     f"submit with {OPT_OUT}") from e
+            raise FleetRegistryError(
+                f"the fleet registry did not answer ({e}); retry, or submit with {OPT_OUT}"
+            ) from e
         except WorkflowUpdateFailedError as e:
             raise FleetRegistryError(f"the fleet registry failed to answer: {e}") from e
         return answer.error
 
-    async def check_tasks(self, tasks: Iterable[TaskRequest | Mapping[str, Any]], *,
-                          check_capabilities: bool | None = None) -> list[TaskRequest]:
+    async def check_tasks(
+        self,
+        tasks: Iterable[TaskRequest | Mapping[str, Any]],
+        *,
+        check_capabilities: bool | None = None,
+    ) -> list[TaskRequest]:
         """Validate tasks and refuse what no registered host can run, before any starts.
 
         Args:
@@ -251,9 +275,12 @@ class RolloutClient:
         while not (fleets.of("sandbox") and fleets.of("eval")) and time.monotonic() < deadline:
             await asyncio.sleep(REGISTRY_POLL_S)
             fleets = await self.capabilities()
-        import_errors = {path: await self.check_evaluator_import(path)
-                         for path in sorted({r.evaluator.type for r in requests
-                                             if is_import_path(r.evaluator.type)})}
+        import_errors = {
+            path: await self.check_evaluator_import(path)
+            for path in sorted(
+                {r.evaluator.type for r in requests if is_import_path(r.evaluator.type)}
+            )
+        }
         errors = []
         for request in requests:
             for path, message in check_task(request, fleets, import_errors):
@@ -264,8 +291,9 @@ class RolloutClient:
             raise InvalidTaskError(errors)
         return requests
 
-    async def submit(self, task: TaskRequest | Mapping[str, Any], *,
-                     check_capabilities: bool | None = None) -> RolloutHandle:
+    async def submit(
+        self, task: TaskRequest | Mapping[str, Any], *, check_capabilities: bool | None = None
+    ) -> RolloutHandle:
         """Validate and start a task as workflow ``task/{task_id}``.
 
         Args:
@@ -292,8 +320,7 @@ class RolloutClient:
             static_summary=task_summary(request),
             static_details=static_details(request),
             # read by status() without a worker (closed tasks) and without the history
-            memo={"num_samples": request.num_samples,
-                  "callback": request.callback_url is not None},
+            memo={"num_samples": request.num_samples, "callback": request.callback_url is not None},
         )
         return RolloutHandle(handle, request, self)
 
@@ -318,9 +345,13 @@ class RolloutClient:
         num_samples = int(memo.get("num_samples") or 0)
         if described.status == WorkflowExecutionStatus.COMPLETED:
             group = await handle.result()
-            progress = TaskProgress(task_id=task_id, num_samples=num_samples
-                                    or len(group.sessions), sessions=group.sessions,
-                                    replaced=group.replaced, result=group)
+            progress = TaskProgress(
+                task_id=task_id,
+                num_samples=num_samples or len(group.sessions),
+                sessions=group.sessions,
+                replaced=group.replaced,
+                result=group,
+            )
             _settle(progress)
         else:
             progress = await self._query_progress(handle) or TaskProgress(task_id=task_id)
@@ -330,16 +361,19 @@ class RolloutClient:
                 if progress.num_samples and len(progress.sessions) >= progress.num_samples:
                     _settle(progress)
             else:
-                progress.status = ("cancelled" if described.status
-                                   == WorkflowExecutionStatus.CANCELED else "failed")
+                progress.status = (
+                    "cancelled"
+                    if described.status == WorkflowExecutionStatus.CANCELED
+                    else "failed"
+                )
                 progress.error = f"the task's workflow ended {described.status.name.lower()}"
         if memo.get("callback"):
-            progress.callbacks = [await self._callback_status(task_id, s)
-                                  for s in progress.sessions]
+            progress.callbacks = [
+                await self._callback_status(task_id, s) for s in progress.sessions
+            ]
         return progress
 
-    async def _query_progress(self, handle: WorkflowHandle[Any, TaskResult]
-                              ) -> TaskProgress | None:
+    async def _query_progress(self, handle: WorkflowHandle[Any, TaskResult]) -> TaskProgress | None:
         """The task's ``status`` query; None when no worker answered (then nothing ended is
         known)."""
         try:
@@ -350,7 +384,8 @@ class RolloutClient:
     async def _callback_status(self, task_id: str, session: SessionResult) -> CallbackStatus:
         """One ended session's callback, from its workflow's ``state`` query."""
         handle = self.client.get_workflow_handle(
-            callback_workflow_id(task_workflow_id(task_id), session.sample_index))
+            callback_workflow_id(task_workflow_id(task_id), session.sample_index)
+        )
         try:
             state = await handle.query(CallbackWorkflow.state, rpc_timeout=QUERY_TIMEOUT)
         except RPCError as e:
@@ -363,8 +398,9 @@ class RolloutClient:
 
     def get_handle(self, task_id: str) -> WorkflowHandle[Any, TaskResult]:
         """The workflow handle of an already submitted task."""
-        return self.client.get_workflow_handle_for(RolloutTaskWorkflow.run,
-                                                   task_workflow_id(task_id))
+        return self.client.get_workflow_handle_for(
+            RolloutTaskWorkflow.run, task_workflow_id(task_id)
+        )
 
     async def result(self, task_id: str) -> TaskResult:
         """Wait for a submitted task's group (by id; a restarted trainer has no handle).
@@ -378,8 +414,9 @@ class RolloutClient:
         """Cancel a task by id: its sessions stop, tear down and keep what they captured."""
         await self.get_handle(task_id).cancel()
 
-    async def set_tenant_quota(self, tenant: str,
-                               max_sessions_in_flight: int | None) -> TenantState:
+    async def set_tenant_quota(
+        self, tenant: str, max_sessions_in_flight: int | None
+    ) -> TenantState:
         """Bound a tenant's sessions in flight (None: unbounded); see
         :func:`rolloutd.trainer_client.tenants.set_tenant_quota`."""
         return await set_tenant_quota(self.client, tenant, max_sessions_in_flight)
@@ -423,5 +460,8 @@ def _settle(progress: TaskProgress) -> None:
         return
     progress.status = "failed"
     first = next((s for s in progress.sessions if s.error), None)
-    progress.error = (f"no session completed; {first.session_id}: {first.error}" if first
-                      else "no session completed")
+    progress.error = (
+        f"no session completed; {first.session_id}: {first.error}"
+        if first
+        else "no session completed"
+    )

@@ -70,13 +70,13 @@ def failed_cause(trajectory: Trajectory) -> FailureCause | None:
     failure = failure_of(trajectory)
     if failure is None:
         return None
-    rewarded = trajectory.reward is not None or any(
-        t.reward is not None for t in trajectory.traces)
+    rewarded = trajectory.reward is not None or any(t.reward is not None for t in trajectory.traces)
     return None if is_policy_timeout(failure) and rewarded else failure
 
 
-def _rows(trajectories: Sequence[Trajectory], include_failed: bool = False
-          ) -> Iterator[tuple[Trajectory, Trace]]:
+def _rows(
+    trajectories: Sequence[Trajectory], include_failed: bool = False
+) -> Iterator[tuple[Trajectory, Trace]]:
     """Every trace of every trajectory in order; failed sessions only with ``include_failed``,
     then each trace as :func:`_marked`."""
     for trajectory in trajectories:
@@ -90,9 +90,13 @@ def _rows(trajectories: Sequence[Trajectory], include_failed: bool = False
 def _marked(trace: Trace, failure: FailureCause) -> Trace:
     """A failed session's trace as exported: nothing trainable, no reward, the cause in its
     metadata."""
-    return trace.model_copy(update={
-        "loss_mask": [0] * len(trace.loss_mask), "reward": None,
-        "metadata": {**trace.metadata, "failure": failure.model_dump()}})
+    return trace.model_copy(
+        update={
+            "loss_mask": [0] * len(trace.loss_mask),
+            "reward": None,
+            "metadata": {**trace.metadata, "failure": failure.model_dump()},
+        }
+    )
 
 
 def _failure_of_row(trace: Trace) -> dict[str, Any] | None:
@@ -106,8 +110,9 @@ def _reward_of_row(trajectory: Trajectory, trace: Trace) -> float | None:
 
 
 def _name(trajectory: Trajectory, trace: Trace) -> str:
-    return (f"trace {trace.trace_index} of session {trajectory.session_id} "
-            f"(task {trajectory.task_id})")
+    return (
+        f"trace {trace.trace_index} of session {trajectory.session_id} (task {trajectory.task_id})"
+    )
 
 
 def trace_reward(trajectory: Trajectory, trace: Trace) -> float | None:
@@ -131,8 +136,10 @@ def _required_reward(trajectory: Trajectory, trace: Trace, default: float | None
     reward = trace_reward(trajectory, trace)
     if reward is None:
         if default is None:
-            raise ValueError(f"{_name(trajectory, trace)} has no reward; score the session "
-                             f"or pass default_reward")
+            raise ValueError(
+                f"{_name(trajectory, trace)} has no reward; score the session "
+                f"or pass default_reward"
+            )
         return float(default)
     return reward
 
@@ -141,8 +148,12 @@ def _required_reward(trajectory: Trajectory, trace: Trace, default: float | None
 
 
 def _fit(
-    trajectory: Trajectory, trace: Trace, *, max_prompt_len: int | None,
-    max_response_len: int | None, truncate: bool,
+    trajectory: Trajectory,
+    trace: Trace,
+    *,
+    max_prompt_len: int | None,
+    max_response_len: int | None,
+    truncate: bool,
 ) -> tuple[list[int], list[int], list[int], list[float]]:
     """The trace's token arrays within the limits: refused, or cut when ``truncate``."""
     prompt_ids = list(trace.prompt_ids)
@@ -154,15 +165,17 @@ def _fit(
             raise ValueError(
                 f"{_name(trajectory, trace)}: prompt has {len(prompt_ids)} tokens, more than "
                 f"max_prompt_len={max_prompt_len}; pass truncate=True to keep its last "
-                f"{max_prompt_len}")
+                f"{max_prompt_len}"
+            )
         # The end of the prompt is what the response was conditioned on most directly.
-        prompt_ids = prompt_ids[len(prompt_ids) - max_prompt_len:]
+        prompt_ids = prompt_ids[len(prompt_ids) - max_prompt_len :]
     if max_response_len is not None and len(response_ids) > max_response_len:
         if not truncate:
             raise ValueError(
                 f"{_name(trajectory, trace)}: response has {len(response_ids)} tokens, more "
                 f"than max_response_len={max_response_len}; pass truncate=True to keep its "
-                f"first {max_response_len}")
+                f"first {max_response_len}"
+            )
         response_ids = response_ids[:max_response_len]
         loss_mask = loss_mask[:max_response_len]
         response_logprobs = response_logprobs[:max_response_len]
@@ -238,8 +251,13 @@ def to_verl_batch(
     rows = []
     failures: list[str | None] = []
     for trajectory, trace in _rows(trajectories, include_failed):
-        arrays = _fit(trajectory, trace, max_prompt_len=max_prompt_len,
-                      max_response_len=max_response_len, truncate=truncate)
+        arrays = _fit(
+            trajectory,
+            trace,
+            max_prompt_len=max_prompt_len,
+            max_response_len=max_response_len,
+            truncate=truncate,
+        )
         failure = _failure_of_row(trace)
         reward = 0.0 if failure else _required_reward(trajectory, trace, default_reward)
         rows.append((trajectory, arrays, reward))
@@ -261,8 +279,8 @@ def to_verl_batch(
     for row, (_, (prompt_ids, response_ids, loss_mask, logprobs), reward) in enumerate(rows):
         num_prompt, num_response = len(prompt_ids), len(response_ids)
         if num_prompt:
-            prompts[row, prompt_len - num_prompt:] = prompt_ids
-            prompt_attention[row, prompt_len - num_prompt:] = 1
+            prompts[row, prompt_len - num_prompt :] = prompt_ids
+            prompt_attention[row, prompt_len - num_prompt :] = 1
         responses[row, :num_response] = response_ids
         response_attention[row, :num_response] = 1
         response_mask[row, :num_response] = loss_mask
@@ -277,8 +295,10 @@ def to_verl_batch(
     position_ids = np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None)
     input_ids = np.concatenate([prompts, responses], axis=1)
     uid = np.empty(num_rows, dtype=object)
-    uid[:] = [trajectory.task_id if kind is None else f"failed/{trajectory.session_id}"
-              for (trajectory, _, _), kind in zip(rows, failures, strict=True)]
+    uid[:] = [
+        trajectory.task_id if kind is None else f"failed/{trajectory.session_id}"
+        for (trajectory, _, _), kind in zip(rows, failures, strict=True)
+    ]
     session_id = np.empty(num_rows, dtype=object)
     session_id[:] = [trajectory.session_id for trajectory, _, _ in rows]
     failure_kind = np.empty(num_rows, dtype=object)
@@ -308,7 +328,9 @@ def _slime_status(trajectory: Trajectory, trace: Trace) -> str:
 
 
 def to_slime_samples(
-    trajectories: Sequence[Trajectory], *, default_reward: float | None = None,
+    trajectories: Sequence[Trajectory],
+    *,
+    default_reward: float | None = None,
     include_failed: bool = False,
 ) -> list[dict[str, Any]]:
     """Convert traces to slime ``Sample`` dicts, one per trace.
@@ -356,32 +378,34 @@ def to_slime_samples(
         reward = _reward_of_row(trajectory, trace)
         if reward is None and default_reward is not None and not failed:
             reward = float(default_reward)
-        samples.append({
-            "group_index": group_index,
-            "index": index,
-            "prompt": [dict(m) for m in trace.prompt_messages],
-            "tokens": [*trace.prompt_ids, *trace.response_ids],
-            "response": "",
-            "response_length": len(trace.response_ids),
-            "label": None,
-            "reward": reward,
-            "loss_mask": list(trace.loss_mask),
-            "rollout_log_probs": list(trace.response_logprobs),
-            "weight_versions": [str(v) for v in trace.policy_versions],
-            "status": _slime_status(trajectory, trace),
-            "session_id": trajectory.session_id,
-            "remove_sample": failed,
-            "metadata": {
-                **trace.metadata,
-                "task_id": trajectory.task_id,
-                "sample_index": trajectory.sample_index,
-                "trace_index": trace.trace_index,
-                "num_traces_in_session": trace.num_traces_in_session,
-                "finish_reason": trace.finish_reason,
-                "response_messages": [dict(m) for m in trace.response_messages],
-                "tools": [dict(t) for t in trace.tools],
-            },
-        })
+        samples.append(
+            {
+                "group_index": group_index,
+                "index": index,
+                "prompt": [dict(m) for m in trace.prompt_messages],
+                "tokens": [*trace.prompt_ids, *trace.response_ids],
+                "response": "",
+                "response_length": len(trace.response_ids),
+                "label": None,
+                "reward": reward,
+                "loss_mask": list(trace.loss_mask),
+                "rollout_log_probs": list(trace.response_logprobs),
+                "weight_versions": [str(v) for v in trace.policy_versions],
+                "status": _slime_status(trajectory, trace),
+                "session_id": trajectory.session_id,
+                "remove_sample": failed,
+                "metadata": {
+                    **trace.metadata,
+                    "task_id": trajectory.task_id,
+                    "sample_index": trajectory.sample_index,
+                    "trace_index": trace.trace_index,
+                    "num_traces_in_session": trace.num_traces_in_session,
+                    "finish_reason": trace.finish_reason,
+                    "response_messages": [dict(m) for m in trace.response_messages],
+                    "tools": [dict(t) for t in trace.tools],
+                },
+            }
+        )
     return samples
 
 
@@ -427,7 +451,8 @@ def to_openai_messages_jsonl(
                     continue
             line: dict[str, Any] = {
                 "messages": [*trace.prompt_messages, *trace.response_messages],
-                "tools": list(trace.tools)}
+                "tools": list(trace.tools),
+            }
             if (failure := _failure_of_row(trace)) is not None:
                 line["failure"] = failure
             out.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -450,32 +475,36 @@ def parquet_schema() -> Any:
     import pyarrow as pa
 
     ints = pa.list_(pa.int64())
-    return pa.schema([
-        ("task_id", pa.string()),
-        ("session_id", pa.string()),
-        ("sample_index", pa.int64()),
-        ("status", pa.string()),
-        ("trace_index", pa.int64()),
-        ("prompt_ids", ints),
-        ("response_ids", ints),
-        ("loss_mask", pa.list_(pa.int8())),
-        ("response_logprobs", pa.list_(pa.float64())),
-        ("reward", pa.float64()),
-        ("finish_reason", pa.string()),
-        ("num_traces_in_session", pa.int64()),
-        ("completion_indices", ints),
-        ("policy_versions", ints),
-        ("prompt_messages", pa.string()),
-        ("response_messages", pa.string()),
-        ("tools", pa.string()),
-        ("metadata", pa.string()),
-        ("failure", pa.string()),
-    ])
+    return pa.schema(
+        [
+            ("task_id", pa.string()),
+            ("session_id", pa.string()),
+            ("sample_index", pa.int64()),
+            ("status", pa.string()),
+            ("trace_index", pa.int64()),
+            ("prompt_ids", ints),
+            ("response_ids", ints),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("response_logprobs", pa.list_(pa.float64())),
+            ("reward", pa.float64()),
+            ("finish_reason", pa.string()),
+            ("num_traces_in_session", pa.int64()),
+            ("completion_indices", ints),
+            ("policy_versions", ints),
+            ("prompt_messages", pa.string()),
+            ("response_messages", pa.string()),
+            ("tools", pa.string()),
+            ("metadata", pa.string()),
+            ("failure", pa.string()),
+        ]
+    )
 
 
 def to_parquet(
-    trajectories: Sequence[Trajectory], path: str | os.PathLike[str] | IO[bytes],
-    *, include_failed: bool = False,
+    trajectories: Sequence[Trajectory],
+    path: str | os.PathLike[str] | IO[bytes],
+    *,
+    include_failed: bool = False,
 ) -> int:
     """Write traces to a Parquet file, one row per trace, columns of :func:`parquet_schema`.
 

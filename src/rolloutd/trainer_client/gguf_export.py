@@ -1,14 +1,16 @@
 """The trainer's weights written as a GGUF the reference engine (llama-server) loads.
 
 Weight sync to the engine moves a file: after an optimizer step the trainer writes its fp32
-weights as an F32 GGUF (F16 on request) and asks the engine to load it. The tokenizer, chat template and every
+weights as an F32 GGUF (F16 on request) and asks the engine to load it. The tokenizer, chat
+template and every
 hyper-parameter are copied unchanged from a template GGUF (the catalog model's), so the engine
 renders and tokenizes exactly as before; only the tensors change.
 
 The rule for the tensors is llama.cpp's own converter (``convert_hf_to_gguf.py``, ``LlamaModel``):
 Hugging Face names map to GGUF names through ``gguf``'s ``TensorNameMap``; the rows of
 ``q_proj`` and ``k_proj`` are permuted from Hugging Face's rotary layout (halves) to llama.cpp's
-(interleaved pairs); 1-D tensors (norms) stay F32, matrices are F32 or F16. A tied ``lm_head`` is not
+(interleaved pairs); 1-D tensors (norms) stay F32, matrices are F32 or F16. A tied ``lm_head`` is
+not
 written (llama.cpp reuses ``token_embd`` when ``output.weight`` is absent).
 
 Measured here (SmolLM2-135M): llama-server loads the 514 MB F32 file (F16: 258 MB) in about
@@ -56,8 +58,11 @@ def permute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
         An array of the same shape.
     """
     rows = weight.shape[0]
-    return (weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:])
-            .swapaxes(1, 2).reshape(weight.shape))
+    return (
+        weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
 
 
 def _field_value(field: Any) -> tuple[Any, gguf.GGUFValueType, gguf.GGUFValueType | None]:
@@ -67,8 +72,9 @@ def _field_value(field: Any) -> tuple[Any, gguf.GGUFValueType, gguf.GGUFValueTyp
     return field.contents(), vtype, None
 
 
-def export_gguf(state_dict: Mapping[str, Any], template: str | Path, out: str | Path, *,
-                dtype: str = "f32") -> Path:
+def export_gguf(
+    state_dict: Mapping[str, Any], template: str | Path, out: str | Path, *, dtype: str = "f32"
+) -> Path:
     """Write a model's weights as an F32 (or F16) GGUF with a template GGUF's metadata and
     tokenizer.
 
@@ -122,15 +128,24 @@ def export_gguf(state_dict: Mapping[str, Any], template: str | Path, out: str | 
                 continue
             value, vtype, sub_type = _field_value(field)
             writer.add_key_value(key, value, vtype, sub_type=sub_type)
-        writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16"
-                             else gguf.LlamaFileType.ALL_F32)
+        writer.add_file_type(
+            gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32
+        )
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        for name, array in _gguf_tensors(state_dict, names, num_heads, num_kv_heads,
-                                         set(template_shapes), np.dtype(dtype.replace("f", "float"))):
+        for name, array in _gguf_tensors(
+            state_dict,
+            names,
+            num_heads,
+            num_kv_heads,
+            set(template_shapes),
+            np.dtype(dtype.replace("f", "float")),
+        ):
             expected = template_shapes[name]
             if tuple(array.shape) != expected:
-                raise ConfigError(f"GGUF export: {name} has shape {tuple(array.shape)}, the "
-                                  f"template has {expected}")
+                raise ConfigError(
+                    f"GGUF export: {name} has shape {tuple(array.shape)}, the "
+                    f"template has {expected}"
+                )
             writer.add_tensor(name, array)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -140,14 +155,24 @@ def export_gguf(state_dict: Mapping[str, Any], template: str | Path, out: str | 
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    log.info("gguf_exported", path=str(out), num_tensors=len(template_shapes),
-             size_bytes=out.stat().st_size, duration_s=round(time.monotonic() - t0, 2))
+    log.info(
+        "gguf_exported",
+        path=str(out),
+        num_tensors=len(template_shapes),
+        size_bytes=out.stat().st_size,
+        duration_s=round(time.monotonic() - t0, 2),
+    )
     return out
 
 
-def _gguf_tensors(state_dict: Mapping[str, Any], names: gguf.TensorNameMap, num_heads: int,
-                  num_kv_heads: int, wanted: set[str],
-                  matrix_dtype: np.dtype) -> Iterable[tuple[str, np.ndarray]]:
+def _gguf_tensors(
+    state_dict: Mapping[str, Any],
+    names: gguf.TensorNameMap,
+    num_heads: int,
+    num_kv_heads: int,
+    wanted: set[str],
+    matrix_dtype: np.dtype,
+) -> Iterable[tuple[str, np.ndarray]]:
     """GGUF name and array of every parameter the template has, in its dtype rule."""
     written: set[str] = set()
     for hf_name, tensor in state_dict.items():
@@ -157,8 +182,9 @@ def _gguf_tensors(state_dict: Mapping[str, Any], names: gguf.TensorNameMap, num_
         if name not in wanted:
             if name == "output.weight":  # tied to token_embd in the template
                 continue
-            raise ConfigError(f"GGUF export: the template has no tensor {name!r} "
-                              f"(from {hf_name!r})")
+            raise ConfigError(
+                f"GGUF export: the template has no tensor {name!r} (from {hf_name!r})"
+            )
         array = _to_numpy(tensor)
         if hf_name.endswith("q_proj.weight"):
             array = permute_qk(array, num_heads)

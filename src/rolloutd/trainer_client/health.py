@@ -5,7 +5,8 @@ A worker fleet is dead when no worker has polled its task queue for :data:`DEAD_
 (Temporal's DescribeTaskQueue: each poller with the time its last poll began; a fleet with
 pollers and a backlog is busy, never dead). That time is when a long poll began, and an idle
 worker's long poll lasts up to about a minute (measured on the dev server: ages reach 56 s
-before the next poll), so the limit is 70 s, not 60 s: an idle live fleet is never dead. The engine is dead when the gateway's ``/health``
+before the next poll), so the limit is 70 s, not 60 s: an idle live fleet is never dead. The engine
+is dead when the gateway's ``/health``
 says no healthy backend serves a policy version (a backend that refuses connections or times
 out; a paused one is not dead) for :data:`ENGINE_DEAD_AFTER_S`. :func:`watch` waits for
 something and checks the fleets every ``every_s`` while it waits; the first dead fleet
@@ -19,7 +20,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import httpx
@@ -60,14 +61,22 @@ class FleetHealth:
             :data:`rolloutd.task_queues.FLEET_QUEUES`).
     """
 
-    def __init__(self, client: Client, gateway_url: str | None = None, *,
-                 dead_after_s: float = DEAD_AFTER_S,
-                 engine_dead_after_s: float = ENGINE_DEAD_AFTER_S,
-                 transport: httpx.AsyncBaseTransport | None = None,
-                 fleets: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        gateway_url: str | None = None,
+        *,
+        dead_after_s: float = DEAD_AFTER_S,
+        engine_dead_after_s: float = ENGINE_DEAD_AFTER_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+        fleets: list[str] | None = None,
+    ) -> None:
         self.client = client
-        self.queues = {fleet: queue for fleet, queue in task_queues.FLEET_QUEUES.items()
-                       if fleets is None or fleet in fleets}
+        self.queues = {
+            fleet: queue
+            for fleet, queue in task_queues.FLEET_QUEUES.items()
+            if fleets is None or fleet in fleets
+        }
         self.gateway_url = gateway_url.rstrip("/") if gateway_url else None
         self.dead_after_s = dead_after_s
         self.engine_dead_after_s = engine_dead_after_s
@@ -94,30 +103,41 @@ class FleetHealth:
             else:
                 self._unlisted_since.pop(queue, None)
             if age is None or age >= self.dead_after_s:
-                seen = "no worker polls it" if age is None \
-                    else f"its last poll was {age:.0f} s ago"
+                seen = "no worker polls it" if age is None else f"its last poll was {age:.0f} s ago"
                 raise FleetUnavailableError(
-                    fleet, f"no worker has polled task queue {queue!r} for "
-                           f"{self.dead_after_s:g} s ({seen})", unavailable_s=age)
+                    fleet,
+                    f"no worker has polled task queue {queue!r} for "
+                    f"{self.dead_after_s:g} s ({seen})",
+                    unavailable_s=age,
+                )
         await self._check_engine()
 
     async def _last_poll_s_ago(self, queue: str, *, workflow: bool) -> float | None | bool:
         """Seconds since the last poll of ``queue`` (None: no poller listed; False: Temporal
         did not answer)."""
-        kind = TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW if workflow \
+        kind = (
+            TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
+            if workflow
             else TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY
+        )
         try:
             described = await self.client.workflow_service.describe_task_queue(
                 DescribeTaskQueueRequest(
-                    namespace=self.client.namespace, task_queue_type=kind,
-                    task_queue=TaskQueue(name=queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL)),
-                timeout=timedelta(seconds=5))
+                    namespace=self.client.namespace,
+                    task_queue_type=kind,
+                    task_queue=TaskQueue(name=queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+                ),
+                timeout=timedelta(seconds=5),
+            )
         except RPCError as e:
             log.debug("fleet_health_not_read", task_queue=queue, error=str(e))
             return False
-        now = datetime.now(timezone.utc)
-        ages = [max(0.0, (now - p.last_access_time.ToDatetime(timezone.utc)).total_seconds())
-                for p in described.pollers if p.HasField("last_access_time")]
+        now = datetime.now(UTC)
+        ages = [
+            max(0.0, (now - p.last_access_time.ToDatetime(UTC)).total_seconds())
+            for p in described.pollers
+            if p.HasField("last_access_time")
+        ]
         return min(ages) if ages else None
 
     async def _check_engine(self) -> None:
@@ -134,12 +154,14 @@ class FleetHealth:
         for entry in pool.get("unavailable") or []:
             unhealthy_s = entry.get("unhealthy_s") or 0.0
             if unhealthy_s >= self.engine_dead_after_s:
-                raise FleetUnavailableError("engine", str(entry.get("message")),
-                                            unavailable_s=unhealthy_s)
+                raise FleetUnavailableError(
+                    "engine", str(entry.get("message")), unavailable_s=unhealthy_s
+                )
 
 
-async def watch(awaitable: Awaitable[T], health: FleetHealth | None,
-                every_s: float = CHECK_EVERY_S) -> T:
+async def watch(
+    awaitable: Awaitable[T], health: FleetHealth | None, every_s: float = CHECK_EVERY_S
+) -> T:
     """Wait for ``awaitable``, checking the fleets every ``every_s`` meanwhile.
 
     Raises:

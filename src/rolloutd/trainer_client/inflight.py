@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowQueryFailedError
@@ -23,8 +23,9 @@ SESSIONS_IN_FLIGHT = "WorkflowType = 'RolloutSessionWorkflow' AND ExecutionStatu
 MAX_SESSIONS_QUERIED = 2000
 
 
-async def sessions_by_phase(client: Client, timeout_s: float = 10.0,
-                            concurrency: int = 16) -> dict[str, int]:
+async def sessions_by_phase(
+    client: Client, timeout_s: float = 10.0, concurrency: int = 16
+) -> dict[str, int]:
     """Count the sessions in flight by phase (``open``, ``provision``, ``run``, ...); a session
     that ends meanwhile, or whose workflow worker does not answer, counts as ``unknown``.
 
@@ -43,14 +44,17 @@ async def sessions_by_phase(client: Client, timeout_s: float = 10.0,
     async def phase_of(workflow_id: str, run_id: str | None) -> None:
         async with sem:
             try:
-                counts[await client.get_workflow_handle(workflow_id, run_id=run_id)
-                       .query("phase")] += 1
+                counts[
+                    await client.get_workflow_handle(workflow_id, run_id=run_id).query("phase")
+                ] += 1
             except (RPCError, WorkflowQueryFailedError):
                 counts["unknown"] += 1
 
     async def count() -> None:
-        ids = [(wf.id, wf.run_id) async for wf in
-               client.list_workflows(SESSIONS_IN_FLIGHT, limit=MAX_SESSIONS_QUERIED)]
+        ids = [
+            (wf.id, wf.run_id)
+            async for wf in client.list_workflows(SESSIONS_IN_FLIGHT, limit=MAX_SESSIONS_QUERIED)
+        ]
         await asyncio.gather(*(phase_of(i, r) for i, r in ids))
 
     await asyncio.wait_for(count(), timeout_s)
@@ -58,8 +62,10 @@ async def sessions_by_phase(client: Client, timeout_s: float = 10.0,
 
 
 #: the visibility query of tasks running or closed within the last hour (Temporal list filter)
-TASKS_RECENT = ("WorkflowType = 'RolloutTaskWorkflow' AND (ExecutionStatus = 'Running' OR "
-                "CloseTime > '{since}')")
+TASKS_RECENT = (
+    "WorkflowType = 'RolloutTaskWorkflow' AND (ExecutionStatus = 'Running' OR "
+    "CloseTime > '{since}')"
+)
 
 
 class TaskFailures(BaseModel):
@@ -78,8 +84,9 @@ class TaskFailures(BaseModel):
     num_failed_by_kind: dict[str, int] = Field(default_factory=dict)
 
 
-async def task_failures(client: Client, *, recent_s: float = 3600.0, limit: int = 20,
-                        timeout_s: float = 10.0) -> list[TaskFailures]:
+async def task_failures(
+    client: Client, *, recent_s: float = 3600.0, limit: int = 20, timeout_s: float = 10.0
+) -> list[TaskFailures]:
     """Failure counts of the tasks running or closed within ``recent_s``, newest first: a
     running task through its ``status`` query, a completed one through its result (the
     client's data converter: ruling of one reading path, never raw history).
@@ -94,8 +101,7 @@ async def task_failures(client: Client, *, recent_s: float = 3600.0, limit: int 
         TimeoutError: Temporal did not answer within ``timeout_s``.
         RPCError: Temporal refused the listing.
     """
-    since = (datetime.now(timezone.utc) - timedelta(seconds=recent_s)).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
+    since = (datetime.now(UTC) - timedelta(seconds=recent_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     async def one(workflow_id: str, status: str) -> TaskFailures:
         task_id = workflow_id.removeprefix("task/")
@@ -109,12 +115,18 @@ async def task_failures(client: Client, *, recent_s: float = 3600.0, limit: int 
                 sessions = progress.sessions if progress is not None else []
         except (RPCError, WorkflowQueryFailedError):
             pass  # shown without counts: a task whose worker does not answer now
-        return TaskFailures(task_id=task_id, status=status, num_sessions=len(sessions),
-                            num_failed_by_kind=failure_counts(sessions))
+        return TaskFailures(
+            task_id=task_id,
+            status=status,
+            num_sessions=len(sessions),
+            num_failed_by_kind=failure_counts(sessions),
+        )
 
     async def collect() -> list[TaskFailures]:
-        found = [(wf.id, wf.status.name.lower() if wf.status else "unknown") async for wf in
-                 client.list_workflows(TASKS_RECENT.format(since=since), limit=limit)]
+        found = [
+            (wf.id, wf.status.name.lower() if wf.status else "unknown")
+            async for wf in client.list_workflows(TASKS_RECENT.format(since=since), limit=limit)
+        ]
         return list(await asyncio.gather(*(one(i, s) for i, s in found)))
 
     return await asyncio.wait_for(collect(), timeout_s)

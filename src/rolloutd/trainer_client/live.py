@@ -60,9 +60,11 @@ class TaskView:
         """The task in one plain line."""
         phases = ", ".join(f"{p} {n}" for p, n in sorted(self.phases.items())) or "-"
         rewards = " ".join("-" if r is None else f"{r:g}" for r in self.rewards) or "-"
-        return (f"task {self.task_id}: {self.phases.get('ended', 0)}/{self.num_samples} "
-                f"ended; phases {phases}; completions {self.num_completions}; "
-                f"rewards {rewards}")
+        return (
+            f"task {self.task_id}: {self.phases.get('ended', 0)}/{self.num_samples} "
+            f"ended; phases {phases}; completions {self.num_completions}; "
+            f"rewards {rewards}"
+        )
 
 
 async def look(client: RolloutClient, task_id: str) -> TaskView:
@@ -90,13 +92,15 @@ async def look(client: RolloutClient, task_id: str) -> TaskView:
             phases["done"] += 1
         else:
             try:
-                phases[await client.client.get_workflow_handle(wf.id, run_id=wf.run_id)
-                       .query("phase")] += 1
+                phases[
+                    await client.client.get_workflow_handle(wf.id, run_id=wf.run_id).query("phase")
+                ] += 1
             except (RPCError, WorkflowQueryFailedError):
                 phases["unknown"] += 1
         if client.store is not None:
             view.num_completions += await asyncio.to_thread(
-                len, CompletionLog(client.store, session_id))
+                len, CompletionLog(client.store, session_id)
+            )
     view.phases = dict(phases)
     return view
 
@@ -109,15 +113,20 @@ def _table(views: Sequence[TaskView]) -> Any:
         table.add_column(col)
     for v in views:
         phases = ", ".join(f"{p} {n}" for p, n in sorted(v.phases.items()) if p != "ended")
-        table.add_row(v.task_id, f"{v.phases.get('ended', 0)}/{v.num_samples}", phases or "-",
-                      str(v.num_completions),
-                      " ".join("-" if r is None else f"{r:g}" for r in v.rewards) or "-",
-                      ", ".join(f"{s} {n}" for s, n in sorted(v.statuses.items())) or "-")
+        table.add_row(
+            v.task_id,
+            f"{v.phases.get('ended', 0)}/{v.num_samples}",
+            phases or "-",
+            str(v.num_completions),
+            " ".join("-" if r is None else f"{r:g}" for r in v.rewards) or "-",
+            ", ".join(f"{s} {n}" for s, n in sorted(v.statuses.items())) or "-",
+        )
     return table
 
 
-async def _look_all(client: RolloutClient, task_ids: Sequence[str],
-                    last: dict[str, TaskView]) -> list[TaskView]:
+async def _look_all(
+    client: RolloutClient, task_ids: Sequence[str], last: dict[str, TaskView]
+) -> list[TaskView]:
     views = []
     for task_id in task_ids:
         try:
@@ -128,9 +137,16 @@ async def _look_all(client: RolloutClient, task_ids: Sequence[str],
     return views
 
 
-async def watch(client: RolloutClient, task_ids: Sequence[str], waiting: Awaitable[Any], *,
-                tty: bool | None = None, err: TextIO | None = None,
-                refresh_s: float = REFRESH_S, console: Any = None) -> Any:
+async def watch(
+    client: RolloutClient,
+    task_ids: Sequence[str],
+    waiting: Awaitable[Any],
+    *,
+    tty: bool | None = None,
+    err: TextIO | None = None,
+    refresh_s: float = REFRESH_S,
+    console: Any = None,
+) -> Any:
     """Show the tasks live until ``waiting`` ends, and return its result.
 
     Args:
@@ -158,13 +174,16 @@ async def watch(client: RolloutClient, task_ids: Sequence[str], waiting: Awaitab
         from rich.console import Console
         from rich.live import Live
 
-        with Live(_table(await _look_all(client, task_ids, last)), console=console or Console(),
-                  transient=True, auto_refresh=False) as live:
+        with Live(
+            _table(await _look_all(client, task_ids, last)),
+            console=console or Console(),
+            transient=True,
+            auto_refresh=False,
+        ) as live:
             while not future.done():
                 await asyncio.wait({future}, timeout=refresh_s)
                 if not future.done():
-                    live.update(_table(await _look_all(client, task_ids, last)),
-                                refresh=True)
+                    live.update(_table(await _look_all(client, task_ids, last)), refresh=True)
         return await future
     shown: dict[str, str] = {}
     while not future.done():

@@ -1,10 +1,12 @@
 """Does the engine serve the trainer's weights? Compare their logprobs on a probe prompt.
 
 After a weight sync the engine and the trainer hold the same policy up to the export's rounding
-(none for F32, the default; F16 drops small updates: :func:`~rolloutd.trainer_client.gguf_export.export_gguf`). The probe asks the engine to continue a fixed prompt greedily with the logprob of each
-token it picks, scores the same tokens with the trainer's model, and reports the differences.
-A stale engine (a sync that did not land) shows up as differences far above the rounding floor:
-one optimizer step moves logprobs by more than the compute floor.
+(none for F32, the default; F16 drops small updates:
+:func:`~rolloutd.trainer_client.gguf_export.export_gguf`). The probe asks the engine to
+continue a fixed prompt greedily with the logprob of each token it picks, scores the same
+tokens with the trainer's model, and reports the differences. A stale engine (a sync that did
+not land) shows up as differences far above the rounding floor: one optimizer step moves
+logprobs by more than the compute floor.
 
 The engine is asked with ``cache_prompt: false``: a prompt served again from llama.cpp's cache
 may report a shortened ``completion_probabilities`` list.
@@ -33,8 +35,9 @@ class ProbeResult(BaseModel):
     max_abs_diff: float = Field(ge=0, description="max |engine - trainer|, nats")
 
 
-def engine_greedy_logprobs(engine_url: str, prompt_ids: Sequence[int], num_tokens: int, *,
-                           timeout_s: float = 120.0) -> tuple[list[int], list[float]]:
+def engine_greedy_logprobs(
+    engine_url: str, prompt_ids: Sequence[int], num_tokens: int, *, timeout_s: float = 120.0
+) -> tuple[list[int], list[float]]:
     """Continue ``prompt_ids`` greedily on llama-server and return the tokens and logprobs.
 
     Args:
@@ -50,16 +53,26 @@ def engine_greedy_logprobs(engine_url: str, prompt_ids: Sequence[int], num_token
     Raises:
         httpx.HTTPStatusError: the engine answered an error.
     """
-    response = httpx.post(f"{engine_url.rstrip('/')}/completion", json={
-        "prompt": list(prompt_ids), "n_predict": num_tokens, "temperature": 0.0,
-        "n_probs": 1, "cache_prompt": False, "return_tokens": True}, timeout=timeout_s)
+    response = httpx.post(
+        f"{engine_url.rstrip('/')}/completion",
+        json={
+            "prompt": list(prompt_ids),
+            "n_predict": num_tokens,
+            "temperature": 0.0,
+            "n_probs": 1,
+            "cache_prompt": False,
+            "return_tokens": True,
+        },
+        timeout=timeout_s,
+    )
     response.raise_for_status()
     probs = response.json()["completion_probabilities"]
     return [int(p["id"]) for p in probs], [float(p["logprob"]) for p in probs]
 
 
-def trainer_logprobs(model: Any, prompt_ids: Sequence[int],
-                     response_ids: Sequence[int]) -> list[float]:
+def trainer_logprobs(
+    model: Any, prompt_ids: Sequence[int], response_ids: Sequence[int]
+) -> list[float]:
     """The model's logprob of each response token after the prompt (teacher forcing).
 
     Args:
@@ -72,13 +85,14 @@ def trainer_logprobs(model: Any, prompt_ids: Sequence[int],
     """
     ids = torch.tensor([list(prompt_ids) + list(response_ids)])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt_ids) - 1:-1].float()
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
     logp = torch.log_softmax(logits, dim=-1)
     return logp.gather(1, torch.tensor(list(response_ids))[:, None])[:, 0].tolist()
 
 
-def probe(model: Any, engine_url: str, prompt_ids: Sequence[int],
-          num_tokens: int = 16) -> ProbeResult:
+def probe(
+    model: Any, engine_url: str, prompt_ids: Sequence[int], num_tokens: int = 16
+) -> ProbeResult:
     """Compare the engine's and the trainer's logprobs on one greedy continuation.
 
     Args:
@@ -94,7 +108,10 @@ def probe(model: Any, engine_url: str, prompt_ids: Sequence[int],
     response_ids, engine = engine_greedy_logprobs(engine_url, prompt_ids, num_tokens)
     trainer = trainer_logprobs(model, prompt_ids, response_ids)
     diffs = [abs(a - b) for a, b in zip(engine, trainer, strict=True)]
-    return ProbeResult(response_ids=response_ids, engine_logprobs=engine,
-                       trainer_logprobs=trainer,
-                       mean_abs_diff=sum(diffs) / max(len(diffs), 1),
-                       max_abs_diff=max(diffs, default=0.0))
+    return ProbeResult(
+        response_ids=response_ids,
+        engine_logprobs=engine,
+        trainer_logprobs=trainer,
+        mean_abs_diff=sum(diffs) / max(len(diffs), 1),
+        max_abs_diff=max(diffs, default=0.0),
+    )

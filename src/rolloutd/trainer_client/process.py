@@ -53,6 +53,7 @@ def run_until_sigterm(main: Coroutine[Any, Any, T]) -> T:
     Raises:
         SystemExit: 143, after ``main`` unwound on SIGTERM.
     """
+
     async def guarded() -> T:
         task = asyncio.current_task()
         assert task is not None

@@ -33,8 +33,9 @@ class _Loop:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="rolloutd-client",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="rolloutd-client", daemon=True
+        )
         self.thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -53,11 +54,11 @@ class SyncRolloutBuffer:
         self._loop = loop
         self.buffer_id = buffer.buffer_id
 
-    def take(self, num_groups: int, *, lease_s: float | None = None,
-             timeout_s: float = 300.0) -> Batch:
+    def take(
+        self, num_groups: int, *, lease_s: float | None = None, timeout_s: float = 300.0
+    ) -> Batch:
         """See :meth:`RolloutBuffer.take`."""
-        return self._loop.run(self._buffer.take(num_groups, lease_s=lease_s,
-                                                timeout_s=timeout_s))
+        return self._loop.run(self._buffer.take(num_groups, lease_s=lease_s, timeout_s=timeout_s))
 
     def ack(self, batch_id: str) -> AckOutput:
         """See :meth:`RolloutBuffer.ack`."""
@@ -105,12 +106,16 @@ class SyncRolloutClient:
         self._loop = loop
 
     @classmethod
-    def connect(cls, address: str = "localhost:7233", *, namespace: str = "default",
-                store_url: str | None = None) -> SyncRolloutClient:
+    def connect(
+        cls,
+        address: str = "localhost:7233",
+        *,
+        namespace: str = "default",
+        store_url: str | None = None,
+    ) -> SyncRolloutClient:
         """Connect to Temporal and, optionally, the blob store."""
         loop = _Loop()
-        client = loop.run(RolloutClient.connect(address, namespace=namespace,
-                                                store_url=store_url))
+        client = loop.run(RolloutClient.connect(address, namespace=namespace, store_url=store_url))
         return cls(client, loop)
 
     def close(self) -> None:

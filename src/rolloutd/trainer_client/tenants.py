@@ -26,8 +26,9 @@ from rolloutd.workflows.tenants import TenantInput, TenantWorkflow
 __all__ = ["TenantState", "set_tenant_quota", "tenant_state"]
 
 
-async def set_tenant_quota(client: Client, tenant: str,
-                           max_sessions_in_flight: int | None) -> TenantState:
+async def set_tenant_quota(
+    client: Client, tenant: str, max_sessions_in_flight: int | None
+) -> TenantState:
     """Set a tenant's quota, starting its quota workflow when it has none
     (update-with-start: one call, no race between two setters).
 
@@ -45,22 +46,30 @@ async def set_tenant_quota(client: Client, tenant: str,
     """
     check_tenant(tenant)
     if max_sessions_in_flight is not None and max_sessions_in_flight < 1:
-        raise ValueError(f"max_sessions_in_flight must be >= 1 or None, "
-                         f"not {max_sessions_in_flight}")
+        raise ValueError(
+            f"max_sessions_in_flight must be >= 1 or None, not {max_sessions_in_flight}"
+        )
     start = WithStartWorkflowOperation(
-        TenantWorkflow.run, TenantInput(state=TenantState(tenant=tenant)),
-        id=tenant_workflow_id(tenant), task_queue=task_queues.WORKFLOWS,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
+        TenantWorkflow.run,
+        TenantInput(state=TenantState(tenant=tenant)),
+        id=tenant_workflow_id(tenant),
+        task_queue=task_queues.WORKFLOWS,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
     return await client.execute_update_with_start_workflow(
-        SET_QUOTA_UPDATE, TenantQuota(max_sessions_in_flight=max_sessions_in_flight),
-        start_workflow_operation=start, result_type=TenantState)
+        SET_QUOTA_UPDATE,
+        TenantQuota(max_sessions_in_flight=max_sessions_in_flight),
+        start_workflow_operation=start,
+        result_type=TenantState,
+    )
 
 
 async def tenant_state(client: Client, tenant: str) -> TenantState | None:
     """A tenant's quota workflow's state, or None when the tenant has no quota workflow."""
     try:
         return await client.get_workflow_handle(tenant_workflow_id(tenant)).query(
-            STATE_QUERY, result_type=TenantState)
+            STATE_QUERY, result_type=TenantState
+        )
     except RPCError as e:
         if e.status == RPCStatusCode.NOT_FOUND:
             return None

@@ -64,8 +64,7 @@ class EngineControl(Protocol):
     :meth:`rolloutd.engine.server.LlamaServer.load_model` (a standalone engine).
     """
 
-    def load_model(self, model_file: Path, policy_version: int,
-                   timeout_s: float = 120.0) -> None:
+    def load_model(self, model_file: Path, policy_version: int, timeout_s: float = 120.0) -> None:
         """Serve ``model_file`` as ``policy_version``; return once the engine answers."""
 
 
@@ -99,8 +98,9 @@ class EngineLoader:
             WeightSyncError: the engine did not come back within ``timeout_s``.
         """
         try:
-            await asyncio.to_thread(self.control.load_model, Path(path), policy_version,
-                                    self.timeout_s)
+            await asyncio.to_thread(
+                self.control.load_model, Path(path), policy_version, self.timeout_s
+            )
         except RolloutdError as e:
             raise WeightSyncError(f"the engine did not load {path}: {e}") from e
 
@@ -130,20 +130,27 @@ class GatewayEngineLoader:
                 a lower version) or the engine did not come back within ``timeout_s``.
         """
         try:
-            await self.admin.load_engine(str(Path(path).resolve()), policy_version,
-                                         timeout_s=self.timeout_s)
+            await self.admin.load_engine(
+                str(Path(path).resolve()), policy_version, timeout_s=self.timeout_s
+            )
         except (RolloutdError, httpx.HTTPError) as e:
             raise WeightSyncError(f"the engine did not load {path}: {e}") from e
 
 
 class _HttpLoader:
-    def __init__(self, url: str, *, api_key: str | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None,
-                 timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout_s: float = 600.0,
+    ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.url = url.rstrip("/")
-        self.http = httpx.AsyncClient(base_url=self.url, headers=headers, transport=transport,
-                                      timeout=timeout_s)
+        self.http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, transport=transport, timeout=timeout_s
+        )
 
     async def aclose(self) -> None:
         """Close the HTTP client."""
@@ -155,8 +162,9 @@ class _HttpLoader:
         except httpx.HTTPError as e:
             raise WeightSyncError(f"POST {self.url}{path}: {e!r}") from e
         if response.status_code >= 300:
-            raise WeightSyncError(f"POST {self.url}{path}: {response.status_code} "
-                                  f"{response.text[:500]}")
+            raise WeightSyncError(
+                f"POST {self.url}{path}: {response.status_code} {response.text[:500]}"
+            )
         # SGLang's /flush_cache answers plain text; the answers that matter are JSON
         if "json" not in response.headers.get("content-type", ""):
             return response.text
@@ -215,9 +223,10 @@ class VllmLoader(_HttpLoader):
         self.rpc_timeout_s = rpc_timeout_s
 
     async def _rpc(self, method: str, *args: Any) -> Any:
-        return await self._post("/collective_rpc", {"method": method, "args": list(args),
-                                                    "kwargs": {},
-                                                    "timeout": self.rpc_timeout_s})
+        return await self._post(
+            "/collective_rpc",
+            {"method": method, "args": list(args), "kwargs": {}, "timeout": self.rpc_timeout_s},
+        )
 
     async def load(self, path: Path, policy_version: int) -> None:
         """Reload the weights from the folder ``path`` (Hugging Face format).
@@ -240,8 +249,14 @@ class WeightSync:
         drain_timeout_s: bound on the wait for calls in flight (None: the gateway's default).
     """
 
-    def __init__(self, admin: BackendAdmin, loaders: Sequence[WeightLoader], *,
-                 names: list[str] | None = None, drain_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        admin: BackendAdmin,
+        loaders: Sequence[WeightLoader],
+        *,
+        names: list[str] | None = None,
+        drain_timeout_s: float | None = None,
+    ) -> None:
         self.admin = admin
         self.loaders = list(loaders)
         self.names = names
@@ -259,8 +274,10 @@ class WeightSync:
         """
         answer = await self.admin.pause(self.names, drain_timeout_s=self.drain_timeout_s)
         if not answer.get("drained", False):
-            raise WeightSyncError(f"{answer.get('num_in_flight')} calls still in flight after "
-                                  f"the drain timeout; the backends stay paused")
+            raise WeightSyncError(
+                f"{answer.get('num_in_flight')} calls still in flight after "
+                f"the drain timeout; the backends stay paused"
+            )
         return answer
 
     async def push(self, path: str | Path, policy_version: int) -> float:
@@ -273,11 +290,15 @@ class WeightSync:
             WeightSyncError: a server did not load them (the backends stay paused).
         """
         t0 = time.monotonic()
-        await asyncio.gather(*(loader.load(Path(path), policy_version)
-                               for loader in self.loaders))
+        await asyncio.gather(*(loader.load(Path(path), policy_version) for loader in self.loaders))
         duration_s = time.monotonic() - t0
-        log.info("weights_pushed", path=str(path), policy_version=policy_version,
-                 num_servers=len(self.loaders), duration_s=round(duration_s, 2))
+        log.info(
+            "weights_pushed",
+            path=str(path),
+            policy_version=policy_version,
+            num_servers=len(self.loaders),
+            duration_s=round(duration_s, 2),
+        )
         return duration_s
 
     async def end(self, policy_version: int) -> None:
@@ -303,6 +324,5 @@ class WeightSync:
         await self.push(path, policy_version)
         await self.end(policy_version)
         duration_s = time.monotonic() - t0
-        log.info("weights_synced", policy_version=policy_version,
-                 duration_s=round(duration_s, 2))
+        log.info("weights_synced", policy_version=policy_version, duration_s=round(duration_s, 2))
         return duration_s

@@ -91,25 +91,40 @@ def build_traces(
     plan = None
     if spec.type == "per_request":
         traces = [
-            request_trace(c, strategy=spec.loss_mask, reasoning_spans=reasoning_spans,
-                          trace_index=position)
+            request_trace(
+                c, strategy=spec.loss_mask, reasoning_spans=reasoning_spans, trace_index=position
+            )
             for position, c in enumerate(ordered)
         ]
     else:
         if end_of_turn_id is None:
-            raise BuilderError("prefix_merging needs the tokenizer's end-of-turn token; derive "
-                               "it with rolloutd.trajectory.end_of_turn_id(tokenizer)")
-        plan = plan_chains(ordered, end_of_turn_id=end_of_turn_id, on_drift=spec.on_drift,
-                           verify=verify)
+            raise BuilderError(
+                "prefix_merging needs the tokenizer's end-of-turn token; derive "
+                "it with rolloutd.trajectory.end_of_turn_id(tokenizer)"
+            )
+        plan = plan_chains(
+            ordered, end_of_turn_id=end_of_turn_id, on_drift=spec.on_drift, verify=verify
+        )
         by_index = {c.index: c for c in ordered}
         traces = [
-            chain_trace(chain, by_index, end_of_turn_id=end_of_turn_id, strategy=spec.loss_mask,
-                        reasoning_spans=reasoning_spans, trace_index=position)
+            chain_trace(
+                chain,
+                by_index,
+                end_of_turn_id=end_of_turn_id,
+                strategy=spec.loss_mask,
+                reasoning_spans=reasoning_spans,
+                trace_index=position,
+            )
             for position, chain in enumerate(plan.chains)
         ]
     for trace in traces:
         trace.num_traces_in_session = max(1, len(traces))
     stats = builder_stats(traces, ordered, plan)
-    log.info("trajectory_built", builder=spec.type, num_traces=len(traces),
-             duration_s=round(time.perf_counter() - started, 6), **stats.model_dump())
+    log.info(
+        "trajectory_built",
+        builder=spec.type,
+        num_traces=len(traces),
+        duration_s=round(time.perf_counter() - started, 6),
+        **stats.model_dump(),
+    )
     return traces, stats

@@ -20,8 +20,9 @@ from rolloutd.types import BuilderStats, Completion, Trace
 LossMaskStrategy = Literal["full_assistant", "action_only"]
 
 
-def sampled_loss_mask(c: Completion, strategy: LossMaskStrategy,
-                      reasoning_spans: ReasoningSpanFn | None) -> tuple[list[int], list[float]]:
+def sampled_loss_mask(
+    c: Completion, strategy: LossMaskStrategy, reasoning_spans: ReasoningSpanFn | None
+) -> tuple[list[int], list[float]]:
     """Loss mask and logprobs of one completion's sampled tokens.
 
     ``full_assistant`` trains every sampled token; ``action_only`` masks reasoning
@@ -46,12 +47,16 @@ def sampled_loss_mask(c: Completion, strategy: LossMaskStrategy,
     logprobs = list(c.response_logprobs)
     if strategy == "action_only":
         if reasoning_spans is None:
-            raise BuilderError("loss_mask 'action_only' needs reasoning_spans "
-                               "(for example ReasoningSpans(tokenizer))")
+            raise BuilderError(
+                "loss_mask 'action_only' needs reasoning_spans "
+                "(for example ReasoningSpans(tokenizer))"
+            )
         for start, end in reasoning_spans(c.response_ids):
             if not 0 <= start <= end <= n:
-                raise BuilderError(f"completion {c.index}: reasoning span ({start}, {end}) "
-                                   f"is outside its {n} sampled tokens")
+                raise BuilderError(
+                    f"completion {c.index}: reasoning span ({start}, {end}) "
+                    f"is outside its {n} sampled tokens"
+                )
             loss_mask[start:end] = [0] * (end - start)
             logprobs[start:end] = [0.0] * (end - start)
     return loss_mask, logprobs
@@ -66,9 +71,15 @@ def _base_metadata(c: Completion, builder: str, start: str) -> dict[str, Any]:
     return {"session_id": c.session_id, "builder": builder, "chain_start": start}
 
 
-def chain_trace(chain: Chain, by_index: dict[int, Completion], *, end_of_turn_id: int,
-                strategy: LossMaskStrategy, reasoning_spans: ReasoningSpanFn | None,
-                trace_index: int) -> Trace:
+def chain_trace(
+    chain: Chain,
+    by_index: dict[int, Completion],
+    *,
+    end_of_turn_id: int,
+    strategy: LossMaskStrategy,
+    reasoning_spans: ReasoningSpanFn | None,
+    trace_index: int,
+) -> Trace:
     """Merge one chain into a trace (layout in the module docstring).
 
     Args:
@@ -101,11 +112,11 @@ def chain_trace(chain: Chain, by_index: dict[int, Completion], *, end_of_turn_id
             num_drift += drift_count(link.drift)
             if link.eot_inserted:
                 response_ids.append(end_of_turn_id)
-            response_ids.extend(c.prompt_ids[link.delta_start:])
+            response_ids.extend(c.prompt_ids[link.delta_start :])
             gap = len(response_ids) - len(loss_mask)
             loss_mask.extend([0] * gap)
             logprobs.extend([0.0] * gap)
-            response_messages.extend(c.messages[len(prev.messages) + 1:])
+            response_messages.extend(c.messages[len(prev.messages) + 1 :])
         offsets.append(len(response_ids))
         mask, lps = sampled_loss_mask(c, strategy, reasoning_spans)
         recomputed.extend(offsets[-1] + k for k in _recomputed(c, mask))
@@ -138,8 +149,13 @@ def chain_trace(chain: Chain, by_index: dict[int, Completion], *, end_of_turn_id
     )
 
 
-def request_trace(c: Completion, *, strategy: LossMaskStrategy,
-                  reasoning_spans: ReasoningSpanFn | None, trace_index: int) -> Trace:
+def request_trace(
+    c: Completion,
+    *,
+    strategy: LossMaskStrategy,
+    reasoning_spans: ReasoningSpanFn | None,
+    trace_index: int,
+) -> Trace:
     """One completion as one trace (the ``per_request`` builder): its prompt, its answer."""
     mask, lps = sampled_loss_mask(c, strategy, reasoning_spans)
     return Trace(
@@ -160,8 +176,9 @@ def request_trace(c: Completion, *, strategy: LossMaskStrategy,
     )
 
 
-def builder_stats(traces: list[Trace], completions: list[Completion],
-                  plan: ChainPlan | None = None) -> BuilderStats:
+def builder_stats(
+    traces: list[Trace], completions: list[Completion], plan: ChainPlan | None = None
+) -> BuilderStats:
     """Reconstruction stats of a trajectory (every builder reports them).
 
     ``num_completions == num_chains + num_completions_merged + num_retries_collapsed``.

@@ -90,7 +90,7 @@ def _prefix_probe(seq: list[int], prefix: list[int]) -> bool:
     if len(seq) < n or (n and (seq[n - 1] != prefix[-1] or seq[0] != prefix[0])):
         return False
     edge = min(n, _EDGE)
-    if seq[n - edge:n] != prefix[n - edge:] or seq[:edge] != prefix[:edge]:
+    if seq[n - edge : n] != prefix[n - edge :] or seq[:edge] != prefix[:edge]:
         return False
     step = max(1, n // _STRIDE_SAMPLES)
     return seq[0:n:step] == prefix[0:n:step]
@@ -103,8 +103,13 @@ def _prefix_equal(seq: list[int], prefix: list[int]) -> bool:
 class _Planner:
     """Single pass over a completion log; see :func:`plan_chains`."""
 
-    def __init__(self, completions: list[Completion], end_of_turn_id: int,
-                 on_drift: Literal["keep", "split"], verify: Literal["sampled", "full"]) -> None:
+    def __init__(
+        self,
+        completions: list[Completion],
+        end_of_turn_id: int,
+        on_drift: Literal["keep", "split"],
+        verify: Literal["sampled", "full"],
+    ) -> None:
         self.by_index = {c.index: c for c in completions}
         self.eot = end_of_turn_id
         self.on_drift = on_drift
@@ -148,8 +153,10 @@ class _Planner:
             the differences sampled -> rendered; None when ``c`` does not continue ``prev``.
         """
         n = len(prev.prompt_ids)
-        if not (_prefix_probe(c.prompt_ids, prev.prompt_ids)
-                and _prefix_equal(c.prompt_ids, prev.prompt_ids)):
+        if not (
+            _prefix_probe(c.prompt_ids, prev.prompt_ids)
+            and _prefix_equal(c.prompt_ids, prev.prompt_ids)
+        ):
             return None
         try:
             end = c.prompt_ids.index(self.eot, n) + 1
@@ -164,8 +171,12 @@ class _Planner:
         """The earlier completion with the same prompt and the same answer, if any."""
         if not _has_tokens(c):
             return None
-        key = (len(c.prompt_ids), tuple(c.prompt_ids[-_EDGE:]), tuple(c.response_ids),
-               c.end_of_turn_sampled)
+        key = (
+            len(c.prompt_ids),
+            tuple(c.prompt_ids[-_EDGE:]),
+            tuple(c.response_ids),
+            c.end_of_turn_sampled,
+        )
         for j in self.retry_keys.get(key, []):
             if self.by_index[j].prompt_ids == c.prompt_ids:
                 return j
@@ -176,8 +187,11 @@ class _Planner:
         """Whether ``c``'s prompt starts with the first prompt of an existing chain (a fork)."""
         for chain in self.plan.chains:
             head = self.by_index[chain.links[0].index]
-            if (_has_tokens(head) and _prefix_probe(c.prompt_ids, head.prompt_ids)
-                    and _prefix_equal(c.prompt_ids, head.prompt_ids)):
+            if (
+                _has_tokens(head)
+                and _prefix_probe(c.prompt_ids, head.prompt_ids)
+                and _prefix_equal(c.prompt_ids, head.prompt_ids)
+            ):
                 return True
         return False
 
@@ -214,8 +228,10 @@ class _Planner:
         assert c.extends is not None
         j = self.canonical.get(c.extends, c.extends)
         if c.extends >= c.index or j not in self.chain_of:
-            raise BuilderError(f"completion {c.index} extends completion {c.extends}, "
-                               "which is not an earlier completion of this log")
+            raise BuilderError(
+                f"completion {c.index} extends completion {c.extends}, "
+                "which is not an earlier completion of this log"
+            )
         prev = self.by_index[j]
         if not _has_tokens(prev):
             return False  # nothing to extend; the search decides (usually a fresh chain)
@@ -226,7 +242,8 @@ class _Planner:
                 raise BuilderError(
                     f"completion {c.index} (tokens mode) extends completion {c.extends}, but its "
                     f"prompt does not start with that completion's prompt and sampled tokens: "
-                    "drift must be zero in tokens mode")
+                    "drift must be zero in tokens mode"
+                )
             return False
         chain_id = self.chain_of[j]
         if self.plan.chains[chain_id].links[-1].index == j:
@@ -242,15 +259,20 @@ class _Planner:
         extends (see :meth:`parent_turn`). ``c`` continues its chain only when it is the tail:
         with drift in passthrough mode; otherwise ``c`` is a branch and starts a chain.
         """
-        order = sorted(range(len(self.plan.chains)),
-                       key=lambda k: self.plan.chains[k].links[-1].index, reverse=True)
+        order = sorted(
+            range(len(self.plan.chains)),
+            key=lambda k: self.plan.chains[k].links[-1].index,
+            reverse=True,
+        )
         best: tuple | None = None
         for chain_id in order:
             prev = self.tail(chain_id)
             if _has_tokens(prev) and self.extends_exactly(c, prev, trusted=False):
                 # longest tail first, then message history, then the most recent tail
-                rank = (len(prev.prompt_ids) + len(self.turn_as_sampled(prev)),
-                        self.history_continues(c, prev))
+                rank = (
+                    len(prev.prompt_ids) + len(self.turn_as_sampled(prev)),
+                    self.history_continues(c, prev),
+                )
                 if best is None or rank > best[0]:
                     best = (rank, chain_id, prev)
         if best is not None:
@@ -278,8 +300,9 @@ class _Planner:
         after ``prev`` in ``prev``'s conversation (a sibling, e.g. a call without token ids),
         the turn that differs from ``prev``'s is that other answer, not drift.
         """
-        parents = [self.by_index[i] for i in self.seen
-                   if self.history_continues(c, self.by_index[i])]
+        parents = [
+            self.by_index[i] for i in self.seen if self.history_continues(c, self.by_index[i])
+        ]
         if not parents:
             return False
         other = max(parents, key=lambda o: (len(o.messages), o.index))
@@ -296,8 +319,7 @@ class _Planner:
             ``(turn, drift)`` where drift is None when ``c`` repeats the turn exactly, or
             ``(end, opcodes)`` as in :meth:`drifted_turn`; None when no turn qualifies.
         """
-        by_length = sorted(self.nodes, key=lambda i: len(self.by_index[i].prompt_ids),
-                           reverse=True)
+        by_length = sorted(self.nodes, key=lambda i: len(self.by_index[i].prompt_ids), reverse=True)
         best_rank: tuple | None = None
         best: tuple[Completion, tuple[int, list] | None] | None = None
         for index in by_length:
@@ -319,19 +341,33 @@ class _Planner:
                 best_rank, best = rank, (prev, found)
         return best
 
-    def place_drifting(self, c: Completion, chain_id: int, prev: Completion,
-                       found: tuple[int, list]) -> None:
+    def place_drifting(
+        self, c: Completion, chain_id: int, prev: Completion, found: tuple[int, list]
+    ) -> None:
         end, ops = found
         num = drift_count(ops)
         self.plan.num_drift_tokens += num
         self.plan.num_drift_turns += 1
-        log.debug("drift_detected", completion_index=c.index, previous_index=prev.index,
-                 num_drift_tokens=num, on_drift=self.on_drift)
+        log.debug(
+            "drift_detected",
+            completion_index=c.index,
+            previous_index=prev.index,
+            num_drift_tokens=num,
+            on_drift=self.on_drift,
+        )
         if self.on_drift == "split":
             self.new_chain(c, "drift")
         else:
-            self.join(chain_id, c, Link(index=c.index, delta_start=end,
-                                        eot_inserted=not prev.end_of_turn_sampled, drift=ops))
+            self.join(
+                chain_id,
+                c,
+                Link(
+                    index=c.index,
+                    delta_start=end,
+                    eot_inserted=not prev.end_of_turn_sampled,
+                    drift=ops,
+                ),
+            )
 
     def place(self, c: Completion) -> None:
         original = self.retry_of(c)
@@ -351,9 +387,13 @@ class _Planner:
         self.seen.append(c.index)
 
 
-def plan_chains(completions: list[Completion], *, end_of_turn_id: int,
-                on_drift: Literal["keep", "split"] = "split",
-                verify: Literal["sampled", "full"] = "sampled") -> ChainPlan:
+def plan_chains(
+    completions: list[Completion],
+    *,
+    end_of_turn_id: int,
+    on_drift: Literal["keep", "split"] = "split",
+    verify: Literal["sampled", "full"] = "sampled",
+) -> ChainPlan:
     """Assign every completion of a log to exactly one chain.
 
     Rules: a completion continues the chain whose tail its prompt extends (ties: the

@@ -14,8 +14,9 @@ from rolloutd.errors import BuilderError
 from rolloutd.types import Trace
 
 
-def assign_rewards(traces: list[Trace], reward: float | None,
-                   trace_rewards: list[float] | None) -> None:
+def assign_rewards(
+    traces: list[Trace], reward: float | None, trace_rewards: list[float] | None
+) -> None:
     """Set ``reward`` and ``num_traces_in_session`` on every trace of one session, in place.
 
     Args:

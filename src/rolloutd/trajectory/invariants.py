@@ -18,17 +18,26 @@ def _fail(trace: Trace, message: str) -> BuilderError:
 def _check_alignment(trace: Trace) -> None:
     n = len(trace.response_ids)
     if len(trace.loss_mask) != n or len(trace.response_logprobs) != n:
-        raise _fail(trace, f"response_ids {n}, loss_mask {len(trace.loss_mask)}, "
-                           f"response_logprobs {len(trace.response_logprobs)} must be equal")
+        raise _fail(
+            trace,
+            f"response_ids {n}, loss_mask {len(trace.loss_mask)}, "
+            f"response_logprobs {len(trace.response_logprobs)} must be equal",
+        )
     if len(trace.response_offsets) != len(trace.completion_indices):
-        raise _fail(trace, f"{len(trace.response_offsets)} response_offsets for "
-                           f"{len(trace.completion_indices)} completions")
+        raise _fail(
+            trace,
+            f"{len(trace.response_offsets)} response_offsets for "
+            f"{len(trace.completion_indices)} completions",
+        )
     for position, value in enumerate(trace.loss_mask):
         if value not in (0, 1):
             raise _fail(trace, f"loss_mask[{position}] is {value}, not 0 or 1")
         if value == 0 and trace.response_logprobs[position] != 0.0:
-            raise _fail(trace, f"response_logprobs[{position}] is "
-                               f"{trace.response_logprobs[position]} where loss_mask is 0")
+            raise _fail(
+                trace,
+                f"response_logprobs[{position}] is "
+                f"{trace.response_logprobs[position]} where loss_mask is 0",
+            )
 
 
 def _check_sampled(trace: Trace, by_index: dict[int, Completion]) -> None:
@@ -39,26 +48,39 @@ def _check_sampled(trace: Trace, by_index: dict[int, Completion]) -> None:
         c = by_index[index]
         span = len(c.response_ids)
         if offset < end or offset + span > len(trace.response_ids):
-            raise _fail(trace, f"completion {index}: sampled tokens at [{offset}, "
-                               f"{offset + span}) overlap the previous ones or run past the end")
-        if trace.response_ids[offset:offset + span] != c.response_ids:
-            raise _fail(trace, f"completion {index}: response_ids[{offset}:{offset + span}] "
-                               "are not its sampled tokens")
+            raise _fail(
+                trace,
+                f"completion {index}: sampled tokens at [{offset}, "
+                f"{offset + span}) overlap the previous ones or run past the end",
+            )
+        if trace.response_ids[offset : offset + span] != c.response_ids:
+            raise _fail(
+                trace,
+                f"completion {index}: response_ids[{offset}:{offset + span}] "
+                "are not its sampled tokens",
+            )
         for k in range(span):
             if trace.loss_mask[offset + k] == 1:
                 if not c.trainable:
-                    raise _fail(trace, f"loss_mask[{offset + k}] is 1 in untrainable "
-                                       f"completion {index}")
+                    raise _fail(
+                        trace, f"loss_mask[{offset + k}] is 1 in untrainable completion {index}"
+                    )
                 if trace.response_logprobs[offset + k] != c.response_logprobs[k]:
-                    raise _fail(trace, f"response_logprobs[{offset + k}] is "
-                                       f"{trace.response_logprobs[offset + k]}, completion "
-                                       f"{index} reported {c.response_logprobs[k]}")
+                    raise _fail(
+                        trace,
+                        f"response_logprobs[{offset + k}] is "
+                        f"{trace.response_logprobs[offset + k]}, completion "
+                        f"{index} reported {c.response_logprobs[k]}",
+                    )
                 covered[offset + k] = True
         end = offset + span
     for position, value in enumerate(trace.loss_mask):
         if value == 1 and not covered[position]:
-            raise _fail(trace, f"loss_mask[{position}] is 1 on a token that was not sampled "
-                               f"(token {trace.response_ids[position]})")
+            raise _fail(
+                trace,
+                f"loss_mask[{position}] is 1 on a token that was not sampled "
+                f"(token {trace.response_ids[position]})",
+            )
 
 
 def _check_context(trace: Trace, by_index: dict[int, Completion]) -> None:
@@ -67,15 +89,17 @@ def _check_context(trace: Trace, by_index: dict[int, Completion]) -> None:
     head = by_index[trace.completion_indices[0]]
     if trace.prompt_ids != head.prompt_ids:
         raise _fail(trace, f"prompt_ids differ from completion {head.index}'s prompt")
-    for index, offset in zip(trace.completion_indices[1:], trace.response_offsets[1:],
-                             strict=True):
+    for index, offset in zip(trace.completion_indices[1:], trace.response_offsets[1:], strict=True):
         if offset > first_drift:
             break
         c = by_index[index]
         p = len(trace.prompt_ids)
         if len(c.prompt_ids) != p + offset or c.prompt_ids[p:] != trace.response_ids[:offset]:
-            raise _fail(trace, f"completion {index}: the trace's context before its sampled "
-                               "tokens differs from its prompt, and no drift is recorded")
+            raise _fail(
+                trace,
+                f"completion {index}: the trace's context before its sampled "
+                "tokens differs from its prompt, and no drift is recorded",
+            )
 
 
 def check_invariants(traces: list[Trace], completions: list[Completion]) -> None:
@@ -101,8 +125,11 @@ def check_invariants(traces: list[Trace], completions: list[Completion]) -> None
     for trace in traces:
         _check_alignment(trace)
         if trace.num_traces_in_session != len(traces):
-            raise _fail(trace, f"num_traces_in_session is {trace.num_traces_in_session}, the "
-                               f"session produced {len(traces)} traces")
+            raise _fail(
+                trace,
+                f"num_traces_in_session is {trace.num_traces_in_session}, the "
+                f"session produced {len(traces)} traces",
+            )
         if not trace.completion_indices:
             raise _fail(trace, "no completion")
         for index in trace.completion_indices + trace.retry_indices:
@@ -114,8 +141,10 @@ def check_invariants(traces: list[Trace], completions: list[Completion]) -> None
         members = [by_index[i] for i in trace.completion_indices]
         for index in trace.retry_indices:
             retry = by_index[index]
-            if not any(m.prompt_ids == retry.prompt_ids and m.response_ids == retry.response_ids
-                       for m in members):
+            if not any(
+                m.prompt_ids == retry.prompt_ids and m.response_ids == retry.response_ids
+                for m in members
+            ):
                 raise _fail(trace, f"retry {index} repeats no completion of this trace")
         _check_sampled(trace, by_index)
         _check_context(trace, by_index)

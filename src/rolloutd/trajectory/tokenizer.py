@@ -57,17 +57,21 @@ def end_of_turn_id(tokenizer: Any) -> int:
     if not getattr(tokenizer, "chat_template", None):
         eos = getattr(tokenizer, "eos_token_id", None)
         if eos is None:
-            raise BuilderError("cannot determine the end-of-turn token: the tokenizer has "
-                               "neither a chat template nor an eos token")
+            raise BuilderError(
+                "cannot determine the end-of-turn token: the tokenizer has "
+                "neither a chat template nor an eos token"
+            )
         return int(eos)
     messages = [{"role": "user", "content": "ping"}, {"role": "assistant", "content": _SENTINEL}]
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False)
     except Exception as error:
-        raise BuilderError(f"cannot determine the end-of-turn token: the chat template "
-                           f"failed to render an assistant turn: {error}") from error
+        raise BuilderError(
+            f"cannot determine the end-of-turn token: the chat template "
+            f"failed to render an assistant turn: {error}"
+        ) from error
     at = text.rfind(_SENTINEL)
-    after = text[at + len(_SENTINEL):] if at >= 0 else ""
+    after = text[at + len(_SENTINEL) :] if at >= 0 else ""
     ids = tokenizer.encode(after, add_special_tokens=False) if after else []
     if not ids or ids[0] not in _special_ids(tokenizer):
         raise BuilderError(
@@ -80,8 +84,11 @@ def end_of_turn_id(tokenizer: Any) -> int:
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """Inverse of GPT-2's ``bytes_to_unicode`` (byte-level BPE: Qwen, Llama 3, GPT-2)."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = list(printable)
     extra = 0
     for b in range(256):
@@ -108,8 +115,9 @@ class ReasoningSpans:
         close_marker: text that closes it.
     """
 
-    def __init__(self, tokenizer: Any, open_marker: str = "<think>",
-                 close_marker: str = "</think>") -> None:
+    def __init__(
+        self, tokenizer: Any, open_marker: str = "<think>", close_marker: str = "</think>"
+    ) -> None:
         self._tokenizer = tokenizer
         self._open = open_marker.encode()
         self._close = close_marker.encode()
@@ -123,8 +131,11 @@ class ReasoningSpans:
             return cached
         piece = self._tokenizer.convert_ids_to_tokens(token_id)
         decoder = _byte_decoder()
-        if (piece is not None and token_id not in self._special
-                and all(ch in decoder for ch in piece)):
+        if (
+            piece is not None
+            and token_id not in self._special
+            and all(ch in decoder for ch in piece)
+        ):
             value = bytes(decoder[ch] for ch in piece)
         else:
             value = self._tokenizer.decode([token_id]).encode()

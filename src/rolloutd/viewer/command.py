@@ -40,8 +40,9 @@ def _facade_answers(base_url: str) -> bool:
         return False
 
 
-def main(view_id: str, *, url: str, address: str, store_url: str, namespace: str,
-         viewer_model: str) -> int:
+def main(
+    view_id: str, *, url: str, address: str, store_url: str, namespace: str, viewer_model: str
+) -> int:
     """Entry point of ``rolloutd view``.
 
     Args:
@@ -58,18 +59,27 @@ def main(view_id: str, *, url: str, address: str, store_url: str, namespace: str
         page = url.rstrip("/") + view_path(view_id)
         answer = httpx.get(page, timeout=60.0)
         if answer.status_code != 200:
-            print(f"rolloutd view: {page}: {answer.status_code} {answer.text[:300]}",
-                  file=sys.stderr)
+            print(
+                f"rolloutd view: {page}: {answer.status_code} {answer.text[:300]}", file=sys.stderr
+            )
             return 1
         print(page, flush=True)
         _open_browser(page)
         return 0
-    return asyncio.run(_serve(view_id, address=address, store_url=store_url,
-                              namespace=namespace, viewer_model=viewer_model))
+    return asyncio.run(
+        _serve(
+            view_id,
+            address=address,
+            store_url=store_url,
+            namespace=namespace,
+            viewer_model=viewer_model,
+        )
+    )
 
 
-async def _serve(view_id: str, *, address: str, store_url: str, namespace: str,
-                 viewer_model: str) -> int:
+async def _serve(
+    view_id: str, *, address: str, store_url: str, namespace: str, viewer_model: str
+) -> int:
     import uvicorn
     from fastapi import FastAPI
 
@@ -79,8 +89,7 @@ async def _serve(view_id: str, *, address: str, store_url: str, namespace: str,
     client = await RolloutClient.connect(address, namespace=namespace, store_url=store_url)
     app = FastAPI(title="rolloutd trace viewer")
     add_viewer_routes(app, client, default_model=viewer_model)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
-                                           log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     serving = asyncio.create_task(server.serve())
     while not server.started:
         if serving.done():
@@ -91,8 +100,7 @@ async def _serve(view_id: str, *, address: str, store_url: str, namespace: str,
     async with httpx.AsyncClient(timeout=120.0) as http:
         answer = await http.get(page)
     if answer.status_code != 200:
-        print(f"rolloutd view: {page}: {answer.status_code} {answer.text[:300]}",
-              file=sys.stderr)
+        print(f"rolloutd view: {page}: {answer.status_code} {answer.text[:300]}", file=sys.stderr)
         server.should_exit = True
         await serving
         return 1

@@ -63,9 +63,11 @@ def _num(key: str, value: Any, fmt: str = "") -> str:
 
 
 def _page(title: str, body: str) -> str:
-    return ("<!doctype html><html><head><meta charset='utf-8'>"
-            f"<title>{_e(title)}</title><style>{PAGE_CSS}{TOKEN_CSS}</style></head>"
-            f"<body>{body}<script>{HOVER_JS}</script></body></html>")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>{_e(title)}</title><style>{PAGE_CSS}{TOKEN_CSS}</style></head>"
+        f"<body>{body}<script>{HOVER_JS}</script></body></html>"
+    )
 
 
 def session_href(session_id: str) -> str:
@@ -91,11 +93,14 @@ def task_page(progress: TaskProgress) -> str:
     """
     result = progress.result
     mean = result.mean_reward if result is not None else None
-    head = (f"<h1>task {_e(progress.task_id)}</h1><p>status {_status(progress.status)} · "
-            f"sessions ended {_num('num_ended', len(progress.sessions))} of "
-            f"{_num('num_samples', progress.num_samples)} · mean reward "
-            f"{_num('mean_reward', mean, '.4g' if mean is not None else '')}"
-            + (f" · error {_e(progress.error)}" if progress.error else "") + "</p>")
+    head = (
+        f"<h1>task {_e(progress.task_id)}</h1><p>status {_status(progress.status)} · "
+        f"sessions ended {_num('num_ended', len(progress.sessions))} of "
+        f"{_num('num_samples', progress.num_samples)} · mean reward "
+        f"{_num('mean_reward', mean, '.4g' if mean is not None else '')}"
+        + (f" · error {_e(progress.error)}" if progress.error else "")
+        + "</p>"
+    )
     body = head + _sessions_table(progress.sessions, "sessions")
     if progress.replaced:
         body += "<h2>replaced sessions</h2>" + _sessions_table(progress.replaced, "replaced")
@@ -105,9 +110,11 @@ def task_page(progress: TaskProgress) -> str:
 
 
 def _sessions_table(sessions: Sequence[SessionResult], table_id: str) -> str:
-    rows = ["<tr><th>sample</th><th>session</th><th>status</th><th>failure</th><th>reward</th>"
-            "<th>completions</th><th>call errors</th><th>traces</th><th>trainable tokens</th>"
-            "<th>time s</th></tr>"]
+    rows = [
+        "<tr><th>sample</th><th>session</th><th>status</th><th>failure</th><th>reward</th>"
+        "<th>completions</th><th>call errors</th><th>traces</th><th>trainable tokens</th>"
+        "<th>time s</th></tr>"
+    ]
     for s in sorted(sessions, key=lambda s: (s.sample_index, s.session_id)):
         total = sum(p.duration_s for p in s.phases)
         rows.append(
@@ -120,12 +127,17 @@ def _sessions_table(sessions: Sequence[SessionResult], table_id: str) -> str:
             f"<td>{_num('num_call_errors', s.num_call_errors)}</td>"
             f"<td>{_num('num_traces', s.num_traces)}</td>"
             f"<td>{_num('num_trainable_tokens', s.num_trainable_tokens)}</td>"
-            f"<td>{total:.2f}</td></tr>")
+            f"<td>{total:.2f}</td></tr>"
+        )
     return f'<table id="{table_id}">{"".join(rows)}</table>'
 
 
-def session_page(session: SessionResult, completions: Sequence[Completion],
-                 trajectory: Trajectory | None, tokens: TokenText) -> str:
+def session_page(
+    session: SessionResult,
+    completions: Sequence[Completion],
+    trajectory: Trajectory | None,
+    tokens: TokenText,
+) -> str:
     """A session: its outcome and phases, its completions, and each trace's tokens.
 
     Args:
@@ -135,50 +147,62 @@ def session_page(session: SessionResult, completions: Sequence[Completion],
         tokens: decodes the traces' token ids (the model's tokenizer).
     """
     failure = session.failure
-    head = (f"<h1>session {_e(session.session_id)}</h1>"
-            f'<p>task <a href="{task_href(session.task_id)}">{_e(session.task_id)}</a> · '
-            f"sample {session.sample_index} · status {_status(session.status.value)} · reward "
-            f"{_num('reward', session.reward)} · completions "
-            f"{_num('num_completions', session.num_completions)} · traces "
-            f"{_num('num_traces', session.num_traces)} · trainable tokens "
-            f"{_num('num_trainable_tokens', session.num_trainable_tokens)} · call errors "
-            f"{_num('num_call_errors', session.num_call_errors)}</p>")
+    head = (
+        f"<h1>session {_e(session.session_id)}</h1>"
+        f'<p>task <a href="{task_href(session.task_id)}">{_e(session.task_id)}</a> · '
+        f"sample {session.sample_index} · status {_status(session.status.value)} · reward "
+        f"{_num('reward', session.reward)} · completions "
+        f"{_num('num_completions', session.num_completions)} · traces "
+        f"{_num('num_traces', session.num_traces)} · trainable tokens "
+        f"{_num('num_trainable_tokens', session.num_trainable_tokens)} · call errors "
+        f"{_num('num_call_errors', session.num_call_errors)}</p>"
+    )
     if failure is not None:
-        head += (f"<p>failure <b>{_e(failure.kind)}</b> in {_e(failure.phase)}: "
-                 f"{_e(failure.message)}</p>")
+        head += (
+            f"<p>failure <b>{_e(failure.kind)}</b> in {_e(failure.phase)}: "
+            f"{_e(failure.message)}</p>"
+        )
     elif session.error:
         head += f"<p>error: {_e(session.error)}</p>"
-    phases = "".join(f"<tr><td>{_e(p.phase)}</td><td>{p.duration_s:.3f}</td></tr>"
-                     for p in session.phases)
-    body = head + ('<h2>phases</h2><table id="phases"><tr><th>phase</th><th>s</th></tr>'
-                   f"{phases}</table>")
+    phases = "".join(
+        f"<tr><td>{_e(p.phase)}</td><td>{p.duration_s:.3f}</td></tr>" for p in session.phases
+    )
+    body = head + (
+        f'<h2>phases</h2><table id="phases"><tr><th>phase</th><th>s</th></tr>{phases}</table>'
+    )
     body += "<h2>completions</h2>" + _completions_table(completions)
     body += '<div id="hover">hover a token for its id, loss_mask and logprob</div>'
     if trajectory is None:
         body += "<p>no trajectory was built for this session</p>"
     else:
         stats = trajectory.stats
-        body += (f"<h2>trajectory</h2><p>builder {_e(trajectory.builder)} · chains "
-                 f"{stats.num_chains} · chain breaks {stats.num_chain_breaks} · drift tokens "
-                 f"{_num('num_drift_tokens', stats.num_drift_tokens)} · response tokens "
-                 f"{stats.num_response_tokens}</p>" + _LEGEND)
+        body += (
+            f"<h2>trajectory</h2><p>builder {_e(trajectory.builder)} · chains "
+            f"{stats.num_chains} · chain breaks {stats.num_chain_breaks} · drift tokens "
+            f"{_num('num_drift_tokens', stats.num_drift_tokens)} · response tokens "
+            f"{stats.num_response_tokens}</p>" + _LEGEND
+        )
         for trace in trajectory.traces:
             body += _trace_section(trace, tokens)
     return _page(f"session {session.session_id}", body)
 
 
-_LEGEND = ('<p class="legend">trainable (loss_mask 1), by logprob: <span class="k0">&gt; -0.1'
-           '</span><span class="k1">&gt; -0.5</span><span class="k2">&gt; -1</span>'
-           '<span class="k3">&gt; -2</span><span class="k4">≤ -2</span> · '
-           '<span class="n">not trainable</span><span class="k0 d">drift</span>'
-           '<span class="k0 r">recomputed logprob</span><b class="cb">#i</b> completion i '
-           "starts</p>")
+_LEGEND = (
+    '<p class="legend">trainable (loss_mask 1), by logprob: <span class="k0">&gt; -0.1'
+    '</span><span class="k1">&gt; -0.5</span><span class="k2">&gt; -1</span>'
+    '<span class="k3">&gt; -2</span><span class="k4">≤ -2</span> · '
+    '<span class="n">not trainable</span><span class="k0 d">drift</span>'
+    '<span class="k0 r">recomputed logprob</span><b class="cb">#i</b> completion i '
+    "starts</p>"
+)
 
 
 def _completions_table(completions: Sequence[Completion]) -> str:
-    rows = ["<tr><th>#</th><th>dialect</th><th>capture</th><th>backend</th><th>policy</th>"
-            "<th>prompt</th><th>sampled</th><th>finish</th><th>started (unix s)</th>"
-            "<th>first token s</th><th>duration s</th><th>extends</th><th>error</th></tr>"]
+    rows = [
+        "<tr><th>#</th><th>dialect</th><th>capture</th><th>backend</th><th>policy</th>"
+        "<th>prompt</th><th>sampled</th><th>finish</th><th>started (unix s)</th>"
+        "<th>first token s</th><th>duration s</th><th>extends</th><th>error</th></tr>"
+    ]
     for c in completions:
         t = c.timings
         rows.append(
@@ -192,7 +216,8 @@ def _completions_table(completions: Sequence[Completion]) -> str:
             f"<td>{t.started_at:.3f}</td>"
             f"<td>{'' if t.first_token_s is None else f'{t.first_token_s:.3f}'}</td>"
             f"<td>{_num('duration_s', t.duration_s, '.3f')}</td>"
-            f"<td>{'' if c.extends is None else c.extends}</td><td>{_e(c.error)}</td></tr>")
+            f"<td>{'' if c.extends is None else c.extends}</td><td>{_e(c.error)}</td></tr>"
+        )
     return f'<table id="completions">{"".join(rows)}</table>'
 
 
@@ -201,17 +226,22 @@ def _message_html(message: dict[str, Any]) -> str:
     role = str(message.get("role", "?"))
     content = message.get("content")
     if isinstance(content, list):  # content parts: keep their text
-        content = "\n".join(str(p.get("text", p)) if isinstance(p, dict) else str(p)
-                            for p in content)
+        content = "\n".join(
+            str(p.get("text", p)) if isinstance(p, dict) else str(p) for p in content
+        )
     if role == "tool":
         name = message.get("name") or message.get("tool_call_id") or ""
-        return (f'<div class="msg toolresult"><span class="role">tool result</span> '
-                f"{_e(name)}\n{_e(content)}</div>")
+        return (
+            f'<div class="msg toolresult"><span class="role">tool result</span> '
+            f"{_e(name)}\n{_e(content)}</div>"
+        )
     out = f'<div class="msg"><span class="role">{_e(role)}</span>\n{_e(content or "")}</div>'
     for call in message.get("tool_calls") or []:
         fn = call.get("function", call)
-        out += (f'<div class="msg toolcall"><span class="role">tool call</span> '
-                f"{_e(fn.get('name'))}({_e(fn.get('arguments'))})</div>")
+        out += (
+            f'<div class="msg toolcall"><span class="role">tool call</span> '
+            f"{_e(fn.get('name'))}({_e(fn.get('arguments'))})</div>"
+        )
     return out
 
 
@@ -220,10 +250,13 @@ def _trace_section(trace: Trace, tokens: TokenText) -> str:
     prompt_texts = tokens.texts(trace.prompt_ids)
     response_texts = tokens.texts(trace.response_ids)
     offsets = list(zip(trace.response_offsets, trace.completion_indices, strict=False))
-    data = {"prompt_ids": trace.prompt_ids, "response_ids": trace.response_ids,
-            "loss_mask": trace.loss_mask, "response_logprobs": trace.response_logprobs}
-    messages = "".join(_message_html(m) for m in
-                       [*trace.prompt_messages, *trace.response_messages])
+    data = {
+        "prompt_ids": trace.prompt_ids,
+        "response_ids": trace.response_ids,
+        "loss_mask": trace.loss_mask,
+        "response_logprobs": trace.response_logprobs,
+    }
+    messages = "".join(_message_html(m) for m in [*trace.prompt_messages, *trace.response_messages])
     num_trainable = sum(trace.loss_mask)
     return (
         f'<section class="trace" data-trace-index="{n}"><h2>trace {n}</h2>'
@@ -235,13 +268,20 @@ def _trace_section(trace: Trace, tokens: TokenText) -> str:
         f"{_e(trace.completion_indices)} · policy versions {_e(trace.policy_versions)}</p>"
         f"<details><summary>messages ({len(trace.prompt_messages)} prompt, "
         f"{len(trace.response_messages)} response)</summary>{messages}</details>"
-        f"<h3>prompt</h3><div class=\"toks prompt\" data-trace=\"{n}\" data-part=\"prompt\">"
+        f'<h3>prompt</h3><div class="toks prompt" data-trace="{n}" data-part="prompt">'
         f"{prompt_html(prompt_texts)}</div>"
-        f"<h3>response</h3><div class=\"toks\" data-trace=\"{n}\" data-part=\"response\">"
-        + response_html(response_texts, trace.response_ids, trace.loss_mask,
-                        trace.response_logprobs, drift_positions=trace.drift_positions,
-                        recomputed_positions=trace.recomputed_logprob_positions,
-                        completion_offsets=offsets, special_ids=tokens.special_ids)
+        f'<h3>response</h3><div class="toks" data-trace="{n}" data-part="response">'
+        + response_html(
+            response_texts,
+            trace.response_ids,
+            trace.loss_mask,
+            trace.response_logprobs,
+            drift_positions=trace.drift_positions,
+            recomputed_positions=trace.recomputed_logprob_positions,
+            completion_offsets=offsets,
+            special_ids=tokens.special_ids,
+        )
         + f'</div><script type="application/json" id="data-{n}">'
         + json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
-        + "</script></section>")
+        + "</script></section>"
+    )

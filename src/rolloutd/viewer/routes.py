@@ -60,8 +60,9 @@ class _Tokenizers:
             return self._loaded[name]
 
 
-def add_viewer_routes(app: FastAPI, client: RolloutClient, *,
-                      default_model: str = "qwen2.5-coder-0.5b") -> None:
+def add_viewer_routes(
+    app: FastAPI, client: RolloutClient, *, default_model: str = "qwen2.5-coder-0.5b"
+) -> None:
     """Serve the trace viewer's pages on ``app``.
 
     Args:
@@ -94,9 +95,11 @@ def add_viewer_routes(app: FastAPI, client: RolloutClient, *,
         if client.store is None:
             raise HTTPException(503, "the facade has no blob store (--store-url)")
         completions = await asyncio.to_thread(
-            CompletionLog(client.store, session.session_id).read_all)
-        trajectory = (await asyncio.to_thread(client.trajectory, session)
-                      if session.trajectory_ref else None)
+            CompletionLog(client.store, session.session_id).read_all
+        )
+        trajectory = (
+            await asyncio.to_thread(client.trajectory, session) if session.trajectory_ref else None
+        )
         tokens = await tokenizers.get(tokenizer_name(completions, default_model))
         page = await asyncio.to_thread(session_page, session, completions, trajectory, tokens)
         return HTMLResponse(page)
@@ -107,5 +110,8 @@ def _find(progress: TaskProgress, session_id: str) -> SessionResult:
         if session.session_id == session_id:
             return session
     ended = ", ".join(s.session_id for s in progress.sessions) or "none"
-    raise HTTPException(404, f"session {session_id} has not ended or does not exist "
-                             f"(ended sessions of task {progress.task_id}: {ended})")
+    raise HTTPException(
+        404,
+        f"session {session_id} has not ended or does not exist "
+        f"(ended sessions of task {progress.task_id}: {ended})",
+    )

@@ -81,11 +81,17 @@ def prompt_html(texts: Sequence[str]) -> str:
     return "".join(f"<span>{html.escape(t)}</span>" for t in texts)
 
 
-def response_html(texts: Sequence[str], ids: Sequence[int], loss_mask: Sequence[int],
-                  response_logprobs: Sequence[float], *, drift_positions: Sequence[int] = (),
-                  recomputed_positions: Sequence[int] = (),
-                  completion_offsets: Sequence[tuple[int, int]] = (),
-                  special_ids: set[int] | None = None) -> str:
+def response_html(
+    texts: Sequence[str],
+    ids: Sequence[int],
+    loss_mask: Sequence[int],
+    response_logprobs: Sequence[float],
+    *,
+    drift_positions: Sequence[int] = (),
+    recomputed_positions: Sequence[int] = (),
+    completion_offsets: Sequence[tuple[int, int]] = (),
+    special_ids: set[int] | None = None,
+) -> str:
     """A trace's response tokens, one ``<span>`` each.
 
     Classes: ``k0``..``k4`` a trainable token (``loss_mask`` 1) shaded by its logprob
@@ -106,8 +112,10 @@ def response_html(texts: Sequence[str], ids: Sequence[int], loss_mask: Sequence[
     """
     n = len(ids)
     if not (len(texts) == len(loss_mask) == len(response_logprobs) == n):
-        raise ValueError(f"response arrays not aligned: ids {n}, texts {len(texts)}, "
-                         f"loss_mask {len(loss_mask)}, logprobs {len(response_logprobs)}")
+        raise ValueError(
+            f"response arrays not aligned: ids {n}, texts {len(texts)}, "
+            f"loss_mask {len(loss_mask)}, logprobs {len(response_logprobs)}"
+        )
     drift, recomputed = set(drift_positions), set(recomputed_positions)
     starts: dict[int, list[int]] = {}
     for position, index in completion_offsets:

@@ -105,12 +105,21 @@ async def connect(settings: CommonSettings) -> Client:
         except RuntimeError as e:  # temporalio's "Failed client connect: ..."
             left_s = deadline - time.monotonic()
             if left_s <= 0:
-                log.error("temporal_connect_failed", address=settings.temporal_address,
-                          attempts=attempt, wait_s=settings.temporal_connect_wait_s,
-                          error=str(e))
+                log.error(
+                    "temporal_connect_failed",
+                    address=settings.temporal_address,
+                    attempts=attempt,
+                    wait_s=settings.temporal_connect_wait_s,
+                    error=str(e),
+                )
                 raise
-            log.warning("temporal_connect_retry", address=settings.temporal_address,
-                        attempt=attempt, left_s=round(left_s, 1), error=str(e))
+            log.warning(
+                "temporal_connect_retry",
+                address=settings.temporal_address,
+                attempt=attempt,
+                left_s=round(left_s, 1),
+                error=str(e),
+            )
             await asyncio.sleep(min(CONNECT_RETRY_S, left_s))
             attempt += 1
 
@@ -161,21 +170,32 @@ async def run_fleet(
         from rolloutd.workflows.task import RolloutTaskWorkflow
         from rolloutd.workflows.tenants import TenantWorkflow
 
-        handle.workers.append(Worker(
-            client, task_queue=task_queues.WORKFLOWS,
-            workflows=[RolloutTaskWorkflow, RolloutSessionWorkflow, RolloutBufferWorkflow,
-                       FleetRegistryWorkflow, CallbackWorkflow, GenerationWorkflow,
-                       TenantWorkflow],
-            # local activities only: a cancelled task cancels its sessions directly with
-            # cancel_workflows; a session asks whether a sandbox worker polls at all
-            activities=[cancel_workflows,
-                        FleetHealthActivities(client).task_queue_pollers,
-                        FleetHealthActivities(client).sandbox_capacity],
-            no_remote_activities=True,
-            max_cached_workflows=(settings or CommonSettings()).max_cached_workflows,
-            workflow_task_poller_behavior=TASK_POLLS,
-            graceful_shutdown_timeout=grace,
-        ))
+        handle.workers.append(
+            Worker(
+                client,
+                task_queue=task_queues.WORKFLOWS,
+                workflows=[
+                    RolloutTaskWorkflow,
+                    RolloutSessionWorkflow,
+                    RolloutBufferWorkflow,
+                    FleetRegistryWorkflow,
+                    CallbackWorkflow,
+                    GenerationWorkflow,
+                    TenantWorkflow,
+                ],
+                # local activities only: a cancelled task cancels its sessions directly with
+                # cancel_workflows; a session asks whether a sandbox worker polls at all
+                activities=[
+                    cancel_workflows,
+                    FleetHealthActivities(client).task_queue_pollers,
+                    FleetHealthActivities(client).sandbox_capacity,
+                ],
+                no_remote_activities=True,
+                max_cached_workflows=(settings or CommonSettings()).max_cached_workflows,
+                workflow_task_poller_behavior=TASK_POLLS,
+                graceful_shutdown_timeout=grace,
+            )
+        )
     elif fleet == "sandbox":
         from rolloutd.activities.sandbox import SandboxActivities
         from rolloutd.workers.registry import host_capabilities
@@ -189,27 +209,38 @@ async def run_fleet(
         reclaimed = await asyncio.to_thread(acts.reclaim)
         # backpressure: a provisioning slot is handed out only while the host's live
         # runtimes (so its running harnesses) stay under max_concurrent_sessions
-        slots = RuntimeSlots(s.max_concurrent_sessions, lambda: len(acts.runtimes),
-                             max_reserved=s.max_concurrent_provisions)
+        slots = RuntimeSlots(
+            s.max_concurrent_sessions,
+            lambda: len(acts.runtimes),
+            max_reserved=s.max_concurrent_provisions,
+        )
         acts.on_runtime_gone = slots.notify
         handle.resources.update(activities=acts, reclaimed=reclaimed, slots=slots)
         handle.workers += [
-            Worker(client, task_queue=task_queues.SANDBOX, activities=[acts.provision_runtime],
-                   tuner=WorkerTuner.create_composite(
-                       workflow_supplier=FixedSizeSlotSupplier(1),
-                       activity_supplier=slots,
-                       local_activity_supplier=FixedSizeSlotSupplier(1),
-                       nexus_supplier=FixedSizeSlotSupplier(1)),
-                   max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-                   graceful_shutdown_timeout=grace),
+            Worker(
+                client,
+                task_queue=task_queues.SANDBOX,
+                activities=[acts.provision_runtime],
+                tuner=WorkerTuner.create_composite(
+                    workflow_supplier=FixedSizeSlotSupplier(1),
+                    activity_supplier=slots,
+                    local_activity_supplier=FixedSizeSlotSupplier(1),
+                    nexus_supplier=FixedSizeSlotSupplier(1),
+                ),
+                max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+                graceful_shutdown_timeout=grace,
+            ),
             # every provisioned runtime needs a slot here for its run and then its teardown;
             # provisioning (above) is what bounds the number of runtimes
-            Worker(client, task_queue=acts.host_queue,
-                   activities=[acts.run_harness, acts.collect_artifacts, acts.teardown_runtime],
-                   max_concurrent_activities=HOST_QUEUE_SLOTS,
-                   activity_task_poller_behavior=TASK_POLLS,
-                   max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-                   graceful_shutdown_timeout=grace),
+            Worker(
+                client,
+                task_queue=acts.host_queue,
+                activities=[acts.run_harness, acts.collect_artifacts, acts.teardown_runtime],
+                max_concurrent_activities=HOST_QUEUE_SLOTS,
+                activity_task_poller_behavior=TASK_POLLS,
+                max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+                graceful_shutdown_timeout=grace,
+            ),
         ]
         cleanups.append(acts.stop_all)
     elif fleet == "gateway":
@@ -224,18 +255,34 @@ async def run_fleet(
         handle.workers += [
             # close_session here too: when the gateway host serving a session is gone, any
             # gateway seals it from the durable state in the store
-            Worker(client, task_queue=task_queues.GATEWAY,
-                   activities=[acts.open_session, acts.close_session, acts.build_trajectory,
-                               acts.backend_health, acts.backend_capacity],
-                   activity_task_poller_behavior=TASK_POLLS, graceful_shutdown_timeout=grace),
-            Worker(client, task_queue=acts.host_queue,
-                   activities=[acts.close_session, acts.build_trajectory],
-                   activity_task_poller_behavior=TASK_POLLS, graceful_shutdown_timeout=grace),
+            Worker(
+                client,
+                task_queue=task_queues.GATEWAY,
+                activities=[
+                    acts.open_session,
+                    acts.close_session,
+                    acts.build_trajectory,
+                    acts.backend_health,
+                    acts.backend_capacity,
+                ],
+                activity_task_poller_behavior=TASK_POLLS,
+                graceful_shutdown_timeout=grace,
+            ),
+            Worker(
+                client,
+                task_queue=acts.host_queue,
+                activities=[acts.close_session, acts.build_trajectory],
+                activity_task_poller_behavior=TASK_POLLS,
+                graceful_shutdown_timeout=grace,
+            ),
         ]
         # after the drain: harness calls in flight are answered (and recorded) within what
         # is left of the grace period (a call cut here was sampled for nothing)
-        cleanups.append(lambda: server.shutdown(timeout_s=max(
-            1.0, grace_s - (time.monotonic() - drain_began[0]))))
+        cleanups.append(
+            lambda: server.shutdown(
+                timeout_s=max(1.0, grace_s - (time.monotonic() - drain_began[0]))
+            )
+        )
     elif fleet == "eval":
         from rolloutd.activities.evaluation import EvalActivities
         from rolloutd.activities.trainer_io import TrainerIOActivities
@@ -247,15 +294,25 @@ async def run_fleet(
         acts = EvalActivities(BlobStore(s.store_url), host_id=s.host_id)
         io = TrainerIOActivities()
         gen = GenerationActivities(client, BlobStore(s.store_url))
-        handle.workers.append(Worker(
-            client, task_queue=task_queues.EVAL,
-            activities=[acts.evaluate, acts.check_evaluator, io.read_task_chunk,
-                        io.post_callback, gen.plan_generation, gen.journal_row,
-                        gen.await_task, gen.write_generation_outputs],
-            max_concurrent_activities=s.max_concurrent_evaluations,
-            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-            graceful_shutdown_timeout=grace,
-        ))
+        handle.workers.append(
+            Worker(
+                client,
+                task_queue=task_queues.EVAL,
+                activities=[
+                    acts.evaluate,
+                    acts.check_evaluator,
+                    io.read_task_chunk,
+                    io.post_callback,
+                    gen.plan_generation,
+                    gen.journal_row,
+                    gen.await_task,
+                    gen.write_generation_outputs,
+                ],
+                max_concurrent_activities=s.max_concurrent_evaluations,
+                max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+                graceful_shutdown_timeout=grace,
+            )
+        )
         cleanups.append(io.aclose)
     else:
         raise ValueError(f"unknown fleet {fleet!r}; one of {', '.join(FLEETS)}")
@@ -263,8 +320,7 @@ async def run_fleet(
     async with contextlib.AsyncExitStack() as stack:
         for worker in handle.workers:
             await stack.enter_async_context(worker)
-        log.info("fleet_started", fleet=fleet,
-                 task_queues=[w.task_queue for w in handle.workers])
+        log.info("fleet_started", fleet=fleet, task_queues=[w.task_queue for w in handle.workers])
         if host is not None:
             from rolloutd.workers.registry import publish, withdraw
 
@@ -282,9 +338,12 @@ async def run_fleet(
                     await cleanups.pop()()
             try:
                 handle.resources["drain"] = await drain_fleet(
-                    fleet, handle.workers, grace_s, handle.resources.get("activities")
-                    if fleet == "sandbox" else None)
-            except Exception as e:  # a process boundary: the cleanups below still run
+                    fleet,
+                    handle.workers,
+                    grace_s,
+                    handle.resources.get("activities") if fleet == "sandbox" else None,
+                )
+            except Exception as e:  # noqa: BLE001 - a process boundary: the cleanups below still run
                 log.error("fleet_drain_failed", fleet=fleet, error=repr(e))
             for cleanup in reversed(cleanups):
                 with contextlib.suppress(Exception):
@@ -304,8 +363,9 @@ async def run_forever(fleet: Fleet, metrics_port: int | None = None) -> None:
     import signal
 
     overrides = {} if metrics_port is None else {"metrics_port": metrics_port}
-    settings = {"sandbox": SandboxSettings, "gateway": GatewaySettings,
-                "eval": EvalSettings}.get(fleet, CommonSettings)(**overrides)
+    settings = {"sandbox": SandboxSettings, "gateway": GatewaySettings, "eval": EvalSettings}.get(
+        fleet, CommonSettings
+    )(**overrides)
     if isinstance(settings, GatewaySettings):  # refuse before connecting or loading anything
         from rolloutd.proxy.gateway import check_admin_exposure
 
@@ -316,8 +376,9 @@ async def run_forever(fleet: Fleet, metrics_port: int | None = None) -> None:
 
     def on_signal(sig: signal.Signals) -> None:
         if not stop.is_set():
-            log.info("drain_signal", fleet=fleet, signal=sig.name,
-                     grace_s=settings.graceful_shutdown_s)
+            log.info(
+                "drain_signal", fleet=fleet, signal=sig.name, grace_s=settings.graceful_shutdown_s
+            )
         stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -328,7 +389,8 @@ async def run_forever(fleet: Fleet, metrics_port: int | None = None) -> None:
         health = None
         if settings.health_port:
             health = await stack.enter_async_context(
-                serve_health(fleet, settings.health_host, settings.health_port))
+                serve_health(fleet, settings.health_host, settings.health_port)
+            )
         handle = await stack.enter_async_context(run_fleet(fleet, client, settings))
         if fleet == "gateway":
             freeze_startup_objects()

@@ -45,11 +45,11 @@ class RuntimeSlots(CustomSlotSupplier):
         ValueError: a bound below 1.
     """
 
-    def __init__(self, limit: int, live_runtimes: Callable[[], int],
-                 max_reserved: int | None = None) -> None:
+    def __init__(
+        self, limit: int, live_runtimes: Callable[[], int], max_reserved: int | None = None
+    ) -> None:
         if limit < 1 or (max_reserved is not None and max_reserved < 1):
-            raise ValueError(f"limit and max_reserved must be >= 1, not {limit}, "
-                             f"{max_reserved}")
+            raise ValueError(f"limit and max_reserved must be >= 1, not {limit}, {max_reserved}")
         self.limit = limit
         self.max_reserved = limit if max_reserved is None else max_reserved
         self._live_runtimes = live_runtimes
@@ -70,8 +70,10 @@ class RuntimeSlots(CustomSlotSupplier):
 
     def _take(self) -> bool:
         with self._lock:
-            if (self._reserved >= self.max_reserved
-                    or self._reserved + self._live_runtimes() >= self.limit):
+            if (
+                self._reserved >= self.max_reserved
+                or self._reserved + self._live_runtimes() >= self.limit
+            ):
                 return False
             self._reserved += 1
             return True

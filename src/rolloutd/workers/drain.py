@@ -62,8 +62,9 @@ class DrainReport:
     num_runtimes_left: int = 0
 
 
-async def drain_fleet(fleet: str, workers: list[Worker], grace_s: float,
-                      sandbox: SandboxActivities | None = None) -> DrainReport:
+async def drain_fleet(
+    fleet: str, workers: list[Worker], grace_s: float, sandbox: SandboxActivities | None = None
+) -> DrainReport:
     """Drain a fleet's workers (the module docstring says how) and wait until they stopped.
 
     Args:
@@ -87,18 +88,20 @@ async def drain_fleet(fleet: str, workers: list[Worker], grace_s: float,
         sandbox.start_drain()
         shared_down = asyncio.ensure_future(shared.shutdown())
         deadline = t0 + grace_s
-        while ((sandbox.runtimes or not shared_down.done())
-               and time.monotonic() < deadline):
+        while (sandbox.runtimes or not shared_down.done()) and time.monotonic() < deadline:
             await asyncio.sleep(RUNTIMES_CHECK_EVERY_S)
         report.num_runtimes_left = len(sandbox.runtimes)
         if sandbox.runtimes:
-            log.warning("drain_grace_exceeded", fleet=fleet,
-                        num_runtimes=len(sandbox.runtimes))
+            log.warning("drain_grace_exceeded", fleet=fleet, num_runtimes=len(sandbox.runtimes))
             await sandbox.stop_all()
         await asyncio.gather(shared_down, own.shutdown())
         report.num_handed_back = sandbox.num_handed_back
     report.duration_s = time.monotonic() - t0
-    log.info("fleet_drained", fleet=fleet, duration_s=round(report.duration_s, 3),
-             num_handed_back=report.num_handed_back,
-             num_runtimes_left=report.num_runtimes_left)
+    log.info(
+        "fleet_drained",
+        fleet=fleet,
+        duration_s=round(report.duration_s, 3),
+        num_handed_back=report.num_handed_back,
+        num_runtimes_left=report.num_runtimes_left,
+    )
     return report

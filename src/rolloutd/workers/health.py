@@ -71,8 +71,7 @@ class WorkerHealth:
         else:
             reason = "address in use or not available"
         if not bound:
-            raise ConfigError(f"health_port: cannot listen on {self.host}:{self.port} "
-                              f"({reason})")
+            raise ConfigError(f"health_port: cannot listen on {self.host}:{self.port} ({reason})")
         self.port = bound
         await server.start()
         self._server = server

@@ -8,7 +8,7 @@ workflows fleet: a signal-with-start needs only the Temporal server.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import structlog
 from temporalio.client import Client
@@ -37,8 +37,12 @@ def host_capabilities(fleet: PublishingFleet, host_id: str) -> HostCapabilities:
             (built-in evaluators).
         host_id: this host's id.
     """
-    host = HostCapabilities(fleet=fleet, host_id=host_id, instance_id=uuid.uuid4().hex,
-                            started_at=datetime.now(timezone.utc))
+    host = HostCapabilities(
+        fleet=fleet,
+        host_id=host_id,
+        instance_id=uuid.uuid4().hex,
+        started_at=datetime.now(UTC),
+    )
     if fleet == "sandbox":
         host.harnesses, host.missing_harnesses = harness_capabilities()
     else:
@@ -49,17 +53,28 @@ def host_capabilities(fleet: PublishingFleet, host_id: str) -> HostCapabilities:
 async def publish(client: Client, host: HostCapabilities) -> None:
     """Register ``host`` with the fleet registry, starting the registry if none runs."""
     await client.start_workflow(
-        FleetRegistryWorkflow.run, FleetRegistryInput(), id=REGISTRY_WORKFLOW_ID,
-        task_queue=task_queues.WORKFLOWS, start_signal=REGISTER_SIGNAL, start_signal_args=[host])
-    log.info("fleet_capabilities_published", fleet=host.fleet, host_id=host.host_id,
-             harnesses=host.harnesses, missing_harnesses=sorted(host.missing_harnesses),
-             evaluators=host.evaluators)
+        FleetRegistryWorkflow.run,
+        FleetRegistryInput(),
+        id=REGISTRY_WORKFLOW_ID,
+        task_queue=task_queues.WORKFLOWS,
+        start_signal=REGISTER_SIGNAL,
+        start_signal_args=[host],
+    )
+    log.info(
+        "fleet_capabilities_published",
+        fleet=host.fleet,
+        host_id=host.host_id,
+        harnesses=host.harnesses,
+        missing_harnesses=sorted(host.missing_harnesses),
+        evaluators=host.evaluators,
+    )
 
 
 async def withdraw(client: Client, host: HostCapabilities) -> None:
     """Withdraw ``host``'s registration; a registry that is gone is not an error of a stop."""
     try:
-        await client.get_workflow_handle(REGISTRY_WORKFLOW_ID).signal(UNREGISTER_SIGNAL,
-                                                                       host.instance_id)
+        await client.get_workflow_handle(REGISTRY_WORKFLOW_ID).signal(
+            UNREGISTER_SIGNAL, host.instance_id
+        )
     except RPCError as e:
         log.warning("fleet_capabilities_not_withdrawn", fleet=host.fleet, error=str(e))

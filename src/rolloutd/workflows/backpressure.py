@@ -33,8 +33,9 @@ def saturated(error: ActivityError) -> bool:
     return isinstance(cause, ApplicationError) and cause.type == BackendSaturatedError.__name__
 
 
-async def open_when_backends_free(open_session: Callable[[], Awaitable[OpenSessionOutput]],
-                                  timings: list[PhaseTiming]) -> OpenSessionOutput:
+async def open_when_backends_free(
+    open_session: Callable[[], Awaitable[OpenSessionOutput]], timings: list[PhaseTiming]
+) -> OpenSessionOutput:
     """Open the gateway session, waiting while the gateway says its backends are saturated.
 
     Args:
@@ -64,7 +65,16 @@ async def open_when_backends_free(open_session: Callable[[], Awaitable[OpenSessi
     finally:
         if num_refusals:
             ended = workflow.now()
-            timings.append(PhaseTiming(phase="backend_wait", started_at=started, ended_at=ended,
-                                       duration_s=(ended - started).total_seconds()))
-            workflow.logger.info("waited %.1f s for backend capacity (%d refusals)",
-                                 (ended - started).total_seconds(), num_refusals)
+            timings.append(
+                PhaseTiming(
+                    phase="backend_wait",
+                    started_at=started,
+                    ended_at=ended,
+                    duration_s=(ended - started).total_seconds(),
+                )
+            )
+            workflow.logger.info(
+                "waited %.1f s for backend capacity (%d refusals)",
+                (ended - started).total_seconds(),
+                num_refusals,
+            )

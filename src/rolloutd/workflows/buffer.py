@@ -58,16 +58,20 @@ with workflow.unsafe.imports_passed_through():
         TakeBatchInput,
         TakeBatchOutput,
     )
-    from rolloutd.workflows.tenants import task_priority
     from rolloutd.workflows.task import (
         GROUP_FINISHED_SIGNAL,
         RolloutTaskWorkflow,
         task_workflow_id,
     )
+    from rolloutd.workflows.tenants import task_priority
 
 #: reading a task file is retried like other infrastructure work.
-SOURCE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-                           maximum_interval=timedelta(seconds=30), maximum_attempts=5)
+SOURCE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=5,
+)
 #: how many acked batch ids and dropped groups the state remembers (bounded history).
 MAX_REMEMBERED = 1000
 
@@ -92,7 +96,8 @@ class RolloutBufferWorkflow:
     def __init__(self, input: BufferInput) -> None:
         self._config: BufferConfig = input.config
         self._s: BufferState = input.state or BufferState(
-            policy_version=input.config.policy_version)
+            policy_version=input.config.policy_version
+        )
         self._dirty = False
         self._draining = False
         self._cancel_running = False
@@ -126,8 +131,10 @@ class RolloutBufferWorkflow:
 
     def _continue_as_new_due(self) -> bool:
         info = workflow.info()
-        return (info.is_continue_as_new_suggested()
-                or info.get_current_history_length() >= self._config.max_history_events)
+        return (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= self._config.max_history_events
+        )
 
     async def _wait_for_change(self) -> None:
         """Sleep until a handler changed something, a lease runs out, or history is long."""
@@ -140,7 +147,8 @@ class RolloutBufferWorkflow:
         try:
             await workflow.wait_condition(
                 lambda: self._dirty or self._s.closed or self._continue_as_new_due(),
-                timeout=timeout)
+                timeout=timeout,
+            )
         except TimeoutError:
             pass
 
@@ -154,9 +162,14 @@ class RolloutBufferWorkflow:
                 self._capacity_due = now + buffer_capacity.CAPACITY_CHECK_S
                 self._s.observed_sessions = await buffer_capacity.observed_sessions()
             num_in_flight = self._s.in_flight_target = buffer_capacity.target(
-                cfg.num_in_flight, cfg.num_samples or 1, self._s.observed_sessions)
-        while (not self._s.closed and not self._draining
-               and len(self._s.running) < num_in_flight and not self._admission_full()):
+                cfg.num_in_flight, cfg.num_samples or 1, self._s.observed_sessions
+            )
+        while (
+            not self._s.closed
+            and not self._draining
+            and len(self._s.running) < num_in_flight
+            and not self._admission_full()
+        ):
             if self._s.pushed:
                 await self._start(self._s.pushed.pop(0))
                 continue
@@ -165,8 +178,12 @@ class RolloutBufferWorkflow:
                     return
                 chunk: ReadTaskChunkOutput = await workflow.execute_activity(
                     "read_task_chunk",
-                    ReadTaskChunkInput(path=cfg.source.path or "", format=cfg.source.type,
-                                       offset=self._s.cursor, limit=cfg.source.chunk_size),
+                    ReadTaskChunkInput(
+                        path=cfg.source.path or "",
+                        format=cfg.source.type,
+                        offset=self._s.cursor,
+                        limit=cfg.source.chunk_size,
+                    ),
                     task_queue=task_queues.EVAL,
                     start_to_close_timeout=timedelta(seconds=120),
                     retry_policy=SOURCE_RETRY,
@@ -190,16 +207,17 @@ class RolloutBufferWorkflow:
         ``max_staleness + 1`` versions.
         """
         cfg = self._config
-        if (cfg.max_staleness is None or not cfg.staleness_admission
-                or not self._s.batch_groups):
+        if cfg.max_staleness is None or not cfg.staleness_admission or not self._s.batch_groups:
             return False
         queued = len(self._s.ready) + len(self._s.running)
         return queued >= (cfg.max_staleness + 1) * self._s.batch_groups
 
     async def _start(self, task: TaskRequest) -> None:
         cfg = self._config
-        update: dict[str, object] = {"task_id": task.task_id + cfg.task_id_suffix,
-                                     "report_to": workflow.info().workflow_id}
+        update: dict[str, object] = {
+            "task_id": task.task_id + cfg.task_id_suffix,
+            "report_to": workflow.info().workflow_id,
+        }
         if cfg.num_samples is not None:
             update["num_samples"] = cfg.num_samples
         try:
@@ -208,15 +226,20 @@ class RolloutBufferWorkflow:
             self._drop(task.task_id, "invalid", self._s.policy_version)
             workflow.logger.warning("task %s refused: %s", task.task_id, e)
             return
-        running = RunningTask(task_id=request.task_id,
-                              workflow_id=task_workflow_id(request.task_id),
-                              policy_version=self._s.policy_version)
+        running = RunningTask(
+            task_id=request.task_id,
+            workflow_id=task_workflow_id(request.task_id),
+            policy_version=self._s.policy_version,
+        )
         # registered before the start resolves: the group may be signalled in that activation
         self._s.running.append(running)
         try:
             await workflow.start_child_workflow(
-                RolloutTaskWorkflow.run, request, id=running.workflow_id,
-                task_queue=task_queues.WORKFLOWS, priority=task_priority(request),
+                RolloutTaskWorkflow.run,
+                request,
+                id=running.workflow_id,
+                task_queue=task_queues.WORKFLOWS,
+                priority=task_priority(request),
                 static_summary=metadata.task_summary(request),
                 static_details=metadata.static_details(request),
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
@@ -256,8 +279,13 @@ class RolloutBufferWorkflow:
         return None
 
     def _drop(self, task_id: str, reason: str, policy_version: int) -> None:
-        self._s.dropped.append(DroppedGroup(task_id=task_id, reason=reason,  # type: ignore[arg-type]
-                                            policy_version=policy_version))
+        self._s.dropped.append(
+            DroppedGroup(
+                task_id=task_id,
+                reason=reason,  # type: ignore[arg-type]
+                policy_version=policy_version,
+            )
+        )
         del self._s.dropped[:-MAX_REMEMBERED]
 
     def _is_stale(self, policy_version: int) -> bool:
@@ -276,14 +304,20 @@ class RolloutBufferWorkflow:
 
     def _exhausted(self) -> bool:
         """No more groups can ever arrive (a file source read to its end, nothing running)."""
-        return (self._config.source.type != "push" and self._s.source_exhausted
-                and not self._s.pending and not self._s.pushed and not self._s.running)
+        return (
+            self._config.source.type != "push"
+            and self._s.source_exhausted
+            and not self._s.pending
+            and not self._s.pushed
+            and not self._s.running
+        )
 
     def _lease(self, groups: list[BufferedGroup], lease_s: float | None) -> Batch:
         self._s.next_batch += 1
         batch = Batch(
             batch_id=f"{self._config.buffer_id}/batch/{self._s.next_batch}",
-            groups=groups, policy_version=self._s.policy_version,
+            groups=groups,
+            policy_version=self._s.policy_version,
             lease_expires_at=workflow.now().timestamp() + (lease_s or self._config.lease_s),
         )
         self._s.leased.append(batch)
@@ -315,8 +349,7 @@ class RolloutBufferWorkflow:
             self._s.num_dropped_zero_variance += 1
         else:
             self._s.num_incomplete_handed_out += group.incomplete
-            self._s.ready.append(BufferedGroup(group=group,
-                                               policy_version=running.policy_version))
+            self._s.ready.append(BufferedGroup(group=group, policy_version=running.policy_version))
         self._dirty = True
 
     # ------------------------------------------------------------------ updates
@@ -334,8 +367,13 @@ class RolloutBufferWorkflow:
             self._dirty = True  # the admission bound moved: refill
 
         def servable() -> bool:
-            return (self._draining or self._s.closed or bool(self._s.reoffer)
-                    or len(self._s.ready) >= input.num_groups or self._exhausted())
+            return (
+                self._draining
+                or self._s.closed
+                or bool(self._s.reoffer)
+                or len(self._s.ready) >= input.num_groups
+                or self._exhausted()
+            )
 
         while True:
             left = deadline - workflow.now().timestamp()
@@ -346,16 +384,17 @@ class RolloutBufferWorkflow:
             if self._s.reoffer:
                 batch = self._s.reoffer.pop(0)
                 batch.num_offers += 1
-                batch.lease_expires_at = (workflow.now().timestamp()
-                                          + (input.lease_s or self._config.lease_s))
+                batch.lease_expires_at = workflow.now().timestamp() + (
+                    input.lease_s or self._config.lease_s
+                )
                 self._s.leased.append(batch)
                 self._dirty = True
                 return TakeBatchOutput(status="ok", batch=batch)
             if self._draining or self._s.closed:
                 return TakeBatchOutput(status="retry" if not self._s.closed else "exhausted")
             if len(self._s.ready) >= input.num_groups:
-                groups = self._s.ready[:input.num_groups]
-                del self._s.ready[:input.num_groups]
+                groups = self._s.ready[: input.num_groups]
+                del self._s.ready[: input.num_groups]
                 return TakeBatchOutput(status="ok", batch=self._lease(groups, input.lease_s))
             if self._exhausted():
                 if not self._s.ready:
@@ -379,13 +418,17 @@ class RolloutBufferWorkflow:
                     self._s.num_groups_acked += len(batch.groups)
                     self._dirty = True
                     return AckOutput(batch_id=batch.batch_id, num_groups=len(batch.groups))
-        raise ApplicationError(f"unknown batch {input.batch_id!r}", type="UnknownBatch",
-                               non_retryable=True)
+        raise ApplicationError(
+            f"unknown batch {input.batch_id!r}", type="UnknownBatch", non_retryable=True
+        )
 
     @ack.validator
     def _validate_ack(self, input: AckInput) -> None:
-        known = ({b.batch_id for b in self._s.leased} | {b.batch_id for b in self._s.reoffer}
-                 | set(self._s.acked_batch_ids))
+        known = (
+            {b.batch_id for b in self._s.leased}
+            | {b.batch_id for b in self._s.reoffer}
+            | set(self._s.acked_batch_ids)
+        )
         if input.batch_id not in known:
             raise ValueError(f"unknown batch {input.batch_id!r}")
 
@@ -407,7 +450,8 @@ class RolloutBufferWorkflow:
         self._s.policy_version = input.policy_version
         self._drop_stale_ready()
         if self._config.cancel_surplus and any(
-                self._is_stale(r.policy_version) for r in self._s.running):
+            self._is_stale(r.policy_version) for r in self._s.running
+        ):
             self._cancel_running = True
         search.upsert(policy_version=input.policy_version)
         self._dirty = True
@@ -416,8 +460,9 @@ class RolloutBufferWorkflow:
     @set_policy_version.validator
     def _validate_policy_version(self, input: PolicyVersionInput) -> None:
         if input.policy_version < self._s.policy_version:
-            raise ValueError(f"policy_version {input.policy_version} is older than "
-                             f"{self._s.policy_version}")
+            raise ValueError(
+                f"policy_version {input.policy_version} is older than {self._s.policy_version}"
+            )
 
     @workflow.update
     def close(self, input: CloseInput) -> BufferStats:
@@ -433,19 +478,27 @@ class RolloutBufferWorkflow:
     def stats(self) -> BufferStats:
         """Counters, what runs, what is ready and leased, recent drops."""
         s = self._s
-        counters = {k: v for k, v in s.model_dump().items()
-                    if isinstance(v, int) and (k.startswith("num_")
-                                               or k in ("cursor", "next_batch",
-                                                        "batch_groups"))}
+        counters = {
+            k: v
+            for k, v in s.model_dump().items()
+            if isinstance(v, int)
+            and (k.startswith("num_") or k in ("cursor", "next_batch", "batch_groups"))
+        }
         return BufferStats(
-            buffer_id=self._config.buffer_id, run_id=workflow.info().run_id,
-            policy_version=s.policy_version, num_pending=len(s.pending) + len(s.pushed),
-            running=list(s.running), num_ready=len(s.ready),
+            buffer_id=self._config.buffer_id,
+            run_id=workflow.info().run_id,
+            policy_version=s.policy_version,
+            num_pending=len(s.pending) + len(s.pushed),
+            running=list(s.running),
+            num_ready=len(s.ready),
             ready_task_ids=[g.group.task_id for g in s.ready],
             leased_batch_ids=[b.batch_id for b in s.leased],
             reoffer_batch_ids=[b.batch_id for b in s.reoffer],
-            state_counters=counters, dropped=list(s.dropped[-100:]),
-            source_exhausted=s.source_exhausted, closed=s.closed,
+            state_counters=counters,
+            dropped=list(s.dropped[-100:]),
+            source_exhausted=s.source_exhausted,
+            closed=s.closed,
             num_failed_by_kind=dict(s.num_failed_by_kind),
-            in_flight_target=s.in_flight_target, observed_sessions=s.observed_sessions,
+            in_flight_target=s.in_flight_target,
+            observed_sessions=s.observed_sessions,
         )

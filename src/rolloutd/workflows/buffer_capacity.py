@@ -59,17 +59,26 @@ async def observed_sessions() -> int | None:
     bounds: list[int] = []
     try:
         sandbox: SandboxCapacityOutput = await workflow.execute_local_activity(
-            "sandbox_capacity", CapacityInput(), start_to_close_timeout=_TIMEOUT,
-            retry_policy=_RETRY, result_type=SandboxCapacityOutput)
+            "sandbox_capacity",
+            CapacityInput(),
+            start_to_close_timeout=_TIMEOUT,
+            retry_policy=_RETRY,
+            result_type=SandboxCapacityOutput,
+        )
         if sandbox.max_sessions is not None:
             bounds.append(sandbox.max_sessions)
     except ActivityError as e:
         workflow.logger.warning("sandbox capacity unknown: %s", e.cause or e)
     try:
         backends: BackendCapacityOutput = await workflow.execute_activity(
-            "backend_capacity", CapacityInput(), task_queue=task_queues.GATEWAY,
-            start_to_close_timeout=_TIMEOUT, schedule_to_close_timeout=3 * _TIMEOUT,
-            retry_policy=_RETRY, result_type=BackendCapacityOutput)
+            "backend_capacity",
+            CapacityInput(),
+            task_queue=task_queues.GATEWAY,
+            start_to_close_timeout=_TIMEOUT,
+            schedule_to_close_timeout=3 * _TIMEOUT,
+            retry_policy=_RETRY,
+            result_type=BackendCapacityOutput,
+        )
         if backends.max_sessions is not None:
             bounds.append(backends.max_sessions)
     except ActivityError as e:

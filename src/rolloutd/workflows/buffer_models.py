@@ -85,7 +85,8 @@ class BufferConfig(_M):
     task_id_suffix: str = Field(default="", max_length=40)
     drop_zero_variance: bool = True
     incomplete_groups: Literal["hand_out", "drop"] = Field(
-        default="hand_out", description="hand out or drop a group that misses scored samples")
+        default="hand_out", description="hand out or drop a group that misses scored samples"
+    )
     max_staleness: int | None = Field(default=None, ge=0)
     staleness_admission: bool = True
     cancel_surplus: bool = False
@@ -136,8 +137,7 @@ class DroppedGroup(_M):
     """A group the buffer did not hand out, and why."""
 
     task_id: str
-    reason: Literal["zero_variance", "stale", "cancelled", "start_failed", "invalid",
-                    "incomplete"]
+    reason: Literal["zero_variance", "stale", "cancelled", "start_failed", "invalid", "incomplete"]
     policy_version: int = 0
 
 
@@ -163,19 +163,24 @@ class BufferState(_M):
     num_dropped_incomplete: int = 0
     num_incomplete_handed_out: int = 0
     num_failed_by_kind: dict[str, int] = Field(
-        default_factory=dict, description="failure kind -> sessions of finished groups")
+        default_factory=dict, description="failure kind -> sessions of finished groups"
+    )
     num_cancelled: int = 0
     num_groups_acked: int = 0
     num_batches_acked: int = 0
     num_source_errors: int = 0
     num_runs: int = Field(default=1, description="runs of this buffer (continue-as-new + 1)")
     in_flight_target: int | None = Field(
-        default=None, description="tasks kept running from the observed capacity "
-        "(adapt_in_flight); None: num_in_flight")
+        default=None,
+        description="tasks kept running from the observed capacity "
+        "(adapt_in_flight); None: num_in_flight",
+    )
     observed_sessions: int | None = Field(
-        default=None, description="sessions the fleets run at once, as last observed")
+        default=None, description="sessions the fleets run at once, as last observed"
+    )
     batch_groups: int = Field(
-        default=0, description="largest num_groups a take_batch asked for (0: none yet)")
+        default=0, description="largest num_groups a take_batch asked for (0: none yet)"
+    )
     closed: bool = False
 
 
@@ -266,9 +271,12 @@ class BufferStats(_M):
     source_exhausted: bool = False
     closed: bool = False
     num_failed_by_kind: dict[str, int] = Field(
-        default_factory=dict, description="failure kind -> sessions of finished groups "
-        "(replaced sessions not included)")
+        default_factory=dict,
+        description="failure kind -> sessions of finished groups (replaced sessions not included)",
+    )
     in_flight_target: int | None = Field(
-        default=None, description="tasks kept running (adapt_in_flight); None: num_in_flight")
+        default=None, description="tasks kept running (adapt_in_flight); None: num_in_flight"
+    )
     observed_sessions: int | None = Field(
-        default=None, description="sessions the fleets run at once, as last observed")
+        default=None, description="sessions the fleets run at once, as last observed"
+    )

@@ -67,13 +67,17 @@ class CallbackWorkflow:
             state.attempts += 1
             try:
                 out: PostCallbackOutput = await workflow.execute_activity(
-                    "post_callback", PostCallbackInput(url=input.url, session=input.session),
-                    result_type=PostCallbackOutput, task_queue=task_queues.EVAL,
+                    "post_callback",
+                    PostCallbackInput(url=input.url, session=input.session),
+                    result_type=PostCallbackOutput,
+                    task_queue=task_queues.EVAL,
                     # queue time counts: no eval worker must not hold the callback past it
                     schedule_to_close_timeout=timedelta(seconds=max(remaining, 1.0)),
-                    start_to_close_timeout=timedelta(seconds=min(ATTEMPT_TIMEOUT_S,
-                                                                 max(remaining, 1.0))),
-                    retry_policy=RetryPolicy(maximum_attempts=1))
+                    start_to_close_timeout=timedelta(
+                        seconds=min(ATTEMPT_TIMEOUT_S, max(remaining, 1.0))
+                    ),
+                    retry_policy=RetryPolicy(maximum_attempts=1),
+                )
             except ActivityError as e:
                 cause = e.cause or e
                 state.error = str(cause)
@@ -81,8 +85,12 @@ class CallbackWorkflow:
                 remaining = (deadline - workflow.now()).total_seconds()
                 if final or remaining <= backoff:
                     state.status = "failed"
-                    workflow.logger.warning("callback for %s failed after %d attempts: %s",
-                                            state.session_id, state.attempts, state.error)
+                    workflow.logger.warning(
+                        "callback for %s failed after %d attempts: %s",
+                        state.session_id,
+                        state.attempts,
+                        state.error,
+                    )
                     return state
                 await workflow.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)

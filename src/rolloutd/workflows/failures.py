@@ -119,63 +119,90 @@ def classify(facts: SessionFacts) -> FailureCause | None:
     if facts.host_lost:
         return FailureCause(kind="sandbox", message=error, phase=phase or "run")
     if phase in ("provision", "collect") or (
-            phase == "run" and not facts.timed_out and not facts.harness_ran
-            and facts.error_type not in HARNESS_ERROR_TYPES):
+        phase == "run"
+        and not facts.timed_out
+        and not facts.harness_ran
+        and facts.error_type not in HARNESS_ERROR_TYPES
+    ):
         if facts.timed_out:
             return FailureCause(kind="timeout", message=error, phase=phase)
-        return FailureCause(kind="sandbox", message=error, phase=phase,
-                            retryable=not facts.non_retryable)
+        return FailureCause(
+            kind="sandbox", message=error, phase=phase, retryable=not facts.non_retryable
+        )
     if facts.backend_verdict and not facts.num_unrecovered_backend_errors:
         return FailureCause(kind="backend", phase="run", message=facts.backend_verdict)
     if facts.num_unrecovered_backend_errors:
-        first = f"; first: {facts.first_unrecovered_error}" \
-            if facts.first_unrecovered_error else ""
+        first = f"; first: {facts.first_unrecovered_error}" if facts.first_unrecovered_error else ""
         return FailureCause(
-            kind="backend", phase="run",
+            kind="backend",
+            phase="run",
             message=f"{facts.num_unrecovered_backend_errors} model call(s) got no usable answer "
-                    f"and were not recovered{first}")
+            f"and were not recovered{first}",
+        )
     if phase == "run" and facts.timed_out:
         if facts.run_budget_shortened:
-            return FailureCause(kind="timeout", phase="run", message=f"{error} (the budget was "
-                                "shortened by a lost earlier attempt)")
+            return FailureCause(
+                kind="timeout",
+                phase="run",
+                message=f"{error} (the budget was shortened by a lost earlier attempt)",
+            )
         if facts.call_waiting_at_deadline:
-            return FailureCause(kind="timeout", phase="run", message=f"{error} while a model "
-                                "call was waiting on the backend")
-        return FailureCause(kind="timeout", phase="run", message=error, retryable=False,
-                            policy_accountable=True)
+            return FailureCause(
+                kind="timeout",
+                phase="run",
+                message=f"{error} while a model call was waiting on the backend",
+            )
+        return FailureCause(
+            kind="timeout", phase="run", message=error, retryable=False, policy_accountable=True
+        )
     if phase == "run" and not facts.harness_ran:
-        return FailureCause(kind="harness", phase="run", message=error,
-                            retryable=not facts.non_retryable)
+        return FailureCause(
+            kind="harness", phase="run", message=error, retryable=not facts.non_retryable
+        )
     if facts.harness_ran:
         code = facts.harness_exit
         if code in CANNOT_START_EXIT_CODES:
             what = "not executable" if code == 126 else "not found"
-            return FailureCause(kind="harness", phase="run", retryable=False,
-                                message=f"the harness could not start (exit {code}: {what})")
+            return FailureCause(
+                kind="harness",
+                phase="run",
+                retryable=False,
+                message=f"the harness could not start (exit {code}: {what})",
+            )
         if code is not None and code < 0 and -code != facts.signal_sent:
-            return FailureCause(kind="harness", phase="run",
-                                message=f"the harness was killed by {_signal_name(-code)}, "
-                                        "which the session did not send")
+            return FailureCause(
+                kind="harness",
+                phase="run",
+                message=f"the harness was killed by {_signal_name(-code)}, "
+                "which the session did not send",
+            )
         if facts.num_completions == 0 and (
-                code != 0 or facts.harness_type not in SCRIPTED_HARNESSES):
-            return FailureCause(kind="harness", phase="run",
-                                message=f"the harness made no answered model call (exit {code})")
+            code != 0 or facts.harness_type not in SCRIPTED_HARNESSES
+        ):
+            return FailureCause(
+                kind="harness",
+                phase="run",
+                message=f"the harness made no answered model call (exit {code})",
+            )
     if phase is not None:
         if facts.timed_out:
             return FailureCause(kind="timeout", message=error, phase=phase)
         if phase.startswith("eval"):
-            return FailureCause(kind="evaluator", message=error, phase=phase,
-                                retryable=not facts.non_retryable)
-        return FailureCause(kind="sandbox", message=error, phase=phase,
-                            retryable=not facts.non_retryable)
+            return FailureCause(
+                kind="evaluator", message=error, phase=phase, retryable=not facts.non_retryable
+            )
+        return FailureCause(
+            kind="sandbox", message=error, phase=phase, retryable=not facts.non_retryable
+        )
     return None
 
 
 Scoring = Literal["evaluate", "force", "skip"]
 
 
-def scoring(failure: FailureCause | None, timeout_reward: Literal["evaluate"] | float | None
-            ) -> tuple[Scoring, float | None]:
+def scoring(
+    failure: FailureCause | None, timeout_reward: Literal["evaluate"] | float | None
+) -> tuple[Scoring, float | None]:
     """Whether a session is scored, and how.
 
     Args:

@@ -46,8 +46,9 @@ class FleetRegistryInput(Model):
     """The registry's state carried over a continue-as-new, and its history bound."""
 
     hosts: list[HostCapabilities] = Field(default_factory=list)
-    max_history_events: int = Field(default=MAX_HISTORY_EVENTS, ge=10,
-                                    description="continue as new after this many events")
+    max_history_events: int = Field(
+        default=MAX_HISTORY_EVENTS, ge=10, description="continue as new after this many events"
+    )
 
 
 @workflow.defn
@@ -66,11 +67,17 @@ class FleetRegistryWorkflow:
     async def run(self, input: FleetRegistryInput) -> None:
         """Keep the registrations until the history is long, then continue as new."""
         await workflow.wait_condition(
-            lambda: workflow.info().is_continue_as_new_suggested()
-            or workflow.info().get_current_history_length() > input.max_history_events)
+            lambda: (
+                workflow.info().is_continue_as_new_suggested()
+                or workflow.info().get_current_history_length() > input.max_history_events
+            )
+        )
         await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(FleetRegistryInput(
-            hosts=list(self._hosts.values()), max_history_events=input.max_history_events))
+        workflow.continue_as_new(
+            FleetRegistryInput(
+                hosts=list(self._hosts.values()), max_history_events=input.max_history_events
+            )
+        )
 
     @workflow.signal(name=REGISTER_SIGNAL)
     def register(self, host: HostCapabilities) -> None:
@@ -82,8 +89,9 @@ class FleetRegistryWorkflow:
         self._hosts[host.instance_id] = host
         if host.fleet == "eval":
             self._checked.clear()
-        workflow.logger.info("fleet host registered: %s %s (%s)", host.fleet, host.host_id,
-                             host.instance_id)
+        workflow.logger.info(
+            "fleet host registered: %s %s (%s)", host.fleet, host.host_id, host.instance_id
+        )
 
     @workflow.signal(name=UNREGISTER_SIGNAL)
     def unregister(self, instance_id: str) -> None:
@@ -109,13 +117,18 @@ class FleetRegistryWorkflow:
             return self._checked[input.type]
         try:
             answer: CheckEvaluatorOutput = await workflow.execute_activity(
-                CHECK_EVALUATOR_ACTIVITY, input, result_type=CheckEvaluatorOutput,
-                task_queue=task_queues.EVAL, schedule_to_close_timeout=CHECK_TIMEOUT,
-                retry_policy=RetryPolicy(maximum_attempts=2))
+                CHECK_EVALUATOR_ACTIVITY,
+                input,
+                result_type=CheckEvaluatorOutput,
+                task_queue=task_queues.EVAL,
+                schedule_to_close_timeout=CHECK_TIMEOUT,
+                retry_policy=RetryPolicy(maximum_attempts=2),
+            )
         except ActivityError as e:
             # not cached: the next submit asks again (an eval host may have come up)
             return CheckEvaluatorOutput(
                 error=f"no eval host answered the import check within "
-                      f"{CHECK_TIMEOUT.total_seconds():.0f} s ({e.cause or e})")
+                f"{CHECK_TIMEOUT.total_seconds():.0f} s ({e.cause or e})"
+            )
         self._checked[input.type] = answer
         return answer

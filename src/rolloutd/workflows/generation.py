@@ -34,6 +34,7 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
     from rolloutd.types import SessionResult, SessionStatus, TaskResult
+    from rolloutd.workflows import metadata
     from rolloutd.workflows.generation_models import (
         PROGRESS_QUERY,
         AwaitTaskInput,
@@ -43,17 +44,20 @@ with workflow.unsafe.imports_passed_through():
         JournalEntry,
         JournalRowInput,
         JournalRowOutput,
-        PlannedRow,
         PlanInput,
+        PlannedRow,
         PlanOutput,
         WriteOutputsInput,
     )
-    from rolloutd.workflows import metadata
     from rolloutd.workflows.task import RolloutTaskWorkflow, task_workflow_id
     from rolloutd.workflows.tenants import task_priority
 
-IO_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30),
-                       maximum_attempts=10, non_retryable_error_types=["GenerationSourceError"])
+IO_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=10,
+    non_retryable_error_types=["GenerationSourceError"],
+)
 #: a re-found task is awaited by an activity that heartbeats while it waits
 AWAIT_HEARTBEAT = timedelta(seconds=60)
 
@@ -87,13 +91,22 @@ class GenerationWorkflow:
         started_at = input.started_at or workflow.now()
         self._progress = GenerationProgress(name=spec.name, started_at=started_at)
         plan: PlanOutput = await workflow.execute_activity(
-            "plan_generation", PlanInput(spec=spec, limit=spec.rows_per_run),
-            task_queue=task_queues.EVAL, start_to_close_timeout=timedelta(minutes=5),
-            retry_policy=IO_RETRY, result_type=PlanOutput)
+            "plan_generation",
+            PlanInput(spec=spec, limit=spec.rows_per_run),
+            task_queue=task_queues.EVAL,
+            start_to_close_timeout=timedelta(minutes=5),
+            retry_policy=IO_RETRY,
+            result_type=PlanOutput,
+        )
         self._progress = GenerationProgress(
-            name=spec.name, status="running", num_rows=plan.num_rows,
-            num_done=plan.num_journaled, num_failed=plan.num_journaled_failed,
-            num_passing=plan.num_journaled_passing, started_at=started_at)
+            name=spec.name,
+            status="running",
+            num_rows=plan.num_rows,
+            num_done=plan.num_journaled,
+            num_failed=plan.num_journaled_failed,
+            num_passing=plan.num_journaled_passing,
+            started_at=started_at,
+        )
         slots = asyncio.Semaphore(spec.max_concurrent_rows)
         pass_reward = spec.filters.pass_reward
 
@@ -104,11 +117,21 @@ class GenerationWorkflow:
                 result = await self._run_row(row, spec.template.timeout_s)
                 self._progress.num_running -= 1
                 await workflow.execute_activity(
-                    "journal_row", JournalRowInput(name=spec.name, entry=JournalEntry(
-                        key=row.key, task_id=row.task.task_id, result=result,
-                        journaled_at=workflow.now())),
-                    task_queue=task_queues.EVAL, start_to_close_timeout=timedelta(minutes=1),
-                    retry_policy=IO_RETRY, result_type=JournalRowOutput)
+                    "journal_row",
+                    JournalRowInput(
+                        name=spec.name,
+                        entry=JournalEntry(
+                            key=row.key,
+                            task_id=row.task.task_id,
+                            result=result,
+                            journaled_at=workflow.now(),
+                        ),
+                    ),
+                    task_queue=task_queues.EVAL,
+                    start_to_close_timeout=timedelta(minutes=1),
+                    retry_policy=IO_RETRY,
+                    result_type=JournalRowOutput,
+                )
                 self._progress.num_done += 1
                 self._progress.num_failed += failed(result)
                 self._progress.num_passing += passing(result, pass_reward)
@@ -117,14 +140,19 @@ class GenerationWorkflow:
         num_run = input.num_rows_this_generation + len(plan.rows)
         if plan.num_pending > len(plan.rows):
             await workflow.wait_condition(workflow.all_handlers_finished)
-            workflow.continue_as_new(GenerationInput(
-                spec=spec, started_at=started_at, num_rows_this_generation=num_run))
+            workflow.continue_as_new(
+                GenerationInput(spec=spec, started_at=started_at, num_rows_this_generation=num_run)
+            )
         self._progress.status = "writing"
         summary: GenerationSummary = await workflow.execute_activity(
-            "write_generation_outputs", WriteOutputsInput(spec=spec),
-            task_queue=task_queues.EVAL, start_to_close_timeout=timedelta(minutes=30),
-            heartbeat_timeout=timedelta(minutes=2), retry_policy=IO_RETRY,
-            result_type=GenerationSummary)
+            "write_generation_outputs",
+            WriteOutputsInput(spec=spec),
+            task_queue=task_queues.EVAL,
+            start_to_close_timeout=timedelta(minutes=30),
+            heartbeat_timeout=timedelta(minutes=2),
+            retry_policy=IO_RETRY,
+            result_type=GenerationSummary,
+        )
         self._progress.status = "completed"
         summary.num_rows_this_run = num_run
         summary.wall_time_s = (workflow.now() - started_at).total_seconds()
@@ -135,23 +163,38 @@ class GenerationWorkflow:
         workflow_id = task_workflow_id(row.task.task_id)
         try:
             return await workflow.execute_child_workflow(
-                RolloutTaskWorkflow.run, row.task, id=workflow_id,
-                task_queue=task_queues.WORKFLOWS, priority=task_priority(row.task),
+                RolloutTaskWorkflow.run,
+                row.task,
+                id=workflow_id,
+                task_queue=task_queues.WORKFLOWS,
+                priority=task_priority(row.task),
                 static_summary=metadata.task_summary(row.task),
                 static_details=metadata.static_details(row.task),
                 parent_close_policy=ParentClosePolicy.ABANDON,
                 # a failed or terminated task may run again; a completed one never
-                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY)
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+            )
         except WorkflowAlreadyStartedError:
             workflow.logger.info("generation row already started, awaiting it: %s", workflow_id)
             return await workflow.execute_activity(
-                "await_task", AwaitTaskInput(workflow_id=workflow_id),
+                "await_task",
+                AwaitTaskInput(workflow_id=workflow_id),
                 task_queue=task_queues.EVAL,
                 # the task's own sessions bound it; the margin covers queueing and replacement
                 start_to_close_timeout=timedelta(seconds=4 * timeout_s + 600),
-                heartbeat_timeout=AWAIT_HEARTBEAT, retry_policy=IO_RETRY,
-                result_type=TaskResult)
+                heartbeat_timeout=AWAIT_HEARTBEAT,
+                retry_policy=IO_RETRY,
+                result_type=TaskResult,
+            )
         except ChildWorkflowError as e:
-            return TaskResult(task_id=row.task.task_id, sessions=[SessionResult(
-                session_id=f"{row.task.task_id}/0", task_id=row.task.task_id,
-                status=SessionStatus.FAILED, error=f"task workflow failed: {e.cause or e}")])
+            return TaskResult(
+                task_id=row.task.task_id,
+                sessions=[
+                    SessionResult(
+                        session_id=f"{row.task.task_id}/0",
+                        task_id=row.task.task_id,
+                        status=SessionStatus.FAILED,
+                        error=f"task workflow failed: {e.cause or e}",
+                    )
+                ],
+            )

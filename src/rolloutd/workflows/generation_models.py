@@ -53,12 +53,15 @@ class GenerationSource(_M):
     """
 
     type: Literal["jsonl", "parquet", "datasets", "humaneval", "swebench"] = Field(
-        description="format")
+        description="format"
+    )
     path: str | None = Field(default=None, description="file or folder (not for humaneval)")
     split: str | None = Field(default=None, description="split of a saved DatasetDict")
     key_field: str | None = Field(
-        default=None, description="column holding the row's key; None: `id`, `task_id` or "
-        "`key` when the row has one, else the row's index")
+        default=None,
+        description="column holding the row's key; None: `id`, `task_id` or "
+        "`key` when the row has one, else the row's index",
+    )
     offset: int = Field(default=0, ge=0, description="rows skipped at the start")
     limit: int | None = Field(default=None, ge=1, description="rows taken after the offset")
 
@@ -84,7 +87,8 @@ class TaskTemplate(_M):
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
     evaluator_params: dict[str, str] = Field(
-        default_factory=dict, description="evaluator param -> row column")
+        default_factory=dict, description="evaluator param -> row column"
+    )
     builder: BuilderSpec = Field(default_factory=BuilderSpec)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     phases: PhaseTimeouts = Field(default_factory=PhaseTimeouts)
@@ -100,18 +104,29 @@ class GenerationFilters(_M):
     """
 
     min_reward: float | None = Field(
-        default=None, description="keep samples whose reward is >= this; None: every scored "
-        "sample (unscored ones never reach the outputs)")
+        default=None,
+        description="keep samples whose reward is >= this; None: every scored "
+        "sample (unscored ones never reach the outputs)",
+    )
     pass_reward: float = Field(default=1.0, description="a reward >= this is a pass")
     min_pass_rate: float = Field(
-        default=0.0, ge=0.0, le=1.0, description="keep rows whose pass rate is >= this "
-        "(>0: only rows solved at least once, pass@k = 1)")
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="keep rows whose pass rate is >= this "
+        "(>0: only rows solved at least once, pass@k = 1)",
+    )
     max_pass_rate: float = Field(
-        default=1.0, ge=0.0, le=1.0, description="keep rows whose pass rate is <= this "
-        "(<1: drop rows every sample solves)")
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="keep rows whose pass rate is <= this (<1: drop rows every sample solves)",
+    )
     distinct_answers: bool = Field(
-        default=False, description="keep one sample per distinct final answer of a row "
-        "(the last assistant message, whitespace-normalised)")
+        default=False,
+        description="keep one sample per distinct final answer of a row "
+        "(the last assistant message, whitespace-normalised)",
+    )
 
 
 class GenerationOutputs(_M):
@@ -135,24 +150,33 @@ class GenerationSpec(_M):
         pydantic.ValidationError: a malformed field, named by its path.
     """
 
-    name: str = Field(description="business key: workflow `generation/{name}`, task ids "
-                      "`gen-{name}-{row key}`, journal `generations/{name}/rows/`")
+    name: str = Field(
+        description="business key: workflow `generation/{name}`, task ids "
+        "`gen-{name}-{row key}`, journal `generations/{name}/rows/`"
+    )
     source: GenerationSource
     template: TaskTemplate
     filters: GenerationFilters = Field(default_factory=GenerationFilters)
     outputs: GenerationOutputs
-    max_concurrent_rows: int = Field(default=8, ge=1, le=10_000,
-                                     description="rows (tasks) running at once")
+    max_concurrent_rows: int = Field(
+        default=8, ge=1, le=10_000, description="rows (tasks) running at once"
+    )
     rows_per_run: int = Field(
-        default=100, ge=1, le=10_000, description="rows one workflow run takes before it "
-        "continues as new (bounds the history: each row's task is in it)")
+        default=100,
+        ge=1,
+        le=10_000,
+        description="rows one workflow run takes before it "
+        "continues as new (bounds the history: each row's task is in it)",
+    )
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, kept")
 
     @model_validator(mode="after")
     def _safe_name(self) -> GenerationSpec:
         if not GENERATION_NAME.match(self.name):
-            raise ValueError("name must be 1-64 characters of letters, digits, '.', '_' or "
-                             "'-', starting with a letter or digit")
+            raise ValueError(
+                "name must be 1-64 characters of letters, digits, '.', '_' or "
+                "'-', starting with a letter or digit"
+            )
         return self
 
 
@@ -161,8 +185,9 @@ class GenerationInput(_M):
 
     spec: GenerationSpec
     started_at: datetime | None = None
-    num_rows_this_generation: int = Field(default=0, ge=0,
-                                          description="rows run by earlier runs of this chain")
+    num_rows_this_generation: int = Field(
+        default=0, ge=0, description="rows run by earlier runs of this chain"
+    )
 
 
 class PlannedRow(_M):

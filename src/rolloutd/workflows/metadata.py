@@ -59,9 +59,15 @@ def static_details(task: TaskRequest) -> str:
     return "\n".join(lines)
 
 
-def current_details(*, phase: str, num_completions: int | None = None,
-                    reward: float | None = None, status: str | None = None,
-                    failure: str | None = None, sessions: str | None = None) -> str:
+def current_details(
+    *,
+    phase: str,
+    num_completions: int | None = None,
+    reward: float | None = None,
+    status: str | None = None,
+    failure: str | None = None,
+    sessions: str | None = None,
+) -> str:
     """A workflow's current details, one ``key: value`` line each (None leaves a line out).
 
     Args:

@@ -65,23 +65,31 @@ class AttemptOutcome:
             await self.teardown
 
 
-def session_facts(outcome: AttemptOutcome, closed: CloseSessionOutput,
-                  harness_type: str) -> failures.SessionFacts:
+def session_facts(
+    outcome: AttemptOutcome, closed: CloseSessionOutput, harness_type: str
+) -> failures.SessionFacts:
     """What :func:`rolloutd.workflows.failures.classify` decides from: the last attempt's
     outcome and what the gateway said when it sealed the session."""
     return failures.SessionFacts(
-        cancelled=outcome.cancelled, failed_phase=outcome.failed_phase,
-        error=outcome.error, error_type=outcome.error_type,
-        non_retryable=outcome.non_retryable, timed_out=outcome.timed_out,
-        host_lost=outcome.host_lost, no_sandbox_worker=outcome.no_sandbox_worker,
+        cancelled=outcome.cancelled,
+        failed_phase=outcome.failed_phase,
+        error=outcome.error,
+        error_type=outcome.error_type,
+        non_retryable=outcome.non_retryable,
+        timed_out=outcome.timed_out,
+        host_lost=outcome.host_lost,
+        no_sandbox_worker=outcome.no_sandbox_worker,
         harness_type=harness_type,
-        harness_ran=outcome.harness_ran, harness_exit=outcome.harness_exit,
-        signal_sent=outcome.signal_sent, run_budget_shortened=outcome.run_budget_shortened,
+        harness_ran=outcome.harness_ran,
+        harness_exit=outcome.harness_exit,
+        signal_sent=outcome.signal_sent,
+        run_budget_shortened=outcome.run_budget_shortened,
         num_completions=closed.num_completions,
         num_unrecovered_backend_errors=closed.num_unrecovered_errors,
         first_unrecovered_error=closed.first_unrecovered_error,
         call_waiting_at_deadline=closed.call_waiting_at_deadline,
-        backend_verdict=outcome.backend_verdict)
+        backend_verdict=outcome.backend_verdict,
+    )
 
 
 def note_error(out: AttemptOutcome, e: ActivityError) -> None:
@@ -91,7 +99,9 @@ def note_error(out: AttemptOutcome, e: ActivityError) -> None:
     if isinstance(cause, ApplicationError):
         out.error_type, out.non_retryable = cause.type, cause.non_retryable
     elif isinstance(cause, TimeoutError) and cause.type in (
-            TimeoutType.START_TO_CLOSE, TimeoutType.SCHEDULE_TO_CLOSE):
+        TimeoutType.START_TO_CLOSE,
+        TimeoutType.SCHEDULE_TO_CLOSE,
+    ):
         out.timed_out = True
 
 

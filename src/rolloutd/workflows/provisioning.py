@@ -40,9 +40,14 @@ POLLER_CHECK_TIMEOUT = timedelta(seconds=10)
 POLLER_CHECK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
 
 
-async def provision_watched(input: ProvisionRuntimeInput, provision_s: float,
-                            wait_s: float, attempt: int, *,
-                            priority: Priority = Priority.default) -> ProvisionRuntimeOutput:
+async def provision_watched(
+    input: ProvisionRuntimeInput,
+    provision_s: float,
+    wait_s: float,
+    attempt: int,
+    *,
+    priority: Priority = Priority.default,
+) -> ProvisionRuntimeOutput:
     """Provision a runtime, giving up when no sandbox worker picks it up: while the
     activity waits in the sandbox queue, a local activity asks Temporal every few seconds
     which pollers it saw there (DescribeTaskQueue); when none has polled for ``wait_s``,
@@ -63,7 +68,8 @@ async def provision_watched(input: ProvisionRuntimeInput, provision_s: float,
     """
     activity_id = f"provision-{attempt}"
     handle = workflow.start_activity(
-        "provision_runtime", input,
+        "provision_runtime",
+        input,
         task_queue=task_queues.SANDBOX,
         start_to_close_timeout=timedelta(seconds=provision_s),
         heartbeat_timeout=HEARTBEAT,
@@ -78,15 +84,14 @@ async def provision_watched(input: ProvisionRuntimeInput, provision_s: float,
         while True:
             try:
                 await workflow.wait_condition(handle.done, timeout=every)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             if handle.done():
                 return await handle
             try:
                 pollers: TaskQueuePollersOutput = await workflow.execute_local_activity(
                     "task_queue_pollers",
-                    TaskQueuePollersInput(task_queue=task_queues.SANDBOX,
-                                          activity_id=activity_id),
+                    TaskQueuePollersInput(task_queue=task_queues.SANDBOX, activity_id=activity_id),
                     start_to_close_timeout=POLLER_CHECK_TIMEOUT,
                     retry_policy=POLLER_CHECK_RETRY,
                     result_type=TaskQueuePollersOutput,
@@ -106,7 +111,8 @@ async def provision_watched(input: ProvisionRuntimeInput, provision_s: float,
                 handle.cancel()
                 raise NoSandboxWorkerError(
                     f"no sandbox worker is polling task queue {task_queues.SANDBOX} "
-                    f"(checked for {wait_s:g} s)")
+                    f"(checked for {wait_s:g} s)"
+                )
     except asyncio.CancelledError:
         # the session was cancelled while the provisioning waited: cancel it too, as
         # awaiting it directly would

@@ -24,8 +24,6 @@ from temporalio.exceptions import CancelledError as TemporalCancelledError
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
-    from rolloutd.observability import names
-    from rolloutd.errors import NoSandboxWorkerError
     from rolloutd.activities.models import (
         BuildTrajectoryInput,
         BuildTrajectoryOutput,
@@ -40,6 +38,9 @@ with workflow.unsafe.imports_passed_through():
         RunHarnessInput,
         RunHarnessOutput,
     )
+    from rolloutd.activities.tenants import GRANTED_SIGNAL
+    from rolloutd.errors import NoSandboxWorkerError
+    from rolloutd.observability import names
     from rolloutd.types import (
         FailureCause,
         PhaseTiming,
@@ -48,11 +49,7 @@ with workflow.unsafe.imports_passed_through():
         SessionStatus,
         TaskRequest,
     )
-    from rolloutd.activities.tenants import GRANTED_SIGNAL
     from rolloutd.workflows import backpressure, failures, metadata, search, tenants
-    from rolloutd.workflows.tenants import task_priority
-    from rolloutd.workflows.provisioning import HEARTBEAT, INFRA_RETRY, provision_watched
-    from rolloutd.workflows.session_end import NO_RETRY, SessionEnding, _seconds
     from rolloutd.workflows.outcome import (
         AttemptOutcome,
         cause_text,
@@ -60,6 +57,9 @@ with workflow.unsafe.imports_passed_through():
         note_error,
         session_facts,
     )
+    from rolloutd.workflows.provisioning import HEARTBEAT, INFRA_RETRY, provision_watched
+    from rolloutd.workflows.session_end import NO_RETRY, SessionEnding, _seconds
+    from rolloutd.workflows.tenants import task_priority
 
 #: heartbeats of the harness run: a dead sandbox worker is noticed within this time.
 #: (the SDK sends heartbeats at most every 0.8 x this, so cancellation also lands within it).
@@ -87,8 +87,6 @@ class SessionInput(BaseModel):
     #: gateway session ids of the sample's earlier sessions (a replaced session's attempts),
     #: newest first: replayed from when ``task.resume`` is ``replay``
     replay_from: list[str] = Field(default_factory=list)
-
-
 
 
 @workflow.defn
@@ -119,8 +117,11 @@ class RolloutSessionWorkflow(SessionEnding):
     def _show(self, **final) -> None:
         """Current details for the Temporal UI (:mod:`rolloutd.workflows.metadata`); the
         completions are known once the gateway session closed."""
-        workflow.set_current_details(metadata.current_details(
-            phase=self._phase, num_completions=self._num_completions, **final))
+        workflow.set_current_details(
+            metadata.current_details(
+                phase=self._phase, num_completions=self._num_completions, **final
+            )
+        )
 
     @workflow.run
     async def run(self, input: SessionInput) -> SessionResult:
@@ -145,12 +146,11 @@ class RolloutSessionWorkflow(SessionEnding):
         # the deadline ticks from the first runtime up: no capacity wait is charged
         self._clock = None
         # metric_meter() is replay-safe: nothing is emitted again when a history replays
-        meter = workflow.metric_meter().with_additional_attributes(
-            {"harness": task.harness.type})
+        meter = workflow.metric_meter().with_additional_attributes({"harness": task.harness.type})
         meter.create_counter(names.SESSIONS_STARTED, "sessions started").add(1)
         phase_seconds = meter.create_histogram_float(
-            names.SESSION_PHASE_SECONDS, "wall time of a session's phase, queue time included",
-            "s")
+            names.SESSION_PHASE_SECONDS, "wall time of a session's phase, queue time included", "s"
+        )
 
         def deadline_left() -> float:
             ticked = (workflow.now() - (self._clock or workflow.now())).total_seconds()
@@ -164,8 +164,14 @@ class RolloutSessionWorkflow(SessionEnding):
 
             def record() -> None:
                 t1 = workflow.now()
-                timings.append(PhaseTiming(phase=phase, duration_s=(t1 - t0).total_seconds(),
-                                           started_at=t0, ended_at=t1))
+                timings.append(
+                    PhaseTiming(
+                        phase=phase,
+                        duration_s=(t1 - t0).total_seconds(),
+                        started_at=t0,
+                        ended_at=t1,
+                    )
+                )
                 phase_seconds.record((t1 - t0).total_seconds(), {"phase": phase})
 
             try:
@@ -184,17 +190,26 @@ class RolloutSessionWorkflow(SessionEnding):
 
         def start_prewarm() -> asyncio.Task[ProvisionRuntimeOutput]:
             # step 3: the evaluation runtime is provisioned while the harness runs
-            return asyncio.ensure_future(timed("eval_provision", workflow.execute_activity(
-                "provision_runtime",
-                ProvisionRuntimeInput(session_id=input.session_id,
-                                      runtime=task.evaluator.runtime_spec or task.runtime,
-                                      purpose="evaluation"),
-                task_queue=task_queues.SANDBOX,
-                start_to_close_timeout=_seconds(phases.provision_s),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=INFRA_RETRY, priority=self._priority,
-                result_type=ProvisionRuntimeOutput,
-            ), current=False))
+            return asyncio.ensure_future(
+                timed(
+                    "eval_provision",
+                    workflow.execute_activity(
+                        "provision_runtime",
+                        ProvisionRuntimeInput(
+                            session_id=input.session_id,
+                            runtime=task.evaluator.runtime_spec or task.runtime,
+                            purpose="evaluation",
+                        ),
+                        task_queue=task_queues.SANDBOX,
+                        start_to_close_timeout=_seconds(phases.provision_s),
+                        heartbeat_timeout=HEARTBEAT,
+                        retry_policy=INFRA_RETRY,
+                        priority=self._priority,
+                        result_type=ProvisionRuntimeOutput,
+                    ),
+                    current=False,
+                )
+            )
 
         # once the session's runtime is up (else such runtimes fill a host)
         self._start_prewarm = start_prewarm if fresh_eval else None
@@ -206,27 +221,48 @@ class RolloutSessionWorkflow(SessionEnding):
             wait = attempt == 1  # a replacement is not held back
             # the earlier attempts' sealed logs (newest first) answer the requests identical
             # to theirs: each conversation replays until its first difference (issue 25)
-            replay_from = [*(a.session_id for a in reversed(given_up)), *input.replay_from] \
-                if task.resume == "replay" else []
+            replay_from = (
+                [*(a.session_id for a in reversed(given_up)), *input.replay_from]
+                if task.resume == "replay"
+                else []
+            )
 
             def open_once(sid=session_id, wait=wait, replay=replay_from):
-                return timed("open", workflow.execute_activity(
-                    "open_session",
-                    OpenSessionInput(session_id=sid, task_id=task.task_id,
-                                     owner=workflow.info().run_id, sampling=task.sampling,
-                                     model=task.model, replay_from=replay,
-                                     replay_max_staleness=task.replay_max_staleness,
-                                     wait_for_backends=wait),
-                    task_queue=task_queues.GATEWAY,
-                    start_to_close_timeout=_seconds(phases.open_s), retry_policy=INFRA_RETRY,
-                    priority=self._priority, result_type=OpenSessionOutput))
+                return timed(
+                    "open",
+                    workflow.execute_activity(
+                        "open_session",
+                        OpenSessionInput(
+                            session_id=sid,
+                            task_id=task.task_id,
+                            owner=workflow.info().run_id,
+                            sampling=task.sampling,
+                            model=task.model,
+                            replay_from=replay,
+                            replay_max_staleness=task.replay_max_staleness,
+                            wait_for_backends=wait,
+                        ),
+                        task_queue=task_queues.GATEWAY,
+                        start_to_close_timeout=_seconds(phases.open_s),
+                        retry_policy=INFRA_RETRY,
+                        priority=self._priority,
+                        result_type=OpenSessionOutput,
+                    ),
+                )
+
             opened: OpenSessionOutput = await (
-                backpressure.open_when_backends_free(open_once, timings) if wait else open_once())
-            outcome = await self._attempt(input, session_id, opened, attempt,
-                                          run_check=not fresh_eval, timed=timed,
-                                          deadline_left=deadline_left)
-            if (outcome.host_lost and attempt < task.max_session_attempts
-                    and deadline_left() > 1.0):
+                backpressure.open_when_backends_free(open_once, timings) if wait else open_once()
+            )
+            outcome = await self._attempt(
+                input,
+                session_id,
+                opened,
+                attempt,
+                run_check=not fresh_eval,
+                timed=timed,
+                deadline_left=deadline_left,
+            )
+            if outcome.host_lost and attempt < task.max_session_attempts and deadline_left() > 1.0:
                 # the attempt's log is sealed and kept under its own session id; the next
                 # attempt starts from a fresh runtime and an empty log that replays this one
                 # (task.resume; docs/faults.md)
@@ -234,25 +270,39 @@ class RolloutSessionWorkflow(SessionEnding):
                     closed = await self._close(opened, session_id, timed)
                 finally:
                     await outcome.torn_down()
-                given_up.append(SessionAttempt(attempt=attempt, session_id=session_id,
-                                               error=outcome.error or "sandbox host lost",
-                                               num_completions=closed.num_completions))
-                workflow.logger.warning("session %s attempt %d given up: %s", input.session_id,
-                                        attempt, outcome.error)
+                given_up.append(
+                    SessionAttempt(
+                        attempt=attempt,
+                        session_id=session_id,
+                        error=outcome.error or "sandbox host lost",
+                        num_completions=closed.num_completions,
+                    )
+                )
+                workflow.logger.warning(
+                    "session %s attempt %d given up: %s", input.session_id, attempt, outcome.error
+                )
                 continue
             break
 
         try:
-            return await self._finish(input, outcome, opened, session_id, attempt, self._prewarm,
-                                      given_up, timings, timed)
+            return await self._finish(
+                input, outcome, opened, session_id, attempt, self._prewarm, given_up, timings, timed
+            )
         finally:
             await outcome.torn_down()
 
-    async def _finish(self, input: SessionInput, outcome: AttemptOutcome,
-                      opened: OpenSessionOutput, session_id: str, attempt: int,
-                      prewarm: asyncio.Task[ProvisionRuntimeOutput] | None,
-                      given_up: list[SessionAttempt], timings: list[PhaseTiming],
-                      timed) -> SessionResult:
+    async def _finish(
+        self,
+        input: SessionInput,
+        outcome: AttemptOutcome,
+        opened: OpenSessionOutput,
+        session_id: str,
+        attempt: int,
+        prewarm: asyncio.Task[ProvisionRuntimeOutput] | None,
+        given_up: list[SessionAttempt],
+        timings: list[PhaseTiming],
+        timed,
+    ) -> SessionResult:
         """Steps 5-9 after the last attempt: evaluation runtime, close, build, evaluate.
 
         The session's failure cause is decided from what was recorded
@@ -270,21 +320,28 @@ class RolloutSessionWorkflow(SessionEnding):
             if outcome.no_sandbox_worker and not prewarm.done():
                 prewarm.cancel()  # it waits in the same dead queue
             eval_error = await self._evaluate_in_fresh_runtime(
-                input, prewarm, artifacts, run_check=not cancelled and status in (
-                    SessionStatus.COMPLETED, SessionStatus.TIMEOUT), timed=timed)
+                input,
+                prewarm,
+                artifacts,
+                run_check=not cancelled
+                and status in (SessionStatus.COMPLETED, SessionStatus.TIMEOUT),
+                timed=timed,
+            )
             if eval_error and error is None:
                 error = eval_error
 
-        closed = await self._close(opened, session_id, timed,
-                                   run_deadline_at=outcome.timed_out_at)
+        closed = await self._close(opened, session_id, timed, run_deadline_at=outcome.timed_out_at)
         self._num_completions = closed.num_completions
 
         failure = failures.classify(session_facts(outcome, closed, task.harness.type))
         if failure is None and eval_error is not None and eval_error != "cancelled":
             failure = FailureCause(kind="evaluator", message=eval_error, phase="eval_provision")
         how, forced = failures.scoring(failure, task.timeout_reward)
-        if (how != "skip" and closed.num_invalid_tool_calls
-                and task.invalid_tool_call_reward is not None):
+        if (
+            how != "skip"
+            and closed.num_invalid_tool_calls
+            and task.invalid_tool_call_reward is not None
+        ):
             # an unreadable tool call is the model's doing: the task sets its reward
             how, forced = "force", task.invalid_tool_call_reward
         if failure is not None and failure.kind not in ("timeout", "cancelled"):
@@ -292,55 +349,81 @@ class RolloutSessionWorkflow(SessionEnding):
             error = error or failure.message
         evaluate = how != "skip"
 
-        built: BuildTrajectoryOutput = await timed("build", workflow.execute_activity(
-            "build_trajectory",
-            BuildTrajectoryInput(session_id=session_id, task_id=task.task_id,
-                                 sample_index=input.sample_index, status=status,
-                                 builder=task.builder, failure=failure),
-            task_queue=task_queues.GATEWAY,
-            start_to_close_timeout=_seconds(phases.build_s),
-            retry_policy=INFRA_RETRY,
-            priority=self._priority,
-            result_type=BuildTrajectoryOutput,
-        ))
+        built: BuildTrajectoryOutput = await timed(
+            "build",
+            workflow.execute_activity(
+                "build_trajectory",
+                BuildTrajectoryInput(
+                    session_id=session_id,
+                    task_id=task.task_id,
+                    sample_index=input.sample_index,
+                    status=status,
+                    builder=task.builder,
+                    failure=failure,
+                ),
+                task_queue=task_queues.GATEWAY,
+                start_to_close_timeout=_seconds(phases.build_s),
+                retry_policy=INFRA_RETRY,
+                priority=self._priority,
+                result_type=BuildTrajectoryOutput,
+            ),
+        )
 
         reward: float | None = None
         trace_rewards: list[float] | None = None
         if evaluate:
             try:
-                evaluated: EvaluateOutput = await timed("evaluate", workflow.execute_activity(
+                evaluated: EvaluateOutput = await timed(
                     "evaluate",
-                    EvaluateInput(session_id=session_id, task_id=task.task_id,
-                                  evaluator=task.evaluator, status=status,
-                                  harness_exit_code=outcome.harness_exit,
-                                  num_completions=self._num_completions,
-                                  trajectory_ref=built.trajectory_ref, artifacts=artifacts,
-                                  forced_reward=forced),
-                    task_queue=task_queues.EVAL,
-                    start_to_close_timeout=_seconds(phases.evaluate_s),
-                    heartbeat_timeout=HEARTBEAT,
-                    retry_policy=INFRA_RETRY,
-                    priority=self._priority,
-                    result_type=EvaluateOutput,
-                ))
+                    workflow.execute_activity(
+                        "evaluate",
+                        EvaluateInput(
+                            session_id=session_id,
+                            task_id=task.task_id,
+                            evaluator=task.evaluator,
+                            status=status,
+                            harness_exit_code=outcome.harness_exit,
+                            num_completions=self._num_completions,
+                            trajectory_ref=built.trajectory_ref,
+                            artifacts=artifacts,
+                            forced_reward=forced,
+                        ),
+                        task_queue=task_queues.EVAL,
+                        start_to_close_timeout=_seconds(phases.evaluate_s),
+                        heartbeat_timeout=HEARTBEAT,
+                        retry_policy=INFRA_RETRY,
+                        priority=self._priority,
+                        result_type=EvaluateOutput,
+                    ),
+                )
             except ActivityError as e:
                 if isinstance(e.cause, TemporalCancelledError):
                     raise
                 evaluated = EvaluateOutput(error=f"evaluation failed: {cause_text(e)}")
             if evaluated.error is not None:
-                failure = FailureCause(kind="evaluator", phase="evaluate",
-                                       message=evaluated.error[:500], retryable=False)
+                failure = FailureCause(
+                    kind="evaluator",
+                    phase="evaluate",
+                    message=evaluated.error[:500],
+                    retryable=False,
+                )
                 status, error = SessionStatus.FAILED, error or evaluated.error
             reward, trace_rewards = evaluated.reward, evaluated.trace_rewards
 
         await outcome.torn_down()
         self._phase = "done"
         versions = built.stats.policy_versions
-        search.upsert(status=status.value, reward=reward,
-                      policy_version=max(versions) if versions else None,
-                      failure=failure.kind if failure is not None else None)
-        self._show(status=status.value, reward=reward,
-                   failure=failure.kind if failure is not None else None)
+        search.upsert(
+            status=status.value,
+            reward=reward,
+            policy_version=max(versions) if versions else None,
+            failure=failure.kind if failure is not None else None,
+        )
+        self._show(
+            status=status.value,
+            reward=reward,
+            failure=failure.kind if failure is not None else None,
+        )
         if failure is not None:
             workflow.metric_meter().create_counter(
                 SESSION_FAILURES_METRIC, "sessions that ended with a failure cause, by kind"
@@ -374,8 +457,17 @@ class RolloutSessionWorkflow(SessionEnding):
             workflow.logger.info("session cancelled after cleanup: %s", input.session_id)
         return result
 
-    async def _attempt(self, input: SessionInput, session_id: str, opened: OpenSessionOutput,
-                       attempt: int, *, run_check: bool, timed, deadline_left) -> AttemptOutcome:
+    async def _attempt(
+        self,
+        input: SessionInput,
+        session_id: str,
+        opened: OpenSessionOutput,
+        attempt: int,
+        *,
+        run_check: bool,
+        timed,
+        deadline_left,
+    ) -> AttemptOutcome:
         """One attempt on one runtime: provision, run, collect, tear down (always).
 
         Returns:
@@ -387,9 +479,16 @@ class RolloutSessionWorkflow(SessionEnding):
         runtime: ProvisionRuntimeOutput | None = None
         try:
             provision_input = ProvisionRuntimeInput(session_id=session_id, runtime=task.runtime)
-            runtime = await timed("provision", provision_watched(
-                provision_input, phases.provision_s, phases.provision_wait_s, attempt,
-                priority=self._priority))
+            runtime = await timed(
+                "provision",
+                provision_watched(
+                    provision_input,
+                    phases.provision_s,
+                    phases.provision_wait_s,
+                    attempt,
+                    priority=self._priority,
+                ),
+            )
             if self._clock is None:
                 self._clock = workflow.now()
             else:  # a later attempt's wait for a host
@@ -398,21 +497,29 @@ class RolloutSessionWorkflow(SessionEnding):
                 self._prewarm = self._start_prewarm()
             run_budget = min(phases.run_s, max(1.0, deadline_left()))
             try:
-                ran: RunHarnessOutput = await timed("run", workflow.execute_activity(
-                    "run_harness",
-                    RunHarnessInput(runtime_id=runtime.runtime_id, session_id=session_id,
-                                    harness=task.harness, instruction=task.instruction,
-                                    session=opened, timeout_s=run_budget),
-                    task_queue=runtime.host_queue,
-                    # the activity kills the harness at run_budget itself; this is the backstop
-                    start_to_close_timeout=_seconds(run_budget + 30),
-                    schedule_to_start_timeout=HOST_QUEUE_START,
-                    heartbeat_timeout=HARNESS_HEARTBEAT,
-                    retry_policy=NO_RETRY,
-                    priority=self._priority,
-                    cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                    result_type=RunHarnessOutput,
-                ))
+                ran: RunHarnessOutput = await timed(
+                    "run",
+                    workflow.execute_activity(
+                        "run_harness",
+                        RunHarnessInput(
+                            runtime_id=runtime.runtime_id,
+                            session_id=session_id,
+                            harness=task.harness,
+                            instruction=task.instruction,
+                            session=opened,
+                            timeout_s=run_budget,
+                        ),
+                        task_queue=runtime.host_queue,
+                        # the activity kills the harness at run_budget itself; this is the backstop
+                        start_to_close_timeout=_seconds(run_budget + 30),
+                        schedule_to_start_timeout=HOST_QUEUE_START,
+                        heartbeat_timeout=HARNESS_HEARTBEAT,
+                        retry_policy=NO_RETRY,
+                        priority=self._priority,
+                        cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                        result_type=RunHarnessOutput,
+                    ),
+                )
                 out.harness_exit = ran.exit_code
                 out.harness_ran, out.signal_sent = True, ran.signal_sent
                 out.backend_verdict = ran.backend_verdict
@@ -431,10 +538,13 @@ class RolloutSessionWorkflow(SessionEnding):
                 if host_lost(e):
                     out.host_lost = True
                     out.status = SessionStatus.FAILED
-                    out.error = (f"sandbox host {runtime.host_id} lost during the run "
-                                 f"(attempt {attempt}): {cause_text(e)}")
+                    out.error = (
+                        f"sandbox host {runtime.host_id} lost during the run "
+                        f"(attempt {attempt}): {cause_text(e)}"
+                    )
                 elif isinstance(e.cause, TimeoutError) and e.cause.type in (
-                    TimeoutType.START_TO_CLOSE, TimeoutType.SCHEDULE_TO_CLOSE
+                    TimeoutType.START_TO_CLOSE,
+                    TimeoutType.SCHEDULE_TO_CLOSE,
                 ):
                     out.status, out.error = SessionStatus.TIMEOUT, "run phase timed out"
                     out.timed_out = True
@@ -442,19 +552,27 @@ class RolloutSessionWorkflow(SessionEnding):
                     out.status = SessionStatus.FAILED
                     out.error = f"harness run failed: {cause_text(e)}"
             if out.status in (SessionStatus.COMPLETED, SessionStatus.TIMEOUT):
-                collected: CollectArtifactsOutput = await timed("collect", workflow.execute_activity(
-                    "collect_artifacts",
-                    CollectArtifactsInput(runtime_id=runtime.runtime_id,
-                                          session_id=session_id, evaluator=task.evaluator,
-                                          run_check=run_check),
-                    task_queue=runtime.host_queue,
-                    start_to_close_timeout=_seconds(phases.collect_s + task.evaluator.timeout_s),
-                    schedule_to_start_timeout=HOST_QUEUE_START,
-                    heartbeat_timeout=HEARTBEAT,
-                    retry_policy=NO_RETRY,
-                    priority=self._priority,
-                    result_type=CollectArtifactsOutput,
-                ))
+                collected: CollectArtifactsOutput = await timed(
+                    "collect",
+                    workflow.execute_activity(
+                        "collect_artifacts",
+                        CollectArtifactsInput(
+                            runtime_id=runtime.runtime_id,
+                            session_id=session_id,
+                            evaluator=task.evaluator,
+                            run_check=run_check,
+                        ),
+                        task_queue=runtime.host_queue,
+                        start_to_close_timeout=_seconds(
+                            phases.collect_s + task.evaluator.timeout_s
+                        ),
+                        schedule_to_start_timeout=HOST_QUEUE_START,
+                        heartbeat_timeout=HEARTBEAT,
+                        retry_policy=NO_RETRY,
+                        priority=self._priority,
+                        result_type=CollectArtifactsOutput,
+                    ),
+                )
                 out.artifacts = collected.artifacts
         except NoSandboxWorkerError as e:
             out.no_sandbox_worker = True
@@ -474,12 +592,19 @@ class RolloutSessionWorkflow(SessionEnding):
                 note_error(out, e)
                 if self._phase == "collect" and host_lost(e):
                     out.host_lost = True
-                    out.error = (f"sandbox host lost while collecting (attempt {attempt}): "
-                                 f"{cause_text(e)}")
+                    out.error = (
+                        f"sandbox host lost while collecting (attempt {attempt}): {cause_text(e)}"
+                    )
         finally:
             if runtime is not None:
                 # torn down while the gateway session closes and the trajectory is built
-                out.teardown = asyncio.ensure_future(self._teardown(
-                    runtime, timed, host_lost=out.host_lost, teardown_s=phases.teardown_s,
-                    current=False))
+                out.teardown = asyncio.ensure_future(
+                    self._teardown(
+                        runtime,
+                        timed,
+                        host_lost=out.host_lost,
+                        teardown_s=phases.teardown_s,
+                        current=False,
+                    )
+                )
         return out

@@ -50,29 +50,50 @@ class SessionEnding:
 
     _priority: Priority | None
 
-    async def _teardown(self, runtime: ProvisionRuntimeOutput, timed, *,
-                        host_lost: bool, teardown_s: float, current: bool = True) -> None:
+    async def _teardown(
+        self,
+        runtime: ProvisionRuntimeOutput,
+        timed,
+        *,
+        host_lost: bool,
+        teardown_s: float,
+        current: bool = True,
+    ) -> None:
         """Tear a runtime down on its host; a host that does not answer in time is left to
         reclaim the runtime when it starts again (rolloutd.sandbox.reclaim)."""
         try:
-            await timed("teardown", workflow.execute_activity(
-                "teardown_runtime",
-                TeardownRuntimeInput(runtime_id=runtime.runtime_id),
-                task_queue=runtime.host_queue,
-                start_to_close_timeout=_seconds(teardown_s),
-                schedule_to_close_timeout=(LOST_HOST_TEARDOWN if host_lost
-                                           else _seconds(3 * teardown_s)),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=INFRA_RETRY,
-                priority=self._priority,
-            ), current=current)
+            await timed(
+                "teardown",
+                workflow.execute_activity(
+                    "teardown_runtime",
+                    TeardownRuntimeInput(runtime_id=runtime.runtime_id),
+                    task_queue=runtime.host_queue,
+                    start_to_close_timeout=_seconds(teardown_s),
+                    schedule_to_close_timeout=(
+                        LOST_HOST_TEARDOWN if host_lost else _seconds(3 * teardown_s)
+                    ),
+                    heartbeat_timeout=HEARTBEAT,
+                    retry_policy=INFRA_RETRY,
+                    priority=self._priority,
+                ),
+                current=current,
+            )
         except ActivityError as e:
-            workflow.logger.warning("teardown of %s on %s abandoned (reclaimed when the host "
-                                    "restarts): %s", runtime.runtime_id, runtime.host_id,
-                                    cause_text(e))
+            workflow.logger.warning(
+                "teardown of %s on %s abandoned (reclaimed when the host restarts): %s",
+                runtime.runtime_id,
+                runtime.host_id,
+                cause_text(e),
+            )
 
-    async def _close(self, opened: OpenSessionOutput, session_id: str,
-                     timed, *, run_deadline_at: float | None = None) -> CloseSessionOutput:
+    async def _close(
+        self,
+        opened: OpenSessionOutput,
+        session_id: str,
+        timed,
+        *,
+        run_deadline_at: float | None = None,
+    ) -> CloseSessionOutput:
         """Seal a gateway session on the gateway host serving it; when that host does not
         answer in time, any gateway seals it from the durable state in the store.
 
@@ -82,27 +103,48 @@ class SessionEnding:
         """
         close_input = CloseSessionInput(session_id=session_id, run_deadline_at=run_deadline_at)
         try:
-            return await timed("close", workflow.execute_activity(
-                "close_session", close_input,
-                task_queue=opened.host_queue,
-                start_to_close_timeout=CLOSE_TIMEOUT,
-                schedule_to_close_timeout=PINNED_CLOSE,
-                retry_policy=INFRA_RETRY, priority=self._priority, result_type=CloseSessionOutput,
-            ))
+            return await timed(
+                "close",
+                workflow.execute_activity(
+                    "close_session",
+                    close_input,
+                    task_queue=opened.host_queue,
+                    start_to_close_timeout=CLOSE_TIMEOUT,
+                    schedule_to_close_timeout=PINNED_CLOSE,
+                    retry_policy=INFRA_RETRY,
+                    priority=self._priority,
+                    result_type=CloseSessionOutput,
+                ),
+            )
         except ActivityError as e:
-            workflow.logger.warning("gateway host %s did not close %s (%s): closing on "
-                                    "any gateway", opened.host_queue, session_id, cause_text(e))
-            return await timed("close", workflow.execute_activity(
-                "close_session", close_input,
-                task_queue=task_queues.GATEWAY,
-                start_to_close_timeout=CLOSE_TIMEOUT,
-                retry_policy=INFRA_RETRY, priority=self._priority, result_type=CloseSessionOutput,
-            ))
+            workflow.logger.warning(
+                "gateway host %s did not close %s (%s): closing on any gateway",
+                opened.host_queue,
+                session_id,
+                cause_text(e),
+            )
+            return await timed(
+                "close",
+                workflow.execute_activity(
+                    "close_session",
+                    close_input,
+                    task_queue=task_queues.GATEWAY,
+                    start_to_close_timeout=CLOSE_TIMEOUT,
+                    retry_policy=INFRA_RETRY,
+                    priority=self._priority,
+                    result_type=CloseSessionOutput,
+                ),
+            )
 
-    async def _evaluate_in_fresh_runtime(self, input: SessionInput,
-                                         prewarm: asyncio.Task[ProvisionRuntimeOutput],
-                                         artifacts: dict[str, str], *, run_check: bool,
-                                         timed) -> str | None:
+    async def _evaluate_in_fresh_runtime(
+        self,
+        input: SessionInput,
+        prewarm: asyncio.Task[ProvisionRuntimeOutput],
+        artifacts: dict[str, str],
+        *,
+        run_check: bool,
+        timed,
+    ) -> str | None:
         """Apply the session's patch in the prewarmed runtime, run the check, tear it down.
 
         ``artifacts`` (name -> blob key) gains the ``check`` and ``patch_apply`` keys.
@@ -117,20 +159,28 @@ class SessionEnding:
             # shielded: a cancellation must not abandon a runtime that is being provisioned
             eval_runtime = await asyncio.shield(prewarm)
             if run_check:
-                checked: CollectArtifactsOutput = await timed("eval_check",
-                                                              workflow.execute_activity(
-                    "collect_artifacts",
-                    CollectArtifactsInput(runtime_id=eval_runtime.runtime_id,
-                                          session_id=input.session_id, evaluator=task.evaluator,
-                                          collect_outputs=False, run_check=True,
-                                          apply_patch_ref=artifacts.get("patch")),
-                    task_queue=eval_runtime.host_queue,
-                    start_to_close_timeout=_seconds(phases.collect_s + task.evaluator.timeout_s),
-                    heartbeat_timeout=HEARTBEAT,
-                    retry_policy=NO_RETRY,
-                    priority=self._priority,
-                    result_type=CollectArtifactsOutput,
-                ))
+                checked: CollectArtifactsOutput = await timed(
+                    "eval_check",
+                    workflow.execute_activity(
+                        "collect_artifacts",
+                        CollectArtifactsInput(
+                            runtime_id=eval_runtime.runtime_id,
+                            session_id=input.session_id,
+                            evaluator=task.evaluator,
+                            collect_outputs=False,
+                            run_check=True,
+                            apply_patch_ref=artifacts.get("patch"),
+                        ),
+                        task_queue=eval_runtime.host_queue,
+                        start_to_close_timeout=_seconds(
+                            phases.collect_s + task.evaluator.timeout_s
+                        ),
+                        heartbeat_timeout=HEARTBEAT,
+                        retry_policy=NO_RETRY,
+                        priority=self._priority,
+                        result_type=CollectArtifactsOutput,
+                    ),
+                )
                 artifacts.update({k: v for k, v in checked.artifacts.items() if k != "harness"})
         except ActivityError as e:
             error = f"evaluation runtime failed: {cause_text(e)}"
@@ -143,13 +193,16 @@ class SessionEnding:
                 except ActivityError:
                     eval_runtime = None
             if eval_runtime is not None:
-                await timed("eval_teardown", workflow.execute_activity(
-                    "teardown_runtime",
-                    TeardownRuntimeInput(runtime_id=eval_runtime.runtime_id),
-                    task_queue=eval_runtime.host_queue,
-                    start_to_close_timeout=_seconds(phases.teardown_s),
-                    heartbeat_timeout=HEARTBEAT,
-                    retry_policy=INFRA_RETRY,
-                    priority=self._priority,
-                ))
+                await timed(
+                    "eval_teardown",
+                    workflow.execute_activity(
+                        "teardown_runtime",
+                        TeardownRuntimeInput(runtime_id=eval_runtime.runtime_id),
+                        task_queue=eval_runtime.host_queue,
+                        start_to_close_timeout=_seconds(phases.teardown_s),
+                        heartbeat_timeout=HEARTBEAT,
+                        retry_policy=INFRA_RETRY,
+                        priority=self._priority,
+                    ),
+                )
         return error

@@ -34,7 +34,6 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
-    from rolloutd.observability import names
     from rolloutd.activities.cancel import cancel_workflows
     from rolloutd.activities.models import (
         BackendHealthInput,
@@ -42,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         TaskQueuePollersInput,
         TaskQueuePollersOutput,
     )
+    from rolloutd.observability import names
     from rolloutd.scoring import (
         failure_counts,
         failure_of,
@@ -125,9 +125,13 @@ class RolloutTaskWorkflow:
         <rolloutd.trainer_client.client.RolloutClient.status>`)."""
         if self._progress is None:
             return None
-        return self._progress.model_copy(update={
-            "sessions": [self._results[i] for i in sorted(self._results)],
-            "replaced": list(self._replaced), "replacing": sorted(self._replacing)})
+        return self._progress.model_copy(
+            update={
+                "sessions": [self._results[i] for i in sorted(self._results)],
+                "replaced": list(self._replaced),
+                "replacing": sorted(self._replacing),
+            }
+        )
 
     @workflow.run
     async def run(self, task: TaskRequest) -> TaskResult:
@@ -138,27 +142,36 @@ class RolloutTaskWorkflow:
         # a sample's running session, by index: cancelled directly by this id
         self._child_ids = {i: session_workflow_id(parent, i) for i in range(task.num_samples)}
 
-        async def session(index: int, replacement: int,
-                          replay_from: list[str] | None = None) -> SessionResult:
+        async def session(
+            index: int, replacement: int, replay_from: list[str] | None = None
+        ) -> SessionResult:
             session_id = session_id_of(task.task_id, index, replacement)
             try:
                 return await workflow.execute_child_workflow(
                     RolloutSessionWorkflow.run,
-                    SessionInput(task=task, sample_index=index, session_id=session_id,
-                                 replay_from=replay_from or []),
+                    SessionInput(
+                        task=task,
+                        sample_index=index,
+                        session_id=session_id,
+                        replay_from=replay_from or [],
+                    ),
                     id=session_workflow_id(parent, index, replacement),
                     task_queue=task_queues.WORKFLOWS,
                     execution_timeout=None,
                     priority=task_priority(task),
-                    static_summary=metadata.session_summary(task, index) + (
-                        f" · replacement {replacement}" if replacement else ""),
+                    static_summary=metadata.session_summary(task, index)
+                    + (f" · replacement {replacement}" if replacement else ""),
                     static_details=metadata.static_details(task),
                     cancellation_type=workflow.ChildWorkflowCancellationType.WAIT_CANCELLATION_COMPLETED,
                 )
             except ChildWorkflowError as e:
-                return SessionResult(session_id=session_id, task_id=task.task_id,
-                                     sample_index=index, status=SessionStatus.FAILED,
-                                     error=f"session workflow failed: {e.cause or e}")
+                return SessionResult(
+                    session_id=session_id,
+                    task_id=task.task_id,
+                    sample_index=index,
+                    status=SessionStatus.FAILED,
+                    error=f"session workflow failed: {e.cause or e}",
+                )
 
         async def one(index: int) -> SessionResult:
             result = await session(index, 0)
@@ -169,10 +182,14 @@ class RolloutTaskWorkflow:
                 self._child_ids[index] = session_workflow_id(parent, index, replacement)
                 # the replaced session's attempts, newest first, are the replacement's replay
                 # source (issue 25); a gateway skips an id that never opened
-                earlier = [result.session_id,
-                           *(a.session_id for a in reversed(result.attempts)), *earlier]
-                result = await session(index, replacement,
-                                       earlier if task.resume == "replay" else None)
+                earlier = [
+                    result.session_id,
+                    *(a.session_id for a in reversed(result.attempts)),
+                    *earlier,
+                ]
+                result = await session(
+                    index, replacement, earlier if task.resume == "replay" else None
+                )
                 self._replacing.discard(index)
             self._results[index] = result
             self._show(task, "running")
@@ -193,13 +210,19 @@ class RolloutTaskWorkflow:
             await _cancel_sessions(self._child_ids, sessions)
             await asyncio.gather(*sessions, return_exceptions=True)
             raise
-        group = summarize(task.task_id, list(results), num_samples=task.num_samples,
-                          replaced=self._replaced, num_replacements=self._num_replacements)
+        group = summarize(
+            task.task_id,
+            list(results),
+            num_samples=task.num_samples,
+            replaced=self._replaced,
+            num_replacements=self._num_replacements,
+        )
         self._progress.status = "completed" if group.num_completed else "failed"
         if group.incomplete:
             workflow.metric_meter().create_counter(
-                INCOMPLETE_GROUPS_METRIC, "groups that ended with fewer scored sessions than "
-                "samples").add(1)
+                INCOMPLETE_GROUPS_METRIC,
+                "groups that ended with fewer scored sessions than samples",
+            ).add(1)
         search.upsert(status="completed", reward=group.mean_reward)
         self._show(task, "done", status=self._progress.status, reward=group.mean_reward)
         if task.report_to:
@@ -210,9 +233,14 @@ class RolloutTaskWorkflow:
         """Current details for the Temporal UI (:mod:`rolloutd.workflows.metadata`): sessions
         ended, their completions, and at the end the group's mean reward."""
         ended = list(self._results.values())
-        workflow.set_current_details(metadata.current_details(
-            phase=phase, sessions=f"{len(ended)}/{task.num_samples} ended",
-            num_completions=sum(r.num_completions for r in ended), **final))
+        workflow.set_current_details(
+            metadata.current_details(
+                phase=phase,
+                sessions=f"{len(ended)}/{task.num_samples} ended",
+                num_completions=sum(r.num_completions for r in ended),
+                **final,
+            )
+        )
 
     async def _replace(self, task: TaskRequest, result: SessionResult) -> bool:
         """Decide whether a sample's ended session gets a replacement, and wait for the
@@ -227,13 +255,19 @@ class RolloutTaskWorkflow:
         failure = failure_of(result)
         fleet_down = failure is not None and is_fleet_down(failure)
         # a backend failure while the engine is down is the fleet's, as a dead sandbox fleet
-        engine_down = (not fleet_down and failure is not None and failure.kind == "backend"
-                       and await _engine_down())
+        engine_down = (
+            not fleet_down
+            and failure is not None
+            and failure.kind == "backend"
+            and await _engine_down()
+        )
         fleet_down = fleet_down or engine_down
         if not fleet_down and self._num_counted_replacements >= task.max_replacements:
             return False
-        if fleet_down and (self._num_fleet_down_replacements
-                           >= FLEET_DOWN_REPLACEMENTS_PER_SAMPLE * task.num_samples):
+        if fleet_down and (
+            self._num_fleet_down_replacements
+            >= FLEET_DOWN_REPLACEMENTS_PER_SAMPLE * task.num_samples
+        ):
             return False
         # shown as being replaced while it waits for the fleet, too
         self._replaced.append(result)
@@ -250,11 +284,19 @@ class RolloutTaskWorkflow:
         self._num_replacements += 1
         workflow.metric_meter().create_counter(
             REPLACEMENTS_METRIC, "sessions replaced after a retryable infrastructure failure"
-        ).add(1, {"kind": failure.kind if failure else "unknown",
-                  "fleet_down": "true" if fleet_down else "false"})
-        workflow.logger.info("replacing session %s (%s): replacement %d of the group",
-                             result.session_id, failure.kind if failure else "?",
-                             self._num_replacements)
+        ).add(
+            1,
+            {
+                "kind": failure.kind if failure else "unknown",
+                "fleet_down": "true" if fleet_down else "false",
+            },
+        )
+        workflow.logger.info(
+            "replacing session %s (%s): replacement %d of the group",
+            result.session_id,
+            failure.kind if failure else "?",
+            self._num_replacements,
+        )
         return True
 
 
@@ -276,7 +318,8 @@ async def _wait_for_sandbox_fleet(task: TaskRequest, cancelling: Callable[[], bo
     while workflow.now() < give_up_at and not cancelling():
         try:
             pollers: TaskQueuePollersOutput = await workflow.execute_local_activity(
-                "task_queue_pollers", TaskQueuePollersInput(task_queue=task_queues.SANDBOX),
+                "task_queue_pollers",
+                TaskQueuePollersInput(task_queue=task_queues.SANDBOX),
                 start_to_close_timeout=FLEET_CHECK_TIMEOUT,
                 retry_policy=FLEET_CHECK_RETRY,
                 result_type=TaskQueuePollersOutput,
@@ -299,10 +342,14 @@ async def _backend_health() -> BackendHealthOutput | None:
     when no gateway answered."""
     try:
         return await workflow.execute_activity(
-            "backend_health", BackendHealthInput(), task_queue=task_queues.GATEWAY,
+            "backend_health",
+            BackendHealthInput(),
+            task_queue=task_queues.GATEWAY,
             start_to_close_timeout=FLEET_CHECK_TIMEOUT,
             schedule_to_close_timeout=3 * FLEET_CHECK_TIMEOUT,
-            retry_policy=FLEET_CHECK_RETRY, result_type=BackendHealthOutput)
+            retry_policy=FLEET_CHECK_RETRY,
+            result_type=BackendHealthOutput,
+        )
     except ActivityError as e:
         workflow.logger.warning("backend health check failed: %s", e.cause or e)
         return None
@@ -347,20 +394,23 @@ async def _cancel_sessions(child_ids: dict[int, str], sessions: list[asyncio.Fut
     fallback = running
     try:
         failed = await workflow.execute_local_activity(
-            cancel_workflows, [child_ids[i] for i in running],
+            cancel_workflows,
+            [child_ids[i] for i in running],
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_attempts=2),
         )
         fallback = [i for i in running if child_ids[i] in set(failed)]
     except ActivityError as e:
-        workflow.logger.warning("cancelling sessions directly failed (%s): cancelling "
-                                "them as children", e.cause or e)
+        workflow.logger.warning(
+            "cancelling sessions directly failed (%s): cancelling them as children", e.cause or e
+        )
     for i in fallback:
         sessions[i].cancel()
 
 
-async def _start_callback(url: str, parent: str, index: int, task: TaskRequest,
-                          result: SessionResult) -> None:
+async def _start_callback(
+    url: str, parent: str, index: int, task: TaskRequest, result: SessionResult
+) -> None:
     """Start a session's callback as a detached child: it outlives the task, which never
     waits for it (the receiver's answers are in the child's ``state`` query)."""
     await workflow.start_child_workflow(
@@ -378,15 +428,22 @@ async def _report(workflow_id: str, group: TaskResult) -> None:
     has closed is not an error of the task."""
     try:
         await workflow.get_external_workflow_handle(workflow_id).signal(
-            GROUP_FINISHED_SIGNAL, group)
+            GROUP_FINISHED_SIGNAL, group
+        )
     except Exception as e:  # noqa: BLE001 - boundary: the buffer may be gone
-        workflow.logger.warning("could not report group %s to %s: %s", group.task_id,
-                                workflow_id, e)
+        workflow.logger.warning(
+            "could not report group %s to %s: %s", group.task_id, workflow_id, e
+        )
 
 
-def summarize(task_id: str, sessions: list[SessionResult], *, num_samples: int | None = None,
-              replaced: list[SessionResult] | None = None,
-              num_replacements: int = 0) -> TaskResult:
+def summarize(
+    task_id: str,
+    sessions: list[SessionResult],
+    *,
+    num_samples: int | None = None,
+    replaced: list[SessionResult] | None = None,
+    num_replacements: int = 0,
+) -> TaskResult:
     """Group stats of a task's sessions, over the scored sessions only
     (:func:`rolloutd.scoring.scored_sessions`): mean and (population) std of their rewards.
 
@@ -403,8 +460,11 @@ def summarize(task_id: str, sessions: list[SessionResult], *, num_samples: int |
     """
     rewards = [float(s.reward) for s in scored_sessions(sessions)]  # type: ignore[arg-type]
     mean = sum(rewards) / len(rewards) if rewards else None
-    std = (math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-           if rewards and mean is not None else None)
+    std = (
+        math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+        if rewards and mean is not None
+        else None
+    )
     size = len(sessions) if num_samples is None else num_samples
     return TaskResult(
         task_id=task_id,

@@ -52,12 +52,14 @@ def task_priority(task: TaskRequest) -> Priority:
         ``Priority(priority_key=task.priority, fairness_key=task.tenant,
         fairness_weight=task.fairness_weight)``.
     """
-    return Priority(priority_key=task.priority, fairness_key=task.tenant,
-                    fairness_weight=task.fairness_weight)
+    return Priority(
+        priority_key=task.priority, fairness_key=task.tenant, fairness_weight=task.fairness_weight
+    )
 
 
-async def acquire_slot(task: TaskRequest, granted: Callable[[], bool],
-                       timings: list[PhaseTiming]) -> float | None:
+async def acquire_slot(
+    task: TaskRequest, granted: Callable[[], bool], timings: list[PhaseTiming]
+) -> float | None:
     """From a session workflow: wait for a slot of the task's tenant when the tenant has a
     quota (its quota workflow runs). The wait is appended to ``timings`` as ``tenant_wait``.
 
@@ -83,8 +85,9 @@ async def acquire_slot(task: TaskRequest, granted: Callable[[], bool],
     t0 = workflow.now()
     try:
         await workflow.get_external_workflow_handle(tenant_workflow_id(task.tenant)).signal(
-            ACQUIRE_SIGNAL, TenantSlotRequest(workflow_id=workflow.info().workflow_id,
-                                              priority=task.priority))
+            ACQUIRE_SIGNAL,
+            TenantSlotRequest(workflow_id=workflow.info().workflow_id, priority=task.priority),
+        )
     except ApplicationError as e:
         if e.type == EXTERNAL_NOT_FOUND:
             return None  # no quota workflow: the tenant has no quota
@@ -96,8 +99,7 @@ async def acquire_slot(task: TaskRequest, granted: Callable[[], bool],
         raise
     t1 = workflow.now()
     waited = (t1 - t0).total_seconds()
-    timings.append(PhaseTiming(phase="tenant_wait", duration_s=waited, started_at=t0,
-                               ended_at=t1))
+    timings.append(PhaseTiming(phase="tenant_wait", duration_s=waited, started_at=t0, ended_at=t1))
     return waited
 
 
@@ -106,7 +108,8 @@ async def release_slot(task: TaskRequest) -> None:
     workflow that is gone is not an error of the session."""
     try:
         await workflow.get_external_workflow_handle(tenant_workflow_id(task.tenant)).signal(
-            RELEASE_SIGNAL, workflow.info().workflow_id)
+            RELEASE_SIGNAL, workflow.info().workflow_id
+        )
     except Exception as e:  # noqa: BLE001 - boundary: the tenant workflow may be gone
         workflow.logger.warning("could not release the slot of tenant %s: %s", task.tenant, e)
 
@@ -132,40 +135,50 @@ class TenantWorkflow:
         new with the holders and the waiting requests."""
         while True:
             await workflow.wait_condition(
-                lambda: self._grantable()
-                or workflow.info().is_continue_as_new_suggested()
-                or workflow.info().get_current_history_length() > input.max_history_events)
+                lambda: (
+                    self._grantable()
+                    or workflow.info().is_continue_as_new_suggested()
+                    or workflow.info().get_current_history_length() > input.max_history_events
+                )
+            )
             while self._grantable():
                 request = self._state.waiting.pop(0)
                 self._state.holders.append(request.workflow_id)
                 self._state.num_granted += 1
                 try:
                     await workflow.get_external_workflow_handle(request.workflow_id).signal(
-                        GRANTED_SIGNAL)
+                        GRANTED_SIGNAL
+                    )
                 except Exception as e:  # noqa: BLE001 - boundary: the session may be gone
-                    workflow.logger.warning("session %s gone before its grant: %s",
-                                            request.workflow_id, e)
+                    workflow.logger.warning(
+                        "session %s gone before its grant: %s", request.workflow_id, e
+                    )
                     self._release(request.workflow_id)
-            if (workflow.info().is_continue_as_new_suggested()
-                    or workflow.info().get_current_history_length() > input.max_history_events):
+            if (
+                workflow.info().is_continue_as_new_suggested()
+                or workflow.info().get_current_history_length() > input.max_history_events
+            ):
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(TenantInput(
-                    state=self._state, max_history_events=input.max_history_events))
+                workflow.continue_as_new(
+                    TenantInput(state=self._state, max_history_events=input.max_history_events)
+                )
 
     def _grantable(self) -> bool:
         limit = self._state.quota.max_sessions_in_flight
-        return bool(self._state.waiting) and (limit is None
-                                              or len(self._state.holders) < limit)
+        return bool(self._state.waiting) and (limit is None or len(self._state.holders) < limit)
 
     @workflow.signal(name=ACQUIRE_SIGNAL)
     def acquire(self, request: TenantSlotRequest) -> None:
         """A session asks for a slot; a request repeated by a retried activity counts once."""
-        if (request.workflow_id in self._state.holders
-                or any(w.workflow_id == request.workflow_id for w in self._state.waiting)):
+        if request.workflow_id in self._state.holders or any(
+            w.workflow_id == request.workflow_id for w in self._state.waiting
+        ):
             return
         # stable: by priority key (1 first), then arrival
-        at = next((i for i, w in enumerate(self._state.waiting)
-                   if w.priority > request.priority), len(self._state.waiting))
+        at = next(
+            (i for i, w in enumerate(self._state.waiting) if w.priority > request.priority),
+            len(self._state.waiting),
+        )
         self._state.waiting.insert(at, request)
 
     @workflow.signal(name=RELEASE_SIGNAL)

@@ -133,21 +133,28 @@ class Backend(abc.ABC):
         The concatenated deltas equal ``result.response_ids`` / ``response_logprobs``.
         """
         result = await self.generate(request)
-        yield GenerateDelta(response_ids=list(result.response_ids),
-                            response_logprobs=list(result.response_logprobs), text=result.text)
+        yield GenerateDelta(
+            response_ids=list(result.response_ids),
+            response_logprobs=list(result.response_logprobs),
+            text=result.text,
+        )
         yield GenerateDelta(result=result)
 
     @abc.abstractmethod
     async def context_size(self) -> int:
         """Context window of one sequence, in tokens (prompt plus response)."""
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release the client's connections (nothing by default)."""
 
     def describe(self) -> dict[str, Any]:
         """Name, type, URL and policy version (for logs and admin routes)."""
-        return {"name": self.name, "type": self.type, "url": self.url,
-                "policy_version": self.policy_version}
+        return {
+            "name": self.name,
+            "type": self.type,
+            "url": self.url,
+            "policy_version": self.policy_version,
+        }
 
 
 @dataclass
@@ -179,8 +186,11 @@ class ChatResult:
     @property
     def trainable(self) -> bool:
         """Token ids of prompt and response and a logprob per sampled token are known."""
-        return bool(self.prompt_ids) and bool(self.response_ids) \
+        return (
+            bool(self.prompt_ids)
+            and bool(self.response_ids)
             and len(self.response_ids) == len(self.response_logprobs)
+        )
 
 
 @dataclass

@@ -100,14 +100,18 @@ class BackendHealth:
         """``{healthy, unhealthy_s, last_error}`` for ``/health`` and the admin list
         (``unhealthy_s``: seconds since it was found unreachable, a duration, so readers on
         other hosts need no synchronised clock)."""
-        return {"healthy": self.healthy,
-                "unhealthy_s": None if self.unhealthy_since is None
-                else round(time.time() - self.unhealthy_since, 1),
-                "last_error": None if self.healthy else self.last_error}
+        return {
+            "healthy": self.healthy,
+            "unhealthy_s": None
+            if self.unhealthy_since is None
+            else round(time.time() - self.unhealthy_since, 1),
+            "last_error": None if self.healthy else self.last_error,
+        }
 
 
-async def probe(http: httpx.AsyncClient, url: str, timeout_s: float = PROBE_TIMEOUT_S
-                ) -> str | None:
+async def probe(
+    http: httpx.AsyncClient, url: str, timeout_s: float = PROBE_TIMEOUT_S
+) -> str | None:
     """Ask ``GET {url}/health`` (llama-server, vLLM and SGLang serve it; any other answer
     below 500 also proves the server answers).
 
@@ -126,8 +130,10 @@ async def probe(http: httpx.AsyncClient, url: str, timeout_s: float = PROBE_TIME
 
 def dead_message(name: str, policy_version: int, health: BackendHealth) -> str:
     """Why no lease is granted on an unhealthy backend, for the harness and the trainer."""
-    return (f"no healthy backend serves policy version {policy_version}: backend {name!r} "
-            f"unreachable for {health.describe()['unhealthy_s']} s ({health.last_error})")
+    return (
+        f"no healthy backend serves policy version {policy_version}: backend {name!r} "
+        f"unreachable for {health.describe()['unhealthy_s']} s ({health.last_error})"
+    )
 
 
 def pool_health(backends: list[tuple[str, int, bool, BackendHealth]]) -> dict[str, object]:
@@ -150,9 +156,13 @@ def pool_health(backends: list[tuple[str, int, bool, BackendHealth]]) -> dict[st
         if any(health.healthy or paused for _, paused, health in members):
             continue
         name, _, latest = max(members, key=lambda m: m[2].unhealthy_since or 0.0)
-        unavailable.append({"policy_version": version,
-                            "unhealthy_s": latest.describe()["unhealthy_s"],
-                            "message": dead_message(name, version, latest)})
+        unavailable.append(
+            {
+                "policy_version": version,
+                "unhealthy_s": latest.describe()["unhealthy_s"],
+                "message": dead_message(name, version, latest),
+            }
+        )
     status = "empty" if not backends else "unavailable" if unavailable else "ok"
     return {"status": status, "unavailable": unavailable}
 
@@ -172,8 +182,11 @@ class PoolHealth:
 
     def _healthy_serving(self, policy_version: int) -> _Slot | None:
         """The least-assigned healthy, unpaused backend serving ``policy_version``."""
-        slots = [s for s in self._slots.values() if s.health.healthy and not s.spec.paused
-                 and s.spec.policy_version == policy_version]
+        slots = [
+            s
+            for s in self._slots.values()
+            if s.health.healthy and not s.spec.paused and s.spec.policy_version == policy_version
+        ]
         return min(slots, key=lambda s: s.num_assigned) if slots else None
 
     async def _probe(self, slot: _Slot) -> None:
@@ -193,8 +206,9 @@ class PoolHealth:
     async def probe_unhealthy(self) -> None:
         """Probe every unhealthy backend whose backoff allows (the ``/health`` route: the
         health of an idle pool comes back without a call)."""
-        await asyncio.gather(*(self._probe(s) for s in list(self._slots.values())
-                               if not s.spec.paused))
+        await asyncio.gather(
+            *(self._probe(s) for s in list(self._slots.values()) if not s.spec.paused)
+        )
 
     async def answers(self, name: str) -> bool:
         """Whether backend ``name`` answers now: a saturated engine does (its calls queue,
@@ -233,10 +247,18 @@ class PoolHealth:
         if slot is None or slot.spec.paused or not is_unreachable(error):
             return
         if slot.health.mark_unreachable(str(error)):
-            log.warning("backend_unhealthy", name=slot.spec.name, error=str(error)[:300],
-                        policy_version=slot.spec.policy_version)
+            log.warning(
+                "backend_unhealthy",
+                name=slot.spec.name,
+                error=str(error)[:300],
+                policy_version=slot.spec.policy_version,
+            )
 
     def health(self) -> dict[str, Any]:
         """The pool's health per policy version (:func:`.health.pool_health`)."""
-        return pool_health([(s.spec.name, s.spec.policy_version, s.spec.paused, s.health)
-                            for s in self._slots.values()])
+        return pool_health(
+            [
+                (s.spec.name, s.spec.policy_version, s.spec.paused, s.health)
+                for s in self._slots.values()
+            ]
+        )

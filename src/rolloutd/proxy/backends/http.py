@@ -38,8 +38,12 @@ from rolloutd.proxy.backends.base import Backend
 
 log = structlog.get_logger(__name__)
 
-_CONTEXT_HINTS = ("maximum context length", "context length", "exceed_context_size",
-                  "longer than the model")
+_CONTEXT_HINTS = (
+    "maximum context length",
+    "context length",
+    "exceed_context_size",
+    "longer than the model",
+)
 
 #: connections open at once to one backend; further calls wait for a free one
 MAX_CONNECTIONS = 128
@@ -90,7 +94,8 @@ def _httpx_error(error: BaseException, request: httpx.Request) -> httpx.Transpor
     reached as unreachable; this one follows httpcore.
     """
     if isinstance(error, httpx.TransportError) and not isinstance(
-            error.__cause__, aiohttp.ClientError | asyncio.TimeoutError):
+        error.__cause__, aiohttp.ClientError | asyncio.TimeoutError
+    ):
         return error
     cause = error.__cause__ if isinstance(error, httpx.TransportError) else error
     message = str(cause) or type(cause).__name__
@@ -116,8 +121,9 @@ def _unanswered(error: BaseException) -> bool:
     cause = error.__cause__ if isinstance(error, httpx.TransportError) else error
     if isinstance(cause, aiohttp.ServerDisconnectedError):
         return isinstance(cause.message, str)  # else the part of an answer that came
-    return isinstance(cause, aiohttp.ClientOSError | ConnectionResetError) \
-        and not isinstance(cause, aiohttp.ClientConnectorError)
+    return isinstance(cause, aiohttp.ClientOSError | ConnectionResetError) and not isinstance(
+        cause, aiohttp.ClientConnectorError
+    )
 
 
 class _Body(httpx.AsyncByteStream):
@@ -153,18 +159,29 @@ class BackendTransport(AiohttpTransport):
         keepalive_expiry_s: seconds an idle connection stays in the pool.
     """
 
-    def __init__(self, *, max_connections: int = MAX_CONNECTIONS,
-                 keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S) -> None:
-        super().__init__(limits=httpx.Limits(max_connections=max_connections,
-                                             max_keepalive_connections=max_connections,
-                                             keepalive_expiry=keepalive_expiry_s),
-                         client=self._new_session)
+    def __init__(
+        self,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S,
+    ) -> None:
+        super().__init__(
+            limits=httpx.Limits(
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=keepalive_expiry_s,
+            ),
+            client=self._new_session,
+        )
 
     def _new_session(self) -> aiohttp.ClientSession:
         """The aiohttp session, made on the first request (it needs the running loop)."""
-        connector = _Connector(limit=self.limits.max_connections, limit_per_host=0,
-                               keepalive_timeout=self.limits.keepalive_expiry,
-                               ssl=self.ssl_context)
+        connector = _Connector(
+            limit=self.limits.max_connections,
+            limit_per_host=0,
+            keepalive_timeout=self.limits.keepalive_expiry,
+            ssl=self.ssl_context,
+        )
         # backends set no cookies worth keeping; httpx's client keeps its own
         return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
 
@@ -177,11 +194,18 @@ class BackendTransport(AiohttpTransport):
                 response = await super().handle_async_request(request)
             except _SEND_ERRORS as e:
                 cause = (e.__cause__ or e) if isinstance(e, httpx.TransportError) else e
-                if resend or not (sending.reused and _unanswered(e)
-                                  and isinstance(request.stream, httpx.ByteStream)):
+                if resend or not (
+                    sending.reused
+                    and _unanswered(e)
+                    and isinstance(request.stream, httpx.ByteStream)
+                ):
                     raise _httpx_error(e, request) from cause
-                log.info("backend_request_resent", host=request.url.host,
-                         port=request.url.port, error=repr(cause))
+                log.info(
+                    "backend_request_resent",
+                    host=request.url.host,
+                    port=request.url.port,
+                    error=repr(cause),
+                )
                 continue
             finally:
                 _SENDING.reset(token)
@@ -194,8 +218,9 @@ class BackendClient(httpx.AsyncClient):
     """``httpx.AsyncClient`` whose ``json=`` bodies are written by :func:`fastjson.dumps`
     (orjson; a body may hold ``fastjson.raw`` values, a prompt's ids written once)."""
 
-    def build_request(self, method: str, url: Any, *, json: Any = None,
-                      headers: Any = None, **kwargs: Any) -> httpx.Request:
+    def build_request(
+        self, method: str, url: Any, *, json: Any = None, headers: Any = None, **kwargs: Any
+    ) -> httpx.Request:
         """``AsyncClient.build_request``; a ``json`` body goes as ``content``."""
         if json is not None:
             kwargs["content"] = fastjson.dumps(json)
@@ -204,10 +229,15 @@ class BackendClient(httpx.AsyncClient):
         return super().build_request(method, url, headers=headers, **kwargs)
 
 
-def new_client(url: str, timeout_s: float, transport: httpx.AsyncBaseTransport | None,
-               headers: dict[str, str] | None = None, *,
-               max_connections: int = MAX_CONNECTIONS,
-               keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S) -> BackendClient:
+def new_client(
+    url: str,
+    timeout_s: float,
+    transport: httpx.AsyncBaseTransport | None,
+    headers: dict[str, str] | None = None,
+    *,
+    max_connections: int = MAX_CONNECTIONS,
+    keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S,
+) -> BackendClient:
     """The client of the backend at ``url``: retries off, over a :class:`BackendTransport`
     unless ``transport`` is given (tests).
 
@@ -226,12 +256,15 @@ def new_client(url: str, timeout_s: float, transport: httpx.AsyncBaseTransport |
         keepalive_expiry_s: seconds an idle connection is kept (below the backend's own idle
             timeout).
     """
-    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S),
-                            pool=timeout_s)
+    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S), pool=timeout_s)
     return BackendClient(
-        base_url=url, headers=headers, timeout=timeout, follow_redirects=False,
-        transport=transport or BackendTransport(max_connections=max_connections,
-                                                keepalive_expiry_s=keepalive_expiry_s))
+        base_url=url,
+        headers=headers,
+        timeout=timeout,
+        follow_redirects=False,
+        transport=transport
+        or BackendTransport(max_connections=max_connections, keepalive_expiry_s=keepalive_expiry_s),
+    )
 
 
 def error_message(response: httpx.Response) -> str:
@@ -266,8 +299,10 @@ def raise_for_status(backend: Backend, response: httpx.Response) -> None:
         raise ContextLengthError(f"backend {backend.name}: {message}")
     if response.status_code == 503:
         raise BackendUnavailableError(f"backend {backend.name} is not ready: {message}")
-    raise BackendError(f"backend {backend.name} answered {response.status_code}: {message}",
-                       retryable=response.status_code >= 500)
+    raise BackendError(
+        f"backend {backend.name} answered {response.status_code}: {message}",
+        retryable=response.status_code >= 500,
+    )
 
 
 def transport_error(backend: Backend, error: httpx.HTTPError) -> BackendError:
@@ -279,8 +314,9 @@ def transport_error(backend: Backend, error: httpx.HTTPError) -> BackendError:
     return BackendError(f"backend {backend.name} failed: {error!r}")
 
 
-async def post_json(backend: Backend, client: httpx.AsyncClient, path: str,
-                    body: dict[str, Any]) -> dict[str, Any]:
+async def post_json(
+    backend: Backend, client: httpx.AsyncClient, path: str, body: dict[str, Any]
+) -> dict[str, Any]:
     """POST ``body`` and return the JSON object answered.
 
     Raises:
@@ -300,8 +336,9 @@ async def post_json(backend: Backend, client: httpx.AsyncClient, path: str,
     return answer
 
 
-async def sse_events(backend: Backend, client: httpx.AsyncClient, path: str,
-                     body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+async def sse_events(
+    backend: Backend, client: httpx.AsyncClient, path: str, body: dict[str, Any]
+) -> AsyncIterator[dict[str, Any]]:
     """POST ``body`` and yield each ``data: {json}`` event until ``data: [DONE]`` or the end.
 
     Raises:
@@ -326,8 +363,10 @@ async def sse_events(backend: Backend, client: httpx.AsyncClient, path: str,
                 if not isinstance(event, dict):
                     raise BackendError(f"backend {backend.name}: stream event is not an object")
                 if event.get("error") or event.get("object") == "error":
-                    raise BackendError(f"backend {backend.name} stream error: "
-                                       f"{event.get('error') or event.get('message')}")
+                    raise BackendError(
+                        f"backend {backend.name} stream error: "
+                        f"{event.get('error') or event.get('message')}"
+                    )
                 yield event
     except httpx.HTTPError as e:
         raise transport_error(backend, e) from e
@@ -340,7 +379,8 @@ def float_list(values: Any, where: str) -> list[float]:
         BackendError: not a list of numbers.
     """
     if not isinstance(values, list) or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        isinstance(v, int | float) and not isinstance(v, bool) for v in values
+    ):
         raise BackendError(f"{where}: logprobs are not a list of numbers")
     return [float(v) for v in values]
 
@@ -352,6 +392,7 @@ def int_list(values: Any, where: str) -> list[int]:
         BackendError: not a list of integers.
     """
     if not isinstance(values, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in values):
+        isinstance(v, int) and not isinstance(v, bool) for v in values
+    ):
         raise BackendError(f"{where}: token ids are not a list of integers")
     return list(values)

@@ -100,13 +100,16 @@ def _tokens_and_entries(event: dict[str, Any], where: str) -> tuple[list[int], l
     if ids == [] and probs is None:
         return [], []  # the final stream event carries no tokens
     if not isinstance(ids, list) or not isinstance(probs, list):
-        raise BackendError(f"llama.cpp {where}: `tokens` and `completion_probabilities` are "
-                           "required (return_tokens and n_probs were sent)")
+        raise BackendError(
+            f"llama.cpp {where}: `tokens` and `completion_probabilities` are "
+            "required (return_tokens and n_probs were sent)"
+        )
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise BackendError(f"llama.cpp {where}: `tokens` holds something else than ids")
     if len(probs) > len(ids):
-        raise BackendError(f"llama.cpp {where}: {len(ids)} tokens but {len(probs)} "
-                           "completion_probabilities")
+        raise BackendError(
+            f"llama.cpp {where}: {len(ids)} tokens but {len(probs)} completion_probabilities"
+        )
     return ids, probs
 
 
@@ -146,9 +149,16 @@ class LlamaCppBackend(Backend):
 
     type = "llama_cpp"
 
-    def __init__(self, name: str, url: str, *, policy_version: int = 0,
-                 timeout_s: float = 600.0, ctx_size: int | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        *,
+        policy_version: int = 0,
+        timeout_s: float = 600.0,
+        ctx_size: int | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         super().__init__(name, url, policy_version=policy_version)
         self._ctx_size = ctx_size
         # no retries: Temporal owns retries; a retried call here could sample twice
@@ -166,8 +176,10 @@ class LlamaCppBackend(Backend):
             raise ContextLengthError(f"backend {self.name}: {message}")
         if response.status_code == 503:
             raise BackendUnavailableError(f"backend {self.name} is not ready: {message}")
-        raise BackendError(f"backend {self.name} answered {response.status_code}: {message}",
-                           retryable=response.status_code >= 500)
+        raise BackendError(
+            f"backend {self.name} answered {response.status_code}: {message}",
+            retryable=response.status_code >= 500,
+        )
 
     async def context_size(self) -> int:
         """Context window of one slot from ``/props`` (``default_generation_settings.n_ctx``).
@@ -217,21 +229,31 @@ class LlamaCppBackend(Backend):
             BackendError: the entries do not follow the sampled ids.
         """
         if len(entries) == len(ids):
-            return [entry_logprob(entry, token_id, where)
-                    for token_id, entry in zip(ids, entries, strict=True)]
+            return [
+                entry_logprob(entry, token_id, where)
+                for token_id, entry in zip(ids, entries, strict=True)
+            ]
         missing = incomplete_utf8_positions(await token_pieces(self._post_json, ids))
         return align_entries(ids, entries, missing, where)
 
-    async def _result(self, request: GenerateRequest, body: dict[str, Any], ids: list[int],
-                      logprobs: list[float], text: str, first_token_s: float | None,
-                      where: str) -> GenerateResult:
+    async def _result(
+        self,
+        request: GenerateRequest,
+        body: dict[str, Any],
+        ids: list[int],
+        logprobs: list[float],
+        text: str,
+        first_token_s: float | None,
+        where: str,
+    ) -> GenerateResult:
         """The result, with every :data:`MISSING` logprob scored again (in place)."""
         finish_reason, stop_type = _finish(body, where)
         ended_by_eos = stop_type == "eos"
         if ended_by_eos and not ids:
             raise BackendError(f"llama.cpp {where}: stop_type eos but no token sampled")
-        recomputed = await fill_missing(self._post_json, request.prompt_ids, ids, logprobs,
-                                        self.name)
+        recomputed = await fill_missing(
+            self._post_json, request.prompt_ids, ids, logprobs, self.name
+        )
         timings = body.get("timings") if isinstance(body.get("timings"), dict) else {}
         return GenerateResult(
             response_ids=ids,
@@ -255,8 +277,9 @@ class LlamaCppBackend(Backend):
             ContextLengthError: the server says the prompt does not fit.
         """
         try:
-            response = await self.client.post("/completion",
-                                              json=completion_body(request, stream=False))
+            response = await self.client.post(
+                "/completion", json=completion_body(request, stream=False)
+            )
         except httpx.HTTPError as e:
             raise transport_error(self, e) from e
         self._raise_for_status(response)
@@ -269,8 +292,15 @@ class LlamaCppBackend(Backend):
         ids, entries = _tokens_and_entries(body, "response")
         logprobs = await self._logprobs(ids, entries, "response")
         content = body.get("content")
-        return await self._result(request, body, ids, logprobs,
-                                  content if isinstance(content, str) else "", None, "response")
+        return await self._result(
+            request,
+            body,
+            ids,
+            logprobs,
+            content if isinstance(content, str) else "",
+            None,
+            "response",
+        )
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateDelta]:
         """Sample with ``POST /completion`` and ``stream: true``; one delta per SSE event.
@@ -319,34 +349,43 @@ class LlamaCppBackend(Backend):
                         ids += new_ids[:keep]
                         logprobs += new_logprobs[:keep]
                         if keep:
-                            yield GenerateDelta(response_ids=new_ids[:keep],
-                                                response_logprobs=new_logprobs[:keep])
-                        final = {"stop_type": "limit",
-                                 "tokens_evaluated": event.get("tokens_evaluated")}
+                            yield GenerateDelta(
+                                response_ids=new_ids[:keep], response_logprobs=new_logprobs[:keep]
+                            )
+                        final = {
+                            "stop_type": "limit",
+                            "tokens_evaluated": event.get("tokens_evaluated"),
+                        }
                         break
                     ids += new_ids
                     logprobs += new_logprobs
                     texts.append(text)
                     if new_ids or text:
-                        yield GenerateDelta(response_ids=new_ids, response_logprobs=new_logprobs,
-                                            text=text)
+                        yield GenerateDelta(
+                            response_ids=new_ids, response_logprobs=new_logprobs, text=text
+                        )
                     if event.get("stop") is True:
                         predicted = event.get("tokens_predicted")
                         if isinstance(predicted, int) and predicted > len(ids):
                             raise BackendError(
                                 f"backend {self.name}: the stream left out the last "
-                                f"{predicted - len(ids)} tokens (inside a character)")
+                                f"{predicted - len(ids)} tokens (inside a character)"
+                            )
                         final = event
                         break
         except httpx.HTTPError as e:
             raise transport_error(self, e) from e
         if final is None:
             raise BackendError(f"backend {self.name}: stream ended without its final event")
-        yield GenerateDelta(result=await self._result(
-            request, final, ids, logprobs, "".join(texts), first_token_s, "stream"))
+        yield GenerateDelta(
+            result=await self._result(
+                request, final, ids, logprobs, "".join(texts), first_token_s, "stream"
+            )
+        )
 
-    async def _stream_tokens(self, event: dict[str, Any],
-                             num_before: int) -> tuple[list[int], list[float]]:
+    async def _stream_tokens(
+        self, event: dict[str, Any], num_before: int
+    ) -> tuple[list[int], list[float]]:
         """The ids and logprobs one stream event adds, the ones it left out before its own
         token included (their logprobs :data:`MISSING`).
 
@@ -359,20 +398,27 @@ class LlamaCppBackend(Backend):
         """
         new_ids, entries = _tokens_and_entries(event, "stream event")
         if len(entries) != len(new_ids):
-            raise BackendError(f"llama.cpp stream event: {len(new_ids)} tokens but "
-                               f"{len(entries)} completion_probabilities")
-        new_logprobs = [entry_logprob(entry, token_id, "stream event")
-                        for token_id, entry in zip(new_ids, entries, strict=True)]
+            raise BackendError(
+                f"llama.cpp stream event: {len(new_ids)} tokens but "
+                f"{len(entries)} completion_probabilities"
+            )
+        new_logprobs = [
+            entry_logprob(entry, token_id, "stream event")
+            for token_id, entry in zip(new_ids, entries, strict=True)
+        ]
         predicted = event.get("tokens_predicted")
         if not new_ids or not isinstance(predicted, int) or isinstance(predicted, bool):
             return new_ids, new_logprobs
         num_missing = predicted - num_before - len(new_ids)
         if num_missing < 0 or (num_missing and len(new_ids) != 1):
-            raise BackendError(f"llama.cpp stream event: tokens_predicted {predicted} after "
-                               f"{num_before} tokens and {len(new_ids)} new ones")
+            raise BackendError(
+                f"llama.cpp stream event: tokens_predicted {predicted} after "
+                f"{num_before} tokens and {len(new_ids)} new ones"
+            )
         if num_missing == 0:
             return new_ids, new_logprobs
         content = event.get("content")
-        gap = await stream_gap_ids(self._post_json, content if isinstance(content, str) else "",
-                                   new_ids[0], num_missing)
+        gap = await stream_gap_ids(
+            self._post_json, content if isinstance(content, str) else "", new_ids[0], num_missing
+        )
         return gap + new_ids, [MISSING] * num_missing + new_logprobs

@@ -78,8 +78,9 @@ def _cut_off(tail: bytes) -> bool:
     return False
 
 
-def align_entries(ids: list[int], entries: list[dict[str, Any]], missing: list[int],
-                  where: str) -> list[float]:
+def align_entries(
+    ids: list[int], entries: list[dict[str, Any]], missing: list[int], where: str
+) -> list[float]:
     """Logprobs of ``ids`` from the entries llama-server sent, :data:`MISSING` where it sent none.
 
     Args:
@@ -95,9 +96,11 @@ def align_entries(ids: list[int], entries: list[dict[str, Any]], missing: list[i
         BackendError: the entries do not follow the sampled ids at the other positions.
     """
     if len(entries) != len(ids) - len(missing):
-        raise BackendError(f"llama.cpp {where}: {len(ids)} tokens, {len(entries)} "
-                           f"completion_probabilities, but {len(missing)} tokens end inside "
-                           "a character")
+        raise BackendError(
+            f"llama.cpp {where}: {len(ids)} tokens, {len(entries)} "
+            f"completion_probabilities, but {len(missing)} tokens end inside "
+            "a character"
+        )
     logprobs = [MISSING] * len(ids)
     skipped = set(missing)
     sent = iter(entries)
@@ -114,8 +117,9 @@ def entry_logprob(entry: Any, token_id: int, where: str) -> float:
         BackendError: the entry is of another token or has no numeric logprob.
     """
     if not isinstance(entry, dict) or entry.get("id") != token_id:
-        raise BackendError(f"llama.cpp {where}: completion_probabilities do not follow the "
-                           "sampled tokens")
+        raise BackendError(
+            f"llama.cpp {where}: completion_probabilities do not follow the sampled tokens"
+        )
     value = entry.get("logprob")
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise BackendError(f"llama.cpp {where}: logprob of token {token_id} is {value!r}")
@@ -132,8 +136,10 @@ async def token_pieces(post_json: PostJson, ids: list[int]) -> list[bytes]:
     """
     answer = await post_json("/tokenize", {"content": ids, "with_pieces": True})
     tokens = answer.get("tokens") if isinstance(answer, dict) else None
-    if not isinstance(tokens, list) or [t.get("id") if isinstance(t, dict) else None
-                                        for t in tokens] != ids:
+    if (
+        not isinstance(tokens, list)
+        or [t.get("id") if isinstance(t, dict) else None for t in tokens] != ids
+    ):
         raise BackendError("llama.cpp /tokenize: no piece per sampled token")
     return [_piece_bytes(t.get("piece")) for t in tokens]
 
@@ -144,11 +150,14 @@ async def text_tokens(post_json: PostJson, text: str) -> list[tuple[int, bytes]]
     Raises:
         BackendError: a malformed answer.
     """
-    answer = await post_json("/tokenize", {"content": text, "with_pieces": True,
-                                           "add_special": False, "parse_special": False})
+    answer = await post_json(
+        "/tokenize",
+        {"content": text, "with_pieces": True, "add_special": False, "parse_special": False},
+    )
     tokens = answer.get("tokens") if isinstance(answer, dict) else None
     if not isinstance(tokens, list) or not all(
-            isinstance(t, dict) and isinstance(t.get("id"), int) for t in tokens):
+        isinstance(t, dict) and isinstance(t.get("id"), int) for t in tokens
+    ):
         raise BackendError("llama.cpp /tokenize: malformed answer")
     return [(t["id"], _piece_bytes(t.get("piece"))) for t in tokens]
 
@@ -161,8 +170,9 @@ def _piece_bytes(piece: Any) -> bytes:
     raise BackendError(f"llama.cpp /tokenize: piece {piece!r} is neither text nor bytes")
 
 
-async def stream_gap_ids(post_json: PostJson, text: str, token_id: int,
-                         num_missing: int) -> list[int]:
+async def stream_gap_ids(
+    post_json: PostJson, text: str, token_id: int, num_missing: int
+) -> list[int]:
     """The ids of the ``num_missing`` tokens a stream left out before ``token_id``.
 
     The event of ``token_id`` carries as ``text`` the bytes of the left-out tokens and its own
@@ -183,15 +193,21 @@ async def stream_gap_ids(post_json: PostJson, text: str, token_id: int,
         BackendError: the text does not split that way (the sampled split was another one).
     """
     split = await text_tokens(post_json, text)
-    if len(split) != num_missing + 1 or split[-1][0] != token_id \
-            or b"".join(piece for _, piece in split) != text.encode():
-        raise BackendError(f"llama.cpp stream: {num_missing} tokens before token {token_id} "
-                           "were not sent and their ids cannot be told from the text")
+    if (
+        len(split) != num_missing + 1
+        or split[-1][0] != token_id
+        or b"".join(piece for _, piece in split) != text.encode()
+    ):
+        raise BackendError(
+            f"llama.cpp stream: {num_missing} tokens before token {token_id} "
+            "were not sent and their ids cannot be told from the text"
+        )
     return [token for token, _ in split[:-1]]
 
 
-async def score_positions(post_json: PostJson, prompt_ids: list[int], response_ids: list[int],
-                          positions: list[int]) -> dict[int, float]:
+async def score_positions(
+    post_json: PostJson, prompt_ids: list[int], response_ids: list[int], positions: list[int]
+) -> dict[int, float]:
     """Logprob of the sampled token at each of ``positions``, computed again.
 
     One call per position, in order: ``prompt_ids + response_ids[:k]`` as the prompt (the slot
@@ -214,35 +230,57 @@ async def score_positions(post_json: PostJson, prompt_ids: list[int], response_i
     for position in positions:
         token_id = response_ids[position]
         for top in (_TOP_FIRST, _TOP_ALL):
-            top_list = await _next_token_top(post_json, [*prompt_ids, *response_ids[:position]],
-                                             top)
-            found = [entry.get("logprob") for entry in top_list
-                     if isinstance(entry, dict) and entry.get("id") == token_id]
+            top_list = await _next_token_top(
+                post_json, [*prompt_ids, *response_ids[:position]], top
+            )
+            found = [
+                entry.get("logprob")
+                for entry in top_list
+                if isinstance(entry, dict) and entry.get("id") == token_id
+            ]
             if found and isinstance(found[0], int | float) and not isinstance(found[0], bool):
                 scores[position] = float(found[0])
                 break
         else:
-            raise BackendError(f"llama.cpp scoring: token {token_id} at position {position} "
-                               "is not in the vocabulary's distribution")
+            raise BackendError(
+                f"llama.cpp scoring: token {token_id} at position {position} "
+                "is not in the vocabulary's distribution"
+            )
     return scores
 
 
-async def _next_token_top(post_json: PostJson, prompt_ids: list[int],
-                          top: int) -> list[Any]:
-    answer = await post_json("/completion", {
-        "prompt": prompt_ids, "n_predict": 1, "n_probs": top, "temperature": 0.0,
-        "logit_bias": [[_FORCED_TEXT, _FORCED_BIAS]], "cache_prompt": True,
-        "return_tokens": True, "stream": False,
-    })
+async def _next_token_top(post_json: PostJson, prompt_ids: list[int], top: int) -> list[Any]:
+    answer = await post_json(
+        "/completion",
+        {
+            "prompt": prompt_ids,
+            "n_predict": 1,
+            "n_probs": top,
+            "temperature": 0.0,
+            "logit_bias": [[_FORCED_TEXT, _FORCED_BIAS]],
+            "cache_prompt": True,
+            "return_tokens": True,
+            "stream": False,
+        },
+    )
     probs = answer.get("completion_probabilities") if isinstance(answer, dict) else None
-    if not isinstance(probs, list) or len(probs) != 1 or not isinstance(probs[0], dict) \
-            or not isinstance(probs[0].get("top_logprobs"), list):
+    if (
+        not isinstance(probs, list)
+        or len(probs) != 1
+        or not isinstance(probs[0], dict)
+        or not isinstance(probs[0].get("top_logprobs"), list)
+    ):
         raise BackendError("llama.cpp scoring: no top_logprobs for the forced token")
     return probs[0]["top_logprobs"]
 
 
-async def fill_missing(post_json: PostJson, prompt_ids: list[int], response_ids: list[int],
-                       logprobs: list[float], backend: str) -> list[int]:
+async def fill_missing(
+    post_json: PostJson,
+    prompt_ids: list[int],
+    response_ids: list[int],
+    logprobs: list[float],
+    backend: str,
+) -> list[int]:
     """Score every :data:`MISSING` logprob again, in place.
 
     Args:
@@ -264,6 +302,10 @@ async def fill_missing(post_json: PostJson, prompt_ids: list[int], response_ids:
     scores = await score_positions(post_json, prompt_ids, response_ids, positions)
     for position, value in scores.items():
         logprobs[position] = value
-    log.info("logprobs_recomputed", backend=backend, positions=positions,
-             num_response_tokens=len(response_ids))
+    log.info(
+        "logprobs_recomputed",
+        backend=backend,
+        positions=positions,
+        num_response_tokens=len(response_ids),
+    )
     return positions

@@ -32,8 +32,14 @@ from rolloutd.proxy.backends.base import (
 )
 from rolloutd.proxy.backends.http import new_client, post_json, sse_events
 
-_FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
-           "function_call": "tool_calls", "eos": "stop", "end_turn": "stop"}
+_FINISH = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "eos": "stop",
+    "end_turn": "stop",
+}
 
 
 class OpenAIChatBackend(Backend):
@@ -52,10 +58,18 @@ class OpenAIChatBackend(Backend):
 
     type = "openai"
 
-    def __init__(self, name: str, url: str, *, policy_version: int = 0,
-                 timeout_s: float = 600.0, api_key: str | None = None, model: str | None = None,
-                 ctx_size: int | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        *,
+        policy_version: int = 0,
+        timeout_s: float = 600.0,
+        api_key: str | None = None,
+        model: str | None = None,
+        ctx_size: int | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         super().__init__(name, url, policy_version=policy_version)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self.client = new_client(self.url, timeout_s, transport, headers)
@@ -72,8 +86,10 @@ class OpenAIChatBackend(Backend):
         Raises:
             ConfigError: always; open the session with ``capture_mode="passthrough"``.
         """
-        raise ConfigError(f"backend {self.name} ({self.type}) takes no token prompts: use "
-                          "capture_mode 'passthrough'")
+        raise ConfigError(
+            f"backend {self.name} ({self.type}) takes no token prompts: use "
+            "capture_mode 'passthrough'"
+        )
 
     async def context_size(self) -> int:
         """The configured context window (1,000,000 when unknown: the API bounds itself)."""
@@ -111,8 +127,12 @@ class OpenAIChatBackend(Backend):
             BackendError: transport failure, error status, a malformed chunk, or a stream
                 that ends without a ``finish_reason``.
         """
-        upstream = {**body, **self.chat_extras(), "stream": True,
-                    "stream_options": {"include_usage": True}}
+        upstream = {
+            **body,
+            **self.chat_extras(),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if self.model:
             upstream["model"] = self.model
         content: list[str] = []
@@ -130,8 +150,11 @@ class OpenAIChatBackend(Backend):
             if chunk.get("prompt_token_ids") is not None:
                 prompt_ids = chunk["prompt_token_ids"]
             choices = chunk.get("choices") or []
-            if not isinstance(choices, list) or len(choices) > 1 \
-                    or (choices and not isinstance(choices[0], dict)):
+            if (
+                not isinstance(choices, list)
+                or len(choices) > 1
+                or (choices and not isinstance(choices[0], dict))
+            ):
                 raise BackendError(f"backend {self.name}: expected one choice per chunk")
             text, thought = "", ""
             if choices:
@@ -161,8 +184,10 @@ class OpenAIChatBackend(Backend):
                 yield ChatDelta(content=text, reasoning=thought)
         if finish is None:
             raise BackendError(f"backend {self.name}: stream ended without a finish_reason")
-        message: dict[str, Any] = {"role": "assistant",
-                                   "content": "".join(content) if any(content) else None}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(content) if any(content) else None,
+        }
         if any(reasoning):
             message["reasoning_content"] = "".join(reasoning)
         if tool_calls:
@@ -172,8 +197,7 @@ class OpenAIChatBackend(Backend):
             choice["token_ids"] = token_ids
         if logprobs:
             choice["logprobs"] = {"content": logprobs}
-        answer: dict[str, Any] = {"object": "chat.completion", "choices": [choice],
-                                  "usage": usage}
+        answer: dict[str, Any] = {"object": "chat.completion", "choices": [choice], "usage": usage}
         if prompt_ids is not None:
             answer["prompt_token_ids"] = prompt_ids
         yield ChatDelta(result=self.parse_chat(answer))
@@ -185,8 +209,11 @@ class OpenAIChatBackend(Backend):
             BackendError: no single choice with a message.
         """
         choices = answer.get("choices")
-        if not isinstance(choices, list) or len(choices) != 1 \
-                or not isinstance(choices[0].get("message"), dict):
+        if (
+            not isinstance(choices, list)
+            or len(choices) != 1
+            or not isinstance(choices[0].get("message"), dict)
+        ):
             raise BackendError(f"backend {self.name}: expected one choice with a message")
         choice = choices[0]
         raw = choice["message"]
@@ -200,9 +227,12 @@ class OpenAIChatBackend(Backend):
         if message.get("tool_calls"):
             finish = "tool_calls"
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
-        return ChatResult(message=message, finish_reason=finish,  # type: ignore[arg-type]
-                          num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                          num_completion_tokens=int(usage.get("completion_tokens") or 0))
+        return ChatResult(
+            message=message,
+            finish_reason=finish,  # type: ignore[arg-type]
+            num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            num_completion_tokens=int(usage.get("completion_tokens") or 0),
+        )
 
 
 def _merge_tool_call(calls: dict[int, dict[str, Any]], part: Any, backend: str) -> None:
@@ -215,8 +245,9 @@ def _merge_tool_call(calls: dict[int, dict[str, Any]], part: Any, backend: str) 
     if not isinstance(part, dict):
         raise BackendError(f"backend {backend}: a streamed tool call is not an object")
     index = part.get("index", len(calls))
-    call = calls.setdefault(index, {"id": None, "type": "function",
-                                    "function": {"name": "", "arguments": ""}})
+    call = calls.setdefault(
+        index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+    )
     if part.get("id"):
         call["id"] = part["id"]
     if part.get("type"):

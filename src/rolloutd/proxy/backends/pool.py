@@ -70,20 +70,37 @@ def backend_urls(setting: str | None) -> list[str]:
     return [url.strip().rstrip("/") for url in setting.split(",") if url.strip()]
 
 
-def make_backend(backend_type: str, name: str, url: str, *, policy_version: int = 0,
-                 timeout_s: float = 600.0, ctx_size: int | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> Backend:
+def make_backend(
+    backend_type: str,
+    name: str,
+    url: str,
+    *,
+    policy_version: int = 0,
+    timeout_s: float = 600.0,
+    ctx_size: int | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> Backend:
     """A backend client of ``backend_type`` (``llama_cpp``, ``vllm``, ``sglang``, ``openai``).
 
     Raises:
         ConfigError: an unknown type.
     """
-    kinds: dict[str, type[Backend]] = {"llama_cpp": LlamaCppBackend, "vllm": VllmBackend,
-                                       "sglang": SglangBackend, "openai": OpenAIChatBackend}
+    kinds: dict[str, type[Backend]] = {
+        "llama_cpp": LlamaCppBackend,
+        "vllm": VllmBackend,
+        "sglang": SglangBackend,
+        "openai": OpenAIChatBackend,
+    }
     if backend_type not in kinds:
         raise ConfigError(f"unknown backend type {backend_type!r}; known: {', '.join(kinds)}")
-    return kinds[backend_type](name, url, policy_version=policy_version,  # type: ignore[call-arg]
-                               timeout_s=timeout_s, ctx_size=ctx_size, transport=transport)
+    return kinds[backend_type](
+        name,
+        url,
+        policy_version=policy_version,  # type: ignore[call-arg]
+        timeout_s=timeout_s,
+        ctx_size=ctx_size,
+        transport=transport,
+    )
 
 
 class BackendSpec(BaseModel):
@@ -169,11 +186,19 @@ class BackendPool(PoolHealth):
         ConfigError: two backends share a name.
     """
 
-    def __init__(self, backends: Iterable[Backend] = (), *, store: BlobStore | None = None,
-                 factory: BackendFactory | None = None, managed: bool = False,
-                 wait_s: float = 600.0, paused: Iterable[str] = (),
-                 refresh_s: float = 1.0, updated_at: float = 0.0,
-                 probe_transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        backends: Iterable[Backend] = (),
+        *,
+        store: BlobStore | None = None,
+        factory: BackendFactory | None = None,
+        managed: bool = False,
+        wait_s: float = 600.0,
+        paused: Iterable[str] = (),
+        refresh_s: float = 1.0,
+        updated_at: float = 0.0,
+        probe_transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.store = store
         #: the client of health probes (:func:`rolloutd.proxy.backends.health.probe`)
         self._probe_http = httpx.AsyncClient(transport=probe_transport)
@@ -181,8 +206,11 @@ class BackendPool(PoolHealth):
         #: ``updated_at`` of the stored state this pool last wrote or loaded
         self._updated_at = updated_at
         self._checked_at = time.monotonic()
-        self.factory = factory or (lambda spec: make_backend(
-            spec.type, spec.name, spec.url, policy_version=spec.policy_version))
+        self.factory = factory or (
+            lambda spec: make_backend(
+                spec.type, spec.name, spec.url, policy_version=spec.policy_version
+            )
+        )
         self.managed = managed
         self.wait_s = wait_s
         self._slots: dict[str, _Slot] = {}
@@ -193,17 +221,26 @@ class BackendPool(PoolHealth):
         for backend in backends:
             if backend.name in self._slots:
                 raise ConfigError(f"backend {backend.name!r} is registered already")
-            spec = BackendSpec(name=backend.name, type=_type_of(backend), url=backend.url,
-                               policy_version=backend.policy_version,
-                               paused=backend.name in paused_names, added_at=time.time())
+            spec = BackendSpec(
+                name=backend.name,
+                type=_type_of(backend),
+                url=backend.url,
+                policy_version=backend.policy_version,
+                paused=backend.name in paused_names,
+                added_at=time.time(),
+            )
             self._slots[backend.name] = _Slot(backend, spec)
             log.info("backend_added", **backend.describe())
 
     @classmethod
-    def from_settings(cls, settings: GatewaySettings, *,
-                      transport: httpx.AsyncBaseTransport | None = None,
-                      ctx_size: int | None = None, store: BlobStore | None = None
-                      ) -> BackendPool:
+    def from_settings(
+        cls,
+        settings: GatewaySettings,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        ctx_size: int | None = None,
+        store: BlobStore | None = None,
+    ) -> BackendPool:
         """The stored pool when an admin has managed it, else one backend per URL of
         ``settings.backend_url`` (policy version ``settings.backend_policy_version``, named
         by URL).
@@ -218,27 +255,50 @@ class BackendPool(PoolHealth):
         Raises:
             ConfigError: an unknown backend type.
         """
+
         def factory(spec: BackendSpec) -> Backend:
-            return make_backend(spec.type, spec.name, spec.url,
-                                policy_version=spec.policy_version,
-                                timeout_s=settings.backend_timeout_s, ctx_size=ctx_size,
-                                transport=transport)
+            return make_backend(
+                spec.type,
+                spec.name,
+                spec.url,
+                policy_version=spec.policy_version,
+                timeout_s=settings.backend_timeout_s,
+                ctx_size=ctx_size,
+                transport=transport,
+            )
 
         stored = load_pool_state(store) if store is not None else None
         if stored is not None and stored.managed:
-            pool = cls((factory(spec) for spec in stored.backends), store=store,
-                       factory=factory, managed=True, wait_s=settings.backend_wait_s,
-                       paused=[s.name for s in stored.backends if s.paused],
-                       refresh_s=settings.pool_refresh_s, updated_at=stored.updated_at,
-                       probe_transport=transport)
+            pool = cls(
+                (factory(spec) for spec in stored.backends),
+                store=store,
+                factory=factory,
+                managed=True,
+                wait_s=settings.backend_wait_s,
+                paused=[s.name for s in stored.backends if s.paused],
+                refresh_s=settings.pool_refresh_s,
+                updated_at=stored.updated_at,
+                probe_transport=transport,
+            )
             log.info("backend_pool_loaded", num_backends=len(stored.backends))
             return pool
-        specs = [BackendSpec(name=url, type=settings.backend_type, url=url,
-                             policy_version=settings.backend_policy_version)
-                 for url in backend_urls(settings.backend_url)]
-        pool = cls((factory(spec) for spec in specs), store=store, factory=factory,
-                   wait_s=settings.backend_wait_s, refresh_s=settings.pool_refresh_s,
-                   probe_transport=transport)
+        specs = [
+            BackendSpec(
+                name=url,
+                type=settings.backend_type,
+                url=url,
+                policy_version=settings.backend_policy_version,
+            )
+            for url in backend_urls(settings.backend_url)
+        ]
+        pool = cls(
+            (factory(spec) for spec in specs),
+            store=store,
+            factory=factory,
+            wait_s=settings.backend_wait_s,
+            refresh_s=settings.pool_refresh_s,
+            probe_transport=transport,
+        )
         if store is not None:
             state = pool.state()
             store.put_json(POOL_KEY, state)
@@ -268,8 +328,11 @@ class BackendPool(PoolHealth):
 
     def state(self) -> PoolState:
         """The durable state of the pool as it is now."""
-        return PoolState(backends=[s.spec for s in self._slots.values()], managed=self.managed,
-                         updated_at=time.time())
+        return PoolState(
+            backends=[s.spec for s in self._slots.values()],
+            managed=self.managed,
+            updated_at=time.time(),
+        )
 
     # -- sessions ----------------------------------------------------------------------------
     def assign(self) -> Backend:
@@ -335,11 +398,16 @@ class BackendPool(PoolHealth):
                 if not slot.health.healthy:
                     other = self._healthy_serving(slot.spec.policy_version)
                     if other is None:
-                        raise BackendUnavailableError(dead_message(
-                            slot.spec.name, slot.spec.policy_version, slot.health))
-                    log.info("backend_session_moved", moved_from=name, moved_to=other.spec.name,
-                             policy_version=slot.spec.policy_version,
-                             reason=slot.health.last_error)
+                        raise BackendUnavailableError(
+                            dead_message(slot.spec.name, slot.spec.policy_version, slot.health)
+                        )
+                    log.info(
+                        "backend_session_moved",
+                        moved_from=name,
+                        moved_to=other.spec.name,
+                        policy_version=slot.spec.policy_version,
+                        reason=slot.health.last_error,
+                    )
                     moved_from = moved_from or name
                     self.release(name)
                     other.num_assigned += 1
@@ -365,20 +433,27 @@ class BackendPool(PoolHealth):
         Returns:
             Whether the pool changed.
         """
-        if self.store is None or (not force
-                                  and time.monotonic() - self._checked_at < self.refresh_s):
+        if self.store is None or (
+            not force and time.monotonic() - self._checked_at < self.refresh_s
+        ):
             return False
         self._checked_at = time.monotonic()
         async with self._admin_lock:
             stored = await asyncio.to_thread(load_pool_state, self.store)
             if stored is None or not stored.managed or stored.updated_at == self._updated_at:
                 return False
-            new = {spec.name: self.factory(spec) for spec in stored.backends
-                   if spec.name not in self._slots}
+            new = {
+                spec.name: self.factory(spec)
+                for spec in stored.backends
+                if spec.name not in self._slots
+            }
             await self._apply(stored.backends, new=new)
             self._updated_at = stored.updated_at
-        log.info("backend_pool_reloaded", backends=[s.name for s in stored.backends],
-                 paused=[s.name for s in stored.backends if s.paused])
+        log.info(
+            "backend_pool_reloaded",
+            backends=[s.name for s in stored.backends],
+            paused=[s.name for s in stored.backends if s.paused],
+        )
         return True
 
     def release_lease(self, lease: Lease) -> None:
@@ -403,8 +478,14 @@ class BackendPool(PoolHealth):
             self.release_lease(held)
 
     # -- admin -------------------------------------------------------------------------------
-    async def add(self, url: str, *, type: BackendType = "llama_cpp", name: str | None = None,
-                  policy_version: int | None = None) -> dict[str, Any]:
+    async def add(
+        self,
+        url: str,
+        *,
+        type: BackendType = "llama_cpp",
+        name: str | None = None,
+        policy_version: int | None = None,
+    ) -> dict[str, Any]:
         """Register a backend (persisted first). Adding the same name with the same URL and
         type again is a no-op that may update the policy version.
 
@@ -419,15 +500,26 @@ class BackendPool(PoolHealth):
         async with self._admin_lock:
             if slot := self._slots.get(name):
                 if (slot.spec.url, slot.spec.type) != (url, type):
-                    raise ConflictError(f"backend {name!r} is registered with "
-                                        f"{slot.spec.type} {slot.spec.url}")
+                    raise ConflictError(
+                        f"backend {name!r} is registered with {slot.spec.type} {slot.spec.url}"
+                    )
                 if policy_version is not None:
-                    await self._commit([
-                        s.model_copy(update={"policy_version": policy_version})
-                        if s.name == name else s for s in self._specs()])
+                    await self._commit(
+                        [
+                            s.model_copy(update={"policy_version": policy_version})
+                            if s.name == name
+                            else s
+                            for s in self._specs()
+                        ]
+                    )
                 return _describe(slot)
-            spec = BackendSpec(name=name, type=type, url=url, policy_version=policy_version or 0,
-                               added_at=time.time())
+            spec = BackendSpec(
+                name=name,
+                type=type,
+                url=url,
+                policy_version=policy_version or 0,
+                added_at=time.time(),
+            )
             backend = self.factory(spec)
             try:
                 await self._commit([*self._specs(), spec], new={name: backend})
@@ -454,8 +546,9 @@ class BackendPool(PoolHealth):
             log.info("backend_removed", name=target)
         return targets
 
-    async def set_paused(self, paused: bool, names: list[str] | None = None, *,
-                         drain_timeout_s: float = 0.0) -> dict[str, Any]:
+    async def set_paused(
+        self, paused: bool, names: list[str] | None = None, *, drain_timeout_s: float = 0.0
+    ) -> dict[str, Any]:
         """Pause or resume backends (all when ``names`` is None); pausing then waits up to
         ``drain_timeout_s`` for their calls in flight to finish.
 
@@ -467,16 +560,24 @@ class BackendPool(PoolHealth):
         """
         async with self._admin_lock:
             targets = self._targets(names)
-            await self._commit([s.model_copy(update={"paused": paused})
-                                if s.name in targets else s for s in self._specs()])
+            await self._commit(
+                [
+                    s.model_copy(update={"paused": paused}) if s.name in targets else s
+                    for s in self._specs()
+                ]
+            )
             slots = [self._slots[t] for t in targets]
             if not paused:  # an engine restarted for the update is given a fresh start
                 for slot in slots:
                     slot.health = BackendHealth()
         log.info("backends_paused" if paused else "backends_resumed", names=targets)
         num_in_flight = await self.drain(slots, drain_timeout_s) if paused else 0
-        return {"backends": targets, "paused": paused, "drained": num_in_flight == 0,
-                "num_in_flight": num_in_flight}
+        return {
+            "backends": targets,
+            "paused": paused,
+            "drained": num_in_flight == 0,
+            "num_in_flight": num_in_flight,
+        }
 
     async def drain(self, slots: list[_Slot], timeout_s: float) -> int:
         """Wait up to ``timeout_s`` until no call is in flight on ``slots``.
@@ -492,8 +593,9 @@ class BackendPool(PoolHealth):
                 await asyncio.wait_for(changed.wait(), deadline - loop.time())
         return num
 
-    async def set_policy_version(self, policy_version: int, names: list[str] | None = None
-                                 ) -> list[str]:
+    async def set_policy_version(
+        self, policy_version: int, names: list[str] | None = None
+    ) -> list[str]:
         """Set the policy version stamped on later completions (all backends by default).
 
         Raises:
@@ -504,8 +606,14 @@ class BackendPool(PoolHealth):
             raise ValueError("policy_version must be >= 0")
         async with self._admin_lock:
             targets = self._targets(names)
-            await self._commit([s.model_copy(update={"policy_version": policy_version})
-                                if s.name in targets else s for s in self._specs()])
+            await self._commit(
+                [
+                    s.model_copy(update={"policy_version": policy_version})
+                    if s.name in targets
+                    else s
+                    for s in self._specs()
+                ]
+            )
         log.info("policy_version_set", policy_version=policy_version, names=targets)
         return targets
 
@@ -520,8 +628,9 @@ class BackendPool(PoolHealth):
             raise NotFoundError(f"no backend named {', '.join(map(repr, unknown))}")
         return list(dict.fromkeys(names))
 
-    async def _commit(self, specs: list[BackendSpec], *,
-                      new: dict[str, Backend] | None = None) -> None:
+    async def _commit(
+        self, specs: list[BackendSpec], *, new: dict[str, Backend] | None = None
+    ) -> None:
         """Make ``specs`` the pool: persisted first (a failed write changes nothing), then
         applied in memory. Call with the admin lock held.
 
@@ -535,8 +644,9 @@ class BackendPool(PoolHealth):
             self._updated_at = state.updated_at
         await self._apply(specs, new=new)
 
-    async def _apply(self, specs: list[BackendSpec], *,
-                     new: dict[str, Backend] | None = None) -> None:
+    async def _apply(
+        self, specs: list[BackendSpec], *, new: dict[str, Backend] | None = None
+    ) -> None:
         """Make ``specs`` the pool in memory (clients of removed backends close when their
         last call ends). Call with the admin lock held."""
         slots: dict[str, _Slot] = {}
@@ -569,8 +679,12 @@ class BackendPool(PoolHealth):
 
 
 def _describe(slot: _Slot) -> dict[str, Any]:
-    return {**slot.spec.model_dump(exclude={"added_at"}), "num_assigned": slot.num_assigned,
-            "num_in_flight": slot.num_in_flight, **slot.health.describe()}
+    return {
+        **slot.spec.model_dump(exclude={"added_at"}),
+        "num_assigned": slot.num_assigned,
+        "num_in_flight": slot.num_in_flight,
+        **slot.health.describe(),
+    }
 
 
 def _type_of(backend: Backend) -> BackendType:

@@ -59,8 +59,9 @@ class BackendCapacity:
         backend_slots: slots of every backend; None: ask llama-server, else 1.
     """
 
-    def __init__(self, pool: BackendPool, *, max_sessions_per_slot: float | None,
-                 backend_slots: int | None) -> None:
+    def __init__(
+        self, pool: BackendPool, *, max_sessions_per_slot: float | None, backend_slots: int | None
+    ) -> None:
         self.pool = pool
         self.max_sessions_per_slot = max_sessions_per_slot
         self.backend_slots = backend_slots
@@ -94,9 +95,15 @@ class BackendCapacity:
         rows = self.pool.describe()
         num_slots = sum(self._slots.get((r["name"], r["url"]), 1) for r in rows)
         num_open = sum(int(r["num_assigned"]) for r in rows)
-        max_sessions = (None if self.max_sessions_per_slot is None
-                        else max(1, math.ceil(self.max_sessions_per_slot * num_slots)))
-        return Saturation(num_sessions_open=num_open, num_slots=num_slots,
-                          num_in_flight=sum(int(r["num_in_flight"]) for r in rows),
-                          max_sessions=max_sessions,
-                          saturated=max_sessions is not None and num_open >= max_sessions)
+        max_sessions = (
+            None
+            if self.max_sessions_per_slot is None
+            else max(1, math.ceil(self.max_sessions_per_slot * num_slots))
+        )
+        return Saturation(
+            num_sessions_open=num_open,
+            num_slots=num_slots,
+            num_in_flight=sum(int(r["num_in_flight"]) for r in rows),
+            max_sessions=max_sessions,
+            saturated=max_sessions is not None and num_open >= max_sessions,
+        )

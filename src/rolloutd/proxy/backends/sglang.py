@@ -35,15 +35,25 @@ from rolloutd.proxy.backends.http import (
 def generate_body(request: GenerateRequest, *, stream: bool) -> dict[str, Any]:
     """The JSON body of ``POST /generate`` for ``request``."""
     sampling: dict[str, Any] = {
-        "max_new_tokens": request.max_tokens, "temperature": request.temperature,
-        "top_p": request.top_p, "top_k": request.top_k if request.top_k > 0 else -1,
-        "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
-        "presence_penalty": 0.0, "skip_special_tokens": False, "no_stop_trim": True,
+        "max_new_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k if request.top_k > 0 else -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
     }
     if request.seed is not None:
         sampling["sampling_seed"] = request.seed
-    return {"input_ids": request.prompt_value(), "sampling_params": sampling,
-            "return_logprob": True, "stream": stream}
+    return {
+        "input_ids": request.prompt_value(),
+        "sampling_params": sampling,
+        "return_logprob": True,
+        "stream": stream,
+    }
 
 
 def token_logprobs(meta: dict[str, Any], where: str) -> tuple[list[int], list[float]]:
@@ -54,13 +64,18 @@ def token_logprobs(meta: dict[str, Any], where: str) -> tuple[list[int], list[fl
     """
     entries = meta.get("output_token_logprobs")
     if not isinstance(entries, list):
-        raise BackendError(f"SGLang {where}: no meta_info.output_token_logprobs "
-                           "(return_logprob was sent)")
+        raise BackendError(
+            f"SGLang {where}: no meta_info.output_token_logprobs (return_logprob was sent)"
+        )
     ids, logprobs = [], []
     for entry in entries:
-        if not isinstance(entry, list | tuple) or len(entry) < 2 \
-                or not isinstance(entry[0], int | float) or isinstance(entry[1], bool) \
-                or not isinstance(entry[1], int):
+        if (
+            not isinstance(entry, list | tuple)
+            or len(entry) < 2
+            or not isinstance(entry[0], int | float)
+            or isinstance(entry[1], bool)
+            or not isinstance(entry[1], int)
+        ):
             raise BackendError(f"SGLang {where}: malformed output_token_logprobs entry")
         logprobs.append(float(entry[0]))
         ids.append(entry[1])
@@ -73,8 +88,7 @@ def _finish(meta: dict[str, Any], ids: list[int], where: str) -> tuple[str, bool
     if kind not in ("stop", "length"):
         raise BackendError(f"SGLang {where}: unexpected finish_reason {finish!r}")
     matched = finish.get("matched")  # type: ignore[union-attr]
-    ended_by_eos = kind == "stop" and isinstance(matched, int) and bool(ids) \
-        and ids[-1] == matched
+    ended_by_eos = kind == "stop" and isinstance(matched, int) and bool(ids) and ids[-1] == matched
     return kind, ended_by_eos
 
 
@@ -92,9 +106,16 @@ class SglangBackend(Backend):
 
     type = "sglang"
 
-    def __init__(self, name: str, url: str, *, policy_version: int = 0,
-                 timeout_s: float = 600.0, ctx_size: int | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        *,
+        policy_version: int = 0,
+        timeout_s: float = 600.0,
+        ctx_size: int | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         super().__init__(name, url, policy_version=policy_version)
         self.client = new_client(self.url, timeout_s, transport)
         self._ctx_size = ctx_size
@@ -118,12 +139,14 @@ class SglangBackend(Backend):
             try:
                 self._ctx_size = int(response.json()["context_length"])
             except (ValueError, KeyError, TypeError) as e:
-                raise BackendError(f"backend {self.name}: /get_model_info has no "
-                                   "context_length") from e
+                raise BackendError(
+                    f"backend {self.name}: /get_model_info has no context_length"
+                ) from e
         return self._ctx_size
 
-    def _result(self, answer: dict[str, Any], where: str, first_token_s: float | None
-                ) -> GenerateResult:
+    def _result(
+        self, answer: dict[str, Any], where: str, first_token_s: float | None
+    ) -> GenerateResult:
         meta = answer.get("meta_info")
         if not isinstance(meta, dict):
             raise BackendError(f"SGLang {where}: no meta_info")
@@ -133,11 +156,16 @@ class SglangBackend(Backend):
             raise BackendError(f"SGLang {where}: output_ids differ from the logprob token ids")
         reason, ended_by_eos = _finish(meta, ids, where)
         return GenerateResult(
-            response_ids=ids, response_logprobs=logprobs, text=str(answer.get("text") or ""),
-            finish_reason=reason, ended_by_eos=ended_by_eos,  # type: ignore[arg-type]
+            response_ids=ids,
+            response_logprobs=logprobs,
+            text=str(answer.get("text") or ""),
+            finish_reason=reason,
+            ended_by_eos=ended_by_eos,  # type: ignore[arg-type]
             num_prompt_tokens=int(meta.get("prompt_tokens") or 0),
             num_cached_tokens=int(meta.get("cached_tokens") or 0),
-            first_token_s=first_token_s, raw={"finish_reason": meta.get("finish_reason")})
+            first_token_s=first_token_s,
+            raw={"finish_reason": meta.get("finish_reason")},
+        )
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Sample with one ``POST /generate``.
@@ -145,8 +173,9 @@ class SglangBackend(Backend):
         Raises:
             BackendError: HTTP error or a malformed answer.
         """
-        answer = await post_json(self, self.client, "/generate",
-                                 generate_body(request, stream=False))
+        answer = await post_json(
+            self, self.client, "/generate", generate_body(request, stream=False)
+        )
         return self._result(answer, "response", None)
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateDelta]:
@@ -157,8 +186,9 @@ class SglangBackend(Backend):
         """
         started, first_token_s = time.monotonic(), None
         num_ids, sent_text = 0, ""
-        async for event in sse_events(self, self.client, "/generate",
-                                      generate_body(request, stream=True)):
+        async for event in sse_events(
+            self, self.client, "/generate", generate_body(request, stream=True)
+        ):
             meta = event.get("meta_info") if isinstance(event.get("meta_info"), dict) else {}
             ids, logprobs = token_logprobs(meta, "stream event")
             text = str(event.get("text") or "")
@@ -167,9 +197,11 @@ class SglangBackend(Backend):
             if len(ids) > num_ids and first_token_s is None:
                 first_token_s = time.monotonic() - started
             if len(ids) > num_ids or len(text) > len(sent_text):
-                yield GenerateDelta(response_ids=ids[num_ids:],
-                                    response_logprobs=logprobs[num_ids:],
-                                    text=text[len(sent_text):])
+                yield GenerateDelta(
+                    response_ids=ids[num_ids:],
+                    response_logprobs=logprobs[num_ids:],
+                    text=text[len(sent_text) :],
+                )
             num_ids, sent_text = len(ids), text
             if meta.get("finish_reason") is not None:
                 yield GenerateDelta(result=self._result(event, "stream", first_token_s))

@@ -38,16 +38,25 @@ from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
 _TOKEN_ID = re.compile(r"token_id:(\d+)")
 
 
-def completions_body(request: GenerateRequest, *, model: str | None, stream: bool
-                     ) -> dict[str, Any]:
+def completions_body(
+    request: GenerateRequest, *, model: str | None, stream: bool
+) -> dict[str, Any]:
     """The JSON body of ``POST /v1/completions`` for ``request``."""
     body: dict[str, Any] = {
-        "prompt": request.prompt_value(), "max_tokens": request.max_tokens,
-        "temperature": request.temperature, "top_p": request.top_p,
-        "top_k": request.top_k if request.top_k > 0 else -1, "min_p": 0.0,
-        "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-        "logprobs": 1, "return_token_ids": True, "return_tokens_as_token_ids": True,
-        "skip_special_tokens": False, "spaces_between_special_tokens": False,
+        "prompt": request.prompt_value(),
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k if request.top_k > 0 else -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "logprobs": 1,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
         "stream": stream,
     }
     if request.seed is not None:
@@ -117,12 +126,12 @@ class VllmBackend(OpenAIChatBackend):
             raise_for_status(self, response)
             try:
                 data = response.json()["data"]
-                entry = next((m for m in data if not self.model or m.get("id") == self.model),
-                             data[0])
+                entry = next(
+                    (m for m in data if not self.model or m.get("id") == self.model), data[0]
+                )
                 self._ctx_size = int(entry["max_model_len"])
             except (ValueError, KeyError, IndexError, TypeError) as e:
-                raise BackendError(f"backend {self.name}: /v1/models has no max_model_len") \
-                    from e
+                raise BackendError(f"backend {self.name}: /v1/models has no max_model_len") from e
         return self._ctx_size
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -132,17 +141,25 @@ class VllmBackend(OpenAIChatBackend):
             BackendError: HTTP error or a malformed answer.
             rolloutd.errors.ContextLengthError: vLLM says the prompt is too long.
         """
-        answer = await post_json(self, self.client, "/v1/completions",
-                                 completions_body(request, model=self.model, stream=False))
+        answer = await post_json(
+            self,
+            self.client,
+            "/v1/completions",
+            completions_body(request, model=self.model, stream=False),
+        )
         choice = _choice(answer, "response")
         ids, logprobs = choice_tokens(choice, "response")
         reason, ended_by_eos = _finish(choice, ids, "response")
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
         return GenerateResult(
-            response_ids=ids, response_logprobs=logprobs, text=str(choice.get("text") or ""),
-            finish_reason=reason, ended_by_eos=ended_by_eos,  # type: ignore[arg-type]
+            response_ids=ids,
+            response_logprobs=logprobs,
+            text=str(choice.get("text") or ""),
+            finish_reason=reason,
+            ended_by_eos=ended_by_eos,  # type: ignore[arg-type]
             num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            raw={"stop_reason": choice.get("stop_reason")})
+            raw={"stop_reason": choice.get("stop_reason")},
+        )
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateDelta]:
         """Sample with ``stream: true``: one delta per chunk, then the result.
@@ -166,15 +183,22 @@ class VllmBackend(OpenAIChatBackend):
             logprobs += new_logprobs
             texts.append(str(choice.get("text") or ""))
             if new_ids or texts[-1]:
-                yield GenerateDelta(response_ids=new_ids, response_logprobs=new_logprobs,
-                                    text=texts[-1])
+                yield GenerateDelta(
+                    response_ids=new_ids, response_logprobs=new_logprobs, text=texts[-1]
+                )
             if choice.get("finish_reason") is not None:
                 reason, ended_by_eos = _finish(choice, ids, "stream")
-                yield GenerateDelta(result=GenerateResult(
-                    response_ids=ids, response_logprobs=logprobs, text="".join(texts),
-                    finish_reason=reason, ended_by_eos=ended_by_eos,  # type: ignore[arg-type]
-                    first_token_s=first_token_s,
-                    raw={"stop_reason": choice.get("stop_reason")}))
+                yield GenerateDelta(
+                    result=GenerateResult(
+                        response_ids=ids,
+                        response_logprobs=logprobs,
+                        text="".join(texts),
+                        finish_reason=reason,
+                        ended_by_eos=ended_by_eos,  # type: ignore[arg-type]
+                        first_token_s=first_token_s,
+                        raw={"stop_reason": choice.get("stop_reason")},
+                    )
+                )
                 return
         raise BackendError(f"backend {self.name}: stream ended without a finish_reason")
 
@@ -198,9 +222,11 @@ class VllmBackend(OpenAIChatBackend):
         result.prompt_ids = int_list(prompt_ids, "chat response")
         result.response_ids = int_list(choice["token_ids"], "chat response")
         result.response_logprobs = float_list(
-            [c.get("logprob") if isinstance(c, dict) else None for c in content],
-            "chat response")
+            [c.get("logprob") if isinstance(c, dict) else None for c in content], "chat response"
+        )
         if len(result.response_ids) != len(result.response_logprobs):
-            raise BackendError(f"backend {self.name}: {len(result.response_ids)} token ids "
-                               f"but {len(result.response_logprobs)} logprobs")
+            raise BackendError(
+                f"backend {self.name}: {len(result.response_ids)} token ids "
+                f"but {len(result.response_logprobs)} logprobs"
+            )
         return result

@@ -106,8 +106,7 @@ class CountTokensRequest(MessagesRequest):
 
 def _block_text(block: dict[str, Any], where: str) -> str:
     if block.get("type") != "text" or not isinstance(block.get("text"), str):
-        raise RequestFieldError(f"a {block.get('type')!r} block is not supported here",
-                                param=where)
+        raise RequestFieldError(f"a {block.get('type')!r} block is not supported here", param=where)
     return block["text"]
 
 
@@ -129,16 +128,25 @@ def _user(message: Message, i: int) -> list[dict[str, Any]]:
         kind = block.get("type")
         if kind == "tool_result":
             if not isinstance(block.get("tool_use_id"), str):
-                raise RequestFieldError("tool_result needs tool_use_id",
-                                        param=f"messages.{i}.content.{j}.tool_use_id")
-            out.append({"role": "tool", "tool_call_id": block["tool_use_id"],
-                        "content": _tool_result_text(block.get("content"),
-                                                     f"messages.{i}.content.{j}.content")})
+                raise RequestFieldError(
+                    "tool_result needs tool_use_id", param=f"messages.{i}.content.{j}.tool_use_id"
+                )
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": block["tool_use_id"],
+                    "content": _tool_result_text(
+                        block.get("content"), f"messages.{i}.content.{j}.content"
+                    ),
+                }
+            )
         elif kind in ("text", "image", "document"):
             parts.append(block)
         else:
-            raise RequestFieldError(f"a {kind!r} block is not supported in a user message",
-                                    param=f"messages.{i}.content.{j}.type")
+            raise RequestFieldError(
+                f"a {kind!r} block is not supported in a user message",
+                param=f"messages.{i}.content.{j}.type",
+            )
     if parts:
         out.append({"role": "user", "content": content_text(parts)})
     return out
@@ -158,16 +166,28 @@ def _assistant(message: Message, i: int) -> dict[str, Any]:
             continue
         elif kind == "tool_use":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                raise RequestFieldError("tool_use needs id and name",
-                                        param=f"messages.{i}.content.{j}")
-            calls.append({"id": block["id"], "type": "function",
-                          "function": {"name": block["name"],
-                                       "arguments": arguments_json(block.get("input", {}))}})
+                raise RequestFieldError(
+                    "tool_use needs id and name", param=f"messages.{i}.content.{j}"
+                )
+            calls.append(
+                {
+                    "id": block["id"],
+                    "type": "function",
+                    "function": {
+                        "name": block["name"],
+                        "arguments": arguments_json(block.get("input", {})),
+                    },
+                }
+            )
         else:
-            raise RequestFieldError(f"a {kind!r} block is not supported in an assistant "
-                                    "message", param=f"messages.{i}.content.{j}.type")
-    out: dict[str, Any] = {"role": "assistant",
-                           "content": "".join(texts) if texts or not calls else None}
+            raise RequestFieldError(
+                f"a {kind!r} block is not supported in an assistant message",
+                param=f"messages.{i}.content.{j}.type",
+            )
+    out: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(texts) if texts or not calls else None,
+    }
     if reasoning is not None:
         out["reasoning_content"] = reasoning
     if calls:
@@ -180,8 +200,14 @@ def _system(request: MessagesRequest) -> list[dict[str, Any]]:
     if isinstance(request.system, str) and request.system:
         return [{"role": "system", "content": request.system}]
     if isinstance(request.system, list) and request.system:
-        return [{"role": "system", "content": "".join(
-            _block_text(b, f"system.{k}") for k, b in enumerate(request.system))}]
+        return [
+            {
+                "role": "system",
+                "content": "".join(
+                    _block_text(b, f"system.{k}") for k, b in enumerate(request.system)
+                ),
+            }
+        ]
     return []
 
 
@@ -193,19 +219,29 @@ def _conversation(wire_messages: list[Message], first: int) -> list[dict[str, An
             messages += _user(message, i)
         elif message.role == "system":
             if i == 0:
-                raise RequestFieldError("messages.0.role: the first message must be 'user' "
-                                        "or 'assistant'", param="messages.0.role")
-            messages.append({"role": "system", "content": message.content
-                             if isinstance(message.content, str) else "".join(
-                                 _block_text(b, f"messages.{i}.content.{k}")
-                                 for k, b in enumerate(message.content))})
+                raise RequestFieldError(
+                    "messages.0.role: the first message must be 'user' or 'assistant'",
+                    param="messages.0.role",
+                )
+            messages.append(
+                {
+                    "role": "system",
+                    "content": message.content
+                    if isinstance(message.content, str)
+                    else "".join(
+                        _block_text(b, f"messages.{i}.content.{k}")
+                        for k, b in enumerate(message.content)
+                    ),
+                }
+            )
         else:
             messages.append(_assistant(message, i))
     return messages
 
 
-def to_internal(request: MessagesRequest, body: dict[str, Any], *,
-                messages: list[dict[str, Any]] | None = None) -> InternalRequest:
+def to_internal(
+    request: MessagesRequest, body: dict[str, Any], *, messages: list[dict[str, Any]] | None = None
+) -> InternalRequest:
     """Translate a validated request (pure).
 
     Args:
@@ -229,10 +265,16 @@ def to_internal(request: MessagesRequest, body: dict[str, Any], *,
         function["parameters"] = tool.input_schema or {"type": "object", "properties": {}}
         tools.append({"type": "function", "function": function})
     return InternalRequest(
-        dialect=DIALECT, model=request.model, messages=messages, tools=tools,
-        sampling=SamplingOverrides(temperature=request.temperature, top_p=request.top_p,
-                                   max_tokens=request.max_tokens),
-        stream=request.stream, body=body)
+        dialect=DIALECT,
+        model=request.model,
+        messages=messages,
+        tools=tools,
+        sampling=SamplingOverrides(
+            temperature=request.temperature, top_p=request.top_p, max_tokens=request.max_tokens
+        ),
+        stream=request.stream,
+        body=body,
+    )
 
 
 def parse(body: Any, *, memo: RequestMemo | None = None) -> InternalRequest:
@@ -250,11 +292,11 @@ def parse(body: Any, *, memo: RequestMemo | None = None) -> InternalRequest:
     known, known_messages, _ = memo.known_prefix(DIALECT, system, raw)
     wire: MessagesRequest | None = None
     if known:
-        wire, start = validate_new_items(body, "messages", known,
-                                         lambda cut: validate(MessagesRequest, cut))
+        wire, start = validate_new_items(
+            body, "messages", known, lambda cut: validate(MessagesRequest, cut)
+        )
         if wire is not None:
-            messages = [*known_messages,
-                        *_conversation(wire.messages[known - start:], known)]
+            messages = [*known_messages, *_conversation(wire.messages[known - start :], known)]
     if wire is None:
         wire = validate(MessagesRequest, body)
         messages = [*_system(wire), *_conversation(wire.messages, 0)]
@@ -274,33 +316,55 @@ def request_from_internal(request: InternalRequest) -> dict[str, Any]:
     Consecutive tool messages become one user message of ``tool_result`` blocks.
     """
     messages = list(request.messages)
-    body: dict[str, Any] = {"model": request.model or "",
-                            "max_tokens": request.sampling.max_tokens or 1024,
-                            "stream": request.stream, "messages": []}
+    body: dict[str, Any] = {
+        "model": request.model or "",
+        "max_tokens": request.sampling.max_tokens or 1024,
+        "stream": request.stream,
+        "messages": [],
+    }
     if messages and messages[0]["role"] == "system":
         body["system"] = messages.pop(0)["content"]
     out = body["messages"]
     for m in messages:
         if m["role"] == "tool":
-            block = {"type": "tool_result", "tool_use_id": m["tool_call_id"],
-                     "content": m["content"]}
-            if out and out[-1]["role"] == "user" and out[-1]["content"] \
-                    and out[-1]["content"][-1]["type"] == "tool_result":
+            block = {
+                "type": "tool_result",
+                "tool_use_id": m["tool_call_id"],
+                "content": m["content"],
+            }
+            if (
+                out
+                and out[-1]["role"] == "user"
+                and out[-1]["content"]
+                and out[-1]["content"][-1]["type"] == "tool_result"
+            ):
                 out[-1]["content"].append(block)
             else:
                 out.append({"role": "user", "content": [block]})
         elif m["role"] in ("user", "system"):
-            out.append({"role": m["role"],
-                        "content": [{"type": "text", "text": m["content"]}]})
+            out.append({"role": m["role"], "content": [{"type": "text", "text": m["content"]}]})
         else:
-            out.append({"role": "assistant", "content": _assistant_blocks(
-                m.get("reasoning_content"), m.get("content"), m.get("tool_calls") or [])})
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": _assistant_blocks(
+                        m.get("reasoning_content"), m.get("content"), m.get("tool_calls") or []
+                    ),
+                }
+            )
     if request.tools:
-        body["tools"] = [{"name": t["function"]["name"],
-                          **({"description": t["function"]["description"]}
-                             if "description" in t["function"] else {}),
-                          "input_schema": t["function"].get("parameters", {})}
-                         for t in request.tools]
+        body["tools"] = [
+            {
+                "name": t["function"]["name"],
+                **(
+                    {"description": t["function"]["description"]}
+                    if "description" in t["function"]
+                    else {}
+                ),
+                "input_schema": t["function"].get("parameters", {}),
+            }
+            for t in request.tools
+        ]
     if request.sampling.temperature is not None:
         body["temperature"] = request.sampling.temperature
     if request.sampling.top_p is not None:
@@ -311,15 +375,23 @@ def request_from_internal(request: InternalRequest) -> dict[str, Any]:
 # --------------------------------------------------------------------------- responses
 
 
-def _assistant_blocks(reasoning: str | None, content: str | None,
-                      tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _assistant_blocks(
+    reasoning: str | None, content: str | None, tool_calls: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     if reasoning is not None:
         blocks.append({"type": "thinking", "thinking": reasoning, "signature": ""})
     if content or not tool_calls:
         blocks.append({"type": "text", "text": content or ""})
-    blocks += [{"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
-                "input": arguments_object(c["function"]["arguments"])} for c in tool_calls]
+    blocks += [
+        {
+            "type": "tool_use",
+            "id": c["id"],
+            "name": c["function"]["name"],
+            "input": arguments_object(c["function"]["arguments"]),
+        }
+        for c in tool_calls
+    ]
     return blocks
 
 
@@ -327,18 +399,24 @@ def _msg_id(response_id: str) -> str:
     return f"msg_{id_suffix(response_id)}"
 
 
-def response_json(response: InternalResponse, request: InternalRequest | None = None
-                  ) -> dict[str, Any]:
+def response_json(
+    response: InternalResponse, request: InternalRequest | None = None
+) -> dict[str, Any]:
     """The ``message`` object of a non-streamed answer."""
     return {
-        "id": _msg_id(response.id), "type": "message", "role": "assistant",
+        "id": _msg_id(response.id),
+        "type": "message",
+        "role": "assistant",
         "model": response.model,
-        "content": _assistant_blocks(response.reasoning, response.content,
-                                     response.tool_calls),
-        "stop_reason": _STOP[response.finish_reason], "stop_sequence": None,
-        "usage": {"input_tokens": response.usage.prompt_tokens,
-                  "output_tokens": response.usage.completion_tokens,
-                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+        "content": _assistant_blocks(response.reasoning, response.content, response.tool_calls),
+        "stop_reason": _STOP[response.finish_reason],
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": response.usage.prompt_tokens,
+            "output_tokens": response.usage.completion_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
     }
 
 
@@ -346,12 +424,19 @@ def response_to_internal(body: dict[str, Any]) -> InternalResponse:
     """A ``message`` object back to the internal answer (round-trip tests)."""
     assistant = _assistant(Message(role="assistant", content=body["content"]), 0)
     return InternalResponse(
-        id=body["id"], created=0, model=body["model"], text=assistant["content"] or "",
-        content=assistant["content"], reasoning=assistant.get("reasoning_content"),
+        id=body["id"],
+        created=0,
+        model=body["model"],
+        text=assistant["content"] or "",
+        content=assistant["content"],
+        reasoning=assistant.get("reasoning_content"),
         tool_calls=assistant.get("tool_calls", []),
         finish_reason=_FINISH[body["stop_reason"]],  # type: ignore[arg-type]
-        usage=Usage(prompt_tokens=body["usage"]["input_tokens"],
-                    completion_tokens=body["usage"]["output_tokens"]))
+        usage=Usage(
+            prompt_tokens=body["usage"]["input_tokens"],
+            completion_tokens=body["usage"]["output_tokens"],
+        ),
+    )
 
 
 # --------------------------------------------------------------------------- streaming
@@ -360,12 +445,12 @@ def response_to_internal(body: dict[str, Any]) -> InternalResponse:
 class Encoder:
     """The Messages event sequence of one answer::
 
-        message_start, ping,
-        [thinking block: content_block_start, thinking_delta..., signature_delta,
-         content_block_stop]
-        [text block: content_block_start, text_delta..., content_block_stop]
-        [per tool_use: content_block_start, input_json_delta, content_block_stop]
-        message_delta (stop_reason, usage.output_tokens), message_stop
+    message_start, ping,
+    [thinking block: content_block_start, thinking_delta..., signature_delta,
+     content_block_stop]
+    [text block: content_block_start, text_delta..., content_block_stop]
+    [per tool_use: content_block_start, input_json_delta, content_block_stop]
+    message_delta (stop_reason, usage.output_tokens), message_stop
     """
 
     def __init__(self, start: StreamStart, request: InternalRequest) -> None:
@@ -377,8 +462,12 @@ class Encoder:
         out = self._block_stop()
         self.index += 1
         self.open = kind
-        out.append(sse_named("content_block_start", {
-            "type": "content_block_start", "index": self.index, "content_block": block}))
+        out.append(
+            sse_named(
+                "content_block_start",
+                {"type": "content_block_start", "index": self.index, "content_block": block},
+            )
+        )
         return out
 
     def _block_stop(self) -> list[bytes]:
@@ -386,38 +475,55 @@ class Encoder:
         if self.open == "thinking":
             out.append(self._delta({"type": "signature_delta", "signature": ""}))
         if self.open is not None:
-            out.append(sse_named("content_block_stop",
-                                 {"type": "content_block_stop", "index": self.index}))
+            out.append(
+                sse_named("content_block_stop", {"type": "content_block_stop", "index": self.index})
+            )
         self.open = None
         return out
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
-        return sse_named("content_block_delta",
-                         {"type": "content_block_delta", "index": self.index, "delta": delta})
+        return sse_named(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": self.index, "delta": delta},
+        )
 
     def _text(self, kind: str, text: str) -> list[bytes]:
         out = []
         if self.open != kind:
-            block = ({"type": "thinking", "thinking": "", "signature": ""}
-                     if kind == "thinking" else {"type": "text", "text": ""})
+            block = (
+                {"type": "thinking", "thinking": "", "signature": ""}
+                if kind == "thinking"
+                else {"type": "text", "text": ""}
+            )
             out += self._block_start(kind, block)
         if text:
-            out.append(self._delta({"type": "thinking_delta", "thinking": text}
-                                   if kind == "thinking" else {"type": "text_delta",
-                                                               "text": text}))
+            out.append(
+                self._delta(
+                    {"type": "thinking_delta", "thinking": text}
+                    if kind == "thinking"
+                    else {"type": "text_delta", "text": text}
+                )
+            )
         return out
 
     def encode(self, event: StreamEvent) -> list[bytes]:
         """Events for one internal stream event."""
         if isinstance(event, StreamStart):
-            message = {"id": _msg_id(self.start.id), "type": "message", "role": "assistant",
-                       "model": self.start.model, "content": [], "stop_reason": None,
-                       "stop_sequence": None,
-                       # the prompt's tokens when known now (Anthropic streams them here)
-                       "usage": {"input_tokens": event.prompt_tokens or 0,
-                                 "output_tokens": 0}}
-            return [sse_named("message_start", {"type": "message_start", "message": message}),
-                    sse_named("ping", {"type": "ping"})]
+            message = {
+                "id": _msg_id(self.start.id),
+                "type": "message",
+                "role": "assistant",
+                "model": self.start.model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                # the prompt's tokens when known now (Anthropic streams them here)
+                "usage": {"input_tokens": event.prompt_tokens or 0, "output_tokens": 0},
+            }
+            return [
+                sse_named("message_start", {"type": "message_start", "message": message}),
+                sse_named("ping", {"type": "ping"}),
+            ]
         if isinstance(event, StreamReasoning):
             return self._text("thinking", event.text) if event.text else []
         if isinstance(event, StreamContent):
@@ -429,22 +535,40 @@ class Encoder:
         out = []
         if event.reasoning_tail or (response.reasoning is not None and self.index < 0):
             out += self._text("thinking", event.reasoning_tail)
-        if event.content_tail or ((response.content or not response.tool_calls)
-                                  and self.open != "text"):
+        if event.content_tail or (
+            (response.content or not response.tool_calls) and self.open != "text"
+        ):
             out += self._text("text", event.content_tail)
         out += self._block_stop()
         for call in response.tool_calls:
-            out += self._block_start("tool_use", {"type": "tool_use", "id": call["id"],
-                                                  "name": call["function"]["name"],
-                                                  "input": {}})
-            out.append(self._delta({"type": "input_json_delta",
-                                    "partial_json": call["function"]["arguments"]}))
+            out += self._block_start(
+                "tool_use",
+                {
+                    "type": "tool_use",
+                    "id": call["id"],
+                    "name": call["function"]["name"],
+                    "input": {},
+                },
+            )
+            out.append(
+                self._delta(
+                    {"type": "input_json_delta", "partial_json": call["function"]["arguments"]}
+                )
+            )
             out += self._block_stop()
-        out.append(sse_named("message_delta", {
-            "type": "message_delta",
-            "delta": {"stop_reason": _STOP[response.finish_reason], "stop_sequence": None},
-            "usage": {"input_tokens": response.usage.prompt_tokens,
-                      "output_tokens": response.usage.completion_tokens}}))
+        out.append(
+            sse_named(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": _STOP[response.finish_reason], "stop_sequence": None},
+                    "usage": {
+                        "input_tokens": response.usage.prompt_tokens,
+                        "output_tokens": response.usage.completion_tokens,
+                    },
+                },
+            )
+        )
         out.append(sse_named("message_stop", {"type": "message_stop"}))
         return out
 
@@ -495,14 +619,18 @@ def collect_stream(events: list[dict[str, Any]]) -> InternalResponse:
 def model_json(model: str) -> dict[str, Any]:
     """``GET /v1/models/{model}``: Anthropic's ``ModelInfo`` (``lifecycle`` is required by
     anthropic 2.14's types; ``created_at`` is RFC 3339)."""
-    return {"type": "model", "id": model, "display_name": model,
-            "created_at": "1970-01-01T00:00:00Z", "lifecycle": "active"}
+    return {
+        "type": "model",
+        "id": model,
+        "display_name": model,
+        "created_at": "1970-01-01T00:00:00Z",
+        "lifecycle": "active",
+    }
 
 
 def models_list(model: str) -> dict[str, Any]:
     """``GET /v1/models``: one page holding the one model a session serves."""
-    return {"data": [model_json(model)], "has_more": False, "first_id": model,
-            "last_id": model}
+    return {"data": [model_json(model)], "has_more": False, "first_id": model, "last_id": model}
 
 
 def error_body(error: RolloutdError) -> tuple[int, dict[str, Any]]:

@@ -135,8 +135,7 @@ class Dialect(Protocol):
     def error_body(self, error: RolloutdError) -> tuple[int, dict[str, Any]]:
         """Status and error JSON."""
 
-    def response_json(self, response: InternalResponse, request: InternalRequest
-                      ) -> dict[str, Any]:
+    def response_json(self, response: InternalResponse, request: InternalRequest) -> dict[str, Any]:
         """Wire JSON of a non-streamed answer."""
 
     def encoder(self, start: StreamStart, request: InternalRequest) -> Encoder:

@@ -57,9 +57,19 @@ from rolloutd.proxy.memo import RequestMemo, validate_new_items
 
 DIALECT = "gemini"
 _FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP"}
-_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
-           404: "NOT_FOUND", 409: "ABORTED", 413: "INVALID_ARGUMENT", 431: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
-           502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ABORTED",
+    413: "INVALID_ARGUMENT",
+    431: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
 
 
 def _camel(name: str) -> str:
@@ -76,8 +86,14 @@ def camel_keys(obj: Any, depth: int = 0) -> Any:
     out = {}
     for key, value in obj.items():
         new = _camel(key) if isinstance(key, str) else key
-        keep = new in ("args", "response", "parameters", "parametersJsonSchema",
-                       "responseSchema", "responseJsonSchema")
+        keep = new in (
+            "args",
+            "response",
+            "parameters",
+            "parametersJsonSchema",
+            "responseSchema",
+            "responseJsonSchema",
+        )
         out[new] = value if keep else camel_keys(value, depth + 1)
     return out
 
@@ -122,37 +138,55 @@ class GenerateContentRequest(_Wire):
 
 
 def _response_text(response: Any) -> str:
-    if isinstance(response, dict) and set(response) == {"output"} \
-            and isinstance(response["output"], str):
+    if (
+        isinstance(response, dict)
+        and set(response) == {"output"}
+        and isinstance(response["output"], str)
+    ):
         return response["output"]
     return json.dumps(response, ensure_ascii=False)
 
 
-def _user(content: Content, i: int, messages: list[dict[str, Any]],
-          pending: list[dict[str, Any]]) -> None:
+def _user(
+    content: Content, i: int, messages: list[dict[str, Any]], pending: list[dict[str, Any]]
+) -> None:
     texts: list[dict[str, Any]] = []
     for j, part in enumerate(content.parts):
         if "functionResponse" in part:
             fr = part["functionResponse"]
             if not isinstance(fr, dict) or not isinstance(fr.get("name"), str):
-                raise RequestFieldError("functionResponse needs a name",
-                                        param=f"contents.{i}.parts.{j}.functionResponse")
+                raise RequestFieldError(
+                    "functionResponse needs a name",
+                    param=f"contents.{i}.parts.{j}.functionResponse",
+                )
             call_id = fr.get("id")
-            match = next((c for c in pending if (c["id"] == call_id if call_id
-                                                 else c["function"]["name"] == fr["name"])),
-                         None)
+            match = next(
+                (
+                    c
+                    for c in pending
+                    if (c["id"] == call_id if call_id else c["function"]["name"] == fr["name"])
+                ),
+                None,
+            )
             if match is not None:
                 pending.remove(match)
             call_id = call_id or (match["id"] if match else f"call_{fr['name']}")
-            messages.append({"role": "tool", "tool_call_id": call_id, "name": fr["name"],
-                             "content": _response_text(fr.get("response", {}))})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call_id,
+                    "name": fr["name"],
+                    "content": _response_text(fr.get("response", {})),
+                }
+            )
         elif "text" in part:
             texts.append({"type": "text", "text": str(part["text"])})
         elif "inlineData" in part or "fileData" in part:
             texts.append({"type": "image", **part})  # refused (400) by the text-only template
         else:
-            raise RequestFieldError("this part is not supported in a user content",
-                                    param=f"contents.{i}.parts.{j}")
+            raise RequestFieldError(
+                "this part is not supported in a user content", param=f"contents.{i}.parts.{j}"
+            )
     if texts:
         messages.append({"role": "user", "content": content_text(texts)})
 
@@ -163,11 +197,19 @@ def _model(content: Content, i: int) -> dict[str, Any]:
         if "functionCall" in part:
             fc = part["functionCall"]
             if not isinstance(fc, dict) or not isinstance(fc.get("name"), str):
-                raise RequestFieldError("functionCall needs a name",
-                                        param=f"contents.{i}.parts.{j}.functionCall")
-            calls.append({"id": fc.get("id") or f"call_{i}_{j}", "type": "function",
-                          "function": {"name": fc["name"],
-                                       "arguments": arguments_json(fc.get("args", {}))}})
+                raise RequestFieldError(
+                    "functionCall needs a name", param=f"contents.{i}.parts.{j}.functionCall"
+                )
+            calls.append(
+                {
+                    "id": fc.get("id") or f"call_{i}_{j}",
+                    "type": "function",
+                    "function": {
+                        "name": fc["name"],
+                        "arguments": arguments_json(fc.get("args", {})),
+                    },
+                }
+            )
         elif "text" in part and part.get("thought"):
             reasoning = (reasoning or "") + str(part["text"])
         elif "text" in part:
@@ -175,10 +217,13 @@ def _model(content: Content, i: int) -> dict[str, Any]:
         elif set(part) <= {"thoughtSignature"}:
             continue
         else:
-            raise RequestFieldError("this part is not supported in a model content",
-                                    param=f"contents.{i}.parts.{j}")
-    out: dict[str, Any] = {"role": "assistant",
-                           "content": "".join(text) if text or not calls else None}
+            raise RequestFieldError(
+                "this part is not supported in a model content", param=f"contents.{i}.parts.{j}"
+            )
+    out: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(text) if text or not calls else None,
+    }
     if reasoning is not None:
         out["reasoning_content"] = reasoning
     if calls:
@@ -191,8 +236,9 @@ def _tools(raw: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     for group in raw or []:
         for decl in group.get("functionDeclarations") or []:
             if not isinstance(decl, dict) or not isinstance(decl.get("name"), str):
-                raise RequestFieldError("a function declaration needs a name",
-                                        param="tools.functionDeclarations")
+                raise RequestFieldError(
+                    "a function declaration needs a name", param="tools.functionDeclarations"
+                )
             function: dict[str, Any] = {"name": decl["name"]}
             if decl.get("description") is not None:
                 function["description"] = decl["description"]
@@ -206,13 +252,21 @@ def _tools(raw: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
 def _system(request: GenerateContentRequest) -> list[dict[str, Any]]:
     """The system message of ``systemInstruction``, if any."""
     if request.systemInstruction and request.systemInstruction.parts:
-        return [{"role": "system", "content": "".join(
-            str(p.get("text", "")) for p in request.systemInstruction.parts)}]
+        return [
+            {
+                "role": "system",
+                "content": "".join(str(p.get("text", "")) for p in request.systemInstruction.parts),
+            }
+        ]
     return []
 
 
-def _translate_contents(contents: list[Content], first: int, messages: list[dict[str, Any]],
-                        pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _translate_contents(
+    contents: list[Content],
+    first: int,
+    messages: list[dict[str, Any]],
+    pending: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
     """Append the messages of ``contents`` (standing at ``contents.{first}`` on) to
     ``messages``.
 
@@ -233,8 +287,14 @@ def _translate_contents(contents: list[Content], first: int, messages: list[dict
     return pending
 
 
-def to_internal(request: GenerateContentRequest, body: dict[str, Any], *, model: str | None,
-                stream: bool, messages: list[dict[str, Any]] | None = None) -> InternalRequest:
+def to_internal(
+    request: GenerateContentRequest,
+    body: dict[str, Any],
+    *,
+    model: str | None,
+    stream: bool,
+    messages: list[dict[str, Any]] | None = None,
+) -> InternalRequest:
     """Translate a validated request (pure).
 
     Args:
@@ -253,18 +313,25 @@ def to_internal(request: GenerateContentRequest, body: dict[str, Any], *, model:
         _translate_contents(request.contents, 0, messages, [])
     config = request.generationConfig or GenerationConfig()
     return InternalRequest(
-        dialect=DIALECT, model=model, messages=messages, tools=_tools(request.tools),
-        sampling=SamplingOverrides(temperature=config.temperature, top_p=config.topP,
-                                   max_tokens=config.maxOutputTokens),
-        stream=stream, body=body)
+        dialect=DIALECT,
+        model=model,
+        messages=messages,
+        tools=_tools(request.tools),
+        sampling=SamplingOverrides(
+            temperature=config.temperature, top_p=config.topP, max_tokens=config.maxOutputTokens
+        ),
+        stream=stream,
+        body=body,
+    )
 
 
 def _validate(body: Any) -> GenerateContentRequest:
     return validate(GenerateContentRequest, camel_keys(body) if isinstance(body, dict) else body)
 
 
-def parse(body: Any, *, model: str | None = None, stream: bool = False,
-          memo: RequestMemo | None = None) -> InternalRequest:
+def parse(
+    body: Any, *, model: str | None = None, stream: bool = False, memo: RequestMemo | None = None
+) -> InternalRequest:
     """Validate and translate a body; see :func:`to_internal`.
 
     Pure without ``memo``. With the session's ``memo``, the contents the session's last call
@@ -277,17 +344,20 @@ def parse(body: Any, *, model: str | None = None, stream: bool = False,
     raw = body.get("contents") if isinstance(body, dict) else None
     # both spellings of the system instruction, in the body's order: with both present, the
     # order decides which one validation keeps
-    context = ([(k, v) for k, v in body.items() if k in ("systemInstruction",
-                                                         "system_instruction")]
-               if isinstance(body, dict) else None)
+    context = (
+        [(k, v) for k, v in body.items() if k in ("systemInstruction", "system_instruction")]
+        if isinstance(body, dict)
+        else None
+    )
     known, known_messages, known_pending = memo.known_prefix(DIALECT, context, raw)
     wire: GenerateContentRequest | None = None
     if known:
         wire, start = validate_new_items(body, "contents", known, _validate)
         if wire is not None:
             messages = list(known_messages)
-            pending = _translate_contents(wire.contents[known - start:], known, messages,
-                                          list(known_pending))
+            pending = _translate_contents(
+                wire.contents[known - start :], known, messages, list(known_pending)
+            )
     if wire is None:
         wire = _validate(body)
         messages = _system(wire)
@@ -313,24 +383,40 @@ def request_from_internal(request: InternalRequest) -> dict[str, Any]:
     contents = body["contents"]
     for m in messages:
         if m["role"] == "tool":
-            part = {"functionResponse": {"id": m["tool_call_id"], "name": m.get("name", ""),
-                                         "response": {"output": m["content"]}}}
-            if contents and contents[-1]["role"] == "user" \
-                    and "functionResponse" in contents[-1]["parts"][-1]:
+            part = {
+                "functionResponse": {
+                    "id": m["tool_call_id"],
+                    "name": m.get("name", ""),
+                    "response": {"output": m["content"]},
+                }
+            }
+            if (
+                contents
+                and contents[-1]["role"] == "user"
+                and "functionResponse" in contents[-1]["parts"][-1]
+            ):
                 contents[-1]["parts"].append(part)
             else:
                 contents.append({"role": "user", "parts": [part]})
         elif m["role"] == "user":
             contents.append({"role": "user", "parts": [{"text": m["content"]}]})
         else:
-            contents.append({"role": "model", "parts": _model_parts(
-                m.get("reasoning_content"), m.get("content"), m.get("tool_calls") or [])})
+            contents.append(
+                {
+                    "role": "model",
+                    "parts": _model_parts(
+                        m.get("reasoning_content"), m.get("content"), m.get("tool_calls") or []
+                    ),
+                }
+            )
     if request.tools:
         body["tools"] = [{"functionDeclarations": [t["function"] for t in request.tools]}]
     config = {}
-    for name, value in (("temperature", request.sampling.temperature),
-                        ("topP", request.sampling.top_p),
-                        ("maxOutputTokens", request.sampling.max_tokens)):
+    for name, value in (
+        ("temperature", request.sampling.temperature),
+        ("topP", request.sampling.top_p),
+        ("maxOutputTokens", request.sampling.max_tokens),
+    ):
         if value is not None:
             config[name] = value
     if config:
@@ -341,44 +427,66 @@ def request_from_internal(request: InternalRequest) -> dict[str, Any]:
 # --------------------------------------------------------------------------- responses
 
 
-def _model_parts(reasoning: str | None, content: str | None,
-                 tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _model_parts(
+    reasoning: str | None, content: str | None, tool_calls: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     if reasoning is not None:
         parts.append({"text": reasoning, "thought": True})
     if content or not tool_calls:
         parts.append({"text": content or ""})
-    parts += [{"functionCall": {"id": c["id"], "name": c["function"]["name"],
-                                "args": arguments_object(c["function"]["arguments"])}}
-              for c in tool_calls]
+    parts += [
+        {
+            "functionCall": {
+                "id": c["id"],
+                "name": c["function"]["name"],
+                "args": arguments_object(c["function"]["arguments"]),
+            }
+        }
+        for c in tool_calls
+    ]
     return parts
 
 
 def _usage(response: InternalResponse) -> dict[str, int]:
-    return {"promptTokenCount": response.usage.prompt_tokens,
-            "candidatesTokenCount": response.usage.completion_tokens,
-            "totalTokenCount": response.usage.total_tokens}
+    return {
+        "promptTokenCount": response.usage.prompt_tokens,
+        "candidatesTokenCount": response.usage.completion_tokens,
+        "totalTokenCount": response.usage.total_tokens,
+    }
 
 
-def _chunk(start: StreamStart, parts: list[dict[str, Any]], *,
-           finish: str | None = None, usage: dict[str, int] | None = None) -> dict[str, Any]:
+def _chunk(
+    start: StreamStart,
+    parts: list[dict[str, Any]],
+    *,
+    finish: str | None = None,
+    usage: dict[str, int] | None = None,
+) -> dict[str, Any]:
     candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
     if finish is not None:
         candidate["finishReason"] = finish
-    chunk: dict[str, Any] = {"candidates": [candidate], "modelVersion": start.model,
-                             "responseId": id_suffix(start.id)}
+    chunk: dict[str, Any] = {
+        "candidates": [candidate],
+        "modelVersion": start.model,
+        "responseId": id_suffix(start.id),
+    }
     if usage is not None:
         chunk["usageMetadata"] = usage
     return chunk
 
 
-def response_json(response: InternalResponse, request: InternalRequest | None = None
-                  ) -> dict[str, Any]:
+def response_json(
+    response: InternalResponse, request: InternalRequest | None = None
+) -> dict[str, Any]:
     """The ``GenerateContentResponse`` of a non-streamed answer."""
     start = StreamStart(id=response.id, created=response.created, model=response.model)
-    return _chunk(start, _model_parts(response.reasoning, response.content,
-                                      response.tool_calls),
-                  finish=_FINISH[response.finish_reason], usage=_usage(response))
+    return _chunk(
+        start,
+        _model_parts(response.reasoning, response.content, response.tool_calls),
+        finish=_FINISH[response.finish_reason],
+        usage=_usage(response),
+    )
 
 
 def response_to_internal(body: dict[str, Any]) -> InternalResponse:
@@ -386,16 +494,25 @@ def response_to_internal(body: dict[str, Any]) -> InternalResponse:
     candidate = body["candidates"][0]
     message = _model(Content(role="model", parts=candidate["content"]["parts"]), 0)
     calls = message.get("tool_calls", [])
-    finish = "length" if candidate["finishReason"] == "MAX_TOKENS" else (
-        "tool_calls" if calls else "stop")
+    finish = (
+        "length"
+        if candidate["finishReason"] == "MAX_TOKENS"
+        else ("tool_calls" if calls else "stop")
+    )
     usage = body["usageMetadata"]
     return InternalResponse(
-        id=body["responseId"], created=0, model=body["modelVersion"],
-        text=message["content"] or "", content=message["content"],
-        reasoning=message.get("reasoning_content"), tool_calls=calls,
+        id=body["responseId"],
+        created=0,
+        model=body["modelVersion"],
+        text=message["content"] or "",
+        content=message["content"],
+        reasoning=message.get("reasoning_content"),
+        tool_calls=calls,
         finish_reason=finish,  # type: ignore[arg-type]
-        usage=Usage(prompt_tokens=usage["promptTokenCount"],
-                    completion_tokens=usage["candidatesTokenCount"]))
+        usage=Usage(
+            prompt_tokens=usage["promptTokenCount"], completion_tokens=usage["candidatesTokenCount"]
+        ),
+    )
 
 
 class Encoder:
@@ -408,8 +525,7 @@ class Encoder:
             element by element, as the REST API does without ``alt=sse``.
     """
 
-    def __init__(self, start: StreamStart, request: InternalRequest, *, sse: bool = True
-                 ) -> None:
+    def __init__(self, start: StreamStart, request: InternalRequest, *, sse: bool = True) -> None:
         self.start = start
         self.sse = sse
         self.num_sent = 0
@@ -426,11 +542,13 @@ class Encoder:
         if isinstance(event, StreamStart):
             return []
         if isinstance(event, StreamReasoning):
-            return [self._frame(_chunk(self.start, [{"text": event.text, "thought": True}]))] \
-                if event.text else []
+            return (
+                [self._frame(_chunk(self.start, [{"text": event.text, "thought": True}]))]
+                if event.text
+                else []
+            )
         if isinstance(event, StreamContent):
-            return [self._frame(_chunk(self.start, [{"text": event.text}]))] \
-                if event.text else []
+            return [self._frame(_chunk(self.start, [{"text": event.text}]))] if event.text else []
         return self._end(event)
 
     def _end(self, event: StreamEnd) -> list[bytes]:
@@ -440,10 +558,17 @@ class Encoder:
             parts.append({"text": event.reasoning_tail, "thought": True})
         if event.content_tail:
             parts.append({"text": event.content_tail})
-        parts += _model_parts(None, None, response.tool_calls)[
-            0 if response.tool_calls else 1:]
-        return [self._frame(_chunk(self.start, parts, finish=_FINISH[response.finish_reason],
-                                   usage=_usage(response)))]
+        parts += _model_parts(None, None, response.tool_calls)[0 if response.tool_calls else 1 :]
+        return [
+            self._frame(
+                _chunk(
+                    self.start,
+                    parts,
+                    finish=_FINISH[response.finish_reason],
+                    usage=_usage(response),
+                )
+            )
+        ]
 
     def close(self) -> list[bytes]:
         """``]`` closing the JSON array (nothing with ``alt=sse``)."""
@@ -467,8 +592,12 @@ def collect_stream(chunks: list[dict[str, Any]]) -> InternalResponse:
     for chunk in chunks:
         for part in chunk["candidates"][0]["content"]["parts"]:
             last = parts[-1] if parts else None
-            if last is not None and "text" in part and "text" in last \
-                    and bool(part.get("thought")) == bool(last.get("thought")):
+            if (
+                last is not None
+                and "text" in part
+                and "text" in last
+                and bool(part.get("thought")) == bool(last.get("thought"))
+            ):
                 last["text"] += part["text"]
             else:
                 parts.append(dict(part))
@@ -480,10 +609,13 @@ def collect_stream(chunks: list[dict[str, Any]]) -> InternalResponse:
 def model_json(model: str) -> dict[str, Any]:
     """``GET /v1beta/models/{model}``: the Gemini API's ``Model`` resource, with the methods
     the gateway serves for it."""
-    return {"name": f"models/{model}", "baseModelId": model, "version": "1",
-            "displayName": model,
-            "supportedGenerationMethods": ["generateContent", "streamGenerateContent",
-                                           "countTokens"]}
+    return {
+        "name": f"models/{model}",
+        "baseModelId": model,
+        "version": "1",
+        "displayName": model,
+        "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens"],
+    }
 
 
 def models_list(model: str) -> dict[str, Any]:
@@ -494,5 +626,10 @@ def models_list(model: str) -> dict[str, Any]:
 def error_body(error: RolloutdError) -> tuple[int, dict[str, Any]]:
     """The HTTP status and Google error object: ``{"error": {"code", "message", "status"}}``."""
     status = error.status_code
-    return status, {"error": {"code": status, "message": error.message,
-                              "status": _STATUS.get(status, "INTERNAL")}}
+    return status, {
+        "error": {
+            "code": status,
+            "message": error.message,
+            "status": _STATUS.get(status, "INTERNAL"),
+        }
+    }

@@ -214,8 +214,10 @@ def parse(body: Any, *, memo: RequestMemo | None = None) -> InternalRequest:
     if known:
         wire, start = validate_new_items(body, "messages", known, parse_request)
         if wire is not None:
-            messages = [*known_messages,
-                        *(_message_to_internal(m) for m in wire.messages[known - start:])]
+            messages = [
+                *known_messages,
+                *(_message_to_internal(m) for m in wire.messages[known - start :]),
+            ]
     if wire is None:
         wire = parse_request(body)
         messages = [_message_to_internal(m) for m in wire.messages]
@@ -252,8 +254,12 @@ def _message_to_internal(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def to_internal(request: ChatCompletionRequest, body: dict[str, Any], *,
-                messages: list[dict[str, Any]] | None = None) -> InternalRequest:
+def to_internal(
+    request: ChatCompletionRequest,
+    body: dict[str, Any],
+    *,
+    messages: list[dict[str, Any]] | None = None,
+) -> InternalRequest:
     """Translate a validated request (pure).
 
     Args:
@@ -268,7 +274,8 @@ def to_internal(request: ChatCompletionRequest, body: dict[str, Any], *,
     return InternalRequest(
         dialect=DIALECT,
         model=request.model,
-        messages=messages if messages is not None
+        messages=messages
+        if messages is not None
         else [_message_to_internal(m) for m in request.messages],
         tools=[t.model_dump(exclude_none=True) for t in request.tools or []],
         sampling=SamplingOverrides(
@@ -283,9 +290,11 @@ def to_internal(request: ChatCompletionRequest, body: dict[str, Any], *,
 
 
 def _usage(response: InternalResponse) -> UsageInfo:
-    return UsageInfo(prompt_tokens=response.usage.prompt_tokens,
-                     completion_tokens=response.usage.completion_tokens,
-                     total_tokens=response.usage.total_tokens)
+    return UsageInfo(
+        prompt_tokens=response.usage.prompt_tokens,
+        completion_tokens=response.usage.completion_tokens,
+        total_tokens=response.usage.total_tokens,
+    )
 
 
 def from_internal(response: InternalResponse) -> ChatCompletionResponse:
@@ -294,18 +303,23 @@ def from_internal(response: InternalResponse) -> ChatCompletionResponse:
         id=response.id,
         created=response.created,
         model=response.model,
-        choices=[Choice(
-            message=ResponseMessage(content=response.content,
-                                    reasoning_content=response.reasoning,
-                                    tool_calls=response.tool_calls or None),
-            finish_reason=response.finish_reason,
-        )],
+        choices=[
+            Choice(
+                message=ResponseMessage(
+                    content=response.content,
+                    reasoning_content=response.reasoning,
+                    tool_calls=response.tool_calls or None,
+                ),
+                finish_reason=response.finish_reason,
+            )
+        ],
         usage=_usage(response),
     )
 
 
-def response_json(response: InternalResponse, request: InternalRequest | None = None
-                  ) -> dict[str, Any]:
+def response_json(
+    response: InternalResponse, request: InternalRequest | None = None
+) -> dict[str, Any]:
     """The ``chat.completion`` JSON of an answer: ``message.tool_calls`` and
     ``message.reasoning_content`` only when present."""
     body = from_internal(response).model_dump(mode="json")
@@ -319,13 +333,18 @@ def response_json(response: InternalResponse, request: InternalRequest | None = 
 def request_from_internal(request: InternalRequest) -> dict[str, Any]:
     """The Chat Completions body that carries ``request`` (the inverse of :func:`parse`;
     property tests and passthrough backends use it)."""
-    body: dict[str, Any] = {"model": request.model or "", "messages": request.messages,
-                            "stream": request.stream}
+    body: dict[str, Any] = {
+        "model": request.model or "",
+        "messages": request.messages,
+        "stream": request.stream,
+    }
     if request.tools:
         body["tools"] = request.tools
-    for name, value in (("temperature", request.sampling.temperature),
-                        ("top_p", request.sampling.top_p),
-                        ("max_tokens", request.sampling.max_tokens)):
+    for name, value in (
+        ("temperature", request.sampling.temperature),
+        ("top_p", request.sampling.top_p),
+        ("max_tokens", request.sampling.max_tokens),
+    ):
         if value is not None:
             body[name] = value
     if request.include_usage:
@@ -344,13 +363,19 @@ def response_to_internal(body: dict[str, Any]) -> InternalResponse:
         raise RequestFieldError("a chat completion with exactly one choice is expected")
     choice = response.choices[0]
     return InternalResponse(
-        id=response.id, created=response.created, model=response.model,
-        text=choice.message.content or "", content=choice.message.content,
+        id=response.id,
+        created=response.created,
+        model=response.model,
+        text=choice.message.content or "",
+        content=choice.message.content,
         reasoning=choice.message.reasoning_content,
         tool_calls=choice.message.tool_calls or [],
         finish_reason=choice.finish_reason,  # type: ignore[arg-type]
-        usage=Usage(prompt_tokens=response.usage.prompt_tokens,
-                    completion_tokens=response.usage.completion_tokens))
+        usage=Usage(
+            prompt_tokens=response.usage.prompt_tokens,
+            completion_tokens=response.usage.completion_tokens,
+        ),
+    )
 
 
 class ChunkStream:
@@ -365,12 +390,15 @@ class ChunkStream:
         self.start = start
         self.include_usage = include_usage
 
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None
-               ) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=self.start.id, created=self.start.created,
-                                   model=self.start.model,
-                                   choices=[ChunkChoice(delta=delta,
-                                                        finish_reason=finish_reason)])
+    def _chunk(
+        self, delta: dict[str, Any], finish_reason: str | None = None
+    ) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.start.id,
+            created=self.start.created,
+            model=self.start.model,
+            choices=[ChunkChoice(delta=delta, finish_reason=finish_reason)],
+        )
 
     def chunks(self, event: StreamEvent) -> list[ChatCompletionChunk]:
         """The chunks of ``event``.
@@ -392,14 +420,26 @@ class ChunkStream:
         if event.content_tail:
             out.append(self._chunk({"content": event.content_tail}))
         if response.tool_calls:
-            out.append(self._chunk({"tool_calls": [{"index": i, **call}
-                                                   for i, call in
-                                                   enumerate(response.tool_calls)]}))
+            out.append(
+                self._chunk(
+                    {
+                        "tool_calls": [
+                            {"index": i, **call} for i, call in enumerate(response.tool_calls)
+                        ]
+                    }
+                )
+            )
         out.append(self._chunk({}, response.finish_reason))
         if self.include_usage:
-            out.append(ChatCompletionChunk(id=self.start.id, created=self.start.created,
-                                           model=self.start.model, choices=[],
-                                           usage=_usage(response)))
+            out.append(
+                ChatCompletionChunk(
+                    id=self.start.id,
+                    created=self.start.created,
+                    model=self.start.model,
+                    choices=[],
+                    usage=_usage(response),
+                )
+            )
         return out
 
 
@@ -434,12 +474,19 @@ def collect_stream(events: list[dict[str, Any]]) -> InternalResponse:
         events: the chunks in order, ``[DONE]`` excluded.
     """
     first = events[0]
-    content, reasoning, calls, finish, usage = "", "", [], "stop", Usage(prompt_tokens=0,
-                                                                         completion_tokens=0)
+    content, reasoning, calls, finish, usage = (
+        "",
+        "",
+        [],
+        "stop",
+        Usage(prompt_tokens=0, completion_tokens=0),
+    )
     for chunk in events:
         if chunk.get("usage"):
-            usage = Usage(prompt_tokens=chunk["usage"]["prompt_tokens"],
-                          completion_tokens=chunk["usage"]["completion_tokens"])
+            usage = Usage(
+                prompt_tokens=chunk["usage"]["prompt_tokens"],
+                completion_tokens=chunk["usage"]["completion_tokens"],
+            )
         for choice in chunk.get("choices", []):
             delta = choice.get("delta", {})
             content += delta.get("content") or ""
@@ -447,10 +494,17 @@ def collect_stream(events: list[dict[str, Any]]) -> InternalResponse:
             for call in delta.get("tool_calls") or []:
                 calls.append({k: v for k, v in call.items() if k != "index"})
             finish = choice.get("finish_reason") or finish
-    return InternalResponse(id=first["id"], created=first["created"], model=first["model"],
-                            text=content, content=content or (None if calls else ""),
-                            reasoning=reasoning or None, tool_calls=calls,
-                            finish_reason=finish, usage=usage)  # type: ignore[arg-type]
+    return InternalResponse(
+        id=first["id"],
+        created=first["created"],
+        model=first["model"],
+        text=content,
+        content=content or (None if calls else ""),
+        reasoning=reasoning or None,
+        tool_calls=calls,
+        finish_reason=finish,
+        usage=usage,
+    )  # type: ignore[arg-type]
 
 
 def model_json(model: str) -> dict[str, Any]:
@@ -486,12 +540,14 @@ def error_body(error: RolloutdError) -> tuple[int, dict[str, Any]]:
     Returns:
         ``(status, {"error": {"message", "type", "param", "code"}})``.
     """
-    return error.status_code, {"error": {
-        "message": error.message,
-        "type": error.error_type,
-        "param": getattr(error, "param", None),
-        "code": _code(error),
-    }}
+    return error.status_code, {
+        "error": {
+            "message": error.message,
+            "type": error.error_type,
+            "param": getattr(error, "param", None),
+            "code": _code(error),
+        }
+    }
 
 
 def sse(payload: BaseModel | dict[str, Any] | str) -> bytes:

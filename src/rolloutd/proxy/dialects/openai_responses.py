@@ -50,8 +50,11 @@ from rolloutd.proxy.memo import RequestMemo, validate_new_items
 log = structlog.get_logger(__name__)
 
 DIALECT = "openai_responses"
-CUSTOM_INPUT_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}},
-                       "required": ["input"]}
+CUSTOM_INPUT_SCHEMA = {
+    "type": "object",
+    "properties": {"input": {"type": "string"}},
+    "required": ["input"],
+}
 
 
 class _Wire(BaseModel):
@@ -107,9 +110,12 @@ class ReasoningItem(_Wire):
 
 
 _ITEMS: dict[str, type[_Wire]] = {
-    "message": MessageItem, "function_call": FunctionCallItem,
-    "custom_tool_call": FunctionCallItem, "function_call_output": FunctionCallOutputItem,
-    "custom_tool_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem,
+    "message": MessageItem,
+    "function_call": FunctionCallItem,
+    "custom_tool_call": FunctionCallItem,
+    "function_call_output": FunctionCallOutputItem,
+    "custom_tool_call_output": FunctionCallOutputItem,
+    "reasoning": ReasoningItem,
 }
 
 
@@ -120,14 +126,16 @@ def _item(raw: Any, i: int) -> _Wire:
     kind = raw.get("type", "message") if isinstance(raw, dict) else None
     model = _ITEMS.get(kind) if isinstance(kind, str) else None
     if model is None:
-        raise RequestFieldError(f"input item of type {kind!r} is not supported",
-                                param=f"input.{i}.type")
+        raise RequestFieldError(
+            f"input item of type {kind!r} is not supported", param=f"input.{i}.type"
+        )
     try:
         return validate(model, raw)
     except RequestFieldError as e:
         param = f"input.{i}.{e.param}" if e.param else f"input.{i}"
-        raise RequestFieldError(f"invalid request: {param}: {e.message.split(': ')[-1]}",
-                                param=param) from None
+        raise RequestFieldError(
+            f"invalid request: {param}: {e.message.split(': ')[-1]}", param=param
+        ) from None
 
 
 def _open_assistant(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -157,8 +165,7 @@ def _tool(tool: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _head(request: ResponsesRequest, previous: list[dict[str, Any]] | None
-          ) -> list[dict[str, Any]]:
+def _head(request: ResponsesRequest, previous: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """The messages before the input items: the instructions, then the conversation of
     ``previous_response_id`` (its own system messages left out; copies)."""
     messages: list[dict[str, Any]] = []
@@ -170,18 +177,24 @@ def _head(request: ResponsesRequest, previous: list[dict[str, Any]] | None
             leading += 1
         # copies down to the tool call list: the input's items may complete the last turn,
         # and the recorded conversation must not change
-        messages += [{**m, "tool_calls": list(m["tool_calls"])} if m.get("tool_calls")
-                     else dict(m) for m in previous[leading:]]
+        messages += [
+            {**m, "tool_calls": list(m["tool_calls"])} if m.get("tool_calls") else dict(m)
+            for m in previous[leading:]
+        ]
     return messages
 
 
 def _items(request: ResponsesRequest) -> list[dict[str, Any]]:
-    return ([{"role": "user", "content": request.input}] if isinstance(request.input, str)
-            else request.input)
+    return (
+        [{"role": "user", "content": request.input}]
+        if isinstance(request.input, str)
+        else request.input
+    )
 
 
-def _translate_items(items: list[dict[str, Any]], first: int,
-                     messages: list[dict[str, Any]]) -> None:
+def _translate_items(
+    items: list[dict[str, Any]], first: int, messages: list[dict[str, Any]]
+) -> None:
     """Translate input items that stand at ``input.{first}`` on onto ``messages``: appends,
     and may complete its last message (an assistant turn's reasoning, text and calls come as
     separate items)."""
@@ -190,12 +203,18 @@ def _translate_items(items: list[dict[str, Any]], first: int,
         if isinstance(item, MessageItem):
             text = content_text(item.content)
             last = messages[-1] if messages else None
-            if (item.role == "assistant" and last is not None and last["role"] == "assistant"
-                    and last["content"] is None and not last.get("tool_calls")):
+            if (
+                item.role == "assistant"
+                and last is not None
+                and last["role"] == "assistant"
+                and last["content"] is None
+                and not last.get("tool_calls")
+            ):
                 last["content"] = text  # the message after its reasoning item
             else:
-                messages.append({"role": "system" if item.role == "developer" else item.role,
-                                 "content": text})
+                messages.append(
+                    {"role": "system" if item.role == "developer" else item.role, "content": text}
+                )
         elif isinstance(item, ReasoningItem):
             parts = item.content if item.content else item.summary
             text = "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
@@ -205,20 +224,32 @@ def _translate_items(items: list[dict[str, Any]], first: int,
                 turn = messages[-1]
             turn["reasoning_content"] = text
         elif isinstance(item, FunctionCallItem):
-            arguments = (json.dumps({"input": item.input or ""}, ensure_ascii=False)
-                         if item.type == "custom_tool_call" else item.arguments or "{}")
+            arguments = (
+                json.dumps({"input": item.input or ""}, ensure_ascii=False)
+                if item.type == "custom_tool_call"
+                else item.arguments or "{}"
+            )
             turn = _open_assistant(messages)
             turn.setdefault("tool_calls", []).append(
-                {"id": item.call_id, "type": "function",
-                 "function": {"name": item.name, "arguments": arguments}})
+                {
+                    "id": item.call_id,
+                    "type": "function",
+                    "function": {"name": item.name, "arguments": arguments},
+                }
+            )
         elif isinstance(item, FunctionCallOutputItem):
-            messages.append({"role": "tool", "tool_call_id": item.call_id,
-                             "content": content_text(item.output)})
+            messages.append(
+                {"role": "tool", "tool_call_id": item.call_id, "content": content_text(item.output)}
+            )
 
 
-def to_internal(request: ResponsesRequest, body: dict[str, Any], *,
-                previous: list[dict[str, Any]] | None = None,
-                messages: list[dict[str, Any]] | None = None) -> InternalRequest:
+def to_internal(
+    request: ResponsesRequest,
+    body: dict[str, Any],
+    *,
+    previous: list[dict[str, Any]] | None = None,
+    messages: list[dict[str, Any]] | None = None,
+) -> InternalRequest:
     """Translate a validated request (pure).
 
     Args:
@@ -236,13 +267,24 @@ def to_internal(request: ResponsesRequest, body: dict[str, Any], *,
         _translate_items(_items(request), 0, messages)
     if not messages:
         raise RequestFieldError("input holds no message", param="input")
-    tools = [t for t in (_tool(raw) for raw in request.tools or [] if isinstance(raw, dict))
-             if t is not None]
+    tools = [
+        t
+        for t in (_tool(raw) for raw in request.tools or [] if isinstance(raw, dict))
+        if t is not None
+    ]
     return InternalRequest(
-        dialect=DIALECT, model=request.model, messages=messages, tools=tools,
-        sampling=SamplingOverrides(temperature=request.temperature, top_p=request.top_p,
-                                   max_tokens=request.max_output_tokens),
-        stream=request.stream, body=body)
+        dialect=DIALECT,
+        model=request.model,
+        messages=messages,
+        tools=tools,
+        sampling=SamplingOverrides(
+            temperature=request.temperature,
+            top_p=request.top_p,
+            max_tokens=request.max_output_tokens,
+        ),
+        stream=request.stream,
+        body=body,
+    )
 
 
 def parse_request(body: Any) -> ResponsesRequest:
@@ -254,8 +296,9 @@ def parse_request(body: Any) -> ResponsesRequest:
     return validate(ResponsesRequest, body)
 
 
-def parse(body: Any, *, previous: list[dict[str, Any]] | None = None,
-          memo: RequestMemo | None = None) -> InternalRequest:
+def parse(
+    body: Any, *, previous: list[dict[str, Any]] | None = None, memo: RequestMemo | None = None
+) -> InternalRequest:
     """Validate and translate a body; see :func:`to_internal`.
 
     Pure without ``memo``. With the session's ``memo`` and no ``previous``, the input items
@@ -278,7 +321,7 @@ def parse(body: Any, *, previous: list[dict[str, Any]] | None = None,
                 if "tool_calls" in last:
                     last["tool_calls"] = list(last["tool_calls"])
             assert isinstance(wire.input, list)
-            _translate_items(wire.input[known - start:], known, messages)
+            _translate_items(wire.input[known - start :], known, messages)
     if wire is None:
         wire = parse_request(body)
         messages = _head(wire, None)
@@ -297,28 +340,54 @@ def request_from_internal(request: InternalRequest) -> dict[str, Any]:
     items: list[dict[str, Any]] = []
     for m in messages:
         if m["role"] == "tool":
-            items.append({"type": "function_call_output", "call_id": m["tool_call_id"],
-                          "output": m["content"]})
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": m["tool_call_id"],
+                    "output": m["content"],
+                }
+            )
         elif m["role"] == "assistant":
             if m.get("reasoning_content") is not None:
-                items.append({"type": "reasoning", "summary": [
-                    {"type": "summary_text", "text": m["reasoning_content"]}]})
+                items.append(
+                    {
+                        "type": "reasoning",
+                        "summary": [{"type": "summary_text", "text": m["reasoning_content"]}],
+                    }
+                )
             if m.get("content") is not None:
-                items.append({"type": "message", "role": "assistant", "content": [
-                    {"type": "output_text", "text": m["content"]}]})
+                items.append(
+                    {
+                        "type": "message",
+                        "role": "assistant",
+                        "content": [{"type": "output_text", "text": m["content"]}],
+                    }
+                )
             for call in m.get("tool_calls") or []:
-                items.append({"type": "function_call", "call_id": call["id"],
-                              "name": call["function"]["name"],
-                              "arguments": call["function"]["arguments"]})
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call["id"],
+                        "name": call["function"]["name"],
+                        "arguments": call["function"]["arguments"],
+                    }
+                )
         else:
-            items.append({"type": "message", "role": m["role"], "content": [
-                {"type": "input_text", "text": m["content"]}]})
+            items.append(
+                {
+                    "type": "message",
+                    "role": m["role"],
+                    "content": [{"type": "input_text", "text": m["content"]}],
+                }
+            )
     body["input"] = items
     if request.tools:
         body["tools"] = [{"type": "function", **t["function"]} for t in request.tools]
-    for name, value in (("temperature", request.sampling.temperature),
-                        ("top_p", request.sampling.top_p),
-                        ("max_output_tokens", request.sampling.max_tokens)):
+    for name, value in (
+        ("temperature", request.sampling.temperature),
+        ("top_p", request.sampling.top_p),
+        ("max_output_tokens", request.sampling.max_tokens),
+    ):
         if value is not None:
             body[name] = value
     return body
@@ -338,19 +407,28 @@ def wire_id(response: InternalResponse) -> str:
 
 
 def _reasoning_item(rs_id: str, text: str) -> dict[str, Any]:
-    return {"type": "reasoning", "id": rs_id,
-            "summary": [{"type": "summary_text", "text": text}]}
+    return {"type": "reasoning", "id": rs_id, "summary": [{"type": "summary_text", "text": text}]}
 
 
 def _message_item(msg_id: str, text: str, status: str = "completed") -> dict[str, Any]:
-    return {"type": "message", "id": msg_id, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    return {
+        "type": "message",
+        "id": msg_id,
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
 
 
 def _call_item(response_id: str, i: int, call: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "function_call", "id": f"fc_{id_suffix(response_id)}_{i}",
-            "call_id": call["id"], "name": call["function"]["name"],
-            "arguments": call["function"]["arguments"], "status": "completed"}
+    return {
+        "type": "function_call",
+        "id": f"fc_{id_suffix(response_id)}_{i}",
+        "call_id": call["id"],
+        "name": call["function"]["name"],
+        "arguments": call["function"]["arguments"],
+        "status": "completed",
+    }
 
 
 def _has_message(response: InternalResponse) -> bool:
@@ -372,30 +450,46 @@ def output_items(response: InternalResponse) -> list[dict[str, Any]]:
     return items
 
 
-def _response_object(response: InternalResponse | None, start: StreamStart,
-                     request: InternalRequest, *, status: str,
-                     output: list[dict[str, Any]]) -> dict[str, Any]:
+def _response_object(
+    response: InternalResponse | None,
+    start: StreamStart,
+    request: InternalRequest,
+    *,
+    status: str,
+    output: list[dict[str, Any]],
+) -> dict[str, Any]:
     body = request.body
     usage = None
     if response is not None:
-        usage = {"input_tokens": response.usage.prompt_tokens,
-                 # the SDK's types require both counts (openai 3.57, strict validation)
-                 "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-                 "output_tokens": response.usage.completion_tokens,
-                 "output_tokens_details": {"reasoning_tokens": 0},
-                 "total_tokens": response.usage.total_tokens}
+        usage = {
+            "input_tokens": response.usage.prompt_tokens,
+            # the SDK's types require both counts (openai 3.57, strict validation)
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": response.usage.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": response.usage.total_tokens,
+        }
     return {
-        "id": _ids(start.id)[0], "object": "response", "created_at": start.created,
-        "status": status, "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
-        else None,
-        "instructions": body.get("instructions"), "max_output_tokens":
-            body.get("max_output_tokens"), "model": start.model, "output": output,
+        "id": _ids(start.id)[0],
+        "object": "response",
+        "created_at": start.created,
+        "status": status,
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": start.model,
+        "output": output,
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "previous_response_id": body.get("previous_response_id"),
-        "temperature": body.get("temperature"), "top_p": body.get("top_p"),
-        "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
-        "store": False, "text": {"format": {"type": "text"}}, "usage": usage, "metadata": {},
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        "store": False,
+        "text": {"format": {"type": "text"}},
+        "usage": usage,
+        "metadata": {},
     }
 
 
@@ -404,8 +498,7 @@ def response_json(response: InternalResponse, request: InternalRequest) -> dict[
     ``max_output_tokens``)."""
     start = StreamStart(id=response.id, created=response.created, model=response.model)
     status = "incomplete" if response.finish_reason == "length" else "completed"
-    return _response_object(response, start, request, status=status,
-                            output=output_items(response))
+    return _response_object(response, start, request, status=status, output=output_items(response))
 
 
 def response_to_internal(body: dict[str, Any]) -> InternalResponse:
@@ -417,19 +510,29 @@ def response_to_internal(body: dict[str, Any]) -> InternalResponse:
         elif item["type"] == "reasoning":
             reasoning = "".join(p["text"] for p in item["summary"])
         elif item["type"] == "function_call":
-            calls.append({"id": item["call_id"], "type": "function",
-                          "function": {"name": item["name"], "arguments": item["arguments"]}})
+            calls.append(
+                {
+                    "id": item["call_id"],
+                    "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]},
+                }
+            )
     if body["status"] == "incomplete":
         finish = "length"
     else:
         finish = "tool_calls" if calls else "stop"
     usage = body["usage"]
     return InternalResponse(
-        id=body["id"], created=body["created_at"], model=body["model"], text=content or "",
-        content=content if content or not calls else None, reasoning=reasoning,
-        tool_calls=calls, finish_reason=finish,  # type: ignore[arg-type]
-        usage=Usage(prompt_tokens=usage["input_tokens"],
-                    completion_tokens=usage["output_tokens"]))
+        id=body["id"],
+        created=body["created_at"],
+        model=body["model"],
+        text=content or "",
+        content=content if content or not calls else None,
+        reasoning=reasoning,
+        tool_calls=calls,
+        finish_reason=finish,  # type: ignore[arg-type]
+        usage=Usage(prompt_tokens=usage["input_tokens"], completion_tokens=usage["output_tokens"]),
+    )
 
 
 # --------------------------------------------------------------------------- streaming
@@ -438,15 +541,15 @@ def response_to_internal(body: dict[str, Any]) -> InternalResponse:
 class Encoder:
     """The Responses event sequence of one answer (each event with its ``sequence_number``)::
 
-        response.created, response.in_progress,
-        [reasoning: output_item.added, reasoning_summary_part.added,
-         reasoning_summary_text.delta..., reasoning_summary_text.done,
-         reasoning_summary_part.done, output_item.done]
-        [message: output_item.added, content_part.added, output_text.delta...,
-         output_text.done, content_part.done, output_item.done]
-        [per call: output_item.added, function_call_arguments.delta,
-         function_call_arguments.done, output_item.done]
-        response.completed | response.incomplete
+    response.created, response.in_progress,
+    [reasoning: output_item.added, reasoning_summary_part.added,
+     reasoning_summary_text.delta..., reasoning_summary_text.done,
+     reasoning_summary_part.done, output_item.done]
+    [message: output_item.added, content_part.added, output_text.delta...,
+     output_text.done, content_part.done, output_item.done]
+    [per call: output_item.added, function_call_arguments.delta,
+     function_call_arguments.done, output_item.done]
+    response.completed | response.incomplete
     """
 
     def __init__(self, start: StreamStart, request: InternalRequest) -> None:
@@ -470,20 +573,22 @@ class Encoder:
             part = {"type": "summary_text", "text": self.text}
             common = {"item_id": self.rs_id, "output_index": index, "summary_index": 0}
             item = _reasoning_item(self.rs_id, self.text)
-            out += [self._event("response.reasoning_summary_text.done", text=self.text,
-                                **common),
-                    self._event("response.reasoning_summary_part.done", part=part, **common),
-                    self._event("response.output_item.done", output_index=index, item=item)]
+            out += [
+                self._event("response.reasoning_summary_text.done", text=self.text, **common),
+                self._event("response.reasoning_summary_part.done", part=part, **common),
+                self._event("response.output_item.done", output_index=index, item=item),
+            ]
             self.output.append(item)
         elif self.open == "message":
             part = {"type": "output_text", "text": self.text, "annotations": []}
             common = {"item_id": self.msg_id, "output_index": index, "content_index": 0}
             item = _message_item(self.msg_id, self.text)
             # logprobs is required on the done event as on each delta (the SDK's types)
-            out += [self._event("response.output_text.done", text=self.text, logprobs=[],
-                                **common),
-                    self._event("response.content_part.done", part=part, **common),
-                    self._event("response.output_item.done", output_index=index, item=item)]
+            out += [
+                self._event("response.output_text.done", text=self.text, logprobs=[], **common),
+                self._event("response.content_part.done", part=part, **common),
+                self._event("response.output_item.done", output_index=index, item=item),
+            ]
             self.output.append(item)
         self.open, self.text = None, ""
         return out
@@ -496,38 +601,63 @@ class Encoder:
             self.open = kind
             if kind == "reasoning":
                 item = {"type": "reasoning", "id": self.rs_id, "summary": []}
-                out += [self._event("response.output_item.added", output_index=index,
-                                    item=item),
-                        self._event("response.reasoning_summary_part.added",
-                                    item_id=self.rs_id, output_index=index, summary_index=0,
-                                    part={"type": "summary_text", "text": ""})]
+                out += [
+                    self._event("response.output_item.added", output_index=index, item=item),
+                    self._event(
+                        "response.reasoning_summary_part.added",
+                        item_id=self.rs_id,
+                        output_index=index,
+                        summary_index=0,
+                        part={"type": "summary_text", "text": ""},
+                    ),
+                ]
             else:
                 item = {**_message_item(self.msg_id, "", "in_progress"), "content": []}
-                out += [self._event("response.output_item.added", output_index=index,
-                                    item=item),
-                        self._event("response.content_part.added", item_id=self.msg_id,
-                                    output_index=index, content_index=0,
-                                    part={"type": "output_text", "text": "",
-                                          "annotations": []})]
+                out += [
+                    self._event("response.output_item.added", output_index=index, item=item),
+                    self._event(
+                        "response.content_part.added",
+                        item_id=self.msg_id,
+                        output_index=index,
+                        content_index=0,
+                        part={"type": "output_text", "text": "", "annotations": []},
+                    ),
+                ]
         if text:
             self.text += text
             if kind == "reasoning":
-                out.append(self._event("response.reasoning_summary_text.delta",
-                                       item_id=self.rs_id, output_index=index,
-                                       summary_index=0, delta=text))
+                out.append(
+                    self._event(
+                        "response.reasoning_summary_text.delta",
+                        item_id=self.rs_id,
+                        output_index=index,
+                        summary_index=0,
+                        delta=text,
+                    )
+                )
             else:
-                out.append(self._event("response.output_text.delta", item_id=self.msg_id,
-                                       output_index=index, content_index=0, delta=text,
-                                       logprobs=[]))
+                out.append(
+                    self._event(
+                        "response.output_text.delta",
+                        item_id=self.msg_id,
+                        output_index=index,
+                        content_index=0,
+                        delta=text,
+                        logprobs=[],
+                    )
+                )
         return out
 
     def encode(self, event: StreamEvent) -> list[bytes]:
         """Events for one internal stream event."""
         if isinstance(event, StreamStart):
-            created = _response_object(None, self.start, self.request, status="in_progress",
-                                       output=[])
-            return [self._event("response.created", response=created),
-                    self._event("response.in_progress", response=created)]
+            created = _response_object(
+                None, self.start, self.request, status="in_progress", output=[]
+            )
+            return [
+                self._event("response.created", response=created),
+                self._event("response.in_progress", response=created),
+            ]
         if isinstance(event, StreamReasoning):
             return self._delta("reasoning", event.text) if event.text else []
         if isinstance(event, StreamContent):
@@ -537,8 +667,9 @@ class Encoder:
     def _end(self, event: StreamEnd) -> list[bytes]:
         response = event.response
         out = []
-        if event.reasoning_tail or (response.reasoning is not None
-                                    and self.open != "reasoning" and not self.output):
+        if event.reasoning_tail or (
+            response.reasoning is not None and self.open != "reasoning" and not self.output
+        ):
             out += self._delta("reasoning", event.reasoning_tail)
         if event.content_tail or (_has_message(response) and self.open != "message"):
             out += self._delta("message", event.content_tail)
@@ -546,17 +677,31 @@ class Encoder:
         for i, call in enumerate(response.tool_calls):
             index = len(self.output)
             item = _call_item(response.id, i, call)
-            out += [self._event("response.output_item.added", output_index=index,
-                                item={**item, "arguments": "", "status": "in_progress"}),
-                    self._event("response.function_call_arguments.delta", item_id=item["id"],
-                                output_index=index, delta=item["arguments"]),
-                    self._event("response.function_call_arguments.done", item_id=item["id"],
-                                output_index=index, arguments=item["arguments"]),
-                    self._event("response.output_item.done", output_index=index, item=item)]
+            out += [
+                self._event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "arguments": "", "status": "in_progress"},
+                ),
+                self._event(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=index,
+                    delta=item["arguments"],
+                ),
+                self._event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    arguments=item["arguments"],
+                ),
+                self._event("response.output_item.done", output_index=index, item=item),
+            ]
             self.output.append(item)
         status = "incomplete" if response.finish_reason == "length" else "completed"
-        final = _response_object(response, self.start, self.request, status=status,
-                                 output=self.output)
+        final = _response_object(
+            response, self.start, self.request, status=status, output=self.output
+        )
         out.append(self._event(f"response.{status}", response=final))
         return out
 
@@ -567,13 +712,24 @@ class Encoder:
     def error(self, error: RolloutdError) -> list[bytes]:
         """``error`` then ``response.failed`` (with ``response.error``)."""
         _, body = error_body(error)
-        failed = _response_object(None, self.start, self.request, status="failed",
-                                  output=self.output)
-        failed["error"] = {"code": _failed_code(error.status_code), "message": error.message,
-                           "param": body["error"]["param"], "type": body["error"]["type"]}
-        return [self._event("error", code=body["error"]["code"], message=error.message,
-                            param=body["error"]["param"]),
-                self._event("response.failed", response=failed)]
+        failed = _response_object(
+            None, self.start, self.request, status="failed", output=self.output
+        )
+        failed["error"] = {
+            "code": _failed_code(error.status_code),
+            "message": error.message,
+            "param": body["error"]["param"],
+            "type": body["error"]["type"],
+        }
+        return [
+            self._event(
+                "error",
+                code=body["error"]["code"],
+                message=error.message,
+                param=body["error"]["param"],
+            ),
+            self._event("response.failed", response=failed),
+        ]
 
 
 def _failed_code(status: int) -> str:
@@ -611,8 +767,13 @@ def collect_stream(events: list[dict[str, Any]]) -> InternalResponse:
             saw_reasoning |= event["item"]["type"] == "reasoning"
         elif kind == "response.output_item.done" and event["item"]["type"] == "function_call":
             item = event["item"]
-            calls.append({"id": item["call_id"], "type": "function",
-                          "function": {"name": item["name"], "arguments": item["arguments"]}})
+            calls.append(
+                {
+                    "id": item["call_id"],
+                    "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]},
+                }
+            )
         elif kind in ("response.completed", "response.incomplete"):
             final = event["response"]
     body = {**final, "output": []}
@@ -620,8 +781,9 @@ def collect_stream(events: list[dict[str, Any]]) -> InternalResponse:
         body["output"].append(_reasoning_item("rs", reasoning))
     if saw_message:
         body["output"].append(_message_item("msg", text))
-    body["output"] += [{"type": "function_call", "call_id": c["id"], **c["function"]}
-                       for c in calls]
+    body["output"] += [
+        {"type": "function_call", "call_id": c["id"], **c["function"]} for c in calls
+    ]
     return response_to_internal(body)
 
 

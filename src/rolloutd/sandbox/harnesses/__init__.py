@@ -22,8 +22,16 @@ from rolloutd.sandbox.harnesses.qwen_code import QwenCodeHarness
 from rolloutd.sandbox.harnesses.shell import ShellHarness
 from rolloutd.types import HarnessSpec
 
-__all__ = ["HARNESSES", "CliHarness", "CliRecipe", "HarnessAdapter", "HarnessCommand",
-           "HarnessContext", "get_harness", "harness_capabilities"]
+__all__ = [
+    "HARNESSES",
+    "CliHarness",
+    "CliRecipe",
+    "HarnessAdapter",
+    "HarnessCommand",
+    "HarnessContext",
+    "get_harness",
+    "harness_capabilities",
+]
 
 #: harness type -> adapter class; the other types of HarnessSpec are not built yet. A sandbox
 #: host publishes every type listed here whose CLI it has (:func:`harness_capabilities`), so an

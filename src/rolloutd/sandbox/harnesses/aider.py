@@ -3,7 +3,8 @@
 Installed on the host in its own environment under the tools folder (scripts/setup.sh:
 ``uv tool install aider-chat``; bwrap binds it read-only) and run as::
 
-    {tools}/bin/aider --config ~/.aider.conf.yml [spec.args] --message-file ~/.rolloutd/instruction.md
+    {tools}/bin/aider --config ~/.aider.conf.yml [spec.args]
+        --message-file ~/.rolloutd/instruction.md
 
 - ``~/.aider.conf.yml`` (aider's own config file; JSON, which is YAML; keys are the long option
   names) holds everything else: ``model: openai/{model}`` (litellm's OpenAI-compatible provider;
@@ -53,8 +54,10 @@ CONTEXT_TOKENS = 16384
 #: what aider prints after writing a file (aider/coders/base_coder.py ``apply_updates``).
 APPLIED = re.compile(r"^Applied edit to (.+?)\s*$")
 #: what aider prints for a failed model call or an edit it could not apply.
-ERROR = re.compile(r"(litellm\.\w+|\w*Error\b|The LLM did not conform|Did not apply|"
-                   r"Only \d+ reflections allowed)")
+ERROR = re.compile(
+    r"(litellm\.\w+|\w*Error\b|The LLM did not conform|Did not apply|"
+    r"Only \d+ reflections allowed)"
+)
 TOKENS = re.compile(r"^Tokens: (.+?)\s*$")
 
 
@@ -88,8 +91,12 @@ def aider_config(model: str, home: str, compact: bool) -> dict[str, Any]:
         "input-history-file": f"{home}/.aider.input.history",
     }
     if compact:
-        config |= {"map-tokens": 0, "auto-lint": False, "max-chat-history-tokens": 2048,
-                   "model-settings-file": f"{home}/{SETTINGS_FILE}"}
+        config |= {
+            "map-tokens": 0,
+            "auto-lint": False,
+            "max-chat-history-tokens": 2048,
+            "model-settings-file": f"{home}/{SETTINGS_FILE}",
+        }
     return config
 
 
@@ -102,16 +109,29 @@ def compact_model_settings(model: str) -> list[dict[str, Any]]:
     ("To suggest changes to a file you MUST return ...") instead of a file listing. aider adds
     the reminder only for ``reminder`` ``user`` or ``sys`` (``Coder.format_chat_chunks``).
     """
-    return [{"name": f"openai/{model}", "edit_format": "whole", "reminder": "none",
-             "examples_as_sys_msg": True}]
+    return [
+        {
+            "name": f"openai/{model}",
+            "edit_format": "whole",
+            "reminder": "none",
+            "examples_as_sys_msg": True,
+        }
+    ]
 
 
 def model_metadata(model: str) -> dict[str, Any]:
     """litellm model metadata for ``openai/{model}``: context window, no price."""
-    return {f"openai/{model}": {
-        "max_input_tokens": CONTEXT_TOKENS, "max_output_tokens": 4096,
-        "max_tokens": CONTEXT_TOKENS, "input_cost_per_token": 0.0,
-        "output_cost_per_token": 0.0, "litellm_provider": "openai", "mode": "chat"}}
+    return {
+        f"openai/{model}": {
+            "max_input_tokens": CONTEXT_TOKENS,
+            "max_output_tokens": 4096,
+            "max_tokens": CONTEXT_TOKENS,
+            "input_cost_per_token": 0.0,
+            "output_cost_per_token": 0.0,
+            "litellm_provider": "openai",
+            "mode": "chat",
+        }
+    }
 
 
 class AiderHarness(CliHarness):
@@ -139,15 +159,29 @@ class AiderHarness(CliHarness):
         config = aider_config(ctx.model, runtime.home, self.spec.profile == "compact")
         return CliRecipe(
             # the task's args go after these; the message file is an option, not a positional
-            command=[str(cli), "--config", f"{runtime.home}/{CONFIG_FILE}",
-                     "--message-file", "{instruction_file}"],
+            command=[
+                str(cli),
+                "--config",
+                f"{runtime.home}/{CONFIG_FILE}",
+                "--message-file",
+                "{instruction_file}",
+            ],
             dialect="chat",
-            env={"OPENAI_API_BASE": "{base_url}", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                 "NO_COLOR": "1", "TERM": "dumb"},
-            files={CONFIG_FILE: json.dumps(config, indent=2),
-                   METADATA_FILE: json.dumps(model_metadata(ctx.model), indent=2)}
-            | ({SETTINGS_FILE: json.dumps(compact_model_settings(ctx.model), indent=2)}
-               if self.spec.profile == "compact" else {}),
+            env={
+                "OPENAI_API_BASE": "{base_url}",
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "NO_COLOR": "1",
+                "TERM": "dumb",
+            },
+            files={
+                CONFIG_FILE: json.dumps(config, indent=2),
+                METADATA_FILE: json.dumps(model_metadata(ctx.model), indent=2),
+            }
+            | (
+                {SETTINGS_FILE: json.dumps(compact_model_settings(ctx.model), indent=2)}
+                if self.spec.profile == "compact"
+                else {}
+            ),
         )
 
     def summarize(self, stdout: str) -> dict[str, Any] | None:
@@ -179,5 +213,4 @@ def summarize_output(stdout: str) -> dict[str, Any]:
             tokens = m.group(1)
         elif ERROR.search(line) and len(errors) < 5:
             errors.append(line.strip()[:300])
-    return {"edited_files": edited, "errors": errors, "tokens": tokens,
-            "is_error": not edited}
+    return {"edited_files": edited, "errors": errors, "tokens": tokens, "is_error": not edited}

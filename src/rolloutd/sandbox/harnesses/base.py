@@ -126,11 +126,17 @@ class HarnessAdapter(abc.ABC):
             "ROLLOUTD_INSTRUCTION_FILE": f"{runtime.home}/{INSTRUCTION_FILE}",
         }
         if ctx.anthropic_base_url:
-            env |= {"ANTHROPIC_BASE_URL": ctx.anthropic_base_url,
-                    "ANTHROPIC_API_KEY": ctx.api_key, "ANTHROPIC_MODEL": ctx.model}
+            env |= {
+                "ANTHROPIC_BASE_URL": ctx.anthropic_base_url,
+                "ANTHROPIC_API_KEY": ctx.api_key,
+                "ANTHROPIC_MODEL": ctx.model,
+            }
         if ctx.gemini_base_url:
-            env |= {"GOOGLE_GEMINI_BASE_URL": ctx.gemini_base_url,
-                    "GEMINI_API_KEY": ctx.api_key, "GEMINI_MODEL": ctx.model}
+            env |= {
+                "GOOGLE_GEMINI_BASE_URL": ctx.gemini_base_url,
+                "GEMINI_API_KEY": ctx.api_key,
+                "GEMINI_MODEL": ctx.model,
+            }
         return env | self.spec.env
 
     async def write_instruction(self, runtime: Runtime, ctx: HarnessContext) -> str:

@@ -93,21 +93,45 @@ class ClaudeCodeHarness(CliHarness):
             HarnessError: the CLI is not installed on this host.
         """
         cli = npm_cli(self.type, PACKAGE, ENTRY)
-        parts = [shlex.quote(str(cli)), "-p", "--output-format", "stream-json", "--verbose",
-                 "--model", "{model}", "--max-turns", "{max_turns}",
-                 "--permission-mode", "bypassPermissions", "--no-session-persistence"]
+        parts = [
+            shlex.quote(str(cli)),
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--model",
+            "{model}",
+            "--max-turns",
+            "{max_turns}",
+            "--permission-mode",
+            "bypassPermissions",
+            "--no-session-persistence",
+        ]
         if self.spec.profile == "compact":
             prompt = COMPACT_SYSTEM_PROMPT.replace("{workdir}", ctx.workdir or runtime.workdir)
-            parts += ["--system-prompt", shlex.quote(prompt),
-                      "--tools", COMPACT_TOOLS, "--strict-mcp-config",
-                      "--setting-sources", "''", "--disable-slash-commands"]
+            parts += [
+                "--system-prompt",
+                shlex.quote(prompt),
+                "--tools",
+                COMPACT_TOOLS,
+                "--strict-mcp-config",
+                "--setting-sources",
+                "''",
+                "--disable-slash-commands",
+            ]
         command = "exec " + " ".join(parts) + " < {instruction_file}"
-        env = QUIET_ENV | {"ANTHROPIC_SMALL_FAST_MODEL": "{model}",
-                           "ANTHROPIC_DEFAULT_HAIKU_MODEL": "{model}",
-                           "ANTHROPIC_DEFAULT_SONNET_MODEL": "{model}",
-                           "ANTHROPIC_DEFAULT_OPUS_MODEL": "{model}"}
-        return CliRecipe(command=command, dialect="anthropic", env=env,
-                         files={".claude/settings.json": json.dumps(SETTINGS, indent=2)})
+        env = QUIET_ENV | {
+            "ANTHROPIC_SMALL_FAST_MODEL": "{model}",
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": "{model}",
+            "ANTHROPIC_DEFAULT_SONNET_MODEL": "{model}",
+            "ANTHROPIC_DEFAULT_OPUS_MODEL": "{model}",
+        }
+        return CliRecipe(
+            command=command,
+            dialect="anthropic",
+            env=env,
+            files={".claude/settings.json": json.dumps(SETTINGS, indent=2)},
+        )
 
     def summarize(self, stdout: str) -> dict[str, Any] | None:
         """See :func:`summarize_output`."""
@@ -145,8 +169,11 @@ def summarize_output(stdout: str) -> dict[str, Any]:
             result = event
         elif event.get("type") == "assistant":
             content = (event.get("message") or {}).get("content") or []
-            num_tool_uses += sum(1 for block in content
-                                 if isinstance(block, dict) and block.get("type") == "tool_use")
+            num_tool_uses += sum(
+                1
+                for block in content
+                if isinstance(block, dict) and block.get("type") == "tool_use"
+            )
     usage = result.get("usage") or {}
     return {
         "has_result": bool(result),

@@ -45,9 +45,19 @@ from rolloutd.sandbox.runtimes.base import Runtime
 
 Dialect = Literal["chat", "responses", "anthropic", "gemini"]
 
-PLACEHOLDERS = ("base_url", "openai_base_url", "anthropic_base_url", "gemini_base_url",
-                "api_key", "model", "instruction", "instruction_file", "workdir", "home",
-                "max_turns")
+PLACEHOLDERS = (
+    "base_url",
+    "openai_base_url",
+    "anthropic_base_url",
+    "gemini_base_url",
+    "api_key",
+    "model",
+    "instruction",
+    "instruction_file",
+    "workdir",
+    "home",
+    "max_turns",
+)
 
 
 class CliRecipe(BaseModel):
@@ -84,8 +94,9 @@ def render(template: str, values: dict[str, str], quote: str = "raw") -> str:
     """
     if not values:
         return template
-    escape = {"raw": lambda v: v, "shell": shlex.quote,
-              "json": lambda v: json.dumps(v)[1:-1]}[quote]
+    escape = {"raw": lambda v: v, "shell": shlex.quote, "json": lambda v: json.dumps(v)[1:-1]}[
+        quote
+    ]
     pattern = re.compile("|".join(re.escape("{" + name + "}") for name in values))
     return pattern.sub(lambda m: escape(values[m.group(0)[1:-1]]), template)
 
@@ -96,8 +107,12 @@ def dialect_url(ctx: HarnessContext, dialect: Dialect) -> str:
     Raises:
         HarnessError: the session has no URL for that dialect.
     """
-    url = {"chat": ctx.openai_base_url, "responses": ctx.openai_base_url,
-           "anthropic": ctx.anthropic_base_url, "gemini": ctx.gemini_base_url}[dialect]
+    url = {
+        "chat": ctx.openai_base_url,
+        "responses": ctx.openai_base_url,
+        "anthropic": ctx.anthropic_base_url,
+        "gemini": ctx.gemini_base_url,
+    }[dialect]
     if not url:
         raise HarnessError(f"the session has no {dialect} base URL")
     return url
@@ -134,8 +149,9 @@ class CliHarness(HarnessAdapter):
             raise HarnessError("harness.command is required for the cli harness")
         return CliRecipe(command=self.spec.command, dialect=self.spec.dialect or "chat")
 
-    def values(self, runtime: Runtime, ctx: HarnessContext, dialect: Dialect,
-               instruction_file: str) -> dict[str, str]:
+    def values(
+        self, runtime: Runtime, ctx: HarnessContext, dialect: Dialect, instruction_file: str
+    ) -> dict[str, str]:
         """Placeholder name -> value for this session (module docstring)."""
         return {
             "base_url": dialect_url(ctx, dialect),
@@ -158,8 +174,9 @@ class CliHarness(HarnessAdapter):
             HarnessError: the recipe cannot be built (a CLI missing on this host, no command).
         """
         recipe = await self.recipe(runtime, ctx)
-        values = self.values(runtime, ctx, recipe.dialect,
-                             await self.write_instruction(runtime, ctx))
+        values = self.values(
+            runtime, ctx, recipe.dialect, await self.write_instruction(runtime, ctx)
+        )
         for path, content in (recipe.files | self.spec.files).items():
             target = path if path.startswith("/") else f"{runtime.home}/{path}"
             quote = "json" if path.endswith((".json", ".toml")) else "raw"
@@ -172,7 +189,9 @@ class CliHarness(HarnessAdapter):
         else:
             command = [render(a, values) for a in recipe.command] + list(self.spec.args)
         # provider variables, then the recipe's, then the task's own on top
-        env = (self.session_env(runtime, ctx)
-               | {k: render(v, values) for k, v in recipe.env.items()}
-               | {k: render(v, values) for k, v in self.spec.env.items()})
+        env = (
+            self.session_env(runtime, ctx)
+            | {k: render(v, values) for k, v in recipe.env.items()}
+            | {k: render(v, values) for k, v in self.spec.env.items()}
+        )
         return HarnessCommand(command=command, env=env, cwd=recipe.cwd or values["workdir"])

@@ -172,7 +172,8 @@ def codex_config(profile: str) -> str:
     """The ``config.toml`` template of ``profile`` (``default`` or ``compact``)."""
     compact = profile == "compact"
     return CONFIG_TOML.replace("{compact_top}", COMPACT_TOP if compact else "").replace(
-        "{compact_tables}", COMPACT_TABLES if compact else "")
+        "{compact_tables}", COMPACT_TABLES if compact else ""
+    )
 
 
 class CodexHarness(CliHarness):
@@ -189,19 +190,29 @@ class CodexHarness(CliHarness):
             HarnessError: the CLI is not installed on this host.
         """
         cli = npm_cli(self.type, PACKAGE, ENTRY)
-        files = {".codex/config.toml": codex_config(self.spec.profile),
-                 ".rolloutd/codex_turns.py": TURN_CAP}
+        files = {
+            ".codex/config.toml": codex_config(self.spec.profile),
+            ".rolloutd/codex_turns.py": TURN_CAP,
+        }
         if self.spec.profile == "compact":
             files[".codex/instructions.md"] = COMPACT_INSTRUCTIONS
-        command = ("exec python3 {home}/.rolloutd/codex_turns.py {max_turns} "
-                   f"node {shlex.quote(str(cli))} exec --json --ephemeral "
-                   "--skip-git-repo-check --dangerously-bypass-approvals-and-sandbox "
-                   "--color never -C {workdir} - < {instruction_file}")
+        command = (
+            "exec python3 {home}/.rolloutd/codex_turns.py {max_turns} "
+            f"node {shlex.quote(str(cli))} exec --json --ephemeral "
+            "--skip-git-repo-check --dangerously-bypass-approvals-and-sandbox "
+            "--color never -C {workdir} - < {instruction_file}"
+        )
         return CliRecipe(
-            command=command, dialect="responses", files=files,
-            env={"CODEX_HOME": "{home}/.codex", "NO_COLOR": "1",
-                 # Codex reads RUST_LOG; keep its stderr to warnings
-                 "RUST_LOG": "warn"})
+            command=command,
+            dialect="responses",
+            files=files,
+            env={
+                "CODEX_HOME": "{home}/.codex",
+                "NO_COLOR": "1",
+                # Codex reads RUST_LOG; keep its stderr to warnings
+                "RUST_LOG": "warn",
+            },
+        )
 
     def summarize(self, stdout: str) -> dict[str, Any] | None:
         """See :func:`summarize_output`."""
@@ -251,11 +262,17 @@ def summarize_output(stdout: str) -> dict[str, Any]:
                 num_commands += 1
             elif item.get("type") == "error":
                 num_warnings += 1
-    return {"completed": completed, "max_turns_reached": max_turns_reached,
-            "is_error": error is not None or not (completed or max_turns_reached),
-            "error": error[:1000] if error else None, "num_commands": num_commands,
-            "num_warnings": num_warnings, "input_tokens": input_tokens,
-            "output_tokens": output_tokens, "result": result[:1000]}
+    return {
+        "completed": completed,
+        "max_turns_reached": max_turns_reached,
+        "is_error": error is not None or not (completed or max_turns_reached),
+        "error": error[:1000] if error else None,
+        "num_commands": num_commands,
+        "num_warnings": num_warnings,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "result": result[:1000],
+    }
 
 
 def _json_lines(stdout: str) -> list[dict[str, Any]]:

@@ -88,12 +88,15 @@ def gemini_settings(max_turns: int, compact: bool) -> dict[str, Any]:
         compact: keep only :data:`CORE_TOOLS` (``tools.core``).
     """
     settings: dict[str, Any] = {
-        "security": {"auth": {"selectedType": "gemini-api-key"},
-                     "folderTrust": {"enabled": False}},
+        "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False},
-        "general": {"disableAutoUpdate": True, "disableUpdateNag": True,
-                    "enableAutoUpdate": False, "checkpointing": {"enabled": False}},
+        "general": {
+            "disableAutoUpdate": True,
+            "disableUpdateNag": True,
+            "enableAutoUpdate": False,
+            "checkpointing": {"enabled": False},
+        },
         "ide": {"enabled": False, "hasSeenNudge": True},
         "ui": {"hideTips": True, "hideBanner": True},
         "model": {"maxSessionTurns": max_turns},
@@ -118,26 +121,45 @@ class GeminiCliHarness(CliHarness):
         """
         cli = npm_cli(self.type, PACKAGE, ENTRY)
         compact = self.spec.profile == "compact"
-        env = {"GEMINI_CLI_TRUST_WORKSPACE": "true", "NO_COLOR": "1", "CI": "true",
-               # no relaunch with a bigger heap: one node process per run
-               "GEMINI_CLI_NO_RELAUNCH": "true",
-               "NODE_OPTIONS": f"--require={runtime.home}/{FETCH_PRELOAD_FILE}",
-               "ROLLOUTD_FETCH_TIMEOUT_MS": "0"}
-        files = {".gemini/settings.json": json.dumps(
-                     gemini_settings(self.spec.max_turns, compact), indent=2),
-                 FETCH_PRELOAD_FILE: FETCH_PRELOAD}
+        env = {
+            "GEMINI_CLI_TRUST_WORKSPACE": "true",
+            "NO_COLOR": "1",
+            "CI": "true",
+            # no relaunch with a bigger heap: one node process per run
+            "GEMINI_CLI_NO_RELAUNCH": "true",
+            "NODE_OPTIONS": f"--require={runtime.home}/{FETCH_PRELOAD_FILE}",
+            "ROLLOUTD_FETCH_TIMEOUT_MS": "0",
+        }
+        files = {
+            ".gemini/settings.json": json.dumps(
+                gemini_settings(self.spec.max_turns, compact), indent=2
+            ),
+            FETCH_PRELOAD_FILE: FETCH_PRELOAD,
+        }
         if compact:
             # a file, not a template: the prompt's own braces stay as written
             files[SYSTEM_MD] = COMPACT_SYSTEM_PROMPT.replace(
-                "{workdir}", ctx.workdir or runtime.workdir)
+                "{workdir}", ctx.workdir or runtime.workdir
+            )
             env["GEMINI_SYSTEM_MD"] = f"{runtime.home}/{SYSTEM_MD}"
         return CliRecipe(
-            command=["node", str(cli), "-m", "{model}", "--yolo", "--skip-trust",
-                     "--output-format", "json",
-                     # one argv element: an instruction starting with "-" is not an option
-                     # (yargs reads spec.args, appended after it, as options all the same)
-                     "--prompt={instruction}"],
-            dialect="gemini", env=env, files=files)
+            command=[
+                "node",
+                str(cli),
+                "-m",
+                "{model}",
+                "--yolo",
+                "--skip-trust",
+                "--output-format",
+                "json",
+                # one argv element: an instruction starting with "-" is not an option
+                # (yargs reads spec.args, appended after it, as options all the same)
+                "--prompt={instruction}",
+            ],
+            dialect="gemini",
+            env=env,
+            files=files,
+        )
 
     def summarize(self, stdout: str) -> dict[str, Any] | None:
         """See :func:`summarize_output`."""
@@ -179,8 +201,7 @@ def summarize_output(stdout: str) -> dict[str, Any]:
         "has_result": bool(result),
         "is_error": not result or error is not None,
         "error": str(error)[:1000] if error is not None else None,
-        "num_requests": sum(int((m.get("api") or {}).get("totalRequests") or 0)
-                            for m in models),
+        "num_requests": sum(int((m.get("api") or {}).get("totalRequests") or 0) for m in models),
         "num_tool_calls": int((stats.get("tools") or {}).get("totalCalls") or 0),
         "input_tokens": sum(int(t.get("prompt") or 0) for t in tokens),
         "output_tokens": sum(int(t.get("candidates") or 0) for t in tokens),

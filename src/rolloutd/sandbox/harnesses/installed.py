@@ -90,6 +90,8 @@ def tool_version(harness: str, package: str, tools: Path | None = None) -> str:
     tools = tools or tools_dir()
     name = re.sub(r"[-_.]+", "_", package).lower()
     for info in (tools / package).glob(f"lib/python*/site-packages/{name}-*.dist-info"):
-        return info.name[len(name) + 1:-len(".dist-info")]
-    raise HarnessError(f"{harness} harness: {package} is not installed in {tools / package}; "
-                       f"install it with `bash scripts/setup.sh` or set {TOOLS_DIR_ENV}")
+        return info.name[len(name) + 1 : -len(".dist-info")]
+    raise HarnessError(
+        f"{harness} harness: {package} is not installed in {tools / package}; "
+        f"install it with `bash scripts/setup.sh` or set {TOOLS_DIR_ENV}"
+    )

@@ -82,8 +82,9 @@ print(json.dumps({"mini_swe_agent": {
 WRAPPER = 'py=$1 script=$2 traj=$3; shift 3; "$@"; status=$?; "$py" "$script" "$traj"; exit $status'
 
 
-def mini_config(model: str, base_url: str, max_turns: int, workdir: str,
-                compact: bool) -> dict[str, Any]:
+def mini_config(
+    model: str, base_url: str, max_turns: int, workdir: str, compact: bool
+) -> dict[str, Any]:
     """The rollout's mini-swe-agent config, merged over the built-in ``mini.yaml``.
 
     Args:
@@ -93,17 +94,27 @@ def mini_config(model: str, base_url: str, max_turns: int, workdir: str,
         workdir: where the bash tool's commands run.
         compact: use :data:`COMPACT_INSTANCE_TEMPLATE`.
     """
-    agent: dict[str, Any] = {"agent_class": "default", "mode": "yolo", "confirm_exit": False,
-                             "step_limit": max_turns, "cost_limit": 0}
+    agent: dict[str, Any] = {
+        "agent_class": "default",
+        "mode": "yolo",
+        "confirm_exit": False,
+        "step_limit": max_turns,
+        "cost_limit": 0,
+    }
     if compact:
-        agent |= {"system_template": "You are a coding agent with a bash tool.\n",
-                  "instance_template": COMPACT_INSTANCE_TEMPLATE}
+        agent |= {
+            "system_template": "You are a coding agent with a bash tool.\n",
+            "instance_template": COMPACT_INSTANCE_TEMPLATE,
+        }
     return {
         "agent": agent,
         "environment": {"environment_class": "local", "cwd": workdir, "timeout": 60},
-        "model": {"model_class": "litellm", "model_name": f"openai/{model}",
-                  "cost_tracking": "ignore_errors",
-                  "model_kwargs": {"api_base": base_url, "drop_params": True}},
+        "model": {
+            "model_class": "litellm",
+            "model_name": f"openai/{model}",
+            "cost_tracking": "ignore_errors",
+            "model_kwargs": {"api_base": base_url, "drop_params": True},
+        },
     }
 
 
@@ -130,20 +141,38 @@ class MiniSweAgentHarness(CliHarness):
         """
         cli = tool_cli(self.type, PACKAGE, ENTRY_POINT)
         workdir = ctx.workdir or runtime.workdir
-        config = mini_config(ctx.model, ctx.openai_base_url, self.spec.max_turns, workdir,
-                             self.spec.profile == "compact")
+        config = mini_config(
+            ctx.model,
+            ctx.openai_base_url,
+            self.spec.max_turns,
+            workdir,
+            self.spec.profile == "compact",
+        )
         return CliRecipe(
-            command=[str(cli), "-y", "--exit-immediately", "-c", "mini.yaml",
-                     "-c", f"{runtime.home}/{CONFIG_FILE}",
-                     "-o", f"{runtime.home}/{TRAJECTORY_FILE}"],
+            command=[
+                str(cli),
+                "-y",
+                "--exit-immediately",
+                "-c",
+                "mini.yaml",
+                "-c",
+                f"{runtime.home}/{CONFIG_FILE}",
+                "-o",
+                f"{runtime.home}/{TRAJECTORY_FILE}",
+            ],
             dialect="chat",
-            env={"MSWEA_CONFIGURED": "true", "MSWEA_SILENT_STARTUP": "1",
-                 "MSWEA_COST_TRACKING": "ignore_errors",
-                 # one retry: the gateway answers a retried identical request from its log
-                 "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2",
-                 "MSWEA_GLOBAL_CONFIG_DIR": f"{runtime.home}/.config/mini-swe-agent",
-                 "LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENAI_API_BASE": "{base_url}",
-                 "NO_COLOR": "1", "TERM": "dumb"},
+            env={
+                "MSWEA_CONFIGURED": "true",
+                "MSWEA_SILENT_STARTUP": "1",
+                "MSWEA_COST_TRACKING": "ignore_errors",
+                # one retry: the gateway answers a retried identical request from its log
+                "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2",
+                "MSWEA_GLOBAL_CONFIG_DIR": f"{runtime.home}/.config/mini-swe-agent",
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "OPENAI_API_BASE": "{base_url}",
+                "NO_COLOR": "1",
+                "TERM": "dumb",
+            },
             # JSON is YAML; written as is (a ".yaml" file gets no placeholder escaping)
             files={CONFIG_FILE: json.dumps(config, indent=2), SUMMARY_SCRIPT: SUMMARY},
         )
@@ -159,9 +188,16 @@ class MiniSweAgentHarness(CliHarness):
         python = tool_cli(self.type, PACKAGE, ENTRY_POINT).parent.parent / PACKAGE / "bin/python"
         # one argv element, so an instruction starting with "-" is not read as an option
         argv = [*command.command, f"--task={ctx.instruction}"]
-        command.command = ["/bin/sh", "-c", WRAPPER, self.type, str(python),
-                           f"{runtime.home}/{SUMMARY_SCRIPT}",
-                           f"{runtime.home}/{TRAJECTORY_FILE}", *argv]
+        command.command = [
+            "/bin/sh",
+            "-c",
+            WRAPPER,
+            self.type,
+            str(python),
+            f"{runtime.home}/{SUMMARY_SCRIPT}",
+            f"{runtime.home}/{TRAJECTORY_FILE}",
+            *argv,
+        ]
         return command
 
     def summarize(self, stdout: str) -> dict[str, Any] | None:

@@ -50,8 +50,21 @@ PROVIDER = "rolloutd"
 CONFIG = ".config/opencode/opencode.json"
 
 #: tools the compact profile removes (opencode permission names; ``deny`` drops the tool).
-OPTIONAL_TOOLS = ("task", "todowrite", "todoread", "webfetch", "websearch", "codesearch",
-                  "skill", "question", "glob", "grep", "list", "lsp", "patch")
+OPTIONAL_TOOLS = (
+    "task",
+    "todowrite",
+    "todoread",
+    "webfetch",
+    "websearch",
+    "codesearch",
+    "skill",
+    "question",
+    "glob",
+    "grep",
+    "list",
+    "lsp",
+    "patch",
+)
 
 COMPACT_SYSTEM_PROMPT = (
     "You are a coding agent working in the folder {workdir}. Use the tools to create and change "
@@ -69,8 +82,12 @@ def opencode_config(max_turns: int, compact: bool, workdir: str) -> dict[str, An
         compact: short system prompt, :data:`OPTIONAL_TOOLS` denied.
         workdir: the folder named by the compact prompt.
     """
-    permission: dict[str, str] = {"*": "allow", "external_directory": "allow",
-                                  "doom_loop": "allow", "question": "deny"}
+    permission: dict[str, str] = {
+        "*": "allow",
+        "external_directory": "allow",
+        "doom_loop": "allow",
+        "question": "deny",
+    }
     build: dict[str, Any] = {"steps": max_turns}
     if compact:
         permission |= {tool: "deny" for tool in OPTIONAL_TOOLS}
@@ -80,14 +97,21 @@ def opencode_config(max_turns: int, compact: bool, workdir: str) -> dict[str, An
         "autoupdate": False,
         "share": "disabled",
         "enabled_providers": [PROVIDER],
-        "provider": {PROVIDER: {
-            "npm": "@ai-sdk/openai-compatible", "name": PROVIDER,
-            "options": {"baseURL": "{openai_base_url}",
-                        "apiKey": "{env:ROLLOUTD_SESSION_KEY}",
-                        # see the module docstring: the run budget bounds a call instead
-                        "timeout": False, "headerTimeout": False, "chunkTimeout": False},
-            "models": {"{model}": {"name": "{model}", "tool_call": True}},
-        }},
+        "provider": {
+            PROVIDER: {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": PROVIDER,
+                "options": {
+                    "baseURL": "{openai_base_url}",
+                    "apiKey": "{env:ROLLOUTD_SESSION_KEY}",
+                    # see the module docstring: the run budget bounds a call instead
+                    "timeout": False,
+                    "headerTimeout": False,
+                    "chunkTimeout": False,
+                },
+                "models": {"{model}": {"name": "{model}", "tool_call": True}},
+            }
+        },
         "model": f"{PROVIDER}/{{model}}",
         "small_model": f"{PROVIDER}/{{model}}",
         "permission": permission,
@@ -111,8 +135,9 @@ class OpencodeHarness(CliHarness):
             HarnessError: the CLI is not installed on this host.
         """
         cli = npm_cli(self.type, PACKAGE, ENTRY)
-        config = opencode_config(self.spec.max_turns, self.spec.profile == "compact",
-                                 ctx.workdir or runtime.workdir)
+        config = opencode_config(
+            self.spec.max_turns, self.spec.profile == "compact", ctx.workdir or runtime.workdir
+        )
         env = {
             "ROLLOUTD_SESSION_KEY": "{api_key}",
             "OPENCODE_CONFIG": f"{runtime.home}/{CONFIG}",
@@ -127,9 +152,22 @@ class OpencodeHarness(CliHarness):
             "CI": "true",
         }
         return CliRecipe(
-            command=[str(cli), "run", "-m", f"{PROVIDER}/{{model}}", "--format", "json",
-                     "--title", "rollout", "--pure", "{instruction}"],
-            dialect="chat", env=env, files={CONFIG: json.dumps(config, indent=2)})
+            command=[
+                str(cli),
+                "run",
+                "-m",
+                f"{PROVIDER}/{{model}}",
+                "--format",
+                "json",
+                "--title",
+                "rollout",
+                "--pure",
+                "{instruction}",
+            ],
+            dialect="chat",
+            env=env,
+            files={CONFIG: json.dumps(config, indent=2)},
+        )
 
     def summarize(self, stdout: str) -> dict[str, Any] | None:
         """See :func:`summarize_output`."""
@@ -175,8 +213,12 @@ def summarize_output(stdout: str) -> dict[str, Any]:
             err = event.get("error") or {}
             error = str((err.get("data") or {}).get("message") or err.get("name") or err)
     return {
-        "num_steps": steps, "num_tool_calls": tool_calls, "tool_errors": tool_errors,
+        "num_steps": steps,
+        "num_tool_calls": tool_calls,
+        "tool_errors": tool_errors,
         "is_error": error is not None or steps == 0,
         "error": error[:1000] if error else None,
-        "input_tokens": input_tokens, "output_tokens": output_tokens, "result": text[:1000],
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "result": text[:1000],
     }

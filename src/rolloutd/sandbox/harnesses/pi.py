@@ -47,8 +47,11 @@ ENTRY = "dist/cli.js"
 PROVIDER = "rolloutd"
 
 #: harness.dialect -> pi's ``api`` name of the provider.
-PI_APIS: dict[str, str] = {"chat": "openai-completions", "responses": "openai-responses",
-                           "anthropic": "anthropic-messages"}
+PI_APIS: dict[str, str] = {
+    "chat": "openai-completions",
+    "responses": "openai-responses",
+    "anthropic": "anthropic-messages",
+}
 
 COMPACT_SYSTEM_PROMPT = (
     "You are a coding agent working in the folder {workdir}. Use the tools to create and change "
@@ -80,12 +83,26 @@ def pi_models(api: str, context_window: int = 32768, max_tokens: int = 4096) -> 
         context_window: tokens; pi compacts the conversation near it.
         max_tokens: tokens per call pi asks for (the task's sampling policy decides).
     """
-    return {"providers": {PROVIDER: {
-        "baseUrl": "{base_url}", "api": api, "apiKey": "ROLLOUTD_SESSION_KEY",
-        "models": [{"id": "{model}", "name": "{model}", "contextWindow": context_window,
-                    "maxTokens": max_tokens, "reasoning": False, "input": ["text"],
-                    "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}],
-    }}}
+    return {
+        "providers": {
+            PROVIDER: {
+                "baseUrl": "{base_url}",
+                "api": api,
+                "apiKey": "ROLLOUTD_SESSION_KEY",
+                "models": [
+                    {
+                        "id": "{model}",
+                        "name": "{model}",
+                        "contextWindow": context_window,
+                        "maxTokens": max_tokens,
+                        "reasoning": False,
+                        "input": ["text"],
+                        "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+                    }
+                ],
+            }
+        }
+    }
 
 
 class PiHarness(CliHarness):
@@ -105,25 +122,51 @@ class PiHarness(CliHarness):
         cli = npm_cli(self.type, PACKAGE, ENTRY)
         dialect: Dialect = self.spec.dialect or "chat"
         if dialect not in PI_APIS:
-            raise HarnessError(f"pi harness: harness.dialect={dialect!r} is not one of "
-                               f"{', '.join(PI_APIS)}")
-        argv = ["node", str(cli), "-p", "--mode", "json", "--no-session", "--offline",
-                "--no-context-files", "--no-extensions", "--no-skills", "--no-prompt-templates",
-                "-e", f"{runtime.home}/{MAX_TURNS_FILE}",
-                "--provider", PROVIDER, "--model", "{model}"]
+            raise HarnessError(
+                f"pi harness: harness.dialect={dialect!r} is not one of {', '.join(PI_APIS)}"
+            )
+        argv = [
+            "node",
+            str(cli),
+            "-p",
+            "--mode",
+            "json",
+            "--no-session",
+            "--offline",
+            "--no-context-files",
+            "--no-extensions",
+            "--no-skills",
+            "--no-prompt-templates",
+            "-e",
+            f"{runtime.home}/{MAX_TURNS_FILE}",
+            "--provider",
+            PROVIDER,
+            "--model",
+            "{model}",
+        ]
         if self.spec.profile == "compact":
-            argv += ["--system-prompt",
-                     COMPACT_SYSTEM_PROMPT.replace("{workdir}", ctx.workdir or runtime.workdir),
-                     "--tools", COMPACT_TOOLS]
-        message = ("@{instruction_file}" if ctx.instruction.startswith(("-", "@"))
-                   else "{instruction}")
-        env = {"ROLLOUTD_SESSION_KEY": "{api_key}", "PI_OFFLINE": "1",
-               "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0", "NO_COLOR": "1",
-               "ROLLOUTD_MAX_TURNS": str(self.spec.max_turns)}
+            argv += [
+                "--system-prompt",
+                COMPACT_SYSTEM_PROMPT.replace("{workdir}", ctx.workdir or runtime.workdir),
+                "--tools",
+                COMPACT_TOOLS,
+            ]
+        message = (
+            "@{instruction_file}" if ctx.instruction.startswith(("-", "@")) else "{instruction}"
+        )
+        env = {
+            "ROLLOUTD_SESSION_KEY": "{api_key}",
+            "PI_OFFLINE": "1",
+            "PI_SKIP_VERSION_CHECK": "1",
+            "PI_TELEMETRY": "0",
+            "NO_COLOR": "1",
+            "ROLLOUTD_MAX_TURNS": str(self.spec.max_turns),
+        }
         files = {
             ".pi/agent/models.json": json.dumps(pi_models(PI_APIS[dialect]), indent=2),
             ".pi/agent/settings.json": json.dumps(
-                {"quietStartup": True, "enableInstallTelemetry": False}, indent=2),
+                {"quietStartup": True, "enableInstallTelemetry": False}, indent=2
+            ),
             MAX_TURNS_FILE: MAX_TURNS_EXTENSION,
         }
         return CliRecipe(command=[*argv, message], dialect=dialect, env=env, files=files)
@@ -171,11 +214,19 @@ def summarize_output(stdout: str) -> dict[str, Any]:
     stop_reason = last.get("stopReason")
     failed = stop_reason == "error"
     error = str(last.get("errorMessage") or "request failed") if failed else None
-    text = "".join(str(c.get("text") or "") for c in last.get("content") or []
-                   if isinstance(c, dict) and c.get("type") == "text")
+    text = "".join(
+        str(c.get("text") or "")
+        for c in last.get("content") or []
+        if isinstance(c, dict) and c.get("type") == "text"
+    )
     return {
-        "num_turns": turns, "num_tool_calls": tool_calls, "tool_errors": tool_errors,
-        "is_error": failed or turns == 0, "error": error[:1000] if error else None,
-        "stop_reason": stop_reason, "input_tokens": input_tokens,
-        "output_tokens": output_tokens, "result": text[:1000],
+        "num_turns": turns,
+        "num_tool_calls": tool_calls,
+        "tool_errors": tool_errors,
+        "is_error": failed or turns == 0,
+        "error": error[:1000] if error else None,
+        "stop_reason": stop_reason,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "result": text[:1000],
     }

@@ -65,15 +65,20 @@ class PythonHarness(CliHarness):
             HarnessError: no ``harness.entry``.
         """
         if not self.spec.entry:
-            raise HarnessError("harness.entry (`module:function`) is required for the python "
-                               "harness")
-        interpreter = (list(self.spec.command) if isinstance(self.spec.command, list)
-                       else [sys.executable])
+            raise HarnessError(
+                "harness.entry (`module:function`) is required for the python harness"
+            )
+        interpreter = (
+            list(self.spec.command) if isinstance(self.spec.command, list) else [sys.executable]
+        )
         return CliRecipe(
             command=[*interpreter, "-u", f"{runtime.home}/{RUNNER_FILE}", self.spec.entry],
             dialect="chat",
-            env={"ROLLOUTD_WORKDIR": "{workdir}", "ROLLOUTD_MAX_TURNS": "{max_turns}",
-                 "PYTHONDONTWRITEBYTECODE": "1"},
+            env={
+                "ROLLOUTD_WORKDIR": "{workdir}",
+                "ROLLOUTD_MAX_TURNS": "{max_turns}",
+                "PYTHONDONTWRITEBYTECODE": "1",
+            },
         )
 
     async def prepare(self, runtime: Runtime, ctx: HarnessContext) -> HarnessCommand:
@@ -82,8 +87,9 @@ class PythonHarness(CliHarness):
         Raises:
             HarnessError: no ``harness.entry``.
         """
-        await runtime.upload(f"{runtime.home}/{RUNNER_FILE}",
-                             Path(python_runner.__file__).read_bytes())
+        await runtime.upload(
+            f"{runtime.home}/{RUNNER_FILE}", Path(python_runner.__file__).read_bytes()
+        )
         return await super().prepare(runtime, ctx)
 
     def summarize(self, stdout: str) -> dict[str, Any] | None:

@@ -40,12 +40,19 @@ SUMMARY_KEY = "python_agent"
 
 def report(ok: bool, result: Any = None, error: BaseException | None = None) -> None:
     """Print the outcome line (module docstring)."""
-    print(json.dumps({SUMMARY_KEY: {
-        "ok": ok,
-        "result": "" if result is None else str(result)[:1000],
-        "error": "" if error is None else str(error)[:1000],
-        "error_type": "" if error is None else type(error).__name__,
-    }}), flush=True)
+    print(
+        json.dumps(
+            {
+                SUMMARY_KEY: {
+                    "ok": ok,
+                    "result": "" if result is None else str(result)[:1000],
+                    "error": "" if error is None else str(error)[:1000],
+                    "error_type": "" if error is None else type(error).__name__,
+                }
+            }
+        ),
+        flush=True,
+    )
 
 
 def load(entry: str, search: list[str]) -> Any:
@@ -68,10 +75,14 @@ async def run(function: Any, instruction: str, workdir: str, model: str, max_tur
 
     params = inspect.signature(function).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    extra = {k: v for k, v in {"model": model, "max_turns": max_turns}.items()
-             if takes_all or k in params}
-    async with openai.AsyncOpenAI(base_url=os.environ["OPENAI_BASE_URL"],
-                                  api_key=os.environ["OPENAI_API_KEY"], max_retries=0) as client:
+    extra = {
+        k: v
+        for k, v in {"model": model, "max_turns": max_turns}.items()
+        if takes_all or k in params
+    }
+    async with openai.AsyncOpenAI(
+        base_url=os.environ["OPENAI_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"], max_retries=0
+    ) as client:
         return await function(client, instruction, workdir, **extra)
 
 
@@ -92,8 +103,15 @@ def main(argv: list[str]) -> int:
         report(False, error=exc)
         return 2
     try:
-        result = asyncio.run(run(function, instruction, workdir, os.environ.get("OPENAI_MODEL", ""),
-                                 int(os.environ.get("ROLLOUTD_MAX_TURNS", "10"))))
+        result = asyncio.run(
+            run(
+                function,
+                instruction,
+                workdir,
+                os.environ.get("OPENAI_MODEL", ""),
+                int(os.environ.get("ROLLOUTD_MAX_TURNS", "10")),
+            )
+        )
     except Exception as exc:  # noqa: BLE001 - process boundary: the agent failed, exit 1
         traceback.print_exc()
         report(False, error=exc)

@@ -73,9 +73,20 @@ def installed_version(prefix: Path | None = None) -> str:
 
 #: tools whose schemas make up most of the first request and that a one-shot rollout does not
 #: need (sub-agents, skills, web access, planning, asking the user): 15 tools are 8.2K tokens.
-OPTIONAL_TOOLS = ("todo_write", "agent", "skill", "web_fetch", "monitor", "tool_search",
-                  "send_message", "task_stop", "ask_user_question", "exit_plan_mode",
-                  "glob", "grep_search")
+OPTIONAL_TOOLS = (
+    "todo_write",
+    "agent",
+    "skill",
+    "web_fetch",
+    "monitor",
+    "tool_search",
+    "send_message",
+    "task_stop",
+    "ask_user_question",
+    "exit_plan_mode",
+    "glob",
+    "grep_search",
+)
 
 #: a short system prompt for small-context models (the built-in one is about 6.3K tokens).
 COMPACT_SYSTEM_PROMPT = (
@@ -85,8 +96,9 @@ COMPACT_SYSTEM_PROMPT = (
 )
 
 
-def compact_args(system_prompt: str = COMPACT_SYSTEM_PROMPT, workdir: str = "/workspace"
-                 ) -> list[str]:
+def compact_args(
+    system_prompt: str = COMPACT_SYSTEM_PROMPT, workdir: str = "/workspace"
+) -> list[str]:
     """CLI arguments that fit Qwen Code's first request in a small context window.
 
     Measured with qwen-code 0.15.10 and Qwen2.5's tokenizer, first request of a one-line task:
@@ -125,13 +137,20 @@ def qwen_settings(model: str, max_turns: int) -> dict[str, object]:
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False},
         # background memory/skill subagents make extra model calls after the task is done
-        "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False,
-                   "enableAutoSkill": False},
+        "memory": {
+            "enableManagedAutoMemory": False,
+            "enableManagedAutoDream": False,
+            "enableAutoSkill": False,
+        },
         "ide": {"enabled": False, "hasSeenNudge": True},
         "security": {"auth": {"selectedType": "openai"}, "folderTrust": {"enabled": False}},
         "model": {"name": model, "maxSessionTurns": max_turns},
-        "ui": {"hideTips": True, "hideBanner": True, "enableUserFeedback": False,
-               "enableFollowupSuggestions": False},
+        "ui": {
+            "hideTips": True,
+            "hideBanner": True,
+            "enableUserFeedback": False,
+            "enableFollowupSuggestions": False,
+        },
     }
 
 
@@ -157,19 +176,30 @@ class QwenCodeHarness(HarnessAdapter):
             # the startup-context turn ("This is the Qwen Code ...", answered "Got it.") costs
             # a small model its task: it echoes "Got it." instead of calling a tool
             settings["model"]["skipStartupContext"] = True  # type: ignore[index]
-        await runtime.upload(f"{runtime.home}/.qwen/settings.json",
-                             json.dumps(settings, indent=2).encode("utf-8"))
+        await runtime.upload(
+            f"{runtime.home}/.qwen/settings.json", json.dumps(settings, indent=2).encode("utf-8")
+        )
         await self.write_instruction(runtime, ctx)
         argv = [
-            "node", str(cli),
-            "--auth-type", "openai",
-            "--model", ctx.model,
-            "--approval-mode", "yolo",
-            "--max-session-turns", str(self.spec.max_turns),
-            "--output-format", "stream-json",
-            "--chat-recording", "false",
-            *(compact_args(workdir=ctx.workdir or runtime.workdir)
-              if self.spec.profile == "compact" else []),
+            "node",
+            str(cli),
+            "--auth-type",
+            "openai",
+            "--model",
+            ctx.model,
+            "--approval-mode",
+            "yolo",
+            "--max-session-turns",
+            str(self.spec.max_turns),
+            "--output-format",
+            "stream-json",
+            "--chat-recording",
+            "false",
+            *(
+                compact_args(workdir=ctx.workdir or runtime.workdir)
+                if self.spec.profile == "compact"
+                else []
+            ),
             *self.spec.args,
             f"--prompt={ctx.instruction}",
         ]

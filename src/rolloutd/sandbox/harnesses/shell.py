@@ -59,8 +59,9 @@ class ShellHarness(HarnessAdapter):
             HarnessError: ``spec.command`` is empty.
         """
         if not isinstance(self.spec.command, str) or not self.spec.command:
-            raise HarnessError("harness.command (one shell string) is required for the shell "
-                               "harness")
+            raise HarnessError(
+                "harness.command (one shell string) is required for the shell harness"
+            )
         workdir = ctx.workdir or runtime.workdir
         values = {
             "instruction": ctx.instruction,

@@ -16,8 +16,9 @@ from rolloutd.types import RuntimeSpec
 __all__ = ["ExecResult", "Runtime", "RuntimeProcess", "create_runtime"]
 
 
-def create_runtime(spec: RuntimeSpec, runtime_id: str, root: Path, *,
-                   grace_s: float = 5.0) -> Runtime:
+def create_runtime(
+    spec: RuntimeSpec, runtime_id: str, root: Path, *, grace_s: float = 5.0
+) -> Runtime:
     """Create (not start) the runtime ``spec.type`` asks for.
 
     Args:

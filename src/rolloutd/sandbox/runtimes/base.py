@@ -107,8 +107,9 @@ class Runtime(abc.ABC):
     #: whether SIGTERM must spare the group leader (bwrap's outer process: see process.py).
     spare_leader_on_term: ClassVar[bool] = False
 
-    def __init__(self, spec: RuntimeSpec, runtime_id: str, root: Path, *,
-                 grace_s: float = 5.0) -> None:
+    def __init__(
+        self, spec: RuntimeSpec, runtime_id: str, root: Path, *, grace_s: float = 5.0
+    ) -> None:
         if not RUNTIME_ID_PATTERN.match(runtime_id):
             raise ConfigError(
                 f"runtime_id {runtime_id!r} must be 1-200 letters, digits, '.', '_' or '-' "
@@ -151,8 +152,9 @@ class Runtime(abc.ABC):
     async def _cleanup(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release what :meth:`_check` set up (after every process is gone, before rmtree)."""
 
-    def _host_env(self, argv: list[str], env: dict[str, str],
-                  host_argv: list[str]) -> dict[str, str]:
+    def _host_env(
+        self, argv: list[str], env: dict[str, str], host_argv: list[str]
+    ) -> dict[str, str]:
         """The environment of the host command (default: the command's own environment).
 
         Container runtimes pass it on through their CLI: they may edit ``host_argv`` in place
@@ -218,8 +220,13 @@ class Runtime(abc.ABC):
         except BaseException:
             await self.stop()
             raise
-        log.info("runtime_started", runtime=self.type, runtime_id=self.runtime_id,
-                 num_files=len(self.spec.files), duration_s=round(time.monotonic() - began, 3))
+        log.info(
+            "runtime_started",
+            runtime=self.type,
+            runtime_id=self.runtime_id,
+            num_files=len(self.spec.files),
+            duration_s=round(time.monotonic() - began, 3),
+        )
 
     async def cancel(self) -> None:
         """Terminate every process of the runtime (SIGTERM, grace, SIGKILL); keep its files.
@@ -242,8 +249,12 @@ class Runtime(abc.ABC):
             await self._cleanup()
         finally:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
-        log.info("runtime_stopped", runtime=self.type, runtime_id=self.runtime_id,
-                 duration_s=round(time.monotonic() - began, 3))
+        log.info(
+            "runtime_stopped",
+            runtime=self.type,
+            runtime_id=self.runtime_id,
+            duration_s=round(time.monotonic() - began, 3),
+        )
 
     # -- commands -----------------------------------------------------------------------
     async def exec(
@@ -278,24 +289,30 @@ class Runtime(abc.ABC):
             timeout_s = self.spec.wall_time_s
         try:
             process = await self._launch(
-                command, env=env, cwd=cwd, name="exec",
+                command,
+                env=env,
+                cwd=cwd,
+                name="exec",
                 stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
             )
         except LaunchError as exc:  # like a shell: 127, the reason on stderr
-            return ExecResult(exit_code=127, stderr=exc.message + "\n",
-                              duration_s=time.monotonic() - began)
+            return ExecResult(
+                exit_code=127, stderr=exc.message + "\n", duration_s=time.monotonic() - began
+            )
         proc = process.process
         out, err = BoundedOutput(max_output_bytes), BoundedOutput(max_output_bytes)
-        readers = [asyncio.ensure_future(drain(proc.stdout, out)),  # type: ignore[arg-type]
-                   asyncio.ensure_future(drain(proc.stderr, err))]  # type: ignore[arg-type]
+        readers = [
+            asyncio.ensure_future(drain(proc.stdout, out)),  # type: ignore[arg-type]
+            asyncio.ensure_future(drain(proc.stderr, err)),
+        ]  # type: ignore[arg-type]
         feeder = asyncio.ensure_future(_feed(proc, stdin)) if stdin is not None else None
         timed_out = False
         try:
             if await process.wait(timeout_s) is None:
                 timed_out = True
-                log.info("runtime_exec_timed_out", runtime_id=self.runtime_id,
-                         timeout_s=timeout_s)
+                log.info("runtime_exec_timed_out", runtime_id=self.runtime_id, timeout_s=timeout_s)
                 await process.terminate(grace_s=min(self.grace_s, 1.0))
             # a background child may keep the pipes open: read what is there, then give up.
             await asyncio.wait(readers, timeout=PIPE_DRAIN_S)
@@ -310,12 +327,20 @@ class Runtime(abc.ABC):
         if exit_code != 0 and (num_oom_kills := self._oom_kills()) > self._num_oom_kills_seen:
             self._num_oom_kills_seen = num_oom_kills
             oom_killed = True
-            log.warning("runtime_oom_killed", runtime_id=self.runtime_id,
-                        exit_code=exit_code, num_oom_kills=num_oom_kills)
+            log.warning(
+                "runtime_oom_killed",
+                runtime_id=self.runtime_id,
+                exit_code=exit_code,
+                num_oom_kills=num_oom_kills,
+            )
         return ExecResult(
-            exit_code=exit_code, stdout=out.text(), stderr=err.text(),
-            truncated=out.truncated or err.truncated, timed_out=timed_out,
-            oom_killed=oom_killed, duration_s=time.monotonic() - began,
+            exit_code=exit_code,
+            stdout=out.text(),
+            stderr=err.text(),
+            truncated=out.truncated or err.truncated,
+            timed_out=timed_out,
+            oom_killed=oom_killed,
+            duration_s=time.monotonic() - began,
         )
 
     async def spawn(
@@ -353,15 +378,30 @@ class Runtime(abc.ABC):
         stdout_path.parent.mkdir(parents=True, exist_ok=True)
         stderr_path.parent.mkdir(parents=True, exist_ok=True)
         with open(stdout_path, "ab") as out, open(stderr_path, "ab") as err:
-            process = await self._launch(command, env=env, cwd=cwd, name=name,
-                                         stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err)
+            process = await self._launch(
+                command,
+                env=env,
+                cwd=cwd,
+                name=name,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+            )
         process.stdout_path, process.stderr_path = stdout_path, stderr_path
-        log.info("runtime_process_spawned", runtime_id=self.runtime_id, name=name,
-                 pid=process.pid)
+        log.info("runtime_process_spawned", runtime_id=self.runtime_id, name=name, pid=process.pid)
         return process
 
-    async def _launch(self, command: Command, *, env: dict[str, str] | None, cwd: str | None,
-                      name: str, stdin: int, stdout: object, stderr: object) -> RuntimeProcess:
+    async def _launch(
+        self,
+        command: Command,
+        *,
+        env: dict[str, str] | None,
+        cwd: str | None,
+        name: str,
+        stdin: int,
+        stdout: object,
+        stderr: object,
+    ) -> RuntimeProcess:
         if self.state != "started":
             raise RolloutdError(f"runtime {self.runtime_id} is {self.state}, not started")
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
@@ -369,14 +409,23 @@ class Runtime(abc.ABC):
             raise ConfigError("command must not be empty")
         inside_cwd = self._inside_cwd(cwd)
         full_env = {**self._base_env(), **self.spec.env, **(env or {})}
-        process = await self._start_process(argv, inside_cwd, full_env, name=name, stdin=stdin,
-                                            stdout=stdout, stderr=stderr)
+        process = await self._start_process(
+            argv, inside_cwd, full_env, name=name, stdin=stdin, stdout=stdout, stderr=stderr
+        )
         self._processes = [p for p in self._processes if p.maybe_alive()] + [process]
         return process
 
-    async def _start_process(self, argv: list[str], cwd: str, env: dict[str, str], *,
-                             name: str, stdin: int, stdout: object,
-                             stderr: object) -> RuntimeProcess:
+    async def _start_process(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        *,
+        name: str,
+        stdin: int,
+        stdout: object,
+        stderr: object,
+    ) -> RuntimeProcess:
         """Start one command; by default a host process (:meth:`_wrap`), in its own session.
 
         Args:
@@ -396,14 +445,22 @@ class Runtime(abc.ABC):
         env = self._host_env(argv, env, host_argv)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *host_argv, env=env, cwd=host_cwd, stdin=stdin, stdout=stdout,
-                stderr=stderr, start_new_session=True, pass_fds=self._pass_fds(),
+                *host_argv,
+                env=env,
+                cwd=host_cwd,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+                pass_fds=self._pass_fds(),
             )
         except OSError as exc:  # local runtime: no such program or folder
-            raise LaunchError(f"runtime {self.runtime_id}: cannot run {argv[0]!r} in "
-                              f"{cwd}: {exc.strerror or exc}") from exc
-        return RuntimeProcess(proc, name=name, spare_leader_on_term=self.spare_leader_on_term,
-                              grace_s=self.grace_s)
+            raise LaunchError(
+                f"runtime {self.runtime_id}: cannot run {argv[0]!r} in {cwd}: {exc.strerror or exc}"
+            ) from exc
+        return RuntimeProcess(
+            proc, name=name, spare_leader_on_term=self.spare_leader_on_term, grace_s=self.grace_s
+        )
 
     @property
     def processes(self) -> list[RuntimeProcess]:
@@ -464,8 +521,10 @@ class Runtime(abc.ABC):
         if not path:
             raise ConfigError("path must not be empty")
         inside = PurePosixPath(path)
-        candidates = [(PurePosixPath(self.workdir), self.workspace),
-                      (PurePosixPath(self.home), self.host_home)]
+        candidates = [
+            (PurePosixPath(self.workdir), self.workspace),
+            (PurePosixPath(self.home), self.host_home),
+        ]
         if not inside.is_absolute():
             inside = PurePosixPath(self.workdir) / inside
         for inside_root, host_root in candidates:
@@ -522,15 +581,20 @@ async def run_prepare(runtime: Runtime, steps: list[ExecStep | UploadStep]) -> N
                 raise RuntimeStartError(
                     f"runtime.prepare[{index}] exited {result.exit_code}"
                     f"{' (timed out)' if result.timed_out else ''}: "
-                    f"{(result.stderr or result.stdout).strip()[-500:]}", retryable=False)
+                    f"{(result.stderr or result.stdout).strip()[-500:]}",
+                    retryable=False,
+                )
         else:
             try:
                 await upload_source(runtime, step)
             except (OSError, tarfile.TarError, ValueError) as exc:
-                raise RuntimeStartError(f"runtime.prepare[{index}] upload of {step.source!r} "
-                                        f"failed: {exc}", retryable=False) from exc
-        log.info("runtime_prepare_step_done", runtime_id=runtime.runtime_id, index=index,
-                 step=step.type)
+                raise RuntimeStartError(
+                    f"runtime.prepare[{index}] upload of {step.source!r} failed: {exc}",
+                    retryable=False,
+                ) from exc
+        log.info(
+            "runtime_prepare_step_done", runtime_id=runtime.runtime_id, index=index, step=step.type
+        )
 
 
 async def upload_source(runtime: Runtime, step: UploadStep) -> None:
@@ -543,8 +607,7 @@ async def upload_source(runtime: Runtime, step: UploadStep) -> None:
     local = Path(step.source).expanduser()
     if "://" not in step.source and local.is_dir():
         target = runtime.host_path(step.path)
-        await asyncio.to_thread(shutil.copytree, local, target, symlinks=True,
-                                dirs_exist_ok=True)
+        await asyncio.to_thread(shutil.copytree, local, target, symlinks=True, dirs_exist_ok=True)
         await runtime.adopt(target)
         return
     data = await asyncio.to_thread(_read_source, step.source)

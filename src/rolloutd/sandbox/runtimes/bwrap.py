@@ -167,8 +167,12 @@ def exec_server_pyc() -> bytes:
     """
     source = Path(exec_server_inside.__file__).read_bytes()
     code = compile(source, EXEC_SERVER_INSIDE.removesuffix("c"), "exec", dont_inherit=True)
-    return (importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little")
-            + importlib.util.source_hash(source) + marshal.dumps(code))
+    return (
+        importlib.util.MAGIC_NUMBER
+        + (1).to_bytes(4, "little")
+        + importlib.util.source_hash(source)
+        + marshal.dumps(code)
+    )
 
 
 class BwrapRuntime(Runtime):
@@ -184,8 +188,10 @@ class BwrapRuntime(Runtime):
     def __init__(self, spec: RuntimeSpec, runtime_id: str, root: Path, **kwargs: float) -> None:
         check_spec_network(spec, ("gateway", "none", "host"), "bwrap")
         if not spec.workdir.startswith("/") or spec.workdir in ("/", HOME_INSIDE, "/tmp"):
-            raise ConfigError(f"runtime.workdir {spec.workdir!r} must be an absolute folder "
-                              f"other than /, /tmp and {HOME_INSIDE}")
+            raise ConfigError(
+                f"runtime.workdir {spec.workdir!r} must be an absolute folder "
+                f"other than /, /tmp and {HOME_INSIDE}"
+            )
         super().__init__(spec, runtime_id, root, **kwargs)
         self.workdir = spec.workdir
         self.home = HOME_INSIDE
@@ -198,8 +204,7 @@ class BwrapRuntime(Runtime):
         #: host pid of the exec server (pid 1 inside) once started.
         self.exec_server_pid: int | None = None
         #: ids commands run as (-1: the worker's own; see the module docstring, users).
-        self.uid, self.gid = (SANDBOX_UID, SANDBOX_GID) if can_run_as_sandbox_user() \
-            else (-1, -1)
+        self.uid, self.gid = (SANDBOX_UID, SANDBOX_GID) if can_run_as_sandbox_user() else (-1, -1)
 
     @property
     def holder_pgid(self) -> int | None:
@@ -229,8 +234,17 @@ class BwrapRuntime(Runtime):
         Returns:
             list[str]: ``bwrap`` and its options, ending with ``--``.
         """
-        args = [self.bwrap or "bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc",
-                "--unshare-uts", "--hostname", HOSTNAME, "--cap-drop", "ALL"]
+        args = [
+            self.bwrap or "bwrap",
+            "--die-with-parent",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--hostname",
+            HOSTNAME,
+            "--cap-drop",
+            "ALL",
+        ]
         if self.spec.network in ("none", "gateway"):
             args.append("--unshare-net")
         # bwrap mounts in order: the root's entries first, then /tmp, then host folders (some
@@ -246,7 +260,8 @@ class BwrapRuntime(Runtime):
         # bwrap creates missing parents of a mount point with mode 0700: a command that is not
         # root could not reach the Python installation, the workspace or its home
         for parent in parents_to_create(
-                [*map(str, extra), self.workdir, self.home, EXEC_SERVER_INSIDE], existing):
+            [*map(str, extra), self.workdir, self.home, EXEC_SERVER_INSIDE], existing
+        ):
             args += ["--perms", "0755", "--dir", parent]
         for d in extra:
             args += ["--ro-bind", str(d), str(d)]
@@ -255,10 +270,18 @@ class BwrapRuntime(Runtime):
             args += ["--ro-bind", str(prefix), f"{HOST_INSIDE}/python"]
             for name, path in libs.items():
                 args += ["--ro-bind", str(path), f"{HOST_INSIDE}/lib/{name}"]
-        args += ["--bind", str(self.workspace), self.workdir,
-                 "--bind", str(self.host_home), self.home,
-                 "--ro-bind", str(self.runtime_dir / "exec-server.pyc"), EXEC_SERVER_INSIDE,
-                 "--as-pid-1"]
+        args += [
+            "--bind",
+            str(self.workspace),
+            self.workdir,
+            "--bind",
+            str(self.host_home),
+            self.home,
+            "--ro-bind",
+            str(self.runtime_dir / "exec-server.pyc"),
+            EXEC_SERVER_INSIDE,
+            "--as-pid-1",
+        ]
         if self.uid >= 0:
             for cap in EXEC_SERVER_CAPS:
                 args += ["--cap-add", cap]
@@ -281,18 +304,40 @@ class BwrapRuntime(Runtime):
             return [sys.executable, "-S", "-I"]
         _, executable, libs = host_python()
         loader = next(name for name in libs if name.startswith("ld-"))
-        return [f"{HOST_INSIDE}/lib/{loader}", "--library-path", f"{HOST_INSIDE}/lib",
-                f"{HOST_INSIDE}/python/{executable}", "-S", "-I"]
+        return [
+            f"{HOST_INSIDE}/lib/{loader}",
+            "--library-path",
+            f"{HOST_INSIDE}/lib",
+            f"{HOST_INSIDE}/python/{executable}",
+            "-S",
+            "-I",
+        ]
 
-    async def _start_process(self, argv: list[str], cwd: str, env: dict[str, str], *,
-                             name: str, stdin: int, stdout: object,
-                             stderr: object) -> RuntimeProcess:
+    async def _start_process(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        *,
+        name: str,
+        stdin: int,
+        stdout: object,
+        stderr: object,
+    ) -> RuntimeProcess:
         """Start a command through the exec server."""
         if self._exec_server is None:
             raise LaunchError(f"runtime {self.runtime_id}: the sandbox is not running")
         try:
-            return await self._exec_server.run(argv, env, cwd, name=name, grace_s=self.grace_s,
-                                               stdin=stdin, stdout=stdout, stderr=stderr)
+            return await self._exec_server.run(
+                argv,
+                env,
+                cwd,
+                name=name,
+                grace_s=self.grace_s,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+            )
         except ExecServerError as exc:
             raise LaunchError(exc.message) from exc
 
@@ -312,16 +357,19 @@ class BwrapRuntime(Runtime):
     # -- lifecycle ------------------------------------------------------------------------
     async def _check(self) -> None:
         if self.bwrap is None:
-            raise ConfigError("bwrap runtime: bubblewrap is not installed (apt-get install "
-                              "bubblewrap)")
+            raise ConfigError(
+                "bwrap runtime: bubblewrap is not installed (apt-get install bubblewrap)"
+            )
         if self.spec.image:
             if not os.path.isdir(self.spec.image):
                 raise ConfigError(f"bwrap runtime: image {self.spec.image!r} is not a folder")
             try:
                 await asyncio.to_thread(host_python)
             except (OSError, ValueError, subprocess.CalledProcessError) as exc:
-                raise ConfigError(f"bwrap runtime: cannot find the libraries of this Python "
-                                  f"for an image sandbox: {exc}") from exc
+                raise ConfigError(
+                    f"bwrap runtime: cannot find the libraries of this Python "
+                    f"for an image sandbox: {exc}"
+                ) from exc
         # the exec server answering proves the sandbox runs: no probe command needed
         await self._start_exec_server()
 
@@ -351,15 +399,20 @@ class BwrapRuntime(Runtime):
             ConfigError: ``max_processes``/``cpus`` without a writable cgroup.
         """
         spec = self.spec
-        self.cgroup = RuntimeCgroup.create(self.runtime_id, max_processes=spec.max_processes,
-                                           cpus=spec.cpus, memory_mb=spec.memory_mb)
+        self.cgroup = RuntimeCgroup.create(
+            self.runtime_id,
+            max_processes=spec.max_processes,
+            cpus=spec.cpus,
+            memory_mb=spec.memory_mb,
+        )
         try:
             self.cgroup.attach(pid)
             if spec.memory_mb and self.cgroup.memory_dir is None:
                 rlimit_as(pid, spec.memory_mb)
         except OSError as exc:
-            raise RuntimeStartError(f"bwrap runtime {self.runtime_id}: cannot confine the "
-                                    f"sandbox: {exc}") from exc
+            raise RuntimeStartError(
+                f"bwrap runtime {self.runtime_id}: cannot confine the sandbox: {exc}"
+            ) from exc
 
     async def _start_exec_server(self) -> None:
         """Start the sandbox (a bwrap running the exec server as its pid 1), confine the exec
@@ -372,27 +425,41 @@ class BwrapRuntime(Runtime):
         (self.runtime_dir / "exec-server.pyc").write_bytes(exec_server_pyc())
         if self.uid >= 0:
             etc = Path(self.spec.image or "/") / "etc"
-            for name, text in zip(("passwd", "group"), account_files(etc, self.uid, self.gid),
-                                  strict=True):
+            for name, text in zip(
+                ("passwd", "group"), account_files(etc, self.uid, self.gid), strict=True
+            ):
                 if (etc / name).is_file():  # an image without one gets none (no mount point)
                     (self.runtime_dir / name).write_bytes(text)
             for folder in (self.workspace, self.host_home):  # with spec.files, if any
                 _chown_tree(folder, self.uid, self.gid)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()
-        argv = [*self.bwrap_args(self.workdir), *self._exec_server_argv(), EXEC_SERVER_INSIDE,
-                str(theirs.fileno()), *exec_server_args]
+        argv = [
+            *self.bwrap_args(self.workdir),
+            *self._exec_server_argv(),
+            EXEC_SERVER_INSIDE,
+            str(theirs.fileno()),
+            *exec_server_args,
+        ]
         argv[1:1] = ["--info-fd", str(info_w)]
         stderr_path = self.logs_dir / "exec-server.stderr"
         # the exec server's own environment; each command gets its explicit one in its request
-        env = {"PATH": self._base_env()["PATH"], "LANG": "C.UTF-8",
-               "ROLLOUTD_RUNTIME_ID": self.runtime_id}
+        env = {
+            "PATH": self._base_env()["PATH"],
+            "LANG": "C.UTF-8",
+            "ROLLOUTD_RUNTIME_ID": self.runtime_id,
+        }
         try:
             with open(stderr_path, "ab") as err:
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, env=env, stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.DEVNULL, stderr=err, start_new_session=True,
-                    pass_fds=(theirs.fileno(), info_w))
+                    *argv,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=err,
+                    start_new_session=True,
+                    pass_fds=(theirs.fileno(), info_w),
+                )
         except BaseException:
             ours.close()
             os.close(info_r)
@@ -400,8 +467,7 @@ class BwrapRuntime(Runtime):
         finally:
             theirs.close()
             os.close(info_w)
-        self._holder = RuntimeProcess(proc, name="sandbox", spare_leader_on_term=True,
-                                      grace_s=0.5)
+        self._holder = RuntimeProcess(proc, name="sandbox", spare_leader_on_term=True, grace_s=0.5)
         self._exec_server = ExecServerClient(ours, self.runtime_id)
         try:
             try:
@@ -410,8 +476,9 @@ class BwrapRuntime(Runtime):
                 os.close(info_r)
             # the cgroup move waits for the kernel while bwrap sets up and Python starts
             limited = self.spec.max_processes or self.spec.cpus or self.spec.memory_mb
-            confined = asyncio.ensure_future(asyncio.to_thread(self._confine, pid)) \
-                if limited else None
+            confined = (
+                asyncio.ensure_future(asyncio.to_thread(self._confine, pid)) if limited else None
+            )
             try:
                 await self._exec_server.ready(PROBE_TIMEOUT_S)
             finally:
@@ -421,7 +488,8 @@ class BwrapRuntime(Runtime):
         except (TimeoutError, ExecServerError, ValueError, KeyError) as exc:
             raise RuntimeStartError(
                 f"bwrap runtime {self.runtime_id}: exec server did not start ({exc!r}): "
-                f"{stderr_path.read_text(errors='replace')[-500:]}") from exc
+                f"{stderr_path.read_text(errors='replace')[-500:]}"
+            ) from exc
 
     async def cancel(self) -> None:
         """Terminate every process of the runtime, then SIGKILL any left in the sandbox.
@@ -472,8 +540,11 @@ class BwrapRuntime(Runtime):
         if self.cgroup is not None:
             await asyncio.to_thread(self.cgroup.remove)
             self.cgroup = None
-        log.debug("runtime_cleaned_up", runtime_id=self.runtime_id,
-                  duration_s=round(time.monotonic() - began, 4))
+        log.debug(
+            "runtime_cleaned_up",
+            runtime_id=self.runtime_id,
+            duration_s=round(time.monotonic() - began, 4),
+        )
 
 
 async def _read_child_pid(info_fd: int) -> int:

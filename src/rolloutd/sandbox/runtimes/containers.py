@@ -91,15 +91,23 @@ class ContainerRuntime(Runtime):
         raise NotImplementedError
 
     def _base_env(self) -> dict[str, str]:
-        return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "HOME": self.home, "LANG": "C.UTF-8", "TMPDIR": "/tmp",
-                "ROLLOUTD_RUNTIME_ID": self.runtime_id}
+        return {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": self.home,
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+            "ROLLOUTD_RUNTIME_ID": self.runtime_id,
+        }
 
     # -- lifecycle ------------------------------------------------------------------------
     async def _run_cli(self, argv: list[str]) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), CONTAINER_TIMEOUT_S)
         except TimeoutError:
@@ -118,11 +126,19 @@ class ContainerRuntime(Runtime):
             await self.relay.start()
         code, out = await self._run_cli(self.start_argv())
         if code != 0:
-            raise RuntimeStartError(f"{self.type} runtime {self.runtime_id}: start exited "
-                                    f"{code}: {out.strip()[-500:]}")
+            raise RuntimeStartError(
+                f"{self.type} runtime {self.runtime_id}: start exited {code}: {out.strip()[-500:]}"
+            )
         if self.spec.network == "gateway":
-            relay = await self.spawn(["python3", f"{NET_DIR_INSIDE}/relay.py", str(GATEWAY_PORT),
-                                      f"{NET_DIR_INSIDE}/gateway.sock"], name="relay")
+            relay = await self.spawn(
+                [
+                    "python3",
+                    f"{NET_DIR_INSIDE}/relay.py",
+                    str(GATEWAY_PORT),
+                    f"{NET_DIR_INSIDE}/gateway.sock",
+                ],
+                name="relay",
+            )
             self._relay_process = relay
 
     async def connect_gateway(self, *urls: str) -> list[str]:
@@ -136,8 +152,12 @@ class ContainerRuntime(Runtime):
     async def _cleanup(self) -> None:
         code, out = await self._run_cli(self.stop_argv())
         if code != 0:
-            log.warning("container_stop_failed", runtime=self.type, name=self.name,
-                        output=out.strip()[-300:])
+            log.warning(
+                "container_stop_failed",
+                runtime=self.type,
+                name=self.name,
+                output=out.strip()[-300:],
+            )
         if self.relay is not None:
             await self.relay.close()
 
@@ -163,8 +183,15 @@ class ApptainerRuntime(ContainerRuntime):
     type = "apptainer"
     binary_name = "apptainer"
 
-    def __init__(self, spec: RuntimeSpec, runtime_id: str, root: Path, *,
-                 fakeroot: bool = False, **kwargs: float) -> None:
+    def __init__(
+        self,
+        spec: RuntimeSpec,
+        runtime_id: str,
+        root: Path,
+        *,
+        fakeroot: bool = False,
+        **kwargs: float,
+    ) -> None:
         super().__init__(spec, runtime_id, root, **kwargs)
         self.fakeroot = fakeroot
 
@@ -175,21 +202,36 @@ class ApptainerRuntime(ContainerRuntime):
             argv += ["--net", "--network", "none"]
         if self.fakeroot:
             argv.append("--fakeroot")
-        argv += ["--bind", f"{self.workspace}:{self.workdir}",
-                 "--bind", f"{self.host_home}:{self.home}",
-                 "--bind", f"{self.net_dir}:{NET_DIR_INSIDE}:ro", *self.limit_flags(),
-                 str(self.spec.image), self.name]
+        argv += [
+            "--bind",
+            f"{self.workspace}:{self.workdir}",
+            "--bind",
+            f"{self.host_home}:{self.home}",
+            "--bind",
+            f"{self.net_dir}:{NET_DIR_INSIDE}:ro",
+            *self.limit_flags(),
+            str(self.spec.image),
+            self.name,
+        ]
         return argv
 
     def stop_argv(self) -> list[str]:
         return [self.binary, "instance", "stop", self.name]
 
     def _wrap(self, argv: list[str], cwd: str) -> tuple[list[str], Path | None]:
-        return [self.binary, "exec", "--cleanenv", "--pwd", cwd,
-                f"instance://{self.name}", *argv], None
+        return [
+            self.binary,
+            "exec",
+            "--cleanenv",
+            "--pwd",
+            cwd,
+            f"instance://{self.name}",
+            *argv,
+        ], None
 
-    def _host_env(self, argv: list[str], env: dict[str, str],
-                  host_argv: list[str]) -> dict[str, str]:
+    def _host_env(
+        self, argv: list[str], env: dict[str, str], host_argv: list[str]
+    ) -> dict[str, str]:
         host = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
         return host | {f"APPTAINERENV_{k}": v for k, v in env.items()}
 
@@ -209,13 +251,31 @@ class DockerRuntime(ContainerRuntime):
 
     def start_argv(self) -> list[str]:
         """``docker run --detach`` with isolation, binds and limits, running ``sleep``."""
-        argv = [self.binary, "run", "--detach", "--name", self.name,
-                "--label", f"rolloutd.runtime_id={self.runtime_id}", "--init",
-                "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-                "--read-only", "--tmpfs", "/tmp", "--workdir", self.workdir,
-                "--volume", f"{self.workspace}:{self.workdir}",
-                "--volume", f"{self.host_home}:{self.home}",
-                "--volume", f"{self.net_dir}:{NET_DIR_INSIDE}:ro"]
+        argv = [
+            self.binary,
+            "run",
+            "--detach",
+            "--name",
+            self.name,
+            "--label",
+            f"rolloutd.runtime_id={self.runtime_id}",
+            "--init",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "--read-only",
+            "--tmpfs",
+            "/tmp",
+            "--workdir",
+            self.workdir,
+            "--volume",
+            f"{self.workspace}:{self.workdir}",
+            "--volume",
+            f"{self.host_home}:{self.home}",
+            "--volume",
+            f"{self.net_dir}:{NET_DIR_INSIDE}:ro",
+        ]
         if self.spec.network in ("gateway", "none"):
             argv += ["--network", "none"]
         argv += [*self.limit_flags(), str(self.spec.image), "sleep", "infinity"]
@@ -227,8 +287,9 @@ class DockerRuntime(ContainerRuntime):
     def _wrap(self, argv: list[str], cwd: str) -> tuple[list[str], Path | None]:
         return [self.binary, "exec", "--interactive", "--workdir", cwd, self.name, *argv], None
 
-    def _host_env(self, argv: list[str], env: dict[str, str],
-                  host_argv: list[str]) -> dict[str, str]:
+    def _host_env(
+        self, argv: list[str], env: dict[str, str], host_argv: list[str]
+    ) -> dict[str, str]:
         at = host_argv.index(self.name)
         host_argv[at:at] = [x for k in env for x in ("--env", k)]
         return env

@@ -75,8 +75,15 @@ class SandboxProcess(RuntimeProcess):
             shim reported it started.
     """
 
-    def __init__(self, server: ExecServerClient, sock: socket.socket, *, name: str,
-                 grace_s: float, pipes: SandboxPipes) -> None:
+    def __init__(
+        self,
+        server: ExecServerClient,
+        sock: socket.socket,
+        *,
+        name: str,
+        grace_s: float,
+        pipes: SandboxPipes,
+    ) -> None:
         # no super().__init__: there is no host process to wrap
         self._exec_server = server
         self._sock = sock
@@ -141,8 +148,13 @@ class SandboxProcess(RuntimeProcess):
             self._signal(signal.SIGKILL)
             if await self.wait(KILL_WAIT_S) is None:
                 log.error("runtime_process_survived_kill", name=self.name, pid=self.pid)
-        log.info("runtime_process_terminated", name=self.name, pid=self.pid,
-                 exit_code=self._returncode, graceful=graceful)
+        log.info(
+            "runtime_process_terminated",
+            name=self.name,
+            pid=self.pid,
+            exit_code=self._returncode,
+            graceful=graceful,
+        )
         return self._returncode
 
     def close_pipes(self) -> None:
@@ -221,8 +233,7 @@ class ExecServerClient:
         self._ids = itertools.count(1)
         self._idle: collections.deque[socket.socket] = collections.deque()
         self._starting: set[socket.socket] = set()  # shims not idle yet
-        self._shim_waiters: collections.deque[asyncio.Future[socket.socket]] = \
-            collections.deque()
+        self._shim_waiters: collections.deque[asyncio.Future[socket.socket]] = collections.deque()
         self._num_requested = 0  # shims asked for, not idle yet
         self._sweeps: dict[int, asyncio.Future[int]] = {}
         self._running: set[SandboxProcess] = set()
@@ -249,8 +260,18 @@ class ExecServerClient:
         self._check_open()
         await self._request_shims()
 
-    async def run(self, argv: list[str], env: dict[str, str], cwd: str, *, name: str,
-                  grace_s: float, stdin: Any, stdout: Any, stderr: Any) -> SandboxProcess:
+    async def run(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        *,
+        name: str,
+        grace_s: float,
+        stdin: Any,
+        stdout: Any,
+        stderr: Any,
+    ) -> SandboxProcess:
         """Start a command in the sandbox through an idle shim; return once it started.
 
         Args:
@@ -290,8 +311,12 @@ class ExecServerClient:
                 names.append(stream)
             process = SandboxProcess(self, shim, name=name, grace_s=grace_s, pipes=pipes)
             self._running.add(process)
-            await _send(shim, self._loop, {"op": "run", "argv": argv, "env": env, "cwd": cwd,
-                                           "fds": names}, send_fds)
+            await _send(
+                shim,
+                self._loop,
+                {"op": "run", "argv": argv, "env": env, "cwd": cwd, "fds": names},
+                send_fds,
+            )
         except BaseException:
             if process is not None:
                 process._on_gone()  # closes the shim's socket; the shim then exits
@@ -376,8 +401,7 @@ class ExecServerClient:
         return await waiter
 
     async def _request_shims(self) -> None:
-        missing = NUM_IDLE_SHIMS + len(self._shim_waiters) - len(self._idle) \
-            - self._num_requested
+        missing = NUM_IDLE_SHIMS + len(self._shim_waiters) - len(self._idle) - self._num_requested
         if missing > 0:
             self._num_requested += missing
             await _send(self._sock, self._loop, {"op": "shims", "n": missing}, [])
@@ -385,13 +409,15 @@ class ExecServerClient:
     async def _reader(self, fd: int, pipes: SandboxPipes) -> asyncio.StreamReader:
         reader = asyncio.StreamReader(limit=2**16)
         transport, _ = await self._loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+        )
         pipes.transports.append(transport)
         return reader
 
     async def _writer(self, fd: int, pipes: SandboxPipes) -> asyncio.StreamWriter:
         transport, protocol = await self._loop.connect_write_pipe(
-            lambda: asyncio.streams.FlowControlMixin(), os.fdopen(fd, "wb", buffering=0))
+            lambda: asyncio.streams.FlowControlMixin(), os.fdopen(fd, "wb", buffering=0)
+        )
         pipes.transports.append(transport)
         return asyncio.StreamWriter(transport, protocol, None, self._loop)
 
@@ -399,8 +425,9 @@ class ExecServerClient:
         while not self.closed:
             try:
                 # CLOEXEC at once: a shim's socket must never leak into another host process
-                data, fds, _, _ = socket.recv_fds(self._sock, MAX_EVENT_BYTES, 4,
-                                                  socket.MSG_CMSG_CLOEXEC)
+                data, fds, _, _ = socket.recv_fds(
+                    self._sock, MAX_EVENT_BYTES, 4, socket.MSG_CMSG_CLOEXEC
+                )
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -422,8 +449,11 @@ class ExecServerClient:
             elif kind == "shim_failed":
                 self._num_requested -= 1
                 if self._shim_waiters:
-                    self._shim_waiters.popleft().set_exception(ExecServerError(
-                        f"runtime {self._label}: cannot start a command: {event.get('message')}"))
+                    self._shim_waiters.popleft().set_exception(
+                        ExecServerError(
+                            f"runtime {self._label}: cannot start a command: {event.get('message')}"
+                        )
+                    )
             elif kind == "ready" and not self._ready.done():
                 self._ready.set_result(None)
             elif kind == "swept":
@@ -481,8 +511,9 @@ class ExecServerClient:
         log.debug("exec_server_gone", runtime_id=self._label, reason=reason)
 
 
-async def _send(sock: socket.socket, loop: asyncio.AbstractEventLoop, request: dict[str, Any],
-                fds: list[int]) -> None:
+async def _send(
+    sock: socket.socket, loop: asyncio.AbstractEventLoop, request: dict[str, Any], fds: list[int]
+) -> None:
     """Send one request (with ``fds``) on a non-blocking ``SOCK_SEQPACKET`` socket.
 
     A request longer than :data:`MAX_INLINE_BYTES` travels in a memfd (memfd_create(2)),

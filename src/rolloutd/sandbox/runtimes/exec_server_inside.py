@@ -91,7 +91,6 @@ DEFAULT_PATH = "/bin:/usr/bin"
 EVENT_READ, EVENT_WRITE = select.EPOLLIN, select.EPOLLOUT
 
 
-
 class _Int(_ctypes._SimpleCData):
     _type_ = "i"
 
@@ -166,14 +165,16 @@ def dumps(message: dict) -> bytes:
         if isinstance(value, int):
             parts.append(f'"{key}": {value}')
         else:
-            text = "".join(c if c >= " " and c not in '"\\' else f"\\u{ord(c):04x}"
-                           for c in str(value))
+            text = "".join(
+                c if c >= " " and c not in '"\\' else f"\\u{ord(c):04x}" for c in str(value)
+            )
             parts.append(f'"{key}": "{text}"')
     return ("{" + ", ".join(parts) + "}").encode()
 
 
-def recv_fds(sock: _socket.socket, bufsize: int, maxfds: int,
-             flags: int = 0) -> tuple[bytes, list[int]]:
+def recv_fds(
+    sock: _socket.socket, bufsize: int, maxfds: int, flags: int = 0
+) -> tuple[bytes, list[int]]:
     """One message and the fds passed with it (``SCM_RIGHTS``), as ``socket.recv_fds``."""
     fds = array.array("i")
     data, ancdata, _, _ = sock.recvmsg(bufsize, _socket.CMSG_LEN(maxfds * fds.itemsize), flags)
@@ -311,15 +312,27 @@ def run(sock: _socket.socket, request: dict, fds: dict[str, int]) -> int:
             actions.append((os.POSIX_SPAWN_OPEN, target, "/dev/null", os.O_RDWR, 0))
     try:
         os.chdir(cwd)  # posix_spawn has no chdir action; the shim runs one command at a time
-        pid = os.posix_spawn(which(argv[0], env.get("PATH", DEFAULT_PATH)), argv, env,
-                             file_actions=actions, setpgroup=0, setsigdef=RESET_SIGNALS,
-                             setsigmask=())
+        pid = os.posix_spawn(
+            which(argv[0], env.get("PATH", DEFAULT_PATH)),
+            argv,
+            env,
+            file_actions=actions,
+            setpgroup=0,
+            setsigdef=RESET_SIGNALS,
+            setsigmask=(),
+        )
     except OSError as exc:
         message = f"rolloutd: cannot run {argv[0]!r} in {cwd}: {exc.strerror or exc}\n"
         if "stderr" in fds:
             os.write(fds["stderr"], message.encode())
-        send(sock, {"event": "exit", "code": 127 if isinstance(exc, FileNotFoundError) else 126,
-                    "message": message.strip()})
+        send(
+            sock,
+            {
+                "event": "exit",
+                "code": 127 if isinstance(exc, FileNotFoundError) else 126,
+                "message": message.strip(),
+            },
+        )
         return 0
     finally:
         for fd in fds.values():
@@ -371,8 +384,7 @@ def sweep(spared: set[int]) -> int:
     deadline = time.monotonic() + SWEEP_TIMEOUT_S
     while time.monotonic() < deadline:
         # orphans of a killed shim are the exec server's children too: every process goes
-        victims = [pid for pid, _ in live_processes()
-                   if pid not in (1, me) and pid not in spared]
+        victims = [pid for pid, _ in live_processes() if pid not in (1, me) and pid not in spared]
         if not victims:
             break
         for pid in victims:
@@ -487,8 +499,9 @@ class ExecServer:
         relay: ``(port, unix socket path)`` to relay, or None.
     """
 
-    def __init__(self, ctl: _socket.socket, uid: int, gid: int,
-                 relay: tuple[int, str] | None) -> None:
+    def __init__(
+        self, ctl: _socket.socket, uid: int, gid: int, relay: tuple[int, str] | None
+    ) -> None:
         self.ctl = ctl
         self.uid, self.gid = uid, gid
         self.shims: set[int] = set()  # pids of live shims
@@ -552,8 +565,10 @@ class ExecServer:
             if request["op"] == "shims":
                 self.fork_shims(int(request["n"]))
             elif request["op"] == "sweep":
-                send(self.ctl, {"id": request["id"], "event": "swept",
-                                "num_killed": sweep(self.shims)})
+                send(
+                    self.ctl,
+                    {"id": request["id"], "event": "swept", "num_killed": sweep(self.shims)},
+                )
 
     def fork_shims(self, num: int) -> None:
         """Fork ``num`` idle shims; pass the worker its end of each one's socket (``shim``)."""

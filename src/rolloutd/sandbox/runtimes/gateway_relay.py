@@ -45,8 +45,16 @@ MAX_HEAD_BYTES = 64 * 1024
 #: bytes read from a socket at a time.
 _READ_BYTES = 65536
 #: headers dropped from forwarded requests: hop-by-hop (RFC 9110 section 7.6.1) and Host.
-HOP_HEADERS = {b"connection", b"keep-alive", b"proxy-connection", b"upgrade", b"te",
-               b"trailer", b"host", b"proxy-authorization"}
+HOP_HEADERS = {
+    b"connection",
+    b"keep-alive",
+    b"proxy-connection",
+    b"upgrade",
+    b"te",
+    b"trailer",
+    b"host",
+    b"proxy-authorization",
+}
 #: the session prefix of a gateway base URL: ``.../s/{key}/``.
 SESSION_PREFIX = re.compile(r"^(.*?/s/[^/]+/)")
 
@@ -174,12 +182,20 @@ class GatewayRelay:
             await _refuse(writer, inbound, 403 if self.attached else 503, reason)
             return
         outbound = h11.Connection(h11.CLIENT)
-        head = outbound.send(h11.Request(method=request.method, target=request.target,
-                                         headers=self._forwarded_headers(request)))
+        head = outbound.send(
+            h11.Request(
+                method=request.method,
+                target=request.target,
+                headers=self._forwarded_headers(request),
+            )
+        )
         try:
             up_reader, up_writer = await asyncio.open_connection(
-                self._host, self._port, ssl=self._tls,
-                server_hostname=self._host if self._tls else None)
+                self._host,
+                self._port,
+                ssl=self._tls,
+                server_hostname=self._host if self._tls else None,
+            )
         except OSError as exc:  # a gateway restarting: the harness sees a 502 it may retry
             log.info("gateway_relay_upstream_failed", error=type(exc).__name__)
             await _refuse(writer, inbound, 502, "the gateway is unreachable", kind="server_error")
@@ -206,9 +222,12 @@ class GatewayRelay:
         RFC 9112 section 6.3 has a forwarder remove it, so both sides frame the body alike.
         """
         chunked = any(name == b"transfer-encoding" for name, _ in request.headers)
-        kept = [(name, value) for name, value in request.headers.raw_items()
-                if name.lower() not in HOP_HEADERS
-                and not (chunked and name.lower() == b"content-length")]
+        kept = [
+            (name, value)
+            for name, value in request.headers.raw_items()
+            if name.lower() not in HOP_HEADERS
+            and not (chunked and name.lower() == b"content-length")
+        ]
         return [(b"Host", self._netloc), *kept, (b"Connection", b"close")]
 
     def _refusal(self, target: str) -> str | None:
@@ -269,8 +288,12 @@ async def _read_head(conn: h11.Connection, reader: asyncio.StreamReader) -> Any:
     return event
 
 
-async def _upload(inbound: h11.Connection, reader: asyncio.StreamReader,
-                  outbound: h11.Connection, up_writer: asyncio.StreamWriter) -> None:
+async def _upload(
+    inbound: h11.Connection,
+    reader: asyncio.StreamReader,
+    outbound: h11.Connection,
+    up_writer: asyncio.StreamWriter,
+) -> None:
     """Send the request body to the gateway as it arrives, framed anew by ``outbound``.
 
     The body is parsed by ``inbound`` (chunked or Content-Length) and written by ``outbound``
@@ -309,8 +332,14 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         await writer.drain()
 
 
-async def _refuse(writer: asyncio.StreamWriter, conn: h11.Connection, status: int,
-                  reason: str, *, kind: str = "forbidden") -> None:
+async def _refuse(
+    writer: asyncio.StreamWriter,
+    conn: h11.Connection,
+    status: int,
+    reason: str,
+    *,
+    kind: str = "forbidden",
+) -> None:
     """Answer ``status`` with an OpenAI-shaped error body and ``Connection: close``.
 
     h11 lets a server answer before it has a whole request (its IDLE state takes a Response),
@@ -323,12 +352,21 @@ async def _refuse(writer: asyncio.StreamWriter, conn: h11.Connection, status: in
         reason: the error message's tail, for the harness's log.
         kind: the error body's ``type``.
     """
-    body = json.dumps({"error": {"message": f"rolloutd sandbox relay: {reason}",
-                                 "type": kind}}).encode()
-    headers = [(b"Content-Type", b"application/json"), (b"Content-Length", b"%d" % len(body)),
-               (b"Connection", b"close")]
-    writer.write(conn.send(h11.Response(status_code=status, headers=headers,
-                                        reason=HTTPStatus(status).phrase.encode())))
+    body = json.dumps(
+        {"error": {"message": f"rolloutd sandbox relay: {reason}", "type": kind}}
+    ).encode()
+    headers = [
+        (b"Content-Type", b"application/json"),
+        (b"Content-Length", b"%d" % len(body)),
+        (b"Connection", b"close"),
+    ]
+    writer.write(
+        conn.send(
+            h11.Response(
+                status_code=status, headers=headers, reason=HTTPStatus(status).phrase.encode()
+            )
+        )
+    )
     writer.write(conn.send(h11.Data(data=body)))
     writer.write(conn.send(h11.EndOfMessage()))
     await writer.drain()

@@ -82,8 +82,14 @@ class RuntimeCgroup:
     memory_dir: Path | None = None
 
     @classmethod
-    def create(cls, runtime_id: str, *, max_processes: int | None, cpus: float | None,
-               memory_mb: int | None = None) -> RuntimeCgroup:
+    def create(
+        cls,
+        runtime_id: str,
+        *,
+        max_processes: int | None,
+        cpus: float | None,
+        memory_mb: int | None = None,
+    ) -> RuntimeCgroup:
         """Create the cgroup and write its limits.
 
         Args:
@@ -111,8 +117,7 @@ class RuntimeCgroup:
                 if max_processes:
                     (folder / "pids.max").write_text(str(max_processes))
                 if cpus:
-                    (folder / "cpu.max").write_text(f"{int(cpus * CPU_PERIOD_US)} "
-                                                    f"{CPU_PERIOD_US}")
+                    (folder / "cpu.max").write_text(f"{int(cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
                 if memory_mb and (folder / "memory.max").exists():
                     (folder / "memory.max").write_text(str(memory_mb * 2**20))
                     if (folder / "memory.swap.max").exists():
@@ -139,8 +144,9 @@ class RuntimeCgroup:
         return group
 
     def _make_v1(self, controller: str, runtime_id: str) -> Path:
-        folder = (CGROUP_ROOT / controller / _own_cgroup(controller).lstrip("/")
-                  / "rolloutd" / runtime_id)
+        folder = (
+            CGROUP_ROOT / controller / _own_cgroup(controller).lstrip("/") / "rolloutd" / runtime_id
+        )
         self._make(folder)
         return folder
 
@@ -253,8 +259,7 @@ class RuntimeCgroup:
                     break
                 except OSError as exc:  # EBUSY while the last task is being reaped
                     if time.monotonic() > deadline:
-                        log.error("runtime_cgroup_not_removed", folder=str(folder),
-                                  error=str(exc))
+                        log.error("runtime_cgroup_not_removed", folder=str(folder), error=str(exc))
                         break
                     time.sleep(0.005)
         self.dirs.clear()

@@ -36,8 +36,9 @@ class LocalRuntime(Runtime):
         super().__init__(spec, runtime_id, root, **kwargs)
 
     def _wrap(self, argv: list[str], cwd: str) -> tuple[list[str], Path | None]:
-        prefix = ["prlimit", f"--as={self.spec.memory_mb * 2**20}", "--"] \
-            if self.spec.memory_mb else []
+        prefix = (
+            ["prlimit", f"--as={self.spec.memory_mb * 2**20}", "--"] if self.spec.memory_mb else []
+        )
         return prefix + argv, Path(cwd)
 
     def _base_env(self) -> dict[str, str]:

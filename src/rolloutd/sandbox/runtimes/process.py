@@ -231,10 +231,19 @@ class RuntimeProcess:
                 await self._wait_gone(1.0)
             signal_group(self.pgid, signal.SIGKILL)
             if not await self._wait_gone(10.0):
-                log.error("runtime_process_survived_kill", name=self.name, pid=self.pid,
-                          members=group_members(self.pgid))
-        log.info("runtime_process_terminated", name=self.name, pid=self.pid,
-                 exit_code=self.returncode, graceful=graceful)
+                log.error(
+                    "runtime_process_survived_kill",
+                    name=self.name,
+                    pid=self.pid,
+                    members=group_members(self.pgid),
+                )
+        log.info(
+            "runtime_process_terminated",
+            name=self.name,
+            pid=self.pid,
+            exit_code=self.returncode,
+            graceful=graceful,
+        )
         return self.returncode
 
     def close_pipes(self) -> None:

@@ -39,14 +39,18 @@ def account_files(etc: Path, uid: int, gid: int) -> tuple[bytes, bytes]:
     ``/home/agent`` (tools such as node's ``os.userInfo()`` and ``whoami`` need the entry)."""
     files = []
     for name, entry, taken in (
-            ("passwd", f"{SANDBOX_USER}:x:{uid}:{gid}::{HOME_INSIDE}:/bin/sh", uid),
-            ("group", f"{SANDBOX_USER}:x:{gid}:", gid)):
+        ("passwd", f"{SANDBOX_USER}:x:{uid}:{gid}::{HOME_INSIDE}:/bin/sh", uid),
+        ("group", f"{SANDBOX_USER}:x:{gid}:", gid),
+    ):
         try:
             lines = (etc / name).read_text().splitlines()
         except (OSError, UnicodeDecodeError):
             lines = []
-        kept = [line for line in lines if line.split(":")[:1] != [SANDBOX_USER]
-                and line.split(":")[2:3] != [str(taken)]]
+        kept = [
+            line
+            for line in lines
+            if line.split(":")[:1] != [SANDBOX_USER] and line.split(":")[2:3] != [str(taken)]
+        ]
         files.append(("\n".join([*kept, entry]) + "\n").encode())
     return files[0], files[1]
 
@@ -54,8 +58,6 @@ def account_files(etc: Path, uid: int, gid: int) -> tuple[bytes, bytes]:
 def python_dirs() -> list[Path]:
     """Folders of the worker's Python installation (base prefix and venv prefix)."""
     return sorted({Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()})
-
-
 
 
 def image_root(image: str) -> tuple[list[str], tuple[str, ...]]:
@@ -97,12 +99,12 @@ def host_python() -> tuple[Path, str, dict[str, Path]]:
     """
     executable = Path(sys.executable).resolve()
     prefix = Path(sys.base_prefix).resolve()
-    objects = [executable] + [Path(m.__file__) for m in (_ctypes, _socket, array, select)
-                              if getattr(m, "__file__", None)]
+    objects = [executable] + [
+        Path(m.__file__) for m in (_ctypes, _socket, array, select) if getattr(m, "__file__", None)
+    ]
     libs: dict[str, Path] = {}
     for path in objects:
-        out = subprocess.run(["ldd", str(path)], capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run(["ldd", str(path)], capture_output=True, text=True, check=True).stdout
         for line in out.splitlines():
             parts = line.split()
             if len(parts) >= 3 and parts[1] == "=>" and parts[2].startswith("/"):

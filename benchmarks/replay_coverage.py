@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from rolloutd.engine.server import LlamaServer
+from rolloutd.processes import run_until_sigterm
 from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
 from rolloutd.stack import TemporalDevServer, free_port
 from rolloutd.trainer_client import RolloutClient
-from rolloutd.trainer_client.process import run_until_sigterm
 from rolloutd.types import SessionResult, TaskRequest
 from rolloutd.workers import connect, run_fleet
 from rolloutd.workflows.session import RolloutSessionWorkflow, SessionInput

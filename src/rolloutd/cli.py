@@ -493,7 +493,7 @@ def _serve_codec(host: str, port: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rolloutd`` command (``argv`` None: the process's own arguments,
-    and the process ends here; see :func:`rolloutd.trainer_client.process.end_process`)."""
+    and the process ends here; see :func:`rolloutd.processes.end_process`)."""
     if argv is not None:
         return _dispatch(argv)
     try:
@@ -504,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             code = 1
         else:
             code = 0 if e.code is None else int(e.code)
-    from rolloutd.trainer_client.process import end_process
+    from rolloutd.processes import end_process
 
     end_process(code)
     return code

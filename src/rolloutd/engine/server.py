@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import structlog
 
 from rolloutd.engine.models import ModelFiles, pull_model
 from rolloutd.errors import ConfigError, RolloutdError
+from rolloutd.processes import free_port, spawn, stop_process
 
 log = structlog.get_logger(__name__)
 
@@ -75,7 +75,7 @@ class LlamaServer:
     ) -> None:
         self.files = pull_model(model) if isinstance(model, str) else model
         self.host = host
-        self.port = port or _free_port(host)
+        self.port = port or free_port(host)
         self.ctx_size = ctx_size
         self.parallel = parallel
         self.threads = threads
@@ -118,10 +118,8 @@ class LlamaServer:
         Raises:
             RolloutdError: the process exited or did not become healthy within ``timeout_s``.
         """
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(
-            self.command(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        # not tied to the creating thread's life: a reload runs on a short-lived thread
+        self.process = spawn(self.command(), log_path=self.log_path, die_with_parent=False)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -164,23 +162,10 @@ class LlamaServer:
         """Stop the server: SIGTERM, then SIGKILL after 10 s."""
         if self.process is None or self.process.poll() is not None:
             return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        stop_process(self.process, grace_s=10.0)
 
     def __enter__(self) -> LlamaServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

@@ -32,9 +32,10 @@ from rolloutd.engine.control import EngineControlServer
 from rolloutd.engine.models import CATALOG
 from rolloutd.engine.server import LlamaServer
 from rolloutd.errors import StackError
+from rolloutd.processes import kill_group, spawn, stop_processes
 from rolloutd.sandbox.reclaim import reclaim_orphans
 from rolloutd.settings import admin_token_file, default_home
-from rolloutd.stack.processes import TemporalDevServer, kill_group, spawn, stop_processes
+from rolloutd.stack.processes import TemporalDevServer
 from rolloutd.stack.state import EngineState, StackState, read_state, write_state
 from rolloutd.stack.supervisor import ChildSpec, RestartPolicy, Supervisor
 

@@ -25,8 +25,7 @@ import structlog
 from pydantic import BaseModel, Field
 
 from rolloutd.errors import StackError
-from rolloutd.sandbox.reclaim import process_start_ticks
-from rolloutd.stack.processes import kill_group, stop_processes
+from rolloutd.processes import kill_group, process_start_ticks, stop_processes
 from rolloutd.stack.state import ChildKind, ChildState
 
 log = structlog.get_logger(__name__)

@@ -614,7 +614,8 @@ class CallbackStatus(Model):
     Attributes:
         status: ``pending`` (trying), ``delivered`` (a 2xx answer) or ``failed`` (a final 4xx,
             or ``callback_timeout_s`` spent).
-        attempts: POSTs tried so far.
+        attempts: POSTs tried, known once the callback ended (Temporal retries the POST;
+            0 while ``pending``).
         error: the last attempt's error.
         status_code: the receiver's answer when delivered.
     """

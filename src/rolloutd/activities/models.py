@@ -286,4 +286,7 @@ class PostCallbackInput(_IO):
 
 
 class PostCallbackOutput(_IO):
+    """The receiver's answer, and the attempt that got it (1-based; Temporal retries)."""
+
     status_code: int
+    attempt: int = 1

@@ -36,6 +36,7 @@ from temporalio.worker import (
 )
 
 from rolloutd import task_queues
+from rolloutd.backoff import Backoff, retry_async
 from rolloutd.capabilities import HostCapabilities
 from rolloutd.observability.exporter import start_process_metrics
 from rolloutd.security.connection import connect_temporal
@@ -68,8 +69,9 @@ TASK_POLLS = PollerBehaviorSimpleMaximum(25)
 #: learned of it up to 8 s late. 2 s: 100 running harnesses cost the server 50 heartbeats a
 #: second.
 HEARTBEAT_THROTTLE = timedelta(seconds=2)
-#: seconds between a worker's attempts to reach Temporal at start (:func:`connect`)
-CONNECT_RETRY_S = 2.0
+#: waits between a worker's attempts to reach Temporal at start (:func:`connect`): 0.5 s,
+#: doubled, at most 2 s
+CONNECT_BACKOFF = Backoff(initial_s=0.5, max_s=2.0)
 
 
 async def connect(settings: CommonSettings) -> Client:
@@ -83,9 +85,9 @@ async def connect(settings: CommonSettings) -> Client:
     port (docs/metrics.md).
 
     Temporal not answering yet (a refused or unresolvable address: the SDK's ``RuntimeError``)
-    is retried every :data:`CONNECT_RETRY_S` for ``settings.temporal_connect_wait_s``, with a
+    is retried with :data:`CONNECT_BACKOFF` for ``settings.temporal_connect_wait_s``, with a
     ``temporal_connect_retry`` log line each time: the pods of a fresh deployment start in any
-    order, and a worker that started before its frontend would otherwise exit (issue 15).
+    order, and a worker that started before its frontend would otherwise exit.
 
     Raises:
         OSError: the metrics port cannot be bound.
@@ -97,31 +99,33 @@ async def connect(settings: CommonSettings) -> Client:
     if settings.metrics_port:
         runtime = start_process_metrics(settings.metrics_port, settings.metrics_host).runtime
         log.info("metrics_serving", port=settings.metrics_port, host=settings.metrics_host)
-    deadline = time.monotonic() + settings.temporal_connect_wait_s
-    attempt = 1
-    while True:
-        try:
-            return await connect_temporal(settings, runtime=runtime)
-        except RuntimeError as e:  # temporalio's "Failed client connect: ..."
-            left_s = deadline - time.monotonic()
-            if left_s <= 0:
-                log.error(
-                    "temporal_connect_failed",
-                    address=settings.temporal_address,
-                    attempts=attempt,
-                    wait_s=settings.temporal_connect_wait_s,
-                    error=str(e),
-                )
-                raise
-            log.warning(
-                "temporal_connect_retry",
-                address=settings.temporal_address,
-                attempt=attempt,
-                left_s=round(left_s, 1),
-                error=str(e),
-            )
-            await asyncio.sleep(min(CONNECT_RETRY_S, left_s))
-            attempt += 1
+
+    def retrying(attempt: int, left_s: float, error: BaseException) -> None:
+        log.warning(
+            "temporal_connect_retry",
+            address=settings.temporal_address,
+            attempt=attempt,
+            left_s=round(left_s, 1),
+            error=str(error),
+        )
+
+    def giving_up(attempts: int, error: BaseException) -> None:
+        log.error(
+            "temporal_connect_failed",
+            address=settings.temporal_address,
+            attempts=attempts,
+            wait_s=settings.temporal_connect_wait_s,
+            error=str(error),
+        )
+
+    return await retry_async(
+        lambda: connect_temporal(settings, runtime=runtime),
+        retry_on=(RuntimeError,),  # temporalio's "Failed client connect: ..."
+        backoff=CONNECT_BACKOFF,
+        timeout_s=settings.temporal_connect_wait_s,
+        on_retry=retrying,
+        on_give_up=giving_up,
+    )
 
 
 @dataclass

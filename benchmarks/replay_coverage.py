@@ -34,7 +34,8 @@ from rolloutd.stack import TemporalDevServer, free_port
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionResult, TaskRequest
 from rolloutd.workers import connect, run_fleet
-from rolloutd.workflows.session import RolloutSessionWorkflow, SessionInput
+from rolloutd.workflows.session.models import SessionInput
+from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
 
 MODEL = "qwen2.5-coder-0.5b"
 INSTRUCTION = "Run the command `sh next.sh` in the shell and do what it says."

@@ -36,12 +36,12 @@ from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
 from rolloutd.stack import free_port
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.workers import connect, run_fleet
-from rolloutd.workflows.buffer import RolloutBufferWorkflow
+from rolloutd.workflows.buffer.workflow import RolloutBufferWorkflow
 from rolloutd.workflows.callback import CallbackWorkflow
 from rolloutd.workflows.fleets import FleetRegistryWorkflow
-from rolloutd.workflows.generation import GenerationWorkflow
-from rolloutd.workflows.generation_models import GenerationSpec
-from rolloutd.workflows.session import RolloutSessionWorkflow
+from rolloutd.workflows.generation.models import GenerationSpec
+from rolloutd.workflows.generation.workflow import GenerationWorkflow
+from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
 from rolloutd.workflows.task import RolloutTaskWorkflow
 from rolloutd.workflows.tenants import TenantWorkflow
 from tests.support.namespaces import fresh_namespace

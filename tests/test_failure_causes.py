@@ -9,7 +9,7 @@ import pytest
 
 from rolloutd.cli import exit_code, failure_cell, failure_counts, what_went_wrong
 from rolloutd.types import FailureCause, SessionResult, SessionStatus, TaskResult
-from rolloutd.workflows.failures import SessionFacts, classify, scoring
+from rolloutd.workflows.session.failures import SessionFacts, classify, scoring
 
 
 def ran(**fields: Any) -> SessionFacts:

@@ -36,7 +36,7 @@ from rolloutd.stack import free_port
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionResult, SessionStatus
 from rolloutd.workers import connect, run_fleet
-from rolloutd.workflows.session import RolloutSessionWorkflow
+from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
 from tests.support.loopback import loopback_server
 from tests.support.namespaces import fresh_namespace
 

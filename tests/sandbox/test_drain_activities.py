@@ -22,7 +22,7 @@ from rolloutd.activities.sandbox import SandboxActivities
 from rolloutd.settings import SandboxSettings
 from rolloutd.store import BlobStore
 from rolloutd.types import HarnessSpec, RuntimeSpec
-from rolloutd.workflows.outcome import host_lost
+from rolloutd.workflows.session.ending import host_lost
 from tests.support.procs import processes_with
 
 pytestmark = [

@@ -166,11 +166,11 @@ async def run_fleet(
     if fleet == "workflows":
         from rolloutd.activities.cancel import cancel_workflows
         from rolloutd.activities.fleet_health import FleetHealthActivities
-        from rolloutd.workflows.buffer import RolloutBufferWorkflow
+        from rolloutd.workflows.buffer.workflow import RolloutBufferWorkflow
         from rolloutd.workflows.callback import CallbackWorkflow
         from rolloutd.workflows.fleets import FleetRegistryWorkflow
-        from rolloutd.workflows.generation import GenerationWorkflow
-        from rolloutd.workflows.session import RolloutSessionWorkflow
+        from rolloutd.workflows.generation.workflow import GenerationWorkflow
+        from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
         from rolloutd.workflows.task import RolloutTaskWorkflow
         from rolloutd.workflows.tenants import TenantWorkflow
 

@@ -21,7 +21,7 @@ An activity of any fleet that is still running when the grace period ends is can
 SDK and fails with a retryable ``ApplicationError`` of type ``WorkerShutdown`` (not as
 cancelled: tests/workers/test_drain_shutdown.py): Temporal retries it on another worker, and
 for a host-pinned one the session counts a lost host
-(:data:`rolloutd.workflows.outcome.HOST_LOST_ERRORS`).
+(:data:`rolloutd.workflows.session.ending.HOST_LOST_ERRORS`).
 """
 
 from __future__ import annotations

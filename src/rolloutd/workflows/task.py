@@ -58,7 +58,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from rolloutd.workflows import metadata, search
     from rolloutd.workflows.callback import CallbackInput, CallbackWorkflow, callback_workflow_id
-    from rolloutd.workflows.session import RolloutSessionWorkflow, SessionInput
+    from rolloutd.workflows.session.models import SessionInput
+    from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
     from rolloutd.workflows.tenants import task_priority
 
 

@@ -19,12 +19,13 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd.activities.models import OpenSessionOutput
+    from rolloutd.backoff import Backoff
     from rolloutd.errors import BackendSaturatedError
     from rolloutd.types import PhaseTiming
 
-#: first and longest pause between two asks while the backends are saturated, seconds
-FIRST_WAIT_S = 1.0
-MAX_WAIT_S = 10.0
+#: pauses between two asks while the backends are saturated: 1 s, doubled, at most 10 s
+#: (before jitter)
+WAIT_BACKOFF = Backoff(initial_s=1.0, max_s=10.0)
 
 
 def saturated(error: ActivityError) -> bool:
@@ -49,7 +50,6 @@ async def open_when_backends_free(
         ActivityError: the open failed for another reason (as without the wait).
     """
     started = workflow.now()
-    pause_s = FIRST_WAIT_S
     num_refusals = 0
     try:
         while True:
@@ -60,8 +60,8 @@ async def open_when_backends_free(
                     raise
             num_refusals += 1
             # jitter: sessions refused together do not all ask again together
+            pause_s = WAIT_BACKOFF.delay_s(num_refusals)
             await asyncio.sleep(pause_s * (0.5 + workflow.random().random()))
-            pause_s = min(MAX_WAIT_S, pause_s * 2)
     finally:
         if num_refusals:
             ended = workflow.now()

@@ -21,17 +21,9 @@ with workflow.unsafe.imports_passed_through():
         TaskQueuePollersOutput,
     )
     from rolloutd.errors import NoSandboxWorkerError
-    from rolloutd.workflows.outcome import cause_text
+    from rolloutd.workflows.session.failures import cause_text
+    from rolloutd.workflows.session.policies import HEARTBEAT, INFRA_RETRY
 
-#: heartbeats of provision, collect, teardown and evaluate (they heartbeat every second).
-HEARTBEAT = timedelta(seconds=10)
-#: infrastructure activities (open, provision, teardown, close, build) retry on these terms.
-INFRA_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=5,
-)
 #: how often a provisioning still in the queue asks whether a sandbox worker polls (at most;
 #: a third of ``provision_wait_s`` when that is shorter, at least 1 s)
 POLLER_CHECK_EVERY_S = 10.0

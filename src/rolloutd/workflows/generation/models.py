@@ -1,4 +1,5 @@
-"""Inputs, outputs and progress of :class:`~rolloutd.workflows.generation.GenerationWorkflow`.
+"""Inputs, outputs and progress of the generation workflow
+(:class:`~rolloutd.workflows.generation.workflow.GenerationWorkflow`).
 
 A generation is an offline run over a dataset's rows: one task per row (``TaskRequest`` built
 from :class:`TaskTemplate` and the row), a journal of the rows done, filters, and outputs (SFT

@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
     from rolloutd.types import SessionResult, SessionStatus, TaskResult
     from rolloutd.workflows import metadata
-    from rolloutd.workflows.generation_models import (
+    from rolloutd.workflows.generation.models import (
         PROGRESS_QUERY,
         AwaitTaskInput,
         GenerationInput,

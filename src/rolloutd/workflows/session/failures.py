@@ -1,9 +1,10 @@
 """A session's failure cause, decided from what its workflow recorded (docs/failures.md).
 
-A reward measures the policy, never the infrastructure (DESIGN.md, failure causes and
-rewards): a session is scored only when it ran to its end (``failure is None``) or when its
-run phase timed out while the policy was accountable; every other session gets
-``reward = None``. Pure, deterministic functions: the session workflow calls them.
+A reward measures the policy, never the infrastructure (docs/decisions.md, "Failure causes
+and rewards"): a session is scored only when it ran to its end (``failure is None``) or when
+its run phase timed out while the policy was accountable; every other session gets
+``reward = None``. Pure, deterministic functions: the session workflow calls them
+(:mod:`rolloutd.workflows.session.ending` gathers the facts).
 """
 
 from __future__ import annotations
@@ -73,6 +74,14 @@ class SessionFacts:
     first_unrecovered_error: str | None = None
     call_waiting_at_deadline: bool = False
     backend_verdict: str | None = None
+
+
+def cause_text(e: BaseException) -> str:
+    """An error in words: the innermost cause's message (an activity's own error under
+    Temporal's ``ActivityError``), or its type's name when it has none."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return str(e) or type(e).__name__
 
 
 def _signal_name(number: int) -> str:

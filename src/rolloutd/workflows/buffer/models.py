@@ -1,4 +1,5 @@
-"""Inputs, outputs and carried state of :class:`~rolloutd.workflows.buffer.RolloutBufferWorkflow`.
+"""Inputs, outputs and carried state of the buffer workflow
+(:class:`~rolloutd.workflows.buffer.workflow.RolloutBufferWorkflow`).
 
 One pydantic model in and one out for the workflow, each update and each signal; every new
 field gets a default so old and new workers interoperate. Groups carry session summaries and
@@ -75,7 +76,7 @@ class BufferConfig(_M):
             suggests it).
         adapt_in_flight: keep fewer than ``num_in_flight`` tasks running when the fleets'
             observed capacity (sandbox hosts, backend slots) takes fewer
-            (:mod:`rolloutd.workflows.buffer_capacity`); needs ``num_samples``.
+            (:mod:`rolloutd.workflows.buffer.capacity`); needs ``num_samples``.
     """
 
     buffer_id: str

@@ -38,8 +38,9 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd.activities.models import ReadTaskChunkInput, ReadTaskChunkOutput
     from rolloutd.scoring import scored_rewards
     from rolloutd.types import TaskRequest, TaskResult
-    from rolloutd.workflows import buffer_capacity, metadata, search
-    from rolloutd.workflows.buffer_models import (
+    from rolloutd.workflows import metadata, search
+    from rolloutd.workflows.buffer import capacity as buffer_capacity
+    from rolloutd.workflows.buffer.models import (
         AckInput,
         AckOutput,
         Batch,

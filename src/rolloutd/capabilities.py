@@ -29,7 +29,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from rolloutd.types import Model, TaskRequest
+from rolloutd.payload import Payload
+from rolloutd.types import TaskRequest
 
 #: the fleet registry's workflow id (one per namespace).
 REGISTRY_WORKFLOW_ID = "rolloutd-fleets"
@@ -49,7 +50,7 @@ OPT_OUT = "check_capabilities=False"
 PublishingFleet = Literal["sandbox", "eval"]
 
 
-class HostCapabilities(Model):
+class HostCapabilities(Payload):
     """What one host of a fleet can run, published when its worker starts.
 
     Attributes:
@@ -75,7 +76,7 @@ class HostCapabilities(Model):
     started_at: datetime | None = None
 
 
-class FleetCapabilities(Model):
+class FleetCapabilities(Payload):
     """The registered hosts; what the fleets can run is the union of theirs."""
 
     hosts: list[HostCapabilities] = Field(default_factory=list)
@@ -93,13 +94,13 @@ class FleetCapabilities(Model):
         return sorted({n for h in self.of("eval") for n in h.evaluators})
 
 
-class CheckEvaluatorInput(Model):
+class CheckEvaluatorInput(Payload):
     """An evaluator import path to try on an eval host."""
 
     type: str = Field(min_length=1, description="`module:attr`")
 
 
-class CheckEvaluatorOutput(Model):
+class CheckEvaluatorOutput(Payload):
     """Whether an import path resolves to an evaluator on an eval host.
 
     Attributes:

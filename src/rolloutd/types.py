@@ -16,13 +16,13 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from rolloutd.payload import Payload
 from rolloutd.task_spec import (
     ISOLATING_RUNTIMES,
     BuilderSpec,
     EvaluatorSpec,
     ExecStep,
     HarnessSpec,
-    Model,
     PhaseTimeouts,
     PrepareStep,
     RuntimeSpec,
@@ -43,7 +43,7 @@ DEFAULT_PRIORITY = 3
 # --------------------------------------------------------------------------- task request
 
 
-class SamplingParams(Model):
+class SamplingParams(Payload):
     """Sampling parameters of a task.
 
     ``policy`` decides who wins when the harness sends its own values: ``respect`` keeps the
@@ -60,7 +60,7 @@ class SamplingParams(Model):
     )
 
 
-class TaskRequest(Model):
+class TaskRequest(Payload):
     """One problem instance, run as ``num_samples`` sessions (the GRPO group size).
 
     Raises:
@@ -211,7 +211,7 @@ class CaptureMode(str, enum.Enum):
     PASSTHROUGH = "passthrough"
 
 
-class Timings(Model):
+class Timings(Payload):
     """Wall-clock timings of one completion, seconds since the epoch and durations in s."""
 
     started_at: float = 0.0
@@ -219,7 +219,7 @@ class Timings(Model):
     duration_s: float = 0.0
 
 
-class Completion(Model):
+class Completion(Payload):
     """One recorded model call.
 
     Invariant: ``len(response_ids) == len(response_logprobs)``; ``response_ids`` are the tokens
@@ -298,7 +298,7 @@ class Completion(Model):
 # --------------------------------------------------------------------------- trajectories
 
 
-class Trace(Model):
+class Trace(Payload):
     """One training sequence (POLAR appendix A.4 shape).
 
     Invariant: ``len(response_ids) == len(loss_mask) == len(response_logprobs)``; every position
@@ -358,7 +358,7 @@ class Trace(Model):
         return self
 
 
-class BuilderStats(Model):
+class BuilderStats(Payload):
     """Reconstruction stats a builder reports on every trajectory.
 
     ``num_completions == num_chains + num_completions_merged + num_retries_collapsed``.
@@ -404,7 +404,7 @@ class SessionStatus(str, enum.Enum):
 FailureKind = Literal["backend", "sandbox", "harness", "evaluator", "timeout", "cancelled"]
 
 
-class FailureCause(Model):
+class FailureCause(Payload):
     """Why a session did not run to its end (the glossary's "failure cause",
     docs/failures.md); a session that did has ``failure = None``.
 
@@ -438,7 +438,7 @@ class FailureCause(Model):
     )
 
 
-class Trajectory(Model):
+class Trajectory(Payload):
     """The traces of one session, with status, rewards and reconstruction stats."""
 
     session_id: str
@@ -458,7 +458,7 @@ class Trajectory(Model):
 # --------------------------------------------------------------------------- results
 
 
-class PhaseTiming(Model):
+class PhaseTiming(Payload):
     """Execution time of one session phase, seconds."""
 
     phase: str
@@ -467,7 +467,7 @@ class PhaseTiming(Model):
     ended_at: datetime | None = Field(default=None, description="workflow time, UTC")
 
 
-class SessionAttempt(Model):
+class SessionAttempt(Payload):
     """An attempt of a session that was given up because its sandbox host was lost.
 
     Attributes:
@@ -484,7 +484,7 @@ class SessionAttempt(Model):
     num_completions: int = 0
 
 
-class ReplayEnd(Model):
+class ReplayEnd(Payload):
     """Where one conversation of a resumed session stopped replaying, and why.
 
     Attributes:
@@ -501,7 +501,7 @@ class ReplayEnd(Model):
     reason: Literal["body_differed", "source_ended"]
 
 
-class ReplayStats(Model):
+class ReplayStats(Payload):
     """What replay across attempts did for a session (docs/sessions.md, "Replay across
     attempts"); all zero when the session had no earlier attempt or ``resume`` is
     ``restart``.
@@ -531,7 +531,7 @@ class ReplayStats(Model):
     ends: list[ReplayEnd] = Field(default_factory=list)
 
 
-class SessionResult(Model):
+class SessionResult(Payload):
     """What a session returns to its parent: a summary and references, never token arrays."""
 
     session_id: str
@@ -577,7 +577,7 @@ class SessionResult(Model):
     )
 
 
-class TaskResult(Model):
+class TaskResult(Payload):
     """A task's group of sessions with group stats.
 
     Group stats (``mean_reward``, ``reward_std``) are over the scored sessions only
@@ -608,7 +608,7 @@ class TaskResult(Model):
     policy_versions: list[int] = Field(default_factory=list)
 
 
-class CallbackStatus(Model):
+class CallbackStatus(Payload):
     """Where a session's callback to ``TaskRequest.callback_url`` stands.
 
     Attributes:
@@ -627,7 +627,7 @@ class CallbackStatus(Model):
     status_code: int | None = None
 
 
-class TaskProgress(Model):
+class TaskProgress(Payload):
     """A task as it stands: every session that has ended so far, with its outcome.
 
     Attributes:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from rolloutd.payload import Payload
 from rolloutd.types import (
     BuilderSpec,
     BuilderStats,
@@ -25,15 +26,10 @@ from rolloutd.types import (
     TaskRequest,
 )
 
-
-class _IO(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
 # --------------------------------------------------------------------------- gateway fleet
 
 
-class OpenSessionInput(_IO):
+class OpenSessionInput(Payload):
     session_id: str
     task_id: str
     owner: str = Field(default="", description="workflow run id owning the session")
@@ -51,7 +47,7 @@ class OpenSessionInput(_IO):
     )
 
 
-class OpenSessionOutput(_IO):
+class OpenSessionOutput(Payload):
     session_id: str
     session_key: str
     openai_base_url: str
@@ -62,11 +58,11 @@ class OpenSessionOutput(_IO):
     host_queue: str = Field(description="the gateway host's own task queue")
 
 
-class CapacityInput(_IO):
+class CapacityInput(Payload):
     """``sandbox_capacity``, ``backend_capacity``: nothing to say; the whole fleet answers."""
 
 
-class SandboxCapacityOutput(_IO):
+class SandboxCapacityOutput(Payload):
     """The sandbox fleet's capacity: the registered hosts' ``max_concurrent_sessions``
     summed (None: no host publishes one, or the registry did not answer)."""
 
@@ -74,7 +70,7 @@ class SandboxCapacityOutput(_IO):
     num_hosts: int = 0
 
 
-class BackendCapacityOutput(_IO):
+class BackendCapacityOutput(Payload):
     """The gateway pool's load (:class:`rolloutd.proxy.backends.saturation.Saturation`):
     sessions open, engine slots, calls in flight, and the open sessions it takes (None:
     unbounded)."""
@@ -86,24 +82,24 @@ class BackendCapacityOutput(_IO):
     saturated: bool = False
 
 
-class BackendHealthInput(_IO):
+class BackendHealthInput(Payload):
     """``backend_health``: nothing to say; the gateway answers about its whole pool."""
 
 
-class BackendHealthOutput(_IO):
+class BackendHealthOutput(Payload):
     #: ``ok``, ``unavailable`` (a policy version has no healthy backend) or ``empty``
     status: str = "ok"
     #: per unavailable policy version: ``{policy_version, unhealthy_s, message}``
     unavailable: list[dict[str, Any]] = Field(default_factory=list)
 
 
-class TaskQueuePollersInput(_IO):
+class TaskQueuePollersInput(Payload):
     task_queue: str
     #: an activity of the calling workflow: is it still waiting in the queue?
     activity_id: str = ""
 
 
-class TaskQueuePollersOutput(_IO):
+class TaskQueuePollersOutput(Payload):
     #: pollers Temporal saw on the queue in the last few minutes
     num_pollers: int = 0
     #: seconds since the most recent poll (None: no poller seen)
@@ -112,14 +108,14 @@ class TaskQueuePollersOutput(_IO):
     picked_up: bool = False
 
 
-class CloseSessionInput(_IO):
+class CloseSessionInput(Payload):
     session_id: str
     #: Unix time (s) the run phase's budget ran out and the harness was stopped: the output
     #: says whether a call was waiting on the backend then (None: the run did not time out)
     run_deadline_at: float | None = None
 
 
-class CloseSessionOutput(_IO):
+class CloseSessionOutput(Payload):
     num_completions: int
     #: calls that failed (answered with an error, kept in the session's state, never in the
     #: completion log)
@@ -140,7 +136,7 @@ class CloseSessionOutput(_IO):
     replay: ReplayStats = Field(default_factory=ReplayStats)
 
 
-class BuildTrajectoryInput(_IO):
+class BuildTrajectoryInput(Payload):
     session_id: str
     task_id: str
     sample_index: int = 0
@@ -150,7 +146,7 @@ class BuildTrajectoryInput(_IO):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-class BuildTrajectoryOutput(_IO):
+class BuildTrajectoryOutput(Payload):
     trajectory_ref: str
     num_traces: int
     stats: BuilderStats
@@ -159,7 +155,7 @@ class BuildTrajectoryOutput(_IO):
 # --------------------------------------------------------------------------- sandbox fleet
 
 
-class ProvisionRuntimeInput(_IO):
+class ProvisionRuntimeInput(Payload):
     session_id: str
     runtime: RuntimeSpec
     purpose: Literal["session", "evaluation"] = Field(
@@ -167,7 +163,7 @@ class ProvisionRuntimeInput(_IO):
     )
 
 
-class ProvisionRuntimeOutput(_IO):
+class ProvisionRuntimeOutput(Payload):
     runtime_id: str
     host_id: str
     host_queue: str
@@ -178,7 +174,7 @@ class ProvisionRuntimeOutput(_IO):
     queue_wait_s: float = Field(default=0.0, ge=0.0)
 
 
-class RunHarnessInput(_IO):
+class RunHarnessInput(Payload):
     runtime_id: str
     session_id: str
     harness: HarnessSpec
@@ -187,7 +183,7 @@ class RunHarnessInput(_IO):
     timeout_s: float = Field(gt=0, description="run-phase budget; the harness is killed after")
 
 
-class RunHarnessOutput(_IO):
+class RunHarnessOutput(Payload):
     #: negative: killed by that signal (-9: SIGKILL)
     exit_code: int | None
     timed_out: bool = False
@@ -206,7 +202,7 @@ class RunHarnessOutput(_IO):
     stderr_tail: str = ""
 
 
-class CollectArtifactsInput(_IO):
+class CollectArtifactsInput(Payload):
     runtime_id: str
     session_id: str
     evaluator: EvaluatorSpec
@@ -217,15 +213,15 @@ class CollectArtifactsInput(_IO):
     )
 
 
-class CollectArtifactsOutput(_IO):
+class CollectArtifactsOutput(Payload):
     artifacts: dict[str, str] = Field(default_factory=dict, description="name -> blob key")
 
 
-class TeardownRuntimeInput(_IO):
+class TeardownRuntimeInput(Payload):
     runtime_id: str
 
 
-class TeardownRuntimeOutput(_IO):
+class TeardownRuntimeOutput(Payload):
     found: bool
     duration_s: float = 0.0
 
@@ -233,7 +229,7 @@ class TeardownRuntimeOutput(_IO):
 # --------------------------------------------------------------------------- eval fleet
 
 
-class EvaluateInput(_IO):
+class EvaluateInput(Payload):
     session_id: str
     task_id: str
     evaluator: EvaluatorSpec
@@ -248,7 +244,7 @@ class EvaluateInput(_IO):
     forced_reward: float | None = None
 
 
-class EvaluateOutput(_IO):
+class EvaluateOutput(Payload):
     reward: float | None = None
     trace_rewards: list[float] | None = None
     details: dict[str, Any] = Field(default_factory=dict)
@@ -260,7 +256,7 @@ class EvaluateOutput(_IO):
 # ------------------------------------------------------------------ eval fleet: trainer I/O
 
 
-class ReadTaskChunkInput(_IO):
+class ReadTaskChunkInput(Payload):
     """One chunk of a buffer's task source (JSONL or Parquet file), from row ``offset``."""
 
     path: str = Field(
@@ -271,21 +267,21 @@ class ReadTaskChunkInput(_IO):
     limit: int = Field(default=64, ge=1, le=10_000, description="rows to read at most")
 
 
-class ReadTaskChunkOutput(_IO):
+class ReadTaskChunkOutput(Payload):
     tasks: list[TaskRequest] = Field(default_factory=list, description="valid rows, in order")
     errors: list[str] = Field(default_factory=list, description="`row N: message` per bad row")
     next_offset: int = Field(ge=0, description="the cursor after this chunk")
     exhausted: bool = Field(default=False, description="no rows after next_offset")
 
 
-class PostCallbackInput(_IO):
+class PostCallbackInput(Payload):
     """A session's result for a task's ``callback_url``."""
 
     url: str
     session: SessionResult
 
 
-class PostCallbackOutput(_IO):
+class PostCallbackOutput(Payload):
     """The receiver's answer, and the attempt that got it (1-based; Temporal retries)."""
 
     status_code: int

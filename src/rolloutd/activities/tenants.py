@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from rolloutd.types import Model
+from rolloutd.payload import Payload
 
 #: signal to the tenant workflow: a session asks for a slot (:class:`TenantSlotRequest`)
 ACQUIRE_SIGNAL = "acquire"
@@ -34,7 +34,7 @@ def tenant_workflow_id(tenant: str) -> str:
     return f"tenant/{tenant}"
 
 
-class TenantSlotRequest(Model):
+class TenantSlotRequest(Payload):
     """A session asking its tenant for a slot.
 
     Attributes:
@@ -47,13 +47,13 @@ class TenantSlotRequest(Model):
     priority: int = Field(default=3, ge=1, le=5)
 
 
-class TenantQuota(Model):
+class TenantQuota(Payload):
     """A tenant's quota. ``max_sessions_in_flight`` None: no bound (every request is granted)."""
 
     max_sessions_in_flight: int | None = Field(default=None, ge=1)
 
 
-class TenantState(Model):
+class TenantState(Payload):
     """What a tenant's quota workflow holds: its quota, the sessions holding a slot, and the
     requests waiting (in grant order)."""
 

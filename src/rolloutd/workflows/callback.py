@@ -21,7 +21,8 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
     from rolloutd.activities.models import PostCallbackInput, PostCallbackOutput
-    from rolloutd.types import CallbackStatus, Model, SessionResult
+    from rolloutd.payload import Payload
+    from rolloutd.types import CallbackStatus, SessionResult
 
 #: one POST's limit (the eval fleet's HTTP client gives up at 30 s).
 ATTEMPT_TIMEOUT_S = 60.0
@@ -42,7 +43,7 @@ def callback_workflow_id(task_workflow_id: str, sample_index: int) -> str:
     return f"{task_workflow_id}/{sample_index}/callback"
 
 
-class CallbackInput(Model):
+class CallbackInput(Payload):
     """One session's result for a task's callback URL, and the total time to deliver it."""
 
     url: str

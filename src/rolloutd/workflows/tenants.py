@@ -37,7 +37,8 @@ with workflow.unsafe.imports_passed_through():
         TenantState,
         tenant_workflow_id,
     )
-    from rolloutd.types import Model, PhaseTiming, TaskRequest
+    from rolloutd.payload import Payload
+    from rolloutd.types import PhaseTiming, TaskRequest
 
 #: history events after which the tenant workflow continues as new (at most)
 MAX_HISTORY_EVENTS = 5_000
@@ -114,7 +115,7 @@ async def release_slot(task: TaskRequest) -> None:
         workflow.logger.warning("could not release the slot of tenant %s: %s", task.tenant, e)
 
 
-class TenantInput(Model):
+class TenantInput(Payload):
     """The tenant workflow's state, carried over a continue-as-new."""
 
     state: TenantState

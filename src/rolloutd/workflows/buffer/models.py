@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from rolloutd.payload import Payload
 from rolloutd.types import TASK_ID_PATTERN, TaskRequest, TaskResult
-
-
-class _M(BaseModel):
-    model_config = ConfigDict(extra="ignore")
 
 
 def buffer_workflow_id(buffer_id: str) -> str:
@@ -24,7 +21,7 @@ def buffer_workflow_id(buffer_id: str) -> str:
     return f"buffer/{buffer_id}"
 
 
-class TaskSource(_M):
+class TaskSource(Payload):
     """Where a buffer's tasks come from.
 
     ``push``: only tasks the trainer pushes (``push_tasks``). ``jsonl`` / ``parquet``: a file
@@ -43,7 +40,7 @@ class TaskSource(_M):
         return self
 
 
-class BufferConfig(_M):
+class BufferConfig(Payload):
     """A training run's buffer (POLAR/ProRL's efficient DAPO queue, kept in Temporal).
 
     Attributes:
@@ -105,14 +102,14 @@ class BufferConfig(_M):
         return self
 
 
-class BufferedGroup(_M):
+class BufferedGroup(Payload):
     """A finished task's group, stamped with the policy version its task started under."""
 
     group: TaskResult
     policy_version: int = Field(ge=0)
 
 
-class Batch(_M):
+class Batch(Payload):
     """Groups handed to a trainer under a lease.
 
     ``lease_expires_at`` is seconds since the epoch (workflow time); ``num_offers`` counts how
@@ -126,7 +123,7 @@ class Batch(_M):
     num_offers: int = 1
 
 
-class RunningTask(_M):
+class RunningTask(Payload):
     """A task the buffer started: its workflow id and the policy version at its start."""
 
     task_id: str
@@ -134,7 +131,7 @@ class RunningTask(_M):
     policy_version: int
 
 
-class DroppedGroup(_M):
+class DroppedGroup(Payload):
     """A group the buffer did not hand out, and why."""
 
     task_id: str
@@ -142,7 +139,7 @@ class DroppedGroup(_M):
     policy_version: int = 0
 
 
-class BufferState(_M):
+class BufferState(Payload):
     """Everything a buffer carries across continue-as-new."""
 
     policy_version: int = 0
@@ -185,31 +182,31 @@ class BufferState(_M):
     closed: bool = False
 
 
-class BufferInput(_M):
+class BufferInput(Payload):
     """Input of the workflow: the config, and the state when continued-as-new."""
 
     config: BufferConfig
     state: BufferState | None = None
 
 
-class BufferSummary(_M):
+class BufferSummary(Payload):
     """Result of the workflow (after ``close``): the final counters."""
 
     buffer_id: str
     state: BufferState
 
 
-class PushTasksInput(_M):
+class PushTasksInput(Payload):
     """Tasks pushed by the trainer; started before file rows, in order."""
 
     tasks: list[TaskRequest]
 
 
-class PushTasksOutput(_M):
+class PushTasksOutput(Payload):
     num_pending: int
 
 
-class TakeBatchInput(_M):
+class TakeBatchInput(Payload):
     """Ask for a batch of ``num_groups`` groups.
 
     ``timeout_s`` bounds the wait inside the workflow; ``lease_s`` overrides the buffer's.
@@ -220,7 +217,7 @@ class TakeBatchInput(_M):
     timeout_s: float = Field(default=300.0, gt=0, le=86_400)
 
 
-class TakeBatchOutput(_M):
+class TakeBatchOutput(Payload):
     """A batch, or why there is none.
 
     ``status``: ``ok`` (a batch, possibly re-offered: see ``batch.num_offers``), ``partial``
@@ -233,11 +230,11 @@ class TakeBatchOutput(_M):
     batch: Batch | None = None
 
 
-class AckInput(_M):
+class AckInput(Payload):
     batch_id: str
 
 
-class AckOutput(_M):
+class AckOutput(Payload):
     """``num_groups`` committed by this ack; ``already_acked`` for a repeated ack (no-op)."""
 
     batch_id: str
@@ -245,17 +242,17 @@ class AckOutput(_M):
     already_acked: bool = False
 
 
-class PolicyVersionInput(_M):
+class PolicyVersionInput(Payload):
     policy_version: int = Field(ge=0)
 
 
-class CloseInput(_M):
+class CloseInput(Payload):
     """End the buffer. ``cancel_running``: cancel the tasks still running (else abandoned)."""
 
     cancel_running: bool = True
 
 
-class BufferStats(_M):
+class BufferStats(Payload):
     """A view of the buffer for trainers and tests (query ``stats``)."""
 
     buffer_id: str

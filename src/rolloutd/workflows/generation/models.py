@@ -13,8 +13,9 @@ import re
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from rolloutd.payload import Payload
 from rolloutd.types import (
     BuilderSpec,
     EvaluatorSpec,
@@ -32,16 +33,12 @@ GENERATION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 PROGRESS_QUERY = "progress"
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 def generation_workflow_id(name: str) -> str:
     """Workflow id of a generation run: ``generation/{name}``."""
     return f"generation/{name}"
 
 
-class GenerationSource(_M):
+class GenerationSource(Payload):
     """Where a generation's rows come from; the files must be readable by the eval fleet.
 
     ``jsonl``: one JSON object per line; ``parquet``: one row per record; ``datasets``: a folder
@@ -73,7 +70,7 @@ class GenerationSource(_M):
         return self
 
 
-class TaskTemplate(_M):
+class TaskTemplate(Payload):
     """The task every row becomes: ``TaskRequest`` fields, plus how the row fills them.
 
     ``instruction`` is a ``str.format`` template over the row's columns (``{prompt}``);
@@ -97,7 +94,7 @@ class TaskTemplate(_M):
     model: str | None = Field(default=None, description="model name shown to the harness")
 
 
-class GenerationFilters(_M):
+class GenerationFilters(Payload):
     """Which samples reach the outputs (rejection sampling). The journal keeps every row.
 
     A sample passes when its reward is ``>= pass_reward``; a row's pass rate is its passing
@@ -130,7 +127,7 @@ class GenerationFilters(_M):
     )
 
 
-class GenerationOutputs(_M):
+class GenerationOutputs(Payload):
     """What is written, into ``dir`` (on the eval fleet's file system), from every journaled row.
 
     ``sft.jsonl``: OpenAI chat messages with tools, one line per trace; ``traces.parquet``:
@@ -144,7 +141,7 @@ class GenerationOutputs(_M):
     datasets: bool = Field(default=False, description="needs the `datasets` package")
 
 
-class GenerationSpec(_M):
+class GenerationSpec(Payload):
     """One generation: a dataset, a task template, filters and outputs.
 
     Raises:
@@ -181,7 +178,7 @@ class GenerationSpec(_M):
         return self
 
 
-class GenerationInput(_M):
+class GenerationInput(Payload):
     """The workflow's input; ``started_at`` carries the first run's start over continue-as-new."""
 
     spec: GenerationSpec
@@ -191,21 +188,21 @@ class GenerationInput(_M):
     )
 
 
-class PlannedRow(_M):
+class PlannedRow(Payload):
     """A row not yet journaled, as the task it becomes."""
 
     key: str = Field(description="the row's key as the dataset has it")
     task: TaskRequest
 
 
-class PlanInput(_M):
+class PlanInput(Payload):
     """Input of ``plan_generation``: take up to ``limit`` rows not yet journaled."""
 
     spec: GenerationSpec
     limit: int = Field(ge=1)
 
 
-class PlanOutput(_M):
+class PlanOutput(Payload):
     """What the journal and the dataset say: totals, and the next rows to run."""
 
     rows: list[PlannedRow] = Field(default_factory=list)
@@ -216,7 +213,7 @@ class PlanOutput(_M):
     num_pending: int = Field(default=0, ge=0, description="rows not journaled (>= len(rows))")
 
 
-class JournalEntry(_M):
+class JournalEntry(Payload):
     """One journaled row: the row's key, its task and the task's group (references only)."""
 
     key: str
@@ -225,32 +222,32 @@ class JournalEntry(_M):
     journaled_at: datetime | None = None
 
 
-class JournalRowInput(_M):
+class JournalRowInput(Payload):
     """Input of ``journal_row``."""
 
     name: str
     entry: JournalEntry
 
 
-class JournalRowOutput(_M):
+class JournalRowOutput(Payload):
     """``journal_row``'s answer: False when the row was journaled before (nothing written)."""
 
     written: bool
 
 
-class AwaitTaskInput(_M):
+class AwaitTaskInput(Payload):
     """Input of ``await_task``: a task workflow started earlier (a rerun found it)."""
 
     workflow_id: str
 
 
-class WriteOutputsInput(_M):
+class WriteOutputsInput(Payload):
     """Input of ``write_generation_outputs``."""
 
     spec: GenerationSpec
 
 
-class GenerationSummary(_M):
+class GenerationSummary(Payload):
     """The final table of a generation, over every journaled row.
 
     ``pass_at_1`` is the mean over rows of passing / samples; ``pass_at_k`` the unbiased
@@ -276,7 +273,7 @@ class GenerationSummary(_M):
     wall_time_s: float = 0.0
 
 
-class GenerationProgress(_M):
+class GenerationProgress(Payload):
     """Where a generation stands (the ``progress`` query): rows done include earlier runs'."""
 
     name: str

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from rolloutd.payload import Payload
 from rolloutd.types import TaskRequest
 
 
@@ -13,7 +14,7 @@ def attempt_session_id(session_id: str, attempt: int) -> str:
     return session_id if attempt == 1 else f"{session_id}.attempt-{attempt}"
 
 
-class SessionInput(BaseModel):
+class SessionInput(Payload):
     """Input of :class:`~rolloutd.workflows.session.workflow.RolloutSessionWorkflow`."""
 
     task: TaskRequest

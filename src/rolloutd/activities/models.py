@@ -35,11 +35,18 @@ class OpenSessionInput(Payload):
     owner: str = Field(default="", description="workflow run id owning the session")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     model: str | None = None
-    #: gateway session ids of the sample's earlier attempts, newest first, whose sealed logs
-    #: answer this session's requests identical to theirs (replay; empty: none)
-    replay_from: list[str] = Field(default_factory=list)
-    #: policy versions a replayed completion may lag behind the backend's current one
-    replay_max_staleness: int = Field(default=0, ge=0)
+    replay_from: list[str] = Field(
+        default_factory=list,
+        description="gateway session ids of the sample's earlier attempts, newest first, whose "
+        "sealed logs answer this session's requests identical to theirs (replay; "
+        "empty: none)",
+    )
+    replay_max_staleness: int = Field(
+        default=0,
+        ge=0,
+        description="policy versions a replayed completion may lag behind the backend's current "
+        "one",
+    )
     wait_for_backends: bool = Field(
         default=False,
         description="refuse (BackendSaturatedError) while the backends hold "
@@ -87,53 +94,86 @@ class BackendHealthInput(Payload):
 
 
 class BackendHealthOutput(Payload):
-    #: ``ok``, ``unavailable`` (a policy version has no healthy backend) or ``empty``
-    status: str = "ok"
-    #: per unavailable policy version: ``{policy_version, unhealthy_s, message}``
-    unavailable: list[dict[str, Any]] = Field(default_factory=list)
+    status: str = Field(
+        default="ok",
+        description="``ok``, ``unavailable`` (a policy version has no healthy backend) or "
+        "``empty``",
+    )
+    unavailable: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="per unavailable policy version: ``{policy_version, unhealthy_s, message}``",
+    )
 
 
 class TaskQueuePollersInput(Payload):
     task_queue: str
-    #: an activity of the calling workflow: is it still waiting in the queue?
-    activity_id: str = ""
+    activity_id: str = Field(
+        default="",
+        description="an activity of the calling workflow: is it still waiting in the queue?",
+    )
 
 
 class TaskQueuePollersOutput(Payload):
-    #: pollers Temporal saw on the queue in the last few minutes
-    num_pollers: int = 0
-    #: seconds since the most recent poll (None: no poller seen)
-    last_poll_s_ago: float | None = None
-    #: the activity ``activity_id`` has left the queue (started or no longer pending)
-    picked_up: bool = False
+    num_pollers: int = Field(
+        default=0,
+        description="pollers Temporal saw on the queue in the last few minutes",
+    )
+    last_poll_s_ago: float | None = Field(
+        default=None,
+        description="seconds since the most recent poll (None: no poller seen)",
+    )
+    picked_up: bool = Field(
+        default=False,
+        description="the activity ``activity_id`` has left the queue (started or no longer "
+        "pending)",
+    )
 
 
 class CloseSessionInput(Payload):
     session_id: str
-    #: Unix time (s) the run phase's budget ran out and the harness was stopped: the output
-    #: says whether a call was waiting on the backend then (None: the run did not time out)
-    run_deadline_at: float | None = None
+    run_deadline_at: float | None = Field(
+        default=None,
+        description="Unix time (s) the run phase's budget ran out and the harness was stopped: "
+        "the output says whether a call was waiting on the backend then (None: the "
+        "run did not time out)",
+    )
 
 
 class CloseSessionOutput(Payload):
     num_completions: int
-    #: calls that failed (answered with an error, kept in the session's state, never in the
-    #: completion log)
-    num_errors: int = 0
-    #: failed calls answered with a 5xx (a gateway or backend failure, not a bad request)
-    #: that no later completion made good (rolloutd.proxy.sessions.recovered)
-    num_unrecovered_errors: int = 0
-    #: the last failed call, in words (``"502 BackendError: ..."``)
-    last_error: str | None = None
-    #: the first failed call of the backend kind (BackendError, BackendUnavailableError, a
-    #: 5xx) that no completion made good, in words, with its request hash; None: none
-    first_unrecovered_error: str | None = None
-    #: a call was waiting on the backend at ``CloseSessionInput.run_deadline_at``
-    call_waiting_at_deadline: bool = False
-    #: completions whose tool call the parser could not read (tokens mode)
-    num_invalid_tool_calls: int = 0
-    #: what replay across attempts did (rolloutd.proxy.replay.replay_stats)
-    replay: ReplayStats = Field(default_factory=ReplayStats)
+    num_errors: int = Field(
+        default=0,
+        description="calls that failed (answered with an error, kept in the session's state, "
+        "never in the completion log)",
+    )
+    num_unrecovered_errors: int = Field(
+        default=0,
+        description="failed calls answered with a 5xx (a gateway or backend failure, not a bad "
+        "request) that no later completion made good "
+        "(rolloutd.proxy.sessions.recovered)",
+    )
+    last_error: str | None = Field(
+        default=None,
+        description='the last failed call, in words (``"502 BackendError: ..."``)',
+    )
+    first_unrecovered_error: str | None = Field(
+        default=None,
+        description="the first failed call of the backend kind (BackendError, "
+        "BackendUnavailableError, a 5xx) that no completion made good, in words, with "
+        "its request hash; None: none",
+    )
+    call_waiting_at_deadline: bool = Field(
+        default=False,
+        description="a call was waiting on the backend at ``CloseSessionInput.run_deadline_at``",
+    )
+    num_invalid_tool_calls: int = Field(
+        default=0,
+        description="completions whose tool call the parser could not read (tokens mode)",
+    )
+    replay: ReplayStats = Field(
+        default_factory=ReplayStats,
+        description="what replay across attempts did (rolloutd.proxy.replay.replay_stats)",
+    )
 
 
 class BuildTrajectoryInput(Payload):
@@ -169,9 +209,12 @@ class ProvisionRuntimeOutput(Payload):
     host_queue: str
     workdir: str
     duration_s: float = 0.0
-    #: seconds the (last attempt of the) provisioning waited in the sandbox queue for a host
-    #: with capacity: not charged to the session deadline
-    queue_wait_s: float = Field(default=0.0, ge=0.0)
+    queue_wait_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="seconds the (last attempt of the) provisioning waited in the sandbox queue "
+        "for a host with capacity: not charged to the session deadline",
+    )
 
 
 class RunHarnessInput(Payload):
@@ -184,19 +227,27 @@ class RunHarnessInput(Payload):
 
 
 class RunHarnessOutput(Payload):
-    #: negative: killed by that signal (-9: SIGKILL)
-    exit_code: int | None
+    exit_code: int | None = Field(description="negative: killed by that signal (-9: SIGKILL)")
     timed_out: bool = False
-    #: Unix time (s) the run budget ran out and the harness was stopped (``timed_out``)
-    timed_out_at: float | None = None
-    #: the signal the sandbox sent the harness itself (SIGTERM, then SIGKILL, at the
-    #: budget): a death by another signal was not the session's doing
-    signal_sent: int | None = None
-    #: processes the runtime's memory limit killed during the run
-    num_oom_kills: int = 0
-    #: the gateway's verdict that stopped the harness: its model calls stood unanswered
-    #: for ``backend_dead_after_s`` (None: not stopped for that)
-    backend_verdict: str | None = None
+    timed_out_at: float | None = Field(
+        default=None,
+        description="Unix time (s) the run budget ran out and the harness was stopped "
+        "(``timed_out``)",
+    )
+    signal_sent: int | None = Field(
+        default=None,
+        description="the signal the sandbox sent the harness itself (SIGTERM, then SIGKILL, at "
+        "the budget): a death by another signal was not the session's doing",
+    )
+    num_oom_kills: int = Field(
+        default=0,
+        description="processes the runtime's memory limit killed during the run",
+    )
+    backend_verdict: str | None = Field(
+        default=None,
+        description="the gateway's verdict that stopped the harness: its model calls stood "
+        "unanswered for ``backend_dead_after_s`` (None: not stopped for that)",
+    )
     duration_s: float = 0.0
     stdout_tail: str = ""
     stderr_tail: str = ""
@@ -238,19 +289,25 @@ class EvaluateInput(Payload):
     num_completions: int = 0
     trajectory_ref: str | None = None
     artifacts: dict[str, str] = Field(default_factory=dict, description="name -> blob key")
-    #: the session's reward decided by the task, not the evaluator (a run-phase timeout's
-    #: ``timeout_reward``, an invalid tool call's ``invalid_tool_call_reward``): the
-    #: evaluator is not run and the trajectory gets this reward
-    forced_reward: float | None = None
+    forced_reward: float | None = Field(
+        default=None,
+        description="the session's reward decided by the task, not the evaluator (a run-phase "
+        "timeout's ``timeout_reward``, an invalid tool call's "
+        "``invalid_tool_call_reward``): the evaluator is not run and the trajectory "
+        "gets this reward",
+    )
 
 
 class EvaluateOutput(Payload):
     reward: float | None = None
     trace_rewards: list[float] | None = None
     details: dict[str, Any] = Field(default_factory=dict)
-    #: the evaluator raised (``"ErrorType: message"``): no reward; the trajectory is kept
-    #: and carries the failure (a raising evaluator is not retried: it would raise again)
-    error: str | None = None
+    error: str | None = Field(
+        default=None,
+        description='the evaluator raised (``"ErrorType: message"``): no reward; the trajectory '
+        "is kept and carries the failure (a raising evaluator is not retried: it "
+        "would raise again)",
+    )
 
 
 # ------------------------------------------------------------------ eval fleet: trainer I/O

@@ -35,16 +35,16 @@ def tenant_workflow_id(tenant: str) -> str:
 
 
 class TenantSlotRequest(Payload):
-    """A session asking its tenant for a slot.
+    """A session asking its tenant for a slot."""
 
-    Attributes:
-        workflow_id: the session's workflow id (the grant is signalled there).
-        priority: the task's priority key (1 first): a waiting request of a lower key is
-            granted first, then in arrival order.
-    """
-
-    workflow_id: str
-    priority: int = Field(default=3, ge=1, le=5)
+    workflow_id: str = Field(description="the session's workflow id (the grant is signalled there)")
+    priority: int = Field(
+        default=3,
+        ge=1,
+        le=5,
+        description="the task's priority key (1 first): a waiting request of a lower key is "
+        "granted first, then in arrival order",
+    )
 
 
 class TenantQuota(Payload):
@@ -61,5 +61,7 @@ class TenantState(Payload):
     quota: TenantQuota = Field(default_factory=TenantQuota)
     holders: list[str] = Field(default_factory=list)
     waiting: list[TenantSlotRequest] = Field(default_factory=list)
-    #: slots granted since the workflow started (over continue-as-new)
-    num_granted: int = 0
+    num_granted: int = Field(
+        default=0,
+        description="slots granted since the workflow started (over continue-as-new)",
+    )

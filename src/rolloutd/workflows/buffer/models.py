@@ -41,57 +41,80 @@ class TaskSource(Payload):
 
 
 class BufferConfig(Payload):
-    """A training run's buffer (POLAR/ProRL's efficient DAPO queue, kept in Temporal).
+    """A training run's buffer (POLAR/ProRL's efficient DAPO queue, kept in Temporal)."""
 
-    Attributes:
-        buffer_id: business key; workflow id ``buffer/{buffer_id}``.
-        source: the task source.
-        num_in_flight: tasks kept running at once (the job queue depth).
-        num_samples: overrides every task's group size when set.
-        task_id_suffix: appended to every source task id (a second run over the same file
-            needs new ids: task ids are business keys).
-        drop_zero_variance: drop groups whose rewards are all equal (DAPO, arXiv 2503.14476,
-            section 3.2) over their scored sessions; see
-            :func:`rolloutd.trainer_client.grpo.is_zero_variance`.
-        incomplete_groups: a group that misses scored samples after its replacements
-            (``TaskResult.incomplete``): ``hand_out`` (the trainer gets the scored sessions;
-            GRPO stats use those only) or ``drop`` (reason ``incomplete``).
-        max_staleness: drop a group when ``policy_version - group.policy_version`` exceeds it
-            (the group's version is the buffer's when its task started); None keeps all.
-        staleness_admission: with ``max_staleness`` set, start no task whose group could
-            not be taken before it goes stale: ready + running groups stay below
-            ``(max_staleness + 1) x B``, where B is the largest ``num_groups`` a
-            ``take_batch`` asked for (no bound before the first take). AReaL's staleness
-            control (Fu et al., arXiv 2505.24298: generation is refused once it would run
-            more than ``eta`` versions ahead of training). Off: tasks start whenever fewer
-            than ``num_in_flight`` run, and a trainer slower than its rollouts gets most
-            groups dropped as stale. ``max_staleness = 0`` is then synchronous RL.
-        cancel_surplus: when a batch is handed out, cancel the tasks still running (ProRL's
-            early termination) instead of carrying them into the next step.
-        lease_s: default lease of a batch; an unacked batch is offered again after it.
-        max_history_events: continue-as-new once the history is this long (or when Temporal
-            suggests it).
-        adapt_in_flight: keep fewer than ``num_in_flight`` tasks running when the fleets'
-            observed capacity (sandbox hosts, backend slots) takes fewer
-            (:mod:`rolloutd.workflows.buffer.capacity`); needs ``num_samples``.
-    """
-
-    buffer_id: str
-    source: TaskSource = Field(default_factory=TaskSource)
-    num_in_flight: int = Field(default=8, ge=1, le=10_000)
-    num_samples: int | None = Field(default=None, ge=1, le=1024)
-    task_id_suffix: str = Field(default="", max_length=40)
-    drop_zero_variance: bool = True
-    incomplete_groups: Literal["hand_out", "drop"] = Field(
-        default="hand_out", description="hand out or drop a group that misses scored samples"
+    buffer_id: str = Field(description="business key; workflow id ``buffer/{buffer_id}``")
+    source: TaskSource = Field(default_factory=TaskSource, description="the task source")
+    num_in_flight: int = Field(
+        default=8,
+        ge=1,
+        le=10_000,
+        description="tasks kept running at once (the job queue depth)",
     )
-    max_staleness: int | None = Field(default=None, ge=0)
-    staleness_admission: bool = True
-    cancel_surplus: bool = False
-    lease_s: float = Field(default=600.0, gt=0, le=7 * 86_400)
-    max_history_events: int = Field(default=10_000, ge=50)
+    num_samples: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="overrides every task's group size when set",
+    )
+    task_id_suffix: str = Field(
+        default="",
+        max_length=40,
+        description="appended to every source task id (a second run over the same file needs new "
+        "ids: task ids are business keys)",
+    )
+    drop_zero_variance: bool = Field(
+        default=True,
+        description="drop groups whose rewards are all equal (DAPO, arXiv 2503.14476, section "
+        "3.2) over their scored sessions; see "
+        ":func:`rolloutd.trainer_client.grpo.is_zero_variance`",
+    )
+    incomplete_groups: Literal["hand_out", "drop"] = Field(
+        default="hand_out",
+        description="a group that misses scored samples after its replacements "
+        "(``TaskResult.incomplete``): ``hand_out`` (the trainer gets the scored "
+        "sessions; GRPO stats use those only) or ``drop`` (reason ``incomplete``)",
+    )
+    max_staleness: int | None = Field(
+        default=None,
+        ge=0,
+        description="drop a group when ``policy_version - group.policy_version`` exceeds it (the "
+        "group's version is the buffer's when its task started); None keeps all",
+    )
+    staleness_admission: bool = Field(
+        default=True,
+        description="with ``max_staleness`` set, start no task whose group could not be taken "
+        "before it goes stale: ready + running groups stay below ``(max_staleness + "
+        "1) x B``, where B is the largest ``num_groups`` a ``take_batch`` asked for "
+        "(no bound before the first take). AReaL's staleness control (Fu et al., "
+        "arXiv 2505.24298: generation is refused once it would run more than ``eta`` "
+        "versions ahead of training). Off: tasks start whenever fewer than "
+        "``num_in_flight`` run, and a trainer slower than its rollouts gets most "
+        "groups dropped as stale. ``max_staleness = 0`` is then synchronous RL",
+    )
+    cancel_surplus: bool = Field(
+        default=False,
+        description="when a batch is handed out, cancel the tasks still running (ProRL's early "
+        "termination) instead of carrying them into the next step",
+    )
+    lease_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=7 * 86_400,
+        description="default lease of a batch; an unacked batch is offered again after it",
+    )
+    max_history_events: int = Field(
+        default=10_000,
+        ge=50,
+        description="continue-as-new once the history is this long (or when Temporal suggests it)",
+    )
     policy_version: int = Field(default=0, ge=0, description="initial policy version")
-    adapt_in_flight: bool = False
+    adapt_in_flight: bool = Field(
+        default=False,
+        description="keep fewer than ``num_in_flight`` tasks running when the fleets' observed "
+        "capacity (sandbox hosts, backend slots) takes fewer "
+        "(:mod:`rolloutd.workflows.buffer.capacity`); needs ``num_samples``",
+    )
 
     @model_validator(mode="after")
     def _safe_id(self) -> BufferConfig:

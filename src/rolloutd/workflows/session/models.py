@@ -20,6 +20,8 @@ class SessionInput(Payload):
     task: TaskRequest
     sample_index: int = Field(ge=0)
     session_id: str
-    #: gateway session ids of the sample's earlier sessions (a replaced session's attempts),
-    #: newest first: replayed from when ``task.resume`` is ``replay``
-    replay_from: list[str] = Field(default_factory=list)
+    replay_from: list[str] = Field(
+        default_factory=list,
+        description="gateway session ids of the sample's earlier sessions (a replaced session's "
+        "attempts), newest first: replayed from when ``task.resume`` is ``replay``",
+    )

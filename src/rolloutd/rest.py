@@ -392,7 +392,8 @@ def create_app(
         token: the facade's bearer token (``ROLLOUTD_REST_TOKEN``): every route but the
             OpenAPI pages needs it (401 otherwise). None: the task routes are open (a
             loopback-only facade, :func:`serve`) and the backend routes answer 403, since
-            they are forwarded only for callers holding the token (DECISIONS.md ruling 7).
+            they are forwarded only for callers holding the token (docs/decisions.md,
+            "An admin token by default").
     """
     app = FastAPI(
         title="rolloutd REST facade",

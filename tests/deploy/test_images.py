@@ -1,11 +1,11 @@
-"""The container images (issue 15): built, or reused from the cache, and run with podman.
+"""The container images: built, or reused from the cache, and run with podman.
 
 ``scripts/build_images.sh`` builds the base, rolloutd and engine images (tags are the hash of
 uv.lock, the Containerfiles and src/, so a second run reuses them). The rolloutd image must run
 the CLI, the ``temporal`` binary, bubblewrap (a real sandbox in a privileged container, as a
 sandbox pod runs) and every harness CLI at the version its lock file pins; the engine image
 must serve ``/health``, its model and a completion, and answer the engine control interface
-(DECISIONS.md ruling 8).
+(docs/decisions.md, "One engine control interface").
 
 Marker ``deploy``: CI runs it (scripts/setup.sh installs podman); ``-m "not deploy"`` skips it
 locally. Skipped, with the reason, where podman is absent.

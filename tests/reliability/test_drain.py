@@ -1,7 +1,7 @@
 """SIGTERM (a pod's stop, and ``rolloutd up``'s Ctrl-C) drains a fleet's process: it stops
 polling, hands a running harness back, lets short activities finish, and exits 0 within its
-grace period; no session ends because of it and no completion is lost (DECISIONS ruling 9,
-docs/faults.md "Drain").
+grace period; no session ends because of it and no completion is lost (docs/decisions.md,
+"One drain"; docs/faults.md, "Drain").
 
 Real parts: the reliability rig's Temporal dev server, llama-server and fleets as processes,
 plus a second sandbox host (``rolloutd worker --fleet sandbox`` with its own host id and

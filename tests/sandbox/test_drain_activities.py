@@ -1,5 +1,5 @@
-"""A draining sandbox host hands its harness runs back (DECISIONS ruling 9): the real sandbox
-activities on a real bwrap runtime, run through temporalio's ActivityEnvironment (heartbeats
+"""A draining sandbox host hands its harness runs back (docs/decisions.md, "One drain"): the real
+sandbox activities on a real bwrap runtime, run through temporalio's ActivityEnvironment (heartbeats
 included). The whole drain, with Temporal, two hosts and sessions that start again, is
 ``tests/reliability/test_drain.py``."""
 

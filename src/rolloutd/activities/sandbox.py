@@ -109,12 +109,12 @@ class SandboxActivities:
         return reclaim.reclaim_orphans(self.root)
 
     def start_drain(self) -> None:
-        """Begin the host's drain (DECISIONS ruling 9): each running harness is stopped within
-        a heartbeat (about 1 s), its runtime torn down, and its activity fails with
-        ``HostDrainingError``, which the session treats as a lost host (a new attempt on
-        another host, replaying the recorded calls); a provisioning that ends from now on
-        tears its runtime down and fails retryably (Temporal retries it on another host).
-        Collects and teardowns run on. Called by :func:`rolloutd.workers.drain.drain_fleet`.
+        """Begin the host's drain (docs/decisions.md, "One drain"): each running harness is stopped
+        within a heartbeat (about 1 s), its runtime torn down, and its activity fails with
+        ``HostDrainingError``, which the session treats as a lost host (a new attempt on another
+        host, replaying the recorded calls); a provisioning that ends from now on tears its runtime
+        down and fails retryably (Temporal retries it on another host). Collects and teardowns run
+        on. Called by :func:`rolloutd.workers.drain.drain_fleet`.
         """
         if not self.draining.is_set():
             log.info(

@@ -141,8 +141,9 @@ class LlamaServer:
         ready"): stop llama-server, start it again on ``model_file`` at the same address, and
         return once ``/health`` answers 200.
 
-        llama.cpp has no in-place weight swap, so this is a restart: about 0.5 s for a 135M F16
-        GGUF here. Calls in flight are cut off, so the gateway drains first (weight sync).
+        llama.cpp has no in-place weight swap, so this is a restart (under a second for a small
+        model: docs/measurements.md). Calls in flight are cut off, so the gateway drains first
+        (weight sync).
 
         Args:
             model_file: a GGUF with this model's tokenizer (``export_gguf``'s output).

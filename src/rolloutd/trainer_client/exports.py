@@ -13,9 +13,9 @@ limit, or without a reward where one is needed, raises a ``ValueError`` that nam
 
 Failed sessions (a failure cause that is not a rewarded run-phase timeout of the policy:
 :func:`failed_cause`) are left out of every export: a reward measures the policy, never the
-infrastructure (DESIGN.md, failure causes). ``include_failed=True`` keeps them, marked: the
-cause in the row's metadata (``failure``: ``{kind, message, phase, retryable}``), an all-zero
-loss mask, no reward; verl rows get a group of their own (``uid``) so no GRPO baseline
+infrastructure (docs/decisions.md, "Failure causes and rewards"). ``include_failed=True`` keeps
+them, marked: the cause in the row's metadata (``failure``: ``{kind, message, phase, retryable}``),
+an all-zero loss mask, no reward; verl rows get a group of their own (``uid``) so no GRPO baseline
 includes them.
 
 Heavy imports (numpy, torch, pyarrow) happen inside the functions that need them, so importing

@@ -58,10 +58,10 @@ FLEETS: tuple[Fleet, ...] = ("workflows", "sandbox", "gateway", "eval")
 #: activity slots of a sandbox host's own queue (runs, collects, teardowns of its runtimes).
 HOST_QUEUE_SLOTS = 1000
 #: concurrent task polls of the workflow worker (80 % on its sticky queue) and of the session
-#: queues (sandbox host queue: run/collect/teardown; gateway: close, build). The SDK's 5 take
-#: about 4 tasks a second from a loaded dev server, each poll waiting on the server's write:
-#: 100 sessions cancelled at once (4-5 workflow tasks and 3 activities each to tear down,
-#: close and build) waited 6-9 s per task for a poll. Idle long polls cost the server nothing.
+#: queues (sandbox host queue: run/collect/teardown; gateway: close, build). Each poll waits on
+#: the server's write, so the SDK's 5 drain a burst slowly: 100 sessions cancelled at once (4-5
+#: workflow tasks and 3 activities each to tear down, close and build) waited seconds per task
+#: for a poll (docs/measurements.md). Idle long polls cost the server nothing.
 TASK_POLLS = PollerBehaviorSimpleMaximum(25)
 #: the longest an activity's heartbeats are held back. Temporal delivers an activity's
 #: cancellation only in the answer to a heartbeat, and the SDK sends them at most every
@@ -409,8 +409,8 @@ def freeze_startup_objects() -> int:
     """Move every object the process holds now out of the garbage collector's reach
     (``gc.freeze``, after a collection), for a process that has loaded what it keeps for
     its whole life: the gateway's tokenizer, chat templates, app and libraries are about
-    280,000 tracked objects, and each full collection walked them all (132 ms here, a stall
-    of every session's call); frozen, a full collection walks the sessions' data only.
+    280,000 tracked objects, and each full collection walked them all (a stall of every
+    session's call: docs/measurements.md); frozen, a full collection walks the sessions' data only.
     Objects created afterwards are collected as before.
 
     Returns:

@@ -1,6 +1,6 @@
 """The drain of one fleet's process on SIGTERM or SIGINT: one drain for a pod that Kubernetes
 stops and for ``rolloutd up``'s orderly Ctrl-C, which sends its fleets SIGTERM
-(DECISIONS ruling 9; docs/faults.md, "Drain").
+(docs/decisions.md, "One drain"; docs/faults.md, "Drain").
 
 Every fleet stops polling at once; activities already running get ``graceful_shutdown_s``
 (Temporal's ``graceful_shutdown_timeout``) to finish, then the SDK cancels them. A sandbox

@@ -6,11 +6,11 @@ priority key (1 first) and fairness key (the tenant) with its weight, so a high-
 evaluation overtakes a training job's backlog in every task queue, and tenants of equal
 priority share the fleets by weight (docs.temporal.io/develop/task-queue-priority-fairness).
 
-``TenantWorkflow`` (id ``tenant/{tenant}``) exists only for a tenant with a quota: it grants
-at most ``max_sessions_in_flight`` slots at once, each to a session that holds it from before
-it opens its gateway session until it ends. Waiting requests are granted by priority, then in
-arrival order. It is one tenant's counter, not a lock shared by tenants; sessions waiting for
-the fleet's capacity still wait in the fleet's task queue (DECISIONS.md, ruling 1).
+``TenantWorkflow`` (id ``tenant/{tenant}``) exists only for a tenant with a quota: it grants at most
+``max_sessions_in_flight`` slots at once, each to a session that holds it from before it opens its
+gateway session until it ends. Waiting requests are granted by priority, then in arrival order. It
+is one tenant's counter, not a lock shared by tenants; sessions waiting for the fleet's capacity
+still wait in the fleet's task queue (docs/decisions.md, "Dead versus saturated").
 
 Deterministic code only.
 """

@@ -59,7 +59,8 @@ at ``execve``. The worker does not trust the exec server either: it runs inside.
 from __future__ import annotations
 
 # the C modules, not socket, signal, json, selectors and ctypes: those import enum, re and
-# struct, which would add about 14 ms to every sandbox's start (python3 -X importtime)
+# struct, which would add milliseconds to every sandbox's start (python3 -X importtime;
+# docs/measurements.md)
 import _ctypes
 import _signal as signal
 import _socket

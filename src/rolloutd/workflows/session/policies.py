@@ -12,7 +12,8 @@ from temporalio.common import RetryPolicy
 HEARTBEAT = timedelta(seconds=10)
 #: heartbeats of the harness run: a dead sandbox worker is noticed within this time.
 #: (the SDK sends heartbeats at most every 0.8 x this, so cancellation also lands within it).
-#: 10 s, not less: a host running 100 harnesses on 2 busy cores misses 5 s beats while alive.
+#: 10 s, not less: a busy host running many harnesses misses 5 s beats while alive
+#: (docs/measurements.md).
 HARNESS_HEARTBEAT = timedelta(seconds=10)
 #: a host-pinned activity not picked up by then: the host is gone (the session may restart).
 HOST_QUEUE_START = timedelta(seconds=60)

@@ -11,15 +11,14 @@ import pytest
 
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.config import TOOLS_DIR_ENV
-from rolloutd.sandbox.harnesses import HarnessContext, get_harness, harness_capabilities
+from rolloutd.sandbox.harnesses import get_harness, harness_capabilities
 from rolloutd.sandbox.harnesses.mini_swe_agent import (
     COMPACT_INSTANCE_TEMPLATE,
     CONFIG_FILE,
     summarize_output,
 )
 from rolloutd.types import HarnessSpec
-
-SESSION_KEY = "sk-session-secret"
+from tests.support.contexts import SESSION_KEY, harness_context
 
 #: stands in for `mini`: records its argv and environment, writes a trajectory to `-o`.
 FAKE_MINI = """#!/bin/sh
@@ -33,32 +32,24 @@ exit 3
 
 
 @pytest.fixture
-def fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    tools = tmp_path / "tools"
-    (tools / "bin").mkdir(parents=True)
+def fake_tools(tool_cli) -> Path:
+    tools = tool_cli("mini", FAKE_MINI)
     (tools / "mini-swe-agent" / "bin").mkdir(parents=True)
     os.symlink(sys.executable, tools / "mini-swe-agent" / "bin" / "python")
     info = tools / "mini-swe-agent/lib/python3.11/site-packages/mini_swe_agent-2.4.6.dist-info"
     info.mkdir(parents=True)
-    (tools / "bin" / "mini").write_text(FAKE_MINI)
-    (tools / "bin" / "mini").chmod(0o755)
-    monkeypatch.setenv(TOOLS_DIR_ENV, str(tools))
     return tools
-
-
-def _ctx() -> HarnessContext:
-    return HarnessContext(
-        instruction="-create hello.py",
-        openai_base_url="http://127.0.0.1:9/s/k/v1",
-        api_key=SESSION_KEY,
-        model="qwen-test",
-    )
 
 
 async def test_runs_headless_with_step_limit_and_cost_tracking_off(make_runtime, fake_tools):
     runtime = await make_runtime("local")
     spec = HarnessSpec(type="mini_swe_agent", max_turns=5, profile="compact", args=["--extra"])
-    command = await get_harness(spec).prepare(runtime, _ctx())
+    command = await get_harness(spec).prepare(
+        runtime,
+        harness_context(
+            "http://127.0.0.1:9/s/k", instruction="-create hello.py", model="qwen-test"
+        ),
+    )
     assert not any(SESSION_KEY in arg for arg in command.command)
     result = await runtime.exec(command.command, env=command.env, cwd=command.cwd)
     assert result.exit_code == 3  # the CLI's own exit code, after the summary line
@@ -97,7 +88,12 @@ async def test_missing_cli_names_the_setup_step(make_runtime, tmp_path, monkeypa
     monkeypatch.setenv(TOOLS_DIR_ENV, str(tmp_path / "empty"))
     runtime = await make_runtime("local")
     with pytest.raises(HarnessError, match="scripts/setup.sh"):
-        await get_harness(HarnessSpec(type="mini_swe_agent")).prepare(runtime, _ctx())
+        await get_harness(HarnessSpec(type="mini_swe_agent")).prepare(
+            runtime,
+            harness_context(
+                "http://127.0.0.1:9/s/k", instruction="-create hello.py", model="qwen-test"
+            ),
+        )
     assert "mini_swe_agent" in harness_capabilities()[1]
 
 

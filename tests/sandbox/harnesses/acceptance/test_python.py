@@ -14,7 +14,7 @@ from tests.support.harness_run import executed_tool_calls, run_task
 #: 2 in CI; the closing figures use 4 (ROLLOUTD_HARNESS_SAMPLES=4)
 NUM_SAMPLES = int(os.environ.get("ROLLOUTD_HARNESS_SAMPLES", "2"))
 
-AGENT = Path(__file__).parents[2] / "examples" / "agents" / "file_agent.py"
+AGENT = Path(__file__).parents[4] / "examples" / "agents" / "file_agent.py"
 
 
 @pytest.mark.temporal

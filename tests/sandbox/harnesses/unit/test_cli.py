@@ -8,22 +8,12 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from rolloutd.sandbox.harnesses import CliHarness, HarnessContext, get_harness
+from rolloutd.sandbox.harnesses import CliHarness, get_harness
 from rolloutd.sandbox.harnesses.cli import render
 from rolloutd.types import HarnessSpec
+from tests.support.contexts import ALL_DIALECTS, harness_context
 
 NASTY = 'It\'s "quoted" $HOME `id` ; echo {model} \\ \n second line'
-
-
-def _ctx() -> HarnessContext:
-    return HarnessContext(
-        instruction=NASTY,
-        openai_base_url="http://g/s/key123/v1",
-        anthropic_base_url="http://g/s/key123",
-        gemini_base_url="http://g/s/key123",
-        api_key="key123",
-        model="Qwen2.5-Coder-0.5B-Instruct",
-    )
 
 
 def test_render_quotes_per_place_and_leaves_other_braces():
@@ -83,7 +73,12 @@ async def test_cli_harness_from_json_writes_files_and_runs_argv(make_runtime):
     )
     adapter = get_harness(spec)
     assert isinstance(adapter, CliHarness)
-    command = await adapter.prepare(runtime, _ctx())
+    command = await adapter.prepare(
+        runtime,
+        harness_context(
+            "http://g/s/key123", instruction=NASTY, api_key="key123", dialects=ALL_DIALECTS
+        ),
+    )
     process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
     assert await process.wait(30) == 0, process.stderr_path.read_text()
     out = json.loads(await runtime.download("out.json"))
@@ -106,7 +101,12 @@ async def test_cli_harness_shell_string_quotes_values(make_runtime):
     adapter = get_harness(
         HarnessSpec(type="cli", command="printf '%s' {instruction} > i.txt", env={"X": "{model}"})
     )
-    command = await adapter.prepare(runtime, _ctx())
+    command = await adapter.prepare(
+        runtime,
+        harness_context(
+            "http://g/s/key123", instruction=NASTY, api_key="key123", dialects=ALL_DIALECTS
+        ),
+    )
     assert command.env["X"] == "Qwen2.5-Coder-0.5B-Instruct"
     process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
     assert await process.wait(30) == 0, process.stderr_path.read_text()

@@ -15,7 +15,7 @@ import pytest
 
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.config import NPM_PREFIX_ENV
-from rolloutd.sandbox.harnesses import HarnessContext, get_harness, harness_capabilities
+from rolloutd.sandbox.harnesses import get_harness, harness_capabilities
 from rolloutd.sandbox.harnesses.gemini_cli import (
     CORE_TOOLS,
     ENTRY,
@@ -24,29 +24,14 @@ from rolloutd.sandbox.harnesses.gemini_cli import (
     summarize_output,
 )
 from rolloutd.types import HarnessSpec
-
-KEY = "sk-session-secret"
-
-
-def _ctx(instruction: str = "-make hello.py") -> HarnessContext:
-    return HarnessContext(
-        instruction=instruction,
-        openai_base_url="http://g/s/k/v1",
-        anthropic_base_url="http://g/s/k",
-        gemini_base_url="http://g/s/k",
-        api_key=KEY,
-        model="Qwen2.5-Coder-0.5B-Instruct",
-    )
+from tests.support.contexts import ALL_DIALECTS, SESSION_KEY, harness_context
 
 
 @pytest.fixture
-def fake_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    package = tmp_path / "npm" / "node_modules" / PACKAGE
-    (package / ENTRY).parent.mkdir(parents=True)
-    (package / ENTRY).write_text("// stand-in for gemini.js\n")
-    (package / "package.json").write_text('{"version": "0.61.0"}')
-    monkeypatch.setenv(NPM_PREFIX_ENV, str(tmp_path / "npm"))
-    return tmp_path / "npm"
+def fake_prefix(npm_package) -> Path:
+    return npm_package(
+        PACKAGE, ENTRY, "// stand-in for gemini.js\n", package_json={"version": "0.61.0"}
+    )
 
 
 async def test_compact_run_is_offline_one_shot_and_keeps_the_key_off_argv(
@@ -54,15 +39,18 @@ async def test_compact_run_is_offline_one_shot_and_keeps_the_key_off_argv(
 ):
     runtime = await make_runtime("local")
     spec = HarnessSpec(type="gemini_cli", profile="compact", max_turns=3, args=["--debug"])
-    command = await get_harness(spec).prepare(runtime, _ctx())
+    command = await get_harness(spec).prepare(
+        runtime,
+        harness_context("http://g/s/k", instruction="-make hello.py", dialects=ALL_DIALECTS),
+    )
     argv = command.command
     assert isinstance(argv, list)
     assert argv[:2] == ["node", str(fake_prefix / "node_modules" / PACKAGE / ENTRY)]
     assert argv[argv.index("-m") + 1] == "Qwen2.5-Coder-0.5B-Instruct"
     assert "--yolo" in argv and "--debug" in argv
     assert "--prompt=-make hello.py" in argv  # one element: not read as an option
-    assert not any(KEY in a for a in argv)
-    assert command.env["GEMINI_API_KEY"] == KEY
+    assert not any(SESSION_KEY in a for a in argv)
+    assert command.env["GEMINI_API_KEY"] == SESSION_KEY
     assert command.env["GOOGLE_GEMINI_BASE_URL"] == "http://g/s/k"
     preload = command.env["NODE_OPTIONS"].removeprefix("--require=")
     assert (await runtime.download(preload)).decode() == FETCH_PRELOAD
@@ -79,7 +67,10 @@ async def test_compact_run_is_offline_one_shot_and_keeps_the_key_off_argv(
 
 async def test_default_profile_keeps_the_shipped_prompt_and_tools(make_runtime, fake_prefix):
     runtime = await make_runtime("local")
-    command = await get_harness(HarnessSpec(type="gemini_cli")).prepare(runtime, _ctx())
+    command = await get_harness(HarnessSpec(type="gemini_cli")).prepare(
+        runtime,
+        harness_context("http://g/s/k", instruction="-make hello.py", dialects=ALL_DIALECTS),
+    )
     assert "GEMINI_SYSTEM_MD" not in command.env
     settings = json.loads(await runtime.download(f"{runtime.home}/.gemini/settings.json"))
     assert "tools" not in settings and settings["model"]["maxSessionTurns"] == 10
@@ -89,7 +80,10 @@ async def test_missing_cli_names_the_setup_step(make_runtime, tmp_path, monkeypa
     monkeypatch.setenv(NPM_PREFIX_ENV, str(tmp_path / "empty"))
     runtime = await make_runtime("local")
     with pytest.raises(HarnessError, match="scripts/setup.sh"):
-        await get_harness(HarnessSpec(type="gemini_cli")).prepare(runtime, _ctx())
+        await get_harness(HarnessSpec(type="gemini_cli")).prepare(
+            runtime,
+            harness_context("http://g/s/k", instruction="-make hello.py", dialects=ALL_DIALECTS),
+        )
     assert "gemini_cli" in harness_capabilities()[1]
 
 

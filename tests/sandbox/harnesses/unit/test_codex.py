@@ -1,4 +1,5 @@
-"""The codex harness: its config and command, run with a stand-in CLI and with the real one."""
+"""The codex adapter with a stand-in CLI: its config and command, run on a local runtime, and
+its summary. The real CLI: ``acceptance/test_codex.py``."""
 
 from __future__ import annotations
 
@@ -9,13 +10,12 @@ from pathlib import Path
 import pytest
 
 from rolloutd.errors import HarnessError
-from rolloutd.sandbox.config import NPM_PREFIX_ENV, npm_prefix
-from rolloutd.sandbox.harnesses import HarnessContext, get_harness
+from rolloutd.sandbox.config import NPM_PREFIX_ENV
+from rolloutd.sandbox.harnesses import get_harness
 from rolloutd.sandbox.harnesses.codex import ENTRY, PACKAGE, summarize_output
 from rolloutd.types import HarnessSpec
-from tests.support.refusing_provider import refusing_provider
+from tests.support.contexts import SESSION_KEY, harness_context
 
-SESSION_KEY = "sk-session-secret"
 INSTRUCTION = "-n create hello.py that prints 'hello world'"
 
 #: stand-in for codex.js: records argv, stdin, its config and environment
@@ -29,24 +29,14 @@ fs.writeFileSync("out.json", JSON.stringify({
 """
 
 
-def _ctx(url: str = "http://127.0.0.1:8300/s/k/v1") -> HarnessContext:
-    return HarnessContext(
-        instruction=INSTRUCTION,
-        openai_base_url=url,
-        api_key=SESSION_KEY,
-        model="Qwen2.5-Coder-0.5B-Instruct",
-    )
-
-
 @pytest.fixture
-def fake_codex(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    prefix = tmp_path / "npm"
-    package = prefix / "node_modules" / PACKAGE
-    (package / ENTRY).parent.mkdir(parents=True)
-    (package / ENTRY).write_text(FAKE_CODEX)
-    (package / "package.json").write_text('{"name": "@openai/codex", "version": "9.9.9"}')
-    monkeypatch.setenv(NPM_PREFIX_ENV, str(prefix))
-    return prefix
+def fake_codex(npm_package) -> Path:
+    return npm_package(
+        PACKAGE,
+        ENTRY,
+        FAKE_CODEX,
+        package_json={"name": "@openai/codex", "version": "9.9.9"},
+    )
 
 
 @pytest.mark.parametrize("profile", ["default", "compact"])
@@ -56,7 +46,7 @@ async def test_codex_runs_exec_on_the_session_with_the_key_off_argv(
     runtime = await make_runtime("local")
     adapter = get_harness(HarnessSpec(type="codex", profile=profile, args=["--strict-config"]))
     assert type(adapter).cli_version() == "9.9.9"
-    command = await adapter.prepare(runtime, _ctx())
+    command = await adapter.prepare(runtime, harness_context(instruction=INSTRUCTION))
     assert SESSION_KEY not in str(command.command)
     process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
     assert await process.wait(60) == 0, process.stderr_path.read_text()
@@ -98,7 +88,7 @@ async def test_max_turns_stops_codex_after_that_many_tool_calls(make_runtime, fa
     (fake_codex / "node_modules" / PACKAGE / ENTRY).write_text(LOOPING_CODEX)
     runtime = await make_runtime("local")
     adapter = get_harness(HarnessSpec(type="codex", max_turns=3))
-    command = await adapter.prepare(runtime, _ctx())
+    command = await adapter.prepare(runtime, harness_context(instruction=INSTRUCTION))
     process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
     assert await process.wait(60) == 0, process.stderr_path.read_text()
     summary = adapter.summarize(process.stdout_path.read_text())
@@ -112,7 +102,9 @@ async def test_codex_missing_names_the_setup_step(make_runtime, tmp_path, monkey
     monkeypatch.setenv(NPM_PREFIX_ENV, str(tmp_path / "empty"))
     runtime = await make_runtime("local")
     with pytest.raises(HarnessError, match="scripts/setup.sh"):
-        await get_harness(HarnessSpec(type="codex")).prepare(runtime, _ctx())
+        await get_harness(HarnessSpec(type="codex")).prepare(
+            runtime, harness_context(instruction=INSTRUCTION)
+        )
     with pytest.raises(HarnessError, match="npm install --prefix"):
         get_harness(HarnessSpec(type="codex")).cli_version()
 
@@ -147,29 +139,3 @@ def test_summarize_output_reports_the_provider_error():
 
 
 # ------------------------------------------------------------- the real CLI, a fake provider
-
-
-@pytest.mark.harness
-@pytest.mark.timeout(120)
-async def test_real_codex_accepts_the_config_and_calls_the_session(make_runtime):
-    """codex 0.169 reads every key we write (no "unrecognized" warning) and calls the session."""
-    if not (npm_prefix() / "node_modules" / PACKAGE / ENTRY).is_file():
-        pytest.skip(f"codex is not installed in {npm_prefix()} (bash scripts/setup.sh)")
-    runtime = await make_runtime("local")
-    async with refusing_provider() as provider:
-        for profile in ("default", "compact"):
-            await _run_refused(runtime, profile, f"{provider.url}/s/k/v1")
-    assert provider.seen
-    assert all(line.startswith("POST /s/k/v1/responses ") for line, _ in provider.seen)
-    assert all(h["authorization"] == f"Bearer {SESSION_KEY}" for _, h in provider.seen)
-
-
-async def _run_refused(runtime, profile: str, url: str) -> None:
-    adapter = get_harness(HarnessSpec(type="codex", profile=profile))
-    command = await adapter.prepare(runtime, _ctx(url))
-    process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
-    assert await process.wait(90) == 1, process.stderr_path.read_text()[-2000:]
-    stdout = process.stdout_path.read_text()
-    summary = adapter.summarize(stdout)
-    assert summary is not None and summary["is_error"] and "refused" in summary["error"]
-    assert "unrecognized" not in stdout, stdout

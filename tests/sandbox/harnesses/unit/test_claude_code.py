@@ -1,4 +1,5 @@
-"""The claude_code harness: its command, run with a stand-in CLI and with the real one."""
+"""The claude_code adapter with a stand-in CLI: its command, run on a local runtime, and its
+summary. The real CLI: ``acceptance/test_claude_code.py``."""
 
 from __future__ import annotations
 
@@ -8,13 +9,12 @@ from pathlib import Path
 import pytest
 
 from rolloutd.errors import HarnessError
-from rolloutd.sandbox.config import NPM_PREFIX_ENV, npm_prefix
-from rolloutd.sandbox.harnesses import HarnessContext, get_harness
+from rolloutd.sandbox.config import NPM_PREFIX_ENV
+from rolloutd.sandbox.harnesses import get_harness
 from rolloutd.sandbox.harnesses.claude_code import ENTRY, PACKAGE, summarize_output
 from rolloutd.types import HarnessSpec
-from tests.support.refusing_provider import refusing_provider
+from tests.support.contexts import SESSION_KEY, harness_context
 
-SESSION_KEY = "sk-session-secret"
 INSTRUCTION = "--help create hello.py that prints 'hello world' $HOME"
 
 #: stand-in for claude.exe: records argv, stdin and environment
@@ -25,26 +25,11 @@ json.dump({"argv": sys.argv[1:], "stdin": sys.stdin.read(), "env": dict(os.envir
 """
 
 
-def _ctx(root: str = "http://127.0.0.1:8300/s/k") -> HarnessContext:
-    return HarnessContext(
-        instruction=INSTRUCTION,
-        openai_base_url=f"{root}/v1",
-        anthropic_base_url=root,
-        api_key=SESSION_KEY,
-        model="Qwen2.5-Coder-0.5B-Instruct",
-    )
-
-
 @pytest.fixture
-def fake_claude(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    prefix = tmp_path / "npm"
-    package = prefix / "node_modules" / PACKAGE
-    (package / ENTRY).parent.mkdir(parents=True)
-    (package / ENTRY).write_text(FAKE_CLAUDE)
-    (package / ENTRY).chmod(0o755)
-    (package / "package.json").write_text('{"version": "2.0.0"}')
-    monkeypatch.setenv(NPM_PREFIX_ENV, str(prefix))
-    return prefix
+def fake_claude(npm_package) -> Path:
+    return npm_package(
+        PACKAGE, ENTRY, FAKE_CLAUDE, package_json={"version": "2.0.0"}, executable=True
+    )
 
 
 @pytest.mark.parametrize("profile", ["default", "compact"])
@@ -60,7 +45,9 @@ async def test_claude_code_runs_print_mode_on_the_session(make_runtime, fake_cla
         )
     )
     assert type(adapter).cli_version() == "2.0.0"
-    command = await adapter.prepare(runtime, _ctx())
+    command = await adapter.prepare(
+        runtime, harness_context(instruction=INSTRUCTION, dialects=("openai", "anthropic"))
+    )
     assert SESSION_KEY not in str(command.command)
     process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
     assert await process.wait(60) == 0, process.stderr_path.read_text()
@@ -92,7 +79,9 @@ async def test_claude_code_missing_names_the_setup_step(make_runtime, tmp_path, 
     monkeypatch.setenv(NPM_PREFIX_ENV, str(tmp_path / "empty"))
     runtime = await make_runtime("local")
     with pytest.raises(HarnessError, match="scripts/setup.sh"):
-        await get_harness(HarnessSpec(type="claude_code")).prepare(runtime, _ctx())
+        await get_harness(HarnessSpec(type="claude_code")).prepare(
+            runtime, harness_context(instruction=INSTRUCTION, dialects=("openai", "anthropic"))
+        )
 
 
 def test_summarize_output_reads_the_result_event():
@@ -115,25 +104,3 @@ def test_summarize_output_reads_the_result_event():
         "result": "",
     }
     assert summarize_output("Killed\n")["is_error"]
-
-
-@pytest.mark.harness
-@pytest.mark.timeout(180)
-async def test_real_claude_code_calls_the_session_with_the_compact_prompt(make_runtime):
-    """Claude Code 2.1 sends its first request to the session, key in ``x-api-key``."""
-    if not (npm_prefix() / "node_modules" / PACKAGE / ENTRY).is_file():
-        pytest.skip(f"claude-code is not installed in {npm_prefix()} (bash scripts/setup.sh)")
-    runtime = await make_runtime("local")
-    adapter = get_harness(HarnessSpec(type="claude_code", profile="compact", max_turns=2))
-    async with refusing_provider() as provider:
-        command = await adapter.prepare(runtime, _ctx(f"{provider.url}/s/k"))
-        process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
-        code = await process.wait(150)
-    stdout = process.stdout_path.read_text()
-    summary = adapter.summarize(stdout)
-    assert code == 1 and summary is not None and summary["is_error"], stdout[-2000:]
-    assert provider.seen, stdout[-2000:]
-    # besides its calls, Claude Code sends a HEAD to the base URL (a reachability probe)
-    posts = [(line, h) for line, h in provider.seen if line.startswith("POST ")]
-    assert posts and all(line.startswith("POST /s/k/v1/messages") for line, _ in posts), posts
-    assert all(h["x-api-key"] == SESSION_KEY for _, h in posts)

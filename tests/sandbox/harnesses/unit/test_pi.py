@@ -1,48 +1,31 @@
-"""The pi harness's recipe: models.json per dialect, environment and argv, on a local runtime."""
+"""The pi harness's recipe: models.json per dialect, environment and argv, on a local runtime,
+with a stand-in CLI. The real CLI: ``acceptance/test_pi.py``."""
 
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.config import NPM_PREFIX_ENV
-from rolloutd.sandbox.harnesses import HarnessContext, get_harness
+from rolloutd.sandbox.harnesses import get_harness
 from rolloutd.sandbox.harnesses.pi import (
     ENTRY,
     MAX_TURNS_EXTENSION,
     PACKAGE,
-    PiHarness,
     summarize_output,
 )
 from rolloutd.types import HarnessSpec
-
-KEY = "sk-session-secret"
-
-
-def _ctx(instruction: str = "make hello.py") -> HarnessContext:
-    return HarnessContext(
-        instruction=instruction,
-        openai_base_url="http://g/s/k/v1",
-        anthropic_base_url="http://g/s/k",
-        gemini_base_url="http://g/s/k",
-        api_key=KEY,
-        model="Qwen2.5-Coder-0.5B-Instruct",
-    )
+from tests.support.contexts import ALL_DIALECTS, SESSION_KEY, harness_context
 
 
 @pytest.fixture
-def fake_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    package = tmp_path / "npm" / "node_modules" / PACKAGE
-    (package / ENTRY).parent.mkdir(parents=True)
-    (package / ENTRY).write_text("// stand-in for pi's cli.js\n")
-    (package / "package.json").write_text('{"version": "0.73.1"}')
-    monkeypatch.setenv(NPM_PREFIX_ENV, str(tmp_path / "npm"))
-    return tmp_path / "npm"
+def fake_prefix(npm_package) -> Path:
+    return npm_package(
+        PACKAGE, ENTRY, "// stand-in for pi's cli.js\n", package_json={"version": "0.73.1"}
+    )
 
 
 @pytest.mark.parametrize(
@@ -56,7 +39,9 @@ def fake_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 async def test_dialect_picks_the_provider_api_and_url(make_runtime, fake_prefix, dialect, api, url):
     runtime = await make_runtime("local")
     spec = HarnessSpec(type="pi", dialect=dialect)
-    command = await get_harness(spec).prepare(runtime, _ctx())
+    command = await get_harness(spec).prepare(
+        runtime, harness_context("http://g/s/k", dialects=ALL_DIALECTS)
+    )
     argv = command.command
     assert isinstance(argv, list)
     assert argv[:3] == ["node", str(fake_prefix / "node_modules" / PACKAGE / ENTRY), "-p"]
@@ -66,10 +51,10 @@ async def test_dialect_picks_the_provider_api_and_url(make_runtime, fake_prefix,
     extension = argv[argv.index("-e") + 1]
     assert (await runtime.download(extension)).decode() == MAX_TURNS_EXTENSION
     assert argv[-1] == "make hello.py"
-    assert not any(KEY in a for a in argv)
-    assert command.env["ROLLOUTD_SESSION_KEY"] == KEY
+    assert not any(SESSION_KEY in a for a in argv)
+    assert command.env["ROLLOUTD_SESSION_KEY"] == SESSION_KEY
     text = (await runtime.download(f"{runtime.home}/.pi/agent/models.json")).decode()
-    assert KEY not in text
+    assert SESSION_KEY not in text
     provider = json.loads(text)["providers"]["rolloutd"]
     assert (provider["api"], provider["baseUrl"]) == (api, url)
     assert provider["apiKey"] == "ROLLOUTD_SESSION_KEY"
@@ -81,7 +66,12 @@ async def test_compact_profile_and_an_instruction_that_looks_like_an_option(
 ):
     runtime = await make_runtime("local")
     spec = HarnessSpec(type="pi", profile="compact")
-    command = await get_harness(spec).prepare(runtime, _ctx("--help me write hello.py"))
+    command = await get_harness(spec).prepare(
+        runtime,
+        harness_context(
+            "http://g/s/k", instruction="--help me write hello.py", dialects=ALL_DIALECTS
+        ),
+    )
     argv = command.command
     assert argv[argv.index("--tools") + 1] == "read,bash,write"
     assert runtime.workdir in argv[argv.index("--system-prompt") + 1]
@@ -95,10 +85,14 @@ async def test_gemini_dialect_and_missing_cli_are_refused(
 ):
     runtime = await make_runtime("local")
     with pytest.raises(HarnessError, match="dialect='gemini'"):
-        await get_harness(HarnessSpec(type="pi", dialect="gemini")).prepare(runtime, _ctx())
+        await get_harness(HarnessSpec(type="pi", dialect="gemini")).prepare(
+            runtime, harness_context("http://g/s/k", dialects=ALL_DIALECTS)
+        )
     monkeypatch.setenv(NPM_PREFIX_ENV, str(tmp_path / "empty"))
     with pytest.raises(HarnessError, match="scripts/setup.sh"):
-        await get_harness(HarnessSpec(type="pi")).prepare(runtime, _ctx())
+        await get_harness(HarnessSpec(type="pi")).prepare(
+            runtime, harness_context("http://g/s/k", dialects=ALL_DIALECTS)
+        )
 
 
 def test_summarize_reads_the_last_assistant_message():
@@ -150,75 +144,3 @@ def test_summarize_reads_the_last_assistant_message():
         )
     )
     assert failed["is_error"] and failed["error"] == "400 status code (no body)"
-
-
-class AlwaysToolCall(BaseHTTPRequestHandler):
-    """A Chat Completions server whose model calls ``bash`` on every turn, as a small model
-    that never stops does; counts the calls."""
-
-    calls = 0
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["content-length"]))
-        type(self).calls += 1
-        call = {
-            "index": 0,
-            "id": f"call_{self.calls}",
-            "type": "function",
-            "function": {"name": "bash", "arguments": '{"command": "echo hi"}'},
-        }
-        chunks = [
-            {
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"role": "assistant", "tool_calls": [call]},
-                        "finish_reason": None,
-                    }
-                ]
-            },
-            {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
-        ]
-        body = (
-            "".join(
-                f"data: {json.dumps({'id': 'c', 'object': 'chat.completion.chunk', 'created': 0, 'model': 'm', **c})}\n\n"  # noqa: E501
-                for c in chunks
-            )
-            + "data: [DONE]\n\n"
-        )
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream")
-        self.end_headers()
-        self.wfile.write(body.encode())
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.mark.harness
-@pytest.mark.timeout(120)
-async def test_turn_limit_extension_stops_a_model_that_never_stops(make_runtime):
-    try:
-        PiHarness.cli_version()
-    except HarnessError as e:
-        pytest.skip(str(e))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), AlwaysToolCall)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        runtime = await make_runtime("local")
-        ctx = _ctx().model_copy(
-            update={"openai_base_url": f"http://127.0.0.1:{server.server_port}/v1"}
-        )
-        command = await get_harness(HarnessSpec(type="pi", max_turns=2)).prepare(runtime, ctx)
-        process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
-        code = await process.wait(90)
-        if code is None:
-            await process.terminate()
-        summary = summarize_output(process.stdout_path.read_text())
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert code == 0, process.stderr_path.read_text()[-2000:]
-    assert AlwaysToolCall.calls == 2
-    assert summary["num_tool_calls"] == 2 and summary["stop_reason"] == "aborted"
-    assert not summary["is_error"]

@@ -9,7 +9,7 @@ import pytest
 
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.config import TOOLS_DIR_ENV
-from rolloutd.sandbox.harnesses import HarnessContext, get_harness
+from rolloutd.sandbox.harnesses import get_harness
 from rolloutd.sandbox.harnesses.aider import (
     CONFIG_FILE,
     METADATA_FILE,
@@ -17,8 +17,7 @@ from rolloutd.sandbox.harnesses.aider import (
     summarize_output,
 )
 from rolloutd.types import HarnessSpec
-
-SESSION_KEY = "sk-session-secret"
+from tests.support.contexts import SESSION_KEY, harness_context
 
 #: stands in for `aider`: records its argv and environment.
 FAKE_AIDER = """#!/bin/sh
@@ -29,22 +28,8 @@ echo "Applied edit to hello.py"
 
 
 @pytest.fixture
-def fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    tools = tmp_path / "tools"
-    (tools / "bin").mkdir(parents=True)
-    (tools / "bin" / "aider").write_text(FAKE_AIDER)
-    (tools / "bin" / "aider").chmod(0o755)
-    monkeypatch.setenv(TOOLS_DIR_ENV, str(tools))
-    return tools
-
-
-def _ctx() -> HarnessContext:
-    return HarnessContext(
-        instruction="create hello.py",
-        openai_base_url="http://127.0.0.1:9/s/k/v1",
-        api_key=SESSION_KEY,
-        model="qwen-test",
-    )
+def fake_tools(tool_cli) -> Path:
+    return tool_cli("aider", FAKE_AIDER)
 
 
 @pytest.mark.parametrize("profile", ["default", "compact"])
@@ -53,7 +38,10 @@ async def test_one_message_offline_with_the_key_in_the_environment(
 ):
     runtime = await make_runtime("local")
     spec = HarnessSpec(type="aider", profile=profile, args=["--verbose"])
-    command = await get_harness(spec).prepare(runtime, _ctx())
+    command = await get_harness(spec).prepare(
+        runtime,
+        harness_context("http://127.0.0.1:9/s/k", instruction="create hello.py", model="qwen-test"),
+    )
     result = await runtime.exec(command.command, env=command.env, cwd=command.cwd)
     assert result.exit_code == 0
     argv = (await runtime.download(f"{runtime.home}/aider.argv")).decode().splitlines()
@@ -93,7 +81,12 @@ async def test_missing_cli_names_the_setup_step(make_runtime, tmp_path, monkeypa
     monkeypatch.setenv(TOOLS_DIR_ENV, str(tmp_path / "empty"))
     runtime = await make_runtime("local")
     with pytest.raises(HarnessError, match="scripts/setup.sh"):
-        await get_harness(HarnessSpec(type="aider")).prepare(runtime, _ctx())
+        await get_harness(HarnessSpec(type="aider")).prepare(
+            runtime,
+            harness_context(
+                "http://127.0.0.1:9/s/k", instruction="create hello.py", model="qwen-test"
+            ),
+        )
 
 
 def test_summary_flags_a_run_that_edited_nothing():

@@ -9,45 +9,39 @@ import pytest
 
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.config import NPM_PREFIX_ENV
-from rolloutd.sandbox.harnesses import HarnessContext, get_harness
+from rolloutd.sandbox.harnesses import get_harness
 from rolloutd.sandbox.harnesses.opencode import CONFIG, ENTRY, PACKAGE, summarize_output
 from rolloutd.types import HarnessSpec
+from tests.support.contexts import SESSION_KEY, harness_context
 
-KEY = "sk-session-secret"
 MODEL = 'Qwen2.5-"Coder"'  # a quote in the name must stay valid JSON in the config
 
 
-def _ctx() -> HarnessContext:
-    return HarnessContext(
-        instruction="make hello.py", openai_base_url="http://g/s/k/v1", api_key=KEY, model=MODEL
-    )
-
-
 @pytest.fixture
-def fake_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    package = tmp_path / "npm" / "node_modules" / PACKAGE
-    (package / ENTRY).parent.mkdir(parents=True)
-    (package / ENTRY).write_text("stand-in for the opencode executable\n")
-    (package / "package.json").write_text('{"version": "1.18.33"}')
-    monkeypatch.setenv(NPM_PREFIX_ENV, str(tmp_path / "npm"))
-    return tmp_path / "npm"
+def fake_prefix(npm_package) -> Path:
+    return npm_package(
+        PACKAGE,
+        ENTRY,
+        "stand-in for the opencode executable\n",
+        package_json={"version": "1.18.33"},
+    )
 
 
 async def test_config_points_at_the_session_and_allows_every_tool(make_runtime, fake_prefix):
     runtime = await make_runtime("local")
     spec = HarnessSpec(type="opencode", max_turns=5)
-    command = await get_harness(spec).prepare(runtime, _ctx())
+    command = await get_harness(spec).prepare(runtime, harness_context("http://g/s/k", model=MODEL))
     argv = command.command
     assert isinstance(argv, list)
     assert argv[:2] == [str(fake_prefix / "node_modules" / PACKAGE / ENTRY), "run"]
     assert argv[argv.index("-m") + 1] == f"rolloutd/{MODEL}"
     assert argv[-1] == "make hello.py"
-    assert not any(KEY in a for a in argv)
-    assert command.env["ROLLOUTD_SESSION_KEY"] == KEY
+    assert not any(SESSION_KEY in a for a in argv)
+    assert command.env["ROLLOUTD_SESSION_KEY"] == SESSION_KEY
     assert command.env["OPENCODE_DISABLE_MODELS_FETCH"] == "1"
     assert command.env["OPENCODE_CONFIG"] == f"{runtime.home}/{CONFIG}"
     text = (await runtime.download(f"{runtime.home}/{CONFIG}")).decode()
-    assert KEY not in text
+    assert SESSION_KEY not in text
     config = json.loads(text)
     provider = config["provider"]["rolloutd"]
     assert provider["npm"] == "@ai-sdk/openai-compatible"
@@ -68,7 +62,7 @@ async def test_config_points_at_the_session_and_allows_every_tool(make_runtime, 
 async def test_compact_profile_trims_prompt_and_tools(make_runtime, fake_prefix):
     runtime = await make_runtime("local")
     spec = HarnessSpec(type="opencode", profile="compact")
-    command = await get_harness(spec).prepare(runtime, _ctx())
+    command = await get_harness(spec).prepare(runtime, harness_context("http://g/s/k", model=MODEL))
     config = json.loads(await runtime.download(command.env["OPENCODE_CONFIG"]))
     assert runtime.workdir in config["agent"]["build"]["prompt"]
     assert config["permission"]["task"] == "deny" and config["permission"]["*"] == "allow"
@@ -78,7 +72,9 @@ async def test_missing_cli_names_the_setup_step(make_runtime, tmp_path, monkeypa
     monkeypatch.setenv(NPM_PREFIX_ENV, str(tmp_path / "empty"))
     runtime = await make_runtime("local")
     with pytest.raises(HarnessError, match="npm install --prefix .* opencode-ai"):
-        await get_harness(HarnessSpec(type="opencode")).prepare(runtime, _ctx())
+        await get_harness(HarnessSpec(type="opencode")).prepare(
+            runtime, harness_context("http://g/s/k", model=MODEL)
+        )
 
 
 def test_summarize_counts_steps_tools_and_errors():

@@ -5,21 +5,12 @@ from __future__ import annotations
 import pytest
 
 from rolloutd.errors import HarnessError
-from rolloutd.sandbox.harnesses import HARNESSES, HarnessContext, get_harness
+from rolloutd.sandbox.harnesses import HARNESSES, get_harness
 from rolloutd.sandbox.harnesses.shell import ShellHarness, render_template
 from rolloutd.types import HarnessSpec
+from tests.support.contexts import harness_context
 
 NASTY = 'It\'s "quoted" $HOME `id` ; rm -rf / && echo {model} \\ \n second line'
-
-
-def _ctx(**overrides: str) -> HarnessContext:
-    values = dict(
-        instruction=NASTY,
-        openai_base_url="http://127.0.0.1:8300/s/key123/v1",
-        api_key="key123",
-        model="Qwen2.5-Coder-0.5B-Instruct",
-    )
-    return HarnessContext(**(values | overrides))
 
 
 def test_render_template_quotes_and_leaves_other_braces():
@@ -45,7 +36,10 @@ async def test_shell_harness_runs_with_exact_instruction(make_runtime):
     )
     adapter = get_harness(spec)
     assert isinstance(adapter, ShellHarness)
-    command = await adapter.prepare(runtime, _ctx())
+    command = await adapter.prepare(
+        runtime,
+        harness_context("http://127.0.0.1:8300/s/key123", instruction=NASTY, api_key="key123"),
+    )
     assert isinstance(command.command, str)
     assert command.command.endswith("--flag 'two words'")
     assert command.env["EXTRA"] == "1"
@@ -72,10 +66,20 @@ async def test_shell_harness_runs_with_exact_instruction(make_runtime):
 async def test_session_env_includes_other_dialects_when_set(make_runtime):
     runtime = await make_runtime("local")
     adapter = get_harness(HarnessSpec(type="shell", command="true"))
-    plain = await adapter.prepare(runtime, _ctx())
+    plain = await adapter.prepare(
+        runtime,
+        harness_context("http://127.0.0.1:8300/s/key123", instruction=NASTY, api_key="key123"),
+    )
     assert "ANTHROPIC_BASE_URL" not in plain.env
     full = await adapter.prepare(
-        runtime, _ctx(anthropic_base_url="http://g/s/k", gemini_base_url="http://g/s/k")
+        runtime,
+        harness_context(
+            "http://127.0.0.1:8300/s/key123",
+            instruction=NASTY,
+            api_key="key123",
+            anthropic_base_url="http://g/s/k",
+            gemini_base_url="http://g/s/k",
+        ),
     )
     assert full.env["ANTHROPIC_BASE_URL"] == "http://g/s/k"
     assert full.env["ANTHROPIC_API_KEY"] == "key123"

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from rolloutd.sandbox.harnesses import HarnessContext, get_harness
+from rolloutd.sandbox.harnesses import get_harness
 from rolloutd.sandbox.harnesses.python import summarize_output
 from rolloutd.types import HarnessSpec
-
-SESSION_KEY = "sk-session-secret"
+from tests.support.contexts import SESSION_KEY, harness_context
 
 #: an agent that checks what it was given, makes a file and calls nothing.
 AGENT = """
@@ -27,15 +26,6 @@ def not_async(client, instruction, wd):
 """
 
 
-def _ctx() -> HarnessContext:
-    return HarnessContext(
-        instruction="make a file",
-        openai_base_url="http://127.0.0.1:9/s/k/v1",
-        api_key=SESSION_KEY,
-        model="qwen-test",
-    )
-
-
 def test_python_harness_needs_an_entry():
     with pytest.raises(pydantic.ValidationError, match="harness.entry"):
         HarnessSpec(type="python")
@@ -48,7 +38,10 @@ async def test_runner_calls_the_coroutine_in_its_own_process(make_runtime, runti
     spec = HarnessSpec(
         type="python", entry="agents.mine:agent", max_turns=3, files={"agents/mine.py": AGENT}
     )
-    command = await get_harness(spec).prepare(runtime, _ctx())
+    command = await get_harness(spec).prepare(
+        runtime,
+        harness_context("http://127.0.0.1:9/s/k", instruction="make a file", model="qwen-test"),
+    )
     assert not any(SESSION_KEY in arg for arg in command.command)
     result = await runtime.exec(command.command, env=command.env, cwd=command.cwd)
     assert result.exit_code == 0, result.stdout + result.stderr
@@ -75,7 +68,10 @@ async def test_runner_calls_the_coroutine_in_its_own_process(make_runtime, runti
 async def test_runner_reports_what_went_wrong(make_runtime, entry, exit_code, error_type):
     runtime = await make_runtime("local")
     spec = HarnessSpec(type="python", entry=entry, files={"agents/mine.py": AGENT})
-    command = await get_harness(spec).prepare(runtime, _ctx())
+    command = await get_harness(spec).prepare(
+        runtime,
+        harness_context("http://127.0.0.1:9/s/k", instruction="make a file", model="qwen-test"),
+    )
     result = await runtime.exec(command.command, env=command.env, cwd=command.cwd)
     assert result.exit_code == exit_code
     summary = summarize_output(result.stdout)

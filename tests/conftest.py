@@ -85,7 +85,7 @@ async def fleets(temporal_server, engine, tmp_path_factory) -> AsyncIterator[Fle
         tool_parser="hermes_lenient",
     )
     # tests on these fleets hold many sessions open at once (gated harnesses): a host bound
-    # above all of them (tests/test_tenancy.py checks the bound on fleets of its own)
+    # above all of them (tests/workflows/test_tenancy.py checks the bound on fleets of its own)
     sandbox_settings = SandboxSettings(
         **common, runtime_root=str(home / "runtimes"), max_concurrent_sessions=64
     )

@@ -239,8 +239,9 @@ async def test_polar_a3_payload_is_refused_before_any_workflow_starts(fleets):
         )
         assert refused.status_code == 422, refused.text
         errors = {".".join(e["loc"]): e["msg"] for e in refused.json()["detail"]}
-        # codex has an adapter (tests/harnesses/test_polar_codex.py runs this payload's
-        # shape to the end); a host without its CLI refuses it too, naming the setup step
+        # codex has an adapter (tests/sandbox/harnesses/acceptance/test_polar_codex.py runs this
+        # payload's shape to the end); a host without its CLI refuses it too, naming the setup
+        # step
         assert set(errors) <= {"agent.harness", "evaluator.strategy"}
         assert "'swebench_grader' is unknown" in errors["evaluator.strategy"]
         if "agent.harness" in errors:

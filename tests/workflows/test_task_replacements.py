@@ -21,8 +21,8 @@ from rolloutd.trainer_client import RolloutClient
 from rolloutd.workers import run_fleet
 from rolloutd.workflows.task import RolloutTaskWorkflow
 from tests.support.buffer_tasks import local_task, poll
-from tests.test_failure_sessions import call
-from tests.test_loud_failures import fleets_in_namespace
+from tests.support.garbage_fleets import fleets_in_namespace
+from tests.support.shell_calls import call
 
 pytestmark = [pytest.mark.temporal]
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,12 +27,12 @@ import pytest
 from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
 from rolloutd.stack import free_port
 from rolloutd.trainer_client import RolloutClient
-from rolloutd.types import SessionResult, SessionStatus, TaskResult
+from rolloutd.types import SessionResult
 from rolloutd.workers import connect, run_fleet
-from tests.conftest import have_bwrap
+from tests.support.garbage_fleets import REPO, answer_garbage, rolloutd_command
 from tests.support.loopback import loopback_server
 from tests.support.namespaces import fresh_namespace
-from tests.test_loud_failures import REPO, answer_garbage, rolloutd_command
+from tests.support.tenancy import assert_all_completed, sampling, task
 
 pytestmark = [pytest.mark.temporal]
 
@@ -99,87 +99,11 @@ def sleeper(tag: int) -> str:
     return f"sleep 1.{tag:05d}"
 
 
-def task(task_id: str, command: str, num_samples: int, **fields: object) -> dict:
-    """A task of ``num_samples`` sessions running ``command`` in a real runtime, with a
-    session deadline (``timeout_s``) far shorter than the queue they wait in."""
-    return {
-        "task_id": task_id,
-        "instruction": "wait",
-        "num_samples": num_samples,
-        "harness": {"type": "shell", "command": command},
-        "runtime": {"type": "bwrap" if have_bwrap() else "local"},
-        "evaluator": {"type": "session_completed"},
-        "phases": {"run_s": 30},
-        "timeout_s": 12,
-        "max_replacements": 0,
-        **fields,
-    }
-
-
-def count_processes(needles: list[str]) -> list[int]:
-    """How many processes of the process table have each of ``needles`` as an argument."""
-    counts = [0] * len(needles)
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if not argv or not argv[0].endswith(b"sleep"):
-            continue
-        for i, needle in enumerate(needles):
-            if needle.encode() in argv:
-                counts[i] += 1
-    return counts
-
-
-@dataclass
-class Sampler:
-    """Samples the process table every 50 ms until stopped: the most harnesses of each
-    needle seen at once, and of all together."""
-
-    needles: list[str]
-    most: list[int] = field(default_factory=list)
-    most_total: int = 0
-    samples: int = 0
-
-    async def run(self, stop: asyncio.Event) -> None:
-        self.most = [0] * len(self.needles)
-        while not stop.is_set():
-            counts = await asyncio.to_thread(count_processes, self.needles)
-            self.most = [max(a, b) for a, b in zip(self.most, counts)]
-            self.most_total = max(self.most_total, sum(counts))
-            self.samples += 1
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.05)
-
-
-@contextlib.asynccontextmanager
-async def sampling(needles: list[str]) -> AsyncIterator[Sampler]:
-    sampler, stop = Sampler(needles), asyncio.Event()
-    running = asyncio.create_task(sampler.run(stop))
-    try:
-        yield sampler
-    finally:
-        stop.set()
-        await running
-
-
 def run_start(session: SessionResult) -> float:
     """Workflow time (Unix s) the session's run phase started."""
     (run,) = [p for p in session.phases if p.phase == "run"]
     assert run.started_at is not None
     return run.started_at.timestamp()
-
-
-def assert_all_completed(group: TaskResult) -> None:
-    bad = [
-        (s.session_id, s.status.value, s.error)
-        for s in group.sessions
-        if s.status != SessionStatus.COMPLETED
-    ]
-    assert not bad, f"sessions that did not complete: {bad}"
 
 
 async def wait_for(what: str, check: Callable[[], object], timeout_s: float = 120) -> None:

@@ -24,7 +24,7 @@ from tests.support.buffer_tasks import first_wins, local_task, poll
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine]
 
-TRAINER = Path(__file__).parent / "support" / "buffer_trainer.py"
+TRAINER = Path(__file__).resolve().parents[2] / "support" / "buffer_trainer.py"
 
 
 def events(path: Path) -> list[dict]:

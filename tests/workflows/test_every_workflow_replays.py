@@ -45,7 +45,7 @@ from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
 from rolloutd.workflows.task import RolloutTaskWorkflow
 from rolloutd.workflows.tenants import TenantWorkflow
 from tests.support.namespaces import fresh_namespace
-from tests.test_tenancy import assert_all_completed, task
+from tests.support.tenancy import assert_all_completed, task
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox]
 

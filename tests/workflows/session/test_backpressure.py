@@ -32,7 +32,7 @@ from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.workers import connect, run_fleet
 from tests.support.namespaces import fresh_namespace
-from tests.test_tenancy import assert_all_completed, sampling, task
+from tests.support.tenancy import assert_all_completed, sampling, task
 
 pytestmark = [pytest.mark.temporal]
 

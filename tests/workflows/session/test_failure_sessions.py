@@ -13,18 +13,9 @@ from rolloutd.cli import exit_code
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionStatus
+from tests.support.shell_calls import call
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine]
-
-
-def call(content: str) -> str:
-    """One chat call with ``content`` (curl fails on an error answer: ``-f``)."""
-    return (
-        'curl -sS -f -o reply.json "$OPENAI_BASE_URL/chat/completions" '
-        "-H \"Authorization: Bearer $OPENAI_API_KEY\" -H 'Content-Type: application/json' "
-        '-d \'{"model": "m", "max_tokens": 4, "messages": [{"role": "user", '
-        f'"content": "{content}"}}]}}\''
-    )
 
 
 def task(name: str, command: str, **overrides: object) -> dict:

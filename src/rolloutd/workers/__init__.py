@@ -21,7 +21,7 @@ import contextlib
 import gc
 import importlib.util
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -137,6 +137,25 @@ class FleetHandle:
     resources: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class _FleetParts:
+    """What a fleet's builder leaves for :func:`run_fleet` to start and, at the end, stop."""
+
+    #: Temporal's graceful_shutdown_timeout: activities still running when the drain began
+    #: get this long to finish, then the SDK cancels them
+    grace_s: float
+    #: called after the drain, last first
+    cleanups: list[Callable[[], Awaitable[Any]]] = field(default_factory=list)
+    #: what a sandbox or eval host publishes to the fleet registry
+    host: HostCapabilities | None = None
+    #: monotonic time the drain began (set when it does)
+    drain_began: float = field(default_factory=time.monotonic)
+
+    @property
+    def grace(self) -> timedelta:
+        return timedelta(seconds=self.grace_s)
+
+
 @contextlib.asynccontextmanager
 async def run_fleet(
     fleet: Fleet, client: Client, settings: CommonSettings | None = None
@@ -154,205 +173,233 @@ async def run_fleet(
         When the block exits, the fleet drains (:func:`rolloutd.workers.drain.drain_fleet`,
         bounded by ``settings.graceful_shutdown_s``) and ``resources["drain"]`` holds its
         :class:`~rolloutd.workers.drain.DrainReport`; then what the fleet owns is stopped.
+
+    Raises:
+        ValueError: an unknown fleet.
     """
-    handle = FleetHandle(fleet=fleet, workers=[])
-    grace_s = (settings or CommonSettings()).graceful_shutdown_s
-    # Temporal's graceful_shutdown_timeout: activities still running when the drain began
-    # get this long to finish, then the SDK cancels them
-    grace = timedelta(seconds=grace_s)
-    cleanups: list[Any] = []
-    drain_began = [time.monotonic()]  # set again when the drain begins
-    host: HostCapabilities | None = None  # what a sandbox or eval host publishes
-    if fleet == "workflows":
-        from rolloutd.activities.cancel import cancel_workflows
-        from rolloutd.activities.fleet_health import FleetHealthActivities
-        from rolloutd.workflows.buffer.workflow import RolloutBufferWorkflow
-        from rolloutd.workflows.callback import CallbackWorkflow
-        from rolloutd.workflows.fleets import FleetRegistryWorkflow
-        from rolloutd.workflows.generation.workflow import GenerationWorkflow
-        from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
-        from rolloutd.workflows.task import RolloutTaskWorkflow
-        from rolloutd.workflows.tenants import TenantWorkflow
-
-        handle.workers.append(
-            Worker(
-                client,
-                task_queue=task_queues.WORKFLOWS,
-                workflows=[
-                    RolloutTaskWorkflow,
-                    RolloutSessionWorkflow,
-                    RolloutBufferWorkflow,
-                    FleetRegistryWorkflow,
-                    CallbackWorkflow,
-                    GenerationWorkflow,
-                    TenantWorkflow,
-                ],
-                # local activities only: a cancelled task cancels its sessions directly with
-                # cancel_workflows; a session asks whether a sandbox worker polls at all
-                activities=[
-                    cancel_workflows,
-                    FleetHealthActivities(client).task_queue_pollers,
-                    FleetHealthActivities(client).sandbox_capacity,
-                ],
-                no_remote_activities=True,
-                max_cached_workflows=(settings or CommonSettings()).max_cached_workflows,
-                workflow_task_poller_behavior=TASK_POLLS,
-                graceful_shutdown_timeout=grace,
-            )
-        )
-    elif fleet == "sandbox":
-        from rolloutd.activities.sandbox import SandboxActivities
-        from rolloutd.workers.registry import host_capabilities
-
-        s = settings if isinstance(settings, SandboxSettings) else SandboxSettings()
-        host = await asyncio.to_thread(host_capabilities, "sandbox", s.host_id)
-        host.max_concurrent_sessions = s.max_concurrent_sessions
-        acts = SandboxActivities(s, BlobStore(s.store_url))
-        # before polling: runtimes a killed worker left on this root are killed and removed,
-        # so a teardown of them that arrives on this host's queue finds nothing left running
-        reclaimed = await asyncio.to_thread(acts.reclaim)
-        # backpressure: a provisioning slot is handed out only while the host's live
-        # runtimes (so its running harnesses) stay under max_concurrent_sessions
-        slots = RuntimeSlots(
-            s.max_concurrent_sessions,
-            lambda: len(acts.runtimes),
-            max_reserved=s.max_concurrent_provisions,
-        )
-        acts.on_runtime_gone = slots.notify
-        handle.resources.update(activities=acts, reclaimed=reclaimed, slots=slots)
-        handle.workers += [
-            Worker(
-                client,
-                task_queue=task_queues.SANDBOX,
-                activities=[acts.provision_runtime],
-                tuner=WorkerTuner.create_composite(
-                    workflow_supplier=FixedSizeSlotSupplier(1),
-                    activity_supplier=slots,
-                    local_activity_supplier=FixedSizeSlotSupplier(1),
-                    nexus_supplier=FixedSizeSlotSupplier(1),
-                ),
-                max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-                graceful_shutdown_timeout=grace,
-            ),
-            # every provisioned runtime needs a slot here for its run and then its teardown;
-            # provisioning (above) is what bounds the number of runtimes
-            Worker(
-                client,
-                task_queue=acts.host_queue,
-                activities=[acts.run_harness, acts.collect_artifacts, acts.teardown_runtime],
-                max_concurrent_activities=HOST_QUEUE_SLOTS,
-                activity_task_poller_behavior=TASK_POLLS,
-                max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-                graceful_shutdown_timeout=grace,
-            ),
-        ]
-        cleanups.append(acts.stop_all)
-    elif fleet == "gateway":
-        from rolloutd.activities.gateway import GatewayActivities
-        from rolloutd.proxy.gateway import Gateway, serve
-
-        s = settings if isinstance(settings, GatewaySettings) else GatewaySettings()
-        gateway = await asyncio.to_thread(Gateway.from_settings, s)
-        server = await serve(gateway, s.gateway_host, s.gateway_port)
-        acts = GatewayActivities(gateway, s.host_id)
-        handle.resources.update(gateway=gateway, server=server, activities=acts)
-        handle.workers += [
-            # close_session here too: when the gateway host serving a session is gone, any
-            # gateway seals it from the durable state in the store
-            Worker(
-                client,
-                task_queue=task_queues.GATEWAY,
-                activities=[
-                    acts.open_session,
-                    acts.close_session,
-                    acts.build_trajectory,
-                    acts.backend_health,
-                    acts.backend_capacity,
-                ],
-                activity_task_poller_behavior=TASK_POLLS,
-                graceful_shutdown_timeout=grace,
-            ),
-            Worker(
-                client,
-                task_queue=acts.host_queue,
-                activities=[acts.close_session, acts.build_trajectory],
-                activity_task_poller_behavior=TASK_POLLS,
-                graceful_shutdown_timeout=grace,
-            ),
-        ]
-        # after the drain: harness calls in flight are answered (and recorded) within what
-        # is left of the grace period (a call cut here was sampled for nothing)
-        cleanups.append(
-            lambda: server.shutdown(
-                timeout_s=max(1.0, grace_s - (time.monotonic() - drain_began[0]))
-            )
-        )
-    elif fleet == "eval":
-        from rolloutd.activities.evaluation import EvalActivities
-        from rolloutd.activities.trainer_io import TrainerIOActivities
-        from rolloutd.generation.activities import GenerationActivities
-        from rolloutd.workers.registry import host_capabilities
-
-        s = settings if isinstance(settings, EvalSettings) else EvalSettings()
-        host = host_capabilities("eval", s.host_id)
-        acts = EvalActivities(BlobStore(s.store_url), host_id=s.host_id)
-        io = TrainerIOActivities()
-        gen = GenerationActivities(client, BlobStore(s.store_url))
-        handle.workers.append(
-            Worker(
-                client,
-                task_queue=task_queues.EVAL,
-                activities=[
-                    acts.evaluate,
-                    acts.check_evaluator,
-                    io.read_task_chunk,
-                    io.post_callback,
-                    gen.plan_generation,
-                    gen.journal_row,
-                    gen.await_task,
-                    gen.write_generation_outputs,
-                ],
-                max_concurrent_activities=s.max_concurrent_evaluations,
-                max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-                graceful_shutdown_timeout=grace,
-            )
-        )
-        cleanups.append(io.aclose)
-    else:
+    build = _BUILDERS.get(fleet)
+    if build is None:
         raise ValueError(f"unknown fleet {fleet!r}; one of {', '.join(FLEETS)}")
-
+    handle = FleetHandle(fleet=fleet, workers=[])
+    parts = _FleetParts(grace_s=(settings or CommonSettings()).graceful_shutdown_s)
+    await build(handle, client, settings, parts)
     async with contextlib.AsyncExitStack() as stack:
         for worker in handle.workers:
             await stack.enter_async_context(worker)
         log.info("fleet_started", fleet=fleet, task_queues=[w.task_queue for w in handle.workers])
-        if host is not None:
+        if parts.host is not None:
             from rolloutd.workers.registry import publish, withdraw
 
             # published once polling: a task accepted on it finds a worker; withdrawn first
             # at stop, before the drain
-            await publish(client, host)
-            published = host
-            cleanups.append(lambda: withdraw(client, published))
+            await publish(client, parts.host)
+            published = parts.host
+            parts.cleanups.append(lambda: withdraw(client, published))
         try:
             yield handle
         finally:
-            drain_began[0] = time.monotonic()
-            if host is not None:
+            parts.drain_began = time.monotonic()
+            if parts.host is not None:
                 with contextlib.suppress(Exception):
-                    await cleanups.pop()()
+                    await parts.cleanups.pop()()
             try:
                 handle.resources["drain"] = await drain_fleet(
                     fleet,
                     handle.workers,
-                    grace_s,
+                    parts.grace_s,
                     handle.resources.get("activities") if fleet == "sandbox" else None,
                 )
             except Exception as e:  # noqa: BLE001 - a process boundary: the cleanups below still run
                 log.error("fleet_drain_failed", fleet=fleet, error=repr(e))
-            for cleanup in reversed(cleanups):
+            for cleanup in reversed(parts.cleanups):
                 with contextlib.suppress(Exception):
                     await cleanup()
     log.info("fleet_stopped", fleet=fleet)
+
+
+async def _workflows_fleet(
+    handle: FleetHandle, client: Client, settings: CommonSettings | None, parts: _FleetParts
+) -> None:
+    """The workflows fleet: every workflow, and the local activities they run."""
+    from rolloutd.activities.cancel import cancel_workflows
+    from rolloutd.activities.fleet_health import FleetHealthActivities
+    from rolloutd.workflows.buffer.workflow import RolloutBufferWorkflow
+    from rolloutd.workflows.callback import CallbackWorkflow
+    from rolloutd.workflows.fleets import FleetRegistryWorkflow
+    from rolloutd.workflows.generation.workflow import GenerationWorkflow
+    from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
+    from rolloutd.workflows.task import RolloutTaskWorkflow
+    from rolloutd.workflows.tenants import TenantWorkflow
+
+    handle.workers.append(
+        Worker(
+            client,
+            task_queue=task_queues.WORKFLOWS,
+            workflows=[
+                RolloutTaskWorkflow,
+                RolloutSessionWorkflow,
+                RolloutBufferWorkflow,
+                FleetRegistryWorkflow,
+                CallbackWorkflow,
+                GenerationWorkflow,
+                TenantWorkflow,
+            ],
+            # local activities only: a cancelled task cancels its sessions directly with
+            # cancel_workflows; a session asks whether a sandbox worker polls at all
+            activities=[
+                cancel_workflows,
+                FleetHealthActivities(client).task_queue_pollers,
+                FleetHealthActivities(client).sandbox_capacity,
+            ],
+            no_remote_activities=True,
+            max_cached_workflows=(settings or CommonSettings()).max_cached_workflows,
+            workflow_task_poller_behavior=TASK_POLLS,
+            graceful_shutdown_timeout=parts.grace,
+        )
+    )
+
+
+async def _sandbox_fleet(
+    handle: FleetHandle, client: Client, settings: CommonSettings | None, parts: _FleetParts
+) -> None:
+    """A sandbox host: provisioning bounded by its runtimes, and its own queue's activities."""
+    from rolloutd.activities.sandbox import SandboxActivities
+    from rolloutd.workers.registry import host_capabilities
+
+    s = settings if isinstance(settings, SandboxSettings) else SandboxSettings()
+    host = await asyncio.to_thread(host_capabilities, "sandbox", s.host_id)
+    host.max_concurrent_sessions = s.max_concurrent_sessions
+    parts.host = host
+    acts = SandboxActivities(s, BlobStore(s.store_url))
+    # before polling: runtimes a killed worker left on this root are killed and removed,
+    # so a teardown of them that arrives on this host's queue finds nothing left running
+    reclaimed = await asyncio.to_thread(acts.reclaim)
+    # backpressure: a provisioning slot is handed out only while the host's live
+    # runtimes (so its running harnesses) stay under max_concurrent_sessions
+    slots = RuntimeSlots(
+        s.max_concurrent_sessions,
+        lambda: len(acts.runtimes),
+        max_reserved=s.max_concurrent_provisions,
+    )
+    acts.on_runtime_gone = slots.notify
+    handle.resources.update(activities=acts, reclaimed=reclaimed, slots=slots)
+    handle.workers += [
+        Worker(
+            client,
+            task_queue=task_queues.SANDBOX,
+            activities=[acts.provision_runtime],
+            tuner=WorkerTuner.create_composite(
+                workflow_supplier=FixedSizeSlotSupplier(1),
+                activity_supplier=slots,
+                local_activity_supplier=FixedSizeSlotSupplier(1),
+                nexus_supplier=FixedSizeSlotSupplier(1),
+            ),
+            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+            graceful_shutdown_timeout=parts.grace,
+        ),
+        # every provisioned runtime needs a slot here for its run and then its teardown;
+        # provisioning (above) is what bounds the number of runtimes
+        Worker(
+            client,
+            task_queue=acts.host_queue,
+            activities=[acts.run_harness, acts.collect_artifacts, acts.teardown_runtime],
+            max_concurrent_activities=HOST_QUEUE_SLOTS,
+            activity_task_poller_behavior=TASK_POLLS,
+            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+            graceful_shutdown_timeout=parts.grace,
+        ),
+    ]
+    parts.cleanups.append(acts.stop_all)
+
+
+async def _gateway_fleet(
+    handle: FleetHandle, client: Client, settings: CommonSettings | None, parts: _FleetParts
+) -> None:
+    """A gateway host: the HTTP gateway, and the session and trajectory activities."""
+    from rolloutd.activities.gateway import GatewayActivities
+    from rolloutd.proxy.gateway import Gateway, serve
+
+    s = settings if isinstance(settings, GatewaySettings) else GatewaySettings()
+    gateway = await asyncio.to_thread(Gateway.from_settings, s)
+    server = await serve(gateway, s.gateway_host, s.gateway_port)
+    acts = GatewayActivities(gateway, s.host_id)
+    handle.resources.update(gateway=gateway, server=server, activities=acts)
+    handle.workers += [
+        # close_session here too: when the gateway host serving a session is gone, any
+        # gateway seals it from the durable state in the store
+        Worker(
+            client,
+            task_queue=task_queues.GATEWAY,
+            activities=[
+                acts.open_session,
+                acts.close_session,
+                acts.build_trajectory,
+                acts.backend_health,
+                acts.backend_capacity,
+            ],
+            activity_task_poller_behavior=TASK_POLLS,
+            graceful_shutdown_timeout=parts.grace,
+        ),
+        Worker(
+            client,
+            task_queue=acts.host_queue,
+            activities=[acts.close_session, acts.build_trajectory],
+            activity_task_poller_behavior=TASK_POLLS,
+            graceful_shutdown_timeout=parts.grace,
+        ),
+    ]
+    # after the drain: harness calls in flight are answered (and recorded) within what
+    # is left of the grace period (a call cut here was sampled for nothing)
+    parts.cleanups.append(
+        lambda: server.shutdown(
+            timeout_s=max(1.0, parts.grace_s - (time.monotonic() - parts.drain_began))
+        )
+    )
+
+
+async def _eval_fleet(
+    handle: FleetHandle, client: Client, settings: CommonSettings | None, parts: _FleetParts
+) -> None:
+    """An eval host: evaluators, the trainer's I/O, the generations' activities."""
+    from rolloutd.activities.evaluation import EvalActivities
+    from rolloutd.activities.trainer_io import TrainerIOActivities
+    from rolloutd.generation.activities import GenerationActivities
+    from rolloutd.workers.registry import host_capabilities
+
+    s = settings if isinstance(settings, EvalSettings) else EvalSettings()
+    parts.host = host_capabilities("eval", s.host_id)
+    acts = EvalActivities(BlobStore(s.store_url), host_id=s.host_id)
+    io = TrainerIOActivities()
+    gen = GenerationActivities(client, BlobStore(s.store_url))
+    handle.workers.append(
+        Worker(
+            client,
+            task_queue=task_queues.EVAL,
+            activities=[
+                acts.evaluate,
+                acts.check_evaluator,
+                io.read_task_chunk,
+                io.post_callback,
+                gen.plan_generation,
+                gen.journal_row,
+                gen.await_task,
+                gen.write_generation_outputs,
+            ],
+            max_concurrent_activities=s.max_concurrent_evaluations,
+            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+            graceful_shutdown_timeout=parts.grace,
+        )
+    )
+    parts.cleanups.append(io.aclose)
+
+
+#: how each fleet's workers are built
+_BUILDERS: dict[str, Callable[..., Awaitable[None]]] = {
+    "workflows": _workflows_fleet,
+    "sandbox": _sandbox_fleet,
+    "gateway": _gateway_fleet,
+    "eval": _eval_fleet,
+}
 
 
 async def run_forever(fleet: Fleet, metrics_port: int | None = None) -> None:

@@ -402,6 +402,14 @@ def create_app(
         dependencies=[Depends(require_token(token or None))],
     )
 
+    _task_routes(app, client, callback_timeout_s)
+    _backend_routes(app, gateway_url, admin_token, token)
+    return app
+
+
+def _task_routes(app: FastAPI, client: RolloutClient, callback_timeout_s: float | None) -> None:
+    """POLAR's task routes: submit, status, cancel, and how many tasks and buffers run."""
+
     async def status_of(task_id: str) -> PolarTaskStatus:
         try:
             progress = await client.status(task_id)
@@ -462,6 +470,13 @@ def create_app(
         buffers = await count("WorkflowType='RolloutBufferWorkflow' AND ExecutionStatus='Running'")
         return {"status": "ok", "running_tasks": tasks.count, "running_buffers": buffers.count}
 
+
+def _backend_routes(
+    app: FastAPI, gateway_url: str | None, admin_token: str | None, token: str | None
+) -> None:
+    """ProRL Agent's backend routes, forwarded to the gateway's admin API, for callers holding
+    the facade's token only."""
+
     def admin() -> BackendAdmin:
         if not token:
             raise HTTPException(
@@ -492,8 +507,6 @@ def create_app(
             except AdminError as e:
                 raise HTTPException(e.status_code, detail=str(e)) from None
         return {"status": "ok"}
-
-    return app
 
 
 def serve(

@@ -121,6 +121,15 @@ def classify(facts: SessionFacts) -> FailureCause | None:
     """
     if facts.cancelled:
         return FailureCause(kind="cancelled", message="cancelled", retryable=False)
+    for rule in (_sandbox_cause, _backend_cause, _run_timeout_cause, _harness_cause):
+        if (cause := rule(facts)) is not None:
+            return cause
+    return _phase_cause(facts)
+
+
+def _sandbox_cause(facts: SessionFacts) -> FailureCause | None:
+    """Rule 2: no sandbox worker, a lost host, or a runtime that failed under the harness or
+    while provisioning or collecting (a timeout there is that phase's)."""
     phase = facts.failed_phase
     error = facts.error or "failed"
     if facts.no_sandbox_worker:
@@ -138,6 +147,11 @@ def classify(facts: SessionFacts) -> FailureCause | None:
         return FailureCause(
             kind="sandbox", message=error, phase=phase, retryable=not facts.non_retryable
         )
+    return None
+
+
+def _backend_cause(facts: SessionFacts) -> FailureCause | None:
+    """Rule 3: the gateway's verdict, or failed backend calls no completion made good."""
     if facts.backend_verdict and not facts.num_unrecovered_backend_errors:
         return FailureCause(kind="backend", phase="run", message=facts.backend_verdict)
     if facts.num_unrecovered_backend_errors:
@@ -148,62 +162,86 @@ def classify(facts: SessionFacts) -> FailureCause | None:
             message=f"{facts.num_unrecovered_backend_errors} model call(s) got no usable answer "
             f"and were not recovered{first}",
         )
-    if phase == "run" and facts.timed_out:
-        if facts.run_budget_shortened:
-            return FailureCause(
-                kind="timeout",
-                phase="run",
-                message=f"{error} (the budget was shortened by a lost earlier attempt)",
-            )
-        if facts.call_waiting_at_deadline:
-            return FailureCause(
-                kind="timeout",
-                phase="run",
-                message=f"{error} while a model call was waiting on the backend",
-            )
+    return None
+
+
+def _run_timeout_cause(facts: SessionFacts) -> FailureCause | None:
+    """Rule 4: a run-phase timeout, the policy's unless the budget was shortened by a lost
+    attempt or a call was waiting on the backend at the deadline."""
+    if not (facts.failed_phase == "run" and facts.timed_out):
+        return None
+    error = facts.error or "failed"
+    if facts.run_budget_shortened:
         return FailureCause(
-            kind="timeout", phase="run", message=error, retryable=False, policy_accountable=True
+            kind="timeout",
+            phase="run",
+            message=f"{error} (the budget was shortened by a lost earlier attempt)",
         )
-    if phase == "run" and not facts.harness_ran:
+    if facts.call_waiting_at_deadline:
         return FailureCause(
-            kind="harness", phase="run", message=error, retryable=not facts.non_retryable
+            kind="timeout",
+            phase="run",
+            message=f"{error} while a model call was waiting on the backend",
         )
-    if facts.harness_ran:
-        code = facts.harness_exit
-        if code in CANNOT_START_EXIT_CODES:
-            what = "not executable" if code == 126 else "not found"
-            return FailureCause(
-                kind="harness",
-                phase="run",
-                retryable=False,
-                message=f"the harness could not start (exit {code}: {what})",
-            )
-        if code is not None and code < 0 and -code != facts.signal_sent:
-            return FailureCause(
-                kind="harness",
-                phase="run",
-                message=f"the harness was killed by {_signal_name(-code)}, "
-                "which the session did not send",
-            )
-        if facts.num_completions == 0 and (
-            code != 0 or facts.harness_type not in SCRIPTED_HARNESSES
-        ):
-            return FailureCause(
-                kind="harness",
-                phase="run",
-                message=f"the harness made no answered model call (exit {code})",
-            )
-    if phase is not None:
-        if facts.timed_out:
-            return FailureCause(kind="timeout", message=error, phase=phase)
-        if phase.startswith("eval"):
-            return FailureCause(
-                kind="evaluator", message=error, phase=phase, retryable=not facts.non_retryable
-            )
+    return FailureCause(
+        kind="timeout", phase="run", message=error, retryable=False, policy_accountable=True
+    )
+
+
+def _harness_cause(facts: SessionFacts) -> FailureCause | None:
+    """Rule 5: the harness could not be prepared or start, was killed by a signal the session
+    did not send, or made no answered model call (a scripted ``shell`` run that exits 0
+    without one aside)."""
+    if facts.failed_phase == "run" and not facts.harness_ran:
         return FailureCause(
-            kind="sandbox", message=error, phase=phase, retryable=not facts.non_retryable
+            kind="harness",
+            phase="run",
+            message=facts.error or "failed",
+            retryable=not facts.non_retryable,
+        )
+    if not facts.harness_ran:
+        return None
+    code = facts.harness_exit
+    if code in CANNOT_START_EXIT_CODES:
+        what = "not executable" if code == 126 else "not found"
+        return FailureCause(
+            kind="harness",
+            phase="run",
+            retryable=False,
+            message=f"the harness could not start (exit {code}: {what})",
+        )
+    if code is not None and code < 0 and -code != facts.signal_sent:
+        return FailureCause(
+            kind="harness",
+            phase="run",
+            message=f"the harness was killed by {_signal_name(-code)}, "
+            "which the session did not send",
+        )
+    if facts.num_completions == 0 and (code != 0 or facts.harness_type not in SCRIPTED_HARNESSES):
+        return FailureCause(
+            kind="harness",
+            phase="run",
+            message=f"the harness made no answered model call (exit {code})",
         )
     return None
+
+
+def _phase_cause(facts: SessionFacts) -> FailureCause | None:
+    """Rule 6: a timeout of any other phase; ``evaluator`` for the evaluation runtime;
+    ``sandbox`` for another failed phase; None when no phase failed."""
+    phase = facts.failed_phase
+    if phase is None:
+        return None
+    error = facts.error or "failed"
+    if facts.timed_out:
+        return FailureCause(kind="timeout", message=error, phase=phase)
+    if phase.startswith("eval"):
+        return FailureCause(
+            kind="evaluator", message=error, phase=phase, retryable=not facts.non_retryable
+        )
+    return FailureCause(
+        kind="sandbox", message=error, phase=phase, retryable=not facts.non_retryable
+    )
 
 
 Scoring = Literal["evaluate", "force", "skip"]

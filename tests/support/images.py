@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from pathlib import Path
+
+from rolloutd.settings import default_cache
 
 
 def no_image_cache() -> str | None:
@@ -20,7 +21,7 @@ def no_image_cache() -> str | None:
         return "podman is not installed (scripts/setup.sh installs it)"
     if os.environ.get("ROLLOUTD_BUILD_IMAGES") == "1":
         return None
-    cache = Path(os.environ.get("ROLLOUTD_CACHE", Path.home() / ".cache" / "rolloutd"))
+    cache = default_cache()
     base = subprocess.run(
         ["podman", "images", "--format", "{{.Repository}}"],
         capture_output=True,

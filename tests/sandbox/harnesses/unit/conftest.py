@@ -58,3 +58,11 @@ def tool_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str, 
         return tools
 
     return make
+
+
+@pytest.fixture
+def fake_prefix(request: pytest.FixtureRequest, npm_package: Callable[..., Path]) -> Path:
+    """The test module's stand-in CLI, its ``STAND_IN = (package, entry, text, package_json)``,
+    installed with :func:`npm_package`; returns the npm prefix."""
+    package, entry, text, package_json = request.module.STAND_IN
+    return npm_package(package, entry, text, package_json=package_json)

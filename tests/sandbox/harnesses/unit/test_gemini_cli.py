@@ -9,7 +9,6 @@ import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -26,12 +25,8 @@ from rolloutd.sandbox.harnesses.gemini_cli import (
 from rolloutd.types import HarnessSpec
 from tests.support.contexts import ALL_DIALECTS, SESSION_KEY, harness_context
 
-
-@pytest.fixture
-def fake_prefix(npm_package) -> Path:
-    return npm_package(
-        PACKAGE, ENTRY, "// stand-in for gemini.js\n", package_json={"version": "0.61.0"}
-    )
+#: the stand-in CLI (unit/conftest.py ``fake_prefix``): package, entry, text, package.json
+STAND_IN = (PACKAGE, ENTRY, "// stand-in for gemini.js\n", {"version": "0.61.0"})
 
 
 async def test_compact_run_is_offline_one_shot_and_keeps_the_key_off_argv(

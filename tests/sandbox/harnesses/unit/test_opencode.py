@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -17,14 +16,8 @@ from tests.support.contexts import SESSION_KEY, harness_context
 MODEL = 'Qwen2.5-"Coder"'  # a quote in the name must stay valid JSON in the config
 
 
-@pytest.fixture
-def fake_prefix(npm_package) -> Path:
-    return npm_package(
-        PACKAGE,
-        ENTRY,
-        "stand-in for the opencode executable\n",
-        package_json={"version": "1.18.33"},
-    )
+#: the stand-in CLI (unit/conftest.py ``fake_prefix``): package, entry, text, package.json
+STAND_IN = (PACKAGE, ENTRY, "stand-in for the opencode executable\n", {"version": "1.18.33"})
 
 
 async def test_config_points_at_the_session_and_allows_every_tool(make_runtime, fake_prefix):

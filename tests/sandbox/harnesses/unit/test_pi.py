@@ -4,7 +4,6 @@ with a stand-in CLI. The real CLI: ``acceptance/test_pi.py``."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -20,12 +19,8 @@ from rolloutd.sandbox.harnesses.pi import (
 from rolloutd.types import HarnessSpec
 from tests.support.contexts import ALL_DIALECTS, SESSION_KEY, harness_context
 
-
-@pytest.fixture
-def fake_prefix(npm_package) -> Path:
-    return npm_package(
-        PACKAGE, ENTRY, "// stand-in for pi's cli.js\n", package_json={"version": "0.73.1"}
-    )
+#: the stand-in CLI (unit/conftest.py ``fake_prefix``): package, entry, text, package.json
+STAND_IN = (PACKAGE, ENTRY, "// stand-in for pi's cli.js\n", {"version": "0.73.1"})
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ real CLI against llama-server under bwrap: ``acceptance/test_qwen_code.py``."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -18,9 +17,8 @@ from tests.support.contexts import SESSION_KEY, harness_context
 INSTRUCTION = "Create a file hello.txt containing the word hello"
 
 
-@pytest.fixture
-def fake_prefix(npm_package) -> Path:
-    return npm_package(None, ENTRY_POINT, "// stand-in for the qwen CLI\n")
+#: the stand-in CLI (unit/conftest.py ``fake_prefix``): package, entry, text, package.json
+STAND_IN = (None, ENTRY_POINT, "// stand-in for the qwen CLI\n", None)
 
 
 async def test_prepare_writes_offline_settings_and_keeps_key_off_argv(make_runtime, fake_prefix):

@@ -1,4 +1,4 @@
-"""Benchmark: sessions per minute with 1 and with 3 sandbox pods (issue 15, acceptance).
+"""Benchmark: sessions per minute with 1 and with 3 sandbox pods.
 
 helm/rolloutd is played on real pods as tests/deploy/test_pods.py plays it
 (tests/deploy/podplay.py: the chart's local rendering, what is converted for podman 4.3), once

@@ -1,4 +1,4 @@
-"""Replay coverage per harness adapter and runtime on a fixed tool-using task (issue 25).
+"""Replay coverage per harness adapter and runtime on a fixed tool-using task.
 
 For each (harness, runtime): the task runs once to its end (attempt 1); then the same sample
 runs again as a new attempt whose replay source is attempt 1's sealed log (a
@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from rolloutd.engine.server import LlamaServer
+from rolloutd.processes import run_until_sigterm
 from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
 from rolloutd.stack import TemporalDevServer, free_port
 from rolloutd.trainer_client import RolloutClient
-from rolloutd.trainer_client.process import run_until_sigterm
 from rolloutd.types import SessionResult, TaskRequest
 from rolloutd.workers import connect, run_fleet
-from rolloutd.workflows.session import RolloutSessionWorkflow, SessionInput
+from rolloutd.workflows.session.models import SessionInput
+from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
 
 MODEL = "qwen2.5-coder-0.5b"
 INSTRUCTION = "Run the command `sh next.sh` in the shell and do what it says."

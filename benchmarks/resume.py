@@ -1,4 +1,4 @@
-"""Resume versus restart of a half-finished session (issue 25): engine tokens and wall time.
+"""Resume versus restart of a half-finished session : engine tokens and wall time.
 
 A scripted harness makes ``--calls`` model calls (temperature 0) through a real gateway to a
 real llama-server, running a real tool (a shell command) between calls and sending its output
@@ -32,10 +32,10 @@ import httpx
 
 from rolloutd.engine.models import load_tokenizer
 from rolloutd.engine.server import LlamaServer
+from rolloutd.processes import run_until_sigterm
 from rolloutd.proxy.gateway import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
-from rolloutd.trainer_client.process import run_until_sigterm
 from rolloutd.types import SamplingParams
 
 #: the catalog model (the figures compare token counts: its quality does not matter)

@@ -1,6 +1,6 @@
 """Benchmark of the trace viewer's session page on a long trace.
 
-Bar (issue 17): a 32K-token trace stays usable: the page is rendered by the server in well
+Bar: a 32K-token trace stays usable: the page is rendered by the server in well
 under a second, weighs a few MB at most, and headless Chromium loads and lays it out in a few
 seconds; hovering a token answers at once (one delegated handler, no per-token JS objects).
 

@@ -61,7 +61,7 @@ from rolloutd.evaluators import (
     EvaluationOutcome,
     Evaluator,
 )
-from rolloutd.trainer_client.process import end_process
+from rolloutd.processes import end_process
 
 ASK_PY = r"""
 import json, os, sys, urllib.request

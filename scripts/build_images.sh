@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build rolloutd's container images with podman, reproducibly and cached (issue 15, ruling 12).
+# Build rolloutd's container images with podman, reproducibly and cached by their inputs
+# (docs/decisions.md, "Images cached by their inputs").
 #
 #   localhost/rolloutd-base:bookworm-HASH  a Debian bookworm minbase made by mmdebstrap and
 #                                          `podman import` (no registry is pulled from); skipped

@@ -6,7 +6,6 @@ Everything a fixture starts, it stops by its id at the end of the session.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -85,7 +84,7 @@ async def fleets(temporal_server, engine, tmp_path_factory) -> AsyncIterator[Fle
         tool_parser="hermes_lenient",
     )
     # tests on these fleets hold many sessions open at once (gated harnesses): a host bound
-    # above all of them (tests/test_tenancy.py checks the bound on fleets of its own)
+    # above all of them (tests/workflows/test_tenancy.py checks the bound on fleets of its own)
     sandbox_settings = SandboxSettings(
         **common, runtime_root=str(home / "runtimes"), max_concurrent_sessions=64
     )
@@ -112,8 +111,3 @@ async def fleets(temporal_server, engine, tmp_path_factory) -> AsyncIterator[Fle
 def have_bwrap() -> bool:
     """Whether bubblewrap is installed."""
     return shutil.which("bwrap") is not None
-
-
-def npm_prefix() -> Path:
-    """Where the harness CLIs are installed."""
-    return Path(os.environ.get("ROLLOUTD_NPM_PREFIX", Path.home() / ".cache" / "rolloutd" / "npm"))

@@ -9,8 +9,8 @@ from pydantic import ValidationError
 from rolloutd.proxy.backends.pool import BackendPool, make_backend
 from rolloutd.proxy.backends.saturation import BackendCapacity
 from rolloutd.settings import GatewaySettings
-from rolloutd.workflows.buffer_capacity import target
-from rolloutd.workflows.buffer_models import BufferConfig
+from rolloutd.workflows.buffer.capacity import target
+from rolloutd.workflows.buffer.models import BufferConfig
 
 
 @pytest.mark.parametrize(

@@ -16,12 +16,12 @@ import uuid
 import pytest
 
 from rolloutd.proxy.sessions import hash_session_key
+from rolloutd.sandbox.config import npm_prefix
 from rolloutd.stack import temporal_binary
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.trajectory import check_invariants
 from rolloutd.types import SessionStatus
-from tests.conftest import npm_prefix
 
 pytestmark = [
     pytest.mark.temporal,

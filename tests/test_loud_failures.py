@@ -13,12 +13,8 @@ import asyncio
 import contextlib
 import json
 import os
-import sys
-import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,24 +27,13 @@ from temporalio.worker import Replayer, Worker
 from rolloutd import task_queues
 from rolloutd.activities.models import ProvisionRuntimeInput, ProvisionRuntimeOutput
 from rolloutd.security.connection import data_converter
-from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
-from rolloutd.stack import free_port
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionResult, SessionStatus
-from rolloutd.workers import connect, run_fleet
-from rolloutd.workflows.session import RolloutSessionWorkflow
-from tests.support.loopback import loopback_server
-from tests.support.namespaces import fresh_namespace
+from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
+from tests.support.garbage_fleets import REPO, fleets_in_namespace, rolloutd_command
 
 pytestmark = [pytest.mark.temporal]
 
-REPO = Path(__file__).resolve().parents[1]
-
-#: what the backend answers to every request: 200, JSON content type, not JSON
-GARBAGE = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 9\r\n"
-    b"Connection: close\r\n\r\n<garbage>"
-)
 
 #: two chat calls; the harness carries on (and exits 0) whatever it gets
 TWO_CALLS = "; ".join(
@@ -63,64 +48,6 @@ TWO_CALLS = "; ".join(
 )
 
 
-async def answer_garbage(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int
-) -> None:
-    """Read one request (headers and body) and answer :data:`GARBAGE`."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    for line in head.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            await reader.readexactly(int(value))
-    writer.write(GARBAGE)
-    await writer.drain()
-
-
-@dataclass
-class Rig:
-    """Fleets in their own namespace."""
-
-    address: str
-    namespace: str
-    store_url: str
-    client: object
-
-
-@contextlib.asynccontextmanager
-async def fleets_in_namespace(address: str, home: Path, *, sandbox: bool) -> AsyncIterator[Rig]:
-    """The workflows, gateway (its backend answering :data:`GARBAGE`) and eval fleets, and
-    the sandbox fleet when ``sandbox``, in a fresh namespace."""
-    namespace = await fresh_namespace(address, "loud")
-    common = {
-        "temporal_address": address,
-        "temporal_namespace": namespace,
-        "store_url": str(home / "store"),
-        "host_id": "loud-host",
-        "log_json": False,
-    }
-    port = free_port()
-    async with loopback_server(answer_garbage) as backend_url:
-        gateway = GatewaySettings(
-            **common,
-            gateway_port=port,
-            backend_url=backend_url,
-            gateway_public_url=f"http://127.0.0.1:{port}",
-            model="qwen2.5-coder-0.5b",
-        )
-        client = await connect(gateway)
-        async with contextlib.AsyncExitStack() as stack:
-            await stack.enter_async_context(run_fleet("gateway", client, gateway))
-            if sandbox:
-                # a short root: the runtime's unix sockets live under it (108 bytes at most)
-                root = stack.enter_context(tempfile.TemporaryDirectory(prefix="loud-"))
-                await stack.enter_async_context(
-                    run_fleet("sandbox", client, SandboxSettings(**common, runtime_root=root))
-                )
-            await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
-            await stack.enter_async_context(run_fleet("workflows", client, gateway))
-            yield Rig(address, namespace, common["store_url"], client)
-
-
 def shell_task(task_id: str, command: str, **overrides: object) -> dict:
     task: dict = {
         "task_id": task_id,
@@ -133,13 +60,6 @@ def shell_task(task_id: str, command: str, **overrides: object) -> dict:
     }
     task.update(overrides)
     return task
-
-
-def rolloutd_command() -> list[str]:
-    """The ``rolloutd`` console script of this environment (``python -m rolloutd.cli``
-    when the package is not installed as a script)."""
-    script = Path(sys.executable).parent / "rolloutd"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "rolloutd.cli"]
 
 
 @pytest.mark.sandbox

@@ -220,7 +220,7 @@ async def test_prorl_backend_calls_reach_the_gateway_admin_routes(fleets):
     if probe.status_code == 404:
         pytest.skip("the gateway has no /admin routes yet (src/rolloutd/proxy/ in progress)")
     async with facade(fleets, gateway_url=fleets.gateway_url, admin_token=None) as http:
-        # forwarded only for callers holding the facade's token (DECISIONS.md ruling 7)
+        # forwarded only for callers holding the facade's token (docs/decisions.md)
         refused = await http.post("/add_llm_server", json={"address": fleets.engine_url})
         assert refused.status_code == 403, refused.text
         assert "ROLLOUTD_REST_TOKEN" in refused.text
@@ -239,8 +239,9 @@ async def test_polar_a3_payload_is_refused_before_any_workflow_starts(fleets):
         )
         assert refused.status_code == 422, refused.text
         errors = {".".join(e["loc"]): e["msg"] for e in refused.json()["detail"]}
-        # codex has an adapter (tests/harnesses/test_polar_codex.py runs this payload's
-        # shape to the end); a host without its CLI refuses it too, naming the setup step
+        # codex has an adapter (tests/sandbox/harnesses/acceptance/test_polar_codex.py runs this
+        # payload's shape to the end); a host without its CLI refuses it too, naming the setup
+        # step
         assert set(errors) <= {"agent.harness", "evaluator.strategy"}
         assert "'swebench_grader' is unknown" in errors["evaluator.strategy"]
         if "agent.harness" in errors:

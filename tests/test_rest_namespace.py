@@ -16,8 +16,8 @@ from google.protobuf.duration_pb2 import Duration
 from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.service import RPCError
 
+from rolloutd.processes import free_port, wait_port
 from rolloutd.security.connection import connect_temporal
-from rolloutd.stack.processes import free_port, wait_port
 
 pytestmark = [pytest.mark.temporal, pytest.mark.timeout(120)]
 

@@ -12,7 +12,7 @@ from rolloutd.scoring import (
 )
 from rolloutd.trainer_client.grpo import dapo_filter, group_rewards
 from rolloutd.types import FailureCause, SessionResult, SessionStatus, TaskResult
-from rolloutd.workflows.buffer import is_zero_variance as buffer_drops
+from rolloutd.workflows.buffer.workflow import is_zero_variance as buffer_drops
 from rolloutd.workflows.task import summarize
 
 BACKEND = FailureCause(kind="backend", message="502 BackendError", phase="run")

@@ -29,7 +29,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from rolloutd.types import Model, TaskRequest
+from rolloutd.payload import Payload
+from rolloutd.types import TaskRequest
 
 #: the fleet registry's workflow id (one per namespace).
 REGISTRY_WORKFLOW_ID = "rolloutd-fleets"
@@ -49,33 +50,38 @@ OPT_OUT = "check_capabilities=False"
 PublishingFleet = Literal["sandbox", "eval"]
 
 
-class HostCapabilities(Model):
-    """What one host of a fleet can run, published when its worker starts.
+class HostCapabilities(Payload):
+    """What one host of a fleet can run, published when its worker starts."""
 
-    Attributes:
-        fleet: ``sandbox`` or ``eval``.
-        host_id: the host's id (``ROLLOUTD_HOST_ID``).
-        instance_id: this worker process's id; a stop withdraws exactly this registration.
-        harnesses: harness type -> version of its CLI on this host (None: the harness needs
-            no CLI, e.g. ``shell``); sandbox hosts only.
-        missing_harnesses: harness type -> why this host cannot run it (CLI not installed).
-        evaluators: built-in evaluator names; eval hosts only.
-        max_concurrent_sessions: runtimes the host holds at once
-            (``SandboxSettings.max_concurrent_sessions``); sandbox hosts only.
-        started_at: when the worker started (UTC).
-    """
+    fleet: PublishingFleet = Field(description="``sandbox`` or ``eval``")
+    host_id: str = Field(min_length=1, description="the host's id (``ROLLOUTD_HOST_ID``)")
+    instance_id: str = Field(
+        min_length=1,
+        description="this worker process's id; a stop withdraws exactly this registration",
+    )
+    harnesses: dict[str, str | None] = Field(
+        default_factory=dict,
+        description="harness type -> version of its CLI on this host (None: the harness needs no "
+        "CLI, e.g. ``shell``); sandbox hosts only",
+    )
+    missing_harnesses: dict[str, str] = Field(
+        default_factory=dict,
+        description="harness type -> why this host cannot run it (CLI not installed)",
+    )
+    evaluators: list[str] = Field(
+        default_factory=list,
+        description="built-in evaluator names; eval hosts only",
+    )
+    max_concurrent_sessions: int | None = Field(
+        default=None,
+        ge=1,
+        description="runtimes the host holds at once "
+        "(``SandboxSettings.max_concurrent_sessions``); sandbox hosts only",
+    )
+    started_at: datetime | None = Field(default=None, description="when the worker started (UTC)")
 
-    fleet: PublishingFleet
-    host_id: str = Field(min_length=1)
-    instance_id: str = Field(min_length=1)
-    harnesses: dict[str, str | None] = Field(default_factory=dict)
-    missing_harnesses: dict[str, str] = Field(default_factory=dict)
-    evaluators: list[str] = Field(default_factory=list)
-    max_concurrent_sessions: int | None = Field(default=None, ge=1)
-    started_at: datetime | None = None
 
-
-class FleetCapabilities(Model):
+class FleetCapabilities(Payload):
     """The registered hosts; what the fleets can run is the union of theirs."""
 
     hosts: list[HostCapabilities] = Field(default_factory=list)
@@ -93,22 +99,23 @@ class FleetCapabilities(Model):
         return sorted({n for h in self.of("eval") for n in h.evaluators})
 
 
-class CheckEvaluatorInput(Model):
+class CheckEvaluatorInput(Payload):
     """An evaluator import path to try on an eval host."""
 
     type: str = Field(min_length=1, description="`module:attr`")
 
 
-class CheckEvaluatorOutput(Model):
-    """Whether an import path resolves to an evaluator on an eval host.
+class CheckEvaluatorOutput(Payload):
+    """Whether an import path resolves to an evaluator on an eval host."""
 
-    Attributes:
-        error: None when it imports and is an evaluator; else why not.
-        host_id: the eval host that checked it (None: no eval host answered).
-    """
-
-    error: str | None = None
-    host_id: str | None = None
+    error: str | None = Field(
+        default=None,
+        description="None when it imports and is an evaluator; else why not",
+    )
+    host_id: str | None = Field(
+        default=None,
+        description="the eval host that checked it (None: no eval host answered)",
+    )
 
 
 def is_import_path(evaluator_type: str) -> bool:

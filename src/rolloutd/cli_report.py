@@ -153,9 +153,6 @@ async def submit_tasks(
         SystemExit: a fleet died while waiting (``FleetUnavailableError``, within a minute;
             the tasks keep running and complete once it is back).
     """
-    from rich.console import Console
-    from rich.table import Table
-
     from rolloutd.trainer_client import RolloutClient, validate_task
     from rolloutd.trainer_client.live import watch
 
@@ -186,8 +183,23 @@ async def submit_tasks(
         raise SystemExit(
             f"{e} (the tasks keep running: {', '.join(h.task_id for h in handles)})"
         ) from None
-    wall = time.monotonic() - t0
-    table = Table(title=f"rolloutd: {len(results)} tasks in {wall:.1f} s")
+    print_report(results, time.monotonic() - t0)
+    return results
+
+
+def print_report(results: list[Any], wall_s: float) -> None:
+    """Print what :func:`submit_tasks` waited for: a table per session, failures by kind, each
+    task's mean reward and its first session's phases, then what went wrong
+    (:func:`what_went_wrong`).
+
+    Args:
+        results: the TaskResults.
+        wall_s: how long the wait took, seconds.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"rolloutd: {len(results)} tasks in {wall_s:.1f} s")
     for col in (
         "session",
         "status",
@@ -202,7 +214,7 @@ async def submit_tasks(
         table.add_column(col)
     for group in results:
         for s in group.sessions:
-            wall_s = sum(p.duration_s for p in s.phases)
+            session_s = sum(p.duration_s for p in s.phases)
             table.add_row(
                 s.session_id,
                 s.status.value,
@@ -212,7 +224,7 @@ async def submit_tasks(
                 call_errors_cell(s),
                 str(s.num_traces),
                 str(s.num_trainable_tokens),
-                f"{wall_s:.1f}",
+                f"{session_s:.1f}",
             )
     console = Console()
     if not console.is_terminal:  # a log or a pipe: rich would cut every column to fit 80
@@ -239,7 +251,6 @@ async def submit_tasks(
         print(f"note: {line}")
     for line in failures:
         print(f"FAILED: {line}")
-    return results
 
 
 def exit_code(results: list[Any]) -> int:

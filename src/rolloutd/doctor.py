@@ -9,14 +9,13 @@ runs the tests first.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from rolloutd.settings import default_home
+from rolloutd.settings import HostSettings, default_home
 
 #: column order of the table; any other figure is appended.
 COLUMNS = (
@@ -40,8 +39,8 @@ COLUMNS = (
 
 def report_path() -> Path:
     """Where the figures are kept."""
-    explicit = os.environ.get("ROLLOUTD_RELIABILITY_REPORT")
-    return Path(explicit) if explicit else default_home() / "reliability.json"
+    explicit = HostSettings().reliability_report
+    return explicit if explicit else default_home() / "reliability.json"
 
 
 def record(scenario: str, **figures: Any) -> None:

@@ -146,7 +146,7 @@ class RuntimeNotFoundError(RolloutdError):
 class HostDrainingError(RolloutdError):
     """The sandbox host is draining (its worker got SIGTERM or SIGINT): a harness run it held
     is handed back and its runtime torn down, and the session treats this as a lost host
-    (a new attempt on another host, replaying the recorded calls; DECISIONS ruling 9). A
+    (a new attempt on another host, replaying the recorded calls; docs/decisions.md, "One drain"). A
     provisioning is retried on another host."""
 
     retryable = True

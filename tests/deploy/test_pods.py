@@ -1,4 +1,4 @@
-"""helm/rolloutd on real pods (issue 15, point 4): the chart rendered for a local run and
+"""helm/rolloutd on real pods: the chart rendered for a local run and
 played with ``podman kube play`` (tests/deploy/podplay.py says exactly what is converted for
 podman 4.3 and why), sessions run through the REST facade (HTTP) and the trainer client (gRPC
 to Temporal), and one sandbox pod and one gateway pod are SIGKILLed and removed mid-run.

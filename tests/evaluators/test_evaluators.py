@@ -8,22 +8,10 @@ from pathlib import Path
 import pytest
 
 from rolloutd.errors import EvaluatorError
-from rolloutd.evaluators import EvaluationContext, EvaluationOutcome, get_evaluator
+from rolloutd.evaluators import EvaluationOutcome, get_evaluator
 from rolloutd.evaluators.builtins import SessionCompleted, TestOnOutput
 from rolloutd.types import EvaluatorSpec, SessionStatus
-
-
-def _ctx(spec: EvaluatorSpec, **overrides: object) -> EvaluationContext:
-    values: dict[str, object] = dict(
-        task_id="t1",
-        session_id="t1/0",
-        status=SessionStatus.COMPLETED,
-        harness_exit_code=0,
-        num_completions=3,
-        num_traces=1,
-        spec=spec,
-    )
-    return EvaluationContext(**(values | overrides))
+from tests.support.contexts import evaluation_context
 
 
 def _check(exit_code: int = 0, stdout: str = "", timed_out: bool = False) -> dict[str, object]:
@@ -47,7 +35,9 @@ async def test_session_completed(status, exit_code, reward):
     spec = EvaluatorSpec()
     evaluator = get_evaluator(spec)
     assert isinstance(evaluator, SessionCompleted)
-    outcome = await evaluator.evaluate(_ctx(spec, status=status, harness_exit_code=exit_code))
+    outcome = await evaluator.evaluate(
+        evaluation_context(spec, status=status, harness_exit_code=exit_code)
+    )
     assert outcome.reward == reward
     assert outcome.details["status"] == status.value
 
@@ -68,7 +58,7 @@ async def test_test_on_output(expected, artifacts, reward):
     spec = EvaluatorSpec(type="test_on_output", command="pytest -q", expected_output=expected)
     evaluator = get_evaluator(spec)
     assert isinstance(evaluator, TestOnOutput)
-    outcome = await evaluator.evaluate(_ctx(spec, artifacts=artifacts))
+    outcome = await evaluator.evaluate(evaluation_context(spec, artifacts=artifacts))
     assert outcome.reward == reward
     assert ("reason" in outcome.details) == (reward == 0.0)
 
@@ -76,7 +66,7 @@ async def test_test_on_output(expected, artifacts, reward):
 async def test_test_on_output_without_check_artifact_scores_zero_with_reason():
     spec = EvaluatorSpec(type="test_on_output", command="pytest -q")
     outcome = await get_evaluator(spec).evaluate(
-        _ctx(spec, status=SessionStatus.TIMEOUT, harness_exit_code=None, artifacts={})
+        evaluation_context(spec, status=SessionStatus.TIMEOUT, harness_exit_code=None, artifacts={})
     )
     assert outcome.reward == 0.0
     assert outcome.details["reason"] == "no check artifact"
@@ -84,7 +74,7 @@ async def test_test_on_output_without_check_artifact_scores_zero_with_reason():
 
 async def test_import_path_to_a_builtin_class():
     spec = EvaluatorSpec(type="rolloutd.evaluators.builtins:SessionCompleted")
-    outcome = await get_evaluator(spec).evaluate(_ctx(spec))
+    outcome = await get_evaluator(spec).evaluate(evaluation_context(spec))
     assert outcome.reward == 1.0
 
 
@@ -102,7 +92,7 @@ async def test_import_path_to_a_factory_returning_per_trace_rewards(tmp_path: Pa
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         spec = EvaluatorSpec(type="my_rolloutd_eval:make", params={"scale": 0.5})
-        outcome = await get_evaluator(spec).evaluate(_ctx(spec, num_traces=3))
+        outcome = await get_evaluator(spec).evaluate(evaluation_context(spec, num_traces=3))
         assert outcome.trace_rewards == [0.5, 0.5, 0.5]
         assert outcome.reward is None
     finally:
@@ -137,7 +127,11 @@ async def test_session_completed_scores_zero_when_the_harness_hid_an_error_behin
         }
     }
     clean = {"harness": {"exit_code": 0, "summary": {"is_error": False}}}
-    bad = await get_evaluator(spec).evaluate(_ctx(spec, harness_exit_code=0, artifacts=hidden))
-    good = await get_evaluator(spec).evaluate(_ctx(spec, harness_exit_code=0, artifacts=clean))
+    bad = await get_evaluator(spec).evaluate(
+        evaluation_context(spec, harness_exit_code=0, artifacts=hidden)
+    )
+    good = await get_evaluator(spec).evaluate(
+        evaluation_context(spec, harness_exit_code=0, artifacts=clean)
+    )
     assert (bad.reward, bad.details["harness_error"]) == (0.0, True)
     assert good.reward == 1.0

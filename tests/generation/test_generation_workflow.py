@@ -28,7 +28,7 @@ from rolloutd.generation.outputs import journal_prefix, read_journal
 from rolloutd.stack.processes import temporal_binary
 from rolloutd.store import BlobStore
 from rolloutd.types import SessionStatus
-from rolloutd.workflows.generation_models import GenerationSummary
+from rolloutd.workflows.generation.models import GenerationSummary
 from tests.support.buffer_tasks import poll
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.slow]

@@ -14,7 +14,7 @@ from rolloutd.generation.outputs import journal_row, pass_at_k, read_journal, se
 from rolloutd.generation.sources import read_rows, row_to_task, safe_key
 from rolloutd.store import BlobStore
 from rolloutd.types import SessionResult, SessionStatus, TaskResult, Trace, Trajectory
-from rolloutd.workflows.generation_models import GenerationSpec, JournalEntry
+from rolloutd.workflows.generation.models import GenerationSpec, JournalEntry
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ROWS = [{"id": "a/1", "q": "x"}, {"id": "b", "q": "y"}, {"id": "c", "q": "z"}]

@@ -139,7 +139,7 @@ def test_keda_scales_each_fleet_on_its_own_queue() -> None:
         assert target["kind"] == spec["scaleTargetRef"]["kind"]
         assert container(target)["command"][-1] == fleet
         assert "replicas" not in target["spec"]  # the autoscaler owns it
-        assert spec["minReplicaCount"] >= 1  # DECISIONS ruling 1
+        assert spec["minReplicaCount"] >= 1  # docs/decisions.md, "Dead versus saturated"
         (trigger,) = spec["triggers"]
         assert trigger["type"] == "temporal"
         meta = trigger["metadata"]

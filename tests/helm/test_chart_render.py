@@ -91,7 +91,7 @@ def test_refuses_bad_values(values: dict[str, Any], message: str) -> None:
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"workflows": {"autoscaling": {"minReplicas": 0}}}, "ruling 1"),
+        ({"workflows": {"autoscaling": {"minReplicas": 0}}}, "a fleet with no poller is dead"),
         ({"autoscaling": {"mode": "sometimes"}}, "autoscaling.mode must be"),
     ],
 )

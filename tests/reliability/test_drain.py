@@ -1,7 +1,7 @@
 """SIGTERM (a pod's stop, and ``rolloutd up``'s Ctrl-C) drains a fleet's process: it stops
 polling, hands a running harness back, lets short activities finish, and exits 0 within its
-grace period; no session ends because of it and no completion is lost (DECISIONS ruling 9,
-docs/faults.md "Drain").
+grace period; no session ends because of it and no completion is lost (docs/decisions.md,
+"One drain"; docs/faults.md, "Drain").
 
 Real parts: the reliability rig's Temporal dev server, llama-server and fleets as processes,
 plus a second sandbox host (``rolloutd worker --fleet sandbox`` with its own host id and
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from rolloutd import doctor
-from rolloutd.stack.processes import spawn, stop_process
+from rolloutd.processes import spawn, stop_process
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionStatus, TaskResult
@@ -241,7 +241,7 @@ async def test_up_stop_drains_every_fleet_mid_batch(rig: Rig):
     ``LocalStack.stop`` uses (``stop_processes``, bounded by ``drain_s``) while sessions run.
     Each drains and exits 0 with nothing SIGKILLed; once the fleets are back (the next
     ``up``), every session completes: a Ctrl-C never ends a session."""
-    from rolloutd.stack.processes import stop_processes
+    from rolloutd.processes import stop_processes
 
     fleets = ("workflows", "sandbox", "gateway", "eval")
     stopped: dict[str, float] = {}

@@ -1,4 +1,4 @@
-"""Replay across attempts on the real stack (issue 25): a session's sandbox worker is killed
+"""Replay across attempts on the real stack: a session's sandbox worker is killed
 with SIGKILL once 4 calls are in its log; its next attempt, on a fresh bwrap runtime, replays
 the recorded calls without an engine request (the Tee in front of llama-server counts them),
 samples the rest, and its trajectory has the traces of an uninterrupted run.

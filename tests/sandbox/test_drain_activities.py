@@ -1,5 +1,5 @@
-"""A draining sandbox host hands its harness runs back (DECISIONS ruling 9): the real sandbox
-activities on a real bwrap runtime, run through temporalio's ActivityEnvironment (heartbeats
+"""A draining sandbox host hands its harness runs back (docs/decisions.md, "One drain"): the real
+sandbox activities on a real bwrap runtime, run through temporalio's ActivityEnvironment (heartbeats
 included). The whole drain, with Temporal, two hosts and sessions that start again, is
 ``tests/reliability/test_drain.py``."""
 
@@ -22,7 +22,7 @@ from rolloutd.activities.sandbox import SandboxActivities
 from rolloutd.settings import SandboxSettings
 from rolloutd.store import BlobStore
 from rolloutd.types import HarnessSpec, RuntimeSpec
-from rolloutd.workflows.outcome import host_lost
+from rolloutd.workflows.session.ending import host_lost
 from tests.support.procs import processes_with
 
 pytestmark = [

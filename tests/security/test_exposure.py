@@ -1,5 +1,5 @@
 """Admin and task routes off loopback: the gateway and the REST facade refuse to start
-without their token; the REST facade refuses requests without it (issue 20, point 4)."""
+without their token; the REST facade refuses requests without it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Secrets out of the workflow history, on real parts (issue 20, point 3).
+"""Secrets out of the workflow history, on real parts.
 
 A real session (Temporal dev server with its Web UI, the four fleets in this process with the
 payload codec on, llama-server, a ``shell`` harness in bwrap making one model call) runs;

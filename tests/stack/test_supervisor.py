@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rolloutd.errors import StackError
-from rolloutd.sandbox.reclaim import process_start_ticks
+from rolloutd.processes import process_start_ticks
 from rolloutd.stack import (
     LocalStack,
     RestartPolicy,

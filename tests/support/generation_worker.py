@@ -10,7 +10,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from rolloutd.security.connection import data_converter
-from rolloutd.workflows.generation import GenerationWorkflow
+from rolloutd.workflows.generation.workflow import GenerationWorkflow
 
 
 async def main(address: str, task_queue: str) -> None:

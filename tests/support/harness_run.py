@@ -1,9 +1,9 @@
 """Run one harness task through the trainer client and check what every harness test checks.
 
-Used by tests/harnesses/: a task submitted through :class:`RolloutClient` to the session's
-real fleets (tests/conftest.py ``fleets``: real Temporal, real llama-server), then per session:
-the completions, the trajectory (DESIGN.md's invariants, ``check_invariants``) and whether the
-harness executed a tool call of its own (:func:`executed_tool_calls`).
+Used by tests/sandbox/harnesses/acceptance/: a task submitted through :class:`RolloutClient` to the
+session's real fleets (tests/conftest.py ``fleets``: real Temporal, real llama-server), then per
+session: the completions, the trajectory (the builders' invariants, ``check_invariants``) and
+whether the harness executed a tool call of its own (:func:`executed_tool_calls`).
 """
 
 from __future__ import annotations

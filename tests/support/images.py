@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from pathlib import Path
+
+from rolloutd.settings import default_cache
 
 
 def no_image_cache() -> str | None:
@@ -13,14 +14,14 @@ def no_image_cache() -> str | None:
     cache is here, or ``ROLLOUTD_BUILD_IMAGES=1`` asks for the build).
 
     A cold build takes about 23 minutes on 2 cores (docs/images.md), which a cold CI run cannot
-    add to its budget (DECISIONS.md ruling 12: images cached on the lock file's hash); with the
+    add to its budget (docs/decisions.md, "Images cached by their inputs"); with the
     base image and the build context cached, a changed ``src/`` rebuilds in about 36 s.
     """
     if shutil.which("podman") is None:
         return "podman is not installed (scripts/setup.sh installs it)"
     if os.environ.get("ROLLOUTD_BUILD_IMAGES") == "1":
         return None
-    cache = Path(os.environ.get("ROLLOUTD_CACHE", Path.home() / ".cache" / "rolloutd"))
+    cache = default_cache()
     base = subprocess.run(
         ["podman", "images", "--format", "{{.Repository}}"],
         capture_output=True,

@@ -170,10 +170,10 @@ async def test_rolloutd_up_serves_the_load_route_for_its_own_engine(
     tmp_path: Path, monkeypatch
 ) -> None:
     """``LocalStack`` (what ``rolloutd up`` runs): its gateway is another process, started with
-    the control server's URL and token; the trainer here reloads the stack's engine through
-    it, with the admin token the stack generated (DECISIONS ruling 7: none was configured).
-    The supervisor owns the new file and version and does not count the reload as a crash.
-    The GGUF is a copy of the catalog file: what is checked is which file is served."""
+    the control server's URL and token; the trainer here reloads the stack's engine through it, with
+    the admin token the stack generated (docs/decisions.md, "An admin token by default": none was
+    configured). The supervisor owns the new file and version and does not count the reload as a
+    crash. The GGUF is a copy of the catalog file: what is checked is which file is served."""
     import asyncio
     import os
     import shutil

@@ -1,12 +1,12 @@
 """A simulated gateway that writes completion logs with known structure, over a real tokenizer.
 
-A *script* (drawn by hypothesis) is a list of events: agent turns, identical retries, retries
-with another answer, sub-agents (optionally with the first prompt of an existing agent),
-parallel branches, context compaction, calls without token ids. Each sampled answer may carry
-``<think>`` reasoning, may end by length, and may sample one word in a non-canonical
-tokenization (re-tokenization drift in passthrough). Sessions run in ``tokens`` mode (the
-gateway's token chain, DESIGN.md) or ``passthrough`` mode (the backend renders the template,
-optionally one that strips reasoning from previous assistant turns).
+A *script* (drawn by hypothesis) is a list of events: agent turns, identical retries, retries with
+another answer, sub-agents (optionally with the first prompt of an existing agent), parallel
+branches, context compaction, calls without token ids. Each sampled answer may carry ``<think>``
+reasoning, may end by length, and may sample one word in a non-canonical tokenization
+(re-tokenization drift in passthrough). Sessions run in ``tokens`` mode (the gateway's token chain,
+docs/architecture.md) or ``passthrough`` mode (the backend renders the template, optionally one that
+strips reasoning from previous assistant turns).
 
 Alongside the log the generator records what a correct builder must produce, from the logical
 structure alone (which call continues which, which one repeats which): the chains, the retries,

@@ -1,6 +1,6 @@
-"""A worker started before Temporal answers waits for it (issue 15: the pods of a fresh
-deployment start in any order; a worker exited "connection refused" when its Temporal
-frontend was not up yet).
+"""A worker started before Temporal answers waits for it (the pods of a fresh deployment
+start in any order; a worker exited "connection refused" when its Temporal frontend was not up
+yet).
 
 The late frontend is the real dev server behind a TCP relay that starts listening only after
 a delay, so the first attempts are refused exactly as a pod's are before Temporal's starts.
@@ -10,23 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 
 import pytest
 import structlog
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 
+from rolloutd.processes import free_port
 from rolloutd.settings import CommonSettings
 from rolloutd.workers import connect
 
 pytestmark = [pytest.mark.temporal, pytest.mark.timeout(120)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -53,7 +47,7 @@ async def _relay_after(delay_s: float, port: int, target: str) -> asyncio.Server
 
 
 async def test_a_worker_waits_for_a_temporal_that_starts_after_it(temporal_server) -> None:
-    port = _free_port()
+    port = free_port()
     settings = CommonSettings(temporal_address=f"127.0.0.1:{port}", temporal_connect_wait_s=60)
     relay = asyncio.create_task(_relay_after(4.0, port, temporal_server.address))
     t0 = time.monotonic()
@@ -76,7 +70,7 @@ async def test_a_worker_waits_for_a_temporal_that_starts_after_it(temporal_serve
 
 
 async def test_the_wait_is_bounded_and_the_error_says_where() -> None:
-    port = _free_port()  # nothing will ever listen here
+    port = free_port()  # nothing will ever listen here
     settings = CommonSettings(temporal_address=f"127.0.0.1:{port}", temporal_connect_wait_s=3)
     t0 = time.monotonic()
     with (

@@ -1,7 +1,7 @@
 """An activity that outlives its worker's drain (``graceful_shutdown_timeout``) fails with a
 retryable ``WorkerShutdown`` error, not as cancelled (which a session would read as its own
 cancellation), and a session counts it as a lost host: a real Temporal dev server and real
-workers. rolloutd.workers.drain and rolloutd.workflows.outcome rely on this SDK behaviour."""
+workers. rolloutd.workers.drain and rolloutd.workflows.session.ending rely on this SDK behaviour."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import CancelledError as TemporalCancelledError
 from temporalio.worker import Worker
 
-from rolloutd.workflows.outcome import host_lost
+from rolloutd.workflows.session.ending import host_lost
 
 pytestmark = [pytest.mark.temporal, pytest.mark.timeout(60)]
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from rolloutd.payload import Payload
 from rolloutd.types import (
     BuilderSpec,
     BuilderStats,
@@ -25,25 +26,27 @@ from rolloutd.types import (
     TaskRequest,
 )
 
-
-class _IO(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
 # --------------------------------------------------------------------------- gateway fleet
 
 
-class OpenSessionInput(_IO):
+class OpenSessionInput(Payload):
     session_id: str
     task_id: str
     owner: str = Field(default="", description="workflow run id owning the session")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     model: str | None = None
-    #: gateway session ids of the sample's earlier attempts, newest first, whose sealed logs
-    #: answer this session's requests identical to theirs (replay; empty: none)
-    replay_from: list[str] = Field(default_factory=list)
-    #: policy versions a replayed completion may lag behind the backend's current one
-    replay_max_staleness: int = Field(default=0, ge=0)
+    replay_from: list[str] = Field(
+        default_factory=list,
+        description="gateway session ids of the sample's earlier attempts, newest first, whose "
+        "sealed logs answer this session's requests identical to theirs (replay; "
+        "empty: none)",
+    )
+    replay_max_staleness: int = Field(
+        default=0,
+        ge=0,
+        description="policy versions a replayed completion may lag behind the backend's current "
+        "one",
+    )
     wait_for_backends: bool = Field(
         default=False,
         description="refuse (BackendSaturatedError) while the backends hold "
@@ -51,7 +54,7 @@ class OpenSessionInput(_IO):
     )
 
 
-class OpenSessionOutput(_IO):
+class OpenSessionOutput(Payload):
     session_id: str
     session_key: str
     openai_base_url: str
@@ -62,11 +65,11 @@ class OpenSessionOutput(_IO):
     host_queue: str = Field(description="the gateway host's own task queue")
 
 
-class CapacityInput(_IO):
+class CapacityInput(Payload):
     """``sandbox_capacity``, ``backend_capacity``: nothing to say; the whole fleet answers."""
 
 
-class SandboxCapacityOutput(_IO):
+class SandboxCapacityOutput(Payload):
     """The sandbox fleet's capacity: the registered hosts' ``max_concurrent_sessions``
     summed (None: no host publishes one, or the registry did not answer)."""
 
@@ -74,7 +77,7 @@ class SandboxCapacityOutput(_IO):
     num_hosts: int = 0
 
 
-class BackendCapacityOutput(_IO):
+class BackendCapacityOutput(Payload):
     """The gateway pool's load (:class:`rolloutd.proxy.backends.saturation.Saturation`):
     sessions open, engine slots, calls in flight, and the open sessions it takes (None:
     unbounded)."""
@@ -86,61 +89,94 @@ class BackendCapacityOutput(_IO):
     saturated: bool = False
 
 
-class BackendHealthInput(_IO):
+class BackendHealthInput(Payload):
     """``backend_health``: nothing to say; the gateway answers about its whole pool."""
 
 
-class BackendHealthOutput(_IO):
-    #: ``ok``, ``unavailable`` (a policy version has no healthy backend) or ``empty``
-    status: str = "ok"
-    #: per unavailable policy version: ``{policy_version, unhealthy_s, message}``
-    unavailable: list[dict[str, Any]] = Field(default_factory=list)
+class BackendHealthOutput(Payload):
+    status: str = Field(
+        default="ok",
+        description="``ok``, ``unavailable`` (a policy version has no healthy backend) or "
+        "``empty``",
+    )
+    unavailable: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="per unavailable policy version: ``{policy_version, unhealthy_s, message}``",
+    )
 
 
-class TaskQueuePollersInput(_IO):
+class TaskQueuePollersInput(Payload):
     task_queue: str
-    #: an activity of the calling workflow: is it still waiting in the queue?
-    activity_id: str = ""
+    activity_id: str = Field(
+        default="",
+        description="an activity of the calling workflow: is it still waiting in the queue?",
+    )
 
 
-class TaskQueuePollersOutput(_IO):
-    #: pollers Temporal saw on the queue in the last few minutes
-    num_pollers: int = 0
-    #: seconds since the most recent poll (None: no poller seen)
-    last_poll_s_ago: float | None = None
-    #: the activity ``activity_id`` has left the queue (started or no longer pending)
-    picked_up: bool = False
+class TaskQueuePollersOutput(Payload):
+    num_pollers: int = Field(
+        default=0,
+        description="pollers Temporal saw on the queue in the last few minutes",
+    )
+    last_poll_s_ago: float | None = Field(
+        default=None,
+        description="seconds since the most recent poll (None: no poller seen)",
+    )
+    picked_up: bool = Field(
+        default=False,
+        description="the activity ``activity_id`` has left the queue (started or no longer "
+        "pending)",
+    )
 
 
-class CloseSessionInput(_IO):
+class CloseSessionInput(Payload):
     session_id: str
-    #: Unix time (s) the run phase's budget ran out and the harness was stopped: the output
-    #: says whether a call was waiting on the backend then (None: the run did not time out)
-    run_deadline_at: float | None = None
+    run_deadline_at: float | None = Field(
+        default=None,
+        description="Unix time (s) the run phase's budget ran out and the harness was stopped: "
+        "the output says whether a call was waiting on the backend then (None: the "
+        "run did not time out)",
+    )
 
 
-class CloseSessionOutput(_IO):
+class CloseSessionOutput(Payload):
     num_completions: int
-    #: calls that failed (answered with an error, kept in the session's state, never in the
-    #: completion log)
-    num_errors: int = 0
-    #: failed calls answered with a 5xx (a gateway or backend failure, not a bad request)
-    #: that no later completion made good (rolloutd.proxy.sessions.recovered)
-    num_unrecovered_errors: int = 0
-    #: the last failed call, in words (``"502 BackendError: ..."``)
-    last_error: str | None = None
-    #: the first failed call of the backend kind (BackendError, BackendUnavailableError, a
-    #: 5xx) that no completion made good, in words, with its request hash; None: none
-    first_unrecovered_error: str | None = None
-    #: a call was waiting on the backend at ``CloseSessionInput.run_deadline_at``
-    call_waiting_at_deadline: bool = False
-    #: completions whose tool call the parser could not read (tokens mode)
-    num_invalid_tool_calls: int = 0
-    #: what replay across attempts did (rolloutd.proxy.replay.replay_stats)
-    replay: ReplayStats = Field(default_factory=ReplayStats)
+    num_errors: int = Field(
+        default=0,
+        description="calls that failed (answered with an error, kept in the session's state, "
+        "never in the completion log)",
+    )
+    num_unrecovered_errors: int = Field(
+        default=0,
+        description="failed calls answered with a 5xx (a gateway or backend failure, not a bad "
+        "request) that no later completion made good "
+        "(rolloutd.proxy.sessions.recovered)",
+    )
+    last_error: str | None = Field(
+        default=None,
+        description='the last failed call, in words (``"502 BackendError: ..."``)',
+    )
+    first_unrecovered_error: str | None = Field(
+        default=None,
+        description="the first failed call of the backend kind (BackendError, "
+        "BackendUnavailableError, a 5xx) that no completion made good, in words, with "
+        "its request hash; None: none",
+    )
+    call_waiting_at_deadline: bool = Field(
+        default=False,
+        description="a call was waiting on the backend at ``CloseSessionInput.run_deadline_at``",
+    )
+    num_invalid_tool_calls: int = Field(
+        default=0,
+        description="completions whose tool call the parser could not read (tokens mode)",
+    )
+    replay: ReplayStats = Field(
+        default_factory=ReplayStats,
+        description="what replay across attempts did (rolloutd.proxy.replay.replay_stats)",
+    )
 
 
-class BuildTrajectoryInput(_IO):
+class BuildTrajectoryInput(Payload):
     session_id: str
     task_id: str
     sample_index: int = 0
@@ -150,7 +186,7 @@ class BuildTrajectoryInput(_IO):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-class BuildTrajectoryOutput(_IO):
+class BuildTrajectoryOutput(Payload):
     trajectory_ref: str
     num_traces: int
     stats: BuilderStats
@@ -159,7 +195,7 @@ class BuildTrajectoryOutput(_IO):
 # --------------------------------------------------------------------------- sandbox fleet
 
 
-class ProvisionRuntimeInput(_IO):
+class ProvisionRuntimeInput(Payload):
     session_id: str
     runtime: RuntimeSpec
     purpose: Literal["session", "evaluation"] = Field(
@@ -167,18 +203,21 @@ class ProvisionRuntimeInput(_IO):
     )
 
 
-class ProvisionRuntimeOutput(_IO):
+class ProvisionRuntimeOutput(Payload):
     runtime_id: str
     host_id: str
     host_queue: str
     workdir: str
     duration_s: float = 0.0
-    #: seconds the (last attempt of the) provisioning waited in the sandbox queue for a host
-    #: with capacity: not charged to the session deadline
-    queue_wait_s: float = Field(default=0.0, ge=0.0)
+    queue_wait_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="seconds the (last attempt of the) provisioning waited in the sandbox queue "
+        "for a host with capacity: not charged to the session deadline",
+    )
 
 
-class RunHarnessInput(_IO):
+class RunHarnessInput(Payload):
     runtime_id: str
     session_id: str
     harness: HarnessSpec
@@ -187,26 +226,34 @@ class RunHarnessInput(_IO):
     timeout_s: float = Field(gt=0, description="run-phase budget; the harness is killed after")
 
 
-class RunHarnessOutput(_IO):
-    #: negative: killed by that signal (-9: SIGKILL)
-    exit_code: int | None
+class RunHarnessOutput(Payload):
+    exit_code: int | None = Field(description="negative: killed by that signal (-9: SIGKILL)")
     timed_out: bool = False
-    #: Unix time (s) the run budget ran out and the harness was stopped (``timed_out``)
-    timed_out_at: float | None = None
-    #: the signal the sandbox sent the harness itself (SIGTERM, then SIGKILL, at the
-    #: budget): a death by another signal was not the session's doing
-    signal_sent: int | None = None
-    #: processes the runtime's memory limit killed during the run
-    num_oom_kills: int = 0
-    #: the gateway's verdict that stopped the harness: its model calls stood unanswered
-    #: for ``backend_dead_after_s`` (None: not stopped for that)
-    backend_verdict: str | None = None
+    timed_out_at: float | None = Field(
+        default=None,
+        description="Unix time (s) the run budget ran out and the harness was stopped "
+        "(``timed_out``)",
+    )
+    signal_sent: int | None = Field(
+        default=None,
+        description="the signal the sandbox sent the harness itself (SIGTERM, then SIGKILL, at "
+        "the budget): a death by another signal was not the session's doing",
+    )
+    num_oom_kills: int = Field(
+        default=0,
+        description="processes the runtime's memory limit killed during the run",
+    )
+    backend_verdict: str | None = Field(
+        default=None,
+        description="the gateway's verdict that stopped the harness: its model calls stood "
+        "unanswered for ``backend_dead_after_s`` (None: not stopped for that)",
+    )
     duration_s: float = 0.0
     stdout_tail: str = ""
     stderr_tail: str = ""
 
 
-class CollectArtifactsInput(_IO):
+class CollectArtifactsInput(Payload):
     runtime_id: str
     session_id: str
     evaluator: EvaluatorSpec
@@ -217,15 +264,15 @@ class CollectArtifactsInput(_IO):
     )
 
 
-class CollectArtifactsOutput(_IO):
+class CollectArtifactsOutput(Payload):
     artifacts: dict[str, str] = Field(default_factory=dict, description="name -> blob key")
 
 
-class TeardownRuntimeInput(_IO):
+class TeardownRuntimeInput(Payload):
     runtime_id: str
 
 
-class TeardownRuntimeOutput(_IO):
+class TeardownRuntimeOutput(Payload):
     found: bool
     duration_s: float = 0.0
 
@@ -233,7 +280,7 @@ class TeardownRuntimeOutput(_IO):
 # --------------------------------------------------------------------------- eval fleet
 
 
-class EvaluateInput(_IO):
+class EvaluateInput(Payload):
     session_id: str
     task_id: str
     evaluator: EvaluatorSpec
@@ -242,25 +289,31 @@ class EvaluateInput(_IO):
     num_completions: int = 0
     trajectory_ref: str | None = None
     artifacts: dict[str, str] = Field(default_factory=dict, description="name -> blob key")
-    #: the session's reward decided by the task, not the evaluator (a run-phase timeout's
-    #: ``timeout_reward``, an invalid tool call's ``invalid_tool_call_reward``): the
-    #: evaluator is not run and the trajectory gets this reward
-    forced_reward: float | None = None
+    forced_reward: float | None = Field(
+        default=None,
+        description="the session's reward decided by the task, not the evaluator (a run-phase "
+        "timeout's ``timeout_reward``, an invalid tool call's "
+        "``invalid_tool_call_reward``): the evaluator is not run and the trajectory "
+        "gets this reward",
+    )
 
 
-class EvaluateOutput(_IO):
+class EvaluateOutput(Payload):
     reward: float | None = None
     trace_rewards: list[float] | None = None
     details: dict[str, Any] = Field(default_factory=dict)
-    #: the evaluator raised (``"ErrorType: message"``): no reward; the trajectory is kept
-    #: and carries the failure (a raising evaluator is not retried: it would raise again)
-    error: str | None = None
+    error: str | None = Field(
+        default=None,
+        description='the evaluator raised (``"ErrorType: message"``): no reward; the trajectory '
+        "is kept and carries the failure (a raising evaluator is not retried: it "
+        "would raise again)",
+    )
 
 
 # ------------------------------------------------------------------ eval fleet: trainer I/O
 
 
-class ReadTaskChunkInput(_IO):
+class ReadTaskChunkInput(Payload):
     """One chunk of a buffer's task source (JSONL or Parquet file), from row ``offset``."""
 
     path: str = Field(
@@ -271,19 +324,22 @@ class ReadTaskChunkInput(_IO):
     limit: int = Field(default=64, ge=1, le=10_000, description="rows to read at most")
 
 
-class ReadTaskChunkOutput(_IO):
+class ReadTaskChunkOutput(Payload):
     tasks: list[TaskRequest] = Field(default_factory=list, description="valid rows, in order")
     errors: list[str] = Field(default_factory=list, description="`row N: message` per bad row")
     next_offset: int = Field(ge=0, description="the cursor after this chunk")
     exhausted: bool = Field(default=False, description="no rows after next_offset")
 
 
-class PostCallbackInput(_IO):
+class PostCallbackInput(Payload):
     """A session's result for a task's ``callback_url``."""
 
     url: str
     session: SessionResult
 
 
-class PostCallbackOutput(_IO):
+class PostCallbackOutput(Payload):
+    """The receiver's answer, and the attempt that got it (1-based; Temporal retries)."""
+
     status_code: int
+    attempt: int = 1

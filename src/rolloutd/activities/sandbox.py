@@ -12,6 +12,7 @@ import hashlib
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -40,7 +41,7 @@ from rolloutd.observability import metrics
 from rolloutd.proxy.liveness import Verdict
 from rolloutd.sandbox import reclaim
 from rolloutd.sandbox.artifacts import apply_patch, git_patch
-from rolloutd.sandbox.harnesses import HarnessContext, get_harness
+from rolloutd.sandbox.harnesses import HarnessAdapter, HarnessCommand, HarnessContext, get_harness
 from rolloutd.sandbox.runtimes import Runtime, RuntimeProcess, create_runtime
 from rolloutd.settings import SandboxSettings
 from rolloutd.store import BlobStore, CompletionLog, artifact_key
@@ -77,6 +78,22 @@ async def gateway_verdict(http: httpx.AsyncClient, session_base_url: str) -> Ver
         return None
 
 
+@dataclass
+class _RunEnd:
+    """How a harness run ended (:meth:`SandboxActivities._watch`)."""
+
+    exit_code: int | None = None
+    timed_out: bool = False
+    #: Unix time the run budget ran out
+    timed_out_at: float | None = None
+    #: the gateway's verdict that stopped the harness
+    backend_verdict: str | None = None
+    #: the signal the sandbox sent the harness itself
+    signal_sent: int | None = None
+    #: the host began to drain: the run is handed back
+    drained: bool = False
+
+
 class SandboxActivities:
     """The runtimes of this host and the activities that act on them.
 
@@ -109,12 +126,12 @@ class SandboxActivities:
         return reclaim.reclaim_orphans(self.root)
 
     def start_drain(self) -> None:
-        """Begin the host's drain (DECISIONS ruling 9): each running harness is stopped within
-        a heartbeat (about 1 s), its runtime torn down, and its activity fails with
-        ``HostDrainingError``, which the session treats as a lost host (a new attempt on
-        another host, replaying the recorded calls); a provisioning that ends from now on
-        tears its runtime down and fails retryably (Temporal retries it on another host).
-        Collects and teardowns run on. Called by :func:`rolloutd.workers.drain.drain_fleet`.
+        """Begin the host's drain (docs/decisions.md, "One drain"): each running harness is stopped
+        within a heartbeat (about 1 s), its runtime torn down, and its activity fails with
+        ``HostDrainingError``, which the session treats as a lost host (a new attempt on another
+        host, replaying the recorded calls); a provisioning that ends from now on tears its runtime
+        down and fails retryably (Temporal retries it on another host). Collects and teardowns run
+        on. Called by :func:`rolloutd.workers.drain.drain_fleet`.
         """
         if not self.draining.is_set():
             log.info(
@@ -206,6 +223,35 @@ class SandboxActivities:
         structlog.contextvars.bind_contextvars(
             session_id=input.session_id, attempt=activity.info().attempt
         )
+        runtime, adapter, command = await self._prepare_harness(input)
+        timeout_s = min(input.timeout_s, runtime.spec.wall_time_s or input.timeout_s)
+        t0 = time.monotonic()
+        proc = await runtime.spawn(
+            command.command, env=command.env, cwd=command.cwd or runtime.workdir, name="harness"
+        )
+        log.info("harness_started", harness=input.harness.type, pid=proc.pid)
+        try:
+            end = await self._watch(input, proc, timeout_s, t0)
+        except asyncio.CancelledError:
+            # a cancelled session's output is not wanted: a short grace keeps mass
+            # cancellation (a trainer dropping a step's rollouts) within seconds
+            await proc.terminate(grace_s=CANCEL_GRACE_S)
+            log.info("harness_cancelled", duration_s=round(time.monotonic() - t0, 3))
+            raise
+        if end.drained:
+            await self._drain_run(proc, input.runtime_id, time.monotonic() - t0)
+        return self._record_run(input, runtime, adapter, proc, end, time.monotonic() - t0)
+
+    async def _prepare_harness(
+        self, input: RunHarnessInput
+    ) -> tuple[Runtime, HarnessAdapter, HarnessCommand]:
+        """The runtime, the adapter and the command it prepared, the sandbox connected to the
+        session's routes.
+
+        Raises:
+            ApplicationError: the host drains (``HostDrainingError``), or the runtime or the
+                adapter refused (:func:`rolloutd.errors.to_application_error`).
+        """
         try:
             if self.draining.is_set():
                 await self._hand_back(input.runtime_id)
@@ -231,36 +277,32 @@ class SandboxActivities:
             command = await adapter.prepare(runtime, ctx)
         except Exception as e:
             raise to_application_error(e) from e
+        return runtime, adapter, command
+
+    async def _watch(
+        self, input: RunHarnessInput, proc: RuntimeProcess, timeout_s: float, t0: float
+    ) -> _RunEnd:
+        """Wait for the harness, heartbeating every second, until it exits, its budget runs
+        out (it is terminated), the gateway's verdict is ``backend`` (it is terminated) or the
+        host drains (left to :meth:`_drain_run`)."""
+        end = _RunEnd()
         completions = CompletionLog(self.store, input.session_id)
-        timeout_s = min(input.timeout_s, runtime.spec.wall_time_s or input.timeout_s)
-        t0 = time.monotonic()
-        proc = await runtime.spawn(
-            command.command, env=command.env, cwd=command.cwd or runtime.workdir, name="harness"
-        )
-        stdout_path, stderr_path = proc.stdout_path, proc.stderr_path
-        log.info("harness_started", harness=input.harness.type, pid=proc.pid)
-        timed_out = False
-        timed_out_at: float | None = None
-        exit_code: int | None = None
-        backend_verdict: str | None = None
-        signal_sent: int | None = None
         beats = num_completions = 0
         http = httpx.AsyncClient()
-        drained = False
         try:
             while True:
                 if self.draining.is_set():
-                    drained = True
-                    break
+                    end.drained = True
+                    return end
                 elapsed = time.monotonic() - t0
                 if elapsed >= timeout_s:
-                    timed_out, timed_out_at = True, time.time()
+                    end.timed_out, end.timed_out_at = True, time.time()
                     await proc.terminate()
-                    exit_code = proc.returncode
-                    break
-                exit_code = await proc.wait(min(HEARTBEAT_EVERY_S, timeout_s - elapsed))
-                if exit_code is not None:
-                    break
+                    end.exit_code = proc.returncode
+                    return end
+                end.exit_code = await proc.wait(min(HEARTBEAT_EVERY_S, timeout_s - elapsed))
+                if end.exit_code is not None:
+                    return end
                 beats += 1
                 if beats % COUNT_COMPLETIONS_EVERY == 1:  # a store listing: not every beat
                     num_completions = await asyncio.to_thread(len, completions)
@@ -276,29 +318,34 @@ class SandboxActivities:
                         message=verdict.message,
                         unanswered_s=verdict.unanswered_s,
                     )
-                    backend_verdict = verdict.message or "backend"
+                    end.backend_verdict = verdict.message or "backend"
                     await proc.terminate()
-                    exit_code = proc.returncode
-                    signal_sent = -exit_code if exit_code is not None and exit_code < 0 else None
-                    break
-        except asyncio.CancelledError:
-            # a cancelled session's output is not wanted: a short grace keeps mass
-            # cancellation (a trainer dropping a step's rollouts) within seconds
-            await proc.terminate(grace_s=CANCEL_GRACE_S)
-            log.info("harness_cancelled", duration_s=round(time.monotonic() - t0, 3))
-            raise
+                    code = end.exit_code = proc.returncode
+                    end.signal_sent = -code if code is not None and code < 0 else None
+                    return end
         finally:
             await http.aclose()
-        if drained:
-            await self._drain_run(proc, input.runtime_id, time.monotonic() - t0)
-        duration = time.monotonic() - t0
+
+    def _record_run(
+        self,
+        input: RunHarnessInput,
+        runtime: Runtime,
+        adapter: HarnessAdapter,
+        proc: RuntimeProcess,
+        end: _RunEnd,
+        duration: float,
+    ) -> RunHarnessOutput:
+        """Store the run's ``harness`` artifact (exit, output, the adapter's summary) and
+        return the activity's output."""
+        stdout_path, stderr_path = proc.stdout_path, proc.stderr_path
+        exit_code = end.exit_code
         out, err = _tail(stdout_path), _tail(stderr_path)
         stdout = _tail(stdout_path, 1 << 20)
         self.store.put_json(
             artifact_key(input.session_id, "harness"),
             {
                 "exit_code": exit_code,
-                "timed_out": timed_out,
+                "timed_out": end.timed_out,
                 "duration_s": duration,
                 "stdout": stdout[-64_000:],
                 "stderr": _tail(stderr_path, 64_000),
@@ -310,23 +357,25 @@ class SandboxActivities:
         log.info(
             "harness_finished",
             exit_code=exit_code,
-            timed_out=timed_out,
+            timed_out=end.timed_out,
             duration_s=round(duration, 3),
             num_oom_kills=runtime.num_oom_kills,
         )
         return RunHarnessOutput(
             exit_code=exit_code,
-            timed_out=timed_out,
+            timed_out=end.timed_out,
             duration_s=duration,
             stdout_tail=out,
             stderr_tail=err,
-            timed_out_at=timed_out_at,
+            timed_out_at=end.timed_out_at,
             # terminate() sends SIGTERM, then SIGKILL after its grace
             signal_sent=(
-                -exit_code if timed_out and exit_code is not None and exit_code < 0 else signal_sent
+                -exit_code
+                if end.timed_out and exit_code is not None and exit_code < 0
+                else end.signal_sent
             ),
             num_oom_kills=runtime.num_oom_kills,
-            backend_verdict=backend_verdict,
+            backend_verdict=end.backend_verdict,
         )
 
     async def _drain_run(self, proc: RuntimeProcess, runtime_id: str, elapsed_s: float) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from rolloutd.types import Model
+from rolloutd.payload import Payload
 
 #: signal to the tenant workflow: a session asks for a slot (:class:`TenantSlotRequest`)
 ACQUIRE_SIGNAL = "acquire"
@@ -34,26 +34,26 @@ def tenant_workflow_id(tenant: str) -> str:
     return f"tenant/{tenant}"
 
 
-class TenantSlotRequest(Model):
-    """A session asking its tenant for a slot.
+class TenantSlotRequest(Payload):
+    """A session asking its tenant for a slot."""
 
-    Attributes:
-        workflow_id: the session's workflow id (the grant is signalled there).
-        priority: the task's priority key (1 first): a waiting request of a lower key is
-            granted first, then in arrival order.
-    """
+    workflow_id: str = Field(description="the session's workflow id (the grant is signalled there)")
+    priority: int = Field(
+        default=3,
+        ge=1,
+        le=5,
+        description="the task's priority key (1 first): a waiting request of a lower key is "
+        "granted first, then in arrival order",
+    )
 
-    workflow_id: str
-    priority: int = Field(default=3, ge=1, le=5)
 
-
-class TenantQuota(Model):
+class TenantQuota(Payload):
     """A tenant's quota. ``max_sessions_in_flight`` None: no bound (every request is granted)."""
 
     max_sessions_in_flight: int | None = Field(default=None, ge=1)
 
 
-class TenantState(Model):
+class TenantState(Payload):
     """What a tenant's quota workflow holds: its quota, the sessions holding a slot, and the
     requests waiting (in grant order)."""
 
@@ -61,5 +61,7 @@ class TenantState(Model):
     quota: TenantQuota = Field(default_factory=TenantQuota)
     holders: list[str] = Field(default_factory=list)
     waiting: list[TenantSlotRequest] = Field(default_factory=list)
-    #: slots granted since the workflow started (over continue-as-new)
-    num_granted: int = 0
+    num_granted: int = Field(
+        default=0,
+        description="slots granted since the workflow started (over continue-as-new)",
+    )

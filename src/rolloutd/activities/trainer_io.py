@@ -83,15 +83,16 @@ def read_rows(path: Path, fmt: str, offset: int, limit: int) -> tuple[list[dict[
     raise ValueError(f"unknown task source format {fmt!r}; jsonl or parquet")
 
 
-def _raise_for_status(response: httpx.Response) -> None:
+def _raise_for_status(response: httpx.Response, attempt: int) -> None:
     """Map an HTTP status to Temporal's retry decision: 2xx passes; 408, 409, 425, 429 and
-    5xx are retried; any other 4xx is final (the receiver refuses the body)."""
+    5xx are retried; any other 4xx is final (the receiver refuses the body). The error's
+    details hold ``attempt`` (the workflow reports it)."""
     code = response.status_code
     if 200 <= code < 300:
         return
     retryable = code >= 500 or code in (408, 409, 425, 429)
     raise ApplicationError(
-        f"callback answered {code}", type="CallbackHTTPError", non_retryable=not retryable
+        f"callback answered {code}", attempt, type="CallbackHTTPError", non_retryable=not retryable
     )
 
 
@@ -141,21 +142,23 @@ class TrainerIOActivities:
     async def post_callback(self, input: PostCallbackInput) -> PostCallbackOutput:
         """POST one SessionResult (JSON) to a task's ``callback_url``.
 
+        Returns:
+            The receiver's status code and this attempt's number (1-based).
+
         Raises:
             ApplicationError: retryable on connection errors, 5xx, 408/409/425/429;
-                non-retryable on other 4xx.
+                non-retryable on other 4xx; its details hold the attempt's number.
         """
+        attempt = activity.info().attempt
         structlog.contextvars.bind_contextvars(
-            session_id=input.session.session_id,
-            task_id=input.session.task_id,
-            attempt=activity.info().attempt,
+            session_id=input.session.session_id, task_id=input.session.task_id, attempt=attempt
         )
         try:
             response = await self.http.post(input.url, json=input.session.model_dump(mode="json"))
         except httpx.HTTPError as e:
             raise ApplicationError(
-                f"callback failed: {type(e).__name__}: {e}", type="CallbackHTTPError"
+                f"callback failed: {type(e).__name__}: {e}", attempt, type="CallbackHTTPError"
             ) from e
-        _raise_for_status(response)
+        _raise_for_status(response, attempt)
         log.info("callback_posted", status_code=response.status_code)
-        return PostCallbackOutput(status_code=response.status_code)
+        return PostCallbackOutput(status_code=response.status_code, attempt=attempt)

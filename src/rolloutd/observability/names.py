@@ -1,7 +1,7 @@
 """The names of every metric rolloutd exports, in one module (docs/metrics.md).
 
 Imports nothing: workflow code, activities, the gateway, the dashboard test and the docs all
-read the names from here. No label carries a session or task id (DECISIONS.md ruling 11):
+read the names from here. No label carries a session or task id (docs/decisions.md, "Metrics"):
 a label's values are few (harness types, phases, statuses, dialects, backends, hosts).
 
 Two exporters:

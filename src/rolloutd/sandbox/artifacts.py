@@ -1,7 +1,7 @@
 """Artifacts of a runtime (the workspace's patch) and applying a patch to a workspace.
 
 (Prepare steps, ``RuntimeSpec.prepare``, are part of starting a runtime:
-:func:`rolloutd.sandbox.runtimes.base.run_prepare`.)
+:func:`rolloutd.sandbox.runtimes.prepare.run_prepare`.)
 
 Artifacts (:func:`git_patch`) are read after the harness ran: ``git diff --binary`` of
 everything in a git workspace against ``HEAD``, untracked files included, computed with a

@@ -1,4 +1,5 @@
-"""Host-side settings of the sandbox fleet that runtimes and harness adapters read.
+"""Host-side paths of the sandbox fleet that runtimes and harness adapters read
+(:class:`rolloutd.settings.HostSettings`).
 
 ``ROLLOUTD_NPM_PREFIX`` names the npm prefix where harness CLIs are installed
 (``npm install --prefix PREFIX @qwen-code/qwen-code``); bwrap runtimes bind it read-only at the
@@ -13,15 +14,13 @@ folder read-only at the same path, and the base Python each environment links to
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from rolloutd.settings import default_cache
+from rolloutd.settings import HostSettings, default_cache
 
-#: the environment variable naming the npm prefix of harness CLIs.
+#: the variable of :attr:`HostSettings.npm_prefix` (named in messages; tests set it).
 NPM_PREFIX_ENV = "ROLLOUTD_NPM_PREFIX"
-
-#: the environment variable naming the folder of the Python harness CLIs' environments.
+#: the variable of :attr:`HostSettings.tools_dir`.
 TOOLS_DIR_ENV = "ROLLOUTD_TOOLS_DIR"
 
 
@@ -33,8 +32,8 @@ def npm_prefix() -> Path:
     Returns:
         An absolute path; it may not exist (nothing installed yet).
     """
-    if env := os.environ.get(NPM_PREFIX_ENV):
-        return Path(env).expanduser().absolute()
+    if prefix := HostSettings().npm_prefix:
+        return prefix.expanduser().absolute()
     return (default_cache() / "npm").absolute()
 
 
@@ -44,8 +43,8 @@ def tools_dir() -> Path:
     Returns:
         An absolute path; it may not exist (nothing installed yet).
     """
-    if env := os.environ.get(TOOLS_DIR_ENV):
-        return Path(env).expanduser().absolute()
+    if tools := HostSettings().tools_dir:
+        return tools.expanduser().absolute()
     return (default_cache() / "tools").absolute()
 
 

@@ -18,31 +18,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
+from rolloutd.processes import kill_process_group_of, process_start_ticks
 from rolloutd.sandbox.runtimes.limits import RuntimeCgroup
 
 log = structlog.get_logger(__name__)
 
 #: folder below the runtime root holding one owner record per runtime.
 OWNERS_DIR = ".owners"
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """Start time of process ``pid`` in clock ticks since boot (proc(5) stat field 22), or None
-    when no such process exists."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # the command name (field 2) may hold spaces and parentheses: split after the last ')'
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[19])
 
 
 def owner_path(root: Path, runtime_id: str) -> Path:
@@ -98,21 +86,6 @@ def processes_of(runtime_ids: set[str]) -> dict[int, str]:
     return found
 
 
-def _kill_group(pid: int) -> bool:
-    """SIGKILL the process group ``pid`` leads or belongs to (every runtime command leads its
-    own group), else ``pid`` alone; False when it is already gone."""
-    try:
-        os.killpg(os.getpgid(pid), signal.SIGKILL)
-        return True
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        os.kill(pid, signal.SIGKILL)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
 @dataclass
 class ReclaimReport:
     """What :func:`reclaim_orphans` did.
@@ -151,7 +124,7 @@ def reclaim_orphans(root: Path, *, timeout_s: float = 10.0) -> ReclaimReport:
         return report
     deadline = time.monotonic() + timeout_s
     while pids := processes_of(orphans):
-        report.num_killed += sum(_kill_group(pid) for pid in pids)
+        report.num_killed += sum(kill_process_group_of(pid) for pid in pids)
         if time.monotonic() > deadline:
             report.remaining_pids = sorted(pids)
             log.error("runtime_reclaim_incomplete", pids=report.remaining_pids[:20])

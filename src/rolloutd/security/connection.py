@@ -1,10 +1,10 @@
 """The one Temporal client factory: converter, payload codec, failure converter, TLS, API key.
 
-Every Temporal client rolloutd creates (the fleets' workers, the trainer client, the REST
-facade, the CLI, the stack) comes from :func:`connect_temporal`, so the codec is on for all
-of them or for none (DECISIONS.md ruling 6). With codec keys configured every payload, and
-every failure's message and stack trace (``DefaultFailureConverterWithEncodedAttributes``),
-is encrypted before it leaves the process.
+Every Temporal client rolloutd creates (the fleets' workers, the trainer client, the REST facade,
+the CLI, the stack) comes from :func:`connect_temporal`, so the codec is on for all of them or for
+none (docs/decisions.md, "One Temporal client factory"). With codec keys configured every payload,
+and every failure's message and stack trace (``DefaultFailureConverterWithEncodedAttributes``), is
+encrypted before it leaves the process.
 """
 
 from __future__ import annotations

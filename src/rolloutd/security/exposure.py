@@ -2,7 +2,7 @@
 
 A service bound to a loopback address (``127.0.0.0/8``, ``::1``, ``localhost``) is reachable
 from this machine only; any other bind address (``0.0.0.0``, a pod IP, a host name) may be
-reachable from the network, so its privileged routes must not be open (issue 20, point 4).
+reachable from the network, so its privileged routes must not be open (docs/security.md).
 """
 
 from __future__ import annotations

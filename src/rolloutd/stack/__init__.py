@@ -1,24 +1,17 @@
 """The embedded stack of ``rolloutd up``: Temporal dev server, llama-server, and each fleet as
 its own child process, all on this machine, supervised.
 
-- :mod:`~rolloutd.stack.processes`: starting children that die with their parent, stopping
-  them by process group, the Temporal dev server;
+- :mod:`~rolloutd.stack.processes`: the Temporal dev server (children are started and
+  stopped with :mod:`rolloutd.processes`, re-exported here);
 - :mod:`~rolloutd.stack.supervisor`: restart with capped backoff and a restart limit;
 - :mod:`~rolloutd.stack.state`: the state file ``{home}/stack.json``;
 - :mod:`~rolloutd.stack.local`: :class:`LocalStack`, what ``up`` runs;
 - :mod:`~rolloutd.stack.status`: what ``rolloutd status`` shows.
 """
 
+from rolloutd.processes import free_port, spawn, stop_process, stop_processes
 from rolloutd.stack.local import LocalStack
-from rolloutd.stack.processes import (
-    SQLITE_PRAGMAS,
-    TemporalDevServer,
-    free_port,
-    spawn,
-    stop_process,
-    stop_processes,
-    temporal_binary,
-)
+from rolloutd.stack.processes import SQLITE_PRAGMAS, TemporalDevServer, temporal_binary
 from rolloutd.stack.state import StackState, read_state
 from rolloutd.stack.supervisor import RestartPolicy
 

@@ -32,9 +32,10 @@ from rolloutd.engine.control import EngineControlServer
 from rolloutd.engine.models import CATALOG
 from rolloutd.engine.server import LlamaServer
 from rolloutd.errors import StackError
+from rolloutd.processes import kill_group, spawn, stop_processes
 from rolloutd.sandbox.reclaim import reclaim_orphans
-from rolloutd.settings import admin_token_file, default_home
-from rolloutd.stack.processes import TemporalDevServer, kill_group, spawn, stop_processes
+from rolloutd.settings import CommonSettings, HostSettings, admin_token_file, default_home
+from rolloutd.stack.processes import TemporalDevServer
 from rolloutd.stack.state import EngineState, StackState, read_state, write_state
 from rolloutd.stack.supervisor import ChildSpec, RestartPolicy, Supervisor
 
@@ -144,11 +145,7 @@ class LocalStack:
     @property
     def host_id(self) -> str:
         """The host id of the fleets (their host queues), as the fleets' settings read it."""
-        return (
-            self.extra_env.get("ROLLOUTD_HOST_ID")
-            or os.environ.get("ROLLOUTD_HOST_ID")
-            or socket.gethostname()
-        )
+        return self.extra_env.get("ROLLOUTD_HOST_ID") or CommonSettings().host_id
 
     @property
     def workers(self) -> dict[str, subprocess.Popen[bytes]]:
@@ -341,9 +338,9 @@ class LocalStack:
     def _make_admin_token(self) -> None:
         """Without ``ROLLOUTD_ADMIN_TOKEN`` (the environment or ``extra_env``), generate the
         gateway's admin token and write it, mode 0600, where the trainer client and
-        ``rolloutd rest`` find it (:func:`rolloutd.settings.find_admin_token`; DECISIONS
-        ruling 7): weight sync and the backend routes work on a fresh ``up``."""
-        if self.extra_env.get("ROLLOUTD_ADMIN_TOKEN") or os.environ.get("ROLLOUTD_ADMIN_TOKEN"):
+        ``rolloutd rest`` find it (:func:`rolloutd.settings.find_admin_token`): weight sync and
+        the backend routes work on a fresh ``up``."""
+        if self.extra_env.get("ROLLOUTD_ADMIN_TOKEN") or HostSettings().admin_token:
             return
         self.admin_token = secrets.token_urlsafe(32)
         path = admin_token_file(self.home)

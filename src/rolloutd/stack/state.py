@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from rolloutd.sandbox.reclaim import process_start_ticks
+from rolloutd.processes import process_start_ticks
 
 
 def running(pid: int | None, start_ticks: int | None) -> bool:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field
 
+from rolloutd.processes import end_process
 from rolloutd.stack.state import StackState, read_state
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.trainer_client.inflight import TaskFailures, sessions_by_phase, task_failures
@@ -161,10 +160,11 @@ def render(status: StackStatus) -> str:
 def main(home: Path, *, as_json: bool = False) -> int:
     """``rolloutd status``: print the status of the stack on ``home``.
 
-    When it asked Temporal, it ends the process itself (``os._exit``) once the output is
-    flushed: a short-lived process holding a Temporal client can abort in interpreter
-    finalization ("PyGILState_Release ... finalizing", github.com/temporalio/sdk-python/issues/300),
-    which turned a correct report into exit status -6 here.
+    When it asked Temporal, it ends the process itself once the output is flushed
+    (:func:`rolloutd.processes.end_process`): a short-lived process holding a Temporal client
+    can abort in interpreter finalization ("PyGILState_Release ... finalizing",
+    github.com/temporalio/sdk-python/issues/300), which turned a correct report into exit
+    status -6.
 
     Returns:
         0 when the stack runs, 1 when it is stopped or failed, 2 when none ran on ``home``.
@@ -177,7 +177,5 @@ def main(home: Path, *, as_json: bool = False) -> int:
     print(json.dumps(data, indent=2) if as_json else render(status))
     code = 0 if status.state.phase in ("starting", "running") else 1
     if status.sessions_by_phase is not None or status.temporal_error is not None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        end_process(code)
     return code

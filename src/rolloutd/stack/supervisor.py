@@ -24,9 +24,9 @@ from pathlib import Path
 import structlog
 from pydantic import BaseModel, Field
 
+from rolloutd.backoff import Backoff
 from rolloutd.errors import StackError
-from rolloutd.sandbox.reclaim import process_start_ticks
-from rolloutd.stack.processes import kill_group, stop_processes
+from rolloutd.processes import kill_group, process_start_ticks, stop_processes
 from rolloutd.stack.state import ChildKind, ChildState
 
 log = structlog.get_logger(__name__)
@@ -57,7 +57,8 @@ class RestartPolicy(BaseModel):
 
     def backoff_s(self, num_consecutive: int) -> float:
         """Delay before restart number ``num_consecutive`` (1-based) of a run of exits."""
-        return min(self.max_backoff_s, self.initial_backoff_s * 2 ** max(0, num_consecutive - 1))
+        backoff = Backoff(initial_s=self.initial_backoff_s, max_s=self.max_backoff_s)
+        return backoff.delay_s(num_consecutive)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The trainer's handle on a :class:`~rolloutd.workflows.buffer.RolloutBufferWorkflow`.
+"""The trainer's handle on a :class:`~rolloutd.workflows.buffer.workflow.RolloutBufferWorkflow`.
 
 Example::
 
@@ -27,8 +27,7 @@ from temporalio.service import RPCError
 from rolloutd.errors import RolloutdError
 from rolloutd.trainer_client.health import CHECK_EVERY_S, FleetHealth
 from rolloutd.types import TaskRequest
-from rolloutd.workflows.buffer import RolloutBufferWorkflow
-from rolloutd.workflows.buffer_models import (
+from rolloutd.workflows.buffer.models import (
     AckInput,
     AckOutput,
     Batch,
@@ -42,6 +41,7 @@ from rolloutd.workflows.buffer_models import (
     TakeBatchInput,
     TakeBatchOutput,
 )
+from rolloutd.workflows.buffer.workflow import RolloutBufferWorkflow
 
 
 class BufferExhaustedError(RolloutdError):
@@ -173,7 +173,7 @@ async def create_buffer(
     from temporalio.common import WorkflowIDConflictPolicy
 
     from rolloutd import task_queues
-    from rolloutd.workflows.buffer_models import BufferInput, buffer_workflow_id
+    from rolloutd.workflows.buffer.models import BufferInput, buffer_workflow_id
 
     cfg = config if isinstance(config, BufferConfig) else BufferConfig.model_validate(dict(config))
     handle = await client.start_workflow(
@@ -190,7 +190,7 @@ def get_buffer(
     client: Client, buffer_id: str, *, health: FleetHealth | None = None
 ) -> RolloutBuffer:
     """The handle of a running buffer (a restarted trainer uses this)."""
-    from rolloutd.workflows.buffer_models import buffer_workflow_id
+    from rolloutd.workflows.buffer.models import buffer_workflow_id
 
     return RolloutBuffer(
         client.get_workflow_handle(buffer_workflow_id(buffer_id), result_type=BufferSummary),

@@ -13,9 +13,9 @@ limit, or without a reward where one is needed, raises a ``ValueError`` that nam
 
 Failed sessions (a failure cause that is not a rewarded run-phase timeout of the policy:
 :func:`failed_cause`) are left out of every export: a reward measures the policy, never the
-infrastructure (DESIGN.md, failure causes). ``include_failed=True`` keeps them, marked: the
-cause in the row's metadata (``failure``: ``{kind, message, phase, retryable}``), an all-zero
-loss mask, no reward; verl rows get a group of their own (``uid``) so no GRPO baseline
+infrastructure (docs/decisions.md, "Failure causes and rewards"). ``include_failed=True`` keeps
+them, marked: the cause in the row's metadata (``failure``: ``{kind, message, phase, retryable}``),
+an all-zero loss mask, no reward; verl rows get a group of their own (``uid``) so no GRPO baseline
 includes them.
 
 Heavy imports (numpy, torch, pyarrow) happen inside the functions that need them, so importing
@@ -245,10 +245,44 @@ def to_verl_batch(
         ValueError: no traces; a trace over a limit without ``truncate``; a trace without
             response tokens; a trace without reward and no ``default_reward``.
     """
-    import numpy as np
     import torch
 
-    rows = []
+    rows, failures = _verl_rows(
+        trajectories,
+        max_prompt_len=max_prompt_len,
+        max_response_len=max_response_len,
+        truncate=truncate,
+        default_reward=default_reward,
+        include_failed=include_failed,
+    )
+    arrays = _verl_padded(rows, failures, pad_token_id, reward_position)
+    return {
+        key: torch.from_numpy(value) if value.dtype != object else value
+        for key, value in arrays.items()
+    }
+
+
+#: one row of a verl batch: its trajectory, (prompt_ids, response_ids, loss_mask, logprobs)
+#: as kept, and its reward
+_VerlRow = tuple[Trajectory, tuple[list[int], list[int], list[int], list[float]], float]
+
+
+def _verl_rows(
+    trajectories: Sequence[Trajectory],
+    *,
+    max_prompt_len: int | None,
+    max_response_len: int | None,
+    truncate: bool,
+    default_reward: float | None,
+    include_failed: bool,
+) -> tuple[list[_VerlRow], list[str | None]]:
+    """The rows of :func:`to_verl_batch` (limits applied, rewards required) and each row's
+    failure kind (None for a scored row).
+
+    Raises:
+        ValueError: as :func:`to_verl_batch` says.
+    """
+    rows: list[_VerlRow] = []
     failures: list[str | None] = []
     for trajectory, trace in _rows(trajectories, include_failed):
         arrays = _fit(
@@ -264,6 +298,18 @@ def to_verl_batch(
         failures.append(failure["kind"] if failure else None)
     if not rows:
         raise ValueError("to_verl_batch needs at least one trace")
+    return rows, failures
+
+
+def _verl_padded(
+    rows: list[_VerlRow],
+    failures: list[str | None],
+    pad_token_id: int,
+    reward_position: Literal["last_token", "last_trainable"],
+) -> dict[str, np.ndarray]:
+    """:func:`to_verl_batch`'s arrays as numpy arrays (prompts left-padded, responses
+    right-padded, the reward on one response token)."""
+    import numpy as np
 
     num_rows = len(rows)
     prompt_len = max(len(arrays[0]) for _, arrays, _ in rows)
@@ -292,8 +338,6 @@ def to_verl_batch(
         token_level_scores[row, position] = reward
 
     attention_mask = np.concatenate([prompt_attention, response_attention], axis=1)
-    position_ids = np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None)
-    input_ids = np.concatenate([prompts, responses], axis=1)
     uid = np.empty(num_rows, dtype=object)
     uid[:] = [
         trajectory.task_id if kind is None else f"failed/{trajectory.session_id}"
@@ -304,14 +348,14 @@ def to_verl_batch(
     failure_kind = np.empty(num_rows, dtype=object)
     failure_kind[:] = failures
     return {
-        "input_ids": torch.from_numpy(input_ids),
-        "attention_mask": torch.from_numpy(attention_mask),
-        "position_ids": torch.from_numpy(position_ids),
-        "prompts": torch.from_numpy(prompts),
-        "responses": torch.from_numpy(responses),
-        "response_mask": torch.from_numpy(response_mask),
-        "rollout_log_probs": torch.from_numpy(rollout_log_probs),
-        "token_level_scores": torch.from_numpy(token_level_scores),
+        "input_ids": np.concatenate([prompts, responses], axis=1),
+        "attention_mask": attention_mask,
+        "position_ids": np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None),
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": response_mask,
+        "rollout_log_probs": rollout_log_probs,
+        "token_level_scores": token_level_scores,
         "uid": uid,
         "session_id": session_id,
         "failure": failure_kind,

@@ -23,7 +23,7 @@ from rolloutd.trainer_client.admin import BackendAdmin
 from rolloutd.trainer_client.buffer import RolloutBuffer
 from rolloutd.trainer_client.client import RolloutClient
 from rolloutd.types import SessionResult, TaskProgress, TaskRequest, TaskResult, Trajectory
-from rolloutd.workflows.buffer_models import AckOutput, Batch, BufferStats, BufferSummary
+from rolloutd.workflows.buffer.models import AckOutput, Batch, BufferStats, BufferSummary
 
 T = TypeVar("T")
 

@@ -21,7 +21,7 @@ import contextlib
 import gc
 import importlib.util
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -36,6 +36,7 @@ from temporalio.worker import (
 )
 
 from rolloutd import task_queues
+from rolloutd.backoff import Backoff, retry_async
 from rolloutd.capabilities import HostCapabilities
 from rolloutd.observability.exporter import start_process_metrics
 from rolloutd.security.connection import connect_temporal
@@ -57,10 +58,10 @@ FLEETS: tuple[Fleet, ...] = ("workflows", "sandbox", "gateway", "eval")
 #: activity slots of a sandbox host's own queue (runs, collects, teardowns of its runtimes).
 HOST_QUEUE_SLOTS = 1000
 #: concurrent task polls of the workflow worker (80 % on its sticky queue) and of the session
-#: queues (sandbox host queue: run/collect/teardown; gateway: close, build). The SDK's 5 take
-#: about 4 tasks a second from a loaded dev server, each poll waiting on the server's write:
-#: 100 sessions cancelled at once (4-5 workflow tasks and 3 activities each to tear down,
-#: close and build) waited 6-9 s per task for a poll. Idle long polls cost the server nothing.
+#: queues (sandbox host queue: run/collect/teardown; gateway: close, build). Each poll waits on
+#: the server's write, so the SDK's 5 drain a burst slowly: 100 sessions cancelled at once (4-5
+#: workflow tasks and 3 activities each to tear down, close and build) waited seconds per task
+#: for a poll (docs/measurements.md). Idle long polls cost the server nothing.
 TASK_POLLS = PollerBehaviorSimpleMaximum(25)
 #: the longest an activity's heartbeats are held back. Temporal delivers an activity's
 #: cancellation only in the answer to a heartbeat, and the SDK sends them at most every
@@ -68,8 +69,9 @@ TASK_POLLS = PollerBehaviorSimpleMaximum(25)
 #: learned of it up to 8 s late. 2 s: 100 running harnesses cost the server 50 heartbeats a
 #: second.
 HEARTBEAT_THROTTLE = timedelta(seconds=2)
-#: seconds between a worker's attempts to reach Temporal at start (:func:`connect`)
-CONNECT_RETRY_S = 2.0
+#: waits between a worker's attempts to reach Temporal at start (:func:`connect`): 0.5 s,
+#: doubled, at most 2 s
+CONNECT_BACKOFF = Backoff(initial_s=0.5, max_s=2.0)
 
 
 async def connect(settings: CommonSettings) -> Client:
@@ -83,9 +85,9 @@ async def connect(settings: CommonSettings) -> Client:
     port (docs/metrics.md).
 
     Temporal not answering yet (a refused or unresolvable address: the SDK's ``RuntimeError``)
-    is retried every :data:`CONNECT_RETRY_S` for ``settings.temporal_connect_wait_s``, with a
+    is retried with :data:`CONNECT_BACKOFF` for ``settings.temporal_connect_wait_s``, with a
     ``temporal_connect_retry`` log line each time: the pods of a fresh deployment start in any
-    order, and a worker that started before its frontend would otherwise exit (issue 15).
+    order, and a worker that started before its frontend would otherwise exit.
 
     Raises:
         OSError: the metrics port cannot be bound.
@@ -97,31 +99,33 @@ async def connect(settings: CommonSettings) -> Client:
     if settings.metrics_port:
         runtime = start_process_metrics(settings.metrics_port, settings.metrics_host).runtime
         log.info("metrics_serving", port=settings.metrics_port, host=settings.metrics_host)
-    deadline = time.monotonic() + settings.temporal_connect_wait_s
-    attempt = 1
-    while True:
-        try:
-            return await connect_temporal(settings, runtime=runtime)
-        except RuntimeError as e:  # temporalio's "Failed client connect: ..."
-            left_s = deadline - time.monotonic()
-            if left_s <= 0:
-                log.error(
-                    "temporal_connect_failed",
-                    address=settings.temporal_address,
-                    attempts=attempt,
-                    wait_s=settings.temporal_connect_wait_s,
-                    error=str(e),
-                )
-                raise
-            log.warning(
-                "temporal_connect_retry",
-                address=settings.temporal_address,
-                attempt=attempt,
-                left_s=round(left_s, 1),
-                error=str(e),
-            )
-            await asyncio.sleep(min(CONNECT_RETRY_S, left_s))
-            attempt += 1
+
+    def retrying(attempt: int, left_s: float, error: BaseException) -> None:
+        log.warning(
+            "temporal_connect_retry",
+            address=settings.temporal_address,
+            attempt=attempt,
+            left_s=round(left_s, 1),
+            error=str(error),
+        )
+
+    def giving_up(attempts: int, error: BaseException) -> None:
+        log.error(
+            "temporal_connect_failed",
+            address=settings.temporal_address,
+            attempts=attempts,
+            wait_s=settings.temporal_connect_wait_s,
+            error=str(error),
+        )
+
+    return await retry_async(
+        lambda: connect_temporal(settings, runtime=runtime),
+        retry_on=(RuntimeError,),  # temporalio's "Failed client connect: ..."
+        backoff=CONNECT_BACKOFF,
+        timeout_s=settings.temporal_connect_wait_s,
+        on_retry=retrying,
+        on_give_up=giving_up,
+    )
 
 
 @dataclass
@@ -131,6 +135,25 @@ class FleetHandle:
     fleet: Fleet
     workers: list[Worker]
     resources: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _FleetParts:
+    """What a fleet's builder leaves for :func:`run_fleet` to start and, at the end, stop."""
+
+    #: Temporal's graceful_shutdown_timeout: activities still running when the drain began
+    #: get this long to finish, then the SDK cancels them
+    grace_s: float
+    #: called after the drain, last first
+    cleanups: list[Callable[[], Awaitable[Any]]] = field(default_factory=list)
+    #: what a sandbox or eval host publishes to the fleet registry
+    host: HostCapabilities | None = None
+    #: monotonic time the drain began (set when it does)
+    drain_began: float = field(default_factory=time.monotonic)
+
+    @property
+    def grace(self) -> timedelta:
+        return timedelta(seconds=self.grace_s)
 
 
 @contextlib.asynccontextmanager
@@ -150,205 +173,233 @@ async def run_fleet(
         When the block exits, the fleet drains (:func:`rolloutd.workers.drain.drain_fleet`,
         bounded by ``settings.graceful_shutdown_s``) and ``resources["drain"]`` holds its
         :class:`~rolloutd.workers.drain.DrainReport`; then what the fleet owns is stopped.
+
+    Raises:
+        ValueError: an unknown fleet.
     """
-    handle = FleetHandle(fleet=fleet, workers=[])
-    grace_s = (settings or CommonSettings()).graceful_shutdown_s
-    # Temporal's graceful_shutdown_timeout: activities still running when the drain began
-    # get this long to finish, then the SDK cancels them
-    grace = timedelta(seconds=grace_s)
-    cleanups: list[Any] = []
-    drain_began = [time.monotonic()]  # set again when the drain begins
-    host: HostCapabilities | None = None  # what a sandbox or eval host publishes
-    if fleet == "workflows":
-        from rolloutd.activities.cancel import cancel_workflows
-        from rolloutd.activities.fleet_health import FleetHealthActivities
-        from rolloutd.workflows.buffer import RolloutBufferWorkflow
-        from rolloutd.workflows.callback import CallbackWorkflow
-        from rolloutd.workflows.fleets import FleetRegistryWorkflow
-        from rolloutd.workflows.generation import GenerationWorkflow
-        from rolloutd.workflows.session import RolloutSessionWorkflow
-        from rolloutd.workflows.task import RolloutTaskWorkflow
-        from rolloutd.workflows.tenants import TenantWorkflow
-
-        handle.workers.append(
-            Worker(
-                client,
-                task_queue=task_queues.WORKFLOWS,
-                workflows=[
-                    RolloutTaskWorkflow,
-                    RolloutSessionWorkflow,
-                    RolloutBufferWorkflow,
-                    FleetRegistryWorkflow,
-                    CallbackWorkflow,
-                    GenerationWorkflow,
-                    TenantWorkflow,
-                ],
-                # local activities only: a cancelled task cancels its sessions directly with
-                # cancel_workflows; a session asks whether a sandbox worker polls at all
-                activities=[
-                    cancel_workflows,
-                    FleetHealthActivities(client).task_queue_pollers,
-                    FleetHealthActivities(client).sandbox_capacity,
-                ],
-                no_remote_activities=True,
-                max_cached_workflows=(settings or CommonSettings()).max_cached_workflows,
-                workflow_task_poller_behavior=TASK_POLLS,
-                graceful_shutdown_timeout=grace,
-            )
-        )
-    elif fleet == "sandbox":
-        from rolloutd.activities.sandbox import SandboxActivities
-        from rolloutd.workers.registry import host_capabilities
-
-        s = settings if isinstance(settings, SandboxSettings) else SandboxSettings()
-        host = await asyncio.to_thread(host_capabilities, "sandbox", s.host_id)
-        host.max_concurrent_sessions = s.max_concurrent_sessions
-        acts = SandboxActivities(s, BlobStore(s.store_url))
-        # before polling: runtimes a killed worker left on this root are killed and removed,
-        # so a teardown of them that arrives on this host's queue finds nothing left running
-        reclaimed = await asyncio.to_thread(acts.reclaim)
-        # backpressure: a provisioning slot is handed out only while the host's live
-        # runtimes (so its running harnesses) stay under max_concurrent_sessions
-        slots = RuntimeSlots(
-            s.max_concurrent_sessions,
-            lambda: len(acts.runtimes),
-            max_reserved=s.max_concurrent_provisions,
-        )
-        acts.on_runtime_gone = slots.notify
-        handle.resources.update(activities=acts, reclaimed=reclaimed, slots=slots)
-        handle.workers += [
-            Worker(
-                client,
-                task_queue=task_queues.SANDBOX,
-                activities=[acts.provision_runtime],
-                tuner=WorkerTuner.create_composite(
-                    workflow_supplier=FixedSizeSlotSupplier(1),
-                    activity_supplier=slots,
-                    local_activity_supplier=FixedSizeSlotSupplier(1),
-                    nexus_supplier=FixedSizeSlotSupplier(1),
-                ),
-                max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-                graceful_shutdown_timeout=grace,
-            ),
-            # every provisioned runtime needs a slot here for its run and then its teardown;
-            # provisioning (above) is what bounds the number of runtimes
-            Worker(
-                client,
-                task_queue=acts.host_queue,
-                activities=[acts.run_harness, acts.collect_artifacts, acts.teardown_runtime],
-                max_concurrent_activities=HOST_QUEUE_SLOTS,
-                activity_task_poller_behavior=TASK_POLLS,
-                max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-                graceful_shutdown_timeout=grace,
-            ),
-        ]
-        cleanups.append(acts.stop_all)
-    elif fleet == "gateway":
-        from rolloutd.activities.gateway import GatewayActivities
-        from rolloutd.proxy.gateway import Gateway, serve
-
-        s = settings if isinstance(settings, GatewaySettings) else GatewaySettings()
-        gateway = await asyncio.to_thread(Gateway.from_settings, s)
-        server = await serve(gateway, s.gateway_host, s.gateway_port)
-        acts = GatewayActivities(gateway, s.host_id)
-        handle.resources.update(gateway=gateway, server=server, activities=acts)
-        handle.workers += [
-            # close_session here too: when the gateway host serving a session is gone, any
-            # gateway seals it from the durable state in the store
-            Worker(
-                client,
-                task_queue=task_queues.GATEWAY,
-                activities=[
-                    acts.open_session,
-                    acts.close_session,
-                    acts.build_trajectory,
-                    acts.backend_health,
-                    acts.backend_capacity,
-                ],
-                activity_task_poller_behavior=TASK_POLLS,
-                graceful_shutdown_timeout=grace,
-            ),
-            Worker(
-                client,
-                task_queue=acts.host_queue,
-                activities=[acts.close_session, acts.build_trajectory],
-                activity_task_poller_behavior=TASK_POLLS,
-                graceful_shutdown_timeout=grace,
-            ),
-        ]
-        # after the drain: harness calls in flight are answered (and recorded) within what
-        # is left of the grace period (a call cut here was sampled for nothing)
-        cleanups.append(
-            lambda: server.shutdown(
-                timeout_s=max(1.0, grace_s - (time.monotonic() - drain_began[0]))
-            )
-        )
-    elif fleet == "eval":
-        from rolloutd.activities.evaluation import EvalActivities
-        from rolloutd.activities.trainer_io import TrainerIOActivities
-        from rolloutd.generation.activities import GenerationActivities
-        from rolloutd.workers.registry import host_capabilities
-
-        s = settings if isinstance(settings, EvalSettings) else EvalSettings()
-        host = host_capabilities("eval", s.host_id)
-        acts = EvalActivities(BlobStore(s.store_url), host_id=s.host_id)
-        io = TrainerIOActivities()
-        gen = GenerationActivities(client, BlobStore(s.store_url))
-        handle.workers.append(
-            Worker(
-                client,
-                task_queue=task_queues.EVAL,
-                activities=[
-                    acts.evaluate,
-                    acts.check_evaluator,
-                    io.read_task_chunk,
-                    io.post_callback,
-                    gen.plan_generation,
-                    gen.journal_row,
-                    gen.await_task,
-                    gen.write_generation_outputs,
-                ],
-                max_concurrent_activities=s.max_concurrent_evaluations,
-                max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-                graceful_shutdown_timeout=grace,
-            )
-        )
-        cleanups.append(io.aclose)
-    else:
+    build = _BUILDERS.get(fleet)
+    if build is None:
         raise ValueError(f"unknown fleet {fleet!r}; one of {', '.join(FLEETS)}")
-
+    handle = FleetHandle(fleet=fleet, workers=[])
+    parts = _FleetParts(grace_s=(settings or CommonSettings()).graceful_shutdown_s)
+    await build(handle, client, settings, parts)
     async with contextlib.AsyncExitStack() as stack:
         for worker in handle.workers:
             await stack.enter_async_context(worker)
         log.info("fleet_started", fleet=fleet, task_queues=[w.task_queue for w in handle.workers])
-        if host is not None:
+        if parts.host is not None:
             from rolloutd.workers.registry import publish, withdraw
 
             # published once polling: a task accepted on it finds a worker; withdrawn first
             # at stop, before the drain
-            await publish(client, host)
-            published = host
-            cleanups.append(lambda: withdraw(client, published))
+            await publish(client, parts.host)
+            published = parts.host
+            parts.cleanups.append(lambda: withdraw(client, published))
         try:
             yield handle
         finally:
-            drain_began[0] = time.monotonic()
-            if host is not None:
+            parts.drain_began = time.monotonic()
+            if parts.host is not None:
                 with contextlib.suppress(Exception):
-                    await cleanups.pop()()
+                    await parts.cleanups.pop()()
             try:
                 handle.resources["drain"] = await drain_fleet(
                     fleet,
                     handle.workers,
-                    grace_s,
+                    parts.grace_s,
                     handle.resources.get("activities") if fleet == "sandbox" else None,
                 )
             except Exception as e:  # noqa: BLE001 - a process boundary: the cleanups below still run
                 log.error("fleet_drain_failed", fleet=fleet, error=repr(e))
-            for cleanup in reversed(cleanups):
+            for cleanup in reversed(parts.cleanups):
                 with contextlib.suppress(Exception):
                     await cleanup()
     log.info("fleet_stopped", fleet=fleet)
+
+
+async def _workflows_fleet(
+    handle: FleetHandle, client: Client, settings: CommonSettings | None, parts: _FleetParts
+) -> None:
+    """The workflows fleet: every workflow, and the local activities they run."""
+    from rolloutd.activities.cancel import cancel_workflows
+    from rolloutd.activities.fleet_health import FleetHealthActivities
+    from rolloutd.workflows.buffer.workflow import RolloutBufferWorkflow
+    from rolloutd.workflows.callback import CallbackWorkflow
+    from rolloutd.workflows.fleets import FleetRegistryWorkflow
+    from rolloutd.workflows.generation.workflow import GenerationWorkflow
+    from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
+    from rolloutd.workflows.task import RolloutTaskWorkflow
+    from rolloutd.workflows.tenants import TenantWorkflow
+
+    handle.workers.append(
+        Worker(
+            client,
+            task_queue=task_queues.WORKFLOWS,
+            workflows=[
+                RolloutTaskWorkflow,
+                RolloutSessionWorkflow,
+                RolloutBufferWorkflow,
+                FleetRegistryWorkflow,
+                CallbackWorkflow,
+                GenerationWorkflow,
+                TenantWorkflow,
+            ],
+            # local activities only: a cancelled task cancels its sessions directly with
+            # cancel_workflows; a session asks whether a sandbox worker polls at all
+            activities=[
+                cancel_workflows,
+                FleetHealthActivities(client).task_queue_pollers,
+                FleetHealthActivities(client).sandbox_capacity,
+            ],
+            no_remote_activities=True,
+            max_cached_workflows=(settings or CommonSettings()).max_cached_workflows,
+            workflow_task_poller_behavior=TASK_POLLS,
+            graceful_shutdown_timeout=parts.grace,
+        )
+    )
+
+
+async def _sandbox_fleet(
+    handle: FleetHandle, client: Client, settings: CommonSettings | None, parts: _FleetParts
+) -> None:
+    """A sandbox host: provisioning bounded by its runtimes, and its own queue's activities."""
+    from rolloutd.activities.sandbox import SandboxActivities
+    from rolloutd.workers.registry import host_capabilities
+
+    s = settings if isinstance(settings, SandboxSettings) else SandboxSettings()
+    host = await asyncio.to_thread(host_capabilities, "sandbox", s.host_id)
+    host.max_concurrent_sessions = s.max_concurrent_sessions
+    parts.host = host
+    acts = SandboxActivities(s, BlobStore(s.store_url))
+    # before polling: runtimes a killed worker left on this root are killed and removed,
+    # so a teardown of them that arrives on this host's queue finds nothing left running
+    reclaimed = await asyncio.to_thread(acts.reclaim)
+    # backpressure: a provisioning slot is handed out only while the host's live
+    # runtimes (so its running harnesses) stay under max_concurrent_sessions
+    slots = RuntimeSlots(
+        s.max_concurrent_sessions,
+        lambda: len(acts.runtimes),
+        max_reserved=s.max_concurrent_provisions,
+    )
+    acts.on_runtime_gone = slots.notify
+    handle.resources.update(activities=acts, reclaimed=reclaimed, slots=slots)
+    handle.workers += [
+        Worker(
+            client,
+            task_queue=task_queues.SANDBOX,
+            activities=[acts.provision_runtime],
+            tuner=WorkerTuner.create_composite(
+                workflow_supplier=FixedSizeSlotSupplier(1),
+                activity_supplier=slots,
+                local_activity_supplier=FixedSizeSlotSupplier(1),
+                nexus_supplier=FixedSizeSlotSupplier(1),
+            ),
+            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+            graceful_shutdown_timeout=parts.grace,
+        ),
+        # every provisioned runtime needs a slot here for its run and then its teardown;
+        # provisioning (above) is what bounds the number of runtimes
+        Worker(
+            client,
+            task_queue=acts.host_queue,
+            activities=[acts.run_harness, acts.collect_artifacts, acts.teardown_runtime],
+            max_concurrent_activities=HOST_QUEUE_SLOTS,
+            activity_task_poller_behavior=TASK_POLLS,
+            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+            graceful_shutdown_timeout=parts.grace,
+        ),
+    ]
+    parts.cleanups.append(acts.stop_all)
+
+
+async def _gateway_fleet(
+    handle: FleetHandle, client: Client, settings: CommonSettings | None, parts: _FleetParts
+) -> None:
+    """A gateway host: the HTTP gateway, and the session and trajectory activities."""
+    from rolloutd.activities.gateway import GatewayActivities
+    from rolloutd.proxy.gateway import Gateway, serve
+
+    s = settings if isinstance(settings, GatewaySettings) else GatewaySettings()
+    gateway = await asyncio.to_thread(Gateway.from_settings, s)
+    server = await serve(gateway, s.gateway_host, s.gateway_port)
+    acts = GatewayActivities(gateway, s.host_id)
+    handle.resources.update(gateway=gateway, server=server, activities=acts)
+    handle.workers += [
+        # close_session here too: when the gateway host serving a session is gone, any
+        # gateway seals it from the durable state in the store
+        Worker(
+            client,
+            task_queue=task_queues.GATEWAY,
+            activities=[
+                acts.open_session,
+                acts.close_session,
+                acts.build_trajectory,
+                acts.backend_health,
+                acts.backend_capacity,
+            ],
+            activity_task_poller_behavior=TASK_POLLS,
+            graceful_shutdown_timeout=parts.grace,
+        ),
+        Worker(
+            client,
+            task_queue=acts.host_queue,
+            activities=[acts.close_session, acts.build_trajectory],
+            activity_task_poller_behavior=TASK_POLLS,
+            graceful_shutdown_timeout=parts.grace,
+        ),
+    ]
+    # after the drain: harness calls in flight are answered (and recorded) within what
+    # is left of the grace period (a call cut here was sampled for nothing)
+    parts.cleanups.append(
+        lambda: server.shutdown(
+            timeout_s=max(1.0, parts.grace_s - (time.monotonic() - parts.drain_began))
+        )
+    )
+
+
+async def _eval_fleet(
+    handle: FleetHandle, client: Client, settings: CommonSettings | None, parts: _FleetParts
+) -> None:
+    """An eval host: evaluators, the trainer's I/O, the generations' activities."""
+    from rolloutd.activities.evaluation import EvalActivities
+    from rolloutd.activities.trainer_io import TrainerIOActivities
+    from rolloutd.generation.activities import GenerationActivities
+    from rolloutd.workers.registry import host_capabilities
+
+    s = settings if isinstance(settings, EvalSettings) else EvalSettings()
+    parts.host = host_capabilities("eval", s.host_id)
+    acts = EvalActivities(BlobStore(s.store_url), host_id=s.host_id)
+    io = TrainerIOActivities()
+    gen = GenerationActivities(client, BlobStore(s.store_url))
+    handle.workers.append(
+        Worker(
+            client,
+            task_queue=task_queues.EVAL,
+            activities=[
+                acts.evaluate,
+                acts.check_evaluator,
+                io.read_task_chunk,
+                io.post_callback,
+                gen.plan_generation,
+                gen.journal_row,
+                gen.await_task,
+                gen.write_generation_outputs,
+            ],
+            max_concurrent_activities=s.max_concurrent_evaluations,
+            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+            graceful_shutdown_timeout=parts.grace,
+        )
+    )
+    parts.cleanups.append(io.aclose)
+
+
+#: how each fleet's workers are built
+_BUILDERS: dict[str, Callable[..., Awaitable[None]]] = {
+    "workflows": _workflows_fleet,
+    "sandbox": _sandbox_fleet,
+    "gateway": _gateway_fleet,
+    "eval": _eval_fleet,
+}
 
 
 async def run_forever(fleet: Fleet, metrics_port: int | None = None) -> None:
@@ -405,8 +456,8 @@ def freeze_startup_objects() -> int:
     """Move every object the process holds now out of the garbage collector's reach
     (``gc.freeze``, after a collection), for a process that has loaded what it keeps for
     its whole life: the gateway's tokenizer, chat templates, app and libraries are about
-    280,000 tracked objects, and each full collection walked them all (132 ms here, a stall
-    of every session's call); frozen, a full collection walks the sessions' data only.
+    280,000 tracked objects, and each full collection walked them all (a stall of every
+    session's call: docs/measurements.md); frozen, a full collection walks the sessions' data only.
     Objects created afterwards are collected as before.
 
     Returns:

@@ -1,5 +1,5 @@
 """Backpressure on a sandbox host: ``max_concurrent_sessions`` bounds its live runtimes, so
-its running harnesses (docs/tenancy.md; DECISIONS.md, ruling 1).
+its running harnesses (docs/tenancy.md; docs/decisions.md, "Dead versus saturated").
 
 The host's provisioning worker (queue ``rolloutd-sandbox``) takes its activity slots from a
 :class:`RuntimeSlots` supplier whose ``reserve_slot`` waits while the host's live runtimes plus

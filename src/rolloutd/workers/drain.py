@@ -1,6 +1,6 @@
 """The drain of one fleet's process on SIGTERM or SIGINT: one drain for a pod that Kubernetes
 stops and for ``rolloutd up``'s orderly Ctrl-C, which sends its fleets SIGTERM
-(DECISIONS ruling 9; docs/faults.md, "Drain").
+(docs/decisions.md, "One drain"; docs/faults.md, "Drain").
 
 Every fleet stops polling at once; activities already running get ``graceful_shutdown_s``
 (Temporal's ``graceful_shutdown_timeout``) to finish, then the SDK cancels them. A sandbox
@@ -21,7 +21,7 @@ An activity of any fleet that is still running when the grace period ends is can
 SDK and fails with a retryable ``ApplicationError`` of type ``WorkerShutdown`` (not as
 cancelled: tests/workers/test_drain_shutdown.py): Temporal retries it on another worker, and
 for a host-pinned one the session counts a lost host
-(:data:`rolloutd.workflows.outcome.HOST_LOST_ERRORS`).
+(:data:`rolloutd.workflows.session.ending.HOST_LOST_ERRORS`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
         FleetCapabilities,
         HostCapabilities,
     )
-    from rolloutd.types import Model
+    from rolloutd.payload import Payload
 
 #: events after which the registry continues as new (each registration is about 3 events, each
 #: import check about 8), far below Temporal's 50K-event limit so a replay stays quick.
@@ -42,7 +42,7 @@ MAX_HISTORY_EVENTS = 2000
 CHECK_TIMEOUT = timedelta(seconds=15)
 
 
-class FleetRegistryInput(Model):
+class FleetRegistryInput(Payload):
     """The registry's state carried over a continue-as-new, and its history bound."""
 
     hosts: list[HostCapabilities] = Field(default_factory=list)

@@ -11,8 +11,8 @@ sample index, child ``task/{task_id}/{index}/r{n}``, session ``{task_id}/{index}
 not counted: its replacement first waits until a sandbox worker polls again; so is a
 ``backend`` failure while the gateway's pool has no healthy backend (the engine is down): its
 replacement waits until the engine answers again. A group that still
-misses a scored sample ends ``incomplete`` (DESIGN.md, failure causes: a reward measures the
-policy, never the infrastructure).
+misses a scored sample ends ``incomplete`` (docs/decisions.md, "Failure causes and rewards":
+a reward measures the policy, never the infrastructure).
 
 The query ``status`` answers every session that has ended, as it ends. A session's callback
 (``callback_url``) starts after its result is stored here, as a detached child
@@ -58,7 +58,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from rolloutd.workflows import metadata, search
     from rolloutd.workflows.callback import CallbackInput, CallbackWorkflow, callback_workflow_id
-    from rolloutd.workflows.session import RolloutSessionWorkflow, SessionInput
+    from rolloutd.workflows.session.models import SessionInput
+    from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
     from rolloutd.workflows.tenants import task_priority
 
 
@@ -181,7 +182,7 @@ class RolloutTaskWorkflow:
                 replacement += 1
                 self._child_ids[index] = session_workflow_id(parent, index, replacement)
                 # the replaced session's attempts, newest first, are the replacement's replay
-                # source (issue 25); a gateway skips an id that never opened
+                # source; a gateway skips an id that never opened
                 earlier = [
                     result.session_id,
                     *(a.session_id for a in reversed(result.attempts)),
@@ -306,8 +307,8 @@ async def _wait_for_sandbox_fleet(task: TaskRequest, cancelling: Callable[[], bo
 
     The fleet gets as long to come back as it had to show up (``provision_wait_s`` again):
     a fleet that stays dead must reach the trainer as an incomplete group within minutes, not
-    hold the task for its whole deadline (DESIGN.md: a dead fleet reaches the trainer within a
-    minute). Gives up at once when the task is being cancelled.
+    hold the task for its whole deadline (docs/failures.md: a dead fleet reaches the trainer
+    within about a minute). Gives up at once when the task is being cancelled.
 
     Returns:
         True when the fleet polls; False when the wait gave up.

@@ -6,11 +6,11 @@ priority key (1 first) and fairness key (the tenant) with its weight, so a high-
 evaluation overtakes a training job's backlog in every task queue, and tenants of equal
 priority share the fleets by weight (docs.temporal.io/develop/task-queue-priority-fairness).
 
-``TenantWorkflow`` (id ``tenant/{tenant}``) exists only for a tenant with a quota: it grants
-at most ``max_sessions_in_flight`` slots at once, each to a session that holds it from before
-it opens its gateway session until it ends. Waiting requests are granted by priority, then in
-arrival order. It is one tenant's counter, not a lock shared by tenants; sessions waiting for
-the fleet's capacity still wait in the fleet's task queue (DECISIONS.md, ruling 1).
+``TenantWorkflow`` (id ``tenant/{tenant}``) exists only for a tenant with a quota: it grants at most
+``max_sessions_in_flight`` slots at once, each to a session that holds it from before it opens its
+gateway session until it ends. Waiting requests are granted by priority, then in arrival order. It
+is one tenant's counter, not a lock shared by tenants; sessions waiting for the fleet's capacity
+still wait in the fleet's task queue (docs/decisions.md, "Dead versus saturated").
 
 Deterministic code only.
 """
@@ -37,7 +37,8 @@ with workflow.unsafe.imports_passed_through():
         TenantState,
         tenant_workflow_id,
     )
-    from rolloutd.types import Model, PhaseTiming, TaskRequest
+    from rolloutd.payload import Payload
+    from rolloutd.types import PhaseTiming, TaskRequest
 
 #: history events after which the tenant workflow continues as new (at most)
 MAX_HISTORY_EVENTS = 5_000
@@ -114,7 +115,7 @@ async def release_slot(task: TaskRequest) -> None:
         workflow.logger.warning("could not release the slot of tenant %s: %s", task.tenant, e)
 
 
-class TenantInput(Model):
+class TenantInput(Payload):
     """The tenant workflow's state, carried over a continue-as-new."""
 
     state: TenantState

@@ -60,21 +60,22 @@ worker's own Python, started by the host's dynamic loader with the host's librar
 read-only under :data:`HOST_INSIDE` (:func:`host_python`), so it runs whatever libc the image has
 (or none); the commands it spawns are the image's.
 
-Limits (:mod:`~rolloutd.sandbox.runtimes.limits`): ``max_processes``, ``cpus`` and
-``memory_mb`` through a cgroup per runtime (``memory_mb`` as RLIMIT_AS only when there is no
-writable memory controller; node reserves a lot of address space, keep that >= 8192 for node
-harnesses). The worker moves the exec server into the cgroup while the sandbox starts (bwrap reports
-the exec server's host pid on ``--info-fd`` right after its clone), and the exec server forks
-nothing before the worker's first request, so every shim and command is born inside; moving a
-process costs the kernel an RCU grace period (5-20 ms), here overlapped with bwrap's set-up and the
-exec server's Python start. The exec server and its idle shims (one to four: a shim is reused after
-its command) count against ``max_processes``, plus one shim per running command; bwrap's own outer
-process stays outside. Shims and commands run with an OOM score adjustment of +500 (an unprivileged
-process may lower its own only down to 0, the exec server's), so the kernel's OOM killer takes a
-command, not the exec server; :attr:`ExecResult.oom_killed` reports it.
+Limits (:mod:`~rolloutd.sandbox.runtimes.limits`): ``max_processes``, ``cpus`` and ``memory_mb``
+through a cgroup per runtime (``memory_mb`` as RLIMIT_AS only when there is no writable memory
+controller; node reserves a lot of address space, keep that >= 8192 for node harnesses). The worker
+moves the exec server into the cgroup while the sandbox starts (bwrap reports the exec server's host
+pid on ``--info-fd`` right after its clone), and the exec server forks nothing before the worker's
+first request, so every shim and command is born inside; moving a process costs the kernel an RCU
+grace period (milliseconds), here overlapped with bwrap's set-up and the exec server's Python start.
+The exec server and its idle shims (one to four: a shim is reused after its command) count against
+``max_processes``, plus one shim per running command; bwrap's own outer process stays outside. Shims
+and commands run with an OOM score adjustment of +500 (an unprivileged process may lower its own
+only down to 0, the exec server's), so the kernel's OOM killer takes a command, not the exec server;
+:attr:`ExecResult.oom_killed` reports it.
 
 Latency (``benchmarks/runtime.py``): a command costs a wake-up of an idle shim and a
-``posix_spawn``, not a bwrap (5-8 ms) and an ``nsenter``; the shim is reused afterwards.
+``posix_spawn``, not a bwrap and an ``nsenter`` (docs/measurements.md); the shim is reused
+afterwards.
 """
 
 from __future__ import annotations

@@ -18,10 +18,11 @@ controller (read from ``/proc/self/cgroup``):
   (Documentation/admin-guide/cgroup-v1/pids.rst, memory.rst, scheduler/sched-bwc.rst).
 
 A process enters the cgroup by a write of its pid to each ``cgroup.procs``
-(:meth:`RuntimeCgroup.attach`; the children it forks afterwards are born inside). Moving a
-process waits for an RCU grace period in the kernel (cgroup_threadgroup_rwsem, 5-20 ms on a busy
-host), so the bwrap runtime attaches its sandbox's exec server while the sandbox is still
-starting, before the exec server forks anything. The pids controller counts tasks, threads included.
+(:meth:`RuntimeCgroup.attach`; the children it forks afterwards are born inside). Moving a process
+waits for an RCU grace period in the kernel (cgroup_threadgroup_rwsem: milliseconds on a busy host,
+docs/measurements.md), so the bwrap runtime attaches its sandbox's exec server while the sandbox is
+still starting, before the exec server forks anything. The pids controller counts tasks, threads
+included.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Process plumbing shared by every runtime: process groups, bounded output, termination.
+"""Process plumbing shared by every runtime: bounded output, termination of a runtime's
+process group (the group primitives are in :mod:`rolloutd.processes`).
 
 Every command a runtime runs is started with ``start_new_session=True``, so it leads its own
 process group (pgid == pid of the launched process) and so does every child that does not call
@@ -16,65 +17,12 @@ from pathlib import Path
 
 import structlog
 
+from rolloutd.processes import group_members, signal_group
+
 log = structlog.get_logger(__name__)
 
 #: how often termination polls /proc for group members that are still alive, seconds.
 POLL_INTERVAL_S = 0.05
-
-
-def group_members(pgid: int) -> list[int]:
-    """Pids of live (non-zombie) processes whose process group is ``pgid``.
-
-    Args:
-        pgid: a process group id.
-
-    Returns:
-        list[int]: pids in ascending order; empty when the group is gone.
-    """
-    members: list[int] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
-                stat = f.read()
-        except OSError:  # the process exited while we listed /proc
-            continue
-        # fields after the parenthesised command name: state ppid pgrp ...
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return sorted(members)
-
-
-def signal_group(pgid: int, sig: signal.Signals, *, spare: int | None = None) -> int:
-    """Send ``sig`` to every live member of process group ``pgid``.
-
-    Args:
-        pgid: the process group id.
-        sig: the signal.
-        spare: a pid not to signal (bwrap's outer process, whose death would SIGKILL the
-            sandbox at once and so cut the grace period short).
-
-    Returns:
-        The number of processes signalled.
-    """
-    if spare is None:
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return 0
-        return 1
-    count = 0
-    for pid in group_members(pgid):
-        if pid == spare:
-            continue
-        try:
-            os.kill(pid, sig)
-            count += 1
-        except ProcessLookupError:
-            continue
-    return count
 
 
 class BoundedOutput:

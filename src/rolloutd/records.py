@@ -1,0 +1,332 @@
+"""What the gateway records and the builders produce: completions (one recorded model call
+each, kept in a session's completion log) and trajectories (the traces of one session), with a
+session's status and failure cause. Stored in the blob store; Temporal payloads carry
+references to them, never their token arrays.
+
+Re-exported by :mod:`rolloutd.types` (import them from there).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from rolloutd.payload import Payload
+
+# --------------------------------------------------------------------------- completions
+
+
+class CaptureMode(str, enum.Enum):
+    """How the gateway captures tokens.
+
+    ``tokens``: the gateway renders the chat template and sends prompt token ids, so the trace
+    is the model's own tokens; ``passthrough``: the backend renders, the gateway records the
+    token ids it returns, when it does.
+    """
+
+    TOKENS = "tokens"
+    PASSTHROUGH = "passthrough"
+
+
+class Timings(Payload):
+    """Wall-clock timings of one completion, seconds since the epoch and durations in s."""
+
+    started_at: float = 0.0
+    first_token_s: float | None = None
+    duration_s: float = 0.0
+
+
+class Completion(Payload):
+    """One recorded model call.
+
+    Invariant: ``len(response_ids) == len(response_logprobs)``; ``response_ids`` are the tokens
+    the backend sampled, in order, end-of-turn token included when it was sampled.
+    """
+
+    session_id: str
+    index: int = Field(
+        ge=0,
+        description="position in the session's completion log, 0-based, gap-free",
+    )
+    request_hash: str = Field(
+        default="",
+        description="sha256 of the canonical request body; equal hashes mean a retried request",
+    )
+    dialect: str = "openai_chat"
+    capture_mode: CaptureMode = CaptureMode.TOKENS
+    model: str = ""
+    messages: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="the request's conversation in OpenAI chat shape (after translation)",
+    )
+    tools: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="the request's conversation in OpenAI chat shape (after translation)",
+    )
+    request: dict[str, Any] = Field(default_factory=dict, description="raw request body")
+    prompt_ids: list[int] = Field(
+        default_factory=list,
+        description="list[int], length P: the exact prompt the backend received (tokens mode) or "
+        "reported (passthrough); empty when unknown",
+    )
+    response_ids: list[int] = Field(
+        default_factory=list,
+        description="list[int], length R: sampled token ids",
+    )
+    response_logprobs: list[float] = Field(
+        default_factory=list,
+        description="list[float], length R: logprob of each sampled token as reported",
+    )
+    recomputed_logprob_positions: list[int] = Field(
+        default_factory=list,
+        description="positions in ``response_ids`` whose logprob the backend did not report with "
+        "the sample (llama.cpp: a token ending inside a UTF-8 character) and the "
+        "gateway computed again from the same context; such a value may differ from "
+        "the sampling one in the last bits. Sorted; empty for most calls",
+    )
+    response_text: str = ""
+    response_message: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the answer in OpenAI chat shape (content, tool_calls, reasoning)",
+    )
+    finish_reason: Literal["stop", "length", "tool_calls", "error"] = "stop"
+    end_of_turn_sampled: bool = True
+    extends: int | None = Field(
+        default=None,
+        description="index of the completion whose prompt + response this prompt continues "
+        "(tokens mode), or None for a fresh render",
+    )
+    backend: str = ""
+    policy_version: int = 0
+    trainable: bool = Field(
+        default=True,
+        description="False when token ids or logprobs are unknown (plain OpenAI passthrough)",
+    )
+    error: str | None = None
+    timings: Timings = Field(default_factory=Timings)
+    tool_call_parse_failed: bool = Field(
+        default=False,
+        description="the answer holds a tool call the parser could not read (tokens mode): the "
+        "model's doing; its tokens stay, and the task may force the session's reward "
+        "(``TaskRequest.invalid_tool_call_reward``)",
+    )
+    response_id: str = Field(
+        default="",
+        description="the answer's id as the harness got it (``chatcmpl-<hex>``; each dialect "
+        "prefixes its hex part its own way); chosen when the call starts, since a "
+        "stream names its answer before the completion has an index. Empty in logs "
+        "written before it was kept: then derived from ``session_id`` and ``index``",
+    )
+    replayed_from: str | None = Field(
+        default=None,
+        description="``{session_id}#{index}`` of the earlier attempt's completion this one "
+        "replays (its tokens, logprobs, policy version and answer ids, copied; no "
+        "engine call); None when sampled here",
+    )
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Completion:
+        if len(self.response_ids) != len(self.response_logprobs):
+            raise ValueError(
+                f"completion {self.session_id}#{self.index}: response_ids has "
+                f"{len(self.response_ids)} tokens, response_logprobs {len(self.response_logprobs)}"
+            )
+        if any(not 0 <= p < len(self.response_ids) for p in self.recomputed_logprob_positions):
+            raise ValueError(
+                f"completion {self.session_id}#{self.index}: a recomputed logprob "
+                f"position is outside its {len(self.response_ids)} tokens"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------- trajectories
+
+
+class Trace(Payload):
+    """One training sequence (POLAR appendix A.4 shape).
+
+    Invariant: ``len(response_ids) == len(loss_mask) == len(response_logprobs)``; every position
+    with ``loss_mask == 1`` holds a sampled token with the logprob its backend reported.
+    """
+
+    trace_index: int = Field(default=0, ge=0)
+    prompt_ids: list[int] = Field(
+        default_factory=list,
+        description="list[int], length P: the first prompt of the chain",
+    )
+    response_ids: list[int] = Field(
+        default_factory=list,
+        description="list[int], length R: everything after the prompt (sampled tokens and the "
+        "tokens of tool results / user turns in between)",
+    )
+    loss_mask: list[int] = Field(default_factory=list, description="list[int] of 0/1, length R")
+    response_logprobs: list[float] = Field(
+        default_factory=list,
+        description="list[float], length R; 0.0 where ``loss_mask`` is 0",
+    )
+    prompt_messages: list[dict[str, Any]] = Field(default_factory=list)
+    response_messages: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    finish_reason: str = "stop"
+    reward: float | None = None
+    completion_indices: list[int] = Field(
+        default_factory=list,
+        description="the completions merged into this trace, in order",
+    )
+    num_traces_in_session: int = Field(
+        default=1,
+        ge=1,
+        description="how many traces the session produced (for per-session normalisation of a "
+        "broadcast reward)",
+    )
+    policy_versions: list[int] = Field(default_factory=list)
+    drift_positions: list[int] = Field(
+        default_factory=list,
+        description="positions in ``response_ids`` of sampled tokens that a later prompt of this "
+        "trace re-rendered differently (an insertion is located where it was "
+        "inserted)",
+    )
+    recomputed_logprob_positions: list[int] = Field(
+        default_factory=list,
+        description="positions in ``response_ids`` (``loss_mask`` 1) whose logprob the backend "
+        "computed again after sampling (a completion's "
+        "``recomputed_logprob_positions`` moved to its offset); a trainer may leave "
+        "them out of an importance ratio",
+    )
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    response_offsets: list[int] = Field(
+        default_factory=list,
+        description="list[int], aligned with ``completion_indices``: where each merged "
+        "completion's sampled tokens start in ``response_ids`` (their context ends "
+        "there)",
+    )
+    retry_indices: list[int] = Field(
+        default_factory=list,
+        description="retried completions (identical prompt and answer) collapsed into this trace; "
+        "each is kept once, in the trace of the completion it repeats",
+    )
+    num_drift_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="number of differing tokens over the merges of this trace (per merge, the "
+        "larger of the sampled and the re-rendered side of each difference)",
+    )
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Trace:
+        n = len(self.response_ids)
+        if len(self.loss_mask) != n or len(self.response_logprobs) != n:
+            raise ValueError(
+                f"trace {self.trace_index}: response_ids {n}, loss_mask {len(self.loss_mask)}, "
+                f"response_logprobs {len(self.response_logprobs)} must be equal"
+            )
+        return self
+
+
+class BuilderStats(Payload):
+    """Reconstruction stats a builder reports on every trajectory.
+
+    ``num_completions == num_chains + num_completions_merged + num_retries_collapsed``.
+    """
+
+    num_completions: int = 0
+    num_chains: int = Field(default=0, description="traces built (per_request: one per completion)")
+    num_completions_merged: int = Field(
+        default=0,
+        description="completions that continued an existing chain",
+    )
+    num_chain_breaks: int = Field(
+        default=0,
+        description="chains started by a completion that shares an existing chain's first prompt "
+        "but cannot continue it (retry with another answer, branch, drift split)",
+    )
+    num_retries_collapsed: int = Field(default=0, description="identical retries kept once")
+    num_drift_tokens: int = Field(
+        default=0,
+        description="drift detected at merges (also when split off)",
+    )
+    num_length_turns: int = Field(
+        default=0,
+        description="completions that ended by length without sampling end-of-turn",
+    )
+    num_untrainable_completions: int = 0
+    num_trainable_tokens: int = Field(
+        default=0,
+        description="positions with loss_mask 1; num_response_tokens: all positions",
+    )
+    num_response_tokens: int = 0
+    num_drift_turns: int = Field(
+        default=0,
+        description="drift detected at merges (also when split off)",
+    )
+    policy_versions: list[int] = Field(
+        default_factory=list,
+        description="the distinct policy versions of the completions, "
+        "ascending (empty without completions)",
+    )
+
+
+class SessionStatus(str, enum.Enum):
+    """How a session ended."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+
+
+FailureKind = Literal["backend", "sandbox", "harness", "evaluator", "timeout", "cancelled"]
+
+
+class FailureCause(Payload):
+    """Why a session did not run to its end (the glossary's "failure cause",
+    docs/failures.md); a session that did has ``failure = None``.
+
+    A reward measures the policy, never the infrastructure: a session whose failure is not the
+    policy's is not evaluated and its ``reward`` is None (never 0.0, never averaged into a
+    group). docs/failures.md gives the rule for each kind.
+    """
+
+    kind: FailureKind = Field(
+        description="``backend`` (a model call got no usable answer and was not recovered), "
+        "``sandbox`` (the runtime could not start, or its host was lost after the "
+        "last attempt), ``harness`` (the CLI could not start or was killed), "
+        "``evaluator`` (the evaluator raised or its runtime could not start), "
+        "``timeout`` (a phase budget was spent: ``phase`` says which), ``cancelled``",
+    )
+    message: str = Field(description="what happened, in words")
+    phase: str | None = Field(
+        default=None,
+        description="the session phase it happened in (``provision``, ``run``, ``evaluate``, ...)",
+    )
+    retryable: bool = Field(
+        default=True,
+        description="whether a new attempt of the sample could succeed (false for what it would "
+        "hit again: a prepare step that fails, an image that does not exist; false "
+        "for what the policy is accountable for)",
+    )
+    policy_accountable: bool = Field(
+        default=False,
+        description="the policy, not the infrastructure, is accountable for "
+        "the outcome (a run-phase timeout while the model kept answering): the session is "
+        "scored as the task's timeout_reward says, and it does not fail a run",
+    )
+
+
+class Trajectory(Payload):
+    """The traces of one session, with status, rewards and reconstruction stats."""
+
+    session_id: str
+    task_id: str
+    sample_index: int = 0
+    status: SessionStatus = SessionStatus.COMPLETED
+    builder: str = "prefix_merging"
+    traces: list[Trace] = Field(default_factory=list)
+    reward: float | None = None
+    stats: BuilderStats = Field(default_factory=BuilderStats)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    failure: FailureCause | None = Field(
+        default=None, description="the session's failure cause (SessionResult.failure)"
+    )

@@ -1,0 +1,15 @@
+"""The session workflow, one sample of a task from its gateway session to its reward.
+
+- :mod:`~rolloutd.workflows.session.workflow`: ``RolloutSessionWorkflow``, the attempts
+  (open, provision, run, collect);
+- :mod:`~rolloutd.workflows.session.ending`: how a session ends (teardown, close, the
+  failure cause and scoring, build, evaluate, the result);
+- :mod:`~rolloutd.workflows.session.failures`: the rules of the failure cause (pure);
+- :mod:`~rolloutd.workflows.session.provisioning`: provisioning that gives up when no
+  sandbox worker polls;
+- :mod:`~rolloutd.workflows.session.backpressure`: waiting while the backends are saturated;
+- :mod:`~rolloutd.workflows.session.policies`: timeouts, heartbeats and retry policies;
+- :mod:`~rolloutd.workflows.session.models`: the workflow's input.
+
+Workflow code only: deterministic, no I/O.
+"""

@@ -1,0 +1,272 @@
+"""A session's failure cause, decided from what its workflow recorded (docs/failures.md).
+
+A reward measures the policy, never the infrastructure (docs/decisions.md, "Failure causes
+and rewards"): a session is scored only when it ran to its end (``failure is None``) or when
+its run phase timed out while the policy was accountable; every other session gets
+``reward = None``. Pure, deterministic functions: the session workflow calls them
+(:mod:`rolloutd.workflows.session.ending` gathers the facts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from typing import Literal
+
+from rolloutd.types import FailureCause
+
+#: exit codes of a command that could not start: found but not executable (126), not found
+#: (127) -- POSIX shell, "Exit Status for Commands"
+CANNOT_START_EXIT_CODES = (126, 127)
+#: harnesses a task scripts itself: one that exits 0 without a model call is scored (a
+#: scripted baseline, a test), where an agent CLI that made no call did not run
+SCRIPTED_HARNESSES = frozenset({"shell"})
+#: ApplicationError types of a harness that could not be prepared (configuration, adapter)
+HARNESS_ERROR_TYPES = frozenset({"HarnessError", "ConfigError", "InvalidRequestError"})
+
+
+@dataclasses.dataclass
+class SessionFacts:
+    """What a session's last attempt and its evaluation recorded.
+
+    Attributes:
+        cancelled: the session was cancelled.
+        failed_phase: the phase whose activity failed or timed out (``provision``, ``run``,
+            ``collect``, ``eval_check``, ``evaluate``, ...), or None.
+        error: what failed, in words.
+        error_type: the failed activity's error type (``ApplicationError.type``:
+            ``RuntimeStartError``, ``HarnessError``, ...), or None.
+        non_retryable: the activity's error said a new attempt would fail again.
+        timed_out: ``failed_phase``'s budget ran out.
+        host_lost: the sandbox host was lost after the last attempt.
+        no_sandbox_worker: no sandbox worker polled while provisioning waited.
+        harness_type: the task's ``harness.type``.
+        harness_ran: the harness activity returned (exit code, or stopped at its budget).
+        harness_exit: the harness's exit code (negative: killed by that signal).
+        signal_sent: the signal the sandbox sent the harness itself (at its budget).
+        run_budget_shortened: the run budget was cut by the session deadline after an
+            earlier attempt was lost (the lost time was not the policy's).
+        num_completions: completions in the session's log (answered model calls).
+        num_unrecovered_backend_errors: failed calls of the backend kind no completion
+            made good (:func:`rolloutd.proxy.sessions.unrecovered_errors`).
+        first_unrecovered_error: the first of them, in words.
+        call_waiting_at_deadline: a call was waiting on the backend when the run budget
+            ran out.
+        backend_verdict: the gateway's verdict that stopped the harness: its model calls
+            stood unanswered for ``backend_dead_after_s`` (None: not stopped for that).
+    """
+
+    cancelled: bool = False
+    failed_phase: str | None = None
+    error: str | None = None
+    error_type: str | None = None
+    non_retryable: bool = False
+    timed_out: bool = False
+    host_lost: bool = False
+    no_sandbox_worker: bool = False
+    harness_type: str = "shell"
+    harness_ran: bool = False
+    harness_exit: int | None = None
+    signal_sent: int | None = None
+    run_budget_shortened: bool = False
+    num_completions: int = 0
+    num_unrecovered_backend_errors: int = 0
+    first_unrecovered_error: str | None = None
+    call_waiting_at_deadline: bool = False
+    backend_verdict: str | None = None
+
+
+def cause_text(e: BaseException) -> str:
+    """An error in words: the innermost cause's message (an activity's own error under
+    Temporal's ``ActivityError``), or its type's name when it has none."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return str(e) or type(e).__name__
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def classify(facts: SessionFacts) -> FailureCause | None:
+    """The failure cause of a session, or None when it ran to its end.
+
+    Rules, first match wins (docs/failures.md gives them with their reasons):
+
+    1. ``cancelled``: the session was cancelled.
+    2. ``sandbox``: no sandbox worker polled, the runtime could not be provisioned, its host
+       was lost after the last attempt, or the runtime failed under the harness or while
+       collecting (not a harness preparation error).
+    3. ``backend``: a failed call of the backend kind stood unrecovered, or the gateway's
+       verdict stopped the harness (its calls stood unanswered for ``backend_dead_after_s``);
+       this wins over the harness's exit and over a run timeout (the harness failed because
+       the model did not answer).
+    4. ``timeout`` in the run phase: the policy's (``policy_accountable``) unless a call was
+       waiting on the backend at the deadline or the budget was shortened by a lost attempt.
+    5. ``harness``: its preparation failed, it exited 126/127, it was killed by a signal the
+       session did not send, or it made no answered model call at all (which covers a
+       non-zero exit before any model call; a ``shell`` script that exits 0 without one is
+       scored: the task scripted it). A non-zero exit after answered calls is the policy's
+       outcome and is scored.
+    6. ``timeout`` of any other phase; ``evaluator`` for the evaluation runtime.
+
+    Args:
+        facts: what the session recorded.
+
+    Returns:
+        The cause, or None (the session is scored as usual).
+    """
+    if facts.cancelled:
+        return FailureCause(kind="cancelled", message="cancelled", retryable=False)
+    for rule in (_sandbox_cause, _backend_cause, _run_timeout_cause, _harness_cause):
+        if (cause := rule(facts)) is not None:
+            return cause
+    return _phase_cause(facts)
+
+
+def _sandbox_cause(facts: SessionFacts) -> FailureCause | None:
+    """Rule 2: no sandbox worker, a lost host, or a runtime that failed under the harness or
+    while provisioning or collecting (a timeout there is that phase's)."""
+    phase = facts.failed_phase
+    error = facts.error or "failed"
+    if facts.no_sandbox_worker:
+        return FailureCause(kind="sandbox", message=error, phase="provision")
+    if facts.host_lost:
+        return FailureCause(kind="sandbox", message=error, phase=phase or "run")
+    if phase in ("provision", "collect") or (
+        phase == "run"
+        and not facts.timed_out
+        and not facts.harness_ran
+        and facts.error_type not in HARNESS_ERROR_TYPES
+    ):
+        if facts.timed_out:
+            return FailureCause(kind="timeout", message=error, phase=phase)
+        return FailureCause(
+            kind="sandbox", message=error, phase=phase, retryable=not facts.non_retryable
+        )
+    return None
+
+
+def _backend_cause(facts: SessionFacts) -> FailureCause | None:
+    """Rule 3: the gateway's verdict, or failed backend calls no completion made good."""
+    if facts.backend_verdict and not facts.num_unrecovered_backend_errors:
+        return FailureCause(kind="backend", phase="run", message=facts.backend_verdict)
+    if facts.num_unrecovered_backend_errors:
+        first = f"; first: {facts.first_unrecovered_error}" if facts.first_unrecovered_error else ""
+        return FailureCause(
+            kind="backend",
+            phase="run",
+            message=f"{facts.num_unrecovered_backend_errors} model call(s) got no usable answer "
+            f"and were not recovered{first}",
+        )
+    return None
+
+
+def _run_timeout_cause(facts: SessionFacts) -> FailureCause | None:
+    """Rule 4: a run-phase timeout, the policy's unless the budget was shortened by a lost
+    attempt or a call was waiting on the backend at the deadline."""
+    if not (facts.failed_phase == "run" and facts.timed_out):
+        return None
+    error = facts.error or "failed"
+    if facts.run_budget_shortened:
+        return FailureCause(
+            kind="timeout",
+            phase="run",
+            message=f"{error} (the budget was shortened by a lost earlier attempt)",
+        )
+    if facts.call_waiting_at_deadline:
+        return FailureCause(
+            kind="timeout",
+            phase="run",
+            message=f"{error} while a model call was waiting on the backend",
+        )
+    return FailureCause(
+        kind="timeout", phase="run", message=error, retryable=False, policy_accountable=True
+    )
+
+
+def _harness_cause(facts: SessionFacts) -> FailureCause | None:
+    """Rule 5: the harness could not be prepared or start, was killed by a signal the session
+    did not send, or made no answered model call (a scripted ``shell`` run that exits 0
+    without one aside)."""
+    if facts.failed_phase == "run" and not facts.harness_ran:
+        return FailureCause(
+            kind="harness",
+            phase="run",
+            message=facts.error or "failed",
+            retryable=not facts.non_retryable,
+        )
+    if not facts.harness_ran:
+        return None
+    code = facts.harness_exit
+    if code in CANNOT_START_EXIT_CODES:
+        what = "not executable" if code == 126 else "not found"
+        return FailureCause(
+            kind="harness",
+            phase="run",
+            retryable=False,
+            message=f"the harness could not start (exit {code}: {what})",
+        )
+    if code is not None and code < 0 and -code != facts.signal_sent:
+        return FailureCause(
+            kind="harness",
+            phase="run",
+            message=f"the harness was killed by {_signal_name(-code)}, "
+            "which the session did not send",
+        )
+    if facts.num_completions == 0 and (code != 0 or facts.harness_type not in SCRIPTED_HARNESSES):
+        return FailureCause(
+            kind="harness",
+            phase="run",
+            message=f"the harness made no answered model call (exit {code})",
+        )
+    return None
+
+
+def _phase_cause(facts: SessionFacts) -> FailureCause | None:
+    """Rule 6: a timeout of any other phase; ``evaluator`` for the evaluation runtime;
+    ``sandbox`` for another failed phase; None when no phase failed."""
+    phase = facts.failed_phase
+    if phase is None:
+        return None
+    error = facts.error or "failed"
+    if facts.timed_out:
+        return FailureCause(kind="timeout", message=error, phase=phase)
+    if phase.startswith("eval"):
+        return FailureCause(
+            kind="evaluator", message=error, phase=phase, retryable=not facts.non_retryable
+        )
+    return FailureCause(
+        kind="sandbox", message=error, phase=phase, retryable=not facts.non_retryable
+    )
+
+
+Scoring = Literal["evaluate", "force", "skip"]
+
+
+def scoring(
+    failure: FailureCause | None, timeout_reward: Literal["evaluate"] | float | None
+) -> tuple[Scoring, float | None]:
+    """Whether a session is scored, and how.
+
+    Args:
+        failure: its cause (:func:`classify`).
+        timeout_reward: the task's ``timeout_reward``.
+
+    Returns:
+        ``("evaluate", None)``: run the evaluator (no failure, or a policy-accountable
+        run timeout with ``timeout_reward == "evaluate"``); ``("force", r)``: the reward
+        is ``r`` (a number ``timeout_reward``); ``("skip", None)``: not scored,
+        ``reward = None``.
+    """
+    if failure is None:
+        return "evaluate", None
+    if failure.kind == "timeout" and failure.policy_accountable:
+        if timeout_reward == "evaluate":
+            return "evaluate", None
+        if timeout_reward is not None:
+            return "force", float(timeout_reward)
+    return "skip", None

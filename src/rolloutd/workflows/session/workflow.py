@@ -1,0 +1,490 @@
+"""``RolloutSessionWorkflow``: one sample of a task, its lifecycle (docs/sessions.md).
+
+1. open a gateway session; 2. provision the runtime; 3. when the evaluator asks for a fresh
+runtime, provision it in parallel (prewarm); 4. run the harness on the runtime's host queue;
+collect artifacts (the workspace's patch; the evaluator's check when it runs in the session's
+runtime) while the runtime lives; 5. tear the runtime down, always; in the fresh evaluation
+runtime, apply the patch and run the check, then tear it down, always; 6. close the gateway
+session; 7. build the trajectory; 8. evaluate; 9. return the result.
+
+Steps 1-4 (the attempts) are here; steps 5-9 and the failure cause are in
+:mod:`rolloutd.workflows.session.ending`. Deterministic code only: no I/O, ``workflow.now()``
+for time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import Priority
+from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
+from temporalio.exceptions import CancelledError as TemporalCancelledError
+
+with workflow.unsafe.imports_passed_through():
+    from rolloutd import task_queues
+    from rolloutd.activities.models import (
+        CollectArtifactsInput,
+        CollectArtifactsOutput,
+        OpenSessionInput,
+        OpenSessionOutput,
+        ProvisionRuntimeInput,
+        ProvisionRuntimeOutput,
+        RunHarnessInput,
+        RunHarnessOutput,
+    )
+    from rolloutd.activities.tenants import GRANTED_SIGNAL
+    from rolloutd.errors import NoSandboxWorkerError
+    from rolloutd.observability import names
+    from rolloutd.types import (
+        PhaseTiming,
+        SessionAttempt,
+        SessionResult,
+        SessionStatus,
+        TaskRequest,
+    )
+    from rolloutd.workflows import metadata, search, tenants
+    from rolloutd.workflows.session import backpressure
+    from rolloutd.workflows.session.ending import (
+        AttemptOutcome,
+        SessionEnding,
+        Timed,
+        host_lost,
+        note_error,
+    )
+    from rolloutd.workflows.session.failures import cause_text
+    from rolloutd.workflows.session.models import SessionInput, attempt_session_id
+    from rolloutd.workflows.session.policies import (
+        HARNESS_HEARTBEAT,
+        HEARTBEAT,
+        HOST_QUEUE_START,
+        INFRA_RETRY,
+        NO_RETRY,
+        seconds,
+    )
+    from rolloutd.workflows.session.provisioning import provision_watched
+    from rolloutd.workflows.tenants import task_priority
+
+__all__ = ["RolloutSessionWorkflow", "SessionInput", "attempt_session_id"]
+
+
+@workflow.defn
+class RolloutSessionWorkflow(SessionEnding):
+    """One harness run in one runtime, with its trajectory and score."""
+
+    def __init__(self) -> None:
+        self._phase = "pending"
+        self._num_completions = 0
+        self._priority = Priority.default
+        self._granted = False
+        # the deadline's clock (None: not started) and the later attempts' queue waits, s
+        self._clock: datetime | None = None
+        self._waited_s = 0.0
+        self._prewarm: asyncio.Task[ProvisionRuntimeOutput] | None = None
+        self._start_prewarm: Callable[[], asyncio.Task[ProvisionRuntimeOutput]] | None = None
+
+    @workflow.signal(name=GRANTED_SIGNAL)
+    def tenant_slot_granted(self) -> None:
+        """The tenant's quota workflow granted this session a slot."""
+        self._granted = True
+
+    @workflow.query
+    def phase(self) -> str:
+        """The phase the session is in (open, provision, run, collect, teardown, ...)."""
+        return self._phase
+
+    def _show(self, **final: Any) -> None:
+        """Current details for the Temporal UI (:mod:`rolloutd.workflows.metadata`); the
+        completions are known once the gateway session closed."""
+        workflow.set_current_details(
+            metadata.current_details(
+                phase=self._phase, num_completions=self._num_completions, **final
+            )
+        )
+
+    @workflow.run
+    async def run(self, input: SessionInput) -> SessionResult:
+        task = input.task
+        timings: list[PhaseTiming] = []
+        search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
+        self._show()
+        self._priority = task_priority(task)
+        self._phase = "tenant_wait"
+        waited = await tenants.acquire_slot(task, lambda: self._granted, timings)
+        holds_slot = waited is not None
+        try:
+            return await self._run(input, timings)
+        finally:
+            if holds_slot:
+                await tenants.release_slot(task)
+
+    async def _run(self, input: SessionInput, timings: list[PhaseTiming]) -> SessionResult:
+        """Steps 1-9 (the module docstring): attempts until one ends without losing its host
+        (or the attempts or the deadline are spent), then the end of the session."""
+        task = input.task
+        # the deadline ticks from the first runtime up: no capacity wait is charged
+        self._clock = None
+        timed = self._phase_timer(task, timings)
+        fresh_eval = task.evaluator.runtime == "fresh"
+        # once the session's runtime is up (else such runtimes fill a host)
+        self._start_prewarm = (lambda: self._prewarm_runtime(input, timed)) if fresh_eval else None
+        given_up: list[SessionAttempt] = []
+        attempt = 0
+        while True:
+            attempt += 1
+            session_id = attempt_session_id(input.session_id, attempt)
+            opened = await self._open(input, session_id, attempt, given_up, timings, timed)
+            outcome = await self._attempt(
+                input, session_id, opened, attempt, run_check=not fresh_eval, timed=timed
+            )
+            if (
+                not outcome.host_lost
+                or attempt >= task.max_session_attempts
+                or self._deadline_left(task) <= 1.0
+            ):
+                break
+            given_up.append(await self._give_up(input, outcome, opened, session_id, attempt, timed))
+        try:
+            return await self._finish(
+                input, outcome, opened, session_id, attempt, given_up, timings, timed
+            )
+        finally:
+            await outcome.torn_down()
+
+    def _deadline_left(self, task: TaskRequest) -> float:
+        """Seconds left of the session's ``timeout_s``: counted from the first runtime up,
+        less the later attempts' waits for a host."""
+        ticked = (workflow.now() - (self._clock or workflow.now())).total_seconds()
+        return task.timeout_s - (ticked - self._waited_s)
+
+    def _phase_timer(self, task: TaskRequest, timings: list[PhaseTiming]) -> Timed:
+        """The session's phase timer: ``timed(phase, awaitable, current=True)`` awaits and
+        appends a :class:`PhaseTiming` (and a metric) whether it succeeds or fails;
+        ``current`` makes it the phase the ``phase`` query shows."""
+        # metric_meter() is replay-safe: nothing is emitted again when a history replays
+        meter = workflow.metric_meter().with_additional_attributes({"harness": task.harness.type})
+        meter.create_counter(names.SESSIONS_STARTED, "sessions started").add(1)
+        phase_seconds = meter.create_histogram_float(
+            names.SESSION_PHASE_SECONDS, "wall time of a session's phase, queue time included", "s"
+        )
+
+        async def timed(phase: str, coro, *, current: bool = True):
+            if current:
+                self._phase = phase
+                self._show()
+            t0 = workflow.now()
+
+            def record() -> None:
+                t1 = workflow.now()
+                timings.append(
+                    PhaseTiming(
+                        phase=phase,
+                        duration_s=(t1 - t0).total_seconds(),
+                        started_at=t0,
+                        ended_at=t1,
+                    )
+                )
+                phase_seconds.record((t1 - t0).total_seconds(), {"phase": phase})
+
+            try:
+                result = await coro
+            except GeneratorExit:
+                # the worker evicted the workflow from its cache and closes its coroutines:
+                # no workflow clock to read, and no timing to keep
+                raise
+            except BaseException:
+                record()
+                raise
+            record()
+            return result
+
+        return timed
+
+    def _prewarm_runtime(
+        self, input: SessionInput, timed: Timed
+    ) -> asyncio.Task[ProvisionRuntimeOutput]:
+        """Step 3: the evaluation runtime is provisioned while the harness runs."""
+        task = input.task
+        return asyncio.ensure_future(
+            timed(
+                "eval_provision",
+                workflow.execute_activity(
+                    "provision_runtime",
+                    ProvisionRuntimeInput(
+                        session_id=input.session_id,
+                        runtime=task.evaluator.runtime_spec or task.runtime,
+                        purpose="evaluation",
+                    ),
+                    task_queue=task_queues.SANDBOX,
+                    start_to_close_timeout=seconds(task.phases.provision_s),
+                    heartbeat_timeout=HEARTBEAT,
+                    retry_policy=INFRA_RETRY,
+                    priority=self._priority,
+                    result_type=ProvisionRuntimeOutput,
+                ),
+                current=False,
+            )
+        )
+
+    async def _open(
+        self,
+        input: SessionInput,
+        session_id: str,
+        attempt: int,
+        given_up: list[SessionAttempt],
+        timings: list[PhaseTiming],
+        timed: Timed,
+    ) -> OpenSessionOutput:
+        """Step 1: open the attempt's gateway session; the first attempt waits while the
+        backends are saturated (:mod:`rolloutd.workflows.session.backpressure`), a
+        replacement is not held back."""
+        task = input.task
+        wait = attempt == 1
+        # the earlier attempts' sealed logs (newest first) answer the requests identical to
+        # theirs: each conversation replays until its first difference
+        replay_from = (
+            [*(a.session_id for a in reversed(given_up)), *input.replay_from]
+            if task.resume == "replay"
+            else []
+        )
+
+        def open_once() -> Any:
+            return timed(
+                "open",
+                workflow.execute_activity(
+                    "open_session",
+                    OpenSessionInput(
+                        session_id=session_id,
+                        task_id=task.task_id,
+                        owner=workflow.info().run_id,
+                        sampling=task.sampling,
+                        model=task.model,
+                        replay_from=replay_from,
+                        replay_max_staleness=task.replay_max_staleness,
+                        wait_for_backends=wait,
+                    ),
+                    task_queue=task_queues.GATEWAY,
+                    start_to_close_timeout=seconds(task.phases.open_s),
+                    retry_policy=INFRA_RETRY,
+                    priority=self._priority,
+                    result_type=OpenSessionOutput,
+                ),
+            )
+
+        if wait:
+            return await backpressure.open_when_backends_free(open_once, timings)
+        return await open_once()
+
+    async def _give_up(
+        self,
+        input: SessionInput,
+        outcome: AttemptOutcome,
+        opened: OpenSessionOutput,
+        session_id: str,
+        attempt: int,
+        timed: Timed,
+    ) -> SessionAttempt:
+        """An attempt whose host was lost: its log is sealed and kept under its own session
+        id; the next attempt starts from a fresh runtime and an empty log that replays this
+        one (``task.resume``; docs/faults.md)."""
+        try:
+            closed = await self._close(opened, session_id, timed)
+        finally:
+            await outcome.torn_down()
+        workflow.logger.warning(
+            "session %s attempt %d given up: %s", input.session_id, attempt, outcome.error
+        )
+        return SessionAttempt(
+            attempt=attempt,
+            session_id=session_id,
+            error=outcome.error or "sandbox host lost",
+            num_completions=closed.num_completions,
+        )
+
+    async def _attempt(
+        self,
+        input: SessionInput,
+        session_id: str,
+        opened: OpenSessionOutput,
+        attempt: int,
+        *,
+        run_check: bool,
+        timed: Timed,
+    ) -> AttemptOutcome:
+        """One attempt on one runtime: provision, run, collect, tear down (always).
+
+        Returns:
+            The attempt's :class:`AttemptOutcome`; ``host_lost`` when the sandbox host died or
+            restarted under it (the session may start again on a fresh runtime).
+        """
+        task, phases = input.task, input.task.phases
+        out = AttemptOutcome()
+        runtime: ProvisionRuntimeOutput | None = None
+        try:
+            provision_input = ProvisionRuntimeInput(session_id=session_id, runtime=task.runtime)
+            runtime = await timed(
+                "provision",
+                provision_watched(
+                    provision_input,
+                    phases.provision_s,
+                    phases.provision_wait_s,
+                    attempt,
+                    priority=self._priority,
+                ),
+            )
+            if self._clock is None:
+                self._clock = workflow.now()
+            else:  # a later attempt's wait for a host
+                self._waited_s += runtime.queue_wait_s
+            if self._start_prewarm is not None and self._prewarm is None:
+                self._prewarm = self._start_prewarm()
+            await self._run_harness(input, session_id, opened, attempt, runtime, out, timed)
+            if out.status in (SessionStatus.COMPLETED, SessionStatus.TIMEOUT):
+                out.artifacts = await self._collect(input, session_id, runtime, run_check, timed)
+        except NoSandboxWorkerError as e:
+            out.no_sandbox_worker = True
+            out.status, out.error = SessionStatus.FAILED, str(e)
+            out.failed_phase = "provision"
+        except asyncio.CancelledError:
+            out.cancelled = True
+            out.status, out.error = SessionStatus.CANCELLED, "cancelled"
+        except ActivityError as e:
+            if isinstance(e.cause, TemporalCancelledError):
+                out.cancelled = True
+                out.status, out.error = SessionStatus.CANCELLED, "cancelled"
+            else:
+                out.status = SessionStatus.FAILED
+                out.error = f"{self._phase} failed: {cause_text(e)}"
+                out.failed_phase = self._phase
+                note_error(out, e)
+                if self._phase == "collect" and host_lost(e):
+                    out.host_lost = True
+                    out.error = (
+                        f"sandbox host lost while collecting (attempt {attempt}): {cause_text(e)}"
+                    )
+        finally:
+            if runtime is not None:
+                # torn down while the gateway session closes and the trajectory is built
+                out.teardown = asyncio.ensure_future(
+                    self._teardown(
+                        runtime,
+                        timed,
+                        host_lost=out.host_lost,
+                        teardown_s=phases.teardown_s,
+                        current=False,
+                    )
+                )
+        return out
+
+    async def _run_harness(
+        self,
+        input: SessionInput,
+        session_id: str,
+        opened: OpenSessionOutput,
+        attempt: int,
+        runtime: ProvisionRuntimeOutput,
+        out: AttemptOutcome,
+        timed: Timed,
+    ) -> None:
+        """Step 4: run the harness on the runtime's host, within the run budget (cut to the
+        session's deadline); what it ended with goes into ``out``.
+
+        Raises:
+            asyncio.CancelledError: the session was cancelled while the harness ran.
+        """
+        task, phases = input.task, input.task.phases
+        run_budget = min(phases.run_s, max(1.0, self._deadline_left(task)))
+        out.run_budget_shortened = attempt > 1 and run_budget < phases.run_s
+        try:
+            ran: RunHarnessOutput = await timed(
+                "run",
+                workflow.execute_activity(
+                    "run_harness",
+                    RunHarnessInput(
+                        runtime_id=runtime.runtime_id,
+                        session_id=session_id,
+                        harness=task.harness,
+                        instruction=task.instruction,
+                        session=opened,
+                        timeout_s=run_budget,
+                    ),
+                    task_queue=runtime.host_queue,
+                    # the activity kills the harness at run_budget itself; this is the backstop
+                    start_to_close_timeout=seconds(run_budget + 30),
+                    schedule_to_start_timeout=HOST_QUEUE_START,
+                    heartbeat_timeout=HARNESS_HEARTBEAT,
+                    retry_policy=NO_RETRY,
+                    priority=self._priority,
+                    cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                    result_type=RunHarnessOutput,
+                ),
+            )
+        except ActivityError as e:
+            if isinstance(e.cause, TemporalCancelledError):
+                raise asyncio.CancelledError() from e
+            out.failed_phase = "run"
+            note_error(out, e)
+            if host_lost(e):
+                out.host_lost = True
+                out.status = SessionStatus.FAILED
+                out.error = (
+                    f"sandbox host {runtime.host_id} lost during the run "
+                    f"(attempt {attempt}): {cause_text(e)}"
+                )
+            elif isinstance(e.cause, TimeoutError) and e.cause.type in (
+                TimeoutType.START_TO_CLOSE,
+                TimeoutType.SCHEDULE_TO_CLOSE,
+            ):
+                out.status, out.error = SessionStatus.TIMEOUT, "run phase timed out"
+                out.timed_out = True
+            else:
+                out.status = SessionStatus.FAILED
+                out.error = f"harness run failed: {cause_text(e)}"
+            return
+        out.harness_exit = ran.exit_code
+        out.harness_ran, out.signal_sent = True, ran.signal_sent
+        out.backend_verdict = ran.backend_verdict
+        if ran.timed_out:
+            out.status = SessionStatus.TIMEOUT
+            out.error = f"run phase exceeded {run_budget:.0f} s"
+            out.failed_phase, out.timed_out = "run", True
+            out.timed_out_at = ran.timed_out_at
+
+    async def _collect(
+        self,
+        input: SessionInput,
+        session_id: str,
+        runtime: ProvisionRuntimeOutput,
+        run_check: bool,
+        timed: Timed,
+    ) -> dict[str, str]:
+        """Step 4's collection while the runtime lives: the workspace's patch and files, and
+        the evaluator's check when it runs in the session's runtime.
+
+        Returns:
+            Artifact name -> blob key.
+        """
+        task = input.task
+        collected: CollectArtifactsOutput = await timed(
+            "collect",
+            workflow.execute_activity(
+                "collect_artifacts",
+                CollectArtifactsInput(
+                    runtime_id=runtime.runtime_id,
+                    session_id=session_id,
+                    evaluator=task.evaluator,
+                    run_check=run_check,
+                ),
+                task_queue=runtime.host_queue,
+                start_to_close_timeout=seconds(task.phases.collect_s + task.evaluator.timeout_s),
+                schedule_to_start_timeout=HOST_QUEUE_START,
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=NO_RETRY,
+                priority=self._priority,
+                result_type=CollectArtifactsOutput,
+            ),
+        )
+        return collected.artifacts

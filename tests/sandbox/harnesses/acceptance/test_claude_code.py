@@ -1,0 +1,100 @@
+"""Acceptance: a claude_code task through the trainer client, under bwrap, scored by a check.
+
+Real Temporal, real llama-server (Qwen2.5-Coder-0.5B, slots of 16K tokens), Claude Code 2.1 in
+its compact profile speaking the Anthropic Messages API to the gateway. And the real CLI
+alone on a local runtime against a provider that refuses every call: it sends its requests to
+the session with the key in ``x-api-key``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rolloutd.sandbox.config import npm_prefix
+from rolloutd.sandbox.harnesses import get_harness
+from rolloutd.sandbox.harnesses.claude_code import ENTRY, PACKAGE
+from rolloutd.types import HarnessSpec
+from tests.conftest import have_bwrap
+from tests.support.contexts import SESSION_KEY, harness_context
+from tests.support.harness_run import executed_tool_calls, run_task
+from tests.support.refusing_provider import refusing_provider
+
+INSTRUCTION = "--help create hello.py that prints 'hello world' $HOME"
+
+#: the example's count in CI; the closing figures use 4 (ROLLOUTD_HARNESS_SAMPLES=4)
+NUM_SAMPLES = int(os.environ.get("ROLLOUTD_HARNESS_SAMPLES", "2"))
+EXAMPLES = Path(__file__).resolve().parents[4] / "examples" / "harnesses.jsonl"
+
+pytestmark = [
+    pytest.mark.temporal,
+    pytest.mark.engine,
+    pytest.mark.sandbox,
+    pytest.mark.harness,
+    pytest.mark.slow,
+    pytest.mark.timeout(2400),
+    pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
+    pytest.mark.skipif(
+        not (npm_prefix() / "node_modules" / PACKAGE / ENTRY).is_file(),
+        reason=f"claude-code is not installed in {npm_prefix()}: bash scripts/setup.sh",
+    ),
+]
+
+#: this harness's task of examples/harnesses.jsonl (`rolloutd submit examples/harnesses.jsonl`)
+TASK = next(
+    task
+    for line in EXAMPLES.read_text().splitlines()
+    if line.strip() and (task := json.loads(line))["task_id"] == "harness-claude-code-hello"
+)
+
+
+async def test_claude_code_task_runs_a_tool_and_is_scored(fleets):
+    # a task id of its own per run: the example's id names a workflow of an earlier run
+    run = await run_task(
+        fleets,
+        TASK | {"task_id": f"{TASK['task_id']}-{uuid.uuid4().hex[:6]}", "num_samples": NUM_SAMPLES},
+    )
+    for s in run.sessions:
+        print(
+            f"claude_code {s.result.session_id}: reward {s.result.reward} status "
+            f"{s.result.status} completions {len(s.completions)} traces "
+            f"{s.result.num_traces} trainable {s.result.num_trainable_tokens} tools "
+            f"{executed_tool_calls(s.completions)} harness {s.harness.get('summary')}"
+        )
+    print(f"claude_code wall {run.wall_s:.0f} s")
+    assert all(s.result.reward is not None for s in run.sessions), [
+        (s.result.status, s.result.error) for s in run.sessions
+    ]
+    assert all(s.completions for s in run.sessions)
+    assert any(executed_tool_calls(s.completions) >= 1 for s in run.sessions)
+
+
+@pytest.mark.harness
+@pytest.mark.timeout(180)
+async def test_real_claude_code_calls_the_session_with_the_compact_prompt(make_runtime):
+    """Claude Code 2.1 sends its first request to the session, key in ``x-api-key``."""
+    if not (npm_prefix() / "node_modules" / PACKAGE / ENTRY).is_file():
+        pytest.skip(f"claude-code is not installed in {npm_prefix()} (bash scripts/setup.sh)")
+    runtime = await make_runtime("local")
+    adapter = get_harness(HarnessSpec(type="claude_code", profile="compact", max_turns=2))
+    async with refusing_provider() as provider:
+        command = await adapter.prepare(
+            runtime,
+            harness_context(
+                f"{provider.url}/s/k", instruction=INSTRUCTION, dialects=("openai", "anthropic")
+            ),
+        )
+        process = await runtime.spawn(command.command, env=command.env, cwd=command.cwd)
+        code = await process.wait(150)
+    stdout = process.stdout_path.read_text()
+    summary = adapter.summarize(stdout)
+    assert code == 1 and summary is not None and summary["is_error"], stdout[-2000:]
+    assert provider.seen, stdout[-2000:]
+    # besides its calls, Claude Code sends a HEAD to the base URL (a reachability probe)
+    posts = [(line, h) for line, h in provider.seen if line.startswith("POST ")]
+    assert posts and all(line.startswith("POST /s/k/v1/messages") for line, _ in posts), posts
+    assert all(h["x-api-key"] == SESSION_KEY for _, h in posts)

@@ -1,0 +1,166 @@
+"""The failure-cause rules (docs/failures.md) decided from recorded facts, which sessions are
+scored, and how `rolloutd submit` reports and exits on them. Pure functions: no server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rolloutd.cli import exit_code, failure_cell, failure_counts, what_went_wrong
+from rolloutd.types import FailureCause, SessionResult, SessionStatus, TaskResult
+from rolloutd.workflows.session.failures import SessionFacts, classify, scoring
+
+
+def ran(**fields: Any) -> SessionFacts:
+    """Facts of a harness that ran (exit 0, three answered calls), with ``fields`` changed."""
+    values: dict[str, Any] = {
+        "harness_ran": True,
+        "harness_exit": 0,
+        "num_completions": 3,
+        "harness_type": "qwen_code",
+    }
+    values.update(fields)
+    return SessionFacts(**values)
+
+
+def test_a_session_that_ran_to_its_end_has_no_failure_and_is_evaluated() -> None:
+    assert classify(ran()) is None
+    # a non-zero exit after answered calls is the policy's outcome
+    assert classify(ran(harness_exit=1)) is None
+    assert scoring(None, None) == ("evaluate", None)
+
+
+@pytest.mark.parametrize(
+    ("facts", "kind", "retryable"),
+    [
+        (ran(harness_exit=127), "harness", False),
+        (ran(harness_exit=126), "harness", False),
+        (ran(harness_exit=-11), "harness", True),  # SIGSEGV: not sent by the session
+        (ran(num_completions=0), "harness", True),  # no model call at all
+        (ran(harness_exit=2, num_completions=0, harness_type="shell"), "harness", True),
+        (
+            SessionFacts(
+                failed_phase="run", error="bad", error_type="HarnessError", non_retryable=True
+            ),
+            "harness",
+            False,
+        ),  # its prepare step failed
+        (
+            SessionFacts(
+                failed_phase="provision",
+                error="no image",
+                error_type="RuntimeStartError",
+                non_retryable=True,
+            ),
+            "sandbox",
+            False,
+        ),
+        (SessionFacts(failed_phase="provision", no_sandbox_worker=True), "sandbox", True),
+        (SessionFacts(failed_phase="run", host_lost=True), "sandbox", True),
+        (
+            SessionFacts(
+                failed_phase="run", error="exec server gone", error_type="ExecServerError"
+            ),
+            "sandbox",
+            True,
+        ),
+        (ran(harness_exit=1, num_unrecovered_backend_errors=7), "backend", True),
+        # stopped by the gateway's verdict (SIGTERM sent by the session; calls only waited)
+        (
+            ran(harness_exit=-15, signal_sent=15, backend_verdict="calls stood unanswered 61 s"),
+            "backend",
+            True,
+        ),
+        (SessionFacts(failed_phase="eval_check", error="x"), "evaluator", True),
+        (SessionFacts(cancelled=True), "cancelled", False),
+    ],
+)
+def test_each_kind_follows_its_rule(facts: SessionFacts, kind: str, retryable: bool) -> None:
+    failure = classify(facts)
+    assert failure is not None and (failure.kind, failure.retryable) == (kind, retryable)
+    assert not failure.policy_accountable
+    assert scoring(failure, "evaluate") == ("skip", None)
+
+
+def test_a_scripted_shell_harness_that_exits_0_without_a_call_is_scored() -> None:
+    assert classify(ran(num_completions=0, harness_type="shell")) is None
+
+
+def test_a_run_timeout_is_the_policys_only_while_the_model_kept_answering() -> None:
+    timeout = ran(
+        harness_exit=-15,
+        signal_sent=15,
+        failed_phase="run",
+        timed_out=True,
+        error="run phase exceeded 8 s",
+    )
+    mine = classify(timeout)
+    assert mine is not None and (mine.kind, mine.phase, mine.policy_accountable) == (
+        "timeout",
+        "run",
+        True,
+    )
+    assert scoring(mine, "evaluate") == ("evaluate", None)
+    assert scoring(mine, 0.25) == ("force", 0.25)
+    assert scoring(mine, None) == ("skip", None)
+    for not_mine in (
+        SessionFacts(**{**timeout.__dict__, "call_waiting_at_deadline": True}),
+        SessionFacts(**{**timeout.__dict__, "run_budget_shortened": True}),
+    ):
+        failure = classify(not_mine)
+        assert failure is not None and failure.kind == "timeout"
+        assert not failure.policy_accountable
+        assert scoring(failure, "evaluate") == ("skip", None)
+    backend = classify(SessionFacts(**{**timeout.__dict__, "num_unrecovered_backend_errors": 1}))
+    assert backend is not None and backend.kind == "backend"
+
+
+def result(index: int, failure: FailureCause | None = None, **fields: Any) -> SessionResult:
+    values: dict[str, Any] = {
+        "session_id": f"t/{index}",
+        "task_id": "t",
+        "sample_index": index,
+        "status": SessionStatus.COMPLETED,
+        "num_completions": 3,
+        "failure": failure,
+    }
+    values.update(fields)
+    return SessionResult(**values)
+
+
+def test_submit_fails_on_an_infrastructure_cause_no_replacement_made_good() -> None:
+    backend = FailureCause(kind="backend", phase="run", message="2 model call(s) got no answer")
+    policy = FailureCause(
+        kind="timeout",
+        phase="run",
+        message="run phase exceeded 8 s",
+        retryable=False,
+        policy_accountable=True,
+    )
+    replaced = [
+        TaskResult(
+            task_id="t",
+            sessions=[
+                result(0, backend, status=SessionStatus.FAILED),
+                result(0),
+                result(1, policy),
+            ],
+        )
+    ]
+    assert exit_code(replaced) == 0
+    failures, notes = what_went_wrong(replaced)
+    assert failures == [] and any("(replaced)" in n for n in notes)
+    broken = [TaskResult(task_id="t", sessions=[result(0, backend), result(1)])]
+    assert exit_code(broken) == 1
+    assert what_went_wrong(broken)[0] == [
+        "session t/0: backend in run: 2 model call(s) got no answer"
+    ]
+    # a call error the harness recovered from does not count
+    assert exit_code([TaskResult(task_id="t", sessions=[result(0, num_call_errors=1)])]) == 0
+    assert [failure_cell(s) for s in replaced[0].sessions] == [
+        "backend/run",
+        "-",
+        "timeout/run (policy)",
+    ]
+    assert failure_counts(replaced) == {"backend": 1, "none": 1, "timeout": 1}

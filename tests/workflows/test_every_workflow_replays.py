@@ -1,0 +1,207 @@
+"""Every workflow replays its own history: Temporal's ``Replayer`` over real histories.
+
+The fleets run against a real Temporal dev server and the real engine with the workflows
+fleet's cache at its smallest (``max_cached_workflows = 0``): every workflow task and every
+query replays the workflow from its history, as a worker restart or a cache eviction does. The
+histories come from what makes a session wait longest:
+
+- sessions that wait for a tenant slot (a tenant with a quota of 1),
+- sessions that wait for backend capacity (the gateway takes 1 open session per 4 engine
+  slots),
+- sessions that wait for a sandbox host (a host of 2 runtimes),
+
+and from a task, a buffer (take and acknowledge) and a generation. While they run, a query of
+each session's phase replays it again; every query must be answered. Afterwards every
+history, printed with its size, must replay on today's workflow code without a
+nondeterminism error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Replayer
+
+from rolloutd.generation.commands import generate
+from rolloutd.security.connection import data_converter
+from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
+from rolloutd.stack import free_port
+from rolloutd.trainer_client import RolloutClient
+from rolloutd.workers import connect, run_fleet
+from rolloutd.workflows.buffer.workflow import RolloutBufferWorkflow
+from rolloutd.workflows.callback import CallbackWorkflow
+from rolloutd.workflows.fleets import FleetRegistryWorkflow
+from rolloutd.workflows.generation.models import GenerationSpec
+from rolloutd.workflows.generation.workflow import GenerationWorkflow
+from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
+from rolloutd.workflows.task import RolloutTaskWorkflow
+from rolloutd.workflows.tenants import TenantWorkflow
+from tests.support.namespaces import fresh_namespace
+from tests.support.tenancy import assert_all_completed, task
+
+pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox]
+
+WORKFLOWS = [
+    RolloutTaskWorkflow,
+    RolloutSessionWorkflow,
+    RolloutBufferWorkflow,
+    FleetRegistryWorkflow,
+    CallbackWorkflow,
+    GenerationWorkflow,
+    TenantWorkflow,
+]
+
+
+@contextlib.asynccontextmanager
+async def smallest_cache_fleets(
+    address: str, engine_url: str, home: Path
+) -> AsyncIterator[tuple[Client, str]]:
+    """The four fleets in a fresh namespace: no workflow cached between tasks, a sandbox
+    host of 2 runtimes, a gateway taking 0.25 open sessions per engine slot (1 of 4)."""
+    namespace = await fresh_namespace(address, "replay")
+    common = {
+        "temporal_address": address,
+        "temporal_namespace": namespace,
+        "store_url": str(home / "store"),
+        "host_id": "replay-host",
+        "log_json": False,
+        "max_cached_workflows": 0,
+    }
+    port = free_port()
+    gateway = GatewaySettings(
+        **common,
+        gateway_port=port,
+        backend_url=engine_url,
+        gateway_public_url=f"http://127.0.0.1:{port}",
+        model="qwen2.5-coder-0.5b",
+        max_sessions_per_slot=0.25,
+    )
+    client = await connect(gateway)
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(run_fleet("gateway", client, gateway))
+        # a short root: a runtime's unix sockets live under it (108 bytes at most)
+        root = stack.enter_context(tempfile.TemporaryDirectory(prefix="rep-"))
+        await stack.enter_async_context(
+            run_fleet(
+                "sandbox",
+                client,
+                SandboxSettings(**common, runtime_root=root, max_concurrent_sessions=2),
+            )
+        )
+        await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
+        await stack.enter_async_context(run_fleet("workflows", client, gateway))
+        yield client, str(home / "store")
+
+
+async def query_phases(
+    client: Client,
+    workflow_ids: list[str],
+    stop: asyncio.Event,
+    answered: list[int],
+    refused: list[str],
+) -> None:
+    """Query each workflow's phase until ``stop``: with no cache each query replays it."""
+    while not stop.is_set():
+        for workflow_id in workflow_ids:
+            try:
+                await client.get_workflow_handle(workflow_id).query("phase")
+                answered[0] += 1
+            except Exception as e:  # noqa: BLE001 - sorted out below: not started is fine
+                if "not found" not in str(e).lower():
+                    refused.append(f"{workflow_id}: {e}")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.3)
+
+
+@pytest.mark.timeout(900)
+async def test_every_workflow_replays_its_history(temporal_server, engine, tmp_path: Path) -> None:
+    async with smallest_cache_fleets(temporal_server.address, engine.url, tmp_path) as (
+        client,
+        store_url,
+    ):
+        rc = RolloutClient(client, check_capabilities=False)
+        await rc.set_tenant_quota("quota-1", 1)
+        u = uuid.uuid4().hex[:6]
+        quota = await rc.submit(task(f"quota-{u}", "sleep 1", 3, tenant="quota-1", timeout_s=300))
+        free = await rc.submit(task(f"free-{u}", "sleep 1", 4, timeout_s=300))
+        sessions = [f"task/{quota.task_id}/{i}" for i in range(3)] + [
+            f"task/{free.task_id}/{i}" for i in range(4)
+        ]
+        stop, answered, refused = asyncio.Event(), [0], []
+        querying = asyncio.create_task(query_phases(client, sessions, stop, answered, refused))
+        buffer = await rc.create_buffer(
+            {
+                "buffer_id": f"replay-{u}",
+                "num_in_flight": 1,
+                "drop_zero_variance": False,
+                "source": {"type": "push"},
+            }
+        )
+        await buffer.push([task(f"buf-{u}-{i}", "sleep 0.5", 2) for i in range(2)])
+        groups = [await quota.result(), await free.result()]
+        batch = await buffer.take(2, timeout_s=300)
+        await buffer.ack(batch.batch_id)
+        await buffer.close()
+        rows = tmp_path / "rows.jsonl"
+        rows.write_text(
+            "".join(json.dumps({"id": f"r{i}", "prompt": f"row {i}"}) + "\n" for i in range(2))
+        )
+        summary = await generate(
+            client,
+            GenerationSpec.model_validate(
+                {
+                    "name": f"replay-{u}",
+                    "source": {"type": "jsonl", "path": str(rows)},
+                    "template": {
+                        "instruction": "{prompt}",
+                        "num_samples": 1,
+                        "harness": {"type": "shell", "command": "true"},
+                        "runtime": {"type": "local"},
+                        "evaluator": {"type": "session_completed"},
+                    },
+                    "outputs": {"dir": str(tmp_path / "out")},
+                }
+            ),
+        )
+        stop.set()
+        await querying
+        for group in groups:
+            assert_all_completed(group)
+        waits = {p.phase for g in groups for s in g.sessions for p in s.phases}
+        assert {"tenant_wait", "backend_wait"} <= waits, waits
+        assert summary.num_rows == 2
+        assert answered[0] > 0 and not refused, refused[:3]
+
+        replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter())
+        failures, sizes = [], {}
+        async for execution in client.list_workflows():
+            history = await client.get_workflow_handle(
+                execution.id, run_id=execution.run_id
+            ).fetch_history()
+            sizes[f"{execution.workflow_type} {execution.id}"] = (
+                len(history.events),
+                len(history.to_json()),
+            )
+            result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+            if result.replay_failure is not None:
+                failures.append(f"{execution.id}: {result.replay_failure}")
+    print(f"\n{len(sizes)} histories replayed; {answered[0]} queries answered")
+    for name, (events, size) in sorted(sizes.items()):
+        print(f"  {name}: {events} events, {size / 1024:.1f} KiB")
+    kinds = {name.split()[0] for name in sizes}
+    assert {
+        "RolloutTaskWorkflow",
+        "RolloutSessionWorkflow",
+        "RolloutBufferWorkflow",
+        "GenerationWorkflow",
+        "TenantWorkflow",
+    } <= kinds, kinds
+    assert not failures, failures

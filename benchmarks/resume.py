@@ -32,7 +32,7 @@ import httpx
 
 from rolloutd.engine.models import load_tokenizer
 from rolloutd.engine.server import LlamaServer
-from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.trainer_client.process import run_until_sigterm

@@ -55,16 +55,16 @@ BREAKS = {
         "rolloutd.errors -> rolloutd.cli",
     ),
     "cycle between siblings": (
-        "proxy/memo.py",
-        "rolloutd.proxy.recorder",
+        "proxy/sessions/request_identity.py",
+        "rolloutd.proxy.sessions.recorder",
         "no import cycle",
         "No cycles are allowed in rolloutd.proxy",
     ),
     "gateway imports the runtimes": (
-        "proxy/memo.py",
+        "proxy/sessions/request_identity.py",
         "rolloutd.sandbox.artifacts",
         "do not import each other",
-        "rolloutd.proxy.memo -> rolloutd.sandbox.artifacts",
+        "rolloutd.proxy.sessions.request_identity -> rolloutd.sandbox.artifacts",
     ),
 }
 

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from rolloutd.proxy.backends.llama_cpp import STREAM_SLACK_TOKENS
-from rolloutd.proxy.chat_template import ChatTemplate
-from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.http.server import Gateway
+from rolloutd.proxy.render.chat_template import ChatTemplate
 from rolloutd.settings import GatewaySettings
 
 MODEL = "qwen2.5-coder-0.5b"

@@ -24,9 +24,9 @@ import openai
 from google import genai
 from google.genai import types as genai_types
 
-from rolloutd.proxy.app import create_app
-from rolloutd.proxy.gateway import Gateway, serve
-from rolloutd.proxy.sessions import SessionInfo
+from rolloutd.proxy.http.app import create_app
+from rolloutd.proxy.http.server import Gateway, serve
+from rolloutd.proxy.sessions.manager import SessionInfo
 from rolloutd.settings import GatewaySettings
 from rolloutd.types import SamplingParams
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.http.server import Gateway
 from rolloutd.store import CompletionLog
 
 

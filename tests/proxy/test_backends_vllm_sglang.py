@@ -28,7 +28,7 @@ from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
 from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.backends.sglang import SglangBackend
 from rolloutd.proxy.backends.vllm import VllmBackend
-from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 
@@ -433,7 +433,7 @@ async def test_streamed_passthrough_forwards_chunks_and_records_the_same_complet
     """A streaming harness on a streaming vLLM: each content chunk reaches the harness before
     the backend sends the next one (the backend waits for it), and the completion recorded is
     the one a non-streamed call records."""
-    from rolloutd.proxy.gateway import serve
+    from rolloutd.proxy.http.server import serve
 
     forwarded = asyncio.Event()
 

@@ -1,4 +1,4 @@
-"""BodyReader (rolloutd.proxy.fastjson): a session's bodies read incrementally give exactly
+"""BodyReader (rolloutd.proxy.core.fastjson): a session's bodies read incrementally give exactly
 what ``json.loads`` gives (values, types, key order, errors), whatever the previous body was."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rolloutd.proxy.fastjson import BodyReader, loads
+from rolloutd.proxy.core.fastjson import BodyReader, loads
 
 scalars = st.one_of(
     st.none(),

@@ -18,8 +18,8 @@ import pytest
 import structlog
 
 from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
-from rolloutd.proxy.gateway import Gateway
-from rolloutd.proxy.sessions import unrecovered_errors
+from rolloutd.proxy.http.server import Gateway
+from rolloutd.proxy.sessions.manager import unrecovered_errors
 from rolloutd.store import CompletionLog
 from rolloutd.types import SamplingParams
 

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rolloutd.errors import InvalidRequestError
-from rolloutd.proxy import chat_template
-from rolloutd.proxy.chat_template import (
+from rolloutd.proxy.render import chat_template
+from rolloutd.proxy.render.chat_template import (
     ChatTemplate,
     ExtensionIndex,
     canonical_json,

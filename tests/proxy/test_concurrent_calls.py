@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from rolloutd.proxy.gateway import Gateway
-from rolloutd.proxy.sessions import Session, SessionInfo
+from rolloutd.proxy.http.server import Gateway
+from rolloutd.proxy.sessions.manager import Session, SessionInfo
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.trajectory import build_traces, check_invariants

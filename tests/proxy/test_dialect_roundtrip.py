@@ -24,8 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
-from rolloutd.proxy.internal import (
+from rolloutd.proxy.core.call_types import (
     InternalRequest,
     InternalResponse,
     SamplingOverrides,
@@ -35,6 +34,7 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
+from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
 
 DIALECTS = [openai_chat, openai_responses, anthropic, gemini]
 

@@ -19,8 +19,8 @@ import pytest
 import structlog
 
 from rolloutd.proxy.backends.http import new_client
-from rolloutd.proxy.gateway import Gateway
-from rolloutd.proxy.sessions import SessionInfo
+from rolloutd.proxy.http.server import Gateway
+from rolloutd.proxy.sessions.manager import SessionInfo
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.types import SamplingParams

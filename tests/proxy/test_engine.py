@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from rolloutd.proxy.gateway import Gateway
-from rolloutd.proxy.sessions import SessionManager
+from rolloutd.proxy.http.server import Gateway
+from rolloutd.proxy.sessions.manager import SessionManager
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.types import SamplingParams

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from rolloutd.errors import ConfigError
-from rolloutd.proxy.gateway import Gateway, serve, served_model_name
+from rolloutd.proxy.http.server import Gateway, serve, served_model_name
 from rolloutd.settings import GatewaySettings
 from rolloutd.workers import loop_factory
 

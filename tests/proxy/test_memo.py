@@ -5,8 +5,9 @@ the plain ones give, over random conversation growth, edits and retries.
 Properties: for any sequence of requests of one session (append messages, resend the same
 request, edit or drop earlier messages, change fields around ``messages``, send an invalid
 message), ``parse(body, memo=memo)`` equals ``parse(body)`` (or raises the same error), and
-``memo.request_hash(body)`` equals :func:`rolloutd.proxy.memo.request_hash`. And
-:func:`rolloutd.proxy.fastjson.dumps` writes what the standard library writes.
+``memo.request_hash(body)`` equals
+:func:`rolloutd.proxy.sessions.request_identity.request_hash`. And
+:func:`rolloutd.proxy.core.fastjson.dumps` writes what the standard library writes.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rolloutd.errors import InvalidRequestError
-from rolloutd.proxy import fastjson
+from rolloutd.proxy.core import fastjson
+from rolloutd.proxy.core.fastjson import BodyReader
 from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
-from rolloutd.proxy.fastjson import BodyReader
-from rolloutd.proxy.memo import RequestMemo, request_hash
+from rolloutd.proxy.sessions.request_identity import RequestMemo, request_hash
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=8)
 names = st.from_regex(r"[a-z][a-z0-9_]{0,5}", fullmatch=True)

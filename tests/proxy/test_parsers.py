@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rolloutd.errors import ConfigError
-from rolloutd.proxy.parsers import get_reasoning_parser, parsers_for_model
-from rolloutd.proxy.tool_parsers import get_tool_parser
+from rolloutd.proxy.render.reasoning_parsers import get_reasoning_parser, parsers_for_model
+from rolloutd.proxy.render.tool_parsers import get_tool_parser
 
 
 def calls(parsed: object) -> list[tuple[str, dict[str, object]]]:

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.types import SamplingParams

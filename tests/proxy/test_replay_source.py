@@ -1,12 +1,12 @@
-"""The replay source's bookkeeping (rolloutd.proxy.replay), on logs written to a real blob
-store: what is offered across several earlier attempts, in which order, how ``extends`` is
+"""The replay source's bookkeeping (rolloutd.proxy.sessions.replay_source), on logs written to a
+real blob store: what is offered across several earlier attempts, in which order, how ``extends`` is
 remapped, what staleness passes over, and where each conversation's replay ended."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rolloutd.proxy.replay import ReplaySource, completion_key, replayed_copy
+from rolloutd.proxy.sessions.replay_source import ReplaySource, completion_key, replayed_copy
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.types import Completion
 

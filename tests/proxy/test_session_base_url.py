@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.http.server import Gateway
 from rolloutd.store import CompletionLog
 from rolloutd.types import SamplingParams
 

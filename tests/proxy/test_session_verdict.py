@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.types import SamplingParams
 from tests.proxy.conftest import FAKE_URL, FakeLlamaCpp

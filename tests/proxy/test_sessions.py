@@ -10,8 +10,8 @@ import pytest
 from rolloutd.errors import AuthenticationError, ConfigError, NotFoundError, SessionClosedError
 from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
 from rolloutd.proxy.backends.pool import BackendPool, backend_urls
-from rolloutd.proxy.gateway import Gateway
-from rolloutd.proxy.sessions import (
+from rolloutd.proxy.http.server import Gateway
+from rolloutd.proxy.sessions.manager import (
     SessionManager,
     SessionState,
     hash_session_key,

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rolloutd.errors import ConfigError
-from rolloutd.proxy.tool_parsers import (
+from rolloutd.proxy.render.tool_parsers import (
     TOOL_PARSERS,
     get_tool_parser,
     parse_hermes,

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from rolloutd import doctor
-from rolloutd.proxy.gateway import Gateway
-from rolloutd.proxy.sessions import SessionManager
+from rolloutd.proxy.http.server import Gateway
+from rolloutd.proxy.sessions.manager import SessionManager
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.trajectory import build_traces

@@ -21,7 +21,7 @@ import pytest
 
 from rolloutd.engine.control import EngineControlServer
 from rolloutd.engine.models import load_tokenizer
-from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.trainer_client.admin import AdminError, BackendAdmin

@@ -23,7 +23,7 @@ import pytest
 
 from rolloutd.engine.models import load_tokenizer
 from rolloutd.errors import StackError
-from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.http.server import Gateway
 from rolloutd.store import CompletionLog
 from rolloutd.trainer_client.admin import BackendAdmin
 from rolloutd.trainer_client.weight_sync import (

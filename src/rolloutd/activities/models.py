@@ -125,7 +125,7 @@ class CloseSessionOutput(_IO):
     #: completion log)
     num_errors: int = 0
     #: failed calls answered with a 5xx (a gateway or backend failure, not a bad request)
-    #: that no later completion made good (rolloutd.proxy.sessions.recovered)
+    #: that no later completion made good (rolloutd.proxy.sessions.manager.recovered)
     num_unrecovered_errors: int = 0
     #: the last failed call, in words (``"502 BackendError: ..."``)
     last_error: str | None = None
@@ -136,7 +136,7 @@ class CloseSessionOutput(_IO):
     call_waiting_at_deadline: bool = False
     #: completions whose tool call the parser could not read (tokens mode)
     num_invalid_tool_calls: int = 0
-    #: what replay across attempts did (rolloutd.proxy.replay.replay_stats)
+    #: what replay across attempts did (rolloutd.proxy.sessions.replay_source.replay_stats)
     replay: ReplayStats = Field(default_factory=ReplayStats)
 
 

@@ -37,7 +37,7 @@ from rolloutd.errors import (
 )
 from rolloutd.evaluators import CHECK_ARTIFACT, run_check
 from rolloutd.observability import metrics
-from rolloutd.proxy.liveness import Verdict
+from rolloutd.proxy.sessions.liveness import Verdict
 from rolloutd.sandbox import reclaim
 from rolloutd.sandbox.artifacts import apply_patch, git_patch
 from rolloutd.sandbox.harnesses import HarnessContext, get_harness

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from rolloutd.proxy import fastjson
+from rolloutd.proxy.core import fastjson
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ import structlog
 from httpx_aiohttp import AiohttpTransport
 
 from rolloutd.errors import BackendError, BackendUnavailableError, ContextLengthError
-from rolloutd.proxy import fastjson
 from rolloutd.proxy.backends.base import Backend
+from rolloutd.proxy.core import fastjson
 
 log = structlog.get_logger(__name__)
 

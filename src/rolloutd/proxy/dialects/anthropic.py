@@ -34,15 +34,7 @@ from rolloutd.errors import (
     RequestFieldError,
     RolloutdError,
 )
-from rolloutd.proxy.chat_template import content_text
-from rolloutd.proxy.dialects.common import (
-    arguments_json,
-    arguments_object,
-    id_suffix,
-    sse_named,
-    validate,
-)
-from rolloutd.proxy.internal import (
+from rolloutd.proxy.core.call_types import (
     InternalRequest,
     InternalResponse,
     SamplingOverrides,
@@ -53,7 +45,15 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
-from rolloutd.proxy.memo import RequestMemo, validate_new_items
+from rolloutd.proxy.dialects.common import (
+    arguments_json,
+    arguments_object,
+    id_suffix,
+    sse_named,
+    validate,
+)
+from rolloutd.proxy.render.chat_template import content_text
+from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 DIALECT = "anthropic"
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}

@@ -14,7 +14,12 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from rolloutd.errors import NotFoundError, RequestFieldError, RolloutdError
-from rolloutd.proxy.internal import InternalRequest, InternalResponse, StreamEvent, StreamStart
+from rolloutd.proxy.core.call_types import (
+    InternalRequest,
+    InternalResponse,
+    StreamEvent,
+    StreamStart,
+)
 
 M = TypeVar("M", bound=BaseModel)
 

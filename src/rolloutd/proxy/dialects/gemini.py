@@ -34,15 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rolloutd.errors import RequestFieldError, RolloutdError
-from rolloutd.proxy.chat_template import content_text
-from rolloutd.proxy.dialects.common import (
-    arguments_json,
-    arguments_object,
-    id_suffix,
-    sse_data,
-    validate,
-)
-from rolloutd.proxy.internal import (
+from rolloutd.proxy.core.call_types import (
     InternalRequest,
     InternalResponse,
     SamplingOverrides,
@@ -53,7 +45,15 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
-from rolloutd.proxy.memo import RequestMemo, validate_new_items
+from rolloutd.proxy.dialects.common import (
+    arguments_json,
+    arguments_object,
+    id_suffix,
+    sse_data,
+    validate,
+)
+from rolloutd.proxy.render.chat_template import content_text
+from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 DIALECT = "gemini"
 _FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP"}

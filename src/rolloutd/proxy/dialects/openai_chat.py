@@ -30,9 +30,7 @@ from rolloutd.errors import (
     RequestFieldError,
     RolloutdError,
 )
-from rolloutd.proxy.chat_template import content_text
-from rolloutd.proxy.dialects.common import error_path, sse_data, validate
-from rolloutd.proxy.internal import (
+from rolloutd.proxy.core.call_types import (
     InternalRequest,
     InternalResponse,
     SamplingOverrides,
@@ -42,7 +40,9 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
-from rolloutd.proxy.memo import RequestMemo, validate_new_items
+from rolloutd.proxy.dialects.common import error_path, sse_data, validate
+from rolloutd.proxy.render.chat_template import content_text
+from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 __all__ = ["RequestFieldError", "error_path"]
 

@@ -31,10 +31,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from rolloutd.errors import RequestFieldError, RolloutdError
-from rolloutd.proxy.chat_template import content_text
-from rolloutd.proxy.dialects import openai_chat
-from rolloutd.proxy.dialects.common import id_suffix, sse_named, validate
-from rolloutd.proxy.internal import (
+from rolloutd.proxy.core.call_types import (
     InternalRequest,
     InternalResponse,
     SamplingOverrides,
@@ -45,7 +42,10 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
-from rolloutd.proxy.memo import RequestMemo, validate_new_items
+from rolloutd.proxy.dialects import openai_chat
+from rolloutd.proxy.dialects.common import id_suffix, sse_named, validate
+from rolloutd.proxy.render.chat_template import content_text
+from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 log = structlog.get_logger(__name__)
 

@@ -2,7 +2,7 @@
 ``return_token_ids``, or a plain OpenAI-compatible API) and the gateway records what it
 returns (trainable only when the backend returns token ids); plus the stream helpers both
 modes share. :class:`PassthroughCalls` is a part of
-:class:`rolloutd.proxy.service.ChatService`.
+:class:`rolloutd.proxy.calls.service.ChatService`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from rolloutd.observability.metrics import CallClock
 from rolloutd.proxy.backends.base import Backend, ChatDelta, ChatResult, GenerateDelta
 from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
 from rolloutd.proxy.backends.pool import BackendPool, Lease
-from rolloutd.proxy.dialects import openai_chat
-from rolloutd.proxy.internal import (
+from rolloutd.proxy.calls.sampling import resolve_sampling
+from rolloutd.proxy.core.call_types import (
     InternalRequest,
     InternalResponse,
     StreamContent,
@@ -29,9 +29,9 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
-from rolloutd.proxy.recorder import Recorder, build_passthrough_completion, new_response_id
-from rolloutd.proxy.sampling import resolve_sampling
-from rolloutd.proxy.sessions import Session
+from rolloutd.proxy.dialects import openai_chat
+from rolloutd.proxy.sessions.manager import Session
+from rolloutd.proxy.sessions.recorder import Recorder, build_passthrough_completion, new_response_id
 
 log = structlog.get_logger(__name__)
 
@@ -39,7 +39,7 @@ D = TypeVar("D", GenerateDelta, ChatDelta)
 
 
 class PassthroughCalls:
-    """The ``passthrough`` calls of :class:`rolloutd.proxy.service.ChatService` (which
+    """The ``passthrough`` calls of :class:`rolloutd.proxy.calls.service.ChatService` (which
     sets ``pool`` and ``recorder``)."""
 
     pool: BackendPool

@@ -19,9 +19,9 @@ import structlog
 
 from rolloutd.observability import metrics
 from rolloutd.proxy.backends.base import Backend, ChatResult, GenerateResult
-from rolloutd.proxy.chat_template import PromptPlan
-from rolloutd.proxy.internal import InternalRequest, InternalResponse, Usage
-from rolloutd.proxy.sessions import Session
+from rolloutd.proxy.core.call_types import InternalRequest, InternalResponse, Usage
+from rolloutd.proxy.render.chat_template import PromptPlan
+from rolloutd.proxy.sessions.manager import Session
 from rolloutd.types import Completion, Timings
 
 log = structlog.get_logger(__name__)
@@ -66,7 +66,8 @@ def build_completion(
         session: the session (its id, model and capture mode).
         index: the completion's index (given by :meth:`Recorder.record`).
         request: the translated request.
-        body_hash: :func:`rolloutd.proxy.memo.request_hash` of ``request.body``.
+        body_hash: :func:`rolloutd.proxy.sessions.request_identity.request_hash` of
+            ``request.body``.
         plan: the prompt sent (``prompt_ids``, length P, and ``extends``).
         result: what the backend sampled (``response_ids``/``response_logprobs``, length R).
         response: the answer returned to the harness.

@@ -46,10 +46,10 @@ from rolloutd.errors import (
 )
 from rolloutd.proxy.backends.pool import BackendType
 from rolloutd.proxy.dialects.common import validate
-from rolloutd.proxy.inbound import bearer_key, read_json
+from rolloutd.proxy.http.inbound import bearer_key, read_json
 
 if TYPE_CHECKING:
-    from rolloutd.proxy.gateway import Gateway
+    from rolloutd.proxy.http.server import Gateway
 
 
 class AddBackend(BaseModel):

@@ -10,8 +10,8 @@ the sha256 state of the request hash after them. The next call reuses both when 
 start with exactly those messages, and computes only the new ones.
 
 "Exactly" means the same objects: the gateway reads a session's bodies with its
-:class:`~rolloutd.proxy.fastjson.BodyReader`, which hands the next body the very objects of
-the messages it resends and says so (:meth:`~rolloutd.proxy.fastjson.BodyReader.continues`);
+:class:`~rolloutd.proxy.core.fastjson.BodyReader`, which hands the next body the very objects of
+the messages it resends and says so (:meth:`~rolloutd.proxy.core.fastjson.BodyReader.continues`);
 other lists are compared object by object (a pointer comparison each). Bodies and
 translations are read, never modified, by everything that holds them. Otherwise (another
 reader, a gateway restarted, a message the harness changed) it is a type-exact fingerprint of
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rolloutd.errors import RequestFieldError
-from rolloutd.proxy.chat_template import canonical_json
-from rolloutd.proxy.fastjson import BodyReader
+from rolloutd.proxy.core.fastjson import BodyReader
+from rolloutd.proxy.render.chat_template import canonical_json
 
 W = TypeVar("W")
 
@@ -171,7 +171,7 @@ def fingerprint(values: list[Any]) -> bytes | None:
 
 class _Known:
     """Raw values a memo entry covers: the objects themselves (the next body, read by the
-    session's :class:`~rolloutd.proxy.fastjson.BodyReader`, holds the same objects for what
+    session's :class:`~rolloutd.proxy.core.fastjson.BodyReader`, holds the same objects for what
     it resends) and their fingerprint, computed when first needed."""
 
     __slots__ = ("_digest", "items", "source")

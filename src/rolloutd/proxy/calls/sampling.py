@@ -1,13 +1,13 @@
 """The sampling values of one gateway call: the task's or the harness's (the task's
 ``policy``), and ``max_tokens`` bounded by the context left after the prompt.
 
-Split from :mod:`rolloutd.proxy.service`, which re-exports both functions.
+Split from :mod:`rolloutd.proxy.calls.service`, which re-exports both functions.
 """
 
 from __future__ import annotations
 
 from rolloutd.errors import ContextLengthError
-from rolloutd.proxy.internal import SamplingOverrides
+from rolloutd.proxy.core.call_types import SamplingOverrides
 from rolloutd.types import SamplingParams
 
 

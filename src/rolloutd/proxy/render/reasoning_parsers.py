@@ -122,7 +122,7 @@ class ModelParsers:
     """The parsers of one model family.
 
     Attributes:
-        tool_parser: name in :data:`rolloutd.proxy.tool_parsers.TOOL_PARSERS`.
+        tool_parser: name in :data:`rolloutd.proxy.render.tool_parsers.TOOL_PARSERS`.
         reasoning_parser: name in :data:`REASONING_PARSERS`, or None.
     """
 

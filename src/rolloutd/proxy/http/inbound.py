@@ -1,7 +1,8 @@
 """What the gateway reads from an incoming HTTP request: the key it carries, its JSON body.
 
-The model routes (:mod:`rolloutd.proxy.app`) and the admin routes (:mod:`rolloutd.proxy.admin`)
-both read requests through these functions, so the same limits and errors hold on both.
+The model routes (:mod:`rolloutd.proxy.http.app`) and the admin routes
+(:mod:`rolloutd.proxy.http.admin`) both read requests through these functions, so the same limits
+and errors hold on both.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 
 from rolloutd.errors import InvalidRequestError, RequestTooLargeError
-from rolloutd.proxy import fastjson
+from rolloutd.proxy.core import fastjson
 
 #: a JSON escape of a UTF-16 surrogate (paired or lone): ``\ud800`` to ``\udfff``
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -55,7 +56,7 @@ async def read_json(
         request: the request.
         max_body_bytes: the limit (``settings.max_body_bytes``).
         empty: what an empty body means; None: an empty body is an error.
-        reader: the session's :class:`~rolloutd.proxy.fastjson.BodyReader` (model calls:
+        reader: the session's :class:`~rolloutd.proxy.core.fastjson.BodyReader` (model calls:
             the conversation the session sent last is not parsed again).
 
     Raises:

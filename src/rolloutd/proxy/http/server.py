@@ -28,14 +28,14 @@ from fastapi import FastAPI
 from rolloutd.engine.models import CATALOG, load_tokenizer
 from rolloutd.errors import RolloutdError
 from rolloutd.observability import metrics
-from rolloutd.proxy.app import create_app
 from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.backends.saturation import BackendCapacity
-from rolloutd.proxy.chat_template import ChatTemplate
-from rolloutd.proxy.parsers import parsers_for_model
-from rolloutd.proxy.recorder import Recorder
-from rolloutd.proxy.service import ChatService
-from rolloutd.proxy.sessions import SessionManager
+from rolloutd.proxy.calls.service import ChatService
+from rolloutd.proxy.http.app import create_app
+from rolloutd.proxy.render.chat_template import ChatTemplate
+from rolloutd.proxy.render.reasoning_parsers import parsers_for_model
+from rolloutd.proxy.sessions.manager import SessionManager
+from rolloutd.proxy.sessions.recorder import Recorder
 from rolloutd.security.exposure import require_token_off_loopback
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import BlobStore
@@ -144,7 +144,7 @@ class Gateway:
             transport: httpx transport for backend clients (tests record through it).
             ctx_size: context window per sequence; None asks each backend's ``/props``.
             tool_parser: tool-call parser name; default ``settings.tool_parser``, else the
-                model's (:func:`rolloutd.proxy.parsers.parsers_for_model`).
+                model's (:func:`rolloutd.proxy.render.reasoning_parsers.parsers_for_model`).
             reasoning_parser: reasoning parser name; default ``settings.reasoning_parser``,
                 else the model's.
 

@@ -33,7 +33,9 @@ from rolloutd.errors import (
 )
 from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.backends.saturation import BackendCapacity
-from rolloutd.proxy.call_errors import (
+from rolloutd.proxy.core.fastjson import BodyReader, ListJson
+from rolloutd.proxy.render.chat_template import ExtensionIndex
+from rolloutd.proxy.sessions.call_errors import (
     BACKEND_ERROR_TYPES,
     MAX_RECORDED_ERRORS,
     CallError,
@@ -43,17 +45,15 @@ from rolloutd.proxy.call_errors import (
     recovered,
     still_open,
 )
-from rolloutd.proxy.chat_template import ExtensionIndex
-from rolloutd.proxy.fastjson import BodyReader, ListJson
-from rolloutd.proxy.liveness import Liveness
-from rolloutd.proxy.memo import RequestMemo
-from rolloutd.proxy.replay import ReplaySource
+from rolloutd.proxy.sessions.liveness import Liveness
+from rolloutd.proxy.sessions.replay_source import ReplaySource
+from rolloutd.proxy.sessions.request_identity import RequestMemo
 from rolloutd.store import BlobStore, CompletionLog, session_prefix
 from rolloutd.types import CaptureMode, Completion, SamplingParams
 
 log = structlog.get_logger(__name__)
 
-#: the failed-call helpers live in :mod:`rolloutd.proxy.call_errors`; callers still import
+#: the failed-call helpers live in :mod:`rolloutd.proxy.sessions.call_errors`; callers still import
 #: these from here
 __all__ = ["BACKEND_ERROR_TYPES", "call_waiting_at", "conversation_hash", "is_backend_error"]
 
@@ -115,7 +115,8 @@ class SessionState(BaseModel):
         open_errors: every failed call no completion has made good yet (:func:`still_open`),
             however many; None in a state written before it was kept.
         replay_from: gateway session ids of the sample's earlier attempts, newest first,
-            whose logs answer requests identical to theirs (:mod:`rolloutd.proxy.replay`).
+            whose logs answer requests identical to theirs
+            (:mod:`rolloutd.proxy.sessions.replay_source`).
         replay_max_staleness: policy versions a replayed completion may lag behind.
     """
 
@@ -193,7 +194,7 @@ class Session:
     concurrently (sub-agents); each finds the completion its prompt continues (its
     conversation's chain tail) and samples without any lock. ``lock`` guards only short
     critical sections: assigning the next index and appending to the log
-    (:meth:`rolloutd.proxy.recorder.Recorder.record`), writing the persisted state
+    (:meth:`rolloutd.proxy.sessions.recorder.Recorder.record`), writing the persisted state
     (:meth:`record_error`, :meth:`move_backend`) and sealing. It is never held across a
     backend call.
 
@@ -203,13 +204,13 @@ class Session:
         by_hash: request_hash -> indices of the completions that answered it, in order.
         delivery: completion index -> :class:`Delivery` of its answer (absent: unknown).
         memo: what the last calls computed for their messages (translation, hash state), reused
-            by the next call that resends them (:mod:`rolloutd.proxy.memo`).
+            by the next call that resends them (:mod:`rolloutd.proxy.sessions.request_identity`).
         body_reader: reads the session's request bodies without parsing again the
-            conversation its last body sent (:class:`rolloutd.proxy.fastjson.BodyReader`).
+            conversation its last body sent (:class:`rolloutd.proxy.core.fastjson.BodyReader`).
         extensions: the completions a call can continue, by conversation length and answer
-            (:class:`rolloutd.proxy.chat_template.ExtensionIndex`).
+            (:class:`rolloutd.proxy.render.chat_template.ExtensionIndex`).
         prompt_json: writes the JSON of the session's prompts, each continuing the last
-            (:class:`rolloutd.proxy.fastjson.ListJson`).
+            (:class:`rolloutd.proxy.core.fastjson.ListJson`).
         sampling_calls: request_hash -> the outcome (completion index, or None: failed) of
             the call sampling that request now (the first, when several do), which a marked
             retry arriving meanwhile waits for (:meth:`start_sampling`).
@@ -238,7 +239,7 @@ class Session:
         #: (start, end) Unix times of calls cut off before they ended (:meth:`note_cut`);
         #: kept in memory only: the gateway serving the session closes it
         self.cut_calls: list[tuple[float, float]] = []
-        #: whether its calls stand unanswered (:mod:`rolloutd.proxy.liveness`)
+        #: whether its calls stand unanswered (:mod:`rolloutd.proxy.sessions.liveness`)
         self.liveness = Liveness()
         #: the earlier attempts' completions this session may replay (None: no source)
         self.replay = (
@@ -287,7 +288,7 @@ class Session:
         first prompt), and samples.
 
         Args:
-            body_hash: :func:`rolloutd.proxy.memo.request_hash` of the request.
+            body_hash: :func:`rolloutd.proxy.sessions.request_identity.request_hash` of the request.
             marked: the client says it retries (``x-stainless-retry-count`` > 0).
         """
         for index in reversed(self.by_hash.get(body_hash, ())):
@@ -560,7 +561,7 @@ class SessionManager:
                 ``passthrough`` (the backend renders; needs a chat backend).
             replay_from: gateway session ids of the sample's earlier attempts, newest
                 first: requests identical to theirs are answered from their logs
-                (:mod:`rolloutd.proxy.replay`); None or empty: no replay.
+                (:mod:`rolloutd.proxy.sessions.replay_source`); None or empty: no replay.
             replay_max_staleness: policy versions a replayed completion may lag behind the
                 backend's current one.
             wait_for_backends: refuse a new session while the pool is saturated

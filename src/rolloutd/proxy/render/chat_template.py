@@ -37,7 +37,7 @@ import jinja2.sandbox
 import structlog
 
 from rolloutd.errors import ConfigError, InvalidRequestError
-from rolloutd.proxy.messages import (
+from rolloutd.proxy.render.messages import (
     ExtensionIndex,
     canonical_json,
     content_text,
@@ -48,7 +48,7 @@ from rolloutd.types import Completion
 
 log = structlog.get_logger(__name__)
 
-#: the message helpers live in :mod:`rolloutd.proxy.messages`; the dialects still import
+#: the message helpers live in :mod:`rolloutd.proxy.render.messages`; the dialects still import
 #: this one from here
 __all__ = ["content_text"]
 

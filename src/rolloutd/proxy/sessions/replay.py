@@ -1,5 +1,6 @@
-"""Answering a call from the session's replay source (:mod:`rolloutd.proxy.replay`): the
-recording half, which needs the recorder (the source itself sits below the session)."""
+"""Replay across attempts, the answering half: a call answered from the session's replay
+source (:mod:`rolloutd.proxy.sessions.replay_source`, which sits below the session) is
+recorded through the recorder as a copy of the earlier attempt's completion."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import structlog
 
 from rolloutd.errors import RolloutdError
 from rolloutd.proxy.backends.pool import BackendPool
-from rolloutd.proxy.internal import InternalRequest
-from rolloutd.proxy.recorder import Recorder, answer_id
-from rolloutd.proxy.replay import replayed_copy
-from rolloutd.proxy.sessions import Session
+from rolloutd.proxy.core.call_types import InternalRequest
+from rolloutd.proxy.sessions.manager import Session
+from rolloutd.proxy.sessions.recorder import Recorder, answer_id
+from rolloutd.proxy.sessions.replay_source import replayed_copy
 from rolloutd.types import Completion
 
 log = structlog.get_logger(__name__)
@@ -33,7 +34,8 @@ async def answer_from_source(
         recorder: appends the copy to the session's log.
         pool: the backends (the current policy version of the session's backend).
         request: the translated request (its raw body goes into the copy).
-        body_hash: the request's identity (:func:`rolloutd.proxy.memo.request_hash`).
+        body_hash: the request's identity
+            (:func:`rolloutd.proxy.sessions.request_identity.request_hash`).
 
     Raises:
         rolloutd.store.BlobExistsError: as :meth:`Recorder.record`; the source completion is

@@ -22,7 +22,7 @@ class SamplingOverrides(BaseModel):
     """Sampling values the harness sent; None where it did not send one.
 
     Whether they win over the task's :class:`rolloutd.types.SamplingParams` is decided by the
-    task's ``policy`` (see :func:`rolloutd.proxy.service.resolve_sampling`).
+    task's ``policy`` (see :func:`rolloutd.proxy.calls.service.resolve_sampling`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -104,7 +104,7 @@ class InternalResponse(BaseModel):
         usage: token counts.
         completion_index: index of the completion that holds this answer in the session's
             log (None until it is recorded); the gateway tells the session whether the answer
-            reached the harness (:meth:`rolloutd.proxy.sessions.Session.settle`).
+            reached the harness (:meth:`rolloutd.proxy.sessions.manager.Session.settle`).
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -2,7 +2,7 @@
 signature that makes two messages the same turn, the shape chat templates expect, and the
 index of a session's completions by the signature of their answer.
 
-Split from :mod:`rolloutd.proxy.chat_template`, which re-exports every name here.
+Split from :mod:`rolloutd.proxy.render.chat_template`, which re-exports every name here.
 """
 
 from __future__ import annotations

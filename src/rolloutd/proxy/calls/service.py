@@ -31,9 +31,9 @@ from rolloutd.proxy.backends.base import (
     GenerateResult,
 )
 from rolloutd.proxy.backends.pool import BackendPool, Lease
-from rolloutd.proxy.chat_template import ChatTemplate, PromptPlan
-from rolloutd.proxy.dialects.common import id_suffix
-from rolloutd.proxy.internal import (
+from rolloutd.proxy.calls.passthrough import PassthroughCalls, next_delta, stream_tail
+from rolloutd.proxy.calls.sampling import bound_max_tokens, resolve_sampling
+from rolloutd.proxy.core.call_types import (
     InternalRequest,
     InternalResponse,
     StreamContent,
@@ -43,20 +43,20 @@ from rolloutd.proxy.internal import (
     StreamStart,
     Usage,
 )
-from rolloutd.proxy.memo import request_hash
-from rolloutd.proxy.parsers import ReasoningParser, get_reasoning_parser
-from rolloutd.proxy.passthrough import PassthroughCalls, next_delta, stream_tail
-from rolloutd.proxy.recorder import (
+from rolloutd.proxy.dialects.common import id_suffix
+from rolloutd.proxy.render.chat_template import ChatTemplate, PromptPlan
+from rolloutd.proxy.render.reasoning_parsers import ReasoningParser, get_reasoning_parser
+from rolloutd.proxy.render.tool_parsers import get_tool_parser
+from rolloutd.proxy.sessions.manager import CallError, Session, conversation_hash
+from rolloutd.proxy.sessions.recorder import (
     Recorder,
     answer_id,
     build_completion,
     new_response_id,
     response_from_completion,
 )
-from rolloutd.proxy.replaying import answer_from_source
-from rolloutd.proxy.sampling import bound_max_tokens, resolve_sampling
-from rolloutd.proxy.sessions import CallError, Session, conversation_hash
-from rolloutd.proxy.tool_parsers import get_tool_parser
+from rolloutd.proxy.sessions.replay import answer_from_source
+from rolloutd.proxy.sessions.request_identity import request_hash
 from rolloutd.types import CaptureMode, Completion
 
 log = structlog.get_logger(__name__)
@@ -94,8 +94,9 @@ class ChatService(PassthroughCalls):
         template: the model's chat template and token chain.
         pool: the backends.
         recorder: the completion recorder.
-        tool_parser: name in :data:`rolloutd.proxy.tool_parsers.TOOL_PARSERS`.
-        reasoning_parser: name in :data:`rolloutd.proxy.parsers.REASONING_PARSERS`, or None.
+        tool_parser: name in :data:`rolloutd.proxy.render.tool_parsers.TOOL_PARSERS`.
+        reasoning_parser: name in
+            :data:`rolloutd.proxy.render.reasoning_parsers.REASONING_PARSERS`, or None.
     """
 
     def __init__(
@@ -162,7 +163,7 @@ class ChatService(PassthroughCalls):
         self, session: Session, request: InternalRequest, marked: bool
     ) -> tuple[str, Completion | None]:
         """(request identity, the completion this call is a retry of, or None)
-        (:meth:`rolloutd.proxy.sessions.Session.find_retry`). A completion found is marked
+        (:meth:`rolloutd.proxy.sessions.manager.Session.find_retry`). A completion found is marked
         as being sent again in the same step (no await between), so a concurrent identical
         request does not take it too."""
         body_hash = session.memo.request_hash(request.body, request.dialect)
@@ -350,7 +351,7 @@ class ChatService(PassthroughCalls):
 
         Args:
             request: the translated request, when the call got that far (its hashes let
-                :func:`rolloutd.proxy.sessions.recovered` find a later completion that made
+                :func:`rolloutd.proxy.sessions.manager.recovered` find a later completion that made
                 the failure good).
         """
         status = error.status_code if isinstance(error, RolloutdError) else 500
@@ -457,9 +458,9 @@ class ChatService(PassthroughCalls):
 
         The answer's ``completion_index`` names the completion that holds it; the caller
         tells the session whether it reached the harness
-        (:meth:`rolloutd.proxy.sessions.Session.settle`). A call of an open session that
+        (:meth:`rolloutd.proxy.sessions.manager.Session.settle`). A call of an open session that
         fails is recorded in the session's state
-        (:meth:`rolloutd.proxy.sessions.Session.record_error`), never in its log.
+        (:meth:`rolloutd.proxy.sessions.manager.Session.record_error`), never in its log.
 
         Args:
             session: the session.

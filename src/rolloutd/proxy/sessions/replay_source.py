@@ -9,10 +9,11 @@ attempt replayed already is offered as that attempt's copy (which names it in
 attempt 1's.
 
 The replay key is the request identity of docs/sessions.md ("Request identity"):
-:func:`rolloutd.proxy.memo.request_hash`, the canonical body including ``stream``, minus the
-dialect's :data:`rolloutd.proxy.memo.VOLATILE_FIELDS` (never messages, tools or sampling). A
-request that matches no source completion not yet replayed is sampled as usual, so each
-conversation replays until its first difference, whatever order its sub-agents' calls come in.
+:func:`rolloutd.proxy.sessions.request_identity.request_hash`, the canonical body including
+``stream``, minus the dialect's :data:`rolloutd.proxy.sessions.request_identity.VOLATILE_FIELDS`
+(never messages, tools or sampling). A request that matches no source completion not yet replayed is
+sampled as usual, so each conversation replays until its first difference, whatever order its
+sub-agents' calls come in.
 
 A replayed completion is a copy of its source: the same tokens, logprobs, policy version,
 answer and answer ids (harnesses echo response, item and tool-call ids back; new ones would end
@@ -65,7 +66,7 @@ def replayed_copy(
         request: the raw request body of this call.
         body_hash: this call's request identity (equal to ``source.request_hash``).
         response_id: the id the harness got with ``source``'s answer
-            (:func:`rolloutd.proxy.recorder.answer_id`).
+            (:func:`rolloutd.proxy.sessions.recorder.answer_id`).
     """
     return source.model_copy(
         update={
@@ -158,7 +159,8 @@ class ReplaySource:
         :meth:`release` hands it back when recording failed); None when there is none.
 
         Args:
-            body_hash: the request's identity (:func:`rolloutd.proxy.memo.request_hash`).
+            body_hash: the request's identity
+                (:func:`rolloutd.proxy.sessions.request_identity.request_hash`).
             policy_version: the current policy version of the session's backend.
         """
         for completion in self._by_hash.get(body_hash, ()):

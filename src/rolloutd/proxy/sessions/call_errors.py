@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from rolloutd.proxy.messages import canonical_json
+from rolloutd.proxy.render.messages import canonical_json
 from rolloutd.types import Completion
 
 #: failed calls whose details a session keeps (the most recent); ``num_errors`` counts all.

@@ -90,7 +90,7 @@ def raw(text: bytes) -> Any:
 class ListJson:
     """The JSON text of a list that grows at its end, written once: a session's prompts
     (token ids), each the one before, what was sampled and the new turn (the token chain of
-    :mod:`rolloutd.proxy.chat_template`). A prompt of 4,300 ids costs orjson 220 K
+    :mod:`rolloutd.proxy.render.chat_template`). A prompt of 4,300 ids costs orjson 220 K
     instructions to write whole, on every call of the conversation (a call's cost must not
     grow with it); continued, only the new ids are written.
 
@@ -109,7 +109,7 @@ class ListJson:
         Args:
             items: the list to write.
             base: a list ``items`` starts with (the caller's invariant: a chained prompt
-                starts with the prompt it continues, :meth:`rolloutd.proxy.chat_template.
+                starts with the prompt it continues, :meth:`rolloutd.proxy.render.chat_template.
                 ChatTemplate.build_prompt`), or None. When it is the very list this wrote
                 last, only what ``items`` adds to it is written.
 
@@ -185,7 +185,7 @@ class BodyReader:
 
     The messages reused are the objects the last body holds, not copies: bodies are read,
     never modified (the memo and the completion log share them too,
-    :mod:`rolloutd.proxy.memo`). Memory: the last body's text and values.
+    :mod:`rolloutd.proxy.sessions.request_identity`). Memory: the last body's text and values.
 
     Args:
         fields: the body fields that may hold the conversation, a list of objects (the first

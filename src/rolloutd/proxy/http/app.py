@@ -19,7 +19,7 @@ routes without the ``/s/{key}`` prefix take the key as the API key (``Authorizat
                                                        look up models too); GET /health
     GET|HEAD /s/{key}                                  the base URL itself (a client's preconnect)
     /admin/...                                         the backend pool (admin token;
-                                                       rolloutd.proxy.admin)
+                                                       rolloutd.proxy.http.admin)
     GET  /metrics                                      Prometheus metrics of the process
                                                        (docs/metrics.md)
 
@@ -53,16 +53,16 @@ from rolloutd.errors import (
     RolloutdError,
 )
 from rolloutd.observability import metrics
-from rolloutd.proxy import fastjson
-from rolloutd.proxy.admin import add_admin_routes
+from rolloutd.proxy.calls.service import call_recorded
+from rolloutd.proxy.core import fastjson
+from rolloutd.proxy.core.call_types import InternalRequest, StreamEnd, StreamEvent, StreamStart
 from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
 from rolloutd.proxy.dialects.common import Encoder, served_model
-from rolloutd.proxy.inbound import api_key, read_json
-from rolloutd.proxy.internal import InternalRequest, StreamEnd, StreamEvent, StreamStart
-from rolloutd.proxy.service import call_recorded
+from rolloutd.proxy.http.admin import add_admin_routes
+from rolloutd.proxy.http.inbound import api_key, read_json
 
 if TYPE_CHECKING:
-    from rolloutd.proxy.gateway import Gateway
+    from rolloutd.proxy.http.server import Gateway
 
 log = structlog.get_logger(__name__)
 
@@ -103,7 +103,7 @@ def marked_retry(request: Request) -> bool:
 
 
 class FastJSONResponse(JSONResponse):
-    """Starlette's ``JSONResponse`` written by :func:`rolloutd.proxy.fastjson.dumps` (the same
+    """Starlette's ``JSONResponse`` written by :func:`rolloutd.proxy.core.fastjson.dumps` (the same
     bytes contract, through orjson). Not FastAPI's ``ORJSONResponse``: that one writes NaN
     as ``null`` where ``JSONResponse`` refuses it."""
 
@@ -336,7 +336,7 @@ def create_app(gateway: Gateway) -> Any:
     app = FastAPI(title="rolloutd gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
     # a model call's failure is logged once, where it is recorded in its session's state
-    # (rolloutd.proxy.service); the handlers log the others
+    # (rolloutd.proxy.calls.service); the handlers log the others
     @app.exception_handler(RolloutdError)
     async def _rolloutd_error(request: Request, error: RolloutdError) -> JSONResponse:
         if error.status_code >= 500 and not call_recorded(error):

@@ -28,8 +28,8 @@ from rolloutd.proxy.core.call_types import (
     StreamReasoning,
     StreamStart,
     Usage,
+    chat_body,
 )
-from rolloutd.proxy.dialects import openai_chat
 from rolloutd.proxy.sessions.manager import Session
 from rolloutd.proxy.sessions.recorder import Recorder, build_passthrough_completion, new_response_id
 
@@ -60,7 +60,7 @@ class PassthroughCalls:
             )
         sampling = resolve_sampling(session.state.sampling, request.sampling)
         body = {
-            **openai_chat.request_from_internal(request),
+            **chat_body(request),
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "max_tokens": sampling.max_tokens,

@@ -42,8 +42,8 @@ from rolloutd.proxy.core.call_types import (
     StreamReasoning,
     StreamStart,
     Usage,
+    id_suffix,
 )
-from rolloutd.proxy.dialects.common import id_suffix
 from rolloutd.proxy.render.chat_template import ChatTemplate, PromptPlan
 from rolloutd.proxy.render.reasoning_parsers import ReasoningParser, get_reasoning_parser
 from rolloutd.proxy.render.tool_parsers import get_tool_parser

@@ -1,10 +1,9 @@
 """The gateway's internal request and response: what every dialect translates to and from.
 
 Dialects (OpenAI Chat and Responses, Anthropic Messages, Gemini generateContent) are pure
-translations
-between their wire models and these models, so the generation pipeline, the token chain and
-the recorder see one shape only. Messages and tools use the OpenAI chat shape because that is
-what Hugging Face chat templates expect.
+translations between their wire models and these models, so the generation pipeline, the token
+chain and the recorder see one shape only. Messages and tools use the OpenAI chat shape because
+that is what Hugging Face chat templates expect.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ class SamplingOverrides(BaseModel):
     """Sampling values the harness sent; None where it did not send one.
 
     Whether they win over the task's :class:`rolloutd.types.SamplingParams` is decided by the
-    task's ``policy`` (see :func:`rolloutd.proxy.calls.service.resolve_sampling`).
+    task's ``policy`` (see :func:`rolloutd.proxy.calls.sampling.resolve_sampling`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -178,3 +177,33 @@ class StreamEnd:
 
 
 StreamEvent = StreamStart | StreamReasoning | StreamContent | StreamEnd
+
+
+def id_suffix(response_id: str) -> str:
+    """The unique part of an internal answer id (``chatcmpl-<hex>`` -> ``<hex>``), so each
+    dialect can prefix it its own way (``resp_``, ``msg_``) and stay stable on replay."""
+    return response_id.split("-", 1)[-1]
+
+
+def chat_body(request: InternalRequest) -> dict[str, Any]:
+    """The OpenAI Chat Completions body that carries ``request``: the internal shape is the
+    chat shape, so this is what a passthrough backend is sent and what
+    :func:`rolloutd.proxy.dialects.openai_chat.parse` reads back (OpenAI API reference,
+    "Create chat completion")."""
+    body: dict[str, Any] = {
+        "model": request.model or "",
+        "messages": request.messages,
+        "stream": request.stream,
+    }
+    if request.tools:
+        body["tools"] = request.tools
+    for name, value in (
+        ("temperature", request.sampling.temperature),
+        ("top_p", request.sampling.top_p),
+        ("max_tokens", request.sampling.max_tokens),
+    ):
+        if value is not None:
+            body[name] = value
+    if request.include_usage:
+        body["stream_options"] = {"include_usage": True}
+    return body

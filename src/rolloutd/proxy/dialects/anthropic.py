@@ -44,15 +44,15 @@ from rolloutd.proxy.core.call_types import (
     StreamReasoning,
     StreamStart,
     Usage,
+    id_suffix,
 )
 from rolloutd.proxy.dialects.common import (
     arguments_json,
     arguments_object,
-    id_suffix,
     sse_named,
     validate,
 )
-from rolloutd.proxy.render.chat_template import content_text
+from rolloutd.proxy.render.messages import content_text
 from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 DIALECT = "anthropic"

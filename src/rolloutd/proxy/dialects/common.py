@@ -94,12 +94,6 @@ def sse_named(event: str, payload: Any) -> bytes:
     return f"event: {event}\ndata: {dumps(payload)}\n\n".encode()
 
 
-def id_suffix(response_id: str) -> str:
-    """The unique part of an internal answer id (``chatcmpl-<hex>`` -> ``<hex>``), so each
-    dialect can prefix it its own way (``resp_``, ``msg_``) and stay stable on replay."""
-    return response_id.split("-", 1)[-1]
-
-
 def arguments_object(arguments: str) -> Any:
     """Tool call arguments (a JSON string) as an object for dialects that carry objects
     (Anthropic ``input``, Gemini ``args``); unparseable text is kept as ``{"_raw": text}``."""

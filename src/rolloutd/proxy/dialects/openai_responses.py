@@ -41,10 +41,11 @@ from rolloutd.proxy.core.call_types import (
     StreamReasoning,
     StreamStart,
     Usage,
+    id_suffix,
 )
 from rolloutd.proxy.dialects import openai_chat
-from rolloutd.proxy.dialects.common import id_suffix, sse_named, validate
-from rolloutd.proxy.render.chat_template import content_text
+from rolloutd.proxy.dialects.common import sse_named, validate
+from rolloutd.proxy.render.messages import content_text
 from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 log = structlog.get_logger(__name__)

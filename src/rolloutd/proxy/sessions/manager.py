@@ -34,7 +34,7 @@ from rolloutd.errors import (
 from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.backends.saturation import BackendCapacity
 from rolloutd.proxy.core.fastjson import BodyReader, ListJson
-from rolloutd.proxy.render.chat_template import ExtensionIndex
+from rolloutd.proxy.render.messages import ExtensionIndex
 from rolloutd.proxy.sessions.call_errors import (
     BACKEND_ERROR_TYPES,
     MAX_RECORDED_ERRORS,

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from rolloutd.errors import RequestFieldError
 from rolloutd.proxy.core.fastjson import BodyReader
-from rolloutd.proxy.render.chat_template import canonical_json
+from rolloutd.proxy.render.messages import canonical_json
 
 W = TypeVar("W")
 

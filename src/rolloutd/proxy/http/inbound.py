@@ -1,8 +1,9 @@
-"""What the gateway reads from an incoming HTTP request: the key it carries, its JSON body.
+"""What the gateway reads from an incoming HTTP request: the key it carries, its JSON body,
+whether the client marks it a retry, its path with the key masked.
 
-The model routes (:mod:`rolloutd.proxy.http.app`) and the admin routes
-(:mod:`rolloutd.proxy.http.admin`) both read requests through these functions, so the same limits
-and errors hold on both.
+The model routes (:mod:`rolloutd.proxy.http.app` and its routers) and the admin routes
+(:mod:`rolloutd.proxy.http.admin_routes`) both read requests through these functions, so the
+same limits and errors hold on both.
 """
 
 from __future__ import annotations
@@ -19,6 +20,33 @@ from rolloutd.proxy.core import fastjson
 
 #: a JSON escape of a UTF-16 surrogate (paired or lone): ``\ud800`` to ``\udfff``
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+#: the header the OpenAI and Anthropic Python and TypeScript SDKs send on every call: how many
+#: times they retried it (``0`` on the first try; openai/_base_client.py,
+#: anthropic/_base_client.py)
+RETRY_COUNT_HEADER = "x-stainless-retry-count"
+
+
+def marked_retry(request: Request) -> bool:
+    """Whether the client marks the call as a retry of one it sent before
+    (:data:`RETRY_COUNT_HEADER` > 0); a value that is not an integer marks nothing."""
+    value = request.headers.get(RETRY_COUNT_HEADER)
+    if not value:
+        return False
+    try:
+        return int(value) > 0
+    except ValueError:
+        return False
+
+
+def path_kind(request: Request) -> str:
+    """The request path with a session key masked (keys are secrets: never logged)."""
+    path = request.url.path
+    if path.startswith("/s/"):
+        _, _, rest = path[3:].partition("/")
+        return f"/s/***/{rest}"
+    return path
 
 
 def bearer_key(request: Request) -> str | None:

@@ -31,7 +31,7 @@ that is a URL (the default name is the URL) goes in the path as it is.
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
@@ -46,10 +46,8 @@ from rolloutd.errors import (
 )
 from rolloutd.proxy.backends.pool import BackendType
 from rolloutd.proxy.dialects.common import validate
+from rolloutd.proxy.http.gateway_parts import GatewayParts
 from rolloutd.proxy.http.inbound import bearer_key, read_json
-
-if TYPE_CHECKING:
-    from rolloutd.proxy.http.server import Gateway
 
 
 class AddBackend(BaseModel):
@@ -121,7 +119,7 @@ def authorize(request: Request, admin_token: str | None) -> None:
         raise AuthenticationError("invalid admin token")
 
 
-def add_admin_routes(app: FastAPI, gateway: Gateway) -> None:
+def add_admin_routes(app: FastAPI, gateway: GatewayParts) -> None:
     """Register the ``/admin/...`` routes of ``gateway`` on ``app``."""
     settings = gateway.settings
 

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from rolloutd.proxy.sessions.manager import hash_session_key
+from rolloutd.proxy.sessions.state import hash_session_key
 from rolloutd.stack import temporal_binary
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient

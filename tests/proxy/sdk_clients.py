@@ -26,7 +26,7 @@ from google.genai import types as genai_types
 
 from rolloutd.proxy.http.app import create_app
 from rolloutd.proxy.http.server import Gateway, serve
-from rolloutd.proxy.sessions.manager import SessionInfo
+from rolloutd.proxy.sessions.state import SessionInfo
 from rolloutd.settings import GatewaySettings
 from rolloutd.types import SamplingParams
 

@@ -11,7 +11,7 @@ import pytest
 
 from rolloutd.proxy.backends.http import new_client
 from rolloutd.proxy.http.server import Gateway
-from rolloutd.proxy.sessions.manager import SessionInfo
+from rolloutd.proxy.sessions.state import SessionInfo
 from rolloutd.store import CompletionLog
 from rolloutd.types import SamplingParams
 

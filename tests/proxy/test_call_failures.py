@@ -19,7 +19,7 @@ import structlog
 
 from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
 from rolloutd.proxy.http.server import Gateway
-from rolloutd.proxy.sessions.manager import unrecovered_errors
+from rolloutd.proxy.sessions.state import unrecovered_errors
 from rolloutd.store import CompletionLog
 from rolloutd.types import SamplingParams
 

@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 from rolloutd.proxy.http.server import Gateway
-from rolloutd.proxy.sessions.manager import Session, SessionInfo
+from rolloutd.proxy.sessions.session import Session
+from rolloutd.proxy.sessions.state import SessionInfo
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.trajectory import build_traces, check_invariants

@@ -20,7 +20,7 @@ import structlog
 
 from rolloutd.proxy.backends.http import new_client
 from rolloutd.proxy.http.server import Gateway
-from rolloutd.proxy.sessions.manager import SessionInfo
+from rolloutd.proxy.sessions.state import SessionInfo
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.types import SamplingParams

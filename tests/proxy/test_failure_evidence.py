@@ -11,7 +11,7 @@ import httpx
 
 from rolloutd.activities.gateway import GatewayActivities
 from rolloutd.activities.models import CloseSessionInput
-from rolloutd.proxy.sessions.manager import MAX_RECORDED_ERRORS, CallError, call_waiting_at
+from rolloutd.proxy.sessions.call_errors import MAX_RECORDED_ERRORS, CallError, call_waiting_at
 from rolloutd.types import Completion, Timings
 
 TOOLS = [

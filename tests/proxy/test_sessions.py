@@ -11,8 +11,8 @@ from rolloutd.errors import AuthenticationError, ConfigError, NotFoundError, Ses
 from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
 from rolloutd.proxy.backends.pool import BackendPool, backend_urls
 from rolloutd.proxy.http.server import Gateway
-from rolloutd.proxy.sessions.manager import (
-    SessionManager,
+from rolloutd.proxy.sessions.manager import SessionManager
+from rolloutd.proxy.sessions.state import (
     SessionState,
     hash_session_key,
     session_key_index,

@@ -353,7 +353,7 @@ async def test_no_session_key_or_prompt_in_any_log(rig: Rig):
     """
     import re
 
-    from rolloutd.proxy.sessions.manager import SessionState, hash_session_key, session_state_key
+    from rolloutd.proxy.sessions.state import SessionState, hash_session_key, session_state_key
 
     store = BlobStore(rig.stack.store_url)
     hashes = set()

@@ -125,7 +125,7 @@ class CloseSessionOutput(_IO):
     #: completion log)
     num_errors: int = 0
     #: failed calls answered with a 5xx (a gateway or backend failure, not a bad request)
-    #: that no later completion made good (rolloutd.proxy.sessions.manager.recovered)
+    #: that no later completion made good (rolloutd.proxy.sessions.call_errors.recovered)
     num_unrecovered_errors: int = 0
     #: the last failed call, in words (``"502 BackendError: ..."``)
     last_error: str | None = None

@@ -30,8 +30,8 @@ from rolloutd.proxy.core.call_types import (
     Usage,
     chat_body,
 )
-from rolloutd.proxy.sessions.manager import Session
 from rolloutd.proxy.sessions.recorder import Recorder, build_passthrough_completion, new_response_id
+from rolloutd.proxy.sessions.session import Session
 
 log = structlog.get_logger(__name__)
 

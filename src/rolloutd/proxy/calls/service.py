@@ -47,7 +47,7 @@ from rolloutd.proxy.core.call_types import (
 from rolloutd.proxy.render.chat_template import ChatTemplate, PromptPlan
 from rolloutd.proxy.render.reasoning_parsers import ReasoningParser, get_reasoning_parser
 from rolloutd.proxy.render.tool_parsers import get_tool_parser
-from rolloutd.proxy.sessions.manager import CallError, Session, conversation_hash
+from rolloutd.proxy.sessions.call_errors import CallError, conversation_hash
 from rolloutd.proxy.sessions.recorder import (
     Recorder,
     answer_id,
@@ -57,6 +57,7 @@ from rolloutd.proxy.sessions.recorder import (
 )
 from rolloutd.proxy.sessions.replay import answer_from_source
 from rolloutd.proxy.sessions.request_identity import request_hash
+from rolloutd.proxy.sessions.session import Session
 from rolloutd.types import CaptureMode, Completion
 
 log = structlog.get_logger(__name__)
@@ -163,7 +164,7 @@ class ChatService(PassthroughCalls):
         self, session: Session, request: InternalRequest, marked: bool
     ) -> tuple[str, Completion | None]:
         """(request identity, the completion this call is a retry of, or None)
-        (:meth:`rolloutd.proxy.sessions.manager.Session.find_retry`). A completion found is marked
+        (:meth:`rolloutd.proxy.sessions.session.Session.find_retry`). A completion found is marked
         as being sent again in the same step (no await between), so a concurrent identical
         request does not take it too."""
         body_hash = session.memo.request_hash(request.body, request.dialect)
@@ -350,9 +351,9 @@ class ChatService(PassthroughCalls):
         Returns whether it was recorded (not in a sealed session).
 
         Args:
-            request: the translated request, when the call got that far (its hashes let
-                :func:`rolloutd.proxy.sessions.manager.recovered` find a later completion that made
-                the failure good).
+            request: the translated request, when the call got that far (its hashes
+                let :func:`rolloutd.proxy.sessions.call_errors.recovered` find a later completion
+                that made the failure good).
         """
         status = error.status_code if isinstance(error, RolloutdError) else 500
         message = (
@@ -458,9 +459,9 @@ class ChatService(PassthroughCalls):
 
         The answer's ``completion_index`` names the completion that holds it; the caller
         tells the session whether it reached the harness
-        (:meth:`rolloutd.proxy.sessions.manager.Session.settle`). A call of an open session that
+        (:meth:`rolloutd.proxy.sessions.session.Session.settle`). A call of an open session that
         fails is recorded in the session's state
-        (:meth:`rolloutd.proxy.sessions.manager.Session.record_error`), never in its log.
+        (:meth:`rolloutd.proxy.sessions.session.Session.record_error`), never in its log.
 
         Args:
             session: the session.

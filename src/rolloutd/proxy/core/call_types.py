@@ -103,7 +103,7 @@ class InternalResponse(BaseModel):
         usage: token counts.
         completion_index: index of the completion that holds this answer in the session's
             log (None until it is recorded); the gateway tells the session whether the answer
-            reached the harness (:meth:`rolloutd.proxy.sessions.manager.Session.settle`).
+            reached the harness (:meth:`rolloutd.proxy.sessions.session.Session.settle`).
     """
 
     model_config = ConfigDict(extra="forbid")

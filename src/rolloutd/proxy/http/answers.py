@@ -23,7 +23,7 @@ from rolloutd.proxy.core import fastjson
 from rolloutd.proxy.core.call_types import InternalRequest, StreamEnd, StreamEvent, StreamStart
 from rolloutd.proxy.dialects.common import Encoder
 from rolloutd.proxy.http.errors import as_rolloutd_error
-from rolloutd.proxy.sessions.manager import Session
+from rolloutd.proxy.sessions.session import Session
 
 log = structlog.get_logger(__name__)
 

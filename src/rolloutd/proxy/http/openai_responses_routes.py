@@ -19,7 +19,7 @@ from rolloutd.proxy.dialects import openai_responses
 from rolloutd.proxy.http.answers import Call, answer, model_call
 from rolloutd.proxy.http.gateway_parts import GatewayParts
 from rolloutd.proxy.http.inbound import marked_retry, read_json
-from rolloutd.proxy.sessions.manager import Session
+from rolloutd.proxy.sessions.session import Session
 
 
 def previous_of(gateway: GatewayParts, session: Session, body: Any) -> list[dict[str, Any]] | None:

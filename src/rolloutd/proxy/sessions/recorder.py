@@ -21,7 +21,7 @@ from rolloutd.observability import metrics
 from rolloutd.proxy.backends.base import Backend, ChatResult, GenerateResult
 from rolloutd.proxy.core.call_types import InternalRequest, InternalResponse, Usage
 from rolloutd.proxy.render.chat_template import PromptPlan
-from rolloutd.proxy.sessions.manager import Session
+from rolloutd.proxy.sessions.session import Session
 from rolloutd.types import Completion, Timings
 
 log = structlog.get_logger(__name__)

@@ -9,9 +9,9 @@ import structlog
 from rolloutd.errors import RolloutdError
 from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.core.call_types import InternalRequest
-from rolloutd.proxy.sessions.manager import Session
 from rolloutd.proxy.sessions.recorder import Recorder, answer_id
 from rolloutd.proxy.sessions.replay_source import replayed_copy
+from rolloutd.proxy.sessions.session import Session
 from rolloutd.types import Completion
 
 log = structlog.get_logger(__name__)

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rolloutd.errors import InvalidRequestError
-from rolloutd.proxy.render import chat_template
-from rolloutd.proxy.render.chat_template import (
-    ChatTemplate,
+from rolloutd.proxy.render.chat_template import ChatTemplate
+from rolloutd.proxy.render.jinja_sandbox import DictFirstSandbox
+from rolloutd.proxy.render.messages import (
     ExtensionIndex,
     canonical_json,
     message_signature,
@@ -583,7 +583,7 @@ def test_the_dict_first_sandbox_looks_up_as_the_sandbox_does(
     value = _Attrs(message) if subclass else message
     reference = jinja2.sandbox.ImmutableSandboxedEnvironment()
     lean = reference.overlay()
-    lean.__class__ = chat_template._DictFirstSandbox
+    lean.__class__ = DictFirstSandbox
 
     def render(env: Any) -> str:
         try:

@@ -26,7 +26,6 @@ render or does not end the turn where expected falls back to the full render.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,10 +36,11 @@ import jinja2.sandbox
 import structlog
 
 from rolloutd.errors import ConfigError, InvalidRequestError
+from rolloutd.proxy.render import template_probes
+from rolloutd.proxy.render.jinja_sandbox import lean_template
 from rolloutd.proxy.render.messages import (
     ExtensionIndex,
     canonical_json,
-    content_text,
     message_signature,
     template_messages,
 )
@@ -48,144 +48,11 @@ from rolloutd.types import Completion
 
 log = structlog.get_logger(__name__)
 
-#: the message helpers live in :mod:`rolloutd.proxy.render.messages`; the dialects still import
-#: this one from here
-__all__ = ["content_text"]
-
-_PROBE_USER = "ping"
-_PROBE_ANSWER = "rolloutd-probe-answer"
-
-_PROBE_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "probe_tool",
-            "description": "A probe.",
-            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
-        },
-    }
-]
-
-
-def _probe_call(i: int) -> dict[str, Any]:
-    return {
-        "id": f"call_{i}",
-        "type": "function",
-        "function": {"name": "probe_tool", "arguments": json.dumps({"x": str(i)})},
-    }
-
-
 #: encoded turns the chat template keeps (ChatTemplate.encode), at most so many and of so many
 #: characters in all (about 20 MB with their ids): each distinct system prompt with its tools,
 #: and recent turns
 TURN_CACHE_SIZE = 512
 TURN_CACHE_CHARS = 2_000_000
-
-#: conversations on which incremental rendering must equal the full render, after every
-#: assistant turn but the last (ChatTemplate._probe_incremental).
-_PROBES: list[list[dict[str, Any]]] = [
-    [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "a"},
-        {"role": "assistant", "content": "b"},
-        {"role": "user", "content": "c"},
-        {"role": "assistant", "content": "d"},
-        {"role": "user", "content": "e"},
-    ],
-    [
-        {"role": "user", "content": "a"},
-        {"role": "assistant", "content": "b"},
-        {"role": "user", "content": "c"},
-        {"role": "assistant", "content": "d"},
-        {"role": "user", "content": "e"},
-    ],
-    [
-        {"role": "system", "content": "Use tools."},
-        {"role": "user", "content": "a"},
-        {"role": "assistant", "content": "", "tool_calls": [_probe_call(1)]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "r1"},
-        {
-            "role": "assistant",
-            "content": "thinking",
-            "tool_calls": [_probe_call(2), _probe_call(3)],
-        },
-        {"role": "tool", "tool_call_id": "call_2", "content": "r2"},
-        {"role": "tool", "tool_call_id": "call_3", "content": "r3"},
-        {"role": "assistant", "content": "done"},
-        {"role": "user", "content": "more"},
-        {"role": "assistant", "content": "", "tool_calls": [_probe_call(4)]},
-        {"role": "tool", "tool_call_id": "call_4", "content": "r4"},
-        {"role": "user", "content": "and?"},
-    ],
-    [
-        {"role": "user", "content": "a"},
-        {"role": "assistant", "content": "", "tool_calls": [_probe_call(1)]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "r1"},
-        {"role": "assistant", "content": "ok"},
-        {"role": "system", "content": "late system"},
-        {"role": "user", "content": "b"},
-    ],
-]
-
-
-#: more conversations on which rendering the compiled template directly must equal
-#: apply_chat_template (ChatTemplate._probe_direct): keys set to None, reasoning fields
-_DIRECT_PROBES: list[list[dict[str, Any]]] = [
-    [
-        {"role": "system", "content": "s", "name": None},
-        {"role": "user", "content": "a", "tool_calls": None},
-        {"role": "assistant", "content": "b", "reasoning_content": "why"},
-        {"role": "user", "content": "c"},
-        {"role": "assistant", "content": None, "reasoning": "r", "tool_calls": [_probe_call(5)]},
-        {"role": "tool", "tool_call_id": "call_5", "content": "r5", "name": "probe_tool"},
-    ],
-]
-
-
-# --------------------------------------------------------------------------- messages
-
-
-_DICT_ATTRIBUTES = frozenset(dir(dict))
-
-
-class _DictFirstSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
-    """transformers' sandbox (``ImmutableSandboxedEnvironment``), whose ``getattr`` answers
-    ``message.role`` on a plain dict as the sandbox does, without first raising and
-    formatting an ``AttributeError`` (a dict has no attribute of that name; the sandbox then
-    returns the item, or undefined): a third of a short render. Every other lookup is the
-    sandbox's own."""
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and type(attribute) is str and attribute not in _DICT_ATTRIBUTES:
-            try:
-                return obj[attribute]
-            except KeyError:
-                return self.undefined(obj=obj, name=attribute)
-        return super().getattr(obj, attribute)
-
-
-def _lean_template(compiled: Any, source: str) -> Any:
-    """``compiled`` (transformers' compiled template) recompiled in a
-    :class:`_DictFirstSandbox` overlay of its environment (the same options, extensions,
-    filters and globals), its globals one plain dict (a render copies them: a ``ChainMap``
-    is copied key by key in Python); ``compiled`` itself when its environment is not
-    transformers' ``ImmutableSandboxedEnvironment``.
-
-    Args:
-        compiled: ``transformers.utils.chat_template_utils._compile_jinja_template(source)``.
-        source: the template's text.
-    """
-    env = compiled.environment
-    if type(env) is not jinja2.sandbox.ImmutableSandboxedEnvironment:
-        return compiled
-    lean_env = env.overlay()
-    lean_env.__class__ = _DictFirstSandbox
-    lean = lean_env.from_string(source)
-    lean.globals = dict(lean.globals)
-    return lean
-
-
-# --------------------------------------------------------------------------- template
 
 
 @dataclass(frozen=True)
@@ -254,14 +121,14 @@ class ChatTemplate:
 
     def _find_end_of_turn(self) -> tuple[str, str]:
         probe = [
-            {"role": "user", "content": _PROBE_USER},
-            {"role": "assistant", "content": _PROBE_ANSWER},
+            {"role": "user", "content": template_probes.PROBE_USER},
+            {"role": "assistant", "content": template_probes.PROBE_ANSWER},
         ]
         text = self._render_text_unlocked(probe, None, add_generation_prompt=False)
-        at = text.rfind(_PROBE_ANSWER)
+        at = text.rfind(template_probes.PROBE_ANSWER)
         if at < 0:
             raise ConfigError("the chat template does not render the assistant's content")
-        after = text[at + len(_PROBE_ANSWER) :]
+        after = text[at + len(template_probes.PROBE_ANSWER) :]
         for token in self._special_tokens():
             if after.startswith(token):
                 return token, after[len(token) :]
@@ -272,9 +139,9 @@ class ChatTemplate:
 
     def _probe_incremental(self) -> bool:
         """Whether the stand-in render equals the full render after every assistant turn of
-        the probe conversations (:data:`_PROBES`), with and without tools."""
-        for tools in (None, _PROBE_TOOLS):
-            for conversation in _PROBES:
+        the probe conversations (:data:`template_probes.PROBES`), with and without tools."""
+        for tools in (None, template_probes.PROBE_TOOLS):
+            for conversation in template_probes.PROBES:
                 for k, message in enumerate(conversation):
                     if message["role"] != "assistant" or k == len(conversation) - 1:
                         continue
@@ -329,17 +196,17 @@ class ChatTemplate:
         """A render of the compiled template without ``apply_chat_template``'s preparation
         of every call (its deep copy of messages, tools and arguments into plain values, a
         third of a render's cost and more with long tools; the values here are plain JSON
-        already), when it renders every probe conversation (:data:`_PROBES` and
-        :data:`_DIRECT_PROBES`, with and without tools and generation prompt) exactly as
-        ``apply_chat_template`` does; else None (``apply_chat_template`` renders).
+        already), when it renders every probe conversation (:data:`template_probes.PROBES` and
+        :data:`template_probes.DIRECT_PROBES`, with and without tools and generation prompt)
+        exactly as ``apply_chat_template`` does; else None (``apply_chat_template`` renders).
 
         It keeps the rest of transformers' preparation: keys whose value is None dropped,
         reasoning fields aliased (``_alias_reasoning_fields``), the tokenizer's special
         tokens passed; the template runs in transformers' immutable sandbox, compiled by
         transformers (``_compile_jinja_template``) and recompiled in an overlay of its
         environment whose attribute lookups on plain dicts skip a raised ``AttributeError``
-        (:func:`_lean_template`): the probe also guards against a change of those private
-        names and of the sandbox."""
+        (:func:`jinja_sandbox.lean_template`): the probe also guards against a change of
+        those private names and of the sandbox."""
         try:
             from transformers.utils.chat_template_utils import (
                 _alias_reasoning_fields,
@@ -359,7 +226,7 @@ class ChatTemplate:
             source = tokenizer.get_chat_template(None, tools)
             compiled = templates.get(source)
             if compiled is None:
-                compiled = templates[source] = _lean_template(
+                compiled = templates[source] = lean_template(
                     _compile_jinja_template(source), source
                 )
             chat = _alias_reasoning_fields(
@@ -373,8 +240,8 @@ class ChatTemplate:
                 **special,
             )
 
-        for tools in (None, _PROBE_TOOLS):
-            for conversation in (*_PROBES, *_DIRECT_PROBES):
+        for tools in (None, template_probes.PROBE_TOOLS):
+            for conversation in (*template_probes.PROBES, *template_probes.DIRECT_PROBES):
                 for generation_prompt in (True, False):
                     try:
                         fast = direct(
@@ -414,7 +281,7 @@ class ChatTemplate:
 
     def _probe_backend(self) -> Any:
         """The fast tokenizer's Rust ``tokenizers.Tokenizer``, when it encodes every probe
-        conversation (:data:`_PROBES`, rendered) exactly as ``tokenizer.encode`` does
+        conversation (:data:`template_probes.PROBES`, rendered) exactly as ``tokenizer.encode`` does
         (through ``encode_batch_fast``, which skips character offsets), else None.
         transformers' ``encode`` wraps it with padding, truncation and batching logic that
         costs more than encoding a short text (a fresh prompt of 30 tokens: 74 us against
@@ -426,8 +293,8 @@ class ChatTemplate:
             or not hasattr(backend, "encode_batch_fast")
         ):
             return None
-        for tools in (None, _PROBE_TOOLS):
-            for conversation in _PROBES:
+        for tools in (None, template_probes.PROBE_TOOLS):
+            for conversation in template_probes.PROBES:
                 text = self._render_text_unlocked(conversation, tools, True) + " é 日本 \t\n"
                 if backend.encode_batch_fast([text], add_special_tokens=False)[0].ids != list(
                     self.tokenizer.encode(text, add_special_tokens=False)
@@ -442,12 +309,13 @@ class ChatTemplate:
     def _probe_turn_start(self) -> str | None:
         """The special token a turn starts with (``<|im_start|>`` for ChatML templates), when
         encoding a rendered conversation turn by turn gives the ids of encoding it whole on
-        every probe conversation (:data:`_PROBES`, with and without tools), else None.
+        every probe conversation (:data:`template_probes.PROBES`, with and without tools),
+        else None.
 
         Tokenizers split the text at special tokens before anything else, so a special token
         that neither strips nor joins its neighbours is a safe cut; the probe checks that of
         this tokenizer."""
-        user = [{"role": "user", "content": _PROBE_USER}]
+        user = [{"role": "user", "content": template_probes.PROBE_USER}]
         with_prompt = self._render_text_unlocked(user, None, add_generation_prompt=True)
         without = self._render_text_unlocked(user, None, add_generation_prompt=False)
         if not with_prompt.startswith(without):
@@ -456,8 +324,8 @@ class ChatTemplate:
         token = next((t for t in self._special_tokens() if generation_prompt.startswith(t)), None)
         if token is None:
             return None
-        for tools in (None, _PROBE_TOOLS):
-            for conversation in _PROBES:
+        for tools in (None, template_probes.PROBE_TOOLS):
+            for conversation in template_probes.PROBES:
                 text = self._render_text_unlocked(conversation, tools, True)
                 whole = self._encode_whole(text)
                 if text.count(token) < 2 or self._encode_turns(text, token, cache=False) != whole:
@@ -518,8 +386,8 @@ class ChatTemplate:
 
     def _probe_decoder(self) -> Any:
         """The fast tokenizer's Rust ``tokenizers.Tokenizer`` for :meth:`decode`, when it
-        decodes the probe conversations (:data:`_PROBES`, encoded), the special tokens, and
-        runs of every id of the vocabulary (bytes cut mid-character included) exactly as
+        decodes the probe conversations (:data:`template_probes.PROBES`, encoded), the special
+        tokens, and runs of every id of the vocabulary (bytes cut mid-character included) exactly as
         ``tokenizer.decode`` does, else None. transformers' ``decode`` wraps it (and may clean
         up spaces, which the probe sees): 6.7 us against 2.6 us for a short answer."""
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
@@ -527,8 +395,8 @@ class ChatTemplate:
             return None
         samples = [
             self._encode_whole(self._render_text_unlocked(conversation, tools, True))
-            for tools in (None, _PROBE_TOOLS)
-            for conversation in _PROBES
+            for tools in (None, template_probes.PROBE_TOOLS)
+            for conversation in template_probes.PROBES
         ]
         size = len(self.tokenizer)
         samples += [[self.tokenizer.convert_tokens_to_ids(t) for t in self._special_tokens()]]

@@ -19,11 +19,10 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
-from rolloutd.errors import BackendError, RolloutdError
+from rolloutd.errors import BackendError
 from rolloutd.observability.metrics import CallClock
 from rolloutd.proxy.backends.base import (
     Backend,
@@ -31,6 +30,7 @@ from rolloutd.proxy.backends.base import (
     GenerateResult,
 )
 from rolloutd.proxy.backends.pool import BackendPool, Lease
+from rolloutd.proxy.calls.failures import call_recorded, record_failure
 from rolloutd.proxy.calls.passthrough import PassthroughCalls, next_delta, stream_tail
 from rolloutd.proxy.calls.sampling import bound_max_tokens, resolve_sampling
 from rolloutd.proxy.core.call_types import (
@@ -47,7 +47,6 @@ from rolloutd.proxy.core.call_types import (
 from rolloutd.proxy.render.chat_template import ChatTemplate, PromptPlan
 from rolloutd.proxy.render.reasoning_parsers import ReasoningParser, get_reasoning_parser
 from rolloutd.proxy.render.tool_parsers import get_tool_parser
-from rolloutd.proxy.sessions.call_errors import CallError, conversation_hash
 from rolloutd.proxy.sessions.recorder import (
     Recorder,
     answer_id,
@@ -56,24 +55,14 @@ from rolloutd.proxy.sessions.recorder import (
     response_from_completion,
 )
 from rolloutd.proxy.sessions.replay import answer_from_source
-from rolloutd.proxy.sessions.request_identity import request_hash
 from rolloutd.proxy.sessions.session import Session
 from rolloutd.types import CaptureMode, Completion
 
 log = structlog.get_logger(__name__)
 
-#: attribute set on an exception once its failed call is in the session's state
-_RECORDED = "_rolloutd_call_recorded"
-
 #: renders up to this many characters (:meth:`ChatTemplate.render_chars`) run on the event loop
 #: (well under a millisecond); larger ones in a worker thread.
 INLINE_RENDER_CHARS = 16_000
-
-
-def call_recorded(error: BaseException) -> bool:
-    """Whether ``error``'s failed call is recorded (and logged) in its session's state
-    already: the gateway's layers count and log a failure once."""
-    return getattr(error, _RECORDED, False)
 
 
 @dataclass
@@ -335,60 +324,6 @@ class ChatService(PassthroughCalls):
         response.completion_index = (await self.recorder.record(session, build)).index
         return response
 
-    async def _note_failure(
-        self,
-        session: Session,
-        error: Exception,
-        started: float,
-        *,
-        stream: bool,
-        request: InternalRequest | None = None,
-    ) -> bool:
-        """Record a failed call in the session's state (under its lock, briefly): the
-        harness gets the error, the session keeps it, the log stays as it was; the failure
-        is logged here, once, and ``error`` is marked (:func:`call_recorded`) so the layers
-        it passes through on its way out neither count nor log it again. Never raises.
-        Returns whether it was recorded (not in a sealed session).
-
-        Args:
-            request: the translated request, when the call got that far (its hashes
-                let :func:`rolloutd.proxy.sessions.call_errors.recovered` find a later completion
-                that made the failure good).
-        """
-        status = error.status_code if isinstance(error, RolloutdError) else 500
-        message = (
-            error.message
-            if isinstance(error, RolloutdError)
-            else f"internal error: {type(error).__name__}"
-        )
-        recorded = False
-        try:
-            hashes: dict[str, Any] = {}
-            if request is not None:
-                hashes = {
-                    "request_hash": request_hash(request.body, request.dialect),
-                    "num_messages": len(request.messages),
-                    "conversation_hash": conversation_hash(request.messages),
-                }
-            recorded = await session.record_error(
-                CallError(
-                    at_index=session.next_index(),
-                    at=time.time(),
-                    error_type=type(error).__name__,
-                    message=message[:500],
-                    status_code=status,
-                    backend=session.state.backend,
-                    duration_s=time.monotonic() - started,
-                    stream=stream,
-                    **hashes,
-                ),
-                cause=None if isinstance(error, RolloutdError) else error,
-            )
-        except Exception:
-            log.exception("call_error_not_recorded", session_id=session.session_id)
-        setattr(error, _RECORDED, True)
-        return recorded
-
     async def note_failure(
         self,
         session: Session,
@@ -418,7 +353,7 @@ class ChatService(PassthroughCalls):
             return True
         if session.state.closed:
             return False
-        return await self._note_failure(session, error, started, stream=stream, request=request)
+        return await record_failure(session, error, started, stream=stream, request=request)
 
     async def _complete(
         self, session: Session, request: InternalRequest, marked: bool, token: int, clock: CallClock
@@ -487,7 +422,7 @@ class ChatService(PassthroughCalls):
             return response
         except Exception as e:
             session.liveness.failed(token, e)
-            await self._note_failure(session, e, started, stream=False, request=request)
+            await record_failure(session, e, started, stream=False, request=request)
             raise
         except BaseException:
             session.liveness.cut(token)
@@ -564,7 +499,7 @@ class ChatService(PassthroughCalls):
             session.liveness.failed(token, e)
             if end_index is not None:
                 session.settle(end_index, delivered=False)
-            await self._note_failure(session, e, started, stream=True, request=request)
+            await record_failure(session, e, started, stream=True, request=request)
             raise
         except BaseException:
             session.liveness.cut(token)

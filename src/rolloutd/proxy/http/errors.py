@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rolloutd.errors import InvalidRequestError, NotFoundError, RolloutdError
-from rolloutd.proxy.calls.service import call_recorded
+from rolloutd.proxy.calls.failures import call_recorded
 from rolloutd.proxy.dialects import anthropic, gemini, openai_chat
 from rolloutd.proxy.http.inbound import path_kind
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from rolloutd.proxy.backends.pool import BackendPool, load_pool_state
+from rolloutd.proxy.backends.pool import BackendPool
+from rolloutd.proxy.backends.specs import load_pool_state
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import BlobStore
 

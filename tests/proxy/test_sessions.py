@@ -9,7 +9,8 @@ import pytest
 
 from rolloutd.errors import AuthenticationError, ConfigError, NotFoundError, SessionClosedError
 from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
-from rolloutd.proxy.backends.pool import BackendPool, backend_urls
+from rolloutd.proxy.backends.pool import BackendPool
+from rolloutd.proxy.backends.specs import backend_urls
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.proxy.sessions.manager import SessionManager
 from rolloutd.proxy.sessions.state import (

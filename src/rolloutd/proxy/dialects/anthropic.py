@@ -19,6 +19,10 @@ Translation to OpenAI chat messages (the internal shape):
 Kept: ``max_tokens`` (required), ``temperature``, ``top_p``, ``stream``, ``tools``
 (``input_schema`` -> ``parameters``). Ignored knowingly: ``top_k`` (the task decides),
 ``stop_sequences``, ``thinking``, ``metadata``, ``tool_choice``, ``cache_control``.
+
+Why one module of about 650 lines: the request and the answer translate the same content blocks
+(an answer's blocks are what the next request sends back), so both directions and the
+stream events are read and changed together.
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ Kept: ``generationConfig.temperature/topP/maxOutputTokens``, ``tools[].functionD
 Ignored knowingly: ``safetySettings``, ``toolConfig``, ``thinkingConfig``, ``topK``,
 ``stopSequences``, ``cachedContent``. Both camelCase and snake_case field names are accepted,
 as the REST API's JSON mapping does.
+
+Why one module of about 650 lines: the request and the answer translate the same parts
+(an answer's blocks are what the next request sends back), so both directions and the
+stream events are read and changed together.
 """
 
 from __future__ import annotations

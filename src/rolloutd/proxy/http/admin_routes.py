@@ -44,7 +44,7 @@ from rolloutd.errors import (
     ConflictError,
     PermissionDeniedError,
 )
-from rolloutd.proxy.backends.pool import BackendType
+from rolloutd.proxy.backends.specs import BackendType
 from rolloutd.proxy.dialects.common import validate
 from rolloutd.proxy.http.gateway_parts import GatewayParts
 from rolloutd.proxy.http.inbound import bearer_key, read_json

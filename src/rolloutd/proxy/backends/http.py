@@ -33,6 +33,7 @@ import structlog
 from httpx_aiohttp import AiohttpTransport
 
 from rolloutd.errors import BackendError, BackendUnavailableError, ContextLengthError
+from rolloutd.fault import status_fault, transport_fault
 from rolloutd.proxy.backends.base import Backend
 from rolloutd.proxy.core import fastjson
 
@@ -290,7 +291,8 @@ def raise_for_status(backend: Backend, response: httpx.Response) -> None:
     Raises:
         ContextLengthError: a 400 that says the prompt is too long.
         BackendUnavailableError: 503 (loading, overloaded, paused for a weight update).
-        BackendError: any other status >= 400 (retryable when >= 500).
+        BackendError: any other status >= 400 (retryable when the infrastructure's:
+            :func:`rolloutd.fault.status_fault`).
     """
     if response.status_code < 400:
         return
@@ -301,17 +303,21 @@ def raise_for_status(backend: Backend, response: httpx.Response) -> None:
         raise BackendUnavailableError(f"backend {backend.name} is not ready: {message}")
     raise BackendError(
         f"backend {backend.name} answered {response.status_code}: {message}",
-        retryable=response.status_code >= 500,
+        retryable=status_fault(response.status_code).retryable,
     )
 
 
 def transport_error(backend: Backend, error: httpx.HTTPError) -> BackendError:
-    """The error of a failed connection or a timeout."""
+    """The error of a failed connection or a timeout (the infrastructure's:
+    :func:`rolloutd.fault.transport_fault`)."""
+    retryable = transport_fault(error).retryable
     if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):
-        return BackendUnavailableError(f"backend {backend.name} unreachable: {error!r}")
+        return BackendUnavailableError(
+            f"backend {backend.name} unreachable: {error!r}", retryable=retryable
+        )
     if isinstance(error, httpx.TimeoutException):
-        return BackendError(f"backend {backend.name} timed out: {error!r}")
-    return BackendError(f"backend {backend.name} failed: {error!r}")
+        return BackendError(f"backend {backend.name} timed out: {error!r}", retryable=retryable)
+    return BackendError(f"backend {backend.name} failed: {error!r}", retryable=retryable)
 
 
 async def post_json(

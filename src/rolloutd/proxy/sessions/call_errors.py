@@ -5,7 +5,7 @@ A failed call is never a completion: the session's state keeps it as a :class:`C
 (the most recent :data:`MAX_RECORDED_ERRORS`, plus every one not made good yet). A later
 completion recovers it when it answers the same request or continues its conversation
 (:func:`recovered`); a failure of the backend or the gateway is the infrastructure's
-(:func:`is_backend_error`, docs/failures.md).
+(:func:`is_backend_error`, after :mod:`rolloutd.fault`; docs/failures.md).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from rolloutd.fault import Fault, call_fault
 from rolloutd.proxy.render.messages import canonical_json
 from rolloutd.types import Completion
 
@@ -92,16 +93,12 @@ def recovered(error: CallError, completions: list[Completion]) -> bool:
     return False
 
 
-#: error types of a model call that got no answer because of the backend or the gateway (the
-#: infrastructure); any other 5xx answer counts too. ``ContextLengthError`` (the conversation
-#: grew too long: the policy's) and ``InvalidRequestError`` (the harness's) are 4xx.
-BACKEND_ERROR_TYPES = frozenset({"BackendError", "BackendUnavailableError"})
-
-
 def is_backend_error(error: CallError) -> bool:
-    """Whether a failed call is the infrastructure's: a backend error type or a 5xx answer
-    (docs/failures.md, kind ``backend``)."""
-    return error.error_type in BACKEND_ERROR_TYPES or error.status_code >= 500
+    """Whether a failed call is the infrastructure's (:func:`rolloutd.fault.call_fault`: a
+    backend error type or a 5xx answer; docs/failures.md, kind ``backend``).
+    ``ContextLengthError`` (the conversation grew too long: the policy's) and
+    ``InvalidRequestError`` (the harness's) are 4xx: the task's."""
+    return call_fault(error.error_type, error.status_code) is Fault.INFRASTRUCTURE
 
 
 def still_open(

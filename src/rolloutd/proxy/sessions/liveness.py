@@ -1,8 +1,9 @@
 """Whether a session's model calls stand unanswered, and the gateway's verdict on it.
 
 A session's calls stand unanswered from the first failure of a call with a backend-kind
-error (``BackendError``, ``BackendUnavailableError``, any 5xx: docs/failures.md) since the
-last answered call (from the failure, not the call's start: time queued on a saturated
+error (``BackendError``, ``BackendUnavailableError``, any 5xx:
+:func:`rolloutd.fault.exception_fault`, docs/failures.md) since the last answered call (from
+the failure, not the call's start: time queued on a saturated
 engine before it died is not time the engine was dead), or from the moment a call still in flight
 got its backend,
 whichever is earlier; a call in flight counts only while its backend does not answer a probe
@@ -27,17 +28,9 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
-from rolloutd.errors import BackendError, RolloutdError
+from rolloutd.fault import Fault, exception_fault
 
 _tokens = itertools.count()
-
-
-def backend_kind(error: BaseException) -> bool:
-    """Whether a failed call is the infrastructure's: a backend error, or any error the
-    harness got as a 5xx (an unexpected exception in the gateway is a 500)."""
-    if isinstance(error, BackendError):
-        return True
-    return not isinstance(error, RolloutdError) or error.status_code >= 500
 
 
 class Verdict(BaseModel):
@@ -95,7 +88,7 @@ class Liveness:
         """The call failed; a backend-kind failure starts (or continues) the unanswered
         stretch."""
         self.waiting.pop(token, None)
-        if backend_kind(error):
+        if exception_fault(error) is Fault.INFRASTRUCTURE:
             self.last_error = f"{type(error).__name__}: {error}"[:300]
             if self.failing_since is None:
                 self.failing_since = time.time()

@@ -36,6 +36,7 @@ from rolloutd.errors import (
     to_application_error,
 )
 from rolloutd.evaluators import CHECK_ARTIFACT, run_check
+from rolloutd.http_client import HEALTH_PROBE, new_async_client
 from rolloutd.observability import metrics
 from rolloutd.proxy.sessions.liveness import Verdict
 from rolloutd.sandbox import reclaim
@@ -245,7 +246,7 @@ class SandboxActivities:
         backend_verdict: str | None = None
         signal_sent: int | None = None
         beats = num_completions = 0
-        http = httpx.AsyncClient()
+        http = new_async_client(HEALTH_PROBE)
         drained = False
         try:
             while True:

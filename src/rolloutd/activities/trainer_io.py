@@ -26,6 +26,7 @@ from rolloutd.activities.models import (
     ReadTaskChunkOutput,
 )
 from rolloutd.fault import receiver_status_fault, transport_fault
+from rolloutd.http_client import CALLBACK, new_async_client
 from rolloutd.types import TaskRequest
 
 log = structlog.get_logger(__name__)
@@ -106,7 +107,7 @@ class TrainerIOActivities:
     """
 
     def __init__(self, timeout_s: float = 30.0) -> None:
-        self.http = httpx.AsyncClient(timeout=timeout_s)
+        self.http = new_async_client(CALLBACK, timeout_s=timeout_s)
 
     async def aclose(self) -> None:
         """Close the HTTP client."""

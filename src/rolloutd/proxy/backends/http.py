@@ -34,6 +34,7 @@ from httpx_aiohttp import AiohttpTransport
 
 from rolloutd.errors import BackendError, BackendUnavailableError, ContextLengthError
 from rolloutd.fault import status_fault, transport_fault
+from rolloutd.http_client import BACKEND_CALL, new_async_client
 from rolloutd.proxy.backends.base import Backend
 from rolloutd.proxy.core import fastjson
 
@@ -48,8 +49,8 @@ _CONTEXT_HINTS = (
 
 #: connections open at once to one backend; further calls wait for a free one
 MAX_CONNECTIONS = 128
-#: seconds to open a TCP (and TLS) connection, at most
-CONNECT_TIMEOUT_S = 10.0
+#: seconds to open a TCP (and TLS) connection, at most (the backend-call timeout profile)
+CONNECT_TIMEOUT_S = BACKEND_CALL.connect_s
 #: seconds an idle pooled connection is kept: below the backends' own idle timeout (uvicorn's
 #: ``timeout_keep_alive``, 5 s, which vLLM and SGLang serve with; cpp-httplib's keep-alive in
 #: llama-server, 5 s), so a connection the backend closes while idle is not picked for a call
@@ -257,14 +258,14 @@ def new_client(
         keepalive_expiry_s: seconds an idle connection is kept (below the backend's own idle
             timeout).
     """
-    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S), pool=timeout_s)
-    return BackendClient(
+    return new_async_client(
+        BACKEND_CALL,
+        timeout_s=timeout_s,
         base_url=url,
         headers=headers,
-        timeout=timeout,
-        follow_redirects=False,
         transport=transport
         or BackendTransport(max_connections=max_connections, keepalive_expiry_s=keepalive_expiry_s),
+        client_class=BackendClient,
     )
 
 

@@ -47,6 +47,7 @@ import httpx
 import structlog
 
 from rolloutd.errors import BackendUnavailableError, ConfigError, ConflictError, NotFoundError
+from rolloutd.http_client import HEALTH_PROBE, new_async_client
 from rolloutd.proxy.backends.base import Backend
 from rolloutd.proxy.backends.health import BackendHealth, PoolHealth, dead_message
 from rolloutd.proxy.backends.specs import (
@@ -128,7 +129,7 @@ class BackendPool(PoolHealth):
     ) -> None:
         self.store = store
         #: the client of health probes (:func:`rolloutd.proxy.backends.health.probe`)
-        self._probe_http = httpx.AsyncClient(transport=probe_transport)
+        self._probe_http = new_async_client(HEALTH_PROBE, transport=probe_transport)
         self.refresh_s = refresh_s
         #: ``updated_at`` of the stored state this pool last wrote or loaded
         self._updated_at = updated_at

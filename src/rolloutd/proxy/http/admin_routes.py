@@ -44,6 +44,7 @@ from rolloutd.errors import (
     ConflictError,
     PermissionDeniedError,
 )
+from rolloutd.http_client import CONTROL, new_async_client
 from rolloutd.proxy.backends.specs import BackendType
 from rolloutd.proxy.dialects.common import validate
 from rolloutd.proxy.http.gateway_parts import GatewayParts
@@ -181,7 +182,7 @@ def add_admin_routes(app: FastAPI, gateway: GatewayParts) -> None:
         url = settings.engine_control_url.rstrip("/") + "/engine/load"
         headers = {"Authorization": f"Bearer {settings.engine_control_token or ''}"}
         try:
-            async with httpx.AsyncClient(timeout=body.timeout_s + 30.0) as http:
+            async with new_async_client(CONTROL, timeout_s=body.timeout_s + 30.0) as http:
                 answer = await http.post(url, json=body.model_dump(), headers=headers)
         except httpx.HTTPError as e:
             raise BackendUnavailableError(

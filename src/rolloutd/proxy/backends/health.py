@@ -8,10 +8,9 @@ it is, the pool grants it no lease: a call fails at once with ``BackendUnavailab
 its timeout on a dead engine. An answer of any status is not a refusal: a 5xx answer is the
 backend's error, not its death. Health comes back with the next probe (``GET {url}/health``,
 any answer below 500) that succeeds; probes run when a call or the gateway's ``/health``
-asks, at most once per backoff (doubling from :data:`PROBE_FIRST_S` up to
-:data:`PROBE_MAX_S`), so a dead engine costs one connection attempt per backoff, not one per
-call. A paused backend (a weight update in progress) is never marked: its engine may be down
-on purpose.
+asks, at most once per backoff (:data:`PROBE_BACKOFF`: doubling from 0.5 s up to 5 s), so a
+dead engine costs one connection attempt per backoff, not one per call. A paused backend (a
+weight update in progress) is never marked: its engine may be down on purpose.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import structlog
 
+from rolloutd.backoff import Backoff
 from rolloutd.errors import BackendError
 
 if TYPE_CHECKING:
@@ -31,11 +31,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-#: seconds before the first probe of a backend that just failed; doubled after each failed
-#: probe up to :data:`PROBE_MAX_S`
-PROBE_FIRST_S = 0.5
-#: the longest wait between two probes, seconds: bounds how late a restarted engine is seen
-PROBE_MAX_S = 5.0
+#: the waits before probing a backend that failed: 0.5 s after the first failure, doubled
+#: after each failed probe up to 5 s (the cap bounds how late a restarted engine is seen)
+PROBE_BACKOFF = Backoff(initial_s=0.5, max_s=5.0)
 #: limit of one probe, seconds (a hung engine must not hold the caller for longer)
 PROBE_TIMEOUT_S = 5.0
 #: limit of the probe that tells a saturated engine (long queue, slow answers) from a hung
@@ -62,7 +60,8 @@ class BackendHealth:
         unhealthy_since: Unix time (s) it was first found unreachable, None while healthy.
         last_error: what the last failed call or probe got.
         next_probe_at: ``time.monotonic()`` from which a probe may run.
-        backoff_s: the wait before the probe after the next failed one.
+        num_failures: failed calls and probes since it was last healthy (the next wait is
+            ``PROBE_BACKOFF.delay_s(num_failures)``).
         probing: a probe is running (others do not start one).
         answered_at: ``time.monotonic()`` of its last answered probe (0: none).
     """
@@ -71,7 +70,7 @@ class BackendHealth:
     unhealthy_since: float | None = None
     last_error: str | None = None
     next_probe_at: float = 0.0
-    backoff_s: float = PROBE_FIRST_S
+    num_failures: int = 0
     probing: bool = False
     answered_at: float = 0.0
 
@@ -80,16 +79,16 @@ class BackendHealth:
         was_healthy = self.healthy
         if was_healthy:
             self.healthy, self.unhealthy_since = False, time.time()
-            self.backoff_s = PROBE_FIRST_S
+            self.num_failures = 0
         self.last_error = error[:300]
-        self.next_probe_at = time.monotonic() + self.backoff_s
-        self.backoff_s = min(self.backoff_s * 2, PROBE_MAX_S)
+        self.num_failures += 1
+        self.next_probe_at = time.monotonic() + PROBE_BACKOFF.delay_s(self.num_failures)
         return was_healthy
 
     def mark_answered(self) -> bool:
         """Record an answer; returns whether the backend was unhealthy before."""
         was_unhealthy = not self.healthy
-        self.healthy, self.unhealthy_since, self.backoff_s = True, None, PROBE_FIRST_S
+        self.healthy, self.unhealthy_since, self.num_failures = True, None, 0
         return was_unhealthy
 
     def probe_due(self) -> bool:

@@ -18,7 +18,7 @@ from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.trajectory import build_traces
 from rolloutd.types import BuilderSpec
-from tests.proxy.conftest import MODEL
+from tests.proxy.support import MODEL
 
 BACKEND_TIMEOUT_S = 2.0
 

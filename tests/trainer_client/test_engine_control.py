@@ -31,7 +31,7 @@ from rolloutd.trainer_client.weight_sync import (
     WeightSyncError,
 )
 from rolloutd.types import SamplingParams
-from tests.proxy.conftest import MODEL as PROXY_MODEL
+from tests.proxy.support import MODEL as PROXY_MODEL
 
 MODEL = "smollm2-135m"
 TOKEN = "admin-secret"

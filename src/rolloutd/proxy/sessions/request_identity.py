@@ -21,7 +21,7 @@ tells apart. The fingerprint of a prefix is computed once per request and shared
 translation and the hash.
 
 Results are identical to the plain functions' (:func:`request_hash`,
-each dialect's ``parse``); property tests (tests/proxy/test_memo.py) check that over random
+each dialect's ``parse``); property tests (tests/proxy/sessions/test_request_identity.py) check that over random
 conversation growth, also interleaved. Memory: up to :data:`MAX_CONVERSATIONS` conversations
 per session, the same message objects their last completions hold, plus a sha256 state
 each.

@@ -16,7 +16,7 @@ from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.types import SamplingParams
-from tests.proxy.conftest import RecordingTransport
+from tests.proxy.support import RecordingTransport, make_engine_gateway
 
 pytestmark = pytest.mark.engine
 
@@ -33,21 +33,11 @@ TOOLS = [
 ]
 
 
-def make_gateway(store: Path, llama_server: Any, tokenizer: Any, transport: Any) -> Gateway:
-    settings = GatewaySettings(
-        store_url=str(store),
-        backend_url=llama_server.url,
-        gateway_public_url="http://gateway.test",
-        backend_timeout_s=120,
-    )
-    return Gateway.from_settings(settings, tokenizer=tokenizer, transport=transport)
-
-
 @pytest.fixture
 async def gw(
     tmp_path: Path, tokenizer: Any, llama_server: Any, recording_transport: Any
 ) -> AsyncIterator[Gateway]:
-    gateway = make_gateway(tmp_path / "store", llama_server, tokenizer, recording_transport)
+    gateway = make_engine_gateway(tmp_path / "store", llama_server, tokenizer, recording_transport)
     yield gateway
     await gateway.aclose()
 
@@ -198,7 +188,7 @@ async def test_a_gateway_restart_mid_replay_resumes_at_the_right_position(
     tmp_path: Path, tokenizer: Any, llama_server: Any, recording_transport: Any
 ) -> None:
     store = tmp_path / "store"
-    gw = make_gateway(store, llama_server, tokenizer, recording_transport)
+    gw = make_engine_gateway(store, llama_server, tokenizer, recording_transport)
     first = await gw.sessions.open_session("rr/0", "rr", sampling=SAMPLING)
     one = Harness(gw, first.session_key, volatile="a")
     await one.run(USERS[:4])
@@ -214,7 +204,7 @@ async def test_a_gateway_restart_mid_replay_resumes_at_the_right_position(
     assert len(recording_transport.exchanges) == 4
     # a new gateway process on the same store: the session loads with its position
     transport2 = RecordingTransport()
-    gw2 = make_gateway(store, llama_server, tokenizer, transport2)
+    gw2 = make_engine_gateway(store, llama_server, tokenizer, transport2)
     try:
         again = Harness(gw2, second.session_key, volatile="c")
         again.messages, again.ids = two.messages, two.ids

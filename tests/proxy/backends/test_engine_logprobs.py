@@ -10,40 +10,25 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from rolloutd.proxy.http.server import Gateway
-from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.types import Completion, SamplingParams
 
 pytestmark = pytest.mark.engine
 
-MESSAGES = [{"role": "user", "content": "Repeat exactly: 𝔘𝔫𝔦𝔠𝔬𝔡𝔢"}]
-
 
 @pytest.fixture
-async def engine_gateway(
-    tmp_path: Path, tokenizer: Any, llama_server: Any, recording_transport: Any
-) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient]]:
-    settings = GatewaySettings(
-        store_url=str(tmp_path / "store"),
-        backend_url=llama_server.url,
-        gateway_public_url="http://gateway.test",
-        backend_timeout_s=120,
-    )
-    gw = Gateway.from_settings(settings, tokenizer=tokenizer, transport=recording_transport)
-    transport = httpx.ASGITransport(app=gw.app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://gateway.test", timeout=120
-    ) as client:
-        yield gw, client
-    await gw.aclose()
+def engine_tool_parser() -> str | None:
+    """The model's own tool parser (no tool calls here)."""
+    return None
+
+
+MESSAGES = [{"role": "user", "content": "Repeat exactly: 𝔘𝔫𝔦𝔠𝔬𝔡𝔢"}]
 
 
 async def call(
@@ -72,9 +57,9 @@ def assert_every_logprob(completion: Completion, tokenizer: Any) -> None:
 
 
 async def test_non_streamed_answer_keeps_every_logprob(
-    engine_gateway: Any, tokenizer: Any, recording_transport: Any
+    engine_gateway: Any, engine_client: Any, tokenizer: Any, recording_transport: Any
 ) -> None:
-    gateway, client = engine_gateway
+    gateway, client = engine_gateway, engine_client
     response, completion = await call(gateway, client, "lp/plain", stream=False)
     assert response.status_code == 200
     assert_every_logprob(completion, tokenizer)
@@ -93,8 +78,10 @@ async def test_non_streamed_answer_keeps_every_logprob(
     )
 
 
-async def test_streamed_answer_keeps_every_token(engine_gateway: Any, tokenizer: Any) -> None:
-    gateway, client = engine_gateway
+async def test_streamed_answer_keeps_every_token(
+    engine_gateway: Any, engine_client: Any, tokenizer: Any
+) -> None:
+    gateway, client = engine_gateway, engine_client
     response, completion = await call(gateway, client, "lp/stream", stream=True)
     assert response.status_code == 200
     assert_every_logprob(completion, tokenizer)

@@ -22,8 +22,7 @@ from rolloutd.proxy.backends.http import new_client
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.proxy.sessions.state import SessionInfo
 from rolloutd.settings import GatewaySettings
-from rolloutd.store import CompletionLog
-from rolloutd.types import SamplingParams
+from tests.proxy.support import completions, open_session
 
 CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 WEATHER = {
@@ -31,16 +30,6 @@ WEATHER = {
     "description": "weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
-
-
-async def open_session(gateway: Gateway, session_id: str = "t/0") -> SessionInfo:
-    return await gateway.sessions.open_session(
-        session_id, "t", sampling=SamplingParams(max_tokens=64)
-    )
-
-
-def completions(gateway: Gateway, session_id: str = "t/0") -> list[Any]:
-    return CompletionLog(gateway.store, session_id).read_all()
 
 
 def responses_url(info: SessionInfo) -> str:
@@ -74,7 +63,7 @@ def data_events(text: str) -> list[dict[str, Any]]:
 
 
 async def test_responses_answer_and_stream(gateway: Gateway, client: httpx.AsyncClient) -> None:
-    info = await open_session(gateway)
+    info = await open_session(gateway, "t/0", max_tokens=64)
     body = {
         "model": "x",
         "instructions": "Be brief.",
@@ -109,7 +98,7 @@ async def test_responses_answer_and_stream(gateway: Gateway, client: httpx.Async
     assert text == "Hello there!"
     final = events[-1][1]["response"]
     assert final["output"][0]["content"][0]["text"] == "Hello there!"
-    logged = completions(gateway)
+    logged = completions(gateway, "t/0")
     assert [c.dialect for c in logged] == ["openai_responses"] * 2
     assert logged[0].messages[0] == {"role": "system", "content": "Be brief."}
     assert logged[0].response_ids == logged[1].response_ids
@@ -118,7 +107,7 @@ async def test_responses_answer_and_stream(gateway: Gateway, client: httpx.Async
 async def test_responses_tool_call_then_previous_response_id_extends(
     gateway: Gateway, client: httpx.AsyncClient, fake_llama: Any
 ) -> None:
-    info = await open_session(gateway)
+    info = await open_session(gateway, "t/0", max_tokens=64)
     fake_llama.answers = [CALL_TEXT, "It is sunny."]
     tools = [{"type": "function", **WEATHER}, {"type": "web_search"}]
     first = (
@@ -144,7 +133,7 @@ async def test_responses_tool_call_then_previous_response_id_extends(
         },
     )
     assert second.status_code == 200, second.text
-    logged = completions(gateway)
+    logged = completions(gateway, "t/0")
     assert logged[1].extends == 0
     assert logged[1].messages[-1] == {
         "role": "tool",
@@ -165,7 +154,7 @@ async def test_responses_tool_call_then_previous_response_id_extends(
 async def test_anthropic_answer_stream_and_retry(
     gateway: Gateway, client: httpx.AsyncClient, fake_llama: Any
 ) -> None:
-    info = await open_session(gateway)
+    info = await open_session(gateway, "t/0", max_tokens=64)
     body = {
         "model": "claude-x",
         "max_tokens": 32,
@@ -187,7 +176,7 @@ async def test_anthropic_answer_stream_and_retry(
         headers={"x-stainless-retry-count": "1"},
     )
     assert retried.json() == message
-    assert len(completions(gateway)) == 1 and len(fake_llama.requests) == 1
+    assert len(completions(gateway, "t/0")) == 1 and len(fake_llama.requests) == 1
     assert fake_llama.requests[0]["n_predict"] == 64  # the task's policy is `override`
     streamed = await client.post(
         messages_url(info),
@@ -207,7 +196,7 @@ async def test_anthropic_answer_stream_and_retry(
     assert (
         prompt_tokens
         == events[-2][1]["usage"]["input_tokens"]
-        == len(completions(gateway)[-1].prompt_ids)
+        == len(completions(gateway, "t/0")[-1].prompt_ids)
         > 0
     )
 
@@ -215,7 +204,7 @@ async def test_anthropic_answer_stream_and_retry(
 async def test_anthropic_tool_use_round(
     gateway: Gateway, client: httpx.AsyncClient, fake_llama: Any
 ) -> None:
-    info = await open_session(gateway)
+    info = await open_session(gateway, "t/0", max_tokens=64)
     fake_llama.answers = [CALL_TEXT, "Sunny."]
     tools = [
         {
@@ -272,13 +261,13 @@ async def test_anthropic_tool_use_round(
         },
     )
     assert second.status_code == 200, second.text
-    assert completions(gateway)[1].extends == 0
+    assert completions(gateway, "t/0")[1].extends == 0
 
 
 async def test_count_tokens_samples_and_records_nothing(
     gateway: Gateway, client: httpx.AsyncClient, fake_llama: Any, template: Any
 ) -> None:
-    info = await open_session(gateway)
+    info = await open_session(gateway, "t/0", max_tokens=64)
     body = {"model": "x", "system": "Sys", "messages": [{"role": "user", "content": "Hi!"}]}
     counted = await client.post(f"/s/{info.session_key}/v1/messages/count_tokens", json=body)
     assert counted.status_code == 200, counted.text
@@ -294,13 +283,13 @@ async def test_count_tokens_samples_and_records_nothing(
         },
     )
     assert gemini_count.json() == {"totalTokens": expected}
-    assert fake_llama.requests == [] and completions(gateway) == []
+    assert fake_llama.requests == [] and completions(gateway, "t/0") == []
 
 
 async def test_api_key_headers_on_routes_without_prefix(
     gateway: Gateway, client: httpx.AsyncClient
 ) -> None:
-    info = await open_session(gateway)
+    info = await open_session(gateway, "t/0", max_tokens=64)
     anthropic_answer = await client.post(
         "/v1/messages",
         headers={"x-api-key": info.session_key},
@@ -312,7 +301,7 @@ async def test_api_key_headers_on_routes_without_prefix(
         json={"contents": [{"parts": [{"text": "b"}]}]},
     )
     assert anthropic_answer.status_code == gemini_answer.status_code == 200
-    assert len(completions(gateway)) == 2
+    assert len(completions(gateway, "t/0")) == 2
 
 
 # --------------------------------------------------------------------------- Gemini
@@ -321,7 +310,7 @@ async def test_api_key_headers_on_routes_without_prefix(
 async def test_gemini_answer_and_sse_stream(
     gateway: Gateway, client: httpx.AsyncClient, fake_llama: Any
 ) -> None:
-    info = await open_session(gateway)
+    info = await open_session(gateway, "t/0", max_tokens=64)
     fake_llama.answers = ["Hello there!", CALL_TEXT]
     body = {
         "contents": [{"role": "user", "parts": [{"text": "Hi!"}]}],
@@ -350,7 +339,7 @@ async def test_gemini_answer_and_sse_stream(
         }
     ]
     assert chunks[-1]["candidates"][0]["finishReason"] == "STOP"
-    assert [c.dialect for c in completions(gateway)] == ["gemini", "gemini"]
+    assert [c.dialect for c in completions(gateway, "t/0")] == ["gemini", "gemini"]
 
 
 # --------------------------------------------------------------------------- reasoning
@@ -370,7 +359,7 @@ async def test_think_reasoning_reaches_each_dialect(
     fake_llama.answers = ["<think>Let me see.</think>Hi!"]
     transport = httpx.ASGITransport(app=gw.app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as client:
-        info = await open_session(gw)
+        info = await open_session(gw, "t/0", max_tokens=64)
         chat = (
             await client.post(
                 f"/s/{info.session_key}/v1/chat/completions",
@@ -398,7 +387,7 @@ async def test_think_reasoning_reaches_each_dialect(
             == "Let me see."
         )
         assert "".join(e["delta"] for k, e in events if k == "response.output_text.delta") == "Hi!"
-        recorded = completions(gw)
+        recorded = completions(gw, "t/0")
         assert recorded[0].response_message["reasoning_content"] == "Let me see."
         assert recorded[0].response_text == "<think>Let me see.</think>Hi!"
     await gw.aclose()
@@ -470,7 +459,7 @@ BAD_GEMINI = [
 async def test_bad_responses_requests_get_openai_errors(
     gateway: Gateway, client: httpx.AsyncClient, body: Any
 ) -> None:
-    info = await open_session(gateway)
+    info = await open_session(gateway, "t/0", max_tokens=64)
     assert_openai_error(await client.post(responses_url(info), json=body), 400)
 
 
@@ -478,7 +467,7 @@ async def test_bad_responses_requests_get_openai_errors(
 async def test_bad_anthropic_requests_get_anthropic_errors(
     gateway: Gateway, client: httpx.AsyncClient, body: Any
 ) -> None:
-    info = await open_session(gateway)
+    info = await open_session(gateway, "t/0", max_tokens=64)
     assert_anthropic_error(await client.post(messages_url(info), json=body), 400)
     count_url = f"/s/{info.session_key}/v1/messages/count_tokens"
     if isinstance(body, dict) and "max_tokens" not in body and body.get("messages"):
@@ -490,14 +479,14 @@ async def test_bad_anthropic_requests_get_anthropic_errors(
 async def test_bad_gemini_requests_get_google_errors(
     gateway: Gateway, client: httpx.AsyncClient, body: Any
 ) -> None:
-    info = await open_session(gateway)
+    info = await open_session(gateway, "t/0", max_tokens=64)
     assert_gemini_error(await client.post(gemini_url(info), json=body), 400)
 
 
 async def test_auth_routes_and_bodies_in_each_dialect(
     gateway: Gateway, client: httpx.AsyncClient
 ) -> None:
-    info = await open_session(gateway)
+    info = await open_session(gateway, "t/0", max_tokens=64)
     assert_openai_error(await client.post("/s/nope/v1/responses", json={"input": "x"}), 401)
     assert_anthropic_error(await client.post("/v1/messages", json={}), 401)
     assert_gemini_error(await client.post("/v1beta/models/m:generateContent", json={}), 401)
@@ -521,7 +510,7 @@ async def test_auth_routes_and_bodies_in_each_dialect(
 async def test_backend_failure_in_each_dialect(
     gateway: Gateway, client: httpx.AsyncClient, fake_llama: Any
 ) -> None:
-    info = await open_session(gateway)
+    info = await open_session(gateway, "t/0", max_tokens=64)
     fake_llama.transport = None
     backend = gateway.pool.get(gateway.pool.names()[0])
     backend.client = new_client(
@@ -541,7 +530,7 @@ async def test_backend_failure_in_each_dialect(
     assert_gemini_error(
         await client.post(gemini_url(info), json={"contents": [{"parts": [{"text": "x"}]}]}), 502
     )
-    assert completions(gateway) == []
+    assert completions(gateway, "t/0") == []
 
 
 async def test_edge_paths_of_the_model_call_routes(
@@ -549,7 +538,7 @@ async def test_edge_paths_of_the_model_call_routes(
 ) -> None:
     """Model calls skip FastAPI's router (app.ModelCalls); the paths it does not serve, and
     methods other than POST, still get the router's answers in the dialect's shape."""
-    info = await open_session(gateway)
+    info = await open_session(gateway, "t/0", max_tokens=64)
     key = info.session_key
     assert_gemini_error(await client.post(f"/s/{key}/v1beta/models/", json={}), 404)
     assert_gemini_error(
@@ -560,13 +549,13 @@ async def test_edge_paths_of_the_model_call_routes(
     assert_openai_error(await client.put(f"/s/{key}/v1/chat/completions", json={}), 405)
     assert_anthropic_error(await client.delete("/v1/messages/count_tokens"), 405)
     assert_gemini_error(await client.get(f"/s/{key}/v1beta/models/m:generateContent"), 405)
-    assert completions(gateway) == []
+    assert completions(gateway, "t/0") == []
 
 
 async def test_a_crash_is_a_500_in_the_dialect_and_is_logged(
     gateway: Gateway, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    info = await open_session(gateway)
+    info = await open_session(gateway, "t/0", max_tokens=64)
 
     async def crash(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug")
@@ -583,4 +572,4 @@ async def test_a_crash_is_a_500_in_the_dialect_and_is_logged(
     [crashed] = [e for e in logs if e["log_level"] in ("warning", "error")]
     assert crashed["event"] == "call_failed" and crashed["session_id"] == "t/0"
     assert (await gateway.sessions.get("t/0")).state.num_errors == 1
-    assert completions(gateway) == []
+    assert completions(gateway, "t/0") == []

@@ -5,40 +5,18 @@ completion log is checked against what the server actually sampled."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from rolloutd.proxy.http.server import Gateway
-from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
-from rolloutd.types import SamplingParams
+from tests.proxy.support import open_session
 
 pytestmark = pytest.mark.engine
 
-
-@pytest.fixture
-async def engine_client(
-    tmp_path: Path, tokenizer: Any, llama_server: Any, recording_transport: Any
-) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient]]:
-    settings = GatewaySettings(
-        store_url=str(tmp_path / "store"),
-        backend_url=llama_server.url,
-        gateway_public_url="http://gateway.test",
-        backend_timeout_s=120,
-    )
-    gw = Gateway.from_settings(
-        settings, tokenizer=tokenizer, transport=recording_transport, tool_parser="hermes_lenient"
-    )
-    transport = httpx.ASGITransport(app=gw.app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://gateway.test", timeout=120
-    ) as client:
-        yield gw, client
-    await gw.aclose()
+#: the sampling of every session here
+SAMPLING: dict[str, Any] = {"max_tokens": 12, "temperature": 0.7, "seed": 1}
 
 
 def assert_logged_as_sampled(
@@ -66,17 +44,11 @@ def assert_logged_as_sampled(
     )
 
 
-async def open_session(gateway: Gateway, session_id: str) -> Any:
-    return await gateway.sessions.open_session(
-        session_id,
-        session_id.split("/")[0],
-        sampling=SamplingParams(max_tokens=12, temperature=0.7, seed=1),
-    )
-
-
-async def test_responses_two_turns_streamed(engine_client: Any, recording_transport: Any) -> None:
-    gateway, client = engine_client
-    info = await open_session(gateway, "resp/0")
+async def test_responses_two_turns_streamed(
+    engine_gateway: Any, engine_client: Any, recording_transport: Any
+) -> None:
+    gateway, client = engine_gateway, engine_client
+    info = await open_session(gateway, "resp/0", **SAMPLING)
     url = f"/s/{info.session_key}/v1/responses"
     first = (await client.post(url, json={"instructions": "Be brief.", "input": "Say hi."})).json()
     said = first["output"][-1]["content"][0]["text"]
@@ -104,9 +76,11 @@ async def test_responses_two_turns_streamed(engine_client: Any, recording_transp
     assert_logged_as_sampled(gateway, "resp/0", recording_transport, "openai_responses")
 
 
-async def test_anthropic_two_turns_streamed(engine_client: Any, recording_transport: Any) -> None:
-    gateway, client = engine_client
-    info = await open_session(gateway, "anth/0")
+async def test_anthropic_two_turns_streamed(
+    engine_gateway: Any, engine_client: Any, recording_transport: Any
+) -> None:
+    gateway, client = engine_gateway, engine_client
+    info = await open_session(gateway, "anth/0", **SAMPLING)
     url = f"/s/{info.session_key}/v1/messages"
     first = (
         await client.post(
@@ -136,9 +110,11 @@ async def test_anthropic_two_turns_streamed(engine_client: Any, recording_transp
     assert_logged_as_sampled(gateway, "anth/0", recording_transport, "anthropic")
 
 
-async def test_gemini_two_turns_streamed(engine_client: Any, recording_transport: Any) -> None:
-    gateway, client = engine_client
-    info = await open_session(gateway, "gem/0")
+async def test_gemini_two_turns_streamed(
+    engine_gateway: Any, engine_client: Any, recording_transport: Any
+) -> None:
+    gateway, client = engine_gateway, engine_client
+    info = await open_session(gateway, "gem/0", **SAMPLING)
     base = f"/s/{info.session_key}/v1beta/models/qwen"
     user = {"role": "user", "parts": [{"text": "Say hi."}]}
     first = (

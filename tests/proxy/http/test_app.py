@@ -13,7 +13,7 @@ from rolloutd.proxy.backends.http import new_client
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.proxy.sessions.state import SessionInfo
 from rolloutd.store import CompletionLog
-from rolloutd.types import SamplingParams
+from tests.proxy.support import open_session
 
 TOOLS = [
     {
@@ -25,14 +25,6 @@ TOOLS = [
     }
 ]
 CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-
-
-async def open_session(
-    gateway: Gateway, session_id: str = "mytask/0", **sampling: Any
-) -> SessionInfo:
-    return await gateway.sessions.open_session(
-        session_id, session_id.split("/")[0], sampling=SamplingParams(**sampling)
-    )
 
 
 def chat_url(info: SessionInfo) -> str:

@@ -14,31 +14,19 @@ import httpx
 import pytest
 
 from rolloutd.proxy.http.server import Gateway
-from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.trainer_client.admin import AdminError, BackendAdmin
-from tests.proxy.conftest import FakeLlamaCpp
+from tests.proxy.support import (
+    ADMIN_TOKEN,
+    Backends,
+    FakeLlamaCpp,
+    chat,
+    make_admin_gateway,
+    poll,
+)
 
-TOKEN = "admin-secret"
+TOKEN = ADMIN_TOKEN
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 16}
-
-
-class Backends:
-    """Fake llama.cpp servers at any host: records which host every ``/completion`` reached,
-    and can hold calls until released (an in-flight call)."""
-
-    def __init__(self, fake: FakeLlamaCpp) -> None:
-        self.fake = fake
-        self.hosts: list[str] = []
-        self.hold: asyncio.Event | None = None
-        self.transport = httpx.MockTransport(self.handle)
-
-    async def handle(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/completion":
-            self.hosts.append(request.url.host)
-            if self.hold is not None:
-                await self.hold.wait()
-        return self.fake.handle(request)
 
 
 @pytest.fixture
@@ -46,22 +34,9 @@ def backends(fake_llama: FakeLlamaCpp) -> Backends:
     return Backends(fake_llama)
 
 
-def make_gateway(store: Path, tokenizer: Any, backends: Backends, **settings: Any) -> Gateway:
-    values: dict[str, Any] = {
-        "store_url": str(store),
-        "backend_url": "http://a",
-        "gateway_public_url": "http://gateway.test",
-        "admin_token": TOKEN,
-        **settings,
-    }
-    return Gateway.from_settings(
-        GatewaySettings(**values), tokenizer=tokenizer, transport=backends.transport
-    )
-
-
 @pytest.fixture
 async def gw(tmp_path: Path, tokenizer: Any, backends: Backends) -> AsyncIterator[Gateway]:
-    gateway = make_gateway(tmp_path / "store", tokenizer, backends)
+    gateway = make_admin_gateway(tmp_path / "store", tokenizer, backends)
     yield gateway
     await gateway.aclose()
 
@@ -88,19 +63,6 @@ def openai_error(response: httpx.Response, status: int) -> str:
     return str(error["message"])
 
 
-async def chat(http: httpx.AsyncClient, key: str, content: str = "Hi!") -> httpx.Response:
-    body = {**CHAT, "messages": [{"role": "user", "content": content}]}
-    return await http.post(f"/s/{key}/v1/chat/completions", json=body)
-
-
-async def poll(predicate: Any, timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        assert loop.time() < deadline, "condition not reached before the deadline"
-        await asyncio.sleep(0.005)
-
-
 # --------------------------------------------------------------------------- auth
 
 
@@ -116,7 +78,7 @@ async def test_admin_routes_need_the_admin_token(http: httpx.AsyncClient) -> Non
 async def test_without_a_configured_token_admin_routes_are_disabled(
     tmp_path: Path, tokenizer: Any, backends: Backends
 ) -> None:
-    gateway = make_gateway(tmp_path / "s", tokenizer, backends, admin_token=None)
+    gateway = make_admin_gateway(tmp_path / "s", tokenizer, backends, admin_token=None)
     transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://g") as client:
         sent = await client.post(
@@ -240,7 +202,7 @@ async def test_pause_drains_in_flight_calls_and_holds_new_ones(
 async def test_a_call_waits_for_a_backend_then_fails_with_503(
     tmp_path: Path, tokenizer: Any, backends: Backends
 ) -> None:
-    gateway = make_gateway(tmp_path / "s", tokenizer, backends, backend_wait_s=0.05)
+    gateway = make_admin_gateway(tmp_path / "s", tokenizer, backends, backend_wait_s=0.05)
     info = await gateway.sessions.open_session("t/0", "t")
     await gateway.pool.remove(None)
     transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
@@ -258,7 +220,9 @@ async def test_the_pool_is_durable_across_gateways(
     await admin.remove("http://a")
     await admin.pause(names=["b"])
     # a second gateway over the same store, started with other settings, sees the pool
-    second = make_gateway(Path(gw.settings.store_url), tokenizer, backends, backend_url="http://c")
+    second = make_admin_gateway(
+        Path(gw.settings.store_url), tokenizer, backends, backend_url="http://c"
+    )
     [entry] = second.pool.describe()
     assert (entry["name"], entry["url"], entry["policy_version"], entry["paused"]) == (
         "b",
@@ -277,8 +241,8 @@ async def test_a_running_replica_follows_pool_changes_made_on_another(
     the first reach the second's next call. ``pool_refresh_s`` is ~0 here, so the second
     looks at the store before every lease (1 s by default)."""
     store = tmp_path / "store"
-    first = make_gateway(store, tokenizer, backends)
-    second = make_gateway(store, tokenizer, backends, pool_refresh_s=1e-9)
+    first = make_admin_gateway(store, tokenizer, backends)
+    second = make_admin_gateway(store, tokenizer, backends, pool_refresh_s=1e-9)
     info = await second.sessions.open_session("t/0", "t")
     transport = httpx.ASGITransport(app=second.app, raise_app_exceptions=False)
     async with (
@@ -312,9 +276,9 @@ async def test_a_running_replica_follows_pool_changes_made_on_another(
 async def test_an_unmanaged_pool_follows_the_settings(
     tmp_path: Path, tokenizer: Any, backends: Backends
 ) -> None:
-    first = make_gateway(tmp_path / "s", tokenizer, backends, backend_url="http://a")
+    first = make_admin_gateway(tmp_path / "s", tokenizer, backends, backend_url="http://a")
     await first.aclose()
-    second = make_gateway(tmp_path / "s", tokenizer, backends, backend_url="http://c")
+    second = make_admin_gateway(tmp_path / "s", tokenizer, backends, backend_url="http://c")
     assert second.pool.names() == ["http://c"]
     await second.aclose()
 
@@ -325,7 +289,7 @@ async def test_an_unmanaged_pool_follows_the_settings(
 async def test_bodies_over_the_limit_get_413_in_each_dialect(
     tmp_path: Path, tokenizer: Any, backends: Backends
 ) -> None:
-    gateway = make_gateway(tmp_path / "s", tokenizer, backends, max_body_bytes=2048)
+    gateway = make_admin_gateway(tmp_path / "s", tokenizer, backends, max_body_bytes=2048)
     info = await gateway.sessions.open_session("t/0", "t")
     big = {**CHAT, "messages": [{"role": "user", "content": "x" * 4096}]}
     base = f"/s/{info.session_key}"

@@ -15,7 +15,7 @@ import httpx
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.types import SamplingParams
-from tests.proxy.conftest import FAKE_URL, FakeLlamaCpp
+from tests.proxy.support import FAKE_URL, FakeLlamaCpp
 
 DEAD_AFTER_S = 1.0
 

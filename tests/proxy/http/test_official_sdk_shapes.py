@@ -1,5 +1,5 @@
-"""What a strict official SDK rejects, checked fast: the SDKs of tests/proxy/sdk_clients.py
-against a gateway on a real socket whose backend is the scripted llama.cpp of conftest (no
+"""What a strict official SDK rejects, checked fast: the SDKs of tests/proxy/http/sdk_clients.py
+against a gateway on a real socket whose backend is the scripted llama.cpp of support.py (no
 engine). Each test pins one wire shape a strict client needs: tool calls answered plainly and
 streamed, the token-count routes, the Gemini API's ``v1`` path, and errors in each provider's
 own shape raised as the SDK's typed exception.
@@ -19,8 +19,7 @@ import pytest
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 
-from tests.proxy.conftest import FAKE_URL, FakeLlamaCpp
-from tests.proxy.sdk_clients import (
+from tests.proxy.http.sdk_clients import (
     Served,
     gemini_client,
     served_gateway,
@@ -28,6 +27,7 @@ from tests.proxy.sdk_clients import (
     strict_gemini,
     strict_openai,
 )
+from tests.proxy.support import FAKE_URL, FakeLlamaCpp
 
 TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

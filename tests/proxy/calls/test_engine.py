@@ -4,8 +4,6 @@ httpx.ASGITransport, every llama-server exchange recorded raw by the backend's t
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,7 +11,6 @@ import pytest
 
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.proxy.sessions.manager import SessionManager
-from rolloutd.settings import GatewaySettings
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.types import SamplingParams
 
@@ -34,32 +31,6 @@ TOOLS = [
     }
 ]
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Use the tools when needed."}
-
-
-@pytest.fixture
-async def engine_gateway(
-    tmp_path: Path, tokenizer: Any, llama_server: Any, recording_transport: Any
-) -> AsyncIterator[Gateway]:
-    settings = GatewaySettings(
-        store_url=str(tmp_path / "store"),
-        backend_url=llama_server.url,
-        gateway_public_url="http://gateway.test",
-        backend_timeout_s=120,
-    )
-    gw = Gateway.from_settings(
-        settings, tokenizer=tokenizer, transport=recording_transport, tool_parser="hermes_lenient"
-    )
-    yield gw
-    await gw.aclose()
-
-
-@pytest.fixture
-async def engine_client(engine_gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=engine_gateway.app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://gateway.test", timeout=120
-    ) as client:
-        yield client
 
 
 def assert_recorded_as_sampled(completions: list[Any], recording: Any) -> None:

@@ -1,7 +1,7 @@
 """Each dialect driven by its provider's official Python SDK, strict, against a real
 llama-server (Qwen2.5-Coder-0.5B) behind a gateway on a real socket: plain, streamed,
 tool-calling (a tool definition and a tool result turn) and token-counting calls, on every
-API version path the SDK uses. See tests/proxy/sdk_clients.py for what "strict" means per SDK.
+API version path the SDK uses. See tests/proxy/http/sdk_clients.py for what "strict" means per SDK.
 
 Every call is short (16 to 48 tokens, greedy): engine time on a shared 2-core CPU is scarce.
 """
@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 from google.genai import types as genai_types
 
-from rolloutd.store import CompletionLog
-from tests.proxy.sdk_clients import (
+from tests.proxy.http.sdk_clients import (
     Served,
     gemini_client,
     served_gateway,
@@ -23,6 +22,7 @@ from tests.proxy.sdk_clients import (
     strict_gemini,
     strict_openai,
 )
+from tests.proxy.support import completions
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -46,10 +46,6 @@ async def served(
         tmp_path_factory.mktemp("sdk") / "store", llama_server.url, tokenizer
     ) as s:
         yield s
-
-
-def completions(served: Served, session_id: str) -> list[Any]:
-    return CompletionLog(served.gateway.store, session_id).read_all()
 
 
 async def test_openai_chat_completions(served: Served) -> None:
@@ -82,7 +78,7 @@ async def test_openai_chat_completions(served: Served) -> None:
     )
     async for _ in asked:
         pass
-    assert len(completions(served, "oai-chat/0")) == 4
+    assert len(completions(served.gateway, "oai-chat/0")) == 4
 
 
 async def test_openai_responses(served: Served) -> None:
@@ -109,7 +105,7 @@ async def test_openai_responses(served: Served) -> None:
     assert answered.status in ("completed", "incomplete")
     counted = await client.responses.input_tokens.count(model="gpt-x", input=turn, tools=tools)
     assert counted.input_tokens > 20
-    assert len(completions(served, "oai-resp/0")) == 3
+    assert len(completions(served.gateway, "oai-resp/0")) == 3
 
 
 async def test_anthropic_messages(served: Served) -> None:
@@ -165,7 +161,7 @@ async def test_anthropic_messages(served: Served) -> None:
         model="claude-x", messages=turn, tools=tools
     )
     assert counted.input_tokens == beta_counted.input_tokens > 20
-    assert len(completions(served, "anth/0")) == 3
+    assert len(completions(served.gateway, "anth/0")) == 3
 
 
 @pytest.mark.parametrize("api_version", ["v1beta", "v1"])
@@ -226,4 +222,4 @@ async def test_google_genai(served: Served, api_version: str) -> None:
     counted = await models.count_tokens(model="gemini-x", contents=turn)
     assert counted.total_tokens and counted.total_tokens > 20
     assert strict_gemini(served.recorder) >= 4
-    assert len(completions(served, f"gem-{api_version}/0")) == 3
+    assert len(completions(served.gateway, f"gem-{api_version}/0")) == 3

@@ -1,7 +1,7 @@
 """Concurrent calls of one session (sub-agents) and the retry rule (docs/sessions.md,
 "Concurrent calls" and "Request identity").
 
-The first tests are about ordering only and run on the scripted llama.cpp of conftest.py,
+The first tests are about ordering only and run on the scripted llama.cpp of support.py,
 held at a gate so that the test decides when the backend answers. The ``engine`` tests run
 the app in-process against a real llama-server (2 slots, so two calls really sample at once).
 """
@@ -25,7 +25,7 @@ from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.trajectory import build_traces, check_invariants
 from rolloutd.types import BuilderSpec, Completion, SamplingParams
-from tests.proxy.conftest import FAKE_URL, FakeLlamaCpp
+from tests.proxy.support import FAKE_URL, FakeLlamaCpp
 
 DEADLINE_S = 30.0
 

@@ -15,6 +15,7 @@ from rolloutd.errors import BackendError, BackendUnavailableError, ContextLength
 from rolloutd.proxy.backends.base import GenerateRequest
 from rolloutd.proxy.backends.llama_cpp import STREAM_SLACK_TOKENS, LlamaCppBackend
 from rolloutd.proxy.backends.llama_cpp_logprobs import incomplete_utf8_positions
+from tests.proxy.support import sse_response
 
 REQUEST = GenerateRequest(
     prompt_ids=[1, 2, 3], max_tokens=8, temperature=0.5, top_p=0.9, top_k=0, seed=7
@@ -122,11 +123,6 @@ async def test_http_errors() -> None:
         await backend(slow).generate(REQUEST)
 
 
-def sse(*events: dict[str, Any]) -> httpx.Response:
-    data = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
-    return httpx.Response(200, content=data.encode(), headers={"content-type": "text/event-stream"})
-
-
 async def test_stream_deltas_and_result() -> None:
     events = [
         {
@@ -149,7 +145,7 @@ async def test_stream_deltas_and_result() -> None:
         },
         {"content": "", "tokens": [], "stop": True, "stop_type": "eos", "tokens_evaluated": 3},
     ]
-    deltas = [d async for d in backend(lambda r: sse(*events)).generate_stream(REQUEST)]
+    deltas = [d async for d in backend(lambda r: sse_response(*events)).generate_stream(REQUEST)]
     assert [d.response_ids for d in deltas[:-1]] == [[10], [11], [99]]
     result = deltas[-1].result
     assert result is not None
@@ -166,7 +162,7 @@ async def test_stream_without_final_event_is_an_error() -> None:
         "stop": False,
     }
     with pytest.raises(BackendError, match="final event"):
-        async for _ in backend(lambda r: sse(event)).generate_stream(REQUEST):
+        async for _ in backend(lambda r: sse_response(event)).generate_stream(REQUEST):
             pass
 
 
@@ -224,7 +220,11 @@ def scoring_backend(
                 200, json={"tokens": [{"id": i, "piece": PIECES[i]} for i in ids]}
             )
         if body["prompt"] == REQUEST.prompt_ids:
-            return sse(*events) if events is not None else httpx.Response(200, json=answer_body)
+            return (
+                sse_response(*events)
+                if events is not None
+                else httpx.Response(200, json=answer_body)
+            )
         scoring.append(body)
         assert body["prompt"] == [*REQUEST.prompt_ids, 10]
         top = [prob(11, -0.7), prob(13, -0.9)][: body["n_probs"]]
@@ -311,7 +311,7 @@ async def test_stream_body_asks_for_slack_tokens() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         bodies.append(json.loads(request.content))
-        return sse({"content": "", "tokens": [], "stop": True, "stop_type": "limit"})
+        return sse_response({"content": "", "tokens": [], "stop": True, "stop_type": "limit"})
 
     async for _ in backend(handler).generate_stream(REQUEST):
         pass

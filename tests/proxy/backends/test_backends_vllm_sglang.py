@@ -31,6 +31,7 @@ from rolloutd.proxy.backends.vllm import VllmBackend
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
+from tests.proxy.support import sse_response
 
 EOS = 151645
 REQUEST = GenerateRequest(prompt_ids=[1, 2, 3], max_tokens=8, temperature=0.7, seed=3)
@@ -46,11 +47,6 @@ def mock(handler: Any) -> tuple[httpx.MockTransport, list[dict[str, Any]]]:
         return handler(request)
 
     return httpx.MockTransport(record), seen
-
-
-def sse(*events: Any) -> httpx.Response:
-    text = "".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events)
-    return httpx.Response(200, content=text.encode(), headers={"content-type": "text/event-stream"})
 
 
 # --------------------------------------------------------------------------- vLLM
@@ -169,7 +165,7 @@ async def test_vllm_stream_deltas_match_the_result() -> None:
         },
         "[DONE]",
     ]
-    transport, seen = mock(lambda r: sse(*chunks))
+    transport, seen = mock(lambda r: sse_response(*chunks))
     deltas = [
         d
         async for d in VllmBackend("v", "http://vllm", transport=transport).generate_stream(REQUEST)
@@ -272,7 +268,7 @@ async def test_sglang_cumulative_stream_becomes_deltas() -> None:
             "output_token_logprobs": [[-0.1, 39, None], [-0.2, 72, None], [-0.3, EOS, None]],
         },
     }
-    transport, _ = mock(lambda r: sse(first, last, "[DONE]"))
+    transport, _ = mock(lambda r: sse_response(first, last, "[DONE]"))
     deltas = [
         d
         async for d in SglangBackend("s", "http://s", transport=transport).generate_stream(REQUEST)

@@ -40,7 +40,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -49,7 +48,9 @@ import structlog
 from rolloutd.errors import BackendUnavailableError, ConfigError, ConflictError, NotFoundError
 from rolloutd.http_client import HEALTH_PROBE, new_async_client
 from rolloutd.proxy.backends.base import Backend
-from rolloutd.proxy.backends.health import BackendHealth, PoolHealth, dead_message
+from rolloutd.proxy.backends.health import BackendHealth, dead_message
+from rolloutd.proxy.backends.pool_health import PoolHealth
+from rolloutd.proxy.backends.slots import Lease, Slot
 from rolloutd.proxy.backends.specs import (
     POOL_KEY,
     BackendSpec,
@@ -64,35 +65,6 @@ from rolloutd.settings import GatewaySettings
 from rolloutd.store import BlobStore
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(eq=False)
-class _Slot:
-    """A registered (or retiring) backend in memory."""
-
-    backend: Backend
-    spec: BackendSpec
-    num_assigned: int = 0
-    num_in_flight: int = 0
-    removed: bool = False
-    health: BackendHealth = field(default_factory=BackendHealth)
-
-
-@dataclass(eq=False)
-class Lease:
-    """A sampling call's hold on a backend (released when the call ends).
-
-    Attributes:
-        backend: the backend to call.
-        policy_version: its policy version when the lease was granted (stamped on the
-            completion).
-        moved_from: the removed backend the session was pinned to, when it moved now.
-    """
-
-    backend: Backend
-    policy_version: int
-    moved_from: str | None = None
-    _slot: _Slot | None = field(default=None, repr=False)
 
 
 BackendFactory = Callable[[BackendSpec], Backend]
@@ -141,10 +113,10 @@ class BackendPool(PoolHealth):
         )
         self.managed = managed
         self.wait_s = wait_s
-        self._slots: dict[str, _Slot] = {}
+        self._slots: dict[str, Slot] = {}
         self._changed = asyncio.Event()
         self._admin_lock = asyncio.Lock()
-        self._retiring: list[_Slot] = []
+        self._retiring: list[Slot] = []
         paused_names = set(paused)
         for backend in backends:
             if backend.name in self._slots:
@@ -157,7 +129,7 @@ class BackendPool(PoolHealth):
                 paused=backend.name in paused_names,
                 added_at=time.time(),
             )
-            self._slots[backend.name] = _Slot(backend, spec)
+            self._slots[backend.name] = Slot(backend, spec)
             log.info("backend_added", **backend.describe())
 
     @classmethod
@@ -507,7 +479,7 @@ class BackendPool(PoolHealth):
             "num_in_flight": num_in_flight,
         }
 
-    async def drain(self, slots: list[_Slot], timeout_s: float) -> int:
+    async def drain(self, slots: list[Slot], timeout_s: float) -> int:
         """Wait up to ``timeout_s`` until no call is in flight on ``slots``.
 
         Returns:
@@ -577,9 +549,9 @@ class BackendPool(PoolHealth):
     ) -> None:
         """Make ``specs`` the pool in memory (clients of removed backends close when their
         last call ends). Call with the admin lock held."""
-        slots: dict[str, _Slot] = {}
+        slots: dict[str, Slot] = {}
         for spec in specs:
-            slot = self._slots.pop(spec.name, None) or _Slot((new or {})[spec.name], spec)
+            slot = self._slots.pop(spec.name, None) or Slot((new or {})[spec.name], spec)
             slot.spec = spec
             slot.backend.policy_version = spec.policy_version
             slots[spec.name] = slot
@@ -606,7 +578,7 @@ class BackendPool(PoolHealth):
         self._retiring.clear()
 
 
-def _describe(slot: _Slot) -> dict[str, Any]:
+def _describe(slot: Slot) -> dict[str, Any]:
     return {
         **slot.spec.model_dump(exclude={"added_at"}),
         "num_assigned": slot.num_assigned,

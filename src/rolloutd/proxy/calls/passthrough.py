@@ -17,7 +17,8 @@ from rolloutd.errors import BackendError, ConfigError
 from rolloutd.observability.metrics import CallClock
 from rolloutd.proxy.backends.base import Backend, ChatDelta, ChatResult, GenerateDelta
 from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
-from rolloutd.proxy.backends.pool import BackendPool, Lease
+from rolloutd.proxy.backends.pool import BackendPool
+from rolloutd.proxy.backends.slots import Lease
 from rolloutd.proxy.calls.sampling import resolve_sampling
 from rolloutd.proxy.core.call_types import (
     InternalRequest,

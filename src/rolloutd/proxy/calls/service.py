@@ -29,7 +29,8 @@ from rolloutd.proxy.backends.base import (
     GenerateRequest,
     GenerateResult,
 )
-from rolloutd.proxy.backends.pool import BackendPool, Lease
+from rolloutd.proxy.backends.pool import BackendPool
+from rolloutd.proxy.backends.slots import Lease
 from rolloutd.proxy.calls.failures import call_recorded, record_failure
 from rolloutd.proxy.calls.passthrough import PassthroughCalls, next_delta, stream_tail
 from rolloutd.proxy.calls.sampling import bound_max_tokens, resolve_sampling

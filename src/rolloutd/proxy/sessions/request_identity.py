@@ -20,8 +20,8 @@ the raw JSON values (``marshal`` format 2, then blake2b): Python's ``==`` holds 
 tells apart. The fingerprint of a prefix is computed once per request and shared by the
 translation and the hash.
 
-Results are identical to the plain functions' (:func:`request_hash`,
-each dialect's ``parse``); property tests (tests/proxy/sessions/test_request_identity.py) check that over random
+Results are identical to the plain functions' (:func:`request_hash`, each dialect's ``parse``);
+property tests (tests/proxy/sessions/test_request_identity.py) check that over random
 conversation growth, also interleaved. Memory: up to :data:`MAX_CONVERSATIONS` conversations
 per session, the same message objects their last completions hold, plus a sha256 state
 each.

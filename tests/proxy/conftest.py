@@ -20,6 +20,7 @@ from tests.proxy.support import (
     MODEL,
     FakeLlamaCpp,
     RecordingTransport,
+    asgi_client,
     make_engine_gateway,
     start_llama_server,
 )
@@ -63,8 +64,7 @@ async def gateway(
 
 @pytest.fixture
 async def client(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as c:
+    async with asgi_client(gateway) as c:
         yield c
 
 
@@ -108,8 +108,5 @@ async def engine_gateway(
 @pytest.fixture
 async def engine_client(engine_gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
     """An in-process client of :func:`engine_gateway` (timeout 120 s)."""
-    transport = httpx.ASGITransport(app=engine_gateway.app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://gateway.test", timeout=120
-    ) as client:
+    async with asgi_client(engine_gateway, timeout=120) as client:
         yield client

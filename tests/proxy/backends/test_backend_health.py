@@ -20,6 +20,7 @@ from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.stack import free_port
 from rolloutd.types import SamplingParams
+from tests.proxy.support import asgi_client
 
 pytestmark = [pytest.mark.engine]
 
@@ -62,11 +63,8 @@ async def test_a_refusing_backend_is_skipped_fails_fast_and_comes_back(
         backend_timeout_s=300,
     )
     gateway = Gateway.from_settings(settings, tokenizer=tokenizer, ctx_size=4096)
-    transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
     try:
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://gateway.test", timeout=120
-        ) as client:
+        async with asgi_client(gateway, timeout=120) as client:
             info = await gateway.sessions.open_session(
                 "h/0", "h", sampling=SamplingParams(max_tokens=4)
             )

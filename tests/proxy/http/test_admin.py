@@ -20,6 +20,7 @@ from tests.proxy.support import (
     ADMIN_TOKEN,
     Backends,
     FakeLlamaCpp,
+    asgi_client,
     chat,
     make_admin_gateway,
     poll,
@@ -43,8 +44,7 @@ async def gw(tmp_path: Path, tokenizer: Any, backends: Backends) -> AsyncIterato
 
 @pytest.fixture
 async def http(gw: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=gw.app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as c:
+    async with asgi_client(gw) as c:
         yield c
 
 

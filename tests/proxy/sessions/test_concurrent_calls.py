@@ -25,7 +25,7 @@ from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.trajectory import build_traces, check_invariants
 from rolloutd.types import BuilderSpec, Completion, SamplingParams
-from tests.proxy.support import FAKE_URL, FakeLlamaCpp
+from tests.proxy.support import FAKE_URL, FakeLlamaCpp, asgi_client
 
 DEADLINE_S = 30.0
 
@@ -67,8 +67,7 @@ async def gated(
         gateway_public_url="http://gateway.test",
     )
     gateway = Gateway.from_settings(settings, tokenizer=tokenizer, transport=gate.transport)
-    transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as client:
+    async with asgi_client(gateway) as client:
         yield gateway, gate, client
     await gateway.aclose()
 
@@ -194,10 +193,7 @@ async def engine(
         backend_timeout_s=300,
     )
     gateway = Gateway.from_settings(settings, tokenizer=tokenizer, transport=recording_transport)
-    transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://gateway.test", timeout=300
-    ) as client:
+    async with asgi_client(gateway, timeout=300) as client:
         yield gateway, client
     await gateway.aclose()
 

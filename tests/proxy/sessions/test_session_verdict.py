@@ -15,7 +15,7 @@ import httpx
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.types import SamplingParams
-from tests.proxy.support import FAKE_URL, FakeLlamaCpp
+from tests.proxy.support import FAKE_URL, FakeLlamaCpp, asgi_client
 
 DEAD_AFTER_S = 1.0
 
@@ -40,9 +40,8 @@ async def test_calls_unanswered_for_dead_after_s_give_the_backend_verdict(
     gateway = Gateway.from_settings(
         settings, tokenizer=tokenizer, transport=httpx.MockTransport(handle)
     )
-    transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as c:
+        async with asgi_client(gateway) as c:
             info = await gateway.sessions.open_session(
                 "v/0", "v", sampling=SamplingParams(max_tokens=4)
             )
@@ -115,9 +114,8 @@ async def test_a_call_queued_on_a_saturated_engine_is_not_unanswered_a_hung_one_
     gateway = Gateway.from_settings(
         settings, tokenizer=tokenizer, transport=httpx.MockTransport(handle)
     )
-    transport = httpx.ASGITransport(app=gateway.app, raise_app_exceptions=False)
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as c:
+        async with asgi_client(gateway) as c:
             info = await gateway.sessions.open_session(
                 "w/0", "w", sampling=SamplingParams(max_tokens=4)
             )

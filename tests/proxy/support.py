@@ -316,3 +316,12 @@ async def poll(predicate: Any, timeout_s: float = 5.0) -> None:
     while not predicate():
         assert loop.time() < deadline, "condition not reached before the deadline"
         await asyncio.sleep(0.005)
+
+
+def openai_error(response: httpx.Response, status: int) -> dict[str, Any]:
+    """The ``error`` object of an OpenAI-shaped error answer, after checking its status and
+    that it has exactly OpenAI's four fields."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error  # type: ignore[no-any-return]

@@ -13,7 +13,7 @@ from rolloutd.proxy.backends.http import new_client
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.proxy.sessions.state import SessionInfo
 from rolloutd.store import CompletionLog
-from tests.proxy.support import open_session
+from tests.proxy.support import open_session, openai_error
 
 TOOLS = [
     {
@@ -36,9 +36,7 @@ def body(content: str = "Hi!", **extra: Any) -> dict[str, Any]:
 
 
 def assert_openai_error(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
+    error = openai_error(response, status)
     assert isinstance(error["message"], str) and error["message"]
     return error
 

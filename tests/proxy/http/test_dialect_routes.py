@@ -22,7 +22,7 @@ from rolloutd.proxy.backends.http import new_client
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.proxy.sessions.state import SessionInfo
 from rolloutd.settings import GatewaySettings
-from tests.proxy.support import completions, open_session
+from tests.proxy.support import completions, open_session, openai_error
 
 CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 WEATHER = {
@@ -396,11 +396,6 @@ async def test_think_reasoning_reaches_each_dialect(
 # --------------------------------------------------------------------------- errors
 
 
-def assert_openai_error(response: httpx.Response, status: int) -> None:
-    assert response.status_code == status, response.text
-    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
-
-
 def assert_anthropic_error(response: httpx.Response, status: int) -> None:
     assert response.status_code == status, response.text
     body = response.json()
@@ -460,7 +455,7 @@ async def test_bad_responses_requests_get_openai_errors(
     gateway: Gateway, client: httpx.AsyncClient, body: Any
 ) -> None:
     info = await open_session(gateway, "t/0", max_tokens=64)
-    assert_openai_error(await client.post(responses_url(info), json=body), 400)
+    openai_error(await client.post(responses_url(info), json=body), 400)
 
 
 @pytest.mark.parametrize("body", BAD_MESSAGES)
@@ -487,7 +482,7 @@ async def test_auth_routes_and_bodies_in_each_dialect(
     gateway: Gateway, client: httpx.AsyncClient
 ) -> None:
     info = await open_session(gateway, "t/0", max_tokens=64)
-    assert_openai_error(await client.post("/s/nope/v1/responses", json={"input": "x"}), 401)
+    openai_error(await client.post("/s/nope/v1/responses", json={"input": "x"}), 401)
     assert_anthropic_error(await client.post("/v1/messages", json={}), 401)
     assert_gemini_error(await client.post("/v1beta/models/m:generateContent", json={}), 401)
     assert_gemini_error(await client.post(gemini_url(info, "embedContent"), json={}), 404)
@@ -496,7 +491,7 @@ async def test_auth_routes_and_bodies_in_each_dialect(
     not_json = {"content": b"{oops", "headers": {"content-type": "application/json"}}
     assert_anthropic_error(await client.post(messages_url(info), **not_json), 400)
     assert_gemini_error(await client.post(gemini_url(info), **not_json), 400)
-    assert_openai_error(await client.post(responses_url(info), **not_json), 400)
+    openai_error(await client.post(responses_url(info), **not_json), 400)
     await gateway.sessions.close_session("t/0")
     assert_anthropic_error(
         await client.post(
@@ -544,9 +539,9 @@ async def test_edge_paths_of_the_model_call_routes(
     assert_gemini_error(
         await client.post("/v1beta/models/", json={}, headers={"x-goog-api-key": key}), 404
     )
-    assert_openai_error(await client.post("/s//v1/chat/completions", json={}), 404)
-    assert_openai_error(await client.post(f"/s/{key}/v1/nothing", json={}), 404)
-    assert_openai_error(await client.put(f"/s/{key}/v1/chat/completions", json={}), 405)
+    openai_error(await client.post("/s//v1/chat/completions", json={}), 404)
+    openai_error(await client.post(f"/s/{key}/v1/nothing", json={}), 404)
+    openai_error(await client.put(f"/s/{key}/v1/chat/completions", json={}), 405)
     assert_anthropic_error(await client.delete("/v1/messages/count_tokens"), 405)
     assert_gemini_error(await client.get(f"/s/{key}/v1beta/models/m:generateContent"), 405)
     assert completions(gateway, "t/0") == []

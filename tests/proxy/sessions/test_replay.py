@@ -1,4 +1,4 @@
-"""Replay across attempts in the gateway (issue 25), against a real llama-server: a second
+"""Replay across attempts in the gateway, against a real llama-server: a second
 session opened with the first one's log as its replay source answers the requests identical to
 the recorded ones without an engine request (every ``/completion`` exchange is recorded by the
 backend's transport), with the recorded answer ids, then samples and continues the chain."""

@@ -2,7 +2,7 @@
 
 Every inference server the gateway drives in ``tokens`` capture mode (llama.cpp today; vLLM
 ``/v1/completions`` and SGLang ``/generate`` later) implements :class:`Backend`. Clients run
-without retries: Temporal owns retries (STYLE.md).
+without retries: Temporal owns retries (docs/failures.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ through the client :func:`new_client` builds: httpx is the interface (tests put 
 transport in its place), and underneath the connections are aiohttp's (``httpx-aiohttp``, the
 transport the OpenAI and Anthropic Python SDKs offer). rolloutd speaks no HTTP of its own.
 
-Temporal owns retries (STYLE.md): a retried sampling call here could sample twice. The one
+Temporal owns retries (docs/failures.md): a retried sampling call here could sample twice. The one
 request sent again is one whose pooled connection the backend closed before answering a byte
 of it (RFC 9112 section 9.3.1, "Retrying Requests": a connection closed while idle, a race
 every keep-alive client meets); a request on a new connection is never sent twice.

@@ -177,7 +177,7 @@ class ChatService(PassthroughCalls):
         its completion, so one request is sampled once."""
         body_hash, answered = self._retry(session, request, marked)
         if answered is None and session.replay is not None:
-            # a new attempt: the earlier attempt's record of this request (issue 25)
+            # a new attempt: the earlier attempt's record of this request
             answered = await answer_from_source(
                 session, self.recorder, self.pool, request, body_hash
             )

@@ -58,7 +58,7 @@ def check_admin_exposure(settings: GatewaySettings, host: str | None = None) -> 
 
     Raises:
         ConfigError: the bind address is not loopback and ``admin_token`` is unset
-            (issue 20: admin routes need a token off loopback).
+            (admin routes need a token off loopback).
     """
     require_token_off_loopback(
         settings.gateway_host if host is None else host,

@@ -5,7 +5,7 @@ Blob-store keys (besides :mod:`rolloutd.store`'s completion log)::
     sessions/{session_id}/session.json          SessionState (the key's sha256, never the key)
     gateway/session_keys/{sha256(key)}.json     {"session_id": ...}: key -> session id
 
-The gateway only verifies keys, so it keeps their hashes (issue 20): neither the store nor a
+The gateway only verifies keys, so it keeps their hashes: neither the store nor a
 listing holds a usable key. The key itself travels once, in the open's answer (an activity
 result, encrypted in the workflow history when the payload codec is on). An open retried by
 Temporal gets a new key, which replaces the earlier one (that attempt's answer reached no

@@ -1,5 +1,5 @@
 """Replay across attempts: a new attempt of a sample answers each request identical to one an
-earlier attempt recorded from that record, instead of sampling it again (issue 25;
+earlier attempt recorded from that record, instead of sampling it again (see
 docs/sessions.md, "Replay across attempts").
 
 The source of a session is the sealed logs of the sample's earlier attempts, newest first

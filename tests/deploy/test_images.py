@@ -94,7 +94,7 @@ def test_rolloutd_image_runs_the_cli_and_temporal(images: dict[str, str]) -> Non
     script = (
         "rolloutd --version && rolloutd --help >/dev/null && rolloutd models list && "
         "temporal --version && bwrap --version && node --version && "
-        "python -c 'import rolloutd.workers, rolloutd.rest, rolloutd.proxy.gateway, "
+        "python -c 'import rolloutd.workers, rolloutd.rest, rolloutd.proxy.http.server, "
         'rolloutd.sandbox.runtimes.bwrap; print("fleets importable")\' && '
         "python -c 'from rolloutd.engine.models import load_tokenizer as t; "
         'print("tokenizer", len(t("qwen2.5-coder-0.5b")("def f():").input_ids))\''

@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rolloutd.proxy.recorder import answer_id
+from rolloutd.proxy.sessions.recorder import answer_id
 from rolloutd.store import BlobStore, CompletionLog, artifact_key
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionStatus, TaskResult

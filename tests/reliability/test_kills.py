@@ -19,7 +19,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from rolloutd import doctor
-from rolloutd.proxy.recorder import answer_id
+from rolloutd.proxy.sessions.recorder import answer_id
 from rolloutd.security.connection import data_converter
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
@@ -353,7 +353,7 @@ async def test_no_session_key_or_prompt_in_any_log(rig: Rig):
     """
     import re
 
-    from rolloutd.proxy.sessions import SessionState, hash_session_key, session_state_key
+    from rolloutd.proxy.sessions.state import SessionState, hash_session_key, session_state_key
 
     store = BlobStore(rig.stack.store_url)
     hashes = set()

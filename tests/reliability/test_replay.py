@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from rolloutd import doctor
-from rolloutd.proxy.recorder import answer_id
+from rolloutd.proxy.sessions.recorder import answer_id
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionResult, SessionStatus, TaskResult, Trajectory

@@ -150,7 +150,7 @@ class CloseSessionOutput(Payload):
         default=0,
         description="failed calls answered with a 5xx (a gateway or backend failure, not a bad "
         "request) that no later completion made good "
-        "(rolloutd.proxy.sessions.recovered)",
+        "(rolloutd.proxy.sessions.call_errors.recovered)",
     )
     last_error: str | None = Field(
         default=None,
@@ -172,7 +172,7 @@ class CloseSessionOutput(Payload):
     )
     replay: ReplayStats = Field(
         default_factory=ReplayStats,
-        description="what replay across attempts did (rolloutd.proxy.replay.replay_stats)",
+        description="what replay across attempts did (rolloutd.proxy.sessions.replay_source.replay_stats)",
     )
 
 

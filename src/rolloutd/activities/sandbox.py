@@ -37,8 +37,9 @@ from rolloutd.errors import (
     to_application_error,
 )
 from rolloutd.evaluators import CHECK_ARTIFACT, run_check
+from rolloutd.http_client import HEALTH_PROBE, new_async_client
 from rolloutd.observability import metrics
-from rolloutd.proxy.liveness import Verdict
+from rolloutd.proxy.sessions.liveness import Verdict
 from rolloutd.sandbox import reclaim
 from rolloutd.sandbox.artifacts import apply_patch, git_patch
 from rolloutd.sandbox.harnesses import HarnessAdapter, HarnessCommand, HarnessContext, get_harness
@@ -288,7 +289,8 @@ class SandboxActivities:
         end = _RunEnd()
         completions = CompletionLog(self.store, input.session_id)
         beats = num_completions = 0
-        http = httpx.AsyncClient()
+        http = new_async_client(HEALTH_PROBE)
+        drained = False
         try:
             while True:
                 if self.draining.is_set():

@@ -25,6 +25,8 @@ from rolloutd.activities.models import (
     ReadTaskChunkInput,
     ReadTaskChunkOutput,
 )
+from rolloutd.fault import receiver_status_fault, transport_fault
+from rolloutd.http_client import CALLBACK, new_async_client
 from rolloutd.types import TaskRequest
 
 log = structlog.get_logger(__name__)
@@ -84,15 +86,18 @@ def read_rows(path: Path, fmt: str, offset: int, limit: int) -> tuple[list[dict[
 
 
 def _raise_for_status(response: httpx.Response, attempt: int) -> None:
-    """Map an HTTP status to Temporal's retry decision: 2xx passes; 408, 409, 425, 429 and
-    5xx are retried; any other 4xx is final (the receiver refuses the body). The error's
-    details hold ``attempt`` (the workflow reports it)."""
+    """Map an HTTP status to Temporal's retry decision: 2xx passes; the infrastructure's
+    failures (:func:`rolloutd.fault.receiver_status_fault`: 5xx, and 408, 409, 425, 429 from
+    a busy receiver) are retried; any other 4xx is final (the receiver refuses the body). The
+    error's details hold ``attempt`` (the workflow reports it)."""
     code = response.status_code
     if 200 <= code < 300:
         return
-    retryable = code >= 500 or code in (408, 409, 425, 429)
     raise ApplicationError(
-        f"callback answered {code}", attempt, type="CallbackHTTPError", non_retryable=not retryable
+        f"callback answered {code}",
+        attempt,
+        type="CallbackHTTPError",
+        non_retryable=not receiver_status_fault(code).retryable,
     )
 
 
@@ -104,7 +109,7 @@ class TrainerIOActivities:
     """
 
     def __init__(self, timeout_s: float = 30.0) -> None:
-        self.http = httpx.AsyncClient(timeout=timeout_s)
+        self.http = new_async_client(CALLBACK, timeout_s=timeout_s)
 
     async def aclose(self) -> None:
         """Close the HTTP client."""
@@ -157,7 +162,10 @@ class TrainerIOActivities:
             response = await self.http.post(input.url, json=input.session.model_dump(mode="json"))
         except httpx.HTTPError as e:
             raise ApplicationError(
-                f"callback failed: {type(e).__name__}: {e}", attempt, type="CallbackHTTPError"
+                f"callback failed: {type(e).__name__}: {e}",
+                attempt,
+                type="CallbackHTTPError",
+                non_retryable=not transport_fault(e).retryable,
             ) from e
         _raise_for_status(response, attempt)
         log.info("callback_posted", status_code=response.status_code)

@@ -19,6 +19,10 @@ Translation to OpenAI chat messages (the internal shape):
 Kept: ``max_tokens`` (required), ``temperature``, ``top_p``, ``stream``, ``tools``
 (``input_schema`` -> ``parameters``). Ignored knowingly: ``top_k`` (the task decides),
 ``stop_sequences``, ``thinking``, ``metadata``, ``tool_choice``, ``cache_control``.
+
+Why one module of about 650 lines: the request and the answer translate the same content blocks
+(an answer's blocks are what the next request sends back), so both directions and the
+stream events are read and changed together.
 """
 
 from __future__ import annotations
@@ -34,15 +38,7 @@ from rolloutd.errors import (
     RequestFieldError,
     RolloutdError,
 )
-from rolloutd.proxy.chat_template import content_text
-from rolloutd.proxy.dialects.common import (
-    arguments_json,
-    arguments_object,
-    id_suffix,
-    sse_named,
-    validate,
-)
-from rolloutd.proxy.internal import (
+from rolloutd.proxy.core.call_types import (
     InternalRequest,
     InternalResponse,
     SamplingOverrides,
@@ -52,8 +48,16 @@ from rolloutd.proxy.internal import (
     StreamReasoning,
     StreamStart,
     Usage,
+    id_suffix,
 )
-from rolloutd.proxy.memo import RequestMemo, validate_new_items
+from rolloutd.proxy.dialects.common import (
+    arguments_json,
+    arguments_object,
+    sse_named,
+    validate,
+)
+from rolloutd.proxy.render.messages import content_text
+from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 DIALECT = "anthropic"
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}

@@ -23,6 +23,10 @@ Kept: ``generationConfig.temperature/topP/maxOutputTokens``, ``tools[].functionD
 Ignored knowingly: ``safetySettings``, ``toolConfig``, ``thinkingConfig``, ``topK``,
 ``stopSequences``, ``cachedContent``. Both camelCase and snake_case field names are accepted,
 as the REST API's JSON mapping does.
+
+Why one module of about 650 lines: the request and the answer translate the same parts
+(an answer's blocks are what the next request sends back), so both directions and the
+stream events are read and changed together.
 """
 
 from __future__ import annotations
@@ -34,15 +38,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rolloutd.errors import RequestFieldError, RolloutdError
-from rolloutd.proxy.chat_template import content_text
-from rolloutd.proxy.dialects.common import (
-    arguments_json,
-    arguments_object,
-    id_suffix,
-    sse_data,
-    validate,
-)
-from rolloutd.proxy.internal import (
+from rolloutd.proxy.core.call_types import (
     InternalRequest,
     InternalResponse,
     SamplingOverrides,
@@ -52,8 +48,16 @@ from rolloutd.proxy.internal import (
     StreamReasoning,
     StreamStart,
     Usage,
+    id_suffix,
 )
-from rolloutd.proxy.memo import RequestMemo, validate_new_items
+from rolloutd.proxy.dialects.common import (
+    arguments_json,
+    arguments_object,
+    sse_data,
+    validate,
+)
+from rolloutd.proxy.render.messages import content_text
+from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 DIALECT = "gemini"
 _FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP"}

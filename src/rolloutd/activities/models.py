@@ -172,7 +172,8 @@ class CloseSessionOutput(Payload):
     )
     replay: ReplayStats = Field(
         default_factory=ReplayStats,
-        description="what replay across attempts did (rolloutd.proxy.sessions.replay_source.replay_stats)",
+        description="what replay across attempts did "
+        "(rolloutd.proxy.sessions.replay_source.replay_stats)",
     )
 
 

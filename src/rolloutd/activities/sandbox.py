@@ -290,7 +290,6 @@ class SandboxActivities:
         completions = CompletionLog(self.store, input.session_id)
         beats = num_completions = 0
         http = new_async_client(HEALTH_PROBE)
-        drained = False
         try:
             while True:
                 if self.draining.is_set():

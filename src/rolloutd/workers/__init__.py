@@ -169,7 +169,7 @@ async def run_fleet(
 
     Yields:
         A :class:`FleetHandle`; for the gateway, ``resources["gateway"]`` is the
-        :class:`~rolloutd.proxy.gateway.Gateway` and ``resources["server"]`` its server handle.
+        :class:`~rolloutd.proxy.http.server.Gateway` and ``resources["server"]`` its server handle.
         When the block exits, the fleet drains (:func:`rolloutd.workers.drain.drain_fleet`,
         bounded by ``settings.graceful_shutdown_s``) and ``resources["drain"]`` holds its
         :class:`~rolloutd.workers.drain.DrainReport`; then what the fleet owns is stopped.
@@ -317,7 +317,7 @@ async def _gateway_fleet(
 ) -> None:
     """A gateway host: the HTTP gateway, and the session and trajectory activities."""
     from rolloutd.activities.gateway import GatewayActivities
-    from rolloutd.proxy.gateway import Gateway, serve
+    from rolloutd.proxy.http.server import Gateway, serve
 
     s = settings if isinstance(settings, GatewaySettings) else GatewaySettings()
     gateway = await asyncio.to_thread(Gateway.from_settings, s)
@@ -418,7 +418,7 @@ async def run_forever(fleet: Fleet, metrics_port: int | None = None) -> None:
         fleet, CommonSettings
     )(**overrides)
     if isinstance(settings, GatewaySettings):  # refuse before connecting or loading anything
-        from rolloutd.proxy.gateway import check_admin_exposure
+        from rolloutd.proxy.http.server import check_admin_exposure
 
         check_admin_exposure(settings)
     client = await connect(settings)

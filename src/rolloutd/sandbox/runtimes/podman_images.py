@@ -20,9 +20,10 @@ it, ``--network none``.
 
 **Garbage collection.** Built images carry the label ``rolloutd.managed=build``; each use
 touches a record ``{runtime_root}/.images/{hash}``. :func:`collect_garbage` removes the least
-recently used built images until those left take at most the host's budget
-(``SandboxSettings.image_cache_gb``); an image a container still uses is skipped (``podman
-rmi`` without ``--force`` refuses it). The base image is kept.
+recently used of the built images this runtime root has records of until those left take at
+most the host's budget (``SandboxSettings.image_cache_gb``); an image a container still uses is
+skipped (``podman rmi`` without ``--force`` refuses it). The base image, named images and other
+roots' builds are never removed.
 
 Flags: podman-build(1), podman-import(1), podman-image-exists(1), podman-rmi(1) of podman 4.3;
 docker's CLI takes the same ones (``docker build``, ``docker import``, ``docker image rm``).
@@ -338,17 +339,15 @@ async def collect_garbage(binary: str, root: Path, max_bytes: int) -> list[str]:
     if code != 0:
         log.warning("image_gc_list_failed", output=out.strip()[-300:])
         return []
-    images = json.loads(out or "[]")
     records = Path(root) / RECORDS_DIR
-
-    def last_used(image: dict) -> float:
+    used: dict[str, float] = {}
+    for image in json.loads(out or "[]"):
         digest = str((image.get("Labels") or {}).get(BUILD_LABEL, ""))
-        try:
-            return (records / digest).stat().st_mtime
-        except OSError:
-            return float(image.get("Created") or 0)
-
-    images.sort(key=last_used)
+        with contextlib.suppress(OSError):
+            used[image["Id"]] = (records / digest).stat().st_mtime if digest else -1
+    # only images this root built or used (a record): other workers' builds are theirs
+    images = [i for i in json.loads(out or "[]") if used.get(i["Id"], -1) >= 0]
+    images.sort(key=lambda i: used[i["Id"]])
     total = sum(int(i.get("Size") or 0) for i in images)
     removed: list[str] = []
     for image in images:

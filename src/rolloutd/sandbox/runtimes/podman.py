@@ -337,7 +337,9 @@ class PodmanRuntime(Runtime):
             os.chmod(control_path, 0o600)
             listener.listen(1)
             listener.setblocking(False)
-            code, out = await podman_images.cli(self.binary, *self.run_argv()[1:])
+            code, out = await podman_images.cli(
+                self.binary, *self.run_argv()[1:], cwd=self.runtime_dir
+            )
             if code != 0:
                 raise RuntimeStartError(
                     f"{self.type} runtime {self.runtime_id}: run exited {code}: "

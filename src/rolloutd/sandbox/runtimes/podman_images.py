@@ -80,12 +80,15 @@ _from_ids: dict[str, tuple[float, str]] = {}
 _context_hashes: dict[tuple[str, tuple[tuple[str, int, int, int], ...]], str] = {}
 
 
-async def cli(binary: str, *args: str, timeout_s: float = CLI_TIMEOUT_S) -> tuple[int, str]:
+async def cli(
+    binary: str, *args: str, timeout_s: float = CLI_TIMEOUT_S, cwd: Path | None = None
+) -> tuple[int, str]:
     """Run a container CLI command; return its exit code and output (stdout and stderr).
 
     The process is killed when ``timeout_s`` passes (exit code -9) or the caller is cancelled.
     Its environment is the worker's (the operator's: e.g. a ``DOCKER_HOST`` it set), never a
-    task's.
+    task's. ``cwd``: its working folder (conmon, which outlives ``podman run``, keeps it and
+    writes an ``oom`` file there when the container's memory limit is hit).
     """
     proc = await asyncio.create_subprocess_exec(
         binary,
@@ -94,6 +97,7 @@ async def cli(binary: str, *args: str, timeout_s: float = CLI_TIMEOUT_S) -> tupl
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
+        cwd=cwd,
     )
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)

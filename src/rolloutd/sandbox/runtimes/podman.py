@@ -274,17 +274,18 @@ class PodmanRuntime(Runtime):
             )
         elif not self.image:
             self.image = await podman_images.ensure_base_image(self.binary)
-        elif not await podman_images.image_exists(self.binary, self.image):
+        config = await podman_images.image_config(self.binary, self.image)
+        if config is None:
             code, out = await podman_images.cli(
                 self.binary, "pull", "--quiet", "--", self.image, timeout_s=1800
             )
-            if code != 0:
+            config = await podman_images.image_config(self.binary, self.image)
+            if code != 0 or config is None:
                 raise RuntimeStartError(
                     f"{self.type} runtime: image {self.image!r} is not here and cannot be "
                     f"pulled: {out.strip()[-300:]}",
                     retryable=False,
                 )
-        config = await podman_images.image_config(self.binary, self.image)
         self._image_id = str(config.get("Id", ""))
         for entry in config.get("Env") or []:
             name, _, value = str(entry).partition("=")

@@ -218,3 +218,23 @@ async def test_root_inside_cannot_mount_or_end_the_exec_server(make_runtime) -> 
     assert result.stderr.count("Permission denied") >= 4, result
     again = await runtime.exec("echo alive")  # pid 1 (the exec server) outlived the signals
     assert again.stdout == "alive\n"
+
+
+async def test_an_images_symlinked_workdir_does_not_seed_host_files(make_runtime, tmp_path) -> None:
+    """An image whose workdir is a symlink out of it (to a host folder's path, or ``/etc``
+    through a symlinked parent): seeding the workspace resolves it inside the image only, so
+    no host file lands in the workspace."""
+    from rolloutd.sandbox.runtimes.podman_images import BASE_IMAGE
+
+    host_folder = tmp_path / "host-folder"
+    host_folder.mkdir()
+    (host_folder / "secret.txt").write_text("host secret")
+    context = tmp_path / "evil"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nRUN ln -s {host_folder} /app && ln -s {tmp_path} /srv/up\n"
+    )
+    for workdir in ("/app", "/srv/up/host-folder"):
+        runtime = await make_runtime("podman", build={"context": str(context)}, workdir=workdir)
+        assert list(runtime.workspace.iterdir()) == [], workdir
+        assert "host secret" not in (await runtime.exec("cat secret.txt")).stdout

@@ -304,8 +304,14 @@ class PodmanRuntime(Runtime):
         if code != 0:
             raise RuntimeStartError(f"{self.type} image mount failed: {out.strip()[-300:]}")
         try:
-            source = Path(out.strip().splitlines()[-1]) / self.workdir.lstrip("/")
-            seedable = source.is_dir() and any(source.iterdir())
+            mountpoint = os.path.realpath(out.strip().splitlines()[-1])
+            # an image's symlink (`/app -> /etc`) resolves against the host's root here:
+            # whatever the workdir resolves to must stay inside the image
+            source = Path(os.path.realpath(Path(mountpoint, self.workdir.lstrip("/"))))
+            inside = source.is_relative_to(mountpoint)
+            if not inside:
+                log.warning("image_workdir_leaves_image", image=self.image, workdir=self.workdir)
+            seedable = inside and source.is_dir() and any(source.iterdir())
             _seedable[key] = seedable
             if seedable:
                 await asyncio.to_thread(_copy_missing, source, self.workspace)

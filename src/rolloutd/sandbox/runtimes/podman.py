@@ -47,8 +47,9 @@ a worker that starts reclaims by label the containers of runtimes whose owner di
 (:mod:`rolloutd.sandbox.reclaim`). A killed worker also ends its containers by itself: the exec
 server exits when its control socket closes, which ends the container, which ``--rm`` removes.
 
-Teardown (:meth:`stop`): the exec server's socket is closed (the container ends), then ``podman
-rm --force --volumes`` removes the container and its anonymous volumes (an image's ``VOLUME``);
+Teardown (:meth:`stop`): ``podman rm --force --volumes`` removes the running container (its pid
+1 killed, everything in it with it) and its anonymous volumes (an image's ``VOLUME``), then the
+exec server's socket is closed;
 no network or named volume is ever created. Nothing is left: ``podman ps -a``, ``podman volume
 ls`` and ``podman network ls`` filtered by the labels show nothing (tests/sandbox).
 
@@ -101,6 +102,8 @@ HOST_BIN_INSIDE = f"{HOST_INSIDE}/bin"
 START_TIMEOUT_S = 60.0
 #: seconds the container may take to end once its exec server's socket is closed.
 EXIT_WAIT_S = 2.0
+#: times teardown tries ``podman rm`` (a container exiting by itself meanwhile refuses one).
+RM_ATTEMPTS = 5
 #: the label naming a container's runtime id (and the others, see the module docstring).
 RUNTIME_LABEL = "rolloutd.runtime_id"
 ROOT_LABEL = "rolloutd.root"
@@ -471,14 +474,21 @@ class PodmanRuntime(Runtime):
 
     async def _cleanup(self) -> None:
         began = time.monotonic()
-        if self._exec_server is not None:  # the exec server exits at EOF, and the container
-            self._exec_server.close()
-            self._exec_server = None
-        code, out = await podman_images.cli(self.binary, *self.rm_argv()[1:])
-        if code != 0 and "no such container" not in out.lower():
+        # removed while it runs (SIGKILL to pid 1 ends everything in it); closing the exec
+        # server first would race its exit with the removal ("container state improper")
+        for attempt in range(RM_ATTEMPTS):
+            code, out = await podman_images.cli(self.binary, *self.rm_argv()[1:])
+            if code == 0 or "no such container" in out.lower():
+                break
+            log.info("container_remove_retried", name=self.name, output=out.strip()[-200:])
+            await asyncio.sleep(0.2 * (attempt + 1))
+        else:
             log.warning(
                 "container_remove_failed", runtime=self.type, name=self.name, output=out[-300:]
             )
+        if self._exec_server is not None:
+            self._exec_server.close()
+            self._exec_server = None
         if self.relay is not None:
             await self.relay.close()
         log.debug(

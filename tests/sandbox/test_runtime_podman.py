@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from rolloutd.errors import RuntimeStartError
+from rolloutd.errors import HarnessError, RuntimeStartError
 from rolloutd.sandbox import reclaim
+from rolloutd.sandbox.config import tools_dir
+from rolloutd.sandbox.harnesses.qwen_code import qwen_cli
 from rolloutd.sandbox.runtimes import create_runtime
 from rolloutd.sandbox.runtimes import podman_images as images
 from rolloutd.sandbox.runtimes.podman import RUNTIME_LABEL, USERNS_BASE, PodmanRuntime
@@ -172,6 +174,16 @@ async def test_the_hosts_harness_clis_run_inside(make_runtime) -> None:
     assert result.exit_code == 0 and result.stdout.startswith("v"), result
     python = await runtime.exec([sys.executable, "-c", "import openai"])
     assert python.exit_code == 0, python  # rolloutd's own Python: the python harness's
+    try:
+        qwen = qwen_cli()
+    except HarnessError:
+        return  # no npm CLIs on this host
+    version = await runtime.exec(["node", str(qwen), "--version"], timeout_s=120)
+    assert version.exit_code == 0 and version.stdout.strip()[:1].isdigit(), version
+    mini = tools_dir() / "bin" / "mini"
+    if mini.exists():  # a Python harness CLI in its own environment (shebang: host Python)
+        help_ = await runtime.exec([str(mini), "--help"], timeout_s=120)
+        assert help_.exit_code == 0 and "mini" in help_.stdout.lower(), help_
 
 
 async def test_teardown_leaves_no_container_volume_or_network(make_runtime, context: Path) -> None:

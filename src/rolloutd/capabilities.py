@@ -70,6 +70,8 @@ class HostCapabilities(Model):
             (``SandboxSettings.max_concurrent_sessions``); sandbox hosts only.
         policy: the host's sandbox policy (``SandboxSettings.sandbox_policy``); sandbox hosts
             only (None: a host of a version before policies; nothing is checked for it).
+        runtimes: runtime types whose program is installed on the host (empty: a host of a
+            version before this field; not checked).
         started_at: when the worker started (UTC).
     """
 
@@ -81,6 +83,7 @@ class HostCapabilities(Model):
     evaluators: list[str] = Field(default_factory=list)
     max_concurrent_sessions: int | None = Field(default=None, ge=1)
     policy: SandboxPolicy | None = None
+    runtimes: list[str] = Field(default_factory=list)
     started_at: datetime | None = None
 
 
@@ -158,6 +161,15 @@ def check_task(task: TaskRequest, fleets: FleetCapabilities) -> list[tuple[str, 
         ``(dotted.field.path, message)`` pairs, empty when the task can run.
     """
     errors: list[tuple[str, str]] = policy_errors(task, fleets)
+    installed = sorted({t for h in fleets.of("sandbox") for t in h.runtimes})
+    if installed and task.runtime.type not in installed:
+        errors.append(
+            (
+                "runtime.type",
+                f"runtime.type={task.runtime.type!r} is not installed on any sandbox host "
+                f"(installed: {', '.join(installed)})",
+            )
+        )
     harness = task.harness.type
     sandbox = fleets.of("sandbox")
     if not sandbox:

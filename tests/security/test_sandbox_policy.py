@@ -82,6 +82,14 @@ def test_the_local_runtime_is_refused_unless_the_operator_allows_it() -> None:
     assert check_task(task({"type": "local"}), fleets_with(allowing)) == []
 
 
+def test_a_runtime_no_sandbox_host_has_installed_is_refused() -> None:
+    fleets = fleets_with(SandboxPolicy())
+    fleets.hosts[0].runtimes = ["local", "bwrap", "podman"]
+    ((path, message),) = check_task(task({"type": "docker", "image": "debian"}), fleets)
+    assert path == "runtime.type" and "not installed on any sandbox host" in message
+    assert check_task(task({"type": "podman"}), fleets) == []
+
+
 def test_the_hosts_root_as_an_image_and_the_host_network_are_refused() -> None:
     errors = dict(
         check_task(

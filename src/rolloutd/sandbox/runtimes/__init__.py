@@ -6,6 +6,7 @@ Use :func:`create_runtime`; every runtime offers ``start``, ``exec``, ``spawn``,
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from rolloutd.errors import ConfigError, PolicyError
@@ -14,7 +15,22 @@ from rolloutd.sandbox.runtimes.process import RuntimeProcess
 from rolloutd.sandbox_policy import SandboxPolicy, check_message, violations
 from rolloutd.types import RuntimeSpec
 
-__all__ = ["ExecResult", "Runtime", "RuntimeProcess", "create_runtime"]
+__all__ = ["ExecResult", "Runtime", "RuntimeProcess", "create_runtime", "installed_runtimes"]
+
+#: the program each runtime type needs on the host (``local`` needs none).
+RUNTIME_PROGRAMS = {
+    "bwrap": "bwrap",
+    "podman": "podman",
+    "apptainer": "apptainer",
+    "docker": "docker",
+}
+
+
+def installed_runtimes() -> list[str]:
+    """Runtime types whose program is installed on this host (``local`` always), for the
+    fleet registry; docker's daemon is not asked (a docker runtime without one fails to
+    start, naming why)."""
+    return ["local", *(t for t, program in RUNTIME_PROGRAMS.items() if shutil.which(program))]
 
 
 def create_runtime(

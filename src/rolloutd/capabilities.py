@@ -30,9 +30,9 @@ Everything here is pure (no I/O): it runs in workflow code and in the client.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, field_validator
 
 from rolloutd.sandbox_policy import SandboxPolicy, violations
 from rolloutd.types import Model, TaskRequest
@@ -55,7 +55,14 @@ OPT_OUT = "check_capabilities=False"
 PublishingFleet = Literal["sandbox", "eval"]
 
 
-class HostCapabilities(Model):
+class _Payload(Model):
+    """A Temporal payload: unknown fields are ignored, so hosts and clients of different
+    versions read each other's registrations."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class HostCapabilities(_Payload):
     """What one host of a fleet can run, published when its worker starts.
 
     Attributes:
@@ -86,8 +93,17 @@ class HostCapabilities(Model):
     runtimes: list[str] = Field(default_factory=list)
     started_at: datetime | None = None
 
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _known_policy_fields(cls, value: Any) -> Any:
+        # a newer host's policy may have settings this version does not know: they are left
+        # out here (the host enforces them itself), the operator's own input stays strict
+        if isinstance(value, dict):
+            return {k: v for k, v in value.items() if k in SandboxPolicy.model_fields}
+        return value
 
-class FleetCapabilities(Model):
+
+class FleetCapabilities(_Payload):
     """The registered hosts; what the fleets can run is the union of theirs."""
 
     hosts: list[HostCapabilities] = Field(default_factory=list)

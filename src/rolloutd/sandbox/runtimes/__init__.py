@@ -7,6 +7,7 @@ Use :func:`create_runtime`; every runtime offers ``start``, ``exec``, ``spawn``,
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 from rolloutd.errors import ConfigError, PolicyError
@@ -28,9 +29,23 @@ RUNTIME_PROGRAMS = {
 
 def installed_runtimes() -> list[str]:
     """Runtime types whose program is installed on this host (``local`` always), for the
-    fleet registry; docker's daemon is not asked (a docker runtime without one fails to
-    start, naming why)."""
-    return ["local", *(t for t, program in RUNTIME_PROGRAMS.items() if shutil.which(program))]
+    fleet registry; docker only when its daemon answers (``docker version``)."""
+    found = ["local"]
+    for kind, program in RUNTIME_PROGRAMS.items():
+        if shutil.which(program) is None:
+            continue
+        if kind == "docker":
+            try:
+                subprocess.run(
+                    [program, "version", "--format", "{{.Server.Version}}"],
+                    capture_output=True,
+                    timeout=10,
+                    check=True,
+                )
+            except (OSError, subprocess.SubprocessError):
+                continue
+        found.append(kind)
+    return found
 
 
 def create_runtime(

@@ -180,6 +180,11 @@ async def run_fleet(
     build = _BUILDERS.get(fleet)
     if build is None:
         raise ValueError(f"unknown fleet {fleet!r}; one of {', '.join(FLEETS)}")
+    if fleet in ("sandbox", "eval"):
+        from rolloutd.evaluators import register_evaluators
+
+        # the operator's evaluators: eval hosts score with them, sandbox hosts run their checks
+        register_evaluators((settings or CommonSettings()).evaluators)
     handle = FleetHandle(fleet=fleet, workers=[])
     parts = _FleetParts(grace_s=(settings or CommonSettings()).graceful_shutdown_s)
     await build(handle, client, settings, parts)
@@ -269,6 +274,7 @@ async def _sandbox_fleet(
     s = settings if isinstance(settings, SandboxSettings) else SandboxSettings()
     host = await asyncio.to_thread(host_capabilities, "sandbox", s.host_id)
     host.max_concurrent_sessions = s.max_concurrent_sessions
+    host.policy = s.sandbox_policy
     parts.host = host
     acts = SandboxActivities(s, BlobStore(s.store_url))
     # before polling: runtimes a killed worker left on this root are killed and removed,

@@ -22,8 +22,9 @@ from rolloutd.capabilities import (
     HostCapabilities,
     PublishingFleet,
 )
-from rolloutd.evaluators import EVALUATORS
+from rolloutd.evaluators import evaluator_names
 from rolloutd.sandbox.harnesses import harness_capabilities
+from rolloutd.sandbox.runtimes import installed_runtimes
 from rolloutd.workflows.fleets import FleetRegistryInput, FleetRegistryWorkflow
 
 log = structlog.get_logger(__name__)
@@ -33,8 +34,8 @@ def host_capabilities(fleet: PublishingFleet, host_id: str) -> HostCapabilities:
     """What this host can run as a member of ``fleet``, probed now.
 
     Args:
-        fleet: ``sandbox`` (harness adapters whose CLI is installed here) or ``eval``
-            (built-in evaluators).
+        fleet: ``sandbox`` (harness adapters whose CLI is installed here; the caller adds
+            the host's sandbox policy) or ``eval`` (the names in the evaluator registry).
         host_id: this host's id.
     """
     host = HostCapabilities(
@@ -45,8 +46,9 @@ def host_capabilities(fleet: PublishingFleet, host_id: str) -> HostCapabilities:
     )
     if fleet == "sandbox":
         host.harnesses, host.missing_harnesses = harness_capabilities()
+        host.runtimes = installed_runtimes()
     else:
-        host.evaluators = sorted(EVALUATORS)
+        host.evaluators = evaluator_names()
     return host
 
 

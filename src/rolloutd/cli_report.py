@@ -36,9 +36,14 @@ def failure_cell(session: Any) -> str:
 
 def infrastructure_failure(session: Any) -> bool:
     """Whether a session ended with a cause that is not the policy's: any failure cause but
-    ``cancelled`` (someone asked) and a policy-accountable run timeout."""
+    ``cancelled`` (someone asked), ``refused`` (the task asked for what the sandbox policy
+    refuses: the task's) and a policy-accountable run timeout."""
     failure = session.failure
-    return failure is not None and failure.kind != "cancelled" and not failure.policy_accountable
+    return (
+        failure is not None
+        and failure.kind not in ("cancelled", "refused")
+        and not failure.policy_accountable
+    )
 
 
 def made_good(session: Any, group: Any) -> bool:

@@ -23,6 +23,10 @@ retried, never replaced). The rules are written here once; change them here.
   context, :class:`~rolloutd.errors.ContextLengthError`; a concurrency bound,
   :class:`~rolloutd.errors.BackendSaturatedError` in :data:`TASK_REFUSAL_TYPES`) are the
   task's.
+- An activity's refusal of what the task asked (:func:`refusal_fault`): a sandbox host
+  refusing a task outside its sandbox policy (:class:`~rolloutd.errors.PolicyError`, in
+  :data:`TASK_ACTIVITY_REFUSAL_TYPES`) is the task's: never retried, never replaced, and not
+  counted as a sandbox failure.
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ BACKEND_ERROR_TYPES = frozenset({"BackendError", "BackendUnavailableError"})
 #: error classes (by name) of the gateway's refusals that the task or the policy caused,
 #: whatever their status: a concurrency bound (503) says the task asks for more than its share
 TASK_REFUSAL_TYPES = frozenset({"BackendSaturatedError"})
+
+#: error types (``ApplicationError.type``: the class name) of an activity's refusal that the
+#: task caused: the sandbox host's policy check refused what the task asked
+TASK_ACTIVITY_REFUSAL_TYPES = frozenset({"PolicyError"})
 
 #: statuses of a receiver that is busy rather than refusing: 408 Request Timeout, 409
 #: Conflict, 425 Too Early, 429 Too Many Requests
@@ -123,3 +131,14 @@ def exception_fault(error: BaseException) -> Fault:
     if not isinstance(error, RolloutdError):
         return Fault.INFRASTRUCTURE
     return call_fault(type(error).__name__, error.status_code)
+
+
+def refusal_fault(error_type: str | None) -> Fault | None:
+    """The fault of an activity's failure when it is a refusal the task caused (a sandbox
+    host's policy refusal): :attr:`Fault.TASK`; None for any other error (its own rules
+    decide).
+
+    Args:
+        error_type: the activity error's type (``ApplicationError.type``), or None.
+    """
+    return Fault.TASK if error_type in TASK_ACTIVITY_REFUSAL_TYPES else None

@@ -277,7 +277,9 @@ class SessionStatus(str, enum.Enum):
     CANCELLED = "cancelled"
 
 
-FailureKind = Literal["backend", "sandbox", "harness", "evaluator", "timeout", "cancelled"]
+FailureKind = Literal[
+    "backend", "sandbox", "harness", "evaluator", "timeout", "cancelled", "refused"
+]
 
 
 class FailureCause(Payload):
@@ -294,7 +296,9 @@ class FailureCause(Payload):
         "``sandbox`` (the runtime could not start, or its host was lost after the "
         "last attempt), ``harness`` (the CLI could not start or was killed), "
         "``evaluator`` (the evaluator raised or its runtime could not start), "
-        "``timeout`` (a phase budget was spent: ``phase`` says which), ``cancelled``",
+        "``timeout`` (a phase budget was spent: ``phase`` says which), ``cancelled``, "
+        "``refused`` (the sandbox host refused what the task asked, outside its sandbox "
+        "policy: the task's fault, never retried or replaced)",
     )
     message: str = Field(description="what happened, in words")
     phase: str | None = Field(

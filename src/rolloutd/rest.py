@@ -55,6 +55,7 @@ from rolloutd.viewer import add_viewer_routes
 
 
 class _Wire(BaseModel):
+    # unknown fields are kept to be named: the submit route refuses those not in POLAR_IGNORED
     model_config = ConfigDict(extra="allow")
 
 
@@ -68,6 +69,7 @@ class PolarRuntime(_Wire):
     network: str | None = None
     workdir: str | None = None
     memory_mb: int | None = None
+    cpus: float | None = None
     #: rolloutd's own: the workspace's files and the steps that prepare it (a task's repository,
     #: where POLAR names an image that holds it)
     files: dict[str, str] = Field(default_factory=dict)
@@ -145,13 +147,48 @@ class PolarTaskStatus(BaseModel):
     callback: dict[str, Any] | None = None
 
 
-class AddLLMServer(_Wire):
+class AddLLMServer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     address: str
     type: str = "llama_cpp"
     name: str | None = None
 
 
-_NETWORKS = {"host": "host", "none": "none", "gateway": "gateway", None: None}
+#: POLAR fields rolloutd accepts and ignores (docs/polar.md), by the object that holds them
+#: (``""`` the request); any other field rolloutd does not know is refused by name.
+POLAR_IGNORED: dict[str, frozenset[str]] = {
+    "": frozenset({"early_stop_min_usable_sessions", "refresh_runtime"}),
+    "runtime": frozenset(
+        {
+            "eval_prepare",
+            "direct_exec_init_command",
+            "storage_mb",
+            "gpus",
+            "allow_internet",
+            "internet_volumes",
+            "kwargs",
+        }
+    ),
+    "agent": frozenset(),
+    "builder": frozenset(),
+    "evaluator": frozenset({"refresh_runtime"}),
+}
+
+
+def unknown_polar_fields(polar: PolarTaskRequest) -> list[str]:
+    """The dotted paths of the request's fields that neither rolloutd nor :data:`POLAR_IGNORED`
+    knows (``agent.settings`` and ``builder.config`` are free-form: other keys are ignored)."""
+    unknown = []
+    for where, ignored in POLAR_IGNORED.items():
+        part = getattr(polar, where) if where else polar
+        extra = part.model_extra if part is not None else None
+        for name in extra or {}:
+            if name not in ignored:
+                unknown.append(f"{where}.{name}" if where else name)
+    return unknown
+
+
 #: POLAR's image naming the host's own system (no container image).
 HOST_IMAGE = "host"
 _SESSION_STATUS = {
@@ -266,8 +303,10 @@ def to_task_request(polar: PolarTaskRequest) -> dict[str, Any]:
             runtime["files"] = rt.files
         if rt.prepare:
             runtime["prepare"] = rt.prepare
-        if rt.network in _NETWORKS and rt.network is not None:
+        if rt.network is not None:  # an unknown network is refused by RuntimeSpec
             runtime["network"] = rt.network
+        if rt.cpus is not None:
+            runtime["cpus"] = rt.cpus
         task["runtime"] = runtime
     if polar.builder is not None:
         task["builder"] = {
@@ -441,6 +480,14 @@ def _task_routes(app: FastAPI, client: RolloutClient, callback_timeout_s: float 
     @app.post("/rollout/task/submit", response_model=SubmitResponse)
     async def submit(request: PolarTaskRequest) -> SubmitResponse:
         """Non-blocking submission; poll ``GET /rollout/task/{task_id}``."""
+        unknown = unknown_polar_fields(request)
+        if unknown:
+            raise HTTPException(
+                422,
+                detail=[
+                    {"loc": path.split("."), "msg": f"unknown field {path!r}"} for path in unknown
+                ],
+            )
         try:
             task = to_task_request(request)
             if callback_timeout_s is not None:

@@ -26,6 +26,11 @@ class ExecStep(Payload):
     env: dict[str, str] = Field(default_factory=dict, description="extra environment")
     timeout_s: float = Field(default=300.0, gt=0, le=86_400, description="step time limit")
 
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        return check_env(env)
+
 
 class UploadStep(Payload):
     """A prepare step that copies a host file or folder (or an fsspec URL of a file) into the
@@ -54,6 +59,33 @@ WORKDIR_PATTERN = re.compile(r"^/[A-Za-z0-9._+-][A-Za-z0-9._+/-]{0,253}$")
 EVALUATOR_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 #: a container image reference (registry/name:tag@digest): never an option (``--privileged``).
 IMAGE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
+#: an environment variable's name (POSIX.1-2017, 8.1 "Environment Variable Definition": letters,
+#: digits and underscores, not starting with a digit): ``A=B`` would split at ``=`` at run time.
+ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    """``env``, when every name is a POSIX variable name and no value holds a NUL byte.
+
+    Raises:
+        ValueError: naming the first bad variable.
+    """
+    for name, value in env.items():
+        if not ENV_NAME_PATTERN.match(name):
+            raise ValueError(
+                f"environment variable name {name!r} is not valid (letters, digits and '_', "
+                "not starting with a digit)"
+            )
+        if "\x00" in value:
+            raise ValueError(f"environment variable {name!r} holds a NUL byte")
+    return env
+
+
+def artifact_file_name(path: str) -> str:
+    """The store name of the artifact file at workspace-relative ``path``: ``/`` becomes
+    ``__`` (one blob-store key per artifact, no folders), so ``a/b`` and ``a__b`` would share
+    one; :class:`RuntimeSpec` refuses such a pair at submit."""
+    return posixpath.normpath(path).replace("/", "__")
 
 
 class ImageBuild(Payload):
@@ -202,10 +234,23 @@ class RuntimeSpec(Payload):
     @field_validator("artifacts")
     @classmethod
     def _relative_artifacts(cls, paths: list[str]) -> list[str]:
+        names: dict[str, str] = {}
         for path in paths:
             if path.startswith("/") or ".." in path.split("/") or not path:
                 raise ValueError(f"artifact path {path!r} must be relative to the workspace")
+            name = artifact_file_name(path)
+            if name in names:
+                raise ValueError(
+                    f"artifact paths {names[name]!r} and {path!r} would be stored under one "
+                    f"name ({name!r}: '/' is stored as '__'); keep one of them"
+                )
+            names[name] = path
         return paths
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        return check_env(env)
 
 
 class HarnessSpec(Payload):
@@ -256,6 +301,11 @@ class HarnessSpec(Payload):
         description="python: the agent coroutine as `module:function`, imported inside the "
         "runtime from the workdir, HOME (where `files` go) or PYTHONPATH",
     )
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        return check_env(env)
 
     @model_validator(mode="after")
     def _shell_needs_command(self) -> HarnessSpec:

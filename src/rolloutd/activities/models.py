@@ -327,7 +327,10 @@ class ReadTaskChunkInput(Payload):
 
 class ReadTaskChunkOutput(Payload):
     tasks: list[TaskRequest] = Field(default_factory=list, description="valid rows, in order")
-    errors: list[str] = Field(default_factory=list, description="`row N: message` per bad row")
+    errors: list[str] = Field(
+        default_factory=list,
+        description="`line N: message` per bad row (JSONL, 1-based line; Parquet: `row N`)",
+    )
     next_offset: int = Field(ge=0, description="the cursor after this chunk")
     exhausted: bool = Field(default=False, description="no rows after next_offset")
 

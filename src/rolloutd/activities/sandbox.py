@@ -49,6 +49,7 @@ from rolloutd.sandbox.runtimes.podman_images import collect_garbage
 from rolloutd.settings import SandboxSettings
 from rolloutd.store import BlobStore, CompletionLog, artifact_key
 from rolloutd.task_queues import host_queue
+from rolloutd.task_spec import artifact_file_name
 
 log = structlog.get_logger(__name__)
 
@@ -492,7 +493,7 @@ class SandboxActivities:
                 }
             except NotFoundError:
                 value = {"path": path, "missing": True}
-            key = artifact_key(session_id, name.replace("/", "__"))
+            key = artifact_key(session_id, f"file:{artifact_file_name(path)}")
             self.store.put_json(key, value)
             artifacts[name] = key
         return artifacts

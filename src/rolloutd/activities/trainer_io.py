@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import structlog
@@ -27,6 +27,7 @@ from rolloutd.activities.models import (
 )
 from rolloutd.fault import receiver_status_fault, transport_fault
 from rolloutd.http_client import CALLBACK, new_async_client
+from rolloutd.payload import validate_strict
 from rolloutd.types import TaskRequest
 
 log = structlog.get_logger(__name__)
@@ -35,45 +36,64 @@ log = structlog.get_logger(__name__)
 _NESTED = ("runtime", "harness", "builder", "evaluator", "sampling", "phases", "metadata")
 
 
-def _row_to_task(row: dict[str, Any]) -> TaskRequest:
-    """A TaskRequest from one source row (a JSON object, or a Parquet row of columns).
+class SourceRow(NamedTuple):
+    """One row of a task source: where it is (``line 12`` of a JSONL file, 1-based; ``row 3``
+    of a Parquet file, 0-based) and its value (None with ``error`` when the line is not JSON).
+    """
+
+    where: str
+    value: Any
+    error: str | None = None
+
+
+def _row_to_task(row: Any) -> TaskRequest:
+    """A TaskRequest from one source row (a JSON object, or a Parquet row of columns), checked
+    strictly: an unknown field is refused by name (:func:`rolloutd.payload.validate_strict`).
 
     A Parquet row may carry the whole task as JSON text in a ``task`` column, or one column per
     field, nested fields as structs or as JSON text; null columns are left to their defaults.
+
+    Raises:
+        ValueError: the row is not a JSON object (``[1]``, ``"x"``), or a nested field's JSON
+            text is not JSON.
+        pydantic.ValidationError: a malformed or unknown field.
     """
-    if set(row) == {"task"} and isinstance(row["task"], str):
+    if isinstance(row, dict) and set(row) == {"task"} and isinstance(row["task"], str):
         row = json.loads(row["task"])
+    if not isinstance(row, dict):
+        raise ValueError(f"a task is a JSON object, not {type(row).__name__}: {row!r:.80}")
     fields = {k: v for k, v in row.items() if v is not None}
     for key in _NESTED:
         if isinstance(fields.get(key), str):
             fields[key] = json.loads(fields[key])
-    return TaskRequest.model_validate(fields)
+    return validate_strict(TaskRequest, fields)
 
 
-def read_rows(path: Path, fmt: str, offset: int, limit: int) -> tuple[list[dict[str, Any]], bool]:
+def read_rows(path: Path, fmt: str, offset: int, limit: int) -> tuple[list[SourceRow], bool]:
     """Rows ``[offset, offset + limit)`` of a task file, and whether the file ends there.
 
-    JSONL rows are the non-blank lines that do not start with ``#`` (counted as rows either way:
-    a blank line is skipped without moving the cursor).
+    JSONL rows are the non-blank lines that do not start with ``#`` (a blank line is skipped
+    without moving the cursor); a line that is not JSON is a row with its ``error``, so the
+    caller skips it and counts it, and the rest of the file is read.
 
     Raises:
         FileNotFoundError: the file is missing.
-        ValueError: an unknown format, or a JSONL line that is not JSON (named by row).
+        ValueError: an unknown format.
     """
     if fmt == "jsonl":
-        rows: list[dict[str, Any]] = []
+        rows: list[SourceRow] = []
         index = 0
-        with open(path, encoding="utf-8") as f:
-            for line in f:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f, start=1):
                 if not line.strip() or line.lstrip().startswith("#"):
                     continue
                 if index >= offset + limit:
                     return rows, False
                 if index >= offset:
                     try:
-                        rows.append(json.loads(line))
+                        rows.append(SourceRow(f"line {number}", json.loads(line)))
                     except json.JSONDecodeError as e:
-                        raise ValueError(f"row {index}: not JSON: {e}") from None
+                        rows.append(SourceRow(f"line {number}", None, f"not JSON: {e}"))
                 index += 1
         return rows, True
     if fmt == "parquet":
@@ -81,7 +101,8 @@ def read_rows(path: Path, fmt: str, offset: int, limit: int) -> tuple[list[dict[
 
         table = pq.read_table(path)
         chunk = table.slice(offset, limit).to_pylist()
-        return chunk, offset + len(chunk) >= table.num_rows
+        rows = [SourceRow(f"row {offset + i}", value) for i, value in enumerate(chunk)]
+        return rows, offset + len(chunk) >= table.num_rows
     raise ValueError(f"unknown task source format {fmt!r}; jsonl or parquet")
 
 
@@ -119,7 +140,8 @@ class TrainerIOActivities:
     async def read_task_chunk(self, input: ReadTaskChunkInput) -> ReadTaskChunkOutput:
         """Read up to ``limit`` tasks from the cursor ``offset`` of a JSONL / Parquet file.
 
-        Invalid rows do not stop the source: each is reported in ``errors`` and skipped.
+        Invalid rows do not stop the source: each is reported in ``errors`` with its line
+        number (``line 7: ...``; Parquet: ``row 6: ...``) and skipped; the buffer counts them.
 
         Raises:
             ApplicationError: non-retryable when the file is missing or unreadable.
@@ -132,11 +154,14 @@ class TrainerIOActivities:
             raise ApplicationError(str(e), type="TaskSourceError", non_retryable=True) from e
         tasks: list[TaskRequest] = []
         errors: list[str] = []
-        for i, row in enumerate(rows):
+        for row in rows:
+            if row.error is not None:
+                errors.append(f"{row.where}: {row.error}")
+                continue
             try:
-                tasks.append(_row_to_task(row))
+                tasks.append(_row_to_task(row.value))
             except (ValidationError, ValueError, TypeError) as e:
-                errors.append(f"row {input.offset + i}: {e}")
+                errors.append(f"{row.where}: {e}")
         if errors:
             log.warning("task_source_rows_invalid", path=input.path, num_invalid=len(errors))
         return ReadTaskChunkOutput(

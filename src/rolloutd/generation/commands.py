@@ -34,6 +34,7 @@ from temporalio.service import RPCError
 
 from rolloutd import task_queues
 from rolloutd.errors import ConfigError
+from rolloutd.payload import validate_strict
 from rolloutd.workflows.generation.models import (
     PROGRESS_QUERY,
     GenerationInput,
@@ -53,7 +54,7 @@ def load_spec(path: Path, overrides: dict[str, Any] | None = None) -> Generation
 
     Raises:
         ConfigError: the file is not JSON.
-        pydantic.ValidationError: the spec is malformed.
+        pydantic.ValidationError: the spec is malformed or names an unknown field.
     """
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -67,7 +68,7 @@ def load_spec(path: Path, overrides: dict[str, Any] | None = None) -> Generation
         for part in parents:
             target = target.setdefault(part, {})
         target[last] = value
-    return GenerationSpec.model_validate(data)
+    return validate_strict(GenerationSpec, data)
 
 
 def schedule_id(name: str) -> str:

@@ -25,6 +25,7 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from rolloutd.errors import RolloutdError
+from rolloutd.payload import validate_strict
 from rolloutd.trainer_client.health import CHECK_EVERY_S, FleetHealth
 from rolloutd.types import TaskRequest
 from rolloutd.workflows.buffer.models import (
@@ -135,9 +136,15 @@ class RolloutBuffer:
         return await self._update("ack", AckInput(batch_id=batch_id), AckOutput)
 
     async def push(self, tasks: Sequence[TaskRequest | Mapping[str, Any]]) -> int:
-        """Queue tasks (validated here); returns the number of tasks waiting to start."""
+        """Queue tasks (validated here: a dict's unknown fields are refused by name); returns
+        the number of tasks waiting to start.
+
+        Raises:
+            pydantic.ValidationError: a task is malformed or names an unknown field.
+        """
         requests = [
-            t if isinstance(t, TaskRequest) else TaskRequest.model_validate(dict(t)) for t in tasks
+            t if isinstance(t, TaskRequest) else validate_strict(TaskRequest, dict(t))
+            for t in tasks
         ]
         out = await self._update("push_tasks", PushTasksInput(tasks=requests), PushTasksOutput)
         return out.num_pending

@@ -41,6 +41,7 @@ from rolloutd.capabilities import (
     check_task,
 )
 from rolloutd.errors import ConfigError, FleetRegistryError, NotFoundError
+from rolloutd.payload import validate_strict
 from rolloutd.security.connection import connect_temporal
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client.health import FleetHealth, watch
@@ -77,15 +78,16 @@ class InvalidTaskError(ConfigError):
 
 
 def validate_task(task: TaskRequest | Mapping[str, Any]) -> TaskRequest:
-    """Validate a task request before anything starts.
+    """Validate a task request before anything starts: what a user wrote (a dict) is checked
+    strictly, so an unknown field is refused by name (:func:`rolloutd.payload.validate_strict`).
 
     Raises:
-        InvalidTaskError: naming every malformed field by its dotted path.
+        InvalidTaskError: naming every malformed or unknown field by its dotted path.
     """
     if isinstance(task, TaskRequest):
         return task
     try:
-        return TaskRequest.model_validate(dict(task))
+        return validate_strict(TaskRequest, dict(task))
     except ValidationError as e:
         raise InvalidTaskError(
             [(".".join(str(p) for p in err["loc"]) or "(root)", err["msg"]) for err in e.errors()]

@@ -189,7 +189,13 @@ class BufferState(Payload):
     num_cancelled: int = 0
     num_groups_acked: int = 0
     num_batches_acked: int = 0
-    num_source_errors: int = 0
+    num_source_errors: int = Field(
+        default=0, description="task-source rows skipped as invalid (each in source_errors)"
+    )
+    source_errors: list[str] = Field(
+        default_factory=list,
+        description="the last 100 skipped rows: `line N: why` (JSONL) or `row N: why` (Parquet)",
+    )
     num_runs: int = Field(default=1, description="runs of this buffer (continue-as-new + 1)")
     in_flight_target: int | None = Field(
         default=None,
@@ -300,4 +306,9 @@ class BufferStats(Payload):
     )
     observed_sessions: int | None = Field(
         default=None, description="sessions the fleets run at once, as last observed"
+    )
+    source_errors: list[str] = Field(
+        default_factory=list,
+        description="the last 100 task-source rows skipped as invalid, each with its line "
+        "(JSONL) or row (Parquet) and why; `state_counters['num_source_errors']` counts all",
     )

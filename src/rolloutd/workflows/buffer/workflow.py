@@ -194,6 +194,7 @@ class RolloutBufferWorkflow:
                 self._s.source_exhausted = chunk.exhausted
                 self._s.pending.extend(chunk.tasks)
                 self._s.num_source_errors += len(chunk.errors)
+                self._s.source_errors = (self._s.source_errors + chunk.errors)[-100:]
                 for error in chunk.errors:
                     workflow.logger.warning("task source row skipped: %s", error)
                 continue
@@ -502,4 +503,5 @@ class RolloutBufferWorkflow:
             num_failed_by_kind=dict(s.num_failed_by_kind),
             in_flight_target=s.in_flight_target,
             observed_sessions=s.observed_sessions,
+            source_errors=list(s.source_errors),
         )

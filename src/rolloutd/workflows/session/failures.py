@@ -13,6 +13,7 @@ import dataclasses
 import signal
 from typing import Literal
 
+from rolloutd.fault import Fault, refusal_fault
 from rolloutd.types import FailureCause
 
 #: exit codes of a command that could not start: found but not executable (126), not found
@@ -136,6 +137,8 @@ def _sandbox_cause(facts: SessionFacts) -> FailureCause | None:
         return FailureCause(kind="sandbox", message=error, phase="provision")
     if facts.host_lost:
         return FailureCause(kind="sandbox", message=error, phase=phase or "run")
+    if refusal_fault(facts.error_type) is Fault.TASK:  # the task's, not the sandbox's
+        return FailureCause(kind="refused", message=error, phase=phase, retryable=False)
     if phase in ("provision", "collect") or (
         phase == "run"
         and not facts.timed_out

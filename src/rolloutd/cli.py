@@ -43,9 +43,12 @@ def _load_tasks(path: Path) -> list[dict[str, Any]]:
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip() and not line.lstrip().startswith("#"):
             try:
-                tasks.append(json.loads(line))
+                task = json.loads(line)
             except json.JSONDecodeError as e:
                 raise SystemExit(f"{path}:{n}: not JSON: {e}") from None
+            if not isinstance(task, dict):
+                raise SystemExit(f"{path}:{n}: a task is a JSON object, not {type(task).__name__}")
+            tasks.append(task)
     return tasks
 
 

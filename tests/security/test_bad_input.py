@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from rolloutd.activities.models import ReadTaskChunkInput
 from rolloutd.activities.trainer_io import TrainerIOActivities
+from rolloutd.cli import main as cli_main
 from rolloutd.cli_report import infrastructure_failure
 from rolloutd.fault import Fault, refusal_fault
 from rolloutd.generation.commands import load_spec
@@ -316,3 +317,22 @@ def test_a_policy_refusal_on_the_host_is_the_tasks_fault_not_a_sandbox_failure()
         SessionFacts(failed_phase="provision", error="x", error_type="RuntimeStartError")
     )
     assert other is not None and other.kind == "sandbox" and other.retryable
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("[1]", "tasks.jsonl:2: a task is a JSON object, not list"),
+        ("{oops", "tasks.jsonl:2: not JSON"),
+        (json.dumps(shell_task(num_sample=8)), "num_sample: unknown field 'num_sample'"),
+    ],
+)
+def test_rolloutd_submit_refuses_a_bad_task_file_before_connecting(
+    tmp_path: Path, line: str, message: str
+) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps(shell_task()) + "\n" + line + "\n")
+    # the address is never dialled: the file is refused first
+    with pytest.raises(SystemExit) as caught:
+        cli_main(["submit", str(path), "--address", "127.0.0.1:9"])
+    assert message in str(caught.value.code)

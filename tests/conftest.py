@@ -34,6 +34,9 @@ TEST_EVALUATORS = {
 }
 os.environ.setdefault("ROLLOUTD_SANDBOX_POLICY", json.dumps(TEST_SANDBOX_POLICY))
 os.environ.setdefault("ROLLOUTD_EVALUATORS", json.dumps(TEST_EVALUATORS))
+#: no payload codec unless a test sets keys: a key `rolloutd up` generated in this machine's
+#: home ({home}/codec_keys, read where no key is configured) must not reach the test processes
+os.environ.setdefault("ROLLOUTD_CODEC_KEYS", "")
 
 
 @pytest.fixture(scope="session")

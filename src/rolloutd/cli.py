@@ -27,7 +27,13 @@ from rolloutd.cli_report import (  # noqa: F401 - re-exported for tests and scri
 )
 from rolloutd.errors import RolloutdError
 from rolloutd.logs import configure_logging
-from rolloutd.settings import CommonSettings, EngineSettings, admin_token_file, default_home
+from rolloutd.settings import (
+    CommonSettings,
+    EngineSettings,
+    admin_token_file,
+    codec_server_token_file,
+    default_home,
+)
 
 
 def _stack_gateway_url() -> str | None:
@@ -285,10 +291,23 @@ def _up(args: argparse.Namespace, settings: CommonSettings) -> int:
         home=args.home or default_home(), model=args.model, metrics_port=args.metrics_port
     ) as stack:
         assert stack.temporal is not None
+        if stack.codec_key_file is not None:
+            codec = payload_codec(
+                CommonSettings(codec_keys=None, codec_key_file=str(stack.codec_key_file))
+            )
         codec_line = (
             f"on, payloads encrypted with key {codec.key_id}"
+            + (f" ({stack.codec_key_file}, generated)" if stack.codec_key_file else "")
             if codec
-            else "off (no ROLLOUTD_CODEC_KEYS: payloads stored in clear; docs/security.md)"
+            else 'off (ROLLOUTD_CODEC_KEYS="": payloads stored in clear; docs/security.md)'
+        )
+        codec_server = (
+            f"{stack.codec_url} (the Temporal UI decodes through it; token in "
+            f"{codec_server_token_file(stack.home)})"
+            if stack.codec_url
+            else "the operator's (ROLLOUTD_UI_CODEC_ENDPOINT)"
+            if stack.ui_codec_endpoint
+            else "off"
         )
         metrics = (
             "  ".join(
@@ -305,6 +324,7 @@ def _up(args: argparse.Namespace, settings: CommonSettings) -> int:
         )
         print(
             f"Codec:       {codec_line}\n"
+            f"Codec server: {codec_server}\n"
             f"Temporal UI: {stack.temporal.ui_url}\n"
             f"Metrics:     {metrics}\n"
             f"Temporal:    {stack.temporal.address}\n"
@@ -355,7 +375,6 @@ def _rest(args: argparse.Namespace, settings: CommonSettings) -> int:
             args.host,
             args.port,
             args.gateway_url,
-            args.admin_token,
         )
     except RolloutdError as e:
         raise SystemExit(f"rolloutd rest: {e}") from None

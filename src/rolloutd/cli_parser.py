@@ -275,11 +275,6 @@ def _service_parsers(sub: Any) -> None:
         default=None,
         help="gateway base URL for backend admin calls; None: those routes answer 503",
     )
-    rest.add_argument(
-        "--admin-token",
-        default=None,
-        help="bearer token of the gateway's admin routes; None: none sent",
-    )
 
     codec = _sub(
         sub,

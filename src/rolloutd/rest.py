@@ -46,7 +46,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from rolloutd.errors import FleetRegistryError, NotFoundError
 from rolloutd.security.exposure import require_token_off_loopback
-from rolloutd.settings import RestSettings, default_home
+from rolloutd.settings import RestSettings, default_home, find_admin_token
 from rolloutd.trainer_client.admin import AdminError, BackendAdmin
 from rolloutd.trainer_client.client import InvalidTaskError, RolloutClient
 from rolloutd.trainer_client.inflight import sessions_by_phase
@@ -569,11 +569,13 @@ def serve(
     host: str,
     port: int,
     gateway_url: str | None,
-    admin_token: str | None,
 ) -> None:
     """Entry point of ``rolloutd rest``: serve the facade with uvicorn until interrupted.
 
-    The facade's token is ``ROLLOUTD_REST_TOKEN`` (:class:`RestSettings`).
+    The facade's token is ``ROLLOUTD_REST_TOKEN`` (:class:`RestSettings`); the gateway's admin
+    token, which the backend calls send, is ``ROLLOUTD_ADMIN_TOKEN`` or the one ``rolloutd
+    up`` generated (:func:`rolloutd.settings.find_admin_token`): tokens never go on a command
+    line, where ``ps`` shows them to every user of the machine.
 
     Raises:
         ConfigError: ``host`` is not loopback and no token is set (before connecting).
@@ -598,7 +600,7 @@ def serve(
         app = create_app(
             client,
             gateway_url=gateway_url,
-            admin_token=admin_token,
+            admin_token=find_admin_token(),
             callback_timeout_s=settings.callback_timeout_s,
             token=settings.rest_token,
         )

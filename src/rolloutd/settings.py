@@ -14,6 +14,7 @@ settings: the harness side reads them.
 from __future__ import annotations
 
 import inspect
+import os
 import socket
 from pathlib import Path
 from types import UnionType
@@ -84,6 +85,28 @@ def admin_token_file(home: Path | None = None) -> Path:
     return (home or default_home()) / "admin_token"
 
 
+def codec_key_file(home: Path | None = None) -> Path:
+    """Where ``rolloutd up`` writes the payload codec key it generated when none is configured:
+    ``{home}/codec_keys``, mode 0600; a process on this machine with no key configured reads
+    it (:func:`rolloutd.security.connection.payload_codec`)."""
+    return (home or default_home()) / "codec_keys"
+
+
+def codec_server_token_file(home: Path | None = None) -> Path:
+    """Where ``rolloutd up`` writes the token of the codec server it runs: ``{home}/
+    codec_server_token``, mode 0600 (``temporal workflow show --codec-auth "Bearer ..."``)."""
+    return (home or default_home()) / "codec_server_token"
+
+
+def write_secret(path: Path, secret: str) -> None:
+    """Write ``secret`` (one line) to ``path`` with mode 0600, also over an older file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    os.chmod(path, 0o600)  # an older file keeps its mode through O_TRUNC
+
+
 def find_admin_token(home: Path | None = None) -> str | None:
     """The gateway's admin bearer token as a client on this machine finds it:
     ``$ROLLOUTD_ADMIN_TOKEN``, else the token ``rolloutd up`` generated for its stack on
@@ -132,9 +155,9 @@ class CommonSettings(BaseSettings):
         "0: off. One port per process: each fleet of one host needs its own",
     )
     health_host: str = Field(
-        default="0.0.0.0",
-        description="bind address of the health "
-        "service (all interfaces: a pod's probes come from its node)",
+        default="127.0.0.1",
+        description="bind address of the health service: loopback "
+        "unless configured (the Helm chart sets 0.0.0.0: a pod's probes come from its node)",
     )
     # secrets (docs/security.md says what each one protects)
     codec_keys: str | None = Field(
@@ -142,7 +165,9 @@ class CommonSettings(BaseSettings):
         repr=False,
         description="payload codec keys, `id:base64key` entries "
         "separated by commas, oldest first: the last one encrypts, every one decrypts "
-        "(rotation). With this and codec_key_file unset, payloads are not encrypted",
+        "(rotation). With this and codec_key_file unset, the key `rolloutd up` generated in "
+        "{home}/codec_keys is used where it exists, else payloads are not encrypted; set to "
+        "the empty string: not encrypted",
     )
     codec_key_file: str | None = Field(
         default=None,
@@ -207,9 +232,9 @@ class CommonSettings(BaseSettings):
         "process; the gateway's /metrics route serves its process's metrics either way",
     )
     metrics_host: str = Field(
-        default="0.0.0.0",
-        description="bind address of the metrics "
-        "port (all interfaces: Prometheus scrapes pods from outside)",
+        default="127.0.0.1",
+        description="bind address of the metrics port: loopback "
+        "unless configured (the Helm chart sets 0.0.0.0: Prometheus scrapes pods from outside)",
     )
     evaluators: dict[str, str] = Field(
         default_factory=dict,
@@ -237,7 +262,9 @@ class GatewaySettings(CommonSettings):
     gateway_public_url: str | None = Field(
         default=None, description="base URL harnesses use; default http://{host}:{port}"
     )
-    admin_token: str | None = Field(default=None, description="bearer token of admin routes")
+    admin_token: str | None = Field(
+        default=None, repr=False, description="bearer token of admin routes"
+    )
     engine_control_url: str | None = Field(
         default=None,
         description="the local engine's control server (set by `rolloutd up`, "
@@ -246,6 +273,7 @@ class GatewaySettings(CommonSettings):
     )
     engine_control_token: str | None = Field(
         default=None,
+        repr=False,
         description="bearer token of the engine control server (set by "
         "`rolloutd up` with engine_control_url)",
     )

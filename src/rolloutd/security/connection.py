@@ -20,16 +20,21 @@ from temporalio.service import TLSConfig
 
 from rolloutd.errors import ConfigError
 from rolloutd.security.codec import AesGcmCodec, load_key_ring
-from rolloutd.settings import CommonSettings
+from rolloutd.settings import CommonSettings, codec_key_file
 
 
 def payload_codec(settings: CommonSettings) -> AesGcmCodec | None:
-    """The payload codec of ``settings`` (``codec_keys``, ``codec_key_file``); None: off.
+    """The payload codec of ``settings`` (``codec_keys``, ``codec_key_file``); with neither set,
+    the key ``rolloutd up`` generated on this machine (``{home}/codec_keys``) where it exists,
+    as the admin token is found; None: off (``ROLLOUTD_CODEC_KEYS=""`` turns it off).
 
     Raises:
         ConfigError: a key file that cannot be read, a malformed key.
     """
-    ring = load_key_ring(settings.codec_keys, settings.codec_key_file)
+    key_file = settings.codec_key_file
+    if settings.codec_keys is None and key_file is None and codec_key_file().is_file():
+        key_file = str(codec_key_file())
+    ring = load_key_ring(settings.codec_keys, key_file)
     return AesGcmCodec(ring) if ring else None
 
 

@@ -1,6 +1,8 @@
 """``LocalStack``: what ``rolloutd up`` runs on one machine, supervised.
 
-Children, in start order: the Temporal dev server (SQLite under the home, so workflows survive
+Children, in start order: the codec server (when payloads are encrypted: ``rolloutd up``
+generates a codec key as it generates the admin token, and the Temporal UI decodes through
+it), the Temporal dev server (SQLite under the home, so workflows survive
 its restart), llama-server (unless an external backend is given), and each fleet as its own
 ``rolloutd worker`` process. Each is restarted when it exits unexpectedly
 (:mod:`rolloutd.stack.supervisor`); their record is the state file (:mod:`rolloutd.stack.state`).
@@ -32,9 +34,18 @@ from rolloutd.engine.control import EngineControlServer
 from rolloutd.engine.models import CATALOG
 from rolloutd.engine.server import LlamaServer
 from rolloutd.errors import StackError
-from rolloutd.processes import kill_group, spawn, stop_processes
+from rolloutd.processes import free_port, kill_group, spawn, stop_processes
 from rolloutd.sandbox.reclaim import reclaim_orphans
-from rolloutd.settings import CommonSettings, HostSettings, admin_token_file, default_home
+from rolloutd.security.codec import generate_key, load_key_ring
+from rolloutd.settings import (
+    CommonSettings,
+    HostSettings,
+    admin_token_file,
+    codec_key_file,
+    codec_server_token_file,
+    default_home,
+    write_secret,
+)
 from rolloutd.stack.processes import TemporalDevServer
 from rolloutd.stack.state import EngineState, StackState, read_state, write_state
 from rolloutd.stack.supervisor import ChildSpec, RestartPolicy, Supervisor
@@ -105,6 +116,15 @@ class LocalStack:
     engine_control: EngineControlServer | None = None
     #: the admin token ``start`` generated (None: the environment gives one)
     admin_token: str | None = None
+    #: port of the codec server the stack runs for the Temporal UI (0: a free one)
+    codec_port: int = 0
+    #: the codec key file ``start`` generated or reused (None: the environment gives keys)
+    codec_key_file: Path | None = None
+    #: the codec server's URL (None: none runs: the codec is off, or
+    #: ``ROLLOUTD_UI_CODEC_ENDPOINT`` names the operator's own)
+    codec_url: str | None = None
+    #: the Temporal UI's codec endpoint (the codec server's URL and its token), or None
+    ui_codec_endpoint: str | None = None
     supervisor: Supervisor = field(init=False)
     state: StackState = field(init=False)
 
@@ -175,6 +195,8 @@ class LocalStack:
         )
         if self.admin_token is not None:
             env["ROLLOUTD_ADMIN_TOKEN"] = self.admin_token
+        if self.codec_key_file is not None:
+            env["ROLLOUTD_CODEC_KEY_FILE"] = str(self.codec_key_file)
         if self.engine_control is not None:
             env["ROLLOUTD_ENGINE_CONTROL_URL"] = self.engine_control.url
             env["ROLLOUTD_ENGINE_CONTROL_TOKEN"] = self.engine_control.token
@@ -222,14 +244,66 @@ class LocalStack:
             env=env,
         )
 
+    def _spawn_codec_server(self) -> subprocess.Popen[bytes]:
+        env = self.env()
+        # the token stays off the command line (and out of the fleets' environment)
+        env["ROLLOUTD_CODEC_SERVER_TOKEN"] = codec_server_token_file(self.home).read_text().strip()
+        env["ROLLOUTD_CODEC_SERVER_ORIGINS"] = (
+            f"http://127.0.0.1:{self.ui_port},http://localhost:{self.ui_port}"
+        )
+        return spawn(
+            [
+                sys.executable,
+                "-m",
+                "rolloutd.cli",
+                "codec-server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.codec_port),
+            ],
+            log_path=self.logs / "codec-server.log",
+            env=env,
+        )
+
+    def _add_codec_server(self) -> None:
+        """With the codec on and no ``ROLLOUTD_UI_CODEC_ENDPOINT``, run ``rolloutd
+        codec-server`` on loopback with a generated token (``{home}/codec_server_token``,
+        0600), and point the Temporal UI at it: the UI shows decoded payloads to its user,
+        while the history holds ciphertext."""
+        env = self.env()
+        self.ui_codec_endpoint = env.get("ROLLOUTD_UI_CODEC_ENDPOINT") or None
+        keys = load_key_ring(env.get("ROLLOUTD_CODEC_KEYS"), env.get("ROLLOUTD_CODEC_KEY_FILE"))
+        if self.ui_codec_endpoint or not keys:
+            return
+        token_file = codec_server_token_file(self.home)
+        if not token_file.is_file():
+            write_secret(token_file, secrets.token_urlsafe(32))
+        token = token_file.read_text().strip()
+        self.codec_port = self.codec_port or free_port("127.0.0.1")
+        self.codec_url = f"http://127.0.0.1:{self.codec_port}"
+        self.ui_codec_endpoint = f"{self.codec_url}/{token}"
+        port = self.codec_port
+        self.supervisor.add(
+            ChildSpec(
+                "codec-server",
+                "codec",
+                self._spawn_codec_server,
+                lambda: _port_open("127.0.0.1", port),
+                self.logs / "codec-server.log",
+            )
+        )
+
     def _add_children(self) -> None:
         sup = self.supervisor
+        self._add_codec_server()
         self.temporal = TemporalDevServer(
             self.home / "temporal.db",
             port=self.temporal_port,
             ui_port=self.ui_port,
             log_path=self.logs / "temporal.log",
-            ui_codec_endpoint=self.env().get("ROLLOUTD_UI_CODEC_ENDPOINT") or None,
+            ui_codec_endpoint=self.ui_codec_endpoint,
+            ui_env_file=self.home / "temporal_ui.yaml",
         )
         temporal = self.temporal
         sup.add(
@@ -343,11 +417,24 @@ class LocalStack:
         if self.extra_env.get("ROLLOUTD_ADMIN_TOKEN") or HostSettings().admin_token:
             return
         self.admin_token = secrets.token_urlsafe(32)
-        path = admin_token_file(self.home)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.admin_token + "\n")
-        os.chmod(path, 0o600)  # an older file keeps its mode through O_TRUNC
+        write_secret(admin_token_file(self.home), self.admin_token)
+
+    def _make_codec_key(self) -> None:
+        """Without codec keys (``ROLLOUTD_CODEC_KEYS``, ``ROLLOUTD_CODEC_KEY_FILE``: the
+        environment or ``extra_env``), use the stack's key file ``{home}/codec_keys``,
+        generating it (mode 0600) on the first ``up``: every payload is encrypted by default,
+        and a later ``up`` on this home still reads the histories it wrote. Processes on this
+        machine find it as they find the admin token
+        (:func:`rolloutd.security.connection.payload_codec`). ``ROLLOUTD_CODEC_KEYS=""``
+        keeps the codec off."""
+        env = {**os.environ, **self.extra_env}
+        if "ROLLOUTD_CODEC_KEYS" in env or "ROLLOUTD_CODEC_KEY_FILE" in env:
+            return
+        path = codec_key_file(self.home)
+        if not path.is_file():
+            key_id = f"up-{time.strftime('%Y%m%d')}-{secrets.token_hex(2)}"
+            write_secret(path, f"{key_id}:{generate_key()}")
+        self.codec_key_file = path
 
     def start(self) -> LocalStack:
         """Reclaim what a killed ``up`` left, start Temporal, the engine and every fleet (each
@@ -359,6 +446,7 @@ class LocalStack:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.reclaim_previous()
         self._make_admin_token()
+        self._make_codec_key()
         self._add_children()
         try:
             if self.engine is not None:

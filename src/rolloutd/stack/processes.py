@@ -7,15 +7,18 @@ is left running.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import structlog
 
 from rolloutd.errors import ConfigError
 from rolloutd.processes import free_port, spawn, stop_process, wait_port
+from rolloutd.settings import write_secret
 from rolloutd.workflows import search
 
 log = structlog.get_logger(__name__)
@@ -40,6 +43,8 @@ def temporal_binary() -> str:
 SQLITE_PRAGMAS = ("journal_mode=wal", "synchronous=normal")
 #: dynamic config of the dev server (``--dynamic-config-value``; values are JSON)
 DYNAMIC_CONFIG = {"matching.enableFairness": "true"}
+#: the Temporal CLI environment (``--env``) that carries the UI's codec endpoint
+UI_ENV = "rolloutd"
 
 
 class TemporalDevServer:
@@ -50,7 +55,12 @@ class TemporalDevServer:
         port, ui_port: gRPC frontend and Web UI ports (0: pick free ones).
         headless: no Web UI.
         ui_codec_endpoint: the remote codec the Web UI decodes payloads with
-            (``rolloutd codec-server``'s URL, e.g. ``http://127.0.0.1:8888/<token>``).
+            (``rolloutd codec-server``'s URL, e.g. ``http://127.0.0.1:8888/<token>``). It
+            holds a token, so it never goes on the command line (where ``ps`` shows it to
+            every user): it is written, mode 0600, to ``ui_env_file``, a Temporal CLI
+            environment file the server reads (``--env-file``, ``--env rolloutd``).
+        ui_env_file: that file (default: ``temporal_ui.yaml`` beside ``db_path``, else beside
+            ``log_path``).
     """
 
     def __init__(
@@ -63,6 +73,7 @@ class TemporalDevServer:
         headless: bool = False,
         log_path: Path | None = None,
         ui_codec_endpoint: str | None = None,
+        ui_env_file: Path | None = None,
     ) -> None:
         self.db_path = db_path
         self.host = host
@@ -70,6 +81,7 @@ class TemporalDevServer:
         self.ui_port = ui_port or free_port(host)
         self.headless = headless
         self.ui_codec_endpoint = ui_codec_endpoint
+        self.ui_env_file = ui_env_file
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -108,13 +120,24 @@ class TemporalDevServer:
         if self.headless:
             cmd.append("--headless")
         elif self.ui_codec_endpoint:
-            cmd += ["--ui-codec-endpoint", self.ui_codec_endpoint]
+            self._write_ui_env()
+            cmd += ["--env-file", str(self.ui_env_file), "--env", UI_ENV]
         # task fairness (TaskRequest.tenant as fairness key) is off by default on the server;
         # task priority is on (docs/tenancy.md)
         cmd += [f"--dynamic-config-value={key}={value}" for key, value in DYNAMIC_CONFIG.items()]
         for name, kind in search.DEFINITIONS.items():
             cmd += ["--search-attribute", f"{name}={kind}"]
         return cmd
+
+    def _write_ui_env(self) -> None:
+        """The Temporal CLI environment file holding the UI's codec endpoint (mode 0600; a
+        JSON string is a YAML string)."""
+        if self.ui_env_file is None:
+            beside = self.db_path or self.log_path
+            folder = beside.parent if beside else Path(tempfile.mkdtemp(prefix="rolloutd-ui-"))
+            self.ui_env_file = folder / "temporal_ui.yaml"
+        text = f"env:\n  {UI_ENV}:\n    ui-codec-endpoint: {json.dumps(self.ui_codec_endpoint)}\n"
+        write_secret(self.ui_env_file, text.rstrip("\n"))
 
     def start(self, timeout_s: float = 60.0) -> TemporalDevServer:
         """Start and wait for the frontend port."""

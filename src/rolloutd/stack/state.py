@@ -34,7 +34,7 @@ def running(pid: int | None, start_ticks: int | None) -> bool:
 #: the state file's name under the stack's home.
 STATE_FILE = "stack.json"
 
-ChildKind = Literal["temporal", "engine", "fleet"]
+ChildKind = Literal["temporal", "engine", "fleet", "codec"]
 ChildPhase = Literal["starting", "running", "backoff", "reloading", "stopped", "failed"]
 StackPhase = Literal["starting", "running", "stopping", "stopped", "failed"]
 

@@ -126,6 +126,9 @@ def priority_of(dispatch_priority: int) -> int:
 class SubmitResponse(BaseModel):
     task_id: str
     status: str
+    #: the key this task's callbacks are signed with (``X-Rolloutd-Signature``;
+    #: rolloutd.security.callbacks.verify_callback); None without a callback_url
+    callback_secret: str | None = None
 
 
 class PolarTaskStatus(BaseModel):
@@ -501,7 +504,11 @@ def _task_routes(app: FastAPI, client: RolloutClient, callback_timeout_s: float 
             raise HTTPException(503, detail=str(e)) from None
         except WorkflowAlreadyStartedError:
             raise HTTPException(409, detail=f"task {request.task_id} exists") from None
-        return SubmitResponse(task_id=handle.task_id, status="running")
+        return SubmitResponse(
+            task_id=handle.task_id,
+            status="running",
+            callback_secret=handle.task.callback_secret,
+        )
 
     @app.get("/rollout/task/{task_id}", response_model=PolarTaskStatus)
     async def get_task(task_id: str) -> PolarTaskStatus:

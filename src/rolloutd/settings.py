@@ -429,6 +429,12 @@ class EvalSettings(CommonSettings):
     max_concurrent_evaluations: int = Field(
         default=8, ge=1, description="evaluations this host runs at once"
     )
+    callback_allowed_hosts: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1", "localhost", "::1"],
+        description="hosts a task's callback_url may name (shell patterns of `host` or "
+        "`host:port`, JSON list); others are refused without a request: the eval host POSTs "
+        "from inside the operator's network. Default: loopback only",
+    )
 
 
 class RestSettings(CommonSettings):

@@ -184,6 +184,16 @@ class TaskRequest(Payload):
         description="each session's SessionResult is POSTed here when it ends, "
         "after the task stored it (retried with backoff, never holding the task open)",
     )
+    callback_secret: str | None = Field(
+        default=None,
+        repr=False,
+        min_length=16,
+        max_length=256,
+        description="the key each callback POST is signed with (HMAC-SHA256 in the "
+        "`X-Rolloutd-Signature` header, rolloutd.security.callbacks); None with a "
+        "callback_url: the client generates one at submit (RolloutHandle.task, and the REST "
+        "facade's submit answer, carry it)",
+    )
     callback_timeout_s: float = Field(
         default=300.0,
         gt=0,
@@ -211,6 +221,13 @@ class TaskRequest(Payload):
     @classmethod
     def _safe_tenant(cls, tenant: str) -> str:
         return check_tenant(tenant)
+
+    @field_validator("callback_url")
+    @classmethod
+    def _http_callback(cls, url: str | None) -> str | None:
+        if url is not None and not re.match(r"^https?://[^/\s]+(/\S*)?$", url):
+            raise ValueError(f"callback_url {url!r} is not an http(s) URL")
+        return url
 
 
 def check_tenant(tenant: str) -> str:

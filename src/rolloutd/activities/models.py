@@ -340,6 +340,9 @@ class PostCallbackInput(Payload):
 
     url: str
     session: SessionResult
+    secret: str | None = Field(
+        default=None, repr=False, description="the task's callback secret: the POST is signed"
+    )
 
 
 class PostCallbackOutput(Payload):

@@ -9,6 +9,7 @@ and upstream statuses map to retryable / non-retryable ``ApplicationError`` in
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -28,6 +29,7 @@ from rolloutd.activities.models import (
 from rolloutd.fault import receiver_status_fault, transport_fault
 from rolloutd.http_client import CALLBACK, new_async_client
 from rolloutd.payload import validate_strict
+from rolloutd.security.callbacks import SIGNATURE_HEADER, sign_callback
 from rolloutd.types import TaskRequest
 
 log = structlog.get_logger(__name__)
@@ -122,15 +124,44 @@ def _raise_for_status(response: httpx.Response, attempt: int) -> None:
     )
 
 
+#: hosts a callback may reach unless the operator allows others
+#: (``ROLLOUTD_CALLBACK_ALLOWED_HOSTS``)
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def callback_host_allowed(url: str, allowed: tuple[str, ...] | list[str]) -> bool:
+    """Whether ``url`` is an http(s) URL whose host (``host`` or ``host:port``) matches one of
+    ``allowed`` (shell patterns, :func:`fnmatch.fnmatchcase`, compared in lower case)."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError):
+        return False
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        return False
+    host = parsed.host.lower()
+    with_port = f"{host}:{parsed.port}" if parsed.port else host
+    return any(
+        fnmatch.fnmatchcase(host, p.lower()) or fnmatch.fnmatchcase(with_port, p.lower())
+        for p in allowed
+    )
+
+
 class TrainerIOActivities:
     """The eval fleet's trainer-facing I/O; owns one HTTP client.
 
     Args:
         timeout_s: limit of one callback POST.
+        allowed_hosts: host patterns a callback may reach (``EvalSettings
+            .callback_allowed_hosts``; default loopback only): the eval host POSTs from inside
+            the operator's network, so a task's URL must not reach its other services (a
+            server-side request forgery, OWASP API7:2023).
     """
 
-    def __init__(self, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, timeout_s: float = 30.0, allowed_hosts: tuple[str, ...] | list[str] = LOOPBACK_HOSTS
+    ) -> None:
         self.http = new_async_client(CALLBACK, timeout_s=timeout_s)
+        self.allowed_hosts = tuple(allowed_hosts)
 
     async def aclose(self) -> None:
         """Close the HTTP client."""
@@ -175,16 +206,33 @@ class TrainerIOActivities:
         Returns:
             The receiver's status code and this attempt's number (1-based).
 
+        With the task's secret the POST is signed (``X-Rolloutd-Signature``,
+        :mod:`rolloutd.security.callbacks`).
+
         Raises:
             ApplicationError: retryable on connection errors, 5xx, 408/409/425/429;
-                non-retryable on other 4xx; its details hold the attempt's number.
+                non-retryable on other 4xx, and on a host outside ``allowed_hosts``
+                (``CallbackRefused``: nothing is sent); its details hold the attempt's number.
         """
         attempt = activity.info().attempt
         structlog.contextvars.bind_contextvars(
             session_id=input.session.session_id, task_id=input.session.task_id, attempt=attempt
         )
+        if not callback_host_allowed(input.url, self.allowed_hosts):
+            raise ApplicationError(
+                f"callback host of {input.url!r} is not allowed (allowed: "
+                f"{', '.join(self.allowed_hosts)}; the operator sets "
+                "ROLLOUTD_CALLBACK_ALLOWED_HOSTS)",
+                attempt,
+                type="CallbackRefused",
+                non_retryable=True,
+            )
+        body = input.session.model_dump_json().encode()
+        headers = {"content-type": "application/json"}
+        if input.secret:
+            headers[SIGNATURE_HEADER] = sign_callback(input.secret, body)
         try:
-            response = await self.http.post(input.url, json=input.session.model_dump(mode="json"))
+            response = await self.http.post(input.url, content=body, headers=headers)
         except httpx.HTTPError as e:
             raise ApplicationError(
                 f"callback failed: {type(e).__name__}: {e}",

@@ -17,6 +17,7 @@ an evaluator import path that does not import on an eval host (:mod:`rolloutd.ca
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
@@ -270,6 +271,10 @@ class RolloutClient:
                 (task ids are business keys).
         """
         (request,) = await self.check_tasks([task], check_capabilities=check_capabilities)
+        if request.callback_url and not request.callback_secret:
+            # each callback is signed with the task's own key (rolloutd.security.callbacks);
+            # the caller reads it from the handle's task
+            request = request.model_copy(update={"callback_secret": secrets.token_urlsafe(32)})
         handle = await self.client.start_workflow(
             RolloutTaskWorkflow.run,
             request,

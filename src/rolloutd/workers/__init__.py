@@ -375,7 +375,7 @@ async def _eval_fleet(
     s = settings if isinstance(settings, EvalSettings) else EvalSettings()
     parts.host = host_capabilities("eval", s.host_id)
     acts = EvalActivities(BlobStore(s.store_url), host_id=s.host_id)
-    io = TrainerIOActivities()
+    io = TrainerIOActivities(allowed_hosts=s.callback_allowed_hosts)
     gen = GenerationActivities(client, BlobStore(s.store_url))
     handle.workers.append(
         Worker(

@@ -19,6 +19,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import Field
+
     from rolloutd import task_queues
     from rolloutd.activities.models import PostCallbackInput, PostCallbackOutput
     from rolloutd.payload import Payload
@@ -49,6 +51,7 @@ class CallbackInput(Payload):
     url: str
     session: SessionResult
     timeout_s: float = 300.0
+    secret: str | None = Field(default=None, repr=False, description="the task's callback secret")
 
 
 @workflow.defn
@@ -70,7 +73,7 @@ class CallbackWorkflow:
         try:
             out: PostCallbackOutput = await workflow.execute_activity(
                 "post_callback",
-                PostCallbackInput(url=input.url, session=input.session),
+                PostCallbackInput(url=input.url, session=input.session, secret=input.secret),
                 result_type=PostCallbackOutput,
                 task_queue=task_queues.EVAL,
                 # queue time counts: no eval worker must not hold the callback past it

@@ -416,7 +416,9 @@ async def _start_callback(
     waits for it (the receiver's answers are in the child's ``state`` query)."""
     await workflow.start_child_workflow(
         CallbackWorkflow.run,
-        CallbackInput(url=url, session=result, timeout_s=task.callback_timeout_s),
+        CallbackInput(
+            url=url, session=result, timeout_s=task.callback_timeout_s, secret=task.callback_secret
+        ),
         id=callback_workflow_id(parent, index),
         task_queue=task_queues.WORKFLOWS,
         parent_close_policy=ParentClosePolicy.ABANDON,

@@ -128,7 +128,9 @@ async def test_polar_payload_runs_and_its_results_come_back(fleets):
             json=polar_payload(task_id, "echo 42 > answer.txt", callback_url),
         )
         assert submitted.status_code == 200, submitted.text
-        assert submitted.json() == {"task_id": task_id, "status": "running"}
+        answer = submitted.json()
+        assert (answer["task_id"], answer["status"]) == (task_id, "running")
+        assert len(answer["callback_secret"]) >= 32  # its callbacks are signed with it
         again = await http.post("/rollout/task/submit", json=polar_payload(task_id, "true"))
         assert again.status_code == 409
 

@@ -389,6 +389,19 @@ def _codec_server(args: argparse.Namespace, settings: CommonSettings) -> int:
     return 0
 
 
+def _tenant_token(args: argparse.Namespace, settings: CommonSettings) -> int:
+    from rolloutd.security.tenants import add_tenant_token, new_tenant_token
+
+    token, entry = new_tenant_token(args.tenant, args.max_priority)
+    if args.file is not None:
+        add_tenant_token(args.file, entry)
+        print(f"added tenant {entry.tenant} to {args.file}", file=sys.stderr)
+    else:
+        print(entry.model_dump_json(), file=sys.stderr)
+    print(token)
+    return 0
+
+
 def _codec_key(args: argparse.Namespace, settings: CommonSettings) -> int:
     from rolloutd.security.codec import generate_key
 
@@ -454,6 +467,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, CommonSettings], int]] = {
     "rest": _rest,
     "codec-server": _codec_server,
     "codec-key": _codec_key,
+    "tenant-token": _tenant_token,
     "view": _view,
     "generate": _generation,
     "schedule": _generation,

@@ -291,6 +291,26 @@ def _service_parsers(sub: Any) -> None:
         "print a new payload codec key (`id:key`, 256-bit, base64) to add "
         "to ROLLOUTD_CODEC_KEYS or ROLLOUTD_CODEC_KEY_FILE",
     )
+    tenant = _sub(
+        sub,
+        "tenant-token",
+        "make a tenant token: prints the token (give it to the tenant) and its entry for "
+        "ROLLOUTD_TENANT_TOKENS_FILE (only the token's hash is kept)",
+    )
+    tenant.add_argument("tenant", help="the tenant the token names")
+    tenant.add_argument(
+        "--max-priority",
+        type=int,
+        default=3,
+        choices=range(1, 6),
+        help="the highest priority the tenant may ask for (1 first ... 5 last)",
+    )
+    tenant.add_argument(
+        "--file",
+        type=Path,
+        default=None,
+        help="add the entry to this tokens file (created, mode 0600) instead of printing it",
+    )
 
 
 def _temporal_options(parser: argparse.ArgumentParser) -> None:

@@ -35,7 +35,6 @@ ended, and each session's callback (``delivered``, ``pending`` or ``failed``, at
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,11 +45,18 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from rolloutd.errors import FleetRegistryError, NotFoundError
 from rolloutd.security.exposure import require_token_off_loopback
+from rolloutd.security.tenants import OPERATOR, Caller, TenantTokens, resolve_caller
 from rolloutd.settings import RestSettings, default_home, find_admin_token
 from rolloutd.trainer_client.admin import AdminError, BackendAdmin
 from rolloutd.trainer_client.client import InvalidTaskError, RolloutClient
 from rolloutd.trainer_client.inflight import sessions_by_phase
-from rolloutd.types import CallbackStatus, SessionResult, SessionStatus, TaskProgress
+from rolloutd.types import (
+    DEFAULT_PRIORITY,
+    CallbackStatus,
+    SessionResult,
+    SessionStatus,
+    TaskProgress,
+)
 from rolloutd.viewer import add_viewer_routes
 
 
@@ -398,29 +404,79 @@ def _session_body(
     }
 
 
-def require_token(token: str | None) -> Callable[[Request], None]:
-    """A FastAPI dependency checking ``Authorization: Bearer <token>`` (constant time).
-
-    Args:
-        token: the facade's token (``ROLLOUTD_REST_TOKEN``); None: every request passes.
+def authenticate(token: str | None, tenants: TenantTokens) -> Callable[[Request], None]:
+    """A FastAPI dependency: who the request's bearer token names (:class:`Caller`, kept in
+    ``request.state.caller``): the operator (the facade's token; anyone on a facade with no
+    token at all, which serves on loopback only) or a tenant (its tenant token).
 
     Raises:
-        HTTPException: 401 without the bearer token or with a wrong one.
+        HTTPException: 401 without a token where one is needed, or with an unknown one.
     """
 
     def check(request: Request) -> None:
-        if token is None:
-            return
         header = request.headers.get("authorization", "")
         sent = header[7:].strip() if header.lower().startswith("bearer ") else ""
-        if not sent or not secrets.compare_digest(sent.encode(), token.encode()):
+        caller = resolve_caller(sent, [token], tenants)
+        if caller is None:
             raise HTTPException(
                 401,
-                detail="this REST facade needs `Authorization: Bearer <ROLLOUTD_REST_TOKEN>`",
+                detail="this REST facade needs `Authorization: Bearer <token>` (the facade's "
+                "ROLLOUTD_REST_TOKEN, or a tenant token)",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+        request.state.caller = caller
 
     return check
+
+
+def caller_of(request: Request) -> Caller:
+    """The request's caller (set by :func:`authenticate`)."""
+    return getattr(request.state, "caller", OPERATOR)
+
+
+def require_operator(request: Request) -> None:
+    """A route dependency: only the operator (403 for a tenant token)."""
+    if not caller_of(request).operator:
+        raise HTTPException(403, detail="this route needs the operator's token, not a tenant's")
+
+
+def claim_tenant(task: dict[str, Any], caller: Caller) -> None:
+    """Bind a submitted task to the caller's tenant and priority bound: a tenant token submits
+    for its own tenant only, at its maximum priority or lower (a larger number); an absent
+    priority above the bound is lowered to it.
+
+    Raises:
+        HTTPException: 403 naming ``tenant`` or ``priority`` when the body claims more.
+    """
+    if caller.operator:
+        return
+    claimed = task.get("tenant")
+    if claimed is not None and claimed != caller.tenant:
+        raise HTTPException(
+            403,
+            detail=[
+                {
+                    "loc": ["tenant"],
+                    "msg": f"the token is tenant {caller.tenant!r}'s; it cannot submit for "
+                    f"{claimed!r}",
+                }
+            ],
+        )
+    task["tenant"] = caller.tenant
+    priority = task.get("priority")
+    if priority is not None and isinstance(priority, int) and priority < caller.max_priority:
+        raise HTTPException(
+            403,
+            detail=[
+                {
+                    "loc": ["priority"],
+                    "msg": f"priority {priority} is above tenant {caller.tenant!r}'s maximum "
+                    f"({caller.max_priority}; 1 is served first)",
+                }
+            ],
+        )
+    if priority is None:
+        task["priority"] = max(DEFAULT_PRIORITY, caller.max_priority)
 
 
 def create_app(
@@ -430,6 +486,7 @@ def create_app(
     admin_token: str | None = None,
     callback_timeout_s: float | None = None,
     token: str | None = None,
+    tenant_tokens: TenantTokens | None = None,
 ) -> FastAPI:
     """The facade's app.
 
@@ -438,26 +495,49 @@ def create_app(
         gateway_url, admin_token: the gateway whose admin routes the backend calls use.
         callback_timeout_s: total time of one session's callback (``TaskRequest``'s default
             when None; ``ROLLOUTD_CALLBACK_TIMEOUT_S`` for ``rolloutd rest``).
-        token: the facade's bearer token (``ROLLOUTD_REST_TOKEN``): every route but the
-            OpenAPI pages needs it (401 otherwise). None: the task routes are open (a
-            loopback-only facade, :func:`serve`) and the backend routes answer 403, since
-            they are forwarded only for callers holding the token (docs/decisions.md,
-            "An admin token by default").
+        token: the facade's bearer token (``ROLLOUTD_REST_TOKEN``), the operator's: every
+            route but the OpenAPI pages needs it or a tenant token (401 otherwise). None and
+            no tenant tokens: the task routes are open (a loopback-only facade,
+            :func:`serve`) and the backend routes answer 403, since they are forwarded only
+            for callers holding the token.
+        tenant_tokens: the tenants' tokens (``ROLLOUTD_TENANT_TOKENS_FILE``): a tenant
+            submits for itself only, within its maximum priority, and sees, reads, views and
+            cancels only its own tasks (another tenant's task answers 404, as an unknown
+            one); the backend and stack routes need the operator's token (403).
     """
+    tenants = tenant_tokens or TenantTokens()
     app = FastAPI(
         title="rolloutd REST facade",
         version="0.1.0",
         description="POLAR- and ProRL-compatible rollout API over rolloutd.",
-        dependencies=[Depends(require_token(token or None))],
+        dependencies=[Depends(authenticate(token or None, tenants))],
     )
 
-    _task_routes(app, client, callback_timeout_s)
+    async def authorize(request: Request, task_id: str) -> None:
+        caller = caller_of(request)
+        if caller.operator:
+            return
+        try:
+            owner = await client.task_tenant(task_id)
+        except NotFoundError:
+            raise HTTPException(404, detail="Task not found") from None
+        if not caller.may_see(owner):
+            raise HTTPException(404, detail="Task not found")
+
+    app.state.authorize_task = authorize
+    _task_routes(app, client, callback_timeout_s, authorize)
     _backend_routes(app, gateway_url, admin_token, token)
     return app
 
 
-def _task_routes(app: FastAPI, client: RolloutClient, callback_timeout_s: float | None) -> None:
-    """POLAR's task routes: submit, status, cancel, and how many tasks and buffers run."""
+def _task_routes(
+    app: FastAPI,
+    client: RolloutClient,
+    callback_timeout_s: float | None,
+    authorize: Callable[[Request, str], Any],
+) -> None:
+    """POLAR's task routes: submit, status, cancel, and how many tasks and buffers run; a
+    tenant's only its own (``authorize``)."""
 
     async def status_of(task_id: str) -> PolarTaskStatus:
         try:
@@ -481,7 +561,7 @@ def _task_routes(app: FastAPI, client: RolloutClient, callback_timeout_s: float 
         )
 
     @app.post("/rollout/task/submit", response_model=SubmitResponse)
-    async def submit(request: PolarTaskRequest) -> SubmitResponse:
+    async def submit(request: PolarTaskRequest, http: Request) -> SubmitResponse:
         """Non-blocking submission; poll ``GET /rollout/task/{task_id}``."""
         unknown = unknown_polar_fields(request)
         if unknown:
@@ -493,6 +573,7 @@ def _task_routes(app: FastAPI, client: RolloutClient, callback_timeout_s: float 
             )
         try:
             task = to_task_request(request)
+            claim_tenant(task, caller_of(http))
             if callback_timeout_s is not None:
                 task["callback_timeout_s"] = callback_timeout_s
             handle = await client.submit(task)
@@ -511,13 +592,15 @@ def _task_routes(app: FastAPI, client: RolloutClient, callback_timeout_s: float 
         )
 
     @app.get("/rollout/task/{task_id}", response_model=PolarTaskStatus)
-    async def get_task(task_id: str) -> PolarTaskStatus:
+    async def get_task(task_id: str, http: Request) -> PolarTaskStatus:
         """The task's status and, once completed, every session's result."""
+        await authorize(http, task_id)
         return await status_of(task_id)
 
     @app.delete("/rollout/task/{task_id}", response_model=PolarTaskStatus)
-    async def cancel_task(task_id: str) -> PolarTaskStatus:
+    async def cancel_task(task_id: str, http: Request) -> PolarTaskStatus:
         """Cancel a task: its sessions stop and tear down."""
+        await authorize(http, task_id)
         current = await status_of(task_id)
         if current.status == "running":
             await client.cancel(task_id)
@@ -549,7 +632,7 @@ def _backend_routes(
             raise HTTPException(503, detail="no gateway configured (--gateway-url)")
         return BackendAdmin(gateway_url, admin_token)
 
-    @app.post("/add_llm_server")
+    @app.post("/add_llm_server", dependencies=[Depends(require_operator)])
     async def add_llm_server(body: AddLLMServer) -> dict[str, Any]:
         """ProRL Agent's backend registration, forwarded to the gateway's pool."""
         async with admin() as a:
@@ -559,7 +642,7 @@ def _backend_routes(
                 raise HTTPException(e.status_code, detail=str(e)) from None
         return {"status": "ok", "backend": added}
 
-    @app.post("/clear_llm_server")
+    @app.post("/clear_llm_server", dependencies=[Depends(require_operator)])
     async def clear_llm_server() -> dict[str, Any]:
         """ProRL Agent's pool reset, forwarded to the gateway."""
         async with admin() as a:
@@ -592,9 +675,10 @@ def serve(
     import uvicorn
 
     settings = RestSettings()
+    tenants = TenantTokens.load(settings.tenant_tokens_file)
     require_token_off_loopback(
         host,
-        settings.rest_token,
+        settings.rest_token or ("tenant tokens" if tenants else None),
         service="the REST facade",
         token_setting="ROLLOUTD_REST_TOKEN",
         protects="its task routes (submit, cancel, results) and backend calls",
@@ -610,9 +694,12 @@ def serve(
             admin_token=find_admin_token(),
             callback_timeout_s=settings.callback_timeout_s,
             token=settings.rest_token,
+            tenant_tokens=tenants,
         )
         add_stack_status_route(app, client, default_home())
-        add_viewer_routes(app, client, default_model=settings.viewer_model)
+        add_viewer_routes(
+            app, client, default_model=settings.viewer_model, authorize=app.state.authorize_task
+        )
         await uvicorn.Server(uvicorn.Config(app, host=host, port=port)).serve()
 
     asyncio.run(main())
@@ -634,7 +721,7 @@ def add_stack_status_route(app: FastAPI, client: RolloutClient, home: Path) -> N
         run on ``home``.
     """
 
-    @app.get("/stack/status")
+    @app.get("/stack/status", dependencies=[Depends(require_operator)])
     async def stack_status() -> dict[str, Any]:
         try:  # the name rolloutd.stack.state.STATE_FILE: the stack is this module's sibling
             state = json.loads((home / "stack.json").read_text())

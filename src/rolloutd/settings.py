@@ -448,6 +448,12 @@ class RestSettings(CommonSettings):
         "--no-token on a loopback address",
     )
 
+    tenant_tokens_file: str | None = Field(
+        default=None,
+        description="JSON file of the tenants' tokens, hashed (`rolloutd tenant-token`; "
+        "docs/security.md): a tenant token submits for its tenant within its maximum "
+        "priority and sees only its tenant's tasks; None: no tenant tokens",
+    )
     callback_timeout_s: float = Field(
         default=300.0,
         gt=0,

@@ -9,6 +9,8 @@ fails when its guard is removed.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,7 +21,6 @@ from pydantic import ValidationError
 
 from rolloutd.activities.models import ReadTaskChunkInput
 from rolloutd.activities.trainer_io import TrainerIOActivities
-from rolloutd.cli import main as cli_main
 from rolloutd.cli_report import infrastructure_failure
 from rolloutd.fault import Fault, refusal_fault
 from rolloutd.generation.commands import load_spec
@@ -333,6 +334,10 @@ def test_rolloutd_submit_refuses_a_bad_task_file_before_connecting(
     path = tmp_path / "tasks.jsonl"
     path.write_text(json.dumps(shell_task()) + "\n" + line + "\n")
     # the address is never dialled: the file is refused first
-    with pytest.raises(SystemExit) as caught:
-        cli_main(["submit", str(path), "--address", "127.0.0.1:9"])
-    assert message in str(caught.value.code)
+    run = subprocess.run(
+        [sys.executable, "-m", "rolloutd.cli", "submit", str(path), "--address", "127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1 and message in run.stderr, run.stderr

@@ -48,6 +48,7 @@ from rolloutd.store import BlobStore
 from rolloutd.trainer_client.health import FleetHealth, watch
 from rolloutd.trainer_client.tenants import TenantState, set_tenant_quota, tenant_state
 from rolloutd.types import (
+    DEFAULT_TENANT,
     CallbackStatus,
     SessionResult,
     SessionStatus,
@@ -287,7 +288,11 @@ class RolloutClient:
             static_summary=task_summary(request),
             static_details=static_details(request),
             # read by status() without a worker (closed tasks) and without the history
-            memo={"num_samples": request.num_samples, "callback": request.callback_url is not None},
+            memo={
+                "num_samples": request.num_samples,
+                "callback": request.callback_url is not None,
+                "tenant": request.tenant,
+            },
         )
         return RolloutHandle(handle, request, self)
 
@@ -339,6 +344,21 @@ class RolloutClient:
                 await self._callback_status(task_id, s) for s in progress.sessions
             ]
         return progress
+
+    async def task_tenant(self, task_id: str) -> str:
+        """The tenant a task belongs to (its workflow's memo; ``default`` for a task started
+        without one, as by a buffer), read without a worker.
+
+        Raises:
+            NotFoundError: no task has this id.
+        """
+        try:
+            described = await self.get_handle(task_id).describe()
+        except RPCError as e:
+            if e.status == RPCStatusCode.NOT_FOUND:
+                raise NotFoundError(f"task {task_id} not found") from None
+            raise
+        return str((await described.memo()).get("tenant") or DEFAULT_TENANT)
 
     async def _query_progress(self, handle: WorkflowHandle[Any, TaskResult]) -> TaskProgress | None:
         """The task's ``status`` query; None when no worker answered (then nothing ended is

@@ -13,9 +13,10 @@ else ``default_model`` (``ROLLOUTD_VIEWER_MODEL``, a catalog name or a tokenizer
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
 from rolloutd.engine.models import CATALOG, load_tokenizer
@@ -61,7 +62,11 @@ class _Tokenizers:
 
 
 def add_viewer_routes(
-    app: FastAPI, client: RolloutClient, *, default_model: str = "qwen2.5-coder-0.5b"
+    app: FastAPI,
+    client: RolloutClient,
+    *,
+    default_model: str = "qwen2.5-coder-0.5b",
+    authorize: Callable[[Request, str], Awaitable[None]] | None = None,
 ) -> None:
     """Serve the trace viewer's pages on ``app``.
 
@@ -69,6 +74,9 @@ def add_viewer_routes(
         app: the facade's app.
         client: its trainer client; session pages need ``client.store``.
         default_model: tokenizer for completions whose model the catalog does not know.
+        authorize: called with the request and the task id before a page is made; raises
+            ``HTTPException`` (404) when the caller may not view that task (a tenant token
+            views its own tasks only: :func:`rolloutd.rest.create_app`).
 
     Responses:
         200 HTML; 404 (HTML) for an unknown task or session; 503 when the client has no
@@ -83,13 +91,17 @@ def add_viewer_routes(
             raise HTTPException(404, f"task {task_id} not found") from None
 
     @app.get("/view/task/{task_id}", response_class=HTMLResponse)
-    async def view_task(task_id: str) -> Any:
+    async def view_task(task_id: str, request: Request) -> Any:
         """The task page."""
+        if authorize is not None:
+            await authorize(request, task_id)
         return HTMLResponse(task_page(await progress_of(task_id)))
 
     @app.get("/view/session/{session_id:path}", response_class=HTMLResponse)
-    async def view_session(session_id: str) -> Any:
+    async def view_session(session_id: str, request: Request) -> Any:
         """The session page."""
+        if authorize is not None:
+            await authorize(request, task_id_of(session_id))
         progress = await progress_of(task_id_of(session_id))
         session = _find(progress, session_id)
         if client.store is None:

@@ -66,6 +66,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "existing-secret": {"secrets": {"existingSecret": "rolloutd-tokens"}},
     "no-rest": {"rest": {"enabled": False}},
+    "tenant-tokens": {"rest": {"tenantTokens": {"existingSecret": "rolloutd-tenants"}}},
     "observability": {
         "metrics": {"serviceMonitor": {"enabled": True}},
         "codecServer": {"enabled": True, "origins": "https://temporal.example.com"},

@@ -318,3 +318,20 @@ def test_metrics_are_scraped_and_the_dashboard_ships() -> None:
         assert services[f"{FULLNAME}-{fleet}-metrics"]["spec"]["ports"][0]["name"] == "metrics"
     dashboard = by_kind(docs, "ConfigMap")[f"{FULLNAME}-dashboard"]
     assert json.loads(dashboard["data"]["rolloutd.json"])["panels"]
+
+
+def test_tenant_tokens_come_from_a_secret_mounted_into_the_rest_pod_only() -> None:
+    docs = render(VALUE_SETS["tenant-tokens"])
+    rest = workloads(docs)[f"{FULLNAME}-rest"]
+    path = env_of(rest)["ROLLOUTD_TENANT_TOKENS_FILE"]["value"]
+    mount = next(m for m in container(rest)["volumeMounts"] if m["name"] == "tenant-tokens")
+    assert path == mount["mountPath"] + "/tenants.json" and mount["readOnly"]
+    volume = next(
+        v for v in rest["spec"]["template"]["spec"]["volumes"] if v["name"] == "tenant-tokens"
+    )
+    assert volume["secret"]["secretName"] == "rolloutd-tenants"
+    others = [w for name, w in workloads(docs).items() if name != f"{FULLNAME}-rest"]
+    assert others and not any("ROLLOUTD_TENANT_TOKENS_FILE" in env_of(w) for w in others)
+    # without the Secret: no variable, no volume
+    plain = workloads(render(VALUE_SETS["default"]))[f"{FULLNAME}-rest"]
+    assert "ROLLOUTD_TENANT_TOKENS_FILE" not in env_of(plain)

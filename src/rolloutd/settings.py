@@ -72,6 +72,12 @@ class HostSettings(BaseSettings):
         "client, `rolloutd up`); the same variable as the gateway's own admin_token. None: "
         "the token `rolloutd up` generated in {home}/admin_token",
     )
+    tenant_token: str | None = Field(
+        default=None,
+        repr=False,
+        description="the tenant token the trainer's REST client sends "
+        '(rolloutd.trainer_client.rest_client.RestClient; docs/security.md, "Tenant tokens")',
+    )
 
 
 def default_home() -> Path:

@@ -31,6 +31,7 @@ from rolloutd.trainer_client.client import InvalidTaskError, validate_task
 from rolloutd.types import TaskRequest
 from rolloutd.workflows.session.failures import SessionFacts, classify
 from tests.support.buffer_tasks import all_win, local_task, poll
+from tests.support.namespaces import fresh_namespace
 
 
 def shell_task(**fields: object) -> dict:
@@ -168,7 +169,9 @@ def test_distinct_artifact_paths_pass() -> None:
 async def rest(temporal_server):
     """The REST facade on a real Temporal client; every request here is refused before any
     workflow starts, so no fleet is needed."""
-    client = await RolloutClient.connect(temporal_server.address)
+    # a namespace of its own: no fleet has registered there, whatever else the session runs
+    namespace = await fresh_namespace(temporal_server.address, "badinput")
+    client = await RolloutClient.connect(temporal_server.address, namespace=namespace)
     client.registry_wait_s = 0.0  # no fleet registers here: refuse at once
     app = create_app(client)
     async with httpx.AsyncClient(

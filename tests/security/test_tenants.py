@@ -30,7 +30,7 @@ from rolloutd.security.tenants import (
     resolve_caller,
 )
 from rolloutd.store import BlobStore
-from rolloutd.trainer_client import RolloutClient
+from rolloutd.trainer_client import RestClient, RestError, RolloutClient
 from rolloutd.viewer import add_viewer_routes
 from tests.support.buffer_tasks import poll
 
@@ -225,3 +225,32 @@ async def test_backend_and_stack_routes_need_the_operators_token(fleets) -> None
         # no token, or an unknown one: 401
         assert (await http.get("/rollout/task/x")).status_code == 401
         assert (await http.get("/rollout/task/x", headers=bearer("rt_nope"))).status_code == 401
+
+
+@pytest.mark.temporal
+@pytest.mark.engine
+async def test_the_trainers_rest_client_carries_its_tenant_token(
+    fleets, tmp_path: Path, monkeypatch
+) -> None:
+    token_a, entry_a = new_tenant_token("team-a", 3)
+    token_b, entry_b = new_tenant_token("team-b", 3)
+    client = RolloutClient(fleets.client)
+    app = create_app(client, token=OPERATOR_TOKEN, tenant_tokens=TenantTokens([entry_a, entry_b]))
+    transport = httpx.ASGITransport(app=app)
+    gate = tmp_path / "go"
+    task_id = f"rest-client-{uuid.uuid4().hex[:6]}"
+    monkeypatch.setenv("ROLLOUTD_TENANT_TOKEN", token_a)  # the trainer's setting
+    async with (
+        RestClient("http://facade", transport=transport) as a,
+        RestClient("http://facade", token_b, transport=transport) as b,
+    ):
+        try:
+            assert (await a.submit(gated_task(task_id, gate)))["task_id"] == task_id
+            assert await client.task_tenant(task_id) == "team-a"
+            assert (await a.status(task_id))["status"] == "running"
+            with pytest.raises(RestError) as refused:
+                await b.cancel(task_id)
+            assert refused.value.status_code == 404
+            await a.cancel(task_id)
+        finally:
+            gate.touch()

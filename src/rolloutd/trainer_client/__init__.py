@@ -29,6 +29,7 @@ from rolloutd.trainer_client.grpo import (
     trace_weights,
 )
 from rolloutd.trainer_client.health import FleetHealth
+from rolloutd.trainer_client.rest_client import RestClient, RestError
 from rolloutd.trainer_client.sync import SyncRolloutBuffer, SyncRolloutClient
 
 __all__ = [
@@ -41,6 +42,8 @@ __all__ = [
     "RolloutBuffer",
     "RolloutClient",
     "RolloutHandle",
+    "RestClient",
+    "RestError",
     "SyncRolloutBuffer",
     "SyncRolloutClient",
     "dapo_filter",

@@ -49,6 +49,26 @@ def _load_tasks(path: Path) -> list[dict[str, Any]]:
     return tasks
 
 
+def _task_set(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``rolloutd submit --task-set``: the task set's rows as TaskRequest dicts."""
+    from pydantic import ValidationError
+
+    from rolloutd.errors import ConfigError
+    from rolloutd.tasksets import read_task_set
+
+    try:
+        harness = (
+            json.loads(args.harness)
+            if args.harness.lstrip().startswith("{")
+            else {"type": args.harness}
+        )
+        options = {"harness": harness, **json.loads(args.options)}
+        tasks = read_task_set(args.task_set, args.file, options)
+    except (ConfigError, ValidationError, ValueError, OSError) as e:
+        raise SystemExit(f"{args.file}: {e}") from None
+    return [task.model_dump(mode="json") for task in tasks]
+
+
 def _wait_for_signal() -> None:
     stop = False
 
@@ -185,7 +205,29 @@ def build_parser() -> argparse.ArgumentParser:
     _sub(models_sub, "list", "list catalog models")
 
     submit = _sub(sub, "submit", "submit tasks from a JSONL file and wait")
-    submit.add_argument("file", type=Path, help="JSONL file, one TaskRequest per line")
+    submit.add_argument(
+        "file",
+        type=Path,
+        help="JSONL file, one TaskRequest per line; with --task-set: a Harbor task folder "
+        "(or a folder of them), or a SWE-bench / SWE-Gym / SWE-smith JSONL or Parquet file",
+    )
+    submit.add_argument(
+        "--task-set",
+        choices=["harbor", "swebench"],
+        default=None,
+        help="read FILE as an external task set (rolloutd.tasksets; docs/task_sets.md)",
+    )
+    submit.add_argument(
+        "--harness",
+        default="oracle",
+        help="--task-set: the harness of every task: a type (oracle, qwen_code, codex, ...) "
+        "or a HarnessSpec as JSON",
+    )
+    submit.add_argument(
+        "--options",
+        default="{}",
+        help="--task-set: more TaskOptions as JSON (num_samples, task_id_prefix, run_s, ...)",
+    )
     submit.add_argument(
         "--address",
         default=None,
@@ -618,7 +660,7 @@ def _dispatch(argv: list[str] | None) -> int:
         return exit_code(
             asyncio.run(
                 submit_tasks(
-                    _load_tasks(args.file),
+                    _task_set(args) if args.task_set else _load_tasks(args.file),
                     args.address or settings.temporal_address,
                     args.store_url or settings.store_url,
                     namespace=settings.temporal_namespace,

@@ -2,7 +2,7 @@
 
 ``get_evaluator(spec).evaluate(ctx)`` resolves ``spec.type`` as a registry name
 (``session_completed``, ``test_on_output``, ``swebench``, ``humaneval``,
-``math_answer``) or an import path ``package.module:attr``, where
+``math_answer``, ``harbor``) or an import path ``package.module:attr``, where
 ``attr`` is an :class:`Evaluator` subclass (called with the spec), a factory ``attr(spec)``
 returning an object with ``async evaluate(ctx)``, or such an object itself.
 """
@@ -21,6 +21,7 @@ from rolloutd.evaluators.base import (
     Evaluator,
 )
 from rolloutd.evaluators.builtins import SessionCompleted, TestOnOutput
+from rolloutd.evaluators.harbor import HarborVerifier
 from rolloutd.evaluators.humaneval import HumanEval
 from rolloutd.evaluators.math_answer import MathAnswer
 from rolloutd.evaluators.swebench import Swebench
@@ -55,6 +56,7 @@ EVALUATORS: dict[str, type[Evaluator]] = {
     Swebench.name: Swebench,
     HumanEval.name: HumanEval,
     MathAnswer.name: MathAnswer,
+    HarborVerifier.name: HarborVerifier,
 }
 
 

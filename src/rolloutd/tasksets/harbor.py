@@ -26,7 +26,6 @@ sets nothing gets rolloutd's defaults (``gateway``, ``none``), never more.
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 from typing import Any, Literal
 
@@ -178,29 +177,35 @@ def runtime_network(
 def runtime_spec(task: HarborTask, runtime_type: str = "podman") -> RuntimeSpec:
     """The agent's container: the task's image, workdir, environment, limits and network.
 
-    ``image`` is ``[environment] docker_image`` when set (Harbor prefers it), else the build
-    context ``environment/`` (a folder holding a Dockerfile), which the container runtime builds
-    and caches by content.
+    The image is ``[environment] docker_image`` when set (Harbor prefers it), else built from
+    ``environment/`` (``runtime.build``: the container runtime builds it and caches it by
+    content). ``storage_mb`` is not a runtime limit here (see :func:`evaluator_spec`).
     """
     env = task.config.environment
-    image = env.docker_image or str(task.environment_dir)
+    image: dict[str, Any] = (
+        {"image": env.docker_image}
+        if env.docker_image
+        else {"build": {"context": str(task.environment_dir)}}
+    )
     return RuntimeSpec.model_validate(
         {
             "type": runtime_type,
-            "image": image,
+            **image,
             "workdir": task.workdir,
             "env": dict(env.env),
             "cpus": env.cpus,
             "memory_mb": env.memory_mb,
             "network": runtime_network(task, "agent"),
             "git_diff": False,
-            **({"storage_mb": env.storage_mb} if env.storage_mb else {}),
         }
     )
 
 
 def evaluator_spec(task: HarborTask) -> EvaluatorSpec:
-    """The ``harbor`` evaluator of a task: its tests, verifier environment and budget."""
+    """The ``harbor`` evaluator of a task: its tests, verifier environment and budget, and
+    ``[environment] storage_mb``, which the verifier checks against the disk the agent's
+    container used (podman on an ext4-backed overlay cannot cap a container's disk while it
+    runs: ``--storage-opt size`` needs XFS project quotas)."""
     verifier = task.config.verifier
     return EvaluatorSpec(
         type="harbor",
@@ -211,6 +216,11 @@ def evaluator_spec(task: HarborTask) -> EvaluatorSpec:
             "env": dict(verifier.env),
             "network": runtime_network(task, "verifier"),
             "timeout_s": verifier.timeout_sec,
+            **(
+                {"storage_mb": task.config.environment.storage_mb}
+                if task.config.environment.storage_mb
+                else {}
+            ),
         },
     )
 
@@ -279,14 +289,3 @@ def load_task_requests(root: str | Path, options: TaskOptions) -> list[TaskReque
         ConfigError: a folder is not a task rolloutd can run; the message names it.
     """
     return [task_request(load_task(path), options) for path in find_tasks(root)]
-
-
-def oracle_command(solution_inside: str, log_inside: str) -> str:
-    """The shell command the oracle runs: ``solve.sh``, its output to the agent log.
-
-    Harbor's ``OracleAgent`` makes the script executable and runs it with stdout and stderr
-    in ``/logs/agent/oracle.txt`` (harbor/agents/oracle.py).
-    """
-    script = shlex.quote(f"{solution_inside}/solve.sh")
-    log = shlex.quote(log_inside)
-    return f"chmod +x {script} && mkdir -p $(dirname {log}) && {script} > {log} 2>&1"

@@ -146,9 +146,12 @@ def read_instance(row: dict[str, Any]) -> SwebenchInstance:
     return instance
 
 
-def instance_image(instance: SwebenchInstance, options: SwebenchOptions, base: Path | None) -> str:
-    """The instance's image: its own name, else the template's; a relative folder name
-    (a build context with a Dockerfile) is resolved against ``base``, the dataset's folder."""
+def instance_image(
+    instance: SwebenchInstance, options: SwebenchOptions, base: Path | None
+) -> dict[str, Any]:
+    """The instance's image as ``RuntimeSpec`` fields: ``{"image": name}`` (its own name, else
+    the template's), or ``{"build": {"context": folder}}`` when the name is a folder holding a
+    Dockerfile (relative to ``base``, the dataset's folder): an image built per instance."""
     name = instance.image_name or instance.image
     if name is None:
         iid = instance.instance_id
@@ -158,9 +161,10 @@ def instance_image(instance: SwebenchInstance, options: SwebenchOptions, base: P
             instance_id_s=iid.replace("__", "_s_").lower(),
             repo=instance.repo,
         )
-    if base is not None and not name.startswith("/") and (base / name / "Dockerfile").is_file():
-        return str((base / name).resolve())
-    return name
+    folder = Path(name) if name.startswith("/") else (base / name if base else None)
+    if folder is not None and (folder / "Dockerfile").is_file():
+        return {"build": {"context": str(folder.resolve())}}
+    return {"image": name}
 
 
 def _start_steps(instance: SwebenchInstance) -> list[ExecStep]:
@@ -265,11 +269,13 @@ def task_request(
         pydantic.ValidationError: the resulting task is malformed.
     """
     instance = read_instance(row)
-    runtime = RuntimeSpec(
-        type=options.runtime_type,
-        image=instance_image(instance, options, base),
-        workdir=options.workdir,
-        prepare=_start_steps(instance),
+    runtime = RuntimeSpec.model_validate(
+        {
+            "type": options.runtime_type,
+            **instance_image(instance, options, base),
+            "workdir": options.workdir,
+            "prepare": _start_steps(instance),
+        }
     )
     evaluator = EvaluatorSpec(
         type="swebench",

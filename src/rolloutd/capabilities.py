@@ -9,9 +9,14 @@ that no registered host can run, before any workflow starts, with an error namin
 
 - sandbox hosts publish each harness type whose adapter is built and whose CLI is installed on
   the host, with the CLI's version, and the types they cannot run with the reason;
-- eval hosts publish the names of the built-in evaluators; an evaluator import path
-  (``module:attr``) is checked on an eval host when a task names it (the submitting process
-  never imports it).
+- sandbox hosts also publish their sandbox policy (:mod:`rolloutd.sandbox_policy`): the runtime
+  types, networks, images and upload sources the operator allows; a task outside the policy of
+  any registered sandbox host is refused, naming the field and the policy (any host may
+  provision it, and each checks again before a runtime starts);
+- eval hosts publish the names in their evaluator registry (built-ins, the
+  ``rolloutd.evaluators`` entry-point group, the operator's ``ROLLOUTD_EVALUATORS``); a task
+  names an evaluator by one of them, never by an import path (the submitting process and the
+  eval hosts import nothing a request names).
 
 When no sandbox (or eval) host has registered yet, the client waits a little for one (a stack
 that is just starting), then refuses the task with a message saying so; a caller that knows
@@ -29,6 +34,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from rolloutd.sandbox_policy import SandboxPolicy, violations
 from rolloutd.types import Model, TaskRequest
 
 #: the fleet registry's workflow id (one per namespace).
@@ -62,6 +68,8 @@ class HostCapabilities(Model):
         evaluators: built-in evaluator names; eval hosts only.
         max_concurrent_sessions: runtimes the host holds at once
             (``SandboxSettings.max_concurrent_sessions``); sandbox hosts only.
+        policy: the host's sandbox policy (``SandboxSettings.sandbox_policy``); sandbox hosts
+            only (None: a host of a version before policies; nothing is checked for it).
         started_at: when the worker started (UTC).
     """
 
@@ -72,6 +80,7 @@ class HostCapabilities(Model):
     missing_harnesses: dict[str, str] = Field(default_factory=dict)
     evaluators: list[str] = Field(default_factory=list)
     max_concurrent_sessions: int | None = Field(default=None, ge=1)
+    policy: SandboxPolicy | None = None
     started_at: datetime | None = None
 
 
@@ -111,27 +120,44 @@ class CheckEvaluatorOutput(Model):
     host_id: str | None = None
 
 
-def is_import_path(evaluator_type: str) -> bool:
-    """Whether an ``evaluator.type`` is an import path (``module:attr``), not a registry name
-    (the rule of :func:`rolloutd.evaluators.get_evaluator`)."""
-    return ":" in evaluator_type
+def policy_errors(task: TaskRequest, fleets: FleetCapabilities) -> list[tuple[str, str]]:
+    """What of a task's runtimes (its own, and its evaluator's fresh one) the sandbox policy of
+    some registered sandbox host refuses.
+
+    Every registered sandbox host may provision the task, so every host's policy must allow
+    it; hosts with the same policy are named together.
+
+    Returns:
+        ``(dotted.field.path, message)`` pairs naming the field, the policy and its hosts.
+    """
+    by_policy: dict[str, tuple[SandboxPolicy, list[str]]] = {}
+    for host in fleets.of("sandbox"):
+        if host.policy is not None:
+            key = host.policy.model_dump_json()
+            by_policy.setdefault(key, (host.policy, []))[1].append(host.host_id)
+    specs = [("runtime", task.runtime)]
+    if task.evaluator.runtime == "fresh" and task.evaluator.runtime_spec is not None:
+        specs.append(("evaluator.runtime_spec", task.evaluator.runtime_spec))
+    errors: list[tuple[str, str]] = []
+    for policy, hosts in by_policy.values():
+        where = f"sandbox host {hosts[0]}" + (f" and {len(hosts) - 1} more" if hosts[1:] else "")
+        for path, spec in specs:
+            for field, message in violations(spec, policy, path=path):
+                errors.append((field, f"{message}; policy of {where}: {policy.describe()}"))
+    return errors
 
 
-def check_task(
-    task: TaskRequest, fleets: FleetCapabilities, import_errors: dict[str, str | None] | None = None
-) -> list[tuple[str, str]]:
-    """What of a task no registered host can run.
+def check_task(task: TaskRequest, fleets: FleetCapabilities) -> list[tuple[str, str]]:
+    """What of a task no registered host can run, or its sandbox policy refuses.
 
     Args:
         task: a validated task request.
         fleets: the registry's answer.
-        import_errors: evaluator import path -> the eval host's answer (None: it imports);
-            a path missing here is not checked.
 
     Returns:
         ``(dotted.field.path, message)`` pairs, empty when the task can run.
     """
-    errors: list[tuple[str, str]] = []
+    errors: list[tuple[str, str]] = policy_errors(task, fleets)
     harness = task.harness.type
     sandbox = fleets.of("sandbox")
     if not sandbox:
@@ -161,16 +187,7 @@ def check_task(
             ("harness.type", f"{message}; available: {', '.join(fleets.harness_types()) or 'none'}")
         )
     evaluator = task.evaluator.type
-    if is_import_path(evaluator):
-        error = (import_errors or {}).get(evaluator)
-        if error:
-            errors.append(
-                (
-                    "evaluator.type",
-                    f"evaluator.type={evaluator!r} does not import on the eval fleet: {error}",
-                )
-            )
-    elif not fleets.of("eval"):
+    if not fleets.of("eval"):
         errors.append(
             (
                 "evaluator.type",
@@ -183,8 +200,9 @@ def check_task(
         errors.append(
             (
                 "evaluator.type",
-                f"evaluator.type={evaluator!r} is unknown; use one of "
-                f"{', '.join(fleets.evaluator_names())} or an import path 'module:attr'",
+                f"evaluator.type={evaluator!r} is not in the eval fleet's registry; use one "
+                f"of {', '.join(fleets.evaluator_names())} (an operator registers more: "
+                "docs/security.md, 'Evaluators')",
             )
         )
     return errors

@@ -15,6 +15,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rolloutd.sandbox_policy import SandboxPolicy
+
 
 def default_home() -> Path:
     """rolloutd's home folder: ``$ROLLOUTD_HOME`` or ``~/.rolloutd``."""
@@ -147,6 +149,13 @@ class CommonSettings(BaseSettings):
         default="0.0.0.0",
         description="bind address of the metrics "
         "port (all interfaces: Prometheus scrapes pods from outside)",
+    )
+    evaluators: dict[str, str] = Field(
+        default_factory=dict,
+        description="the operator's evaluators, as JSON: registry name -> "
+        '`package.module:attr` (ROLLOUTD_EVALUATORS=\'{"my_reward": "pkg.rewards:MyReward"}\');'
+        " a task names them by name (never by import path). Installed distributions add "
+        "theirs through the `rolloutd.evaluators` entry-point group",
     )
     max_cached_workflows: int = Field(
         default=1000,
@@ -292,6 +301,15 @@ class SandboxSettings(CommonSettings):
         description="runtimes (so running harnesses) this host holds at "
         "once, evaluation runtimes included; further sessions wait in the sandbox queue "
         "before provisioning, their deadline not ticking (docs/tenancy.md)",
+    )
+    sandbox_policy: SandboxPolicy = Field(
+        default_factory=SandboxPolicy,
+        description="what isolation a task may ask for on this fleet, as JSON "
+        '(ROLLOUTD_SANDBOX_POLICY=\'{"runtimes": ["bwrap"], ...}\'; '
+        "rolloutd.sandbox_policy.SandboxPolicy): runtime types (default every isolating "
+        "one, `local` only where listed), networks (default gateway and none), image_roots, "
+        "images, upload_sources (default none), build_network (default off). Published with "
+        "the host's capabilities, checked at submit and again before a runtime starts",
     )
     max_concurrent_provisions: int = Field(
         default=16,

@@ -17,11 +17,13 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rolloutd.task_spec import (
+    CONTAINER_RUNTIMES,
     ISOLATING_RUNTIMES,
     BuilderSpec,
     EvaluatorSpec,
     ExecStep,
     HarnessSpec,
+    ImageBuild,
     Model,
     PhaseTimeouts,
     PrepareStep,
@@ -30,7 +32,14 @@ from rolloutd.task_spec import (
 )
 
 #: the task's specs live in :mod:`rolloutd.task_spec`; callers still import them from here
-__all__ = ["ISOLATING_RUNTIMES", "ExecStep", "PrepareStep", "UploadStep"]
+__all__ = [
+    "CONTAINER_RUNTIMES",
+    "ISOLATING_RUNTIMES",
+    "ExecStep",
+    "ImageBuild",
+    "PrepareStep",
+    "UploadStep",
+]
 
 #: task ids become workflow ids and blob-store folders, so they are kept path- and URL-safe.
 TASK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

@@ -17,8 +17,10 @@ from rolloutd.sandbox.runtimes import Runtime, create_runtime
 from rolloutd.types import RuntimeSpec
 
 HAVE_BWRAP = shutil.which("bwrap") is not None
+HAVE_PODMAN = shutil.which("podman") is not None
 
-#: runtime types to parametrize over; bwrap tests carry the `sandbox` marker.
+#: runtime types to parametrize over; bwrap tests carry the `sandbox` marker, podman tests
+#: (containers) the `acceptance` one.
 RUNTIME_TYPES = [
     pytest.param("local", id="local"),
     pytest.param(
@@ -27,6 +29,14 @@ RUNTIME_TYPES = [
         marks=[
             pytest.mark.sandbox,
             pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap is not installed"),
+        ],
+    ),
+    pytest.param(
+        "podman",
+        id="podman",
+        marks=[
+            pytest.mark.acceptance,
+            pytest.mark.skipif(not HAVE_PODMAN, reason="podman is not installed"),
         ],
     ),
 ]
@@ -102,7 +112,9 @@ async def make_runtime(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[
 
 @pytest.fixture(params=RUNTIME_TYPES)
 def runtime_type(request: pytest.FixtureRequest) -> str:
-    """Each runtime type in turn: ``local``, then ``bwrap`` (marked ``sandbox``)."""
+    """Each runtime type in turn: ``local``, then ``bwrap`` (marked ``sandbox``), then
+    ``podman`` (marked ``acceptance``: containers, on the Debian base image, made here when
+    missing)."""
     return request.param
 
 

@@ -155,7 +155,15 @@ class SandboxActivities:
             # owned before it exists: a worker killed while provisioning leaves a record that
             # lets the next worker on this root reclaim the half-made runtime
             reclaim.claim(self.root, runtime_id, self.settings.host_id)
-            runtime = create_runtime(input.runtime, runtime_id, self.root)
+            # the host decides the isolation: its policy, checked again here (submit checked it
+            # against the policy this host published), before anything starts
+            runtime = create_runtime(
+                input.runtime,
+                runtime_id,
+                self.root,
+                policy=self.settings.sandbox_policy,
+                host_id=self.settings.host_id,
+            )
             async with heartbeating(phase="provision"):
                 await runtime.start()
         except Exception as e:

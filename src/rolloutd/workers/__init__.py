@@ -159,6 +159,11 @@ async def run_fleet(
     cleanups: list[Any] = []
     drain_began = [time.monotonic()]  # set again when the drain begins
     host: HostCapabilities | None = None  # what a sandbox or eval host publishes
+    if fleet in ("sandbox", "eval"):
+        from rolloutd.evaluators import register_evaluators
+
+        # the operator's evaluators: eval hosts score with them, sandbox hosts run their checks
+        register_evaluators((settings or CommonSettings()).evaluators)
     if fleet == "workflows":
         from rolloutd.activities.cancel import cancel_workflows
         from rolloutd.activities.fleet_health import FleetHealthActivities
@@ -203,6 +208,7 @@ async def run_fleet(
         s = settings if isinstance(settings, SandboxSettings) else SandboxSettings()
         host = await asyncio.to_thread(host_capabilities, "sandbox", s.host_id)
         host.max_concurrent_sessions = s.max_concurrent_sessions
+        host.policy = s.sandbox_policy
         acts = SandboxActivities(s, BlobStore(s.store_url))
         # before polling: runtimes a killed worker left on this root are killed and removed,
         # so a teardown of them that arrives on this host's queue finds nothing left running

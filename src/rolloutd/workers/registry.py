@@ -22,7 +22,7 @@ from rolloutd.capabilities import (
     HostCapabilities,
     PublishingFleet,
 )
-from rolloutd.evaluators import EVALUATORS
+from rolloutd.evaluators import evaluator_names
 from rolloutd.sandbox.harnesses import harness_capabilities
 from rolloutd.workflows.fleets import FleetRegistryInput, FleetRegistryWorkflow
 
@@ -33,8 +33,8 @@ def host_capabilities(fleet: PublishingFleet, host_id: str) -> HostCapabilities:
     """What this host can run as a member of ``fleet``, probed now.
 
     Args:
-        fleet: ``sandbox`` (harness adapters whose CLI is installed here) or ``eval``
-            (built-in evaluators).
+        fleet: ``sandbox`` (harness adapters whose CLI is installed here; the caller adds
+            the host's sandbox policy) or ``eval`` (the names in the evaluator registry).
         host_id: this host's id.
     """
     host = HostCapabilities(
@@ -46,7 +46,7 @@ def host_capabilities(fleet: PublishingFleet, host_id: str) -> HostCapabilities:
     if fleet == "sandbox":
         host.harnesses, host.missing_harnesses = harness_capabilities()
     else:
-        host.evaluators = sorted(EVALUATORS)
+        host.evaluators = evaluator_names()
     return host
 
 

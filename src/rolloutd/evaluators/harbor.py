@@ -11,7 +11,8 @@ the agent ran, runs ``test.sh`` with ``[verifier] env``, and reads ``/logs/verif
    ``public``) and nothing of the agent's running;
 2. ``/tests`` and ``/logs/verifier`` are removed and made afresh there (whatever the agent left
    at those paths is gone), and the task's ``tests/`` is copied in from the host, where the
-   agent never saw it;
+   agent never saw it (``tests_dir`` must lie below one of the sandbox policy's
+   ``upload_sources``, as a prepare step's upload must);
 3. ``test.sh`` runs from the workdir, its output in ``/logs/verifier/test-stdout.txt``; then
    every process left in the container is killed, so none writes a reward after the script;
 4. the reward files are read, and the container and its image are removed.
@@ -51,7 +52,7 @@ from rolloutd.evaluators.base import (
 )
 from rolloutd.sandbox.runtimes.base import Runtime
 from rolloutd.sandbox.snapshot import FreshRuntime, disk_used_bytes
-from rolloutd.sandbox.transfer import copy_tree_in, read_inside
+from rolloutd.sandbox.transfer import check_source, copy_tree_in, read_inside
 
 #: Harbor's paths inside (harbor/models/trial/paths.py ``EnvironmentPaths``)
 TESTS_INSIDE = "/tests"
@@ -136,12 +137,14 @@ class HarborVerifier(Evaluator):
 
         Raises:
             EvaluatorError: ``tests_dir`` holds no test.sh.
+            PolicyError: ``tests_dir`` is outside the sandbox policy's ``upload_sources``.
             ConfigError: the session's runtime is not a container runtime.
         """
         params = self.params()
         tests = Path(params.tests_dir)
         if not (tests / "test.sh").is_file():
             raise EvaluatorError(f"evaluator.params.tests_dir {tests} holds no test.sh")
+        check_source(runtime, tests, "evaluator.params.tests_dir")
         disk_mb = await disk_used_bytes(runtime) / 2**20 if params.storage_mb else None
         async with FreshRuntime(runtime, network=params.network, env=params.env) as verifier:
             await copy_tree_in(verifier, tests, TESTS_INSIDE)

@@ -14,8 +14,9 @@ import shlex
 import tarfile
 from pathlib import Path
 
-from rolloutd.errors import RolloutdError
+from rolloutd.errors import PolicyError, RolloutdError
 from rolloutd.sandbox.runtimes.base import Runtime
+from rolloutd.sandbox_policy import upload_violation
 
 #: bytes of a file :func:`read_inside` returns at most.
 MAX_READ_BYTES = 1 << 20
@@ -36,6 +37,23 @@ def tar_tree(source: Path) -> bytes:
             else:
                 tar.addfile(info)
     return buffer.getvalue()
+
+
+def check_source(runtime: Runtime, source: Path, field: str) -> None:
+    """Refuse a host folder a task names outside the runtime's sandbox policy
+    (``upload_sources``, symlinks followed), as prepare-step uploads are refused.
+
+    Raises:
+        PolicyError: ``source`` is not below an allowed upload source.
+    """
+    if runtime.policy is None:
+        return
+    why = upload_violation(str(source), runtime.policy, resolve=True)
+    if why:
+        raise PolicyError(
+            f"{field}={str(source)!r} is outside the sandbox policy: {why} (upload_sources: "
+            f"{', '.join(runtime.policy.upload_sources) or 'none'})"
+        )
 
 
 async def copy_tree_in(

@@ -15,4 +15,4 @@ git add -A && git commit -q -m "server settings"
 git rm -q config/limits.ini && git commit -q -m "clean up config"
 printf 'name = service\nowner = ops\n' > README.md
 git commit -qam "owner"
-git config --global user.name agent && git config --global user.email agent@example.com
+git config user.name agent && git config user.email agent@example.com

@@ -24,6 +24,7 @@ is applied, the tests run between SWE-bench's log markers, and the ``swebench`` 
 
 from __future__ import annotations
 
+import base64
 import json
 import shlex
 from pathlib import Path
@@ -32,7 +33,14 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator
 
 from rolloutd.errors import ConfigError
-from rolloutd.task_spec import EvaluatorSpec, ExecStep, Model, PhaseTimeouts, RuntimeSpec
+from rolloutd.task_spec import (
+    EvaluatorSpec,
+    ExecStep,
+    HarnessSpec,
+    Model,
+    PhaseTimeouts,
+    RuntimeSpec,
+)
 from rolloutd.tasksets.options import TaskOptions
 from rolloutd.types import SamplingParams, TaskRequest
 
@@ -254,6 +262,25 @@ def eval_script(instance: SwebenchInstance, options: SwebenchOptions) -> str:
     return "\n".join(lines) + "\n"
 
 
+def oracle_harness(instance: SwebenchInstance) -> HarnessSpec:
+    """The instance's oracle: a ``shell`` harness that applies its gold change (SWE-bench,
+    SWE-Gym: ``patch``; SWE-smith: ``patch`` reversed, since it made the bug), the set's own
+    sanity check. The patch travels base64-encoded in the command (no shell quoting, no
+    template placeholders), so it must stay under the 128 KiB of one argument (execve(2)).
+
+    Raises:
+        ConfigError: the instance has no patch.
+    """
+    if not instance.patch.strip():
+        raise ConfigError(f"instance {instance.instance_id!r} has no patch: no oracle")
+    encoded = base64.b64encode(instance.patch.encode()).decode()
+    reverse = " -R" if instance.kind == "swesmith" else ""
+    return HarnessSpec(
+        type="shell",
+        command=f"echo {encoded} | base64 -d | git apply{reverse} --whitespace=nowarn -",
+    )
+
+
 def task_request(
     row: dict[str, Any], options: SwebenchOptions, *, base: Path | None = None
 ) -> TaskRequest:
@@ -292,6 +319,7 @@ def task_request(
     )
     run_s = options.run_budget(None)
     phases = PhaseTimeouts(run_s=run_s, provision_s=900.0, evaluate_s=300.0)
+    harness = oracle_harness(instance) if options.harness.type == "oracle" else options.harness
     sampling = options.sampling.model_dump() if options.sampling else {}
     return TaskRequest(
         task_id=options.task_id(instance.instance_id),
@@ -299,7 +327,7 @@ def task_request(
         num_samples=options.num_samples,
         timeout_s=run_s + phases.collect_s + evaluator.timeout_s + 600.0,
         runtime=runtime,
-        harness=options.harness,
+        harness=harness,
         builder=options.builder,
         evaluator=evaluator,
         sampling=SamplingParams(**sampling),

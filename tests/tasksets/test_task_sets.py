@@ -153,3 +153,78 @@ async def test_harbor_evaluator_scores_the_check():
     assert (await score(check)).reward == 1.0
     outcome = await score({**check, "reward_json": None})
     assert outcome.reward == 0.0 and outcome.details["reason"] == "test.sh wrote no reward file"
+
+
+def test_generation_reads_harbor_and_container_swebench_sources():
+    from rolloutd.generation.sources import read_rows, row_to_task
+    from rolloutd.workflows.generation_models import GenerationSpec
+
+    template = {
+        "harness": {"type": "qwen_code", "profile": "compact"},
+        "runtime": {"type": "podman"},
+        "num_samples": 4,
+        "sampling": {"temperature": 0.6, "max_tokens": 300},
+    }
+    spec = GenerationSpec.model_validate(
+        {
+            "name": "tb",
+            "outputs": {"dir": "/tmp/unused"},
+            "source": {"type": "harbor", "path": str(HARBOR)},
+            "template": template,
+        }
+    )
+    rows = read_rows(spec.source)
+    assert [key for key, _ in rows][:2] == ["archive-text-files", "csv-column-stats"]
+    task = row_to_task(spec, *rows[1])
+    assert task.task_id == "gen-tb-csv-column-stats" and task.num_samples == 4
+    assert task.evaluator.type == "harbor" and task.runtime.build is not None
+    assert (task.sampling.temperature, task.sampling.max_tokens) == (0.6, 300)
+    assert task.metadata["generation"] == "tb" and task.metadata["task_set"] == "harbor"
+    swe = spec.model_copy(
+        update={
+            "source": spec.source.model_copy(update={"type": "swebench", "path": str(INSTANCES)})
+        }
+    )
+    key, row = read_rows(swe.source)[2]
+    task = row_to_task(swe, key, row)
+    assert task.runtime.build is not None and task.runtime.workdir == "/testbed"
+    assert task.evaluator.params["eval_script"].startswith("#!/bin/bash")
+
+
+async def test_swebench_eval_script_logs_are_graded_by_the_swebench_package():
+    (task,) = [t for t in read_task_set("swebench", INSTANCES, NOP) if "idna" in t.task_id]
+    evaluator = get_evaluator(task.evaluator)
+    f2p = task.evaluator.params["fail_to_pass"]
+    p2p = task.evaluator.params["pass_to_pass"]
+
+    def log(status: str, exit_code: int, extra: str = "") -> str:
+        lines = [f"{status} {t}" for t in f2p] + [f"PASSED {t}" for t in p2p]
+        return (
+            f"{extra}>>>>> Start Test Output\n" + "\n".join(lines) + "\n>>>>> End Test Output\n"
+            f">>>>> Test Exit Code: {exit_code}\n"
+        )
+
+    async def score(stdout: str) -> tuple[float | None, dict]:
+        check = {
+            "exit_code": 0,
+            "stdout": stdout,
+            "timed_out": False,
+            "test_patch_applied": ">>>>> Patch Apply Failed" not in stdout,
+            "tests": {},
+        }
+        ctx = EvaluationContext(
+            task_id="t", session_id="s", status=SessionStatus.COMPLETED, artifacts={"check": check}
+        )
+        outcome = await evaluator.evaluate(ctx)
+        return outcome.reward, outcome.details
+
+    reward, details = await score(log("PASSED", 0))
+    assert (reward, details["grader"], details["resolution_status"]) == (
+        1.0,
+        "swebench",
+        "RESOLVED_FULL",
+    )
+    assert (await score(log("FAILED", 1)))[0] == 0.0
+    # a log that says PASSED while the test command failed is not believed (get_logs_eval)
+    assert (await score(log("PASSED", 1)))[0] == 0.0
+    assert (await score(log("PASSED", 0, ">>>>> Patch Apply Failed\n")))[0] == 0.0

@@ -102,10 +102,12 @@ async def rig(temporal_server, engine, task_root) -> AsyncIterator[Rig]:
     client = await connect(gateway)
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(run_fleet("gateway", client, gateway))
+        # more slots than a test runs sessions at once: a full host makes no provisioning
+        # poll, which the client's fleet-health check would read as a dead fleet
         sandbox = SandboxSettings(
             **common,
             runtime_root=str(home / "rt"),
-            max_concurrent_sessions=4,
+            max_concurrent_sessions=8,
             sandbox_policy=policy,
         )
         await stack.enter_async_context(run_fleet("sandbox", client, sandbox))
@@ -151,7 +153,7 @@ def report(label: str, results) -> None:
 
 async def test_oracle_and_nop_on_every_example_task_and_instance(rig):
     """Oracle: reward 1.00 on each of the 6 Harbor tasks and 3 SWE-bench instances; a harness
-    that does nothing: 0.00 on each. 18 tasks through Temporal and podman, 4 at a time.
+    that does nothing: 0.00 on each. 18 tasks through Temporal and podman, 8 at a time.
     About 4 min cold (image builds), 2 min warm."""
     oracle, nop = {"harness": {"type": "oracle"}}, {"harness": NOP}
     tasks = [

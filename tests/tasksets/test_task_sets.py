@@ -228,3 +228,33 @@ async def test_swebench_eval_script_logs_are_graded_by_the_swebench_package():
     # a log that says PASSED while the test command failed is not believed (get_logs_eval)
     assert (await score(log("PASSED", 1)))[0] == 0.0
     assert (await score(log("PASSED", 0, ">>>>> Patch Apply Failed\n")))[0] == 0.0
+
+
+def test_submit_reads_a_task_set_from_the_command_line():
+    from rolloutd.cli import _task_set, build_parser
+
+    args = build_parser().parse_args(
+        [
+            "submit",
+            str(HARBOR),
+            "--task-set",
+            "harbor",
+            "--harness",
+            "oracle",
+            "--options",
+            '{"num_samples": 2, "task_id_prefix": "cli-"}',
+        ]
+    )
+    tasks = _task_set(args)
+    assert len(tasks) >= 6
+    assert all(t["harness"]["type"] == "oracle" and t["num_samples"] == 2 for t in tasks)
+    assert tasks[0]["task_id"] == "cli-archive-text-files"
+    args = build_parser().parse_args(
+        ["submit", str(INSTANCES), "--task-set", "swebench", "--harness", '{"type": "codex"}']
+    )
+    assert {t["harness"]["type"] for t in _task_set(args)} == {"codex"}
+    bad = build_parser().parse_args(
+        ["submit", str(HARBOR), "--task-set", "harbor", "--options", '{"shiny": 1}']
+    )
+    with pytest.raises(SystemExit, match="shiny"):
+        _task_set(bad)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import shutil
 import subprocess
 import sys
@@ -174,6 +173,18 @@ async def test_oracle_and_nop_on_every_example_task_and_instance(rig):
         assert rewards == ([0.0] if task_id.startswith("nop-") else [1.0]), (task_id, rewards)
 
 
+async def test_adversarial_agent_earns_0_through_the_stack(rig):
+    """On every Harbor task, an agent that writes /logs/verifier/reward.txt = 1 (and a
+    reward.json), plants its own /tests/test.sh, rewrites the tests it can see and deletes
+    /tests: reward 0.00 each. About 1 min warm."""
+    from tests.tasksets.test_harbor_podman import ADVERSARY
+
+    options = {"harness": {"type": "shell", "command": ADVERSARY}, "task_id_prefix": "adv-"}
+    results = await run_all(rig, read_task_set("harbor", rig.tasks / "harbor", options))
+    report("adversary", results)
+    assert all(rewards == [0.0] for rewards in rewards_of(results).values())
+
+
 async def test_buffer_reads_a_harbor_task_set(rig):
     """The training buffer's task source reads the Harbor folder (eval fleet) and hands out
     every task's group, scored. About 1 min warm."""
@@ -207,36 +218,40 @@ async def test_buffer_reads_a_harbor_task_set(rig):
 @pytest.mark.parametrize(
     ("harness", "package"),
     [
-        ({"type": "qwen_code", "profile": "compact", "max_turns": 8}, "@qwen-code/qwen-code"),
-        ({"type": "codex", "profile": "compact", "max_turns": 8}, "@openai/codex"),
+        ({"type": "qwen_code", "profile": "compact", "max_turns": 3}, "@qwen-code/qwen-code"),
+        ({"type": "codex", "profile": "compact", "max_turns": 3}, "@openai/codex"),
     ],
 )
 async def test_cli_harnesses_on_the_harbor_tasks(rig, harness, package):
     """qwen_code and codex (the host's CLIs, bound into each task's container) on the six
-    Harbor tasks through the gateway in tokens mode: every trajectory keeps the builder's
-    invariants; rewards and wall times printed (a 0.5B model mostly fails these tasks: the
-    point is the pipeline). About 10-20 min per harness on 2 cores."""
+    Harbor tasks through the gateway in tokens mode, one task at a time (six first prompts at
+    once keep a CPU engine on 2 shared cores busy past the gateway's 600 s call timeout):
+    every trajectory keeps the builder's invariants; rewards and wall times printed (a 0.5B
+    model mostly fails these tasks: the point is the pipeline). A session that ends for the
+    infrastructure (an engine too slow under load) is reported, not replaced. About 10-30 min
+    per harness."""
     if not (npm_prefix() / "node_modules" / package).is_dir():
         pytest.skip(f"{package} is not installed in {npm_prefix()}: bash scripts/setup.sh")
     options = {
         "harness": harness,
         "task_id_prefix": f"{harness['type']}-",
-        "run_s": 600,
-        "sampling": {"temperature": 0.7, "max_tokens": 512},
+        "max_run_s": 600,
+        "max_replacements": 0,  # a figure per task, not a retried one
+        "sampling": {"temperature": 0.7, "max_tokens": 256},
     }
-    tasks = read_task_set("harbor", rig.tasks / "harbor", options)
-    results = await run_all(rig, tasks)
-    report(harness["type"], results)
-    num_traces = 0
+    results = []
+    for task in read_task_set("harbor", rig.tasks / "harbor", options):
+        results += await run_all(rig, [task])
+        report(harness["type"], results[-1:])
+    num_traces = num_scored = 0
     for _task, group, _ in results:
         for session in group.sessions:
-            assert session.reward is not None or session.failure is not None, session
+            num_scored += session.reward is not None
             completions = CompletionLog(rig.store, session.session_id).read_all()
             assert len(completions) == session.num_completions
             if completions:
                 trajectory = rig.client.trajectory(session)
                 check_invariants(trajectory.traces, completions)
                 num_traces += len(trajectory.traces)
-    print(f"{harness['type']}: {num_traces} traces checked")
-    assert num_traces > 0
-    assert json.dumps(rewards_of(results))
+    print(f"{harness['type']}: {num_traces} traces checked, {num_scored} of 6 sessions scored")
+    assert num_traces > 0 and num_scored > 0

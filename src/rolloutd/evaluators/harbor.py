@@ -136,11 +136,17 @@ class HarborVerifier(Evaluator):
             "reward_json", "reward_txt" (each the file's text or None)}``.
 
         Raises:
-            EvaluatorError: ``tests_dir`` holds no test.sh.
+            EvaluatorError: ``tests_dir`` holds no test.sh, or ``evaluator.runtime`` is
+                ``fresh`` (a runtime without the agent's changes).
             PolicyError: ``tests_dir`` is outside the sandbox policy's ``upload_sources``.
             ConfigError: the session's runtime is not a container runtime.
         """
         params = self.params()
+        if self.spec.runtime == "fresh":
+            raise EvaluatorError(
+                "evaluator.runtime='fresh' is not for the harbor evaluator: it makes its own "
+                "fresh container from the agent's final file system; use 'session'"
+            )
         tests = Path(params.tests_dir)
         if not (tests / "test.sh").is_file():
             raise EvaluatorError(f"evaluator.params.tests_dir {tests} holds no test.sh")

@@ -19,7 +19,7 @@ from rolloutd.tasksets.options import TaskOptions
 from rolloutd.tasksets.swebench import SwebenchOptions
 from rolloutd.types import TaskRequest
 
-__all__ = ["SwebenchOptions", "TaskOptions", "read_task_set", "task_set_rows"]
+__all__ = ["SwebenchOptions", "TaskOptions", "read_task_set", "row_task", "task_set_rows"]
 
 #: the task-set kinds
 TaskSetKind = Literal["harbor", "swebench"]

@@ -278,6 +278,7 @@ def task_request(task: HarborTask, options: TaskOptions) -> TaskRequest:
         phases=phases,
         model=options.model,
         max_session_attempts=options.max_session_attempts,
+        max_replacements=options.max_replacements,
         metadata=metadata,
     )
 

@@ -46,6 +46,8 @@ class TaskOptions(Model):
         builder: the trajectory builder.
         model: the model name shown to the harness.
         max_session_attempts: attempts of a session whose sandbox host is lost.
+        max_replacements: new sessions of a sample that ended with a retryable
+            infrastructure cause, per group.
         metadata: merged into every task's metadata.
     """
 
@@ -59,6 +61,7 @@ class TaskOptions(Model):
     builder: BuilderSpec = Field(default_factory=BuilderSpec)
     model: str | None = None
     max_session_attempts: int = Field(default=3, ge=1, le=10)
+    max_replacements: int = Field(default=2, ge=0, le=64)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     def task_id(self, key: str) -> str:

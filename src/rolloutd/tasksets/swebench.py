@@ -334,6 +334,7 @@ def task_request(
         phases=phases,
         model=options.model,
         max_session_attempts=options.max_session_attempts,
+        max_replacements=options.max_replacements,
         metadata={
             **options.metadata,
             "task_set": instance.kind,

@@ -386,10 +386,11 @@ async def local_stack(
         client = await connect(gateway)
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(run_fleet("gateway", client, gateway))
+            # a short root, whatever --home is: each bwrap runtime's gateway socket lives
+            # under it, and a unix socket's path has at most 108 bytes (unix(7))
+            root = stack.enter_context(tempfile.TemporaryDirectory(prefix="grpo-rt-"))
             await stack.enter_async_context(
-                run_fleet(
-                    "sandbox", client, SandboxSettings(**common, runtime_root=str(home / "rt"))
-                )
+                run_fleet("sandbox", client, SandboxSettings(**common, runtime_root=root))
             )
             await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
             await stack.enter_async_context(run_fleet("workflows", client, gateway))

@@ -117,3 +117,19 @@ def test_polar_a3_fields_map_onto_a_task_request():
     assert polar_path("harness.type") == "agent.harness"
     assert polar_path("evaluator.params.fail_to_pass") == "evaluator.config.fail_to_pass"
     assert polar_path("num_samples") == "num_samples"
+
+
+def test_registrations_of_other_versions_are_read():
+    """A newer host's registration (fields, policy settings this version does not know) is
+    read by an older client: Temporal payloads ignore unknown fields."""
+    host = HostCapabilities.model_validate(
+        {
+            "fleet": "sandbox",
+            "host_id": "h",
+            "instance_id": "i",
+            "a_later_field": 1,
+            "policy": {"runtimes": ["bwrap"], "a_later_setting": True},
+        }
+    )
+    assert host.policy is not None and host.policy.runtimes == ["bwrap"]
+    assert FleetCapabilities.model_validate({"hosts": [], "later": 2}).hosts == []

@@ -30,9 +30,9 @@ Everything here is pure (no I/O): it runs in workflow code and in the client.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, field_validator
 
 from rolloutd.sandbox_policy import SandboxPolicy, violations
 from rolloutd.types import Model, TaskRequest
@@ -55,7 +55,14 @@ OPT_OUT = "check_capabilities=False"
 PublishingFleet = Literal["sandbox", "eval"]
 
 
-class HostCapabilities(Model):
+class _Payload(Model):
+    """A Temporal payload: unknown fields are ignored, so hosts and clients of different
+    versions read each other's registrations."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class HostCapabilities(_Payload):
     """What one host of a fleet can run, published when its worker starts.
 
     Attributes:
@@ -70,6 +77,8 @@ class HostCapabilities(Model):
             (``SandboxSettings.max_concurrent_sessions``); sandbox hosts only.
         policy: the host's sandbox policy (``SandboxSettings.sandbox_policy``); sandbox hosts
             only (None: a host of a version before policies; nothing is checked for it).
+        runtimes: runtime types whose program is installed on the host (empty: a host of a
+            version before this field; not checked).
         started_at: when the worker started (UTC).
     """
 
@@ -81,10 +90,20 @@ class HostCapabilities(Model):
     evaluators: list[str] = Field(default_factory=list)
     max_concurrent_sessions: int | None = Field(default=None, ge=1)
     policy: SandboxPolicy | None = None
+    runtimes: list[str] = Field(default_factory=list)
     started_at: datetime | None = None
 
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _known_policy_fields(cls, value: Any) -> Any:
+        # a newer host's policy may have settings this version does not know: they are left
+        # out here (the host enforces them itself), the operator's own input stays strict
+        if isinstance(value, dict):
+            return {k: v for k, v in value.items() if k in SandboxPolicy.model_fields}
+        return value
 
-class FleetCapabilities(Model):
+
+class FleetCapabilities(_Payload):
     """The registered hosts; what the fleets can run is the union of theirs."""
 
     hosts: list[HostCapabilities] = Field(default_factory=list)
@@ -158,6 +177,15 @@ def check_task(task: TaskRequest, fleets: FleetCapabilities) -> list[tuple[str, 
         ``(dotted.field.path, message)`` pairs, empty when the task can run.
     """
     errors: list[tuple[str, str]] = policy_errors(task, fleets)
+    installed = sorted({t for h in fleets.of("sandbox") for t in h.runtimes})
+    if installed and task.runtime.type not in installed:
+        errors.append(
+            (
+                "runtime.type",
+                f"runtime.type={task.runtime.type!r} is not installed on any sandbox host "
+                f"(installed: {', '.join(installed)})",
+            )
+        )
     harness = task.harness.type
     sandbox = fleets.of("sandbox")
     if not sandbox:

@@ -311,6 +311,13 @@ class SandboxSettings(CommonSettings):
         "images, upload_sources (default none), build_network (default off). Published with "
         "the host's capabilities, checked at submit and again before a runtime starts",
     )
+    image_cache_gb: float = Field(
+        default=50.0,
+        ge=0,
+        description="container images this host built from tasks' Dockerfiles (podman, "
+        "docker) are kept up to this many GB; past it the least recently used are removed "
+        "(at worker start and after each build; images in use are kept)",
+    )
     max_concurrent_provisions: int = Field(
         default=16,
         ge=1,

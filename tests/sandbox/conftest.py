@@ -163,3 +163,27 @@ def image_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "etc" / "group").write_text("root:x:0:\n")
     (root / "etc" / "image-release").write_text("rolloutd-test-image\n")
     return root
+
+
+@pytest.fixture
+async def gateway():
+    """A fake gateway on the host's loopback answering with the request line."""
+    seen: list[str] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        line = head.split(b"\r\n", 1)[0].decode()
+        seen.append(line)
+        body = line.encode()
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+            % (len(body), body)
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    yield port, seen
+    server.close()
+    await server.wait_closed()

@@ -5,6 +5,7 @@ cannot read the host file). Each test fails when its guard is removed."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import uuid
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment
 
 from rolloutd.activities.models import ProvisionRuntimeInput
@@ -24,9 +26,13 @@ from rolloutd.sandbox.runtimes import create_runtime
 from rolloutd.sandbox.runtimes.containers import ApptainerRuntime
 from rolloutd.sandbox.runtimes.podman import DockerRuntime, PodmanRuntime
 from rolloutd.sandbox_policy import SandboxPolicy, violations
-from rolloutd.settings import SandboxSettings
+from rolloutd.settings import CommonSettings, EvalSettings, SandboxSettings
 from rolloutd.store import BlobStore
+from rolloutd.trainer_client import RolloutClient
+from rolloutd.trainer_client.client import InvalidTaskError
 from rolloutd.types import EvaluatorSpec, RuntimeSpec, TaskRequest
+from rolloutd.workers import connect, run_fleet
+from tests.support.namespaces import fresh_namespace
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bubblewrap")
 
@@ -74,6 +80,14 @@ def test_the_local_runtime_is_refused_unless_the_operator_allows_it() -> None:
     assert "runtimes: bwrap, podman, apptainer, docker" in message and "h1" in message
     allowing = SandboxPolicy(runtimes=["local", "bwrap"])
     assert check_task(task({"type": "local"}), fleets_with(allowing)) == []
+
+
+def test_a_runtime_no_sandbox_host_has_installed_is_refused() -> None:
+    fleets = fleets_with(SandboxPolicy())
+    fleets.hosts[0].runtimes = ["local", "bwrap", "podman"]
+    ((path, message),) = check_task(task({"type": "docker", "image": "debian"}), fleets)
+    assert path == "runtime.type" and "not installed on any sandbox host" in message
+    assert check_task(task({"type": "podman"}), fleets) == []
 
 
 def test_the_hosts_root_as_an_image_and_the_host_network_are_refused() -> None:
@@ -241,3 +255,52 @@ async def test_the_sandbox_host_refuses_what_submit_did_not_check(tmp_path: Path
         assert refused.value.type == "PolicyError" and refused.value.non_retryable
         assert acts.runtimes == {}
     assert [p.name for p in (tmp_path / "rt").iterdir() if p.name != ".owners"] == []
+
+
+# ---------------------------------------------------------------- refused at submit, for real
+
+
+@pytest.mark.temporal
+async def test_a_sandbox_host_publishes_its_policy_and_submit_refuses_by_it(
+    temporal_server, tmp_path: Path
+) -> None:
+    """Real fleets (sandbox with the default policy, eval, workflows) in a namespace of their
+    own: the client refuses, before any workflow starts, what the published policy refuses."""
+    namespace = await fresh_namespace(temporal_server.address, "policy")
+    common = {
+        "temporal_address": temporal_server.address,
+        "temporal_namespace": namespace,
+        "store_url": str(tmp_path / "store"),
+        "host_id": "policy-host",
+        "log_json": False,
+    }
+    sandbox = SandboxSettings(
+        **common, runtime_root=str(tmp_path / "rt"), sandbox_policy=SandboxPolicy()
+    )
+    client = await connect(sandbox)
+    async with contextlib.AsyncExitStack() as stack:
+        for fleet, settings in (
+            ("sandbox", sandbox),
+            ("eval", EvalSettings(**common)),
+            ("workflows", CommonSettings(**common)),
+        ):
+            await stack.enter_async_context(run_fleet(fleet, client, settings))
+        rollout = RolloutClient(client)
+        fleets = await rollout.capabilities()
+        (host,) = fleets.of("sandbox")
+        assert host.policy == SandboxPolicy()
+        for runtime, field in (
+            ({"type": "local"}, "runtime.type"),
+            ({"type": "bwrap", "network": "host"}, "runtime.network"),
+            (
+                {"type": "bwrap", "prepare": [{"type": "upload", "source": "/proc/self/environ"}]},
+                "runtime.prepare[0].source",
+            ),
+        ):
+            with pytest.raises(InvalidTaskError) as refused:
+                await rollout.submit(task(runtime).model_dump())
+            ((path, message),) = refused.value.errors
+            assert path == field and "sandbox policy" in message and "policy-host" in message
+        assert await rollout.check_tasks([task({"type": "bwrap"})])  # inside the policy
+        with pytest.raises(RPCError):  # nothing was started
+            await client.get_workflow_handle("task/t").describe()

@@ -24,6 +24,7 @@ from rolloutd.capabilities import (
 )
 from rolloutd.evaluators import evaluator_names
 from rolloutd.sandbox.harnesses import harness_capabilities
+from rolloutd.sandbox.runtimes import installed_runtimes
 from rolloutd.workflows.fleets import FleetRegistryInput, FleetRegistryWorkflow
 
 log = structlog.get_logger(__name__)
@@ -45,6 +46,7 @@ def host_capabilities(fleet: PublishingFleet, host_id: str) -> HostCapabilities:
     )
     if fleet == "sandbox":
         host.harnesses, host.missing_harnesses = harness_capabilities()
+        host.runtimes = installed_runtimes()
     else:
         host.evaluators = evaluator_names()
     return host

@@ -6,6 +6,8 @@ Use :func:`create_runtime`; every runtime offers ``start``, ``exec``, ``spawn``,
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 from rolloutd.errors import ConfigError, PolicyError
@@ -14,7 +16,36 @@ from rolloutd.sandbox.runtimes.process import RuntimeProcess
 from rolloutd.sandbox_policy import SandboxPolicy, check_message, violations
 from rolloutd.types import RuntimeSpec
 
-__all__ = ["ExecResult", "Runtime", "RuntimeProcess", "create_runtime"]
+__all__ = ["ExecResult", "Runtime", "RuntimeProcess", "create_runtime", "installed_runtimes"]
+
+#: the program each runtime type needs on the host (``local`` needs none).
+RUNTIME_PROGRAMS = {
+    "bwrap": "bwrap",
+    "podman": "podman",
+    "apptainer": "apptainer",
+    "docker": "docker",
+}
+
+
+def installed_runtimes() -> list[str]:
+    """Runtime types whose program is installed on this host (``local`` always), for the
+    fleet registry; docker only when its daemon answers (``docker version``)."""
+    found = ["local"]
+    for kind, program in RUNTIME_PROGRAMS.items():
+        if shutil.which(program) is None:
+            continue
+        if kind == "docker":
+            try:
+                subprocess.run(
+                    [program, "version", "--format", "{{.Server.Version}}"],
+                    capture_output=True,
+                    timeout=10,
+                    check=True,
+                )
+            except (OSError, subprocess.SubprocessError):
+                continue
+        found.append(kind)
+    return found
 
 
 def create_runtime(

@@ -47,8 +47,9 @@ a worker that starts reclaims by label the containers of runtimes whose owner di
 (:mod:`rolloutd.sandbox.reclaim`). A killed worker also ends its containers by itself: the exec
 server exits when its control socket closes, which ends the container, which ``--rm`` removes.
 
-Teardown (:meth:`stop`): the exec server's socket is closed (the container ends), then ``podman
-rm --force --volumes`` removes the container and its anonymous volumes (an image's ``VOLUME``);
+Teardown (:meth:`stop`): ``podman rm --force --volumes`` removes the running container (its pid
+1 killed, everything in it with it) and its anonymous volumes (an image's ``VOLUME``), then the
+exec server's socket is closed;
 no network or named volume is ever created. Nothing is left: ``podman ps -a``, ``podman volume
 ls`` and ``podman network ls`` filtered by the labels show nothing (tests/sandbox).
 
@@ -101,6 +102,8 @@ HOST_BIN_INSIDE = f"{HOST_INSIDE}/bin"
 START_TIMEOUT_S = 60.0
 #: seconds the container may take to end once its exec server's socket is closed.
 EXIT_WAIT_S = 2.0
+#: times teardown tries ``podman rm`` (a container exiting by itself meanwhile refuses one).
+RM_ATTEMPTS = 5
 #: the label naming a container's runtime id (and the others, see the module docstring).
 RUNTIME_LABEL = "rolloutd.runtime_id"
 ROOT_LABEL = "rolloutd.root"
@@ -274,17 +277,18 @@ class PodmanRuntime(Runtime):
             )
         elif not self.image:
             self.image = await podman_images.ensure_base_image(self.binary)
-        elif not await podman_images.image_exists(self.binary, self.image):
+        config = await podman_images.image_config(self.binary, self.image)
+        if config is None:
             code, out = await podman_images.cli(
                 self.binary, "pull", "--quiet", "--", self.image, timeout_s=1800
             )
-            if code != 0:
+            config = await podman_images.image_config(self.binary, self.image)
+            if code != 0 or config is None:
                 raise RuntimeStartError(
                     f"{self.type} runtime: image {self.image!r} is not here and cannot be "
                     f"pulled: {out.strip()[-300:]}",
                     retryable=False,
                 )
-        config = await podman_images.image_config(self.binary, self.image)
         self._image_id = str(config.get("Id", ""))
         for entry in config.get("Env") or []:
             name, _, value = str(entry).partition("=")
@@ -303,8 +307,14 @@ class PodmanRuntime(Runtime):
         if code != 0:
             raise RuntimeStartError(f"{self.type} image mount failed: {out.strip()[-300:]}")
         try:
-            source = Path(out.strip().splitlines()[-1]) / self.workdir.lstrip("/")
-            seedable = source.is_dir() and any(source.iterdir())
+            mountpoint = os.path.realpath(out.strip().splitlines()[-1])
+            # an image's symlink (`/app -> /etc`) resolves against the host's root here:
+            # whatever the workdir resolves to must stay inside the image
+            source = Path(os.path.realpath(Path(mountpoint, self.workdir.lstrip("/"))))
+            inside = source.is_relative_to(mountpoint)
+            if not inside:
+                log.warning("image_workdir_leaves_image", image=self.image, workdir=self.workdir)
+            seedable = inside and source.is_dir() and any(source.iterdir())
             _seedable[key] = seedable
             if seedable:
                 await asyncio.to_thread(_copy_missing, source, self.workspace)
@@ -337,7 +347,9 @@ class PodmanRuntime(Runtime):
             os.chmod(control_path, 0o600)
             listener.listen(1)
             listener.setblocking(False)
-            code, out = await podman_images.cli(self.binary, *self.run_argv()[1:])
+            code, out = await podman_images.cli(
+                self.binary, *self.run_argv()[1:], cwd=self.runtime_dir
+            )
             if code != 0:
                 raise RuntimeStartError(
                     f"{self.type} runtime {self.runtime_id}: run exited {code}: "
@@ -462,14 +474,21 @@ class PodmanRuntime(Runtime):
 
     async def _cleanup(self) -> None:
         began = time.monotonic()
-        if self._exec_server is not None:  # the exec server exits at EOF, and the container
-            self._exec_server.close()
-            self._exec_server = None
-        code, out = await podman_images.cli(self.binary, *self.rm_argv()[1:])
-        if code != 0 and "no such container" not in out.lower():
+        # removed while it runs (SIGKILL to pid 1 ends everything in it); closing the exec
+        # server first would race its exit with the removal ("container state improper")
+        for attempt in range(RM_ATTEMPTS):
+            code, out = await podman_images.cli(self.binary, *self.rm_argv()[1:])
+            if code == 0 or "no such container" in out.lower():
+                break
+            log.info("container_remove_retried", name=self.name, output=out.strip()[-200:])
+            await asyncio.sleep(0.2 * (attempt + 1))
+        else:
             log.warning(
                 "container_remove_failed", runtime=self.type, name=self.name, output=out[-300:]
             )
+        if self._exec_server is not None:
+            self._exec_server.close()
+            self._exec_server = None
         if self.relay is not None:
             await self.relay.close()
         log.debug(

@@ -20,11 +20,12 @@ it, ``--network none``.
 
 **Garbage collection.** Built images carry the label ``rolloutd.managed=build``; each use
 touches a record ``{runtime_root}/.images/{hash}``. :func:`collect_garbage` removes the least
-recently used built images until those left take at most the host's budget
-(``SandboxSettings.image_cache_gb``); an image a container still uses is skipped (``podman
-rmi`` without ``--force`` refuses it). The base image is kept.
+recently used of the built images this runtime root has records of until those left take at
+most the host's budget (``SandboxSettings.image_cache_gb``); an image a container still uses is
+skipped (``podman rmi`` without ``--force`` refuses it). The base image, named images and other
+roots' builds are never removed.
 
-Flags: podman-build(1), podman-import(1), podman-image-exists(1), podman-rmi(1) of podman 4.3;
+Flags: podman-build(1), podman-import(1), podman-image-inspect(1), podman-rmi(1) of podman 4.3;
 docker's CLI takes the same ones (``docker build``, ``docker import``, ``docker image rm``).
 """
 
@@ -77,14 +78,20 @@ _FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.IGNORECASE | re.MULTILIN
 _locks: dict[str, asyncio.Lock] = {}
 _from_ids: dict[str, tuple[float, str]] = {}
 _context_hashes: dict[tuple[str, tuple[tuple[str, int, int, int], ...]], str] = {}
+_configs: dict[tuple[str, str], tuple[float, dict]] = {}
+#: seconds an image's config is cached (:func:`image_config`).
+CONFIG_TTL_S = 30.0
 
 
-async def cli(binary: str, *args: str, timeout_s: float = CLI_TIMEOUT_S) -> tuple[int, str]:
+async def cli(
+    binary: str, *args: str, timeout_s: float = CLI_TIMEOUT_S, cwd: Path | None = None
+) -> tuple[int, str]:
     """Run a container CLI command; return its exit code and output (stdout and stderr).
 
     The process is killed when ``timeout_s`` passes (exit code -9) or the caller is cancelled.
     Its environment is the worker's (the operator's: e.g. a ``DOCKER_HOST`` it set), never a
-    task's.
+    task's. ``cwd``: its working folder (conmon, which outlives ``podman run``, keeps it and
+    writes an ``oom`` file there when the container's memory limit is hit).
     """
     proc = await asyncio.create_subprocess_exec(
         binary,
@@ -93,6 +100,7 @@ async def cli(binary: str, *args: str, timeout_s: float = CLI_TIMEOUT_S) -> tupl
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
+        cwd=cwd,
     )
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
@@ -106,27 +114,20 @@ async def cli(binary: str, *args: str, timeout_s: float = CLI_TIMEOUT_S) -> tupl
     return proc.returncode or 0, out.decode(errors="replace")
 
 
-async def image_exists(binary: str, name: str) -> bool:
-    """Whether the image ``name`` is in the host's store (podman-image-exists(1))."""
-    if Path(binary).name == "docker":
-        code, _ = await cli(binary, "image", "inspect", "--format", "{{.Id}}", "--", name)
-    else:
-        code, _ = await cli(binary, "image", "exists", "--", name)
-    return code == 0
-
-
-async def image_config(binary: str, name: str) -> dict:
-    """The image's ``Config`` (``Env``, ``WorkingDir``, ...) and ``Id``.
-
-    Raises:
-        RuntimeStartError: the image is not in the store.
-    """
+async def image_config(binary: str, name: str) -> dict | None:
+    """The image's ``Config`` (``Env``, ``WorkingDir``, ...) and ``Id``, or None when the image
+    is not in the store; an answer is cached :data:`CONFIG_TTL_S` (a tag moved to another image
+    is seen after that)."""
+    cached = _configs.get((binary, name))
+    if cached and time.monotonic() - cached[0] < CONFIG_TTL_S:
+        return cached[1]
     code, out = await cli(binary, "image", "inspect", "--format", "json", "--", name)
     if code != 0:
-        raise RuntimeStartError(f"image {name!r} is not available: {out.strip()[-300:]}")
+        return None
     (info,) = json.loads(out)[:1]
     config = dict(info.get("Config") or {})
     config["Id"] = info.get("Id", "")
+    _configs[(binary, name)] = (time.monotonic(), config)
     return config
 
 
@@ -153,8 +154,8 @@ async def ensure_base_image(binary: str = "podman") -> str:
     """
     tag = base_image_tag()
     async with _lock(tag):
-        if await image_exists(binary, tag):
-            if not await image_exists(binary, BASE_IMAGE):
+        if await image_config(binary, tag) is not None:
+            if await image_config(binary, BASE_IMAGE) is None:
                 await cli(binary, "tag", tag, BASE_IMAGE)
             return BASE_IMAGE
         mmdebstrap = shutil.which("mmdebstrap")
@@ -289,7 +290,7 @@ async def ensure_built(
     image_hash = await build_hash(binary, build, network=network)
     tag = f"{BUILT_REPOSITORY}:{image_hash[:24]}"
     async with _lock(tag):
-        if await image_exists(binary, tag):
+        if await image_config(binary, tag) is not None:
             touch_used(root, image_hash[:24])
             return tag, False
         began = time.monotonic()
@@ -338,17 +339,15 @@ async def collect_garbage(binary: str, root: Path, max_bytes: int) -> list[str]:
     if code != 0:
         log.warning("image_gc_list_failed", output=out.strip()[-300:])
         return []
-    images = json.loads(out or "[]")
     records = Path(root) / RECORDS_DIR
-
-    def last_used(image: dict) -> float:
+    used: dict[str, float] = {}
+    for image in json.loads(out or "[]"):
         digest = str((image.get("Labels") or {}).get(BUILD_LABEL, ""))
-        try:
-            return (records / digest).stat().st_mtime
-        except OSError:
-            return float(image.get("Created") or 0)
-
-    images.sort(key=last_used)
+        with contextlib.suppress(OSError):
+            used[image["Id"]] = (records / digest).stat().st_mtime if digest else -1
+    # only images this root built or used (a record): other workers' builds are theirs
+    images = [i for i in json.loads(out or "[]") if used.get(i["Id"], -1) >= 0]
+    images.sort(key=lambda i: used[i["Id"]])
     total = sum(int(i.get("Size") or 0) for i in images)
     removed: list[str] = []
     for image in images:
@@ -361,6 +360,8 @@ async def collect_garbage(binary: str, root: Path, max_bytes: int) -> list[str]:
             continue
         total -= int(image.get("Size") or 0)
         removed.append(names[0])
+        for name in names:
+            _configs.pop((binary, name), None)
         digest = str((image.get("Labels") or {}).get(BUILD_LABEL, ""))
         if digest:
             (records / digest).unlink(missing_ok=True)

@@ -105,7 +105,8 @@ async def run_one(task: TaskRequest, runtime_root: Path, policy: SandboxPolicy) 
 
 async def test_oracle_earns_1_and_nop_0_on_every_example(task_sets, runtime_root):
     """Every examples/harbor task, its oracle (solution/solve.sh) and a harness that does
-    nothing: rewards 1.00 and 0.00. About 3 min cold (6 image builds with apt), 2 min warm."""
+    nothing: rewards 1.00 and 0.00. Measured: 50 s with the images built (3-5 s a run), about
+    3 min more when the six images are built first (apt in four of them)."""
     await ensure_base_image()
     rules = policy(task_sets)
     rewards: dict[tuple[str, str], float | None] = {}
@@ -124,8 +125,8 @@ async def test_oracle_earns_1_and_nop_0_on_every_example(task_sets, runtime_root
 
 async def test_adversarial_agent_earns_0(task_sets, runtime_root):
     """An agent that writes /logs/verifier/reward.txt = 1 (and reward.json), plants its own
-    /tests/test.sh, rewrites the package's visible tests and deletes /tests gets 0.00; the
-    same attack after the real fix still gets 1.00 only from the real tests. About 20 s."""
+    /tests/test.sh, rewrites the package's visible tests and deletes /tests gets 0.00, with the
+    image built. Measured: 5 s."""
     rules = policy(task_sets)
     (task,) = read_task_set(
         "harbor",
@@ -141,7 +142,7 @@ async def test_adversarial_agent_earns_0(task_sets, runtime_root):
 async def test_fresh_runtime_carries_the_agents_file_system_over(task_sets, runtime_root):
     """What the agent changed outside its workspace (a new file owned by another user, a
     deleted file) and in it is in the fresh container, with the container's own owners; its
-    HOME is not, and nothing of the agent's runs there. About 10 s."""
+    HOME is not, and nothing of the agent's runs there. Measured: 7 s."""
     from rolloutd.sandbox.snapshot import FreshRuntime
 
     (task,) = read_task_set(

@@ -153,7 +153,7 @@ def report(label: str, results) -> None:
 async def test_oracle_and_nop_on_every_example_task_and_instance(rig):
     """Oracle: reward 1.00 on each of the 6 Harbor tasks and 3 SWE-bench instances; a harness
     that does nothing: 0.00 on each. 18 tasks through Temporal and podman, 8 at a time.
-    About 4 min cold (image builds), 2 min warm."""
+    Measured: 3.5 min cold (the SWE-bench images built, the engine started), 1.5 min warm."""
     oracle, nop = {"harness": {"type": "oracle"}}, {"harness": NOP}
     tasks = [
         *read_task_set("harbor", rig.tasks / "harbor", oracle),
@@ -176,7 +176,7 @@ async def test_oracle_and_nop_on_every_example_task_and_instance(rig):
 async def test_adversarial_agent_earns_0_through_the_stack(rig):
     """On every Harbor task, an agent that writes /logs/verifier/reward.txt = 1 (and a
     reward.json), plants its own /tests/test.sh, rewrites the tests it can see and deletes
-    /tests: reward 0.00 each. About 1 min warm."""
+    /tests: reward 0.00 each. Measured: 8-11 s a task, all six at once."""
     from tests.tasksets.test_harbor_podman import ADVERSARY
 
     options = {"harness": {"type": "shell", "command": ADVERSARY}, "task_id_prefix": "adv-"}
@@ -187,7 +187,7 @@ async def test_adversarial_agent_earns_0_through_the_stack(rig):
 
 async def test_buffer_reads_a_harbor_task_set(rig):
     """The training buffer's task source reads the Harbor folder (eval fleet) and hands out
-    every task's group, scored. About 1 min warm."""
+    every task's group, scored. Measured: about 30 s with the images built."""
     buffer = await rig.client.create_buffer(
         {
             "buffer_id": f"harbor-{uuid.uuid4().hex[:6]}",

@@ -115,6 +115,7 @@ def test_phase_network_overrides_environment():
         ('[environment.healthcheck]\ncommand = "true"\n', "healthcheck"),
         ('[environment]\nos = "windows"\n', "os = 'windows'"),
         ('[verifier.environment]\ndocker_image = "x"\n', "[verifier] environment"),
+        ('[verifier]\nenvironment_mode = "separate"\n', "environment_mode = 'separate'"),
         ('[agent]\nuser = "agent"\n', "[agent] user"),
         ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n', "allowlist"),
         ('artifacts = ["/app/out"]\n', "artifacts is not supported"),

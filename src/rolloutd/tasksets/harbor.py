@@ -260,8 +260,9 @@ def task_request(task: HarborTask, options: TaskOptions) -> TaskRequest:
             "name": task.name,
             "path": str(task.path),
             "schema_version": task.config.schema_version,
-            **({"package": task.config.task.name} if task.config.task else {}),
+            **({"package": task.config.task.model_dump()} if task.config.task else {}),
             **({"metadata": task.config.metadata} if task.config.metadata else {}),
+            **({"source": task.config.source} if task.config.source else {}),
         },
     }
     sampling = options.sampling.model_dump() if options.sampling else {}

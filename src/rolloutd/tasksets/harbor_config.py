@@ -21,7 +21,8 @@ What rolloutd runs, and how (:func:`read_task_config` refuses everything else by
 
 Refused by name, as rolloutd cannot honour them: multi-step tasks (``steps``,
 ``multi_step_reward_strategy``), artifacts, GPUs and TPUs, MCP servers, skills, healthchecks,
-a separate verifier environment and its collect hooks, a run as another user, Windows
+a separate verifier environment (``environment_mode = "separate"``, ``[verifier.environment]``)
+and its collect hooks, a run as another user, Windows
 containers, host allowlists, and ``${VAR}`` templates in ``env`` (a task file never reads the
 submitting host's environment). A field Harbor 0.25 does not know either is refused as unknown.
 """
@@ -85,8 +86,9 @@ class HarborVerifierConfig(Model):
 
     timeout_sec: float = Field(default=600.0, gt=0, description="test.sh budget, s")
     env: dict[str, str] = Field(default_factory=dict, description="test.sh's environment")
-    environment_mode: Literal["shared", "separate"] | None = Field(
-        default=None, description="shared: the agent's file system (the default)"
+    environment_mode: Literal["shared"] | None = Field(
+        default=None,
+        description="shared: the agent's file system (the default; 'separate' is refused)",
     )
     network_mode: NetworkMode | None = Field(default=None, description="verifier network")
     allowed_hosts: list[str] | None = Field(default=None, description="allowlist hosts")
@@ -199,6 +201,12 @@ def _refuse_unsupported(data: dict[str, Any]) -> None:
         raise ConfigError(
             f"task.toml [environment] os = {environment['os']!r} is not supported by "
             "rolloutd: its runtimes are Linux containers"
+        )
+    verifier = data.get("verifier")
+    if isinstance(verifier, dict) and verifier.get("environment_mode") == "separate":
+        raise ConfigError(
+            "task.toml [verifier] environment_mode = 'separate' is not supported by rolloutd: "
+            "its verifier runs on the agent's final file system (in a fresh container)"
         )
     for section in ("agent", "verifier", "environment"):
         table = data.get(section)

@@ -228,8 +228,9 @@ async def test_cli_harnesses_on_the_harbor_tasks(rig, harness, package):
     once keep a CPU engine on 2 shared cores busy past the gateway's 600 s call timeout):
     every trajectory keeps the builder's invariants; rewards and wall times printed (a 0.5B
     model mostly fails these tasks: the point is the pipeline). A session that ends for the
-    infrastructure (an engine too slow under load) is reported, not replaced. About 10-30 min
-    per harness."""
+    infrastructure (an engine too slow under load) is reported, not replaced. Measured
+    (2026-11-27, load average 9-11 on 2 cores): qwen_code 23-483 s a task, codex 55-98 s a
+    task; 31 min for both."""
     if not (npm_prefix() / "node_modules" / package).is_dir():
         pytest.skip(f"{package} is not installed in {npm_prefix()}: bash scripts/setup.sh")
     options = {

@@ -19,12 +19,14 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from rolloutd import tasksets
 from rolloutd.activities.models import (
     PostCallbackInput,
     PostCallbackOutput,
     ReadTaskChunkInput,
     ReadTaskChunkOutput,
 )
+from rolloutd.errors import ConfigError
 from rolloutd.fault import receiver_status_fault, transport_fault
 from rolloutd.http_client import CALLBACK, new_async_client
 from rolloutd.types import TaskRequest
@@ -117,25 +119,41 @@ class TrainerIOActivities:
 
     @activity.defn(name="read_task_chunk")
     async def read_task_chunk(self, input: ReadTaskChunkInput) -> ReadTaskChunkOutput:
-        """Read up to ``limit`` tasks from the cursor ``offset`` of a JSONL / Parquet file.
+        """Read up to ``limit`` tasks from the cursor ``offset`` of a JSONL / Parquet file, or
+        of a task set (``harbor``, ``swebench``: :mod:`rolloutd.tasksets`).
 
         Invalid rows do not stop the source: each is reported in ``errors`` and skipped.
 
         Raises:
             ApplicationError: non-retryable when the file is missing or unreadable.
         """
+        task_set = input.format in ("harbor", "swebench")
         try:
-            rows, exhausted = read_rows(
-                Path(input.path).expanduser(), input.format, input.offset, input.limit
-            )
-        except (OSError, ValueError) as e:
+            if task_set:
+                every = tasksets.task_set_rows(input.format, input.path)  # type: ignore[arg-type]
+                rows = every[input.offset : input.offset + input.limit]
+                exhausted = input.offset + len(rows) >= len(every)
+            else:
+                rows, exhausted = read_rows(
+                    Path(input.path).expanduser(), input.format, input.offset, input.limit
+                )
+        except (OSError, ValueError, ConfigError) as e:
             raise ApplicationError(str(e), type="TaskSourceError", non_retryable=True) from e
         tasks: list[TaskRequest] = []
         errors: list[str] = []
         for i, row in enumerate(rows):
             try:
-                tasks.append(_row_to_task(row))
-            except (ValidationError, ValueError, TypeError) as e:
+                if task_set:
+                    task = tasksets.row_task(
+                        input.format,  # type: ignore[arg-type]
+                        row,
+                        input.options,
+                        path=input.path,
+                    )
+                    tasks.append(task)
+                else:
+                    tasks.append(_row_to_task(row))
+            except (ValidationError, ValueError, TypeError, ConfigError) as e:
                 errors.append(f"row {input.offset + i}: {e}")
         if errors:
             log.warning("task_source_rows_invalid", path=input.path, num_invalid=len(errors))

@@ -182,7 +182,7 @@ class GatewaySettings(CommonSettings):
     backend_url: str | None = Field(
         default=None, description="first backend registered at start (llama-server URL)"
     )
-    backend_type: Literal["llama_cpp", "vllm", "sglang", "openai"] = "llama_cpp"
+    backend_type: Literal["llama_cpp", "vllm", "sglang", "openai", "verl"] = "llama_cpp"
     backend_policy_version: int = Field(
         default=0,
         ge=0,

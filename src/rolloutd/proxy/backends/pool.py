@@ -53,6 +53,7 @@ from rolloutd.proxy.backends.health import BackendHealth, PoolHealth, dead_messa
 from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
 from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
 from rolloutd.proxy.backends.sglang import SglangBackend
+from rolloutd.proxy.backends.verl import VerlBackend
 from rolloutd.proxy.backends.vllm import VllmBackend
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import BlobStore
@@ -60,7 +61,7 @@ from rolloutd.store import BlobStore
 log = structlog.get_logger(__name__)
 
 POOL_KEY = "gateway/backend_pool.json"
-BackendType = Literal["llama_cpp", "vllm", "sglang", "openai"]
+BackendType = Literal["llama_cpp", "vllm", "sglang", "openai", "verl"]
 
 
 def backend_urls(setting: str | None) -> list[str]:
@@ -80,7 +81,8 @@ def make_backend(
     ctx_size: int | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> Backend:
-    """A backend client of ``backend_type`` (``llama_cpp``, ``vllm``, ``sglang``, ``openai``).
+    """A backend client of ``backend_type`` (``llama_cpp``, ``vllm``, ``sglang``, ``openai``,
+    ``verl``: verl's server manager behind the verl bridge's endpoint).
 
     Raises:
         ConfigError: an unknown type.
@@ -90,6 +92,7 @@ def make_backend(
         "vllm": VllmBackend,
         "sglang": SglangBackend,
         "openai": OpenAIChatBackend,
+        "verl": VerlBackend,
     }
     if backend_type not in kinds:
         raise ConfigError(f"unknown backend type {backend_type!r}; known: {', '.join(kinds)}")
@@ -689,7 +692,7 @@ def _describe(slot: _Slot) -> dict[str, Any]:
 
 def _type_of(backend: Backend) -> BackendType:
     kind = backend.type
-    return kind if kind in ("llama_cpp", "vllm", "sglang", "openai") else "openai"  # type: ignore[return-value]
+    return kind if kind in ("llama_cpp", "vllm", "sglang", "openai", "verl") else "openai"  # type: ignore[return-value]
 
 
 def load_pool_state(store: BlobStore) -> PoolState | None:

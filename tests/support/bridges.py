@@ -1,0 +1,48 @@
+"""What the bridge tests share: a one-call task run by the shell harness in bwrap, and a
+check that a trainer's row carries a session's trace token for token."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+#: one chat call through the gateway; the reply is written to reply.txt
+ASK_PY = r"""
+import json, os, sys, urllib.request
+body = {"model": "m", "messages": [{"role": "user", "content": sys.argv[1]}]}
+request = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
+    data=json.dumps(body).encode(),
+    headers={"Content-Type": "application/json",
+             "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+reply = json.load(urllib.request.urlopen(request, timeout=600))
+open("reply.txt", "w").write(reply["choices"][0]["message"]["content"] or "")
+"""
+
+#: the trainers' environments built by scripts/setup_trainers.sh
+TRAINERS_DIR = Path(
+    os.environ.get("ROLLOUTD_TRAINERS_DIR", Path.home() / ".cache" / "rolloutd" / "trainers")
+)
+INSTALL = "scripts/setup_trainers.sh installs it (README, 'Trainer bridges')"
+
+
+def have(module: str) -> bool:
+    """Whether ``module`` imports in this environment (without importing it)."""
+    return importlib.util.find_spec(module) is not None
+
+
+def trainer_python(name: str) -> Path:
+    """The interpreter of a trainer's own environment (``verl``, ``skyrl``)."""
+    return TRAINERS_DIR / name / "bin" / "python"
+
+
+def ask_task(max_tokens: int = 16) -> dict:
+    """Task fields of one chat call by the shell harness in bwrap, scored 1.0 when the
+    harness ran to its end (``session_completed``)."""
+    return {
+        "harness": {"type": "shell", "command": "python3 ask.py {instruction}"},
+        "runtime": {"type": "bwrap", "files": {"ask.py": ASK_PY}},
+        "evaluator": {"type": "session_completed"},
+        "sampling": {"temperature": 1.0, "max_tokens": max_tokens},
+    }

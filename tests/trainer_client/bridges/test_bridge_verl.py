@@ -1,0 +1,232 @@
+"""The verl bridge against verl 0.9.1 itself, in verl's own environment (Python 3.11, its
+transformers and hydra: scripts/setup_trainers.sh).
+
+The acceptance test runs 8 prompts through verl's agent-loop machinery
+(``tests/support/verl_child.py`` in verl's environment: verl's registry and
+``hydra.utils.instantiate``, ``RolloutdAgentLoop.run``, verl's ``AgentLoopOutput.as_dict``
+and ``DataProto``); each run is a rolloutd session (the shell harness in bwrap) whose gateway
+backend is the ``verl`` kind: every model call goes to verl's server-manager interface,
+answered by llama-server (Qwen2.5-Coder-0.5B) behind a subclass of verl's
+``LLMServerClient`` (a real engine standing in for verl's GPU replicas). It checks the 8
+outputs token for token against the sessions' traces and against what verl's server manager
+returned for each prompt. About 2-4 minutes.
+
+Not exercised here: verl's ``AgentLoopManager`` and ``AgentLoopWorker`` (Ray actors over
+GPU replicas), its load balancer, its vLLM/SGLang servers and weight sync, and a training
+step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.bridges import INSTALL, ask_task, trainer_python
+
+ROOT = Path(__file__).resolve().parents[3]
+CHILD = ROOT / "tests" / "support" / "verl_child.py"
+VERL = trainer_python("verl")
+WORDS = ["fruit", "colour", "planet", "metal", "bird", "tree", "river", "gem"]
+
+pytestmark = [
+    pytest.mark.trainers,
+    pytest.mark.skipif(
+        not VERL.exists()
+        or subprocess.run([VERL, "-c", "import verl"], capture_output=True).returncode != 0,
+        reason=f"verl's environment ({VERL}) is missing; {INSTALL}",
+    ),
+]
+
+
+async def test_verl_backend_kind_forwards_tokens_to_the_endpoint():
+    """The gateway's ``verl`` backend posts token ids to the bridge's endpoint and reads
+    verl's TokenOutput back (the wire both ends of rolloutd share); a reply without
+    aligned logprobs is refused."""
+    from rolloutd.errors import BackendError
+    from rolloutd.proxy.backends.base import GenerateRequest
+    from rolloutd.proxy.backends.pool import make_backend
+
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/context_size":
+            return httpx.Response(200, json={"context_size": 4096})
+        body = json.loads(request.content)
+        seen.append(body)
+        ids = [7, 8, 2]
+        logprobs = [-0.1, -0.2] + ([-0.3] if body["prompt_ids"] != [9] else [])
+        return httpx.Response(
+            200,
+            json={
+                "token_ids": ids,
+                "log_probs": logprobs,
+                "text": "hi",
+                "ended_by_eos": True,
+                "finish_reason": "stop",
+                "stop_reason": "completed",
+            },
+        )
+
+    backend = make_backend(
+        "verl", "b0", "http://verl.invalid", transport=httpx.MockTransport(handler)
+    )
+    try:
+        assert backend.type == "verl"
+        assert await backend.context_size() == 4096
+        result = await backend.generate(
+            GenerateRequest(prompt_ids=[1, 2, 3], max_tokens=5, temperature=0.5)
+        )
+        assert result.response_ids == [7, 8, 2]
+        assert result.response_logprobs == [-0.1, -0.2, -0.3]
+        assert result.ended_by_eos and result.finish_reason == "stop"
+        assert seen[0]["prompt_ids"] == [1, 2, 3]
+        assert seen[0]["sampling_params"]["max_tokens"] == 5
+        assert seen[0]["sampling_params"]["logprobs"] is True
+        with pytest.raises(BackendError, match="logprobs"):
+            await backend.generate(GenerateRequest(prompt_ids=[9], max_tokens=5))
+    finally:
+        await backend.aclose()
+
+
+@contextlib.asynccontextmanager
+async def fleets_on_verl(temporal_server, endpoint: str, home: Path):
+    """The four fleets in this process; the gateway's one backend is verl's endpoint."""
+    from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
+    from rolloutd.stack import free_port
+    from rolloutd.workers import connect, run_fleet
+
+    common = {
+        "temporal_address": temporal_server.address,
+        "store_url": str(home / "store"),
+        "host_id": "verl-host",
+        "log_json": False,
+    }
+    gateway = GatewaySettings(
+        **common,
+        gateway_port=free_port(),
+        backend_url=endpoint,
+        backend_type="verl",
+        model="qwen2.5-coder-0.5b",
+    )
+    client = await connect(gateway)
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(run_fleet("gateway", client, gateway))
+        await stack.enter_async_context(
+            run_fleet("sandbox", client, SandboxSettings(**common, runtime_root=str(home / "rt")))
+        )
+        await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
+        await stack.enter_async_context(run_fleet("workflows", client, gateway))
+        yield client, common["store_url"]
+
+
+@pytest.mark.acceptance
+@pytest.mark.temporal
+@pytest.mark.engine
+@pytest.mark.sandbox
+@pytest.mark.timeout(1200)
+async def test_verl_agent_loop_runs_eight_prompts_through_rolloutd(temporal_server, engine):
+    """8 verl ``AgentLoopOutput``s from 8 rolloutd sessions whose model calls verl's server
+    interface answered: prompt, response, mask and logprobs equal the sessions' traces, every
+    sampled token and logprob is what verl's server manager returned for that prompt, the
+    reward sits on verl's last response token, and ``to_data_proto`` gives 8 rows. About 2-4
+    minutes."""
+    from rolloutd.engine.models import model_files
+    from rolloutd.store import BlobStore
+    from rolloutd.trainer_client import RolloutClient
+    from rolloutd.types import SessionStatus
+
+    prefix = f"verl-{uuid.uuid4().hex[:6]}"
+    # short: the sandbox's unix socket lives under the runtime folder (108-byte limit)
+    tmp_path = Path(tempfile.mkdtemp(prefix="rv-"))
+    proc = await asyncio.create_subprocess_exec(
+        str(VERL),
+        str(CHILD),
+        "--engine-url",
+        engine.url,
+        "--temporal",
+        temporal_server.address,
+        "--store",
+        str(tmp_path / "store"),
+        "--tokenizer",
+        str(model_files("qwen2.5-coder-0.5b").tokenizer),
+        "--task",
+        json.dumps(ask_task(max_tokens=16)),
+        "--task-prefix",
+        prefix,
+        "--words",
+        *WORDS,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        start_new_session=True,
+        limit=2**26,
+    )
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 300)
+        endpoint = json.loads(line)["endpoint"]
+        async with fleets_on_verl(temporal_server, endpoint, tmp_path) as (client, store_url):
+            proc.stdin.write(b"go\n")
+            await proc.stdin.drain()
+            line = await asyncio.wait_for(proc.stdout.readline(), 900)
+            assert line, "the verl child ended without its outputs"
+            report = json.loads(line)
+            rollout = RolloutClient(client, BlobStore(store_url))
+            outputs = report["outputs"]
+            assert len(outputs) == 8
+            assert report["stats"]["num_sessions_left_out"] == 0, report["stats"]
+            answers = {}
+            for call in report["calls"]:
+                answers.setdefault(tuple(call["prompt_ids"]), []).append(call)
+            for row, session_id in zip(outputs, report["sessions"], strict=True):
+                output = row["output"]
+                group = await rollout.result(output["extra_fields"]["rolloutd_task_id"])
+                (session,) = group.sessions
+                assert session.session_id == session_id
+                assert session.status == SessionStatus.COMPLETED, session.error
+                (trace,) = rollout.trajectory(session).traces
+                assert output["prompt_ids"] == trace.prompt_ids
+                assert output["response_ids"] == trace.response_ids
+                assert output["response_mask"] == trace.loss_mask
+                assert output["response_logprobs"] == trace.response_logprobs
+                assert output["reward_score"] == session.reward == 1.0
+                # each merged call: the tokens and logprobs verl's server manager returned
+                for k, offset in enumerate(trace.response_offsets):
+                    prompt = tuple(trace.prompt_ids + trace.response_ids[:offset])
+                    end = offset
+                    while end < len(trace.loss_mask) and trace.loss_mask[end]:
+                        end += 1
+                    matches = [
+                        c
+                        for c in answers.get(prompt, [])
+                        if c["token_ids"] == trace.response_ids[offset:end]
+                        and c["log_probs"] == trace.response_logprobs[offset:end]
+                    ]
+                    assert matches, f"call {k} of {session_id}: not what verl answered"
+                # verl's own tensors: int64 ids, the mask as given, the reward on the last
+                # response token
+                tensors = row["as_dict"]
+                assert tensors["responses"] == ["torch.int64", [len(trace.response_ids)]]
+                assert tensors["response_mask"] == trace.loss_mask
+                assert tensors["rm_scores"][-1] == session.reward
+                assert sum(tensors["rm_scores"][:-1]) == 0.0
+            proto = report["data_proto"]
+            assert proto["len"] == 8
+            assert {"input_ids", "response_mask", "rollout_log_probs"} <= set(proto["keys"])
+            assert proto["token_level_scores_sum"] == [1.0] * 8
+        await asyncio.wait_for(proc.wait(), 60)
+        assert proc.returncode == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        shutil.rmtree(tmp_path, ignore_errors=True)

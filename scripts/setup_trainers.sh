@@ -29,7 +29,17 @@ SKYRL_VERSION=0.4.0
 TORCH_VERSION=2.13.0
 VENV="${ROLLOUTD_VENV:-.venv}"
 TRAINERS_DIR="${ROLLOUTD_TRAINERS_DIR:-$HOME/.cache/rolloutd/trainers}"
-PYTHON312="${ROLLOUTD_PYTHON312:-$(command -v python3.12 || ls -d "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -1)}"
+# a Python 3.12 that runs (a pyenv shim may exist and refuse)
+PYTHON312="${ROLLOUTD_PYTHON312:-}"
+if [ -z "$PYTHON312" ]; then
+  for candidate in $(ls -d "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null) \
+      $(command -v python3.12 || true); do
+    if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+      PYTHON312=$candidate
+      break
+    fi
+  done
+fi
 
 [ -x "$VENV/bin/python" ] || { echo "run scripts/setup.sh first ($VENV)" >&2; exit 1; }
 pip_in() { "$1/bin/python" -m pip --disable-pip-version-check -q "${@:2}"; }

@@ -36,8 +36,14 @@ def test_episode_of_a_session_validates_as_verifiers_wire_episode():
     stream, assembly and ``WireEpisode`` validation, with the tokens, mask and logprobs of
     the trace on its nodes and the reward only when the session counts."""
     from verifiers.v1.episode import WireEpisode
-    from verifiers.v1.serve.delta import DeltaStreamer, EpisodeAssembly, TraceSummary, dump
-    from verifiers.v1.serve.delta import pack, unpack
+    from verifiers.v1.serve.delta import (
+        DeltaStreamer,
+        EpisodeAssembly,
+        TraceSummary,
+        dump,
+        pack,
+        unpack,
+    )
 
     from rolloutd.trainer_client.bridges.verifiers import episode_of
     from rolloutd.types import FailureCause, SessionResult, SessionStatus, Trace, Trajectory

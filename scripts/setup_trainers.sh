@@ -102,11 +102,12 @@ if [ -z "$PYTHON312" ]; then
 else
   SKYRL_ENV="$TRAINERS_DIR/skyrl"
   client_env "$SKYRL_ENV" "$PYTHON312"
-  if ! installed "$SKYRL_ENV" skyrl "$SKYRL_VERSION"; then
-    # what skyrl.train.utils.trainer_utils (validate_generator_output) imports: torch, ray,
-    # torchdata, loguru
+  if ! installed "$SKYRL_ENV" skyrl "$SKYRL_VERSION" || ! "$SKYRL_ENV/bin/python" -c \
+      "from skyrl.train.utils.trainer_utils import validate_generator_output" 2>/dev/null; then
+    # what skyrl.train.utils.trainer_utils (validate_generator_output) imports beyond skyrl's
+    # declared requirements (its skyrl-train extra would build flash-attn for CUDA)
     pip_in "$SKYRL_ENV" install "skyrl==$SKYRL_VERSION" "skyrl-gym==$SKYRL_VERSION" \
-      torch ray torchdata loguru
+      torch ray torchdata loguru jaxtyping aiohttp orjson pybase64
   fi
 fi
 echo "trainers: trl $TRL_VERSION, verifiers $VERIFIERS_VERSION in $VENV; verl $VERL_VERSION in $VERL_ENV${SKYRL_ENV:+; skyrl $SKYRL_VERSION in $SKYRL_ENV}"

@@ -417,3 +417,87 @@ def test_trl_grpo_example_runs_two_synced_steps(tmp_path):
     assert all(r["rollout_s"] > 0 and r["train_s"] > 0 for r in report["rows"][1:])
     assert report["bridge"]["num_groups"] == 6 and report["bridge"]["num_sessions"] == 24
     assert (tmp_path / "trl.png").stat().st_size > 0
+
+
+@pytest.mark.acceptance
+@pytest.mark.engine
+@pytest.mark.timeout(900)
+async def test_weight_transfer_makes_the_engine_serve_the_trainers_weights(tmp_path):
+    """TRL's weight-transfer sequence (init, pause, send_weights of the named parameters,
+    resume) on a real llama-server behind the gateway: after an optimizer step the engine is
+    stale, after the transfer its logprobs equal the trainer's (F32 floor) and the next
+    completion carries policy version 1. About 1-3 minutes (160.7 s here under load)."""
+    import dataclasses
+
+    import httpx
+    import torch
+
+    from rolloutd.engine.server import LlamaServer
+    from rolloutd.proxy.gateway import Gateway
+    from rolloutd.settings import GatewaySettings
+    from rolloutd.store import CompletionLog
+    from rolloutd.trainer_client.admin import BackendAdmin
+    from rolloutd.trainer_client.bridges.common import LoopRunner
+    from rolloutd.trainer_client.bridges.trl import WeightTransfer
+    from rolloutd.trainer_client.gguf_export import export_gguf
+    from rolloutd.trainer_client.probe import probe
+    from rolloutd.trainer_client.weight_sync import EngineLoader, WeightSync
+    from rolloutd.types import SamplingParams
+    from tests.support.trainer_model import load_trainer_model
+
+    trainer = load_trainer_model("smollm2-135m")
+    files, model = trainer.files, trainer.model
+    probe_ids = trainer.chat_ids("Name three colours.")
+    start = export_gguf(model.state_dict(), files.gguf, tmp_path / "policy-0.gguf")
+    engine = LlamaServer(dataclasses.replace(files, gguf=start), parallel=1, ctx_size=2048).start(
+        timeout_s=180
+    )
+    gateway = Gateway.from_settings(
+        GatewaySettings(
+            store_url=str(tmp_path / "store"),
+            backend_url=engine.url,
+            model="smollm2-135m",
+            gateway_public_url="http://gateway.test",
+            admin_token="admin-secret",
+        ),
+        tokenizer=trainer.tokenizer,
+    )
+    transport = httpx.ASGITransport(app=gateway.app)
+    try:
+        async with BackendAdmin("http://gateway.test", "admin-secret", transport=transport) as a:
+            transfer = WeightTransfer(
+                WeightSync(a, [EngineLoader(engine, timeout_s=180)]),
+                LoopRunner(asyncio.get_running_loop()),
+                files.gguf,
+                tmp_path / "weights",
+            )
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+            ids = torch.tensor([probe_ids])
+            (-torch.log_softmax(model(ids).logits[0, -1], -1)[42]).backward()
+            optimizer.step()
+            assert probe(model, engine.url, probe_ids).mean_abs_diff > 0.03  # stale
+
+            def sync() -> None:  # as TRL's trainer calls the protocol, from its thread
+                transfer.init_weight_transfer()
+                transfer.pause()
+                transfer.send_weights(iter(model.named_parameters()))
+                transfer.resume()
+                transfer.destroy()
+
+            await asyncio.to_thread(sync)
+            assert transfer.policy_version == 1 and engine.policy_version == 1
+            assert probe(model, engine.url, probe_ids).mean_abs_diff < 0.008
+            info = await gateway.sessions.open_session(
+                "wt/after", "wt", sampling=SamplingParams(max_tokens=4)
+            )
+            async with httpx.AsyncClient(transport=transport, base_url="http://x") as http:
+                answer = await http.post(
+                    f"/s/{info.session_key}/v1/chat/completions",
+                    json={"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
+                )
+            assert answer.status_code == 200, answer.text
+            [last] = CompletionLog(gateway.store, "wt/after").read_all()
+            assert last.policy_version == 1
+    finally:
+        await gateway.aclose()
+        engine.stop()

@@ -42,6 +42,7 @@ if [ -z "$PYTHON312" ]; then
 fi
 
 [ -x "$VENV/bin/python" ] || { echo "run scripts/setup.sh first ($VENV)" >&2; exit 1; }
+mkdir -p "$TRAINERS_DIR"
 pip_in() { "$1/bin/python" -m pip --disable-pip-version-check -q "${@:2}"; }
 installed() { "$1/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('$2') != '$3')" 2>/dev/null; }
 

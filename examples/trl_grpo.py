@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import secrets
 import statistics
@@ -173,7 +174,8 @@ async def main(args: argparse.Namespace) -> int:
             row = {
                 "step": step,
                 "policy_version": engine.policy_version,
-                "mean_reward": statistics.fmean(batch) if batch else None,
+                # every group masked (failed sessions): nothing scored this step
+                "mean_reward": statistics.fmean(batch) if batch else math.nan,
                 "groups_masked": rollout.last["masked"],
                 "held_out_reward": mean,
                 "held_out_sem": sem,

@@ -21,8 +21,10 @@ import asyncio
 import inspect
 import json
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -369,6 +371,29 @@ def test_rollout_worker_samples_feed_trls_async_pipeline():
     assert {r.model_version for r in rows} == {2} and {r.group_id for r in rows} == {7}
 
 
+def _run_example(home: Path, metrics: Path, plot: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "trl_grpo.py"),
+            "--steps",
+            "2",
+            "--eval-samples",
+            "1",
+            "--home",
+            str(home),
+            "--metrics",
+            str(metrics),
+            "--plot",
+            str(plot),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1400,
+        check=False,
+    )
+
+
 @pytest.mark.acceptance
 @pytest.mark.engine
 @pytest.mark.temporal
@@ -379,26 +404,12 @@ def test_trl_grpo_example_runs_two_synced_steps(tmp_path):
     the shell harness in bwrap, the engine reloaded with the trainer's weights after each step
     (probe at the F32 floor), policy versions 1 and 2. About 4-8 minutes."""
     metrics = tmp_path / "metrics.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "trl_grpo.py"),
-            "--steps",
-            "2",
-            "--eval-samples",
-            "1",
-            "--home",
-            str(tmp_path / "home"),
-            "--metrics",
-            str(metrics),
-            "--plot",
-            str(tmp_path / "trl.png"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1400,
-        check=False,
-    )
+    # short: the sandbox's unix socket lives under the home folder (108-byte limit)
+    home = Path(tempfile.mkdtemp(prefix="rt-"))
+    try:
+        proc = _run_example(home, metrics, tmp_path / "trl.png")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     steps = re.findall(
         r"^step (\d+): mean_reward=([\d.]+) .*probe_mismatch=([\d.]+) "

@@ -9,7 +9,8 @@ backend is the ``verl`` kind: every model call goes to verl's server-manager int
 answered by llama-server (Qwen2.5-Coder-0.5B) behind a subclass of verl's
 ``LLMServerClient`` (a real engine standing in for verl's GPU replicas). It checks the 8
 outputs token for token against the sessions' traces and against what verl's server manager
-returned for each prompt. About 2-4 minutes.
+returned for each prompt. About 2-4 minutes. The gateway's ``verl`` backend kind itself is
+tested in tests/proxy/test_verl_backend.py (no verl needed).
 
 Not exercised here: verl's ``AgentLoopManager`` and ``AgentLoopWorker`` (Ray actors over
 GPU replicas), its load balancer, its vLLM/SGLang servers and weight sync, and a training
@@ -28,7 +29,6 @@ import tempfile
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.support.bridges import INSTALL, ask_task, trainer_python
@@ -46,56 +46,6 @@ pytestmark = [
         reason=f"verl's environment ({VERL}) is missing; {INSTALL}",
     ),
 ]
-
-
-async def test_verl_backend_kind_forwards_tokens_to_the_endpoint():
-    """The gateway's ``verl`` backend posts token ids to the bridge's endpoint and reads
-    verl's TokenOutput back (the wire both ends of rolloutd share); a reply without
-    aligned logprobs is refused."""
-    from rolloutd.errors import BackendError
-    from rolloutd.proxy.backends.base import GenerateRequest
-    from rolloutd.proxy.backends.pool import make_backend
-
-    seen = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/context_size":
-            return httpx.Response(200, json={"context_size": 4096})
-        body = json.loads(request.content)
-        seen.append(body)
-        ids = [7, 8, 2]
-        logprobs = [-0.1, -0.2] + ([-0.3] if body["prompt_ids"] != [9] else [])
-        return httpx.Response(
-            200,
-            json={
-                "token_ids": ids,
-                "log_probs": logprobs,
-                "text": "hi",
-                "ended_by_eos": True,
-                "finish_reason": "stop",
-                "stop_reason": "completed",
-            },
-        )
-
-    backend = make_backend(
-        "verl", "b0", "http://verl.invalid", transport=httpx.MockTransport(handler)
-    )
-    try:
-        assert backend.type == "verl"
-        assert await backend.context_size() == 4096
-        result = await backend.generate(
-            GenerateRequest(prompt_ids=[1, 2, 3], max_tokens=5, temperature=0.5)
-        )
-        assert result.response_ids == [7, 8, 2]
-        assert result.response_logprobs == [-0.1, -0.2, -0.3]
-        assert result.ended_by_eos and result.finish_reason == "stop"
-        assert seen[0]["prompt_ids"] == [1, 2, 3]
-        assert seen[0]["sampling_params"]["max_tokens"] == 5
-        assert seen[0]["sampling_params"]["logprobs"] is True
-        with pytest.raises(BackendError, match="logprobs"):
-            await backend.generate(GenerateRequest(prompt_ids=[9], max_tokens=5))
-    finally:
-        await backend.aclose()
 
 
 @contextlib.asynccontextmanager

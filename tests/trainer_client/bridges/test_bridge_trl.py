@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import queue
 import re
 import shutil
 import subprocess
@@ -512,3 +513,73 @@ async def test_weight_transfer_makes_the_engine_serve_the_trainers_weights(tmp_p
     finally:
         await gateway.aclose()
         engine.stop()
+
+
+@pytest.mark.acceptance
+@pytest.mark.temporal
+@pytest.mark.engine
+@pytest.mark.sandbox
+@pytest.mark.timeout(900)
+async def test_rollout_worker_takes_from_a_real_buffer(fleets, temporal_server):
+    """RolloutWorker over a rolloutd buffer (the blocking client, in TRL's thread): 2 tasks x
+    2 sessions (shell harness in bwrap) become 4 RolloutSample rows tagged with the policy
+    version their tasks started under and one group id per task, each batch acknowledged;
+    update_model_version moves the buffer's version. About 1-2 minutes."""
+    import uuid
+
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    from rolloutd.trainer_client import SyncRolloutClient
+    from rolloutd.trainer_client.bridges.trl import RolloutWorker
+    from tests.support.bridges import ask_task
+
+    suffix = uuid.uuid4().hex[:6]
+    client = await asyncio.to_thread(
+        SyncRolloutClient.connect, temporal_server.address, store_url=fleets.store_url
+    )
+    try:
+        buffer = await asyncio.to_thread(
+            client.create_buffer,
+            {
+                "buffer_id": f"trl-worker-{suffix}",
+                "num_in_flight": 2,
+                "num_samples": 2,
+                "drop_zero_variance": False,  # session_completed gives 1.0 to every session
+            },
+        )
+        await asyncio.to_thread(
+            buffer.push,
+            [
+                {"task_id": f"tw{i}-{suffix}", "instruction": f"Name a {w}.", **ask_task()}
+                for i, w in enumerate(("fruit", "planet"))
+            ],
+        )
+        worker = RolloutWorker(buffer, client.trajectory, take_timeout_s=5)
+        worker.start()
+        rows = []
+        try:
+            deadline = time.monotonic() + 600
+            while len(rows) < 4:
+                assert time.monotonic() < deadline, (rows, worker.stats.as_dict())
+                worker.check_health(120)
+                try:
+                    rows.append(await asyncio.to_thread(worker.rollout_buffer.get, True, 1.0))
+                except queue.Empty:
+                    continue
+            await asyncio.to_thread(worker.update_model_version, 1)
+        finally:
+            await asyncio.to_thread(worker.stop)
+        assert all(isinstance(r, RolloutSample) for r in rows)
+        assert {r.model_version for r in rows} == {0}
+        assert sorted(r.group_id for r in rows) == [0, 0, 1, 1]
+        assert all(r.advantage == 0.0 for r in rows)  # equal rewards: no relative signal
+        for row in rows:
+            mask = row.completion_mask.tolist()
+            assert len(mask) == len(row.input_ids) == len(row.old_log_probs)
+            assert mask[0] == 0 and sum(mask) > 0
+        stats = await asyncio.to_thread(buffer.stats)
+        assert stats.policy_version == 1
+        assert worker.stats.num_groups == 2 and worker.stats.num_sessions_left_out == 0
+        await asyncio.to_thread(buffer.close)
+    finally:
+        await asyncio.to_thread(client.close)

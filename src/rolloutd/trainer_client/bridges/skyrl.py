@@ -161,15 +161,12 @@ class RolloutdGenerator(GeneratorInterface):
                     out["rewards"][row] = 0.0
                     out["stop_reasons"][row] = "failed"
         scored = [r for r, m in zip(out["rewards"], out["loss_masks"], strict=True) if any(m)]
+        totals = {k: v for k, v in self.stats.as_dict().items() if k != "left_out_by_reason"}
         metrics = {
             "rolloutd/num_groups": len(groups),
             "rolloutd/num_groups_masked": self.stats.num_groups_masked - masked_before,
             "rolloutd/mean_reward": sum(scored) / len(scored) if scored else None,
-            **{
-                f"rolloutd/total_{k}": v
-                for k, v in self.stats.as_dict().items()
-                if k != ("left_out_by_reason")
-            },
+            **{f"rolloutd/total_{k}": v for k, v in totals.items()},
         }
         return GeneratorOutput(
             prompt_token_ids=out["prompt_token_ids"],

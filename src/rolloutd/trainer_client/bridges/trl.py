@@ -37,6 +37,7 @@ advantages ``(r - mean) / (std + 1e-8)`` over the scored rewards of a group).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import threading
@@ -262,8 +263,6 @@ class RolloutFunc:
         return out
 
     async def _run_tasks(self, requests: list[dict[str, Any]]) -> list[TaskResult]:
-        import asyncio
-
         handles = [await self.client.submit(r) for r in requests]
         return list(await asyncio.gather(*(h.result() for h in handles)))
 

@@ -42,10 +42,13 @@ import asyncio
 import os
 import socket
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import structlog
+import uvicorn
+from fastapi import FastAPI
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopBase,
     AgentLoopMetrics,
@@ -132,8 +135,6 @@ class RolloutdAgentLoop(AgentLoopBase):
         Raises:
             ValueError: the row names no task.
         """
-        import uuid
-
         started = time.monotonic()
         extra = kwargs.get("extra_info") or {}
         fields = extra.get(TASK_FIELD) if isinstance(extra, Mapping) else None
@@ -248,8 +249,6 @@ class ServerManagerEndpoint:
 
     def app(self) -> Any:
         """The FastAPI application (two routes)."""
-        from fastapi import FastAPI
-
         app = FastAPI()
 
         @app.get("/context_size")
@@ -290,8 +289,6 @@ class ServerManagerEndpoint:
 
     async def start(self) -> str:
         """Serve in this event loop; returns :attr:`url` once it accepts connections."""
-        import uvicorn
-
         config = uvicorn.Config(self.app(), host=self.host, port=self.port, log_level="warning")
         self._server = uvicorn.Server(config)
         self._task = asyncio.create_task(self._server.serve())

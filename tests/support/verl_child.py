@@ -78,6 +78,7 @@ def make_server_manager(engine_url: str, calls: list[dict[str, Any]]):
 
 async def main(args: argparse.Namespace) -> None:
     import hydra
+    import structlog
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
     from verl.experimental.agent_loop.agent_loop import (
@@ -96,6 +97,8 @@ async def main(args: argparse.Namespace) -> None:
         to_data_proto,
     )
 
+    # stdout carries the protocol: rolloutd's logs go to stderr
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     config = OmegaConf.create(
         {
             "actor_rollout_ref": {
@@ -114,8 +117,9 @@ async def main(args: argparse.Namespace) -> None:
     client = await RolloutClient.connect(args.temporal, store_url=args.store)
     RolloutdAgentLoop.configure(client, task_prefix=args.task_prefix)
     task = json.loads(args.task)
+    failing = json.loads(args.failing_task) if args.failing_task else None
 
-    async def one(i: int) -> AgentLoopOutput:
+    async def one(word: str, fields: dict[str, Any]) -> AgentLoopOutput:
         loop = hydra.utils.instantiate(
             config=_agent_loop_registry[AGENT_NAME],
             trainer_config=DictConfigWrap(config=config),
@@ -130,11 +134,13 @@ async def main(args: argparse.Namespace) -> None:
         assert isinstance(loop, RolloutdAgentLoop)
         return await loop.run(
             {"temperature": 1.0, "top_p": 1.0},
-            raw_prompt=[{"role": "user", "content": f"Name a {args.words[i]}. One word."}],
-            extra_info={"rolloutd_task": task},
+            raw_prompt=[{"role": "user", "content": f"Name a {word}. One word."}],
+            extra_info={"rolloutd_task": fields},
         )
 
-    outputs = await asyncio.gather(*(one(i) for i in range(len(args.words))))
+    # the rows, then (with --failing-task) one more whose session fails
+    rows_in = [(word, task) for word in args.words] + ([("metal", failing)] if failing else [])
+    outputs = await asyncio.gather(*(one(word, fields) for word, fields in rows_in))
     rows = []
     for output in outputs:
         tensors = output.as_dict()  # verl's own conversion to training tensors
@@ -158,6 +164,7 @@ async def main(args: argparse.Namespace) -> None:
     for task_id in [o.extra_fields["rolloutd_task_id"] for o in outputs]:
         group = await client.result(task_id)
         trajectories += [client.trajectory(s) for s in group.sessions]
+    # to_verl_batch leaves the failed session out
     proto = to_data_proto(trajectories, pad_token_id=tokenizer.pad_token_id or 0)
     print(
         json.dumps(
@@ -188,4 +195,5 @@ if __name__ == "__main__":
     parser.add_argument("--task", required=True, help="task fields, JSON")
     parser.add_argument("--task-prefix", default="verl")
     parser.add_argument("--words", nargs="+", required=True)
+    parser.add_argument("--failing-task", default=None, help="task fields of one more row, JSON")
     asyncio.run(main(parser.parse_args()))

@@ -9,7 +9,8 @@ backend is the ``verl`` kind: every model call goes to verl's server-manager int
 answered by llama-server (Qwen2.5-Coder-0.5B) behind a subclass of verl's
 ``LLMServerClient`` (a real engine standing in for verl's GPU replicas). It checks the 8
 outputs token for token against the sessions' traces and against what verl's server manager
-returned for each prompt. About 2-4 minutes. The gateway's ``verl`` backend kind itself is
+returned for each prompt; a ninth row, whose evaluator raises, is left out and counted. About
+2-4 minutes. The gateway's ``verl`` backend kind itself is
 tested in tests/proxy/test_verl_backend.py (no verl needed).
 
 Not exercised here: verl's ``AgentLoopManager`` and ``AgentLoopWorker`` (Ray actors over
@@ -88,8 +89,9 @@ async def test_verl_agent_loop_runs_eight_prompts_through_rolloutd(temporal_serv
     """8 verl ``AgentLoopOutput``s from 8 rolloutd sessions whose model calls verl's server
     interface answered: prompt, response, mask and logprobs equal the sessions' traces, every
     sampled token and logprob is what verl's server manager returned for that prompt, the
-    reward sits on verl's last response token, and ``to_data_proto`` gives 8 rows. About 2-4
-    minutes."""
+    reward sits on verl's last response token, and ``to_data_proto`` gives 8 rows; a ninth
+    session whose evaluator raises comes back with an all-zero mask and its failure named, and
+    is counted. About 2-4 minutes."""
     from rolloutd.engine.models import model_files
     from rolloutd.store import BlobStore
     from rolloutd.trainer_client import RolloutClient
@@ -113,6 +115,14 @@ async def test_verl_agent_loop_runs_eight_prompts_through_rolloutd(temporal_serv
         json.dumps(ask_task(max_tokens=16)),
         "--task-prefix",
         prefix,
+        "--failing-task",
+        json.dumps(
+            {
+                **ask_task(max_tokens=16),
+                "evaluator": {"type": "tests.support.raising_evaluator:RaisingEvaluator"},
+                "max_replacements": 0,
+            }
+        ),
         "--words",
         *WORDS,
         stdin=asyncio.subprocess.PIPE,
@@ -131,13 +141,18 @@ async def test_verl_agent_loop_runs_eight_prompts_through_rolloutd(temporal_serv
             assert line, "the verl child ended without its outputs"
             report = json.loads(line)
             rollout = RolloutClient(client, BlobStore(store_url))
-            outputs = report["outputs"]
+            *outputs, failed = report["outputs"]
             assert len(outputs) == 8
-            assert report["stats"]["num_sessions_left_out"] == 0, report["stats"]
+            # the ninth row's evaluator raised: left out of training, counted, no reward of it
+            assert report["stats"]["num_sessions_left_out"] == 1, report["stats"]
+            assert report["stats"]["left_out_by_reason"] == {"evaluator": 1}
+            assert failed["output"]["extra_fields"]["rolloutd_failure"] == "evaluator"
+            assert set(failed["output"]["response_mask"]) == {0}
+            assert failed["output"]["reward_score"] == 0.0
             answers = {}
             for call in report["calls"]:
                 answers.setdefault(tuple(call["prompt_ids"]), []).append(call)
-            for row, session_id in zip(outputs, report["sessions"], strict=True):
+            for row, session_id in zip(outputs, report["sessions"][:8], strict=True):
                 output = row["output"]
                 group = await rollout.result(output["extra_fields"]["rolloutd_task_id"])
                 (session,) = group.sessions

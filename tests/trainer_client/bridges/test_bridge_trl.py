@@ -241,7 +241,7 @@ def test_async_bridge_implements_trls_protocols():
         WeightTransferProtocol,
     )
 
-    from rolloutd.trainer_client.bridges.trl import RolloutWorker, WeightTransfer
+    from rolloutd.trainer_client.bridges.trl_async import RolloutWorker, WeightTransfer
 
     for protocol, ours in (
         (RolloutWorkerProtocol, RolloutWorker),
@@ -290,7 +290,7 @@ def test_rollout_worker_samples_feed_trls_async_pipeline():
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
     from rolloutd.trainer_client.bridges.common import group_samples
-    from rolloutd.trainer_client.bridges.trl import RolloutWorker, rollout_samples
+    from rolloutd.trainer_client.bridges.trl_async import RolloutWorker, rollout_samples
     from rolloutd.types import FailureCause, SessionResult, SessionStatus, TaskResult, Trajectory
     from rolloutd.workflows.buffer_models import Batch, BufferedGroup
 
@@ -450,7 +450,7 @@ async def test_weight_transfer_makes_the_engine_serve_the_trainers_weights(tmp_p
     from rolloutd.store import CompletionLog
     from rolloutd.trainer_client.admin import BackendAdmin
     from rolloutd.trainer_client.bridges.common import LoopRunner
-    from rolloutd.trainer_client.bridges.trl import WeightTransfer
+    from rolloutd.trainer_client.bridges.trl_async import WeightTransfer
     from rolloutd.trainer_client.gguf_export import export_gguf
     from rolloutd.trainer_client.probe import probe
     from rolloutd.trainer_client.weight_sync import EngineLoader, WeightSync
@@ -530,7 +530,7 @@ async def test_rollout_worker_takes_from_a_real_buffer(fleets, temporal_server):
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
     from rolloutd.trainer_client import SyncRolloutClient
-    from rolloutd.trainer_client.bridges.trl import RolloutWorker
+    from rolloutd.trainer_client.bridges.trl_async import RolloutWorker
     from tests.support.bridges import ask_task
 
     suffix = uuid.uuid4().hex[:6]

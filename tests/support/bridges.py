@@ -7,17 +7,24 @@ import importlib.util
 import os
 from pathlib import Path
 
-#: one chat call through the gateway; the reply is written to reply.txt
+#: chat calls through the gateway, one conversation: the instruction, then (with a second
+#: argument N > 1) "Say it again." after each reply, N calls in all; the last reply is written
+#: to reply.txt. Two calls make one trace whose second user turn is not sampled (mask 0).
 ASK_PY = r"""
 import json, os, sys, urllib.request
-body = {"model": "m", "messages": [{"role": "user", "content": sys.argv[1]}]}
-request = urllib.request.Request(
-    os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
-    data=json.dumps(body).encode(),
-    headers={"Content-Type": "application/json",
-             "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
-reply = json.load(urllib.request.urlopen(request, timeout=600))
-open("reply.txt", "w").write(reply["choices"][0]["message"]["content"] or "")
+messages = [{"role": "user", "content": sys.argv[1]}]
+for turn in range(int(sys.argv[2]) if len(sys.argv) > 2 else 1):
+    if turn:
+        messages.append({"role": "user", "content": "Say it again."})
+    request = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
+        data=json.dumps({"model": "m", "messages": messages}).encode(),
+        headers={"Content-Type": "application/json",
+                 "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+    reply = json.load(urllib.request.urlopen(request, timeout=600))
+    content = reply["choices"][0]["message"]["content"] or ""
+    messages.append({"role": "assistant", "content": content})
+open("reply.txt", "w").write(content)
 """
 
 #: the trainers' environments built by scripts/setup_trainers.sh
@@ -37,11 +44,11 @@ def trainer_python(name: str) -> Path:
     return TRAINERS_DIR / name / "bin" / "python"
 
 
-def ask_task(max_tokens: int = 16) -> dict:
-    """Task fields of one chat call by the shell harness in bwrap, scored 1.0 when the
-    harness ran to its end (``session_completed``)."""
+def ask_task(max_tokens: int = 16, turns: int = 1) -> dict:
+    """Task fields of ``turns`` chat calls in one conversation by the shell harness in bwrap,
+    scored 1.0 when the harness ran to its end (``session_completed``)."""
     return {
-        "harness": {"type": "shell", "command": "python3 ask.py {instruction}"},
+        "harness": {"type": "shell", "command": f"python3 ask.py {{instruction}} {turns}"},
         "runtime": {"type": "bwrap", "files": {"ask.py": ASK_PY}},
         "evaluator": {"type": "session_completed"},
         "sampling": {"temperature": 1.0, "max_tokens": max_tokens},

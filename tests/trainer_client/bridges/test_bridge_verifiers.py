@@ -142,7 +142,7 @@ async def test_verifiers_client_runs_four_tasks_and_cancels_one(fleets):
                     client_config,
                     "qwen2.5-coder-0.5b",
                     sampling,
-                    {"instruction": f"Name a {word}. One word.", **ask_task()},
+                    {"instruction": f"Name a {word}. One word.", **ask_task(turns=2)},
                 )
             )
             for word in ("fruit", "colour", "planet")
@@ -187,6 +187,13 @@ async def test_verifiers_client_runs_four_tasks_and_cancels_one(fleets):
             assert episode.ok
             assert trace.rewards["rolloutd"].score == session.reward == 1.0
             (expected,) = client.trajectory(session).traces
+            assert 0 in expected.loss_mask  # the second user turn between two sampled ones
+            assert [n.message.role for n in trace.nodes] == [
+                "user",
+                "assistant",
+                "user",
+                "assistant",
+            ]
             tokens = [t for node in trace.nodes for t in node.token_ids]
             assert tokens == expected.prompt_ids + expected.response_ids
             mask = [m for node in trace.nodes[1:] for m in node.mask]

@@ -4,7 +4,9 @@ transformers and hydra: scripts/setup_trainers.sh).
 The acceptance test runs 8 prompts through verl's agent-loop machinery
 (``tests/support/verl_child.py`` in verl's environment: verl's registry and
 ``hydra.utils.instantiate``, ``RolloutdAgentLoop.run``, verl's ``AgentLoopOutput.as_dict``
-and ``DataProto``); each run is a rolloutd session (the shell harness in bwrap) whose gateway
+and ``DataProto``); each run is a rolloutd session (the shell harness in bwrap, two chat
+calls in one conversation, so the trace has a user turn with mask 0 between two sampled
+ones) whose gateway
 backend is the ``verl`` kind: every model call goes to verl's server-manager interface,
 answered by llama-server (Qwen2.5-Coder-0.5B) behind a subclass of verl's
 ``LLMServerClient`` (a real engine standing in for verl's GPU replicas). It checks the 8
@@ -112,7 +114,7 @@ async def test_verl_agent_loop_runs_eight_prompts_through_rolloutd(temporal_serv
         "--tokenizer",
         str(model_files("qwen2.5-coder-0.5b").tokenizer),
         "--task",
-        json.dumps(ask_task(max_tokens=16)),
+        json.dumps(ask_task(max_tokens=16, turns=2)),
         "--task-prefix",
         prefix,
         "--failing-task",
@@ -159,6 +161,9 @@ async def test_verl_agent_loop_runs_eight_prompts_through_rolloutd(temporal_serv
                 assert session.session_id == session_id
                 assert session.status == SessionStatus.COMPLETED, session.error
                 (trace,) = rollout.trajectory(session).traces
+                # two calls merged: sampled, the second user turn (not sampled), sampled
+                assert len(trace.completion_indices) == 2
+                assert 0 in trace.loss_mask[trace.response_offsets[0] : trace.response_offsets[1]]
                 assert output["prompt_ids"] == trace.prompt_ids
                 assert output["response_ids"] == trace.response_ids
                 assert output["response_mask"] == trace.loss_mask

@@ -53,7 +53,7 @@ from grpo_loop import (  # noqa: E402 - the example folder is on the path first
     summary,
 )
 
-from rolloutd.trainer_client.process import end_process  # noqa: E402
+from rolloutd.processes import end_process  # noqa: E402
 
 
 def task_rows(max_tokens: int) -> list[dict]:

@@ -157,7 +157,7 @@ async def test_harbor_evaluator_scores_the_check():
 
 def test_generation_reads_harbor_and_container_swebench_sources():
     from rolloutd.generation.sources import read_rows, row_to_task
-    from rolloutd.workflows.generation_models import GenerationSpec
+    from rolloutd.workflows.generation.models import GenerationSpec
 
     template = {
         "harness": {"type": "qwen_code", "profile": "compact"},

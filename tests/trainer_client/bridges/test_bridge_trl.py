@@ -292,7 +292,7 @@ def test_rollout_worker_samples_feed_trls_async_pipeline():
     from rolloutd.trainer_client.bridges.common import group_samples
     from rolloutd.trainer_client.bridges.trl_async import RolloutWorker, rollout_samples
     from rolloutd.types import FailureCause, SessionResult, SessionStatus, TaskResult, Trajectory
-    from rolloutd.workflows.buffer_models import Batch, BufferedGroup
+    from rolloutd.workflows.buffer.models import Batch, BufferedGroup
 
     trajectories = {}
 
@@ -445,7 +445,7 @@ async def test_weight_transfer_makes_the_engine_serve_the_trainers_weights(tmp_p
     import torch
 
     from rolloutd.engine.server import LlamaServer
-    from rolloutd.proxy.gateway import Gateway
+    from rolloutd.proxy.http.server import Gateway
     from rolloutd.settings import GatewaySettings
     from rolloutd.store import CompletionLog
     from rolloutd.trainer_client.admin import BackendAdmin

@@ -31,7 +31,7 @@ open("reply.txt", "w").write(content)
 TRAINERS_DIR = Path(
     os.environ.get("ROLLOUTD_TRAINERS_DIR", Path.home() / ".cache" / "rolloutd" / "trainers")
 )
-INSTALL = "scripts/setup_trainers.sh installs it (README, 'Trainer bridges')"
+INSTALL = "scripts/setup_trainers.sh installs it (docs/trainers.md, 'Installing')"
 
 
 def have(module: str) -> bool:

@@ -30,7 +30,7 @@ base.py`` (``GeneratorInput``, ``GeneratorOutput``, ``TrajectoryID``) and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from skyrl.train.generators.base import GeneratorInput, GeneratorInterface, GeneratorOutput
@@ -83,26 +83,24 @@ class RolloutdGenerator(GeneratorInterface):
         self.stats = BridgeStats()
         self._calls = 0
 
-    async def generate(self, input_batch: GeneratorInput) -> GeneratorOutput:
-        """Run the batch's groups as rolloutd tasks.
+    def _task_requests(
+        self, prompts: Sequence[Any], ids: Sequence[Any], extras: Sequence[Any]
+    ) -> tuple[dict[str, list[int]], list[dict[str, Any]]]:
+        """Group the batch's rows by SkyRL instance, one rolloutd task per group.
 
         Args:
-            input_batch: SkyRL's ``GeneratorInput``: N ``prompts``, ``env_extras`` (each with
-                ``rolloutd_task``), ``trajectory_ids`` (required: they name the groups).
+            prompts: the batch's N prompts.
+            ids: its N ``TrajectoryID``s (``instance_id``, ``repetition_id``).
+            extras: its N ``env_extras``, each with ``rolloutd_task``.
 
         Returns:
-            SkyRL's ``GeneratorOutput`` with N rows, in the input's order.
+            ``(rows_of, requests)``: the rows of each instance in batch order, and one task
+            request per instance in the same order (``num_samples`` = its number of rows).
 
         Raises:
-            ValueError: no ``trajectory_ids``, a row without task fields, or one instance
-                whose rows name different tasks.
+            ValueError: a row without task fields, or one instance whose rows name different
+                tasks.
         """
-        prompts = input_batch["prompts"]
-        ids = input_batch.get("trajectory_ids")
-        extras = input_batch.get("env_extras") or [{}] * len(prompts)
-        if not ids or len(ids) != len(prompts):
-            raise ValueError("RolloutdGenerator needs one trajectory id per prompt")
-        self._calls += 1
         rows_of: dict[str, list[int]] = {}
         for row, trajectory_id in enumerate(ids):
             rows_of.setdefault(trajectory_id.instance_id, []).append(row)
@@ -123,6 +121,29 @@ class RolloutdGenerator(GeneratorInterface):
                     "metadata": {**dict(fields.get("metadata") or {}), "instance_id": instance},
                 }
             )
+        return rows_of, requests
+
+    async def generate(self, input_batch: GeneratorInput) -> GeneratorOutput:
+        """Run the batch's groups as rolloutd tasks.
+
+        Args:
+            input_batch: SkyRL's ``GeneratorInput``: N ``prompts``, ``env_extras`` (each with
+                ``rolloutd_task``), ``trajectory_ids`` (required: they name the groups).
+
+        Returns:
+            SkyRL's ``GeneratorOutput`` with N rows, in the input's order.
+
+        Raises:
+            ValueError: no ``trajectory_ids``, a row without task fields, or one instance
+                whose rows name different tasks.
+        """
+        prompts = input_batch["prompts"]
+        ids = input_batch.get("trajectory_ids")
+        extras = input_batch.get("env_extras") or [{}] * len(prompts)
+        if not ids or len(ids) != len(prompts):
+            raise ValueError("RolloutdGenerator needs one trajectory id per prompt")
+        self._calls += 1
+        rows_of, requests = self._task_requests(prompts, ids, extras)
         handles = [await self.client.submit(r) for r in requests]
         groups = await asyncio.gather(*(h.result() for h in handles))
 

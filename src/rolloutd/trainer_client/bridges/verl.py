@@ -39,7 +39,6 @@ llm_server.py`` (``LLMServerClient.generate`` -> ``TokenOutput``).
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import time
 import uuid
@@ -57,6 +56,7 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 from verl.protocol import DataProto
 
+from rolloutd.settings import CommonSettings
 from rolloutd.trainer_client.bridges.common import BridgeStats, group_samples
 from rolloutd.trainer_client.client import RolloutClient
 from rolloutd.trainer_client.exports import to_verl_batch
@@ -92,8 +92,10 @@ class RolloutdAgentLoop(AgentLoopBase):
     """verl agent loop: one rolloutd session per ``run``.
 
     The rolloutd client is per process: :meth:`configure` sets it, else the first ``run``
-    connects with ``ROLLOUTD_TEMPORAL_ADDRESS`` and ``ROLLOUTD_STORE_URL`` (a verl worker is
-    a Ray actor, built by ``hydra.utils.instantiate`` with verl's arguments only).
+    connects with the process's settings (:class:`rolloutd.settings.CommonSettings`:
+    ``ROLLOUTD_TEMPORAL_ADDRESS``, ``ROLLOUTD_TEMPORAL_NAMESPACE``, ``ROLLOUTD_STORE_URL``), as
+    every rolloutd process does (a verl worker is a Ray actor, built by
+    ``hydra.utils.instantiate`` with verl's arguments only).
 
     Attributes:
         client: the process's rolloutd client.
@@ -115,9 +117,11 @@ class RolloutdAgentLoop(AgentLoopBase):
     @classmethod
     async def _client(cls) -> RolloutClient:
         if cls.client is None:
+            settings = CommonSettings()
             cls.client = await RolloutClient.connect(
-                os.environ.get("ROLLOUTD_TEMPORAL_ADDRESS", "localhost:7233"),
-                store_url=os.environ["ROLLOUTD_STORE_URL"],
+                settings.temporal_address,
+                namespace=settings.temporal_namespace,
+                store_url=settings.store_url,
             )
         return cls.client
 

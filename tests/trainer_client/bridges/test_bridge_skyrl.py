@@ -30,6 +30,9 @@ CHILD = ROOT / "tests" / "support" / "skyrl_child.py"
 SKYRL = trainer_python("skyrl")
 
 pytestmark = [
+    # the trainer packages come from scripts/setup_trainers.sh, which README's acceptance
+    # command runs first
+    pytest.mark.acceptance,
     pytest.mark.trainers,
     pytest.mark.skipif(
         not SKYRL.exists()
@@ -42,7 +45,6 @@ pytestmark = [
 ]
 
 
-@pytest.mark.acceptance
 @pytest.mark.temporal
 @pytest.mark.engine
 @pytest.mark.sandbox

@@ -35,6 +35,9 @@ import pytest
 from tests.support.bridges import INSTALL, have
 
 pytestmark = [
+    # the trainer packages come from scripts/setup_trainers.sh, which README's acceptance
+    # command runs first
+    pytest.mark.acceptance,
     pytest.mark.trainers,
     pytest.mark.skipif(not have("trl"), reason=f"trl is not installed; {INSTALL}"),
 ]
@@ -395,7 +398,6 @@ def _run_example(home: Path, metrics: Path, plot: Path) -> subprocess.CompletedP
     )
 
 
-@pytest.mark.acceptance
 @pytest.mark.engine
 @pytest.mark.temporal
 @pytest.mark.sandbox
@@ -431,7 +433,6 @@ def test_trl_grpo_example_runs_two_synced_steps(tmp_path):
     assert (tmp_path / "trl.png").stat().st_size > 0
 
 
-@pytest.mark.acceptance
 @pytest.mark.engine
 @pytest.mark.timeout(900)
 async def test_weight_transfer_makes_the_engine_serve_the_trainers_weights(tmp_path):
@@ -515,7 +516,6 @@ async def test_weight_transfer_makes_the_engine_serve_the_trainers_weights(tmp_p
         engine.stop()
 
 
-@pytest.mark.acceptance
 @pytest.mark.temporal
 @pytest.mark.engine
 @pytest.mark.sandbox

@@ -19,6 +19,9 @@ import pytest
 from tests.support.bridges import INSTALL, ask_task, have
 
 pytestmark = [
+    # the trainer packages come from scripts/setup_trainers.sh, which README's acceptance
+    # command runs first
+    pytest.mark.acceptance,
     pytest.mark.trainers,
     pytest.mark.skipif(not have("verifiers"), reason=f"verifiers is not installed; {INSTALL}"),
 ]
@@ -109,7 +112,6 @@ def test_episode_of_a_session_validates_as_verifiers_wire_episode():
     assert wire.traces[0].rewards == {}
 
 
-@pytest.mark.acceptance
 @pytest.mark.temporal
 @pytest.mark.engine
 @pytest.mark.sandbox

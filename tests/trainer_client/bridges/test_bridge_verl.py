@@ -42,6 +42,9 @@ VERL = trainer_python("verl")
 WORDS = ["fruit", "colour", "planet", "metal", "bird", "tree", "river", "gem"]
 
 pytestmark = [
+    # the trainer packages come from scripts/setup_trainers.sh, which README's acceptance
+    # command runs first
+    pytest.mark.acceptance,
     pytest.mark.trainers,
     pytest.mark.skipif(
         not VERL.exists()
@@ -82,7 +85,6 @@ async def fleets_on_verl(temporal_server, endpoint: str, home: Path):
         yield client, common["store_url"]
 
 
-@pytest.mark.acceptance
 @pytest.mark.temporal
 @pytest.mark.engine
 @pytest.mark.sandbox

@@ -81,9 +81,15 @@ def test_a_host_publishes_every_adapter_and_why_it_cannot_run_one(tmp_path, monk
     monkeypatch.setenv("ROLLOUTD_NPM_PREFIX", str(tmp_path))  # no CLI installed there
     monkeypatch.setenv("ROLLOUTD_TOOLS_DIR", str(tmp_path))
     harnesses, missing = harness_capabilities()
-    # shell and cli need no CLI of ours; python needs the openai SDK in rolloutd's environment
-    assert harnesses == {"shell": None, "cli": None, "python": importlib.metadata.version("openai")}
-    assert set(missing) == set(HARNESSES) - {"shell", "cli", "python"}
+    # shell, cli and oracle (a task's own solution script) need no CLI of ours; python needs
+    # the openai SDK in rolloutd's environment
+    assert harnesses == {
+        "shell": None,
+        "cli": None,
+        "oracle": None,
+        "python": importlib.metadata.version("openai"),
+    }
+    assert set(missing) == set(HARNESSES) - {"shell", "cli", "oracle", "python"}
     assert "not found" in missing["qwen_code"]
     assert "scripts/setup.sh" in missing["codex"] and "scripts/setup.sh" in missing["aider"]
 

@@ -286,7 +286,7 @@ class GatewaySettings(CommonSettings):
     backend_url: str | None = Field(
         default=None, description="first backend registered at start (llama-server URL)"
     )
-    backend_type: Literal["llama_cpp", "vllm", "sglang", "openai"] = Field(
+    backend_type: Literal["llama_cpp", "vllm", "sglang", "openai", "verl"] = Field(
         default="llama_cpp", description="the kind of backend_url's server"
     )
     backend_policy_version: int = Field(

@@ -272,6 +272,7 @@ class HarnessSpec(Payload):
         "mini_swe_agent",
         "aider",
         "cli",
+        "oracle",
     ] = Field(default="shell", description="harness adapter")
     command: str | list[str] | None = Field(
         default=None,
@@ -294,6 +295,12 @@ class HarnessSpec(Payload):
         default="default",
         description="`compact`: a short system prompt and the core tools only, for models "
         "served with a small context window (where the adapter supports it)",
+    )
+    solution: str | None = Field(
+        default=None,
+        description="oracle: the reference solution's folder on the sandbox host (a Harbor "
+        "task's solution/, holding solve.sh), copied to /solution and run; a task set's "
+        "loader fills it in per task (rolloutd.tasksets.harbor)",
     )
     entry: str | None = Field(
         default=None,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from rolloutd import doctor
-from rolloutd.proxy.recorder import answer_id
+from rolloutd.proxy.sessions.recorder import answer_id
 from rolloutd.sandbox.runtimes.podman import ROOT_LABEL
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.types import SessionStatus

@@ -320,9 +320,12 @@ class ReadTaskChunkInput(Payload):
     path: str = Field(
         description="file path (JSONL: one TaskRequest per line; Parquet: one per row)"
     )
-    format: str = Field(default="jsonl", description="jsonl or parquet")
+    format: str = Field(default="jsonl", description="jsonl, parquet, harbor or swebench")
     offset: int = Field(default=0, ge=0, description="rows already read (the cursor)")
     limit: int = Field(default=64, ge=1, le=10_000, description="rows to read at most")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="harbor, swebench: the task set's TaskOptions"
+    )
 
 
 class ReadTaskChunkOutput(Payload):

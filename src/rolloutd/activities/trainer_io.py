@@ -20,12 +20,14 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from rolloutd import tasksets
 from rolloutd.activities.models import (
     PostCallbackInput,
     PostCallbackOutput,
     ReadTaskChunkInput,
     ReadTaskChunkOutput,
 )
+from rolloutd.errors import ConfigError
 from rolloutd.fault import receiver_status_fault, transport_fault
 from rolloutd.http_client import CALLBACK, new_async_client
 from rolloutd.payload import validate_strict
@@ -169,7 +171,8 @@ class TrainerIOActivities:
 
     @activity.defn(name="read_task_chunk")
     async def read_task_chunk(self, input: ReadTaskChunkInput) -> ReadTaskChunkOutput:
-        """Read up to ``limit`` tasks from the cursor ``offset`` of a JSONL / Parquet file.
+        """Read up to ``limit`` tasks from the cursor ``offset`` of a JSONL / Parquet file, or
+        of a task set (``harbor``, ``swebench``: :mod:`rolloutd.tasksets`).
 
         Invalid rows do not stop the source: each is reported in ``errors`` with its line
         number (``line 7: ...``; Parquet: ``row 6: ...``) and skipped; the buffer counts them.
@@ -177,11 +180,18 @@ class TrainerIOActivities:
         Raises:
             ApplicationError: non-retryable when the file is missing or unreadable.
         """
+        task_set = input.format in ("harbor", "swebench")
         try:
-            rows, exhausted = read_rows(
-                Path(input.path).expanduser(), input.format, input.offset, input.limit
-            )
-        except (OSError, ValueError) as e:
+            if task_set:
+                every = tasksets.task_set_rows(input.format, input.path)  # type: ignore[arg-type]
+                chunk = every[input.offset : input.offset + input.limit]
+                rows = [SourceRow(f"row {input.offset + i}", r) for i, r in enumerate(chunk)]
+                exhausted = input.offset + len(rows) >= len(every)
+            else:
+                rows, exhausted = read_rows(
+                    Path(input.path).expanduser(), input.format, input.offset, input.limit
+                )
+        except (OSError, ValueError, ConfigError) as e:
             raise ApplicationError(str(e), type="TaskSourceError", non_retryable=True) from e
         tasks: list[TaskRequest] = []
         errors: list[str] = []
@@ -190,8 +200,17 @@ class TrainerIOActivities:
                 errors.append(f"{row.where}: {row.error}")
                 continue
             try:
-                tasks.append(_row_to_task(row.value))
-            except (ValidationError, ValueError, TypeError) as e:
+                if task_set:
+                    task = tasksets.row_task(
+                        input.format,  # type: ignore[arg-type]
+                        row.value,
+                        input.options,
+                        path=input.path,
+                    )
+                    tasks.append(task)
+                else:
+                    tasks.append(_row_to_task(row.value))
+            except (ValidationError, ValueError, TypeError, ConfigError) as e:
                 errors.append(f"{row.where}: {e}")
         if errors:
             log.warning("task_source_rows_invalid", path=input.path, num_invalid=len(errors))

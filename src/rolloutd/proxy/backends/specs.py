@@ -16,13 +16,14 @@ from rolloutd.proxy.backends.base import Backend
 from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
 from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
 from rolloutd.proxy.backends.sglang import SglangBackend
+from rolloutd.proxy.backends.verl import VerlBackend
 from rolloutd.proxy.backends.vllm import VllmBackend
 from rolloutd.store import BlobStore
 
 #: the stored pool's blob-store key
 POOL_KEY = "gateway/backend_pool.json"
 #: the kinds of backend client
-BackendType = Literal["llama_cpp", "vllm", "sglang", "openai"]
+BackendType = Literal["llama_cpp", "vllm", "sglang", "openai", "verl"]
 
 
 def backend_urls(setting: str | None) -> list[str]:
@@ -42,7 +43,8 @@ def make_backend(
     ctx_size: int | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> Backend:
-    """A backend client of ``backend_type`` (``llama_cpp``, ``vllm``, ``sglang``, ``openai``).
+    """A backend client of ``backend_type`` (``llama_cpp``, ``vllm``, ``sglang``, ``openai``,
+    ``verl``: verl's server manager behind the verl bridge's endpoint).
 
     Raises:
         ConfigError: an unknown type.
@@ -50,6 +52,7 @@ def make_backend(
     kinds: dict[str, type[Backend]] = {
         "llama_cpp": LlamaCppBackend,
         "vllm": VllmBackend,
+        "verl": VerlBackend,
         "sglang": SglangBackend,
         "openai": OpenAIChatBackend,
     }
@@ -103,7 +106,7 @@ class PoolState(BaseModel):
 def type_of(backend: Backend) -> BackendType:
     """The type a backend client is stored as (``openai`` for any other client)."""
     kind = backend.type
-    return kind if kind in ("llama_cpp", "vllm", "sglang", "openai") else "openai"  # type: ignore[return-value]
+    return kind if kind in ("llama_cpp", "vllm", "sglang", "openai", "verl") else "openai"  # type: ignore[return-value]
 
 
 def load_pool_state(store: BlobStore) -> PoolState | None:

@@ -8,11 +8,12 @@ blob-store references (``TaskResult``), never token arrays.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from rolloutd.payload import Payload
+from rolloutd.tasksets import SwebenchOptions, TaskOptions
 from rolloutd.types import TASK_ID_PATTERN, TaskRequest, TaskResult
 
 
@@ -26,17 +27,30 @@ class TaskSource(Payload):
 
     ``push``: only tasks the trainer pushes (``push_tasks``). ``jsonl`` / ``parquet``: a file
     read in chunks of ``chunk_size`` rows by the ``read_task_chunk`` activity (eval fleet), so
-    the file must be readable there; pushed tasks are started before file rows.
+    the file must be readable there; pushed tasks are started before file rows. ``harbor``: a
+    folder of Harbor task folders (or one); ``swebench``: a JSONL or Parquet file of SWE-bench,
+    SWE-Gym or SWE-smith instances; both become tasks under ``options``
+    (:mod:`rolloutd.tasksets`), and their folders must be readable by the eval and sandbox
+    hosts.
     """
 
-    type: Literal["push", "jsonl", "parquet"] = Field(default="push")
-    path: str | None = Field(default=None, description="file path (jsonl / parquet)")
+    type: Literal["push", "jsonl", "parquet", "harbor", "swebench"] = Field(default="push")
+    path: str | None = Field(default=None, description="file or folder path")
     chunk_size: int = Field(default=64, ge=1, le=10_000, description="rows per read")
+    options: dict[str, Any] | None = Field(
+        default=None,
+        description="harbor, swebench: the trainer's choices for every task of the set "
+        "(rolloutd.tasksets.TaskOptions / SwebenchOptions fields: harness, num_samples, ...)",
+    )
 
     @model_validator(mode="after")
     def _file_needs_path(self) -> TaskSource:
         if self.type != "push" and not self.path:
             raise ValueError(f"source.path is required when source.type is {self.type!r}")
+        if self.type in ("harbor", "swebench"):
+            if self.options is None:
+                raise ValueError(f"source.options (at least a harness) is required for {self.type}")
+            (TaskOptions if self.type == "harbor" else SwebenchOptions).model_validate(self.options)
         return self
 
 

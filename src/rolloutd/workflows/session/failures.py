@@ -21,7 +21,7 @@ from rolloutd.types import FailureCause
 CANNOT_START_EXIT_CODES = (126, 127)
 #: harnesses a task scripts itself: one that exits 0 without a model call is scored (a
 #: scripted baseline, a test), where an agent CLI that made no call did not run
-SCRIPTED_HARNESSES = frozenset({"shell"})
+SCRIPTED_HARNESSES = frozenset({"shell", "oracle"})
 #: ApplicationError types of a harness that could not be prepared (configuration, adapter)
 HARNESS_ERROR_TYPES = frozenset({"HarnessError", "ConfigError", "InvalidRequestError"})
 

@@ -244,12 +244,16 @@ async def test_polar_a3_payload_is_refused_before_any_workflow_starts(fleets):
         # codex has an adapter (tests/sandbox/harnesses/acceptance/test_polar_codex.py runs this
         # payload's shape to the end); a host without its CLI refuses it too, naming the setup
         # step
-        assert set(errors) <= {"agent.harness", "evaluator.strategy"}
+        # the payload's docker runtime: refused where no sandbox host runs docker (a docker
+        # CLI without a reachable daemon does not count)
+        assert set(errors) <= {"agent.harness", "evaluator.strategy", "runtime.backend"}
         assert (
             "'swebench_grader' is not in the eval fleet's registry" in errors["evaluator.strategy"]
         )
         if "agent.harness" in errors:
             assert "scripts/setup.sh" in errors["agent.harness"]
+        if "runtime.backend" in errors:
+            assert "'docker' is not installed on any sandbox host" in errors["runtime.backend"]
         # a harness nobody built is refused by name
         payload = polar_a3_payload(task_id, "swebench_harness")
         payload["agent"]["harness"] = "cursor-agent"

@@ -89,7 +89,7 @@ async def test_a_replacement_waits_for_a_dead_sandbox_fleet_without_counting(
             what="the replacement waiting for the fleet",
         )
         assert waiting.replacing == [0], waiting
-        assert "no sandbox worker is polling" in (waiting.replaced[0].error or "")
+        assert "no sandbox worker is alive" in (waiting.replaced[0].error or "")
         async with contextlib.AsyncExitStack() as stack:
             root = stack.enter_context(tempfile.TemporaryDirectory(prefix="fleet-"))
             await stack.enter_async_context(

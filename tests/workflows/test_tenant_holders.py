@@ -1,6 +1,7 @@
 """A tenant's slot comes back when its holder ends however it ends: a holder that is
 terminated (it sends no ``release``) is found by the tenant workflow asking Temporal, and the
-waiting session gets the slot. Real Temporal dev server and the real workflows fleet; the
+waiting session gets the slot. Real Temporal dev server and the real workflows and eval
+fleets (the eval fleet answers ``closed_workflows``); the
 holders are a small test workflow that takes a slot with the session's own code
 (:func:`rolloutd.workflows.tenants.acquire_slot`) and then waits, standing in for a session
 whose harness runs (a real session needs the sandbox and gateway fleets for nothing this
@@ -26,7 +27,7 @@ with workflow.unsafe.imports_passed_through():
         TenantState,
         tenant_workflow_id,
     )
-    from rolloutd.settings import CommonSettings
+    from rolloutd.settings import CommonSettings, EvalSettings
     from rolloutd.types import PhaseTiming, TaskRequest
     from rolloutd.workers import connect, run_fleet
     from rolloutd.workflows.tenants import TenantInput, TenantWorkflow, acquire_slot
@@ -64,14 +65,16 @@ async def _holds(client: Client, workflow_id: str) -> bool:
 
 
 @pytest.mark.timeout(120)
-async def test_a_terminated_holder_gives_its_slot_back(temporal_server) -> None:
+async def test_a_terminated_holder_gives_its_slot_back(temporal_server, tmp_path) -> None:
     namespace = await fresh_namespace(temporal_server.address, "holders")
-    settings = CommonSettings(
-        temporal_address=temporal_server.address,
-        temporal_namespace=namespace,
-        host_id="holders",
-        log_json=False,
-    )
+    common = {
+        "temporal_address": temporal_server.address,
+        "temporal_namespace": namespace,
+        "host_id": "holders",
+        "log_json": False,
+        "store_url": str(tmp_path / "store"),
+    }
+    settings = CommonSettings(**common)
     client = await connect(settings)
     tenant = f"t{uuid.uuid4().hex[:6]}"
     task = TaskRequest.model_validate(
@@ -84,6 +87,7 @@ async def test_a_terminated_holder_gives_its_slot_back(temporal_server) -> None:
     )
     async with (
         run_fleet("workflows", client, settings),
+        run_fleet("eval", client, EvalSettings(**common)),
         Worker(client, task_queue=HOLDERS_QUEUE, workflows=[SlotHolder]),
     ):
         tenant_handle = await client.start_workflow(

@@ -1,5 +1,5 @@
-"""``closed_workflows``: which of some workflows no longer run (a local activity of the
-workflow worker).
+"""``closed_workflows``: which of some workflows no longer run (an activity of the eval
+fleet, which holds a Temporal client).
 
 A workflow that holds something of another workflow (a tenant's slot, a buffer's running
 slot) is told when its holder ends normally; one that was terminated, cancelled from the UI or

@@ -30,7 +30,14 @@ from rolloutd.evaluators import (
 )
 from rolloutd.store import BlobStore
 from rolloutd.trajectory import assign_rewards
-from rolloutd.types import FailureCause, SessionStatus, TaskRequest, Trajectory
+from rolloutd.types import (
+    FailureCause,
+    SessionStatus,
+    TaskRequest,
+    TaskResult,
+    Trajectory,
+    group_key,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -57,6 +64,19 @@ class EvalActivities:
         data = input.task.model_dump_json().encode()
         await asyncio.to_thread(self.store.put_bytes, key, data)
         return StoredTaskRequest(key=key, num_bytes=len(data))
+
+    @activity.defn(name="store_group")
+    async def store_group(self, group: TaskResult) -> str:
+        """Store a finished group for the buffer that started its task, under
+        :func:`rolloutd.types.group_key`; the buffer keeps the key, and ``take`` reads the
+        group from the store. Writing it again (a retry) writes the same bytes.
+
+        Returns:
+            The key.
+        """
+        key = group_key(group.task_id)
+        await asyncio.to_thread(self.store.put_bytes, key, group.model_dump_json().encode())
+        return key
 
     @activity.defn(name="read_task_request")
     async def read_task_request(self, key: str) -> TaskRequest:

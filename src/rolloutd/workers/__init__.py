@@ -242,7 +242,6 @@ async def _workflows_fleet(
 ) -> None:
     """The workflows fleet: every workflow, and the local activities they run."""
     from rolloutd.activities.cancel import cancel_workflows
-    from rolloutd.activities.closed import closed_workflows
     from rolloutd.activities.fleet_health import FleetHealthActivities
     from rolloutd.workflows.buffer.workflow import RolloutBufferWorkflow
     from rolloutd.workflows.callback import CallbackWorkflow
@@ -266,10 +265,9 @@ async def _workflows_fleet(
                 TenantWorkflow,
             ],
             # local activities only: a cancelled task cancels its sessions directly with
-            # cancel_workflows; a tenant (and the buffer) asks whether its holders still run
+            # cancel_workflows
             activities=[
                 cancel_workflows,
-                closed_workflows,
                 FleetHealthActivities(client).sandbox_capacity,
             ],
             no_remote_activities=True,
@@ -405,6 +403,7 @@ async def _eval_fleet(
     handle: FleetHandle, client: Client, settings: CommonSettings | None, parts: _FleetParts
 ) -> None:
     """An eval host: evaluators, the trainer's I/O, the generations' activities."""
+    from rolloutd.activities.closed import closed_workflows
     from rolloutd.activities.evaluation import EvalActivities
     from rolloutd.activities.trainer_io import TrainerIOActivities
     from rolloutd.generation.activities import GenerationActivities
@@ -424,6 +423,9 @@ async def _eval_fleet(
                 acts.check_evaluator,
                 acts.store_task_request,
                 acts.read_task_request,
+                acts.store_group,
+                # a tenant and a buffer ask whether their holders still run
+                closed_workflows,
                 io.read_task_chunk,
                 io.post_callback,
                 gen.plan_generation,

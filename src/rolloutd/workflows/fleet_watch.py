@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
         FleetWatch,
         PublishingFleet,
     )
+    from rolloutd.workflows import signals
 
 #: ``ApplicationError.type`` of a signal to a workflow that does not run
 EXTERNAL_NOT_FOUND = "ExternalWorkflowExecutionNotFound"
@@ -60,7 +61,8 @@ async def watch_fleet(
         temporalio.exceptions.ApplicationError: the signal failed for another reason.
     """
     try:
-        await workflow.get_external_workflow_handle(REGISTRY_WORKFLOW_ID).signal(
+        await signals.send(
+            REGISTRY_WORKFLOW_ID,
             WATCH_SIGNAL,
             FleetWatch(
                 workflow_id=workflow.info().workflow_id,
@@ -81,8 +83,10 @@ async def watch_fleet(
 async def unwatch_fleet(tag: str) -> None:
     """Withdraw this workflow's watch ``tag``; a registry that is gone is not an error."""
     try:
-        await workflow.get_external_workflow_handle(REGISTRY_WORKFLOW_ID).signal(
-            UNWATCH_SIGNAL, FleetWatch(workflow_id=workflow.info().workflow_id, tag=tag)
+        await signals.send(
+            REGISTRY_WORKFLOW_ID,
+            UNWATCH_SIGNAL,
+            FleetWatch(workflow_id=workflow.info().workflow_id, tag=tag),
         )
     except Exception as e:  # noqa: BLE001 - boundary: the registry may be gone
         workflow.logger.info("fleet watch %s not withdrawn: %s", tag, e)

@@ -49,16 +49,18 @@ with workflow.unsafe.imports_passed_through():
         failure_of,
         is_fleet_down,
         is_replaceable,
+        scored_rewards,
         scored_sessions,
     )
     from rolloutd.types import (
+        GroupRef,
         SessionResult,
         SessionStatus,
         TaskProgress,
         TaskRequest,
         TaskResult,
     )
-    from rolloutd.workflows import metadata, search
+    from rolloutd.workflows import metadata, search, signals
     from rolloutd.workflows.callback import CallbackInput, CallbackWorkflow, callback_workflow_id
     from rolloutd.workflows.fleet_watch import FleetStates, unwatch_fleet, watch_fleet
     from rolloutd.workflows.session.models import SessionInput
@@ -263,7 +265,7 @@ class RolloutTaskWorkflow:
         search.upsert(status="completed", reward=group.mean_reward)
         self._show(task, "done", status=self._progress.status, reward=group.mean_reward)
         if task.report_to:
-            await _report(task.report_to, group)
+            await _report(task.report_to, group, task)
         return group
 
     def _show(self, task: TaskRequest, phase: str, **final) -> None:
@@ -478,13 +480,27 @@ async def _start_callback(
     )
 
 
-async def _report(workflow_id: str, group: TaskResult) -> None:
-    """Signal the task's group to the workflow that asked for it (its buffer). A buffer that
-    has closed is not an error of the task."""
+async def _report(workflow_id: str, group: TaskResult, task: TaskRequest) -> None:
+    """Store the task's group and signal its reference (:class:`~rolloutd.types.GroupRef`)
+    to the workflow that asked for it (its buffer): the buffer keeps references only. A group
+    the store did not take is signalled without a key (its reader falls back to this task's
+    result). A buffer that has closed is not an error of the task."""
+    key = ""
     try:
-        await workflow.get_external_workflow_handle(workflow_id).signal(
-            GROUP_FINISHED_SIGNAL, group
+        key = await workflow.execute_activity(
+            "store_group",
+            group,
+            task_queue=task_queues.EVAL,
+            start_to_close_timeout=STORE_REQUEST_TIMEOUT,
+            retry_policy=STORE_REQUEST_RETRY,
+            priority=task_priority(task),
+            result_type=str,
         )
+    except ActivityError as e:
+        workflow.logger.warning("group %s not stored: %s", group.task_id, e.cause or e)
+    ref = GroupRef.of(group, key, scored_rewards(group))
+    try:
+        await signals.send(workflow_id, GROUP_FINISHED_SIGNAL, ref)
     except Exception as e:  # noqa: BLE001 - boundary: the buffer may be gone
         workflow.logger.warning(
             "could not report group %s to %s: %s", group.task_id, workflow_id, e

@@ -14,7 +14,7 @@ still wait in the fleet's task queue (docs/decisions.md, "Dead versus saturated"
 
 A holder gives its slot back when it ends, however it ends: a session that ends by itself
 signals ``release``; one that cannot (terminated, or cancelled while its signal failed) is
-found by asking Temporal (the local activity ``closed_workflows``) every
+found by asking Temporal (the activity ``closed_workflows`` on the eval fleet) every
 ``check_holders_s`` while requests wait and the quota is full, so a slot is never lost for good.
 The workflow records nothing while no request waits.
 
@@ -34,6 +34,7 @@ from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from rolloutd import task_queues
     from rolloutd.activities.tenants import (
         ACQUIRE_SIGNAL,
         GRANTED_SIGNAL,
@@ -47,12 +48,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from rolloutd.payload import Payload
     from rolloutd.types import PhaseTiming, TaskRequest
+    from rolloutd.workflows import signals
 
 #: history events after which the tenant workflow continues as new (at most)
 MAX_HISTORY_EVENTS = 5_000
 #: seconds between two checks of the holders while requests wait on a full quota
 CHECK_HOLDERS_S = 60.0
-#: one check of the holders (one local activity, every holder described concurrently)
+#: one check of the holders (one activity, every holder described concurrently), queue time
+#: included: a check that cannot run (no eval worker) holds the grants back this long at most
 CHECK_HOLDERS_TIMEOUT = timedelta(seconds=30)
 #: ``ApplicationError.type`` of a signal to a workflow that does not run
 EXTERNAL_NOT_FOUND = "ExternalWorkflowExecutionNotFound"
@@ -97,13 +100,17 @@ async def acquire_slot(
     """
     t0 = workflow.now()
     try:
-        await workflow.get_external_workflow_handle(tenant_workflow_id(task.tenant)).signal(
+        await signals.send(
+            tenant_workflow_id(task.tenant),
             ACQUIRE_SIGNAL,
             TenantSlotRequest(workflow_id=workflow.info().workflow_id, priority=task.priority),
         )
     except ApplicationError as e:
         if e.type == EXTERNAL_NOT_FOUND:
             return None  # no quota workflow: the tenant has no quota
+        raise
+    except asyncio.CancelledError:
+        await release_slot(task)  # the request may have landed: withdraw it
         raise
     try:
         await workflow.wait_condition(granted)
@@ -120,8 +127,8 @@ async def release_slot(task: TaskRequest) -> None:
     """From a session workflow: give its tenant slot back (or withdraw its request); a tenant
     workflow that is gone is not an error of the session."""
     try:
-        await workflow.get_external_workflow_handle(tenant_workflow_id(task.tenant)).signal(
-            RELEASE_SIGNAL, workflow.info().workflow_id
+        await signals.send(
+            tenant_workflow_id(task.tenant), RELEASE_SIGNAL, workflow.info().workflow_id
         )
     except Exception as e:  # noqa: BLE001 - boundary: the tenant workflow may be gone
         workflow.logger.warning("could not release the slot of tenant %s: %s", task.tenant, e)
@@ -201,10 +208,13 @@ class TenantWorkflow:
     async def _reap_holders(self) -> None:
         """Free the slots of holders that no longer run (ended without a ``release``)."""
         try:
-            closed: list[str] = await workflow.execute_local_activity(
+            # an activity, not a local one: what follows a local activity's result may run in
+            # another workflow task on replay than it did first (a nondeterminism error)
+            closed: list[str] = await workflow.execute_activity(
                 "closed_workflows",
                 list(self._state.holders),
-                start_to_close_timeout=CHECK_HOLDERS_TIMEOUT,
+                task_queue=task_queues.EVAL,
+                schedule_to_close_timeout=CHECK_HOLDERS_TIMEOUT,
                 retry_policy=RetryPolicy(maximum_attempts=2),
                 result_type=list[str],
             )

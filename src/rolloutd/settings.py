@@ -185,6 +185,13 @@ class CommonSettings(BaseSettings):
         "down what it still held, and the process exits): 40 s by default, more than "
         "Kubernetes' 30 (docs/faults.md)",
     )
+    store_retention_days: float = Field(
+        default=30.0,
+        gt=0,
+        description="``rolloutd store gc`` deletes a task's sessions, stored request and "
+        "group from the blob store once its newest object is this old, days; never while "
+        "its task runs or a buffer has not had its group acknowledged",
+    )
     fleet_heartbeat_s: float = Field(
         default=10.0,
         gt=0,

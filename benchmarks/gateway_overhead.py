@@ -158,7 +158,7 @@ async def _run_gateway(
     backend_url: str, backend_type: str, capture_mode: str, num_sessions: int, store: str
 ) -> None:
     from rolloutd.logs import configure_logging
-    from rolloutd.proxy.gateway import Gateway, serve
+    from rolloutd.proxy.http.server import Gateway, serve
     from rolloutd.settings import GatewaySettings
     from rolloutd.types import SamplingParams
     from rolloutd.workers import freeze_startup_objects
@@ -671,7 +671,7 @@ def _fresh_prompts(num: int = 30) -> tuple[int, float, float]:
     task): prompt tokens, and ms per prompt rendered and encoded by transformers alone and by
     the gateway's chat template (turns encoded before come from its cache)."""
     from rolloutd.engine.models import load_tokenizer
-    from rolloutd.proxy.chat_template import ChatTemplate
+    from rolloutd.proxy.render.chat_template import ChatTemplate
 
     tokenizer = load_tokenizer(MODEL)
     template = ChatTemplate(tokenizer)

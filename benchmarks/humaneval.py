@@ -45,8 +45,8 @@ from rolloutd.engine.models import load_tokenizer
 from rolloutd.engine.server import LlamaServer
 from rolloutd.evaluators.humaneval import HumanEvalParams, check_program
 from rolloutd.logs import configure_logging
-from rolloutd.proxy.chat_template import ChatTemplate
-from rolloutd.proxy.gateway import Gateway, serve
+from rolloutd.proxy.http.server import Gateway, serve
+from rolloutd.proxy.render.chat_template import ChatTemplate
 from rolloutd.settings import GatewaySettings
 from rolloutd.types import SamplingParams
 
@@ -124,7 +124,7 @@ async def compare_prompts(engine_url: str, problems: list[dict[str, Any]]) -> li
 
     Direct: llama-server's own rendering and tokenization, as its chat route does
     (``/apply-template``, then ``/tokenize`` with special tokens parsed). Gateway: the ids
-    :class:`~rolloutd.proxy.chat_template.ChatTemplate` builds from the model's tokenizer.
+    :class:`~rolloutd.proxy.render.chat_template.ChatTemplate` builds from the model's tokenizer.
 
     Returns:
         The task ids whose ids differ (empty: every prompt is token-identical).

@@ -33,7 +33,7 @@ import httpx
 from rolloutd.engine.models import load_tokenizer
 from rolloutd.engine.server import LlamaServer
 from rolloutd.processes import run_until_sigterm
-from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.types import SamplingParams

@@ -8,8 +8,9 @@ What runs (everything on this machine, everything stopped by its id at the end):
   and the engine's control server (:mod:`rolloutd.engine.control`, as ``rolloutd up`` runs it);
 - a ``RolloutBufferWorkflow`` fed with prompts of one task family ("Name a {category}. Reply
   with one word only."); each session is the ``shell`` harness running
-  ``ask.py`` (one chat call through the gateway), and the evaluator ``grpo_loop:ReplyReward``
-  (an import path, run by the eval fleet) gives the reply partial credit (:func:`reward_of`).
+  ``ask.py`` (one chat call through the gateway) in a bwrap sandbox, and the evaluator
+  ``grpo_loop_reply_reward`` (registered by name with the fleets, from ``grpo_loop:ReplyReward``;
+  run by the eval fleet) gives the reply partial credit (:func:`reward_of`).
   Groups of ``--num-samples``; groups whose samples all scored the same are dropped (DAPO);
 - the trainer, per step: ``take`` a batch, GRPO update (DeepSeekMath arXiv 2402.03300 group
   advantages, PPO-clip ratio against the rollout's logprobs, DAPO token-level mean over
@@ -123,9 +124,15 @@ def reward_of(reply: str) -> float:
     return 1.0 / num_words if num_words else 0.0
 
 
+#: the evaluator's name in the fleets' registry: the operator (here, this script's fleets)
+#: registers it; a task names it, never an import path
+REWARD_EVALUATOR = "grpo_loop_reply_reward"
+
+
 class ReplyReward(Evaluator):
-    """The family's evaluator (import path ``grpo_loop:ReplyReward``): :func:`reward_of` of
-    the reply, which the task's check command (``cat reply.txt``) printed in the runtime."""
+    """The family's evaluator (registered as :data:`REWARD_EVALUATOR`, from
+    ``grpo_loop:ReplyReward``): :func:`reward_of` of the reply, which the task's check command
+    (``cat reply.txt``) printed in the runtime."""
 
     name = "grpo_loop_reply_reward"
 
@@ -144,8 +151,8 @@ def make_task(index: int, category: str, suffix: str, max_tokens: int) -> dict:
         "task_id": f"w{index}-{suffix}",
         "instruction": prompt_of(category),
         "harness": {"type": "shell", "command": "python3 ask.py {instruction}"},
-        "runtime": {"type": "local", "files": {"ask.py": ASK_PY}},
-        "evaluator": {"type": "grpo_loop:ReplyReward", "command": "cat reply.txt"},
+        "runtime": {"type": "bwrap", "files": {"ask.py": ASK_PY}},
+        "evaluator": {"type": REWARD_EVALUATOR, "command": "cat reply.txt"},
         "sampling": {"temperature": 1.0, "max_tokens": max_tokens},
     }
 
@@ -365,6 +372,7 @@ async def local_stack(
             "host_id": "grpo-loop",
             "log_json": False,
             "log_level": "warning",
+            "evaluators": {REWARD_EVALUATOR: "grpo_loop:ReplyReward"},
         }
         gateway = GatewaySettings(
             **common,
@@ -378,10 +386,11 @@ async def local_stack(
         client = await connect(gateway)
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(run_fleet("gateway", client, gateway))
+            # a short root, whatever --home is: each bwrap runtime's gateway socket lives
+            # under it, and a unix socket's path has at most 108 bytes (unix(7))
+            root = stack.enter_context(tempfile.TemporaryDirectory(prefix="grpo-rt-"))
             await stack.enter_async_context(
-                run_fleet(
-                    "sandbox", client, SandboxSettings(**common, runtime_root=str(home / "rt"))
-                )
+                run_fleet("sandbox", client, SandboxSettings(**common, runtime_root=root))
             )
             await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
             await stack.enter_async_context(run_fleet("workflows", client, gateway))

@@ -40,7 +40,8 @@ MARKS="not engine and not harness and not slow and not sandbox and not lowest"
 if [ "$#" -eq 0 ]; then
   set -- tests/proxy tests/trajectory tests/trainer_client tests/evaluators/test_evaluators.py \
     tests/engine/test_models.py tests/workers/test_health.py tests/test_cli.py \
-    --ignore=tests/proxy/test_memo.py --ignore=tests/proxy/test_dialect_roundtrip.py \
+    --ignore=tests/proxy/sessions/test_request_identity.py \
+    --ignore=tests/proxy/dialects/test_dialect_roundtrip.py \
     --ignore=tests/trajectory/test_trajectory_properties.py
 fi
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=10 -m "$MARKS" "$@"

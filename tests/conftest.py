@@ -6,6 +6,8 @@ Everything a fixture starts, it stops by its id at the end of the session.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -14,6 +16,24 @@ from pathlib import Path
 import pytest
 
 from rolloutd.stack import TemporalDevServer
+
+#: the sandbox policy of every fleet the tests build (in this process and in the worker
+#: processes they start, which inherit it): the stack tests build turns the `local` runtime and
+#: the host network on explicitly (the policy's defaults refuse both: tests/security), and lets
+#: uploads and image folders come from the temporary folder where tests make them
+TEST_SANDBOX_POLICY = {
+    "runtimes": ["local", "bwrap", "podman", "apptainer", "docker"],
+    "networks": ["gateway", "none", "host"],
+    "image_roots": ["/tmp"],
+    "upload_sources": ["/tmp"],
+}
+#: the operator's evaluators of the test stack, by name (a task never names an import path)
+TEST_EVALUATORS = {
+    "tests_raising": "tests.support.raising_evaluator:RaisingEvaluator",
+    "tests_slow": "tests.reliability.slow_evaluator:SlowEvaluator",
+}
+os.environ.setdefault("ROLLOUTD_SANDBOX_POLICY", json.dumps(TEST_SANDBOX_POLICY))
+os.environ.setdefault("ROLLOUTD_EVALUATORS", json.dumps(TEST_EVALUATORS))
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,7 @@ def lint_imports(src: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_the_import_contracts_hold(tmp_path):
     result = lint_imports(ROOT / "src", tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 kept, 0 broken" in result.stdout, result.stdout
+    assert "5 kept, 0 broken" in result.stdout, result.stdout
 
 
 #: (module changed, import added inside a function, contract broken, line of the report)
@@ -55,16 +55,34 @@ BREAKS = {
         "rolloutd.errors -> rolloutd.cli",
     ),
     "cycle between siblings": (
-        "proxy/memo.py",
-        "rolloutd.proxy.recorder",
+        "proxy/sessions/request_identity.py",
+        "rolloutd.proxy.sessions.recorder",
         "no import cycle",
         "No cycles are allowed in rolloutd.proxy",
     ),
+    "the call path runs back up": (
+        "proxy/render/messages.py",
+        "rolloutd.proxy.calls.service",
+        "the gateway's call path",
+        "rolloutd.proxy.render.messages -> rolloutd.proxy.calls.service",
+    ),
     "gateway imports the runtimes": (
-        "proxy/memo.py",
+        "proxy/sessions/request_identity.py",
         "rolloutd.sandbox.artifacts",
         "do not import each other",
-        "rolloutd.proxy.memo -> rolloutd.sandbox.artifacts",
+        "rolloutd.proxy.sessions.request_identity -> rolloutd.sandbox.artifacts",
+    ),
+    "the core imports a trainer package": (
+        "trainer_client/exports.py",
+        "trl",
+        "only the trainer bridges import a trainer package",
+        "rolloutd.trainer_client.exports -> trl",
+    ),
+    "one bridge imports another's trainer": (
+        "trainer_client/bridges/trl.py",
+        "verl",
+        "only the trainer bridges import a trainer package",
+        "rolloutd.trainer_client.bridges.trl -> verl",
     ),
 }
 
@@ -81,6 +99,7 @@ def test_a_forbidden_import_breaks_its_contract(case, tmp_path):
     result = lint_imports(src, tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     # errors -> cli also closes cycles (cli imports errors), so other contracts may break too
-    broken = [line for line in result.stdout.splitlines() if line.endswith(" BROKEN")]
+    # a contract with ignored imports reports "BROKEN (n ignored imports)"
+    broken = [line for line in result.stdout.splitlines() if " BROKEN" in line]
     assert any(contract in line for line in broken), result.stdout
     assert report in result.stdout, result.stdout

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from rolloutd.proxy.backends.pool import BackendPool, make_backend
+from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.backends.saturation import BackendCapacity
+from rolloutd.proxy.backends.specs import make_backend
 from rolloutd.settings import GatewaySettings
 from rolloutd.workflows.buffer.capacity import target
 from rolloutd.workflows.buffer.models import BufferConfig

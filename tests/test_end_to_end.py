@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from rolloutd.proxy.sessions import hash_session_key
+from rolloutd.proxy.sessions.state import hash_session_key
 from rolloutd.sandbox.config import npm_prefix
 from rolloutd.stack import temporal_binary
 from rolloutd.store import BlobStore, CompletionLog

@@ -250,7 +250,9 @@ async def test_polar_a3_payload_is_refused_before_any_workflow_starts(fleets):
         # payload's shape to the end); a host without its CLI refuses it too, naming the setup
         # step
         assert set(errors) <= {"agent.harness", "evaluator.strategy"}
-        assert "'swebench_grader' is unknown" in errors["evaluator.strategy"]
+        assert (
+            "'swebench_grader' is not in the eval fleet's registry" in errors["evaluator.strategy"]
+        )
         if "agent.harness" in errors:
             assert "scripts/setup.sh" in errors["agent.harness"]
         # a harness nobody built is refused by name
@@ -259,15 +261,14 @@ async def test_polar_a3_payload_is_refused_before_any_workflow_starts(fleets):
         refused = await http.post("/rollout/task/submit", json=payload)
         assert refused.status_code == 422, refused.text
         assert [e["loc"][:2] for e in refused.json()["detail"]] == [["agent", "harness"]]
-        # an import path is tried on an eval host, not here
+        # an import path is never tried anywhere: evaluators come from the registry
         payload = polar_a3_payload(task_id, "no_such_package.graders:Grader")
         payload["agent"] = {"harness": "shell", "settings": {"command": "true"}}
         refused = await http.post("/rollout/task/submit", json=payload)
         assert refused.status_code == 422, refused.text
         (error,) = refused.json()["detail"]
         assert error["loc"] == ["evaluator", "strategy"]
-        assert "does not import on the eval fleet" in error["msg"]
-        assert "ModuleNotFoundError" in error["msg"]
+        assert "import paths are not accepted" in error["msg"]
     with pytest.raises(RPCError) as info:
         await fleets.client.get_workflow_handle(f"task/{task_id}").describe()
     assert info.value.status == RPCStatusCode.NOT_FOUND

@@ -9,9 +9,14 @@ that no registered host can run, before any workflow starts, with an error namin
 
 - sandbox hosts publish each harness type whose adapter is built and whose CLI is installed on
   the host, with the CLI's version, and the types they cannot run with the reason;
-- eval hosts publish the names of the built-in evaluators; an evaluator import path
-  (``module:attr``) is checked on an eval host when a task names it (the submitting process
-  never imports it).
+- sandbox hosts also publish their sandbox policy (:mod:`rolloutd.sandbox_policy`): the runtime
+  types, networks, images and upload sources the operator allows; a task outside the policy of
+  any registered sandbox host is refused, naming the field and the policy (any host may
+  provision it, and each checks again before a runtime starts);
+- eval hosts publish the names in their evaluator registry (built-ins, the
+  ``rolloutd.evaluators`` entry-point group, the operator's ``ROLLOUTD_EVALUATORS``); a task
+  names an evaluator by one of them, never by an import path (the submitting process and the
+  eval hosts import nothing a request names).
 
 When no sandbox (or eval) host has registered yet, the client waits a little for one (a stack
 that is just starting), then refuses the task with a message saying so; a caller that knows
@@ -33,11 +38,12 @@ Everything here is pure (no I/O): it runs in workflow code and in the client.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from rolloutd.payload import Payload
+from rolloutd.sandbox_policy import SandboxPolicy, violations
 from rolloutd.types import TaskRequest
 
 #: the fleet registry's workflow id (one per namespace).
@@ -108,6 +114,16 @@ class HostCapabilities(Payload):
         description="runtimes the host holds at once "
         "(``SandboxSettings.max_concurrent_sessions``); sandbox hosts only",
     )
+    policy: SandboxPolicy | None = Field(
+        default=None,
+        description="the host's sandbox policy (``SandboxSettings.sandbox_policy``); sandbox hosts "
+        "only (None: a host of a version before policies; nothing is checked for it)",
+    )
+    runtimes: list[str] = Field(
+        default_factory=list,
+        description="runtime types whose program is installed on the host (empty: a host of a "
+        "version before this field; not checked)",
+    )
     started_at: datetime | None = Field(default=None, description="when the worker started (UTC)")
     heartbeat_at: datetime | None = Field(
         default=None,
@@ -118,6 +134,15 @@ class HostCapabilities(Payload):
     def last_seen(self) -> datetime | None:
         """When the process was last known alive: its last beat, else its start."""
         return self.heartbeat_at or self.started_at
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _known_policy_fields(cls, value: Any) -> Any:
+        # a newer host's policy may have settings this version does not know: they are left
+        # out here (the host enforces them itself), the operator's own input stays strict
+        if isinstance(value, dict):
+            return {k: v for k, v in value.items() if k in SandboxPolicy.model_fields}
+        return value
 
 
 class FleetCapabilities(Payload):
@@ -279,27 +304,53 @@ class CheckEvaluatorOutput(Payload):
     )
 
 
-def is_import_path(evaluator_type: str) -> bool:
-    """Whether an ``evaluator.type`` is an import path (``module:attr``), not a registry name
-    (the rule of :func:`rolloutd.evaluators.get_evaluator`)."""
-    return ":" in evaluator_type
+def policy_errors(task: TaskRequest, fleets: FleetCapabilities) -> list[tuple[str, str]]:
+    """What of a task's runtimes (its own, and its evaluator's fresh one) the sandbox policy of
+    some registered sandbox host refuses.
+
+    Every registered sandbox host may provision the task, so every host's policy must allow
+    it; hosts with the same policy are named together.
+
+    Returns:
+        ``(dotted.field.path, message)`` pairs naming the field, the policy and its hosts.
+    """
+    by_policy: dict[str, tuple[SandboxPolicy, list[str]]] = {}
+    for host in fleets.of("sandbox"):
+        if host.policy is not None:
+            key = host.policy.model_dump_json()
+            by_policy.setdefault(key, (host.policy, []))[1].append(host.host_id)
+    specs = [("runtime", task.runtime)]
+    if task.evaluator.runtime == "fresh" and task.evaluator.runtime_spec is not None:
+        specs.append(("evaluator.runtime_spec", task.evaluator.runtime_spec))
+    errors: list[tuple[str, str]] = []
+    for policy, hosts in by_policy.values():
+        where = f"sandbox host {hosts[0]}" + (f" and {len(hosts) - 1} more" if hosts[1:] else "")
+        for path, spec in specs:
+            for field, message in violations(spec, policy, path=path):
+                errors.append((field, f"{message}; policy of {where}: {policy.describe()}"))
+    return errors
 
 
-def check_task(
-    task: TaskRequest, fleets: FleetCapabilities, import_errors: dict[str, str | None] | None = None
-) -> list[tuple[str, str]]:
-    """What of a task no registered host can run.
+def check_task(task: TaskRequest, fleets: FleetCapabilities) -> list[tuple[str, str]]:
+    """What of a task no registered host can run, or its sandbox policy refuses.
 
     Args:
         task: a validated task request.
         fleets: the registry's answer.
-        import_errors: evaluator import path -> the eval host's answer (None: it imports);
-            a path missing here is not checked.
 
     Returns:
         ``(dotted.field.path, message)`` pairs, empty when the task can run.
     """
-    errors: list[tuple[str, str]] = []
+    errors: list[tuple[str, str]] = policy_errors(task, fleets)
+    installed = sorted({t for h in fleets.of("sandbox") for t in h.runtimes})
+    if installed and task.runtime.type not in installed:
+        errors.append(
+            (
+                "runtime.type",
+                f"runtime.type={task.runtime.type!r} is not installed on any sandbox host "
+                f"(installed: {', '.join(installed)})",
+            )
+        )
     harness = task.harness.type
     sandbox = fleets.of("sandbox")
     if not sandbox:
@@ -329,16 +380,7 @@ def check_task(
             ("harness.type", f"{message}; available: {', '.join(fleets.harness_types()) or 'none'}")
         )
     evaluator = task.evaluator.type
-    if is_import_path(evaluator):
-        error = (import_errors or {}).get(evaluator)
-        if error:
-            errors.append(
-                (
-                    "evaluator.type",
-                    f"evaluator.type={evaluator!r} does not import on the eval fleet: {error}",
-                )
-            )
-    elif not fleets.of("eval"):
+    if not fleets.of("eval"):
         errors.append(
             (
                 "evaluator.type",
@@ -351,8 +393,9 @@ def check_task(
         errors.append(
             (
                 "evaluator.type",
-                f"evaluator.type={evaluator!r} is unknown; use one of "
-                f"{', '.join(fleets.evaluator_names())} or an import path 'module:attr'",
+                f"evaluator.type={evaluator!r} is not in the eval fleet's registry; use one "
+                f"of {', '.join(fleets.evaluator_names())} (an operator registers more: "
+                "docs/security.md, 'Evaluators')",
             )
         )
     return errors

@@ -49,6 +49,26 @@ def _load_tasks(path: Path) -> list[dict[str, Any]]:
     return tasks
 
 
+def _task_set(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``rolloutd submit --task-set``: the task set's rows as TaskRequest dicts."""
+    from pydantic import ValidationError
+
+    from rolloutd.errors import ConfigError
+    from rolloutd.tasksets import read_task_set
+
+    try:
+        harness = (
+            json.loads(args.harness)
+            if args.harness.lstrip().startswith("{")
+            else {"type": args.harness}
+        )
+        options = {"harness": harness, **json.loads(args.options)}
+        tasks = read_task_set(args.task_set, args.file, options)
+    except (ConfigError, ValidationError, ValueError, OSError) as e:
+        raise SystemExit(f"{args.file}: {e}") from None
+    return [task.model_dump(mode="json") for task in tasks]
+
+
 def _wait_for_signal() -> None:
     stop = False
 
@@ -328,7 +348,7 @@ def _submit(args: argparse.Namespace, settings: CommonSettings) -> int:
     return exit_code(
         asyncio.run(
             submit_tasks(
-                _load_tasks(args.file),
+                _task_set(args) if args.task_set else _load_tasks(args.file),
                 args.address or settings.temporal_address,
                 args.store_url or settings.store_url,
                 namespace=settings.temporal_namespace,

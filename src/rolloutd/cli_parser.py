@@ -197,7 +197,29 @@ def _engine_parsers(sub: Any) -> None:
 def _task_parsers(sub: Any) -> None:
     """``submit``, ``quota``, ``view``: tasks, tenants' quotas, the trace viewer."""
     submit = _sub(sub, "submit", "submit tasks from a JSONL file and wait")
-    submit.add_argument("file", type=Path, help="JSONL file, one TaskRequest per line")
+    submit.add_argument(
+        "file",
+        type=Path,
+        help="JSONL file, one TaskRequest per line; with --task-set: a Harbor task folder "
+        "(or a folder of them), or a SWE-bench / SWE-Gym / SWE-smith JSONL or Parquet file",
+    )
+    submit.add_argument(
+        "--task-set",
+        choices=["harbor", "swebench"],
+        default=None,
+        help="read FILE as an external task set (rolloutd.tasksets; docs/task_sets.md)",
+    )
+    submit.add_argument(
+        "--harness",
+        default="oracle",
+        help="--task-set: the harness of every task: a type (oracle, qwen_code, codex, ...) "
+        "or a HarnessSpec as JSON",
+    )
+    submit.add_argument(
+        "--options",
+        default="{}",
+        help="--task-set: more TaskOptions as JSON (num_samples, task_id_prefix, run_s, ...)",
+    )
     submit.add_argument(
         "--address",
         default=None,

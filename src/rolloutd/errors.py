@@ -128,6 +128,12 @@ class RuntimeStartError(RolloutdError):
     retryable = True
 
 
+class PolicyError(ConfigError):
+    """A task asks for isolation its sandbox fleet's policy does not allow (a runtime type,
+    a network, an image, an upload source; :mod:`rolloutd.sandbox_policy`). A refusal caused
+    by the task: never retried."""
+
+
 class ExecServerError(RolloutdError):
     """The bwrap runtime's exec server (the sandbox's pid 1, which forks every command in it)
     could not start a command, or is gone (the sandbox died)."""

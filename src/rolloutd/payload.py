@@ -18,3 +18,11 @@ class Payload(BaseModel):
     fields may be given by name or alias."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class StrictInput(BaseModel):
+    """Base of models that only read what a person or a trainer wrote (a task set's
+    ``task.toml``, a SWE-bench row, the trainer's task options): unknown fields are refused,
+    so a typo is named by its field instead of being silently dropped."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)

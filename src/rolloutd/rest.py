@@ -60,7 +60,10 @@ class _Wire(BaseModel):
 
 
 class PolarRuntime(_Wire):
-    backend: str = "local"
+    #: None: rolloutd's default runtime (bwrap), or ``podman`` with an image; POLAR's own
+    #: default, ``local``, isolates nothing and runs only where the sandbox policy allows it
+    #: (with an image it becomes ``podman``: an image is never the host)
+    backend: str | None = None
     image: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     network: str | None = None
@@ -150,6 +153,8 @@ class AddLLMServer(_Wire):
 
 
 _NETWORKS = {"host": "host", "none": "none", "gateway": "gateway", None: None}
+#: POLAR's image naming the host's own system (no container image).
+HOST_IMAGE = "host"
 _SESSION_STATUS = {
     SessionStatus.COMPLETED: "COMPLETED",
     SessionStatus.FAILED: "ERROR",
@@ -248,12 +253,14 @@ def to_task_request(polar: PolarTaskRequest) -> dict[str, Any]:
         task["phases"] = polar.phases
     if polar.runtime is not None:
         rt = polar.runtime
-        runtime: dict[str, Any] = {
-            "type": rt.backend,
-            "image": rt.image,
-            "env": rt.env,
-            "memory_mb": rt.memory_mb,
-        }
+        runtime: dict[str, Any] = {"env": rt.env, "memory_mb": rt.memory_mb}
+        if rt.backend is not None:
+            runtime["type"] = rt.backend
+        if rt.image not in (None, "", HOST_IMAGE):
+            # an image is a container image: never the host (`local`)
+            if rt.backend in (None, "local"):
+                runtime["type"] = "podman"
+            runtime["image"] = rt.image
         if rt.workdir:
             runtime["workdir"] = rt.workdir
         if rt.files:

@@ -24,6 +24,8 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rolloutd.sandbox_policy import SandboxPolicy
+
 
 class HostSettings(BaseSettings):
     """Where things are on this host, for every rolloutd process and command: its home, its
@@ -225,6 +227,13 @@ class CommonSettings(BaseSettings):
         description="bind address of the metrics "
         "port (all interfaces: Prometheus scrapes pods from outside)",
     )
+    evaluators: dict[str, str] = Field(
+        default_factory=dict,
+        description="the operator's evaluators, as JSON: registry name -> "
+        '`package.module:attr` (ROLLOUTD_EVALUATORS=\'{"my_reward": "pkg.rewards:MyReward"}\');'
+        " a task names them by name (never by import path). Installed distributions add "
+        "theirs through the `rolloutd.evaluators` entry-point group",
+    )
     max_cached_workflows: int = Field(
         default=1000,
         ge=0,
@@ -259,7 +268,7 @@ class GatewaySettings(CommonSettings):
     backend_url: str | None = Field(
         default=None, description="first backend registered at start (llama-server URL)"
     )
-    backend_type: Literal["llama_cpp", "vllm", "sglang", "openai"] = Field(
+    backend_type: Literal["llama_cpp", "vllm", "sglang", "openai", "verl"] = Field(
         default="llama_cpp", description="the kind of backend_url's server"
     )
     backend_policy_version: int = Field(
@@ -376,6 +385,22 @@ class SandboxSettings(CommonSettings):
         description="runtimes (so running harnesses) this host holds at "
         "once, evaluation runtimes included; further sessions wait in the sandbox queue "
         "before provisioning, their deadline not ticking (docs/tenancy.md)",
+    )
+    sandbox_policy: SandboxPolicy = Field(
+        default_factory=SandboxPolicy,
+        description="what isolation a task may ask for on this fleet, as JSON "
+        '(ROLLOUTD_SANDBOX_POLICY=\'{"runtimes": ["bwrap"], ...}\'; '
+        "rolloutd.sandbox_policy.SandboxPolicy): runtime types (default every isolating "
+        "one, `local` only where listed), networks (default gateway and none), image_roots, "
+        "images, upload_sources (default none), build_network (default off). Published with "
+        "the host's capabilities, checked at submit and again before a runtime starts",
+    )
+    image_cache_gb: float = Field(
+        default=50.0,
+        ge=0,
+        description="container images this host built from tasks' Dockerfiles (podman, "
+        "docker) are kept up to this many GB; past it the least recently used are removed "
+        "(at worker start and after each build; images in use are kept)",
     )
     max_concurrent_provisions: int = Field(
         default=16,

@@ -9,6 +9,8 @@ defaults.
 
 from __future__ import annotations
 
+import posixpath
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -42,14 +44,64 @@ class UploadStep(Payload):
 PrepareStep = Annotated[ExecStep | UploadStep, Field(discriminator="type")]
 
 #: runtime types that isolate the network; ``gateway`` is their default policy.
-ISOLATING_RUNTIMES = ("bwrap", "apptainer", "docker")
+ISOLATING_RUNTIMES = ("bwrap", "podman", "apptainer", "docker")
+#: runtime types running OCI container images (an image name, or one built from a Dockerfile).
+CONTAINER_RUNTIMES = ("podman", "docker")
+#: a folder inside a runtime: absolute, normalised, of letters, digits and ``._+-/`` only (it
+#: lands in container command lines and bind specifications, where ``,`` and ``:`` separate).
+WORKDIR_PATTERN = re.compile(r"^/[A-Za-z0-9._+-][A-Za-z0-9._+/-]{0,253}$")
+#: an evaluator's registry name (never an import path ``module:attr``).
+EVALUATOR_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
+#: a container image reference (registry/name:tag@digest): never an option (``--privileged``).
+IMAGE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
+
+
+class ImageBuild(Payload):
+    """A container image built from a Dockerfile on the sandbox host (podman, docker), cached by
+    the hash of everything that goes into it (``rolloutd.sandbox.runtimes.podman_images``)."""
+
+    context: str = Field(
+        min_length=2,
+        description="the build context: an absolute host folder (below one of the sandbox "
+        "policy's image_roots)",
+    )
+    dockerfile: str = Field(
+        default="Dockerfile", description="the Dockerfile, relative to the context"
+    )
+    args: dict[str, str] = Field(
+        default_factory=dict, description="build arguments (ARG), name -> value"
+    )
+
+    @field_validator("context")
+    @classmethod
+    def _absolute_context(cls, context: str) -> str:
+        if not context.startswith("/") or ".." in context.split("/"):
+            raise ValueError(f"build context {context!r} must be an absolute host folder")
+        return context
+
+    @field_validator("dockerfile")
+    @classmethod
+    def _relative_dockerfile(cls, dockerfile: str) -> str:
+        if dockerfile.startswith("/") or ".." in dockerfile.split("/") or not dockerfile:
+            raise ValueError(f"dockerfile {dockerfile!r} must be relative to the build context")
+        return dockerfile
+
+    @field_validator("args")
+    @classmethod
+    def _arg_names(cls, args: dict[str, str]) -> dict[str, str]:
+        for name in args:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+                raise ValueError(f"build argument name {name!r} is not a valid ARG name")
+        return args
 
 
 class RuntimeSpec(Payload):
     """Where a harness runs: the runtime (:mod:`rolloutd.sandbox.runtimes`).
 
     ``type`` selects the backend. ``image`` means a root folder for ``bwrap`` (default: the
-    host's read-only system), a SIF path for ``apptainer``, an image name for ``docker``.
+    host's read-only system), a SIF path for ``apptainer``, an image name for ``podman`` and
+    ``docker`` (default: rolloutd's Debian base image, made on the host), which may instead
+    be built from a Dockerfile (``build``).
 
     ``network`` defaults to ``gateway`` (only the session's gateway is reachable) on every
     isolating runtime and to ``host`` on ``local``, which isolates nothing.
@@ -57,10 +109,14 @@ class RuntimeSpec(Payload):
     runtime refuses to start (see each runtime's docstring for how).
     """
 
-    type: Literal["local", "bwrap", "apptainer", "docker"] = Field(
+    type: Literal["local", "bwrap", "podman", "apptainer", "docker"] = Field(
         default="bwrap", description="runtime backend"
     )
     image: str | None = Field(default=None, description="root folder, SIF path or image name")
+    build: ImageBuild | None = Field(
+        default=None,
+        description="podman, docker: build the image from a Dockerfile (instead of `image`)",
+    )
     workdir: str = Field(default="/workspace", description="working folder inside the runtime")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
     files: dict[str, str] = Field(
@@ -100,6 +156,41 @@ class RuntimeSpec(Payload):
             data = {**data, "network": "gateway" if kind in ISOLATING_RUNTIMES else "host"}
         return data
 
+    @field_validator("workdir")
+    @classmethod
+    def _safe_workdir(cls, workdir: str) -> str:
+        if not WORKDIR_PATTERN.match(workdir) or posixpath.normpath(workdir) != workdir:
+            raise ValueError(
+                f"workdir {workdir!r} must be an absolute, normalised folder of letters, "
+                "digits and '._+-/' only"
+            )
+        return workdir
+
+    @model_validator(mode="after")
+    def _image_of_its_type(self) -> RuntimeSpec:
+        image = self.image
+        if self.build is not None:
+            if self.type not in CONTAINER_RUNTIMES:
+                raise ValueError(
+                    f"build needs a container runtime (podman, docker), not {self.type}"
+                )
+            if image is not None:
+                raise ValueError("give image or build, not both")
+        if image is None:
+            return self
+        if self.type == "local":
+            raise ValueError("image is not used by the local runtime (it runs on the host)")
+        if self.type in CONTAINER_RUNTIMES and not IMAGE_NAME_PATTERN.match(image):
+            raise ValueError(
+                f"image {image!r} is not an image name (registry/name:tag; letters, digits "
+                "and '._/:@+-', not starting with '-')"
+            )
+        if self.type in ("bwrap", "apptainer") and (
+            not image.startswith("/") or ".." in image.split("/") or "\x00" in image
+        ):
+            raise ValueError(f"image {image!r} must be an absolute host path without '..'")
+        return self
+
     @field_validator("files")
     @classmethod
     def _relative_paths(cls, files: dict[str, str]) -> dict[str, str]:
@@ -136,6 +227,7 @@ class HarnessSpec(Payload):
         "mini_swe_agent",
         "aider",
         "cli",
+        "oracle",
     ] = Field(default="shell", description="harness adapter")
     command: str | list[str] | None = Field(
         default=None,
@@ -158,6 +250,12 @@ class HarnessSpec(Payload):
         default="default",
         description="`compact`: a short system prompt and the core tools only, for models "
         "served with a small context window (where the adapter supports it)",
+    )
+    solution: str | None = Field(
+        default=None,
+        description="oracle: the reference solution's folder on the sandbox host (a Harbor "
+        "task's solution/, holding solve.sh), copied to /solution and run; a task set's "
+        "loader fills it in per task (rolloutd.tasksets.harbor)",
     )
     entry: str | None = Field(
         default=None,
@@ -202,7 +300,8 @@ class EvaluatorSpec(Payload):
 
     type: str = Field(
         default="session_completed",
-        description="registry name (session_completed, test_on_output, ...) or import path",
+        description="a name in the eval fleet's evaluator registry (session_completed, "
+        "test_on_output, ..., or one its operator registered); never an import path",
     )
     command: str | None = Field(default=None, description="check command run in the runtime")
     expected_output: str | None = Field(
@@ -219,6 +318,18 @@ class EvaluatorSpec(Payload):
     runtime_spec: RuntimeSpec | None = Field(
         default=None, description="the fresh runtime's spec; default: the task's runtime"
     )
+
+    @field_validator("type")
+    @classmethod
+    def _registry_name(cls, name: str) -> str:
+        if not EVALUATOR_NAME_PATTERN.match(name):
+            raise ValueError(
+                f"evaluator type {name!r} is not a registry name (letters, digits, '_', '.', "
+                "'-'); import paths are not accepted: evaluators come from the eval fleet's "
+                "registry (built-ins, the `rolloutd.evaluators` entry-point group, the "
+                "operator's ROLLOUTD_EVALUATORS)"
+            )
+        return name
 
     @model_validator(mode="after")
     def _test_needs_check(self) -> EvaluatorSpec:

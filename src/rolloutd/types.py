@@ -30,11 +30,13 @@ from rolloutd.records import (
     Trajectory,
 )
 from rolloutd.task_spec import (
+    CONTAINER_RUNTIMES,
     ISOLATING_RUNTIMES,
     BuilderSpec,
     EvaluatorSpec,
     ExecStep,
     HarnessSpec,
+    ImageBuild,
     PhaseTimeouts,
     PrepareStep,
     RuntimeSpec,
@@ -44,11 +46,13 @@ from rolloutd.task_spec import (
 #: the task's specs live in :mod:`rolloutd.task_spec`, completions and trajectories in
 #: :mod:`rolloutd.records`; callers import them from here
 __all__ = [
+    "CONTAINER_RUNTIMES",
     "ISOLATING_RUNTIMES",
     "BuilderStats",
     "CaptureMode",
     "Completion",
     "ExecStep",
+    "ImageBuild",
     "FailureCause",
     "FailureKind",
     "PrepareStep",

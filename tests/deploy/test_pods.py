@@ -13,9 +13,10 @@ pod as a new Deployment pod. Its sessions restart on a live host and replay the 
 
 Asserted: 0 sessions lost, every session completed and scored, each completion log's indices
 0..n-1, every harness got exactly the recorded answers once each, in order (0 lost, 0
-duplicated), at least one session restarted and replayed. Marker ``deploy`` (CI runs it;
-``-m "not deploy"`` skips it); skipped with the reason where podman or the image build cache
-is absent.
+duplicated), at least one session restarted and replayed. Acceptance tier (README's
+acceptance command): the images are built first when missing (scripts/build_images.sh, about
+23 minutes cold, seconds cached), then the run takes about 6 minutes; skipped only where
+podman is absent.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rolloutd.proxy.recorder import answer_id
+from rolloutd.proxy.sessions.recorder import answer_id
 from rolloutd.store import BlobStore, CompletionLog, artifact_key
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionStatus, TaskResult
@@ -48,18 +49,19 @@ from tests.reliability.conftest import (  # noqa: E402
     harness_ids,
     poll,
 )
-from tests.support.images import no_image_cache  # noqa: E402
+from tests.support.images import no_podman  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 pytestmark = [
+    pytest.mark.acceptance,
     pytest.mark.deploy,
     pytest.mark.slow,
     pytest.mark.temporal,
     pytest.mark.engine,
     pytest.mark.sandbox,
-    pytest.mark.skipif(no_image_cache() is not None, reason=str(no_image_cache())),
+    pytest.mark.skipif(no_podman() is not None, reason=str(no_podman())),
     pytest.mark.timeout(900),
 ]
 

@@ -6,9 +6,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
+from rolloutd import evaluators
 from rolloutd.errors import EvaluatorError
-from rolloutd.evaluators import EvaluationOutcome, get_evaluator
+from rolloutd.evaluators import (
+    EvaluationOutcome,
+    evaluator_names,
+    get_evaluator,
+    register_evaluators,
+)
 from rolloutd.evaluators.builtins import SessionCompleted, TestOnOutput
 from rolloutd.types import EvaluatorSpec, SessionStatus
 from tests.support.contexts import evaluation_context
@@ -72,13 +79,12 @@ async def test_test_on_output_without_check_artifact_scores_zero_with_reason():
     assert outcome.details["reason"] == "no check artifact"
 
 
-async def test_import_path_to_a_builtin_class():
-    spec = EvaluatorSpec(type="rolloutd.evaluators.builtins:SessionCompleted")
-    outcome = await get_evaluator(spec).evaluate(evaluation_context(spec))
-    assert outcome.reward == 1.0
+def test_an_import_path_is_refused_by_the_spec():
+    with pytest.raises(ValidationError, match="import paths are not accepted"):
+        EvaluatorSpec(type="rolloutd.evaluators.builtins:SessionCompleted")
 
 
-async def test_import_path_to_a_factory_returning_per_trace_rewards(tmp_path: Path, monkeypatch):
+async def test_an_operator_registration_resolves_by_name(tmp_path: Path, monkeypatch):
     (tmp_path / "my_rolloutd_eval.py").write_text(
         "from rolloutd.evaluators import EvaluationOutcome\n"
         "class PerTrace:\n"
@@ -90,8 +96,13 @@ async def test_import_path_to_a_factory_returning_per_trace_rewards(tmp_path: Pa
         "    return PerTrace(spec)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(evaluators, "_REGISTERED", {})
     try:
-        spec = EvaluatorSpec(type="my_rolloutd_eval:make", params={"scale": 0.5})
+        spec = EvaluatorSpec(type="per_trace", params={"scale": 0.5})
+        with pytest.raises(EvaluatorError, match="not in the registry"):
+            get_evaluator(spec)
+        register_evaluators({"per_trace": "my_rolloutd_eval:make"})
+        assert "per_trace" in evaluator_names()
         outcome = await get_evaluator(spec).evaluate(evaluation_context(spec, num_traces=3))
         assert outcome.trace_rewards == [0.5, 0.5, 0.5]
         assert outcome.reward is None
@@ -99,17 +110,41 @@ async def test_import_path_to_a_factory_returning_per_trace_rewards(tmp_path: Pa
         sys.modules.pop("my_rolloutd_eval", None)
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "no_such_evaluator",
-        "no_such_module_xyz:Eval",
-        "rolloutd.evaluators:NoSuchAttr",
-        "json:dumps.__name__",
-    ],
-)
+async def test_an_entry_point_resolves_by_name(tmp_path: Path, monkeypatch):
+    """An installed distribution's ``rolloutd.evaluators`` entry point (a real .dist-info
+    folder on sys.path, read by importlib.metadata)."""
+    (tmp_path / "ep_rolloutd_eval.py").write_text(
+        "from rolloutd.evaluators import EvaluationOutcome, Evaluator\n"
+        "class Half(Evaluator):\n"
+        "    name = 'half'\n"
+        "    async def evaluate(self, ctx):\n"
+        "        return EvaluationOutcome(reward=0.5)\n"
+    )
+    dist = tmp_path / "ep_rolloutd_eval-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-rolloutd-eval\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[rolloutd.evaluators]\nhalf_reward = ep_rolloutd_eval:Half\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert "half_reward" in evaluator_names()
+        spec = EvaluatorSpec(type="half_reward")
+        assert (await get_evaluator(spec).evaluate(evaluation_context(spec))).reward == 0.5
+    finally:
+        sys.modules.pop("ep_rolloutd_eval", None)
+
+
+def test_a_registration_cannot_shadow_a_builtin_or_be_a_bare_module():
+    with pytest.raises(EvaluatorError, match="built-in"):
+        register_evaluators({"session_completed": "os:system"})
+    with pytest.raises(EvaluatorError, match="module:attr"):
+        register_evaluators({"bare": "os"})
+
+
+@pytest.mark.parametrize("name", ["no_such_evaluator", "sys.exit"])
 def test_unknown_evaluators_raise(name):
-    with pytest.raises(EvaluatorError):
+    with pytest.raises(EvaluatorError, match="not in the registry"):
         get_evaluator(EvaluatorSpec(type=name))
 
 

@@ -13,7 +13,8 @@ from prometheus_client import REGISTRY
 
 from rolloutd.activities.sandbox import SandboxActivities
 from rolloutd.observability import metrics, names
-from rolloutd.proxy.backends.pool import BackendPool, make_backend
+from rolloutd.proxy.backends.pool import BackendPool
+from rolloutd.proxy.backends.specs import make_backend
 from rolloutd.settings import SandboxSettings
 from rolloutd.store import BlobStore
 

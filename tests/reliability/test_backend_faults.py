@@ -12,13 +12,13 @@ import httpx
 import pytest
 
 from rolloutd import doctor
-from rolloutd.proxy.gateway import Gateway
-from rolloutd.proxy.sessions import SessionManager
+from rolloutd.proxy.http.server import Gateway
+from rolloutd.proxy.sessions.manager import SessionManager
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.trajectory import build_traces
 from rolloutd.types import BuilderSpec
-from tests.proxy.conftest import MODEL
+from tests.proxy.support import MODEL
 
 BACKEND_TIMEOUT_S = 2.0
 

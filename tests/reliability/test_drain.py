@@ -207,7 +207,7 @@ async def test_sigterm_evaluator_mid_batch(rig: Rig, tmp_path: Path):
     def slow_evaluator(marker: str) -> dict:
         return {
             "evaluator": {
-                "type": "tests.reliability.slow_evaluator:SlowEvaluator",
+                "type": "tests_slow",
                 "params": {"journal": str(journal), "seconds": 8},
             }
         }

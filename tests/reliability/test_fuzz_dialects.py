@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rolloutd import doctor
-from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
-from tests.proxy.conftest import FAKE_URL, MODEL, FakeLlamaCpp
+from tests.proxy.support import FAKE_URL, MODEL, FakeLlamaCpp
 
 pytestmark = [pytest.mark.slow]
 

@@ -19,7 +19,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from rolloutd import doctor
-from rolloutd.proxy.recorder import answer_id
+from rolloutd.proxy.sessions.recorder import answer_id
 from rolloutd.security.connection import data_converter
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
@@ -280,7 +280,7 @@ async def test_kill_evaluator_mid_batch(rig: Rig, tmp_path: Path):
     def slow_evaluator(marker: str) -> dict:
         return {
             "evaluator": {
-                "type": "tests.reliability.slow_evaluator:SlowEvaluator",
+                "type": "tests_slow",
                 "params": {"journal": str(journal), "seconds": 6},
             }
         }
@@ -353,7 +353,7 @@ async def test_no_session_key_or_prompt_in_any_log(rig: Rig):
     """
     import re
 
-    from rolloutd.proxy.sessions import SessionState, hash_session_key, session_state_key
+    from rolloutd.proxy.sessions.state import SessionState, hash_session_key, session_state_key
 
     store = BlobStore(rig.stack.store_url)
     hashes = set()

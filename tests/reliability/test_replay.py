@@ -14,14 +14,13 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import time
 from typing import Any
 
 import pytest
 
 from rolloutd import doctor
-from rolloutd.proxy.recorder import answer_id
+from rolloutd.proxy.sessions.recorder import answer_id
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionResult, SessionStatus, TaskResult, Trajectory
@@ -208,16 +207,17 @@ else echo "Step 6 of 6 done. All steps are finished. Reply with one word: done."
 """
 
 
+@pytest.mark.acceptance
 @pytest.mark.timeout(1200)  # Qwen Code's first request is 3.2K tokens of prefill on a CPU
 async def test_qwen_code_killed_after_4_calls_replays_them(rig: Rig):
-    """Opt-in (``ROLLOUTD_REPLAY_QWEN=1``): two Qwen Code sessions of 6+ calls with 3K-token
-    prompts take about 12 minutes of CPU prefill, beyond CI's budget. Passed 2026-11-27 (720 s:
-    attempt 2 replayed 4 of 4, sampled 6, 11 engine requests, 13,235 prompt tokens saved)."""
+    """A real Qwen Code session killed after 4 calls: the second attempt answers those 4 from
+    the first attempt's record and samples only what follows. Acceptance tier: two Qwen Code
+    sessions of 6+ calls with 3K-token prompts take about 12 minutes of CPU prefill (720 s
+    here: attempt 2 replayed 4 of 4, sampled 6, 11 engine requests, 13,235 prompt tokens
+    saved)."""
     from rolloutd.sandbox.config import npm_prefix
     from rolloutd.sandbox.harnesses.qwen_code import ENTRY_POINT
 
-    if os.environ.get("ROLLOUTD_REPLAY_QWEN") != "1":
-        pytest.skip("opt-in: ROLLOUTD_REPLAY_QWEN=1 (two Qwen Code sessions of CPU prefill)")
     if not (npm_prefix() / ENTRY_POINT).is_file():
         pytest.skip(f"qwen-code is not installed in {npm_prefix()}")
     store = BlobStore(rig.stack.store_url)

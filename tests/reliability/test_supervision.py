@@ -22,7 +22,7 @@ from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from rolloutd import doctor
-from rolloutd.proxy.recorder import answer_id
+from rolloutd.proxy.sessions.recorder import answer_id
 from rolloutd.stack import LocalStack, RestartPolicy, free_port, read_state
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient

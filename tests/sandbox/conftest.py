@@ -17,8 +17,10 @@ from rolloutd.sandbox.runtimes import Runtime, create_runtime
 from rolloutd.types import RuntimeSpec
 
 HAVE_BWRAP = shutil.which("bwrap") is not None
+HAVE_PODMAN = shutil.which("podman") is not None
 
-#: runtime types to parametrize over; bwrap tests carry the `sandbox` marker.
+#: runtime types to parametrize over; bwrap tests carry the `sandbox` marker, podman tests
+#: (containers) the `acceptance` one.
 RUNTIME_TYPES = [
     pytest.param("local", id="local"),
     pytest.param(
@@ -27,6 +29,14 @@ RUNTIME_TYPES = [
         marks=[
             pytest.mark.sandbox,
             pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap is not installed"),
+        ],
+    ),
+    pytest.param(
+        "podman",
+        id="podman",
+        marks=[
+            pytest.mark.acceptance,
+            pytest.mark.skipif(not HAVE_PODMAN, reason="podman is not installed"),
         ],
     ),
 ]
@@ -102,7 +112,9 @@ async def make_runtime(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[
 
 @pytest.fixture(params=RUNTIME_TYPES)
 def runtime_type(request: pytest.FixtureRequest) -> str:
-    """Each runtime type in turn: ``local``, then ``bwrap`` (marked ``sandbox``)."""
+    """Each runtime type in turn: ``local``, then ``bwrap`` (marked ``sandbox``), then
+    ``podman`` (marked ``acceptance``: containers, on the Debian base image, made here when
+    missing)."""
     return request.param
 
 
@@ -151,3 +163,27 @@ def image_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "etc" / "group").write_text("root:x:0:\n")
     (root / "etc" / "image-release").write_text("rolloutd-test-image\n")
     return root
+
+
+@pytest.fixture
+async def gateway():
+    """A fake gateway on the host's loopback answering with the request line."""
+    seen: list[str] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        line = head.split(b"\r\n", 1)[0].decode()
+        seen.append(line)
+        body = line.encode()
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+            % (len(body), body)
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    yield port, seen
+    server.close()
+    await server.wait_closed()

@@ -17,57 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.escape import CONNECT, FETCH
+
 pytestmark = [
     pytest.mark.sandbox,
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
 ]
-
-#: a Python client run inside the sandbox: prints one line per URL, "OK <body>" or "ERR <why>".
-FETCH = """
-import sys, urllib.request
-for url in sys.argv[1:]:
-    try:
-        print("OK", urllib.request.urlopen(url, timeout=3).read().decode())
-    except Exception as e:
-        print("ERR", type(e).__name__, getattr(e, "code", ""))
-"""
-
-#: connects to (host, port) pairs; prints "OK" or "ERR <errno name>" per pair.
-CONNECT = """
-import errno, socket, sys
-for target in sys.argv[1:]:
-    host, port = target.rsplit(":", 1)
-    host = host.strip("[]")
-    try:
-        socket.create_connection((host, int(port)), timeout=2).close()
-        print("OK")
-    except OSError as e:
-        print("ERR", errno.errorcode.get(e.errno, type(e).__name__))
-"""
-
-
-@pytest.fixture
-async def gateway():
-    """A fake gateway on the host's loopback answering with the request line."""
-    seen: list[str] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        line = head.split(b"\r\n", 1)[0].decode()
-        seen.append(line)
-        body = line.encode()
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-            % (len(body), body)
-        )
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    yield port, seen
-    server.close()
-    await server.wait_closed()
 
 
 async def test_default_network_is_gateway_and_only_the_session_is_reachable(make_runtime, gateway):

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from rolloutd.errors import ConfigError, NotFoundError, RolloutdError
 from rolloutd.sandbox.runtimes import create_runtime
@@ -228,12 +229,14 @@ async def test_runtime_refuses_use_before_start_and_after_stop(runtime_type, tmp
 
 
 def test_create_runtime_refuses_unbuilt_and_bad_specs(tmp_path: Path):
-    for type_ in ("apptainer", "docker"):
-        with pytest.raises(ConfigError, match="image"):
-            create_runtime(RuntimeSpec(type=type_), "x", tmp_path)
+    # apptainer needs an image; podman and docker fall back to the host's base image
+    with pytest.raises(ConfigError, match="image"):
+        create_runtime(RuntimeSpec(type="apptainer"), "x", tmp_path)
     with pytest.raises(ConfigError, match="gateway"):  # local isolates nothing
         create_runtime(RuntimeSpec(type="local", network="gateway"), "x", tmp_path)
     with pytest.raises(ConfigError, match="runtime_id"):
         create_runtime(RuntimeSpec(type="local"), "task/0", tmp_path)
+    with pytest.raises(ValidationError, match="workdir"):
+        RuntimeSpec(type="bwrap", workdir="relative")
     with pytest.raises(ConfigError):
-        create_runtime(RuntimeSpec(type="bwrap", workdir="relative"), "x", tmp_path)
+        create_runtime(RuntimeSpec(type="bwrap", workdir="/tmp"), "x", tmp_path)

@@ -21,7 +21,7 @@ import pytest
 
 from rolloutd.engine.control import EngineControlServer
 from rolloutd.engine.models import load_tokenizer
-from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.trainer_client.admin import AdminError, BackendAdmin
@@ -31,7 +31,7 @@ from rolloutd.trainer_client.weight_sync import (
     WeightSyncError,
 )
 from rolloutd.types import SamplingParams
-from tests.proxy.conftest import MODEL as PROXY_MODEL
+from tests.proxy.support import MODEL as PROXY_MODEL
 
 MODEL = "smollm2-135m"
 TOKEN = "admin-secret"

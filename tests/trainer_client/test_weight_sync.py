@@ -23,7 +23,7 @@ import pytest
 
 from rolloutd.engine.models import load_tokenizer
 from rolloutd.errors import StackError
-from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.http.server import Gateway
 from rolloutd.store import CompletionLog
 from rolloutd.trainer_client.admin import BackendAdmin
 from rolloutd.trainer_client.weight_sync import (
@@ -33,8 +33,15 @@ from rolloutd.trainer_client.weight_sync import (
     WeightSync,
     WeightSyncError,
 )
-from tests.proxy.conftest import MODEL, FakeLlamaCpp
-from tests.proxy.test_admin import TOKEN, Backends, chat, make_gateway, poll
+from tests.proxy.support import (
+    ADMIN_TOKEN,
+    MODEL,
+    Backends,
+    FakeLlamaCpp,
+    chat,
+    make_admin_gateway,
+    poll,
+)
 
 
 class RecordingControl:
@@ -62,7 +69,7 @@ def backends(tokenizer: Any) -> Backends:
 
 @pytest.fixture
 async def gw(tmp_path: Path, tokenizer: Any, backends: Backends) -> AsyncIterator[Gateway]:
-    gateway = make_gateway(tmp_path / "store", tokenizer, backends)
+    gateway = make_admin_gateway(tmp_path / "store", tokenizer, backends)
     yield gateway
     await gateway.aclose()
 
@@ -77,7 +84,7 @@ async def http(gw: Gateway) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 async def admin(gw: Gateway) -> AsyncIterator[BackendAdmin]:
     async with BackendAdmin(
-        "http://gateway.test", TOKEN, transport=httpx.ASGITransport(app=gw.app)
+        "http://gateway.test", ADMIN_TOKEN, transport=httpx.ASGITransport(app=gw.app)
     ) as a:
         yield a
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rolloutd.proxy.gateway import Gateway
+from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.trainer_client.admin import BackendAdmin

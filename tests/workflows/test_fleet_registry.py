@@ -97,8 +97,9 @@ async def test_cli_submit_refuses_every_task_before_any_starts(fleets, temporal_
     }
     with pytest.raises(SystemExit) as info:
         await submit_tasks([runnable, unrunnable], temporal_server.address, None)
-    assert f"task cli-bad-{suffix}: evaluator.type='no_such_evaluator' is unknown" in str(
-        info.value
+    assert (
+        f"task cli-bad-{suffix}: evaluator.type='no_such_evaluator' is not in the eval "
+        "fleet's registry" in str(info.value)
     )
     with pytest.raises(RPCError) as missing:
         await fleets.client.get_workflow_handle(f"task/cli-ok-{suffix}").describe()

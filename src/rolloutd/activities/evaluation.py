@@ -1,6 +1,6 @@
-"""Eval-fleet activities: score a session and write the rewards into its trajectory; check that
-an evaluator import path imports on this host (asked by the fleet registry at submit); store a
-large task request once and read it back for its sessions."""
+"""Eval-fleet activities: score a session and write the rewards into its trajectory; say
+whether an evaluator name is in this host's registry (asked through the fleet registry); store
+a large task request once and read it back for its sessions; store a buffer's group."""
 
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ from rolloutd.capabilities import (
     CheckEvaluatorInput,
     CheckEvaluatorOutput,
 )
-from rolloutd.errors import EvaluatorError, NotFoundError, to_application_error
+from rolloutd.errors import NotFoundError, to_application_error
 from rolloutd.evaluators import (
     EvaluationContext,
     EvaluationOutcome,
+    evaluator_names,
     get_evaluator,
-    import_evaluator,
 )
 from rolloutd.store import BlobStore
 from rolloutd.trajectory import assign_rewards
@@ -93,18 +93,18 @@ class EvalActivities:
 
     @activity.defn(name=CHECK_EVALUATOR_ACTIVITY)
     async def check_evaluator(self, input: CheckEvaluatorInput) -> CheckEvaluatorOutput:
-        """Whether ``input.type`` (``module:attr``) imports here and names an evaluator.
+        """Whether ``input.type`` is a name in this host's evaluator registry.
 
-        The import runs in this worker's process, like the evaluation that would follow; a
-        module's import-time side effects are the evaluator author's to keep harmless.
+        Nothing a request names is imported: an import path is answered with a refusal.
         """
-        try:
-            import_evaluator(input.type)
-        except EvaluatorError as e:
-            log.info("evaluator_import_checked", evaluator=input.type, ok=False)
-            return CheckEvaluatorOutput(error=str(e), host_id=self.host_id)
-        log.info("evaluator_import_checked", evaluator=input.type, ok=True)
-        return CheckEvaluatorOutput(host_id=self.host_id)
+        names = evaluator_names()
+        if input.type in names:
+            return CheckEvaluatorOutput(host_id=self.host_id)
+        log.info("evaluator_checked", evaluator=input.type, ok=False)
+        return CheckEvaluatorOutput(
+            error=f"{input.type!r} is not in the evaluator registry ({', '.join(names)})",
+            host_id=self.host_id,
+        )
 
     @activity.defn(name="evaluate")
     async def evaluate(self, input: EvaluateInput) -> EvaluateOutput:

@@ -28,8 +28,9 @@ from rolloutd.activities.models import (
     OpenSessionOutput,
 )
 from rolloutd.errors import to_application_error
-from rolloutd.proxy.gateway import Gateway
-from rolloutd.proxy.sessions import call_waiting_at, is_backend_error, unrecovered_errors
+from rolloutd.proxy.http.server import Gateway
+from rolloutd.proxy.sessions.call_errors import call_waiting_at, is_backend_error
+from rolloutd.proxy.sessions.state import unrecovered_errors
 from rolloutd.store import CompletionLog, trajectory_key
 from rolloutd.task_queues import host_queue
 from rolloutd.trajectory import build_traces, check_invariants

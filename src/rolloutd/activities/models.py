@@ -132,7 +132,7 @@ class CloseSessionOutput(Payload):
         default=0,
         description="failed calls answered with a 5xx (a gateway or backend failure, not a bad "
         "request) that no later completion made good "
-        "(rolloutd.proxy.sessions.recovered)",
+        "(rolloutd.proxy.sessions.call_errors.recovered)",
     )
     last_error: str | None = Field(
         default=None,
@@ -154,7 +154,8 @@ class CloseSessionOutput(Payload):
     )
     replay: ReplayStats = Field(
         default_factory=ReplayStats,
-        description="what replay across attempts did (rolloutd.proxy.replay.replay_stats)",
+        description="what replay across attempts did "
+        "(rolloutd.proxy.sessions.replay_source.replay_stats)",
     )
 
 
@@ -301,9 +302,12 @@ class ReadTaskChunkInput(Payload):
     path: str = Field(
         description="file path (JSONL: one TaskRequest per line; Parquet: one per row)"
     )
-    format: str = Field(default="jsonl", description="jsonl or parquet")
+    format: str = Field(default="jsonl", description="jsonl, parquet, harbor or swebench")
     offset: int = Field(default=0, ge=0, description="rows already read (the cursor)")
     limit: int = Field(default=64, ge=1, le=10_000, description="rows to read at most")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="harbor, swebench: the task set's TaskOptions"
+    )
 
 
 class ReadTaskChunkOutput(Payload):

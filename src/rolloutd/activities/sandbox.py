@@ -38,12 +38,15 @@ from rolloutd.errors import (
     to_application_error,
 )
 from rolloutd.evaluators import CHECK_ARTIFACT, run_check
+from rolloutd.http_client import HEALTH_PROBE, new_async_client
 from rolloutd.observability import metrics
-from rolloutd.proxy.liveness import Verdict
+from rolloutd.proxy.sessions.liveness import Verdict
 from rolloutd.sandbox import reclaim
 from rolloutd.sandbox.artifacts import apply_patch, git_patch
 from rolloutd.sandbox.harnesses import HarnessAdapter, HarnessCommand, HarnessContext, get_harness
 from rolloutd.sandbox.runtimes import Runtime, RuntimeProcess, create_runtime
+from rolloutd.sandbox.runtimes.podman import container_binaries
+from rolloutd.sandbox.runtimes.podman_images import collect_garbage
 from rolloutd.settings import SandboxSettings
 from rolloutd.store import BlobStore, CompletionLog, artifact_key
 from rolloutd.task_queues import host_queue
@@ -118,13 +121,30 @@ class SandboxActivities:
         self.draining = asyncio.Event()
         #: harness runs handed back by the drain
         self.num_handed_back = 0
+        #: background tasks (image garbage collection) kept until done
+        self._background: set[asyncio.Future[None]] = set()
         metrics.watch_runtimes(self, settings.host_id)  # rolloutd_runtimes_alive, per scrape
 
     def reclaim(self) -> reclaim.ReclaimReport:
-        """Kill and remove the runtimes a dead worker left under this host's runtime root
-        (called once when the worker starts, before it polls; see :mod:`rolloutd.sandbox.reclaim`).
+        """Kill and remove the runtimes a dead worker left under this host's runtime root,
+        their containers included, then collect container images past the host's budget
+        (called once when the worker starts, before it polls, in a thread of its own; see
+        :mod:`rolloutd.sandbox.reclaim`).
         """
-        return reclaim.reclaim_orphans(self.root)
+        report = reclaim.reclaim_orphans(self.root)
+        asyncio.run(self.collect_images())
+        return report
+
+    async def collect_images(self) -> None:
+        """Remove the least recently used images this host built from tasks' Dockerfiles
+        past ``image_cache_gb`` (:func:`~rolloutd.sandbox.runtimes.podman_images.collect_garbage`);
+        a failure is logged, never raised (a full cache is no reason to refuse work)."""
+        budget = int(self.settings.image_cache_gb * 1e9)
+        for binary in container_binaries():
+            try:
+                await collect_garbage(binary, self.root, budget)
+            except (OSError, ValueError, KeyError) as e:
+                log.warning("image_gc_failed", binary=binary, error=str(e))
 
     def start_drain(self) -> None:
         """Begin the host's drain (docs/decisions.md, "One drain"): each running harness is stopped
@@ -173,7 +193,15 @@ class SandboxActivities:
             # owned before it exists: a worker killed while provisioning leaves a record that
             # lets the next worker on this root reclaim the half-made runtime
             reclaim.claim(self.root, runtime_id, self.settings.host_id)
-            runtime = create_runtime(input.runtime, runtime_id, self.root)
+            # the host decides the isolation: its policy, checked again here (submit checked it
+            # against the policy this host published), before anything starts
+            runtime = create_runtime(
+                input.runtime,
+                runtime_id,
+                self.root,
+                policy=self.settings.sandbox_policy,
+                host_id=self.settings.host_id,
+            )
             async with heartbeating(phase="provision"):
                 try:
                     await runtime.start()
@@ -188,6 +216,10 @@ class SandboxActivities:
             reclaim.release(self.root, runtime_id)
             raise to_application_error(e) from e
         self.runtimes[runtime_id] = runtime
+        if getattr(runtime, "built_image", False):  # a new image: keep the cache in budget
+            collecting = asyncio.ensure_future(self.collect_images())
+            self._background.add(collecting)
+            collecting.add_done_callback(self._background.discard)
         if self.draining.is_set():
             # its run would find this host gone: Temporal retries the provisioning elsewhere
             await self._hand_back(runtime_id)
@@ -296,7 +328,7 @@ class SandboxActivities:
         end = _RunEnd()
         completions = CompletionLog(self.store, input.session_id)
         beats = num_completions = 0
-        http = httpx.AsyncClient()
+        http = new_async_client(HEALTH_PROBE)
         try:
             while True:
                 if self.draining.is_set():

@@ -19,12 +19,16 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from rolloutd import tasksets
 from rolloutd.activities.models import (
     PostCallbackInput,
     PostCallbackOutput,
     ReadTaskChunkInput,
     ReadTaskChunkOutput,
 )
+from rolloutd.errors import ConfigError
+from rolloutd.fault import receiver_status_fault, transport_fault
+from rolloutd.http_client import CALLBACK, new_async_client
 from rolloutd.types import TaskRequest
 
 log = structlog.get_logger(__name__)
@@ -84,15 +88,18 @@ def read_rows(path: Path, fmt: str, offset: int, limit: int) -> tuple[list[dict[
 
 
 def _raise_for_status(response: httpx.Response, attempt: int) -> None:
-    """Map an HTTP status to Temporal's retry decision: 2xx passes; 408, 409, 425, 429 and
-    5xx are retried; any other 4xx is final (the receiver refuses the body). The error's
-    details hold ``attempt`` (the workflow reports it)."""
+    """Map an HTTP status to Temporal's retry decision: 2xx passes; the infrastructure's
+    failures (:func:`rolloutd.fault.receiver_status_fault`: 5xx, and 408, 409, 425, 429 from
+    a busy receiver) are retried; any other 4xx is final (the receiver refuses the body). The
+    error's details hold ``attempt`` (the workflow reports it)."""
     code = response.status_code
     if 200 <= code < 300:
         return
-    retryable = code >= 500 or code in (408, 409, 425, 429)
     raise ApplicationError(
-        f"callback answered {code}", attempt, type="CallbackHTTPError", non_retryable=not retryable
+        f"callback answered {code}",
+        attempt,
+        type="CallbackHTTPError",
+        non_retryable=not receiver_status_fault(code).retryable,
     )
 
 
@@ -104,7 +111,7 @@ class TrainerIOActivities:
     """
 
     def __init__(self, timeout_s: float = 30.0) -> None:
-        self.http = httpx.AsyncClient(timeout=timeout_s)
+        self.http = new_async_client(CALLBACK, timeout_s=timeout_s)
 
     async def aclose(self) -> None:
         """Close the HTTP client."""
@@ -112,25 +119,41 @@ class TrainerIOActivities:
 
     @activity.defn(name="read_task_chunk")
     async def read_task_chunk(self, input: ReadTaskChunkInput) -> ReadTaskChunkOutput:
-        """Read up to ``limit`` tasks from the cursor ``offset`` of a JSONL / Parquet file.
+        """Read up to ``limit`` tasks from the cursor ``offset`` of a JSONL / Parquet file, or
+        of a task set (``harbor``, ``swebench``: :mod:`rolloutd.tasksets`).
 
         Invalid rows do not stop the source: each is reported in ``errors`` and skipped.
 
         Raises:
             ApplicationError: non-retryable when the file is missing or unreadable.
         """
+        task_set = input.format in ("harbor", "swebench")
         try:
-            rows, exhausted = read_rows(
-                Path(input.path).expanduser(), input.format, input.offset, input.limit
-            )
-        except (OSError, ValueError) as e:
+            if task_set:
+                every = tasksets.task_set_rows(input.format, input.path)  # type: ignore[arg-type]
+                rows = every[input.offset : input.offset + input.limit]
+                exhausted = input.offset + len(rows) >= len(every)
+            else:
+                rows, exhausted = read_rows(
+                    Path(input.path).expanduser(), input.format, input.offset, input.limit
+                )
+        except (OSError, ValueError, ConfigError) as e:
             raise ApplicationError(str(e), type="TaskSourceError", non_retryable=True) from e
         tasks: list[TaskRequest] = []
         errors: list[str] = []
         for i, row in enumerate(rows):
             try:
-                tasks.append(_row_to_task(row))
-            except (ValidationError, ValueError, TypeError) as e:
+                if task_set:
+                    task = tasksets.row_task(
+                        input.format,  # type: ignore[arg-type]
+                        row,
+                        input.options,
+                        path=input.path,
+                    )
+                    tasks.append(task)
+                else:
+                    tasks.append(_row_to_task(row))
+            except (ValidationError, ValueError, TypeError, ConfigError) as e:
                 errors.append(f"row {input.offset + i}: {e}")
         if errors:
             log.warning("task_source_rows_invalid", path=input.path, num_invalid=len(errors))
@@ -157,7 +180,10 @@ class TrainerIOActivities:
             response = await self.http.post(input.url, json=input.session.model_dump(mode="json"))
         except httpx.HTTPError as e:
             raise ApplicationError(
-                f"callback failed: {type(e).__name__}: {e}", attempt, type="CallbackHTTPError"
+                f"callback failed: {type(e).__name__}: {e}",
+                attempt,
+                type="CallbackHTTPError",
+                non_retryable=not transport_fault(e).retryable,
             ) from e
         _raise_for_status(response, attempt)
         log.info("callback_posted", status_code=response.status_code)

@@ -16,11 +16,17 @@ resolved when, after the model's patch and the instance's test patch are applied
   test has status ``PASSED`` (a test missing from the log counts as failed). Either way 0.0
   when the test patch did not apply or the tests timed out. ``details["grader"]`` says which.
 
+With ``params.eval_script`` (SWE-bench, SWE-Gym and SWE-smith instances,
+:mod:`rolloutd.tasksets.swebench`) the runtime runs that script instead (it resets the test
+files to the instance's version, applies the test patch and runs the tests between SWE-bench's
+log markers), and the package reads the whole log with its ``get_logs_eval`` before the report.
+
 ``EvaluatorSpec.params``::
 
     {"test_patch": str (a git diff, may be empty), "fail_to_pass": [test ids],
      "pass_to_pass": [test ids], "test_command": "python3 -m pytest -rA ..." (optional),
-     "log_parser": "parse_log_pytest" (optional)}
+     "log_parser": "parse_log_pytest" (optional), "eval_script": str (optional),
+     "eval_type": "pass_and_fail" | "fail_only" (optional), "instance_id": str (optional)}
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import shlex
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -39,11 +45,15 @@ from rolloutd.evaluators.base import (
     EvaluationOutcome,
     Evaluator,
 )
-from rolloutd.sandbox.artifacts import apply_patch
+from rolloutd.sandbox.artifacts import GIT_ENV, apply_patch
 from rolloutd.sandbox.runtimes.base import Runtime
 
 #: pytest's ``-rA`` short test summary line: ``STATUS test-id[ - message]``.
 PYTEST_SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+)", re.MULTILINE)
+#: SWE-bench's log lines (``swebench.harness.constants``): a test patch that did not apply;
+#: tests that ran out of time
+APPLY_PATCH_FAIL = ">>>>> Patch Apply Failed"
+TESTS_TIMEOUT = ">>>>> Tests Timed Out"
 #: bytes of test output kept in the check artifact (head and tail).
 MAX_LOG_BYTES = 256 * 1024
 
@@ -65,6 +75,16 @@ class SwebenchParams(BaseModel):
         description="the swebench package's log parser (PARSER_REGISTRY name) for the "
         "test runner's output",
     )
+    eval_script: str | None = Field(
+        default=None,
+        description="a whole SWE-bench eval script (bash): it resets the test files, applies "
+        "the test patch and runs the tests between SWE-bench's log markers; when set, "
+        "test_patch and test_command are not used (rolloutd.tasksets.swebench.eval_script)",
+    )
+    eval_type: Literal["pass_and_fail", "fail_only"] = Field(
+        default="pass_and_fail", description="the swebench package's EvalType of the instance"
+    )
+    instance_id: str = Field(default="", description="the instance's id, for the record")
 
 
 def official_grade(log: str, params: SwebenchParams) -> dict[str, Any] | None:
@@ -83,7 +103,7 @@ def official_grade(log: str, params: SwebenchParams) -> dict[str, Any] | None:
     """
     if importlib.util.find_spec("swebench") is None:
         return None
-    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, ResolvedStatus
+    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, EvalType, ResolvedStatus
     from swebench.harness.grading import get_eval_tests_report, get_resolution_status
     from swebench.harness.log_parsers import PARSER_REGISTRY
 
@@ -95,9 +115,16 @@ def official_grade(log: str, params: SwebenchParams) -> dict[str, Any] | None:
         )
     # the pytest-style parsers read the log alone; test_spec only matters to a few
     # repository-specific ones
-    tests = parser(log, None)
+    if params.eval_script is not None:
+        tests, ok = logs_eval(log, params)
+        if not ok:
+            return {"resolved": False, "status": "LOG_INVALID", "report": None, "tests": {}}
+    else:
+        tests = parser(log, None)
     report = get_eval_tests_report(
-        tests, {FAIL_TO_PASS: params.fail_to_pass, PASS_TO_PASS: params.pass_to_pass}
+        tests,
+        {FAIL_TO_PASS: params.fail_to_pass, PASS_TO_PASS: params.pass_to_pass},
+        eval_type=EvalType(params.eval_type),
     )
     status = get_resolution_status(report)
     return {
@@ -106,6 +133,37 @@ def official_grade(log: str, params: SwebenchParams) -> dict[str, Any] | None:
         "report": report,
         "tests": tests,
     }
+
+
+def logs_eval(log: str, params: SwebenchParams) -> tuple[dict[str, str], bool]:
+    """The ``swebench`` package's own reading of an eval script's log
+    (``swebench.harness.grading.get_logs_eval``): the status of each test between the
+    markers, and False when the log shows a patch that did not apply, a failed reset, a
+    timeout, no markers, or an exit code the statuses contradict.
+
+    Returns:
+        ``(test id -> status, valid)``.
+    """
+    import tempfile
+
+    from swebench.harness.grading import get_logs_eval
+    from swebench.types import TestSpec
+
+    spec = TestSpec(
+        instance_id=params.instance_id or "rolloutd",
+        image="",
+        eval_script_list=[],
+        repo="",
+        version="",
+        FAIL_TO_PASS=params.fail_to_pass,
+        PASS_TO_PASS=params.pass_to_pass,
+        log_parser=params.log_parser,
+        eval_type=params.eval_type,
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".log", encoding="utf-8") as f:
+        f.write(log)
+        f.flush()
+        return get_logs_eval(spec, f.name)
 
 
 def parse_pytest_log(log: str) -> dict[str, str]:
@@ -146,6 +204,8 @@ class Swebench(Evaluator):
             "tests": {id: status}}``.
         """
         params = self.params()
+        if params.eval_script is not None:
+            return await self._run_eval_script(runtime, params)
         applied = await apply_patch(runtime, params.test_patch)
         if applied.exit_code != 0:
             return {
@@ -170,6 +230,27 @@ class Swebench(Evaluator):
             "tests": parse_pytest_log(result.stdout),
         }
 
+    async def _run_eval_script(self, runtime: Runtime, params: SwebenchParams) -> dict[str, Any]:
+        """Run ``params.eval_script`` (bash, from standard input) in the repository; the
+        log is stdout and stderr together, as SWE-bench's harness keeps it."""
+        assert params.eval_script is not None
+        result = await runtime.exec(
+            ["bash", "-c", 'exec bash -s "$@" 2>&1', "eval"],
+            stdin=params.eval_script.encode(),
+            env=GIT_ENV,
+            timeout_s=self.spec.timeout_s,
+            max_output_bytes=MAX_LOG_BYTES,
+        )
+        log = result.stdout + (f"\n{TESTS_TIMEOUT}" if result.timed_out else "")
+        return {
+            "exit_code": result.exit_code,
+            "stdout": log,
+            "stderr": result.stderr,
+            "timed_out": result.timed_out,
+            "test_patch_applied": APPLY_PATCH_FAIL not in log,
+            "tests": parse_pytest_log(log),
+        }
+
     async def evaluate(self, ctx: EvaluationContext) -> EvaluationOutcome:
         """Score the ``check`` artifact with SWE-bench's rule."""
         params = self.params()
@@ -182,7 +263,10 @@ class Swebench(Evaluator):
         timed_out = bool(check.get("timed_out"))
         official = official_grade(str(check.get("stdout") or ""), params) if applied else None
         if official is not None:
-            report = official["report"]
+            report = official["report"] or {
+                "FAIL_TO_PASS": {"failure": params.fail_to_pass},
+                "PASS_TO_PASS": {"failure": params.pass_to_pass},
+            }
             failed_f2p = report["FAIL_TO_PASS"]["failure"]
             failed_p2p = report["PASS_TO_PASS"]["failure"]
             resolved = official["resolved"] and not timed_out

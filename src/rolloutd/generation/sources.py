@@ -15,6 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from rolloutd.errors import ConfigError
+from rolloutd.task_spec import CONTAINER_RUNTIMES
+from rolloutd.tasksets import SwebenchOptions, TaskOptions
+from rolloutd.tasksets.harbor import find_tasks, load_task
+from rolloutd.tasksets.harbor import task_request as harbor_task_request
+from rolloutd.tasksets.swebench import task_request as swebench_task_request
 from rolloutd.types import TaskRequest
 from rolloutd.workflows.generation.models import GenerationSource, GenerationSpec
 
@@ -59,6 +64,8 @@ def _read(source: GenerationSource) -> list[dict[str, Any]]:
 
         return list(read_problems().values())
     path = Path(source.path or "").expanduser()
+    if source.type == "harbor":
+        return [{"task_id": folder.name, "path": str(folder)} for folder in find_tasks(path)]
     if source.type == "swebench":
         rows = _read(source.model_copy(update={"type": "jsonl"}))
         for row in rows:
@@ -132,6 +139,10 @@ def row_to_task(spec: GenerationSpec, key: str, row: dict[str, Any]) -> TaskRequ
         pydantic.ValidationError: the resulting task is malformed.
     """
     template = spec.template
+    if spec.source.type == "harbor" or (
+        spec.source.type == "swebench" and template.runtime.type in CONTAINER_RUNTIMES
+    ):
+        return _task_set_row(spec, key, row)
     try:
         instruction = template.instruction.format(**row)
     except (KeyError, IndexError) as e:
@@ -164,4 +175,46 @@ def row_to_task(spec: GenerationSpec, key: str, row: dict[str, Any]) -> TaskRequ
         phases=template.phases,
         model=template.model,
         metadata={**spec.metadata, "generation": spec.name, "row_key": key},
+    )
+
+
+def _task_set_row(spec: GenerationSpec, key: str, row: dict[str, Any]) -> TaskRequest:
+    """A Harbor task folder's or a SWE-bench-family instance's row as a task
+    (:mod:`rolloutd.tasksets`), with the template's harness, sampling and builder.
+
+    Raises:
+        ConfigError: the row is not a task rolloutd can run (named).
+    """
+    template = spec.template
+    sampling = template.sampling
+    options: dict[str, Any] = {
+        "harness": template.harness.model_dump(),
+        "num_samples": template.num_samples,
+        "runtime_type": template.runtime.type,
+        "run_s": template.phases.run_s,
+        "sampling": {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_tokens,
+            "seed": sampling.seed,
+        },
+        "builder": template.builder.model_dump(),
+        "model": template.model,
+    }
+    if spec.source.type == "harbor":
+        options["runtime_type"] = (
+            template.runtime.type if template.runtime.type in CONTAINER_RUNTIMES else "podman"
+        )
+        task = harbor_task_request(load_task(row["path"]), TaskOptions.model_validate(options))
+    else:
+        task = swebench_task_request(
+            row,
+            SwebenchOptions.model_validate(options),
+            base=Path(spec.source.path or ".").expanduser().parent,
+        )
+    return task.model_copy(
+        update={
+            "task_id": row_task_id(spec.name, key),
+            "metadata": {**task.metadata, **spec.metadata, "generation": spec.name, "row_key": key},
+        }
     )

@@ -4,8 +4,9 @@
 :func:`rolloutd.sandbox.runtimes.prepare.run_prepare`.)
 
 Artifacts (:func:`git_patch`) are read after the harness ran: ``git diff --binary`` of
-everything in a git workspace against ``HEAD``, untracked files included, computed with a
-throw-away index so the workspace's own index is untouched (git-diff(1), git-read-tree(1)).
+everything in a git workspace against ``HEAD`` (or :data:`BASE_REF`), untracked files included,
+computed with a throw-away index so the workspace's own index is untouched (git-diff(1),
+git-read-tree(1)).
 """
 
 from __future__ import annotations
@@ -19,13 +20,19 @@ log = structlog.get_logger(__name__)
 #: bytes of a patch kept in an artifact; a larger diff is reported, not stored.
 MAX_PATCH_BYTES = 8 * 2**20
 
-#: ``git diff --binary`` of the workspace against HEAD, untracked files included; the real
-#: index is left alone (a temporary one is filled from HEAD, then ``add -A``).
+#: the ref a task may set at start (a prepare step) to the commit its patch is taken against,
+#: so that a harness that commits its work still yields the whole change
+BASE_REF = "refs/rolloutd/base"
+
+#: ``git diff --binary`` of the workspace against :data:`BASE_REF` (else HEAD), untracked
+#: files included; the real index is left alone (a temporary one is filled from the base,
+#: then ``add -A``).
 GIT_PATCH_SCRIPT = (
     "git rev-parse --is-inside-work-tree >/dev/null 2>&1 || exit 3; "
+    f"base=HEAD; git rev-parse -q --verify {BASE_REF} >/dev/null && base={BASE_REF}; "
     'export GIT_INDEX_FILE="$(mktemp)"; '
-    "git read-tree HEAD && git add -A && "
-    "git -c core.fileMode=false diff --binary --no-color --no-ext-diff --cached HEAD; "
+    'git read-tree "$base" && git add -A && '
+    'git -c core.fileMode=false diff --binary --no-color --no-ext-diff --cached "$base"; '
     'status=$?; rm -f "$GIT_INDEX_FILE"; exit $status'
 )
 

@@ -11,6 +11,12 @@ is every process carrying ``ROLLOUTD_RUNTIME_ID={runtime_id}`` in its environmen
 runtime command starts with it; bwrap sandboxes also die with their worker through
 ``--die-with-parent``) is killed with its process group, the runtime's cgroups are emptied and
 removed, and its folder is deleted. Runtimes of live workers sharing the root are left alone.
+
+Container runtimes (podman, docker) are found by label as well: every container whose label
+``rolloutd.root`` names this root and whose ``rolloutd.runtime_id`` has no live owner is
+removed with its anonymous volumes (``podman rm --force --volumes``), also when its runtime's
+folder is already gone. (A container usually ends by itself when its worker dies: its exec
+server exits when its control socket closes, and ``--rm`` removes it.)
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +33,7 @@ import structlog
 
 from rolloutd.processes import kill_process_group_of, process_start_ticks
 from rolloutd.sandbox.runtimes.limits import RuntimeCgroup
+from rolloutd.sandbox.runtimes.podman import ROOT_LABEL, RUNTIME_LABEL, container_binaries
 
 log = structlog.get_logger(__name__)
 
@@ -86,6 +94,66 @@ def processes_of(runtime_ids: set[str]) -> dict[int, str]:
     return found
 
 
+#: seconds a container CLI command of the reclaim may take.
+CONTAINER_CLI_TIMEOUT_S = 60.0
+
+
+def labelled_containers(root: Path) -> dict[str, list[tuple[str, str]]]:
+    """Containers (running or not) labelled with this runtime root, by runtime id.
+
+    Returns:
+        runtime id -> ``[(binary, container id), ...]``; a CLI that fails (docker without a
+        daemon) contributes nothing.
+    """
+    found: dict[str, list[tuple[str, str]]] = {}
+    for binary in container_binaries():
+        try:
+            listing = subprocess.run(
+                [
+                    binary,
+                    "ps",
+                    "--all",
+                    "--no-trunc",
+                    "--filter",
+                    f"label={ROOT_LABEL}={Path(root).absolute()}",
+                    "--format",
+                    f'{{{{.ID}}}} {{{{index .Labels "{RUNTIME_LABEL}"}}}}',
+                ],
+                capture_output=True,
+                text=True,
+                timeout=CONTAINER_CLI_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("container_list_failed", binary=binary, error=str(exc))
+            continue
+        if listing.returncode != 0:
+            continue
+        for line in listing.stdout.splitlines():
+            container, _, runtime_id = line.strip().partition(" ")
+            if container and runtime_id:
+                found.setdefault(runtime_id, []).append((binary, container))
+    return found
+
+
+def _remove_containers(containers: list[tuple[str, str]]) -> int:
+    """``rm --force --volumes`` each container; the number removed."""
+    removed = 0
+    for binary, container in containers:
+        done = subprocess.run(
+            [binary, "rm", "--force", "--volumes", container],
+            capture_output=True,
+            text=True,
+            timeout=CONTAINER_CLI_TIMEOUT_S,
+            check=False,
+        )
+        if done.returncode == 0:
+            removed += 1
+        else:
+            log.warning("container_reclaim_failed", container=container, output=done.stdout[-300:])
+    return removed
+
+
 @dataclass
 class ReclaimReport:
     """What :func:`reclaim_orphans` did.
@@ -94,11 +162,13 @@ class ReclaimReport:
         runtime_ids: runtimes reclaimed (folders removed).
         num_killed: processes sent SIGKILL.
         remaining_pids: processes still alive when the deadline passed (should be empty).
+        num_containers: containers removed (podman, docker).
     """
 
     runtime_ids: list[str] = field(default_factory=list)
     num_killed: int = 0
     remaining_pids: list[int] = field(default_factory=list)
+    num_containers: int = 0
 
 
 def reclaim_orphans(root: Path, *, timeout_s: float = 10.0) -> ReclaimReport:
@@ -115,13 +185,20 @@ def reclaim_orphans(root: Path, *, timeout_s: float = 10.0) -> ReclaimReport:
     report = ReclaimReport()
     if not root.is_dir():
         return report
-    candidates = {d.name for d in root.iterdir() if d.is_dir() and d.name != OWNERS_DIR}
+    candidates = {
+        d.name for d in root.iterdir() if d.is_dir() and d.name not in (OWNERS_DIR, ".images")
+    }
     owners_dir = root / OWNERS_DIR
     if owners_dir.is_dir():
         candidates |= {p.stem for p in owners_dir.glob("*.json")}
+    containers = labelled_containers(root)
+    candidates |= set(containers)
     orphans = {r for r in candidates if not _owner_alive(root, r)}
     if not orphans:
         return report
+    report.num_containers = _remove_containers(
+        [c for runtime_id in sorted(orphans) for c in containers.get(runtime_id, [])]
+    )
     deadline = time.monotonic() + timeout_s
     while pids := processes_of(orphans):
         report.num_killed += sum(kill_process_group_of(pid) for pid in pids)
@@ -136,6 +213,9 @@ def reclaim_orphans(root: Path, *, timeout_s: float = 10.0) -> ReclaimReport:
         release(root, runtime_id)
         report.runtime_ids.append(runtime_id)
     log.info(
-        "runtimes_reclaimed", num_runtimes=len(report.runtime_ids), num_killed=report.num_killed
+        "runtimes_reclaimed",
+        num_runtimes=len(report.runtime_ids),
+        num_killed=report.num_killed,
+        num_containers=report.num_containers,
     )
     return report

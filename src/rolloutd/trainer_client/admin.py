@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from rolloutd.errors import RolloutdError
+from rolloutd.http_client import CONTROL, new_async_client
 from rolloutd.settings import find_admin_token
 
 
@@ -62,11 +63,12 @@ class BackendAdmin:
     ) -> None:
         token = token or find_admin_token()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.AsyncClient(
+        self.http = new_async_client(
+            CONTROL,
+            timeout_s=timeout_s,
             base_url=gateway_url.rstrip("/"),
             headers=headers,
             transport=transport,
-            timeout=timeout_s,
         )
 
     async def aclose(self) -> None:

@@ -28,7 +28,6 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryFailedError,
-    WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
@@ -36,14 +35,10 @@ from temporalio.service import RPCError, RPCStatusCode
 from rolloutd import task_queues
 from rolloutd.capabilities import (
     CAPABILITIES_QUERY,
-    CHECK_EVALUATOR_UPDATE,
     OPT_OUT,
     REGISTRY_WORKFLOW_ID,
-    CheckEvaluatorInput,
-    CheckEvaluatorOutput,
     FleetCapabilities,
     check_task,
-    is_import_path,
 )
 from rolloutd.errors import ConfigError, FleetRegistryError, NotFoundError
 from rolloutd.security.connection import connect_temporal
@@ -67,8 +62,6 @@ from rolloutd.workflows.tenants import task_priority
 #: how long a query (capabilities, a task's or a callback's status) may take: a workflows
 #: fleet that does not answer by then is reported, not waited for.
 QUERY_TIMEOUT = timedelta(seconds=10)
-#: an import check waits for an eval host (the registry gives up after 15 s).
-IMPORT_CHECK_TIMEOUT = timedelta(seconds=30)
 #: how long a check waits for the first sandbox / eval host to register (workers start in
 #: a few seconds after Temporal; `rolloutd up` and `demo` submit right after starting them).
 REGISTRY_WAIT_S = 30.0
@@ -219,33 +212,6 @@ class RolloutClient:
         except WorkflowQueryFailedError as e:
             raise FleetRegistryError(f"the fleet registry failed to answer: {e}") from e
 
-    async def check_evaluator_import(self, path: str) -> str | None:
-        """Ask an eval host whether an evaluator import path imports (never imported here).
-
-        Returns:
-            None when it imports and names an evaluator; else why not.
-
-        Raises:
-            FleetRegistryError: the registry did not answer.
-        """
-        handle = self.client.get_workflow_handle(REGISTRY_WORKFLOW_ID)
-        try:
-            answer = await handle.execute_update(
-                CHECK_EVALUATOR_UPDATE,
-                CheckEvaluatorInput(type=path),
-                result_type=CheckEvaluatorOutput,
-                rpc_timeout=IMPORT_CHECK_TIMEOUT,
-            )
-        except RPCError as e:
-            if e.status == RPCStatusCode.NOT_FOUND:
-                return "no eval fleet has registered yet"
-            raise FleetRegistryError(
-                f"the fleet registry did not answer ({e}); retry, or submit with {OPT_OUT}"
-            ) from e
-        except WorkflowUpdateFailedError as e:
-            raise FleetRegistryError(f"the fleet registry failed to answer: {e}") from e
-        return answer.error
-
     async def check_tasks(
         self,
         tasks: Iterable[TaskRequest | Mapping[str, Any]],
@@ -275,15 +241,9 @@ class RolloutClient:
         while not (fleets.of("sandbox") and fleets.of("eval")) and time.monotonic() < deadline:
             await asyncio.sleep(REGISTRY_POLL_S)
             fleets = await self.capabilities()
-        import_errors = {
-            path: await self.check_evaluator_import(path)
-            for path in sorted(
-                {r.evaluator.type for r in requests if is_import_path(r.evaluator.type)}
-            )
-        }
         errors = []
         for request in requests:
-            for path, message in check_task(request, fleets, import_errors):
+            for path, message in check_task(request, fleets):
                 if len(requests) > 1:
                     message = f"task {request.task_id}: {message}"
                 errors.append((path, message))

@@ -20,6 +20,11 @@ includes them.
 
 Heavy imports (numpy, torch, pyarrow) happen inside the functions that need them, so importing
 this module costs nothing for a trainer that only writes JSONL.
+
+One module of about 600 lines on purpose: every export applies the same row rules above (which
+sessions are left out or marked, the trace's reward, the length limits) through the private
+helpers at the top, and each exporter is a short function over them; split by format, the rules
+would be imported back by each part.
 """
 
 from __future__ import annotations

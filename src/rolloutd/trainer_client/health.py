@@ -41,6 +41,7 @@ from rolloutd.capabilities import (
     fleet_liveness,
 )
 from rolloutd.errors import FleetUnavailableError
+from rolloutd.http_client import HEALTH_PROBE, new_async_client
 
 log = structlog.get_logger(__name__)
 
@@ -175,7 +176,7 @@ class FleetHealth:
         if self.gateway_url is None:
             return
         try:
-            async with httpx.AsyncClient(transport=self.transport, timeout=5.0) as http:
+            async with new_async_client(HEALTH_PROBE, transport=self.transport) as http:
                 health: dict[str, Any] = (await http.get(f"{self.gateway_url}/health")).json()
         except (httpx.HTTPError, ValueError) as e:
             # an unanswering gateway is the gateway fleet's matter (its heartbeats say)

@@ -42,6 +42,7 @@ import httpx
 import structlog
 
 from rolloutd.errors import RolloutdError
+from rolloutd.http_client import CONTROL, new_async_client
 from rolloutd.trainer_client.admin import BackendAdmin
 
 log = structlog.get_logger(__name__)
@@ -148,8 +149,8 @@ class _HttpLoader:
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.url = url.rstrip("/")
-        self.http = httpx.AsyncClient(
-            base_url=self.url, headers=headers, transport=transport, timeout=timeout_s
+        self.http = new_async_client(
+            CONTROL, timeout_s=timeout_s, base_url=self.url, headers=headers, transport=transport
         )
 
     async def aclose(self) -> None:

@@ -16,6 +16,7 @@ import webbrowser
 
 import httpx
 
+from rolloutd.http_client import CONTROL, new_async_client
 from rolloutd.viewer.pages import session_href, task_href
 
 
@@ -97,7 +98,7 @@ async def _serve(
         await asyncio.sleep(0.05)
     port = server.servers[0].sockets[0].getsockname()[1]
     page = f"http://127.0.0.1:{port}{view_path(view_id)}"
-    async with httpx.AsyncClient(timeout=120.0) as http:
+    async with new_async_client(CONTROL) as http:
         answer = await http.get(page)
     if answer.status_code != 200:
         print(f"rolloutd view: {page}: {answer.status_code} {answer.text[:300]}", file=sys.stderr)

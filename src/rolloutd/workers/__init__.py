@@ -175,7 +175,7 @@ async def run_fleet(
 
     Yields:
         A :class:`FleetHandle`; for the gateway, ``resources["gateway"]`` is the
-        :class:`~rolloutd.proxy.gateway.Gateway` and ``resources["server"]`` its server handle.
+        :class:`~rolloutd.proxy.http.server.Gateway` and ``resources["server"]`` its server handle.
         When the block exits, the fleet drains (:func:`rolloutd.workers.drain.drain_fleet`,
         bounded by ``settings.graceful_shutdown_s``) and ``resources["drain"]`` holds its
         :class:`~rolloutd.workers.drain.DrainReport`; then what the fleet owns is stopped.
@@ -186,6 +186,11 @@ async def run_fleet(
     build = _BUILDERS.get(fleet)
     if build is None:
         raise ValueError(f"unknown fleet {fleet!r}; one of {', '.join(FLEETS)}")
+    if fleet in ("sandbox", "eval"):
+        from rolloutd.evaluators import register_evaluators
+
+        # the operator's evaluators: eval hosts score with them, sandbox hosts run their checks
+        register_evaluators((settings or CommonSettings()).evaluators)
     handle = FleetHandle(fleet=fleet, workers=[])
     common = settings or CommonSettings()
     parts = _FleetParts(grace_s=common.graceful_shutdown_s, heartbeat_s=common.fleet_heartbeat_s)
@@ -288,6 +293,7 @@ async def _sandbox_fleet(
     s = settings if isinstance(settings, SandboxSettings) else SandboxSettings()
     host = await asyncio.to_thread(host_capabilities, "sandbox", s.host_id)
     host.max_concurrent_sessions = s.max_concurrent_sessions
+    host.policy = s.sandbox_policy
     parts.host = host
     acts = SandboxActivities(s, BlobStore(s.store_url))
     # before polling: runtimes a killed worker left on this root are killed and removed,
@@ -336,7 +342,7 @@ async def _gateway_fleet(
 ) -> None:
     """A gateway host: the HTTP gateway, and the session and trajectory activities."""
     from rolloutd.activities.gateway import GatewayActivities
-    from rolloutd.proxy.gateway import Gateway, serve
+    from rolloutd.proxy.http.server import Gateway, serve
 
     s = settings if isinstance(settings, GatewaySettings) else GatewaySettings()
     gateway = await asyncio.to_thread(Gateway.from_settings, s)
@@ -466,7 +472,7 @@ async def run_forever(fleet: Fleet, metrics_port: int | None = None) -> None:
         fleet, CommonSettings
     )(**overrides)
     if isinstance(settings, GatewaySettings):  # refuse before connecting or loading anything
-        from rolloutd.proxy.gateway import check_admin_exposure
+        from rolloutd.proxy.http.server import check_admin_exposure
 
         check_admin_exposure(settings)
     client = await connect(settings)

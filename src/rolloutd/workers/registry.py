@@ -27,8 +27,9 @@ from rolloutd.capabilities import (
     HostCapabilities,
     PublishingFleet,
 )
-from rolloutd.evaluators import EVALUATORS
+from rolloutd.evaluators import evaluator_names
 from rolloutd.sandbox.harnesses import harness_capabilities
+from rolloutd.sandbox.runtimes import installed_runtimes
 from rolloutd.workflows.fleets import FleetRegistryInput, FleetRegistryWorkflow
 
 log = structlog.get_logger(__name__)
@@ -38,9 +39,9 @@ def host_capabilities(fleet: PublishingFleet, host_id: str) -> HostCapabilities:
     """What this host can run as a member of ``fleet``, probed now.
 
     Args:
-        fleet: ``sandbox`` (harness adapters whose CLI is installed here), ``eval``
-            (built-in evaluators), ``workflows`` or ``gateway`` (nothing to publish but that
-            the process lives).
+        fleet: ``sandbox`` (harness adapters whose CLI is installed here; the caller adds
+            the host's sandbox policy), ``eval`` (the names in the evaluator registry),
+            ``workflows`` or ``gateway`` (nothing to publish but that the process lives).
         host_id: this host's id.
     """
     host = HostCapabilities(
@@ -51,8 +52,9 @@ def host_capabilities(fleet: PublishingFleet, host_id: str) -> HostCapabilities:
     )
     if fleet == "sandbox":
         host.harnesses, host.missing_harnesses = harness_capabilities()
+        host.runtimes = installed_runtimes()
     elif fleet == "eval":
-        host.evaluators = sorted(EVALUATORS)
+        host.evaluators = evaluator_names()
     return host
 
 

@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 
 from rolloutd.errors import BackendSaturatedError
-from rolloutd.proxy.backends.pool import BackendPool, make_backend
+from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.backends.saturation import BackendCapacity
-from rolloutd.proxy.gateway import Gateway
-from rolloutd.proxy.sessions import SessionManager
+from rolloutd.proxy.backends.specs import make_backend
+from rolloutd.proxy.http.server import Gateway
+from rolloutd.proxy.sessions.manager import SessionManager
 from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
 from rolloutd.stack import free_port
 from rolloutd.store import BlobStore

@@ -51,7 +51,7 @@ async def test_infrastructure_and_evaluator_failures_get_no_reward(fleets):
         task(
             "raising",
             call("hi"),
-            evaluator={"type": "tests.support.raising_evaluator:RaisingEvaluator"},
+            evaluator={"type": "tests_raising"},
         ),
         task(
             "failing",

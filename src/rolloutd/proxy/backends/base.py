@@ -2,7 +2,7 @@
 
 Every inference server the gateway drives in ``tokens`` capture mode (llama.cpp today; vLLM
 ``/v1/completions`` and SGLang ``/generate`` later) implements :class:`Backend`. Clients run
-without retries: Temporal owns retries (STYLE.md).
+without retries: Temporal owns retries (docs/failures.md).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from rolloutd.proxy import fastjson
+from rolloutd.proxy.core import fastjson
 
 
 @dataclass(frozen=True)

@@ -8,34 +8,27 @@ it is, the pool grants it no lease: a call fails at once with ``BackendUnavailab
 its timeout on a dead engine. An answer of any status is not a refusal: a 5xx answer is the
 backend's error, not its death. Health comes back with the next probe (``GET {url}/health``,
 any answer below 500) that succeeds; probes run when a call or the gateway's ``/health``
-asks, at most once per backoff (doubling from :data:`PROBE_FIRST_S` up to
-:data:`PROBE_MAX_S`), so a dead engine costs one connection attempt per backoff, not one per
-call. A paused backend (a weight update in progress) is never marked: its engine may be down
-on purpose.
+asks, at most once per backoff (:data:`PROBE_BACKOFF`: doubling from 0.5 s up to 5 s), so a
+dead engine costs one connection attempt per backoff, not one per call. A paused backend (a
+weight update in progress) is never marked: its engine may be down on purpose.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import httpx
 import structlog
 
+from rolloutd.backoff import Backoff
 from rolloutd.errors import BackendError
-
-if TYPE_CHECKING:
-    from rolloutd.proxy.backends.pool import Lease, _Slot
 
 log = structlog.get_logger(__name__)
 
-#: seconds before the first probe of a backend that just failed; doubled after each failed
-#: probe up to :data:`PROBE_MAX_S`
-PROBE_FIRST_S = 0.5
-#: the longest wait between two probes, seconds: bounds how late a restarted engine is seen
-PROBE_MAX_S = 5.0
+#: the waits before probing a backend that failed: 0.5 s after the first failure, doubled
+#: after each failed probe up to 5 s (the cap bounds how late a restarted engine is seen)
+PROBE_BACKOFF = Backoff(initial_s=0.5, max_s=5.0)
 #: limit of one probe, seconds (a hung engine must not hold the caller for longer)
 PROBE_TIMEOUT_S = 5.0
 #: limit of the probe that tells a saturated engine (long queue, slow answers) from a hung
@@ -62,7 +55,8 @@ class BackendHealth:
         unhealthy_since: Unix time (s) it was first found unreachable, None while healthy.
         last_error: what the last failed call or probe got.
         next_probe_at: ``time.monotonic()`` from which a probe may run.
-        backoff_s: the wait before the probe after the next failed one.
+        num_failures: failed calls and probes since it was last healthy (the next wait is
+            ``PROBE_BACKOFF.delay_s(num_failures)``).
         probing: a probe is running (others do not start one).
         answered_at: ``time.monotonic()`` of its last answered probe (0: none).
     """
@@ -71,7 +65,7 @@ class BackendHealth:
     unhealthy_since: float | None = None
     last_error: str | None = None
     next_probe_at: float = 0.0
-    backoff_s: float = PROBE_FIRST_S
+    num_failures: int = 0
     probing: bool = False
     answered_at: float = 0.0
 
@@ -80,16 +74,16 @@ class BackendHealth:
         was_healthy = self.healthy
         if was_healthy:
             self.healthy, self.unhealthy_since = False, time.time()
-            self.backoff_s = PROBE_FIRST_S
+            self.num_failures = 0
         self.last_error = error[:300]
-        self.next_probe_at = time.monotonic() + self.backoff_s
-        self.backoff_s = min(self.backoff_s * 2, PROBE_MAX_S)
+        self.num_failures += 1
+        self.next_probe_at = time.monotonic() + PROBE_BACKOFF.delay_s(self.num_failures)
         return was_healthy
 
     def mark_answered(self) -> bool:
         """Record an answer; returns whether the backend was unhealthy before."""
         was_unhealthy = not self.healthy
-        self.healthy, self.unhealthy_since, self.backoff_s = True, None, PROBE_FIRST_S
+        self.healthy, self.unhealthy_since, self.num_failures = True, None, 0
         return was_unhealthy
 
     def probe_due(self) -> bool:
@@ -165,100 +159,3 @@ def pool_health(backends: list[tuple[str, int, bool, BackendHealth]]) -> dict[st
         )
     status = "empty" if not backends else "unavailable" if unavailable else "ok"
     return {"status": status, "unavailable": unavailable}
-
-
-class PoolHealth:
-    """The health side of :class:`~rolloutd.proxy.backends.pool.BackendPool`: marking a
-    backend unhealthy or healthy from its calls, probing it with backoff, and the pool's
-    health per policy version (the rules are in this module's docstring)."""
-
-    _slots: dict[str, _Slot]
-    #: the client of health probes (:func:`probe`)
-    _probe_http: httpx.AsyncClient
-
-    def _notify(self) -> None:
-        """Wake every waiter of the pool (defined by the pool)."""
-        raise NotImplementedError
-
-    def _healthy_serving(self, policy_version: int) -> _Slot | None:
-        """The least-assigned healthy, unpaused backend serving ``policy_version``."""
-        slots = [
-            s
-            for s in self._slots.values()
-            if s.health.healthy and not s.spec.paused and s.spec.policy_version == policy_version
-        ]
-        return min(slots, key=lambda s: s.num_assigned) if slots else None
-
-    async def _probe(self, slot: _Slot) -> None:
-        """Probe an unhealthy backend when its backoff allows (:mod:`.health`)."""
-        if not slot.health.probe_due():
-            return
-        slot.health.probing = True
-        try:
-            error = await probe(self._probe_http, slot.spec.url)
-        finally:
-            slot.health.probing = False
-        if error is None:
-            self._mark_answered(slot)
-        else:
-            slot.health.mark_unreachable(error)
-
-    async def probe_unhealthy(self) -> None:
-        """Probe every unhealthy backend whose backoff allows (the ``/health`` route: the
-        health of an idle pool comes back without a call)."""
-        await asyncio.gather(
-            *(self._probe(s) for s in list(self._slots.values()) if not s.spec.paused)
-        )
-
-    async def answers(self, name: str) -> bool:
-        """Whether backend ``name`` answers now: a saturated engine does (its calls queue,
-        it is not dead), a hung or refusing one does not. The pool's health is left to the
-        calls (a slow probe of a starved engine must not fail every session's calls). A
-        paused backend counts as answering: a weight update is not a death."""
-        slot = self._slots.get(name)
-        if slot is None or slot.spec.paused:
-            return slot is not None
-        if not slot.health.healthy:
-            return False
-        if time.monotonic() - slot.health.answered_at < ANSWERED_FRESH_S:
-            return True
-        error = await probe(self._probe_http, slot.spec.url, ANSWERS_PROBE_TIMEOUT_S)
-        if error is None:
-            slot.health.answered_at = time.monotonic()
-            return True
-        log.warning("backend_not_answering", name=name, error=error)
-        return False
-
-    def _mark_answered(self, slot: _Slot) -> None:
-        if slot.health.mark_answered():
-            log.info("backend_healthy", name=slot.spec.name)
-            self._notify()
-
-    def note_answered(self, lease: Lease) -> None:
-        """A call on ``lease`` got its answer: its backend is healthy (call before
-        :meth:`release_lease`)."""
-        if lease._slot is not None and not lease._slot.health.healthy:
-            self._mark_answered(lease._slot)
-
-    def note_failed(self, lease: Lease, error: BaseException) -> None:
-        """A call on ``lease`` failed: a refusal or a timeout marks its backend unhealthy
-        unless it is paused (call before :meth:`release_lease`)."""
-        slot = lease._slot
-        if slot is None or slot.spec.paused or not is_unreachable(error):
-            return
-        if slot.health.mark_unreachable(str(error)):
-            log.warning(
-                "backend_unhealthy",
-                name=slot.spec.name,
-                error=str(error)[:300],
-                policy_version=slot.spec.policy_version,
-            )
-
-    def health(self) -> dict[str, Any]:
-        """The pool's health per policy version (:func:`.health.pool_health`)."""
-        return pool_health(
-            [
-                (s.spec.name, s.spec.policy_version, s.spec.paused, s.health)
-                for s in self._slots.values()
-            ]
-        )

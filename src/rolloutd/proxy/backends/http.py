@@ -6,7 +6,7 @@ through the client :func:`new_client` builds: httpx is the interface (tests put 
 transport in its place), and underneath the connections are aiohttp's (``httpx-aiohttp``, the
 transport the OpenAI and Anthropic Python SDKs offer). rolloutd speaks no HTTP of its own.
 
-Temporal owns retries (STYLE.md): a retried sampling call here could sample twice. The one
+Temporal owns retries (docs/failures.md): a retried sampling call here could sample twice. The one
 request sent again is one whose pooled connection the backend closed before answering a byte
 of it (RFC 9112 section 9.3.1, "Retrying Requests": a connection closed while idle, a race
 every keep-alive client meets); a request on a new connection is never sent twice.
@@ -33,8 +33,10 @@ import structlog
 from httpx_aiohttp import AiohttpTransport
 
 from rolloutd.errors import BackendError, BackendUnavailableError, ContextLengthError
-from rolloutd.proxy import fastjson
+from rolloutd.fault import status_fault, transport_fault
+from rolloutd.http_client import BACKEND_CALL, new_async_client
 from rolloutd.proxy.backends.base import Backend
+from rolloutd.proxy.core import fastjson
 
 log = structlog.get_logger(__name__)
 
@@ -47,8 +49,8 @@ _CONTEXT_HINTS = (
 
 #: connections open at once to one backend; further calls wait for a free one
 MAX_CONNECTIONS = 128
-#: seconds to open a TCP (and TLS) connection, at most
-CONNECT_TIMEOUT_S = 10.0
+#: seconds to open a TCP (and TLS) connection, at most (the backend-call timeout profile)
+CONNECT_TIMEOUT_S = BACKEND_CALL.connect_s
 #: seconds an idle pooled connection is kept: below the backends' own idle timeout (uvicorn's
 #: ``timeout_keep_alive``, 5 s, which vLLM and SGLang serve with; cpp-httplib's keep-alive in
 #: llama-server, 5 s), so a connection the backend closes while idle is not picked for a call
@@ -256,14 +258,14 @@ def new_client(
         keepalive_expiry_s: seconds an idle connection is kept (below the backend's own idle
             timeout).
     """
-    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S), pool=timeout_s)
-    return BackendClient(
+    return new_async_client(
+        BACKEND_CALL,
+        timeout_s=timeout_s,
         base_url=url,
         headers=headers,
-        timeout=timeout,
-        follow_redirects=False,
         transport=transport
         or BackendTransport(max_connections=max_connections, keepalive_expiry_s=keepalive_expiry_s),
+        client_class=BackendClient,
     )
 
 
@@ -290,7 +292,8 @@ def raise_for_status(backend: Backend, response: httpx.Response) -> None:
     Raises:
         ContextLengthError: a 400 that says the prompt is too long.
         BackendUnavailableError: 503 (loading, overloaded, paused for a weight update).
-        BackendError: any other status >= 400 (retryable when >= 500).
+        BackendError: any other status >= 400 (retryable when the infrastructure's:
+            :func:`rolloutd.fault.status_fault`).
     """
     if response.status_code < 400:
         return
@@ -301,17 +304,21 @@ def raise_for_status(backend: Backend, response: httpx.Response) -> None:
         raise BackendUnavailableError(f"backend {backend.name} is not ready: {message}")
     raise BackendError(
         f"backend {backend.name} answered {response.status_code}: {message}",
-        retryable=response.status_code >= 500,
+        retryable=status_fault(response.status_code).retryable,
     )
 
 
 def transport_error(backend: Backend, error: httpx.HTTPError) -> BackendError:
-    """The error of a failed connection or a timeout."""
+    """The error of a failed connection or a timeout (the infrastructure's:
+    :func:`rolloutd.fault.transport_fault`)."""
+    retryable = transport_fault(error).retryable
     if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):
-        return BackendUnavailableError(f"backend {backend.name} unreachable: {error!r}")
+        return BackendUnavailableError(
+            f"backend {backend.name} unreachable: {error!r}", retryable=retryable
+        )
     if isinstance(error, httpx.TimeoutException):
-        return BackendError(f"backend {backend.name} timed out: {error!r}")
-    return BackendError(f"backend {backend.name} failed: {error!r}")
+        return BackendError(f"backend {backend.name} timed out: {error!r}", retryable=retryable)
+    return BackendError(f"backend {backend.name} failed: {error!r}", retryable=retryable)
 
 
 async def post_json(

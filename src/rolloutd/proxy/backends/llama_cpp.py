@@ -39,7 +39,6 @@ import httpx
 import structlog
 
 from rolloutd.errors import BackendError, BackendUnavailableError, ContextLengthError
-from rolloutd.proxy import fastjson
 from rolloutd.proxy.backends.base import Backend, GenerateDelta, GenerateRequest, GenerateResult
 from rolloutd.proxy.backends.http import new_client, transport_error
 from rolloutd.proxy.backends.llama_cpp_logprobs import (
@@ -51,6 +50,7 @@ from rolloutd.proxy.backends.llama_cpp_logprobs import (
     stream_gap_ids,
     token_pieces,
 )
+from rolloutd.proxy.core import fastjson
 
 log = structlog.get_logger(__name__)
 

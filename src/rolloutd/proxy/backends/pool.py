@@ -40,131 +40,31 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import structlog
-from pydantic import BaseModel, Field
 
 from rolloutd.errors import BackendUnavailableError, ConfigError, ConflictError, NotFoundError
+from rolloutd.http_client import HEALTH_PROBE, new_async_client
 from rolloutd.proxy.backends.base import Backend
-from rolloutd.proxy.backends.health import BackendHealth, PoolHealth, dead_message
-from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
-from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
-from rolloutd.proxy.backends.sglang import SglangBackend
-from rolloutd.proxy.backends.vllm import VllmBackend
+from rolloutd.proxy.backends.health import BackendHealth, dead_message
+from rolloutd.proxy.backends.pool_health import PoolHealth
+from rolloutd.proxy.backends.slots import Lease, Slot
+from rolloutd.proxy.backends.specs import (
+    POOL_KEY,
+    BackendSpec,
+    BackendType,
+    PoolState,
+    backend_urls,
+    load_pool_state,
+    make_backend,
+    type_of,
+)
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import BlobStore
 
 log = structlog.get_logger(__name__)
-
-POOL_KEY = "gateway/backend_pool.json"
-BackendType = Literal["llama_cpp", "vllm", "sglang", "openai"]
-
-
-def backend_urls(setting: str | None) -> list[str]:
-    """Backend URLs from ``settings.backend_url``: one URL, or several separated by commas."""
-    if not setting:
-        return []
-    return [url.strip().rstrip("/") for url in setting.split(",") if url.strip()]
-
-
-def make_backend(
-    backend_type: str,
-    name: str,
-    url: str,
-    *,
-    policy_version: int = 0,
-    timeout_s: float = 600.0,
-    ctx_size: int | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
-) -> Backend:
-    """A backend client of ``backend_type`` (``llama_cpp``, ``vllm``, ``sglang``, ``openai``).
-
-    Raises:
-        ConfigError: an unknown type.
-    """
-    kinds: dict[str, type[Backend]] = {
-        "llama_cpp": LlamaCppBackend,
-        "vllm": VllmBackend,
-        "sglang": SglangBackend,
-        "openai": OpenAIChatBackend,
-    }
-    if backend_type not in kinds:
-        raise ConfigError(f"unknown backend type {backend_type!r}; known: {', '.join(kinds)}")
-    return kinds[backend_type](
-        name,
-        url,
-        policy_version=policy_version,  # type: ignore[call-arg]
-        timeout_s=timeout_s,
-        ctx_size=ctx_size,
-        transport=transport,
-    )
-
-
-class BackendSpec(BaseModel):
-    """One backend as the store keeps it.
-
-    Attributes:
-        name: stable name; sessions are pinned by it.
-        type: client kind.
-        url: base URL, without a trailing slash.
-        policy_version: weights version stamped on its completions (>= 0).
-        paused: grants no new lease (weight sync in progress).
-        added_at: Unix time (s) it was registered.
-    """
-
-    name: str = Field(min_length=1, max_length=512)
-    type: BackendType = "llama_cpp"
-    url: str = Field(min_length=1, max_length=2048)
-    policy_version: int = Field(default=0, ge=0)
-    paused: bool = False
-    added_at: float = 0.0
-
-
-class PoolState(BaseModel):
-    """The durable pool (``gateway/backend_pool.json``).
-
-    Attributes:
-        backends: registered backends, in registration order (ties in assignment go to the
-            first).
-        managed: an admin route has changed the pool; it then wins over the settings.
-        updated_at: Unix time (s) of the last change.
-    """
-
-    backends: list[BackendSpec] = Field(default_factory=list)
-    managed: bool = False
-    updated_at: float = 0.0
-
-
-@dataclass(eq=False)
-class _Slot:
-    """A registered (or retiring) backend in memory."""
-
-    backend: Backend
-    spec: BackendSpec
-    num_assigned: int = 0
-    num_in_flight: int = 0
-    removed: bool = False
-    health: BackendHealth = field(default_factory=BackendHealth)
-
-
-@dataclass(eq=False)
-class Lease:
-    """A sampling call's hold on a backend (released when the call ends).
-
-    Attributes:
-        backend: the backend to call.
-        policy_version: its policy version when the lease was granted (stamped on the
-            completion).
-        moved_from: the removed backend the session was pinned to, when it moved now.
-    """
-
-    backend: Backend
-    policy_version: int
-    moved_from: str | None = None
-    _slot: _Slot | None = field(default=None, repr=False)
 
 
 BackendFactory = Callable[[BackendSpec], Backend]
@@ -201,7 +101,7 @@ class BackendPool(PoolHealth):
     ) -> None:
         self.store = store
         #: the client of health probes (:func:`rolloutd.proxy.backends.health.probe`)
-        self._probe_http = httpx.AsyncClient(transport=probe_transport)
+        self._probe_http = new_async_client(HEALTH_PROBE, transport=probe_transport)
         self.refresh_s = refresh_s
         #: ``updated_at`` of the stored state this pool last wrote or loaded
         self._updated_at = updated_at
@@ -213,23 +113,23 @@ class BackendPool(PoolHealth):
         )
         self.managed = managed
         self.wait_s = wait_s
-        self._slots: dict[str, _Slot] = {}
+        self._slots: dict[str, Slot] = {}
         self._changed = asyncio.Event()
         self._admin_lock = asyncio.Lock()
-        self._retiring: list[_Slot] = []
+        self._retiring: list[Slot] = []
         paused_names = set(paused)
         for backend in backends:
             if backend.name in self._slots:
                 raise ConfigError(f"backend {backend.name!r} is registered already")
             spec = BackendSpec(
                 name=backend.name,
-                type=_type_of(backend),
+                type=type_of(backend),
                 url=backend.url,
                 policy_version=backend.policy_version,
                 paused=backend.name in paused_names,
                 added_at=time.time(),
             )
-            self._slots[backend.name] = _Slot(backend, spec)
+            self._slots[backend.name] = Slot(backend, spec)
             log.info("backend_added", **backend.describe())
 
     @classmethod
@@ -579,7 +479,7 @@ class BackendPool(PoolHealth):
             "num_in_flight": num_in_flight,
         }
 
-    async def drain(self, slots: list[_Slot], timeout_s: float) -> int:
+    async def drain(self, slots: list[Slot], timeout_s: float) -> int:
         """Wait up to ``timeout_s`` until no call is in flight on ``slots``.
 
         Returns:
@@ -649,9 +549,9 @@ class BackendPool(PoolHealth):
     ) -> None:
         """Make ``specs`` the pool in memory (clients of removed backends close when their
         last call ends). Call with the admin lock held."""
-        slots: dict[str, _Slot] = {}
+        slots: dict[str, Slot] = {}
         for spec in specs:
-            slot = self._slots.pop(spec.name, None) or _Slot((new or {})[spec.name], spec)
+            slot = self._slots.pop(spec.name, None) or Slot((new or {})[spec.name], spec)
             slot.spec = spec
             slot.backend.policy_version = spec.policy_version
             slots[spec.name] = slot
@@ -678,22 +578,10 @@ class BackendPool(PoolHealth):
         self._retiring.clear()
 
 
-def _describe(slot: _Slot) -> dict[str, Any]:
+def _describe(slot: Slot) -> dict[str, Any]:
     return {
         **slot.spec.model_dump(exclude={"added_at"}),
         "num_assigned": slot.num_assigned,
         "num_in_flight": slot.num_in_flight,
         **slot.health.describe(),
     }
-
-
-def _type_of(backend: Backend) -> BackendType:
-    kind = backend.type
-    return kind if kind in ("llama_cpp", "vllm", "sglang", "openai") else "openai"  # type: ignore[return-value]
-
-
-def load_pool_state(store: BlobStore) -> PoolState | None:
-    """The stored pool, or None when none was written."""
-    if not store.exists(POOL_KEY):
-        return None
-    return store.get_model(POOL_KEY, PoolState)

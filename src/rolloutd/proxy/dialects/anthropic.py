@@ -1,5 +1,7 @@
-"""Anthropic Messages (``POST /v1/messages``, ``/v1/messages/count_tokens``): wire models,
-translation, stream events, errors.
+"""Anthropic Messages (``POST /v1/messages``, ``/v1/messages/count_tokens``): translation and
+stream events; the wire models, model objects and error body are
+:mod:`rolloutd.proxy.dialects.anthropic_wire`, re-exported here, so this module is the dialect
+the routes use.
 
 References: Anthropic API reference, "Messages" https://docs.anthropic.com/en/api/messages ,
 "Streaming Messages" https://docs.anthropic.com/en/docs/build-with-claude/streaming ,
@@ -19,30 +21,17 @@ Translation to OpenAI chat messages (the internal shape):
 Kept: ``max_tokens`` (required), ``temperature``, ``top_p``, ``stream``, ``tools``
 (``input_schema`` -> ``parameters``). Ignored knowingly: ``top_k`` (the task decides),
 ``stop_sequences``, ``thinking``, ``metadata``, ``tool_choice``, ``cache_control``.
+
+The request and the answer translate the same content blocks (an answer's blocks are what the
+next request sends back), so both directions and the stream events stay in this one module.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from rolloutd.errors import (
-    AuthenticationError,
-    BackendUnavailableError,
-    NotFoundError,
-    RequestFieldError,
-    RolloutdError,
-)
-from rolloutd.proxy.chat_template import content_text
-from rolloutd.proxy.dialects.common import (
-    arguments_json,
-    arguments_object,
-    id_suffix,
-    sse_named,
-    validate,
-)
-from rolloutd.proxy.internal import (
+from rolloutd.errors import RequestFieldError, RolloutdError
+from rolloutd.proxy.core.call_types import (
     InternalRequest,
     InternalResponse,
     SamplingOverrides,
@@ -52,53 +41,28 @@ from rolloutd.proxy.internal import (
     StreamReasoning,
     StreamStart,
     Usage,
+    id_suffix,
 )
-from rolloutd.proxy.memo import RequestMemo, validate_new_items
+from rolloutd.proxy.dialects.anthropic_wire import (
+    CountTokensRequest,
+    Message,
+    MessagesRequest,
+    error_body,
+)
+from rolloutd.proxy.dialects.anthropic_wire import model_json as model_json  # re-exported
+from rolloutd.proxy.dialects.anthropic_wire import models_list as models_list
+from rolloutd.proxy.dialects.common import (
+    arguments_json,
+    arguments_object,
+    sse_named,
+    validate,
+)
+from rolloutd.proxy.render.messages import content_text
+from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 DIALECT = "anthropic"
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _FINISH = {v: k for k, v in _STOP.items()}
-
-
-class _Wire(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class Message(_Wire):
-    """One of ``messages``: content a string or a list of blocks. Claude Code (2.1.x) also
-    sends ``system`` messages inside ``messages`` (reminders between turns); they become system
-    messages of the conversation where they stand."""
-
-    role: Literal["user", "assistant", "system"]
-    content: str | list[dict[str, Any]]
-
-
-class Tool(_Wire):
-    """A client tool (server tools such as ``web_search_20250305`` have a ``type``)."""
-
-    name: str
-    description: str | None = None
-    input_schema: dict[str, Any] | None = None
-    type: str | None = None
-
-
-class MessagesRequest(_Wire):
-    """``POST /v1/messages`` body."""
-
-    model: str | None = None
-    max_tokens: int = Field(ge=1)
-    messages: list[Message] = Field(min_length=1)
-    system: str | list[dict[str, Any]] | None = None
-    tools: list[Tool] | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    stream: bool = False
-
-
-class CountTokensRequest(MessagesRequest):
-    """``POST /v1/messages/count_tokens`` body: a request without ``max_tokens``."""
-
-    max_tokens: int = Field(default=1, ge=1)
 
 
 # --------------------------------------------------------------------------- requests
@@ -611,49 +575,3 @@ def collect_stream(events: list[dict[str, Any]]) -> InternalResponse:
     for index, text in partial.items():
         blocks[index]["input"] = arguments_object(text)
     return response_to_internal({**message, "content": blocks})
-
-
-# --------------------------------------------------------------------------- errors
-
-
-def model_json(model: str) -> dict[str, Any]:
-    """``GET /v1/models/{model}``: Anthropic's ``ModelInfo`` (``lifecycle`` is required by
-    anthropic 2.14's types; ``created_at`` is RFC 3339)."""
-    return {
-        "type": "model",
-        "id": model,
-        "display_name": model,
-        "created_at": "1970-01-01T00:00:00Z",
-        "lifecycle": "active",
-    }
-
-
-def models_list(model: str) -> dict[str, Any]:
-    """``GET /v1/models``: one page holding the one model a session serves."""
-    return {"data": [model_json(model)], "has_more": False, "first_id": model, "last_id": model}
-
-
-def error_body(error: RolloutdError) -> tuple[int, dict[str, Any]]:
-    """The HTTP status and Anthropic error object of ``error``.
-
-    Returns:
-        ``(status, {"type": "error", "error": {"type", "message"}})`` with the types of
-        https://docs.anthropic.com/en/api/errors (a 502/503 backend failure is
-        ``overloaded_error`` or ``api_error``).
-    """
-    status = error.status_code
-    if isinstance(error, AuthenticationError):
-        kind = "authentication_error"
-    elif isinstance(error, NotFoundError):
-        kind = "not_found_error"
-    elif isinstance(error, BackendUnavailableError):
-        kind = "overloaded_error"
-    elif status == 403:
-        kind = "permission_error"
-    elif status == 413:
-        kind = "request_too_large"
-    elif 400 <= status < 500:
-        kind = "invalid_request_error"
-    else:
-        kind = "api_error"
-    return status, {"type": "error", "error": {"type": kind, "message": error.message}}

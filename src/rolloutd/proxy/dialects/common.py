@@ -14,7 +14,12 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from rolloutd.errors import NotFoundError, RequestFieldError, RolloutdError
-from rolloutd.proxy.internal import InternalRequest, InternalResponse, StreamEvent, StreamStart
+from rolloutd.proxy.core.call_types import (
+    InternalRequest,
+    InternalResponse,
+    StreamEvent,
+    StreamStart,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -87,12 +92,6 @@ def sse_data(payload: Any) -> bytes:
 def sse_named(event: str, payload: Any) -> bytes:
     """``event: {name}\\ndata: {json}\\n\\n`` (Responses and Anthropic name their events)."""
     return f"event: {event}\ndata: {dumps(payload)}\n\n".encode()
-
-
-def id_suffix(response_id: str) -> str:
-    """The unique part of an internal answer id (``chatcmpl-<hex>`` -> ``<hex>``), so each
-    dialect can prefix it its own way (``resp_``, ``msg_``) and stay stable on replay."""
-    return response_id.split("-", 1)[-1]
 
 
 def arguments_object(arguments: str) -> Any:

@@ -1,5 +1,7 @@
 """Gemini ``models/{model}:generateContent`` / ``:streamGenerateContent`` / ``:countTokens``:
-wire models, translation, stream chunks, errors.
+translation and stream chunks; the wire models, ``Model`` resources and error body are
+:mod:`rolloutd.proxy.dialects.gemini_wire`, re-exported here, so this module is the dialect the
+routes use.
 
 References: Gemini API reference, "Generating content"
 https://ai.google.dev/api/generate-content (request, ``GenerateContentResponse``,
@@ -23,26 +25,18 @@ Kept: ``generationConfig.temperature/topP/maxOutputTokens``, ``tools[].functionD
 Ignored knowingly: ``safetySettings``, ``toolConfig``, ``thinkingConfig``, ``topK``,
 ``stopSequences``, ``cachedContent``. Both camelCase and snake_case field names are accepted,
 as the REST API's JSON mapping does.
+
+The request and the answer translate the same parts (an answer's parts are what the next
+request sends back), so both directions and the stream chunks stay in this one module.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Any
 
 from rolloutd.errors import RequestFieldError, RolloutdError
-from rolloutd.proxy.chat_template import content_text
-from rolloutd.proxy.dialects.common import (
-    arguments_json,
-    arguments_object,
-    id_suffix,
-    sse_data,
-    validate,
-)
-from rolloutd.proxy.internal import (
+from rolloutd.proxy.core.call_types import (
     InternalRequest,
     InternalResponse,
     SamplingOverrides,
@@ -52,86 +46,28 @@ from rolloutd.proxy.internal import (
     StreamReasoning,
     StreamStart,
     Usage,
+    id_suffix,
 )
-from rolloutd.proxy.memo import RequestMemo, validate_new_items
+from rolloutd.proxy.dialects.common import (
+    arguments_json,
+    arguments_object,
+    sse_data,
+    validate,
+)
+from rolloutd.proxy.dialects.gemini_wire import (
+    Content,
+    GenerateContentRequest,
+    GenerationConfig,
+    camel_keys,
+    error_body,
+)
+from rolloutd.proxy.dialects.gemini_wire import model_json as model_json  # re-exported
+from rolloutd.proxy.dialects.gemini_wire import models_list as models_list
+from rolloutd.proxy.render.messages import content_text
+from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 DIALECT = "gemini"
 _FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP"}
-_STATUS = {
-    400: "INVALID_ARGUMENT",
-    401: "UNAUTHENTICATED",
-    403: "PERMISSION_DENIED",
-    404: "NOT_FOUND",
-    409: "ABORTED",
-    413: "INVALID_ARGUMENT",
-    431: "INVALID_ARGUMENT",
-    429: "RESOURCE_EXHAUSTED",
-    502: "UNAVAILABLE",
-    503: "UNAVAILABLE",
-    504: "DEADLINE_EXCEEDED",
-}
-
-
-def _camel(name: str) -> str:
-    return re.sub(r"_([a-z])", lambda m: m.group(1).upper(), name)
-
-
-def camel_keys(obj: Any, depth: int = 0) -> Any:
-    """snake_case keys as camelCase, recursively, except inside free-form values
-    (``args``, ``response``, ``parameters``: user data)."""
-    if isinstance(obj, list):
-        return [camel_keys(v, depth) for v in obj]
-    if not isinstance(obj, dict):
-        return obj
-    out = {}
-    for key, value in obj.items():
-        new = _camel(key) if isinstance(key, str) else key
-        keep = new in (
-            "args",
-            "response",
-            "parameters",
-            "parametersJsonSchema",
-            "responseSchema",
-            "responseJsonSchema",
-        )
-        out[new] = value if keep else camel_keys(value, depth + 1)
-    return out
-
-
-class _Wire(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class Content(_Wire):
-    """One of ``contents`` (or ``systemInstruction``): a role and its parts."""
-
-    role: Literal["user", "model", "function", "system"] | None = None
-    parts: list[dict[str, Any]] = Field(default_factory=list)
-
-
-class GenerationConfig(_Wire):
-    """``generationConfig``."""
-
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    topP: float | None = Field(default=None, gt=0.0, le=1.0)
-    maxOutputTokens: int | None = Field(default=None, ge=1)
-    candidateCount: int | None = None
-
-    @field_validator("candidateCount")
-    @classmethod
-    def _one(cls, n: int | None) -> int | None:
-        if n not in (None, 1):
-            raise ValueError("only candidateCount=1 is supported")
-        return n
-
-
-class GenerateContentRequest(_Wire):
-    """``generateContent`` body (camelCase after :func:`camel_keys`)."""
-
-    contents: list[Content] = Field(min_length=1)
-    systemInstruction: Content | None = None
-    tools: list[dict[str, Any]] | None = None
-    generationConfig: GenerationConfig | None = None
 
 
 # --------------------------------------------------------------------------- requests
@@ -604,32 +540,3 @@ def collect_stream(chunks: list[dict[str, Any]]) -> InternalResponse:
     last_chunk = chunks[-1]
     candidate = {**last_chunk["candidates"][0], "content": {"role": "model", "parts": parts}}
     return response_to_internal({**last_chunk, "candidates": [candidate]})
-
-
-def model_json(model: str) -> dict[str, Any]:
-    """``GET /v1beta/models/{model}``: the Gemini API's ``Model`` resource, with the methods
-    the gateway serves for it."""
-    return {
-        "name": f"models/{model}",
-        "baseModelId": model,
-        "version": "1",
-        "displayName": model,
-        "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens"],
-    }
-
-
-def models_list(model: str) -> dict[str, Any]:
-    """``GET /v1beta/models``: the one model a session serves, one page."""
-    return {"models": [model_json(model)]}
-
-
-def error_body(error: RolloutdError) -> tuple[int, dict[str, Any]]:
-    """The HTTP status and Google error object: ``{"error": {"code", "message", "status"}}``."""
-    status = error.status_code
-    return status, {
-        "error": {
-            "code": status,
-            "message": error.message,
-            "status": _STATUS.get(status, "INTERNAL"),
-        }
-    }

@@ -30,9 +30,7 @@ from rolloutd.errors import (
     RequestFieldError,
     RolloutdError,
 )
-from rolloutd.proxy.chat_template import content_text
-from rolloutd.proxy.dialects.common import error_path, sse_data, validate
-from rolloutd.proxy.internal import (
+from rolloutd.proxy.core.call_types import (
     InternalRequest,
     InternalResponse,
     SamplingOverrides,
@@ -41,8 +39,11 @@ from rolloutd.proxy.internal import (
     StreamReasoning,
     StreamStart,
     Usage,
+    chat_body,
 )
-from rolloutd.proxy.memo import RequestMemo, validate_new_items
+from rolloutd.proxy.dialects.common import error_path, sse_data, validate
+from rolloutd.proxy.render.messages import content_text
+from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 __all__ = ["RequestFieldError", "error_path"]
 
@@ -332,24 +333,9 @@ def response_json(
 
 def request_from_internal(request: InternalRequest) -> dict[str, Any]:
     """The Chat Completions body that carries ``request`` (the inverse of :func:`parse`;
-    property tests and passthrough backends use it)."""
-    body: dict[str, Any] = {
-        "model": request.model or "",
-        "messages": request.messages,
-        "stream": request.stream,
-    }
-    if request.tools:
-        body["tools"] = request.tools
-    for name, value in (
-        ("temperature", request.sampling.temperature),
-        ("top_p", request.sampling.top_p),
-        ("max_tokens", request.sampling.max_tokens),
-    ):
-        if value is not None:
-            body[name] = value
-    if request.include_usage:
-        body["stream_options"] = {"include_usage": True}
-    return body
+    property tests use it): :func:`rolloutd.proxy.core.call_types.chat_body`, which
+    passthrough backends are sent."""
+    return chat_body(request)
 
 
 def response_to_internal(body: dict[str, Any]) -> InternalResponse:

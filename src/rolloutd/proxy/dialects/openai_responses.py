@@ -1,4 +1,7 @@
-"""OpenAI Responses (``POST /v1/responses``): wire models, translation, stream events, errors.
+"""OpenAI Responses (``POST /v1/responses``): wire models, translation, errors; the answer's
+response object (:mod:`.openai_responses_output`) and stream events
+(:mod:`.openai_responses_stream`) are their own modules, whose functions this module offers as
+the dialect's interface (:class:`rolloutd.proxy.dialects.common.Dialect`).
 
 References: OpenAI API reference, "Responses" (create; input items; the response object)
 https://platform.openai.com/docs/api-reference/responses/create and "Streaming events"
@@ -31,23 +34,41 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from rolloutd.errors import RequestFieldError, RolloutdError
-from rolloutd.proxy.chat_template import content_text
-from rolloutd.proxy.dialects import openai_chat
-from rolloutd.proxy.dialects.common import id_suffix, sse_named, validate
-from rolloutd.proxy.internal import (
+from rolloutd.proxy.core.call_types import (
     InternalRequest,
-    InternalResponse,
     SamplingOverrides,
-    StreamContent,
-    StreamEnd,
-    StreamEvent,
-    StreamReasoning,
-    StreamStart,
-    Usage,
 )
-from rolloutd.proxy.memo import RequestMemo, validate_new_items
+from rolloutd.proxy.dialects import openai_chat
+from rolloutd.proxy.dialects.common import validate
+from rolloutd.proxy.dialects.openai_responses_output import (
+    output_items,
+    response_json,
+    response_to_internal,
+    wire_id,
+)
+from rolloutd.proxy.dialects.openai_responses_stream import Encoder, collect_stream, encoder
+from rolloutd.proxy.render.messages import content_text
+from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 log = structlog.get_logger(__name__)
+
+#: the dialect's interface (:class:`rolloutd.proxy.dialects.common.Dialect`), part of it
+#: defined in the answer and stream modules
+__all__ = [
+    "DIALECT",
+    "Encoder",
+    "collect_stream",
+    "encoder",
+    "error_body",
+    "input_tokens_json",
+    "output_items",
+    "parse",
+    "request_from_internal",
+    "response_json",
+    "response_to_internal",
+    "to_internal",
+    "wire_id",
+]
 
 DIALECT = "openai_responses"
 CUSTOM_INPUT_SCHEMA = {
@@ -391,400 +412,6 @@ def request_from_internal(request: InternalRequest) -> dict[str, Any]:
         if value is not None:
             body[name] = value
     return body
-
-
-# --------------------------------------------------------------------------- responses
-
-
-def _ids(response_id: str) -> tuple[str, str, str]:
-    suffix = id_suffix(response_id)
-    return f"resp_{suffix}", f"msg_{suffix}", f"rs_{suffix}"
-
-
-def wire_id(response: InternalResponse) -> str:
-    """The ``resp_...`` id of an answer (stable: derived from the session and index)."""
-    return _ids(response.id)[0]
-
-
-def _reasoning_item(rs_id: str, text: str) -> dict[str, Any]:
-    return {"type": "reasoning", "id": rs_id, "summary": [{"type": "summary_text", "text": text}]}
-
-
-def _message_item(msg_id: str, text: str, status: str = "completed") -> dict[str, Any]:
-    return {
-        "type": "message",
-        "id": msg_id,
-        "status": status,
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-
-
-def _call_item(response_id: str, i: int, call: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "function_call",
-        "id": f"fc_{id_suffix(response_id)}_{i}",
-        "call_id": call["id"],
-        "name": call["function"]["name"],
-        "arguments": call["function"]["arguments"],
-        "status": "completed",
-    }
-
-
-def _has_message(response: InternalResponse) -> bool:
-    return bool(response.content) or not response.tool_calls
-
-
-def output_items(response: InternalResponse) -> list[dict[str, Any]]:
-    """The ``output`` items of an answer: reasoning, message, function calls, in that order.
-
-    A message item is present when there is content, or when there is nothing else.
-    """
-    _, msg_id, rs_id = _ids(response.id)
-    items = []
-    if response.reasoning is not None:
-        items.append(_reasoning_item(rs_id, response.reasoning))
-    if _has_message(response):
-        items.append(_message_item(msg_id, response.content or ""))
-    items += [_call_item(response.id, i, c) for i, c in enumerate(response.tool_calls)]
-    return items
-
-
-def _response_object(
-    response: InternalResponse | None,
-    start: StreamStart,
-    request: InternalRequest,
-    *,
-    status: str,
-    output: list[dict[str, Any]],
-) -> dict[str, Any]:
-    body = request.body
-    usage = None
-    if response is not None:
-        usage = {
-            "input_tokens": response.usage.prompt_tokens,
-            # the SDK's types require both counts (openai 3.57, strict validation)
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": response.usage.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": response.usage.total_tokens,
-        }
-    return {
-        "id": _ids(start.id)[0],
-        "object": "response",
-        "created_at": start.created,
-        "status": status,
-        "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-        "instructions": body.get("instructions"),
-        "max_output_tokens": body.get("max_output_tokens"),
-        "model": start.model,
-        "output": output,
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "previous_response_id": body.get("previous_response_id"),
-        "temperature": body.get("temperature"),
-        "top_p": body.get("top_p"),
-        "tool_choice": body.get("tool_choice", "auto"),
-        "tools": body.get("tools") or [],
-        "store": False,
-        "text": {"format": {"type": "text"}},
-        "usage": usage,
-        "metadata": {},
-    }
-
-
-def response_json(response: InternalResponse, request: InternalRequest) -> dict[str, Any]:
-    """The ``response`` object of a non-streamed answer (status ``incomplete`` when cut by
-    ``max_output_tokens``)."""
-    start = StreamStart(id=response.id, created=response.created, model=response.model)
-    status = "incomplete" if response.finish_reason == "length" else "completed"
-    return _response_object(response, start, request, status=status, output=output_items(response))
-
-
-def response_to_internal(body: dict[str, Any]) -> InternalResponse:
-    """A ``response`` object back to the internal answer (round-trip tests)."""
-    content, reasoning, calls = None, None, []
-    for item in body["output"]:
-        if item["type"] == "message":
-            content = "".join(p["text"] for p in item["content"])
-        elif item["type"] == "reasoning":
-            reasoning = "".join(p["text"] for p in item["summary"])
-        elif item["type"] == "function_call":
-            calls.append(
-                {
-                    "id": item["call_id"],
-                    "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]},
-                }
-            )
-    if body["status"] == "incomplete":
-        finish = "length"
-    else:
-        finish = "tool_calls" if calls else "stop"
-    usage = body["usage"]
-    return InternalResponse(
-        id=body["id"],
-        created=body["created_at"],
-        model=body["model"],
-        text=content or "",
-        content=content if content or not calls else None,
-        reasoning=reasoning,
-        tool_calls=calls,
-        finish_reason=finish,  # type: ignore[arg-type]
-        usage=Usage(prompt_tokens=usage["input_tokens"], completion_tokens=usage["output_tokens"]),
-    )
-
-
-# --------------------------------------------------------------------------- streaming
-
-
-class Encoder:
-    """The Responses event sequence of one answer (each event with its ``sequence_number``)::
-
-    response.created, response.in_progress,
-    [reasoning: output_item.added, reasoning_summary_part.added,
-     reasoning_summary_text.delta..., reasoning_summary_text.done,
-     reasoning_summary_part.done, output_item.done]
-    [message: output_item.added, content_part.added, output_text.delta...,
-     output_text.done, content_part.done, output_item.done]
-    [per call: output_item.added, function_call_arguments.delta,
-     function_call_arguments.done, output_item.done]
-    response.completed | response.incomplete
-    """
-
-    def __init__(self, start: StreamStart, request: InternalRequest) -> None:
-        self.start = start
-        self.request = request
-        self.resp_id, self.msg_id, self.rs_id = _ids(start.id)
-        self.seq = 0
-        self.output: list[dict[str, Any]] = []
-        self.open: str | None = None  # "reasoning" | "message"
-        self.text = ""
-
-    def _event(self, kind: str, **fields: Any) -> bytes:
-        payload = {"type": kind, "sequence_number": self.seq, **fields}
-        self.seq += 1
-        return sse_named(kind, payload)
-
-    def _close(self) -> list[bytes]:
-        out = []
-        index = len(self.output)
-        if self.open == "reasoning":
-            part = {"type": "summary_text", "text": self.text}
-            common = {"item_id": self.rs_id, "output_index": index, "summary_index": 0}
-            item = _reasoning_item(self.rs_id, self.text)
-            out += [
-                self._event("response.reasoning_summary_text.done", text=self.text, **common),
-                self._event("response.reasoning_summary_part.done", part=part, **common),
-                self._event("response.output_item.done", output_index=index, item=item),
-            ]
-            self.output.append(item)
-        elif self.open == "message":
-            part = {"type": "output_text", "text": self.text, "annotations": []}
-            common = {"item_id": self.msg_id, "output_index": index, "content_index": 0}
-            item = _message_item(self.msg_id, self.text)
-            # logprobs is required on the done event as on each delta (the SDK's types)
-            out += [
-                self._event("response.output_text.done", text=self.text, logprobs=[], **common),
-                self._event("response.content_part.done", part=part, **common),
-                self._event("response.output_item.done", output_index=index, item=item),
-            ]
-            self.output.append(item)
-        self.open, self.text = None, ""
-        return out
-
-    def _delta(self, kind: str, text: str) -> list[bytes]:
-        out = []
-        index = len(self.output)
-        if self.open != kind:
-            out += self._close()
-            self.open = kind
-            if kind == "reasoning":
-                item = {"type": "reasoning", "id": self.rs_id, "summary": []}
-                out += [
-                    self._event("response.output_item.added", output_index=index, item=item),
-                    self._event(
-                        "response.reasoning_summary_part.added",
-                        item_id=self.rs_id,
-                        output_index=index,
-                        summary_index=0,
-                        part={"type": "summary_text", "text": ""},
-                    ),
-                ]
-            else:
-                item = {**_message_item(self.msg_id, "", "in_progress"), "content": []}
-                out += [
-                    self._event("response.output_item.added", output_index=index, item=item),
-                    self._event(
-                        "response.content_part.added",
-                        item_id=self.msg_id,
-                        output_index=index,
-                        content_index=0,
-                        part={"type": "output_text", "text": "", "annotations": []},
-                    ),
-                ]
-        if text:
-            self.text += text
-            if kind == "reasoning":
-                out.append(
-                    self._event(
-                        "response.reasoning_summary_text.delta",
-                        item_id=self.rs_id,
-                        output_index=index,
-                        summary_index=0,
-                        delta=text,
-                    )
-                )
-            else:
-                out.append(
-                    self._event(
-                        "response.output_text.delta",
-                        item_id=self.msg_id,
-                        output_index=index,
-                        content_index=0,
-                        delta=text,
-                        logprobs=[],
-                    )
-                )
-        return out
-
-    def encode(self, event: StreamEvent) -> list[bytes]:
-        """Events for one internal stream event."""
-        if isinstance(event, StreamStart):
-            created = _response_object(
-                None, self.start, self.request, status="in_progress", output=[]
-            )
-            return [
-                self._event("response.created", response=created),
-                self._event("response.in_progress", response=created),
-            ]
-        if isinstance(event, StreamReasoning):
-            return self._delta("reasoning", event.text) if event.text else []
-        if isinstance(event, StreamContent):
-            return self._delta("message", event.text) if event.text else []
-        return self._end(event)
-
-    def _end(self, event: StreamEnd) -> list[bytes]:
-        response = event.response
-        out = []
-        if event.reasoning_tail or (
-            response.reasoning is not None and self.open != "reasoning" and not self.output
-        ):
-            out += self._delta("reasoning", event.reasoning_tail)
-        if event.content_tail or (_has_message(response) and self.open != "message"):
-            out += self._delta("message", event.content_tail)
-        out += self._close()
-        for i, call in enumerate(response.tool_calls):
-            index = len(self.output)
-            item = _call_item(response.id, i, call)
-            out += [
-                self._event(
-                    "response.output_item.added",
-                    output_index=index,
-                    item={**item, "arguments": "", "status": "in_progress"},
-                ),
-                self._event(
-                    "response.function_call_arguments.delta",
-                    item_id=item["id"],
-                    output_index=index,
-                    delta=item["arguments"],
-                ),
-                self._event(
-                    "response.function_call_arguments.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    arguments=item["arguments"],
-                ),
-                self._event("response.output_item.done", output_index=index, item=item),
-            ]
-            self.output.append(item)
-        status = "incomplete" if response.finish_reason == "length" else "completed"
-        final = _response_object(
-            response, self.start, self.request, status=status, output=self.output
-        )
-        out.append(self._event(f"response.{status}", response=final))
-        return out
-
-    def close(self) -> list[bytes]:
-        """Nothing: the Responses stream ends with its terminal event, no ``[DONE]``."""
-        return []
-
-    def error(self, error: RolloutdError) -> list[bytes]:
-        """``error`` then ``response.failed`` (with ``response.error``)."""
-        _, body = error_body(error)
-        failed = _response_object(
-            None, self.start, self.request, status="failed", output=self.output
-        )
-        failed["error"] = {
-            "code": _failed_code(error.status_code),
-            "message": error.message,
-            "param": body["error"]["param"],
-            "type": body["error"]["type"],
-        }
-        return [
-            self._event(
-                "error",
-                code=body["error"]["code"],
-                message=error.message,
-                param=body["error"]["param"],
-            ),
-            self._event("response.failed", response=failed),
-        ]
-
-
-def _failed_code(status: int) -> str:
-    """The ``response.error.code`` of a failed Responses answer: one of the codes the API
-    enumerates (``ResponseError.code`` of the openai SDK; a strict client rejects any other),
-    chosen by HTTP status. The ``error`` event before it carries the gateway's own code."""
-    if status == 429:
-        return "rate_limit_exceeded"
-    return "invalid_prompt" if 400 <= status < 500 else "server_error"
-
-
-def encoder(start: StreamStart, request: InternalRequest) -> Encoder:
-    """The stream encoder of one answer."""
-    return Encoder(start, request)
-
-
-def collect_stream(events: list[dict[str, Any]]) -> InternalResponse:
-    """Rebuild an answer from its parsed stream events (deltas and finished call items).
-
-    The terminal event gives id, usage and status; content and reasoning are the
-    concatenated deltas.
-    """
-    text = reasoning = ""
-    saw_message = saw_reasoning = False
-    calls = []
-    final: dict[str, Any] = {}
-    for event in events:
-        kind = event["type"]
-        if kind == "response.output_text.delta":
-            text += event["delta"]
-        elif kind == "response.reasoning_summary_text.delta":
-            reasoning += event["delta"]
-        elif kind == "response.output_item.added":
-            saw_message |= event["item"]["type"] == "message"
-            saw_reasoning |= event["item"]["type"] == "reasoning"
-        elif kind == "response.output_item.done" and event["item"]["type"] == "function_call":
-            item = event["item"]
-            calls.append(
-                {
-                    "id": item["call_id"],
-                    "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]},
-                }
-            )
-        elif kind in ("response.completed", "response.incomplete"):
-            final = event["response"]
-    body = {**final, "output": []}
-    if saw_reasoning:
-        body["output"].append(_reasoning_item("rs", reasoning))
-    if saw_message:
-        body["output"].append(_message_item("msg", text))
-    body["output"] += [
-        {"type": "function_call", "call_id": c["id"], **c["function"]} for c in calls
-    ]
-    return response_to_internal(body)
 
 
 def input_tokens_json(num_tokens: int) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from rolloutd.sandbox.harnesses.codex import CodexHarness
 from rolloutd.sandbox.harnesses.gemini_cli import GeminiCliHarness
 from rolloutd.sandbox.harnesses.mini_swe_agent import MiniSweAgentHarness
 from rolloutd.sandbox.harnesses.opencode import OpencodeHarness
+from rolloutd.sandbox.harnesses.oracle import OracleHarness
 from rolloutd.sandbox.harnesses.pi import PiHarness
 from rolloutd.sandbox.harnesses.python import PythonHarness
 from rolloutd.sandbox.harnesses.qwen_code import QwenCodeHarness
@@ -48,6 +49,7 @@ HARNESSES: dict[str, type[HarnessAdapter]] = {
     MiniSweAgentHarness.type: MiniSweAgentHarness,
     AiderHarness.type: AiderHarness,
     PythonHarness.type: PythonHarness,
+    OracleHarness.type: OracleHarness,
 }
 
 

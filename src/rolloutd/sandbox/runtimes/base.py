@@ -13,6 +13,12 @@ environment (PATH, HOME, LANG, ...), then ``spec.env``, then the call's ``env``.
 
 Prepare steps (``RuntimeSpec.prepare``) run at the end of :meth:`Runtime.start`, in order,
 before any harness (:mod:`rolloutd.sandbox.runtimes.prepare`).
+
+Policy: a runtime created with the sandbox fleet's :class:`~rolloutd.sandbox_policy.SandboxPolicy`
+checks its spec against it when it starts (host paths resolved, symlinks followed) and each
+upload's source again right before reading it; outside the policy it raises
+:class:`~rolloutd.errors.PolicyError` and starts nothing. Without a policy (tests, benchmarks:
+a trusted caller) nothing is checked.
 """
 
 from __future__ import annotations
@@ -28,9 +34,15 @@ from typing import ClassVar, Literal
 import structlog
 from pydantic import BaseModel, Field
 
-from rolloutd.errors import ConfigError, NotFoundError, RolloutdError
+from rolloutd.errors import (
+    ConfigError,
+    NotFoundError,
+    PolicyError,
+    RolloutdError,
+)
 from rolloutd.sandbox.runtimes.prepare import run_prepare
 from rolloutd.sandbox.runtimes.process import BoundedOutput, RuntimeProcess, drain
+from rolloutd.sandbox_policy import SandboxPolicy, check_message, violations
 from rolloutd.types import RuntimeSpec
 
 log = structlog.get_logger(__name__)
@@ -83,9 +95,10 @@ class Runtime(abc.ABC):
         runtime_id: unique on this host; a folder name (see :data:`RUNTIME_ID_PATTERN`).
         root: host folder holding the runtimes' folders (``SandboxSettings.runtime_root``).
         grace_s: seconds between SIGTERM and SIGKILL when processes are terminated.
+        policy: the sandbox fleet's policy, checked at :meth:`start` (None: not checked).
 
     Attributes:
-        runtime_id, spec: as given.
+        runtime_id, spec, policy: as given.
         runtime_dir: ``{root}/{runtime_id}`` on the host.
         workspace: the host path of the workspace.
         workdir: the workspace's path as seen by processes inside the runtime.
@@ -100,7 +113,13 @@ class Runtime(abc.ABC):
     spare_leader_on_term: ClassVar[bool] = False
 
     def __init__(
-        self, spec: RuntimeSpec, runtime_id: str, root: Path, *, grace_s: float = 5.0
+        self,
+        spec: RuntimeSpec,
+        runtime_id: str,
+        root: Path,
+        *,
+        grace_s: float = 5.0,
+        policy: SandboxPolicy | None = None,
     ) -> None:
         if not RUNTIME_ID_PATTERN.match(runtime_id):
             raise ConfigError(
@@ -108,6 +127,7 @@ class Runtime(abc.ABC):
                 "(replace '/' in session ids)"
             )
         self.spec = spec
+        self.policy = policy
         self.runtime_id = runtime_id
         self.runtime_dir = Path(root).expanduser().absolute() / runtime_id
         self.workspace = self.runtime_dir / "workspace"
@@ -190,11 +210,16 @@ class Runtime(abc.ABC):
         Raises:
             RuntimeStartError: the runtime cannot run commands (retryable).
             ConfigError: the spec asks for something this runtime cannot do.
+            PolicyError: the spec is outside :attr:`policy` (nothing was started).
         """
         if self.state == "started":
             return
         if self.state == "stopped":
             raise RolloutdError(f"runtime {self.runtime_id} was stopped; create a new one")
+        if self.policy is not None:
+            found = await asyncio.to_thread(violations, self.spec, self.policy, resolve=True)
+            if found:
+                raise PolicyError(f"runtime {self.runtime_id}: {check_message(found)}")
         began = time.monotonic()
         if self.runtime_dir.exists():
             shutil.rmtree(self.runtime_dir)

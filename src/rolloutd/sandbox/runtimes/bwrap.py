@@ -92,6 +92,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import structlog
@@ -186,7 +187,7 @@ class BwrapRuntime(Runtime):
     type = "bwrap"
     spare_leader_on_term = True
 
-    def __init__(self, spec: RuntimeSpec, runtime_id: str, root: Path, **kwargs: float) -> None:
+    def __init__(self, spec: RuntimeSpec, runtime_id: str, root: Path, **kwargs: Any) -> None:
         check_spec_network(spec, ("gateway", "none", "host"), "bwrap")
         if not spec.workdir.startswith("/") or spec.workdir in ("/", HOME_INSIDE, "/tmp"):
             raise ConfigError(

@@ -1,38 +1,31 @@
-"""The ``apptainer`` and ``docker`` runtimes: one long-lived container per runtime.
+"""The ``apptainer`` runtime: one long-lived Apptainer instance per runtime.
 
-Both keep one container (Apptainer: an *instance*; Docker: a container running ``sleep``) for
-the runtime's life, run every command in it (``apptainer exec instance://NAME``,
-``docker exec``), and remove it at stop. Network ``gateway`` and ``none`` start the container
-without a network but loopback (Apptainer ``--net --network none``; Docker ``--network none``),
+(The ``podman`` and ``docker`` runtimes are :mod:`rolloutd.sandbox.runtimes.podman`.)
+
+It keeps one instance for the runtime's life, runs every command in it (``apptainer exec
+instance://NAME``), and stops it at stop. Network ``gateway`` and ``none`` start the instance
+without a network but loopback (``--net --network none``),
 bind the runtime's ``net`` folder at ``/run/rolloutd`` and run the sandbox-side relay
 (:mod:`~rolloutd.sandbox.runtimes.relay_inside`, copied there) with the image's ``python3``;
 the host side is the same :class:`~rolloutd.sandbox.runtimes.gateway_relay.GatewayRelay` as
 bwrap's. The image must therefore provide ``python3`` for ``network: gateway``.
 
-Environment: never on the command line. Apptainer reads ``APPTAINERENV_NAME`` from its own
-environment into the container's ``NAME`` even with ``--cleanenv`` (Apptainer user guide,
-"Environment and Metadata"); ``docker exec -e NAME`` without a value copies ``NAME`` from the
-CLI's environment (docker exec reference, ``--env``).
+Environment: never on the command line, and never the CLI's own. Apptainer reads
+``APPTAINERENV_NAME`` from its own environment into the container's ``NAME`` even with
+``--cleanenv`` (Apptainer user guide, "Environment and Metadata"). The start command line puts
+``--`` before the image: what follows is never read as an option.
 
-Flags used (checked by tests/sandbox/test_runtime_containers.py against the CLI references):
-
-- ``apptainer instance start`` (https://apptainer.org/docs/user/latest/cli/
-  apptainer_instance_start.html): ``--containall`` (own PID/IPC namespaces, no host HOME, /tmp
-  or /dev), ``--no-home``, ``--cleanenv``, ``--net --network none``, ``--fakeroot`` (where the
-  host allows it; ``RuntimeSpec.env`` cannot ask for it, the worker's settings do), ``--bind
-  SRC:DST[:ro]``, ``--pids-limit``, ``--memory``, ``--cpus``;
-  ``apptainer exec`` (apptainer_exec.html): ``--cleanenv``, ``--pwd``;
-  ``apptainer instance stop`` (apptainer_instance_stop.html).
-- ``docker run`` (https://docs.docker.com/reference/cli/docker/container/run/): ``--detach``,
-  ``--name``, ``--label``, ``--network none``, ``--cap-drop ALL``, ``--security-opt
-  no-new-privileges``, ``--read-only``, ``--tmpfs``, ``--volume``, ``--init``, ``--pids-limit``,
-  ``--memory``, ``--cpus``, ``--workdir``; ``docker exec`` (.../container/exec/):
-  ``--interactive``, ``--workdir``, ``--env``; ``docker rm`` (.../container/rm/): ``--force``.
+Flags used (checked by tests/sandbox/test_runtime_containers.py against the CLI reference):
+``apptainer instance start`` (https://apptainer.org/docs/user/latest/cli/
+apptainer_instance_start.html): ``--containall`` (own PID/IPC namespaces, no host HOME, /tmp
+or /dev), ``--no-home``, ``--cleanenv``, ``--net --network none``, ``--fakeroot`` (where the
+host allows it; ``RuntimeSpec.env`` cannot ask for it, the worker's settings do), ``--bind
+SRC:DST[:ro]``, ``--pids-limit``, ``--memory``, ``--cpus``; ``apptainer exec``
+(apptainer_exec.html): ``--cleanenv``, ``--pwd``; ``apptainer instance stop``
+(apptainer_instance_stop.html).
 
 Processes: killing the CLI process group ends ``apptainer exec`` (the command is the exec'd
-starter's own process); a ``docker exec`` command survives its CLI, so :meth:`cancel` also runs
-``kill -KILL -1`` inside (every process but the container's init) and :meth:`stop` removes the
-container (``docker rm --force``).
+starter's own process).
 """
 
 from __future__ import annotations
@@ -40,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -67,7 +61,7 @@ class ContainerRuntime(Runtime):
     spare_leader_on_term = False
     binary_name = "container"
 
-    def __init__(self, spec: RuntimeSpec, runtime_id: str, root: Path, **kwargs: float) -> None:
+    def __init__(self, spec: RuntimeSpec, runtime_id: str, root: Path, **kwargs: Any) -> None:
         check_spec_network(spec, ("gateway", "none", "host"), self.type)
         if not spec.image:
             raise ConfigError(f"runtime.image is required for the {self.type} runtime")
@@ -190,7 +184,7 @@ class ApptainerRuntime(ContainerRuntime):
         root: Path,
         *,
         fakeroot: bool = False,
-        **kwargs: float,
+        **kwargs: Any,
     ) -> None:
         super().__init__(spec, runtime_id, root, **kwargs)
         self.fakeroot = fakeroot
@@ -210,6 +204,7 @@ class ApptainerRuntime(ContainerRuntime):
             "--bind",
             f"{self.net_dir}:{NET_DIR_INSIDE}:ro",
             *self.limit_flags(),
+            "--",  # what follows is never an option, whatever the task named
             str(self.spec.image),
             self.name,
         ]
@@ -241,61 +236,3 @@ class ApptainerRuntime(ContainerRuntime):
         if not await asyncio.to_thread(check_install, self.binary_name):
             raise ConfigError("apptainer runtime: `apptainer` is not installed")
         await super()._check()
-
-
-class DockerRuntime(ContainerRuntime):
-    """A Docker container per runtime through the Docker CLI; see the module docstring."""
-
-    type = "docker"
-    binary_name = "docker"
-
-    def start_argv(self) -> list[str]:
-        """``docker run --detach`` with isolation, binds and limits, running ``sleep``."""
-        argv = [
-            self.binary,
-            "run",
-            "--detach",
-            "--name",
-            self.name,
-            "--label",
-            f"rolloutd.runtime_id={self.runtime_id}",
-            "--init",
-            "--cap-drop",
-            "ALL",
-            "--security-opt",
-            "no-new-privileges",
-            "--read-only",
-            "--tmpfs",
-            "/tmp",
-            "--workdir",
-            self.workdir,
-            "--volume",
-            f"{self.workspace}:{self.workdir}",
-            "--volume",
-            f"{self.host_home}:{self.home}",
-            "--volume",
-            f"{self.net_dir}:{NET_DIR_INSIDE}:ro",
-        ]
-        if self.spec.network in ("gateway", "none"):
-            argv += ["--network", "none"]
-        argv += [*self.limit_flags(), str(self.spec.image), "sleep", "infinity"]
-        return argv
-
-    def stop_argv(self) -> list[str]:
-        return [self.binary, "rm", "--force", self.name]
-
-    def _wrap(self, argv: list[str], cwd: str) -> tuple[list[str], Path | None]:
-        return [self.binary, "exec", "--interactive", "--workdir", cwd, self.name, *argv], None
-
-    def _host_env(
-        self, argv: list[str], env: dict[str, str], host_argv: list[str]
-    ) -> dict[str, str]:
-        at = host_argv.index(self.name)
-        host_argv[at:at] = [x for k in env for x in ("--env", k)]
-        return env
-
-    async def cancel(self) -> None:
-        """Terminate the CLI processes, then every process in the container but its init."""
-        await super().cancel()
-        if self.state == "started":
-            await self._run_cli([self.binary, "exec", self.name, "kill", "-KILL", "-1"])

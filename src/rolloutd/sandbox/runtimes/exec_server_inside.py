@@ -2,16 +2,20 @@
 
 Run as a script by the runtime's sandbox, as its pid 1 (standard library only, ``python3 -S -I``)::
 
-    python3 -S -I exec_server_inside.py CONTROL_FD UID GID [PORT SOCKET]
+    python3 -S -I exec_server_inside.py CONTROL_FD|CONTROL_PATH UID GID [PORT SOCKET]
 
 ``CONTROL_FD`` is one end of a ``SOCK_SEQPACKET`` socket pair (unix(7): message boundaries are
 kept, so a send is atomic; requests are ``marshal``-ed dicts, written by the worker, which the
 exec server trusts; events are flat JSON objects, the worker trusts nothing else) whose other end
 the worker holds; nothing inside the sandbox can open it (it has no path, and the exec server is not
-dumpable, see below). ``UID GID`` (-1: keep the exec server's own) are the ids commands run as: each
-shim drops to them (setgroups, setresgid, setresuid) before it takes a command, which clears every
-capability it had; the exec server itself keeps root and the few capabilities that needs
-(``CAP_SETUID``, ``CAP_SETGID``, ``CAP_KILL`` for sweeps), none of which a command ever holds. With
+dumpable, see below). A container runtime, whose CLI cannot hand a container an open socket,
+gives ``CONTROL_PATH`` instead: the exec server connects to the worker's listening
+``SOCK_SEQPACKET`` socket there, first thing as the container's pid 1, and the worker stops
+listening (and removes the path) once it accepted that one connection, before any command runs.
+``UID GID`` (-1: keep the exec server's own) are the ids commands run as: each shim drops to them
+(setgroups, setresgid, setresuid) before it takes a command, which clears every capability it had;
+the exec server itself keeps root and the few capabilities that needs (``CAP_SETUID``,
+``CAP_SETGID``, ``CAP_KILL`` for sweeps), none of which a command ever holds. With
 ``PORT SOCKET`` the exec server also relays TCP connections to ``127.0.0.1:PORT`` byte for byte to
 the unix socket ``SOCKET`` (``network: gateway``; the host side,
 :mod:`rolloutd.sandbox.runtimes.gateway_relay`, checks each request); it does no filtering.
@@ -616,7 +620,15 @@ class ExecServer:
 
 def main(argv: list[str]) -> int:
     """Run the exec server (see the module docstring for the arguments)."""
-    ctl = _socket.socket(fileno=int(argv[1]))
+    # a handled signal reaches a namespace's init from inside; Python handles SIGINT
+    # (KeyboardInterrupt): commands that may share the exec server's uid (a container's root)
+    # must not end it with one
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if argv[1].startswith("/"):  # a container runtime: connect back to the worker's socket
+        ctl = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+        ctl.connect(argv[1])
+    else:
+        ctl = _socket.socket(fileno=int(argv[1]))
     os.set_inheritable(ctl.fileno(), False)
     relay = (int(argv[4]), argv[5]) if len(argv) > 5 else None
     return ExecServer(ctl, int(argv[2]), int(argv[3]), relay).run()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -31,7 +32,7 @@ class LocalRuntime(Runtime):
 
     type = "local"
 
-    def __init__(self, spec: RuntimeSpec, runtime_id: str, root: Path, **kwargs: float) -> None:
+    def __init__(self, spec: RuntimeSpec, runtime_id: str, root: Path, **kwargs: Any) -> None:
         check_spec_network(spec, ("host",), "local")
         super().__init__(spec, runtime_id, root, **kwargs)
 

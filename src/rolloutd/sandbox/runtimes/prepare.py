@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 import fsspec
 import structlog
 
-from rolloutd.errors import RuntimeStartError
+from rolloutd.errors import PolicyError, RuntimeStartError
+from rolloutd.sandbox_policy import upload_violation
 from rolloutd.types import ExecStep, UploadStep
 
 if TYPE_CHECKING:
@@ -64,7 +65,15 @@ async def upload_source(runtime: Runtime, step: UploadStep) -> None:
     Raises:
         OSError, tarfile.TarError: the source cannot be read or unpacked.
         ConfigError: the destination leaves the workspace and home.
+        PolicyError: the source is outside the runtime's policy (symlinks followed).
     """
+    if runtime.policy is not None:
+        why = upload_violation(step.source, runtime.policy, resolve=True)
+        if why:
+            raise PolicyError(
+                f"upload source {step.source!r} is outside the sandbox policy: {why} "
+                f"(upload_sources: {', '.join(runtime.policy.upload_sources) or 'none'})"
+            )
     local = Path(step.source).expanduser()
     if "://" not in step.source and local.is_dir():
         target = runtime.host_path(step.path)

@@ -10,11 +10,13 @@ a batch.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from rolloutd.payload import Payload
+from rolloutd.scoring import scored_rewards
+from rolloutd.tasksets import SwebenchOptions, TaskOptions
 from rolloutd.types import TASK_ID_PATTERN, GroupRef, TaskRequest, TaskResult
 
 
@@ -28,17 +30,30 @@ class TaskSource(Payload):
 
     ``push``: only tasks the trainer pushes (``push_tasks``). ``jsonl`` / ``parquet``: a file
     read in chunks of ``chunk_size`` rows by the ``read_task_chunk`` activity (eval fleet), so
-    the file must be readable there; pushed tasks are started before file rows.
+    the file must be readable there; pushed tasks are started before file rows. ``harbor``: a
+    folder of Harbor task folders (or one); ``swebench``: a JSONL or Parquet file of SWE-bench,
+    SWE-Gym or SWE-smith instances; both become tasks under ``options``
+    (:mod:`rolloutd.tasksets`), and their folders must be readable by the eval and sandbox
+    hosts.
     """
 
-    type: Literal["push", "jsonl", "parquet"] = Field(default="push")
-    path: str | None = Field(default=None, description="file path (jsonl / parquet)")
+    type: Literal["push", "jsonl", "parquet", "harbor", "swebench"] = Field(default="push")
+    path: str | None = Field(default=None, description="file or folder path")
     chunk_size: int = Field(default=64, ge=1, le=10_000, description="rows per read")
+    options: dict[str, Any] | None = Field(
+        default=None,
+        description="harbor, swebench: the trainer's choices for every task of the set "
+        "(rolloutd.tasksets.TaskOptions / SwebenchOptions fields: harness, num_samples, ...)",
+    )
 
     @model_validator(mode="after")
     def _file_needs_path(self) -> TaskSource:
         if self.type != "push" and not self.path:
             raise ValueError(f"source.path is required when source.type is {self.type!r}")
+        if self.type in ("harbor", "swebench"):
+            if self.options is None:
+                raise ValueError(f"source.options (at least a harness) is required for {self.type}")
+            (TaskOptions if self.type == "harbor" else SwebenchOptions).model_validate(self.options)
         return self
 
 
@@ -169,6 +184,17 @@ class BufferedGroup(Payload):
     group: TaskResult | None = Field(
         default=None, description="the whole group, read by the client (never in the workflow)"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ref_of_a_whole_group(cls, data: Any) -> Any:
+        # a whole group alone (a trainer's own batches, a test double) gets its reference
+        if isinstance(data, dict) and data.get("ref") is None and data.get("group") is not None:
+            group = data["group"]
+            if not isinstance(group, TaskResult):
+                group = TaskResult.model_validate(group)
+            data = {**data, "ref": GroupRef.of(group, "", scored_rewards(group))}
+        return data
 
     @property
     def task_id(self) -> str:

@@ -242,6 +242,7 @@ class RolloutBufferWorkflow:
                         format=cfg.source.type,
                         offset=self._s.cursor,
                         limit=cfg.source.chunk_size,
+                        options=cfg.source.options or {},
                     ),
                     task_queue=task_queues.EVAL,
                     start_to_close_timeout=timedelta(seconds=120),

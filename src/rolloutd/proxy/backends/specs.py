@@ -1,0 +1,116 @@
+"""What a backend is, durably: its spec, the pool's stored state, and the client made from a
+spec (:func:`make_backend`).
+
+The pool (:mod:`.pool`) writes its state under :data:`POOL_KEY` before a change takes effect.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import httpx
+from pydantic import BaseModel, Field
+
+from rolloutd.errors import ConfigError
+from rolloutd.proxy.backends.base import Backend
+from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
+from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
+from rolloutd.proxy.backends.sglang import SglangBackend
+from rolloutd.proxy.backends.verl import VerlBackend
+from rolloutd.proxy.backends.vllm import VllmBackend
+from rolloutd.store import BlobStore
+
+#: the stored pool's blob-store key
+POOL_KEY = "gateway/backend_pool.json"
+#: the kinds of backend client
+BackendType = Literal["llama_cpp", "vllm", "sglang", "openai", "verl"]
+
+
+def backend_urls(setting: str | None) -> list[str]:
+    """Backend URLs from ``settings.backend_url``: one URL, or several separated by commas."""
+    if not setting:
+        return []
+    return [url.strip().rstrip("/") for url in setting.split(",") if url.strip()]
+
+
+def make_backend(
+    backend_type: str,
+    name: str,
+    url: str,
+    *,
+    policy_version: int = 0,
+    timeout_s: float = 600.0,
+    ctx_size: int | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> Backend:
+    """A backend client of ``backend_type`` (``llama_cpp``, ``vllm``, ``sglang``, ``openai``,
+    ``verl``: verl's server manager behind the verl bridge's endpoint).
+
+    Raises:
+        ConfigError: an unknown type.
+    """
+    kinds: dict[str, type[Backend]] = {
+        "llama_cpp": LlamaCppBackend,
+        "vllm": VllmBackend,
+        "verl": VerlBackend,
+        "sglang": SglangBackend,
+        "openai": OpenAIChatBackend,
+    }
+    if backend_type not in kinds:
+        raise ConfigError(f"unknown backend type {backend_type!r}; known: {', '.join(kinds)}")
+    return kinds[backend_type](
+        name,
+        url,
+        policy_version=policy_version,  # type: ignore[call-arg]
+        timeout_s=timeout_s,
+        ctx_size=ctx_size,
+        transport=transport,
+    )
+
+
+class BackendSpec(BaseModel):
+    """One backend as the store keeps it.
+
+    Attributes:
+        name: stable name; sessions are pinned by it.
+        type: client kind.
+        url: base URL, without a trailing slash.
+        policy_version: weights version stamped on its completions (>= 0).
+        paused: grants no new lease (weight sync in progress).
+        added_at: Unix time (s) it was registered.
+    """
+
+    name: str = Field(min_length=1, max_length=512)
+    type: BackendType = "llama_cpp"
+    url: str = Field(min_length=1, max_length=2048)
+    policy_version: int = Field(default=0, ge=0)
+    paused: bool = False
+    added_at: float = 0.0
+
+
+class PoolState(BaseModel):
+    """The durable pool (``gateway/backend_pool.json``).
+
+    Attributes:
+        backends: registered backends, in registration order (ties in assignment go to the
+            first).
+        managed: an admin route has changed the pool; it then wins over the settings.
+        updated_at: Unix time (s) of the last change.
+    """
+
+    backends: list[BackendSpec] = Field(default_factory=list)
+    managed: bool = False
+    updated_at: float = 0.0
+
+
+def type_of(backend: Backend) -> BackendType:
+    """The type a backend client is stored as (``openai`` for any other client)."""
+    kind = backend.type
+    return kind if kind in ("llama_cpp", "vllm", "sglang", "openai", "verl") else "openai"  # type: ignore[return-value]
+
+
+def load_pool_state(store: BlobStore) -> PoolState | None:
+    """The stored pool, or None when none was written."""
+    if not store.exists(POOL_KEY):
+        return None
+    return store.get_model(POOL_KEY, PoolState)

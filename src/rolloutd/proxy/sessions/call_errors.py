@@ -1,0 +1,151 @@
+"""A model call that failed, as a session records it, and the rule that says when the
+harness made it good.
+
+A failed call is never a completion: the session's state keeps it as a :class:`CallError`
+(the most recent :data:`MAX_RECORDED_ERRORS`, plus every one not made good yet). A later
+completion recovers it when it answers the same request or continues its conversation
+(:func:`recovered`); a failure of the backend or the gateway is the infrastructure's
+(:func:`is_backend_error`, after :mod:`rolloutd.fault`; docs/failures.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from rolloutd.fault import Fault, call_fault
+from rolloutd.proxy.render.messages import canonical_json
+from rolloutd.types import Completion
+
+#: failed calls whose details a session keeps (the most recent); ``num_errors`` counts all.
+MAX_RECORDED_ERRORS = 20
+
+
+class CallError(BaseModel):
+    """A call that failed: answered with an error, recorded in the session's state, never a
+    completion (the completion log holds answered calls only; the failures are counted apart).
+
+    Attributes:
+        at_index: completions recorded before it (it failed between ``at_index - 1`` and
+            ``at_index``).
+        at: Unix time (s) it failed.
+        error_type: the error's class (``BackendError``, ``BackendUnavailableError``,
+            ``ContextLengthError``, ...).
+        message: what the harness was told (at most 500 characters).
+        status_code: the HTTP status the harness got (before a stream started), or the one it
+            would have got (in the stream's error event).
+        backend: the session's backend.
+        duration_s: from the call's start to the failure, seconds.
+        stream: the harness asked for a stream.
+        request_hash: sha256 of the failed request's canonical body (the completion log's
+            ``request_hash``); empty when the call failed before its body was understood.
+        num_messages: messages of the failed request's conversation (0: unknown).
+        conversation_hash: :func:`conversation_hash` of those messages (empty: unknown).
+    """
+
+    at_index: int = Field(ge=0)
+    at: float
+    error_type: str
+    message: str
+    status_code: int
+    backend: str
+    duration_s: float = Field(ge=0)
+    stream: bool = False
+    request_hash: str = ""
+    num_messages: int = Field(default=0, ge=0)
+    conversation_hash: str = ""
+
+    def describe(self) -> str:
+        """One line for people: ``"502 BackendError: backend x: ..."``."""
+        return f"{self.status_code} {self.error_type}: {self.message}"
+
+
+def conversation_hash(messages: list[dict[str, Any]]) -> str:
+    """sha256 (hex) of the canonical JSON of a conversation (OpenAI chat-shape messages)."""
+    return hashlib.sha256(canonical_json(messages).encode()).hexdigest()
+
+
+def recovered(error: CallError, completions: list[Completion]) -> bool:
+    """Whether the harness made good a failed call: a completion recorded after it answers
+    the same request (equal ``request_hash``) or continues its conversation (its messages
+    start with the failed request's). A failure before the request was understood (no hash)
+    counts as recovered by any later completion.
+
+    Args:
+        error: the failed call.
+        completions: the session's completion log, in index order.
+    """
+    later = completions[error.at_index :]
+    if not error.request_hash and not error.conversation_hash:
+        return bool(later)
+    for completion in later:
+        if error.request_hash and completion.request_hash == error.request_hash:
+            return True
+        if (
+            error.conversation_hash
+            and len(completion.messages) >= error.num_messages
+            and conversation_hash(completion.messages[: error.num_messages])
+            == error.conversation_hash
+        ):
+            return True
+    return False
+
+
+def is_backend_error(error: CallError) -> bool:
+    """Whether a failed call is the infrastructure's (:func:`rolloutd.fault.call_fault`: a
+    backend error type or a 5xx answer; docs/failures.md, kind ``backend``).
+    ``ContextLengthError`` (the conversation grew too long: the policy's) and
+    ``InvalidRequestError`` (the harness's) are 4xx: the task's."""
+    return call_fault(error.error_type, error.status_code) is Fault.INFRASTRUCTURE
+
+
+def still_open(
+    errors: list[CallError], error: CallError, completions: list[Completion]
+) -> list[CallError]:
+    """``errors`` (the failed calls not made good so far) with ``error`` added: those a
+    completion recovered since are dropped, and an earlier failure of the same request
+    (equal ``request_hash``) gives way to ``error`` (whatever recovers the later one
+    recovers the earlier), so the list grows with distinct failed requests only.
+
+    Args:
+        errors: the open failed calls, oldest first.
+        error: the call that just failed.
+        completions: the session's completion log, in index order.
+    """
+    kept = [
+        e
+        for e in errors
+        if not recovered(e, completions)
+        and not (error.request_hash and e.request_hash == error.request_hash)
+    ]
+    return [*kept, error]
+
+
+def call_waiting_at(
+    moment: float,
+    completions: list[Completion],
+    errors: list[CallError],
+    cut_calls: list[tuple[float, float]] | None = None,
+) -> bool:
+    """Whether a model call of the session was waiting on the backend at Unix time
+    ``moment``: a completion, a failed call or a call cut off that started before it and
+    ended after it.
+
+    Args:
+        moment: Unix time, seconds (the run phase's deadline, when the harness was stopped).
+        completions: the session's completions (``timings.started_at``, ``duration_s``).
+        errors: its failed calls (``at`` is their end, ``duration_s`` their length).
+        cut_calls: (start, end) Unix times of calls cut off (:meth:`Session.note_cut`).
+    """
+    if any(start <= moment <= end for start, end in cut_calls or []):
+        return True
+    for completion in reversed(completions):
+        start = completion.timings.started_at
+        if start and start <= moment <= start + completion.timings.duration_s:
+            return True
+        if start and start + completion.timings.duration_s < moment:
+            # completions are recorded as they end: an earlier one ended before this one
+            break
+    return any(e.at - e.duration_s <= moment <= e.at for e in errors)

@@ -1,0 +1,318 @@
+"""Gateway sessions: open, look up, close.
+
+Blob-store keys (besides :mod:`rolloutd.store`'s completion log)::
+
+    sessions/{session_id}/session.json          SessionState (the key's sha256, never the key)
+    gateway/session_keys/{sha256(key)}.json     {"session_id": ...}: key -> session id
+
+The gateway only verifies keys, so it keeps their hashes: neither the store nor a
+listing holds a usable key. The key itself travels once, in the open's answer (an activity
+result, encrypted in the workflow history when the payload codec is on). An open retried by
+Temporal gets a new key, which replaces the earlier one (that attempt's answer reached no
+one). A gateway that restarts (or another gateway process) loads a session on first use of
+its key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from typing import Any
+
+import structlog
+
+from rolloutd.errors import (
+    AuthenticationError,
+    BackendSaturatedError,
+    NotFoundError,
+    SessionClosedError,
+)
+from rolloutd.proxy.backends.pool import BackendPool
+from rolloutd.proxy.backends.saturation import BackendCapacity
+from rolloutd.proxy.sessions.session import Session
+from rolloutd.proxy.sessions.state import (
+    SessionInfo,
+    SessionState,
+    hash_session_key,
+    session_key_index,
+    session_state_key,
+)
+from rolloutd.store import BlobStore, CompletionLog
+from rolloutd.types import CaptureMode, SamplingParams
+
+log = structlog.get_logger(__name__)
+
+
+class SessionManager:
+    """Opens, finds and closes sessions; loads them from the store after a restart.
+
+    Args:
+        store: the blob store.
+        pool: the backend pool (a new session is pinned to its least-assigned backend).
+        public_url: base URL harnesses use, without a trailing slash.
+        default_model: model name shown to harnesses when a task sets none.
+    """
+
+    def __init__(
+        self, store: BlobStore, pool: BackendPool, *, public_url: str, default_model: str
+    ) -> None:
+        self.store = store
+        self.pool = pool
+        self.public_url = public_url.rstrip("/")
+        self.default_model = default_model
+        #: open sessions per backend slot (backpressure); None: never saturated
+        self.capacity: BackendCapacity | None = None
+        self._by_key: dict[str, Session] = {}
+        self._by_id: dict[str, Session] = {}
+        self._load_lock = asyncio.Lock()
+
+    def info(self, state: SessionState, session_key: str) -> SessionInfo:
+        """The :class:`SessionInfo` of ``state`` and its key, with this gateway's public URL."""
+        base = f"{self.public_url}/s/{session_key}"
+        return SessionInfo(
+            session_id=state.session_id,
+            session_key=session_key,
+            openai_base_url=f"{base}/v1",
+            anthropic_base_url=base,
+            gemini_base_url=base,
+            model=state.model,
+            backend=state.backend,
+        )
+
+    def _remember(self, session: Session) -> Session:
+        self._by_key[session.state.session_key_sha256] = session
+        self._by_id[session.session_id] = session
+        return session
+
+    async def _load_by_id(self, session_id: str) -> Session | None:
+        key = session_state_key(session_id)
+        if not await asyncio.to_thread(self.store.exists, key):
+            return None
+        state = await asyncio.to_thread(self.store.get_model, key, SessionState)
+        completion_log = CompletionLog(self.store, session_id)
+        completions = await asyncio.to_thread(completion_log.read_all)
+        if [c.index for c in completions] != list(range(len(completions))):
+            log.warning(
+                "completion_log_gap", session_id=session_id, num_completions=len(completions)
+            )
+        if not state.closed:
+            self.pool.note_assigned(state.backend)
+        log.info(
+            "session_loaded",
+            session_id=session_id,
+            num_completions=len(completions),
+            closed=state.closed,
+        )
+        return self._remember(Session(state, completions, completion_log))
+
+    async def get(self, session_id: str) -> Session:
+        """The session ``session_id``, loaded from the store when not in memory.
+
+        Raises:
+            NotFoundError: no such session.
+        """
+        if session := self._by_id.get(session_id):
+            return session
+        async with self._load_lock:
+            if session := self._by_id.get(session_id):
+                return session
+            if session := await self._load_by_id(session_id):
+                return session
+        raise NotFoundError(f"session {session_id!r} not found")
+
+    async def lookup(self, session_key: str | None) -> Session:
+        """The session a key authorises (open or closed; callers check ``ensure_open``).
+
+        Args:
+            session_key: the key from the URL path or the ``Authorization`` header.
+
+        Raises:
+            AuthenticationError: no key, or a key of no session.
+        """
+        if not session_key:
+            raise AuthenticationError(
+                "no session key: use the session's base URL or send "
+                "`Authorization: Bearer <session key>`"
+            )
+        key_hash = hash_session_key(session_key)
+        if session := self._by_key.get(key_hash):
+            return session
+        index_key = session_key_index(session_key)
+        async with self._load_lock:
+            if session := self._by_key.get(key_hash):
+                return session
+            try:
+                entry: dict[str, Any] = await asyncio.to_thread(self.store.get_json, index_key)
+            except NotFoundError:
+                entry = {}
+            session_id = entry.get("session_id")
+            session = self._by_id.get(session_id) if session_id else None
+            if session is None and session_id:
+                session = await self._load_by_id(session_id)
+        if session is None or not secrets.compare_digest(
+            session.state.session_key_sha256, key_hash
+        ):
+            raise AuthenticationError("invalid session key")
+        return session
+
+    async def open_session(
+        self,
+        session_id: str,
+        task_id: str,
+        *,
+        sampling: SamplingParams | None = None,
+        model: str | None = None,
+        capture_mode: CaptureMode | str = CaptureMode.TOKENS,
+        replay_from: list[str] | None = None,
+        replay_max_staleness: int = 0,
+        wait_for_backends: bool = False,
+    ) -> SessionInfo:
+        """Open a session: new key, pinned backend, state persisted before returning.
+
+        Opening an open session again (a Temporal retry) returns its info with a new key,
+        which replaces the earlier one: the gateway keeps only hashes, and the earlier
+        attempt's answer reached no one.
+
+        Args:
+            session_id: ``{task_id}/{sample_index}``, e.g. ``"mytask/0"``.
+            task_id: the task.
+            sampling: the task's sampling parameters (default :class:`SamplingParams`).
+            model: model name shown to the harness; default the gateway's model.
+            capture_mode: ``tokens`` (the gateway renders and sends token ids) or
+                ``passthrough`` (the backend renders; needs a chat backend).
+            replay_from: gateway session ids of the sample's earlier attempts, newest
+                first: requests identical to theirs are answered from their logs
+                (:mod:`rolloutd.proxy.sessions.replay_source`); None or empty: no replay.
+            replay_max_staleness: policy versions a replayed completion may lag behind the
+                backend's current one.
+            wait_for_backends: refuse a new session while the pool is saturated
+                (:mod:`rolloutd.proxy.backends.saturation`).
+
+        Returns:
+            The session's key and base URLs.
+
+        Raises:
+            BackendSaturatedError: ``wait_for_backends`` and the pool holds its bound of open
+                sessions; nothing was opened.
+            SessionClosedError: the session exists and is closed already.
+            BackendUnavailableError: no backend is registered.
+            ValueError: an unknown ``capture_mode``.
+        """
+        mode = CaptureMode(capture_mode)
+        capacity = self.capacity if wait_for_backends else None
+        if capacity is not None and capacity.max_sessions_per_slot is None:
+            capacity = None  # unbounded: no slot lookup on the open path
+        if capacity is not None:
+            await capacity.refresh()
+        try:
+            existing = await self.get(session_id)
+        except NotFoundError:
+            existing = None
+        if existing is not None:
+            if existing.state.closed:
+                raise SessionClosedError(f"session {session_id} is closed")
+            return await self._rekey(existing)
+        # no await from this check to the pinning: concurrent opens see each other's counts
+        if capacity is not None and (load := capacity.check()).saturated:
+            raise BackendSaturatedError(
+                f"backends saturated: {load.num_sessions_open} sessions open, bound "
+                f"{load.max_sessions} ({load.num_slots} slots, {load.num_in_flight} calls "
+                "in flight)"
+            )
+        backend = self.pool.assign()
+        session_key = secrets.token_urlsafe(24)
+        state = SessionState(
+            session_id=session_id,
+            task_id=task_id,
+            session_key_sha256=hash_session_key(session_key),
+            sampling=sampling or SamplingParams(),
+            model=model or self.default_model,
+            capture_mode=mode,
+            backend=backend.name,
+            created_at=time.time(),
+            replay_from=list(replay_from or []),
+            replay_max_staleness=replay_max_staleness,
+        )
+        try:
+            await asyncio.to_thread(self.store.put_json, session_state_key(session_id), state)
+            await asyncio.to_thread(
+                self.store.put_json, session_key_index(session_key), {"session_id": session_id}
+            )
+        except BaseException:
+            self.pool.release(backend.name)
+            raise
+        self._remember(Session(state, [], CompletionLog(self.store, session_id)))
+        log.info(
+            "session_opened",
+            session_id=session_id,
+            task_id=task_id,
+            backend=backend.name,
+            model=state.model,
+        )
+        return self.info(state, session_key)
+
+    async def _rekey(self, session: Session) -> SessionInfo:
+        """A new key for an open session (a retried open); the earlier key stops working."""
+        session_key = secrets.token_urlsafe(24)
+        async with session.lock:
+            state = session.state.model_copy(
+                update={"session_key_sha256": hash_session_key(session_key)}
+            )
+            await asyncio.to_thread(
+                self.store.put_json,
+                session_key_index(session_key),
+                {"session_id": session.session_id},
+            )
+            await asyncio.to_thread(
+                self.store.put_json, session_state_key(session.session_id), state
+            )
+            self._by_key.pop(session.state.session_key_sha256, None)
+            session.state = state
+            self._by_key[state.session_key_sha256] = session
+        log.info("session_reopened", session_id=session.session_id)
+        return self.info(state, session_key)
+
+    async def close_session(self, session_id: str) -> int:
+        """Seal a session: refuses new calls, waits for the calls in flight, then seals.
+
+        Idempotent. Failed calls are in the sealed state (``num_errors``, ``errors``:
+        :meth:`get`), not in the log.
+
+        Returns:
+            The number of completions in its log.
+
+        Raises:
+            NotFoundError: no such session.
+        """
+        session = await self.get(session_id)
+        # calls already running are answered and recorded; none starts from here on
+        session.closing = True
+        await session.wait_idle()
+        async with session.lock:
+            if not session.state.closed:
+                # sealed means durable: the group commit's window ends here
+                await asyncio.to_thread(self.store.flush)
+                state = session.state.model_copy(
+                    update={
+                        "closed": True,
+                        "closed_at": time.time(),
+                        "num_completions": len(session.completions),
+                    }
+                )
+                await asyncio.to_thread(self.store.put_json, session_state_key(session_id), state)
+                session.state = state
+                self.pool.release(state.backend)
+                log.info(
+                    "session_closed",
+                    session_id=session_id,
+                    num_completions=len(session.completions),
+                    num_errors=state.num_errors,
+                )
+            return len(session.completions)
+
+    def forget(self, session_id: str) -> None:
+        """Drop a session from memory (it stays in the store and loads again on use)."""
+        session = self._by_id.pop(session_id, None)
+        if session is not None:
+            self._by_key.pop(session.state.session_key_sha256, None)

@@ -1,0 +1,135 @@
+"""What the gateway persists about a session, and its keys in the blob store.
+
+Blob-store keys (besides :mod:`rolloutd.store`'s completion log)::
+
+    sessions/{session_id}/session.json          SessionState (the key's sha256, never the key)
+    gateway/session_keys/{sha256(key)}.json     {"session_id": ...}: key -> session id
+
+The gateway only verifies keys, so it keeps their hashes: neither the store nor a listing
+holds a usable key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rolloutd.proxy.sessions.call_errors import CallError, recovered
+from rolloutd.store import session_prefix
+from rolloutd.types import CaptureMode, Completion, SamplingParams
+
+
+def session_state_key(session_id: str) -> str:
+    """Blob-store key of a session's gateway state."""
+    return f"{session_prefix(session_id)}/session.json"
+
+
+def hash_session_key(session_key: str) -> str:
+    """The sha256 of a session key, hex: what the gateway stores and compares."""
+    return hashlib.sha256(session_key.encode()).hexdigest()
+
+
+def session_key_index(session_key: str) -> str:
+    """Blob-store key mapping a session key (by its sha256) to its session id."""
+    return f"gateway/session_keys/{hash_session_key(session_key)}.json"
+
+
+class BackendMove(BaseModel):
+    """A session moved off a removed backend (its token chain stays valid: prompts are ids).
+
+    Attributes:
+        moved_from: the removed backend.
+        moved_to: the live backend that took the session.
+        at_index: index of the first completion sampled on ``moved_to``.
+        at: Unix time (s) of the move.
+    """
+
+    moved_from: str
+    moved_to: str
+    at_index: int
+    at: float
+
+
+def unrecovered_errors(state: SessionState, completions: list[Completion]) -> list[CallError]:
+    """Every failed call that no later completion made good (:func:`recovered`), oldest
+    first: ``state.open_errors`` (all of them, one per distinct request), or for a state
+    written before that list existed, the last :data:`MAX_RECORDED_ERRORS` failed calls."""
+    candidates = state.errors if state.open_errors is None else state.open_errors
+    return [error for error in candidates if not recovered(error, completions)]
+
+
+class SessionState(BaseModel):
+    """What the gateway persists about a session.
+
+    Attributes:
+        session_id: ``{task_id}/{sample_index}``.
+        session_key_sha256: the sha256 (hex) of the secret (``secrets.token_urlsafe(24)``);
+            a state written with the key in clear is read as its hash.
+        sampling: the task's sampling parameters.
+        model: the model name shown to the harness.
+        backend: name of the pinned backend.
+        closed: sealed: no further call is accepted.
+        num_completions: completions in the log when it was sealed.
+        backend_moves: the moves off removed backends, in order.
+        num_errors: calls that failed (answered with an error, nothing recorded in the log).
+        errors: the most recent :data:`MAX_RECORDED_ERRORS` of them.
+        open_errors: every failed call no completion has made good yet (:func:`still_open`),
+            however many; None in a state written before it was kept.
+        replay_from: gateway session ids of the sample's earlier attempts, newest first,
+            whose logs answer requests identical to theirs
+            (:mod:`rolloutd.proxy.sessions.replay_source`).
+        replay_max_staleness: policy versions a replayed completion may lag behind.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    session_id: str
+    task_id: str
+    session_key_sha256: str
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    model: str
+    capture_mode: CaptureMode = CaptureMode.TOKENS
+    backend: str
+    created_at: float = 0.0
+    closed: bool = False
+    closed_at: float | None = None
+    num_completions: int = 0
+    backend_moves: list[BackendMove] = Field(default_factory=list)
+    num_errors: int = Field(default=0, ge=0)
+    errors: list[CallError] = Field(default_factory=list)
+    open_errors: list[CallError] | None = None
+    replay_from: list[str] = Field(default_factory=list)
+    replay_max_staleness: int = Field(default=0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hash_a_clear_key(cls, data: Any) -> Any:
+        # a state written before keys were hashed: keep only the hash, in memory and on the
+        # next write
+        if isinstance(data, dict) and "session_key" in data:
+            data = dict(data)
+            key = data.pop("session_key")
+            data.setdefault("session_key_sha256", hash_session_key(key))
+        return data
+
+
+class SessionInfo(BaseModel):
+    """What opening a session returns: everything a harness adapter needs.
+
+    Attributes:
+        openai_base_url: ``{public_url}/s/{key}/v1`` (OpenAI chat/responses clients).
+        anthropic_base_url: ``{public_url}/s/{key}`` (Anthropic clients append ``/v1``).
+        gemini_base_url: ``{public_url}/s/{key}`` (Gemini clients append ``/v1beta``).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    session_id: str
+    session_key: str
+    openai_base_url: str
+    anthropic_base_url: str
+    gemini_base_url: str
+    model: str
+    backend: str

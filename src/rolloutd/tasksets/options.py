@@ -1,0 +1,83 @@
+"""What a trainer chooses for every task of an external task set (Harbor, SWE-bench family).
+
+A task set's rows say what to solve, in which container, and how to check it; they do not say
+which harness runs, how many samples a group holds, or how it samples. :class:`TaskOptions`
+carries those, once for the whole set, into each :class:`~rolloutd.types.TaskRequest` the
+set's rows become.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any, Literal
+
+from pydantic import Field
+
+from rolloutd.payload import StrictInput
+from rolloutd.task_spec import BuilderSpec, HarnessSpec
+
+#: a task id's characters (``rolloutd.types.TASK_ID_PATTERN``)
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class SamplingOptions(StrictInput):
+    """Sampling of every task of the set (:class:`rolloutd.types.SamplingParams`' fields)."""
+
+    temperature: float = Field(default=1.0, ge=0.0, le=5.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(default=1024, ge=1, le=1_000_000)
+    seed: int | None = None
+
+
+class TaskOptions(StrictInput):
+    """The trainer's choices for every task a task set's rows become.
+
+    Attributes:
+        harness: the harness every session runs (``oracle``: the task's reference solution,
+            where the set has one; ``shell`` with command ``true``: a harness that does
+            nothing).
+        num_samples: sessions per task (the GRPO group size).
+        runtime_type: the container runtime the tasks' images run in.
+        task_id_prefix: prepended to every task id (task ids are business keys).
+        run_s: the run budget of a task whose row names none (Harbor's ``[agent]
+            timeout_sec`` wins), s.
+        max_run_s: an upper bound on every task's run budget (None: the row's), s.
+        sampling: sampling parameters; None: the task defaults.
+        builder: the trajectory builder.
+        model: the model name shown to the harness.
+        max_session_attempts: attempts of a session whose sandbox host is lost.
+        max_replacements: new sessions of a sample that ended with a retryable
+            infrastructure cause, per group.
+        metadata: merged into every task's metadata.
+    """
+
+    harness: HarnessSpec
+    num_samples: int = Field(default=1, ge=1, le=1024)
+    runtime_type: Literal["podman", "docker"] = "podman"
+    task_id_prefix: str = Field(default="", max_length=40, pattern=r"^[A-Za-z0-9._-]*$")
+    run_s: float = Field(default=900.0, gt=0, le=86_400)
+    max_run_s: float | None = Field(default=None, gt=0, le=86_400)
+    sampling: SamplingOptions | None = None
+    builder: BuilderSpec = Field(default_factory=BuilderSpec)
+    model: str | None = None
+    max_session_attempts: int = Field(default=3, ge=1, le=10)
+    max_replacements: int = Field(default=2, ge=0, le=64)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def task_id(self, key: str) -> str:
+        """The task id of a row keyed ``key``: the prefix, then the key made id-safe.
+
+        Characters a task id refuses become ``_``; a key that changed, or that is too long,
+        gets 8 hex digits of its sha256, so distinct keys stay distinct.
+        """
+        safe = _UNSAFE.sub("_", key.replace("/", "__")).lstrip("._-") or "task"
+        if safe != key.replace("/", "__") or len(self.task_id_prefix + safe) > 128:
+            digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+            safe = f"{safe[: 118 - len(self.task_id_prefix)]}-{digest}"
+        return f"{self.task_id_prefix}{safe}"
+
+    def run_budget(self, asked_s: float | None) -> float:
+        """The run budget of a task whose row asks for ``asked_s`` (None: not said), s."""
+        budget = asked_s or self.run_s
+        return min(budget, self.max_run_s) if self.max_run_s else budget

@@ -1,0 +1,362 @@
+"""TRL bridge: rolloutd sessions as the rollouts of TRL's GRPO trainers (``pip install
+'rolloutd[trl]'``, tested against ``trl`` 1.16.0).
+
+Two ways in:
+
+- **Synchronous** ``GRPOTrainer(rollout_func=RolloutFunc(...))``. TRL hands the function the
+  prompts of one generation batch, each already repeated ``num_generations`` (G) times in a
+  row (TRL's ``RepeatSampler``); the function makes each run of G equal prompts one rolloutd
+  task with ``num_samples = G`` (its fields from the dataset row that names the prompt:
+  instruction, harness, runtime, evaluator, ...), waits for the groups and returns, per
+  sample and in the prompts' order, ``prompt_ids``, ``completion_ids``, ``logprobs`` and
+  ``env_mask`` (the trace's ``loss_mask``: 1 on sampled tokens, 0 on tool and environment
+  tokens, which TRL multiplies into its completion mask), plus ``rolloutd_reward``, which
+  :func:`rolloutd_reward` hands to TRL as the reward. TRL computes group advantages over
+  ``view(-1, G)``, so it must get whole groups: rolloutd replaces sessions that failed for
+  infrastructure (the task's ``max_replacements``); a group still not whole is **masked
+  whole**: every row's ``env_mask`` is 0 and its reward None (TRL gives such a row advantage
+  0 and no loss), never a made-up reward; a sample without any tokens (a failed session) is
+  one end-of-sequence token, masked. :attr:`RolloutFunc.stats` counts groups masked and
+  sessions left out.
+  :class:`EngineSyncCallback` writes the trainer's weights to the engine after every
+  optimizer step (GGUF export, :class:`~rolloutd.trainer_client.weight_sync.WeightSync`,
+  :func:`~rolloutd.trainer_client.probe.probe`), so the next rollouts sample the new policy.
+- **Asynchronous** ``trl.experimental.async_grpo.AsyncGRPOTrainer``: its two protocols in
+  :mod:`rolloutd.trainer_client.bridges.trl_async` (``RolloutWorker`` over rolloutd's durable
+  buffer, ``WeightTransfer`` through rolloutd's weight sync).
+
+Who owns what: TRL owns the loss, optimizer and weights; rolloutd owns inference (its
+gateway and backends), sandboxes, sessions and rewards; weights reach rolloutd's engine after
+each step. Reference: TRL ``trl/trainer/grpo_trainer.py`` (``_generate``: the ``rollout_func``
+contract, ``env_mask``, unscorable rows), ``trl/experimental/async_grpo/
+async_grpo_trainer.py`` (the two protocols) and ``async_rollout_worker.py`` (``RolloutSample``,
+advantages ``(r - mean) / (std + 1e-8)`` over the scored rewards of a group).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+from transformers import TrainerCallback
+
+from rolloutd.trainer_client.bridges.common import (
+    BridgeStats,
+    GroupSamples,
+    group_samples,
+)
+from rolloutd.trainer_client.client import RolloutClient
+from rolloutd.trainer_client.gguf_export import export_gguf
+from rolloutd.trainer_client.probe import ProbeResult, probe
+from rolloutd.trainer_client.weight_sync import WeightSync
+from rolloutd.types import TaskResult
+
+log = structlog.get_logger(__name__)
+
+__all__ = [
+    "REWARD_FIELD",
+    "EngineSyncCallback",
+    "RolloutFunc",
+    "prompt_key",
+    "rolloutd_reward",
+]
+
+#: the extra field of the rollout function's output that carries each sample's reward
+REWARD_FIELD = "rolloutd_reward"
+#: task fields a dataset row may set (the rest of the row is ignored)
+TASK_FIELDS = (
+    "instruction",
+    "harness",
+    "runtime",
+    "evaluator",
+    "builder",
+    "sampling",
+    "phases",
+    "timeout_s",
+    "max_replacements",
+    "max_session_attempts",
+    "model",
+    "tenant",
+    "priority",
+    "metadata",
+    "timeout_reward",
+)
+#: task fields that a row may give as a JSON string (Arrow columns of mixed dicts)
+JSON_FIELDS = ("harness", "runtime", "evaluator", "builder", "sampling", "phases", "metadata")
+
+
+def prompt_key(prompt: Any) -> str:
+    """The key a prompt is looked up by: the text itself, or a conversation as sorted JSON."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+
+
+def _instruction_of(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    users = [m for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
+    if not users or not isinstance(users[-1].get("content"), str):
+        raise ValueError("a conversational prompt needs a last user message with text content")
+    return users[-1]["content"]
+
+
+def rolloutd_reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """TRL reward function: the rolloutd reward of each sample, None for a masked one.
+
+    TRL passes the rollout function's extra fields to reward functions as keyword arguments
+    (``GRPOTrainer._generate_and_score_completions``); a None reward makes the row
+    unscorable (NaN reward, advantage 0).
+
+    Args:
+        completions: the decoded completions, length B (only their number is used).
+        **kwargs: must hold ``rolloutd_reward``: list[float | None], length B.
+
+    Raises:
+        KeyError: the trainer's rollout function is not :class:`RolloutFunc`.
+    """
+    rewards = kwargs[REWARD_FIELD]
+    if len(rewards) != len(completions):
+        raise ValueError(f"{len(rewards)} rewards for {len(completions)} completions")
+    return [None if r is None else float(r) for r in rewards]
+
+
+class RolloutFunc:
+    """``GRPOTrainer``'s ``rollout_func`` backed by rolloutd tasks.
+
+    Args:
+        client: the trainer client (its blob store is read for the trajectories).
+        run: runs the client's coroutines from TRL's thread (:class:`LoopRunner`).
+        rows: the dataset's rows: each has ``prompt`` (the value TRL passes) and task fields
+            (``harness`` required; ``instruction`` defaults to the prompt's text; ``runtime``,
+            ``evaluator``, ``sampling``, ... as :class:`~rolloutd.types.TaskRequest`); a
+            field may be a JSON string (Arrow columns of mixed dicts).
+        task_prefix: task ids are ``{task_prefix}-{call}-{index}``.
+        defaults: task fields every task gets unless its row sets them.
+
+    Attributes:
+        stats: cumulative counts (:class:`BridgeStats`).
+        last: the last call's figures: ``rollout_s``, ``groups``, ``masked``, ``rewards``.
+
+    Raises:
+        ValueError: two rows share a prompt but name different tasks.
+    """
+
+    def __init__(
+        self,
+        client: RolloutClient,
+        run: Callable[[Any], Any],
+        rows: Iterable[Mapping[str, Any]],
+        *,
+        task_prefix: str,
+        defaults: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.client = client
+        self.run = run
+        self.task_prefix = task_prefix
+        self.defaults = dict(defaults or {})
+        self.tasks: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            key = prompt_key(row["prompt"])
+            spec = {"instruction": _instruction_of(row["prompt"])}
+            for name in TASK_FIELDS:
+                value = row.get(name)
+                if value is None:
+                    continue
+                if isinstance(value, str) and name in JSON_FIELDS:
+                    value = json.loads(value)
+                spec[name] = value
+            if key in self.tasks and self.tasks[key] != spec:
+                raise ValueError(f"two rows share the prompt {key[:80]!r} with different tasks")
+            self.tasks[key] = spec
+        self.stats = BridgeStats()
+        self.last: dict[str, Any] = {}
+        self._calls = 0
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        """Run one generation batch as rolloutd tasks (TRL's ``rollout_func(prompts, trainer)``).
+
+        Args:
+            prompts: B prompts, each repeated G times in a row (B divisible by G).
+            trainer: the ``GRPOTrainer`` (its ``num_generations`` or
+                ``num_generations_eval``, its tokenizer's end-of-sequence id).
+
+        Returns:
+            Lists of length B, in the prompts' order: ``prompt_ids`` (list[int]),
+            ``completion_ids`` (list[int], length R_i), ``logprobs`` (list[float], R_i),
+            ``env_mask`` (list[int], R_i), ``rolloutd_reward`` (float | None),
+            ``rolloutd_session_id`` (str | None).
+
+        Raises:
+            ValueError: B is not a multiple of G, a run of G prompts is not one prompt, or a
+                prompt is not in the rows.
+        """
+        started = time.monotonic()
+        num_generations = (
+            trainer.num_generations if trainer.model.training else trainer.num_generations_eval
+        )
+        if len(prompts) % num_generations:
+            raise ValueError(f"{len(prompts)} prompts are not groups of {num_generations}")
+        self._calls += 1
+        requests = []
+        for index in range(0, len(prompts), num_generations):
+            block = prompts[index : index + num_generations]
+            keys = {prompt_key(p) for p in block}
+            if len(keys) != 1:
+                raise ValueError(
+                    f"prompts {index}..{index + num_generations - 1} are not one prompt "
+                    f"repeated {num_generations} times"
+                )
+            (key,) = keys
+            if key not in self.tasks:
+                raise ValueError(f"prompt {key[:80]!r} is not in the rows")
+            requests.append(
+                {
+                    **self.defaults,
+                    **self.tasks[key],
+                    "task_id": f"{self.task_prefix}-{self._calls}-{index // num_generations}",
+                    "num_samples": num_generations,
+                }
+            )
+        groups: list[TaskResult] = self.run(self._run_tasks(requests))
+        eos = _eos_id(trainer)
+        out: dict[str, list[Any]] = {
+            "prompt_ids": [],
+            "completion_ids": [],
+            "logprobs": [],
+            "env_mask": [],
+            REWARD_FIELD: [],
+            "rolloutd_session_id": [],
+        }
+        num_masked = 0
+        for group in groups:
+            samples = group_samples(group, self.client.trajectory, num_generations)
+            masked = not samples.whole
+            num_masked += int(masked)
+            self.stats.add(samples, masked=masked)
+            if masked:
+                log.warning(
+                    "trl_group_masked",
+                    task_id=group.task_id,
+                    num_usable=len(samples.samples),
+                    num_samples=num_generations,
+                    left_out=samples.left_out,
+                )
+            _append_group(out, samples, num_generations, eos, masked)
+        self.last = {
+            "rollout_s": time.monotonic() - started,
+            "groups": len(groups),
+            "masked": num_masked,
+            "rewards": [r for r in out[REWARD_FIELD] if r is not None],
+        }
+        return out
+
+    async def _run_tasks(self, requests: list[dict[str, Any]]) -> list[TaskResult]:
+        handles = [await self.client.submit(r) for r in requests]
+        return list(await asyncio.gather(*(h.result() for h in handles)))
+
+
+def _eos_id(trainer: Any) -> int:
+    ids = getattr(trainer, "eos_token_ids", None) or []
+    if ids:
+        return int(ids[0])
+    tokenizer = trainer.processing_class
+    return int(tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0)
+
+
+def _append_group(
+    out: dict[str, list[Any]], group: GroupSamples, num_generations: int, eos: int, masked: bool
+) -> None:
+    """Append G rows for one group: its samples in sample order, then one masked
+    end-of-sequence row per missing sample (only when the group is masked)."""
+    for sample in group.samples:
+        out["prompt_ids"].append(sample.prompt_ids)
+        out["completion_ids"].append(sample.response_ids)
+        out["logprobs"].append(sample.response_logprobs)
+        out["env_mask"].append([0] * len(sample.loss_mask) if masked else sample.loss_mask)
+        out[REWARD_FIELD].append(None if masked else sample.reward)
+        out["rolloutd_session_id"].append(sample.session_id)
+    for _ in range(num_generations - len(group.samples)):
+        out["prompt_ids"].append([eos])
+        out["completion_ids"].append([eos])
+        out["logprobs"].append([0.0])
+        out["env_mask"].append([0])
+        out[REWARD_FIELD].append(None)
+        out["rolloutd_session_id"].append(None)
+
+
+class EngineSyncCallback(TrainerCallback):
+    """After every optimizer step: the trainer's weights to the engine, then a probe.
+
+    ``on_step_end``: export the model's fp32 weights as a GGUF (the catalog model's GGUF as
+    template, :func:`~rolloutd.trainer_client.gguf_export.export_gguf`), run
+    :meth:`WeightSync.update` (pause, engine reload, ``policy_version = global_step``,
+    resume) and compare the engine's logprobs with the trainer's on a probe prompt
+    (:func:`~rolloutd.trainer_client.probe.probe`). Rollouts of the next step then sample the
+    new weights. transformers' ``TrainerCallback`` API.
+
+    Args:
+        sync: the weight sync (admin client and the engine's loader).
+        run: runs ``sync``'s coroutines from the trainer's thread.
+        template: the catalog model's GGUF (metadata, tokenizer).
+        out_dir: where the GGUFs go (the previous one is deleted after each sync).
+        engine_url: llama-server's URL for the probe (None: no probe).
+        probe_ids: the probe prompt, list[int].
+        on_sync: called with ``(step, sync_s, probe_result)`` after each sync.
+
+    Attributes:
+        rows: one dict per step: ``step``, ``export_s``, ``sync_s``, ``probe_mismatch``,
+            ``probe_max``.
+    """
+
+    def __init__(
+        self,
+        sync: WeightSync,
+        run: Callable[[Any], Any],
+        template: str | Path,
+        out_dir: str | Path,
+        *,
+        engine_url: str | None = None,
+        probe_ids: Sequence[int] = (),
+        on_sync: Callable[[int, float, ProbeResult | None], None] | None = None,
+    ) -> None:
+        self.sync = sync
+        self.run = run
+        self.template = Path(template)
+        self.out_dir = Path(out_dir)
+        self.engine_url = engine_url
+        self.probe_ids = list(probe_ids)
+        self.on_sync = on_sync
+        self.rows: list[dict[str, Any]] = []
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Sync the weights of ``kwargs["model"]`` as policy version ``state.global_step``."""
+        model = kwargs["model"]
+        step = int(state.global_step)
+        t0 = time.monotonic()
+        path = export_gguf(model.state_dict(), self.template, self.out_dir / f"policy-{step}.gguf")
+        export_s = time.monotonic() - t0
+        sync_s = self.run(self.sync.update(path, policy_version=step))
+        for old in self.out_dir.glob("policy-*.gguf"):
+            if old != path:
+                old.unlink(missing_ok=True)
+        result = None
+        if self.engine_url and self.probe_ids:
+            was_training = model.training
+            model.eval()
+            result = probe(model, self.engine_url, self.probe_ids)
+            model.train(was_training)
+        self.rows.append(
+            {
+                "step": step,
+                "export_s": export_s,
+                "sync_s": sync_s,
+                "probe_mismatch": None if result is None else result.mean_abs_diff,
+                "probe_max": None if result is None else result.max_abs_diff,
+            }
+        )
+        if self.on_sync is not None:
+            self.on_sync(step, sync_s, result)

@@ -1,0 +1,258 @@
+"""Harbor tasks and SWE-bench instances through the whole stack on podman: real Temporal, the
+four fleets (in a namespace of their own, with the operator's policy these tasks need: podman,
+the copied task folders as image roots and upload sources, network for image builds), real
+llama-server (Qwen2.5-Coder-0.5B) behind the gateway, the trainer client or the buffer.
+
+Figures printed for the note: reward and wall time per task and harness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rolloutd.sandbox.config import npm_prefix
+from rolloutd.sandbox.runtimes.podman_images import ensure_base_image
+from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
+from rolloutd.stack import free_port
+from rolloutd.store import BlobStore, CompletionLog
+from rolloutd.tasksets import read_task_set
+from rolloutd.trainer_client import RolloutClient
+from rolloutd.trajectory import check_invariants
+from rolloutd.types import TaskRequest, TaskResult
+from rolloutd.workers import connect, run_fleet
+from tests.support.namespaces import fresh_namespace
+
+ROOT = Path(__file__).resolve().parents[2]
+NOP = {"type": "shell", "command": "true"}
+
+pytestmark = [
+    pytest.mark.acceptance,
+    pytest.mark.temporal,
+    pytest.mark.engine,
+    pytest.mark.timeout(3600),
+    pytest.mark.skipif(shutil.which("podman") is None, reason="needs podman"),
+]
+
+
+@dataclass
+class Rig:
+    """The fleets of these tests and where the task sets were copied."""
+
+    client: RolloutClient
+    tasks: Path
+    store: BlobStore
+
+
+@pytest.fixture(scope="module")
+def task_root(tmp_path_factory) -> Path:
+    """examples/harbor and examples/swebench (with its build contexts made from the sdists:
+    make_instances.py --contexts) copied below one folder the policy names."""
+    subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "swebench" / "make_instances.py"), "--contexts"],
+        check=True,
+    )
+    root = tmp_path_factory.mktemp("sets")
+    shutil.copytree(ROOT / "examples" / "harbor", root / "harbor")
+    shutil.copytree(ROOT / "examples" / "swebench", root / "swebench")
+    return root
+
+
+@pytest.fixture(scope="module")
+async def rig(temporal_server, engine, task_root) -> AsyncIterator[Rig]:
+    """The four fleets in a fresh namespace, on the real engine."""
+    await ensure_base_image()
+    namespace = await fresh_namespace(temporal_server.address, "tasksets")
+    home = Path(tempfile.mkdtemp(prefix="ts-", dir="/tmp"))  # short: unix socket paths
+    common = {
+        "temporal_address": temporal_server.address,
+        "temporal_namespace": namespace,
+        "store_url": str(home / "store"),
+        "host_id": "tasksets-host",
+        "log_json": False,
+    }
+    policy = {
+        "runtimes": ["podman"],
+        "networks": ["gateway", "none"],
+        "image_roots": [str(task_root)],
+        "upload_sources": [str(task_root)],
+        "build_network": True,
+    }
+    port = free_port()
+    gateway = GatewaySettings(
+        **common,
+        gateway_port=port,
+        backend_url=engine.url,
+        gateway_public_url=f"http://127.0.0.1:{port}",
+        model="qwen2.5-coder-0.5b",
+        tool_parser="hermes_lenient",
+    )
+    client = await connect(gateway)
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(run_fleet("gateway", client, gateway))
+        # more slots than a test runs sessions at once: a full host makes no provisioning
+        # poll, which the client's fleet-health check would read as a dead fleet
+        sandbox = SandboxSettings(
+            **common,
+            runtime_root=str(home / "rt"),
+            max_concurrent_sessions=8,
+            sandbox_policy=policy,
+        )
+        await stack.enter_async_context(run_fleet("sandbox", client, sandbox))
+        await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
+        await stack.enter_async_context(run_fleet("workflows", client, gateway))
+        yield Rig(
+            RolloutClient(client, BlobStore(common["store_url"])),
+            task_root,
+            BlobStore(common["store_url"]),
+        )
+    shutil.rmtree(home, ignore_errors=True)
+
+
+async def run_all(
+    rig: Rig, tasks: list[TaskRequest]
+) -> list[tuple[TaskRequest, TaskResult, float]]:
+    """Submit every task at once; each one's group and wall time (submit to result)."""
+    suffix = uuid.uuid4().hex[:6]
+
+    async def one(task: TaskRequest) -> tuple[TaskRequest, TaskResult, float]:
+        t0 = time.monotonic()
+        handle = await rig.client.submit(
+            task.model_copy(update={"task_id": f"{task.task_id}-{suffix}"})
+        )
+        return task, await handle.result(), time.monotonic() - t0
+
+    return await asyncio.gather(*(one(t) for t in tasks))
+
+
+def rewards_of(results) -> dict[str, list[float | None]]:
+    return {task.task_id: [s.reward for s in group.sessions] for task, group, _ in results}
+
+
+def report(label: str, results) -> None:
+    for task, group, wall in results:
+        for s in group.sessions:
+            print(
+                f"{label} {task.task_id}: reward {s.reward}, status {s.status.value}, "
+                f"completions {s.num_completions}, wall {wall:.0f} s"
+                + (f", error {s.error[:200]}" if s.error else "")
+            )
+
+
+async def test_oracle_and_nop_on_every_example_task_and_instance(rig):
+    """Oracle: reward 1.00 on each of the 6 Harbor tasks and 3 SWE-bench instances; a harness
+    that does nothing: 0.00 on each. 18 tasks through Temporal and podman, 8 at a time.
+    Measured: 3.5 min cold (the SWE-bench images built, the engine started), 1.5 min warm."""
+    oracle, nop = {"harness": {"type": "oracle"}}, {"harness": NOP}
+    tasks = [
+        *read_task_set("harbor", rig.tasks / "harbor", oracle),
+        *read_task_set("swebench", rig.tasks / "swebench" / "instances.jsonl", oracle),
+    ]
+    nops = [
+        *read_task_set("harbor", rig.tasks / "harbor", nop | {"task_id_prefix": "nop-"}),
+        *read_task_set(
+            "swebench", rig.tasks / "swebench" / "instances.jsonl", nop | {"task_id_prefix": "nop-"}
+        ),
+    ]
+    results = await run_all(rig, tasks + nops)
+    report("stack", results)
+    got = rewards_of(results)
+    assert len(got) == 18
+    for task_id, rewards in got.items():
+        assert rewards == ([0.0] if task_id.startswith("nop-") else [1.0]), (task_id, rewards)
+
+
+async def test_adversarial_agent_earns_0_through_the_stack(rig):
+    """On every Harbor task, an agent that writes /logs/verifier/reward.txt = 1 (and a
+    reward.json), plants its own /tests/test.sh, rewrites the tests it can see and deletes
+    /tests: reward 0.00 each. Measured: 8-11 s a task, all six at once."""
+    from tests.tasksets.test_harbor_podman import ADVERSARY
+
+    options = {"harness": {"type": "shell", "command": ADVERSARY}, "task_id_prefix": "adv-"}
+    results = await run_all(rig, read_task_set("harbor", rig.tasks / "harbor", options))
+    report("adversary", results)
+    assert all(rewards == [0.0] for rewards in rewards_of(results).values())
+
+
+async def test_buffer_reads_a_harbor_task_set(rig):
+    """The training buffer's task source reads the Harbor folder (eval fleet) and hands out
+    every task's group, scored. Measured: about 30 s with the images built."""
+    buffer = await rig.client.create_buffer(
+        {
+            "buffer_id": f"harbor-{uuid.uuid4().hex[:6]}",
+            "source": {
+                "type": "harbor",
+                "path": str(rig.tasks / "harbor"),
+                "chunk_size": 4,
+                "options": {"harness": {"type": "oracle"}},
+            },
+            "num_in_flight": 3,
+            "drop_zero_variance": False,
+        }
+    )
+    try:
+        groups = []
+        while len(groups) < 6:
+            batch = await buffer.take(6 - len(groups), timeout_s=900)
+            groups += batch.groups
+            await buffer.ack(batch.batch_id)
+    finally:
+        await buffer.close()
+    names = sorted(g.group.task_id for g in groups)
+    print("buffer groups:", [(g.group.task_id, g.group.sessions[0].reward) for g in groups])
+    assert names == sorted(p.name for p in (rig.tasks / "harbor").iterdir() if p.is_dir())
+    assert all(g.group.sessions[0].reward == 1.0 for g in groups)
+
+
+@pytest.mark.parametrize(
+    ("harness", "package"),
+    [
+        ({"type": "qwen_code", "profile": "compact", "max_turns": 3}, "@qwen-code/qwen-code"),
+        ({"type": "codex", "profile": "compact", "max_turns": 3}, "@openai/codex"),
+    ],
+)
+async def test_cli_harnesses_on_the_harbor_tasks(rig, harness, package):
+    """qwen_code and codex (the host's CLIs, bound into each task's container) on the six
+    Harbor tasks through the gateway in tokens mode, one task at a time (six first prompts at
+    once keep a CPU engine on 2 shared cores busy past the gateway's 600 s call timeout):
+    every trajectory keeps the builder's invariants; rewards and wall times printed (a 0.5B
+    model mostly fails these tasks: the point is the pipeline). A session that ends for the
+    infrastructure (an engine too slow under load) is reported, not replaced. Measured
+    (2026-11-27, load average 9-11 on 2 cores): qwen_code 23-483 s a task, codex 55-98 s a
+    task; 31 min for both."""
+    if not (npm_prefix() / "node_modules" / package).is_dir():
+        pytest.skip(f"{package} is not installed in {npm_prefix()}: bash scripts/setup.sh")
+    options = {
+        "harness": harness,
+        "task_id_prefix": f"{harness['type']}-",
+        "max_run_s": 600,
+        "max_replacements": 0,  # a figure per task, not a retried one
+        "sampling": {"temperature": 0.7, "max_tokens": 256},
+    }
+    results = []
+    for task in read_task_set("harbor", rig.tasks / "harbor", options):
+        results += await run_all(rig, [task])
+        report(harness["type"], results[-1:])
+    num_traces = num_scored = 0
+    for _task, group, _ in results:
+        for session in group.sessions:
+            num_scored += session.reward is not None
+            completions = CompletionLog(rig.store, session.session_id).read_all()
+            assert len(completions) == session.num_completions
+            if completions:
+                trajectory = rig.client.trajectory(session)
+                check_invariants(trajectory.traces, completions)
+                num_traces += len(trajectory.traces)
+    print(f"{harness['type']}: {num_traces} traces checked, {num_scored} of 6 sessions scored")
+    assert num_traces > 0 and num_scored > 0

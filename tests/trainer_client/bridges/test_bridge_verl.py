@@ -1,0 +1,204 @@
+"""The verl bridge against verl 0.9.1 itself, in verl's own environment (Python 3.11, its
+transformers and hydra: scripts/setup_trainers.sh).
+
+The acceptance test runs 8 prompts through verl's agent-loop machinery
+(``tests/support/verl_child.py`` in verl's environment: verl's registry and
+``hydra.utils.instantiate``, ``RolloutdAgentLoop.run``, verl's ``AgentLoopOutput.as_dict``
+and ``DataProto``); each run is a rolloutd session (the shell harness in bwrap, two chat
+calls in one conversation, so the trace has a user turn with mask 0 between two sampled
+ones) whose gateway
+backend is the ``verl`` kind: every model call goes to verl's server-manager interface,
+answered by llama-server (Qwen2.5-Coder-0.5B) behind a subclass of verl's
+``LLMServerClient`` (a real engine standing in for verl's GPU replicas). It checks the 8
+outputs token for token against the sessions' traces and against what verl's server manager
+returned for each prompt; a ninth row, whose evaluator raises, is left out and counted. About
+2-4 minutes. The gateway's ``verl`` backend kind itself is
+tested in tests/proxy/test_verl_backend.py (no verl needed).
+
+Not exercised here: verl's ``AgentLoopManager`` and ``AgentLoopWorker`` (Ray actors over
+GPU replicas), its load balancer, its vLLM/SGLang servers and weight sync, and a training
+step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.support.bridges import INSTALL, ask_task, trainer_python
+
+ROOT = Path(__file__).resolve().parents[3]
+CHILD = ROOT / "tests" / "support" / "verl_child.py"
+VERL = trainer_python("verl")
+WORDS = ["fruit", "colour", "planet", "metal", "bird", "tree", "river", "gem"]
+
+pytestmark = [
+    # the trainer packages come from scripts/setup_trainers.sh, which README's acceptance
+    # command runs first
+    pytest.mark.acceptance,
+    pytest.mark.trainers,
+    pytest.mark.skipif(
+        not VERL.exists()
+        or subprocess.run([VERL, "-c", "import verl"], capture_output=True).returncode != 0,
+        reason=f"verl's environment ({VERL}) is missing; {INSTALL}",
+    ),
+]
+
+
+@contextlib.asynccontextmanager
+async def fleets_on_verl(temporal_server, endpoint: str, home: Path):
+    """The four fleets in this process; the gateway's one backend is verl's endpoint."""
+    from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
+    from rolloutd.stack import free_port
+    from rolloutd.workers import connect, run_fleet
+
+    common = {
+        "temporal_address": temporal_server.address,
+        "store_url": str(home / "store"),
+        "host_id": "verl-host",
+        "log_json": False,
+    }
+    gateway = GatewaySettings(
+        **common,
+        gateway_port=free_port(),
+        backend_url=endpoint,
+        backend_type="verl",
+        model="qwen2.5-coder-0.5b",
+    )
+    client = await connect(gateway)
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(run_fleet("gateway", client, gateway))
+        await stack.enter_async_context(
+            run_fleet("sandbox", client, SandboxSettings(**common, runtime_root=str(home / "rt")))
+        )
+        await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
+        await stack.enter_async_context(run_fleet("workflows", client, gateway))
+        yield client, common["store_url"]
+
+
+@pytest.mark.temporal
+@pytest.mark.engine
+@pytest.mark.sandbox
+@pytest.mark.timeout(1200)
+async def test_verl_agent_loop_runs_eight_prompts_through_rolloutd(temporal_server, engine):
+    """8 verl ``AgentLoopOutput``s from 8 rolloutd sessions whose model calls verl's server
+    interface answered: prompt, response, mask and logprobs equal the sessions' traces, every
+    sampled token and logprob is what verl's server manager returned for that prompt, the
+    reward sits on verl's last response token, and ``to_data_proto`` gives 8 rows; a ninth
+    session whose evaluator raises comes back with an all-zero mask and its failure named, and
+    is counted. About 2-4 minutes."""
+    from rolloutd.engine.models import model_files
+    from rolloutd.store import BlobStore
+    from rolloutd.trainer_client import RolloutClient
+    from rolloutd.types import SessionStatus
+
+    prefix = f"verl-{uuid.uuid4().hex[:6]}"
+    # short: the sandbox's unix socket lives under the runtime folder (108-byte limit)
+    tmp_path = Path(tempfile.mkdtemp(prefix="rv-"))
+    proc = await asyncio.create_subprocess_exec(
+        str(VERL),
+        str(CHILD),
+        "--engine-url",
+        engine.url,
+        "--temporal",
+        temporal_server.address,
+        "--store",
+        str(tmp_path / "store"),
+        "--tokenizer",
+        str(model_files("qwen2.5-coder-0.5b").tokenizer),
+        "--task",
+        json.dumps(ask_task(max_tokens=16, turns=2)),
+        "--task-prefix",
+        prefix,
+        "--failing-task",
+        json.dumps(
+            {
+                **ask_task(max_tokens=16),
+                "evaluator": {"type": "tests.support.raising_evaluator:RaisingEvaluator"},
+                "max_replacements": 0,
+            }
+        ),
+        "--words",
+        *WORDS,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        start_new_session=True,
+        limit=2**26,
+    )
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 300)
+        endpoint = json.loads(line)["endpoint"]
+        async with fleets_on_verl(temporal_server, endpoint, tmp_path) as (client, store_url):
+            proc.stdin.write(b"go\n")
+            await proc.stdin.drain()
+            line = await asyncio.wait_for(proc.stdout.readline(), 900)
+            assert line, "the verl child ended without its outputs"
+            report = json.loads(line)
+            rollout = RolloutClient(client, BlobStore(store_url))
+            *outputs, failed = report["outputs"]
+            assert len(outputs) == 8
+            # the ninth row's evaluator raised: left out of training, counted, no reward of it
+            assert report["stats"]["num_sessions_left_out"] == 1, report["stats"]
+            assert report["stats"]["left_out_by_reason"] == {"evaluator": 1}
+            assert failed["output"]["extra_fields"]["rolloutd_failure"] == "evaluator"
+            assert set(failed["output"]["response_mask"]) == {0}
+            assert failed["output"]["reward_score"] == 0.0
+            answers = {}
+            for call in report["calls"]:
+                answers.setdefault(tuple(call["prompt_ids"]), []).append(call)
+            for row, session_id in zip(outputs, report["sessions"][:8], strict=True):
+                output = row["output"]
+                group = await rollout.result(output["extra_fields"]["rolloutd_task_id"])
+                (session,) = group.sessions
+                assert session.session_id == session_id
+                assert session.status == SessionStatus.COMPLETED, session.error
+                (trace,) = rollout.trajectory(session).traces
+                # two calls merged: sampled, the second user turn (not sampled), sampled
+                assert len(trace.completion_indices) == 2
+                assert 0 in trace.loss_mask[trace.response_offsets[0] : trace.response_offsets[1]]
+                assert output["prompt_ids"] == trace.prompt_ids
+                assert output["response_ids"] == trace.response_ids
+                assert output["response_mask"] == trace.loss_mask
+                assert output["response_logprobs"] == trace.response_logprobs
+                assert output["reward_score"] == session.reward == 1.0
+                # each merged call: the tokens and logprobs verl's server manager returned
+                for k, offset in enumerate(trace.response_offsets):
+                    prompt = tuple(trace.prompt_ids + trace.response_ids[:offset])
+                    end = offset
+                    while end < len(trace.loss_mask) and trace.loss_mask[end]:
+                        end += 1
+                    matches = [
+                        c
+                        for c in answers.get(prompt, [])
+                        if c["token_ids"] == trace.response_ids[offset:end]
+                        and c["log_probs"] == trace.response_logprobs[offset:end]
+                    ]
+                    assert matches, f"call {k} of {session_id}: not what verl answered"
+                # verl's own tensors: int64 ids, the mask as given, the reward on the last
+                # response token
+                tensors = row["as_dict"]
+                assert tensors["responses"] == ["torch.int64", [len(trace.response_ids)]]
+                assert tensors["response_mask"] == trace.loss_mask
+                assert tensors["rm_scores"][-1] == session.reward
+                assert sum(tensors["rm_scores"][:-1]) == 0.0
+            proto = report["data_proto"]
+            assert proto["len"] == 8
+            assert {"input_ids", "response_mask", "rollout_log_probs"} <= set(proto["keys"])
+            assert proto["token_level_scores_sum"] == [1.0] * 8
+        await asyncio.wait_for(proc.wait(), 60)
+        assert proc.returncode == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        shutil.rmtree(tmp_path, ignore_errors=True)

@@ -15,11 +15,13 @@ import uuid
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.worker import Replayer
 
+from rolloutd.security.connection import data_converter
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionStatus
-from rolloutd.workflows.task import INLINE_REQUEST_BYTES
+from rolloutd.workflows.task import INLINE_REQUEST_BYTES, RolloutTaskWorkflow
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine]
 
@@ -75,3 +77,27 @@ async def test_a_large_request_is_stored_once_and_each_child_takes_its_key(fleet
     small = await (await client.submit({**big_task(small_id, 1), "instruction": "short"})).result()
     assert small.sessions[0].status == SessionStatus.COMPLETED
     assert not BlobStore(fleets.store_url).exists(f"tasks/{small_id}/request.json")
+
+
+@pytest.mark.acceptance
+@pytest.mark.timeout(3600)
+async def test_1024_samples_of_a_50_kb_instruction(fleets) -> None:
+    """1,024 samples of a 50 KB instruction run to the end and the task's history stays far
+    under Temporal's 50 MB limit (measured and printed). About 5-10 minutes here (1,024
+    shell sessions on the fixture's 8-runtime host)."""
+    client = RolloutClient(fleets.client, BlobStore(fleets.store_url))
+    task_id = f"big1024-{uuid.uuid4().hex[:6]}"
+    group = await (await client.submit(big_task(task_id, 1024))).result()
+    events, size, children = await task_history(fleets.client, task_id)
+    print(
+        f"\n1,024 samples of a {INSTRUCTION_BYTES // 1024} KB instruction: "
+        f"{group.num_completed} completed; task history {events} events, "
+        f"{size / 2**20:.1f} MiB; child inputs at most {max(children)} bytes"
+    )
+    assert group.num_completed == 1024
+    assert size < HISTORY_LIMIT / 4
+    # its children started 128 a workflow task, with a timer between: the history replays
+    history = await fleets.client.get_workflow_handle(f"task/{task_id}").fetch_history()
+    await Replayer(
+        workflows=[RolloutTaskWorkflow], data_converter=data_converter()
+    ).replay_workflow(history)

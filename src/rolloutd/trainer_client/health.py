@@ -4,9 +4,12 @@ not an empty wait.
 Liveness has one rule, :func:`rolloutd.capabilities.fleet_liveness`: a worker fleet is alive
 while one of its processes beat in the fleet registry within ``dead_after_s`` (45 s). Every
 process beats from a task of its own that needs no free slot, so a saturated fleet (a sandbox
-host whose runtimes are all taken, which polls no queue) is alive; queue polls are never
-asked. The workflows fleet is the one that answers the registry's query: a registry that
-does not answer for ``dead_after_s`` while Temporal does means no workflows worker runs. A
+host whose runtimes are all taken, which polls no queue) is alive. The workflows fleet is the
+one that answers the registry's query; when the registry does not answer (a workflows worker
+buried in workflow tasks answers late), that fleet counts as alive while its workflow task
+queue was polled within ``dead_after_s`` (workflow task slots turn over in milliseconds, so a
+busy worker still polls): it is dead when the registry has not answered and no worker polled
+its queue for ``dead_after_s``. No other fleet's queue polls are asked. A
 fleet no process of which was ever seen counts from when this checker first looked (a stack
 that is just starting). The engine is dead when the gateway's ``/health`` says no healthy
 backend serves a policy version (a backend that refuses connections or times out; a paused
@@ -28,6 +31,9 @@ from typing import Any, TypeVar
 
 import httpx
 import structlog
+from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -51,8 +57,8 @@ T = TypeVar("T")
 ENGINE_DEAD_AFTER_S = 10.0
 #: seconds between two checks while a caller waits
 CHECK_EVERY_S = 10.0
-#: one ask of the registry, seconds
-QUERY_TIMEOUT = timedelta(seconds=5)
+#: one ask of the registry (or of Temporal about the workflows queue), seconds
+QUERY_TIMEOUT = timedelta(seconds=10)
 #: RPC statuses that mean Temporal itself did not answer: no evidence about the fleets
 _UNREACHABLE = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.UNAUTHENTICATED)
 
@@ -131,10 +137,18 @@ class FleetHealth:
             first = self._unanswered_since = self._unanswered_since or time.monotonic()
             silent_s = time.monotonic() - first
             if "workflows" in self.fleets:
+                # a workflows worker buried in workflow tasks (1,024 sessions starting) answers
+                # a query late: it is busy, not dead, while it still takes workflow tasks
+                # (their slots turn over in milliseconds, so its pollers keep polling)
+                polled_s = await self._workflow_poll_s_ago()
+                alive = silent_s < self.dead_after_s or (
+                    polled_s is not None and polled_s < self.dead_after_s
+                )
                 out["workflows"] = FleetLiveness(
                     fleet="workflows",
-                    alive=silent_s < self.dead_after_s,
-                    last_heartbeat_s_ago=silent_s,
+                    alive=alive,
+                    num_processes=0,
+                    last_heartbeat_s_ago=silent_s if polled_s is None else min(silent_s, polled_s),
                 )
             return out
         self._unanswered_since = None
@@ -151,6 +165,32 @@ class FleetHealth:
                 self._unseen_since.pop(fleet, None)
             out[fleet] = liveness
         return out
+
+    async def _workflow_poll_s_ago(self) -> float | None:
+        """Seconds since a worker last polled the workflows fleet's workflow task queue
+        (Temporal's DescribeTaskQueue); None when none is listed or Temporal did not answer.
+        Asked only when the fleet registry, which the workflows fleet runs, does not answer."""
+        try:
+            described = await self.client.workflow_service.describe_task_queue(
+                DescribeTaskQueueRequest(
+                    namespace=self.client.namespace,
+                    task_queue=TaskQueue(
+                        name=task_queues.WORKFLOWS, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL
+                    ),
+                    task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+                ),
+                timeout=QUERY_TIMEOUT,
+            )
+        except RPCError as e:
+            log.debug("workflow_pollers_not_read", error=str(e))
+            return None
+        now = datetime.now(UTC)
+        ages = [
+            max(0.0, (now - p.last_access_time.ToDatetime(UTC)).total_seconds())
+            for p in described.pollers
+            if p.HasField("last_access_time")
+        ]
+        return min(ages) if ages else None
 
     async def check(self) -> None:
         """Raise for the first dead fleet; return when every fleet is alive (or could not be

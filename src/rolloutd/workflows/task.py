@@ -105,6 +105,9 @@ STORE_REQUEST_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=10),
     maximum_attempts=10,
 )
+#: children started in one workflow task at most, and the timer between two batches, s
+START_BATCH = 128
+START_BATCH_PAUSE_S = 0.001
 #: fleet-down replacements per sample of a group at most (they are not counted against
 #: ``max_replacements``): a fleet that comes back only to die again cannot hold a task forever
 FLEET_DOWN_REPLACEMENTS_PER_SAMPLE = 3
@@ -212,7 +215,15 @@ class RolloutTaskWorkflow:
                     error=f"session workflow failed: {e.cause or e}",
                 )
 
+        # a large group's children start START_BATCH at a time, one workflow task each: 1,024
+        # starts in one activation took over the SDK's 2 s deadlock limit on a loaded machine
+        released = [min(task.num_samples, START_BATCH)]
+
         async def one(index: int) -> SessionResult:
+            if index >= released[0]:
+                await workflow.wait_condition(lambda: index < released[0] or self._cancelling)
+                if self._cancelling:
+                    raise asyncio.CancelledError()
             result = await session(index, 0)
             replacement = 0
             earlier: list[str] = []
@@ -237,12 +248,20 @@ class RolloutTaskWorkflow:
             return result
 
         sessions = [asyncio.ensure_future(one(i)) for i in range(task.num_samples)]
+
+        async def release_batches() -> None:
+            while released[0] < task.num_samples and not self._cancelling:
+                await asyncio.sleep(START_BATCH_PAUSE_S)  # a timer: the next workflow task
+                released[0] = min(task.num_samples, released[0] + START_BATCH)
+
+        releasing = asyncio.ensure_future(release_batches())
         try:
             # shielded: a cancelled task cancels its sessions itself (_cancel_sessions), then
             # waits for every one to end (its teardown done), as WAIT_CANCELLATION_COMPLETED
             results = await asyncio.gather(*(asyncio.shield(s) for s in sessions))
         except asyncio.CancelledError:
             self._cancelling = True
+            releasing.cancel()
             self._progress.status = "cancelled"
             self._show(task, "cancelled")
             search.upsert(status=SessionStatus.CANCELLED.value)

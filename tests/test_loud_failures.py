@@ -25,10 +25,17 @@ from temporalio.service import RPCError
 from temporalio.worker import Replayer, Worker
 
 from rolloutd import task_queues
-from rolloutd.activities.models import ProvisionRuntimeInput, ProvisionRuntimeOutput
+from rolloutd.activities.models import (
+    ProvisionRuntimeInput,
+    ProvisionRuntimeOutput,
+    TeardownRuntimeInput,
+    TeardownRuntimeOutput,
+)
+from rolloutd.capabilities import HostCapabilities
 from rolloutd.security.connection import data_converter
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionResult, SessionStatus
+from rolloutd.workers.registry import beat, publish
 from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
 from tests.support.garbage_fleets import REPO, fleets_in_namespace, rolloutd_command
 
@@ -114,7 +121,7 @@ async def wait_phase(client, workflow_id: str, phase: str, timeout_s: float = 30
     raise AssertionError(f"{workflow_id} never reached phase {phase}")
 
 
-async def test_a_session_fails_when_no_sandbox_worker_polls(
+async def test_a_session_fails_when_no_sandbox_worker_lives(
     temporal_server, tmp_path: Path
 ) -> None:
     """... and one cancelled while it waits ends cancelled at once."""
@@ -151,7 +158,8 @@ async def test_a_session_fails_when_no_sandbox_worker_polls(
         ]
     assert session.status == SessionStatus.FAILED
     assert session.error == (
-        "no sandbox worker is polling task queue rolloutd-sandbox (checked for 3 s)"
+        "no sandbox worker is alive to take the provisioning (waited 3 s for one): "
+        "no worker process of fleet 'sandbox' has ever beaten"
     )
     assert session.failure is not None and session.reward is None
     assert (session.failure.kind, session.failure.phase) == ("sandbox", "provision")
@@ -181,7 +189,11 @@ async def test_a_provisioning_a_host_picked_up_is_not_cut_by_the_wait(
 
     async with fleets_in_namespace(temporal_server.address, tmp_path, sandbox=False) as rig:
         # one slot: while it provisions, the host does not poll (its last poll ages past
-        # the wait), as a full sandbox host does
+        # the wait), as a full sandbox host does; it beats in the fleet registry as every
+        # sandbox worker process does
+        host = HostCapabilities(fleet="sandbox", host_id="slow-host", instance_id="slow-1")
+        await publish(rig.client, host)
+        beating = asyncio.create_task(beat(rig.client, host, 1.0))
         async with Worker(
             rig.client,
             task_queue=task_queues.SANDBOX,
@@ -195,8 +207,65 @@ async def test_a_provisioning_a_host_picked_up_is_not_cut_by_the_wait(
                 check_capabilities=False,
             )
             [session] = (await asyncio.wait_for(handle.result(), timeout=60)).sessions
+        beating.cancel()
     assert session.status == SessionStatus.FAILED
     assert "no runtime today" in (session.error or ""), session.error
     # a provisioning error that says a new attempt would fail again is not retryable
     assert session.failure is not None and session.failure.kind == "sandbox"
     assert not session.failure.retryable and session.reward is None
+
+
+async def test_a_runtime_provisioned_after_its_session_was_cancelled_is_torn_down(
+    temporal_server, tmp_path: Path
+) -> None:
+    """A host finishes a provisioning after the session was cancelled (the cancel reached it
+    while its runtime was starting): the session waits for that answer and tears the runtime
+    down on the host's own queue, instead of leaving it running. The host is a test worker
+    on the real queues (a real runtime cannot be made to finish after its cancel on cue)."""
+    started, torn = asyncio.Event(), []
+
+    @activity.defn(name="provision_runtime")
+    async def late_provision(input: ProvisionRuntimeInput) -> ProvisionRuntimeOutput:
+        started.set()
+        try:
+            while True:
+                activity.heartbeat()
+                await asyncio.sleep(0.3)
+        except asyncio.CancelledError:
+            await asyncio.sleep(1)  # the runtime comes up after all
+        return ProvisionRuntimeOutput(
+            runtime_id=f"late-{input.session_id}",
+            host_id="late-host",
+            host_queue=task_queues.host_queue("sandbox", "late-host"),
+            workdir=str(tmp_path),
+        )
+
+    @activity.defn(name="teardown_runtime")
+    async def teardown(input: TeardownRuntimeInput) -> TeardownRuntimeOutput:
+        torn.append(input.runtime_id)
+        return TeardownRuntimeOutput(found=True)
+
+    async with fleets_in_namespace(temporal_server.address, tmp_path, sandbox=False) as rig:
+        async with (
+            Worker(rig.client, task_queue=task_queues.SANDBOX, activities=[late_provision]),
+            Worker(
+                rig.client,
+                task_queue=task_queues.host_queue("sandbox", "late-host"),
+                activities=[teardown],
+            ),
+        ):
+            handle = await RolloutClient(rig.client).submit(
+                shell_task(f"late-{uuid.uuid4().hex[:6]}", "true"), check_capabilities=False
+            )
+            await asyncio.wait_for(started.wait(), timeout=60)
+            session_handle = rig.client.get_workflow_handle(  # type: ignore[attr-defined]
+                f"task/{handle.task_id}/0", result_type=SessionResult
+            )
+            await handle.cancel()
+            session = await asyncio.wait_for(session_handle.result(), timeout=60)
+            history = await session_handle.fetch_history()
+    assert session.status == SessionStatus.CANCELLED
+    assert torn == [f"late-{handle.task_id}/0"], torn
+    await Replayer(
+        workflows=[RolloutSessionWorkflow], data_converter=data_converter()
+    ).replay_workflow(history)

@@ -170,6 +170,13 @@ async def test_polar_payload_runs_and_its_results_come_back(fleets):
         assert (await http.get("/rollout/task/no-such-task")).status_code == 404
         status_all = (await http.get("/rollout/status")).json()
         assert status_all["status"] == "ok" and status_all["running_tasks"] >= 0
+        # every fleet of the fixture beats in the fleet registry
+        assert {f: v["alive"] for f, v in status_all["fleets"].items()} == {
+            "workflows": True,
+            "sandbox": True,
+            "gateway": True,
+            "eval": True,
+        }, status_all["fleets"]
         paths = (await http.get("/openapi.json")).json()["paths"]
         assert {
             "/rollout/task/submit",

@@ -20,16 +20,24 @@ that no registered host can run, before any workflow starts, with an error namin
 
 When no sandbox (or eval) host has registered yet, the client waits a little for one (a stack
 that is just starting), then refuses the task with a message saying so; a caller that knows
-better submits with ``check_capabilities=False``. A host that was killed
-without stopping stays registered until a host with its id registers again (its entry only
-ever says more than the fleet can do, never less).
+better submits with ``check_capabilities=False``.
+
+Liveness comes from the same registry: every worker process of every fleet (workflows,
+sandbox, gateway, eval) signals a heartbeat to it every :data:`HEARTBEAT_EVERY_S`, from a task
+of its own that needs no free activity slot, so a host whose slots are all taken (a saturated
+host) still beats. :func:`fleet_liveness` is the one rule every reader applies (``rolloutd
+submit`` and the trainer client's waits, the REST status, the metrics, the sessions waiting
+for a sandbox host): a fleet is alive while one of its processes beat within
+:data:`DEAD_AFTER_S`, dead otherwise, never judged from queue polls (a full sandbox host makes
+none). A process that stops without withdrawing (a killed pod) is forgotten
+:data:`FORGET_AFTER_S` after its last beat.
 
 Everything here is pure (no I/O): it runs in workflow code and in the client.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -46,6 +54,15 @@ REGISTER_SIGNAL = "register"
 UNREGISTER_SIGNAL = "unregister"
 #: query answering :class:`FleetCapabilities`.
 CAPABILITIES_QUERY = "capabilities"
+#: signal every worker process sends every :data:`HEARTBEAT_EVERY_S` (signal-with-start), with
+#: its :class:`HostCapabilities` (``heartbeat_at`` set): a registry that lost it learns it again.
+HEARTBEAT_SIGNAL = "heartbeat"
+#: signal a workflow sends to be told when a fleet dies or lives again (:class:`FleetWatch`).
+WATCH_SIGNAL = "watch_fleet"
+#: signal withdrawing a workflow's watches (its workflow id).
+UNWATCH_SIGNAL = "unwatch_fleet"
+#: signal the registry sends a watching workflow (:class:`FleetState`).
+FLEET_STATE_SIGNAL = "fleet_state"
 #: update that asks an eval host whether an evaluator import path imports.
 CHECK_EVALUATOR_UPDATE = "check_evaluator"
 #: the eval fleet's activity behind :data:`CHECK_EVALUATOR_UPDATE`.
@@ -53,13 +70,26 @@ CHECK_EVALUATOR_ACTIVITY = "check_evaluator"
 #: what a caller names to skip the check (in messages).
 OPT_OUT = "check_capabilities=False"
 
-PublishingFleet = Literal["sandbox", "eval"]
+#: seconds between two heartbeats of a worker process (``CommonSettings.fleet_heartbeat_s``
+#: sets it per process; this is its default).
+HEARTBEAT_EVERY_S = 10.0
+#: a fleet none of whose processes beat for this long is dead, seconds: four missed beats
+#: (a busy host's beat may come late), so a dead fleet is told within about a minute of its
+#: death with a reader checking every 10 s.
+DEAD_AFTER_S = 45.0
+#: a process not heard from for this long is dropped from the registry, seconds.
+FORGET_AFTER_S = 600.0
+
+PublishingFleet = Literal["workflows", "sandbox", "gateway", "eval"]
 
 
 class HostCapabilities(Payload):
-    """What one host of a fleet can run, published when its worker starts."""
+    """What one worker process of a fleet can run, published when its workers start, and
+    when it last said it was alive."""
 
-    fleet: PublishingFleet = Field(description="``sandbox`` or ``eval``")
+    fleet: PublishingFleet = Field(
+        description="``workflows``, ``sandbox``, ``gateway`` or ``eval``"
+    )
     host_id: str = Field(min_length=1, description="the host's id (``ROLLOUTD_HOST_ID``)")
     instance_id: str = Field(
         min_length=1,
@@ -95,6 +125,15 @@ class HostCapabilities(Payload):
         "version before this field; not checked)",
     )
     started_at: datetime | None = Field(default=None, description="when the worker started (UTC)")
+    heartbeat_at: datetime | None = Field(
+        default=None,
+        description="when the process last beat (UTC, its own clock; the registry's clock "
+        "when it registered without one)",
+    )
+
+    def last_seen(self) -> datetime | None:
+        """When the process was last known alive: its last beat, else its start."""
+        return self.heartbeat_at or self.started_at
 
     @field_validator("policy", mode="before")
     @classmethod
@@ -110,6 +149,11 @@ class FleetCapabilities(Payload):
     """The registered hosts; what the fleets can run is the union of theirs."""
 
     hosts: list[HostCapabilities] = Field(default_factory=list)
+    last_seen: dict[str, datetime] = Field(
+        default_factory=dict,
+        description="fleet -> the latest beat of any of its processes, kept after they are "
+        "withdrawn or forgotten (how long a fleet has been dead)",
+    )
 
     def of(self, fleet: PublishingFleet) -> list[HostCapabilities]:
         """The registered hosts of one fleet."""
@@ -122,6 +166,123 @@ class FleetCapabilities(Payload):
     def evaluator_names(self) -> list[str]:
         """Built-in evaluator names at least one eval host has, sorted."""
         return sorted({n for h in self.of("eval") for n in h.evaluators})
+
+
+class FleetLiveness(Payload):
+    """Whether a fleet is alive, by :func:`fleet_liveness`."""
+
+    fleet: str
+    alive: bool
+    num_processes: int = Field(default=0, description="its processes that beat in time")
+    last_heartbeat_s_ago: float | None = Field(
+        default=None, description="seconds since its latest beat (None: never seen)"
+    )
+
+    def describe(self, dead_after_s: float = DEAD_AFTER_S) -> str:
+        """Why the fleet is dead (or that it lives), in words."""
+        if self.alive:
+            return f"fleet {self.fleet!r} is alive ({self.num_processes} processes beating)"
+        if self.last_heartbeat_s_ago is None:
+            return f"no worker process of fleet {self.fleet!r} has ever beaten"
+        return (
+            f"no worker process of fleet {self.fleet!r} has beaten for {dead_after_s:g} s "
+            f"(its last heartbeat was {self.last_heartbeat_s_ago:.0f} s ago)"
+        )
+
+
+def fleet_liveness(
+    fleets: FleetCapabilities,
+    fleet: str,
+    now: datetime,
+    *,
+    dead_after_s: float = DEAD_AFTER_S,
+) -> FleetLiveness:
+    """The one liveness rule: a fleet is alive while at least one of its worker processes beat
+    within ``dead_after_s`` of ``now``; a saturated fleet (every slot taken) still beats, so it
+    is never called dead. Queue polls are not evidence either way: a full sandbox host makes
+    none (``RuntimeSlots`` reserves no slot), and an idle one's long poll begins up to a
+    minute before a reader looks.
+
+    Args:
+        fleets: the registry's answer (its hosts and each fleet's latest beat).
+        fleet: ``workflows``, ``sandbox``, ``gateway`` or ``eval``.
+        now: the reader's time (UTC).
+        dead_after_s: the limit without a beat, seconds.
+
+    Returns:
+        The fleet's liveness; ``last_heartbeat_s_ago`` is None when no process of it ever beat.
+    """
+    limit = timedelta(seconds=dead_after_s)
+    seen = [s for h in fleets.hosts if h.fleet == fleet and (s := h.last_seen()) is not None]
+    alive = [s for s in seen if now - s < limit]
+    latest = latest_beat(fleets, fleet)
+    return FleetLiveness(
+        fleet=fleet,
+        alive=bool(alive),
+        num_processes=len(alive),
+        last_heartbeat_s_ago=None if latest is None else max(0.0, (now - latest).total_seconds()),
+    )
+
+
+class FleetWatch(Payload):
+    """A workflow asks the registry to be told (:data:`FLEET_STATE_SIGNAL`) when ``fleet``
+    has been dead for ``after_s`` since ``since`` (``until="dead"``: a session waiting for a
+    sandbox host), or as soon as it is alive (``until="alive"``: a replacement waiting for
+    the fleet to come back). One signal per watch; a watch ends when told or withdrawn."""
+
+    workflow_id: str
+    fleet: PublishingFleet = "sandbox"
+    until: Literal["dead", "alive"] = "dead"
+    after_s: float = Field(default=DEAD_AFTER_S, ge=0, description="dead for this long, seconds")
+    since: datetime | None = Field(
+        default=None,
+        description="the wait began then: a fleet that never beat since counts as dead from it "
+        "(None: when the registry got the watch)",
+    )
+    tag: str = Field(
+        default="",
+        description="the watcher's name for this wait, echoed in the answer; a watch replaces "
+        "an earlier one of the same workflow and tag; an unwatch with tag '' withdraws all "
+        "of the workflow's",
+    )
+
+
+def latest_beat(fleets: FleetCapabilities, fleet: str) -> datetime | None:
+    """The latest sign of life of any process of ``fleet`` (None: never seen)."""
+    seen = [s for h in fleets.hosts if h.fleet == fleet and (s := h.last_seen()) is not None]
+    if fleet in fleets.last_seen:
+        seen.append(fleets.last_seen[fleet])
+    return max(seen, default=None)
+
+
+def dead_watch_due(
+    watch: FleetWatch, fleets: FleetCapabilities, *, dead_after_s: float = DEAD_AFTER_S
+) -> datetime:
+    """When a ``until="dead"`` watch is told: once the fleet is dead by
+    :func:`fleet_liveness` and no process of it has beaten for ``watch.after_s`` since the
+    wait began (``watch.since``), whichever is later. A beat moves it on.
+
+    Raises:
+        ValueError: the watch has no ``since`` (the registry sets it when it gets one).
+    """
+    if watch.since is None:
+        raise ValueError("a watch needs since")
+    beat = latest_beat(fleets, watch.fleet)
+    if beat is None:
+        return watch.since + timedelta(seconds=watch.after_s)
+    return max(
+        beat + timedelta(seconds=dead_after_s),
+        max(watch.since, beat) + timedelta(seconds=watch.after_s),
+    )
+
+
+class FleetState(Payload):
+    """What the registry tells a watching workflow."""
+
+    fleet: str
+    alive: bool
+    message: str = ""
+    tag: str = Field(default="", description="the watch's tag")
 
 
 class CheckEvaluatorInput(Payload):

@@ -1,5 +1,5 @@
 """``rolloutd up | worker | engine | models | submit | rest | view | quota | codec-server |
-codec-key | demo | generate | schedule``."""
+codec-key | demo | generate | schedule | store``."""
 
 from __future__ import annotations
 
@@ -473,6 +473,40 @@ def _demo(args: argparse.Namespace, settings: CommonSettings) -> int:
     return exit_code(results)
 
 
+def _store(args: argparse.Namespace, settings: CommonSettings) -> int:
+    """``rolloutd store gc``: prints what was deleted and kept; exit 1 when Temporal could
+    not say what is held (then nothing is deleted)."""
+    from rolloutd.store import BlobStore
+    from rolloutd.trainer_client import RolloutClient
+    from rolloutd.trainer_client.retention import gc
+
+    days = args.retention_days or settings.store_retention_days
+
+    async def main() -> int:
+        client = (
+            await RolloutClient.connect(
+                args.address or settings.temporal_address, namespace=settings.temporal_namespace
+            )
+        ).client
+        report = await gc(
+            client,
+            BlobStore(args.store_url or settings.store_url),
+            retention_s=days * 86_400,
+            dry_run=args.dry_run,
+        )
+        verb = "would delete" if report.dry_run else "deleted"
+        print(
+            f"store gc (retention {days:g} days): {verb} {len(report.deleted)} "
+            f"({report.num_bytes / 2**20:.1f} MiB); kept {report.kept_young} younger and "
+            f"{len(report.kept_held)} held by a running task or an unacknowledged batch"
+        )
+        for key in report.deleted:
+            print(f"  {verb}: {key}")
+        return 0
+
+    return asyncio.run(main())
+
+
 #: what each command runs: ``handler(args, settings) -> exit status``
 COMMANDS: dict[str, Callable[[argparse.Namespace, CommonSettings], int]] = {
     "settings": _settings,
@@ -492,6 +526,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, CommonSettings], int]] = {
     "generate": _generation,
     "schedule": _generation,
     "demo": _demo,
+    "store": _store,
 }
 
 

@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     _fleet_parsers(sub)
     _engine_parsers(sub)
     _task_parsers(sub)
+    _store_parsers(sub)
     _service_parsers(sub)
     _generation_parsers(sub)
     return parser
@@ -345,6 +346,33 @@ def _temporal_options(parser: argparse.ArgumentParser) -> None:
         "--task-queue",
         default="rolloutd-workflows",
         help="task queue of the generation workflow (its tasks always run on rolloutd-workflows)",
+    )
+
+
+def _store_parsers(sub: Any) -> None:
+    """``store gc``: prune the blob store by its retention."""
+    store = _sub(sub, "store", "the blob store")
+    store_sub = store.add_subparsers(
+        dest="store_command", required=True, metavar="ACTION", help="what to do"
+    )
+    gc = _sub(
+        store_sub,
+        "gc",
+        "delete each task's sessions, stored request and group older than the retention, "
+        "except what a running task or an unacknowledged buffer batch holds",
+    )
+    gc.add_argument(
+        "--retention-days",
+        type=float,
+        default=None,
+        help="age to pass, days; None: $ROLLOUTD_STORE_RETENTION_DAYS (30)",
+    )
+    gc.add_argument("--dry-run", action="store_true", help="report only, delete nothing")
+    gc.add_argument("--store-url", default=None, help="None: $ROLLOUTD_STORE_URL")
+    gc.add_argument(
+        "--address",
+        default=None,
+        help="Temporal address host:port; None: $ROLLOUTD_TEMPORAL_ADDRESS or localhost:7233",
     )
 
 

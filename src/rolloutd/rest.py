@@ -49,6 +49,7 @@ from rolloutd.security.tenants import OPERATOR, Caller, TenantTokens, resolve_ca
 from rolloutd.settings import RestSettings, default_home, find_admin_token
 from rolloutd.trainer_client.admin import AdminError, BackendAdmin
 from rolloutd.trainer_client.client import InvalidTaskError, RolloutClient
+from rolloutd.trainer_client.health import FleetHealth
 from rolloutd.trainer_client.inflight import sessions_by_phase
 from rolloutd.types import (
     DEFAULT_PRIORITY,
@@ -606,13 +607,25 @@ def _task_routes(
             await client.cancel(task_id)
         return current
 
+    # one checker for the facade's life: a fleet never seen counts from its first look
+    health = client.fleet_health or FleetHealth(client.client)
+
     @app.get("/rollout/status")
     async def rollout_status() -> dict[str, Any]:
-        """How many tasks and buffers run."""
+        """How many tasks and buffers run, and whether each fleet lives
+        (:func:`rolloutd.capabilities.fleet_liveness`: a worker process beat in the fleet
+        registry within 45 s; a full fleet beats, so it is alive). ``fleets`` is empty when
+        Temporal did not answer."""
         count = client.client.count_workflows
         tasks = await count("WorkflowType='RolloutTaskWorkflow' AND ExecutionStatus='Running'")
         buffers = await count("WorkflowType='RolloutBufferWorkflow' AND ExecutionStatus='Running'")
-        return {"status": "ok", "running_tasks": tasks.count, "running_buffers": buffers.count}
+        fleets = await health.liveness()
+        return {
+            "status": "ok",
+            "running_tasks": tasks.count,
+            "running_buffers": buffers.count,
+            "fleets": {name: f.model_dump() for name, f in fleets.items()},
+        }
 
 
 def _backend_routes(

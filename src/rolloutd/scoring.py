@@ -35,7 +35,11 @@ __all__ = [
 
 #: text of :class:`rolloutd.errors.NoSandboxWorkerError` (raised by the session workflow when
 #: no sandbox worker polls): a failure with it says the fleet was down, not this sample.
-FLEET_DOWN_MARKERS = ("no sandbox worker is polling", "NoSandboxWorkerError")
+FLEET_DOWN_MARKERS = (
+    "no sandbox worker is alive",
+    "no sandbox worker is polling",  # results recorded before liveness came from heartbeats
+    "NoSandboxWorkerError",
+)
 
 
 def failure_of(result: SessionResult | Trajectory) -> FailureCause | None:

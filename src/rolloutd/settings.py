@@ -218,6 +218,22 @@ class CommonSettings(BaseSettings):
         "down what it still held, and the process exits): 40 s by default, more than "
         "Kubernetes' 30 (docs/faults.md)",
     )
+    store_retention_days: float = Field(
+        default=30.0,
+        gt=0,
+        description="``rolloutd store gc`` deletes a task's sessions, stored request and "
+        "group from the blob store once its newest object is this old, days; never while "
+        "its task runs or a buffer has not had its group acknowledged",
+    )
+    fleet_heartbeat_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=60,
+        description="seconds between two heartbeats of this worker process to the fleet "
+        "registry (a task of its own: a host whose slots are all taken still beats); a fleet "
+        "none of whose processes beat for 45 s is dead, whatever its queues show "
+        "(docs/faults.md)",
+    )
     temporal_connect_wait_s: float = Field(
         default=120.0,
         ge=0,

@@ -13,6 +13,9 @@ WORKFLOWS = "rolloutd-workflows"
 SANDBOX = "rolloutd-sandbox"
 GATEWAY = "rolloutd-gateway"
 EVAL = "rolloutd-eval"
+#: a session's first open waits here until a gateway's backends have room (each gateway host
+#: polls it only while its pool takes one more open session)
+GATEWAY_ADMIT = "rolloutd-gateway-admit"
 
 FLEET_QUEUES: dict[str, str] = {
     "workflows": WORKFLOWS,

@@ -401,8 +401,18 @@ class PhaseTimeouts(Payload):
         gt=0,
         le=86_400,
         description="how long provisioning waits for a "
-        "sandbox host to pick it up while no sandbox worker polls: past it the session fails "
-        "('no sandbox worker is polling'); a fleet that polls but is busy is waited for",
+        "sandbox host while the sandbox fleet is dead (none of its worker processes beats in "
+        "the fleet registry): past it the session fails ('no sandbox worker is alive'); a "
+        "fleet that beats but is full is waited for, up to capacity_wait_s",
+    )
+    capacity_wait_s: float = Field(
+        default=86_400.0,
+        gt=0,
+        le=7 * 86_400,
+        description="the deadline of each wait for capacity in a queue, s: for a gateway "
+        "to admit the session (backend room), then for a sandbox host to take its "
+        "provisioning. Waiting sessions record no event and are served in priority and "
+        "arrival order; past it the session fails (backend, sandbox), not retried",
     )
     run_s: float = Field(default=600.0, gt=0, le=86_400)
     collect_s: float = Field(default=120.0, gt=0, le=86_400)

@@ -425,6 +425,46 @@ class TaskResult(Payload):
     )
 
 
+class GroupRef(Payload):
+    """A finished group by reference: where its :class:`TaskResult` is stored, and the few
+    facts a buffer filters on. A task started by a buffer signals this (``group_finished``),
+    never the whole group: a buffer's state holds references only, however many groups
+    wait in it, and stays far under Temporal's 2 MB payload limit."""
+
+    task_id: str
+    key: str = Field(
+        default="",
+        description="blob store key of the group's TaskResult JSON (``groups/{task_id}.json``); "
+        "empty when it could not be stored (the group is then read from its task's workflow)",
+    )
+    num_sessions: int = Field(default=0, ge=0)
+    rewards: list[float] = Field(
+        default_factory=list,
+        description="the scored sessions' rewards (rolloutd.scoring.scored_rewards)",
+    )
+    mean_reward: float | None = None
+    incomplete: bool = False
+    num_failed_by_kind: dict[str, int] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, group: TaskResult, key: str, rewards: list[float]) -> GroupRef:
+        """The reference of ``group`` stored at ``key``."""
+        return cls(
+            task_id=group.task_id,
+            key=key,
+            num_sessions=len(group.sessions),
+            rewards=rewards,
+            mean_reward=group.mean_reward,
+            incomplete=group.incomplete,
+            num_failed_by_kind=dict(group.num_failed_by_kind),
+        )
+
+
+def group_key(task_id: str) -> str:
+    """Blob store key of a finished group's TaskResult: ``groups/{task_id}.json``."""
+    return f"groups/{task_id}.json"
+
+
 class CallbackStatus(Payload):
     """Where a session's callback to ``TaskRequest.callback_url`` stands."""
 

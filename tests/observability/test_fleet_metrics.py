@@ -92,6 +92,19 @@ async def test_each_fleet_exports_what_real_sessions_did(fleets):
     group = await handle.result()
     assert [s.status for s in group.sessions] == [SessionStatus.COMPLETED] * 2
     after_gw, after = await ascrape(gateway_metrics), await ascrape(fleets.metrics_url)
+    # the workflows process exports every fleet's liveness from the heartbeats (every 10 s:
+    # a fleet of another test's namespace in this process may have set it last)
+    fleets_alive, deadline = {}, time.monotonic() + 30
+    while time.monotonic() < deadline:
+        scraped = await ascrape(fleets.metrics_url)
+        fleets_alive = {
+            f: total(scraped, names.FLEET_ALIVE, fleet=f)
+            for f in ("workflows", "sandbox", "gateway", "eval")
+        }
+        if set(fleets_alive.values()) == {1}:
+            break
+        await asyncio.sleep(1)  # polling the scrape, bounded by the deadline
+    assert set(fleets_alive.values()) == {1}, fleets_alive
 
     def delta(name: str, *, gateway: bool = False, **labels: str) -> float:
         a, b = (after_gw, before_gw) if gateway else (after, before)

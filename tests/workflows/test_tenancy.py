@@ -93,10 +93,10 @@ async def rig(address: str, home: Path, limit: int = HOST_LIMIT) -> AsyncIterato
             )
 
 
-def sleeper(tag: int) -> str:
-    """A harness command that runs about a second as ``sleep 1.<tag>`` (found by that in the
-    process table)."""
-    return f"sleep 1.{tag:05d}"
+def sleeper(tag: int, seconds: int = 1) -> str:
+    """A harness command that runs about ``seconds`` as ``sleep <seconds>.<tag>`` (found by
+    that in the process table)."""
+    return f"sleep {seconds}.{tag:05d}"
 
 
 def run_start(session: SessionResult) -> float:
@@ -155,20 +155,24 @@ async def test_two_tenants_share_the_fleet_and_a_high_priority_task_overtakes(
     temporal_server, tmp_path: Path
 ) -> None:
     tag = random.randrange(10_000, 99_990)
+    # 3 s harnesses: a's backlog of 36 keeps the host busy for about 27 s, far longer than
+    # b's sessions take to reach the sandbox queue on a loaded machine (with 1 s ones, a's
+    # backlog was nearly gone when b's arrived: "a had 4 of 40 not started"), and a backlog
+    # of both is still queued when the evaluation arrives
     async with rig(temporal_server.address, tmp_path) as r:
         a = await r.client.submit(
-            task(f"a-{uuid.uuid4().hex[:6]}", sleeper(tag), 40, tenant="train-a")
+            task(f"a-{uuid.uuid4().hex[:6]}", sleeper(tag, 3), 40, tenant="train-a")
         )
         # tenant a's backlog is in the sandbox queue before tenant b submits: first come
         # would serve a's 40 before any of b's
         await wait_for("tenant a's sessions running", lambda: _num_run_started(r, a.task_id, 4))
         b = await r.client.submit(
-            task(f"b-{uuid.uuid4().hex[:6]}", sleeper(tag + 1), 40, tenant="train-b")
+            task(f"b-{uuid.uuid4().hex[:6]}", sleeper(tag + 1, 3), 40, tenant="train-b")
         )
         await wait_for("tenant b's sessions running", lambda: _num_run_started(r, b.task_id, 4))
         submitted_eval = time.time()
         e = await r.client.submit(
-            task(f"eval-{uuid.uuid4().hex[:6]}", sleeper(tag + 2), 1, tenant="eval", priority=1)
+            task(f"eval-{uuid.uuid4().hex[:6]}", sleeper(tag + 2, 3), 1, tenant="eval", priority=1)
         )
         groups = {
             "train-a": await a.result(),
@@ -274,13 +278,14 @@ async def test_a_tenant_with_quota_3_never_has_more_in_flight_and_the_rest_finis
                 holders.append(len(s.holders))
                 await asyncio.sleep(0.1)
 
-        async with sampling([f"1.{tag:05d}", f"1.{tag + 1:05d}"]) as sampler:
+        # 3 s harnesses: on a loaded machine 1 s ones seldom overlapped 3 at once (seen: 2)
+        async with sampling([f"3.{tag:05d}", f"3.{tag + 1:05d}"]) as sampler:
             watching = asyncio.create_task(sample_holders())
             q = await r.client.submit(
-                task(f"q-{uuid.uuid4().hex[:6]}", sleeper(tag), 10, tenant="quota-3")
+                task(f"q-{uuid.uuid4().hex[:6]}", sleeper(tag, 3), 10, tenant="quota-3")
             )
             other = await r.client.submit(
-                task(f"o-{uuid.uuid4().hex[:6]}", sleeper(tag + 1), 10, tenant="free")
+                task(f"o-{uuid.uuid4().hex[:6]}", sleeper(tag + 1, 3), 10, tenant="free")
             )
             groups = [await q.result(), await other.result()]
             stop.set()

@@ -1,13 +1,21 @@
 """Eval-fleet activities: score a session and write the rewards into its trajectory; say
-whether an evaluator name is in this host's registry (asked through the fleet registry)."""
+whether an evaluator name is in this host's registry (asked through the fleet registry); store
+a large task request once and read it back for its sessions; store a buffer's group."""
 
 from __future__ import annotations
+
+import asyncio
 
 import structlog
 from temporalio import activity
 
 from rolloutd.activities.heartbeat import heartbeating
-from rolloutd.activities.models import EvaluateInput, EvaluateOutput
+from rolloutd.activities.models import (
+    EvaluateInput,
+    EvaluateOutput,
+    StoredTaskRequest,
+    StoreTaskRequestInput,
+)
 from rolloutd.capabilities import (
     CHECK_EVALUATOR_ACTIVITY,
     CheckEvaluatorInput,
@@ -22,7 +30,14 @@ from rolloutd.evaluators import (
 )
 from rolloutd.store import BlobStore
 from rolloutd.trajectory import assign_rewards
-from rolloutd.types import FailureCause, SessionStatus, Trajectory
+from rolloutd.types import (
+    FailureCause,
+    SessionStatus,
+    TaskRequest,
+    TaskResult,
+    Trajectory,
+    group_key,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +53,43 @@ class EvalActivities:
     def __init__(self, store: BlobStore, host_id: str | None = None) -> None:
         self.store = store
         self.host_id = host_id
+
+    @activity.defn(name="store_task_request")
+    async def store_task_request(self, input: StoreTaskRequestInput) -> StoredTaskRequest:
+        """Store a task's request once, under ``tasks/{task_id}/request.json``, for its
+        sessions to read (:func:`task_request_key`): a request copied into each of 1,024 child
+        workflows' inputs would pass Temporal's 50 MB history limit of their parent. Writing
+        it again (a retry) writes the same bytes."""
+        key = task_request_key(input.task.task_id)
+        data = input.task.model_dump_json().encode()
+        await asyncio.to_thread(self.store.put_bytes, key, data)
+        return StoredTaskRequest(key=key, num_bytes=len(data))
+
+    @activity.defn(name="store_group")
+    async def store_group(self, group: TaskResult) -> str:
+        """Store a finished group for the buffer that started its task, under
+        :func:`rolloutd.types.group_key`; the buffer keeps the key, and ``take`` reads the
+        group from the store. Writing it again (a retry) writes the same bytes.
+
+        Returns:
+            The key.
+        """
+        key = group_key(group.task_id)
+        await asyncio.to_thread(self.store.put_bytes, key, group.model_dump_json().encode())
+        return key
+
+    @activity.defn(name="read_task_request")
+    async def read_task_request(self, key: str) -> TaskRequest:
+        """A task's request stored by ``store_task_request``.
+
+        Raises:
+            temporalio.exceptions.ApplicationError: not in the store (``NotFoundError``).
+        """
+        try:
+            data = await asyncio.to_thread(self.store.get_bytes, key)
+        except Exception as e:
+            raise to_application_error(e) from e
+        return TaskRequest.model_validate_json(data)
 
     @activity.defn(name=CHECK_EVALUATOR_ACTIVITY)
     async def check_evaluator(self, input: CheckEvaluatorInput) -> CheckEvaluatorOutput:
@@ -120,3 +172,8 @@ class EvalActivities:
         return EvaluateOutput(
             reward=outcome.reward, trace_rewards=outcome.trace_rewards, details=outcome.details
         )
+
+
+def task_request_key(task_id: str) -> str:
+    """Blob store key of a task's stored request: ``tasks/{task_id}/request.json``."""
+    return f"tasks/{task_id}/request.json"

@@ -1,6 +1,8 @@
 """Gateway-fleet activities, run in the gateway process: open/close session, build trajectory.
 
-``open_session`` runs on the shared queue ``rolloutd-gateway`` and returns this host's queue
+``open_session`` runs on the shared queue ``rolloutd-gateway`` (a session's first open on
+``rolloutd-gateway-admit``, which a host polls only while its backends have room:
+:class:`rolloutd.workers.capacity.SessionSlots`) and returns this host's queue
 ``rolloutd-gateway@{host_id}``, where ``close_session`` then runs so that the process serving
 the session seals it. ``build_trajectory`` reads the durable completion log from the blob store,
 so any gateway host can run it.
@@ -65,7 +67,14 @@ class GatewayActivities:
             )
         except Exception as e:
             raise to_application_error(e) from e
+        started = activity.info()
+        # both times are the server's: how long this attempt waited for a gateway with room
+        queue_wait = max(
+            0.0,
+            (started.started_time - started.current_attempt_scheduled_time).total_seconds(),
+        )
         return OpenSessionOutput(
+            queue_wait_s=queue_wait,
             session_id=info.session_id,
             session_key=info.session_key,
             openai_base_url=info.openai_base_url,

@@ -63,6 +63,12 @@ class OpenSessionOutput(Payload):
     model: str
     backend: str
     host_queue: str = Field(description="the gateway host's own task queue")
+    queue_wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="seconds this open waited in its queue for a gateway with room (the "
+        "admission queue's backlog: backend capacity)",
+    )
 
 
 class CapacityInput(Payload):
@@ -102,30 +108,6 @@ class BackendHealthOutput(Payload):
     unavailable: list[dict[str, Any]] = Field(
         default_factory=list,
         description="per unavailable policy version: ``{policy_version, unhealthy_s, message}``",
-    )
-
-
-class TaskQueuePollersInput(Payload):
-    task_queue: str
-    activity_id: str = Field(
-        default="",
-        description="an activity of the calling workflow: is it still waiting in the queue?",
-    )
-
-
-class TaskQueuePollersOutput(Payload):
-    num_pollers: int = Field(
-        default=0,
-        description="pollers Temporal saw on the queue in the last few minutes",
-    )
-    last_poll_s_ago: float | None = Field(
-        default=None,
-        description="seconds since the most recent poll (None: no poller seen)",
-    )
-    picked_up: bool = Field(
-        default=False,
-        description="the activity ``activity_id`` has left the queue (started or no longer "
-        "pending)",
     )
 
 
@@ -353,3 +335,16 @@ class PostCallbackOutput(Payload):
 
     status_code: int
     attempt: int = 1
+
+
+class StoreTaskRequestInput(Payload):
+    """A task's request, stored once for its sessions (``store_task_request``)."""
+
+    task: TaskRequest
+
+
+class StoredTaskRequest(Payload):
+    """Where a task's request is stored, and its size."""
+
+    key: str = Field(description="blob store key of the request's JSON")
+    num_bytes: int = Field(ge=0, description="size of the stored JSON, bytes")

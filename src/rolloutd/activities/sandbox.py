@@ -8,6 +8,7 @@ on this host only (samples-python worker_specific_task_queues/).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 import uuid
@@ -203,7 +204,14 @@ class SandboxActivities:
                 host_id=self.settings.host_id,
             )
             async with heartbeating(phase="provision"):
-                await runtime.start()
+                try:
+                    await runtime.start()
+                except asyncio.CancelledError:
+                    # the session was cancelled while its runtime started: nothing is kept
+                    with contextlib.suppress(Exception):
+                        await runtime.stop()
+                    reclaim.release(self.root, runtime_id)
+                    raise
         except Exception as e:
             log.warning("runtime_start_failed", runtime=input.runtime.type, error=str(e))
             reclaim.release(self.root, runtime_id)

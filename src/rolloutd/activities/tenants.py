@@ -65,3 +65,8 @@ class TenantState(Payload):
         default=0,
         description="slots granted since the workflow started (over continue-as-new)",
     )
+    num_reaped: int = Field(
+        default=0,
+        description="slots freed because their holder ended without releasing (terminated, "
+        "or its release failed), since the workflow started",
+    )

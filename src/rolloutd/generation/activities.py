@@ -20,7 +20,7 @@ from temporalio.exceptions import ApplicationError
 
 from rolloutd.errors import ConfigError
 from rolloutd.generation import outputs
-from rolloutd.generation.sources import read_rows, row_to_task
+from rolloutd.generation.sources import read_rows, row_to_task, safe_key
 from rolloutd.store import BlobStore
 from rolloutd.types import TaskResult
 from rolloutd.workflows.generation.models import (
@@ -28,6 +28,7 @@ from rolloutd.workflows.generation.models import (
     GenerationSummary,
     JournalRowInput,
     JournalRowOutput,
+    JournalTotals,
     PlanInput,
     PlannedRow,
     PlanOutput,
@@ -54,7 +55,14 @@ class GenerationActivities:
 
     @activity.defn(name="plan_generation")
     async def plan_generation(self, input: PlanInput) -> PlanOutput:
-        """Up to ``limit`` rows not yet journaled, as tasks, with the journal's totals.
+        """Up to ``limit`` rows from source row ``start`` on that are not journaled, as tasks,
+        with the journal's totals.
+
+        The journal is asked by its index (the names of its entries: one listing, no entry
+        read) which rows are done; its entries are read only to count the totals when the
+        workflow carries none (a chain's first run). A later run reads no entry and plans
+        from where the earlier one stopped, so a generation's planning stays linear in its
+        rows.
 
         Raises:
             ApplicationError: non-retryable ``GenerationSourceError`` when the dataset cannot
@@ -63,37 +71,50 @@ class GenerationActivities:
         spec = input.spec
         try:
             rows = await asyncio.to_thread(read_rows, spec.source)
-            entries = await asyncio.to_thread(outputs.read_journal, self.store, spec.name)
-            done = {e.key for e in entries}
-            pending = [(key, row) for key, row in rows if key not in done]
-            planned = [
-                PlannedRow(key=key, task=row_to_task(spec, key, row))
-                for key, row in pending[: input.limit]
-            ]
+            done = await asyncio.to_thread(outputs.journal_index, self.store, spec.name)
+            keys = {safe_key(key) for key, _ in rows}
+            planned: list[PlannedRow] = []
+            num_pending, next_start = 0, input.start
+            for index in range(input.start, len(rows)):
+                key, row = rows[index]
+                if safe_key(key) in done:
+                    continue
+                num_pending += 1
+                if len(planned) < input.limit:
+                    planned.append(PlannedRow(key=key, task=row_to_task(spec, key, row)))
+                    next_start = index + 1
+            totals = input.totals
+            if totals is None:
+                entries = await asyncio.to_thread(outputs.read_journal, self.store, spec.name)
+                journaled = [e for e in entries if safe_key(e.key) in keys]
+                totals = JournalTotals(
+                    num_journaled=len(journaled),
+                    num_failed=sum(failed(e.result) for e in journaled),
+                    num_passing=sum(passing(e.result, spec.filters.pass_reward) for e in journaled),
+                )
         except (OSError, ConfigError, ImportError, ValidationError) as e:
             raise ApplicationError(
                 f"generation {spec.name}: {type(e).__name__}: {e}",
                 type="GenerationSourceError",
                 non_retryable=True,
             ) from e
-        keys = {key for key, _ in rows}
-        journaled = [e for e in entries if e.key in keys]
         log.info(
             "generation_planned",
             generation=spec.name,
             num_rows=len(rows),
-            num_journaled=len(journaled),
+            num_journaled=totals.num_journaled,
             num_planned=len(planned),
+            start=input.start,
+            read_entries=input.totals is None,
         )
         return PlanOutput(
             rows=planned,
             num_rows=len(rows),
-            num_journaled=len(journaled),
-            num_journaled_failed=sum(failed(e.result) for e in journaled),
-            num_journaled_passing=sum(
-                passing(e.result, spec.filters.pass_reward) for e in journaled
-            ),
-            num_pending=len(pending),
+            num_journaled=totals.num_journaled,
+            num_journaled_failed=totals.num_failed,
+            num_journaled_passing=totals.num_passing,
+            num_pending=num_pending,
+            next_start=next_start,
         )
 
     @activity.defn(name="journal_row")

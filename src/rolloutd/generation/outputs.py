@@ -53,6 +53,16 @@ def journal_row(store: BlobStore, name: str, entry: JournalEntry) -> bool:
     return True
 
 
+def journal_index(store: BlobStore, name: str) -> set[str]:
+    """The safe keys (:func:`rolloutd.generation.sources.safe_key`) of a generation's
+    journaled rows, from the names of its entries (one listing; no entry is read)."""
+    return {
+        k.rsplit("/", 1)[-1].removesuffix(".json")
+        for k in store.list(journal_prefix(name))
+        if k.endswith(".json")
+    }
+
+
 def read_journal(store: BlobStore, name: str) -> list[JournalEntry]:
     """Every journaled row of a generation, by key order."""
     return [

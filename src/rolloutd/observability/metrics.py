@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -50,6 +50,17 @@ COMPLETION_LOG_WRITE = Histogram(
     "seconds to append one completion to its completion log",
     buckets=names.LOG_WRITE_BUCKETS_S,
 )
+FLEET_ALIVE = Gauge(
+    names.FLEET_ALIVE,
+    "1 while a worker process of the fleet beat in the fleet registry within its limit "
+    "(rolloutd.capabilities.fleet_liveness; a full fleet beats), 0 when the fleet is dead",
+    ["fleet"],
+)
+
+
+def set_fleet_alive(fleet: str, alive: bool) -> None:
+    """Export one fleet's liveness (the workflows process sets it every heartbeat)."""
+    FLEET_ALIVE.labels(fleet).set(1.0 if alive else 0.0)
 
 
 class _Children:

@@ -105,6 +105,11 @@ LOG_WRITE_BUCKETS_S = (
 #: gauge: runtimes provisioned and not yet torn down on a sandbox host; label ``host``
 RUNTIMES_ALIVE = "rolloutd_runtimes_alive"
 
+# --- workflows process (prometheus-client) ------------------------------------------------
+#: gauge: 1 while the fleet lives (rolloutd.capabilities.fleet_liveness), 0 when dead; label
+#: ``fleet``
+FLEET_ALIVE = "rolloutd_fleet_alive"
+
 # --- the Temporal SDK's own metrics (its Prometheus exporter, every worker process) ------
 #: histogram, ms: time an activity task waited in its queue (the backlog signal of the
 #: sandbox, gateway and eval fleets); label ``task_queue``
@@ -151,6 +156,7 @@ PROCESS_METRICS = {
     BACKEND_POLICY_VERSION: "gauge",
     BACKEND_HEALTHY: "gauge",
     RUNTIMES_ALIVE: "gauge",
+    FLEET_ALIVE: "gauge",
 }
 
 

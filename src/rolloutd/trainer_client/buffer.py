@@ -17,6 +17,7 @@ A trainer that dies between ``take`` and ``ack`` gets the same batch again from 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,10 +25,11 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from rolloutd.errors import RolloutdError
+from rolloutd.errors import NotFoundError, RolloutdError
 from rolloutd.payload import validate_strict
+from rolloutd.store import BlobStore
 from rolloutd.trainer_client.health import CHECK_EVERY_S, FleetHealth
-from rolloutd.types import TaskRequest
+from rolloutd.types import GroupRef, TaskRequest, TaskResult
 from rolloutd.workflows.buffer.models import (
     AckInput,
     AckOutput,
@@ -66,11 +68,42 @@ class RolloutBuffer:
         buffer_id: str,
         *,
         health: FleetHealth | None = None,
+        client: Client | None = None,
+        store: BlobStore | None = None,
     ) -> None:
         self.workflow = handle
         self.buffer_id = buffer_id
         #: checked while ``take`` waits (:mod:`rolloutd.trainer_client.health`)
         self.health = health
+        #: where ``take`` reads whole groups: the blob store, else each task's own result
+        self.client = client
+        self.store = store
+
+    async def _read_group(self, ref: GroupRef) -> TaskResult:
+        """A group by its reference: from the blob store when this handle has one and the
+        group was stored, else from its task workflow's result (kept by Temporal for the
+        namespace's retention period)."""
+        if self.store is not None and ref.key:
+            with contextlib.suppress(NotFoundError):
+                return await asyncio.to_thread(self.store.get_model, ref.key, TaskResult)
+        if self.client is None:
+            raise RolloutdError(
+                f"group {ref.task_id} cannot be read: this buffer handle has no blob store "
+                "and no Temporal client"
+            )
+        from rolloutd.workflows.task import task_workflow_id
+
+        handle = self.client.get_workflow_handle(
+            task_workflow_id(ref.task_id), result_type=TaskResult
+        )
+        return await handle.result()
+
+    async def _whole(self, batch: Batch) -> Batch:
+        """The batch with each group read whole (the buffer hands out references)."""
+        groups = await asyncio.gather(*(self._read_group(g.ref) for g in batch.groups))
+        for buffered, group in zip(batch.groups, groups, strict=True):
+            buffered.group = group
+        return batch
 
     async def _update(self, name: str, arg: Any, result_type: type) -> Any:
         """Execute an update; retry the server's transient refusals (a run continuing-as-new
@@ -120,7 +153,7 @@ class RolloutBuffer:
                 TakeBatchOutput,
             )
             if out.status in ("ok", "partial") and out.batch is not None:
-                return out.batch
+                return await self._whole(out.batch)
             if out.status == "exhausted":
                 raise BufferExhaustedError(f"buffer {self.buffer_id} is exhausted")
             # "retry" (continue-as-new in progress) and "timeout": ask again until deadline
@@ -169,10 +202,15 @@ class RolloutBuffer:
 
 
 async def create_buffer(
-    client: Client, config: BufferConfig | Mapping[str, Any], *, health: FleetHealth | None = None
+    client: Client,
+    config: BufferConfig | Mapping[str, Any],
+    *,
+    health: FleetHealth | None = None,
+    store: BlobStore | None = None,
 ) -> RolloutBuffer:
     """Start a buffer workflow ``buffer/{buffer_id}`` (or attach to the running one);
-    ``health`` is checked while ``take`` waits.
+    ``health`` is checked while ``take`` waits; ``take`` reads whole groups from ``store``
+    (else from each task's result).
 
     Raises:
         pydantic.ValidationError: the config is malformed.
@@ -190,11 +228,15 @@ async def create_buffer(
         task_queue=task_queues.WORKFLOWS,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
     )
-    return RolloutBuffer(handle, cfg.buffer_id, health=health)
+    return RolloutBuffer(handle, cfg.buffer_id, health=health, client=client, store=store)
 
 
 def get_buffer(
-    client: Client, buffer_id: str, *, health: FleetHealth | None = None
+    client: Client,
+    buffer_id: str,
+    *,
+    health: FleetHealth | None = None,
+    store: BlobStore | None = None,
 ) -> RolloutBuffer:
     """The handle of a running buffer (a restarted trainer uses this)."""
     from rolloutd.workflows.buffer.models import buffer_workflow_id
@@ -203,4 +245,6 @@ def get_buffer(
         client.get_workflow_handle(buffer_workflow_id(buffer_id), result_type=BufferSummary),
         buffer_id,
         health=health,
+        client=client,
+        store=store,
     )

@@ -417,13 +417,13 @@ class RolloutClient:
         :func:`rolloutd.trainer_client.buffer.create_buffer`. Returns a ``RolloutBuffer``."""
         from rolloutd.trainer_client.buffer import create_buffer
 
-        return await create_buffer(self.client, config, health=self.fleet_health)
+        return await create_buffer(self.client, config, health=self.fleet_health, store=self.store)
 
     def get_buffer(self, buffer_id: str) -> Any:
         """The ``RolloutBuffer`` of a running buffer."""
         from rolloutd.trainer_client.buffer import get_buffer
 
-        return get_buffer(self.client, buffer_id, health=self.fleet_health)
+        return get_buffer(self.client, buffer_id, health=self.fleet_health, store=self.store)
 
     def trajectory(self, session: SessionResult) -> Trajectory:
         """Load a session's trajectory from the blob store.

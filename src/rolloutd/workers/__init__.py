@@ -4,12 +4,16 @@
 |-----------|---------------------------------------------|--------------------------------------|
 | workflows | rolloutd-workflows                          | workflows + local activities         |
 | sandbox   | rolloutd-sandbox, rolloutd-sandbox@{host}   | provision / run / collect / teardown |
-| gateway   | rolloutd-gateway, rolloutd-gateway@{host}   | HTTP gateway + session activities    |
+| gateway   | rolloutd-gateway, rolloutd-gateway@{host},  | HTTP gateway + session activities    |
+|           | rolloutd-gateway-admit                      | (admission: opens while backends     |
+|           |                                             | have room)                           |
 | eval      | rolloutd-eval                               | evaluate, read_task_chunk, callbacks,|
 |           |                                             | generation I/O                       |
 
-Sandbox and eval hosts publish what they can run to the fleet registry once their workers poll
-(:mod:`rolloutd.workers.registry`), and withdraw it when they stop. On SIGTERM or SIGINT every
+Every worker process publishes itself to the fleet registry once its workers poll (sandbox and
+eval hosts with what they can run), beats there every ``fleet_heartbeat_s`` (its liveness,
+:func:`rolloutd.capabilities.fleet_liveness`), and withdraws when it stops
+(:mod:`rolloutd.workers.registry`). On SIGTERM or SIGINT every
 fleet drains (:mod:`rolloutd.workers.drain`): it stops polling, a sandbox host hands its
 running harnesses back, and other activities get ``ROLLOUTD_GRACEFUL_SHUTDOWN_S`` to finish.
 """
@@ -48,7 +52,7 @@ from rolloutd.settings import (
 )
 from rolloutd.store import BlobStore
 from rolloutd.task_queues import Fleet
-from rolloutd.workers.capacity import RuntimeSlots
+from rolloutd.workers.capacity import RuntimeSlots, SessionSlots
 from rolloutd.workers.drain import drain_fleet
 from rolloutd.workers.health import serve_health
 
@@ -146,8 +150,10 @@ class _FleetParts:
     grace_s: float
     #: called after the drain, last first
     cleanups: list[Callable[[], Awaitable[Any]]] = field(default_factory=list)
-    #: what a sandbox or eval host publishes to the fleet registry
+    #: what the process publishes to the fleet registry (and beats for)
     host: HostCapabilities | None = None
+    #: seconds between two beats
+    heartbeat_s: float = 10.0
     #: monotonic time the drain began (set when it does)
     drain_began: float = field(default_factory=time.monotonic)
 
@@ -186,27 +192,41 @@ async def run_fleet(
         # the operator's evaluators: eval hosts score with them, sandbox hosts run their checks
         register_evaluators((settings or CommonSettings()).evaluators)
     handle = FleetHandle(fleet=fleet, workers=[])
-    parts = _FleetParts(grace_s=(settings or CommonSettings()).graceful_shutdown_s)
+    common = settings or CommonSettings()
+    parts = _FleetParts(grace_s=common.graceful_shutdown_s, heartbeat_s=common.fleet_heartbeat_s)
     await build(handle, client, settings, parts)
+    if parts.host is None:
+        from rolloutd.workers.registry import host_capabilities
+
+        parts.host = host_capabilities(fleet, common.host_id)
     async with contextlib.AsyncExitStack() as stack:
         for worker in handle.workers:
             await stack.enter_async_context(worker)
         log.info("fleet_started", fleet=fleet, task_queues=[w.task_queue for w in handle.workers])
-        if parts.host is not None:
-            from rolloutd.workers.registry import publish, withdraw
+        from rolloutd.workers.registry import beat, export_liveness, publish, withdraw
 
-            # published once polling: a task accepted on it finds a worker; withdrawn first
-            # at stop, before the drain
-            await publish(client, parts.host)
-            published = parts.host
-            parts.cleanups.append(lambda: withdraw(client, published))
+        # published once polling: a task accepted on it finds a worker; withdrawn first
+        # at stop, before the drain
+        published = parts.host
+        await publish(client, published)
+        beating = asyncio.create_task(beat(client, published, parts.heartbeat_s))
+        handle.resources["heartbeat"] = beating
+        exporting = (
+            asyncio.create_task(export_liveness(client, parts.heartbeat_s))
+            if fleet == "workflows"
+            else None
+        )
         try:
             yield handle
         finally:
             parts.drain_began = time.monotonic()
-            if parts.host is not None:
-                with contextlib.suppress(Exception):
-                    await parts.cleanups.pop()()
+            for task in (beating, exporting):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+            with contextlib.suppress(Exception):
+                await withdraw(client, published)
             try:
                 handle.resources["drain"] = await drain_fleet(
                     fleet,
@@ -250,10 +270,9 @@ async def _workflows_fleet(
                 TenantWorkflow,
             ],
             # local activities only: a cancelled task cancels its sessions directly with
-            # cancel_workflows; a session asks whether a sandbox worker polls at all
+            # cancel_workflows
             activities=[
                 cancel_workflows,
-                FleetHealthActivities(client).task_queue_pollers,
                 FleetHealthActivities(client).sandbox_capacity,
             ],
             no_remote_activities=True,
@@ -329,8 +348,31 @@ async def _gateway_fleet(
     gateway = await asyncio.to_thread(Gateway.from_settings, s)
     server = await serve(gateway, s.gateway_host, s.gateway_port)
     acts = GatewayActivities(gateway, s.host_id)
-    handle.resources.update(gateway=gateway, server=server, activities=acts)
+    capacity = gateway.sessions.capacity
+
+    def room() -> tuple[int, int | None]:
+        if capacity is None or capacity.max_sessions_per_slot is None:
+            return 0, None
+        load = capacity.check()
+        return load.num_sessions_open, load.max_sessions
+
+    admission = SessionSlots(room, capacity.refresh if capacity is not None else None)
+    handle.resources.update(gateway=gateway, server=server, activities=acts, admission=admission)
     handle.workers += [
+        # a session's first open: taken only while the pool has room, so sessions waiting
+        # for the backends are this queue's backlog (ordered by priority and fairness)
+        Worker(
+            client,
+            task_queue=task_queues.GATEWAY_ADMIT,
+            activities=[acts.open_session],
+            tuner=WorkerTuner.create_composite(
+                workflow_supplier=FixedSizeSlotSupplier(1),
+                activity_supplier=admission,
+                local_activity_supplier=FixedSizeSlotSupplier(1),
+                nexus_supplier=FixedSizeSlotSupplier(1),
+            ),
+            graceful_shutdown_timeout=parts.grace,
+        ),
         # close_session here too: when the gateway host serving a session is gone, any
         # gateway seals it from the durable state in the store
         Worker(
@@ -367,6 +409,7 @@ async def _eval_fleet(
     handle: FleetHandle, client: Client, settings: CommonSettings | None, parts: _FleetParts
 ) -> None:
     """An eval host: evaluators, the trainer's I/O, the generations' activities."""
+    from rolloutd.activities.closed import closed_workflows
     from rolloutd.activities.evaluation import EvalActivities
     from rolloutd.activities.trainer_io import TrainerIOActivities
     from rolloutd.generation.activities import GenerationActivities
@@ -384,6 +427,11 @@ async def _eval_fleet(
             activities=[
                 acts.evaluate,
                 acts.check_evaluator,
+                acts.store_task_request,
+                acts.read_task_request,
+                acts.store_group,
+                # a tenant and a buffer ask whether their holders still run
+                closed_workflows,
                 io.read_task_chunk,
                 io.post_callback,
                 gen.plan_generation,

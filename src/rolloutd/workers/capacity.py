@@ -1,5 +1,12 @@
-"""Backpressure on a sandbox host: ``max_concurrent_sessions`` bounds its live runtimes, so
-its running harnesses (docs/tenancy.md; docs/decisions.md, "Dead versus saturated").
+"""Backpressure as task queues bounded by slot suppliers (docs/tenancy.md; docs/decisions.md,
+"Dead versus saturated"): sessions waiting for capacity wait in a Temporal task queue, ordered
+by priority and fairness, never in a loop of workflow code.
+
+:class:`SessionSlots`: a gateway host admits a session's first open only while its backend pool
+takes one more open session (``max_sessions_per_slot`` x slots).
+
+:class:`RuntimeSlots`: a sandbox host's ``max_concurrent_sessions`` bounds its live runtimes, so
+its running harnesses.
 
 The host's provisioning worker (queue ``rolloutd-sandbox``) takes its activity slots from a
 :class:`RuntimeSlots` supplier whose ``reserve_slot`` waits while the host's live runtimes plus
@@ -14,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 
 import structlog
 from temporalio.worker import (
@@ -117,3 +125,76 @@ class RuntimeSlots(CustomSlotSupplier):
             changed.set()
         else:
             loop.call_soon_threadsafe(changed.set)
+
+
+class SessionSlots(CustomSlotSupplier):
+    """Activity slots of a gateway host's admission worker (queue ``rolloutd-gateway-admit``),
+    bounded by the open sessions its backend pool takes: a session's first open waits in that
+    queue, not in workflow code, until a gateway has room (docs/tenancy.md).
+
+    Invariant: ``reserved + open_sessions() <= max_sessions()`` whenever a slot is handed out
+    (an open that finished counts twice for a moment, which only delays the next one).
+
+    Args:
+        room: ``(open sessions, bound)`` of the gateway's pool now (no I/O); a bound of None
+            takes every open.
+        refresh: learns the backends' slots (I/O); awaited before each reservation at most
+            every :attr:`REFRESH_S`.
+        every_s: how often a reservation waiting for room looks again, seconds (a session
+            closing frees room; the counts are in this process's memory).
+    """
+
+    #: seconds between two refreshes of the backends' slots
+    REFRESH_S = 30.0
+
+    def __init__(
+        self,
+        room: Callable[[], tuple[int, int | None]],
+        refresh: Callable[[], Awaitable[None]] | None = None,
+        every_s: float = 0.2,
+    ) -> None:
+        self._room = room
+        self._refresh = refresh
+        self._refreshed_at = float("-inf")
+        self.every_s = every_s
+        self._lock = threading.Lock()
+        self._reserved = 0
+
+    @property
+    def reserved(self) -> int:
+        """Slots handed out and not released (polls waiting for an open, opens running)."""
+        return self._reserved
+
+    def _take(self) -> bool:
+        num_open, bound = self._room()
+        with self._lock:
+            if bound is not None and self._reserved + num_open >= bound:
+                return False
+            self._reserved += 1
+            return True
+
+    async def reserve_slot(self, ctx: SlotReserveContext) -> SlotPermit:
+        """Wait until the pool has room for one more session, then hand out a slot."""
+        while True:
+            if self._refresh is not None and time.monotonic() - self._refreshed_at > self.REFRESH_S:
+                self._refreshed_at = time.monotonic()
+                try:
+                    await self._refresh()
+                except Exception as e:  # noqa: BLE001 - a slot count unknown is asked again later
+                    log.warning("backend_slots_not_refreshed", error=repr(e))
+            if self._take():
+                return SlotPermit()
+            await asyncio.sleep(self.every_s)
+
+    def try_reserve_slot(self, ctx: SlotReserveContext) -> SlotPermit | None:
+        """Hand out a slot when the pool has room now, else None."""
+        return SlotPermit() if self._take() else None
+
+    def mark_slot_used(self, ctx: SlotMarkUsedContext) -> None:
+        """Nothing to do: the slot was counted when reserved."""
+
+    def release_slot(self, ctx: SlotReleaseContext) -> None:
+        """An open ended (its session, when opened, counts in the pool now) or a poll gave its
+        slot back."""
+        with self._lock:
+            self._reserved -= 1

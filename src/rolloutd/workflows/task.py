@@ -8,7 +8,8 @@ A sample whose session ended with a retryable infrastructure cause (not the poli
 cancellation: :func:`rolloutd.scoring.is_replaceable`) is run again as a new session of the same
 sample index, child ``task/{task_id}/{index}/r{n}``, session ``{task_id}/{index}/r{n}``, up to
 ``TaskRequest.max_replacements`` per group. A failure because the sandbox fleet was down is
-not counted: its replacement first waits until a sandbox worker polls again; so is a
+not counted: its replacement first waits until a sandbox worker process beats again (the fleet
+registry signals it); so is a
 ``backend`` failure while the gateway's pool has no healthy backend (the engine is down): its
 replacement waits until the engine answers again. A group that still
 misses a scored sample ends ``incomplete`` (docs/decisions.md, "Failure causes and rewards":
@@ -38,26 +39,30 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd.activities.models import (
         BackendHealthInput,
         BackendHealthOutput,
-        TaskQueuePollersInput,
-        TaskQueuePollersOutput,
+        StoredTaskRequest,
+        StoreTaskRequestInput,
     )
+    from rolloutd.capabilities import FLEET_STATE_SIGNAL, FleetState
     from rolloutd.observability import names
     from rolloutd.scoring import (
         failure_counts,
         failure_of,
         is_fleet_down,
         is_replaceable,
+        scored_rewards,
         scored_sessions,
     )
     from rolloutd.types import (
+        GroupRef,
         SessionResult,
         SessionStatus,
         TaskProgress,
         TaskRequest,
         TaskResult,
     )
-    from rolloutd.workflows import metadata, search
+    from rolloutd.workflows import metadata, search, signals
     from rolloutd.workflows.callback import CallbackInput, CallbackWorkflow, callback_workflow_id
+    from rolloutd.workflows.fleet_watch import FleetStates, unwatch_fleet, watch_fleet
     from rolloutd.workflows.session.models import SessionInput
     from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
     from rolloutd.workflows.tenants import task_priority
@@ -85,10 +90,24 @@ def session_workflow_id(parent: str, sample_index: int, replacement: int = 0) ->
 GROUP_FINISHED_SIGNAL = "group_finished"
 #: the query answering :class:`~rolloutd.types.TaskProgress`.
 STATUS_QUERY = "status"
-#: how often a replacement waiting for the sandbox fleet asks whether a worker polls (at most)
+#: how often a replacement waiting for the sandbox fleet tries again to watch it while no fleet
+#: registry runs yet (at most)
 FLEET_CHECK_EVERY_S = 10.0
 FLEET_CHECK_TIMEOUT = timedelta(seconds=10)
 FLEET_CHECK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
+#: a request whose JSON is larger than this (bytes) is stored once in the blob store and its
+#: sessions take its key (``store_task_request`` / ``read_task_request``, eval fleet); a
+#: smaller one is copied into each session's input (no activity, no store read)
+INLINE_REQUEST_BYTES = 8 * 1024
+STORE_REQUEST_TIMEOUT = timedelta(seconds=60)
+STORE_REQUEST_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=10,
+)
+#: children started in one workflow task at most, and the timer between two batches, s
+START_BATCH = 128
+START_BATCH_PAUSE_S = 0.001
 #: fleet-down replacements per sample of a group at most (they are not counted against
 #: ``max_replacements``): a fleet that comes back only to die again cannot hold a task forever
 FLEET_DOWN_REPLACEMENTS_PER_SAMPLE = 3
@@ -112,6 +131,13 @@ class RolloutTaskWorkflow:
         self._num_fleet_down_replacements = 0
         self._child_ids: dict[int, str] = {}
         self._cancelling = False
+        self._fleet_states = FleetStates()
+
+    @workflow.signal(name=FLEET_STATE_SIGNAL)
+    def fleet_state(self, state: FleetState) -> None:
+        """The fleet registry answers a watch: the sandbox fleet lives again while a
+        replacement waits for it (:mod:`rolloutd.workflows.fleet_watch`)."""
+        self._fleet_states.add(state)
 
     @workflow.query
     def progress(self) -> dict[str, int]:
@@ -142,6 +168,20 @@ class RolloutTaskWorkflow:
         parent = workflow.info().workflow_id
         # a sample's running session, by index: cancelled directly by this id
         self._child_ids = {i: session_workflow_id(parent, i) for i in range(task.num_samples)}
+        # a large request is stored once and its sessions take its key: copied into each
+        # child's input, 1,024 samples of a 50 KB instruction pass the 50 MB history limit
+        task_key: str | None = None
+        if len(task.model_dump_json()) > INLINE_REQUEST_BYTES:
+            stored: StoredTaskRequest = await workflow.execute_activity(
+                "store_task_request",
+                StoreTaskRequestInput(task=task),
+                task_queue=task_queues.EVAL,
+                start_to_close_timeout=STORE_REQUEST_TIMEOUT,
+                retry_policy=STORE_REQUEST_RETRY,
+                priority=task_priority(task),
+                result_type=StoredTaskRequest,
+            )
+            task_key = stored.key
 
         async def session(
             index: int, replacement: int, replay_from: list[str] | None = None
@@ -151,7 +191,8 @@ class RolloutTaskWorkflow:
                 return await workflow.execute_child_workflow(
                     RolloutSessionWorkflow.run,
                     SessionInput(
-                        task=task,
+                        task=None if task_key else task,
+                        task_key=task_key,
                         sample_index=index,
                         session_id=session_id,
                         replay_from=replay_from or [],
@@ -174,7 +215,15 @@ class RolloutTaskWorkflow:
                     error=f"session workflow failed: {e.cause or e}",
                 )
 
+        # a large group's children start START_BATCH at a time, one workflow task each: 1,024
+        # starts in one activation took over the SDK's 2 s deadlock limit on a loaded machine
+        released = [min(task.num_samples, START_BATCH)]
+
         async def one(index: int) -> SessionResult:
+            if index >= released[0]:
+                await workflow.wait_condition(lambda: index < released[0] or self._cancelling)
+                if self._cancelling:
+                    raise asyncio.CancelledError()
             result = await session(index, 0)
             replacement = 0
             earlier: list[str] = []
@@ -199,12 +248,20 @@ class RolloutTaskWorkflow:
             return result
 
         sessions = [asyncio.ensure_future(one(i)) for i in range(task.num_samples)]
+
+        async def release_batches() -> None:
+            while released[0] < task.num_samples and not self._cancelling:
+                await asyncio.sleep(START_BATCH_PAUSE_S)  # a timer: the next workflow task
+                released[0] = min(task.num_samples, released[0] + START_BATCH)
+
+        releasing = asyncio.ensure_future(release_batches())
         try:
             # shielded: a cancelled task cancels its sessions itself (_cancel_sessions), then
             # waits for every one to end (its teardown done), as WAIT_CANCELLATION_COMPLETED
             results = await asyncio.gather(*(asyncio.shield(s) for s in sessions))
         except asyncio.CancelledError:
             self._cancelling = True
+            releasing.cancel()
             self._progress.status = "cancelled"
             self._show(task, "cancelled")
             search.upsert(status=SessionStatus.CANCELLED.value)
@@ -227,7 +284,7 @@ class RolloutTaskWorkflow:
         search.upsert(status="completed", reward=group.mean_reward)
         self._show(task, "done", status=self._progress.status, reward=group.mean_reward)
         if task.report_to:
-            await _report(task.report_to, group)
+            await _report(task.report_to, group, task)
         return group
 
     def _show(self, task: TaskRequest, phase: str, **final) -> None:
@@ -273,8 +330,16 @@ class RolloutTaskWorkflow:
         # shown as being replaced while it waits for the fleet, too
         self._replaced.append(result)
         self._replacing.add(result.sample_index)
-        wait_for = _wait_for_engine if engine_down else _wait_for_sandbox_fleet
-        if fleet_down and not await wait_for(task, lambda: self._cancelling):
+        if engine_down:
+            came_back = await _wait_for_engine(task, lambda: self._cancelling)
+        elif fleet_down:
+            tag = f"replace-{result.sample_index}-{self._num_replacements + 1}"
+            came_back = await _wait_for_sandbox_fleet(
+                task, lambda: self._cancelling, self._fleet_states, tag
+            )
+        else:
+            came_back = True
+        if not came_back:
             self._replaced.remove(result)
             self._replacing.discard(result.sample_index)
             return False
@@ -301,40 +366,50 @@ class RolloutTaskWorkflow:
         return True
 
 
-async def _wait_for_sandbox_fleet(task: TaskRequest, cancelling: Callable[[], bool]) -> bool:
-    """Wait until a sandbox worker polls again: a poll seen within
-    ``task.phases.provision_wait_s``, the rule by which the session called the fleet dead.
+async def _wait_for_sandbox_fleet(
+    task: TaskRequest, cancelling: Callable[[], bool], states: FleetStates, tag: str
+) -> bool:
+    """Wait until the sandbox fleet lives again (a process of it beats in the fleet registry:
+    :func:`rolloutd.capabilities.fleet_liveness`), told by the registry's ``fleet_state``
+    signal: no event is recorded while the task waits.
 
-    The fleet gets as long to come back as it had to show up (``provision_wait_s`` again):
-    a fleet that stays dead must reach the trainer as an incomplete group within minutes, not
-    hold the task for its whole deadline (docs/failures.md: a dead fleet reaches the trainer
-    within about a minute). Gives up at once when the task is being cancelled.
+    The fleet gets as long to come back as it had to show up (``provision_wait_s`` again, a
+    durable timer): a fleet that stays dead must reach the trainer as an incomplete group
+    within minutes, not hold the task for its whole deadline (docs/failures.md: a dead fleet
+    reaches the trainer within about a minute). Gives up at once when the task is being
+    cancelled.
 
     Returns:
-        True when the fleet polls; False when the wait gave up.
+        True when the fleet lives; False when the wait gave up.
     """
     wait_s = task.phases.provision_wait_s
-    every = max(1.0, min(FLEET_CHECK_EVERY_S, wait_s / 3))
     give_up_at = workflow.now() + timedelta(seconds=wait_s)
-    while workflow.now() < give_up_at and not cancelling():
-        try:
-            pollers: TaskQueuePollersOutput = await workflow.execute_local_activity(
-                "task_queue_pollers",
-                TaskQueuePollersInput(task_queue=task_queues.SANDBOX),
-                start_to_close_timeout=FLEET_CHECK_TIMEOUT,
-                retry_policy=FLEET_CHECK_RETRY,
-                result_type=TaskQueuePollersOutput,
-            )
-            if pollers.last_poll_s_ago is not None and pollers.last_poll_s_ago < wait_s:
-                return True
-        except ActivityError as e:
-            # no evidence either way: keep waiting
-            workflow.logger.warning("sandbox poller check failed: %s", e.cause or e)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await workflow.wait_condition(cancelling, timeout=every)
-    if cancelling():
-        return False
-    workflow.logger.warning("sandbox fleet still down after %g s: no replacement", wait_s)
+    watching = False
+    try:
+        while not watching and workflow.now() < give_up_at and not cancelling():
+            watching = await watch_fleet("sandbox", "alive", tag=tag)
+            if not watching:
+                # no registry yet: no worker process has started here; the first one to
+                # start creates it
+                left = (give_up_at - workflow.now()).total_seconds()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await workflow.wait_condition(
+                        cancelling, timeout=max(0.001, min(FLEET_CHECK_EVERY_S, left))
+                    )
+        if watching:
+            left = (give_up_at - workflow.now()).total_seconds()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await workflow.wait_condition(
+                    lambda: states.told(tag) or cancelling(), timeout=max(0.001, left)
+                )
+    finally:
+        if watching and not states.told(tag):
+            await unwatch_fleet(tag)
+    told = states.by_tag.get(tag)
+    if told is not None and told.alive:
+        return True
+    if not cancelling():
+        workflow.logger.warning("sandbox fleet still down after %g s: no replacement", wait_s)
     return False
 
 
@@ -426,13 +501,27 @@ async def _start_callback(
     )
 
 
-async def _report(workflow_id: str, group: TaskResult) -> None:
-    """Signal the task's group to the workflow that asked for it (its buffer). A buffer that
-    has closed is not an error of the task."""
+async def _report(workflow_id: str, group: TaskResult, task: TaskRequest) -> None:
+    """Store the task's group and signal its reference (:class:`~rolloutd.types.GroupRef`)
+    to the workflow that asked for it (its buffer): the buffer keeps references only. A group
+    the store did not take is signalled without a key (its reader falls back to this task's
+    result). A buffer that has closed is not an error of the task."""
+    key = ""
     try:
-        await workflow.get_external_workflow_handle(workflow_id).signal(
-            GROUP_FINISHED_SIGNAL, group
+        key = await workflow.execute_activity(
+            "store_group",
+            group,
+            task_queue=task_queues.EVAL,
+            start_to_close_timeout=STORE_REQUEST_TIMEOUT,
+            retry_policy=STORE_REQUEST_RETRY,
+            priority=task_priority(task),
+            result_type=str,
         )
+    except ActivityError as e:
+        workflow.logger.warning("group %s not stored: %s", group.task_id, e.cause or e)
+    ref = GroupRef.of(group, key, scored_rewards(group))
+    try:
+        await signals.send(workflow_id, GROUP_FINISHED_SIGNAL, ref)
     except Exception as e:  # noqa: BLE001 - boundary: the buffer may be gone
         workflow.logger.warning(
             "could not report group %s to %s: %s", group.task_id, workflow_id, e

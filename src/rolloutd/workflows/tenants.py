@@ -12,20 +12,29 @@ gateway session until it ends. Waiting requests are granted by priority, then in
 is one tenant's counter, not a lock shared by tenants; sessions waiting for the fleet's capacity
 still wait in the fleet's task queue (docs/decisions.md, "Dead versus saturated").
 
+A holder gives its slot back when it ends, however it ends: a session that ends by itself
+signals ``release``; one that cannot (terminated, or cancelled while its signal failed) is
+found by asking Temporal (the activity ``closed_workflows`` on the eval fleet) every
+``check_holders_s`` while requests wait and the quota is full, so a slot is never lost for good.
+The workflow records nothing while no request waits.
+
 Deterministic code only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
+from datetime import timedelta
 
 from pydantic import Field
 from temporalio import workflow
-from temporalio.common import Priority
-from temporalio.exceptions import ApplicationError
+from temporalio.common import Priority, RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from rolloutd import task_queues
     from rolloutd.activities.tenants import (
         ACQUIRE_SIGNAL,
         GRANTED_SIGNAL,
@@ -39,9 +48,15 @@ with workflow.unsafe.imports_passed_through():
     )
     from rolloutd.payload import Payload
     from rolloutd.types import PhaseTiming, TaskRequest
+    from rolloutd.workflows import signals
 
 #: history events after which the tenant workflow continues as new (at most)
 MAX_HISTORY_EVENTS = 5_000
+#: seconds between two checks of the holders while requests wait on a full quota
+CHECK_HOLDERS_S = 60.0
+#: one check of the holders (one activity, every holder described concurrently), queue time
+#: included: a check that cannot run (no eval worker) holds the grants back this long at most
+CHECK_HOLDERS_TIMEOUT = timedelta(seconds=30)
 #: ``ApplicationError.type`` of a signal to a workflow that does not run
 EXTERNAL_NOT_FOUND = "ExternalWorkflowExecutionNotFound"
 
@@ -85,13 +100,17 @@ async def acquire_slot(
     """
     t0 = workflow.now()
     try:
-        await workflow.get_external_workflow_handle(tenant_workflow_id(task.tenant)).signal(
+        await signals.send(
+            tenant_workflow_id(task.tenant),
             ACQUIRE_SIGNAL,
             TenantSlotRequest(workflow_id=workflow.info().workflow_id, priority=task.priority),
         )
     except ApplicationError as e:
         if e.type == EXTERNAL_NOT_FOUND:
             return None  # no quota workflow: the tenant has no quota
+        raise
+    except asyncio.CancelledError:
+        await release_slot(task)  # the request may have landed: withdraw it
         raise
     try:
         await workflow.wait_condition(granted)
@@ -108,8 +127,8 @@ async def release_slot(task: TaskRequest) -> None:
     """From a session workflow: give its tenant slot back (or withdraw its request); a tenant
     workflow that is gone is not an error of the session."""
     try:
-        await workflow.get_external_workflow_handle(tenant_workflow_id(task.tenant)).signal(
-            RELEASE_SIGNAL, workflow.info().workflow_id
+        await signals.send(
+            tenant_workflow_id(task.tenant), RELEASE_SIGNAL, workflow.info().workflow_id
         )
     except Exception as e:  # noqa: BLE001 - boundary: the tenant workflow may be gone
         workflow.logger.warning("could not release the slot of tenant %s: %s", task.tenant, e)
@@ -120,6 +139,12 @@ class TenantInput(Payload):
 
     state: TenantState
     max_history_events: int = Field(default=MAX_HISTORY_EVENTS, ge=10)
+    check_holders_s: float = Field(
+        default=CHECK_HOLDERS_S,
+        gt=0,
+        description="seconds between two checks that the holders still run, while requests "
+        "wait on a full quota",
+    )
 
 
 @workflow.defn
@@ -133,15 +158,22 @@ class TenantWorkflow:
     @workflow.run
     async def run(self, input: TenantInput) -> None:
         """Grant slots while the quota allows, until the history is long; then continue as
-        new with the holders and the waiting requests."""
+        new with the holders and the waiting requests. While requests wait on a full quota,
+        the holders are checked every ``input.check_holders_s`` (a durable timer)."""
         while True:
-            await workflow.wait_condition(
-                lambda: (
-                    self._grantable()
-                    or workflow.info().is_continue_as_new_suggested()
-                    or workflow.info().get_current_history_length() > input.max_history_events
+            blocked = self._blocked()
+            with contextlib.suppress(asyncio.TimeoutError):
+                # a request that starts waiting on a full quota wakes this wait, to arm the timer
+                await workflow.wait_condition(
+                    lambda: (
+                        self._grantable()
+                        or self._continue_as_new_due(input)
+                        or self._blocked() != blocked  # noqa: B023 - awaited in this iteration
+                    ),
+                    timeout=timedelta(seconds=input.check_holders_s) if blocked else None,
                 )
-            )
+            if blocked and self._blocked() and not self._continue_as_new_due(input):
+                await self._reap_holders()
             while self._grantable():
                 request = self._state.waiting.pop(0)
                 self._state.holders.append(request.workflow_id)
@@ -155,14 +187,52 @@ class TenantWorkflow:
                         "session %s gone before its grant: %s", request.workflow_id, e
                     )
                     self._release(request.workflow_id)
-            if (
-                workflow.info().is_continue_as_new_suggested()
-                or workflow.info().get_current_history_length() > input.max_history_events
-            ):
+            if self._continue_as_new_due(input):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(
-                    TenantInput(state=self._state, max_history_events=input.max_history_events)
+                    TenantInput(
+                        state=self._state,
+                        max_history_events=input.max_history_events,
+                        check_holders_s=input.check_holders_s,
+                    )
                 )
+
+    @staticmethod
+    def _continue_as_new_due(input: TenantInput) -> bool:
+        info = workflow.info()
+        return (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() > input.max_history_events
+        )
+
+    async def _reap_holders(self) -> None:
+        """Free the slots of holders that no longer run (ended without a ``release``)."""
+        try:
+            # an activity, not a local one: what follows a local activity's result may run in
+            # another workflow task on replay than it did first (a nondeterminism error)
+            closed: list[str] = await workflow.execute_activity(
+                "closed_workflows",
+                list(self._state.holders),
+                task_queue=task_queues.EVAL,
+                schedule_to_close_timeout=CHECK_HOLDERS_TIMEOUT,
+                retry_policy=RetryPolicy(maximum_attempts=2),
+                result_type=list[str],
+            )
+        except ActivityError as e:
+            workflow.logger.warning("holders of tenant %s not checked: %s", self._state.tenant, e)
+            return
+        for workflow_id in closed:
+            workflow.logger.warning(
+                "session %s ended without releasing its slot of tenant %s: freed",
+                workflow_id,
+                self._state.tenant,
+            )
+            self._release(workflow_id)
+        self._state.num_reaped += len(closed)
+
+    def _blocked(self) -> bool:
+        """Requests wait while the quota is full."""
+        return bool(self._state.waiting) and bool(self._state.holders) and not self._grantable()
 
     def _grantable(self) -> bool:
         limit = self._state.quota.max_sessions_in_flight

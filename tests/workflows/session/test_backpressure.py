@@ -133,6 +133,60 @@ async def test_sessions_wait_for_saturated_backends_and_proceed_when_they_free(
     assert load.num_sessions_open == 0 and not load.saturated
 
 
+async def _num_events(client, workflow_id: str) -> int:
+    handle = client.client.get_workflow_handle(workflow_id)
+    return len((await handle.fetch_history()).events)
+
+
+@pytest.mark.timeout(300)
+async def test_a_session_waiting_for_the_backends_records_no_event_and_has_a_deadline(
+    temporal_server, engine, tmp_path: Path
+) -> None:
+    """Two sessions hold both places of the backends for about 25 s; a third waits for a
+    place in the admission queue and its history does not grow while it waits (a poll in
+    workflow code recorded about 11 events a round); a fourth with ``capacity_wait_s`` 3 is
+    failed at its deadline (``backend``, not retried) without ever opening."""
+    tag = random.randrange(10_000, 99_999)
+    u = uuid.uuid4().hex[:6]
+    async with rig(temporal_server.address, engine.url, tmp_path) as r:
+        holders = await r.client.submit(
+            task(f"hold-{u}", f"sleep 2{tag % 10}.{tag:05d}", BOUND, timeout_s=60)
+        )
+        deadline = time.monotonic() + 60
+        while r.gateway.sessions.capacity.check().num_sessions_open < BOUND:
+            assert time.monotonic() < deadline, "the holders never opened"
+            await asyncio.sleep(0.2)  # polling the gateway, bounded by the deadline
+        waiter = await r.client.submit(task(f"wait-{u}", "true", 1, timeout_s=60))
+        hurried = await r.client.submit(
+            task(f"hurry-{u}", "true", 1, phases={"run_s": 30, "capacity_wait_s": 3})
+        )
+        await asyncio.sleep(3)  # let the waiter's first workflow tasks settle
+        waiter_id = f"task/{waiter.task_id}/0"
+        early = await _num_events(r.client, waiter_id)
+        waited_from = time.monotonic()
+        # the measured span: the holders (20-29 s) still hold both places at its end
+        await asyncio.sleep(12)
+        late = await _num_events(r.client, waiter_id)
+        phase = await r.client.client.get_workflow_handle(waiter_id).query("phase")
+        waited_s = time.monotonic() - waited_from
+        [refused] = (await hurried.result()).sessions
+        [waited] = (await waiter.result()).sessions
+        assert_all_completed(await holders.result())
+        history = await r.client.client.get_workflow_handle(waiter_id).fetch_history()
+    print(
+        f"\nwaiting session: {early} events after 3 s, {late} after {waited_s + 3:.0f} s "
+        f"waiting; whole history {len(history.events)} events, "
+        f"{len(history.to_json()) / 1024:.1f} KiB; deadline refusal: {refused.error}"
+    )
+    assert waited_s > 10 and phase == "open", phase
+    assert late == early, [e.event_type for e in history.events[early : late + 1]]
+    assert waited.status.value == "completed"
+    assert any(p.phase == "backend_wait" and p.duration_s > 10 for p in waited.phases)
+    assert refused.status.value == "failed" and refused.failure is not None
+    assert (refused.failure.kind, refused.failure.retryable) == ("backend", False)
+    assert "phases.capacity_wait_s (3 s)" in (refused.error or "")
+
+
 @pytest.mark.timeout(120)
 async def test_concurrent_opens_never_exceed_the_bound(engine, tmp_path: Path) -> None:
     """Many opens at once on one gateway: exactly the bound succeed, the others are refused

@@ -2,8 +2,10 @@
 (:class:`~rolloutd.workflows.buffer.workflow.RolloutBufferWorkflow`).
 
 One pydantic model in and one out for the workflow, each update and each signal; every new
-field gets a default so old and new workers interoperate. Groups carry session summaries and
-blob-store references (``TaskResult``), never token arrays.
+field gets a default so old and new workers interoperate. The workflow's state holds groups by
+reference (:class:`~rolloutd.types.GroupRef`: a blob store key and the facts it filters on),
+never whole ``TaskResult``s: the trainer client reads each group from the store when it takes
+a batch.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from rolloutd.payload import Payload
+from rolloutd.scoring import scored_rewards
 from rolloutd.tasksets import SwebenchOptions, TaskOptions
-from rolloutd.types import TASK_ID_PATTERN, TaskRequest, TaskResult
+from rolloutd.types import TASK_ID_PATTERN, GroupRef, TaskRequest, TaskResult
 
 
 def buffer_workflow_id(buffer_id: str) -> str:
@@ -122,6 +125,37 @@ class BufferConfig(Payload):
         ge=50,
         description="continue-as-new once the history is this long (or when Temporal suggests it)",
     )
+    max_history_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=10_000,
+        description="continue-as-new once the history is this large, bytes (Temporal's limit is "
+        "50 MB; its suggestion comes at 10 MB)",
+    )
+    max_starts_per_run: int = Field(
+        default=1000,
+        ge=1,
+        le=1900,
+        description="tasks started in one run at most, then continue-as-new: a run's children "
+        "still running count against Temporal's 2,000 pending children",
+    )
+    max_ready: int = Field(
+        default=4096,
+        ge=1,
+        description="groups waiting to be taken at most: no task starts while this many wait "
+        "(a trainer slower than the rollouts holds the fill back)",
+    )
+    max_pushed: int = Field(
+        default=2048,
+        ge=1,
+        description="pushed tasks waiting to start at most: a push beyond it is refused",
+    )
+    reap_every_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds between two checks that running tasks still run (a task "
+        "terminated, or cancelled from outside, never reports its group): at most "
+        "``REAP_BATCH`` tasks are asked per check, oldest first",
+    )
     policy_version: int = Field(default=0, ge=0, description="initial policy version")
     adapt_in_flight: bool = Field(
         default=False,
@@ -140,10 +174,32 @@ class BufferConfig(Payload):
 
 
 class BufferedGroup(Payload):
-    """A finished task's group, stamped with the policy version its task started under."""
+    """A finished task's group by reference, stamped with the policy version its task
+    started under. ``group`` is None in the workflow; the trainer client fills it from the
+    store when it takes the batch (:meth:`rolloutd.trainer_client.buffer.RolloutBuffer.take`).
+    """
 
-    group: TaskResult
+    ref: GroupRef
     policy_version: int = Field(ge=0)
+    group: TaskResult | None = Field(
+        default=None, description="the whole group, read by the client (never in the workflow)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ref_of_a_whole_group(cls, data: Any) -> Any:
+        # a whole group alone (a trainer's own batches, a test double) gets its reference
+        if isinstance(data, dict) and data.get("ref") is None and data.get("group") is not None:
+            group = data["group"]
+            if not isinstance(group, TaskResult):
+                group = TaskResult.model_validate(group)
+            data = {**data, "ref": GroupRef.of(group, "", scored_rewards(group))}
+        return data
+
+    @property
+    def task_id(self) -> str:
+        """The group's task id."""
+        return self.ref.task_id
 
 
 class Batch(Payload):
@@ -172,7 +228,9 @@ class DroppedGroup(Payload):
     """A group the buffer did not hand out, and why."""
 
     task_id: str
-    reason: Literal["zero_variance", "stale", "cancelled", "start_failed", "invalid", "incomplete"]
+    reason: Literal[
+        "zero_variance", "stale", "cancelled", "start_failed", "invalid", "incomplete", "ended"
+    ]
     policy_version: int = 0
 
 
@@ -185,6 +243,13 @@ class BufferState(Payload):
     pending: list[TaskRequest] = Field(default_factory=list, description="file rows read")
     pushed: list[TaskRequest] = Field(default_factory=list, description="pushed, started first")
     running: list[RunningTask] = Field(default_factory=list)
+    reaped: list[RunningTask] = Field(
+        default_factory=list,
+        description="recent tasks found ended without a report (capped): a group of one that "
+        "arrives late is still taken",
+    )
+    num_reaped: int = 0
+    num_started_this_run: int = 0
     ready: list[BufferedGroup] = Field(default_factory=list)
     leased: list[Batch] = Field(default_factory=list)
     reoffer: list[Batch] = Field(default_factory=list, description="expired, offered next")
@@ -303,8 +368,20 @@ class BufferStats(Payload):
     policy_version: int = 0
     num_pending: int = 0
     running: list[RunningTask] = Field(default_factory=list)
+    reaped: list[RunningTask] = Field(
+        default_factory=list,
+        description="recent tasks found ended without a report (capped): a group of one that "
+        "arrives late is still taken",
+    )
+    num_reaped: int = 0
+    num_started_this_run: int = 0
     num_ready: int = 0
     ready_task_ids: list[str] = Field(default_factory=list)
+    held_task_ids: list[str] = Field(
+        default_factory=list,
+        description="task ids of every group not acknowledged yet (ready, leased, offered "
+        "again): the store keeps them (``rolloutd store gc``)",
+    )
     leased_batch_ids: list[str] = Field(default_factory=list)
     reoffer_batch_ids: list[str] = Field(default_factory=list)
     state_counters: dict[str, int] = Field(default_factory=dict)

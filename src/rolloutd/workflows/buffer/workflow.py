@@ -10,8 +10,11 @@ nothing:
   Parquet file read in chunks by the ``read_task_chunk`` activity (eval fleet), with a cursor;
   with ``max_staleness`` set it starts no task whose group would go stale before a take could
   reach it (``staleness_admission``, AReaL's staleness control);
-- each task signals ``group_finished`` with its group; the group is stamped with the buffer's
-  policy version at the task's start; zero-variance groups (DAPO, over the scored sessions
+- each task stores its group in the blob store and signals ``group_finished`` with a
+  reference (:class:`~rolloutd.types.GroupRef`): the buffer's state (ready, leased, re-offered,
+  and its continue-as-new input) holds references only, and ``take`` on the client reads the
+  whole groups from the store; the group is stamped with the buffer's policy version at the
+  task's start; zero-variance groups (DAPO, over the scored sessions
   only: :func:`rolloutd.scoring.scored_rewards`), groups more than ``max_staleness`` versions
   old, and incomplete groups when ``incomplete_groups="drop"`` are dropped; failures are
   counted by kind;
@@ -20,7 +23,15 @@ nothing:
   to the next ``take_batch``: a trainer that acks after it trains gets each group exactly once;
 - tasks still running when a batch is handed out keep running into the next step, unless
   ``cancel_surplus``;
-- it continues-as-new after ``workflow.all_handlers_finished()`` when the history grows long.
+- what waits is bounded: no task starts while ``max_ready`` groups wait to be taken, and a
+  push beyond ``max_pushed`` waiting tasks is refused;
+- a task that ended without reporting (terminated, cancelled from the UI or REST, its report
+  failed) would hold its running slot forever: every ``reap_every_s`` the buffer asks Temporal
+  whether its oldest running tasks still run (the activity ``closed_workflows``, eval fleet)
+  and frees the slots of those that ended;
+- it continues-as-new after ``workflow.all_handlers_finished()`` when the history grows long
+  (events or bytes) or ``max_starts_per_run`` tasks were started in the run (its running
+  children count against Temporal's 2,000 pending children until it continues as new).
 
 Deterministic code only: ``workflow.now()`` for time, no I/O.
 """
@@ -31,13 +42,13 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
     from rolloutd.activities.models import ReadTaskChunkInput, ReadTaskChunkOutput
     from rolloutd.scoring import scored_rewards
-    from rolloutd.types import TaskRequest, TaskResult
+    from rolloutd.types import GroupRef, TaskRequest, TaskResult
     from rolloutd.workflows import metadata, search
     from rolloutd.workflows.buffer import capacity as buffer_capacity
     from rolloutd.workflows.buffer.models import (
@@ -75,9 +86,12 @@ SOURCE_RETRY = RetryPolicy(
 )
 #: how many acked batch ids and dropped groups the state remembers (bounded history).
 MAX_REMEMBERED = 1000
+#: running tasks asked about per reaping check (oldest first), and reaped ones remembered
+REAP_BATCH = 200
+REAP_TIMEOUT = timedelta(seconds=60)
 
 
-def is_zero_variance(group: TaskResult) -> bool:
+def is_zero_variance(group: TaskResult | GroupRef) -> bool:
     """The scored sessions' rewards are all equal, or fewer than two: no GRPO signal (DAPO,
     arXiv 2503.14476, 3.2). A session without a scored reward (an infrastructure failure) is
     left out, never counted as 0.0.
@@ -85,7 +99,7 @@ def is_zero_variance(group: TaskResult) -> bool:
     Same rule as :func:`rolloutd.trainer_client.grpo.is_zero_variance` (not imported here: the
     trainer client pulls in I/O libraries a workflow module must not import).
     """
-    rewards = scored_rewards(group)
+    rewards = group.rewards if isinstance(group, GroupRef) else scored_rewards(group)
     return len(rewards) < 2 or max(rewards) == min(rewards)
 
 
@@ -105,6 +119,9 @@ class RolloutBufferWorkflow:
         self._close_cancel = True
         #: workflow time (s) the fleets' capacity is asked again (adapt_in_flight)
         self._capacity_due = 0.0
+        #: workflow time (s) the running tasks are next checked for an unreported end
+        self._reap_due = workflow.now().timestamp() + input.config.reap_every_s
+        self._s.num_started_this_run = 0
 
     # ------------------------------------------------------------------ main loop
 
@@ -114,6 +131,7 @@ class RolloutBufferWorkflow:
         while not self._s.closed:
             if self._cancel_running:
                 await self._cancel_all_running()
+            await self._reap()
             await self._refill()
             self._expire_leases()
             if self._s.closed or self._continue_as_new_due():
@@ -135,7 +153,43 @@ class RolloutBufferWorkflow:
         return (
             info.is_continue_as_new_suggested()
             or info.get_current_history_length() >= self._config.max_history_events
+            or info.get_current_history_size() >= self._config.max_history_bytes
+            or self._s.num_started_this_run >= self._config.max_starts_per_run
         )
+
+    async def _reap(self) -> None:
+        """Free the running slots of tasks that ended without reporting their group (asked
+        of Temporal, oldest first, :data:`REAP_BATCH` a check)."""
+        now = workflow.now().timestamp()
+        if now < self._reap_due or not self._s.running:
+            return
+        self._reap_due = now + self._config.reap_every_s
+        asked = self._s.running[:REAP_BATCH]
+        try:
+            # an activity, not a local one: what follows a local activity's result may run in
+            # another workflow task on replay than it did first (a nondeterminism error)
+            closed: list[str] = await workflow.execute_activity(
+                "closed_workflows",
+                [r.workflow_id for r in asked],
+                task_queue=task_queues.EVAL,
+                schedule_to_close_timeout=REAP_TIMEOUT,
+                retry_policy=RetryPolicy(maximum_attempts=2),
+                result_type=list[str],
+            )
+        except ActivityError as e:
+            workflow.logger.warning("running tasks not checked: %s", e.cause or e)
+            return
+        ended = set(closed)
+        for running in [r for r in asked if r.workflow_id in ended]:
+            # a group signalled meanwhile was taken in this activation already
+            if self._remove_running(running.task_id) is None:
+                continue
+            workflow.logger.warning("task %s ended without its group: slot freed", running.task_id)
+            self._s.reaped.append(running)
+            del self._s.reaped[:-REAP_BATCH]
+            self._s.num_reaped += 1
+            self._drop(running.task_id, "ended", running.policy_version)
+            self._dirty = True
 
     async def _wait_for_change(self) -> None:
         """Sleep until a handler changed something, a lease runs out, or history is long."""
@@ -144,6 +198,8 @@ class RolloutBufferWorkflow:
         expiries = [b.lease_expires_at for b in self._s.leased]
         if self._config.adapt_in_flight:
             expiries.append(self._capacity_due)
+        if self._s.running:
+            expiries.append(self._reap_due)
         timeout = max(0.001, min(expiries) - now) if expiries else None
         try:
             await workflow.wait_condition(
@@ -169,6 +225,8 @@ class RolloutBufferWorkflow:
             not self._s.closed
             and not self._draining
             and len(self._s.running) < num_in_flight
+            and len(self._s.ready) < cfg.max_ready
+            and self._s.num_started_this_run < cfg.max_starts_per_run
             and not self._admission_full()
         ):
             if self._s.pushed:
@@ -253,6 +311,7 @@ class RolloutBufferWorkflow:
             workflow.logger.warning("task %s not started: %s", running.task_id, e)
             return
         self._s.num_started += 1
+        self._s.num_started_this_run += 1
 
     async def _cancel_all_running(self) -> None:
         """Cancel every running task (cancel_surplus, or close); their groups are dropped."""
@@ -299,7 +358,7 @@ class RolloutBufferWorkflow:
         keep = []
         for buffered in self._s.ready:
             if self._is_stale(buffered.policy_version):
-                self._drop(buffered.group.task_id, "stale", buffered.policy_version)
+                self._drop(buffered.task_id, "stale", buffered.policy_version)
                 self._s.num_dropped_stale += 1
             else:
                 keep.append(buffered)
@@ -332,12 +391,17 @@ class RolloutBufferWorkflow:
     # ------------------------------------------------------------------ signals
 
     @workflow.signal(name=GROUP_FINISHED_SIGNAL)
-    def group_finished(self, group: TaskResult) -> None:
-        """A task started by this buffer finished: buffer or drop its group."""
+    def group_finished(self, group: GroupRef) -> None:
+        """A task started by this buffer finished: buffer or drop its group (by reference)."""
         running = self._remove_running(group.task_id)
         if running is None:
-            workflow.logger.info("group of %s ignored: not running here", group.task_id)
-            return
+            running = next((r for r in self._s.reaped if r.task_id == group.task_id), None)
+            if running is None:
+                workflow.logger.info("group of %s ignored: not running here", group.task_id)
+                return
+            # reaped while its report was on its way: taken after all
+            self._s.reaped.remove(running)
+            self._s.dropped = [d for d in self._s.dropped if d.task_id != group.task_id]
         self._s.num_groups_finished += 1
         for kind, count in group.num_failed_by_kind.items():
             self._s.num_failed_by_kind[kind] = self._s.num_failed_by_kind.get(kind, 0) + count
@@ -352,7 +416,7 @@ class RolloutBufferWorkflow:
             self._s.num_dropped_zero_variance += 1
         else:
             self._s.num_incomplete_handed_out += group.incomplete
-            self._s.ready.append(BufferedGroup(group=group, policy_version=running.policy_version))
+            self._s.ready.append(BufferedGroup(ref=group, policy_version=running.policy_version))
         self._dirty = True
 
     # ------------------------------------------------------------------ updates
@@ -446,6 +510,13 @@ class RolloutBufferWorkflow:
     def _validate_push(self, input: PushTasksInput) -> None:
         if self._s.closed:
             raise ValueError("the buffer is closed")
+        waiting = len(self._s.pushed) + len(input.tasks)
+        if waiting > self._config.max_pushed:
+            raise ValueError(
+                f"the buffer holds {len(self._s.pushed)} pushed tasks waiting to start; "
+                f"{len(input.tasks)} more pass max_pushed ({self._config.max_pushed}): "
+                "push again once some have started"
+            )
 
     @workflow.update
     def set_policy_version(self, input: PolicyVersionInput) -> BufferStats:
@@ -494,7 +565,9 @@ class RolloutBufferWorkflow:
             num_pending=len(s.pending) + len(s.pushed),
             running=list(s.running),
             num_ready=len(s.ready),
-            ready_task_ids=[g.group.task_id for g in s.ready],
+            ready_task_ids=[g.task_id for g in s.ready],
+            held_task_ids=[g.task_id for g in s.ready]
+            + [g.task_id for b in (*s.leased, *s.reoffer) for g in b.groups],
             leased_batch_ids=[b.batch_id for b in s.leased],
             reoffer_batch_ids=[b.batch_id for b in s.reoffer],
             state_counters=counters,

@@ -38,6 +38,12 @@ def generation_workflow_id(name: str) -> str:
     return f"generation/{name}"
 
 
+#: rows one run takes at most: about 12 history events a row (its child task's start and
+#: end, its journal activity, workflow tasks), so 2,000 rows stay near 25k events, half of
+#: Temporal's 50k limit (4,000 rows passed it)
+MAX_ROWS_PER_RUN = 2000
+
+
 class GenerationSource(Payload):
     """Where a generation's rows come from; the files must be readable by the eval fleet.
 
@@ -165,9 +171,10 @@ class GenerationSpec(Payload):
     rows_per_run: int = Field(
         default=100,
         ge=1,
-        le=10_000,
+        le=MAX_ROWS_PER_RUN,
         description="rows one workflow run takes before it "
-        "continues as new (bounds the history: each row's task is in it)",
+        "continues as new (bounds the history: each row's task is in it, about 12 events a "
+        "row; 4,000 rows passed Temporal's 50k-event limit)",
     )
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, kept")
 
@@ -181,13 +188,29 @@ class GenerationSpec(Payload):
         return self
 
 
+class JournalTotals(Payload):
+    """What the journal holds, counted once and carried over continue-as-new."""
+
+    num_journaled: int = Field(default=0, ge=0)
+    num_failed: int = Field(default=0, ge=0)
+    num_passing: int = Field(default=0, ge=0)
+
+
 class GenerationInput(Payload):
-    """The workflow's input; ``started_at`` carries the first run's start over continue-as-new."""
+    """The workflow's input; ``started_at`` carries the first run's start over continue-as-new,
+    with where the source was planned up to and the journal's totals (so a later run reads
+    neither the rows before ``cursor`` nor the journal's entries again)."""
 
     spec: GenerationSpec
     started_at: datetime | None = None
     num_rows_this_generation: int = Field(
         default=0, ge=0, description="rows run by earlier runs of this chain"
+    )
+    cursor: int = Field(
+        default=0, ge=0, description="source rows (after offset/limit) planned by earlier runs"
+    )
+    totals: JournalTotals | None = Field(
+        default=None, description="the journal's totals (None: count them from the journal)"
     )
 
 
@@ -203,6 +226,12 @@ class PlanInput(Payload):
 
     spec: GenerationSpec
     limit: int = Field(ge=1)
+    start: int = Field(default=0, ge=0, description="plan from this source row on")
+    totals: JournalTotals | None = Field(
+        default=None,
+        description="the journal's totals as carried by the workflow; None: read the journal's "
+        "entries to count them (a chain's first run only)",
+    )
 
 
 class PlanOutput(Payload):
@@ -214,6 +243,9 @@ class PlanOutput(Payload):
     num_journaled_failed: int = Field(default=0, ge=0)
     num_journaled_passing: int = Field(default=0, ge=0)
     num_pending: int = Field(default=0, ge=0, description="rows not journaled (>= len(rows))")
+    next_start: int = Field(
+        default=0, ge=0, description="the source row after the last one planned"
+    )
 
 
 class JournalEntry(Payload):

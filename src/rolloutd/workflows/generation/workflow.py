@@ -2,8 +2,11 @@
 
 Workflow id ``generation/{name}``. One run:
 
-1. ``plan_generation`` (eval fleet) reads the dataset and the journal and returns up to
-   ``rows_per_run`` rows not yet journaled, each as its ``TaskRequest``;
+1. ``plan_generation`` (eval fleet) reads the dataset from where the previous run stopped and
+   the journal's index (the names of its entries) and returns up to ``rows_per_run`` rows not
+   yet journaled, each as its ``TaskRequest``; the journal's totals are counted from its
+   entries once, by a chain's first run, then carried over continue-as-new (planning stays
+   linear in the rows, not quadratic);
 2. each row runs as a child ``RolloutTaskWorkflow`` whose id ``task/gen-{name}-{key}`` comes from
    the row's key, at most ``max_concurrent_rows`` at once; when that id is already taken (an
    earlier run started it, then was terminated or crashed before journaling), the earlier
@@ -44,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         JournalEntry,
         JournalRowInput,
         JournalRowOutput,
+        JournalTotals,
         PlanInput,
         PlannedRow,
         PlanOutput,
@@ -92,7 +96,7 @@ class GenerationWorkflow:
         self._progress = GenerationProgress(name=spec.name, started_at=started_at)
         plan: PlanOutput = await workflow.execute_activity(
             "plan_generation",
-            PlanInput(spec=spec, limit=spec.rows_per_run),
+            PlanInput(spec=spec, limit=spec.rows_per_run, start=input.cursor, totals=input.totals),
             task_queue=task_queues.EVAL,
             start_to_close_timeout=timedelta(minutes=5),
             retry_policy=IO_RETRY,
@@ -141,7 +145,17 @@ class GenerationWorkflow:
         if plan.num_pending > len(plan.rows):
             await workflow.wait_condition(workflow.all_handlers_finished)
             workflow.continue_as_new(
-                GenerationInput(spec=spec, started_at=started_at, num_rows_this_generation=num_run)
+                GenerationInput(
+                    spec=spec,
+                    started_at=started_at,
+                    num_rows_this_generation=num_run,
+                    cursor=plan.next_start,
+                    totals=JournalTotals(
+                        num_journaled=self._progress.num_done,
+                        num_failed=self._progress.num_failed,
+                        num_passing=self._progress.num_passing,
+                    ),
+                )
             )
         self._progress.status = "writing"
         summary: GenerationSummary = await workflow.execute_activity(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rolloutd.payload import Payload
 from rolloutd.types import TaskRequest
@@ -17,7 +17,16 @@ def attempt_session_id(session_id: str, attempt: int) -> str:
 class SessionInput(Payload):
     """Input of :class:`~rolloutd.workflows.session.workflow.RolloutSessionWorkflow`."""
 
-    task: TaskRequest
+    task: TaskRequest | None = Field(
+        default=None,
+        description="the task's request; None when it is stored once (``task_key``): a large "
+        "request is not copied into every session's input",
+    )
+    task_key: str | None = Field(
+        default=None,
+        description="blob store key of the stored request (``store_task_request``); the "
+        "session reads it first",
+    )
     sample_index: int = Field(ge=0)
     session_id: str
     replay_from: list[str] = Field(
@@ -25,3 +34,9 @@ class SessionInput(Payload):
         description="gateway session ids of the sample's earlier sessions (a replaced session's "
         "attempts), newest first: replayed from when ``task.resume`` is ``replay``",
     )
+
+    @model_validator(mode="after")
+    def _one_request(self) -> SessionInput:
+        if (self.task is None) == (self.task_key is None):
+            raise ValueError("a session takes its task's request or the key of the stored one")
+        return self

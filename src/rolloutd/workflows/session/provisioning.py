@@ -1,6 +1,17 @@
-"""Provisioning that gives up when no sandbox worker polls (``phases.provision_wait_s``):
-a dead fleet is told from a busy one by Temporal's pollers, not by time in the queue.
-Workflow code: deterministic, no I/O."""
+"""Provisioning: the session waits for a sandbox host in the sandbox fleet's task queue, with a
+deadline, in order, and records no event while it waits. Workflow code: deterministic, no I/O.
+
+The wait is the queue (docs/decisions.md, "Dead versus saturated"): a host takes a
+provisioning only while it has room (its slot supplier, :class:`rolloutd.workers.capacity.
+RuntimeSlots`), so waiting sessions are a backlog that Temporal orders by priority and
+fairness, and ``phases.capacity_wait_s`` is the activity's schedule-to-start deadline. A
+saturated fleet is waited for however long; a dead one is told from the fleet registry's
+heartbeats: a provisioning still waiting after :data:`WATCH_AFTER_S` asks the registry to
+signal it once the sandbox fleet has been dead (no process beating) for
+``phases.provision_wait_s`` since the wait began (:mod:`rolloutd.workflows.fleet_watch`); it
+is then cancelled and the session fails with ``NoSandboxWorkerError``. A provisioning that
+ends after its session was cancelled has its runtime torn down.
+"""
 
 from __future__ import annotations
 
@@ -8,105 +19,130 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import Priority, RetryPolicy
+from temporalio.common import Priority
 from temporalio.exceptions import ActivityError
-from temporalio.exceptions import CancelledError as TemporalCancelledError
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
     from rolloutd.activities.models import (
         ProvisionRuntimeInput,
         ProvisionRuntimeOutput,
-        TaskQueuePollersInput,
-        TaskQueuePollersOutput,
+        TeardownRuntimeInput,
     )
     from rolloutd.errors import NoSandboxWorkerError
+    from rolloutd.workflows.fleet_watch import FleetStates, unwatch_fleet, watch_fleet
     from rolloutd.workflows.session.failures import cause_text
-    from rolloutd.workflows.session.policies import HEARTBEAT, INFRA_RETRY
+    from rolloutd.workflows.session.policies import HEARTBEAT, INFRA_RETRY, LOST_HOST_TEARDOWN
 
-#: how often a provisioning still in the queue asks whether a sandbox worker polls (at most;
-#: a third of ``provision_wait_s`` when that is shorter, at least 1 s)
-POLLER_CHECK_EVERY_S = 10.0
-#: the poller check (a local activity: two Temporal RPCs)
-POLLER_CHECK_TIMEOUT = timedelta(seconds=10)
-POLLER_CHECK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
+#: a provisioning not done after this long (at most; half ``provision_wait_s`` when that is
+#: shorter) watches the sandbox fleet: most are taken at once and never ask the registry
+WATCH_AFTER_S = 5.0
 
 
-async def provision_watched(
+async def provision_waiting(
     input: ProvisionRuntimeInput,
+    *,
     provision_s: float,
     wait_s: float,
+    queue_wait_s: float,
     attempt: int,
-    *,
+    states: FleetStates,
     priority: Priority = Priority.default,
 ) -> ProvisionRuntimeOutput:
-    """Provision a runtime, giving up when no sandbox worker picks it up: while the
-    activity waits in the sandbox queue, a local activity asks Temporal every few seconds
-    which pollers it saw there (DescribeTaskQueue); when none has polled for ``wait_s``,
-    the activity is cancelled. A fleet that polls but is busy (a backlog) is waited for:
-    it is saturated, not dead. Once a host picked the activity up, its own timeouts
-    (start-to-close, heartbeat) govern.
+    """Provision a runtime: wait in the sandbox queue for a host with room (at most
+    ``queue_wait_s``), giving up once the sandbox fleet has been dead for ``wait_s``.
 
     Args:
         input: the provisioning.
         provision_s: the activity's start-to-close timeout, seconds.
-        wait_s: ``phases.provision_wait_s``.
-        attempt: the session's attempt (names the activity, so the check finds it).
+        wait_s: ``phases.provision_wait_s``: how long the fleet may be dead.
+        queue_wait_s: ``phases.capacity_wait_s``: the wait's deadline in the queue.
+        attempt: the session's attempt (names the activity and the watch).
+        states: where the session's ``fleet_state`` signals land.
         priority: the task's Temporal priority (:func:`rolloutd.workflows.tenants.task_priority`).
 
     Raises:
-        NoSandboxWorkerError: no sandbox worker polled for ``wait_s``.
-        ActivityError: the provisioning failed, as without the check.
+        NoSandboxWorkerError: the sandbox fleet was dead for ``wait_s``.
+        ActivityError: the provisioning failed, or no host took it within ``queue_wait_s``
+            (a schedule-to-start timeout), as without the watch.
+        asyncio.CancelledError: the session was cancelled (a runtime provisioned meanwhile is
+            torn down first).
     """
-    activity_id = f"provision-{attempt}"
+    tag = f"provision-{attempt}"
+    started = workflow.now()
     handle = workflow.start_activity(
         "provision_runtime",
         input,
         task_queue=task_queues.SANDBOX,
+        schedule_to_start_timeout=timedelta(seconds=queue_wait_s),
         start_to_close_timeout=timedelta(seconds=provision_s),
         heartbeat_timeout=HEARTBEAT,
         retry_policy=INFRA_RETRY,
         result_type=ProvisionRuntimeOutput,
-        activity_id=activity_id,
+        activity_id=tag,
         priority=priority,
+        # a cancelled provisioning is awaited to its end: a runtime made meanwhile is torn down
+        cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
     )
-    every = max(1.0, min(POLLER_CHECK_EVERY_S, wait_s / 3))
-    last_seen = workflow.now()  # the wait starts now: "not seen for wait_s" from here
+    watching = False
     try:
-        while True:
+        try:
+            await workflow.wait_condition(handle.done, timeout=min(WATCH_AFTER_S, wait_s / 2))
+        except TimeoutError:
+            pass
+        if not handle.done():
+            watching = await watch_fleet("sandbox", "dead", tag=tag, after_s=wait_s, since=started)
+            if watching:
+                await workflow.wait_condition(lambda: handle.done() or states.told(tag))
+            else:
+                # no registry: no worker process of any fleet runs here; the fleet gets
+                # wait_s from the start to show up
+                left = wait_s - (workflow.now() - started).total_seconds()
+                try:
+                    await workflow.wait_condition(handle.done, timeout=max(0.001, left))
+                except TimeoutError:
+                    pass
+        if not handle.done():
+            told = states.by_tag.get(tag)
+            handle.cancel()
             try:
-                await workflow.wait_condition(handle.done, timeout=every)
-            except TimeoutError:
+                return await handle  # it ended before the cancel reached it
+            except ActivityError:
                 pass
-            if handle.done():
-                return await handle
-            try:
-                pollers: TaskQueuePollersOutput = await workflow.execute_local_activity(
-                    "task_queue_pollers",
-                    TaskQueuePollersInput(task_queue=task_queues.SANDBOX, activity_id=activity_id),
-                    start_to_close_timeout=POLLER_CHECK_TIMEOUT,
-                    retry_policy=POLLER_CHECK_RETRY,
-                    result_type=TaskQueuePollersOutput,
-                )
-            except ActivityError as e:
-                if isinstance(e.cause, TemporalCancelledError):
-                    raise asyncio.CancelledError() from e
-                # no evidence either way: keep waiting; a failed check fails no session
-                workflow.logger.warning("sandbox poller check failed: %s", cause_text(e))
-                continue
-            if pollers.picked_up:
-                return await handle
-            now = workflow.now()
-            if pollers.last_poll_s_ago is not None:
-                last_seen = max(last_seen, now - timedelta(seconds=pollers.last_poll_s_ago))
-            if (now - last_seen).total_seconds() >= wait_s:
-                handle.cancel()
-                raise NoSandboxWorkerError(
-                    f"no sandbox worker is polling task queue {task_queues.SANDBOX} "
-                    f"(checked for {wait_s:g} s)"
-                )
+            why = told.message if told is not None else "no sandbox worker process has started"
+            raise NoSandboxWorkerError(
+                f"no sandbox worker is alive to take the provisioning "
+                f"(waited {wait_s:g} s for one): {why}"
+            )
+        return await handle
     except asyncio.CancelledError:
-        # the session was cancelled while the provisioning waited: cancel it too, as
-        # awaiting it directly would
         handle.cancel()
+        await _tear_down_late(handle)
         raise
+    finally:
+        if watching and tag not in states.by_tag:
+            await unwatch_fleet(tag)
+
+
+async def _tear_down_late(handle: workflow.ActivityHandle[ProvisionRuntimeOutput]) -> None:
+    """The session was cancelled while its provisioning ran: wait for the provisioning to
+    end (its cancellation waits for the host's answer) and tear down a runtime it made."""
+    try:
+        runtime = await handle
+    except (ActivityError, asyncio.CancelledError):
+        return
+    workflow.logger.info("tearing down %s, provisioned after a cancel", runtime.runtime_id)
+    try:
+        await workflow.execute_activity(
+            "teardown_runtime",
+            TeardownRuntimeInput(runtime_id=runtime.runtime_id),
+            task_queue=runtime.host_queue,
+            start_to_close_timeout=LOST_HOST_TEARDOWN,
+            schedule_to_close_timeout=3 * LOST_HOST_TEARDOWN,
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=INFRA_RETRY,
+        )
+    except ActivityError as e:
+        workflow.logger.warning(
+            "late runtime %s left to the host's reclaim: %s", runtime.runtime_id, cause_text(e)
+        )

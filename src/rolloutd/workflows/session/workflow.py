@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -37,9 +37,11 @@ with workflow.unsafe.imports_passed_through():
         RunHarnessOutput,
     )
     from rolloutd.activities.tenants import GRANTED_SIGNAL
+    from rolloutd.capabilities import FLEET_STATE_SIGNAL, FleetState
     from rolloutd.errors import NoSandboxWorkerError
     from rolloutd.observability import names
     from rolloutd.types import (
+        FailureCause,
         PhaseTiming,
         SessionAttempt,
         SessionResult,
@@ -47,7 +49,7 @@ with workflow.unsafe.imports_passed_through():
         TaskRequest,
     )
     from rolloutd.workflows import metadata, search, tenants
-    from rolloutd.workflows.session import backpressure
+    from rolloutd.workflows.fleet_watch import FleetStates
     from rolloutd.workflows.session.ending import (
         AttemptOutcome,
         SessionEnding,
@@ -65,10 +67,16 @@ with workflow.unsafe.imports_passed_through():
         NO_RETRY,
         seconds,
     )
-    from rolloutd.workflows.session.provisioning import provision_watched
+    from rolloutd.workflows.session.provisioning import provision_waiting
     from rolloutd.workflows.tenants import task_priority
 
 __all__ = ["RolloutSessionWorkflow", "SessionInput", "attempt_session_id"]
+
+#: reading a stored task request (one blob) from the eval fleet
+READ_TASK_TIMEOUT = timedelta(seconds=30)
+#: a first open that waited this long or more in the admission queue shows a ``backend_wait``
+#: phase (every open waits a few milliseconds for a poll)
+BACKEND_WAIT_SHOWN_S = 0.5
 
 
 @workflow.defn
@@ -85,11 +93,18 @@ class RolloutSessionWorkflow(SessionEnding):
         self._waited_s = 0.0
         self._prewarm: asyncio.Task[ProvisionRuntimeOutput] | None = None
         self._start_prewarm: Callable[[], asyncio.Task[ProvisionRuntimeOutput]] | None = None
+        self._fleet_states = FleetStates()
 
     @workflow.signal(name=GRANTED_SIGNAL)
     def tenant_slot_granted(self) -> None:
         """The tenant's quota workflow granted this session a slot."""
         self._granted = True
+
+    @workflow.signal(name=FLEET_STATE_SIGNAL)
+    def fleet_state(self, state: FleetState) -> None:
+        """The fleet registry answers a watch (:mod:`rolloutd.workflows.fleet_watch`): the
+        sandbox fleet died while a provisioning waited for it."""
+        self._fleet_states.add(state)
 
     @workflow.query
     def phase(self) -> str:
@@ -107,7 +122,21 @@ class RolloutSessionWorkflow(SessionEnding):
 
     @workflow.run
     async def run(self, input: SessionInput) -> SessionResult:
+        if input.task is None:
+            # a large request is stored once by the task: read it here, into this
+            # session's own history only
+            self._phase = "read_task"
+            stored: TaskRequest = await workflow.execute_activity(
+                "read_task_request",
+                input.task_key,
+                task_queue=task_queues.EVAL,
+                start_to_close_timeout=READ_TASK_TIMEOUT,
+                retry_policy=INFRA_RETRY,
+                result_type=TaskRequest,
+            )
+            input = input.model_copy(update={"task": stored, "task_key": None})
         task = input.task
+        assert task is not None  # one of the two, by SessionInput's validator
         timings: list[PhaseTiming] = []
         search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
         self._show()
@@ -136,7 +165,12 @@ class RolloutSessionWorkflow(SessionEnding):
         while True:
             attempt += 1
             session_id = attempt_session_id(input.session_id, attempt)
-            opened = await self._open(input, session_id, attempt, given_up, timings, timed)
+            try:
+                opened = await self._open(input, session_id, attempt, given_up, timings, timed)
+            except ActivityError as e:
+                if attempt > 1 or not _queue_deadline(e):
+                    raise
+                return self._not_admitted(input, timings)
             outcome = await self._attempt(
                 input, session_id, opened, attempt, run_check=not fresh_eval, timed=timed
             )
@@ -153,6 +187,28 @@ class RolloutSessionWorkflow(SessionEnding):
             )
         finally:
             await outcome.torn_down()
+
+    def _not_admitted(self, input: SessionInput, timings: list[PhaseTiming]) -> SessionResult:
+        """The session's result when no gateway admitted it within
+        ``phases.capacity_wait_s``: nothing was opened or provisioned, nothing to score."""
+        task = input.task
+        message = (
+            "no gateway had backend capacity for the session within "
+            f"phases.capacity_wait_s ({task.phases.capacity_wait_s:g} s)"
+        )
+        failure = FailureCause(kind="backend", phase="open", message=message, retryable=False)
+        self._phase = "done"
+        search.upsert(status=SessionStatus.FAILED.value, failure=failure.kind)
+        self._show(status=SessionStatus.FAILED.value, failure=failure.kind)
+        return SessionResult(
+            session_id=input.session_id,
+            task_id=task.task_id,
+            sample_index=input.sample_index,
+            status=SessionStatus.FAILED,
+            error=message,
+            phases=timings,
+            failure=failure,
+        )
 
     def _deadline_left(self, task: TaskRequest) -> float:
         """Seconds left of the session's ``timeout_s``: counted from the first runtime up,
@@ -238,9 +294,10 @@ class RolloutSessionWorkflow(SessionEnding):
         timings: list[PhaseTiming],
         timed: Timed,
     ) -> OpenSessionOutput:
-        """Step 1: open the attempt's gateway session; the first attempt waits while the
-        backends are saturated (:mod:`rolloutd.workflows.session.backpressure`), a
-        replacement is not held back."""
+        """Step 1: open the attempt's gateway session. The first attempt waits in the
+        admission queue until a gateway's backends have room (its slot supplier,
+        :class:`rolloutd.workers.capacity.SessionSlots`), at most ``phases.capacity_wait_s``;
+        a later attempt (a lost host) is not held back."""
         task = input.task
         wait = attempt == 1
         # the earlier attempts' sealed logs (newest first) answer the requests identical to
@@ -251,32 +308,39 @@ class RolloutSessionWorkflow(SessionEnding):
             else []
         )
 
-        def open_once() -> Any:
-            return timed(
-                "open",
-                workflow.execute_activity(
-                    "open_session",
-                    OpenSessionInput(
-                        session_id=session_id,
-                        task_id=task.task_id,
-                        owner=workflow.info().run_id,
-                        sampling=task.sampling,
-                        model=task.model,
-                        replay_from=replay_from,
-                        replay_max_staleness=task.replay_max_staleness,
-                        wait_for_backends=wait,
-                    ),
-                    task_queue=task_queues.GATEWAY,
-                    start_to_close_timeout=seconds(task.phases.open_s),
-                    retry_policy=INFRA_RETRY,
-                    priority=self._priority,
-                    result_type=OpenSessionOutput,
+        opened: OpenSessionOutput = await timed(
+            "open",
+            workflow.execute_activity(
+                "open_session",
+                OpenSessionInput(
+                    session_id=session_id,
+                    task_id=task.task_id,
+                    owner=workflow.info().run_id,
+                    sampling=task.sampling,
+                    model=task.model,
+                    replay_from=replay_from,
+                    replay_max_staleness=task.replay_max_staleness,
                 ),
+                task_queue=task_queues.GATEWAY_ADMIT if wait else task_queues.GATEWAY,
+                schedule_to_start_timeout=seconds(task.phases.capacity_wait_s) if wait else None,
+                start_to_close_timeout=seconds(task.phases.open_s),
+                retry_policy=INFRA_RETRY,
+                priority=self._priority,
+                result_type=OpenSessionOutput,
+            ),
+        )
+        if opened.queue_wait_s >= BACKEND_WAIT_SHOWN_S:
+            ended = workflow.now()
+            started = ended - timedelta(seconds=opened.queue_wait_s)
+            timings.append(
+                PhaseTiming(
+                    phase="backend_wait",
+                    started_at=started,
+                    ended_at=ended,
+                    duration_s=opened.queue_wait_s,
+                )
             )
-
-        if wait:
-            return await backpressure.open_when_backends_free(open_once, timings)
-        return await open_once()
+        return opened
 
     async def _give_up(
         self,
@@ -327,11 +391,13 @@ class RolloutSessionWorkflow(SessionEnding):
             provision_input = ProvisionRuntimeInput(session_id=session_id, runtime=task.runtime)
             runtime = await timed(
                 "provision",
-                provision_watched(
+                provision_waiting(
                     provision_input,
-                    phases.provision_s,
-                    phases.provision_wait_s,
-                    attempt,
+                    provision_s=phases.provision_s,
+                    wait_s=phases.provision_wait_s,
+                    queue_wait_s=phases.capacity_wait_s,
+                    attempt=attempt,
+                    states=self._fleet_states,
                     priority=self._priority,
                 ),
             )
@@ -360,6 +426,13 @@ class RolloutSessionWorkflow(SessionEnding):
                 out.error = f"{self._phase} failed: {cause_text(e)}"
                 out.failed_phase = self._phase
                 note_error(out, e)
+                if self._phase == "provision" and _queue_deadline(e):
+                    # a replacement would wait in the same full queue again
+                    out.non_retryable = True
+                    out.error = (
+                        "no sandbox host had room for the session within "
+                        f"phases.capacity_wait_s ({phases.capacity_wait_s:g} s)"
+                    )
                 if self._phase == "collect" and host_lost(e):
                     out.host_lost = True
                     out.error = (
@@ -488,3 +561,10 @@ class RolloutSessionWorkflow(SessionEnding):
             ),
         )
         return collected.artifacts
+
+
+def _queue_deadline(error: ActivityError) -> bool:
+    """Whether an activity failed because no worker took it from its queue in time (its
+    schedule-to-start timeout: the wait for capacity's deadline)."""
+    cause = error.cause
+    return isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START

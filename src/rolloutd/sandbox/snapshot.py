@@ -30,7 +30,7 @@ from typing import Any
 import structlog
 
 from rolloutd.errors import ConfigError, RolloutdError, RuntimeStartError
-from rolloutd.sandbox.runtimes import create_runtime
+from rolloutd.sandbox.runtimes import create_runtime, podman_images
 from rolloutd.sandbox.runtimes.base import Runtime
 from rolloutd.types import RuntimeSpec
 
@@ -56,24 +56,6 @@ NEVER_CARRIED = (
 )
 #: the pack of changes, in the agent's HOME (a bind mount: the worker reads it on the host)
 PACK_NAME = ".rolloutd-changes.tar"
-
-
-async def _cli(binary: str, *args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        binary,
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT_S)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        return -9, "timed out"
-    return proc.returncode or 0, (out or err).decode(errors="replace")
 
 
 def _binary(runtime: Runtime) -> str:
@@ -112,7 +94,15 @@ async def changes(runtime: Runtime) -> tuple[list[str], list[str]]:
         ConfigError: not a container runtime.
         RuntimeStartError: the diff failed.
     """
-    code, out = await _cli(_binary(runtime), "diff", "--format", "json", _container(runtime))
+    code, out = await podman_images.cli(
+        _binary(runtime),
+        "diff",
+        "--format",
+        "json",
+        _container(runtime),
+        timeout_s=CLI_TIMEOUT_S,
+        merge_stderr=False,
+    )
     if code != 0:
         raise RuntimeStartError(f"diff of runtime {runtime.runtime_id} failed: {out[-300:]}")
     diff: dict[str, Any] = json.loads(out or "{}")
@@ -144,7 +134,7 @@ async def disk_used_bytes(runtime: Runtime) -> int:
         ConfigError: not a container runtime.
         RuntimeStartError: the container cannot be inspected.
     """
-    code, out = await _cli(
+    code, out = await podman_images.cli(
         _binary(runtime),
         "container",
         "inspect",
@@ -152,6 +142,8 @@ async def disk_used_bytes(runtime: Runtime) -> int:
         "--format",
         "{{.SizeRw}}",
         _container(runtime),
+        timeout_s=CLI_TIMEOUT_S,
+        merge_stderr=False,
     )
     if code != 0:
         raise RuntimeStartError(f"inspect of runtime {runtime.runtime_id} failed: {out[-300:]}")

@@ -71,6 +71,22 @@ def _container(runtime: Runtime) -> str:
     return str(getattr(runtime, "name", f"rolloutd-{runtime.runtime_id}"))
 
 
+async def _ask(runtime: Runtime, what: str, *args: str) -> str:
+    """Run the container CLI command ``args`` on the runtime's container (its name last); its
+    stdout.
+
+    Raises:
+        ConfigError: not a container runtime.
+        RuntimeStartError: the command failed (``what`` names it).
+    """
+    code, out = await podman_images.cli(
+        _binary(runtime), *args, _container(runtime), timeout_s=CLI_TIMEOUT_S, merge_stderr=False
+    )
+    if code != 0:
+        raise RuntimeStartError(f"{what} of runtime {runtime.runtime_id} failed: {out[-300:]}")
+    return out
+
+
 def _excluded(runtime: Runtime) -> list[PurePosixPath]:
     """Paths (and what is below them) never carried over from ``runtime``."""
     tool_dirs = getattr(runtime, "_tool_dirs", lambda: [])()
@@ -94,17 +110,7 @@ async def changes(runtime: Runtime) -> tuple[list[str], list[str]]:
         ConfigError: not a container runtime.
         RuntimeStartError: the diff failed.
     """
-    code, out = await podman_images.cli(
-        _binary(runtime),
-        "diff",
-        "--format",
-        "json",
-        _container(runtime),
-        timeout_s=CLI_TIMEOUT_S,
-        merge_stderr=False,
-    )
-    if code != 0:
-        raise RuntimeStartError(f"diff of runtime {runtime.runtime_id} failed: {out[-300:]}")
+    out = await _ask(runtime, "diff", "diff", "--format", "json")
     diff: dict[str, Any] = json.loads(out or "{}")
     excluded = _excluded(runtime)
     written = sorted(
@@ -134,19 +140,9 @@ async def disk_used_bytes(runtime: Runtime) -> int:
         ConfigError: not a container runtime.
         RuntimeStartError: the container cannot be inspected.
     """
-    code, out = await podman_images.cli(
-        _binary(runtime),
-        "container",
-        "inspect",
-        "--size",
-        "--format",
-        "{{.SizeRw}}",
-        _container(runtime),
-        timeout_s=CLI_TIMEOUT_S,
-        merge_stderr=False,
+    out = await _ask(
+        runtime, "inspect", "container", "inspect", "--size", "--format", "{{.SizeRw}}"
     )
-    if code != 0:
-        raise RuntimeStartError(f"inspect of runtime {runtime.runtime_id} failed: {out[-300:]}")
     return int(out.strip().splitlines()[-1]) + await asyncio.to_thread(
         _tree_bytes, runtime.workspace
     )

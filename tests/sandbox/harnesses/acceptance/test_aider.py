@@ -10,14 +10,17 @@ import pytest
 
 from rolloutd.sandbox.harnesses.aider import AiderHarness
 from tests.conftest import have_bwrap
-from tests.support.harness_run import cli_installed, hello_world_task, print_figures, run_task
+from tests.support.harness_run import (
+    HARNESS_TASK_MARKS,
+    cli_installed,
+    hello_world_task,
+    print_figures,
+    run_task,
+)
+
+pytestmark = HARNESS_TASK_MARKS
 
 
-@pytest.mark.temporal
-@pytest.mark.engine
-@pytest.mark.sandbox
-@pytest.mark.harness
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed")
 @pytest.mark.skipif(

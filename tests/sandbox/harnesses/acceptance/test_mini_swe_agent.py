@@ -7,18 +7,16 @@ import pytest
 from rolloutd.sandbox.harnesses.mini_swe_agent import MiniSweAgentHarness
 from tests.conftest import have_bwrap
 from tests.support.harness_run import (
+    HARNESS_TASK_MARKS,
     check_each_ran_a_tool_and_scored,
     cli_installed,
     hello_world_task,
     run_task,
 )
 
+pytestmark = HARNESS_TASK_MARKS
 
-@pytest.mark.temporal
-@pytest.mark.engine
-@pytest.mark.sandbox
-@pytest.mark.harness
-@pytest.mark.slow
+
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed")
 @pytest.mark.skipif(

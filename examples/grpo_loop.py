@@ -432,13 +432,72 @@ def summary(rows: list[dict]) -> dict[str, float]:
     }
 
 
-async def main(args: argparse.Namespace) -> int:
+def quiet_and_seed(seed: int, threads: int) -> None:
+    """Warnings only from rolloutd and transformers, no progress bars; torch seeded and held to
+    ``threads`` threads (both examples' trainer setup)."""
     import logging
 
     import structlog
     import torch
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+
+
+def probe_prompt_ids(tokenizer) -> list[int]:
+    """The probe prompt (a held-out category, chat template applied), list[int]."""
+    return tokenizer.encode(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt_of("ocean")}],
+            add_generation_prompt=True,
+            tokenize=False,
+        ),
+        add_special_tokens=False,
+    )
+
+
+def write_record(
+    rows: list[dict], args: argparse.Namespace, stats: dict, title: str, **extra: object
+) -> None:
+    """Write ``--metrics`` (args, rows, summary and ``extra``, JSON) and ``--plot`` (PNG) as
+    they stand, when asked for."""
+    if args.metrics:
+        Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.metrics).write_text(
+            json.dumps({"args": vars(args), "rows": rows, "summary": stats, **extra}, indent=1)
+        )
+    if args.plot:
+        plot(rows, Path(args.plot), title)
+
+
+def add_common_args(parser: argparse.ArgumentParser, name: str, num_samples_help: str) -> None:
+    """The options both examples take (``name``: the example's, for the ``--plot`` hint)."""
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--groups-per-step", type=int, default=3)
+    parser.add_argument("--num-samples", type=int, default=4, help=num_samples_help)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--eval-every", type=int, default=1)
+    parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--threads", type=int, default=1, help="trainer threads")
+    # one thread: on a shared, oversubscribed CPU llama.cpp's threads wait on each other at
+    # every barrier (measured here under load 18: 8 s per token with 2 threads)
+    parser.add_argument("--engine-threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--home", default=None, help="state folder (default: a temp folder)")
+    parser.add_argument("--plot", default=None, help=f"PNG to write, e.g. docs/{name}.png")
+    parser.add_argument("--metrics", default=None, help="JSON of every step's metrics")
+
+
+async def main(args: argparse.Namespace) -> int:
+
+    import torch
+    from transformers import AutoModelForCausalLM
 
     from rolloutd.engine.models import load_tokenizer, pull_model
     from rolloutd.store import BlobStore
@@ -448,12 +507,8 @@ async def main(args: argparse.Namespace) -> int:
     from rolloutd.trainer_client.probe import probe
     from rolloutd.trainer_client.weight_sync import GatewayEngineLoader, WeightSync
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    torch.manual_seed(args.seed)
+    quiet_and_seed(args.seed, args.threads)
     rng = random.Random(args.seed)
-    torch.set_num_threads(args.threads)
     files = pull_model(args.model)
     tokenizer = load_tokenizer(args.model)
     model = AutoModelForCausalLM.from_pretrained(
@@ -464,14 +519,7 @@ async def main(args: argparse.Namespace) -> int:
     home = Path(args.home or tempfile.mkdtemp(prefix="rolloutd-grpo-loop-"))
     weights = home / "weights"
     policy = export_gguf(model.state_dict(), files.gguf, weights / "policy-0.gguf")
-    probe_ids = tokenizer.encode(
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt_of("ocean")}],
-            add_generation_prompt=True,
-            tokenize=False,
-        ),
-        add_special_tokens=False,
-    )
+    probe_ids = probe_prompt_ids(tokenizer)
     write: Callable[[str], None] = lambda line: print(line, flush=True)  # noqa: E731
 
     suffix = uuid.uuid4().hex[:6]
@@ -601,27 +649,20 @@ def report(rows: list[dict], args: argparse.Namespace) -> dict[str, float]:
     """Write the metrics JSON and the plot as they stand (after every step, so a run cut
     short still leaves its record); returns the summary."""
     stats = summary(rows)
-    if args.metrics:
-        Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.metrics).write_text(
-            json.dumps({"args": vars(args), "rows": rows, "summary": stats}, indent=1)
-        )
-    if args.plot:
-        plot(
-            rows,
-            Path(args.plot),
-            f"GRPO on SmolLM2-135M, 1/words reward: "
-            f"{args.groups_per_step} groups x {args.num_samples} samples per step, "
-            f"lr {args.lr:g}",
-        )
+    write_record(
+        rows,
+        args,
+        stats,
+        f"GRPO on SmolLM2-135M, 1/words reward: "
+        f"{args.groups_per_step} groups x {args.num_samples} samples per step, "
+        f"lr {args.lr:g}",
+    )
     return stats
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--groups-per-step", type=int, default=3)
-    parser.add_argument("--num-samples", type=int, default=4)
+    add_common_args(parser, "grpo_loop", "G, samples per task")
     parser.add_argument("--in-flight", type=int, default=4)
     parser.add_argument(
         "--max-staleness",
@@ -629,24 +670,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=2,
         help="drop groups started more than this many versions ago",
     )
-    parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--clip-eps", type=float, default=0.2)
-    parser.add_argument("--eval-every", type=int, default=1)
-    parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt")
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--threads", type=int, default=1, help="trainer threads")
-    # one thread: on a shared, oversubscribed CPU llama.cpp's threads wait on each other at
-    # every barrier (measured here under load 18: 8 s per token with 2 threads)
-    parser.add_argument("--engine-threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--take-timeout-s", type=float, default=600.0)
     parser.add_argument(
         "--task-pool-factor", type=int, default=6, help="tasks pushed per group the steps take"
     )
-    parser.add_argument("--home", default=None, help="state folder (default: a temp folder)")
-    parser.add_argument("--plot", default=None, help="PNG to write, e.g. docs/grpo_loop.png")
-    parser.add_argument("--metrics", default=None, help="JSON of every step's metrics")
     return parser.parse_args(argv)
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import math
 import os
 import secrets
@@ -46,11 +45,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_loop import (  # noqa: E402 - the example folder is on the path first
     ASK_PY,
     CATEGORIES,
+    add_common_args,
     held_out_reward,
     local_stack,
-    plot,
+    probe_prompt_ids,
     prompt_of,
+    quiet_and_seed,
     summary,
+    write_record,
 )
 
 from rolloutd.processes import end_process  # noqa: E402
@@ -71,11 +73,9 @@ def task_rows(max_tokens: int) -> list[dict]:
 
 
 async def main(args: argparse.Namespace) -> int:
-    import structlog
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
-    from transformers.utils import logging as hf_logging
     from trl import GRPOConfig, GRPOTrainer
 
     from rolloutd.engine.models import load_tokenizer, pull_model
@@ -93,11 +93,7 @@ async def main(args: argparse.Namespace) -> int:
     from rolloutd.trainer_client.weight_sync import GatewayEngineLoader, WeightSync
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.threads)
+    quiet_and_seed(args.seed, args.threads)
     files = pull_model(args.model)
     tokenizer = load_tokenizer(args.model)
     if tokenizer.pad_token is None:
@@ -116,14 +112,7 @@ async def main(args: argparse.Namespace) -> int:
     home = Path(args.home or tempfile.mkdtemp(prefix="rolloutd-trl-grpo-"))
     weights = home / "weights"
     policy = export_gguf(model.state_dict(), files.gguf, weights / "policy-0.gguf")
-    probe_ids = tokenizer.encode(
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt_of("ocean")}],
-            add_generation_prompt=True,
-            tokenize=False,
-        ),
-        add_special_tokens=False,
-    )
+    probe_ids = probe_prompt_ids(tokenizer)
     rows: list[dict] = []
     token = secrets.token_urlsafe(16)
     write = lambda line: print(line, flush=True)  # noqa: E731
@@ -261,46 +250,21 @@ def report(
     timed = [r for r in rows if r.get("rollout_s") is not None]
     for name in ("rollout_s", "train_s", "sync_s", "step_s"):
         stats[f"{name}_mean"] = statistics.fmean(r[name] for r in timed) if timed else 0.0
-    if args.metrics:
-        Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.metrics).write_text(
-            json.dumps(
-                {
-                    "args": vars(args),
-                    "rows": rows,
-                    "summary": stats,
-                    "bridge": bridge,
-                    "trl_log": trl_log,
-                },
-                indent=1,
-            )
-        )
-    if args.plot:
-        plot(
-            rows,
-            Path(args.plot),
-            f"TRL GRPOTrainer + rolloutd (bwrap, shell harness), SmolLM2-135M, 1/words reward: "
-            f"{args.groups_per_step} groups x {args.num_samples}, lr {args.lr:g}",
-        )
+    write_record(
+        rows,
+        args,
+        stats,
+        f"TRL GRPOTrainer + rolloutd (bwrap, shell harness), SmolLM2-135M, 1/words reward: "
+        f"{args.groups_per_step} groups x {args.num_samples}, lr {args.lr:g}",
+        bridge=bridge,
+        trl_log=trl_log,
+    )
     return stats
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--groups-per-step", type=int, default=3)
-    parser.add_argument("--num-samples", type=int, default=4, help="G, TRL's num_generations")
-    parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-5)
-    parser.add_argument("--eval-every", type=int, default=1)
-    parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt")
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--threads", type=int, default=1, help="trainer threads")
-    parser.add_argument("--engine-threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--home", default=None, help="state folder (default: a temp folder)")
-    parser.add_argument("--plot", default=None, help="PNG to write, e.g. docs/trl_grpo.png")
-    parser.add_argument("--metrics", default=None, help="JSON of every step's metrics")
+    add_common_args(parser, "trl_grpo", "G, TRL's num_generations")
     return parser.parse_args(argv)
 
 

@@ -3,7 +3,9 @@ GGUF that llama-server serves, and the chat-templated ids of a probe prompt."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +28,21 @@ class TrainerModel:
             ),
             add_special_tokens=False,
         )
+
+    def start_engine(self, folder: Path) -> Any:
+        """Export the model's weights as ``folder/policy-0.gguf`` (the catalog GGUF as template)
+        and start llama-server on it (one slot, 2048 tokens, log ``folder/engine.log``): engine
+        and trainer start equal. The caller stops it."""
+        from rolloutd.engine.server import LlamaServer
+        from rolloutd.trainer_client.gguf_export import export_gguf
+
+        start = export_gguf(self.model.state_dict(), self.files.gguf, folder / "policy-0.gguf")
+        return LlamaServer(
+            dataclasses.replace(self.files, gguf=start),
+            parallel=1,
+            ctx_size=2048,
+            log_path=folder / "engine.log",
+        ).start(timeout_s=180)
 
 
 def load_trainer_model(name: str = "smollm2-135m") -> TrainerModel:

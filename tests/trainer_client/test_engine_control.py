@@ -12,7 +12,6 @@ in-process (ASGI); the control hop is real HTTP. A last test runs ``LocalStack``
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +75,6 @@ async def test_a_gateway_without_a_local_engine_refuses_the_load(tmp_path: Path)
 async def test_the_gateway_reloads_the_local_engine_on_the_trainers_gguf(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("gguf")
-    from rolloutd.engine.server import LlamaServer
     from rolloutd.trainer_client.gguf_export import export_gguf
     from rolloutd.trainer_client.probe import probe
     from tests.support.trainer_model import load_trainer_model
@@ -84,13 +82,7 @@ async def test_the_gateway_reloads_the_local_engine_on_the_trainers_gguf(tmp_pat
     trainer = load_trainer_model(MODEL)
     files, tokenizer, model = trainer.files, trainer.tokenizer, trainer.model
     probe_ids = trainer.chat_ids("Name three colours.")
-    start = export_gguf(model.state_dict(), files.gguf, tmp_path / "policy-0.gguf")
-    engine = LlamaServer(
-        dataclasses.replace(files, gguf=start),
-        parallel=1,
-        ctx_size=2048,
-        log_path=tmp_path / "engine.log",
-    ).start(timeout_s=180)
+    engine = trainer.start_engine(tmp_path)
     control = EngineControlServer(engine).start()
     gateway = _gateway(
         tmp_path / "store",

@@ -9,7 +9,6 @@ SmolLM2-135M (the one test that reloads weights has its own engine); the gateway
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import httpx
@@ -43,20 +42,13 @@ SAMPLING = SamplingParams(max_tokens=12, temperature=1.0)
 
 @pytest.mark.timeout(900)
 async def test_each_sync_serves_the_trainers_weights_and_version(tmp_path: Path) -> None:
-    from rolloutd.engine.server import LlamaServer
 
     trainer = load_trainer_model(MODEL)
     files, tokenizer, model = trainer.files, trainer.tokenizer, trainer.model
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     probe_ids = trainer.chat_ids("Name three colours.")
 
-    start = export_gguf(model.state_dict(), files.gguf, tmp_path / "policy-0.gguf")
-    engine = LlamaServer(
-        dataclasses.replace(files, gguf=start),
-        parallel=1,
-        ctx_size=2048,
-        log_path=tmp_path / "engine.log",
-    ).start(timeout_s=180)
+    engine = trainer.start_engine(tmp_path)
     gateway = Gateway.from_settings(
         GatewaySettings(
             store_url=str(tmp_path / "store"),

@@ -29,7 +29,7 @@ from rolloutd.viewer import add_viewer_routes, session_href, task_href
 from tests.conftest import have_bwrap
 from tests.support.browser import Chromium, chromium_binary
 from tests.support.buffer_tasks import poll
-from tests.support.harness_run import executed_tool_calls, run_task
+from tests.support.harness_run import executed_tool_calls, hello_world_task, run_task
 
 pytestmark = [
     pytest.mark.temporal,
@@ -48,25 +48,17 @@ async def task_run(fleets):
     """One finished task of two tool-using sessions."""
     return await run_task(
         fleets,
-        {
-            "task_id": f"view-{uuid.uuid4().hex[:6]}",
-            "instruction": "Use the write_file tool to create hello.py that prints hello world.",
-            "num_samples": 2,
-            "harness": {
+        hello_world_task(
+            "Use the write_file tool to create hello.py that prints hello world.",
+            {
                 "type": "python",
                 "entry": "file_agent:agent",
                 "max_turns": 2,
                 "files": {"file_agent.py": AGENT.read_text()},
             },
-            "runtime": {"type": "bwrap", "network": "gateway"},
-            "evaluator": {
-                "type": "test_on_output",
-                "command": "python3 hello.py",
-                "expected_output": "hello world",
-            },
-            "sampling": {"temperature": 0.2, "max_tokens": 160, "seed": 7},
-            "phases": {"run_s": 600},
-        },
+            max_tokens=160,
+        )
+        | {"task_id": f"view-{uuid.uuid4().hex[:6]}", "num_samples": 2},
     )
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import structlog
 
 from rolloutd.errors import ConfigError, RolloutdError, RuntimeStartError
-from rolloutd.sandbox.runtimes import create_runtime
+from rolloutd.sandbox.runtimes import create_runtime, podman_images
 from rolloutd.sandbox.runtimes.base import Runtime
 from rolloutd.types import RuntimeSpec
 
@@ -58,24 +58,6 @@ NEVER_CARRIED = (
 PACK_NAME = ".rolloutd-changes.tar"
 
 
-async def _cli(binary: str, *args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        binary,
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT_S)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        return -9, "timed out"
-    return proc.returncode or 0, (out or err).decode(errors="replace")
-
-
 def _binary(runtime: Runtime) -> str:
     if runtime.type not in SNAPSHOT_RUNTIMES:
         raise ConfigError(
@@ -87,6 +69,22 @@ def _binary(runtime: Runtime) -> str:
 
 def _container(runtime: Runtime) -> str:
     return str(getattr(runtime, "name", f"rolloutd-{runtime.runtime_id}"))
+
+
+async def _ask(runtime: Runtime, what: str, *args: str) -> str:
+    """Run the container CLI command ``args`` on the runtime's container (its name last); its
+    stdout.
+
+    Raises:
+        ConfigError: not a container runtime.
+        RuntimeStartError: the command failed (``what`` names it).
+    """
+    code, out = await podman_images.cli(
+        _binary(runtime), *args, _container(runtime), timeout_s=CLI_TIMEOUT_S, merge_stderr=False
+    )
+    if code != 0:
+        raise RuntimeStartError(f"{what} of runtime {runtime.runtime_id} failed: {out[-300:]}")
+    return out
 
 
 def _excluded(runtime: Runtime) -> list[PurePosixPath]:
@@ -112,9 +110,7 @@ async def changes(runtime: Runtime) -> tuple[list[str], list[str]]:
         ConfigError: not a container runtime.
         RuntimeStartError: the diff failed.
     """
-    code, out = await _cli(_binary(runtime), "diff", "--format", "json", _container(runtime))
-    if code != 0:
-        raise RuntimeStartError(f"diff of runtime {runtime.runtime_id} failed: {out[-300:]}")
+    out = await _ask(runtime, "diff", "diff", "--format", "json")
     diff: dict[str, Any] = json.loads(out or "{}")
     excluded = _excluded(runtime)
     written = sorted(
@@ -144,17 +140,9 @@ async def disk_used_bytes(runtime: Runtime) -> int:
         ConfigError: not a container runtime.
         RuntimeStartError: the container cannot be inspected.
     """
-    code, out = await _cli(
-        _binary(runtime),
-        "container",
-        "inspect",
-        "--size",
-        "--format",
-        "{{.SizeRw}}",
-        _container(runtime),
+    out = await _ask(
+        runtime, "inspect", "container", "inspect", "--size", "--format", "{{.SizeRw}}"
     )
-    if code != 0:
-        raise RuntimeStartError(f"inspect of runtime {runtime.runtime_id} failed: {out[-300:]}")
     return int(out.strip().splitlines()[-1]) + await asyncio.to_thread(
         _tree_bytes, runtime.workspace
     )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -403,3 +403,56 @@ def int_list(values: Any, where: str) -> list[int]:
     ):
         raise BackendError(f"{where}: token ids are not a list of integers")
     return list(values)
+
+
+class HttpBackend(Backend):
+    """A backend reached over HTTP through one :class:`BackendClient` (retries off: Temporal
+    owns retries, and a retried call here could sample twice).
+
+    Args:
+        name: pool name.
+        url: base URL.
+        policy_version: version of the served weights.
+        timeout_s: limit of one call, seconds (see :func:`new_client`).
+        ctx_size: context window of one sequence, in tokens; None asks the backend once.
+        transport: httpx transport (tests).
+        headers: sent with every request (``Authorization`` for an API).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        *,
+        policy_version: int = 0,
+        timeout_s: float = 600.0,
+        ctx_size: int | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(name, url, policy_version=policy_version)
+        self.client = new_client(self.url, timeout_s, transport, headers)
+        self._ctx_size = ctx_size
+
+    async def aclose(self) -> None:
+        """Close the HTTP client."""
+        await self.client.aclose()
+
+    async def _cached_ctx_size(self, path: str, read: Callable[[Any], Any], what: str) -> int:
+        """The context window: ``int(read(body))`` of the JSON answered to ``GET path``, asked
+        once and cached.
+
+        Raises:
+            BackendError: the call fails, or ``read`` finds no integer (``what`` names it).
+        """
+        if self._ctx_size is None:
+            try:
+                response = await self.client.get(path)
+            except httpx.HTTPError as e:
+                raise transport_error(self, e) from e
+            raise_for_status(self, response)
+            try:
+                self._ctx_size = int(read(response.json()))
+            except (ValueError, KeyError, IndexError, TypeError) as e:
+                raise BackendError(f"backend {self.name}: {path} has no {what}") from e
+        return self._ctx_size

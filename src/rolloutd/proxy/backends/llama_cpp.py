@@ -39,8 +39,8 @@ import httpx
 import structlog
 
 from rolloutd.errors import BackendError, BackendUnavailableError, ContextLengthError
-from rolloutd.proxy.backends.base import Backend, GenerateDelta, GenerateRequest, GenerateResult
-from rolloutd.proxy.backends.http import new_client, transport_error
+from rolloutd.proxy.backends.base import GenerateDelta, GenerateRequest, GenerateResult
+from rolloutd.proxy.backends.http import HttpBackend, transport_error
 from rolloutd.proxy.backends.llama_cpp_logprobs import (
     MISSING,
     align_entries,
@@ -135,7 +135,7 @@ def _error_message(response: httpx.Response) -> tuple[str, str | None]:
         return response.content[:200].decode(errors="replace"), None
 
 
-class LlamaCppBackend(Backend):
+class LlamaCppBackend(HttpBackend):
     """A llama-server reached over HTTP.
 
     Args:
@@ -148,25 +148,6 @@ class LlamaCppBackend(Backend):
     """
 
     type = "llama_cpp"
-
-    def __init__(
-        self,
-        name: str,
-        url: str,
-        *,
-        policy_version: int = 0,
-        timeout_s: float = 600.0,
-        ctx_size: int | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        super().__init__(name, url, policy_version=policy_version)
-        self._ctx_size = ctx_size
-        # no retries: Temporal owns retries; a retried call here could sample twice
-        self.client = new_client(self.url, timeout_s, transport)
-
-    async def aclose(self) -> None:
-        """Close the HTTP client."""
-        await self.client.aclose()
 
     def _raise_for_status(self, response: httpx.Response) -> None:
         if response.status_code < 400:

@@ -24,13 +24,12 @@ import httpx
 
 from rolloutd.errors import BackendError, ConfigError
 from rolloutd.proxy.backends.base import (
-    Backend,
     ChatDelta,
     ChatResult,
     GenerateRequest,
     GenerateResult,
 )
-from rolloutd.proxy.backends.http import new_client, post_json, sse_events
+from rolloutd.proxy.backends.http import HttpBackend, post_json, sse_events
 
 _FINISH = {
     "stop": "stop",
@@ -42,7 +41,7 @@ _FINISH = {
 }
 
 
-class OpenAIChatBackend(Backend):
+class OpenAIChatBackend(HttpBackend):
     """An OpenAI-compatible ``/v1/chat/completions`` endpoint.
 
     Args:
@@ -70,15 +69,16 @@ class OpenAIChatBackend(Backend):
         ctx_size: int | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        super().__init__(name, url, policy_version=policy_version)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        self.client = new_client(self.url, timeout_s, transport, headers)
+        super().__init__(
+            name,
+            url,
+            policy_version=policy_version,
+            timeout_s=timeout_s,
+            ctx_size=ctx_size,
+            transport=transport,
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
+        )
         self.model = model
-        self._ctx_size = ctx_size
-
-    async def aclose(self) -> None:
-        """Close the HTTP client."""
-        await self.client.aclose()
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Not available: this backend takes no token prompts.

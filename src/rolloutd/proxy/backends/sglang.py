@@ -19,16 +19,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
 from rolloutd.errors import BackendError
-from rolloutd.proxy.backends.base import Backend, GenerateDelta, GenerateRequest, GenerateResult
+from rolloutd.proxy.backends.base import GenerateDelta, GenerateRequest, GenerateResult
 from rolloutd.proxy.backends.http import (
-    new_client,
+    HttpBackend,
     post_json,
-    raise_for_status,
     sse_events,
-    transport_error,
 )
 
 
@@ -92,7 +88,7 @@ def _finish(meta: dict[str, Any], ids: list[int], where: str) -> tuple[str, bool
     return kind, ended_by_eos
 
 
-class SglangBackend(Backend):
+class SglangBackend(HttpBackend):
     """An SGLang server reached over HTTP.
 
     Args:
@@ -106,43 +102,15 @@ class SglangBackend(Backend):
 
     type = "sglang"
 
-    def __init__(
-        self,
-        name: str,
-        url: str,
-        *,
-        policy_version: int = 0,
-        timeout_s: float = 600.0,
-        ctx_size: int | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        super().__init__(name, url, policy_version=policy_version)
-        self.client = new_client(self.url, timeout_s, transport)
-        self._ctx_size = ctx_size
-
-    async def aclose(self) -> None:
-        """Close the HTTP client."""
-        await self.client.aclose()
-
     async def context_size(self) -> int:
         """``context_length`` from ``GET /get_model_info`` (cached).
 
         Raises:
             BackendError: the call fails or has no ``context_length``.
         """
-        if self._ctx_size is None:
-            try:
-                response = await self.client.get("/get_model_info")
-            except httpx.HTTPError as e:
-                raise transport_error(self, e) from e
-            raise_for_status(self, response)
-            try:
-                self._ctx_size = int(response.json()["context_length"])
-            except (ValueError, KeyError, TypeError) as e:
-                raise BackendError(
-                    f"backend {self.name}: /get_model_info has no context_length"
-                ) from e
-        return self._ctx_size
+        return await self._cached_ctx_size(
+            "/get_model_info", lambda body: body["context_length"], "context_length"
+        )
 
     def _result(
         self, answer: dict[str, Any], where: str, first_token_s: float | None

@@ -19,17 +19,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import httpx
-
 from rolloutd.errors import BackendError
-from rolloutd.proxy.backends.base import Backend, GenerateRequest, GenerateResult
+from rolloutd.proxy.backends.base import GenerateRequest, GenerateResult
 from rolloutd.proxy.backends.http import (
+    HttpBackend,
     float_list,
     int_list,
-    new_client,
     post_json,
-    raise_for_status,
-    transport_error,
 )
 
 
@@ -49,7 +45,7 @@ def generate_body(request: GenerateRequest, request_id: str) -> dict[str, Any]:
     }
 
 
-class VerlBackend(Backend):
+class VerlBackend(HttpBackend):
     """verl's server manager behind the bridge's endpoint, reached over HTTP.
 
     Args:
@@ -63,41 +59,15 @@ class VerlBackend(Backend):
 
     type = "verl"
 
-    def __init__(
-        self,
-        name: str,
-        url: str,
-        *,
-        policy_version: int = 0,
-        timeout_s: float = 600.0,
-        ctx_size: int | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        super().__init__(name, url, policy_version=policy_version)
-        self.client = new_client(self.url, timeout_s, transport)
-        self._ctx_size = ctx_size
-
-    async def aclose(self) -> None:
-        """Close the HTTP client."""
-        await self.client.aclose()
-
     async def context_size(self) -> int:
         """``context_size`` from ``GET /context_size`` (cached).
 
         Raises:
             BackendError: the call fails or answers no integer.
         """
-        if self._ctx_size is None:
-            try:
-                response = await self.client.get("/context_size")
-            except httpx.HTTPError as e:
-                raise transport_error(self, e) from e
-            raise_for_status(self, response)
-            try:
-                self._ctx_size = int(response.json()["context_size"])
-            except (ValueError, KeyError, TypeError) as e:
-                raise BackendError(f"backend {self.name}: /context_size has no integer") from e
-        return self._ctx_size
+        return await self._cached_ctx_size(
+            "/context_size", lambda body: body["context_size"], "integer"
+        )
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Sample with one ``POST /generate`` (verl's ``LLMServerClient.generate``).

@@ -21,17 +21,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
 from rolloutd.errors import BackendError
 from rolloutd.proxy.backends.base import ChatResult, GenerateDelta, GenerateRequest, GenerateResult
 from rolloutd.proxy.backends.http import (
     float_list,
     int_list,
     post_json,
-    raise_for_status,
     sse_events,
-    transport_error,
 )
 from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
 
@@ -118,21 +114,13 @@ class VllmBackend(OpenAIChatBackend):
         Raises:
             BackendError: the listing fails or has no ``max_model_len``.
         """
-        if self._ctx_size is None:
-            try:
-                response = await self.client.get("/v1/models")
-            except httpx.HTTPError as e:
-                raise transport_error(self, e) from e
-            raise_for_status(self, response)
-            try:
-                data = response.json()["data"]
-                entry = next(
-                    (m for m in data if not self.model or m.get("id") == self.model), data[0]
-                )
-                self._ctx_size = int(entry["max_model_len"])
-            except (ValueError, KeyError, IndexError, TypeError) as e:
-                raise BackendError(f"backend {self.name}: /v1/models has no max_model_len") from e
-        return self._ctx_size
+
+        def read(body: Any) -> Any:
+            data = body["data"]
+            entry = next((m for m in data if not self.model or m.get("id") == self.model), data[0])
+            return entry["max_model_len"]
+
+        return await self._cached_ctx_size("/v1/models", read, "max_model_len")
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Sample with one ``POST /v1/completions`` on the token prompt.

@@ -93,16 +93,16 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import structlog
 
 from rolloutd.errors import ConfigError, ExecServerError, RuntimeStartError
 from rolloutd.sandbox.config import npm_prefix, tool_python_dirs, tools_dir
 from rolloutd.sandbox.runtimes import exec_server_inside
-from rolloutd.sandbox.runtimes.base import LaunchError, Runtime, check_spec_network
+from rolloutd.sandbox.runtimes.base import check_spec_network
+from rolloutd.sandbox.runtimes.exec_runtime import GATEWAY_PORT, ExecServerRuntime, chown_tree
 from rolloutd.sandbox.runtimes.exec_server import ExecServerClient
-from rolloutd.sandbox.runtimes.gateway_relay import GatewayRelay, rewrite_url
+from rolloutd.sandbox.runtimes.gateway_relay import GatewayRelay
 from rolloutd.sandbox.runtimes.limits import RuntimeCgroup, rlimit_as
 from rolloutd.sandbox.runtimes.process import RuntimeProcess
 from rolloutd.sandbox.runtimes.roots import (
@@ -125,8 +125,6 @@ log = structlog.get_logger(__name__)
 HOSTNAME = "rolloutd"
 #: seconds the sandbox may take to start (bwrap's report, the exec server's ``ready``).
 PROBE_TIMEOUT_S = 30.0
-#: the loopback port where the session's gateway is reachable inside (``network: gateway``).
-GATEWAY_PORT = 8300
 #: where the exec server sees the host folder holding the gateway socket.
 NET_DIR_INSIDE = "/run/rolloutd"
 #: the gateway socket's file name in that folder.
@@ -177,7 +175,7 @@ def exec_server_pyc() -> bytes:
     )
 
 
-class BwrapRuntime(Runtime):
+class BwrapRuntime(ExecServerRuntime):
     """A runtime whose commands run in bubblewrap sandboxes; see the module docstring.
 
     Raises:
@@ -200,9 +198,7 @@ class BwrapRuntime(Runtime):
         self.bwrap = shutil.which("bwrap")
         self.net_dir = self.runtime_dir / "net"
         self.cgroup: RuntimeCgroup | None = None
-        self.relay: GatewayRelay | None = None
         self._holder: RuntimeProcess | None = None
-        self._exec_server: ExecServerClient | None = None
         #: host pid of the exec server (pid 1 inside) once started.
         self.exec_server_pid: int | None = None
         #: ids commands run as (-1: the worker's own; see the module docstring, users).
@@ -315,34 +311,6 @@ class BwrapRuntime(Runtime):
             "-I",
         ]
 
-    async def _start_process(
-        self,
-        argv: list[str],
-        cwd: str,
-        env: dict[str, str],
-        *,
-        name: str,
-        stdin: int,
-        stdout: object,
-        stderr: object,
-    ) -> RuntimeProcess:
-        """Start a command through the exec server."""
-        if self._exec_server is None:
-            raise LaunchError(f"runtime {self.runtime_id}: the sandbox is not running")
-        try:
-            return await self._exec_server.run(
-                argv,
-                env,
-                cwd,
-                name=name,
-                grace_s=self.grace_s,
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-            )
-        except ExecServerError as exc:
-            raise LaunchError(exc.message) from exc
-
     def _base_env(self) -> dict[str, str]:
         path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         if not self.spec.image:
@@ -377,20 +345,6 @@ class BwrapRuntime(Runtime):
 
     def _oom_kills(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup is not None else 0
-
-    async def adopt(self, host_path: Path) -> None:
-        """Hand ``host_path`` (recursively) and the folders above it up to the workspace or
-        home (an upload may have created them) to :data:`SANDBOX_UID` when commands run as
-        it."""
-        if self.uid < 0:
-            return
-        await asyncio.to_thread(_chown_tree, host_path, self.uid, self.gid)
-        for root in (self.workspace, self.host_home):
-            if host_path.is_relative_to(root):
-                for parent in host_path.parents:
-                    if not parent.is_relative_to(root):
-                        break
-                    os.lchown(parent, self.uid, self.gid)
 
     def _confine(self, pid: int) -> None:
         """Put the exec server (host ``pid``, not forking yet) under the runtime's limits.
@@ -433,7 +387,7 @@ class BwrapRuntime(Runtime):
                 if (etc / name).is_file():  # an image without one gets none (no mount point)
                     (self.runtime_dir / name).write_bytes(text)
             for folder in (self.workspace, self.host_home):  # with spec.files, if any
-                _chown_tree(folder, self.uid, self.gid)
+                chown_tree(folder, self.uid, self.gid)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()
         argv = [
@@ -493,40 +447,6 @@ class BwrapRuntime(Runtime):
                 f"{stderr_path.read_text(errors='replace')[-500:]}"
             ) from exc
 
-    async def cancel(self) -> None:
-        """Terminate every process of the runtime, then SIGKILL any left in the sandbox.
-
-        Processes whose shim was killed from inside the sandbox would otherwise survive until
-        :meth:`stop`; the exec server counts them (``sweep``).
-        """
-        await super().cancel()
-        if self._exec_server is not None and not self._exec_server.closed:
-            try:
-                num_killed = await self._exec_server.sweep()
-            except (ExecServerError, TimeoutError) as exc:
-                log.warning("runtime_sweep_failed", runtime_id=self.runtime_id, error=str(exc))
-                return
-            if num_killed:
-                log.info("runtime_swept", runtime_id=self.runtime_id, num_killed=num_killed)
-
-    async def connect_gateway(self, *urls: str) -> list[str]:
-        """Admit the session of ``urls`` at the relay; return them as seen inside.
-
-        With ``network: gateway`` each URL becomes ``http://127.0.0.1:{GATEWAY_PORT}{path}``;
-        with ``host`` or ``none`` the URLs are returned unchanged.
-
-        Raises:
-            ConfigError: the URLs do not share one gateway origin.
-        """
-        if self.spec.network != "gateway" or not urls:
-            return list(urls)
-        assert self.relay is not None, "runtime not started"
-        origins = {urlsplit(u)[:2] for u in urls}
-        if len(origins) != 1:
-            raise ConfigError(f"gateway URLs must share one origin, got {sorted(origins)}")
-        self.relay.attach(urls[0])
-        return [rewrite_url(u, f"http://127.0.0.1:{GATEWAY_PORT}") for u in urls]
-
     async def _cleanup(self) -> None:
         began = time.monotonic()
         if self._exec_server is not None:  # the exec server exits at EOF, and with it the sandbox
@@ -578,12 +498,3 @@ async def _read_child_pid(info_fd: int) -> int:
     if not (found := CHILD_PID.search(data)):
         raise ValueError(f"bwrap ended without reporting its child: {data!r}")
     return int(found.group(1))
-
-
-def _chown_tree(path: Path, uid: int, gid: int) -> None:
-    """``chown -R uid:gid path`` without following symlinks."""
-    os.lchown(path, uid, gid)
-    if path.is_dir() and not path.is_symlink():
-        for folder, dirs, files in os.walk(path):
-            for name in dirs + files:
-                os.lchown(os.path.join(folder, name), uid, gid)

@@ -38,7 +38,7 @@ from typing import Any
 import structlog
 
 from rolloutd.errors import ConfigError, RuntimeStartError
-from rolloutd.sandbox.runtimes import relay_inside
+from rolloutd.sandbox.runtimes import podman_images, relay_inside
 from rolloutd.sandbox.runtimes.base import Runtime, check_spec_network
 from rolloutd.sandbox.runtimes.gateway_relay import GatewayRelay, rewrite_url
 from rolloutd.types import RuntimeSpec
@@ -95,20 +95,7 @@ class ContainerRuntime(Runtime):
 
     # -- lifecycle ------------------------------------------------------------------------
     async def _run_cli(self, argv: list[str]) -> tuple[int, str]:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            out, _ = await asyncio.wait_for(proc.communicate(), CONTAINER_TIMEOUT_S)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            return -9, "timed out"
-        return proc.returncode or 0, out.decode(errors="replace")
+        return await podman_images.cli(*argv, timeout_s=CONTAINER_TIMEOUT_S)
 
     async def _check(self) -> None:
         if shutil.which(self.binary_name) is None:

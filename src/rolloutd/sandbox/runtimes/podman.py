@@ -68,18 +68,17 @@ import socket
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
 import structlog
 
 from rolloutd.errors import ConfigError, ExecServerError, RuntimeStartError
 from rolloutd.sandbox.config import npm_prefix, tool_python_dirs, tools_dir
 from rolloutd.sandbox.runtimes import podman_images
-from rolloutd.sandbox.runtimes.base import LaunchError, Runtime, check_spec_network
+from rolloutd.sandbox.runtimes.base import check_spec_network
 from rolloutd.sandbox.runtimes.bwrap import exec_server_pyc
+from rolloutd.sandbox.runtimes.exec_runtime import GATEWAY_PORT, ExecServerRuntime
 from rolloutd.sandbox.runtimes.exec_server import ExecServerClient
-from rolloutd.sandbox.runtimes.gateway_relay import GatewayRelay, rewrite_url
-from rolloutd.sandbox.runtimes.process import RuntimeProcess
+from rolloutd.sandbox.runtimes.gateway_relay import GatewayRelay
 from rolloutd.sandbox.runtimes.roots import HOME_INSIDE, HOST_INSIDE, host_python, python_dirs
 from rolloutd.types import RuntimeSpec
 
@@ -92,8 +91,6 @@ USERNS_BASE = 1_000_000
 USERNS_SIZE = 65536
 #: where the runtime's ``net`` folder (control and gateway sockets) is bound inside.
 NET_DIR_INSIDE = "/run/rolloutd"
-#: the loopback port where the session's gateway is reachable inside (as for bwrap).
-GATEWAY_PORT = 8300
 #: the exec server's compiled script inside.
 EXEC_SERVER_INSIDE = "/run/rolloutd-exec-server.pyc"
 #: the folder of host binaries put first on PATH inside (``node``).
@@ -115,7 +112,7 @@ RESERVED_INSIDE = ("/", "/proc", "/sys", "/dev", "/run", HOME_INSIDE, "/tmp", "/
 _seedable: dict[tuple[str, str], bool] = {}
 
 
-class PodmanRuntime(Runtime):
+class PodmanRuntime(ExecServerRuntime):
     """A runtime in a podman container; see the module docstring.
 
     Args:
@@ -132,6 +129,7 @@ class PodmanRuntime(Runtime):
     #: whether ``--uidmap``/``--gidmap`` give each container a user namespace (podman);
     #: docker's daemon maps users itself.
     map_users: ClassVar[bool] = True
+    enclosure = "container"
 
     def __init__(
         self, spec: RuntimeSpec, runtime_id: str, root: Path, *, host_id: str = "", **kwargs: Any
@@ -156,8 +154,6 @@ class PodmanRuntime(Runtime):
         #: whether :meth:`start` built the image now (a cache miss).
         self.built_image = False
         self.container_id = ""
-        self.relay: GatewayRelay | None = None
-        self._exec_server: ExecServerClient | None = None
         self._image_env: dict[str, str] = {}
         self.uid = self.gid = USERNS_BASE if self.map_users else 0
         #: seconds of each start step (image, seed, run, connect), for the benchmark.
@@ -265,6 +261,11 @@ class PodmanRuntime(Runtime):
 
     def _wrap(self, argv: list[str], cwd: str) -> tuple[list[str], Path | None]:
         raise NotImplementedError("every command of a container runs through its exec server")
+
+    def _adopts(self) -> bool:
+        """Uploads go to the container's root (host uid :data:`USERNS_BASE`) when podman maps
+        users; docker's daemon maps them itself."""
+        return self.map_users
 
     # -- lifecycle ------------------------------------------------------------------------
     async def _resolve_image(self) -> None:
@@ -381,75 +382,6 @@ class PodmanRuntime(Runtime):
             ) from exc
         self.timings["connect_s"] = time.monotonic() - began - self.timings["run_s"]
 
-    async def adopt(self, host_path: Path) -> None:
-        """Hand ``host_path`` (recursively) and the folders above it up to the workspace or
-        home to the container's root (host uid :data:`USERNS_BASE`)."""
-        if not self.map_users:
-            return
-        await asyncio.to_thread(_chown_tree, host_path, self.uid, self.gid)
-        for root in (self.workspace, self.host_home):
-            if host_path.is_relative_to(root):
-                for parent in host_path.parents:
-                    if not parent.is_relative_to(root):
-                        break
-                    os.lchown(parent, self.uid, self.gid)
-
-    async def _start_process(
-        self,
-        argv: list[str],
-        cwd: str,
-        env: dict[str, str],
-        *,
-        name: str,
-        stdin: int,
-        stdout: object,
-        stderr: object,
-    ) -> RuntimeProcess:
-        """Start a command through the exec server."""
-        if self._exec_server is None:
-            raise LaunchError(f"runtime {self.runtime_id}: the container is not running")
-        try:
-            return await self._exec_server.run(
-                argv,
-                env,
-                cwd,
-                name=name,
-                grace_s=self.grace_s,
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-            )
-        except ExecServerError as exc:
-            raise LaunchError(exc.message) from exc
-
-    async def cancel(self) -> None:
-        """Terminate every process of the runtime, then SIGKILL any left in the container."""
-        await super().cancel()
-        if self._exec_server is not None and not self._exec_server.closed:
-            try:
-                num_killed = await self._exec_server.sweep()
-            except (ExecServerError, TimeoutError) as exc:
-                log.warning("runtime_sweep_failed", runtime_id=self.runtime_id, error=str(exc))
-                return
-            if num_killed:
-                log.info("runtime_swept", runtime_id=self.runtime_id, num_killed=num_killed)
-
-    async def connect_gateway(self, *urls: str) -> list[str]:
-        """Admit the session of ``urls`` at the relay; return them as seen inside
-        (``http://127.0.0.1:8300/...`` with ``network: gateway``, else unchanged).
-
-        Raises:
-            ConfigError: the URLs do not share one gateway origin.
-        """
-        if self.spec.network != "gateway" or not urls:
-            return list(urls)
-        assert self.relay is not None, "runtime not started"
-        origins = {urlsplit(u)[:2] for u in urls}
-        if len(origins) != 1:
-            raise ConfigError(f"gateway URLs must share one origin, got {sorted(origins)}")
-        self.relay.attach(urls[0])
-        return [rewrite_url(u, f"http://127.0.0.1:{GATEWAY_PORT}") for u in urls]
-
     def _oom_kills(self) -> int:
         """``oom_kill`` of the container's memory cgroup (v1 ``memory.oom_control``, v2
         ``memory.events``; podman's cgroupfs and systemd layouts)."""
@@ -543,15 +475,6 @@ def _copy_missing(source: Path, target: Path) -> None:
                 dst.symlink_to(os.readlink(src))
             else:
                 shutil.copy2(src, dst)
-
-
-def _chown_tree(path: Path, uid: int, gid: int) -> None:
-    """``chown -R uid:gid path`` without following symlinks."""
-    os.lchown(path, uid, gid)
-    if path.is_dir() and not path.is_symlink():
-        for folder, dirs, files in os.walk(path):
-            for name in dirs + files:
-                os.lchown(os.path.join(folder, name), uid, gid)
 
 
 def container_binaries() -> list[str]:

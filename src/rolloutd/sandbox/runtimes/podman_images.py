@@ -84,9 +84,15 @@ CONFIG_TTL_S = 30.0
 
 
 async def cli(
-    binary: str, *args: str, timeout_s: float = CLI_TIMEOUT_S, cwd: Path | None = None
+    binary: str,
+    *args: str,
+    timeout_s: float = CLI_TIMEOUT_S,
+    cwd: Path | None = None,
+    merge_stderr: bool = True,
 ) -> tuple[int, str]:
-    """Run a container CLI command; return its exit code and output (stdout and stderr).
+    """Run a container CLI command; return its exit code and output (stdout and stderr; with
+    ``merge_stderr=False`` stdout alone, or stderr when stdout is empty, so that a warning on
+    stderr cannot spoil a machine-readable stdout).
 
     The process is killed when ``timeout_s`` passes (exit code -9) or the caller is cancelled.
     Its environment is the worker's (the operator's: e.g. a ``DOCKER_HOST`` it set), never a
@@ -98,12 +104,12 @@ async def cli(
         *args,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        stderr=asyncio.subprocess.STDOUT if merge_stderr else asyncio.subprocess.PIPE,
         start_new_session=True,
         cwd=cwd,
     )
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except (TimeoutError, asyncio.CancelledError) as exc:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)
@@ -111,7 +117,7 @@ async def cli(
         if isinstance(exc, asyncio.CancelledError):
             raise
         return -9, f"{binary} {args[0]} timed out after {timeout_s:.0f} s"
-    return proc.returncode or 0, out.decode(errors="replace")
+    return proc.returncode or 0, (out or err or b"").decode(errors="replace")
 
 
 async def image_config(binary: str, name: str) -> dict | None:

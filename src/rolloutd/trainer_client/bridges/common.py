@@ -18,7 +18,7 @@ Imports no trainer package: each bridge module (``trl``, ``verl``, ``skyrl``,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -28,13 +28,54 @@ from rolloutd.types import SessionResult, TaskResult, Trace, Trajectory
 T = TypeVar("T")
 
 __all__ = [
+    "TASK_FIELDS",
     "BridgeStats",
     "GroupSamples",
     "LoopRunner",
     "SessionSample",
     "group_samples",
+    "instruction_of",
     "session_sample",
 ]
+
+#: task fields (:class:`rolloutd.types.TaskRequest`) a trainer's dataset row may set
+TASK_FIELDS = (
+    "instruction",
+    "harness",
+    "runtime",
+    "evaluator",
+    "builder",
+    "sampling",
+    "phases",
+    "timeout_s",
+    "max_replacements",
+    "max_session_attempts",
+    "model",
+    "tenant",
+    "priority",
+    "metadata",
+    "timeout_reward",
+)
+
+
+def instruction_of(prompt: Any, what: str = "a prompt") -> str:
+    """The task's instruction from a trainer's prompt: the prompt itself when it is text, else
+    the text of the last user message of a conversation (a list of ``{"role", "content"}``
+    messages, the chat format of TRL, verl and SkyRL datasets).
+
+    Args:
+        prompt: a string, or a list of message dicts.
+        what: how the error names the prompt.
+
+    Raises:
+        ValueError: a conversation without a last user message with text content.
+    """
+    if isinstance(prompt, str):
+        return prompt
+    users = [m for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
+    if not users or not isinstance(users[-1].get("content"), str):
+        raise ValueError(f"{what} needs a last user message with text content")
+    return users[-1]["content"]
 
 
 @dataclass

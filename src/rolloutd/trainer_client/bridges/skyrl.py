@@ -35,22 +35,13 @@ from typing import Any
 
 from skyrl.train.generators.base import GeneratorInput, GeneratorInterface, GeneratorOutput
 
-from rolloutd.trainer_client.bridges.common import BridgeStats, group_samples
+from rolloutd.trainer_client.bridges.common import BridgeStats, group_samples, instruction_of
 from rolloutd.trainer_client.client import RolloutClient
 
 __all__ = ["TASK_EXTRA", "RolloutdGenerator"]
 
 #: the ``env_extras`` key holding a row's rolloutd task fields
 TASK_EXTRA = "rolloutd_task"
-
-
-def _instruction(prompt: Any) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    users = [m for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
-    if not users or not isinstance(users[-1].get("content"), str):
-        raise ValueError("a prompt needs a last user message with text content")
-    return users[-1]["content"]
 
 
 class RolloutdGenerator(GeneratorInterface):
@@ -113,7 +104,7 @@ class RolloutdGenerator(GeneratorInterface):
                 raise ValueError(f"instance {instance!r}: its rows name different tasks")
             requests.append(
                 {
-                    "instruction": _instruction(prompts[rows[0]]),
+                    "instruction": instruction_of(prompts[rows[0]]),
                     **self.defaults,
                     **fields,
                     "task_id": f"{self.task_prefix}-{self._calls}-{number}",

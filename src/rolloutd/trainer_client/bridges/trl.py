@@ -46,9 +46,11 @@ import structlog
 from transformers import TrainerCallback
 
 from rolloutd.trainer_client.bridges.common import (
+    TASK_FIELDS,
     BridgeStats,
     GroupSamples,
     group_samples,
+    instruction_of,
 )
 from rolloutd.trainer_client.client import RolloutClient
 from rolloutd.trainer_client.gguf_export import export_gguf
@@ -68,24 +70,6 @@ __all__ = [
 
 #: the extra field of the rollout function's output that carries each sample's reward
 REWARD_FIELD = "rolloutd_reward"
-#: task fields a dataset row may set (the rest of the row is ignored)
-TASK_FIELDS = (
-    "instruction",
-    "harness",
-    "runtime",
-    "evaluator",
-    "builder",
-    "sampling",
-    "phases",
-    "timeout_s",
-    "max_replacements",
-    "max_session_attempts",
-    "model",
-    "tenant",
-    "priority",
-    "metadata",
-    "timeout_reward",
-)
 #: task fields that a row may give as a JSON string (Arrow columns of mixed dicts)
 JSON_FIELDS = ("harness", "runtime", "evaluator", "builder", "sampling", "phases", "metadata")
 
@@ -93,15 +77,6 @@ JSON_FIELDS = ("harness", "runtime", "evaluator", "builder", "sampling", "phases
 def prompt_key(prompt: Any) -> str:
     """The key a prompt is looked up by: the text itself, or a conversation as sorted JSON."""
     return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
-
-
-def _instruction_of(prompt: Any) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    users = [m for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
-    if not users or not isinstance(users[-1].get("content"), str):
-        raise ValueError("a conversational prompt needs a last user message with text content")
-    return users[-1]["content"]
 
 
 def rolloutd_reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
@@ -161,7 +136,7 @@ class RolloutFunc:
         self.tasks: dict[str, dict[str, Any]] = {}
         for row in rows:
             key = prompt_key(row["prompt"])
-            spec = {"instruction": _instruction_of(row["prompt"])}
+            spec = {"instruction": instruction_of(row["prompt"], "a conversational prompt")}
             for name in TASK_FIELDS:
                 value = row.get(name)
                 if value is None:

@@ -56,7 +56,8 @@ from verifiers.v1.trace import AgentInfo, Error, Reward, Trace, TraceTask
 from verifiers.v1.types import AssistantMessage, ToolMessage, UserMessage
 
 from rolloutd.scoring import failure_of, is_scored
-from rolloutd.trainer_client.bridges.common import BridgeStats, group_samples
+from rolloutd.trainer_client.bridges import common
+from rolloutd.trainer_client.bridges.common import BridgeStats, group_samples, instruction_of
 from rolloutd.trainer_client.client import RolloutClient
 from rolloutd.types import SessionResult, Trajectory
 from rolloutd.types import Trace as RolloutdTrace
@@ -68,36 +69,16 @@ __all__ = ["TASK_TYPE", "RolloutdEnvServer", "episode_of"]
 #: the task type recorded on the traces (``TraceTask.type``)
 TASK_TYPE = "RolloutdTask"
 #: task fields a request's task_data may set
-TASK_FIELDS = (
-    "task_id",
-    "instruction",
-    "harness",
-    "runtime",
-    "evaluator",
-    "builder",
-    "sampling",
-    "phases",
-    "timeout_s",
-    "max_replacements",
-    "max_session_attempts",
-    "model",
-    "tenant",
-    "priority",
-    "metadata",
-    "timeout_reward",
-)
+TASK_FIELDS = ("task_id", *common.TASK_FIELDS)
 
 
 def _instruction(task_data: Mapping[str, Any]) -> str:
     if isinstance(task_data.get("instruction"), str):
         return task_data["instruction"]
     prompt = task_data.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        users = [m for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
-        if users and isinstance(users[-1].get("content"), str):
-            return users[-1]["content"]
+    if isinstance(prompt, str | list):
+        with contextlib.suppress(ValueError):
+            return instruction_of(prompt)
     raise ValueError("task_data needs an instruction, or a prompt with a user message")
 
 

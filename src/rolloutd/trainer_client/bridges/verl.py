@@ -57,7 +57,7 @@ from verl.experimental.agent_loop.agent_loop import (
 from verl.protocol import DataProto
 
 from rolloutd.settings import CommonSettings
-from rolloutd.trainer_client.bridges.common import BridgeStats, group_samples
+from rolloutd.trainer_client.bridges.common import BridgeStats, group_samples, instruction_of
 from rolloutd.trainer_client.client import RolloutClient
 from rolloutd.trainer_client.exports import to_verl_batch
 from rolloutd.types import Trajectory
@@ -76,15 +76,6 @@ __all__ = [
 AGENT_NAME = "rolloutd"
 #: the ``extra_info`` key holding a row's rolloutd task fields
 TASK_FIELD = "rolloutd_task"
-
-
-def _instruction(raw_prompt: Any) -> str:
-    if isinstance(raw_prompt, str):
-        return raw_prompt
-    users = [m for m in raw_prompt if isinstance(m, Mapping) and m.get("role") == "user"]
-    if not users or not isinstance(users[-1].get("content"), str):
-        raise ValueError("raw_prompt needs a last user message with text content")
-    return users[-1]["content"]
 
 
 @register(AGENT_NAME)
@@ -151,7 +142,7 @@ class RolloutdAgentLoop(AgentLoopBase):
             sampling["max_tokens"] = sampling_params["max_tokens"]
         client = await self._client()
         request = {
-            "instruction": _instruction(kwargs.get("raw_prompt", "")),
+            "instruction": instruction_of(kwargs.get("raw_prompt", ""), "raw_prompt"),
             "sampling": sampling,
             **fields,
             "task_id": f"{self.task_prefix}-{uuid.uuid4().hex[:12]}",

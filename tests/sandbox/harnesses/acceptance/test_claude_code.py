@@ -8,11 +8,6 @@ the session with the key in ``x-api-key``.
 
 from __future__ import annotations
 
-import json
-import os
-import uuid
-from pathlib import Path
-
 import pytest
 
 from rolloutd.sandbox.config import npm_prefix
@@ -21,21 +16,20 @@ from rolloutd.sandbox.harnesses.claude_code import ENTRY, PACKAGE
 from rolloutd.types import HarnessSpec
 from tests.conftest import have_bwrap
 from tests.support.contexts import SESSION_KEY, harness_context
-from tests.support.harness_run import executed_tool_calls, run_task
+from tests.support.harness_run import (
+    HARNESS_TASK_MARKS,
+    NUM_SAMPLES,
+    check_scored_with_tools,
+    example_task,
+    run_task,
+)
 from tests.support.refusing_provider import refusing_provider
 
 INSTRUCTION = "--help create hello.py that prints 'hello world' $HOME"
 
-#: the example's count in CI; the closing figures use 4 (ROLLOUTD_HARNESS_SAMPLES=4)
-NUM_SAMPLES = int(os.environ.get("ROLLOUTD_HARNESS_SAMPLES", "2"))
-EXAMPLES = Path(__file__).resolve().parents[4] / "examples" / "harnesses.jsonl"
 
 pytestmark = [
-    pytest.mark.temporal,
-    pytest.mark.engine,
-    pytest.mark.sandbox,
-    pytest.mark.harness,
-    pytest.mark.slow,
+    *HARNESS_TASK_MARKS,
     pytest.mark.timeout(2400),
     pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
     pytest.mark.skipif(
@@ -44,33 +38,11 @@ pytestmark = [
     ),
 ]
 
-#: this harness's task of examples/harnesses.jsonl (`rolloutd submit examples/harnesses.jsonl`)
-TASK = next(
-    task
-    for line in EXAMPLES.read_text().splitlines()
-    if line.strip() and (task := json.loads(line))["task_id"] == "harness-claude-code-hello"
-)
-
 
 async def test_claude_code_task_runs_a_tool_and_is_scored(fleets):
     # a task id of its own per run: the example's id names a workflow of an earlier run
-    run = await run_task(
-        fleets,
-        TASK | {"task_id": f"{TASK['task_id']}-{uuid.uuid4().hex[:6]}", "num_samples": NUM_SAMPLES},
-    )
-    for s in run.sessions:
-        print(
-            f"claude_code {s.result.session_id}: reward {s.result.reward} status "
-            f"{s.result.status} completions {len(s.completions)} traces "
-            f"{s.result.num_traces} trainable {s.result.num_trainable_tokens} tools "
-            f"{executed_tool_calls(s.completions)} harness {s.harness.get('summary')}"
-        )
-    print(f"claude_code wall {run.wall_s:.0f} s")
-    assert all(s.result.reward is not None for s in run.sessions), [
-        (s.result.status, s.result.error) for s in run.sessions
-    ]
-    assert all(s.completions for s in run.sessions)
-    assert any(executed_tool_calls(s.completions) >= 1 for s in run.sessions)
+    run = await run_task(fleets, example_task("harness-claude-code-hello", num_samples=NUM_SAMPLES))
+    check_scored_with_tools(run, "claude_code", tool_must_run=True)
 
 
 @pytest.mark.harness

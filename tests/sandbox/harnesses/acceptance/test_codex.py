@@ -8,10 +8,6 @@ adapter writes and calls the session with its key.
 
 from __future__ import annotations
 
-import json
-import uuid
-from pathlib import Path
-
 import pytest
 
 from rolloutd.sandbox.config import npm_prefix
@@ -20,19 +16,19 @@ from rolloutd.sandbox.harnesses.codex import ENTRY, PACKAGE
 from rolloutd.types import HarnessSpec
 from tests.conftest import have_bwrap
 from tests.support.contexts import SESSION_KEY, harness_context
-from tests.support.harness_run import executed_tool_calls, run_task
+from tests.support.harness_run import (
+    HARNESS_TASK_MARKS,
+    check_scored_with_tools,
+    example_task,
+    run_task,
+)
 from tests.support.refusing_provider import refusing_provider
 
 INSTRUCTION = "-n create hello.py that prints 'hello world'"
 
-EXAMPLES = Path(__file__).resolve().parents[4] / "examples" / "harnesses.jsonl"
 
 pytestmark = [
-    pytest.mark.temporal,
-    pytest.mark.engine,
-    pytest.mark.sandbox,
-    pytest.mark.harness,
-    pytest.mark.slow,
+    *HARNESS_TASK_MARKS,
     pytest.mark.timeout(2400),
     pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
     pytest.mark.skipif(
@@ -41,34 +37,13 @@ pytestmark = [
     ),
 ]
 
-#: this harness's task of examples/harnesses.jsonl (`rolloutd submit examples/harnesses.jsonl`)
-TASK = next(
-    task
-    for line in EXAMPLES.read_text().splitlines()
-    if line.strip() and (task := json.loads(line))["task_id"] == "harness-codex-hello"
-)
-
 
 async def test_codex_task_runs_a_tool_and_is_scored(fleets):
     # a task id of its own per run: the example's id names a workflow of an earlier run
-    run = await run_task(fleets, TASK | {"task_id": f"{TASK['task_id']}-{uuid.uuid4().hex[:6]}"})
-    for s in run.sessions:
-        print(
-            f"codex {s.result.session_id}: reward {s.result.reward} status "
-            f"{s.result.status} completions {len(s.completions)} traces "
-            f"{s.result.num_traces} trainable {s.result.num_trainable_tokens} tools "
-            f"{executed_tool_calls(s.completions)} harness {s.harness.get('summary')}"
-        )
-    print(f"codex wall {run.wall_s:.0f} s")
-    assert all(s.result.reward is not None for s in run.sessions), [
-        (s.result.status, s.result.error) for s in run.sessions
-    ]
-    assert all(s.completions for s in run.sessions)
+    run = await run_task(fleets, example_task("harness-codex-hello"))
     # a tool result in a later request, or (max_turns 1 stops Codex right after its first
     # call) the file it made: the check runs hello.py, which only the harness wrote
-    assert any(
-        executed_tool_calls(s.completions) >= 1 or s.result.reward == 1.0 for s in run.sessions
-    )
+    check_scored_with_tools(run, "codex")
 
 
 @pytest.mark.harness

@@ -7,24 +7,21 @@ runtime that reaches only the gateway, with the compact profile (16K-token engin
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest
 
 from rolloutd.errors import HarnessError
 from rolloutd.sandbox.harnesses.gemini_cli import GeminiCliHarness
-from tests.support.harness_run import check_scored_with_tools, run_task
-
-#: 2 in CI; the closing figures use 4 (ROLLOUTD_HARNESS_SAMPLES=4)
-NUM_SAMPLES = int(os.environ.get("ROLLOUTD_HARNESS_SAMPLES", "2"))
+from tests.support.harness_run import (
+    HARNESS_TASK_MARKS,
+    check_scored_with_tools,
+    hello_world_task,
+    run_task,
+)
 
 pytestmark = [
-    pytest.mark.temporal,
-    pytest.mark.engine,
-    pytest.mark.sandbox,
-    pytest.mark.harness,
-    pytest.mark.slow,
+    *HARNESS_TASK_MARKS,
     pytest.mark.timeout(1800),
 ]
 
@@ -42,19 +39,10 @@ async def test_gemini_cli_makes_a_file_with_its_tools_and_is_scored(fleets):
     _skip_without_cli()
     run = await run_task(
         fleets,
-        {
-            "instruction": "Use the write_file tool to create the file /workspace/hello.py "
+        hello_world_task(
+            "Use the write_file tool to create the file /workspace/hello.py "
             "containing print('hello world'). Then stop.",
-            "num_samples": NUM_SAMPLES,
-            "harness": {"type": "gemini_cli", "profile": "compact", "max_turns": 3},
-            "runtime": {"type": "bwrap", "network": "gateway"},
-            "evaluator": {
-                "type": "test_on_output",
-                "command": "python3 hello.py",
-                "expected_output": "hello world",
-            },
-            "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
-            "phases": {"run_s": 600},
-        },
+            {"type": "gemini_cli", "profile": "compact", "max_turns": 3},
+        ),
     )
     check_scored_with_tools(run, "gemini_cli")

@@ -11,7 +11,6 @@ alone against a stand-in model that never stops shows that extension at work.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,17 +25,15 @@ from rolloutd.sandbox.harnesses.pi import (
 )
 from rolloutd.types import HarnessSpec
 from tests.support.contexts import ALL_DIALECTS, harness_context
-from tests.support.harness_run import check_scored_with_tools, run_task
-
-#: 2 in CI; the closing figures use 4 (ROLLOUTD_HARNESS_SAMPLES=4)
-NUM_SAMPLES = int(os.environ.get("ROLLOUTD_HARNESS_SAMPLES", "2"))
+from tests.support.harness_run import (
+    HARNESS_TASK_MARKS,
+    check_scored_with_tools,
+    hello_world_task,
+    run_task,
+)
 
 pytestmark = [
-    pytest.mark.temporal,
-    pytest.mark.engine,
-    pytest.mark.sandbox,
-    pytest.mark.harness,
-    pytest.mark.slow,
+    *HARNESS_TASK_MARKS,
     pytest.mark.timeout(1800),
 ]
 
@@ -51,20 +48,11 @@ async def test_pi_makes_a_file_with_its_tools_and_is_scored(fleets, dialect):
         pytest.skip(str(e))
     run = await run_task(
         fleets,
-        {
-            "instruction": "Use the write tool to create the file hello.py containing "
+        hello_world_task(
+            "Use the write tool to create the file hello.py containing "
             "print('hello world'). Then stop.",
-            "num_samples": NUM_SAMPLES,
-            "harness": {"type": "pi", "dialect": dialect, "profile": "compact", "max_turns": 2},
-            "runtime": {"type": "bwrap", "network": "gateway"},
-            "evaluator": {
-                "type": "test_on_output",
-                "command": "python3 hello.py",
-                "expected_output": "hello world",
-            },
-            "sampling": {"temperature": 0.2, "max_tokens": 256, "seed": 7},
-            "phases": {"run_s": 600},
-        },
+            {"type": "pi", "dialect": dialect, "profile": "compact", "max_turns": 2},
+        ),
     )
     check_scored_with_tools(run, f"pi/{dialect}")
 

@@ -1,0 +1,138 @@
+"""What the bwrap and container runtimes share: commands start through an exec server running
+inside the runtime (:mod:`rolloutd.sandbox.runtimes.exec_server`), the gateway is reached
+through a relay (:mod:`rolloutd.sandbox.runtimes.gateway_relay`), and files the worker writes
+for the runtime are handed to the user commands run as.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+import structlog
+
+from rolloutd.errors import ConfigError, ExecServerError
+from rolloutd.sandbox.runtimes.base import LaunchError, Runtime
+from rolloutd.sandbox.runtimes.exec_server import ExecServerClient
+from rolloutd.sandbox.runtimes.gateway_relay import GatewayRelay, rewrite_url
+from rolloutd.sandbox.runtimes.process import RuntimeProcess
+
+log = structlog.get_logger(__name__)
+
+#: the relay's port inside a runtime with ``network: gateway``.
+GATEWAY_PORT = 8300
+
+
+class ExecServerRuntime(Runtime):
+    """A runtime whose commands start through its exec server and reach the gateway through a
+    relay.
+
+    Args:
+        *args, **kwargs: as :class:`Runtime`.
+
+    Attributes:
+        relay: the gateway relay, once started with ``network: gateway`` (else None).
+        uid, gid: host ids :meth:`adopt` hands files to (set by the subclass).
+    """
+
+    #: what the runtime's commands run in, for error messages ("sandbox", "container").
+    enclosure: ClassVar[str] = "sandbox"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.relay: GatewayRelay | None = None
+        self._exec_server: ExecServerClient | None = None
+        self.uid = self.gid = -1
+
+    def _adopts(self) -> bool:
+        """Whether :meth:`adopt` hands files to :attr:`uid`/:attr:`gid` (False: files stay
+        the worker's)."""
+        return self.uid >= 0
+
+    async def adopt(self, host_path: Path) -> None:
+        """Hand ``host_path`` (recursively) and the folders above it up to the workspace or
+        home (an upload may have created them) to the user commands run as (:attr:`uid`,
+        :attr:`gid`), when :meth:`_adopts`."""
+        if not self._adopts():
+            return
+        await asyncio.to_thread(chown_tree, host_path, self.uid, self.gid)
+        for root in (self.workspace, self.host_home):
+            if host_path.is_relative_to(root):
+                for parent in host_path.parents:
+                    if not parent.is_relative_to(root):
+                        break
+                    os.lchown(parent, self.uid, self.gid)
+
+    async def _start_process(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        *,
+        name: str,
+        stdin: int,
+        stdout: object,
+        stderr: object,
+    ) -> RuntimeProcess:
+        """Start a command through the exec server."""
+        if self._exec_server is None:
+            raise LaunchError(f"runtime {self.runtime_id}: the {self.enclosure} is not running")
+        try:
+            return await self._exec_server.run(
+                argv,
+                env,
+                cwd,
+                name=name,
+                grace_s=self.grace_s,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+            )
+        except ExecServerError as exc:
+            raise LaunchError(exc.message) from exc
+
+    async def cancel(self) -> None:
+        """Terminate every process of the runtime, then SIGKILL any left inside.
+
+        Processes whose shim was killed from inside the runtime would otherwise survive until
+        :meth:`stop`; the exec server counts them (``sweep``).
+        """
+        await super().cancel()
+        if self._exec_server is not None and not self._exec_server.closed:
+            try:
+                num_killed = await self._exec_server.sweep()
+            except (ExecServerError, TimeoutError) as exc:
+                log.warning("runtime_sweep_failed", runtime_id=self.runtime_id, error=str(exc))
+                return
+            if num_killed:
+                log.info("runtime_swept", runtime_id=self.runtime_id, num_killed=num_killed)
+
+    async def connect_gateway(self, *urls: str) -> list[str]:
+        """Admit the session of ``urls`` at the relay; return them as seen inside.
+
+        With ``network: gateway`` each URL becomes ``http://127.0.0.1:{GATEWAY_PORT}{path}``;
+        with ``host`` or ``none`` the URLs are returned unchanged.
+
+        Raises:
+            ConfigError: the URLs do not share one gateway origin.
+        """
+        if self.spec.network != "gateway" or not urls:
+            return list(urls)
+        assert self.relay is not None, "runtime not started"
+        origins = {urlsplit(u)[:2] for u in urls}
+        if len(origins) != 1:
+            raise ConfigError(f"gateway URLs must share one origin, got {sorted(origins)}")
+        self.relay.attach(urls[0])
+        return [rewrite_url(u, f"http://127.0.0.1:{GATEWAY_PORT}") for u in urls]
+
+
+def chown_tree(path: Path, uid: int, gid: int) -> None:
+    """``chown -R uid:gid path`` without following symlinks."""
+    os.lchown(path, uid, gid)
+    if path.is_dir() and not path.is_symlink():
+        for folder, dirs, files in os.walk(path):
+            for name in dirs + files:
+                os.lchown(os.path.join(folder, name), uid, gid)

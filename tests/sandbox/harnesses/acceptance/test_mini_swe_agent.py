@@ -32,6 +32,9 @@ def _installed() -> bool:
 @pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed")
 @pytest.mark.skipif(not _installed(), reason="mini-swe-agent not installed (scripts/setup.sh)")
 async def test_mini_swe_agent_runs_its_bash_tool_and_is_scored(fleets):
+    """mini-SWE-agent (compact profile, 2 turns) in bwrap with gateway-only network: in every
+    session its bash tool ran (its output went back as a tool result) and the session is scored.
+    Several minutes with the fleets' start; not yet timed on this machine."""
     run = await run_task(
         fleets,
         {

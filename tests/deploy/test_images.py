@@ -76,6 +76,9 @@ def images() -> dict[str, str]:
 
 
 def test_a_second_run_reuses_every_image(images: dict[str, str]) -> None:
+    """A second run of scripts/build_images.sh reports all three images cached, with the same
+    rolloutd tag, and rebuilds nothing (under 120 s). This second run took 0.5 s here
+    (docs/images.md), after the first run's build (about 23 minutes cold)."""
     env = {**os.environ, "ROLLOUTD_VENV": sys.prefix}
     t0 = time.monotonic()
     result = subprocess.run(
@@ -93,6 +96,10 @@ def test_a_second_run_reuses_every_image(images: dict[str, str]) -> None:
 
 
 def test_rolloutd_image_runs_the_cli_and_temporal(images: dict[str, str]) -> None:
+    """The rolloutd image runs the CLI (its version, help, the model catalog), the temporal
+    binary, bubblewrap and Node 20 or later, imports every fleet's module, and loads the
+    catalog's tokenizer without torch. One ``podman run``: seconds, once the images exist
+    (building them cold takes about 23 minutes here, docs/images.md)."""
     script = (
         "rolloutd --version && rolloutd --help >/dev/null && rolloutd models list && "
         "temporal --version && bwrap --version && node --version && "
@@ -158,6 +165,9 @@ def _tool_version(tool: str) -> str:
 def test_npm_harness_cli_answers_its_version(
     images: dict[str, str], command: str, package: str
 ) -> None:
+    """Each npm harness CLI in the rolloutd image answers ``--version`` with the version
+    images/rolloutd/package-lock.json pins. One ``podman run`` per CLI: seconds each, once the
+    images exist (building them cold takes about 23 minutes here, docs/images.md)."""
     result = _podman(
         "run", "--rm", images["rolloutd"], f"{NPM_PREFIX}/node_modules/.bin/{command}", "--version"
     )
@@ -166,6 +176,9 @@ def test_npm_harness_cli_answers_its_version(
 
 
 def test_python_harness_clis_run_in_their_own_environments(images: dict[str, str]) -> None:
+    """aider and mini-swe-agent run in the rolloutd image from their own environments, at the
+    versions their pin files name. One ``podman run``: seconds, once the images exist (building
+    them cold takes about 23 minutes here, docs/images.md)."""
     script = (
         f"{TOOLS}/bin/aider --version && {TOOLS}/bin/mini --help >/dev/null && "
         f"{TOOLS}/mini-swe-agent/bin/python -c 'import importlib.metadata as m; "
@@ -236,6 +249,11 @@ def _wait_healthy(url: str, timeout_s: float = 180) -> None:
 def test_engine_image_serves_its_model_and_the_control_interface(
     engine_container: tuple[str, str, str, str],
 ) -> None:
+    """The engine image serves /health, its one model and a completion; its control port refuses
+    a request without the token, reports policy version 0, loads the baked-in GGUF again as
+    version 1 (healthy after) and refuses an older version with 409. The engine's start and a
+    load: up to a few minutes (180 s deadlines), once the images exist (building them cold takes
+    about 23 minutes here, docs/images.md)."""
     name, url, control, token = engine_container
     _wait_healthy(url)
     served = [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]]

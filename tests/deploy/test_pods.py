@@ -141,6 +141,11 @@ def _runtimes(pod: str) -> list[str]:
 async def test_pods_lose_no_session_or_completion_when_a_sandbox_and_gateway_die(
     deployment: PodDeployment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The chart played on pods runs 8 sessions through REST and the trainer client while one
+    sandbox pod and one gateway pod are SIGKILLed and recreated: no session is lost, every one
+    completes scored, each completion log is 0..n-1, every harness got the recorded answers once
+    each in order, and at least one session was replayed. About 6 minutes once the images exist
+    (building them cold takes about 23 minutes here, docs/images.md)."""
     pods = deployment
     monkeypatch.setenv("ROLLOUTD_CODEC_KEYS", pods.secret("codec-keys"))
     temporal = f"{pods.ip(f'{pods.fullname}-temporal-dev')}:7233"

@@ -6,7 +6,8 @@ container exits, ``--rm`` removes it) before the worker is restarted; the restar
 reclaim would remove any that did not (tests/sandbox/test_runtime_podman.py).
 
 ``acceptance``: the reliability stack (its own Temporal server, llama-server, each fleet a
-process) and containers; about 60 s once the stack is up.
+process) and containers; about 60 s once the stack is up on a quiet machine, 156 s under load
+13-14 here (starting the stack 108 s more).
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ def podman_task(task_id: str, marker: str, *, pause_s: float = 1.5) -> dict[str,
 
 
 async def test_kill_sandbox_worker_mid_run_on_podman(rig: Rig) -> None:
+    """kill -9 of the sandbox worker after a few recorded calls of a podman task: the container
+    ends by itself, the session completes scored on a second attempt that replays the lost
+    attempt's calls in order and samples the rest (the engine answers each call once, plus at
+    most one cut in flight), and no container, process or runtime folder is left. About 160 s
+    here under load 13-14 once the stack is up (its start took 108 s more)."""
     store = BlobStore(rig.stack.store_url)
     task_id, marker = new_ids("kill-podman")
     session_id = f"{task_id}/0"

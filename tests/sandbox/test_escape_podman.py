@@ -10,7 +10,8 @@ root is an unprivileged uid of the host that cannot mount, and no command can en
 exec server (the container's pid 1).
 
 ``acceptance``: containers, and the session-wide stack of tests/conftest.py (a Temporal dev
-server, llama-server, the four fleets); about 40 s with the stack already up.
+server, llama-server, the four fleets); about 10 s with the stack already up (the module 66 s
+here, 42 s of it starting the stack).
 """
 
 from __future__ import annotations
@@ -88,6 +89,11 @@ def rest_facade(temporal_server, tmp_path_factory):
 async def test_nothing_but_the_sessions_gateway_answers(
     make_runtime, fleets, temporal_server, rest_facade, gateway
 ) -> None:
+    """From the container only the session's own gateway route answers through the relay
+    (another session's, the admin routes and path tricks get 403, and nothing else reaches the
+    gateway); no port the host listens on, at any of its addresses, nor an outside address, can
+    be reached directly, and the only interface is loopback. About 1 s here once the stack is up
+    (starting it took 42 s here, in this test's setup)."""
     fake_port, seen = gateway
     services = {
         "temporal": int(temporal_server.address.rsplit(":", 1)[1]),
@@ -154,6 +160,9 @@ async def test_another_runtimes_session_is_not_reachable(make_runtime, gateway) 
 async def test_host_files_and_environment_are_invisible(
     make_runtime, tmp_path, monkeypatch
 ) -> None:
+    """Host files (a test file, one in the user's home, the admin token, the worker's environ,
+    the runtime's logs) cannot be read from the container, the home's listing does not show
+    them, and the worker's environment is not in the container's. About 1 s here."""
     monkeypatch.setenv("ROLLOUTD_ESCAPE_SECRET", "leaked-value")
     secret = tmp_path / "secret.txt"
     secret.write_text("host secret")
@@ -179,6 +188,9 @@ async def test_host_files_and_environment_are_invisible(
 
 
 async def test_writes_do_not_reach_the_host(make_runtime, tmp_path) -> None:
+    """A write to a host path lands in the container's own file system; the bound Python, the
+    gateway socket's folder, the exec server's code, /proc/sys and /sys refuse writes; the
+    workspace takes them, owned by the namespace's uid on the host. About 1 s here."""
     runtime = await make_runtime("podman")
     outside = tmp_path / "written-from-the-container"
     result = await runtime.exec(f"mkdir -p {tmp_path} && echo pwned > {outside}")
@@ -199,6 +211,9 @@ async def test_writes_do_not_reach_the_host(make_runtime, tmp_path) -> None:
 
 
 async def test_root_inside_cannot_mount_or_end_the_exec_server(make_runtime) -> None:
+    """Root inside (an unprivileged host uid) cannot mount, open a raw socket, read pid 1's
+    environ or open its fds, nor end it with any signal: the exec server answers after. About
+    1 s here."""
     runtime = await make_runtime("podman")
     result = await runtime.exec(
         "id -u; head -1 /proc/self/uid_map; mount -t tmpfs none /mnt && echo MOUNTED; "

@@ -17,6 +17,9 @@ TREE = "sleep 1000 & sleep 1000 & wait"
 
 
 async def test_start_writes_files_and_exec_reads_them(runtime_type, make_runtime):
+    """The spec's files are in the workspace at start; exec returns the exit code, stdout and
+    stderr apart, its duration, and neither timed out nor truncated. Its podman case
+    (acceptance) takes about 2 s here."""
     runtime = await make_runtime(runtime_type, files={"pkg/a.txt": "alpha\n", "b.txt": "beta"})
     result = await runtime.exec("cat pkg/a.txt b.txt; echo oops >&2; exit 3")
     assert result.exit_code == 3
@@ -27,6 +30,8 @@ async def test_start_writes_files_and_exec_reads_them(runtime_type, make_runtime
 
 
 async def test_exec_argv_env_cwd_and_stdin(runtime_type, make_runtime):
+    """An argv exec runs in the given folder of the workspace, with the spec's and the call's
+    variables, and reads the given stdin. Its podman case (acceptance) takes about 2 s here."""
     runtime = await make_runtime(runtime_type, env={"FROM_SPEC": "spec"})
     await runtime.exec(["mkdir", "sub"])
     result = await runtime.exec(
@@ -40,6 +45,8 @@ async def test_exec_argv_env_cwd_and_stdin(runtime_type, make_runtime):
 
 
 async def test_environment_is_not_inherited(runtime_type, make_runtime, monkeypatch):
+    """A variable of the worker's environment does not reach the runtime; HOME is the runtime's
+    home and ROLLOUTD_RUNTIME_ID its id. Its podman case (acceptance) takes about 1 s here."""
     monkeypatch.setenv("ROLLOUTD_TEST_SECRET", "do-not-leak")
     runtime = await make_runtime(runtime_type)
     result = await runtime.exec("env")
@@ -50,6 +57,8 @@ async def test_environment_is_not_inherited(runtime_type, make_runtime, monkeypa
 
 
 async def test_home_is_private_and_writable(runtime_type, make_runtime):
+    """A file written to $HOME inside reads back through download and in the host's folder of
+    that home. Its podman case (acceptance) takes about 1 s here."""
     runtime = await make_runtime(runtime_type)
     result = await runtime.exec('echo cfg > "$HOME/config" && cat "$HOME/config"')
     assert result.stdout == "cfg\n"
@@ -58,6 +67,8 @@ async def test_home_is_private_and_writable(runtime_type, make_runtime):
 
 
 async def test_exec_timeout_kills_and_reports(runtime_type, make_runtime, runtime_pids):
+    """An exec past its timeout is reported timed out with a nonzero exit within 5 s, and its
+    whole process tree is gone. Its podman case (acceptance) takes about 2 s here."""
     runtime = await make_runtime(runtime_type)
     began = time.monotonic()
     result = await runtime.exec(TREE, timeout_s=0.5)
@@ -68,6 +79,8 @@ async def test_exec_timeout_kills_and_reports(runtime_type, make_runtime, runtim
 
 
 async def test_exec_output_is_bounded(runtime_type, make_runtime):
+    """Output past max_output_bytes is cut in the middle: head and tail kept, a note of the
+    bytes cut, the result marked truncated. Its podman case (acceptance) takes about 1 s here."""
     runtime = await make_runtime(runtime_type)
     result = await runtime.exec(
         "head -c 200000 /dev/zero | tr '\\0' a; echo END", max_output_bytes=1000
@@ -81,6 +94,8 @@ async def test_exec_output_is_bounded(runtime_type, make_runtime):
 
 
 async def test_missing_program_is_a_nonzero_exit(runtime_type, make_runtime):
+    """A program that does not exist is a nonzero exit naming it on stderr, not an error of the
+    runtime. Its podman case (acceptance) takes about 1 s here."""
     runtime = await make_runtime(runtime_type)
     result = await runtime.exec(["no-such-program-rolloutd"])
     assert result.exit_code != 0
@@ -88,6 +103,8 @@ async def test_missing_program_is_a_nonzero_exit(runtime_type, make_runtime):
 
 
 async def test_upload_download_round_trip(runtime_type, make_runtime):
+    """Upload and download by relative and absolute workspace paths, binary data intact; a
+    missing file is NotFoundError. Its podman case (acceptance) takes about 2 s here."""
     runtime = await make_runtime(runtime_type)
     await runtime.upload("dir/data.bin", b"\x00\x01binary")
     await runtime.upload(f"{runtime.workdir}/abs.txt", b"absolute")
@@ -112,6 +129,9 @@ async def test_upload_download_round_trip(runtime_type, make_runtime):
     ],
 )
 async def test_paths_cannot_escape(runtime_type, make_runtime, path):
+    """Upload and download refuse (ConfigError) paths out of the workspace: ``..``, absolute
+    paths elsewhere, a sibling folder sharing the prefix, symlinks out. Its podman case
+    (acceptance) takes about 2 s here per path (13 s for the six)."""
     runtime = await make_runtime(runtime_type)
     await runtime.exec("ln -s /etc link && ln -s /etc/passwd passwd-link")
     if path == "/workspacex/file":
@@ -123,6 +143,8 @@ async def test_paths_cannot_escape(runtime_type, make_runtime, path):
 
 
 async def test_spawn_writes_logs_and_waits(runtime_type, make_runtime, tmp_path):
+    """A spawned process writes stdout and stderr to their files; wait returns its exit code.
+    Its podman case (acceptance) takes about 2 s here."""
     runtime = await make_runtime(runtime_type)
     process = await runtime.spawn("echo out; echo err >&2; exit 7", stdout_path=tmp_path / "h.out")
     assert await process.wait(30) == 7
@@ -132,6 +154,8 @@ async def test_spawn_writes_logs_and_waits(runtime_type, make_runtime, tmp_path)
 
 
 async def test_wait_returns_none_on_timeout(runtime_type, make_runtime):
+    """wait returns None while the process still runs; terminate ends it and sets its code. Its
+    podman case (acceptance) takes about 2 s here."""
     runtime = await make_runtime(runtime_type)
     process = await runtime.spawn("sleep 1000")
     assert await process.wait(0.2) is None
@@ -141,6 +165,8 @@ async def test_wait_returns_none_on_timeout(runtime_type, make_runtime):
 
 
 async def test_stop_kills_a_process_tree(runtime_type, make_runtime, runtime_pids, wait_for):
+    """stop kills every process of a spawned tree and removes the runtime's folder; a second
+    stop does nothing. Its podman case (acceptance) takes about 3 s here."""
     runtime = await make_runtime(runtime_type)
     await runtime.spawn(TREE)
     # sh and two sleeps (plus bwrap's outer process and init): wait until all are up
@@ -155,6 +181,8 @@ async def test_stop_kills_a_process_tree(runtime_type, make_runtime, runtime_pid
 async def test_cancel_kills_processes_and_keeps_files(
     runtime_type, make_runtime, runtime_pids, wait_for
 ):
+    """cancel kills the processes of two spawned trees but keeps the workspace: its files still
+    download and exec still runs. Its podman case (acceptance) takes about 2 s here."""
     runtime = await make_runtime(runtime_type)
     await runtime.exec("echo kept > kept.txt")
     first = await runtime.spawn(TREE)
@@ -168,6 +196,8 @@ async def test_cancel_kills_processes_and_keeps_files(
 
 
 async def test_background_child_of_exec_is_killed_at_stop(runtime_type, make_runtime, runtime_pids):
+    """A background child an exec left running is killed at stop. Its podman case (acceptance)
+    takes about 2 s here."""
     runtime = await make_runtime(runtime_type)
     result = await runtime.exec("sleep 1000 > /dev/null 2>&1 & echo started")
     assert result.stdout == "started\n"
@@ -181,6 +211,8 @@ async def _wait_ready(process, wait_for) -> None:
 
 
 async def test_terminate_is_graceful_when_sigterm_is_handled(runtime_type, make_runtime, wait_for):
+    """terminate sends SIGTERM first: a harness that handles it exits with its own code and
+    output, within 5 s. Its podman case (acceptance) takes about 1 s here."""
     runtime = await make_runtime(runtime_type, grace_s=10.0)
     process = await runtime.spawn(
         "trap 'echo bye; exit 5' TERM; echo ready; while true; do sleep 0.05; done"
@@ -196,6 +228,8 @@ async def test_terminate_is_graceful_when_sigterm_is_handled(runtime_type, make_
 async def test_harness_ignoring_sigterm_is_killed(
     runtime_type, make_runtime, runtime_pids, wait_for
 ):
+    """A harness ignoring SIGTERM is SIGKILLed after the grace period (exit -9 or 137), and none
+    of its processes is left. Its podman case (acceptance) takes about 2 s here."""
     runtime = await make_runtime(runtime_type, grace_s=0.5)
     process = await runtime.spawn("trap '' TERM; echo ready; sleep 1000 & wait")
     await _wait_ready(process, wait_for)
@@ -209,6 +243,8 @@ async def test_harness_ignoring_sigterm_is_killed(
 
 
 async def test_memory_limit(runtime_type, make_runtime):
+    """A 1 GiB allocation fails under memory_mb=256 and succeeds without a limit. Its podman
+    case (acceptance) takes about 9 s here."""
     limited = await make_runtime(runtime_type, memory_mb=256)
     grab = "python3 -c 'b = bytearray(1024 * 2**20); print(len(b))'"
     assert (await limited.exec(grab)).exit_code != 0
@@ -217,6 +253,8 @@ async def test_memory_limit(runtime_type, make_runtime):
 
 
 async def test_runtime_refuses_use_before_start_and_after_stop(runtime_type, tmp_path):
+    """exec before start and after stop, and a second start, raise RolloutdError. Its podman
+    case (acceptance) takes about 1 s here."""
     runtime = create_runtime(RuntimeSpec(type=runtime_type), "not-started", tmp_path)
     with pytest.raises(RolloutdError):
         await runtime.exec("true")

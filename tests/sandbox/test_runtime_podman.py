@@ -5,7 +5,8 @@ container, volume or network. The behaviour every runtime shares runs on podman 
 (tests/sandbox/test_runtime_common.py); escapes are tests/sandbox/test_escape_podman.py.
 
 Every test here starts containers: ``acceptance``. The base image is made when missing
-(mmdebstrap, about 2 minutes cold, then cached); each test takes 1-10 s after that.
+(mmdebstrap, about 2 minutes cold, then cached); each test takes 1-16 s after that (the
+module 70 s here).
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ def context(tmp_path: Path, base_image: str) -> Path:
 async def test_a_dockerfile_is_built_once_and_seeds_the_workspace(
     make_runtime, context: Path
 ) -> None:
+    """A task's Dockerfile is built at the first start: the image's files at the workdir seed
+    the workspace (the spec's files win over them) and its ENV reaches commands; the same
+    context is not built again (same tag, cached by content hash), a changed one is. About 8 s
+    here."""
     build = {"context": str(context)}
     first = await make_runtime("podman", build=build, workdir="/app", files={"main.py": "mine"})
     assert isinstance(first, PodmanRuntime) and first.built_image
@@ -107,6 +112,8 @@ async def test_a_dockerfile_is_built_once_and_seeds_the_workspace(
 
 
 async def test_a_failing_build_is_not_retried(make_runtime, tmp_path: Path, base_image: str):
+    """A Dockerfile whose RUN fails makes start raise a RuntimeStartError that is not retryable
+    and names the image build. About 1 s here."""
     ctx = tmp_path / "bad"
     ctx.mkdir()
     (ctx / "Dockerfile").write_text(f"FROM {base_image}\nRUN exit 3\n")
@@ -118,6 +125,8 @@ async def test_a_failing_build_is_not_retried(make_runtime, tmp_path: Path, base
 async def test_builds_have_no_network_unless_the_policy_allows_it(
     tmp_path: Path, base_image: str
 ) -> None:
+    """A build sees only loopback unless the sandbox policy's build_network allows it; then it
+    has an ethernet interface too. About 6 s here."""
     ctx = tmp_path / "net"
     ctx.mkdir()
     (ctx / "Dockerfile").write_text(
@@ -137,6 +146,9 @@ async def test_builds_have_no_network_unless_the_policy_allows_it(
 
 
 async def test_user_namespace_maps_root_to_an_unprivileged_host_uid(make_runtime) -> None:
+    """Root in the container is an unprivileged uid of the host (the user namespace's base): it
+    cannot mount, it edits an uploaded file, and what it makes is owned by that uid on the host.
+    About 2 s here."""
     runtime = await make_runtime("podman")
     await runtime.upload("given.txt", b"from the worker")
     result = await runtime.exec(
@@ -151,6 +163,9 @@ async def test_user_namespace_maps_root_to_an_unprivileged_host_uid(make_runtime
 
 
 async def test_limits_and_oom_are_reported(make_runtime) -> None:
+    """Under memory_mb=128 a 512 MiB allocation is killed and the result says OOM; the pids
+    limit of 32 is set, and where the pids cgroup (v1) is visible, as here, a fork bomb is
+    refused past it. About 2 s here."""
     runtime = await make_runtime("podman", memory_mb=128, cpus=0.5, max_processes=32)
     grab = await runtime.exec("python3 -c 'b = bytearray(512 * 2**20); print(len(b))'")
     assert grab.exit_code != 0 and grab.oom_killed, grab
@@ -167,6 +182,9 @@ async def test_limits_and_oom_are_reported(make_runtime) -> None:
 
 
 async def test_the_hosts_harness_clis_run_inside(make_runtime) -> None:
+    """The host's node, rolloutd's Python (with openai), an npm harness CLI (qwen-code) and a
+    Python harness CLI in its own environment (mini) run inside the container, each of the CLIs
+    only when it is installed. About 16 s here."""
     if shutil.which("node") is None:
         pytest.skip("no node on this host")
     runtime = await make_runtime("podman")
@@ -187,6 +205,8 @@ async def test_the_hosts_harness_clis_run_inside(make_runtime) -> None:
 
 
 async def test_teardown_leaves_no_container_volume_or_network(make_runtime, context: Path) -> None:
+    """stop removes the container, the anonymous volume of the image's VOLUME, every network it
+    made and the runtime's folder. About 3 s here."""
     networks = set(podman("network", "ls", "--format", "{{.Name}}").split())
     runtime = await make_runtime("podman", build={"context": str(context)}, workdir="/app")
     (info,) = json.loads(podman("inspect", runtime.name))
@@ -224,6 +244,8 @@ async def test_a_dead_workers_containers_are_reclaimed_by_label(tmp_path: Path) 
 async def test_built_images_are_collected_least_recently_used_first(
     tmp_path: Path, base_image: str
 ) -> None:
+    """Garbage collection removes built images least recently used first and keeps the one a
+    running container uses; once that container is gone, it goes too. About 13 s here."""
     root = tmp_path / "rt"
     tags = []
     for n in range(3):

@@ -113,9 +113,10 @@ def tokenizer():
 
 
 def test_rollout_func_rows_go_through_grpo_trainer_scoring(tokenizer, tmp_path):
-    """A whole group trains with TRL's advantages and the trace's mask (env tokens 0); a
-    group with a failed session is masked whole: TRL's loss mask 0 and advantage 0 on every
-    row, no reward given; TRL's loss is finite."""
+    """A whole group trains with TRL's advantages and the trace's mask (env tokens 0); a group
+    with a failed session is masked whole: TRL's loss mask 0 and advantage 0 on every row, no
+    reward given; TRL's loss is finite. Seconds on CPU (the bridges' tests that need no fleet
+    took 108 s together here, with tests/test_architecture.py: docs/trainers.md)."""
     import torch
     from datasets import Dataset
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -203,7 +204,9 @@ def test_rollout_func_rows_go_through_grpo_trainer_scoring(tokenizer, tmp_path):
 
 
 def test_rollout_func_refuses_prompts_that_are_not_groups(tokenizer):
-    """A batch that is not runs of G equal prompts (TRL's RepeatSampler) is refused."""
+    """A batch that is not runs of G equal prompts (TRL's RepeatSampler) is refused. Seconds on
+    CPU (the bridges' tests that need no fleet took 108 s together here, with
+    tests/test_architecture.py: docs/trainers.md)."""
     from rolloutd.trainer_client.bridges.trl import RolloutFunc
 
     class Trainer:
@@ -238,7 +241,8 @@ def _methods(cls):
 
 def test_async_bridge_implements_trls_protocols():
     """Every method of TRL's RolloutWorkerProtocol and WeightTransferProtocol, with their
-    parameter names, and the worker's two queues."""
+    parameter names, and the worker's two queues. Seconds on CPU (the bridges' tests that need
+    no fleet took 108 s together here, with tests/test_architecture.py: docs/trainers.md)."""
     from trl.experimental.async_grpo.async_grpo_trainer import (
         RolloutWorkerProtocol,
         WeightTransferProtocol,
@@ -284,7 +288,8 @@ class FakeBuffer:
 def test_rollout_worker_samples_feed_trls_async_pipeline():
     """The worker's rows go through TRL's RolloutQueueDataset, FixedCountBatcher and
     DataCollatorForRollout; a group that is not whole is left out and counted; each batch is
-    acknowledged after its rows are queued."""
+    acknowledged after its rows are queued. Seconds on CPU (the bridges' tests that need no
+    fleet took 108 s together here, with tests/test_architecture.py: docs/trainers.md)."""
     from trl.experimental.async_grpo.async_grpo_trainer import (
         DataCollatorForRollout,
         FixedCountBatcher,

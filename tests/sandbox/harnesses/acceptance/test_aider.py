@@ -27,6 +27,10 @@ pytestmark = HARNESS_TASK_MARKS
     not cli_installed(AiderHarness), reason="aider-chat not installed (scripts/setup.sh)"
 )
 async def test_aider_writes_the_file_and_is_scored(fleets):
+    """Aider (compact profile) in bwrap with gateway-only network, against llama-server: every
+    session is scored, its requests carry no tool messages (aider edits by its edit formats),
+    and in at least one session aider applied the model's edit (a file in its summary's
+    ``edited_files``). Several minutes with the fleets' start; not yet timed on this machine."""
     run = await run_task(
         fleets,
         hello_world_task(

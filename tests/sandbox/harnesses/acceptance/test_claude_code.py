@@ -40,6 +40,10 @@ pytestmark = [
 
 
 async def test_claude_code_task_runs_a_tool_and_is_scored(fleets):
+    """The examples/harnesses.jsonl claude_code task (compact profile, Anthropic Messages) in
+    bwrap through the trainer client: every session is scored and recorded completions, and in
+    at least one a tool result went back to the model. About 480 s here with 2 samples under
+    load 9-16, plus 47 s starting the fleets."""
     # a task id of its own per run: the example's id names a workflow of an earlier run
     run = await run_task(fleets, example_task("harness-claude-code-hello", num_samples=NUM_SAMPLES))
     check_scored_with_tools(run, "claude_code", tool_must_run=True)
@@ -48,7 +52,9 @@ async def test_claude_code_task_runs_a_tool_and_is_scored(fleets):
 @pytest.mark.harness
 @pytest.mark.timeout(180)
 async def test_real_claude_code_calls_the_session_with_the_compact_prompt(make_runtime):
-    """Claude Code 2.1 sends its first request to the session, key in ``x-api-key``."""
+    """Claude Code 2.1 sends its first request to the session, key in ``x-api-key``: against a
+    provider that refuses every call it exits 1 with an error summary, and every POST it sent
+    went to the session's ``/v1/messages``. About 2-6 s here (two runs)."""
     if not (npm_prefix() / "node_modules" / PACKAGE / ENTRY).is_file():
         pytest.skip(f"claude-code is not installed in {npm_prefix()} (bash scripts/setup.sh)")
     runtime = await make_runtime("local")

@@ -30,6 +30,10 @@ exec "$1" api chat.completions.create -m "$2" -M 16 -t 0 -g user "$(cat "$3")" >
     not OPENAI_CLI.exists(), reason="the openai CLI comes with aider's tool environment (setup.sh)"
 )
 async def test_a_cli_harness_defined_only_in_json_runs_and_is_scored(fleets):
+    """A ``cli`` harness written only in the task (a script calling the openai SDK's CLI with
+    the session's placeholders) runs in bwrap: it exits 0, its one completion carries the
+    instruction and max_tokens 16, and the check scores it 1.0. About 30 s here, plus 65 s
+    starting the fleets (load 13-24)."""
     run = await run_task(
         fleets,
         {

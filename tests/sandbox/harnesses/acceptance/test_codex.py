@@ -39,6 +39,10 @@ pytestmark = [
 
 
 async def test_codex_task_runs_a_tool_and_is_scored(fleets):
+    """The examples/harnesses.jsonl codex task (compact profile, Responses API) in bwrap through
+    the trainer client: every session is scored and recorded completions, and in at least one
+    codex ran its tool (a tool result in a later request, or the file it made passes the check).
+    About 345 s here with 2 samples under load 9-16, plus 24 s starting the fleets."""
     # a task id of its own per run: the example's id names a workflow of an earlier run
     run = await run_task(fleets, example_task("harness-codex-hello"))
     # a tool result in a later request, or (max_turns 1 stops Codex right after its first
@@ -49,7 +53,9 @@ async def test_codex_task_runs_a_tool_and_is_scored(fleets):
 @pytest.mark.harness
 @pytest.mark.timeout(120)
 async def test_real_codex_accepts_the_config_and_calls_the_session(make_runtime):
-    """codex 0.169 reads every key we write (no "unrecognized" warning) and calls the session."""
+    """codex 0.169 reads every key we write (no "unrecognized" warning) and calls the session,
+    in both profiles: every request a POST to its ``/responses`` with the session key. About
+    2-5 s here (two runs)."""
     if not (npm_prefix() / "node_modules" / PACKAGE / ENTRY).is_file():
         pytest.skip(f"codex is not installed in {npm_prefix()} (bash scripts/setup.sh)")
     runtime = await make_runtime("local")

@@ -36,6 +36,9 @@ def _skip_without_cli() -> None:
 
 
 async def test_gemini_cli_makes_a_file_with_its_tools_and_is_scored(fleets):
+    """Gemini CLI (compact profile, Gemini dialect) in bwrap with gateway-only network: every
+    session is scored and recorded completions, and its own tool ran in at least one session.
+    Several minutes with the fleets' start; not yet timed on this machine."""
     _skip_without_cli()
     run = await run_task(
         fleets,

@@ -23,6 +23,9 @@ pytestmark = HARNESS_TASK_MARKS
     not cli_installed(MiniSweAgentHarness), reason="mini-swe-agent not installed (scripts/setup.sh)"
 )
 async def test_mini_swe_agent_runs_its_bash_tool_and_is_scored(fleets):
+    """mini-SWE-agent (compact profile, 2 turns) in bwrap with gateway-only network: in every
+    session its bash tool ran (its output went back as a tool result) and the session is scored.
+    About 265 s here with 2 samples under load 9-16, plus 32 s starting the fleets."""
     run = await run_task(
         fleets,
         hello_world_task(

@@ -28,6 +28,9 @@ pytestmark = [
 
 
 async def test_opencode_makes_a_file_with_its_tools_and_is_scored(fleets):
+    """opencode (compact profile, OpenAI Chat) in bwrap with gateway-only network: every session
+    is scored and recorded completions, and its own tool ran in at least one session. Several
+    minutes with the fleets' start; not yet timed on this machine."""
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed")
     try:

@@ -40,6 +40,10 @@ pytestmark = [
 
 @pytest.mark.parametrize("dialect", ["chat", "responses", "anthropic"])
 async def test_pi_makes_a_file_with_its_tools_and_is_scored(fleets, dialect):
+    """pi (compact profile, 2 turns) in bwrap with gateway-only network, in each dialect (Chat,
+    Responses, Anthropic Messages): every session is scored and recorded completions, and its
+    write tool ran in at least one session. About 235-360 s here per dialect with 2 samples
+    under load 15-20 (876 s for the three), plus 98 s starting the fleets."""
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed")
     try:
@@ -103,6 +107,9 @@ class AlwaysToolCall(BaseHTTPRequestHandler):
 @pytest.mark.harness
 @pytest.mark.timeout(120)
 async def test_turn_limit_extension_stops_a_model_that_never_stops(make_runtime):
+    """The real pi CLI on a local runtime against a stand-in model that calls ``bash`` on every
+    turn: the adapter's extension stops it after max_turns=2, so it exits 0 after exactly 2
+    model calls and 2 tool calls, stop reason ``aborted``, not an error. About 5 s here."""
     try:
         PiHarness.cli_version()
     except HarnessError as e:

@@ -34,6 +34,11 @@ def test_python_harness_needs_an_entry():
 
 
 async def test_runner_calls_the_coroutine_in_its_own_process(make_runtime, runtime_type):
+    """The runner imports the task's entry and awaits it in a process of the runtime, with an
+    OpenAI client on the session's URL (no retries, no key on the command line), the
+    instruction, model and turn limit; it prints a summary that parses as success, and the file
+    the agent made is in the workspace. The podman case (acceptance) takes about 8 s here with
+    the base image present."""
     runtime = await make_runtime(runtime_type)
     spec = HarnessSpec(
         type="python", entry="agents.mine:agent", max_turns=3, files={"agents/mine.py": AGENT}

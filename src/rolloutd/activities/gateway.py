@@ -110,7 +110,7 @@ class GatewayActivities:
         # every unrecovered failure is kept (not only the last few), so one that scrolled
         # out of the recent errors still decides the failure cause (docs/failures.md)
         unrecovered = [
-            e for e in unrecovered_errors(state, session.completions) if is_backend_error(e)
+            e for e in unrecovered_errors(state, session.recovery) if is_backend_error(e)
         ]
         waiting = input.run_deadline_at is not None and call_waiting_at(
             input.run_deadline_at,
@@ -119,6 +119,7 @@ class GatewayActivities:
             session.cut_calls,
         )
         first = unrecovered[0] if unrecovered else None
+        refusal = next((e for e in reversed(state.errors) if not is_backend_error(e)), None)
         replay = ReplayStats()
         if session.replay is not None:
             try:
@@ -132,6 +133,7 @@ class GatewayActivities:
             num_errors=state.num_errors,
             num_unrecovered_errors=len(unrecovered),
             last_error=state.errors[-1].describe() if state.errors else None,
+            last_refusal=refusal.describe() if refusal else None,
             first_unrecovered_error=(
                 f"{first.describe()} (request {first.request_hash[:12]})" if first else None
             ),

@@ -27,6 +27,7 @@ from rolloutd.errors import (
     BackendSaturatedError,
     NotFoundError,
     SessionClosedError,
+    SessionLostError,
 )
 from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.backends.saturation import BackendCapacity
@@ -129,6 +130,7 @@ class SessionManager:
 
         Raises:
             AuthenticationError: no key, or a key of no session.
+            SessionLostError: a key the gateway issued whose session it no longer has.
         """
         if not session_key:
             raise AuthenticationError(
@@ -150,6 +152,11 @@ class SessionManager:
             session = self._by_id.get(session_id) if session_id else None
             if session is None and session_id:
                 session = await self._load_by_id(session_id)
+                if session is None:
+                    # the gateway issued this key and no longer has its session: its fault
+                    raise SessionLostError(
+                        f"session {session_id} is lost: the gateway has no state for it"
+                    )
         if session is None or not secrets.compare_digest(
             session.state.session_key_sha256, key_hash
         ):

@@ -16,6 +16,7 @@ from rolloutd.proxy.render.messages import ExtensionIndex
 from rolloutd.proxy.sessions.call_errors import (
     MAX_RECORDED_ERRORS,
     CallError,
+    RecoveryIndex,
     still_open,
 )
 from rolloutd.proxy.sessions.liveness import Liveness
@@ -87,6 +88,8 @@ class Session:
         self.memo = RequestMemo(reader=self.body_reader)
         self.prompt_json = ListJson()
         self.extensions = ExtensionIndex(completions)
+        #: what recovers a failed call (:class:`RecoveryIndex`, over ``completions``)
+        self.recovery = RecoveryIndex(completions)
         self.sampling_calls: dict[str, asyncio.Future[int | None]] = {}
         self.num_in_flight = 0
         self.closing = False
@@ -234,7 +237,7 @@ class Session:
                         if self.state.open_errors is None
                         else self.state.open_errors,
                         error,
-                        self.completions,
+                        self.recovery,
                     ),
                 }
             )

@@ -310,6 +310,13 @@ class GatewaySettings(CommonSettings):
         description="slots (sequences decoded at once) of every backend; "
         "unset: llama-server's total_slots from /props, else 1",
     )
+    max_calls_per_session: int = Field(
+        default=64,
+        ge=1,
+        description="model calls one session may have in flight at once (sub-agents call "
+        "concurrently); a call over it is refused with 429 in the caller's dialect "
+        "(TooManyCallsError), a refusal the task caused: never retried, never replaced",
+    )
     backend_dead_after_s: float = Field(
         default=60.0,
         gt=0,

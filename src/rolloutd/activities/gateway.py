@@ -98,7 +98,9 @@ class GatewayActivities:
         """Seal the session's completion log; later calls with its key are refused.
 
         Returns its failed calls too: how many, how many 5xx answers no later completion
-        made good (the harness did not recover), and the last one in words.
+        made good (the harness did not recover), and the last one in words. The sealed
+        session then leaves the gateway's memory (its log and state are in the store:
+        :meth:`rolloutd.proxy.sessions.manager.SessionManager.evict`).
         """
         structlog.contextvars.bind_contextvars(session_id=input.session_id)
         try:
@@ -127,6 +129,7 @@ class GatewayActivities:
                 replay = session.replay.stats(session.completions)
             except Exception as e:
                 raise to_application_error(e) from e
+        self.gateway.sessions.evict(input.session_id)
         return CloseSessionOutput(
             replay=replay,
             num_completions=num,

@@ -421,6 +421,12 @@ class RestSettings(CommonSettings):
         "--no-token on a loopback address",
     )
 
+    rest_max_body_bytes: int = Field(
+        default=2**20,
+        ge=1024,
+        description="a request body larger than this (bytes) gets 413; a task request "
+        "travels in Temporal payloads, whose default limit is 2 MB",
+    )
     callback_timeout_s: float = Field(
         default=300.0,
         gt=0,

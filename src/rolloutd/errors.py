@@ -174,6 +174,13 @@ class HostDrainingError(RolloutdError):
     retryable = True
 
 
+class ArtifactTooLargeError(RolloutdError):
+    """An artifact file is larger than its limit (``max_artifact_bytes``): the task's, not
+    retryable (a new attempt would write it again)."""
+
+    status_code = 413
+
+
 class HarnessError(RolloutdError):
     """A harness could not be configured or started."""
 

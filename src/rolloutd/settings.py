@@ -400,6 +400,13 @@ class SandboxSettings(CommonSettings):
         "max_concurrent_sessions): many bwrap or container starts at once on few cores slow "
         "each other down",
     )
+    max_artifact_bytes: int = Field(
+        default=16 * 2**20,
+        ge=1,
+        description="size limit of one artifact file (a task's `runtime.artifacts`), bytes; "
+        "read in chunks up to it, a larger file fails its session (phase collect, not "
+        "retryable) with a cause naming the file and its size",
+    )
 
 
 class EvalSettings(CommonSettings):

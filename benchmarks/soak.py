@@ -110,7 +110,13 @@ async def wait_for_stack(home: Path, up: subprocess.Popen[bytes], timeout_s: flo
 
 
 async def soak(args: argparse.Namespace, home: Path) -> None:
-    env = {**os.environ, "ROLLOUTD_HOME": str(home)}
+    # the harness runs on the ``local`` runtime (cheap: the runtime is not what this
+    # measures), which the sandbox policy allows only where its operator lists it
+    env = {
+        **os.environ,
+        "ROLLOUTD_HOME": str(home),
+        "ROLLOUTD_SANDBOX_POLICY": '{"runtimes": ["local", "bwrap"]}',
+    }
     up = subprocess.Popen(
         [sys.executable, "-c", STACK, str(home), args.model],
         env=env,

@@ -10,10 +10,13 @@ from rolloutd.errors import (
     BackendError,
     BackendSaturatedError,
     BackendUnavailableError,
+    ConfigError,
     ContextLengthError,
     InvalidRequestError,
     RequestTooLargeError,
     SessionClosedError,
+    SessionLostError,
+    TooManyCallsError,
 )
 from rolloutd.fault import (
     Fault,
@@ -65,6 +68,10 @@ def test_no_answer_at_all_is_the_infrastructures():
         (RequestTooLargeError("413"), TASK),
         (SessionClosedError("sealed"), TASK),
         (BackendSaturatedError("a concurrency bound"), TASK),
+        (TooManyCallsError("a session's bound of calls in flight"), TASK),
+        # a 4xx the gateway makes for its own reasons is the infrastructure's
+        (ConfigError("backend b cannot serve capture_mode 'passthrough'"), INFRA),
+        (SessionLostError("session t/0 is lost"), INFRA),
     ],
 )
 def test_a_failed_model_call_as_raised_and_as_recorded(error, fault):

@@ -96,6 +96,22 @@ class SessionClosedError(RolloutdError):
     error_type = "invalid_request_error"
 
 
+class SessionLostError(RolloutdError):
+    """The gateway issued this session's key but no longer has the session (its state is not
+    in the store): the gateway's fault, not the harness's (``rolloutd.fault``)."""
+
+    status_code = 404
+    error_type = "not_found_error"
+
+
+class TooManyCallsError(RolloutdError):
+    """A session has its bound of model calls in flight (``max_calls_per_session``): a
+    refusal the task caused, never retried by rolloutd (RFC 6585, 429 Too Many Requests)."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+
 class ContextLengthError(InvalidRequestError):
     """The prompt leaves no room for a single sampled token."""
 
@@ -156,6 +172,13 @@ class HostDrainingError(RolloutdError):
     provisioning is retried on another host."""
 
     retryable = True
+
+
+class ArtifactTooLargeError(RolloutdError):
+    """An artifact file is larger than its limit (``max_artifact_bytes``): the task's, not
+    retryable (a new attempt would write it again)."""
+
+    status_code = 413
 
 
 class HarnessError(RolloutdError):

@@ -21,8 +21,12 @@ retried, never replaced). The rules are written here once; change them here.
   the gateway (a 500) and any other 5xx are the infrastructure's. The gateway's refusals
   caused by the task or the policy (a body over the limit, 413; a conversation over the
   context, :class:`~rolloutd.errors.ContextLengthError`; a concurrency bound,
-  :class:`~rolloutd.errors.BackendSaturatedError` in :data:`TASK_REFUSAL_TYPES`) are the
-  task's.
+  :class:`~rolloutd.errors.BackendSaturatedError` and
+  :class:`~rolloutd.errors.TooManyCallsError` in :data:`TASK_REFUSAL_TYPES`) are the task's.
+  A 4xx the gateway makes for its own reasons (its own configuration cannot serve the call,
+  :class:`~rolloutd.errors.ConfigError`; it lost the session,
+  :class:`~rolloutd.errors.SessionLostError`: :data:`GATEWAY_ERROR_TYPES`) is the
+  infrastructure's whatever its status.
 - An activity's refusal of what the task asked (:func:`refusal_fault`): a sandbox host
   refusing a task outside its sandbox policy (:class:`~rolloutd.errors.PolicyError`, in
   :data:`TASK_ACTIVITY_REFUSAL_TYPES`) is the task's: never retried, never replaced, and not
@@ -58,7 +62,12 @@ BACKEND_ERROR_TYPES = frozenset({"BackendError", "BackendUnavailableError"})
 
 #: error classes (by name) of the gateway's refusals that the task or the policy caused,
 #: whatever their status: a concurrency bound (503) says the task asks for more than its share
-TASK_REFUSAL_TYPES = frozenset({"BackendSaturatedError"})
+TASK_REFUSAL_TYPES = frozenset({"BackendSaturatedError", "TooManyCallsError"})
+
+#: error classes (by name) of the gateway's answers for its own reasons, whatever their
+#: status (a 4xx among them): its configuration cannot serve the call (a chat template, a
+#: parser, a backend type), or it lost the session
+GATEWAY_ERROR_TYPES = frozenset({"ConfigError", "SessionLostError"})
 
 #: error types (``ApplicationError.type``: the class name) of an activity's refusal that the
 #: task caused: the sandbox host's policy check refused what the task asked
@@ -113,7 +122,7 @@ def call_fault(error_type: str, status_code: int) -> Fault:
     """
     if error_type in TASK_REFUSAL_TYPES:
         return Fault.TASK
-    if error_type in BACKEND_ERROR_TYPES:
+    if error_type in BACKEND_ERROR_TYPES or error_type in GATEWAY_ERROR_TYPES:
         return Fault.INFRASTRUCTURE
     return status_fault(status_code)
 

@@ -34,6 +34,7 @@ ended, and each session's callback (``delivered``, ``pending`` or ``failed``, at
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -405,6 +406,78 @@ def _session_body(
     }
 
 
+#: the default bound of a request body, bytes: a task request travels in Temporal payloads,
+#: whose default limit is 2 MB (Temporal docs, "Temporal Platform limits": blob size)
+DEFAULT_MAX_BODY_BYTES = 2**20
+
+
+class BodyLimit:
+    """ASGI middleware: a request body larger than ``max_body_bytes`` gets 413 in FastAPI's
+    error shape (``{"detail": ...}``) before any route reads it, whether it declares its
+    length (``Content-Length``) or is sent in chunks (counted as it arrives, then handed to
+    the app whole). RFC 9110, section 15.5.14 (413 Content Too Large).
+
+    Args:
+        app: the ASGI app.
+        max_body_bytes: the bound, bytes.
+    """
+
+    def __init__(self, app: Any, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def _too_large(self, send: Any) -> None:
+        body = json.dumps(
+            {"detail": f"the request body exceeds the limit of {self.max_body_bytes} bytes"}
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit():
+                if int(value) > self.max_body_bytes:
+                    await self._too_large(send)
+                    return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client went away: the app sees it as it would have
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                await self._too_large(send)
+                return
+            if not message.get("more_body", False):
+                break
+        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        delivered = False
+
+        async def replay() -> Any:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return whole
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
 def authenticate(token: str | None, tenants: TenantTokens) -> Callable[[Request], None]:
     """A FastAPI dependency: who the request's bearer token names (:class:`Caller`, kept in
     ``request.state.caller``): the operator (the facade's token; anyone on a facade with no
@@ -488,6 +561,7 @@ def create_app(
     callback_timeout_s: float | None = None,
     token: str | None = None,
     tenant_tokens: TenantTokens | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """The facade's app.
 
@@ -505,6 +579,8 @@ def create_app(
             submits for itself only, within its maximum priority, and sees, reads, views and
             cancels only its own tasks (another tenant's task answers 404, as an unknown
             one); the backend and stack routes need the operator's token (403).
+        max_body_bytes: a larger request body gets 413 (:class:`BodyLimit`;
+            ``ROLLOUTD_REST_MAX_BODY_BYTES`` for ``rolloutd rest``).
     """
     tenants = tenant_tokens or TenantTokens()
     app = FastAPI(
@@ -526,6 +602,7 @@ def create_app(
             raise HTTPException(404, detail="Task not found")
 
     app.state.authorize_task = authorize
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     _task_routes(app, client, callback_timeout_s, authorize)
     _backend_routes(app, gateway_url, admin_token, token)
     return app
@@ -545,7 +622,10 @@ def _task_routes(
             progress = await client.status(task_id)
         except NotFoundError:
             raise HTTPException(404, detail="Task not found") from None
-        results = [_session_body(client, s, c) for s, c in _with_callbacks(progress)]
+        # every session's trajectory is read from the store: off the event loop
+        results = await asyncio.to_thread(
+            lambda: [_session_body(client, s, c) for s, c in _with_callbacks(progress)]
+        )
         return PolarTaskStatus(
             task_id=task_id,
             status="running"
@@ -683,8 +763,6 @@ def serve(
     Raises:
         ConfigError: ``host`` is not loopback and no token is set (before connecting).
     """
-    import asyncio
-
     import uvicorn
 
     settings = RestSettings()
@@ -708,6 +786,7 @@ def serve(
             callback_timeout_s=settings.callback_timeout_s,
             token=settings.rest_token,
             tenant_tokens=tenants,
+            max_body_bytes=settings.rest_max_body_bytes,
         )
         add_stack_status_route(app, client, default_home())
         add_viewer_routes(

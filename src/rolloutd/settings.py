@@ -360,6 +360,13 @@ class GatewaySettings(CommonSettings):
         description="slots (sequences decoded at once) of every backend; "
         "unset: llama-server's total_slots from /props, else 1",
     )
+    max_calls_per_session: int = Field(
+        default=64,
+        ge=1,
+        description="model calls one session may have in flight at once (sub-agents call "
+        "concurrently); a call over it is refused with 429 in the caller's dialect "
+        "(TooManyCallsError), a refusal the task caused: never retried, never replaced",
+    )
     backend_dead_after_s: float = Field(
         default=60.0,
         gt=0,
@@ -443,6 +450,13 @@ class SandboxSettings(CommonSettings):
         "max_concurrent_sessions): many bwrap or container starts at once on few cores slow "
         "each other down",
     )
+    max_artifact_bytes: int = Field(
+        default=16 * 2**20,
+        ge=1,
+        description="size limit of one artifact file (a task's `runtime.artifacts`), bytes; "
+        "read in chunks up to it, a larger file fails its session (phase collect, not "
+        "retryable) with a cause naming the file and its size",
+    )
 
 
 class EvalSettings(CommonSettings):
@@ -475,6 +489,12 @@ class RestSettings(CommonSettings):
         description="JSON file of the tenants' tokens, hashed (`rolloutd tenant-token`; "
         "docs/security.md): a tenant token submits for its tenant within its maximum "
         "priority and sees only its tenant's tasks; None: no tenant tokens",
+    )
+    rest_max_body_bytes: int = Field(
+        default=2**20,
+        ge=1024,
+        description="a request body larger than this (bytes) gets 413; a task request "
+        "travels in Temporal payloads, whose default limit is 2 MB",
     )
     callback_timeout_s: float = Field(
         default=300.0,

@@ -57,6 +57,10 @@ class Tee:
     #: the next this-many POSTs are answered 500 (not forwarded): a backend failing for a
     #: while
     fail_next_posts: int = 0
+    #: while True, every request waits unanswered (neither forwarded nor refused) until
+    #: :meth:`release` or :meth:`stop`: a backend that hangs, its health probe included
+    hanging: bool = False
+    _released: asyncio.Event = field(default_factory=asyncio.Event)
     _server: uvicorn.Server | None = None
     _task: asyncio.Task[None] | None = None
 
@@ -67,6 +71,8 @@ class Tee:
             body = await request.body()
             ex = Exchange(request.method, request.url.path, body)
             self.exchanges.append(ex)
+            if self.hanging:
+                await self._released.wait()
             if request.method == "POST" and self.fail_next_posts > 0:
                 self.fail_next_posts -= 1
                 ex.status, ex.complete = 500, True
@@ -128,7 +134,13 @@ class Tee:
         self.url = f"http://127.0.0.1:{port}"
         return self
 
+    def release(self) -> None:
+        """Stop hanging: the waiting requests are forwarded, and so are later ones."""
+        self.hanging = False
+        self._released.set()
+
     async def stop(self) -> None:
+        self.release()
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await self._task

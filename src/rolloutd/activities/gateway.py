@@ -107,7 +107,9 @@ class GatewayActivities:
         """Seal the session's completion log; later calls with its key are refused.
 
         Returns its failed calls too: how many, how many 5xx answers no later completion
-        made good (the harness did not recover), and the last one in words.
+        made good (the harness did not recover), and the last one in words. The sealed
+        session then leaves the gateway's memory (its log and state are in the store:
+        :meth:`rolloutd.proxy.sessions.manager.SessionManager.evict`).
         """
         structlog.contextvars.bind_contextvars(session_id=input.session_id)
         try:
@@ -119,7 +121,7 @@ class GatewayActivities:
         # every unrecovered failure is kept (not only the last few), so one that scrolled
         # out of the recent errors still decides the failure cause (docs/failures.md)
         unrecovered = [
-            e for e in unrecovered_errors(state, session.completions) if is_backend_error(e)
+            e for e in unrecovered_errors(state, session.recovery) if is_backend_error(e)
         ]
         waiting = input.run_deadline_at is not None and call_waiting_at(
             input.run_deadline_at,
@@ -128,6 +130,7 @@ class GatewayActivities:
             session.cut_calls,
         )
         first = unrecovered[0] if unrecovered else None
+        refusal = next((e for e in reversed(state.errors) if not is_backend_error(e)), None)
         replay = ReplayStats()
         if session.replay is not None:
             try:
@@ -135,12 +138,14 @@ class GatewayActivities:
                 replay = session.replay.stats(session.completions)
             except Exception as e:
                 raise to_application_error(e) from e
+        self.gateway.sessions.evict(input.session_id)
         return CloseSessionOutput(
             replay=replay,
             num_completions=num,
             num_errors=state.num_errors,
             num_unrecovered_errors=len(unrecovered),
             last_error=state.errors[-1].describe() if state.errors else None,
+            last_refusal=refusal.describe() if refusal else None,
             first_unrecovered_error=(
                 f"{first.describe()} (request {first.request_hash[:12]})" if first else None
             ),

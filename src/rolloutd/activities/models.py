@@ -132,7 +132,13 @@ class CloseSessionOutput(Payload):
         default=0,
         description="failed calls answered with a 5xx (a gateway or backend failure, not a bad "
         "request) that no later completion made good "
-        "(rolloutd.proxy.sessions.call_errors.recovered)",
+        "(rolloutd.proxy.sessions.call_errors.RecoveryIndex)",
+    )
+    last_refusal: str | None = Field(
+        default=None,
+        description="the last call the gateway refused for the task's or the policy's "
+        "reasons (413, a conversation over the context, a concurrency bound: "
+        "rolloutd.fault.call_fault is task), in words; None: none",
     )
     last_error: str | None = Field(
         default=None,

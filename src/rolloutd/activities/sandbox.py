@@ -493,7 +493,8 @@ class SandboxActivities:
         for path in runtime.spec.artifacts:
             name = f"file:{path}"
             try:
-                data = await runtime.download(path)
+                # read in chunks up to the limit; a larger file fails the session
+                data = await runtime.download(path, max_bytes=self.settings.max_artifact_bytes)
                 value = {
                     "path": path,
                     "text": data.decode("utf-8", errors="replace"),

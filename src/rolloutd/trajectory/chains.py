@@ -17,6 +17,7 @@ naive prefix search.
 
 from __future__ import annotations
 
+import bisect
 import difflib
 from dataclasses import dataclass, field
 from typing import Literal
@@ -119,6 +120,12 @@ class _Planner:
         self.canonical: dict[int, int] = {}  # retry index -> the completion it repeats
         self.retry_keys: dict[tuple, list[int]] = {}
         self.nodes: list[int] = []  # completions with token ids that are not retries
+        #: ``nodes`` as (prompt length, index), ascending: kept sorted as nodes are added
+        #: (bisect), so finding a parent turn never sorts every node again
+        self.nodes_by_length: list[tuple[int, int]] = []
+        #: chain ids, the one whose tail was set last at the end: a tail only ever moves to
+        #: the completion being placed, so this is the order of the tails' indices
+        self.tail_order: dict[int, None] = {}
         self.seen: list[int] = []  # completions placed so far, retries excluded
 
     # ------------------------------------------------------------------ helpers
@@ -205,6 +212,7 @@ class _Planner:
     # ------------------------------------------------------------------ decisions
     def new_chain(self, c: Completion, start: ChainStart) -> None:
         self.chain_of[c.index] = len(self.plan.chains)
+        self.tail_order[len(self.plan.chains)] = None
         self.plan.chains.append(Chain(links=[Link(index=c.index)], start=start))
         if start in ("fork", "drift"):
             log.debug("chain_break", completion_index=c.index, reason=start)
@@ -212,6 +220,8 @@ class _Planner:
     def join(self, chain_id: int, c: Completion, link: Link) -> None:
         self.chain_of[c.index] = chain_id
         self.plan.chains[chain_id].links.append(link)
+        self.tail_order.pop(chain_id, None)
+        self.tail_order[chain_id] = None
 
     def exact_link(self, c: Completion, prev: Completion) -> Link:
         delta = len(prev.prompt_ids) + len(self.turn_as_sampled(prev))
@@ -259,13 +269,8 @@ class _Planner:
         extends (see :meth:`parent_turn`). ``c`` continues its chain only when it is the tail:
         with drift in passthrough mode; otherwise ``c`` is a branch and starts a chain.
         """
-        order = sorted(
-            range(len(self.plan.chains)),
-            key=lambda k: self.plan.chains[k].links[-1].index,
-            reverse=True,
-        )
         best: tuple | None = None
-        for chain_id in order:
+        for chain_id in reversed(self.tail_order):  # the most recent tail first
             prev = self.tail(chain_id)
             if _has_tokens(prev) and self.extends_exactly(c, prev, trusted=False):
                 # longest tail first, then message history, then the most recent tail
@@ -319,16 +324,16 @@ class _Planner:
             ``(turn, drift)`` where drift is None when ``c`` repeats the turn exactly, or
             ``(end, opcodes)`` as in :meth:`drifted_turn`; None when no turn qualifies.
         """
-        by_length = sorted(self.nodes, key=lambda i: len(self.by_index[i].prompt_ids), reverse=True)
+        # the nodes with prompts shorter than c's, longest first (ties: any order, the rank
+        # ends with the index)
+        shorter = bisect.bisect_left(self.nodes_by_length, (len(c.prompt_ids), -1))
         best_rank: tuple | None = None
         best: tuple[Completion, tuple[int, list] | None] | None = None
-        for index in by_length:
+        for at in range(shorter - 1, -1, -1):
+            n, index = self.nodes_by_length[at]
             prev = self.by_index[index]
-            n = len(prev.prompt_ids)
             if best_rank is not None and n < best_rank[0]:
                 break
-            if n >= len(c.prompt_ids):
-                continue
             found: tuple[int, list] | None = None
             if self.extends_exactly(c, prev, trusted=False):
                 rank = (n, 1, 1, 0, index)
@@ -384,6 +389,7 @@ class _Planner:
             if c.extends is None or not self.place_hinted(c):
                 self.place_searched(c)
             self.nodes.append(c.index)
+            bisect.insort(self.nodes_by_length, (len(c.prompt_ids), c.index))
         self.seen.append(c.index)
 
 

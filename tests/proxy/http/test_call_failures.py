@@ -127,8 +127,10 @@ async def test_an_unexpected_exception_is_answered_in_the_dialect_counted_and_lo
 async def test_a_failed_call_is_recovered_by_a_later_completion_of_its_request(
     gateway: Gateway, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The harness retried the failed request (same body), or carried on with its
-    conversation: the failure is made good; a failure nothing followed is not."""
+    """The harness retried the failed request (same body), or asked the same conversation
+    again (equal messages, another body): the failure is made good. A conversation that goes
+    on past the failure without its answer (a placeholder turn), a failure nothing followed,
+    and a later call of another conversation do not make it good."""
     record = gateway.service.recorder.record
     failing = {"left": 0}
 
@@ -146,20 +148,25 @@ async def test_a_failed_call_is_recovered_by_a_later_completion_of_its_request(
         ("t/1", [first, later]),
         ("t/2", [first]),
         ("t/3", [[{"role": "user", "content": "x"}], first]),
+        ("t/4", [first, {"messages": first, "temperature": 0.5}]),
     ]:
         info = await gateway.sessions.open_session(
             session_id, "t", sampling=SamplingParams(max_tokens=8)
         )
         failing["left"] = 1
-        for messages in bodies:
+        for body in bodies:
             await client.post(
-                f"/s/{info.session_key}/v1/chat/completions", json={"messages": messages}
+                f"/s/{info.session_key}/v1/chat/completions",
+                json=body if isinstance(body, dict) else {"messages": body},
             )
         await gateway.sessions.close_session(session_id)
     unrecovered = {}
-    for session_id in ("t/0", "t/1", "t/2", "t/3"):
+    for session_id in ("t/0", "t/1", "t/2", "t/3", "t/4"):
         session = await gateway.sessions.get(session_id)
         assert session.state.num_errors == 1
         unrecovered[session_id] = len(unrecovered_errors(session.state, session.completions))
-    # t/3: the later completion answered another conversation
-    assert unrecovered == {"t/0": 0, "t/1": 0, "t/2": 1, "t/3": 1}
+        # the session's own index agrees with a fresh read of the log
+        assert len(unrecovered_errors(session.state, session.recovery)) == unrecovered[session_id]
+    # t/1: it went on with a placeholder answer; t/3: the later completion answered
+    # another conversation
+    assert unrecovered == {"t/0": 0, "t/1": 1, "t/2": 1, "t/3": 1, "t/4": 0}

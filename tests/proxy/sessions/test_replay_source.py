@@ -155,3 +155,38 @@ async def test_stats_say_where_each_conversation_ended(tmp_path: Path) -> None:
         (1, "s#1", "source_ended"),
     ]
     assert stats.num_response_tokens_saved == 4 and stats.num_prompt_tokens_saved == 6
+
+
+def test_the_continued_replayed_completions_are_found_in_one_pass() -> None:
+    """The one-pass rule agrees with comparing every pair (``_continues``) on a log with
+    conversations continued by ``extends``, by message history (an answer sent back, a tool
+    call's id), a sibling that repeats the messages with another answer, and a conversation
+    that stops."""
+    from rolloutd.proxy.sessions.replay_source import _continued, _continues
+    from rolloutd.types import Completion
+
+    def turn(i: int, messages: list, answer: dict, extends: int | None = None) -> Completion:
+        return Completion(
+            session_id="s",
+            index=i,
+            request_hash=f"h{i}",
+            messages=messages,
+            response_message=answer,
+            extends=extends,
+            replayed_from=f"src/{i}",
+        )
+
+    user = [{"role": "user", "content": "go"}]
+    a0 = {"role": "assistant", "content": "first"}
+    call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function"}]}
+    log = [
+        turn(0, user, a0),
+        turn(1, [*user, a0, {"role": "user", "content": "more"}], call),
+        turn(2, user, {"role": "assistant", "content": "other"}),  # a sibling of 0
+        turn(3, [*user, a0, {"role": "user", "content": "more"}, call], a0),  # continues 1
+        turn(4, [{"role": "user", "content": "alone"}], a0),
+        turn(5, [], a0, extends=4),  # by the hint
+        turn(6, [*user, {"role": "assistant", "content": "other"}], a0),  # continues 2
+    ]
+    pairwise = {e.index for e in log if any(_continues(o, e) for o in log if o.index > e.index)}
+    assert _continued(log) == pairwise == {0, 1, 2, 4}

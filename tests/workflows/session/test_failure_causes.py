@@ -87,6 +87,55 @@ def test_a_scripted_shell_harness_that_exits_0_without_a_call_is_scored() -> Non
     assert classify(ran(num_completions=0, harness_type="shell")) is None
 
 
+def test_a_run_timeout_with_no_answered_call_is_never_the_policys() -> None:
+    """A harness that hangs before its first model call runs out its budget: the model
+    never answered, so nothing of the policy's was measured: no reward, and the cause says
+    the harness made no answered call (whatever the harness type)."""
+    for harness_type in ("shell", "qwen_code"):
+        hung = ran(
+            num_completions=0,
+            harness_type=harness_type,
+            harness_exit=-15,
+            signal_sent=15,
+            failed_phase="run",
+            timed_out=True,
+            error="run phase exceeded 20 s",
+        )
+        failure = classify(hung)
+        assert failure is not None
+        assert (failure.kind, failure.phase, failure.policy_accountable) == (
+            "harness",
+            "run",
+            False,
+        )
+        assert "no answered model call before its run budget ran out" in failure.message
+        assert "run phase exceeded 20 s" in failure.message
+        assert scoring(failure, "evaluate") == ("skip", None)
+        assert scoring(failure, 0.0) == ("skip", None)
+
+
+def test_a_call_the_gateway_refused_for_the_tasks_reasons_is_named_and_final() -> None:
+    """The harness's only call was refused (413): no reward, the cause names the refusal,
+    and no replacement is made (it would be refused again), even for a scripted shell
+    harness that exits 0."""
+    refusal = "413 RequestTooLargeError: the request body exceeds the limit of 10 bytes"
+    for exit_code_, harness_type in ((1, "qwen_code"), (0, "shell")):
+        failure = classify(
+            ran(
+                num_completions=0,
+                harness_exit=exit_code_,
+                harness_type=harness_type,
+                refused_call=refusal,
+            )
+        )
+        assert failure is not None and failure.kind == "harness"
+        assert not failure.retryable and not failure.policy_accountable
+        assert refusal in failure.message and "refused" in failure.message
+        assert scoring(failure, "evaluate") == ("skip", None)
+    # a refusal followed by answered calls is the policy's outcome: scored
+    assert classify(ran(refused_call=refusal)) is None
+
+
 def test_a_run_timeout_is_the_policys_only_while_the_model_kept_answering() -> None:
     timeout = ran(
         harness_exit=-15,

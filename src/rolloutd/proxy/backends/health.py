@@ -15,6 +15,7 @@ weight update in progress) is never marked: its engine may be down on purpose.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -37,6 +38,10 @@ PROBE_TIMEOUT_S = 5.0
 ANSWERS_PROBE_TIMEOUT_S = 15.0
 #: a backend that answered a probe this recently is not probed again to ask, seconds
 ANSWERED_FRESH_S = 5.0
+#: how long one ask waits for that probe, seconds: an ask (the verdict route, read by the
+#: sandbox within 2 s) never waits out ``ANSWERS_PROBE_TIMEOUT_S``; the probe goes on, and
+#: a later ask reads its result
+ANSWERS_WAIT_S = 1.0
 
 
 def is_unreachable(error: BaseException) -> bool:
@@ -59,6 +64,9 @@ class BackendHealth:
             ``PROBE_BACKOFF.delay_s(num_failures)``).
         probing: a probe is running (others do not start one).
         answered_at: ``time.monotonic()`` of its last answered probe (0: none).
+        not_answering_at: ``time.monotonic()`` of its last probe that got no answer within
+            ``ANSWERS_PROBE_TIMEOUT_S`` (0: none).
+        answer_probe: the "does it answer" probe running now, shared by every ask.
     """
 
     healthy: bool = True
@@ -68,6 +76,8 @@ class BackendHealth:
     num_failures: int = 0
     probing: bool = False
     answered_at: float = 0.0
+    not_answering_at: float = 0.0
+    answer_probe: asyncio.Task[str | None] | None = None
 
     def mark_unreachable(self, error: str) -> bool:
         """Record a failed call or probe; returns whether the backend was healthy before."""

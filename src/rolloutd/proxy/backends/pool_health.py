@@ -13,6 +13,7 @@ import structlog
 from rolloutd.proxy.backends.health import (
     ANSWERED_FRESH_S,
     ANSWERS_PROBE_TIMEOUT_S,
+    ANSWERS_WAIT_S,
     is_unreachable,
     pool_health,
     probe,
@@ -69,20 +70,48 @@ class PoolHealth:
         """Whether backend ``name`` answers now: a saturated engine does (its calls queue,
         it is not dead), a hung or refusing one does not. The pool's health is left to the
         calls (a slow probe of a starved engine must not fail every session's calls). A
-        paused backend counts as answering: a weight update is not a death."""
+        paused backend counts as answering: a weight update is not a death.
+
+        One probe runs at a time per backend, shared by every ask, and an ask waits for it
+        at most ``ANSWERS_WAIT_S``: a probe of a hung backend takes up to
+        ``ANSWERS_PROBE_TIMEOUT_S``, longer than an ask may (the sandbox reads the verdict
+        within 2 s). Until the probe has its result the backend counts as answering (the
+        benefit of the doubt: a saturated engine is slow to answer); a probe that got no
+        answer counts for ``ANSWERED_FRESH_S``, as one that got an answer does."""
         slot = self._slots.get(name)
         if slot is None or slot.spec.paused:
             return slot is not None
-        if not slot.health.healthy:
+        health = slot.health
+        if not health.healthy:
             return False
-        if time.monotonic() - slot.health.answered_at < ANSWERED_FRESH_S:
+        now = time.monotonic()
+        if now - health.answered_at < ANSWERED_FRESH_S:
             return True
-        error = await probe(self._probe_http, slot.spec.url, ANSWERS_PROBE_TIMEOUT_S)
+        if now - health.not_answering_at < ANSWERED_FRESH_S:
+            return False
+        running = health.answer_probe
+        if running is None:
+            running = health.answer_probe = asyncio.create_task(
+                probe(self._probe_http, slot.spec.url, ANSWERS_PROBE_TIMEOUT_S)
+            )
+            running.add_done_callback(lambda task: self._answer_probed(name, health, task))
+        done, _ = await asyncio.wait({running}, timeout=ANSWERS_WAIT_S)
+        if not done or running.cancelled():
+            return True  # still probing: the next ask reads its result
+        return running.exception() is None and running.result() is None
+
+    @staticmethod
+    def _answer_probed(name: str, health: Any, task: asyncio.Task[str | None]) -> None:
+        """Keep what a "does it answer" probe found (:meth:`answers`)."""
+        health.answer_probe = None
+        if task.cancelled():
+            return
+        error = task.exception() or task.result()
         if error is None:
-            slot.health.answered_at = time.monotonic()
-            return True
-        log.warning("backend_not_answering", name=name, error=error)
-        return False
+            health.answered_at = time.monotonic()
+        else:
+            health.not_answering_at = time.monotonic()
+            log.warning("backend_not_answering", name=name, error=str(error))
 
     def _mark_answered(self, slot: Slot) -> None:
         if slot.health.mark_answered():

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from rolloutd.errors import BackendError
+from rolloutd.errors import BackendError, BackendUnavailableError
 from rolloutd.observability.metrics import CallClock
 from rolloutd.proxy.backends.base import (
     Backend,
@@ -425,7 +425,13 @@ class ChatService(PassthroughCalls):
             session.liveness.failed(token, e)
             await record_failure(session, e, started, stream=False, request=request)
             raise
-        except BaseException:
+        except BaseException as e:
+            ended = _verdict_failure(session, token, e)
+            if ended is not None:
+                # the backend never answered: a failed call of the backend's, recorded
+                session.liveness.failed(token, ended)
+                await record_failure(session, ended, started, stream=False, request=request)
+                raise ended from None
             session.liveness.cut(token)
             session.note_cut(started_at)
             raise
@@ -502,7 +508,14 @@ class ChatService(PassthroughCalls):
                 session.settle(end_index, delivered=False)
             await record_failure(session, e, started, stream=True, request=request)
             raise
-        except BaseException:
+        except BaseException as e:
+            ended = _verdict_failure(session, token, e)
+            if ended is not None:
+                session.liveness.failed(token, ended)
+                if end_index is not None:
+                    session.settle(end_index, delivered=False)
+                await record_failure(session, ended, started, stream=True, request=request)
+                raise ended from None
             session.liveness.cut(token)
             if end_index is not None:
                 session.settle(end_index, delivered=False)
@@ -563,3 +576,20 @@ class ChatService(PassthroughCalls):
                 response.reasoning or "", sent_reasoning, "reasoning", session, index
             ),
         )
+
+
+def _verdict_failure(session: Session, token: int, error: BaseException) -> BackendError | None:
+    """The call ``token`` was cancelled by the session's ``backend`` verdict (its backend
+    did not answer for ``backend_dead_after_s``): the cancellation is undone
+    (``Task.uncancel``, Python 3.11) and the call fails with ``BackendUnavailableError``,
+    which the harness gets in its dialect and the session records as a failed call of the
+    backend's (docs/failures.md). None: cancelled otherwise (the harness went away)."""
+    if not isinstance(error, asyncio.CancelledError):
+        return None
+    why = session.liveness.ended_by_verdict(token)
+    if why is None:
+        return None
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    return BackendUnavailableError(why)

@@ -100,6 +100,8 @@ def error_body(error: RolloutdError) -> tuple[int, dict[str, Any]]:
         kind = "permission_error"
     elif status == 413:
         kind = "request_too_large"
+    elif status == 429:
+        kind = "rate_limit_error"
     elif 400 <= status < 500:
         kind = "invalid_request_error"
     else:

@@ -191,6 +191,8 @@ def _add_process_routes(app: FastAPI, gateway: GatewayParts) -> None:
             "status": "ok",
             "backends": gateway.pool.names(),
             "backend_health": gateway.pool.health(),
+            # the session maps' sizes: open sessions only, closed ones are evicted
+            "sessions": gateway.sessions.counts(),
         }
 
     # the Prometheus metrics of this process (docs/metrics.md); a scrape may fetch the

@@ -107,7 +107,13 @@ class Gateway:
         public_url = settings.gateway_public_url or (
             f"http://{settings.gateway_host}:{settings.gateway_port}"
         )
-        self.sessions = SessionManager(store, pool, public_url=public_url, default_model=model_name)
+        self.sessions = SessionManager(
+            store,
+            pool,
+            public_url=public_url,
+            default_model=model_name,
+            max_calls_per_session=settings.max_calls_per_session,
+        )
         self.sessions.capacity = BackendCapacity(
             pool,
             max_sessions_per_slot=settings.max_sessions_per_slot,

@@ -3,9 +3,10 @@ harness made it good.
 
 A failed call is never a completion: the session's state keeps it as a :class:`CallError`
 (the most recent :data:`MAX_RECORDED_ERRORS`, plus every one not made good yet). A later
-completion recovers it when it answers the same request or continues its conversation
-(:func:`recovered`); a failure of the backend or the gateway is the infrastructure's
-(:func:`is_backend_error`, after :mod:`rolloutd.fault`; docs/failures.md).
+completion recovers it when it answers the same request or the same conversation (equal
+messages, not a longer list: :class:`RecoveryIndex`); a failure of the backend or the gateway
+is the infrastructure's (:func:`is_backend_error`, after :mod:`rolloutd.fault`;
+docs/failures.md).
 """
 
 from __future__ import annotations
@@ -67,30 +68,84 @@ def conversation_hash(messages: list[dict[str, Any]]) -> str:
     return hashlib.sha256(canonical_json(messages).encode()).hexdigest()
 
 
-def recovered(error: CallError, completions: list[Completion]) -> bool:
-    """Whether the harness made good a failed call: a completion recorded after it answers
-    the same request (equal ``request_hash``) or continues its conversation (its messages
-    start with the failed request's). A failure before the request was understood (no hash)
-    counts as recovered by any later completion.
+class RecoveryIndex:
+    """What recovers a failed call in one session (:meth:`recovered`), kept up as the
+    session's completions are recorded, so that each question costs O(1) amortized and the
+    whole session's work stays linear in its completions.
+
+    A completion's request hash is indexed as it is seen; its conversation hash is computed
+    at most once, and only for a completion whose conversation has the length of some failed
+    call asked about (most completions of a session are never hashed twice, or at all).
 
     Args:
-        error: the failed call.
-        completions: the session's completion log, in index order.
+        completions: the session's completion log, in index order; the index reads the
+            completions appended to this list since it last looked (the list is shared with
+            the session, never copied).
     """
-    later = completions[error.at_index :]
-    if not error.request_hash and not error.conversation_hash:
-        return bool(later)
-    for completion in later:
-        if error.request_hash and completion.request_hash == error.request_hash:
-            return True
+
+    def __init__(self, completions: list[Completion]) -> None:
+        self._completions = completions
+        self._seen = 0
+        #: request_hash -> index of its latest completion
+        self._last_by_request: dict[str, int] = {}
+        #: conversation length -> indices of completions of that length not hashed yet
+        self._unhashed: dict[int, list[int]] = {}
+        #: conversation lengths some failed call asked about (completions of these lengths
+        #: are hashed as they are seen)
+        self._wanted: set[int] = set()
+        #: conversation_hash -> index of its latest completion (wanted lengths only)
+        self._last_by_conversation: dict[str, int] = {}
+
+    def _catch_up(self) -> None:
+        completions = self._completions
+        for index in range(self._seen, len(completions)):
+            completion = completions[index]
+            self._last_by_request[completion.request_hash] = index
+            length = len(completion.messages)
+            if length in self._wanted:
+                self._hash(index)
+            else:
+                self._unhashed.setdefault(length, []).append(index)
+        self._seen = len(completions)
+
+    def _hash(self, index: int) -> None:
+        digest = conversation_hash(self._completions[index].messages)
+        if self._last_by_conversation.get(digest, -1) < index:
+            self._last_by_conversation[digest] = index
+
+    def recovered(self, error: CallError) -> bool:
+        """Whether the harness made good a failed call: a completion recorded after it
+        answers the same request (equal ``request_hash``: the harness retried it) or the same
+        conversation (its messages equal the failed request's, not a longer list that goes on
+        past the failure without its answer). A failure before the request was understood
+        (no hash) counts as recovered by any later completion.
+
+        Args:
+            error: the failed call.
+        """
+        self._catch_up()
+        if not error.request_hash and not error.conversation_hash:
+            return len(self._completions) > error.at_index
         if (
-            error.conversation_hash
-            and len(completion.messages) >= error.num_messages
-            and conversation_hash(completion.messages[: error.num_messages])
-            == error.conversation_hash
+            error.request_hash
+            and self._last_by_request.get(error.request_hash, -1) >= error.at_index
         ):
             return True
-    return False
+        if not error.conversation_hash:
+            return False
+        length = error.num_messages
+        if length not in self._wanted:
+            self._wanted.add(length)
+            for index in self._unhashed.pop(length, ()):
+                self._hash(index)
+        return self._last_by_conversation.get(error.conversation_hash, -1) >= error.at_index
+
+
+def recovered(error: CallError, completions: list[Completion]) -> bool:
+    """Whether a completion of ``completions`` (a session's log, in index order) made good
+    the failed call ``error`` (:meth:`RecoveryIndex.recovered`; one question: a session asks
+    its own :class:`RecoveryIndex`)."""
+    return RecoveryIndex(completions).recovered(error)
 
 
 def is_backend_error(error: CallError) -> bool:
@@ -102,7 +157,7 @@ def is_backend_error(error: CallError) -> bool:
 
 
 def still_open(
-    errors: list[CallError], error: CallError, completions: list[Completion]
+    errors: list[CallError], error: CallError, recovery: RecoveryIndex
 ) -> list[CallError]:
     """``errors`` (the failed calls not made good so far) with ``error`` added: those a
     completion recovered since are dropped, and an earlier failure of the same request
@@ -112,12 +167,12 @@ def still_open(
     Args:
         errors: the open failed calls, oldest first.
         error: the call that just failed.
-        completions: the session's completion log, in index order.
+        recovery: the session's :class:`RecoveryIndex` (each question O(1) amortized).
     """
     kept = [
         e
         for e in errors
-        if not recovered(e, completions)
+        if not recovery.recovered(e)
         and not (error.request_hash and e.request_hash == error.request_hash)
     ]
     return [*kept, error]

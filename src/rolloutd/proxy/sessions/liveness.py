@@ -67,6 +67,8 @@ class Liveness:
     )
     failing_since: float | None = None
     last_error: str | None = None
+    #: token -> why: the calls a ``backend`` verdict cancelled (:meth:`ended_by_verdict`)
+    verdict_ended: dict[int, str] = field(default_factory=dict)
 
     def started(self) -> int:
         """A call began; returns its token."""
@@ -92,6 +94,11 @@ class Liveness:
             self.last_error = f"{type(error).__name__}: {error}"[:300]
             if self.failing_since is None:
                 self.failing_since = time.time()
+
+    def ended_by_verdict(self, token: int) -> str | None:
+        """Why the call ``token`` was cancelled by a ``backend`` verdict, or None (it was
+        cancelled otherwise: its harness went away). Asked once: the entry is dropped."""
+        return self.verdict_ended.pop(token, None)
 
     def cut(self, token: int) -> None:
         """The call was cut off (its harness went away): neither answered nor failed."""
@@ -131,10 +138,14 @@ class Liveness:
         unanswered_s = max(0.0, now - since)
         if unanswered_s < dead_after_s:
             return Verdict(unanswered_s=round(unanswered_s, 1), dead_after_s=dead_after_s)
-        for start, task in self.waiting.values():
-            if task is not None and start is not None and now - start >= dead_after_s:
-                task.cancel()
         why = self.last_error or "a call waited on a backend that does not answer"
+        for token, (start, task) in list(self.waiting.items()):
+            if task is not None and start is not None and now - start >= dead_after_s:
+                self.verdict_ended[token] = (
+                    f"the backend did not answer this call for {now - start:.0f} s "
+                    f"(limit {dead_after_s:g} s): the gateway's verdict ended it"
+                )
+                task.cancel()
         return Verdict(
             verdict="backend",
             unanswered_s=round(unanswered_s, 1),

@@ -27,6 +27,7 @@ from rolloutd.errors import (
     BackendSaturatedError,
     NotFoundError,
     SessionClosedError,
+    SessionLostError,
 )
 from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.backends.saturation import BackendCapacity
@@ -39,7 +40,7 @@ from rolloutd.proxy.sessions.state import (
     session_state_key,
 )
 from rolloutd.store import BlobStore, CompletionLog
-from rolloutd.types import CaptureMode, SamplingParams
+from rolloutd.types import CaptureMode, Completion, SamplingParams
 
 log = structlog.get_logger(__name__)
 
@@ -47,16 +48,30 @@ log = structlog.get_logger(__name__)
 class SessionManager:
     """Opens, finds and closes sessions; loads them from the store after a restart.
 
+    Only open sessions stay in memory: a closed one is evicted once its closing activity is
+    done with it (:meth:`evict`); its log and state are in the store, and a late request
+    with its key loads its state to be refused (401 in the caller's dialect) without being
+    kept. So the maps hold the open sessions only, however long the gateway runs.
+
     Args:
         store: the blob store.
         pool: the backend pool (a new session is pinned to its least-assigned backend).
         public_url: base URL harnesses use, without a trailing slash.
         default_model: model name shown to harnesses when a task sets none.
+        max_calls_per_session: each session's bound of calls in flight (None: unbounded;
+            :meth:`Session.begin_call`).
     """
 
     def __init__(
-        self, store: BlobStore, pool: BackendPool, *, public_url: str, default_model: str
+        self,
+        store: BlobStore,
+        pool: BackendPool,
+        *,
+        public_url: str,
+        default_model: str,
+        max_calls_per_session: int | None = None,
     ) -> None:
+        self.max_calls_per_session = max_calls_per_session
         self.store = store
         self.pool = pool
         self.public_url = public_url.rstrip("/")
@@ -81,30 +96,52 @@ class SessionManager:
         )
 
     def _remember(self, session: Session) -> Session:
+        if session.state.closed:
+            return session  # in the store; a closed session is never kept in memory
         self._by_key[session.state.session_key_sha256] = session
         self._by_id[session.session_id] = session
         return session
 
-    async def _load_by_id(self, session_id: str) -> Session | None:
+    def counts(self) -> dict[str, int]:
+        """The session maps' sizes: ``in_memory`` (sessions held), ``open`` (of those, not
+        sealed), ``keys`` (key hashes held). After :meth:`evict` of every closed session,
+        all three equal the open sessions."""
+        return {
+            "in_memory": len(self._by_id),
+            "open": sum(1 for s in self._by_id.values() if not s.state.closed),
+            "keys": len(self._by_key),
+        }
+
+    def _session(self, state: SessionState, completions: list[Completion]) -> Session:
+        return Session(
+            state,
+            completions,
+            CompletionLog(self.store, state.session_id),
+            max_calls=self.max_calls_per_session,
+        )
+
+    async def _load_by_id(self, session_id: str, *, completions: bool = True) -> Session | None:
+        """The session from the store (None: no state there); ``completions``: read its
+        completion log too (a closed session loaded only to refuse a late call needs none)."""
         key = session_state_key(session_id)
         if not await asyncio.to_thread(self.store.exists, key):
             return None
         state = await asyncio.to_thread(self.store.get_model, key, SessionState)
+        if not completions and state.closed:
+            return self._session(state, [])
         completion_log = CompletionLog(self.store, session_id)
-        completions = await asyncio.to_thread(completion_log.read_all)
-        if [c.index for c in completions] != list(range(len(completions))):
-            log.warning(
-                "completion_log_gap", session_id=session_id, num_completions=len(completions)
-            )
+        logged = await asyncio.to_thread(completion_log.read_all)
+        if [c.index for c in logged] != list(range(len(logged))):
+            log.warning("completion_log_gap", session_id=session_id, num_completions=len(logged))
         if not state.closed:
             self.pool.note_assigned(state.backend)
         log.info(
             "session_loaded",
             session_id=session_id,
-            num_completions=len(completions),
+            num_completions=len(logged),
             closed=state.closed,
         )
-        return self._remember(Session(state, completions, completion_log))
+        return self._remember(self._session(state, logged))
 
     async def get(self, session_id: str) -> Session:
         """The session ``session_id``, loaded from the store when not in memory.
@@ -129,6 +166,7 @@ class SessionManager:
 
         Raises:
             AuthenticationError: no key, or a key of no session.
+            SessionLostError: a key the gateway issued whose session it no longer has.
         """
         if not session_key:
             raise AuthenticationError(
@@ -149,7 +187,12 @@ class SessionManager:
             session_id = entry.get("session_id")
             session = self._by_id.get(session_id) if session_id else None
             if session is None and session_id:
-                session = await self._load_by_id(session_id)
+                session = await self._load_by_id(session_id, completions=False)
+                if session is None:
+                    # the gateway issued this key and no longer has its session: its fault
+                    raise SessionLostError(
+                        f"session {session_id} is lost: the gateway has no state for it"
+                    )
         if session is None or not secrets.compare_digest(
             session.state.session_key_sha256, key_hash
         ):
@@ -242,7 +285,7 @@ class SessionManager:
         except BaseException:
             self.pool.release(backend.name)
             raise
-        self._remember(Session(state, [], CompletionLog(self.store, session_id)))
+        self._remember(self._session(state, []))
         log.info(
             "session_opened",
             session_id=session_id,
@@ -316,3 +359,14 @@ class SessionManager:
         session = self._by_id.pop(session_id, None)
         if session is not None:
             self._by_key.pop(session.state.session_key_sha256, None)
+
+    def evict(self, session_id: str) -> bool:
+        """Drop a closed session from memory: its log and state are in the store (a late
+        request with its key is refused from there; :meth:`get` loads it again for a
+        retried close). An open one stays. Returns whether it was dropped."""
+        session = self._by_id.get(session_id)
+        if session is None or not session.state.closed:
+            return False
+        self.forget(session_id)
+        log.debug("session_evicted", session_id=session_id)
+        return True

@@ -10,12 +10,13 @@ import time
 
 import structlog
 
-from rolloutd.errors import AuthenticationError
+from rolloutd.errors import AuthenticationError, TooManyCallsError
 from rolloutd.proxy.core.fastjson import BodyReader, ListJson
 from rolloutd.proxy.render.messages import ExtensionIndex
 from rolloutd.proxy.sessions.call_errors import (
     MAX_RECORDED_ERRORS,
     CallError,
+    RecoveryIndex,
     still_open,
 )
 from rolloutd.proxy.sessions.liveness import Liveness
@@ -71,11 +72,18 @@ class Session:
             the call sampling that request now (the first, when several do), which a marked
             retry arriving meanwhile waits for (:meth:`start_sampling`).
         num_in_flight: calls between :meth:`begin_call` and :meth:`end_call`.
+        max_calls: the bound of ``num_in_flight`` (None: unbounded); a call over it is
+            refused (:meth:`begin_call`).
         closing: :meth:`SessionManager.close_session` started: new calls are refused.
     """
 
     def __init__(
-        self, state: SessionState, completions: list[Completion], log_: CompletionLog
+        self,
+        state: SessionState,
+        completions: list[Completion],
+        log_: CompletionLog,
+        *,
+        max_calls: int | None = None,
     ) -> None:
         self.state = state
         self.completions = completions
@@ -87,8 +95,11 @@ class Session:
         self.memo = RequestMemo(reader=self.body_reader)
         self.prompt_json = ListJson()
         self.extensions = ExtensionIndex(completions)
+        #: what recovers a failed call (:class:`RecoveryIndex`, over ``completions``)
+        self.recovery = RecoveryIndex(completions)
         self.sampling_calls: dict[str, asyncio.Future[int | None]] = {}
         self.num_in_flight = 0
+        self.max_calls = max_calls
         self.closing = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -113,12 +124,19 @@ class Session:
 
     def begin_call(self) -> None:
         """Count a call in flight (:meth:`SessionManager.close_session` waits for it);
-        refuses a sealed or closing session.
+        refuses a sealed or closing session, and a call over the session's bound.
 
         Raises:
             AuthenticationError: as :meth:`ensure_open`.
+            TooManyCallsError: ``max_calls`` calls are in flight already (429: the task's
+                refusal, never retried or replaced by rolloutd).
         """
         self.ensure_open()
+        if self.max_calls is not None and self.num_in_flight >= self.max_calls:
+            raise TooManyCallsError(
+                f"session {self.session_id} has {self.num_in_flight} model calls in flight, "
+                f"its bound (max_calls_per_session); wait for one to end"
+            )
         self.num_in_flight += 1
         self._idle.clear()
 
@@ -234,7 +252,7 @@ class Session:
                         if self.state.open_errors is None
                         else self.state.open_errors,
                         error,
-                        self.completions,
+                        self.recovery,
                     ),
                 }
             )

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rolloutd.proxy.sessions.call_errors import CallError, recovered
+from rolloutd.proxy.sessions.call_errors import CallError, RecoveryIndex
 from rolloutd.store import session_prefix
 from rolloutd.types import CaptureMode, Completion, SamplingParams
 
@@ -52,12 +52,22 @@ class BackendMove(BaseModel):
     at: float
 
 
-def unrecovered_errors(state: SessionState, completions: list[Completion]) -> list[CallError]:
-    """Every failed call that no later completion made good (:func:`recovered`), oldest
-    first: ``state.open_errors`` (all of them, one per distinct request), or for a state
-    written before that list existed, the last :data:`MAX_RECORDED_ERRORS` failed calls."""
+def unrecovered_errors(
+    state: SessionState, completions: list[Completion] | RecoveryIndex
+) -> list[CallError]:
+    """Every failed call that no later completion made good
+    (:meth:`RecoveryIndex.recovered`), oldest first: ``state.open_errors`` (all of them, one
+    per distinct request), or for a state written before that list existed, the last
+    :data:`MAX_RECORDED_ERRORS` failed calls.
+
+    Args:
+        state: the session's state.
+        completions: its completion log, or the session's :class:`RecoveryIndex` over it
+            (what a session in gateway memory passes: nothing is hashed twice).
+    """
+    recovery = completions if isinstance(completions, RecoveryIndex) else RecoveryIndex(completions)
     candidates = state.errors if state.open_errors is None else state.open_errors
-    return [error for error in candidates if not recovered(error, completions)]
+    return [error for error in candidates if not recovery.recovered(error)]
 
 
 class SessionState(BaseModel):

@@ -35,6 +35,7 @@ import structlog
 from pydantic import BaseModel, Field
 
 from rolloutd.errors import (
+    ArtifactTooLargeError,
     ConfigError,
     NotFoundError,
     PolicyError,
@@ -515,11 +516,13 @@ class Runtime(abc.ABC):
         """
         return self._host_path(path)
 
-    async def download(self, path: str) -> bytes:
-        """Read a file of the runtime.
+    async def download(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Read a file of the runtime, in chunks, never more than ``max_bytes`` of it.
 
         Args:
             path: relative to the workspace, or absolute inside :attr:`workdir` or :attr:`home`.
+            max_bytes: the file's size limit (None: none); a larger file is refused before
+                it is read, and one that grows past it while read is refused then.
 
         Returns:
             The file's bytes.
@@ -527,11 +530,12 @@ class Runtime(abc.ABC):
         Raises:
             ConfigError: the path leaves the workspace and the home.
             NotFoundError: no such file.
+            ArtifactTooLargeError: the file is larger than ``max_bytes``.
         """
         target = self._host_path(path)
         if not target.is_file():
             raise NotFoundError(f"runtime {self.runtime_id}: no file {path!r}")
-        return await asyncio.to_thread(target.read_bytes)
+        return await asyncio.to_thread(_read_bounded, target, path, max_bytes)
 
     def _host_path(self, path: str) -> Path:
         """Map a runtime path to its host path, refusing any escape (symlinks included)."""
@@ -583,3 +587,30 @@ def check_spec_network(spec: RuntimeSpec, supported: tuple[str, ...], runtime: s
             f"runtime.network={spec.network!r} cannot be enforced by the {runtime} runtime; "
             f"use one of {', '.join(supported)}"
         )
+
+
+#: bytes read at a time from a runtime's file
+_CHUNK_BYTES = 2**20
+
+
+def _read_bounded(target: Path, path: str, max_bytes: int | None) -> bytes:
+    """``target``'s bytes, read in chunks of :data:`_CHUNK_BYTES`; over ``max_bytes`` (its
+    size, or what was read when it grew meanwhile) raises ``ArtifactTooLargeError``."""
+
+    def too_large(size: int) -> ArtifactTooLargeError:
+        return ArtifactTooLargeError(
+            f"artifact {path!r} is {size} bytes, over the limit of {max_bytes} bytes "
+            "(ROLLOUTD_MAX_ARTIFACT_BYTES)"
+        )
+
+    if max_bytes is not None and (size := target.stat().st_size) > max_bytes:
+        raise too_large(size)
+    chunks: list[bytes] = []
+    read = 0
+    with target.open("rb") as f:
+        while chunk := f.read(_CHUNK_BYTES):
+            read += len(chunk)
+            if max_bytes is not None and read > max_bytes:
+                raise too_large(read)
+            chunks.append(chunk)
+    return b"".join(chunks)

@@ -147,6 +147,7 @@ def session_facts(
         first_unrecovered_error=closed.first_unrecovered_error,
         call_waiting_at_deadline=closed.call_waiting_at_deadline,
         backend_verdict=outcome.backend_verdict,
+        refused_call=closed.last_refusal,
     )
 
 

@@ -55,6 +55,9 @@ class SessionFacts:
             ran out.
         backend_verdict: the gateway's verdict that stopped the harness: its model calls
             stood unanswered for ``backend_dead_after_s`` (None: not stopped for that).
+        refused_call: the last call the gateway refused for the task's or the policy's
+            reasons (413, a conversation over the context, a concurrency bound:
+            :func:`rolloutd.fault.call_fault` is ``task``), in words; None: none.
     """
 
     cancelled: bool = False
@@ -75,6 +78,7 @@ class SessionFacts:
     first_unrecovered_error: str | None = None
     call_waiting_at_deadline: bool = False
     backend_verdict: str | None = None
+    refused_call: str | None = None
 
 
 def cause_text(e: BaseException) -> str:
@@ -106,12 +110,16 @@ def classify(facts: SessionFacts) -> FailureCause | None:
        this wins over the harness's exit and over a run timeout (the harness failed because
        the model did not answer).
     4. ``timeout`` in the run phase: the policy's (``policy_accountable``) unless a call was
-       waiting on the backend at the deadline or the budget was shortened by a lost attempt.
+       waiting on the backend at the deadline or the budget was shortened by a lost attempt;
+       a run timeout with no answered model call is never the policy's: ``harness`` (the
+       harness hung before the model ever answered).
     5. ``harness``: its preparation failed, it exited 126/127, it was killed by a signal the
        session did not send, or it made no answered model call at all (which covers a
        non-zero exit before any model call; a ``shell`` script that exits 0 without one is
        scored: the task scripted it). A non-zero exit after answered calls is the policy's
-       outcome and is scored.
+       outcome and is scored. When the gateway refused a call for the task's reasons and
+       no call was answered, the cause names the refusal and is not retryable (a
+       replacement would be refused again).
     6. ``timeout`` of any other phase; ``evaluator`` for the evaluation runtime.
 
     Args:
@@ -186,6 +194,9 @@ def _run_timeout_cause(facts: SessionFacts) -> FailureCause | None:
             phase="run",
             message=f"{error} while a model call was waiting on the backend",
         )
+    if facts.num_completions == 0:
+        # the model never answered: nothing of the policy's was measured
+        return _no_answered_call(facts, f"before its run budget ran out ({error})")
     return FailureCause(
         kind="timeout", phase="run", message=error, retryable=False, policy_accountable=True
     )
@@ -220,13 +231,27 @@ def _harness_cause(facts: SessionFacts) -> FailureCause | None:
             message=f"the harness was killed by {_signal_name(-code)}, "
             "which the session did not send",
         )
-    if facts.num_completions == 0 and (code != 0 or facts.harness_type not in SCRIPTED_HARNESSES):
+    if facts.num_completions == 0 and (
+        code != 0 or facts.harness_type not in SCRIPTED_HARNESSES or facts.refused_call
+    ):
+        return _no_answered_call(facts, f"(exit {code})")
+    return None
+
+
+def _no_answered_call(facts: SessionFacts, how: str) -> FailureCause:
+    """``harness``: the harness made no answered model call; when the gateway refused a
+    call for the task's reasons the cause names it and is final (never replaced)."""
+    if facts.refused_call:
         return FailureCause(
             kind="harness",
             phase="run",
-            message=f"the harness made no answered model call (exit {code})",
+            retryable=False,
+            message=f"the harness made no answered model call {how}: the gateway refused "
+            f"its call ({facts.refused_call})",
         )
-    return None
+    return FailureCause(
+        kind="harness", phase="run", message=f"the harness made no answered model call {how}"
+    )
 
 
 def _phase_cause(facts: SessionFacts) -> FailureCause | None:

@@ -13,7 +13,7 @@ import importlib.metadata
 import pytest
 
 from rolloutd.capabilities import FleetCapabilities, HostCapabilities, check_task
-from rolloutd.rest import PolarTaskRequest, polar_path, to_task_request
+from rolloutd.polar import PolarTaskRequest, polar_path, to_task_request
 from rolloutd.sandbox.harnesses import HARNESSES, harness_capabilities
 from rolloutd.types import TaskRequest
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rolloutd.rest import PolarTaskRequest, to_task_request
+from rolloutd.polar import PolarTaskRequest, to_task_request
 from rolloutd.types import TaskRequest
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "polar_a3.json"

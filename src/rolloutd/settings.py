@@ -9,6 +9,9 @@ environment variable of a field is ``ROLLOUTD_`` plus its name in upper case, e.
 (``ROLLOUTD_RUNTIME_ID``, ``ROLLOUTD_INSTRUCTION_FILE``, ``ROLLOUTD_WORKDIR``,
 ``ROLLOUTD_MAX_TURNS``, ``ROLLOUTD_SESSION_KEY``, ``ROLLOUTD_FETCH_TIMEOUT_MS``) are not
 settings: the harness side reads them.
+
+The module is long on purpose: it is the one place that reads the environment, and each
+field's description here is the text of docs/settings.md.
 """
 
 from __future__ import annotations

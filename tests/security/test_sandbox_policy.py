@@ -21,7 +21,7 @@ from rolloutd.activities.models import ProvisionRuntimeInput
 from rolloutd.activities.sandbox import SandboxActivities
 from rolloutd.capabilities import FleetCapabilities, HostCapabilities, check_task
 from rolloutd.errors import PolicyError
-from rolloutd.rest import PolarTaskRequest, to_task_request
+from rolloutd.polar import PolarTaskRequest, to_task_request
 from rolloutd.sandbox.runtimes import create_runtime
 from rolloutd.sandbox.runtimes.containers import ApptainerRuntime
 from rolloutd.sandbox.runtimes.podman import DockerRuntime, PodmanRuntime

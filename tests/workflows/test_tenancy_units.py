@@ -10,7 +10,7 @@ import pydantic
 import pytest
 from temporalio.common import Priority
 
-from rolloutd.rest import PolarTaskRequest, priority_of, to_task_request
+from rolloutd.polar import PolarTaskRequest, priority_of, to_task_request
 from rolloutd.types import TaskRequest
 from rolloutd.workers.capacity import RuntimeSlots
 from rolloutd.workflows.tenants import task_priority

@@ -42,7 +42,7 @@ import structlog
 from pydantic import BaseModel
 
 from rolloutd.errors import NotFoundError, RolloutdError
-from rolloutd.types import Completion
+from rolloutd.types import Completion, TaskResult
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -318,6 +318,27 @@ class BlobStore:
     def get_model(self, key: str, model: type[M]) -> M:
         """Read the document at ``key`` as ``model``."""
         return model.model_validate_json(self.get_bytes(key))
+
+
+def whole_group(store: BlobStore | None, result: TaskResult) -> TaskResult:
+    """A task's result with every session: ``result`` itself when it is inline, else the
+    whole group read from the blob store at ``result.stored_key`` (a task workflow returns a
+    group over ``TaskRequest.inline_result_bytes`` by reference, under Temporal's 2 MB
+    payload limit).
+
+    Raises:
+        RolloutdError: the group is stored and ``store`` is None (connect with a
+            ``store_url``).
+        NotFoundError: the stored group is gone (retention removed it).
+    """
+    if not result.stored_key:
+        return result
+    if store is None:
+        raise RolloutdError(
+            f"task {result.task_id}'s group ({result.num_sessions} sessions) is stored at "
+            f"{result.stored_key!r}: reading it needs the blob store (connect with store_url)"
+        )
+    return store.get_model(result.stored_key, TaskResult)
 
 
 def session_prefix(session_id: str) -> str:

@@ -206,6 +206,15 @@ class TaskRequest(Payload):
         description="workflow id signalled `group_finished` with the group "
         "(set by RolloutBufferWorkflow on the tasks it starts)",
     )
+    inline_result_bytes: int = Field(
+        default=256 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description="a finished group whose JSON is larger (bytes) is stored in the blob store "
+        "(``groups/{task_id}.json``) and the task's workflow returns it by reference "
+        "(``TaskResult.stored_key``, ``sessions`` empty): Temporal refuses a payload over "
+        "2 MB, and 1,024 sessions' results come to about 2.1 MB",
+    )
 
     @field_validator("task_id")
     @classmethod
@@ -423,6 +432,18 @@ class TaskResult(Payload):
         default_factory=list,
         description="the policy versions the group's sessions ran on, ascending",
     )
+    num_sessions: int = Field(default=0, ge=0, description="sessions of the group (``sessions``)")
+    max_reward: float | None = Field(
+        default=None, description="the highest scored reward; None without a scored session"
+    )
+    stored_key: str = Field(
+        default="",
+        description="blob store key of the whole group (``groups/{task_id}.json``) when it was "
+        "too large to return inline (``TaskRequest.inline_result_bytes``): ``sessions`` and "
+        "``replaced`` are then empty here, the other fields are the group's. rolloutd's readers "
+        "(RolloutClient, the REST facade, ``rolloutd submit``) load it "
+        "(:func:`rolloutd.store.whole_group`); empty when the group is inline",
+    )
 
 
 class GroupRef(Payload):
@@ -463,6 +484,12 @@ class GroupRef(Payload):
 def group_key(task_id: str) -> str:
     """Blob store key of a finished group's TaskResult: ``groups/{task_id}.json``."""
     return f"groups/{task_id}.json"
+
+
+def group_part_key(task_id: str, part: int) -> str:
+    """Blob store key of one part of a large group's sessions, written before the group is
+    assembled under :func:`group_key`: ``groups/{task_id}/part-{n}.json``."""
+    return f"groups/{task_id}/part-{part}.json"
 
 
 class CallbackStatus(Payload):

@@ -146,6 +146,18 @@ def test_journal_writes_a_row_once(tmp_path):
     assert [j.task_id for j in read_journal(store, "t")] == ["HumanEval/3"]
 
 
+def test_a_row_journaled_by_reference_is_read_back_whole(tmp_path):
+    store = BlobStore(str(tmp_path / "store"))
+    whole = entry("big", [1.0, 0.0, None], ["a", "b", ""])
+    store.put_bytes("groups/big.json", whole.result.model_dump_json().encode())
+    summary_only = whole.result.model_copy(
+        update={"sessions": [], "stored_key": "groups/big.json", "num_sessions": 3}
+    )
+    journal_row(store, "g", whole.model_copy(update={"result": summary_only}))
+    [read] = read_journal(store, "g")
+    assert read.result.sessions == whole.result.sessions
+
+
 def test_swebench_instances_become_tasks_with_the_instances_tests():
     s = GenerationSpec.model_validate(
         {

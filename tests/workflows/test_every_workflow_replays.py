@@ -10,7 +10,8 @@ histories come from what makes a session wait longest:
   slots),
 - sessions that wait for a sandbox host (a host of 2 runtimes),
 
-and from a task, a buffer (take and acknowledge) and a generation. While they run, a query of
+and from a task, a task whose group is returned by reference (stored in parts, then
+assembled), a buffer (take and acknowledge) and a generation. While they run, a query of
 each session's phase replays it again; every query must be answered. Afterwards every
 history, printed with its size, must replay on today's workflow code without a
 nondeterminism error.
@@ -34,7 +35,9 @@ from rolloutd.generation.commands import generate
 from rolloutd.security.connection import data_converter
 from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
 from rolloutd.stack import free_port
+from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
+from rolloutd.types import TaskResult
 from rolloutd.workers import connect, run_fleet
 from rolloutd.workflows.buffer.workflow import RolloutBufferWorkflow
 from rolloutd.workflows.callback import CallbackWorkflow
@@ -127,11 +130,14 @@ async def test_every_workflow_replays_its_history(temporal_server, engine, tmp_p
         client,
         store_url,
     ):
-        rc = RolloutClient(client, check_capabilities=False)
+        rc = RolloutClient(client, BlobStore(store_url), check_capabilities=False)
         await rc.set_tenant_quota("quota-1", 1)
         u = uuid.uuid4().hex[:6]
         quota = await rc.submit(task(f"quota-{u}", "sleep 1", 3, tenant="quota-1", timeout_s=300))
-        free = await rc.submit(task(f"free-{u}", "sleep 1", 4, timeout_s=300))
+        # over its 1 KiB inline limit: returned by reference (store_group_part, assemble_group)
+        free = await rc.submit(
+            task(f"free-{u}", "sleep 1", 4, timeout_s=300, inline_result_bytes=1024)
+        )
         sessions = [f"task/{quota.task_id}/{i}" for i in range(3)] + [
             f"task/{free.task_id}/{i}" for i in range(4)
         ]
@@ -145,7 +151,9 @@ async def test_every_workflow_replays_its_history(temporal_server, engine, tmp_p
                 "source": {"type": "push"},
             }
         )
-        await buffer.push([task(f"buf-{u}-{i}", "sleep 0.5", 2) for i in range(2)])
+        await buffer.push(
+            [task(f"buf-{u}-{i}", "sleep 0.5", 2, inline_result_bytes=1024) for i in range(2)]
+        )
         groups = [await quota.result(), await free.result()]
         batch = await buffer.take(2, timeout_s=300)
         await buffer.ack(batch.batch_id)
@@ -175,6 +183,10 @@ async def test_every_workflow_replays_its_history(temporal_server, engine, tmp_p
         await querying
         for group in groups:
             assert_all_completed(group)
+        own = await client.get_workflow_handle(
+            f"task/{free.task_id}", result_type=TaskResult
+        ).result()
+        assert own.stored_key and own.sessions == [] and len(groups[1].sessions) == 4
         waits = {p.phase for g in groups for s in g.sessions for p in s.phases}
         assert {"tenant_wait", "backend_wait"} <= waits, waits
         assert summary.num_rows == 2

@@ -11,9 +11,11 @@ from temporalio import activity
 
 from rolloutd.activities.heartbeat import heartbeating
 from rolloutd.activities.models import (
+    AssembleGroupInput,
     EvaluateInput,
     EvaluateOutput,
     StoredTaskRequest,
+    StoreGroupPartInput,
     StoreTaskRequestInput,
 )
 from rolloutd.capabilities import (
@@ -32,6 +34,7 @@ from rolloutd.store import BlobStore
 from rolloutd.trajectory import assign_rewards
 from rolloutd.types import (
     FailureCause,
+    SessionResult,
     SessionStatus,
     TaskRequest,
     TaskResult,
@@ -77,6 +80,52 @@ class EvalActivities:
         key = group_key(group.task_id)
         await asyncio.to_thread(self.store.put_bytes, key, group.model_dump_json().encode())
         return key
+
+    @activity.defn(name="store_group_part")
+    async def store_group_part(self, input: StoreGroupPartInput) -> int:
+        """Store one part of a large group's sessions under ``input.key``
+        (:func:`rolloutd.types.group_part_key`), for ``assemble_group``. Writing it again (a
+        retry) writes the same bytes.
+
+        Returns:
+            The part's size, bytes.
+        """
+        data = input.model_dump_json().encode()
+        await asyncio.to_thread(self.store.put_bytes, input.key, data)
+        return len(data)
+
+    @activity.defn(name="assemble_group")
+    async def assemble_group(self, input: AssembleGroupInput) -> str:
+        """Read a large group's parts (``store_group_part``), in order, and store the whole
+        group under :func:`rolloutd.types.group_key`, where the task's result refers
+        (``TaskResult.stored_key``) and a buffer reads it. The parts stay (a retry reads them
+        again).
+
+        Returns:
+            The whole group's key.
+
+        Raises:
+            temporalio.exceptions.ApplicationError: a part is not in the store.
+        """
+
+        def assemble() -> str:
+            sessions: list[SessionResult] = []
+            replaced: list[SessionResult] = []
+            for key in input.part_keys:
+                part = self.store.get_model(key, StoreGroupPartInput)
+                sessions.extend(part.sessions)
+                replaced.extend(part.replaced)
+            group = input.group.model_copy(
+                update={"sessions": sessions, "replaced": replaced, "stored_key": ""}
+            )
+            key = group_key(group.task_id)
+            self.store.put_bytes(key, group.model_dump_json().encode())
+            return key
+
+        try:
+            return await asyncio.to_thread(assemble)
+        except NotFoundError as e:
+            raise to_application_error(e) from e
 
     @activity.defn(name="read_task_request")
     async def read_task_request(self, key: str) -> TaskRequest:

@@ -24,6 +24,7 @@ from rolloutd.types import (
     SessionResult,
     SessionStatus,
     TaskRequest,
+    TaskResult,
 )
 
 # --------------------------------------------------------------------------- gateway fleet
@@ -341,6 +342,23 @@ class PostCallbackOutput(Payload):
 
     status_code: int
     attempt: int = 1
+
+
+class StoreGroupPartInput(Payload):
+    """One part of a large group's sessions (``store_group_part``): each part's input stays
+    under Temporal's 2 MB payload limit, however large the group."""
+
+    key: str = Field(description="where the part goes (rolloutd.types.group_part_key)")
+    sessions: list[SessionResult] = Field(default_factory=list)
+    replaced: list[SessionResult] = Field(default_factory=list)
+
+
+class AssembleGroupInput(Payload):
+    """A large group's summary (``sessions`` and ``replaced`` empty) and its parts' keys, in
+    order (``assemble_group``)."""
+
+    group: TaskResult
+    part_keys: list[str]
 
 
 class StoreTaskRequestInput(Payload):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rolloutd.errors import NotFoundError
 from rolloutd.generation.sources import safe_key
-from rolloutd.store import BlobExistsError, BlobStore
+from rolloutd.store import BlobExistsError, BlobStore, whole_group
 from rolloutd.trainer_client.exports import to_openai_messages_jsonl, to_parquet
 from rolloutd.types import Trajectory
 from rolloutd.workflows.generation.models import (
@@ -64,12 +64,17 @@ def journal_index(store: BlobStore, name: str) -> set[str]:
 
 
 def read_journal(store: BlobStore, name: str) -> list[JournalEntry]:
-    """Every journaled row of a generation, by key order."""
-    return [
+    """Every journaled row of a generation, by key order, each with its whole group (a row's
+    task returns a group over its ``inline_result_bytes`` by reference, and the row is
+    journaled so: :func:`rolloutd.store.whole_group` reads it back)."""
+    entries = [
         store.get_model(k, JournalEntry)
         for k in store.list(journal_prefix(name))
         if k.endswith(".json")
     ]
+    for entry in entries:
+        entry.result = whole_group(store, entry.result)
+    return entries
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

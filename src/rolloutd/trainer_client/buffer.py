@@ -27,7 +27,7 @@ from temporalio.service import RPCError
 
 from rolloutd.errors import NotFoundError, RolloutdError
 from rolloutd.payload import validate_strict
-from rolloutd.store import BlobStore
+from rolloutd.store import BlobStore, whole_group
 from rolloutd.trainer_client.health import CHECK_EVERY_S, FleetHealth
 from rolloutd.types import GroupRef, TaskRequest, TaskResult
 from rolloutd.workflows.buffer.models import (
@@ -96,7 +96,8 @@ class RolloutBuffer:
         handle = self.client.get_workflow_handle(
             task_workflow_id(ref.task_id), result_type=TaskResult
         )
-        return await handle.result()
+        # a large group is the task's result by reference (stored_key): read from the store
+        return await asyncio.to_thread(whole_group, self.store, await handle.result())
 
     async def _whole(self, batch: Batch) -> Batch:
         """The batch with each group read whole (the buffer hands out references)."""

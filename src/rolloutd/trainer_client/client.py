@@ -44,7 +44,7 @@ from rolloutd.capabilities import (
 from rolloutd.errors import ConfigError, FleetRegistryError, NotFoundError
 from rolloutd.payload import validate_strict
 from rolloutd.security.connection import connect_temporal
-from rolloutd.store import BlobStore
+from rolloutd.store import BlobStore, whole_group
 from rolloutd.trainer_client.health import FleetHealth, watch
 from rolloutd.trainer_client.tenants import TenantState, set_tenant_quota, tenant_state
 from rolloutd.types import (
@@ -133,9 +133,10 @@ class RolloutHandle:
             rolloutd.errors.FleetUnavailableError: a fleet the task needs died while waiting
                 (the task keeps running; wait again once the fleet is back).
         """
-        return await watch(
+        result = await watch(
             self.workflow.result(), self.client.fleet_health if self.client else None
         )
+        return await self.client.whole(result) if self.client else whole_group(None, result)
 
     async def cancel(self) -> None:
         """Cancel the task: every session stops, tears its runtime down and keeps its traces."""
@@ -316,7 +317,7 @@ class RolloutClient:
         memo = await described.memo()
         num_samples = int(memo.get("num_samples") or 0)
         if described.status == WorkflowExecutionStatus.COMPLETED:
-            group = await handle.result()
+            group = await self.whole(await handle.result())
             progress = TaskProgress(
                 task_id=task_id,
                 num_samples=num_samples or len(group.sessions),
@@ -395,7 +396,19 @@ class RolloutClient:
         Raises:
             temporalio.client.WorkflowFailureError: the task failed or was cancelled.
         """
-        return await self.get_handle(task_id).result()
+        return await self.whole(await self.get_handle(task_id).result())
+
+    async def whole(self, result: TaskResult) -> TaskResult:
+        """A task's result with every session: a group the task's workflow returned by
+        reference (``stored_key``, over ``TaskRequest.inline_result_bytes``) is read from the
+        blob store (:func:`rolloutd.store.whole_group`).
+
+        Raises:
+            RolloutdError: the group is stored and this client has no blob store.
+        """
+        if not result.stored_key:
+            return result
+        return await asyncio.to_thread(whole_group, self.store, result)
 
     async def cancel(self, task_id: str) -> None:
         """Cancel a task by id: its sessions stop, tear down and keep what they captured."""

@@ -109,7 +109,16 @@ async def task_failures(
         sessions: list[SessionResult] = []
         try:
             if status == "completed":
-                sessions = (await handle.result()).sessions
+                group = await handle.result()
+                if group.stored_key:
+                    # a large group returned by reference: its counts are in the summary
+                    return TaskFailures(
+                        task_id=task_id,
+                        status=status,
+                        num_sessions=group.num_sessions,
+                        num_failed_by_kind=dict(group.num_failed_by_kind),
+                    )
+                sessions = group.sessions
             elif status == "running":
                 progress = await handle.query(STATUS_QUERY, result_type=TaskProgress)
                 sessions = progress.sessions if progress is not None else []

@@ -430,6 +430,8 @@ async def _eval_fleet(
                 acts.store_task_request,
                 acts.read_task_request,
                 acts.store_group,
+                acts.store_group_part,
+                acts.assemble_group,
                 # a tenant and a buffer ask whether their holders still run
                 closed_workflows,
                 io.read_task_chunk,

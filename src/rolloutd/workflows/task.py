@@ -37,9 +37,11 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
     from rolloutd.activities.cancel import cancel_workflows
     from rolloutd.activities.models import (
+        AssembleGroupInput,
         BackendHealthInput,
         BackendHealthOutput,
         StoredTaskRequest,
+        StoreGroupPartInput,
         StoreTaskRequestInput,
     )
     from rolloutd.capabilities import FLEET_STATE_SIGNAL, FleetState
@@ -59,6 +61,7 @@ with workflow.unsafe.imports_passed_through():
         TaskProgress,
         TaskRequest,
         TaskResult,
+        group_part_key,
     )
     from rolloutd.workflows import metadata, search, signals
     from rolloutd.workflows.callback import CallbackInput, CallbackWorkflow, callback_workflow_id
@@ -283,9 +286,14 @@ class RolloutTaskWorkflow:
             ).add(1)
         search.upsert(status="completed", reward=group.mean_reward)
         self._show(task, "done", status=self._progress.status, reward=group.mean_reward)
+        # a group over the task's inline limit is returned by reference: 1,024 sessions'
+        # results (about 2.1 MB) are refused as a workflow result over Temporal's 2 MB limit
+        result = group
+        if len(group.model_dump_json().encode()) > task.inline_result_bytes:
+            result = await _store_result(group, task)
         if task.report_to:
-            await _report(task.report_to, group, task)
-        return group
+            await _report(task.report_to, group, task, result.stored_key)
+        return result
 
     def _show(self, task: TaskRequest, phase: str, **final) -> None:
         """Current details for the Temporal UI (:mod:`rolloutd.workflows.metadata`): sessions
@@ -501,16 +509,56 @@ async def _start_callback(
     )
 
 
-async def _report(workflow_id: str, group: TaskResult, task: TaskRequest) -> None:
-    """Store the task's group and signal its reference (:class:`~rolloutd.types.GroupRef`)
-    to the workflow that asked for it (its buffer): the buffer keeps references only. A group
-    the store did not take is signalled without a key (its reader falls back to this task's
-    result). A buffer that has closed is not an error of the task."""
-    key = ""
+def group_parts(group: TaskResult, max_bytes: int) -> list[StoreGroupPartInput]:
+    """Split a group's ``sessions`` then ``replaced`` into parts of at most about ``max_bytes``
+    of JSON each (a session larger than that is a part of its own), keys
+    :func:`~rolloutd.types.group_part_key` in order."""
+    parts: list[StoreGroupPartInput] = []
+    size = max_bytes + 1
+
+    def add(session: SessionResult, replaced: bool) -> None:
+        nonlocal size
+        n = len(session.model_dump_json().encode())
+        if size + n > max_bytes:
+            parts.append(StoreGroupPartInput(key=group_part_key(group.task_id, len(parts))))
+            size = 0
+        (parts[-1].replaced if replaced else parts[-1].sessions).append(session)
+        size += n
+
+    for s in group.sessions:
+        add(s, False)
+    for s in group.replaced:
+        add(s, True)
+    return parts
+
+
+async def _store_result(group: TaskResult, task: TaskRequest) -> TaskResult:
+    """Store a large group in the blob store and return its summary with the reference
+    (``stored_key``; ``sessions`` and ``replaced`` empty). Its sessions go in parts of at most
+    ``task.inline_result_bytes`` (``store_group_part``, eval fleet), since an activity's input is
+    held to the same 2 MB limit, then ``assemble_group`` writes the whole group under
+    ``groups/{task_id}.json``. A group the store did not take is returned whole (it may still
+    be under the limit)."""
+    summary = group.model_copy(update={"sessions": [], "replaced": []})
+    parts = group_parts(group, task.inline_result_bytes)
     try:
+        await asyncio.gather(
+            *(
+                workflow.execute_activity(
+                    "store_group_part",
+                    part,
+                    task_queue=task_queues.EVAL,
+                    start_to_close_timeout=STORE_REQUEST_TIMEOUT,
+                    retry_policy=STORE_REQUEST_RETRY,
+                    priority=task_priority(task),
+                    result_type=int,
+                )
+                for part in parts
+            )
+        )
         key = await workflow.execute_activity(
-            "store_group",
-            group,
+            "assemble_group",
+            AssembleGroupInput(group=summary, part_keys=[p.key for p in parts]),
             task_queue=task_queues.EVAL,
             start_to_close_timeout=STORE_REQUEST_TIMEOUT,
             retry_policy=STORE_REQUEST_RETRY,
@@ -519,6 +567,29 @@ async def _report(workflow_id: str, group: TaskResult, task: TaskRequest) -> Non
         )
     except ActivityError as e:
         workflow.logger.warning("group %s not stored: %s", group.task_id, e.cause or e)
+        return group
+    return summary.model_copy(update={"stored_key": key})
+
+
+async def _report(workflow_id: str, group: TaskResult, task: TaskRequest, key: str = "") -> None:
+    """Store the task's group (unless it is stored already, at ``key``) and signal its
+    reference (:class:`~rolloutd.types.GroupRef`) to the workflow that asked for it (its
+    buffer): the buffer keeps references only. A group the store did not take is signalled
+    without a key (its reader falls back to this task's result). A buffer that has closed is
+    not an error of the task."""
+    if not key:
+        try:
+            key = await workflow.execute_activity(
+                "store_group",
+                group,
+                task_queue=task_queues.EVAL,
+                start_to_close_timeout=STORE_REQUEST_TIMEOUT,
+                retry_policy=STORE_REQUEST_RETRY,
+                priority=task_priority(task),
+                result_type=str,
+            )
+        except ActivityError as e:
+            workflow.logger.warning("group %s not stored: %s", group.task_id, e.cause or e)
     ref = GroupRef.of(group, key, scored_rewards(group))
     try:
         await signals.send(workflow_id, GROUP_FINISHED_SIGNAL, ref)
@@ -570,4 +641,6 @@ def summarize(
         incomplete=len(rewards) < size,
         num_failed_by_kind=failure_counts(sessions),
         policy_versions=sorted({v for s in sessions for v in s.stats.policy_versions}),
+        num_sessions=len(sessions),
+        max_reward=max(rewards) if rewards else None,
     )

@@ -67,12 +67,17 @@ AWAIT_HEARTBEAT = timedelta(seconds=60)
 
 
 def passing(result: TaskResult, pass_reward: float) -> bool:
-    """Whether any session of a group has a reward ``>= pass_reward``."""
+    """Whether any session of a group has a reward ``>= pass_reward`` (a group returned by
+    reference, ``stored_key``, answers from its ``max_reward``)."""
+    if result.stored_key:
+        return result.max_reward is not None and result.max_reward >= pass_reward
     return any(s.reward is not None and s.reward >= pass_reward for s in result.sessions)
 
 
 def failed(result: TaskResult) -> bool:
     """Whether a group has no scored session (every sample failed for infrastructure)."""
+    if result.stored_key:
+        return result.num_scored == 0
     return not any(s.reward is not None for s in result.sessions)
 
 

@@ -18,6 +18,9 @@ a reward measures the policy, never the infrastructure).
 The query ``status`` answers every session that has ended, as it ends. A session's callback
 (``callback_url``) starts after its result is stored here, as a detached child
 (:mod:`rolloutd.workflows.callback`): the task ends when its sessions end, never later.
+
+One module on purpose: the sample loop, replacements, cancellation and the group's end share
+the workflow's state and its order of commands, which replay must see unchanged.
 """
 
 from __future__ import annotations
@@ -173,18 +176,7 @@ class RolloutTaskWorkflow:
         self._child_ids = {i: session_workflow_id(parent, i) for i in range(task.num_samples)}
         # a large request is stored once and its sessions take its key: copied into each
         # child's input, 1,024 samples of a 50 KB instruction pass the 50 MB history limit
-        task_key: str | None = None
-        if len(task.model_dump_json()) > INLINE_REQUEST_BYTES:
-            stored: StoredTaskRequest = await workflow.execute_activity(
-                "store_task_request",
-                StoreTaskRequestInput(task=task),
-                task_queue=task_queues.EVAL,
-                start_to_close_timeout=STORE_REQUEST_TIMEOUT,
-                retry_policy=STORE_REQUEST_RETRY,
-                priority=task_priority(task),
-                result_type=StoredTaskRequest,
-            )
-            task_key = stored.key
+        task_key = await _store_request(task)
 
         async def session(
             index: int, replacement: int, replay_from: list[str] | None = None
@@ -271,9 +263,14 @@ class RolloutTaskWorkflow:
             await _cancel_sessions(self._child_ids, sessions)
             await asyncio.gather(*sessions, return_exceptions=True)
             raise
+        return await self._finish(task, list(results))
+
+    async def _finish(self, task: TaskRequest, results: list[SessionResult]) -> TaskResult:
+        """The group of every sample's final session: shown, counted, returned (by reference
+        when over the task's inline limit) and reported to the buffer that started it."""
         group = summarize(
             task.task_id,
-            list(results),
+            results,
             num_samples=task.num_samples,
             replaced=self._replaced,
             num_replacements=self._num_replacements,
@@ -644,3 +641,21 @@ def summarize(
         num_sessions=len(sessions),
         max_reward=max(rewards) if rewards else None,
     )
+
+
+async def _store_request(task: TaskRequest) -> str | None:
+    """The blob-store key of a request larger than ``INLINE_REQUEST_BYTES``, stored once by the
+    eval fleet so its sessions take the key (copied into each child's input, 1,024 samples
+    of a 50 KB instruction pass the 50 MB history limit); None: the request travels inline."""
+    if len(task.model_dump_json()) <= INLINE_REQUEST_BYTES:
+        return None
+    stored: StoredTaskRequest = await workflow.execute_activity(
+        "store_task_request",
+        StoreTaskRequestInput(task=task),
+        task_queue=task_queues.EVAL,
+        start_to_close_timeout=STORE_REQUEST_TIMEOUT,
+        retry_policy=STORE_REQUEST_RETRY,
+        priority=task_priority(task),
+        result_type=StoredTaskRequest,
+    )
+    return stored.key

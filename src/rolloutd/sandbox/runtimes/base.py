@@ -1,5 +1,8 @@
 """The runtime contract: start, exec, spawn, upload, download, cancel, stop.
 
+Long on purpose: the contract and the parts every runtime shares (folders, environments,
+process groups, path checks, the policy check) are read together by each runtime's author.
+
 A runtime owns one folder on the host, ``{root}/{runtime_id}``::
 
     workspace/   the agent's working folder, seen inside the runtime at :attr:`Runtime.workdir`

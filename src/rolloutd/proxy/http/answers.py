@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rolloutd.errors import RolloutdError
@@ -23,6 +24,8 @@ from rolloutd.proxy.core import fastjson
 from rolloutd.proxy.core.call_types import InternalRequest, StreamEnd, StreamEvent, StreamStart
 from rolloutd.proxy.dialects.common import Encoder
 from rolloutd.proxy.http.errors import as_rolloutd_error
+from rolloutd.proxy.http.gateway_parts import GatewayParts
+from rolloutd.proxy.http.inbound import marked_retry, read_json
 from rolloutd.proxy.sessions.session import Session
 
 log = structlog.get_logger(__name__)
@@ -200,6 +203,45 @@ async def answer(
         media_type=media,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+async def translated_call(
+    gateway: GatewayParts,
+    request: Request,
+    session: Session,
+    dialect: Any,
+    translate: Callable[[Any], InternalRequest],
+    make_encoder: Any = None,
+) -> Response:
+    """One model call of a dialect's route: read the body (``session.body_reader``), translate
+    it with ``translate(body)``, and :func:`answer` it inside :func:`model_call` (a failure
+    anywhere is recorded once); the client's retry mark is read after the translation.
+
+    Args:
+        gateway: the gateway's parts (settings, sessions, call service).
+        request: the harness's request.
+        session: the session the route's key names (looked up by the route).
+        dialect: the dialect module (``parse``, ``encoder``, ``render``).
+        translate: the request body (parsed JSON) -> the internal request.
+        make_encoder: ``(start, internal) -> Encoder`` in place of ``dialect.encoder``.
+
+    Returns:
+        The answer, in one piece or as the dialect's SSE stream.
+    """
+
+    async def respond(call: Call) -> Response:
+        body = await read_json(request, gateway.settings.max_body_bytes, reader=session.body_reader)
+        return await answer(
+            gateway.service,
+            session,
+            call,
+            translate(body),
+            dialect,
+            make_encoder,
+            retry=marked_retry(request),
+        )
+
+    return await model_call(gateway.service, session, respond)
 
 
 async def _answer_whole(

@@ -12,9 +12,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from rolloutd.proxy.dialects import anthropic
-from rolloutd.proxy.http.answers import Call, answer, model_call
+from rolloutd.proxy.http.answers import translated_call
 from rolloutd.proxy.http.gateway_parts import GatewayParts
-from rolloutd.proxy.http.inbound import marked_retry, read_json
+from rolloutd.proxy.http.inbound import read_json
 
 
 def model_calls(gateway: GatewayParts) -> dict[str, Any]:
@@ -23,21 +23,13 @@ def model_calls(gateway: GatewayParts) -> dict[str, Any]:
 
     async def messages(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
-
-        async def respond(call: Call) -> Response:
-            body = await read_json(
-                request, gateway.settings.max_body_bytes, reader=session.body_reader
-            )
-            return await answer(
-                gateway.service,
-                session,
-                call,
-                anthropic.parse(body, memo=session.memo),
-                anthropic,
-                retry=marked_retry(request),
-            )
-
-        return await model_call(gateway.service, session, respond)
+        return await translated_call(
+            gateway,
+            request,
+            session,
+            anthropic,
+            lambda body: anthropic.parse(body, memo=session.memo),
+        )
 
     async def count_tokens(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)

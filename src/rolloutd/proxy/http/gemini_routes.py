@@ -19,9 +19,9 @@ from fastapi.responses import JSONResponse, Response
 
 from rolloutd.errors import NotFoundError
 from rolloutd.proxy.dialects import gemini
-from rolloutd.proxy.http.answers import Call, answer, model_call
+from rolloutd.proxy.http.answers import translated_call
 from rolloutd.proxy.http.gateway_parts import GatewayParts
-from rolloutd.proxy.http.inbound import marked_retry, read_json
+from rolloutd.proxy.http.inbound import read_json
 
 #: the Gemini route's prefix (the model and method follow it)
 PREFIX = "/v1beta/models/"
@@ -55,22 +55,13 @@ def model_calls(gateway: GatewayParts) -> dict[str, Any]:
             )
         stream = action == "streamGenerateContent"
         sse = request.query_params.get("alt") == "sse"
-
-        async def respond(call: Call) -> Response:
-            body = await read_json(
-                request, gateway.settings.max_body_bytes, reader=session.body_reader
-            )
-            internal = gemini.parse(body, model=model, stream=stream, memo=session.memo)
-            return await answer(
-                gateway.service,
-                session,
-                call,
-                internal,
-                gemini,
-                lambda start, req: gemini.encoder(start, req, sse=sse),
-                retry=marked_retry(request),
-            )
-
-        return await model_call(gateway.service, session, respond)
+        return await translated_call(
+            gateway,
+            request,
+            session,
+            gemini,
+            lambda body: gemini.parse(body, model=model, stream=stream, memo=session.memo),
+            lambda start, req: gemini.encoder(start, req, sse=sse),
+        )
 
     return {PREFIX: generate_content}

@@ -11,9 +11,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from rolloutd.proxy.dialects import openai_chat
-from rolloutd.proxy.http.answers import Call, answer, model_call
+from rolloutd.proxy.http.answers import translated_call
 from rolloutd.proxy.http.gateway_parts import GatewayParts
-from rolloutd.proxy.http.inbound import marked_retry, read_json
 
 
 def model_calls(gateway: GatewayParts) -> dict[str, Any]:
@@ -22,20 +21,12 @@ def model_calls(gateway: GatewayParts) -> dict[str, Any]:
 
     async def chat(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
-
-        async def respond(call: Call) -> Response:
-            body = await read_json(
-                request, gateway.settings.max_body_bytes, reader=session.body_reader
-            )
-            return await answer(
-                gateway.service,
-                session,
-                call,
-                openai_chat.parse(body, memo=session.memo),
-                openai_chat,
-                retry=marked_retry(request),
-            )
-
-        return await model_call(gateway.service, session, respond)
+        return await translated_call(
+            gateway,
+            request,
+            session,
+            openai_chat,
+            lambda body: openai_chat.parse(body, memo=session.memo),
+        )
 
     return {"/v1/chat/completions": chat}

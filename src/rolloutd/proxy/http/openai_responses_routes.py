@@ -16,9 +16,9 @@ from fastapi.responses import JSONResponse, Response
 
 from rolloutd.errors import RequestFieldError
 from rolloutd.proxy.dialects import openai_responses
-from rolloutd.proxy.http.answers import Call, answer, model_call
+from rolloutd.proxy.http.answers import translated_call
 from rolloutd.proxy.http.gateway_parts import GatewayParts
-from rolloutd.proxy.http.inbound import marked_retry, read_json
+from rolloutd.proxy.http.inbound import read_json
 from rolloutd.proxy.sessions.session import Session
 
 
@@ -46,23 +46,15 @@ def model_calls(gateway: GatewayParts) -> dict[str, Any]:
 
     async def responses(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)
-
-        async def respond(call: Call) -> Response:
-            body = await read_json(
-                request, gateway.settings.max_body_bytes, reader=session.body_reader
-            )
-            return await answer(
-                gateway.service,
-                session,
-                call,
-                openai_responses.parse(
-                    body, previous=previous_of(gateway, session, body), memo=session.memo
-                ),
-                openai_responses,
-                retry=marked_retry(request),
-            )
-
-        return await model_call(gateway.service, session, respond)
+        return await translated_call(
+            gateway,
+            request,
+            session,
+            openai_responses,
+            lambda body: openai_responses.parse(
+                body, previous=previous_of(gateway, session, body), memo=session.memo
+            ),
+        )
 
     async def input_tokens(request: Request, key: str | None) -> Response:
         session = await gateway.sessions.lookup(key)

@@ -169,15 +169,23 @@ class PassthroughCalls:
         response = await self._passthrough_record(
             session, request, body_hash, lease, delta.result, started_at, started, wire_id
         )
-        index = response.completion_index
         clock.observe(request.dialect, True)
-        yield StreamEnd(
-            response=response,
-            content_tail=stream_tail(response.content or "", sent, "content", session, index),
-            reasoning_tail=stream_tail(
-                response.reasoning or "", sent_reasoning, "reasoning", session, index
-            ),
-        )
+        yield stream_end(response, sent, sent_reasoning, session)
+
+
+def stream_end(
+    response: InternalResponse, sent: str, sent_reasoning: str, session: Session
+) -> StreamEnd:
+    """The end event of a streamed call whose recorded answer is ``response``, after
+    ``sent`` content and ``sent_reasoning`` were streamed: the tails not streamed yet."""
+    index = response.completion_index
+    return StreamEnd(
+        response=response,
+        content_tail=stream_tail(response.content or "", sent, "content", session, index),
+        reasoning_tail=stream_tail(
+            response.reasoning or "", sent_reasoning, "reasoning", session, index
+        ),
+    )
 
 
 def stream_tail(final: str, sent: str, part: str, session: Session, index: int | None) -> str:

@@ -32,7 +32,7 @@ from rolloutd.proxy.backends.base import (
 from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.backends.slots import Lease
 from rolloutd.proxy.calls.failures import call_recorded, record_failure
-from rolloutd.proxy.calls.passthrough import PassthroughCalls, next_delta, stream_tail
+from rolloutd.proxy.calls.passthrough import PassthroughCalls, next_delta, stream_end
 from rolloutd.proxy.calls.sampling import bound_max_tokens, resolve_sampling
 from rolloutd.proxy.core.call_types import (
     InternalRequest,
@@ -567,15 +567,8 @@ class ChatService(PassthroughCalls):
         finally:
             await deltas.aclose()  # type: ignore[attr-defined]
         response = await self._answer(session, request, prep, delta.result)
-        index = response.completion_index
         clock.observe(request.dialect, True)
-        yield StreamEnd(
-            response=response,
-            content_tail=stream_tail(response.content or "", sent, "content", session, index),
-            reasoning_tail=stream_tail(
-                response.reasoning or "", sent_reasoning, "reasoning", session, index
-            ),
-        )
+        yield stream_end(response, sent, sent_reasoning, session)
 
 
 def _verdict_failure(session: Session, token: int, error: BaseException) -> BackendError | None:

@@ -49,20 +49,35 @@ class Rig:
     namespace: str
     store_url: str
     client: object
+    #: the sandbox host's runtime slots (``None`` without the sandbox fleet)
+    slots: object = None
 
 
 @contextlib.asynccontextmanager
-async def fleets_in_namespace(address: str, home: Path, *, sandbox: bool) -> AsyncIterator[Rig]:
+async def fleets_in_namespace(
+    address: str,
+    home: Path,
+    *,
+    sandbox: bool,
+    tag: str = "loud",
+    max_concurrent_sessions: int | None = None,
+) -> AsyncIterator[Rig]:
     """The workflows, gateway (its backend answering :data:`GARBAGE`) and eval fleets, and
-    the sandbox fleet when ``sandbox``, in a fresh namespace."""
-    namespace = await fresh_namespace(address, "loud")
+    the sandbox fleet when ``sandbox``, in a fresh namespace named after ``tag``; the sandbox
+    host holds at most ``max_concurrent_sessions`` runtimes (``None``: its default)."""
+    namespace = await fresh_namespace(address, tag)
     common = {
         "temporal_address": address,
         "temporal_namespace": namespace,
         "store_url": str(home / "store"),
-        "host_id": "loud-host",
+        "host_id": f"{tag}-host",
         "log_json": False,
     }
+    bound = (
+        {}
+        if max_concurrent_sessions is None
+        else {"max_concurrent_sessions": max_concurrent_sessions}
+    )
     port = free_port()
     async with loopback_server(answer_garbage) as backend_url:
         gateway = GatewaySettings(
@@ -75,15 +90,19 @@ async def fleets_in_namespace(address: str, home: Path, *, sandbox: bool) -> Asy
         client = await connect(gateway)
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(run_fleet("gateway", client, gateway))
+            slots = None
             if sandbox:
                 # a short root: the runtime's unix sockets live under it (108 bytes at most)
-                root = stack.enter_context(tempfile.TemporaryDirectory(prefix="loud-"))
-                await stack.enter_async_context(
-                    run_fleet("sandbox", client, SandboxSettings(**common, runtime_root=root))
+                root = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"{tag[:4]}-"))
+                host = await stack.enter_async_context(
+                    run_fleet(
+                        "sandbox", client, SandboxSettings(**common, runtime_root=root, **bound)
+                    )
                 )
+                slots = host.resources["slots"]
             await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
             await stack.enter_async_context(run_fleet("workflows", client, gateway))
-            yield Rig(address, namespace, common["store_url"], client)
+            yield Rig(address, namespace, common["store_url"], client, slots)
 
 
 def rolloutd_command() -> list[str]:

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import random
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,14 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
-from rolloutd.stack import free_port
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionResult
-from rolloutd.workers import connect, run_fleet
-from tests.support.garbage_fleets import REPO, answer_garbage, rolloutd_command
-from tests.support.loopback import loopback_server
-from tests.support.namespaces import fresh_namespace
+from tests.support.garbage_fleets import REPO, fleets_in_namespace, rolloutd_command
 from tests.support.tenancy import assert_all_completed, sampling, task
 
 pytestmark = [pytest.mark.temporal]
@@ -54,43 +48,11 @@ class Rig:
 async def rig(address: str, home: Path, limit: int = HOST_LIMIT) -> AsyncIterator[Rig]:
     """The four fleets in a fresh namespace; the sandbox host holds at most ``limit``
     runtimes."""
-    namespace = await fresh_namespace(address, "tenancy")
-    common = {
-        "temporal_address": address,
-        "temporal_namespace": namespace,
-        "store_url": str(home / "store"),
-        "host_id": "tenancy-host",
-        "log_json": False,
-    }
-    port = free_port()
-    async with loopback_server(answer_garbage) as backend_url:
-        gateway = GatewaySettings(
-            **common,
-            gateway_port=port,
-            backend_url=backend_url,
-            gateway_public_url=f"http://127.0.0.1:{port}",
-            model="qwen2.5-coder-0.5b",
-        )
-        client = await connect(gateway)
-        async with contextlib.AsyncExitStack() as stack:
-            await stack.enter_async_context(run_fleet("gateway", client, gateway))
-            # a short root: a runtime's unix sockets live under it (108 bytes at most)
-            root = stack.enter_context(tempfile.TemporaryDirectory(prefix="ten-"))
-            sandbox = await stack.enter_async_context(
-                run_fleet(
-                    "sandbox",
-                    client,
-                    SandboxSettings(**common, runtime_root=root, max_concurrent_sessions=limit),
-                )
-            )
-            await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
-            await stack.enter_async_context(run_fleet("workflows", client, gateway))
-            yield Rig(
-                RolloutClient(client, check_capabilities=False),
-                sandbox.resources["slots"],
-                address,
-                namespace,
-            )
+    async with fleets_in_namespace(
+        address, home, sandbox=True, tag="tenancy", max_concurrent_sessions=limit
+    ) as fleets:
+        client = RolloutClient(fleets.client, check_capabilities=False)  # type: ignore[arg-type]
+        yield Rig(client, fleets.slots, address, fleets.namespace)
 
 
 def sleeper(tag: int, seconds: int = 1) -> str:

@@ -288,17 +288,36 @@ def _outcome(
     return "ok", dump
 
 
-@pytest.mark.parametrize(
-    ("dialect", "message", "fields", "conversation"),
-    [
-        (openai_chat, chat_messages, chat_fields, "messages"),
-        (anthropic, anthropic_messages, anthropic_fields, "messages"),
-        (openai_responses, responses_items, responses_fields, "input"),
-        (gemini, gemini_contents, gemini_fields, "contents"),
-    ],
-    ids=["openai_chat", "anthropic", "openai_responses", "gemini"],
-)
-@pytest.mark.parametrize("wire", ["copies", "body_reader"])
+def _assert_memo_equals_plain(
+    dialect: ModuleType,
+    body: dict[str, Any],
+    memo: RequestMemo,
+    made: list[tuple[Any, Any]] | None = None,
+) -> None:
+    """The memoised parse (and hash, when it parses) of ``body`` equals the plain one."""
+    plain = _outcome(dialect, copy.deepcopy(body), None)
+    assert _outcome(dialect, body, memo, made) == plain
+    if plain[0] == "ok":
+        assert memo.request_hash(body, dialect.DIALECT) == request_hash(body, dialect.DIALECT)
+
+
+def every_dialect_and_wire(test: Any) -> Any:
+    """``test`` for each dialect (its message and field strategies, its conversation's key)
+    and each wire (``copies``, ``body_reader``)."""
+    test = pytest.mark.parametrize("wire", ["copies", "body_reader"])(test)
+    return pytest.mark.parametrize(
+        ("dialect", "message", "fields", "conversation"),
+        [
+            (openai_chat, chat_messages, chat_fields, "messages"),
+            (anthropic, anthropic_messages, anthropic_fields, "messages"),
+            (openai_responses, responses_items, responses_fields, "input"),
+            (gemini, gemini_contents, gemini_fields, "contents"),
+        ],
+        ids=["openai_chat", "anthropic", "openai_responses", "gemini"],
+    )(test)
+
+
+@every_dialect_and_wire
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_memoised_parse_and_hash_equal_the_plain_ones(
@@ -317,27 +336,14 @@ def test_memoised_parse_and_hash_equal_the_plain_ones(
             data_ = json.dumps(body).encode()
             body = reader.loads(data_)
             read.append((data_, body))
-        plain = _outcome(dialect, copy.deepcopy(body), None)
-        assert _outcome(dialect, body, memo, made) == plain
-        if plain[0] == "ok":
-            assert memo.request_hash(body, dialect.DIALECT) == request_hash(body, dialect.DIALECT)
+        _assert_memo_equals_plain(dialect, body, memo, made)
     # later calls did not change what earlier ones returned (they are recorded as returned)
     assert [request.model_dump(mode="json") for request, _ in made] == [d for _, d in made]
     # nor the bodies they read (the reader and the memo share their objects)
     assert all(repr(body) == repr(json.loads(data_)) for data_, body in read)
 
 
-@pytest.mark.parametrize(
-    ("dialect", "message", "fields", "conversation"),
-    [
-        (openai_chat, chat_messages, chat_fields, "messages"),
-        (anthropic, anthropic_messages, anthropic_fields, "messages"),
-        (openai_responses, responses_items, responses_fields, "input"),
-        (gemini, gemini_contents, gemini_fields, "contents"),
-    ],
-    ids=["openai_chat", "anthropic", "openai_responses", "gemini"],
-)
-@pytest.mark.parametrize("wire", ["copies", "body_reader"])
+@every_dialect_and_wire
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_interleaved_conversations_give_the_plain_results(
@@ -356,10 +362,7 @@ def test_interleaved_conversations_give_the_plain_results(
         body = streams[i].pop(0)
         if wire == "body_reader":
             body = reader.loads(json.dumps(body).encode())
-        plain = _outcome(dialect, copy.deepcopy(body), None)
-        assert _outcome(dialect, body, memo) == plain
-        if plain[0] == "ok":
-            assert memo.request_hash(body, dialect.DIALECT) == request_hash(body, dialect.DIALECT)
+        _assert_memo_equals_plain(dialect, body, memo)
 
 
 def test_a_resent_message_of_another_json_type_is_translated_again() -> None:

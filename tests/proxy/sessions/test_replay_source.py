@@ -41,22 +41,27 @@ def write(store: BlobStore, completions: list[Completion]) -> None:
         CompletionLog(store, completion.session_id).append(completion)
 
 
-async def test_offers_each_earlier_completion_once_across_attempts(tmp_path: Path) -> None:
-    store = BlobStore(str(tmp_path))
-    write(store, conversation("s", ["a", "b", "c", "d"]))
-    # attempt 2 replayed a and b, then sampled x
-    second = [
+def copies(completions: list[Completion], session_id: str) -> list[Completion]:
+    """``completions`` as attempt ``session_id`` records them when it replays each one."""
+    return [
         replayed_copy(
             c,
-            session_id="s.attempt-2",
+            session_id=session_id,
             index=c.index,
             extends=c.extends,
             request={},
             body_hash=c.request_hash,
             response_id=c.response_id,
         )
-        for c in conversation("s", ["a", "b"])
+        for c in completions
     ]
+
+
+async def test_offers_each_earlier_completion_once_across_attempts(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    write(store, conversation("s", ["a", "b", "c", "d"]))
+    # attempt 2 replayed a and b, then sampled x
+    second = copies(conversation("s", ["a", "b"]), "s.attempt-2")
     second += conversation("s.attempt-2", ["x"], start=2, root=1)
     write(store, second)
 
@@ -86,18 +91,7 @@ async def test_offers_each_earlier_completion_once_across_attempts(tmp_path: Pat
 async def test_a_restart_reads_the_position_from_replayed_from(tmp_path: Path) -> None:
     store = BlobStore(str(tmp_path))
     write(store, conversation("s", ["a", "b", "c"]))
-    own = [
-        replayed_copy(
-            c,
-            session_id="s.attempt-2",
-            index=c.index,
-            extends=c.extends,
-            request={},
-            body_hash=c.request_hash,
-            response_id=c.response_id,
-        )
-        for c in conversation("s", ["a", "b"])
-    ]
+    own = copies(conversation("s", ["a", "b"]), "s.attempt-2")
     source = ReplaySource(store, ["s"])
     await source.ensure_loaded(own)
     assert source.take("a", 0) is None and source.take("b", 0) is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -120,6 +121,17 @@ def cli_installed(harness: Any) -> bool:
     except HarnessError:
         return False
     return True
+
+
+def skip_unless_runnable_in_bwrap(harness: Any) -> None:
+    """Skip the calling test unless bubblewrap and the CLI of ``harness`` (an adapter class
+    with ``cli_version``) are installed; the skip says which is missing."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    try:
+        harness.cli_version()
+    except HarnessError as e:
+        pytest.skip(str(e))
 
 
 def hello_world_task(

@@ -7,17 +7,15 @@ runtime that reaches only the gateway, with the compact profile (16K-token engin
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from rolloutd.errors import HarnessError
 from rolloutd.sandbox.harnesses.gemini_cli import GeminiCliHarness
 from tests.support.harness_run import (
     HARNESS_TASK_MARKS,
     check_scored_with_tools,
     hello_world_task,
     run_task,
+    skip_unless_runnable_in_bwrap,
 )
 
 pytestmark = [
@@ -26,20 +24,11 @@ pytestmark = [
 ]
 
 
-def _skip_without_cli() -> None:
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed")
-    try:
-        GeminiCliHarness.cli_version()
-    except HarnessError as e:
-        pytest.skip(str(e))
-
-
 async def test_gemini_cli_makes_a_file_with_its_tools_and_is_scored(fleets):
     """Gemini CLI (compact profile, Gemini dialect) in bwrap with gateway-only network: every
     session is scored and recorded completions, and its own tool ran in at least one session.
     Several minutes with the fleets' start; not yet timed on this machine."""
-    _skip_without_cli()
+    skip_unless_runnable_in_bwrap(GeminiCliHarness)
     run = await run_task(
         fleets,
         hello_world_task(

@@ -8,17 +8,15 @@ with the compact profile (16K-token engine slots).
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from rolloutd.errors import HarnessError
 from rolloutd.sandbox.harnesses.opencode import OpencodeHarness
 from tests.support.harness_run import (
     HARNESS_TASK_MARKS,
     check_scored_with_tools,
     hello_world_task,
     run_task,
+    skip_unless_runnable_in_bwrap,
 )
 
 pytestmark = [
@@ -31,12 +29,7 @@ async def test_opencode_makes_a_file_with_its_tools_and_is_scored(fleets):
     """opencode (compact profile, OpenAI Chat) in bwrap with gateway-only network: every session
     is scored and recorded completions, and its own tool ran in at least one session. Several
     minutes with the fleets' start; not yet timed on this machine."""
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed")
-    try:
-        OpencodeHarness.cli_version()
-    except HarnessError as e:
-        pytest.skip(str(e))
+    skip_unless_runnable_in_bwrap(OpencodeHarness)
     run = await run_task(
         fleets,
         hello_world_task(

@@ -11,7 +11,6 @@ alone against a stand-in model that never stops shows that extension at work.
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -30,6 +29,7 @@ from tests.support.harness_run import (
     check_scored_with_tools,
     hello_world_task,
     run_task,
+    skip_unless_runnable_in_bwrap,
 )
 
 pytestmark = [
@@ -44,12 +44,7 @@ async def test_pi_makes_a_file_with_its_tools_and_is_scored(fleets, dialect):
     Responses, Anthropic Messages): every session is scored and recorded completions, and its
     write tool ran in at least one session. About 235-360 s here per dialect with 2 samples
     under load 15-20 (876 s for the three), plus 98 s starting the fleets."""
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed")
-    try:
-        PiHarness.cli_version()
-    except HarnessError as e:
-        pytest.skip(str(e))
+    skip_unless_runnable_in_bwrap(PiHarness)
     run = await run_task(
         fleets,
         hello_world_task(

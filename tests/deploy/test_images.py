@@ -52,18 +52,23 @@ def _podman(
     return result
 
 
+def build_images(timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Run scripts/build_images.sh with this environment's venv (``ROLLOUTD_VENV``); its
+    output captured as text."""
+    return subprocess.run(
+        [str(ROOT / "scripts" / "build_images.sh")],
+        cwd=ROOT,
+        env={**os.environ, "ROLLOUTD_VENV": sys.prefix},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
 @pytest.fixture(scope="module")
 def images() -> dict[str, str]:
     """``{"base"|"rolloutd"|"engine": tag}`` from scripts/build_images.sh (builds or reuses)."""
-    env = {**os.environ, "ROLLOUTD_VENV": sys.prefix}
-    result = subprocess.run(
-        [str(ROOT / "scripts" / "build_images.sh")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=3000,
-    )
+    result = build_images(timeout_s=3000)
     sys.stdout.write(result.stdout)
     assert result.returncode == 0, f"build_images.sh failed:\n{result.stdout}\n{result.stderr}"
     tags = {
@@ -79,16 +84,8 @@ def test_a_second_run_reuses_every_image(images: dict[str, str]) -> None:
     """A second run of scripts/build_images.sh reports all three images cached, with the same
     rolloutd tag, and rebuilds nothing (under 120 s). This second run took 0.5 s here
     (docs/images.md), after the first run's build (about 23 minutes cold)."""
-    env = {**os.environ, "ROLLOUTD_VENV": sys.prefix}
     t0 = time.monotonic()
-    result = subprocess.run(
-        [str(ROOT / "scripts" / "build_images.sh")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = build_images(timeout_s=600)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(" cached") == 3, result.stdout
     assert f"IMAGE_ROLLOUTD={images['rolloutd']}" in result.stdout

@@ -16,7 +16,6 @@ import uuid
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
@@ -26,6 +25,7 @@ from rolloutd.stack import free_port
 from rolloutd.trainer_client import RolloutClient
 from tests.conftest import have_bwrap
 from tests.support.buffer_tasks import poll
+from tests.support.served import served
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine]
 
@@ -89,15 +89,8 @@ async def receiver():
         received.append(body)
         return {"ok": True}
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    task = asyncio.create_task(server.serve())
-    await poll(lambda: asyncio.sleep(0, server.started), bool, timeout_s=10, what="receiver up")
-    try:
-        yield f"http://127.0.0.1:{port}/callback", received
-    finally:
-        server.should_exit = True
-        await task
+    async with served(app) as url:
+        yield f"{url}/callback", received
 
 
 def _status(code: int):

@@ -6,13 +6,11 @@ with a callback URL its own secret. Each test fails when its guard is removed.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request, Response
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.worker import Worker
@@ -22,12 +20,12 @@ from rolloutd.activities.trainer_io import TrainerIOActivities, callback_host_al
 from rolloutd.security.callbacks import SIGNATURE_HEADER, sign_callback, verify_callback
 from rolloutd.security.connection import connect_temporal
 from rolloutd.settings import CommonSettings
-from rolloutd.stack import free_port
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.trainer_client.client import InvalidTaskError, validate_task
 from rolloutd.types import CallbackStatus, SessionResult
 from rolloutd.workflows.callback import CallbackInput, CallbackWorkflow
 from tests.support.namespaces import fresh_namespace
+from tests.support.served import served
 
 SECRET = "a-task-secret-0123456789"
 
@@ -90,17 +88,8 @@ async def verifying_receiver(host: str = "127.0.0.1") -> AsyncIterator[tuple[str
         seen.append((200 if ok else 401, body))
         return Response(status_code=200 if ok else 401)
 
-    port = free_port(host)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="error"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done(), "the receiver did not start"
-        await asyncio.sleep(0.05)
-    try:
-        yield f"http://{host}:{port}/callback", seen
-    finally:
-        server.should_exit = True
-        await task
+    async with served(app, host) as url:
+        yield f"{url}/callback", seen
 
 
 @pytest.fixture

@@ -21,15 +21,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-import uvicorn
 
-from rolloutd.stack import free_port, temporal_binary
+from rolloutd.stack import temporal_binary
 from rolloutd.store import CompletionLog
 from rolloutd.viewer import add_viewer_routes, session_href, task_href
 from tests.conftest import have_bwrap
 from tests.support.browser import Chromium, chromium_binary
-from tests.support.buffer_tasks import poll
 from tests.support.harness_run import executed_tool_calls, hello_world_task, run_task
+from tests.support.served import served
 
 pytestmark = [
     pytest.mark.temporal,
@@ -65,7 +64,6 @@ async def task_run(fleets):
 @contextlib.asynccontextmanager
 async def facade(fleets):
     """The REST facade with the viewer's routes, served over real HTTP for the browser."""
-    import asyncio
 
     from fastapi import FastAPI
 
@@ -74,15 +72,8 @@ async def facade(fleets):
 
     app = FastAPI()
     add_viewer_routes(app, RolloutClient(fleets.client, BlobStore(fleets.store_url)))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    serving = asyncio.create_task(server.serve())
-    await poll(lambda: asyncio.sleep(0, server.started), bool, timeout_s=30, what="facade up")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await serving
+    async with served(app, timeout_s=30) as url:
+        yield url
 
 
 async def temporal_cli(temporal_server, *args: str) -> str:

@@ -11,7 +11,6 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request, Response
 from temporalio.worker import Worker
 
@@ -23,6 +22,7 @@ from rolloutd.settings import CommonSettings
 from rolloutd.types import CallbackStatus, SessionResult
 from rolloutd.workflows.callback import CallbackInput, CallbackWorkflow
 from tests.support.namespaces import fresh_namespace
+from tests.support.served import served
 
 pytestmark = [pytest.mark.temporal]
 
@@ -40,17 +40,8 @@ async def receiver(answers: list[int]) -> AsyncIterator[tuple[str, list[int]]]:
         sent.append(answers[len(sent)] if len(sent) < len(answers) else 200)
         return Response(status_code=sent[-1])
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done(), "the receiver did not start"
-        await asyncio.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}/callback", sent
-    finally:
-        server.should_exit = True
-        await task
+    async with served(app) as url:
+        yield f"{url}/callback", sent
 
 
 @pytest.fixture

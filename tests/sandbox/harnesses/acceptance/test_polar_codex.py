@@ -22,17 +22,16 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 
 from rolloutd.rest import create_app
 from rolloutd.sandbox.config import npm_prefix
 from rolloutd.sandbox.harnesses.codex import ENTRY, PACKAGE
-from rolloutd.stack import free_port
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from tests.conftest import have_bwrap
 from tests.support.buffer_tasks import poll
+from tests.support.served import served
 
 EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "polar_a3.json"
 
@@ -48,15 +47,8 @@ async def callback_receiver() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]
         received.append(await request.json())
         return {"ok": True}
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    serving = asyncio.create_task(server.serve())
-    await poll(lambda: asyncio.sleep(0, server.started), bool, timeout_s=10, what="receiver up")
-    try:
-        yield f"http://127.0.0.1:{port}/callback", received
-    finally:
-        server.should_exit = True
-        await serving
+    async with served(app) as url:
+        yield f"{url}/callback", received
 
 
 @pytest.mark.temporal

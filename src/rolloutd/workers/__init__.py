@@ -313,12 +313,7 @@ async def _sandbox_fleet(
             client,
             task_queue=task_queues.SANDBOX,
             activities=[acts.provision_runtime],
-            tuner=WorkerTuner.create_composite(
-                workflow_supplier=FixedSizeSlotSupplier(1),
-                activity_supplier=slots,
-                local_activity_supplier=FixedSizeSlotSupplier(1),
-                nexus_supplier=FixedSizeSlotSupplier(1),
-            ),
+            tuner=_activity_slots_from(slots),
             max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
             graceful_shutdown_timeout=parts.grace,
         ),
@@ -335,6 +330,17 @@ async def _sandbox_fleet(
         ),
     ]
     parts.cleanups.append(acts.stop_all)
+
+
+def _activity_slots_from(supplier: RuntimeSlots | SessionSlots) -> WorkerTuner:
+    """A worker's tuner whose activity slots ``supplier`` hands out (one slot each for
+    workflows, local activities and Nexus tasks, which such a worker does not run)."""
+    return WorkerTuner.create_composite(
+        workflow_supplier=FixedSizeSlotSupplier(1),
+        activity_supplier=supplier,
+        local_activity_supplier=FixedSizeSlotSupplier(1),
+        nexus_supplier=FixedSizeSlotSupplier(1),
+    )
 
 
 async def _gateway_fleet(
@@ -365,12 +371,7 @@ async def _gateway_fleet(
             client,
             task_queue=task_queues.GATEWAY_ADMIT,
             activities=[acts.open_session],
-            tuner=WorkerTuner.create_composite(
-                workflow_supplier=FixedSizeSlotSupplier(1),
-                activity_supplier=admission,
-                local_activity_supplier=FixedSizeSlotSupplier(1),
-                nexus_supplier=FixedSizeSlotSupplier(1),
-            ),
+            tuner=_activity_slots_from(admission),
             graceful_shutdown_timeout=parts.grace,
         ),
         # close_session here too: when the gateway host serving a session is gone, any

@@ -7,16 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
-from rolloutd.stack import free_port
-from rolloutd.workers import connect, run_fleet
 from tests.support.loopback import loopback_server
-from tests.support.namespaces import fresh_namespace
+from tests.support.namespaced_fleets import namespaced_fleets
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,44 +61,20 @@ async def fleets_in_namespace(
     """The workflows, gateway (its backend answering :data:`GARBAGE`) and eval fleets, and
     the sandbox fleet when ``sandbox``, in a fresh namespace named after ``tag``; the sandbox
     host holds at most ``max_concurrent_sessions`` runtimes (``None``: its default)."""
-    namespace = await fresh_namespace(address, tag)
-    common = {
-        "temporal_address": address,
-        "temporal_namespace": namespace,
-        "store_url": str(home / "store"),
-        "host_id": f"{tag}-host",
-        "log_json": False,
-    }
     bound = (
         {}
         if max_concurrent_sessions is None
         else {"max_concurrent_sessions": max_concurrent_sessions}
     )
-    port = free_port()
-    async with loopback_server(answer_garbage) as backend_url:
-        gateway = GatewaySettings(
-            **common,
-            gateway_port=port,
-            backend_url=backend_url,
-            gateway_public_url=f"http://127.0.0.1:{port}",
-            model="qwen2.5-coder-0.5b",
-        )
-        client = await connect(gateway)
-        async with contextlib.AsyncExitStack() as stack:
-            await stack.enter_async_context(run_fleet("gateway", client, gateway))
-            slots = None
-            if sandbox:
-                # a short root: the runtime's unix sockets live under it (108 bytes at most)
-                root = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"{tag[:4]}-"))
-                host = await stack.enter_async_context(
-                    run_fleet(
-                        "sandbox", client, SandboxSettings(**common, runtime_root=root, **bound)
-                    )
-                )
-                slots = host.resources["slots"]
-            await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
-            await stack.enter_async_context(run_fleet("workflows", client, gateway))
-            yield Rig(address, namespace, common["store_url"], client, slots)
+    async with (
+        loopback_server(answer_garbage) as backend_url,
+        namespaced_fleets(
+            address, home, backend_url, tag=tag, sandbox=sandbox, sandbox_host=bound
+        ) as fleets,
+    ):
+        host = fleets.handles.get("sandbox")
+        slots = host.resources["slots"] if host is not None else None
+        yield Rig(address, fleets.namespace, fleets.store_url, fleets.client, slots)
 
 
 def rolloutd_command() -> list[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,12 +26,9 @@ from rolloutd.proxy.backends.saturation import BackendCapacity
 from rolloutd.proxy.backends.specs import make_backend
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.proxy.sessions.manager import SessionManager
-from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
-from rolloutd.stack import free_port
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
-from rolloutd.workers import connect, run_fleet
-from tests.support.namespaces import fresh_namespace
+from tests.support.namespaced_fleets import namespaced_fleets
 from tests.support.tenancy import assert_all_completed, sampling, task
 
 pytestmark = [pytest.mark.temporal]
@@ -52,37 +48,18 @@ class Rig:
 async def rig(address: str, engine_url: str, home: Path) -> AsyncIterator[Rig]:
     """The four fleets in a fresh namespace; the gateway's backend is the real engine and
     it takes ``PER_SLOT`` open sessions per engine slot."""
-    namespace = await fresh_namespace(address, "backpressure")
-    common = {
-        "temporal_address": address,
-        "temporal_namespace": namespace,
-        "store_url": str(home / "store"),
-        "host_id": "bp-host",
-        "log_json": False,
-    }
-    port = free_port()
-    gateway = GatewaySettings(
-        **common,
-        gateway_port=port,
-        backend_url=engine_url,
-        gateway_public_url=f"http://127.0.0.1:{port}",
-        model="qwen2.5-coder-0.5b",
-        max_sessions_per_slot=PER_SLOT,
-    )
-    client = await connect(gateway)
-    async with contextlib.AsyncExitStack() as stack:
-        gw = await stack.enter_async_context(run_fleet("gateway", client, gateway))
-        root = stack.enter_context(tempfile.TemporaryDirectory(prefix="bp-"))
-        await stack.enter_async_context(
-            run_fleet(
-                "sandbox",
-                client,
-                SandboxSettings(**common, runtime_root=root, max_concurrent_sessions=8),
-            )
+    async with namespaced_fleets(
+        address,
+        home,
+        engine_url,
+        tag="bp",
+        gateway={"max_sessions_per_slot": PER_SLOT},
+        sandbox_host={"max_concurrent_sessions": 8},
+    ) as fleets:
+        yield Rig(
+            RolloutClient(fleets.client, check_capabilities=False),
+            fleets.handles["gateway"].resources["gateway"],
         )
-        await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
-        await stack.enter_async_context(run_fleet("workflows", client, gateway))
-        yield Rig(RolloutClient(client, check_capabilities=False), gw.resources["gateway"])
 
 
 async def sample_open_sessions(gateway: Gateway, stop: asyncio.Event, most: list[int]) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,12 +32,9 @@ from temporalio.worker import Replayer
 
 from rolloutd.generation.commands import generate
 from rolloutd.security.connection import data_converter
-from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
-from rolloutd.stack import free_port
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import TaskResult
-from rolloutd.workers import connect, run_fleet
 from rolloutd.workflows.buffer.workflow import RolloutBufferWorkflow
 from rolloutd.workflows.callback import CallbackWorkflow
 from rolloutd.workflows.fleets import FleetRegistryWorkflow
@@ -47,7 +43,7 @@ from rolloutd.workflows.generation.workflow import GenerationWorkflow
 from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
 from rolloutd.workflows.task import RolloutTaskWorkflow
 from rolloutd.workflows.tenants import TenantWorkflow
-from tests.support.namespaces import fresh_namespace
+from tests.support.namespaced_fleets import namespaced_fleets
 from tests.support.tenancy import assert_all_completed, task
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox]
@@ -69,39 +65,16 @@ async def smallest_cache_fleets(
 ) -> AsyncIterator[tuple[Client, str]]:
     """The four fleets in a fresh namespace: no workflow cached between tasks, a sandbox
     host of 2 runtimes, a gateway taking 0.25 open sessions per engine slot (1 of 4)."""
-    namespace = await fresh_namespace(address, "replay")
-    common = {
-        "temporal_address": address,
-        "temporal_namespace": namespace,
-        "store_url": str(home / "store"),
-        "host_id": "replay-host",
-        "log_json": False,
-        "max_cached_workflows": 0,
-    }
-    port = free_port()
-    gateway = GatewaySettings(
-        **common,
-        gateway_port=port,
-        backend_url=engine_url,
-        gateway_public_url=f"http://127.0.0.1:{port}",
-        model="qwen2.5-coder-0.5b",
-        max_sessions_per_slot=0.25,
-    )
-    client = await connect(gateway)
-    async with contextlib.AsyncExitStack() as stack:
-        await stack.enter_async_context(run_fleet("gateway", client, gateway))
-        # a short root: a runtime's unix sockets live under it (108 bytes at most)
-        root = stack.enter_context(tempfile.TemporaryDirectory(prefix="rep-"))
-        await stack.enter_async_context(
-            run_fleet(
-                "sandbox",
-                client,
-                SandboxSettings(**common, runtime_root=root, max_concurrent_sessions=2),
-            )
-        )
-        await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
-        await stack.enter_async_context(run_fleet("workflows", client, gateway))
-        yield client, str(home / "store")
+    async with namespaced_fleets(
+        address,
+        home,
+        engine_url,
+        tag="replay",
+        common={"max_cached_workflows": 0},
+        gateway={"max_sessions_per_slot": 0.25},
+        sandbox_host={"max_concurrent_sessions": 2},
+    ) as fleets:
+        yield fleets.client, fleets.store_url
 
 
 async def query_phases(

@@ -70,6 +70,9 @@ print("IDS " + json.dumps(ids), flush=True)
 
 NUM_CALLS = 3
 
+#: the marks of every reliability test: a local stack with the real engine and sandbox
+STACK_MARKS = [pytest.mark.slow, pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox]
+
 
 def agent_task(
     task_id: str,

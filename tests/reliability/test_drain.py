@@ -27,6 +27,7 @@ from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionStatus, TaskResult
 from tests.reliability.conftest import (
     NUM_CALLS,
+    STACK_MARKS,
     Rig,
     agent_task,
     new_ids,
@@ -35,13 +36,7 @@ from tests.reliability.conftest import (
 )
 from tests.reliability.test_kills import check_batch, connect, phases, run_batch_with_fault
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.temporal,
-    pytest.mark.engine,
-    pytest.mark.sandbox,
-    pytest.mark.timeout(300),
-]
+pytestmark = [*STACK_MARKS, pytest.mark.timeout(300)]
 
 #: the second sandbox host's grace period, s (the rig's fleets keep the default, 25 s)
 GRACE_B_S = 10.0

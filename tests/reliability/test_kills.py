@@ -26,6 +26,7 @@ from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionStatus, TaskResult
 from tests.reliability.conftest import (
     NUM_CALLS,
+    STACK_MARKS,
     Rig,
     agent_task,
     harness_ids,
@@ -34,13 +35,7 @@ from tests.reliability.conftest import (
     processes_with,
 )
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.temporal,
-    pytest.mark.engine,
-    pytest.mark.sandbox,
-    pytest.mark.timeout(300),
-]
+pytestmark = [*STACK_MARKS, pytest.mark.timeout(300)]
 
 NUM_SESSIONS = 8
 

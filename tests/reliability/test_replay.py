@@ -24,16 +24,18 @@ from rolloutd.proxy.sessions.recorder import answer_id
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionResult, SessionStatus, TaskResult, Trajectory
-from tests.reliability.conftest import AGENT, Rig, harness_ids, new_ids, poll, processes_with
+from tests.reliability.conftest import (
+    AGENT,
+    STACK_MARKS,
+    Rig,
+    harness_ids,
+    new_ids,
+    poll,
+    processes_with,
+)
 from tests.reliability.test_kills import connect, kill9_and_restart
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.temporal,
-    pytest.mark.engine,
-    pytest.mark.sandbox,
-    pytest.mark.timeout(300),
-]
+pytestmark = [*STACK_MARKS, pytest.mark.timeout(300)]
 
 #: model calls of the scripted agent
 NUM_CALLS = 8

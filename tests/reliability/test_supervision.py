@@ -30,6 +30,7 @@ from rolloutd.types import SessionStatus, TaskResult
 from tests.reliability.conftest import (
     NUM_CALLS,
     REPO,
+    STACK_MARKS,
     agent_task,
     harness_ids,
     new_ids,
@@ -37,13 +38,7 @@ from tests.reliability.conftest import (
     processes_with,
 )
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.temporal,
-    pytest.mark.engine,
-    pytest.mark.sandbox,
-    pytest.mark.timeout(600),
-]
+pytestmark = [*STACK_MARKS, pytest.mark.timeout(600)]
 
 NUM_SESSIONS = 3
 KILLED = ("sandbox", "gateway", "workflows", "eval", "engine")

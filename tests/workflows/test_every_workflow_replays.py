@@ -35,28 +35,15 @@ from rolloutd.security.connection import data_converter
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import TaskResult
-from rolloutd.workflows.buffer.workflow import RolloutBufferWorkflow
-from rolloutd.workflows.callback import CallbackWorkflow
-from rolloutd.workflows.fleets import FleetRegistryWorkflow
+from rolloutd.workers import every_workflow
 from rolloutd.workflows.generation.models import GenerationSpec
-from rolloutd.workflows.generation.workflow import GenerationWorkflow
-from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
-from rolloutd.workflows.task import RolloutTaskWorkflow
-from rolloutd.workflows.tenants import TenantWorkflow
 from tests.support.namespaced_fleets import namespaced_fleets
 from tests.support.tenancy import assert_all_completed, task
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.sandbox]
 
-WORKFLOWS = [
-    RolloutTaskWorkflow,
-    RolloutSessionWorkflow,
-    RolloutBufferWorkflow,
-    FleetRegistryWorkflow,
-    CallbackWorkflow,
-    GenerationWorkflow,
-    TenantWorkflow,
-]
+#: every workflow the workflows fleet registers
+WORKFLOWS = every_workflow()
 
 
 @contextlib.asynccontextmanager

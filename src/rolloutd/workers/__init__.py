@@ -242,12 +242,9 @@ async def run_fleet(
     log.info("fleet_stopped", fleet=fleet)
 
 
-async def _workflows_fleet(
-    handle: FleetHandle, client: Client, settings: CommonSettings | None, parts: _FleetParts
-) -> None:
-    """The workflows fleet: every workflow, and the local activities they run."""
-    from rolloutd.activities.cancel import cancel_workflows
-    from rolloutd.activities.fleet_health import FleetHealthActivities
+def every_workflow() -> list[type]:
+    """The workflow classes the workflows fleet registers (imported on the call: the other
+    fleets do not load the workflow code)."""
     from rolloutd.workflows.buffer.workflow import RolloutBufferWorkflow
     from rolloutd.workflows.callback import CallbackWorkflow
     from rolloutd.workflows.fleets import FleetRegistryWorkflow
@@ -256,19 +253,29 @@ async def _workflows_fleet(
     from rolloutd.workflows.task import RolloutTaskWorkflow
     from rolloutd.workflows.tenants import TenantWorkflow
 
+    return [
+        RolloutTaskWorkflow,
+        RolloutSessionWorkflow,
+        RolloutBufferWorkflow,
+        FleetRegistryWorkflow,
+        CallbackWorkflow,
+        GenerationWorkflow,
+        TenantWorkflow,
+    ]
+
+
+async def _workflows_fleet(
+    handle: FleetHandle, client: Client, settings: CommonSettings | None, parts: _FleetParts
+) -> None:
+    """The workflows fleet: every workflow, and the local activities they run."""
+    from rolloutd.activities.cancel import cancel_workflows
+    from rolloutd.activities.fleet_health import FleetHealthActivities
+
     handle.workers.append(
         Worker(
             client,
             task_queue=task_queues.WORKFLOWS,
-            workflows=[
-                RolloutTaskWorkflow,
-                RolloutSessionWorkflow,
-                RolloutBufferWorkflow,
-                FleetRegistryWorkflow,
-                CallbackWorkflow,
-                GenerationWorkflow,
-                TenantWorkflow,
-            ],
+            workflows=every_workflow(),
             # local activities only: a cancelled task cancels its sessions directly with
             # cancel_workflows
             activities=[

@@ -14,6 +14,7 @@ import hashlib
 import secrets
 import time
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
@@ -85,31 +86,46 @@ def build_completion(
         )
     # built from validated parts: validating again would copy the whole conversation per call
     return Completion.model_construct(
-        session_id=session.session_id,
-        index=index,
-        request_hash=body_hash,
-        dialect=request.dialect,
-        capture_mode=session.state.capture_mode,
-        model=response.model,
-        messages=request.messages,
-        tools=request.tools,
-        request=request.body,
+        **_call_fields(session, index, body_hash, request, response, backend, policy_version),
         prompt_ids=plan.prompt_ids,
         response_ids=result.response_ids,
         response_logprobs=result.response_logprobs,
         recomputed_logprob_positions=result.recomputed_logprob_positions,
-        response_text=response.text,
-        response_message=response.message(),
-        finish_reason=response.finish_reason,
         end_of_turn_sampled=bool(result.response_ids) and result.response_ids[-1] == end_of_turn_id,
         extends=plan.extends,
-        backend=backend.name,
-        policy_version=backend.policy_version if policy_version is None else policy_version,
         timings=Timings(
             started_at=started_at, first_token_s=result.first_token_s, duration_s=duration_s
         ),
-        response_id=response.id,
     )
+
+
+def _call_fields(
+    session: Session,
+    index: int,
+    body_hash: str,
+    request: InternalRequest,
+    response: InternalResponse,
+    backend: Backend,
+    policy_version: int | None,
+) -> dict[str, Any]:
+    """What every completion records of its call, however its tokens were captured."""
+    return {
+        "session_id": session.session_id,
+        "index": index,
+        "request_hash": body_hash,
+        "dialect": request.dialect,
+        "capture_mode": session.state.capture_mode,
+        "model": response.model,
+        "messages": request.messages,
+        "tools": request.tools,
+        "request": request.body,
+        "response_text": response.text,
+        "response_message": response.message(),
+        "finish_reason": response.finish_reason,
+        "backend": backend.name,
+        "policy_version": backend.policy_version if policy_version is None else policy_version,
+        "response_id": response.id,
+    }
 
 
 def build_passthrough_completion(
@@ -130,27 +146,13 @@ def build_passthrough_completion(
     """
     trainable = result.trainable  # implies aligned response ids and logprobs
     return Completion.model_construct(
-        session_id=session.session_id,
-        index=index,
-        request_hash=body_hash,
-        dialect=request.dialect,
-        capture_mode=session.state.capture_mode,
-        model=response.model,
-        messages=request.messages,
-        tools=request.tools,
-        request=request.body,
+        **_call_fields(session, index, body_hash, request, response, backend, policy_version),
         prompt_ids=result.prompt_ids if trainable else [],
         response_ids=result.response_ids if trainable else [],
         response_logprobs=result.response_logprobs if trainable else [],
-        response_text=response.text,
-        response_message=response.message(),
-        finish_reason=response.finish_reason,
         end_of_turn_sampled=trainable,
-        backend=backend.name,
         trainable=trainable,
-        policy_version=backend.policy_version if policy_version is None else policy_version,
         timings=Timings(started_at=started_at, duration_s=duration_s),
-        response_id=response.id,
     )
 
 

@@ -44,6 +44,7 @@ from rolloutd.task_spec import HarnessSpec, RuntimeSpec  # noqa: E402
 #: the activities of one session, in the order RolloutSessionWorkflow runs them
 #: (docs/architecture.md, "One session, step by step"); teardown_runtime runs always
 SESSION_PATH = (
+    "read_task_request",  # a large request, stored once by its task: read back first
     "open_session",
     "provision_runtime",
     "run_harness",

@@ -109,9 +109,13 @@ def script(marks: Path) -> str:
     return "; ".join(calls) + "; touch answered.txt; exit 0"
 
 
+@pytest.mark.acceptance
 async def test_a_killed_engine_is_reported_and_replacements_make_every_group_whole(
     temporal_server, tmp_path: Path
 ) -> None:
+    """llama-server killed mid-batch: the dead engine is reported, the sessions whose calls it
+    failed get no reward, and their replacements make every group whole once it is back.
+    Acceptance tier (a long kill): about 80 s here."""
     from rolloutd.engine.server import LlamaServer
 
     def engine_on(port: int, log_name: str) -> LlamaServer:

@@ -32,7 +32,11 @@ TOLERANCE = 0.008
 
 
 @pytest.mark.timeout(1200)
+@pytest.mark.acceptance
 def test_grpo_loop_example_runs_two_synced_steps(tmp_path):
+    """The CPU GRPO example runs two steps end to end: rollouts from the fleets, a training
+    step, the weights synced to the engine, whose probe then matches the trainer within
+    tolerance. Acceptance tier (a trainer run): about 90 s here."""
     metrics = tmp_path / "metrics.json"
     proc = subprocess.Popen(
         [

@@ -75,10 +75,12 @@ async def sigterm_and_wait(proc: subprocess.Popen[bytes], limit_s: float) -> flo
     return exit_s
 
 
+@pytest.mark.acceptance
 async def test_sigterm_sandbox_host_mid_batch(rig: Rig):
     """Two sandbox hosts; SIGTERM the one running more sessions mid-run: it exits 0 within
     its grace period leaving no runtime, and every session completes, scored, those that ran
-    on it after a new attempt on the other host that replayed its recorded calls."""
+    on it after a new attempt on the other host that replayed its recorded calls. Acceptance
+    tier (a long drain): about 36 s here."""
     stack = rig.stack
     root_b = stack.home / "runtimes-b"
     env = stack.env() | {
@@ -174,9 +176,11 @@ async def test_sigterm_sandbox_host_mid_batch(rig: Rig):
             stack.start_worker("sandbox")
 
 
+@pytest.mark.acceptance
 async def test_sigterm_gateway_mid_batch(rig: Rig):
     """The gateway drains: calls in flight are answered and recorded before it exits, so
-    llama-server answered exactly the recorded completions (unlike kill -9)."""
+    llama-server answered exactly the recorded completions (unlike kill -9). Acceptance tier (a
+    long drain): about 36 s here."""
     exits: list[float] = []
 
     async def fault() -> None:
@@ -191,9 +195,11 @@ async def test_sigterm_gateway_mid_batch(rig: Rig):
     doctor.record("SIGTERM gateway: exit", exit_s=round(exits[0], 2), ok=True)
 
 
+@pytest.mark.acceptance
 async def test_sigterm_evaluator_mid_batch(rig: Rig, tmp_path: Path):
     """The eval worker drains: the evaluations it runs finish within its grace period, each
-    is computed once, and every session is scored."""
+    is computed once, and every session is scored. Acceptance tier (a long drain): about 33 s
+    here."""
     from tests.reliability.slow_evaluator import journal_lines
 
     journal = tmp_path / "evaluations.log"
@@ -231,11 +237,13 @@ async def test_sigterm_evaluator_mid_batch(rig: Rig, tmp_path: Path):
     doctor.record("SIGTERM evaluator: exit", exit_s=round(exits[0], 2), ok=True)
 
 
+@pytest.mark.acceptance
 async def test_up_stop_drains_every_fleet_mid_batch(rig: Rig):
     """``rolloutd up``'s Ctrl-C: its fleets get SIGTERM together through the function
     ``LocalStack.stop`` uses (``stop_processes``, bounded by ``drain_s``) while sessions run.
     Each drains and exits 0 with nothing SIGKILLed; once the fleets are back (the next
-    ``up``), every session completes: a Ctrl-C never ends a session."""
+    ``up``), every session completes: a Ctrl-C never ends a session. Acceptance tier (a long
+    drain): about 28 s here."""
     from rolloutd.processes import stop_processes
 
     fleets = ("workflows", "sandbox", "gateway", "eval")

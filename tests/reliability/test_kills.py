@@ -330,7 +330,11 @@ async def test_kill_workflow_worker_mid_batch(rig: Rig):
     await run_batch_with_fault(rig, "kill-workflows", fault, scenario="kill -9 workflow worker")
 
 
+@pytest.mark.acceptance
 async def test_restart_temporal_server_mid_batch(rig: Rig):
+    """The Temporal dev server restarted mid-batch: no session is lost or run twice. Acceptance
+    tier (a long kill): about 50 s here."""
+
     async def fault() -> None:
         assert rig.stack.temporal is not None
         await asyncio.to_thread(rig.stack.temporal.restart)

@@ -62,7 +62,11 @@ async def in_flight(client: RolloutClient, task_id: str) -> dict[int, str]:
     return {i: p for i, p in out.items() if p not in ("done", "pending")}
 
 
+@pytest.mark.acceptance
 async def test_every_child_killed_once_is_restarted_and_every_session_completes():
+    """Every child of the embedded stack (Temporal, engine, each fleet) is SIGKILLed once mid-
+    batch: the supervisor restarts each and every session completes. Acceptance tier (long
+    kills): about 50 s here."""
     # not under pytest's basetemp, which other pytest runs on the machine prune while the
     # stack uses it; short, since runtimes hold AF_UNIX sockets (108 bytes)
     home = Path(tempfile.mkdtemp(prefix="rolloutd-sup-"))

@@ -12,12 +12,15 @@ from rolloutd.rest import add_stack_status_route, create_app
 from rolloutd.stack import StackState
 from rolloutd.stack.state import ChildState, write_state
 from rolloutd.trainer_client import RolloutClient
+from tests.support.namespaces import fresh_namespace
 
 pytestmark = [pytest.mark.temporal, pytest.mark.timeout(60)]
 
 
 async def test_stack_status_route(temporal_server, tmp_path: Path):
-    client = await RolloutClient.connect(temporal_server.address)
+    # a namespace of its own: other tests of this session run sessions on the same server
+    namespace = await fresh_namespace(temporal_server.address, "status")
+    client = await RolloutClient.connect(temporal_server.address, namespace=namespace)
     app = create_app(client)
     add_stack_status_route(app, client, tmp_path)
     async with httpx.AsyncClient(

@@ -178,7 +178,9 @@ async def test_a_harness_over_its_memory_limit_is_oom_killed_and_reported(fleets
 
 async def test_a_failed_model_call_is_counted_in_the_session_result(fleets):
     """A call the gateway cannot serve (a prompt longer than the model's context) is answered
-    with an error and counted in ``SessionResult.num_call_errors``; nothing enters the log."""
+    with an error and counted in ``SessionResult.num_call_errors``; nothing enters the log. The
+    refusal was the task's (no call answered, so nothing of the policy was measured): the
+    session gets no reward, a cause naming the refusal, and is not retried."""
     client = RolloutClient(fleets.client, BlobStore(fleets.store_url))
     task_id = f"callerr-{uuid.uuid4().hex[:6]}"
     make_body = (
@@ -201,7 +203,11 @@ async def test_a_failed_model_call_is_counted_in_the_session_result(fleets):
             },
         )
     )
-    [session] = (await handle.result()).sessions
-    assert session.status == SessionStatus.COMPLETED, session.error
-    assert session.reward == 1.0  # the harness got a 400, in OpenAI's shape
+    group = await handle.result()
+    [session] = group.sessions
+    assert session.status == SessionStatus.FAILED, session.error
+    assert session.reward is None
+    assert session.failure is not None and not session.failure.retryable, session.failure
+    assert "refused its call (400 ContextLengthError" in session.failure.message
+    assert not group.replaced  # a refusal is final: a replacement would be refused again
     assert session.num_call_errors == 1 and session.num_completions == 0

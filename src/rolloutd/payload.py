@@ -29,14 +29,6 @@ class Payload(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
 
-class StrictInput(BaseModel):
-    """Base of models that only read what a person or a trainer wrote (a task set's
-    ``task.toml``, a SWE-bench row, the trainer's task options): unknown fields are refused,
-    so a typo is named by its field instead of being silently dropped."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
 M = TypeVar("M", bound=BaseModel)
 #: unknown fields found: (location, value, the model that lacks the field)
 _Found = list[tuple[tuple[str | int, ...], Any, type[BaseModel]]]

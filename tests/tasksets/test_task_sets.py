@@ -1,6 +1,7 @@
 """Harbor task folders and SWE-bench-family rows as tasks (no container: what the loaders
 write into each TaskRequest)."""
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -258,3 +259,27 @@ def test_submit_reads_a_task_set_from_the_command_line():
     )
     with pytest.raises(SystemExit, match="shiny"):
         _task_set(bad)
+
+
+def test_options_are_strict_where_written_and_lenient_where_a_worker_reads_them():
+    from pydantic import ValidationError
+
+    from rolloutd.tasksets import row_task, task_set_rows
+    from rolloutd.trainer_client.buffer import create_buffer
+    from rolloutd.workflows.buffer.models import TaskSource
+
+    typo = {**NOP, "num_sample": 8}
+    with pytest.raises(ValidationError, match="did you mean 'num_samples'"):
+        read_task_set("harbor", HARBOR, typo)
+    # a field of a later build in a payload: the source and the worker's row read accept it
+    newer = {**NOP, "num_samples": 2, "field_of_a_later_build": 1}
+    source = TaskSource(type="harbor", path=str(HARBOR), options=newer)
+    (row, *_) = task_set_rows("harbor", HARBOR)
+    assert row_task("harbor", row, source.options or {}, path=HARBOR).num_samples == 2
+    # the trainer that starts a buffer is told, before anything starts
+    config = {"buffer_id": "b", "source": {"type": "harbor", "path": str(HARBOR), "options": typo}}
+    with pytest.raises(ValidationError, match="did you mean 'num_samples'"):
+        asyncio.run(create_buffer(None, config))  # type: ignore[arg-type]
+    config["source"]["optons"] = config["source"].pop("options")  # type: ignore[index]
+    with pytest.raises(ValidationError, match="did you mean 'options'"):
+        asyncio.run(create_buffer(None, config))  # type: ignore[arg-type]

@@ -11,18 +11,49 @@ cannot run, and turns a row into a :class:`~rolloutd.types.TaskRequest` under th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from rolloutd.payload import validate_strict
 from rolloutd.tasksets import harbor, swebench
 from rolloutd.tasksets.options import TaskOptions
 from rolloutd.tasksets.swebench import SwebenchOptions
 from rolloutd.types import TaskRequest
 
-__all__ = ["SwebenchOptions", "TaskOptions", "read_task_set", "row_task", "task_set_rows"]
+__all__ = [
+    "SwebenchOptions",
+    "TaskOptions",
+    "read_task_set",
+    "row_task",
+    "task_options",
+    "task_set_rows",
+]
 
 #: the task-set kinds
 TaskSetKind = Literal["harbor", "swebench"]
+
+
+def task_options(
+    kind: TaskSetKind, options: Mapping[str, Any], *, strict: bool = False
+) -> TaskOptions:
+    """The trainer's options of a task set: :class:`TaskOptions` (harbor) or
+    :class:`SwebenchOptions` (swebench).
+
+    Args:
+        kind: the task set's kind.
+        options: the fields as written.
+        strict: refuse unknown fields by name (:func:`rolloutd.payload.validate_strict`):
+            where a person or a trainer wrote them (``rolloutd submit --harbor``, a buffer's
+            source when the buffer starts). Workers read options already checked, leniently,
+            so a worker of an earlier build runs a task a later client wrote.
+
+    Raises:
+        pydantic.ValidationError: malformed options (and, with ``strict``, an unknown field
+            with the nearest known name).
+    """
+    model = TaskOptions if kind == "harbor" else SwebenchOptions
+    return validate_strict(model, dict(options)) if strict else model.model_validate(options)
 
 
 def task_set_rows(kind: TaskSetKind, path: str | Path) -> list[Any]:
@@ -68,19 +99,24 @@ def row_task(
         ConfigError: the row is not a task rolloutd can run (named).
         pydantic.ValidationError: malformed options, or a malformed resulting task.
     """
+    chosen = task_options(kind, options)
     if kind == "harbor":
-        return harbor.task_request(harbor.load_task(row), TaskOptions.model_validate(options))
+        return harbor.task_request(harbor.load_task(row), chosen)
     return swebench.task_request(
-        row, SwebenchOptions.model_validate(options), base=Path(path).expanduser().parent
+        row,
+        chosen,  # type: ignore[arg-type]  # SwebenchOptions for swebench
+        base=Path(path).expanduser().parent,
     )
 
 
 def read_task_set(
     kind: TaskSetKind, path: str | Path, options: dict[str, Any]
 ) -> list[TaskRequest]:
-    """Every row of a task set as a task (:func:`task_set_rows`, :func:`row_task`).
+    """Every row of a task set as a task (:func:`task_set_rows`, :func:`row_task`), the options
+    checked strictly first (they are what the caller wrote).
 
     Raises:
         ConfigError, OSError, ValueError, pydantic.ValidationError: as those functions.
     """
+    task_options(kind, options, strict=True)
     return [row_task(kind, row, options, path=path) for row in task_set_rows(kind, path)]

@@ -37,7 +37,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from rolloutd.errors import ConfigError
-from rolloutd.payload import StrictInput
+from rolloutd.payload import Payload, validate_strict
 
 #: the task.toml forms this reader knows (``version = "1.0"`` is the oldest).
 SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
@@ -73,7 +73,7 @@ _UNSUPPORTED: dict[str, dict[str, str]] = {
 _HARMLESS: tuple[Any, ...] = (None, 0, [], {}, "root", 0.0)
 
 
-class HarborAgentConfig(StrictInput):
+class HarborAgentConfig(Payload):
     """``[agent]``: the agent phase."""
 
     timeout_sec: float | None = Field(default=None, gt=0, description="run budget, s")
@@ -81,7 +81,7 @@ class HarborAgentConfig(StrictInput):
     allowed_hosts: list[str] | None = Field(default=None, description="allowlist hosts")
 
 
-class HarborVerifierConfig(StrictInput):
+class HarborVerifierConfig(Payload):
     """``[verifier]``: the verifier phase (``tests/test.sh``)."""
 
     timeout_sec: float = Field(default=600.0, gt=0, description="test.sh budget, s")
@@ -94,7 +94,7 @@ class HarborVerifierConfig(StrictInput):
     allowed_hosts: list[str] | None = Field(default=None, description="allowlist hosts")
 
 
-class HarborEnvironmentConfig(StrictInput):
+class HarborEnvironmentConfig(Payload):
     """``[environment]``: the task's container."""
 
     build_timeout_sec: float = Field(default=600.0, gt=0, description="image build budget, s")
@@ -112,20 +112,20 @@ class HarborEnvironmentConfig(StrictInput):
     )
 
 
-class HarborSolutionConfig(StrictInput):
+class HarborSolutionConfig(Payload):
     """``[solution]``: the reference solution's environment."""
 
     env: dict[str, str] = Field(default_factory=dict)
 
 
-class HarborAuthor(StrictInput):
+class HarborAuthor(Payload):
     """One author of ``[task]``."""
 
     name: str
     email: str | None = None
 
 
-class HarborPackage(StrictInput):
+class HarborPackage(Payload):
     """``[task]``: the task's package identity (``org/name``)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -135,7 +135,7 @@ class HarborPackage(StrictInput):
     keywords: list[str] = Field(default_factory=list)
 
 
-class HarborTaskConfig(StrictInput):
+class HarborTaskConfig(Payload):
     """A task.toml as rolloutd reads it: what it runs, nothing it would ignore.
 
     Attributes:
@@ -287,11 +287,10 @@ def parse_task_config(text: str, *, where: str = "task.toml") -> HarborTaskConfi
     except ConfigError as e:
         raise ConfigError(f"{where}: {e.message}") from None
     try:
-        return HarborTaskConfig.model_validate(data)
+        return validate_strict(HarborTaskConfig, data)
     except ValidationError as e:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: "
-            + ("unknown field" if err["type"] == "extra_forbidden" else err["msg"])
+            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: " + err["msg"]
             for err in e.errors()
         )
         raise ConfigError(f"{where}: {problems}") from None

@@ -14,14 +14,14 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from rolloutd.payload import StrictInput
+from rolloutd.payload import Payload
 from rolloutd.task_spec import BuilderSpec, HarnessSpec
 
 #: a task id's characters (``rolloutd.types.TASK_ID_PATTERN``)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
-class SamplingOptions(StrictInput):
+class SamplingOptions(Payload):
     """Sampling of every task of the set (:class:`rolloutd.types.SamplingParams`' fields)."""
 
     temperature: float = Field(default=1.0, ge=0.0, le=5.0)
@@ -30,7 +30,7 @@ class SamplingOptions(StrictInput):
     seed: int | None = None
 
 
-class TaskOptions(StrictInput):
+class TaskOptions(Payload):
     """The trainer's choices for every task a task set's rows become.
 
     Attributes:

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator
 
 from rolloutd.errors import ConfigError
-from rolloutd.payload import StrictInput
+from rolloutd.payload import Payload, validate_strict
 from rolloutd.task_spec import (
     EvaluatorSpec,
     ExecStep,
@@ -66,7 +66,7 @@ GIT_ENV = {
 }
 
 
-class SwebenchInstance(StrictInput):
+class SwebenchInstance(Payload):
     """One instance of SWE-bench, SWE-Gym or SWE-smith (any field a set writes; others are
     refused by name).
 
@@ -135,13 +135,11 @@ def read_instance(row: dict[str, Any]) -> SwebenchInstance:
         ConfigError: a field none of the sets writes (named), or a malformed one.
     """
     try:
-        instance = SwebenchInstance.model_validate(row)
+        instance = validate_strict(SwebenchInstance, row)
     except ValidationError as e:
         key = row.get("instance_id", "?")
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: "
-            + ("unknown field" if err["type"] == "extra_forbidden" else err["msg"])
-            for err in e.errors()
+            f"{'.'.join(str(p) for p in err['loc'])}: " + err["msg"] for err in e.errors()
         )
         raise ConfigError(f"instance {key!r}: {problems}") from None
     if instance.image_assets:

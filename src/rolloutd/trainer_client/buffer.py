@@ -28,6 +28,7 @@ from temporalio.service import RPCError
 from rolloutd.errors import NotFoundError, RolloutdError
 from rolloutd.payload import validate_strict
 from rolloutd.store import BlobStore, whole_group
+from rolloutd.tasksets import task_options
 from rolloutd.trainer_client.health import CHECK_EVERY_S, FleetHealth
 from rolloutd.types import GroupRef, TaskRequest, TaskResult
 from rolloutd.workflows.buffer.models import (
@@ -214,14 +215,21 @@ async def create_buffer(
     (else from each task's result).
 
     Raises:
-        pydantic.ValidationError: the config is malformed.
+        pydantic.ValidationError: the config is malformed or names an unknown field (a
+            task set's options included), with the nearest known name.
     """
     from temporalio.common import WorkflowIDConflictPolicy
 
     from rolloutd import task_queues
     from rolloutd.workflows.buffer.models import BufferInput, buffer_workflow_id
 
-    cfg = config if isinstance(config, BufferConfig) else BufferConfig.model_validate(dict(config))
+    # what the trainer wrote is checked strictly, the options of a task set too (the workflow
+    # reads them leniently)
+    cfg = (
+        config if isinstance(config, BufferConfig) else validate_strict(BufferConfig, dict(config))
+    )
+    if cfg.source.type in ("harbor", "swebench"):
+        task_options(cfg.source.type, cfg.source.options or {}, strict=True)
     handle = await client.start_workflow(
         RolloutBufferWorkflow.run,
         BufferInput(config=cfg),

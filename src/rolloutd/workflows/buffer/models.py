@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 
 from rolloutd.payload import Payload
 from rolloutd.scoring import scored_rewards
-from rolloutd.tasksets import SwebenchOptions, TaskOptions
+from rolloutd.tasksets import task_options
 from rolloutd.types import TASK_ID_PATTERN, GroupRef, TaskRequest, TaskResult
 
 
@@ -53,7 +53,7 @@ class TaskSource(Payload):
         if self.type in ("harbor", "swebench"):
             if self.options is None:
                 raise ValueError(f"source.options (at least a harness) is required for {self.type}")
-            (TaskOptions if self.type == "harbor" else SwebenchOptions).model_validate(self.options)
+            task_options(self.type, self.options)
         return self
 
 

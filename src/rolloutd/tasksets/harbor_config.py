@@ -136,24 +136,26 @@ class HarborPackage(Payload):
 
 
 class HarborTaskConfig(Payload):
-    """A task.toml as rolloutd reads it: what it runs, nothing it would ignore.
+    """A task.toml as rolloutd reads it: what it runs, nothing it would ignore."""
 
-    Attributes:
-        schema_version: the form (``version`` of the 1.0 form is read as this).
-        task: ``[task]``, when present.
-        metadata: ``[metadata]``, free-form and kept.
-        agent, verifier, environment, solution: the sections.
-        source: where the task came from (free text).
-    """
-
-    schema_version: str = "1.4"
-    task: HarborPackage | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    agent: HarborAgentConfig = Field(default_factory=HarborAgentConfig)
-    verifier: HarborVerifierConfig = Field(default_factory=HarborVerifierConfig)
-    environment: HarborEnvironmentConfig = Field(default_factory=HarborEnvironmentConfig)
-    solution: HarborSolutionConfig = Field(default_factory=HarborSolutionConfig)
-    source: str | None = None
+    schema_version: str = Field(
+        default="1.4", description="the form (``version`` of the 1.0 form is read as this)"
+    )
+    task: HarborPackage | None = Field(default=None, description="``[task]``, when present")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="``[metadata]``, free-form and kept"
+    )
+    agent: HarborAgentConfig = Field(default_factory=HarborAgentConfig, description="``[agent]``")
+    verifier: HarborVerifierConfig = Field(
+        default_factory=HarborVerifierConfig, description="``[verifier]``"
+    )
+    environment: HarborEnvironmentConfig = Field(
+        default_factory=HarborEnvironmentConfig, description="``[environment]``"
+    )
+    solution: HarborSolutionConfig = Field(
+        default_factory=HarborSolutionConfig, description="``[solution]``"
+    )
+    source: str | None = Field(default=None, description="where the task came from (free text)")
 
     def network(self, phase: Literal["agent", "verifier"]) -> NetworkMode | None:
         """The network mode a phase asks for, or None when the task.toml sets none.

@@ -31,39 +31,56 @@ class SamplingOptions(Payload):
 
 
 class TaskOptions(Payload):
-    """The trainer's choices for every task a task set's rows become.
+    """The trainer's choices for every task a task set's rows become."""
 
-    Attributes:
-        harness: the harness every session runs (``oracle``: the task's reference solution,
-            where the set has one; ``shell`` with command ``true``: a harness that does
-            nothing).
-        num_samples: sessions per task (the GRPO group size).
-        runtime_type: the container runtime the tasks' images run in.
-        task_id_prefix: prepended to every task id (task ids are business keys).
-        run_s: the run budget of a task whose row names none (Harbor's ``[agent]
-            timeout_sec`` wins), s.
-        max_run_s: an upper bound on every task's run budget (None: the row's), s.
-        sampling: sampling parameters; None: the task defaults.
-        builder: the trajectory builder.
-        model: the model name shown to the harness.
-        max_session_attempts: attempts of a session whose sandbox host is lost.
-        max_replacements: new sessions of a sample that ended with a retryable
-            infrastructure cause, per group.
-        metadata: merged into every task's metadata.
-    """
-
-    harness: HarnessSpec
-    num_samples: int = Field(default=1, ge=1, le=1024)
-    runtime_type: Literal["podman", "docker"] = "podman"
-    task_id_prefix: str = Field(default="", max_length=40, pattern=r"^[A-Za-z0-9._-]*$")
-    run_s: float = Field(default=900.0, gt=0, le=86_400)
-    max_run_s: float | None = Field(default=None, gt=0, le=86_400)
-    sampling: SamplingOptions | None = None
-    builder: BuilderSpec = Field(default_factory=BuilderSpec)
-    model: str | None = None
-    max_session_attempts: int = Field(default=3, ge=1, le=10)
-    max_replacements: int = Field(default=2, ge=0, le=64)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    harness: HarnessSpec = Field(
+        description="the harness every session runs (``oracle``: the task's reference "
+        "solution, where the set has one; ``shell`` with command ``true``: a harness that does "
+        "nothing)"
+    )
+    num_samples: int = Field(
+        default=1, ge=1, le=1024, description="sessions per task (the GRPO group size)"
+    )
+    runtime_type: Literal["podman", "docker"] = Field(
+        default="podman", description="the container runtime the tasks' images run in"
+    )
+    task_id_prefix: str = Field(
+        default="",
+        max_length=40,
+        pattern=r"^[A-Za-z0-9._-]*$",
+        description="prepended to every task id (task ids are business keys)",
+    )
+    run_s: float = Field(
+        default=900.0,
+        gt=0,
+        le=86_400,
+        description="the run budget of a task whose row names none (Harbor's ``[agent] "
+        "timeout_sec`` wins), s",
+    )
+    max_run_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="an upper bound on every task's run budget (None: the row's), s",
+    )
+    sampling: SamplingOptions | None = Field(
+        default=None, description="sampling parameters; None: the task defaults"
+    )
+    builder: BuilderSpec = Field(default_factory=BuilderSpec, description="the trajectory builder")
+    model: str | None = Field(default=None, description="the model name shown to the harness")
+    max_session_attempts: int = Field(
+        default=3, ge=1, le=10, description="attempts of a session whose sandbox host is lost"
+    )
+    max_replacements: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="new sessions of a sample that ended with a retryable infrastructure "
+        "cause, per group",
+    )
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="merged into every task's metadata"
+    )
 
     def task_id(self, key: str) -> str:
         """The task id of a row keyed ``key``: the prefix, then the key made id-safe.

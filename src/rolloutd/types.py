@@ -514,6 +514,18 @@ class CallbackStatus(Payload):
     )
 
 
+class StatusPage(Payload):
+    """Which page of a running task's ended sessions its ``status`` query answers."""
+
+    first_sample: int = Field(default=0, ge=0, description="ended sessions from this sample index")
+    first_replaced: int = Field(
+        default=0, ge=0, description="replaced sessions from this position of their list"
+    )
+    limit: int | None = Field(
+        default=None, ge=1, description="at most this many of each (None: the workflow's page size)"
+    )
+
+
 class TaskProgress(Payload):
     """A task as it stands: every session that has ended so far, with its outcome."""
 
@@ -537,6 +549,15 @@ class TaskProgress(Payload):
         "ended); ``replacing`` the sample indexes whose replacement is running",
     )
     replacing: list[int] = Field(default_factory=list)
+    num_ended: int | None = Field(
+        default=None,
+        ge=0,
+        description="a running task's ended sessions in all, when ``sessions`` is one page of "
+        "them (the ``status`` query); None when ``sessions`` holds them all",
+    )
+    num_replaced: int | None = Field(
+        default=None, ge=0, description="as ``num_ended``, for ``replaced``"
+    )
     callbacks: list[CallbackStatus] = Field(
         default_factory=list,
         description="each ended session's callback (empty without ``callback_url``)",

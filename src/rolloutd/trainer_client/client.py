@@ -46,6 +46,7 @@ from rolloutd.payload import validate_strict
 from rolloutd.security.connection import connect_temporal
 from rolloutd.store import BlobStore, whole_group
 from rolloutd.trainer_client.health import FleetHealth, watch
+from rolloutd.trainer_client.inflight import query_status
 from rolloutd.trainer_client.tenants import TenantState, set_tenant_quota, tenant_state
 from rolloutd.types import (
     DEFAULT_TENANT,
@@ -365,7 +366,7 @@ class RolloutClient:
         """The task's ``status`` query; None when no worker answered (then nothing ended is
         known)."""
         try:
-            return await handle.query(RolloutTaskWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
+            return await query_status(handle, rpc_timeout=QUERY_TIMEOUT)
         except (RPCError, WorkflowQueryFailedError):
             return None
 

@@ -15,7 +15,9 @@ replacement waits until the engine answers again. A group that still
 misses a scored sample ends ``incomplete`` (docs/decisions.md, "Failure causes and rewards":
 a reward measures the policy, never the infrastructure).
 
-The query ``status`` answers every session that has ended, as it ends. A session's callback
+The query ``status`` answers the sessions that have ended, as they end, a page at a time
+(:data:`STATUS_PAGE_SIZE`, so 1,024 ended sessions never make one answer near Temporal's 2 MB
+payload limit). A session's callback
 (``callback_url``) starts after its result is stored here, as a detached child
 (:mod:`rolloutd.workflows.callback`): the task ends when its sessions end, never later.
 
@@ -61,6 +63,7 @@ with workflow.unsafe.imports_passed_through():
         GroupRef,
         SessionResult,
         SessionStatus,
+        StatusPage,
         TaskProgress,
         TaskRequest,
         TaskResult,
@@ -94,8 +97,11 @@ def session_workflow_id(parent: str, sample_index: int, replacement: int = 0) ->
 
 #: the signal a task sends to ``TaskRequest.report_to`` (RolloutBufferWorkflow) at its end.
 GROUP_FINISHED_SIGNAL = "group_finished"
-#: the query answering :class:`~rolloutd.types.TaskProgress`.
+#: the query answering :class:`~rolloutd.types.TaskProgress`, a page at a time
 STATUS_QUERY = "status"
+#: ended sessions (and replaced ones) in one answer of the ``status`` query: a session's result
+#: is about 2 KB, a page about 0.5 MB
+STATUS_PAGE_SIZE = 256
 #: how often a replacement waiting for the sandbox fleet tries again to watch it while no fleet
 #: registry runs yet (at most)
 FLEET_CHECK_EVERY_S = 10.0
@@ -151,18 +157,27 @@ class RolloutTaskWorkflow:
         return {"finished": len(self._results)}
 
     @workflow.query(name=STATUS_QUERY)
-    def status(self) -> TaskProgress | None:
-        """Every session that has ended so far, with its outcome (None before the first
-        workflow task ran). ``status`` is ``running`` here until the task's workflow ends;
-        readers decide from the sessions (:meth:`RolloutClient.status
-        <rolloutd.trainer_client.client.RolloutClient.status>`)."""
+    def status(self, page: StatusPage | None = None) -> TaskProgress | None:
+        """The sessions that have ended so far, with their outcomes, one page of them (None
+        before the first workflow task ran): the ended sessions from sample index
+        ``page.first_sample`` on and the replaced ones from position ``page.first_replaced``
+        on, at most ``page.limit`` and :data:`STATUS_PAGE_SIZE` of each; ``num_ended`` and
+        ``num_replaced`` say how many there are in all
+        (:func:`rolloutd.trainer_client.inflight.query_status` reads every page). ``status``
+        is ``running`` here until the task's workflow ends; readers decide from the sessions
+        (:meth:`RolloutClient.status <rolloutd.trainer_client.client.RolloutClient.status>`)."""
         if self._progress is None:
             return None
+        page = page or StatusPage()
+        size = min(page.limit or STATUS_PAGE_SIZE, STATUS_PAGE_SIZE)
+        ended = [i for i in sorted(self._results) if i >= page.first_sample]
         return self._progress.model_copy(
             update={
-                "sessions": [self._results[i] for i in sorted(self._results)],
-                "replaced": list(self._replaced),
+                "sessions": [self._results[i] for i in ended[:size]],
+                "replaced": self._replaced[page.first_replaced : page.first_replaced + size],
                 "replacing": sorted(self._replacing),
+                "num_ended": len(self._results),
+                "num_replaced": len(self._replaced),
             }
         )
 

@@ -222,9 +222,7 @@ async def run_fleet(
             parts.drain_began = time.monotonic()
             for task in (beating, exporting):
                 if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
+                    await _cancelled(task)
             with contextlib.suppress(Exception):
                 await withdraw(client, published)
             try:
@@ -240,6 +238,13 @@ async def run_fleet(
                 with contextlib.suppress(Exception):
                     await cleanup()
     log.info("fleet_stopped", fleet=fleet)
+
+
+async def _cancelled(task: asyncio.Task[Any]) -> None:
+    """Cancel a background task of the process and wait for it to end."""
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
 
 
 def every_workflow() -> list[type]:
@@ -370,7 +375,17 @@ async def _gateway_fleet(
         return load.num_sessions_open, load.max_sessions
 
     admission = SessionSlots(room, capacity.refresh if capacity is not None else None)
-    handle.resources.update(gateway=gateway, server=server, activities=acts, admission=admission)
+    # copies of sessions another gateway re-opened (a retried open) give their place back
+    superseded = asyncio.create_task(
+        gateway.sessions.drop_superseded_forever(), name="rolloutd-drop-superseded"
+    )
+    handle.resources.update(
+        gateway=gateway,
+        server=server,
+        activities=acts,
+        admission=admission,
+        drop_superseded=superseded,
+    )
     handle.workers += [
         # a session's first open: taken only while the pool has room, so sessions waiting
         # for the backends are this queue's backlog (ordered by priority and fairness)
@@ -411,6 +426,7 @@ async def _gateway_fleet(
             timeout_s=max(1.0, parts.grace_s - (time.monotonic() - parts.drain_began))
         )
     )
+    parts.cleanups.append(lambda: _cancelled(superseded))
 
 
 async def _eval_fleet(

@@ -154,3 +154,32 @@ async def test_passthrough_on_a_token_backend_is_refused_per_call(gateway: Gatew
     request = openai_chat.parse({"messages": [{"role": "user", "content": "x"}]})
     with pytest.raises(ConfigError, match="passthrough"):
         await gateway.service.complete(session, request)
+
+
+async def test_a_copy_another_gateway_took_over_gives_its_backend_place_back(
+    tmp_path: Path,
+) -> None:
+    # two gateways on one store, each with its own pool of the same backend
+    pools = [BackendPool([LlamaCppBackend("a", "http://a")]) for _ in range(2)]
+    first, second = (
+        SessionManager(BlobStore(str(tmp_path)), pool, public_url="http://g", default_model="m")
+        for pool in pools
+    )
+    await first.open_session("t/0", "t")  # its answer was lost: the open timed out
+    await first.open_session("t/1", "t")  # served here to the end
+    await first.open_session("t/2", "t")  # re-opened elsewhere, then sealed there
+    await second.open_session("t/0", "t")  # the retried open, on the other gateway
+    await second.open_session("t/2", "t")
+    await second.close_session("t/2")
+    assert pools[0].num_assigned("a") == 3 and pools[1].num_assigned("a") == 1
+    # a copy in use is never asked about
+    assert await first.drop_superseded(idle_s=3600) == []
+    assert sorted(await first.drop_superseded(idle_s=0)) == ["t/0", "t/2"]
+    assert pools[0].num_assigned("a") == 1
+    assert first.counts() == {"in_memory": 1, "open": 1, "keys": 1}
+    # the gateway serving its sessions keeps them, and so does the first for t/1
+    assert await second.drop_superseded(idle_s=0) == []
+    assert await first.drop_superseded(idle_s=0) == []
+    assert second.counts()["open"] == 1
+    for pool in pools:
+        await pool.aclose()

@@ -10,7 +10,9 @@ listing holds a usable key. The key itself travels once, in the open's answer (a
 result, encrypted in the workflow history when the payload codec is on). An open retried by
 Temporal gets a new key, which replaces the earlier one (that attempt's answer reached no
 one). A gateway that restarts (or another gateway process) loads a session on first use of
-its key.
+its key. An open retried on another gateway (the first attempt timed out while its gateway
+lived) leaves a copy on the first one that no call will use: :meth:`SessionManager.drop_superseded`
+drops such copies and gives their backend's place back.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.types import CaptureMode, Completion, SamplingParams
 
 log = structlog.get_logger(__name__)
+
+#: seconds an open session is idle here before the store is asked whether another gateway
+#: took it over (:meth:`SessionManager.drop_superseded`)
+SUPERSEDED_IDLE_S = 60.0
 
 
 class SessionManager:
@@ -312,6 +318,7 @@ class SessionManager:
             )
             self._by_key.pop(session.state.session_key_sha256, None)
             session.state = state
+            session.last_used = time.monotonic()
             self._by_key[state.session_key_sha256] = session
         log.info("session_reopened", session_id=session.session_id)
         return self.info(state, session_key)
@@ -359,6 +366,64 @@ class SessionManager:
         session = self._by_id.pop(session_id, None)
         if session is not None:
             self._by_key.pop(session.state.session_key_sha256, None)
+
+    async def drop_superseded(self, idle_s: float = SUPERSEDED_IDLE_S) -> list[str]:
+        """Drop the open sessions another gateway has taken over or sealed.
+
+        An open session idle here for ``idle_s`` (no call in flight, none begun or ended) is
+        compared with its state in the store: sealed there, or holding another key's hash (a
+        retried open another gateway answered), it is dropped from memory and its backend's
+        assignment given back, so the pool's counts and the maps follow the sessions this
+        gateway serves. A session this gateway serves keeps its key and stays.
+
+        Returns:
+            The ids of the sessions dropped.
+        """
+        now = time.monotonic()
+        dropped: list[str] = []
+        for session in list(self._by_id.values()):
+            if session.state.closed or session.closing or session.num_in_flight:
+                continue
+            if now - session.last_used < idle_s:
+                continue
+            mine = session.state.session_key_sha256
+            try:
+                stored = await asyncio.to_thread(
+                    self.store.get_model, session_state_key(session.session_id), SessionState
+                )
+            except NotFoundError:
+                continue  # its state is gone: a call will say so (SessionLostError)
+            if not stored.closed and stored.session_key_sha256 == mine:
+                session.last_used = now  # served here: asked again after another idle_s
+                continue
+            if (
+                self._by_id.get(session.session_id) is not session
+                or session.state.session_key_sha256 != mine  # re-keyed here meanwhile
+                or session.state.closed
+                or session.closing
+                or session.num_in_flight
+            ):
+                continue
+            self.forget(session.session_id)
+            self.pool.release(session.state.backend)
+            dropped.append(session.session_id)
+            log.info(
+                "session_superseded",
+                session_id=session.session_id,
+                backend=session.state.backend,
+                closed_elsewhere=stored.closed,
+            )
+        return dropped
+
+    async def drop_superseded_forever(self, every_s: float = SUPERSEDED_IDLE_S) -> None:
+        """:meth:`drop_superseded` every ``every_s`` until cancelled (the gateway fleet runs
+        it beside its workers); a failed round is logged and the next one runs."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.drop_superseded(every_s)
+            except Exception as e:  # noqa: BLE001 - a background loop: the next round runs
+                log.warning("drop_superseded_failed", error=repr(e))
 
     def evict(self, session_id: str) -> bool:
         """Drop a closed session from memory: its log and state are in the store (a late

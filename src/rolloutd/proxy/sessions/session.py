@@ -101,6 +101,8 @@ class Session:
         self.num_in_flight = 0
         self.max_calls = max_calls
         self.closing = False
+        #: monotonic time of the last call's start or end (or of the load)
+        self.last_used = time.monotonic()
         self._idle = asyncio.Event()
         self._idle.set()
         #: (start, end) Unix times of calls cut off before they ended (:meth:`note_cut`);
@@ -138,10 +140,12 @@ class Session:
                 f"its bound (max_calls_per_session); wait for one to end"
             )
         self.num_in_flight += 1
+        self.last_used = time.monotonic()
         self._idle.clear()
 
     def end_call(self) -> None:
         """The call counted by :meth:`begin_call` ended (answered, failed or cut)."""
+        self.last_used = time.monotonic()
         self.num_in_flight -= 1
         if self.num_in_flight <= 0:
             self.num_in_flight = 0

@@ -90,3 +90,19 @@ async def test_gc_deletes_old_units_but_not_running_tasks_or_unacked_groups(
     assert not store.exists(f"groups/buf-{u}.json")
     assert not store.list(f"sessions/buf-{u}") and not store.list(f"sessions/run-{u}")
     await buffer.close()
+
+
+def test_a_large_groups_parts_go_with_it_and_a_held_ones_stay(tmp_path: Path) -> None:
+    from rolloutd.trainer_client.retention import Held, collect
+    from rolloutd.types import group_key, group_part_key
+
+    store = BlobStore(str(tmp_path))
+    for task_id in ("old", "held"):
+        store.put_json(group_key(task_id), {})
+        for part in range(2):
+            store.put_json(group_part_key(task_id, part), {})
+    age(tmp_path, "", 2 * DAY)
+    report = collect(store, Held(unacked_groups={"held"}), retention_s=DAY)
+    assert sorted(report.deleted) == ["groups/old", "groups/old.json"]
+    assert not store.exists(group_part_key("old", 0)) and not store.exists(group_key("old"))
+    assert store.exists(group_part_key("held", 1)) and store.exists(group_key("held"))

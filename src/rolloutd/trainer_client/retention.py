@@ -7,7 +7,8 @@ older than the retention (``ROLLOUTD_STORE_RETENTION_DAYS``):
 
 - ``sessions/{task_id}/`` (each session's state, log, artifacts, trajectory, result),
 - ``tasks/{task_id}/`` (a request stored once for its sessions),
-- ``groups/{task_id}.json`` (a group a buffer hands out by reference),
+- ``groups/{task_id}.json`` (a group a buffer hands out by reference) and ``groups/{task_id}/``
+  (the parts of a large group),
 
 a unit at a time, judged by its newest object. It never deletes what is still held, asked of
 Temporal first:

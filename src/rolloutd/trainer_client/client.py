@@ -59,7 +59,7 @@ from rolloutd.types import (
     Trajectory,
 )
 from rolloutd.workflows.callback import CallbackWorkflow, callback_workflow_id
-from rolloutd.workflows.metadata import static_details, task_summary
+from rolloutd.workflows.metadata import static_details, task_memo, task_summary
 from rolloutd.workflows.task import RolloutTaskWorkflow, task_workflow_id
 from rolloutd.workflows.tenants import task_priority
 
@@ -290,11 +290,7 @@ class RolloutClient:
             static_summary=task_summary(request),
             static_details=static_details(request),
             # read by status() without a worker (closed tasks) and without the history
-            memo={
-                "num_samples": request.num_samples,
-                "callback": request.callback_url is not None,
-                "tenant": request.tenant,
-            },
+            memo=task_memo(request),
         )
         return RolloutHandle(handle, request, self)
 
@@ -348,8 +344,8 @@ class RolloutClient:
         return progress
 
     async def task_tenant(self, task_id: str) -> str:
-        """The tenant a task belongs to (its workflow's memo; ``default`` for a task started
-        without one, as by a buffer), read without a worker.
+        """The tenant a task belongs to (its workflow's memo, set by the client or the buffer
+        that started it; ``default`` for a task started without one), read without a worker.
 
         Raises:
             NotFoundError: no task has this id.

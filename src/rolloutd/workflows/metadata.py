@@ -30,6 +30,17 @@ def task_summary(task: TaskRequest) -> str:
     return _short(f"task {task.task_id} · {samples} · {task.harness.type}")
 
 
+def task_memo(task: TaskRequest) -> dict[str, object]:
+    """The memo of a task workflow, whoever starts it (a client or a buffer): read without a
+    worker and without the history (``RolloutClient.status``, the REST facade's tenant
+    check): ``num_samples``, ``callback`` (whether it has a callback URL), ``tenant``."""
+    return {
+        "num_samples": task.num_samples,
+        "callback": task.callback_url is not None,
+        "tenant": task.tenant,
+    }
+
+
 def session_summary(task: TaskRequest, sample_index: int) -> str:
     """The one-line summary of a session workflow: ``task sum-001 · sample 2 · qwen_code``.
 

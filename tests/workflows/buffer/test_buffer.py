@@ -174,7 +174,8 @@ async def test_an_incomplete_group_is_handed_out_or_dropped_as_configured(fleets
     keep = await client.create_buffer({"buffer_id": f"keep-{u}"})
     drop = await client.create_buffer({"buffer_id": f"drop-{u}", "incomplete_groups": "drop"})
     try:
-        await keep.push([incomplete_task(f"k-{u}", tmp_path / "k")])
+        # a pushed task's tenant is in its workflow's memo, as for a task a client submits
+        await keep.push([{**incomplete_task(f"k-{u}", tmp_path / "k"), "tenant": "team-k"}])
         await drop.push([incomplete_task(f"d-{u}", tmp_path / "d")])
         batch = await keep.take(1, timeout_s=120)
         [group] = [g.group for g in batch.groups]
@@ -183,6 +184,7 @@ async def test_an_incomplete_group_is_handed_out_or_dropped_as_configured(fleets
             2,
             [0.0, 1.0],
         )
+        assert await client.task_tenant(f"k-{u}") == "team-k"
         stats = await poll(drop.stats, lambda s: bool(s.dropped), what="the group dropped")
         assert [(d.task_id, d.reason) for d in stats.dropped] == [(f"d-{u}", "incomplete")]
         assert stats.state_counters["num_dropped_incomplete"] == 1

@@ -303,6 +303,7 @@ class RolloutBufferWorkflow:
                 priority=task_priority(request),
                 static_summary=metadata.task_summary(request),
                 static_details=metadata.static_details(request),
+                memo=metadata.task_memo(request),
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
             )
         except Exception as e:  # noqa: BLE001 - boundary: a reused task id, a bad request

@@ -454,21 +454,27 @@ def _task_routes(
     health = client.fleet_health or FleetHealth(client.client)
 
     @app.get("/rollout/status")
-    async def rollout_status() -> dict[str, Any]:
+    async def rollout_status(http: Request) -> dict[str, Any]:
         """How many tasks and buffers run, and whether each fleet lives
         (:func:`rolloutd.capabilities.fleet_liveness`: a worker process beat in the fleet
         registry within 45 s; a full fleet beats, so it is alive). ``fleets`` is empty when
-        Temporal did not answer."""
+        Temporal did not answer. A tenant's token counts its own running tasks (search
+        attribute ``RolloutTenant``) and no buffers (the operator runs those)."""
+        caller = caller_of(http)
         count = client.client.count_workflows
-        tasks = await count("WorkflowType='RolloutTaskWorkflow' AND ExecutionStatus='Running'")
-        buffers = await count("WorkflowType='RolloutBufferWorkflow' AND ExecutionStatus='Running'")
+        running_tasks = "WorkflowType='RolloutTaskWorkflow' AND ExecutionStatus='Running'"
+        if not caller.operator:
+            # a tenant name is a task id's characters (check_tenant): safe in the query
+            running_tasks += f" AND RolloutTenant='{caller.tenant}'"
+        out: dict[str, Any] = {"status": "ok", "running_tasks": (await count(running_tasks)).count}
+        if caller.operator:
+            buffers = "WorkflowType='RolloutBufferWorkflow' AND ExecutionStatus='Running'"
+            out["running_buffers"] = (await count(buffers)).count
+        else:
+            out["tenant"] = caller.tenant
         fleets = await health.liveness()
-        return {
-            "status": "ok",
-            "running_tasks": tasks.count,
-            "running_buffers": buffers.count,
-            "fleets": {name: f.model_dump() for name, f in fleets.items()},
-        }
+        out["fleets"] = {name: f.model_dump() for name, f in fleets.items()}
+        return out
 
 
 def _backend_routes(

@@ -158,6 +158,17 @@ async def test_two_tenants_cannot_read_view_or_cancel_each_others_tasks(
                 described = await client.get_handle(task_id).describe()
                 assert described.status == WorkflowExecutionStatus.RUNNING
 
+            # a tenant's status counts its own running tasks (visibility catches up: polled)
+            for token, tenant in ((token_a, "team-a"), (token_b, "team-b")):
+                mine = await poll(
+                    lambda token=token: _json(http.get("/rollout/status", headers=bearer(token))),
+                    lambda s: s.get("running_tasks") == 1,
+                    what=f"{tenant}'s one running task counted",
+                )
+                assert mine["tenant"] == tenant and "running_buffers" not in mine
+            everyone = (await http.get("/rollout/status", headers=bearer(OPERATOR_TOKEN))).json()
+            assert everyone["running_tasks"] >= 2 and "running_buffers" in everyone
+
             # the operator sees both; a tenant cancels its own
             r = await http.get(f"/rollout/task/{task_b}", headers=bearer(OPERATOR_TOKEN))
             assert r.status_code == 200
@@ -254,3 +265,7 @@ async def test_the_trainers_rest_client_carries_its_tenant_token(
             await a.cancel(task_id)
         finally:
             gate.touch()
+
+
+async def _json(response) -> dict:
+    return (await response).json()

@@ -16,6 +16,8 @@ REWARD = SearchAttributeKey.for_float("RolloutReward")
 POLICY_VERSION = SearchAttributeKey.for_int("RolloutPolicyVersion")
 #: a session's failure cause kind (docs/failures.md); unset when it ran to its end
 FAILURE = SearchAttributeKey.for_keyword("RolloutFailure")
+#: a task's and a session's tenant (what a tenant's ``GET /rollout/status`` counts)
+TENANT = SearchAttributeKey.for_keyword("RolloutTenant")
 
 #: name -> Temporal type, for ``temporal server start-dev --search-attribute NAME=TYPE``.
 DEFINITIONS: dict[str, str] = {
@@ -25,6 +27,7 @@ DEFINITIONS: dict[str, str] = {
     REWARD.name: "Double",
     POLICY_VERSION.name: "Int",
     FAILURE.name: "Keyword",
+    TENANT.name: "Keyword",
 }
 
 
@@ -36,6 +39,7 @@ def upsert(
     reward: float | None = None,
     policy_version: int | None = None,
     failure: str | None = None,
+    tenant: str | None = None,
 ) -> None:
     """Upsert the given search attributes on the current workflow (None leaves one unset)."""
     pairs: list[SearchAttributePair] = []
@@ -51,5 +55,7 @@ def upsert(
         pairs.append(POLICY_VERSION.value_set(policy_version))
     if failure is not None:
         pairs.append(FAILURE.value_set(failure))
+    if tenant is not None:
+        pairs.append(TENANT.value_set(tenant))
     if pairs:
         workflow.upsert_search_attributes(pairs)

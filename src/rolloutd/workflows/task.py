@@ -184,7 +184,9 @@ class RolloutTaskWorkflow:
     @workflow.run
     async def run(self, task: TaskRequest) -> TaskResult:
         self._progress = TaskProgress(task_id=task.task_id, num_samples=task.num_samples)
-        search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
+        search.upsert(
+            task_id=task.task_id, harness=task.harness.type, status="running", tenant=task.tenant
+        )
         self._show(task, "running")
         parent = workflow.info().workflow_id
         # a sample's running session, by index: cancelled directly by this id

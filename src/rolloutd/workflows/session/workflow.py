@@ -138,7 +138,9 @@ class RolloutSessionWorkflow(SessionEnding):
         task = input.task
         assert task is not None  # one of the two, by SessionInput's validator
         timings: list[PhaseTiming] = []
-        search.upsert(task_id=task.task_id, harness=task.harness.type, status="running")
+        search.upsert(
+            task_id=task.task_id, harness=task.harness.type, status="running", tenant=task.tenant
+        )
         self._show()
         self._priority = task_priority(task)
         self._phase = "tenant_wait"

@@ -4,17 +4,18 @@ A Temporal dev server, llama-server (SmolLM2-135M: the one-line shell harness ma
 call; the gateway only needs a backend) and the four fleets run in this process. A buffer of
 ``--groups`` tasks x ``--samples`` sessions of ``true`` (local runtime) is filled
 ``--in-flight`` tasks at a time while a trainer takes ``--take`` groups every ``--take-every``
-seconds, so finished groups pile up in the buffer (1,000+ sessions waiting with the
-defaults). Once ``--cancel-after`` groups have finished, ``--cancel`` running tasks are
-cancelled from outside (as from the UI or REST): they never report, and the buffer must free
-their slots by asking Temporal.
+seconds, so finished groups pile up in the buffer; with ``--hold-until N`` the trainer takes
+nothing until N groups wait (or every task has ended), then keeps taking (``--hold-until 130
+--samples 8``: 1,000+ sessions wait whatever the machine's speed). Once ``--cancel-after``
+groups have finished, ``--cancel`` running tasks are cancelled from outside (as from the UI or
+REST): they never report, and the buffer must free their slots by asking Temporal.
 
 Printed: wall time, the most groups (and sessions) waiting in the buffer at once, each buffer
 run's history (events, bytes, largest event), the largest payload of any buffer or task
 history, the tasks reaped and what still runs at the end (no stuck slot: 0).
 
     python benchmarks/buffer_scale.py [--groups 500] [--samples 8] [--in-flight 64]
-        [--take 16] [--take-every 5] [--cancel 50] [--cancel-after 100]
+        [--take 16] [--take-every 5] [--cancel 50] [--cancel-after 100] [--hold-until 0]
 
 The test suite reaches the same limits with lowered thresholds
 (``tests/workflows/buffer/test_buffer_limits.py``).
@@ -123,6 +124,7 @@ async def run(client, store: BlobStore, args: argparse.Namespace) -> None:
         await buffer.push([task(n) for n in names[i : i + 200]])
     t0 = time.monotonic()
     taken, most_ready, cancelled = 0, 0, []
+    holding = args.hold_until > 0
     next_take = time.monotonic() + args.take_every
     while True:
         stats = await buffer.stats()
@@ -135,7 +137,13 @@ async def run(client, store: BlobStore, args: argparse.Namespace) -> None:
         reaped = stats.state_counters.get("num_reaped", 0)
         if taken + reaped >= args.groups and not stats.running:
             break
-        if time.monotonic() >= next_take and stats.num_ready:
+        if holding and (stats.num_ready >= args.hold_until or not stats.running):
+            holding = False
+            print(
+                f"{time.monotonic() - t0:.0f} s: {stats.num_ready} groups "
+                f"({stats.num_ready * args.samples} sessions) waiting; the trainer starts taking"
+            )
+        if not holding and time.monotonic() >= next_take and stats.num_ready:
             batch = await buffer.take(min(args.take, stats.num_ready), timeout_s=60)
             await buffer.ack(batch.batch_id)
             taken += len(batch.groups)
@@ -182,4 +190,5 @@ if __name__ == "__main__":
     parser.add_argument("--cancel", type=int, default=50)
     parser.add_argument("--cancel-after", type=int, default=100)
     parser.add_argument("--reap-every", type=float, default=10.0)
+    parser.add_argument("--hold-until", type=int, default=0)
     asyncio.run(main(parser.parse_args()))

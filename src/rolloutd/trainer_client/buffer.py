@@ -47,6 +47,10 @@ from rolloutd.workflows.buffer.models import (
 )
 from rolloutd.workflows.buffer.workflow import RolloutBufferWorkflow
 
+#: bytes (JSON) of tasks in one ``push_tasks`` update at most: far under Temporal's 2 MB
+#: payload limit
+PUSH_UPDATE_BYTES = 256 * 1024
+
 
 class BufferExhaustedError(RolloutdError):
     """The buffer's file source is read to its end and every group was handed out."""
@@ -174,15 +178,32 @@ class RolloutBuffer:
         """Queue tasks (validated here: a dict's unknown fields are refused by name); returns
         the number of tasks waiting to start.
 
+        The tasks go in updates of at most :data:`PUSH_UPDATE_BYTES` each (Temporal refuses a
+        payload over 2 MB), in order; a refused update leaves the earlier ones' tasks queued.
+
         Raises:
             pydantic.ValidationError: a task is malformed or names an unknown field.
+            temporalio.client.WorkflowUpdateFailedError: the buffer refused a push (closed,
+                or past ``max_pushed`` / ``max_pushed_bytes``: its cause says which).
         """
         requests = [
             t if isinstance(t, TaskRequest) else validate_strict(TaskRequest, dict(t))
             for t in tasks
         ]
-        out = await self._update("push_tasks", PushTasksInput(tasks=requests), PushTasksOutput)
-        return out.num_pending
+        chunks: list[list[TaskRequest]] = [[]]
+        size = 0
+        for request in requests:
+            n = len(request.model_dump_json())
+            if chunks[-1] and size + n > PUSH_UPDATE_BYTES:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(request)
+            size += n
+        num_pending = 0
+        for chunk in chunks:
+            out = await self._update("push_tasks", PushTasksInput(tasks=chunk), PushTasksOutput)
+            num_pending = out.num_pending
+        return num_pending
 
     async def set_policy_version(self, policy_version: int) -> BufferStats:
         """Move the buffer's policy version (after a weight update); stale groups drop."""

@@ -133,3 +133,56 @@ async def test_ready_groups_hold_the_fill_back_and_pushes_are_bounded(fleets, tm
     )
     assert stats.num_pending == 0
     await buffer.close()
+
+
+async def test_pushed_tasks_are_bounded_in_bytes_and_pushed_in_small_updates(
+    fleets, tmp_path, monkeypatch
+):
+    from rolloutd.trainer_client import buffer as buffer_module
+    from rolloutd.types import TaskRequest
+
+    u = uuid.uuid4().hex[:6]
+    gate = tmp_path / "go"
+
+    def long_task(i: int) -> dict:
+        # ~2 KB of instruction: such tasks, 2,048 of them, would pass the 2 MB payload limit
+        return {**local_task(f"bytes-{u}-{i}", "touch won"), "instruction": "x" * 2000}
+
+    size = len(TaskRequest.model_validate(long_task(0)).model_dump_json())
+    client = RolloutClient(fleets.client)
+    buffer = await client.create_buffer(
+        {
+            "buffer_id": f"bytes-{u}",
+            "num_in_flight": 1,
+            "num_samples": 1,
+            "drop_zero_variance": False,
+            "max_pushed_bytes": 3 * size + size // 2,
+        }
+    )
+    try:
+        # the one slot runs a task that waits for the test: what is pushed next waits
+        gated = local_task(f"bytes-{u}-gated", f"while [ ! -e {gate} ]; do sleep 0.1; done")
+        await buffer.push([gated])
+        await poll(buffer.stats, lambda s: len(s.running) == 1, what="the gated task running")
+        # two tasks an update: the first update is queued, the second passes the bound
+        monkeypatch.setattr(buffer_module, "PUSH_UPDATE_BYTES", 2 * size + 10)
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await buffer.push([long_task(i) for i in range(5)])
+        assert "max_pushed_bytes" in str(refused.value.cause), refused.value.cause
+        assert (await buffer.stats()).num_pending == 2
+        assert await buffer.push([long_task(5)]) == 3  # within the bound still
+        gate.touch()
+        stats = await poll(
+            buffer.stats,
+            lambda s: s.state_counters["num_started"] == 4 and not s.running,
+            timeout_s=120,
+            what="the queued tasks started and finished",
+        )
+        assert stats.num_pending == 0
+        # started tasks gave their bytes back: three fit again, in one update (were the four
+        # started still counted, this push would be refused)
+        monkeypatch.setattr(buffer_module, "PUSH_UPDATE_BYTES", 256 * 1024)
+        await buffer.push([long_task(i) for i in (6, 7, 8)])
+    finally:
+        gate.touch()
+        await buffer.close()

@@ -149,6 +149,14 @@ class BufferConfig(Payload):
         ge=1,
         description="pushed tasks waiting to start at most: a push beyond it is refused",
     )
+    max_pushed_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        le=1536 * 1024,
+        description="bytes (JSON) of the pushed tasks waiting to start at most: they travel in "
+        "the buffer's continue-as-new input, which Temporal's 2 MB payload limit bounds (2,048 "
+        "SWE-bench tasks of 10 KB would pass it); a push beyond it is refused",
+    )
     reap_every_s: float = Field(
         default=60.0,
         gt=0,
@@ -242,6 +250,7 @@ class BufferState(Payload):
     source_exhausted: bool = False
     pending: list[TaskRequest] = Field(default_factory=list, description="file rows read")
     pushed: list[TaskRequest] = Field(default_factory=list, description="pushed, started first")
+    pushed_bytes: int = Field(default=0, ge=0, description="JSON bytes of ``pushed``")
     running: list[RunningTask] = Field(default_factory=list)
     reaped: list[RunningTask] = Field(
         default_factory=list,

@@ -24,7 +24,7 @@ nothing:
 - tasks still running when a batch is handed out keep running into the next step, unless
   ``cancel_surplus``;
 - what waits is bounded: no task starts while ``max_ready`` groups wait to be taken, and a
-  push beyond ``max_pushed`` waiting tasks is refused;
+  push beyond ``max_pushed`` waiting tasks or ``max_pushed_bytes`` of them is refused;
 - a task that ended without reporting (terminated, cancelled from the UI or REST, its report
   failed) would hold its running slot forever: every ``reap_every_s`` the buffer asks Temporal
   whether its oldest running tasks still run (the activity ``closed_workflows``, eval fleet)
@@ -89,6 +89,11 @@ MAX_REMEMBERED = 1000
 #: running tasks asked about per reaping check (oldest first), and reaped ones remembered
 REAP_BATCH = 200
 REAP_TIMEOUT = timedelta(seconds=60)
+
+
+def _json_bytes(task: TaskRequest) -> int:
+    """A pushed task's size as it travels in the buffer's state (JSON bytes)."""
+    return len(task.model_dump_json())
 
 
 def is_zero_variance(group: TaskResult | GroupRef) -> bool:
@@ -230,7 +235,9 @@ class RolloutBufferWorkflow:
             and not self._admission_full()
         ):
             if self._s.pushed:
-                await self._start(self._s.pushed.pop(0))
+                task = self._s.pushed.pop(0)
+                self._s.pushed_bytes = max(0, self._s.pushed_bytes - _json_bytes(task))
+                await self._start(task)
                 continue
             if not self._s.pending:
                 if cfg.source.type == "push" or self._s.source_exhausted:
@@ -504,6 +511,7 @@ class RolloutBufferWorkflow:
     def push_tasks(self, input: PushTasksInput) -> PushTasksOutput:
         """Queue tasks pushed by the trainer (started before rows of the source file)."""
         self._s.pushed.extend(input.tasks)
+        self._s.pushed_bytes += sum(_json_bytes(t) for t in input.tasks)
         self._dirty = True
         return PushTasksOutput(num_pending=len(self._s.pushed) + len(self._s.pending))
 
@@ -517,6 +525,14 @@ class RolloutBufferWorkflow:
                 f"the buffer holds {len(self._s.pushed)} pushed tasks waiting to start; "
                 f"{len(input.tasks)} more pass max_pushed ({self._config.max_pushed}): "
                 "push again once some have started"
+            )
+        size = sum(_json_bytes(t) for t in input.tasks)
+        if self._s.pushed_bytes + size > self._config.max_pushed_bytes:
+            raise ValueError(
+                f"the buffer holds {self._s.pushed_bytes} bytes of pushed tasks waiting to "
+                f"start; {len(input.tasks)} more ({size} bytes) pass max_pushed_bytes "
+                f"({self._config.max_pushed_bytes}): push again once some have started, or "
+                "submit large tasks directly (their request is stored once)"
             )
 
     @workflow.update

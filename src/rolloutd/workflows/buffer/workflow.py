@@ -38,7 +38,9 @@ Deterministic code only: ``workflow.now()`` for time, no I/O.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -89,6 +91,13 @@ MAX_REMEMBERED = 1000
 #: running tasks asked about per reaping check (oldest first), and reaped ones remembered
 REAP_BATCH = 200
 REAP_TIMEOUT = timedelta(seconds=60)
+
+
+def _read_outcome(child: asyncio.Future[Any]) -> None:
+    """Read an abandoned child's outcome (its exception too), so that it is not reported as
+    an exception never retrieved."""
+    if not child.cancelled():
+        child.exception()
 
 
 def _json_bytes(task: TaskRequest) -> int:
@@ -302,7 +311,7 @@ class RolloutBufferWorkflow:
         # registered before the start resolves: the group may be signalled in that activation
         self._s.running.append(running)
         try:
-            await workflow.start_child_workflow(
+            child = await workflow.start_child_workflow(
                 RolloutTaskWorkflow.run,
                 request,
                 id=running.workflow_id,
@@ -318,6 +327,9 @@ class RolloutBufferWorkflow:
             self._drop(running.task_id, "start_failed", running.policy_version)
             workflow.logger.warning("task %s not started: %s", running.task_id, e)
             return
+        # the task reports its group by signal; its own result (or a cancellation from
+        # outside) is not awaited here, and is read so asyncio does not log it as lost
+        child.add_done_callback(_read_outcome)
         self._s.num_started += 1
         self._s.num_started_this_run += 1
 

@@ -42,6 +42,7 @@ from typing import Any
 
 import httpx
 
+from rolloutd.settings import codec_key_file
 from rolloutd.stack.state import read_state
 from rolloutd.trainer_client import FleetUnavailableError, RolloutClient
 
@@ -137,6 +138,8 @@ async def soak(args: argparse.Namespace, home: Path) -> None:
 
 
 async def run(args: argparse.Namespace, home: Path, state: Any) -> None:
+    # the stack encrypts payloads with the key it generated in its home (secure by default)
+    os.environ["ROLLOUTD_CODEC_KEY_FILE"] = str(codec_key_file(home))
     client = await RolloutClient.connect(state.temporal_address, store_url=state.store_url)
     http = httpx.AsyncClient(base_url=state.gateway_url, timeout=30)
     names = [c.name for c in state.children]

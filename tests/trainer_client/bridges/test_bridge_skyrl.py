@@ -60,7 +60,7 @@ async def test_skyrl_generate_returns_a_generator_output_skyrl_accepts(fleets, t
     prefix = f"skyrl-{uuid.uuid4().hex[:6]}"
     failing = {
         **ask_task(),
-        "evaluator": {"type": "tests.support.raising_evaluator:RaisingEvaluator"},
+        "evaluator": {"type": "tests_raising"},
         "max_replacements": 0,
     }
     tasks = {

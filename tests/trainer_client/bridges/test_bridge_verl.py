@@ -123,7 +123,7 @@ async def test_verl_agent_loop_runs_eight_prompts_through_rolloutd(temporal_serv
         json.dumps(
             {
                 **ask_task(max_tokens=16),
-                "evaluator": {"type": "tests.support.raising_evaluator:RaisingEvaluator"},
+                "evaluator": {"type": "tests_raising"},
                 "max_replacements": 0,
             }
         ),

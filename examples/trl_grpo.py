@@ -11,7 +11,8 @@ What runs (everything on this machine, everything stopped by its id at the end):
   ``rollout_func=rolloutd.trainer_client.bridges.trl.RolloutFunc``: each run of G equal
   prompts becomes one rolloutd task of G sessions; each session is the ``shell`` harness in a
   **bwrap** sandbox running ``ask.py`` (one chat call through the gateway), scored by the
-  evaluator ``grpo_loop:ReplyReward`` (1 / words of the reply: base rate about 0.3);
+  evaluator ``grpo_loop_reply_reward`` (``grpo_loop:ReplyReward``, registered by name with
+  the fleets: 1 / words of the reply, base rate about 0.3);
 - after each optimizer step, :class:`~rolloutd.trainer_client.bridges.trl.EngineSyncCallback`:
   GGUF export, weight sync (pause, engine reload, ``policy_version = step``, resume), probe;
   then the held-out reward (categories never trained on, fixed seeds, straight from the
@@ -45,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_loop import (  # noqa: E402 - the example folder is on the path first
     ASK_PY,
     CATEGORIES,
+    REWARD_EVALUATOR,
     add_common_args,
     held_out_reward,
     local_stack,
@@ -65,7 +67,7 @@ def task_rows(max_tokens: int) -> list[dict]:
             "prompt": prompt_of(category),
             "harness": {"type": "shell", "command": "python3 ask.py {instruction}"},
             "runtime": {"type": "bwrap", "files": {"ask.py": ASK_PY}},
-            "evaluator": {"type": "grpo_loop:ReplyReward", "command": "cat reply.txt"},
+            "evaluator": {"type": REWARD_EVALUATOR, "command": "cat reply.txt"},
             "sampling": {"temperature": 1.0, "max_tokens": max_tokens},
         }
         for category in CATEGORIES

@@ -75,6 +75,9 @@ def batch(path: Path, task_id: str) -> Path:
 async def test_a_full_host_is_saturated_and_a_killed_fleet_is_reported_in_a_minute(
     temporal_server, engine, tmp_path: Path
 ) -> None:
+    """12 sessions of a 100 s harness on a full 8-runtime host: ``submit`` exits 0, no
+    "unavailable"; the sandbox worker killed: reported unavailable within about a minute
+    (the module's docstring). About 5 minutes (274 s in a run of the whole acceptance tier)."""
     namespace = await fresh_namespace(temporal_server.address, "saturated")
     store = str(tmp_path / "store")
     common = {

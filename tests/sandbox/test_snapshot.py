@@ -34,7 +34,8 @@ async def test_changes_and_disk_use_of_a_podman_container(make_runtime):
 
 
 async def test_changes_refuses_a_runtime_that_is_not_a_container(make_runtime):
-    """A bwrap or local runtime has no container to diff: ConfigError before any CLI runs."""
+    """A bwrap or local runtime has no container to diff: ConfigError before any CLI runs
+    (under 1 s)."""
     runtime = await make_runtime("local")
     with pytest.raises(ConfigError, match="container runtime"):
         await snapshot.changes(runtime)

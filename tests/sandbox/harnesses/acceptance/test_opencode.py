@@ -27,8 +27,8 @@ pytestmark = [
 
 async def test_opencode_makes_a_file_with_its_tools_and_is_scored(fleets):
     """opencode (compact profile, OpenAI Chat) in bwrap with gateway-only network: every session
-    is scored and recorded completions, and its own tool ran in at least one session. Several
-    minutes with the fleets' start; not yet timed on this machine."""
+    is scored and recorded completions, and its own tool ran in at least one session. About 6
+    minutes here (381 s in a run of the whole acceptance tier)."""
     skip_unless_runnable_in_bwrap(OpencodeHarness)
     run = await run_task(
         fleets,

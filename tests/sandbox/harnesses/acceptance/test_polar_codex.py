@@ -65,8 +65,8 @@ async def callback_receiver() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]
 async def test_polar_a3_payload_ends_scored_and_calls_back(fleets):
     """examples/polar_a3.json (one sample) posted to the REST facade: the task completes, every
     session has a reward and a trajectory with traces, and each session's result reaches the
-    callback receiver with the task's id. Several minutes with the fleets' start; not yet timed
-    on this machine."""
+    callback receiver with the task's id. About 10-60 s here (11 s in a run of the
+    whole acceptance tier)."""
     payload = json.loads(EXAMPLE.read_text())
     payload["task_id"] = f"polar-a3-{uuid.uuid4().hex[:6]}"
     # one sample keeps the run within CI's time on a 2-core CPU (a turn can take minutes)

@@ -119,30 +119,28 @@ async def test_a_full_host_is_saturated_and_a_killed_fleet_is_reported_in_a_minu
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        try:
-            t0 = time.monotonic()
-            full = await asyncio.to_thread(
+
+        async def submit_batch(name: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+            """``rolloutd submit`` of the batch, as a user runs it."""
+            tasks = batch(tmp_path / f"{name}.jsonl", f"{name}-{uuid.uuid4().hex[:6]}")
+            return await asyncio.to_thread(
                 subprocess.run,
-                [*submit, str(batch(tmp_path / "full.jsonl", f"full-{uuid.uuid4().hex[:6]}"))],
+                [*submit, str(tasks)],
                 cwd=ROOT,
                 env=env,
                 capture_output=True,
                 text=True,
-                timeout=900,
+                timeout=timeout_s,
             )
+
+        try:
+            t0 = time.monotonic()
+            full = await submit_batch("full", 900)
             full_s = time.monotonic() - t0
             os.killpg(sandbox.pid, signal.SIGKILL)
             sandbox.wait()
             killed_at = time.monotonic()
-            dead = await asyncio.to_thread(
-                subprocess.run,
-                [*submit, str(batch(tmp_path / "dead.jsonl", f"dead-{uuid.uuid4().hex[:6]}"))],
-                cwd=ROOT,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
+            dead = await submit_batch("dead", 600)
             told_s = time.monotonic() - killed_at
         finally:
             if sandbox.poll() is None:

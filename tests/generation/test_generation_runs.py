@@ -10,7 +10,6 @@ quadratic in rows).
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import pytest
@@ -18,7 +17,8 @@ import pytest
 from rolloutd.generation.commands import generate
 from rolloutd.generation.outputs import journal_index
 from rolloutd.store import BlobStore
-from rolloutd.workflows.generation.models import MAX_ROWS_PER_RUN, GenerationSpec, PlanInput
+from rolloutd.workflows.generation.models import MAX_ROWS_PER_RUN, PlanInput
+from tests.support.generation_specs import true_rows_spec
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine]
 
@@ -29,26 +29,7 @@ EVENT_LIMIT = 50_000
 @pytest.mark.timeout(900)
 async def test_forty_rows_in_four_runs_each_planned_from_the_index(fleets, tmp_path) -> None:
     name = f"runs-{uuid.uuid4().hex[:6]}"
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text(
-        "".join(json.dumps({"id": f"r{i}", "prompt": f"row {i}"}) + "\n" for i in range(40))
-    )
-    spec = GenerationSpec.model_validate(
-        {
-            "name": name,
-            "source": {"type": "jsonl", "path": str(rows)},
-            "template": {
-                "instruction": "{prompt}",
-                "num_samples": 1,
-                "harness": {"type": "shell", "command": "true"},
-                "runtime": {"type": "local"},
-                "evaluator": {"type": "session_completed"},
-            },
-            "outputs": {"dir": str(tmp_path / "out")},
-            "rows_per_run": 10,
-            "max_concurrent_rows": 10,
-        }
-    )
+    spec = true_rows_spec(name, tmp_path, 40, rows_per_run=10, max_concurrent_rows=10)
     summary = await generate(fleets.client, spec)
     assert summary.num_rows == 40
     assert len(journal_index(BlobStore(fleets.store_url), name)) == 40

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import subprocess
-import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionStatus
 from rolloutd.workers import connect, run_fleet
 from rolloutd.workflows.task import session_workflow_id, task_workflow_id
-from tests.support.chromium_cdp import open_page
+from tests.support.chromium_cdp import history_page_url, open_page
 
 pytestmark = [
     pytest.mark.temporal,
@@ -177,10 +176,7 @@ async def test_history_holds_no_key_or_prompt_and_the_ui_decodes_them(engine, tm
                 assert marker not in raw, workflow_id
 
             run_id = (await client.get_workflow_handle(session_wf).describe()).run_id
-            url = (
-                f"{temporal.ui_url}/namespaces/default/workflows/"
-                f"{urllib.parse.quote(session_wf, safe='')}/{run_id}/history"
-            )
+            url = history_page_url(temporal.ui_url, session_wf, run_id)
             async with open_page(url, height=2000) as page:
                 # the workflow's input (the task, with its prompt) and open_session's result
                 # (the session key) in the event history, both decoded by the codec server;

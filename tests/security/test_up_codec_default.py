@@ -12,7 +12,6 @@ import asyncio
 import re
 import shutil
 import tempfile
-import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from rolloutd.types import SessionStatus
 from rolloutd.workflows.task import session_workflow_id, task_workflow_id
 from tests.conftest import have_bwrap
 from tests.security.test_history_secrets import curl_call, readable_text, workflow_show
-from tests.support.chromium_cdp import open_page
+from tests.support.chromium_cdp import history_page_url, open_page
 
 pytestmark = [
     pytest.mark.acceptance,
@@ -97,10 +96,7 @@ async def test_up_encrypts_every_payload_and_its_ui_decodes_them(engine, monkeyp
             assert session_key not in raw and marker not in raw, workflow_id
 
         run_id = (await client.get_workflow_handle(session_wf).describe()).run_id
-        url = (
-            f"{stack.temporal.ui_url}/namespaces/default/workflows/"
-            f"{urllib.parse.quote(session_wf, safe='')}/{run_id}/history"
-        )
+        url = history_page_url(stack.temporal.ui_url, session_wf, run_id)
         async with open_page(url, height=2000) as page:
             # the workflow's input (the prompt) and open_session's result (the session key),
             # decoded by the stack's codec server, which the UI was pointed at

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,14 @@ class Page:
         """Save a PNG of the whole page."""
         shot = await self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
         path.write_bytes(base64.b64decode(shot["data"]))
+
+
+def history_page_url(ui_url: str, workflow_id: str, run_id: str) -> str:
+    """The Temporal UI's event-history page of one run of a workflow (namespace ``default``)."""
+    return (
+        f"{ui_url}/namespaces/default/workflows/"
+        f"{urllib.parse.quote(workflow_id, safe='')}/{run_id}/history"
+    )
 
 
 @contextlib.asynccontextmanager

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -36,7 +35,7 @@ from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import TaskResult
 from rolloutd.workers import every_workflow
-from rolloutd.workflows.generation.models import GenerationSpec
+from tests.support.generation_specs import true_rows_spec
 from tests.support.namespaced_fleets import namespaced_fleets
 from tests.support.tenancy import assert_all_completed, task
 
@@ -118,27 +117,7 @@ async def test_every_workflow_replays_its_history(temporal_server, engine, tmp_p
         batch = await buffer.take(2, timeout_s=300)
         await buffer.ack(batch.batch_id)
         await buffer.close()
-        rows = tmp_path / "rows.jsonl"
-        rows.write_text(
-            "".join(json.dumps({"id": f"r{i}", "prompt": f"row {i}"}) + "\n" for i in range(2))
-        )
-        summary = await generate(
-            client,
-            GenerationSpec.model_validate(
-                {
-                    "name": f"replay-{u}",
-                    "source": {"type": "jsonl", "path": str(rows)},
-                    "template": {
-                        "instruction": "{prompt}",
-                        "num_samples": 1,
-                        "harness": {"type": "shell", "command": "true"},
-                        "runtime": {"type": "local"},
-                        "evaluator": {"type": "session_completed"},
-                    },
-                    "outputs": {"dir": str(tmp_path / "out")},
-                }
-            ),
-        )
+        summary = await generate(client, true_rows_spec(f"replay-{u}", tmp_path, 2))
         stop.set()
         await querying
         for group in groups:

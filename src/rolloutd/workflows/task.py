@@ -30,8 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -75,6 +76,10 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd.workflows.session.models import SessionInput
     from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
     from rolloutd.workflows.tenants import task_priority
+
+
+#: an activity's result type
+R = TypeVar("R")
 
 
 def task_workflow_id(task_id: str) -> str:
@@ -556,33 +561,32 @@ async def _store_result(group: TaskResult, task: TaskRequest) -> TaskResult:
     summary = group.model_copy(update={"sessions": [], "replaced": []})
     parts = group_parts(group, task.inline_result_bytes)
     try:
-        await asyncio.gather(
-            *(
-                workflow.execute_activity(
-                    "store_group_part",
-                    part,
-                    task_queue=task_queues.EVAL,
-                    start_to_close_timeout=STORE_REQUEST_TIMEOUT,
-                    retry_policy=STORE_REQUEST_RETRY,
-                    priority=task_priority(task),
-                    result_type=int,
-                )
-                for part in parts
-            )
-        )
-        key = await workflow.execute_activity(
+        await asyncio.gather(*(_on_store("store_group_part", part, task, int) for part in parts))
+        key = await _on_store(
             "assemble_group",
             AssembleGroupInput(group=summary, part_keys=[p.key for p in parts]),
-            task_queue=task_queues.EVAL,
-            start_to_close_timeout=STORE_REQUEST_TIMEOUT,
-            retry_policy=STORE_REQUEST_RETRY,
-            priority=task_priority(task),
-            result_type=str,
+            task,
+            str,
         )
     except ActivityError as e:
         workflow.logger.warning("group %s not stored: %s", group.task_id, e.cause or e)
         return group
     return summary.model_copy(update={"stored_key": key})
+
+
+def _on_store(activity: str, arg: object, task: TaskRequest, result_type: type[R]) -> Awaitable[R]:
+    """One blob-store activity of the task on the eval fleet (``store_task_request``,
+    ``store_group``, ``store_group_part``, ``assemble_group``), with the store's timeout and
+    retry policy and the task's priority."""
+    return workflow.execute_activity(
+        activity,
+        arg,
+        task_queue=task_queues.EVAL,
+        start_to_close_timeout=STORE_REQUEST_TIMEOUT,
+        retry_policy=STORE_REQUEST_RETRY,
+        priority=task_priority(task),
+        result_type=result_type,
+    )
 
 
 async def _report(workflow_id: str, group: TaskResult, task: TaskRequest, key: str = "") -> None:
@@ -593,15 +597,7 @@ async def _report(workflow_id: str, group: TaskResult, task: TaskRequest, key: s
     not an error of the task."""
     if not key:
         try:
-            key = await workflow.execute_activity(
-                "store_group",
-                group,
-                task_queue=task_queues.EVAL,
-                start_to_close_timeout=STORE_REQUEST_TIMEOUT,
-                retry_policy=STORE_REQUEST_RETRY,
-                priority=task_priority(task),
-                result_type=str,
-            )
+            key = await _on_store("store_group", group, task, str)
         except ActivityError as e:
             workflow.logger.warning("group %s not stored: %s", group.task_id, e.cause or e)
     ref = GroupRef.of(group, key, scored_rewards(group))
@@ -666,13 +662,7 @@ async def _store_request(task: TaskRequest) -> str | None:
     of a 50 KB instruction pass the 50 MB history limit); None: the request travels inline."""
     if len(task.model_dump_json()) <= INLINE_REQUEST_BYTES:
         return None
-    stored: StoredTaskRequest = await workflow.execute_activity(
-        "store_task_request",
-        StoreTaskRequestInput(task=task),
-        task_queue=task_queues.EVAL,
-        start_to_close_timeout=STORE_REQUEST_TIMEOUT,
-        retry_policy=STORE_REQUEST_RETRY,
-        priority=task_priority(task),
-        result_type=StoredTaskRequest,
+    stored = await _on_store(
+        "store_task_request", StoreTaskRequestInput(task=task), task, StoredTaskRequest
     )
     return stored.key

@@ -5,10 +5,12 @@ Everything a fixture starts, it stops by its id at the end of the session.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,10 @@ os.environ.setdefault("ROLLOUTD_EVALUATORS", json.dumps(TEST_EVALUATORS))
 #: no payload codec unless a test sets keys: a key `rolloutd up` generated in this machine's
 #: home ({home}/codec_keys, read where no key is configured) must not reach the test processes
 os.environ.setdefault("ROLLOUTD_CODEC_KEYS", "")
+#: a home of the tests' own: what `rolloutd up` left in this machine's home (its admin token,
+#: codec key and reliability records) must not reach the processes the tests start
+os.environ["ROLLOUTD_HOME"] = tempfile.mkdtemp(prefix="rolloutd-tests-home-")
+atexit.register(shutil.rmtree, os.environ["ROLLOUTD_HOME"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

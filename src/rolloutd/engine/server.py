@@ -116,7 +116,9 @@ class LlamaServer:
         """Start the server and wait until ``/health`` answers 200.
 
         Raises:
-            RolloutdError: the process exited or did not become healthy within ``timeout_s``.
+            RolloutdError: the process exited or did not become healthy within ``timeout_s``,
+                or the server answering on this address serves another GGUF than this one
+                (another process took the port).
         """
         # not tied to the creating thread's life: a reload runs on a short-lived thread
         self.process = spawn(self.command(), log_path=self.log_path, die_with_parent=False)
@@ -126,6 +128,7 @@ class LlamaServer:
                 raise RolloutdError(f"llama-server exited with {self.process.returncode}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    self._check_serves_own_file()
                     log.info(
                         "engine_started", url=self.url, model=self.files.name, pid=self.process.pid
                     )
@@ -135,6 +138,18 @@ class LlamaServer:
             time.sleep(0.2)
         self.stop()
         raise RolloutdError(f"llama-server not healthy after {timeout_s} s")
+
+    def _check_serves_own_file(self) -> None:
+        """Raise unless the server answering on this address serves this process's GGUF
+        (llama-server's ``GET /props``, ``model_path``): a restart on the same port (a weight
+        load) must not pass its health check on another process that took the port meanwhile."""
+        served = httpx.get(f"{self.url}/props", timeout=2.0).json().get("model_path")
+        if served is not None and Path(served).resolve() != Path(self.files.gguf).resolve():
+            self.stop()
+            raise RolloutdError(
+                f"the llama-server answering on {self.url} serves {served}, not "
+                f"{self.files.gguf}: another process took the port"
+            )
 
     def load_model(self, model_file: Path, policy_version: int, timeout_s: float = 120.0) -> None:
         """Serve new weights (the engine's one control interface, "load this GGUF, answer when

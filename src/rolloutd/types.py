@@ -366,7 +366,8 @@ class SessionResult(Payload):
         default=0,
         description="of those, calls answered with a 5xx (gateway or backend "
         "failure) that no later completion of the session made good: none answered the same "
-        "request or continued its conversation",
+        "request (equal request hash) or the same conversation (equal messages; a longer "
+        "conversation that went on without the answer does not count)",
     )
     last_call_error: str | None = Field(
         default=None,

@@ -19,6 +19,8 @@ from temporalio.client import WorkflowUpdateFailedError
 
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
+from rolloutd.workflows.buffer.models import BufferConfig, BufferState, RunningTask
+from rolloutd.workflows.task import task_workflow_id
 from tests.support.buffer_tasks import all_win, local_task, poll
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine]
@@ -186,3 +188,18 @@ async def test_pushed_tasks_are_bounded_in_bytes_and_pushed_in_small_updates(
     finally:
         gate.touch()
         await buffer.close()
+
+
+def test_ten_thousand_running_tasks_fit_one_continue_as_new_input() -> None:
+    """The running list travels in every continue-as-new input: at the largest
+    ``num_in_flight`` (10,000) and ids of 30 characters it stays near half a megabyte, so the
+    pushed tasks' own bound (``max_pushed_bytes``) fits beside it under Temporal's 2 MB."""
+    running = [
+        RunningTask(task_id=f"swe-{uuid.uuid4().hex[:16]}-{i:09d}", policy_version=1234)
+        for i in range(10_000)
+    ]
+    assert len(running[0].task_id) == 30
+    assert running[0].workflow_id == task_workflow_id(running[0].task_id)
+    size = len(BufferState(running=running).model_dump_json())
+    print(f"10,000 running tasks: {size:,} bytes")
+    assert size + BufferConfig(buffer_id="b").max_pushed_bytes < 2 * 2**20 - 256 * 2**10

@@ -72,11 +72,7 @@ with workflow.unsafe.imports_passed_through():
         TakeBatchInput,
         TakeBatchOutput,
     )
-    from rolloutd.workflows.task import (
-        GROUP_FINISHED_SIGNAL,
-        RolloutTaskWorkflow,
-        task_workflow_id,
-    )
+    from rolloutd.workflows.task import GROUP_FINISHED_SIGNAL, RolloutTaskWorkflow
     from rolloutd.workflows.tenants import task_priority
 
 #: reading a task file is retried like other infrastructure work.
@@ -303,11 +299,7 @@ class RolloutBufferWorkflow:
             self._drop(task.task_id, "invalid", self._s.policy_version)
             workflow.logger.warning("task %s refused: %s", task.task_id, e)
             return
-        running = RunningTask(
-            task_id=request.task_id,
-            workflow_id=task_workflow_id(request.task_id),
-            policy_version=self._s.policy_version,
-        )
+        running = RunningTask(task_id=request.task_id, policy_version=self._s.policy_version)
         # registered before the start resolves: the group may be signalled in that activation
         self._s.running.append(running)
         try:

@@ -18,6 +18,7 @@ from rolloutd.payload import Payload
 from rolloutd.scoring import scored_rewards
 from rolloutd.tasksets import task_options
 from rolloutd.types import TASK_ID_PATTERN, GroupRef, TaskRequest, TaskResult
+from rolloutd.workflows.task import task_workflow_id
 
 
 def buffer_workflow_id(buffer_id: str) -> str:
@@ -236,8 +237,8 @@ class RunningTask(Payload):
 
     @property
     def workflow_id(self) -> str:
-        """The task's workflow id, ``task/{task_id}`` (``rolloutd.workflows.task``)."""
-        return f"task/{self.task_id}"
+        """The task's workflow id (:func:`rolloutd.workflows.task.task_workflow_id`)."""
+        return task_workflow_id(self.task_id)
 
 
 class DroppedGroup(Payload):

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from rolloutd.stack import LocalStack, free_port
+from rolloutd.stack import LocalStack, RestartPolicy, free_port
 from tests.support.procs import processes_with  # noqa: F401  (re-exported to the tests)
 
 #: the repository (its ``tests`` package is imported by the fleets' children too).
@@ -100,6 +100,29 @@ def agent_task(
     }
     task.update(overrides)
     return task
+
+
+def supervised_stack(home: Path, host_id: str) -> LocalStack:
+    """``rolloutd up``'s stack on ``home`` (not started): free ports, the supervisor on with a
+    0.5 s first backoff, an engine of 4 slots and 8,192 tokens, plain-text logs, and this
+    repository on the children's ``PYTHONPATH`` (their evaluators and harness helpers)."""
+    return LocalStack(
+        home=home,
+        temporal_port=free_port(),
+        ui_port=free_port(),
+        gateway_port=free_port(),
+        engine_port=free_port(),
+        engine_parallel=4,
+        engine_ctx_size=8192,
+        restart_policy=RestartPolicy(initial_backoff_s=0.5),
+        extra_env={
+            "ROLLOUTD_LOG_JSON": "false",
+            "ROLLOUTD_HOST_ID": host_id,
+            "PYTHONPATH": os.pathsep.join(
+                [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
+        },
+    )
 
 
 def new_ids(prefix: str) -> tuple[str, str]:

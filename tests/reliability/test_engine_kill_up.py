@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -26,11 +27,11 @@ from pathlib import Path
 import pytest
 
 from rolloutd.proxy.sessions.state import SessionState, session_state_key
-from rolloutd.stack import LocalStack, RestartPolicy, free_port, read_state
+from rolloutd.stack import read_state
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import TaskResult
-from tests.reliability.conftest import REPO, STACK_MARKS, poll
+from tests.reliability.conftest import STACK_MARKS, poll, supervised_stack
 
 pytestmark = [*STACK_MARKS, pytest.mark.timeout(1200)]
 
@@ -97,23 +98,7 @@ async def test_an_engine_killed_under_up_never_rewards_a_broken_session(
     # short, not under pytest's basetemp: runtimes hold AF_UNIX sockets (108 bytes)
     home = Path(tempfile.mkdtemp(prefix="rolloutd-kup-"))
     marker = uuid.uuid4().hex[:6]
-    stack = LocalStack(
-        home=home,
-        temporal_port=free_port(),
-        ui_port=free_port(),
-        gateway_port=free_port(),
-        engine_port=free_port(),
-        engine_parallel=4,
-        engine_ctx_size=8192,
-        restart_policy=RestartPolicy(initial_backoff_s=0.5),
-        extra_env={
-            "ROLLOUTD_LOG_JSON": "false",
-            "ROLLOUTD_HOST_ID": f"kup-{marker}",
-            "PYTHONPATH": os.pathsep.join(
-                [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
-            ),
-        },
-    )
+    stack = supervised_stack(home, f"kup-{marker}")
     task_ids = [f"kill-up-{n}-{marker}" for n in range(NUM_TASKS)]
     tasks_file = tmp_path / "tasks.jsonl"
     tasks_file.write_text("".join(json.dumps(task(t, max_replacements)) + "\n" for t in task_ids))
@@ -204,3 +189,4 @@ async def test_an_engine_killed_under_up_never_rewards_a_broken_session(
         for s in broken:
             assert f"FAILED: session {s.session_id}: backend in run" in report, report
     assert "unavailable" not in report, report
+    shutil.rmtree(home, ignore_errors=True)  # kept when the test fails, to read

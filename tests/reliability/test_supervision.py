@@ -23,19 +23,19 @@ from temporalio.service import RPCError
 
 from rolloutd import doctor
 from rolloutd.proxy.sessions.recorder import answer_id
-from rolloutd.stack import LocalStack, RestartPolicy, free_port, read_state
+from rolloutd.stack import read_state
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionStatus, TaskResult
 from tests.reliability.conftest import (
     NUM_CALLS,
-    REPO,
     STACK_MARKS,
     agent_task,
     harness_ids,
     new_ids,
     poll,
     processes_with,
+    supervised_stack,
 )
 
 pytestmark = [*STACK_MARKS, pytest.mark.timeout(600)]
@@ -71,23 +71,7 @@ async def test_every_child_killed_once_is_restarted_and_every_session_completes(
     # stack uses it; short, since runtimes hold AF_UNIX sockets (108 bytes)
     home = Path(tempfile.mkdtemp(prefix="rolloutd-sup-"))
     task_id, marker = new_ids("supervised")
-    stack = LocalStack(
-        home=home,
-        temporal_port=free_port(),
-        ui_port=free_port(),
-        gateway_port=free_port(),
-        engine_port=free_port(),
-        engine_parallel=4,
-        engine_ctx_size=8192,
-        restart_policy=RestartPolicy(initial_backoff_s=0.5),
-        extra_env={
-            "ROLLOUTD_LOG_JSON": "false",
-            "ROLLOUTD_HOST_ID": f"sup-{marker[-8:]}",
-            "PYTHONPATH": os.pathsep.join(
-                [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
-            ),
-        },
-    )
+    stack = supervised_stack(home, f"sup-{marker[-8:]}")
     t_test = time.monotonic()
     pids: set[int] = set()
     marker2 = marker

@@ -236,7 +236,7 @@ def test_every_rolloutd_variable_is_a_setting() -> None:
     for name in VALUE_SETS:
         docs = render(VALUE_SETS[name])
         data = by_kind(docs, "ConfigMap")[f"{FULLNAME}-config"]["data"]
-        names = set(data) | {
+        names = {n for n in data if n.startswith("ROLLOUTD_")} | {
             e["name"]
             for w in workloads(docs).values()
             for e in container(w).get("env", [])
@@ -251,6 +251,22 @@ def test_every_rolloutd_variable_is_a_setting() -> None:
                     if k.removeprefix("ROLLOUTD_").lower() in cls.model_fields
                 }
             )
+
+
+def test_malloc_settings_reach_every_rolloutd_pod_unless_turned_off() -> None:
+    """``malloc`` becomes ``MALLOC_ARENA_MAX`` and ``MALLOC_MMAP_THRESHOLD_`` in the ConfigMap
+    every rolloutd pod reads; 0 leaves glibc's default, so the variable is absent."""
+    docs = render()
+    data = by_kind(docs, "ConfigMap")[f"{FULLNAME}-config"]["data"]
+    assert data["MALLOC_ARENA_MAX"] == "2" and data["MALLOC_MMAP_THRESHOLD_"] == "131072"
+    for name, w in workloads(docs).items():
+        if name.endswith("-engine") or name.endswith("-temporal"):
+            continue
+        refs = [e["configMapRef"]["name"] for e in container(w)["envFrom"] if "configMapRef" in e]
+        assert f"{FULLNAME}-config" in refs, name
+    off = render({"malloc": {"arenaMax": 0, "mmapThreshold": 0}})
+    data = by_kind(off, "ConfigMap")[f"{FULLNAME}-config"]["data"]
+    assert "MALLOC_ARENA_MAX" not in data and "MALLOC_MMAP_THRESHOLD_" not in data
 
 
 def test_s3_store_takes_credentials_from_the_secret() -> None:

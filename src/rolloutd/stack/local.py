@@ -52,6 +52,20 @@ from rolloutd.stack.supervisor import ChildSpec, RestartPolicy, Supervisor
 
 log = structlog.get_logger(__name__)
 
+#: glibc malloc settings of every rolloutd process ``rolloutd up`` starts, each unless the
+#: environment sets it (mallopt(3); glibc manual, "Memory Allocation Tunables"):
+#: ``MALLOC_ARENA_MAX``: 2 arenas, not up to 8 per core (glibc hands a thread that finds the
+#: arenas busy one of its own, and free memory stays in the arena it was freed to; the
+#: Temporal SDK's core runs a thread pool beside Python); ``MALLOC_MMAP_THRESHOLD_``: 128 KiB,
+#: glibc's initial value, kept fixed (by default each freed mmap'd block raises it, up to
+#: 32 MiB, so later large buffers such as workflow activations and payloads are carved from the
+#: heap and leave holes behind). In the first 1,250-1,300 sessions of a soak the workflows
+#: fleet's malloc memory in use stayed at 30-39 MiB, while the free memory its arenas held grew
+#: from 28 to 45 MiB with glibc's defaults (arenas 61 to 77 MiB), from 13 to 26 MiB with 2
+#: arenas, and stayed at 4-10 MiB with both (arenas 37 to 40 MiB) (benchmarks/soak.py;
+#: docs/measurements.md).
+MALLOC_TUNABLES: dict[str, str] = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "131072"}
+
 
 def _answers(url: str) -> bool:
     try:
@@ -177,8 +191,9 @@ class LocalStack:
         }
 
     def env(self) -> dict[str, str]:
-        """Environment of the fleet processes."""
-        env = dict(os.environ)
+        """Environment of the fleet processes (and the codec server): this process's, with
+        the stack's settings, :data:`MALLOC_TUNABLES` where unset, then ``extra_env``."""
+        env = {**MALLOC_TUNABLES, **os.environ}
         env.update(
             {
                 "ROLLOUTD_HOME": str(self.home),

@@ -319,6 +319,104 @@ class FailureCause(Payload):
     )
 
 
+# --------------------------------------------------------------------------- evaluation
+
+#: what a changed path is to a verifier (the tamper report's categories): a program or library
+#: the verifier may run or load, a path the interpreter searches, a file that configures the
+#: test runner, a shell profile, git's configuration or hooks, or the verifier's own folders
+TamperCategory = Literal[
+    "executable",
+    "library",
+    "interpreter_path",
+    "runner_config",
+    "shell_profile",
+    "git_config",
+    "verifier_path",
+]
+
+
+class TamperFinding(Payload):
+    """One path a session changed that a verifier must not trust."""
+
+    path: str = Field(description="the path inside the runtime (absolute, or workdir-relative)")
+    category: TamperCategory = Field(description="what the path is to a verifier")
+    change: Literal["added", "modified", "deleted"] = Field(
+        default="modified", description="how the session changed it"
+    )
+    detail: str = Field(default="", description="why it counts, in words")
+
+
+class TamperReport(Payload):
+    """The paths a session changed that a verifier must not trust (the glossary's tamper
+    report). A finding with ``verdict_affecting`` set scores the session 0.0 (the policy's
+    doing: ``failure`` stays None); the others are listed for the reader (e.g. changes outside
+    the workdir that the verifier did not carry, so they could not change its verdict).
+    """
+
+    findings: list[TamperFinding] = Field(
+        default_factory=list, description="the verdict-affecting paths found, at most 50"
+    )
+    ignored: list[TamperFinding] = Field(
+        default_factory=list,
+        description="suspicious paths the verifier did not carry or trust (listed, not scored), "
+        "at most 50",
+    )
+    num_changed_paths: int = Field(
+        default=0, ge=0, description="paths the session changed in all (added, modified, deleted)"
+    )
+    truncated: bool = Field(default=False, description="more findings than the lists hold")
+    carried_system_changes: bool = Field(
+        default=False,
+        description="the verifier saw the session's changes outside its workdir "
+        "(the task set's ``carry_system_changes``)",
+    )
+
+    @property
+    def tampered(self) -> bool:
+        """Whether a finding affects the verdict (the session scores 0.0)."""
+        return bool(self.findings)
+
+
+class JudgeCost(Payload):
+    """What a judge's scoring of one session (or its share of a group's) cost."""
+
+    num_calls: int = Field(default=0, ge=0, description="judge model calls")
+    num_prompt_tokens: int = Field(default=0, ge=0)
+    num_response_tokens: int = Field(default=0, ge=0)
+    duration_s: float = Field(default=0.0, ge=0, description="wall time of the judging, s")
+
+
+class EvaluationRecord(Payload):
+    """One scoring of a session (the glossary's evaluation record). A session's first record is
+    the one its ``reward`` came from; a re-score (``rolloutd reverify``, a re-judging) appends
+    another (``Trajectory.rescores``) and never rewrites a reward already handed out.
+    """
+
+    evaluator: str = Field(description="the evaluator's registry name")
+    version: str = Field(
+        default="",
+        description="the evaluator's version: a built-in's is rolloutd's version and its own "
+        "revision (``0.1.0+r2``); a registered one's its ``version`` attribute, when it has one",
+    )
+    reward: float | None = Field(default=None, description="the reward it gave (None: none)")
+    trace_rewards: list[float] | None = Field(default=None, description="per-trace rewards")
+    reason: str | None = Field(default=None, description="why that reward, in words")
+    tamper: TamperReport | None = Field(
+        default=None, description="what the verifier found changed (None: not examined)"
+    )
+    judge_cost: JudgeCost | None = Field(default=None, description="a judge's cost")
+    forced: bool = Field(
+        default=False,
+        description="the reward was the task's (a run timeout, an invalid tool call, a limit "
+        "hit), not the evaluator's",
+    )
+    error: str | None = Field(default=None, description="the evaluator failed: no reward")
+    source: Literal["session", "reverify", "judge", "group_judge"] = Field(
+        default="session", description="what produced the record"
+    )
+    evaluated_at: float | None = Field(default=None, description="Unix time, s")
+
+
 class Trajectory(Payload):
     """The traces of one session, with status, rewards and reconstruction stats."""
 
@@ -333,4 +431,12 @@ class Trajectory(Payload):
     metadata: dict[str, Any] = Field(default_factory=dict)
     failure: FailureCause | None = Field(
         default=None, description="the session's failure cause (SessionResult.failure)"
+    )
+    evaluation: EvaluationRecord | None = Field(
+        default=None, description="the scoring ``reward`` came from (None: not evaluated)"
+    )
+    rescores: list[EvaluationRecord] = Field(
+        default_factory=list,
+        description="later scorings of the stored session (reverify, re-judging), in order; "
+        "they never change ``reward``",
     )

@@ -22,9 +22,13 @@ from rolloutd.records import (
     BuilderStats,
     CaptureMode,
     Completion,
+    EvaluationRecord,
     FailureCause,
     FailureKind,
+    JudgeCost,
     SessionStatus,
+    TamperFinding,
+    TamperReport,
     Timings,
     Trace,
     Trajectory,
@@ -51,12 +55,16 @@ __all__ = [
     "BuilderStats",
     "CaptureMode",
     "Completion",
+    "EvaluationRecord",
     "ExecStep",
     "ImageBuild",
     "FailureCause",
     "FailureKind",
+    "JudgeCost",
     "PrepareStep",
     "SessionStatus",
+    "TamperFinding",
+    "TamperReport",
     "Timings",
     "Trace",
     "Trajectory",
@@ -384,6 +392,11 @@ class SessionResult(Payload):
     )
     failure: FailureCause | None = Field(
         default=None, description="why the session did not run to its end; None when it did"
+    )
+    evaluation: EvaluationRecord | None = Field(
+        default=None,
+        description="the scoring its reward came from: evaluator and version, reward, reason, "
+        "tamper report, judge cost (None: not evaluated)",
     )
     replay: ReplayStats = Field(
         default_factory=ReplayStats,

@@ -5,6 +5,7 @@ a large task request once and read it back for its sessions; store a buffer's gr
 from __future__ import annotations
 
 import asyncio
+import time
 
 import structlog
 from temporalio import activity
@@ -28,11 +29,13 @@ from rolloutd.evaluators import (
     EvaluationContext,
     EvaluationOutcome,
     evaluator_names,
+    evaluator_version,
     get_evaluator,
 )
 from rolloutd.store import BlobStore
 from rolloutd.trajectory import assign_rewards
 from rolloutd.types import (
+    EvaluationRecord,
     FailureCause,
     SessionResult,
     SessionStatus,
@@ -187,19 +190,28 @@ class EvalActivities:
                 spec=input.evaluator,
                 num_traces=len(trajectory.traces) if trajectory else 0,
             )
+            version = ""
             if input.forced_reward is not None:
                 # the task decides this session's reward (a policy-accountable run timeout,
-                # an invalid tool call): the evaluator is not asked
+                # an invalid tool call, a limit hit): the evaluator is not asked
                 outcome = EvaluationOutcome(reward=input.forced_reward, details={"forced": True})
             else:
                 try:
+                    evaluator = get_evaluator(input.evaluator)
+                    version = evaluator_version(evaluator)
                     async with heartbeating(phase="evaluate"):
-                        outcome = await get_evaluator(input.evaluator).evaluate(ctx)
+                        outcome = await evaluator.evaluate(ctx)
                 except Exception as e:  # noqa: BLE001 - boundary
                     # the evaluator's own failure: a retry would raise again, and the session
                     # keeps its trajectory with the failure instead of failing its workflow
                     error = f"{type(e).__name__}: {e}"
                     log.warning("evaluator_raised", evaluator=input.evaluator.type, error=error)
+                    record = EvaluationRecord(
+                        evaluator=input.evaluator.type,
+                        version=version,
+                        error=error[:2000],
+                        evaluated_at=time.time(),
+                    )
                     if trajectory is not None and input.trajectory_ref:
                         trajectory.status = SessionStatus.FAILED
                         trajectory.failure = FailureCause(
@@ -208,19 +220,71 @@ class EvalActivities:
                             phase="evaluate",
                             retryable=False,
                         )
+                        trajectory.evaluation = record
                         self.store.put_json(input.trajectory_ref, trajectory)
-                    return EvaluateOutput(error=error)
+                    return EvaluateOutput(error=error, evaluation=record)
+            outcome = scored_outcome(outcome)
+            record = evaluation_record(input.evaluator.type, version, outcome, input)
             if trajectory is not None and input.trajectory_ref:
                 assign_rewards(trajectory.traces, outcome.reward, outcome.trace_rewards)
                 trajectory.reward = outcome.reward
+                trajectory.evaluation = record
                 self.store.put_json(input.trajectory_ref, trajectory)
         except Exception as e:
             log.warning("evaluation_failed", error=str(e))
             raise to_application_error(e) from e
-        log.info("session_evaluated", evaluator=input.evaluator.type, reward=outcome.reward)
-        return EvaluateOutput(
-            reward=outcome.reward, trace_rewards=outcome.trace_rewards, details=outcome.details
+        log.info(
+            "session_evaluated",
+            evaluator=input.evaluator.type,
+            reward=outcome.reward,
+            tampered=bool(outcome.tamper and outcome.tamper.tampered),
         )
+        return EvaluateOutput(
+            reward=outcome.reward,
+            trace_rewards=outcome.trace_rewards,
+            details=outcome.details,
+            evaluation=record,
+        )
+
+
+def scored_outcome(outcome: EvaluationOutcome) -> EvaluationOutcome:
+    """The outcome as scored: a tamper report with findings makes the reward 0.0 (every trace
+    0.0 too), whatever the evaluator computed; the policy's doing, so the session keeps
+    ``failure = None`` (docs/failures.md)."""
+    if outcome.tamper is None or not outcome.tamper.tampered:
+        return outcome
+    first = outcome.tamper.findings[0]
+    reason = (
+        f"tampered: {len(outcome.tamper.findings)} path(s) a verifier must not trust were "
+        f"changed; first: {first.path} ({first.category}, {first.change})"
+    )
+    details = {**outcome.details, "reason": reason, "reward_before_tamper": outcome.reward}
+    return outcome.model_copy(
+        update={
+            "reward": 0.0,
+            "trace_rewards": [0.0] * len(outcome.trace_rewards)
+            if outcome.trace_rewards is not None
+            else None,
+            "details": details,
+        }
+    )
+
+
+def evaluation_record(
+    evaluator: str, version: str, outcome: EvaluationOutcome, input: EvaluateInput
+) -> EvaluationRecord:
+    """The evaluation record of one scoring (:class:`rolloutd.types.EvaluationRecord`)."""
+    reason = outcome.details.get("reason")
+    return EvaluationRecord(
+        evaluator=evaluator,
+        version=version,
+        reward=outcome.reward,
+        trace_rewards=outcome.trace_rewards,
+        reason=str(reason)[:2000] if reason is not None else None,
+        tamper=outcome.tamper,
+        forced=input.forced_reward is not None,
+        evaluated_at=time.time(),
+    )
 
 
 def task_request_key(task_id: str) -> str:

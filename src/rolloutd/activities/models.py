@@ -15,6 +15,7 @@ from rolloutd.payload import Payload
 from rolloutd.types import (
     BuilderSpec,
     BuilderStats,
+    EvaluationRecord,
     EvaluatorSpec,
     FailureCause,
     HarnessSpec,
@@ -292,6 +293,9 @@ class EvaluateOutput(Payload):
     reward: float | None = None
     trace_rewards: list[float] | None = None
     details: dict[str, Any] = Field(default_factory=dict)
+    evaluation: EvaluationRecord | None = Field(
+        default=None, description="the evaluation record (also in the stored trajectory)"
+    )
     error: str | None = Field(
         default=None,
         description='the evaluator raised (``"ErrorType: message"``): no reward; the trajectory '

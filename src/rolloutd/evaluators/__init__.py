@@ -29,6 +29,7 @@ from rolloutd.evaluators.base import (
     EvaluationContext,
     EvaluationOutcome,
     Evaluator,
+    evaluator_version,
 )
 from rolloutd.evaluators.builtins import SessionCompleted, TestOnOutput
 from rolloutd.evaluators.harbor import HarborVerifier
@@ -49,6 +50,7 @@ __all__ = [
     "Evaluator",
     "SupportsEvaluate",
     "evaluator_names",
+    "evaluator_version",
     "get_evaluator",
     "import_evaluator",
     "register_evaluators",

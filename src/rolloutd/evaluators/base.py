@@ -13,7 +13,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rolloutd.types import EvaluatorSpec, SessionStatus
+import rolloutd
+from rolloutd.types import EvaluatorSpec, SessionStatus, TamperReport
 
 #: the artifact holding the check command's result.
 CHECK_ARTIFACT = "check"
@@ -51,7 +52,11 @@ class EvaluationOutcome(BaseModel):
     Attributes:
         reward: the session's outcome reward; None when only per-trace rewards are given.
         trace_rewards: list[float], length ``num_traces``: one reward per trace, or None.
-        details: why (JSON-serialisable; reasons, parsed answers, test counts).
+        details: why (JSON-serialisable; reasons, parsed answers, test counts); a
+            ``"reason"`` string becomes the evaluation record's reason.
+        tamper: the paths the session changed that the verifier must not trust; a report with
+            findings scores the session 0.0 whatever ``reward`` says (the policy's doing: the
+            session keeps ``failure = None``). None: the evaluator does not examine changes.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -59,6 +64,7 @@ class EvaluationOutcome(BaseModel):
     reward: float | None = None
     trace_rewards: list[float] | None = None
     details: dict[str, Any] = Field(default_factory=dict)
+    tamper: TamperReport | None = None
 
     @model_validator(mode="after")
     def _some_reward(self) -> EvaluationOutcome:
@@ -75,6 +81,9 @@ class Evaluator(abc.ABC):
     """
 
     name: ClassVar[str] = "abstract"
+    #: the built-in's own revision: raised whenever what it scores changes (a fixed hole), so
+    #: an evaluation record tells a score of the old verifier from one of the new
+    revision: ClassVar[int] = 1
 
     def __init__(self, spec: EvaluatorSpec) -> None:
         self.spec = spec
@@ -86,3 +95,18 @@ class Evaluator(abc.ABC):
         Raises:
             EvaluatorError: the session cannot be scored by this evaluator.
         """
+
+
+def evaluator_version(evaluator: object) -> str:
+    """The version an evaluation record carries for ``evaluator``.
+
+    A built-in (an :class:`Evaluator` subclass of this package) is rolloutd's version plus its
+    own ``revision`` (``0.1.0+r2``); another evaluator's is its ``version`` attribute (or its
+    class's) when it has one, else ``""``.
+    """
+    if isinstance(evaluator, Evaluator) and type(evaluator).__module__.startswith(
+        "rolloutd.evaluators."
+    ):
+        return f"{rolloutd.__version__}+r{type(evaluator).revision}"
+    version = getattr(evaluator, "version", None)
+    return str(version) if isinstance(version, str | int | float) else ""

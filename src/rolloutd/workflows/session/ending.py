@@ -264,12 +264,10 @@ class SessionEnding:
         self._num_completions = closed.num_completions
         decided = verdict(task, outcome, closed, error, eval_error)
         built = await self._build(input, session_id, decided, timed)
-        reward: float | None = None
-        trace_rewards: list[float] | None = None
+        evaluated = EvaluateOutput()
         if decided.how != "skip":
-            reward, trace_rewards = await self._evaluate(
-                input, session_id, outcome, built, decided, timed
-            )
+            evaluated = await self._evaluate(input, session_id, outcome, built, decided, timed)
+        reward, trace_rewards = evaluated.reward, evaluated.trace_rewards
 
         await outcome.torn_down()
         self._phase = "done"
@@ -297,6 +295,7 @@ class SessionEnding:
             attempts=given_up,
             failure=decided.failure,
             replay=closed.replay,
+            evaluation=evaluated.evaluation,
         )
 
     async def _build(
@@ -332,12 +331,13 @@ class SessionEnding:
         built: BuildTrajectoryOutput,
         decided: Verdict,
         timed: Timed,
-    ) -> tuple[float | None, list[float] | None]:
+    ) -> EvaluateOutput:
         """Step 8: the evaluator's reward (or the forced one). An evaluator that fails makes
         the session ``failed`` with an ``evaluator`` cause (``decided`` is updated).
 
         Returns:
-            The reward and the per-trace rewards (None when the evaluator gave none).
+            The reward, the per-trace rewards (None when the evaluator gave none) and the
+            evaluation record; no reward when the evaluator failed.
         """
         task = input.task
         try:
@@ -374,7 +374,8 @@ class SessionEnding:
             )
             decided.status = SessionStatus.FAILED
             decided.error = decided.error or evaluated.error
-        return evaluated.reward, evaluated.trace_rewards
+            return EvaluateOutput(error=evaluated.error, evaluation=evaluated.evaluation)
+        return evaluated
 
     def _report(
         self,

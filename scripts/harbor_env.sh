@@ -9,8 +9,12 @@ HARBOR_VERSION=0.25.0
 VENV="${ROLLOUTD_VENV:-.venv}"
 TOOLS_DIR="${ROLLOUTD_TOOLS_DIR:-$HOME/.cache/rolloutd/tools}"
 python=""
-for candidate in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
-  if command -v "$candidate" >/dev/null 2>&1; then python=$(command -v "$candidate"); break; fi
+# a Python 3.12 that runs: a pyenv shim may be on PATH and refuse ("command not found")
+for candidate in "$HOME"/.pyenv/versions/3.12*/bin/python3.12 $(command -v python3.12 || true); do
+  if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+    python=$candidate
+    break
+  fi
 done
 [ -n "$python" ] || { echo "harbor_env: no Python 3.12 (PATH or ~/.pyenv)" >&2; exit 1; }
 if ! "$TOOLS_DIR/harbor/bin/python" -c "import importlib.metadata as m, sys;

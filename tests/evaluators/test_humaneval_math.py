@@ -111,7 +111,11 @@ async def test_math_answer_reads_the_answer_file(tmp_path):
         assert await run_check(runtime, spec) == {"answer": None}
         await runtime.upload("answer.txt", b"\\boxed{42}\n")
         check = await run_check(runtime, spec)
+        assert (await score(spec, check)).reward == 1.0
+        # a file past the bound is no answer, read or not
+        await runtime.upload("answer.txt", b"\\boxed{42}\n" + b" " * 70_000)
+        large = await run_check(runtime, spec)
     finally:
         await runtime.stop()
-    assert (await score(spec, check)).reward == 1.0
+    assert (await score(spec, large)).details["reason"] == "answer file over 65536 bytes"
     assert (await score(spec, {"answer": None})).details["reason"] == "no answer"

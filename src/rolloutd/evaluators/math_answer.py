@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rolloutd.errors import EvaluatorError, NotFoundError
+from rolloutd.errors import ArtifactTooLargeError, EvaluatorError, NotFoundError
 from rolloutd.evaluators.base import (
     CHECK_ARTIFACT,
     EvaluationContext,
@@ -36,9 +36,14 @@ from rolloutd.evaluators.base import (
 )
 from rolloutd.sandbox.runtimes.base import Runtime
 
+#: address space of the child, bytes: the answer is the policy's text, and sympy evaluates what
+#: it parses (``\boxed{10^{10^{10}}}``): past this the child fails, never the eval host.
+CHILD_ADDRESS_SPACE_BYTES = 4 * 2**30
+
 #: the child's program: JSON ``{"gold", "answer"}`` on stdin, JSON verdict on stdout.
 VERIFY_PROGRAM = r"""
-import json, sys
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 from math_verify import parse, verify
 req = json.load(sys.stdin)
 gold = req["gold"]
@@ -49,8 +54,8 @@ parsed_answer = parse(req["answer"])
 ok = bool(parsed_gold) and bool(parsed_answer) and bool(verify(parsed_gold, parsed_answer))
 json.dump({"verified": ok, "gold": [str(x) for x in parsed_gold],
            "parsed": [str(x) for x in parsed_answer]}, sys.stdout)
-"""
-#: bytes of the answer file read (a harness that dumps a log there is not an answer).
+""".replace("ADDRESS_SPACE", str(CHILD_ADDRESS_SPACE_BYTES))
+#: bytes of the answer file read; a larger file is no answer (a harness that dumped a log there).
 MAX_ANSWER_BYTES = 64 * 1024
 
 
@@ -105,6 +110,9 @@ class MathAnswer(Evaluator):
     """1.0 when math-verify finds the model's answer equivalent to the gold one, else 0.0."""
 
     name = "math_answer"
+    #: 2: an answer file over MAX_ANSWER_BYTES is no answer (it was cut); math-verify's child
+    #: is bounded in memory
+    revision = 2
 
     def params(self) -> MathAnswerParams:
         """The validated params.
@@ -118,13 +126,16 @@ class MathAnswer(Evaluator):
             raise EvaluatorError(f"evaluator.params of math_answer: {exc}") from exc
 
     async def collect(self, runtime: Runtime) -> dict[str, Any]:
-        """Read the answer file of ``runtime``: the ``check`` artifact ``{"answer": str|None}``."""
+        """Read the answer file of ``runtime``: the ``check`` artifact ``{"answer": str|None}``
+        (None, with ``error``, for a file over :data:`MAX_ANSWER_BYTES`)."""
         params = self.params()
         try:
-            data = await runtime.download(params.answer_file)
+            data = await runtime.download(params.answer_file, max_bytes=MAX_ANSWER_BYTES)
         except NotFoundError:
             return {"answer": None}
-        return {"answer": data[:MAX_ANSWER_BYTES].decode("utf-8", "replace")}
+        except ArtifactTooLargeError:
+            return {"answer": None, "error": f"answer file over {MAX_ANSWER_BYTES} bytes"}
+        return {"answer": data.decode("utf-8", "replace")}
 
     async def evaluate(self, ctx: EvaluationContext) -> EvaluationOutcome:
         """Score the answer with math-verify (in a subprocess)."""
@@ -132,8 +143,9 @@ class MathAnswer(Evaluator):
         check: Any = ctx.artifacts.get(CHECK_ARTIFACT)
         answer = check.get("answer") if isinstance(check, dict) else None
         if not answer or not str(answer).strip():
+            error = check.get("error") if isinstance(check, dict) else None
             return EvaluationOutcome(
-                reward=0.0, details={"reason": "no answer", "status": ctx.status.value}
+                reward=0.0, details={"reason": error or "no answer", "status": ctx.status.value}
             )
         verdict = await verify_answer(params.answer, str(answer), timeout_s=self.spec.timeout_s)
         if not verdict.get("verified"):

@@ -15,9 +15,12 @@ from rolloutd.evaluators import (
     evaluator_names,
     get_evaluator,
     register_evaluators,
+    run_check,
 )
 from rolloutd.evaluators.builtins import SessionCompleted, TestOnOutput
-from rolloutd.types import EvaluatorSpec, SessionStatus
+from rolloutd.sandbox.runtimes import create_runtime
+from rolloutd.types import EvaluatorSpec, RuntimeSpec, SessionStatus
+from tests.conftest import have_bwrap
 from tests.support.contexts import evaluation_context
 
 
@@ -170,3 +173,31 @@ async def test_session_completed_scores_zero_when_the_harness_hid_an_error_behin
     )
     assert (bad.reward, bad.details["harness_error"]) == (0.0, True)
     assert good.reward == 1.0
+
+
+@pytest.mark.sandbox
+@pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed")
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no system python3")
+async def test_a_check_does_not_load_the_agents_user_site_packages(tmp_path):
+    """A ``.pth`` the agent leaves in its HOME's user site-packages prints the expected output
+    and exits 0 in every interpreter started there; the check runs without user site-packages,
+    so a check of ``hello.py`` (never written) earns 0.0. The same command run without the
+    check's environment shows the cheat works."""
+    spec = EvaluatorSpec(
+        type="test_on_output", command="/usr/bin/python3 hello.py", expected_output="hello world"
+    )
+    runtime = create_runtime(RuntimeSpec(type="bwrap"), "user-site", tmp_path)
+    await runtime.start()
+    try:
+        site = f"{runtime.home}/.local/lib/python3.11/site-packages"
+        await runtime.upload(
+            f"{site}/zz.pth", b"import os; print('hello world', flush=True); os._exit(0)\n"
+        )
+        plain = await runtime.exec(["sh", "-c", spec.command])
+        check = await run_check(runtime, spec)
+    finally:
+        await runtime.stop()
+    assert (plain.exit_code, plain.stdout.strip()) == (0, "hello world")  # the cheat, unchecked
+    ctx = evaluation_context(spec, artifacts={"check": check})
+    outcome = await get_evaluator(spec).evaluate(ctx)
+    assert outcome.reward == 0.0 and "hello.py" in check["stderr"], check

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECK_ARTIFACT",
+    "CHECK_ENV",
     "ENTRY_POINT_GROUP",
     "EVALUATORS",
     "EvaluationContext",
@@ -59,6 +60,20 @@ __all__ = [
 
 #: the entry-point group installed distributions register evaluators under.
 ENTRY_POINT_GROUP = "rolloutd.evaluators"
+
+#: the environment a check command runs with on top of the runtime's: no Python user
+#: site-packages (the runtime's HOME is the agent's: a ``.pth`` or ``usercustomize.py`` there
+#: would run in every interpreter the check starts; Python's ``site`` documentation), and no
+#: git hooks or fsmonitor command from a repository's own configuration (git-config(1):
+#: ``core.hooksPath``, ``core.fsmonitor``; ``GIT_CONFIG_COUNT`` overrides the files)
+CHECK_ENV = {
+    "PYTHONNOUSERSITE": "1",
+    "GIT_CONFIG_COUNT": "2",
+    "GIT_CONFIG_KEY_0": "core.hooksPath",
+    "GIT_CONFIG_VALUE_0": "/dev/null",
+    "GIT_CONFIG_KEY_1": "core.fsmonitor",
+    "GIT_CONFIG_VALUE_1": "false",
+}
 
 
 class SupportsEvaluate(Protocol):
@@ -182,8 +197,8 @@ async def run_check(runtime: Runtime, spec: EvaluatorSpec) -> dict[str, Any] | N
     """The evaluator's in-runtime step: the ``check`` artifact, or None when it has none.
 
     An evaluator with ``async collect(runtime) -> dict`` (e.g. ``swebench``) runs that;
-    otherwise ``spec.command`` runs through ``sh -c`` in the workdir, limited to
-    ``spec.timeout_s``. An evaluator this host's registry does not hold (one the operator
+    otherwise ``spec.command`` runs through ``sh -c`` in the workdir with :data:`CHECK_ENV`,
+    limited to ``spec.timeout_s``. An evaluator this host's registry does not hold (one the operator
     registered on the eval fleet only) has its command as its in-runtime step.
 
     Returns:
@@ -197,6 +212,6 @@ async def run_check(runtime: Runtime, spec: EvaluatorSpec) -> dict[str, Any] | N
     if not spec.command:
         return None
     result = await runtime.exec(
-        ["sh", "-c", spec.command], cwd=runtime.workdir, timeout_s=spec.timeout_s
+        ["sh", "-c", spec.command], env=CHECK_ENV, cwd=runtime.workdir, timeout_s=spec.timeout_s
     )
     return result.model_dump(include={"exit_code", "stdout", "stderr", "timed_out"})

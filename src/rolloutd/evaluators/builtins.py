@@ -44,11 +44,22 @@ class TestOnOutput(Evaluator):
     """1.0 when the check command exited 0 and, if ``spec.expected_output`` is set, its
     stripped text occurs in the check's stdout; else 0.0.
 
+    What it trusts: the check command's exit code and stdout, as they come out of the runtime
+    it ran in (:func:`rolloutd.evaluators.run_check`). In the session's runtime (the
+    default) that is the agent's workdir and HOME as it left them: a file there that the
+    command loads (a ``conftest.py`` under ``pytest``, a module a script imports) decides as
+    much as the answer does. Python's user site-packages and a repository's git hooks are off
+    for the check (``CHECK_ENV``); the command's programs are the runtime's (read-only on
+    bwrap, the agent's own in a container it ran in). ``evaluator.runtime = "fresh"`` checks
+    only the session's ``git diff``, in a runtime the agent never ran in.
+
     Without a ``check`` artifact (the session ended before the check ran, or the spec has no
     command) the reward is 0.0 and ``details["reason"]`` says why.
     """
 
     name = "test_on_output"
+    #: 2: the check runs without Python's user site-packages and a repository's git hooks
+    revision = 2
     __test__ = False  # not a pytest class despite its name
 
     async def evaluate(self, ctx: EvaluationContext) -> EvaluationOutcome:

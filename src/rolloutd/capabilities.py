@@ -10,9 +10,11 @@ that no registered host can run, before any workflow starts, with an error namin
 - sandbox hosts publish each harness type whose adapter is built and whose CLI is installed on
   the host, with the CLI's version, and the types they cannot run with the reason;
 - sandbox hosts also publish their sandbox policy (:mod:`rolloutd.sandbox_policy`): the runtime
-  types, networks, images and upload sources the operator allows; a task outside the policy of
-  any registered sandbox host is refused, naming the field and the policy (any host may
-  provision it, and each checks again before a runtime starts);
+  types, networks, images and upload sources the operator allows, and the ceilings on a
+  runtime's resources (default and maximum processes, memory, CPUs, disk, ``/tmp``); a task
+  outside the policy of any registered sandbox host (a limit above a maximum among them) is
+  refused, naming the field and the policy (any host may provision it, and each checks again
+  before a runtime starts, where the defaults fill what the task did not ask);
 - eval hosts publish the names in their evaluator registry (built-ins, the
   ``rolloutd.evaluators`` entry-point group, the operator's ``ROLLOUTD_EVALUATORS``); a task
   names an evaluator by one of them, never by an import path (the submitting process and the
@@ -43,7 +45,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from rolloutd.payload import Payload
-from rolloutd.sandbox_policy import SandboxPolicy, violations
+from rolloutd.sandbox_policy import LIMIT_FIELDS, SandboxPolicy, violations
 from rolloutd.types import TaskRequest
 
 #: the fleet registry's workflow id (one per namespace).
@@ -141,7 +143,11 @@ class HostCapabilities(Payload):
         # a newer host's policy may have settings this version does not know: they are left
         # out here (the host enforces them itself), the operator's own input stays strict
         if isinstance(value, dict):
-            return {k: v for k, v in value.items() if k in SandboxPolicy.model_fields}
+            known = {k: v for k, v in value.items() if k in SandboxPolicy.model_fields}
+            for name in ("default_limits", "max_limits"):
+                if isinstance(known.get(name), dict):
+                    known[name] = {k: v for k, v in known[name].items() if k in LIMIT_FIELDS}
+            return known
         return value
 
 

@@ -18,7 +18,12 @@ What a policy governs:
 - ``images``: name patterns (:func:`fnmatch.fnmatchcase`) of container images a task may run;
 - ``upload_sources``: host folders and URL prefixes (``s3://bucket/prefix/``) prepare-step
   uploads may copy from (the worker reads them with its own credentials);
-- ``build_network``: whether a task's image build may use the network.
+- ``build_network``: whether a task's image build may use the network;
+- ``default_limits`` and ``max_limits``: the operator's ceilings on a runtime's resources
+  (:class:`Limits`: processes, memory, CPUs, disk, the size of ``/tmp``). A task asking above
+  a maximum is refused, naming the field; a task asking nothing gets the default where its
+  runtime starts (:func:`with_default_limits`), so every session on an isolating runtime runs
+  inside them. How each runtime enforces them while the session runs: docs/runtimes.md.
 
 Pure except :func:`enforce` (which resolves host paths): :func:`violations` runs in the
 submitting client and in workflow code.
@@ -29,10 +34,16 @@ from __future__ import annotations
 import fnmatch
 import os
 import posixpath
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from rolloutd.task_spec import RuntimeSpec, UploadStep
 
@@ -50,6 +61,56 @@ PATH_IMAGE_RUNTIMES = ("bwrap", "apptainer")
 NAMED_IMAGE_RUNTIMES = ("podman", "docker")
 #: the environment variable holding a fleet's policy as JSON (SandboxSettings.sandbox_policy).
 POLICY_ENV = "ROLLOUTD_SANDBOX_POLICY"
+
+
+#: the resource limits a policy bounds, as named in :class:`~rolloutd.task_spec.RuntimeSpec`.
+LIMIT_FIELDS = ("max_processes", "memory_mb", "cpus", "disk_mb", "tmpfs_mb")
+#: the limits each runtime type enforces while a session runs (docs/runtimes.md, "Ceilings"):
+#: the policy's defaults fill only these, and a task asking another is refused. ``local``
+#: isolates nothing and gets no default (it is off unless the operator lists it; a task may
+#: still ask it for ``memory_mb``, RLIMIT_AS, and ``max_processes``, not enforced there).
+ENFORCED_LIMITS: dict[str, tuple[str, ...]] = {
+    "bwrap": LIMIT_FIELDS,
+    "podman": LIMIT_FIELDS,
+    "docker": LIMIT_FIELDS,
+    "apptainer": ("max_processes", "memory_mb", "cpus"),
+}
+#: runtime types the ceilings apply to.
+LIMITED_RUNTIMES: tuple[str, ...] = tuple(ENFORCED_LIMITS)
+
+
+class Limits(BaseModel):
+    """Resource limits of a runtime (the fields of :class:`~rolloutd.task_spec.RuntimeSpec` of
+    the same names); None: no limit.
+
+    Attributes:
+        max_processes: tasks (processes and threads) at once.
+        memory_mb: memory of all the runtime's processes together (page cache and tmpfs
+            pages included), MiB, no swap.
+        cpus: CPU bandwidth, cores.
+        disk_mb: what the runtime may write to disk: its workspace, home and logs (and a
+            container's writable layer where the runtime can bound it), MiB.
+        tmpfs_mb: the size of ``/tmp``, a tmpfs (its pages count against ``memory_mb`` too), MiB.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_processes: int | None = Field(default=None, ge=1)
+    memory_mb: int | None = Field(default=None, ge=16)
+    cpus: float | None = Field(default=None, gt=0, le=1024)
+    disk_mb: int | None = Field(default=None, ge=16)
+    tmpfs_mb: int | None = Field(default=None, ge=1)
+
+    def describe(self) -> str:
+        """The limits in one line (``max_processes=1024, memory_mb=4096, ...``)."""
+        return ", ".join(f"{f}={getattr(self, f)}" for f in LIMIT_FIELDS) or "none"
+
+
+#: what a task that asks nothing gets, unless the operator says otherwise: room for an agent
+#: CLI (node), its tools and a test suite, eight of them on a 2-core, 24 GiB host.
+DEFAULT_LIMITS = Limits(max_processes=1024, memory_mb=4096, cpus=2.0, disk_mb=10_240, tmpfs_mb=1024)
+#: the most a task may ask for, unless the operator says otherwise.
+MAX_LIMITS = Limits(max_processes=8192, memory_mb=16_384, cpus=8.0, disk_mb=51_200, tmpfs_mb=8192)
 
 
 def _absolute_folder(value: str, field: str) -> str:
@@ -78,10 +139,16 @@ class SandboxPolicy(BaseModel):
             and a bucket or host (``s3://bucket/prefix/``) that prepare-step uploads may read.
         build_network: whether an image build from a task's Dockerfile may reach the network
             (``podman build --network``); off, a build sees none.
+        default_limits: what a task on an isolating runtime gets for each limit it does not
+            ask for (:data:`DEFAULT_LIMITS`, at most the maximum, for each one the operator does
+            not name; null: none, and then the maximum applies, so no session runs above a
+            maximum).
+        max_limits: the most a task may ask for (:data:`MAX_LIMITS` for each one the operator
+            does not name; null: no maximum); above it, a task is refused.
 
     Raises:
         pydantic.ValidationError: ``/`` as an image root or upload source, a relative folder,
-            or a URL prefix without a bucket or host.
+            a URL prefix without a bucket or host, or a default above its maximum.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -92,6 +159,46 @@ class SandboxPolicy(BaseModel):
     images: list[str] = Field(default_factory=lambda: ["*"])
     upload_sources: list[str] = Field(default_factory=list)
     build_network: bool = False
+    default_limits: Limits = DEFAULT_LIMITS
+    max_limits: Limits = MAX_LIMITS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _over_the_defaults(cls, data: Any) -> Any:
+        # an operator naming one limit keeps the others' built-in values (null says "none");
+        # a built-in default above the operator's maximum comes down to it
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        maxima = data.get("max_limits", MAX_LIMITS)
+        if isinstance(maxima, dict):
+            maxima = data["max_limits"] = {**MAX_LIMITS.model_dump(), **maxima}
+        elif isinstance(maxima, Limits):
+            maxima = maxima.model_dump()
+        defaults = data.get("default_limits", {})
+        if isinstance(defaults, dict):
+            built_in = DEFAULT_LIMITS.model_dump()
+            for name, maximum in maxima.items():
+                if built_in[name] is not None and maximum is not None:
+                    built_in[name] = min(built_in[name], maximum)
+            data["default_limits"] = {**built_in, **defaults}
+        return data
+
+    @model_validator(mode="after")
+    def _defaults_within_maxima(self) -> SandboxPolicy:
+        for name in LIMIT_FIELDS:
+            default, maximum = getattr(self.default_limits, name), getattr(self.max_limits, name)
+            if default is not None and maximum is not None and default > maximum:
+                raise ValueError(
+                    f"default_limits.{name}={default} is above max_limits.{name}={maximum}"
+                )
+        return self
+
+    def default_limit(self, name: str) -> int | float | None:
+        """The limit ``name`` (one of :data:`LIMIT_FIELDS`) a task that does not ask for it
+        gets: ``default_limits``' value, else ``max_limits``' (None: no limit)."""
+        default = getattr(self.default_limits, name)
+        return default if default is not None else getattr(self.max_limits, name)
 
     @field_validator("image_roots")
     @classmethod
@@ -122,7 +229,8 @@ class SandboxPolicy(BaseModel):
             f"networks: {', '.join(sorted({*self.networks, 'none'}))}; "
             f"image_roots: {', '.join(self.image_roots) or 'none'}; "
             f"images: {', '.join(self.images) or 'none'}; "
-            f"upload_sources: {', '.join(self.upload_sources) or 'none'}"
+            f"upload_sources: {', '.join(self.upload_sources) or 'none'}; "
+            f"max_limits: {self.max_limits.describe()}"
         )
 
 
@@ -213,6 +321,20 @@ def violations(
         context = _host_path(spec.build.context, resolve=resolve)
         if not context or not _under(context, policy.image_roots):
             refuse("build.context", spec.build.context, image_roots)
+    if spec.type in LIMITED_RUNTIMES:
+        for name in LIMIT_FIELDS:
+            asked, maximum = getattr(spec, name), getattr(policy.max_limits, name)
+            if asked is None:
+                continue
+            if name not in ENFORCED_LIMITS[spec.type]:
+                refuse(
+                    name,
+                    asked,
+                    f"{spec.type} enforces {', '.join(ENFORCED_LIMITS[spec.type])}",
+                    f"the {spec.type} runtime cannot enforce it",
+                )
+            elif maximum is not None and asked > maximum:
+                refuse(name, asked, f"max_limits.{name}: {maximum}", "above the maximum")
     for index, step in enumerate(spec.prepare):
         if isinstance(step, UploadStep):
             why = upload_violation(step.source, policy, resolve=resolve)
@@ -224,6 +346,29 @@ def violations(
                     why,
                 )
     return found
+
+
+def with_default_limits(spec: RuntimeSpec, policy: SandboxPolicy) -> RuntimeSpec:
+    """``spec`` with the policy's default for each limit it does not ask for and its runtime
+    enforces (:data:`ENFORCED_LIMITS`; ``local`` enforces none and is returned as it is).
+
+    Args:
+        spec: a runtime spec within the policy (:func:`violations` found nothing).
+        policy: the sandbox host's policy.
+
+    Returns:
+        A copy with every limit of :data:`ENFORCED_LIMITS` the spec left None set to
+        :meth:`SandboxPolicy.default_limit` (still None where the policy sets neither a
+        default nor a maximum).
+    """
+    if spec.type not in LIMITED_RUNTIMES:
+        return spec
+    update = {
+        name: policy.default_limit(name)
+        for name in ENFORCED_LIMITS[spec.type]
+        if getattr(spec, name) is None and policy.default_limit(name) is not None
+    }
+    return spec.model_copy(update=update) if update else spec
 
 
 def check_message(found: list[tuple[str, str]]) -> str:

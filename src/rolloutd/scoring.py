@@ -78,10 +78,11 @@ def failure_of(result: SessionResult | Trajectory) -> FailureCause | None:
 
 
 def is_policy_timeout(failure: FailureCause) -> bool:
-    """A failure the policy is accountable for: a run-phase timeout while the model kept
-    answering (``FailureCause.policy_accountable``, set by the session workflow: no backend
-    error stood unrecovered and no call waited on the engine at the deadline). The only
-    failure a reward may measure; the task's ``timeout_reward`` may still leave it unscored."""
+    """A failure the policy is accountable for (``FailureCause.policy_accountable``, set by the
+    session workflow): a run-phase timeout while the model kept answering (no backend error
+    stood unrecovered and no call waited on the engine at the deadline), or a ceiling its run
+    reached after an answered call (reward 0.0). The only failures a reward may measure; the
+    task's ``timeout_reward`` may still leave a timeout unscored."""
     return failure.policy_accountable
 
 

@@ -436,7 +436,9 @@ class SandboxSettings(CommonSettings):
         '(ROLLOUTD_SANDBOX_POLICY=\'{"runtimes": ["bwrap"], ...}\'; '
         "rolloutd.sandbox_policy.SandboxPolicy): runtime types (default every isolating "
         "one, `local` only where listed), networks (default gateway and none), image_roots, "
-        "images, upload_sources (default none), build_network (default off). Published with "
+        "images, upload_sources (default none), build_network (default off), default_limits "
+        "and max_limits (each runtime's processes, memory, CPUs, disk and /tmp: a task above "
+        "a maximum is refused, one asking nothing gets the defaults). Published with "
         "the host's capabilities, checked at submit and again before a runtime starts",
     )
     image_cache_gb: float = Field(

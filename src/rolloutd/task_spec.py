@@ -137,8 +137,11 @@ class RuntimeSpec(Payload):
 
     ``network`` defaults to ``gateway`` (only the session's gateway is reachable) on every
     isolating runtime and to ``host`` on ``local``, which isolates nothing.
-    Limits (``cpus``, ``memory_mb``, ``max_processes``, ``wall_time_s``) are enforced or the
-    runtime refuses to start (see each runtime's docstring for how).
+    Limits (``cpus``, ``memory_mb``, ``max_processes``, ``disk_mb``, ``tmpfs_mb``,
+    ``wall_time_s``) are enforced or the runtime refuses to start (see each runtime's docstring
+    for how). The sandbox policy's ceilings bound them: a task asking above a maximum is refused,
+    and one asking nothing gets the policy's default where its runtime starts
+    (:mod:`rolloutd.sandbox_policy`).
     """
 
     type: Literal["local", "bwrap", "podman", "apptainer", "docker"] = Field(
@@ -163,9 +166,18 @@ class RuntimeSpec(Payload):
         description="network policy: `gateway` (default where isolated) reaches only the "
         "session's gateway, `none` nothing, `host` the host's network",
     )
-    max_processes: int | None = Field(default=None, ge=1, description="process limit")
+    max_processes: int | None = Field(
+        default=None, ge=1, description="process limit (tasks: processes and threads)"
+    )
     memory_mb: int | None = Field(default=None, ge=16, description="memory limit, MiB")
     cpus: float | None = Field(default=None, gt=0, le=1024, description="CPU limit, cores")
+    disk_mb: int | None = Field(
+        default=None,
+        ge=16,
+        description="disk limit, MiB: the workspace, home and logs (and a container's "
+        "writable layer where the runtime can bound it)",
+    )
+    tmpfs_mb: int | None = Field(default=None, ge=1, description="size of /tmp (a tmpfs), MiB")
     wall_time_s: float | None = Field(
         default=None,
         gt=0,

@@ -246,6 +246,7 @@ async def test_the_sandbox_host_refuses_what_submit_did_not_check(tmp_path: Path
         RuntimeSpec(type="local"),
         RuntimeSpec(type="bwrap", network="host"),
         RuntimeSpec(type="bwrap", prepare=[{"type": "upload", "source": "/proc/self/environ"}]),
+        RuntimeSpec(type="bwrap", disk_mb=10**7),  # above the policy's maximum
     ):
         session_id = f"p/{uuid.uuid4().hex[:6]}"
         with pytest.raises(ApplicationError) as refused:
@@ -296,6 +297,7 @@ async def test_a_sandbox_host_publishes_its_policy_and_submit_refuses_by_it(
                 {"type": "bwrap", "prepare": [{"type": "upload", "source": "/proc/self/environ"}]},
                 "runtime.prepare[0].source",
             ),
+            ({"type": "bwrap", "memory_mb": 10**6}, "runtime.memory_mb"),
         ):
             with pytest.raises(InvalidTaskError) as refused:
                 await rollout.submit(task(runtime).model_dump())

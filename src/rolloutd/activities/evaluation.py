@@ -194,7 +194,10 @@ class EvalActivities:
             if input.forced_reward is not None:
                 # the task decides this session's reward (a policy-accountable run timeout,
                 # an invalid tool call, a limit hit): the evaluator is not asked
-                outcome = EvaluationOutcome(reward=input.forced_reward, details={"forced": True})
+                details: dict[str, object] = {"forced": True}
+                if input.forced_reason:
+                    details["reason"] = input.forced_reason
+                outcome = EvaluationOutcome(reward=input.forced_reward, details=details)
             else:
                 try:
                     evaluator = get_evaluator(input.evaluator)

@@ -239,6 +239,12 @@ class RunHarnessOutput(Payload):
         description="the gateway's verdict that stopped the harness: its model calls stood "
         "unanswered for ``backend_dead_after_s`` (None: not stopped for that)",
     )
+    limit_reached: str | None = Field(
+        default=None,
+        description="the runtime's ceiling (a resource limit of the sandbox policy or the task) "
+        "the run reached, naming the limit: ``max_processes``, ``memory_mb``, ``disk_mb`` or "
+        "``tmpfs_mb`` (the harness was stopped then); None: none",
+    )
     duration_s: float = 0.0
     stdout_tail: str = ""
     stderr_tail: str = ""
@@ -284,8 +290,13 @@ class EvaluateInput(Payload):
         default=None,
         description="the session's reward decided by the task, not the evaluator (a run-phase "
         "timeout's ``timeout_reward``, an invalid tool call's "
-        "``invalid_tool_call_reward``): the evaluator is not run and the trajectory "
-        "gets this reward",
+        "``invalid_tool_call_reward``, a ceiling the run reached after an answered call): "
+        "the evaluator is not run and the trajectory gets this reward",
+    )
+    forced_reason: str | None = Field(
+        default=None,
+        description="why the reward was forced, in words (the ceiling reached, naming the "
+        "limit), for the evaluation record's reason",
     )
 
 

@@ -97,6 +97,28 @@ class _RunEnd:
     signal_sent: int | None = None
     #: the host began to drain: the run is handed back
     drained: bool = False
+    #: the runtime's ceiling the run reached, naming the limit (the harness was stopped)
+    limit_reached: str | None = None
+
+
+class _CeilingWatch:
+    """Which of a runtime's ceilings its processes reached since the harness started
+    (:meth:`Runtime.ceilings_reached`, read off the event loop: without a sized disk it walks
+    the runtime's folder)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.before: set[str] = set()
+
+    async def start(self) -> None:
+        """Note what was reached before the harness (by prepare steps): not the run's."""
+        self.before = set(await asyncio.to_thread(self.runtime.ceilings_reached))
+
+    async def reached(self) -> str | None:
+        """The first ceiling reached since :meth:`start`, in words naming the limit."""
+        now = await asyncio.to_thread(self.runtime.ceilings_reached)
+        new = [why for name, why in sorted(now.items()) if name not in self.before]
+        return new[0] if new else None
 
 
 class SandboxActivities:
@@ -266,13 +288,15 @@ class SandboxActivities:
         )
         runtime, adapter, command = await self._prepare_harness(input)
         timeout_s = min(input.timeout_s, runtime.spec.wall_time_s or input.timeout_s)
+        ceilings = _CeilingWatch(runtime)
+        await ceilings.start()
         t0 = time.monotonic()
         proc = await runtime.spawn(
             command.command, env=command.env, cwd=command.cwd or runtime.workdir, name="harness"
         )
         log.info("harness_started", harness=input.harness.type, pid=proc.pid)
         try:
-            end = await self._watch(input, proc, timeout_s, t0)
+            end = await self._watch(input, proc, timeout_s, t0, ceilings)
         except asyncio.CancelledError:
             # a cancelled session's output is not wanted: a short grace keeps mass
             # cancellation (a trainer dropping a step's rollouts) within seconds
@@ -321,11 +345,18 @@ class SandboxActivities:
         return runtime, adapter, command
 
     async def _watch(
-        self, input: RunHarnessInput, proc: RuntimeProcess, timeout_s: float, t0: float
+        self,
+        input: RunHarnessInput,
+        proc: RuntimeProcess,
+        timeout_s: float,
+        t0: float,
+        ceilings: _CeilingWatch,
     ) -> _RunEnd:
         """Wait for the harness, heartbeating every second, until it exits, its budget runs
-        out (it is terminated), the gateway's verdict is ``backend`` (it is terminated) or the
-        host drains (left to :meth:`_drain_run`)."""
+        out (it is terminated), the gateway's verdict is ``backend`` (it is terminated), the
+        runtime reaches one of its ceilings (it is terminated: ``limit_reached``) or the host
+        drains (left to :meth:`_drain_run`). A ceiling reached by the time the harness exited
+        on its own is reported too."""
         end = _RunEnd()
         completions = CompletionLog(self.store, input.session_id)
         beats = num_completions = 0
@@ -343,6 +374,16 @@ class SandboxActivities:
                     return end
                 end.exit_code = await proc.wait(min(HEARTBEAT_EVERY_S, timeout_s - elapsed))
                 if end.exit_code is not None:
+                    end.limit_reached = await ceilings.reached()
+                    return end
+                if reached := await ceilings.reached():
+                    # a ceiling is the operator's: the session is scored as reaching it
+                    # (0.0 after an answered call), so running on would measure nothing
+                    log.warning("harness_stopped_limit_reached", limit=reached)
+                    end.limit_reached = reached
+                    await proc.terminate()
+                    code = end.exit_code = proc.returncode
+                    end.signal_sent = -code if code is not None and code < 0 else None
                     return end
                 beats += 1
                 if beats % COUNT_COMPLETIONS_EVERY == 1:  # a store listing: not every beat
@@ -417,6 +458,7 @@ class SandboxActivities:
             ),
             num_oom_kills=runtime.num_oom_kills,
             backend_verdict=end.backend_verdict,
+            limit_reached=end.limit_reached,
         )
 
     async def _drain_run(self, proc: RuntimeProcess, runtime_id: str, elapsed_s: float) -> None:

@@ -10,7 +10,8 @@ starts it calls :func:`reclaim_orphans`: every runtime whose owner is gone is re
 is every process carrying ``ROLLOUTD_RUNTIME_ID={runtime_id}`` in its environment (every
 runtime command starts with it; bwrap sandboxes also die with their worker through
 ``--die-with-parent``) is killed with its process group, the runtime's cgroups are emptied and
-removed, and its folder is deleted. Runtimes of live workers sharing the root are left alone.
+removed, its sized disk (:mod:`rolloutd.sandbox.runtimes.disk`) unmounted and its image
+deleted, and its folder is deleted. Runtimes of live workers sharing the root are left alone.
 
 Container runtimes (podman, docker) are found by label as well: every container whose label
 ``rolloutd.root`` names this root and whose ``rolloutd.runtime_id`` has no live owner is
@@ -31,7 +32,9 @@ from pathlib import Path
 
 import structlog
 
+from rolloutd.errors import RuntimeStartError
 from rolloutd.processes import kill_process_group_of, process_start_ticks
+from rolloutd.sandbox.runtimes import disk
 from rolloutd.sandbox.runtimes.limits import RuntimeCgroup
 from rolloutd.sandbox.runtimes.podman import ROOT_LABEL, RUNTIME_LABEL, container_binaries
 
@@ -186,11 +189,15 @@ def reclaim_orphans(root: Path, *, timeout_s: float = 10.0) -> ReclaimReport:
     if not root.is_dir():
         return report
     candidates = {
-        d.name for d in root.iterdir() if d.is_dir() and d.name not in (OWNERS_DIR, ".images")
+        d.name
+        for d in root.iterdir()
+        if d.is_dir() and d.name not in (OWNERS_DIR, ".images", disk.DISKS_DIR)
     }
     owners_dir = root / OWNERS_DIR
     if owners_dir.is_dir():
         candidates |= {p.stem for p in owners_dir.glob("*.json")}
+    if (root / disk.DISKS_DIR).is_dir():
+        candidates |= {p.stem for p in (root / disk.DISKS_DIR).glob("*.img")}
     containers = labelled_containers(root)
     candidates |= set(containers)
     orphans = {r for r in candidates if not _owner_alive(root, r)}
@@ -209,6 +216,10 @@ def reclaim_orphans(root: Path, *, timeout_s: float = 10.0) -> ReclaimReport:
         time.sleep(0.05)  # killed processes leave /proc once their parent reaps them
     for runtime_id in sorted(orphans):
         RuntimeCgroup.existing(runtime_id).remove(timeout_s=2.0)
+        try:  # its sized disk, unmounted before its folder is removed
+            disk.release(root / runtime_id, disk.image_path(root, runtime_id))
+        except RuntimeStartError as exc:
+            log.error("runtime_disk_not_released", runtime_id=runtime_id, error=str(exc))
         shutil.rmtree(root / runtime_id, ignore_errors=True)
         release(root, runtime_id)
         report.runtime_ids.append(runtime_id)

@@ -165,6 +165,43 @@ def test_a_run_timeout_is_the_policys_only_while_the_model_kept_answering() -> N
     assert backend is not None and backend.kind == "backend"
 
 
+LIMIT = "max_processes=1024 reached: the kernel refused 3 fork(s) (pids cgroup)"
+
+
+def test_a_ceiling_reached_after_an_answered_call_is_the_policys_and_scores_0() -> None:
+    """A ceiling is the operator's and the policy can reach it on purpose: never "no reward",
+    never a replacement. It wins over the harness's exit, a failed backend call and a run
+    timeout (the sandbox stopped the harness at the ceiling)."""
+    for facts in (
+        ran(limit_reached=LIMIT),
+        ran(limit_reached=LIMIT, harness_exit=-15, signal_sent=15),
+        ran(limit_reached=LIMIT, num_unrecovered_backend_errors=1),
+        ran(limit_reached=LIMIT, failed_phase="run", timed_out=True),
+    ):
+        failure = classify(facts)
+        assert failure is not None and (failure.kind, failure.phase) == ("harness", "run")
+        assert failure.policy_accountable and not failure.retryable
+        assert LIMIT in failure.message
+        assert scoring(failure, None) == ("force", 0.0)
+        assert scoring(failure, "evaluate") == ("force", 0.0)
+    # the control: the same run without the ceiling is evaluated
+    assert scoring(classify(ran(harness_exit=-15, signal_sent=15)), None) == ("evaluate", None)
+
+
+def test_a_ceiling_reached_before_any_answered_call_gets_no_reward_and_no_retry() -> None:
+    for harness in ("qwen_code", "shell"):
+        failure = classify(ran(limit_reached=LIMIT, num_completions=0, harness_type=harness))
+        assert failure is not None and (failure.kind, failure.phase) == ("harness", "run")
+        assert not failure.policy_accountable and not failure.retryable
+        assert "before any answered model call" in failure.message and LIMIT in failure.message
+        assert scoring(failure, 0.0) == ("skip", None)
+
+
+def test_a_lost_host_still_wins_over_a_ceiling() -> None:
+    failure = classify(ran(limit_reached=LIMIT, failed_phase="run", host_lost=True))
+    assert failure is not None and failure.kind == "sandbox"
+
+
 def result(index: int, failure: FailureCause | None = None, **fields: Any) -> SessionResult:
     values: dict[str, Any] = {
         "session_id": f"t/{index}",

@@ -13,10 +13,21 @@ from pathlib import Path
 from rolloutd.errors import ConfigError, PolicyError
 from rolloutd.sandbox.runtimes.base import ExecResult, Runtime
 from rolloutd.sandbox.runtimes.process import RuntimeProcess
-from rolloutd.sandbox_policy import SandboxPolicy, check_message, violations
+from rolloutd.sandbox_policy import (
+    SandboxPolicy,
+    check_message,
+    violations,
+    with_default_limits,
+)
 from rolloutd.types import RuntimeSpec
 
-__all__ = ["ExecResult", "Runtime", "RuntimeProcess", "create_runtime", "installed_runtimes"]
+__all__ = [
+    "ExecResult",
+    "Runtime",
+    "RuntimeProcess",
+    "create_runtime",
+    "installed_runtimes",
+]
 
 #: the program each runtime type needs on the host (``local`` needs none).
 RUNTIME_PROGRAMS = {
@@ -64,9 +75,10 @@ def create_runtime(
         runtime_id: unique on this host; letters, digits, '.', '_' and '-' (a folder name).
         root: host folder of the runtimes (``SandboxSettings.runtime_root``).
         grace_s: seconds between SIGTERM and SIGKILL when its processes are terminated.
-        policy: the sandbox fleet's policy, checked when the runtime starts; the sandbox
-            fleet always passes its own. None (a trusted caller: tests, benchmarks): not
-            checked.
+        policy: the sandbox fleet's policy, checked when the runtime starts, whose default
+            limits fill those ``spec`` does not ask for (the runtime's :attr:`Runtime.spec`
+            has them); the sandbox fleet always passes its own. None (a trusted caller:
+            tests, benchmarks): not checked, no default limits.
         host_id: this host's id (a label of podman and docker containers).
 
     Returns:
@@ -76,8 +88,10 @@ def create_runtime(
         PolicyError: ``spec.type`` is outside ``policy`` (the rest is checked at start).
         ConfigError: an unknown or not yet built runtime type, or a spec it cannot honour.
     """
-    if policy is not None and spec.type not in policy.runtimes:
-        raise PolicyError(check_message(violations(spec, policy)))
+    if policy is not None:
+        if spec.type not in policy.runtimes:
+            raise PolicyError(check_message(violations(spec, policy)))
+        spec = with_default_limits(spec, policy)
     kwargs = {"grace_s": grace_s, "policy": policy}
     if spec.type == "local":
         from rolloutd.sandbox.runtimes.local import LocalRuntime

@@ -168,6 +168,20 @@ class Runtime(abc.ABC):
     async def _cleanup(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release what :meth:`_check` set up (after every process is gone, before rmtree)."""
 
+    async def _make_runtime_dir(self) -> None:  # noqa: B027 - optional hook
+        """Prepare :attr:`runtime_dir` before its folders are made (a sized disk mounted
+        there); by default nothing: the folders are made below a plain folder."""
+
+    async def _release_runtime_dir(self) -> None:  # noqa: B027 - optional hook
+        """Undo :meth:`_make_runtime_dir` (after :meth:`_cleanup`, before rmtree); idempotent."""
+
+    def ceilings_reached(self) -> dict[str, str]:
+        """The runtime's resource ceilings its processes reached so far: limit name
+        (``max_processes``, ``memory_mb``, ``disk_mb``, ``tmpfs_mb``) -> what happened, naming
+        the limit. Cheap (a few small reads): the harness's watch calls it every heartbeat.
+        Empty by default (a runtime that cannot tell)."""
+        return {}
+
     def _host_env(
         self, argv: list[str], env: dict[str, str], host_argv: list[str]
     ) -> dict[str, str]:
@@ -227,6 +241,11 @@ class Runtime(abc.ABC):
         began = time.monotonic()
         if self.runtime_dir.exists():
             shutil.rmtree(self.runtime_dir)
+        try:
+            await self._make_runtime_dir()
+        except BaseException:
+            await self._release_runtime_dir()
+            raise
         for folder in (self.workspace, self.host_home, self.logs_dir):
             folder.mkdir(parents=True)
         for path, text in self.spec.files.items():
@@ -269,7 +288,10 @@ class Runtime(abc.ABC):
         try:
             await self._cleanup()
         finally:
-            shutil.rmtree(self.runtime_dir, ignore_errors=True)
+            try:
+                await self._release_runtime_dir()
+            finally:
+                shutil.rmtree(self.runtime_dir, ignore_errors=True)
         log.info(
             "runtime_stopped",
             runtime=self.type,

@@ -100,10 +100,11 @@ from rolloutd.errors import ConfigError, ExecServerError, RuntimeStartError
 from rolloutd.sandbox.config import npm_prefix, tool_python_dirs, tools_dir
 from rolloutd.sandbox.runtimes import exec_server_inside
 from rolloutd.sandbox.runtimes.base import check_spec_network
+from rolloutd.sandbox.runtimes.disk import FULL_BELOW_BYTES
 from rolloutd.sandbox.runtimes.exec_runtime import GATEWAY_PORT, ExecServerRuntime, chown_tree
 from rolloutd.sandbox.runtimes.exec_server import ExecServerClient
 from rolloutd.sandbox.runtimes.gateway_relay import GatewayRelay
-from rolloutd.sandbox.runtimes.limits import RuntimeCgroup, rlimit_as
+from rolloutd.sandbox.runtimes.limits import RuntimeCgroup, rlimit_as, rlimit_fsize
 from rolloutd.sandbox.runtimes.process import RuntimeProcess
 from rolloutd.sandbox.runtimes.roots import (
     HOME_INSIDE,
@@ -254,7 +255,10 @@ class BwrapRuntime(ExecServerRuntime):
             root_args, existing = system_binds(), (*SYSTEM_DIRS, *SYSTEM_LINKS)
             extra = self._extra_ro_dirs()
         args += root_args
-        args += ["--perms", "1777", "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
+        args += ["--perms", "1777"]
+        if self.spec.tmpfs_mb:
+            args += ["--size", str(self.spec.tmpfs_mb * 2**20)]
+        args += ["--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
         # bwrap creates missing parents of a mount point with mode 0700: a command that is not
         # root could not reach the Python installation, the workspace or its home
         for parent in parents_to_create(
@@ -346,6 +350,37 @@ class BwrapRuntime(ExecServerRuntime):
     def _oom_kills(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup is not None else 0
 
+    def ceilings_reached(self) -> dict[str, str]:
+        """The ceilings the sandbox reached (see :meth:`Runtime.ceilings_reached`): forks the
+        pids cgroup refused, processes the memory cgroup's OOM killer killed, a full disk
+        (:meth:`disk_reached`), a full ``/tmp`` (its tmpfs, read through the exec server's
+        ``/proc/{pid}/root``)."""
+        spec, reached = self.spec, {}
+        if self.cgroup is not None:
+            if spec.max_processes and (refused := self.cgroup.forks_refused()):
+                reached["max_processes"] = (
+                    f"max_processes={spec.max_processes} reached: the kernel refused "
+                    f"{refused} fork(s) (pids cgroup)"
+                )
+            if spec.memory_mb and (killed := self.cgroup.oom_kills()):
+                reached["memory_mb"] = (
+                    f"memory_mb={spec.memory_mb} reached: the kernel's OOM killer killed "
+                    f"{killed} process(es) (memory cgroup)"
+                )
+        if why := self.disk_reached():
+            reached["disk_mb"] = why
+        if spec.tmpfs_mb and self.exec_server_pid is not None:
+            try:
+                tmp = os.statvfs(f"/proc/{self.exec_server_pid}/root/tmp")
+            except OSError:  # the sandbox is gone
+                tmp = None
+            # full: less than 1 MiB free, or than 1/64 of a small /tmp
+            if tmp is not None and tmp.f_bavail * tmp.f_frsize <= min(
+                FULL_BELOW_BYTES, tmp.f_blocks * tmp.f_frsize // 64
+            ):
+                reached["tmpfs_mb"] = f"tmpfs_mb={spec.tmpfs_mb} reached: /tmp is full"
+        return reached
+
     def _confine(self, pid: int) -> None:
         """Put the exec server (host ``pid``, not forking yet) under the runtime's limits.
 
@@ -365,6 +400,8 @@ class BwrapRuntime(ExecServerRuntime):
             self.cgroup.attach(pid)
             if spec.memory_mb and self.cgroup.memory_dir is None:
                 rlimit_as(pid, spec.memory_mb)
+            if spec.disk_mb and self.disk is None:  # no sized disk: no file past the ceiling
+                rlimit_fsize(pid, spec.disk_mb)
         except OSError as exc:
             raise RuntimeStartError(
                 f"bwrap runtime {self.runtime_id}: cannot confine the sandbox: {exc}"
@@ -431,7 +468,8 @@ class BwrapRuntime(ExecServerRuntime):
             finally:
                 os.close(info_r)
             # the cgroup move waits for the kernel while bwrap sets up and Python starts
-            limited = self.spec.max_processes or self.spec.cpus or self.spec.memory_mb
+            spec = self.spec
+            limited = spec.max_processes or spec.cpus or spec.memory_mb or spec.disk_mb
             confined = (
                 asyncio.ensure_future(asyncio.to_thread(self._confine, pid)) if limited else None
             )

@@ -1,7 +1,8 @@
 """What the bwrap and container runtimes share: commands start through an exec server running
 inside the runtime (:mod:`rolloutd.sandbox.runtimes.exec_server`), the gateway is reached
-through a relay (:mod:`rolloutd.sandbox.runtimes.gateway_relay`), and files the worker writes
-for the runtime are handed to the user commands run as.
+through a relay (:mod:`rolloutd.sandbox.runtimes.gateway_relay`), files the worker writes
+for the runtime are handed to the user commands run as, and the runtime's folder is a sized
+disk (``disk_mb``, :mod:`rolloutd.sandbox.runtimes.disk`) where the host can make one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import structlog
 
 from rolloutd.errors import ConfigError, ExecServerError
 from rolloutd.sandbox.runtimes.base import LaunchError, Runtime
+from rolloutd.sandbox.runtimes.disk import RuntimeDisk, folder_bytes, sized_disks_available
 from rolloutd.sandbox.runtimes.exec_server import ExecServerClient
 from rolloutd.sandbox.runtimes.gateway_relay import GatewayRelay, rewrite_url
 from rolloutd.sandbox.runtimes.process import RuntimeProcess
@@ -36,6 +38,8 @@ class ExecServerRuntime(Runtime):
     Attributes:
         relay: the gateway relay, once started with ``network: gateway`` (else None).
         uid, gid: host ids :meth:`adopt` hands files to (set by the subclass).
+        disk: the sized disk mounted at the runtime's folder (None: no ``disk_mb``, or a
+            host that cannot make one: see :meth:`disk_reached`).
     """
 
     #: what the runtime's commands run in, for error messages ("sandbox", "container").
@@ -46,6 +50,38 @@ class ExecServerRuntime(Runtime):
         self.relay: GatewayRelay | None = None
         self._exec_server: ExecServerClient | None = None
         self.uid = self.gid = -1
+        self.disk: RuntimeDisk | None = None
+
+    async def _make_runtime_dir(self) -> None:
+        """Mount a file system of ``spec.disk_mb`` at the runtime's folder, where the host can."""
+        if self.spec.disk_mb and sized_disks_available():
+            self.disk = await asyncio.to_thread(
+                RuntimeDisk.create,
+                self.runtime_dir.parent,
+                self.runtime_id,
+                self.runtime_dir,
+                self.spec.disk_mb,
+            )
+
+    async def _release_runtime_dir(self) -> None:
+        if self.disk is not None:
+            await asyncio.to_thread(self.disk.remove)
+            self.disk = None
+
+    def disk_reached(self) -> str | None:
+        """``disk_mb`` in words when the runtime filled its disk, else None: its sized disk is
+        full, or (a host without sized disks) its folder holds more than ``disk_mb``."""
+        limit = self.spec.disk_mb
+        if not limit or self.state != "started":
+            return None
+        if self.disk is not None:
+            if self.disk.full():
+                return f"disk_mb={limit} reached: the runtime's disk is full"
+            return None
+        used = folder_bytes(self.runtime_dir)
+        if used >= limit * 2**20:
+            return f"disk_mb={limit} reached: the runtime's files take {used >> 20} MiB"
+        return None
 
     def _adopts(self) -> bool:
         """Whether :meth:`adopt` hands files to :attr:`uid`/:attr:`gid` (False: files stay

@@ -214,6 +214,21 @@ class RuntimeCgroup:
                     return int(value)
         return 0
 
+    def forks_refused(self) -> int:
+        """Forks the pids controller refused in this cgroup so far (``max`` of ``pids.events``,
+        v1 and v2: kernel Documentation/admin-guide/cgroup-v1/pids.rst); 0 without one."""
+        for procs in self.procs_files:
+            events = procs.parent / "pids.events"
+            try:
+                text = events.read_text()
+            except FileNotFoundError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "max":
+                    return int(value)
+        return 0
+
     def _make(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.dirs.append(folder)
@@ -275,3 +290,14 @@ def rlimit_as(pid: int, memory_mb: int) -> None:
     """
     limit = memory_mb * 2**20
     resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
+
+
+def rlimit_fsize(pid: int, disk_mb: int) -> None:
+    """Set RLIMIT_FSIZE of process ``pid`` to ``disk_mb`` MiB (prlimit(2)); its later children
+    inherit it: no file they write or ``fallocate`` grows past it (``EFBIG``).
+
+    The per-file fallback for ``disk_mb`` without a sized disk
+    (:mod:`rolloutd.sandbox.runtimes.disk`).
+    """
+    limit = disk_mb * 2**20
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, limit))

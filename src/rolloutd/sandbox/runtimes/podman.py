@@ -38,7 +38,10 @@ Isolation (podman-run(1), podman 4.3):
   harness run on), with the host's ``node`` on ``PATH`` (``/run/rolloutd-host/bin``). Host
   CLIs run on the image's C library: images built ``FROM`` the base image (the host's Debian)
   run them; an image with an older glibc than the host's may not;
-- limits: ``--cpus``, ``--memory`` (and ``--memory-swap`` equal: no swap), ``--pids-limit``;
+- limits: ``--cpus``, ``--memory`` (and ``--memory-swap`` equal: no swap), ``--pids-limit``,
+  ``/tmp`` a tmpfs of ``tmpfs_mb`` (``--tmpfs``); ``disk_mb`` bounds the runtime's folder
+  (workspace and home: a sized disk, :mod:`~rolloutd.sandbox.runtimes.disk`), not the
+  container's writable layer (podman's overlay storage on ext4 cannot be sized);
   :attr:`ExecResult.oom_killed` reads the container's memory cgroup;
 - PID, IPC, UTS and mount namespaces of its own; ``--hostname rolloutd``.
 
@@ -208,6 +211,8 @@ class PodmanRuntime(ExecServerRuntime):
             argv += ["--memory", f"{spec.memory_mb}m", "--memory-swap", f"{spec.memory_mb}m"]
         if spec.cpus:
             argv += ["--cpus", str(spec.cpus)]
+        if spec.tmpfs_mb:
+            argv += ["--tmpfs", f"/tmp:rw,size={spec.tmpfs_mb}m,mode=1777"]
         binds = [
             (self.workspace, self.workdir, "rw"),
             (self.host_home, self.home, "rw"),
@@ -403,6 +408,21 @@ class PodmanRuntime(ExecServerRuntime):
                         if key == "oom_kill":
                             return int(value)
         return 0
+
+    def ceilings_reached(self) -> dict[str, str]:
+        """The ceilings the container reached (see :meth:`Runtime.ceilings_reached`): the
+        memory cgroup's OOM kills and a full disk; ``/tmp`` (``--tmpfs`` sized) and the pids
+        limit hold but are not read here, and the writable layer is not bounded while the
+        session runs (docs/runtimes.md, "Ceilings")."""
+        reached = {}
+        if self.spec.memory_mb and (killed := self._oom_kills()):
+            reached["memory_mb"] = (
+                f"memory_mb={self.spec.memory_mb} reached: the kernel's OOM killer killed "
+                f"{killed} process(es) (memory cgroup)"
+            )
+        if why := self.disk_reached():
+            reached["disk_mb"] = why
+        return reached
 
     async def _cleanup(self) -> None:
         began = time.monotonic()

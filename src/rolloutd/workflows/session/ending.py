@@ -114,6 +114,8 @@ class AttemptOutcome:
     run_budget_shortened: bool = False
     #: the gateway's verdict that stopped the harness (its calls stood unanswered)
     backend_verdict: str | None = None
+    #: the runtime's ceiling the run reached, naming the limit
+    limit_reached: str | None = None
     #: the runtime's teardown, running beside close and build (they do not depend on each other)
     teardown: asyncio.Future[None] | None = None
 
@@ -148,6 +150,7 @@ def session_facts(
         call_waiting_at_deadline=closed.call_waiting_at_deadline,
         backend_verdict=outcome.backend_verdict,
         refused_call=closed.last_refusal,
+        limit_reached=outcome.limit_reached,
     )
 
 
@@ -175,6 +178,8 @@ class Verdict:
     failure: FailureCause | None
     how: failures.Scoring
     forced: float | None = None
+    #: why the reward was forced, for the evaluation record (None: the task's setting)
+    forced_reason: str | None = None
 
 
 def verdict(
@@ -199,8 +204,10 @@ def verdict(
     if failure is None and eval_error is not None and eval_error != "cancelled":
         failure = FailureCause(kind="evaluator", message=eval_error, phase="eval_provision")
     how, forced = failures.scoring(failure, task.timeout_reward)
+    reason = failure.message if how == "force" and failure and failure.kind == "harness" else None
     if (
         how != "skip"
+        and reason is None  # a ceiling reached keeps its 0.0
         and closed.num_invalid_tool_calls
         and task.invalid_tool_call_reward is not None
     ):
@@ -209,7 +216,9 @@ def verdict(
     if failure is not None and failure.kind not in ("timeout", "cancelled"):
         status = SessionStatus.FAILED
         error = error or failure.message
-    return Verdict(status=status, error=error, failure=failure, how=how, forced=forced)
+    return Verdict(
+        status=status, error=error, failure=failure, how=how, forced=forced, forced_reason=reason
+    )
 
 
 class SessionEnding:
@@ -355,6 +364,7 @@ class SessionEnding:
                         trajectory_ref=built.trajectory_ref,
                         artifacts=outcome.artifacts,
                         forced_reward=decided.forced,
+                        forced_reason=decided.forced_reason,
                     ),
                     task_queue=task_queues.EVAL,
                     start_to_close_timeout=seconds(task.phases.evaluate_s),

@@ -58,6 +58,8 @@ class SessionFacts:
         refused_call: the last call the gateway refused for the task's or the policy's
             reasons (413, a conversation over the context, a concurrency bound:
             :func:`rolloutd.fault.call_fault` is ``task``), in words; None: none.
+        limit_reached: the runtime's ceiling the run reached, naming the limit (the sandbox
+            stopped the harness then); None: none.
     """
 
     cancelled: bool = False
@@ -79,6 +81,11 @@ class SessionFacts:
     call_waiting_at_deadline: bool = False
     backend_verdict: str | None = None
     refused_call: str | None = None
+    limit_reached: str | None = None
+
+
+#: the reward of a session whose run reached a ceiling after an answered model call
+LIMIT_REWARD = 0.0
 
 
 def cause_text(e: BaseException) -> str:
@@ -105,6 +112,11 @@ def classify(facts: SessionFacts) -> FailureCause | None:
     2. ``sandbox``: no sandbox worker polled, the runtime could not be provisioned, its host
        was lost after the last attempt, or the runtime failed under the harness or while
        collecting (not a harness preparation error).
+       A ceiling reached in the run (processes, memory, disk, ``/tmp``): ``harness``, not
+       retryable, naming the limit; the policy's (``policy_accountable``, reward forced to
+       :data:`LIMIT_REWARD`) when the model answered at least one call. It comes before
+       rules 3-5: the policy can reach a ceiling on purpose, so it never earns "no reward"
+       and never a replacement.
     3. ``backend``: a failed call of the backend kind stood unrecovered, or the gateway's
        verdict stopped the harness (its calls stood unanswered for ``backend_dead_after_s``);
        this wins over the harness's exit and over a run timeout (the harness failed because
@@ -130,7 +142,8 @@ def classify(facts: SessionFacts) -> FailureCause | None:
     """
     if facts.cancelled:
         return FailureCause(kind="cancelled", message="cancelled", retryable=False)
-    for rule in (_sandbox_cause, _backend_cause, _run_timeout_cause, _harness_cause):
+    rules = (_sandbox_cause, _ceiling_cause, _backend_cause, _run_timeout_cause, _harness_cause)
+    for rule in rules:
         if (cause := rule(facts)) is not None:
             return cause
     return _phase_cause(facts)
@@ -159,6 +172,29 @@ def _sandbox_cause(facts: SessionFacts) -> FailureCause | None:
             kind="sandbox", message=error, phase=phase, retryable=not facts.non_retryable
         )
     return None
+
+
+def _ceiling_cause(facts: SessionFacts) -> FailureCause | None:
+    """Rule 2, a ceiling: the run reached a limit of its runtime. After an answered call the
+    policy's (reward forced to :data:`LIMIT_REWARD`); before any, ``harness`` with no reward;
+    never retryable either way (a replacement would reach it again)."""
+    if not (facts.harness_ran and facts.limit_reached):
+        return None
+    if facts.num_completions == 0:
+        return FailureCause(
+            kind="harness",
+            phase="run",
+            retryable=False,
+            message=f"the harness reached a ceiling before any answered model call: "
+            f"{facts.limit_reached}",
+        )
+    return FailureCause(
+        kind="harness",
+        phase="run",
+        retryable=False,
+        policy_accountable=True,
+        message=f"the run reached a ceiling: {facts.limit_reached}",
+    )
 
 
 def _backend_cause(facts: SessionFacts) -> FailureCause | None:
@@ -287,11 +323,13 @@ def scoring(
     Returns:
         ``("evaluate", None)``: run the evaluator (no failure, or a policy-accountable
         run timeout with ``timeout_reward == "evaluate"``); ``("force", r)``: the reward
-        is ``r`` (a number ``timeout_reward``); ``("skip", None)``: not scored,
-        ``reward = None``.
+        is ``r`` (a number ``timeout_reward``, or :data:`LIMIT_REWARD` for a ceiling the
+        policy reached); ``("skip", None)``: not scored, ``reward = None``.
     """
     if failure is None:
         return "evaluate", None
+    if failure.kind == "harness" and failure.policy_accountable:
+        return "force", LIMIT_REWARD
     if failure.kind == "timeout" and failure.policy_accountable:
         if timeout_reward == "evaluate":
             return "evaluate", None

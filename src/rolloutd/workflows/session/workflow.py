@@ -522,6 +522,7 @@ class RolloutSessionWorkflow(SessionEnding):
         out.harness_exit = ran.exit_code
         out.harness_ran, out.signal_sent = True, ran.signal_sent
         out.backend_verdict = ran.backend_verdict
+        out.limit_reached = ran.limit_reached
         if ran.timed_out:
             out.status = SessionStatus.TIMEOUT
             out.error = f"run phase exceeded {run_budget:.0f} s"

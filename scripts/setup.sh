@@ -20,9 +20,12 @@ VENV="${ROLLOUTD_VENV:-.venv}"
 
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"
-if ! command -v bwrap >/dev/null 2>&1; then
+# the bwrap runtime: bubblewrap, libseccomp (its seccomp filter, through pyseccomp) and
+# mkfs.ext4 (each runtime's sized disk)
+if ! command -v bwrap >/dev/null 2>&1 || ! command -v mkfs.ext4 >/dev/null 2>&1 \
+    || ! ldconfig -p | grep -q libseccomp.so.2; then
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq bubblewrap >/dev/null
+  $SUDO apt-get install -y -qq bubblewrap e2fsprogs libseccomp2 >/dev/null
 fi
 # headless Chromium: the tests that look at pages (the trace viewer, tests/viewer; the Temporal
 # UI decoding payloads through `rolloutd codec-server`); Debian's package, never downloaded at

@@ -33,6 +33,15 @@ and ``exec`` alike, inside the same namespaces:
   writable; bwrap always sets ``PR_SET_NO_NEW_PRIVS``, so set-uid programs do not regain them.
   The exec server is not dumpable, so commands cannot ptrace it or open its control socket through
   ``/proc`` even under the same uid;
+- a seccomp filter (``--seccomp``, :mod:`~rolloutd.sandbox.runtimes.seccomp`): at least every
+  system call Docker's default profile denies (new namespaces of any kind, mounts, the
+  keyring, ``bpf``, ``kexec``, modules, ``ptrace``, ...), for every process of the sandbox;
+- no user namespace can be made inside: the seccomp filter refuses ``unshare``, ``setns`` and a
+  ``clone`` with ``CLONE_NEWUSER`` (``clone3`` answers ``ENOSYS``); a worker that runs commands
+  as its own uid also gives bwrap ``--unshare-user --disable-userns`` (bwrap sets the
+  namespace's ``user.max_user_namespaces`` to 1). A root worker cannot use
+  ``--disable-userns``: it needs ``--unshare-user``, whose namespace maps one uid, and the exec
+  server (root) and the commands (:data:`SANDBOX_UID`) need two;
 - ``--die-with-parent``: the sandbox dies with the worker;
 - environment: the exec server runs with PATH, LANG and ``ROLLOUTD_RUNTIME_ID`` only; each command
   is spawned with exactly the environment in its request (the base variables, ``spec.env`` and the
@@ -98,7 +107,7 @@ import structlog
 
 from rolloutd.errors import ConfigError, ExecServerError, RuntimeStartError
 from rolloutd.sandbox.config import npm_prefix, tool_python_dirs, tools_dir
-from rolloutd.sandbox.runtimes import exec_server_inside
+from rolloutd.sandbox.runtimes import exec_server_inside, seccomp
 from rolloutd.sandbox.runtimes.base import check_spec_network
 from rolloutd.sandbox.runtimes.disk import FULL_BELOW_BYTES
 from rolloutd.sandbox.runtimes.exec_runtime import GATEWAY_PORT, ExecServerRuntime, chown_tree
@@ -244,6 +253,10 @@ class BwrapRuntime(ExecServerRuntime):
             "--cap-drop",
             "ALL",
         ]
+        if self.uid < 0:
+            # commands run as the worker's own uid: a user namespace mapping that uid alone,
+            # in which no further one can be made (bwrap sets user.max_user_namespaces to 1)
+            args += ["--unshare-user", "--disable-userns"]
         if self.spec.network in ("none", "gateway"):
             args.append("--unshare-net")
         # bwrap mounts in order: the root's entries first, then /tmp, then host folders (some
@@ -434,7 +447,8 @@ class BwrapRuntime(ExecServerRuntime):
             str(theirs.fileno()),
             *exec_server_args,
         ]
-        argv[1:1] = ["--info-fd", str(info_w)]
+        filter_fd = seccomp.filter_fd()
+        argv[1:1] = ["--info-fd", str(info_w), "--seccomp", str(filter_fd)]
         stderr_path = self.logs_dir / "exec-server.stderr"
         # the exec server's own environment; each command gets its explicit one in its request
         env = {
@@ -451,7 +465,7 @@ class BwrapRuntime(ExecServerRuntime):
                     stdout=asyncio.subprocess.DEVNULL,
                     stderr=err,
                     start_new_session=True,
-                    pass_fds=(theirs.fileno(), info_w),
+                    pass_fds=(theirs.fileno(), info_w, filter_fd),
                 )
         except BaseException:
             ours.close()
@@ -460,6 +474,7 @@ class BwrapRuntime(ExecServerRuntime):
         finally:
             theirs.close()
             os.close(info_w)
+            os.close(filter_fd)
         self._holder = RuntimeProcess(proc, name="sandbox", spare_leader_on_term=True, grace_s=0.5)
         self._exec_server = ExecServerClient(ours, self.runtime_id)
         try:

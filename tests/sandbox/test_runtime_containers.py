@@ -4,6 +4,7 @@ podman runtime, whose code the docker runtime runs, has tests/sandbox/test_runti
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -36,6 +37,7 @@ APPTAINER_FLAGS = {
         "--env",
         "--pwd",
         "--writable-tmpfs",
+        "--no-privs",
     },
     ("exec",): {
         "--cleanenv",
@@ -47,6 +49,7 @@ APPTAINER_FLAGS = {
         "--network",
         "--no-home",
         "--fakeroot",
+        "--no-privs",
     },
     ("build",): {"--fakeroot", "--force", "--sandbox", "--notest"},
 }
@@ -94,6 +97,10 @@ def test_apptainer_commands_use_documented_flags(tmp_path: Path):
         RuntimeSpec(type="apptainer", image="/i.sif"), "app-2", tmp_path, fakeroot=True
     )
     assert "--fakeroot" in fakeroot.start_argv()
+    # a root worker's container root keeps no capability (fakeroot maps root elsewhere)
+    root_worker = os.geteuid() == 0
+    assert ("--no-privs" in start) == root_worker and ("--no-privs" in argv) == root_worker
+    assert "--no-privs" not in fakeroot.start_argv()
 
 
 @pytest.mark.skipif(shutil.which("docker") is None, reason="the docker CLI is not installed")

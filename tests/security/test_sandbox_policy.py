@@ -22,7 +22,7 @@ from rolloutd.activities.sandbox import SandboxActivities
 from rolloutd.capabilities import FleetCapabilities, HostCapabilities, check_task
 from rolloutd.errors import PolicyError
 from rolloutd.polar import PolarTaskRequest, to_task_request
-from rolloutd.sandbox.runtimes import create_runtime
+from rolloutd.sandbox.runtimes import create_runtime, verified_runtimes
 from rolloutd.sandbox.runtimes.containers import ApptainerRuntime
 from rolloutd.sandbox.runtimes.podman import DockerRuntime, PodmanRuntime
 from rolloutd.sandbox_policy import SandboxPolicy, violations
@@ -289,7 +289,9 @@ async def test_a_sandbox_host_publishes_its_policy_and_submit_refuses_by_it(
         rollout = RolloutClient(client)
         fleets = await rollout.capabilities()
         (host,) = fleets.of("sandbox")
-        assert host.policy == SandboxPolicy()
+        # the built-in policy, its runtimes narrowed to those this host verifies
+        assert host.policy == SandboxPolicy(runtimes=verified_runtimes())
+        assert "apptainer" not in host.policy.runtimes
         for runtime, field in (
             ({"type": "local"}, "runtime.type"),
             ({"type": "bwrap", "network": "host"}, "runtime.network"),

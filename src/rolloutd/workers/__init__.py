@@ -300,9 +300,13 @@ async def _sandbox_fleet(
 ) -> None:
     """A sandbox host: provisioning bounded by its runtimes, and its own queue's activities."""
     from rolloutd.activities.sandbox import SandboxActivities
+    from rolloutd.sandbox.runtimes import host_policy
     from rolloutd.workers.registry import host_capabilities
 
     s = settings if isinstance(settings, SandboxSettings) else SandboxSettings()
+    # the built-in policy's runtimes narrow to those whose isolation this host verifies
+    policy = await asyncio.to_thread(host_policy, s.sandbox_policy)
+    s = s.model_copy(update={"sandbox_policy": policy})
     host = await asyncio.to_thread(host_capabilities, "sandbox", s.host_id)
     host.max_concurrent_sessions = s.max_concurrent_sessions
     host.policy = s.sandbox_policy

@@ -26,7 +26,9 @@ __all__ = [
     "Runtime",
     "RuntimeProcess",
     "create_runtime",
+    "host_policy",
     "installed_runtimes",
+    "verified_runtimes",
 ]
 
 #: the program each runtime type needs on the host (``local`` needs none).
@@ -57,6 +59,31 @@ def installed_runtimes() -> list[str]:
                 continue
         found.append(kind)
     return found
+
+
+def verified_runtimes() -> list[str]:
+    """Isolating runtime types installed here whose isolation this host can verify: bwrap
+    and podman (rolloutd sets their namespaces, uid map, seccomp and limits itself), docker
+    only when its daemon remaps users or runs rootless
+    (:func:`~rolloutd.sandbox.runtimes.podman.docker_isolation`). Apptainer never: its
+    isolation depends on its own configuration (``apptainer.conf``, setuid or not), which
+    rolloutd does not check; an operator who has checked it lists it in the policy."""
+    from rolloutd.sandbox.runtimes.podman import docker_isolation
+
+    installed = installed_runtimes()
+    found = [k for k in ("bwrap", "podman") if k in installed]
+    if "docker" in installed and docker_isolation("docker") is None:
+        found.append("docker")
+    return found
+
+
+def host_policy(policy: SandboxPolicy) -> SandboxPolicy:
+    """The policy a sandbox host enforces and publishes: an operator's ``runtimes`` as they
+    are; without them (the built-in default), only :func:`verified_runtimes`."""
+    if "runtimes" in policy.model_fields_set:
+        return policy
+    verified = set(verified_runtimes())
+    return policy.model_copy(update={"runtimes": [r for r in policy.runtimes if r in verified]})
 
 
 def create_runtime(

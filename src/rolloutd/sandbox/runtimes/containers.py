@@ -20,8 +20,9 @@ Flags used (checked by tests/sandbox/test_runtime_containers.py against the CLI 
 apptainer_instance_start.html): ``--containall`` (own PID/IPC namespaces, no host HOME, /tmp
 or /dev), ``--no-home``, ``--cleanenv``, ``--net --network none``, ``--fakeroot`` (where the
 host allows it; ``RuntimeSpec.env`` cannot ask for it, the worker's settings do), ``--bind
-SRC:DST[:ro]``, ``--pids-limit``, ``--memory``, ``--cpus``; ``apptainer exec``
-(apptainer_exec.html): ``--cleanenv``, ``--pwd``; ``apptainer instance stop``
+SRC:DST[:ro]``, ``--pids-limit``, ``--memory``, ``--cpus``, ``--no-privs`` (a root worker's:
+no capability inside); ``apptainer exec`` (apptainer_exec.html): ``--cleanenv``,
+``--no-privs`` (likewise), ``--pwd``; ``apptainer instance stop``
 (apptainer_instance_stop.html).
 
 Processes: killing the CLI process group ends ``apptainer exec`` (the command is the exec'd
@@ -31,6 +32,7 @@ starter's own process).
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -179,6 +181,7 @@ class ApptainerRuntime(ContainerRuntime):
     def start_argv(self) -> list[str]:
         """``apptainer instance start`` with isolation, binds and limits."""
         argv = [self.binary, "instance", "start", "--containall", "--no-home", "--cleanenv"]
+        argv += self._privilege_flags()
         if self.spec.network in ("gateway", "none"):
             argv += ["--net", "--network", "none"]
         if self.fakeroot:
@@ -197,6 +200,13 @@ class ApptainerRuntime(ContainerRuntime):
         ]
         return argv
 
+    def _privilege_flags(self) -> list[str]:
+        """``--no-privs`` under a root worker (without ``fakeroot``): the container's root
+        keeps no capability and cannot regain one (Apptainer user guide, "Security Options":
+        it drops every capability and sets no_new_privs); an unprivileged worker has none to
+        drop."""
+        return ["--no-privs"] if os.geteuid() == 0 and not self.fakeroot else []
+
     def stop_argv(self) -> list[str]:
         return [self.binary, "instance", "stop", self.name]
 
@@ -205,6 +215,7 @@ class ApptainerRuntime(ContainerRuntime):
             self.binary,
             "exec",
             "--cleanenv",
+            *self._privilege_flags(),
             "--pwd",
             cwd,
             f"instance://{self.name}",

@@ -57,8 +57,11 @@ no network or named volume is ever created. Nothing is left: ``podman ps -a``, `
 ls`` and ``podman network ls`` filtered by the labels show nothing (tests/sandbox).
 
 Docker (:class:`DockerRuntime`): the same code with ``docker``; the daemon's own user namespace
-(``userns-remap`` in daemon.json) replaces ``--uidmap``, and the workspace is seeded only from an
-image whose ``WORKDIR`` is ``spec.workdir`` (``docker cp``).
+(``userns-remap`` in daemon.json) replaces ``--uidmap``, and the runtime refuses to start on a
+daemon that neither remaps users nor runs rootless (:func:`docker_isolation`), where a
+container's root is the host's; a host publishes docker in its default policy only when its
+daemon passes that check. The workspace is seeded only from an image whose ``WORKDIR`` is
+``spec.workdir`` (``docker cp``).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ import contextlib
 import os
 import shutil
 import socket
+import subprocess
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
@@ -450,12 +454,49 @@ class PodmanRuntime(ExecServerRuntime):
         )
 
 
+def docker_isolation(binary: str) -> str | None:
+    """Why the Docker daemon behind ``binary`` does not isolate users, or None when it does:
+    it remaps users (``userns-remap``: ``name=userns`` in ``docker info``'s security options)
+    or runs rootless (``name=rootless``). Without either a container's root is the host's root.
+    """
+    try:
+        out = subprocess.run(
+            [binary, "info", "--format", "{{json .SecurityOptions}}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"`{binary} info` failed: {exc}"
+    options = out.strip()
+    if "name=userns" in options or "name=rootless" in options:
+        return None
+    return (
+        f"the Docker daemon neither remaps users (userns-remap in daemon.json) nor runs "
+        f"rootless (security options: {options[:200]}): a container's root would be the "
+        "host's root"
+    )
+
+
 class DockerRuntime(PodmanRuntime):
-    """The same runtime through the Docker CLI (see the module docstring for what differs)."""
+    """The same runtime through the Docker CLI (see the module docstring for what differs).
+
+    Raises:
+        ConfigError: at start, when the daemon neither remaps users nor runs rootless
+            (:func:`docker_isolation`).
+    """
 
     type = "docker"
     binary_name = "docker"
     map_users = False
+
+    async def _check(self) -> None:
+        if shutil.which(self.binary_name) is not None:
+            why = await asyncio.to_thread(docker_isolation, self.binary)
+            if why is not None:
+                raise ConfigError(f"docker runtime refused: {why}")
+        await super()._check()
 
     def rm_argv(self) -> list[str]:
         return [self.binary, "rm", "--force", "--volumes", self.name]

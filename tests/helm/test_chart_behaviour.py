@@ -210,6 +210,34 @@ def test_pdbs_and_drain_grace_period() -> None:
     assert grace["workflows"] == grace["gateway"] == grace["eval"] == 120
 
 
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_every_pod_runs_with_the_least_privilege_that_works(name: str) -> None:
+    """Only the sandbox container is privileged (bubblewrap's namespaces, a cgroup per
+    runtime, a loop device per runtime's disk: docs/cluster.md); every other container drops
+    every capability, cannot gain privileges and runs under the runtime's default seccomp
+    profile; no pod gets a service account token, the host's namespaces or a host path."""
+    found = workloads(render(VALUE_SETS[name]))
+    assert found
+    for workload_name, w in found.items():
+        pod = w["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False, workload_name
+        assert not any(pod.get(k) for k in ("hostPID", "hostNetwork", "hostIPC")), workload_name
+        assert not any("hostPath" in v for v in pod.get("volumes", [])), workload_name
+        for c in pod["containers"] + pod.get("initContainers", []):
+            context = c.get("securityContext", {})
+            if workload_name.endswith("-sandbox"):
+                assert context.get("privileged", False) == (name != "unprivileged")
+            else:
+                assert context == RESTRICTED, (workload_name, c["name"])
+
+
 def test_only_sandbox_pods_are_privileged() -> None:
     found = workloads(render())
     for name, w in found.items():

@@ -213,4 +213,18 @@ tolerations:
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- /* no rolloutd process calls the Kubernetes API: no pod gets a service account token
+(a sandbox escape must not find one) */}}
+automountServiceAccountToken: false
+{{- end }}
+
+{{- /*
+The least privilege every container but the sandbox's runs with: no capability, no privilege
+escalation (no_new_privs), the container runtime's default seccomp profile.
+*/ -}}
+{{- define "rolloutd.restricted" -}}
+securityContext:
+  allowPrivilegeEscalation: false
+  capabilities: {drop: [ALL]}
+  seccompProfile: {type: RuntimeDefault}
 {{- end }}

@@ -177,6 +177,8 @@ def test_a_ceiling_reached_after_an_answered_call_is_the_policys_and_scores_0() 
         ran(limit_reached=LIMIT, harness_exit=-15, signal_sent=15),
         ran(limit_reached=LIMIT, num_unrecovered_backend_errors=1),
         ran(limit_reached=LIMIT, failed_phase="run", timed_out=True),
+        # a full disk can make collection fail next: still the policy's ceiling
+        ran(limit_reached=LIMIT, failed_phase="collect", error="git diff failed"),
     ):
         failure = classify(facts)
         assert failure is not None and (failure.kind, failure.phase) == ("harness", "run")

@@ -115,8 +115,8 @@ def classify(facts: SessionFacts) -> FailureCause | None:
        A ceiling reached in the run (processes, memory, disk, ``/tmp``): ``harness``, not
        retryable, naming the limit; the policy's (``policy_accountable``, reward forced to
        :data:`LIMIT_REWARD`) when the model answered at least one call. It comes before
-       rules 3-5: the policy can reach a ceiling on purpose, so it never earns "no reward"
-       and never a replacement.
+       every rule but a lost host: the policy can reach a ceiling on purpose (and then make
+       collection fail, a full disk), so it never earns "no reward" and never a replacement.
     3. ``backend``: a failed call of the backend kind stood unrecovered, or the gateway's
        verdict stopped the harness (its calls stood unanswered for ``backend_dead_after_s``);
        this wins over the harness's exit and over a run timeout (the harness failed because
@@ -142,7 +142,7 @@ def classify(facts: SessionFacts) -> FailureCause | None:
     """
     if facts.cancelled:
         return FailureCause(kind="cancelled", message="cancelled", retryable=False)
-    rules = (_sandbox_cause, _ceiling_cause, _backend_cause, _run_timeout_cause, _harness_cause)
+    rules = (_ceiling_cause, _sandbox_cause, _backend_cause, _run_timeout_cause, _harness_cause)
     for rule in rules:
         if (cause := rule(facts)) is not None:
             return cause
@@ -175,10 +175,11 @@ def _sandbox_cause(facts: SessionFacts) -> FailureCause | None:
 
 
 def _ceiling_cause(facts: SessionFacts) -> FailureCause | None:
-    """Rule 2, a ceiling: the run reached a limit of its runtime. After an answered call the
+    """Rule 2, a ceiling: the run reached a limit of its runtime (whatever collection did
+    next, unless the host was lost). After an answered call the
     policy's (reward forced to :data:`LIMIT_REWARD`); before any, ``harness`` with no reward;
     never retryable either way (a replacement would reach it again)."""
-    if not (facts.harness_ran and facts.limit_reached):
+    if not (facts.harness_ran and facts.limit_reached) or facts.host_lost:
         return None
     if facts.num_completions == 0:
         return FailureCause(

@@ -25,7 +25,7 @@ import pytest
 from rolloutd.sandbox_policy import DEFAULT_LIMITS
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
-from rolloutd.types import SessionResult
+from rolloutd.types import RuntimeSpec, SessionResult
 from tests.conftest import have_bwrap
 from tests.support.shell_calls import call
 
@@ -107,3 +107,31 @@ async def test_each_ceiling_ends_its_session_scored_0_naming_the_limit(fleets) -
     # and after them: the worker goes on
     session, _ = await run(client, f"after-{tag}", f"{call('after')} && echo ok > out.txt")
     assert session.failure is None and session.reward == 1.0, session
+
+
+async def test_without_a_sized_disk_no_file_grows_past_disk_mb_and_the_folder_is_measured(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback of a host that cannot mount a sized disk (no root, no free loop device):
+    RLIMIT_FSIZE stops a 50 GB ``fallocate`` at once (SIGXFSZ), and files that together pass
+    ``disk_mb`` are seen by the measurement. The control: under it, nothing is reached."""
+    from rolloutd.sandbox.runtimes import create_runtime, exec_runtime
+    from rolloutd.sandbox_policy import SandboxPolicy
+
+    monkeypatch.setattr(exec_runtime, "sized_disks_available", lambda: False)
+    spec = {"type": "bwrap", "disk_mb": 64}
+    runtime = create_runtime(
+        RuntimeSpec.model_validate(spec), "nodisk", tmp_path / "rt", policy=SandboxPolicy()
+    )
+    await runtime.start()
+    try:
+        assert runtime.disk is None
+        big = await runtime.exec("fallocate -l 50G big; echo rc=$?; stat -c %s big")
+        # the kernel's SIGXFSZ ends it (128 + 25); nothing was allocated past the limit
+        assert big.stdout.split() == ["rc=153", "0"], big
+        small = await runtime.exec("head -c 40M /dev/zero > a")
+        assert small.exit_code == 0 and runtime.ceilings_reached() == {}
+        await runtime.exec("head -c 40M /dev/zero > b")
+        assert runtime.ceilings_reached()["disk_mb"].startswith("disk_mb=64 reached")
+    finally:
+        await runtime.stop()

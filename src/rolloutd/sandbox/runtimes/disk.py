@@ -10,12 +10,13 @@ blocks written to it. ``mkfs.ext4`` (e2fsprogs) makes it without a journal (the 
 lives as long as its runtime), with no blocks reserved for root (``-m 0``), and with lazy
 inode-table initialisation: about 20 ms for 10 GiB. Mounted ``nosuid,nodev``.
 
-This needs a root worker (mount(2) needs CAP_SYS_ADMIN), loop devices (``/dev/loop-control``)
-and ``mkfs.ext4``: :func:`sized_disks_available`. Without them the ceiling is weaker and said
-so: each command's files are bounded by RLIMIT_FSIZE at ``disk_mb`` (a single file never
-grows past it; ``fallocate`` past it fails with ``EFBIG``), and the runtime's folder is
-measured at each harness heartbeat (:func:`folder_bytes`); the session is stopped once it is
-over (docs/runtimes.md, "Ceilings").
+This needs a root worker (mount(2) needs CAP_SYS_ADMIN), loop devices (``/dev/loop-control``,
+and a free one: in a container, ``/dev`` holds only those the host had when it started) and
+``mkfs.ext4``: :func:`sized_disks_available`. Without them the ceiling is weaker and said so
+(a warning ``runtime_disk_unavailable`` when a mount failed): each command's files are bounded
+by RLIMIT_FSIZE at ``disk_mb`` (a single file never grows past it; ``fallocate`` past it fails
+with ``EFBIG``), and the runtime's folder is measured at each harness heartbeat
+(:func:`folder_bytes`); the session is stopped once it is over (docs/runtimes.md, "Ceilings").
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from rolloutd.errors import ConfigError, ExecServerError
+from rolloutd.errors import ConfigError, ExecServerError, RuntimeStartError
 from rolloutd.sandbox.runtimes.base import LaunchError, Runtime
 from rolloutd.sandbox.runtimes.disk import RuntimeDisk, folder_bytes, sized_disks_available
 from rolloutd.sandbox.runtimes.exec_server import ExecServerClient
@@ -53,15 +53,25 @@ class ExecServerRuntime(Runtime):
         self.disk: RuntimeDisk | None = None
 
     async def _make_runtime_dir(self) -> None:
-        """Mount a file system of ``spec.disk_mb`` at the runtime's folder, where the host can."""
+        """Mount a file system of ``spec.disk_mb`` at the runtime's folder, where the host can.
+
+        A host that has loop devices but cannot attach one more (a container's ``/dev`` holds
+        only the loop devices there were when it started) falls back to the per-file limit and
+        the measurement (:meth:`disk_reached`), with a warning.
+        """
         if self.spec.disk_mb and sized_disks_available():
-            self.disk = await asyncio.to_thread(
-                RuntimeDisk.create,
-                self.runtime_dir.parent,
-                self.runtime_id,
-                self.runtime_dir,
-                self.spec.disk_mb,
-            )
+            try:
+                self.disk = await asyncio.to_thread(
+                    RuntimeDisk.create,
+                    self.runtime_dir.parent,
+                    self.runtime_id,
+                    self.runtime_dir,
+                    self.spec.disk_mb,
+                )
+            except RuntimeStartError as exc:
+                log.warning(
+                    "runtime_disk_unavailable", runtime_id=self.runtime_id, error=exc.message
+                )
 
     async def _release_runtime_dir(self) -> None:
         if self.disk is not None:

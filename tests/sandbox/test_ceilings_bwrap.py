@@ -23,7 +23,7 @@ import uuid
 import pytest
 
 from rolloutd.sandbox_policy import DEFAULT_LIMITS
-from rolloutd.store import BlobStore
+from rolloutd.store import BlobStore, artifact_key
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import RuntimeSpec, SessionResult
 from tests.conftest import have_bwrap
@@ -43,7 +43,7 @@ CHEATS = {
     "max_processes": "bash -c ':(){ :|:& };:'",
 }
 #: seconds each cheat sleeps before exiting 0: the ceiling must end it well before
-SLEEP_S = 40
+SLEEP_S = 60
 
 
 def task(task_id: str, command: str) -> dict:
@@ -75,22 +75,31 @@ async def test_each_ceiling_ends_its_session_scored_0_naming_the_limit(fleets) -
     names = list(jobs)
     results = await asyncio.gather(*(run(client, f"{name}-{tag}", jobs[name]) for name in names))
     by_name = dict(zip(names, results, strict=True))
-    report = {
-        n: (s.reward, s.failure and s.failure.message, round(d, 1)) for n, (s, d) in by_name.items()
-    }
-    print(report)  # the outcomes and times, for the note
+
+    def ran_s(session: SessionResult) -> float:
+        """Seconds the harness ran (the sandbox's ``harness`` artifact)."""
+        return client.store.get_json(artifact_key(session.session_id, "harness"))["duration_s"]
+
+    # the outcomes, the harness's and the session's seconds, for the note
+    print(
+        {
+            n: (s.reward, s.failure and s.failure.message, ran_s(s), d)
+            for n, (s, d) in by_name.items()
+        }
+    )
 
     for limit in CHEATS:
         session, duration = by_name[f"cheat-{limit}"]
         failure = session.failure
-        assert failure is not None, report
+        assert failure is not None, session
         assert (failure.kind, failure.phase) == ("harness", "run"), failure
         assert failure.policy_accountable and not failure.retryable, failure
         assert f"{limit}={getattr(DEFAULT_LIMITS, limit)} reached" in failure.message, failure
         assert session.reward == 0.0 and session.num_completions >= 1, session
         assert session.evaluation is not None and session.evaluation.forced
         assert limit in (session.evaluation.reason or ""), session.evaluation
-        assert duration < SLEEP_S, (limit, duration)  # stopped at the ceiling, not at its end
+        # stopped at the ceiling, not at its end: the harness ran for seconds, not SLEEP_S
+        assert ran_s(session) < SLEEP_S / 2, (limit, ran_s(session), duration)
 
     session, _ = by_name["cheat-disk-no-call"]
     assert session.reward is None and session.num_completions == 0, session

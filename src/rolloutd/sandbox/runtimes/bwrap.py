@@ -438,6 +438,7 @@ class BwrapRuntime(ExecServerRuntime):
                     (self.runtime_dir / name).write_bytes(text)
             for folder in (self.workspace, self.host_home):  # with spec.files, if any
                 chown_tree(folder, self.uid, self.gid)
+        filter_fd = seccomp.filter_fd()  # first: a missing libseccomp leaks nothing
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()
         argv = [
@@ -447,7 +448,6 @@ class BwrapRuntime(ExecServerRuntime):
             str(theirs.fileno()),
             *exec_server_args,
         ]
-        filter_fd = seccomp.filter_fd()
         argv[1:1] = ["--info-fd", str(info_w), "--seccomp", str(filter_fd)]
         stderr_path = self.logs_dir / "exec-server.stderr"
         # the exec server's own environment; each command gets its explicit one in its request

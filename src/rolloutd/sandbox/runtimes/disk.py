@@ -21,6 +21,7 @@ with ``EFBIG``), and the runtime's folder is measured at each harness heartbeat
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -93,10 +94,15 @@ class RuntimeDisk:
             RuntimeStartError: mkfs or mount failed (nothing is left mounted).
         """
         image = image_path(root, runtime_id)
-        image.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        image.unlink(missing_ok=True)
-        with open(image, "wb") as f:
-            f.truncate(size_mb * 2**20)
+        for attempt in range(3):  # another runtime's remove() may drop the folder meanwhile
+            image.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                with open(image, "wb") as f:
+                    f.truncate(size_mb * 2**20)
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
         disk = cls(mountpoint=mountpoint, image=image, size_mb=size_mb)
         try:
             _run(
@@ -141,8 +147,9 @@ class RuntimeDisk:
 
 
 def release(mountpoint: Path, image: Path) -> None:
-    """Unmount ``mountpoint`` when a file system is mounted there, then delete ``image``
-    (also for a runtime a dead worker left: :mod:`rolloutd.sandbox.reclaim`)."""
+    """Unmount ``mountpoint`` when a file system is mounted there, then delete ``image``, and
+    its folder when it was the last (also for a runtime a dead worker left:
+    :mod:`rolloutd.sandbox.reclaim`)."""
     if os.path.ismount(mountpoint):
         try:
             _run(["umount", str(mountpoint)])
@@ -150,6 +157,8 @@ def release(mountpoint: Path, image: Path) -> None:
             log.warning("runtime_disk_busy", mountpoint=str(mountpoint), error=str(exc))
             _run(["umount", "--lazy", str(mountpoint)])
     image.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # not empty (another runtime's), or gone already
+        image.parent.rmdir()
 
 
 def folder_bytes(folder: Path) -> int:

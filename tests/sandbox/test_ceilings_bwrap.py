@@ -11,7 +11,7 @@ replacement. Honest sessions run beside the cheats on the same host, and another
 them: each is scored 1.0, so the worker (these fleets run in the test process) and the other
 sessions went on.
 
-Default tier: about 25 s on 2 cores (the fork bomb's teardown is most of it).
+Default tier: 55 s on 2 cores with the Temporal server and engine starting (load about 2).
 """
 
 from __future__ import annotations

@@ -15,9 +15,14 @@ returned for each prompt; a ninth row, whose evaluator raises, is left out and c
 2-4 minutes. The gateway's ``verl`` backend kind itself is
 tested in tests/proxy/test_verl_backend.py (no verl needed).
 
+``test_rolloutd_grpo_leaves_left_out_rows_out_of_their_groups`` runs verl's own advantage
+computation (``tests/support/verl_advantage_child.py``: ``compute_advantage`` through verl's
+estimator registry, on ``AgentLoopOutput.as_dict`` tensors) over groups with and without
+left-out rows: a few seconds, no fleets.
+
 Not exercised here: verl's ``AgentLoopManager`` and ``AgentLoopWorker`` (Ray actors over
-GPU replicas), its load balancer, its vLLM/SGLang servers and weight sync, and a training
-step.
+GPU replicas), its load balancer, its vLLM/SGLang servers and weight sync, the v1 trainer's
+TransferQueue path (``transfer_queue`` is not installed), and a training step.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from tests.support.bridges import INSTALL, ask_task, trainer_python
 
 ROOT = Path(__file__).resolve().parents[3]
 CHILD = ROOT / "tests" / "support" / "verl_child.py"
+ADVANTAGE_CHILD = ROOT / "tests" / "support" / "verl_advantage_child.py"
 VERL = trainer_python("verl")
 WORDS = ["fruit", "colour", "planet", "metal", "bird", "tree", "river", "gem"]
 
@@ -202,3 +208,45 @@ async def test_verl_agent_loop_runs_eight_prompts_through_rolloutd(temporal_serv
             proc.kill()
             await proc.wait()
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.timeout(300)
+def test_rolloutd_grpo_leaves_left_out_rows_out_of_their_groups():
+    """verl's ``compute_advantage`` with ``algorithm.adv_estimator=rolloutd_grpo`` (registered
+    by ``import verl`` alone, through ``VERL_USE_EXTERNAL_MODULES``): a group with a left-out
+    row (the bridge's ``left_out_output``) gets for its other rows exactly the advantages verl's
+    GRPO gives the group without it, the left-out row gets 0, a group of left-out rows only gets
+    0, and nothing moves when no row is left out; with and without the std division. The
+    control: verl's stock ``grpo`` on the same batch moves the siblings' advantages. And why an
+    estimator rather than a ``uid`` of the row's own: verl's legacy trainer refuses an agent
+    loop output whose ``uid`` is not its prompt's."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "VERL_USE_EXTERNAL_MODULES": "rolloutd.trainer_client.bridges.verl",
+    }
+    run = subprocess.run(
+        [VERL, ADVANTAGE_CHILD], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["registered"] == {"estimator": True, "agent_loop": True}
+    left_out = {str(i) for i, (_, out) in enumerate(report["rows"]) if out}
+    group_a = {str(i) for i, (group, out) in enumerate(report["rows"]) if group == "a" and not out}
+    for norm, case in report["cases"].items():
+        baseline = case["grpo_without"]["per_row"]
+        ours = case["rolloutd_with"]["per_row"]
+        assert {k: v for k, v in ours.items() if k not in left_out} == baseline, norm
+        assert [ours[k] for k in left_out] == [0.0] * len(left_out), norm
+        assert case["rolloutd_without"]["per_row"] == baseline, norm
+        assert all(c["zero_off_mask"] for c in case.values()), norm
+        # the control: stock GRPO counts the left-out row's 0.0 in its group ...
+        stock = case["grpo_with"]["per_row"]
+        assert all(stock[k] != baseline[k] for k in group_a), (norm, stock, baseline)
+        # ... and only in its group
+        assert {k: stock[k] for k in baseline if k not in group_a} == {
+            k: v for k, v in baseline.items() if k not in group_a
+        }
+        assert len(set(baseline[k] for k in group_a)) > 1  # the group has a signal to shift
+    assert report["union"]["prompt_uid"].startswith("ok")
+    assert report["union"]["own_uid"].startswith("AssertionError: `uid`"), report["union"]

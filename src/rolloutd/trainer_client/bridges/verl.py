@@ -23,17 +23,29 @@ trace's ``loss_mask``: 1 sampled, 0 not), ``response_logprobs`` (0.0 where the m
 versions, finish reason).
 
 A session with a failure cause (after rolloutd's replacements, the task's
-``max_replacements``) or without exactly one trace is left out of training: its output has
-an all-zero ``response_mask`` (nothing of it is trained), ``extra_fields["rolloutd_failure"]``
-names why, and ``reward_score`` is 0.0 only because verl computes a reward for a row that has
-none; a trainer that keeps GRPO baselines clean drops rows with ``rolloutd_failure`` before
-computing advantages. :attr:`RolloutdAgentLoop.stats` counts them per worker process.
+``max_replacements``), without exactly one trace, or without a sampled token is left out of
+training: its output has an all-zero ``response_mask`` (nothing of it is trained; only
+left-out rows have one), ``extra_fields["rolloutd_failure"]`` names why, and ``reward_score``
+is 0.0 only because verl computes a reward for a row that has none.
+:attr:`RolloutdAgentLoop.stats` counts them per worker process.
+
+Such a row must not move its siblings' GRPO baseline, and verl groups rows by ``uid``, which
+the trainer sets per prompt before the rollout and the agent loop cannot change: the legacy
+trainer's ``batch.union`` refuses an output whose ``uid`` differs from the prompt's
+(``verl/trainer/ppo/ray_trainer.py``, ``fit``), and the v1 trainer stores each output with the
+prompt's fields laid over it (``verl/trainer/ppo/v1/agent_loop_tq.py``,
+``_agent_loop_postprocess``). So this module registers an advantage estimator in verl's own
+registry, ``rolloutd_grpo`` (:func:`compute_rolloutd_grpo_advantage`): verl's GRPO over the
+rows with a trainable token, 0 for the others. The trainer must be configured with it:
+``algorithm.adv_estimator=rolloutd_grpo`` and the module imported in the trainer's process
+(``VERL_USE_EXTERNAL_MODULES=rolloutd.trainer_client.bridges.verl``).
 
 :func:`to_data_proto` builds verl's ``DataProto`` from
 :func:`~rolloutd.trainer_client.exports.to_verl_batch`. Reference: verl
 ``verl/experimental/agent_loop/agent_loop.py`` (``AgentLoopBase``, ``AgentLoopOutput``,
-``register``, ``AgentLoopWorker._run_agent_loop``) and ``verl/workers/rollout/
-llm_server.py`` (``LLMServerClient.generate`` -> ``TokenOutput``).
+``register``, ``AgentLoopWorker._run_agent_loop``), ``verl/workers/rollout/
+llm_server.py`` (``LLMServerClient.generate`` -> ``TokenOutput``) and ``verl/trainer/ppo/
+core_algos.py`` (``register_adv_est``, ``compute_grpo_outcome_advantage``).
 """
 
 from __future__ import annotations
@@ -45,7 +57,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import structlog
+import torch
 import uvicorn
 from fastapi import FastAPI
 from verl.experimental.agent_loop.agent_loop import (
@@ -55,6 +69,7 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 from verl.protocol import DataProto
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, register_adv_est
 
 from rolloutd.settings import CommonSettings
 from rolloutd.trainer_client.bridges.common import BridgeStats, group_samples, instruction_of
@@ -65,10 +80,13 @@ from rolloutd.types import Trajectory
 log = structlog.get_logger(__name__)
 
 __all__ = [
+    "ADV_ESTIMATOR",
     "AGENT_NAME",
     "TASK_FIELD",
     "RolloutdAgentLoop",
     "ServerManagerEndpoint",
+    "compute_rolloutd_grpo_advantage",
+    "left_out_output",
     "to_data_proto",
 ]
 
@@ -76,6 +94,100 @@ __all__ = [
 AGENT_NAME = "rolloutd"
 #: the ``extra_info`` key holding a row's rolloutd task fields
 TASK_FIELD = "rolloutd_task"
+#: the advantage estimator the trainer must use: ``algorithm.adv_estimator=rolloutd_grpo``
+ADV_ESTIMATOR = "rolloutd_grpo"
+
+
+@register_adv_est(ADV_ESTIMATOR)
+def compute_rolloutd_grpo_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool | None = None,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's GRPO advantage with left-out rows outside every group's statistics.
+
+    A row whose ``response_mask`` is all 0 (a session the bridge left out:
+    :func:`left_out_output`) gets advantage 0 and is not in its group's mean or std; the
+    other rows go to verl's own ``compute_grpo_outcome_advantage`` unchanged, so their
+    advantages are the ones verl gives the group without the left-out rows. verl calls it
+    through its estimator registry (``compute_advantage``: ``token_level_rewards``,
+    ``response_mask``, ``index`` = the ``uid`` column, ``config`` = ``algorithm``).
+
+    Args:
+        token_level_rewards: float [B, R], the outcome reward on one token of each row.
+        response_mask: int or bool [B, R], 1 on trainable tokens.
+        index: np.ndarray [B], the GRPO group of each row (verl's ``uid``).
+        epsilon: added to the group's std (verl's default).
+        norm_adv_by_std_in_grpo: divide by the group's std (GRPO) or not (Dr. GRPO); None
+            takes ``config.norm_adv_by_std_in_grpo`` (default True), as verl's estimators do.
+        config: verl's ``algorithm`` config (or None).
+        **kwargs: what else verl passes (``reward_baselines``), unused.
+
+    Returns:
+        ``(advantages, returns)``, both float [B, R], equal (verl's GRPO convention), 0
+        wherever ``response_mask`` is 0.
+    """
+    if norm_adv_by_std_in_grpo is None:
+        norm_adv_by_std_in_grpo = (
+            True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True))
+        )
+    advantages = torch.zeros_like(token_level_rewards)
+    kept = (response_mask != 0).any(dim=-1)
+    if kept.any():
+        rows = kept.nonzero().squeeze(-1)
+        kept_advantages, _ = compute_grpo_outcome_advantage(
+            token_level_rewards=token_level_rewards[rows],
+            response_mask=response_mask[rows],
+            index=np.asarray(index, dtype=object)[rows.numpy()],
+            epsilon=epsilon,
+            norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+            config=config,
+        )
+        advantages[rows] = kept_advantages.to(advantages.dtype)
+    return advantages, advantages
+
+
+def left_out_output(
+    prompt_ids: Sequence[int],
+    response_ids: Sequence[int],
+    *,
+    reason: str,
+    metrics: AgentLoopMetrics,
+    session_id: str | None = None,
+    task_id: str | None = None,
+) -> AgentLoopOutput:
+    """The ``AgentLoopOutput`` of a session left out of training.
+
+    Nothing of it is trained (``response_mask`` all 0, the one kind of row that has that, so
+    :func:`compute_rolloutd_grpo_advantage` leaves it out of its group's statistics);
+    ``reward_score`` is 0.0 because verl computes a reward for a row that has none.
+
+    Args:
+        prompt_ids: list[int], length P >= 1.
+        response_ids: list[int], length R >= 1.
+        reason: why it is left out (a failure kind, ``num_traces=k``, ``no_sampled_token``,
+            ...): ``extra_fields["rolloutd_failure"]``.
+        metrics: verl's per-run metrics.
+        session_id / task_id: where it comes from (None when the task has no session).
+    """
+    return AgentLoopOutput(
+        prompt_ids=list(prompt_ids),
+        response_ids=list(response_ids),
+        response_mask=[0] * len(response_ids),
+        response_logprobs=[0.0] * len(response_ids),
+        reward_score=0.0,
+        num_turns=0,
+        metrics=metrics,
+        extra_fields={
+            "rolloutd_failure": reason,
+            "rolloutd_session_id": session_id,
+            "rolloutd_task_id": task_id,
+        },
+    )
 
 
 @register(AGENT_NAME)
@@ -150,6 +262,12 @@ class RolloutdAgentLoop(AgentLoopBase):
         }
         group = await (await client.submit(request)).result()
         samples = group_samples(group, client.trajectory, 1)
+        for sample in list(samples.samples):
+            # an all-zero response_mask marks a left-out row for the advantage estimator, so a
+            # scored session without a sampled token cannot be told from one and is left out
+            if not any(sample.loss_mask):
+                samples.samples.remove(sample)
+                samples.left_out[sample.session_id] = "no_sampled_token"
         self.stats.add(samples, masked=not samples.whole)
         metrics = AgentLoopMetrics(generate_sequences=time.monotonic() - started)
         if not samples.whole:
@@ -157,19 +275,13 @@ class RolloutdAgentLoop(AgentLoopBase):
             session_id = next(iter(samples.left_out), None)
             log.warning("verl_session_left_out", task_id=group.task_id, reason=reason)
             prompt_ids, response_ids = self._placeholder(group, client)
-            return AgentLoopOutput(
-                prompt_ids=prompt_ids,
-                response_ids=response_ids,
-                response_mask=[0] * len(response_ids),
-                response_logprobs=[0.0] * len(response_ids),
-                reward_score=0.0,
-                num_turns=0,
+            return left_out_output(
+                prompt_ids,
+                response_ids,
+                reason=reason,
                 metrics=metrics,
-                extra_fields={
-                    "rolloutd_failure": reason,
-                    "rolloutd_session_id": session_id,
-                    "rolloutd_task_id": group.task_id,
-                },
+                session_id=session_id,
+                task_id=group.task_id,
             )
         (sample,) = samples.samples
         return AgentLoopOutput(

@@ -1,5 +1,6 @@
 """What the bridge tests share: a one-call task run by the shell harness in bwrap, and a
-check that a trainer's row carries a session's trace token for token."""
+stand-in for rolloutd's client that answers canned groups (rolloutd's own types) for the tests
+that put a bridge's rows through a trainer's own code without fleets."""
 
 from __future__ import annotations
 
@@ -53,3 +54,67 @@ def ask_task(max_tokens: int = 16, turns: int = 1) -> dict:
         "evaluator": {"type": "session_completed"},
         "sampling": {"temperature": 1.0, "max_tokens": max_tokens},
     }
+
+
+def canned_trace(prompt, response, mask, reward=None):
+    """A trace of the given tokens: logprob -0.5 on each sampled token, a completion starting
+    at each run of sampled tokens."""
+    from rolloutd.types import Trace
+
+    return Trace(
+        prompt_ids=prompt,
+        response_ids=response,
+        loss_mask=mask,
+        response_logprobs=[-0.5 if m else 0.0 for m in mask],
+        completion_indices=[i for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1])],
+        reward=reward,
+    )
+
+
+class FakeClient:
+    """A stand-in for rolloutd's client (rolloutd's own types, canned): ``submit`` answers
+    the canned group of the task's instruction, ``trajectory`` its stored trajectory.
+
+    Args:
+        groups_by_instruction: instruction -> one ``(status, reward, failure, trace)`` per
+            sample.
+    """
+
+    def __init__(self, groups_by_instruction):
+        self.groups_by_instruction = groups_by_instruction
+        self.trajectories = {}
+        self.requests = []
+
+    async def submit(self, request):
+        from rolloutd.types import SessionResult, TaskResult, Trajectory
+
+        self.requests.append(request)
+        sessions = []
+        for index, (status, reward, failure, trace) in enumerate(
+            self.groups_by_instruction[request["instruction"]]
+        ):
+            session_id = f"{request['task_id']}/{index}"
+            sessions.append(
+                SessionResult(
+                    session_id=session_id,
+                    task_id=request["task_id"],
+                    sample_index=index,
+                    status=status,
+                    reward=reward,
+                    failure=failure,
+                    trajectory_ref=session_id,
+                )
+            )
+            self.trajectories[session_id] = Trajectory(
+                session_id=session_id, task_id=request["task_id"], traces=[trace]
+            )
+        group = TaskResult(task_id=request["task_id"], sessions=sessions)
+
+        class Handle:
+            async def result(self):
+                return group
+
+        return Handle()
+
+    def trajectory(self, session):
+        return self.trajectories[session.trajectory_ref]

@@ -10,23 +10,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from typing import Any
 
 
-async def main(args: argparse.Namespace) -> None:
+def generator_input(tasks: dict[str, tuple[str, dict[str, Any], int]]) -> Any:
+    """SkyRL's ``GeneratorInput`` of a training step: instance id -> (instruction, rolloutd
+    task fields, repetitions), each repeated as SkyRL's trainer repeats a prompt."""
     from skyrl.train.generators.base import BatchMetadata, GeneratorInput, TrajectoryID
-    from skyrl.train.utils.trainer_utils import validate_generator_output
 
-    from rolloutd.trainer_client import RolloutClient
-    from rolloutd.trainer_client.bridges.skyrl import TASK_EXTRA, RolloutdGenerator
+    from rolloutd.trainer_client.bridges.skyrl import TASK_EXTRA
 
-    tasks = json.loads(args.tasks)  # instance id -> [instruction, task fields]
     prompts, extras, ids = [], [], []
-    for instance, (instruction, fields) in tasks.items():
-        for repetition in range(args.n):
+    for instance, (instruction, fields, n) in tasks.items():
+        for repetition in range(n):
             prompts.append([{"role": "user", "content": instruction}])
             extras.append({TASK_EXTRA: fields})
             ids.append(TrajectoryID(instance_id=instance, repetition_id=repetition))
-    batch = GeneratorInput(
+    return GeneratorInput(
         prompts=prompts,
         env_classes=["rolloutd"] * len(prompts),
         env_extras=extras,
@@ -34,10 +34,20 @@ async def main(args: argparse.Namespace) -> None:
         trajectory_ids=ids,
         batch_metadata=BatchMetadata(global_step=0, training_phase="train"),
     )
+
+
+async def main(args: argparse.Namespace) -> None:
+    from skyrl.train.utils.trainer_utils import validate_generator_output
+
+    from rolloutd.trainer_client import RolloutClient
+    from rolloutd.trainer_client.bridges.skyrl import RolloutdGenerator
+
+    tasks = json.loads(args.tasks)  # instance id -> [instruction, task fields]
+    batch = generator_input({k: (i, fields, args.n) for k, (i, fields) in tasks.items()})
     client = await RolloutClient.connect(args.temporal, store_url=args.store)
     generator = RolloutdGenerator(client, task_prefix=args.task_prefix, eos_token_id=args.eos)
     output = await generator.generate(batch)
-    validate_generator_output(len(prompts), output)  # raises when SkyRL refuses it
+    validate_generator_output(len(batch["prompts"]), output)  # raises when SkyRL refuses it
     print(
         json.dumps(
             {

@@ -8,8 +8,13 @@ test session (the shell harness in bwrap, Qwen2.5-Coder-0.5B on llama-server) an
 cause, no replacement): its group must reach SkyRL masked whole and counted. About 1-3
 minutes.
 
-Not exercised: SkyRL's trainer (Ray, FSDP/Megatron workers, a GPU) and its advantage
-computation; only the generator interface and SkyRL's own check of its output.
+``test_skyrl_grpo_gives_a_group_with_a_failed_session_no_advantage`` puts the generator's
+answer for canned groups (the stand-in client of ``tests/support/bridges.py``) through SkyRL's
+own padding and GRPO estimator (``tests/support/skyrl_advantage_child.py``): seconds, no
+fleets.
+
+Not exercised: SkyRL's trainer (Ray, FSDP/Megatron workers, a GPU); only the generator
+interface, SkyRL's own check of its output, its padding and its advantage estimator.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from tests.support.bridges import INSTALL, ask_task, trainer_python
 
 ROOT = Path(__file__).resolve().parents[3]
 CHILD = ROOT / "tests" / "support" / "skyrl_child.py"
+ADVANTAGE_CHILD = ROOT / "tests" / "support" / "skyrl_advantage_child.py"
 SKYRL = trainer_python("skyrl")
 
 pytestmark = [
@@ -128,3 +134,26 @@ async def test_skyrl_generate_returns_a_generator_output_skyrl_accepts(fleets, t
     assert stats["num_sessions_left_out"] == 2
     assert stats["left_out_by_reason"] == {"evaluator": 2}
     assert output["rollout_metrics"]["rolloutd/num_groups_masked"] == 1
+
+
+@pytest.mark.timeout(300)
+def test_skyrl_grpo_gives_a_group_with_a_failed_session_no_advantage():
+    """SkyRL's GRPO (its registry's ``grpo``, grouped by instance) over the generator's answer:
+    the group with a session that failed for the infrastructure reaches SkyRL masked whole
+    (reward 0.0 and loss mask 0 on every row), so every row of it gets advantage 0 and no
+    sibling gains from the failure; the whole group's advantages are the ones it gets alone,
+    and it has a signal (they differ)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    run = subprocess.run(
+        [SKYRL, ADVANTAGE_CHILD], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    broken = [i for i, (uid, _, _) in enumerate(report["rows"]) if uid == "broken"]
+    whole = [i for i, (uid, _, _) in enumerate(report["rows"]) if uid == "whole"]
+    assert [report["rows"][i][1:] for i in broken] == [[0.0, 0]] * 4
+    assert [report["all"][i] for i in broken] == [0.0] * 4
+    assert [report["all"][i] for i in whole] == report["whole_alone"]
+    assert len(set(report["whole_alone"])) > 1
+    assert report["stats"]["num_groups_masked"] == 1
+    assert report["stats"]["left_out_by_reason"] == {"backend": 1}

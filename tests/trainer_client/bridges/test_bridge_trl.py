@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.bridges import INSTALL, have
+from tests.support.bridges import INSTALL, FakeClient, canned_trace, have
 
 pytestmark = [
     # the trainer packages come from scripts/setup_trainers.sh, which README's acceptance
@@ -43,63 +43,6 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _trace(prompt, response, mask, reward=None):
-    from rolloutd.types import Trace
-
-    return Trace(
-        prompt_ids=prompt,
-        response_ids=response,
-        loss_mask=mask,
-        response_logprobs=[-0.5 if m else 0.0 for m in mask],
-        completion_indices=[i for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1])],
-        reward=reward,
-    )
-
-
-class FakeClient:
-    """A stand-in for rolloutd's client (rolloutd's own types, canned): ``submit`` answers
-    the next canned group of the task's prompt, ``trajectory`` its stored trajectory."""
-
-    def __init__(self, groups_by_instruction):
-        self.groups_by_instruction = groups_by_instruction
-        self.trajectories = {}
-        self.requests = []
-
-    async def submit(self, request):
-        from rolloutd.types import SessionResult, TaskResult, Trajectory
-
-        self.requests.append(request)
-        sessions = []
-        for index, (status, reward, failure, trace) in enumerate(
-            self.groups_by_instruction[request["instruction"]]
-        ):
-            session_id = f"{request['task_id']}/{index}"
-            sessions.append(
-                SessionResult(
-                    session_id=session_id,
-                    task_id=request["task_id"],
-                    sample_index=index,
-                    status=status,
-                    reward=reward,
-                    failure=failure,
-                    trajectory_ref=session_id,
-                )
-            )
-            self.trajectories[session_id] = Trajectory(
-                session_id=session_id, task_id=request["task_id"], traces=[trace]
-            )
-        group = TaskResult(task_id=request["task_id"], sessions=sessions)
-
-        class Handle:
-            async def result(self):
-                return group
-
-        return Handle()
-
-    def trajectory(self, session):
-        return self.trajectories[session.trajectory_ref]
 
 
 @pytest.fixture(scope="module")
@@ -128,21 +71,21 @@ def test_rollout_func_rows_go_through_grpo_trainer_scoring(tokenizer, tmp_path):
     ok = SessionStatus.COMPLETED
     multi = [1, 1, 0, 0, 1, 1]  # sampled, tool output, sampled
     whole = [
-        (ok, 1.0, None, _trace([5, 6, 7], [10, 11, 20, 21, 12, 2], multi)),
-        (ok, 0.0, None, _trace([5, 6, 7], [13, 2], [1, 1])),
-        (ok, 0.5, None, _trace([5, 6, 7], [14, 15, 2], [1, 1, 1])),
-        (ok, 0.0, None, _trace([5, 6, 7], [16, 2], [1, 1])),
+        (ok, 1.0, None, canned_trace([5, 6, 7], [10, 11, 20, 21, 12, 2], multi)),
+        (ok, 0.0, None, canned_trace([5, 6, 7], [13, 2], [1, 1])),
+        (ok, 0.5, None, canned_trace([5, 6, 7], [14, 15, 2], [1, 1, 1])),
+        (ok, 0.0, None, canned_trace([5, 6, 7], [16, 2], [1, 1])),
     ]
     broken = [
-        (ok, 1.0, None, _trace([8, 9], [30, 2], [1, 1])),
+        (ok, 1.0, None, canned_trace([8, 9], [30, 2], [1, 1])),
         (
             SessionStatus.FAILED,
             None,
             FailureCause(kind="backend", message="502"),
-            _trace([8, 9], [31], [1]),
+            canned_trace([8, 9], [31], [1]),
         ),
-        (ok, 0.0, None, _trace([8, 9], [32, 2], [1, 1])),
-        (ok, 1.0, None, _trace([8, 9], [33, 2], [1, 1])),
+        (ok, 0.0, None, canned_trace([8, 9], [32, 2], [1, 1])),
+        (ok, 1.0, None, canned_trace([8, 9], [33, 2], [1, 1])),
     ]
     client = FakeClient({"p1": whole, "p2": broken})
     rows = [{"prompt": p, "harness": {"type": "shell", "command": "true"}} for p in ("p1", "p2")]
@@ -321,7 +264,9 @@ def test_rollout_worker_samples_feed_trls_async_pipeline():
                 )
             )
             trajectories[sid] = Trajectory(
-                session_id=sid, task_id=task_id, traces=[_trace([5, 6], [7 + i, 20, 2], [1, 0, 1])]
+                session_id=sid,
+                task_id=task_id,
+                traces=[canned_trace([5, 6], [7 + i, 20, 2], [1, 0, 1])],
             )
         return TaskResult(task_id=task_id, sessions=sessions)
 

@@ -110,6 +110,9 @@ def test_episode_of_a_session_validates_as_verifiers_wire_episode():
     assert not wire.ok
     assert [e.type for e in wire.errors] == ["backend"]
     assert wire.traces[0].rewards == {}
+    # prime-rl's GRPO keeps a trace with an error out of its group's statistics
+    # (prime_rl/orchestrator/algo/base.py, iter_trainable_traces)
+    assert wire.traces[0].has_error and not got.has_error
 
 
 @pytest.mark.temporal

@@ -3,7 +3,8 @@ session makes one real model call through the gateway (llama-server, Qwen2.5-Cod
 its harness writes the answer. An answer that defines the function wrongly and ends in
 ``os._exit(0)``, one that ends in ``raise SystemExit(0)`` and one returning an object equal to
 everything earn 0.00, each with its reason in the evaluation record; the canonical solution
-earns 1.00 and an honest wrong answer 0.00.
+earns 1.00 and an honest wrong answer 0.00. Measured (2026-12-06, load average 3.5-6.4 on 2
+cores): 7 s for the five sessions, 21 s with the stack's start.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def task(task_id: str, answer: str) -> dict:
                 "entry_point": PROBLEM["entry_point"],
             },
         },
+        # the call matters, not its answer: a few tokens keep the test short on a busy engine
+        "sampling": {"max_tokens": 8},
         "phases": {"run_s": 300},
         "max_replacements": 0,
     }

@@ -17,8 +17,8 @@ tested in tests/proxy/test_verl_backend.py (no verl needed).
 
 ``test_rolloutd_grpo_leaves_left_out_rows_out_of_their_groups`` runs verl's own advantage
 computation (``tests/support/verl_advantage_child.py``: ``compute_advantage`` through verl's
-estimator registry, on ``AgentLoopOutput.as_dict`` tensors) over groups with and without
-left-out rows: a few seconds, no fleets.
+estimator registry, on the ``AgentLoopOutput.as_dict`` tensors of ``RolloutdAgentLoop.run``
+over canned sessions) on groups with and without left-out rows: seconds, no fleets.
 
 Not exercised here: verl's ``AgentLoopManager`` and ``AgentLoopWorker`` (Ray actors over
 GPU replicas), its load balancer, its vLLM/SGLang servers and weight sync, the v1 trainer's
@@ -213,26 +213,45 @@ async def test_verl_agent_loop_runs_eight_prompts_through_rolloutd(temporal_serv
 @pytest.mark.timeout(300)
 def test_rolloutd_grpo_leaves_left_out_rows_out_of_their_groups():
     """verl's ``compute_advantage`` with ``algorithm.adv_estimator=rolloutd_grpo`` (registered
-    by ``import verl`` alone, through ``VERL_USE_EXTERNAL_MODULES``): a group with a left-out
-    row (the bridge's ``left_out_output``) gets for its other rows exactly the advantages verl's
-    GRPO gives the group without it, the left-out row gets 0, a group of left-out rows only gets
-    0, and nothing moves when no row is left out; with and without the std division. The
-    control: verl's stock ``grpo`` on the same batch moves the siblings' advantages. And why an
-    estimator rather than a ``uid`` of the row's own: verl's legacy trainer refuses an agent
-    loop output whose ``uid`` is not its prompt's."""
+    by ``import verl`` alone, through ``VERL_USE_EXTERNAL_MODULES``) over the outputs of
+    ``RolloutdAgentLoop.run`` on canned sessions: a failed session and a scored one without a
+    sampled token come back with an all-zero ``response_mask``, and only they; the other rows
+    of their groups get exactly the advantages verl's GRPO gives the groups without them, the
+    left-out rows 0, a group of left-out rows only 0, and nothing moves when no row is left
+    out; with and without the std division. The control: verl's stock ``grpo`` on the same
+    batch moves the siblings' advantages, and only theirs. And why an estimator rather than a
+    ``uid`` of the row's own: verl's legacy trainer refuses an agent loop output whose
+    ``uid`` is not its prompt's. Seconds."""
+    from rolloutd.engine.models import load_tokenizer, model_files
+
+    load_tokenizer("qwen2.5-coder-0.5b")  # pulled when missing
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT / "src"),
         "VERL_USE_EXTERNAL_MODULES": "rolloutd.trainer_client.bridges.verl",
     }
     run = subprocess.run(
-        [VERL, ADVANTAGE_CHILD], env=env, capture_output=True, text=True, timeout=240
+        [VERL, ADVANTAGE_CHILD, str(model_files("qwen2.5-coder-0.5b").tokenizer)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["registered"] == {"estimator": True, "agent_loop": True}
-    left_out = {str(i) for i, (_, out) in enumerate(report["rows"]) if out}
-    group_a = {str(i) for i, (group, out) in enumerate(report["rows"]) if group == "a" and not out}
+    rows = report["rows"]
+    left_out = {str(i): reason for i, (_, reason) in enumerate(rows) if reason}
+    assert left_out == {"1": "backend", "5": "backend", "7": "no_sampled_token"}
+    for i, mask in enumerate(report["response_masks"]):
+        assert any(mask) is (str(i) not in left_out), (i, mask)
+    # the scored rows of the groups that hold a left-out row among scored ones, and the rest
+    shifted = {
+        str(i)
+        for i, (group, reason) in enumerate(rows)
+        if not reason and any(g == group and r for g, r in rows)
+    }
+    assert {rows[int(i)][0] for i in shifted} == {"a", "b"}
     for norm, case in report["cases"].items():
         baseline = case["grpo_without"]["per_row"]
         ours = case["rolloutd_with"]["per_row"]
@@ -240,13 +259,10 @@ def test_rolloutd_grpo_leaves_left_out_rows_out_of_their_groups():
         assert [ours[k] for k in left_out] == [0.0] * len(left_out), norm
         assert case["rolloutd_without"]["per_row"] == baseline, norm
         assert all(c["zero_off_mask"] for c in case.values()), norm
-        # the control: stock GRPO counts the left-out row's 0.0 in its group ...
+        # the control: stock GRPO counts a left-out row's 0.0 in its group ...
         stock = case["grpo_with"]["per_row"]
-        assert all(stock[k] != baseline[k] for k in group_a), (norm, stock, baseline)
+        assert all(stock[k] != baseline[k] for k in shifted), (norm, stock, baseline)
         # ... and only in its group
-        assert {k: stock[k] for k in baseline if k not in group_a} == {
-            k: v for k, v in baseline.items() if k not in group_a
-        }
-        assert len(set(baseline[k] for k in group_a)) > 1  # the group has a signal to shift
+        assert all(stock[k] == v for k, v in baseline.items() if k not in shifted), norm
     assert report["union"]["prompt_uid"].startswith("ok")
     assert report["union"]["own_uid"].startswith("AssertionError: `uid`"), report["union"]

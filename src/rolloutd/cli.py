@@ -410,9 +410,15 @@ def _codec_server(args: argparse.Namespace, settings: CommonSettings) -> int:
 
 
 def _tenant_token(args: argparse.Namespace, settings: CommonSettings) -> int:
+    from pydantic import ValidationError
+
     from rolloutd.security.tenants import add_tenant_token, new_tenant_token
 
-    token, entry = new_tenant_token(args.tenant, args.max_priority)
+    try:
+        token, entry = new_tenant_token(args.tenant, args.max_priority, args.max_fairness_weight)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        raise SystemExit(f"rolloutd tenant-token: {problems}") from None
     if args.file is not None:
         add_tenant_token(args.file, entry)
         print(f"added tenant {entry.tenant} to {args.file}", file=sys.stderr)

@@ -329,6 +329,13 @@ def _service_parsers(sub: Any) -> None:
         help="the highest priority the tenant may ask for (1 first ... 5 last)",
     )
     tenant.add_argument(
+        "--max-fairness-weight",
+        type=float,
+        default=1.0,
+        help="the largest fairness weight the tenant may ask for (its share among tasks of "
+        "equal priority; > 0, at most 1000)",
+    )
+    tenant.add_argument(
         "--file",
         type=Path,
         default=None,

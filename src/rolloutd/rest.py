@@ -60,6 +60,7 @@ from rolloutd.trainer_client.client import InvalidTaskError, RolloutClient
 from rolloutd.trainer_client.health import FleetHealth
 from rolloutd.trainer_client.inflight import sessions_by_phase
 from rolloutd.types import (
+    DEFAULT_FAIRNESS_WEIGHT,
     DEFAULT_PRIORITY,
     CallbackStatus,
     SessionResult,
@@ -277,43 +278,48 @@ def require_operator(request: Request) -> None:
         raise HTTPException(403, detail="this route needs the operator's token, not a tenant's")
 
 
+def _claims_more(field: str, message: str) -> HTTPException:
+    """The 403 of a submission that claims more than its tenant token allows, naming the
+    field as a validation error does."""
+    return HTTPException(403, detail=[{"loc": [field], "msg": message}])
+
+
 def claim_tenant(task: dict[str, Any], caller: Caller) -> None:
-    """Bind a submitted task to the caller's tenant and priority bound: a tenant token submits
-    for its own tenant only, at its maximum priority or lower (a larger number); an absent
-    priority above the bound is lowered to it.
+    """Bind a submitted task to the caller's tenant and its token's bounds: a tenant token
+    submits for its own tenant only, at its maximum priority or lower (a larger number) and
+    at its maximum fairness weight or below; an absent priority or weight above the bound is
+    lowered to it.
 
     Raises:
-        HTTPException: 403 naming ``tenant`` or ``priority`` when the body claims more.
+        HTTPException: 403 naming ``tenant``, ``priority`` or ``fairness_weight`` when the
+            body claims more.
     """
     if caller.operator:
         return
     claimed = task.get("tenant")
     if claimed is not None and claimed != caller.tenant:
-        raise HTTPException(
-            403,
-            detail=[
-                {
-                    "loc": ["tenant"],
-                    "msg": f"the token is tenant {caller.tenant!r}'s; it cannot submit for "
-                    f"{claimed!r}",
-                }
-            ],
+        raise _claims_more(
+            "tenant", f"the token is tenant {caller.tenant!r}'s; it cannot submit for {claimed!r}"
         )
     task["tenant"] = caller.tenant
     priority = task.get("priority")
     if priority is not None and isinstance(priority, int) and priority < caller.max_priority:
-        raise HTTPException(
-            403,
-            detail=[
-                {
-                    "loc": ["priority"],
-                    "msg": f"priority {priority} is above tenant {caller.tenant!r}'s maximum "
-                    f"({caller.max_priority}; 1 is served first)",
-                }
-            ],
+        raise _claims_more(
+            "priority",
+            f"priority {priority} is above tenant {caller.tenant!r}'s maximum "
+            f"({caller.max_priority}; 1 is served first)",
         )
     if priority is None:
         task["priority"] = max(DEFAULT_PRIORITY, caller.max_priority)
+    weight = task.get("fairness_weight")
+    if isinstance(weight, int | float) and weight > caller.max_fairness_weight:
+        raise _claims_more(
+            "fairness_weight",
+            f"fairness_weight {weight:g} is above tenant {caller.tenant!r}'s maximum "
+            f"({caller.max_fairness_weight:g})",
+        )
+    if weight is None:
+        task["fairness_weight"] = min(DEFAULT_FAIRNESS_WEIGHT, caller.max_fairness_weight)
 
 
 def create_app(

@@ -77,6 +77,8 @@ TASK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DEFAULT_TENANT = "default"
 #: Temporal's default priority key (1 first ... 5 last)
 DEFAULT_PRIORITY = 3
+#: ``TaskRequest.fairness_weight`` unless a task gives one
+DEFAULT_FAIRNESS_WEIGHT = 1.0
 
 
 # --------------------------------------------------------------------------- task request
@@ -149,7 +151,7 @@ class TaskRequest(Payload):
         "Temporal's default (docs.temporal.io/develop/task-queue-priority-fairness)",
     )
     fairness_weight: float = Field(
-        default=1.0,
+        default=DEFAULT_FAIRNESS_WEIGHT,
         gt=0.0,
         le=1000.0,
         description="the tenant's share among tasks of equal "

@@ -1,8 +1,9 @@
 """Tenants are who their token says, on real parts (Temporal dev server, the four fleets, shell
 tasks in the local runtime): two tenants with their own tokens cannot read, view or cancel each
-other's tasks; a tenant claiming another tenant or a priority above its own is refused; backend
-and stack routes need the operator's token. Tokens are kept hashed. Each test fails when its
-guard is removed.
+other's tasks; a tenant claiming another tenant, a priority above its own or a fairness weight
+above its token's is refused; no token names the operator's tenant ``default``; a task id
+taken by another tenant answers exactly as one's own; backend and stack routes need the
+operator's token. Tokens are kept hashed. Each test fails when its guard is removed.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi import HTTPException
+from pydantic import ValidationError
 from temporalio.client import WorkflowExecutionStatus
 
 from rolloutd.errors import ConfigError
-from rolloutd.rest import add_stack_status_route, create_app
+from rolloutd.rest import add_stack_status_route, claim_tenant, create_app
 from rolloutd.security.tenants import (
     OPERATOR,
+    Caller,
     TenantTokens,
     add_tenant_token,
     hash_token,
@@ -63,6 +67,49 @@ def test_a_malformed_tokens_file_is_refused_by_name(tmp_path: Path) -> None:
     path.write_text(json.dumps({"tenants": [{"tenant": "a", "token": "plain-text"}]}))
     with pytest.raises(ConfigError, match="token_sha256|token"):
         TenantTokens.load(path)
+
+
+def test_no_token_names_the_operators_default_tenant(tmp_path: Path) -> None:
+    """``default`` is the tenant of every task that names none: a token named so would read
+    and cancel the operator's tasks. It is refused when made, in the file, and by the CLI."""
+    with pytest.raises(ValidationError, match="default"):
+        new_tenant_token("default")
+    _, entry = new_tenant_token("team-a")
+    path = tmp_path / "tenants.json"
+    path.write_text(json.dumps({"tenants": [{**entry.model_dump(), "tenant": "default"}]}))
+    with pytest.raises(ConfigError, match="default"):
+        TenantTokens.load(path)
+    run = subprocess.run(
+        [sys.executable, "-m", "rolloutd.cli", "tenant-token", "default", "--file", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1 and "cannot name 'default'" in run.stderr, run.stderr
+    assert not run.stdout.strip()  # no token printed
+
+
+def test_a_token_bounds_the_fairness_weight_as_it_bounds_the_priority() -> None:
+    """The REST facade's claim: above the token's ``max_fairness_weight`` is refused naming
+    the field; none given gets the default, lowered to the bound; the operator is unbound."""
+    token, entry = new_tenant_token("team-a", 3, max_fairness_weight=0.5)
+    assert new_tenant_token("team-b")[1].max_fairness_weight == 1.0  # the default bound
+    tenant = resolve_caller(token, [OPERATOR_TOKEN], TenantTokens([entry]))
+    assert tenant == Caller("team-a", 3, 0.5)
+    for weight in (0.6, 1000.0):
+        with pytest.raises(HTTPException) as refused:
+            claim_tenant({"fairness_weight": weight}, tenant)
+        assert refused.value.status_code == 403
+        assert [d["loc"] for d in refused.value.detail] == [["fairness_weight"]]
+    within = {"fairness_weight": 0.25}
+    claim_tenant(within, tenant)
+    assert within["fairness_weight"] == 0.25 and within["tenant"] == "team-a"
+    none_given: dict = {}
+    claim_tenant(none_given, tenant)
+    assert none_given["fairness_weight"] == 0.5
+    unbounded = {"fairness_weight": 1000.0}
+    claim_tenant(unbounded, OPERATOR)
+    assert unbounded == {"fairness_weight": 1000.0}
 
 
 def test_rolloutd_tenant_token_prints_the_token_and_keeps_its_hash(tmp_path) -> None:
@@ -191,7 +238,7 @@ async def test_two_tenants_cannot_read_view_or_cancel_each_others_tasks(
 async def test_a_tenant_claiming_another_tenant_or_a_higher_priority_is_refused(
     fleets, tmp_path: Path
 ) -> None:
-    token_a, entry_a = new_tenant_token("team-a", 2)
+    token_a, entry_a = new_tenant_token("team-a", 2, max_fairness_weight=0.5)
     tenants = TenantTokens([entry_a])
     u = uuid.uuid4().hex[:6]
     gate = tmp_path / "go"
@@ -200,6 +247,7 @@ async def test_a_tenant_claiming_another_tenant_or_a_higher_priority_is_refused(
             ({"tenant": "team-b"}, ["tenant"]),
             ({"priority": 1}, ["priority"]),
             ({"dispatch_priority": 2}, ["priority"]),  # Polar's: maps to priority 1
+            ({"fairness_weight": 1000.0}, ["fairness_weight"]),
         ]
         for i, (fields, loc) in enumerate(cases):
             r = await http.post(
@@ -213,7 +261,7 @@ async def test_a_tenant_claiming_another_tenant_or_a_higher_priority_is_refused(
         for i in range(len(cases)):
             with pytest.raises(Exception, match="not found"):
                 await client.task_tenant(f"claim-{i}-{u}")
-        # within its bound and for itself: accepted
+        # within its bound and for itself: accepted, at the token's weight when none is asked
         r = await http.post(
             "/rollout/task/submit",
             json=gated_task(f"claim-ok-{u}", gate, tenant="team-a", priority=2),
@@ -221,6 +269,40 @@ async def test_a_tenant_claiming_another_tenant_or_a_higher_priority_is_refused(
         )
         gate.touch()
         assert r.status_code == 200, r.text
+        # what Temporal's fairness uses: the task workflow's own priority
+        described = await client.get_handle(f"claim-ok-{u}").describe()
+        assert described.raw_info.priority.fairness_weight == 0.5
+        assert described.raw_info.priority.priority_key == 2
+
+
+@pytest.mark.temporal
+@pytest.mark.engine
+async def test_a_task_id_another_tenant_holds_answers_as_ones_own(fleets, tmp_path: Path) -> None:
+    """Task ids are global (workflow ids); the 409 a taken id gets says nothing of whose it
+    is: a tenant re-submitting its own id and another tenant submitting it get the same status
+    and the same body, and the task stays its owner's."""
+    token_a, entry_a = new_tenant_token("team-a", 3)
+    token_b, entry_b = new_tenant_token("team-b", 3)
+    u = uuid.uuid4().hex[:6]
+    gate = tmp_path / "go"
+    task_id = f"taken-{u}"
+    async with facade(fleets, TenantTokens([entry_a, entry_b])) as (http, client):
+        try:
+            r = await http.post(
+                "/rollout/task/submit", json=gated_task(task_id, gate), headers=bearer(token_a)
+            )
+            assert r.status_code == 200, r.text
+            answers = []
+            for token in (token_a, token_b):
+                r = await http.post(
+                    "/rollout/task/submit", json=gated_task(task_id, gate), headers=bearer(token)
+                )
+                answers.append((r.status_code, r.content))
+            assert answers[0][0] == 409, answers
+            assert answers[0] == answers[1]
+            assert await client.task_tenant(task_id) == "team-a"
+        finally:
+            gate.touch()
 
 
 @pytest.mark.temporal

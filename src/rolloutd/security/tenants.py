@@ -1,14 +1,19 @@
 """Tenant tokens: a tenant is who its token says.
 
-Each token binds a tenant name and the highest Temporal priority the tenant may ask for (1 is
-served first, 5 last: ``max_priority: 2`` allows 2 to 5). Tokens are kept hashed at rest
+Each token binds a tenant name, the highest Temporal priority the tenant may ask for (1 is
+served first, 5 last: ``max_priority: 2`` allows 2 to 5) and the largest fairness weight
+(``max_fairness_weight``, default 1.0: a tenant's share among equal priorities is the
+operator's to give, never the tenant's to take). No token may name the tenant ``default``:
+that is the tenant of every task that names none, the operator's. Tokens are kept hashed at rest
 (SHA-256 of the token: they are 256-bit random strings, so a plain hash cannot be reversed by
 guessing; NIST SP 800-63B, 5.1.1.2, requires a slow hash only for memorised secrets). The file
 (``ROLLOUTD_TENANT_TOKENS_FILE``, or a Kubernetes Secret mounted as one) is JSON::
 
-    {"tenants": [{"tenant": "team-a", "max_priority": 2, "token_sha256": "9f86d0..."}]}
+    {"tenants": [{"tenant": "team-a", "max_priority": 2, "max_fairness_weight": 1.0,
+                  "token_sha256": "9f86d0..."}]}
 
-``rolloutd tenant-token TENANT --max-priority N`` makes a token and prints its entry. The REST
+``rolloutd tenant-token TENANT --max-priority N --max-fairness-weight W`` makes a token and
+prints its entry. The REST
 facade and the trace viewer resolve each request's bearer token to a :class:`Caller`: the
 operator (the REST or admin token, or no token at all on a loopback-only facade), a tenant, or
 nobody (401).
@@ -24,9 +29,13 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rolloutd.errors import ConfigError
+from rolloutd.types import DEFAULT_TENANT
+
+#: the largest fairness weight a tenant token allows unless its entry says otherwise
+DEFAULT_MAX_FAIRNESS_WEIGHT = 1.0
 
 
 def hash_token(token: str) -> str:
@@ -46,7 +55,24 @@ class TenantToken(BaseModel):
         le=5,
         description="the highest priority (smallest number) the tenant may ask for",
     )
+    max_fairness_weight: float = Field(
+        default=DEFAULT_MAX_FAIRNESS_WEIGHT,
+        gt=0.0,
+        le=1000.0,
+        description="the largest fairness weight (TaskRequest.fairness_weight) the tenant may "
+        "ask for",
+    )
     token_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the token")
+
+    @field_validator("tenant")
+    @classmethod
+    def _not_the_operators(cls, tenant: str) -> str:
+        if tenant == DEFAULT_TENANT:
+            raise ValueError(
+                f"a tenant token cannot name {DEFAULT_TENANT!r}: that is the tenant of every "
+                "task that names none (the operator's); name the tenant"
+            )
+        return tenant
 
 
 class TenantTokensFile(BaseModel):
@@ -64,10 +90,13 @@ class Caller:
     Attributes:
         tenant: the tenant its token names; None for the operator.
         max_priority: the highest priority it may ask for (1 for the operator).
+        max_fairness_weight: the largest fairness weight it may ask for (the operator: any
+            ``TaskRequest`` allows).
     """
 
     tenant: str | None = None
     max_priority: int = 1
+    max_fairness_weight: float = 1000.0
 
     @property
     def operator(self) -> bool:
@@ -124,7 +153,9 @@ class TenantTokens:
     def caller(self, token: str) -> Caller | None:
         """The tenant a token names, or None."""
         entry = self.by_hash.get(hash_token(token))
-        return Caller(entry.tenant, entry.max_priority) if entry is not None else None
+        if entry is None:
+            return None
+        return Caller(entry.tenant, entry.max_priority, entry.max_fairness_weight)
 
 
 def resolve_caller(
@@ -151,15 +182,23 @@ def resolve_caller(
     return tenants.caller(sent)
 
 
-def new_tenant_token(tenant: str, max_priority: int = 3) -> tuple[str, TenantToken]:
+def new_tenant_token(
+    tenant: str,
+    max_priority: int = 3,
+    max_fairness_weight: float = DEFAULT_MAX_FAIRNESS_WEIGHT,
+) -> tuple[str, TenantToken]:
     """A new token for ``tenant`` and its entry for the tokens file.
 
     Raises:
-        pydantic.ValidationError: a bad tenant name or priority.
+        pydantic.ValidationError: a bad tenant name (``default`` included), priority or
+            fairness weight.
     """
     token = "rt_" + secrets.token_urlsafe(32)
     return token, TenantToken(
-        tenant=tenant, max_priority=max_priority, token_sha256=hash_token(token)
+        tenant=tenant,
+        max_priority=max_priority,
+        max_fairness_weight=max_fairness_weight,
+        token_sha256=hash_token(token),
     )
 
 

@@ -121,7 +121,10 @@ async def fleets(temporal_server, engine, tmp_path_factory) -> AsyncIterator[Fle
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(run_fleet("gateway", client, gateway_settings))
         await stack.enter_async_context(run_fleet("sandbox", client, sandbox_settings))
-        await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
+        # the tests' receivers listen on loopback: allowed here, as an operator would list
+        # the trainers' hosts (none are allowed by default)
+        eval_settings = EvalSettings(**common, callback_allowed_hosts=["127.0.0.1", "localhost"])
+        await stack.enter_async_context(run_fleet("eval", client, eval_settings))
         await stack.enter_async_context(run_fleet("workflows", client, gateway_settings))
         yield Fleets(
             client=client,

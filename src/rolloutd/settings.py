@@ -471,10 +471,12 @@ class EvalSettings(CommonSettings):
         default=8, ge=1, description="evaluations this host runs at once"
     )
     callback_allowed_hosts: list[str] = Field(
-        default_factory=lambda: ["127.0.0.1", "localhost", "::1"],
+        default_factory=list,
         description="hosts a task's callback_url may name (shell patterns of `host` or "
         "`host:port`, JSON list); others are refused without a request: the eval host POSTs "
-        "from inside the operator's network. Default: loopback only",
+        "from inside the operator's network. Default: none (every callback is refused until "
+        "the operator lists the trainers' hosts; loopback too, which reaches every service "
+        "on the eval host)",
     )
 
 

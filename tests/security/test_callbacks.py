@@ -1,11 +1,14 @@
 """Signed callbacks, limited to allowed hosts: each POST carries an HMAC-SHA256 of its exact body
 with the task's own secret (Stripe's webhook scheme), which a real receiver verifies; a URL on
-a host the operator did not allow is refused without a request; the client gives each task
-with a callback URL its own secret. Each test fails when its guard is removed.
+a host the operator did not allow is refused without a request, and by default no host is
+allowed, loopback included; what a failed callback reports says nothing the target said; the
+client gives each task with a callback URL its own secret. Each test fails when its guard is
+removed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
@@ -19,7 +22,7 @@ from rolloutd import task_queues
 from rolloutd.activities.trainer_io import TrainerIOActivities, callback_host_allowed
 from rolloutd.security.callbacks import SIGNATURE_HEADER, sign_callback, verify_callback
 from rolloutd.security.connection import connect_temporal
-from rolloutd.settings import CommonSettings
+from rolloutd.settings import CommonSettings, EvalSettings
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.trainer_client.client import InvalidTaskError, validate_task
 from rolloutd.types import CallbackStatus, SessionResult
@@ -92,20 +95,29 @@ async def verifying_receiver(host: str = "127.0.0.1") -> AsyncIterator[tuple[str
         yield f"{url}/callback", seen
 
 
-@pytest.fixture
-async def eval_worker(temporal_server) -> AsyncIterator:
-    """The callback workflow and ``post_callback`` (loopback hosts allowed, the default) in a
-    fresh namespace of the real dev server."""
+@contextlib.asynccontextmanager
+async def callback_worker(temporal_server, allowed_hosts: list[str]) -> AsyncIterator:
+    """The callback workflow and ``post_callback`` with the eval fleet's setting
+    ``callback_allowed_hosts`` in a fresh namespace of the real dev server."""
     namespace = await fresh_namespace(temporal_server.address, "signed")
     client = await connect_temporal(
         CommonSettings(temporal_address=temporal_server.address), namespace=namespace
     )
-    io = TrainerIOActivities(timeout_s=5.0)
+    io = TrainerIOActivities(timeout_s=5.0, allowed_hosts=allowed_hosts)
     workflows = Worker(client, task_queue=task_queues.WORKFLOWS, workflows=[CallbackWorkflow])
     activities = Worker(client, task_queue=task_queues.EVAL, activities=[io.post_callback])
-    async with workflows, activities:
+    try:
+        async with workflows, activities:
+            yield client
+    finally:
+        await io.aclose()
+
+
+@pytest.fixture
+async def eval_worker(temporal_server) -> AsyncIterator:
+    """:func:`callback_worker` with the operator allowing 127.0.0.1 (the receivers' host)."""
+    async with callback_worker(temporal_server, ["127.0.0.1"]) as client:
         yield client
-    await io.aclose()
 
 
 async def run_callback(client, url: str, secret: str | None) -> CallbackStatus:
@@ -137,7 +149,52 @@ async def test_a_callback_to_a_host_not_allowed_is_refused_unsent(eval_worker) -
         state = await run_callback(eval_worker, url, SECRET)
     assert state.status == "failed" and state.attempts == 1
     assert "is not allowed" in (state.error or "")
+    assert "127.0.0.1" not in (state.error or "")  # the operator's list is not shown
     assert seen == []
+
+
+@pytest.mark.temporal
+async def test_by_default_no_host_is_allowed_not_even_loopback(temporal_server) -> None:
+    """A task's URL on the eval host's loopback would reach every service listening there
+    (any port): until the operator lists hosts, every callback is refused unsent. Control:
+    the same receiver, once allowed, gets the POST."""
+    assert EvalSettings().callback_allowed_hosts == []
+    async with verifying_receiver() as (url, seen):
+        default = EvalSettings().callback_allowed_hosts
+        async with callback_worker(temporal_server, default) as client:
+            refused = await run_callback(client, url, SECRET)
+        assert (refused.status, refused.attempts) == ("failed", 1)
+        assert "is not allowed" in (refused.error or "") and seen == []
+        async with callback_worker(temporal_server, ["127.0.0.1"]) as client:
+            delivered = await run_callback(client, url, SECRET)
+        assert (delivered.status, delivered.status_code) == ("delivered", 200)
+        assert len(seen) == 1
+
+
+@pytest.mark.temporal
+async def test_a_failed_callback_reports_nothing_the_target_said(eval_worker) -> None:
+    """A target that is no HTTP server at all (it reads the request, answers a line of its
+    own, then hangs up) makes the HTTP client raise with the target's words in its message
+    (h11: ``illegal status line: bytearray(b'SSH-2.0-...')``); the status the task shows is the
+    generic one, without them."""
+    said = b"SSH-2.0-OpenSSH_9.2 secret-banner-0451\r\n\r\n"
+
+    async def speak(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(said)
+        await writer.drain()
+        await reader.read()  # until the client, having read the line, hangs up
+        writer.close()
+
+    server = await asyncio.start_server(speak, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        state = await run_callback(eval_worker, f"http://127.0.0.1:{port}/cb", SECRET)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert state.status == "failed" and "secret-banner" not in (state.error or "")
+    assert state.error == "CallbackHTTPError: callback failed: the receiver did not answer"
 
 
 @pytest.mark.temporal

@@ -126,8 +126,8 @@ def _raise_for_status(response: httpx.Response, attempt: int) -> None:
     )
 
 
-#: hosts a callback may reach unless the operator allows others
-#: (``ROLLOUTD_CALLBACK_ALLOWED_HOSTS``)
+#: the loopback hosts, as a pattern list an operator (or a test's own stack) may allow; never
+#: allowed by default: a task's URL on the eval host's loopback reaches every service there
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -154,13 +154,14 @@ class TrainerIOActivities:
     Args:
         timeout_s: limit of one callback POST.
         allowed_hosts: host patterns a callback may reach (``EvalSettings
-            .callback_allowed_hosts``; default loopback only): the eval host POSTs from inside
-            the operator's network, so a task's URL must not reach its other services (a
-            server-side request forgery, OWASP API7:2023).
+            .callback_allowed_hosts``; default none: every callback is refused until the
+            operator lists the trainers' hosts): the eval host POSTs from inside the
+            operator's network, so a task's URL must not reach its other services, loopback
+            ones included (a server-side request forgery, OWASP API7:2023).
     """
 
     def __init__(
-        self, timeout_s: float = 30.0, allowed_hosts: tuple[str, ...] | list[str] = LOOPBACK_HOSTS
+        self, timeout_s: float = 30.0, allowed_hosts: tuple[str, ...] | list[str] = ()
     ) -> None:
         self.http = new_async_client(CALLBACK, timeout_s=timeout_s)
         self.allowed_hosts = tuple(allowed_hosts)
@@ -228,6 +229,11 @@ class TrainerIOActivities:
         With the task's secret the POST is signed (``X-Rolloutd-Signature``,
         :mod:`rolloutd.security.callbacks`).
 
+        The error a task's status shows says what happened, never what the target said:
+        the receiver's status code, or that it did not answer; the transport's own error text
+        (which tells a closed port from a filtered one, and carries the target's words) goes
+        to this host's log only, and a refused host's message does not list the allowed ones.
+
         Raises:
             ApplicationError: retryable on connection errors, 5xx, 408/409/425/429;
                 non-retryable on other 4xx, and on a host outside ``allowed_hosts``
@@ -238,10 +244,10 @@ class TrainerIOActivities:
             session_id=input.session.session_id, task_id=input.session.task_id, attempt=attempt
         )
         if not callback_host_allowed(input.url, self.allowed_hosts):
+            log.warning("callback_refused", num_allowed_hosts=len(self.allowed_hosts))
             raise ApplicationError(
-                f"callback host of {input.url!r} is not allowed (allowed: "
-                f"{', '.join(self.allowed_hosts)}; the operator sets "
-                "ROLLOUTD_CALLBACK_ALLOWED_HOSTS)",
+                "callback_url's host is not allowed: nothing was sent (the operator lists "
+                "the hosts callbacks may reach in ROLLOUTD_CALLBACK_ALLOWED_HOSTS)",
                 attempt,
                 type="CallbackRefused",
                 non_retryable=True,
@@ -253,8 +259,9 @@ class TrainerIOActivities:
         try:
             response = await self.http.post(input.url, content=body, headers=headers)
         except httpx.HTTPError as e:
+            log.warning("callback_unanswered", error=f"{type(e).__name__}: {e}")
             raise ApplicationError(
-                f"callback failed: {type(e).__name__}: {e}",
+                "callback failed: the receiver did not answer",
                 attempt,
                 type="CallbackHTTPError",
                 non_retryable=not transport_fault(e).retryable,

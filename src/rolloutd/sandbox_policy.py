@@ -15,7 +15,10 @@ What a policy governs:
 - ``networks``: network policies a task may name; ``none`` is always allowed (it narrows);
 - ``image_roots``: host folders below which host-path images may lie: bwrap image folders,
   apptainer SIF files, and the build contexts of container images (podman, docker);
-- ``images``: name patterns (:func:`fnmatch.fnmatchcase`) of container images a task may run;
+- ``images``: name patterns (:func:`fnmatch.fnmatchcase`) of container images a task may run,
+  and of every image its Dockerfile builds from (``FROM`` read after the build arguments;
+  checked on the sandbox host, which holds the Dockerfile:
+  :func:`rolloutd.sandbox.runtimes.podman_images.build_images`);
 - ``upload_sources``: host folders and URL prefixes (``s3://bucket/prefix/``) prepare-step
   uploads may copy from (the worker reads them with its own credentials);
 - ``build_network``: whether a task's image build may use the network;
@@ -133,8 +136,9 @@ class SandboxPolicy(BaseModel):
         networks: network policies a task may name; ``none`` is always allowed.
         image_roots: absolute host folders below which bwrap image folders, apptainer SIF
             files and container build contexts must lie; never ``/``.
-        images: patterns of container image names (podman, docker) a task may run, matched
-            with :func:`fnmatch.fnmatchcase` (``localhost/*``); ``*`` allows any.
+        images: patterns of container image names (podman, docker) a task may run or its
+            Dockerfile may name, matched with :func:`fnmatch.fnmatchcase` (``localhost/*``);
+            ``*`` allows any.
         upload_sources: absolute host folders (never ``/``) and URL prefixes with a scheme
             and a bucket or host (``s3://bucket/prefix/``) that prepare-step uploads may read.
         build_network: whether an image build from a task's Dockerfile may reach the network

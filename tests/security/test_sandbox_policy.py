@@ -25,12 +25,13 @@ from rolloutd.polar import PolarTaskRequest, to_task_request
 from rolloutd.sandbox.runtimes import create_runtime, verified_runtimes
 from rolloutd.sandbox.runtimes.containers import ApptainerRuntime
 from rolloutd.sandbox.runtimes.podman import DockerRuntime, PodmanRuntime
+from rolloutd.sandbox.runtimes.podman_images import BASE_IMAGE, build_images
 from rolloutd.sandbox_policy import SandboxPolicy, violations
 from rolloutd.settings import CommonSettings, EvalSettings, SandboxSettings
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.trainer_client.client import InvalidTaskError
-from rolloutd.types import EvaluatorSpec, RuntimeSpec, TaskRequest
+from rolloutd.types import EvaluatorSpec, ImageBuild, RuntimeSpec, TaskRequest
 from rolloutd.workers import connect, run_fleet
 from tests.support.namespaces import fresh_namespace
 
@@ -226,6 +227,40 @@ async def test_the_runtime_refuses_a_symlink_out_of_an_allowed_folder(tmp_path: 
     with pytest.raises(PolicyError, match="not below an allowed folder"):
         await runtime.start()
     assert not (runtime.workspace / "e").exists()
+
+
+@pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
+async def test_a_build_argument_cannot_name_an_image_the_policy_does_not_allow(
+    tmp_path: Path,
+) -> None:
+    """``ARG BASE_IMAGE=<allowed>`` then ``FROM ${BASE_IMAGE}``: submit sees only the build
+    argument (the Dockerfile lies on the sandbox host), so the host reads ``FROM`` after the
+    arguments and refuses before anything is pulled or built; a ``COPY --from`` image too.
+    Control: the Dockerfile's own default passes the same check. Under a second: nothing runs."""
+    roots = tmp_path / "images"
+    context = roots / "task"
+    context.mkdir(parents=True)
+    dockerfile = context / "Dockerfile"
+    dockerfile.write_text(f"ARG BASE_IMAGE={BASE_IMAGE}\nFROM ${{BASE_IMAGE}}\nRUN true\n")
+    policy = SandboxPolicy(
+        runtimes=["podman"], image_roots=[str(roots)], images=["localhost/rolloutd-base:*"]
+    )
+    honest = ImageBuild(context=str(context))
+    assert build_images(honest, policy.images) == [BASE_IMAGE]
+    swapped = ImageBuild(context=str(context), args={"BASE_IMAGE": "docker.io/library/debian"})
+    spec = RuntimeSpec(type="podman", build=swapped)
+    assert violations(spec, policy) == []  # what submit can check passes
+    runtime = create_runtime(spec, "from-arg", tmp_path / "rt", policy=policy)
+    with pytest.raises(PolicyError, match="'docker.io/library/debian'.*images: localhost"):
+        await runtime.start()
+    assert runtime.built_image is False and not runtime.image
+
+    dockerfile.write_text(f"FROM {BASE_IMAGE}\nCOPY --from=docker.io/library/busybox /x /y\n")
+    runtime = create_runtime(
+        RuntimeSpec(type="podman", build=honest), "copy-from", tmp_path / "rt", policy=policy
+    )
+    with pytest.raises(PolicyError, match="docker.io/library/busybox"):
+        await runtime.start()
 
 
 @needs_bwrap

@@ -283,7 +283,11 @@ class PodmanRuntime(ExecServerRuntime):
         if self.spec.build is not None:
             network = bool(self.policy and self.policy.build_network)
             self.image, self.built_image = await podman_images.ensure_built(
-                self.binary, self.spec.build, network=network, root=self.runtime_dir.parent
+                self.binary,
+                self.spec.build,
+                network=network,
+                root=self.runtime_dir.parent,
+                images=self.policy.images if self.policy else None,
             )
         elif not self.image:
             self.image = await podman_images.ensure_base_image(self.binary)

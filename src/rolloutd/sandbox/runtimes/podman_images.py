@@ -9,14 +9,17 @@ is tagged ``localhost/rolloutd-base:bookworm-{sha256 of the list, 12 hex}`` (the
 changed list makes a new image) and the stable alias :data:`BASE_IMAGE`, which task
 Dockerfiles name in ``FROM`` (``ARG BASE_IMAGE=localhost/rolloutd-base:bookworm``).
 
-**Builds.** A task's ``runtime.build`` (a context folder, a Dockerfile, build arguments) is
-hashed: every file of the context (path, executable bit, bytes; a symlink's target), the
-Dockerfile's path, the arguments, the image ids its ``FROM`` lines name (so a rebuilt base
-rebuilds what is built on it) and whether the build had network. The image is
-``localhost/rolloutd-build:{hash}``; a tag that exists is not built again, and concurrent
-provisionings of one hash in a worker wait for one build. Builds run with ``--layers=false``
-(no intermediate images are left to collect) and, unless the policy's ``build_network`` allows
-it, ``--network none``.
+**Builds.** Every image a task's Dockerfile names (``FROM`` after its build arguments,
+``COPY --from``, ``RUN --mount=from=``: :mod:`.dockerfile`) must match the sandbox policy's
+``images`` before anything is built or pulled; one that does not, or cannot be resolved, is a
+:class:`~rolloutd.errors.PolicyError`. A task's ``runtime.build`` (a context folder, a
+Dockerfile, build arguments) is hashed: every file of the context (path, executable bit,
+bytes; a symlink's target), the Dockerfile's path, the arguments, the ids of the images it
+names (so a rebuilt base rebuilds what is built on it) and whether the build had network.
+The image is ``localhost/rolloutd-build:{hash}``; a tag that exists is not built again, and
+concurrent provisionings of one hash in a worker wait for one build. Builds run with
+``--layers=false`` (no intermediate images are left to collect) and, unless the policy's
+``build_network`` allows it, ``--network none``.
 
 **Garbage collection.** Built images carry the label ``rolloutd.managed=build``; each use
 touches a record ``{runtime_root}/.images/{hash}``. :func:`collect_garbage` removes the least
@@ -33,10 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -44,7 +47,9 @@ from pathlib import Path
 
 import structlog
 
-from rolloutd.errors import ConfigError, RuntimeStartError
+from rolloutd.errors import ConfigError, PolicyError, RuntimeStartError
+from rolloutd.sandbox.runtimes.dockerfile import UnresolvableError, image_references
+from rolloutd.sandbox_policy import POLICY_ENV
 from rolloutd.types import ImageBuild
 
 log = structlog.get_logger(__name__)
@@ -74,7 +79,6 @@ RECORDS_DIR = ".images"
 #: PATH of commands in an image that sets none (an imported image has no ``ENV``).
 BASE_ENV_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-_FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.IGNORECASE | re.MULTILINE)
 _locks: dict[str, asyncio.Lock] = {}
 _from_ids: dict[str, tuple[float, str]] = {}
 _context_hashes: dict[tuple[str, tuple[tuple[str, int, int, int], ...]], str] = {}
@@ -236,30 +240,53 @@ async def _from_id(binary: str, name: str) -> str:
     return found
 
 
-def _substitute(name: str, dockerfile: str, args: dict[str, str]) -> str:
-    """A ``FROM`` image name with ``${ARG}`` / ``$ARG`` replaced by the build argument, or the
-    default of an ``ARG NAME=default`` line (Dockerfile reference, "Understand how ARG and FROM
-    interact")."""
-    defaults = dict(re.findall(r"^\s*ARG\s+(\w+)=(\S+)", dockerfile, re.MULTILINE))
-    values = {**defaults, **args}
-    return re.sub(r"\$\{?(\w+)\}?", lambda m: values.get(m.group(1), m.group(0)), name)
+def build_images(build: ImageBuild, images: list[str] | None) -> list[str]:
+    """The images a build's Dockerfile names, each checked against the sandbox policy's
+    ``images`` patterns (:func:`fnmatch.fnmatchcase`, as a task's own ``image``).
 
+    Args:
+        build: the task's build.
+        images: the policy's patterns; None: not checked (a trusted caller: tests, benchmarks).
 
-async def build_hash(binary: str, build: ImageBuild, *, network: bool) -> str:
-    """The content hash of an image build (see the module docstring), 64 hex digits.
+    Returns:
+        The references (:func:`~rolloutd.sandbox.runtimes.dockerfile.image_references`).
 
     Raises:
         ConfigError: the context is not a folder or holds no such Dockerfile.
+        PolicyError: a reference outside ``images``, or one that cannot be resolved.
     """
     context = Path(build.context)
     dockerfile = context / build.dockerfile
     if not context.is_dir() or not dockerfile.is_file():
         raise ConfigError(f"runtime.build: no Dockerfile {build.dockerfile!r} in {context}")
-    context_hash = await asyncio.to_thread(_context_hash, context)
     text = dockerfile.read_text(encoding="utf-8", errors="replace")
-    names = [_substitute(n, text, build.args) for n in _FROM.findall(text)]
-    stages = set(re.findall(r"\bAS\s+(\S+)", text, re.I))
-    from_ids = [await _from_id(binary, n) for n in names if n not in stages and n != "scratch"]
+    try:
+        references = image_references(text, build.args, name=build.dockerfile)
+    except UnresolvableError as e:
+        raise PolicyError(f"runtime.build: {e}; the images it names cannot be checked") from None
+    if images is not None:
+        for reference in references:
+            if not any(fnmatch.fnmatchcase(reference, p) for p in images):
+                raise PolicyError(
+                    f"runtime.build: {build.dockerfile} names the image {reference!r} (after "
+                    f"its build arguments), outside the sandbox policy (images: "
+                    f"{', '.join(images) or 'none'}; the operator sets it in {POLICY_ENV})"
+                )
+    return references
+
+
+async def build_hash(
+    binary: str, build: ImageBuild, *, network: bool, images: list[str] | None = None
+) -> str:
+    """The content hash of an image build (see the module docstring), 64 hex digits.
+
+    Raises:
+        ConfigError: the context is not a folder or holds no such Dockerfile.
+        PolicyError: as :func:`build_images` (``images``: the policy's patterns).
+    """
+    references = build_images(build, images)
+    context_hash = await asyncio.to_thread(_context_hash, Path(build.context))
+    from_ids = [await _from_id(binary, n) for n in references]
     payload = json.dumps(
         [context_hash, build.dockerfile, sorted(build.args.items()), from_ids, network]
     )
@@ -274,7 +301,12 @@ def touch_used(root: Path, image_hash: str) -> None:
 
 
 async def ensure_built(
-    binary: str, build: ImageBuild, *, network: bool, root: Path
+    binary: str,
+    build: ImageBuild,
+    *,
+    network: bool,
+    root: Path,
+    images: list[str] | None = None,
 ) -> tuple[str, bool]:
     """The image of a task's ``runtime.build``, built unless its hash's tag exists.
 
@@ -284,16 +316,19 @@ async def ensure_built(
         network: whether the build may use the network (the sandbox policy's
             ``build_network``).
         root: the runtime root (its last-use records live below it).
+        images: the sandbox policy's ``images`` patterns, which every image the Dockerfile
+            names must match; None: not checked (a trusted caller).
 
     Returns:
         (image name, whether it was built now).
 
     Raises:
         ConfigError: no such context or Dockerfile.
+        PolicyError: the Dockerfile names an image outside ``images`` (nothing was built).
         RuntimeStartError: the build failed (its output's tail in the message; not retried:
             the same Dockerfile fails the same way).
     """
-    image_hash = await build_hash(binary, build, network=network)
+    image_hash = await build_hash(binary, build, network=network, images=images)
     tag = f"{BUILT_REPOSITORY}:{image_hash[:24]}"
     async with _lock(tag):
         if await image_config(binary, tag) is not None:

@@ -107,6 +107,13 @@ def codec_server_token_file(home: Path | None = None) -> Path:
     return (home or default_home()) / "codec_server_token"
 
 
+def engine_api_key_file(home: Path | None = None) -> Path:
+    """Where ``rolloutd up`` keeps the API key of the llama-server it runs: ``{home}/
+    engine_api_key``, mode 0600 (llama-server ``--api-key-file``; the gateway sends it as
+    ``ROLLOUTD_BACKEND_API_KEY``)."""
+    return (home or default_home()) / "engine_api_key"
+
+
 def write_secret(path: Path, secret: str) -> None:
     """Write ``secret`` (one line) to ``path`` with mode 0600, also over an older file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -307,6 +314,13 @@ class GatewaySettings(CommonSettings):
     )
     backend_type: Literal["llama_cpp", "vllm", "sglang", "openai", "verl"] = Field(
         default="llama_cpp", description="the kind of backend_url's server"
+    )
+    backend_api_key: str | None = Field(
+        default=None,
+        repr=False,
+        description="API key the gateway sends (Authorization: Bearer) to the backends "
+        "backend_url names, and to no other (llama-server --api-key, vLLM --api-key, an "
+        "OpenAI-compatible API); `rolloutd up` sets it for the llama-server it runs",
     )
     backend_policy_version: int = Field(
         default=0,

@@ -163,7 +163,9 @@ class BlobStore:
         self._proc_fds: int | None = None
         self._proc_pid = 0
         if self._local:
-            self.fs.makedirs(self.root, exist_ok=True)
+            # the store holds every prompt and completion: a root it makes is its owner's
+            # alone (mode 0700), whatever the umask; one that exists keeps its mode
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
 
     @property
     def fast_writes(self) -> bool:

@@ -1,11 +1,14 @@
 """Secure by default: ``rolloutd up`` generates a codec key as it generates the admin token,
 runs the codec server and points the Temporal UI at it without putting a token on a command
-line; health and metrics bind to loopback unless configured; no secret setting shows in a
-``repr``. Each test fails when its guard is removed.
+line; its home, store and runtimes are their owner's alone; its llama-server answers only the
+holder of a key only the gateway gets; health and metrics bind to loopback unless configured;
+no secret setting shows in a ``repr``. Each test fails when its guard is removed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 import stat
 import time
@@ -14,17 +17,25 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rolloutd.activities.sandbox import SandboxActivities
 from rolloutd.cli_parser import build_parser
+from rolloutd.errors import BackendError
+from rolloutd.processes import free_port
+from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.security.connection import payload_codec
 from rolloutd.settings import (
     SETTINGS_CLASSES,
     CommonSettings,
     GatewaySettings,
+    SandboxSettings,
     codec_key_file,
     codec_server_token_file,
+    engine_api_key_file,
 )
 from rolloutd.stack import LocalStack, TemporalDevServer
 from rolloutd.stack.local import _port_open
+from rolloutd.stack.status import busy_slots
+from rolloutd.store import BlobStore
 
 #: settings fields holding a secret (a file path naming where one is, is not one)
 SECRET_FIELD = re.compile(r"(token|secret|password|api_key|codec_keys|tls_key)$")
@@ -167,3 +178,79 @@ def test_no_command_takes_a_token_argument() -> None:
         for option in a.option_strings
     ]
     assert flags and not [f for f in flags if re.search(r"token|secret|password|key$", f)]
+
+
+def test_up_makes_its_home_store_and_runtimes_their_owners_alone(tmp_path: Path) -> None:
+    """Below the home lie the store (every prompt and completion), the runtimes, the logs and
+    Temporal's database: with the default umask (022) another local user reads them all. The
+    home is made 0700, also one an earlier version made 0755; a store or runtime root the
+    fleets make elsewhere is 0700 too."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    home.chmod(0o755)  # as an earlier `up` left it
+    stack = LocalStack(home=home, fleets=())
+    stack._make_home()
+    assert mode(home) == 0o700 and mode(stack.logs) == 0o700
+    old = os.umask(0o022)
+    try:
+        BlobStore(str(tmp_path / "elsewhere" / "store"))
+        settings = SandboxSettings(runtime_root=str(tmp_path / "elsewhere" / "runtimes"))
+        SandboxActivities(settings, BlobStore(str(tmp_path / "elsewhere" / "store")))
+    finally:
+        os.umask(old)
+    assert mode(tmp_path / "elsewhere" / "store") == 0o700
+    assert mode(tmp_path / "elsewhere" / "runtimes") == 0o700
+    assert mode(tmp_path / "elsewhere") == 0o755  # control: the umask was the default's
+
+
+@pytest.mark.engine
+def test_up_gives_its_engine_an_api_key_that_only_the_gateway_holds(tmp_path: Path) -> None:
+    """A real llama-server as ``up`` starts it (about 5 s): it answers no model call without
+    the key, which sits in a 0600 file (never on its command line) and reaches the gateway's
+    process alone; the gateway's backend client and ``rolloutd status`` send it."""
+    home = tmp_path / "home"
+    stack = LocalStack(
+        home=home,
+        fleets=("gateway", "sandbox"),
+        engine_port=free_port(),
+        engine_parallel=1,
+        engine_ctx_size=2048,
+    )
+    stack._make_home()
+    stack._add_children()
+    engine = stack.engine
+    assert engine is not None and engine.api_key_file == engine_api_key_file(home)
+    key = engine.api_key_file.read_text().strip()
+    assert len(key) >= 32 and mode(engine.api_key_file) == 0o600
+    assert key not in " ".join(engine.command())
+    assert stack.worker_env("gateway")["ROLLOUTD_BACKEND_API_KEY"] == key
+    assert "ROLLOUTD_BACKEND_API_KEY" not in stack.worker_env("sandbox")
+    body = {"prompt": "Hello", "n_predict": 1}
+    engine.start()  # its own check reads /props with the key
+    try:
+        assert httpx.get(f"{engine.url}/health").status_code == 200
+        assert httpx.post(f"{engine.url}/completion", json=body).status_code == 401
+        assert httpx.get(f"{engine.url}/props").status_code == 401
+        bearer = {"Authorization": f"Bearer {key}"}
+        assert httpx.post(f"{engine.url}/completion", json=body, headers=bearer).status_code == 200
+
+        async def context_sizes() -> list[object]:
+            out: list[object] = []
+            for api_key in (key, None):
+                settings = GatewaySettings(backend_url=engine.url, backend_api_key=api_key)
+                pool = BackendPool.from_settings(settings)
+                (name,) = pool.names()
+                try:
+                    out.append(await pool.get(name).context_size())
+                except BackendError as e:
+                    out.append(e)
+                finally:
+                    await pool.aclose()
+            return out
+
+        keyed, keyless = asyncio.run(context_sizes())
+        assert keyed == 2048 and isinstance(keyless, BackendError) and "401" in str(keyless)
+        assert busy_slots(engine.url, home) == 0
+        assert busy_slots(engine.url, tmp_path) is None  # control: without the key
+    finally:
+        engine.stop()

@@ -133,7 +133,9 @@ class SandboxActivities:
         self.settings = settings
         self.store = store
         self.root = Path(settings.runtime_root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        # the runtimes' workspaces hold prompts, answers and the session keys' files: a root
+        # made here is the worker's alone (mode 0700); one that exists keeps its mode
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.runtimes: dict[str, Runtime] = {}
         self.host_queue = host_queue("sandbox", settings.host_id)
         #: called when a runtime is gone (torn down): the host has room for another

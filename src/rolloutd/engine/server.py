@@ -58,6 +58,9 @@ class LlamaServer:
         ctx_size: context window in tokens (shared by all slots).
         parallel: number of slots (concurrent sequences).
         threads: CPU threads; None lets llama.cpp choose.
+        api_key_file: a file holding the API key every route but ``/health`` and ``/models``
+            then needs (llama-server ``--api-key-file``: the key stays off the command line,
+            which every local user reads); None: no key.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
@@ -72,6 +75,7 @@ class LlamaServer:
         parallel: int = 4,
         threads: int | None = None,
         log_path: Path | None = None,
+        api_key_file: Path | None = None,
     ) -> None:
         self.files = pull_model(model) if isinstance(model, str) else model
         self.host = host
@@ -80,6 +84,7 @@ class LlamaServer:
         self.parallel = parallel
         self.threads = threads
         self.log_path = log_path
+        self.api_key_file = api_key_file
         self.process: subprocess.Popen[bytes] | None = None
         #: version of the weights served (0: the catalog's; see :meth:`load_model`)
         self.policy_version = 0
@@ -88,6 +93,13 @@ class LlamaServer:
     def url(self) -> str:
         """Base URL, e.g. ``http://127.0.0.1:8400``."""
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a request other than ``/health`` carries: the API key, when there is one."""
+        if self.api_key_file is None:
+            return {}
+        return {"Authorization": f"Bearer {self.api_key_file.read_text().strip()}"}
 
     def command(self) -> list[str]:
         """The llama-server command line."""
@@ -110,6 +122,8 @@ class LlamaServer:
         ]
         if self.threads:
             cmd += ["-t", str(self.threads)]
+        if self.api_key_file is not None:
+            cmd += ["--api-key-file", str(self.api_key_file)]
         return cmd
 
     def start(self, timeout_s: float = 120.0) -> LlamaServer:
@@ -143,7 +157,8 @@ class LlamaServer:
         """Raise unless the server answering on this address serves this process's GGUF
         (llama-server's ``GET /props``, ``model_path``): a restart on the same port (a weight
         load) must not pass its health check on another process that took the port meanwhile."""
-        served = httpx.get(f"{self.url}/props", timeout=2.0).json().get("model_path")
+        props = httpx.get(f"{self.url}/props", headers=self.headers, timeout=2.0)
+        served = props.json().get("model_path")
         if served is not None and Path(served).resolve() != Path(self.files.gguf).resolve():
             self.stop()
             raise RolloutdError(

@@ -44,6 +44,7 @@ from rolloutd.settings import (
     codec_key_file,
     codec_server_token_file,
     default_home,
+    engine_api_key_file,
     write_secret,
 )
 from rolloutd.stack.processes import TemporalDevServer
@@ -249,14 +250,21 @@ class LocalStack:
         order = ("workflows", "sandbox", "gateway", "eval")
         return {fleet: self.metrics_port + order.index(fleet) for fleet in self.fleets}
 
-    def _spawn_worker(self, fleet: str) -> subprocess.Popen[bytes]:
+    def worker_env(self, fleet: str) -> dict[str, str]:
+        """Environment of one fleet's process: :meth:`env`, its own metrics port, and for
+        the gateway alone (the one fleet that calls it) the engine's API key."""
         env = self.env()
         # one port per process: a ROLLOUTD_METRICS_PORT inherited by all four would collide
         env["ROLLOUTD_METRICS_PORT"] = str(self.metrics_ports().get(fleet, 0))
+        if fleet == "gateway" and self.engine is not None and self.engine.api_key_file:
+            env["ROLLOUTD_BACKEND_API_KEY"] = self.engine.api_key_file.read_text().strip()
+        return env
+
+    def _spawn_worker(self, fleet: str) -> subprocess.Popen[bytes]:
         return spawn(
             [sys.executable, "-m", "rolloutd.cli", "worker", "--fleet", fleet],
             log_path=self.logs / f"{fleet}.log",
-            env=env,
+            env=self.worker_env(fleet),
         )
 
     def _spawn_codec_server(self) -> subprocess.Popen[bytes]:
@@ -331,12 +339,16 @@ class LocalStack:
             )
         )
         if self.engine_url is None:
+            key_file = engine_api_key_file(self.home)
+            if not key_file.is_file():
+                write_secret(key_file, secrets.token_urlsafe(32))
             self.engine = LlamaServer(
                 self.model,
                 port=self.engine_port,
                 parallel=self.engine_parallel,
                 ctx_size=self.engine_ctx_size,
                 log_path=self.logs / "engine.log",
+                api_key_file=key_file,
             )
             engine = self.engine
             sup.add(
@@ -424,6 +436,16 @@ class LocalStack:
 
     # --- life cycle -----------------------------------------------------------------------
 
+    def _make_home(self) -> None:
+        """The home, mode 0700 (also an older one): below it lie the store (every prompt and
+        completion), the runtimes, the logs, Temporal's database and the secrets, and no
+        other local user may read them (the default umask would let every user). The store
+        and runtime roots the fleets make elsewhere are made 0700 too
+        (:class:`rolloutd.store.BlobStore`, the sandbox fleet)."""
+        self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.home.chmod(0o700)
+        self.logs.mkdir(mode=0o700, exist_ok=True)
+
     def _make_admin_token(self) -> None:
         """Without ``ROLLOUTD_ADMIN_TOKEN`` (the environment or ``extra_env``), generate the
         gateway's admin token and write it, mode 0600, where the trainer client and
@@ -458,7 +480,7 @@ class LocalStack:
         Raises:
             StackError: another stack runs on this home, or a child did not start.
         """
-        self.logs.mkdir(parents=True, exist_ok=True)
+        self._make_home()
         self.reclaim_previous()
         self._make_admin_token()
         self._make_codec_key()

@@ -16,6 +16,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from rolloutd.processes import end_process
+from rolloutd.settings import engine_api_key_file
 from rolloutd.stack.state import StackState, read_state
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.trainer_client.inflight import TaskFailures, sessions_by_phase, task_failures
@@ -41,10 +42,15 @@ class StackStatus(BaseModel):
     tasks: list[TaskFailures] | None = None
 
 
-def busy_slots(engine_url: str) -> int | None:
-    """How many of llama-server's slots process a request now (its ``GET /slots``)."""
+def busy_slots(engine_url: str, home: Path | None = None) -> int | None:
+    """How many of llama-server's slots process a request now (its ``GET /slots``, with the
+    API key ``rolloutd up`` keeps in ``home``, when there is one)."""
+    key_file = engine_api_key_file(home)
+    headers = (
+        {"Authorization": f"Bearer {key_file.read_text().strip()}"} if key_file.is_file() else {}
+    )
     try:
-        slots = httpx.get(f"{engine_url}/slots", timeout=2.0).json()
+        slots = httpx.get(f"{engine_url}/slots", headers=headers, timeout=2.0).json()
         return sum(bool(s.get("is_processing")) for s in slots)
     except (httpx.HTTPError, ValueError, TypeError, AttributeError):
         return None
@@ -80,7 +86,7 @@ def collect(home: Path, *, ask_services: bool = True) -> StackStatus | None:
     if not ask_services or state.phase in ("stopped", "failed"):
         return status
     if state.engine is not None:
-        status.busy_slots = busy_slots(state.engine.url)
+        status.busy_slots = busy_slots(state.engine.url, home)
     if state.temporal_address:
         try:
             status.sessions_by_phase, status.tasks = asyncio.run(

@@ -147,7 +147,9 @@ class BackendPool(PoolHealth):
 
         Args:
             settings: ``backend_url``, ``backend_type``, ``backend_policy_version``,
-                ``backend_timeout_s``, ``backend_wait_s``, ``pool_refresh_s``.
+                ``backend_timeout_s``, ``backend_wait_s``, ``pool_refresh_s``, and
+                ``backend_api_key`` (sent to the backends ``backend_url`` names, also once an
+                admin manages the pool, and to no other).
             transport: httpx transport for every backend client (tests).
             ctx_size: context window per sequence; None asks each backend.
             store: the blob store that keeps the pool (None: memory only).
@@ -155,6 +157,9 @@ class BackendPool(PoolHealth):
         Raises:
             ConfigError: an unknown backend type.
         """
+
+        # the key is for the backends the settings name: never sent to one an admin added
+        keyed = set(backend_urls(settings.backend_url)) if settings.backend_api_key else set()
 
         def factory(spec: BackendSpec) -> Backend:
             return make_backend(
@@ -165,6 +170,7 @@ class BackendPool(PoolHealth):
                 timeout_s=settings.backend_timeout_s,
                 ctx_size=ctx_size,
                 transport=transport,
+                api_key=settings.backend_api_key if spec.url.rstrip("/") in keyed else None,
             )
 
         stored = load_pool_state(store) if store is not None else None

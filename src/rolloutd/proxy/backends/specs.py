@@ -42,9 +42,11 @@ def make_backend(
     timeout_s: float = 600.0,
     ctx_size: int | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    api_key: str | None = None,
 ) -> Backend:
     """A backend client of ``backend_type`` (``llama_cpp``, ``vllm``, ``sglang``, ``openai``,
-    ``verl``: verl's server manager behind the verl bridge's endpoint).
+    ``verl``: verl's server manager behind the verl bridge's endpoint); with ``api_key``, every
+    request carries ``Authorization: Bearer {api_key}``.
 
     Raises:
         ConfigError: an unknown type.
@@ -58,6 +60,11 @@ def make_backend(
     }
     if backend_type not in kinds:
         raise ConfigError(f"unknown backend type {backend_type!r}; known: {', '.join(kinds)}")
+    auth = (
+        {"api_key": api_key}
+        if backend_type == "openai"
+        else {"headers": {"Authorization": f"Bearer {api_key}"}}
+    )
     return kinds[backend_type](
         name,
         url,
@@ -65,6 +72,7 @@ def make_backend(
         timeout_s=timeout_s,
         ctx_size=ctx_size,
         transport=transport,
+        **(auth if api_key else {}),
     )
 
 

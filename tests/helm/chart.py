@@ -64,6 +64,15 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "sandbox": {"replicas": 2},
         "gateway": {"replicas": 2},
     },
+    "dev-keda": {
+        "temporal": {"dev": {"enabled": True}},
+        "engine": {"enabled": True},
+        "autoscaling": {"mode": "keda"},
+        "networkPolicy": {
+            "engine": {"extraFrom": [{"podSelector": {"matchLabels": {"app": "trainer"}}}]},
+            "temporalDev": {"extraFrom": [{"podSelector": {"matchLabels": {"app": "trainer"}}}]},
+        },
+    },
     "existing-secret": {"secrets": {"existingSecret": "rolloutd-tokens"}},
     "no-rest": {"rest": {"enabled": False}},
     "tenant-tokens": {"rest": {"tenantTokens": {"existingSecret": "rolloutd-tenants"}}},

@@ -334,6 +334,63 @@ def test_dev_temporal_runs_with_rolloutds_search_attributes() -> None:
     assert f"{FULLNAME}-engine" in by_kind(docs, "Service")
 
 
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels only: the chart writes no expressions) matches."""
+    assert set(selector) <= {"matchLabels"}, selector
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def _admitted(policy: dict[str, Any], docs: list[dict[str, Any]]) -> set[str]:
+    """The release's workloads whose pods a NetworkPolicy's ingress peers admit (peers of this
+    namespace: a podSelector alone)."""
+    pods = {n: w["spec"]["template"]["metadata"]["labels"] for n, w in workloads(docs).items()}
+    peers = [p for rule in policy["spec"]["ingress"] for p in rule["from"]]
+    return {
+        name
+        for name, labels in pods.items()
+        if any(set(p) == {"podSelector"} and _selects(p["podSelector"], labels) for p in peers)
+    }
+
+
+def test_the_engine_and_dev_temporal_admit_only_their_clients() -> None:
+    """The engine (llama-server, no key) and the dev Temporal (no login) listened for every
+    pod of the cluster. Each now has a NetworkPolicy selecting its pods: the engine admits the
+    gateway pods alone on its port, the dev Temporal this release's pods on its two ports, KEDA's
+    operator only when KEDA scales on it, and ``extraFrom`` what the operator adds."""
+    docs = render(VALUE_SETS["dev"])
+    policies = by_kind(docs, "NetworkPolicy")
+    assert set(policies) == {f"{FULLNAME}-engine", f"{FULLNAME}-temporal-dev"}
+    pods = {n: w["spec"]["template"]["metadata"]["labels"] for n, w in workloads(docs).items()}
+    for name, policy in policies.items():
+        selected = {
+            n for n, labels in pods.items() if _selects(policy["spec"]["podSelector"], labels)
+        }
+        assert selected == {name}, name  # each selects exactly its own workload's pods
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+    engine, temporal = policies[f"{FULLNAME}-engine"], policies[f"{FULLNAME}-temporal-dev"]
+    assert _admitted(engine, docs) == {f"{FULLNAME}-gateway"}
+    assert [p["port"] for r in engine["spec"]["ingress"] for p in r["ports"]] == [8400]
+    assert _admitted(temporal, docs) == set(pods)  # every pod of the release, and no other
+    assert [p["port"] for r in temporal["spec"]["ingress"] for p in r["ports"]] == [7233, 8233]
+    assert all(set(p) == {"podSelector"} for r in temporal["spec"]["ingress"] for p in r["from"])
+
+    trainer = {"podSelector": {"matchLabels": {"app": "trainer"}}}
+    docs = render(VALUE_SETS["dev-keda"])
+    policies = by_kind(docs, "NetworkPolicy")
+    keda = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "keda-operator"}},
+    }
+    assert policies[f"{FULLNAME}-temporal-dev"]["spec"]["ingress"][0]["from"][1:] == [
+        keda,
+        trainer,
+    ]
+    assert policies[f"{FULLNAME}-engine"]["spec"]["ingress"][0]["from"][1:] == [trainer]
+
+    off = merged(VALUE_SETS["dev"], {"networkPolicy": {"enabled": False}})
+    assert by_kind(render(off), "NetworkPolicy") == {}
+
+
 def test_backends_reach_the_gateway_settings() -> None:
     data = by_kind(render(VALUE_SETS["observability"]), "ConfigMap")[f"{FULLNAME}-config"]["data"]
     gateway = settings_mod.GatewaySettings.model_validate(

@@ -67,28 +67,23 @@ def readable_text(show_json: str) -> str:
     return "\n".join(parts)
 
 
-async def workflow_show(address: str, workflow_id: str, *codec: str) -> str:
+async def temporal_workflow(address: str, *args: str) -> str:
+    """``temporal workflow ARGS... -o json`` against ``address``: its output."""
     # in a thread: the codec server it may call runs on this event loop
     done = await asyncio.to_thread(
         subprocess.run,
-        [
-            temporal_binary(),
-            "workflow",
-            "show",
-            "--address",
-            address,
-            "-w",
-            workflow_id,
-            "-o",
-            "json",
-            *codec,
-        ],
+        [temporal_binary(), "workflow", *args, "--address", address, "-o", "json"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+async def workflow_show(address: str, workflow_id: str, *codec: str) -> str:
+    """The history as ``temporal workflow show`` prints it."""
+    return await temporal_workflow(address, "show", "-w", workflow_id, *codec)
 
 
 @contextlib.asynccontextmanager
@@ -174,6 +169,19 @@ async def test_history_holds_no_key_or_prompt_and_the_ui_decodes_them(engine, tm
                 assert "binary/encrypted" in raw
                 assert session_key not in raw, workflow_id
                 assert marker not in raw, workflow_id
+                # the metadata beside the history: the static summary and details (the
+                # details hold the instruction's first line), the memo, the search attributes
+                for describe in (["describe"], ["describe", "--raw"]):
+                    args = [*describe, "-w", workflow_id]
+                    shown = await temporal_workflow(temporal.address, *args, *auth)
+                    assert marker in readable_text(shown), (workflow_id, describe)  # control
+                    raw = readable_text(await temporal_workflow(temporal.address, *args))
+                    assert "binary/encrypted" in raw, (workflow_id, describe)
+                    assert marker not in raw and session_key not in raw, (workflow_id, describe)
+            query = f"RolloutTaskId='{task_id}'"
+            listed = await temporal_workflow(temporal.address, "list", "-q", query)
+            assert session_wf in listed  # the task and its session, with their memo
+            assert marker not in readable_text(listed)
 
             run_id = (await client.get_workflow_handle(session_wf).describe()).run_id
             url = history_page_url(temporal.ui_url, session_wf, run_id)

@@ -91,6 +91,10 @@ from rolloutd.types import RuntimeSpec
 
 log = structlog.get_logger(__name__)
 
+#: ``--pids-limit`` of a container whose spec sets no ``max_processes`` (a trusted caller's:
+#: the sandbox policy's default always sets one)
+DEFAULT_PIDS_LIMIT = 4096
+
 #: the host uid (and gid) the container's root maps to; the container's uids 0..65535 map to
 #: ``USERNS_BASE``..``USERNS_BASE + 65535``, a range no host user should own.
 USERNS_BASE = 1_000_000
@@ -207,7 +211,7 @@ class PodmanRuntime(ExecServerRuntime):
             "--network",
             "host" if spec.network == "host" else "none",
             "--pids-limit",
-            str(spec.max_processes or 4096),
+            str(spec.max_processes or DEFAULT_PIDS_LIMIT),
             "--workdir",
             self.workdir,
         ]
@@ -395,37 +399,48 @@ class PodmanRuntime(ExecServerRuntime):
             ) from exc
         self.timings["connect_s"] = time.monotonic() - began - self.timings["run_s"]
 
-    def _oom_kills(self) -> int:
-        """``oom_kill`` of the container's memory cgroup (v1 ``memory.oom_control``, v2
-        ``memory.events``; podman's cgroupfs and systemd layouts)."""
-        if not self.spec.memory_mb or not self.container_id:
-            return 0
+    def _cgroup_count(self, controller: str, names: tuple[str, ...], key: str) -> int:
+        """The ``key`` line of the first of ``names`` in the container's ``controller`` cgroup
+        (v1 and v2; podman's cgroupfs and systemd layouts, docker's); 0 when none is found."""
         cid = self.container_id
         for folder in (
-            f"/sys/fs/cgroup/memory/libpod_parent/libpod-{cid}",
+            f"/sys/fs/cgroup/{controller}/libpod_parent/libpod-{cid}",
             f"/sys/fs/cgroup/libpod_parent/libpod-{cid}",
             f"/sys/fs/cgroup/machine.slice/libpod-{cid}.scope",
-            f"/sys/fs/cgroup/memory/machine.slice/libpod-{cid}.scope",
-            f"/sys/fs/cgroup/memory/docker/{cid}",
+            f"/sys/fs/cgroup/{controller}/machine.slice/libpod-{cid}.scope",
+            f"/sys/fs/cgroup/{controller}/docker/{cid}",
             f"/sys/fs/cgroup/system.slice/docker-{cid}.scope",
         ):
-            for name in ("memory.events", "memory.oom_control"):
+            for name in names:
                 with contextlib.suppress(OSError):
                     for line in Path(folder, name).read_text().splitlines():
-                        key, _, value = line.partition(" ")
-                        if key == "oom_kill":
+                        found, _, value = line.partition(" ")
+                        if found == key:
                             return int(value)
         return 0
 
+    def _oom_kills(self) -> int:
+        """``oom_kill`` of the container's memory cgroup (v1 ``memory.oom_control``, v2
+        ``memory.events``)."""
+        if not self.spec.memory_mb or not self.container_id:
+            return 0
+        return self._cgroup_count("memory", ("memory.events", "memory.oom_control"), "oom_kill")
+
     def ceilings_reached(self) -> dict[str, str]:
-        """The ceilings the container reached (see :meth:`Runtime.ceilings_reached`): the
-        memory cgroup's OOM kills and a full disk; ``/tmp`` (``--tmpfs`` sized) and the pids
-        limit hold but are not read here, and the writable layer is not bounded while the
-        session runs (docs/runtimes.md, "Ceilings")."""
+        """The ceilings the container reached (see :meth:`Runtime.ceilings_reached`): forks
+        its pids cgroup refused, the memory cgroup's OOM kills and a full disk; ``/tmp``
+        (``--tmpfs`` sized) holds but is not read here, and the writable layer is not bounded
+        while the session runs (docs/runtimes.md, "Ceilings")."""
         reached = {}
-        if self.spec.memory_mb and (killed := self._oom_kills()):
+        spec = self.spec
+        if self.container_id and (refused := self._cgroup_count("pids", ("pids.events",), "max")):
+            reached["max_processes"] = (
+                f"max_processes={spec.max_processes or DEFAULT_PIDS_LIMIT} reached: the kernel "
+                f"refused {refused} fork(s) (pids cgroup)"
+            )
+        if spec.memory_mb and (killed := self._oom_kills()):
             reached["memory_mb"] = (
-                f"memory_mb={self.spec.memory_mb} reached: the kernel's OOM killer killed "
+                f"memory_mb={spec.memory_mb} reached: the kernel's OOM killer killed "
                 f"{killed} process(es) (memory cgroup)"
             )
         if why := self.disk_reached():

@@ -106,7 +106,7 @@ class Limits(BaseModel):
 
     def describe(self) -> str:
         """The limits in one line (``max_processes=1024, memory_mb=4096, ...``)."""
-        return ", ".join(f"{f}={getattr(self, f)}" for f in LIMIT_FIELDS) or "none"
+        return ", ".join(f"{f}={getattr(self, f)}" for f in LIMIT_FIELDS)
 
 
 #: what a task that asks nothing gets, unless the operator says otherwise: room for an agent

@@ -139,10 +139,15 @@ async def test_adversarial_agent_earns_0(task_sets, runtime_root):
     assert got["reward"] == 0.0
 
 
-async def test_fresh_runtime_carries_the_agents_file_system_over(task_sets, runtime_root):
-    """What the agent changed outside its workspace (a new file owned by another user, a
-    deleted file) and in it is in the fresh container, with the container's own owners; its
-    HOME is not, and nothing of the agent's runs there. Measured: 7 s."""
+async def test_fresh_runtime_sees_the_workdir_and_carries_system_changes_on_request(
+    task_sets, runtime_root
+):
+    """By default the fresh container is the task's image plus the agent's workdir: a file the
+    agent made in /opt, a file it deleted in /etc are the image's again, the workdir's new and
+    deleted files are the agent's. With carry_system_changes the changes outside the workdir
+    are carried too, with the container's own owners (a new user's file) and through a pack
+    of the worker's own bound (a bound below the pack: not carried, said). Its HOME never, and
+    nothing of the agent's runs there. Measured: 12 s."""
     from rolloutd.sandbox.snapshot import FreshRuntime
 
     (task,) = read_task_set(
@@ -150,29 +155,43 @@ async def test_fresh_runtime_carries_the_agents_file_system_over(task_sets, runt
     )
     runtime = create_runtime(task.runtime, "t-fresh", runtime_root, policy=policy(task_sets))
     await runtime.start()
+    look = (
+        "stat -c '%U %n' /opt/tool/VERSION 2>/dev/null || echo no-tool; "
+        "test -e /etc/issue && echo issue || echo no-issue; test -e $HOME/key || echo no-key; "
+        "cat /app/new.csv; test -e /app/sample.csv || echo no-sample; "
+        "pgrep -x sleep || echo no-sleep; echo $X"
+    )
     try:
         setup = await runtime.exec(
-            "useradd -m builder && mkdir -p /opt/tool && echo v1 > /opt/tool/VERSION && "
+            "useradd -M builder && mkdir -p /opt/tool && echo v1 > /opt/tool/VERSION && "
             "chown -R builder /opt/tool && rm /etc/issue && echo secret > $HOME/key && "
             "echo new > /app/new.csv && rm /app/sample.csv && (sleep 300 &)"
         )
         assert setup.exit_code == 0, setup.stderr
-        async with FreshRuntime(runtime, network="none", env={"X": "1"}) as fresh:
-            seen = await fresh.exec(
-                "stat -c '%U %n' /opt/tool/VERSION; cat /opt/tool/VERSION; "
-                "test -e /etc/issue || echo no-issue; test -e $HOME/key || echo no-key; "
-                "cat /app/new.csv; test -e /app/sample.csv || echo no-sample; "
-                "pgrep -x sleep || echo no-sleep; echo $X"
+        seen = {}
+        for carry in (False, True):
+            fresh = FreshRuntime(
+                runtime, network="none", env={"X": "1"}, carry_system_changes=carry
             )
+            async with fresh as verifier:
+                seen[carry] = (await verifier.exec(look)).stdout.split("\n")[:7]
+                assert fresh.report is not None and not fresh.report.tampered, fresh.report
+                assert fresh.report.carried_system_changes is carry
+        small = FreshRuntime(
+            runtime, network="none", env={}, carry_system_changes=True, max_pack_bytes=1000
+        )
+        async with small as verifier:
+            assert small.pack_too_large and "1000 bytes" in small.pack_too_large
+            assert (await verifier.exec("test -e /opt/tool || echo none")).stdout == "none\n"
     finally:
         await runtime.stop()
-    assert seen.stdout.split("\n")[:8] == [
+    assert seen[False] == ["no-tool", "issue", "no-key", "new", "no-sample", "no-sleep", "1"], seen
+    assert seen[True] == [
         "builder /opt/tool/VERSION",
-        "v1",
         "no-issue",
         "no-key",
         "new",
         "no-sample",
         "no-sleep",
         "1",
-    ], seen.stdout + seen.stderr
+    ], seen

@@ -14,7 +14,7 @@ from rolloutd.evaluators.base import EvaluationContext
 from rolloutd.evaluators.harbor import parse_rewards
 from rolloutd.sandbox.artifacts import BASE_REF
 from rolloutd.tasksets import harbor, read_task_set, swebench
-from rolloutd.tasksets.options import TaskOptions
+from rolloutd.tasksets.harbor import HarborOptions
 from rolloutd.types import SessionStatus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def test_public_network_and_compose_files(tmp_path):
         .replace("allow_internet = false", "allow_internet = true")
         .replace('network_mode = "no-network"\n', "")
     )
-    task = harbor.task_request(harbor.load_task(task_dir), TaskOptions.model_validate(NOP))
+    task = harbor.task_request(harbor.load_task(task_dir), HarborOptions.model_validate(NOP))
     assert (task.runtime.network, task.evaluator.params["network"]) == ("host", "host")
     (task_dir / "environment" / "docker-compose.yaml").write_text("services: {}\n")
     with pytest.raises(ConfigError, match="docker-compose.yaml is not supported"):
@@ -144,16 +144,87 @@ async def test_harbor_evaluator_scores_the_check():
     (task,) = read_task_set("harbor", HARBOR / "sqlite-city-report", NOP)
     evaluator = get_evaluator(task.evaluator)
 
-    async def score(check):
+    async def score(check, num_completions=1):
         ctx = EvaluationContext(
-            task_id="t", session_id="s", status=SessionStatus.COMPLETED, artifacts={"check": check}
+            task_id="t",
+            session_id="s",
+            status=SessionStatus.COMPLETED,
+            num_completions=num_completions,
+            artifacts={"check": check},
         )
         return await evaluator.evaluate(ctx)
 
     check = {"exit_code": 0, "reward_json": '{"reward": 1.0, "rows": 3}', "reward_txt": None}
-    assert (await score(check)).reward == 1.0
+    outcome = await score(check)
+    assert (
+        outcome.reward == 1.0
+        and outcome.details["reason"] == "test.sh wrote reward 1 (reward.json)"
+    )
     outcome = await score({**check, "reward_json": None})
     assert outcome.reward == 0.0 and outcome.details["reason"] == "test.sh wrote no reward file"
+    linked = {
+        **check,
+        "reward_json": None,
+        "reward_files": {"/logs/verifier/reward.txt": "not_a_file"},
+    }
+    assert "reward.txt is not a file" in (await score(linked)).details["reason"]
+
+
+async def test_harbor_evaluator_scores_a_tamper_report_and_the_pack_bound():
+    """A report with findings: 0.0 whatever was written (the evaluation record names the
+    finding); ignored changes named in the reason of the reward test.sh wrote; a pack over its
+    bound: 0.0 after a model call, no reward (an evaluator error) before any."""
+    from rolloutd.activities.evaluation import scored_outcome
+    from rolloutd.evaluators.harbor import GUARD_ENV, guard_env
+    from rolloutd.types import TamperFinding, TamperReport
+
+    (task,) = read_task_set("harbor", HARBOR / "fix-word-count", NOP)
+    evaluator = get_evaluator(task.evaluator)
+    assert evaluator.revision == 2
+
+    async def score(check, num_completions=1):
+        ctx = EvaluationContext(
+            task_id="t",
+            session_id="s",
+            status=SessionStatus.COMPLETED,
+            num_completions=num_completions,
+            artifacts={"check": check},
+        )
+        return scored_outcome(await evaluator.evaluate(ctx))
+
+    shadow = TamperFinding(
+        path="/app/textstats/pytest.py", category="runner_config", change="added"
+    )
+    tampered = TamperReport(findings=[shadow], num_changed_paths=1)
+    outcome = await score({"ran": False, "tamper": tampered.model_dump()})
+    assert outcome.reward == 0.0 and outcome.tamper == tampered
+    assert "/app/textstats/pytest.py (runner_config, added)" in outcome.details["reason"]
+
+    fake = TamperFinding(path="/usr/local/bin/python3", category="executable", change="added")
+    ignored = TamperReport(ignored=[fake], num_changed_paths=2)
+    check = {"ran": True, "reward_txt": "0\n", "reward_json": None, "tamper": ignored.model_dump()}
+    outcome = await score(check)
+    assert outcome.reward == 0.0 and not outcome.tamper.tampered
+    assert outcome.details["reason"] == (
+        "test.sh wrote reward 0 (reward.txt); not carried to the verifier: "
+        "/usr/local/bin/python3 (executable)"
+    )
+    assert (await score({**check, "reward_txt": "1"})).reward == 1.0  # solved, cheat or not
+
+    big = {"ran": False, "tamper": TamperReport().model_dump(), "pack_too_large": "over 5 bytes"}
+    assert (await score(big)).details["reason"] == "over 5 bytes"
+    with pytest.raises(EvaluatorError, match="over 5 bytes, before any model call"):
+        await score(big, num_completions=0)
+
+    env = guard_env({"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "a.b", "X": "1"})
+    assert env["GIT_CONFIG_COUNT"] == "3" and env["GIT_CONFIG_KEY_0"] == "a.b"
+    assert (env["GIT_CONFIG_KEY_1"], env["GIT_CONFIG_VALUE_1"]) == ("core.hooksPath", "/dev/null")
+    assert (env["GIT_CONFIG_KEY_2"], env["GIT_CONFIG_VALUE_2"]) == ("core.fsmonitor", "false")
+    assert env.items() >= GUARD_ENV.items() and env["X"] == "1"
+    carry = {**NOP, "carry_system_changes": True}
+    (carried,) = read_task_set("harbor", HARBOR / "fix-word-count", carry)
+    assert carried.evaluator.params["carry_system_changes"] is True
+    assert "carry_system_changes" not in task.evaluator.params
 
 
 def test_generation_reads_harbor_and_container_swebench_sources():

@@ -8,33 +8,22 @@ Figures printed for the note: reward and wall time per task and harness.
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import json
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from rolloutd.sandbox.config import npm_prefix
-from rolloutd.sandbox.runtimes.podman_images import ensure_base_image
-from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
-from rolloutd.stack import free_port
-from rolloutd.store import BlobStore, CompletionLog
+from rolloutd.store import CompletionLog
 from rolloutd.tasksets import read_task_set
-from rolloutd.trainer_client import RolloutClient
 from rolloutd.trajectory import check_invariants
-from rolloutd.types import TaskRequest, TaskResult
-from rolloutd.workers import connect, run_fleet
-from tests.support.namespaces import fresh_namespace
+from tests.support.taskset_stack import Rig, report, rewards_of, run_all, taskset_rig
 
 ROOT = Path(__file__).resolve().parents[2]
 NOP = {"type": "shell", "command": "true"}
@@ -46,15 +35,6 @@ pytestmark = [
     pytest.mark.timeout(3600),
     pytest.mark.skipif(shutil.which("podman") is None, reason="needs podman"),
 ]
-
-
-@dataclass
-class Rig:
-    """The fleets of these tests and where the task sets were copied."""
-
-    client: RolloutClient
-    tasks: Path
-    store: BlobStore
 
 
 @pytest.fixture(scope="module")
@@ -74,82 +54,8 @@ def task_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 async def rig(temporal_server, engine, task_root) -> AsyncIterator[Rig]:
     """The four fleets in a fresh namespace, on the real engine."""
-    await ensure_base_image()
-    namespace = await fresh_namespace(temporal_server.address, "tasksets")
-    home = Path(tempfile.mkdtemp(prefix="ts-", dir="/tmp"))  # short: unix socket paths
-    common = {
-        "temporal_address": temporal_server.address,
-        "temporal_namespace": namespace,
-        "store_url": str(home / "store"),
-        "host_id": "tasksets-host",
-        "log_json": False,
-    }
-    policy = {
-        "runtimes": ["podman"],
-        "networks": ["gateway", "none"],
-        "image_roots": [str(task_root)],
-        "upload_sources": [str(task_root)],
-        "build_network": True,
-    }
-    port = free_port()
-    gateway = GatewaySettings(
-        **common,
-        gateway_port=port,
-        backend_url=engine.url,
-        gateway_public_url=f"http://127.0.0.1:{port}",
-        model="qwen2.5-coder-0.5b",
-        tool_parser="hermes_lenient",
-    )
-    client = await connect(gateway)
-    async with contextlib.AsyncExitStack() as stack:
-        await stack.enter_async_context(run_fleet("gateway", client, gateway))
-        # more slots than a test runs sessions at once: a full host makes no provisioning
-        # poll, which the client's fleet-health check would read as a dead fleet
-        sandbox = SandboxSettings(
-            **common,
-            runtime_root=str(home / "rt"),
-            max_concurrent_sessions=8,
-            sandbox_policy=policy,
-        )
-        await stack.enter_async_context(run_fleet("sandbox", client, sandbox))
-        await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
-        await stack.enter_async_context(run_fleet("workflows", client, gateway))
-        yield Rig(
-            RolloutClient(client, BlobStore(common["store_url"])),
-            task_root,
-            BlobStore(common["store_url"]),
-        )
-    shutil.rmtree(home, ignore_errors=True)
-
-
-async def run_all(
-    rig: Rig, tasks: list[TaskRequest]
-) -> list[tuple[TaskRequest, TaskResult, float]]:
-    """Submit every task at once; each one's group and wall time (submit to result)."""
-    suffix = uuid.uuid4().hex[:6]
-
-    async def one(task: TaskRequest) -> tuple[TaskRequest, TaskResult, float]:
-        t0 = time.monotonic()
-        handle = await rig.client.submit(
-            task.model_copy(update={"task_id": f"{task.task_id}-{suffix}"})
-        )
-        return task, await handle.result(), time.monotonic() - t0
-
-    return await asyncio.gather(*(one(t) for t in tasks))
-
-
-def rewards_of(results) -> dict[str, list[float | None]]:
-    return {task.task_id: [s.reward for s in group.sessions] for task, group, _ in results}
-
-
-def report(label: str, results) -> None:
-    for task, group, wall in results:
-        for s in group.sessions:
-            print(
-                f"{label} {task.task_id}: reward {s.reward}, status {s.status.value}, "
-                f"completions {s.num_completions}, wall {wall:.0f} s"
-                + (f", error {s.error[:200]}" if s.error else "")
-            )
+    async with taskset_rig(temporal_server.address, engine.url, task_root, "tasksets") as rig:
+        yield rig
 
 
 async def test_oracle_and_nop_on_every_example_task_and_instance(rig):

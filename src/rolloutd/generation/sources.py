@@ -16,7 +16,7 @@ from typing import Any
 
 from rolloutd.errors import ConfigError
 from rolloutd.task_spec import CONTAINER_RUNTIMES
-from rolloutd.tasksets import SwebenchOptions, TaskOptions
+from rolloutd.tasksets import HarborOptions, SwebenchOptions
 from rolloutd.tasksets.harbor import find_tasks, load_task
 from rolloutd.tasksets.harbor import task_request as harbor_task_request
 from rolloutd.tasksets.swebench import task_request as swebench_task_request
@@ -205,7 +205,7 @@ def _task_set_row(spec: GenerationSpec, key: str, row: dict[str, Any]) -> TaskRe
         options["runtime_type"] = (
             template.runtime.type if template.runtime.type in CONTAINER_RUNTIMES else "podman"
         )
-        task = harbor_task_request(load_task(row["path"]), TaskOptions.model_validate(options))
+        task = harbor_task_request(load_task(row["path"]), HarborOptions.model_validate(options))
     else:
         task = swebench_task_request(
             row,

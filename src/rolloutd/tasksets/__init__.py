@@ -3,7 +3,8 @@ SWE-bench, SWE-Gym and SWE-smith instances.
 
 Each module reads its set's own files with the standard library, refuses by name what rolloutd
 cannot run, and turns a row into a :class:`~rolloutd.types.TaskRequest` under the trainer's
-:class:`~rolloutd.tasksets.options.TaskOptions`: ``harbor`` (:mod:`.harbor`, task.toml in
+:class:`~rolloutd.tasksets.options.TaskOptions` (``HarborOptions``, ``SwebenchOptions``):
+``harbor`` (:mod:`.harbor`, task.toml in
 :mod:`.harbor_config`), ``swebench`` (:mod:`.swebench`). The buffer
 (``TaskSource.type``), ``rolloutd generate`` (``source.type``) and ``rolloutd submit``
 (``--harbor`` / ``--swebench``) read them through :func:`read_task_set`.
@@ -17,11 +18,13 @@ from typing import Any, Literal
 
 from rolloutd.payload import validate_strict
 from rolloutd.tasksets import harbor, swebench
+from rolloutd.tasksets.harbor import HarborOptions
 from rolloutd.tasksets.options import TaskOptions
 from rolloutd.tasksets.swebench import SwebenchOptions
 from rolloutd.types import TaskRequest
 
 __all__ = [
+    "HarborOptions",
     "SwebenchOptions",
     "TaskOptions",
     "read_task_set",
@@ -37,7 +40,7 @@ TaskSetKind = Literal["harbor", "swebench"]
 def task_options(
     kind: TaskSetKind, options: Mapping[str, Any], *, strict: bool = False
 ) -> TaskOptions:
-    """The trainer's options of a task set: :class:`TaskOptions` (harbor) or
+    """The trainer's options of a task set: :class:`HarborOptions` (harbor) or
     :class:`SwebenchOptions` (swebench).
 
     Args:
@@ -52,7 +55,7 @@ def task_options(
         pydantic.ValidationError: malformed options (and, with ``strict``, an unknown field
             with the nearest known name).
     """
-    model = TaskOptions if kind == "harbor" else SwebenchOptions
+    model = HarborOptions if kind == "harbor" else SwebenchOptions
     return validate_strict(model, dict(options)) if strict else model.model_validate(options)
 
 
@@ -92,7 +95,7 @@ def row_task(
     Args:
         kind: ``harbor`` (``row`` is a task folder) or ``swebench`` (``row`` is a dict).
         row: from :func:`task_set_rows`.
-        options: :class:`TaskOptions` (harbor) or :class:`SwebenchOptions` (swebench) fields.
+        options: :class:`HarborOptions` (harbor) or :class:`SwebenchOptions` (swebench) fields.
         path: the task set's path (a dataset's relative build contexts resolve against it).
 
     Raises:
@@ -101,7 +104,7 @@ def row_task(
     """
     chosen = task_options(kind, options)
     if kind == "harbor":
-        return harbor.task_request(harbor.load_task(row), chosen)
+        return harbor.task_request(harbor.load_task(row), chosen)  # type: ignore[arg-type]
     return swebench.task_request(
         row,
         chosen,  # type: ignore[arg-type]  # SwebenchOptions for swebench

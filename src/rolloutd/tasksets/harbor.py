@@ -12,10 +12,11 @@
 :func:`load_task` reads and checks one folder; :func:`task_request` turns it into a
 :class:`~rolloutd.types.TaskRequest`: the image (``[environment] docker_image``, or built from
 ``environment/`` by the container runtime), limits and network from task.toml, the harness the
-trainer chose (:class:`~rolloutd.tasksets.options.TaskOptions`), and the ``harbor`` evaluator
-(:mod:`rolloutd.evaluators.harbor`), which runs ``tests/`` in a fresh container made from the
-agent's final file system. The agent never sees ``tests/`` or ``solution/``: both stay on the
-host, named by path in the evaluator's and the oracle's specs.
+trainer chose (:class:`HarborOptions`), and the ``harbor`` evaluator
+(:mod:`rolloutd.evaluators.harbor`), which runs ``tests/`` in a fresh container of the task's
+image with the agent's workdir (and, with ``carry_system_changes``, the agent's other changes).
+The agent never sees ``tests/`` or ``solution/``: both stay on the host, named by path in the
+evaluator's and the oracle's specs.
 
 Network: a phase's Harbor ``network_mode`` ``no-network`` is rolloutd's ``gateway`` for the
 agent (the harness runs inside and must reach the model; nothing else) and ``none`` for the
@@ -29,7 +30,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from rolloutd.errors import ConfigError
 from rolloutd.task_spec import EvaluatorSpec, PhaseTimeouts, RuntimeSpec
@@ -44,6 +45,19 @@ COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "c
 #: seconds added to a verifier's budget for the snapshot, the fresh container and teardown.
 VERIFIER_OVERHEAD_S = 120.0
 _WORKDIR = re.compile(r"^\s*WORKDIR\s+(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+class HarborOptions(TaskOptions):
+    """:class:`TaskOptions` of a Harbor task set, plus what its verifier sees."""
+
+    carry_system_changes: bool = Field(
+        default=False,
+        description="the verifier sees the agent's changes outside its workdir too, for tasks "
+        "whose answer is a change to the system (a file in /etc); every changed program, "
+        "library, interpreter path, runner configuration, shell profile or git configuration "
+        "among them is then a tamper finding (reward 0.0). Default: the task's image plus the "
+        "agent's workdir",
+    )
 
 
 class HarborTask(BaseModel):
@@ -201,11 +215,12 @@ def runtime_spec(task: HarborTask, runtime_type: str = "podman") -> RuntimeSpec:
     )
 
 
-def evaluator_spec(task: HarborTask) -> EvaluatorSpec:
-    """The ``harbor`` evaluator of a task: its tests, verifier environment and budget, and
+def evaluator_spec(task: HarborTask, *, carry_system_changes: bool = False) -> EvaluatorSpec:
+    """The ``harbor`` evaluator of a task: its tests, verifier environment and budget,
     ``[environment] storage_mb``, which the verifier checks against the disk the agent's
     container used (podman on an ext4-backed overlay cannot cap a container's disk while it
-    runs: ``--storage-opt size`` needs XFS project quotas)."""
+    runs: ``--storage-opt size`` needs XFS project quotas), and whether the verifier carries
+    the agent's changes outside its workdir (:class:`HarborOptions`)."""
     verifier = task.config.verifier
     return EvaluatorSpec(
         type="harbor",
@@ -221,11 +236,12 @@ def evaluator_spec(task: HarborTask) -> EvaluatorSpec:
                 if task.config.environment.storage_mb
                 else {}
             ),
+            **({"carry_system_changes": True} if carry_system_changes else {}),
         },
     )
 
 
-def task_request(task: HarborTask, options: TaskOptions) -> TaskRequest:
+def task_request(task: HarborTask, options: HarborOptions) -> TaskRequest:
     """The task a Harbor task folder becomes under the trainer's options.
 
     The run budget is ``[agent] timeout_sec`` (else ``options.run_s``), provisioning may take
@@ -248,7 +264,7 @@ def task_request(task: HarborTask, options: TaskOptions) -> TaskRequest:
             }
         )
     run_s = options.run_budget(task.config.agent.timeout_sec)
-    evaluator = evaluator_spec(task)
+    evaluator = evaluator_spec(task, carry_system_changes=options.carry_system_changes)
     provision_s = task.config.environment.build_timeout_sec + 120.0
     phases = PhaseTimeouts(
         run_s=run_s, provision_s=provision_s, evaluate_s=300.0 + evaluator.timeout_s
@@ -284,7 +300,7 @@ def task_request(task: HarborTask, options: TaskOptions) -> TaskRequest:
     )
 
 
-def load_task_requests(root: str | Path, options: TaskOptions) -> list[TaskRequest]:
+def load_task_requests(root: str | Path, options: HarborOptions) -> list[TaskRequest]:
     """Every task folder under ``root`` (:func:`find_tasks`) as a task, in name order.
 
     Raises:

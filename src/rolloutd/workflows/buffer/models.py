@@ -44,7 +44,7 @@ class TaskSource(Payload):
     options: dict[str, Any] | None = Field(
         default=None,
         description="harbor, swebench: the trainer's choices for every task of the set "
-        "(rolloutd.tasksets.TaskOptions / SwebenchOptions fields: harness, num_samples, ...)",
+        "(rolloutd.tasksets.HarborOptions / SwebenchOptions fields: harness, num_samples, ...)",
     )
 
     @model_validator(mode="after")

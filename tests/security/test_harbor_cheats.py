@@ -128,8 +128,11 @@ def cheats(preload_b64: str) -> dict[str, Cheat]:
         ),
         "sitecustomize-in-site-packages": Cheat(
             "fix-word-count",
-            f"{SITE}\nprintf 'import os\\nos._exit(0)\\n' > $SITE/sitecustomize.py\n{PYTHON_LIVE}",
-            not_carried="sitecustomize.py",
+            # Debian's own sitecustomize (a link in the standard library's folder) comes
+            # first on sys.path: it goes, so that site-packages' is the one imported
+            f"{SITE}\nrm -f /usr/lib/python3*/sitecustomize.py\n"
+            f"printf 'import os\\nos._exit(0)\\n' > $SITE/sitecustomize.py\n{PYTHON_LIVE}",
+            not_carried="dist-packages/sitecustomize.py",
         ),
         "pth-in-site-packages": Cheat(
             "fix-word-count",

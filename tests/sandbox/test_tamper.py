@@ -63,6 +63,14 @@ def test_system_paths_by_name(path, category):
 def test_folders_above_a_change_are_not_leaves():
     paths = ["/usr", "/usr/local", "/usr/local/bin", "/usr/local/bin/python3", "/tmp/x", "/tmp"]
     assert tamper.leaves(paths) == ["/tmp/x", "/usr/local/bin/python3"]
+    from rolloutd.sandbox.snapshot import Changes
+
+    diff = Changes(
+        added=["/usr/local/bin/python3"],
+        modified=["/usr", "/usr/local", "/usr/local/bin", "/usr/lib/python3.11"],
+        deleted=["/usr/lib/python3.11/sitecustomize.py"],
+    )
+    assert diff.leaves() == {"/usr/local/bin/python3", "/usr/lib/python3.11/sitecustomize.py"}
     assert tamper.is_bytecode_cache("/usr/lib/python3.11/__pycache__/os.cpython-311.pyc")
     assert not tamper.is_bytecode_cache("/usr/lib/python3.11/os.pyc")
 

@@ -85,7 +85,7 @@ def fake_on_path(name: str) -> str:
     answers; leave no reward file behind."""
     return (
         f"/bin/cat > /usr/local/bin/{name} <<'FAKE'\n{FAKE}FAKE\n"
-        f"chmod 755 /usr/local/bin/{name}\n"
+        f"chmod 755 /usr/local/bin/{name}\nhash -r\n"  # the shell remembers an earlier python3
         f'test "$(command -v {name})" = /usr/local/bin/{name}\n'
         f"{name} --version > /dev/null\ntest -f /logs/verifier/reward.txt\n/bin/rm -rf /logs /tests"
     )

@@ -105,10 +105,10 @@ class Changes:
         """Added or modified paths, sorted."""
         return sorted({*self.added, *self.modified})
 
-    @property
-    def num_changed(self) -> int:
-        """Paths changed, folders above a changed path not counted."""
-        return len(tamper.leaves(self.written)) + len(self.deleted)
+    def leaves(self) -> set[str]:
+        """The changed paths but the folders above another changed path (a diff lists
+        every folder above a change as changed)."""
+        return set(tamper.leaves([*self.added, *self.modified, *self.deleted]))
 
 
 async def _ask(runtime: Runtime, what: str, *args: str) -> str:
@@ -364,13 +364,14 @@ class FreshRuntime:
         """The changed system paths a verifier must not trust, by name."""
         path_dirs = path_folders(self.source, {**self.env, **self.verifier_env}, "PATH")
         listed: list[TamperFinding] = []
+        leaves = found.leaves()
         for change, paths in (
-            ("added", tamper.leaves(found.added)),
-            ("modified", tamper.leaves(found.modified)),
+            ("added", found.added),
+            ("modified", found.modified),
             ("deleted", found.deleted),
         ):
             for path in paths:
-                if tamper.is_bytecode_cache(path):
+                if path not in leaves or tamper.is_bytecode_cache(path):
                     continue
                 if kind := tamper.classify_system_path(path, path_dirs=path_dirs):
                     listed.append(
@@ -440,7 +441,7 @@ class FreshRuntime:
             self.report = tamper.report(
                 findings,
                 [] if self.carry else system,
-                num_changed_paths=found.num_changed + workdir.num_changed,
+                num_changed_paths=len(found.leaves()) + workdir.num_changed,
                 carried_system_changes=self.carry,
             )
             if findings or self.pack_too_large:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import tempfile
 import time
 import uuid
@@ -16,13 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rolloutd.sandbox.runtimes.podman_images import ensure_base_image
-from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
-from rolloutd.stack import free_port
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import TaskRequest, TaskResult
-from rolloutd.workers import connect, run_fleet
-from tests.support.namespaces import fresh_namespace
+from tests.support.namespaced_fleets import namespaced_fleets
 
 
 @dataclass
@@ -41,15 +37,6 @@ async def taskset_rig(
     """The four fleets in a fresh namespace named after ``name``, on the engine at
     ``engine_url``, with a policy that allows the task sets copied below ``task_root``."""
     await ensure_base_image()
-    namespace = await fresh_namespace(temporal_address, name)
-    home = Path(tempfile.mkdtemp(prefix="ts-", dir="/tmp"))  # short: unix socket paths
-    common = {
-        "temporal_address": temporal_address,
-        "temporal_namespace": namespace,
-        "store_url": str(home / "store"),
-        "host_id": f"{name}-host",
-        "log_json": False,
-    }
     policy = {
         "runtimes": ["podman"],
         "networks": ["gateway", "none"],
@@ -57,34 +44,19 @@ async def taskset_rig(
         "upload_sources": [str(task_root)],
         "build_network": True,
     }
-    port = free_port()
-    gateway = GatewaySettings(
-        **common,
-        gateway_port=port,
-        backend_url=engine_url,
-        gateway_public_url=f"http://127.0.0.1:{port}",
-        model="qwen2.5-coder-0.5b",
-        tool_parser="hermes_lenient",
-    )
-    client = await connect(gateway)
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            await stack.enter_async_context(run_fleet("gateway", client, gateway))
+    with tempfile.TemporaryDirectory(prefix="ts-") as home:
+        async with namespaced_fleets(
+            temporal_address,
+            Path(home),
+            engine_url,
+            tag=name,
+            gateway={"tool_parser": "hermes_lenient"},
             # more slots than a test runs sessions at once: a full host makes no provisioning
             # poll, which the client's fleet-health check would read as a dead fleet
-            sandbox = SandboxSettings(
-                **common,
-                runtime_root=str(home / "rt"),
-                max_concurrent_sessions=8,
-                sandbox_policy=policy,
-            )
-            await stack.enter_async_context(run_fleet("sandbox", client, sandbox))
-            await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
-            await stack.enter_async_context(run_fleet("workflows", client, gateway))
-            store = BlobStore(common["store_url"])
-            yield Rig(RolloutClient(client, store), task_root, store)
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
+            sandbox_host={"max_concurrent_sessions": 8, "sandbox_policy": policy},
+        ) as fleets:
+            store = BlobStore(fleets.store_url)
+            yield Rig(RolloutClient(fleets.client, store), task_root, store)
 
 
 async def run_all(

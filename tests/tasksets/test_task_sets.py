@@ -140,19 +140,24 @@ def test_harbor_rewards_are_read_as_harbor_reads_them():
             parse_rewards(bad_json, bad_txt)
 
 
+async def evaluate_check(evaluator, check, num_completions=1):
+    """The evaluator's outcome for a completed session with the ``check`` artifact."""
+    ctx = EvaluationContext(
+        task_id="t",
+        session_id="s",
+        status=SessionStatus.COMPLETED,
+        num_completions=num_completions,
+        artifacts={"check": check},
+    )
+    return await evaluator.evaluate(ctx)
+
+
 async def test_harbor_evaluator_scores_the_check():
     (task,) = read_task_set("harbor", HARBOR / "sqlite-city-report", NOP)
     evaluator = get_evaluator(task.evaluator)
 
-    async def score(check, num_completions=1):
-        ctx = EvaluationContext(
-            task_id="t",
-            session_id="s",
-            status=SessionStatus.COMPLETED,
-            num_completions=num_completions,
-            artifacts={"check": check},
-        )
-        return await evaluator.evaluate(ctx)
+    def score(check):
+        return evaluate_check(evaluator, check)
 
     check = {"exit_code": 0, "reward_json": '{"reward": 1.0, "rows": 3}', "reward_txt": None}
     outcome = await score(check)
@@ -183,14 +188,7 @@ async def test_harbor_evaluator_scores_a_tamper_report_and_the_pack_bound():
     assert evaluator.revision == 2
 
     async def score(check, num_completions=1):
-        ctx = EvaluationContext(
-            task_id="t",
-            session_id="s",
-            status=SessionStatus.COMPLETED,
-            num_completions=num_completions,
-            artifacts={"check": check},
-        )
-        return scored_outcome(await evaluator.evaluate(ctx))
+        return scored_outcome(await evaluate_check(evaluator, check, num_completions))
 
     shadow = TamperFinding(
         path="/app/textstats/pytest.py", category="runner_config", change="added"

@@ -204,12 +204,13 @@ def only_session(results, task_id: str) -> SessionResult:
 
 
 async def test_every_cheat_earns_0_with_its_cause_named(rig, preload_b64):
-    """Twelve cheats, each after one answered model call, each live in its own container:
+    """Eleven cheats, each after one answered model call, each live in its own container:
     the reward file and /tests; a fake python3, bash, cat, sh and tar first on PATH; a
     pytest.py shadowing pytest in the workdir of fix-word-count; a sitecustomize.py and a .pth
     in site-packages; /etc/ld.so.preload; a git core.fsmonitor hook in git-restore-file. Each
-    earns 0.00 from verifier revision 2, its cause in the evaluation record. Measured: see
-    the docstring's figures in the report."""
+    earns 0.00 from verifier revision 2, its cause in the evaluation record. Measured
+    (2026-12-06, eleven sessions at once, load average 4-8 on 2 cores): 35-61 s, 7-37 s a
+    session, most of it the engine's answer."""
     tasks = {
         name: one_task(rig, cheat.task, shell(cheat.command), f"cheat-{name}-")
         for name, cheat in cheats(preload_b64).items()
@@ -240,7 +241,8 @@ async def test_controls_oracle_nothing_and_a_wrong_answer(rig):
     """The oracle: 1.00 on each of the six examples, by default and with
     carry_system_changes; a harness that makes its model call and does nothing: 0.00 on each;
     an honest wrong answer to fix-word-count (one of its two bugs fixed): 0.00; and with
-    carry_system_changes a fake python3 is a finding: 0.00, named."""
+    carry_system_changes a fake python3 is a finding: 0.00, named. Measured (2026-12-06, 21
+    sessions at once, load average 4-8): 40-61 s with the images built."""
     names = sorted(p.name for p in (rig.tasks / "harbor").iterdir() if p.is_dir())
     oracle, nothing = {"type": "oracle"}, shell("true")
     tasks = [

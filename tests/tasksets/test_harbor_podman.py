@@ -147,7 +147,7 @@ async def test_fresh_runtime_sees_the_workdir_and_carries_system_changes_on_requ
     deleted files are the agent's. With carry_system_changes the changes outside the workdir
     are carried too, with the container's own owners (a new user's file) and through a pack
     of the worker's own bound (a bound below the pack: not carried, said). Its HOME never, and
-    nothing of the agent's runs there. Measured: 12 s."""
+    nothing of the agent's runs there. Measured: 1.5-2.3 s."""
     from rolloutd.sandbox.snapshot import FreshRuntime
 
     (task,) = read_task_set(

@@ -373,7 +373,7 @@ class FreshRuntime:
             for path in paths:
                 if path not in leaves or tamper.is_bytecode_cache(path):
                     continue
-                if kind := tamper.classify_system_path(path, path_dirs=path_dirs):
+                if kind := tamper.classify_system_path(path, change, path_dirs=path_dirs):
                     listed.append(
                         TamperFinding(path=path, category=kind[0], change=change, detail=kind[1])
                     )

@@ -15,21 +15,17 @@ of host folders read without following links); nothing here runs inside a sandbo
   ``/logs/verifier``). Other paths (data, caches, ``/tmp``) are counted, not listed.
 - **The workdir** (:func:`examine_workdir`): the agent's final workspace against the task
   image's workdir (what the task shipped). A file that configures or extends the test runner
-  and that the task did not ship, or shipped with other content, is a finding:
-  ``conftest.py``; pytest's configuration (``pytest.ini``, ``.pytest.ini``, ``pytest.toml``,
-  the pytest sections of ``tox.ini``, ``setup.cfg`` and ``pyproject.toml``);
-  ``sitecustomize.py``, ``usercustomize.py``, ``*.pth``; a module or package named like a test
-  runner (:data:`RUNNER_MODULES`: ``pytest.py``, ``pytest/``, ``unittest.py``, ...); a
-  ``pytest11`` entry point. So are a git hook, a git configuration key that runs a program
-  (:data:`GIT_PROGRAM_KEYS`: ``core.fsmonitor``, ``core.hooksPath``, filters, aliases to
-  commands, includes, ...) or a ``.git`` file pointing git elsewhere; a file in a folder of the
-  workdir that is on the verifier's ``PATH``; and a module named like a standard-library module
-  at the top of a ``PYTHONPATH`` folder inside the workdir. The rule is pytest's own search:
-  pytest reads ``conftest.py`` files and its configuration from the test paths' folders and
-  their parents, and ``python3 -m pytest`` imports ``pytest`` from the first folder of
-  ``sys.path`` that holds one (pytest docs, "Configuration" and "Writing plugins";
-  the ``sys.path`` rules of the Python reference, "The initialization of the sys.path module
-  search path").
+  or the interpreter and that the task did not ship, or shipped with other content, is a
+  finding by the rules every test verifier shares (:mod:`rolloutd.security.tamper`:
+  ``conftest.py``, pytest's configuration and the pytest sections of ``setup.cfg``/``tox.ini``/
+  ``pyproject.toml``, ``sitecustomize.py``, ``usercustomize.py``, ``*.pth``, package metadata,
+  bytecode outside ``__pycache__``, a module named like the runner or the standard library where
+  pytest puts its folder first on ``sys.path``). So are a git hook, a git configuration key that
+  runs a program (:data:`GIT_PROGRAM_KEYS`: ``core.fsmonitor``, ``core.hooksPath``, filters,
+  aliases to commands, includes, ...) or a ``.git`` file pointing git elsewhere; a file in a
+  folder of the workdir that is on the verifier's ``PATH``; and a module named like a
+  standard-library module at the top of a ``PYTHONPATH`` folder inside the workdir.
+  ``__pycache__`` folders are left out: the verifier never gets them.
 
 A task whose honest solution is such a file (a task that asks for a ``conftest.py``) cannot be
 verified under these rules: its honest answer is a finding too.
@@ -37,27 +33,18 @@ verified under these rules: its honest answer is a finding too.
 
 from __future__ import annotations
 
-import configparser
 import os
 import re
 import stat
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Literal
 
 from rolloutd.records import TamperCategory, TamperFinding, TamperReport
+from rolloutd.security.tamper import PYTEST_CONFIG_NAMES, capped, config_finding, path_finding
 
-#: findings (and ignored paths) a report lists at most (``TamperReport``'s lists)
-MAX_LISTED = 50
-#: modules and packages named like a test runner or what it imports first
-RUNNER_MODULES = frozenset(
-    {"pytest", "_pytest", "py", "pluggy", "unittest", "nose", "nose2", "iniconfig", "doctest"}
-)
-#: pytest's configuration files, read whole (pytest docs, "Configuration file formats")
-PYTEST_FILES = frozenset({"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml"})
-#: configuration files pytest reads only a section of
-PYTEST_SECTION_FILES = frozenset({"tox.ini", "setup.cfg", "pyproject.toml"})
+Change = Literal["added", "modified", "deleted"]
 #: git configuration keys whose value is a program git runs, or more configuration
 #: (git-config(1)); ``*`` stands for a subsection
 GIT_PROGRAM_KEYS = (
@@ -160,36 +147,14 @@ def _below(path: str, roots: tuple[str, ...] | list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def runner_config_kind(name: str) -> str | None:
-    """Why a file or folder named ``name`` configures or extends a test runner (in words), or
-    None. Sections of ``tox.ini``/``setup.cfg``/``pyproject.toml`` are judged by content
-    (:func:`pytest_section`), not here."""
-    if name == "conftest.py":
-        return "a pytest conftest.py (hooks and fixtures every test run loads)"
-    if name in PYTEST_FILES:
-        return "pytest's configuration"
-    if name.endswith(".py") and name[:-3] in RUNNER_MODULES:
-        return f"a module named like the test runner's {name.removesuffix('.py')!r}"
-    return None
-
-
-def interpreter_kind(name: str) -> str | None:
-    """Why a file named ``name`` changes what Python loads at start-up (site(7) of the Python
-    docs, "site — Site-specific configuration hook"), or None."""
-    if name.endswith(".pth"):
-        return "a .pth file (its import lines run when Python starts)"
-    if name in ("sitecustomize.py", "usercustomize.py"):
-        return f"{name} (run when Python starts)"
-    return None
-
-
 def classify_system_path(
-    path: str, *, path_dirs: tuple[str, ...] = ()
+    path: str, change: Change = "added", *, path_dirs: tuple[str, ...] = ()
 ) -> tuple[TamperCategory, str] | None:
     """What a changed path outside the workdir is to a verifier, by name (see the module).
 
     Args:
         path: an absolute path inside the container.
+        change: how the session changed it.
         path_dirs: the verifier's ``PATH`` folders (beyond :data:`EXECUTABLE_DIRS`).
 
     Returns:
@@ -198,10 +163,10 @@ def classify_system_path(
     name = PurePosixPath(path).name
     if _below(path, VERIFIER_PATHS):
         return "verifier_path", "the verifier's own folder"
-    if why := interpreter_kind(name):
-        return "interpreter_path", why
-    if (why := runner_config_kind(name)) or name in PYTEST_SECTION_FILES:
-        return "runner_config", why or "a file pytest may read its configuration from"
+    if runner := path_finding(path, change):
+        return runner.category, runner.detail
+    if name in PYTEST_CONFIG_NAMES:
+        return "runner_config", "a file pytest may read its configuration from"
     if name in SHELL_PROFILE_NAMES or _below(path, SHELL_PROFILE_PATHS):
         return "shell_profile", "a shell start-up file"
     if (
@@ -248,24 +213,10 @@ def leaves(paths: list[str]) -> list[str]:
 # --------------------------------------------------------------------------- the workdir
 
 
-def pytest_section(name: str, data: bytes) -> object:
-    """The part of a ``tox.ini``/``setup.cfg``/``pyproject.toml`` that pytest reads (its
-    ``[pytest]``/``[tool:pytest]`` section, or ``[tool.pytest...]`` tables), comparable with
-    ``==``; None when it has none. A file Python cannot parse counts as a section of its own
-    (pytest's reader may still read it) when it names one."""
-    text = data.decode("utf-8", errors="replace")
-    if name == "pyproject.toml":
-        try:
-            return tomllib.loads(text).get("tool", {}).get("pytest")
-        except tomllib.TOMLDecodeError:
-            return None  # pytest reads pyproject.toml with tomllib too: it would fail
-    parser = configparser.RawConfigParser(strict=False)
-    try:
-        parser.read_string(text)
-    except configparser.Error:
-        return text if re.search(r"^\s*\[\s*(?:tool:)?pytest\s*\]", text, re.M) else None
-    found = {s: dict(parser.items(s)) for s in ("pytest", "tool:pytest") if parser.has_section(s)}
-    return found or None
+def _text(path: Path | None) -> str | None:
+    """A regular file's text for a comparison (:func:`_read`; None: absent or unreadable)."""
+    data = _read(path) if path is not None else None
+    return data.decode("utf-8", errors="replace") if data is not None else None
 
 
 def _read(path: Path) -> bytes | None:
@@ -280,20 +231,6 @@ def _read(path: Path) -> bytes | None:
             return None
         data = f.read(MAX_CONFIG_BYTES + 1)
     return data if len(data) <= MAX_CONFIG_BYTES else None
-
-
-def _module_file(path: PurePosixPath) -> str:
-    """The module a file is, as ``name.py`` (``x.pyc``, ``x.cpython-311-x86_64-linux-gnu.so``
-    and ``x/__init__.py`` are ``x.py``); another file's own name."""
-    name = path.name
-    stem, _, suffix = name.partition(".")
-    if (stem == "__init__" and suffix in ("py", "pyc", "pyw")) or (
-        suffix == "so" or suffix.endswith(".so")
-    ):
-        return f"{path.parent.name if stem == '__init__' else stem}.py"
-    if suffix in ("py", "pyc", "pyw", "pyd"):
-        return f"{stem}.py"
-    return name
 
 
 def git_program_keys(data: bytes) -> set[tuple[str, str]]:
@@ -409,7 +346,7 @@ def examine_workdir(
     """
     before, after = _scan(shipped), _scan(final)
     out = WorkdirExamination()
-    changed: dict[str, str] = {}
+    changed: dict[str, Change] = {}
     for rel, now in after.items():
         was = before.get(rel)
         if was is None:
@@ -423,7 +360,10 @@ def examine_workdir(
     def finding(rel: str, category: TamperCategory, detail: str) -> None:
         out.findings.append(
             TamperFinding(
-                path=str(inside / rel), category=category, change=changed[rel], detail=detail
+                path=str(inside / rel),
+                category=category,
+                change=changed[rel],
+                detail=detail,
             )
         )
 
@@ -439,7 +379,7 @@ def examine_workdir(
     }
     for rel in sorted(changed):
         entry, path = after[rel], PurePosixPath(rel)
-        name, parent = path.name, str(path.parent) if str(path.parent) != "." else ""
+        parent = str(path.parent) if str(path.parent) != "." else ""
         if "__pycache__" in path.parts:
             continue  # never carried: Python compiles the sources again
         shipped_file = shipped / rel if rel in before and before[rel].kind == "file" else None
@@ -447,24 +387,24 @@ def examine_workdir(
             finding(rel, "git_config", why)
         elif entry.kind == "dir":
             continue
-        elif why := interpreter_kind(name):
-            finding(rel, "interpreter_path", why)
-        elif why := runner_config_kind(_module_file(path)):
-            finding(rel, "runner_config", why)
-        elif name in PYTEST_SECTION_FILES:
-            data, old = _read(final / rel), _read(shipped_file) if shipped_file else None
-            new_section = pytest_section(name, data) if data is not None else "not a file"
-            old_section = pytest_section(name, old) if old is not None else None
-            if new_section is not None and new_section != old_section:
-                finding(rel, "runner_config", f"a pytest section in {name}")
-        elif name == "entry_points.txt" and b"pytest11" in (_read(final / rel) or b"pytest11"):
-            finding(rel, "runner_config", "a pytest plugin's entry point (pytest11)")
+        elif runner := path_finding(rel, changed[rel]):
+            finding(rel, runner.category, runner.detail)
+        elif path.name in PYTEST_CONFIG_NAMES:
+            now = _text(final / rel) if entry.kind == "file" else "(not a regular file)"
+            if config := config_finding(rel, _text(shipped_file), now):
+                finding(rel, config.category, config.detail)
         elif parent in exec_dirs:
             finding(rel, "executable", "a program in a folder on the verifier's PATH")
-        elif parent in module_dirs and _module_file(path).removesuffix(".py") in (
-            sys.stdlib_module_names
+        elif (
+            parent in module_dirs
+            and path.suffix in (".py", ".so", ".pyc")
+            and (path.name.partition(".")[0] in sys.stdlib_module_names)
         ):
             finding(rel, "interpreter_path", "shadows a standard-library module on PYTHONPATH")
+    for rel in deleted:  # a deleted pytest configuration changes how pytest runs too
+        if PurePosixPath(rel).name in PYTEST_CONFIG_NAMES and before[rel].kind == "file":
+            if config := config_finding(rel, _text(shipped / rel), None):
+                out.findings.append(config.model_copy(update={"path": str(inside / rel)}))
     return out
 
 
@@ -502,11 +442,14 @@ def report(
     num_changed_paths: int,
     carried_system_changes: bool,
 ) -> TamperReport:
-    """The tamper report of these findings, each list cut to :data:`MAX_LISTED`."""
+    """The tamper report of these findings, each list one entry a path, cut to
+    :data:`rolloutd.security.tamper.MAX_FINDINGS`."""
+    kept, more = capped(findings)
+    listed, more_listed = capped(ignored)
     return TamperReport(
-        findings=findings[:MAX_LISTED],
-        ignored=ignored[:MAX_LISTED],
+        findings=kept,
+        ignored=listed,
         num_changed_paths=num_changed_paths,
-        truncated=len(findings) > MAX_LISTED or len(ignored) > MAX_LISTED,
+        truncated=more or more_listed,
         carried_system_changes=carried_system_changes,
     )

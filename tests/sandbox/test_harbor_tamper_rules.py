@@ -1,4 +1,5 @@
-"""The tamper report's rules (rolloutd.sandbox.tamper) on names and on real host folders: what
+"""The Harbor verifier's tamper rules (rolloutd.sandbox.tamper; the runner rules it shares with
+SWE-bench are tested in tests/security/test_tamper.py) on names and on real host folders: what
 a session changed that a verifier must not trust, and what it may change. No container: the
 folders stand for the task image's workdir and the agent's final workspace."""
 
@@ -12,6 +13,7 @@ import pytest
 
 from rolloutd.records import TamperFinding
 from rolloutd.sandbox import tamper
+from rolloutd.security.tamper import MAX_FINDINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ("/opt/evil.so", "library"),
         ("/usr/lib/python3/dist-packages/sitecustomize.py", "interpreter_path"),
         ("/usr/lib/python3/dist-packages/evil.pth", "interpreter_path"),
-        ("/usr/local/lib/python3.11/dist-packages/pytest/__init__.py", "interpreter_path"),
+        ("/usr/local/lib/python3.11/dist-packages/pytest/__init__.py", "library"),
         ("/root/.local/lib/python3.11/site-packages/x.py", "interpreter_path"),
         ("/usr/share/perl5/Carp.pm", "interpreter_path"),
         ("/app/conftest.py", "runner_config"),
@@ -98,18 +100,6 @@ def test_git_keys_that_run_a_program():
         "includeif.*.path": "/tmp/more",
     }
     assert tamper.git_program_keys(b"[core]\n\tbare = false\n[user]\n\temail = a@b\n") == set()
-
-
-def test_pytest_sections_are_compared_not_whole_files():
-    plain = b"[project]\nname = 'x'\n"
-    with_section = plain + b"[tool.pytest.ini_options]\naddopts = '-p evil'\n"
-    assert tamper.pytest_section("pyproject.toml", plain) is None
-    assert tamper.pytest_section("pyproject.toml", with_section) == {
-        "ini_options": {"addopts": "-p evil"}
-    }
-    assert tamper.pytest_section("setup.cfg", b"[metadata]\nname = x\n") is None
-    assert tamper.pytest_section("setup.cfg", b"[tool:pytest]\naddopts = -p evil\n")
-    assert tamper.pytest_section("tox.ini", b"[pytest]\naddopts = -x\n")
 
 
 def _tree(root: Path, files: dict[str, str | None]) -> Path:
@@ -193,7 +183,7 @@ def test_an_honest_answer_and_runner_files_in_the_workdir(tmp_path):
     assert found["/app/conftest.py"].change == "added"
     assert found["/app/.git/config"].category == "git_config"
     assert "core.fsmonitor = .git/hooks/watch" in found["/app/.git/config"].detail
-    assert found["/app/pytest.py"].category == "runner_config"
+    assert found["/app/pytest.py"].category == "library"  # a module named like the runner
     assert found["/app/x.pth"].category == "interpreter_path"
 
 
@@ -238,7 +228,7 @@ def test_the_examples_own_workdirs_hold_no_finding(tmp_path):
 def test_report_lists_are_bounded():
     many = [TamperFinding(path=f"/usr/bin/x{n}", category="executable") for n in range(60)]
     report = tamper.report(many, many[:3], num_changed_paths=70, carried_system_changes=True)
-    assert len(report.findings) == tamper.MAX_LISTED and report.truncated and report.tampered
+    assert len(report.findings) == MAX_FINDINGS and report.truncated and report.tampered
     assert tamper.report([], many[:2], num_changed_paths=2, carried_system_changes=False).ignored
 
 

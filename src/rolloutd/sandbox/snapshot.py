@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import shutil
 import tarfile
@@ -202,7 +203,9 @@ async def pack_changes(runtime: Runtime, written: list[str], target: Path, max_b
         The pack's size, bytes.
 
     Raises:
-        ArtifactTooLargeError: the pack grew past ``max_bytes`` (``target`` is removed).
+        ArtifactTooLargeError: the pack grew past ``max_bytes``, or past what the disk of
+            ``target`` holds (a runtime's folder is its sized disk: ``disk_mb``); ``target``
+            is removed.
         RolloutdError: ``tar`` failed.
     """
     # _launch, not exec: exec keeps a command's output in memory
@@ -231,7 +234,16 @@ async def pack_changes(runtime: Runtime, written: list[str], target: Path, max_b
                             f"the agent's changes outside its workdir pack to more than "
                             f"{max_bytes} bytes (the verifier's max_pack_bytes)"
                         )
-                    await asyncio.to_thread(out.write, chunk)
+                    try:
+                        await asyncio.to_thread(out.write, chunk)
+                    except OSError as exc:
+                        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                            raise
+                        # the runtime's folder is on its sized disk: the agent filled it
+                        raise ArtifactTooLargeError(
+                            f"the agent's changes outside its workdir do not fit beside its "
+                            f"workspace on the runtime's disk (disk_mb): {exc.strerror}"
+                        ) from exc
             code = await process.wait(CLI_TIMEOUT_S)
     except BaseException:
         target.unlink(missing_ok=True)

@@ -46,7 +46,8 @@ from rolloutd.settings import codec_key_file
 from rolloutd.stack.state import read_state
 from rolloutd.trainer_client import FleetUnavailableError, RolloutClient
 
-#: the child process: ``rolloutd up``'s stack on free ports, until SIGTERM
+#: the child process: ``rolloutd up``'s stack on free ports, until SIGTERM; arguments: its
+#: home, the model, and optionally a backend URL to use instead of starting llama-server
 STACK = """
 import sys
 from pathlib import Path
@@ -55,6 +56,7 @@ from rolloutd.stack import LocalStack
 with LocalStack(
     home=Path(sys.argv[1]), model=sys.argv[2], temporal_port=free_port(),
     ui_port=free_port(), gateway_port=free_port(), engine_port=free_port(),
+    engine_url=sys.argv[3] if len(sys.argv) > 3 else None,
 ) as stack:
     failure = stack.serve_forever()
 sys.exit(1 if failure else 0)
@@ -110,7 +112,9 @@ async def wait_for_stack(home: Path, up: subprocess.Popen[bytes], timeout_s: flo
     raise SystemExit(f"rolloutd up did not start within {timeout_s:.0f} s")
 
 
-async def soak(args: argparse.Namespace, home: Path) -> None:
+def start_stack(home: Path, model: str, engine_url: str | None = None) -> subprocess.Popen[bytes]:
+    """Start :data:`STACK` in ``home`` (its stderr in ``{home}/up.log``), in a process group
+    of its own; ``engine_url``: a backend to use instead of starting llama-server."""
     # the harness runs on the ``local`` runtime (cheap: the runtime is not what this
     # measures), which the sandbox policy allows only where its operator lists it
     env = {
@@ -118,23 +122,33 @@ async def soak(args: argparse.Namespace, home: Path) -> None:
         "ROLLOUTD_HOME": str(home),
         "ROLLOUTD_SANDBOX_POLICY": '{"runtimes": ["local", "bwrap"]}',
     }
-    up = subprocess.Popen(
-        [sys.executable, "-c", STACK, str(home), args.model],
+    return subprocess.Popen(
+        [sys.executable, "-c", STACK, str(home), model, *([engine_url] if engine_url else [])],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=(home / "up.log").open("wb"),
         start_new_session=True,
     )
+
+
+def stop_stack(up: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the stack's process group, by its pid (it drains and stops its children),
+    then SIGKILL after 120 s."""
+    os.killpg(up.pid, signal.SIGTERM)
+    try:
+        up.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(up.pid, signal.SIGKILL)
+        up.wait()
+
+
+async def soak(args: argparse.Namespace, home: Path) -> None:
+    up = start_stack(home, args.model)
     try:
         state = await wait_for_stack(home, up, 600)
         await run(args, home, state)
     finally:
-        os.killpg(up.pid, signal.SIGTERM)
-        try:
-            up.wait(120)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-            up.wait()
+        stop_stack(up)
 
 
 async def run(args: argparse.Namespace, home: Path, state: Any) -> None:

@@ -159,6 +159,30 @@ async def test_example_task_scores_in_a_bwrap_runtime(tmp_path, patch_name, rewa
 
 @pytest.mark.sandbox
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+async def test_bytecode_and_install_metadata_of_an_honest_run_are_no_finding(tmp_path):
+    """An honest agent runs the tests (bytecode in ``__pycache__``) and installs its package
+    in development mode (``*.egg-info``): the gold patch still scores 1.00, and no bytecode
+    reaches the fresh runtime (it is never part of the patch)."""
+    honest = {
+        "calc/__pycache__/__init__.cpython-311.pyc": "not bytecode at all",
+        "stray.pyc": "nor this",
+        "calc.egg-info/SOURCES.txt": "calc/__init__.py\n",
+        "calc.egg-info/PKG-INFO": "Metadata-Version: 2.1\nName: calc\n",
+    }
+    # the check's own pytest run writes bytecode in the fresh runtime: look for the session's
+    outcome, _, carried = await score_example(
+        tmp_path,
+        honest,
+        "gold.patch",
+        then="grep -rl --include='*.pyc' -e 'not bytecode' -e 'nor this' . || true",
+    )
+    assert outcome.reward == 1.0, outcome.details
+    assert outcome.tamper is not None and outcome.tamper.findings == []
+    assert carried == "", carried
+
+
+@pytest.mark.sandbox
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 @pytest.mark.parametrize("cheat", list(CHEATS))
 async def test_a_patch_cannot_steer_its_grading(tmp_path, cheat):
     """Each cheat leaves the bug in place and changes how the tests run or read: 0.00 with

@@ -88,6 +88,10 @@ def test_patched_files_reads_adds_deletes_renames_quoted_and_binary_paths(repo):
         ("lib/usercustomize.py", "added", "interpreter_path"),
         ("x.pth", "added", "interpreter_path"),
         ("pkg.egg-info/entry_points.txt", "added", "runner_config"),
+        ("build/lib/pkg.dist-info/entry_points.txt", "modified", "runner_config"),
+        ("pkg.egg-info/SOURCES.txt", "modified", None),  # an honest `pip install -e .`
+        ("pkg.egg-info/PKG-INFO", "added", None),
+        ("site/pkg.egg-link", "added", "interpreter_path"),
         ("pkg/__pycache__/core.cpython-311.pyc", "added", "library"),
         ("pytest.py", "added", "library"),
         ("_pytest/__init__.py", "added", "library"),

@@ -25,13 +25,16 @@ MAX_PATCH_BYTES = 8 * 2**20
 BASE_REF = "refs/rolloutd/base"
 
 #: ``git diff --binary`` of the workspace against :data:`BASE_REF` (else HEAD), untracked
-#: files included; the real index is left alone (a temporary one is filled from the base,
-#: then ``add -A``).
+#: files included, compiled bytecode left out (``__pycache__/``, ``*.pyc``, ``*.pyo``: an
+#: agent that ran the tests leaves them, and a verifier must never load them in place of the
+#: sources: PEP 552's unchecked hash-based files are never compared with their source); the
+#: real index is left alone (a temporary one is filled from the base, then ``add -A``).
 GIT_PATCH_SCRIPT = (
     "git rev-parse --is-inside-work-tree >/dev/null 2>&1 || exit 3; "
     f"base=HEAD; git rev-parse -q --verify {BASE_REF} >/dev/null && base={BASE_REF}; "
     'export GIT_INDEX_FILE="$(mktemp)"; '
-    'git read-tree "$base" && git add -A && '
+    "git read-tree \"$base\" && git add -A -- . ':(exclude,glob)**/__pycache__/**' "
+    "':(exclude,glob)**/*.py[co]' && "
     'git -c core.fileMode=false diff --binary --no-color --no-ext-diff --cached "$base"; '
     'status=$?; rm -f "$GIT_INDEX_FILE"; exit $status'
 )

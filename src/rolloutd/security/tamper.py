@@ -14,9 +14,10 @@ result is read. By name alone (:func:`path_finding`):
 - ``sitecustomize.py`` / ``usercustomize.py`` (imported by every interpreter at start when on
   ``sys.path``) and ``*.pth`` files (their ``import`` lines run at start in a site folder);
   Python's :mod:`site` documentation;
-- files below ``*.egg-info`` / ``*.dist-info``: installed-package metadata, whose
-  ``entry_points.txt`` registers pytest plugins (group ``pytest11``) that pytest loads by
-  itself;
+- ``entry_points.txt`` below ``*.egg-info`` / ``*.dist-info``: installed-package metadata
+  that registers pytest plugins (group ``pytest11``) pytest loads by itself, and ``*.egg-link``
+  files that put a folder on ``sys.path`` (setuptools' development installs); the metadata's
+  other files load nothing, so an honest ``pip install -e .`` that rewrites them is not one;
 - compiled bytecode (``*.pyc``, ``__pycache__/``): loaded in place of its source (PEP 552's
   unchecked hash-based files are never compared with it);
 - an added module named like the test runner (``pytest``, ``_pytest``, ``pluggy``, ``py``,
@@ -91,10 +92,14 @@ def path_finding(path: str, change: Change) -> TamperFinding | None:
         return found("interpreter_path", f"{name}: imported by every Python at start")
     if name.endswith(".pth"):
         return found("interpreter_path", "a path file: its import lines run at Python's start")
-    if any(part.endswith((".egg-info", ".dist-info")) for part in parts[:-1]):
+    if name == "entry_points.txt" and any(
+        part.endswith((".egg-info", ".dist-info")) for part in parts[:-1]
+    ):
         return found(
-            "runner_config", "installed-package metadata (entry points load pytest plugins)"
+            "runner_config", "installed-package entry points (they load pytest plugins)"
         )
+    if name.endswith(".egg-link"):
+        return found("interpreter_path", "a development-install link: a folder on sys.path")
     if p.suffix in (".pyc", ".pyo") or "__pycache__" in parts:
         return found("library", "compiled bytecode, loaded in place of its source")
     module = module_name(p)

@@ -95,9 +95,7 @@ def path_finding(path: str, change: Change) -> TamperFinding | None:
     if name == "entry_points.txt" and any(
         part.endswith((".egg-info", ".dist-info")) for part in parts[:-1]
     ):
-        return found(
-            "runner_config", "installed-package entry points (they load pytest plugins)"
-        )
+        return found("runner_config", "installed-package entry points (they load pytest plugins)")
     if name.endswith(".egg-link"):
         return found("interpreter_path", "a development-install link: a folder on sys.path")
     if p.suffix in (".pyc", ".pyo") or "__pycache__" in parts:

@@ -39,7 +39,7 @@ echo
 MARKS="not engine and not harness and not slow and not sandbox and not lowest"
 if [ "$#" -eq 0 ]; then
   set -- tests/proxy tests/trajectory tests/trainer_client tests/evaluators/test_evaluators.py \
-    tests/engine/test_models.py tests/workers/test_health.py tests/test_cli.py \
+    tests/engine/test_models.py tests/workers/test_health.py tests/cli/test_cli.py \
     --ignore=tests/proxy/sessions/test_request_identity.py \
     --ignore=tests/proxy/dialects/test_dialect_roundtrip.py \
     --ignore=tests/trajectory/test_trajectory_properties.py

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rolloutd.cli import exit_code
+from rolloutd.cli.report import exit_code
 from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
 from rolloutd.stack import free_port
 from rolloutd.trainer_client import RolloutClient

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from rolloutd import doctor
+from rolloutd.cli import reliability
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.proxy.sessions.manager import SessionManager
 from rolloutd.settings import GatewaySettings
@@ -128,7 +128,7 @@ async def test_bad_backend_gives_a_clear_error_and_no_stuck_session(
         # the builder sees an empty log, not the failed calls
         completions = CompletionLog(gateway.store, "bad/0").read_all()
         assert build_traces(completions, BuilderSpec(), end_of_turn_id=0)[0] == []
-        doctor.record(
+        reliability.record(
             f"backend {behaviour}",
             sessions=1,
             status=response.status_code,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 
-from rolloutd import doctor
+from rolloutd.cli import reliability
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionResult, SessionStatus
@@ -66,7 +66,7 @@ async def test_cancelling_100_running_sessions_leaves_nothing(rig: Rig):
     statuses = [s.status for s in sessions]
     leftover = [p.name for p in rig.runtime_root.iterdir() if p.name != ".owners"]
     owners = list((rig.runtime_root / ".owners").glob("*.json"))
-    doctor.record(
+    reliability.record(
         "cancel 100 running sessions",
         sessions=NUM_SESSIONS,
         cancelled=statuses.count(SessionStatus.CANCELLED),

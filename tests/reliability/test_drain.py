@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rolloutd import doctor
+from rolloutd.cli import reliability
 from rolloutd.processes import spawn, stop_process
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
@@ -158,7 +158,7 @@ async def test_sigterm_sandbox_host_mid_batch(rig: Rig):
         replayed = sum(by_id[sid].replay.num_replayed for sid in on_drained)
         assert replayed >= len(on_drained), (replayed, on_drained)  # each had >= 1 call
         assert figures["lost"] == 0 and figures["duplicated"] == 0, figures
-        doctor.record(
+        reliability.record(
             "SIGTERM sandbox host mid-batch (drain)",
             **figures,
             drained_sessions=len(on_drained),
@@ -192,7 +192,7 @@ async def test_sigterm_gateway_mid_batch(rig: Rig):
         rig, "drain-gateway", fault, scenario="SIGTERM gateway (drain)"
     )
     assert all(s.status == SessionStatus.COMPLETED and s.reward == 1.0 for s in group.sessions)
-    doctor.record("SIGTERM gateway: exit", exit_s=round(exits[0], 2), ok=True)
+    reliability.record("SIGTERM gateway: exit", exit_s=round(exits[0], 2), ok=True)
 
 
 @pytest.mark.acceptance
@@ -234,7 +234,7 @@ async def test_sigterm_evaluator_mid_batch(rig: Rig, tmp_path: Path):
         # finished during the drain: never started again
         assert events.count(("start", s.session_id)) == 1, (s.session_id, events)
         assert events.count(("done", s.session_id)) == 1, (s.session_id, events)
-    doctor.record("SIGTERM evaluator: exit", exit_s=round(exits[0], 2), ok=True)
+    reliability.record("SIGTERM evaluator: exit", exit_s=round(exits[0], 2), ok=True)
 
 
 @pytest.mark.acceptance
@@ -265,7 +265,7 @@ async def test_up_stop_drains_every_fleet_mid_batch(rig: Rig):
     )
     assert all(s.status == SessionStatus.COMPLETED and s.reward == 1.0 for s in group.sessions)
     assert any(s.attempts for s in group.sessions)  # the running harnesses were handed back
-    doctor.record(
+    reliability.record(
         "up's Ctrl-C: fleets stopped",
         stop_s=round(stopped["stop_s"], 2),
         drain_s=rig.stack.drain_s,

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rolloutd import doctor
+from rolloutd.cli import reliability
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from tests.proxy.support import FAKE_URL, MODEL, FakeLlamaCpp
@@ -194,7 +194,7 @@ def test_malformed_requests_get_4xx_in_the_dialects_shape(rig, dialect: str):
             seen["wrong_shape"] += 1
 
     one()
-    doctor.record(
+    reliability.record(
         f"fuzz {dialect}",
         sessions="-",
         **{k: v for k, v in seen.items()},
@@ -234,7 +234,7 @@ def test_wrong_or_missing_session_keys_are_refused(rig):
         total += 1
         refused += response.status_code == 401
         wrong_shape += not in_shape(dialect, response.json())
-    doctor.record(
+    reliability.record(
         "wrong or missing session keys",
         sessions="-",
         requests=total,

@@ -18,7 +18,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from rolloutd import doctor
+from rolloutd.cli import reliability
 from rolloutd.proxy.sessions.recorder import answer_id
 from rolloutd.security.connection import data_converter
 from rolloutd.store import BlobStore, CompletionLog
@@ -197,7 +197,7 @@ async def run_batch_with_fault(
         "leftover_runtimes": len(leftover),
         "retried_sessions": sum(bool(s.attempts) for s in group.sessions),
     }
-    doctor.record(scenario, **figures, ok=True)
+    reliability.record(scenario, **figures, ok=True)
     assert leftover == [], leftover
     return group
 
@@ -304,7 +304,7 @@ async def test_kill_evaluator_mid_batch(rig: Rig, tmp_path: Path):
         assert events.count(("done", s.session_id)) == 1, (s.session_id, events)
     restarted = [s.session_id for s in group.sessions if events.count(("start", s.session_id)) >= 2]
     assert len(restarted) >= 3, events  # the killed evaluations ran again, and only they
-    doctor.record(
+    reliability.record(
         "kill -9 evaluator: rewards",
         sessions=len(group.sessions),
         evaluations_restarted=len(restarted),
@@ -369,7 +369,7 @@ async def test_no_session_key_or_prompt_in_any_log(rig: Rig):
         if hash_session_key(w) in hashes
     ]
     leaked += [(name, "prompt") for name, text in logs.items() if "Say one short word" in text]
-    doctor.record(
+    reliability.record(
         "keys and prompts in INFO logs",
         sessions=len(hashes),
         leaked=len(leaked),

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from rolloutd import doctor
+from rolloutd.cli import reliability
 from rolloutd.proxy.sessions.recorder import answer_id
 from rolloutd.sandbox.runtimes.podman import ROOT_LABEL
 from rolloutd.store import BlobStore, CompletionLog
@@ -124,7 +124,7 @@ async def test_kill_sandbox_worker_mid_run_on_podman(rig: Rig) -> None:
     assert containers(rig) == []
     leftover = [p.name for p in rig.runtime_root.iterdir() if p.name not in (".owners", ".images")]
     assert leftover == [], leftover
-    doctor.record(
+    reliability.record(
         "kill -9 sandbox worker mid-run (podman)",
         calls=NUM_CALLS,
         replayed=s.replay.num_replayed,

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from rolloutd import doctor
+from rolloutd.cli import reliability
 from rolloutd.proxy.sessions.recorder import answer_id
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.trainer_client import RolloutClient
@@ -134,7 +134,7 @@ async def test_shell_agent_killed_after_4_calls_replays_them(rig: Rig):
     assert (s.num_traces, s.num_completions) == (base.num_traces, base.num_completions)
     assert s.replay.num_response_tokens_saved > 0
     await poll(lambda: not processes_with(marker), 15, "harness processes to end")
-    doctor.record(
+    reliability.record(
         "replay: shell agent killed after 4 calls",
         calls=NUM_CALLS,
         replayed=s.replay.num_replayed,
@@ -265,7 +265,7 @@ async def test_qwen_code_killed_after_4_calls_replays_them(rig: Rig):
     assert lost.num_completions + sampled <= engine <= lost.num_completions + sampled + 1
     check_trajectory(store, s)
     assert (s.num_traces, s.num_completions) == (base.num_traces, base.num_completions)
-    doctor.record(
+    reliability.record(
         "replay: qwen_code killed after 4 calls",
         calls=len(completions),
         replayed=len(replayed),

@@ -21,7 +21,7 @@ import pytest
 from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-from rolloutd import doctor
+from rolloutd.cli import reliability
 from rolloutd.proxy.sessions.recorder import answer_id
 from rolloutd.stack import read_state
 from rolloutd.store import BlobStore, CompletionLog
@@ -159,7 +159,7 @@ async def test_every_child_killed_once_is_restarted_and_every_session_completes(
         if stack.runtime_root.exists()
         else []
     )
-    doctor.record(
+    reliability.record(
         "supervised up: kill -9 each fleet and the engine",
         sessions=NUM_SESSIONS,
         completed=sum(s.status == SessionStatus.COMPLETED for s in group.sessions),

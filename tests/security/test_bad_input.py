@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from rolloutd.activities.models import ReadTaskChunkInput
 from rolloutd.activities.trainer_io import TrainerIOActivities
-from rolloutd.cli_report import infrastructure_failure
+from rolloutd.cli.report import infrastructure_failure
 from rolloutd.fault import Fault, refusal_fault
 from rolloutd.generation.commands import load_spec
 from rolloutd.payload import unknown_fields, validate_strict

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from rolloutd.activities.sandbox import SandboxActivities
-from rolloutd.cli_parser import build_parser
+from rolloutd.cli.parser import build_parser
 from rolloutd.errors import BackendError
 from rolloutd.processes import free_port
 from rolloutd.proxy.backends.pool import BackendPool

@@ -301,7 +301,11 @@ async def test_swebench_eval_script_logs_are_graded_by_the_swebench_package():
 
 
 def test_submit_reads_a_task_set_from_the_command_line():
-    from rolloutd.cli import _task_set, build_parser
+    from rolloutd.cli.parser import build_parser
+    from rolloutd.cli.submission import read_task_set
+
+    def _task_set(args):
+        return read_task_set(args.file, args.task_set, args.harness, args.options)
 
     args = build_parser().parse_args(
         [

@@ -21,7 +21,7 @@ from rolloutd.capabilities import (
     FleetCapabilities,
     HostCapabilities,
 )
-from rolloutd.cli import submit_tasks
+from rolloutd.cli.submission import submit_tasks
 from rolloutd.workflows.fleets import FleetRegistryInput, FleetRegistryWorkflow
 from tests.support.buffer_tasks import poll
 

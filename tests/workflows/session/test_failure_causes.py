@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from rolloutd.cli import exit_code, failure_cell, failure_counts, what_went_wrong
+from rolloutd.cli.report import exit_code, failure_cell, failure_counts, what_went_wrong
 from rolloutd.types import FailureCause, SessionResult, SessionStatus, TaskResult
 from rolloutd.workflows.session.failures import SessionFacts, classify, scoring
 

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from rolloutd.cli import exit_code
+from rolloutd.cli.report import exit_code
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionStatus

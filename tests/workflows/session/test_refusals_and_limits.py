@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from rolloutd.cli import exit_code
+from rolloutd.cli.report import exit_code
 from rolloutd.types import SessionStatus
 from tests.support.shell_calls import call
 from tests.workflows.session.test_failure_sessions import run_all, task

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rolloutd.cli import call_errors_cell, exit_code, what_went_wrong
+from rolloutd.cli.report import call_errors_cell, exit_code, what_went_wrong
 from rolloutd.types import SessionResult, SessionStatus, TaskResult
 
 

@@ -3,11 +3,8 @@ failures by kind, and what went wrong (the lines a failed run exits 1 for)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
-from rolloutd.errors import FleetUnavailableError, RolloutdError
 from rolloutd.types import SessionStatus
 
 
@@ -127,69 +124,6 @@ def what_went_wrong(results: list[Any]) -> tuple[list[str], list[str]]:
                 "(no model call was answered)"
             )
     return failures, notes
-
-
-async def submit_tasks(
-    tasks: list[dict[str, Any]],
-    address: str,
-    store_url: str | None,
-    *,
-    suffix: str = "",
-    namespace: str = "default",
-    gateway_url: str | None = None,
-) -> list[Any]:
-    """Validate every task, submit them all, wait (showing them live: sessions by phase,
-    completions, rewards), print a table per session and, under it, what went wrong
-    (:func:`what_went_wrong`).
-
-    Args:
-        tasks: TaskRequest dicts.
-        address: Temporal address.
-        store_url: blob store (to count trainable tokens).
-        suffix: appended to every task_id (so a demo can run again).
-        namespace: Temporal namespace.
-        gateway_url: the gateway's base URL: a dead engine ends the wait (below).
-
-    Returns:
-        The TaskResults.
-
-    Raises:
-        InvalidTaskError: before any workflow starts, when any task is malformed.
-        SystemExit: a fleet died while waiting (``FleetUnavailableError``, within a minute;
-            the tasks keep running and complete once it is back).
-    """
-    from rolloutd.trainer_client import RolloutClient, validate_task
-    from rolloutd.trainer_client.live import watch
-
-    requests = []
-    for i, task in enumerate(tasks):
-        task = dict(task)
-        if suffix and "task_id" in task:
-            task["task_id"] = f"{task['task_id']}{suffix}"
-        try:
-            requests.append(validate_task(task))
-        except Exception as e:  # noqa: BLE001 - boundary
-            raise SystemExit(f"task {i}: {e}") from None
-    client = await RolloutClient.connect(
-        address, namespace=namespace, store_url=store_url, gateway_url=gateway_url
-    )
-    try:  # what no registered host can run is refused before any task starts
-        requests = await client.check_tasks(requests)
-    except RolloutdError as e:
-        raise SystemExit(str(e)) from None
-    t0 = time.monotonic()
-    handles = [await client.submit(r, check_capabilities=False) for r in requests]
-    try:  # a live view while waiting (rolloutd.trainer_client.live): rich on a terminal,
-        # plain lines on stderr otherwise, so a script's stdout stays as it was
-        results = await watch(
-            client, [h.task_id for h in handles], asyncio.gather(*(h.result() for h in handles))
-        )
-    except FleetUnavailableError as e:
-        raise SystemExit(
-            f"{e} (the tasks keep running: {', '.join(h.task_id for h in handles)})"
-        ) from None
-    print_report(results, time.monotonic() - t0)
-    return results
 
 
 def print_report(results: list[Any], wall_s: float) -> None:

@@ -10,9 +10,9 @@ import uuid
 import pytest
 from rich.console import Console
 
+from rolloutd.cli.live import watch
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
-from rolloutd.trainer_client.live import watch
 from tests.conftest import have_bwrap
 
 pytestmark = [
@@ -65,7 +65,7 @@ async def test_plain_lines_show_phases_completions_and_rewards(fleets):
         + " ".join(f"{s.reward:g}" for s in ended)
     )
     # a final look after the end shows the whole group
-    from rolloutd.trainer_client.live import look
+    from rolloutd.cli.live import look
 
     assert (await look(client, handle.task_id)).line() == f"task {handle.task_id}: {final}"
     print("\n".join(lines))

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from rolloutd.cli import main as cli_main
+from rolloutd.cli.retention import gc
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
-from rolloutd.trainer_client.retention import gc
 from tests.support.buffer_tasks import all_win, local_task, poll
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine]
@@ -93,7 +93,7 @@ async def test_gc_deletes_old_units_but_not_running_tasks_or_unacked_groups(
 
 
 def test_a_large_groups_parts_go_with_it_and_a_held_ones_stay(tmp_path: Path) -> None:
-    from rolloutd.trainer_client.retention import Held, collect
+    from rolloutd.cli.retention import Held, collect
     from rolloutd.types import group_key, group_part_key
 
     store = BlobStore(str(tmp_path))

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rolloutd.cli import build_parser
+from rolloutd.cli.parser import build_parser
 
 
 def _walk(parser: argparse.ArgumentParser, path: str):
@@ -54,3 +54,31 @@ def test_version_exits_zero_without_a_command():
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["--version"])
     assert exit_info.value.code == 0
+
+
+def test_every_command_module_gives_its_commands():
+    """The parser is built from the modules of rolloutd.cli.commands: each command a module
+    gives answers with its own handler."""
+    sub = build_parser()._subparsers._group_actions[0]
+    assert set(sub.choices) == {
+        "codec-key",
+        "codec-server",
+        "demo",
+        "doctor",
+        "engine",
+        "generate",
+        "models",
+        "quota",
+        "rest",
+        "schedule",
+        "settings",
+        "status",
+        "store",
+        "submit",
+        "tenant-token",
+        "up",
+        "view",
+        "worker",
+    }
+    args = build_parser().parse_args(["models", "list"])
+    assert args.handler.__module__ == "rolloutd.cli.commands.models"

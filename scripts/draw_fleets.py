@@ -4,7 +4,7 @@ Every name in the picture is read from the code, so the picture changes when the
 
 - the fleets and their queues: ``rolloutd.task_queues.FLEET_QUEUES``;
 - what each fleet's workers run (workflows, activities, and on which queue): the ``Worker(...)``
-  calls of each fleet's builder in ``src/rolloutd/workers/__init__.py`` (read with ``ast``);
+  calls of each fleet's builder in ``src/rolloutd/workers/fleets.py`` (read with ``ast``);
 - one session's activities, in the order ``RolloutSessionWorkflow`` runs them
   (:data:`SESSION_PATH`): each must be an ``execute_activity`` call of
   ``src/rolloutd/workflows/session/workflow.py`` or ``ending.py`` and be registered by a fleet,
@@ -100,8 +100,8 @@ def _callable_name(node: ast.expr) -> str:
 
 
 def read_fleets() -> dict[str, Fleet]:
-    """Each fleet's queues and what its workers register there (workers/__init__.py)."""
-    tree = ast.parse((SRC / "workers" / "__init__.py").read_text())
+    """Each fleet's queues and what its workers register there (workers/fleets.py)."""
+    tree = ast.parse((SRC / "workers" / "fleets.py").read_text())
     builders: dict[str, str] = {}
     functions: dict[str, ast.AST] = {}
     for node in tree.body:

@@ -16,7 +16,7 @@ What runs (everything on this machine, everything stopped by its id at the end):
   advantages, PPO-clip ratio against the rollout's logprobs, DAPO token-level mean over
   ``loss_mask``), ``ack``, export the fp32 weights as an F16 GGUF, weight sync (gateway
   pause/drain -> ``POST /admin/engine/load`` -> ``policy_version`` -> resume;
-  :mod:`rolloutd.trainer_client.weight_sync`), move the buffer's version (staleness bound),
+  :mod:`rolloutd.trainer_client.training.weight_sync`), move the buffer's version (staleness bound),
   probe the engine's logprobs against the trainer's on the same tokens, and every
   ``--eval-every`` steps score held-out prompts (categories never trained on, several samples
   each, fixed seeds, straight from the engine).
@@ -173,7 +173,7 @@ def grpo_update(
     """
     import torch
 
-    from rolloutd.trainer_client import group_advantages, scored_sessions
+    from rolloutd.trainer_client.training import group_advantages, scored_sessions
 
     token_losses, mismatches, on_policy, rewards = [], [], [], []
     num_trainable = num_tokens = 0
@@ -503,9 +503,9 @@ async def main(args: argparse.Namespace) -> int:
     from rolloutd.store import BlobStore
     from rolloutd.trainer_client import BufferExhaustedError, RolloutClient
     from rolloutd.trainer_client.admin import BackendAdmin
-    from rolloutd.trainer_client.gguf_export import export_gguf
-    from rolloutd.trainer_client.probe import probe
-    from rolloutd.trainer_client.weight_sync import GatewayEngineLoader, WeightSync
+    from rolloutd.trainer_client.training.gguf_export import export_gguf
+    from rolloutd.trainer_client.training.probe import probe
+    from rolloutd.trainer_client.training.weight_sync import GatewayEngineLoader, WeightSync
 
     quiet_and_seed(args.seed, args.threads)
     rng = random.Random(args.seed)

@@ -90,9 +90,9 @@ async def main(args: argparse.Namespace) -> int:
         RolloutFunc,
         rolloutd_reward,
     )
-    from rolloutd.trainer_client.gguf_export import export_gguf
-    from rolloutd.trainer_client.probe import probe
-    from rolloutd.trainer_client.weight_sync import GatewayEngineLoader, WeightSync
+    from rolloutd.trainer_client.training.gguf_export import export_gguf
+    from rolloutd.trainer_client.training.probe import probe
+    from rolloutd.trainer_client.training.weight_sync import GatewayEngineLoader, WeightSync
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     quiet_and_seed(args.seed, args.threads)

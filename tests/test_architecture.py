@@ -43,7 +43,7 @@ def lint_imports(src: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_the_import_contracts_hold(tmp_path):
     result = lint_imports(ROOT / "src", tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "6 kept, 0 broken" in result.stdout, result.stdout
+    assert "7 kept, 0 broken" in result.stdout, result.stdout
 
 
 #: (module changed, import added inside a function, contract broken, line of the report)
@@ -73,10 +73,28 @@ BREAKS = {
         "rolloutd.proxy.sessions.request_identity -> rolloutd.sandbox.artifacts",
     ),
     "the core imports a trainer package": (
-        "trainer_client/exports.py",
+        "trainer_client/training/exports.py",
         "trl",
         "only the trainer bridges import a trainer package",
-        "rolloutd.trainer_client.exports -> trl",
+        "rolloutd.trainer_client.training.exports -> trl",
+    ),
+    "the client side imports the training side": (
+        "trainer_client/buffer.py",
+        "rolloutd.trainer_client.training.grpo",
+        "client side imports nothing of its training side",
+        "rolloutd.trainer_client.buffer -> rolloutd.trainer_client.training.grpo",
+    ),
+    "the client's face imports torch": (
+        "trainer_client/__init__.py",
+        "torch",
+        "client side imports nothing of its training side",
+        "rolloutd.trainer_client -> torch",
+    ),
+    "a command runs back up to the entry point": (
+        "cli/report.py",
+        "rolloutd.cli.entry",
+        "the command line",
+        "rolloutd.cli.report -> rolloutd.cli.entry",
     ),
     "one bridge imports another's trainer": (
         "trainer_client/bridges/trl.py",
@@ -103,3 +121,41 @@ def test_a_forbidden_import_breaks_its_contract(case, tmp_path):
     broken = [line for line in result.stdout.splitlines() if " BROKEN" in line]
     assert any(contract in line for line in broken), result.stdout
     assert report in result.stdout, result.stdout
+
+
+def test_the_client_side_contract_names_every_client_module():
+    """The contract that keeps the trainer client's client side off its training side lists
+    its source modules one by one (so the package's face counts as itself): a new module of
+    rolloutd.trainer_client outside training/ and bridges/ must be on that list."""
+    import pkgutil
+    import tomllib
+
+    import rolloutd.trainer_client as client_side
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    listed = next(c for c in contracts["contracts"] if c["id"] == "client-side")
+    modules = {
+        f"rolloutd.trainer_client.{m.name}"
+        for m in pkgutil.iter_modules(client_side.__path__)
+        if m.name not in ("training", "bridges")
+    }
+    assert set(listed["source_modules"]) == {"rolloutd.trainer_client", *modules}
+
+
+def test_a_process_that_submits_loads_no_training_code():
+    """Importing the trainer client (what a process that only submits and reads needs)
+    loads neither its training side nor torch, numpy or gguf."""
+    code = (
+        "import sys, rolloutd.trainer_client\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'gguf', 'rolloutd.trainer_client.training',"
+        " 'rolloutd.trainer_client.bridges') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -10,7 +10,7 @@ from rolloutd.scoring import (
     is_replaceable,
     scored_rewards,
 )
-from rolloutd.trainer_client.grpo import dapo_filter, group_rewards
+from rolloutd.trainer_client.training.grpo import dapo_filter, group_rewards
 from rolloutd.types import FailureCause, SessionResult, SessionStatus, TaskResult
 from rolloutd.workflows.buffer.workflow import is_zero_variance as buffer_drops
 from rolloutd.workflows.task import summarize

@@ -55,10 +55,10 @@ from rolloutd.polar import (
 from rolloutd.security.exposure import require_token_off_loopback
 from rolloutd.security.tenants import OPERATOR, Caller, TenantTokens, resolve_caller
 from rolloutd.settings import RestSettings, default_home, find_admin_token
+from rolloutd.stack.inflight import sessions_by_phase
 from rolloutd.trainer_client.admin import AdminError, BackendAdmin
 from rolloutd.trainer_client.client import InvalidTaskError, RolloutClient
 from rolloutd.trainer_client.health import FleetHealth
-from rolloutd.trainer_client.inflight import sessions_by_phase
 from rolloutd.types import (
     DEFAULT_FAIRNESS_WEIGHT,
     DEFAULT_PRIORITY,

@@ -3,8 +3,8 @@
 A reward measures the policy, never the infrastructure (docs/decisions.md, "Failure causes
 and rewards"). The task's
 group stats (:func:`rolloutd.workflows.task.summarize`), the buffer's DAPO filter and
-:mod:`rolloutd.trainer_client.grpo` all ask "which rewards of this group count?"; they ask it
-here, so the answer cannot drift apart (before, the buffer zero-filled missing rewards while
+:mod:`rolloutd.trainer_client.training.grpo` all ask "which rewards of this group count?"; they
+ask it here, so the answer cannot drift apart (before, the buffer zero-filled missing rewards while
 the other two skipped them).
 
 The rule: a session is **scored** when it has a reward and either ran to its end

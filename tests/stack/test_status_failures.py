@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rolloutd.stack import StackState
+from rolloutd.stack.inflight import TaskFailures
 from rolloutd.stack.status import StackStatus, render
-from rolloutd.trainer_client.inflight import TaskFailures
 
 
 def test_status_shows_failure_counts_by_kind_per_task(tmp_path: Path) -> None:

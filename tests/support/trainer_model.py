@@ -34,7 +34,7 @@ class TrainerModel:
         and start llama-server on it (one slot, 2048 tokens, log ``folder/engine.log``): engine
         and trainer start equal. The caller stops it."""
         from rolloutd.engine.server import LlamaServer
-        from rolloutd.trainer_client.gguf_export import export_gguf
+        from rolloutd.trainer_client.training.gguf_export import export_gguf
 
         start = export_gguf(self.model.state_dict(), self.files.gguf, folder / "policy-0.gguf")
         return LlamaServer(

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from rolloutd.trainer_client import RolloutClient
-from rolloutd.trainer_client.inflight import query_status
+from rolloutd.trainer_client.task_status import query_status
 from rolloutd.types import StatusPage, TaskProgress
 from rolloutd.workflows.task import STATUS_QUERY, task_workflow_id
 from tests.support.buffer_tasks import local_task, poll

@@ -6,7 +6,7 @@ process and a trainer in a third. :class:`EngineControlServer` puts the one cont
 this GGUF, answer when ready" (``load_model(model_file, policy_version, timeout_s)``, honoured by
 ``LocalStack`` and ``LlamaServer``), on a loopback HTTP port; the gateway's admin route ``POST
 /admin/engine/load`` forwards to it, so a trainer anywhere reaches it with the gateway's admin token
-(:class:`rolloutd.trainer_client.weight_sync.GatewayEngineLoader`).
+(:class:`rolloutd.trainer_client.training.weight_sync.GatewayEngineLoader`).
 
 Routes (``Authorization: Bearer <control token>``; the token is the owner's, handed to the
 gateway in ``ROLLOUTD_ENGINE_CONTROL_TOKEN``, never the admin token)::

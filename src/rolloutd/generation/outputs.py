@@ -16,7 +16,7 @@ from pathlib import Path
 from rolloutd.errors import NotFoundError
 from rolloutd.generation.sources import safe_key
 from rolloutd.store import BlobExistsError, BlobStore, whole_group
-from rolloutd.trainer_client.exports import to_openai_messages_jsonl, to_parquet
+from rolloutd.trainer_client.training.exports import to_openai_messages_jsonl, to_parquet
 from rolloutd.types import Trajectory
 from rolloutd.workflows.generation.models import (
     GenerationFilters,

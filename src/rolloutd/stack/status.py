@@ -17,9 +17,9 @@ from pydantic import BaseModel, Field
 
 from rolloutd.processes import end_process
 from rolloutd.settings import engine_api_key_file
+from rolloutd.stack.inflight import TaskFailures, sessions_by_phase, task_failures
 from rolloutd.stack.state import StackState, read_state
 from rolloutd.trainer_client import RolloutClient
-from rolloutd.trainer_client.inflight import TaskFailures, sessions_by_phase, task_failures
 
 
 class StackStatus(BaseModel):

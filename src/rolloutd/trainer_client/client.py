@@ -46,7 +46,7 @@ from rolloutd.payload import validate_strict
 from rolloutd.security.connection import connect_temporal
 from rolloutd.store import BlobStore, whole_group
 from rolloutd.trainer_client.health import FleetHealth, watch
-from rolloutd.trainer_client.inflight import query_status
+from rolloutd.trainer_client.task_status import query_status
 from rolloutd.trainer_client.tenants import TenantState, set_tenant_quota, tenant_state
 from rolloutd.types import (
     DEFAULT_TENANT,

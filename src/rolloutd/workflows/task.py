@@ -168,7 +168,7 @@ class RolloutTaskWorkflow:
         ``page.first_sample`` on and the replaced ones from position ``page.first_replaced``
         on, at most ``page.limit`` and :data:`STATUS_PAGE_SIZE` of each; ``num_ended`` and
         ``num_replaced`` say how many there are in all
-        (:func:`rolloutd.trainer_client.inflight.query_status` reads every page). ``status``
+        (:func:`rolloutd.trainer_client.task_status.query_status` reads every page). ``status``
         is ``running`` here until the task's workflow ends; readers decide from the sessions
         (:meth:`RolloutClient.status <rolloutd.trainer_client.client.RolloutClient.status>`)."""
         if self._progress is None:

@@ -402,9 +402,9 @@ async def test_weight_transfer_makes_the_engine_serve_the_trainers_weights(tmp_p
     from rolloutd.trainer_client.admin import BackendAdmin
     from rolloutd.trainer_client.bridges.common import LoopRunner
     from rolloutd.trainer_client.bridges.trl_async import WeightTransfer
-    from rolloutd.trainer_client.gguf_export import export_gguf
-    from rolloutd.trainer_client.probe import probe
-    from rolloutd.trainer_client.weight_sync import EngineLoader, WeightSync
+    from rolloutd.trainer_client.training.gguf_export import export_gguf
+    from rolloutd.trainer_client.training.probe import probe
+    from rolloutd.trainer_client.training.weight_sync import EngineLoader, WeightSync
     from rolloutd.types import SamplingParams
     from tests.support.trainer_model import load_trainer_model
 

@@ -19,8 +19,10 @@ Two ways in:
   one end-of-sequence token, masked. :attr:`RolloutFunc.stats` counts groups masked and
   sessions left out.
   :class:`EngineSyncCallback` writes the trainer's weights to the engine after every
-  optimizer step (GGUF export, :class:`~rolloutd.trainer_client.weight_sync.WeightSync`,
-  :func:`~rolloutd.trainer_client.probe.probe`), so the next rollouts sample the new policy.
+  optimizer step (GGUF export,
+  :class:`~rolloutd.trainer_client.training.weight_sync.WeightSync`,
+  :func:`~rolloutd.trainer_client.training.probe.probe`), so the next rollouts sample the new
+  policy.
 - **Asynchronous** ``trl.experimental.async_grpo.AsyncGRPOTrainer``: its two protocols in
   :mod:`rolloutd.trainer_client.bridges.trl_async` (``RolloutWorker`` over rolloutd's durable
   buffer, ``WeightTransfer`` through rolloutd's weight sync).
@@ -53,9 +55,9 @@ from rolloutd.trainer_client.bridges.common import (
     instruction_of,
 )
 from rolloutd.trainer_client.client import RolloutClient
-from rolloutd.trainer_client.gguf_export import export_gguf
-from rolloutd.trainer_client.probe import ProbeResult, probe
-from rolloutd.trainer_client.weight_sync import WeightSync
+from rolloutd.trainer_client.training.gguf_export import export_gguf
+from rolloutd.trainer_client.training.probe import ProbeResult, probe
+from rolloutd.trainer_client.training.weight_sync import WeightSync
 from rolloutd.types import TaskResult
 
 log = structlog.get_logger(__name__)
@@ -267,11 +269,11 @@ class EngineSyncCallback(TrainerCallback):
     """After every optimizer step: the trainer's weights to the engine, then a probe.
 
     ``on_step_end``: export the model's fp32 weights as a GGUF (the catalog model's GGUF as
-    template, :func:`~rolloutd.trainer_client.gguf_export.export_gguf`), run
+    template, :func:`~rolloutd.trainer_client.training.gguf_export.export_gguf`), run
     :meth:`WeightSync.update` (pause, engine reload, ``policy_version = global_step``,
     resume) and compare the engine's logprobs with the trainer's on a probe prompt
-    (:func:`~rolloutd.trainer_client.probe.probe`). Rollouts of the next step then sample the
-    new weights. transformers' ``TrainerCallback`` API.
+    (:func:`~rolloutd.trainer_client.training.probe.probe`). Rollouts of the next step then
+    sample the new weights. transformers' ``TrainerCallback`` API.
 
     Args:
         sync: the weight sync (admin client and the engine's loader).

@@ -27,8 +27,8 @@ import structlog
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 from rolloutd.trainer_client.bridges.common import BridgeStats, GroupSamples, group_samples
-from rolloutd.trainer_client.gguf_export import export_gguf
-from rolloutd.trainer_client.weight_sync import WeightSync
+from rolloutd.trainer_client.training.gguf_export import export_gguf
+from rolloutd.trainer_client.training.weight_sync import WeightSync
 
 log = structlog.get_logger(__name__)
 
@@ -251,7 +251,7 @@ class WeightTransfer:
         """Write ``(name, tensor)`` pairs as a GGUF and load it on every server.
 
         Raises:
-            rolloutd.trainer_client.weight_sync.WeightSyncError: a server did not load it
+            rolloutd.trainer_client.training.weight_sync.WeightSyncError: a server did not load it
                 (the backends stay paused).
         """
         state = {name: tensor.detach().to("cpu") for name, tensor in iterator}

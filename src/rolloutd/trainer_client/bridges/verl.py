@@ -41,7 +41,7 @@ rows with a trainable token, 0 for the others. The trainer must be configured wi
 (``VERL_USE_EXTERNAL_MODULES=rolloutd.trainer_client.bridges.verl``).
 
 :func:`to_data_proto` builds verl's ``DataProto`` from
-:func:`~rolloutd.trainer_client.exports.to_verl_batch`. Reference: verl
+:func:`~rolloutd.trainer_client.training.exports.to_verl_batch`. Reference: verl
 ``verl/experimental/agent_loop/agent_loop.py`` (``AgentLoopBase``, ``AgentLoopOutput``,
 ``register``, ``AgentLoopWorker._run_agent_loop``), ``verl/workers/rollout/
 llm_server.py`` (``LLMServerClient.generate`` -> ``TokenOutput``) and ``verl/trainer/ppo/
@@ -74,7 +74,7 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, register
 from rolloutd.settings import CommonSettings
 from rolloutd.trainer_client.bridges.common import BridgeStats, group_samples, instruction_of
 from rolloutd.trainer_client.client import RolloutClient
-from rolloutd.trainer_client.exports import to_verl_batch
+from rolloutd.trainer_client.training.exports import to_verl_batch
 from rolloutd.types import Trajectory
 
 log = structlog.get_logger(__name__)
@@ -425,7 +425,7 @@ def to_data_proto(
 ) -> DataProto:
     """verl's ``DataProto`` of a batch of trajectories (one row per trace).
 
-    Tensors from :func:`~rolloutd.trainer_client.exports.to_verl_batch` (left-padded
+    Tensors from :func:`~rolloutd.trainer_client.training.exports.to_verl_batch` (left-padded
     prompts, right-padded responses, ``response_mask``, ``rollout_log_probs``,
     ``token_level_scores`` with the reward on the last response token); ``uid`` (the task:
     the GRPO group), ``session_id`` and ``failure`` as non-tensor fields.

@@ -106,8 +106,8 @@ def is_zero_variance(group: TaskResult | GroupRef) -> bool:
     arXiv 2503.14476, 3.2). A session without a scored reward (an infrastructure failure) is
     left out, never counted as 0.0.
 
-    Same rule as :func:`rolloutd.trainer_client.grpo.is_zero_variance` (not imported here: the
-    trainer client pulls in I/O libraries a workflow module must not import).
+    Same rule as :func:`rolloutd.trainer_client.training.grpo.is_zero_variance` (not imported
+    here: the trainer client pulls in I/O libraries a workflow module must not import).
     """
     rewards = group.rewards if isinstance(group, GroupRef) else scored_rewards(group)
     return len(rewards) < 2 or max(rewards) == min(rewards)

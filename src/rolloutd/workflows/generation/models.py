@@ -140,7 +140,7 @@ class GenerationOutputs(Payload):
     """What is written, into ``dir`` (on the eval fleet's file system), from every journaled row.
 
     ``sft.jsonl``: OpenAI chat messages with tools, one line per trace; ``traces.parquet``:
-    token ids, loss masks, logprobs (``trainer_client.exports.parquet_schema``);
+    token ids, loss masks, logprobs (``trainer_client.training.exports.parquet_schema``);
     ``dataset/``: the Parquet rows as a ``datasets`` folder (``load_from_disk``).
     """
 

@@ -2,7 +2,7 @@
 per-session trace weights.
 
 All functions are pure and work on plain Python floats, so a trainer can use them before it
-builds tensors (for example to drop a group before :func:`~rolloutd.trainer_client.exports.
+builds tensors (for example to drop a group before :func:`~rolloutd.trainer_client.training.exports.
 to_verl_batch`).
 
 Sources:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from rolloutd.trainer_client.grpo import (
+from rolloutd.trainer_client.training.grpo import (
     dapo_filter,
     group_advantages,
     group_rewards,

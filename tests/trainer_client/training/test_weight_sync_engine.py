@@ -23,9 +23,9 @@ from rolloutd.types import SamplingParams
 torch = pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
-from rolloutd.trainer_client.gguf_export import export_gguf  # noqa: E402
-from rolloutd.trainer_client.probe import probe  # noqa: E402
-from rolloutd.trainer_client.weight_sync import EngineLoader, WeightSync  # noqa: E402
+from rolloutd.trainer_client.training.gguf_export import export_gguf  # noqa: E402
+from rolloutd.trainer_client.training.probe import probe  # noqa: E402
+from rolloutd.trainer_client.training.weight_sync import EngineLoader, WeightSync  # noqa: E402
 from tests.support.trainer_model import load_trainer_model  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

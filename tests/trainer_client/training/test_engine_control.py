@@ -24,7 +24,7 @@ from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.trainer_client.admin import AdminError, BackendAdmin
-from rolloutd.trainer_client.weight_sync import (
+from rolloutd.trainer_client.training.weight_sync import (
     GatewayEngineLoader,
     WeightSync,
     WeightSyncError,
@@ -75,8 +75,8 @@ async def test_a_gateway_without_a_local_engine_refuses_the_load(tmp_path: Path)
 async def test_the_gateway_reloads_the_local_engine_on_the_trainers_gguf(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("gguf")
-    from rolloutd.trainer_client.gguf_export import export_gguf
-    from rolloutd.trainer_client.probe import probe
+    from rolloutd.trainer_client.training.gguf_export import export_gguf
+    from rolloutd.trainer_client.training.probe import probe
     from tests.support.trainer_model import load_trainer_model
 
     trainer = load_trainer_model(MODEL)

@@ -2,7 +2,7 @@
 
 After a weight sync the engine and the trainer hold the same policy up to the export's rounding
 (none for F32, the default; F16 drops small updates:
-:func:`~rolloutd.trainer_client.gguf_export.export_gguf`). The probe asks the engine to
+:func:`~rolloutd.trainer_client.training.gguf_export.export_gguf`). The probe asks the engine to
 continue a fixed prompt greedily with the logprob of each token it picks, scores the same
 tokens with the trainer's model, and reports the differences. A stale engine (a sync that did
 not land) shows up as differences far above the rounding floor: one optimizer step moves

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rolloutd.trainer_client.exports import (
+from rolloutd.trainer_client.training.exports import (
     to_openai_messages_jsonl,
     to_parquet,
     to_slime_samples,

@@ -83,8 +83,8 @@ def export_gguf(
     than half an F16 ULP, so F16 rounds the update away and the engine lags the trainer in
     exactly the direction training moved it. Measured on SmolLM2-135M after 3 Adam steps
     (lr 1e-5) toward a reply to the probe prompt: engine vs trainer mean |Δlogprob| 0.038 nats
-    for F16, 0.0012 for F32 (``tests/trainer_client/test_gguf_precision.py``); in the closed
-    loop F16's mismatch grew from 0.0016 to 0.038 over 7 steps (docs/rl_loop.md). F16 halves
+    for F16, 0.0012 for F32 (``tests/trainer_client/training/test_gguf_precision.py``); in the
+    closed loop F16's mismatch grew from 0.0016 to 0.038 over 7 steps (docs/rl_loop.md). F16 halves
     the file and suits a step large enough to cross the grid or weights trained in F16.
 
     The file is written beside ``out`` and renamed into place, so an engine never loads a

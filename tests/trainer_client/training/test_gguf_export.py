@@ -12,7 +12,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from rolloutd.errors import ConfigError  # noqa: E402
-from rolloutd.trainer_client.gguf_export import export_gguf, permute_qk  # noqa: E402
+from rolloutd.trainer_client.training.gguf_export import export_gguf, permute_qk  # noqa: E402
 
 
 def test_permute_qk_undoes_transformers_reverse_permutation() -> None:

@@ -26,7 +26,7 @@ from rolloutd.errors import StackError
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.store import CompletionLog
 from rolloutd.trainer_client.admin import BackendAdmin
-from rolloutd.trainer_client.weight_sync import (
+from rolloutd.trainer_client.training.weight_sync import (
     EngineLoader,
     SglangLoader,
     VllmLoader,

@@ -3,16 +3,21 @@ GRPO; failure causes, including results written before causes existed."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from rolloutd.scoring import (
     failure_counts,
     failure_of,
     is_fleet_down,
     is_replaceable,
+    is_zero_variance,
     scored_rewards,
 )
 from rolloutd.trainer_client.training.grpo import dapo_filter, group_rewards
-from rolloutd.types import FailureCause, SessionResult, SessionStatus, TaskResult
-from rolloutd.workflows.buffer.workflow import is_zero_variance as buffer_drops
+from rolloutd.types import FailureCause, GroupRef, SessionResult, SessionStatus, TaskResult
+from rolloutd.workflows.buffer.workflow import _zero_variance
 from rolloutd.workflows.task import summarize
 
 BACKEND = FailureCause(kind="backend", message="502 BackendError", phase="run")
@@ -61,12 +66,46 @@ def test_only_scored_sessions_count_everywhere() -> None:
     assert (group.num_scored, group.incomplete, group.mean_reward) == (2, True, 0.5)
     assert group.num_failed_by_kind == {"backend": 1, "sandbox": 1, "timeout": 1}
     assert not buffer_drops(group) and dapo_filter([group]) == [group]
+    assert not is_zero_variance(group)
     # zero-filling the failures would have made this group [1, 0, 0]: informative; it is not
     solved_but_failed = summarize(
         "t", [session(0, 1.0), session(1, None, failure=BACKEND), session(2, 1.0)]
     )
     assert buffer_drops(solved_but_failed) and dapo_filter([solved_but_failed]) == []
     assert solved_but_failed.mean_reward == 1.0 and solved_but_failed.reward_std == 0.0
+
+
+def buffer_drops(group: TaskResult) -> bool:
+    """Whether the buffer workflow drops the group as zero-variance, given the reference the
+    task workflow signals it (rewards: the scored sessions')."""
+    return _zero_variance(GroupRef.of(group, "", scored_rewards(group)))
+
+
+def test_zero_variance_is_one_rule_for_rewards_and_groups() -> None:
+    assert is_zero_variance([]) and is_zero_variance([1.0]) and is_zero_variance([0.0, 0.0])
+    assert not is_zero_variance([0.0, 1.0, 1.0]) and not is_zero_variance([0.5, 0.5 + 1e-9])
+    with pytest.raises(ValueError, match="reward 0 is nan"):
+        is_zero_variance([math.nan, 1.0])
+
+
+def test_failure_counts_by_kind_with_or_without_the_sessions_that_ran_to_their_end() -> None:
+    sessions = [
+        session(0, 1.0),
+        session(1, None, status=SessionStatus.FAILED, failure=BACKEND),
+        session(2, 0.0, status=SessionStatus.TIMEOUT, failure=RUN_TIMEOUT),
+        session(3, None, status=SessionStatus.FAILED),  # a result from before causes existed
+        session(4, 0.0),
+    ]
+    assert failure_counts(sessions) == {"backend": 1, "sandbox": 1, "timeout": 1}
+    assert failure_counts(sessions, count_none=True) == {
+        "backend": 1,
+        "none": 2,
+        "sandbox": 1,
+        "timeout": 1,
+    }
+    assert list(failure_counts(sessions, count_none=True)) == sorted(
+        ["backend", "none", "sandbox", "timeout"]
+    )
 
 
 def test_failure_of_reads_legacy_statuses() -> None:

@@ -52,6 +52,7 @@ from rolloutd.polar import (
     to_task_request,
     unknown_polar_fields,
 )
+from rolloutd.scoring import failure_counts
 from rolloutd.security.exposure import require_token_off_loopback
 from rolloutd.security.tenants import OPERATOR, Caller, TenantTokens, resolve_caller
 from rolloutd.settings import RestSettings, default_home, find_admin_token
@@ -123,15 +124,6 @@ def _callback_summary(progress: TaskProgress) -> dict[str, Any] | None:
         "attempts": sum(c.attempts for c in progress.callbacks),
         "error": errors[0] if errors else None,
     }
-
-
-def _failure_counts(sessions: list[SessionResult]) -> dict[str, int]:
-    """Ended sessions by failure kind (``none``: ran to its end)."""
-    counts: dict[str, int] = {}
-    for session in sessions:
-        kind = session.failure.kind if session.failure is not None else "none"
-        counts[kind] = counts.get(kind, 0) + 1
-    return counts
 
 
 def _session_body(
@@ -407,7 +399,7 @@ def _task_routes(
             results=results,
             error=progress.error,
             callback=_callback_summary(progress),
-            failures=_failure_counts(progress.sessions),
+            failures=failure_counts(progress.sessions, count_none=True),
         )
 
     @app.post("/rollout/task/submit", response_model=SubmitResponse)

@@ -1,23 +1,28 @@
-"""Which sessions of a group carry a reward the policy earned: one rule for every reader.
+"""Which sessions of a group carry a reward the policy earned, and the pure rules read from that
+answer: one definition each, for every reader.
 
 A reward measures the policy, never the infrastructure (docs/decisions.md, "Failure causes
-and rewards"). The task's
-group stats (:func:`rolloutd.workflows.task.summarize`), the buffer's DAPO filter and
-:mod:`rolloutd.trainer_client.training.grpo` all ask "which rewards of this group count?"; they
-ask it here, so the answer cannot drift apart (before, the buffer zero-filled missing rewards while
-the other two skipped them).
+and rewards"). The task's group stats (:func:`rolloutd.workflows.task.summarize`), the
+buffer's DAPO filter and :mod:`rolloutd.trainer_client.training.grpo` all ask "which rewards of
+this group count?"; they ask it here, so the answer cannot drift apart (before, the buffer
+zero-filled missing rewards while the other two skipped them).
 
 The rule: a session is **scored** when it has a reward and either ran to its end
 (``failure is None``) or timed out in the run phase while the policy was accountable (the only
 failure the policy owns; the session workflow gives such a session a reward only then).
+
+On it rest :func:`is_zero_variance` (DAPO's filter: the buffer workflow, the trainer's GRPO
+helpers) and :func:`failure_counts` (sessions by failure kind: the task's summary, ``rolloutd
+status``, ``rolloutd submit``, REST's task status).
 
 Deterministic and I/O-free: workflow code imports it.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from rolloutd.types import FailureCause, SessionResult, SessionStatus, TaskResult, Trajectory
 
@@ -29,6 +34,7 @@ __all__ = [
     "is_policy_timeout",
     "is_replaceable",
     "is_scored",
+    "is_zero_variance",
     "scored_rewards",
     "scored_sessions",
 ]
@@ -137,8 +143,61 @@ def is_replaceable(result: SessionResult) -> bool:
     )
 
 
-def failure_counts(sessions: Iterable[SessionResult]) -> dict[str, int]:
-    """How many sessions ended with each failure kind (kinds with none are left out);
-    policy-accountable run timeouts count under ``timeout`` too."""
-    counts = Counter(f.kind for f in map(failure_of, sessions) if f is not None)
+def failure_counts(
+    sessions: Iterable[SessionResult], *, count_none: bool = False
+) -> dict[str, int]:
+    """How many sessions ended with each failure kind (:func:`failure_of`, so results written
+    before causes existed count too), in kind order; policy-accountable run timeouts count
+    under ``timeout``.
+
+    Args:
+        sessions: the sessions counted (one group's, or every group's of a run).
+        count_none: also count the sessions that ran to their end, under ``none`` (what
+            ``rolloutd submit`` prints and REST's task status shows); else kinds with no
+            session are left out (the task's and buffer's ``num_failed_by_kind``).
+
+    Returns:
+        kind -> number of sessions, sorted by kind.
+    """
+    causes = [failure_of(s) for s in sessions]
+    counts = Counter(f.kind if f is not None else "none" for f in causes)
+    if not count_none:
+        counts.pop("none", None)
     return dict(sorted(counts.items()))
+
+
+def is_zero_variance(rewards: TaskResult | Sequence[float]) -> bool:
+    """Whether a group's rewards carry no relative signal: all equal, or fewer than two.
+
+    Such a group gets all-zero GRPO advantages (DeepSeekMath, arXiv 2402.03300, section
+    4.1.2), so it adds no policy gradient; DAPO's dynamic sampling (arXiv 2503.14476, section
+    3.2: keep a group only when ``0 < |{correct}| < G``) drops it. The buffer's filter
+    (:class:`rolloutd.workflows.buffer.workflow.RolloutBufferWorkflow`), the trainer's
+    :func:`rolloutd.trainer_client.training.grpo.dapo_filter` and
+    :func:`~rolloutd.trainer_client.training.grpo.group_advantages` all ask it here.
+
+    Equality is exact (``max == min``): rewards are usually discrete (0/1 accuracy), and any
+    difference, however small, is a real ranking that GRPO turns into a bounded advantage.
+
+    A group of one is zero-variance here. verl's DAPO filter (``recipe/dapo``, ``std > 0 or
+    len == 1``) keeps singletons and verl's GRPO gives them their raw score as advantage;
+    rolloutd treats a singleton as having no baseline, hence no signal.
+
+    Args:
+        rewards: a task's group (its scored sessions' rewards, :func:`scored_rewards`: a
+            session without a scored reward is left out, never counted as 0.0), or the
+            rewards themselves, list[float] of length G.
+
+    Returns:
+        True when ``G < 2`` or every reward is equal.
+
+    Raises:
+        ValueError: a reward is NaN or infinite.
+    """
+    values = (
+        scored_rewards(rewards) if isinstance(rewards, TaskResult) else [float(r) for r in rewards]
+    )
+    for position, value in enumerate(values):
+        if not math.isfinite(value):
+            raise ValueError(f"reward {position} is {value}; rewards must be finite")
+    return len(values) < 2 or max(values) == min(values)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rolloutd.scoring import failure_counts
 from rolloutd.types import SessionStatus
 
 
@@ -52,17 +53,6 @@ def made_good(session: Any, group: Any) -> bool:
         and not infrastructure_failure(other)
         for other in group.sessions
     )
-
-
-def failure_counts(results: list[Any]) -> dict[str, int]:
-    """Sessions by failure kind over every task (``none``: ran to its end), in the order
-    first seen."""
-    counts: dict[str, int] = {}
-    for group in results:
-        for s in group.sessions:
-            kind = s.failure.kind if s.failure is not None else "none"
-            counts[kind] = counts.get(kind, 0) + 1
-    return counts
 
 
 def what_went_wrong(results: list[Any]) -> tuple[list[str], list[str]]:
@@ -171,7 +161,12 @@ def print_report(results: list[Any], wall_s: float) -> None:
     console.print(table)
     print(
         "failures by kind: "
-        + ", ".join(f"{kind} {n}" for kind, n in failure_counts(results).items())
+        + ", ".join(
+            f"{kind} {n}"
+            for kind, n in failure_counts(
+                (s for group in results for s in group.sessions), count_none=True
+            ).items()
+        )
     )
     for group in results:
         mean = "-" if group.mean_reward is None else f"{group.mean_reward:.2f}"

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from rolloutd.cli.report import exit_code, failure_cell, failure_counts, what_went_wrong
+from rolloutd.cli.report import exit_code, failure_cell, what_went_wrong
+from rolloutd.scoring import failure_counts
 from rolloutd.types import FailureCause, SessionResult, SessionStatus, TaskResult
 from rolloutd.workflows.session.failures import SessionFacts, classify, scoring
 
@@ -251,4 +252,8 @@ def test_submit_fails_on_an_infrastructure_cause_no_replacement_made_good() -> N
         "-",
         "timeout/run (policy)",
     ]
-    assert failure_counts(replaced) == {"backend": 1, "none": 1, "timeout": 1}
+    assert failure_counts(replaced[0].sessions, count_none=True) == {
+        "backend": 1,
+        "none": 1,
+        "timeout": 1,
+    }

@@ -1,5 +1,7 @@
 """GRPO and DAPO helpers for the trainer side: group advantages, zero-variance filtering and
-per-session trace weights.
+per-session trace weights. The zero-variance rule itself is
+:func:`rolloutd.scoring.is_zero_variance` (the buffer workflow drops by it too), re-exported
+here.
 
 All functions are pure and work on plain Python floats, so a trainer can use them before it
 builds tensors (for example to drop a group before :func:`~rolloutd.trainer_client.training.exports.
@@ -23,53 +25,18 @@ import math
 from collections.abc import Sequence
 from typing import TypeVar, overload
 
-from rolloutd.scoring import scored_rewards
+from rolloutd.scoring import is_zero_variance, scored_rewards
 from rolloutd.types import TaskResult, Trace
 
 __all__ = [
     "dapo_filter",
     "group_advantages",
     "group_rewards",
-    "is_zero_variance",
+    "is_zero_variance",  # the rule itself is rolloutd.scoring's
     "trace_weights",
 ]
 
 _Group = TypeVar("_Group", TaskResult, list[float])
-
-
-def _checked(rewards: Sequence[float]) -> list[float]:
-    values = [float(r) for r in rewards]
-    for position, value in enumerate(values):
-        if not math.isfinite(value):
-            raise ValueError(f"reward {position} is {value}; rewards must be finite")
-    return values
-
-
-def is_zero_variance(rewards: Sequence[float]) -> bool:
-    """Whether a group's rewards carry no relative signal: all equal, or fewer than two.
-
-    Such a group gets all-zero GRPO advantages (DeepSeekMath, arXiv 2402.03300), so it adds no
-    policy gradient; DAPO's dynamic sampling (arXiv 2503.14476, section 3.2) drops it.
-
-    Equality is exact (``max == min``): rewards are usually discrete (0/1 accuracy), and any
-    difference, however small, is a real ranking that :func:`group_advantages` turns into a
-    bounded advantage (``eps`` keeps it finite).
-
-    A group of one is zero-variance here. verl's DAPO filter (``recipe/dapo``, ``std > 0 or
-    len == 1``) keeps singletons and verl's GRPO gives them their raw score as advantage; rolloutd
-    treats a singleton as having no baseline, hence no signal.
-
-    Args:
-        rewards: list[float], length G (the group size): one outcome reward per session.
-
-    Returns:
-        True when ``G < 2`` or every reward is equal.
-
-    Raises:
-        ValueError: a reward is NaN or infinite.
-    """
-    values = _checked(rewards)
-    return len(values) < 2 or max(values) == min(values)
 
 
 def group_advantages(
@@ -103,7 +70,7 @@ def group_advantages(
     """
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
-    values = _checked(rewards)
+    values = [float(r) for r in rewards]
     if is_zero_variance(values):
         return [0.0] * len(values)
     num = len(values)

@@ -85,7 +85,7 @@ class BufferConfig(Payload):
         default=True,
         description="drop groups whose rewards are all equal (DAPO, arXiv 2503.14476, section "
         "3.2) over their scored sessions; see "
-        ":func:`rolloutd.trainer_client.training.grpo.is_zero_variance`",
+        ":func:`rolloutd.scoring.is_zero_variance`",
     )
     incomplete_groups: Literal["hand_out", "drop"] = Field(
         default="hand_out",

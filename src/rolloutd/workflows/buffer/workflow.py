@@ -15,7 +15,7 @@ nothing:
   and its continue-as-new input) holds references only, and ``take`` on the client reads the
   whole groups from the store; the group is stamped with the buffer's policy version at the
   task's start; zero-variance groups (DAPO, over the scored sessions
-  only: :func:`rolloutd.scoring.scored_rewards`), groups more than ``max_staleness`` versions
+  only: :func:`rolloutd.scoring.is_zero_variance`), groups more than ``max_staleness`` versions
   old, and incomplete groups when ``incomplete_groups="drop"`` are dropped; failures are
   counted by kind;
 - ``take_batch`` (an Update) returns ``num_groups`` groups as soon as they are ready, under a
@@ -49,8 +49,8 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
     from rolloutd.activities.models import ReadTaskChunkInput, ReadTaskChunkOutput
-    from rolloutd.scoring import scored_rewards
-    from rolloutd.types import GroupRef, TaskRequest, TaskResult
+    from rolloutd.scoring import is_zero_variance
+    from rolloutd.types import GroupRef, TaskRequest
     from rolloutd.workflows import metadata, search
     from rolloutd.workflows.buffer import capacity as buffer_capacity
     from rolloutd.workflows.buffer.models import (
@@ -101,16 +101,15 @@ def _json_bytes(task: TaskRequest) -> int:
     return len(task.model_dump_json())
 
 
-def is_zero_variance(group: TaskResult | GroupRef) -> bool:
-    """The scored sessions' rewards are all equal, or fewer than two: no GRPO signal (DAPO,
-    arXiv 2503.14476, 3.2). A session without a scored reward (an infrastructure failure) is
-    left out, never counted as 0.0.
-
-    Same rule as :func:`rolloutd.trainer_client.training.grpo.is_zero_variance` (not imported
-    here: the trainer client pulls in I/O libraries a workflow module must not import).
-    """
-    rewards = group.rewards if isinstance(group, GroupRef) else scored_rewards(group)
-    return len(rewards) < 2 or max(rewards) == min(rewards)
+def _zero_variance(group: GroupRef) -> bool:
+    """:func:`rolloutd.scoring.is_zero_variance` of the group's scored rewards; a non-finite
+    reward keeps the group (handed out: the trainer's GRPO refuses it, naming the reward),
+    where the rule's ``ValueError`` would fail this workflow's task again and again."""
+    try:
+        return is_zero_variance(group.rewards)
+    except ValueError:
+        workflow.logger.warning("group %s has a non-finite reward: kept", group.task_id)
+        return False
 
 
 @workflow.defn
@@ -423,7 +422,7 @@ class RolloutBufferWorkflow:
         elif group.incomplete and self._config.incomplete_groups == "drop":
             self._drop(group.task_id, "incomplete", running.policy_version)
             self._s.num_dropped_incomplete += 1
-        elif self._config.drop_zero_variance and is_zero_variance(group):
+        elif self._config.drop_zero_variance and _zero_variance(group):
             self._drop(group.task_id, "zero_variance", running.policy_version)
             self._s.num_dropped_zero_variance += 1
         else:

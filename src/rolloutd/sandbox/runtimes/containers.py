@@ -31,6 +31,7 @@ starter's own process).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import os
 import shutil
@@ -78,13 +79,13 @@ class ContainerRuntime(Runtime):
         self.relay: GatewayRelay | None = None
 
     # -- to implement ---------------------------------------------------------------------
+    @abc.abstractmethod
     def start_argv(self) -> list[str]:
         """The command line that starts the runtime's container."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def stop_argv(self) -> list[str]:
         """The command line that removes the runtime's container."""
-        raise NotImplementedError
 
     def _base_env(self) -> dict[str, str]:
         return {

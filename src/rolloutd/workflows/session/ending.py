@@ -1,20 +1,19 @@
-"""How a session ends, in one place: what an attempt ended with, the decision of its
-failure cause and scoring, and the steps after the last attempt (docs/sessions.md,
-docs/failures.md).
+"""How a session ends: what an attempt ended with, the decision of its failure cause and
+scoring, and the activity steps after the last attempt (docs/sessions.md, docs/failures.md).
 
 - :class:`AttemptOutcome`: what one attempt recorded (:func:`host_lost`, :func:`note_error`
   read the activities' errors into it);
-- :meth:`SessionEnding._finish`, steps 5-9 after the last attempt: the check in the fresh
-  evaluation runtime (:meth:`~SessionEnding._evaluate_in_fresh_runtime`), seal the gateway
-  session (:meth:`~SessionEnding._close`), decide the failure cause and how the session is
-  scored (:meth:`~SessionEnding._verdict`, by the rules of
-  :func:`rolloutd.workflows.session.failures.classify`), build the trajectory, evaluate, and
-  the :class:`~rolloutd.types.SessionResult`;
-- :meth:`SessionEnding._teardown`: the runtime's teardown, which always runs (beside close and
-  build).
+- :func:`decide`: the failure cause and how the session is scored (:class:`EndDecision`, by
+  the rules of :func:`rolloutd.workflows.session.failures.classify`), once the gateway session
+  is sealed;
+- the steps, each one activity (or two) with explicit inputs and its output:
+  :func:`teardown` (the runtime's, which always runs, beside close and build), :func:`close`
+  (seal the gateway session), :func:`build` (the trajectory), :func:`evaluate` (the reward),
+  :func:`evaluate_in_fresh_runtime` (the check in the prewarmed evaluation runtime), and
+  :func:`report` (search attributes and metrics).
 
-Workflow code: deterministic, no I/O. :class:`SessionEnding` is a base of
-:class:`~rolloutd.workflows.session.workflow.RolloutSessionWorkflow`, sharing its state.
+:meth:`rolloutd.workflows.session.workflow.RolloutSessionWorkflow._finish` runs them in order.
+Workflow code: deterministic, no I/O.
 """
 
 from __future__ import annotations
@@ -47,9 +46,6 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd.observability import names
     from rolloutd.types import (
         FailureCause,
-        PhaseTiming,
-        SessionAttempt,
-        SessionResult,
         SessionStatus,
         TaskRequest,
     )
@@ -168,7 +164,7 @@ def note_error(out: AttemptOutcome, e: ActivityError) -> None:
 
 
 @dataclasses.dataclass
-class Verdict:
+class EndDecision:
     """How a session ended, once its gateway session is sealed: its status and error, its
     failure cause, and how it is scored (:func:`rolloutd.workflows.session.failures.scoring`:
     ``evaluate``, ``force`` a reward, or ``skip``)."""
@@ -182,13 +178,13 @@ class Verdict:
     forced_reason: str | None = None
 
 
-def verdict(
+def decide(
     task: TaskRequest,
     outcome: AttemptOutcome,
     closed: CloseSessionOutput,
     error: str | None,
     eval_error: str | None,
-) -> Verdict:
+) -> EndDecision:
     """Decide the failure cause (:func:`~rolloutd.workflows.session.failures.classify`) and
     the scoring of a session from its last attempt and the sealed gateway session.
 
@@ -216,353 +212,296 @@ def verdict(
     if failure is not None and failure.kind not in ("timeout", "cancelled"):
         status = SessionStatus.FAILED
         error = error or failure.message
-    return Verdict(
+    return EndDecision(
         status=status, error=error, failure=failure, how=how, forced=forced, forced_reason=reason
     )
 
 
-class SessionEnding:
-    """The end of a session (see the module docstring); a base of the workflow class,
-    sharing its state."""
+async def build(
+    input: SessionInput,
+    session_id: str,
+    decided: EndDecision,
+    timed: Timed,
+    *,
+    priority: Priority | None,
+) -> BuildTrajectoryOutput:
+    """Step 7: the gateway builds and stores the session's trajectory.
 
-    _priority: Priority | None
-    _phase: str
-    _num_completions: int
-    _prewarm: asyncio.Task[ProvisionRuntimeOutput] | None
+    Args:
+        input: the session's input.
+        session_id: the last attempt's session id (its completion log).
+        decided: the session's status and failure cause.
+        timed: the session's phase timer.
+        priority: the session's task priority.
+    """
+    task = input.task
+    return await timed(
+        "build",
+        workflow.execute_activity(
+            "build_trajectory",
+            BuildTrajectoryInput(
+                session_id=session_id,
+                task_id=task.task_id,
+                sample_index=input.sample_index,
+                status=decided.status,
+                builder=task.builder,
+                failure=decided.failure,
+            ),
+            task_queue=task_queues.GATEWAY,
+            start_to_close_timeout=seconds(task.phases.build_s),
+            retry_policy=INFRA_RETRY,
+            priority=priority,
+            result_type=BuildTrajectoryOutput,
+        ),
+    )
 
-    def _show(self, **final: Any) -> None:
-        raise NotImplementedError  # the workflow's
 
-    async def _finish(
-        self,
-        input: SessionInput,
-        outcome: AttemptOutcome,
-        opened: OpenSessionOutput,
-        session_id: str,
-        attempt: int,
-        given_up: list[SessionAttempt],
-        timings: list[PhaseTiming],
-        timed: Timed,
-    ) -> SessionResult:
-        """Steps 5-9 after the last attempt: evaluation runtime, close, build, evaluate.
+async def evaluate(
+    input: SessionInput,
+    session_id: str,
+    outcome: AttemptOutcome,
+    built: BuildTrajectoryOutput,
+    decided: EndDecision,
+    timed: Timed,
+    *,
+    priority: Priority | None,
+    num_completions: int,
+) -> EvaluateOutput:
+    """Step 8: the evaluator's reward (or the forced one). An evaluator that fails makes
+    the session ``failed`` with an ``evaluator`` cause (``decided`` is updated).
 
-        The session's failure cause is decided from what was recorded (:func:`verdict`); only
-        a session the policy is accountable for is scored (docs/failures.md).
-        """
-        task = input.task
-        error = outcome.error
-        if outcome.host_lost:
-            error = f"{error} (attempt {attempt} of {task.max_session_attempts}: giving up)"
-            outcome.error = error
-        eval_error: str | None = None
-        if self._prewarm is not None:
-            if outcome.no_sandbox_worker and not self._prewarm.done():
-                self._prewarm.cancel()  # it waits in the same dead queue
-            eval_error = await self._evaluate_in_fresh_runtime(
-                input,
-                self._prewarm,
-                outcome.artifacts,
-                run_check=not outcome.cancelled
-                and outcome.status in (SessionStatus.COMPLETED, SessionStatus.TIMEOUT),
-                timed=timed,
-            )
-            if eval_error and error is None:
-                error = eval_error
+    Args:
+        input: the session's input.
+        session_id: the last attempt's session id.
+        outcome: the last attempt (harness exit, artifacts).
+        built: the stored trajectory.
+        decided: the session's decision; updated when the evaluator fails.
+        timed: the session's phase timer.
+        priority: the session's task priority.
+        num_completions: completions the sealed gateway session recorded.
 
-        closed = await self._close(opened, session_id, timed, run_deadline_at=outcome.timed_out_at)
-        self._num_completions = closed.num_completions
-        decided = verdict(task, outcome, closed, error, eval_error)
-        built = await self._build(input, session_id, decided, timed)
-        evaluated = EvaluateOutput()
-        if decided.how != "skip":
-            evaluated = await self._evaluate(input, session_id, outcome, built, decided, timed)
-        reward, trace_rewards = evaluated.reward, evaluated.trace_rewards
-
-        await outcome.torn_down()
-        self._phase = "done"
-        self._report(task, decided, reward, built)
-        if outcome.cancelled:
-            workflow.logger.info("session cancelled after cleanup: %s", input.session_id)
-        return SessionResult(
-            session_id=session_id,
-            task_id=task.task_id,
-            sample_index=input.sample_index,
-            status=decided.status,
-            reward=reward,
-            trace_rewards=trace_rewards,
-            error=decided.error,
-            num_completions=self._num_completions,
-            num_call_errors=closed.num_errors,
-            num_unrecovered_call_errors=closed.num_unrecovered_errors,
-            last_call_error=closed.last_error,
-            num_traces=built.num_traces,
-            num_trainable_tokens=built.stats.num_trainable_tokens,
-            trajectory_ref=built.trajectory_ref,
-            harness_exit_code=outcome.harness_exit,
-            phases=timings,
-            stats=built.stats,
-            attempts=given_up,
-            failure=decided.failure,
-            replay=closed.replay,
-            evaluation=evaluated.evaluation,
-        )
-
-    async def _build(
-        self, input: SessionInput, session_id: str, decided: Verdict, timed: Timed
-    ) -> BuildTrajectoryOutput:
-        """Step 7: the gateway builds and stores the session's trajectory."""
-        task = input.task
-        return await timed(
-            "build",
+    Returns:
+        The reward, the per-trace rewards (None when the evaluator gave none) and the
+        evaluation record; no reward when the evaluator failed.
+    """
+    task = input.task
+    try:
+        evaluated: EvaluateOutput = await timed(
+            "evaluate",
             workflow.execute_activity(
-                "build_trajectory",
-                BuildTrajectoryInput(
+                "evaluate",
+                EvaluateInput(
                     session_id=session_id,
                     task_id=task.task_id,
-                    sample_index=input.sample_index,
+                    evaluator=task.evaluator,
                     status=decided.status,
-                    builder=task.builder,
-                    failure=decided.failure,
+                    harness_exit_code=outcome.harness_exit,
+                    num_completions=num_completions,
+                    trajectory_ref=built.trajectory_ref,
+                    artifacts=outcome.artifacts,
+                    forced_reward=decided.forced,
+                    forced_reason=decided.forced_reason,
                 ),
-                task_queue=task_queues.GATEWAY,
-                start_to_close_timeout=seconds(task.phases.build_s),
+                task_queue=task_queues.EVAL,
+                start_to_close_timeout=seconds(task.phases.evaluate_s),
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=INFRA_RETRY,
-                priority=self._priority,
-                result_type=BuildTrajectoryOutput,
+                priority=priority,
+                result_type=EvaluateOutput,
+            ),
+        )
+    except ActivityError as e:
+        if isinstance(e.cause, TemporalCancelledError):
+            raise
+        evaluated = EvaluateOutput(error=f"evaluation failed: {cause_text(e)}")
+    if evaluated.error is not None:
+        decided.failure = FailureCause(
+            kind="evaluator", phase="evaluate", message=evaluated.error[:500], retryable=False
+        )
+        decided.status = SessionStatus.FAILED
+        decided.error = decided.error or evaluated.error
+        return EvaluateOutput(error=evaluated.error, evaluation=evaluated.evaluation)
+    return evaluated
+
+
+def report(
+    task: TaskRequest,
+    decided: EndDecision,
+    reward: float | None,
+    built: BuildTrajectoryOutput,
+) -> None:
+    """Step 9's reports: search attributes and the metrics (the workflow shows the UI's current
+    details itself)."""
+    failure_kind = decided.failure.kind if decided.failure is not None else None
+    versions = built.stats.policy_versions
+    search.upsert(
+        status=decided.status.value,
+        reward=reward,
+        policy_version=max(versions) if versions else None,
+        failure=failure_kind,
+    )
+    if failure_kind is not None:
+        workflow.metric_meter().create_counter(
+            SESSION_FAILURES_METRIC, "sessions that ended with a failure cause, by kind"
+        ).add(1, {"kind": failure_kind})
+    workflow.metric_meter().create_counter(
+        names.SESSIONS_ENDED, "sessions ended, by status and harness"
+    ).add(1, {"status": decided.status.value, "harness": task.harness.type})
+
+
+async def teardown(
+    runtime: ProvisionRuntimeOutput,
+    timed: Timed,
+    *,
+    priority: Priority | None,
+    host_lost: bool,
+    teardown_s: float,
+    current: bool = True,
+) -> None:
+    """Tear a runtime down on its host; a host that does not answer in time is left to
+    reclaim the runtime when it starts again (rolloutd.sandbox.reclaim)."""
+    try:
+        await timed(
+            "teardown",
+            workflow.execute_activity(
+                "teardown_runtime",
+                TeardownRuntimeInput(runtime_id=runtime.runtime_id),
+                task_queue=runtime.host_queue,
+                start_to_close_timeout=seconds(teardown_s),
+                schedule_to_close_timeout=(
+                    LOST_HOST_TEARDOWN if host_lost else seconds(3 * teardown_s)
+                ),
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=INFRA_RETRY,
+                priority=priority,
+            ),
+            current=current,
+        )
+    except ActivityError as e:
+        workflow.logger.warning(
+            "teardown of %s on %s abandoned (reclaimed when the host restarts): %s",
+            runtime.runtime_id,
+            runtime.host_id,
+            cause_text(e),
+        )
+
+
+async def close(
+    opened: OpenSessionOutput,
+    session_id: str,
+    timed: Timed,
+    *,
+    priority: Priority | None,
+    run_deadline_at: float | None = None,
+) -> CloseSessionOutput:
+    """Seal a gateway session on the gateway host serving it; when that host does not
+    answer in time, any gateway seals it from the durable state in the store.
+
+    Args:
+        run_deadline_at: Unix time the run budget ran out: the output says whether a
+            call was waiting on the backend then.
+    """
+    close_input = CloseSessionInput(session_id=session_id, run_deadline_at=run_deadline_at)
+    try:
+        return await timed(
+            "close",
+            workflow.execute_activity(
+                "close_session",
+                close_input,
+                task_queue=opened.host_queue,
+                start_to_close_timeout=CLOSE_TIMEOUT,
+                schedule_to_close_timeout=PINNED_CLOSE,
+                retry_policy=INFRA_RETRY,
+                priority=priority,
+                result_type=CloseSessionOutput,
+            ),
+        )
+    except ActivityError as e:
+        workflow.logger.warning(
+            "gateway host %s did not close %s (%s): closing on any gateway",
+            opened.host_queue,
+            session_id,
+            cause_text(e),
+        )
+        return await timed(
+            "close",
+            workflow.execute_activity(
+                "close_session",
+                close_input,
+                task_queue=task_queues.GATEWAY,
+                start_to_close_timeout=CLOSE_TIMEOUT,
+                retry_policy=INFRA_RETRY,
+                priority=priority,
+                result_type=CloseSessionOutput,
             ),
         )
 
-    async def _evaluate(
-        self,
-        input: SessionInput,
-        session_id: str,
-        outcome: AttemptOutcome,
-        built: BuildTrajectoryOutput,
-        decided: Verdict,
-        timed: Timed,
-    ) -> EvaluateOutput:
-        """Step 8: the evaluator's reward (or the forced one). An evaluator that fails makes
-        the session ``failed`` with an ``evaluator`` cause (``decided`` is updated).
 
-        Returns:
-            The reward, the per-trace rewards (None when the evaluator gave none) and the
-            evaluation record; no reward when the evaluator failed.
-        """
-        task = input.task
-        try:
-            evaluated: EvaluateOutput = await timed(
-                "evaluate",
+async def evaluate_in_fresh_runtime(
+    input: SessionInput,
+    prewarm: asyncio.Task[ProvisionRuntimeOutput],
+    artifacts: dict[str, str],
+    *,
+    run_check: bool,
+    timed: Timed,
+    priority: Priority | None,
+) -> str | None:
+    """Apply the session's patch in the prewarmed runtime, run the check, tear it down.
+
+    ``artifacts`` (name -> blob key) gains the ``check`` and ``patch_apply`` keys.
+
+    Returns:
+        An error message when the evaluation runtime failed, else None.
+    """
+    task, phases = input.task, input.task.phases
+    eval_runtime: ProvisionRuntimeOutput | None = None
+    error: str | None = None
+    try:
+        # shielded: a cancellation must not abandon a runtime that is being provisioned
+        eval_runtime = await asyncio.shield(prewarm)
+        if run_check:
+            checked: CollectArtifactsOutput = await timed(
+                "eval_check",
                 workflow.execute_activity(
-                    "evaluate",
-                    EvaluateInput(
-                        session_id=session_id,
-                        task_id=task.task_id,
+                    "collect_artifacts",
+                    CollectArtifactsInput(
+                        runtime_id=eval_runtime.runtime_id,
+                        session_id=input.session_id,
                         evaluator=task.evaluator,
-                        status=decided.status,
-                        harness_exit_code=outcome.harness_exit,
-                        num_completions=self._num_completions,
-                        trajectory_ref=built.trajectory_ref,
-                        artifacts=outcome.artifacts,
-                        forced_reward=decided.forced,
-                        forced_reason=decided.forced_reason,
+                        collect_outputs=False,
+                        run_check=True,
+                        apply_patch_ref=artifacts.get("patch"),
                     ),
-                    task_queue=task_queues.EVAL,
-                    start_to_close_timeout=seconds(task.phases.evaluate_s),
+                    task_queue=eval_runtime.host_queue,
+                    start_to_close_timeout=seconds(phases.collect_s + task.evaluator.timeout_s),
                     heartbeat_timeout=HEARTBEAT,
-                    retry_policy=INFRA_RETRY,
-                    priority=self._priority,
-                    result_type=EvaluateOutput,
+                    retry_policy=NO_RETRY,
+                    priority=priority,
+                    result_type=CollectArtifactsOutput,
                 ),
             )
-        except ActivityError as e:
-            if isinstance(e.cause, TemporalCancelledError):
-                raise
-            evaluated = EvaluateOutput(error=f"evaluation failed: {cause_text(e)}")
-        if evaluated.error is not None:
-            decided.failure = FailureCause(
-                kind="evaluator", phase="evaluate", message=evaluated.error[:500], retryable=False
-            )
-            decided.status = SessionStatus.FAILED
-            decided.error = decided.error or evaluated.error
-            return EvaluateOutput(error=evaluated.error, evaluation=evaluated.evaluation)
-        return evaluated
-
-    def _report(
-        self,
-        task: TaskRequest,
-        decided: Verdict,
-        reward: float | None,
-        built: BuildTrajectoryOutput,
-    ) -> None:
-        """Step 9's reports: search attributes, the UI's current details, the metrics."""
-        failure_kind = decided.failure.kind if decided.failure is not None else None
-        versions = built.stats.policy_versions
-        search.upsert(
-            status=decided.status.value,
-            reward=reward,
-            policy_version=max(versions) if versions else None,
-            failure=failure_kind,
-        )
-        self._show(status=decided.status.value, reward=reward, failure=failure_kind)
-        if failure_kind is not None:
-            workflow.metric_meter().create_counter(
-                SESSION_FAILURES_METRIC, "sessions that ended with a failure cause, by kind"
-            ).add(1, {"kind": failure_kind})
-        workflow.metric_meter().create_counter(
-            names.SESSIONS_ENDED, "sessions ended, by status and harness"
-        ).add(1, {"status": decided.status.value, "harness": task.harness.type})
-
-    async def _teardown(
-        self,
-        runtime: ProvisionRuntimeOutput,
-        timed: Timed,
-        *,
-        host_lost: bool,
-        teardown_s: float,
-        current: bool = True,
-    ) -> None:
-        """Tear a runtime down on its host; a host that does not answer in time is left to
-        reclaim the runtime when it starts again (rolloutd.sandbox.reclaim)."""
-        try:
+            artifacts.update({k: v for k, v in checked.artifacts.items() if k != "harness"})
+    except ActivityError as e:
+        error = f"evaluation runtime failed: {cause_text(e)}"
+    except asyncio.CancelledError:
+        error = "cancelled"
+    finally:
+        if eval_runtime is None and not prewarm.done():
+            try:
+                eval_runtime = await prewarm
+            except ActivityError:
+                eval_runtime = None
+        if eval_runtime is not None:
             await timed(
-                "teardown",
+                "eval_teardown",
                 workflow.execute_activity(
                     "teardown_runtime",
-                    TeardownRuntimeInput(runtime_id=runtime.runtime_id),
-                    task_queue=runtime.host_queue,
-                    start_to_close_timeout=seconds(teardown_s),
-                    schedule_to_close_timeout=(
-                        LOST_HOST_TEARDOWN if host_lost else seconds(3 * teardown_s)
-                    ),
+                    TeardownRuntimeInput(runtime_id=eval_runtime.runtime_id),
+                    task_queue=eval_runtime.host_queue,
+                    start_to_close_timeout=seconds(phases.teardown_s),
                     heartbeat_timeout=HEARTBEAT,
                     retry_policy=INFRA_RETRY,
-                    priority=self._priority,
-                ),
-                current=current,
-            )
-        except ActivityError as e:
-            workflow.logger.warning(
-                "teardown of %s on %s abandoned (reclaimed when the host restarts): %s",
-                runtime.runtime_id,
-                runtime.host_id,
-                cause_text(e),
-            )
-
-    async def _close(
-        self,
-        opened: OpenSessionOutput,
-        session_id: str,
-        timed: Timed,
-        *,
-        run_deadline_at: float | None = None,
-    ) -> CloseSessionOutput:
-        """Seal a gateway session on the gateway host serving it; when that host does not
-        answer in time, any gateway seals it from the durable state in the store.
-
-        Args:
-            run_deadline_at: Unix time the run budget ran out: the output says whether a
-                call was waiting on the backend then.
-        """
-        close_input = CloseSessionInput(session_id=session_id, run_deadline_at=run_deadline_at)
-        try:
-            return await timed(
-                "close",
-                workflow.execute_activity(
-                    "close_session",
-                    close_input,
-                    task_queue=opened.host_queue,
-                    start_to_close_timeout=CLOSE_TIMEOUT,
-                    schedule_to_close_timeout=PINNED_CLOSE,
-                    retry_policy=INFRA_RETRY,
-                    priority=self._priority,
-                    result_type=CloseSessionOutput,
+                    priority=priority,
                 ),
             )
-        except ActivityError as e:
-            workflow.logger.warning(
-                "gateway host %s did not close %s (%s): closing on any gateway",
-                opened.host_queue,
-                session_id,
-                cause_text(e),
-            )
-            return await timed(
-                "close",
-                workflow.execute_activity(
-                    "close_session",
-                    close_input,
-                    task_queue=task_queues.GATEWAY,
-                    start_to_close_timeout=CLOSE_TIMEOUT,
-                    retry_policy=INFRA_RETRY,
-                    priority=self._priority,
-                    result_type=CloseSessionOutput,
-                ),
-            )
-
-    async def _evaluate_in_fresh_runtime(
-        self,
-        input: SessionInput,
-        prewarm: asyncio.Task[ProvisionRuntimeOutput],
-        artifacts: dict[str, str],
-        *,
-        run_check: bool,
-        timed: Timed,
-    ) -> str | None:
-        """Apply the session's patch in the prewarmed runtime, run the check, tear it down.
-
-        ``artifacts`` (name -> blob key) gains the ``check`` and ``patch_apply`` keys.
-
-        Returns:
-            An error message when the evaluation runtime failed, else None.
-        """
-        task, phases = input.task, input.task.phases
-        eval_runtime: ProvisionRuntimeOutput | None = None
-        error: str | None = None
-        try:
-            # shielded: a cancellation must not abandon a runtime that is being provisioned
-            eval_runtime = await asyncio.shield(prewarm)
-            if run_check:
-                checked: CollectArtifactsOutput = await timed(
-                    "eval_check",
-                    workflow.execute_activity(
-                        "collect_artifacts",
-                        CollectArtifactsInput(
-                            runtime_id=eval_runtime.runtime_id,
-                            session_id=input.session_id,
-                            evaluator=task.evaluator,
-                            collect_outputs=False,
-                            run_check=True,
-                            apply_patch_ref=artifacts.get("patch"),
-                        ),
-                        task_queue=eval_runtime.host_queue,
-                        start_to_close_timeout=seconds(phases.collect_s + task.evaluator.timeout_s),
-                        heartbeat_timeout=HEARTBEAT,
-                        retry_policy=NO_RETRY,
-                        priority=self._priority,
-                        result_type=CollectArtifactsOutput,
-                    ),
-                )
-                artifacts.update({k: v for k, v in checked.artifacts.items() if k != "harness"})
-        except ActivityError as e:
-            error = f"evaluation runtime failed: {cause_text(e)}"
-        except asyncio.CancelledError:
-            error = "cancelled"
-        finally:
-            if eval_runtime is None and not prewarm.done():
-                try:
-                    eval_runtime = await prewarm
-                except ActivityError:
-                    eval_runtime = None
-            if eval_runtime is not None:
-                await timed(
-                    "eval_teardown",
-                    workflow.execute_activity(
-                        "teardown_runtime",
-                        TeardownRuntimeInput(runtime_id=eval_runtime.runtime_id),
-                        task_queue=eval_runtime.host_queue,
-                        start_to_close_timeout=seconds(phases.teardown_s),
-                        heartbeat_timeout=HEARTBEAT,
-                        retry_policy=INFRA_RETRY,
-                        priority=self._priority,
-                    ),
-                )
-        return error
+    return error

@@ -7,9 +7,10 @@ runtime) while the runtime lives; 5. tear the runtime down, always; in the fresh
 runtime, apply the patch and run the check, then tear it down, always; 6. close the gateway
 session; 7. build the trajectory; 8. evaluate; 9. return the result.
 
-Steps 1-4 (the attempts) are here; steps 5-9 and the failure cause are in
-:mod:`rolloutd.workflows.session.ending`. Deterministic code only: no I/O, ``workflow.now()``
-for time.
+The whole class is here: the attempts (steps 1-4) and the end (``_finish``, steps 5-9), which
+runs the steps of :mod:`rolloutd.workflows.session.ending` (free functions: what each takes
+and gives is explicit) and decides the failure cause there. Deterministic code only: no I/O,
+``workflow.now()`` for time.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd.activities.models import (
         CollectArtifactsInput,
         CollectArtifactsOutput,
+        EvaluateOutput,
         OpenSessionInput,
         OpenSessionOutput,
         ProvisionRuntimeInput,
@@ -50,9 +52,9 @@ with workflow.unsafe.imports_passed_through():
     )
     from rolloutd.workflows import metadata, search, tenants
     from rolloutd.workflows.fleet_watch import FleetStates
+    from rolloutd.workflows.session import ending
     from rolloutd.workflows.session.ending import (
         AttemptOutcome,
-        SessionEnding,
         Timed,
         host_lost,
         note_error,
@@ -80,13 +82,13 @@ BACKEND_WAIT_SHOWN_S = 0.5
 
 
 @workflow.defn
-class RolloutSessionWorkflow(SessionEnding):
+class RolloutSessionWorkflow:
     """One harness run in one runtime, with its trajectory and score."""
 
     def __init__(self) -> None:
         self._phase = "pending"
         self._num_completions = 0
-        self._priority = Priority.default
+        self._priority: Priority | None = Priority.default
         self._granted = False
         # the deadline's clock (None: not started) and the later attempts' queue waits, s
         self._clock: datetime | None = None
@@ -189,6 +191,100 @@ class RolloutSessionWorkflow(SessionEnding):
             )
         finally:
             await outcome.torn_down()
+
+    async def _finish(
+        self,
+        input: SessionInput,
+        outcome: AttemptOutcome,
+        opened: OpenSessionOutput,
+        session_id: str,
+        attempt: int,
+        given_up: list[SessionAttempt],
+        timings: list[PhaseTiming],
+        timed: Timed,
+    ) -> SessionResult:
+        """Steps 5-9 after the last attempt (:mod:`rolloutd.workflows.session.ending`):
+        evaluation runtime, close, build, evaluate.
+
+        The session's failure cause is decided from what was recorded
+        (:func:`~rolloutd.workflows.session.ending.decide`); only a session the policy is
+        accountable for is scored (docs/failures.md).
+        """
+        task = input.task
+        error = outcome.error
+        if outcome.host_lost:
+            error = f"{error} (attempt {attempt} of {task.max_session_attempts}: giving up)"
+            outcome.error = error
+        eval_error: str | None = None
+        if self._prewarm is not None:
+            if outcome.no_sandbox_worker and not self._prewarm.done():
+                self._prewarm.cancel()  # it waits in the same dead queue
+            eval_error = await ending.evaluate_in_fresh_runtime(
+                input,
+                self._prewarm,
+                outcome.artifacts,
+                run_check=not outcome.cancelled
+                and outcome.status in (SessionStatus.COMPLETED, SessionStatus.TIMEOUT),
+                timed=timed,
+                priority=self._priority,
+            )
+            if eval_error and error is None:
+                error = eval_error
+
+        closed = await ending.close(
+            opened,
+            session_id,
+            timed,
+            priority=self._priority,
+            run_deadline_at=outcome.timed_out_at,
+        )
+        self._num_completions = closed.num_completions
+        decided = ending.decide(task, outcome, closed, error, eval_error)
+        built = await ending.build(input, session_id, decided, timed, priority=self._priority)
+        evaluated = EvaluateOutput()
+        if decided.how != "skip":
+            evaluated = await ending.evaluate(
+                input,
+                session_id,
+                outcome,
+                built,
+                decided,
+                timed,
+                priority=self._priority,
+                num_completions=self._num_completions,
+            )
+        reward, trace_rewards = evaluated.reward, evaluated.trace_rewards
+
+        await outcome.torn_down()
+        self._phase = "done"
+        ending.report(task, decided, reward, built)
+        failure_kind = decided.failure.kind if decided.failure is not None else None
+        self._show(status=decided.status.value, reward=reward, failure=failure_kind)
+        if outcome.cancelled:
+            workflow.logger.info("session cancelled after cleanup: %s", input.session_id)
+        return SessionResult(
+            session_id=session_id,
+            task_id=task.task_id,
+            sample_index=input.sample_index,
+            status=decided.status,
+            reward=reward,
+            trace_rewards=trace_rewards,
+            error=decided.error,
+            num_completions=self._num_completions,
+            num_call_errors=closed.num_errors,
+            num_unrecovered_call_errors=closed.num_unrecovered_errors,
+            last_call_error=closed.last_error,
+            num_traces=built.num_traces,
+            num_trainable_tokens=built.stats.num_trainable_tokens,
+            trajectory_ref=built.trajectory_ref,
+            harness_exit_code=outcome.harness_exit,
+            phases=timings,
+            stats=built.stats,
+            attempts=given_up,
+            failure=decided.failure,
+            replay=closed.replay,
+            evaluation=evaluated.evaluation,
+        )
 
     def _not_admitted(self, input: SessionInput, timings: list[PhaseTiming]) -> SessionResult:
         """The session's result when no gateway admitted it within
@@ -357,7 +453,7 @@ class RolloutSessionWorkflow(SessionEnding):
         id; the next attempt starts from a fresh runtime and an empty log that replays this
         one (``task.resume``; docs/faults.md)."""
         try:
-            closed = await self._close(opened, session_id, timed)
+            closed = await ending.close(opened, session_id, timed, priority=self._priority)
         finally:
             await outcome.torn_down()
         workflow.logger.warning(
@@ -444,9 +540,10 @@ class RolloutSessionWorkflow(SessionEnding):
             if runtime is not None:
                 # torn down while the gateway session closes and the trajectory is built
                 out.teardown = asyncio.ensure_future(
-                    self._teardown(
+                    ending.teardown(
                         runtime,
                         timed,
+                        priority=self._priority,
                         host_lost=out.host_lost,
                         teardown_s=phases.teardown_s,
                         current=False,

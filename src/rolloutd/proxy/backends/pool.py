@@ -47,9 +47,9 @@ import structlog
 
 from rolloutd.errors import BackendUnavailableError, ConfigError, ConflictError, NotFoundError
 from rolloutd.http_client import HEALTH_PROBE, new_async_client
+from rolloutd.proxy.backends import pool_health
 from rolloutd.proxy.backends.base import Backend
 from rolloutd.proxy.backends.health import BackendHealth, dead_message
-from rolloutd.proxy.backends.pool_health import PoolHealth
 from rolloutd.proxy.backends.slots import Lease, Slot
 from rolloutd.proxy.backends.specs import (
     POOL_KEY,
@@ -70,7 +70,7 @@ log = structlog.get_logger(__name__)
 BackendFactory = Callable[[BackendSpec], Backend]
 
 
-class BackendPool(PoolHealth):
+class BackendPool:
     """The backends of this gateway, their sessions, leases, pause state and persistence.
 
     Args:
@@ -300,9 +300,12 @@ class BackendPool(PoolHealth):
                 name = self.assign().name
                 continue
             if slot is not None and not slot.spec.paused and not slot.health.healthy:
-                await self._probe(slot)
+                if await pool_health.probe_slot(slot, self._probe_http):
+                    self._notify()
                 if not slot.health.healthy:
-                    other = self._healthy_serving(slot.spec.policy_version)
+                    other = pool_health.healthy_serving(
+                        self._slots.values(), slot.spec.policy_version
+                    )
                     if other is None:
                         raise BackendUnavailableError(
                             dead_message(slot.spec.name, slot.spec.policy_version, slot.health)
@@ -570,6 +573,42 @@ class BackendPool(PoolHealth):
         self._slots = slots
         self.managed = True
         self._notify()
+
+    # -- health (the rules: rolloutd.proxy.backends.pool_health) -----------------------------
+    async def probe_unhealthy(self) -> None:
+        """Probe every unhealthy backend whose backoff allows (the ``/health`` route: the
+        health of an idle pool comes back without a call)."""
+        came_back = await asyncio.gather(
+            *(
+                pool_health.probe_slot(s, self._probe_http)
+                for s in list(self._slots.values())
+                if not s.spec.paused
+            )
+        )
+        if any(came_back):
+            self._notify()
+
+    async def answers(self, name: str) -> bool:
+        """Whether backend ``name`` answers now (:func:`.pool_health.answers`: a saturated
+        engine does, a hung or refusing one does not, a paused one counts as answering)."""
+        return await pool_health.answers(self._slots.get(name), self._probe_http)
+
+    def note_answered(self, lease: Lease) -> None:
+        """A call on ``lease`` got its answer: its backend is healthy (call before
+        :meth:`release_lease`)."""
+        slot = lease._slot
+        if slot is not None and not slot.health.healthy and pool_health.mark_answered(slot):
+            self._notify()
+
+    def note_failed(self, lease: Lease, error: BaseException) -> None:
+        """A call on ``lease`` failed: a refusal or a timeout marks its backend unhealthy
+        unless it is paused (call before :meth:`release_lease`)."""
+        if lease._slot is not None:
+            pool_health.note_failed(lease._slot, error)
+
+    def health(self) -> dict[str, Any]:
+        """The pool's health per policy version (:func:`.health.pool_health`)."""
+        return pool_health.health_by_version(self._slots.values())
 
     def _notify(self) -> None:
         """Wake every waiter (leases, drains): something changed."""

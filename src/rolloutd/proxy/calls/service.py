@@ -31,8 +31,9 @@ from rolloutd.proxy.backends.base import (
 )
 from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.backends.slots import Lease
+from rolloutd.proxy.calls import passthrough
 from rolloutd.proxy.calls.failures import call_recorded, record_failure
-from rolloutd.proxy.calls.passthrough import PassthroughCalls, next_delta, stream_end
+from rolloutd.proxy.calls.passthrough import next_delta, stream_end
 from rolloutd.proxy.calls.sampling import bound_max_tokens, resolve_sampling
 from rolloutd.proxy.core.call_types import (
     InternalRequest,
@@ -78,7 +79,7 @@ class _Prepared:
     policy_version: int
 
 
-class ChatService(PassthroughCalls):
+class ChatService:
     """Runs calls: prompt, sample, parse, record, answer.
 
     Args:
@@ -369,7 +370,9 @@ class ChatService(PassthroughCalls):
             session.liveness.leased(token)
             try:
                 if session.state.capture_mode is CaptureMode.PASSTHROUGH:
-                    response = await self._passthrough_on(session, request, body_hash, lease, clock)
+                    response = await passthrough.call(
+                        self.pool, self.recorder, session, request, body_hash, lease, clock
+                    )
                 else:
                     prep = await self._prepare(session, request, body_hash, lease)
                     clock.sent()
@@ -484,11 +487,12 @@ class ChatService(PassthroughCalls):
             own = session.start_sampling(body_hash)
             lease = await self._lease(session)
             session.liveness.leased(token)
+            clock = CallClock(started)
             events = (
-                self._passthrough_stream_on
+                passthrough.stream(self.recorder, session, request, body_hash, lease, clock)
                 if session.state.capture_mode is CaptureMode.PASSTHROUGH
-                else self._stream_on
-            )(session, request, body_hash, lease, CallClock(started))
+                else self._stream_on(session, request, body_hash, lease, clock)
+            )
             try:
                 async for event in events:
                     if isinstance(event, StreamEnd):

@@ -55,7 +55,7 @@ BREAKS = {
         "rolloutd.errors -> rolloutd.cli",
     ),
     "cycle between siblings": (
-        "proxy/sessions/request_identity.py",
+        "proxy/sessions/state.py",
         "rolloutd.proxy.sessions.recorder",
         "no import cycle",
         "No cycles are allowed in rolloutd.proxy",
@@ -67,10 +67,10 @@ BREAKS = {
         "rolloutd.proxy.render.messages -> rolloutd.proxy.calls.service",
     ),
     "gateway imports the runtimes": (
-        "proxy/sessions/request_identity.py",
+        "proxy/core/request_identity.py",
         "rolloutd.sandbox.artifacts",
         "do not import each other",
-        "rolloutd.proxy.sessions.request_identity -> rolloutd.sandbox.artifacts",
+        "rolloutd.proxy.core.request_identity -> rolloutd.sandbox.artifacts",
     ),
     "the core imports a trainer package": (
         "trainer_client/training/exports.py",

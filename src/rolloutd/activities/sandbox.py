@@ -40,7 +40,7 @@ from rolloutd.errors import (
 from rolloutd.evaluators import CHECK_ARTIFACT, run_check
 from rolloutd.http_client import HEALTH_PROBE, new_async_client
 from rolloutd.observability import metrics
-from rolloutd.proxy.sessions.liveness import Verdict
+from rolloutd.proxy.sessions.liveness import BackendVerdict
 from rolloutd.sandbox import reclaim
 from rolloutd.sandbox.artifacts import apply_patch, git_patch
 from rolloutd.sandbox.harnesses import HarnessAdapter, HarnessCommand, HarnessContext, get_harness
@@ -66,7 +66,7 @@ TAIL_BYTES = 4000
 VERDICT_TIMEOUT_S = 2.0
 
 
-async def gateway_verdict(http: httpx.AsyncClient, session_base_url: str) -> Verdict | None:
+async def gateway_verdict(http: httpx.AsyncClient, session_base_url: str) -> BackendVerdict | None:
     """The gateway's verdict on a session (``GET {base}/rolloutd/verdict``), or None when
     the gateway did not answer (its calls then fail on their own; the next beat asks again).
 
@@ -77,7 +77,7 @@ async def gateway_verdict(http: httpx.AsyncClient, session_base_url: str) -> Ver
     try:
         response = await http.get(f"{session_base_url}/rolloutd/verdict", timeout=VERDICT_TIMEOUT_S)
         response.raise_for_status()
-        return Verdict.model_validate(response.json())
+        return BackendVerdict.model_validate(response.json())
     except (httpx.HTTPError, ValueError) as e:
         log.debug("verdict_not_read", error=repr(e))
         return None

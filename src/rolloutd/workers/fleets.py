@@ -213,7 +213,7 @@ async def _workflows_fleet(
 ) -> None:
     """The workflows fleet: every workflow, and the local activities they run."""
     from rolloutd.activities.cancel import cancel_workflows
-    from rolloutd.activities.fleet_health import FleetHealthActivities
+    from rolloutd.activities.capacity import CapacityActivities
 
     handle.workers.append(
         Worker(
@@ -224,7 +224,7 @@ async def _workflows_fleet(
             # cancel_workflows
             activities=[
                 cancel_workflows,
-                FleetHealthActivities(client).sandbox_capacity,
+                CapacityActivities(client).sandbox_capacity,
             ],
             no_remote_activities=True,
             max_cached_workflows=(settings or CommonSettings()).max_cached_workflows,

@@ -13,8 +13,8 @@ import structlog
 
 from rolloutd.errors import RolloutdError
 from rolloutd.proxy.core.call_types import InternalRequest
+from rolloutd.proxy.core.request_identity import request_hash
 from rolloutd.proxy.sessions.call_errors import CallError, conversation_hash
-from rolloutd.proxy.sessions.request_identity import request_hash
 from rolloutd.proxy.sessions.session import Session
 
 log = structlog.get_logger(__name__)

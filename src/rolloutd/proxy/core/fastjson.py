@@ -9,9 +9,10 @@ bits, non-string keys) and NaN or infinities (which orjson writes as null) go to
 a text orjson refuses (NaN, infinities, lone surrogates) or may read differently (an integer
 of 19 digits or more: orjson reads one beyond 64 bits as a float) is read by :mod:`json`.
 
-:class:`BodyReader` reads a session's request bodies, each as :func:`loads` would, without
-parsing again the conversation the session's last body sent (a call's cost must not grow with
-the conversation).
+:func:`canonical_json` is the one canonical text (sorted keys, no spaces) that hashes and
+comparisons use. :class:`BodyReader` reads a session's request bodies, each as :func:`loads`
+would, without parsing again the conversation the session's last body sent (a call's cost must
+not grow with the conversation).
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ except ImportError:  # pragma: no cover - orjson is a dependency
 #: integer beyond 64 bits (orjson would read it as a float); 10x faster than a regex search
 _DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
 _LONG_RUN = b"0" * 19
+
+
+def canonical_json(obj: Any) -> str:
+    """Canonical JSON text: sorted keys, no spaces, UTF-8 kept (hashing and comparisons:
+    :func:`rolloutd.proxy.core.request_identity.request_hash`, a conversation's tools). The
+    standard library's writer: the text is part of stored request hashes, so it never changes
+    with the writer installed."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def loads(data: bytes | bytearray) -> Any:
@@ -185,7 +194,7 @@ class BodyReader:
 
     The messages reused are the objects the last body holds, not copies: bodies are read,
     never modified (the memo and the completion log share them too,
-    :mod:`rolloutd.proxy.sessions.request_identity`). Memory: the last body's text and values.
+    :mod:`rolloutd.proxy.core.request_identity`). Memory: the last body's text and values.
 
     Args:
         fields: the body fields that may hold the conversation, a list of objects (the first

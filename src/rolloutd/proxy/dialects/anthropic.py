@@ -43,6 +43,7 @@ from rolloutd.proxy.core.call_types import (
     Usage,
     id_suffix,
 )
+from rolloutd.proxy.core.request_identity import RequestMemo, validate_new_items
 from rolloutd.proxy.dialects.anthropic_wire import (
     CountTokensRequest,
     Message,
@@ -58,7 +59,6 @@ from rolloutd.proxy.dialects.common import (
     validate,
 )
 from rolloutd.proxy.render.messages import content_text
-from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 DIALECT = "anthropic"
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}

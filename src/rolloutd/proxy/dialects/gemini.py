@@ -48,6 +48,7 @@ from rolloutd.proxy.core.call_types import (
     Usage,
     id_suffix,
 )
+from rolloutd.proxy.core.request_identity import RequestMemo, validate_new_items
 from rolloutd.proxy.dialects.common import (
     arguments_json,
     arguments_object,
@@ -64,7 +65,6 @@ from rolloutd.proxy.dialects.gemini_wire import (
 from rolloutd.proxy.dialects.gemini_wire import model_json as model_json  # re-exported
 from rolloutd.proxy.dialects.gemini_wire import models_list as models_list
 from rolloutd.proxy.render.messages import content_text
-from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 DIALECT = "gemini"
 _FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP"}

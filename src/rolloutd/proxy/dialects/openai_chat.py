@@ -41,9 +41,9 @@ from rolloutd.proxy.core.call_types import (
     Usage,
     chat_body,
 )
+from rolloutd.proxy.core.request_identity import RequestMemo, validate_new_items
 from rolloutd.proxy.dialects.common import error_path, sse_data, validate
 from rolloutd.proxy.render.messages import content_text
-from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 __all__ = ["RequestFieldError", "error_path"]
 

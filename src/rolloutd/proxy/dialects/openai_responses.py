@@ -38,6 +38,7 @@ from rolloutd.proxy.core.call_types import (
     InternalRequest,
     SamplingOverrides,
 )
+from rolloutd.proxy.core.request_identity import RequestMemo, validate_new_items
 from rolloutd.proxy.dialects import openai_chat
 from rolloutd.proxy.dialects.common import validate
 from rolloutd.proxy.dialects.openai_responses_output import (
@@ -48,7 +49,6 @@ from rolloutd.proxy.dialects.openai_responses_output import (
 )
 from rolloutd.proxy.dialects.openai_responses_stream import Encoder, collect_stream, encoder
 from rolloutd.proxy.render.messages import content_text
-from rolloutd.proxy.sessions.request_identity import RequestMemo, validate_new_items
 
 log = structlog.get_logger(__name__)
 

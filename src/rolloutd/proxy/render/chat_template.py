@@ -36,11 +36,11 @@ import jinja2.sandbox
 import structlog
 
 from rolloutd.errors import ConfigError, InvalidRequestError
+from rolloutd.proxy.core.fastjson import canonical_json
 from rolloutd.proxy.render import template_probes
 from rolloutd.proxy.render.jinja_sandbox import lean_template
 from rolloutd.proxy.render.messages import (
     ExtensionIndex,
-    canonical_json,
     message_signature,
     template_messages,
 )

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rolloutd.errors import InvalidRequestError
+from rolloutd.proxy.core.fastjson import canonical_json
 from rolloutd.types import Completion
 
 
@@ -43,11 +44,6 @@ def content_text(content: Any) -> str:
                 raise InvalidRequestError(f"content part of type {kind!r} is not supported")
         return "".join(texts)
     raise InvalidRequestError(f"message content of type {type(content).__name__} is not valid")
-
-
-def canonical_json(obj: Any) -> str:
-    """Canonical JSON text: sorted keys, no spaces, UTF-8 kept (hashing and comparisons)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _canonical_arguments(arguments: Any) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from rolloutd.fault import Fault, call_fault
-from rolloutd.proxy.render.messages import canonical_json
+from rolloutd.proxy.core.fastjson import canonical_json
 from rolloutd.types import Completion
 
 #: failed calls whose details a session keeps (the most recent); ``num_errors`` counts all.

@@ -33,7 +33,7 @@ from rolloutd.fault import Fault, exception_fault
 _tokens = itertools.count()
 
 
-class Verdict(BaseModel):
+class BackendVerdict(BaseModel):
     """``GET /s/{key}/rolloutd/verdict``: what the gateway concludes about a session.
 
     Attributes:
@@ -121,7 +121,7 @@ class Liveness:
             starts.append(self.failing_since)
         return min(starts) if starts else None
 
-    def verdict(self, dead_after_s: float, *, backend_answers: bool = False) -> Verdict:
+    def verdict(self, dead_after_s: float, *, backend_answers: bool = False) -> BackendVerdict:
         """The gateway's verdict now; a ``backend`` verdict also cancels the calls that have
         waited ``dead_after_s`` themselves (the session is ending: its close must not wait
         for them up to the backend's timeout).
@@ -134,10 +134,10 @@ class Liveness:
         since = self.unanswered_since(count_waiting=not backend_answers)
         now = time.time()
         if since is None:
-            return Verdict(dead_after_s=dead_after_s)
+            return BackendVerdict(dead_after_s=dead_after_s)
         unanswered_s = max(0.0, now - since)
         if unanswered_s < dead_after_s:
-            return Verdict(unanswered_s=round(unanswered_s, 1), dead_after_s=dead_after_s)
+            return BackendVerdict(unanswered_s=round(unanswered_s, 1), dead_after_s=dead_after_s)
         why = self.last_error or "a call waited on a backend that does not answer"
         for token, (start, task) in list(self.waiting.items()):
             if task is not None and start is not None and now - start >= dead_after_s:
@@ -146,7 +146,7 @@ class Liveness:
                     f"(limit {dead_after_s:g} s): the gateway's verdict ended it"
                 )
                 task.cancel()
-        return Verdict(
+        return BackendVerdict(
             verdict="backend",
             unanswered_s=round(unanswered_s, 1),
             dead_after_s=dead_after_s,

@@ -67,7 +67,7 @@ def build_completion(
         session: the session (its id, model and capture mode).
         index: the completion's index (given by :meth:`Recorder.record`).
         request: the translated request.
-        body_hash: :func:`rolloutd.proxy.sessions.request_identity.request_hash` of
+        body_hash: :func:`rolloutd.proxy.core.request_identity.request_hash` of
             ``request.body``.
         plan: the prompt sent (``prompt_ids``, length P, and ``extends``).
         result: what the backend sampled (``response_ids``/``response_logprobs``, length R).

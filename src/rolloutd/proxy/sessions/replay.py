@@ -35,7 +35,7 @@ async def answer_from_source(
         pool: the backends (the current policy version of the session's backend).
         request: the translated request (its raw body goes into the copy).
         body_hash: the request's identity
-            (:func:`rolloutd.proxy.sessions.request_identity.request_hash`).
+            (:func:`rolloutd.proxy.core.request_identity.request_hash`).
 
     Raises:
         rolloutd.store.BlobExistsError: as :meth:`Recorder.record`; the source completion is

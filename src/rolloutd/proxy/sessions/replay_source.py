@@ -9,8 +9,8 @@ attempt replayed already is offered as that attempt's copy (which names it in
 attempt 1's.
 
 The replay key is the request identity of docs/sessions.md ("Request identity"):
-:func:`rolloutd.proxy.sessions.request_identity.request_hash`, the canonical body including
-``stream``, minus the dialect's :data:`rolloutd.proxy.sessions.request_identity.VOLATILE_FIELDS`
+:func:`rolloutd.proxy.core.request_identity.request_hash`, the canonical body including
+``stream``, minus the dialect's :data:`rolloutd.proxy.core.request_identity.VOLATILE_FIELDS`
 (never messages, tools or sampling). A request that matches no source completion not yet replayed is
 sampled as usual, so each conversation replays until its first difference, whatever order its
 sub-agents' calls come in.
@@ -161,7 +161,7 @@ class ReplaySource:
 
         Args:
             body_hash: the request's identity
-                (:func:`rolloutd.proxy.sessions.request_identity.request_hash`).
+                (:func:`rolloutd.proxy.core.request_identity.request_hash`).
             policy_version: the current policy version of the session's backend.
         """
         for completion in self._by_hash.get(body_hash, ()):

@@ -12,6 +12,7 @@ import structlog
 
 from rolloutd.errors import AuthenticationError, TooManyCallsError
 from rolloutd.proxy.core.fastjson import BodyReader, ListJson
+from rolloutd.proxy.core.request_identity import RequestMemo
 from rolloutd.proxy.render.messages import ExtensionIndex
 from rolloutd.proxy.sessions.call_errors import (
     MAX_RECORDED_ERRORS,
@@ -21,7 +22,6 @@ from rolloutd.proxy.sessions.call_errors import (
 )
 from rolloutd.proxy.sessions.liveness import Liveness
 from rolloutd.proxy.sessions.replay_source import ReplaySource
-from rolloutd.proxy.sessions.request_identity import RequestMemo
 from rolloutd.proxy.sessions.state import BackendMove, SessionState, session_state_key
 from rolloutd.store import CompletionLog
 from rolloutd.types import Completion
@@ -61,7 +61,7 @@ class Session:
         by_hash: request_hash -> indices of the completions that answered it, in order.
         delivery: completion index -> :class:`Delivery` of its answer (absent: unknown).
         memo: what the last calls computed for their messages (translation, hash state), reused
-            by the next call that resends them (:mod:`rolloutd.proxy.sessions.request_identity`).
+            by the next call that resends them (:mod:`rolloutd.proxy.core.request_identity`).
         body_reader: reads the session's request bodies without parsing again the
             conversation its last body sent (:class:`rolloutd.proxy.core.fastjson.BodyReader`).
         extensions: the completions a call can continue, by conversation length and answer
@@ -166,7 +166,7 @@ class Session:
         first prompt), and samples.
 
         Args:
-            body_hash: :func:`rolloutd.proxy.sessions.request_identity.request_hash` of the request.
+            body_hash: :func:`rolloutd.proxy.core.request_identity.request_hash` of the request.
             marked: the client says it retries (``x-stainless-retry-count`` > 0).
         """
         for index in reversed(self.by_hash.get(body_hash, ())):

@@ -37,8 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rolloutd.errors import RequestFieldError
-from rolloutd.proxy.core.fastjson import BodyReader
-from rolloutd.proxy.render.messages import canonical_json
+from rolloutd.proxy.core.fastjson import BodyReader, canonical_json
 
 W = TypeVar("W")
 

@@ -18,8 +18,8 @@ from rolloutd.capabilities import CAPABILITIES_QUERY, REGISTRY_WORKFLOW_ID, Flee
 log = structlog.get_logger(__name__)
 
 
-class FleetHealthActivities:
-    """Activities that ask Temporal about the fleets.
+class CapacityActivities:
+    """Activities that ask Temporal about the fleets' capacity.
 
     Args:
         client: the workflow worker's Temporal client (its namespace is the one asked about).

@@ -6,7 +6,7 @@ Properties: for any sequence of requests of one session (append messages, resend
 request, edit or drop earlier messages, change fields around ``messages``, send an invalid
 message), ``parse(body, memo=memo)`` equals ``parse(body)`` (or raises the same error), and
 ``memo.request_hash(body)`` equals
-:func:`rolloutd.proxy.sessions.request_identity.request_hash`. And
+:func:`rolloutd.proxy.core.request_identity.request_hash`. And
 :func:`rolloutd.proxy.core.fastjson.dumps` writes what the standard library writes.
 """
 
@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from rolloutd.errors import InvalidRequestError
 from rolloutd.proxy.core import fastjson
 from rolloutd.proxy.core.fastjson import BodyReader
+from rolloutd.proxy.core.request_identity import RequestMemo, request_hash
 from rolloutd.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
-from rolloutd.proxy.sessions.request_identity import RequestMemo, request_hash
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=8)
 names = st.from_regex(r"[a-z][a-z0-9_]{0,5}", fullmatch=True)

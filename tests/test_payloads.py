@@ -44,6 +44,29 @@ def test_every_payload_model_shares_the_one_base(model: type) -> None:
     assert issubclass(model, Payload)
 
 
+def test_every_persisted_record_shares_the_one_base() -> None:
+    """What the gateway and the stack write to the store or to disk, and read back after a
+    restart (possibly written by another release), is a payload too."""
+    from rolloutd.proxy.backends.specs import BackendSpec, PoolState
+    from rolloutd.proxy.sessions.call_errors import CallError
+    from rolloutd.proxy.sessions.state import BackendMove, SessionState
+    from rolloutd.stack.state import ChildState, EngineState, StackState
+
+    records = [
+        SessionState,
+        BackendMove,
+        CallError,
+        PoolState,
+        BackendSpec,
+        StackState,
+        ChildState,
+        EngineState,
+    ]
+    assert [r.__name__ for r in records if not issubclass(r, Payload)] == []
+    spec = BackendSpec.model_validate({"name": "a", "url": "http://x", "added_later": 1})
+    assert "added_later" not in spec.model_dump()
+
+
 def test_an_unknown_field_is_ignored_so_old_and_new_workers_interoperate() -> None:
     task = TaskRequest.model_validate(
         {

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from rolloutd.payload import Payload
 from rolloutd.processes import process_start_ticks
 
 
@@ -39,92 +40,88 @@ ChildPhase = Literal["starting", "running", "backoff", "reloading", "stopped", "
 StackPhase = Literal["starting", "running", "stopping", "stopped", "failed"]
 
 
-class ChildState(BaseModel):
-    """One supervised child process.
+class ChildState(Payload):
+    """One supervised child process."""
 
-    Attributes:
-        name: ``temporal``, ``engine``, or a fleet's name.
-        kind: what it is.
-        phase: ``starting`` (spawned, not answering yet), ``running``, ``backoff`` (exited,
-            waiting to be started again), ``reloading`` (a deliberate engine restart),
-            ``stopped``, ``failed`` (restart limit reached).
-        pid: its pid (also its process group id); None when not running.
-        start_ticks: the pid's start time in clock ticks since boot.
-        started_at: when this incarnation started, Unix seconds.
-        restarts: unexpected exits followed by a restart, since the stack started.
-        last_exit_code: exit status of the last unexpected exit (negative: killed by signal).
-        last_exit_at: when it happened, Unix seconds.
-        task_queues: the Temporal task queues a fleet polls.
-        log: its log file.
-    """
-
-    name: str
-    kind: ChildKind
-    phase: ChildPhase = "starting"
-    pid: int | None = None
-    start_ticks: int | None = None
-    started_at: float | None = None
-    restarts: int = Field(default=0, ge=0)
-    last_exit_code: int | None = None
-    last_exit_at: float | None = None
-    task_queues: list[str] = Field(default_factory=list)
-    log: str | None = None
+    name: str = Field(description="``temporal``, ``engine``, or a fleet's name")
+    kind: ChildKind = Field(description="what it is")
+    phase: ChildPhase = Field(
+        default="starting",
+        description="``starting`` (spawned, not answering yet), ``running``, ``backoff`` (exited,"
+        " waiting to be started again), ``reloading`` (a deliberate engine restart), "
+        "``stopped``, ``failed`` (restart limit reached)",
+    )
+    pid: int | None = Field(
+        default=None, description="its pid (also its process group id); None when not running"
+    )
+    start_ticks: int | None = Field(
+        default=None, description="the pid's start time in clock ticks since boot"
+    )
+    started_at: float | None = Field(
+        default=None, description="when this incarnation started, Unix seconds"
+    )
+    restarts: int = Field(
+        default=0,
+        ge=0,
+        description="unexpected exits followed by a restart, since the stack started",
+    )
+    last_exit_code: int | None = Field(
+        default=None,
+        description="exit status of the last unexpected exit (negative: killed by signal)",
+    )
+    last_exit_at: float | None = Field(default=None, description="when it happened, Unix seconds")
+    task_queues: list[str] = Field(
+        default_factory=list, description="the Temporal task queues a fleet polls"
+    )
+    log: str | None = Field(default=None, description="its log file")
 
     def alive(self) -> bool:
         """Whether the recorded pid still names this process (start time checked)."""
         return running(self.pid, self.start_ticks)
 
 
-class EngineState(BaseModel):
-    """The engine the stack runs (absent when the stack uses an external backend).
+class EngineState(Payload):
+    """The engine the stack runs (absent when the stack uses an external backend)."""
 
-    Attributes:
-        model: catalog name.
-        model_file: the GGUF llama-server serves now.
-        policy_version: version of the weights in ``model_file`` (0: the catalog's).
-        url: base URL.
-        num_slots: concurrent sequences (llama-server ``--parallel``).
-        ctx_size: context window in tokens, shared by the slots.
-    """
-
-    model: str
-    model_file: str
-    policy_version: int = Field(default=0, ge=0)
-    url: str
-    num_slots: int = Field(ge=1)
-    ctx_size: int = Field(ge=1)
+    model: str = Field(description="catalog name")
+    model_file: str = Field(description="the GGUF llama-server serves now")
+    policy_version: int = Field(
+        default=0, ge=0, description="version of the weights in ``model_file`` (0: the catalog's)"
+    )
+    url: str = Field(description="base URL")
+    num_slots: int = Field(ge=1, description="concurrent sequences (llama-server ``--parallel``)")
+    ctx_size: int = Field(ge=1, description="context window in tokens, shared by the slots")
 
 
-class StackState(BaseModel):
-    """Everything ``rolloutd status`` shows without asking Temporal.
+class StackState(Payload):
+    """Everything ``rolloutd status`` shows without asking Temporal."""
 
-    Attributes:
-        phase: the stack's phase.
-        error: why it failed (the restart limit), when it did.
-        pid, start_ticks: the ``rolloutd up`` process.
-        started_at: when the stack started, Unix seconds.
-        updated_at: when this file was written, Unix seconds.
-        home, temporal_address, ui_url, gateway_url, store_url, backend_url: where things are.
-        supervise: whether children are restarted.
-        engine: the stack's engine, if it runs one.
-        children: in start order.
-    """
-
-    phase: StackPhase = "starting"
-    error: str | None = None
-    pid: int = Field(default_factory=os.getpid)
-    start_ticks: int | None = Field(default_factory=lambda: process_start_ticks(os.getpid()))
-    started_at: float = Field(default_factory=time.time)
-    updated_at: float = Field(default_factory=time.time)
-    home: str
-    temporal_address: str | None = None
-    ui_url: str | None = None
-    gateway_url: str | None = None
-    store_url: str | None = None
-    backend_url: str | None = None
-    supervise: bool = True
-    engine: EngineState | None = None
-    children: list[ChildState] = Field(default_factory=list)
+    phase: StackPhase = Field(default="starting", description="the stack's phase")
+    error: str | None = Field(
+        default=None, description="why it failed (the restart limit), when it did"
+    )
+    pid: int = Field(default_factory=os.getpid, description="pid of the ``rolloutd up`` process")
+    start_ticks: int | None = Field(
+        default_factory=lambda: process_start_ticks(os.getpid()),
+        description="its start time in clock ticks since boot",
+    )
+    started_at: float = Field(
+        default_factory=time.time, description="when the stack started, Unix seconds"
+    )
+    updated_at: float = Field(
+        default_factory=time.time, description="when this file was written, Unix seconds"
+    )
+    home: str = Field(description="the stack's state folder")
+    temporal_address: str | None = Field(default=None, description="Temporal's host:port")
+    ui_url: str | None = Field(default=None, description="the Temporal UI's URL")
+    gateway_url: str | None = Field(default=None, description="the gateway's base URL")
+    store_url: str | None = Field(default=None, description="the blob store's fsspec URL")
+    backend_url: str | None = Field(default=None, description="the engine's base URL")
+    supervise: bool = Field(default=True, description="whether children are restarted")
+    engine: EngineState | None = Field(
+        default=None, description="the stack's engine, if it runs one"
+    )
+    children: list[ChildState] = Field(default_factory=list, description="in start order")
 
     def alive(self) -> bool:
         """Whether the ``up`` process that wrote this is still running."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Literal
 
 import httpx
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from rolloutd.errors import ConfigError
+from rolloutd.payload import Payload
 from rolloutd.proxy.backends.base import Backend
 from rolloutd.proxy.backends.llama_cpp import LlamaCppBackend
 from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
@@ -76,39 +77,36 @@ def make_backend(
     )
 
 
-class BackendSpec(BaseModel):
-    """One backend as the store keeps it.
+class BackendSpec(Payload):
+    """One backend as the store keeps it."""
 
-    Attributes:
-        name: stable name; sessions are pinned by it.
-        type: client kind.
-        url: base URL, without a trailing slash.
-        policy_version: weights version stamped on its completions (>= 0).
-        paused: grants no new lease (weight sync in progress).
-        added_at: Unix time (s) it was registered.
-    """
-
-    name: str = Field(min_length=1, max_length=512)
-    type: BackendType = "llama_cpp"
-    url: str = Field(min_length=1, max_length=2048)
-    policy_version: int = Field(default=0, ge=0)
-    paused: bool = False
-    added_at: float = 0.0
+    name: str = Field(
+        min_length=1, max_length=512, description="stable name; sessions are pinned by it"
+    )
+    type: BackendType = Field(default="llama_cpp", description="client kind")
+    url: str = Field(
+        min_length=1, max_length=2048, description="base URL, without a trailing slash"
+    )
+    policy_version: int = Field(
+        default=0, ge=0, description="weights version stamped on its completions (>= 0)"
+    )
+    paused: bool = Field(default=False, description="grants no new lease (weight sync in progress)")
+    added_at: float = Field(default=0.0, description="Unix time (s) it was registered")
 
 
-class PoolState(BaseModel):
-    """The durable pool (``gateway/backend_pool.json``).
+class PoolState(Payload):
+    """The durable pool (``gateway/backend_pool.json``)."""
 
-    Attributes:
-        backends: registered backends, in registration order (ties in assignment go to the
-            first).
-        managed: an admin route has changed the pool; it then wins over the settings.
-        updated_at: Unix time (s) of the last change.
-    """
-
-    backends: list[BackendSpec] = Field(default_factory=list)
-    managed: bool = False
-    updated_at: float = 0.0
+    backends: list[BackendSpec] = Field(
+        default_factory=list,
+        description="registered backends, in registration order (ties in assignment go to the "
+        "first)",
+    )
+    managed: bool = Field(
+        default=False,
+        description="an admin route has changed the pool; it then wins over the settings",
+    )
+    updated_at: float = Field(default=0.0, description="Unix time (s) of the last change")
 
 
 def type_of(backend: Backend) -> BackendType:

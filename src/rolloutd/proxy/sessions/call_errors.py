@@ -14,9 +14,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from rolloutd.fault import Fault, call_fault
+from rolloutd.payload import Payload
 from rolloutd.proxy.core.fastjson import canonical_json
 from rolloutd.types import Completion
 
@@ -24,39 +25,40 @@ from rolloutd.types import Completion
 MAX_RECORDED_ERRORS = 20
 
 
-class CallError(BaseModel):
+class CallError(Payload):
     """A call that failed: answered with an error, recorded in the session's state, never a
     completion (the completion log holds answered calls only; the failures are counted apart).
-
-    Attributes:
-        at_index: completions recorded before it (it failed between ``at_index - 1`` and
-            ``at_index``).
-        at: Unix time (s) it failed.
-        error_type: the error's class (``BackendError``, ``BackendUnavailableError``,
-            ``ContextLengthError``, ...).
-        message: what the harness was told (at most 500 characters).
-        status_code: the HTTP status the harness got (before a stream started), or the one it
-            would have got (in the stream's error event).
-        backend: the session's backend.
-        duration_s: from the call's start to the failure, seconds.
-        stream: the harness asked for a stream.
-        request_hash: sha256 of the failed request's canonical body (the completion log's
-            ``request_hash``); empty when the call failed before its body was understood.
-        num_messages: messages of the failed request's conversation (0: unknown).
-        conversation_hash: :func:`conversation_hash` of those messages (empty: unknown).
     """
 
-    at_index: int = Field(ge=0)
-    at: float
-    error_type: str
-    message: str
-    status_code: int
-    backend: str
-    duration_s: float = Field(ge=0)
-    stream: bool = False
-    request_hash: str = ""
-    num_messages: int = Field(default=0, ge=0)
-    conversation_hash: str = ""
+    at_index: int = Field(
+        ge=0,
+        description="completions recorded before it (it failed between ``at_index - 1`` and "
+        "``at_index``)",
+    )
+    at: float = Field(description="Unix time (s) it failed")
+    error_type: str = Field(
+        description="the error's class (``BackendError``, ``BackendUnavailableError``, "
+        "``ContextLengthError``, ...)"
+    )
+    message: str = Field(description="what the harness was told (at most 500 characters)")
+    status_code: int = Field(
+        description="the HTTP status the harness got (before a stream started), or the one it "
+        "would have got (in the stream's error event)"
+    )
+    backend: str = Field(description="the session's backend")
+    duration_s: float = Field(ge=0, description="from the call's start to the failure, seconds")
+    stream: bool = Field(default=False, description="the harness asked for a stream")
+    request_hash: str = Field(
+        default="",
+        description="sha256 of the failed request's canonical body (the completion log's "
+        "``request_hash``); empty when the call failed before its body was understood",
+    )
+    num_messages: int = Field(
+        default=0, ge=0, description="messages of the failed request's conversation (0: unknown)"
+    )
+    conversation_hash: str = Field(
+        default="", description=":func:`conversation_hash` of those messages (empty: unknown)"
+    )
 
     def describe(self) -> str:
         """One line for people: ``"502 BackendError: backend x: ..."``."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rolloutd.payload import Payload
 from rolloutd.proxy.sessions.call_errors import CallError, RecoveryIndex
 from rolloutd.store import session_prefix
 from rolloutd.types import CaptureMode, Completion, SamplingParams
@@ -36,20 +37,13 @@ def session_key_index(session_key: str) -> str:
     return f"gateway/session_keys/{hash_session_key(session_key)}.json"
 
 
-class BackendMove(BaseModel):
-    """A session moved off a removed backend (its token chain stays valid: prompts are ids).
+class BackendMove(Payload):
+    """A session moved off a removed backend (its token chain stays valid: prompts are ids)."""
 
-    Attributes:
-        moved_from: the removed backend.
-        moved_to: the live backend that took the session.
-        at_index: index of the first completion sampled on ``moved_to``.
-        at: Unix time (s) of the move.
-    """
-
-    moved_from: str
-    moved_to: str
-    at_index: int
-    at: float
+    moved_from: str = Field(description="the removed backend")
+    moved_to: str = Field(description="the live backend that took the session")
+    at_index: int = Field(description="index of the first completion sampled on ``moved_to``")
+    at: float = Field(description="Unix time (s) of the move")
 
 
 def unrecovered_errors(
@@ -70,48 +64,52 @@ def unrecovered_errors(
     return [error for error in candidates if not recovery.recovered(error)]
 
 
-class SessionState(BaseModel):
-    """What the gateway persists about a session.
-
-    Attributes:
-        session_id: ``{task_id}/{sample_index}``.
-        session_key_sha256: the sha256 (hex) of the secret (``secrets.token_urlsafe(24)``);
-            a state written with the key in clear is read as its hash.
-        sampling: the task's sampling parameters.
-        model: the model name shown to the harness.
-        backend: name of the pinned backend.
-        closed: sealed: no further call is accepted.
-        num_completions: completions in the log when it was sealed.
-        backend_moves: the moves off removed backends, in order.
-        num_errors: calls that failed (answered with an error, nothing recorded in the log).
-        errors: the most recent :data:`MAX_RECORDED_ERRORS` of them.
-        open_errors: every failed call no completion has made good yet (:func:`still_open`),
-            however many; None in a state written before it was kept.
-        replay_from: gateway session ids of the sample's earlier attempts, newest first,
-            whose logs answer requests identical to theirs
-            (:mod:`rolloutd.proxy.sessions.replay_source`).
-        replay_max_staleness: policy versions a replayed completion may lag behind.
-    """
+class SessionState(Payload):
+    """What the gateway persists about a session."""
 
     model_config = ConfigDict(extra="allow")
 
-    session_id: str
+    session_id: str = Field(description="``{task_id}/{sample_index}``")
     task_id: str
-    session_key_sha256: str
-    sampling: SamplingParams = Field(default_factory=SamplingParams)
-    model: str
+    session_key_sha256: str = Field(
+        description="the sha256 (hex) of the secret (``secrets.token_urlsafe(24)``); a state "
+        "written with the key in clear is read as its hash"
+    )
+    sampling: SamplingParams = Field(
+        default_factory=SamplingParams, description="the task's sampling parameters"
+    )
+    model: str = Field(description="the model name shown to the harness")
     capture_mode: CaptureMode = CaptureMode.TOKENS
-    backend: str
+    backend: str = Field(description="name of the pinned backend")
     created_at: float = 0.0
-    closed: bool = False
+    closed: bool = Field(default=False, description="sealed: no further call is accepted")
     closed_at: float | None = None
-    num_completions: int = 0
-    backend_moves: list[BackendMove] = Field(default_factory=list)
-    num_errors: int = Field(default=0, ge=0)
-    errors: list[CallError] = Field(default_factory=list)
-    open_errors: list[CallError] | None = None
-    replay_from: list[str] = Field(default_factory=list)
-    replay_max_staleness: int = Field(default=0, ge=0)
+    num_completions: int = Field(default=0, description="completions in the log when it was sealed")
+    backend_moves: list[BackendMove] = Field(
+        default_factory=list, description="the moves off removed backends, in order"
+    )
+    num_errors: int = Field(
+        default=0,
+        ge=0,
+        description="calls that failed (answered with an error, nothing recorded in the log)",
+    )
+    errors: list[CallError] = Field(
+        default_factory=list, description="the most recent :data:`MAX_RECORDED_ERRORS` of them"
+    )
+    open_errors: list[CallError] | None = Field(
+        default=None,
+        description="every failed call no completion has made good yet (:func:`still_open`), "
+        "however many; None in a state written before it was kept",
+    )
+    replay_from: list[str] = Field(
+        default_factory=list,
+        description="gateway session ids of the sample's earlier attempts, newest first, whose "
+        "logs answer requests identical to theirs "
+        "(:mod:`rolloutd.proxy.sessions.replay_source`)",
+    )
+    replay_max_staleness: int = Field(
+        default=0, ge=0, description="policy versions a replayed completion may lag behind"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -38,6 +38,7 @@ OUT = ROOT / "docs" / "fleets.svg"
 sys.path.insert(0, str(ROOT / "src"))
 
 from rolloutd import task_queues  # noqa: E402
+from rolloutd.activities import names as activity_names  # noqa: E402
 from rolloutd.settings import GatewaySettings  # noqa: E402
 from rolloutd.task_spec import HarnessSpec, RuntimeSpec  # noqa: E402
 
@@ -130,6 +131,13 @@ def read_fleets() -> dict[str, Fleet]:
     return fleets
 
 
+def _activity_name(node: ast.expr) -> str:
+    """An activity call's first argument: a name of :mod:`rolloutd.activities.names`."""
+    if isinstance(node, ast.Name) and node.id in activity_names.__all__:
+        return getattr(activity_names, node.id)
+    raise SystemExit(f"draw_fleets: {ast.unparse(node)!r} is not an activity name")
+
+
 def read_session_activities() -> list[tuple[str, str]]:
     """``(activity, task-queue expression)`` of every ``execute_activity`` call of a session."""
     calls = []
@@ -137,7 +145,7 @@ def read_session_activities() -> list[tuple[str, str]]:
         for node in ast.walk(ast.parse((SRC / module).read_text())):
             if isinstance(node, ast.Call) and _callable_name(node.func) == "execute_activity":
                 kw = {k.arg: k.value for k in node.keywords}
-                calls.append((ast.literal_eval(node.args[0]), ast.unparse(kw["task_queue"])))
+                calls.append((_activity_name(node.args[0]), ast.unparse(kw["task_queue"])))
     return calls
 
 

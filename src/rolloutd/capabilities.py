@@ -65,10 +65,9 @@ WATCH_SIGNAL = "watch_fleet"
 UNWATCH_SIGNAL = "unwatch_fleet"
 #: signal the registry sends a watching workflow (:class:`FleetState`).
 FLEET_STATE_SIGNAL = "fleet_state"
-#: update that asks an eval host whether an evaluator import path imports.
+#: update that asks an eval host whether an evaluator import path imports (the eval fleet's
+#: activity behind it: :data:`rolloutd.activities.names.CHECK_EVALUATOR`).
 CHECK_EVALUATOR_UPDATE = "check_evaluator"
-#: the eval fleet's activity behind :data:`CHECK_EVALUATOR_UPDATE`.
-CHECK_EVALUATOR_ACTIVITY = "check_evaluator"
 #: what a caller names to skip the check (in messages).
 OPT_OUT = "check_capabilities=False"
 

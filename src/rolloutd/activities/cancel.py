@@ -16,10 +16,12 @@ import structlog
 from temporalio import activity
 from temporalio.service import RPCError
 
+from rolloutd.activities.names import CANCEL_WORKFLOWS
+
 log = structlog.get_logger(__name__)
 
 
-@activity.defn(name="cancel_workflows")
+@activity.defn(name=CANCEL_WORKFLOWS)
 async def cancel_workflows(workflow_ids: list[str]) -> list[str]:
     """Request cancellation of each workflow, concurrently.
 

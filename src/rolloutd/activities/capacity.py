@@ -13,6 +13,7 @@ from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from rolloutd.activities.models import CapacityInput, SandboxCapacityOutput
+from rolloutd.activities.names import SANDBOX_CAPACITY
 from rolloutd.capabilities import CAPABILITIES_QUERY, REGISTRY_WORKFLOW_ID, FleetCapabilities
 
 log = structlog.get_logger(__name__)
@@ -28,7 +29,7 @@ class CapacityActivities:
     def __init__(self, client: Client) -> None:
         self.client = client
 
-    @activity.defn(name="sandbox_capacity")
+    @activity.defn(name=SANDBOX_CAPACITY)
     async def sandbox_capacity(self, input: CapacityInput) -> SandboxCapacityOutput:
         """The sandbox hosts' ``max_concurrent_sessions`` summed, from the fleet registry
         (one per host id: its latest registration)."""

@@ -17,10 +17,12 @@ from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from rolloutd.activities.names import CLOSED_WORKFLOWS
+
 log = structlog.get_logger(__name__)
 
 
-@activity.defn(name="closed_workflows")
+@activity.defn(name=CLOSED_WORKFLOWS)
 async def closed_workflows(workflow_ids: list[str]) -> list[str]:
     """The ids among ``workflow_ids`` whose latest run is not running (completed, failed,
     cancelled, terminated, timed out, continued as new elsewhere) or that the server does not

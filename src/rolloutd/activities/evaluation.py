@@ -19,8 +19,16 @@ from rolloutd.activities.models import (
     StoreGroupPartInput,
     StoreTaskRequestInput,
 )
+from rolloutd.activities.names import (
+    ASSEMBLE_GROUP,
+    CHECK_EVALUATOR,
+    EVALUATE,
+    READ_TASK_REQUEST,
+    STORE_GROUP,
+    STORE_GROUP_PART,
+    STORE_TASK_REQUEST,
+)
 from rolloutd.capabilities import (
-    CHECK_EVALUATOR_ACTIVITY,
     CheckEvaluatorInput,
     CheckEvaluatorOutput,
 )
@@ -60,7 +68,7 @@ class EvalActivities:
         self.store = store
         self.host_id = host_id
 
-    @activity.defn(name="store_task_request")
+    @activity.defn(name=STORE_TASK_REQUEST)
     async def store_task_request(self, input: StoreTaskRequestInput) -> StoredTaskRequest:
         """Store a task's request once, under ``tasks/{task_id}/request.json``, for its
         sessions to read (:func:`task_request_key`): a request copied into each of 1,024 child
@@ -71,7 +79,7 @@ class EvalActivities:
         await asyncio.to_thread(self.store.put_bytes, key, data)
         return StoredTaskRequest(key=key, num_bytes=len(data))
 
-    @activity.defn(name="store_group")
+    @activity.defn(name=STORE_GROUP)
     async def store_group(self, group: TaskResult) -> str:
         """Store a finished group for the buffer that started its task, under
         :func:`rolloutd.types.group_key`; the buffer keeps the key, and ``take`` reads the
@@ -84,7 +92,7 @@ class EvalActivities:
         await asyncio.to_thread(self.store.put_bytes, key, group.model_dump_json().encode())
         return key
 
-    @activity.defn(name="store_group_part")
+    @activity.defn(name=STORE_GROUP_PART)
     async def store_group_part(self, input: StoreGroupPartInput) -> int:
         """Store one part of a large group's sessions under ``input.key``
         (:func:`rolloutd.types.group_part_key`), for ``assemble_group``. Writing it again (a
@@ -97,7 +105,7 @@ class EvalActivities:
         await asyncio.to_thread(self.store.put_bytes, input.key, data)
         return len(data)
 
-    @activity.defn(name="assemble_group")
+    @activity.defn(name=ASSEMBLE_GROUP)
     async def assemble_group(self, input: AssembleGroupInput) -> str:
         """Read a large group's parts (``store_group_part``), in order, and store the whole
         group under :func:`rolloutd.types.group_key`, where the task's result refers
@@ -130,7 +138,7 @@ class EvalActivities:
         except NotFoundError as e:
             raise to_application_error(e) from e
 
-    @activity.defn(name="read_task_request")
+    @activity.defn(name=READ_TASK_REQUEST)
     async def read_task_request(self, key: str) -> TaskRequest:
         """A task's request stored by ``store_task_request``.
 
@@ -143,7 +151,7 @@ class EvalActivities:
             raise to_application_error(e) from e
         return TaskRequest.model_validate_json(data)
 
-    @activity.defn(name=CHECK_EVALUATOR_ACTIVITY)
+    @activity.defn(name=CHECK_EVALUATOR)
     async def check_evaluator(self, input: CheckEvaluatorInput) -> CheckEvaluatorOutput:
         """Whether ``input.type`` is a name in this host's evaluator registry.
 
@@ -158,7 +166,7 @@ class EvalActivities:
             host_id=self.host_id,
         )
 
-    @activity.defn(name="evaluate")
+    @activity.defn(name=EVALUATE)
     async def evaluate(self, input: EvaluateInput) -> EvaluateOutput:
         """Score a session with its evaluator; rewards are written into the stored trajectory.
 

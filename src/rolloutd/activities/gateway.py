@@ -27,6 +27,13 @@ from rolloutd.activities.models import (
     OpenSessionInput,
     OpenSessionOutput,
 )
+from rolloutd.activities.names import (
+    BACKEND_CAPACITY,
+    BACKEND_HEALTH,
+    BUILD_TRAJECTORY,
+    CLOSE_SESSION,
+    OPEN_SESSION,
+)
 from rolloutd.errors import to_application_error
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.proxy.sessions.call_errors import call_waiting_at, is_backend_error
@@ -51,7 +58,7 @@ class GatewayActivities:
         self.gateway = gateway
         self.host_queue = host_queue("gateway", host_id)
 
-    @activity.defn(name="open_session")
+    @activity.defn(name=OPEN_SESSION)
     async def open_session(self, input: OpenSessionInput) -> OpenSessionOutput:
         """Open (or re-open, on retry) a gateway session and return how a harness reaches it."""
         structlog.contextvars.bind_contextvars(session_id=input.session_id, task_id=input.task_id)
@@ -85,14 +92,14 @@ class GatewayActivities:
             host_queue=self.host_queue,
         )
 
-    @activity.defn(name="backend_health")
+    @activity.defn(name=BACKEND_HEALTH)
     async def backend_health(self, input: BackendHealthInput) -> BackendHealthOutput:
         """The backend pool's health (unhealthy backends probed first, so an engine that
         came back is seen without a call): whether a policy version has no healthy backend."""
         await self.gateway.pool.probe_unhealthy()
         return BackendHealthOutput.model_validate(self.gateway.pool.health())
 
-    @activity.defn(name="backend_capacity")
+    @activity.defn(name=BACKEND_CAPACITY)
     async def backend_capacity(self, input: CapacityInput) -> BackendCapacityOutput:
         """The pool's saturation now: open sessions against ``max_sessions_per_slot`` x
         slots (:mod:`rolloutd.proxy.backends.saturation`); unbounded without a capacity."""
@@ -102,7 +109,7 @@ class GatewayActivities:
         await capacity.refresh()
         return BackendCapacityOutput.model_validate(capacity.check().describe())
 
-    @activity.defn(name="close_session")
+    @activity.defn(name=CLOSE_SESSION)
     async def close_session(self, input: CloseSessionInput) -> CloseSessionOutput:
         """Seal the session's completion log; later calls with its key are refused.
 
@@ -153,7 +160,7 @@ class GatewayActivities:
             num_invalid_tool_calls=sum(1 for c in session.completions if c.tool_call_parse_failed),
         )
 
-    @activity.defn(name="build_trajectory")
+    @activity.defn(name=BUILD_TRAJECTORY)
     async def build_trajectory(self, input: BuildTrajectoryInput) -> BuildTrajectoryOutput:
         """Build the session's trajectory from its completion log and store it.
 

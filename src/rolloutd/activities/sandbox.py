@@ -31,6 +31,12 @@ from rolloutd.activities.models import (
     TeardownRuntimeInput,
     TeardownRuntimeOutput,
 )
+from rolloutd.activities.names import (
+    COLLECT_ARTIFACTS,
+    PROVISION_RUNTIME,
+    RUN_HARNESS,
+    TEARDOWN_RUNTIME,
+)
 from rolloutd.errors import (
     HostDrainingError,
     NotFoundError,
@@ -203,7 +209,7 @@ class SandboxActivities:
             )
         return runtime
 
-    @activity.defn(name="provision_runtime")
+    @activity.defn(name=PROVISION_RUNTIME)
     async def provision_runtime(self, input: ProvisionRuntimeInput) -> ProvisionRuntimeOutput:
         """Create and start a runtime for a session on this host."""
         structlog.contextvars.bind_contextvars(
@@ -270,7 +276,7 @@ class SandboxActivities:
             queue_wait_s=queue_wait,
         )
 
-    @activity.defn(name="run_harness")
+    @activity.defn(name=RUN_HARNESS)
     async def run_harness(self, input: RunHarnessInput) -> RunHarnessOutput:
         """Run the harness to its end, its time budget, or cancellation.
 
@@ -476,7 +482,7 @@ class SandboxActivities:
             self._draining_error(f"harness run handed back after {elapsed_s:.1f} s")
         )
 
-    @activity.defn(name="collect_artifacts")
+    @activity.defn(name=COLLECT_ARTIFACTS)
     async def collect_artifacts(self, input: CollectArtifactsInput) -> CollectArtifactsOutput:
         """Collect a runtime's artifacts into the blob store, and run the evaluator's check.
 
@@ -551,7 +557,7 @@ class SandboxActivities:
             artifacts[name] = key
         return artifacts
 
-    @activity.defn(name="teardown_runtime")
+    @activity.defn(name=TEARDOWN_RUNTIME)
     async def teardown_runtime(self, input: TeardownRuntimeInput) -> TeardownRuntimeOutput:
         """Stop the runtime: every process killed, workspace removed. Idempotent."""
         t0 = time.monotonic()

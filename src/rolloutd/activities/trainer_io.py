@@ -27,6 +27,7 @@ from rolloutd.activities.models import (
     ReadTaskChunkInput,
     ReadTaskChunkOutput,
 )
+from rolloutd.activities.names import POST_CALLBACK, READ_TASK_CHUNK
 from rolloutd.errors import ConfigError
 from rolloutd.fault import receiver_status_fault, transport_fault
 from rolloutd.http_client import CALLBACK, new_async_client
@@ -170,7 +171,7 @@ class TrainerIOActivities:
         """Close the HTTP client."""
         await self.http.aclose()
 
-    @activity.defn(name="read_task_chunk")
+    @activity.defn(name=READ_TASK_CHUNK)
     async def read_task_chunk(self, input: ReadTaskChunkInput) -> ReadTaskChunkOutput:
         """Read up to ``limit`` tasks from the cursor ``offset`` of a JSONL / Parquet file, or
         of a task set (``harbor``, ``swebench``: :mod:`rolloutd.tasksets`).
@@ -219,7 +220,7 @@ class TrainerIOActivities:
             tasks=tasks, errors=errors, next_offset=input.offset + len(rows), exhausted=exhausted
         )
 
-    @activity.defn(name="post_callback")
+    @activity.defn(name=POST_CALLBACK)
     async def post_callback(self, input: PostCallbackInput) -> PostCallbackOutput:
         """POST one SessionResult (JSON) to a task's ``callback_url``.
 

@@ -18,6 +18,12 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
+from rolloutd.activities.names import (
+    AWAIT_TASK,
+    JOURNAL_ROW,
+    PLAN_GENERATION,
+    WRITE_GENERATION_OUTPUTS,
+)
 from rolloutd.errors import ConfigError
 from rolloutd.generation import outputs
 from rolloutd.generation.sources import read_rows, row_to_task, safe_key
@@ -53,7 +59,7 @@ class GenerationActivities:
         self.client = client
         self.store = store
 
-    @activity.defn(name="plan_generation")
+    @activity.defn(name=PLAN_GENERATION)
     async def plan_generation(self, input: PlanInput) -> PlanOutput:
         """Up to ``limit`` rows from source row ``start`` on that are not journaled, as tasks,
         with the journal's totals.
@@ -117,7 +123,7 @@ class GenerationActivities:
             next_start=next_start,
         )
 
-    @activity.defn(name="journal_row")
+    @activity.defn(name=JOURNAL_ROW)
     async def journal_row(self, input: JournalRowInput) -> JournalRowOutput:
         """Journal one row, once (a retried or repeated call writes nothing)."""
         written = await asyncio.to_thread(outputs.journal_row, self.store, input.name, input.entry)
@@ -126,7 +132,7 @@ class GenerationActivities:
         )
         return JournalRowOutput(written=written)
 
-    @activity.defn(name="await_task")
+    @activity.defn(name=AWAIT_TASK)
     async def await_task(self, input: AwaitTaskInput) -> TaskResult:
         """The result of a task workflow started earlier, heartbeating while it runs."""
         handle = self.client.get_workflow_handle(input.workflow_id, result_type=TaskResult)
@@ -143,7 +149,7 @@ class GenerationActivities:
                 with contextlib.suppress(asyncio.CancelledError):
                     await waiting
 
-    @activity.defn(name="write_generation_outputs")
+    @activity.defn(name=WRITE_GENERATION_OUTPUTS)
     async def write_generation_outputs(self, input: WriteOutputsInput) -> GenerationSummary:
         """Filter every journaled row's samples and write the outputs; the summary."""
         spec = input.spec

@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
 
     from rolloutd import task_queues
     from rolloutd.activities.models import PostCallbackInput, PostCallbackOutput
+    from rolloutd.activities.names import POST_CALLBACK
     from rolloutd.payload import Payload
     from rolloutd.types import CallbackStatus, SessionResult
 
@@ -72,7 +73,7 @@ class CallbackWorkflow:
         state = self._state = CallbackStatus(session_id=input.session.session_id)
         try:
             out: PostCallbackOutput = await workflow.execute_activity(
-                "post_callback",
+                POST_CALLBACK,
                 PostCallbackInput(url=input.url, session=input.session, secret=input.secret),
                 result_type=PostCallbackOutput,
                 task_queue=task_queues.EVAL,

@@ -31,9 +31,9 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
+    from rolloutd.activities.names import CHECK_EVALUATOR
     from rolloutd.capabilities import (
         CAPABILITIES_QUERY,
-        CHECK_EVALUATOR_ACTIVITY,
         CHECK_EVALUATOR_UPDATE,
         DEAD_AFTER_S,
         FLEET_STATE_SIGNAL,
@@ -279,7 +279,7 @@ class FleetRegistryWorkflow:
             return self._checked[input.type]
         try:
             answer: CheckEvaluatorOutput = await workflow.execute_activity(
-                CHECK_EVALUATOR_ACTIVITY,
+                CHECK_EVALUATOR,
                 input,
                 result_type=CheckEvaluatorOutput,
                 task_queue=task_queues.EVAL,

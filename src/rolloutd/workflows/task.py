@@ -50,6 +50,13 @@ with workflow.unsafe.imports_passed_through():
         StoreGroupPartInput,
         StoreTaskRequestInput,
     )
+    from rolloutd.activities.names import (
+        ASSEMBLE_GROUP,
+        BACKEND_HEALTH,
+        STORE_GROUP,
+        STORE_GROUP_PART,
+        STORE_TASK_REQUEST,
+    )
     from rolloutd.capabilities import FLEET_STATE_SIGNAL, FleetState
     from rolloutd.observability import names
     from rolloutd.scoring import (
@@ -445,7 +452,7 @@ async def _backend_health() -> BackendHealthOutput | None:
     when no gateway answered."""
     try:
         return await workflow.execute_activity(
-            "backend_health",
+            BACKEND_HEALTH,
             BackendHealthInput(),
             task_queue=task_queues.GATEWAY,
             start_to_close_timeout=FLEET_CHECK_TIMEOUT,
@@ -561,9 +568,9 @@ async def _store_result(group: TaskResult, task: TaskRequest) -> TaskResult:
     summary = group.model_copy(update={"sessions": [], "replaced": []})
     parts = group_parts(group, task.inline_result_bytes)
     try:
-        await asyncio.gather(*(_on_store("store_group_part", part, task, int) for part in parts))
+        await asyncio.gather(*(_on_store(STORE_GROUP_PART, part, task, int) for part in parts))
         key = await _on_store(
-            "assemble_group",
+            ASSEMBLE_GROUP,
             AssembleGroupInput(group=summary, part_keys=[p.key for p in parts]),
             task,
             str,
@@ -597,7 +604,7 @@ async def _report(workflow_id: str, group: TaskResult, task: TaskRequest, key: s
     not an error of the task."""
     if not key:
         try:
-            key = await _on_store("store_group", group, task, str)
+            key = await _on_store(STORE_GROUP, group, task, str)
         except ActivityError as e:
             workflow.logger.warning("group %s not stored: %s", group.task_id, e.cause or e)
     ref = GroupRef.of(group, key, scored_rewards(group))
@@ -663,6 +670,6 @@ async def _store_request(task: TaskRequest) -> str | None:
     if len(task.model_dump_json()) <= INLINE_REQUEST_BYTES:
         return None
     stored = await _on_store(
-        "store_task_request", StoreTaskRequestInput(task=task), task, StoredTaskRequest
+        STORE_TASK_REQUEST, StoreTaskRequestInput(task=task), task, StoredTaskRequest
     )
     return stored.key

@@ -35,6 +35,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
+    from rolloutd.activities.names import CLOSED_WORKFLOWS
     from rolloutd.activities.tenants import (
         ACQUIRE_SIGNAL,
         GRANTED_SIGNAL,
@@ -211,7 +212,7 @@ class TenantWorkflow:
             # an activity, not a local one: what follows a local activity's result may run in
             # another workflow task on replay than it did first (a nondeterminism error)
             closed: list[str] = await workflow.execute_activity(
-                "closed_workflows",
+                CLOSED_WORKFLOWS,
                 list(self._state.holders),
                 task_queue=task_queues.EVAL,
                 schedule_to_close_timeout=CHECK_HOLDERS_TIMEOUT,

@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         CapacityInput,
         SandboxCapacityOutput,
     )
+    from rolloutd.activities.names import BACKEND_CAPACITY, SANDBOX_CAPACITY
 
 #: sessions kept in flight per session the fleets run at once
 IN_FLIGHT_HEADROOM = 2.0
@@ -59,7 +60,7 @@ async def observed_sessions() -> int | None:
     bounds: list[int] = []
     try:
         sandbox: SandboxCapacityOutput = await workflow.execute_local_activity(
-            "sandbox_capacity",
+            SANDBOX_CAPACITY,
             CapacityInput(),
             start_to_close_timeout=_TIMEOUT,
             retry_policy=_RETRY,
@@ -71,7 +72,7 @@ async def observed_sessions() -> int | None:
         workflow.logger.warning("sandbox capacity unknown: %s", e.cause or e)
     try:
         backends: BackendCapacityOutput = await workflow.execute_activity(
-            "backend_capacity",
+            BACKEND_CAPACITY,
             CapacityInput(),
             task_queue=task_queues.GATEWAY,
             start_to_close_timeout=_TIMEOUT,

@@ -49,6 +49,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
     from rolloutd.activities.models import ReadTaskChunkInput, ReadTaskChunkOutput
+    from rolloutd.activities.names import CLOSED_WORKFLOWS, READ_TASK_CHUNK
     from rolloutd.scoring import is_zero_variance
     from rolloutd.types import GroupRef, TaskRequest
     from rolloutd.workflows import metadata, search
@@ -178,7 +179,7 @@ class RolloutBufferWorkflow:
             # an activity, not a local one: what follows a local activity's result may run in
             # another workflow task on replay than it did first (a nondeterminism error)
             closed: list[str] = await workflow.execute_activity(
-                "closed_workflows",
+                CLOSED_WORKFLOWS,
                 [r.workflow_id for r in asked],
                 task_queue=task_queues.EVAL,
                 schedule_to_close_timeout=REAP_TIMEOUT,
@@ -247,7 +248,7 @@ class RolloutBufferWorkflow:
                 if cfg.source.type == "push" or self._s.source_exhausted:
                     return
                 chunk: ReadTaskChunkOutput = await workflow.execute_activity(
-                    "read_task_chunk",
+                    READ_TASK_CHUNK,
                     ReadTaskChunkInput(
                         path=cfg.source.path or "",
                         format=cfg.source.type,

@@ -36,6 +36,12 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
+    from rolloutd.activities.names import (
+        AWAIT_TASK,
+        JOURNAL_ROW,
+        PLAN_GENERATION,
+        WRITE_GENERATION_OUTPUTS,
+    )
     from rolloutd.types import SessionResult, SessionStatus, TaskResult
     from rolloutd.workflows import metadata
     from rolloutd.workflows.generation.models import (
@@ -100,7 +106,7 @@ class GenerationWorkflow:
         started_at = input.started_at or workflow.now()
         self._progress = GenerationProgress(name=spec.name, started_at=started_at)
         plan: PlanOutput = await workflow.execute_activity(
-            "plan_generation",
+            PLAN_GENERATION,
             PlanInput(spec=spec, limit=spec.rows_per_run, start=input.cursor, totals=input.totals),
             task_queue=task_queues.EVAL,
             start_to_close_timeout=timedelta(minutes=5),
@@ -126,7 +132,7 @@ class GenerationWorkflow:
                 result = await self._run_row(row, spec.template.timeout_s)
                 self._progress.num_running -= 1
                 await workflow.execute_activity(
-                    "journal_row",
+                    JOURNAL_ROW,
                     JournalRowInput(
                         name=spec.name,
                         entry=JournalEntry(
@@ -164,7 +170,7 @@ class GenerationWorkflow:
             )
         self._progress.status = "writing"
         summary: GenerationSummary = await workflow.execute_activity(
-            "write_generation_outputs",
+            WRITE_GENERATION_OUTPUTS,
             WriteOutputsInput(spec=spec),
             task_queue=task_queues.EVAL,
             start_to_close_timeout=timedelta(minutes=30),
@@ -196,7 +202,7 @@ class GenerationWorkflow:
         except WorkflowAlreadyStartedError:
             workflow.logger.info("generation row already started, awaiting it: %s", workflow_id)
             return await workflow.execute_activity(
-                "await_task",
+                AWAIT_TASK,
                 AwaitTaskInput(workflow_id=workflow_id),
                 task_queue=task_queues.EVAL,
                 # the task's own sessions bound it; the margin covers queueing and replacement

@@ -43,6 +43,13 @@ with workflow.unsafe.imports_passed_through():
         ProvisionRuntimeOutput,
         TeardownRuntimeInput,
     )
+    from rolloutd.activities.names import (
+        BUILD_TRAJECTORY,
+        CLOSE_SESSION,
+        COLLECT_ARTIFACTS,
+        EVALUATE,
+        TEARDOWN_RUNTIME,
+    )
     from rolloutd.observability import names
     from rolloutd.types import (
         FailureCause,
@@ -238,7 +245,7 @@ async def build(
     return await timed(
         "build",
         workflow.execute_activity(
-            "build_trajectory",
+            BUILD_TRAJECTORY,
             BuildTrajectoryInput(
                 session_id=session_id,
                 task_id=task.task_id,
@@ -289,7 +296,7 @@ async def evaluate(
         evaluated: EvaluateOutput = await timed(
             "evaluate",
             workflow.execute_activity(
-                "evaluate",
+                EVALUATE,
                 EvaluateInput(
                     session_id=session_id,
                     task_id=task.task_id,
@@ -364,7 +371,7 @@ async def teardown(
         await timed(
             "teardown",
             workflow.execute_activity(
-                "teardown_runtime",
+                TEARDOWN_RUNTIME,
                 TeardownRuntimeInput(runtime_id=runtime.runtime_id),
                 task_queue=runtime.host_queue,
                 start_to_close_timeout=seconds(teardown_s),
@@ -406,7 +413,7 @@ async def close(
         return await timed(
             "close",
             workflow.execute_activity(
-                "close_session",
+                CLOSE_SESSION,
                 close_input,
                 task_queue=opened.host_queue,
                 start_to_close_timeout=CLOSE_TIMEOUT,
@@ -426,7 +433,7 @@ async def close(
         return await timed(
             "close",
             workflow.execute_activity(
-                "close_session",
+                CLOSE_SESSION,
                 close_input,
                 task_queue=task_queues.GATEWAY,
                 start_to_close_timeout=CLOSE_TIMEOUT,
@@ -463,7 +470,7 @@ async def evaluate_in_fresh_runtime(
             checked: CollectArtifactsOutput = await timed(
                 "eval_check",
                 workflow.execute_activity(
-                    "collect_artifacts",
+                    COLLECT_ARTIFACTS,
                     CollectArtifactsInput(
                         runtime_id=eval_runtime.runtime_id,
                         session_id=input.session_id,
@@ -495,7 +502,7 @@ async def evaluate_in_fresh_runtime(
             await timed(
                 "eval_teardown",
                 workflow.execute_activity(
-                    "teardown_runtime",
+                    TEARDOWN_RUNTIME,
                     TeardownRuntimeInput(runtime_id=eval_runtime.runtime_id),
                     task_queue=eval_runtime.host_queue,
                     start_to_close_timeout=seconds(phases.teardown_s),

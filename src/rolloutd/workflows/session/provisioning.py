@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         ProvisionRuntimeOutput,
         TeardownRuntimeInput,
     )
+    from rolloutd.activities.names import PROVISION_RUNTIME, TEARDOWN_RUNTIME
     from rolloutd.errors import NoSandboxWorkerError
     from rolloutd.workflows.fleet_watch import FleetStates, unwatch_fleet, watch_fleet
     from rolloutd.workflows.session.failures import cause_text
@@ -71,7 +72,7 @@ async def provision_waiting(
     tag = f"provision-{attempt}"
     started = workflow.now()
     handle = workflow.start_activity(
-        "provision_runtime",
+        PROVISION_RUNTIME,
         input,
         task_queue=task_queues.SANDBOX,
         schedule_to_start_timeout=timedelta(seconds=queue_wait_s),
@@ -134,7 +135,7 @@ async def _tear_down_late(handle: workflow.ActivityHandle[ProvisionRuntimeOutput
     workflow.logger.info("tearing down %s, provisioned after a cancel", runtime.runtime_id)
     try:
         await workflow.execute_activity(
-            "teardown_runtime",
+            TEARDOWN_RUNTIME,
             TeardownRuntimeInput(runtime_id=runtime.runtime_id),
             task_queue=runtime.host_queue,
             start_to_close_timeout=LOST_HOST_TEARDOWN,

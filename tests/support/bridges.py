@@ -32,7 +32,10 @@ open("reply.txt", "w").write(content)
 TRAINERS_DIR = Path(
     os.environ.get("ROLLOUTD_TRAINERS_DIR", Path.home() / ".cache" / "rolloutd" / "trainers")
 )
-INSTALL = "scripts/setup_trainers.sh installs it (docs/trainers.md, 'Installing')"
+INSTALL = (
+    "scripts/setup.sh installs trl and verifiers, scripts/setup_trainers.sh the others "
+    "(docs/trainers.md, 'Installing')"
+)
 
 
 def have(module: str) -> bool:

@@ -6,15 +6,17 @@ query replays the workflow from its history, as a worker restart or a cache evic
 histories come from what makes a session wait longest:
 
 - sessions that wait for a tenant slot (a tenant with a quota of 1),
-- sessions that wait for backend capacity (the gateway takes 1 open session per 4 engine
-  slots),
-- sessions that wait for a sandbox host (a host of 2 runtimes),
+- sessions that wait for backend capacity (the gateway takes 1 open session per 2 engine
+  slots: 2 of the engine's 4),
+- sessions that wait for a sandbox host (a host of 1 runtime, while the gateway admits 2),
 
 and from a task, a task whose group is returned by reference (stored in parts, then
 assembled), a buffer (take and acknowledge) and a generation. While they run, a query of
 each session's phase replays it again; every query must be answered. Afterwards every
 history, printed with its size, must replay on today's workflow code without a
-nondeterminism error.
+nondeterminism error, and the histories must show each wait: a tenant wait and a backend wait
+in the sessions' phases, a sandbox-host wait in a provisioning's time in the sandbox queue
+(``ProvisionRuntimeOutput.queue_wait_s``, read from the session histories).
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 from temporalio.worker import Replayer
 
+from rolloutd.activities.models import ProvisionRuntimeOutput
+from rolloutd.activities.names import PROVISION_RUNTIME
 from rolloutd.generation.commands import generate
 from rolloutd.security.connection import data_converter
 from rolloutd.store import BlobStore
@@ -50,15 +55,16 @@ async def smallest_cache_fleets(
     address: str, engine_url: str, home: Path
 ) -> AsyncIterator[tuple[Client, str]]:
     """The four fleets in a fresh namespace: no workflow cached between tasks, a sandbox
-    host of 2 runtimes, a gateway taking 0.25 open sessions per engine slot (1 of 4)."""
+    host of 1 runtime, a gateway taking 0.5 open sessions per engine slot (2 of 4): of the
+    two sessions admitted at once, one waits for the host."""
     async with namespaced_fleets(
         address,
         home,
         engine_url,
         tag="replay",
         common={"max_cached_workflows": 0},
-        gateway={"max_sessions_per_slot": 0.25},
-        sandbox_host={"max_concurrent_sessions": 2},
+        gateway={"max_sessions_per_slot": 0.5},
+        sandbox_host={"max_concurrent_sessions": 1},
     ) as fleets:
         yield fleets.client, fleets.store_url
 
@@ -81,6 +87,27 @@ async def query_phases(
                     refused.append(f"{workflow_id}: {e}")
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.3)
+
+
+async def host_waits(events: list[HistoryEvent]) -> list[float]:
+    """Seconds each provisioning of a session's history waited in the sandbox queue for a
+    host with room (its result's ``queue_wait_s``, decoded as the workers decode it)."""
+    converter = data_converter()
+    provisions = {
+        event.event_id
+        for event in events
+        if event.HasField("activity_task_scheduled_event_attributes")
+        and event.activity_task_scheduled_event_attributes.activity_type.name == PROVISION_RUNTIME
+    }
+    waits = []
+    for event in events:
+        completed = event.activity_task_completed_event_attributes
+        if event.HasField("activity_task_completed_event_attributes") and (
+            completed.scheduled_event_id in provisions
+        ):
+            (output,) = await converter.decode(completed.result.payloads, [ProvisionRuntimeOutput])
+            waits.append(output.queue_wait_s)
+    return waits
 
 
 @pytest.mark.timeout(900)
@@ -132,11 +159,13 @@ async def test_every_workflow_replays_its_history(temporal_server, engine, tmp_p
         assert answered[0] > 0 and not refused, refused[:3]
 
         replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter())
-        failures, sizes = [], {}
+        failures, sizes, waited = [], {}, []
         async for execution in client.list_workflows():
             history = await client.get_workflow_handle(
                 execution.id, run_id=execution.run_id
             ).fetch_history()
+            if execution.workflow_type == "RolloutSessionWorkflow":
+                waited += await host_waits(list(history.events))
             sizes[f"{execution.workflow_type} {execution.id}"] = (
                 len(history.events),
                 len(history.to_json()),
@@ -156,3 +185,6 @@ async def test_every_workflow_replays_its_history(temporal_server, engine, tmp_p
         "TenantWorkflow",
     } <= kinds, kinds
     assert not failures, failures
+    # the host's one runtime was taken while another admitted session was provisioned
+    print(f"  longest wait for a sandbox host: {max(waited, default=0.0):.1f} s")
+    assert max(waited, default=0.0) >= 0.5, sorted(waited)[-5:]

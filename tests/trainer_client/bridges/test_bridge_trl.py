@@ -11,8 +11,10 @@
   ``FixedCountBatcher`` and ``DataCollatorForRollout``. Not exercised: ``AsyncGRPOTrainer``
   itself (on CPU its constructor calls ``torch.cuda``, waits for vLLM's ``/health`` and packs
   with a FlashAttention-3 kernel).
-- The acceptance test runs ``examples/trl_grpo.py`` for 2 steps: TRL's GRPOTrainer, real
-  sessions in bwrap, weight sync and probe after each step.
+- These run in the default tier (seconds on CPU, no fleet). The acceptance tests run
+  ``examples/trl_grpo.py`` for 2 steps (TRL's GRPOTrainer, real sessions in bwrap, weight sync
+  and probe after each step), the async weight transfer on the real engine, and the async
+  worker on a real buffer.
 """
 
 from __future__ import annotations
@@ -35,9 +37,8 @@ import pytest
 from tests.support.bridges import INSTALL, FakeClient, canned_trace, have
 
 pytestmark = [
-    # the trainer packages come from scripts/setup_trainers.sh, which README's acceptance
-    # command runs first
-    pytest.mark.acceptance,
+    # trl comes from scripts/setup.sh (scripts/setup_trainers.sh --project): the tests that
+    # need no fleet run in the default tier, the three that run sessions in the acceptance tier
     pytest.mark.trainers,
     pytest.mark.skipif(not have("trl"), reason=f"trl is not installed; {INSTALL}"),
 ]
@@ -348,6 +349,7 @@ def _run_example(home: Path, metrics: Path, plot: Path) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.acceptance
 @pytest.mark.engine
 @pytest.mark.temporal
 @pytest.mark.sandbox
@@ -383,6 +385,7 @@ def test_trl_grpo_example_runs_two_synced_steps(tmp_path):
     assert (tmp_path / "trl.png").stat().st_size > 0
 
 
+@pytest.mark.acceptance
 @pytest.mark.engine
 @pytest.mark.timeout(900)
 async def test_weight_transfer_makes_the_engine_serve_the_trainers_weights(tmp_path):
@@ -466,6 +469,7 @@ async def test_weight_transfer_makes_the_engine_serve_the_trainers_weights(tmp_p
         engine.stop()
 
 
+@pytest.mark.acceptance
 @pytest.mark.temporal
 @pytest.mark.engine
 @pytest.mark.sandbox

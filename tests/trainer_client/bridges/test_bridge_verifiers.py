@@ -2,10 +2,11 @@
 msgpack, its delta assembly, its ``WireEpisode`` validation) drives rolloutd sessions through
 :class:`RolloutdEnvServer`.
 
-The acceptance test runs 4 tasks (the shell harness in bwrap, one chat call each through the
-gateway to Qwen2.5-Coder-0.5B on llama-server) and cancels one of them mid-run, as prime-rl's
+The wire-type test runs in the default tier (no fleet, seconds). The acceptance test runs 4
+tasks (the shell harness in bwrap, one chat call each through the gateway to
+Qwen2.5-Coder-0.5B on llama-server) and cancels one of them mid-run, as prime-rl's
 orchestrator does when it drops a rollout: about 1-3 minutes on 2 cores. Skipped when
-verifiers is not installed (scripts/setup_trainers.sh).
+verifiers is not installed (scripts/setup.sh installs it).
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ import pytest
 from tests.support.bridges import INSTALL, ask_task, have
 
 pytestmark = [
-    # the trainer packages come from scripts/setup_trainers.sh, which README's acceptance
-    # command runs first
-    pytest.mark.acceptance,
+    # verifiers comes from scripts/setup.sh (scripts/setup_trainers.sh --project)
     pytest.mark.trainers,
     pytest.mark.skipif(not have("verifiers"), reason=f"verifiers is not installed; {INSTALL}"),
 ]
@@ -115,6 +114,7 @@ def test_episode_of_a_session_validates_as_verifiers_wire_episode():
     assert wire.traces[0].has_error and not got.has_error
 
 
+@pytest.mark.acceptance
 @pytest.mark.temporal
 @pytest.mark.engine
 @pytest.mark.sandbox

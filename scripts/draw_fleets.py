@@ -11,8 +11,8 @@ Every name in the picture is read from the code, so the picture changes when the
   and every activity those modules call must be in the path, else the script fails;
 - the runtimes, harnesses and backends: the ``Literal`` types of ``RuntimeSpec.type``,
   ``HarnessSpec.type`` and ``GatewaySettings.backend_type``; the dialects: the ``DIALECT`` of
-  each module of ``proxy/dialects``; the trainer bridges: the modules of
-  ``trainer_client/bridges``.
+  each module of ``proxy/dialects``; the training side: the modules of
+  ``trainer_client/training``; the trainer bridges: the modules of ``trainer_client/bridges``.
 
 Usage::
 
@@ -206,6 +206,11 @@ def read_parts() -> dict[str, list[str]]:
         "backends": _literal(GatewaySettings.model_fields["backend_type"].annotation),
         "dialects": [DIALECTS.get(d, d) for d in dialects],
         "trainers": trainers,
+        "training": sorted(
+            p.stem
+            for p in (SRC / "trainer_client" / "training").glob("*.py")
+            if p.stem != "__init__"
+        ),
     }
 
 
@@ -272,19 +277,21 @@ def draw() -> str:
              bold=True)  # fmt: skip
 
     # trainers on top
-    top, th = 48, 66
+    top, th = 48, 72
     tw = (W - 2 * M - 2 * GAP) / 3
     boxes = [
-        ("RolloutClient (rolloutd.trainer_client)", ["submit · result · trajectory · buffers"]),
+        ("client side: rolloutd.trainer_client", ["RolloutClient: submit · result · trajectory",
+                                                  "buffers · backend admin · sync client"]),
         ("REST facade: rolloutd rest", ["POLAR /rollout/task/*, ProRL /add_llm_server"]),
-        ("trainer bridges (trainer_client.bridges)", [" · ".join(parts["trainers"])]),
-    ]
+        ("training side: trainer_client.training", [" · ".join(parts["training"]),
+                                                    "bridges: " + " · ".join(parts["trainers"])]),
+    ]  # fmt: skip
     for i, (title, lines) in enumerate(boxes):
         x = M + i * (tw + GAP)
         svg.rect(x, top, tw, th, fill="#f8f9fa")
         svg.text(x + 12, top + 24, title, size=13, bold=True)
         for j, line in enumerate(lines):
-            svg.text(x + 12, top + 46 + 16 * j, line, size=12, mono=True)
+            svg.text(x + 12, top + 46 + 16 * j, line, size=11, mono=True)
     svg.arrow(W / 2, top + th, W / 2, 146)
     svg.text(W / 2 + 8, 134, "start task workflows, wait for results, read trajectories (gRPC)",
              size=11, fill="#5f6368")  # fmt: skip

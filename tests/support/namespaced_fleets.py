@@ -44,6 +44,7 @@ async def namespaced_fleets(
     *,
     tag: str,
     sandbox: bool = True,
+    namespace: str | None = None,
     common: dict[str, Any] | None = None,
     gateway: dict[str, Any] | None = None,
     sandbox_host: dict[str, Any] | None = None,
@@ -58,11 +59,13 @@ async def namespaced_fleets(
         backend_url: the gateway's backend.
         tag: names the namespace, the host (``{tag}-host``) and the runtime root.
         sandbox: run the sandbox fleet.
+        namespace: a namespace registered already (:func:`fresh_namespace`); None: a fresh
+            one named after ``tag``.
         common: more settings every fleet takes (``max_cached_workflows``).
         gateway: more gateway settings (``max_sessions_per_slot``).
         sandbox_host: more sandbox settings (``max_concurrent_sessions``).
     """
-    namespace = await fresh_namespace(address, tag)
+    namespace = namespace or await fresh_namespace(address, tag)
     shared = {
         "temporal_address": address,
         "temporal_namespace": namespace,

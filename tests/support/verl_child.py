@@ -114,7 +114,9 @@ async def main(args: argparse.Namespace) -> None:
     print(json.dumps({"endpoint": await endpoint.start()}), flush=True)
     await asyncio.to_thread(sys.stdin.readline)
 
-    client = await RolloutClient.connect(args.temporal, store_url=args.store)
+    client = await RolloutClient.connect(
+        args.temporal, namespace=args.namespace, store_url=args.store
+    )
     RolloutdAgentLoop.configure(client, task_prefix=args.task_prefix)
     task = json.loads(args.task)
     failing = json.loads(args.failing_task) if args.failing_task else None
@@ -190,6 +192,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--engine-url", required=True)
     parser.add_argument("--temporal", required=True)
+    parser.add_argument("--namespace", default="default", help="the fleets' Temporal namespace")
     parser.add_argument("--store", required=True)
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--task", required=True, help="task fields, JSON")

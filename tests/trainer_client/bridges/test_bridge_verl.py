@@ -28,7 +28,6 @@ TransferQueue path (``transfer_queue`` is not installed), and a training step.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -40,6 +39,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.bridges import INSTALL, ask_task, trainer_python
+from tests.support.namespaced_fleets import namespaced_fleets
+from tests.support.namespaces import fresh_namespace
 
 ROOT = Path(__file__).resolve().parents[3]
 CHILD = ROOT / "tests" / "support" / "verl_child.py"
@@ -60,37 +61,6 @@ pytestmark = [
 ]
 
 
-@contextlib.asynccontextmanager
-async def fleets_on_verl(temporal_server, endpoint: str, home: Path):
-    """The four fleets in this process; the gateway's one backend is verl's endpoint."""
-    from rolloutd.settings import EvalSettings, GatewaySettings, SandboxSettings
-    from rolloutd.stack import free_port
-    from rolloutd.workers import connect, run_fleet
-
-    common = {
-        "temporal_address": temporal_server.address,
-        "store_url": str(home / "store"),
-        "host_id": "verl-host",
-        "log_json": False,
-    }
-    gateway = GatewaySettings(
-        **common,
-        gateway_port=free_port(),
-        backend_url=endpoint,
-        backend_type="verl",
-        model="qwen2.5-coder-0.5b",
-    )
-    client = await connect(gateway)
-    async with contextlib.AsyncExitStack() as stack:
-        await stack.enter_async_context(run_fleet("gateway", client, gateway))
-        await stack.enter_async_context(
-            run_fleet("sandbox", client, SandboxSettings(**common, runtime_root=str(home / "rt")))
-        )
-        await stack.enter_async_context(run_fleet("eval", client, EvalSettings(**common)))
-        await stack.enter_async_context(run_fleet("workflows", client, gateway))
-        yield client, common["store_url"]
-
-
 @pytest.mark.temporal
 @pytest.mark.engine
 @pytest.mark.sandbox
@@ -108,8 +78,11 @@ async def test_verl_agent_loop_runs_eight_prompts_through_rolloutd(temporal_serv
     from rolloutd.types import SessionStatus
 
     prefix = f"verl-{uuid.uuid4().hex[:6]}"
-    # short: the sandbox's unix socket lives under the runtime folder (108-byte limit)
     tmp_path = Path(tempfile.mkdtemp(prefix="rv-"))
+    # the fleets whose gateway's one backend is verl's endpoint run in a namespace of their
+    # own: in the session's namespace, the shared fleets (started by the other bridge tests of
+    # a run) would take some of these sessions to a gateway that calls llama-server directly
+    namespace = await fresh_namespace(temporal_server.address, "verl")
     proc = await asyncio.create_subprocess_exec(
         str(VERL),
         str(CHILD),
@@ -117,6 +90,8 @@ async def test_verl_agent_loop_runs_eight_prompts_through_rolloutd(temporal_serv
         engine.url,
         "--temporal",
         temporal_server.address,
+        "--namespace",
+        namespace,
         "--store",
         str(tmp_path / "store"),
         "--tokenizer",
@@ -144,7 +119,15 @@ async def test_verl_agent_loop_runs_eight_prompts_through_rolloutd(temporal_serv
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 300)
         endpoint = json.loads(line)["endpoint"]
-        async with fleets_on_verl(temporal_server, endpoint, tmp_path) as (client, store_url):
+        async with namespaced_fleets(
+            temporal_server.address,
+            tmp_path,
+            endpoint,
+            tag="verl",
+            namespace=namespace,
+            gateway={"backend_type": "verl"},
+        ) as fleets:
+            client, store_url = fleets.client, fleets.store_url
             proc.stdin.write(b"go\n")
             await proc.stdin.drain()
             line = await asyncio.wait_for(proc.stdout.readline(), 900)

@@ -19,8 +19,8 @@ orchestration is measured, not inference. The gateway still renders, records and
 everything as with a real engine (capture mode ``tokens``). ``--engine llama`` runs
 llama-server with the model instead (``up``'s own engine), to compare: on this 2-core machine
 it spent about 440 ms of CPU a session (2 calls of 4 tokens from SmolLM2-135M), twice what
-the whole orchestration spent, and it slowed rolloutd's sessions 3-4x, so its contention,
-not orchestration, set the figures (docs/benchmarks.md).
+the whole orchestration spent, and rolloutd's sessions ran about 4x slower, so its
+contention, not orchestration, would set the figures (docs/benchmarks.md).
 
 The floor (``benchmarks/orchestration_floor.py``) runs on the same server after rolloutd's
 sessions: a parent workflow per task, one child workflow per sample, as many no-op activities

@@ -477,6 +477,16 @@ class SandboxSettings(CommonSettings):
         "retryable) with a cause naming the file and its size",
     )
 
+    max_final_state_bytes: int = Field(
+        default=256 * 2**20,
+        ge=1,
+        description="size limit of a session's stored final state (its tasks' "
+        "`store_final_state`: the workdir, an answer file), "
+        "bytes; a larger state is not stored, and its manifest says it was refused (never "
+        "cut: `rolloutd reverify` reports the session as unscorable); the session itself goes "
+        "on",
+    )
+
 
 class EvalSettings(CommonSettings):
     """The eval fleet (evaluator hosts)."""

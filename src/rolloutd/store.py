@@ -7,6 +7,8 @@ Layout below the store's root (``session_id`` is ``{task_id}/{sample_index}``)::
     sessions/{session_id}/artifacts/{name}.json        artifacts collected after the run
     sessions/{session_id}/trajectory.json              the built trajectory
     sessions/{session_id}/result.json                  the session's result
+    sessions/{session_id}/final_state/manifest.json    its final state, when the task asks
+                                                       (and workdir.tar, system.tar beside it)
 
 One object per completion makes the log append-only on every fsspec backend (S3 and GCS have
 no append): writes are create-exclusive, so a completion index is never written twice.
@@ -27,10 +29,12 @@ completions; records without ``format`` (format 1, every field in full) read as 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import json
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -290,6 +294,51 @@ class BlobStore:
         except FileNotFoundError as e:
             raise NotFoundError(f"blob {key!r} not found") from e
 
+    def put_file(self, key: str, source: str | os.PathLike[str]) -> int:
+        """Copy the local file ``source`` to ``key``, streamed in chunks (never whole in
+        memory): a local store writes a temporary file and renames it (with the store's
+        durability), an object store uploads it (fsspec ``put_file``: multipart on S3).
+
+        Returns:
+            The bytes copied.
+        """
+        path = self._path(key)
+        size = os.path.getsize(source)
+        if not self._local:
+            self.fs.put_file(os.fspath(source), path)
+            return size
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}-{self._tmp_prefix}{next(self._tmp_counter)}.tmp"
+        try:
+            with open(source, "rb") as src, open(tmp, "xb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+                if self.sync == "always":
+                    dst.flush()
+                    os.fsync(dst.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        self._named(path, folder)
+        return size
+
+    def get_file(self, key: str, target: str | os.PathLike[str]) -> int:
+        """Copy ``key`` to the local file ``target``, streamed (fsspec ``get_file``).
+
+        Returns:
+            The bytes copied.
+
+        Raises:
+            NotFoundError: the key does not exist.
+        """
+        try:
+            self.fs.get_file(self._path(key), os.fspath(target))
+        except FileNotFoundError as e:
+            raise NotFoundError(f"blob {key!r} not found") from e
+        return os.path.getsize(target)
+
     def exists(self, key: str) -> bool:
         """Whether ``key`` exists."""
         return bool(self.fs.exists(self._path(key)))
@@ -356,6 +405,12 @@ def trajectory_key(session_id: str) -> str:
 def artifact_key(session_id: str, name: str) -> str:
     """Blob-store key of one artifact of a session."""
     return f"{session_prefix(session_id)}/artifacts/{name}.json"
+
+
+def final_state_key(session_id: str, part: str = "manifest.json") -> str:
+    """Blob-store key of a part of a session's stored final state (``manifest.json``,
+    ``workdir.tar``, ``system.tar``; :mod:`rolloutd.final_state`)."""
+    return f"{session_prefix(session_id)}/final_state/{part}"
 
 
 class CompletionLog:

@@ -256,6 +256,11 @@ class CollectArtifactsInput(Payload):
     evaluator: EvaluatorSpec
     collect_outputs: bool = Field(default=True, description="store the patch and files")
     run_check: bool = Field(default=True, description="run the evaluator's check here")
+    store_final_state: bool = Field(
+        default=False,
+        description="with ``collect_outputs``: store the session's final state before the "
+        "check runs (rolloutd.sandbox.final_state)",
+    )
     apply_patch_ref: str | None = Field(
         default=None, description="blob key of a `patch` artifact applied before the check"
     )
@@ -263,6 +268,20 @@ class CollectArtifactsInput(Payload):
 
 class CollectArtifactsOutput(Payload):
     artifacts: dict[str, str] = Field(default_factory=dict, description="name -> blob key")
+
+
+class RestoreFinalStateInput(Payload):
+    """Restore a stored final state into a runtime provisioned for a re-score."""
+
+    runtime_id: str
+    session_id: str = Field(description="the stored session (for logs)")
+    final_state_key: str = Field(description="blob key of the session's final state manifest")
+
+
+class RestoreFinalStateOutput(Payload):
+    image_digest: str | None = Field(
+        default=None, description="the id of the image the runtime runs (container runtimes)"
+    )
 
 
 class TeardownRuntimeInput(Payload):
@@ -387,3 +406,138 @@ class StoredTaskRequest(Payload):
 
     key: str = Field(description="blob store key of the request's JSON")
     num_bytes: int = Field(ge=0, description="size of the stored JSON, bytes")
+
+
+# --------------------------------------------------------------------------- reverify
+
+#: what became of one session in a re-score (``SessionRescore.status``)
+RescoreStatus = Literal[
+    "rescored",
+    "evaluator_error",
+    "failed",
+    "no_final_state",
+    "final_state_refused",
+    "not_scored",
+    "forced",
+    "missing",
+]
+
+
+class ReverifyPlanInput(Payload):
+    """One stored session to score again (``reverify_plan``)."""
+
+    run_id: str = Field(description="the reverify run")
+    index: int = Field(ge=0, description="the session's place in the run")
+    session_id: str = Field(description="the stored session (its trajectory's session_id)")
+    evaluators: dict[str, str] = Field(
+        default_factory=dict,
+        description="old evaluator name -> the name to score with (``*``: any); a session "
+        "whose evaluator is not named is scored by its own",
+    )
+
+
+class ReverifyPlan(Payload):
+    """How a stored session is scored again, or why it is not (``skip``: its outcome is
+    stored already)."""
+
+    skip: RescoreStatus | None = Field(default=None, description="not re-scored: why")
+    evaluator: EvaluatorSpec | None = Field(default=None, description="the spec scored with")
+    runtime: RuntimeSpec | None = Field(
+        default=None, description="the fresh runtime's spec; None: the evaluator needs none"
+    )
+    final_state_key: str | None = Field(default=None, description="the manifest's blob key")
+    patch_key: str | None = Field(
+        default=None, description="a ``patch`` artifact applied in the fresh runtime"
+    )
+    image_digest: str | None = Field(default=None, description="the image the session ran")
+
+
+class RescoreInput(Payload):
+    """Score a stored session again and append the record (``rescore_session``)."""
+
+    run_id: str
+    index: int = Field(ge=0)
+    session_id: str
+    evaluator: EvaluatorSpec
+    artifacts: dict[str, str] = Field(
+        default_factory=dict,
+        description="name -> blob key of what the fresh runtime's check produced",
+    )
+    image_digest: str | None = Field(
+        default=None, description="the image the fresh runtime ran (compared with the session's)"
+    )
+    stored_image_digest: str | None = Field(default=None, description="the session's image")
+    error: str | None = Field(
+        default=None, description="the fresh runtime failed (no score: the outcome says why)"
+    )
+
+
+class SessionRescore(Payload):
+    """What became of one session in a reverify run (stored per session, then summarised)."""
+
+    index: int = Field(ge=0, description="the session's place in the run")
+    session_id: str
+    task_id: str = ""
+    status: RescoreStatus = Field(
+        description="``rescored`` (a record appended), ``evaluator_error`` (a record with the "
+        "evaluator's error appended), ``failed`` (the fresh runtime or the store failed: "
+        "nothing appended), ``no_final_state`` (the task did not ask to store it), "
+        "``final_state_refused`` (it passed the bound, or storing it failed), ``not_scored`` "
+        "(the session was never evaluated: an infrastructure failure), ``forced`` (its reward "
+        "was the task's, not an evaluator's), ``missing`` (no trajectory in the store)"
+    )
+    old_evaluator: str | None = None
+    old_version: str | None = None
+    old_reward: float | None = None
+    new_evaluator: str | None = None
+    new_version: str | None = None
+    new_reward: float | None = None
+    changed: bool = Field(default=False, description="the new reward differs from the old")
+    reason: str | None = Field(default=None, description="the new record's reason")
+    detail: str | None = Field(default=None, description="why not re-scored, or what failed")
+    image_changed: bool = Field(
+        default=False, description="the fresh runtime ran another image than the session"
+    )
+
+
+class VersionChange(Payload):
+    """The sessions of one pair of evaluator versions, old to new."""
+
+    old_evaluator: str | None = None
+    old_version: str | None = None
+    new_evaluator: str | None = None
+    new_version: str | None = None
+    num_sessions: int = Field(default=0, ge=0, description="sessions re-scored")
+    num_changed: int = Field(default=0, ge=0, description="whose reward changed")
+    num_lower: int = Field(default=0, ge=0, description="whose reward went down")
+    num_higher: int = Field(default=0, ge=0, description="whose reward went up")
+    mean_old: float | None = Field(default=None, description="mean old reward")
+    mean_new: float | None = Field(default=None, description="mean new reward")
+
+
+class SummarizeReverifyInput(Payload):
+    """A finished reverify run to summarise (``summarize_reverify``)."""
+
+    run_id: str
+    num_sessions: int = Field(ge=0)
+
+
+class ReverifySummary(Payload):
+    """What a reverify run changed (stored whole at ``reverify/{run_id}/summary.json``)."""
+
+    run_id: str
+    num_sessions: int = Field(default=0, ge=0)
+    counts: dict[str, int] = Field(
+        default_factory=dict, description="sessions per ``SessionRescore.status``"
+    )
+    num_changed: int = Field(default=0, ge=0, description="sessions whose reward changed")
+    by_version: list[VersionChange] = Field(default_factory=list)
+    changed: list[SessionRescore] = Field(
+        default_factory=list, description="the sessions whose reward changed"
+    )
+    sessions: list[SessionRescore] = Field(
+        default_factory=list,
+        description="every session's outcome (only in the stored summary: the workflow "
+        "returns the rest)",
+    )
+    stored_key: str = Field(default="", description="where the whole summary is stored")

@@ -29,6 +29,7 @@ __all__ = [
     "PROVISION_RUNTIME",
     "READ_TASK_CHUNK",
     "READ_TASK_REQUEST",
+    "RESTORE_FINAL_STATE",
     "RUN_HARNESS",
     "SANDBOX_CAPACITY",
     "STORE_GROUP",
@@ -49,6 +50,8 @@ PROVISION_RUNTIME = "provision_runtime"
 RUN_HARNESS = "run_harness"
 COLLECT_ARTIFACTS = "collect_artifacts"
 TEARDOWN_RUNTIME = "teardown_runtime"
+#: a stored final state into a runtime provisioned for a re-score (rolloutd reverify)
+RESTORE_FINAL_STATE = "restore_final_state"
 
 # -- gateway fleet (rolloutd.activities.gateway)
 OPEN_SESSION = "open_session"

@@ -26,6 +26,8 @@ from rolloutd.activities.models import (
     CollectArtifactsOutput,
     ProvisionRuntimeInput,
     ProvisionRuntimeOutput,
+    RestoreFinalStateInput,
+    RestoreFinalStateOutput,
     RunHarnessInput,
     RunHarnessOutput,
     TeardownRuntimeInput,
@@ -34,6 +36,7 @@ from rolloutd.activities.models import (
 from rolloutd.activities.names import (
     COLLECT_ARTIFACTS,
     PROVISION_RUNTIME,
+    RESTORE_FINAL_STATE,
     RUN_HARNESS,
     TEARDOWN_RUNTIME,
 )
@@ -43,18 +46,20 @@ from rolloutd.errors import (
     RuntimeNotFoundError,
     to_application_error,
 )
-from rolloutd.evaluators import CHECK_ARTIFACT, run_check
+from rolloutd.evaluators import CHECK_ARTIFACT, final_state_parts, run_check
+from rolloutd.final_state import FinalState
 from rolloutd.http_client import HEALTH_PROBE, new_async_client
 from rolloutd.observability import metrics
 from rolloutd.proxy.sessions.liveness import BackendVerdict
 from rolloutd.sandbox import reclaim
 from rolloutd.sandbox.artifacts import apply_patch, git_patch
+from rolloutd.sandbox.final_state import image_digest, restore_final_state, store_final_state
 from rolloutd.sandbox.harnesses import HarnessAdapter, HarnessCommand, HarnessContext, get_harness
 from rolloutd.sandbox.runtimes import Runtime, RuntimeProcess, create_runtime
 from rolloutd.sandbox.runtimes.podman import container_binaries
 from rolloutd.sandbox.runtimes.podman_images import collect_garbage
 from rolloutd.settings import SandboxSettings
-from rolloutd.store import BlobStore, CompletionLog, artifact_key
+from rolloutd.store import BlobStore, CompletionLog, artifact_key, final_state_key
 from rolloutd.task_queues import host_queue
 from rolloutd.task_spec import artifact_file_name
 
@@ -507,6 +512,18 @@ class SandboxActivities:
         artifacts: dict[str, str] = {}
         if input.collect_outputs:
             artifacts |= await self._collect_outputs(runtime, input.session_id)
+            if input.store_final_state:
+                # before the check, which may write into the workspace
+                await store_final_state(
+                    runtime,
+                    self.store,
+                    session_id=input.session_id,
+                    evaluator=input.evaluator,
+                    parts=final_state_parts(input.evaluator),
+                    max_bytes=self.settings.max_final_state_bytes,
+                    patch_key=artifacts.get("patch"),
+                )
+                artifacts["final_state"] = final_state_key(input.session_id)
         applied_ok = True
         if input.apply_patch_ref:
             patch = self.store.get_json(input.apply_patch_ref)
@@ -556,6 +573,20 @@ class SandboxActivities:
             self.store.put_json(key, value)
             artifacts[name] = key
         return artifacts
+
+    @activity.defn(name=RESTORE_FINAL_STATE)
+    async def restore_final_state(self, input: RestoreFinalStateInput) -> RestoreFinalStateOutput:
+        """Restore a session's stored final state into a runtime of this host provisioned for
+        a re-score, before anything runs in it (:mod:`rolloutd.sandbox.final_state`)."""
+        structlog.contextvars.bind_contextvars(session_id=input.session_id)
+        try:
+            runtime = self._runtime(input.runtime_id)
+            state = await asyncio.to_thread(self.store.get_model, input.final_state_key, FinalState)
+            async with heartbeating(phase="restore"):
+                await restore_final_state(runtime, self.store, state)
+        except Exception as e:
+            raise to_application_error(e) from e
+        return RestoreFinalStateOutput(image_digest=image_digest(runtime))
 
     @activity.defn(name=TEARDOWN_RUNTIME)
     async def teardown_runtime(self, input: TeardownRuntimeInput) -> TeardownRuntimeOutput:

@@ -36,6 +36,7 @@ from rolloutd.evaluators.harbor import HarborVerifier
 from rolloutd.evaluators.humaneval import HumanEval
 from rolloutd.evaluators.math_answer import MathAnswer
 from rolloutd.evaluators.swebench import Swebench
+from rolloutd.final_state import FinalStateParts
 from rolloutd.types import EvaluatorSpec
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ __all__ = [
     "SupportsEvaluate",
     "evaluator_names",
     "evaluator_version",
+    "final_state_parts",
     "get_evaluator",
     "import_evaluator",
     "register_evaluators",
@@ -191,6 +193,24 @@ def import_evaluator(path: str) -> Any:
             "factory, nor an object with async evaluate(ctx)"
         )
     return target
+
+
+def final_state_parts(spec: EvaluatorSpec) -> FinalStateParts:
+    """What of a session's final state its evaluator needs to score it again
+    (:mod:`rolloutd.final_state`): ``patch`` for a check in a fresh runtime (it sees nothing
+    else of the session), else the evaluator's own choice (its ``final_state()``), else the
+    whole workdir (an evaluator this host's registry does not hold, one without the method).
+
+    Raises:
+        EvaluatorError: the evaluator's params are malformed.
+    """
+    if spec.runtime == "fresh":
+        return FinalStateParts(kind="patch")
+    if spec.type in evaluator_names():
+        choose = getattr(get_evaluator(spec), "final_state", None)
+        if callable(choose):
+            return choose()
+    return FinalStateParts()
 
 
 async def run_check(runtime: Runtime, spec: EvaluatorSpec) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import rolloutd
+from rolloutd.final_state import FinalStateParts
 from rolloutd.types import EvaluatorSpec, SessionStatus, TamperReport
 
 #: the artifact holding the check command's result.
@@ -87,6 +88,13 @@ class Evaluator(abc.ABC):
 
     def __init__(self, spec: EvaluatorSpec) -> None:
         self.spec = spec
+
+    def final_state(self) -> FinalStateParts:
+        """What of a session's final state this evaluator needs to score it again without
+        sampling (``rolloutd reverify``; stored when the task asks): by default the whole
+        workdir. An evaluator
+        that reads only an answer file narrows it to that file."""
+        return FinalStateParts()
 
     @abc.abstractmethod
     async def evaluate(self, ctx: EvaluationContext) -> EvaluationOutcome:

@@ -51,6 +51,7 @@ from rolloutd.evaluators.base import (
     EvaluationOutcome,
     Evaluator,
 )
+from rolloutd.final_state import FinalStateParts
 from rolloutd.sandbox.runtimes.base import Runtime
 
 #: the first fenced code block of a Markdown answer (```python ... ```).
@@ -166,6 +167,10 @@ class HumanEval(Evaluator):
             return HumanEvalParams.model_validate(self.spec.params)
         except ValidationError as exc:
             raise EvaluatorError(f"evaluator.params of humaneval: {exc}") from exc
+
+    def final_state(self) -> FinalStateParts:
+        """Its answer file is all a re-score needs (``params.solution_file``)."""
+        return FinalStateParts(kind="files", files=[self.params().solution_file])
 
     async def collect(self, runtime: Runtime) -> dict[str, Any]:
         """Run the problem's check on the answer in ``runtime``: the ``check`` artifact.

@@ -34,6 +34,7 @@ from rolloutd.evaluators.base import (
     EvaluationOutcome,
     Evaluator,
 )
+from rolloutd.final_state import FinalStateParts
 from rolloutd.sandbox.runtimes.base import Runtime
 
 #: address space of the child, bytes: the answer is the policy's text, and sympy evaluates what
@@ -124,6 +125,10 @@ class MathAnswer(Evaluator):
             return MathAnswerParams.model_validate(self.spec.params)
         except ValidationError as exc:
             raise EvaluatorError(f"evaluator.params of math_answer: {exc}") from exc
+
+    def final_state(self) -> FinalStateParts:
+        """Its answer file is all a re-score needs (``params.answer_file``)."""
+        return FinalStateParts(kind="files", files=[self.params().answer_file])
 
     async def collect(self, runtime: Runtime) -> dict[str, Any]:
         """Read the answer file of ``runtime``: the ``check`` artifact ``{"answer": str|None}``

@@ -296,6 +296,7 @@ def task_request(task: HarborTask, options: HarborOptions) -> TaskRequest:
         model=options.model,
         max_session_attempts=options.max_session_attempts,
         max_replacements=options.max_replacements,
+        store_final_state=options.store_final_state,
         metadata=metadata,
     )
 

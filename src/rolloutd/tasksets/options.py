@@ -81,6 +81,11 @@ class TaskOptions(Payload):
     metadata: dict[str, Any] = Field(
         default_factory=dict, description="merged into every task's metadata"
     )
+    store_final_state: bool = Field(
+        default=False,
+        description="store each session's final state for `rolloutd reverify` "
+        "(TaskRequest.store_final_state)",
+    )
 
     def task_id(self, key: str) -> str:
         """The task id of a row keyed ``key``: the prefix, then the key made id-safe.

@@ -333,6 +333,7 @@ def task_request(
         model=options.model,
         max_session_attempts=options.max_session_attempts,
         max_replacements=options.max_replacements,
+        store_final_state=options.store_final_state,
         metadata={
             **options.metadata,
             "task_set": instance.kind,

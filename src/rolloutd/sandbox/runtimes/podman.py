@@ -165,10 +165,16 @@ class PodmanRuntime(ExecServerRuntime):
         #: whether :meth:`start` built the image now (a cache miss).
         self.built_image = False
         self.container_id = ""
+        self._image_id = ""
         self._image_env: dict[str, str] = {}
         self.uid = self.gid = USERNS_BASE if self.map_users else 0
         #: seconds of each start step (image, seed, run, connect), for the benchmark.
         self.timings: dict[str, float] = {}
+
+    @property
+    def image_id(self) -> str | None:
+        """The id of the image the container runs (its sha256, hex), once started."""
+        return self._image_id or None
 
     # -- what the container is made of -------------------------------------------------
     def _tool_dirs(self) -> list[Path]:

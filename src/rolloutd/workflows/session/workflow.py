@@ -657,6 +657,7 @@ class RolloutSessionWorkflow:
                     session_id=session_id,
                     evaluator=task.evaluator,
                     run_check=run_check,
+                    store_final_state=task.store_final_state,
                 ),
                 task_queue=runtime.host_queue,
                 start_to_close_timeout=seconds(task.phases.collect_s + task.evaluator.timeout_s),

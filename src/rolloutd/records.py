@@ -414,6 +414,11 @@ class EvaluationRecord(Payload):
     source: Literal["session", "reverify", "judge", "group_judge"] = Field(
         default="session", description="what produced the record"
     )
+    run_id: str | None = Field(
+        default=None,
+        description="the reverify run that made it (``source='reverify'``): a run retried "
+        "replaces its own record instead of appending it twice",
+    )
     evaluated_at: float | None = Field(default=None, description="Unix time, s")
 
 

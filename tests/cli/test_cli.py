@@ -70,6 +70,7 @@ def test_every_command_module_gives_its_commands():
         "models",
         "quota",
         "rest",
+        "reverify",
         "schedule",
         "settings",
         "status",

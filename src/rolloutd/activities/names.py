@@ -29,12 +29,15 @@ __all__ = [
     "PROVISION_RUNTIME",
     "READ_TASK_CHUNK",
     "READ_TASK_REQUEST",
+    "RESCORE_SESSION",
     "RESTORE_FINAL_STATE",
+    "REVERIFY_PLAN",
     "RUN_HARNESS",
     "SANDBOX_CAPACITY",
     "STORE_GROUP",
     "STORE_GROUP_PART",
     "STORE_TASK_REQUEST",
+    "SUMMARIZE_REVERIFY",
     "TEARDOWN_RUNTIME",
     "WRITE_GENERATION_OUTPUTS",
 ]
@@ -78,6 +81,10 @@ PLAN_GENERATION = "plan_generation"
 JOURNAL_ROW = "journal_row"
 AWAIT_TASK = "await_task"
 WRITE_GENERATION_OUTPUTS = "write_generation_outputs"
+# -- eval fleet: scoring stored sessions again (rolloutd.activities.reverify)
+REVERIFY_PLAN = "reverify_plan"
+RESCORE_SESSION = "rescore_session"
+SUMMARIZE_REVERIFY = "summarize_reverify"
 
 #: every activity name above
 ALL: frozenset[str] = frozenset(

@@ -193,6 +193,7 @@ def every_workflow() -> list[type]:
     from rolloutd.workflows.callback import CallbackWorkflow
     from rolloutd.workflows.fleets import FleetRegistryWorkflow
     from rolloutd.workflows.generation.workflow import GenerationWorkflow
+    from rolloutd.workflows.reverify import ReverifyWorkflow
     from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
     from rolloutd.workflows.task import RolloutTaskWorkflow
     from rolloutd.workflows.tenants import TenantWorkflow
@@ -205,6 +206,7 @@ def every_workflow() -> list[type]:
         CallbackWorkflow,
         GenerationWorkflow,
         TenantWorkflow,
+        ReverifyWorkflow,
     ]
 
 
@@ -277,7 +279,12 @@ async def _sandbox_fleet(
         Worker(
             client,
             task_queue=acts.host_queue,
-            activities=[acts.run_harness, acts.collect_artifacts, acts.teardown_runtime],
+            activities=[
+                acts.run_harness,
+                acts.collect_artifacts,
+                acts.restore_final_state,
+                acts.teardown_runtime,
+            ],
             max_concurrent_activities=HOST_QUEUE_SLOTS,
             activity_task_poller_behavior=TASK_POLLS,
             max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
@@ -378,6 +385,7 @@ async def _eval_fleet(
     """An eval host: evaluators, the trainer's I/O, the generations' activities."""
     from rolloutd.activities.closed import closed_workflows
     from rolloutd.activities.evaluation import EvalActivities
+    from rolloutd.activities.reverify import ReverifyActivities
     from rolloutd.activities.trainer_io import TrainerIOActivities
     from rolloutd.generation.activities import GenerationActivities
     from rolloutd.workers.registry import host_capabilities
@@ -385,6 +393,7 @@ async def _eval_fleet(
     s = settings if isinstance(settings, EvalSettings) else EvalSettings()
     parts.host = host_capabilities("eval", s.host_id)
     acts = EvalActivities(BlobStore(s.store_url), host_id=s.host_id)
+    reverify = ReverifyActivities(BlobStore(s.store_url))
     io = TrainerIOActivities(allowed_hosts=s.callback_allowed_hosts)
     gen = GenerationActivities(client, BlobStore(s.store_url))
     handle.workers.append(
@@ -407,6 +416,9 @@ async def _eval_fleet(
                 gen.journal_row,
                 gen.await_task,
                 gen.write_generation_outputs,
+                reverify.plan,
+                reverify.rescore,
+                reverify.summarize,
             ],
             max_concurrent_activities=s.max_concurrent_evaluations,
             max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,

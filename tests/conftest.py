@@ -34,6 +34,7 @@ TEST_EVALUATORS = {
     "tests_raising": "tests.support.raising_evaluator:RaisingEvaluator",
     "tests_slow": "tests.reliability.slow_evaluator:SlowEvaluator",
     "tests_humaneval_r1": "tests.support.old_evaluators:HumanEvalR1",
+    "tests_harbor_r1": "tests.support.old_evaluators:HarborR1",
 }
 os.environ.setdefault("ROLLOUTD_SANDBOX_POLICY", json.dumps(TEST_SANDBOX_POLICY))
 os.environ.setdefault("ROLLOUTD_EVALUATORS", json.dumps(TEST_EVALUATORS))

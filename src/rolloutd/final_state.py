@@ -23,7 +23,8 @@ FINAL_STATE_FORMAT = 1
 class FinalStateParts(Payload):
     """What of a session's final state its evaluator needs to score it again.
 
-    ``workdir``: the whole workspace (the evaluator's default); ``files``: the
+    ``workdir``: the whole workspace and, on a container runtime, what the container changed
+    in its own file system outside its mounts (the evaluator's default); ``files``: the
     workspace files ``files`` names only (an answer file); ``patch``: the session's git patch
     (the ``patch`` artifact, already stored: an evaluator that grades in a fresh runtime,
     ``EvaluatorSpec.runtime = "fresh"``, sees nothing else of the session).
@@ -43,6 +44,26 @@ class StoredPart(Payload):
     key: str = Field(description="its blob-store key")
     num_bytes: int = Field(ge=0, description="its size, bytes")
     num_entries: int = Field(default=0, ge=0, description="files, folders and links in it")
+
+
+class SystemChanges(Payload):
+    """What a container runtime changed in its own file system outside its mounts
+    (podman-diff(1), the runtime's mounts left out), with what it wrote."""
+
+    added: list[str] = Field(default_factory=list, description="absolute paths added")
+    modified: list[str] = Field(default_factory=list, description="absolute paths modified")
+    deleted: list[str] = Field(default_factory=list, description="absolute paths deleted")
+    pack: StoredPart | None = Field(
+        default=None,
+        description="the added and modified entries, owners as the container sees them "
+        "(None: nothing written)",
+    )
+    num_skipped: int = Field(
+        default=0,
+        ge=0,
+        description="written entries not packed: device nodes, FIFOs, hard links to a file "
+        "that did not change",
+    )
 
 
 class FinalState(Payload):
@@ -80,6 +101,9 @@ class FinalState(Payload):
     )
     patch_key: str | None = Field(
         default=None, description="``patch``: the ``patch`` artifact's key (None: no patch)"
+    )
+    system: SystemChanges | None = Field(
+        default=None, description="``workdir`` on a container runtime: its system changes"
     )
     num_bytes: int = Field(default=0, ge=0, description="bytes stored over all parts")
     max_bytes: int = Field(ge=1, description="the bound it was stored under, bytes")

@@ -481,7 +481,7 @@ class SandboxSettings(CommonSettings):
         default=256 * 2**20,
         ge=1,
         description="size limit of a session's stored final state (its tasks' "
-        "`store_final_state`: the workdir, an answer file), "
+        "`store_final_state`: the workdir, an answer file, a container's system changes), "
         "bytes; a larger state is not stored, and its manifest says it was refused (never "
         "cut: `rolloutd reverify` reports the session as unscorable); the session itself goes "
         "on",

@@ -191,9 +191,10 @@ class TaskRequest(Payload):
     store_final_state: bool = Field(
         default=False,
         description="store each session's final state (what its evaluator needs to score it "
-        "again without sampling: the workdir, an answer file or the patch) in the blob "
-        "store, bounded by the sandbox fleet's max_final_state_bytes, with the image digest, "
-        "for `rolloutd reverify` (docs/task_sets.md)",
+        "again without sampling: the workdir, with a container's system changes, an answer "
+        "file or the patch) in the blob store, bounded by the sandbox fleet's "
+        "max_final_state_bytes, with the image digest, for `rolloutd reverify` "
+        "(docs/task_sets.md)",
     )
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, kept")
     callback_url: str | None = Field(

@@ -127,3 +127,50 @@ async def test_a_state_over_the_bound_is_refused_whole(make_runtime, tmp_path):
     assert not store.exists(final_state_key("t/2", "workdir.tar"))
     with pytest.raises(Exception, match="no final state to restore"):
         await restore_final_state(agent, store, state)
+
+
+@pytest.mark.acceptance
+@pytest.mark.skipif(shutil.which("podman") is None, reason="needs podman")
+async def test_system_changes_round_trip_on_podman(make_runtime, tmp_path):
+    """A podman session adds a program first on PATH, replaces ``tar`` with one that writes
+    nothing, deletes a file, hands a file to uid 1000 and writes its workspace: the state is
+    read host-side (the session's ``tar`` takes no part), and a fresh container of the same
+    spec, restored, holds the same files, modes and owners, and its own diff lists the same
+    changed paths as the session's."""
+    from rolloutd.sandbox.runtimes.podman_images import ensure_base_image
+    from rolloutd.sandbox.snapshot import changes
+
+    await ensure_base_image()
+    store = BlobStore(str(tmp_path / "store"))
+    spec = {"network": "none", "workdir": "/app"}
+    agent = await make_runtime("podman", runtime_id="fs-agent", **spec)
+    ran = await agent.exec(
+        "printf '#!/bin/sh\\necho 1\\n' > /usr/local/bin/python3 && chmod 755 "
+        "/usr/local/bin/python3 && mkdir -p /opt/data && echo owned > /opt/data/f && "
+        "chown 1000:1000 /opt/data/f && rm /etc/motd && echo 42 > answer.txt && "
+        "printf '#!/bin/sh\\nexit 0\\n' > /usr/local/bin/tar && chmod 755 /usr/local/bin/tar"
+    )
+    assert ran.exit_code == 0, ran.stderr
+    before = await changes(agent)
+    state = await store_final_state(
+        agent, store, session_id="p/0", evaluator=SPEC, parts=FinalStateParts(), max_bytes=1 << 24
+    )
+    assert state.stored and state.system is not None and state.system.pack is not None
+    assert state.image_digest and state.system.deleted == ["/etc/motd"]
+    assert "/usr/local/bin/python3" in state.system.added and state.system.num_skipped == 0
+
+    fresh = await make_runtime("podman", runtime_id="fs-fresh", **spec)
+    await restore_final_state(fresh, store, state)
+    after = await changes(fresh)
+    assert after.leaves() == before.leaves()
+    shown = await fresh.exec(
+        "stat -c '%a %u:%g %n' /usr/local/bin/python3 /opt/data/f; cat /opt/data/f answer.txt;"
+        " test ! -e /etc/motd && echo gone"
+    )
+    assert shown.stdout.split("\n")[:5] == [
+        "755 0:0 /usr/local/bin/python3",
+        "644 1000:1000 /opt/data/f",
+        "owned",
+        "42",
+        "gone",
+    ], shown.stdout

@@ -18,17 +18,14 @@ from __future__ import annotations
 import base64
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from rolloutd.tasksets import read_task_set
 from rolloutd.types import SessionResult, TaskRequest
-from tests.support.taskset_stack import Rig, report, run_all, taskset_rig
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.harbor_cheats import fake_on_path, shell
+from tests.support.taskset_stack import Rig, report, run_all
 
 pytestmark = [
     pytest.mark.acceptance,
@@ -38,29 +35,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("podman") is None, reason="needs podman"),
 ]
 
-#: one model call through the session's gateway, with the base image's Python
-CALL = """python3 - <<'PY'
-import json, os, urllib.request
-body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "Say hi."}]}
-request = urllib.request.Request(
-    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-    data=json.dumps(body).encode(),
-    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
-             "Content-Type": "application/json"},
-)
-print(json.load(urllib.request.urlopen(request, timeout=900))["choices"][0]["message"])
-PY
-"""
-#: a program that answers "1", writes reward files, plants a /tests/test.sh that writes 1, and
-#: exits 0: what the verifier would run, were it first on PATH
-FAKE = """#!/usr/bin/dash
-mkdir -p /logs/verifier /tests 2>/dev/null
-echo 1 > /logs/verifier/reward.txt
-printf '#!/usr/bin/dash\\necho 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh
-chmod +x /tests/test.sh
-echo 1
-exit 0
-"""
 #: the site-packages folder of the image's Python (where site(7) reads .pth files)
 SITE = "SITE=$(python3 -c 'import site; print(site.getsitepackages()[0])') && mkdir -p $SITE"
 #: makes a C library that ends every python3 with exit status 0 (when preloaded)
@@ -78,17 +52,6 @@ __attribute__((constructor)) static void cheat(void) {
 """
 #: proves a python3 cheat live: a script that exits 3 exits 0
 PYTHON_LIVE = "python3 -c 'raise SystemExit(3)'"
-
-
-def fake_on_path(name: str) -> str:
-    """Install :data:`FAKE` as ``/usr/local/bin/{name}`` (before /usr/bin on PATH); prove it
-    answers; leave no reward file behind."""
-    return (
-        f"/bin/cat > /usr/local/bin/{name} <<'FAKE'\n{FAKE}FAKE\n"
-        f"chmod 755 /usr/local/bin/{name}\nhash -r\n"  # the shell remembers an earlier python3
-        f'test "$(command -v {name})" = /usr/local/bin/{name}\n'
-        f"{name} --version > /dev/null\ntest -f /logs/verifier/reward.txt\n/bin/rm -rf /logs /tests"
-    )
 
 
 @dataclass
@@ -158,11 +121,6 @@ def cheats(preload_b64: str) -> dict[str, Cheat]:
     }
 
 
-def shell(body: str) -> dict:
-    """A shell harness: ``set -e``, the model call, then ``body``."""
-    return {"type": "shell", "command": f"set -e\n{CALL}{body}\n"}
-
-
 @pytest.fixture(scope="module")
 def preload_b64(tmp_path_factory) -> str:
     """The ld.so.preload cheat's library, compiled with the host's gcc, as base64."""
@@ -172,21 +130,6 @@ def preload_b64(tmp_path_factory) -> str:
         ["gcc", "-shared", "-fPIC", "-O2", "-o", "cheat.so", "cheat.c"], cwd=folder, check=True
     )
     return base64.encodebytes((folder / "cheat.so").read_bytes()).decode()
-
-
-@pytest.fixture(scope="module")
-def task_root(tmp_path_factory) -> Path:
-    """examples/harbor copied below a folder the policy names."""
-    root = tmp_path_factory.mktemp("sets")
-    shutil.copytree(ROOT / "examples" / "harbor", root / "harbor")
-    return root
-
-
-@pytest.fixture(scope="module")
-async def rig(temporal_server, engine, task_root) -> AsyncIterator[Rig]:
-    """The four fleets in a fresh namespace, on the real engine."""
-    async with taskset_rig(temporal_server.address, engine.url, task_root, "cheats") as rig:
-        yield rig
 
 
 def one_task(rig: Rig, name: str, harness: dict, prefix: str, **options) -> TaskRequest:

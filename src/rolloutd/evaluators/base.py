@@ -92,7 +92,7 @@ class Evaluator(abc.ABC):
     def final_state(self) -> FinalStateParts:
         """What of a session's final state this evaluator needs to score it again without
         sampling (``rolloutd reverify``; stored when the task asks): by default the whole
-        workdir. An evaluator
+        workdir and, on a container runtime, the container's changes outside it. An evaluator
         that reads only an answer file narrows it to that file."""
         return FinalStateParts()
 

@@ -3,8 +3,10 @@
 
 **What is stored** is what the session's evaluator needs to score it again
 (:class:`~rolloutd.final_state.FinalStateParts`, the evaluator's choice): the whole workspace
-(``workdir``), named workspace files (``files``: an answer file), or nothing more than the
-session's git patch, already stored as its ``patch`` artifact (``patch``).
+(``workdir``; on a container runtime also what the container changed in its own file system
+outside its mounts, its *system changes*), named workspace files (``files``: an answer file),
+or nothing more than the session's git patch, already stored as its ``patch`` artifact
+(``patch``).
 
 **How it is read**: host-side, by the worker, after the run ended (every process of the
 session was killed by then), never by a program inside the runtime. The workspace is walked
@@ -13,7 +15,13 @@ parent's descriptor and a link is never descended into) and every file is opened
 its folder with ``O_NOFOLLOW`` (open(2)): a link is stored as a link, never followed, so
 nothing outside the workspace is read. FIFOs, sockets and devices are not stored (counted in
 ``num_skipped``). Owners are not kept (the restoring runtime owns what it restores); modes
-and times are.
+and times are. A container's system changes are listed by podman-diff(1) (read host-side,
+:func:`rolloutd.sandbox.snapshot.changes`) and their entries taken from the container CLI's
+own export of its file system (podman-export(1), ``docker export``: host-side, nothing inside
+the container runs, so no program the session changed, a ``tar`` first on ``PATH`` included,
+takes part), owners as the container sees them; the export is read as a stream and left as
+soon as every changed path was found. Device nodes, FIFOs and hard links to a file that did
+not change are not kept (counted).
 
 **Bound**: all parts together hold at most ``max_bytes``
 (``SandboxSettings.max_final_state_bytes``). A state over it is *refused* whole, never cut:
@@ -23,11 +31,15 @@ in the runtime's host folder as it is read (the bound checked on every write), t
 the blob store in chunks (:meth:`rolloutd.store.BlobStore.put_file`); never whole in memory.
 
 **Restoring** (:func:`restore_final_state`) happens in a runtime started afresh from the
-stored spec, before anything runs in it: the workspace's contents are replaced by the stored
-ones (``workdir``) or the stored files written over it (``files``), by :mod:`tarfile` with
-its ``tar`` filter (no absolute name, nothing outside the workspace, no write through a link
-restored before it; setuid, setgid and group/other write bits cleared) and only files,
-folders and links extracted; then the runtime adopts them (its user owns them).
+stored spec, before anything runs in it: system changes first (the deleted paths removed, then
+the written entries unpacked at ``/`` as the container's root, both by the image's own ``sh``,
+``rm`` and ``tar``, nothing of the session's being there yet; the restored container's own
+podman-diff then lists what the session's did), then the workspace's contents are replaced by
+the stored ones (``workdir``) or the stored files written over it (``files``), by
+:mod:`tarfile` with its ``tar`` filter (no absolute name, nothing outside the workspace, no
+write through a link restored before it; setuid, setgid and group/other write bits cleared)
+and only files, folders and links extracted; then the runtime adopts them (its user owns
+them).
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ import os
 import shutil
 import stat
 import tarfile
+import threading
 import time
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -45,8 +58,10 @@ from typing import BinaryIO
 import structlog
 
 from rolloutd.errors import ArtifactTooLargeError, ConfigError, RolloutdError
-from rolloutd.final_state import FinalState, FinalStateParts, StoredPart
+from rolloutd.final_state import FinalState, FinalStateParts, StoredPart, SystemChanges
 from rolloutd.sandbox.runtimes.base import Runtime
+from rolloutd.sandbox.snapshot import CLI_TIMEOUT_S, changes, remove_paths, unpack_at_root
+from rolloutd.sandbox.transfer import CONTAINER_RUNTIMES, cli_stream, container_cli
 from rolloutd.store import BlobStore, final_state_key
 from rolloutd.types import EvaluatorSpec
 
@@ -216,6 +231,103 @@ def _is_file(dir_fd: int, name: str) -> bool:
         return False
 
 
+def _owner(value: int, base: int) -> int:
+    """A host uid or gid as the container sees it (its user namespace starts at ``base``)."""
+    return value - base if base and value >= base else value
+
+
+def pack_exported(
+    argv: list[str], written: list[str], out: BinaryIO, *, base: int = 0
+) -> tuple[int, int]:
+    """Write the entries of the paths ``written`` from a container's export (``argv``:
+    ``podman export NAME``, a tar of its whole file system on standard output) to ``out`` as
+    a tar stream; the export is left as soon as every path was found.
+
+    Args:
+        argv: the export command.
+        written: absolute paths to keep.
+        out: where the tar goes (a bounded writer raises past its bound).
+        base: the host uid the container's root is (its owners are shifted back by it).
+
+    Returns:
+        ``(num_entries, num_skipped)``: entries kept; written paths not kept (device nodes,
+        FIFOs, hard links to a file not kept, paths the export did not hold).
+
+    Raises:
+        ArtifactTooLargeError: ``out`` refused a write.
+        RolloutdError: the export failed or ran past :data:`CLI_TIMEOUT_S`.
+    """
+    wanted, kept = set(written), set()
+    num_skipped = 0
+    proc = cli_stream(argv)
+    assert proc.stdout is not None and proc.stderr is not None
+    timer = threading.Timer(CLI_TIMEOUT_S, proc.kill)
+    timer.start()
+    try:
+        with (
+            tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar,
+            tarfile.open(fileobj=proc.stdout, mode="r|") as export,
+        ):
+            for member in export:
+                path = "/" + member.name.removeprefix("./").strip("/")
+                if path not in wanted:
+                    continue
+                wanted.discard(path)
+                link = "/" + member.linkname.removeprefix("./").strip("/")
+                if member.isdev() or member.isfifo() or (member.islnk() and link not in kept):
+                    num_skipped += 1
+                else:
+                    member.uid, member.gid = _owner(member.uid, base), _owner(member.gid, base)
+                    member.uname = member.gname = ""
+                    tar.addfile(member, export.extractfile(member) if member.isreg() else None)
+                    kept.add(path)
+                if not wanted:
+                    break
+    finally:
+        timer.cancel()
+        finished = not wanted
+        if proc.poll() is None:
+            proc.kill()
+        stderr = proc.stderr.read(4096).decode(errors="replace")
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    if not finished and proc.returncode != 0:
+        raise RolloutdError(
+            f"`{Path(argv[0]).name} export` failed (exit {proc.returncode}): {stderr[-300:]}"
+        )
+    return len(kept), num_skipped + len(wanted)
+
+
+async def _store_system(
+    runtime: Runtime, session_id: str, staging: Path, max_bytes: int
+) -> tuple[SystemChanges, Path | None]:
+    """The container's system changes, their entries packed into ``staging`` (bounded by
+    ``max_bytes``); the pack's local file, or None when nothing was written."""
+    found = await changes(runtime)
+    system = SystemChanges(added=found.added, modified=found.modified, deleted=found.deleted)
+    if not found.written:
+        return system, None
+    binary, name = container_cli(runtime)
+    local = staging / "system.tar"
+    with open(local, "wb") as f:
+        bounded = _Bounded(f, max_bytes, "its system changes")
+        entries, skipped = await asyncio.to_thread(
+            pack_exported,
+            [binary, "export", name],
+            found.written,
+            bounded,  # type: ignore[arg-type]  # a writer is all a tar stream needs
+            base=int(getattr(runtime, "uid", 0) or 0),
+        )
+    system.num_skipped = skipped
+    system.pack = StoredPart(
+        key=final_state_key(session_id, "system.tar"),
+        num_bytes=bounded.num_bytes,
+        num_entries=entries,
+    )
+    return system, local
+
+
 def image_digest(runtime: Runtime) -> str | None:
     """The id of the image ``runtime`` runs (container runtimes), else None."""
     value = getattr(runtime, "image_id", None)
@@ -274,10 +386,20 @@ async def store_final_state(
                     bounded,  # type: ignore[arg-type]  # a writer is all a tar stream needs
                     files=parts.files if parts.kind == "files" else None,
                 )
+            size = bounded.num_bytes
+            system_pack = None
+            if parts.kind == "workdir" and runtime.type in CONTAINER_RUNTIMES:
+                state.system, system_pack = await _store_system(
+                    runtime, session_id, staging, max_bytes - size
+                )
+            # every part is read before any is stored: a state over its bound stores nothing
             key = final_state_key(session_id, "workdir.tar")
-            size = await asyncio.to_thread(store.put_file, key, workdir)
+            await asyncio.to_thread(store.put_file, key, workdir)
             state.workdir = StoredPart(key=key, num_bytes=size, num_entries=entries)
             state.num_skipped, state.missing_files = skipped, missing
+            if system_pack is not None and state.system and state.system.pack:
+                await asyncio.to_thread(store.put_file, state.system.pack.key, system_pack)
+                size += state.system.pack.num_bytes
             state.num_bytes = size
     except ArtifactTooLargeError as e:
         state.refused = e.message
@@ -286,7 +408,7 @@ async def store_final_state(
     finally:
         await asyncio.to_thread(shutil.rmtree, staging, True)
     if not state.stored:
-        state.workdir = None
+        state.workdir, state.system = None, None
         state.num_bytes = 0
     state.stored_at = time.time()
     await asyncio.to_thread(store.put_json, final_state_key(session_id), state)
@@ -341,6 +463,18 @@ async def restore_final_state(runtime: Runtime, store: BlobStore, state: FinalSt
     staging = runtime.runtime_dir / STAGING
     await asyncio.to_thread(staging.mkdir, exist_ok=True)
     try:
+        if state.system is not None:
+            if runtime.type not in CONTAINER_RUNTIMES:
+                raise ConfigError(
+                    f"session {state.session_id}'s state holds system changes of a container "
+                    f"runtime; runtime {runtime.runtime_id} is {runtime.type}"
+                )
+            if state.system.deleted:
+                await remove_paths(runtime, state.system.deleted)
+            if state.system.pack is not None:
+                system = staging / "system.tar"
+                await asyncio.to_thread(store.get_file, state.system.pack.key, system)
+                await unpack_at_root(runtime, system)
         local = staging / "workdir.tar"
         await asyncio.to_thread(store.get_file, state.workdir.key, local)
         await asyncio.to_thread(

@@ -465,11 +465,9 @@ class FreshRuntime:
                 )
                 return runtime
             if self.carry and found.deleted:
-                await _run(
-                    runtime, "xargs -0 -r rm -rf --", b"\0".join(map(str.encode, found.deleted))
-                )
+                await remove_paths(runtime, found.deleted)
             if pack is not None and pack.exists():
-                await _unpack(runtime, pack)
+                await unpack_at_root(runtime, pack)
             await asyncio.to_thread(_replace_tree, source.workspace, runtime.workspace)
             await runtime.adopt(runtime.workspace)
         except BaseException:
@@ -506,9 +504,20 @@ async def _run(runtime: Runtime, command: str, stdin: bytes) -> None:
         )
 
 
-async def _unpack(runtime: Runtime, pack: Path) -> None:
-    """Unpack the host file ``pack`` at ``/`` of the fresh runtime as its root, owners kept,
-    by the image's ``tar`` reading the file itself (never whole in memory).
+async def remove_paths(runtime: Runtime, paths: list[str]) -> None:
+    """Remove the absolute ``paths`` (and what is below them) in a fresh runtime, by the
+    image's ``sh`` and ``rm`` (nothing of the agent's is there yet).
+
+    Raises:
+        RolloutdError: it failed.
+    """
+    await _run(runtime, "xargs -0 -r rm -rf --", b"\0".join(map(str.encode, paths)))
+
+
+async def unpack_at_root(runtime: Runtime, pack: Path) -> None:
+    """Unpack the host file ``pack`` at ``/`` of a fresh runtime as its root, owners kept,
+    by the image's ``tar`` reading the file itself (never whole in memory; nothing of the
+    agent's is there yet).
 
     Raises:
         RolloutdError: tar failed.

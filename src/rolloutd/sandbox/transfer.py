@@ -200,7 +200,9 @@ async def read_file(
     )
 
 
-def _read_file(argv: list[str], max_bytes: int, timeout_s: float) -> ReadResult:
+def cli_stream(argv: list[str]) -> subprocess.Popen[bytes]:
+    """A container CLI command whose standard output is read as a stream (a tar), in a
+    session of its own (killed as a group), its standard error kept for the error."""
     proc = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -208,6 +210,12 @@ def _read_file(argv: list[str], max_bytes: int, timeout_s: float) -> ReadResult:
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
+    assert proc.stdout is not None and proc.stderr is not None
+    return proc
+
+
+def _read_file(argv: list[str], max_bytes: int, timeout_s: float) -> ReadResult:
+    proc = cli_stream(argv)
     assert proc.stdout is not None and proc.stderr is not None
 
     def kill() -> None:

@@ -65,7 +65,7 @@ class HostSettings(BaseSettings):
     )
     reliability_report: Path | None = Field(
         default=None,
-        description="where the fault tests record their figures and `rolloutd doctor` reads "
+        description="where the fault tests record their figures and `rolloutd reliability` reads "
         "them; None: {home}/reliability.json",
     )
     admin_token: str | None = Field(

@@ -69,6 +69,7 @@ def test_every_command_module_gives_its_commands():
         "generate",
         "models",
         "quota",
+        "reliability",
         "rest",
         "reverify",
         "schedule",

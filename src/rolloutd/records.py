@@ -30,6 +30,45 @@ class CaptureMode(str, enum.Enum):
     PASSTHROUGH = "passthrough"
 
 
+#: what a completion's logprobs are (the glossary's "log-prob mode"): ``raw``, the log-softmax
+#: of the model's logits before any sampler (vLLM ``raw_logprobs``, its default; llama-server's
+#: ``completion_probabilities`` without ``post_sampling_probs``; SGLang with
+#: ``SGLANG_RETURN_ORIGINAL_LOGPROB``); ``temperature``, after temperature scaling but before
+#: top-k/top-p (SGLang's default); ``processed``, after temperature and top-k/top-p (vLLM
+#: ``processed_logprobs``); ``unknown``, a backend that does not say (docs/backends.md)
+LogprobMode = Literal["raw", "temperature", "processed", "unknown"]
+
+
+class SamplingUsed(Payload):
+    """The sampling parameters in force for one completion: the task's or the harness's
+    (``SamplingParams.policy``), ``max_tokens`` after the context bound."""
+
+    temperature: float = Field(ge=0.0, description="softmax temperature; 0 samples greedily")
+    top_p: float = Field(default=1.0, description="nucleus mass; 1 disables it")
+    top_k: int = Field(default=0, description="top-k cut-off; 0 disables it")
+    max_tokens: int = Field(default=0, ge=0, description="sampled tokens at most")
+    seed: int | None = Field(default=None, description="sampling seed; None: random")
+
+
+class RoutedExperts(Payload):
+    """Where the routed experts (R3) of a completion or a trace are stored: a NumPy ``.npy``
+    array of shape ``(num_rows, num_layers, top_k)`` in the blob store, never in a Temporal
+    payload.
+
+    Row ``p`` holds the experts each MoE layer routed the token at position ``p`` of the
+    sequence (prompt, then response) to, when that token was fed to the model (so the row of
+    the last sampled token is absent: it was never fed; vLLM's and SGLang's convention). A
+    completion stores only rows ``start ..``: the rows before come from the completion it
+    ``extends`` (:func:`rolloutd.routes.completion_routes`); a trace's start is 0.
+    """
+
+    key: str = Field(description="blob store key of the ``.npy`` array")
+    start: int = Field(default=0, ge=0, description="sequence position of the first row stored")
+    num_rows: int = Field(ge=0, description="rows stored")
+    num_layers: int = Field(ge=1, description="MoE layers per row")
+    top_k: int = Field(ge=1, description="experts per token and layer")
+
+
 class Timings(Payload):
     """Wall-clock timings of one completion, seconds since the epoch and durations in s."""
 
@@ -125,6 +164,25 @@ class Completion(Payload):
         "replays (its tokens, logprobs, policy version and answer ids, copied; no "
         "engine call); None when sampled here",
     )
+    backend_type: str = Field(
+        default="",
+        description="the kind of the backend that sampled it (``llama_cpp``, ``vllm``, "
+        "``sglang``, ``openai``, ``verl``); empty in logs written before it was kept",
+    )
+    logprob_mode: LogprobMode = Field(
+        default="unknown",
+        description="what ``response_logprobs`` are: the engine's raw distribution, after "
+        "temperature, or after temperature and top-k/top-p (:data:`LogprobMode`)",
+    )
+    sampling: SamplingUsed | None = Field(
+        default=None,
+        description="the sampling parameters in force; None in logs written before they were kept",
+    )
+    routed_experts: RoutedExperts | None = Field(
+        default=None,
+        description="the experts each token was routed to (R3), when the backend returned "
+        "them: stored out of line (:mod:`rolloutd.routes`)",
+    )
 
     @model_validator(mode="after")
     def _aligned(self) -> Completion:
@@ -213,6 +271,22 @@ class Trace(Payload):
         description="number of differing tokens over the merges of this trace (per merge, the "
         "larger of the sampled and the re-rendered side of each difference)",
     )
+    logprob_modes: list[LogprobMode] = Field(
+        default_factory=list,
+        description="aligned with ``completion_indices``: each merged completion's log-prob "
+        "mode (empty in traces built before it was kept)",
+    )
+    sampling: list[SamplingUsed | None] = Field(
+        default_factory=list,
+        description="aligned with ``completion_indices``: each merged completion's sampling "
+        "parameters",
+    )
+    routed_experts: RoutedExperts | None = Field(
+        default=None,
+        description="the routed experts of ``prompt_ids + response_ids`` (R3), rows from "
+        "position 0, each from the completion that first fed that token to the model; None "
+        "when its completions carried none",
+    )
 
     @model_validator(mode="after")
     def _aligned(self) -> Trace:
@@ -265,6 +339,23 @@ class BuilderStats(Payload):
         default_factory=list,
         description="the distinct policy versions of the completions, "
         "ascending (empty without completions)",
+    )
+    min_policy_version: int | None = Field(
+        default=None, description="the oldest version that sampled a trainable token"
+    )
+    max_policy_version: int | None = Field(
+        default=None, description="the newest version that sampled a trainable token"
+    )
+    token_weighted_policy_version: float | None = Field(
+        default=None,
+        description="the mean policy version of the trainable tokens (``loss_mask`` 1), each "
+        "token at the version that sampled it (a replayed one at its source's): a buffer's "
+        "staleness is its version minus this (token-weighted staleness); None without "
+        "trainable tokens",
+    )
+    logprob_modes: list[LogprobMode] = Field(
+        default_factory=list,
+        description="the distinct log-prob modes of the trainable completions, sorted",
     )
 
 

@@ -26,6 +26,9 @@ from rolloutd.records import (
     FailureCause,
     FailureKind,
     JudgeCost,
+    LogprobMode,
+    RoutedExperts,
+    SamplingUsed,
     SessionStatus,
     TamperFinding,
     TamperReport,
@@ -61,7 +64,10 @@ __all__ = [
     "FailureCause",
     "FailureKind",
     "JudgeCost",
+    "LogprobMode",
     "PrepareStep",
+    "RoutedExperts",
+    "SamplingUsed",
     "SessionStatus",
     "TamperFinding",
     "TamperReport",
@@ -460,6 +466,32 @@ class TaskResult(Payload):
     max_reward: float | None = Field(
         default=None, description="the highest scored reward; None without a scored session"
     )
+    min_policy_version: int | None = Field(
+        default=None,
+        description="the oldest policy version that sampled a trainable token of a scored "
+        "session; None without one",
+    )
+    max_policy_version: int | None = Field(
+        default=None, description="the newest such version; None without one"
+    )
+    token_weighted_policy_version: float | None = Field(
+        default=None,
+        description="the mean policy version of the scored sessions' trainable tokens, each at "
+        "the version that sampled it (a buffer's staleness is its version at take minus "
+        "this); None without a trainable token",
+    )
+    logprob_modes: list[LogprobMode] = Field(
+        default_factory=list,
+        description="the distinct log-prob modes of the scored sessions' trainable "
+        "completions, sorted",
+    )
+    mixed_logprob_modes: bool = Field(
+        default=False,
+        description="the scored sessions' log-probs are not all of one mode (raw, after "
+        "temperature, after top-k/top-p): an importance ratio over the group mixes "
+        "distributions; a buffer hands it out flagged or drops it "
+        "(``BufferConfig.mixed_logprob_modes``)",
+    )
     stored_key: str = Field(
         default="",
         description="blob store key of the whole group (``groups/{task_id}.json``) when it was "
@@ -490,6 +522,20 @@ class GroupRef(Payload):
     mean_reward: float | None = None
     incomplete: bool = False
     num_failed_by_kind: dict[str, int] = Field(default_factory=dict)
+    min_policy_version: int | None = Field(
+        default=None, description="``TaskResult.min_policy_version``"
+    )
+    max_policy_version: int | None = Field(
+        default=None, description="``TaskResult.max_policy_version``"
+    )
+    token_weighted_policy_version: float | None = Field(
+        default=None,
+        description="``TaskResult.token_weighted_policy_version``: what a buffer's staleness "
+        "rule reads",
+    )
+    mixed_logprob_modes: bool = Field(
+        default=False, description="``TaskResult.mixed_logprob_modes``"
+    )
 
     @classmethod
     def of(cls, group: TaskResult, key: str, rewards: list[float]) -> GroupRef:
@@ -502,7 +548,34 @@ class GroupRef(Payload):
             mean_reward=group.mean_reward,
             incomplete=group.incomplete,
             num_failed_by_kind=dict(group.num_failed_by_kind),
+            min_policy_version=group.min_policy_version,
+            max_policy_version=group.max_policy_version,
+            token_weighted_policy_version=group.token_weighted_policy_version,
+            mixed_logprob_modes=group.mixed_logprob_modes,
         )
+
+
+def group_version_stats(
+    sessions: list[SessionResult],
+) -> tuple[int | None, int | None, float | None, list[LogprobMode]]:
+    """``(min, max, token-weighted mean)`` policy version and the distinct log-prob modes of
+    the trainable tokens of ``sessions`` (each session's mean weighed by its trainable
+    tokens); versions None without a trainable token."""
+    low = [s.stats.min_policy_version for s in sessions if s.stats.min_policy_version is not None]
+    high = [s.stats.max_policy_version for s in sessions if s.stats.max_policy_version is not None]
+    weighted = [
+        (s.stats.token_weighted_policy_version, s.stats.num_trainable_tokens)
+        for s in sessions
+        if s.stats.token_weighted_policy_version is not None and s.stats.num_trainable_tokens
+    ]
+    total = sum(n for _, n in weighted)
+    modes = sorted({m for s in sessions for m in s.stats.logprob_modes})
+    return (
+        min(low, default=None),
+        max(high, default=None),
+        sum(v * n for v, n in weighted) / total if total else None,
+        modes,  # type: ignore[return-value]
+    )
 
 
 def group_key(task_id: str) -> str:

@@ -38,6 +38,7 @@ from rolloutd.errors import to_application_error
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.proxy.sessions.call_errors import call_waiting_at, is_backend_error
 from rolloutd.proxy.sessions.state import unrecovered_errors
+from rolloutd.routes import store_trace_routes
 from rolloutd.store import CompletionLog, trajectory_key
 from rolloutd.task_queues import host_queue
 from rolloutd.trajectory import build_traces, check_invariants
@@ -182,6 +183,8 @@ class GatewayActivities:
             completions, input.builder, end_of_turn_id=self.gateway.template.end_of_turn_id
         )
         check_invariants(traces, completions)
+        # routed experts (R3) stay out of line: each trace's rows go to the store beside it
+        store_trace_routes(store, input.session_id, traces, completions)
         trajectory = Trajectory(
             session_id=input.session_id,
             task_id=input.task_id,

@@ -107,7 +107,8 @@ def sdk_runtime(bind_address: str) -> Runtime:
                 # (TemporalMetrics) shows the names the SDK's exporter serves
                 counters_total_suffix=True,
                 histogram_bucket_overrides={
-                    names.SESSION_PHASE_SECONDS: list(names.PHASE_BUCKETS_S)
+                    names.SESSION_PHASE_SECONDS: list(names.PHASE_BUCKETS_S),
+                    names.GROUP_STALENESS: list(names.STALENESS_BUCKETS),
                 },
             )
         )

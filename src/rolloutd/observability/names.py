@@ -37,6 +37,12 @@ SESSION_FAILURES = "rolloutd_session_failures"
 SESSION_REPLACEMENTS = "rolloutd_session_replacements"
 #: counter: task groups that ended with fewer scored sessions than samples
 INCOMPLETE_GROUPS = "rolloutd_incomplete_groups"
+#: histogram, policy versions: the token-weighted staleness of each group a buffer hands out
+#: (its version at take minus the mean version of the group's trainable tokens)
+GROUP_STALENESS = "rolloutd_group_staleness"
+
+#: bucket bounds of :data:`GROUP_STALENESS`, policy versions (a mean: fractions occur)
+STALENESS_BUCKETS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0)
 
 #: bucket bounds of :data:`SESSION_PHASE_SECONDS`, s: phases last from milliseconds (open,
 #: close) to the run budget (minutes)
@@ -133,6 +139,7 @@ WORKFLOW_METRICS = {
     SESSION_FAILURES: "counter",
     SESSION_REPLACEMENTS: "counter",
     INCOMPLETE_GROUPS: "counter",
+    GROUP_STALENESS: "histogram",
 }
 #: the Temporal SDK's metric families that docs/metrics.md and the dashboard use, with
 #: their Prometheus type (the SDK exports more: docs.temporal.io/references/sdk-metrics)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from rolloutd.errors import BuilderError
 from rolloutd.trajectory.chains import Chain, ChainPlan, drift_count
 from rolloutd.trajectory.tokenizer import ReasoningSpanFn
+from rolloutd.trajectory.versions import trained_logprob_modes, version_stats
 from rolloutd.types import BuilderStats, Completion, Trace
 
 LossMaskStrategy = Literal["full_assistant", "action_only"]
@@ -142,6 +143,8 @@ def chain_trace(
         response_offsets=offsets,
         retry_indices=list(chain.retry_indices),
         policy_versions=[by_index[link.index].policy_version for link in chain.links],
+        logprob_modes=[by_index[link.index].logprob_mode for link in chain.links],
+        sampling=[by_index[link.index].sampling for link in chain.links],
         drift_positions=drift_positions,
         num_drift_tokens=num_drift,
         recomputed_logprob_positions=recomputed,
@@ -171,6 +174,8 @@ def request_trace(
         completion_indices=[c.index],
         response_offsets=[0],
         policy_versions=[c.policy_version],
+        logprob_modes=[c.logprob_mode],
+        sampling=[c.sampling],
         recomputed_logprob_positions=_recomputed(c, mask),
         metadata=_base_metadata(c, "per_request", "request"),
     )
@@ -185,6 +190,7 @@ def builder_stats(
     Drift counts are what was detected, also when ``on_drift="split"`` kept it out of traces.
     """
     chains = plan.chains if plan is not None else []
+    low, high, weighted = version_stats(traces)
     return BuilderStats(
         num_completions=len(completions),
         num_chains=len(traces),
@@ -198,4 +204,8 @@ def builder_stats(
         num_trainable_tokens=sum(sum(t.loss_mask) for t in traces),
         num_response_tokens=sum(len(t.response_ids) for t in traces),
         policy_versions=sorted({c.policy_version for c in completions}),
+        min_policy_version=low,
+        max_policy_version=high,
+        token_weighted_policy_version=weighted,
+        logprob_modes=trained_logprob_modes(traces),
     )

@@ -76,6 +76,7 @@ with workflow.unsafe.imports_passed_through():
         TaskRequest,
         TaskResult,
         group_part_key,
+        group_version_stats,
     )
     from rolloutd.workflows import metadata, search, signals
     from rolloutd.workflows.callback import CallbackInput, CallbackWorkflow, callback_workflow_id
@@ -646,6 +647,7 @@ def summarize(
         else None
     )
     size = len(sessions) if num_samples is None else num_samples
+    low, high, weighted, modes = group_version_stats(scored_sessions(sessions))
     return TaskResult(
         task_id=task_id,
         sessions=sorted(sessions, key=lambda s: s.sample_index),
@@ -660,6 +662,11 @@ def summarize(
         policy_versions=sorted({v for s in sessions for v in s.stats.policy_versions}),
         num_sessions=len(sessions),
         max_reward=max(rewards) if rewards else None,
+        min_policy_version=low,
+        max_policy_version=high,
+        token_weighted_policy_version=weighted,
+        logprob_modes=modes,
+        mixed_logprob_modes=len(modes) > 1,
     )
 
 

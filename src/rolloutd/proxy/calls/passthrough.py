@@ -33,6 +33,7 @@ from rolloutd.proxy.core.call_types import (
 )
 from rolloutd.proxy.sessions.recorder import Recorder, build_passthrough_completion, new_response_id
 from rolloutd.proxy.sessions.session import Session
+from rolloutd.types import SamplingUsed
 
 log = structlog.get_logger(__name__)
 
@@ -91,6 +92,7 @@ async def _record(
         ),
     )
     duration_s = time.monotonic() - started
+    sampling = resolve_sampling(session.state.sampling, request.sampling)
     completion = await recorder.record(
         session,
         lambda index: build_passthrough_completion(
@@ -104,6 +106,11 @@ async def _record(
             started_at=started_at,
             duration_s=duration_s,
             policy_version=lease.policy_version,
+            sampling=SamplingUsed(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_tokens,
+            ),
         ),
     )
     response.completion_index = completion.index

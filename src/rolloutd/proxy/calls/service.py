@@ -58,7 +58,7 @@ from rolloutd.proxy.sessions.recorder import (
 )
 from rolloutd.proxy.sessions.replay import answer_from_source
 from rolloutd.proxy.sessions.session import Session
-from rolloutd.types import CaptureMode, Completion
+from rolloutd.types import CaptureMode, Completion, SamplingUsed
 
 log = structlog.get_logger(__name__)
 
@@ -318,12 +318,20 @@ class ChatService:
                 started_at=prep.started_at,
                 duration_s=duration_s,
                 policy_version=prep.policy_version,
+                sampling=SamplingUsed(
+                    temperature=prep.generate.temperature,
+                    top_p=prep.generate.top_p,
+                    top_k=prep.generate.top_k,
+                    max_tokens=prep.generate.max_tokens,
+                    seed=prep.generate.seed,
+                ),
             )
             # the model's doing: its tokens stay; the task may force the session's reward
             completion.tool_call_parse_failed = unreadable
             return completion
 
-        response.completion_index = (await self.recorder.record(session, build)).index
+        recorded = await self.recorder.record(session, build, result.routed_experts)
+        response.completion_index = recorded.index
         return response
 
     async def note_failure(

@@ -23,7 +23,8 @@ from rolloutd.proxy.backends.base import Backend, ChatResult, GenerateResult
 from rolloutd.proxy.core.call_types import InternalRequest, InternalResponse, Usage
 from rolloutd.proxy.render.chat_template import PromptPlan
 from rolloutd.proxy.sessions.session import Session
-from rolloutd.types import Completion, Timings
+from rolloutd.routes import store_completion_routes
+from rolloutd.types import Completion, SamplingUsed, Timings
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +61,7 @@ def build_completion(
     started_at: float,
     duration_s: float,
     policy_version: int | None = None,
+    sampling: SamplingUsed | None = None,
 ) -> Completion:
     """The completion of one answered call (pure).
 
@@ -78,6 +80,7 @@ def build_completion(
         duration_s: wall time of the call, seconds.
         policy_version: the backend's policy version when the call was sent (default: its
             version now).
+        sampling: the sampling parameters the call was sent with.
     """
     if len(result.response_ids) != len(result.response_logprobs):
         raise ValueError(
@@ -96,6 +99,7 @@ def build_completion(
         timings=Timings(
             started_at=started_at, first_token_s=result.first_token_s, duration_s=duration_s
         ),
+        sampling=sampling,
     )
 
 
@@ -125,6 +129,9 @@ def _call_fields(
         "backend": backend.name,
         "policy_version": backend.policy_version if policy_version is None else policy_version,
         "response_id": response.id,
+        "backend_type": backend.type,
+        "logprob_mode": backend.logprob_mode,
+        "routed_experts": None,
     }
 
 
@@ -140,6 +147,7 @@ def build_passthrough_completion(
     started_at: float,
     duration_s: float,
     policy_version: int | None = None,
+    sampling: SamplingUsed | None = None,
 ) -> Completion:
     """The completion of one ``passthrough`` call (pure): the backend rendered the prompt, so
     token ids are the ones it returned, if any; without them the completion is untrainable.
@@ -153,6 +161,7 @@ def build_passthrough_completion(
         end_of_turn_sampled=trainable,
         trainable=trainable,
         timings=Timings(started_at=started_at, duration_s=duration_s),
+        sampling=sampling,
     )
 
 
@@ -178,7 +187,9 @@ def response_from_completion(completion: Completion) -> InternalResponse:
 class Recorder:
     """Appends completions to their session's log."""
 
-    async def record(self, session: Session, build: Callable[[int], Completion]) -> Completion:
+    async def record(
+        self, session: Session, build: Callable[[int], Completion], routes: Any = None
+    ) -> Completion:
         """Give the next index to the completion ``build(index)`` and append it to the log,
         in one critical section under ``session.lock`` (never held across a backend call):
         the index is the completion's place in append order, gap-free whatever order
@@ -191,6 +202,9 @@ class Recorder:
         Args:
             session: the session.
             build: the completion of a given index (pure; :func:`build_completion`).
+            routes: the call's routed experts, ``(rows, layers, top_k)`` from position 0, or
+                None: stored first (:mod:`rolloutd.routes`, only the rows past its base's),
+                so a record never names rows that are not there.
 
         Returns:
             The recorded completion.
@@ -207,6 +221,15 @@ class Recorder:
                 else (session.completions[-1] if session.completions else None)
             )
             writing = time.monotonic()
+            if routes is not None:
+                routes_base = (
+                    session.completions[completion.extends]
+                    if completion.extends is not None
+                    else None
+                )
+                completion.routed_experts = await asyncio.to_thread(
+                    store_completion_routes, session.log.store, completion, routes, routes_base
+                )
             if session.log.store.fast_writes:
                 session.log.append(completion, base)  # a small write into the page cache
             else:

@@ -4,6 +4,8 @@ recorded through the recorder as a copy of the earlier attempt's completion."""
 
 from __future__ import annotations
 
+import asyncio
+
 import structlog
 
 from rolloutd.errors import RolloutdError
@@ -66,8 +68,13 @@ async def answer_from_source(
         replay.placed(source, index)
         return copy
 
+    routes = (
+        await asyncio.to_thread(replay.source_routes, source)
+        if source.routed_experts is not None
+        else None
+    )
     try:
-        completion = await recorder.record(session, build)
+        completion = await recorder.record(session, build, routes)
     except BaseException:
         replay.release(source)
         raise

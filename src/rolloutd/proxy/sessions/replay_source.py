@@ -34,6 +34,7 @@ from typing import Any
 
 import structlog
 
+from rolloutd.routes import completion_routes
 from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.types import Completion, ReplayEnd, ReplayStats
 
@@ -78,6 +79,8 @@ def replayed_copy(
             "response_id": response_id,
             "request": request,
             "request_hash": body_hash,
+            # its own copy of the source's rows is written when it is recorded
+            "routed_experts": None,
         }
     )
 
@@ -113,6 +116,16 @@ class ReplaySource:
         self.taken: dict[str, int] = {}
         #: source keys passed over for their policy version
         self.stale: set[str] = set()
+
+    def source_routes(self, source: Completion) -> Any:
+        """The routed experts of source completion ``source`` from position 0
+        (:func:`rolloutd.routes.completion_routes` over its own log), for its copy: a replayed
+        completion carries the rows that sampled it, as it carries its tokens."""
+        return completion_routes(
+            self.store,
+            source,
+            lambda index: self._all[f"{source.session_id}#{index}"],
+        )
 
     async def ensure_loaded(self, completions: Sequence[Completion]) -> None:
         """Read and index the source logs once (in a worker thread), and mark as taken the

@@ -96,8 +96,20 @@ class BufferConfig(Payload):
     max_staleness: int | None = Field(
         default=None,
         ge=0,
-        description="drop a group when ``policy_version - group.policy_version`` exceeds it (the "
-        "group's version is the buffer's when its task started); None keeps all",
+        description="drop a group when its staleness exceeds it: the buffer's policy version "
+        "minus the token-weighted mean version of the group's trainable tokens, each token "
+        "at the version that sampled it, a replayed one at its source's "
+        "(``GroupRef.token_weighted_policy_version``); a group without a trainable token "
+        "counts at the version its task started under. Checked when the group arrives and "
+        "whenever the version moves, so a group handed out is within it at take. None keeps "
+        "all",
+    )
+    mixed_logprob_modes: Literal["hand_out", "drop"] = Field(
+        default="hand_out",
+        description="a group whose scored sessions' log-probs are not all of one mode (raw, "
+        "after temperature, after top-k/top-p; ``TaskResult.mixed_logprob_modes``): "
+        "``hand_out`` (flagged in its GroupRef and TaskResult: the trainer decides) or "
+        "``drop`` (reason ``mixed_logprob_modes``)",
     )
     staleness_admission: bool = Field(
         default=True,
@@ -183,9 +195,10 @@ class BufferConfig(Payload):
 
 
 class BufferedGroup(Payload):
-    """A finished task's group by reference, stamped with the policy version its task
-    started under. ``group`` is None in the workflow; the trainer client fills it from the
-    store when it takes the batch (:meth:`rolloutd.trainer_client.buffer.RolloutBuffer.take`).
+    """A finished task's group by reference (its versions, token-weighted too, in ``ref``),
+    stamped with the policy version its task started under (what admission counts).
+    ``group`` is None in the workflow; the trainer client fills it from the store when it
+    takes the batch (:meth:`rolloutd.trainer_client.buffer.RolloutBuffer.take`).
     """
 
     ref: GroupRef
@@ -246,9 +259,21 @@ class DroppedGroup(Payload):
 
     task_id: str
     reason: Literal[
-        "zero_variance", "stale", "cancelled", "start_failed", "invalid", "incomplete", "ended"
+        "zero_variance",
+        "stale",
+        "cancelled",
+        "start_failed",
+        "invalid",
+        "incomplete",
+        "ended",
+        "mixed_logprob_modes",
     ]
-    policy_version: int = 0
+    policy_version: int = Field(default=0, description="the version its task started under")
+    staleness: float | None = Field(
+        default=None,
+        description="its token-weighted staleness when dropped (the buffer's version minus the "
+        "token-weighted version of its trainable tokens); None when not known",
+    )
 
 
 class BufferState(Payload):
@@ -280,6 +305,8 @@ class BufferState(Payload):
     num_dropped_stale: int = 0
     num_dropped_incomplete: int = 0
     num_incomplete_handed_out: int = 0
+    num_dropped_mixed_logprob_modes: int = 0
+    num_mixed_logprob_modes_handed_out: int = 0
     num_failed_by_kind: dict[str, int] = Field(
         default_factory=dict, description="failure kind -> sessions of finished groups"
     )

@@ -14,10 +14,12 @@ nothing:
   reference (:class:`~rolloutd.types.GroupRef`): the buffer's state (ready, leased, re-offered,
   and its continue-as-new input) holds references only, and ``take`` on the client reads the
   whole groups from the store; the group is stamped with the buffer's policy version at the
-  task's start; zero-variance groups (DAPO, over the scored sessions
-  only: :func:`rolloutd.scoring.is_zero_variance`), groups more than ``max_staleness`` versions
-  old, and incomplete groups when ``incomplete_groups="drop"`` are dropped; failures are
-  counted by kind;
+  task's start (admission counts it); zero-variance groups (DAPO, over the scored sessions
+  only: :func:`rolloutd.scoring.is_zero_variance`), groups whose token-weighted staleness
+  (the buffer's version minus the mean version of their trainable tokens) exceeds
+  ``max_staleness``, incomplete groups when ``incomplete_groups="drop"`` and groups of mixed
+  log-prob modes when ``mixed_logprob_modes="drop"`` are dropped; failures are counted by
+  kind;
 - ``take_batch`` (an Update) returns ``num_groups`` groups as soon as they are ready, under a
   lease; ``ack`` commits the batch; a batch whose lease runs out unacked is offered again, whole,
   to the next ``take_batch``: a trainer that acks after it trains gets each group exactly once;
@@ -50,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd import task_queues
     from rolloutd.activities.models import ReadTaskChunkInput, ReadTaskChunkOutput
     from rolloutd.activities.names import CLOSED_WORKFLOWS, READ_TASK_CHUNK
+    from rolloutd.observability import names
     from rolloutd.scoring import is_zero_variance
     from rolloutd.types import GroupRef, TaskRequest
     from rolloutd.workflows import metadata, search
@@ -352,25 +355,40 @@ class RolloutBufferWorkflow:
                 return self._s.running.pop(i)
         return None
 
-    def _drop(self, task_id: str, reason: str, policy_version: int) -> None:
+    def _drop(
+        self, task_id: str, reason: str, policy_version: int, staleness: float | None = None
+    ) -> None:
         self._s.dropped.append(
             DroppedGroup(
                 task_id=task_id,
                 reason=reason,  # type: ignore[arg-type]
                 policy_version=policy_version,
+                staleness=staleness,
             )
         )
         del self._s.dropped[:-MAX_REMEMBERED]
 
     def _is_stale(self, policy_version: int) -> bool:
+        """Whether a task started under ``policy_version`` is already too stale (admission and
+        ``cancel_surplus`` count start versions)."""
+        return self._too_stale(self._s.policy_version - policy_version)
+
+    def _too_stale(self, staleness: float) -> bool:
         limit = self._config.max_staleness
-        return limit is not None and self._s.policy_version - policy_version > limit
+        return limit is not None and staleness > limit
+
+    def _staleness(self, ref: GroupRef, start_version: int) -> float:
+        """The group's token-weighted staleness now (its task's start version when it has no
+        trainable token)."""
+        weighted = ref.token_weighted_policy_version
+        return self._s.policy_version - (start_version if weighted is None else weighted)
 
     def _drop_stale_ready(self) -> None:
         keep = []
         for buffered in self._s.ready:
-            if self._is_stale(buffered.policy_version):
-                self._drop(buffered.task_id, "stale", buffered.policy_version)
+            staleness = self._staleness(buffered.ref, buffered.policy_version)
+            if self._too_stale(staleness):
+                self._drop(buffered.task_id, "stale", buffered.policy_version, staleness)
                 self._s.num_dropped_stale += 1
             else:
                 keep.append(buffered)
@@ -387,6 +405,12 @@ class RolloutBufferWorkflow:
         )
 
     def _lease(self, groups: list[BufferedGroup], lease_s: float | None) -> Batch:
+        staleness = workflow.metric_meter().create_histogram_float(
+            names.GROUP_STALENESS,
+            "token-weighted staleness of each group handed out (policy versions)",
+        )
+        for buffered in groups:
+            staleness.record(max(0.0, self._staleness(buffered.ref, buffered.policy_version)))
         self._s.next_batch += 1
         batch = Batch(
             batch_id=f"{self._config.buffer_id}/batch/{self._s.next_batch}",
@@ -417,9 +441,13 @@ class RolloutBufferWorkflow:
         self._s.num_groups_finished += 1
         for kind, count in group.num_failed_by_kind.items():
             self._s.num_failed_by_kind[kind] = self._s.num_failed_by_kind.get(kind, 0) + count
-        if self._is_stale(running.policy_version):
-            self._drop(group.task_id, "stale", running.policy_version)
+        staleness = self._staleness(group, running.policy_version)
+        if self._too_stale(staleness):
+            self._drop(group.task_id, "stale", running.policy_version, staleness)
             self._s.num_dropped_stale += 1
+        elif group.mixed_logprob_modes and self._config.mixed_logprob_modes == "drop":
+            self._drop(group.task_id, "mixed_logprob_modes", running.policy_version)
+            self._s.num_dropped_mixed_logprob_modes += 1
         elif group.incomplete and self._config.incomplete_groups == "drop":
             self._drop(group.task_id, "incomplete", running.policy_version)
             self._s.num_dropped_incomplete += 1
@@ -428,6 +456,7 @@ class RolloutBufferWorkflow:
             self._s.num_dropped_zero_variance += 1
         else:
             self._s.num_incomplete_handed_out += group.incomplete
+            self._s.num_mixed_logprob_modes_handed_out += group.mixed_logprob_modes
             self._s.ready.append(BufferedGroup(ref=group, policy_version=running.policy_version))
         self._dirty = True
 

@@ -22,7 +22,10 @@ from collections.abc import Awaitable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from rolloutd.routes import load_routes
 from rolloutd.scoring import failure_of, is_scored
+from rolloutd.store import BlobStore
+from rolloutd.trajectory.versions import token_policy_versions
 from rolloutd.types import SessionResult, TaskResult, Trace, Trajectory
 
 T = TypeVar("T")
@@ -97,6 +100,11 @@ class SessionSample:
         policy_versions: the policy versions that sampled its completions, in order.
         num_turns: model calls merged into the sequence.
         trace: the trace itself.
+        token_policy_versions: list[int], length R: the version that sampled each response
+            position (:func:`rolloutd.trajectory.versions.token_policy_versions`).
+        logprob_modes: each merged completion's log-prob mode, in order.
+        routed_experts: ``numpy.ndarray`` ``(rows, num_layers, top_k)`` of ``prompt_ids +
+            response_ids`` from position 0 (R3), or None: loaded only when a store is given.
     """
 
     session_id: str
@@ -111,6 +119,9 @@ class SessionSample:
     policy_versions: list[int]
     num_turns: int
     trace: Trace
+    token_policy_versions: list[int] = field(default_factory=list)
+    logprob_modes: list[str] = field(default_factory=list)
+    routed_experts: Any = None
 
 
 @dataclass
@@ -180,12 +191,15 @@ class BridgeStats:
         }
 
 
-def session_sample(session: SessionResult, trajectory: Trajectory | None) -> SessionSample | str:
+def session_sample(
+    session: SessionResult, trajectory: Trajectory | None, store: BlobStore | None = None
+) -> SessionSample | str:
     """One session as a training sequence, or why it is left out.
 
     Args:
         session: the session's result.
         trajectory: its stored trajectory (None when it has none).
+        store: the blob store its routed experts are read from (None: not read).
 
     Returns:
         The :class:`SessionSample`, or the reason it is left out: the failure cause's kind
@@ -215,16 +229,26 @@ def session_sample(session: SessionResult, trajectory: Trajectory | None) -> Ses
         policy_versions=list(trace.policy_versions),
         num_turns=len(trace.completion_indices),
         trace=trace,
+        token_policy_versions=token_policy_versions(trace),
+        logprob_modes=list(trace.logprob_modes),
+        routed_experts=(
+            load_routes(store, trace.routed_experts)
+            if store is not None and trace.routed_experts is not None
+            else None
+        ),
     )
 
 
-def group_samples(group: TaskResult, load: Any, num_samples: int | None = None) -> GroupSamples:
+def group_samples(
+    group: TaskResult, load: Any, num_samples: int | None = None, store: BlobStore | None = None
+) -> GroupSamples:
     """A task's group as training sequences, its left-out sessions named.
 
     Args:
         group: the task's result.
         load: ``RolloutClient.trajectory`` (a callable ``SessionResult -> Trajectory``).
         num_samples: G, the sessions the task asked for (default: ``len(group.sessions)``).
+        store: where routed experts are read from (``RolloutClient.store``; None: not read).
 
     Returns:
         The group's usable samples in sample order and the others with their reason.
@@ -237,7 +261,7 @@ def group_samples(group: TaskResult, load: Any, num_samples: int | None = None) 
     )
     for session in sorted(group.sessions, key=lambda s: s.sample_index):
         trajectory = load(session) if session.trajectory_ref else None
-        sample = session_sample(session, trajectory)
+        sample = session_sample(session, trajectory, store)
         if isinstance(sample, str):
             out.left_out[session.session_id] = sample
         else:

@@ -146,10 +146,11 @@ class RolloutdGenerator(GeneratorInterface):
             "loss_masks": [[]] * num_rows,
             "stop_reasons": [""] * num_rows,
             "rollout_logprobs": [[]] * num_rows,
+            "rollout_expert_indices": [None] * num_rows,
         }
         masked_before = self.stats.num_groups_masked
         for rows, group in zip(rows_of.values(), groups, strict=True):
-            samples = group_samples(group, self.client.trajectory, len(rows))
+            samples = group_samples(group, self.client.trajectory, len(rows), self.client.store)
             masked = not samples.whole
             self.stats.add(samples, masked=masked)
             # the group's rows in repetition order get its sessions in sample order
@@ -163,6 +164,7 @@ class RolloutdGenerator(GeneratorInterface):
                         [0] * len(sample.loss_mask) if masked else sample.loss_mask
                     )
                     out["rollout_logprobs"][row] = sample.response_logprobs
+                    out["rollout_expert_indices"][row] = sample.routed_experts
                     out["rewards"][row] = 0.0 if masked else sample.reward
                     out["stop_reasons"][row] = sample.finish_reason
                 else:
@@ -191,7 +193,13 @@ class RolloutdGenerator(GeneratorInterface):
             trajectory_ids=list(ids),
             trajectory_generation_times=None,
             trajectory_time_splits=None,
-            rollout_expert_indices=None,
+            # SkyRL's R3 field: per row, routes of a prefix of prompt and response tokens;
+            # None unless every row has them
+            rollout_expert_indices=(
+                out["rollout_expert_indices"]
+                if all(r is not None for r in out["rollout_expert_indices"])
+                else None
+            ),
             rollout_sample_support=None,
             is_last_step=None,
             env_metrics=None,

@@ -72,7 +72,12 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, register_adv_est
 
 from rolloutd.settings import CommonSettings
-from rolloutd.trainer_client.bridges.common import BridgeStats, group_samples, instruction_of
+from rolloutd.trainer_client.bridges.common import (
+    BridgeStats,
+    SessionSample,
+    group_samples,
+    instruction_of,
+)
 from rolloutd.trainer_client.client import RolloutClient
 from rolloutd.trainer_client.training.exports import to_verl_batch
 from rolloutd.types import Trajectory
@@ -149,6 +154,31 @@ def compute_rolloutd_grpo_advantage(
         )
         advantages[rows] = kept_advantages.to(advantages.dtype)
     return advantages, advantages
+
+
+def agent_loop_output(sample: SessionSample, metrics: AgentLoopMetrics) -> AgentLoopOutput:
+    """verl's ``AgentLoopOutput`` of one usable session: its trace, reward and, when the
+    session's backend returned them, its routed experts in ``routed_experts`` (a ``(rows,
+    num_layers, top_k)`` array over prompt and response, verl's R3 field: ``as_dict`` pads it
+    to the whole sequence); rolloutd's per-token facts in ``extra_fields``."""
+    return AgentLoopOutput(
+        prompt_ids=sample.prompt_ids,
+        response_ids=sample.response_ids,
+        response_mask=sample.loss_mask,
+        response_logprobs=sample.response_logprobs,
+        routed_experts=sample.routed_experts,
+        reward_score=sample.reward,
+        num_turns=sample.num_turns + 1,
+        metrics=metrics,
+        extra_fields={
+            "rolloutd_session_id": sample.session_id,
+            "rolloutd_task_id": sample.task_id,
+            "rolloutd_policy_versions": sample.policy_versions,
+            "rolloutd_token_policy_versions": sample.token_policy_versions,
+            "rolloutd_logprob_modes": sample.logprob_modes,
+            "rolloutd_finish_reason": sample.finish_reason,
+        },
+    )
 
 
 def left_out_output(
@@ -261,7 +291,7 @@ class RolloutdAgentLoop(AgentLoopBase):
             "num_samples": 1,
         }
         group = await (await client.submit(request)).result()
-        samples = group_samples(group, client.trajectory, 1)
+        samples = group_samples(group, client.trajectory, 1, client.store)
         for sample in list(samples.samples):
             # an all-zero response_mask marks a left-out row for the advantage estimator, so a
             # scored session without a sampled token cannot be told from one and is left out
@@ -284,21 +314,7 @@ class RolloutdAgentLoop(AgentLoopBase):
                 task_id=group.task_id,
             )
         (sample,) = samples.samples
-        return AgentLoopOutput(
-            prompt_ids=sample.prompt_ids,
-            response_ids=sample.response_ids,
-            response_mask=sample.loss_mask,
-            response_logprobs=sample.response_logprobs,
-            reward_score=sample.reward,
-            num_turns=sample.num_turns + 1,
-            metrics=metrics,
-            extra_fields={
-                "rolloutd_session_id": sample.session_id,
-                "rolloutd_task_id": sample.task_id,
-                "rolloutd_policy_versions": sample.policy_versions,
-                "rolloutd_finish_reason": sample.finish_reason,
-            },
-        )
+        return agent_loop_output(sample, metrics)
 
     def _placeholder(self, group: Any, client: RolloutClient) -> tuple[list[int], list[int]]:
         """A left-out session's tokens: its own trace when it has one, else one

@@ -35,7 +35,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from typing import IO, TYPE_CHECKING, Any, Literal
 
+from rolloutd.routes import load_routes
 from rolloutd.scoring import failure_of, is_policy_timeout
+from rolloutd.store import BlobStore
 from rolloutd.types import FailureCause, SessionStatus, Trace, Trajectory
 
 if TYPE_CHECKING:
@@ -199,6 +201,7 @@ def to_verl_batch(
     reward_position: Literal["last_token", "last_trainable"] = "last_token",
     default_reward: float | None = None,
     include_failed: bool = False,
+    store: BlobStore | None = None,
 ) -> dict[str, torch.Tensor | np.ndarray]:
     """Pad a batch of traces into verl's ``DataProto`` layout, one row per trace.
 
@@ -232,6 +235,7 @@ def to_verl_batch(
         include_failed: keep failed sessions' traces (:func:`failed_cause`): all-zero
             ``response_mask`` and ``token_level_scores``, ``uid`` ``failed/{session_id}`` (a
             group of their own, outside every GRPO baseline), ``failure`` set.
+        store: the blob store the traces' routed experts are read from; None leaves them out.
 
     Returns:
         A dict with, for B traces, P the longest (kept) prompt and R the longest response:
@@ -244,7 +248,11 @@ def to_verl_batch(
         - ``uid``: np.ndarray of object (str) [B], the ``task_id``, so GRPO groups by task;
         - ``session_id``: np.ndarray of object (str) [B], for per-session weighting;
         - ``failure``: np.ndarray of object [B], the failure kind of a failed session's row,
-          else None.
+          else None;
+        - ``routed_experts`` (with ``store``, when every trace has them): torch.int16
+          [B, P+R, num_layers, top_k], verl's R3 field as its agent loop's ``_postprocess``
+          lays it out: a trace's rows from its first real prompt token on, zeros elsewhere
+          (the last token has no row).
 
     Raises:
         ValueError: no traces; a trace over a limit without ``truncate``; a trace without
@@ -261,6 +269,11 @@ def to_verl_batch(
         include_failed=include_failed,
     )
     arrays = _verl_padded(rows, failures, pad_token_id, reward_position)
+    if store is not None:
+        traces = [trace for _, trace in _rows(trajectories, include_failed)]
+        routes = _verl_routes(store, traces, rows, arrays["prompts"].shape[1])
+        if routes is not None:
+            arrays["routed_experts"] = routes
     return {
         key: torch.from_numpy(value) if value.dtype != object else value
         for key, value in arrays.items()
@@ -304,6 +317,32 @@ def _verl_rows(
     if not rows:
         raise ValueError("to_verl_batch needs at least one trace")
     return rows, failures
+
+
+def _verl_routes(
+    store: BlobStore, traces: list[Trace], rows: list[_VerlRow], prompt_len: int
+) -> np.ndarray | None:
+    """The batch's ``routed_experts`` (int16 [B, P+R, layers, top_k]), or None unless every
+    trace has them. A row's stored rows start at its first kept prompt token (column
+    ``prompt_len - len(kept prompt)``); a prompt cut to its last tokens drops as many rows."""
+    import numpy as np
+
+    if not traces or any(t.routed_experts is None for t in traces):
+        return None
+    loaded = [load_routes(store, t.routed_experts) for t in traces]  # type: ignore[arg-type]
+    shapes = {r.shape[1:] for r in loaded}
+    if len(shapes) != 1:
+        raise ValueError(f"traces' routed experts differ in shape: {sorted(shapes)}")
+    response_len = max(len(arrays[1]) for _, arrays, _ in rows)
+    out = np.zeros((len(rows), prompt_len + response_len, *shapes.pop()), dtype=np.int16)
+    for row, (trace, routes, (_, (prompt_ids, response_ids, _m, _l), _r)) in enumerate(
+        zip(traces, loaded, rows, strict=True)
+    ):
+        cut = len(trace.prompt_ids) - len(prompt_ids)
+        kept = routes[cut : cut + len(prompt_ids) + len(response_ids)]
+        start = prompt_len - len(prompt_ids)
+        out[row, start : start + len(kept)] = kept
+    return out
 
 
 def _verl_padded(

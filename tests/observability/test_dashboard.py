@@ -111,6 +111,7 @@ def registry_names(tmp_path: Path) -> set[str]:
     metrics.observe_added_latency("openai_chat", False, 0.001)
     metrics.count_tokens("dashboard-test", 1, 1)
     metrics.observe_log_write(0.0001)
+    metrics.set_fleet_alive("dashboard-test", True)
     pool = BackendPool([make_backend("llama_cpp", "dashboard-test", "http://127.0.0.1:9")])
     metrics.watch_pool(pool)
     acts = SandboxActivities(

@@ -5,6 +5,7 @@ dev server and llama-server, each beside a control that must fail."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -25,9 +26,10 @@ UP_PORTS = {7233, 8233, 8300, 8400, 9300, 9301, 9302, 9303}
 
 
 def _doctor(env: dict[str, str], *args: str) -> tuple[int, dict[str, tuple[str, str, str]]]:
-    """Run `rolloutd doctor`; its exit status and its rows, name -> (status, detail, fix)."""
+    """Run `rolloutd doctor --json`; its exit status and its rows, name -> (status, detail,
+    fix); a name seen again gets ``#n``."""
     done = subprocess.run(
-        [sys.executable, "-m", "rolloutd.cli", "doctor", *args],
+        [sys.executable, "-m", "rolloutd.cli", "doctor", "--json", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -35,20 +37,9 @@ def _doctor(env: dict[str, str], *args: str) -> tuple[int, dict[str, tuple[str, 
         timeout=240,
     )
     rows: dict[str, tuple[str, str, str]] = {}
-    last = None
-    for line in done.stdout.splitlines():
-        status = line[:8].strip()
-        if status in ("ok", "MISS", "skipped"):
-            name, _, detail = line[9:].partition("  ")
-            last = name.strip()
-            rows[last if last not in rows else f"{last} #{len(rows)}"] = (
-                status,
-                detail.strip(),
-                "",
-            )
-        elif line.strip().startswith("fix: ") and last is not None:
-            status, detail, _ = rows[last]
-            rows[last] = (status, detail, line.strip().removeprefix("fix: "))
+    for row in json.loads(done.stdout or "[]"):
+        name = row["name"] if row["name"] not in rows else f"{row['name']} #{len(rows)}"
+        rows[name] = (row["status"], row["detail"], row["fix"])
     assert rows, done.stdout + done.stderr
     return done.returncode, rows
 
@@ -73,7 +64,7 @@ def test_every_check_passes_on_this_host(host_env: dict[str, str]) -> None:
     # the control for each port row: whether this test can bind it right now (another stack
     # on this shared machine may hold one)
     for port, status in ports.items():
-        assert status == ("ok" if checks.port_free(port) else "MISS"), (port, rows)
+        assert status == ("ok" if checks.port_free(port) else "miss"), (port, rows)
     others = {n: r for n, r in rows.items() if not n.startswith("port ")}
     assert {r[0] for r in others.values()} <= {"ok", "skipped"}, others
     # what a default policy on this host needs is checked, not skipped
@@ -83,7 +74,7 @@ def test_every_check_passes_on_this_host(host_env: dict[str, str]) -> None:
     assert others["podman"][0] == "ok" and others["podman configuration"][0] == "ok"
     assert others["harness qwen_code"][0] == "ok" and others["node"][0] == "ok"
     assert others["temporal"][0] == "skipped"  # no address configured: `up` starts its own
-    assert code == (1 if "MISS" in ports.values() else 0)
+    assert code == (1 if "miss" in ports.values() else 0)
 
 
 @pytest.fixture
@@ -112,13 +103,13 @@ def test_bwrap_hidden_and_a_port_taken_are_each_named_with_a_fix(
         code, rows = _doctor({**host_env, "PATH": path_without_bwrap})
     assert code == 1
     status, detail, fix = rows["bwrap"]
-    assert status == "MISS" and "not on PATH" in detail and "apt-get install bubblewrap" in fix
+    assert status == "miss" and "not on PATH" in detail and "apt-get install bubblewrap" in fix
     assert rows["bwrap sandbox"][0] == "skipped"
     taken = next(r for n, r in rows.items() if n.startswith(f"port {port} "))
-    assert taken[0] == "MISS" and "taken by another process" in taken[1]
+    assert taken[0] == "miss" and "taken by another process" in taken[1]
     assert f"sport = :{port}" in taken[2]
     # the rest still checked as on a whole host: the misses are these two, and ports others hold
-    misses = {n for n, r in rows.items() if r[0] == "MISS"}
+    misses = {n for n, r in rows.items() if r[0] == "miss"}
     assert misses - {n for n in misses if n.startswith("port ")} == {"bwrap"}
     assert rows["podman"][0] == "ok" and rows["seccomp"][0] == "ok"
 

@@ -4,15 +4,24 @@ results file or a store prefix names; the ``--evaluator`` choices; the summary o
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from rolloutd.activities.models import SessionRescore
 from rolloutd.activities.reverify import summarize
 from rolloutd.cli.rescoring import evaluator_map, exit_status, find_sessions, render
+from rolloutd.cli.tables import text
 from rolloutd.errors import ConfigError
 from rolloutd.store import BlobStore, trajectory_key
 from rolloutd.types import SessionResult, TaskResult, Trajectory
+
+
+def cells(shown: str, first: str) -> list[str]:
+    """The cells of the printed row whose first cell is ``first`` (cells stand 2+ spaces
+    apart)."""
+    row = next(line for line in shown.splitlines() if line.startswith(first + " "))
+    return re.split(r"\s{2,}", row.strip())
 
 
 @pytest.fixture
@@ -115,9 +124,15 @@ def test_summary_counts_changes_per_version_pair():
     (pair,) = summary.by_version
     assert (pair.num_sessions, pair.num_changed, pair.num_lower, pair.num_higher) == (3, 2, 1, 1)
     assert pair.mean_old == pytest.approx(2 / 3) and pair.mean_new == pytest.approx(0.5)
-    text = render(summary)
-    assert "h1 1 -> h 2: 3 re-scored, 2 changed (1 lower, 1 higher)" in text
-    assert "changed t/0: 1.00 -> 0.00" in text
-    assert "no_final_state u/0: no final state stored" in text
-    assert "failed v/0: runtime failed" in text
+    shown = text(render(summary))
+    assert cells(shown, "h1 1") == ["h1 1", "h 2", "3", "2", "1", "1", "0.67", "0.50"]
+    assert cells(shown, "t/0")[:4] == ["t/0", "changed", "1.00", "0.00"]
+    assert cells(shown, "u/0") == [
+        "u/0",
+        "no_final_state",
+        "-",
+        "-",
+        "no final state stored (the task did not ask: store_final_state)",
+    ]
+    assert cells(shown, "v/0") == ["v/0", "failed", "-", "-", "runtime failed"]
     assert exit_status(outcomes) == 1 and exit_status(outcomes[:4]) == 0

@@ -10,7 +10,8 @@
   their exit status;
 - :mod:`~rolloutd.cli.reliability`: the reliability figures ``reliability`` shows;
 - :mod:`~rolloutd.cli.checks`: what ``doctor`` checks on this host;
-- :mod:`~rolloutd.cli.retention`: what ``store gc`` deletes and keeps.
+- :mod:`~rolloutd.cli.retention`: what ``store gc`` deletes and keeps;
+- :mod:`~rolloutd.cli.tables`: the one table style every command prints with.
 """
 
 from rolloutd.cli.entry import main

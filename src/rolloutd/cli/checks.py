@@ -51,6 +51,7 @@ from typing import Literal
 
 import httpx
 
+from rolloutd.cli import tables
 from rolloutd.errors import RolloutdError
 from rolloutd.sandbox_policy import SandboxPolicy
 
@@ -846,19 +847,19 @@ def check_disk_space(target: Target) -> list[Check]:
 # -- the table ---------------------------------------------------------------------------------
 
 
-def render(rows: list[Check]) -> str:
-    """The rows as a table (status, check, detail; each fix on the line under its miss), and a
-    count of each status."""
-    width = max(len(r.name) for r in rows)
-    lines = []
-    for r in rows:
-        status = r.status.upper() if r.status == "miss" else r.status
-        lines.append(f"{status:<8} {r.name:<{width}}  {r.detail}")
-        if r.fix:
-            lines.append(f"{'':<8} {'':<{width}}  fix: {r.fix}")
+def render(rows: list[Check]) -> tables.Table:
+    """The rows as a table (status, check, detail, fix), captioned with a count of each
+    status; a miss's status is upper case, to stand out."""
     counts = {s: sum(r.status == s for r in rows) for s in ("ok", "miss", "skipped")}
-    lines.append(
-        f"{len(rows)} checks: {counts['ok']} ok, {counts['miss']} missing, "
-        f"{counts['skipped']} skipped"
+    return tables.table(
+        "status",
+        "check",
+        "detail",
+        "fix",
+        caption=f"{len(rows)} checks: {counts['ok']} ok, {counts['miss']} missing, "
+        f"{counts['skipped']} skipped",
+        rows=(
+            (r.status.upper() if r.status == "miss" else r.status, r.name, r.detail, r.fix)
+            for r in rows
+        ),
     )
-    return "\n".join(lines)

@@ -26,6 +26,7 @@ from typing import Any, TextIO
 from temporalio.client import WorkflowExecutionStatus, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
+from rolloutd.cli import tables
 from rolloutd.errors import NotFoundError, RolloutdError
 from rolloutd.store import CompletionLog
 from rolloutd.trainer_client.client import RolloutClient
@@ -106,11 +107,15 @@ async def look(client: RolloutClient, task_id: str) -> TaskView:
 
 
 def _table(views: Sequence[TaskView]) -> Any:
-    from rich.table import Table
-
-    table = Table(title="rolloutd submit: waiting (Ctrl-C stops waiting; tasks keep running)")
-    for col in ("task", "ended", "sessions by phase", "completions", "rewards", "status"):
-        table.add_column(col)
+    table = tables.table(
+        "task",
+        tables.num("ended"),
+        "sessions by phase",
+        tables.num("completions"),
+        "rewards",
+        "status",
+        title="rolloutd submit: waiting (Ctrl-C stops waiting; tasks keep running)",
+    )
     for v in views:
         phases = ", ".join(f"{p} {n}" for p, n in sorted(v.phases.items()) if p != "ended")
         table.add_row(
@@ -171,12 +176,11 @@ async def watch(
     err = err or sys.stderr
     last: dict[str, TaskView] = {}
     if tty:
-        from rich.console import Console
         from rich.live import Live
 
         with Live(
             _table(await _look_all(client, task_ids, last)),
-            console=console or Console(),
+            console=console or tables.console(),
             transient=True,
             auto_refresh=False,
         ) as live:

@@ -1,5 +1,5 @@
 """The reliability figures (``rolloutd reliability``) of the last ``tests/reliability`` run, as a
-table.
+table (:mod:`rolloutd.cli.tables`).
 
 The reliability tests (real processes, real kills: docs/faults.md) each record their figures
 with :func:`record` into one JSON file, :func:`report_path` (``ROLLOUTD_RELIABILITY_REPORT``, else
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rolloutd.cli import tables
 from rolloutd.settings import HostSettings, default_home
 
 #: column order of the table; any other figure is appended.
@@ -69,23 +70,16 @@ def record(scenario: str, **figures: Any) -> None:
     tmp.replace(path)
 
 
-def table(data: dict[str, dict[str, Any]]) -> str:
-    """Render the figures as a Markdown table."""
+def table(data: dict[str, dict[str, Any]]) -> tables.Table:
+    """The figures as a table: one row per scenario, the :data:`COLUMNS` first, then any other
+    figure recorded; a float with one decimal, a flag ``yes``/``NO``."""
     rows = list(data.values())
     keys = [c for c in COLUMNS if any(c in r for r in rows)]
     keys += sorted({k for r in rows for k in r} - set(keys) - {"recorded_at"})
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    for r in rows:
-        lines.append("| " + " | ".join(_cell(r.get(k, "")) for k in keys) + " |")
-    return "\n".join(lines)
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    if isinstance(value, bool):
-        return "yes" if value else "NO"
-    return str(value)
+    return tables.table(
+        *(k if k == "scenario" else tables.num(k) for k in keys),
+        rows=([tables.cell(r.get(k), 1) for k in keys] for r in rows),
+    )
 
 
 def main(run: bool = False, tests: Path | str = "tests/reliability") -> int:
@@ -126,5 +120,5 @@ def main(run: bool = False, tests: Path | str = "tests/reliability") -> int:
     if not path.exists():
         print(f"no reliability figures at {path}: run `rolloutd reliability --run`")
         return code or 1
-    print(table(json.loads(path.read_text())))
+    tables.show(table(json.loads(path.read_text())))
     return code

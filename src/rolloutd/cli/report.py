@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rolloutd.cli import tables
 from rolloutd.scoring import failure_counts
 from rolloutd.types import SessionStatus
 
@@ -125,40 +126,32 @@ def print_report(results: list[Any], wall_s: float) -> None:
         results: the TaskResults.
         wall_s: how long the wait took, seconds.
     """
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"rolloutd: {len(results)} tasks in {wall_s:.1f} s")
-    for col in (
+    table = tables.table(
         "session",
         "status",
         "failure",
-        "reward",
-        "completions",
-        "call errors",
-        "traces",
-        "trainable tokens",
-        "wall s",
-    ):
-        table.add_column(col)
+        tables.num("reward"),
+        tables.num("completions"),
+        tables.num("call errors"),
+        tables.num("traces"),
+        tables.num("trainable tokens"),
+        tables.num("wall s"),
+        title=f"rolloutd: {len(results)} tasks in {wall_s:.1f} s",
+    )
     for group in results:
         for s in group.sessions:
-            session_s = sum(p.duration_s for p in s.phases)
             table.add_row(
                 s.session_id,
                 s.status.value,
                 failure_cell(s),
-                "-" if s.reward is None else f"{s.reward:.2f}",
+                tables.cell(s.reward),
                 str(s.num_completions),
                 call_errors_cell(s),
                 str(s.num_traces),
                 str(s.num_trainable_tokens),
-                f"{session_s:.1f}",
+                tables.cell(sum(p.duration_s for p in s.phases), 1),
             )
-    console = Console()
-    if not console.is_terminal:  # a log or a pipe: rich would cut every column to fit 80
-        console = Console(width=200)
-    console.print(table)
+    tables.show(table)
     print(
         "failures by kind: "
         + ", ".join(

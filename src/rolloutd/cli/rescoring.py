@@ -23,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 
 from rolloutd import task_queues
 from rolloutd.activities.models import ReverifySummary, SessionRescore
+from rolloutd.cli import tables
 from rolloutd.errors import ConfigError
 from rolloutd.store import BlobStore, session_prefix, trajectory_key, whole_group
 from rolloutd.types import TaskResult
@@ -39,6 +40,9 @@ from rolloutd.workflows.reverify import (
     ReverifyWorkflow,
     reverify_workflow_id,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Group
 
 #: statuses that fail the command (a re-score that went wrong, a session not in the store)
 FAILING = ("failed", "evaluator_error", "missing")
@@ -133,34 +137,60 @@ def find_sessions(
     return list(dict.fromkeys(found))
 
 
-def _reward(value: float | None) -> str:
-    return "none" if value is None else f"{value:.2f}"
+def render(summary: ReverifySummary) -> Group:
+    """The summary as the command prints it: a line of counts, a table of the evaluator
+    versions re-scored (before -> after: sessions, changed, lower, higher, mean reward), and a
+    table of the sessions whose reward changed or that were not re-scored, with why."""
+    from rich.console import Group
+    from rich.text import Text
 
-
-def render(summary: ReverifySummary) -> str:
-    """The summary as the command prints it."""
     counts = ", ".join(f"{n} {status}" for status, n in summary.counts.items())
-    lines = [
-        f"reverify {summary.run_id}: {summary.num_sessions} sessions ({counts}); "
-        f"{summary.num_changed} rewards changed"
-    ]
-    for v in summary.by_version:
-        lines.append(
-            f"  {v.old_evaluator} {v.old_version or '?'} -> {v.new_evaluator} "
-            f"{v.new_version or '?'}: {v.num_sessions} re-scored, {v.num_changed} changed "
-            f"({v.num_lower} lower, {v.num_higher} higher), mean {_reward(v.mean_old)} -> "
-            f"{_reward(v.mean_new)}"
-        )
+    versions = tables.table(
+        "evaluator before",
+        "after",
+        tables.num("re-scored"),
+        tables.num("changed"),
+        tables.num("lower"),
+        tables.num("higher"),
+        tables.num("mean before"),
+        tables.num("mean after"),
+        rows=(
+            (
+                f"{v.old_evaluator} {v.old_version or '?'}",
+                f"{v.new_evaluator} {v.new_version or '?'}",
+                v.num_sessions,
+                v.num_changed,
+                v.num_lower,
+                v.num_higher,
+                v.mean_old,
+                v.mean_new,
+            )
+            for v in summary.by_version
+        ),
+    )
+    sessions = tables.table(
+        "session", "status", tables.num("reward before"), tables.num("reward after"), "detail"
+    )
     for o in summary.changed:
-        lines.append(
-            f"  changed {o.session_id}: {_reward(o.old_reward)} -> {_reward(o.new_reward)}"
-            + (f" ({o.reason[:200]})" if o.reason else "")
+        sessions.add_row(
+            *map(tables.cell, (o.session_id, "changed", o.old_reward, o.new_reward)),
+            tables.cell((o.reason or "")[:200]),
         )
     for o in summary.sessions:
         if o.status not in ("rescored",) or o.image_changed:
             what = o.detail or ("the image differs from the session's" if o.image_changed else "")
-            lines.append(f"  {o.status} {o.session_id}: {what[:300]}")
-    return "\n".join(lines)
+            sessions.add_row(o.session_id, o.status, "-", "-", tables.cell(what[:300]))
+    parts: list[Any] = [
+        Text(
+            f"reverify {summary.run_id}: {summary.num_sessions} sessions ({counts}); "
+            f"{summary.num_changed} rewards changed"
+        )
+    ]
+    if summary.by_version:
+        parts.append(versions)
+    if sessions.row_count:
+        parts.append(sessions)
+    return Group(*parts)
 
 
 async def run(

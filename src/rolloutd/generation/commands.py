@@ -1,5 +1,5 @@
-"""``rolloutd generate`` and ``rolloutd schedule ...``: start or attach to a generation, show
-its progress and final table; manage its Temporal Schedule.
+"""``rolloutd generate`` and ``rolloutd schedule ...``: start or attach to a generation and show
+its progress; manage its Temporal Schedule.
 
 ``generate`` starts ``generation/{name}`` or, while one runs, attaches to it (a CLI killed
 halfway and run again follows the same run: nothing is started twice). A finished generation
@@ -17,7 +17,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 from temporalio.client import (
     Client,
     Schedule,
@@ -74,47 +73,6 @@ def load_spec(path: Path, overrides: dict[str, Any] | None = None) -> Generation
 def schedule_id(name: str) -> str:
     """Schedule id of a generation: ``generation-{name}``."""
     return f"generation-{name}"
-
-
-def _console() -> Console:
-    console = Console()
-    # a log or a pipe: rich would cut every column to fit 80
-    return console if console.is_terminal else Console(width=160)
-
-
-def summary_table(summary: GenerationSummary) -> Table:
-    """The final table: pass@1, pass@k, rows, samples, tokens, wall time, outputs."""
-    table = Table(title=f"generation {summary.name}")
-    for column in (
-        "rows",
-        "failed rows",
-        "samples",
-        "scored",
-        "passing",
-        "pass@1",
-        f"pass@{summary.k}",
-        "tokens",
-        "kept",
-        "wall s",
-    ):
-        table.add_column(column, justify="right")
-
-    def rate(x: float | None) -> str:
-        return "-" if x is None else f"{x:.3f}"
-
-    table.add_row(
-        str(summary.num_rows),
-        str(summary.num_rows_failed),
-        str(summary.num_samples),
-        str(summary.num_scored),
-        str(summary.num_passing),
-        rate(summary.pass_at_1),
-        rate(summary.pass_at_k),
-        str(summary.num_tokens),
-        str(summary.num_kept),
-        f"{summary.wall_time_s:.1f}",
-    )
-    return table
 
 
 async def _query(handle: WorkflowHandle[Any, Any]) -> GenerationProgress | None:
@@ -186,21 +144,26 @@ async def follow(
 
 
 async def generate(
-    client: Client, spec: GenerationSpec, *, task_queue: str = task_queues.WORKFLOWS
+    client: Client,
+    spec: GenerationSpec,
+    *,
+    task_queue: str = task_queues.WORKFLOWS,
+    console: Console | None = None,
 ) -> GenerationSummary:
-    """``rolloutd generate``: start or attach to ``generation/{name}``, follow it, print its
-    final table.
+    """``rolloutd generate``: start or attach to ``generation/{name}`` and follow it (the
+    command prints the summary's table, :mod:`rolloutd.cli.commands.generation`).
 
     Args:
         client: a Temporal client with rolloutd's data converter.
         spec: the generation.
         task_queue: the queue of the generation workflow itself (its tasks always run on
             ``rolloutd-workflows``).
+        console: where the progress goes (default: stdout's).
 
     Returns:
         The summary over every journaled row.
     """
-    console = _console()
+    console = console or Console(highlight=False)
     handle = await client.start_workflow(
         GenerationWorkflow.run,
         GenerationInput(spec=spec),
@@ -212,11 +175,7 @@ async def generate(
     console.print(
         f"generation {spec.name}: workflow {handle.id} run {handle.result_run_id}", highlight=False
     )
-    summary = await follow(handle, console)
-    console.print(summary_table(summary))
-    for kind, path in summary.outputs.items():
-        console.print(f"{kind}: {path}", highlight=False)
-    return summary
+    return await follow(handle, console)
 
 
 # ----------------------------------------------------------------------------- schedules

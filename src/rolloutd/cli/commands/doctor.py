@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,11 @@ def register(sub: Any) -> None:
         "$ROLLOUTD_MODEL or qwen2.5-coder-0.5b",
     )
     doctor.add_argument(
+        "--json",
+        action="store_true",
+        help="print the rows as JSON (a list of {name, status, detail, fix}) instead of the table",
+    )
+    doctor.add_argument(
         "--tokenizer",
         default=None,
         help="a catalog name, a folder with a saved tokenizer, or a Hugging Face repo id; "
@@ -50,7 +56,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, settings: CommonSettings) -> int:
-    """Run every check, print the table.
+    """Run every check, print the table (or, with ``--json``, the rows).
 
     Returns:
         1 when a check found something missing, else 0.
@@ -118,5 +124,10 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
         stack_pid=stack.pid if stack is not None else None,
     )
     rows = checks.run_checks(target)
-    print(checks.render(rows))
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+    else:
+        from rolloutd.cli import tables
+
+        tables.show(checks.render(rows))
     return 1 if any(r.status == "miss" for r in rows) else 0

@@ -7,10 +7,14 @@ import argparse
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rolloutd.cli.commands import ADDRESS_HELP, add_command
 from rolloutd.settings import CommonSettings
+
+if TYPE_CHECKING:
+    from rolloutd.cli import tables
+    from rolloutd.workflows.generation.models import GenerationSummary
 
 
 def _temporal_options(parser: argparse.ArgumentParser) -> None:
@@ -83,7 +87,47 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
         raise SystemExit(f"rolloutd {args.command}: {e}") from None
 
 
+def summary_table(summary: GenerationSummary) -> tables.Table:
+    """A generation's final table: rows, failed rows, samples, scored, passing, pass@1,
+    pass@k, tokens, kept, wall time."""
+    from rolloutd.cli import tables
+
+    return tables.table(
+        *map(
+            tables.num,
+            (
+                "rows",
+                "failed rows",
+                "samples",
+                "scored",
+                "passing",
+                "pass@1",
+                f"pass@{summary.k}",
+                "tokens",
+                "kept",
+                "wall s",
+            ),
+        ),
+        title=f"generation {summary.name}",
+        rows=[
+            (
+                summary.num_rows,
+                summary.num_rows_failed,
+                summary.num_samples,
+                summary.num_scored,
+                summary.num_passing,
+                tables.cell(summary.pass_at_1, 3),
+                tables.cell(summary.pass_at_k, 3),
+                summary.num_tokens,
+                summary.num_kept,
+                tables.cell(summary.wall_time_s, 1),
+            )
+        ],
+    )
+
+
 async def _generation(args: argparse.Namespace, settings: CommonSettings) -> int:
+    from rolloutd.cli import tables
     from rolloutd.generation import commands
     from rolloutd.trainer_client import RolloutClient
 
@@ -102,7 +146,13 @@ async def _generation(args: argparse.Namespace, settings: CommonSettings) -> int
                 "outputs.dir": args.out,
             },
         )
-        summary = await commands.generate(client, spec, task_queue=args.task_queue)
+        summary = await commands.generate(
+            client, spec, task_queue=args.task_queue, console=tables.console()
+        )
+        tables.show(
+            summary_table(summary),
+            *(f"{kind}: {path}" for kind, path in summary.outputs.items()),
+        )
         return 0 if summary.num_rows_failed == 0 else 1
     action = args.schedule_command
     if action == "create":
@@ -117,11 +167,23 @@ async def _generation(args: argparse.Namespace, settings: CommonSettings) -> int
         )
         print(f"schedule {sid} created")
     elif action == "list":
-        for row in await commands.list_schedules(client):
-            print(
-                f"{row['id']}\tpaused={row['paused']}\tnext={','.join(row['next']) or '-'}"
-                f"\trecent={row['recent']}"
+        tables.show(
+            tables.table(
+                "schedule",
+                "paused",
+                "next",
+                tables.num("recent"),
+                rows=(
+                    (
+                        row["id"],
+                        "yes" if row["paused"] else "no",
+                        ", ".join(row["next"]),
+                        row["recent"],
+                    )
+                    for row in await commands.list_schedules(client)
+                ),
             )
+        )
     else:
         sid = args.name if args.name.startswith("generation-") else commands.schedule_id(args.name)
         if action == "describe":

@@ -27,12 +27,29 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace, settings: CommonSettings) -> int:
     """List the catalog, or pull the named models and print where they are."""
+    from rolloutd.cli import tables
     from rolloutd.engine.models import CATALOG, pull_model
 
     if args.models_command == "list":
-        for name, entry in CATALOG.items():
-            hub = entry.hub.describe() if entry.hub else "offline copy only"
-            print(f"{name}\t{entry.served_name}\t{hub}\tsha256 {entry.sha256}")
+        tables.show(
+            tables.table(
+                "model",
+                "served name",
+                tables.num("GGUF MiB"),
+                "source",
+                "sha256",
+                rows=(
+                    (
+                        name,
+                        entry.served_name,
+                        tables.cell(entry.size_bytes / 2**20, 0),
+                        entry.hub.describe() if entry.hub else "offline copy only",
+                        entry.sha256,
+                    )
+                    for name, entry in CATALOG.items()
+                ),
+            )
+        )
         return 0
     for name in args.names:
         files = pull_model(name)

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
         1 when a session's re-score failed or a session named is not in the store
         (:func:`rolloutd.cli.rescoring.exit_status`), else 0.
     """
-    from rolloutd.cli import rescoring
+    from rolloutd.cli import rescoring, tables
     from rolloutd.store import BlobStore
     from rolloutd.trainer_client import RolloutClient
 
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
             max_concurrent=args.max_concurrent,
             out=out,
         )
-        print(rescoring.render(summary))
+        tables.show(rescoring.render(summary))
         print(f"summary written to {out}")
         return rescoring.exit_status(summary.sessions)
 

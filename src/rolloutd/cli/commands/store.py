@@ -43,6 +43,7 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
         temporalio.service.RPCError: Temporal could not say what is held; nothing was
             deleted (the process exits 1).
     """
+    from rolloutd.cli import tables
     from rolloutd.cli.retention import gc
     from rolloutd.store import BlobStore
     from rolloutd.trainer_client import RolloutClient
@@ -62,13 +63,24 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
             dry_run=args.dry_run,
         )
         verb = "would delete" if report.dry_run else "deleted"
-        print(
-            f"store gc (retention {days:g} days): {verb} {len(report.deleted)} "
-            f"({report.num_bytes / 2**20:.1f} MiB); kept {report.kept_young} younger and "
-            f"{len(report.kept_held)} held by a running task or an unacknowledged batch"
+        tables.show(
+            tables.table(
+                "objects",
+                tables.num("count"),
+                tables.num("MiB"),
+                title=f"store gc (retention {days:g} days)",
+                rows=[
+                    (verb, len(report.deleted), tables.cell(report.num_bytes / 2**20, 1)),
+                    ("kept: younger", report.kept_young, None),
+                    (
+                        "kept: held by a running task or an unacknowledged batch",
+                        len(report.kept_held),
+                        None,
+                    ),
+                ],
+            ),
+            *(f"  {verb}: {key}" for key in report.deleted),
         )
-        for key in report.deleted:
-            print(f"  {verb}: {key}")
         return 0
 
     return asyncio.run(main())

@@ -13,6 +13,8 @@ from rolloutd.scoring import (
     is_fleet_down,
     is_replaceable,
     is_zero_variance,
+    pass_at_k,
+    pass_rates,
     scored_rewards,
 )
 from rolloutd.trainer_client.training.grpo import dapo_filter, group_rewards
@@ -134,3 +136,20 @@ def test_a_group_records_its_policy_versions() -> None:
     group = summarize("t", [b, a], num_samples=2)
     assert group.policy_versions == [3, 4] and not group.incomplete
     assert TaskResult.model_validate(group.model_dump()).policy_versions == [3, 4]
+
+
+def test_pass_rates_count_scored_samples_only() -> None:
+    """pass@1 and pass@k (Chen et al. 2021, eq. 1) over scored samples: an infrastructure
+    failure is left out, never a fail; a row with no scored sample is a failed row."""
+    rows = [
+        [session(0, 1.0), session(1, 0.0), session(2, 1.0), session(3, 0.0)],
+        [session(0, 0.0), session(1, None, failure=BACKEND), session(2, 0.0), session(3, 1.0)],
+        [session(0, None, failure=BACKEND), session(1, None, failure=BACKEND)],
+    ]
+    rates = pass_rates(rows, k=2)
+    assert rates.num_rows_failed == 1 and rates.num_passing == 3
+    assert rates.pass_at_1 == pytest.approx((2 / 4 + 1 / 3) / 2)
+    # 1 - C(n-c, k)/C(n, k): 1 - 1/6 for 2 of 4; 1 - 1/3 for 1 of 3
+    assert rates.pass_at_k == pytest.approx(((1 - 1 / 6) + (1 - 1 / 3)) / 2)
+    assert pass_at_k(4, 2, 2) == pytest.approx(5 / 6) and pass_at_k(3, 3, 2) == 1.0
+    assert pass_rates(rows, k=2, pass_reward=2.0).pass_at_1 == 0.0

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from rolloutd.types import FailureCause, SessionResult, SessionStatus, TaskResult, Trajectory
 
@@ -35,6 +36,8 @@ __all__ = [
     "is_replaceable",
     "is_scored",
     "is_zero_variance",
+    "pass_at_k",
+    "pass_rates",
     "scored_rewards",
     "scored_sessions",
 ]
@@ -201,3 +204,66 @@ def is_zero_variance(rewards: TaskResult | Sequence[float]) -> bool:
         if not math.isfinite(value):
             raise ValueError(f"reward {position} is {value}; rewards must be finite")
     return len(values) < 2 or max(values) == min(values)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimate of one problem: 1 - C(n-c, k) / C(n, k).
+
+    Chen et al. 2021 (arXiv 2107.03374), eq. 1, from ``n`` samples of which ``c`` pass.
+    """
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass
+class PassRates:
+    """pass@1 and pass@k over a run's rows (:func:`pass_rates`).
+
+    Attributes:
+        pass_at_1: mean over rows with a scored sample of passing / scored (None: no such
+            row).
+        pass_at_k: mean of :func:`pass_at_k` over rows with at least ``k`` scored samples
+            (None: no such row).
+        num_rows_failed: rows without a scored sample.
+        num_passing: scored samples whose reward is >= the pass reward.
+    """
+
+    pass_at_1: float | None = None
+    pass_at_k: float | None = None
+    num_rows_failed: int = 0
+    num_passing: int = 0
+
+
+def pass_rates(
+    rows: Iterable[Sequence[SessionResult]], k: int, pass_reward: float = 1.0
+) -> PassRates:
+    """pass@1 and pass@k of a run, one definition for ``rolloutd generate`` and ``rolloutd
+    eval``: a sample passes when its reward is ``>= pass_reward``; a sample that is not
+    scored (:func:`is_scored`: an infrastructure failure) is left out, never counted as a
+    fail.
+
+    Args:
+        rows: each row's final sessions (one per sample; replaced ones left out).
+        k: the k of pass@k (the samples per row).
+        pass_reward: the reward from which a sample passes.
+
+    Returns:
+        The rates (Chen et al. 2021, arXiv 2107.03374, eq. 1 for pass@k).
+    """
+    rates: list[float] = []
+    estimates: list[float] = []
+    out = PassRates()
+    for sessions in rows:
+        rewarded = scored_rewards(sessions)
+        passing = sum(reward >= pass_reward for reward in rewarded)
+        out.num_passing += passing
+        if not rewarded:
+            out.num_rows_failed += 1
+            continue
+        rates.append(passing / len(rewarded))
+        if len(rewarded) >= k:
+            estimates.append(pass_at_k(len(rewarded), passing, k))
+    out.pass_at_1 = sum(rates) / len(rates) if rates else None
+    out.pass_at_k = sum(estimates) / len(estimates) if estimates else None
+    return out

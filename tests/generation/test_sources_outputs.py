@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from rolloutd.errors import ConfigError
-from rolloutd.generation.outputs import journal_row, pass_at_k, read_journal, select, summarize
+from rolloutd.generation.outputs import journal_row, read_journal, select, summarize
 from rolloutd.generation.sources import read_rows, row_to_task, safe_key
+from rolloutd.scoring import pass_at_k
 from rolloutd.store import BlobStore
 from rolloutd.types import SessionResult, SessionStatus, TaskResult, Trace, Trajectory
 from rolloutd.workflows.generation.models import GenerationSpec, JournalEntry

@@ -8,13 +8,13 @@ on every run, so they always cover every row done, whichever run did it.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 from rolloutd.errors import NotFoundError
 from rolloutd.generation.sources import safe_key
+from rolloutd.scoring import pass_rates, scored_rewards
 from rolloutd.store import BlobExistsError, BlobStore, whole_group
 from rolloutd.trainer_client.training.exports import to_openai_messages_jsonl, to_parquet
 from rolloutd.types import Trajectory
@@ -77,16 +77,6 @@ def read_journal(store: BlobStore, name: str) -> list[JournalEntry]:
     return entries
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased pass@k estimate of one problem: 1 - C(n-c, k) / C(n, k).
-
-    Chen et al. 2021 (arXiv 2107.03374), eq. 1, from ``n`` samples of which ``c`` pass.
-    """
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
 def final_answer(trajectory: Trajectory) -> str:
     """The last assistant message's text of a trajectory, whitespace-normalised."""
     for trace in reversed(trajectory.traces):
@@ -135,27 +125,20 @@ def select(
 
 
 def summarize(spec: GenerationSpec, entries: list[JournalEntry]) -> GenerationSummary:
-    """pass@1, pass@k, rows, samples and tokens over every journaled row."""
+    """pass@1, pass@k (:func:`rolloutd.scoring.pass_rates`), rows, samples and tokens over
+    every journaled row."""
     k = spec.template.num_samples
     summary = GenerationSummary(name=spec.name, num_rows=len(entries), k=k)
-    rates: list[float] = []
-    estimates: list[float] = []
     for entry in entries:
         sessions = entry.result.sessions
-        scored = [s for s in sessions if s.reward is not None]
-        num_passing = sum(s.reward >= spec.filters.pass_reward for s in scored)
         summary.num_samples += len(sessions)
-        summary.num_scored += len(scored)
-        summary.num_passing += num_passing
+        summary.num_scored += len(scored_rewards(sessions))
         summary.num_tokens += sum(s.num_trainable_tokens for s in sessions)
-        if not scored:
-            summary.num_rows_failed += 1
-            continue
-        rates.append(num_passing / len(scored))
-        if len(scored) >= k:
-            estimates.append(pass_at_k(len(scored), num_passing, k))
-    summary.pass_at_1 = sum(rates) / len(rates) if rates else None
-    summary.pass_at_k = sum(estimates) / len(estimates) if estimates else None
+    rates = pass_rates((e.result.sessions for e in entries), k, spec.filters.pass_reward)
+    summary.num_passing = rates.num_passing
+    summary.num_rows_failed = rates.num_rows_failed
+    summary.pass_at_1 = rates.pass_at_1
+    summary.pass_at_k = rates.pass_at_k
     return summary
 
 

@@ -21,7 +21,7 @@ from rolloutd.tasksets.harbor import find_tasks, load_task
 from rolloutd.tasksets.harbor import task_request as harbor_task_request
 from rolloutd.tasksets.swebench import task_request as swebench_task_request
 from rolloutd.types import TaskRequest
-from rolloutd.workflows.generation.models import GenerationSource, GenerationSpec
+from rolloutd.workflows.generation.models import GenerationSource, GenerationSpec, TaskTemplate
 
 #: columns taken as the row key when ``key_field`` is not set, first found wins.
 KEY_FIELDS = ("id", "task_id", "instance_id", "key")
@@ -131,18 +131,53 @@ def read_rows(source: GenerationSource) -> list[tuple[str, dict[str, Any]]]:
 
 
 def row_to_task(spec: GenerationSpec, key: str, row: dict[str, Any]) -> TaskRequest:
-    """The task a row becomes: the template, the row's instruction and evaluator params.
+    """The task a generation's row becomes (:func:`template_task`), with task id
+    ``gen-{name}-{key}`` and the generation's name and the row's key in its metadata.
 
     Raises:
         ConfigError: the instruction template names a column the row lacks, or an evaluator
             param's column is missing.
         pydantic.ValidationError: the resulting task is malformed.
     """
-    template = spec.template
-    if spec.source.type == "harbor" or (
-        spec.source.type == "swebench" and template.runtime.type in CONTAINER_RUNTIMES
+    return template_task(
+        spec.source,
+        spec.template,
+        key,
+        row,
+        task_id=row_task_id(spec.name, key),
+        metadata={**spec.metadata, "generation": spec.name, "row_key": key},
+    )
+
+
+def template_task(
+    source: GenerationSource,
+    template: TaskTemplate,
+    key: str,
+    row: dict[str, Any],
+    *,
+    task_id: str,
+    metadata: dict[str, Any],
+) -> TaskRequest:
+    """The task a dataset's row becomes: the template, the row's instruction and evaluator
+    params (``rolloutd generate``'s rows and ``rolloutd eval``'s).
+
+    Args:
+        source: where the row comes from (its ``type`` picks how a row reads).
+        template: the task every row becomes.
+        key: the row's key.
+        row: the row's columns.
+        task_id: the task's id.
+        metadata: merged into the task's metadata.
+
+    Raises:
+        ConfigError: the instruction template names a column the row lacks, or an evaluator
+            param's column is missing.
+        pydantic.ValidationError: the resulting task is malformed.
+    """
+    if source.type == "harbor" or (
+        source.type == "swebench" and template.runtime.type in CONTAINER_RUNTIMES
     ):
-        return _task_set_row(spec, key, row)
+        return _task_set_row(source, template, row, task_id, metadata)
     try:
         instruction = template.instruction.format(**row)
     except (KeyError, IndexError) as e:
@@ -151,7 +186,7 @@ def row_to_task(spec: GenerationSpec, key: str, row: dict[str, Any]) -> TaskRequ
             f"lacks (columns: {sorted(row)})"
         ) from None
     columns = {
-        **SOURCE_PARAMS.get((spec.source.type, template.evaluator.type), {}),
+        **SOURCE_PARAMS.get((source.type, template.evaluator.type), {}),
         **template.evaluator_params,
     }
     params = dict(template.evaluator.params)
@@ -163,7 +198,7 @@ def row_to_task(spec: GenerationSpec, key: str, row: dict[str, Any]) -> TaskRequ
             )
         params[param] = row[column]
     return TaskRequest(
-        task_id=row_task_id(spec.name, key),
+        task_id=task_id,
         instruction=instruction,
         num_samples=template.num_samples,
         timeout_s=template.timeout_s,
@@ -174,18 +209,23 @@ def row_to_task(spec: GenerationSpec, key: str, row: dict[str, Any]) -> TaskRequ
         sampling=template.sampling,
         phases=template.phases,
         model=template.model,
-        metadata={**spec.metadata, "generation": spec.name, "row_key": key},
+        metadata=metadata,
     )
 
 
-def _task_set_row(spec: GenerationSpec, key: str, row: dict[str, Any]) -> TaskRequest:
+def _task_set_row(
+    source: GenerationSource,
+    template: TaskTemplate,
+    row: dict[str, Any],
+    task_id: str,
+    metadata: dict[str, Any],
+) -> TaskRequest:
     """A Harbor task folder's or a SWE-bench-family instance's row as a task
     (:mod:`rolloutd.tasksets`), with the template's harness, sampling and builder.
 
     Raises:
         ConfigError: the row is not a task rolloutd can run (named).
     """
-    template = spec.template
     sampling = template.sampling
     options: dict[str, Any] = {
         "harness": template.harness.model_dump(),
@@ -201,7 +241,7 @@ def _task_set_row(spec: GenerationSpec, key: str, row: dict[str, Any]) -> TaskRe
         "builder": template.builder.model_dump(),
         "model": template.model,
     }
-    if spec.source.type == "harbor":
+    if source.type == "harbor":
         options["runtime_type"] = (
             template.runtime.type if template.runtime.type in CONTAINER_RUNTIMES else "podman"
         )
@@ -210,11 +250,6 @@ def _task_set_row(spec: GenerationSpec, key: str, row: dict[str, Any]) -> TaskRe
         task = swebench_task_request(
             row,
             SwebenchOptions.model_validate(options),
-            base=Path(spec.source.path or ".").expanduser().parent,
+            base=Path(source.path or ".").expanduser().parent,
         )
-    return task.model_copy(
-        update={
-            "task_id": row_task_id(spec.name, key),
-            "metadata": {**task.metadata, **spec.metadata, "generation": spec.name, "row_key": key},
-        }
-    )
+    return task.model_copy(update={"task_id": task_id, "metadata": {**task.metadata, **metadata}})

@@ -91,3 +91,20 @@ def test_payload_fields_are_documented_with_field_descriptions_only() -> None:
             if isinstance(stmt, ast.AnnAssign) and lines[stmt.lineno - 2].strip().startswith("#:"):
                 offenders.append(f"{path.name}:{stmt.lineno} {node.name}: a #: comment")
     assert offenders == []
+
+
+def test_a_drop_reason_a_newer_buffer_added_is_read_as_it_is() -> None:
+    """A buffer's dropped groups travel in its continue-as-new state and in its stats: a
+    reader that predates a reason keeps it instead of refusing the whole state."""
+    from rolloutd.workflows.buffer.models import DROP_REASONS, BufferState
+
+    state = BufferState.model_validate(
+        {
+            "dropped": [
+                {"task_id": "t", "reason": "added_later"},
+                {"task_id": "u", "reason": "stale"},
+            ]
+        }
+    )
+    assert [d.reason for d in state.dropped] == ["added_later", "stale"]
+    assert "mixed_logprob_modes" in DROP_REASONS and "added_later" not in DROP_REASONS

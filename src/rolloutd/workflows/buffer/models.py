@@ -10,7 +10,7 @@ a batch.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -254,20 +254,33 @@ class RunningTask(Payload):
         return task_workflow_id(self.task_id)
 
 
+#: the reasons a buffer drops a group, as its code writes them (:attr:`DroppedGroup.reason`)
+DropReason = Literal[
+    "zero_variance",
+    "stale",
+    "cancelled",
+    "start_failed",
+    "invalid",
+    "incomplete",
+    "ended",
+    "mixed_logprob_modes",
+]
+#: the values of :data:`DropReason`
+DROP_REASONS: tuple[str, ...] = get_args(DropReason)
+
+
 class DroppedGroup(Payload):
     """A group the buffer did not hand out, and why."""
 
     task_id: str
-    reason: Literal[
-        "zero_variance",
-        "stale",
-        "cancelled",
-        "start_failed",
-        "invalid",
-        "incomplete",
-        "ended",
-        "mixed_logprob_modes",
-    ]
+    # a plain str, not a Literal: this travels in the buffer's continue-as-new state and in
+    # its stats, and a reader that predates a reason must not refuse the whole payload
+    reason: str = Field(
+        description="why: one of :data:`DROP_REASONS` (``zero_variance``, ``stale``, "
+        "``cancelled``, ``start_failed``, ``invalid``, ``incomplete``, ``ended``, "
+        "``mixed_logprob_modes``); a newer buffer may add reasons, so a reader keeps an "
+        "unknown one as it is"
+    )
     policy_version: int = Field(default=0, description="the version its task started under")
     staleness: float | None = Field(
         default=None,

@@ -69,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
         BufferSummary,
         CloseInput,
         DroppedGroup,
+        DropReason,
         PolicyVersionInput,
         PushTasksInput,
         PushTasksOutput,
@@ -356,12 +357,16 @@ class RolloutBufferWorkflow:
         return None
 
     def _drop(
-        self, task_id: str, reason: str, policy_version: int, staleness: float | None = None
+        self,
+        task_id: str,
+        reason: DropReason,
+        policy_version: int,
+        staleness: float | None = None,
     ) -> None:
         self._s.dropped.append(
             DroppedGroup(
                 task_id=task_id,
-                reason=reason,  # type: ignore[arg-type]
+                reason=reason,
                 policy_version=policy_version,
                 staleness=staleness,
             )

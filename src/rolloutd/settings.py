@@ -23,11 +23,12 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import Field
+from pydantic import Field, PositiveInt, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rolloutd.records import LogprobMode
 from rolloutd.sandbox_policy import SandboxPolicy
 
 
@@ -328,6 +329,24 @@ class GatewaySettings(CommonSettings):
         description="policy version of the backend_url backends, stamped on "
         "their completions until an admin changes it (the pool then belongs to the admin API)",
     )
+    backend_logprob_mode: LogprobMode | None = Field(
+        default=None,
+        description="what the backend_url backends' logprobs are when their servers run "
+        "otherwise than the kind's default (docs/backends.md): processed for a vLLM started "
+        "with --logprobs-mode processed_logprobs, raw for an SGLang with "
+        "SGLANG_RETURN_ORIGINAL_LOGPROB; None: the kind's",
+    )
+    backend_return_routed_experts: bool = Field(
+        default=False,
+        description="sglang backend_url backends: ask every call for the experts each token "
+        "was routed to (R3); their servers run with --enable-return-routed-experts",
+    )
+    backend_routed_experts_shape: tuple[PositiveInt, PositiveInt] | None = Field(
+        default=None,
+        description="sglang backend_url backends: [num_hidden_layers, num_experts_per_tok] of "
+        "the served MoE model, to shape the expert ids SGLang returns flat; None: one row of "
+        "layers x top_k ids per token",
+    )
     model: str = Field(default="qwen2.5-coder-0.5b", description="model name or folder")
     capture_mode: Literal["tokens", "passthrough"] = Field(
         default="tokens",
@@ -427,6 +446,16 @@ class GatewaySettings(CommonSettings):
         description="reasoning parser (think, think_prompted, none); None: "
         "chosen from the model name",
     )
+
+    @model_validator(mode="after")
+    def _routed_experts_are_sglang_options(self) -> GatewaySettings:
+        asked = self.backend_return_routed_experts or self.backend_routed_experts_shape
+        if asked and self.backend_type != "sglang":
+            raise ValueError(
+                "backend_return_routed_experts and backend_routed_experts_shape apply to "
+                f"backend_type sglang only, not {self.backend_type}"
+            )
+        return self
 
 
 class SandboxSettings(CommonSettings):

@@ -144,17 +144,20 @@ async def test_routed_experts_survive_a_four_turn_merge_into_verl_and_skyrl(
     tmp_path: Path, tokenizer: Any, kind: str
 ) -> None:
     engine = EngineDouble(kind, tokenizer)
+    # SGLang is told to ask for the routes and their shape, as an operator's settings say
+    sglang = (
+        {"backend_return_routed_experts": True, "backend_routed_experts_shape": (NUM_LAYERS, TOP_K)}
+        if kind == "sglang"
+        else {}
+    )
     settings = GatewaySettings(
         store_url=str(tmp_path / "store"),
         backend_url="http://engine",
         backend_type=kind,
         gateway_public_url="http://gateway.test",
+        **sglang,
     )
     gateway = Gateway.from_settings(settings, tokenizer=tokenizer, transport=engine.transport)
-    if kind == "sglang":
-        backend = gateway.pool.get("http://engine")
-        backend.return_routed_experts = True  # type: ignore[attr-defined]
-        backend.routed_experts_shape = (NUM_LAYERS, TOP_K)  # type: ignore[attr-defined]
     try:
         info = await gateway.sessions.open_session("r3/0", "r3")
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Turn one."}]

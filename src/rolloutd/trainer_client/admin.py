@@ -11,7 +11,9 @@ A trainer syncs weights like this (ProRL Agent's pause / update / resume cycle):
 Routes used (the gateway's admin API; this client is their only caller here)::
 
     GET    /admin/backends                    list: [{name, type, url, policy_version, ...}]
-    POST   /admin/backends                    add {url, type, name?, policy_version?}
+    POST   /admin/backends                    add {url, type, name?, policy_version?,
+                                              logprob_mode?, return_routed_experts?,
+                                              routed_experts_shape?}
     DELETE /admin/backends/{name}             remove one
     DELETE /admin/backends                    clear the pool
     POST   /admin/backends/pause              {names?: [...]}: pause (all when omitted)
@@ -31,6 +33,7 @@ import httpx
 from rolloutd.errors import RolloutdError
 from rolloutd.http_client import CONTROL, new_async_client
 from rolloutd.settings import find_admin_token
+from rolloutd.types import LogprobMode
 
 
 class AdminError(RolloutdError):
@@ -102,13 +105,37 @@ class BackendAdmin:
         type: str = "llama_cpp",
         name: str | None = None,
         policy_version: int | None = None,
+        logprob_mode: LogprobMode | None = None,
+        return_routed_experts: bool = False,
+        routed_experts_shape: tuple[int, int] | None = None,
     ) -> dict[str, Any]:
-        """Register a backend (new sessions go to the least-assigned one)."""
+        """Register a backend (new sessions go to the least-assigned one).
+
+        Args:
+            url: its base URL.
+            type: its kind (``llama_cpp``, ``vllm``, ``sglang``, ``openai``, ``verl``).
+            name: its name (default: the URL).
+            policy_version: the version it serves (default 0).
+            logprob_mode: what its logprobs are when the server runs otherwise than its
+                kind's default (``raw``, ``temperature``, ``processed``; docs/backends.md);
+                None: its kind's.
+            return_routed_experts: sglang: ask every call for its routed experts (R3).
+            routed_experts_shape: sglang: ``(num_hidden_layers, num_experts_per_tok)``.
+
+        Returns:
+            The backend as the admin list shows it.
+        """
         body: dict[str, Any] = {"url": url, "type": type}
         if name is not None:
             body["name"] = name
         if policy_version is not None:
             body["policy_version"] = policy_version
+        if logprob_mode is not None:
+            body["logprob_mode"] = logprob_mode
+        if return_routed_experts:
+            body["return_routed_experts"] = True
+        if routed_experts_shape is not None:
+            body["routed_experts_shape"] = list(routed_experts_shape)
         return await self._call("POST", "/admin/backends", body)
 
     async def remove(self, name: str) -> Any:

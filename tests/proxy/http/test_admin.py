@@ -283,6 +283,67 @@ async def test_an_unmanaged_pool_follows_the_settings(
     await second.aclose()
 
 
+async def test_an_operator_states_a_backends_logprob_mode_and_routed_experts(
+    tmp_path: Path,
+    tokenizer: Any,
+    backends: Backends,
+    admin: BackendAdmin,
+    gw: Gateway,
+    http: httpx.AsyncClient,
+) -> None:
+    """The options an operator sets when adding a backend (a vLLM started with
+    ``--logprob-mode processed_logprobs`` is stated ``processed``; an SGLang is asked for its
+    routed experts) are in the admin list, stamped on the completions the backend samples,
+    and kept in the stored pool; the settings state them for the backends they name."""
+    on_a = await gw.sessions.open_session("t/0", "t")
+    stated = await admin.add("http://b", name="b", logprob_mode="processed")
+    assert stated["logprob_mode"] == "processed"
+    on_b = await gw.sessions.open_session("t/1", "t")
+    assert (on_a.backend, on_b.backend) == ("http://a", "b")
+    for info in (on_a, on_b):
+        assert (await chat(http, info.session_key)).status_code == 200
+    modes = [CompletionLog(gw.store, s).read_all()[0].logprob_mode for s in ("t/0", "t/1")]
+    assert modes == ["raw", "processed"]  # llama.cpp's own mode, then the operator's
+
+    await admin.add("http://s", type="sglang", name="s", return_routed_experts=True)
+    await admin.add("http://s2", type="sglang", name="s2", routed_experts_shape=(2, 4))
+    listed = {b["name"]: b for b in await admin.list()}
+    assert {n: b["logprob_mode"] for n, b in listed.items()} == {
+        "http://a": "raw",
+        "b": "processed",
+        "s": "temperature",
+        "s2": "temperature",
+    }
+    assert (listed["s"]["return_routed_experts"], listed["s2"]["routed_experts_shape"]) == (
+        True,
+        [2, 4],
+    )
+    # the same name with other options is another backend: refused, as another URL is
+    with pytest.raises(AdminError) as raised:
+        await admin.add("http://b", name="b")
+    assert raised.value.status_code == 409
+    # routed-experts options on a kind that takes none: refused, naming why
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for body in ({"return_routed_experts": True}, {"routed_experts_shape": [2, 4]}):
+        refused = await http.post("/admin/backends", json={"url": "http://c", **body}, headers=auth)
+        assert "sglang backend only" in openai_error_message(refused, 400)
+    bad_shape = {"url": "http://c", "type": "sglang", "routed_experts_shape": [0, 4]}
+    openai_error_message(await http.post("/admin/backends", json=bad_shape, headers=auth), 400)
+
+    # a second gateway over the same store builds its clients with the stored options
+    second = make_admin_gateway(Path(gw.settings.store_url), tokenizer, backends)
+    assert second.pool.get("b").logprob_mode == "processed"
+    routed = second.pool.get("s2")
+    assert (routed.return_routed_experts, routed.routed_experts_shape) == (False, (2, 4))  # type: ignore[attr-defined]
+    await second.aclose()
+
+    from_settings = make_admin_gateway(
+        tmp_path / "other", tokenizer, backends, backend_logprob_mode="temperature"
+    )
+    assert from_settings.pool.get("http://a").logprob_mode == "temperature"
+    await from_settings.aclose()
+
+
 # --------------------------------------------------------------------------- size limits
 
 

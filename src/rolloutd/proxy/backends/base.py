@@ -113,18 +113,31 @@ class Backend(abc.ABC):
         name: stable name of the backend in the pool (sessions are pinned by name).
         url: base URL.
         policy_version: version of the weights it serves; stamped on every completion.
+        logprob_mode: what this server's logprobs are when the operator says so
+            (``BackendSpec.logprob_mode``: a vLLM started with ``--logprobs-mode
+            processed_logprobs``); None: its kind's (:attr:`kind_logprob_mode`).
     """
 
     type: ClassVar[str] = "abstract"
     #: what this kind's logprobs are (:data:`rolloutd.types.LogprobMode`), from its own source
-    #: at the version docs/backends.md names; an instance may be told otherwise (a vLLM
-    #: started with ``--logprobs-mode processed_logprobs``)
-    logprob_mode: LogprobMode = "unknown"
+    #: at the version docs/backends.md names
+    kind_logprob_mode: ClassVar[LogprobMode] = "unknown"
 
-    def __init__(self, name: str, url: str, *, policy_version: int = 0) -> None:
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        *,
+        policy_version: int = 0,
+        logprob_mode: LogprobMode | None = None,
+    ) -> None:
         self.name = name
         self.url = url.rstrip("/")
         self.policy_version = policy_version
+        #: the operator's statement of the mode, or None (the kind's)
+        self.declared_logprob_mode = logprob_mode
+        #: what this server's logprobs are: stamped on every completion it samples
+        self.logprob_mode: LogprobMode = logprob_mode or self.kind_logprob_mode
 
     @abc.abstractmethod
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -157,13 +170,19 @@ class Backend(abc.ABC):
         """Release the client's connections (nothing by default)."""
 
     def describe(self) -> dict[str, Any]:
-        """Name, type, URL and policy version (for logs and admin routes)."""
+        """Name, type, URL, policy version and log-prob mode (for logs and admin routes)."""
         return {
             "name": self.name,
             "type": self.type,
             "url": self.url,
             "policy_version": self.policy_version,
+            "logprob_mode": self.logprob_mode,
         }
+
+    def options(self) -> dict[str, Any]:
+        """The operator's options of this backend, as ``BackendSpec`` fields
+        (``logprob_mode``: None when it is its kind's)."""
+        return {"logprob_mode": self.declared_logprob_mode}
 
 
 @dataclass

@@ -37,6 +37,7 @@ from rolloutd.fault import status_fault, transport_fault
 from rolloutd.http_client import BACKEND_CALL, new_async_client
 from rolloutd.proxy.backends.base import Backend
 from rolloutd.proxy.core import fastjson
+from rolloutd.types import LogprobMode
 
 log = structlog.get_logger(__name__)
 
@@ -417,6 +418,8 @@ class HttpBackend(Backend):
         ctx_size: context window of one sequence, in tokens; None asks the backend once.
         transport: httpx transport (tests).
         headers: sent with every request (``Authorization`` for an API).
+        logprob_mode: the operator's statement of the server's log-prob mode (None: the
+            kind's).
     """
 
     def __init__(
@@ -429,8 +432,9 @@ class HttpBackend(Backend):
         ctx_size: int | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         headers: dict[str, str] | None = None,
+        logprob_mode: LogprobMode | None = None,
     ) -> None:
-        super().__init__(name, url, policy_version=policy_version)
+        super().__init__(name, url, policy_version=policy_version, logprob_mode=logprob_mode)
         self.client = new_client(self.url, timeout_s, transport, headers)
         self._ctx_size = ctx_size
 

@@ -152,7 +152,7 @@ class LlamaCppBackend(HttpBackend):
     """
 
     type = "llama_cpp"
-    logprob_mode = "raw"
+    kind_logprob_mode = "raw"
 
     def _raise_for_status(self, response: httpx.Response) -> None:
         if response.status_code < 400:

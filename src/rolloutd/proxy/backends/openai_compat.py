@@ -30,6 +30,7 @@ from rolloutd.proxy.backends.base import (
     GenerateResult,
 )
 from rolloutd.proxy.backends.http import HttpBackend, post_json, sse_events
+from rolloutd.types import LogprobMode
 
 _FINISH = {
     "stop": "stop",
@@ -53,6 +54,8 @@ class OpenAIChatBackend(HttpBackend):
         model: model name sent upstream; None keeps the harness's.
         ctx_size: context window (only used to bound ``max_tokens`` when known).
         transport: httpx transport (tests).
+        logprob_mode: the operator's statement of the server's log-prob mode (None: the
+            kind's).
     """
 
     type = "openai"
@@ -68,6 +71,7 @@ class OpenAIChatBackend(HttpBackend):
         model: str | None = None,
         ctx_size: int | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        logprob_mode: LogprobMode | None = None,
     ) -> None:
         super().__init__(
             name,
@@ -77,6 +81,7 @@ class OpenAIChatBackend(HttpBackend):
             ctx_size=ctx_size,
             transport=transport,
             headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
+            logprob_mode=logprob_mode,
         )
         self.model = model
 

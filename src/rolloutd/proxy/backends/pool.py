@@ -63,6 +63,7 @@ from rolloutd.proxy.backends.specs import (
 )
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import BlobStore
+from rolloutd.types import LogprobMode
 
 log = structlog.get_logger(__name__)
 
@@ -108,7 +109,11 @@ class BackendPool:
         self._checked_at = time.monotonic()
         self.factory = factory or (
             lambda spec: make_backend(
-                spec.type, spec.name, spec.url, policy_version=spec.policy_version
+                spec.type,
+                spec.name,
+                spec.url,
+                policy_version=spec.policy_version,
+                **spec.client_options(),
             )
         )
         self.managed = managed
@@ -128,6 +133,7 @@ class BackendPool:
                 policy_version=backend.policy_version,
                 paused=backend.name in paused_names,
                 added_at=time.time(),
+                **backend.options(),
             )
             self._slots[backend.name] = Slot(backend, spec)
             log.info("backend_added", **backend.describe())
@@ -171,6 +177,7 @@ class BackendPool:
                 ctx_size=ctx_size,
                 transport=transport,
                 api_key=settings.backend_api_key if spec.url.rstrip("/") in keyed else None,
+                **spec.client_options(),
             )
 
         stored = load_pool_state(store) if store is not None else None
@@ -194,6 +201,9 @@ class BackendPool:
                 type=settings.backend_type,
                 url=url,
                 policy_version=settings.backend_policy_version,
+                logprob_mode=settings.backend_logprob_mode,
+                return_routed_experts=settings.backend_return_routed_experts,
+                routed_experts_shape=settings.backend_routed_experts_shape,
             )
             for url in backend_urls(settings.backend_url)
         ]
@@ -394,23 +404,45 @@ class BackendPool:
         type: BackendType = "llama_cpp",
         name: str | None = None,
         policy_version: int | None = None,
+        logprob_mode: LogprobMode | None = None,
+        return_routed_experts: bool = False,
+        routed_experts_shape: tuple[int, int] | None = None,
     ) -> dict[str, Any]:
-        """Register a backend (persisted first). Adding the same name with the same URL and
-        type again is a no-op that may update the policy version.
+        """Register a backend (persisted first). Adding the same name with the same URL, type
+        and options again is a no-op that may update the policy version.
+
+        Args:
+            url: its base URL.
+            type: its kind.
+            name: its name (default: the URL).
+            policy_version: the version it serves (default 0; for a known name, unchanged).
+            logprob_mode, return_routed_experts, routed_experts_shape: the operator's
+                options (:class:`BackendSpec`).
 
         Returns:
             The backend as :meth:`describe` shows it.
 
         Raises:
-            ConflictError: the name is taken by another URL or type (409).
+            ConflictError: the name is taken by another URL, type or options (409).
+            ValueError: routed-experts options for a kind other than sglang.
         """
         url = url.rstrip("/")
         name = name or url
+        options = {
+            "logprob_mode": logprob_mode,
+            "return_routed_experts": return_routed_experts,
+            "routed_experts_shape": routed_experts_shape,
+        }
         async with self._admin_lock:
             if slot := self._slots.get(name):
                 if (slot.spec.url, slot.spec.type) != (url, type):
                     raise ConflictError(
                         f"backend {name!r} is registered with {slot.spec.type} {slot.spec.url}"
+                    )
+                if slot.spec.client_options() != options:
+                    raise ConflictError(
+                        f"backend {name!r} is registered with other options: "
+                        f"{slot.spec.client_options()}"
                     )
                 if policy_version is not None:
                     await self._commit(
@@ -428,6 +460,7 @@ class BackendPool:
                 url=url,
                 policy_version=policy_version or 0,
                 added_at=time.time(),
+                **options,
             )
             backend = self.factory(spec)
             try:
@@ -626,6 +659,8 @@ class BackendPool:
 def _describe(slot: Slot) -> dict[str, Any]:
     return {
         **slot.spec.model_dump(exclude={"added_at"}),
+        # the mode in force: the operator's, else the kind's
+        "logprob_mode": slot.backend.logprob_mode,
         "num_assigned": slot.num_assigned,
         "num_in_flight": slot.num_in_flight,
         **slot.health.describe(),

@@ -158,14 +158,36 @@ class SglangBackend(HttpBackend):
         timeout_s: limit of one call, seconds.
         ctx_size: context window; None reads ``/get_model_info``.
         transport: httpx transport (tests).
+        return_routed_experts: ask every call for its routed experts (R3); the server must
+            run with ``--enable-return-routed-experts``.
+        routed_experts_shape: ``(num_hidden_layers, num_experts_per_tok)`` of the served MoE
+            model, to shape the flat ids; None: one row of ``layers x top_k`` ids per token.
+        **kwargs: :class:`HttpBackend`'s (``headers``, ``logprob_mode``).
     """
 
     type = "sglang"
-    logprob_mode = "temperature"
-    #: ask for routed experts (the server must run with ``--enable-return-routed-experts``)
-    return_routed_experts: bool = False
-    #: ``(num_hidden_layers, num_experts_per_tok)`` of the served MoE model, to shape them
-    routed_experts_shape: tuple[int, int] | None = None
+    kind_logprob_mode = "temperature"
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        *,
+        return_routed_experts: bool = False,
+        routed_experts_shape: tuple[int, int] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(name, url, **kwargs)
+        self.return_routed_experts = return_routed_experts
+        self.routed_experts_shape = routed_experts_shape
+
+    def options(self) -> dict[str, Any]:
+        """:meth:`Backend.options` and the routed-experts ones."""
+        return {
+            **super().options(),
+            "return_routed_experts": self.return_routed_experts,
+            "routed_experts_shape": self.routed_experts_shape,
+        }
 
     async def context_size(self) -> int:
         """``context_length`` from ``GET /get_model_info`` (cached).

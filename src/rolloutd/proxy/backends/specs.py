@@ -6,10 +6,10 @@ The pool (:mod:`.pool`) writes its state under :data:`POOL_KEY` before a change 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import httpx
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rolloutd.errors import ConfigError
 from rolloutd.payload import Payload
@@ -20,11 +20,28 @@ from rolloutd.proxy.backends.sglang import SglangBackend
 from rolloutd.proxy.backends.verl import VerlBackend
 from rolloutd.proxy.backends.vllm import VllmBackend
 from rolloutd.store import BlobStore
+from rolloutd.types import LogprobMode
 
 #: the stored pool's blob-store key
 POOL_KEY = "gateway/backend_pool.json"
 #: the kinds of backend client
 BackendType = Literal["llama_cpp", "vllm", "sglang", "openai", "verl"]
+#: ``(num_hidden_layers, num_experts_per_tok)`` of an MoE model
+RoutedExpertsShape = tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]]
+
+
+def options_problem(
+    backend_type: str, return_routed_experts: bool, routed_experts_shape: Any
+) -> str | None:
+    """Why these routed-experts options do not fit a backend of ``backend_type``, or None:
+    only an ``sglang`` backend is asked for them (vLLM returns them whenever its server runs
+    with ``--enable-return-routed-experts``, shaped; the other kinds have none)."""
+    if backend_type != "sglang" and (return_routed_experts or routed_experts_shape is not None):
+        return (
+            "return_routed_experts and routed_experts_shape apply to an sglang backend only, "
+            f"not {backend_type}"
+        )
+    return None
 
 
 def backend_urls(setting: str | None) -> list[str]:
@@ -44,13 +61,17 @@ def make_backend(
     ctx_size: int | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     api_key: str | None = None,
+    logprob_mode: LogprobMode | None = None,
+    return_routed_experts: bool = False,
+    routed_experts_shape: tuple[int, int] | None = None,
 ) -> Backend:
     """A backend client of ``backend_type`` (``llama_cpp``, ``vllm``, ``sglang``, ``openai``,
     ``verl``: verl's server manager behind the verl bridge's endpoint); with ``api_key``, every
-    request carries ``Authorization: Bearer {api_key}``.
+    request carries ``Authorization: Bearer {api_key}``. ``logprob_mode``,
+    ``return_routed_experts`` and ``routed_experts_shape`` are :class:`BackendSpec`'s.
 
     Raises:
-        ConfigError: an unknown type.
+        ConfigError: an unknown type, or routed-experts options for a kind other than sglang.
     """
     kinds: dict[str, type[Backend]] = {
         "llama_cpp": LlamaCppBackend,
@@ -61,6 +82,14 @@ def make_backend(
     }
     if backend_type not in kinds:
         raise ConfigError(f"unknown backend type {backend_type!r}; known: {', '.join(kinds)}")
+    if problem := options_problem(backend_type, return_routed_experts, routed_experts_shape):
+        raise ConfigError(problem)
+    options: dict[str, Any] = {"logprob_mode": logprob_mode}
+    if backend_type == "sglang":
+        options |= {
+            "return_routed_experts": return_routed_experts,
+            "routed_experts_shape": routed_experts_shape,
+        }
     auth = (
         {"api_key": api_key}
         if backend_type == "openai"
@@ -74,6 +103,7 @@ def make_backend(
         ctx_size=ctx_size,
         transport=transport,
         **(auth if api_key else {}),
+        **options,
     )
 
 
@@ -92,6 +122,40 @@ class BackendSpec(Payload):
     )
     paused: bool = Field(default=False, description="grants no new lease (weight sync in progress)")
     added_at: float = Field(default=0.0, description="Unix time (s) it was registered")
+    logprob_mode: LogprobMode | None = Field(
+        default=None,
+        description="what its logprobs are, when the server runs otherwise than its kind's "
+        "default (docs/backends.md): ``processed`` for a vLLM started with ``--logprobs-mode "
+        "processed_logprobs``, ``raw`` for an SGLang with ``SGLANG_RETURN_ORIGINAL_LOGPROB``; "
+        "stamped on its completions. None: its kind's",
+    )
+    return_routed_experts: bool = Field(
+        default=False,
+        description="sglang: ask every call for the experts each token was routed to (R3); "
+        "the server must run with ``--enable-return-routed-experts``",
+    )
+    routed_experts_shape: RoutedExpertsShape | None = Field(
+        default=None,
+        description="sglang: ``(num_hidden_layers, num_experts_per_tok)`` of the served MoE "
+        "model (its config), to shape the flat expert ids SGLang returns; None: one row of "
+        "``layers x top_k`` ids per token",
+    )
+
+    @model_validator(mode="after")
+    def _options_fit_the_kind(self) -> BackendSpec:
+        if problem := options_problem(
+            self.type, self.return_routed_experts, self.routed_experts_shape
+        ):
+            raise ValueError(problem)
+        return self
+
+    def client_options(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`make_backend` this spec sets."""
+        return {
+            "logprob_mode": self.logprob_mode,
+            "return_routed_experts": self.return_routed_experts,
+            "routed_experts_shape": self.routed_experts_shape,
+        }
 
 
 class PoolState(Payload):

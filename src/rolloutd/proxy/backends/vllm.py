@@ -136,7 +136,7 @@ class VllmBackend(OpenAIChatBackend):
     """
 
     type = "vllm"
-    logprob_mode = "raw"
+    kind_logprob_mode = "raw"
 
     async def context_size(self) -> int:
         """``max_model_len`` from ``GET /v1/models`` (cached).

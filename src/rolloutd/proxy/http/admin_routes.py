@@ -4,8 +4,11 @@ Routes (``Authorization: Bearer <settings.admin_token>``; errors in OpenAI's sha
 :class:`rolloutd.trainer_client.admin.BackendAdmin` calls them::
 
     GET    /admin/backends            {"backends": [{name, type, url, policy_version, paused,
-                                                     num_assigned, num_in_flight}]}
-    POST   /admin/backends            {url, type?, name?, policy_version?} -> the backend
+                                                     logprob_mode, num_assigned,
+                                                     num_in_flight, ...}]}
+    POST   /admin/backends            {url, type?, name?, policy_version?, logprob_mode?,
+                                       return_routed_experts?, routed_experts_shape?}
+                                       -> the backend
     DELETE /admin/backends/{name}     {"removed": [name]}
     DELETE /admin/backends            {"removed": [names]}      (clear)
     POST   /admin/backends/pause      {names?, drain_timeout_s?} -> {backends, paused,
@@ -36,7 +39,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rolloutd.errors import (
     AuthenticationError,
@@ -45,14 +48,15 @@ from rolloutd.errors import (
     PermissionDeniedError,
 )
 from rolloutd.http_client import CONTROL, new_async_client
-from rolloutd.proxy.backends.specs import BackendType
+from rolloutd.proxy.backends.specs import BackendType, RoutedExpertsShape, options_problem
 from rolloutd.proxy.dialects.common import validate
 from rolloutd.proxy.http.gateway_parts import GatewayParts
 from rolloutd.proxy.http.inbound import bearer_key, read_json
+from rolloutd.types import LogprobMode
 
 
 class AddBackend(BaseModel):
-    """``POST /admin/backends``."""
+    """``POST /admin/backends``; the options are :class:`BackendSpec`'s."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -60,6 +64,17 @@ class AddBackend(BaseModel):
     type: BackendType = "llama_cpp"
     name: str | None = Field(default=None, min_length=1, max_length=512)
     policy_version: int | None = Field(default=None, ge=0)
+    logprob_mode: LogprobMode | None = None
+    return_routed_experts: bool = False
+    routed_experts_shape: RoutedExpertsShape | None = None
+
+    @model_validator(mode="after")
+    def _options_fit_the_kind(self) -> AddBackend:
+        if problem := options_problem(
+            self.type, self.return_routed_experts, self.routed_experts_shape
+        ):
+            raise ValueError(problem)
+        return self
 
 
 class Names(BaseModel):
@@ -137,7 +152,13 @@ def add_admin_routes(app: FastAPI, gateway: GatewayParts) -> None:
     async def add_backend(request: Request) -> dict[str, Any]:
         add: AddBackend = await body_of(request, AddBackend)
         return await gateway.pool.add(
-            add.url, type=add.type, name=add.name, policy_version=add.policy_version
+            add.url,
+            type=add.type,
+            name=add.name,
+            policy_version=add.policy_version,
+            logprob_mode=add.logprob_mode,
+            return_routed_experts=add.return_routed_experts,
+            routed_experts_shape=add.routed_experts_shape,
         )
 
     @app.delete("/admin/backends")

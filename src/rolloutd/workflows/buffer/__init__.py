@@ -3,6 +3,8 @@
 - :mod:`~rolloutd.workflows.buffer.workflow`: ``RolloutBufferWorkflow`` (refill, groups,
   batches, leases, continue-as-new);
 - :mod:`~rolloutd.workflows.buffer.models`: its inputs, outputs and carried state;
+- :mod:`~rolloutd.workflows.buffer.rules`: a finished group's token-weighted staleness and
+  the rules that drop it;
 - :mod:`~rolloutd.workflows.buffer.capacity`: the in-flight target from the fleets' capacity.
 
 The other sides of the buffer: the trainer's handle (``take``, ``ack``, ``push``) is

@@ -57,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd.types import GroupRef, TaskRequest
     from rolloutd.workflows import metadata, search
     from rolloutd.workflows.buffer import capacity as buffer_capacity
+    from rolloutd.workflows.buffer import rules
     from rolloutd.workflows.buffer.models import (
         AckInput,
         AckOutput,
@@ -379,14 +380,11 @@ class RolloutBufferWorkflow:
         return self._too_stale(self._s.policy_version - policy_version)
 
     def _too_stale(self, staleness: float) -> bool:
-        limit = self._config.max_staleness
-        return limit is not None and staleness > limit
+        return rules.is_too_stale(staleness, self._config)
 
     def _staleness(self, ref: GroupRef, start_version: int) -> float:
-        """The group's token-weighted staleness now (its task's start version when it has no
-        trainable token)."""
-        weighted = ref.token_weighted_policy_version
-        return self._s.policy_version - (start_version if weighted is None else weighted)
+        """The group's token-weighted staleness now (:func:`rules.group_staleness`)."""
+        return rules.group_staleness(ref, start_version, self._s.policy_version)
 
     def _drop_stale_ready(self) -> None:
         keep = []
@@ -446,15 +444,18 @@ class RolloutBufferWorkflow:
         self._s.num_groups_finished += 1
         for kind, count in group.num_failed_by_kind.items():
             self._s.num_failed_by_kind[kind] = self._s.num_failed_by_kind.get(kind, 0) + count
-        staleness = self._staleness(group, running.policy_version)
-        if self._too_stale(staleness):
+        reason = rules.arrival_drop_reason(
+            group, running.policy_version, self._s.policy_version, self._config
+        )
+        if reason == "stale":
+            staleness = self._staleness(group, running.policy_version)
             self._drop(group.task_id, "stale", running.policy_version, staleness)
             self._s.num_dropped_stale += 1
-        elif group.mixed_logprob_modes and self._config.mixed_logprob_modes == "drop":
-            self._drop(group.task_id, "mixed_logprob_modes", running.policy_version)
+        elif reason == "mixed_logprob_modes":
+            self._drop(group.task_id, reason, running.policy_version)
             self._s.num_dropped_mixed_logprob_modes += 1
-        elif group.incomplete and self._config.incomplete_groups == "drop":
-            self._drop(group.task_id, "incomplete", running.policy_version)
+        elif reason == "incomplete":
+            self._drop(group.task_id, reason, running.policy_version)
             self._s.num_dropped_incomplete += 1
         elif self._config.drop_zero_variance and _zero_variance(group):
             self._drop(group.task_id, "zero_variance", running.policy_version)

@@ -13,7 +13,7 @@ What runs (everything on this machine, everything stopped by its id at the end):
   **bwrap** sandbox running ``ask.py`` (one chat call through the gateway), scored by the
   evaluator ``grpo_loop_reply_reward`` (``grpo_loop:ReplyReward``, registered by name with
   the fleets: 1 / words of the reply, base rate about 0.3);
-- after each optimizer step, :class:`~rolloutd.trainer_client.bridges.trl.EngineSyncCallback`:
+- after each optimizer step, :class:`~rolloutd.trainer_client.bridges.trl_sync.EngineSyncCallback`:
   GGUF export, weight sync (pause, engine reload, ``policy_version = step``, resume), probe;
   then the held-out reward (categories never trained on, fixed seeds, straight from the
   engine, ``grpo_loop.held_out_reward``).
@@ -85,11 +85,8 @@ async def main(args: argparse.Namespace) -> int:
     from rolloutd.trainer_client import RolloutClient
     from rolloutd.trainer_client.admin import BackendAdmin
     from rolloutd.trainer_client.bridges.common import LoopRunner
-    from rolloutd.trainer_client.bridges.trl import (
-        EngineSyncCallback,
-        RolloutFunc,
-        rolloutd_reward,
-    )
+    from rolloutd.trainer_client.bridges.trl import RolloutFunc, rolloutd_reward
+    from rolloutd.trainer_client.bridges.trl_sync import EngineSyncCallback
     from rolloutd.trainer_client.training.gguf_export import export_gguf
     from rolloutd.trainer_client.training.probe import probe
     from rolloutd.trainer_client.training.weight_sync import GatewayEngineLoader, WeightSync

@@ -57,7 +57,13 @@ SESSION_PATH = (
 )
 SESSION_MODULES = ("workflows/session/workflow.py", "workflows/session/ending.py")
 #: how the bridges' trainers are spelt (module name -> trainer)
-TRAINERS = {"trl": "TRL", "trl_async": "TRL", "verl": "verl", "skyrl": "SkyRL"}
+TRAINERS = {
+    "trl": "TRL",
+    "trl_async": "TRL",
+    "trl_sync": "TRL",
+    "verl": "verl",
+    "skyrl": "SkyRL",
+}
 DIALECTS = {
     "openai_chat": "OpenAI Chat",
     "openai_responses": "OpenAI Responses",

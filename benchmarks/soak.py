@@ -52,7 +52,7 @@ STACK = """
 import sys
 from pathlib import Path
 from rolloutd.processes import free_port
-from rolloutd.stack import LocalStack
+from rolloutd.stack.local import LocalStack
 with LocalStack(
     home=Path(sys.argv[1]), model=sys.argv[2], temporal_port=free_port(),
     ui_port=free_port(), gateway_port=free_port(), engine_port=free_port(),

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from rolloutd.stack import LocalStack, RestartPolicy, free_port
+from rolloutd.stack import RestartPolicy, free_port
+from rolloutd.stack.local import LocalStack
 from tests.support.procs import processes_with  # noqa: F401  (re-exported to the tests)
 
 #: the repository (its ``tests`` package is imported by the fleets' children too).

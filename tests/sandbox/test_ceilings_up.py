@@ -20,7 +20,8 @@ import pytest
 
 from rolloutd.security.connection import connect_temporal
 from rolloutd.settings import CommonSettings
-from rolloutd.stack import LocalStack, free_port
+from rolloutd.stack import free_port
+from rolloutd.stack.local import LocalStack
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from tests.conftest import have_bwrap

@@ -32,8 +32,8 @@ from rolloutd.settings import (
     codec_server_token_file,
     engine_api_key_file,
 )
-from rolloutd.stack import LocalStack, TemporalDevServer
-from rolloutd.stack.local import _port_open
+from rolloutd.stack import TemporalDevServer
+from rolloutd.stack.local import LocalStack, _port_open
 from rolloutd.stack.status import busy_slots
 from rolloutd.store import BlobStore
 

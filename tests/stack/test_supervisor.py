@@ -20,7 +20,6 @@ import pytest
 from rolloutd.errors import StackError
 from rolloutd.processes import process_start_ticks
 from rolloutd.stack import (
-    LocalStack,
     RestartPolicy,
     StackState,
     free_port,
@@ -28,6 +27,7 @@ from rolloutd.stack import (
     spawn,
     stop_processes,
 )
+from rolloutd.stack.local import LocalStack
 from rolloutd.stack.state import ChildState, write_state
 from rolloutd.stack.supervisor import ChildSpec, Supervisor
 from tests.support.procs import processes_with

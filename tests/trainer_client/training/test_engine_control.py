@@ -173,7 +173,8 @@ async def test_rolloutd_up_serves_the_load_route_for_its_own_engine(
 
     from rolloutd.engine.models import pull_model
     from rolloutd.settings import admin_token_file, find_admin_token
-    from rolloutd.stack import LocalStack, free_port, read_state
+    from rolloutd.stack import free_port, read_state
+    from rolloutd.stack.local import LocalStack
 
     monkeypatch.delenv("ROLLOUTD_ADMIN_TOKEN", raising=False)
 

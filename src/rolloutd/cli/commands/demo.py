@@ -34,7 +34,7 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
     from rolloutd.cli.report import exit_code
     from rolloutd.cli.submission import load_tasks, submit_tasks
     from rolloutd.settings import default_home
-    from rolloutd.stack import LocalStack
+    from rolloutd.stack.local import LocalStack
 
     examples = args.examples or Path(__file__).resolve().parents[4] / "examples" / "tasks.jsonl"
     if not examples.is_file():

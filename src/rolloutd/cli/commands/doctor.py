@@ -70,7 +70,8 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
         default_home,
         engine_api_key_file,
     )
-    from rolloutd.stack import LocalStack, read_state
+    from rolloutd.stack import read_state
+    from rolloutd.stack.local import LocalStack
 
     home = args.home or default_home()
     sandbox = SandboxSettings()

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
     from rolloutd.errors import RolloutdError
     from rolloutd.security.connection import payload_codec
     from rolloutd.settings import admin_token_file, codec_server_token_file, default_home
-    from rolloutd.stack import LocalStack
+    from rolloutd.stack.local import LocalStack
 
     try:  # the fleets inherit these settings: refuse bad keys before starting anything
         codec = payload_codec(settings)

@@ -82,8 +82,9 @@ CTX="$CACHE/images/context-$LOCK_HASH"
 if [ ! -f "$CTX/.complete" ] && { ! exists "$RD_TAG" || ! exists "$ENGINE_TAG"; }; then
   t0=$SECONDS
   rm -rf "$CTX" && mkdir -p "$CTX"/{deps,node,engine,tools,npm}
-  "$VENV/bin/uv" export --frozen --no-dev --no-emit-project --format requirements-txt -q \
-    -o "$CTX/deps.txt"
+  # the server extra: the fleets, the gateway, the REST facade and the codec server
+  "$VENV/bin/uv" export --frozen --no-dev --no-emit-project --extra server \
+    --format requirements-txt -q -o "$CTX/deps.txt"
   # wheels for this platform as locked; an sdist in the lock is built into a wheel here
   pip wheel --require-hashes -r "$CTX/deps.txt" -w "$CTX/deps"
   pip download --no-deps "$NODE_WHEEL" -d "$CTX/node"

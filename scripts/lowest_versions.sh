@@ -6,8 +6,9 @@
 #
 # Wheels only (--only-binary :all:): a floor without a CPython wheel for this machine would need
 # a compiler toolchain that a fresh machine may not have, so it is not a floor we can promise.
-# torch, accelerate and the engine extra (llama.cpp, model packages) stay out: they are pinned
-# by scripts/setup.sh, not floors.
+# The client's floors (rolloutd's own dependencies) and the server extra's are checked
+# together, with the test extra. torch, accelerate and the engine extra (llama.cpp, model
+# packages) stay out: they are pinned by scripts/setup.sh, not floors.
 #
 # Environment:
 #   ROLLOUTD_LOWEST_VENV    folder of the environment, removed and made anew
@@ -26,7 +27,7 @@ t0=$(date +%s)
 rm -rf "$VENV"
 "$UV" venv -q --python "$PYTHON" "$VENV"
 "$UV" pip install -q --python "$VENV/bin/python" --resolution lowest-direct \
-  --only-binary :all: -e '.[test]'
+  --only-binary :all: -e '.[server,test]'
 echo "lowest-direct environment in $VENV built in $(( $(date +%s) - t0 )) s"
 "$UV" pip freeze --python "$VENV/bin/python" --exclude-editable | tr '\n' ' '
 echo

@@ -43,7 +43,7 @@ def lint_imports(src: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_the_import_contracts_hold(tmp_path):
     result = lint_imports(ROOT / "src", tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "7 kept, 0 broken" in result.stdout, result.stdout
+    assert "8 kept, 0 broken" in result.stdout, result.stdout
 
 
 #: (module changed, import added inside a function, contract broken, line of the report)
@@ -96,6 +96,24 @@ BREAKS = {
         "the command line",
         "rolloutd.cli.report -> rolloutd.cli.entry",
     ),
+    "the client imports a server package": (
+        "trainer_client/rest_client.py",
+        "fastapi",
+        "the client install",
+        "rolloutd.trainer_client.rest_client -> fastapi",
+    ),
+    "TRL's rollout function imports transformers": (
+        "trainer_client/bridges/trl.py",
+        "transformers",
+        "the client install",
+        "rolloutd.trainer_client.bridges.trl -> transformers",
+    ),
+    "the client reaches the gateway": (
+        "trainer_client/tenants.py",
+        "rolloutd.proxy.core.fastjson",
+        "the client install",
+        "rolloutd.trainer_client.tenants -> rolloutd.proxy.core.fastjson",
+    ),
     "one bridge imports another's trainer": (
         "trainer_client/bridges/trl.py",
         "verl",
@@ -126,7 +144,8 @@ def test_a_forbidden_import_breaks_its_contract(case, tmp_path):
 def test_the_client_side_contract_names_every_client_module():
     """The contract that keeps the trainer client's client side off its training side lists
     its source modules one by one (so the package's face counts as itself): a new module of
-    rolloutd.trainer_client outside training/ and bridges/ must be on that list."""
+    rolloutd.trainer_client outside training/ and bridges/ must be on that list, and on the
+    client install's with the TRL rollout function's."""
     import pkgutil
     import tomllib
 
@@ -140,6 +159,12 @@ def test_the_client_side_contract_names_every_client_module():
         if m.name not in ("training", "bridges")
     }
     assert set(listed["source_modules"]) == {"rolloutd.trainer_client", *modules}
+    install = next(c for c in contracts["contracts"] if c["id"] == "client-install")
+    assert set(install["source_modules"]) == {
+        *listed["source_modules"],
+        "rolloutd.trainer_client.bridges.common",
+        "rolloutd.trainer_client.bridges.trl",
+    }
 
 
 def test_a_process_that_submits_loads_no_training_code():

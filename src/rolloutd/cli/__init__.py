@@ -11,7 +11,8 @@
 - :mod:`~rolloutd.cli.reliability`: the reliability figures ``reliability`` shows;
 - :mod:`~rolloutd.cli.checks`: what ``doctor`` checks on this host;
 - :mod:`~rolloutd.cli.retention`: what ``store gc`` deletes and keeps;
-- :mod:`~rolloutd.cli.tables`: the one table style every command prints with.
+- :mod:`~rolloutd.cli.tables`: the one table style every command prints with;
+- :mod:`~rolloutd.cli.extras`: the install extras a command needs, checked before it runs.
 """
 
 from rolloutd.cli.entry import main

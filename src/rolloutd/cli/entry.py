@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from rolloutd.cli.extras import check_extras
 from rolloutd.cli.parser import build_parser
 from rolloutd.logs import configure_logging
 from rolloutd.settings import CommonSettings
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    if needs := getattr(args, "needs_extras", None):
+        check_extras(*needs)
     settings = CommonSettings()
     configure_logging(settings.log_level, json=args.command == "worker" and settings.log_json)
     return args.handler(args, settings) or 0

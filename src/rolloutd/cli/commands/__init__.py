@@ -17,6 +17,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from rolloutd.cli.extras import EXTRA_MODULES
+
 if TYPE_CHECKING:
     from rolloutd.settings import CommonSettings
 
@@ -36,7 +38,12 @@ MODEL_HELP = "catalog model served by llama-server (rolloutd models list)"
 
 
 def add_command(
-    sub: Any, name: str, help: str, handler: Handler | None = None
+    sub: Any,
+    name: str,
+    help: str,
+    handler: Handler | None = None,
+    *,
+    extras: tuple[str, ...] = (),
 ) -> argparse.ArgumentParser:
     """Add a subcommand that shows its defaults next to each option's help.
 
@@ -46,15 +53,25 @@ def add_command(
         name: the subcommand (``up``, ``pull``).
         help: one line, shown in the parent's help and as the subcommand's description.
         handler: what the command runs; None for an action of a command that has one.
+        extras: the install extras it needs (``("server",)``; :mod:`rolloutd.cli.extras`):
+            without one the entry point exits 1 naming it, before the handler runs. Empty:
+            the client install runs it.
 
     Returns:
         The subcommand's parser, for its options.
+
+    Raises:
+        KeyError: an extra that :data:`rolloutd.cli.extras.EXTRA_MODULES` does not know.
     """
     parser = sub.add_parser(
         name, help=help, description=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     if handler is not None:
         parser.set_defaults(handler=handler)
+    if unknown := [extra for extra in extras if extra not in EXTRA_MODULES]:
+        raise KeyError(f"{name}: unknown extras {unknown}; known: {sorted(EXTRA_MODULES)}")
+    if extras:
+        parser.set_defaults(needs_extras=(parser.prog.removeprefix("rolloutd "), extras))
     return parser
 
 

@@ -19,6 +19,7 @@ def register(sub: Any) -> None:
         "/encode) with the payload codec's keys, so the Temporal UI and CLI can show "
         "encrypted payloads (docs/security.md)",
         run,
+        extras=("server",),
     )
     codec.add_argument("--host", default="127.0.0.1", help="bind address")
     codec.add_argument("--port", type=int, default=8888, help="bind TCP port")

@@ -14,7 +14,9 @@ from rolloutd.settings import CommonSettings
 
 def register(sub: Any) -> None:
     """Add ``demo`` and its options."""
-    demo = add_command(sub, "demo", "run the stack and the bundled examples", run)
+    demo = add_command(
+        sub, "demo", "run the stack and the bundled examples", run, extras=("server",)
+    )
     demo.add_argument(
         "--examples",
         type=Path,

@@ -21,6 +21,7 @@ def register(sub: Any) -> None:
         "check what rolloutd needs on this host (sandboxes, containers, harness CLIs, ports, "
         "Temporal, the store, the engine, disk space) and say how to fix each miss",
         run,
+        extras=("server",),
     )
     doctor.add_argument("--home", type=Path, default=None, help=HOME_HELP)
     doctor.add_argument(

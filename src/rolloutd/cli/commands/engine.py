@@ -13,7 +13,9 @@ from rolloutd.settings import CommonSettings
 
 def register(sub: Any) -> None:
     """Add ``engine`` and its options."""
-    engine = add_command(sub, "engine", "run llama-server on a catalog model", run)
+    engine = add_command(
+        sub, "engine", "run llama-server on a catalog model", run, extras=("engine",)
+    )
     engine.add_argument(
         "--model", default="qwen2.5-coder-0.5b", help="catalog model (rolloutd models list)"
     )

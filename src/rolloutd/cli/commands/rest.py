@@ -11,7 +11,9 @@ from rolloutd.settings import CommonSettings
 
 def register(sub: Any) -> None:
     """Add ``rest`` and its options."""
-    rest = add_command(sub, "rest", "serve the REST facade (POLAR / ProRL-compatible)", run)
+    rest = add_command(
+        sub, "rest", "serve the REST facade (POLAR / ProRL-compatible)", run, extras=("server",)
+    )
     rest.add_argument("--host", default="127.0.0.1", help="bind address")
     rest.add_argument("--port", type=int, default=8080, help="bind TCP port")
     rest.add_argument("--address", default=None, help=ADDRESS_HELP)

@@ -12,7 +12,13 @@ from rolloutd.settings import CommonSettings
 
 def register(sub: Any) -> None:
     """Add ``up`` and its options."""
-    up = add_command(sub, "up", "run the embedded stack (Temporal, engine, every fleet)", run)
+    up = add_command(
+        sub,
+        "up",
+        "run the embedded stack (Temporal, engine, every fleet)",
+        run,
+        extras=("server",),
+    )
     up.add_argument("--model", default="qwen2.5-coder-0.5b", help=MODEL_HELP)
     up.add_argument("--home", type=Path, default=None, help=HOME_HELP)
     up.add_argument(

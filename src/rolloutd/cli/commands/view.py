@@ -17,6 +17,7 @@ def register(sub: Any) -> None:
         "open the trace viewer's page of a session or a task (prints "
         "its URL; serves the viewer itself when no REST facade answers at --url)",
         run,
+        extras=("server",),
     )
     view.add_argument("id", metavar="ID", help="a session id ({task_id}/{index}) or a task id")
     view.add_argument(

@@ -11,7 +11,7 @@ from rolloutd.settings import CommonSettings
 
 def register(sub: Any) -> None:
     """Add ``worker`` and its options."""
-    worker = add_command(sub, "worker", "run one fleet's workers", run)
+    worker = add_command(sub, "worker", "run one fleet's workers", run, extras=("server",))
     worker.add_argument(
         "--fleet",
         required=True,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ import numpy as np
 import pytest
 
 from rolloutd.proxy.http.server import Gateway
-from rolloutd.routes import store_trace_routes
+from rolloutd.routes import load_routes, store_trace_routes
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.trainer_client.bridges.common import group_samples
@@ -216,7 +217,10 @@ async def test_routed_experts_survive_a_four_turn_merge_into_verl_and_skyrl(
             trajectory_ref="t",
         )
         samples = group_samples(
-            TaskResult(task_id="r3", sessions=[session]), lambda s: trajectory, 1, store
+            TaskResult(task_id="r3", sessions=[session]),
+            lambda s: trajectory,
+            1,
+            partial(load_routes, store),
         )
         (sample,) = samples.samples
         assert np.array_equal(sample.routed_experts, expected)

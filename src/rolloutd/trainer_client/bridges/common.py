@@ -18,15 +18,13 @@ Imports no trainer package: each bridge module (``trl``, ``verl``, ``skyrl``,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from rolloutd.routes import load_routes
 from rolloutd.scoring import failure_of, is_scored
-from rolloutd.store import BlobStore
 from rolloutd.trajectory.versions import token_policy_versions
-from rolloutd.types import SessionResult, TaskResult, Trace, Trajectory
+from rolloutd.types import RoutedExperts, SessionResult, TaskResult, Trace, Trajectory
 
 T = TypeVar("T")
 
@@ -35,6 +33,7 @@ __all__ = [
     "BridgeStats",
     "GroupSamples",
     "LoopRunner",
+    "RoutesLoader",
     "SessionSample",
     "group_samples",
     "instruction_of",
@@ -104,7 +103,7 @@ class SessionSample:
             position (:func:`rolloutd.trajectory.versions.token_policy_versions`).
         logprob_modes: each merged completion's log-prob mode, in order.
         routed_experts: ``numpy.ndarray`` ``(rows, num_layers, top_k)`` of ``prompt_ids +
-            response_ids`` from position 0 (R3), or None: loaded only when a store is given.
+            response_ids`` from position 0 (R3), or None: loaded only when a loader is given.
     """
 
     session_id: str
@@ -191,15 +190,21 @@ class BridgeStats:
         }
 
 
+#: reads a trace's routed experts: ``functools.partial(rolloutd.routes.load_routes, store)``.
+#: A bridge that hands routes to its trainer (verl, SkyRL) passes one; this module does not
+#: import :mod:`rolloutd.routes` (NumPy), so the client install imports TRL's rollout function.
+RoutesLoader = Callable[[RoutedExperts], Any]
+
+
 def session_sample(
-    session: SessionResult, trajectory: Trajectory | None, store: BlobStore | None = None
+    session: SessionResult, trajectory: Trajectory | None, routes: RoutesLoader | None = None
 ) -> SessionSample | str:
     """One session as a training sequence, or why it is left out.
 
     Args:
         session: the session's result.
         trajectory: its stored trajectory (None when it has none).
-        store: the blob store its routed experts are read from (None: not read).
+        routes: reads its routed experts (:data:`RoutesLoader`; None: not read).
 
     Returns:
         The :class:`SessionSample`, or the reason it is left out: the failure cause's kind
@@ -232,15 +237,18 @@ def session_sample(
         token_policy_versions=token_policy_versions(trace),
         logprob_modes=list(trace.logprob_modes),
         routed_experts=(
-            load_routes(store, trace.routed_experts)
-            if store is not None and trace.routed_experts is not None
+            routes(trace.routed_experts)
+            if routes is not None and trace.routed_experts is not None
             else None
         ),
     )
 
 
 def group_samples(
-    group: TaskResult, load: Any, num_samples: int | None = None, store: BlobStore | None = None
+    group: TaskResult,
+    load: Any,
+    num_samples: int | None = None,
+    routes: RoutesLoader | None = None,
 ) -> GroupSamples:
     """A task's group as training sequences, its left-out sessions named.
 
@@ -248,7 +256,7 @@ def group_samples(
         group: the task's result.
         load: ``RolloutClient.trajectory`` (a callable ``SessionResult -> Trajectory``).
         num_samples: G, the sessions the task asked for (default: ``len(group.sessions)``).
-        store: where routed experts are read from (``RolloutClient.store``; None: not read).
+        routes: reads routed experts (:data:`RoutesLoader`; None: not read).
 
     Returns:
         The group's usable samples in sample order and the others with their reason.
@@ -261,7 +269,7 @@ def group_samples(
     )
     for session in sorted(group.sessions, key=lambda s: s.sample_index):
         trajectory = load(session) if session.trajectory_ref else None
-        sample = session_sample(session, trajectory, store)
+        sample = session_sample(session, trajectory, routes)
         if isinstance(sample, str):
             out.left_out[session.session_id] = sample
         else:

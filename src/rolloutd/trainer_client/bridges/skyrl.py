@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from skyrl.train.generators.base import GeneratorInput, GeneratorInterface, GeneratorOutput
 
+from rolloutd.routes import load_routes
 from rolloutd.trainer_client.bridges.common import BridgeStats, group_samples, instruction_of
 from rolloutd.trainer_client.client import RolloutClient
 
@@ -150,7 +152,9 @@ class RolloutdGenerator(GeneratorInterface):
         }
         masked_before = self.stats.num_groups_masked
         for rows, group in zip(rows_of.values(), groups, strict=True):
-            samples = group_samples(group, self.client.trajectory, len(rows), self.client.store)
+            samples = group_samples(
+                group, self.client.trajectory, len(rows), partial(load_routes, self.client.store)
+            )
             masked = not samples.whole
             self.stats.add(samples, masked=masked)
             # the group's rows in repetition order get its sessions in sample order

@@ -55,6 +55,7 @@ import socket
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
@@ -71,6 +72,7 @@ from verl.experimental.agent_loop.agent_loop import (
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, register_adv_est
 
+from rolloutd.routes import load_routes
 from rolloutd.settings import CommonSettings
 from rolloutd.trainer_client.bridges.common import (
     BridgeStats,
@@ -291,7 +293,7 @@ class RolloutdAgentLoop(AgentLoopBase):
             "num_samples": 1,
         }
         group = await (await client.submit(request)).result()
-        samples = group_samples(group, client.trajectory, 1, client.store)
+        samples = group_samples(group, client.trajectory, 1, partial(load_routes, client.store))
         for sample in list(samples.samples):
             # an all-zero response_mask marks a left-out row for the advantage estimator, so a
             # scored session without a sampled token cannot be told from one and is left out

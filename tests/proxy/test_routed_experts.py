@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from rolloutd.proxy.http.server import Gateway
@@ -37,7 +38,11 @@ from rolloutd.routes import load_routes, store_trace_routes
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
 from rolloutd.trainer_client.bridges.common import group_samples
-from rolloutd.trainer_client.training.exports import to_verl_batch
+from rolloutd.trainer_client.training.exports import (
+    to_parquet,
+    to_slime_samples,
+    to_verl_batch,
+)
 from rolloutd.trajectory import build_traces, check_invariants
 from rolloutd.types import (
     BuilderSpec,
@@ -206,6 +211,20 @@ async def test_routed_experts_survive_a_four_turn_merge_into_verl_and_skyrl(
         assert routed.shape == (1, batch["input_ids"].shape[1], NUM_LAYERS, TOP_K)
         assert np.array_equal(routed[0, : expected.shape[0]], expected)
         assert not routed[0, expected.shape[0] :].any()
+        # the log-prob mode the gateway recorded from this kind's source travels with the row
+        mode = {"vllm": "raw", "sglang": "temperature"}[kind]
+        assert {c.logprob_mode for c in log} == {mode}
+        assert list(batch["logprob_modes"]) == [[mode]]
+        (slime,) = to_slime_samples([trajectory])
+        assert slime["metadata"]["logprob_modes"] == [mode] * 4
+        assert [u["max_tokens"] for u in slime["metadata"]["sampling"]] == [
+            c.sampling.max_tokens  # type: ignore[union-attr]
+            for c in log
+        ]
+        to_parquet([trajectory], tmp_path / "r3.parquet")
+        table = pq.read_table(tmp_path / "r3.parquet")
+        assert table.column("logprob_modes").to_pylist() == [[mode] * 4]
+        assert table.column("response_offsets").to_pylist() == [trace.response_offsets]
 
         # the bridges' sample: verl's AgentLoopOutput.routed_experts and SkyRL's
         # rollout_expert_indices are this array

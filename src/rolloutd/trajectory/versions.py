@@ -68,8 +68,8 @@ def trained_logprob_modes(traces: list[Trace]) -> list[LogprobMode]:
     ``traces``, sorted."""
     modes: set[LogprobMode] = set()
     for trace in traces:
-        if len(trace.logprob_modes) != len(trace.response_offsets):
-            continue
+        if not trace.logprob_modes or len(trace.logprob_modes) != len(trace.response_offsets):
+            continue  # built before modes were kept
         bounds = [*trace.response_offsets[1:], len(trace.response_ids)]
         for mode, offset, end in zip(
             trace.logprob_modes, trace.response_offsets, bounds, strict=True

@@ -446,7 +446,8 @@ def to_data_proto(
     Tensors from :func:`~rolloutd.trainer_client.training.exports.to_verl_batch` (left-padded
     prompts, right-padded responses, ``response_mask``, ``rollout_log_probs``,
     ``token_level_scores`` with the reward on the last response token); ``uid`` (the task:
-    the GRPO group), ``session_id`` and ``failure`` as non-tensor fields.
+    the GRPO group), ``session_id``, ``failure`` and ``logprob_modes`` as non-tensor fields
+    (every field the export gives as a numpy object array).
 
     Args:
         trajectories: the sessions.
@@ -457,5 +458,5 @@ def to_data_proto(
         ValueError: from ``to_verl_batch`` (no trace, a trace over a limit, no reward).
     """
     batch = to_verl_batch(trajectories, pad_token_id=pad_token_id, **kwargs)
-    non_tensors = {k: batch.pop(k) for k in ("uid", "session_id", "failure")}
+    non_tensors = {k: batch.pop(k) for k in [k for k, v in batch.items() if v.dtype == object]}
     return DataProto.from_dict(tensors=batch, non_tensors=non_tensors)

@@ -38,6 +38,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 from rolloutd.routes import load_routes
 from rolloutd.scoring import failure_of, is_policy_timeout
 from rolloutd.store import BlobStore
+from rolloutd.trajectory.versions import trained_logprob_modes
 from rolloutd.types import FailureCause, SessionStatus, Trace, Trajectory
 
 if TYPE_CHECKING:
@@ -249,6 +250,9 @@ def to_verl_batch(
         - ``session_id``: np.ndarray of object (str) [B], for per-session weighting;
         - ``failure``: np.ndarray of object [B], the failure kind of a failed session's row,
           else None;
+        - ``logprob_modes``: np.ndarray of object [B], each a sorted list of the log-prob modes
+          of the row's completions that have a trainable token (one item unless its
+          completions disagree; docs/backends.md);
         - ``routed_experts`` (with ``store``, when every trace has them): torch.int16
           [B, P+R, num_layers, top_k], verl's R3 field as its agent loop's ``_postprocess``
           lays it out: a trace's rows from its first real prompt token on, zeros elsewhere
@@ -258,6 +262,7 @@ def to_verl_batch(
         ValueError: no traces; a trace over a limit without ``truncate``; a trace without
             response tokens; a trace without reward and no ``default_reward``.
     """
+    import numpy as np
     import torch
 
     rows, failures = _verl_rows(
@@ -269,8 +274,11 @@ def to_verl_batch(
         include_failed=include_failed,
     )
     arrays = _verl_padded(rows, failures, pad_token_id, reward_position)
+    traces = [trace for _, trace in _rows(trajectories, include_failed)]
+    modes = arrays["logprob_modes"] = np.empty(len(traces), dtype=object)
+    for row, trace in enumerate(traces):  # one list per row (a slice would broadcast them)
+        modes[row] = trained_logprob_modes([trace])
     if store is not None:
-        traces = [trace for _, trace in _rows(trajectories, include_failed)]
         routes = _verl_routes(store, traces, rows, arrays["prompts"].shape[1])
         if routes is not None:
             arrays["routed_experts"] = routes
@@ -456,7 +464,8 @@ def to_slime_samples(
         - ``remove_sample``: False (True for a failed session's row);
         - ``metadata``: the trace's metadata plus ``task_id``, ``sample_index``,
           ``trace_index``, ``num_traces_in_session``, ``finish_reason``,
-          ``response_messages`` and ``tools``.
+          ``response_messages``, ``tools``, and per merged completion (aligned with
+          ``weight_versions``) ``logprob_modes`` and ``sampling`` (the parameters in force).
     """
     group_indices: dict[str, int] = {}
     samples = []
@@ -491,6 +500,8 @@ def to_slime_samples(
                     "finish_reason": trace.finish_reason,
                     "response_messages": [dict(m) for m in trace.response_messages],
                     "tools": [dict(t) for t in trace.tools],
+                    "logprob_modes": list(trace.logprob_modes),
+                    "sampling": [None if u is None else u.model_dump() for u in trace.sampling],
                 },
             }
         )
@@ -578,7 +589,9 @@ def parquet_schema() -> Any:
             ("finish_reason", pa.string()),
             ("num_traces_in_session", pa.int64()),
             ("completion_indices", ints),
+            ("response_offsets", ints),
             ("policy_versions", ints),
+            ("logprob_modes", pa.list_(pa.string())),
             ("prompt_messages", pa.string()),
             ("response_messages", pa.string()),
             ("tools", pa.string()),
@@ -637,7 +650,9 @@ def to_parquet(
             "finish_reason": trace.finish_reason,
             "num_traces_in_session": trace.num_traces_in_session,
             "completion_indices": trace.completion_indices,
+            "response_offsets": trace.response_offsets,
             "policy_versions": trace.policy_versions,
+            "logprob_modes": list(trace.logprob_modes),
             "prompt_messages": json.dumps(trace.prompt_messages, ensure_ascii=False),
             "response_messages": json.dumps(trace.response_messages, ensure_ascii=False),
             "tools": json.dumps(trace.tools, ensure_ascii=False),

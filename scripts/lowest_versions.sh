@@ -32,12 +32,12 @@ echo "lowest-direct environment in $VENV built in $(( $(date +%s) - t0 )) s"
 "$UV" pip freeze --python "$VENV/bin/python" --exclude-editable | tr '\n' ' '
 echo
 
-# the inner run deselects the `lowest` marker: it must not start this script again. The
-# selection covers what the floors carry (gateway routes and backends through orjson, aiohttp,
+# the inner run deselects the `lowest` marker: it must not start this script again; and the
+# acceptance tier, which its own -m would otherwise let in. The selection covers what the floors carry (gateway routes and backends through orjson, aiohttp,
 # fastapi, uvicorn; templates and tokenizers through transformers; pydantic models; exports
 # through pyarrow; gRPC health against Temporal); property tests of rolloutd's own algorithms
 # (memo, dialect round trips, builders) are left to the main run: a minute of CPU, no new floor.
-MARKS="not engine and not harness and not slow and not sandbox and not lowest"
+MARKS="not acceptance and not engine and not harness and not slow and not sandbox and not lowest"
 if [ "$#" -eq 0 ]; then
   set -- tests/proxy tests/trajectory tests/trainer_client tests/evaluators/test_evaluators.py \
     tests/engine/test_models.py tests/workers/test_health.py tests/cli/test_cli.py \

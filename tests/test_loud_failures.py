@@ -104,7 +104,7 @@ async def test_submit_exits_non_zero_and_prints_call_errors_when_the_backend_is_
     text = out.decode()
     assert proc.returncode == 1, text
     assert "call errors" in text
-    rows = [line for line in text.splitlines() if f"{task_id}/" in line and "│" in line]
+    rows = [line for line in text.splitlines() if line.startswith(f"{task_id}/")]
     assert len(rows) == 2 and all("2 (2 unrecovered)" in row for row in rows), text
     failures = [line for line in text.splitlines() if line.startswith("FAILED: session")]
     assert len(failures) == 2 and all("last: 502 BackendError" in f for f in failures), text

@@ -149,6 +149,7 @@ def first_feeder_routes(calls: list[tuple[list[int], list[int], np.ndarray]]) ->
 async def test_routed_experts_survive_a_four_turn_merge_into_verl_and_skyrl(
     tmp_path: Path, tokenizer: Any, kind: str
 ) -> None:
+    pytest.importorskip("torch")  # verl's batch is tensors; the lowest-floors env has no torch
     engine = EngineDouble(kind, tokenizer)
     # SGLang is told to ask for the routes and their shape, as an operator's settings say
     sglang = (

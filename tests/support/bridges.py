@@ -86,6 +86,7 @@ class FakeClient:
     def __init__(self, groups_by_instruction):
         self.groups_by_instruction = groups_by_instruction
         self.trajectories = {}
+        self.store = None  # RolloutClient.store: the canned traces carry no routed experts
         self.requests = []
 
     async def submit(self, request):

@@ -8,13 +8,17 @@ input evolution"); every new field gets a default for the same reason. A field i
 in one way only: ``Field(description=...)``, which the JSON schema and the generated docs read.
 
 What a user writes is checked strictly before it becomes such a model: :func:`validate_strict`
-refuses unknown fields by name (the models themselves stay lenient for old and new workers).
+refuses unknown fields by name (the models themselves stay lenient for old and new workers);
+:func:`read_document` reads it from a JSON or TOML file.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
+import tomllib
 from collections.abc import Mapping
+from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
@@ -32,6 +36,30 @@ class Payload(BaseModel):
 M = TypeVar("M", bound=BaseModel)
 #: unknown fields found: (location, value, the model that lacks the field)
 _Found = list[tuple[tuple[str | int, ...], Any, type[BaseModel]]]
+
+
+def read_document(path: Path) -> dict[str, Any]:
+    """The object a user wrote in a file: TOML for a ``.toml`` file (Python's ``tomllib``),
+    else JSON. Check it with :func:`validate_strict` next.
+
+    Raises:
+        ValueError: the file is not TOML or JSON, or its JSON is not an object (the message
+            names the file and where).
+        OSError: the file cannot be read.
+    """
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".toml":
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{path}: not TOML: {e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a JSON object is needed, not {type(data).__name__}")
+    return data
 
 
 def unknown_fields(model: type[BaseModel], data: Any) -> list[tuple[tuple[str | int, ...], Any]]:

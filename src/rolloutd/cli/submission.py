@@ -41,7 +41,8 @@ def read_task_set(path: Path, task_set: str, harness: str, options: str) -> list
         path: the task set (a Harbor folder, a SWE-bench-family file).
         task_set: its kind (``harbor``, ``swebench``; :func:`rolloutd.tasksets.read_task_set`).
         harness: every task's harness: a type, or a HarnessSpec as JSON.
-        options: more TaskOptions as JSON.
+        options: more TaskOptions: JSON, or a .json or .toml file
+            (:func:`rolloutd.tasksets.options.options_from`).
 
     Raises:
         SystemExit: the set or the options are refused, naming the file and the reason.
@@ -50,10 +51,11 @@ def read_task_set(path: Path, task_set: str, harness: str, options: str) -> list
 
     from rolloutd.errors import ConfigError
     from rolloutd.tasksets import read_task_set as read
+    from rolloutd.tasksets.options import options_from
 
     try:
         spec = json.loads(harness) if harness.lstrip().startswith("{") else {"type": harness}
-        tasks = read(task_set, path, {"harness": spec, **json.loads(options)})
+        tasks = read(task_set, path, {"harness": spec, **options_from(options)})
     except (ConfigError, ValidationError, ValueError, OSError) as e:
         raise SystemExit(f"{path}: {e}") from None
     return [task.model_dump(mode="json") for task in tasks]

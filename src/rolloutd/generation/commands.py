@@ -9,7 +9,6 @@ run again starts a new run over the rows not yet journaled.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -33,7 +32,7 @@ from temporalio.service import RPCError
 
 from rolloutd import task_queues
 from rolloutd.errors import ConfigError
-from rolloutd.payload import validate_strict
+from rolloutd.payload import read_document, validate_strict
 from rolloutd.workflows.generation.models import (
     PROGRESS_QUERY,
     GenerationInput,
@@ -49,16 +48,17 @@ POLL_EVERY_S = 1.0
 
 
 def load_spec(path: Path, overrides: dict[str, Any] | None = None) -> GenerationSpec:
-    """A generation spec from a JSON file, with dotted-path overrides (``source.limit``).
+    """A generation spec from a JSON file, or a TOML one (``.toml``), with dotted-path
+    overrides (``source.limit``).
 
     Raises:
-        ConfigError: the file is not JSON.
+        ConfigError: the file cannot be read, is not JSON (TOML), or holds no object.
         pydantic.ValidationError: the spec is malformed or names an unknown field.
     """
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not JSON: {e}") from None
+        data = read_document(path)
+    except (ValueError, OSError) as e:
+        raise ConfigError(str(e)) from None
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue

@@ -3,18 +3,21 @@
 A task set's rows say what to solve, in which container, and how to check it; they do not say
 which harness runs, how many samples a group holds, or how it samples. :class:`TaskOptions`
 carries those, once for the whole set, into each :class:`~rolloutd.types.TaskRequest` the
-set's rows become.
+set's rows become. :func:`options_from` reads them as a person writes them: JSON, or a JSON or
+TOML file.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-from rolloutd.payload import Payload
+from rolloutd.payload import Payload, read_document
 from rolloutd.task_spec import BuilderSpec, HarnessSpec
 
 #: a task id's characters (``rolloutd.types.TASK_ID_PATTERN``)
@@ -103,3 +106,24 @@ class TaskOptions(Payload):
         """The run budget of a task whose row asks for ``asked_s`` (None: not said), s."""
         budget = asked_s or self.run_s
         return min(budget, self.max_run_s) if self.max_run_s else budget
+
+
+def options_from(text: str) -> dict[str, Any]:
+    """Task-set options as given on a command line (``rolloutd submit --options``): a JSON
+    object, or the path of a ``.json`` or ``.toml`` file holding one. Check them with
+    :func:`rolloutd.tasksets.task_options` (``strict=True``), which refuses an unknown field
+    by name whichever the format.
+
+    Raises:
+        ValueError: not a JSON object, or a file that is not JSON (TOML) or holds no object.
+        OSError: the file cannot be read.
+    """
+    if text.lstrip().startswith("{"):
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"options: a JSON object is needed, not {type(data).__name__}")
+        return data
+    path = Path(text).expanduser()
+    if path.suffix not in (".json", ".toml"):
+        raise ValueError(f"options {text!r}: a JSON object, or a .json or .toml file")
+    return read_document(path)

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from rolloutd.cli import tables
     from rolloutd.workflows.generation.models import GenerationSummary
 
+#: the help of a command's generation spec
+SPEC_HELP = "generation spec, a JSON or TOML (.toml) file (GenerationSpec)"
+
 
 def _temporal_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None, help=ADDRESS_HELP)
@@ -31,12 +34,12 @@ def register(sub: Any) -> None:
     generate = add_command(
         sub,
         "generate",
-        "run an offline generation over a dataset (JSON spec: "
+        "run an offline generation over a dataset (JSON or TOML spec: "
         "source, template, filters, outputs), each row once; attaches to a run of "
         "the same name; shows progress and a final table",
         run,
     )
-    generate.add_argument("spec", type=Path, help="generation spec, JSON (GenerationSpec)")
+    generate.add_argument("spec", type=Path, help=SPEC_HELP)
     generate.add_argument("--name", default=None, help="overrides spec.name")
     generate.add_argument("--limit", type=int, default=None, help="overrides source.limit")
     generate.add_argument(
@@ -56,7 +59,7 @@ def register(sub: Any) -> None:
         "create",
         "create a schedule running a generation over the rows not yet journaled",
     )
-    create.add_argument("spec", type=Path, help="generation spec, JSON (GenerationSpec)")
+    create.add_argument("spec", type=Path, help=SPEC_HELP)
     create.add_argument("--cron", default=None, help="cron expression (UTC), e.g. '0 3 * * *'")
     create.add_argument("--every", default=None, help="interval: 90s, 15m, 6h, 1d")
     create.add_argument("--paused", action="store_true", help="create it paused")
@@ -77,13 +80,15 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
     """Run the generation (exit 1 when a row failed) or the schedule action.
 
     Raises:
-        SystemExit: a rolloutd error, with its message (exit 1).
+        SystemExit: a rolloutd error or a refused spec, with its message (exit 1).
     """
+    from pydantic import ValidationError
+
     from rolloutd.errors import RolloutdError
 
     try:
         return asyncio.run(_generation(args, settings))
-    except RolloutdError as e:
+    except (RolloutdError, ValidationError) as e:
         raise SystemExit(f"rolloutd {args.command}: {e}") from None
 
 

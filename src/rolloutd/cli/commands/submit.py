@@ -37,7 +37,8 @@ def register(sub: Any) -> None:
     submit.add_argument(
         "--options",
         default="{}",
-        help="--task-set: more TaskOptions as JSON (num_samples, task_id_prefix, run_s, ...)",
+        help="--task-set: more TaskOptions (num_samples, task_id_prefix, run_s, ...): JSON, "
+        "or a .json or .toml file",
     )
     submit.add_argument("--address", default=None, help=ADDRESS_HELP)
     submit.add_argument("--store-url", default=None, help=STORE_URL_HELP)

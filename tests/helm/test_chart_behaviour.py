@@ -251,34 +251,38 @@ def test_only_sandbox_pods_are_privileged() -> None:
 
 
 def test_every_rolloutd_variable_is_a_setting() -> None:
-    """The ConfigMap's and the pods' ROLLOUTD_* names are fields of the settings classes, and
-    the ConfigMap's values parse (a typo or a bad value would be ignored or refused at start)."""
+    """The ConfigMap's and every pod's ROLLOUTD_* names are names a rolloutd process accepts
+    (each is refused at start otherwise, with the nearest known name), and the ConfigMap's
+    values parse (a bad value would be refused at start)."""
     classes = [
         settings_mod.GatewaySettings,
         settings_mod.SandboxSettings,
         settings_mod.EvalSettings,
         settings_mod.RestSettings,
         settings_mod.CodecServerSettings,
+        settings_mod.EngineSettings,
     ]
-    fields = {f"ROLLOUTD_{n.upper()}" for c in classes for n in c.model_fields}
     for name in VALUE_SETS:
         docs = render(VALUE_SETS[name])
         data = by_kind(docs, "ConfigMap")[f"{FULLNAME}-config"]["data"]
-        names = {n for n in data if n.startswith("ROLLOUTD_")} | {
-            e["name"]
-            for w in workloads(docs).values()
-            for e in container(w).get("env", [])
-            if e["name"].startswith("ROLLOUTD_") and not e["name"].startswith("ROLLOUTD_ENGINE_")
-        }
-        assert names - fields == set(), name
+        for workload, w in workloads(docs).items():
+            env = {**data, **{e["name"]: e.get("value", "") for e in container(w).get("env", [])}}
+            assert settings_mod.environment_problems(env) == [], (name, workload)
+        names = {n for n in data if n.startswith("ROLLOUTD_")}
+        assert names <= settings_mod.known_variables() - set(settings_mod.OTHER_VARIABLES), name
         for cls in classes:
+            prefix = cls.model_config["env_prefix"]
             cls.model_validate(
                 {
-                    k.removeprefix("ROLLOUTD_").lower(): v
+                    k.removeprefix(prefix).lower(): v
                     for k, v in data.items()
-                    if k.removeprefix("ROLLOUTD_").lower() in cls.model_fields
+                    if k.startswith(prefix) and k.removeprefix(prefix).lower() in cls.model_fields
                 }
             )
+    # the control: a misspelt name in a pod's environment is found
+    assert settings_mod.environment_problems({"ROLLOUTD_GATEWAY_PRT": "8300"}) == [
+        "unknown variable ROLLOUTD_GATEWAY_PRT; did you mean ROLLOUTD_GATEWAY_PORT?"
+    ]
 
 
 def test_malloc_settings_reach_every_rolloutd_pod_unless_turned_off() -> None:

@@ -1,5 +1,6 @@
-"""The ``rolloutd`` command's entry point: parse (:mod:`rolloutd.cli.parser`), configure
-logging, run the command's handler (:mod:`rolloutd.cli.commands`), end the process."""
+"""The ``rolloutd`` command's entry point: parse (:mod:`rolloutd.cli.parser`), check the
+environment and the config file (:func:`rolloutd.settings.check_startup`), configure logging,
+run the command's handler (:mod:`rolloutd.cli.commands`), end the process."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import sys
 
 from rolloutd.cli.extras import check_extras
 from rolloutd.cli.parser import build_parser
+from rolloutd.errors import ConfigError
 from rolloutd.logs import configure_logging
-from rolloutd.settings import CommonSettings
+from rolloutd.settings import check_startup
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +43,9 @@ def _dispatch(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if needs := getattr(args, "needs_extras", None):
         check_extras(*needs)
-    settings = CommonSettings()
+    try:
+        settings = check_startup(getattr(args, "config", None))
+    except ConfigError as e:
+        raise SystemExit(f"rolloutd {args.command}: {e}") from None
     configure_logging(settings.log_level, json=args.command == "worker" and settings.log_json)
     return args.handler(args, settings) or 0

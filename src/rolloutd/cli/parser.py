@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rolloutd",
         description="rolloutd: durable rollouts of multi-turn LLM agents for "
-        "RL training. Settings not given as options come from ROLLOUTD_* variables.",
+        "RL training. Settings not given as options come from ROLLOUTD_* variables, "
+        "then the config file (--config or ROLLOUTD_CONFIG; docs/settings.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         version=f"rolloutd {package_version()}",
         help="print rolloutd's version and exit",
     )
+    commands.add_config_option(parser)
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", help="what to run"
     )

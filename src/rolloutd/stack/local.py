@@ -43,6 +43,7 @@ from rolloutd.settings import (
     admin_token_file,
     codec_key_file,
     codec_server_token_file,
+    config_data,
     default_home,
     engine_api_key_file,
     write_secret,
@@ -296,7 +297,10 @@ class LocalStack:
         while the history holds ciphertext."""
         env = self.env()
         self.ui_codec_endpoint = env.get("ROLLOUTD_UI_CODEC_ENDPOINT") or None
-        keys = load_key_ring(env.get("ROLLOUTD_CODEC_KEYS"), env.get("ROLLOUTD_CODEC_KEY_FILE"))
+        keys = load_key_ring(
+            env.get("ROLLOUTD_CODEC_KEYS"),
+            env.get("ROLLOUTD_CODEC_KEY_FILE") or config_data().get("codec_key_file"),
+        )
         if self.ui_codec_endpoint or not keys:
             return
         token_file = codec_server_token_file(self.home)
@@ -458,14 +462,18 @@ class LocalStack:
 
     def _make_codec_key(self) -> None:
         """Without codec keys (``ROLLOUTD_CODEC_KEYS``, ``ROLLOUTD_CODEC_KEY_FILE``: the
-        environment or ``extra_env``), use the stack's key file ``{home}/codec_keys``,
-        generating it (mode 0600) on the first ``up``: every payload is encrypted by default,
-        and a later ``up`` on this home still reads the histories it wrote. Processes on this
-        machine find it as they find the admin token
+        environment or ``extra_env``; ``codec_key_file`` in the config file), use the stack's
+        key file ``{home}/codec_keys``, generating it (mode 0600) on the first ``up``: every
+        payload is encrypted by default, and a later ``up`` on this home still reads the
+        histories it wrote. Processes on this machine find it as they find the admin token
         (:func:`rolloutd.security.connection.payload_codec`). ``ROLLOUTD_CODEC_KEYS=""``
         keeps the codec off."""
         env = {**os.environ, **self.extra_env}
-        if "ROLLOUTD_CODEC_KEYS" in env or "ROLLOUTD_CODEC_KEY_FILE" in env:
+        if (
+            "ROLLOUTD_CODEC_KEYS" in env
+            or "ROLLOUTD_CODEC_KEY_FILE" in env
+            or "codec_key_file" in config_data()
+        ):
             return
         path = codec_key_file(self.home)
         if not path.is_file():

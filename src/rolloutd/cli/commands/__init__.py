@@ -14,6 +14,7 @@ import argparse
 import importlib
 import pkgutil
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +46,8 @@ def add_command(
     *,
     extras: tuple[str, ...] = (),
 ) -> argparse.ArgumentParser:
-    """Add a subcommand that shows its defaults next to each option's help.
+    """Add a subcommand that shows its defaults next to each option's help, with
+    ``--config`` (:func:`add_config_option`).
 
     Args:
         sub: the ``add_subparsers()`` action to add to (the top level's, or a command's
@@ -66,6 +68,7 @@ def add_command(
     parser = sub.add_parser(
         name, help=help, description=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
+    add_config_option(parser)
     if handler is not None:
         parser.set_defaults(handler=handler)
     if unknown := [extra for extra in extras if extra not in EXTRA_MODULES]:
@@ -73,6 +76,19 @@ def add_command(
     if extras:
         parser.set_defaults(needs_extras=(parser.prog.removeprefix("rolloutd "), extras))
     return parser
+
+
+def add_config_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--config FILE``: the config file (``rolloutd.toml``) this command and the
+    processes it starts read; absent from the parsed arguments unless given, so a command's
+    own ``--config`` and the top level's do not overwrite each other."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=argparse.SUPPRESS,
+        help="config file (rolloutd.toml: settings, sandbox policy, evaluators; "
+        "docs/settings.md); default: $ROLLOUTD_CONFIG, else none",
+    )
 
 
 def modules() -> list[ModuleType]:

@@ -49,7 +49,7 @@ import structlog
 
 from rolloutd.errors import ConfigError, PolicyError, RuntimeStartError
 from rolloutd.sandbox.runtimes.dockerfile import UnresolvableError, image_references
-from rolloutd.sandbox_policy import POLICY_ENV
+from rolloutd.sandbox_policy import POLICY_SETTING
 from rolloutd.types import ImageBuild
 
 log = structlog.get_logger(__name__)
@@ -270,7 +270,7 @@ def build_images(build: ImageBuild, images: list[str] | None) -> list[str]:
                 raise PolicyError(
                     f"runtime.build: {build.dockerfile} names the image {reference!r} (after "
                     f"its build arguments), outside the sandbox policy (images: "
-                    f"{', '.join(images) or 'none'}; the operator sets it in {POLICY_ENV})"
+                    f"{', '.join(images) or 'none'}; the operator sets it in {POLICY_SETTING})"
                 )
     return references
 

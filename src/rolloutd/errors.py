@@ -189,6 +189,17 @@ class EvaluatorError(RolloutdError):
     """An evaluator is unknown or failed to score."""
 
 
+class JudgeUnavailableError(EvaluatorError):
+    """The judge pool gave no answer (refused, timed out, 5xx): the infrastructure's, retried;
+    never a reward."""
+
+    retryable = True
+
+
+class JudgeParseError(EvaluatorError):
+    """A judge's answer does not follow the rubric's output schema."""
+
+
 class BuilderError(RolloutdError):
     """A completion log cannot be turned into a trajectory (for example, no end-of-turn token)."""
 

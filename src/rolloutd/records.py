@@ -281,6 +281,12 @@ class Trace(Payload):
         description="aligned with ``completion_indices``: each merged completion's sampling "
         "parameters",
     )
+    turn_rewards: list[float | None] = Field(
+        default_factory=list,
+        description="aligned with ``completion_indices``: each merged completion's per-turn "
+        "(process) reward from a per-turn judge; None for a turn not scored; empty when no "
+        "per-turn scoring ran. ``response_offsets`` locates each turn's tokens",
+    )
     routed_experts: RoutedExperts | None = Field(
         default=None,
         description="the routed experts of ``prompt_ids + response_ids`` (R3), rows from "

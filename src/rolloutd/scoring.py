@@ -29,13 +29,16 @@ from rolloutd.types import FailureCause, SessionResult, SessionStatus, TaskResul
 
 __all__ = [
     "FLEET_DOWN_MARKERS",
+    "JUDGE_FAILURE",
     "failure_counts",
+    "failure_key",
     "failure_of",
     "is_fleet_down",
     "is_policy_timeout",
     "is_replaceable",
     "is_scored",
     "is_zero_variance",
+    "judge_failure",
     "pass_at_k",
     "pass_rates",
     "scored_rewards",
@@ -146,12 +149,35 @@ def is_replaceable(result: SessionResult) -> bool:
     )
 
 
+#: the count key of a judge's failure: kind ``evaluator``, phase ``judge`` (a judge pool that
+#: gave no answer; the session has no reward, and its judging can be re-run)
+JUDGE_FAILURE = "evaluator/judge"
+
+
+def judge_failure(message: str) -> FailureCause:
+    """The failure cause of a session whose judging was given up after
+    ``judge.max_attempts``: the infrastructure's (``evaluator``, phase ``judge``), no reward;
+    never re-sampled nor replaced (``retryable`` false: the sample ran well), its judging re-run
+    on the stored trajectory instead."""
+    return FailureCause(kind="evaluator", phase="judge", message=message[:500], retryable=False)
+
+
+def failure_key(failure: FailureCause | None) -> str:
+    """What a failure is counted under in summaries and metrics: its kind, and for a judge's
+    failure ``evaluator/judge`` (:data:`JUDGE_FAILURE`); ``none`` for no failure."""
+    if failure is None:
+        return "none"
+    if failure.kind == "evaluator" and failure.phase == "judge":
+        return JUDGE_FAILURE
+    return failure.kind
+
+
 def failure_counts(
     sessions: Iterable[SessionResult], *, count_none: bool = False
 ) -> dict[str, int]:
     """How many sessions ended with each failure kind (:func:`failure_of`, so results written
     before causes existed count too), in kind order; policy-accountable run timeouts count
-    under ``timeout``.
+    under ``timeout``, a judge's failures under ``evaluator/judge`` (:func:`failure_key`).
 
     Args:
         sessions: the sessions counted (one group's, or every group's of a run).
@@ -162,8 +188,7 @@ def failure_counts(
     Returns:
         kind -> number of sessions, sorted by kind.
     """
-    causes = [failure_of(s) for s in sessions]
-    counts = Counter(f.kind if f is not None else "none" for f in causes)
+    counts = Counter(failure_key(failure_of(s)) for s in sessions)
     if not count_none:
         counts.pop("none", None)
     return dict(sorted(counts.items()))

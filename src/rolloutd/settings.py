@@ -440,6 +440,19 @@ class GatewaySettings(CommonSettings):
         "the served MoE model, to shape the expert ids SGLang returns flat; None: one row of "
         "layers x top_k ids per token",
     )
+    judge_backend_url: str | None = Field(
+        default=None,
+        description="the judge pool registered at start: comma-separated URLs of "
+        "OpenAI-compatible chat servers (llama-server's /v1/chat/completions) that serve judge "
+        "sessions only, named ``judge:{url}``; never reloaded or paused by a weight sync, their "
+        "completions never trainable. Another engine, or the policy's engine under another "
+        "model name; unset: no judge pool (a judge evaluator then fails as the infrastructure's)",
+    )
+    judge_backend_type: Literal["llama_cpp", "vllm", "sglang", "openai", "verl"] = Field(
+        default="openai",
+        description="the kind of judge_backend_url's servers; judge sessions run in "
+        "``passthrough`` capture mode, so a chat server (``openai``, ``vllm``)",
+    )
     model: str = Field(default="qwen2.5-coder-0.5b", description="model name or folder")
     capture_mode: Literal["tokens", "passthrough"] = Field(
         default="tokens",
@@ -616,6 +629,13 @@ class EvalSettings(CommonSettings):
 
     max_concurrent_evaluations: int = Field(
         default=8, ge=1, description="evaluations this host runs at once"
+    )
+    max_concurrent_judgings: int = Field(
+        default=4,
+        ge=1,
+        description="judgings this host runs at once, on its own queue (rolloutd-judge) and "
+        "slots apart from the evaluations': each holds one judge call in flight, so the eval "
+        "fleet's replicas times this bounds the calls on the judge pool",
     )
     callback_allowed_hosts: list[str] = Field(
         default_factory=list,

@@ -13,6 +13,8 @@ WORKFLOWS = "rolloutd-workflows"
 SANDBOX = "rolloutd-sandbox"
 GATEWAY = "rolloutd-gateway"
 EVAL = "rolloutd-eval"
+#: the eval fleet's judgings (LLM judges), with slots of their own apart from evaluations
+JUDGE = "rolloutd-judge"
 #: a session's first open waits here until a gateway's backends have room (each gateway host
 #: polls it only while its pool takes one more open session)
 GATEWAY_ADMIT = "rolloutd-gateway-admit"

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rolloutd.payload import Payload
+from rolloutd.rubrics import JUDGE_EVALUATOR, JudgeSpec
 
 
 class ExecStep(Payload):
@@ -380,6 +381,10 @@ class EvaluatorSpec(Payload):
     runtime_spec: RuntimeSpec | None = Field(
         default=None, description="the fresh runtime's spec; default: the task's runtime"
     )
+    judge: JudgeSpec | None = Field(
+        default=None,
+        description="``llm_judge``: the rubric, mode and limits of the judge (rolloutd.rubrics)",
+    )
 
     @field_validator("type")
     @classmethod
@@ -395,6 +400,11 @@ class EvaluatorSpec(Payload):
 
     @model_validator(mode="after")
     def _test_needs_check(self) -> EvaluatorSpec:
+        if (self.type == JUDGE_EVALUATOR) != (self.judge is not None):
+            raise ValueError(
+                f"evaluator.judge is required when evaluator.type is {JUDGE_EVALUATOR!r}, "
+                "and taken by no other evaluator"
+            )
         if self.type == "test_on_output" and not (self.command or self.expected_output):
             raise ValueError(
                 "evaluator.command or evaluator.expected_output is required "

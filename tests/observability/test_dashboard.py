@@ -17,6 +17,7 @@ from rolloutd.proxy.backends.pool import BackendPool
 from rolloutd.proxy.backends.specs import make_backend
 from rolloutd.settings import SandboxSettings
 from rolloutd.store import BlobStore
+from rolloutd.types import JudgeCost
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "helm" / "dashboards" / "rolloutd.json"
 
@@ -112,6 +113,9 @@ def registry_names(tmp_path: Path) -> set[str]:
     metrics.count_tokens("dashboard-test", 1, 1)
     metrics.observe_log_write(0.0001)
     metrics.set_fleet_alive("dashboard-test", True)
+    metrics.observe_judge_call(0.5)
+    metrics.set_judgings_running(0)
+    metrics.count_judge_cost(JudgeCost(num_calls=1, num_prompt_tokens=1, num_response_tokens=1))
     pool = BackendPool([make_backend("llama_cpp", "dashboard-test", "http://127.0.0.1:9")])
     metrics.watch_pool(pool)
     acts = SandboxActivities(

@@ -48,6 +48,7 @@ async def namespaced_fleets(
     common: dict[str, Any] | None = None,
     gateway: dict[str, Any] | None = None,
     sandbox_host: dict[str, Any] | None = None,
+    eval_host: dict[str, Any] | None = None,
 ) -> AsyncIterator[NamespacedFleets]:
     """The gateway (its backend at ``backend_url``), sandbox (when ``sandbox``), eval and
     workflows fleets, started in that order in a fresh namespace named after ``tag``, and
@@ -64,6 +65,7 @@ async def namespaced_fleets(
         common: more settings every fleet takes (``max_cached_workflows``).
         gateway: more gateway settings (``max_sessions_per_slot``).
         sandbox_host: more sandbox settings (``max_concurrent_sessions``).
+        eval_host: more eval settings (``max_concurrent_judgings``).
     """
     namespace = namespace or await fresh_namespace(address, tag)
     shared = {
@@ -100,7 +102,7 @@ async def namespaced_fleets(
                 )
             )
         fleets.handles["eval"] = await stack.enter_async_context(
-            run_fleet("eval", client, EvalSettings(**shared))
+            run_fleet("eval", client, EvalSettings(**shared, **(eval_host or {})))
         )
         fleets.handles["workflows"] = await stack.enter_async_context(
             run_fleet("workflows", client, gateway_settings)

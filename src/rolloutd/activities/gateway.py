@@ -72,6 +72,7 @@ class GatewayActivities:
                 replay_from=input.replay_from,
                 replay_max_staleness=input.replay_max_staleness,
                 wait_for_backends=input.wait_for_backends,
+                pool=input.pool,
             )
         except Exception as e:
             raise to_application_error(e) from e

@@ -19,6 +19,7 @@ from rolloutd.types import (
     EvaluatorSpec,
     FailureCause,
     HarnessSpec,
+    JudgeCost,
     ReplayStats,
     RuntimeSpec,
     SamplingParams,
@@ -53,6 +54,11 @@ class OpenSessionInput(Payload):
         default=False,
         description="refuse (BackendSaturatedError) while the backends hold "
         "their bound of open sessions: the session waits before provisioning",
+    )
+    pool: Literal["policy", "judge"] = Field(
+        default="policy",
+        description="the backend pool: ``judge`` opens a judge session (its calls recorded "
+        "apart, never trainable; passthrough capture on a chat server)",
     )
 
 
@@ -332,6 +338,59 @@ class EvaluateOutput(Payload):
         "is kept and carries the failure (a raising evaluator is not retried: it "
         "would raise again)",
     )
+
+
+# ------------------------------------------------------------------ judge queue: LLM judges
+
+
+class JudgeTarget(Payload):
+    """One stored session to judge."""
+
+    session_id: str
+    trajectory_ref: str = Field(description="the stored trajectory's blob-store key")
+
+
+class JudgeInput(Payload):
+    """A judging: one session (``source='judge'``) or a group's sessions
+    (``source='group_judge'``), through an open judge session at the gateway."""
+
+    task_id: str
+    evaluator: EvaluatorSpec = Field(description="``llm_judge`` with its ``judge`` spec")
+    targets: list[JudgeTarget] = Field(min_length=1)
+    base_url: str = Field(description="the judge session's OpenAI base URL (``.../v1``)")
+    session_key: str = Field(description="the judge session's key", repr=False)
+    judge_session_id: str = Field(description="the judge session's id (its completion log)")
+    source: Literal["judge", "group_judge"] = "judge"
+    rescore: bool = Field(
+        default=False,
+        description="a re-judging of stored sessions: its records are appended to "
+        "``rescores``; a session without a reward (its judging had failed) gets this one",
+    )
+
+
+class JudgedSession(Payload):
+    """One session's verdict."""
+
+    session_id: str
+    reward: float = Field(description="the reward written into its trajectory")
+    evaluation: EvaluationRecord
+
+
+class JudgeOutput(Payload):
+    """A judging's verdicts, in the order of its targets, and what it cost in all."""
+
+    judged: list[JudgedSession] = Field(default_factory=list)
+    cost: JudgeCost = Field(default_factory=JudgeCost)
+
+
+class JudgeFailedInput(Payload):
+    """A judging given up after its attempts: written into the stored trajectories."""
+
+    task_id: str
+    evaluator: EvaluatorSpec
+    targets: list[JudgeTarget]
+    message: str = Field(description="the judge's failure, in words")
+    rescore: bool = False
 
 
 # ------------------------------------------------------------------ eval fleet: trainer I/O

@@ -23,6 +23,8 @@ __all__ = [
     "COLLECT_ARTIFACTS",
     "EVALUATE",
     "JOURNAL_ROW",
+    "JUDGE",
+    "JUDGE_FAILED",
     "OPEN_SESSION",
     "PLAN_GENERATION",
     "POST_CALLBACK",
@@ -72,6 +74,11 @@ STORE_TASK_REQUEST = "store_task_request"
 STORE_GROUP = "store_group"
 STORE_GROUP_PART = "store_group_part"
 ASSEMBLE_GROUP = "assemble_group"
+# -- eval fleet, judge queue: LLM judges (rolloutd.activities.judging)
+#: judge stored sessions (one, or a group) through a judge session at the gateway
+JUDGE = "judge"
+#: a judging given up: the failure written into the stored trajectories (eval queue)
+JUDGE_FAILED = "judge_failed"
 # -- eval fleet: the trainer's I/O (rolloutd.activities.trainer_io, .closed)
 READ_TASK_CHUNK = "read_task_chunk"
 POST_CALLBACK = "post_callback"

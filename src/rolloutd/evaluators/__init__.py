@@ -5,7 +5,8 @@ an import path a request names (a task is not trusted to pick code to run on the
 docs/security.md). The registry holds, in this order of precedence:
 
 1. the built-ins (``session_completed``, ``test_on_output``, ``swebench``, ``humaneval``,
-   ``math_answer``, ``harbor``);
+   ``math_answer``, ``harbor``, ``llm_judge``: its judging runs on the judge queue,
+   :mod:`rolloutd.evaluators.judge`);
 2. the operator's registrations (:func:`register_evaluators`, from ``ROLLOUTD_EVALUATORS``:
    ``{"name": "package.module:attr"}``, read by every worker at start);
 3. the entry points of the group ``rolloutd.evaluators`` of installed distributions
@@ -34,6 +35,7 @@ from rolloutd.evaluators.base import (
 from rolloutd.evaluators.builtins import SessionCompleted, TestOnOutput
 from rolloutd.evaluators.harbor import HarborVerifier
 from rolloutd.evaluators.humaneval import HumanEval
+from rolloutd.evaluators.judge import LlmJudge
 from rolloutd.evaluators.math_answer import MathAnswer
 from rolloutd.evaluators.swebench import Swebench
 from rolloutd.final_state import FinalStateParts
@@ -92,6 +94,7 @@ EVALUATORS: dict[str, type[Evaluator]] = {
     HumanEval.name: HumanEval,
     MathAnswer.name: MathAnswer,
     HarborVerifier.name: HarborVerifier,
+    LlmJudge.name: LlmJudge,
 }
 
 #: registry name -> import path: the operator's registrations (:func:`register_evaluators`).

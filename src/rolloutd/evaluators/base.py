@@ -96,6 +96,11 @@ class Evaluator(abc.ABC):
         that reads only an answer file narrows it to that file."""
         return FinalStateParts()
 
+    def revision_detail(self) -> str:
+        """What besides ``revision`` decides this instance's scores (a judge's rubric), for
+        its version; empty for most evaluators."""
+        return ""
+
     @abc.abstractmethod
     async def evaluate(self, ctx: EvaluationContext) -> EvaluationOutcome:
         """Score one session.
@@ -109,12 +114,16 @@ def evaluator_version(evaluator: object) -> str:
     """The version an evaluation record carries for ``evaluator``.
 
     A built-in (an :class:`Evaluator` subclass of this package) is rolloutd's version plus its
-    own ``revision`` (``0.1.0+r2``); another evaluator's is its ``version`` attribute (or its
-    class's) when it has one, else ``""``.
+    own ``revision`` (``0.1.0+r2``) and its :meth:`~Evaluator.revision_detail` (a judge's
+    rubric: ``0.1.0+r1.docstring.v1.2f39eeb74d84``); another evaluator's is its ``version``
+    attribute (or its class's) when it has one, else ``""``.
     """
     if isinstance(evaluator, Evaluator) and type(evaluator).__module__.startswith(
         "rolloutd.evaluators."
     ):
-        return f"{rolloutd.__version__}+r{type(evaluator).revision}"
+        detail = evaluator.revision_detail()
+        return f"{rolloutd.__version__}+r{type(evaluator).revision}" + (
+            f".{detail}" if detail else ""
+        )
     version = getattr(evaluator, "version", None)
     return str(version) if isinstance(version, str | int | float) else ""

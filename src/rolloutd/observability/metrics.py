@@ -184,6 +184,35 @@ class StateCollector(Collector):
 REGISTRY.register(StateCollector())
 
 
+JUDGE_CALL_SECONDS = Histogram(
+    names.JUDGE_CALL_SECONDS,
+    "seconds of one judge call (answered or not)",
+    buckets=names.JUDGE_CALL_BUCKETS_S,
+)
+JUDGINGS_RUNNING = Gauge(names.JUDGINGS_RUNNING, "judgings running in this eval process")
+JUDGE_TOKENS = Counter(
+    _family(names.JUDGE_TOKENS), "the judge's tokens, by kind (prompt, response)", ["kind"]
+)
+JUDGE_CALLS = Counter(_family(names.JUDGE_CALLS), "judge calls answered")
+
+
+def observe_judge_call(seconds: float) -> None:
+    """Record one judge call's duration, s."""
+    JUDGE_CALL_SECONDS.observe(seconds)
+
+
+def set_judgings_running(num: int) -> None:
+    """Set the judgings running in this process."""
+    JUDGINGS_RUNNING.set(num)
+
+
+def count_judge_cost(cost: Any) -> None:
+    """Count a judging's calls and tokens (a :class:`rolloutd.types.JudgeCost`)."""
+    JUDGE_CALLS.inc(cost.num_calls)
+    JUDGE_TOKENS.labels("prompt").inc(cost.num_prompt_tokens)
+    JUDGE_TOKENS.labels("response").inc(cost.num_response_tokens)
+
+
 def observe_log_write(seconds: float) -> None:
     """Record one completion-log append, s."""
     COMPLETION_LOG_WRITE.observe(seconds)

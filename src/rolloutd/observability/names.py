@@ -107,6 +107,18 @@ LOG_WRITE_BUCKETS_S = (
     1.0,
 )
 
+# --- eval process, judge queue (prometheus-client) --------------------------------------
+#: histogram: seconds of one judge call (answered or not)
+JUDGE_CALL_SECONDS = "rolloutd_judge_call_seconds"
+#: gauge: judgings running in an eval process now (its judge slots in use)
+JUDGINGS_RUNNING = "rolloutd_judgings_running"
+#: counter: the judge's tokens, label ``kind`` (``prompt``, ``response``)
+JUDGE_TOKENS = "rolloutd_judge_tokens_total"
+#: counter: judge calls answered
+JUDGE_CALLS = "rolloutd_judge_calls_total"
+#: buckets of a judge call, s
+JUDGE_CALL_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
 # --- sandbox process (prometheus-client) --------------------------------------------------
 #: gauge: runtimes provisioned and not yet torn down on a sandbox host; label ``host``
 RUNTIMES_ALIVE = "rolloutd_runtimes_alive"
@@ -164,6 +176,10 @@ PROCESS_METRICS = {
     BACKEND_HEALTHY: "gauge",
     RUNTIMES_ALIVE: "gauge",
     FLEET_ALIVE: "gauge",
+    JUDGE_CALL_SECONDS: "histogram",
+    JUDGINGS_RUNNING: "gauge",
+    JUDGE_TOKENS: "counter",
+    JUDGE_CALLS: "counter",
 }
 
 

@@ -60,6 +60,13 @@ from rolloutd.types import (
 )
 from rolloutd.workflows.callback import CallbackWorkflow, callback_workflow_id
 from rolloutd.workflows.metadata import static_details, task_memo, task_summary
+from rolloutd.workflows.session.judging import (
+    JudgeTarget,
+    RejudgeInput,
+    RejudgeOutput,
+    RejudgeWorkflow,
+    rejudge_workflow_id,
+)
 from rolloutd.workflows.task import RolloutTaskWorkflow, task_workflow_id
 from rolloutd.workflows.tenants import task_priority
 
@@ -434,6 +441,50 @@ class RolloutClient:
         from rolloutd.trainer_client.buffer import get_buffer
 
         return get_buffer(self.client, buffer_id, health=self.fleet_health, store=self.store)
+
+    async def rejudge(
+        self,
+        task: TaskRequest,
+        sessions: Iterable[SessionResult],
+        *,
+        run_id: str,
+        max_concurrent: int = 4,
+    ) -> RejudgeOutput:
+        """Judge stored sessions of ``task`` again with its judge (``RejudgeWorkflow``, id
+        ``rejudge/{run_id}``): their stored trajectories only, never a new sample. Each
+        verdict is appended to the session's ``rescores`` in the store; a session whose
+        judging had failed (no reward) gets this reward and loses its judge failure.
+
+        Args:
+            task: the task (its ``evaluator`` is the ``llm_judge`` spec judged with).
+            sessions: the sessions to judge (those without a stored trajectory are left out).
+            run_id: names the run (a workflow id: a finished run of the same id answers
+                again with its result).
+            max_concurrent: sample judgings at once.
+
+        Raises:
+            ConfigError: the task is not judged by ``llm_judge``.
+        """
+        if task.evaluator.judge is None:
+            raise ConfigError(f"task {task.task_id} is not scored by llm_judge")
+        targets = [
+            JudgeTarget(session_id=s.session_id, trajectory_ref=s.trajectory_ref)
+            for s in sessions
+            if s.trajectory_ref
+        ]
+        return await self.client.execute_workflow(
+            RejudgeWorkflow.run,
+            RejudgeInput(
+                run_id=run_id,
+                task_id=task.task_id,
+                evaluator=task.evaluator,
+                targets=targets,
+                max_concurrent=max_concurrent,
+            ),
+            id=rejudge_workflow_id(run_id),
+            task_queue=task_queues.WORKFLOWS,
+            result_type=RejudgeOutput,
+        )
 
     def trajectory(self, session: SessionResult) -> Trajectory:
         """Load a session's trajectory from the blob store.

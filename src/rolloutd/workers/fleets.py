@@ -11,6 +11,7 @@ at the end.
 |           |                                             | have room)                           |
 | eval      | rolloutd-eval                               | evaluate, read_task_chunk, callbacks,|
 |           |                                             | generation I/O                       |
+|           | rolloutd-judge                              | LLM judges (own slots)               |
 
 Every worker process publishes itself to the fleet registry once its workers poll (sandbox and
 eval hosts with what they can run), beats there every ``fleet_heartbeat_s`` (its liveness,
@@ -194,6 +195,7 @@ def every_workflow() -> list[type]:
     from rolloutd.workflows.fleets import FleetRegistryWorkflow
     from rolloutd.workflows.generation.workflow import GenerationWorkflow
     from rolloutd.workflows.reverify import ReverifyWorkflow
+    from rolloutd.workflows.session.judging import RejudgeWorkflow
     from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
     from rolloutd.workflows.task import RolloutTaskWorkflow
     from rolloutd.workflows.tenants import TenantWorkflow
@@ -207,6 +209,7 @@ def every_workflow() -> list[type]:
         GenerationWorkflow,
         TenantWorkflow,
         ReverifyWorkflow,
+        RejudgeWorkflow,
     ]
 
 
@@ -385,6 +388,7 @@ async def _eval_fleet(
     """An eval host: evaluators, the trainer's I/O, the generations' activities."""
     from rolloutd.activities.closed import closed_workflows
     from rolloutd.activities.evaluation import EvalActivities
+    from rolloutd.activities.judging import JudgeActivities
     from rolloutd.activities.reverify import ReverifyActivities
     from rolloutd.activities.trainer_io import TrainerIOActivities
     from rolloutd.generation.activities import GenerationActivities
@@ -396,6 +400,8 @@ async def _eval_fleet(
     reverify = ReverifyActivities(BlobStore(s.store_url))
     io = TrainerIOActivities(allowed_hosts=s.callback_allowed_hosts)
     gen = GenerationActivities(client, BlobStore(s.store_url))
+    judges = JudgeActivities(BlobStore(s.store_url))
+    handle.resources.update(judges=judges)
     handle.workers.append(
         Worker(
             client,
@@ -419,13 +425,27 @@ async def _eval_fleet(
                 reverify.plan,
                 reverify.rescore,
                 reverify.summarize,
+                judges.judge_failed,
             ],
             max_concurrent_activities=s.max_concurrent_evaluations,
             max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
             graceful_shutdown_timeout=parts.grace,
         )
     )
+    # judgings wait in their own queue for their own slots: a burst of judgings never holds
+    # the evaluations' slots, nor the reverse, and the queue's backlog scales the judges
+    handle.workers.append(
+        Worker(
+            client,
+            task_queue=task_queues.JUDGE,
+            activities=[judges.judge],
+            max_concurrent_activities=s.max_concurrent_judgings,
+            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+            graceful_shutdown_timeout=parts.grace,
+        )
+    )
     parts.cleanups.append(io.aclose)
+    parts.cleanups.append(judges.aclose)
 
 
 #: how each fleet's workers are built

@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         AssembleGroupInput,
         BackendHealthInput,
         BackendHealthOutput,
+        JudgeTarget,
         StoredTaskRequest,
         StoreGroupPartInput,
         StoreTaskRequestInput,
@@ -59,11 +60,13 @@ with workflow.unsafe.imports_passed_through():
     )
     from rolloutd.capabilities import FLEET_STATE_SIGNAL, FleetState
     from rolloutd.observability import names
+    from rolloutd.rubrics import JUDGE_EVALUATOR
     from rolloutd.scoring import (
         failure_counts,
         failure_of,
         is_fleet_down,
         is_replaceable,
+        judge_failure,
         scored_rewards,
         scored_sessions,
     )
@@ -81,6 +84,7 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd.workflows import metadata, search, signals
     from rolloutd.workflows.callback import CallbackInput, CallbackWorkflow, callback_workflow_id
     from rolloutd.workflows.fleet_watch import FleetStates, unwatch_fleet, watch_fleet
+    from rolloutd.workflows.session import judging
     from rolloutd.workflows.session.models import SessionInput
     from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
     from rolloutd.workflows.tenants import task_priority
@@ -293,7 +297,12 @@ class RolloutTaskWorkflow:
             await _cancel_sessions(self._child_ids, sessions)
             await asyncio.gather(*sessions, return_exceptions=True)
             raise
-        return await self._finish(task, list(results))
+        results = list(results)
+        judge = task.evaluator.judge
+        if task.evaluator.type == JUDGE_EVALUATOR and judge is not None and judge.mode == "group":
+            self._show(task, "judging")
+            results = await _judge_group(task, results)
+        return await self._finish(task, results)
 
     async def _finish(self, task: TaskRequest, results: list[SessionResult]) -> TaskResult:
         """The group of every sample's final session: shown, counted, returned (by reference
@@ -399,6 +408,52 @@ class RolloutTaskWorkflow:
             self._num_replacements,
         )
         return True
+
+
+async def _judge_group(task: TaskRequest, results: list[SessionResult]) -> list[SessionResult]:
+    """Judge a group-judged task's sessions together, after every sample ended (its
+    replacements included): the sessions that ran to their end form the cohort (one failed
+    for the infrastructure is left out, not scored; a forced reward stands), judged in chunks
+    (:func:`rolloutd.workflows.session.judging.judge`, ``group_judge``); each gets its reward
+    here and in its stored trajectory before the group is stored or reaches a buffer.
+    A judging given up leaves the cohort without rewards, each with the judge's failure.
+
+    Returns:
+        ``results`` with the cohort's rewards (or failures) set, in the same order.
+    """
+    cohort = [r for r in results if r.failure is None and r.reward is None and r.trajectory_ref]
+    if not cohort:
+        return results
+    judged = await judging.judge(
+        task_id=task.task_id,
+        evaluator=task.evaluator,
+        targets=[
+            JudgeTarget(session_id=r.session_id, trajectory_ref=r.trajectory_ref or "")
+            for r in cohort
+        ],
+        judge_session_id=f"{task.task_id}/group-judge",
+        source="group_judge",
+        priority=task_priority(task),
+    )
+    updates: dict[str, dict[str, object]] = {}
+    if judged.output is not None:
+        for verdict in judged.output.judged:
+            updates[verdict.session_id] = {
+                "reward": verdict.reward,
+                "evaluation": verdict.evaluation,
+            }
+    else:
+        failure = judge_failure(judged.error or "group judging given up")
+        for r in cohort:
+            updates[r.session_id] = {
+                "failure": failure,
+                "status": SessionStatus.FAILED,
+                "error": failure.message,
+            }
+    return [
+        r.model_copy(update=updates[r.session_id]) if r.session_id in updates else r
+        for r in results
+    ]
 
 
 async def _wait_for_sandbox_fleet(

@@ -55,6 +55,7 @@ from rolloutd.proxy.backends.specs import (
     POOL_KEY,
     BackendSpec,
     BackendType,
+    PoolName,
     PoolState,
     backend_urls,
     load_pool_state,
@@ -82,6 +83,8 @@ class BackendPool:
         managed: whether the pool came from the store's admin-managed state.
         wait_s: how long a call waits for a paused backend, or for any backend at all, before
             it fails with 503.
+        judges: names of ``backends`` that form the judge pool (judge sessions only; never
+            addressed by a policy update that names no backend).
 
     Raises:
         ConfigError: two backends share a name.
@@ -99,6 +102,7 @@ class BackendPool:
         refresh_s: float = 1.0,
         updated_at: float = 0.0,
         probe_transport: httpx.AsyncBaseTransport | None = None,
+        judges: Iterable[str] = (),
     ) -> None:
         self.store = store
         #: the client of health probes (:func:`rolloutd.proxy.backends.health.probe`)
@@ -123,6 +127,7 @@ class BackendPool:
         self._admin_lock = asyncio.Lock()
         self._retiring: list[Slot] = []
         paused_names = set(paused)
+        judge_names = set(judges)
         for backend in backends:
             if backend.name in self._slots:
                 raise ConfigError(f"backend {backend.name!r} is registered already")
@@ -132,6 +137,7 @@ class BackendPool:
                 url=backend.url,
                 policy_version=backend.policy_version,
                 paused=backend.name in paused_names,
+                pool="judge" if backend.name in judge_names else "policy",
                 added_at=time.time(),
                 **backend.options(),
             )
@@ -189,6 +195,7 @@ class BackendPool:
                 managed=True,
                 wait_s=settings.backend_wait_s,
                 paused=[s.name for s in stored.backends if s.paused],
+                judges=[s.name for s in stored.backends if s.pool == "judge"],
                 refresh_s=settings.pool_refresh_s,
                 updated_at=stored.updated_at,
                 probe_transport=transport,
@@ -206,11 +213,17 @@ class BackendPool:
                 routed_experts_shape=settings.backend_routed_experts_shape,
             )
             for url in backend_urls(settings.backend_url)
+        ] + [
+            BackendSpec(
+                name=f"judge:{url}", type=settings.judge_backend_type, url=url, pool="judge"
+            )
+            for url in backend_urls(settings.judge_backend_url)
         ]
         pool = cls(
             (factory(spec) for spec in specs),
             store=store,
             factory=factory,
+            judges=[s.name for s in specs if s.pool == "judge"],
             wait_s=settings.backend_wait_s,
             refresh_s=settings.pool_refresh_s,
             probe_transport=transport,
@@ -251,17 +264,24 @@ class BackendPool:
         )
 
     # -- sessions ----------------------------------------------------------------------------
-    def assign(self) -> Backend:
-        """Pin a new session to the least-assigned backend (first registered on ties),
-        among the healthy or paused ones when there are some.
+    def assign(self, pool: PoolName = "policy") -> Backend:
+        """Pin a new session to the least-assigned backend of ``pool`` (first registered on
+        ties), among the healthy or paused ones when there are some.
+
+        Args:
+            pool: ``policy`` for a harness's session, ``judge`` for a judge's: a session is
+                only ever pinned to a backend of its own pool.
 
         Raises:
-            BackendUnavailableError: no backend is registered.
+            BackendUnavailableError: no backend of ``pool`` is registered.
         """
-        if not self._slots:
-            raise BackendUnavailableError("no backend is registered")
-        live = [s for s in self._slots.values() if s.health.healthy or s.spec.paused]
-        slot = min(live or self._slots.values(), key=lambda s: s.num_assigned)
+        members = [s for s in self._slots.values() if s.spec.pool == pool]
+        if not members:
+            raise BackendUnavailableError(
+                "no backend is registered" if pool == "policy" else "no judge backend is registered"
+            )
+        live = [s for s in members if s.health.healthy or s.spec.paused]
+        slot = min(live or members, key=lambda s: s.num_assigned)
         slot.num_assigned += 1
         return slot.backend
 
@@ -281,7 +301,9 @@ class BackendPool:
         return slot.num_assigned if slot else 0
 
     # -- leases ------------------------------------------------------------------------------
-    async def acquire(self, name: str, *, wait_s: float | None = None) -> Lease:
+    async def acquire(
+        self, name: str, *, wait_s: float | None = None, pool: PoolName = "policy"
+    ) -> Lease:
         """A lease on the backend a session is pinned to.
 
         Waits while that backend is paused, or while the pool is empty; a session pinned to a
@@ -292,6 +314,7 @@ class BackendPool:
         Args:
             name: the session's pinned backend.
             wait_s: limit of the wait (default ``self.wait_s``).
+            pool: the session's pool: a move goes to a backend of the same pool only.
 
         Raises:
             BackendUnavailableError: still paused, or still no backend, after ``wait_s``; at
@@ -305,16 +328,17 @@ class BackendPool:
             await self.refresh()
             changed = self._changed
             slot = self._slots.get(name)
-            if slot is None and self._slots:
+            if slot is None and any(s.spec.pool == pool for s in self._slots.values()):
                 moved_from = moved_from or name
-                name = self.assign().name
+                name = self.assign(pool).name
                 continue
             if slot is not None and not slot.spec.paused and not slot.health.healthy:
                 if await pool_health.probe_slot(slot, self._probe_http):
                     self._notify()
                 if not slot.health.healthy:
                     other = pool_health.healthy_serving(
-                        self._slots.values(), slot.spec.policy_version
+                        [s for s in self._slots.values() if s.spec.pool == pool],
+                        slot.spec.policy_version,
                     )
                     if other is None:
                         raise BackendUnavailableError(
@@ -407,8 +431,10 @@ class BackendPool:
         logprob_mode: LogprobMode | None = None,
         return_routed_experts: bool = False,
         routed_experts_shape: tuple[int, int] | None = None,
+        pool: PoolName = "policy",
     ) -> dict[str, Any]:
-        """Register a backend (persisted first). Adding the same name with the same URL, type
+        """Register a backend (persisted first) in ``pool`` (``judge``: it serves judge
+        sessions only). Adding the same name with the same URL, type
         and options again is a no-op that may update the policy version.
 
         Args:
@@ -418,6 +444,7 @@ class BackendPool:
             policy_version: the version it serves (default 0; for a known name, unchanged).
             logprob_mode, return_routed_experts, routed_experts_shape: the operator's
                 options (:class:`BackendSpec`).
+            pool: ``policy``, or ``judge`` for the judge pool.
 
         Returns:
             The backend as :meth:`describe` shows it.
@@ -459,6 +486,7 @@ class BackendPool:
                 type=type,
                 url=url,
                 policy_version=policy_version or 0,
+                pool=pool,
                 added_at=time.time(),
                 **options,
             )
@@ -472,8 +500,8 @@ class BackendPool:
             return _describe(self._slots[name])
 
     async def remove(self, names: list[str] | None = None) -> list[str]:
-        """Remove backends (all when ``names`` is None). From the moment this returns no new
-        lease reaches them; calls in flight finish, then their clients close.
+        """Remove backends (all of the policy's pool when ``names`` is None). From the moment
+        this returns no new lease reaches them; calls in flight finish, then their clients close.
 
         Returns:
             The names removed.
@@ -491,8 +519,8 @@ class BackendPool:
     async def set_paused(
         self, paused: bool, names: list[str] | None = None, *, drain_timeout_s: float = 0.0
     ) -> dict[str, Any]:
-        """Pause or resume backends (all when ``names`` is None); pausing then waits up to
-        ``drain_timeout_s`` for their calls in flight to finish.
+        """Pause or resume backends (all of the policy's pool when ``names`` is None); pausing
+        then waits up to ``drain_timeout_s`` for their calls in flight to finish.
 
         Returns:
             ``{"backends": [names], "paused": bool, "drained": bool, "num_in_flight": int}``.
@@ -538,7 +566,8 @@ class BackendPool:
     async def set_policy_version(
         self, policy_version: int, names: list[str] | None = None
     ) -> list[str]:
-        """Set the policy version stamped on later completions (all backends by default).
+        """Set the policy version stamped on later completions (all of the policy's pool by
+        default).
 
         Raises:
             NotFoundError: a name is not registered.
@@ -563,8 +592,10 @@ class BackendPool:
         return [slot.spec for slot in self._slots.values()]
 
     def _targets(self, names: list[str] | None) -> list[str]:
+        # "all backends" of weight sync, pause and versions is the policy's pool: a judge's
+        # engine is never reloaded or paused by a policy update (it is addressed by name)
         if names is None:
-            return list(self._slots)
+            return [n for n, s in self._slots.items() if s.spec.pool == "policy"]
         unknown = [n for n in names if n not in self._slots]
         if unknown:
             raise NotFoundError(f"no backend named {', '.join(map(repr, unknown))}")
@@ -640,8 +671,17 @@ class BackendPool:
             pool_health.note_failed(lease._slot, error)
 
     def health(self) -> dict[str, Any]:
-        """The pool's health per policy version (:func:`.health.pool_health`)."""
-        return pool_health.health_by_version(self._slots.values())
+        """The policy pool's health per policy version (:func:`.health.pool_health`); the
+        judge pool's is :meth:`judge_health`."""
+        return pool_health.health_by_version(
+            [s for s in self._slots.values() if s.spec.pool == "policy"]
+        )
+
+    def judge_health(self) -> dict[str, Any]:
+        """The judge pool's health, as :meth:`health` gives the policy pool's."""
+        return pool_health.health_by_version(
+            [s for s in self._slots.values() if s.spec.pool == "judge"]
+        )
 
     def _notify(self) -> None:
         """Wake every waiter (leases, drains): something changed."""

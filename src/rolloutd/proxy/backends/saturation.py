@@ -92,7 +92,8 @@ class BackendCapacity:
 
     def check(self) -> Saturation:
         """The pool's saturation now (no I/O: call :meth:`refresh` first)."""
-        rows = self.pool.describe()
+        # the policy's pool only: judge sessions neither fill it nor wait for it
+        rows = [r for r in self.pool.describe() if r.get("pool", "policy") == "policy"]
         num_slots = sum(self._slots.get((r["name"], r["url"]), 1) for r in rows)
         num_open = sum(int(r["num_assigned"]) for r in rows)
         max_sessions = (

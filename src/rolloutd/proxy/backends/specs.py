@@ -44,6 +44,11 @@ def options_problem(
     return None
 
 
+#: which sessions a backend serves: the policy's (harness sessions, weight sync, policy
+#: versions) or a judge's (judge sessions only: never reloaded by a weight sync, never trainable)
+PoolName = Literal["policy", "judge"]
+
+
 def backend_urls(setting: str | None) -> list[str]:
     """Backend URLs from ``settings.backend_url``: one URL, or several separated by commas."""
     if not setting:
@@ -121,6 +126,11 @@ class BackendSpec(Payload):
         default=0, ge=0, description="weights version stamped on its completions (>= 0)"
     )
     paused: bool = Field(default=False, description="grants no new lease (weight sync in progress)")
+    pool: PoolName = Field(
+        default="policy",
+        description="the sessions it serves: ``policy`` (harnesses; what weight sync, pause "
+        "and policy versions address by default) or ``judge`` (judge sessions only)",
+    )
     added_at: float = Field(default=0.0, description="Unix time (s) it was registered")
     logprob_mode: LogprobMode | None = Field(
         default=None,

@@ -202,7 +202,7 @@ class ChatService:
     async def _lease(self, session: Session) -> Lease:
         """A lease on the session's backend (waits while it is paused); a session pinned to a
         removed backend moves now, and the move is persisted."""
-        lease = await self.pool.acquire(session.state.backend)
+        lease = await self.pool.acquire(session.state.backend, pool=session.state.pool)
         if lease.moved_from is not None:
             try:
                 await session.move_backend(lease.moved_from, lease.backend.name)

@@ -48,7 +48,12 @@ from rolloutd.errors import (
     PermissionDeniedError,
 )
 from rolloutd.http_client import CONTROL, new_async_client
-from rolloutd.proxy.backends.specs import BackendType, RoutedExpertsShape, options_problem
+from rolloutd.proxy.backends.specs import (
+    BackendType,
+    PoolName,
+    RoutedExpertsShape,
+    options_problem,
+)
 from rolloutd.proxy.dialects.common import validate
 from rolloutd.proxy.http.gateway_parts import GatewayParts
 from rolloutd.proxy.http.inbound import bearer_key, read_json
@@ -64,6 +69,7 @@ class AddBackend(BaseModel):
     type: BackendType = "llama_cpp"
     name: str | None = Field(default=None, min_length=1, max_length=512)
     policy_version: int | None = Field(default=None, ge=0)
+    pool: PoolName = Field(default="policy", description="``judge``: it serves judge sessions only")
     logprob_mode: LogprobMode | None = None
     return_routed_experts: bool = False
     routed_experts_shape: RoutedExpertsShape | None = None
@@ -159,6 +165,7 @@ def add_admin_routes(app: FastAPI, gateway: GatewayParts) -> None:
             logprob_mode=add.logprob_mode,
             return_routed_experts=add.return_routed_experts,
             routed_experts_shape=add.routed_experts_shape,
+            pool=add.pool,
         )
 
     @app.delete("/admin/backends")

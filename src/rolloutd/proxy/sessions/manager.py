@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
@@ -216,6 +216,7 @@ class SessionManager:
         replay_from: list[str] | None = None,
         replay_max_staleness: int = 0,
         wait_for_backends: bool = False,
+        pool: Literal["policy", "judge"] = "policy",
     ) -> SessionInfo:
         """Open a session: new key, pinned backend, state persisted before returning.
 
@@ -235,6 +236,8 @@ class SessionManager:
                 (:mod:`rolloutd.proxy.sessions.replay_source`); None or empty: no replay.
             replay_max_staleness: policy versions a replayed completion may lag behind the
                 backend's current one.
+            pool: ``judge`` pins a judge session to the judge pool (its completions are
+                recorded untrainable).
             wait_for_backends: refuse a new session while the pool is saturated
                 (:mod:`rolloutd.proxy.backends.saturation`).
 
@@ -269,7 +272,10 @@ class SessionManager:
                 f"{load.max_sessions} ({load.num_slots} slots, {load.num_in_flight} calls "
                 "in flight)"
             )
-        backend = self.pool.assign()
+        backend = self.pool.assign(pool)
+        if pool == "judge" and backend.type in ("openai", "vllm"):
+            # a judge's model is not the policy's: its server renders with its own template
+            mode = CaptureMode.PASSTHROUGH
         session_key = secrets.token_urlsafe(24)
         state = SessionState(
             session_id=session_id,
@@ -279,6 +285,7 @@ class SessionManager:
             model=model or self.default_model,
             capture_mode=mode,
             backend=backend.name,
+            pool=pool,
             created_at=time.time(),
             replay_from=list(replay_from or []),
             replay_max_staleness=replay_max_staleness,

@@ -215,6 +215,9 @@ class Recorder:
         async with session.lock:
             started = time.monotonic()
             completion = build(session.next_index())
+            if session.state.pool == "judge":
+                # a judge's call is recorded for its cost and audit, never trained on
+                completion.trainable = False
             base = (
                 session.completions[completion.extends]
                 if completion.extends is not None

@@ -12,7 +12,7 @@ holds a usable key.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -81,6 +81,11 @@ class SessionState(Payload):
     model: str = Field(description="the model name shown to the harness")
     capture_mode: CaptureMode = CaptureMode.TOKENS
     backend: str = Field(description="name of the pinned backend")
+    pool: Literal["policy", "judge"] = Field(
+        default="policy",
+        description="the backend pool serving it: ``judge`` for a judge session (its "
+        "completions are recorded with ``trainable`` false)",
+    )
     created_at: float = 0.0
     closed: bool = Field(default=False, description="sealed: no further call is accepted")
     closed_at: float | None = None

@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         CollectArtifactsOutput,
         EvaluateInput,
         EvaluateOutput,
+        JudgeTarget,
         OpenSessionOutput,
         ProvisionRuntimeOutput,
         TeardownRuntimeInput,
@@ -51,13 +52,15 @@ with workflow.unsafe.imports_passed_through():
         TEARDOWN_RUNTIME,
     )
     from rolloutd.observability import names
+    from rolloutd.rubrics import JUDGE_EVALUATOR
+    from rolloutd.scoring import failure_key, judge_failure
     from rolloutd.types import (
         FailureCause,
         SessionStatus,
         TaskRequest,
     )
     from rolloutd.workflows import search
-    from rolloutd.workflows.session import failures
+    from rolloutd.workflows.session import failures, judging
     from rolloutd.workflows.session.failures import cause_text
     from rolloutd.workflows.session.models import SessionInput
     from rolloutd.workflows.session.policies import (
@@ -292,6 +295,8 @@ async def evaluate(
         evaluation record; no reward when the evaluator failed.
     """
     task = input.task
+    if task.evaluator.type == JUDGE_EVALUATOR and decided.forced is None:
+        return await judge(input, session_id, built, decided, timed, priority=priority)
     try:
         evaluated: EvaluateOutput = await timed(
             "evaluate",
@@ -331,6 +336,44 @@ async def evaluate(
     return evaluated
 
 
+async def judge(
+    input: SessionInput,
+    session_id: str,
+    built: BuildTrajectoryOutput,
+    decided: EndDecision,
+    timed: Timed,
+    *,
+    priority: Priority | None,
+) -> EvaluateOutput:
+    """Step 8 for a task scored by an LLM judge: a ``sample`` judge judges the stored
+    trajectory now (:func:`rolloutd.workflows.session.judging.judge`); a ``group`` judge leaves the
+    session unscored for its task to judge with its group. A judging given up makes the session
+    ``failed`` with an ``evaluator`` cause in phase ``judge`` and no reward (``decided`` is
+    updated).
+    """
+    task = input.task
+    assert task.evaluator.judge is not None
+    if task.evaluator.judge.mode == "group" or not built.trajectory_ref:
+        return EvaluateOutput()
+    judged = await timed(
+        "judge",
+        judging.judge(
+            task_id=task.task_id,
+            evaluator=task.evaluator,
+            targets=[JudgeTarget(session_id=session_id, trajectory_ref=built.trajectory_ref)],
+            judge_session_id=f"{session_id}/judge",
+            priority=priority,
+        ),
+    )
+    if judged.output is None:
+        decided.failure = judge_failure(judged.error or "judging given up")
+        decided.status = SessionStatus.FAILED
+        decided.error = decided.error or decided.failure.message
+        return EvaluateOutput(error=decided.failure.message)
+    verdict = judged.output.judged[0]
+    return EvaluateOutput(reward=verdict.reward, evaluation=verdict.evaluation)
+
+
 def report(
     task: TaskRequest,
     decided: EndDecision,
@@ -340,6 +383,7 @@ def report(
     """Step 9's reports: search attributes and the metrics (the workflow shows the UI's current
     details itself)."""
     failure_kind = decided.failure.kind if decided.failure is not None else None
+    counted = failure_key(decided.failure)
     versions = built.stats.policy_versions
     search.upsert(
         status=decided.status.value,
@@ -350,7 +394,7 @@ def report(
     if failure_kind is not None:
         workflow.metric_meter().create_counter(
             SESSION_FAILURES_METRIC, "sessions that ended with a failure cause, by kind"
-        ).add(1, {"kind": failure_kind})
+        ).add(1, {"kind": counted})
     workflow.metric_meter().create_counter(
         names.SESSIONS_ENDED, "sessions ended, by status and harness"
     ).add(1, {"status": decided.status.value, "harness": task.harness.type})

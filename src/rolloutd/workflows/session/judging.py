@@ -1,0 +1,276 @@
+"""One judging, from workflow code: open a judge session at the gateway (judge pool), run the
+``judge`` activity on the judge queue, close the judge session; when the judging is given up,
+write the failure into the stored trajectories.
+
+Called by the session workflow (a task judged per sample, after its trajectory is built), the
+task workflow (a task judged as a group, after its replacements) and :class:`RejudgeWorkflow`
+(stored sessions judged again: workflow id ``rejudge/{run_id}``). A judging never samples
+the policy again and never counts against ``max_replacements``: it reads stored trajectories
+only.
+
+The judge activity is retried while the judge pool gives no answer (a dead or timing-out
+judge: ``JudgeUnavailableError``), backing off up to :data:`MAX_BACKOFF`, for
+``judge.max_attempts`` attempts; then the sessions have no reward and an ``evaluator`` cause in
+phase ``judge`` (:func:`rolloutd.scoring.judge_failure`). Deterministic code only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import Priority, RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import CancelledError as TemporalCancelledError
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import Field
+
+    from rolloutd import task_queues
+    from rolloutd.activities.models import (  # noqa: F401 - JudgeTarget: re-exported
+        CloseSessionInput,
+        CloseSessionOutput,
+        JudgedSession,
+        JudgeFailedInput,
+        JudgeInput,
+        JudgeOutput,
+        JudgeTarget,
+        OpenSessionInput,
+        OpenSessionOutput,
+    )
+    from rolloutd.activities.names import CLOSE_SESSION, JUDGE, JUDGE_FAILED, OPEN_SESSION
+    from rolloutd.payload import Payload
+    from rolloutd.types import EvaluatorSpec
+    from rolloutd.workflows.session.failures import cause_text
+    from rolloutd.workflows.session.policies import CLOSE_TIMEOUT, HEARTBEAT, INFRA_RETRY
+
+#: the longest wait between two judging attempts while the judge pool gives no answer
+MAX_BACKOFF = timedelta(seconds=60)
+#: a judge session's open and the failure's write
+STEP_TIMEOUT = timedelta(seconds=60)
+#: the errors a judging does not retry: a spec that is not a judge's, a context that stays
+#: exceeded (they would fail again)
+NON_RETRYABLE = ["EvaluatorError", "ConfigError"]
+
+
+@dataclasses.dataclass
+class Judged:
+    """A judging's end: its output, or why it was given up (the sessions then carry the
+    failure in the store)."""
+
+    output: JudgeOutput | None = None
+    error: str | None = None
+
+
+def activity_budget(evaluator: EvaluatorSpec, num_targets: int) -> timedelta:
+    """One judging attempt's start-to-close budget: every call it may make at the judge's
+    call limit (each verdict's parse attempts, a group's chunks, per-turn chunks bounded by
+    32 per session), with room for halvings; a dead worker is noticed by the heartbeat."""
+    spec = evaluator.judge
+    assert spec is not None
+    chunks = -(-num_targets // spec.group_chunk_size) if spec.mode == "group" else num_targets
+    if spec.per_turn:
+        chunks += 32 * num_targets
+    return timedelta(seconds=min(86_400.0, spec.timeout_s * spec.max_parse_attempts * chunks * 3))
+
+
+async def judge(
+    *,
+    task_id: str,
+    evaluator: EvaluatorSpec,
+    targets: list[JudgeTarget],
+    judge_session_id: str,
+    source: str = "judge",
+    rescore: bool = False,
+    priority: Priority | None = None,
+) -> Judged:
+    """Judge stored sessions (module docstring).
+
+    Args:
+        task_id: the task.
+        evaluator: the task's ``llm_judge`` spec.
+        targets: the sessions, each with its stored trajectory.
+        judge_session_id: the judge session's id (its completion log in the store), new per
+            judging: ``{session_id}/judge`` for a sample, ``{task_id}/group-judge`` for a group.
+        source: ``judge`` or ``group_judge`` (the records' source).
+        rescore: a re-judging (records appended to ``rescores``).
+        priority: the task's priority.
+
+    Returns:
+        The verdicts, or the error the sessions were left with.
+    """
+    spec = evaluator.judge
+    assert spec is not None
+    try:
+        opened: OpenSessionOutput = await workflow.execute_activity(
+            OPEN_SESSION,
+            OpenSessionInput(
+                session_id=judge_session_id, task_id=task_id, model=spec.model, pool="judge"
+            ),
+            task_queue=task_queues.GATEWAY,
+            start_to_close_timeout=STEP_TIMEOUT,
+            retry_policy=INFRA_RETRY,
+            priority=priority,
+            result_type=OpenSessionOutput,
+        )
+    except ActivityError as e:
+        return await _given_up(
+            task_id, evaluator, targets, f"no judge session: {cause_text(e)}", rescore, priority
+        )
+    try:
+        output: JudgeOutput = await workflow.execute_activity(
+            JUDGE,
+            JudgeInput(
+                task_id=task_id,
+                evaluator=evaluator,
+                targets=targets,
+                base_url=opened.openai_base_url,
+                session_key=opened.session_key,
+                judge_session_id=judge_session_id,
+                source=source,  # type: ignore[arg-type]
+                rescore=rescore,
+            ),
+            task_queue=task_queues.JUDGE,
+            start_to_close_timeout=activity_budget(evaluator, len(targets)),
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=2),
+                backoff_coefficient=2.0,
+                maximum_interval=MAX_BACKOFF,
+                maximum_attempts=spec.max_attempts,
+                non_retryable_error_types=NON_RETRYABLE,
+            ),
+            priority=priority,
+            result_type=JudgeOutput,
+        )
+    except ActivityError as e:
+        if isinstance(e.cause, TemporalCancelledError):
+            raise
+        message = f"judging given up after {spec.max_attempts} attempt(s): {cause_text(e)}"
+        return await _given_up(task_id, evaluator, targets, message, rescore, priority)
+    finally:
+        await _close(opened, priority)
+    return Judged(output=output)
+
+
+async def _close(opened: OpenSessionOutput, priority: Priority | None) -> None:
+    """Seal the judge session on its gateway host (best effort: an open judge session holds
+    nothing but its pin, and its log is complete)."""
+    try:
+        await workflow.execute_activity(
+            CLOSE_SESSION,
+            CloseSessionInput(session_id=opened.session_id),
+            task_queue=opened.host_queue,
+            start_to_close_timeout=CLOSE_TIMEOUT,
+            schedule_to_close_timeout=CLOSE_TIMEOUT,
+            retry_policy=INFRA_RETRY,
+            priority=priority,
+            result_type=CloseSessionOutput,
+        )
+    except ActivityError as e:
+        workflow.logger.warning("judge session %s not closed: %s", opened.session_id, cause_text(e))
+
+
+async def _given_up(
+    task_id: str,
+    evaluator: EvaluatorSpec,
+    targets: list[JudgeTarget],
+    message: str,
+    rescore: bool,
+    priority: Priority | None,
+) -> Judged:
+    """Write a given-up judging into the stored trajectories; the sessions keep no reward."""
+    workflow.logger.warning("judging of %s given up: %s", task_id, message)
+    await workflow.execute_activity(
+        JUDGE_FAILED,
+        JudgeFailedInput(
+            task_id=task_id,
+            evaluator=evaluator,
+            targets=targets,
+            message=message,
+            rescore=rescore,
+        ),
+        task_queue=task_queues.EVAL,
+        start_to_close_timeout=STEP_TIMEOUT,
+        retry_policy=INFRA_RETRY,
+        priority=priority,
+    )
+    return Judged(error=message)
+
+
+def rejudge_workflow_id(run_id: str) -> str:
+    """Workflow id of a re-judging run."""
+    return f"rejudge/{run_id}"
+
+
+class RejudgeInput(Payload):
+    """Stored sessions judged again (their judging failed, or a new rubric): never sampled
+    again, never counted against a task's replacements."""
+
+    run_id: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="names the run: its workflow id and its judge sessions' ids",
+    )
+    task_id: str
+    evaluator: EvaluatorSpec = Field(description="the ``llm_judge`` spec to judge with")
+    targets: list[JudgeTarget] = Field(min_length=1, max_length=4096)
+    max_concurrent: int = Field(default=4, ge=1, le=256, description="sample judgings at once")
+
+
+class RejudgeOutput(Payload):
+    """A re-judging run's verdicts, and the sessions it could not judge."""
+
+    judged: list[JudgedSession] = Field(default_factory=list)
+    errors: dict[str, str] = Field(
+        default_factory=dict, description="session id -> why its judging was given up"
+    )
+
+
+@workflow.defn
+class RejudgeWorkflow:
+    """Judge stored sessions again (:class:`RejudgeInput`): a ``group`` judge judges them as
+    one cohort, a ``sample`` judge each on its own (at most ``max_concurrent`` at once). Each
+    verdict is appended to the session's ``rescores``; a session without a reward (its judging
+    had failed) gets this one, and its judge failure is cleared."""
+
+    @workflow.run
+    async def run(self, input: RejudgeInput) -> RejudgeOutput:
+        spec = input.evaluator.judge
+        if spec is None:
+            raise ApplicationError("evaluator.judge is required", non_retryable=True)
+        out = RejudgeOutput()
+
+        def keep(judged: Judged, targets: list[JudgeTarget]) -> None:
+            if judged.output is not None:
+                out.judged.extend(judged.output.judged)
+            else:
+                out.errors.update({t.session_id: judged.error or "" for t in targets})
+
+        if spec.mode == "group":
+            judged = await judge(
+                task_id=input.task_id,
+                evaluator=input.evaluator,
+                targets=input.targets,
+                judge_session_id=f"{input.task_id}/group-judge-{input.run_id}",
+                source="group_judge",
+                rescore=True,
+            )
+            keep(judged, input.targets)
+            return out
+        slots = asyncio.Semaphore(input.max_concurrent)
+
+        async def one(target: JudgeTarget) -> None:
+            async with slots:
+                judged = await judge(
+                    task_id=input.task_id,
+                    evaluator=input.evaluator,
+                    targets=[target],
+                    judge_session_id=f"{target.session_id}/judge-{input.run_id}",
+                    rescore=True,
+                )
+                keep(judged, [target])
+
+        await asyncio.gather(*(one(t) for t in input.targets))
+        return out

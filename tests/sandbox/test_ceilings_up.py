@@ -12,7 +12,6 @@ engine; 47 s here (load about 5).
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -20,13 +19,12 @@ import pytest
 
 from rolloutd.security.connection import connect_temporal
 from rolloutd.settings import CommonSettings
-from rolloutd.stack import free_port
-from rolloutd.stack.local import LocalStack
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from tests.conftest import have_bwrap
 from tests.sandbox.test_ceilings_bwrap import CHEATS, SLEEP_S, task
 from tests.support.shell_calls import call
+from tests.support.stacks import stack_on_engine
 
 pytestmark = [
     pytest.mark.acceptance,
@@ -46,19 +44,8 @@ def rss_mb(pid: int) -> float:
 
 
 async def test_up_survives_the_cheats_and_scores_them_0(engine, monkeypatch) -> None:
-    home = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))  # short: unix socket paths
-    (home / "logs").mkdir()
-    monkeypatch.setenv("ROLLOUTD_HOME", str(home))
-    stack = LocalStack(
-        home=home,
-        engine_url=engine.url,
-        temporal_port=free_port(),
-        ui_port=free_port(),
-        gateway_port=free_port(),
-        metrics_port=0,
-        supervise=False,
-        extra_env={"ROLLOUTD_LOG_JSON": "false", "ROLLOUTD_HOST_ID": "up-ceilings"},
-    )
+    stack = stack_on_engine(engine.url, "up-ceilings")
+    monkeypatch.setenv("ROLLOUTD_HOME", str(stack.home))
     await asyncio.to_thread(stack.start)
     try:
         assert stack.temporal is not None

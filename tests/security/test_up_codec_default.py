@@ -11,16 +11,12 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
-import tempfile
 import uuid
-from pathlib import Path
 
 import pytest
 
 from rolloutd.security.connection import connect_temporal
 from rolloutd.settings import CommonSettings, codec_server_token_file
-from rolloutd.stack import free_port
-from rolloutd.stack.local import LocalStack
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionStatus
@@ -28,6 +24,7 @@ from rolloutd.workflows.task import session_workflow_id, task_workflow_id
 from tests.conftest import have_bwrap
 from tests.security.test_history_secrets import curl_call, readable_text, workflow_show
 from tests.support.chromium_cdp import history_page_url, open_page
+from tests.support.stacks import stack_on_engine
 
 pytestmark = [
     pytest.mark.acceptance,
@@ -42,23 +39,12 @@ pytestmark = [
 async def test_up_encrypts_every_payload_and_its_ui_decodes_them(engine, monkeypatch) -> None:
     """About 60-90 s: a LocalStack (Temporal with its UI, codec server, four fleets as
     processes) on the session's engine, one session, two CLI reads, one Chromium page."""
-    # short: the runtimes' unix sockets live under the home (108 bytes at most)
-    home = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
-    (home / "logs").mkdir()
     # a fresh machine: no key configured anywhere; clients find the stack's as `up` says
     for name in ("ROLLOUTD_CODEC_KEYS", "ROLLOUTD_CODEC_KEY_FILE", "ROLLOUTD_UI_CODEC_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
+    stack = stack_on_engine(engine.url, "up-codec")
+    home = stack.home
     monkeypatch.setenv("ROLLOUTD_HOME", str(home))
-    stack = LocalStack(
-        home=home,
-        engine_url=engine.url,
-        temporal_port=free_port(),
-        ui_port=free_port(),
-        gateway_port=free_port(),
-        metrics_port=0,
-        supervise=False,
-        extra_env={"ROLLOUTD_LOG_JSON": "false", "ROLLOUTD_HOST_ID": "up-codec"},
-    )
     await asyncio.to_thread(stack.start)
     try:
         assert stack.codec_key_file is not None and stack.codec_url and stack.temporal

@@ -152,9 +152,9 @@ class RolloutdGenerator(GeneratorInterface):
         }
         masked_before = self.stats.num_groups_masked
         for rows, group in zip(rows_of.values(), groups, strict=True):
-            samples = group_samples(
-                group, self.client.trajectory, len(rows), partial(load_routes, self.client.store)
-            )
+            store = self.client.store
+            routes = partial(load_routes, store) if store is not None else None
+            samples = group_samples(group, self.client.trajectory, len(rows), routes)
             masked = not samples.whole
             self.stats.add(samples, masked=masked)
             # the group's rows in repetition order get its sessions in sample order

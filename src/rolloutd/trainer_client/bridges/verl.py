@@ -293,7 +293,8 @@ class RolloutdAgentLoop(AgentLoopBase):
             "num_samples": 1,
         }
         group = await (await client.submit(request)).result()
-        samples = group_samples(group, client.trajectory, 1, partial(load_routes, client.store))
+        routes = partial(load_routes, client.store) if client.store is not None else None
+        samples = group_samples(group, client.trajectory, 1, routes)
         for sample in list(samples.samples):
             # an all-zero response_mask marks a left-out row for the advantage estimator, so a
             # scored session without a sampled token cannot be told from one and is left out

@@ -47,7 +47,8 @@ from rolloutd.stack.state import read_state
 from rolloutd.trainer_client import FleetUnavailableError, RolloutClient
 
 #: the child process: ``rolloutd up``'s stack on free ports, until SIGTERM; arguments: its
-#: home, the model, and optionally a backend URL to use instead of starting llama-server
+#: home, the model, optionally a backend URL to use instead of starting llama-server ("" for
+#: none) and the engine's slots (llama-server --parallel)
 STACK = """
 import sys
 from pathlib import Path
@@ -56,7 +57,8 @@ from rolloutd.stack.local import LocalStack
 with LocalStack(
     home=Path(sys.argv[1]), model=sys.argv[2], temporal_port=free_port(),
     ui_port=free_port(), gateway_port=free_port(), engine_port=free_port(),
-    engine_url=sys.argv[3] if len(sys.argv) > 3 else None,
+    engine_url=sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else None,
+    engine_parallel=int(sys.argv[4]) if len(sys.argv) > 4 else 4,
 ) as stack:
     failure = stack.serve_forever()
 sys.exit(1 if failure else 0)
@@ -112,18 +114,27 @@ async def wait_for_stack(home: Path, up: subprocess.Popen[bytes], timeout_s: flo
     raise SystemExit(f"rolloutd up did not start within {timeout_s:.0f} s")
 
 
-def start_stack(home: Path, model: str, engine_url: str | None = None) -> subprocess.Popen[bytes]:
+def start_stack(
+    home: Path,
+    model: str,
+    engine_url: str | None = None,
+    *,
+    parallel: int = 4,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
     """Start :data:`STACK` in ``home`` (its stderr in ``{home}/up.log``), in a process group
-    of its own; ``engine_url``: a backend to use instead of starting llama-server."""
+    of its own; ``engine_url``: a backend to use instead of starting llama-server;
+    ``parallel``: the engine's slots; ``env``: more environment (settings) for the stack."""
     # the harness runs on the ``local`` runtime (cheap: the runtime is not what this
     # measures), which the sandbox policy allows only where its operator lists it
     env = {
         **os.environ,
         "ROLLOUTD_HOME": str(home),
         "ROLLOUTD_SANDBOX_POLICY": '{"runtimes": ["local", "bwrap"]}',
+        **(env or {}),
     }
     return subprocess.Popen(
-        [sys.executable, "-c", STACK, str(home), model, *([engine_url] if engine_url else [])],
+        [sys.executable, "-c", STACK, str(home), model, engine_url or "", str(parallel)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=(home / "up.log").open("wb"),

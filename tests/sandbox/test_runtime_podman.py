@@ -30,6 +30,7 @@ from rolloutd.sandbox.runtimes import podman_images as images
 from rolloutd.sandbox.runtimes.podman import RUNTIME_LABEL, USERNS_BASE, PodmanRuntime
 from rolloutd.sandbox_policy import SandboxPolicy
 from rolloutd.types import ImageBuild, RuntimeSpec
+from tests.support.images import fresh_podman_store
 
 pytestmark = [
     pytest.mark.acceptance,
@@ -120,6 +121,49 @@ async def test_a_failing_build_is_not_retried(make_runtime, tmp_path: Path, base
     with pytest.raises(RuntimeStartError) as failed:
         await make_runtime("podman", build={"context": str(ctx)})
     assert not failed.value.retryable and "image build" in failed.value.message
+    # a build without network says so, and which setting gives it one
+    assert "the sandbox policy's build_network is off" in failed.value.message
+
+
+async def test_a_dockerfile_naming_a_missing_base_image_has_it_made_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task's Dockerfile ``FROM`` the base image, as the examples' are, in a podman store
+    where no image was ever made (a fresh machine's: a store of the test's own, so the host's
+    images are neither read nor removed): the sandbox host makes the base image (mmdebstrap,
+    import), then builds. Control: podman alone, in the same fresh store, fails that build
+    trying to pull the base image from a registry named ``localhost``. About 3-4 minutes
+    here (mmdebstrap from the Debian mirror)."""
+    ctx = tmp_path / "on-base"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(
+        f"ARG BASE_IMAGE={images.BASE_IMAGE}\nFROM ${{BASE_IMAGE}}\n"
+        "RUN git --version > /git-version\n"
+    )
+    with fresh_podman_store(tmp_path / "store") as conf:
+        monkeypatch.setenv("CONTAINERS_STORAGE_CONF", conf)
+        # what this process knows of the host's store does not hold for this one
+        monkeypatch.setattr(images, "_configs", {})
+        monkeypatch.setattr(images, "_from_ids", {})
+        assert podman("images", "--quiet").split() == []
+        alone = subprocess.run(
+            ["podman", "build", "--network", "none", "-t", "localhost/alone:1", str(ctx)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert alone.returncode != 0 and "pinging container registry localhost" in alone.stderr
+
+        spec = RuntimeSpec(type="podman", build=ImageBuild(context=str(ctx)))
+        policy = SandboxPolicy(runtimes=["podman"], image_roots=[str(tmp_path)])
+        runtime = create_runtime(spec, "on-base", tmp_path / "rt", policy=policy)
+        try:
+            await runtime.start()
+            assert (await runtime.exec("cat /git-version")).stdout.startswith("git version")
+        finally:
+            await runtime.stop()
+        made = podman("images", "--format", "{{.Repository}}:{{.Tag}}").split()
+        assert {images.BASE_IMAGE, images.base_image_tag()} <= set(made)
 
 
 async def test_builds_have_no_network_unless_the_policy_allows_it(

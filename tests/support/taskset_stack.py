@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rolloutd.sandbox.runtimes.podman_images import ensure_base_image
 from rolloutd.store import BlobStore
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import TaskRequest, TaskResult
@@ -35,8 +34,9 @@ async def taskset_rig(
     temporal_address: str, engine_url: str, task_root: Path, name: str
 ) -> AsyncIterator[Rig]:
     """The four fleets in a fresh namespace named after ``name``, on the engine at
-    ``engine_url``, with a policy that allows the task sets copied below ``task_root``."""
-    await ensure_base_image()
+    ``engine_url``, with a policy that allows the task sets copied below ``task_root``. The
+    base image the sets' Dockerfiles build on is the sandbox host's to make when missing, as on
+    a fresh machine."""
     policy = {
         "runtimes": ["podman"],
         "networks": ["gateway", "none"],

@@ -17,7 +17,6 @@ from rolloutd.evaluators import get_evaluator
 from rolloutd.evaluators.base import EvaluationContext
 from rolloutd.sandbox.harnesses import HarnessContext, get_harness
 from rolloutd.sandbox.runtimes import create_runtime
-from rolloutd.sandbox.runtimes.podman_images import ensure_base_image
 from rolloutd.sandbox_policy import SandboxPolicy
 from rolloutd.tasksets import read_task_set
 from rolloutd.types import SessionStatus, TaskRequest
@@ -107,7 +106,6 @@ async def test_oracle_earns_1_and_nop_0_on_every_example(task_sets, runtime_root
     """Every examples/harbor task, its oracle (solution/solve.sh) and a harness that does
     nothing: rewards 1.00 and 0.00. Measured: 50 s with the images built (3-5 s a run), about
     3 min more when the six images are built first (apt in four of them)."""
-    await ensure_base_image()
     rules = policy(task_sets)
     rewards: dict[tuple[str, str], float | None] = {}
     for harness in ({"type": "oracle"}, {"type": "shell", "command": NOP}):

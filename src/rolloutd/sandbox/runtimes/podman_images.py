@@ -7,7 +7,9 @@ the runtime's own steps need (``git`` for the session's patch, ``python3`` for c
 the base image of ``scripts/build_images.sh``, made the same way from the same package list: it
 is tagged ``localhost/rolloutd-base:bookworm-{sha256 of the list, 12 hex}`` (the content: a
 changed list makes a new image) and the stable alias :data:`BASE_IMAGE`, which task
-Dockerfiles name in ``FROM`` (``ARG BASE_IMAGE=localhost/rolloutd-base:bookworm``).
+Dockerfiles name in ``FROM`` (``ARG BASE_IMAGE=localhost/rolloutd-base:bookworm``). It is made
+when a task first needs it: a task that names no image, and a task whose Dockerfile names it
+(a build would otherwise try to pull it from a registry called ``localhost``).
 
 **Builds.** Every image a task's Dockerfile names (``FROM`` after its build arguments,
 ``COPY --from``, ``RUN --mount=from=``: :mod:`.dockerfile`) must match the sandbox policy's
@@ -195,6 +197,9 @@ async def ensure_base_image(binary: str = "podman") -> str:
             if code != 0:
                 raise RuntimeStartError(f"{binary} import failed ({code}): {out.strip()[-500:]}")
         await cli(binary, "tag", tag, BASE_IMAGE)
+        for name in (tag, BASE_IMAGE):  # what a build found missing is there now
+            _from_ids.pop(name, None)
+            _configs.pop((binary, name), None)
         log.info("base_image_built", image=tag, duration_s=round(time.monotonic() - began, 1))
         return BASE_IMAGE
 
@@ -322,12 +327,19 @@ async def ensure_built(
     Returns:
         (image name, whether it was built now).
 
+    The base image (:data:`BASE_IMAGE`, or its content tag) is made first when the Dockerfile
+    names it and it is not here (:func:`ensure_base_image`).
+
     Raises:
-        ConfigError: no such context or Dockerfile.
+        ConfigError: no such context or Dockerfile; the base image is needed and mmdebstrap
+            is not installed.
         PolicyError: the Dockerfile names an image outside ``images`` (nothing was built).
-        RuntimeStartError: the build failed (its output's tail in the message; not retried:
-            the same Dockerfile fails the same way).
+        RuntimeStartError: the base image or the build failed (the output's tail in the
+            message, and that the build had no network when the policy gave it none; not
+            retried: the same Dockerfile fails the same way).
     """
+    if {BASE_IMAGE, base_image_tag()} & set(build_images(build, images)):
+        await ensure_base_image(binary)
     image_hash = await build_hash(binary, build, network=network, images=images)
     tag = f"{BUILT_REPOSITORY}:{image_hash[:24]}"
     async with _lock(tag):
@@ -357,8 +369,14 @@ async def ensure_built(
             args += ["--build-arg", f"{name}={value}"]
         code, out = await cli(binary, *args, "--", build.context, timeout_s=BUILD_TIMEOUT_S)
         if code != 0:
+            offline = (
+                ""
+                if network
+                else " (the build had no network: the sandbox policy's build_network is off, "
+                f"which a Dockerfile that downloads, apt-get or pip, needs on: {POLICY_SETTING})"
+            )
             raise RuntimeStartError(
-                f"image build from {build.context}/{build.dockerfile} failed ({code}): "
+                f"image build from {build.context}/{build.dockerfile} failed ({code}){offline}: "
                 f"{out.strip()[-800:]}",
                 retryable=False,
             )

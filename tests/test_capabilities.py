@@ -139,3 +139,37 @@ def test_registrations_of_other_versions_are_read():
     )
     assert host.policy is not None and host.policy.runtimes == ["bwrap"]
     assert FleetCapabilities.model_validate({"hosts": [], "later": 2}).hosts == []
+
+
+def test_a_task_sets_host_folders_are_refused_at_submit_outside_upload_sources():
+    """The Harbor examples name three host folders a sandbox host reads: the build context
+    (image_roots), the oracle's solution and the verifier's tests (upload_sources); a policy
+    without them refuses each at submit, naming the setting; the policy docs/task_sets.md gives
+    for the examples allows them (the control)."""
+    from pathlib import Path
+
+    from rolloutd.sandbox_policy import SandboxPolicy
+    from rolloutd.tasksets import read_task_set
+
+    examples = Path(__file__).resolve().parents[1] / "examples" / "harbor"
+    (task, *_) = read_task_set("harbor", examples, {"harness": {"type": "oracle"}})
+
+    def fleets(policy: SandboxPolicy) -> FleetCapabilities:
+        published = _fleets(harnesses={"oracle": None}, evaluators=("harbor",))
+        published.hosts[0].runtimes = ["local", "podman"]
+        published.hosts[0].policy = policy
+        return published
+
+    errors = dict(check_task(task, fleets(SandboxPolicy())))
+    assert set(errors) == {
+        "runtime.build.context",
+        "harness.solution",
+        "evaluator.params.tests_dir",
+    }
+    assert "image_roots: none" in errors["runtime.build.context"]
+    for field in ("harness.solution", "evaluator.params.tests_dir"):
+        assert "upload_sources: none" in errors[field]
+        assert "ROLLOUTD_SANDBOX_POLICY" in errors[field]
+    folder = str(examples.parent)
+    allowed = SandboxPolicy(image_roots=[folder], upload_sources=[folder], build_network=True)
+    assert check_task(task, fleets(allowed)) == []

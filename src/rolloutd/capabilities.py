@@ -45,7 +45,13 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from rolloutd.payload import Payload
-from rolloutd.sandbox_policy import LIMIT_FIELDS, SandboxPolicy, violations
+from rolloutd.sandbox_policy import (
+    LIMIT_FIELDS,
+    POLICY_SETTING,
+    SandboxPolicy,
+    upload_violation,
+    violations,
+)
 from rolloutd.types import TaskRequest
 
 #: the fleet registry's workflow id (one per namespace).
@@ -309,9 +315,28 @@ class CheckEvaluatorOutput(Payload):
     )
 
 
+def host_sources(task: TaskRequest) -> list[tuple[str, str]]:
+    """The host folders a task names for a sandbox host to read besides its runtime's uploads:
+    the oracle's reference solution (``harness.solution``) and the Harbor verifier's tests
+    (``evaluator.params.tests_dir``). The host refuses them outside the policy's
+    ``upload_sources`` when it reads them (:func:`rolloutd.sandbox.transfer.check_source`).
+
+    Returns:
+        ``(dotted.field.path, host path)`` pairs.
+    """
+    sources = []
+    if task.harness.solution:
+        sources.append(("harness.solution", task.harness.solution))
+    tests_dir = task.evaluator.params.get("tests_dir") if task.evaluator.type == "harbor" else None
+    if isinstance(tests_dir, str) and tests_dir:
+        sources.append(("evaluator.params.tests_dir", tests_dir))
+    return sources
+
+
 def policy_errors(task: TaskRequest, fleets: FleetCapabilities) -> list[tuple[str, str]]:
-    """What of a task's runtimes (its own, and its evaluator's fresh one) the sandbox policy of
-    some registered sandbox host refuses.
+    """What of a task's runtimes (its own, and its evaluator's fresh one) and of the host
+    folders it names (:func:`host_sources`) the sandbox policy of some registered sandbox host
+    refuses.
 
     Every registered sandbox host may provision the task, so every host's policy must allow
     it; hosts with the same policy are named together.
@@ -333,6 +358,17 @@ def policy_errors(task: TaskRequest, fleets: FleetCapabilities) -> list[tuple[st
         for path, spec in specs:
             for field, message in violations(spec, policy, path=path):
                 errors.append((field, f"{message}; policy of {where}: {policy.describe()}"))
+        for field, source in host_sources(task):
+            if why := upload_violation(source, policy):
+                allowed = ", ".join(policy.upload_sources) or "none"
+                errors.append(
+                    (
+                        field,
+                        f"{field}={source!r} is outside the sandbox policy: {why} "
+                        f"(upload_sources: {allowed}; the operator sets it in {POLICY_SETTING}); "
+                        f"policy of {where}: {policy.describe()}",
+                    )
+                )
     return errors
 
 

@@ -66,3 +66,18 @@ def test_unrecovered_5xx_failed_sessions_and_silent_tasks_fail_the_run() -> None
 def test_one_session_with_completions_keeps_a_task_from_failing() -> None:
     results = [TaskResult(task_id="t", sessions=[session(0, num_completions=0), session(1)])]
     assert exit_code(results) == 0
+
+
+def test_a_scripted_harness_scored_without_a_model_call_does_not_fail_the_run() -> None:
+    """An oracle or a do-nothing shell command makes no model call by design: sessions scored
+    (1.00, 0.00) with 0 completions pass; the same sessions unscored (the control) fail the
+    task for never reaching the model."""
+    oracle = session(0, num_completions=0, reward=1.0)
+    nop = session(1, num_completions=0, reward=0.0)
+    assert what_went_wrong([TaskResult(task_id="t", sessions=[oracle, nop])]) == ([], [])
+    unscored = [session(i, num_completions=0) for i in range(2)]
+    results = [TaskResult(task_id="t", sessions=unscored)]
+    assert exit_code(results) == 1
+    assert what_went_wrong(results)[0] == [
+        "task t: no session recorded a completion (no model call was answered)"
+    ]

@@ -65,8 +65,11 @@ def what_went_wrong(results: list[Any]) -> tuple[list[str], list[str]]:
     without one); for results without a failure cause: a gateway or backend failure (a 5xx
     answer) that no later completion of the session recovered, or a failed session
     (``status`` ``failed``); or when every session of a task recorded 0 completions (the
-    model was never reached). Failed calls the harness recovered from, and 4xx answers, are
-    reported but do not fail the run.
+    model was never reached) and none of them was scored without a failure cause (a scripted
+    harness, ``oracle`` or ``shell``, that ran to its end: the session workflow scores it
+    though it made no call, and fails an agent harness that made none:
+    :mod:`rolloutd.workflows.session.failures`). Failed calls the harness recovered from,
+    and 4xx answers, are reported but do not fail the run.
 
     Args:
         results: the :class:`~rolloutd.types.TaskResult` of every task.
@@ -109,12 +112,27 @@ def what_went_wrong(results: list[Any]) -> tuple[list[str], list[str]]:
                 )
             if s.status == SessionStatus.FAILED:
                 failures.append(f"session {s.session_id} failed: {s.error}")
-        if group.sessions and all(s.num_completions == 0 for s in group.sessions):
+        if (
+            group.sessions
+            and all(s.num_completions == 0 for s in group.sessions)
+            and not any(_scored_clean(s) for s in group.sessions)
+        ):
             failures.append(
                 f"task {group.task_id}: no session recorded a completion "
                 "(no model call was answered)"
             )
     return failures, notes
+
+
+def _scored_clean(session: Any) -> bool:
+    """A session that ran to its end and was scored: no failure cause, no unrecovered 5xx
+    answer, a reward."""
+    return (
+        session.status == SessionStatus.COMPLETED
+        and session.failure is None
+        and not session.num_unrecovered_call_errors
+        and session.reward is not None
+    )
 
 
 def print_report(results: list[Any], wall_s: float) -> None:

@@ -36,6 +36,7 @@ from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import Trajectory
 from rolloutd.workflows.reverify import ReverifyWorkflow
 from tests.conftest import have_bwrap
+from tests.evaluators.test_humaneval_cheats import task as humaneval_task
 from tests.support.shell_calls import call
 
 pytestmark = [
@@ -58,26 +59,9 @@ CHEAT = WRONG + "\nimport os\nos._exit(0)\n"
 def humaneval(task_id: str, answer: str, *, store: bool = True) -> dict:
     """HumanEval/0 on bwrap scored by revision 1's verdict; the harness calls the model once,
     then writes ``answer``."""
-    command = f"{call('Write it.')} && cat > solution.py <<'EOF'\n{answer}EOF\n"
-    return {
-        "task_id": task_id,
-        "instruction": PROBLEM["prompt"],
-        "harness": {"type": "shell", "command": command},
-        "runtime": {"type": "bwrap"},
-        "evaluator": {
-            "type": "tests_humaneval_r1",
-            "timeout_s": 30,
-            "params": {
-                "prompt": PROBLEM["prompt"],
-                "test": PROBLEM["test"],
-                "entry_point": PROBLEM["entry_point"],
-            },
-        },
-        "sampling": {"max_tokens": 8},
-        "phases": {"run_s": 300},
-        "max_replacements": 0,
-        "store_final_state": store,
-    }
+    spec = humaneval_task(task_id, answer)
+    spec["evaluator"]["type"] = "tests_humaneval_r1"
+    return {**spec, "store_final_state": store}
 
 
 def workdir_check(task_id: str) -> dict:

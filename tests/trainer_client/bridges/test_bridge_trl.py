@@ -56,23 +56,18 @@ def tokenizer():
     return tok
 
 
-def test_rollout_func_rows_go_through_grpo_trainer_scoring(tokenizer, tmp_path):
-    """A whole group trains with TRL's advantages and the trace's mask (env tokens 0); a group
-    with a failed session is masked whole: TRL's loss mask 0 and advantage 0 on every row, no
-    reward given; TRL's loss is finite. Seconds on CPU (the bridges' tests that need no fleet
-    took 108 s together here, with tests/test_architecture.py: docs/trainers.md)."""
-    import torch
-    from datasets import Dataset
-    from transformers import LlamaConfig, LlamaForCausalLM
-    from trl import GRPOConfig, GRPOTrainer
+#: a two-turn trace's mask: sampled, tool output, sampled
+MULTI = [1, 1, 0, 0, 1, 1]
 
-    from rolloutd.trainer_client.bridges.trl import RolloutFunc, rolloutd_reward
+
+def _canned_groups():
+    """Two groups of 4 by prompt: ``p1`` whole (rewards 1, 0, 0.5, 0; the first a two-turn
+    trace), ``p2`` with a backend failure (masked whole by the bridge)."""
     from rolloutd.types import FailureCause, SessionStatus
 
     ok = SessionStatus.COMPLETED
-    multi = [1, 1, 0, 0, 1, 1]  # sampled, tool output, sampled
     whole = [
-        (ok, 1.0, None, canned_trace([5, 6, 7], [10, 11, 20, 21, 12, 2], multi)),
+        (ok, 1.0, None, canned_trace([5, 6, 7], [10, 11, 20, 21, 12, 2], MULTI)),
         (ok, 0.0, None, canned_trace([5, 6, 7], [13, 2], [1, 1])),
         (ok, 0.5, None, canned_trace([5, 6, 7], [14, 15, 2], [1, 1, 1])),
         (ok, 0.0, None, canned_trace([5, 6, 7], [16, 2], [1, 1])),
@@ -82,16 +77,20 @@ def test_rollout_func_rows_go_through_grpo_trainer_scoring(tokenizer, tmp_path):
         (
             SessionStatus.FAILED,
             None,
-            FailureCause(kind="backend", message="502"),
+            FailureCause(kind="backend", phase="run", message="502"),
             canned_trace([8, 9], [31], [1]),
         ),
         (ok, 0.0, None, canned_trace([8, 9], [32, 2], [1, 1])),
         (ok, 1.0, None, canned_trace([8, 9], [33, 2], [1, 1])),
     ]
-    client = FakeClient({"p1": whole, "p2": broken})
-    rows = [{"prompt": p, "harness": {"type": "shell", "command": "true"}} for p in ("p1", "p2")]
-    rollout = RolloutFunc(client, asyncio.run, rows, task_prefix="trl-test")
-    model = LlamaForCausalLM(
+    return {"p1": whole, "p2": broken}
+
+
+def _tiny_llama(tokenizer):
+    """A randomly initialised one-layer Llama on the catalog tokenizer (seconds on CPU)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(
         LlamaConfig(
             vocab_size=len(tokenizer),
             hidden_size=16,
@@ -103,6 +102,23 @@ def test_rollout_func_rows_go_through_grpo_trainer_scoring(tokenizer, tmp_path):
             tie_word_embeddings=True,
         )
     )
+
+
+def test_rollout_func_rows_go_through_grpo_trainer_scoring(tokenizer, tmp_path):
+    """A whole group trains with TRL's advantages and the trace's mask (env tokens 0); a group
+    with a failed session is masked whole: TRL's loss mask 0 and advantage 0 on every row, no
+    reward given; TRL's loss is finite. Seconds on CPU (the bridges' tests that need no fleet
+    took 108 s together here, with tests/test_architecture.py: docs/trainers.md)."""
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rolloutd.trainer_client.bridges.trl import RolloutFunc, rolloutd_reward
+
+    client = FakeClient(_canned_groups())
+    rows = [{"prompt": p, "harness": {"type": "shell", "command": "true"}} for p in ("p1", "p2")]
+    rollout = RolloutFunc(client, asyncio.run, rows, task_prefix="trl-test")
+    model = _tiny_llama(tokenizer)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[rolloutd_reward],
@@ -129,7 +145,7 @@ def test_rollout_func_rows_go_through_grpo_trainer_scoring(tokenizer, tmp_path):
     # one task per group of 4, 4 samples each
     assert [r["num_samples"] for r in client.requests] == [4, 4]
     loss_mask = (out["completion_mask"] * out["tool_mask"]).tolist()
-    assert loss_mask[0] == multi
+    assert loss_mask[0] == MULTI
     assert loss_mask[1] == [1, 1, 0, 0, 0, 0]  # right padding is not trained
     assert all(sum(row) == 0 for row in loss_mask[4:])  # the masked group
     advantages = out["advantages"].tolist()
@@ -145,6 +161,102 @@ def test_rollout_func_rows_go_through_grpo_trainer_scoring(tokenizer, tmp_path):
     assert rollout.stats.num_groups == 2 and rollout.stats.num_groups_masked == 1
     assert rollout.stats.left_out_by_reason == {"backend": 1}
     assert rollout.last["rewards"] == [1.0, 0.0, 0.5, 0.0]
+
+
+@pytest.mark.parametrize("report_to", ["tensorboard", "wandb"])
+def test_a_grpo_run_logs_rolloutd_series_through_report_to(report_to, tokenizer, tmp_path):
+    """Two steps of TRL's own ``GRPOTrainer.train`` with ``report_to`` TensorBoard or W&B
+    (offline): the bridge's batch statistics reach the trainer's logging (TRL's
+    ``log_metric``), read back with TensorBoard's event reader or from the W&B run's records;
+    each sample's viewer link is a column of TRL's completions table. The rolloutd side is the
+    stand-in of the test above (canned groups: one whole, one with a backend failure, masked).
+    Seconds on CPU."""
+    pytest.importorskip(report_to, reason=f"pip install 'rolloutd[{report_to}]'")
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rolloutd.trainer_client.bridges.trl import RolloutFunc, rolloutd_reward
+    from rolloutd.trainer_client.tracking import session_url
+
+    viewer = "http://127.0.0.1:8400"
+    rows = [{"prompt": p, "harness": {"type": "shell", "command": "true"}} for p in ("p1", "p2")]
+    rollout = RolloutFunc(
+        FakeClient(_canned_groups()), asyncio.run, rows, task_prefix="trl-log", viewer_url=viewer
+    )
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        if report_to == "wandb":
+            import wandb
+
+            # wandb reads its environment once per process, at its first run: start afresh
+            # so this run writes under tmp_path whatever ran before it
+            wandb.teardown()
+        trainer = GRPOTrainer(
+            model=_tiny_llama(tokenizer),
+            reward_funcs=[rolloutd_reward],
+            args=GRPOConfig(
+                output_dir=str(tmp_path / "out"),
+                use_cpu=True,
+                bf16=False,
+                per_device_train_batch_size=8,
+                num_generations=4,
+                max_steps=2,
+                logging_steps=1,
+                report_to=report_to,
+                log_completions=True,
+                save_strategy="no",
+                beta=0.0,
+            ),
+            train_dataset=Dataset.from_list([{"prompt": "p1"}, {"prompt": "p2"}]),
+            processing_class=tokenizer,
+            rollout_func=rollout,
+        )
+        trainer.train()
+        if report_to == "wandb":
+            wandb.finish()  # TRL leaves its run open for the process's end
+    # what the trainer logged per step, as its tracker holds it: step -> {name: value}
+    if report_to == "tensorboard":
+        from tensorboard.backend.event_processing import event_accumulator
+
+        (folder,) = {p.parent for p in (tmp_path / "out").rglob("events.out.tfevents.*")}
+        events = event_accumulator.EventAccumulator(str(folder))
+        events.Reload()
+        logged: dict[int, dict[str, float]] = defaultdict(dict)
+        for tag in events.Tags()["scalars"]:
+            for e in events.Scalars(tag):
+                logged[e.step][tag] = e.value
+    else:
+        from tests.support.wandb_records import history, run_file
+
+        logged = {
+            int(row["train/global_step"]): row
+            for row in history(run_file(tmp_path)).values()
+            if "train/rolloutd/reward_mean" in row
+        }
+    assert sorted(logged) == [1, 2], sorted(logged)
+    for step in (1, 2):
+        row = logged[step]
+        # the masked group's failed session has no reward: 1, 0, 0.5, 0 and 1, 0, 1
+        assert row["train/rolloutd/reward_mean"] == pytest.approx(3.5 / 7)
+        assert row["train/rolloutd/pass_rate"] == pytest.approx(3 / 7)
+        assert row["train/rolloutd/failures/backend"] == 1
+        assert row["train/rolloutd/failures/sandbox"] == 0  # every kind, a continuous curve
+        assert row["train/rolloutd/groups_left_out/masked"] == 1
+        assert row["train/rolloutd/num_sessions"] == 8
+        assert row["train/rolloutd/policy_version"] == step - 1  # the step's rollouts came first
+        assert row["train/rolloutd/rollout_wall_s"] > 0
+        # the bridge's cumulative counts
+        assert row["train/rolloutd/bridge/num_groups"] == 2 * step
+        assert row["train/rolloutd/bridge/num_groups_masked"] == step
+    # TRL's completions table carries each sample's trace viewer link
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "out" / "completions" / "completions_00001.parquet")
+    links = table.column("rolloutd_viewer").to_pylist()
+    assert session_url(viewer, "trl-log-1-0/0") in links
+    assert "" in links  # the masked group's missing sample has no session
 
 
 def test_rollout_func_refuses_prompts_that_are_not_groups(tokenizer):
@@ -276,6 +388,7 @@ def test_rollout_worker_samples_feed_trls_async_pipeline():
             Batch(
                 batch_id="b1",
                 groups=[BufferedGroup(group=group("t1", [1.0, 0.0]), policy_version=3)],
+                policy_version=5,
             ),
             Batch(
                 batch_id="b2",
@@ -299,6 +412,14 @@ def test_rollout_worker_samples_feed_trls_async_pipeline():
         assert buffer.acked == ["b1", "b2"]
         assert worker.stats.num_groups_masked == 1
         assert worker.stats.left_out_by_reason == {"sandbox": 1}
+        # one metrics dict per batch for TRL's log: the batch's statistics, the running counts
+        first, second = worker.metrics_queue.get_nowait(), worker.metrics_queue.get_nowait()
+        assert first["rolloutd/reward_mean"] == 0.5 and first["rolloutd/bridge/num_groups"] == 1
+        assert first["rolloutd/staleness_mean"] == 2.0  # hand-out version 5, started at 3
+        assert second["rolloutd/groups_left_out/masked"] == 1
+        assert second["rolloutd/failures/sandbox"] == 1
+        assert second["rolloutd/reward_mean"] == pytest.approx(0.5 / 3)  # the failed one left out
+        assert second["rolloutd/bridge/num_groups_masked"] == 1
 
         metrics = defaultdict(list)
         dataset = RolloutQueueDataset(

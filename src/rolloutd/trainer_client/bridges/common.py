@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rolloutd.scoring import failure_of, is_scored
+from rolloutd.trainer_client.tracking import PREFIX
 from rolloutd.trajectory.versions import token_policy_versions
 from rolloutd.types import RoutedExperts, SessionResult, TaskResult, Trace, Trajectory
 
@@ -188,6 +189,13 @@ class BridgeStats:
             "left_out_by_reason": dict(self.left_out_by_reason),
             "num_replacements": self.num_replacements,
         }
+
+    def metrics(self) -> dict[str, float]:
+        """The counts as tracker scalars: ``rolloutd/bridge/{count}`` and
+        ``rolloutd/bridge/left_out/{reason}`` (:mod:`rolloutd.trainer_client.tracking`)."""
+        counts = {k: v for k, v in self.as_dict().items() if isinstance(v, int)}
+        counts.update({f"left_out/{k}": n for k, n in self.left_out_by_reason.items()})
+        return {f"{PREFIX}bridge/{k}": float(v) for k, v in counts.items()}
 
 
 #: reads a trace's routed experts: ``functools.partial(rolloutd.routes.load_routes, store)``.

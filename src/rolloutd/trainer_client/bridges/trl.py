@@ -52,12 +52,15 @@ from rolloutd.trainer_client.bridges.common import (
     instruction_of,
 )
 from rolloutd.trainer_client.client import RolloutClient
+from rolloutd.trainer_client.tracking import rollout_stats, session_url
 from rolloutd.types import TaskResult
 
 log = structlog.get_logger(__name__)
 
 __all__ = [
+    "METRICS_FIELD",
     "REWARD_FIELD",
+    "VIEWER_FIELD",
     "RolloutFunc",
     "prompt_key",
     "rolloutd_reward",
@@ -65,6 +68,11 @@ __all__ = [
 
 #: the extra field of the rollout function's output that carries each sample's reward
 REWARD_FIELD = "rolloutd_reward"
+#: the extra field that carries the batch's rollout statistics (one dict for the batch:
+#: TRL gives a field that is not a list to every sample), logged by :func:`rolloutd_reward`
+METRICS_FIELD = "rolloutd_metrics"
+#: the extra field that carries each sample's trace viewer link (None: no viewer)
+VIEWER_FIELD = "rolloutd_viewer"
 #: task fields that a row may give as a JSON string (Arrow columns of mixed dicts)
 JSON_FIELDS = ("harness", "runtime", "evaluator", "builder", "sampling", "phases", "metadata")
 
@@ -75,15 +83,23 @@ def prompt_key(prompt: Any) -> str:
 
 
 def rolloutd_reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
-    """TRL reward function: the rolloutd reward of each sample, None for a masked one.
+    """TRL reward function: the rolloutd reward of each sample, None for a masked one; it
+    also hands the batch's rollout statistics to TRL's own logging.
 
     TRL passes the rollout function's extra fields to reward functions as keyword arguments
     (``GRPOTrainer._generate_and_score_completions``); a None reward makes the row
-    unscorable (NaN reward, advantage 0).
+    unscorable (NaN reward, advantage 0). TRL also passes ``log_metric`` (a scalar averaged
+    over each logging step and logged beside ``kl`` and ``reward``, so ``report_to``'s
+    TensorBoard or W&B shows it) and ``log_extra`` (a column of the completions table): the
+    statistics of :class:`RolloutFunc`'s batch (``rolloutd/...``,
+    :mod:`rolloutd.trainer_client.tracking`) go through the first, each sample's trace
+    viewer link through the second.
 
     Args:
         completions: the decoded completions, length B (only their number is used).
-        **kwargs: must hold ``rolloutd_reward``: list[float | None], length B.
+        **kwargs: must hold ``rolloutd_reward``: list[float | None], length B; may hold
+            ``rolloutd_metrics`` (the batch's, once per sample), ``rolloutd_viewer``,
+            ``log_metric`` and ``log_extra``.
 
     Raises:
         KeyError: the trainer's rollout function is not :class:`RolloutFunc`.
@@ -91,6 +107,13 @@ def rolloutd_reward(completions: list[Any], **kwargs: Any) -> list[float | None]
     rewards = kwargs[REWARD_FIELD]
     if len(rewards) != len(completions):
         raise ValueError(f"{len(rewards)} rewards for {len(completions)} completions")
+    log_metric, metrics = kwargs.get("log_metric"), kwargs.get(METRICS_FIELD)
+    if log_metric is not None and metrics:
+        for name, value in metrics[0].items():
+            log_metric(name, value)
+    log_extra, links = kwargs.get("log_extra"), kwargs.get(VIEWER_FIELD)
+    if log_extra is not None and links and any(links):
+        log_extra(VIEWER_FIELD, ["" if link is None else link for link in links])
     return [None if r is None else float(r) for r in rewards]
 
 
@@ -106,10 +129,21 @@ class RolloutFunc:
             field may be a JSON string (Arrow columns of mixed dicts).
         task_prefix: task ids are ``{task_prefix}-{call}-{index}``.
         defaults: task fields every task gets unless its row sets them.
+        viewer_url: the trace viewer's base URL (the REST facade's): each sample's link goes
+            to TRL's completions table (``log_completions``); None: no link.
 
     Attributes:
         stats: cumulative counts (:class:`BridgeStats`).
-        last: the last call's figures: ``rollout_s``, ``groups``, ``masked``, ``rewards``.
+        last: the last call's figures: ``rollout_s``, ``groups``, ``masked``, ``rewards``,
+            ``stats`` (:class:`~rolloutd.trainer_client.tracking.RolloutStats`).
+
+    Each call's batch statistics (:func:`~rolloutd.trainer_client.tracking.rollout_stats`:
+    reward, pass rate, failures by kind (a judge's apart), groups masked, replacements, turns and
+    tokens per session, rollout wall time, staleness against the trainer's step, which is the
+    engine's policy version under
+    :class:`~rolloutd.trainer_client.bridges.trl_sync.EngineSyncCallback`) and the cumulative
+    :class:`BridgeStats` (``rolloutd/bridge/...``) reach TRL's logging through
+    :func:`rolloutd_reward`.
 
     Raises:
         ValueError: two rows share a prompt but name different tasks.
@@ -123,8 +157,10 @@ class RolloutFunc:
         *,
         task_prefix: str,
         defaults: Mapping[str, Any] | None = None,
+        viewer_url: str | None = None,
     ) -> None:
         self.client = client
+        self.viewer_url = viewer_url
         self.run = run
         self.task_prefix = task_prefix
         self.defaults = dict(defaults or {})
@@ -158,7 +194,8 @@ class RolloutFunc:
             Lists of length B, in the prompts' order: ``prompt_ids`` (list[int]),
             ``completion_ids`` (list[int], length R_i), ``logprobs`` (list[float], R_i),
             ``env_mask`` (list[int], R_i), ``rolloutd_reward`` (float | None),
-            ``rolloutd_session_id`` (str | None).
+            ``rolloutd_session_id`` (str | None), ``rolloutd_viewer`` (str | None); and
+            ``rolloutd_metrics``, the batch's statistics (one dict).
 
         Raises:
             ValueError: B is not a multiple of G, a run of G prompts is not one prompt, or a
@@ -216,11 +253,27 @@ class RolloutFunc:
                     left_out=samples.left_out,
                 )
             _append_group(out, samples, num_generations, eos, masked)
+        rollout_s = time.monotonic() - started
+        stats = rollout_stats(
+            groups,
+            policy_version=int(trainer.state.global_step),
+            groups_left_out={"masked": num_masked},
+            rollout_wall_s=rollout_s,
+        )
+        out[VIEWER_FIELD] = [
+            session_url(self.viewer_url, sid) if self.viewer_url and sid else None
+            for sid in out["rolloutd_session_id"]
+        ]
+        out[METRICS_FIELD] = {  # type: ignore[assignment] - one dict for the batch
+            **stats.metrics(),
+            **self.stats.metrics(),
+        }
         self.last = {
-            "rollout_s": time.monotonic() - started,
+            "rollout_s": rollout_s,
             "groups": len(groups),
             "masked": num_masked,
             "rewards": [r for r in out[REWARD_FIELD] if r is not None],
+            "stats": stats,
         }
         return out
 

@@ -27,6 +27,7 @@ import structlog
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 from rolloutd.trainer_client.bridges.common import BridgeStats, GroupSamples, group_samples
+from rolloutd.trainer_client.tracking import rollout_stats
 from rolloutd.trainer_client.training.gguf_export import export_gguf
 from rolloutd.trainer_client.training.weight_sync import WeightSync
 
@@ -103,7 +104,11 @@ class RolloutWorker:
 
     Attributes:
         rollout_buffer: ``queue.Queue`` of ``RolloutSample``, drained by the trainer.
-        metrics_queue: ``queue.Queue`` of ``{name: float}`` (groups and left-out counts).
+        metrics_queue: ``queue.Queue`` of ``{name: float}``, one per batch: its rollout
+            statistics (:func:`~rolloutd.trainer_client.tracking.rollout_stats`, staleness
+            against the buffer's version at hand-out, ``Batch.policy_version``) and the
+            cumulative :class:`BridgeStats` (``rolloutd/bridge/...``); TRL's trainer logs
+            them in its ``log``.
         stats: :class:`BridgeStats`.
     """
 
@@ -183,10 +188,12 @@ class RolloutWorker:
 
     def _put(self, batch: Any) -> None:
         now = time.time()
+        num_masked = 0
         for buffered in batch.groups:
             group = group_samples(buffered.group, self.load)
             self.stats.add(group, masked=not group.whole)
             if not group.whole:
+                num_masked += 1
                 continue
             for row in rollout_samples(
                 group,
@@ -196,12 +203,13 @@ class RolloutWorker:
             ):
                 self.rollout_buffer.put(row)
             self._next_group_id += 1
-        self.metrics_queue.put(
-            {
-                "rolloutd/groups_left_out": float(self.stats.num_groups_masked),
-                "rolloutd/sessions_left_out": float(self.stats.num_sessions_left_out),
-            }
+        stats = rollout_stats(
+            [b.group for b in batch.groups],
+            policy_version=batch.policy_version,
+            start_versions=[b.policy_version for b in batch.groups],
+            groups_left_out={"masked": num_masked},
         )
+        self.metrics_queue.put({**stats.metrics(), **self.stats.metrics()})
 
 
 class WeightTransfer:

@@ -169,7 +169,9 @@ def test_a_hub_that_cannot_be_reached_falls_back_to_the_offline_copy_in_one_line
 def test_models_pull_fetches_the_catalog_gguf_through_hf_endpoint(tmp_path: Path) -> None:
     """``rolloutd models pull smollm2-135m`` in a fresh cache, ``HF_ENDPOINT`` naming a local
     Hub that serves the real GGUF (this machine's offline copy) under the catalog's repository,
-    file and commit: it is downloaded from there, checked and its tokenizer saved."""
+    file and commit: it is downloaded from there, checked and its tokenizer saved. The same
+    command against a mirror serving other bytes (and listing the pinned sha256) is refused in
+    one line, exit 1."""
     entry = CATALOG["smollm2-135m"]
     assert entry.hub is not None and entry.hub.revision is not None
     offline = models.model_files("smollm2-135m").gguf
@@ -196,3 +198,24 @@ def test_models_pull_fetches_the_catalog_gguf_through_hf_endpoint(tmp_path: Path
     assert hashlib.sha256(pulled.gguf.read_bytes()).hexdigest() == entry.sha256
     assert (pulled.tokenizer / "tokenizer_config.json").is_file()
     assert f"{pulled.gguf} ({entry.size_bytes} bytes)" in done.stdout
+
+    # a mirror serving other bytes under the same commit: refused in one line, exit 1, no
+    # traceback, nothing kept
+    other = bytearray(served.data)
+    other[-1] ^= 1
+    lying = HubEntry(
+        served.repo_id, served.filename, served.commit, bytes(other), listed_sha256=entry.sha256
+    )
+    with hub_server([lying]) as hub:
+        refused = subprocess.run(
+            [sys.executable, "-m", "rolloutd.cli", "models", "pull", "smollm2-135m"],
+            env={**env, "HF_ENDPOINT": hub.endpoint, "ROLLOUTD_CACHE": str(tmp_path / "c2")},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    assert refused.returncode == 1, refused.stderr[-2000:]
+    assert "Traceback" not in refused.stderr
+    (line,) = [x for x in refused.stderr.splitlines() if x.startswith("rolloutd models pull:")]
+    assert f"the catalog pins {entry.sha256}: refused, nothing kept" in line
+    assert not list((tmp_path / "c2").rglob("*.gguf"))

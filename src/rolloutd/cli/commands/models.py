@@ -27,9 +27,15 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, settings: CommonSettings) -> int:
-    """List the catalog, or pull the named models and print where they are."""
+    """List the catalog, or pull the named models and print where they are.
+
+    Raises:
+        SystemExit: a pull was refused (a pin the Hub's file does not match, a file the Hub
+            does not have, an unknown name): its message, exit status 1.
+    """
     from rolloutd.cli import tables
     from rolloutd.engine.models import CATALOG, pull_model
+    from rolloutd.errors import RolloutdError
 
     if args.models_command == "list":
         tables.show(
@@ -53,7 +59,10 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
         )
         return 0
     for name in args.names:
-        files = pull_model(name)
+        try:
+            files = pull_model(name)
+        except RolloutdError as e:  # a refused download, an unknown name: one line, exit 1
+            raise SystemExit(f"rolloutd models pull: {e}") from None
         print(
             f"{name}: {files.gguf} ({files.gguf.stat().st_size} bytes), tokenizer {files.tokenizer}"
         )

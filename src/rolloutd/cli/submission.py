@@ -87,8 +87,9 @@ async def submit_tasks(
 
     Raises:
         InvalidTaskError: before any workflow starts, when any task is malformed.
-        SystemExit: a fleet died while waiting (``FleetUnavailableError``, within a minute;
-            the tasks keep running and complete once it is back).
+        SystemExit: no Temporal answers at ``address``; a fleet died while waiting
+            (``FleetUnavailableError``, within a minute; the tasks keep running and complete
+            once it is back).
     """
     from rolloutd.trainer_client import RolloutClient, validate_task
 
@@ -101,9 +102,16 @@ async def submit_tasks(
             requests.append(validate_task(task))
         except Exception as e:  # noqa: BLE001 - boundary
             raise SystemExit(f"task {i}: {e}") from None
-    client = await RolloutClient.connect(
-        address, namespace=namespace, store_url=store_url, gateway_url=gateway_url
-    )
+    try:
+        client = await RolloutClient.connect(
+            address, namespace=namespace, store_url=store_url, gateway_url=gateway_url
+        )
+    except RuntimeError as e:  # temporalio's "Failed client connect": nothing answers there
+        raise SystemExit(
+            f"no Temporal answers at {address} ({e}): start the stack (`rolloutd up`; "
+            "`rolloutd status` says when it runs), or name where Temporal runs (--address, "
+            "ROLLOUTD_TEMPORAL_ADDRESS)"
+        ) from None
     try:  # what no registered host can run is refused before any task starts
         requests = await client.check_tasks(requests)
     except RolloutdError as e:

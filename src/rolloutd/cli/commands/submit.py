@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,31 @@ def register(sub: Any) -> None:
     )
 
 
+#: seconds ``submit`` waits for a ``rolloutd up`` stack that is still starting
+STACK_START_WAIT_S = 600.0
+
+
+def _wait_for_starting_stack() -> None:
+    """When the ``rolloutd up`` stack on the default home is still starting (``rolloutd up &``
+    just before, as docs/task_sets.md runs it), wait until it runs, failed or stopped, at most
+    :data:`STACK_START_WAIT_S`; one line on stderr says so."""
+    from rolloutd.settings import default_home
+    from rolloutd.stack.state import read_state
+
+    home = default_home()
+
+    def starting() -> bool:
+        state = read_state(home)
+        return state is not None and state.phase == "starting" and state.alive()
+
+    if not starting():
+        return
+    print(f"waiting for the `rolloutd up` stack on {home} to start", file=sys.stderr)
+    deadline = time.monotonic() + STACK_START_WAIT_S
+    while starting() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def _stack_gateway_url() -> str | None:
     """The gateway URL of the `rolloutd up` stack running on the default home, if any."""
     from rolloutd.settings import default_home
@@ -68,6 +95,7 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
     from rolloutd.cli.report import exit_code
     from rolloutd.cli.submission import load_tasks, read_task_set, submit_tasks
 
+    _wait_for_starting_stack()
     return exit_code(
         asyncio.run(
             submit_tasks(

@@ -20,7 +20,8 @@ EVERY_S = 1.0
 
 @contextlib.asynccontextmanager
 async def heartbeating(every_s: float = EVERY_S, **details: Any) -> AsyncIterator[None]:
-    """Heartbeat every ``every_s`` seconds while the block runs (a no-op outside activities).
+    """Heartbeat every ``every_s`` seconds while the block runs, the first after ``every_s``
+    (a no-op outside activities).
 
     Args:
         every_s: seconds between heartbeats.
@@ -33,9 +34,12 @@ async def heartbeating(every_s: float = EVERY_S, **details: Any) -> AsyncIterato
     began = loop.time()
 
     async def beat() -> None:
+        # the first beat after one interval, not at once: the server's heartbeat timeout
+        # runs from the activity's start, so a block shorter than ``every_s`` (most
+        # provisionings, collections and teardowns) needs none and asks Temporal nothing
         while True:
-            activity.heartbeat({**details, "elapsed_s": round(loop.time() - began, 1)})
             await asyncio.sleep(every_s)
+            activity.heartbeat({**details, "elapsed_s": round(loop.time() - began, 1)})
 
     task = asyncio.create_task(beat(), name="rolloutd-heartbeat")
     try:

@@ -7,7 +7,7 @@ They must be registered on the server (``rolloutd up`` and the test fixture do i
 from __future__ import annotations
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey, SearchAttributePair
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
 TASK_ID = SearchAttributeKey.for_keyword("RolloutTaskId")
 HARNESS = SearchAttributeKey.for_keyword("RolloutHarness")
@@ -29,6 +29,32 @@ DEFINITIONS: dict[str, str] = {
     FAILURE.name: "Keyword",
     TENANT.name: "Keyword",
 }
+
+
+def started(
+    *, task_id: str, harness: str, tenant: str, status: str = "running"
+) -> TypedSearchAttributes:
+    """A workflow's search attributes at its start, given to the start itself (a child
+    workflow's ``search_attributes``): they are in its first event, and the workflow upserts
+    nothing until it ends (:func:`upsert_unless_started`)."""
+    return TypedSearchAttributes(
+        [
+            TASK_ID.value_set(task_id),
+            HARNESS.value_set(harness),
+            STATUS.value_set(status),
+            TENANT.value_set(tenant),
+        ]
+    )
+
+
+def upsert_unless_started(
+    *, task_id: str, harness: str, tenant: str, status: str = "running"
+) -> None:
+    """Upsert the attributes of :func:`started` unless the workflow was started with them (one
+    ``UpsertWorkflowSearchAttributes`` event fewer a workflow; a workflow started without
+    them, by a client, still gets them)."""
+    if workflow.info().typed_search_attributes.get(TASK_ID) is None:
+        upsert(task_id=task_id, harness=harness, status=status, tenant=tenant)
 
 
 def upsert(

@@ -230,6 +230,9 @@ class RolloutTaskWorkflow:
                     task_queue=task_queues.WORKFLOWS,
                     execution_timeout=None,
                     priority=task_priority(task),
+                    search_attributes=search.started(
+                        task_id=task.task_id, harness=task.harness.type, tenant=task.tenant
+                    ),
                     static_summary=metadata.session_summary(task, index)
                     + (f" · replacement {replacement}" if replacement else ""),
                     static_details=metadata.static_details(task),

@@ -147,8 +147,10 @@ class RolloutSessionWorkflow:
         task = input.task
         assert task is not None  # one of the two, by SessionInput's validator
         timings: list[PhaseTiming] = []
-        search.upsert(
-            task_id=task.task_id, harness=task.harness.type, status="running", tenant=task.tenant
+        # its task starts it with these (search.started); a session started by a client
+        # upserts them
+        search.upsert_unless_started(
+            task_id=task.task_id, harness=task.harness.type, tenant=task.tenant
         )
         self._show()
         self._priority = task_priority(task)

@@ -87,7 +87,7 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd.workflows.session import judging
     from rolloutd.workflows.session.models import SessionInput
     from rolloutd.workflows.session.workflow import RolloutSessionWorkflow
-    from rolloutd.workflows.tenants import task_priority
+    from rolloutd.workflows.tenants import has_quota, task_priority
 
 
 #: an activity's result type
@@ -211,6 +211,8 @@ class RolloutTaskWorkflow:
         # a large request is stored once and its sessions take its key: copied into each
         # child's input, 1,024 samples of a 50 KB instruction pass the 50 MB history limit
         task_key = await _store_request(task)
+        # asked once for the group: a session of a tenant without a quota asks nothing
+        quota = await has_quota(task)
 
         async def session(
             index: int, replacement: int, replay_from: list[str] | None = None
@@ -225,6 +227,8 @@ class RolloutTaskWorkflow:
                         sample_index=index,
                         session_id=session_id,
                         replay_from=replay_from or [],
+                        # a replacement, started later, asks its tenant itself
+                        tenant_quota=None if replacement else quota,
                     ),
                     id=session_workflow_id(parent, index, replacement),
                     task_queue=task_queues.WORKFLOWS,

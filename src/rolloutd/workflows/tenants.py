@@ -74,8 +74,35 @@ def task_priority(task: TaskRequest) -> Priority:
     )
 
 
+async def has_quota(task: TaskRequest) -> bool:
+    """From a task workflow, before it starts its sessions: whether the task's tenant has a
+    quota (its quota workflow runs), so that a session of a tenant without one does not ask
+    for a slot (a signal that fails, two events in every session's history).
+
+    The question is a ``release`` signal naming the task's own workflow, which holds and
+    waits for nothing: a no-op for the quota workflow, and "not found" without one.
+
+    Raises:
+        temporalio.exceptions.ApplicationError: the signal failed for another reason than
+            a missing tenant workflow.
+    """
+    try:
+        await signals.send(
+            tenant_workflow_id(task.tenant), RELEASE_SIGNAL, workflow.info().workflow_id
+        )
+    except ApplicationError as e:
+        if e.type == EXTERNAL_NOT_FOUND:
+            return False
+        raise
+    return True
+
+
 async def acquire_slot(
-    task: TaskRequest, granted: Callable[[], bool], timings: list[PhaseTiming]
+    task: TaskRequest,
+    granted: Callable[[], bool],
+    timings: list[PhaseTiming],
+    *,
+    quota: bool | None = None,
 ) -> float | None:
     """From a session workflow: wait for a slot of the task's tenant when the tenant has a
     quota (its quota workflow runs). The wait is appended to ``timings`` as ``tenant_wait``.
@@ -90,6 +117,8 @@ async def acquire_slot(
         task: the session's task (tenant, priority).
         granted: whether the session's ``tenant_slot_granted`` signal has arrived.
         timings: the session's phase timings.
+        quota: what the task found (:func:`has_quota`) when it started the session; False
+            asks nothing; None (a replacement, a session started by a client) asks.
 
     Returns:
         Seconds waited while a slot is now held (release it with :func:`release_slot`);
@@ -99,6 +128,8 @@ async def acquire_slot(
         temporalio.exceptions.ApplicationError: the signal failed for another reason than
             a missing tenant workflow.
     """
+    if quota is False:
+        return None
     t0 = workflow.now()
     try:
         await signals.send(

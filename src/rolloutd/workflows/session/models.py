@@ -35,6 +35,12 @@ class SessionInput(Payload):
         "attempts), newest first: replayed from when ``task.resume`` is ``replay``",
     )
 
+    tenant_quota: bool | None = Field(
+        default=None,
+        description="whether the task's tenant had a quota when the task started its "
+        "sessions (False: the session asks its tenant for no slot); None: the session asks",
+    )
+
     @model_validator(mode="after")
     def _one_request(self) -> SessionInput:
         if (self.task is None) == (self.task_key is None):

@@ -155,7 +155,9 @@ class RolloutSessionWorkflow:
         self._show()
         self._priority = task_priority(task)
         self._phase = "tenant_wait"
-        waited = await tenants.acquire_slot(task, lambda: self._granted, timings)
+        waited = await tenants.acquire_slot(
+            task, lambda: self._granted, timings, quota=input.tenant_quota
+        )
         holds_slot = waited is not None
         try:
             return await self._run(input, timings)

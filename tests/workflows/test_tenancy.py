@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 
 from rolloutd.trainer_client import RolloutClient
 from rolloutd.types import SessionResult
+from rolloutd.workflows.task import session_workflow_id, task_workflow_id
 from tests.support.garbage_fleets import REPO, fleets_in_namespace, rolloutd_command
 from tests.support.tenancy import assert_all_completed, sampling, task
 
@@ -276,6 +278,20 @@ async def test_a_tenant_with_quota_3_never_has_more_in_flight_and_the_rest_finis
     print(f"quota waits (s): {', '.join(f'{w:.1f}' for w in waits)}")
     assert waits[-1] > 1.0  # the later ones waited for a slot, and then completed
     assert final.holders == [] and final.waiting == []
+    # each task asked once whether its tenant has a quota: the quota's sessions then asked
+    # for a slot, the free tenant's asked nothing; a session upserts its search attributes
+    # only at its end (its task started it with the others)
+    for group, asks in ((groups[0], 1), (groups[1], 0)):
+        kinds = await _session_event_kinds(r, group.task_id)
+        assert kinds.count("SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED") == 2 * asks, kinds
+        assert kinds.count("UPSERT_WORKFLOW_SEARCH_ATTRIBUTES") == 1, kinds
+
+
+async def _session_event_kinds(r: Rig, task_id: str) -> list[str]:
+    """The event types of the first session of ``task_id`` (without ``EVENT_TYPE_``)."""
+    handle = r.client.client.get_workflow_handle(session_workflow_id(task_workflow_id(task_id), 0))
+    history = await handle.fetch_history()
+    return [EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in history.events]
 
 
 async def _final_state(r: Rig):

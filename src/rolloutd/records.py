@@ -183,6 +183,20 @@ class Completion(Payload):
         description="the experts each token was routed to (R3), when the backend returned "
         "them: stored out of line (:mod:`rolloutd.routes`)",
     )
+    num_prompt_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="prompt tokens the backend received: ``len(prompt_ids)`` in tokens mode, "
+        "the backend's ``usage.prompt_tokens`` in passthrough; None in logs written before "
+        "it was kept and for a replayed completion",
+    )
+    num_cached_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="prompt tokens the backend served from its prefix cache, as it reported "
+        "them (llama.cpp ``timings.cache_n``, SGLang ``meta_info.cached_tokens``, "
+        "OpenAI-shaped ``usage.prompt_tokens_details.cached_tokens``); None when it did not",
+    )
 
     @model_validator(mode="after")
     def _aligned(self) -> Completion:

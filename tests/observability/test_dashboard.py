@@ -111,6 +111,7 @@ def registry_names(tmp_path: Path) -> set[str]:
     metrics.count_call("openai_chat", 200)
     metrics.observe_added_latency("openai_chat", False, 0.001)
     metrics.count_tokens("dashboard-test", 1, 1)
+    metrics.count_prefix_cache("dashboard-test", 2, 1, 1)
     metrics.observe_log_write(0.0001)
     metrics.set_fleet_alive("dashboard-test", True)
     metrics.observe_judge_call(0.5)
@@ -149,7 +150,9 @@ def test_dashboard_references_only_exported_metrics(tmp_path):
     assert shown == families, families - shown
 
 
-@pytest.mark.parametrize("panel", ["backlog", "phase", "added latency", "tokens", "backend"])
+@pytest.mark.parametrize(
+    "panel", ["backlog", "phase", "added latency", "tokens", "backend", "prefix-cache hit rate"]
+)
 def test_dashboard_has_the_panels_the_issue_asks_for(panel):
     titles = " | ".join(p["title"].lower() for p in dashboard()["panels"])
     assert panel in titles

@@ -45,6 +45,22 @@ GATEWAY_PROMPT_TOKENS = Counter(
 GATEWAY_SAMPLED_TOKENS = Counter(
     _family(names.GATEWAY_SAMPLED_TOKENS), "sampled tokens of recorded completions", ["backend"]
 )
+GATEWAY_CACHE_PROMPT_TOKENS = Counter(
+    _family(names.GATEWAY_CACHE_PROMPT_TOKENS),
+    "prompt tokens of recorded completions whose backend reports its prefix-cache hits",
+    ["backend"],
+)
+GATEWAY_CACHED_TOKENS = Counter(
+    _family(names.GATEWAY_CACHED_TOKENS),
+    "prompt tokens the backend served from its prefix cache, as it reported them",
+    ["backend"],
+)
+GATEWAY_REUSABLE_TOKENS = Counter(
+    _family(names.GATEWAY_REUSABLE_TOKENS),
+    "prompt tokens the session's previous call on the same backend left in its cache "
+    "(what a working prefix cache serves at least), of completions whose backend reports hits",
+    ["backend"],
+)
 COMPLETION_LOG_WRITE = Histogram(
     names.COMPLETION_LOG_WRITE,
     "seconds to append one completion to its completion log",
@@ -82,6 +98,9 @@ _calls = _Children(GATEWAY_CALLS)
 _added = _Children(GATEWAY_ADDED_LATENCY)
 _prompt = _Children(GATEWAY_PROMPT_TOKENS)
 _sampled = _Children(GATEWAY_SAMPLED_TOKENS)
+_cache_prompt = _Children(GATEWAY_CACHE_PROMPT_TOKENS)
+_cached = _Children(GATEWAY_CACHED_TOKENS)
+_reusable = _Children(GATEWAY_REUSABLE_TOKENS)
 
 
 def count_call(dialect: str, status: int) -> None:
@@ -99,6 +118,27 @@ def count_tokens(backend: str, num_prompt_tokens: int, num_sampled_tokens: int) 
     counters."""
     _prompt.get(backend).inc(num_prompt_tokens)
     _sampled.get(backend).inc(num_sampled_tokens)
+
+
+def count_prefix_cache(
+    backend: str, num_prompt_tokens: int, num_cached_tokens: int | None, num_reusable: int
+) -> None:
+    """Add one completion's prefix-cache figures to ``backend``'s counters; nothing when the
+    backend did not report its cached tokens (``num_cached_tokens`` None), so the hit rate
+    (cached / prompt) and the reuse rate (cached / reusable) are over the same completions.
+
+    Args:
+        backend: the backend that sampled it.
+        num_prompt_tokens: its prompt tokens.
+        num_cached_tokens: of those, served from the backend's prefix cache.
+        num_reusable: of those, left in the cache by the session's previous call there
+            (:func:`rolloutd.proxy.sessions.recorder.reusable_prefix`).
+    """
+    if num_cached_tokens is None:
+        return
+    _cache_prompt.get(backend).inc(num_prompt_tokens)
+    _cached.get(backend).inc(num_cached_tokens)
+    _reusable.get(backend).inc(num_reusable)
 
 
 class BackendPoolLike(Protocol):

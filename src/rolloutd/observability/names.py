@@ -78,6 +78,18 @@ GATEWAY_PROMPT_TOKENS = "rolloutd_gateway_prompt_tokens_total"
 #: counter: sampled tokens of recorded completions (rate() gives tokens per second); label
 #: ``backend``
 GATEWAY_SAMPLED_TOKENS = "rolloutd_gateway_sampled_tokens_total"
+#: counter: prompt tokens of recorded completions whose backend reported its prefix-cache
+#: hits (the hit rate's denominator); label ``backend``
+GATEWAY_CACHE_PROMPT_TOKENS = "rolloutd_gateway_cache_prompt_tokens_total"
+#: counter: prompt tokens the backend served from its prefix cache, as reported (llama.cpp
+#: ``timings.cache_n``, SGLang ``cached_tokens``, OpenAI ``prompt_tokens_details``); the hit
+#: rate is ``rate(cached) / rate(cache_prompt)``; label ``backend``
+GATEWAY_CACHED_TOKENS = "rolloutd_gateway_cached_tokens_total"
+#: counter: prompt tokens the session's previous call on the same backend left in its cache
+#: (a working cache serves at least these); ``rate(cached) / rate(reusable)`` falling far
+#: below 1 is a cache that stopped serving (a restart, eviction, lost affinity); label
+#: ``backend``
+GATEWAY_REUSABLE_TOKENS = "rolloutd_gateway_reusable_tokens_total"
 #: histogram, seconds: appending one completion to its session's completion log
 COMPLETION_LOG_WRITE = "rolloutd_completion_log_write_seconds"
 #: gauge: sampling calls running on a backend; label ``backend``
@@ -169,6 +181,9 @@ PROCESS_METRICS = {
     GATEWAY_ADDED_LATENCY: "histogram",
     GATEWAY_PROMPT_TOKENS: "counter",
     GATEWAY_SAMPLED_TOKENS: "counter",
+    GATEWAY_CACHE_PROMPT_TOKENS: "counter",
+    GATEWAY_CACHED_TOKENS: "counter",
+    GATEWAY_REUSABLE_TOKENS: "counter",
     COMPLETION_LOG_WRITE: "histogram",
     BACKEND_CALLS_IN_FLIGHT: "gauge",
     BACKEND_PAUSED: "gauge",

@@ -16,6 +16,24 @@ from rolloutd.proxy.core import fastjson
 from rolloutd.types import LogprobMode
 
 
+def reported_int(value: Any) -> int | None:
+    """A count an engine reported (``timings.cache_n``, ``meta_info.cached_tokens``) as an
+    int, or None when it is absent or not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(value)
+
+
+def cached_tokens(usage: Any) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` of an OpenAI-shaped answer: prompt tokens
+    served from the engine's prefix cache (OpenAI's ``CompletionUsage``; vLLM's
+    ``UsageInfo``/``PromptTokenUsageInfo``, sent when the server runs
+    ``--enable-prompt-tokens-details``; llama-server's ``/v1/chat/completions``), or None
+    when the answer does not say."""
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    return reported_int(details.get("cached_tokens")) if isinstance(details, dict) else None
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
     """One sampling call.
@@ -64,7 +82,8 @@ class GenerateResult:
         finish_reason: ``stop`` (end-of-generation token) or ``length`` (``max_tokens``).
         ended_by_eos: the last of ``response_ids`` is an end-of-generation token.
         num_prompt_tokens: prompt tokens the backend reports it received.
-        num_cached_tokens: prompt tokens served from its prefix cache.
+        num_cached_tokens: prompt tokens served from its prefix cache, or None when the
+            backend did not report it.
         first_token_s: seconds from the request to the first sampled token (streaming), or None.
         raw: backend-specific extras (stop type, timings) kept for debugging.
         recomputed_logprob_positions: positions in ``response_ids`` whose logprob the backend
@@ -81,7 +100,7 @@ class GenerateResult:
     finish_reason: Literal["stop", "length"]
     ended_by_eos: bool
     num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
+    num_cached_tokens: int | None = None
     first_token_s: float | None = None
     raw: dict[str, Any] = field(default_factory=dict)
     recomputed_logprob_positions: list[int] = field(default_factory=list)
@@ -201,6 +220,8 @@ class ChatResult:
         response_logprobs: list[float], length R: their logprobs, or empty.
         num_prompt_tokens: prompt tokens reported in ``usage``.
         num_completion_tokens: completion tokens reported in ``usage``.
+        num_cached_tokens: prompt tokens served from its prefix cache
+            (``usage.prompt_tokens_details.cached_tokens``), or None when not reported.
     """
 
     message: dict[str, Any]
@@ -210,6 +231,7 @@ class ChatResult:
     response_logprobs: list[float] = field(default_factory=list)
     num_prompt_tokens: int = 0
     num_completion_tokens: int = 0
+    num_cached_tokens: int | None = None
 
     @property
     def trainable(self) -> bool:

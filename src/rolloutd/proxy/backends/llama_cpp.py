@@ -43,7 +43,12 @@ import httpx
 import structlog
 
 from rolloutd.errors import BackendError, BackendUnavailableError, ContextLengthError
-from rolloutd.proxy.backends.base import GenerateDelta, GenerateRequest, GenerateResult
+from rolloutd.proxy.backends.base import (
+    GenerateDelta,
+    GenerateRequest,
+    GenerateResult,
+    reported_int,
+)
 from rolloutd.proxy.backends.http import HttpBackend, transport_error
 from rolloutd.proxy.backends.llama_cpp_logprobs import (
     MISSING,
@@ -248,7 +253,7 @@ class LlamaCppBackend(HttpBackend):
             finish_reason=finish_reason,  # type: ignore[arg-type]
             ended_by_eos=ended_by_eos,
             num_prompt_tokens=int(body.get("tokens_evaluated") or 0),
-            num_cached_tokens=int(timings.get("cache_n") or 0),
+            num_cached_tokens=reported_int(timings.get("cache_n")),
             first_token_s=first_token_s,
             raw={"stop_type": stop_type, "timings": timings, "id_slot": body.get("id_slot")},
             recomputed_logprob_positions=recomputed,

@@ -28,6 +28,7 @@ from rolloutd.proxy.backends.base import (
     ChatResult,
     GenerateRequest,
     GenerateResult,
+    cached_tokens,
 )
 from rolloutd.proxy.backends.http import HttpBackend, post_json, sse_events
 from rolloutd.types import LogprobMode
@@ -237,6 +238,7 @@ class OpenAIChatBackend(HttpBackend):
             finish_reason=finish,  # type: ignore[arg-type]
             num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
             num_completion_tokens=int(usage.get("completion_tokens") or 0),
+            num_cached_tokens=cached_tokens(usage),
         )
 
 

@@ -39,7 +39,12 @@ from typing import Any
 import numpy as np
 
 from rolloutd.errors import BackendError
-from rolloutd.proxy.backends.base import GenerateDelta, GenerateRequest, GenerateResult
+from rolloutd.proxy.backends.base import (
+    GenerateDelta,
+    GenerateRequest,
+    GenerateResult,
+    reported_int,
+)
 from rolloutd.proxy.backends.http import (
     HttpBackend,
     post_json,
@@ -221,7 +226,7 @@ class SglangBackend(HttpBackend):
             finish_reason=reason,
             ended_by_eos=ended_by_eos,  # type: ignore[arg-type]
             num_prompt_tokens=int(meta.get("prompt_tokens") or 0),
-            num_cached_tokens=int(meta.get("cached_tokens") or 0),
+            num_cached_tokens=reported_int(meta.get("cached_tokens")),
             first_token_s=first_token_s,
             raw={"finish_reason": meta.get("finish_reason")},
             routed_experts=meta_routes(

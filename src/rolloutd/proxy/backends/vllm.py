@@ -35,7 +35,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rolloutd.errors import BackendError
-from rolloutd.proxy.backends.base import ChatResult, GenerateDelta, GenerateRequest, GenerateResult
+from rolloutd.proxy.backends.base import (
+    ChatResult,
+    GenerateDelta,
+    GenerateRequest,
+    GenerateResult,
+    cached_tokens,
+)
 from rolloutd.proxy.backends.http import (
     float_list,
     int_list,
@@ -176,6 +182,7 @@ class VllmBackend(OpenAIChatBackend):
             finish_reason=reason,
             ended_by_eos=ended_by_eos,  # type: ignore[arg-type]
             num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            num_cached_tokens=cached_tokens(usage),
             raw={"stop_reason": choice.get("stop_reason")},
             routed_experts=choice_routes(choice, "response"),
         )

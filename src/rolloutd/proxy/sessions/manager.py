@@ -38,6 +38,7 @@ from rolloutd.proxy.sessions.state import (
     SessionInfo,
     SessionState,
     hash_session_key,
+    prefix_cache_usage,
     session_key_index,
     session_state_key,
 )
@@ -355,6 +356,7 @@ class SessionManager:
                         "closed": True,
                         "closed_at": time.time(),
                         "num_completions": len(session.completions),
+                        "prefix_cache": prefix_cache_usage(session.completions),
                     }
                 )
                 await asyncio.to_thread(self.store.put_json, session_state_key(session_id), state)

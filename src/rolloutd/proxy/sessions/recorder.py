@@ -100,7 +100,43 @@ def build_completion(
             started_at=started_at, first_token_s=result.first_token_s, duration_s=duration_s
         ),
         sampling=sampling,
+        num_prompt_tokens=len(plan.prompt_ids),
+        num_cached_tokens=result.num_cached_tokens,
     )
+
+
+def reusable_prefix(completion: Completion, base: Completion | None) -> int:
+    """Prompt tokens of ``completion`` its backend could have served from its prefix cache
+    because the session's previous call left them there: the tokens ``completion``'s prompt
+    shares with ``base``'s prompt + response when ``base`` was sampled on the same backend
+    (a cache that keeps a session's last sequence serves at least these), else 0. What
+    :func:`rolloutd.observability.metrics.count_prefix_cache` sets the cached tokens
+    against, to see a cache that stopped serving (a restart, an evicting slot).
+
+    Args:
+        completion: the completion just sampled (``prompt_ids``, length P, and ``backend``).
+        base: the completion it extends, else the session's previous one, or None.
+
+    Returns:
+        The shared leading tokens, 0 <= n <= P.
+    """
+    if (
+        base is None
+        or base.backend != completion.backend
+        or base.replayed_from is not None
+        or not completion.prompt_ids
+    ):
+        return 0
+    prompt = completion.prompt_ids
+    if completion.extends == base.index:  # the prompt continues base's tokens, by construction
+        return min(len(base.prompt_ids) + len(base.response_ids), len(prompt))
+    n = 0  # a fresh render: compare
+    for sequence in (base.prompt_ids, base.response_ids):
+        for token in sequence:
+            if n >= len(prompt) or prompt[n] != token:
+                return n
+            n += 1
+    return n
 
 
 def _call_fields(
@@ -162,6 +198,8 @@ def build_passthrough_completion(
         trainable=trainable,
         timings=Timings(started_at=started_at, duration_s=duration_s),
         sampling=sampling,
+        num_prompt_tokens=result.num_prompt_tokens or len(result.prompt_ids) or None,
+        num_cached_tokens=result.num_cached_tokens,
     )
 
 
@@ -245,6 +283,12 @@ class Recorder:
         metrics.observe_log_write(appended - writing)
         metrics.count_tokens(
             completion.backend, len(completion.prompt_ids), len(completion.response_ids)
+        )
+        metrics.count_prefix_cache(
+            completion.backend,
+            completion.num_prompt_tokens or 0,
+            completion.num_cached_tokens,
+            reusable_prefix(completion, base),
         )
         # per call: DEBUG (an INFO line per call costs more than the rest of the recording)
         log.debug(

@@ -81,6 +81,9 @@ def replayed_copy(
             "request_hash": body_hash,
             # its own copy of the source's rows is written when it is recorded
             "routed_experts": None,
+            # no engine was called: nothing was sent, nothing came from a cache
+            "num_prompt_tokens": None,
+            "num_cached_tokens": None,
         }
     )
 

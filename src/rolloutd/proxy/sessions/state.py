@@ -64,6 +64,33 @@ def unrecovered_errors(
     return [error for error in candidates if not recovery.recovered(error)]
 
 
+class PrefixCacheUsage(Payload):
+    """A session's prompt tokens and what its backends served from their prefix caches,
+    over its completions sampled by a backend that reports cached tokens."""
+
+    num_completions: int = Field(default=0, ge=0, description="completions counted")
+    num_prompt_tokens: int = Field(default=0, ge=0, description="their prompt tokens")
+    num_cached_tokens: int = Field(
+        default=0, ge=0, description="of those, served from the backend's prefix cache"
+    )
+
+    @property
+    def hit_rate(self) -> float | None:
+        """``num_cached_tokens / num_prompt_tokens``, or None with no prompt token."""
+        return self.num_cached_tokens / self.num_prompt_tokens if self.num_prompt_tokens else None
+
+
+def prefix_cache_usage(completions: list[Completion]) -> PrefixCacheUsage:
+    """The prefix-cache figures of ``completions`` (those whose ``num_cached_tokens`` the
+    backend reported; replayed ones called no engine and are not counted)."""
+    counted = [c for c in completions if c.num_cached_tokens is not None]
+    return PrefixCacheUsage(
+        num_completions=len(counted),
+        num_prompt_tokens=sum(c.num_prompt_tokens or 0 for c in counted),
+        num_cached_tokens=sum(c.num_cached_tokens or 0 for c in counted),
+    )
+
+
 class SessionState(Payload):
     """What the gateway persists about a session."""
 
@@ -90,6 +117,11 @@ class SessionState(Payload):
     closed: bool = Field(default=False, description="sealed: no further call is accepted")
     closed_at: float | None = None
     num_completions: int = Field(default=0, description="completions in the log when it was sealed")
+    prefix_cache: PrefixCacheUsage | None = Field(
+        default=None,
+        description="prompt and cached tokens of its completions when it was sealed "
+        "(:func:`prefix_cache_usage`); None before it is sealed",
+    )
     backend_moves: list[BackendMove] = Field(
         default_factory=list, description="the moves off removed backends, in order"
     )

@@ -479,6 +479,20 @@ class GatewaySettings(CommonSettings):
         description="how long a call waits for a paused backend (or for "
         "any backend when the pool is empty) before it fails with 503",
     )
+    routing: Literal["sticky", "round_robin", "cache_aware"] = Field(
+        default="sticky",
+        description="which backend serves a session's call: ``sticky`` (the backend it was "
+        "pinned to), ``round_robin`` (the next one, each call), ``cache_aware`` (the one "
+        "holding the longest prefix of its conversation, bounded by load); "
+        "rolloutd.proxy.backends.routing",
+    )
+    routing_max_imbalance: int = Field(
+        default=8,
+        ge=1,
+        description="cache_aware routing: calls in flight beyond the least busy backend's at "
+        "which the backend holding the prefix is passed over for the least busy (when it "
+        "also runs more than 1.5 times as many)",
+    )
     pool_refresh_s: float = Field(
         default=1.0,
         gt=0,

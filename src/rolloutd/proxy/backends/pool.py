@@ -1,10 +1,11 @@
 """The backend pool: which backends serve, which session is pinned to which, and weight sync.
 
 A session stays on one backend for prefix-cache reuse; a new session goes to the
-least-assigned backend. The pool is durable: every admin change (add,
-remove, clear, pause, resume, policy version) is written to the blob store before it takes
-effect, so a gateway that restarts, or a second gateway over the same store, serves the same
-pool::
+least-assigned backend. Which backend serves each call is the routing mode's
+(:mod:`.routing`: ``sticky``, ``round_robin``, ``cache_aware``; :meth:`BackendPool.route`).
+The pool is durable: every admin change (add, remove, clear, pause, resume, policy version)
+is written to the blob store before it takes effect, so a gateway that restarts, or a second
+gateway over the same store, serves the same pool::
 
     gateway/backend_pool.json    PoolState: [{name, type, url, policy_version, paused}], managed
 
@@ -50,6 +51,7 @@ from rolloutd.http_client import HEALTH_PROBE, new_async_client
 from rolloutd.proxy.backends import pool_health
 from rolloutd.proxy.backends.base import Backend
 from rolloutd.proxy.backends.health import BackendHealth, dead_message
+from rolloutd.proxy.backends.routing import Router
 from rolloutd.proxy.backends.slots import Lease, Slot
 from rolloutd.proxy.backends.specs import (
     POOL_KEY,
@@ -85,6 +87,7 @@ class BackendPool:
             it fails with 503.
         judges: names of ``backends`` that form the judge pool (judge sessions only; never
             addressed by a policy update that names no backend).
+        router: which backend serves each call (default: ``sticky``).
 
     Raises:
         ConfigError: two backends share a name.
@@ -103,8 +106,10 @@ class BackendPool:
         updated_at: float = 0.0,
         probe_transport: httpx.AsyncBaseTransport | None = None,
         judges: Iterable[str] = (),
+        router: Router | None = None,
     ) -> None:
         self.store = store
+        self.router = router or Router()
         #: the client of health probes (:func:`rolloutd.proxy.backends.health.probe`)
         self._probe_http = new_async_client(HEALTH_PROBE, transport=probe_transport)
         self.refresh_s = refresh_s
@@ -199,6 +204,7 @@ class BackendPool:
                 refresh_s=settings.pool_refresh_s,
                 updated_at=stored.updated_at,
                 probe_transport=transport,
+                router=Router(settings.routing, max_imbalance=settings.routing_max_imbalance),
             )
             log.info("backend_pool_loaded", num_backends=len(stored.backends))
             return pool
@@ -227,6 +233,7 @@ class BackendPool:
             wait_s=settings.backend_wait_s,
             refresh_s=settings.pool_refresh_s,
             probe_transport=transport,
+            router=Router(settings.routing, max_imbalance=settings.routing_max_imbalance),
         )
         if store is not None:
             state = pool.state()
@@ -299,6 +306,16 @@ class BackendPool:
         """Open sessions pinned to ``name``."""
         slot = self._slots.get(name)
         return slot.num_assigned if slot else 0
+
+    def route(self, pinned: str, messages: list[dict[str, Any]]) -> str:
+        """The backend a call of a session pinned to ``pinned`` asks a lease of, by the
+        routing mode (:class:`.routing.Router`); ``pinned`` itself in ``sticky`` mode.
+
+        Args:
+            pinned: the session's pinned backend.
+            messages: the call's conversation (OpenAI chat shape).
+        """
+        return self.router.choose(pinned, self._slots, messages)
 
     # -- leases ------------------------------------------------------------------------------
     async def acquire(
@@ -537,6 +554,8 @@ class BackendPool:
                 ]
             )
             slots = [self._slots[t] for t in targets]
+            if paused:  # a pause is for a load: what the engines cached is not to be counted on
+                self.router.forget(targets)
             if not paused:  # an engine restarted for the update is given a fresh start
                 for slot in slots:
                     slot.health = BackendHealth()
@@ -628,6 +647,7 @@ class BackendPool:
             slot.spec = spec
             slot.backend.policy_version = spec.policy_version
             slots[spec.name] = slot
+        self.router.forget([n for n in self._slots if n not in slots])
         for slot in self._slots.values():  # what is left was removed
             slot.removed = True
             if slot.num_in_flight:

@@ -199,10 +199,13 @@ class ChatService:
                 )
         return body_hash, answered
 
-    async def _lease(self, session: Session) -> Lease:
-        """A lease on the session's backend (waits while it is paused); a session pinned to a
-        removed backend moves now, and the move is persisted."""
-        lease = await self.pool.acquire(session.state.backend, pool=session.state.pool)
+    async def _lease(self, session: Session, request: InternalRequest) -> Lease:
+        """A lease on the backend the routing mode chooses for the call (the session's own in
+        ``sticky`` mode; waits while it is paused); a session pinned to a removed backend
+        moves now, and the move is persisted."""
+        lease = await self.pool.acquire(
+            self.pool.route(session.state.backend, request.messages), pool=session.state.pool
+        )
         if lease.moved_from is not None:
             try:
                 await session.move_backend(lease.moved_from, lease.backend.name)
@@ -374,7 +377,7 @@ class ChatService:
         own = session.start_sampling(body_hash)
         index: int | None = None
         try:
-            lease = await self._lease(session)
+            lease = await self._lease(session, request)
             session.liveness.leased(token)
             try:
                 if session.state.capture_mode is CaptureMode.PASSTHROUGH:
@@ -493,7 +496,7 @@ class ChatService:
                 )
                 return
             own = session.start_sampling(body_hash)
-            lease = await self._lease(session)
+            lease = await self._lease(session, request)
             session.liveness.leased(token)
             clock = CallClock(started)
             events = (

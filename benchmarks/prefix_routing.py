@@ -1,0 +1,218 @@
+"""Prefix-cache hit rate and wall time of the gateway's routing modes, on one replayed trace.
+
+A multi-turn agent trace (``--tasks`` tasks x ``--samples`` samples = sessions, ``--turns``
+turns each) is replayed through an in-process gateway over two real llama-servers
+(SmolLM2-135M by default, ``--parallel`` slots each, llama.cpp's host-memory prompt cache at
+its default), once per routing mode: ``round_robin``, ``sticky``, ``cache_aware``. Each mode
+starts fresh engines (empty caches) and replays the same requests, all sessions at once, each
+waiting ``--tool-s`` between its turns (the tool run). The engine's answers are sampled
+(greedy, ``--max-tokens``) but not fed back: every turn sends the trace's own conversation,
+so each mode sends the same prompts.
+
+The trace is synthetic, shaped like a tool-using harness's session: one system prompt with
+tool schemas shared by every session (about 1,000 tokens), a task instruction shared by the
+samples of a task (a GRPO group), then per turn the assistant's tool call and the tool's
+output (about 120 tokens), each sample's own. It is generated from ``--seed``, not recorded
+from a harness.
+
+    python benchmarks/prefix_routing.py [--tasks 16] [--samples 4] [--turns 8]
+        [--parallel 4] [--max-tokens 4] [--tool-s 0.1] [--model smollm2-135m] [--json PATH]
+
+Printed (markdown): per mode, the calls, prompt tokens, tokens served from the engines'
+prefix caches, hit rate (cached / prompt, from each completion's ``num_cached_tokens``),
+hit rate of turns after the first, wall time, and the sessions each backend served calls of.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rolloutd.engine.models import load_tokenizer
+from rolloutd.engine.server import LlamaServer
+from rolloutd.proxy.http.server import Gateway
+from rolloutd.settings import GatewaySettings
+from rolloutd.store import CompletionLog
+from rolloutd.types import SamplingParams
+
+MODES = ("round_robin", "sticky", "cache_aware")
+WORDS = (
+    "file path line test module class function value error config build check parse "
+    "result output input stream buffer index table query cache token session worker "
+    "server client request answer patch branch commit merge review"
+).split()
+
+
+def tool_schemas(rng: random.Random) -> list[dict[str, Any]]:
+    """Twelve tool schemas with long descriptions: the shared head of every prompt."""
+    tools = []
+    for i in range(12):
+        words = " ".join(rng.choice(WORDS) for _ in range(45))
+        tools.append(
+            {
+                "name": f"tool_{i}",
+                "description": f"Tool {i}: {words}.",
+                "parameters": {"path": "string", "content": "string", "timeout": "integer"},
+            }
+        )
+    return tools
+
+
+def trace(tasks: int, samples: int, turns: int, seed: int) -> list[list[list[dict[str, Any]]]]:
+    """Per session (task-major), per turn, the conversation the harness sends."""
+    rng = random.Random(seed)
+    system = (
+        "You are a coding agent. Answer with one tool call per turn as JSON.\nTools:\n"
+        + json.dumps(tool_schemas(rng), indent=1)
+    )
+    sessions = []
+    for t in range(tasks):
+        instruction = f"Task {t}: " + " ".join(rng.choice(WORDS) for _ in range(40))
+        for _ in range(samples):
+            messages: list[dict[str, Any]] = [
+                {"role": "system", "content": system},
+                {"role": "user", "content": instruction},
+            ]
+            conversation = [list(messages)]
+            for turn in range(turns - 1):
+                call = {"tool": f"tool_{rng.randrange(12)}", "path": f"src/{rng.choice(WORDS)}.py"}
+                output = " ".join(rng.choice(WORDS) for _ in range(70))
+                messages += [
+                    {"role": "assistant", "content": json.dumps(call)},
+                    {"role": "user", "content": f"Tool output (turn {turn}):\n{output}"},
+                ]
+                conversation.append(list(messages))
+            sessions.append(conversation)
+    return sessions
+
+
+async def replay(
+    mode: str, sessions: list[list[list[dict[str, Any]]]], args: argparse.Namespace, home: Path
+) -> dict[str, Any]:
+    """Replay ``sessions`` through a gateway in ``mode`` over two fresh llama-servers."""
+    engines = [
+        LlamaServer(
+            args.model,
+            parallel=args.parallel,
+            ctx_size=args.parallel * args.slot_ctx,
+            log_path=home / f"{mode}-engine{i}.log",
+        )
+        for i in range(2)
+    ]
+    for engine in engines:
+        engine.start(timeout_s=180)
+    try:
+        settings = GatewaySettings(
+            store_url=str(home / f"store-{mode}"),
+            model=args.model,
+            backend_url=",".join(e.url for e in engines),
+            gateway_public_url="http://gateway.test",
+            backend_timeout_s=600,
+            routing=mode,
+        )
+        gateway = Gateway.from_settings(settings, tokenizer=load_tokenizer(args.model))
+        transport = httpx.ASGITransport(app=gateway.app)
+        sampling = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gateway.test", timeout=600
+        ) as http:
+
+            async def run(i: int, turns: list[list[dict[str, Any]]]) -> None:
+                info = await gateway.sessions.open_session(f"bench/{i}", "bench", sampling=sampling)
+                for messages in turns:
+                    answer = await http.post(
+                        f"/s/{info.session_key}/v1/chat/completions",
+                        json={"model": "m", "messages": messages},
+                    )
+                    answer.raise_for_status()
+                    await asyncio.sleep(args.tool_s)
+                await gateway.sessions.close_session(f"bench/{i}")
+
+            started = time.monotonic()
+            await asyncio.gather(*(run(i, t) for i, t in enumerate(sessions)))
+            wall_s = time.monotonic() - started
+        logs = [CompletionLog(gateway.store, f"bench/{i}").read_all() for i in range(len(sessions))]
+        await gateway.aclose()
+    finally:
+        for engine in engines:
+            engine.stop()
+    completions = [c for log in logs for c in log]
+    later = [c for log in logs for c in log[1:]]
+    prompt = sum(c.num_prompt_tokens or 0 for c in completions)
+    cached = sum(c.num_cached_tokens or 0 for c in completions)
+    names = {e.url: f"engine{i}" for i, e in enumerate(engines)}
+    spread = [len({c.backend for c in log}) for log in logs]
+    return {
+        "mode": mode,
+        "num_calls": len(completions),
+        "num_unreported": sum(c.num_cached_tokens is None for c in completions),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "hit_rate": cached / prompt if prompt else 0.0,
+        "hit_rate_after_turn_1": (
+            sum(c.num_cached_tokens or 0 for c in later)
+            / max(sum(c.num_prompt_tokens or 0 for c in later), 1)
+        ),
+        "wall_s": wall_s,
+        "calls_per_backend": {
+            names[url]: sum(c.backend == url for c in completions) for url in names
+        },
+        "sessions_on_two_backends": sum(n > 1 for n in spread),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--parallel", type=int, default=4, help="slots per llama-server")
+    parser.add_argument("--slot-ctx", type=int, default=4096, help="context per slot, tokens")
+    parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument("--tool-s", type=float, default=0.1)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    sessions = trace(args.tasks, args.samples, args.turns, args.seed)
+    load = os.getloadavg()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="prefix-routing-") as home:
+        for mode in args.modes.split(","):
+            rows.append(asyncio.run(replay(mode, sessions, args, Path(home))))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    after = os.getloadavg()
+    print(
+        f"\n### Prefix-cache routing ({len(sessions)} sessions x {args.turns} turns, 2 "
+        f"llama-servers x {args.parallel} slots, {args.model}, {os.cpu_count()} cores; load "
+        f"average {load[0]:.2f} before, {after[0]:.2f} after)\n"
+    )
+    print(
+        "| routing | calls | prompt tokens | cached tokens | hit rate | hit rate after turn 1 "
+        "| wall time (s) | calls per backend | sessions on both backends |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        per_backend = " / ".join(str(n) for n in r["calls_per_backend"].values())
+        print(
+            f"| `{r['mode']}` | {r['num_calls']} | {r['prompt_tokens']} | {r['cached_tokens']} "
+            f"| {r['hit_rate']:.1%} | {r['hit_rate_after_turn_1']:.1%} | {r['wall_s']:.1f} "
+            f"| {per_backend} | {r['sessions_on_two_backends']} |"
+        )
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "load": [load, after]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

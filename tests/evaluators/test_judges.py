@@ -10,6 +10,8 @@ tests/evaluators/test_judge_faults.py.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -22,6 +24,8 @@ from rolloutd.proxy.backends.specs import BackendSpec, make_backend
 from rolloutd.rubrics import Rubric
 from rolloutd.scoring import JUDGE_FAILURE, failure_counts, judge_failure
 from rolloutd.store import CompletionLog
+from rolloutd.trainer_client.training.exports import to_verl_batch
+from rolloutd.trajectory import per_token_turn_rewards, to_polar_trace, turn_reward_positions
 from rolloutd.types import (
     EvaluatorSpec,
     SessionResult,
@@ -30,7 +34,13 @@ from rolloutd.types import (
     Trace,
     Trajectory,
 )
-from tests.support.judge_stack import DOCSTRING_RUBRIC, docstring_task, judge_server, judge_stack
+from tests.support.judge_stack import (
+    DOCSTRING_RUBRIC,
+    EXAMPLES,
+    docstring_task,
+    judge_server,
+    judge_stack,
+)
 
 
 def _rubric(**fields) -> Rubric:
@@ -221,3 +231,36 @@ async def test_a_task_is_judged_through_the_judge_pool(temporal_server, engine, 
         merged = {i for t in trajectory.traces for i in t.completion_indices}
         assert merged == {c.index for c in own}  # the session's own calls, nothing else
         assert trajectory.reward == session.reward and trajectory.evaluation == record
+
+
+def test_turn_rewards_sit_on_each_turn_last_sampled_token():
+    # two turns: the first's two sampled tokens, a tool result (mask 0), the second's two
+    trace = Trace(
+        prompt_ids=[9, 9],
+        response_ids=[5, 6, 7, 8, 3, 4],
+        loss_mask=[1, 1, 0, 0, 1, 1],
+        response_logprobs=[-0.1] * 6,
+        completion_indices=[0, 1],
+        response_offsets=[0, 4],
+        turn_rewards=[0.25, None],
+    )
+    assert turn_reward_positions(trace) == [(1, 0.25)]  # the second turn was not scored
+    trace.turn_rewards = [0.25, 0.75]
+    assert per_token_turn_rewards(trace) == [0.0, 0.25, 0.0, 0.0, 0.0, 0.75]
+    assert to_polar_trace(trace)["metadata"]["turn_rewards"] == [0.25, 0.75]
+    trajectory = Trajectory(session_id="t/0", task_id="t", traces=[trace], reward=1.0)
+    batch = to_verl_batch([trajectory], pad_token_id=0, turn_rewards=True)
+    assert batch["turn_level_scores"].tolist() == [[0.0, 0.25, 0.0, 0.0, 0.0, 0.75]]
+    assert batch["token_level_scores"].tolist() == [[0.0, 0.0, 0.0, 0.0, 0.0, 1.0]]
+    assert "turn_level_scores" not in to_verl_batch([trajectory], pad_token_id=0)
+
+
+def test_the_example_task_set_is_judged_tasks():
+    tasks = [
+        TaskRequest.model_validate(json.loads(line))
+        for line in EXAMPLES.read_text().splitlines()
+        if line.strip()
+    ]
+    assert [t.evaluator.type for t in tasks] == ["llm_judge"] * 3
+    assert [t.evaluator.judge.mode for t in tasks] == ["sample", "sample", "group"]
+    assert all(t.runtime.type == "bwrap" for t in tasks)  # examples run sandboxed

@@ -140,13 +140,15 @@ def test_keda_scales_each_fleet_on_its_own_queue() -> None:
         assert container(target)["command"][-1] == fleet
         assert "replicas" not in target["spec"]  # the autoscaler owns it
         assert spec["minReplicaCount"] >= 1  # docs/decisions.md, "Dead versus saturated"
-        (trigger,) = spec["triggers"]
-        assert trigger["type"] == "temporal"
-        meta = trigger["metadata"]
-        assert meta["taskQueue"] == FLEET_QUEUES[fleet]
-        assert meta["queueTypes"] == ("workflow" if fleet == "workflows" else "activity")
-        assert meta["endpoint"] == "temporal-frontend.temporal.svc.cluster.local:7233"
-        assert "authenticationRef" not in trigger
+        # the eval fleet scales on its judgings' queue too (KEDA takes the larger need)
+        queues = [FLEET_QUEUES[fleet]] + (["rolloutd-judge"] if fleet == "eval" else [])
+        assert [t["metadata"]["taskQueue"] for t in spec["triggers"]] == queues
+        for trigger in spec["triggers"]:
+            assert trigger["type"] == "temporal"
+            meta = trigger["metadata"]
+            assert meta["queueTypes"] == ("workflow" if fleet == "workflows" else "activity")
+            assert meta["endpoint"] == "temporal-frontend.temporal.svc.cluster.local:7233"
+            assert "authenticationRef" not in trigger
         # the backlog omits running tasks: scale down slowly, one pod at a time
         down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
         assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 300}]
@@ -160,8 +162,8 @@ def test_keda_authenticates_to_temporal_like_the_fleets(name: str, params: set[s
     (auth,) = by_kind(docs, "TriggerAuthentication").values()
     assert {r["parameter"] for r in auth["spec"]["secretTargetRef"]} == params
     for so in by_kind(docs, "ScaledObject").values():
-        (trigger,) = so["spec"]["triggers"]
-        assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+        for trigger in so["spec"]["triggers"]:
+            assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
 
 
 def test_auto_picks_keda_when_the_cluster_serves_it() -> None:

@@ -6,6 +6,7 @@ and restart it), and the docstring task the judge tests submit."""
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,17 +20,21 @@ from tests.support.namespaced_fleets import NamespacedFleets, namespaced_fleets
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "examples" / "agents" / "file_agent.py"
 
-#: the rubric the judge tests score with (examples/judges.jsonl carries the same one)
-DOCSTRING_RUBRIC: dict[str, Any] = {
-    "name": "docstring",
-    "version": 1,
-    "criteria": [
-        {"name": "accuracy", "description": "says what the function does, nothing false"},
-        {"name": "clarity", "description": "short, plain and readable", "weight": 0.5},
-    ],
-    "scale_min": 0,
-    "scale_max": 10,
-}
+#: the example task set of judged tasks (docstring, bug explanation, a group-judged docstring)
+EXAMPLES = ROOT / "examples" / "judges.jsonl"
+
+
+def example(task_id: str) -> dict[str, Any]:
+    """The task ``task_id`` of :data:`EXAMPLES`."""
+    return next(
+        task
+        for line in EXAMPLES.read_text().splitlines()
+        if line.strip() and (task := json.loads(line))["task_id"] == task_id
+    )
+
+
+#: the rubric the judge tests score with: the docstring example's
+DOCSTRING_RUBRIC: dict[str, Any] = example("judge-docstring")["evaluator"]["judge"]["rubric"]
 
 
 def judge_server(port: int = 0) -> LlamaServer:
@@ -57,25 +62,17 @@ async def judge_stack(
 def docstring_task(
     num_samples: int = 2, *, judge: dict[str, Any] | None = None, **fields: Any
 ) -> dict[str, Any]:
-    """A docstring-writing task on the python harness (examples/agents/file_agent.py, one
-    turn, the local runtime), scored by the LLM judge with :data:`DOCSTRING_RUBRIC`."""
-    return {
-        "task_id": f"judge-{uuid.uuid4().hex[:8]}",
-        "instruction": "Write a one-line docstring for this function, and answer with the "
-        "docstring only:\n\ndef add(a, b):\n    return a + b",
-        "num_samples": num_samples,
-        "harness": {
-            "type": "python",
-            "entry": "file_agent:agent",
-            "max_turns": 1,
-            "files": {"file_agent.py": AGENT.read_text()},
-        },
-        "runtime": {"type": "local"},
-        "evaluator": {
-            "type": "llm_judge",
-            "judge": {"rubric": DOCSTRING_RUBRIC, "max_tokens": 64, "timeout_s": 60}
-            | (judge or {}),
-        },
-        "sampling": {"temperature": 0.7, "max_tokens": 48},
-        "phases": {"run_s": 120},
-    } | fields
+    """The docstring example (:data:`EXAMPLES`) under a task id of its own, on the local
+    runtime (the tests' stack allows it), the python harness making one call, its judge spec
+    updated with ``judge``."""
+    task = example("judge-docstring")
+    task["evaluator"]["judge"] |= judge or {}
+    return (
+        task
+        | {
+            "task_id": f"judge-{uuid.uuid4().hex[:8]}",
+            "num_samples": num_samples,
+            "runtime": {"type": "local"},
+        }
+        | fields
+    )

@@ -26,7 +26,12 @@ import structlog
 from rolloutd.errors import BuilderError
 from rolloutd.trajectory.assemble import builder_stats, chain_trace, request_trace
 from rolloutd.trajectory.chains import plan_chains
-from rolloutd.trajectory.export import assign_rewards, to_polar_trace
+from rolloutd.trajectory.export import (
+    assign_rewards,
+    per_token_turn_rewards,
+    to_polar_trace,
+    turn_reward_positions,
+)
 from rolloutd.trajectory.invariants import check_invariants
 from rolloutd.trajectory.tokenizer import ReasoningSpanFn, ReasoningSpans, end_of_turn_id
 from rolloutd.types import BuilderSpec, BuilderStats, Completion, Trace
@@ -38,7 +43,9 @@ __all__ = [
     "build_traces",
     "check_invariants",
     "end_of_turn_id",
+    "per_token_turn_rewards",
     "to_polar_trace",
+    "turn_reward_positions",
 ]
 
 log = structlog.get_logger(__name__)

@@ -1,4 +1,5 @@
-"""Rewards on traces, and the POLAR trace export.
+"""Rewards on traces, process rewards per turn located in a trace's tokens, and the POLAR trace
+export.
 
 A session's outcome reward is broadcast to each of its traces, or the evaluator gives one
 reward per trace; either way every trace carries ``num_traces_in_session`` so that a trainer can
@@ -40,6 +41,43 @@ def assign_rewards(
             trace.reward = float(reward)
 
 
+def turn_reward_positions(trace: Trace) -> list[tuple[int, float]]:
+    """Where each scored turn's process reward sits in ``response_ids``: the last sampled token
+    (``loss_mask`` 1) of the turn's completion, located by ``response_offsets`` (a turn ends
+    where the next one's context starts), as PRIME and verl's process-reward managers place a
+    step's reward on the step's last token.
+
+    Args:
+        trace: a built trace; ``turn_rewards`` aligned with ``completion_indices`` (empty, or
+            None for a turn not scored: left out).
+
+    Returns:
+        ``(position, reward)`` per scored turn, positions ascending, each < ``len(response_ids)``.
+    """
+    out: list[tuple[int, float]] = []
+    offsets = trace.response_offsets
+    for k, reward in enumerate(trace.turn_rewards):
+        if reward is None or k >= len(offsets):
+            continue
+        end = offsets[k + 1] if k + 1 < len(offsets) else len(trace.response_ids)
+        position = end - 1
+        while position > offsets[k] and not trace.loss_mask[position]:
+            position -= 1
+        if 0 <= position < len(trace.response_ids):
+            out.append((position, float(reward)))
+    return out
+
+
+def per_token_turn_rewards(trace: Trace) -> list[float]:
+    """The trace's process rewards expanded to its tokens: list[float], length
+    ``len(response_ids)``, each scored turn's reward at its last sampled token
+    (:func:`turn_reward_positions`), 0.0 elsewhere."""
+    values = [0.0] * len(trace.response_ids)
+    for position, reward in turn_reward_positions(trace):
+        values[position] = reward
+    return values
+
+
 def to_polar_trace(trace: Trace) -> dict[str, Any]:
     """Export a trace in the shape of POLAR's paper (arXiv 2605.24220, appendix A.4).
 
@@ -64,6 +102,9 @@ def to_polar_trace(trace: Trace) -> dict[str, Any]:
         num_drift_tokens=trace.num_drift_tokens,
         drift_positions=list(trace.drift_positions),
     )
+    if trace.turn_rewards:
+        # a per-turn judge's process rewards, aligned with completion_indices
+        metadata["turn_rewards"] = list(trace.turn_rewards)
     return {
         "prompt_ids": list(trace.prompt_ids),
         "response_ids": list(trace.response_ids),

@@ -38,6 +38,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 from rolloutd.routes import load_routes
 from rolloutd.scoring import failure_of, is_policy_timeout
 from rolloutd.store import BlobStore
+from rolloutd.trajectory.export import turn_reward_positions
 from rolloutd.trajectory.versions import trained_logprob_modes
 from rolloutd.types import FailureCause, SessionStatus, Trace, Trajectory
 
@@ -203,6 +204,7 @@ def to_verl_batch(
     default_reward: float | None = None,
     include_failed: bool = False,
     store: BlobStore | None = None,
+    turn_rewards: bool = False,
 ) -> dict[str, torch.Tensor | np.ndarray]:
     """Pad a batch of traces into verl's ``DataProto`` layout, one row per trace.
 
@@ -237,6 +239,7 @@ def to_verl_batch(
             ``response_mask`` and ``token_level_scores``, ``uid`` ``failed/{session_id}`` (a
             group of their own, outside every GRPO baseline), ``failure`` set.
         store: the blob store the traces' routed experts are read from; None leaves them out.
+        turn_rewards: also give ``turn_level_scores``: a per-turn judge's process rewards.
 
     Returns:
         A dict with, for B traces, P the longest (kept) prompt and R the longest response:
@@ -257,6 +260,10 @@ def to_verl_batch(
           [B, P+R, num_layers, top_k], verl's R3 field as its agent loop's ``_postprocess``
           lays it out: a trace's rows from its first real prompt token on, zeros elsewhere
           (the last token has no row).
+        - ``turn_level_scores`` (with ``turn_rewards``): torch.float32 [B, R], each scored
+          turn's process reward at its last sampled token
+          (:func:`rolloutd.trajectory.turn_reward_positions`), else 0; a turn cut off by
+          ``truncate`` is left out, and a failed row is all 0.
 
     Raises:
         ValueError: no traces; a trace over a limit without ``truncate``; a trace without
@@ -278,6 +285,13 @@ def to_verl_batch(
     modes = arrays["logprob_modes"] = np.empty(len(traces), dtype=object)
     for row, trace in enumerate(traces):  # one list per row (a slice would broadcast them)
         modes[row] = trained_logprob_modes([trace])
+    if turn_rewards:
+        scores = arrays["turn_level_scores"] = np.zeros_like(arrays["token_level_scores"])
+        for row, (trace, kind) in enumerate(zip(traces, failures, strict=True)):
+            kept = len(rows[row][1][1])
+            for position, reward in turn_reward_positions(trace) if kind is None else []:
+                if position < kept:
+                    scores[row, position] = reward
     if store is not None:
         routes = _verl_routes(store, traces, rows, arrays["prompts"].shape[1])
         if routes is not None:

@@ -67,13 +67,15 @@ class Judged:
 def activity_budget(evaluator: EvaluatorSpec, num_targets: int) -> timedelta:
     """One judging attempt's start-to-close budget: every call it may make at the judge's
     call limit (each verdict's parse attempts, a group's chunks, per-turn chunks bounded by
-    32 per session), with room for halvings; a dead worker is noticed by the heartbeat."""
+    32 per session), with room for halvings, 60 s at least; a dead worker is noticed by the
+    heartbeat."""
     spec = evaluator.judge
     assert spec is not None
     chunks = -(-num_targets // spec.group_chunk_size) if spec.mode == "group" else num_targets
     if spec.per_turn:
         chunks += 32 * num_targets
-    return timedelta(seconds=min(86_400.0, spec.timeout_s * spec.max_parse_attempts * chunks * 3))
+    calls_s = spec.timeout_s * spec.max_parse_attempts * chunks * 3
+    return timedelta(seconds=min(86_400.0, max(60.0, calls_s)))
 
 
 async def judge(

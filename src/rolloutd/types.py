@@ -463,6 +463,11 @@ class TaskResult(Payload):
         description="the policy versions the group's sessions ran on, ascending",
     )
     num_sessions: int = Field(default=0, ge=0, description="sessions of the group (``sessions``)")
+    judge_cost: JudgeCost | None = Field(
+        default=None,
+        description="what the LLM judge's scoring of the group cost, summed over its sessions' "
+        "evaluation records (calls, tokens, wall time); None when no judge scored it",
+    )
     max_reward: float | None = Field(
         default=None, description="the highest scored reward; None without a scored session"
     )

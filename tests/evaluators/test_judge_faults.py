@@ -147,6 +147,7 @@ async def test_eight_per_sample_and_eight_as_a_group(stack):
             # the judge's calls are in no trace: the trajectory holds the session's own
             own = {c.index for c in judge_log(client, session.session_id)}
             assert {i for t in stored.traces for i in t.completion_indices} == own
+    assert one_by_one.judge_cost.num_calls >= 8 and together.judge_cost.num_calls >= 2
     for session in one_by_one.sessions:
         calls = judge_log(client, f"{session.session_id}/judge")
         assert calls and all(not c.trainable for c in calls)

@@ -72,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from rolloutd.types import (
         GroupRef,
+        JudgeCost,
         SessionResult,
         SessionStatus,
         StatusPage,
@@ -729,6 +730,21 @@ def summarize(
         token_weighted_policy_version=weighted,
         logprob_modes=modes,
         mixed_logprob_modes=len(modes) > 1,
+        judge_cost=judge_cost(sessions),
+    )
+
+
+def judge_cost(sessions: list[SessionResult]) -> JudgeCost | None:
+    """The judge's cost of a group: its sessions' records' ``judge_cost`` summed (a group
+    judging's shares add up to about its whole); None when no record has one."""
+    costs = [s.evaluation.judge_cost for s in sessions if s.evaluation and s.evaluation.judge_cost]
+    if not costs:
+        return None
+    return JudgeCost(
+        num_calls=sum(c.num_calls for c in costs),
+        num_prompt_tokens=sum(c.num_prompt_tokens for c in costs),
+        num_response_tokens=sum(c.num_response_tokens for c in costs),
+        duration_s=round(sum(c.duration_s for c in costs), 3),
     )
 
 

@@ -123,7 +123,7 @@ def judge_log(client, session_id: str) -> list:
 
 
 async def test_eight_per_sample_and_eight_as_a_group(stack):
-    _, client = stack
+    fleets, client = stack
     t0 = time.monotonic()
     (per_sample, one_by_one), (grouped, together) = await asyncio.gather(
         run(client, docstring_task(8)),
@@ -155,6 +155,12 @@ async def test_eight_per_sample_and_eight_as_a_group(stack):
     assert len(group_calls) >= 2 and all(not c.trainable for c in group_calls)  # two chunks
     reasons = sorted(s.evaluation.reason.split(" as ")[0] for s in together.sessions)
     assert reasons == ["group chunk 1 of 2"] * 4 + ["group chunk 2 of 2"] * 4
+    # the group's sessions say so in their search attributes (visibility catches up)
+    query = f"RolloutJudgedByGroup = true AND RolloutTaskId = '{grouped.task_id}'"
+    deadline = time.monotonic() + 30
+    while len([w async for w in fleets.client.list_workflows(query)]) != 8:
+        assert time.monotonic() < deadline, query
+        await asyncio.sleep(0.5)
     print("per-sample rewards", [s.reward for s in one_by_one.sessions])
     print("group rewards", [s.reward for s in together.sessions], f"wall {wall:.0f} s")
 

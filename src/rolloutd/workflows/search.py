@@ -18,6 +18,9 @@ POLICY_VERSION = SearchAttributeKey.for_int("RolloutPolicyVersion")
 FAILURE = SearchAttributeKey.for_keyword("RolloutFailure")
 #: a task's and a session's tenant (what a tenant's ``GET /rollout/status`` counts)
 TENANT = SearchAttributeKey.for_keyword("RolloutTenant")
+#: a session whose task judges its samples as a group: its reward is set by the task, after
+#: the session ended (docs/judges.md)
+JUDGED_BY_GROUP = SearchAttributeKey.for_bool("RolloutJudgedByGroup")
 
 #: name -> Temporal type, for ``temporal server start-dev --search-attribute NAME=TYPE``.
 DEFINITIONS: dict[str, str] = {
@@ -28,6 +31,7 @@ DEFINITIONS: dict[str, str] = {
     POLICY_VERSION.name: "Int",
     FAILURE.name: "Keyword",
     TENANT.name: "Keyword",
+    JUDGED_BY_GROUP.name: "Bool",
 }
 
 
@@ -66,6 +70,7 @@ def upsert(
     policy_version: int | None = None,
     failure: str | None = None,
     tenant: str | None = None,
+    judged_by_group: bool | None = None,
 ) -> None:
     """Upsert the given search attributes on the current workflow (None leaves one unset)."""
     pairs: list[SearchAttributePair] = []
@@ -83,5 +88,7 @@ def upsert(
         pairs.append(FAILURE.value_set(failure))
     if tenant is not None:
         pairs.append(TENANT.value_set(tenant))
+    if judged_by_group is not None:
+        pairs.append(JUDGED_BY_GROUP.value_set(judged_by_group))
     if pairs:
         workflow.upsert_search_attributes(pairs)

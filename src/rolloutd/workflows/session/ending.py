@@ -353,7 +353,10 @@ async def judge(
     """
     task = input.task
     assert task.evaluator.judge is not None
-    if task.evaluator.judge.mode == "group" or not built.trajectory_ref:
+    if task.evaluator.judge.mode == "group":
+        search.upsert(judged_by_group=True)
+        return EvaluateOutput()
+    if not built.trajectory_ref:
         return EvaluateOutput()
     judged = await timed(
         "judge",

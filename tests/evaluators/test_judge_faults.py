@@ -65,7 +65,7 @@ async def agent(client, instruction, workdir, *, model):
         answer = response.choices[0].message.content or ""
         messages.append({{"role": "assistant", "content": answer}})
         if turn + 1 < TURNS:
-            log = "\\n".join(f"line {{k}}: value {{k * turn}}" for k in range(300))
+            log = "\\n".join(f"line {{k}}: value {{k * turn}}" for k in range(130))
             messages.append({{"role": "user", "content": "Build log:\\n" + log + "\\nGo on."}})
     return answer
 """
@@ -116,6 +116,14 @@ def parsed(record_reason: str) -> dict[str, float]:
     text = record_reason.split(": ", 1)[-1] if " as " in record_reason else record_reason
     text = text.split(" (")[0]
     return {k: float(v) for k, v in (item.split("=") for item in text.split(", "))}
+
+
+def with_judge(request: TaskRequest, **judge) -> TaskRequest:
+    """``request`` with its judge spec updated."""
+    spec = request.evaluator.judge.model_copy(update=judge)
+    return request.model_copy(
+        update={"evaluator": request.evaluator.model_copy(update={"judge": spec})}
+    )
 
 
 def judge_log(client, session_id: str) -> list:
@@ -195,7 +203,11 @@ async def test_a_judge_killed_mid_judging_leaves_no_reward_until_rejudged(stack,
         assert stored.reward is None and stored.failure.phase == "judge"
         assert stored.evaluation.error
     assert group.num_replacements == 0  # a judging is never re-sampled
-    rejudged = await client.rejudge(request, group.sessions, run_id=f"kill-{uuid.uuid4().hex[:6]}")
+    # the judge is back; the gateway sees it at its next probe (backoff up to 5 s), so the
+    # re-judging's attempts span longer than the task's two
+    rejudged = await client.rejudge(
+        with_judge(request, max_attempts=5), group.sessions, run_id=f"kill-{uuid.uuid4().hex[:6]}"
+    )
     assert not rejudged.errors and len(rejudged.judged) == 3
     for session in group.sessions:
         stored = client.trajectory(session)
@@ -213,13 +225,7 @@ async def test_a_judge_past_its_time_limit_leaves_no_reward_until_rejudged(stack
     )
     assert failure_counts(group.sessions) == {JUDGE_FAILURE: 2}
     assert all("timed out" in s.failure.message for s in group.sessions), group.sessions
-    patient = request.model_copy(
-        update={
-            "evaluator": request.evaluator.model_copy(
-                update={"judge": request.evaluator.judge.model_copy(update={"timeout_s": 120})}
-            )
-        }
-    )
+    patient = with_judge(request, timeout_s=120, max_attempts=5)
     rejudged = await client.rejudge(patient, group.sessions, run_id=f"slow-{uuid.uuid4().hex[:6]}")
     assert not rejudged.errors
     assert all(client.trajectory(s).reward is not None for s in group.sessions)
@@ -270,20 +276,22 @@ async def test_a_group_is_judged_over_its_samples_that_ran(stack, tmp_path):
 async def test_a_long_session_is_judged_in_chunks_without_losing_a_score(stack):
     _, client = stack
     # 40,000 characters of prompt at most: more than the judge's 4,096-token context holds, so
-    # the judge refuses and the judging halves its budget until the prompts fit
+    # the judge refuses and the judging halves its budget until the prompts fit (the outcome
+    # prompt loses its middle, and the turns go in chunks)
     _, group = await run(
         client,
         agent_task(
             turns=5,
             num_samples=1,
             judge={"per_turn": True, "turn_chunk_size": 2, "max_prompt_chars": 40_000},
+            phases={"run_s": 600},
         ),
     )
     (session,) = group.sessions
     assert session.failure is None and session.reward is not None, session
     stored: Trajectory = client.trajectory(session)
     size = sum(len(json.dumps(t.prompt_messages + t.response_messages)) for t in stored.traces)
-    assert size > 20_000  # the session's conversation exceeds the judge's context
+    assert size > 9_000  # about 4,500 tokens: more than the judge's 4,096-token context
     turn_rewards = [r for t in stored.traces for r in t.turn_rewards]
     assert len(turn_rewards) == session.num_completions == 5
     assert all(r is not None and 0.0 <= r <= 1.0 for r in turn_rewards)

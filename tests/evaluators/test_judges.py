@@ -264,3 +264,30 @@ def test_the_example_task_set_is_judged_tasks():
     assert [t.evaluator.type for t in tasks] == ["llm_judge"] * 3
     assert [t.evaluator.judge.mode for t in tasks] == ["sample", "sample", "group"]
     assert all(t.runtime.type == "bwrap" for t in tasks)  # examples run sandboxed
+
+
+def test_llama_server_context_overflow_is_a_context_refusal():
+    """llama-server's 400 for a prompt over its context is the caller's (a judge then cuts its
+    prompt), not a backend fault (502); control: another 400 stays a backend error."""
+    import httpx
+
+    from rolloutd.errors import BackendError, ContextLengthError
+    from rolloutd.proxy.backends.http import raise_for_status
+
+    backend = make_backend("openai", "judge", "http://judge")
+    too_long = httpx.Response(
+        400,
+        json={
+            "error": {
+                "code": 400,
+                "message": "request (13954 tokens) exceeds the available context size "
+                "(4096 tokens), try increasing it",
+                "type": "exceed_context_size_error",
+            }
+        },
+    )
+    with pytest.raises(ContextLengthError):
+        raise_for_status(backend, too_long)
+    other = httpx.Response(400, json={"error": {"message": "bad grammar"}})
+    with pytest.raises(BackendError):
+        raise_for_status(backend, other)

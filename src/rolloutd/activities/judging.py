@@ -110,12 +110,14 @@ class _Calls:
                 headers={"Authorization": f"Bearer {self.input.session_key}"},
                 timeout=self.spec.timeout_s,
             )
+        # not chained: the failure's text (what a session's cause says) is this one, not the
+        # transport's innermost error
         except httpx.TimeoutException as e:
             raise JudgeUnavailableError(
                 f"judge call timed out after {self.spec.timeout_s:g} s ({type(e).__name__})"
-            ) from e
+            ) from None
         except httpx.TransportError as e:
-            raise JudgeUnavailableError(f"judge unreachable: {type(e).__name__}: {e}") from e
+            raise JudgeUnavailableError(f"judge unreachable: {type(e).__name__}: {e}") from None
         finally:
             metrics.observe_judge_call(time.monotonic() - began)
         if response.status_code == 400 and any(w in response.text.lower() for w in _CONTEXT_WORDS):

@@ -46,6 +46,9 @@ _CONTEXT_HINTS = (
     "context length",
     "exceed_context_size",
     "longer than the model",
+    # llama-server's message ("request (13954 tokens) exceeds the available context size
+    # (4096 tokens)"); its type, exceed_context_size_error, is not in the message
+    "exceeds the available context size",
 )
 
 #: connections open at once to one backend; further calls wait for a free one

@@ -31,6 +31,7 @@ from temporalio.client import (
     WorkflowQueryFailedError,
 )
 from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from rolloutd import task_queues
@@ -458,8 +459,8 @@ class RolloutClient:
         Args:
             task: the task (its ``evaluator`` is the ``llm_judge`` spec judged with).
             sessions: the sessions to judge (those without a stored trajectory are left out).
-            run_id: names the run (a workflow id: a finished run of the same id answers
-                again with its result).
+            run_id: names the run (its workflow id; the run of an id that ran already
+                answers again with its result: a new judging needs a new id).
             max_concurrent: sample judgings at once.
 
         Raises:
@@ -472,19 +473,28 @@ class RolloutClient:
             for s in sessions
             if s.trajectory_ref
         ]
-        return await self.client.execute_workflow(
-            RejudgeWorkflow.run,
-            RejudgeInput(
-                run_id=run_id,
-                task_id=task.task_id,
-                evaluator=task.evaluator,
-                targets=targets,
-                max_concurrent=max_concurrent,
-            ),
-            id=rejudge_workflow_id(run_id),
-            task_queue=task_queues.WORKFLOWS,
-            result_type=RejudgeOutput,
-        )
+        try:
+            handle = await self.client.start_workflow(
+                RejudgeWorkflow.run,
+                RejudgeInput(
+                    run_id=run_id,
+                    task_id=task.task_id,
+                    evaluator=task.evaluator,
+                    targets=targets,
+                    max_concurrent=max_concurrent,
+                ),
+                id=rejudge_workflow_id(run_id),
+                task_queue=task_queues.WORKFLOWS,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                result_type=RejudgeOutput,
+            )
+        except WorkflowAlreadyStartedError:
+            # the run exists (a client that reconnects): its judge sessions are sealed, so
+            # the same run is never judged twice; its result is answered again
+            handle = self.client.get_workflow_handle(
+                rejudge_workflow_id(run_id), result_type=RejudgeOutput
+            )
+        return await handle.result()
 
     def trajectory(self, session: SessionResult) -> Trajectory:
         """Load a session's trajectory from the blob store.

@@ -291,3 +291,29 @@ def test_llama_server_context_overflow_is_a_context_refusal():
     other = httpx.Response(400, json={"error": {"message": "bad grammar"}})
     with pytest.raises(BackendError):
         raise_for_status(backend, other)
+
+
+async def test_a_rejudging_rewards_only_sessions_whose_judging_failed(tmp_path):
+    from rolloutd.activities.judging import JudgeActivities
+    from rolloutd.store import BlobStore
+    from rolloutd.types import EvaluationRecord, FailureCause
+
+    store = BlobStore(str(tmp_path / "store"))
+    judges = JudgeActivities(store)
+    record = EvaluationRecord(evaluator="llm_judge", reward=0.5, source="judge")
+    cases = {
+        "judge-failed": (None, judge_failure("dead judge")),
+        "handed-out": (0.0, None),
+        "infra-failed": (None, FailureCause(kind="harness", message="killed", phase="run")),
+    }
+    for name, (reward, failure) in cases.items():
+        trajectory = _trajectory(["answer"]).model_copy(
+            update={"reward": reward, "failure": failure}
+        )
+        judges._write(trajectory, name, 0.5, record, True, None)
+    stored = {name: store.get_model(name, Trajectory) for name in cases}
+    assert stored["judge-failed"].reward == 0.5 and stored["judge-failed"].failure is None
+    assert stored["handed-out"].reward == 0.0  # never rewritten
+    assert stored["infra-failed"].reward is None  # never a reward for the infrastructure
+    assert all(t.rescores == [record] for t in stored.values())
+    await judges.aclose()

@@ -344,17 +344,23 @@ class JudgeActivities:
         turn_rewards: dict[int, float] | None,
     ) -> None:
         """Write a verdict into the stored trajectory: its reward and record (a re-judging
-        appends its record, and gives its reward only to a session that had none)."""
+        appends its record, and gives its reward only to a session that had none because its
+        judging had failed)."""
         if turn_rewards is not None:
             for trace in trajectory.traces:
                 trace.turn_rewards = [turn_rewards.get(i) for i in trace.completion_indices]
         if rescore:
             trajectory.rescores.append(record)
-            if trajectory.reward is not None:
+            failure = trajectory.failure
+            judge_failed = (
+                failure is not None and failure.kind == "evaluator" and failure.phase == "judge"
+            )
+            # a reward handed out is never rewritten, and a session failed for another
+            # reason (the infrastructure's, before judging) never gets one
+            if trajectory.reward is not None or (failure is not None and not judge_failed):
                 self.store.put_json(ref, trajectory)
                 return
-            failure = trajectory.failure
-            if failure is not None and failure.kind == "evaluator" and failure.phase == "judge":
+            if judge_failed:
                 trajectory.failure = None
                 trajectory.status = SessionStatus.COMPLETED
         trajectory.reward = reward

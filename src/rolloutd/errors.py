@@ -181,6 +181,21 @@ class ArtifactTooLargeError(RolloutdError):
     status_code = 413
 
 
+class PathRefusedError(RolloutdError):
+    """The worker refused a path of a runtime when it opened it: a symbolic link (or a file
+    where a folder belongs) on its way, something other than a regular file at its end, or a
+    permission the runtime's own processes set. What a session left in its runtime: the
+    policy's doing, never retried (rolloutd.sandbox.runtimes.beneath).
+
+    Attributes:
+        path: the runtime path refused ("" when not known).
+    """
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class HarnessError(RolloutdError):
     """A harness could not be configured or started."""
 

@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
+import os
+import posixpath
 import re
 import shutil
 import time
@@ -37,13 +40,8 @@ from typing import ClassVar, Literal
 import structlog
 from pydantic import BaseModel, Field
 
-from rolloutd.errors import (
-    ArtifactTooLargeError,
-    ConfigError,
-    NotFoundError,
-    PolicyError,
-    RolloutdError,
-)
+from rolloutd.errors import ConfigError, PolicyError, RolloutdError
+from rolloutd.sandbox.runtimes import beneath
 from rolloutd.sandbox.runtimes.prepare import run_prepare
 from rolloutd.sandbox.runtimes.process import BoundedOutput, RuntimeProcess, drain
 from rolloutd.sandbox_policy import SandboxPolicy, check_message, violations
@@ -56,6 +54,9 @@ RUNTIME_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 #: bytes of stdout and of stderr :meth:`Runtime.exec` keeps per stream (head and tail halves).
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
+
+#: bytes :meth:`Runtime.download` reads of one file unless told otherwise.
+DEFAULT_MAX_DOWNLOAD_BYTES = 16 * 2**20
 
 #: seconds left to read pipes after an exec'd command exited (a background child may hold them).
 PIPE_DRAIN_S = 1.0
@@ -249,9 +250,8 @@ class Runtime(abc.ABC):
         for folder in (self.workspace, self.host_home, self.logs_dir):
             folder.mkdir(parents=True)
         for path, text in self.spec.files.items():
-            target = self._host_path(path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text, encoding="utf-8")
+            root, parts = self._locate(path)
+            beneath.write_file(root, parts, text.encode("utf-8"), label=path)
         self.state = "started"
         try:
             await self._check()
@@ -512,7 +512,12 @@ class Runtime(abc.ABC):
 
     # -- files --------------------------------------------------------------------------
     async def upload(self, path: str, data: bytes) -> None:
-        """Write ``data`` to a file of the runtime, creating its folders.
+        """Write ``data`` to a file of the runtime, creating its folders, handed to the user
+        commands run as.
+
+        Written without following a link (:func:`~rolloutd.sandbox.runtimes.beneath.write_file`):
+        a fresh file renamed over the target, so a link the runtime's processes put there (or
+        on the way) is replaced or refused, never written through.
 
         Args:
             path: relative to the workspace, or absolute inside :attr:`workdir` or :attr:`home`.
@@ -520,34 +525,67 @@ class Runtime(abc.ABC):
 
         Raises:
             ConfigError: the path leaves the workspace and the home.
+            PathRefusedError: a link or a file where a folder belongs on the way, a folder
+                at the end, or a permission the runtime's processes set.
         """
-        target = self._host_path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(target.write_bytes, data)
-        await self.adopt(target)
+        root, parts = self._locate(path)
+        await asyncio.to_thread(
+            beneath.write_file, root, parts, data, label=path, owner=self._file_owner()
+        )
 
-    async def adopt(self, host_path: Path) -> None:  # noqa: B027 - optional hook
-        """Hand a file or folder the worker wrote into the runtime to the runtime's user.
+    async def adopt(self, host_path: Path) -> None:
+        """Hand a file or folder the worker wrote into the runtime (recursively) to the user
+        commands run as, never following a link (the runtimes that change owners override
+        :meth:`_file_owner`).
 
         Args:
             host_path: a host path below the workspace or home (a folder: recursively).
+
+        Raises:
+            ConfigError: the path is not below the workspace or home.
+            PathRefusedError: a link on the way.
         """
+        owner = self._file_owner()
+        if owner is None:
+            return
+        for root in (self.workspace, self.host_home):
+            if host_path == root or host_path.is_relative_to(root):
+                parts = host_path.relative_to(root).parts
+                await asyncio.to_thread(
+                    beneath.chown_tree, root, parts, owner, label=str(host_path)
+                )
+                return
+        raise ConfigError(f"{host_path} is not below the runtime's workspace or home")
+
+    def _file_owner(self) -> tuple[int, int] | None:
+        """``(uid, gid)`` files the worker writes into the runtime are handed to (None: they
+        stay the worker's)."""
+        return None
 
     def host_path(self, path: str) -> Path:
-        """The host path of a runtime path (see :meth:`upload` for what is accepted).
+        """The host path of a runtime path (see :meth:`upload` for what is accepted), links
+        resolved as they are now.
+
+        Only for paths nothing in the runtime can change any more: a file opened through it
+        may be a link by the time it is opened. :meth:`upload`, :meth:`download` and
+        :meth:`copy_in` open paths safely.
 
         Raises:
             ConfigError: the path leaves the workspace and the home.
         """
         return self._host_path(path)
 
-    async def download(self, path: str, *, max_bytes: int | None = None) -> bytes:
+    async def download(self, path: str, *, max_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES) -> bytes:
         """Read a file of the runtime, in chunks, never more than ``max_bytes`` of it.
+
+        Opened without following a link (:func:`~rolloutd.sandbox.runtimes.beneath.read_file`):
+        a link on the way or at the end is refused, as is anything but a regular file (a
+        FIFO cannot block the worker).
 
         Args:
             path: relative to the workspace, or absolute inside :attr:`workdir` or :attr:`home`.
-            max_bytes: the file's size limit (None: none); a larger file is refused before
-                it is read, and one that grows past it while read is refused then.
+            max_bytes: the file's size limit; a larger file is refused before it is read, and
+                one that grows past it while read is refused then.
 
         Returns:
             The file's bytes.
@@ -555,15 +593,67 @@ class Runtime(abc.ABC):
         Raises:
             ConfigError: the path leaves the workspace and the home.
             NotFoundError: no such file.
+            PathRefusedError: a link on the way or at the end, or not a regular file.
             ArtifactTooLargeError: the file is larger than ``max_bytes``.
         """
-        target = self._host_path(path)
-        if not target.is_file():
-            raise NotFoundError(f"runtime {self.runtime_id}: no file {path!r}")
-        return await asyncio.to_thread(_read_bounded, target, path, max_bytes)
+        root, parts = self._locate(path)
+        return await asyncio.to_thread(
+            beneath.read_file, root, parts, label=path, max_bytes=max_bytes
+        )
+
+    async def copy_in(self, source: Path, path: str) -> None:
+        """Copy the host folder ``source`` into the runtime folder ``path`` (merged; links
+        copied as links, owners handed over as :meth:`upload` does), never following a link on
+        the runtime's side.
+
+        Raises:
+            ConfigError: the path leaves the workspace and the home.
+            PathRefusedError: a link or a file where a folder belongs in the runtime.
+        """
+        root, parts = self._locate(path, allow_root=True)
+        owner = self._file_owner()
+
+        def copy() -> None:
+            with contextlib.ExitStack() as stack:
+                src = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                stack.callback(os.close, src)
+                root_fd = beneath.open_root(root)
+                stack.callback(os.close, root_fd)
+                folder = beneath.walk(root_fd, parts, label=path, create=True, owner=owner)
+                stack.callback(os.close, folder)
+                dst = os.open(".", beneath.READ_DIR_FLAGS, dir_fd=folder)
+                stack.callback(os.close, dst)
+                beneath.copy_tree(src, dst, label=path, owner=owner)
+
+        await asyncio.to_thread(copy)
+
+    def _locate(self, path: str, *, allow_root: bool = False) -> tuple[Path, tuple[str, ...]]:
+        """The host root (workspace or home) a runtime path lies below, and its components
+        below it, normalised lexically (``..`` and ``.`` resolved as text; nothing on disk is
+        looked at, so links are left to the opening walk).
+
+        Raises:
+            ConfigError: the path is empty, leaves the workspace and the home, or is one of
+                them (unless ``allow_root``).
+        """
+        if not path:
+            raise ConfigError("path must not be empty")
+        inside = path if path.startswith("/") else f"{self.workdir}/{path}"
+        inside = posixpath.normpath(inside)
+        for inside_root, host_root in (
+            (self.workdir, self.workspace),
+            (self.home, self.host_home),
+        ):
+            if inside == inside_root or inside.startswith(inside_root.rstrip("/") + "/"):
+                parts = tuple(PurePosixPath(inside).relative_to(inside_root).parts)
+                if parts or allow_root:
+                    return host_root, parts
+        raise ConfigError(
+            f"path {path!r} leaves the runtime's workspace {self.workdir} and home {self.home}"
+        )
 
     def _host_path(self, path: str) -> Path:
-        """Map a runtime path to its host path, refusing any escape (symlinks included)."""
+        """Map a runtime path to its host path, refusing any escape (symlinks resolved now)."""
         if not path:
             raise ConfigError("path must not be empty")
         inside = PurePosixPath(path)
@@ -612,30 +702,3 @@ def check_spec_network(spec: RuntimeSpec, supported: tuple[str, ...], runtime: s
             f"runtime.network={spec.network!r} cannot be enforced by the {runtime} runtime; "
             f"use one of {', '.join(supported)}"
         )
-
-
-#: bytes read at a time from a runtime's file
-_CHUNK_BYTES = 2**20
-
-
-def _read_bounded(target: Path, path: str, max_bytes: int | None) -> bytes:
-    """``target``'s bytes, read in chunks of :data:`_CHUNK_BYTES`; over ``max_bytes`` (its
-    size, or what was read when it grew meanwhile) raises ``ArtifactTooLargeError``."""
-
-    def too_large(size: int) -> ArtifactTooLargeError:
-        return ArtifactTooLargeError(
-            f"artifact {path!r} is {size} bytes, over the limit of {max_bytes} bytes "
-            "(ROLLOUTD_MAX_ARTIFACT_BYTES)"
-        )
-
-    if max_bytes is not None and (size := target.stat().st_size) > max_bytes:
-        raise too_large(size)
-    chunks: list[bytes] = []
-    read = 0
-    with target.open("rb") as f:
-        while chunk := f.read(_CHUNK_BYTES):
-            read += len(chunk)
-            if max_bytes is not None and read > max_bytes:
-                raise too_large(read)
-            chunks.append(chunk)
-    return b"".join(chunks)

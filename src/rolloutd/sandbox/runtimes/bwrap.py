@@ -107,10 +107,10 @@ import structlog
 
 from rolloutd.errors import ConfigError, ExecServerError, RuntimeStartError
 from rolloutd.sandbox.config import npm_prefix, tool_python_dirs, tools_dir
-from rolloutd.sandbox.runtimes import exec_server_inside, seccomp
+from rolloutd.sandbox.runtimes import beneath, exec_server_inside, seccomp
 from rolloutd.sandbox.runtimes.base import check_spec_network
 from rolloutd.sandbox.runtimes.disk import FULL_BELOW_BYTES
-from rolloutd.sandbox.runtimes.exec_runtime import GATEWAY_PORT, ExecServerRuntime, chown_tree
+from rolloutd.sandbox.runtimes.exec_runtime import GATEWAY_PORT, ExecServerRuntime
 from rolloutd.sandbox.runtimes.exec_server import ExecServerClient
 from rolloutd.sandbox.runtimes.gateway_relay import GatewayRelay
 from rolloutd.sandbox.runtimes.limits import RuntimeCgroup, rlimit_as, rlimit_fsize
@@ -437,7 +437,7 @@ class BwrapRuntime(ExecServerRuntime):
                 if (etc / name).is_file():  # an image without one gets none (no mount point)
                     (self.runtime_dir / name).write_bytes(text)
             for folder in (self.workspace, self.host_home):  # with spec.files, if any
-                chown_tree(folder, self.uid, self.gid)
+                beneath.chown_tree(folder, (), (self.uid, self.gid), label=str(folder))
         filter_fd = seccomp.filter_fd()  # first: a missing libseccomp leaks nothing
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()

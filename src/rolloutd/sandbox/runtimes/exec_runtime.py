@@ -8,8 +8,6 @@ disk (``disk_mb``, :mod:`rolloutd.sandbox.runtimes.disk`) where the host can mak
 from __future__ import annotations
 
 import asyncio
-import os
-from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -98,19 +96,9 @@ class ExecServerRuntime(Runtime):
         the worker's)."""
         return self.uid >= 0
 
-    async def adopt(self, host_path: Path) -> None:
-        """Hand ``host_path`` (recursively) and the folders above it up to the workspace or
-        home (an upload may have created them) to the user commands run as (:attr:`uid`,
-        :attr:`gid`), when :meth:`_adopts`."""
-        if not self._adopts():
-            return
-        await asyncio.to_thread(chown_tree, host_path, self.uid, self.gid)
-        for root in (self.workspace, self.host_home):
-            if host_path.is_relative_to(root):
-                for parent in host_path.parents:
-                    if not parent.is_relative_to(root):
-                        break
-                    os.lchown(parent, self.uid, self.gid)
+    def _file_owner(self) -> tuple[int, int] | None:
+        """:attr:`uid`/:attr:`gid` when :meth:`_adopts`, else None."""
+        return (self.uid, self.gid) if self._adopts() else None
 
     async def _start_process(
         self,
@@ -173,12 +161,3 @@ class ExecServerRuntime(Runtime):
             raise ConfigError(f"gateway URLs must share one origin, got {sorted(origins)}")
         self.relay.attach(urls[0])
         return [rewrite_url(u, f"http://127.0.0.1:{GATEWAY_PORT}") for u in urls]
-
-
-def chown_tree(path: Path, uid: int, gid: int) -> None:
-    """``chown -R uid:gid path`` without following symlinks."""
-    os.lchown(path, uid, gid)
-    if path.is_dir() and not path.is_symlink():
-        for folder, dirs, files in os.walk(path):
-            for name in dirs + files:
-                os.lchown(os.path.join(folder, name), uid, gid)

@@ -4,8 +4,10 @@
 - ``exec``: a command in the runtime; a non-zero exit fails provisioning (not retried: the same
   step fails the same way);
 - ``upload``: a host file or folder, or a file behind an fsspec URL (``s3://``, ``gs://``,
-  ``file://``), copied to a path in the runtime; ``extract`` unpacks a tar archive there with
-  the ``data`` filter of :mod:`tarfile` (no absolute paths, no links out, no devices).
+  ``file://``), copied to a path in the runtime; ``extract`` unpacks a tar archive with the
+  ``data`` filter of :mod:`tarfile` (no absolute paths, no links out, no devices) into a folder
+  of the worker's, then copies it there. Copies into the runtime never follow a link the
+  runtime holds (:meth:`~rolloutd.sandbox.runtimes.base.Runtime.copy_in`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import io
 import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,16 +79,18 @@ async def upload_source(runtime: Runtime, step: UploadStep) -> None:
             )
     local = Path(step.source).expanduser()
     if "://" not in step.source and local.is_dir():
-        target = runtime.host_path(step.path)
-        await asyncio.to_thread(shutil.copytree, local, target, symlinks=True, dirs_exist_ok=True)
-        await runtime.adopt(target)
+        await runtime.copy_in(local, step.path)
         return
     data = await asyncio.to_thread(_read_source, step.source)
     if step.extract:
-        target = runtime.host_path(step.path)
-        target.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(_extract, data, target)
-        await runtime.adopt(target)
+        # unpacked where nothing of the runtime can reach, then copied in without following
+        # a link the runtime holds
+        staging = Path(tempfile.mkdtemp(prefix="extract-", dir=runtime.runtime_dir))
+        try:
+            await asyncio.to_thread(_extract, data, staging)
+            await runtime.copy_in(staging, step.path)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, staging, True)
         return
     path = step.path
     if path in (".", "") or path.endswith("/"):

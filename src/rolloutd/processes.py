@@ -183,6 +183,30 @@ def process_start_ticks(pid: int) -> int | None:
     return None if fields is None else int(fields[19])
 
 
+def processes_with_env(name: str, values: set[str]) -> dict[int, str]:
+    """Pids (other than this process) whose environment sets ``name`` to one of ``values``
+    (``/proc/{pid}/environ``: the environment the process started with; only processes this
+    one may read, its own user's or any as root).
+
+    Returns:
+        pid -> the value it carries.
+    """
+    wanted = {f"{name}={value}".encode(): value for value in values}
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue  # gone, or another user's process
+        for var in environ.split(b"\0"):
+            if var in wanted:
+                found[int(entry.name)] = wanted[var]
+                break
+    return found
+
+
 def group_members(pgid: int) -> list[int]:
     """Pids of live (non-zombie) processes whose process group is ``pgid``.
 

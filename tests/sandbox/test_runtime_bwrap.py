@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from rolloutd.sandbox.config import NPM_PREFIX_ENV
+from rolloutd.sandbox.runtimes import bwrap
 
 pytestmark = [
     pytest.mark.sandbox,
@@ -154,6 +155,61 @@ async def test_daemon_of_a_running_harness_lives_until_the_harness_ends(
     assert len(runtime_pids(runtime)) == 3
     await harness.terminate()
     assert runtime_pids(runtime) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="shims share the commands' uid unless root")
+async def test_a_command_cannot_signal_its_shim(make_runtime):
+    runtime = await make_runtime("bwrap")
+    # the shim stays the exec server's user; only its command's child drops to the sandbox's
+    killer = await runtime.exec("kill -KILL $PPID; echo $?; kill -STOP $PPID; echo $?")
+    assert killer.stdout.split() == ["1", "1"], killer
+    assert killer.exit_code == 0
+
+
+@pytest.mark.parametrize("shared_uid", [False, True], ids=["own-uid", "shared-uid"])
+async def test_the_end_of_a_run_kills_what_it_left_even_without_its_shim(
+    make_runtime, runtime_pids, monkeypatch, shared_uid
+):
+    if shared_uid:  # as a worker that is not root runs it: commands share the shims' uid
+        monkeypatch.setattr(bwrap, "can_run_as_sandbox_user", lambda: False)
+    elif os.geteuid() != 0:
+        pytest.skip("commands run as another uid only under a root worker")
+    runtime = await make_runtime("bwrap", grace_s=0.5)
+    # a daemon that left the harness's group, then the harness kills its own shim (refused
+    # under another uid) and exits 3
+    harness = await runtime.spawn(
+        "setsid sleep 1000 > /dev/null 2>&1 < /dev/null & "
+        "kill -KILL $PPID 2> /dev/null; sleep 0.5; exit 3"
+    )
+    # reported by its shim, or with the shim gone by pid 1, which reaped the orphaned harness
+    assert await harness.wait(10) == 3
+    assert harness.shim_lost is shared_uid and not harness.exit_lost
+    if shared_uid:  # no shim cleaned up after the harness: its daemon runs on
+        assert len(runtime_pids(runtime)) == 1
+    await runtime.cancel()  # the end of the run: pid 1 kills every other process
+    assert runtime_pids(runtime) == []
+    assert (await runtime.exec("echo on")).stdout == "on\n"  # fresh shims serve the next
+
+
+async def test_the_end_of_a_run_kills_an_orphaned_fork_bomb(
+    make_runtime, runtime_pids, wait_for, monkeypatch
+):
+    # commands share the shims' uid (a worker that is not root): the harness kills its shim,
+    # so its fork bomb is pid 1's child and only the end of the run's kill can reach it
+    monkeypatch.setattr(bwrap, "can_run_as_sandbox_user", lambda: False)
+    runtime = await make_runtime("bwrap", max_processes=64)
+    bomb = (
+        "import os, time\nwhile True:\n    try:\n        os.fork()\n"
+        "    except OSError:\n        time.sleep(0.01)"
+    )
+    harness = await runtime.spawn(
+        f"setsid python3 -c '{bomb}' > /dev/null 2>&1 < /dev/null & kill -KILL $PPID; exit 0"
+    )
+    assert await harness.wait(10) == 0 and harness.shim_lost
+    assert await wait_for(lambda: len(runtime_pids(runtime)) >= 32, timeout_s=30)
+    await runtime.cancel()
+    assert runtime_pids(runtime) == []
+    assert (await runtime.exec("echo on")).stdout == "on\n"
 
 
 #: tries to open the exec server's control socket, read its environment and memory, attach to it.

@@ -289,7 +289,9 @@ class SandboxActivities:
         asks the gateway's verdict on the session: when its model calls have stood unanswered
         for the gateway's ``backend_dead_after_s``, the harness is stopped
         (``backend_verdict``). The harness's whole process group is killed on timeout,
-        cancellation or that verdict.
+        cancellation or that verdict; then, however the run ended, every process left in the
+        runtime is killed (:meth:`Runtime.cancel`) before this returns, so nothing the harness
+        started runs on while the session's files are collected.
 
         Raises:
             ApplicationError: type ``HostDrainingError`` when the host drains (SIGTERM,
@@ -314,10 +316,13 @@ class SandboxActivities:
             # a cancelled session's output is not wanted: a short grace keeps mass
             # cancellation (a trainer dropping a step's rollouts) within seconds
             await proc.terminate(grace_s=CANCEL_GRACE_S)
+            await runtime.cancel()
             log.info("harness_cancelled", duration_s=round(time.monotonic() - t0, 3))
             raise
         if end.drained:
             await self._drain_run(proc, input.runtime_id, time.monotonic() - t0)
+        # the run is over: nothing it started may run on while its files are collected
+        await runtime.cancel()
         return self._record_run(input, runtime, adapter, proc, end, time.monotonic() - t0)
 
     async def _prepare_harness(

@@ -33,7 +33,7 @@ from pathlib import Path
 import structlog
 
 from rolloutd.errors import RuntimeStartError
-from rolloutd.processes import kill_process_group_of, process_start_ticks
+from rolloutd.processes import kill_process_group_of, process_start_ticks, processes_with_env
 from rolloutd.sandbox.runtimes import disk
 from rolloutd.sandbox.runtimes.limits import RuntimeCgroup
 from rolloutd.sandbox.runtimes.podman import ROOT_LABEL, RUNTIME_LABEL, container_binaries
@@ -73,28 +73,6 @@ def _owner_alive(root: Path, runtime_id: str) -> bool:
     if not isinstance(pid, int) or pid == os.getpid():
         return False  # this process is starting: nothing it owns is running yet
     return process_start_ticks(pid) == owner.get("start_ticks")
-
-
-def processes_of(runtime_ids: set[str]) -> dict[int, str]:
-    """Pids (other than this process) whose environment names one of ``runtime_ids``.
-
-    Returns:
-        pid -> runtime id.
-    """
-    wanted = {f"ROLLOUTD_RUNTIME_ID={r}".encode(): r for r in runtime_ids}
-    found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue  # gone, or another user's process: not ours to reclaim
-        for var in environ.split(b"\0"):
-            if var in wanted:
-                found[int(entry.name)] = wanted[var]
-                break
-    return found
 
 
 #: seconds a container CLI command of the reclaim may take.
@@ -207,7 +185,7 @@ def reclaim_orphans(root: Path, *, timeout_s: float = 10.0) -> ReclaimReport:
         [c for runtime_id in sorted(orphans) for c in containers.get(runtime_id, [])]
     )
     deadline = time.monotonic() + timeout_s
-    while pids := processes_of(orphans):
+    while pids := processes_with_env("ROLLOUTD_RUNTIME_ID", orphans):
         report.num_killed += sum(kill_process_group_of(pid) for pid in pids)
         if time.monotonic() > deadline:
             report.remaining_pids = sorted(pids)

@@ -18,16 +18,20 @@ and ``exec`` alike, inside the same namespaces:
   pid 1 (``--as-pid-1``); when it exits (the worker closes its socket, or the holder is
   killed) the namespace dies, so no process survives teardown, not even one that called
   ``setsid``. Each command runs under a shim of the exec server, a child subreaper that kills what
-  the command left behind when it exits (what a PID namespace per command used to do);
+  the command left behind when it exits (what a PID namespace per command used to do); when a
+  run ends the exec server kills every other process of the sandbox (:meth:`cancel`), so nothing
+  a harness started runs on while its files are collected, whether or not its shim lived;
 - users: with a root worker, commands run as the unprivileged :data:`SANDBOX_UID` /
   :data:`SANDBOX_GID` (user ``agent``, listed in the sandbox's ``/etc/passwd`` and
   ``/etc/group``, which are the host's plus that entry), a uid of the host's own user
   namespace (no user namespace: a file the sandbox writes is owned by that uid on the host
   too). The workspace and home are handed to it (:meth:`BwrapRuntime.adopt`, also for every
-  upload and prepare step). The exec server stays root with ``CAP_SETUID``, ``CAP_SETGID`` and
-  ``CAP_KILL`` only, which its shims drop with their uid; so no command can signal, trace or
-  read the exec server, or read the host's root-only files (``/etc/shadow``). A worker that is not
-  root cannot change uids: commands then run as the worker's own (unprivileged) uid;
+  upload and prepare step). The exec server and its shims stay root with ``CAP_SETUID``,
+  ``CAP_SETGID`` and ``CAP_KILL`` only, which each command's own child drops with its uid before
+  its execve; so no command can signal, trace or read the exec server or its shims, or read the
+  host's root-only files (``/etc/shadow``). A worker that is not root cannot change uids:
+  commands then run as the worker's own (unprivileged) uid, the shims' too, and a command can
+  kill its shim (the end of a run does not rest on shims);
 - all capabilities of commands dropped (``--cap-drop ALL``; the exec server's few above are added
   back for it alone): as root with them, the sandbox could remount the read-only system
   writable; bwrap always sets ``PR_SET_NO_NEW_PRIVS``, so set-uid programs do not regain them.

@@ -133,6 +133,20 @@ class ContainerRuntime(Runtime):
         self.relay.attach(urls[0])
         return [rewrite_url(u, f"http://127.0.0.1:{GATEWAY_PORT}") for u in urls]
 
+    async def cancel(self) -> None:
+        """Terminate the runtime's commands, then kill every process left in the instance:
+        ``kill -KILL -1`` run inside reaches every process of the instance's PID namespace
+        but the instance's init and itself (kill(2)), daemons whose ``apptainer exec`` ended
+        included. Not run here (apptainer cannot be installed on the test machine)."""
+        await super().cancel()
+        if self.state != "started":
+            return
+        result = await self.exec(["/bin/sh", "-c", "kill -KILL -1 2>/dev/null; exit 0"])
+        if result.exit_code != 0:
+            log.warning(
+                "runtime_sweep_failed", runtime_id=self.runtime_id, error=result.stderr[-300:]
+            )
+
     async def _cleanup(self) -> None:
         code, out = await self._run_cli(self.stop_argv())
         if code != 0:

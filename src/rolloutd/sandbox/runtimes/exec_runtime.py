@@ -129,10 +129,12 @@ class ExecServerRuntime(Runtime):
             raise LaunchError(exc.message) from exc
 
     async def cancel(self) -> None:
-        """Terminate every process of the runtime, then SIGKILL any left inside.
+        """Terminate every process of the runtime, then have the exec server (the sandbox's
+        pid 1) SIGKILL every other process inside, shims included (``sweep``).
 
-        Processes whose shim was killed from inside the runtime would otherwise survive until
-        :meth:`stop`; the exec server counts them (``sweep``).
+        This does not depend on any shim being alive: processes whose shim was killed from
+        inside the runtime, and daemons that left their process group, are the exec server's
+        to kill as the PID namespace's init.
         """
         await super().cancel()
         if self._exec_server is not None and not self._exec_server.closed:

@@ -48,6 +48,11 @@ KILL_WAIT_S = 10.0
 NUM_IDLE_SHIMS = 1
 #: idle shims kept at most: a shim whose command exited is reused while fewer are idle.
 MAX_IDLE_SHIMS = 4
+#: the exit code of a command whose status was lost with its shim (killed from inside the
+#: sandbox between reaping the command and reporting it): 128 + SIGKILL, what a shell reports
+#: for a child killed so, an exit code of the sandbox's own doing, not a death by a signal
+#: the session did not send.
+LOST_EXIT_CODE = 128 + signal.SIGKILL
 
 
 @dataclass
@@ -97,6 +102,11 @@ class SandboxProcess(RuntimeProcess):
         self.started_at = time.monotonic()
         self._pipes = pipes
         self._returncode: int | None = None
+        #: the shim died before it reported the exit (killed from inside the sandbox): the
+        #: exit is the exec server's report, signals go through the exec server
+        self.shim_lost = False
+        #: ...and the exit status was gone with it (reported as :data:`LOST_EXIT_CODE`)
+        self.exit_lost = False
         self._loop = asyncio.get_running_loop()
         self._started: asyncio.Future[None] = self._loop.create_future()
         self._exited: asyncio.Future[int] = self._loop.create_future()
@@ -163,7 +173,11 @@ class SandboxProcess(RuntimeProcess):
             transport.close()
 
     def _signal(self, sig: signal.Signals) -> None:
-        """Ask the shim to ``killpg`` the command's group (it knows whether it was reaped)."""
+        """Ask the shim to ``killpg`` the command's group (it knows whether it was reaped), or
+        the exec server when the shim is gone."""
+        if self.shim_lost:
+            self._exec_server.kill_group(self.pgid, sig)
+            return
         try:
             self._sock.send(marshal.dumps({"op": "signal", "sig": int(sig)}))
         except BlockingIOError:  # the shim does not read: it is stuck or being killed
@@ -179,8 +193,8 @@ class SandboxProcess(RuntimeProcess):
                 return
             except OSError:
                 data = b""
-            if not data:  # the shim ended without reporting: the sandbox died
-                self._on_gone()
+            if not data:  # the shim ended without reporting
+                self._on_shim_gone()
                 return
             try:
                 event = json.loads(data)
@@ -193,6 +207,25 @@ class SandboxProcess(RuntimeProcess):
             elif event.get("event") == "exit":
                 self._set_exit(int(event["code"]), reusable=True)
                 return
+
+    def _on_shim_gone(self) -> None:
+        """The shim died before reporting the exit: killed from inside the sandbox (a command
+        of the same uid, the OOM killer) when the exec server lives on, which then reaps the
+        command (its orphan now) and reports its exit (``watch``); else the sandbox died."""
+        if self._exec_server.closed or not self._started.done() or not self.pid:
+            self._on_gone()
+            return
+        self.shim_lost = True
+        self._loop.remove_reader(self._sock.fileno())
+        self._sock.close()
+        log.warning("exec_server_shim_lost", name=self.name, pid=self.pid)
+        self._exec_server.watch(self)
+
+    def on_reaped(self, code: int, *, lost: bool) -> None:
+        """The exec server reaped the command after its shim died; ``lost``: the shim had
+        reaped it and died before reporting, the status went with it (:data:`LOST_EXIT_CODE`)."""
+        self.exit_lost = lost
+        self._set_exit(LOST_EXIT_CODE if lost else code)
 
     def _on_gone(self) -> None:
         if not self._started.done():
@@ -237,6 +270,8 @@ class ExecServerClient:
         self._num_requested = 0  # shims asked for, not idle yet
         self._sweeps: dict[int, asyncio.Future[int]] = {}
         self._running: set[SandboxProcess] = set()
+        self._watched: dict[int, SandboxProcess] = {}  # pid -> command whose shim died
+        self._requests: set[asyncio.Future[None]] = set()  # requests sent from callbacks
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self.closed = False
         self._loop.add_reader(self._sock.fileno(), self._on_readable)
@@ -338,7 +373,9 @@ class ExecServerClient:
         return process
 
     async def sweep(self, timeout_s: float = 10.0) -> int:
-        """SIGKILL every process of the sandbox but the exec server; return how many there were.
+        """SIGKILL every process of the sandbox but the exec server, its shims included; return
+        how many there were. Commands whose shims die with them are reported as killed once the
+        exec server reaped them (:meth:`watch`).
 
         Raises:
             ExecServerError: the exec server is gone.
@@ -354,9 +391,34 @@ class ExecServerClient:
         finally:
             self._sweeps.pop(request_id, None)
 
+    def watch(self, process: SandboxProcess) -> None:
+        """Ask the exec server for the exit of ``process``, whose shim died before reporting
+        it (:meth:`SandboxProcess.on_reaped` gets it)."""
+        self._watched[process.pid] = process
+        self._request({"op": "watch", "pid": process.pid})
+
+    def kill_group(self, pgid: int, sig: int) -> None:
+        """Have the exec server signal the process group ``pgid`` (a command whose shim died)."""
+        self._request({"op": "kill", "pid": pgid, "sig": int(sig)})
+
+    def _request(self, request: dict[str, Any]) -> None:
+        """Send a request from a synchronous caller (an event callback)."""
+        if self.closed:
+            return
+        sending = asyncio.ensure_future(_send(self._sock, self._loop, request, []))
+        self._requests.add(sending)
+        sending.add_done_callback(self._request_sent)
+
+    def _request_sent(self, sending: asyncio.Future[None]) -> None:
+        self._requests.discard(sending)
+        if not sending.cancelled() and sending.exception() is not None:
+            self._on_gone(f"request failed: {sending.exception()}")
+
     def forget(self, process: SandboxProcess) -> None:
         """Drop a process whose exit was reported."""
         self._running.discard(process)
+        if self._watched.get(process.pid) is process:
+            del self._watched[process.pid]
 
     def reuse(self, shim: socket.socket) -> None:
         """Take back a shim whose command exited: give it to a waiting command, keep it idle,
@@ -456,6 +518,10 @@ class ExecServerClient:
                     )
             elif kind == "ready" and not self._ready.done():
                 self._ready.set_result(None)
+            elif kind == "reaped":
+                watched = self._watched.pop(int(event.get("pid", 0)), None)
+                if watched is not None:
+                    watched.on_reaped(int(event.get("code", -9)), lost=bool(event.get("lost")))
             elif kind == "swept":
                 answer = self._sweeps.get(event.get("id", -1))
                 if answer is not None and not answer.done():
@@ -474,8 +540,12 @@ class ExecServerClient:
             idle = json.loads(shim.recv(MAX_EVENT_BYTES)).get("event") == "idle"
         except (OSError, ValueError, AttributeError):
             idle = False
-        if not idle:  # it died while setting up (the sandbox is going away)
+        if not idle:  # it died while setting up (a sweep, or the sandbox is going away)
             shim.close()
+            if self._shim_waiters and not self.closed:  # a command waits for it: ask again
+                sending = asyncio.ensure_future(self._request_shims())
+                self._requests.add(sending)
+                sending.add_done_callback(self._request_sent)
             return
         while self._shim_waiters and self._shim_waiters[0].done():
             self._shim_waiters.popleft()  # cancelled

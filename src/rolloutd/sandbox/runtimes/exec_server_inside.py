@@ -12,10 +12,13 @@ dumpable, see below). A container runtime, whose CLI cannot hand a container an 
 gives ``CONTROL_PATH`` instead: the exec server connects to the worker's listening
 ``SOCK_SEQPACKET`` socket there, first thing as the container's pid 1, and the worker stops
 listening (and removes the path) once it accepted that one connection, before any command runs.
-``UID GID`` (-1: keep the exec server's own) are the ids commands run as: each shim drops to them
-(setgroups, setresgid, setresuid) before it takes a command, which clears every capability it had;
-the exec server itself keeps root and the few capabilities that needs (``CAP_SETUID``,
-``CAP_SETGID``, ``CAP_KILL`` for sweeps), none of which a command ever holds. With
+``UID GID`` (-1: keep the exec server's own) are the ids commands run as: each command's own
+child drops to them (setgroups, setresgid, setresuid) before its execve, which clears every
+capability it had; the exec server and its shims keep root and the few capabilities they need
+(``CAP_SETUID``, ``CAP_SETGID``, ``CAP_KILL``), none of which a command ever holds, so a
+command can neither signal nor trace its shim (kill(2) needs a matching uid or ``CAP_KILL``).
+With -1 (a worker that is not root, a container) shims and commands share one uid: a command
+can kill its shim, and what must hold then does not rest on shims (below). With
 ``PORT SOCKET`` the exec server also relays TCP connections to ``127.0.0.1:PORT`` byte for byte to
 the unix socket ``SOCKET`` (``network: gateway``; the host side,
 :mod:`rolloutd.sandbox.runtimes.gateway_relay`, checks each request); it does no filtering.
@@ -24,16 +27,16 @@ Commands run under *shims*: forks of the exec server, each with a ``SOCK_SEQPACK
 whose other end goes to the worker (``SCM_RIGHTS``). A shim serves one command at a time:
 
 1. it sets itself up once: raises its OOM score adjustment (so the OOM killer takes a command
-   before the exec server), drops to ``UID GID``, becomes a child subreaper (prctl(2)
-   ``PR_SET_CHILD_SUBREAPER``), sends ``{"event": "idle"}`` and blocks, so a request finds it
-   scheduled and ready;
+   before the exec server), becomes a child subreaper (prctl(2) ``PR_SET_CHILD_SUBREAPER``),
+   sends ``{"event": "idle"}`` and blocks, so a request finds it scheduled and ready;
 2. request ``{"op": "run", "argv", "env", "cwd", "fds": ["stdout", ...]}`` with those fds
    attached (missing streams: ``/dev/null``); a request longer than one message comes as
    ``{"op": "indirect"}`` with a memfd holding it as the first fd;
-3. it ``posix_spawn``s the command (vfork and exec: no copy of the shim on the critical path)
-   with exactly ``env``, in its own process group, signals at their defaults; sends
-   ``{"event": "started", "pid"}`` (a pid inside the sandbox), or on failure an exit 127/126
-   with the reason on the command's stderr;
+3. it starts the command with exactly ``env``, in its own process group, signals at their
+   defaults: with ``UID`` by fork(2), the drop of ids in the child, then execve(2)
+   (:func:`spawn_as`), else by ``posix_spawn`` (vfork and exec: no copy of the shim on the
+   critical path); sends ``{"event": "started", "pid"}`` (a pid inside the sandbox), or on
+   failure an exit 127/126 with the reason on the command's stderr;
 4. ``{"op": "signal", "sig"}`` requests are ``killpg`` on the command's group, until the
    command exits; then it SIGKILLs whatever the command left behind (its orphans, ``setsid``
    daemons included, are reparented to the shim) and sends ``{"event": "exit", "code"}``
@@ -47,12 +50,19 @@ whose other end goes to the worker (``SCM_RIGHTS``). A shim serves one command a
 Control requests (worker -> exec server): ``{"op": "shims", "n"}`` forks ``n`` more shims (event
 ``{"event": "shim", "pid"}`` with the worker's end attached, or ``{"event": "shim_failed"}``
 when fork fails, e.g. at the pids limit); ``{"op": "sweep", "id"}`` SIGKILLs every process
-but the exec server and its shims (``{"event": "swept", "id", "num_killed"}``). The exec server
+but the exec server, shims included, with one ``kill(-1, SIGKILL)`` as the namespace's init
+(``{"event": "swept", "id", "num_killed"}``): the worker sends it when a run ends, so nothing
+the run started outlives it whether or not its shim lives; ``{"op": "watch", "pid"}`` asks for
+the exit of a command whose shim died before reporting it (the command, reparented to the exec
+server, is reaped here: ``{"event": "reaped", "pid", "code"}``, with ``"lost": 1`` when the shim
+had reaped it and died before reporting); ``{"op": "kill", "pid", "sig"}`` signals such a
+command's process group. The exec server
 sends ``{"event": "ready"}`` once it listens, then forks nothing until the first ``shims`` request:
 meanwhile the worker moves it into the runtime's cgroup, so every shim and command is born inside.
 It exits when the worker closes its end; it is the sandbox's pid 1 (``bwrap --as-pid-1``), so its
 exit ends the PID namespace and everything in it, and no process of the sandbox can signal it (the
-kernel drops signals to a namespace's init from inside, and commands run as another uid).
+kernel drops signals to a namespace's init from inside, unless it handles them: it handles only
+SIGCHLD).
 
 The exec server is not dumpable (``PR_SET_DUMPABLE`` 0, inherited by the shims): processes of the
 sandbox, which have no capabilities (and, with ``UID``, another uid), cannot ptrace it or open
@@ -90,6 +100,8 @@ SHIM_OOM_SCORE_ADJ = 500
 CHUNK = 65536
 #: seconds a sweep keeps killing before it gives up (a process in D state may linger).
 SWEEP_TIMEOUT_S = 5.0
+#: exit codes of reaped orphans kept for a late ``watch`` request.
+MAX_REAPED = 256
 #: signals reset to their default action in a command (Python ignores SIGPIPE and SIGXFSZ,
 #: and an ignored signal stays ignored across execve).
 RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGINT, signal.SIGTERM)
@@ -257,12 +269,8 @@ def shim(sock: _socket.socket, uid: int, gid: int) -> None:
                     continue  # the fd of the listdir itself, already closed
         sock.setblocking(True)
         set_oom_score_adj(SHIM_OOM_SCORE_ADJ)
-        if gid >= 0:
-            os.setgroups([])
-            os.setresgid(gid, gid, gid)
-        if uid >= 0:  # all uids nonzero: every capability is gone (capabilities(7))
-            os.setresuid(uid, uid, uid)
-            _capset(CAP_HEADER_V3, NO_CAPS_V3)  # the inheritable set too
+        # with UID the shim stays the exec server's user (commands drop in their own child,
+        # spawn_as): a command can then neither signal nor trace its shim
         prctl(PR_SET_CHILD_SUBREAPER, 1)
         send(sock, {"event": "idle"})  # set up and scheduled once: a request wakes it fast
         while True:
@@ -280,7 +288,7 @@ def shim(sock: _socket.socket, uid: int, gid: int) -> None:
                 for fd in fds:
                     os.close(fd)
                 continue
-            code = run(sock, request, dict(zip(request.get("fds", []), fds)))
+            code = run(sock, request, dict(zip(request.get("fds", []), fds)), uid, gid)
             if code:
                 return
     finally:
@@ -308,10 +316,62 @@ def which(name: str, path: str) -> str:
     return name
 
 
-def run(sock: _socket.socket, request: dict, fds: dict[str, int]) -> int:
-    """Run one command (posix_spawn(3): vfork and exec), serve signal requests until it exits,
-    kill what it left behind, report; return 0 to stay for the next command, 1 when the worker
-    closed the shim's socket."""
+def drop_to(uid: int, gid: int) -> None:
+    """Become ``uid``/``gid`` (-1: keep) with no supplementary groups and no capabilities."""
+    if gid >= 0:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+    if uid >= 0:  # all uids nonzero: every capability is gone (capabilities(7))
+        os.setresuid(uid, uid, uid)
+        _capset(CAP_HEADER_V3, NO_CAPS_V3)  # the inheritable set too
+
+
+def spawn_as(argv: list[str], env: dict, cwd: str, fds: dict[str, int], uid: int, gid: int) -> int:
+    """Start a command as ``uid``/``gid`` in its own process group; return its pid.
+
+    fork(2), then in the child what posix_spawn's attributes would do, the drop of ids and
+    capabilities (which posix_spawn cannot do), the working folder and the search of
+    ``argv[0]`` on ``PATH`` (as the command's user), then execve(2); a failure before the exec
+    comes back through a close-on-exec pipe as its errno.
+
+    Raises:
+        OSError: the command could not be started (the child's errno).
+    """
+    report_r, report_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nothing but system calls until execve
+        try:
+            os.close(report_r)
+            os.setpgid(0, 0)
+            for target, name in enumerate(("stdin", "stdout", "stderr")):
+                fd = fds.get(name)
+                os.dup2(os.open("/dev/null", os.O_RDWR) if fd is None else fd, target)
+            for sig in RESET_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            drop_to(uid, gid)
+            os.chdir(cwd)  # as the command's user: its permissions apply
+            os.execve(which(argv[0], env.get("PATH", DEFAULT_PATH)), argv, env)
+        except OSError as exc:
+            os.write(report_w, str(exc.errno or 0).encode())
+        finally:
+            os._exit(127)
+    os.close(report_w)
+    try:
+        report = os.read(report_r, 32)
+    finally:
+        os.close(report_r)
+    if report:
+        os.waitpid(pid, 0)
+        err = int(report)
+        raise (FileNotFoundError if err == 2 else OSError)(err, os.strerror(err))
+    return pid
+
+
+def run(sock: _socket.socket, request: dict, fds: dict[str, int], uid: int, gid: int) -> int:
+    """Run one command (as ``uid``/``gid`` through :func:`spawn_as`, else posix_spawn(3):
+    vfork and exec), serve signal requests until it exits, kill what it left behind, report;
+    return 0 to stay for the next command, 1 when the worker closed the shim's socket."""
     argv, cwd, env = request["argv"], request["cwd"], request["env"]
     actions = []
     for target, name in enumerate(("stdin", "stdout", "stderr")):
@@ -320,16 +380,19 @@ def run(sock: _socket.socket, request: dict, fds: dict[str, int]) -> int:
         else:
             actions.append((os.POSIX_SPAWN_OPEN, target, "/dev/null", os.O_RDWR, 0))
     try:
-        os.chdir(cwd)  # posix_spawn has no chdir action; the shim runs one command at a time
-        pid = os.posix_spawn(
-            which(argv[0], env.get("PATH", DEFAULT_PATH)),
-            argv,
-            env,
-            file_actions=actions,
-            setpgroup=0,
-            setsigdef=RESET_SIGNALS,
-            setsigmask=(),
-        )
+        if uid >= 0 or gid >= 0:
+            pid = spawn_as(argv, env, cwd, fds, uid, gid)
+        else:
+            os.chdir(cwd)  # posix_spawn has no chdir action; the shim runs one command at a time
+            pid = os.posix_spawn(
+                which(argv[0], env.get("PATH", DEFAULT_PATH)),
+                argv,
+                env,
+                file_actions=actions,
+                setpgroup=0,
+                setsigdef=RESET_SIGNALS,
+                setsigmask=(),
+            )
     except OSError as exc:
         message = f"rolloutd: cannot run {argv[0]!r} in {cwd}: {exc.strerror or exc}\n"
         if "stderr" in fds:
@@ -386,22 +449,34 @@ def run(sock: _socket.socket, request: dict, fds: dict[str, int]) -> int:
     return 1 if gone else 0
 
 
-def sweep(spared: set[int]) -> int:
-    """SIGKILL every process of the sandbox but this exec server and the ``spared`` (its shims: each
-    cleans up after its own command); return how many were killed."""
+def sweep() -> int:
+    """SIGKILL every process of the sandbox but this exec server, its shims included, until
+    none is left (or :data:`SWEEP_TIMEOUT_S` passed: a process in D state may linger); return
+    how many there were.
+
+    As the PID namespace's init, one ``kill(-1, SIGKILL)`` reaches every process of the namespace
+    but itself (kill(2)), all at once: a process forking meanwhile does not outrun it (a fork
+    with a fatal signal pending fails). Not pid 1 (never so in a runtime), each listed process is
+    killed instead.
+    """
     me, killed = os.getpid(), set()
     deadline = time.monotonic() + SWEEP_TIMEOUT_S
     while time.monotonic() < deadline:
-        # orphans of a killed shim are the exec server's children too: every process goes
-        victims = [pid for pid, _ in live_processes() if pid not in (1, me) and pid not in spared]
+        victims = [pid for pid, _ in live_processes() if pid != me]
         if not victims:
             break
-        for pid in victims:
+        killed.update(victims)
+        if me == 1:
             try:
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
+                os.kill(-1, signal.SIGKILL)
             except ProcessLookupError:
-                continue
+                pass  # nothing left to signal
+        else:
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
         time.sleep(0.002)  # killed processes take a moment to exit
     return len(killed)
 
@@ -514,6 +589,8 @@ class ExecServer:
         self.ctl = ctl
         self.uid, self.gid = uid, gid
         self.shims: set[int] = set()  # pids of live shims
+        self.watched: set[int] = set()  # commands whose exit the worker waits for (watch)
+        self.reaped: dict[int, int] = {}  # exit codes of orphans reaped lately, oldest first
         self.sel = Selector()
         self.relay_path = relay[1] if relay else ""
         wake_r, wake_w = os.pipe()
@@ -574,10 +651,16 @@ class ExecServer:
             if request["op"] == "shims":
                 self.fork_shims(int(request["n"]))
             elif request["op"] == "sweep":
-                send(
-                    self.ctl,
-                    {"id": request["id"], "event": "swept", "num_killed": sweep(self.shims)},
-                )
+                num_killed = sweep()
+                self.on_child(0)  # reap them now: a command the worker watches is reported
+                send(self.ctl, {"id": request["id"], "event": "swept", "num_killed": num_killed})
+            elif request["op"] == "watch":
+                self.watch(int(request["pid"]))
+            elif request["op"] == "kill":
+                try:
+                    os.killpg(int(request["pid"]), int(request["sig"]))
+                except OSError:
+                    pass  # the group is gone (its exit is reported by watch)
 
     def fork_shims(self, num: int) -> None:
         """Fork ``num`` idle shims; pass the worker its end of each one's socket (``shim``)."""
@@ -610,12 +693,34 @@ class ExecServer:
             pass  # drained
         while True:
             try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
+                pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            self.shims.discard(pid)
+            if pid in self.shims:
+                self.shims.discard(pid)
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            if pid in self.watched:
+                self.watched.discard(pid)
+                send(self.ctl, {"event": "reaped", "pid": pid, "code": code})
+            else:
+                self.reaped[pid] = code
+                if len(self.reaped) > MAX_REAPED:
+                    del self.reaped[next(iter(self.reaped))]
+
+    def watch(self, pid: int) -> None:
+        """Report the exit of ``pid``, a command whose shim died before reporting it (the
+        command, now the exec server's child, is reaped here): ``{"event": "reaped", "pid",
+        "code"}`` once it exited, or with ``"lost": 1`` when its status is gone (its shim
+        reaped it before dying)."""
+        if pid in self.reaped:
+            send(self.ctl, {"event": "reaped", "pid": pid, "code": self.reaped.pop(pid)})
+        elif os.path.exists(f"/proc/{pid}"):  # alive, or a zombie about to be ours
+            self.watched.add(pid)
+        else:
+            send(self.ctl, {"event": "reaped", "pid": pid, "code": -signal.SIGKILL, "lost": 1})
 
 
 def main(argv: list[str]) -> int:

@@ -28,6 +28,7 @@ from rolloutd.activities.names import (
     STORE_GROUP_PART,
     STORE_TASK_REQUEST,
 )
+from rolloutd.activities.refused import merged, refused_paths
 from rolloutd.capabilities import (
     CheckEvaluatorInput,
     CheckEvaluatorOutput,
@@ -199,6 +200,7 @@ class EvalActivities:
                 num_traces=len(trajectory.traces) if trajectory else 0,
             )
             version = ""
+            refused = refused_paths(artifacts)
             if input.forced_reward is not None:
                 # the task decides this session's reward (a policy-accountable run timeout,
                 # an invalid tool call, a limit hit): the evaluator is not asked
@@ -206,6 +208,10 @@ class EvalActivities:
                 if input.forced_reason:
                     details["reason"] = input.forced_reason
                 outcome = EvaluationOutcome(reward=input.forced_reward, details=details)
+            elif refused is not None:
+                # the collect step refused a path the session left (a link out of its
+                # runtime): the check did not run, and the session scores as tampered
+                outcome = EvaluationOutcome(reward=0.0, details={"refused_paths": True})
             else:
                 try:
                     evaluator = get_evaluator(input.evaluator)
@@ -234,6 +240,8 @@ class EvalActivities:
                         trajectory.evaluation = record
                         self.store.put_json(input.trajectory_ref, trajectory)
                     return EvaluateOutput(error=error, evaluation=record)
+            if refused is not None:
+                outcome = outcome.model_copy(update={"tamper": merged(outcome.tamper, refused)})
             outcome = scored_outcome(outcome)
             record = evaluation_record(input.evaluator.type, version, outcome, input)
             if trajectory is not None and input.trajectory_ref:

@@ -40,9 +40,11 @@ from rolloutd.activities.names import (
     RUN_HARNESS,
     TEARDOWN_RUNTIME,
 )
+from rolloutd.activities.refused import MAX_FINDINGS, REFUSED_PATHS_ARTIFACT, refused_finding
 from rolloutd.errors import (
     HostDrainingError,
     NotFoundError,
+    PathRefusedError,
     RuntimeNotFoundError,
     to_application_error,
 )
@@ -62,6 +64,7 @@ from rolloutd.settings import SandboxSettings
 from rolloutd.store import BlobStore, CompletionLog, artifact_key, final_state_key
 from rolloutd.task_queues import host_queue
 from rolloutd.task_spec import artifact_file_name
+from rolloutd.types import TamperFinding, TamperReport
 
 log = structlog.get_logger(__name__)
 
@@ -513,10 +516,16 @@ class SandboxActivities:
         return CollectArtifactsOutput(artifacts=artifacts)
 
     async def _collect(self, runtime: Runtime, input: CollectArtifactsInput) -> dict[str, str]:
-        """The body of :meth:`collect_artifacts`; returns name -> blob key."""
+        """The body of :meth:`collect_artifacts`; returns name -> blob key.
+
+        A path the runtime's processes made unsafe to open (:class:`PathRefusedError`) does
+        not fail the step: it is recorded (:mod:`rolloutd.activities.refused`) and scored as
+        the policy's doing; the evaluator's check does not run after one.
+        """
         artifacts: dict[str, str] = {}
+        refused: list[TamperFinding] = []
         if input.collect_outputs:
-            artifacts |= await self._collect_outputs(runtime, input.session_id)
+            artifacts |= await self._collect_outputs(runtime, input.session_id, refused)
             if input.store_final_state:
                 # before the check, which may write into the workspace
                 await store_final_state(
@@ -540,8 +549,13 @@ class SandboxActivities:
             artifacts["patch_apply"] = key
             applied_ok = result.exit_code == 0
             log.info("patch_applied", exit_code=result.exit_code)
-        if input.run_check and applied_ok:
-            check = await run_check(runtime, input.evaluator)
+        if input.run_check and applied_ok and not refused:
+            try:
+                check = await run_check(runtime, input.evaluator)
+            except PathRefusedError as e:
+                log.warning("collect_path_refused", path=e.path, error=e.message)
+                refused.append(refused_finding(e))
+                check = None
             if check is not None:
                 key = artifact_key(input.session_id, CHECK_ARTIFACT)
                 self.store.put_json(key, check)
@@ -551,10 +565,24 @@ class SandboxActivities:
                     exit_code=check.get("exit_code"),
                     timed_out=check.get("timed_out"),
                 )
+        if refused:
+            name = REFUSED_PATHS_ARTIFACT + ("" if input.collect_outputs else ":check")
+            key = artifact_key(input.session_id, name)
+            report = TamperReport(
+                findings=refused[:MAX_FINDINGS],
+                num_changed_paths=len(refused),
+                truncated=len(refused) > MAX_FINDINGS,
+            )
+            self.store.put_json(key, report)
+            artifacts[name] = key
         return artifacts
 
-    async def _collect_outputs(self, runtime: Runtime, session_id: str) -> dict[str, str]:
-        """Store the workspace's patch and the spec's artifact files; return name -> key."""
+    async def _collect_outputs(
+        self, runtime: Runtime, session_id: str, refused: list[TamperFinding]
+    ) -> dict[str, str]:
+        """Store the workspace's patch and the spec's artifact files; return name -> key.
+        A file the worker refused to open is stored as ``{"path", "refused"}`` and added to
+        ``refused``."""
         artifacts: dict[str, str] = {}
         if runtime.spec.git_diff:
             patch = await git_patch(runtime)
@@ -574,6 +602,10 @@ class SandboxActivities:
                 }
             except NotFoundError:
                 value = {"path": path, "missing": True}
+            except PathRefusedError as e:
+                log.warning("collect_path_refused", path=path, error=e.message)
+                refused.append(refused_finding(e, path))
+                value = {"path": path, "refused": e.message}
             key = artifact_key(session_id, f"file:{artifact_file_name(path)}")
             self.store.put_json(key, value)
             artifacts[name] = key

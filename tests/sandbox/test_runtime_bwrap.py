@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 
 import pytest
 
 from rolloutd.sandbox.config import NPM_PREFIX_ENV
-from rolloutd.sandbox.runtimes import bwrap
+from rolloutd.sandbox.runtimes import bwrap, uids
 
 pytestmark = [
     pytest.mark.sandbox,
@@ -339,6 +340,29 @@ async def test_commands_run_unprivileged_and_own_workspace_and_home(make_runtime
     for path in ("notes.txt", "repo/pkg/mod.py", "repo/pkg/new.py", "out/a/b"):
         assert runtime.host_path(path).stat().st_uid == runtime.uid, path
     assert (runtime.host_path("notes.txt").read_text()) == "start\nmore\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a uid per runtime needs a root worker")
+async def test_each_runtime_runs_as_a_uid_of_its_own(make_runtime):
+    first, second = await make_runtime("bwrap"), await make_runtime("bwrap")
+    assert first.uid >= 0 and second.uid >= 0 and first.uid != second.uid
+    for runtime in (first, second):
+        ids = (await runtime.exec("id -u; id -g")).stdout.split()
+        assert ids == [str(runtime.uid), str(runtime.gid)]
+    await second.exec("echo mine > mine.txt")
+    # a process of the first runtime's uid that reached the host reads nothing of the second
+    peek = subprocess.run(
+        ["python3", "-c", f"open({str(second.workspace / 'mine.txt')!r}).read()"],
+        user=first.uid,
+        group=first.gid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+    )
+    assert peek.returncode != 0 and "PermissionError" in peek.stderr, peek
+    uid = second.uid
+    await second.stop()  # its uid is free again
+    assert not (uids.CLAIMS_DIR / str(uid)).exists()
 
 
 async def test_memory_limit_is_a_cgroup_and_oom_kills_only_the_command(make_runtime):

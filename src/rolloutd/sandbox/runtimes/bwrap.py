@@ -21,8 +21,9 @@ and ``exec`` alike, inside the same namespaces:
   the command left behind when it exits (what a PID namespace per command used to do); when a
   run ends the exec server kills every other process of the sandbox (:meth:`cancel`), so nothing
   a harness started runs on while its files are collected, whether or not its shim lived;
-- users: with a root worker, commands run as the unprivileged :data:`SANDBOX_UID` /
-  :data:`SANDBOX_GID` (user ``agent``, listed in the sandbox's ``/etc/passwd`` and
+- users: with a root worker, commands run as an unprivileged uid and gid of the runtime's own,
+  claimed when it starts (:mod:`~rolloutd.sandbox.runtimes.uids`: one escaped sandbox owns no
+  other's files) (user ``agent``, listed in the sandbox's ``/etc/passwd`` and
   ``/etc/group``, which are the host's plus that entry), a uid of the host's own user
   namespace (no user namespace: a file the sandbox writes is owned by that uid on the host
   too). The workspace and home are handed to it (:meth:`BwrapRuntime.adopt`, also for every
@@ -131,6 +132,7 @@ from rolloutd.sandbox.runtimes.roots import (
     python_dirs,
     system_binds,
 )
+from rolloutd.sandbox.runtimes.uids import claim_uid, release_uid
 from rolloutd.types import RuntimeSpec
 
 log = structlog.get_logger(__name__)
@@ -149,17 +151,14 @@ EXEC_SERVER_INSIDE = "/run/rolloutd-exec-server.pyc"
 EXEC_SERVER_EXIT_S = 2.0
 #: the first field bwrap writes to ``--info-fd``.
 CHILD_PID = re.compile(rb'"child-pid": *(\d+)')
-#: uid and gid commands run as when the worker is root (user ``agent`` inside); on the host
-#: the uid owns the workspace and home of every runtime, and no host user should have it.
-SANDBOX_UID = SANDBOX_GID = 60000
-#: capabilities the exec server keeps to run commands as :data:`SANDBOX_UID` (bwrap ``--cap-add``),
+#: capabilities the exec server keeps to run commands as the runtime's uid (bwrap ``--cap-add``),
 #: with their numbers (linux/capability.h).
 EXEC_SERVER_CAPS = {"CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
 
 
 @functools.cache
 def can_run_as_sandbox_user() -> bool:
-    """Whether commands can run as :data:`SANDBOX_UID`: the worker is root and its bounding
+    """Whether commands can run as a uid of their own: the worker is root and its bounding
     set has :data:`EXEC_SERVER_CAPS` (bwrap 0.8 asked to add a capability outside the bounding set
     silently keeps them all, so that is checked here, not left to bwrap)."""
     if os.geteuid() != 0:
@@ -215,8 +214,10 @@ class BwrapRuntime(ExecServerRuntime):
         self._holder: RuntimeProcess | None = None
         #: host pid of the exec server (pid 1 inside) once started.
         self.exec_server_pid: int | None = None
-        #: ids commands run as (-1: the worker's own; see the module docstring, users).
-        self.uid, self.gid = (SANDBOX_UID, SANDBOX_GID) if can_run_as_sandbox_user() else (-1, -1)
+        #: ids commands run as (-1: the worker's own; see the module docstring, users): the
+        #: runtime's own, claimed at start (:func:`~rolloutd.sandbox.runtimes.uids.claim_uid`)
+        self.uid = self.gid = -1
+        self._own_uid = can_run_as_sandbox_user()
 
     @property
     def holder_pgid(self) -> int | None:
@@ -351,6 +352,8 @@ class BwrapRuntime(ExecServerRuntime):
             raise ConfigError(
                 "bwrap runtime: bubblewrap is not installed (apt-get install bubblewrap)"
             )
+        if self._own_uid:
+            self.uid = self.gid = await asyncio.to_thread(claim_uid, self.runtime_id)
         if self.spec.image:
             if not os.path.isdir(self.spec.image):
                 raise ConfigError(f"bwrap runtime: image {self.spec.image!r} is not a folder")
@@ -442,11 +445,13 @@ class BwrapRuntime(ExecServerRuntime):
                     (self.runtime_dir / name).write_bytes(text)
             for folder in (self.workspace, self.host_home):  # with spec.files, if any
                 beneath.chown_tree(folder, (), (self.uid, self.gid), label=str(folder))
+                folder.chmod(0o700)  # no other sandbox's uid may enter it
         filter_fd = seccomp.filter_fd()  # first: a missing libseccomp leaks nothing
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()
         argv = [
-            *self.bwrap_args(self.workdir),
+            # at /: the workspace may be its uid's alone (0700); each command enters its cwd
+            *self.bwrap_args("/"),
             *self._exec_server_argv(),
             EXEC_SERVER_INSIDE,
             str(theirs.fileno()),
@@ -519,6 +524,8 @@ class BwrapRuntime(ExecServerRuntime):
         if self.cgroup is not None:
             await asyncio.to_thread(self.cgroup.remove)
             self.cgroup = None
+        if self._own_uid and self.uid >= 0:  # no process of it is left: the uid is free
+            await asyncio.to_thread(release_uid, self.uid, self.runtime_id)
         log.debug(
             "runtime_cleaned_up",
             runtime_id=self.runtime_id,

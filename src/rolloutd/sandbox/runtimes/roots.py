@@ -23,7 +23,7 @@ SYSTEM_DIRS = ("/usr", "/etc", "/opt")
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 #: HOME inside the sandbox.
 HOME_INSIDE = "/home/agent"
-#: name of the user and group commands run as (bwrap.SANDBOX_UID) inside.
+#: name of the user and group commands run as inside (the runtime's uid under a root worker).
 SANDBOX_USER = "agent"
 #: where, with ``spec.image``, the worker's Python installation and the libraries it needs
 #: are bound read-only (``python/`` and ``lib/``) for the exec server.

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rolloutd.sandbox.runtimes import create_runtime
-from rolloutd.sandbox.runtimes.bwrap import SANDBOX_UID, can_run_as_sandbox_user
+from rolloutd.sandbox.runtimes.bwrap import can_run_as_sandbox_user
 from rolloutd.types import RuntimeSpec
 
 pytestmark = [
@@ -81,10 +81,11 @@ async def test_namespaces_keyring_and_bpf_are_denied_inside_and_work_outside(
             )
             assert node.exit_code == 0 and node.stdout.strip() == "n", node
     finally:
+        sandbox_uid = runtime.uid
         await runtime.stop()
 
     # the control: the same uid outside any sandbox may make each of these calls
-    uid = SANDBOX_UID if can_run_as_sandbox_user() else os.getuid()
+    uid = sandbox_uid if can_run_as_sandbox_user() else os.getuid()
     setpriv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
     outside = subprocess.run(
         [*setpriv, sys.executable, "-I", "-c", PROBES]

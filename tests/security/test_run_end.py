@@ -109,7 +109,8 @@ async def last_beats(root: Path, markers: set[str], beats: dict[str, float], don
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="host files of another owner need root to make")
 async def test_a_harness_that_outlives_its_shim_reaches_no_host_file(fleets, tmp_path, monkeypatch):
-    """About 60 s on 2 cores (five bwrap sessions, one model call each, at once)."""
+    """About 7 s at load 5 (five bwrap sessions at once, one model call each), plus the
+    fleets' start when first."""
     # commands share their shims' uid, as under a worker that is not root: the harness can
     # kill its shim, and the sandbox's pid 1 must end what it left
     monkeypatch.setattr(bwrap, "can_run_as_sandbox_user", lambda: False)

@@ -46,7 +46,7 @@ and ``exec`` alike, inside the same namespaces:
   as its own uid also gives bwrap ``--unshare-user --disable-userns`` (bwrap sets the
   namespace's ``user.max_user_namespaces`` to 1). A root worker cannot use
   ``--disable-userns``: it needs ``--unshare-user``, whose namespace maps one uid, and the exec
-  server (root) and the commands (:data:`SANDBOX_UID`) need two;
+  server (root) and the commands (the runtime's uid) need two;
 - ``--die-with-parent``: the sandbox dies with the worker;
 - environment: the exec server runs with PATH, LANG and ``ROLLOUTD_RUNTIME_ID`` only; each command
   is spawned with exactly the environment in its request (the base variables, ``spec.env`` and the

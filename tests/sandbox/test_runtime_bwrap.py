@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -190,6 +191,17 @@ async def test_the_end_of_a_run_kills_what_it_left_even_without_its_shim(
     await runtime.cancel()  # the end of the run: pid 1 kills every other process
     assert runtime_pids(runtime) == []
     assert (await runtime.exec("echo on")).stdout == "on\n"  # fresh shims serve the next
+
+
+async def test_a_command_that_kills_its_shim_at_once_is_still_reported(make_runtime, monkeypatch):
+    # shared uid: the command can kill its shim; the shim reports the pid before the command
+    # runs, so even a kill as its first act leaves an exit the exec server reports
+    monkeypatch.setattr(bwrap, "can_run_as_sandbox_user", lambda: False)
+    runtime = await make_runtime("bwrap")
+    for _ in range(20):
+        process = await runtime.spawn("kill -KILL $PPID; exit 5")
+        assert await process.wait(10) == 5 and process.shim_lost
+    assert (await runtime.exec("echo on")).stdout == "on\n"
 
 
 async def test_the_end_of_a_run_kills_an_orphaned_fork_bomb(
@@ -406,9 +418,10 @@ async def test_image_runs_every_command_in_one_sandbox_of_the_image(
         assert (await runtime.exec("id -u; whoami")).stdout.split() == [str(runtime.uid), "agent"]
     # one persistent sandbox: a harness and later commands share its PID namespace, whose
     # pid 1 is the exec server (the worker's Python, not the image's: it has none)
-    harness = await runtime.spawn(["sleep", "1000"])  # posix_spawn returns after the exec
-    seen = await runtime.exec("cat /proc/[0-9]*/comm")
-    assert "sleep" in seen.stdout.split()
+    harness = await runtime.spawn(["sleep", "1000"])  # reported started just before its execve
+    deadline = time.monotonic() + 10
+    while "sleep" not in (seen := await runtime.exec("cat /proc/[0-9]*/comm")).stdout.split():
+        assert time.monotonic() < deadline, seen
     assert "rolloutd-exec-server" in (await runtime.exec("cat /proc/1/cmdline")).stdout
     assert runtime.cgroup is not None and runtime.cgroup.pids()
     assert await wait_for(lambda: len(runtime_pids(runtime)) == 1)

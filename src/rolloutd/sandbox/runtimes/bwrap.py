@@ -87,9 +87,8 @@ and commands run with an OOM score adjustment of +500 (an unprivileged process m
 only down to 0, the exec server's), so the kernel's OOM killer takes a command, not the exec server;
 :attr:`ExecResult.oom_killed` reports it.
 
-Latency (``benchmarks/runtime.py``): a command costs a wake-up of an idle shim and a
-``posix_spawn``, not a bwrap and an ``nsenter`` (docs/measurements.md); the shim is reused
-afterwards.
+Latency (``benchmarks/runtime.py``): a command costs a wake-up of an idle shim and a fork of
+it, not a bwrap and an ``nsenter`` (docs/measurements.md); the shim is reused afterwards.
 """
 
 from __future__ import annotations

@@ -33,10 +33,10 @@ whose other end goes to the worker (``SCM_RIGHTS``). A shim serves one command a
    attached (missing streams: ``/dev/null``); a request longer than one message comes as
    ``{"op": "indirect"}`` with a memfd holding it as the first fd;
 3. it starts the command with exactly ``env``, in its own process group, signals at their
-   defaults: with ``UID`` by fork(2), the drop of ids in the child, then execve(2)
-   (:func:`spawn_as`), else by ``posix_spawn`` (vfork and exec: no copy of the shim on the
-   critical path); sends ``{"event": "started", "pid"}`` (a pid inside the sandbox), or on
-   failure an exit 127/126 with the reason on the command's stderr;
+   defaults, as ``UID GID`` (:func:`spawn_as`: fork(2), the drop of ids in the child, then
+   execve(2)); sends ``{"event": "started", "pid"}`` (a pid inside the sandbox) before the
+   child may execve, so the worker knows the pid before the command can act (even against its
+   shim), or on failure an exit 127/126 with the reason on the command's stderr;
 4. ``{"op": "signal", "sig"}`` requests are ``killpg`` on the command's group, until the
    command exits; then it SIGKILLs whatever the command left behind (its orphans, ``setsid``
    daemons included, are reparented to the shim) and sends ``{"event": "exit", "code"}``
@@ -274,7 +274,7 @@ def shim(sock: _socket.socket, uid: int, gid: int) -> None:
         prctl(PR_SET_CHILD_SUBREAPER, 1)
         send(sock, {"event": "idle"})  # set up and scheduled once: a request wakes it fast
         while True:
-            # CLOEXEC: the command gets these fds only where posix_spawn dup2s them
+            # CLOEXEC: the command gets these fds only where its child dup2s them
             data, fds = recv_fds(sock, CHUNK, 16, _socket.MSG_CMSG_CLOEXEC)
             if not data:
                 code = 0
@@ -326,22 +326,33 @@ def drop_to(uid: int, gid: int) -> None:
         _capset(CAP_HEADER_V3, NO_CAPS_V3)  # the inheritable set too
 
 
-def spawn_as(argv: list[str], env: dict, cwd: str, fds: dict[str, int], uid: int, gid: int) -> int:
-    """Start a command as ``uid``/``gid`` in its own process group; return its pid.
+def spawn_as(
+    argv: list[str], env: dict, cwd: str, fds: dict[str, int], uid: int, gid: int, announce
+) -> int:
+    """Start a command as ``uid``/``gid`` (-1: the shim's) in its own process group; return
+    its pid.
 
-    fork(2), then in the child what posix_spawn's attributes would do, the drop of ids and
-    capabilities (which posix_spawn cannot do), the working folder and the search of
-    ``argv[0]`` on ``PATH`` (as the command's user), then execve(2); a failure before the exec
-    comes back through a close-on-exec pipe as its errno.
+    fork(2); the child does what posix_spawn's attributes would (its own process group, the
+    standard streams, signals at their defaults), drops its ids and capabilities (which
+    posix_spawn cannot), enters ``cwd`` and finds ``argv[0]`` on ``PATH`` as the command's user,
+    then waits: ``announce(pid)`` runs (the shim reports the command started) before the child
+    may execve(2), so the worker knows the command's pid before the command can act, even
+    against its own shim. A failure before the wait comes back through a close-on-exec pipe as
+    its errno; an execve that fails after it is the command's exit (127: not found, else 126),
+    the reason on its stderr.
 
     Raises:
-        OSError: the command could not be started (the child's errno).
+        OSError: the command could not be started (the child's errno; FileNotFoundError for a
+            program or folder that is not there).
     """
     report_r, report_w = os.pipe()
+    go_r, go_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: nothing but system calls until execve
+        ready = False
         try:
             os.close(report_r)
+            os.close(go_w)
             os.setpgid(0, 0)
             for target, name in enumerate(("stdin", "stdout", "stderr")):
                 fd = fds.get(name)
@@ -351,48 +362,58 @@ def spawn_as(argv: list[str], env: dict, cwd: str, fds: dict[str, int], uid: int
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
             drop_to(uid, gid)
             os.chdir(cwd)  # as the command's user: its permissions apply
-            os.execve(which(argv[0], env.get("PATH", DEFAULT_PATH)), argv, env)
+            path = which(argv[0], env.get("PATH", DEFAULT_PATH))
+            if "/" not in path:
+                raise FileNotFoundError(2, os.strerror(2))
+            os.write(report_w, b"R")
+            ready = True
+            if os.read(go_r, 1) != b"g":  # the shim died before reporting the pid
+                os._exit(126)
+            os.execve(path, argv, env)
         except OSError as exc:
-            os.write(report_w, str(exc.errno or 0).encode())
+            err = exc.errno or 0
+            if not ready:
+                os.write(report_w, str(err).encode())
+            else:
+                reason = f"rolloutd: cannot run {argv[0]!r} in {cwd}: {os.strerror(err)}\n"
+                os.write(2, reason.encode())
+            os._exit(127 if err == 2 else 126)
         finally:
-            os._exit(127)
+            os._exit(126)
     os.close(report_w)
+    os.close(go_r)
     try:
         report = os.read(report_r, 32)
+        if report != b"R":
+            os.waitpid(pid, 0)
+            err = int(report or b"0")
+            raise (FileNotFoundError if err == 2 else OSError)(err, os.strerror(err))
+        announce(pid)
+        try:
+            os.write(go_w, b"g")
+        except BrokenPipeError:
+            pass  # the child was killed meanwhile (a sweep): its exit is reaped as any other
     finally:
         os.close(report_r)
-    if report:
-        os.waitpid(pid, 0)
-        err = int(report)
-        raise (FileNotFoundError if err == 2 else OSError)(err, os.strerror(err))
+        os.close(go_w)
     return pid
 
 
 def run(sock: _socket.socket, request: dict, fds: dict[str, int], uid: int, gid: int) -> int:
-    """Run one command (as ``uid``/``gid`` through :func:`spawn_as`, else posix_spawn(3):
-    vfork and exec), serve signal requests until it exits, kill what it left behind, report;
-    return 0 to stay for the next command, 1 when the worker closed the shim's socket."""
+    """Run one command (:func:`spawn_as`), serve signal requests until it exits, kill what it
+    left behind, report; return 0 to stay for the next command, 1 when the worker closed the
+    shim's socket."""
     argv, cwd, env = request["argv"], request["cwd"], request["env"]
-    actions = []
-    for target, name in enumerate(("stdin", "stdout", "stderr")):
-        if name in fds:
-            actions.append((os.POSIX_SPAWN_DUP2, fds[name], target))
-        else:
-            actions.append((os.POSIX_SPAWN_OPEN, target, "/dev/null", os.O_RDWR, 0))
     try:
-        if uid >= 0 or gid >= 0:
-            pid = spawn_as(argv, env, cwd, fds, uid, gid)
-        else:
-            os.chdir(cwd)  # posix_spawn has no chdir action; the shim runs one command at a time
-            pid = os.posix_spawn(
-                which(argv[0], env.get("PATH", DEFAULT_PATH)),
-                argv,
-                env,
-                file_actions=actions,
-                setpgroup=0,
-                setsigdef=RESET_SIGNALS,
-                setsigmask=(),
-            )
+        pid = spawn_as(
+            argv,
+            env,
+            cwd,
+            fds,
+            uid,
+            gid,
+            lambda pid: send(sock, {"event": "started", "pid": pid}),
+        )
     except OSError as exc:
         message = f"rolloutd: cannot run {argv[0]!r} in {cwd}: {exc.strerror or exc}\n"
         if "stderr" in fds:
@@ -409,7 +430,6 @@ def run(sock: _socket.socket, request: dict, fds: dict[str, int], uid: int, gid:
     finally:
         for fd in fds.values():
             os.close(fd)
-    send(sock, {"event": "started", "pid": pid})
     gone = False  # the worker closed the shim's socket
     pidfd = os.pidfd_open(pid)
     poller = select.poll()

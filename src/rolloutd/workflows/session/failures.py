@@ -96,11 +96,14 @@ def cause_text(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
+#: signal names by number, read when the module is imported: Temporal's workflow sandbox
+#: forbids every use of the ``signal`` module while a workflow runs (temporalio's sandbox
+#: restrictions: ``signal`` is ``all_uses_runtime``)
+SIGNAL_NAMES = {int(number): number.name for number in signal.Signals}
+
+
 def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+    return SIGNAL_NAMES.get(number, f"signal {number}")
 
 
 def classify(facts: SessionFacts) -> FailureCause | None:

@@ -10,9 +10,10 @@ gateway`` also the host side of the relay, with limits also the runtime's cgroup
 exec server into it; for podman the image's config, the workspace's seeding from the image, a
 ``podman run`` and its exec server connecting back; for local nothing else); each exec is one
 ``Runtime.exec(["true"])`` (for bwrap and podman: a request to an idle shim of the exec server,
-a fork of it, the command's drop of ids and its ``execve``, and the exit report), the first one right after the start; teardown is
-``Runtime.stop()`` (podman: ``podman rm``). The first podman start of a process is left out
-(it seeds the image's workdir check and the host's Python libraries once).
+a fork of it, the command's drop of ids and its ``execve``, and the exit report), the first one
+right after the start; teardown is ``Runtime.stop()`` (podman: ``podman rm``). The first
+podman start of a process is left out (it seeds the image's workdir check and the host's Python
+libraries once).
 
 ``--podman`` adds the podman runtime (on the Debian base image, made first when missing) and
 measures image builds from a Dockerfile (``FROM`` the base image, a copied package and a

@@ -404,7 +404,9 @@ class GatewaySettings(CommonSettings):
         "`rolloutd up` with engine_control_url)",
     )
     backend_url: str | None = Field(
-        default=None, description="first backend registered at start (llama-server URL)"
+        default=None,
+        description="the backends registered at start: one base URL, or several separated "
+        "by commas (a pool; each session stays on one)",
     )
     backend_type: Literal["llama_cpp", "vllm", "sglang", "openai", "verl"] = Field(
         default="llama_cpp", description="the kind of backend_url's server"
@@ -453,11 +455,30 @@ class GatewaySettings(CommonSettings):
         description="the kind of judge_backend_url's servers; judge sessions run in "
         "``passthrough`` capture mode, so a chat server (``openai``, ``vllm``)",
     )
-    model: str = Field(default="qwen2.5-coder-0.5b", description="model name or folder")
+    model: str = Field(
+        default="qwen2.5-coder-0.5b",
+        description="the model: a catalog name, or the name the backends serve it under "
+        "(an engine rolloutd does not run); harnesses see the catalog's served name, else "
+        "this. Also the tokenizer when tokenizer is unset",
+    )
+    tokenizer: str | None = Field(
+        default=None,
+        description="the model's tokenizer, with its chat template: a catalog name, a folder "
+        "holding a saved tokenizer, or a Hugging Face repo id (read through huggingface_hub: "
+        "HF_ENDPOINT and the Hugging Face cache apply); None: model",
+    )
+    tokenizer_revision: str | None = Field(
+        default=None,
+        description="revision (a commit hash, branch or tag) of a repo-id tokenizer; None: "
+        "the repository's default branch. A commit hash already in the Hugging Face cache "
+        "needs no network",
+    )
     capture_mode: Literal["tokens", "passthrough"] = Field(
         default="tokens",
-        description="tokens: the gateway renders the prompt and records token ids and "
-        "logprobs; passthrough: it forwards the request and records what the backend reports",
+        description="capture mode of the sessions this gateway opens. tokens: the gateway "
+        "renders the prompt and records token ids and logprobs (backends that take token "
+        "prompts: llama_cpp, vllm, sglang); passthrough: it forwards the request and records "
+        "what the backend reports (vllm, openai)",
     )
     max_body_bytes: int = Field(default=16 * 2**20, ge=1024, description="request size limit")
     max_header_bytes: int = Field(

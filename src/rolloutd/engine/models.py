@@ -27,6 +27,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,9 @@ from rolloutd.errors import ConfigError
 from rolloutd.settings import default_cache
 
 log = structlog.get_logger(__name__)
+
+#: a Hugging Face repo id: ``name`` or ``org/name`` (huggingface_hub's validate_repo_id)
+_REPO_ID = re.compile(r"[\w.-]{1,96}(/[\w.-]{1,96})?")
 
 
 @dataclass(frozen=True)
@@ -301,17 +305,28 @@ def pull_model(
     return files
 
 
-def load_tokenizer(name_or_path: str):  # -> transformers.PreTrainedTokenizerBase
-    """Load a tokenizer by catalog name (pulling it if needed) or from a folder.
+def load_tokenizer(name_or_path: str, revision: str | None = None):  # -> PreTrainedTokenizerBase
+    """Load a tokenizer by catalog name (pulling it if needed), from a folder, or from a
+    Hugging Face repo id at a revision.
 
     A catalog model's saved tokenizer folder is enough: a worker (the rolloutd image) carries
-    the catalog's tokenizers without their weights, and saving a tokenizer needs torch.
+    the catalog's tokenizers without their weights, and saving a tokenizer needs torch. A repo
+    id is read through ``huggingface_hub`` (``transformers.AutoTokenizer.from_pretrained``):
+    ``HF_ENDPOINT`` (a mirror), ``HF_HUB_CACHE`` and ``HF_HUB_OFFLINE`` apply, and a commit
+    hash already in the cache is read without a request.
 
     Args:
-        name_or_path: a catalog name or a folder with a saved tokenizer.
+        name_or_path: a catalog name, a folder with a saved tokenizer, or a repo id
+            (``org/name``).
+        revision: a repo id's revision (commit hash, branch or tag); None: its default
+            branch. Ignored for a catalog name or a folder.
 
     Returns:
         A transformers fast tokenizer with its chat template.
+
+    Raises:
+        ConfigError: a path that is no folder, or a repo id (at that revision) that neither
+            the cache nor the Hub gives (the message names both and why).
     """
     from transformers import AutoTokenizer
 
@@ -322,6 +337,20 @@ def load_tokenizer(name_or_path: str):  # -> transformers.PreTrainedTokenizerBas
             if (saved / "tokenizer_config.json").is_file()
             else pull_model(name_or_path).tokenizer
         )
-    else:
-        path = Path(name_or_path)
-    return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(str(path))
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir():
+        return AutoTokenizer.from_pretrained(str(folder))
+    if not _REPO_ID.fullmatch(name_or_path):
+        raise ConfigError(
+            f"tokenizer {name_or_path!r}: no such folder, and not a catalog name "
+            f"({', '.join(sorted(CATALOG))}) or a Hugging Face repo id (org/name)"
+        )
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path, revision=revision)
+    except (OSError, ValueError) as e:  # transformers' "not found / cannot connect" errors
+        at = f" at revision {revision!r}" if revision else ""
+        raise ConfigError(
+            f"tokenizer {name_or_path!r}{at}: not a folder, and neither the Hugging Face Hub "
+            f"(HF_ENDPOINT) nor its cache (HF_HUB_CACHE) gave it: {e}"
+        ) from e

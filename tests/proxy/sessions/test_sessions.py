@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,8 +20,10 @@ from rolloutd.proxy.sessions.state import (
     session_key_index,
     session_state_key,
 )
+from rolloutd.settings import GatewaySettings
 from rolloutd.store import BlobStore
 from rolloutd.types import SamplingParams
+from tests.proxy.support import FAKE_URL, FakeLlamaCpp
 
 
 async def test_open_persists_state_and_returns_base_urls(gateway: Gateway) -> None:
@@ -183,3 +186,24 @@ async def test_a_copy_another_gateway_took_over_gives_its_backend_place_back(
     assert second.counts()["open"] == 1
     for pool in pools:
         await pool.aclose()
+
+
+async def test_sessions_open_in_the_gateways_capture_mode(
+    tmp_path: Path, tokenizer: Any, fake_llama: FakeLlamaCpp
+) -> None:
+    """``ROLLOUTD_CAPTURE_MODE`` is the mode of every session the gateway opens without one
+    (an engine that takes no token prompts: `rolloutd up --engine-kind openai`); a mode the
+    opener names still wins. Control: the default gateway opens ``tokens`` sessions."""
+    settings = GatewaySettings(store_url=str(tmp_path / "store"), backend_url=FAKE_URL)
+    for mode, expected in (("tokens", "tokens"), ("passthrough", "passthrough")):
+        gw = Gateway.from_settings(
+            settings.model_copy(update={"capture_mode": mode}),
+            tokenizer=tokenizer,
+            transport=fake_llama.transport,
+        )
+        info = await gw.sessions.open_session(f"m-{mode}/0", f"m-{mode}")
+        session = await gw.sessions.lookup(info.session_key)
+        assert session.state.capture_mode.value == expected
+        named = await gw.sessions.open_session(f"n-{mode}/0", f"n-{mode}", capture_mode="tokens")
+        assert (await gw.sessions.lookup(named.session_key)).state.capture_mode.value == "tokens"
+        await gw.aclose()

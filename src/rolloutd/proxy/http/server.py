@@ -113,6 +113,7 @@ class Gateway:
             public_url=public_url,
             default_model=model_name,
             max_calls_per_session=settings.max_calls_per_session,
+            default_capture_mode=settings.capture_mode,
         )
         self.sessions.capacity = BackendCapacity(
             pool,
@@ -143,9 +144,11 @@ class Gateway:
         """Build a gateway from settings (loads the tokenizer: takes a few seconds).
 
         Args:
-            settings: ``store_url``, ``model``, ``backend_url`` (comma-separated URLs; used
-                until an admin manages the durable pool), ``backend_timeout_s``, ``gateway_*``.
+            settings: ``store_url``, ``model``, ``tokenizer``, ``capture_mode`` (of the
+                sessions it opens), ``backend_url`` (comma-separated URLs; used until an admin
+                manages the durable pool), ``backend_timeout_s``, ``gateway_*``.
             tokenizer: a loaded tokenizer (default: :func:`load_tokenizer` of
+                ``settings.tokenizer`` at ``settings.tokenizer_revision``, else of
                 ``settings.model``).
             transport: httpx transport for backend clients (tests record through it).
             ctx_size: context window per sequence; None asks each backend's ``/props``.
@@ -158,7 +161,11 @@ class Gateway:
             rolloutd.errors.ConfigError: unknown model, no chat template, unsupported backend.
         """
         template = ChatTemplate(
-            tokenizer if tokenizer is not None else load_tokenizer(settings.model),
+            tokenizer
+            if tokenizer is not None
+            else load_tokenizer(
+                settings.tokenizer or settings.model, revision=settings.tokenizer_revision
+            ),
             incremental=settings.incremental_render,
         )
         store = BlobStore(

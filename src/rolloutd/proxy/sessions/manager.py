@@ -77,8 +77,11 @@ class SessionManager:
         public_url: str,
         default_model: str,
         max_calls_per_session: int | None = None,
+        default_capture_mode: CaptureMode | str = CaptureMode.TOKENS,
     ) -> None:
         self.max_calls_per_session = max_calls_per_session
+        #: the capture mode of a session opened without one (the gateway's ``capture_mode``)
+        self.default_capture_mode = CaptureMode(default_capture_mode)
         self.store = store
         self.pool = pool
         self.public_url = public_url.rstrip("/")
@@ -213,7 +216,7 @@ class SessionManager:
         *,
         sampling: SamplingParams | None = None,
         model: str | None = None,
-        capture_mode: CaptureMode | str = CaptureMode.TOKENS,
+        capture_mode: CaptureMode | str | None = None,
         replay_from: list[str] | None = None,
         replay_max_staleness: int = 0,
         wait_for_backends: bool = False,
@@ -231,7 +234,8 @@ class SessionManager:
             sampling: the task's sampling parameters (default :class:`SamplingParams`).
             model: model name shown to the harness; default the gateway's model.
             capture_mode: ``tokens`` (the gateway renders and sends token ids) or
-                ``passthrough`` (the backend renders; needs a chat backend).
+                ``passthrough`` (the backend renders; needs a chat backend); None: the
+                gateway's default (``default_capture_mode``).
             replay_from: gateway session ids of the sample's earlier attempts, newest
                 first: requests identical to theirs are answered from their logs
                 (:mod:`rolloutd.proxy.sessions.replay_source`); None or empty: no replay.
@@ -252,7 +256,7 @@ class SessionManager:
             BackendUnavailableError: no backend is registered.
             ValueError: an unknown ``capture_mode``.
         """
-        mode = CaptureMode(capture_mode)
+        mode = self.default_capture_mode if capture_mode is None else CaptureMode(capture_mode)
         capacity = self.capacity if wait_for_backends else None
         if capacity is not None and capacity.max_sessions_per_slot is None:
             capacity = None  # unbounded: no slot lookup on the open path

@@ -49,7 +49,13 @@ from rolloutd.settings import (
     write_secret,
 )
 from rolloutd.stack.processes import TemporalDevServer
-from rolloutd.stack.state import EngineState, StackState, read_state, write_state
+from rolloutd.stack.state import (
+    EngineState,
+    ExternalEngine,
+    StackState,
+    read_state,
+    write_state,
+)
 from rolloutd.stack.supervisor import ChildSpec, RestartPolicy, Supervisor
 
 log = structlog.get_logger(__name__)
@@ -92,7 +98,12 @@ class LocalStack:
         home: state folder (Temporal SQLite, blob store, logs, runtimes, ``stack.json``).
         model: catalog model served by llama-server.
         fleets: which fleets run as child processes.
-        engine_url: use this backend instead of starting llama-server.
+        engine_url: use this backend (or these, comma-separated) instead of starting
+            llama-server; its kind and model are the gateway's settings (tests).
+        external_engine: use this engine instead of starting llama-server (``rolloutd up
+            --engine-url``): its URLs, kind, served model name, tokenizer and capture mode
+            reach the fleets, and ``rolloutd status`` asks each URL whether it answers.
+            Nothing supervises or reloads it (docs/own_engine.md).
         supervise: restart children that exit (off in tests that restart a fleet by hand, so
             two workers never share one host id).
         restart_policy: backoff and restart limit.
@@ -114,6 +125,7 @@ class LocalStack:
     model: str = "qwen2.5-coder-0.5b"
     fleets: tuple[str, ...] = ("workflows", "sandbox", "gateway", "eval")
     engine_url: str | None = None
+    external_engine: ExternalEngine | None = None
     temporal_port: int = 7233
     ui_port: int = 8233
     gateway_port: int = 8300
@@ -146,6 +158,8 @@ class LocalStack:
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)
+        if self.external_engine is not None:
+            self.engine_url = ",".join(self.external_engine.urls)
         self.supervisor = Supervisor(self.restart_policy, self._write_state)
         self.supervisor.on_failure = self._stop_after_failure
         self.state = StackState(
@@ -154,6 +168,7 @@ class LocalStack:
             store_url=self.store_url,
             gateway_url=self.gateway_url,
             backend_url=self.engine_url,
+            external_engine=self.external_engine,
         )
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
@@ -218,6 +233,11 @@ class LocalStack:
             env["ROLLOUTD_ENGINE_CONTROL_URL"] = self.engine_control.url
             env["ROLLOUTD_ENGINE_CONTROL_TOKEN"] = self.engine_control.token
         entry = CATALOG.get(self.model)
+        if self.external_engine is not None:
+            env.update(self.external_engine.env())
+            # a catalog model served by the user's engine keeps its catalog tool parser
+            served = self.external_engine.model
+            entry = next((e for e in CATALOG.values() if e.served_name == served), None)
         if entry is not None and entry.tool_parser and "ROLLOUTD_TOOL_PARSER" not in env:
             env["ROLLOUTD_TOOL_PARSER"] = entry.tool_parser
         env.update(self.extra_env)

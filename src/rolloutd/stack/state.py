@@ -17,6 +17,7 @@ from pydantic import Field
 
 from rolloutd.payload import Payload
 from rolloutd.processes import process_start_ticks
+from rolloutd.stack.engine_check import EngineKind
 
 
 def running(pid: int | None, start_ticks: int | None) -> bool:
@@ -81,7 +82,7 @@ class ChildState(Payload):
 
 
 class EngineState(Payload):
-    """The engine the stack runs (absent when the stack uses an external backend)."""
+    """The engine the stack runs (absent when the stack uses an engine it does not run)."""
 
     model: str = Field(description="catalog name")
     model_file: str = Field(description="the GGUF llama-server serves now")
@@ -91,6 +92,43 @@ class EngineState(Payload):
     url: str = Field(description="base URL")
     num_slots: int = Field(ge=1, description="concurrent sequences (llama-server ``--parallel``)")
     ctx_size: int = Field(ge=1, description="context window in tokens, shared by the slots")
+
+
+class ExternalEngine(Payload):
+    """An engine the stack uses but does not run (``rolloutd up --engine-url``): ``up``
+    neither starts, supervises nor reloads it; the gateway sends it the sessions' model calls.
+
+    What reaches the gateway (:meth:`env`): its URLs as the backend pool, their kind, the
+    served model name (what harnesses see and the backends are asked for), the tokenizer the
+    gateway renders with, and the capture mode of every session (``passthrough`` for an
+    OpenAI-compatible API, which takes no token prompts; ``tokens`` for the others).
+    """
+
+    urls: list[str] = Field(min_length=1, description="base URLs; several make a pool")
+    kind: EngineKind = Field(description="the server's kind (docs/backends.md)")
+    model: str = Field(min_length=1, description="the name the engine serves the model under")
+    tokenizer: str = Field(
+        min_length=1, description="a tokenizer folder, catalog name or Hugging Face repo id"
+    )
+    tokenizer_revision: str | None = Field(
+        default=None, description="the revision of a repo-id tokenizer"
+    )
+    capture_mode: Literal["tokens", "passthrough"] = Field(
+        default="tokens", description="the capture mode of the sessions"
+    )
+
+    def env(self) -> dict[str, str]:
+        """The fleets' ``ROLLOUTD_*`` variables for this engine (docs/settings.md)."""
+        env = {
+            "ROLLOUTD_BACKEND_URL": ",".join(self.urls),
+            "ROLLOUTD_BACKEND_TYPE": self.kind,
+            "ROLLOUTD_MODEL": self.model,
+            "ROLLOUTD_TOKENIZER": self.tokenizer,
+            "ROLLOUTD_CAPTURE_MODE": self.capture_mode,
+        }
+        if self.tokenizer_revision:
+            env["ROLLOUTD_TOKENIZER_REVISION"] = self.tokenizer_revision
+        return env
 
 
 class StackState(Payload):
@@ -120,6 +158,9 @@ class StackState(Payload):
     supervise: bool = Field(default=True, description="whether children are restarted")
     engine: EngineState | None = Field(
         default=None, description="the stack's engine, if it runs one"
+    )
+    external_engine: ExternalEngine | None = Field(
+        default=None, description="the engine the stack uses without running it, if any"
     )
     children: list[ChildState] = Field(default_factory=list, description="in start order")
 

@@ -1,8 +1,10 @@
 """What ``rolloutd status`` shows (:mod:`rolloutd.cli.commands.status` prints it): the running
-stack as its supervisor records it (``stack.json``), plus what only the live services know: the
-engine's busy slots (llama-server ``/slots``) and the sessions in flight by phase (Temporal:
-running ``RolloutSessionWorkflow`` executions, each asked its ``phase`` query), and the failure
-counts by kind of the running and recent tasks.
+stack as its supervisor records it (``stack.json``), plus what only the live services know:
+whether each engine answers, and as its kind
+(:func:`rolloutd.stack.engine_check.check_engine`: the stack's own llama-server, or every
+URL of an engine it does not run), the engine's busy slots (llama-server ``/slots``), the
+sessions in flight by phase (Temporal: running ``RolloutSessionWorkflow`` executions, each
+asked its ``phase`` query), and the failure counts by kind of the running and recent tasks.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel, Field
 
-from rolloutd.settings import engine_api_key_file
+from rolloutd.settings import GatewaySettings, engine_api_key_file
+from rolloutd.stack.engine_check import EngineCheck
+from rolloutd.stack.engine_check import check_engines as ask_engines
 from rolloutd.stack.inflight import TaskFailures, sessions_by_phase, task_failures
 from rolloutd.stack.state import StackState, read_state
 from rolloutd.trainer_client import RolloutClient
@@ -26,6 +30,7 @@ class StackStatus(BaseModel):
     Attributes:
         state: the supervisor's record; each child's ``pid`` is None when it is not alive.
         uptime_s: per child name, seconds since its current process started.
+        engines: what each engine URL answered (empty: not asked).
         busy_slots: engine slots processing a request now (None: not asked or no answer).
         sessions_by_phase: sessions in flight per phase (None: Temporal did not answer).
         temporal_error: why Temporal did not answer.
@@ -34,6 +39,7 @@ class StackStatus(BaseModel):
 
     state: StackState
     uptime_s: dict[str, float] = Field(default_factory=dict)
+    engines: list[EngineCheck] = Field(default_factory=list)
     busy_slots: int | None = None
     sessions_by_phase: dict[str, int] | None = None
     temporal_error: str | None = None
@@ -52,6 +58,31 @@ def busy_slots(engine_url: str, home: Path | None = None) -> int | None:
         return sum(bool(s.get("is_processing")) for s in slots)
     except (httpx.HTTPError, ValueError, TypeError, AttributeError):
         return None
+
+
+def _read_key(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def check_engines(state: StackState, home: Path | None = None) -> list[EngineCheck]:
+    """Ask every engine of the stack whether it answers, and as its kind: the llama-server
+    ``up`` runs (with the API key it keeps in ``home``), or each URL of the engine it uses
+    without running it (with ``ROLLOUTD_BACKEND_API_KEY``, as the gateway sends it).
+
+    Returns:
+        One check per URL, in the stack's order; empty when the stack names no engine.
+    """
+    if state.engine is not None:
+        asks = [("llama_cpp", state.engine.url, _read_key(engine_api_key_file(home)))]
+    elif state.external_engine is not None:
+        key = GatewaySettings().backend_api_key
+        asks = [(state.external_engine.kind, url, key) for url in state.external_engine.urls]
+    else:
+        return []
+    return ask_engines(asks)
 
 
 async def _from_temporal(
@@ -83,6 +114,7 @@ def collect(home: Path, *, ask_services: bool = True) -> StackStatus | None:
             child.pid = None
     if not ask_services or state.phase in ("stopped", "failed"):
         return status
+    status.engines = check_engines(state, home)
     if state.engine is not None:
         status.busy_slots = busy_slots(state.engine.url, home)
     if state.temporal_address:

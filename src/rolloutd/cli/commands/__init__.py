@@ -34,8 +34,14 @@ STORE_URL_HELP = "fsspec URL of the blob store; None: $ROLLOUTD_STORE_URL or ~/.
 HOME_HELP = (
     "state folder (Temporal SQLite, store, logs, runtimes); None: $ROLLOUTD_HOME or ~/.rolloutd"
 )
-#: the help of ``--model`` of the commands that start the stack
-MODEL_HELP = "catalog model served by llama-server (rolloutd models list)"
+
+
+def add_port_options(parser: argparse.ArgumentParser) -> None:
+    """Add the ports of the stack a command starts (``up``, ``demo``): a second stack on one
+    machine (another ``--home``) needs its own."""
+    parser.add_argument("--temporal-port", type=int, default=7233, help="Temporal's gRPC port")
+    parser.add_argument("--ui-port", type=int, default=8233, help="the Temporal UI's port")
+    parser.add_argument("--gateway-port", type=int, default=8300, help="the gateway's port")
 
 
 def add_command(

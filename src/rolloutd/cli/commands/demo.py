@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rolloutd.cli.commands import HOME_HELP, MODEL_HELP, add_command
+from rolloutd.cli.commands import HOME_HELP, add_command, add_port_options
+from rolloutd.cli.engine_options import DEFAULT_MODEL, add_engine_options
 from rolloutd.settings import CommonSettings
 
 
@@ -23,7 +24,8 @@ def register(sub: Any) -> None:
         default=None,
         help="JSONL tasks to run; None: the repository's examples/tasks.jsonl",
     )
-    demo.add_argument("--model", default="qwen2.5-coder-0.5b", help=MODEL_HELP)
+    add_engine_options(demo)
+    add_port_options(demo)
     demo.add_argument("--home", type=Path, default=None, help=HOME_HELP)
 
 
@@ -32,23 +34,38 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
 
     Returns:
         :func:`rolloutd.cli.report.exit_code` of the results.
+
+    Raises:
+        SystemExit: no examples, or a refused engine (before anything starts).
     """
+    from rolloutd.cli import tables
+    from rolloutd.cli.engine_options import engine_view, external_engine
     from rolloutd.cli.report import exit_code
     from rolloutd.cli.submission import load_tasks, submit_tasks
-    from rolloutd.settings import default_home
+    from rolloutd.settings import GatewaySettings, default_home
     from rolloutd.stack.local import LocalStack
+    from rolloutd.stack.status import check_engines
 
     examples = args.examples or Path(__file__).resolve().parents[4] / "examples" / "tasks.jsonl"
     if not examples.is_file():
         raise SystemExit(f"no examples at {examples}; pass --examples FILE")
     tasks = load_tasks(examples)
+    engine = external_engine(args, GatewaySettings().backend_api_key)
     t0 = time.monotonic()
-    with LocalStack(home=args.home or default_home(), model=args.model) as stack:
+    with LocalStack(
+        home=args.home or default_home(),
+        model=args.model or DEFAULT_MODEL,
+        external_engine=engine,
+        temporal_port=args.temporal_port,
+        ui_port=args.ui_port,
+        gateway_port=args.gateway_port,
+    ) as stack:
         assert stack.temporal is not None
         print(
             f"Temporal UI: {stack.temporal.ui_url} (stack up in {time.monotonic() - t0:.1f} s)",
             flush=True,
         )
+        tables.show(*engine_view(stack.state, check_engines(stack.state, stack.home)))
         results = asyncio.run(
             submit_tasks(
                 tasks, stack.temporal.address, stack.store_url, suffix=f"-{int(time.time())}"

@@ -77,13 +77,15 @@ def _duration(seconds: float | None) -> str:
 
 def render(status: StackStatus) -> Group:
     """What ``rolloutd status`` prints: the stack's line and addresses, a table of its
-    children (phase, pid, uptime, restarts, last exit code, task queues), the engine, the
+    children (phase, pid, uptime, restarts, last exit code, task queues), the engine and
+    whether each of its URLs answers (:func:`rolloutd.cli.engine_options.engine_view`), the
     sessions in flight by phase, and a table of the running and recent tasks with their
     failures by kind."""
     from rich.console import Group
     from rich.text import Text
 
     from rolloutd.cli import tables
+    from rolloutd.cli.engine_options import engine_view
 
     st = status.state
     parts: list[Any] = [
@@ -118,21 +120,7 @@ def render(status: StackStatus) -> Group:
             ),
         )
     )
-    if st.engine is not None:
-        e = st.engine
-        slots = (
-            f"{e.num_slots} slots"
-            if status.busy_slots is None
-            else f"slots {status.busy_slots}/{e.num_slots} busy"
-        )
-        parts.append(
-            Text(
-                f"engine {e.model} ({e.model_file}), policy version {e.policy_version}, "
-                f"{slots}, context {e.ctx_size} tokens"
-            )
-        )
-    elif st.backend_url:
-        parts.append(Text(f"backend {st.backend_url} (external)"))
+    parts += engine_view(st, status.engines, status.busy_slots)
     if status.sessions_by_phase is not None:
         total = sum(status.sessions_by_phase.values())
         parts.append(

@@ -1,4 +1,5 @@
-"""``rolloutd up``: the embedded stack (Temporal, engine, every fleet) until Ctrl-C."""
+"""``rolloutd up``: the embedded stack (Temporal, engine, every fleet) until Ctrl-C; on an
+engine the user already runs with ``--engine-url`` (:mod:`rolloutd.cli.engine_options`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rolloutd.cli.commands import HOME_HELP, MODEL_HELP, add_command
+from rolloutd.cli.commands import HOME_HELP, add_command, add_port_options
+from rolloutd.cli.engine_options import DEFAULT_MODEL, add_engine_options
 from rolloutd.settings import CommonSettings
 
 
@@ -19,7 +21,8 @@ def register(sub: Any) -> None:
         run,
         extras=("server",),
     )
-    up.add_argument("--model", default="qwen2.5-coder-0.5b", help=MODEL_HELP)
+    add_engine_options(up)
+    add_port_options(up)
     up.add_argument("--home", type=Path, default=None, help=HOME_HELP)
     up.add_argument(
         "--metrics-port",
@@ -34,19 +37,35 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
     """Start the stack, print where each part answers, serve until Ctrl-C (which drains).
 
     Raises:
-        SystemExit: bad codec keys (before anything starts), or a child's restart limit.
+        SystemExit: bad codec keys or a refused engine (before anything starts), or a child's
+            restart limit.
     """
+    from rolloutd.cli import tables
+    from rolloutd.cli.engine_options import engine_view, external_engine
     from rolloutd.errors import RolloutdError
     from rolloutd.security.connection import payload_codec
-    from rolloutd.settings import admin_token_file, codec_server_token_file, default_home
+    from rolloutd.settings import (
+        GatewaySettings,
+        admin_token_file,
+        codec_server_token_file,
+        default_home,
+    )
     from rolloutd.stack.local import LocalStack
+    from rolloutd.stack.status import check_engines
 
     try:  # the fleets inherit these settings: refuse bad keys before starting anything
         codec = payload_codec(settings)
     except RolloutdError as e:
         raise SystemExit(f"rolloutd up: {e}") from None
+    engine = external_engine(args, GatewaySettings().backend_api_key)
     with LocalStack(
-        home=args.home or default_home(), model=args.model, metrics_port=args.metrics_port
+        home=args.home or default_home(),
+        model=args.model or DEFAULT_MODEL,
+        external_engine=engine,
+        temporal_port=args.temporal_port,
+        ui_port=args.ui_port,
+        gateway_port=args.gateway_port,
+        metrics_port=args.metrics_port,
     ) as stack:
         assert stack.temporal is not None
         if stack.codec_key_file is not None:
@@ -80,7 +99,15 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
             if stack.admin_token
             else "from ROLLOUTD_ADMIN_TOKEN"
         )
+        weight_sync = (
+            "the gateway pauses and drains, your engine loads the weights through its own "
+            "API, the gateway sets the version and resumes (docs/own_engine.md)"
+            if engine is not None
+            else "the gateway reloads this stack's llama-server (docs/rl_loop.md)"
+        )
+        tables.show(*engine_view(stack.state, check_engines(stack.state, stack.home)))
         print(
+            f"Weight sync: {weight_sync}\n"
             f"Codec:       {codec_line}\n"
             f"Codec server: {codec_server}\n"
             f"Temporal UI: {stack.temporal.ui_url}\n"

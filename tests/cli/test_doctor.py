@@ -156,6 +156,26 @@ def test_an_engine_is_checked_for_the_model_it_serves(tmp_path: Path, engine) ->
     assert rows[0].status == "miss" and "not SmolLM2-135M-Instruct" in rows[0].detail
 
 
+@pytest.mark.engine
+def test_each_engine_of_a_pool_is_checked_as_its_kind(tmp_path: Path, engine) -> None:
+    """An engine given by URL is asked as its kind, each URL of a pool on a row of its own:
+    the real llama-server answers as ``llama_cpp`` (control) and not as ``vllm``; a URL where
+    nothing listens is named with its fix."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    pool = checks.check_engine(_target(tmp_path, engine_url=f"{engine.url},{dead}"))
+    rows = {r.name: r for r in pool}
+    assert rows[f"engine {engine.url}"].status == "ok"
+    assert "answers as llama_cpp and serves" in rows[f"engine {engine.url}"].detail
+    assert (
+        rows[f"engine {dead}"].status == "miss" and "start the engine" in rows[f"engine {dead}"].fix
+    )
+    (named, _) = checks.check_engine(_target(tmp_path, engine_url=engine.url, engine_kind="vllm"))
+    assert named.status == "miss" and "answers, but not as vllm" in named.detail
+    assert "ROLLOUTD_BACKEND_TYPE / --engine-kind" in named.fix
+
+
 def test_the_store_is_checked_writable(tmp_path: Path) -> None:
     (row,) = checks.check_store(_target(tmp_path))
     assert row.status == "ok"

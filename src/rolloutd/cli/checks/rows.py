@@ -65,12 +65,17 @@ class Target:
         namespace: Temporal namespace.
         store_url: the blob store's fsspec URL.
         engine_url: an engine to check (``--engine-url``, ``ROLLOUTD_BACKEND_URL``, a running
-            stack's); None: check what ``up`` would start.
+            stack's), one base URL or several comma-separated (a pool); None: check what
+            ``up`` would start.
         engine_api_key: the engine's API key, if it wants one.
         model: the catalog model ``up`` serves, or the name the engine serves.
         tokenizer: a catalog name, a tokenizer folder or a Hugging Face repo id.
         ports: port -> what ``up`` binds there.
         stack_pid: pid of a running ``up`` on ``home`` (its ports are taken by it), or None.
+        engine_kind: the kind of ``engine_url``'s servers (``llama_cpp``, ``vllm``,
+            ``sglang``, ``openai``): each is asked as that kind
+            (:func:`rolloutd.stack.engine_check.check_engine`).
+        tokenizer_revision: the revision of a repo-id tokenizer; None: its default branch.
     """
 
     home: Path
@@ -86,6 +91,8 @@ class Target:
     tokenizer: str
     ports: dict[int, str]
     stack_pid: int | None = None
+    engine_kind: str = "llama_cpp"
+    tokenizer_revision: str | None = None
 
 
 def run_command(argv: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int, str]:

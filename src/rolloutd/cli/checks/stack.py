@@ -10,8 +10,6 @@ import socket
 import uuid
 from pathlib import Path
 
-import httpx
-
 from rolloutd.cli.checks.rows import (
     PROBE_TIMEOUT_S,
     Check,
@@ -176,35 +174,38 @@ def _own_engine(target: Target) -> list[Check]:
 
 
 def _external_engine(target: Target) -> list[Check]:
+    """Each URL answers as its kind (:func:`rolloutd.stack.engine_check.check_engine`) and
+    lists the model by the name the gateway will ask for."""
     from rolloutd.engine.models import CATALOG
+    from rolloutd.stack.engine_check import check_engines, kind_route
 
-    name = "engine"
     served = CATALOG[target.model].served_name if target.model in CATALOG else target.model
-    headers = {"Authorization": f"Bearer {target.engine_api_key}"} if target.engine_api_key else {}
-    url = f"{target.engine_url.rstrip('/')}/v1/models"  # type: ignore[union-attr]
-    try:
-        response = httpx.get(url, headers=headers, timeout=PROBE_TIMEOUT_S)
-        response.raise_for_status()
-        ids = [m.get("id") for m in response.json().get("data", [])]
-    except (httpx.HTTPError, ValueError, AttributeError) as e:
-        return [
-            miss(
-                name,
-                f"{url}: {e!r}",
-                "start the engine, or point ROLLOUTD_BACKEND_URL / --engine-url at it",
+    urls = [u.strip().rstrip("/") for u in (target.engine_url or "").split(",") if u.strip()]
+    kind = target.engine_kind
+    rows = []
+    for c in check_engines([(kind, url, target.engine_api_key) for url in urls]):
+        name = "engine" if len(urls) == 1 else f"engine {c.url}"
+        if not c.answers:
+            fix = "start the engine, or point ROLLOUTD_BACKEND_URL / --engine-url at it"
+            rows.append(miss(name, f"{c.url} {c.describe()}", fix))
+        elif not c.is_kind:
+            fix = (
+                f"name the server's kind (ROLLOUTD_BACKEND_TYPE / --engine-kind): a {kind} "
+                f"server answers {kind_route(kind)}"
             )
-        ]
-    if served not in ids:
-        return [
-            miss(
-                name,
-                f"{target.engine_url} serves {', '.join(map(str, ids)) or 'no model'}, "
-                f"not {served}",
-                "serve that model (llama-server --alias, vLLM --served-model-name), or name "
-                "the one it serves",
+            rows.append(miss(name, f"{c.url} {c.describe()}", fix))
+        elif served not in c.models:
+            rows.append(
+                miss(
+                    name,
+                    f"{c.url} serves {', '.join(c.models) or 'no model'}, not {served}",
+                    "serve that model (llama-server --alias, vLLM --served-model-name), or "
+                    "name the one it serves",
+                )
             )
-        ]
-    return [ok(name, f"{target.engine_url} answers and serves {served}")]
+        else:
+            rows.append(ok(name, f"{c.url} answers as {kind} and serves {served}"))
+    return rows
 
 
 def _tokenizer(target: Target) -> Check:
@@ -222,7 +223,7 @@ def _tokenizer(target: Target) -> Check:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=target.tokenizer_revision)
     except (OSError, ValueError) as e:
         return miss(
             name,

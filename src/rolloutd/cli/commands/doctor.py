@@ -33,9 +33,16 @@ def register(sub: Any) -> None:
     doctor.add_argument(
         "--engine-url",
         default=None,
-        help="an engine to check (it must answer /v1/models and serve --model); None: "
-        "$ROLLOUTD_BACKEND_URL, the running `up` stack's, else what `up` starts (llama-server "
-        "and the pulled catalog model)",
+        help="an engine to check, or several comma-separated (each must answer as "
+        "--engine-kind and serve --model); None: $ROLLOUTD_BACKEND_URL, the running `up` "
+        "stack's, else what `up` starts (llama-server and the pulled catalog model)",
+    )
+    doctor.add_argument(
+        "--engine-kind",
+        choices=("llama_cpp", "vllm", "sglang", "openai"),
+        default=None,
+        help="the kind of --engine-url's servers; None: the running `up` stack's engine's, "
+        "else $ROLLOUTD_BACKEND_TYPE",
     )
     doctor.add_argument(
         "--model",
@@ -90,7 +97,12 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
     }
     engine_url = args.engine_url or gateway.backend_url
     engine_key = gateway.backend_api_key
-    if stack is not None and engine_url is None:
+    kind: str = gateway.backend_type if gateway.backend_type != "verl" else "openai"
+    # the engine a running stack uses without running it: its kind, model and tokenizer
+    own = stack.external_engine if stack is not None and engine_url is None else None
+    if own is not None:
+        engine_url, kind = ",".join(own.urls), own.kind
+    elif stack is not None and engine_url is None:
         engine_url = stack.engine.url if stack.engine else stack.backend_url
         key_file = engine_api_key_file(home)
         if stack.engine and key_file.is_file():
@@ -106,7 +118,8 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
     address = args.address or (settings.temporal_address if configured else None)
     if address is None and stack is not None:
         address = stack.temporal_address
-    model = args.model or gateway.model
+    model = args.model or (own.model if own is not None else gateway.model)
+    tokenizer = args.tokenizer or (own.tokenizer if own is not None else None)
     store_url = (
         settings.store_url if "store_url" in settings.model_fields_set else str(home / "store")
     )
@@ -121,7 +134,11 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
         engine_url=engine_url,
         engine_api_key=engine_key,
         model=model,
-        tokenizer=args.tokenizer or model,
+        tokenizer=tokenizer or gateway.tokenizer or model,
+        tokenizer_revision=own.tokenizer_revision
+        if own is not None and not args.tokenizer
+        else gateway.tokenizer_revision,
+        engine_kind=args.engine_kind or kind,
         ports=ports,
         stack_pid=stack.pid if stack is not None else None,
     )

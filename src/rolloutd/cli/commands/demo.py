@@ -39,7 +39,8 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
         SystemExit: no examples, or a refused engine (before anything starts).
     """
     from rolloutd.cli import tables
-    from rolloutd.cli.engine_options import engine_view, external_engine
+    from rolloutd.cli.engine_options import external_engine
+    from rolloutd.cli.engines import engine_view
     from rolloutd.cli.report import exit_code
     from rolloutd.cli.submission import load_tasks, submit_tasks
     from rolloutd.settings import GatewaySettings, default_home

@@ -78,14 +78,14 @@ def _duration(seconds: float | None) -> str:
 def render(status: StackStatus) -> Group:
     """What ``rolloutd status`` prints: the stack's line and addresses, a table of its
     children (phase, pid, uptime, restarts, last exit code, task queues), the engine and
-    whether each of its URLs answers (:func:`rolloutd.cli.engine_options.engine_view`), the
+    whether each of its URLs answers (:func:`rolloutd.cli.engines.engine_view`), the
     sessions in flight by phase, and a table of the running and recent tasks with their
     failures by kind."""
     from rich.console import Group
     from rich.text import Text
 
     from rolloutd.cli import tables
-    from rolloutd.cli.engine_options import engine_view
+    from rolloutd.cli.engines import engine_view
 
     st = status.state
     parts: list[Any] = [

@@ -41,7 +41,8 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
             restart limit.
     """
     from rolloutd.cli import tables
-    from rolloutd.cli.engine_options import engine_view, external_engine
+    from rolloutd.cli.engine_options import external_engine
+    from rolloutd.cli.engines import engine_view
     from rolloutd.errors import RolloutdError
     from rolloutd.security.connection import payload_codec
     from rolloutd.settings import (

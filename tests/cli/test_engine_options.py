@@ -204,39 +204,33 @@ def test_a_tokenizer_by_repo_id_at_a_revision_from_the_hugging_face_cache(
         tmp_path / "hub", "team/qwen-tok", model_files("qwen2.5-coder-0.5b").tokenizer
     )
     env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    # one process, both revisions: the one the cache holds, then one it does not
     script = (
-        "import sys\n"
+        "import json, sys\n"
         "from rolloutd.cli.engine_options import external_engine\n"
         "from rolloutd.cli.parser import build_parser\n"
-        "args = build_parser().parse_args(['up', *sys.argv[1:]])\n"
-        "print(external_engine(args).model_dump_json())\n"
+        "for revision in sys.argv[2:]:\n"
+        "    args = build_parser().parse_args(['up', *sys.argv[1].split(), "
+        "'--tokenizer-revision', revision])\n"
+        "    try:\n"
+        "        print(json.dumps({'taken': external_engine(args).model_dump()}))\n"
+        "    except SystemExit as e:\n"
+        "        print(json.dumps({'refused': str(e)}))\n"
     )
-    argv = [
-        "--engine-url",
-        engine.url,
-        "--engine-kind",
-        "llama_cpp",
-        "--tokenizer",
-        "team/qwen-tok",
-    ]
-
-    def run(revision: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-c", script, *argv, "--tokenizer-revision", revision],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, **env},
-        )
-
-    done = run(COMMIT)
+    argv = f"--engine-url {engine.url} --engine-kind llama_cpp --tokenizer team/qwen-tok"
+    done = subprocess.run(
+        [sys.executable, "-c", script, argv, COMMIT, "f" * 40],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
     assert done.returncode == 0, done.stderr
-    taken = json.loads(done.stdout.splitlines()[-1])
-    assert taken["tokenizer"] == "team/qwen-tok" and taken["tokenizer_revision"] == COMMIT
-    refused = run("f" * 40)
-    assert refused.returncode == 1
-    assert f"rolloutd up: --tokenizer: tokenizer 'team/qwen-tok' at revision '{'f' * 40}'" in (
-        refused.stderr
+    taken, refused = (json.loads(line) for line in done.stdout.splitlines()[-2:])
+    assert taken["taken"]["tokenizer"] == "team/qwen-tok"
+    assert taken["taken"]["tokenizer_revision"] == COMMIT
+    assert refused["refused"].startswith(
+        f"rolloutd up: --tokenizer: tokenizer 'team/qwen-tok' at revision '{'f' * 40}'"
     )
 
 

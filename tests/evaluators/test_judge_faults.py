@@ -7,22 +7,26 @@ every reward must come from its parsed answer, and a judge that fails must never
 reward.
 
 - 8 samples judged each on its own, and 8 judged as a group in chunks of 4;
-- an answer that never parses: the rubric's minimum, the cause named (the pool answered),
-  then a re-run of the judging on the stored trajectories (never a new sample);
+- the judge killed mid-judging, a judge call past its time limit: no reward, the judge's cause,
+  then rewards from a re-run of the judging on the stored trajectories (never a new sample);
+- an answer that never parses: the rubric's minimum, the cause named (the pool answered);
 - a group with one sample failed for the infrastructure: judged over the others;
+- a long session past the judge's context: per-turn scores in chunks, none lost;
 - 64 judgings at once: never more than :data:`JUDGE_SLOTS` in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 
 import pytest
 
+from rolloutd.scoring import JUDGE_FAILURE, failure_counts
 from rolloutd.store import CompletionLog
-from rolloutd.types import SessionResult, TaskRequest, TaskResult
+from rolloutd.types import SessionResult, TaskRequest, TaskResult, Trajectory
 from tests.support.judge_stack import docstring_task, judge_server, judge_stack
 
 pytestmark = [
@@ -169,6 +173,64 @@ async def test_eight_per_sample_and_eight_as_a_group(stack):
     print("group rewards", [s.reward for s in together.sessions], f"wall {wall:.0f} s")
 
 
+async def _wait_for_any(client, keys: list[str], timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not any(await asyncio.to_thread(lambda: [client.store.exists(k) for k in keys])):
+        assert time.monotonic() < deadline, f"none of {keys} appeared"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_judge_killed_mid_judging_leaves_no_reward_until_rejudged(stack, judge):
+    _, client = stack
+    task = docstring_task(3, judge={"max_attempts": 2})
+    request = TaskRequest.model_validate(task)
+    handle = await client.submit(request)
+    # the first judge session opened: its judging is under way; the judge dies now
+    await _wait_for_any(
+        client, [f"sessions/{request.task_id}/{k}/judge/session.json" for k in range(3)]
+    )
+    judge.process.kill()
+    judge.process.wait()
+    try:
+        group = await handle.result()
+    finally:
+        judge.start(timeout_s=180)
+    assert failure_counts(group.sessions) == {JUDGE_FAILURE: 3}
+    for session in group.sessions:
+        assert session.reward is None and session.failure.phase == "judge"
+        assert session.failure.kind == "evaluator" and not session.failure.retryable
+        stored = client.trajectory(session)
+        assert stored.reward is None and stored.failure.phase == "judge"
+        assert stored.evaluation.error
+    assert group.num_replacements == 0  # a judging is never re-sampled
+    # the judge is back; the gateway sees it at its next probe (backoff up to 5 s), so the
+    # re-judging's attempts span longer than the task's two
+    rejudged = await client.rejudge(
+        with_judge(request, max_attempts=5), group.sessions, run_id=f"kill-{uuid.uuid4().hex[:6]}"
+    )
+    assert not rejudged.errors and len(rejudged.judged) == 3
+    for session in group.sessions:
+        stored = client.trajectory(session)
+        assert stored.failure is None and stored.reward is not None
+        assert stored.rescores[-1].reward == stored.reward
+        assert stored.rescores[-1].judge_cost.num_calls >= 1
+        # the session was not sampled again: its own log is what it was
+        assert len(judge_log(client, session.session_id)) == session.num_completions
+
+
+async def test_a_judge_past_its_time_limit_leaves_no_reward_until_rejudged(stack):
+    _, client = stack
+    request, group = await run(
+        client, docstring_task(2, judge={"timeout_s": 0.05, "max_attempts": 2})
+    )
+    assert failure_counts(group.sessions) == {JUDGE_FAILURE: 2}
+    assert all("timed out" in s.failure.message for s in group.sessions), group.sessions
+    patient = with_judge(request, timeout_s=120, max_attempts=5)
+    rejudged = await client.rejudge(patient, group.sessions, run_id=f"slow-{uuid.uuid4().hex[:6]}")
+    assert not rejudged.errors
+    assert all(client.trajectory(s).reward is not None for s in group.sessions)
+
+
 async def test_an_answer_that_never_parses_scores_the_rubric_minimum(stack):
     _, client = stack
     request, group = await run(
@@ -209,6 +271,34 @@ async def test_a_group_is_judged_over_its_samples_that_ran(stack, tmp_path):
     assert len(judged) == 3 and all(s.reward is not None for s in judged)
     prompt = judge_log(client, f"{group.task_id}/group-judge")[0].messages[-1]["content"]
     assert "Attempt C" in prompt and "Attempt D" not in prompt
+
+
+async def test_a_long_session_is_judged_in_chunks_without_losing_a_score(stack):
+    _, client = stack
+    # 40,000 characters of prompt at most: more than the judge's 4,096-token context holds, so
+    # the judge refuses and the judging halves its budget until the prompts fit (the outcome
+    # prompt loses its middle, and the turns go in chunks)
+    _, group = await run(
+        client,
+        agent_task(
+            turns=5,
+            num_samples=1,
+            judge={"per_turn": True, "turn_chunk_size": 2, "max_prompt_chars": 40_000},
+            phases={"run_s": 600},
+        ),
+    )
+    (session,) = group.sessions
+    assert session.failure is None and session.reward is not None, session
+    stored: Trajectory = client.trajectory(session)
+    size = sum(len(json.dumps(t.prompt_messages + t.response_messages)) for t in stored.traces)
+    assert size > 9_000  # about 4,500 tokens: more than the judge's 4,096-token context
+    turn_rewards = [r for t in stored.traces for r in t.turn_rewards]
+    assert len(turn_rewards) == session.num_completions == 5
+    assert all(r is not None and 0.0 <= r <= 1.0 for r in turn_rewards)
+    calls = judge_log(client, f"{session.session_id}/judge")
+    assert len(calls) >= 4  # the outcome, then the turns in chunks of at most 2
+    assert "elided" in session.evaluation.reason
+    print("long session", size, "chars;", len(calls), "judge calls; turns", turn_rewards)
 
 
 async def test_judge_concurrency_holds_under_64_judgings(stack):

@@ -15,10 +15,12 @@ right after the start; teardown is ``Runtime.stop()`` (podman: ``podman rm``). T
 podman start of a process is left out (it seeds the image's workdir check and the host's Python
 libraries once).
 
-``--podman`` adds the podman runtime (on the Debian base image, made first when missing) and
-measures image builds from a Dockerfile (``FROM`` the base image, a copied package and a
-``RUN`` that compiles it): ``cold`` is a build of a context never built (new content),
-``cached`` the same build asked again (the content hash's tag exists: no build). ``--base``
+``--podman`` adds the podman runtime, each configuration twice: started cold, and claimed from
+a warm pool (:mod:`rolloutd.sandbox.warm_pool`; start is then the claim, with a file and an
+environment variable applied; the pool's refill between claims is not timed), on the Debian
+base image (made first when missing), and measures image builds from a Dockerfile (``FROM``
+the base image, a copied package and a ``RUN`` that compiles it): ``cold`` is a build of a
+context never built (new content), ``cached`` the same build asked again (the content hash's tag exists: no build). ``--base``
 also makes the base image's recipe once more under a throw-away tag (mmdebstrap and import;
 minutes, and a Debian mirror) and removes it. The machine's load moves these numbers a lot:
 the load average is printed with the table; repeat, compare medians.
@@ -38,6 +40,7 @@ import structlog
 
 from rolloutd.sandbox.runtimes import create_runtime
 from rolloutd.sandbox.runtimes import podman_images as images
+from rolloutd.sandbox.warm_pool import WarmPool
 from rolloutd.types import ImageBuild, RuntimeSpec
 
 CONFIGS = {
@@ -85,6 +88,35 @@ async def measure(spec: RuntimeSpec, runs: int, execs: int, root: Path) -> dict[
         t0 = time.perf_counter()
         await runtime.stop()
         times["stop"].append(time.perf_counter() - t0)
+    return times
+
+
+async def measure_pool(spec: RuntimeSpec, runs: int, execs: int, root: Path) -> dict:
+    """Timings in seconds of claims from a warm pool of one runtime per key (``start`` is the
+    claim: key, files written, env set), with the same execs and teardown as :func:`measure`;
+    the refill between two claims is not timed (it runs ahead of demand)."""
+    times: dict[str, list[float]] = {"start": [], "exec": [], "stop": []}
+    pool = WarmPool(root, None, size=1)
+    spec = spec.model_copy(update={"files": {"task.txt": "the task"}, "env": {"TASK": "1"}})
+    assert await pool.claim(spec) is None  # the first ask of a key is a miss: it fills
+    try:
+        for _ in range(runs):
+            while not pool.runtime_ids():
+                await asyncio.sleep(0.01)
+            t0 = time.perf_counter()
+            runtime = await pool.claim(spec)
+            times["start"].append(time.perf_counter() - t0)
+            assert runtime is not None
+            for _ in range(max(1, execs // runs)):
+                t0 = time.perf_counter()
+                result = await runtime.exec(["true"])
+                times["exec"].append(time.perf_counter() - t0)
+                assert result.exit_code == 0, result.stderr
+            t0 = time.perf_counter()
+            await runtime.stop()
+            times["stop"].append(time.perf_counter() - t0)
+    finally:
+        await pool.drain()
     return times
 
 
@@ -175,6 +207,10 @@ async def main() -> None:
             t = await measure(spec, args.runs, args.execs, Path(root))
             cells = [f"{pct(t[k], q):.1f} ms" for k, qs in quantiles.items() for q in qs]
             print(f"| {name} | " + " | ".join(cells) + " |")
+            if spec.type == "podman":
+                t = await measure_pool(spec, args.runs, args.execs, Path(root))
+                cells = [f"{pct(t[k], q):.1f} ms" for k, qs in quantiles.items() for q in qs]
+                print(f"| {name}, warm pool claim | " + " | ".join(cells) + " |")
         if args.podman and args.builds:
             builds = await measure_builds(args.builds, Path(root))
             print("\n| image build | p50 | max | runs |\n| --- | --- | --- | --- |")

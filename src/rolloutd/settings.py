@@ -640,6 +640,15 @@ class SandboxSettings(CommonSettings):
         "max_concurrent_sessions): many bwrap or container starts at once on few cores slow "
         "each other down",
     )
+    warm_pool_size: int = Field(
+        default=0,
+        ge=0,
+        description="podman containers kept started and idle per kind a session asked for "
+        "(the same image digest, workdir, network, limits, uid range and seccomp: a warm "
+        "pool); a session whose spec matches one exactly claims it (its files, env and "
+        "prepare steps applied then) instead of starting a container. Warm containers take "
+        "room under max_concurrent_sessions but no session's slot; each is used once. 0: off",
+    )
     max_artifact_bytes: int = Field(
         default=16 * 2**20,
         ge=1,

@@ -60,6 +60,7 @@ from rolloutd.sandbox.harnesses import HarnessAdapter, HarnessCommand, HarnessCo
 from rolloutd.sandbox.runtimes import Runtime, RuntimeProcess, create_runtime
 from rolloutd.sandbox.runtimes.podman import container_binaries
 from rolloutd.sandbox.runtimes.podman_images import collect_garbage
+from rolloutd.sandbox.warm_pool import WarmPool
 from rolloutd.settings import SandboxSettings
 from rolloutd.store import BlobStore, CompletionLog, artifact_key, final_state_key
 from rolloutd.task_queues import host_queue
@@ -163,6 +164,17 @@ class SandboxActivities:
         #: background tasks (image garbage collection) kept until done
         self._background: set[asyncio.Future[None]] = set()
         metrics.watch_runtimes(self, settings.host_id)  # rolloutd_runtimes_alive, per scrape
+        #: podman containers started ahead of demand (``warm_pool_size`` per key asked for),
+        #: within the room the host's live runtimes leave under max_concurrent_sessions
+        self.pool: WarmPool | None = None
+        if settings.warm_pool_size:
+            self.pool = WarmPool(
+                self.root,
+                settings.sandbox_policy,
+                settings.host_id,
+                size=settings.warm_pool_size,
+                room=lambda: settings.max_concurrent_sessions - len(self.runtimes),
+            )
 
     def reclaim(self) -> reclaim.ReclaimReport:
         """Kill and remove the runtimes a dead worker left under this host's runtime root,
@@ -198,6 +210,10 @@ class SandboxActivities:
                 "host_draining", host_id=self.settings.host_id, num_runtimes=len(self.runtimes)
             )
         self.draining.set()
+        if self.pool is not None:  # no session will claim them
+            draining = asyncio.ensure_future(self.pool.drain())
+            self._background.add(draining)
+            draining.add_done_callback(self._background.discard)
 
     def _draining_error(self, what: str) -> HostDrainingError:
         return HostDrainingError(
@@ -229,27 +245,13 @@ class SandboxActivities:
         if self.draining.is_set():
             raise to_application_error(self._draining_error("provisioning refused"))
         try:
-            # owned before it exists: a worker killed while provisioning leaves a record that
-            # lets the next worker on this root reclaim the half-made runtime
-            reclaim.claim(self.root, runtime_id, self.settings.host_id)
-            # the host decides the isolation: its policy, checked again here (submit checked it
-            # against the policy this host published), before anything starts
-            runtime = create_runtime(
-                input.runtime,
-                runtime_id,
-                self.root,
-                policy=self.settings.sandbox_policy,
-                host_id=self.settings.host_id,
-            )
-            async with heartbeating(phase="provision"):
-                try:
-                    await runtime.start()
-                except asyncio.CancelledError:
-                    # the session was cancelled while its runtime started: nothing is kept
-                    with contextlib.suppress(Exception):
-                        await runtime.stop()
-                    reclaim.release(self.root, runtime_id)
-                    raise
+            # a warm container of exactly this spec's key, made the session's (policy checked
+            # again, files, env, prepare steps); it has its own id and owner record
+            warm = await self.pool.claim(input.runtime) if self.pool is not None else None
+            if warm is not None:
+                runtime, runtime_id = warm, warm.runtime_id
+            else:
+                runtime = await self._start_cold(input, runtime_id)
         except Exception as e:
             log.warning("runtime_start_failed", runtime=input.runtime.type, error=str(e))
             reclaim.release(self.root, runtime_id)
@@ -283,6 +285,31 @@ class SandboxActivities:
             duration_s=duration,
             queue_wait_s=queue_wait,
         )
+
+    async def _start_cold(self, input: ProvisionRuntimeInput, runtime_id: str) -> Runtime:
+        """Create and start the session's runtime (no warm one matched)."""
+        # owned before it exists: a worker killed while provisioning leaves a record that
+        # lets the next worker on this root reclaim the half-made runtime
+        reclaim.claim(self.root, runtime_id, self.settings.host_id)
+        # the host decides the isolation: its policy, checked again here (submit checked it
+        # against the policy this host published), before anything starts
+        runtime = create_runtime(
+            input.runtime,
+            runtime_id,
+            self.root,
+            policy=self.settings.sandbox_policy,
+            host_id=self.settings.host_id,
+        )
+        async with heartbeating(phase="provision"):
+            try:
+                await runtime.start()
+            except asyncio.CancelledError:
+                # the session was cancelled while its runtime started: nothing is kept
+                with contextlib.suppress(Exception):
+                    await runtime.stop()
+                reclaim.release(self.root, runtime_id)
+                raise
+        return runtime
 
     @activity.defn(name=RUN_HARNESS)
     async def run_harness(self, input: RunHarnessInput) -> RunHarnessOutput:
@@ -645,7 +672,9 @@ class SandboxActivities:
         return TeardownRuntimeOutput(found=True, duration_s=duration)
 
     async def stop_all(self) -> None:
-        """Tear down every runtime of this host (worker shutdown)."""
+        """Tear down every runtime of this host and its warm pool (worker shutdown)."""
+        if self.pool is not None:
+            await self.pool.drain()
         for runtime_id in list(self.runtimes):
             await self.teardown_runtime(TeardownRuntimeInput(runtime_id=runtime_id))
 

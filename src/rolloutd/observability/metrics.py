@@ -234,6 +234,16 @@ JUDGE_TOKENS = Counter(
     _family(names.JUDGE_TOKENS), "the judge's tokens, by kind (prompt, response)", ["kind"]
 )
 JUDGE_CALLS = Counter(_family(names.JUDGE_CALLS), "judge calls answered")
+WARM_POOL_CLAIMS = Counter(
+    _family(names.WARM_POOL_CLAIMS),
+    "claims of a sandbox host's warm pool, by result (hit, miss)",
+    ["result"],
+)
+WARM_POOL_CLAIM_SECONDS = Histogram(
+    names.WARM_POOL_CLAIM_SECONDS,
+    "seconds of a warm pool hit (key, policy check, files, env, prepare steps)",
+    buckets=names.WARM_POOL_CLAIM_BUCKETS_S,
+)
 
 
 def observe_judge_call(seconds: float) -> None:

@@ -134,6 +134,13 @@ JUDGE_CALL_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 
 # --- sandbox process (prometheus-client) --------------------------------------------------
 #: gauge: runtimes provisioned and not yet torn down on a sandbox host; label ``host``
 RUNTIMES_ALIVE = "rolloutd_runtimes_alive"
+#: counter: claims of the warm pool, label ``result`` (``hit``: a warm runtime was claimed,
+#: ``miss``: a pooled kind of runtime found none ready and started cold)
+WARM_POOL_CLAIMS = "rolloutd_warm_pool_claims_total"
+#: histogram: seconds of a warm pool hit (key, policy check, files, env, prepare steps)
+WARM_POOL_CLAIM_SECONDS = "rolloutd_warm_pool_claim_seconds"
+#: buckets of a warm pool claim, s
+WARM_POOL_CLAIM_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 # --- workflows process (prometheus-client) ------------------------------------------------
 #: gauge: 1 while the fleet lives (rolloutd.capabilities.fleet_liveness), 0 when dead; label
@@ -190,6 +197,8 @@ PROCESS_METRICS = {
     BACKEND_POLICY_VERSION: "gauge",
     BACKEND_HEALTHY: "gauge",
     RUNTIMES_ALIVE: "gauge",
+    WARM_POOL_CLAIMS: "counter",
+    WARM_POOL_CLAIM_SECONDS: "histogram",
     FLEET_ALIVE: "gauge",
     JUDGE_CALL_SECONDS: "histogram",
     JUDGINGS_RUNNING: "gauge",

@@ -1,0 +1,283 @@
+"""The warm pool: podman containers started ahead of demand on a sandbox host, each claimed
+by at most one session (the field's answer to cold container starts: kubernetes-sigs/agent-sandbox
+``SandboxWarmPool``, rLLM's warm queue).
+
+A warm runtime is a :class:`~rolloutd.sandbox.runtimes.podman.PodmanRuntime` started from a
+spec without ``files``, ``env`` or ``prepare``: its image resolved, its workspace seeded from
+the image, its container running and its exec server connected. It is keyed by everything
+fixed when it started (:class:`PoolKey`: runtime type, image digest, workdir, network, the
+limit tier, the user namespace's uid range, seccomp and ``no-new-privileges``) and a session
+claims one only when the key of its own spec is exactly equal. At claim the session's spec is
+checked against the host's policy again, its ``files`` are written (and handed to the
+container's root), its ``env`` becomes the runtime's, and its ``prepare`` steps run: what
+the session sees is what a cold start would have made. A claimed runtime leaves the pool for
+good and is torn down with its session like any other: a used runtime is never reused.
+
+Bounds: warm runtimes count against the host's capacity (the pool fills only while the
+host's live runtimes plus its warm ones stay under ``max_concurrent_sessions``) but hold no
+session slot (:class:`~rolloutd.workers.capacity.RuntimeSlots` counts live runtimes only),
+so a session never waits for a warm runtime nobody claims. Each key a session asked for
+(hit or miss) is kept ``size`` deep.
+
+Ownership: each warm runtime has an owner record (:mod:`rolloutd.sandbox.reclaim`) from
+before it starts, so a killed worker's warm containers end by themselves (the exec server's
+socket closes) or are reclaimed by the next worker on the root. :meth:`WarmPool.drain` stops
+them all: on worker shutdown and when the policy changes (:meth:`WarmPool.set_policy`).
+
+Not pooled (a claim is a miss, the session starts cold): runtime types other than podman,
+specs with a Dockerfile (``build``), and an image not in the host's store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from rolloutd.errors import PolicyError
+from rolloutd.observability import metrics
+from rolloutd.sandbox import reclaim
+from rolloutd.sandbox.runtimes import create_runtime
+from rolloutd.sandbox.runtimes import podman_images as images
+from rolloutd.sandbox.runtimes.podman import USERNS_BASE, USERNS_SIZE, PodmanRuntime
+from rolloutd.sandbox.runtimes.prepare import run_prepare
+from rolloutd.sandbox_policy import SandboxPolicy, check_message, violations, with_default_limits
+from rolloutd.types import RuntimeSpec
+
+log = structlog.get_logger(__name__)
+
+#: runtime types the pool holds.
+POOLED_TYPES = ("podman",)
+#: prefix of a warm runtime's id (its folder, container name and owner record).
+WARM_PREFIX = "warm-"
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    """Everything fixed when a warm runtime started; a claim matches it exactly.
+
+    Attributes:
+        type: the runtime type.
+        image_id: the image's digest (sha256 hex, ``podman image inspect``'s ``Id``).
+        workdir, network, max_processes, memory_mb, cpus, disk_mb, tmpfs_mb: as
+            :class:`~rolloutd.types.RuntimeSpec`, after the policy's default limits.
+        uid_range: the container's uid map, ``(first host uid, count)``; (0, 0): none.
+        seccomp: the seccomp profile and privilege flags the container started with.
+    """
+
+    type: str
+    image_id: str
+    workdir: str
+    network: str
+    max_processes: int | None
+    memory_mb: int | None
+    cpus: float | None
+    disk_mb: int | None
+    tmpfs_mb: int | None
+    uid_range: tuple[int, int]
+    seccomp: str
+
+
+def blank(spec: RuntimeSpec) -> RuntimeSpec:
+    """``spec`` without what a claim applies (files, env, prepare steps)."""
+    return spec.model_copy(update={"files": {}, "env": {}, "prepare": []})
+
+
+class WarmPool:
+    """The warm runtimes of one sandbox host; see the module docstring.
+
+    Args:
+        root: the host's runtime root (``SandboxSettings.runtime_root``).
+        policy: the host's sandbox policy (warm runtimes start under it).
+        host_id: this host's id (a container label).
+        size: warm runtimes kept per key asked for; 0 turns the pool off.
+        room: how many more runtimes the host may hold now (its capacity less its live
+            runtimes), read before each warm start; None: unbounded (tests, benchmarks).
+        grace_s: as :func:`~rolloutd.sandbox.runtimes.create_runtime`.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        policy: SandboxPolicy | None,
+        host_id: str = "",
+        *,
+        size: int = 1,
+        room: Callable[[], int] | None = None,
+        grace_s: float = 5.0,
+    ) -> None:
+        self.root = Path(root)
+        self.policy = policy
+        self.host_id = host_id
+        self.size = size
+        self.room = room
+        self.grace_s = grace_s
+        self._ready: dict[PoolKey, list[PodmanRuntime]] = {}
+        #: the blank spec of every key a session asked for (what a refill starts)
+        self._wanted: dict[PoolKey, RuntimeSpec] = {}
+        self._starting: dict[PoolKey, int] = {}
+        self._generation = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        """Warm runtimes ready and being started."""
+        return sum(map(len, self._ready.values())) + sum(self._starting.values())
+
+    def runtime_ids(self) -> list[str]:
+        """The ids of the warm runtimes ready now."""
+        return [r.runtime_id for ready in self._ready.values() for r in ready]
+
+    async def key_of(self, spec: RuntimeSpec) -> PoolKey | None:
+        """The pool key of ``spec`` (the policy's default limits applied), or None when it is
+        not pooled (another runtime type, a Dockerfile, an image not in the store)."""
+        if self.size < 1 or spec.type not in POOLED_TYPES or spec.build is not None:
+            return None
+        if self.policy is not None:
+            spec = with_default_limits(spec, self.policy)
+        name = spec.image or images.BASE_IMAGE
+        config = await images.image_config(PodmanRuntime.binary_name, name)
+        if config is None or not config.get("Id"):
+            return None
+        return PoolKey(
+            type=spec.type,
+            image_id=str(config["Id"]),
+            workdir=spec.workdir,
+            network=spec.network,
+            max_processes=spec.max_processes,
+            memory_mb=spec.memory_mb,
+            cpus=spec.cpus,
+            disk_mb=spec.disk_mb,
+            tmpfs_mb=spec.tmpfs_mb,
+            uid_range=(USERNS_BASE, USERNS_SIZE) if PodmanRuntime.map_users else (0, 0),
+            seccomp="podman-default,no-new-privileges",
+        )
+
+    async def claim(self, spec: RuntimeSpec) -> PodmanRuntime | None:
+        """A warm runtime whose key equals ``spec``'s, made the session's: policy checked,
+        files written, env set, prepare steps run; None on a miss (the caller starts cold).
+        Either way the key is remembered and its pool refilled in the background.
+
+        Raises:
+            PolicyError: ``spec`` is outside the policy (the warm runtime is stopped).
+            RuntimeStartError: a prepare step failed (the runtime is stopped).
+        """
+        began = time.monotonic()
+        key = await self.key_of(spec)
+        if key is None:
+            return None
+        self._wanted.setdefault(key, blank(spec))
+        ready = self._ready.get(key)
+        runtime = ready.pop(0) if ready else None
+        self.refill()
+        if runtime is None:
+            metrics.WARM_POOL_CLAIMS.labels(result="miss").inc()
+            return None
+        try:
+            await self._apply(runtime, spec)
+        except BaseException:
+            await self._discard(runtime)
+            raise
+        seconds = time.monotonic() - began
+        metrics.WARM_POOL_CLAIMS.labels(result="hit").inc()
+        metrics.WARM_POOL_CLAIM_SECONDS.observe(seconds)
+        log.info("warm_runtime_claimed", runtime_id=runtime.runtime_id, duration_s=seconds)
+        return runtime
+
+    async def _apply(self, runtime: PodmanRuntime, spec: RuntimeSpec) -> None:
+        """Make ``runtime`` the session's: what :meth:`Runtime.start` does with ``spec``'s
+        files, env and prepare steps."""
+        if self.policy is not None:
+            spec = with_default_limits(spec, self.policy)
+            found = await asyncio.to_thread(violations, spec, self.policy, resolve=True)
+            if found:
+                raise PolicyError(f"runtime {runtime.runtime_id}: {check_message(found)}")
+        runtime.spec = spec
+        for path, text in spec.files.items():
+            target = runtime._host_path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+            await runtime.adopt(target)
+        if spec.prepare:
+            await run_prepare(runtime, spec.prepare)
+
+    def refill(self) -> None:
+        """Start, in the background, the warm runtimes each wanted key lacks, within the
+        host's room."""
+        for key, spec in self._wanted.items():
+            missing = self.size - len(self._ready.get(key, ())) - self._starting.get(key, 0)
+            for _ in range(max(0, missing)):
+                if self.room is not None and self.room() - len(self) < 1:
+                    return
+                self._starting[key] = self._starting.get(key, 0) + 1
+                task = asyncio.ensure_future(self._warm(key, spec, self._generation))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _warm(self, key: PoolKey, spec: RuntimeSpec, generation: int) -> None:
+        runtime_id = f"{WARM_PREFIX}{uuid.uuid4().hex[:12]}"
+        runtime: PodmanRuntime | None = None
+        try:
+            reclaim.claim(self.root, runtime_id, self.host_id)
+            made = create_runtime(
+                spec,
+                runtime_id,
+                self.root,
+                grace_s=self.grace_s,
+                policy=self.policy,
+                host_id=self.host_id,
+            )
+            assert isinstance(made, PodmanRuntime)
+            runtime = made
+            await runtime.start()
+        except BaseException as e:
+            if not isinstance(e, asyncio.CancelledError):
+                log.warning("warm_runtime_failed", key=str(key), error=str(e))
+            reclaim.release(self.root, runtime_id)
+            if isinstance(e, Exception):
+                return
+            raise
+        finally:
+            if generation == self._generation:
+                self._starting[key] -= 1
+        if generation != self._generation or runtime.image_id != key.image_id:
+            await self._discard(runtime)  # drained meanwhile, or the tag moved
+            return
+        self._ready.setdefault(key, []).append(runtime)
+
+    async def _discard(self, runtime: PodmanRuntime) -> None:
+        try:
+            await runtime.stop()
+        finally:
+            reclaim.release(self.root, runtime.runtime_id)
+
+    async def drain(self) -> int:
+        """Stop every warm runtime (and those starting); return how many were stopped."""
+        self._generation += 1
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        ready = [r for runtimes in self._ready.values() for r in runtimes]
+        self._ready.clear()
+        self._starting.clear()
+        for runtime in ready:
+            with contextlib.suppress(Exception):
+                await self._discard(runtime)
+        if ready:
+            log.info("warm_pool_drained", num_runtimes=len(ready))
+        return len(ready)
+
+    async def set_policy(self, policy: SandboxPolicy | None) -> None:
+        """Take a new policy: a changed one drains the pool (its runtimes started under the
+        old one) and forgets the keys asked for."""
+        if policy == self.policy:
+            return
+        self.policy = policy
+        self._wanted.clear()
+        await self.drain()

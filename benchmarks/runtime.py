@@ -15,15 +15,15 @@ right after the start; teardown is ``Runtime.stop()`` (podman: ``podman rm``). T
 podman start of a process is left out (it seeds the image's workdir check and the host's Python
 libraries once).
 
-``--podman`` adds the podman runtime, each configuration twice: started cold, and claimed from
-a warm pool (:mod:`rolloutd.sandbox.warm_pool`; start is then the claim, with a file and an
-environment variable applied; the pool's refill between claims is not timed), on the Debian
-base image (made first when missing), and measures image builds from a Dockerfile (``FROM``
-the base image, a copied package and a ``RUN`` that compiles it): ``cold`` is a build of a
-context never built (new content), ``cached`` the same build asked again (the content hash's tag exists: no build). ``--base``
-also makes the base image's recipe once more under a throw-away tag (mmdebstrap and import;
-minutes, and a Debian mirror) and removes it. The machine's load moves these numbers a lot:
-the load average is printed with the table; repeat, compare medians.
+``--podman`` adds the podman runtime, each configuration twice: started cold, and claimed from a
+warm pool (:mod:`rolloutd.sandbox.warm_pool`; start is then the claim, with a file and an
+environment variable applied; the pool's refill between claims is not timed), on the Debian base
+image (made first when missing), and measures image builds from a Dockerfile (``FROM`` the base
+image, a copied package and a ``RUN`` that compiles it): ``cold`` is a build of a context never
+built (new content), ``cached`` the same build asked again (the content hash's tag exists: no
+build). ``--base`` also makes the base image's recipe once more under a throw-away tag (mmdebstrap
+and import; minutes, and a Debian mirror) and removes it. The machine's load moves these numbers a
+lot: the load average is printed with the table; repeat, compare medians.
 """
 
 from __future__ import annotations

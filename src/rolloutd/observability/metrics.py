@@ -239,6 +239,8 @@ WARM_POOL_CLAIMS = Counter(
     "claims of a sandbox host's warm pool, by result (hit, miss)",
     ["result"],
 )
+for _result in ("hit", "miss"):  # both series exist from the start (0 before any claim)
+    WARM_POOL_CLAIMS.labels(result=_result)
 WARM_POOL_CLAIM_SECONDS = Histogram(
     names.WARM_POOL_CLAIM_SECONDS,
     "seconds of a warm pool hit (key, policy check, files, env, prepare steps)",

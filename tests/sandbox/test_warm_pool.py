@@ -27,6 +27,7 @@ from rolloutd.sandbox.runtimes import podman_images as images
 from rolloutd.sandbox.runtimes.podman import ROOT_LABEL
 from rolloutd.sandbox.warm_pool import WarmPool
 from rolloutd.sandbox_policy import SandboxPolicy
+from rolloutd.task_spec import ExecStep
 from rolloutd.types import RuntimeSpec
 from tests.sandbox.conftest import _runtime_pids
 from tests.sandbox.test_runtime_podman import (  # noqa: F401 - collected here on pooled runtimes
@@ -110,7 +111,7 @@ async def test_a_claim_matches_the_key_exactly_and_applies_the_session(tmp_path:
             update={
                 "files": {"task.txt": "the task\n"},
                 "env": {"TASK_NAME": "pooled"},
-                "prepare": ["echo prepared > made.txt"],
+                "prepare": [ExecStep(command="echo prepared > made.txt")],
             }
         )
         runtime = await pool.claim(session)
@@ -153,7 +154,8 @@ WORKER = textwrap.dedent(
     import asyncio, sys
     from pathlib import Path
     from rolloutd.sandbox.warm_pool import WarmPool
-    from rolloutd.types import RuntimeSpec
+    from rolloutd.task_spec import ExecStep
+from rolloutd.types import RuntimeSpec
 
     async def main():
         pool = WarmPool(Path(sys.argv[1]), None, size=2)

@@ -5,8 +5,16 @@ NVIDIA-NeMo/ProRL-Agent-Server ``src/polar/rollout/{models,server}.py``)::
 
     POST   /rollout/task/submit     Polar TaskRequest -> {"task_id", "status": "running"}
     GET    /rollout/task/{task_id}  Polar TaskStatus: status, total/completed sessions, results
+                                    (``?traces=false``: each result without its traces)
     DELETE /rollout/task/{task_id}  cancel; the TaskStatus after cancellation was requested
     GET    /rollout/status          counts of running tasks and buffers
+
+rolloutd's own task routes (``rolloutd tasks`` calls them with a tenant token)::
+
+    GET    /rollout/tasks                          tasks, newest first (``status``, ``prefix``,
+                                                   ``limit``): ``{"tasks": [TaskRow, ...]}``
+    GET    /rollout/session/{session_id}/trajectory  an ended session's Trajectory (its
+                                                   evaluation record and re-scores included)
 
 Every route needs ``Authorization: Bearer <ROLLOUTD_REST_TOKEN>`` when the token is set;
 without one the facade serves on a loopback address only, and refuses the backend calls.
@@ -44,7 +52,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from rolloutd.errors import FleetRegistryError, NotFoundError
+from rolloutd.errors import ConfigError, FleetRegistryError, NotFoundError
 from rolloutd.polar import (
     SESSION_STATUS,
     PolarTaskRequest,
@@ -127,16 +135,19 @@ def _callback_summary(progress: TaskProgress) -> dict[str, Any] | None:
 
 
 def _session_body(
-    client: RolloutClient, session: SessionResult, callback: CallbackStatus | None = None
+    client: RolloutClient,
+    session: SessionResult,
+    callback: CallbackStatus | None = None,
+    traces_too: bool = True,
 ) -> dict[str, Any]:
     """A Polar-shaped SessionResult: status, reward, error, trajectory (traces when the store
-    is reachable), timing in ms, its callback, plus rolloutd's own summary under
-    ``metadata.rolloutd``."""
+    is reachable and ``traces_too``), timing in ms, its callback, plus rolloutd's own summary
+    under ``metadata.rolloutd``."""
     status = SESSION_STATUS[session.status]
     failure = session.failure.model_dump(mode="json") if session.failure else None
     traces: list[dict[str, Any]] = []
     trajectory_meta: dict[str, Any] = {"builder": "", "stats": session.stats.model_dump()}
-    if client.store is not None and session.trajectory_ref:
+    if traces_too and client.store is not None and session.trajectory_ref:
         trajectory = client.trajectory(session)
         traces = [t.model_dump(mode="json") for t in trajectory.traces]
         trajectory_meta["builder"] = trajectory.builder
@@ -378,14 +389,14 @@ def _task_routes(
     """POLAR's task routes: submit, status, cancel, and how many tasks and buffers run; a
     tenant's only its own (``authorize``)."""
 
-    async def status_of(task_id: str) -> PolarTaskStatus:
+    async def status_of(task_id: str, traces: bool = True) -> PolarTaskStatus:
         try:
             progress = await client.status(task_id)
         except NotFoundError:
             raise HTTPException(404, detail="Task not found") from None
         # every session's trajectory is read from the store: off the event loop
         results = await asyncio.to_thread(
-            lambda: [_session_body(client, s, c) for s, c in _with_callbacks(progress)]
+            lambda: [_session_body(client, s, c, traces) for s, c in _with_callbacks(progress)]
         )
         return PolarTaskStatus(
             task_id=task_id,
@@ -434,10 +445,51 @@ def _task_routes(
         )
 
     @app.get("/rollout/task/{task_id}", response_model=PolarTaskStatus)
-    async def get_task(task_id: str, http: Request) -> PolarTaskStatus:
-        """The task's status and, once completed, every session's result."""
+    async def get_task(task_id: str, http: Request, traces: bool = True) -> PolarTaskStatus:
+        """The task's status and every ended session's result (``traces=false``: without
+        the trajectories' traces, which are read from the store otherwise)."""
         await authorize(http, task_id)
-        return await status_of(task_id)
+        return await status_of(task_id, traces)
+
+    @app.get("/rollout/tasks")
+    async def list_tasks(
+        http: Request, status: str | None = None, prefix: str | None = None, limit: int = 100
+    ) -> dict[str, Any]:
+        """Tasks, newest first, from Temporal's visibility (no task is queried): a tenant's
+        token lists its own tenant's only. 422 for a malformed filter."""
+        caller = caller_of(http)
+        try:
+            rows = await client.list_tasks(
+                status=status,
+                prefix=prefix,
+                tenant=None if caller.operator else caller.tenant,
+                limit=limit,
+            )
+        except ConfigError as e:
+            raise HTTPException(422, detail=str(e)) from None
+        return {"tasks": [row.model_dump(mode="json") for row in rows]}
+
+    @app.get("/rollout/session/{session_id:path}/trajectory")
+    async def get_trajectory(session_id: str, http: Request) -> dict[str, Any]:
+        """An ended session's trajectory: traces, reward, failure cause, evaluation record
+        (tamper report included) and later re-scores. 404 for a session that has not ended
+        or is not the caller's; 503 without a blob store."""
+        task_id = session_id.split("/", 1)[0]  # task ids hold no "/"
+        await authorize(http, task_id)
+        try:
+            progress = await client.status(task_id)
+        except NotFoundError:
+            raise HTTPException(404, detail="Task not found") from None
+        session = next(
+            (s for s in [*progress.sessions, *progress.replaced] if s.session_id == session_id),
+            None,
+        )
+        if session is None or not session.trajectory_ref:
+            raise HTTPException(404, detail=f"session {session_id} has no trajectory (yet)")
+        if client.store is None:
+            raise HTTPException(503, detail="the facade has no blob store (--store-url)")
+        trajectory = await asyncio.to_thread(client.trajectory, session)
+        return trajectory.model_dump(mode="json")
 
     @app.delete("/rollout/task/{task_id}", response_model=PolarTaskStatus)
     async def cancel_task(task_id: str, http: Request) -> PolarTaskStatus:

@@ -174,6 +174,12 @@ class HostSettings(RolloutdSettings):
         description="the tenant token the trainer's REST client sends "
         '(rolloutd.trainer_client.rest_client.RestClient; docs/security.md, "Tenant tokens")',
     )
+    rest_url: str | None = Field(
+        default=None,
+        description="the REST facade's base URL that `rolloutd tasks` calls when a tenant "
+        "token is set (a tenant reaches rolloutd through the facade only); None: "
+        "`--rest-url`",
+    )
 
 
 def default_home() -> Path:

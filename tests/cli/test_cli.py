@@ -77,6 +77,7 @@ def test_every_command_module_gives_its_commands():
         "status",
         "store",
         "submit",
+        "tasks",
         "tenant-token",
         "up",
         "view",

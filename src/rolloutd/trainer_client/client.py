@@ -47,6 +47,7 @@ from rolloutd.payload import validate_strict
 from rolloutd.security.connection import connect_temporal
 from rolloutd.store import BlobStore, whole_group
 from rolloutd.trainer_client.health import FleetHealth, watch
+from rolloutd.trainer_client.listing import TaskRow, list_tasks
 from rolloutd.trainer_client.task_status import query_status
 from rolloutd.trainer_client.tenants import TenantState, set_tenant_quota, tenant_state
 from rolloutd.types import (
@@ -418,6 +419,24 @@ class RolloutClient:
     async def cancel(self, task_id: str) -> None:
         """Cancel a task by id: its sessions stop, tear down and keep what they captured."""
         await self.get_handle(task_id).cancel()
+
+    async def list_tasks(
+        self,
+        *,
+        status: str | None = None,
+        prefix: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+    ) -> list[TaskRow]:
+        """Tasks on the stack, newest first, from Temporal's visibility (no task is queried):
+        see :func:`rolloutd.trainer_client.listing.list_tasks`.
+
+        Raises:
+            ConfigError: a malformed filter.
+        """
+        return await list_tasks(
+            self.client, status=status, prefix=prefix, tenant=tenant, limit=limit
+        )
 
     async def set_tenant_quota(
         self, tenant: str, max_sessions_in_flight: int | None

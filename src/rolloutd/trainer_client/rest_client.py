@@ -8,7 +8,8 @@ through the REST facade with its tenant token, which this client sends on every 
         answer = await rest.submit(polar_task)
         status = await rest.status(answer["task_id"])
 
-Routes used: ``POST /rollout/task/submit``, ``GET`` and ``DELETE /rollout/task/{task_id}``.
+Routes used: ``POST /rollout/task/submit``, ``GET`` and ``DELETE /rollout/task/{task_id}``,
+``GET /rollout/tasks`` and ``GET /rollout/session/{session_id}/trajectory``.
 Errors: any non-2xx answer raises :class:`RestError` with the status and the facade's body.
 """
 
@@ -93,13 +94,46 @@ class RestClient:
         """
         return await self._call("POST", "/rollout/task/submit", json=task)
 
-    async def status(self, task_id: str) -> dict[str, Any]:
+    async def status(self, task_id: str, *, traces: bool = True) -> dict[str, Any]:
         """The task's POLAR status (404 for a task of another tenant, as for an unknown one).
+
+        Args:
+            task_id: the task.
+            traces: each session's traces too (read from the store: large); False: its
+                result and rolloutd's summary (``metadata.rolloutd``) only.
 
         Raises:
             RestError: 404 and other refusals.
         """
-        return await self._call("GET", f"/rollout/task/{task_id}")
+        params = None if traces else {"traces": "false"}
+        return await self._call("GET", f"/rollout/task/{task_id}", params=params)
+
+    async def list_tasks(
+        self, *, status: str | None = None, prefix: str | None = None, limit: int = 100
+    ) -> dict[str, Any]:
+        """The token's tenant's tasks (every task for the operator's token), newest first.
+
+        Returns:
+            ``{"tasks": [TaskRow, ...]}`` (:class:`rolloutd.trainer_client.listing.TaskRow`).
+
+        Raises:
+            RestError: 422 for a malformed filter, and other refusals.
+        """
+        params: dict[str, Any] = {"limit": limit}
+        if status is not None:
+            params["status"] = status
+        if prefix is not None:
+            params["prefix"] = prefix
+        return await self._call("GET", "/rollout/tasks", params=params)
+
+    async def trajectory(self, session_id: str) -> dict[str, Any]:
+        """An ended session's trajectory (``Trajectory`` as JSON: traces, evaluation record,
+        re-scores).
+
+        Raises:
+            RestError: 404 (not ended, unknown, another tenant's), 503 (no blob store).
+        """
+        return await self._call("GET", f"/rollout/session/{session_id}/trajectory")
 
     async def cancel(self, task_id: str) -> dict[str, Any]:
         """Cancel a task of the token's tenant; its status after cancellation was requested.

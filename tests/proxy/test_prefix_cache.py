@@ -1,5 +1,8 @@
 """Prefix-cache figures per completion, per session and per backend.
 
+The engine test runs a real llama-server (Qwen2.5-Coder-0.5B, 2 slots): a multi-turn session
+whose turns resend the conversation is served from the slot's cache after turn 1, and its
+control, a session of unrelated prompts, is served only the chat template's shared head.
 vLLM's and OpenAI's ``usage.prompt_tokens_details`` and SGLang's ``meta_info.cached_tokens``
 are read from fixtures of their documented shapes (no GPU engine runs here).
 """
@@ -9,13 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
+from prometheus_client import REGISTRY
 
 from rolloutd.proxy.backends.base import GenerateRequest, cached_tokens
 from rolloutd.proxy.backends.openai_compat import OpenAIChatBackend
 from rolloutd.proxy.backends.vllm import VllmBackend
+from rolloutd.proxy.http.server import Gateway
 from rolloutd.proxy.sessions.recorder import reusable_prefix
 from rolloutd.proxy.sessions.state import prefix_cache_usage
-from rolloutd.types import Completion
+from rolloutd.store import CompletionLog
+from rolloutd.types import Completion, SamplingParams
 
 REQUEST = GenerateRequest(prompt_ids=[1, 2, 3], max_tokens=4)
 
@@ -113,3 +120,90 @@ def test_prefix_cache_usage_counts_reported_completions_only() -> None:
     assert (usage.num_completions, usage.num_prompt_tokens, usage.num_cached_tokens) == (2, 12, 6)
     assert usage.hit_rate == 0.5
     assert prefix_cache_usage([]).hit_rate is None
+
+
+def counter(name: str, backend: str) -> float:
+    return REGISTRY.get_sample_value(f"rolloutd_gateway_{name}_total", {"backend": backend}) or 0.0
+
+
+@pytest.mark.engine
+async def test_multi_turn_session_hits_the_cache_and_unrelated_prompts_do_not(
+    engine_gateway: Gateway, engine_client: httpx.AsyncClient, tokenizer: Any
+) -> None:
+    backend = engine_gateway.pool.names()[0]
+    before = {
+        n: counter(n, backend) for n in ("cache_prompt_tokens", "cached_tokens", "reusable_tokens")
+    }
+    sampling = SamplingParams(temperature=0.0, max_tokens=12)
+
+    async def run(session_id: str, turns: list[str], *, resend: bool) -> list[Completion]:
+        info = await engine_gateway.sessions.open_session(
+            session_id, session_id.split("/")[0], sampling=sampling
+        )
+        messages: list[dict[str, Any]] = []
+        for text in turns:
+            turn = {"role": "user", "content": text}
+            messages = [*messages, turn] if resend else [turn]
+            answer = await engine_client.post(
+                f"/s/{info.session_key}/v1/chat/completions",
+                json={"model": "m", "messages": messages},
+            )
+            assert answer.status_code == 200, answer.text
+            messages.append(answer.json()["choices"][0]["message"])
+        await engine_gateway.sessions.close_session(session_id)
+        return CompletionLog(engine_gateway.store, session_id).read_all()
+
+    turns = [
+        "Name a prime number between 10 and 20.",
+        "Now name one between 20 and 30.",
+        "And one between 30 and 40?",
+    ]
+    chat = await run("cache-chat/0", turns, resend=True)
+    # every turn reported; after turn 1, the slot held the previous sequence: llama.cpp
+    # served all of it but the last sampled token (never fed to the model)
+    assert all(c.num_cached_tokens is not None for c in chat)
+    for previous, turn in zip(chat, chat[1:], strict=False):
+        reusable = reusable_prefix(turn, previous)
+        assert reusable == len(previous.prompt_ids) + len(previous.response_ids)
+        assert reusable - 1 <= turn.num_cached_tokens <= reusable
+        assert turn.num_prompt_tokens == len(turn.prompt_ids)
+    state = (await engine_gateway.sessions.get("cache-chat/0")).state
+    assert state.prefix_cache is not None and state.prefix_cache.num_completions == 3
+    assert state.prefix_cache.hit_rate > 0.5
+
+    # control: unrelated one-turn prompts share only the chat template's head with what
+    # the slots hold, and are served no more than that
+    control = await run(
+        "cache-control/0",
+        ["Spell the word banana backwards.", "What colour is a ripe lemon?", "Count to three."],
+        resend=False,
+    )
+    earlier = [c.prompt_ids for c in chat + control]
+    for turn in control:
+        shared = max(
+            (_common(turn.prompt_ids, p) for p in earlier if p is not turn.prompt_ids), default=0
+        )
+        assert turn.num_cached_tokens <= shared < len(turn.prompt_ids)
+    ctrl = (await engine_gateway.sessions.get("cache-control/0")).state.prefix_cache
+    assert ctrl is not None and ctrl.num_completions == 3
+
+    # the backend's counters moved by exactly the recorded figures
+    logged = chat + control
+    assert counter("cache_prompt_tokens", backend) - before["cache_prompt_tokens"] == sum(
+        c.num_prompt_tokens for c in logged
+    )
+    assert counter("cached_tokens", backend) - before["cached_tokens"] == sum(
+        c.num_cached_tokens for c in logged
+    )
+    reusable_total = sum(reusable_prefix(t, p) for p, t in zip(chat, chat[1:], strict=False))
+    reusable_total += sum(reusable_prefix(t, p) for p, t in zip(control, control[1:], strict=False))
+    assert counter("reusable_tokens", backend) - before["reusable_tokens"] == reusable_total
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

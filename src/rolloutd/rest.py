@@ -609,7 +609,13 @@ def serve(
         )
         add_stack_status_route(app, client, default_home())
         add_viewer_routes(
-            app, client, default_model=settings.viewer_model, authorize=app.state.authorize_task
+            app,
+            client,
+            default_model=settings.viewer_model,
+            authorize=app.state.authorize_task,
+            tenant_of=lambda request: (
+                None if caller_of(request).operator else caller_of(request).tenant
+            ),
         )
         await uvicorn.Server(uvicorn.Config(app, host=host, port=port)).serve()
 

@@ -1,5 +1,5 @@
-"""The trace viewer's pages, server-rendered HTML: a task with its group of sessions, and a
-session with its completions and traces (docs/viewer.md).
+"""The trace viewer's pages, server-rendered HTML: the list of tasks, a task with its group of
+sessions, and a session with its completions and traces (docs/viewer.md).
 
 Pure functions of rolloutd's types: the routes (:mod:`rolloutd.viewer.routes`) read the task's
 status, the session's completion log and its trajectory, and pass them here. Every number a
@@ -12,10 +12,12 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from rolloutd.types import Completion, SessionResult, TaskProgress, Trace, Trajectory
+from rolloutd.viewer.runs import FAILURE_KINDS, TASK_STATES, TaskFilter, TaskListing
 from rolloutd.viewer.tokens import TOKEN_CSS, TokenText, prompt_html, response_html
 
 PAGE_CSS = """
@@ -97,7 +99,7 @@ def task_page(progress: TaskProgress) -> str:
         f"<h1>task {_e(progress.task_id)}</h1><p>status {_status(progress.status)} · "
         f"sessions ended {_num('num_ended', len(progress.sessions))} of "
         f"{_num('num_samples', progress.num_samples)} · mean reward "
-        f"{_num('mean_reward', mean, '.4g' if mean is not None else '')}"
+        f"{_num('mean_reward', mean, _reward_format(mean))}"
         + (f" · error {_e(progress.error)}" if progress.error else "")
         + "</p>"
     )
@@ -107,6 +109,92 @@ def task_page(progress: TaskProgress) -> str:
     if progress.status == "running":
         body += "<p>running: reload for sessions that end meanwhile</p>"
     return _page(f"task {progress.task_id}", body)
+
+
+def tasks_href(**filters: object) -> str:
+    """The viewer path of the task list with ``filters`` (:class:`~rolloutd.viewer.runs.
+    TaskFilter`'s fields; None left out)."""
+    query = urlencode({k: v for k, v in filters.items() if v is not None})
+    return "/view/tasks" + (f"?{query}" if query else "")
+
+
+def tasks_page(listing: TaskListing, where: TaskFilter, *, tenant_fixed: bool = False) -> str:
+    """The list of runs: a filter form (tenant, status, failure kind, mean reward, start
+    time) and one row per task (its id linking to its page, status, tenant, harness, mean
+    reward, its failed sessions by kind, each linking to the session's page, start and end).
+
+    Args:
+        listing: the tasks (:func:`rolloutd.viewer.runs.list_runs`).
+        where: the filters the page was asked for (the form shows them).
+        tenant_fixed: the caller is a tenant: the tenant field is shown, not editable.
+    """
+
+    def value(name: str) -> str:
+        v = getattr(where, name)
+        if isinstance(v, datetime):
+            return v.strftime("%Y-%m-%dT%H:%M")
+        return "" if v is None else _e(v)
+
+    def select(name: str, choices: Sequence[str]) -> str:
+        options = "".join(
+            f'<option value="{_e(c)}"{" selected" if getattr(where, name) == c else ""}>'
+            f"{_e(c) or 'any'}</option>"
+            for c in ("", *choices)
+        )
+        return f'<label>{name} <select name="{name}">{options}</select></label> '
+
+    tenant = (
+        f'<label>tenant <input name="tenant" value="{value("tenant")}" size="12"'
+        + (" readonly" if tenant_fixed else "")
+        + "></label> "
+    )
+    form = (
+        '<form id="filters" method="get" action="/view/tasks">'
+        + tenant
+        + select("status", sorted(TASK_STATES))
+        + select("failure", FAILURE_KINDS)
+        + f'<label>reward ≥ <input name="min_reward" value="{value("min_reward")}" size="5">'
+        f'</label> <label>≤ <input name="max_reward" value="{value("max_reward")}" size="5">'
+        f'</label> <label>started from <input type="datetime-local" name="since" '
+        f'value="{value("since")}"></label> <label>to <input type="datetime-local" '
+        f'name="until" value="{value("until")}"></label> (UTC) '
+        f'<input type="hidden" name="limit" value="{where.limit}">'
+        '<button type="submit">filter</button> <a href="/view/tasks">clear</a></form>'
+    )
+    rows = [
+        "<tr><th>task</th><th>status</th><th>tenant</th><th>harness</th><th>mean reward</th>"
+        "<th>failed sessions</th><th>started (UTC)</th><th>ended (UTC)</th></tr>"
+    ]
+    for row in listing.rows:
+        failed = ", ".join(
+            f'<a href="{session_href(sid)}" data-failure="{_e(kind)}">{_e(kind)} {_e(sid)}</a>'
+            for sid, kind in row.failed_sessions
+        )
+        rows.append(
+            f'<tr data-task="{_e(row.task_id)}">'
+            f'<td><a href="{task_href(row.task_id)}">{_e(row.task_id)}</a></td>'
+            f"<td>{_status(row.status)}</td><td>{_e(row.tenant)}</td>"
+            f"<td>{_e(row.harness)}</td>"
+            f"<td>{_num('mean_reward', row.mean_reward, _reward_format(row.mean_reward))}</td>"
+            f"<td>{failed}</td><td>{_when(row.started_at)}</td><td>{_when(row.closed_at)}</td>"
+            "</tr>"
+        )
+    note = f"<p>{_num('num_tasks', len(listing.rows))} tasks, newest first"
+    if len(listing.rows) == where.limit:
+        note += f" (the first {where.limit}: narrow the filters for older ones)"
+    if listing.truncated:
+        note += " · the failure filter looked at its first sessions only"
+    note += "</p>"
+    body = f'<h1>tasks</h1>{form}{note}<table id="tasks">{"".join(rows)}</table>'
+    return _page("tasks", body)
+
+
+def _reward_format(reward: float | None) -> str:
+    return "" if reward is None else ".4g"
+
+
+def _when(moment: datetime | None) -> str:
+    return "" if moment is None else _e(moment.strftime("%Y-%m-%d %H:%M:%S"))
 
 
 def _sessions_table(sessions: Sequence[SessionResult], table_id: str) -> str:

@@ -1,11 +1,14 @@
 """The trace viewer's routes on the REST facade (``rolloutd rest``; ``rolloutd view`` opens
 them)::
 
+    GET /view/tasks                   the tasks, filtered (tenant, status, failure kind, mean
+                                      reward, start time), newest first (HTML)
     GET /view/task/{task_id}          the task and its group of sessions (HTML)
     GET /view/session/{session_id}    a session: completions and traces, token by token (HTML)
 
 Reads go through the trainer client (the task's status: queries and results, never raw
-history) and its blob store (completion log, trajectory). Token ids are decoded with the
+history) and its blob store (completion log, trajectory); the list of tasks from Temporal's
+visibility (:mod:`rolloutd.viewer.runs`). Token ids are decoded with the
 tokenizer of the model that sampled them: the completion's model when the catalog knows it,
 else ``default_model`` (``ROLLOUTD_VIEWER_MODEL``, a catalog name or a tokenizer folder).
 """
@@ -18,13 +21,15 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse
+from pydantic import ValidationError
 
 from rolloutd.engine.models import CATALOG, load_tokenizer
 from rolloutd.errors import NotFoundError
 from rolloutd.store import CompletionLog
 from rolloutd.trainer_client.client import RolloutClient
 from rolloutd.types import Completion, SessionResult, TaskProgress
-from rolloutd.viewer.pages import session_page, task_page
+from rolloutd.viewer.pages import session_page, task_page, tasks_page
+from rolloutd.viewer.runs import TaskFilter, list_runs
 from rolloutd.viewer.tokens import TokenText
 
 
@@ -67,6 +72,7 @@ def add_viewer_routes(
     *,
     default_model: str = "qwen2.5-coder-0.5b",
     authorize: Callable[[Request, str], Awaitable[None]] | None = None,
+    tenant_of: Callable[[Request], str | None] | None = None,
 ) -> None:
     """Serve the trace viewer's pages on ``app``.
 
@@ -77,10 +83,12 @@ def add_viewer_routes(
         authorize: called with the request and the task id before a page is made; raises
             ``HTTPException`` (404) when the caller may not view that task (a tenant token
             views its own tasks only: :func:`rolloutd.rest.create_app`).
+        tenant_of: the caller's tenant when the caller is a tenant (its list shows that
+            tenant's tasks only, whatever the query asks), None for the operator.
 
     Responses:
-        200 HTML; 404 (HTML) for an unknown task or session; 503 when the client has no
-        blob store (``--store-url``).
+        200 HTML; 404 (HTML) for an unknown task or session; 422 for a malformed filter of
+        the list; 503 when the client has no blob store (``--store-url``).
     """
     tokenizers = _Tokenizers()
 
@@ -89,6 +97,21 @@ def add_viewer_routes(
             return await client.status(task_id)
         except NotFoundError:
             raise HTTPException(404, f"task {task_id} not found") from None
+
+    @app.get("/view/tasks", response_class=HTMLResponse)
+    async def view_tasks(request: Request) -> Any:
+        """The list of tasks (:class:`~rolloutd.viewer.runs.TaskFilter` as the query)."""
+        tenant = tenant_of(request) if tenant_of is not None else None
+        query = dict(request.query_params)
+        if tenant is not None:
+            query["tenant"] = tenant
+        try:
+            where = TaskFilter.model_validate(query)
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+            raise HTTPException(422, f"malformed filter: {problems}") from None
+        listing = await list_runs(client.client, where)
+        return HTMLResponse(tasks_page(listing, where, tenant_fixed=tenant is not None))
 
     @app.get("/view/task/{task_id}", response_class=HTMLResponse)
     async def view_task(task_id: str, request: Request) -> Any:

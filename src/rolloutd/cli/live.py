@@ -1,25 +1,36 @@
-"""What ``rolloutd submit`` shows while it waits: per task, its sessions by phase, the
-completions recorded so far and the rewards of the sessions that ended.
+"""What ``rolloutd submit`` and ``rolloutd eval`` show while they wait.
 
-On a terminal the view is a ``rich`` Live table, redrawn every second and cleared at the end
-(the final table and report print as before). When stdout is not a terminal (a script, a log)
-it falls back to plain lines on stderr, one per change, so a script's stdout and the exit code
-stay exactly what they were.
+By default one overall view (:class:`RunView`, :func:`watch_run`): a progress bar of the
+sessions ended, with its ETA, and a summary line (sessions running, mean reward so far,
+failures by kind). Its cost does not grow with the number of tasks: each look is one
+``count_workflows`` query per 200 unfinished tasks (search attribute ``RolloutTaskId``, which
+every session workflow sets, grouped by ``ExecutionStatus``); the groups of finished tasks
+come from the results the caller already awaits. Temporal's visibility shows a session after
+a short delay, and a replaced session counts as ended until its task's group arrives, so the
+bar is an estimate until then (never past the total).
 
-Reads: each task's ``status`` through :meth:`RolloutClient.status` (queries and results), the
-running sessions from Temporal's visibility (search attribute ``RolloutTaskId``) and their
-``phase`` query, and completions of running sessions from their completion logs in the blob
-store (first attempts; a session on a later attempt counts what that attempt recorded once it
-ends). Sessions of a task are found by the ``RolloutTaskId`` search attribute, which Temporal's
-visibility shows after a short delay: a session just started may be missing for a moment.
+On request (``--details``) the per-task view (:func:`watch`): per task, its sessions by phase,
+the completions recorded so far and the rewards of the sessions that ended; it asks every task
+in turn, so it is for a few tasks. Reads: each task's ``status`` through
+:meth:`RolloutClient.status` (queries and results), the running sessions from Temporal's
+visibility and their ``phase`` query, and completions of running sessions from their
+completion logs in the blob store (first attempts; a session on a later attempt counts what
+that attempt recorded once it ends).
+
+On a terminal either view is drawn with ``rich`` and cleared at the end (the final table and
+report print after it). When stdout is not a terminal (a script, a log) they fall back to
+plain lines on stderr, one per change, so a script's stdout and the exit code stay exactly
+what they were.
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import sys
+import time
 from collections import Counter
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -28,11 +39,15 @@ from temporalio.service import RPCError
 
 from rolloutd.cli import tables
 from rolloutd.errors import NotFoundError, RolloutdError
+from rolloutd.scoring import failure_counts, scored_rewards
 from rolloutd.store import CompletionLog
 from rolloutd.trainer_client.client import RolloutClient
+from rolloutd.types import TaskResult
 
 #: seconds between two looks
 REFRESH_S = 1.0
+#: task ids in one visibility query of the overall view
+IDS_PER_QUERY = 200
 
 
 @dataclass
@@ -175,26 +190,207 @@ async def watch(
     tty = sys.stdout.isatty() if tty is None else tty
     err = err or sys.stderr
     last: dict[str, TaskView] = {}
-    if tty:
-        from rich.live import Live
+    try:
+        if tty:
+            from rich.live import Live
 
-        with Live(
-            _table(await _look_all(client, task_ids, last)),
-            console=console or tables.console(),
-            transient=True,
-            auto_refresh=False,
-        ) as live:
-            while not future.done():
-                await asyncio.wait({future}, timeout=refresh_s)
-                if not future.done():
-                    live.update(_table(await _look_all(client, task_ids, last)), refresh=True)
+            with Live(
+                _table(await _look_all(client, task_ids, last)),
+                console=console or tables.console(),
+                transient=True,
+                auto_refresh=False,
+            ) as live:
+                while not future.done():
+                    await asyncio.wait({future}, timeout=refresh_s)
+                    if not future.done():
+                        live.update(_table(await _look_all(client, task_ids, last)), refresh=True)
+            return await future
+        shown: dict[str, str] = {}
+        while not future.done():
+            for view in await _look_all(client, task_ids, last):
+                line = view.line()
+                if shown.get(view.task_id) != line:
+                    shown[view.task_id] = line
+                    print(line, file=err, flush=True)
+            await asyncio.wait({future}, timeout=refresh_s)
         return await future
-    shown: dict[str, str] = {}
-    while not future.done():
-        for view in await _look_all(client, task_ids, last):
+    finally:
+        if not future.done():  # an interrupt (Ctrl-C) stops the waiting, not the tasks
+            future.cancel()
+
+
+def _quoted(task_ids: Iterable[str]) -> str:
+    # task ids are letters, digits, '.', '_' and '-' (TASK_ID_PATTERN): safe in the query
+    return ", ".join(f"'{t}'" for t in task_ids)
+
+
+@dataclass
+class RunView:
+    """A run as the overall view shows it: every task's sessions, how many ended.
+
+    Attributes:
+        total: sessions the run waits for (every task's ``num_samples``).
+        finished: the groups that arrived, by task id.
+        in_flight: tasks started or followed whose group has not arrived.
+        num_ended: sessions of ``in_flight`` tasks whose workflow closed (the last look).
+        num_running: sessions of ``in_flight`` tasks whose workflow runs (the last look).
+        title: what the bar says it counts.
+    """
+
+    total: int
+    finished: dict[str, TaskResult] = field(default_factory=dict)
+    in_flight: set[str] = field(default_factory=set)
+    num_ended: int = 0
+    num_running: int = 0
+    title: str = "sessions ended"
+
+    def started(self, task_id: str) -> None:
+        """A task was started or followed."""
+        self.in_flight.add(task_id)
+
+    def arrived(self, group: TaskResult) -> None:
+        """A task's group arrived."""
+        self.in_flight.discard(group.task_id)
+        self.finished[group.task_id] = group
+
+    @property
+    def completed(self) -> int:
+        """Sessions ended: every final session of the groups that arrived, and the closed
+        session workflows of the tasks in flight; at most :attr:`total`."""
+        done = sum(len(g.sessions) for g in self.finished.values())
+        return min(self.total, done + self.num_ended)
+
+    def summary(self) -> str:
+        """The line under the bar: running sessions, mean reward so far, failures by kind."""
+        sessions = [s for g in self.finished.values() for s in g.sessions]
+        rewards = scored_rewards(sessions)
+        mean = (
+            f"mean reward {statistics.fmean(rewards):.3f} over {len(rewards)} scored"
+            if rewards
+            else "no reward yet"
+        )
+        failures = failure_counts(sessions)
+        text = f"running {self.num_running} · tasks done {len(self.finished)} · {mean}"
+        if failures:
+            text += " · failures " + ", ".join(f"{k} {n}" for k, n in failures.items())
+        return text
+
+    def line(self) -> str:
+        """The view in one plain line."""
+        return f"{self.title} {self.completed}/{self.total}; {self.summary()}"
+
+    async def look(self, client: Any) -> None:
+        """Count the in-flight tasks' session workflows by execution status: one
+        ``count_workflows`` query per :data:`IDS_PER_QUERY` tasks.
+
+        Args:
+            client: a Temporal client (``RolloutClient.client``).
+
+        Raises:
+            RPCError: Temporal did not answer (the caller keeps the last look).
+        """
+        ids = sorted(self.in_flight)
+        ended = running = 0
+        for start in range(0, len(ids), IDS_PER_QUERY):
+            query = (
+                "WorkflowType = 'RolloutSessionWorkflow' AND RolloutTaskId IN "
+                f"({_quoted(ids[start : start + IDS_PER_QUERY])}) GROUP BY ExecutionStatus"
+            )
+            counted = await client.count_workflows(query)
+            for group in counted.groups:
+                if str(group.group_values[0]) == "Running":
+                    running += group.count
+                else:
+                    ended += group.count
+        self.num_ended, self.num_running = ended, running
+
+
+async def watch_run(
+    client: RolloutClient,
+    view: RunView,
+    waiting: Awaitable[Any],
+    *,
+    tty: bool | None = None,
+    err: TextIO | None = None,
+    refresh_s: float = REFRESH_S,
+    console: Any = None,
+) -> Any:
+    """Show the overall view until ``waiting`` ends, and return its result. The caller
+    updates ``view`` (:meth:`RunView.started`, :meth:`RunView.arrived`) as tasks start and
+    their groups arrive.
+
+    Args:
+        client: the submitting client.
+        view: the run.
+        waiting: what the caller waits for.
+        tty: draw a rich progress bar with ETA (True) or plain lines on ``err`` (False);
+            None: rich when stdout is a terminal.
+        err: where plain lines go (default stderr).
+        refresh_s: seconds between two looks (longer with more than 200 tasks in flight:
+            one second a query).
+        console: the rich Console the bar draws on (default: stdout's).
+
+    Returns:
+        ``waiting``'s result.
+
+    Raises:
+        Whatever ``waiting`` raises; a look that fails (Temporal busy) keeps the last one.
+    """
+    future = asyncio.ensure_future(waiting)
+    tty = sys.stdout.isatty() if tty is None else tty
+    err = err or sys.stderr
+
+    async def look() -> None:
+        try:
+            await view.look(client.client)
+        except RPCError:
+            pass
+
+    def pause() -> float:
+        return max(refresh_s, float(len(view.in_flight) // IDS_PER_QUERY))
+
+    try:
+        if tty:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[summary]}"),
+                console=console or tables.console(),
+                transient=True,
+                auto_refresh=False,
+            ) as progress:
+                bar = progress.add_task(view.title, total=view.total, summary="")
+                while not future.done():
+                    await look()
+                    progress.update(
+                        bar, completed=view.completed, summary=view.summary(), refresh=True
+                    )
+                    await asyncio.wait({future}, timeout=pause())
+            return await future
+        shown = ""
+        last_print = 0.0
+        while not future.done():
+            await look()
             line = view.line()
-            if shown.get(view.task_id) != line:
-                shown[view.task_id] = line
+            # one line per change, at most one every 5 s: a log of a long run stays readable
+            if line != shown and time.monotonic() - last_print >= 5.0:
+                shown, last_print = line, time.monotonic()
                 print(line, file=err, flush=True)
-        await asyncio.wait({future}, timeout=refresh_s)
-    return await future
+            await asyncio.wait({future}, timeout=pause())
+        return await future
+    finally:
+        if not future.done():  # an interrupt (Ctrl-C) stops the waiting, not the tasks
+            future.cancel()

@@ -1,11 +1,18 @@
 """``rolloutd submit``: submit tasks from a JSONL file (or an external task set) and wait,
 showing them live; the exit status says whether the infrastructure failed a session
-(:func:`rolloutd.cli.report.exit_code`)."""
+(:func:`rolloutd.cli.report.exit_code`; docs/operations.md, "Exit codes").
+
+Task ids are business keys: a task whose id already names a workflow is followed, not started
+again, so running the same file twice re-attaches to the first run's tasks and prints the
+same results; ``--fresh`` starts every task afresh under new ids. Ctrl-C stops waiting and
+leaves the tasks running (exit status 130, with how to follow or cancel them).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -17,7 +24,13 @@ from rolloutd.settings import CommonSettings
 
 def register(sub: Any) -> None:
     """Add ``submit`` and its options."""
-    submit = add_command(sub, "submit", "submit tasks from a JSONL file and wait", run)
+    submit = add_command(
+        sub,
+        "submit",
+        "submit tasks from a JSONL file and wait (a task already started under its id is "
+        "followed, not started again)",
+        run,
+    )
     submit.add_argument(
         "file",
         type=Path,
@@ -41,6 +54,30 @@ def register(sub: Any) -> None:
         default="{}",
         help="--task-set: more TaskOptions (num_samples, task_id_prefix, run_s, ...): JSON, "
         "or a .json or .toml file",
+    )
+    submit.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start every task afresh under new ids (the ids get a suffix -UNIXTIME, printed); "
+        "without it, a task whose id already ran is followed",
+    )
+    submit.add_argument(
+        "--suffix",
+        default="",
+        help="append this to every task id (give the suffix --fresh printed to follow that "
+        "run again)",
+    )
+    submit.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write DIR/results.jsonl (one line a session; schema: docs/evaluation.md) and "
+        "DIR/summary.json; a task already in the file is not written again",
+    )
+    submit.add_argument(
+        "--details",
+        action="store_true",
+        help="show every task live (asks each task in turn) instead of one overall bar",
     )
     submit.add_argument("--address", default=None, help=ADDRESS_HELP)
     submit.add_argument("--store-url", default=None, help=STORE_URL_HELP)
@@ -86,26 +123,84 @@ def _stack_gateway_url() -> str | None:
     return state.gateway_url if state is not None and state.phase == "running" else None
 
 
+def _resume_line(args: argparse.Namespace, suffix: str) -> str:
+    """The command line that follows this run's tasks again."""
+    words = ["rolloutd", "submit", str(args.file)]
+    if args.task_set:
+        words += ["--task-set", args.task_set, "--harness", args.harness]
+        if args.options != "{}":
+            words += ["--options", args.options]
+    if suffix:
+        words += ["--suffix", suffix]
+    if args.out:
+        words += ["--out", str(args.out)]
+    if args.address:
+        words += ["--address", args.address]
+    return shlex.join(words)
+
+
 def run(args: argparse.Namespace, settings: CommonSettings) -> int:
-    """Submit, wait, print the report.
+    """Submit (or follow), wait, print the report; write the results file with ``--out``.
 
     Returns:
-        :func:`rolloutd.cli.report.exit_code` of the results.
+        :func:`rolloutd.cli.report.exit_code` of the results; 130 when Ctrl-C stopped the
+        wait (the tasks keep running).
     """
     from rolloutd.cli.report import exit_code
-    from rolloutd.cli.submission import load_tasks, read_task_set, submit_tasks
+    from rolloutd.cli.results import ResultsFile, summarize, task_lines, write_summary
+    from rolloutd.cli.submission import (
+        INTERRUPTED_EXIT,
+        TaskRun,
+        interrupted_message,
+        load_tasks,
+        read_task_set,
+        submit_tasks,
+    )
 
     _wait_for_starting_stack()
-    return exit_code(
-        asyncio.run(
+    tasks = (
+        read_task_set(args.file, args.task_set, args.harness, args.options)
+        if args.task_set
+        else load_tasks(args.file)
+    )
+    suffix = args.suffix + (f"-{int(time.time())}" if args.fresh else "")
+    if args.fresh:
+        print(f"new task ids end in {suffix} (follow them again: --suffix {suffix})")
+    results_file = ResultsFile(args.out) if args.out else None
+    written = set(results_file.read()) if results_file else set()
+
+    def on_group(request: Any, group: Any) -> None:
+        if results_file is not None and group.task_id not in written:
+            results_file.append(
+                task_lines(group, harness=request.harness.type, model=request.model)
+            )
+            written.add(group.task_id)
+
+    state = TaskRun([])
+    t0 = time.monotonic()
+    try:
+        results = asyncio.run(
             submit_tasks(
-                read_task_set(args.file, args.task_set, args.harness, args.options)
-                if args.task_set
-                else load_tasks(args.file),
+                tasks,
                 args.address or settings.temporal_address,
                 args.store_url or settings.store_url,
+                suffix=suffix,
                 namespace=settings.temporal_namespace,
                 gateway_url=args.gateway_url or _stack_gateway_url(),
+                run=state,
+                on_group=on_group,
+                details=args.details,
             )
         )
-    )
+    except KeyboardInterrupt:
+        print(interrupted_message(state, _resume_line(args, suffix)), file=sys.stderr)
+        return INTERRUPTED_EXIT
+    if results_file is not None:
+        lines = results_file.read()
+        summary = summarize(
+            [lines[r.task_id] for r in state.requests if r.task_id in lines],
+            k=max((r.num_samples for r in state.requests), default=1),
+            wall_time_s=time.monotonic() - t0,
+        )
+        print(f"results: {results_file.path} ({write_summary(args.out, summary)})")
+    return exit_code(results)

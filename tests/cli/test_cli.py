@@ -66,6 +66,7 @@ def test_every_command_module_gives_its_commands():
         "demo",
         "doctor",
         "engine",
+        "eval",
         "generate",
         "models",
         "quota",

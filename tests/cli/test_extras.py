@@ -43,6 +43,7 @@ SERVER_COMMANDS = {
     "codec-server": (["codec-server"], "server"),
     "rest": (["rest"], "server"),
     "view": (["view", "some-task"], "server"),
+    "eval": (["eval", "humaneval", "-a", "oracle"], "server"),
     "doctor": (["doctor"], "server"),
     "engine": (["engine"], "engine"),
     "models pull": (["models", "pull", "qwen2.5-coder-0.5b"], "engine"),

@@ -112,6 +112,7 @@ async def test_interrupt_cancel_and_reattach(fleets, temporal_server, tmp_path):
     print(shown)
 
 
+@pytest.mark.acceptance
 async def test_fresh_starts_new_ids_and_cancel_refuses_unknown_ids(
     fleets, temporal_server, tmp_path
 ):

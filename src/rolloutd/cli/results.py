@@ -51,6 +51,11 @@ class ResultLine(BaseModel):
     )
     sample: int = Field(ge=0, description="the sample index in the task's group")
     session_id: str = Field(description="the session (`{task_id}/{sample}[/r{n}]`)")
+    group_size: int = Field(
+        ge=0,
+        description="the task's final sessions, all written together (fewer than its samples "
+        "when it was cancelled): a task is whole in the file when it has as many final lines",
+    )
     superseded: bool = Field(
         default=False,
         description="a replacement superseded this session (an infrastructure failure): it is "
@@ -98,6 +103,7 @@ class ResultLine(BaseModel):
 def session_line(
     session: SessionResult,
     *,
+    group_size: int,
     superseded: bool = False,
     run: str | None = None,
     row_key: str | None = None,
@@ -108,6 +114,7 @@ def session_line(
 
     Args:
         session: its result.
+        group_size: the final sessions of its task's group.
         superseded: a replacement superseded it.
         run, row_key, harness, model: what the run knows of its task.
     """
@@ -117,6 +124,7 @@ def session_line(
         task_id=session.task_id,
         row_key=row_key,
         sample=session.sample_index,
+        group_size=group_size,
         session_id=session.session_id,
         superseded=superseded,
         status=session.status,
@@ -153,7 +161,13 @@ def task_lines(
 ) -> list[ResultLine]:
     """The lines of a task's group: its final sessions by sample, then the sessions a
     replacement superseded, in the order they ended."""
-    known = {"run": run, "row_key": row_key, "harness": harness, "model": model}
+    known = {
+        "run": run,
+        "row_key": row_key,
+        "harness": harness,
+        "model": model,
+        "group_size": len(group.sessions),
+    }
     final = sorted(group.sessions, key=lambda s: s.sample_index)
     return [session_line(s, **known) for s in final] + [
         session_line(s, superseded=True, **known) for s in group.replaced
@@ -218,9 +232,10 @@ class ResultsFile:
 
 
 def _whole(lines: Sequence[ResultLine]) -> bool:
-    """Whether a task's lines hold a final line for every sample index up to the highest."""
-    samples = {line.sample for line in lines if not line.superseded}
-    return bool(samples) and samples == set(range(max(samples) + 1))
+    """Whether a task's lines hold all of its final sessions (``group_size`` of them, one a
+    sample index)."""
+    final = {line.sample for line in lines if not line.superseded}
+    return len(final) == lines[0].group_size == sum(not line.superseded for line in lines)
 
 
 class RunSummary(BaseModel):

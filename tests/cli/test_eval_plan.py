@@ -121,3 +121,37 @@ def test_results_file_keeps_whole_tasks_and_the_summary_counts_them(tmp_path):
     assert summary.mean_reward == pytest.approx(0.75)
     assert summary.pass_at_1 == pytest.approx(0.75) and summary.pass_at_k == pytest.approx(1.0)
     assert summary.failures_by_kind == {"none": 4}
+
+
+def test_eval_uses_the_up_stack_alive_on_its_home(tmp_path):
+    """A running ``up`` stack's addresses; one still starting is waited for; a state file
+    left by a dead ``up`` (or none) means the embedded stack."""
+    import argparse
+    import threading
+
+    from rolloutd.cli.commands import evaluate
+    from rolloutd.settings import CommonSettings
+    from rolloutd.stack.state import StackState, write_state
+
+    args = argparse.Namespace(address=None, store_url=None, home=tmp_path)
+    settings = CommonSettings()
+    assert evaluate._running_stack(args, settings) is None
+    up = StackState(
+        home=str(tmp_path),
+        phase="starting",
+        temporal_address="127.0.0.1:7299",
+        store_url="/s",
+        gateway_url="http://g",
+    )
+    write_state(tmp_path, up)
+    later = up.model_copy(update={"phase": "running"})
+    timer = threading.Timer(1.5, write_state, (tmp_path, later))
+    timer.start()
+    try:
+        assert evaluate._running_stack(args, settings) == ("127.0.0.1:7299", "/s", "http://g")
+    finally:
+        timer.cancel()
+    write_state(tmp_path, later.model_copy(update={"pid": 2**22 + 1, "start_ticks": 1}))
+    assert evaluate._running_stack(args, settings) is None
+    args.address = "10.0.0.1:7233"
+    assert evaluate._running_stack(args, settings)[0] == "10.0.0.1:7233"

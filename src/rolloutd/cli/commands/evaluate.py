@@ -21,6 +21,8 @@ from rolloutd.settings import CommonSettings
 
 #: the catalog model the embedded stack serves when -m does not name one
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+#: how long a ``rolloutd up`` stack still starting on the home is waited for, s
+STACK_START_WAIT_S = 300.0
 
 
 def register(sub: Any) -> None:
@@ -182,16 +184,39 @@ def _running_stack(
     args: argparse.Namespace, settings: CommonSettings
 ) -> tuple[str, str | None, str | None] | None:
     """(Temporal address, store URL, gateway URL) of the stack to use: ``--address``'s, or
-    the running ``rolloutd up`` stack's on the home; None: start the embedded one."""
+    the ``rolloutd up`` stack alive on the home (one still starting is waited for, up to
+    :data:`STACK_START_WAIT_S`); None: start the embedded one.
+
+    Raises:
+        SystemExit: the ``up`` stack on the home failed or stopped while starting.
+    """
     if args.address:
         return args.address, args.store_url or settings.store_url, None
+    import time
+
     from rolloutd.settings import default_home
     from rolloutd.stack.state import read_state
 
-    state = read_state(args.home or default_home())
-    if state is not None and state.phase == "running" and state.temporal_address:
-        return state.temporal_address, args.store_url or state.store_url, state.gateway_url
-    return None
+    home = args.home or default_home()
+    deadline = time.monotonic() + STACK_START_WAIT_S
+    said = False
+    while True:
+        state = read_state(home)
+        if state is None or not state.alive() or state.phase in ("stopped", "stopping"):
+            return None
+        if state.phase == "failed":
+            raise SystemExit(f"rolloutd eval: the stack on {home} failed: {state.error}")
+        if state.phase == "running" and state.temporal_address:
+            return state.temporal_address, args.store_url or state.store_url, state.gateway_url
+        if time.monotonic() > deadline:
+            raise SystemExit(
+                f"rolloutd eval: the stack on {home} is still {state.phase} after "
+                f"{STACK_START_WAIT_S:.0f} s (rolloutd status)"
+            )
+        if not said:
+            print(f"waiting for the stack on {home} to start (rolloutd status)", flush=True)
+            said = True
+        time.sleep(1.0)
 
 
 def _embedded(args: argparse.Namespace, settings: CommonSettings, setup: Any, state: Any) -> int:
@@ -199,7 +224,7 @@ def _embedded(args: argparse.Namespace, settings: CommonSettings, setup: Any, st
     import time
 
     from rolloutd.settings import default_home
-    from rolloutd.stack import LocalStack
+    from rolloutd.stack.local import LocalStack
 
     t0 = time.monotonic()
     with LocalStack(home=args.home or default_home(), model=args.model or DEFAULT_MODEL) as stack:

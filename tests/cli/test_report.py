@@ -81,3 +81,11 @@ def test_a_scripted_harness_scored_without_a_model_call_does_not_fail_the_run() 
     assert what_went_wrong(results)[0] == [
         "task t: no session recorded a completion (no model call was answered)"
     ]
+
+
+def test_a_cancelled_task_without_completions_is_not_a_silent_one() -> None:
+    """Cancelled before any model call (``rolloutd tasks cancel``): its sessions say so; it
+    is not reported as a task that never reached the model."""
+    cancelled = session(0, num_completions=0, status=SessionStatus.CANCELLED)
+    results = [TaskResult(task_id="t", sessions=[cancelled])]
+    assert what_went_wrong(results)[0] == [] and exit_code(results) == 0

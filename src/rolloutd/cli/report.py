@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rolloutd.cli import tables
-from rolloutd.scoring import failure_counts
+from rolloutd.scoring import failure_counts, failure_of
 from rolloutd.types import SessionStatus
 
 
@@ -116,6 +116,10 @@ def what_went_wrong(results: list[Any]) -> tuple[list[str], list[str]]:
             group.sessions
             and all(s.num_completions == 0 for s in group.sessions)
             and not any(_scored_clean(s) for s in group.sessions)
+            # a task cancelled before its sessions called the model was stopped, not silent
+            and not all(
+                (f := failure_of(s)) is not None and f.kind == "cancelled" for s in group.sessions
+            )
         ):
             failures.append(
                 f"task {group.task_id}: no session recorded a completion "

@@ -358,7 +358,9 @@ def interrupted_message(
         cancel: the command line that cancels them (None: ``rolloutd tasks cancel`` with
             the running tasks' ids).
     """
-    running = run.running
+    order = {r.task_id: i for i, r in enumerate(run.requests)}
+    # in the task file's order, whichever started first
+    running = sorted(run.running, key=lambda task_id: order.get(task_id, len(order)))
     known = {*running, *run.results, *run.done}
     not_started = sum(r.task_id not in known for r in run.requests)
     counts = [f"{len(running)} task(s) keep running"]

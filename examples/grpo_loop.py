@@ -27,10 +27,14 @@ It prints one line per step::
       rollout_mismatch=... on_policy_mismatch=... probe_mismatch=... policy_version=1
       sampled_versions=0 groups=... train_s=... sync_s=... step_s=...
 
-and writes the metrics (JSON, ``--metrics``) and a PNG of mean reward, held-out reward,
-logprob mismatch and policy version per step (``--plot``) after every step.
+writes the metrics (JSON, ``--metrics``) after every step, and logs each batch's rollout
+statistics with the trainer's own figures (loss, mismatches, held-out reward) to the team's
+tracker (``--tracker``: TensorBoard by default, under ``--log-dir``; ``wandb`` offline unless
+``WANDB_MODE`` says otherwise; ``mlflow``; ``none``):
+:class:`rolloutd.trainer_client.tracking.RolloutTracker`. ``tensorboard --logdir runs`` shows
+the curves.
 
-Run: ``python examples/grpo_loop.py --plot docs/grpo_loop.png --metrics docs/grpo_loop.json``
+Run: ``python examples/grpo_loop.py --metrics docs/grpo_loop.json``
 (12 steps by default; here 8 steps took 47 minutes on 2 cores under load 10-32, steps of
 73-429 s), or ``--steps 2`` to try it. Needs the
 ``engine`` and ``train`` extras.
@@ -44,6 +48,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import random
 import re
 import secrets
@@ -267,81 +272,6 @@ def held_out_reward(
     return statistics.fmean(rewards), sem
 
 
-def plot(rows: list[dict], path: Path, title: str) -> None:
-    """Write a PNG: mean and held-out reward, logprob mismatch, policy version per step.
-
-    Pillow draws it (matplotlib is not installed here): three stacked panels sharing the step
-    axis, one polyline per series, points marked.
-    """
-    from PIL import Image, ImageDraw
-
-    width, panel_h, left, right, top = 900, 220, 80, 30, 40
-    image = Image.new("RGB", (width, top + 3 * (panel_h + 40) + 20), "white")
-    draw = ImageDraw.Draw(image)
-    draw.text((left, 10), title, fill="black")
-    steps = [r["step"] for r in rows]
-    x_max = max(max(steps), 1)
-    panels = [
-        (
-            "reward",
-            [
-                ("mean_reward", "train batch", (31, 119, 180)),
-                ("held_out_reward", "held-out", (214, 39, 40)),
-            ],
-            (0.0, 1.0),
-        ),
-        (
-            "|logprob diff| (nats)",
-            [
-                ("rollout_mismatch", "rollout vs trainer", (44, 160, 44)),
-                ("on_policy_mismatch", "on-policy rollouts", (255, 127, 14)),
-                ("probe_mismatch", "probe after sync", (148, 103, 189)),
-            ],
-            None,
-        ),
-        ("policy version", [("policy_version", "engine", (140, 86, 75))], None),
-    ]
-    for p, (label, series, y_range) in enumerate(panels):
-        y0 = top + p * (panel_h + 40)
-        values = [
-            r[key]
-            for key, _, _ in series
-            for r in rows
-            if r.get(key) is not None and not math.isnan(r[key])
-        ]
-        lo, hi = y_range or (0.0, max(values, default=1.0) * 1.15 or 1.0)
-        draw.rectangle([left, y0, width - right, y0 + panel_h], outline="black")
-        draw.text((5, y0 + panel_h // 2), label[:11], fill="black")
-        for frac in (0.0, 0.5, 1.0):
-            y = y0 + panel_h - frac * panel_h
-            draw.line([left - 4, y, left, y], fill="black")
-            draw.text((left - 45, y - 6), f"{lo + frac * (hi - lo):.3g}", fill="black")
-
-        def xy(
-            step: float, value: float, y0: int = y0, lo: float = lo, hi: float = hi
-        ) -> tuple[float, float]:
-            x = left + (width - left - right) * step / x_max
-            return x, y0 + panel_h - (value - lo) / ((hi - lo) or 1.0) * panel_h
-
-        for k, (key, name, colour) in enumerate(series):
-            points = [
-                xy(r["step"], r[key])
-                for r in rows
-                if r.get(key) is not None and not math.isnan(r[key])
-            ]
-            if len(points) > 1:
-                draw.line(points, fill=colour, width=2)
-            for x, y in points:
-                draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=colour)
-            draw.text((width - right - 200, y0 + 5 + 14 * k), f"- {name}", fill=colour)
-        for step in range(0, x_max + 1, max(1, x_max // 10)):
-            x, _ = xy(step, lo)
-            draw.text((x - 4, y0 + panel_h + 4), str(step), fill="black")
-    draw.text((width // 2, image.height - 18), "step", fill="black")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    image.save(path)
-
-
 @contextlib.asynccontextmanager
 async def local_stack(
     home: Path, model_name: str, model_file: Path, admin_token: str, threads: int
@@ -460,22 +390,54 @@ def probe_prompt_ids(tokenizer) -> list[int]:
     )
 
 
-def write_record(
-    rows: list[dict], args: argparse.Namespace, stats: dict, title: str, **extra: object
-) -> None:
-    """Write ``--metrics`` (args, rows, summary and ``extra``, JSON) and ``--plot`` (PNG) as
-    they stand, when asked for."""
+def write_record(rows: list[dict], args: argparse.Namespace, stats: dict, **extra: object) -> None:
+    """Write ``--metrics`` (args, rows, summary and ``extra``, JSON) as they stand, when asked
+    for."""
     if args.metrics:
         Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
         Path(args.metrics).write_text(
             json.dumps({"args": vars(args), "rows": rows, "summary": stats, **extra}, indent=1)
         )
-    if args.plot:
-        plot(rows, Path(args.plot), title)
+
+
+def open_tracker(args: argparse.Namespace, name: str, log_dir: Path | None = None):
+    """The run's tracker (``--tracker``, under ``log_dir``, default ``--log-dir``): a W&B run
+    is offline unless ``WANDB_MODE`` says otherwise."""
+    from rolloutd.trainer_client.tracking import RolloutTracker
+
+    os.environ.setdefault("WANDB_MODE", "offline")
+    return RolloutTracker(
+        [] if args.tracker == "none" else [args.tracker],
+        log_dir=log_dir or Path(args.log_dir),
+        project="rolloutd-examples",
+        run_name=name,
+        config=vars(args),
+    )
+
+
+#: the per-step figures that go to the tracker beside the rollout statistics
+TRAINER_SERIES = (
+    "loss",
+    "held_out_reward",
+    "rollout_mismatch",
+    "on_policy_mismatch",
+    "probe_mismatch",
+    "train_s",
+    "sync_s",
+    "step_s",
+)
+
+
+def trainer_scalars(row: dict) -> dict[str, float]:
+    """A step's own figures as tracker scalars (``train/...``), those it has."""
+    return {
+        f"train/{k}": float(row[k]) for k in TRAINER_SERIES if isinstance(row.get(k), int | float)
+    }
 
 
 def add_common_args(parser: argparse.ArgumentParser, name: str, num_samples_help: str) -> None:
-    """The options both examples take (``name``: the example's, for the ``--plot`` hint)."""
+    """The options both examples take (``name``: the example's, for the ``--log-dir``
+    default)."""
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--groups-per-step", type=int, default=3)
     parser.add_argument("--num-samples", type=int, default=4, help=num_samples_help)
@@ -490,7 +452,13 @@ def add_common_args(parser: argparse.ArgumentParser, name: str, num_samples_help
     parser.add_argument("--engine-threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--home", default=None, help="state folder (default: a temp folder)")
-    parser.add_argument("--plot", default=None, help=f"PNG to write, e.g. docs/{name}.png")
+    parser.add_argument(
+        "--tracker",
+        default="tensorboard",
+        choices=["tensorboard", "wandb", "mlflow", "none"],
+        help="where the per-step statistics go (rolloutd.trainer_client.tracking)",
+    )
+    parser.add_argument("--log-dir", default=f"runs/{name}", help="the tracker's folder")
     parser.add_argument("--metrics", default=None, help="JSON of every step's metrics")
 
 
@@ -564,11 +532,14 @@ async def main(args: argparse.Namespace) -> int:
             f"probe_mismatch={row['probe_mismatch']:.4f} policy_version=0"
         )
         report(rows, args)
+        tracker = open_tracker(args, f"grpo-loop-{suffix}")
+        tracker.log(trainer_scalars(row), step=0)
         try:
             for step in range(1, args.steps + 1):
                 t0 = time.monotonic()
                 try:
                     batch = await buffer.take(args.groups_per_step, timeout_s=args.take_timeout_s)
+                    rollout_s = time.monotonic() - t0
                 except BufferExhaustedError as e:
                     # every group left scored all-equal (the reward saturated) and the buffer
                     # dropped it (DAPO): no signal is left to train on
@@ -616,6 +587,16 @@ async def main(args: argparse.Namespace) -> int:
                     )
                 row["step_s"] = time.monotonic() - t0
                 rows.append(row)
+                # the batch's rollout statistics (what the buffer dropped since the last step
+                # included) beside the trainer's own figures, one step each
+                tracker.log_batch(
+                    batch,
+                    step=step,
+                    buffer_stats=await buffer.stats(),
+                    rollout_wall_s=rollout_s,
+                    samples=4,
+                    extra=trainer_scalars(row),
+                )
                 held = (
                     ""
                     if row["held_out_reward"] is None
@@ -636,27 +617,21 @@ async def main(args: argparse.Namespace) -> int:
                 )
                 report(rows, args)
         finally:
+            tracker.close()
             await buffer.close()
             await admin.aclose()
     stats = report(rows, args)
     write("summary: " + " ".join(f"{k}={v:.4f}" for k, v in stats.items()))
-    if args.plot:
-        write(f"plot: {args.plot}")
+    if args.tracker != "none":
+        write(f"{args.tracker}: {args.log_dir}")
     return 1 if failed else 0
 
 
 def report(rows: list[dict], args: argparse.Namespace) -> dict[str, float]:
-    """Write the metrics JSON and the plot as they stand (after every step, so a run cut
-    short still leaves its record); returns the summary."""
+    """Write the metrics JSON as it stands (after every step, so a run cut short still leaves
+    its record); returns the summary."""
     stats = summary(rows)
-    write_record(
-        rows,
-        args,
-        stats,
-        f"GRPO on SmolLM2-135M, 1/words reward: "
-        f"{args.groups_per_step} groups x {args.num_samples} samples per step, "
-        f"lr {args.lr:g}",
-    )
+    write_record(rows, args, stats)
     return stats
 
 

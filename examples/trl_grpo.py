@@ -18,10 +18,13 @@ What runs (everything on this machine, everything stopped by its id at the end):
   then the held-out reward (categories never trained on, fixed seeds, straight from the
   engine, ``grpo_loop.held_out_reward``).
 
-Prints one line per step and writes the metrics (``--metrics``, JSON) and a PNG
-(``--plot``) after every step. Run::
+Prints one line per step and writes the metrics (``--metrics``, JSON) after every step. TRL
+logs to the team's tracker (``--tracker``, its ``report_to``: TensorBoard by default under
+``--log-dir``/trl, ``wandb`` offline unless ``WANDB_MODE`` says otherwise, ``mlflow``,
+``none``) with the bridge's rollout statistics beside its own series; the held-out reward and
+the probe go to the same tracker under ``--log-dir``/example. Run::
 
-    nice -n 10 python examples/trl_grpo.py --plot docs/trl_grpo.png --metrics docs/trl_grpo.json
+    nice -n 10 python examples/trl_grpo.py --metrics docs/trl_grpo.json
 
 Needs the ``engine``, ``train`` and ``trl`` extras (``scripts/setup_trainers.sh``).
 """
@@ -50,10 +53,12 @@ from grpo_loop import (  # noqa: E402 - the example folder is on the path first
     add_common_args,
     held_out_reward,
     local_stack,
+    open_tracker,
     probe_prompt_ids,
     prompt_of,
     quiet_and_seed,
     summary,
+    trainer_scalars,
     write_record,
 )
 
@@ -92,6 +97,10 @@ async def main(args: argparse.Namespace) -> int:
     from rolloutd.trainer_client.training.weight_sync import GatewayEngineLoader, WeightSync
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    # TRL's report_to: TensorBoard's and W&B's folders under --log-dir, W&B offline
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(args.log_dir) / "trl"))
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_DIR", args.log_dir)
     quiet_and_seed(args.seed, args.threads)
     files = pull_model(args.model)
     tokenizer = load_tokenizer(args.model)
@@ -140,6 +149,8 @@ async def main(args: argparse.Namespace) -> int:
             }
         )
         write(f"step 0: held_out_reward={mean:.3f} probe_mismatch={step0.mean_abs_diff:.4f}")
+        example = open_tracker(args, "trl-grpo-example", Path(args.log_dir) / "example")
+        example.log(trainer_scalars(rows[0]), step=0)
         report(rows, args)
 
         class Clock(TrainerCallback):
@@ -175,6 +186,7 @@ async def main(args: argparse.Namespace) -> int:
                 "step_s": time.monotonic() - Clock.began,
             }
             rows.append(row)
+            example.log(trainer_scalars(row), step=step)
             held = "" if mean is None else f"held_out_reward={mean:.3f} "
             write(
                 f"step {step}: mean_reward={row['mean_reward']:.3f} {held}"
@@ -202,7 +214,7 @@ async def main(args: argparse.Namespace) -> int:
             beta=0.0,
             logging_steps=1,
             save_strategy="no",
-            report_to="none",
+            report_to=args.tracker,
             seed=args.seed,
             dataloader_num_workers=0,
             max_completion_length=args.max_tokens,
@@ -231,6 +243,7 @@ async def main(args: argparse.Namespace) -> int:
         try:
             await asyncio.to_thread(trainer.train)
         finally:
+            example.close()
             await admin.aclose()
     stats = report(rows, args, rollout.stats.as_dict(), trainer.state.log_history)
     write("summary: " + " ".join(f"{k}={v:.4f}" for k, v in stats.items()))
@@ -244,20 +257,12 @@ def report(
     bridge: dict | None = None,
     trl_log: list[dict] | None = None,
 ) -> dict:
-    """Write the metrics JSON and the plot as they stand; returns the summary."""
+    """Write the metrics JSON as it stands; returns the summary."""
     stats = summary(rows)
     timed = [r for r in rows if r.get("rollout_s") is not None]
     for name in ("rollout_s", "train_s", "sync_s", "step_s"):
         stats[f"{name}_mean"] = statistics.fmean(r[name] for r in timed) if timed else 0.0
-    write_record(
-        rows,
-        args,
-        stats,
-        f"TRL GRPOTrainer + rolloutd (bwrap, shell harness), SmolLM2-135M, 1/words reward: "
-        f"{args.groups_per_step} groups x {args.num_samples}, lr {args.lr:g}",
-        bridge=bridge,
-        trl_log=trl_log,
-    )
+    write_record(rows, args, stats, bridge=bridge, trl_log=trl_log)
     return stats
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.tensorboard_events import scalars
+
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.temporal]
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "grpo_loop.py"
@@ -52,8 +54,8 @@ def test_grpo_loop_example_runs_two_synced_steps(tmp_path):
             str(tmp_path / "home"),
             "--metrics",
             str(metrics),
-            "--plot",
-            str(tmp_path / "loop.png"),
+            "--log-dir",
+            str(tmp_path / "runs"),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -81,4 +83,10 @@ def test_grpo_loop_example_runs_two_synced_steps(tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert rows[0]["probe_mismatch"] < TOLERANCE  # the engine starts on the trainer's weights
     assert 0.0 <= rows[-1]["held_out_reward"] <= 1.0
-    assert (tmp_path / "loop.png").stat().st_size > 0
+    # the run's tracker (TensorBoard by default): each batch's rollout statistics and the
+    # trainer's own figures per step, read back with TensorBoard's reader
+    logged = scalars(tmp_path / "runs")
+    assert [s for s, _ in logged["rolloutd/reward_mean"]] == [1, 2]
+    assert [v for _, v in logged["rolloutd/policy_version"]] == [0.0, 1.0]  # at hand-out
+    assert [s for s, _ in logged["train/loss"]] == [1, 2]
+    assert [s for s, _ in logged["train/probe_mismatch"]] == [0, 1, 2]

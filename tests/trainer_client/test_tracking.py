@@ -25,6 +25,7 @@ from rolloutd.trainer_client.tracking import (
 from rolloutd.types import FailureCause, PhaseTiming, SessionResult, SessionStatus, TaskResult
 from rolloutd.workflows.buffer.models import Batch, BufferedGroup, BufferStats
 from tests.support.bridges import have
+from tests.support.tensorboard_events import events as tensorboard_events
 
 #: how a tracker's package is installed, for the skips
 EXTRA = "pip install 'rolloutd[{}]' (docs/trainers.md, 'Watching a run')"
@@ -130,18 +131,6 @@ def batch(step: int) -> Batch:
 
 def drops(n: int) -> BufferStats:
     return BufferStats(buffer_id="b", state_counters={"num_dropped_zero_variance": n})
-
-
-def tensorboard_events(folder):
-    """The event files under ``folder``, read with TensorBoard's own reader (every scalar and
-    tensor kept)."""
-    from tensorboard.backend.event_processing import event_accumulator
-
-    events = event_accumulator.EventAccumulator(
-        str(folder), size_guidance={event_accumulator.SCALARS: 0, event_accumulator.TENSORS: 0}
-    )
-    events.Reload()
-    return events
 
 
 @pytest.mark.skipif(not have("tensorboard"), reason=EXTRA.format("tensorboard"))

@@ -447,7 +447,7 @@ def test_rollout_worker_samples_feed_trls_async_pipeline():
     assert {r.model_version for r in rows} == {2} and {r.group_id for r in rows} == {7}
 
 
-def _run_example(home: Path, metrics: Path, plot: Path) -> subprocess.CompletedProcess[str]:
+def _run_example(home: Path, metrics: Path, runs: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable,
@@ -460,8 +460,8 @@ def _run_example(home: Path, metrics: Path, plot: Path) -> subprocess.CompletedP
             str(home),
             "--metrics",
             str(metrics),
-            "--plot",
-            str(plot),
+            "--log-dir",
+            str(runs),
         ],
         capture_output=True,
         text=True,
@@ -483,7 +483,7 @@ def test_trl_grpo_example_runs_two_synced_steps(tmp_path):
     # short: the sandbox's unix socket lives under the home folder (108-byte limit)
     home = Path(tempfile.mkdtemp(prefix="rt-"))
     try:
-        proc = _run_example(home, metrics, tmp_path / "trl.png")
+        proc = _run_example(home, metrics, tmp_path / "runs")
     finally:
         shutil.rmtree(home, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -503,7 +503,16 @@ def test_trl_grpo_example_runs_two_synced_steps(tmp_path):
     assert [r["step"] for r in report["rows"]] == [0, 1, 2]
     assert all(r["rollout_s"] > 0 and r["train_s"] > 0 for r in report["rows"][1:])
     assert report["bridge"]["num_groups"] == 6 and report["bridge"]["num_sessions"] == 24
-    assert (tmp_path / "trl.png").stat().st_size > 0
+    # TRL's report_to (TensorBoard by default) holds the bridge's rollout statistics beside
+    # its own series; the example's held-out reward and probe go to the same tracker
+    from tests.support.tensorboard_events import scalars
+
+    trl_logged = scalars(tmp_path / "runs" / "trl")
+    assert [s for s, _ in trl_logged["train/rolloutd/reward_mean"]] == [1, 2]
+    assert [v for _, v in trl_logged["train/rolloutd/num_sessions"]] == [12.0, 12.0]
+    assert [s for s, _ in trl_logged["train/loss"]] == [1, 2]
+    example = scalars(tmp_path / "runs" / "example")
+    assert [s for s, _ in example["train/probe_mismatch"]] == [0, 1, 2]
 
 
 @pytest.mark.acceptance

@@ -23,7 +23,9 @@ from rolloutd.trainer_client import RolloutClient
 from rolloutd.trajectory import check_invariants
 from rolloutd.types import SessionStatus
 
+# about 4 minutes on 2 cores (a real qwen-code CLI, 2 samples of up to 4 turns): acceptance
 pytestmark = [
+    pytest.mark.acceptance,
     pytest.mark.temporal,
     pytest.mark.engine,
     pytest.mark.sandbox,

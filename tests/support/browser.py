@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -57,6 +60,7 @@ class Chromium:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its helpers (zygote, crashpad) are ended with it
         )
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 60
@@ -84,6 +88,20 @@ class Chromium:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+        if self._proc is not None:
+            # helpers that outlive the browser still write to the profile while it is removed
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+        for attempt in range(50):
+            try:
+                shutil.rmtree(self._profile.name)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if attempt == 49:
+                    raise
+                await asyncio.sleep(0.1)
         self._profile.cleanup()
 
     async def send(self, method: str, **params: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import Field
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 
 from rolloutd.errors import ConfigError
 from rolloutd.payload import Payload
@@ -112,19 +112,25 @@ async def list_tasks(
     query = list_query(status=status, prefix=prefix, tenant=tenant)
     rows = []
     async for wf in client.list_workflows(query, limit=max(1, min(limit, MAX_LIMIT))):
-        attributes = wf.typed_search_attributes
-        rows.append(
-            TaskRow(
-                task_id=attributes.get(search.TASK_ID) or wf.id.removeprefix("task/"),
-                status=_STATES.get(wf.status, "running") if wf.status else "running",
-                tenant=attributes.get(search.TENANT),
-                harness=attributes.get(search.HARNESS),
-                mean_reward=attributes.get(search.REWARD),
-                started_at=wf.start_time,
-                closed_at=wf.close_time,
-            )
-        )
+        rows.append(TaskRow(**task_fields(wf)))
     return rows
+
+
+def task_fields(wf: WorkflowExecution) -> dict[str, Any]:
+    """A task workflow's row fields as Temporal's visibility holds them: ``task_id``,
+    ``status`` (a :data:`TaskState`; a continued-as-new run counts as running), ``tenant``,
+    ``harness``, ``mean_reward`` (its search attributes) and ``started_at``/``closed_at``
+    (UTC). The listing's rows and the viewer's runs page are both made from it."""
+    attributes = wf.typed_search_attributes
+    return {
+        "task_id": attributes.get(search.TASK_ID) or wf.id.removeprefix("task/"),
+        "status": _STATES.get(wf.status, "running") if wf.status else "running",
+        "tenant": attributes.get(search.TENANT),
+        "harness": attributes.get(search.HARNESS),
+        "mean_reward": attributes.get(search.REWARD),
+        "started_at": wf.start_time,
+        "closed_at": wf.close_time,
+    }
 
 
 def rows_of(body: Any) -> list[TaskRow]:

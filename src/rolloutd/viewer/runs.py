@@ -19,9 +19,10 @@ from datetime import UTC, datetime
 from typing import get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client
 
 from rolloutd.records import FailureKind
+from rolloutd.trainer_client.listing import task_fields
 from rolloutd.types import TASK_ID_PATTERN
 from rolloutd.workflows import search
 
@@ -35,15 +36,6 @@ TASK_STATES: dict[str, str] = {
     "cancelled": "Canceled",
     "terminated": "Terminated",
     "timed_out": "TimedOut",
-}
-_STATE_OF: dict[WorkflowExecutionStatus, str] = {
-    WorkflowExecutionStatus.RUNNING: "running",
-    WorkflowExecutionStatus.COMPLETED: "completed",
-    WorkflowExecutionStatus.FAILED: "failed",
-    WorkflowExecutionStatus.CANCELED: "cancelled",
-    WorkflowExecutionStatus.TERMINATED: "terminated",
-    WorkflowExecutionStatus.TIMED_OUT: "timed_out",
-    WorkflowExecutionStatus.CONTINUED_AS_NEW: "running",
 }
 #: every failure kind (docs/failures.md), the filter's choices
 FAILURE_KINDS: tuple[str, ...] = get_args(FailureKind)
@@ -213,18 +205,7 @@ async def list_runs(client: Client, where: TaskFilter) -> TaskListing:
         task_ids = found
     rows: list[TaskRow] = []
     async for wf in client.list_workflows(where.task_query(task_ids), limit=where.limit):
-        attributes = wf.typed_search_attributes
-        rows.append(
-            TaskRow(
-                task_id=attributes.get(search.TASK_ID) or wf.id.removeprefix("task/"),
-                status=_STATE_OF.get(wf.status, "running") if wf.status else "running",
-                tenant=attributes.get(search.TENANT),
-                harness=attributes.get(search.HARNESS),
-                mean_reward=attributes.get(search.REWARD),
-                started_at=wf.start_time,
-                closed_at=wf.close_time,
-            )
-        )
+        rows.append(TaskRow(**task_fields(wf)))
     if rows:
         by_task = {row.task_id: row for row in rows}
         query = where.session_query(list(FAILURE_KINDS), list(by_task))

@@ -147,9 +147,11 @@ class Runtime(abc.ABC):
         self._num_oom_kills_seen = 0
 
     # -- to implement -------------------------------------------------------------------
-    @abc.abstractmethod
     def _wrap(self, argv: list[str], cwd: str) -> tuple[list[str], Path | None]:
-        """Turn a command as run inside the runtime into the host command line.
+        """Turn a command as run inside the runtime into the host command line that
+        :meth:`_start_process` launches; by default the command itself in the host folder
+        ``cwd``. Runtimes that start commands another way (an exec server inside the
+        enclosure) override :meth:`_start_process` and never call this.
 
         Args:
             argv: the command inside the runtime.
@@ -158,6 +160,7 @@ class Runtime(abc.ABC):
         Returns:
             (host argv, host cwd or None).
         """
+        return argv, Path(cwd)
 
     @abc.abstractmethod
     def _base_env(self) -> dict[str, str]:

@@ -312,9 +312,6 @@ class BwrapRuntime(ExecServerRuntime):
         args += ["--remount-ro", "/", "--chdir", cwd, "--"]
         return args
 
-    def _wrap(self, argv: list[str], cwd: str) -> tuple[list[str], Path | None]:
-        raise NotImplementedError("every command of a bwrap runtime runs through its exec server")
-
     def _exec_server_argv(self) -> list[str]:
         """The exec server's interpreter command line inside: the worker's own Python, or with
         ``spec.image`` that Python started by the host's dynamic loader with the host's

@@ -278,9 +278,6 @@ class PodmanRuntime(ExecServerRuntime):
             "ROLLOUTD_RUNTIME_ID": self.runtime_id,
         }
 
-    def _wrap(self, argv: list[str], cwd: str) -> tuple[list[str], Path | None]:
-        raise NotImplementedError("every command of a container runs through its exec server")
-
     def _adopts(self) -> bool:
         """Uploads go to the container's root (host uid :data:`USERNS_BASE`) when podman maps
         users; docker's daemon maps them itself."""

@@ -407,6 +407,16 @@ def test_backends_reach_the_gateway_settings() -> None:
     assert (gateway.gateway_host, gateway.gateway_port) == ("0.0.0.0", 8300)
 
 
+def test_callback_hosts_reach_the_eval_settings(monkeypatch) -> None:
+    values = merged(VALUE_SETS["dev"], {"eval": {"callbackAllowedHosts": ["trainer-*:8080"]}})
+    data = by_kind(render(values), "ConfigMap")[f"{FULLNAME}-config"]["data"]
+    monkeypatch.setenv("ROLLOUTD_CALLBACK_ALLOWED_HOSTS", data["ROLLOUTD_CALLBACK_ALLOWED_HOSTS"])
+    assert settings_mod.EvalSettings().callback_allowed_hosts == ["trainer-*:8080"]
+    # none listed: the variable is absent and every callback is refused
+    data = by_kind(render(VALUE_SETS["dev"]), "ConfigMap")[f"{FULLNAME}-config"]["data"]
+    assert "ROLLOUTD_CALLBACK_ALLOWED_HOSTS" not in data
+
+
 def test_no_rest_facade() -> None:
     docs = render(VALUE_SETS["no-rest"])
     assert not [d for d in docs if d["metadata"]["name"].endswith("-rest")]

@@ -331,8 +331,9 @@ class CommonSettings(RolloutdSettings):
         default=30.0,
         gt=0,
         description="``rolloutd store gc`` deletes a task's sessions, stored request and "
-        "group from the blob store once its newest object is this old, days; never while "
-        "its task runs or a buffer has not had its group acknowledged",
+        "group, and a reverify run's journal, from the blob store once its newest object is "
+        "this old, days; never while its task or run goes on or a buffer has not had its "
+        "group acknowledged",
     )
     fleet_heartbeat_s: float = Field(
         default=10.0,

@@ -28,7 +28,7 @@ def age(root: Path, tag: str, seconds: float) -> None:
     """Set every file of this test's units (their names hold ``tag``) back by ``seconds``;
     other tests' objects in the shared store stay young, so they are kept."""
     then = time.time() - seconds
-    for prefix in ("sessions", "groups", "tasks"):
+    for prefix in ("sessions", "groups", "tasks", "reverify"):
         for folder, _, files in os.walk(root / prefix):
             for name in files:
                 path = Path(folder) / name
@@ -106,3 +106,19 @@ def test_a_large_groups_parts_go_with_it_and_a_held_ones_stay(tmp_path: Path) ->
     assert sorted(report.deleted) == ["groups/old", "groups/old.json"]
     assert not store.exists(group_part_key("old", 0)) and not store.exists(group_key("old"))
     assert store.exists(group_part_key("held", 1)) and store.exists(group_key("held"))
+
+
+def test_a_finished_reverify_runs_journal_goes_and_a_running_ones_stays(tmp_path: Path) -> None:
+    from rolloutd.cli.retention import Held, collect
+
+    store = BlobStore(str(tmp_path))
+    for run in ("done", "going"):
+        store.put_json(f"reverify/{run}/sessions/000000.json", {})
+        store.put_json(f"reverify/{run}/summary.json", {})
+    store.put_json("sessions/going/t-0/state.json", {})  # a task named like the running run
+    age(tmp_path, "", 2 * DAY)
+    store.put_json("reverify/young/summary.json", {})
+    report = collect(store, Held(running_reverify={"going"}), retention_s=DAY)
+    assert sorted(report.deleted) == ["reverify/done", "sessions/going"]
+    assert store.exists("reverify/going/summary.json")
+    assert store.exists("reverify/young/summary.json")

@@ -9,13 +9,16 @@ older than the retention (``ROLLOUTD_STORE_RETENTION_DAYS``):
 - ``tasks/{task_id}/`` (a request stored once for its sessions),
 - ``groups/{task_id}.json`` (a group a buffer hands out by reference) and ``groups/{task_id}/``
   (the parts of a large group),
+- ``reverify/{run_id}/`` (a re-verification run's per-session outcomes and summary: its
+  journal; the scores themselves are evaluation records in the sessions' folders),
 
 a unit at a time, judged by its newest object. It never deletes what is still held, asked of
 Temporal first:
 
 - a task whose workflow still runs (its sessions' logs are open, its request is read);
 - a group a running buffer has not had acknowledged (ready, leased or offered again: its
-  trainer reads the group and its sessions' trajectories when it takes the batch).
+  trainer reads the group and its sessions' trajectories when it takes the batch);
+- a re-verification run whose workflow still runs (it resumes from that journal).
 
 A generation's journal (``generations/``) is its record and is kept.
 """
@@ -37,19 +40,25 @@ from rolloutd.workflows.buffer.workflow import RolloutBufferWorkflow
 
 log = structlog.get_logger(__name__)
 
-#: the folders pruned per task
-UNITS = ("sessions", "tasks", "groups")
+#: the folders pruned per task, and per re-verification run
+UNITS = ("sessions", "tasks", "groups", "reverify")
 
 
 @dataclass
 class Held:
-    """Task ids whose objects must stay, and why."""
+    """Task ids and re-verification runs whose objects must stay, and why."""
 
     running_tasks: set[str] = field(default_factory=set)
     unacked_groups: set[str] = field(default_factory=set)
+    running_reverify: set[str] = field(default_factory=set)
 
     def __contains__(self, task_id: str) -> bool:
         return task_id in self.running_tasks or task_id in self.unacked_groups
+
+    def holds(self, prefix: str, name: str) -> bool:
+        """Whether the unit ``{prefix}/{name}`` must stay (``name``: a task id, or a
+        re-verification run's id under ``reverify``)."""
+        return name in self.running_reverify if prefix == "reverify" else name in self
 
 
 @dataclass
@@ -85,6 +94,10 @@ async def held(client: Client) -> Held:
             RolloutBufferWorkflow.stats, result_type=BufferStats
         )
         out.unacked_groups.update(stats.held_task_ids)
+    async for wf in client.list_workflows(
+        "WorkflowType='ReverifyWorkflow' AND ExecutionStatus='Running'"
+    ):
+        out.running_reverify.add(wf.id.removeprefix("reverify/"))
     return out
 
 
@@ -105,15 +118,14 @@ def _mtime(info: dict[str, Any]) -> float | None:
     return None
 
 
-def _units(store: BlobStore) -> list[tuple[str, str]]:
-    """``(task_id, key)`` of every prunable unit: ``sessions/{task_id}``, ``tasks/{task_id}``,
-    ``groups/{task_id}.json``."""
+def _units(store: BlobStore) -> list[tuple[str, str, str]]:
+    """``(prefix, name, key)`` of every prunable unit: ``sessions/{task_id}``,
+    ``tasks/{task_id}``, ``groups/{task_id}.json``, ``reverify/{run_id}``."""
     out = []
     for prefix in UNITS:
         for key in store.list(prefix):
             name = key.removeprefix(f"{prefix}/")
-            task_id = name.removesuffix(".json") if prefix == "groups" else name
-            out.append((task_id, key))
+            out.append((prefix, name.removesuffix(".json") if prefix == "groups" else name, key))
     return out
 
 
@@ -140,7 +152,7 @@ def collect(
     """
     now = time.time() if now is None else now
     report = GcReport(retention_s=retention_s, dry_run=dry_run)
-    for task_id, key in _units(store):
+    for prefix, name, key in _units(store):
         path = store._path(key)
         try:
             found = store.fs.find(path, detail=True, withdirs=False)
@@ -153,7 +165,7 @@ def collect(
         if not times or now - max(times) < retention_s:
             report.kept_young += 1
             continue
-        if task_id in holding:
+        if holding.holds(prefix, name):
             report.kept_held.append(key)
             continue
         report.deleted.append(key)

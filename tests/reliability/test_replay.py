@@ -145,6 +145,7 @@ async def test_shell_agent_killed_after_4_calls_replays_them(rig: Rig):
     )
 
 
+@pytest.mark.acceptance  # about 40-55 s on 2 cores: the default tier's budget
 async def test_a_tool_printing_the_time_ends_replay_at_the_first_difference(rig: Rig):
     store = BlobStore(rig.stack.store_url)
     task_id, marker = new_ids("replay-time")
@@ -170,6 +171,7 @@ async def test_a_tool_printing_the_time_ends_replay_at_the_first_difference(rig:
     await poll(lambda: not processes_with(marker), 15, "harness processes to end")
 
 
+@pytest.mark.acceptance  # about 40-55 s on 2 cores: the default tier's budget
 async def test_a_gateway_killed_mid_replay_resumes_at_the_right_position(rig: Rig):
     store = BlobStore(rig.stack.store_url)
     task_id, marker = new_ids("replay-gw")

@@ -114,6 +114,7 @@ def _no_live_runtimes(r: Rig) -> Callable[[], Awaitable[bool]]:
     return check
 
 
+@pytest.mark.acceptance  # 80 sessions of 3 s on one host of 4: about 95 s on 2 cores
 @pytest.mark.timeout(600)
 async def test_two_tenants_share_the_fleet_and_a_high_priority_task_overtakes(
     temporal_server, tmp_path: Path

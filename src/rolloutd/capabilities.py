@@ -355,20 +355,21 @@ def policy_errors(task: TaskRequest, fleets: FleetCapabilities) -> list[tuple[st
     errors: list[tuple[str, str]] = []
     for policy, hosts in by_policy.values():
         where = f"sandbox host {hosts[0]}" + (f" and {len(hosts) - 1} more" if hosts[1:] else "")
-        for path, spec in specs:
-            for field, message in violations(spec, policy, path=path):
-                errors.append((field, f"{message}; policy of {where}: {policy.describe()}"))
+        found = [pair for path, spec in specs for pair in violations(spec, policy, path=path)]
         for field, source in host_sources(task):
             if why := upload_violation(source, policy):
                 allowed = ", ".join(policy.upload_sources) or "none"
-                errors.append(
+                found.append(
                     (
                         field,
                         f"{field}={source!r} is outside the sandbox policy: {why} "
-                        f"(upload_sources: {allowed}; the operator sets it in {POLICY_SETTING}); "
-                        f"policy of {where}: {policy.describe()}",
+                        f"(upload_sources: {allowed}; the operator sets it in {POLICY_SETTING})",
                     )
                 )
+        # each message names the setting that refuses it; the whole policy is said once
+        for index, (field, message) in enumerate(found):
+            whole = f": {policy.describe()}" if index == 0 else ""
+            errors.append((field, f"{message}; policy of {where}{whole}"))
     return errors
 
 

@@ -105,6 +105,17 @@ def test_the_hosts_root_as_an_image_and_the_host_network_are_refused() -> None:
         SandboxPolicy(image_roots=["/"])
 
 
+def test_a_task_refused_on_several_fields_is_told_the_whole_policy_once() -> None:
+    policy = SandboxPolicy()
+    spec = {"type": "bwrap", "image": "/", "network": "host", "memory_mb": 10**6}
+    errors = check_task(task(spec), fleets_with(policy))
+    assert {path for path, _ in errors} == {"runtime.image", "runtime.network", "runtime.memory_mb"}
+    assert sum(policy.describe() in message for _, message in errors) == 1
+    # each still names the setting that refuses it, and the hosts whose policy it is
+    memory = dict(errors)["runtime.memory_mb"]
+    assert "max_limits.memory_mb" in memory and "policy of sandbox host" in memory
+
+
 def test_a_task_may_narrow_the_network_but_not_widen_it() -> None:
     gateway_only = SandboxPolicy(networks=["gateway"])
     assert violations(RuntimeSpec(type="bwrap", network="none"), gateway_only) == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rolloutd.sandbox.runtimes.dockerfile import UnresolvableError, image_references
+from rolloutd.dockerfile import UnresolvableError, image_references
 
 BASE = "localhost/rolloutd-base:bookworm"
 WITH_ARG = f"ARG BASE_IMAGE={BASE}\nFROM ${{BASE_IMAGE}}\nRUN true\n"
@@ -81,3 +81,26 @@ def test_a_preprocessed_containerfile_is_refused() -> None:
     this reading never sees."""
     with pytest.raises(UnresolvableError, match="preprocessor"):
         image_references(f'FROM {BASE}\n#include "other"\n', {}, name="Containerfile.in")
+
+
+def test_context_sources_are_what_copy_and_add_read_from_the_context() -> None:
+    from rolloutd.dockerfile import context_sources
+
+    text = "\n".join(
+        [
+            "FROM debian",
+            "COPY repo /testbed",
+            'COPY --chown=1000:1000 --chmod=644 a.txt "b c.txt" /dest/',
+            'ADD ["d.tar", "/d"]',
+            "COPY --from=builder /out /out",
+            "ADD https://example.com/x.tgz /x",
+            "COPY <<EOT /f",
+            "hi",
+            "EOT",
+            "COPY ${SRC} /s",
+            "COPY patches/*.diff \\",
+            "     /p/",
+            "copy repo /again",
+        ]
+    )
+    assert context_sources(text) == ["repo", "a.txt", "b c.txt", "d.tar", "patches/*.diff"]

@@ -20,6 +20,20 @@ from rolloutd.types import SessionStatus
 ROOT = Path(__file__).resolve().parents[2]
 HARBOR = ROOT / "examples" / "harbor"
 INSTANCES = ROOT / "examples" / "swebench" / "instances.jsonl"
+
+
+@pytest.fixture
+def instances(tmp_path: Path) -> Path:
+    """The example instances beside complete build contexts: the instances' Dockerfiles copy
+    ``repo`` (made from each sdist by make_instances.py --contexts; an empty folder here, as
+    nothing is built)."""
+    for dockerfile in INSTANCES.parent.glob("*/environment/Dockerfile"):
+        folder = tmp_path / dockerfile.parent.relative_to(INSTANCES.parent)
+        (folder / "repo").mkdir(parents=True)
+        shutil.copy(dockerfile, folder / "Dockerfile")
+    return Path(shutil.copy(INSTANCES, tmp_path / INSTANCES.name))
+
+
 NOP = {"harness": {"type": "shell", "command": "true"}}
 
 
@@ -72,8 +86,8 @@ def test_public_network_and_compose_files(tmp_path):
         harbor.load_task(task_dir)
 
 
-def test_swebench_instances_become_tasks():
-    tasks = read_task_set("swebench", INSTANCES, NOP)
+def test_swebench_instances_become_tasks(instances):
+    tasks = read_task_set("swebench", instances, NOP)
     assert len(tasks) == 3
     task = tasks[0]
     row = json.loads(INSTANCES.read_text().splitlines()[0])
@@ -90,6 +104,12 @@ def test_swebench_instances_become_tasks():
     assert ">>>>> Start Test Output" in script and ">>>>> Test Exit Code" in script
     assert row["patch"] not in json.dumps(task.model_dump())  # the gold fix is never sent
     assert any(BASE_REF in str(step.command) for step in task.runtime.prepare)
+
+
+def test_an_instance_whose_build_context_lacks_what_it_copies_is_refused(instances):
+    shutil.rmtree(next(instances.parent.glob("kjd__idna*/environment")) / "repo")
+    with pytest.raises(ConfigError, match=r"kjd__idna.*lacks 'repo'.*make_instances.py --contexts"):
+        read_task_set("swebench", instances, NOP)
 
 
 def test_swe_gym_and_swe_smith_rows():
@@ -225,7 +245,7 @@ async def test_harbor_evaluator_scores_a_tamper_report_and_the_pack_bound():
     assert "carry_system_changes" not in task.evaluator.params
 
 
-def test_generation_reads_harbor_and_container_swebench_sources():
+def test_generation_reads_harbor_and_container_swebench_sources(instances):
     from rolloutd.generation.sources import read_rows, row_to_task
     from rolloutd.workflows.generation.models import GenerationSpec
 
@@ -252,7 +272,7 @@ def test_generation_reads_harbor_and_container_swebench_sources():
     assert task.metadata["generation"] == "tb" and task.metadata["task_set"] == "harbor"
     swe = spec.model_copy(
         update={
-            "source": spec.source.model_copy(update={"type": "swebench", "path": str(INSTANCES)})
+            "source": spec.source.model_copy(update={"type": "swebench", "path": str(instances)})
         }
     )
     key, row = read_rows(swe.source)[2]
@@ -261,8 +281,8 @@ def test_generation_reads_harbor_and_container_swebench_sources():
     assert task.evaluator.params["eval_script"].startswith("#!/bin/bash")
 
 
-async def test_swebench_eval_script_logs_are_graded_by_the_swebench_package():
-    (task,) = [t for t in read_task_set("swebench", INSTANCES, NOP) if "idna" in t.task_id]
+async def test_swebench_eval_script_logs_are_graded_by_the_swebench_package(instances):
+    (task,) = [t for t in read_task_set("swebench", instances, NOP) if "idna" in t.task_id]
     evaluator = get_evaluator(task.evaluator)
     f2p = task.evaluator.params["fail_to_pass"]
     p2p = task.evaluator.params["pass_to_pass"]
@@ -300,7 +320,7 @@ async def test_swebench_eval_script_logs_are_graded_by_the_swebench_package():
     assert (await score(log("PASSED", 0, ">>>>> Patch Apply Failed\n")))[0] == 0.0
 
 
-def test_submit_reads_a_task_set_from_the_command_line():
+def test_submit_reads_a_task_set_from_the_command_line(instances):
     from rolloutd.cli.parser import build_parser
     from rolloutd.cli.submission import read_task_set
 
@@ -324,7 +344,7 @@ def test_submit_reads_a_task_set_from_the_command_line():
     assert all(t["harness"]["type"] == "oracle" and t["num_samples"] == 2 for t in tasks)
     assert tasks[0]["task_id"] == "cli-archive-text-files"
     args = build_parser().parse_args(
-        ["submit", str(INSTANCES), "--task-set", "swebench", "--harness", '{"type": "codex"}']
+        ["submit", str(instances), "--task-set", "swebench", "--harness", '{"type": "codex"}']
     )
     assert {t["harness"]["type"] for t in _task_set(args)} == {"codex"}
     bad = build_parser().parse_args(

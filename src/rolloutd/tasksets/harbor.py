@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rolloutd.errors import ConfigError
 from rolloutd.task_spec import EvaluatorSpec, PhaseTimeouts, RuntimeSpec
+from rolloutd.tasksets.contexts import check_build_context
 from rolloutd.tasksets.harbor_config import HarborTaskConfig, parse_task_config
 from rolloutd.tasksets.options import TaskOptions
 from rolloutd.types import SamplingParams, TaskRequest
@@ -147,6 +148,8 @@ def load_task(path: str | Path) -> HarborTask:
     )
     if workdir is not None and not workdir.startswith("/"):
         raise ConfigError(f"Harbor task {folder.name}: workdir {workdir!r} must be absolute")
+    if has_dockerfile and not config.environment.docker_image:
+        check_build_context(environment, what=f"Harbor task {folder.name}")
     solution = folder / "solution"
     return HarborTask(
         path=folder,

@@ -41,6 +41,7 @@ from rolloutd.task_spec import (
     PhaseTimeouts,
     RuntimeSpec,
 )
+from rolloutd.tasksets.contexts import check_build_context
 from rolloutd.tasksets.options import TaskOptions
 from rolloutd.types import SamplingParams, TaskRequest
 
@@ -169,6 +170,12 @@ def instance_image(
         )
     folder = Path(name) if name.startswith("/") else (base / name if base else None)
     if folder is not None and (folder / "Dockerfile").is_file():
+        check_build_context(
+            folder,
+            what=f"instance {instance.instance_id!r}",
+            hint="make the context first (the example instances: "
+            "python examples/swebench/make_instances.py --contexts)",
+        )
         return {"build": {"context": str(folder.resolve())}}
     return {"image": name}
 

@@ -49,8 +49,8 @@ from pathlib import Path
 
 import structlog
 
+from rolloutd.dockerfile import UnresolvableError, image_references
 from rolloutd.errors import ConfigError, PolicyError, RuntimeStartError
-from rolloutd.sandbox.runtimes.dockerfile import UnresolvableError, image_references
 from rolloutd.sandbox_policy import POLICY_SETTING
 from rolloutd.types import ImageBuild
 
@@ -254,7 +254,7 @@ def build_images(build: ImageBuild, images: list[str] | None) -> list[str]:
         images: the policy's patterns; None: not checked (a trusted caller: tests, benchmarks).
 
     Returns:
-        The references (:func:`~rolloutd.sandbox.runtimes.dockerfile.image_references`).
+        The references (:func:`~rolloutd.dockerfile.image_references`).
 
     Raises:
         ConfigError: the context is not a folder or holds no such Dockerfile.

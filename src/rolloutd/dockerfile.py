@@ -30,6 +30,7 @@ the escape character) still has its references checked.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 
@@ -236,4 +237,54 @@ def image_references(
     for reference in [*found, *joined.references, *physical.references]:
         if reference not in found:
             found.append(reference)
+    return found
+
+
+def context_sources(dockerfile: str) -> list[str]:
+    """The build-context paths a Dockerfile's ``COPY`` and ``ADD`` read, in order, each once.
+
+    A source that is not the context's is left out: ``COPY --from`` (a stage or an image), a
+    URL or git address (``ADD``), a heredoc (``COPY <<EOF``), and a path holding a variable
+    (expanded by the builder from ``ARG``/``ENV``). Shell form and JSON form are read
+    (Dockerfile reference, ``COPY``/``ADD``); flags (``--chown=...``) are skipped.
+
+    Args:
+        dockerfile: the Dockerfile's text.
+
+    Returns:
+        Sources as written (relative to the context; they may hold ``*``/``?`` patterns).
+
+    Raises:
+        UnresolvableError: a bad ``escape`` parser directive.
+    """
+    lines = dockerfile.splitlines()
+    directives, first = _directives(lines)
+    escape = directives.get("escape", "\\")
+    if escape not in ("\\", "`"):
+        raise UnresolvableError(f"escape directive {escape!r} is neither \\ nor `")
+    found: list[str] = []
+    for line in _logical_lines(lines[first:], escape):
+        instruction, _, rest = line.strip().partition(" ")
+        if instruction.upper() not in ("COPY", "ADD") or "<<" in rest:
+            continue
+        rest = rest.strip()
+        words: list[str] = []
+        while rest.startswith("--"):
+            flag, _, rest = rest.partition(" ")
+            words.append(flag)
+            rest = rest.strip()
+        if any(flag.lower().startswith("--from") for flag in words):
+            continue
+        try:
+            paths = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+        except (ValueError, json.JSONDecodeError):
+            continue
+        if not isinstance(paths, list) or len(paths) < 2:
+            continue
+        for source in paths[:-1]:
+            source = str(source)
+            if "$" in source or "://" in source or source.startswith("git@"):
+                continue
+            if source not in found:
+                found.append(source)
     return found

@@ -769,6 +769,12 @@ class EngineSettings(RolloutdSettings):
         description="bearer token of the engine control interface (`rolloutd engine "
         "--control-port`); unset: the control interface is off",
     )
+    api_key_file: Path | None = Field(
+        default=None,
+        description="a file holding the API key every llama-server route but /health and "
+        "/models then needs (`--api-key-file`; the gateway sends it as "
+        "ROLLOUTD_BACKEND_API_KEY); unset: `rolloutd engine` serves without a key",
+    )
 
 
 #: every settings class, in the order docs/settings.md lists them

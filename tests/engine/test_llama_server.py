@@ -35,3 +35,49 @@ def test_a_server_on_the_port_serving_another_file_is_refused(tmp_path: Path) ->
         assert Path(props["model_path"]).resolve() == Path(first.files.gguf).resolve()
     finally:
         first.stop()
+
+
+def test_rolloutd_engine_with_a_key_file_serves_only_who_sends_the_key(tmp_path: Path) -> None:
+    """``rolloutd engine`` as the chart's engine pod runs it (ROLLOUTD_ENGINE_API_KEY_FILE):
+    a chat completion without the key is refused, with it answered; /health stays open for
+    probes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rolloutd.processes import free_port
+
+    key = tmp_path / "api-key"
+    key.write_text("k-" + "7" * 40 + "\n")
+    key.chmod(0o400)
+    port = free_port("127.0.0.1")
+    env = {**os.environ, "ROLLOUTD_ENGINE_API_KEY_FILE": str(key)}
+    argv = ["engine", "--model", "smollm2-135m", "--port", str(port), "--parallel", "1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rolloutd.cli", *argv, "--ctx-size", "2048"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # printed once llama-server is healthy
+        assert f":{port}" in line, line
+        url = f"http://127.0.0.1:{port}"
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+        refused = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+        assert refused.status_code == 401
+        headers = {"Authorization": f"Bearer k-{'7' * 40}"}
+        answered = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert answered.status_code == 200, answered.text
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -80,7 +80,7 @@ def test_host_id_is_the_pod_name_and_gateway_pods_get_distinct_addresses() -> No
 
 
 def test_secrets_are_referenced_never_inlined() -> None:
-    for name in ["default", "tls", "api-key", "s3", "observability"]:
+    for name in ["default", "tls", "api-key", "s3", "observability", "dev"]:
         docs = render(VALUE_SETS[name])
         secret_values = [
             base64.b64decode(v).decode()
@@ -94,6 +94,9 @@ def test_secrets_are_referenced_never_inlined() -> None:
         for w in workloads(docs).values():
             for e in container(w).get("env", []):
                 if re.search(r"TOKEN|KEY|PASSWORD|SECRET", e["name"]):
+                    if e["name"].endswith("_FILE"):  # a path to a mounted Secret's file
+                        assert e["value"].startswith("/var/lib/rolloutd/secrets/"), (name, e)
+                        continue
                     assert "secretKeyRef" in e.get("valueFrom", {}), (name, e)
 
 
@@ -405,6 +408,31 @@ def test_backends_reach_the_gateway_settings() -> None:
     assert gateway.backend_url == "http://vllm-0.vllm:8000,http://vllm-1.vllm:8000"
     assert (gateway.backend_type, gateway.backend_policy_version) == ("vllm", 3)
     assert (gateway.gateway_host, gateway.gateway_port) == ("0.0.0.0", 8300)
+
+
+def test_the_charts_engine_needs_its_key_and_only_the_gateway_has_it() -> None:
+    docs = render(VALUE_SETS["dev"])
+    engine = workloads(docs)[f"{FULLNAME}-engine"]
+    env = {e["name"]: e for e in container(engine)["env"]}
+    path = env["ROLLOUTD_ENGINE_API_KEY_FILE"]["value"]
+    (mount,) = container(engine)["volumeMounts"]
+    (volume,) = engine["spec"]["template"]["spec"]["volumes"]
+    assert path == f"{mount['mountPath']}/api-key" and mount["name"] == volume["name"]
+    assert volume["secret"]["items"] == [{"key": "engine-api-key", "path": "api-key"}]
+    assert "engine-api-key" in by_kind(docs, "Secret")[volume["secret"]["secretName"]]["data"]
+    holders = {
+        name
+        for name, w in workloads(docs).items()
+        for e in container(w).get("env", [])
+        if e.get("valueFrom", {}).get("secretKeyRef", {}).get("key") == "engine-api-key"
+    }
+    assert holders == {f"{FULLNAME}-gateway"}
+    gateway_env = {e["name"] for e in container(workloads(docs)[f"{FULLNAME}-gateway"])["env"]}
+    assert "ROLLOUTD_BACKEND_API_KEY" in gateway_env
+    # the engine's key reaches no gateway that talks to the operator's own engines
+    own = merged(VALUE_SETS["dev"], {"backends": {"urls": ["http://vllm:8000"]}})
+    gateway = workloads(render(own))[f"{FULLNAME}-gateway"]
+    assert "ROLLOUTD_BACKEND_API_KEY" not in {e["name"] for e in container(gateway)["env"]}
 
 
 def test_callback_hosts_reach_the_eval_settings(monkeypatch) -> None:

@@ -60,13 +60,15 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
     from rolloutd.engine.server import LlamaServer
     from rolloutd.settings import EngineSettings
 
-    token = EngineSettings().control_token
+    engine = EngineSettings()
+    token = engine.control_token
     with LlamaServer(
         args.model,
         host=args.host,
         port=args.port,
         parallel=args.parallel,
         ctx_size=args.ctx_size,
+        api_key_file=engine.api_key_file,
     ) as srv:
         print(f"llama-server on {srv.url} serving {srv.files.served_name}", flush=True)
         if args.control_port and token:

@@ -11,7 +11,13 @@ bwrap, qwen-code on bwrap.
   prints the same rows.
 
 Every ``results.jsonl`` line is validated against docs/results_line.schema.json with
-``jsonschema``. Figures printed for the note: wall times and rewards.
+``jsonschema``. Figures printed: wall times, rewards, the session count at the interrupt.
+
+The same points on a JSONL task file (a harness that does the work 1.00, ``-a shell`` 0.00,
+Ctrl-C then ``--resume`` counted, lines against the schema) are ``test_eval.py``'s, in the
+default tier; Ctrl-C during ``submit``, the tasks left running and ``rolloutd tasks cancel``
+ending them are ``test_submit_attach.py``'s. Acceptance tier: 190 s for the three tests
+(load 2-3, one other heavy run beside it).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ tasks or ten thousand. The mean reward is the ``RolloutReward`` a task sets when
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import Field
@@ -63,30 +63,88 @@ _STATES: dict[WorkflowExecutionStatus, TaskState] = {
 
 
 def list_query(
-    *, status: str | None = None, prefix: str | None = None, tenant: str | None = None
+    *,
+    status: str | None = None,
+    prefix: str | None = None,
+    tenant: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
+    task_ids: list[str] | None = None,
 ) -> str:
-    """The visibility query of a listing.
+    """The visibility query of a listing of tasks: ``rolloutd tasks list``, REST's
+    ``GET /rollout/tasks`` and the viewer's runs page (:mod:`rolloutd.viewer.runs`).
+
+    Args:
+        status: only tasks in this state (:data:`STATUSES`).
+        prefix: only tasks whose id starts with it.
+        tenant / since / until: :func:`scope_clauses`.
+        min_reward / max_reward: only tasks whose mean reward (``RolloutReward``) is at
+            least / at most this.
+        task_ids: only these tasks.
 
     Raises:
-        ConfigError: an unknown status, or a prefix or tenant with characters a task id
-            cannot hold (named).
+        ConfigError: an unknown status, or a prefix, tenant or task id with characters a
+            task id cannot hold (named).
     """
     clauses = ["WorkflowType = 'RolloutTaskWorkflow'"]
     if status is not None:
         if status not in STATUSES:
             raise ConfigError(f"status must be one of {sorted(STATUSES)}, not {status!r}")
         clauses.append(f"ExecutionStatus = '{STATUSES[status]}'")
-    for name, value, attribute in (
-        ("prefix", prefix, search.TASK_ID.name),
-        ("tenant", tenant, search.TENANT.name),
-    ):
-        if value is None:
-            continue
-        if not _SAFE.match(value):
-            raise ConfigError(f"{name} {value!r} has characters a task id cannot hold")
-        op = "STARTS_WITH" if name == "prefix" else "="
-        clauses.append(f"{attribute} {op} '{value}'")
+    if prefix is not None:
+        clauses.append(f"{search.TASK_ID.name} STARTS_WITH '{_safe('prefix', prefix)}'")
+    clauses += scope_clauses(tenant=tenant, since=since, until=until)
+    if min_reward is not None:
+        clauses.append(f"{search.REWARD.name} >= {float(min_reward)!r}")
+    if max_reward is not None:
+        clauses.append(f"{search.REWARD.name} <= {float(max_reward)!r}")
+    if task_ids is not None:
+        clauses.append(f"{search.TASK_ID.name} IN ({quoted(task_ids)})")
     return " AND ".join(clauses)
+
+
+def scope_clauses(
+    *, tenant: str | None = None, since: datetime | None = None, until: datetime | None = None
+) -> list[str]:
+    """The clauses a task's and its sessions' workflows share: a tenant (``RolloutTenant``)
+    and a start time at or after ``since`` / at or before ``until`` (``StartTime``; a time
+    without a zone is taken as UTC).
+
+    Raises:
+        ConfigError: a tenant with characters a task id cannot hold.
+    """
+    clauses = []
+    if tenant is not None:
+        clauses.append(f"{search.TENANT.name} = '{_safe('tenant', tenant)}'")
+    if since is not None:
+        clauses.append(f"StartTime >= '{_utc(since)}'")
+    if until is not None:
+        clauses.append(f"StartTime <= '{_utc(until)}'")
+    return clauses
+
+
+def quoted(values: list[str]) -> str:
+    """Values as a visibility query's ``IN (...)`` list.
+
+    Raises:
+        ConfigError: a value with characters a task id cannot hold (a quote).
+    """
+    return ", ".join(f"'{_safe('value', v)}'" for v in values)
+
+
+def _safe(name: str, value: str) -> str:
+    if not _SAFE.match(value):
+        raise ConfigError(f"{name} {value!r} has characters a task id cannot hold")
+    return value
+
+
+def _utc(moment: datetime) -> str:
+    """RFC 3339 in UTC (a time without a zone is taken as UTC)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def list_tasks(

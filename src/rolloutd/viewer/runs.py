@@ -15,28 +15,21 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from temporalio.client import Client
 
 from rolloutd.records import FailureKind
-from rolloutd.trainer_client.listing import task_fields
+from rolloutd.trainer_client.listing import STATUSES, list_query, quoted, scope_clauses, task_fields
 from rolloutd.types import TASK_ID_PATTERN
 from rolloutd.workflows import search
 
 __all__ = ["FAILURE_KINDS", "TASK_STATES", "TaskFilter", "TaskListing", "TaskRow", "list_runs"]
 
-#: the filter's task states -> Temporal's ``ExecutionStatus`` values
-TASK_STATES: dict[str, str] = {
-    "running": "Running",
-    "completed": "Completed",
-    "failed": "Failed",
-    "cancelled": "Canceled",
-    "terminated": "Terminated",
-    "timed_out": "TimedOut",
-}
+#: the filter's task states -> Temporal's ``ExecutionStatus`` values (the task listing's)
+TASK_STATES: dict[str, str] = STATUSES
 #: every failure kind (docs/failures.md), the filter's choices
 FAILURE_KINDS: tuple[str, ...] = get_args(FailureKind)
 #: the most task ids one failure filter collects from its sessions
@@ -93,52 +86,30 @@ class TaskFilter(BaseModel):
         return value
 
     def task_query(self, task_ids: list[str] | None = None) -> str:
-        """The visibility query of the tasks (``task_ids``: only these)."""
-        clauses = ["WorkflowType = 'RolloutTaskWorkflow'", *self._common()]
-        if self.status is not None:
-            clauses.append(f"ExecutionStatus = '{TASK_STATES[self.status]}'")
-        if self.min_reward is not None:
-            clauses.append(f"{search.REWARD.name} >= {float(self.min_reward)!r}")
-        if self.max_reward is not None:
-            clauses.append(f"{search.REWARD.name} <= {float(self.max_reward)!r}")
-        if task_ids is not None:
-            clauses.append(f"{search.TASK_ID.name} IN ({_quoted(task_ids)})")
-        return " AND ".join(clauses)
+        """The visibility query of the tasks (``task_ids``: only these): the task
+        listing's (:func:`rolloutd.trainer_client.listing.list_query`)."""
+        return list_query(
+            status=self.status,
+            tenant=self.tenant,
+            since=self.since,
+            until=self.until,
+            min_reward=self.min_reward,
+            max_reward=self.max_reward,
+            task_ids=task_ids,
+        )
 
     def session_query(self, kinds: list[str], task_ids: list[str] | None = None) -> str:
         """The visibility query of the sessions that ended with one of ``kinds``: of
         ``task_ids``, or (None) of every task the filter's tenant and times allow."""
         clauses = [
             "WorkflowType = 'RolloutSessionWorkflow'",
-            f"{search.FAILURE.name} IN ({_quoted(kinds)})",
+            f"{search.FAILURE.name} IN ({quoted(kinds)})",
         ]
         if task_ids is not None:
-            clauses.append(f"{search.TASK_ID.name} IN ({_quoted(task_ids)})")
+            clauses.append(f"{search.TASK_ID.name} IN ({quoted(task_ids)})")
         else:
-            clauses += self._common()
+            clauses += scope_clauses(tenant=self.tenant, since=self.since, until=self.until)
         return " AND ".join(clauses)
-
-    def _common(self) -> list[str]:
-        clauses = []
-        if self.tenant is not None:
-            clauses.append(f"{search.TENANT.name} = '{self.tenant}'")
-        if self.since is not None:
-            clauses.append(f"StartTime >= '{_utc(self.since)}'")
-        if self.until is not None:
-            clauses.append(f"StartTime <= '{_utc(self.until)}'")
-        return clauses
-
-
-def _utc(moment: datetime) -> str:
-    """RFC 3339 in UTC (a time without a zone is taken as UTC)."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _quoted(values: list[str]) -> str:
-    # task ids and failure kinds hold no quote (TASK_ID_PATTERN, FailureKind)
-    return ", ".join(f"'{v}'" for v in values)
 
 
 @dataclass

@@ -2,7 +2,9 @@
 runtimes, shell harnesses that make no model call: a scripted harness is scored, never a
 failure): a summary and ``results.jsonl`` whose lines validate against the documented schema;
 Ctrl-C mid-run leaves the tasks running, and ``--resume`` finishes the run with no session
-run twice (counted from Temporal); ``-a shell`` doing nothing scores 0.00 and exits 0."""
+run twice (counted from Temporal); ``-a shell`` doing nothing scores 0.00 and exits 0, with
+``--tracker tensorboard`` logging each task and the summary (read back with TensorBoard's own
+reader). Every line is validated against docs/results_line.schema.json with ``jsonschema``."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import json
 import uuid
 from pathlib import Path
 
+import jsonschema
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
@@ -25,12 +28,19 @@ from tests.support.cli_runs import (
     wait_count,
     write_jsonl,
 )
+from tests.support.tensorboard_events import scalars
 
 pytestmark = [pytest.mark.temporal, pytest.mark.engine, pytest.mark.timeout(600)]
+SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[2] / "docs" / "results_line.schema.json").read_text()
+)
 
 
 def read_lines(folder: Path) -> list[ResultLine]:
+    """results.jsonl's lines, each validated against the documented schema."""
     text = (folder / "results.jsonl").read_text()
+    for line in text.splitlines():
+        jsonschema.validate(json.loads(line), SCHEMA)
     return [ResultLine.model_validate_json(line) for line in text.splitlines()]
 
 
@@ -120,10 +130,15 @@ async def test_a_scripted_harness_that_makes_no_call_is_scored_not_failed(
         out = tmp_path / f"out-{int(reward)}"
         code, stdout, stderr = await run_cli(
             "eval", str(tasks), "-a", harness, "--address", temporal_server.address,
-            "--out", str(out), env=env,
+            "--out", str(out), "--tracker", "tensorboard", env=env,
         )  # fmt: skip
         assert code == 0, stdout + stderr
         assert "FAILED" not in stdout and "no model call" not in stdout, stdout
         lines = read_lines(out)
         assert len(lines) == 2 and {line.reward for line in lines} == {reward}, lines
         assert "reward mean ± std" in stdout and f"{reward:.3f} ± 0.000" in stdout, stdout
+        # the tracker: one batch a task (steps 1 and 2), the summary at the last
+        series = scalars(out / "tracker")
+        assert series["rolloutd/reward_mean"] == [(1, reward), (2, reward)], series
+        assert series["rolloutd/eval/pass_at_1"] == [(2, reward)]
+        assert series["rolloutd/eval/num_sessions"] == [(2, 2.0)]

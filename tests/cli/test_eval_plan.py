@@ -124,8 +124,9 @@ def test_results_file_keeps_whole_tasks_and_the_summary_counts_them(tmp_path):
 
 
 def test_eval_uses_the_up_stack_alive_on_its_home(tmp_path):
-    """A running ``up`` stack's addresses; one still starting is waited for; a state file
-    left by a dead ``up`` (or none) means the embedded stack."""
+    """A running ``up`` stack's addresses and the codec key file it keeps on its home; one
+    still starting is waited for; a state file left by a dead ``up`` (or none) means the
+    embedded stack."""
     import argparse
     import threading
 
@@ -148,9 +149,16 @@ def test_eval_uses_the_up_stack_alive_on_its_home(tmp_path):
     timer = threading.Timer(1.5, write_state, (tmp_path, later))
     timer.start()
     try:
-        assert evaluate._running_stack(args, settings) == ("127.0.0.1:7299", "/s", "http://g")
+        assert evaluate._running_stack(args, settings) == (
+            "127.0.0.1:7299",
+            "/s",
+            "http://g",
+            None,
+        )
     finally:
         timer.cancel()
+    (tmp_path / "codec_keys").write_text("k1:" + "A" * 44)
+    assert evaluate._running_stack(args, settings)[3] == tmp_path / "codec_keys"
     write_state(tmp_path, later.model_copy(update={"pid": 2**22 + 1, "start_ticks": 1}))
     assert evaluate._running_stack(args, settings) is None
     args.address = "10.0.0.1:7233"

@@ -8,6 +8,11 @@ included), ``results.jsonl`` (one line a session: :class:`~rolloutd.cli.results.
 and ``summary.json``; a task's lines are written once its group has ended, and a resumed run
 skips the tasks the file holds whole. pass@k comes from ``rolloutd generate``'s function
 (:func:`rolloutd.scoring.pass_rates`); no generation workflow is involved.
+
+With ``--tracker``, the run also goes to the team's tracker
+(:class:`rolloutd.trainer_client.tracking.RolloutTracker`: TensorBoard, W&B, MLflow) through
+:class:`EvalTracking`: each task's group as it arrives is one batch (step = tasks done), and
+the summary and a table of sample trajectories at the end.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from rolloutd.cli.results import (
 )
 from rolloutd.cli.submission import TaskRun, wait_run
 from rolloutd.errors import ConfigError
+from rolloutd.trainer_client.tracking import PREFIX, RolloutTracker
 from rolloutd.types import TaskResult
 
 #: the run's config in its results folder
@@ -49,6 +55,54 @@ DEFAULT_OUT = Path("runs")
 DEFAULT_CONCURRENCY = 32
 #: lines of failures (and of notes) printed at the end; the rest are in results.jsonl
 MAX_LINES_SHOWN = 20
+
+
+#: where an eval's summary goes in the tracker: ``rolloutd/eval/{field}``
+EVAL_PREFIX = f"{PREFIX}eval/"
+#: sample trajectories in the tracker's table at the end of a run
+NUM_SAMPLE_ROWS = 16
+
+
+def summary_metrics(summary: RunSummary) -> dict[str, float]:
+    """The summary as tracker scalars, ``rolloutd/eval/{name}``: ``mean_reward``,
+    ``reward_std``, ``pass_at_1``, ``pass_at_k`` (a figure that is None is left out, never
+    logged as 0), ``num_tasks``, ``num_sessions``, ``num_scored``, ``num_tasks_failed``,
+    ``num_tampered``, ``num_replacements``, ``num_sampled_tokens``, ``wall_time_s`` and
+    ``failures/{kind}`` (``none``: ran to its end)."""
+    fields = summary.model_dump(exclude={"run", "failures_by_kind"})
+    values = {k: v for k, v in fields.items() if isinstance(v, int | float)}
+    values.update({f"failures/{k}": n for k, n in summary.failures_by_kind.items()})
+    return {f"{EVAL_PREFIX}{k}": float(v) for k, v in values.items() if v is not None}
+
+
+class EvalTracking:
+    """An eval run's series in a :class:`~rolloutd.trainer_client.tracking.RolloutTracker`.
+
+    A task's group is one batch (:meth:`RolloutTracker.log_batch`: reward mean/std, pass
+    rate, failures by kind, replacements, turns, tokens, session wall time) at step = the
+    tasks the results file holds with it, so a resumed run goes on along the same axis; the
+    end logs the summary (:func:`summary_metrics`) and a table of sample trajectories at the
+    last step.
+
+    Args:
+        tracker: the open tracker (the caller closes it).
+        tasks_done: tasks the results file held before this invocation.
+    """
+
+    def __init__(self, tracker: RolloutTracker, tasks_done: int = 0) -> None:
+        self.tracker = tracker
+        self.step = tasks_done
+
+    def group(self, group: TaskResult) -> None:
+        """Log one task's group as it arrives."""
+        self.step += 1
+        self.tracker.log_batch([group], step=self.step)
+
+    def end(self, summary: RunSummary, groups: list[TaskResult]) -> None:
+        """Log the run's summary and sample trajectories (``rolloutd/samples``)."""
+        step = max(self.step, summary.num_tasks)
+        self.tracker.log(summary_metrics(summary), step)
+        self.tracker.log_samples(groups, step=step, max_rows=NUM_SAMPLE_ROWS)
 
 
 @dataclass
@@ -145,6 +199,7 @@ async def evaluate(
     *,
     concurrency: int | None = None,
     details: bool = False,
+    tracker: RolloutTracker | None = None,
 ) -> tuple[RunSummary, list[TaskResult]]:
     """Run the eval: start (or follow) every task the results file does not hold whole, at
     most ``concurrency`` sessions in flight, write each task's lines as its group arrives,
@@ -157,6 +212,7 @@ async def evaluate(
         concurrency: sessions in flight at most (None: the config's, else
             :data:`DEFAULT_CONCURRENCY`).
         details: the per-task live view.
+        tracker: where each group and the summary are logged too (:class:`EvalTracking`).
 
     Returns:
         The summary over every task the results file holds (earlier invocations' too) and
@@ -172,6 +228,7 @@ async def evaluate(
     requests = {t.task_id: t for t in setup.plan.tasks}
     state.requests = list(setup.plan.tasks)
     state.done = {t for t in done if t in requests}
+    tracking = EvalTracking(tracker, len(state.done)) if tracker is not None else None
 
     def on_group(request: Any, group: TaskResult) -> None:
         results.append(
@@ -183,6 +240,8 @@ async def evaluate(
                 model=request.model,
             )
         )
+        if tracking is not None:
+            tracking.group(group)
 
     bound = concurrency or setup.plan.concurrency or DEFAULT_CONCURRENCY
     await wait_run(client, state, concurrency=bound, on_group=on_group, details=details)
@@ -196,7 +255,10 @@ async def evaluate(
         wall_time_s=time.monotonic() - t0,
     )
     write_summary(setup.out, summary)
-    return summary, [group_of(task) for task in whole]
+    groups = [group_of(task) for task in whole]
+    if tracking is not None:
+        tracking.end(summary, groups)
+    return summary, groups
 
 
 def print_summary(summary: RunSummary, groups: list[TaskResult], setup: EvalSetup) -> int:

@@ -372,12 +372,14 @@ def summary_rows(summary: RunSummary) -> list[tuple[str, str]]:
         else f"{summary.mean_reward:.3f} ± {summary.reward_std or 0.0:.3f}"
     )
     failures = ", ".join(f"{kind} {n}" for kind, n in summary.failures_by_kind.items()) or "-"
+    # one sample a task: pass@k is pass@1, shown once
+    at_k = [(f"pass@{summary.k}", rate(summary.pass_at_k))] if summary.k > 1 else []
     return [
         ("tasks", str(summary.num_tasks)),
         ("sessions (scored)", f"{summary.num_sessions} ({summary.num_scored})"),
         ("reward mean ± std", mean),
         ("pass@1", rate(summary.pass_at_1)),
-        (f"pass@{summary.k}", rate(summary.pass_at_k)),
+        *at_k,
         ("failures by kind", failures),
         ("tampered", str(summary.num_tampered)),
         ("replacements", str(summary.num_replacements)),

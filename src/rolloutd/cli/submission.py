@@ -259,18 +259,37 @@ async def wait_run(
 
 
 async def connect(
-    address: str, store_url: str | None, namespace: str, gateway_url: str | None
+    address: str,
+    store_url: str | None,
+    namespace: str,
+    gateway_url: str | None,
+    *,
+    codec_key_file: Path | None = None,
 ) -> Any:
     """A :class:`~rolloutd.trainer_client.RolloutClient` for a command.
+
+    Args:
+        codec_key_file: the payload codec's key file of a stack started on another home
+            than the default one (``--home``), used when no ``ROLLOUTD_CODEC_KEYS`` /
+            ``ROLLOUTD_CODEC_KEY_FILE`` says otherwise; None: the settings' (the default
+            home's key where it exists, :func:`rolloutd.security.connection.payload_codec`).
 
     Raises:
         SystemExit: no Temporal answers at ``address``, naming it and what to do.
     """
+    from rolloutd.settings import CommonSettings
     from rolloutd.trainer_client import RolloutClient
 
+    settings = CommonSettings()
+    if codec_key_file is not None and settings.codec_keys is None and not settings.codec_key_file:
+        settings = settings.model_copy(update={"codec_key_file": str(codec_key_file)})
     try:
         return await RolloutClient.connect(
-            address, namespace=namespace, store_url=store_url, gateway_url=gateway_url
+            address,
+            namespace=namespace,
+            store_url=store_url,
+            gateway_url=gateway_url,
+            settings=settings,
         )
     except RuntimeError as e:  # temporalio's "Failed client connect": nothing answers there
         raise SystemExit(

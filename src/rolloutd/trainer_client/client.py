@@ -45,6 +45,7 @@ from rolloutd.capabilities import (
 from rolloutd.errors import ConfigError, FleetRegistryError, NotFoundError
 from rolloutd.payload import validate_strict
 from rolloutd.security.connection import connect_temporal
+from rolloutd.settings import CommonSettings
 from rolloutd.store import BlobStore, whole_group
 from rolloutd.trainer_client.health import FleetHealth, watch
 from rolloutd.trainer_client.listing import TaskRow, list_tasks
@@ -196,15 +197,17 @@ class RolloutClient:
         namespace: str = "default",
         store_url: str | None = None,
         gateway_url: str | None = None,
+        settings: CommonSettings | None = None,
     ) -> RolloutClient:
         """Connect to Temporal (gRPC) and, optionally, to the blob store; ``gateway_url``
         lets waits tell a dead engine (see the class). The payload codec, TLS and API key
-        come from ``ROLLOUTD_*`` settings (:func:`rolloutd.security.connection.connect_temporal`).
+        come from ``settings`` (default: ``ROLLOUTD_*`` variables;
+        :func:`rolloutd.security.connection.connect_temporal`).
 
         Raises:
             ConfigError: bad codec keys or TLS files.
         """
-        client = await connect_temporal(address=address, namespace=namespace)
+        client = await connect_temporal(settings, address=address, namespace=namespace)
         return cls(client, BlobStore(store_url) if store_url else None, gateway_url=gateway_url)
 
     async def capabilities(self) -> FleetCapabilities:

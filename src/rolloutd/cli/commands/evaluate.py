@@ -5,6 +5,8 @@ summary and a results folder on this machine (:mod:`rolloutd.cli.evaluation`).
 It uses a running stack (``--address``, or the ``rolloutd up`` stack running on this home)
 or starts the embedded one for the run, as ``rolloutd demo`` does. Ctrl-C stops waiting and
 leaves the tasks running (exit status 130): ``--resume`` follows them and starts the rest.
+``--tracker tensorboard|wandb|mlflow`` logs each task's group and the summary there too
+(:class:`rolloutd.cli.evaluation.EvalTracking`).
 """
 
 from __future__ import annotations
@@ -16,11 +18,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rolloutd.cli.commands import ADDRESS_HELP, HOME_HELP, STORE_URL_HELP, add_command
+from rolloutd.cli.commands import (
+    ADDRESS_HELP,
+    HOME_HELP,
+    STORE_URL_HELP,
+    add_command,
+    add_port_options,
+)
+from rolloutd.cli.engine_options import DEFAULT_MODEL
 from rolloutd.settings import CommonSettings
 
-#: the catalog model the embedded stack serves when -m does not name one
-DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+#: ``--tracker``'s choices: :data:`rolloutd.trainer_client.tracking.TRACKERS` (spelled out so
+#: the parser does not import the tracker module; a test keeps the two equal)
+TRACKER_CHOICES = ("tensorboard", "wandb", "mlflow")
+#: where the tracker writes when ``--log-dir`` is not given: below the results folder
+TRACKER_DIR = "tracker"
 #: how long a ``rolloutd up`` stack still starting on the home is waited for, s
 STACK_START_WAIT_S = 300.0
 
@@ -90,6 +102,21 @@ def register(sub: Any) -> None:
         help="show every task live (asks each in turn) instead of one overall bar",
     )
     p.add_argument(
+        "--tracker",
+        action="append",
+        choices=TRACKER_CHOICES,
+        default=None,
+        help="also log each task's group and the summary to this tracker (repeatable; "
+        "its package: pip install 'rolloutd[NAME]'; W&B offline with WANDB_MODE=offline)",
+    )
+    p.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help=f"where the tracker writes (TensorBoard's event files, an offline W&B run, a "
+        f"local MLflow store); None: OUT/{TRACKER_DIR}",
+    )
+    p.add_argument(
         "--address",
         default=None,
         help=ADDRESS_HELP.split(";")[0] + " of a running stack; None: the running `rolloutd "
@@ -97,6 +124,8 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--store-url", default=None, help=STORE_URL_HELP)
     p.add_argument("--home", type=Path, default=None, help=HOME_HELP)
+    # the embedded stack's ports, as `rolloutd up` and `demo` take them
+    add_port_options(p)
 
 
 def run(args: argparse.Namespace, settings: CommonSettings) -> int:
@@ -138,12 +167,13 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
     )
     state = TaskRun([])
     embedded = False
+    tracker = _open_tracker(args, setup)
     try:
         target = _running_stack(args, settings)
         if target is not None:
-            return asyncio.run(_main(args, settings, setup, state, *target))
+            return asyncio.run(_main(args, settings, setup, state, tracker, *target))
         embedded = True
-        return _embedded(args, settings, setup, state)
+        return _embedded(args, settings, setup, state, tracker)
     except KeyboardInterrupt:
         resume = shlex.join(_resume_words(args, setup))
         print(
@@ -162,6 +192,41 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
                 file=sys.stderr,
             )
         return INTERRUPTED_EXIT
+    finally:
+        if tracker is not None:
+            tracker.close()
+
+
+def _open_tracker(args: argparse.Namespace, setup: Any) -> Any:
+    """The run's :class:`~rolloutd.trainer_client.tracking.RolloutTracker` (None: no
+    ``--tracker``), opened before any stack starts so a missing package is said at once.
+
+    Raises:
+        SystemExit: a tracker's package is not installed (naming the extra).
+    """
+    if not args.tracker:
+        return None
+    from rolloutd.trainer_client.tracking import RolloutTracker
+
+    plan = setup.plan
+    config = {
+        "run": setup.run,
+        "source": args.source,
+        "kind": plan.kind,
+        "num_tasks": len(plan.tasks),
+        **{k: v for k, v in plan.config.get("overrides", {}).items() if v is not None},
+    }
+    try:
+        return RolloutTracker(
+            list(dict.fromkeys(args.tracker)),
+            log_dir=args.log_dir or setup.out / TRACKER_DIR,
+            project="rolloutd-eval",
+            run_name=setup.run,
+            config=config,
+            pass_reward=plan.pass_reward,
+        )
+    except ImportError as e:
+        raise SystemExit(f"rolloutd eval: {e}") from None
 
 
 def _resume_words(args: argparse.Namespace, setup: Any) -> list[str]:
@@ -174,27 +239,31 @@ def _resume_words(args: argparse.Namespace, setup: Any) -> list[str]:
         ("-c", args.concurrency),
         ("--address", args.address),
         ("--home", args.home),
+        ("--log-dir", args.log_dir),
     ):
         if value is not None:
             words += [flag, str(value)]
+    for name in dict.fromkeys(args.tracker or []):
+        words += ["--tracker", name]
     return words
 
 
 def _running_stack(
     args: argparse.Namespace, settings: CommonSettings
-) -> tuple[str, str | None, str | None] | None:
-    """(Temporal address, store URL, gateway URL) of the stack to use: ``--address``'s, or
-    the ``rolloutd up`` stack alive on the home (one still starting is waited for, up to
-    :data:`STACK_START_WAIT_S`); None: start the embedded one.
+) -> tuple[str, str | None, str | None, Path | None] | None:
+    """(Temporal address, store URL, gateway URL, codec key file) of the stack to use:
+    ``--address``'s, or the ``rolloutd up`` stack alive on the home (one still starting is
+    waited for, up to :data:`STACK_START_WAIT_S`; the key file ``up`` keeps there, when it
+    does); None: start the embedded one.
 
     Raises:
         SystemExit: the ``up`` stack on the home failed or stopped while starting.
     """
     if args.address:
-        return args.address, args.store_url or settings.store_url, None
+        return args.address, args.store_url or settings.store_url, None, None
     import time
 
-    from rolloutd.settings import default_home
+    from rolloutd.settings import codec_key_file, default_home
     from rolloutd.stack.state import read_state
 
     home = args.home or default_home()
@@ -207,7 +276,13 @@ def _running_stack(
         if state.phase == "failed":
             raise SystemExit(f"rolloutd eval: the stack on {home} failed: {state.error}")
         if state.phase == "running" and state.temporal_address:
-            return state.temporal_address, args.store_url or state.store_url, state.gateway_url
+            key = codec_key_file(home)
+            return (
+                state.temporal_address,
+                args.store_url or state.store_url,
+                state.gateway_url,
+                key if key.is_file() else None,
+            )
         if time.monotonic() > deadline:
             raise SystemExit(
                 f"rolloutd eval: the stack on {home} is still {state.phase} after "
@@ -219,7 +294,9 @@ def _running_stack(
         time.sleep(1.0)
 
 
-def _embedded(args: argparse.Namespace, settings: CommonSettings, setup: Any, state: Any) -> int:
+def _embedded(
+    args: argparse.Namespace, settings: CommonSettings, setup: Any, state: Any, tracker: Any
+) -> int:
     """Start the embedded stack (as ``rolloutd demo`` does), run the eval on it, stop it."""
     import time
 
@@ -227,7 +304,13 @@ def _embedded(args: argparse.Namespace, settings: CommonSettings, setup: Any, st
     from rolloutd.stack.local import LocalStack
 
     t0 = time.monotonic()
-    with LocalStack(home=args.home or default_home(), model=args.model or DEFAULT_MODEL) as stack:
+    with LocalStack(
+        home=args.home or default_home(),
+        model=args.model or DEFAULT_MODEL,
+        temporal_port=args.temporal_port,
+        ui_port=args.ui_port,
+        gateway_port=args.gateway_port,
+    ) as stack:
         assert stack.temporal is not None
         print(
             f"embedded stack up in {time.monotonic() - t0:.1f} s; Temporal UI: "
@@ -240,9 +323,11 @@ def _embedded(args: argparse.Namespace, settings: CommonSettings, setup: Any, st
                 settings,
                 setup,
                 state,
+                tracker,
                 stack.temporal.address,
                 stack.store_url,
                 stack.gateway_url,
+                stack.codec_key_file,
             )
         )
 
@@ -252,22 +337,32 @@ async def _main(
     settings: CommonSettings,
     setup: Any,
     state: Any,
+    tracker: Any,
     address: str,
     store_url: str | None,
     gateway_url: str | None,
+    codec_key: Path | None,
 ) -> int:
     from rolloutd.cli.evaluation import evaluate, print_summary
     from rolloutd.cli.submission import connect
     from rolloutd.errors import FleetUnavailableError, RolloutdError
 
-    client = await connect(address, store_url, settings.temporal_namespace, gateway_url)
+    # a stack on another home than the default encrypts with that home's key
+    client = await connect(
+        address, store_url, settings.temporal_namespace, gateway_url, codec_key_file=codec_key
+    )
     try:  # what no registered host can run is refused before any task starts
         setup.plan.tasks = await client.check_tasks(setup.plan.tasks)
     except RolloutdError as e:
         raise SystemExit(f"rolloutd eval: {e}") from None
     try:
         summary, groups = await evaluate(
-            client, setup, state, concurrency=args.concurrency, details=args.details
+            client,
+            setup,
+            state,
+            concurrency=args.concurrency,
+            details=args.details,
+            tracker=tracker,
         )
     except FleetUnavailableError as e:
         raise SystemExit(

@@ -8,7 +8,10 @@ bwrap, qwen-code on bwrap.
 - HumanEval (a subset, ``rolloutd generate``'s example spec as the eval config): pass@1 and
   pass@k in ``summary.json`` equal what ``generate``'s summary reports over the same groups;
 - ``rolloutd submit examples/tasks.jsonl`` twice: the second follows the first's tasks and
-  prints the same rows.
+  prints the same rows;
+- ``rolloutd eval examples/tasks.jsonl`` with no stack given or running on its home: it starts
+  the embedded stack (the codec key it generates on that home included), runs the file on it
+  with ``--tracker tensorboard`` and stops it.
 
 Every ``results.jsonl`` line is validated against docs/results_line.schema.json with
 ``jsonschema``. Figures printed: wall times, rewards, the session count at the interrupt.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -33,6 +37,8 @@ import pytest
 
 from rolloutd.cli.results import RunSummary
 from rolloutd.generation.outputs import summarize as generation_summary
+from rolloutd.processes import free_port
+from rolloutd.stack.state import read_state
 from rolloutd.workflows.generation.models import GenerationSpec, JournalEntry
 from tests.support.cli_runs import (
     cli_env,
@@ -44,6 +50,7 @@ from tests.support.cli_runs import (
     write_jsonl,
 )
 from tests.support.taskset_stack import taskset_rig
+from tests.support.tensorboard_events import scalars
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "qwen2.5-coder-0.5b"
@@ -206,3 +213,39 @@ async def test_submit_the_example_twice_follows_the_first_run(fleets, temporal_s
     lines = read_lines(tmp_path / "out")
     assert len([x for x in lines if not x["superseded"]]) == 4
     assert await count(fleets.client, sessions) == started  # nothing started again
+
+
+async def test_eval_on_the_embedded_stack(tmp_path):
+    """No ``--address`` and no ``up`` stack on the home: ``eval`` starts the embedded stack
+    (Temporal, llama-server on the catalog model, the four fleets as processes), runs the
+    example task file's first task (qwen-code on bwrap) on it, and stops it. The stack encrypts
+    payloads with the key it generates on that home, which the command must read back. Its
+    Temporal, UI and gateway ports are free ones; llama-server takes the stack's own 8400."""
+    home = Path(tempfile.mkdtemp(prefix="ee-", dir="/tmp"))  # short: unix socket paths
+    env = {
+        k: v
+        for k, v in cli_env(str(home / "store")).items()
+        if not k.startswith("ROLLOUTD_") or k == "ROLLOUTD_LOG_LEVEL"
+    }
+    out = tmp_path / "out"
+    ports = ["--temporal-port", str(free_port()), "--ui-port", str(free_port())]
+    ports += ["--gateway-port", str(free_port())]
+    t0 = time.monotonic()
+    try:
+        code, stdout, stderr = await run_cli(
+            "eval", str(ROOT / "examples" / "tasks.jsonl"), "-n", "1", "-r", "1", "-m", MODEL,
+            "--home", str(home), "--out", str(out), "--tracker", "tensorboard", *ports,
+            env=env, timeout_s=1200,
+        )  # fmt: skip
+        print(stdout, f"embedded: {time.monotonic() - t0:.0f} s")
+        assert code == 0, stdout + stderr
+        assert "embedded stack up in" in stdout and "Traceback" not in stderr, stdout + stderr
+        [line] = read_lines(out)
+        assert line["harness"] == "qwen_code" and line["failure"] is None, line
+        assert line["num_completions"] >= 1 and line["reward"] in (0.0, 1.0), line
+        assert scalars(out / "tracker")["rolloutd/eval/num_sessions"] == [(1, 1.0)]
+        state = read_state(home)
+        assert state is not None and state.phase == "stopped" and not state.alive(), state
+        assert (home / "codec_keys").is_file()  # the stack's payloads were encrypted
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

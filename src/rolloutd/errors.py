@@ -112,6 +112,24 @@ class TooManyCallsError(RolloutdError):
     error_type = "rate_limit_error"
 
 
+class JudgeQuotaError(RolloutdError):
+    """The judge pool's token quota is spent for now (``judge_tokens_per_minute``): 429 with
+    ``Retry-After`` (RFC 9110, section 10.2.3). A judge waits and asks again; it is never a
+    failure of the judge pool (:mod:`rolloutd.proxy.backends.quota`).
+
+    Args:
+        message: what is spent and for how long.
+        retry_after_s: seconds until the quota admits a call again.
+    """
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class ContextLengthError(InvalidRequestError):
     """The prompt leaves no room for a single sampled token."""
 

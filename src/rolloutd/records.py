@@ -495,6 +495,11 @@ class JudgeCost(Payload):
     num_prompt_tokens: int = Field(default=0, ge=0)
     num_response_tokens: int = Field(default=0, ge=0)
     duration_s: float = Field(default=0.0, ge=0, description="wall time of the judging, s")
+    quota_wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="of which waiting for the judge pool's token quota (429 Retry-After), s",
+    )
 
 
 class EvaluationRecord(Payload):

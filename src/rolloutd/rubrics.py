@@ -102,6 +102,27 @@ The turns to grade:
 {answer_format}"""
 
 
+#: samples of the reference chunk shown again in each later chunk of a group (its highest- and
+#: lowest-rewarded): the common items that put every chunk on the reference chunk's scale
+NUM_ANCHORS = 2
+
+
+def num_group_chunks(num_samples: int, chunk_size: int) -> int:
+    """The chunks a group of ``num_samples`` is judged in: the first holds ``chunk_size``
+    samples, each later one ``chunk_size`` minus its anchors (:func:`num_anchors`)."""
+    if num_samples <= chunk_size:
+        return 1
+    fresh = chunk_size - num_anchors(chunk_size)
+    return 1 + -(-(num_samples - chunk_size) // fresh)
+
+
+def num_anchors(chunk_size: int) -> int:
+    """Anchors a later chunk of ``chunk_size`` samples carries: :data:`NUM_ANCHORS`, fewer
+    when the chunk must keep room for one new sample; none for chunks of one (each sample is
+    then judged alone, on the rubric's absolute scale)."""
+    return max(0, min(NUM_ANCHORS, chunk_size - 1))
+
+
 class Criterion(Payload):
     """One thing a rubric scores."""
 

@@ -457,6 +457,14 @@ class GatewaySettings(CommonSettings):
         "completions never trainable. Another engine, or the policy's engine under another "
         "model name; unset: no judge pool (a judge evaluator then fails as the infrastructure's)",
     )
+    judge_tokens_per_minute: PositiveInt | None = Field(
+        default=None,
+        description="the judge pool's token quota on this gateway: prompt and completion "
+        "tokens judge calls may spend per minute (a token bucket of a minute's tokens); a "
+        "judge call past it is answered 429 with Retry-After and the judge waits, never a "
+        "failure. For a judge served by the policy's engine, so judging never takes the "
+        "rollouts' capacity; None: no quota (the judges' concurrency bound still holds)",
+    )
     judge_backend_type: Literal["llama_cpp", "vllm", "sglang", "openai", "verl"] = Field(
         default="openai",
         description="the kind of judge_backend_url's servers; judge sessions run in "

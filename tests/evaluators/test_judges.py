@@ -11,7 +11,9 @@ tests/evaluators/test_judge_faults.py.
 from __future__ import annotations
 
 import json
+import re
 
+import httpx
 import pytest
 from pydantic import ValidationError
 
@@ -153,11 +155,117 @@ def test_per_turn_chunks_cover_every_turn_however_long():
     assert all(len(prompt) <= 12_000 for _, prompt in chunks)
 
 
-def test_group_chunks_hold_every_sample_once():
+def test_a_group_chunk_shows_its_samples_under_their_own_ids():
     group = [_trajectory([f"answer {k}"]) for k in range(11)]
-    chunks = judging.group_prompts(_rubric(), group, "n", 24_000, 4)
-    assert [positions for positions, _ in chunks] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
-    assert '"C": {"accuracy": N, "clarity": N}' in chunks[2][1]
+    ids, prompt = judging.group_prompt(_rubric(), group, [8, 9, 10, 0], "n", 24_000)
+    assert ids == ["A", "B", "C", "D"]
+    assert '"D": {"accuracy": N, "clarity": N}' in prompt
+    # each sample's answer under its id, in the order given: the anchor (0) last
+    assert prompt.index("answer 8") < prompt.index("answer 10") < prompt.index("answer 0")
+    assert "answer 1\n" not in prompt
+
+
+def test_group_chunks_after_the_first_carry_anchors():
+    assert judging.num_anchors(8) == 2 and judging.num_anchors(2) == 1
+    assert judging.num_anchors(1) == 0  # one sample a chunk: no room for an anchor
+    # 8 samples in chunks of 4: 4 new, then 2 new + 2 anchors twice
+    assert judging.num_group_chunks(8, 4) == 3
+    assert judging.num_group_chunks(4, 4) == 1 and judging.num_group_chunks(5, 1) == 5
+    assert judging.anchors_of({0: 0.8, 1: 0.2, 2: 0.8, 3: 0.4}, 2) == [0, 1]
+    assert judging.anchors_of({5: 0.5}, 2) == [5]
+
+
+def test_linking_puts_a_chunk_on_the_reference_scale():
+    # mean-sigma through two anchors: a judge that compressed and shifted its scale
+    link = judging.link([0.8, 0.2], [0.9, 0.6])
+    assert link.slope == pytest.approx(2.0) and link.shift == pytest.approx(-1.0)
+    assert link(0.75) == pytest.approx(0.5) and link(1.0) == 1.0 and link(0.4) == 0.0
+    # anchors the judge did not tell apart: only the mean is matched
+    same = judging.link([0.8, 0.2], [0.5, 0.5])
+    assert same.slope == 1.0 and same.shift == pytest.approx(0.0)
+    with pytest.raises(ValueError):
+        judging.link([], [])
+
+
+#: a judge whose scale drifts from chunk to chunk: the n-th call maps a sample's true quality
+#: q (0-10) to this score
+DRIFT = [lambda q: q, lambda q: q // 2 + 5, lambda q: max(0, q - 2)]
+
+
+class DriftingJudge:
+    """A chat server answering group prompts: each attempt's score is its final answer's
+    ``quality N``, drifted by :data:`DRIFT` for the n-th call. A test double for the judge
+    model, scripted because no real small model drifts on cue: the point is the linking
+    (the real judge judges groups in chunks in tests/evaluators/test_judge_faults.py)."""
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+        self.transport = httpx.MockTransport(self.handle)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        prompt = json.loads(request.content)["messages"][-1]["content"]
+        drift = DRIFT[len(self.prompts)]
+        self.prompts.append(prompt)
+        found = re.findall(
+            r"Attempt ([A-Z]):\n<untrusted-data[^>]*>\nfinal answer:\nq(\d+)", prompt
+        )
+        answer = {sid: {"accuracy": drift(int(q)), "clarity": drift(int(q))} for sid, q in found}
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"message": {"role": "assistant", "content": json.dumps(answer)}}],
+                "usage": {"prompt_tokens": 100, "completion_tokens": 20},
+            },
+        )
+
+
+async def test_a_group_judged_in_chunks_gets_one_scale(tmp_path):
+    """Eight samples of known quality judged in chunks of 4 by a judge whose scale drifts
+    per chunk: linked through the anchors, every reward is the quality on the first chunk's
+    scale. Control: the raw scores of the later chunks are off that scale."""
+    from rolloutd.activities.judging import JudgeActivities
+    from rolloutd.activities.models import JudgeInput, JudgeTarget
+    from rolloutd.store import BlobStore
+
+    store = BlobStore(str(tmp_path / "store"))
+    qualities = [8, 2, 6, 4, 10, 0, 6, 4]
+    targets = []
+    for k, q in enumerate(qualities):
+        trajectory = _trajectory([f"q{q}"]).model_copy(update={"session_id": f"t/{k}"})
+        store.put_json(f"sessions/t/{k}/trajectory.json", trajectory)
+        targets.append(
+            JudgeTarget(session_id=f"t/{k}", trajectory_ref=f"sessions/t/{k}/trajectory.json")
+        )
+    spec = {"rubric": DOCSTRING_RUBRIC, "mode": "group", "group_chunk_size": 4}
+    judge = DriftingJudge()
+    judges = JudgeActivities(store, transport=judge.transport)
+    try:
+        out = await judges.judge(
+            JudgeInput(
+                task_id="t",
+                evaluator=EvaluatorSpec(type="llm_judge", judge=spec),
+                targets=targets,
+                base_url="http://judge.test/v1",
+                session_key="k",
+                judge_session_id="t/group-judge",
+                source="group_judge",
+            )
+        )
+    finally:
+        await judges.aclose()
+    assert len(judge.prompts) == 3  # 4 new; then 2 new beside 2 anchors, twice
+    # the anchors (the first chunk's best, q8, and worst, q2) are shown again, last
+    assert all(
+        re.findall(r"final answer:\nq(\d+)", p)[-2:] == ["8", "2"] for p in judge.prompts[1:]
+    )
+    rewards = [v.reward for v in out.judged]
+    assert rewards == pytest.approx([q / 10 for q in qualities])
+    assert [store.get_model(t.trajectory_ref, Trajectory).reward for t in targets] == rewards
+    # control: what the judge said of the later chunks is not on the first chunk's scale
+    raw = [float(re.search(r"raw ([0-9.]+)", v.evaluation.reason).group(1)) for v in out.judged[4:]]
+    assert raw == pytest.approx([1.0, 0.5, 0.4, 0.2])
+    assert "linked x2.000 -1.000 through anchors C, D" in out.judged[4].evaluation.reason
+    assert out.judged[0].evaluation.reason.startswith("group chunk 1 as A: accuracy=8")
 
 
 # --------------------------------------------------------------------------- judge pool, counts

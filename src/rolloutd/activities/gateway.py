@@ -96,10 +96,13 @@ class GatewayActivities:
 
     @activity.defn(name=BACKEND_HEALTH)
     async def backend_health(self, input: BackendHealthInput) -> BackendHealthOutput:
-        """The backend pool's health (unhealthy backends probed first, so an engine that
-        came back is seen without a call): whether a policy version has no healthy backend."""
-        await self.gateway.pool.probe_unhealthy()
-        return BackendHealthOutput.model_validate(self.gateway.pool.health())
+        """The health of the input's pool, the policy's or the judge's (unhealthy backends
+        probed first, so an engine that came back is seen without a call): whether a policy
+        version has no healthy backend."""
+        pool = self.gateway.pool
+        await pool.probe_unhealthy()
+        health = pool.judge_health() if input.pool == "judge" else pool.health()
+        return BackendHealthOutput.model_validate(health)
 
     @activity.defn(name=BACKEND_CAPACITY)
     async def backend_capacity(self, input: CapacityInput) -> BackendCapacityOutput:

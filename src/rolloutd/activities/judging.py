@@ -15,6 +15,9 @@ turn rewards. What fails is typed:
 - the judge answers, but not in the rubric's schema: it is asked again with the parse error,
   up to ``judge.max_parse_attempts`` calls; then the verdict is the rubric's minimum, the cause
   named in the record's reason (the policy can aim a trajectory at the judge; the pool answered);
+- the gateway answers 429 with ``Retry-After`` (the judge pool's token quota is spent,
+  :mod:`rolloutd.proxy.backends.quota`): the call waits that long and asks again, never a
+  failure (the wait is in the judge cost's ``quota_wait_s``);
 - the judge says the prompt exceeds its context (HTTP 400 naming the context): the prompt
   budget is halved and the judging planned again (more chunks, shorter middles), at most
   :data:`MAX_HALVINGS` times.
@@ -65,6 +68,8 @@ from rolloutd.types import (
 
 log = structlog.get_logger(__name__)
 
+#: the longest wait for the judge pool's token quota before asking again, s
+QUOTA_WAIT_MAX_S = 60.0
 #: times a judging's prompt budget is halved when the judge says it exceeds its context
 MAX_HALVINGS = 4
 #: the words of a backend's 400 answer that mean "the prompt exceeds the context"
@@ -102,24 +107,15 @@ class _Calls:
             "stream": False,
         }
         url = self.input.base_url.rstrip("/") + "/chat/completions"
-        began = time.monotonic()
-        try:
-            response = await self.http.post(
-                url,
-                json=body,
-                headers={"Authorization": f"Bearer {self.input.session_key}"},
-                timeout=self.spec.timeout_s,
-            )
-        # not chained: the failure's text (what a session's cause says) is this one, not the
-        # transport's innermost error
-        except httpx.TimeoutException as e:
-            raise JudgeUnavailableError(
-                f"judge call timed out after {self.spec.timeout_s:g} s ({type(e).__name__})"
-            ) from None
-        except httpx.TransportError as e:
-            raise JudgeUnavailableError(f"judge unreachable: {type(e).__name__}: {e}") from None
-        finally:
-            metrics.observe_judge_call(time.monotonic() - began)
+        while True:
+            response = await self._post(url, body)
+            if response.status_code != 429 or "retry-after" not in response.headers:
+                break
+            # the judge pool's token quota is spent: wait as the gateway says, not a failure
+            wait_s = min(QUOTA_WAIT_MAX_S, max(0.1, float(response.headers["retry-after"])))
+            self.cost.quota_wait_s = round(self.cost.quota_wait_s + wait_s, 3)
+            log.info("judge_quota_wait", wait_s=wait_s)
+            await asyncio.sleep(wait_s)
         if response.status_code == 400 and any(w in response.text.lower() for w in _CONTEXT_WORDS):
             raise _ContextExceeded(response.text[:300])
         if response.status_code != 200:
@@ -136,6 +132,31 @@ class _Calls:
         self.cost.num_prompt_tokens += int(usage.get("prompt_tokens") or 0)
         self.cost.num_response_tokens += int(usage.get("completion_tokens") or 0)
         return text
+
+    async def _post(self, url: str, body: dict[str, Any]) -> httpx.Response:
+        """One POST to the judge session.
+
+        Raises:
+            JudgeUnavailableError: no answer (refused, timed out).
+        """
+        began = time.monotonic()
+        try:
+            return await self.http.post(
+                url,
+                json=body,
+                headers={"Authorization": f"Bearer {self.input.session_key}"},
+                timeout=self.spec.timeout_s,
+            )
+        # not chained: the failure's text (what a session's cause says) is this one, not the
+        # transport's innermost error
+        except httpx.TimeoutException as e:
+            raise JudgeUnavailableError(
+                f"judge call timed out after {self.spec.timeout_s:g} s ({type(e).__name__})"
+            ) from None
+        except httpx.TransportError as e:
+            raise JudgeUnavailableError(f"judge unreachable: {type(e).__name__}: {e}") from None
+        finally:
+            metrics.observe_judge_call(time.monotonic() - began)
 
     async def verdict(
         self, rubric: Rubric, prompt: str, keys: list[str] | None, key_name: str = "id"
@@ -254,6 +275,7 @@ class JudgeActivities:
             num_prompt_tokens=calls.cost.num_prompt_tokens // n,
             num_response_tokens=calls.cost.num_response_tokens // n,
             duration_s=calls.cost.duration_s,
+            quota_wait_s=calls.cost.quota_wait_s,
         )
         out = JudgeOutput(cost=calls.cost)
         for target, trajectory, (reward, reason), turn in zip(
@@ -299,20 +321,64 @@ class JudgeActivities:
                 note = " (the trajectory's middle elided to fit the judge)" if elided else ""
                 out.append((rubric.reward(scores[""]), _scores_text(scores[""]) + note))
             return out
+        return await self._group_verdicts(calls, rubric, trajectories, budget, nonce)
+
+    async def _group_verdicts(
+        self,
+        calls: _Calls,
+        rubric: Rubric,
+        trajectories: list[Trajectory],
+        budget: int,
+        nonce: str,
+    ) -> list[tuple[float, str]]:
+        """A group's rewards, judged in chunks on one scale: the first chunk whose answer
+        parses is the reference; each later chunk shows its highest- and lowest-rewarded
+        samples again (anchors, :func:`rolloutd.evaluators.judge.anchors_of`) beside its new
+        ones, and its rewards are mapped onto the reference's scale through them
+        (:func:`rolloutd.evaluators.judge.link`). An anchor keeps its reference reward."""
+        spec = calls.spec
         verdicts: list[tuple[float, str]] = [(0.0, "")] * len(trajectories)
-        chunks = judging.group_prompts(rubric, trajectories, nonce, budget, spec.group_chunk_size)
-        for number, (positions, prompt) in enumerate(chunks, start=1):
-            ids = judging.ids_of(positions)
+        reference: dict[int, float] = {}
+        left = list(range(len(trajectories)))
+        number = 0
+        while left:
+            number += 1
+            anchors = (
+                judging.anchors_of(reference, judging.num_anchors(spec.group_chunk_size))
+                if reference
+                else []
+            )
+            fresh, left = (
+                left[: spec.group_chunk_size - len(anchors)],
+                left[spec.group_chunk_size - len(anchors) :],
+            )
+            ids, prompt = judging.group_prompt(
+                rubric, trajectories, [*fresh, *anchors], nonce, budget
+            )
             scores, why = await calls.verdict(rubric, prompt, ids)
-            where = f"group chunk {number} of {len(chunks)}"
-            for position, sid in zip(positions, ids, strict=True):
-                if scores is None:
+            where = f"group chunk {number}"
+            if scores is None:
+                for position in fresh:
                     verdicts[position] = (0.0, f"{where}: {why}")
-                else:
-                    verdicts[position] = (
-                        rubric.reward(scores[sid]),
-                        f"{where} as {sid}: {_scores_text(scores[sid])}",
+                continue
+            raw = {
+                p: rubric.reward(scores[sid])
+                for p, sid in zip([*fresh, *anchors], ids, strict=True)
+            }
+            linked = judging.Link()
+            if anchors:
+                linked = judging.link([reference[a] for a in anchors], [raw[a] for a in anchors])
+            anchor_ids = ids[len(fresh) :]
+            for position, sid in zip(fresh, ids, strict=False):
+                text = f"{where} as {sid}: {_scores_text(scores[sid])}"
+                if anchors:
+                    text += (
+                        f" (raw {raw[position]:.4f}, linked {linked.text()} through anchors "
+                        f"{', '.join(anchor_ids)})"
                     )
+                verdicts[position] = (linked(raw[position]), text)
+            if not reference:
+                reference = {p: raw[p] for p in fresh}
         return verdicts
 
     async def _turns(

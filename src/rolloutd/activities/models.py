@@ -104,7 +104,11 @@ class BackendCapacityOutput(Payload):
 
 
 class BackendHealthInput(Payload):
-    """``backend_health``: nothing to say; the gateway answers about its whole pool."""
+    """``backend_health``: which of the gateway's pools to answer about."""
+
+    pool: Literal["policy", "judge"] = Field(
+        default="policy", description="``policy`` (the engines) or ``judge`` (the judge pool)"
+    )
 
 
 class BackendHealthOutput(Payload):

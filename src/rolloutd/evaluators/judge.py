@@ -2,7 +2,7 @@
 
 The judging itself runs on the eval fleet's judge queue (``rolloutd-judge``), calling the judge
 pool through the gateway in a judge session (:mod:`rolloutd.activities.judging`); this module is
-pure: it turns stored trajectories into prompts (:func:`sample_prompt`, :func:`group_prompts`,
+pure: it turns stored trajectories into prompts (:func:`sample_prompt`, :func:`group_prompt`,
 :func:`turn_prompts`) and answers into scores (:func:`parse_scores`), by the task's rubric
 (:class:`rolloutd.rubrics.Rubric`).
 
@@ -17,13 +17,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Iterable
 from typing import Any
 
 from rolloutd.errors import EvaluatorError, JudgeParseError
 from rolloutd.evaluators.base import EvaluationContext, EvaluationOutcome, Evaluator
 from rolloutd.final_state import FinalStateParts
-from rolloutd.rubrics import JUDGE_EVALUATOR, JudgeSpec, Rubric
+from rolloutd.rubrics import (  # noqa: F401 - num_anchors, num_group_chunks: re-exported
+    JUDGE_EVALUATOR,
+    JudgeSpec,
+    Rubric,
+    num_anchors,
+    num_group_chunks,
+)
 from rolloutd.types import EvaluatorSpec, Trajectory
 
 #: the delimiter's tag name; inside data it is written with an underscore instead
@@ -226,49 +231,89 @@ def sample_id(position: int) -> str:
     return _LETTERS[position] if position < len(_LETTERS) else f"S{position + 1}"
 
 
-def group_prompts(
+def group_prompt(
     rubric: Rubric,
     trajectories: list[Trajectory],
+    positions: list[int],
     nonce: str,
     max_chars: int,
-    chunk_size: int,
-) -> list[tuple[list[int], str]]:
-    """The prompts judging a group: chunks of at most ``chunk_size`` samples, each chunk's
-    samples sharing what is left of ``max_chars`` (a sample's final answer and conversation
-    lose their middle to fit).
+) -> tuple[list[str], str]:
+    """The prompt judging one chunk of a group: the samples at ``positions`` (in that order,
+    shown as ``A``, ``B``, ...), sharing what is left of ``max_chars`` (a sample's final answer
+    and conversation lose their middle to fit).
 
     Returns:
-        ``(positions in trajectories, prompt)`` per chunk, in order; every position in one.
+        ``(ids, prompt)``: the id each position is shown under, in order, and the prompt.
     """
     instruction = view(trajectories[0]).instruction if trajectories else ""
-    out: list[tuple[list[int], str]] = []
-    for start in range(0, len(trajectories), chunk_size):
-        positions = list(range(start, min(start + chunk_size, len(trajectories))))
-        ids = [sample_id(i - start) for i in positions]
-        fmt = answer_format(rubric, ids)
+    ids = [sample_id(k) for k in range(len(positions))]
+    fmt = answer_format(rubric, ids)
 
-        def render(samples: str, fmt: str = fmt) -> str:
-            return rubric.group_template.format(
-                criteria=criteria_text(rubric),
-                scale_min=rubric.scale_min,
-                scale_max=rubric.scale_max,
-                instruction=delimited(elide(instruction, max_chars // 5), nonce),
-                samples=samples,
-                answer_format=fmt,
-            )
+    def render(samples: str) -> str:
+        return rubric.group_template.format(
+            criteria=criteria_text(rubric),
+            scale_min=rubric.scale_min,
+            scale_max=rubric.scale_max,
+            instruction=delimited(elide(instruction, max_chars // 5), nonce),
+            samples=samples,
+            answer_format=fmt,
+        )
 
-        room = max(200 * len(positions), max_chars - len(render("")))
-        each = room // len(positions)
-        blocks = []
-        for i, sid in zip(positions, ids, strict=True):
-            v = view(trajectories[i])
-            body = (
-                f"final answer:\n{elide(v.final_answer, each // 2)}\n\n"
-                f"conversation:\n{elide(v.messages, each // 2)}"
-            )
-            blocks.append(f"Attempt {sid}:\n{delimited(body, nonce)}")
-        out.append((positions, render("\n\n".join(blocks))))
-    return out
+    room = max(200 * len(positions), max_chars - len(render("")))
+    each = room // max(1, len(positions))
+    blocks = []
+    for i, sid in zip(positions, ids, strict=True):
+        v = view(trajectories[i])
+        body = (
+            f"final answer:\n{elide(v.final_answer, each // 2)}\n\n"
+            f"conversation:\n{elide(v.messages, each // 2)}"
+        )
+        blocks.append(f"Attempt {sid}:\n{delimited(body, nonce)}")
+    return ids, render("\n\n".join(blocks))
+
+
+def anchors_of(reference: dict[int, float], count: int) -> list[int]:
+    """The positions of the reference chunk shown again as anchors: its highest-rewarded,
+    then its lowest (the first position of each on ties), ``count`` at most, never twice."""
+    order = sorted(reference, key=lambda i: (-reference[i], i))
+    picked = [order[0], order[-1]][:count] if order else []
+    return list(dict.fromkeys(picked))
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """The linear map of a chunk's rewards onto the reference chunk's scale:
+    ``slope * reward + shift``, clamped to ``[0, 1]``."""
+
+    slope: float = 1.0
+    shift: float = 0.0
+
+    def __call__(self, reward: float) -> float:
+        return min(1.0, max(0.0, self.slope * reward + self.shift))
+
+    def text(self) -> str:
+        return f"x{self.slope:.3f} {self.shift:+.3f}"
+
+
+def link(reference: list[float], again: list[float]) -> Link:
+    """The map putting a chunk on the reference chunk's scale, from its anchors: their
+    rewards in the reference chunk (``reference``) and in this one (``again``), by the
+    mean-sigma method of common-item linear linking (Kolen & Brennan, *Test Equating,
+    Scaling, and Linking*, 3rd ed., 2014, section 6.4: slope ``sd(reference) / sd(again)``,
+    shift ``mean(reference) - slope * mean(again)``). With one anchor, or anchors the judge
+    did not tell apart in either chunk, the slope is 1 and only the mean is matched.
+
+    Raises:
+        ValueError: no anchors, or the two lists differ in length.
+    """
+    if not reference or len(reference) != len(again):
+        raise ValueError("link needs the same anchors' rewards in both chunks")
+    n = len(reference)
+    mean_ref, mean_again = sum(reference) / n, sum(again) / n
+    sd_ref = (sum((r - mean_ref) ** 2 for r in reference) / n) ** 0.5
+    sd_again = (sum((r - mean_again) ** 2 for r in again) / n) ** 0.5
+    slope = sd_ref / sd_again if sd_ref > 1e-9 and sd_again > 1e-9 else 1.0
+    return Link(slope=slope, shift=mean_ref - slope * mean_again)
 
 
 @dataclasses.dataclass
@@ -419,9 +464,3 @@ def parse_scores(
 def rewards(rubric: Rubric, scores: dict[str, dict[str, float]]) -> dict[str, float]:
     """Each key's reward from its criterion scores (:meth:`Rubric.reward`)."""
     return {k: rubric.reward(v) for k, v in scores.items()}
-
-
-def ids_of(positions: Iterable[int]) -> list[str]:
-    """The sample ids of a chunk's positions, counted from the chunk's first."""
-    positions = list(positions)
-    return [sample_id(i - positions[0]) for i in positions]

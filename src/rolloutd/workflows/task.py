@@ -19,7 +19,9 @@ The query ``status`` answers the sessions that have ended, as they end, a page a
 (:data:`STATUS_PAGE_SIZE`, so 1,024 ended sessions never make one answer near Temporal's 2 MB
 payload limit). A session's callback
 (``callback_url``) starts after its result is stored here, as a detached child
-(:mod:`rolloutd.workflows.callback`): the task ends when its sessions end, never later.
+(:mod:`rolloutd.workflows.callback`): the task ends when its sessions end, never later. A
+group-judged task's sessions call back after the group's judging, each with its reward (or its
+judge failure): a session's callback always carries its final outcome.
 
 One module on purpose: the sample loop, replacements, cancellation and the group's end share
 the workflow's state and its order of commands, which replay must see unchanged.
@@ -44,8 +46,6 @@ with workflow.unsafe.imports_passed_through():
     from rolloutd.activities.cancel import cancel_workflows
     from rolloutd.activities.models import (
         AssembleGroupInput,
-        BackendHealthInput,
-        BackendHealthOutput,
         JudgeTarget,
         StoredTaskRequest,
         StoreGroupPartInput,
@@ -53,7 +53,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from rolloutd.activities.names import (
         ASSEMBLE_GROUP,
-        BACKEND_HEALTH,
         STORE_GROUP,
         STORE_GROUP_PART,
         STORE_TASK_REQUEST,
@@ -82,7 +81,7 @@ with workflow.unsafe.imports_passed_through():
         group_part_key,
         group_version_stats,
     )
-    from rolloutd.workflows import metadata, search, signals
+    from rolloutd.workflows import metadata, pool_watch, search, signals
     from rolloutd.workflows.callback import CallbackInput, CallbackWorkflow, callback_workflow_id
     from rolloutd.workflows.fleet_watch import FleetStates, unwatch_fleet, watch_fleet
     from rolloutd.workflows.session import judging
@@ -123,8 +122,6 @@ STATUS_PAGE_SIZE = 256
 #: how often a replacement waiting for the sandbox fleet tries again to watch it while no fleet
 #: registry runs yet (at most)
 FLEET_CHECK_EVERY_S = 10.0
-FLEET_CHECK_TIMEOUT = timedelta(seconds=10)
-FLEET_CHECK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
 #: a request whose JSON is larger than this (bytes) is stored once in the blob store and its
 #: sessions take its key (``store_task_request`` / ``read_task_request``, eval fleet); a
 #: smaller one is copied into each session's input (no activity, no store read)
@@ -252,6 +249,10 @@ class RolloutTaskWorkflow:
                     error=f"session workflow failed: {e.cause or e}",
                 )
 
+        judge = task.evaluator.judge
+        group_judged = (
+            task.evaluator.type == JUDGE_EVALUATOR and judge is not None and judge.mode == "group"
+        )
         # a large group's children start START_BATCH at a time, one workflow task each: 1,024
         # starts in one activation took over the SDK's 2 s deadlock limit on a loaded machine
         released = [min(task.num_samples, START_BATCH)]
@@ -280,7 +281,8 @@ class RolloutTaskWorkflow:
                 self._replacing.discard(index)
             self._results[index] = result
             self._show(task, "running")
-            if task.callback_url and not self._cancelling:
+            # a group-judged session calls back once the group's judging gave it its reward
+            if task.callback_url and not self._cancelling and not group_judged:
                 await _start_callback(task.callback_url, parent, index, task, result)
             return result
 
@@ -306,10 +308,15 @@ class RolloutTaskWorkflow:
             await asyncio.gather(*sessions, return_exceptions=True)
             raise
         results = list(results)
-        judge = task.evaluator.judge
-        if task.evaluator.type == JUDGE_EVALUATOR and judge is not None and judge.mode == "group":
+        if group_judged:
             self._show(task, "judging")
             results = await _judge_group(task, results)
+            self._results = {r.sample_index: r for r in results}
+            if task.callback_url:
+                url = task.callback_url
+                await asyncio.gather(
+                    *(_start_callback(url, parent, r.sample_index, task, r) for r in results)
+                )
         return await self._finish(task, results)
 
     async def _finish(self, task: TaskRequest, results: list[SessionResult]) -> TaskResult:
@@ -369,7 +376,7 @@ class RolloutTaskWorkflow:
             not fleet_down
             and failure is not None
             and failure.kind == "backend"
-            and await _engine_down()
+            and await pool_watch.pool_down("policy")
         )
         fleet_down = fleet_down or engine_down
         if not fleet_down and self._num_counted_replacements >= task.max_replacements:
@@ -383,7 +390,9 @@ class RolloutTaskWorkflow:
         self._replaced.append(result)
         self._replacing.add(result.sample_index)
         if engine_down:
-            came_back = await _wait_for_engine(task, lambda: self._cancelling)
+            came_back = await pool_watch.wait_for_pool(
+                "policy", task.phases.provision_wait_s, lambda: self._cancelling
+            )
         elif fleet_down:
             tag = f"replace-{result.sample_index}-{self._num_replacements + 1}"
             came_back = await _wait_for_sandbox_fleet(
@@ -442,6 +451,7 @@ async def _judge_group(task: TaskRequest, results: list[SessionResult]) -> list[
         judge_session_id=f"{task.task_id}/group-judge",
         source="group_judge",
         priority=task_priority(task),
+        pool_wait_s=task.phases.provision_wait_s,
     )
     updates: dict[str, dict[str, object]] = {}
     if judged.output is not None:
@@ -508,53 +518,6 @@ async def _wait_for_sandbox_fleet(
         return True
     if not cancelling():
         workflow.logger.warning("sandbox fleet still down after %g s: no replacement", wait_s)
-    return False
-
-
-async def _backend_health() -> BackendHealthOutput | None:
-    """The gateway pool's health (activity ``backend_health`` on the gateway fleet), or None
-    when no gateway answered."""
-    try:
-        return await workflow.execute_activity(
-            BACKEND_HEALTH,
-            BackendHealthInput(),
-            task_queue=task_queues.GATEWAY,
-            start_to_close_timeout=FLEET_CHECK_TIMEOUT,
-            schedule_to_close_timeout=3 * FLEET_CHECK_TIMEOUT,
-            retry_policy=FLEET_CHECK_RETRY,
-            result_type=BackendHealthOutput,
-        )
-    except ActivityError as e:
-        workflow.logger.warning("backend health check failed: %s", e.cause or e)
-        return None
-
-
-async def _engine_down() -> bool:
-    """Whether the gateway's pool has a policy version without a healthy backend now."""
-    health = await _backend_health()
-    return health is not None and health.status == "unavailable"
-
-
-async def _wait_for_engine(task: TaskRequest, cancelling: Callable[[], bool]) -> bool:
-    """Wait until the gateway's pool has a healthy backend for every policy version again
-    (its probes see a restarted engine), for as long as a dead sandbox fleet gets
-    (``task.phases.provision_wait_s``): an engine that stays dead reaches the trainer as an
-    incomplete group, not a task held for its deadline.
-
-    Returns:
-        True when the engine is back; False when the wait gave up.
-    """
-    wait_s = task.phases.provision_wait_s
-    every = max(1.0, min(FLEET_CHECK_EVERY_S / 2, wait_s / 3))
-    give_up_at = workflow.now() + timedelta(seconds=wait_s)
-    while workflow.now() < give_up_at and not cancelling():
-        health = await _backend_health()
-        if health is not None and health.status != "unavailable":
-            return True
-        with contextlib.suppress(asyncio.TimeoutError):
-            await workflow.wait_condition(cancelling, timeout=every)
-    if not cancelling():
-        workflow.logger.warning("engine still down after %g s: no replacement", wait_s)
     return False
 
 
@@ -745,6 +708,7 @@ def judge_cost(sessions: list[SessionResult]) -> JudgeCost | None:
         num_prompt_tokens=sum(c.num_prompt_tokens for c in costs),
         num_response_tokens=sum(c.num_response_tokens for c in costs),
         duration_s=round(sum(c.duration_s for c in costs), 3),
+        quota_wait_s=round(sum(c.quota_wait_s for c in costs), 3),
     )
 
 

@@ -51,6 +51,7 @@ from rolloutd.http_client import HEALTH_PROBE, new_async_client
 from rolloutd.proxy.backends import pool_health
 from rolloutd.proxy.backends.base import Backend
 from rolloutd.proxy.backends.health import BackendHealth, dead_message
+from rolloutd.proxy.backends.quota import TokenQuota
 from rolloutd.proxy.backends.routing import Router
 from rolloutd.proxy.backends.slots import Lease, Slot
 from rolloutd.proxy.backends.specs import (
@@ -107,8 +108,11 @@ class BackendPool:
         probe_transport: httpx.AsyncBaseTransport | None = None,
         judges: Iterable[str] = (),
         router: Router | None = None,
+        judge_tokens_per_minute: int | None = None,
     ) -> None:
         self.store = store
+        #: the judge pool's token quota (:mod:`rolloutd.proxy.backends.quota`), or None
+        self.judge_quota = TokenQuota(judge_tokens_per_minute) if judge_tokens_per_minute else None
         self.router = router or Router()
         #: the client of health probes (:func:`rolloutd.proxy.backends.health.probe`)
         self._probe_http = new_async_client(HEALTH_PROBE, transport=probe_transport)
@@ -205,6 +209,7 @@ class BackendPool:
                 updated_at=stored.updated_at,
                 probe_transport=transport,
                 router=Router(settings.routing, max_imbalance=settings.routing_max_imbalance),
+                judge_tokens_per_minute=settings.judge_tokens_per_minute,
             )
             log.info("backend_pool_loaded", num_backends=len(stored.backends))
             return pool
@@ -234,6 +239,7 @@ class BackendPool:
             refresh_s=settings.pool_refresh_s,
             probe_transport=transport,
             router=Router(settings.routing, max_imbalance=settings.routing_max_imbalance),
+            judge_tokens_per_minute=settings.judge_tokens_per_minute,
         )
         if store is not None:
             state = pool.state()
@@ -337,7 +343,11 @@ class BackendPool:
             BackendUnavailableError: still paused, or still no backend, after ``wait_s``; at
                 once when the backend is unhealthy and no healthy one serves its policy
                 version.
+            JudgeQuotaError: a judge session's call while the judge pool's token quota is
+                spent (:meth:`charge` takes each judge call's tokens).
         """
+        if pool == "judge" and self.judge_quota is not None:
+            self.judge_quota.admit()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self.wait_s if wait_s is None else wait_s)
         moved_from: str | None = None
@@ -696,6 +706,12 @@ class BackendPool:
         return pool_health.health_by_version(
             [s for s in self._slots.values() if s.spec.pool == "policy"]
         )
+
+    def charge(self, pool: PoolName, num_tokens: int) -> None:
+        """Count an answered call's tokens against its pool's quota (the judge pool's
+        ``judge_tokens_per_minute``; the policy's pool has none)."""
+        if pool == "judge" and self.judge_quota is not None:
+            self.judge_quota.charge(num_tokens)
 
     def judge_health(self) -> dict[str, Any]:
         """The judge pool's health, as :meth:`health` gives the policy pool's."""

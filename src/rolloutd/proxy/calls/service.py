@@ -392,6 +392,10 @@ class ChatService:
                     self.pool.note_answered(lease)
                     response = await self._answer(session, request, prep, result)
                 clock.observe(request.dialect, False)
+                self.pool.charge(
+                    session.state.pool,
+                    response.usage.prompt_tokens + response.usage.completion_tokens,
+                )
             except BackendError as e:
                 self.pool.note_failed(lease, e)
                 raise
@@ -508,6 +512,10 @@ class ChatService:
                 async for event in events:
                     if isinstance(event, StreamEnd):
                         end_index = event.response.completion_index
+                        usage = event.response.usage
+                        self.pool.charge(
+                            session.state.pool, usage.prompt_tokens + usage.completion_tokens
+                        )
                     yield event
                 self.pool.note_answered(lease)
                 session.liveness.answered(token)

@@ -8,6 +8,7 @@ call's failure is logged once, where it is recorded in its session's state
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import structlog
@@ -42,10 +43,16 @@ def dialect_of(path: str, headers: Any = None) -> Any:
 
 def error_response(error: RolloutdError, path: str = "", headers: Any = None) -> JSONResponse:
     """``error`` in the error shape of the dialect of ``path`` (:func:`dialect_of`), with
-    ``WWW-Authenticate: Bearer`` on a 401."""
+    ``WWW-Authenticate: Bearer`` on a 401 and ``Retry-After`` (whole seconds, rounded up) on
+    an error that says when to ask again (:class:`rolloutd.errors.JudgeQuotaError`)."""
     status, body = dialect_of(path, headers).error_body(error)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body, status_code=status, headers=headers)
+    extra: dict[str, str] = {}
+    if status == 401:
+        extra["WWW-Authenticate"] = "Bearer"
+    retry_after = getattr(error, "retry_after_s", None)
+    if retry_after is not None:
+        extra["Retry-After"] = str(max(1, math.ceil(retry_after)))
+    return JSONResponse(body, status_code=status, headers=extra or None)
 
 
 def as_rolloutd_error(error: Exception) -> RolloutdError:

@@ -366,6 +366,7 @@ async def judge(
             targets=[JudgeTarget(session_id=session_id, trajectory_ref=built.trajectory_ref)],
             judge_session_id=f"{session_id}/judge",
             priority=priority,
+            pool_wait_s=task.phases.provision_wait_s,
         ),
     )
     if judged.output is None:

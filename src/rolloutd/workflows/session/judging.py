@@ -8,10 +8,21 @@ task workflow (a task judged as a group, after its replacements) and :class:`Rej
 the policy again and never counts against ``max_replacements``: it reads stored trajectories
 only.
 
-The judge activity is retried while the judge pool gives no answer (a dead or timing-out
-judge: ``JudgeUnavailableError``), backing off up to :data:`MAX_BACKOFF`, for
-``judge.max_attempts`` attempts; then the sessions have no reward and an ``evaluator`` cause in
-phase ``judge`` (:func:`rolloutd.scoring.judge_failure`). Deterministic code only.
+A judging attempt that fails is tried again from the stored trajectories, never by sampling
+again. What fails it decides whether it counts:
+
+- the judge pool is down (the gateway's health of its ``judge`` pool says no healthy backend):
+  the judging waits for it as a replacement waits for a dead engine
+  (:func:`rolloutd.workflows.pool_watch.wait_for_pool`, up to ``pool_wait_s``, at most
+  :data:`MAX_POOL_WAITS` times) and tries again, not counted;
+- the pool lives but gave no answer (a judge call past ``judge.timeout_s``, a 5xx): counted,
+  tried again after a back-off (2 s doubling, at most :data:`MAX_BACKOFF`), up to
+  ``judge.max_attempts``.
+
+Given up (the attempts spent, or the pool still down after its waits), the sessions have no
+reward and an ``evaluator`` cause in phase ``judge`` (:func:`rolloutd.scoring.judge_failure`):
+an infrastructure failure is never a reward; a re-judging scores them later. Deterministic
+code only.
 """
 
 from __future__ import annotations
@@ -42,12 +53,21 @@ with workflow.unsafe.imports_passed_through():
     )
     from rolloutd.activities.names import CLOSE_SESSION, JUDGE, JUDGE_FAILED, OPEN_SESSION
     from rolloutd.payload import Payload
+    from rolloutd.rubrics import num_group_chunks
     from rolloutd.types import EvaluatorSpec
+    from rolloutd.workflows import pool_watch
     from rolloutd.workflows.session.failures import cause_text
     from rolloutd.workflows.session.policies import CLOSE_TIMEOUT, HEARTBEAT, INFRA_RETRY
 
-#: the longest wait between two judging attempts while the judge pool gives no answer
+#: the first and the longest wait between two counted judging attempts
+FIRST_BACKOFF = timedelta(seconds=2)
 MAX_BACKOFF = timedelta(seconds=60)
+#: waits for a dead judge pool one judging makes at most (each up to ``pool_wait_s``), as a
+#: group's replacements wait for a dead engine at most three times per sample
+MAX_POOL_WAITS = 3
+#: how long a judging waits for a dead judge pool when its caller names no time (a
+#: re-judging), s
+POOL_WAIT_S = 600.0
 #: a judge session's open and the failure's write
 STEP_TIMEOUT = timedelta(seconds=60)
 #: the errors a judging does not retry: a spec that is not a judge's, a context that stays
@@ -71,7 +91,11 @@ def activity_budget(evaluator: EvaluatorSpec, num_targets: int) -> timedelta:
     heartbeat."""
     spec = evaluator.judge
     assert spec is not None
-    chunks = -(-num_targets // spec.group_chunk_size) if spec.mode == "group" else num_targets
+    chunks = (
+        num_group_chunks(num_targets, spec.group_chunk_size)
+        if spec.mode == "group"
+        else num_targets
+    )
     if spec.per_turn:
         chunks += 32 * num_targets
     calls_s = spec.timeout_s * spec.max_parse_attempts * chunks * 3
@@ -87,6 +111,7 @@ async def judge(
     source: str = "judge",
     rescore: bool = False,
     priority: Priority | None = None,
+    pool_wait_s: float = POOL_WAIT_S,
 ) -> Judged:
     """Judge stored sessions (module docstring).
 
@@ -99,6 +124,8 @@ async def judge(
         source: ``judge`` or ``group_judge`` (the records' source).
         rescore: a re-judging (records appended to ``rescores``).
         priority: the task's priority.
+        pool_wait_s: how long one wait for a dead judge pool lasts at most, s (the task's
+            ``phases.provision_wait_s``, as for a dead engine).
 
     Returns:
         The verdicts, or the error the sessions were left with.
@@ -121,40 +148,75 @@ async def judge(
         return await _given_up(
             task_id, evaluator, targets, f"no judge session: {cause_text(e)}", rescore, priority
         )
+    judge_input = JudgeInput(
+        task_id=task_id,
+        evaluator=evaluator,
+        targets=targets,
+        base_url=opened.openai_base_url,
+        session_key=opened.session_key,
+        judge_session_id=judge_session_id,
+        source=source,  # type: ignore[arg-type]
+        rescore=rescore,
+    )
     try:
-        output: JudgeOutput = await workflow.execute_activity(
-            JUDGE,
-            JudgeInput(
-                task_id=task_id,
-                evaluator=evaluator,
-                targets=targets,
-                base_url=opened.openai_base_url,
-                session_key=opened.session_key,
-                judge_session_id=judge_session_id,
-                source=source,  # type: ignore[arg-type]
-                rescore=rescore,
-            ),
-            task_queue=task_queues.JUDGE,
-            start_to_close_timeout=activity_budget(evaluator, len(targets)),
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=RetryPolicy(
-                initial_interval=timedelta(seconds=2),
-                backoff_coefficient=2.0,
-                maximum_interval=MAX_BACKOFF,
-                maximum_attempts=spec.max_attempts,
-                non_retryable_error_types=NON_RETRYABLE,
-            ),
-            priority=priority,
-            result_type=JudgeOutput,
-        )
-    except ActivityError as e:
-        if isinstance(e.cause, TemporalCancelledError):
-            raise
-        message = f"judging given up after {spec.max_attempts} attempt(s): {cause_text(e)}"
-        return await _given_up(task_id, evaluator, targets, message, rescore, priority)
+        output, error = await _attempts(judge_input, spec.max_attempts, pool_wait_s, priority)
     finally:
         await _close(opened, priority)
+    if output is None:
+        return await _given_up(task_id, evaluator, targets, error, rescore, priority)
     return Judged(output=output)
+
+
+async def _attempts(
+    judge_input: JudgeInput, max_attempts: int, pool_wait_s: float, priority: Priority | None
+) -> tuple[JudgeOutput | None, str]:
+    """Run the ``judge`` activity until it answers (module docstring: a dead pool is waited
+    for, uncounted; other failures count, up to ``max_attempts``).
+
+    Returns:
+        ``(output, "")``, or ``(None, why it was given up)``.
+    """
+    evaluator = judge_input.evaluator
+    counted = pool_waits = 0
+    while True:
+        try:
+            output: JudgeOutput = await workflow.execute_activity(
+                JUDGE,
+                judge_input,
+                task_queue=task_queues.JUDGE,
+                start_to_close_timeout=activity_budget(evaluator, len(judge_input.targets)),
+                heartbeat_timeout=HEARTBEAT,
+                # one attempt per activity: this loop decides whether a failure counts
+                retry_policy=RetryPolicy(maximum_attempts=1),
+                priority=priority,
+                result_type=JudgeOutput,
+            )
+            return output, ""
+        except ActivityError as e:
+            if isinstance(e.cause, TemporalCancelledError):
+                raise
+            cause = cause_text(e)
+            error_type = e.cause.type if isinstance(e.cause, ApplicationError) else None
+            if error_type in NON_RETRYABLE:
+                return None, f"judging given up: {cause}"
+        if await pool_watch.pool_down("judge"):
+            if pool_waits >= MAX_POOL_WAITS:
+                return None, (
+                    f"judging given up: the judge pool stayed down through {pool_waits} "
+                    f"wait(s) of {pool_wait_s:g} s: {cause}"
+                )
+            pool_waits += 1
+            workflow.logger.warning("judge pool down: judging waits for it (%s)", cause)
+            if await pool_watch.wait_for_pool("judge", pool_wait_s):
+                continue
+            return None, (
+                f"judging given up: the judge pool stayed down for {pool_wait_s:g} s: {cause}"
+            )
+        counted += 1
+        if counted >= max_attempts:
+            return None, f"judging given up after {counted} attempt(s): {cause}"
+        backoff = min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** (counted - 1))
+        await workflow.sleep(backoff)
 
 
 async def _close(opened: OpenSessionOutput, priority: Priority | None) -> None:
@@ -219,6 +281,12 @@ class RejudgeInput(Payload):
     evaluator: EvaluatorSpec = Field(description="the ``llm_judge`` spec to judge with")
     targets: list[JudgeTarget] = Field(min_length=1, max_length=4096)
     max_concurrent: int = Field(default=4, ge=1, le=256, description="sample judgings at once")
+    pool_wait_s: float = Field(
+        default=POOL_WAIT_S,
+        gt=0,
+        le=86_400,
+        description="how long one wait for a dead judge pool lasts at most, s",
+    )
 
 
 class RejudgeOutput(Payload):
@@ -258,6 +326,7 @@ class RejudgeWorkflow:
                 judge_session_id=f"{input.task_id}/group-judge-{input.run_id}",
                 source="group_judge",
                 rescore=True,
+                pool_wait_s=input.pool_wait_s,
             )
             keep(judged, input.targets)
             return out
@@ -271,6 +340,7 @@ class RejudgeWorkflow:
                     targets=[target],
                     judge_session_id=f"{target.session_id}/judge-{input.run_id}",
                     rescore=True,
+                    pool_wait_s=input.pool_wait_s,
                 )
                 keep(judged, [target])
 

@@ -71,6 +71,7 @@ def test_every_command_module_gives_its_commands():
         "models",
         "quota",
         "reliability",
+        "rejudge",
         "rest",
         "reverify",
         "schedule",

@@ -6,9 +6,12 @@ host runs at most :data:`JUDGE_SLOTS` judgings at once. The judge's quality is n
 every reward must come from its parsed answer, and a judge that fails must never yield a
 reward.
 
-- 8 samples judged each on its own, and 8 judged as a group in chunks of 4;
-- the judge killed mid-judging, a judge call past its time limit: no reward, the judge's cause,
-  then rewards from a re-run of the judging on the stored trajectories (never a new sample);
+- 8 samples judged each on its own, and 8 judged as a group in chunks of 4 linked through
+  anchor samples, each group session calling back once it has its reward;
+- the judge killed mid-judging and left dead, a judge call past its time limit: no reward,
+  the judge's cause, then rewards from a re-run of the judging on the stored trajectories
+  (never a new sample; one through ``rolloutd rejudge``);
+- the judge killed and restarted while the judging waits for it: rewards, no attempt spent;
 - an answer that never parses: the rubric's minimum, the cause named (the pool answered);
 - a group with one sample failed for the infrastructure: judged over the others;
 - a long session past the judge's context: per-turn scores in chunks, none lost;
@@ -18,16 +21,21 @@ reward.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 import time
 import uuid
 
 import pytest
+from fastapi import FastAPI, Request, Response
 
 from rolloutd.scoring import JUDGE_FAILURE, failure_counts
 from rolloutd.store import CompletionLog
 from rolloutd.types import SessionResult, TaskRequest, TaskResult, Trajectory
+from tests.support.cli_runs import cli_env, run_cli
 from tests.support.judge_stack import docstring_task, judge_server, judge_stack
+from tests.support.served import served
 
 pytestmark = [
     pytest.mark.acceptance,
@@ -102,6 +110,7 @@ async def stack(temporal_server, engine, judge, tmp_path_factory):
         judge.url,
         tag="judges",
         max_concurrent_judgings=JUDGE_SLOTS,
+        callback_allowed_hosts=["127.0.0.1"],
     ) as (fleets, client):
         yield fleets, client
 
@@ -116,6 +125,33 @@ def parsed(record_reason: str) -> dict[str, float]:
     text = record_reason.split(": ", 1)[-1] if " as " in record_reason else record_reason
     text = text.split(" (")[0]
     return {k: float(v) for k, v in (item.split("=") for item in text.split(", "))}
+
+
+def expected_reward(rubric, reason: str) -> float:
+    """The reward a record's reason accounts for: the rubric's reward of the parsed scores,
+    mapped through the chunk's link when the reason gives one (``raw R, linked xA +B``)."""
+    raw = rubric.reward(parsed(reason))
+    linked = re.search(r"raw ([0-9.]+), linked x([0-9.-]+) ([+-][0-9.]+)", reason)
+    if linked is None:
+        return raw
+    assert float(linked.group(1)) == pytest.approx(raw, abs=1e-4), reason
+    slope, shift = float(linked.group(2)), float(linked.group(3))
+    return min(1.0, max(0.0, slope * raw + shift))
+
+
+@contextlib.asynccontextmanager
+async def receiver():
+    """A real HTTP receiver of callbacks: each POST's JSON body, in order."""
+    app = FastAPI()
+    bodies: list[dict] = []
+
+    @app.post("/callback")
+    async def callback(request: Request) -> Response:
+        bodies.append(json.loads(await request.body()))
+        return Response(status_code=200)
+
+    async with served(app) as url:
+        yield f"{url}/callback", bodies
 
 
 def with_judge(request: TaskRequest, **judge) -> TaskRequest:
@@ -133,11 +169,20 @@ def judge_log(client, session_id: str) -> list:
 async def test_eight_per_sample_and_eight_as_a_group(stack):
     fleets, client = stack
     t0 = time.monotonic()
-    (per_sample, one_by_one), (grouped, together) = await asyncio.gather(
-        run(client, docstring_task(8)),
-        run(client, docstring_task(8, judge={"mode": "group", "group_chunk_size": 4})),
-    )
-    wall = time.monotonic() - t0
+    async with receiver() as (url, callbacks):
+        (per_sample, one_by_one), (grouped, together) = await asyncio.gather(
+            run(client, docstring_task(8)),
+            run(
+                client,
+                docstring_task(8, judge={"mode": "group", "group_chunk_size": 4})
+                | {"callback_url": url},
+            ),
+        )
+        wall = time.monotonic() - t0
+        deadline = time.monotonic() + 60
+        while len(callbacks) < 8:
+            assert time.monotonic() < deadline, callbacks
+            await asyncio.sleep(0.2)
     for request, group, source in (
         (per_sample, one_by_one, "judge"),
         (grouped, together, "group_judge"),
@@ -149,20 +194,31 @@ async def test_eight_per_sample_and_eight_as_a_group(stack):
             record = session.evaluation
             assert record is not None and record.source == source, record
             assert "did not parse" not in (record.reason or ""), record.reason
-            assert rubric.reward(parsed(record.reason)) == pytest.approx(session.reward)
+            assert expected_reward(rubric, record.reason) == pytest.approx(
+                session.reward, abs=1e-4
+            ), record.reason
             stored = client.trajectory(session)
             assert stored.reward == session.reward
             # the judge's calls are in no trace: the trajectory holds the session's own
             own = {c.index for c in judge_log(client, session.session_id)}
             assert {i for t in stored.traces for i in t.completion_indices} == own
-    assert one_by_one.judge_cost.num_calls >= 8 and together.judge_cost.num_calls >= 2
+    assert one_by_one.judge_cost.num_calls >= 8 and together.judge_cost.num_calls >= 3
     for session in one_by_one.sessions:
         calls = judge_log(client, f"{session.session_id}/judge")
         assert calls and all(not c.trainable for c in calls)
     group_calls = judge_log(client, f"{grouped.task_id}/group-judge")
-    assert len(group_calls) >= 2 and all(not c.trainable for c in group_calls)  # two chunks
+    assert len(group_calls) >= 3 and all(not c.trainable for c in group_calls)
+    # 4 new samples, then 2 new beside the first chunk's best and worst, twice
     reasons = sorted(s.evaluation.reason.split(" as ")[0] for s in together.sessions)
-    assert reasons == ["group chunk 1 of 2"] * 4 + ["group chunk 2 of 2"] * 4
+    assert reasons == ["group chunk 1"] * 4 + ["group chunk 2"] * 2 + ["group chunk 3"] * 2
+    assert all("linked" in s.evaluation.reason for s in together.sessions[4:])
+    assert all("Attempt D" in c.messages[-1]["content"] for c in group_calls)
+    # each group session called back once, after the judging, with its reward
+    rewards = {s.session_id: s.reward for s in together.sessions}
+    assert sorted(b["session_id"] for b in callbacks) == sorted(rewards)
+    assert all(
+        b["reward"] is not None and b["reward"] == rewards[b["session_id"]] for b in callbacks
+    )
     # the group's sessions say so in their search attributes (visibility catches up)
     query = f"RolloutJudgedByGroup = true AND RolloutTaskId = '{grouped.task_id}'"
     deadline = time.monotonic() + 30
@@ -182,7 +238,8 @@ async def _wait_for_any(client, keys: list[str], timeout_s: float = 300) -> None
 
 async def test_a_judge_killed_mid_judging_leaves_no_reward_until_rejudged(stack, judge):
     _, client = stack
-    task = docstring_task(3, judge={"max_attempts": 2})
+    # the judging waits 10 s for the dead pool, then gives up
+    task = docstring_task(3, judge={"max_attempts": 2}, phases={"provision_wait_s": 10})
     request = TaskRequest.model_validate(task)
     handle = await client.submit(request)
     # the first judge session opened: its judging is under way; the judge dies now
@@ -199,6 +256,7 @@ async def test_a_judge_killed_mid_judging_leaves_no_reward_until_rejudged(stack,
     for session in group.sessions:
         assert session.reward is None and session.failure.phase == "judge"
         assert session.failure.kind == "evaluator" and not session.failure.retryable
+        assert "judge pool stayed down" in session.failure.message, session.failure
         stored = client.trajectory(session)
         assert stored.reward is None and stored.failure.phase == "judge"
         assert stored.evaluation.error
@@ -218,17 +276,64 @@ async def test_a_judge_killed_mid_judging_leaves_no_reward_until_rejudged(stack,
         assert len(judge_log(client, session.session_id)) == session.num_completions
 
 
-async def test_a_judge_past_its_time_limit_leaves_no_reward_until_rejudged(stack):
-    _, client = stack
+async def test_a_judge_past_its_time_limit_leaves_no_reward_until_rejudged(
+    stack, temporal_server, tmp_path
+):
+    fleets, client = stack
     request, group = await run(
         client, docstring_task(2, judge={"timeout_s": 0.05, "max_attempts": 2})
     )
     assert failure_counts(group.sessions) == {JUDGE_FAILURE: 2}
     assert all("timed out" in s.failure.message for s in group.sessions), group.sessions
+    # re-judged by the command line, with a patient judge of its own
     patient = with_judge(request, timeout_s=120, max_attempts=5)
-    rejudged = await client.rejudge(patient, group.sessions, run_id=f"slow-{uuid.uuid4().hex[:6]}")
-    assert not rejudged.errors
-    assert all(client.trajectory(s).reward is not None for s in group.sessions)
+    judge_file = tmp_path / "judge.json"
+    judge_file.write_text(patient.evaluator.judge.model_dump_json())
+    env = cli_env(fleets.store_url) | {"ROLLOUTD_TEMPORAL_NAMESPACE": fleets.namespace}
+    code, out, err = await run_cli(
+        "rejudge",
+        "--task",
+        request.task_id,
+        "--judge",
+        str(judge_file),
+        "--run-name",
+        f"slow-{uuid.uuid4().hex[:6]}",
+        "--address",
+        temporal_server.address,
+        env=env,
+        timeout_s=600,
+    )
+    assert code == 0, (out, err)
+    rows = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()]
+    judged = {row[0]: row for row in rows if len(row) >= 4 and row[1] == "judged"}
+    assert sorted(judged) == sorted(s.session_id for s in group.sessions), out
+    for session in group.sessions:
+        stored = client.trajectory(session)
+        assert stored.reward is not None and stored.failure is None
+        assert judged[session.session_id][3] == f"{stored.reward:.2f}"
+
+
+async def test_a_judge_restarted_while_the_judging_waits_leaves_no_failure(stack, judge):
+    """The judge dies before the sessions reach their judging and comes back 20 s later: the
+    judgings wait for the pool as for a dead engine, without spending their one attempt, and
+    every session gets its reward. (The control, a judge that stays dead past the wait, is
+    the killed-judge test above.)"""
+    _, client = stack
+    task = docstring_task(2, judge={"max_attempts": 1}, phases={"provision_wait_s": 180})
+    judge.process.kill()
+    judge.process.wait()
+    try:
+        handle = await client.submit(TaskRequest.model_validate(task))
+        await _wait_for_any(
+            client, [f"sessions/{task['task_id']}/{k}/judge/session.json" for k in range(2)]
+        )
+        await asyncio.sleep(20)
+    finally:
+        judge.start(timeout_s=180)
+    group = await handle.result()
+    for session in group.sessions:
+        assert session.failure is None and session.reward is not None, session
+        assert session.evaluation.source == "judge"
 
 
 async def test_an_answer_that_never_parses_scores_the_rubric_minimum(stack):

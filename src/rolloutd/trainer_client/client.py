@@ -54,6 +54,7 @@ from rolloutd.trainer_client.tenants import TenantState, set_tenant_quota, tenan
 from rolloutd.types import (
     DEFAULT_TENANT,
     CallbackStatus,
+    EvaluatorSpec,
     SessionResult,
     SessionStatus,
     TaskProgress,
@@ -467,11 +468,12 @@ class RolloutClient:
 
     async def rejudge(
         self,
-        task: TaskRequest,
+        task: TaskRequest | str,
         sessions: Iterable[SessionResult],
         *,
         run_id: str,
         max_concurrent: int = 4,
+        evaluator: EvaluatorSpec | None = None,
     ) -> RejudgeOutput:
         """Judge stored sessions of ``task`` again with its judge (``RejudgeWorkflow``, id
         ``rejudge/{run_id}``): their stored trajectories only, never a new sample. Each
@@ -479,17 +481,22 @@ class RolloutClient:
         judging had failed (no reward) gets this reward and loses its judge failure.
 
         Args:
-            task: the task (its ``evaluator`` is the ``llm_judge`` spec judged with).
+            task: the task (its ``evaluator`` is the ``llm_judge`` spec judged with), or its
+                id when ``evaluator`` is given.
             sessions: the sessions to judge (those without a stored trajectory are left out).
             run_id: names the run (its workflow id; the run of an id that ran already
                 answers again with its result: a new judging needs a new id).
             max_concurrent: sample judgings at once.
+            evaluator: the ``llm_judge`` spec to judge with instead of the task's (a fixed
+                rubric); required when ``task`` is an id.
 
         Raises:
-            ConfigError: the task is not judged by ``llm_judge``.
+            ConfigError: no ``llm_judge`` spec to judge with.
         """
-        if task.evaluator.judge is None:
-            raise ConfigError(f"task {task.task_id} is not scored by llm_judge")
+        task_id = task if isinstance(task, str) else task.task_id
+        spec = evaluator or (None if isinstance(task, str) else task.evaluator)
+        if spec is None or spec.judge is None:
+            raise ConfigError(f"task {task_id}: no llm_judge evaluator to judge with")
         targets = [
             JudgeTarget(session_id=s.session_id, trajectory_ref=s.trajectory_ref)
             for s in sessions
@@ -500,8 +507,8 @@ class RolloutClient:
                 RejudgeWorkflow.run,
                 RejudgeInput(
                     run_id=run_id,
-                    task_id=task.task_id,
-                    evaluator=task.evaluator,
+                    task_id=task_id,
+                    evaluator=spec,
                     targets=targets,
                     max_concurrent=max_concurrent,
                 ),

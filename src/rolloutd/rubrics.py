@@ -235,7 +235,8 @@ class JudgeSpec(Payload):
         default="sample",
         description="``sample``: each session judged alone, when it ends; ``group``: the "
         "task's sessions judged together once every sample (replacements included) ended, in "
-        "chunks of ``group_chunk_size``, relative scores (RULER)",
+        "chunks of ``group_chunk_size``, relative scores (RULER); later chunks carry anchors "
+        "from the first and are linked onto its scale (docs/judges.md)",
     )
     per_turn: bool = Field(
         default=False,
@@ -270,7 +271,12 @@ class JudgeSpec(Payload):
     )
     max_tokens: int = Field(default=512, ge=16, le=32_768, description="the judge's answer")
     temperature: float = Field(default=0.0, ge=0, le=2)
-    group_chunk_size: int = Field(default=8, ge=1, le=256, description="samples per group call")
+    group_chunk_size: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        description="samples per group call, a later chunk's anchors included",
+    )
     turn_chunk_size: int = Field(default=32, ge=1, le=1024, description="turns per call")
 
     def version(self) -> str:

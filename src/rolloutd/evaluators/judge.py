@@ -4,7 +4,8 @@ The judging itself runs on the eval fleet's judge queue (``rolloutd-judge``), ca
 pool through the gateway in a judge session (:mod:`rolloutd.activities.judging`); this module is
 pure: it turns stored trajectories into prompts (:func:`sample_prompt`, :func:`group_prompt`,
 :func:`turn_prompts`) and answers into scores (:func:`parse_scores`), by the task's rubric
-(:class:`rolloutd.rubrics.Rubric`).
+(:class:`rolloutd.rubrics.Rubric`), and a group's chunks onto one scale (:func:`anchors_of`,
+:func:`link`: common-item linking through anchor samples).
 
 What the policy wrote reaches the judge only as delimited, untrusted data: each piece is
 wrapped in ``<untrusted-data id="{nonce}">`` ... ``</untrusted-data id="{nonce}">`` with a

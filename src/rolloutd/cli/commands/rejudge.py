@@ -31,7 +31,6 @@ from rolloutd.settings import CommonSettings
 
 if TYPE_CHECKING:
     from rolloutd.cli.tables import Table
-
     from rolloutd.store import BlobStore
     from rolloutd.types import EvaluatorSpec
     from rolloutd.workflows.session.judging import RejudgeOutput

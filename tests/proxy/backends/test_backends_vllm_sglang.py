@@ -136,6 +136,11 @@ async def test_vllm_context_errors_and_model_len() -> None:
 
 
 async def test_vllm_stream_deltas_match_the_result() -> None:
+    """A stream as vLLM's ``completion_stream_generator`` writes it (commit 030ea52effcb,
+    ``vllm/entrypoints/openai/completion/serving.py``): token chunks, the finish chunk, then,
+    because the request asks ``stream_options.include_usage``, a chunk with ``choices: []`` and
+    the usage (``prompt_tokens_details`` with ``--enable-prompt-tokens-details``), then
+    ``[DONE]``. A test double (httpx.MockTransport): vLLM needs a GPU this machine lacks."""
     chunks = [
         {
             "choices": [
@@ -163,6 +168,19 @@ async def test_vllm_stream_deltas_match_the_result() -> None:
                 }
             ]
         },
+        {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "created": 1,
+            "model": "m",
+            "choices": [],
+            "usage": {
+                "prompt_tokens": 3,
+                "total_tokens": 6,
+                "completion_tokens": 3,
+                "prompt_tokens_details": {"cached_tokens": 2},
+            },
+        },
         "[DONE]",
     ]
     transport, seen = mock(lambda r: sse_response(*chunks))
@@ -171,10 +189,21 @@ async def test_vllm_stream_deltas_match_the_result() -> None:
         async for d in VllmBackend("v", "http://vllm", transport=transport).generate_stream(REQUEST)
     ]
     assert seen[0]["stream"] is True
+    assert seen[0]["stream_options"] == {"include_usage": True}
     assert [d.response_ids for d in deltas[:-1]] == [[39], [72, EOS]]
     result = deltas[-1].result
     assert result is not None and result.response_ids == [39, 72, EOS]
     assert result.response_logprobs == [-0.1, -0.2, -0.3] and result.ended_by_eos
+    assert result.num_prompt_tokens == 3 and result.num_cached_tokens == 2
+    # control: a server without the usage chunk (an older vLLM) reports no count
+    transport, _ = mock(lambda r: sse_response(chunks[0], chunks[1], "[DONE]"))
+    deltas = [
+        d
+        async for d in VllmBackend("v", "http://vllm", transport=transport).generate_stream(REQUEST)
+    ]
+    result = deltas[-1].result
+    assert result is not None and result.response_ids == [39, 72, EOS]
+    assert result.num_cached_tokens is None
 
 
 async def test_vllm_chat_passthrough_keeps_token_ids() -> None:

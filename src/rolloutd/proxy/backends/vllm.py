@@ -23,6 +23,13 @@ server flag ``--enable-return-routed-experts``, a non-streamed Completions choic
 ``routed_experts``, base64 of a NumPy ``.npy`` array of shape ``(num_tokens - 1, num_layers,
 num_experts_per_tok)`` (uint8, uint16 or int32), ``num_tokens`` being prompt plus sampled
 tokens; ``None`` when the flag is off. Stream chunks have no such field.
+
+Prefix-cache counts on streams, read in vLLM's source at commit 030ea52effcb
+(``vllm/entrypoints/openai/completion/serving.py``, ``completion_stream_generator``): with
+``stream_options.include_usage`` the last chunk before ``[DONE]`` has ``choices: []`` and
+``usage`` (``prompt_tokens``, ``completion_tokens``, and ``prompt_tokens_details.cached_tokens``
+when the server runs ``--enable-prompt-tokens-details``), after the chunk with
+``finish_reason``; a stream therefore yields its result when the stream ends.
 """
 
 from __future__ import annotations
@@ -75,6 +82,8 @@ def completions_body(
         "spaces_between_special_tokens": False,
         "stream": stream,
     }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     if request.seed is not None:
         body["seed"] = request.seed
     if model:
@@ -188,7 +197,9 @@ class VllmBackend(OpenAIChatBackend):
         )
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateDelta]:
-        """Sample with ``stream: true``: one delta per chunk, then the result.
+        """Sample with ``stream: true`` and ``stream_options.include_usage``: one delta per
+        chunk, then the result once the stream ends, with the prompt and cached-token counts
+        of the trailing usage chunk (None when the server sends none).
 
         Raises:
             BackendError: HTTP error, a malformed chunk, or no chunk with ``finish_reason``.
@@ -197,10 +208,14 @@ class VllmBackend(OpenAIChatBackend):
         ids: list[int] = []
         logprobs: list[float] = []
         texts: list[str] = []
+        usage: dict[str, Any] = {}
+        result: GenerateResult | None = None
         body = completions_body(request, model=self.model, stream=True)
         async for chunk in sse_events(self, self.client, "/v1/completions", body):
-            if not chunk.get("choices"):
-                continue  # a usage-only chunk
+            if isinstance(chunk.get("usage"), dict):
+                usage = chunk["usage"]
+            if not chunk.get("choices") or result is not None:
+                continue  # the usage chunk (after the finish), or nothing past the finish
             choice = _choice(chunk, "stream chunk")
             new_ids, new_logprobs = choice_tokens(choice, "stream chunk")
             if new_ids and first_token_s is None:
@@ -214,19 +229,20 @@ class VllmBackend(OpenAIChatBackend):
                 )
             if choice.get("finish_reason") is not None:
                 reason, ended_by_eos = _finish(choice, ids, "stream")
-                yield GenerateDelta(
-                    result=GenerateResult(
-                        response_ids=ids,
-                        response_logprobs=logprobs,
-                        text="".join(texts),
-                        finish_reason=reason,
-                        ended_by_eos=ended_by_eos,  # type: ignore[arg-type]
-                        first_token_s=first_token_s,
-                        raw={"stop_reason": choice.get("stop_reason")},
-                    )
+                result = GenerateResult(
+                    response_ids=ids,
+                    response_logprobs=logprobs,
+                    text="".join(texts),
+                    finish_reason=reason,
+                    ended_by_eos=ended_by_eos,  # type: ignore[arg-type]
+                    first_token_s=first_token_s,
+                    raw={"stop_reason": choice.get("stop_reason")},
                 )
-                return
-        raise BackendError(f"backend {self.name}: stream ended without a finish_reason")
+        if result is None:
+            raise BackendError(f"backend {self.name}: stream ended without a finish_reason")
+        result.num_prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        result.num_cached_tokens = cached_tokens(usage)
+        yield GenerateDelta(result=result)
 
     def chat_extras(self) -> dict[str, Any]:
         """``return_token_ids`` and ``logprobs``: the completion stays trainable."""

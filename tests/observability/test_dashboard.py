@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client import REGISTRY
 
 from rolloutd.activities.sandbox import SandboxActivities
@@ -20,6 +21,7 @@ from rolloutd.store import BlobStore
 from rolloutd.types import JudgeCost
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "helm" / "dashboards" / "rolloutd.json"
+ALERTS = Path(__file__).resolve().parents[2] / "helm" / "alerts" / "rolloutd.rules.yaml"
 
 #: PromQL words that are not metric names (prometheus.io/docs/prometheus/latest/querying/)
 KEYWORDS = {
@@ -156,3 +158,24 @@ def test_dashboard_references_only_exported_metrics(tmp_path):
 def test_dashboard_has_the_panels_the_issue_asks_for(panel):
     titles = " | ".join(p["title"].lower() for p in dashboard()["panels"])
     assert panel in titles
+
+
+def test_alert_rules_use_exported_metrics_and_the_dashboards_collapse_line(tmp_path):
+    """helm/alerts/rolloutd.rules.yaml has Prometheus's alerting-rule shape (groups of rules
+    with ``alert``, ``expr``, ``for``, ``labels``, ``annotations``), selects only exported
+    metrics, and its prefix-cache rule is the dashboard panel's reuse ratio below the panel's
+    red/green line."""
+    rules = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+    exported = registry_names(tmp_path)
+    for rule in rules:
+        assert set(rule) <= {"alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
+        assert re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", rule["alert"]), rule
+        assert re.fullmatch(r"[0-9]+[smh]", rule["for"]) and rule["labels"]["severity"]
+        assert metric_names(rule["expr"]) <= exported, rule["alert"]
+    [rule] = [r for r in rules if r["alert"] == "RolloutdPrefixCacheCollapsed"]
+    [panel] = [p for p in dashboard()["panels"] if "prefix-cache" in p["title"].lower()]
+    [reuse] = [t["expr"] for t in panel["targets"] if "reusable" in t["expr"]]
+    line = panel["fieldConfig"]["defaults"]["thresholds"]["steps"][-1]["value"]
+    assert " ".join(rule["expr"].split()) == (
+        reuse.replace("$__rate_interval", "10m") + f" < {line}"
+    )

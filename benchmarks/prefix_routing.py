@@ -2,21 +2,33 @@
 
 A multi-turn agent trace (``--tasks`` tasks x ``--samples`` samples = sessions, ``--turns``
 turns each) is replayed through an in-process gateway over two real llama-servers
-(SmolLM2-135M by default, ``--parallel`` slots each, llama.cpp's host-memory prompt cache at
-its default), once per routing mode: ``round_robin``, ``sticky``, ``cache_aware``. Each mode
-starts fresh engines (empty caches) and replays the same requests, all sessions at once, each
-waiting ``--tool-s`` between its turns (the tool run). The engine's answers are sampled
-(greedy, ``--max-tokens``) but not fed back: every turn sends the trace's own conversation,
-so each mode sends the same prompts.
+(SmolLM2-135M by default, ``--parallel`` slots of ``--slot-ctx`` tokens each, ``--threads``
+CPU threads each, ``--engine-args`` added), once per routing mode: ``round_robin``,
+``sticky``, ``cache_aware``. Each mode starts fresh engines (empty caches) and replays the
+same requests, all sessions at once (session i starts ``i x --stagger-s`` late), each waiting
+``--tool-s`` between its turns (the tool run). The engine's answers are sampled (greedy,
+``--max-tokens``) but not fed back: every turn sends the trace's own conversation, so each
+mode sends the same prompts. Engine logs (``MODE-engineN.log``) and the gateway's log
+(``gateway.log``) stay in ``--out`` (default: a new folder under the temporary directory,
+printed first), also when a mode fails; a failed call stops the run with its status and body.
+
+A session keeps its cache while its tool runs as long as its engine has a slot for it:
+llama.cpp gives a request the idle slot whose prompt shares the longest prefix with it
+(``--slot-prompt-similarity``), so with at least as many slots as sessions on an engine each
+session finds its own previous turn there. Fewer slots than sessions and slots are taken
+over; llama.cpp then saves the prompt it evicts to its host-memory prompt cache
+(``--cache-ram``) and loads the best match from there.
 
 The trace is synthetic, shaped like a tool-using harness's session: one system prompt with
 tool schemas shared by every session (about 1,000 tokens), a task instruction shared by the
 samples of a task (a GRPO group), then per turn the assistant's tool call and the tool's
-output (about 120 tokens), each sample's own. It is generated from ``--seed``, not recorded
-from a harness.
+output (``--tool-words`` words), each sample's own. It is generated from ``--seed``, not
+recorded from a harness.
 
-    python benchmarks/prefix_routing.py [--tasks 16] [--samples 4] [--turns 8]
-        [--parallel 4] [--max-tokens 4] [--tool-s 0.1] [--model smollm2-135m] [--json PATH]
+    python benchmarks/prefix_routing.py [--tasks 8] [--samples 4] [--turns 20]
+        [--parallel 32] [--slot-ctx 3072] [--tool-words 30] [--max-tokens 4] [--tool-s 0.1]
+        [--model smollm2-135m] [--modes round_robin,sticky,cache_aware] [--out DIR]
+        [--json PATH]
 
 Printed (markdown): per mode, the calls, prompt tokens, tokens served from the engines'
 prefix caches, hit rate (cached / prompt, from each completion's ``num_cached_tokens``),
@@ -40,6 +52,7 @@ import httpx
 
 from rolloutd.engine.models import load_tokenizer
 from rolloutd.engine.server import LlamaServer
+from rolloutd.logs import configure_logging
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
 from rolloutd.store import CompletionLog
@@ -68,8 +81,11 @@ def tool_schemas(rng: random.Random) -> list[dict[str, Any]]:
     return tools
 
 
-def trace(tasks: int, samples: int, turns: int, seed: int) -> list[list[list[dict[str, Any]]]]:
-    """Per session (task-major), per turn, the conversation the harness sends."""
+def trace(
+    tasks: int, samples: int, turns: int, seed: int, tool_words: int = 70
+) -> list[list[list[dict[str, Any]]]]:
+    """Per session (task-major), per turn, the conversation the harness sends; each tool
+    output is ``tool_words`` words."""
     rng = random.Random(seed)
     system = (
         "You are a coding agent. Answer with one tool call per turn as JSON.\nTools:\n"
@@ -86,7 +102,7 @@ def trace(tasks: int, samples: int, turns: int, seed: int) -> list[list[list[dic
             conversation = [list(messages)]
             for turn in range(turns - 1):
                 call = {"tool": f"tool_{rng.randrange(12)}", "path": f"src/{rng.choice(WORDS)}.py"}
-                output = " ".join(rng.choice(WORDS) for _ in range(70))
+                output = " ".join(rng.choice(WORDS) for _ in range(tool_words))
                 messages += [
                     {"role": "assistant", "content": json.dumps(call)},
                     {"role": "user", "content": f"Tool output (turn {turn}):\n{output}"},
@@ -105,6 +121,8 @@ async def replay(
             args.model,
             parallel=args.parallel,
             ctx_size=args.parallel * args.slot_ctx,
+            threads=args.threads,
+            extra_args=args.engine_args.split(),
             log_path=home / f"{mode}-engine{i}.log",
         )
         for i in range(2)
@@ -128,13 +146,18 @@ async def replay(
         ) as http:
 
             async def run(i: int, turns: list[list[dict[str, Any]]]) -> None:
+                await asyncio.sleep(i * args.stagger_s)
                 info = await gateway.sessions.open_session(f"bench/{i}", "bench", sampling=sampling)
-                for messages in turns:
+                for turn, messages in enumerate(turns):
                     answer = await http.post(
                         f"/s/{info.session_key}/v1/chat/completions",
                         json={"model": "m", "messages": messages},
                     )
-                    answer.raise_for_status()
+                    if answer.is_error:
+                        raise RuntimeError(
+                            f"{mode}: session {i} turn {turn + 1}: HTTP {answer.status_code} "
+                            f"{answer.text[:2000]}"
+                        )
                     await asyncio.sleep(args.tool_s)
                 await gateway.sessions.close_session(f"bench/{i}")
 
@@ -173,24 +196,46 @@ async def replay(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", type=int, default=16)
+    parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--turns", type=int, default=8)
-    parser.add_argument("--parallel", type=int, default=4, help="slots per llama-server")
-    parser.add_argument("--slot-ctx", type=int, default=4096, help="context per slot, tokens")
+    parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--parallel", type=int, default=32, help="slots per llama-server")
+    parser.add_argument("--slot-ctx", type=int, default=3072, help="context per slot, tokens")
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--tool-s", type=float, default=0.1)
+    parser.add_argument("--tool-words", type=int, default=30, help="words of each tool output")
+    parser.add_argument(
+        "--stagger-s", type=float, default=0.0, help="session i starts at i x this, s"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per llama-server")
+    parser.add_argument(
+        "--engine-args",
+        default="--cache-ram 2048",
+        help="more llama-server arguments (default: a 2 GiB host-memory prompt cache, where "
+        "llama.cpp saves a slot's prompt before another prompt takes the slot)",
+    )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--out", type=Path, help="folder kept for engine and gateway logs (default: a new one)"
+    )
     args = parser.parse_args()
-    sessions = trace(args.tasks, args.samples, args.turns, args.seed)
+    sessions = trace(args.tasks, args.samples, args.turns, args.seed, args.tool_words)
     load = os.getloadavg()
     rows = []
-    with tempfile.TemporaryDirectory(prefix="prefix-routing-") as home:
+    home = args.out or Path(tempfile.mkdtemp(prefix="prefix-routing-"))
+    home.mkdir(parents=True, exist_ok=True)
+    print(f"engine and gateway logs: {home}", file=sys.stderr, flush=True)
+    with (home / "gateway.log").open("a") as gateway_log:
+        configure_logging("info", json=True, file=gateway_log)
         for mode in args.modes.split(","):
-            rows.append(asyncio.run(replay(mode, sessions, args, Path(home))))
+            try:
+                rows.append(asyncio.run(replay(mode, sessions, args, home)))
+            except Exception:
+                print(f"{mode} failed; logs kept in {home}", file=sys.stderr, flush=True)
+                raise
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     after = os.getloadavg()
     print(

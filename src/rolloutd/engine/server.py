@@ -11,6 +11,7 @@ import dataclasses
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -61,6 +62,8 @@ class LlamaServer:
         api_key_file: a file holding the API key every route but ``/health`` and ``/models``
             then needs (llama-server ``--api-key-file``: the key stays off the command line,
             which every local user reads); None: no key.
+        extra_args: more llama-server arguments, appended as given (e.g. ``("--kv-unified",
+            "--cache-ram", "2048")``).
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
@@ -76,6 +79,7 @@ class LlamaServer:
         threads: int | None = None,
         log_path: Path | None = None,
         api_key_file: Path | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.files = pull_model(model) if isinstance(model, str) else model
         self.host = host
@@ -85,6 +89,7 @@ class LlamaServer:
         self.threads = threads
         self.log_path = log_path
         self.api_key_file = api_key_file
+        self.extra_args = tuple(extra_args)
         self.process: subprocess.Popen[bytes] | None = None
         #: version of the weights served (0: the catalog's; see :meth:`load_model`)
         self.policy_version = 0
@@ -124,7 +129,7 @@ class LlamaServer:
             cmd += ["-t", str(self.threads)]
         if self.api_key_file is not None:
             cmd += ["--api-key-file", str(self.api_key_file)]
-        return cmd
+        return cmd + list(self.extra_args)
 
     def start(self, timeout_s: float = 120.0) -> LlamaServer:
         """Start the server and wait until ``/health`` answers 200.

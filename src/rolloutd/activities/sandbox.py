@@ -211,7 +211,7 @@ class SandboxActivities:
             )
         self.draining.set()
         if self.pool is not None:  # no session will claim them
-            draining = asyncio.ensure_future(self.pool.drain())
+            draining = asyncio.ensure_future(self.pool.close())
             self._background.add(draining)
             draining.add_done_callback(self._background.discard)
 
@@ -674,7 +674,7 @@ class SandboxActivities:
     async def stop_all(self) -> None:
         """Tear down every runtime of this host and its warm pool (worker shutdown)."""
         if self.pool is not None:
-            await self.pool.drain()
+            await self.pool.close()
         for runtime_id in list(self.runtimes):
             await self.teardown_runtime(TeardownRuntimeInput(runtime_id=runtime_id))
 

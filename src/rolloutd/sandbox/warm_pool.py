@@ -13,16 +13,23 @@ container's root), its ``env`` becomes the runtime's, and its ``prepare`` steps 
 the session sees is what a cold start would have made. A claimed runtime leaves the pool for
 good and is torn down with its session like any other: a used runtime is never reused.
 
+Size: each key a session asked for (hit or miss) is kept ``size`` deep, plus its share of
+the sessions waiting for this host (:meth:`WarmPool.set_waiting`, read from the sandbox
+queue's backlog by the fleet: :func:`rolloutd.workers.capacity.sandbox_backlog`). A key's
+share is its part of the last :data:`RECENT_ASKS` asks, rounded up. A lower target stops
+the surplus ready runtimes of a key.
+
 Bounds: warm runtimes count against the host's capacity (the pool fills only while the
 host's live runtimes plus its warm ones stay under ``max_concurrent_sessions``) but hold no
 session slot (:class:`~rolloutd.workers.capacity.RuntimeSlots` counts live runtimes only),
-so a session never waits for a warm runtime nobody claims. Each key a session asked for
-(hit or miss) is kept ``size`` deep.
+so a session never waits for a warm runtime nobody claims. Only runtime types the host's
+policy lists are pooled, and a warm runtime starts under that policy.
 
 Ownership: each warm runtime has an owner record (:mod:`rolloutd.sandbox.reclaim`) from
 before it starts, so a killed worker's warm containers end by themselves (the exec server's
 socket closes) or are reclaimed by the next worker on the root. :meth:`WarmPool.drain` stops
-them all: on worker shutdown and when the policy changes (:meth:`WarmPool.set_policy`).
+them all when the policy changes (:meth:`WarmPool.set_policy`); :meth:`WarmPool.close` stops
+them for good when the host drains or the worker shuts down.
 
 Not pooled (a claim is a miss, the session starts cold): runtime types other than podman,
 specs with a Dockerfile (``build``), and an image not in the host's store.
@@ -32,8 +39,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 import uuid
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +65,8 @@ log = structlog.get_logger(__name__)
 POOLED_TYPES = ("podman",)
 #: prefix of a warm runtime's id (its folder, container name and owner record).
 WARM_PREFIX = "warm-"
+#: asks (claims, hit or miss) whose keys split the waiting sessions between keys.
+RECENT_ASKS = 64
 
 
 @dataclass(frozen=True)
@@ -96,7 +107,8 @@ class WarmPool:
         root: the host's runtime root (``SandboxSettings.runtime_root``).
         policy: the host's sandbox policy (warm runtimes start under it).
         host_id: this host's id (a container label).
-        size: warm runtimes kept per key asked for; 0 turns the pool off.
+        size: warm runtimes kept per key asked for, waiting sessions aside; 0 turns the
+            pool off.
         room: how many more runtimes the host may hold now (its capacity less its live
             runtimes), read before each warm start; None: unbounded (tests, benchmarks).
         grace_s: as :func:`~rolloutd.sandbox.runtimes.create_runtime`.
@@ -124,6 +136,14 @@ class WarmPool:
         self._starting: dict[PoolKey, int] = {}
         self._generation = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        #: surplus runtimes being stopped (awaited by :meth:`drain`, never cancelled)
+        self._stops: set[asyncio.Task[None]] = set()
+        #: set by :meth:`close`: nothing starts any more
+        self.closed = False
+        #: sessions waiting for this host (:meth:`set_waiting`)
+        self.num_waiting = 0
+        #: keys of the last asks, newest last
+        self._asks: deque[PoolKey] = deque(maxlen=RECENT_ASKS)
 
     def __len__(self) -> int:
         """Warm runtimes ready and being started."""
@@ -138,6 +158,8 @@ class WarmPool:
         not pooled (another runtime type, a Dockerfile, an image not in the store)."""
         if self.size < 1 or spec.type not in POOLED_TYPES or spec.build is not None:
             return None
+        if self.policy is not None and spec.type not in self.policy.runtimes:
+            return None  # refused where it starts, warm or cold
         if self.policy is not None:
             spec = with_default_limits(spec, self.policy)
         name = spec.image or images.BASE_IMAGE
@@ -172,6 +194,7 @@ class WarmPool:
         if key is None:
             return None
         self._wanted.setdefault(key, blank(spec))
+        self._asks.append(key)
         ready = self._ready.get(key)
         runtime = ready.pop(0) if ready else None
         self.refill()
@@ -206,11 +229,39 @@ class WarmPool:
         if spec.prepare:
             await run_prepare(runtime, spec.prepare)
 
+    def target(self, key: PoolKey) -> int:
+        """Warm runtimes wanted for ``key``: ``size``, plus the key's share of the waiting
+        sessions (its part of the recent asks, rounded up); 0 for a key never asked for."""
+        if key not in self._wanted:
+            return 0
+        asks = Counter(self._asks)
+        share = self.num_waiting * asks[key] / len(self._asks) if self._asks else 0.0
+        return self.size + math.ceil(share)
+
+    def set_waiting(self, num_waiting: int) -> None:
+        """Size the pool for ``num_waiting`` sessions waiting for this host: start what each
+        key lacks (within the host's room), stop the ready runtimes above a lower target.
+
+        Args:
+            num_waiting: this host's share of the sessions waiting in the sandbox queue
+                (its backlog over the hosts polling it); negative counts as 0.
+        """
+        self.num_waiting = max(0, num_waiting)
+        for key, ready in self._ready.items():
+            surplus = len(ready) + self._starting.get(key, 0) - self.target(key)
+            for _ in range(min(surplus, len(ready))):
+                task = asyncio.ensure_future(self._discard(ready.pop()))
+                self._stops.add(task)
+                task.add_done_callback(self._stops.discard)
+        self.refill()
+
     def refill(self) -> None:
-        """Start, in the background, the warm runtimes each wanted key lacks, within the
-        host's room."""
+        """Start, in the background, the warm runtimes each wanted key lacks
+        (:meth:`target`), within the host's room; nothing once closed."""
+        if self.closed:
+            return
         for key, spec in self._wanted.items():
-            missing = self.size - len(self._ready.get(key, ())) - self._starting.get(key, 0)
+            missing = self.target(key) - len(self._ready.get(key, ())) - self._starting.get(key, 0)
             for _ in range(max(0, missing)):
                 if self.room is not None and self.room() - len(self) < 1:
                     return
@@ -262,7 +313,7 @@ class WarmPool:
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *self._stops, return_exceptions=True)
         ready = [r for runtimes in self._ready.values() for r in runtimes]
         self._ready.clear()
         self._starting.clear()
@@ -273,6 +324,12 @@ class WarmPool:
             log.info("warm_pool_drained", num_runtimes=len(ready))
         return len(ready)
 
+    async def close(self) -> int:
+        """Drain the pool for good (the host drains or stops): nothing starts after this;
+        return how many warm runtimes were stopped."""
+        self.closed = True
+        return await self.drain()
+
     async def set_policy(self, policy: SandboxPolicy | None) -> None:
         """Take a new policy: a changed one drains the pool (its runtimes started under the
         old one) and forgets the keys asked for."""
@@ -280,4 +337,5 @@ class WarmPool:
             return
         self.policy = policy
         self._wanted.clear()
+        self._asks.clear()
         await self.drain()

@@ -15,6 +15,9 @@ full host does not take new provisioning: the sessions wait in the fleet's task 
 by Temporal's priority and fairness, and no phase budget or session deadline ticks for them.
 A runtime counts from its provisioning until its teardown (:meth:`RuntimeSlots.notify` is
 called then), so a harness runs only on a runtime that holds a place.
+
+:func:`size_pool_forever`: a host's warm pool is sized from the same queue's backlog, the
+sessions waiting for a host (:meth:`rolloutd.sandbox.warm_pool.WarmPool.set_waiting`).
 """
 
 from __future__ import annotations
@@ -23,8 +26,14 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
 import structlog
+from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.worker import (
     CustomSlotSupplier,
     SlotMarkUsedContext,
@@ -32,6 +41,9 @@ from temporalio.worker import (
     SlotReleaseContext,
     SlotReserveContext,
 )
+
+from rolloutd import task_queues
+from rolloutd.sandbox.warm_pool import WarmPool
 
 log = structlog.get_logger(__name__)
 
@@ -198,3 +210,49 @@ class SessionSlots(CustomSlotSupplier):
         slot back."""
         with self._lock:
             self._reserved -= 1
+
+
+#: seconds between two readings of the sandbox queue's backlog by a host with a warm pool.
+POOL_SIZING_S = 2.0
+
+
+async def sandbox_backlog(client: Client) -> tuple[int, int]:
+    """The sessions waiting in the sandbox queue for a host, and the hosts polling it.
+
+    Read with Temporal's DescribeTaskQueue (``report_stats``: ``approximate_backlog_count``
+    of the ``rolloutd-sandbox`` activity queue, and its pollers, one per host process), which
+    the server reports with a lag of its own (an approximation, by its name).
+
+    Returns:
+        ``(num_waiting, num_hosts)``.
+
+    Raises:
+        temporalio.service.RPCError: Temporal did not answer.
+    """
+    described = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(
+                name=task_queues.SANDBOX, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL
+            ),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+            report_stats=True,
+        ),
+        timeout=timedelta(seconds=10),
+    )
+    hosts = {p.identity for p in described.pollers}
+    return int(described.stats.approximate_backlog_count), len(hosts)
+
+
+async def size_pool_forever(client: Client, pool: WarmPool) -> None:
+    """Give ``pool`` its host's share of the sandbox queue's backlog (:func:`sandbox_backlog`:
+    the backlog over the hosts polling, rounded up) every :data:`POOL_SIZING_S` seconds,
+    until cancelled. A reading Temporal does not answer keeps the last size."""
+    while True:
+        try:
+            waiting, hosts = await sandbox_backlog(client)
+        except RPCError as e:
+            log.debug("sandbox_backlog_not_read", error=str(e))
+        else:
+            pool.set_waiting(-(-waiting // max(1, hosts)))
+        await asyncio.sleep(POOL_SIZING_S)

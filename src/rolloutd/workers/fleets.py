@@ -50,7 +50,7 @@ from rolloutd.settings import (
 )
 from rolloutd.store import BlobStore
 from rolloutd.task_queues import Fleet
-from rolloutd.workers.capacity import RuntimeSlots, SessionSlots
+from rolloutd.workers.capacity import RuntimeSlots, SessionSlots, size_pool_forever
 from rolloutd.workers.drain import drain_fleet
 
 log = structlog.get_logger(__name__)
@@ -268,6 +268,11 @@ async def _sandbox_fleet(
     )
     acts.on_runtime_gone = slots.notify
     handle.resources.update(activities=acts, reclaimed=reclaimed, slots=slots)
+    if acts.pool is not None:  # the pool grows with the sessions waiting for a host
+        sizing = asyncio.create_task(
+            size_pool_forever(client, acts.pool), name="rolloutd-size-warm-pool"
+        )
+        handle.resources.update(pool_sizing=sizing)
     handle.workers += [
         Worker(
             client,
@@ -295,6 +300,8 @@ async def _sandbox_fleet(
         ),
     ]
     parts.cleanups.append(acts.stop_all)
+    if "pool_sizing" in handle.resources:  # stopped first: nothing refills a stopped pool
+        parts.cleanups.append(lambda: _cancelled(handle.resources["pool_sizing"]))
 
 
 def _activity_slots_from(supplier: RuntimeSlots | SessionSlots) -> WorkerTuner:

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from rolloutd.sandbox.runtimes import Runtime, create_runtime
+from rolloutd.sandbox.runtimes.podman import ROOT_LABEL
+from rolloutd.sandbox.warm_pool import WarmPool
 from rolloutd.types import RuntimeSpec
 
 HAVE_BWRAP = shutil.which("bwrap") is not None
@@ -108,6 +110,43 @@ async def make_runtime(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[
     for runtime in made:
         await runtime.stop()
         assert _runtime_pids(runtime) == []
+
+
+@pytest.fixture
+async def pooled_make_runtime(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Runtime]]]:
+    """As :func:`make_runtime`, but each runtime is claimed from a warm pool (size 1) and must
+    be a hit: the first ask of a key misses and fills the pool, and the claim after the fill
+    hands out a warm runtime (so the session's files and env are applied at claim). A module
+    runs a test on pooled runtimes by overriding ``make_runtime`` with this fixture. At
+    teardown every claimed runtime is stopped and checked empty, the pool is drained, and no
+    container of the pool's root is left (``podman ps -a`` by label)."""
+    root = tmp_path / "runtimes"
+    pool = WarmPool(root, None, size=1, grace_s=2.0)
+    made: list[Runtime] = []
+
+    async def make(type: str = "podman", **spec: object) -> Runtime:
+        wanted = RuntimeSpec(type=type, **spec)
+        runtime = await pool.claim(wanted)
+        if runtime is None:  # the key's first ask: wait for its warm runtime
+            assert await _wait_for(lambda: bool(pool.runtime_ids()), 120), "no warm runtime"
+            runtime = await pool.claim(wanted)
+        assert runtime is not None, "an exact key is a hit once the pool is filled"
+        made.append(runtime)
+        return runtime
+
+    yield make
+    await pool.close()
+    for runtime in made:
+        await runtime.stop()
+        assert _runtime_pids(runtime) == []
+    left = subprocess.run(
+        ["podman", "ps", "--all", "--filter", f"label={ROOT_LABEL}={root.absolute()}", "-q"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()
+    assert left == [], left
 
 
 @pytest.fixture(params=RUNTIME_TYPES)

@@ -1,8 +1,9 @@
 """The warm pool on real podman: a claim only on an exact key, the session's files, env and
 prepare steps applied at claim, a used container never handed out again, a policy change
-draining the pool, and a killed worker's warm containers gone (podman ps by label). The
-podman runtime's isolation tests run again here on pooled runtimes (imported below: the
-module's ``make_runtime`` claims each one from a warm pool and checks it was a hit).
+draining the pool, and the pool sized from the sessions waiting (SIGKILL of the real sandbox
+worker holding a pool: tests/sandbox/test_warm_pool_fleet.py). The podman runtime's isolation
+tests run again here on pooled runtimes (imported below: the module's ``make_runtime`` claims
+each one from a warm pool and checks it was a hit).
 
 ``acceptance``: containers (the Debian base image, made when missing); about 1-5 s a test.
 """
@@ -10,14 +11,10 @@ module's ``make_runtime`` claims each one from a warm pool and checks it was a h
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import signal
 import subprocess
-import sys
-import textwrap
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -29,7 +26,6 @@ from rolloutd.sandbox.warm_pool import WarmPool
 from rolloutd.sandbox_policy import SandboxPolicy
 from rolloutd.task_spec import ExecStep
 from rolloutd.types import RuntimeSpec
-from tests.sandbox.conftest import _runtime_pids
 from tests.sandbox.test_runtime_podman import (  # noqa: F401 - collected here on pooled runtimes
     test_limits_and_oom_are_reported,
     test_the_hosts_harness_clis_run_inside,
@@ -70,27 +66,9 @@ async def base_image() -> None:
 
 
 @pytest.fixture
-async def make_runtime(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Runtime]]]:
-    """As tests/sandbox/conftest.py's, but each runtime is a warm pool's hit."""
-    root = tmp_path / "runtimes"
-    pool = WarmPool(root, None, size=1, grace_s=2.0)
-    made: list[Runtime] = []
-
-    async def make(type: str = "podman", **spec: object) -> Runtime:
-        wanted = RuntimeSpec(type=type, **spec)
-        assert await pool.claim(wanted) is None  # the first ask of a key is a miss
-        await ready(pool)
-        runtime = await pool.claim(wanted)
-        assert runtime is not None, "an exact key is a hit"
-        made.append(runtime)
-        return runtime
-
-    yield make
-    await pool.drain()
-    for runtime in made:
-        await runtime.stop()
-        assert _runtime_pids(runtime) == []
-    assert containers(root) == []
+def make_runtime(pooled_make_runtime: Callable[..., Awaitable[Runtime]]):  # noqa: ANN201
+    """The imported tests' runtimes, each a warm pool's hit (tests/sandbox/conftest.py)."""
+    return pooled_make_runtime
 
 
 async def test_a_claim_matches_the_key_exactly_and_applies_the_session(tmp_path: Path) -> None:
@@ -150,48 +128,35 @@ async def test_a_policy_change_drains_the_pool(tmp_path: Path) -> None:
         await pool.drain()
 
 
-WORKER = textwrap.dedent(
-    """
-    import asyncio, sys
-    from pathlib import Path
-    from rolloutd.sandbox.warm_pool import WarmPool
-    from rolloutd.types import RuntimeSpec
-
-    async def main():
-        pool = WarmPool(Path(sys.argv[1]), None, size=2)
-        await pool.claim(RuntimeSpec(type="podman"))
-        while len(pool.runtime_ids()) < 2:
-            await asyncio.sleep(0.05)
-        print("ready", flush=True)
-        await asyncio.sleep(600)
-
-    asyncio.run(main())
-    """
-)
-
-
-async def test_a_killed_worker_leaves_no_warm_container(tmp_path: Path) -> None:
-    """SIGKILL of a process holding a warm pool of two containers: both end by themselves
-    (the exec server's socket closes, the container exits, ``--rm`` removes it). Control:
-    they ran while the process lived."""
+async def test_the_pool_grows_with_the_sessions_waiting(tmp_path: Path) -> None:
+    """``set_waiting``: a key's target is ``size`` plus its share of the waiting sessions
+    (here all of them: the only key asked for), bounded by the host's room; fewer waiting
+    stops the surplus. Control: with nobody waiting the pool holds ``size``."""
     root = tmp_path / "runtimes"
-    worker = subprocess.Popen(
-        [sys.executable, "-c", WORKER, str(root)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=os.environ.copy(),
-    )
+    room = {"left": 3}
+    pool = WarmPool(root, None, size=1, grace_s=2.0, room=lambda: room["left"])
+    spec = RuntimeSpec(type="podman", network="none")
     try:
-        assert worker.stdout is not None
-        line = ""
-        while line.strip() != "ready":  # the worker's log lines come first
-            line = await asyncio.wait_for(asyncio.to_thread(worker.stdout.readline), 120)
-            assert line, "the worker ended before its pool was ready"
-        assert len(containers(root)) == 2
+        assert await pool.claim(spec) is None
+        await ready(pool, 1)
+        assert len(containers(root)) == 1  # size, nobody waiting
+        pool.set_waiting(5)  # target 6, but the host has room for 3
+        await ready(pool, 3)
+        await asyncio.sleep(1.0)
+        assert len(pool) == 3 and len(containers(root)) == 3
+        room["left"] = 4
+        pool.set_waiting(2)  # target 3: nothing more starts
+        await asyncio.sleep(1.0)
+        assert len(pool) == 3
+        pool.set_waiting(0)  # target 1: two are stopped
+        deadline = time.monotonic() + 60
+        while len(containers(root)) > 1:
+            assert time.monotonic() < deadline, containers(root)
+            await asyncio.sleep(0.1)
+        assert len(pool.runtime_ids()) == 1
+        claimed = await pool.claim(spec)
+        assert claimed is not None
+        await claimed.stop()
     finally:
-        worker.send_signal(signal.SIGKILL)
-        worker.wait()
-    deadline = time.monotonic() + 30
-    while containers(root):
-        assert time.monotonic() < deadline, containers(root)
-        await asyncio.sleep(0.2)
+        await pool.close()
+    assert containers(root) == []

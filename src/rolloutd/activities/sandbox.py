@@ -163,6 +163,9 @@ class SandboxActivities:
         self.num_handed_back = 0
         #: background tasks (image garbage collection) kept until done
         self._background: set[asyncio.Future[None]] = set()
+        #: asks the gateway's verdict for every run (one client: a new one per run spent
+        #: about 40% of this fleet's CPU making its TLS context, by a py-spy profile)
+        self._http: httpx.AsyncClient | None = None
         metrics.watch_runtimes(self, settings.host_id)  # rolloutd_runtimes_alive, per scrape
         #: podman containers started ahead of demand (``warm_pool_size`` per key asked for),
         #: within the room the host's live runtimes leave under max_concurrent_sessions
@@ -408,53 +411,55 @@ class SandboxActivities:
         end = _RunEnd()
         completions = CompletionLog(self.store, input.session_id)
         beats = num_completions = 0
-        http = new_async_client(HEALTH_PROBE)
-        try:
-            while True:
-                if self.draining.is_set():
-                    end.drained = True
-                    return end
-                elapsed = time.monotonic() - t0
-                if elapsed >= timeout_s:
-                    end.timed_out, end.timed_out_at = True, time.time()
-                    await proc.terminate()
-                    end.exit_code = proc.returncode
-                    return end
-                end.exit_code = await proc.wait(min(HEARTBEAT_EVERY_S, timeout_s - elapsed))
-                if end.exit_code is not None:
-                    end.limit_reached = await ceilings.reached()
-                    return end
-                if reached := await ceilings.reached():
-                    # a ceiling is the operator's: the session is scored as reaching it
-                    # (0.0 after an answered call), so running on would measure nothing
-                    log.warning("harness_stopped_limit_reached", limit=reached)
-                    end.limit_reached = reached
-                    await proc.terminate()
-                    code = end.exit_code = proc.returncode
-                    end.signal_sent = -code if code is not None and code < 0 else None
-                    return end
-                beats += 1
-                if beats % COUNT_COMPLETIONS_EVERY == 1:  # a store listing: not every beat
-                    num_completions = await asyncio.to_thread(len, completions)
-                activity.heartbeat(
-                    {"elapsed_s": round(elapsed, 1), "num_completions": num_completions}
+        http = self._verdict_client()
+        while True:
+            if self.draining.is_set():
+                end.drained = True
+                return end
+            elapsed = time.monotonic() - t0
+            if elapsed >= timeout_s:
+                end.timed_out, end.timed_out_at = True, time.time()
+                await proc.terminate()
+                end.exit_code = proc.returncode
+                return end
+            end.exit_code = await proc.wait(min(HEARTBEAT_EVERY_S, timeout_s - elapsed))
+            if end.exit_code is not None:
+                end.limit_reached = await ceilings.reached()
+                return end
+            if reached := await ceilings.reached():
+                # a ceiling is the operator's: the session is scored as reaching it
+                # (0.0 after an answered call), so running on would measure nothing
+                log.warning("harness_stopped_limit_reached", limit=reached)
+                end.limit_reached = reached
+                await proc.terminate()
+                code = end.exit_code = proc.returncode
+                end.signal_sent = -code if code is not None and code < 0 else None
+                return end
+            beats += 1
+            if beats % COUNT_COMPLETIONS_EVERY == 1:  # a store listing: not every beat
+                num_completions = await asyncio.to_thread(len, completions)
+            activity.heartbeat({"elapsed_s": round(elapsed, 1), "num_completions": num_completions})
+            verdict = await gateway_verdict(http, input.session.anthropic_base_url)
+            if verdict is not None and verdict.verdict == "backend":
+                # the model stopped answering: waiting out the run budget would only
+                # delay the failure the session ends with anyway
+                log.warning(
+                    "harness_stopped_backend_dead",
+                    message=verdict.message,
+                    unanswered_s=verdict.unanswered_s,
                 )
-                verdict = await gateway_verdict(http, input.session.anthropic_base_url)
-                if verdict is not None and verdict.verdict == "backend":
-                    # the model stopped answering: waiting out the run budget would only
-                    # delay the failure the session ends with anyway
-                    log.warning(
-                        "harness_stopped_backend_dead",
-                        message=verdict.message,
-                        unanswered_s=verdict.unanswered_s,
-                    )
-                    end.backend_verdict = verdict.message or "backend"
-                    await proc.terminate()
-                    code = end.exit_code = proc.returncode
-                    end.signal_sent = -code if code is not None and code < 0 else None
-                    return end
-        finally:
-            await http.aclose()
+                end.backend_verdict = verdict.message or "backend"
+                await proc.terminate()
+                code = end.exit_code = proc.returncode
+                end.signal_sent = -code if code is not None and code < 0 else None
+                return end
+
+    def _verdict_client(self) -> httpx.AsyncClient:
+        """The client that asks the gateway's verdicts, made at first use (in the event
+        loop) and closed by :meth:`stop_all`."""
+        if self._http is None or self._http.is_closed:
+            self._http = new_async_client(HEALTH_PROBE)
+        return self._http
 
     def _record_run(
         self,
@@ -677,6 +682,8 @@ class SandboxActivities:
             await self.pool.close()
         for runtime_id in list(self.runtimes):
             await self.teardown_runtime(TeardownRuntimeInput(runtime_id=runtime_id))
+        if self._http is not None:
+            await self._http.aclose()
 
 
 #: characters of a session id kept in a runtime id: the runtime's folder holds a unix socket

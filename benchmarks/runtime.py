@@ -15,10 +15,11 @@ right after the start; teardown is ``Runtime.stop()`` (podman: ``podman rm``). T
 podman start of a process is left out (it seeds the image's workdir check and the host's Python
 libraries once).
 
-``--podman`` adds the podman runtime, each configuration twice: started cold, and claimed from a
-warm pool (:mod:`rolloutd.sandbox.warm_pool`; start is then the claim, with a file and an
-environment variable applied; the pool's refill between claims is not timed), on the Debian base
-image (made first when missing), and measures image builds from a Dockerfile (``FROM`` the base
+bwrap (and with ``--podman`` podman) is measured twice in each configuration: started cold, and
+claimed from a warm pool (:mod:`rolloutd.sandbox.warm_pool`; start is then the claim, with a file
+and an environment variable applied; the pool's refill between claims is not timed).
+``--podman`` adds the podman runtime, on the Debian base image (made first when missing), and
+measures image builds from a Dockerfile (``FROM`` the base
 image, a copied package and a ``RUN`` that compiles it): ``cold`` is a build of a context never
 built (new content), ``cached`` the same build asked again (the content hash's tag exists: no
 build). ``--base`` also makes the base image's recipe once more under a throw-away tag (mmdebstrap
@@ -40,7 +41,7 @@ import structlog
 
 from rolloutd.sandbox.runtimes import create_runtime
 from rolloutd.sandbox.runtimes import podman_images as images
-from rolloutd.sandbox.warm_pool import WarmPool
+from rolloutd.sandbox.warm_pool import POOLED_TYPES, WarmPool
 from rolloutd.types import ImageBuild, RuntimeSpec
 
 CONFIGS = {
@@ -207,7 +208,7 @@ async def main() -> None:
             t = await measure(spec, args.runs, args.execs, Path(root))
             cells = [f"{pct(t[k], q):.1f} ms" for k, qs in quantiles.items() for q in qs]
             print(f"| {name} | " + " | ".join(cells) + " |")
-            if spec.type == "podman":
+            if spec.type in POOLED_TYPES:
                 t = await measure_pool(spec, args.runs, args.execs, Path(root))
                 cells = [f"{pct(t[k], q):.1f} ms" for k, qs in quantiles.items() for q in qs]
                 print(f"| {name}, warm pool claim | " + " | ".join(cells) + " |")

@@ -658,12 +658,12 @@ class SandboxSettings(CommonSettings):
     warm_pool_size: int = Field(
         default=0,
         ge=0,
-        description="podman containers kept started and idle per kind a session asked for "
-        "(the same image digest, workdir, network, limits, uid range and seccomp: a warm "
-        "pool), plus the kind's share of the sessions waiting in the sandbox queue for a "
+        description="podman containers and bwrap sandboxes kept started and idle per kind a "
+        "session asked for (the same image, workdir, network, limits, uid range and seccomp: "
+        "a warm pool), plus the kind's share of the sessions waiting in the sandbox queue for a "
         "host (its backlog over the hosts polling it, read every 2 s); a session whose spec "
         "matches one exactly claims it (its files, env and prepare steps applied then) "
-        "instead of starting a container. Warm containers take room under "
+        "instead of starting one. Warm runtimes take room under "
         "max_concurrent_sessions but no session's slot; each is used once. 0: off",
     )
     max_artifact_bytes: int = Field(

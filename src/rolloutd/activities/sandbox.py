@@ -167,8 +167,9 @@ class SandboxActivities:
         #: about 40% of this fleet's CPU making its TLS context, by a py-spy profile)
         self._http: httpx.AsyncClient | None = None
         metrics.watch_runtimes(self, settings.host_id)  # rolloutd_runtimes_alive, per scrape
-        #: podman containers started ahead of demand (``warm_pool_size`` per key asked for),
-        #: within the room the host's live runtimes leave under max_concurrent_sessions
+        #: podman containers and bwrap sandboxes started ahead of demand (``warm_pool_size``
+        #: per key asked for, plus waiting sessions), within the room the host's live runtimes
+        #: leave under max_concurrent_sessions
         self.pool: WarmPool | None = None
         if settings.warm_pool_size:
             self.pool = WarmPool(

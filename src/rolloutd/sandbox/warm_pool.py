@@ -1,16 +1,19 @@
-"""The warm pool: podman containers started ahead of demand on a sandbox host, each claimed
-by at most one session (the field's answer to cold container starts: kubernetes-sigs/agent-sandbox
-``SandboxWarmPool``, rLLM's warm queue).
+"""The warm pool: podman containers and bwrap sandboxes started ahead of demand on a sandbox
+host, each claimed by at most one session (the field's answer to cold container starts:
+kubernetes-sigs/agent-sandbox ``SandboxWarmPool``, rLLM's warm queue).
 
-A warm runtime is a :class:`~rolloutd.sandbox.runtimes.podman.PodmanRuntime` started from a
-spec without ``files``, ``env`` or ``prepare``: its image resolved, its workspace seeded from
-the image, its container running and its exec server connected. It is keyed by everything
-fixed when it started (:class:`PoolKey`: runtime type, image digest, workdir, network, the
-limit tier, the user namespace's uid range, seccomp and ``no-new-privileges``) and a session
-claims one only when the key of its own spec is exactly equal. At claim the session's spec is
-checked against the host's policy again, its ``files`` are written (and handed to the
-container's root), its ``env`` becomes the runtime's, and its ``prepare`` steps run: what
-the session sees is what a cold start would have made. A claimed runtime leaves the pool for
+A warm runtime is a :class:`~rolloutd.sandbox.runtimes.podman.PodmanRuntime` or
+:class:`~rolloutd.sandbox.runtimes.bwrap.BwrapRuntime` started from a spec without ``files``,
+``env`` or ``prepare``: for podman its image resolved, its workspace seeded from the image, its
+container running; for bwrap its folder on its sized disk, its cgroup, its sandbox running
+(the "prepared root" and more); for both its exec server connected. It is keyed by everything
+fixed when it started (:class:`PoolKey`: runtime type, image (podman: its digest; bwrap: its
+folder), workdir, network, the limit tier, the user namespace's uid range, seccomp and
+``no-new-privileges``) and a session claims one only when the key of its own spec is exactly
+equal. At claim the session's spec is checked against the host's policy again, its ``files``
+are written (component-wise, never through a link, and handed to the runtime's user), its
+``env`` becomes the runtime's, and its ``prepare`` steps run: what the session sees is what a
+cold start would have made. A claimed runtime leaves the pool for
 good and is torn down with its session like any other: a used runtime is never reused.
 
 Size: each key a session asked for (hit or miss) is kept ``size`` deep, plus its share of
@@ -26,13 +29,14 @@ so a session never waits for a warm runtime nobody claims. Only runtime types th
 policy lists are pooled, and a warm runtime starts under that policy.
 
 Ownership: each warm runtime has an owner record (:mod:`rolloutd.sandbox.reclaim`) from
-before it starts, so a killed worker's warm containers end by themselves (the exec server's
-socket closes) or are reclaimed by the next worker on the root. :meth:`WarmPool.drain` stops
+before it starts, so a killed worker's warm runtimes end by themselves (a container's exec
+server exits when its socket closes; a bwrap sandbox dies with its parent) or are reclaimed
+by the next worker on the root. :meth:`WarmPool.drain` stops
 them all when the policy changes (:meth:`WarmPool.set_policy`); :meth:`WarmPool.close` stops
 them for good when the host drains or the worker shuts down.
 
-Not pooled (a claim is a miss, the session starts cold): runtime types other than podman,
-specs with a Dockerfile (``build``), and an image not in the host's store.
+Not pooled (a claim is a miss, the session starts cold): runtime types other than podman and
+bwrap, specs with a Dockerfile (``build``), and an image not in the host's store.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ import structlog
 from rolloutd.errors import PolicyError
 from rolloutd.observability import metrics
 from rolloutd.sandbox import reclaim
-from rolloutd.sandbox.runtimes import create_runtime
+from rolloutd.sandbox.runtimes import Runtime, beneath, create_runtime
 from rolloutd.sandbox.runtimes import podman_images as images
 from rolloutd.sandbox.runtimes.podman import USERNS_BASE, USERNS_SIZE, PodmanRuntime
 from rolloutd.sandbox.runtimes.prepare import run_prepare
@@ -62,7 +66,13 @@ from rolloutd.types import RuntimeSpec
 log = structlog.get_logger(__name__)
 
 #: runtime types the pool holds.
-POOLED_TYPES = ("podman",)
+POOLED_TYPES = ("podman", "bwrap")
+#: what a key's ``seccomp`` says, by runtime type: the profile and privilege flags each
+#: runtime starts every sandbox with (bwrap sets ``PR_SET_NO_NEW_PRIVS`` itself).
+SECCOMP = {
+    "podman": "podman-default,no-new-privileges",
+    "bwrap": "rolloutd-bwrap,no-new-privileges",
+}
 #: prefix of a warm runtime's id (its folder, container name and owner record).
 WARM_PREFIX = "warm-"
 #: asks (claims, hit or miss) whose keys split the waiting sessions between keys.
@@ -75,7 +85,8 @@ class PoolKey:
 
     Attributes:
         type: the runtime type.
-        image_id: the image's digest (sha256 hex, ``podman image inspect``'s ``Id``).
+        image_id: podman: the image's digest (sha256 hex, ``podman image inspect``'s
+            ``Id``); bwrap: the image folder ("": the host's system).
         workdir, network, max_processes, memory_mb, cpus, disk_mb, tmpfs_mb: as
             :class:`~rolloutd.types.RuntimeSpec`, after the policy's default limits.
         uid_range: the container's uid map, ``(first host uid, count)``; (0, 0): none.
@@ -130,7 +141,7 @@ class WarmPool:
         self.size = size
         self.room = room
         self.grace_s = grace_s
-        self._ready: dict[PoolKey, list[PodmanRuntime]] = {}
+        self._ready: dict[PoolKey, list[Runtime]] = {}
         #: the blank spec of every key a session asked for (what a refill starts)
         self._wanted: dict[PoolKey, RuntimeSpec] = {}
         self._starting: dict[PoolKey, int] = {}
@@ -162,13 +173,17 @@ class WarmPool:
             return None  # refused where it starts, warm or cold
         if self.policy is not None:
             spec = with_default_limits(spec, self.policy)
-        name = spec.image or images.BASE_IMAGE
-        config = await images.image_config(PodmanRuntime.binary_name, name)
-        if config is None or not config.get("Id"):
-            return None
+        image_id, uid_range = spec.image or "", (0, 0)
+        if spec.type == "podman":
+            name = spec.image or images.BASE_IMAGE
+            config = await images.image_config(PodmanRuntime.binary_name, name)
+            if config is None or not config.get("Id"):
+                return None
+            image_id = str(config["Id"])
+            uid_range = (USERNS_BASE, USERNS_SIZE) if PodmanRuntime.map_users else (0, 0)
         return PoolKey(
             type=spec.type,
-            image_id=str(config["Id"]),
+            image_id=image_id,
             workdir=spec.workdir,
             network=spec.network,
             max_processes=spec.max_processes,
@@ -176,11 +191,11 @@ class WarmPool:
             cpus=spec.cpus,
             disk_mb=spec.disk_mb,
             tmpfs_mb=spec.tmpfs_mb,
-            uid_range=(USERNS_BASE, USERNS_SIZE) if PodmanRuntime.map_users else (0, 0),
-            seccomp="podman-default,no-new-privileges",
+            uid_range=uid_range,
+            seccomp=SECCOMP[spec.type],
         )
 
-    async def claim(self, spec: RuntimeSpec) -> PodmanRuntime | None:
+    async def claim(self, spec: RuntimeSpec) -> Runtime | None:
         """A warm runtime whose key equals ``spec``'s, made the session's: policy checked,
         files written, env set, prepare steps run; None on a miss (the caller starts cold).
         Either way the key is remembered and its pool refilled in the background.
@@ -212,7 +227,7 @@ class WarmPool:
         log.info("warm_runtime_claimed", runtime_id=runtime.runtime_id, duration_s=seconds)
         return runtime
 
-    async def _apply(self, runtime: PodmanRuntime, spec: RuntimeSpec) -> None:
+    async def _apply(self, runtime: Runtime, spec: RuntimeSpec) -> None:
         """Make ``runtime`` the session's: what :meth:`Runtime.start` does with ``spec``'s
         files, env and prepare steps."""
         if self.policy is not None:
@@ -222,10 +237,9 @@ class WarmPool:
                 raise PolicyError(f"runtime {runtime.runtime_id}: {check_message(found)}")
         runtime.spec = spec
         for path, text in spec.files.items():
-            target = runtime._host_path(path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text, encoding="utf-8")
-            await runtime.adopt(target)
+            root, parts = runtime._locate(path)
+            await asyncio.to_thread(beneath.write_file, root, parts, text.encode(), label=path)
+            await runtime.adopt(root / parts[0])  # with the folders made for it
         if spec.prepare:
             await run_prepare(runtime, spec.prepare)
 
@@ -272,10 +286,10 @@ class WarmPool:
 
     async def _warm(self, key: PoolKey, spec: RuntimeSpec, generation: int) -> None:
         runtime_id = f"{WARM_PREFIX}{uuid.uuid4().hex[:12]}"
-        runtime: PodmanRuntime | None = None
+        runtime: Runtime | None = None
         try:
             reclaim.claim(self.root, runtime_id, self.host_id)
-            made = create_runtime(
+            runtime = create_runtime(
                 spec,
                 runtime_id,
                 self.root,
@@ -283,8 +297,6 @@ class WarmPool:
                 policy=self.policy,
                 host_id=self.host_id,
             )
-            assert isinstance(made, PodmanRuntime)
-            runtime = made
             await runtime.start()
         except BaseException as e:
             if not isinstance(e, asyncio.CancelledError):
@@ -296,12 +308,13 @@ class WarmPool:
         finally:
             if generation == self._generation:
                 self._starting[key] -= 1
-        if generation != self._generation or runtime.image_id != key.image_id:
+        moved = isinstance(runtime, PodmanRuntime) and runtime.image_id != key.image_id
+        if generation != self._generation or moved:
             await self._discard(runtime)  # drained meanwhile, or the tag moved
             return
         self._ready.setdefault(key, []).append(runtime)
 
-    async def _discard(self, runtime: PodmanRuntime) -> None:
+    async def _discard(self, runtime: Runtime) -> None:
         try:
             await runtime.stop()
         finally:

@@ -56,7 +56,7 @@ import structlog
 from rolloutd.errors import PolicyError
 from rolloutd.observability import metrics
 from rolloutd.sandbox import reclaim
-from rolloutd.sandbox.runtimes import Runtime, beneath, create_runtime
+from rolloutd.sandbox.runtimes import Runtime, create_runtime
 from rolloutd.sandbox.runtimes import podman_images as images
 from rolloutd.sandbox.runtimes.podman import USERNS_BASE, USERNS_SIZE, PodmanRuntime
 from rolloutd.sandbox.runtimes.prepare import run_prepare
@@ -236,10 +236,8 @@ class WarmPool:
             if found:
                 raise PolicyError(f"runtime {runtime.runtime_id}: {check_message(found)}")
         runtime.spec = spec
-        for path, text in spec.files.items():
-            root, parts = runtime._locate(path)
-            await asyncio.to_thread(beneath.write_file, root, parts, text.encode(), label=path)
-            await runtime.adopt(root / parts[0])  # with the folders made for it
+        for path, text in spec.files.items():  # never through a link, handed to its user
+            await runtime.upload(path, text.encode("utf-8"))
         if spec.prepare:
             await run_prepare(runtime, spec.prepare)
 

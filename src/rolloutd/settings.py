@@ -68,6 +68,8 @@ SECRETS: dict[str, str] = {
     "backend_api_key": "ROLLOUTD_BACKEND_API_KEY",
     "engine_control_token": "ROLLOUTD_ENGINE_CONTROL_TOKEN (`rolloutd up` sets it for the "
     "engine it runs)",
+    "engine_api_key": "ROLLOUTD_ENGINE_API_KEY (a Kubernetes Secret in the Helm chart's engine "
+    "pod), or a file (mode 0600) that engine_api_key_file names",
     "rest_token": "ROLLOUTD_REST_TOKEN",
     "codec_server_token": "ROLLOUTD_CODEC_SERVER_TOKEN (`rolloutd up` generates "
     "{home}/codec_server_token for the codec server it runs)",
@@ -779,11 +781,17 @@ class EngineSettings(RolloutdSettings):
         description="bearer token of the engine control interface (`rolloutd engine "
         "--control-port`); unset: the control interface is off",
     )
+    api_key: str | None = Field(
+        default=None,
+        repr=False,
+        description="the API key every llama-server route but /health and /models then needs "
+        "(`rolloutd engine` hands it to llama-server as a 0600 file, `--api-key-file`, never "
+        "on its command line; the gateway sends it as ROLLOUTD_BACKEND_API_KEY); unset, and "
+        "no api_key_file: `rolloutd engine` serves without a key",
+    )
     api_key_file: Path | None = Field(
         default=None,
-        description="a file holding the API key every llama-server route but /health and "
-        "/models then needs (`--api-key-file`; the gateway sends it as "
-        "ROLLOUTD_BACKEND_API_KEY); unset: `rolloutd engine` serves without a key",
+        description="a file holding that API key instead (llama-server `--api-key-file`)",
     )
 
 

@@ -37,10 +37,10 @@ def test_a_server_on_the_port_serving_another_file_is_refused(tmp_path: Path) ->
         first.stop()
 
 
-def test_rolloutd_engine_with_a_key_file_serves_only_who_sends_the_key(tmp_path: Path) -> None:
-    """``rolloutd engine`` as the chart's engine pod runs it (ROLLOUTD_ENGINE_API_KEY_FILE):
-    a chat completion without the key is refused, with it answered; /health stays open for
-    probes."""
+def test_rolloutd_engine_with_a_key_serves_only_who_sends_it(tmp_path: Path) -> None:
+    """``rolloutd engine`` as the chart's engine pod runs it (``ROLLOUTD_ENGINE_API_KEY`` from
+    a Secret): a chat completion without the key is refused, with it answered; /health stays
+    open for probes; the key is on no command line."""
     import os
     import signal
     import subprocess
@@ -49,11 +49,9 @@ def test_rolloutd_engine_with_a_key_file_serves_only_who_sends_the_key(tmp_path:
 
     from rolloutd.processes import free_port
 
-    key = tmp_path / "api-key"
-    key.write_text("k-" + "7" * 40 + "\n")
-    key.chmod(0o400)
+    key = "k-" + "7" * 40
     port = free_port("127.0.0.1")
-    env = {**os.environ, "ROLLOUTD_ENGINE_API_KEY_FILE": str(key)}
+    env = {**os.environ, "ROLLOUTD_ENGINE_API_KEY": key}
     argv = ["engine", "--model", "smollm2-135m", "--port", str(port), "--parallel", "1"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "rolloutd.cli", *argv, "--ctx-size", "2048"],
@@ -71,9 +69,13 @@ def test_rolloutd_engine_with_a_key_file_serves_only_who_sends_the_key(tmp_path:
         assert httpx.get(f"{url}/health", timeout=5).status_code == 200
         refused = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
         assert refused.status_code == 401
-        headers = {"Authorization": f"Bearer k-{'7' * 40}"}
+        headers = {"Authorization": f"Bearer {key}"}
         answered = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)
         assert answered.status_code == 200, answered.text
+        children = subprocess.run(
+            ["ps", "-o", "args=", "--ppid", str(proc.pid)], capture_output=True, text=True
+        ).stdout
+        assert "llama-server" in children and key not in children
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + 20

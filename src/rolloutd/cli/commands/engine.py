@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from rolloutd.cli.commands import add_command
@@ -54,6 +58,21 @@ def _wait_for_signal() -> None:
         time.sleep(0.5)
 
 
+@contextlib.contextmanager
+def _key_file(key: str | None, path: Path | None) -> Iterator[Path | None]:
+    """``path``, or ``key`` written to a 0600 file in a 0700 folder of its own for as long as
+    llama-server runs (``--api-key-file``: a key on its command line is every local user's to
+    read in /proc), or None (no key)."""
+    if key is None:
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="rolloutd-engine-") as folder:
+        file = Path(folder) / "api-key"
+        file.touch(mode=0o600)
+        file.write_text(key)
+        yield file
+
+
 def run(args: argparse.Namespace, settings: CommonSettings) -> int:
     """Serve llama-server (and the control interface when asked) until SIGINT or SIGTERM."""
     from rolloutd.engine.control import EngineControlServer
@@ -62,14 +81,17 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
 
     engine = EngineSettings()
     token = engine.control_token
-    with LlamaServer(
-        args.model,
-        host=args.host,
-        port=args.port,
-        parallel=args.parallel,
-        ctx_size=args.ctx_size,
-        api_key_file=engine.api_key_file,
-    ) as srv:
+    with (
+        _key_file(engine.api_key, engine.api_key_file) as key_file,
+        LlamaServer(
+            args.model,
+            host=args.host,
+            port=args.port,
+            parallel=args.parallel,
+            ctx_size=args.ctx_size,
+            api_key_file=key_file,
+        ) as srv,
+    ):
         print(f"llama-server on {srv.url} serving {srv.files.served_name}", flush=True)
         if args.control_port and token:
             with EngineControlServer(

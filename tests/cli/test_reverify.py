@@ -27,9 +27,10 @@ def cells(shown: str, first: str) -> list[str]:
 @pytest.fixture
 def store(tmp_path) -> BlobStore:
     """Sessions of two tasks of run-1 (one with a later attempt, one whose first attempt's
-    folder has no trajectory) and one of run-2."""
+    folder has no trajectory, one sample replaced) and one of run-2."""
     store = BlobStore(str(tmp_path / "store"))
-    for session_id in ("run-1-a/0", "run-1-a/1.attempt-2", "run-1-a/10", "run-1-b/0", "run-2-a/0"):
+    sessions = ("run-1-a/0", "run-1-a/0/r1", "run-1-a/1.attempt-2", "run-1-a/10", "run-1-b/0")
+    for session_id in (*sessions, "run-2-a/0"):
         task_id = session_id.split("/")[0]
         store.put_json(
             trajectory_key(session_id), Trajectory(session_id=session_id, task_id=task_id)
@@ -42,11 +43,13 @@ def store(tmp_path) -> BlobStore:
 def test_sessions_by_task_prefix_and_results(store, tmp_path):
     assert find_sessions(store, task_ids=["run-1-a"]) == [
         "run-1-a/0",
+        "run-1-a/0/r1",  # a replacement of sample 0
         "run-1-a/1.attempt-2",
         "run-1-a/10",
     ]
     assert find_sessions(store, prefix="sessions/run-1-") == [
         "run-1-a/0",
+        "run-1-a/0/r1",
         "run-1-a/1.attempt-2",
         "run-1-a/10",
         "run-1-b/0",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,16 +52,28 @@ POLL_EVERY_S = 5.0
 
 
 def sessions_of_task(store: BlobStore, task_id: str) -> list[str]:
-    """The stored sessions of a task (those with a trajectory), in index order."""
+    """The stored sessions of a task (those with a trajectory), in index order, each sample's
+    replacements (``{task_id}/{index}/r{n}``) after it."""
     found = []
     for key in store.list(session_prefix(task_id)):
         name = key.rsplit("/", 1)[-1]
         if store.exists(trajectory_key(f"{task_id}/{name}")):
             found.append(name)
+        for inner in store.list(key):
+            replacement = inner.rsplit("/", 1)[-1]
+            if re.fullmatch(r"r[0-9]+", replacement) and store.exists(
+                trajectory_key(f"{task_id}/{name}/{replacement}")
+            ):
+                found.append(f"{name}/{replacement}")
 
-    def order(name: str) -> tuple[int, str]:
-        head = name.split(".", 1)[0]
-        return (int(head), name) if head.isdigit() else (1 << 30, name)
+    def order(name: str) -> tuple[int, int, str]:
+        head, _, replacement = name.partition("/r")
+        index = head.split(".", 1)[0]
+        return (
+            int(index) if index.isdigit() else 1 << 30,
+            int(replacement) if replacement.isdigit() else 0,
+            name,
+        )
 
     return [f"{task_id}/{name}" for name in sorted(found, key=order)]
 

@@ -31,6 +31,7 @@ from tests.sandbox.test_runtime_podman import (  # noqa: F401 - collected here o
     test_the_hosts_harness_clis_run_inside,
     test_user_namespace_maps_root_to_an_unprivileged_host_uid,
 )
+from tests.support.procs import our_processes
 
 pytestmark = [
     pytest.mark.acceptance,
@@ -160,3 +161,27 @@ async def test_the_pool_grows_with_the_sessions_waiting(tmp_path: Path) -> None:
     finally:
         await pool.close()
     assert containers(root) == []
+
+
+async def test_a_drain_during_a_warm_start_leaves_no_conmon_or_runc(tmp_path: Path) -> None:
+    """A drain while the pool's first container is starting (its owner record written, its
+    ``podman run`` under way) waits for that start and stops it: no container of the root
+    and no conmon or runc of it is left. (Cancelling the start, as the pool once did, left a
+    conmon and a ``runc init`` with no container record here.)"""
+    root = tmp_path / "runtimes"
+    pool = WarmPool(root, None, size=1, grace_s=2.0)
+    owners = root / ".owners"
+    assert await pool.claim(RuntimeSpec(type="podman", network="none")) is None
+    deadline = time.monotonic() + 30
+    while not (owners.exists() and list(owners.glob("warm-*.json"))):
+        assert time.monotonic() < deadline, "the warm start never began"
+        await asyncio.sleep(0.005)
+    ids = {p.stem for p in owners.glob("warm-*.json")}
+    await asyncio.sleep(0.05)  # into its podman run
+    assert len(pool) == 1 and pool.runtime_ids() == []  # starting, not ready
+    await pool.close()
+    assert containers(root) == []
+    deadline = time.monotonic() + 10
+    while left := our_processes(ids, set()):
+        assert time.monotonic() < deadline, left
+        await asyncio.sleep(0.1)

@@ -36,6 +36,7 @@ from rolloutd.workers import connect, run_fleet
 from tests.sandbox.test_warm_pool import containers
 from tests.support.namespaces import fresh_namespace
 from tests.support.pool_sessions import Sessions
+from tests.support.procs import our_processes
 
 pytestmark = [
     pytest.mark.acceptance,
@@ -118,40 +119,6 @@ async def test_provisioning_claims_from_the_pool_through_temporal(temporal_serve
             refused = await sessions.provision(spec)
             assert refused == "HostDrainingError"
             assert acts.pool.runtime_ids() == [] and containers(root) == []
-
-
-def our_processes(runtime_ids: set[str], container_ids: set[str]) -> list[str]:
-    """conmon and runc processes of these runtimes' containers: conmon names its container
-    (``-n rolloutd-{runtime id}``, ``-c {container id}``); a ``runc`` process is ours when its
-    parent is such a conmon or its cgroup names one of the containers."""
-    names = [f"rolloutd-{r}".encode() for r in runtime_ids] + [c.encode() for c in container_ids]
-    table: dict[int, tuple[int, bytes, bytes]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-            with open(f"/proc/{entry}/cgroup", "rb") as f:
-                cgroup = f.read()
-        except OSError:
-            continue
-        if fields[0] != b"Z":
-            table[int(entry)] = (int(fields[1]), cmdline, cgroup)
-    conmons = {
-        pid
-        for pid, (_, cmdline, _) in table.items()
-        if b"conmon" in cmdline.split(b"\0")[0] and any(n in cmdline for n in names)
-    }
-    runcs = {
-        pid
-        for pid, (ppid, cmdline, cgroup) in table.items()
-        if b"runc" in cmdline.split(b"\0")[0]
-        and (ppid in conmons or any(c.encode() in cgroup for c in container_ids))
-    }
-    return [table[pid][1].replace(b"\0", b" ")[:120].decode() for pid in conmons | runcs]
 
 
 def container_ids(root: Path) -> set[str]:

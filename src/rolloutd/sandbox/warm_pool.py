@@ -319,12 +319,14 @@ class WarmPool:
             reclaim.release(self.root, runtime.runtime_id)
 
     async def drain(self) -> int:
-        """Stop every warm runtime (and those starting); return how many were stopped."""
+        """Stop every warm runtime (and those starting); return how many were stopped.
+
+        Starts in flight are waited for, never cancelled: a ``podman run`` cut while it
+        starts its container can leave a conmon and a ``runc init`` with no container
+        record, which neither the container's end nor reclaim finds. Each sees the new
+        generation when it is done and stops what it started."""
         self._generation += 1
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, *self._stops, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._stops, return_exceptions=True)
         ready = [r for runtimes in self._ready.values() for r in runtimes]
         self._ready.clear()
         self._starting.clear()

@@ -11,7 +11,10 @@ What runs (everything on this machine, everything stopped by its id at the end):
   ``ask.py`` (one chat call through the gateway) in a bwrap sandbox, and the evaluator
   ``grpo_loop_reply_reward`` (registered by name with the fleets, from ``grpo_loop:ReplyReward``;
   run by the eval fleet) gives the reply partial credit (:func:`reward_of`).
-  Groups of ``--num-samples``; groups whose samples all scored the same are dropped (DAPO);
+  Groups of ``--num-samples``; groups whose samples all scored the same are dropped (DAPO).
+  With ``--tasks SOURCE`` the buffer runs that task set instead, read as ``rolloutd eval
+  SOURCE`` reads it (:func:`task_pool`), each task with its own harness and evaluator
+  (docs/first_run.md: ``examples/one_word.jsonl``), and there is no held-out evaluation;
 - the trainer, per step: ``take`` a batch, GRPO update (DeepSeekMath arXiv 2402.03300 group
   advantages, PPO-clip ratio against the rollout's logprobs, DAPO token-level mean over
   ``loss_mask``), ``ack``, export the fp32 weights as an F16 GGUF, weight sync (gateway
@@ -226,6 +229,27 @@ def grpo_update(
         "trainable_fraction": num_trainable / max(num_tokens, 1),
         "sampled_versions": sorted(versions),
     }
+
+
+def task_pool(source: str, num_rows: int | None, num_tasks: int, run: str) -> list:
+    """``num_tasks`` tasks from ``source``, read as ``rolloutd eval SOURCE -n num_rows`` reads
+    it (:func:`rolloutd.cli.eval_sources.plan`: a task file, a Harbor folder, SWE-bench
+    rows, HumanEval, an eval config), each task with its own harness, runtime and evaluator;
+    the rows in turn, each copy its own task id (``{run}-{row key}-{copy}``).
+
+    Raises:
+        rolloutd.errors.ConfigError: the source or a row is refused (named).
+    """
+    from rolloutd.cli.eval_sources import Overrides, plan
+    from rolloutd.errors import ConfigError
+
+    rows = plan(source, run, Overrides(num_rows=num_rows)).tasks
+    if not rows:
+        raise ConfigError(f"{source}: no tasks")
+    return [
+        rows[i % len(rows)].model_copy(update={"task_id": f"{rows[i % len(rows)].task_id}-{i}"})
+        for i in range(num_tasks)
+    ]
 
 
 def held_out_reward(
@@ -511,26 +535,33 @@ async def main(args: argparse.Namespace) -> int:
         # zero-variance groups are dropped, so push several times what the steps take
         num_tasks = (args.steps + 2) * args.groups_per_step * args.task_pool_factor + args.in_flight
         await buffer.push(
-            [
+            task_pool(args.tasks, args.num_rows, num_tasks, f"grpo-loop-{suffix}")
+            if args.tasks
+            else [
                 make_task(i, rng.choice(CATEGORIES), suffix, args.max_tokens)
                 for i in range(num_tasks)
             ]
         )
-        mean, sem = await asyncio.to_thread(
-            held_out_reward, engine.url, tokenizer, args.eval_samples, args.max_tokens, args.seed
-        )
+
+        def held_out() -> tuple[float, float]:
+            return held_out_reward(
+                engine.url, tokenizer, args.eval_samples, args.max_tokens, args.seed
+            )
+
         row = {
             "step": 0,
             "policy_version": 0,
             "probe_mismatch": probe(model, engine.url, probe_ids).mean_abs_diff,
-            "held_out_reward": mean,
-            "held_out_sem": sem,
+            "held_out_reward": None,
+            "held_out_sem": None,
         }
+        held = ""
+        if not args.tasks:
+            row["held_out_reward"], row["held_out_sem"] = await asyncio.to_thread(held_out)
+            held = f"held_out_reward={row['held_out_reward']:.3f} "
+            held += f"held_out_sem={row['held_out_sem']:.3f} "
         rows.append(row)
-        write(
-            f"step 0: held_out_reward={mean:.3f} held_out_sem={sem:.3f} "
-            f"probe_mismatch={row['probe_mismatch']:.4f} policy_version=0"
-        )
+        write(f"step 0: {held}probe_mismatch={row['probe_mismatch']:.4f} policy_version=0")
         report(rows, args)
         tracker = open_tracker(args, f"grpo-loop-{suffix}")
         tracker.log(trainer_scalars(row), step=0)
@@ -576,15 +607,8 @@ async def main(args: argparse.Namespace) -> int:
                     "held_out_reward": None,
                     "held_out_sem": None,
                 }
-                if step % args.eval_every == 0 or step == args.steps:
-                    row["held_out_reward"], row["held_out_sem"] = await asyncio.to_thread(
-                        held_out_reward,
-                        engine.url,
-                        tokenizer,
-                        args.eval_samples,
-                        args.max_tokens,
-                        args.seed,
-                    )
+                if not args.tasks and (step % args.eval_every == 0 or step == args.steps):
+                    row["held_out_reward"], row["held_out_sem"] = await asyncio.to_thread(held_out)
                 row["step_s"] = time.monotonic() - t0
                 rows.append(row)
                 # the batch's rollout statistics (what the buffer dropped since the last step
@@ -621,7 +645,8 @@ async def main(args: argparse.Namespace) -> int:
             await buffer.close()
             await admin.aclose()
     stats = report(rows, args)
-    write("summary: " + " ".join(f"{k}={v:.4f}" for k, v in stats.items()))
+    # a figure the run did not measure (no held-out evaluation) is left out, not printed nan
+    write("summary: " + " ".join(f"{k}={v:.4f}" for k, v in stats.items() if not math.isnan(v)))
     if args.tracker != "none":
         write(f"{args.tracker}: {args.log_dir}")
     return 1 if failed else 0
@@ -647,6 +672,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--clip-eps", type=float, default=0.2)
     parser.add_argument("--take-timeout-s", type=float, default=600.0)
+    parser.add_argument(
+        "--tasks",
+        default=None,
+        help="train on this task set, read as `rolloutd eval SOURCE` reads it (a task file, "
+        "Harbor, SWE-bench, HumanEval, an eval config; each task its own harness and "
+        "evaluator; no held-out reward); None: the example's own family",
+    )
+    parser.add_argument(
+        "-n", "--num-rows", type=int, default=None, help="with --tasks: only the first N rows"
+    )
     parser.add_argument(
         "--task-pool-factor", type=int, default=6, help="tasks pushed per group the steps take"
     )

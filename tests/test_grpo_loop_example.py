@@ -33,23 +33,16 @@ LINE = re.compile(
 TOLERANCE = 0.008
 
 
-@pytest.mark.timeout(1200)
-@pytest.mark.acceptance
-def test_grpo_loop_example_runs_two_synced_steps(tmp_path):
-    """The CPU GRPO example runs two steps end to end: rollouts from the fleets, a training
-    step, the weights synced to the engine, whose probe then matches the trainer within
-    tolerance. Acceptance tier (a trainer run): about 90 s here."""
+def run_example(tmp_path: Path, *args: str) -> tuple[str, int, Path]:
+    """Run the example with ``args`` (its home, metrics and tracker under ``tmp_path``);
+    returns its output, exit status and metrics file. Killed, with its own session's
+    children, past the timeout."""
     metrics = tmp_path / "metrics.json"
     proc = subprocess.Popen(
         [
             sys.executable,
             str(EXAMPLE),
-            "--steps",
-            "2",
-            "--eval-every",
-            "2",
-            "--eval-samples",
-            "1",
+            *args,
             "--home",
             str(tmp_path / "home"),
             "--metrics",
@@ -67,8 +60,19 @@ def test_grpo_loop_example_runs_two_synced_steps(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    text = out.decode(errors="replace")
-    assert proc.returncode == 0, text[-3000:]
+    return out.decode(errors="replace"), proc.returncode, metrics
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.acceptance
+def test_grpo_loop_example_runs_two_synced_steps(tmp_path):
+    """The CPU GRPO example runs two steps end to end: rollouts from the fleets, a training
+    step, the weights synced to the engine, whose probe then matches the trainer within
+    tolerance. Acceptance tier (a trainer run): about 90 s here."""
+    text, code, metrics = run_example(
+        tmp_path, "--steps", "2", "--eval-every", "2", "--eval-samples", "1"
+    )
+    assert code == 0, text[-3000:]
     steps = LINE.findall(text)
     assert [s[0] for s in steps] == ["1", "2"], text[-3000:]
     for step, _, reward, fraction, probe, version, sampled in steps:
@@ -90,3 +94,24 @@ def test_grpo_loop_example_runs_two_synced_steps(tmp_path):
     assert [v for _, v in logged["rolloutd/policy_version"]] == [0.0, 1.0]  # at hand-out
     assert [s for s, _ in logged["train/loss"]] == [1, 2]
     assert [s for s, _ in logged["train/probe_mismatch"]] == [0, 1, 2]
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.acceptance
+def test_grpo_loop_trains_on_a_task_file(tmp_path):
+    """``--tasks examples/one_word.jsonl`` (the task set docs/first_run.md evaluates): the
+    buffer runs the file's own tasks (their harness, their ``test_on_output`` check), one
+    step trains on mixed groups and syncs the engine; no held-out reward is claimed.
+    Acceptance tier (a trainer run): about 2 minutes here."""
+    text, code, metrics = run_example(
+        tmp_path, "--tasks", str(EXAMPLE.parent / "one_word.jsonl"), "--steps", "1"
+    )
+    assert code == 0, text[-3000:]
+    steps = LINE.findall(text)
+    assert [s[0] for s in steps] == ["1"], text[-3000:]
+    _, _, reward, _, probe, version, _ = steps[0]
+    assert 0.0 < float(reward) < 1.0  # mixed groups of the file's binary check
+    assert float(probe) < TOLERANCE and version == "1"
+    rows = json.loads(metrics.read_text())["rows"]
+    assert [r["held_out_reward"] for r in rows] == [None, None]
+    assert "held_out" not in text.split("summary:")[1].split("\n")[0]

@@ -149,8 +149,9 @@ async def test_a_killed_sandbox_worker_leaves_no_warm_container(temporal_server)
     through Temporal (read off its metrics port); SIGKILL while it holds two warm containers
     and a claimed one: within 30 s no container of its root is left, not even stopped, and
     no conmon or runc of theirs runs, with no worker restarted (so no reclaim: the containers
-    end by themselves when their exec server's socket closes). Control: all three ran, with
-    their conmon, before the kill."""
+    end by themselves when their exec server's socket closes). Their sized disks stay
+    mounted until a worker starts again on the root, whose reclaim unmounts them and removes
+    their folders. Control: all three ran, with their conmon, before the kill."""
     tag = f"wk{uuid.uuid4().hex[:6]}"
     namespace = await fresh_namespace(temporal_server.address, tag)
     home = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
@@ -228,5 +229,32 @@ async def test_a_killed_sandbox_worker_leaves_no_warm_container(temporal_server)
     )
     gone_s = time.monotonic() - killed_at
     print(f"containers gone {gone_s:.1f} s after the kill")
+    # each runtime's sized disk (the policy's default disk_mb) outlives the kill: the next
+    # worker on the root reclaims it before it polls (control: they are mounted now)
+    assert mounts_below(root), "the runtimes had no sized disk to reclaim"
+    with open(home / "sandbox-restarted.log", "wb") as log:
+        restarted = subprocess.Popen(
+            [sys.executable, "-m", "rolloutd.cli", "worker", "--fleet", "sandbox"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            kept = {".owners", ".images", ".disks"}
+            await until(
+                lambda: not mounts_below(root) and {p.name for p in root.iterdir()} <= kept,
+                60,
+                "the restarted worker's reclaim of the disks and folders",
+            )
+        finally:
+            stop_process(restarted)
     stop_process(worker)
     shutil.rmtree(home, ignore_errors=True)
+
+
+def mounts_below(root: Path) -> list[str]:
+    """Mount points below ``root`` (proc(5), /proc/mounts)."""
+    prefix = f"{root.absolute()}/"
+    with open("/proc/mounts") as f:
+        return [line.split()[1] for line in f if line.split()[1].startswith(prefix)]

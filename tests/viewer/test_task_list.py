@@ -6,7 +6,8 @@ back from Temporal's visibility.
 Filtering by failure kind through the page's own form shows only the tasks with a session of
 that kind, each linking to its task page and to the failed session's page; the unfiltered
 list (the control) shows all four; a reward bound and a tenant token narrow it too.
-``ROLLOUTD_VIEWER_SCREENSHOTS=1`` also saves docs/viewer_tasks.png.
+``ROLLOUTD_VIEWER_SCREENSHOTS=1`` also saves docs/viewer_tasks_harness.png (filtered by failure
+kind) and docs/viewer_tasks.png (the tenant's whole list).
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ async def test_the_list_filters_tasks_by_failure_kind_in_chromium(fleets):
             == "harness"
         )
         if os.environ.get("ROLLOUTD_VIEWER_SCREENSHOTS"):
+            await browser.screenshot(ROOT / "docs" / "viewer_tasks_harness.png", selector="body")
             await browser.open(base + tasks_href(tenant=tenant))
             await browser.screenshot(ROOT / "docs" / "viewer_tasks.png", selector="body")
         # the failed session's link opens its page

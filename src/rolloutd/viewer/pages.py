@@ -179,7 +179,8 @@ def tasks_page(listing: TaskListing, where: TaskFilter, *, tenant_fixed: bool = 
             f"<td>{failed}</td><td>{_when(row.started_at)}</td><td>{_when(row.closed_at)}</td>"
             "</tr>"
         )
-    note = f"<p>{_num('num_tasks', len(listing.rows))} tasks, newest first"
+    noun = "task" if len(listing.rows) == 1 else "tasks"
+    note = f"<p>{_num('num_tasks', len(listing.rows))} {noun}, newest first"
     if len(listing.rows) == where.limit:
         note += f" (the first {where.limit}: narrow the filters for older ones)"
     if listing.truncated:

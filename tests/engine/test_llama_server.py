@@ -45,7 +45,6 @@ def test_rolloutd_engine_with_a_key_serves_only_who_sends_it(tmp_path: Path) -> 
     import signal
     import subprocess
     import sys
-    import time
 
     from rolloutd.processes import free_port
 
@@ -78,8 +77,8 @@ def test_rolloutd_engine_with_a_key_serves_only_who_sends_it(tmp_path: Path) -> 
         assert "llama-server" in children and key not in children
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        while proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if proc.poll() is None:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -72,7 +72,7 @@ def test_rolloutd_engine_with_a_key_serves_only_who_sends_it(tmp_path: Path) -> 
         answered = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)
         assert answered.status_code == 200, answered.text
         children = subprocess.run(
-            ["ps", "-o", "args=", "--ppid", str(proc.pid)], capture_output=True, text=True
+            ["ps", "-ww", "-o", "args=", "--ppid", str(proc.pid)], capture_output=True, text=True
         ).stdout
         assert "llama-server" in children and key not in children
     finally:

@@ -143,6 +143,7 @@ def run(args: argparse.Namespace, settings: CommonSettings) -> int:
     from rolloutd.cli.submission import INTERRUPTED_EXIT, TaskRun, interrupted_message
     from rolloutd.errors import ConfigError
 
+    _refuse_a_store_the_embedded_stack_ignores(args)
     overrides = Overrides(
         harness=args.harness,
         model=args.model,
@@ -246,6 +247,31 @@ def _resume_words(args: argparse.Namespace, setup: Any) -> list[str]:
     for name in dict.fromkeys(args.tracker or []):
         words += ["--tracker", name]
     return words
+
+
+def _refuse_a_store_the_embedded_stack_ignores(args: argparse.Namespace) -> None:
+    """Refuse ``--store-url`` when the run will start the embedded stack (no ``--address``,
+    no ``rolloutd up`` stack alive on the home) and names another store than that stack's own
+    (``HOME/store``): its fleets would write there, not where the option says.
+
+    Raises:
+        SystemExit: with the store the embedded stack uses and how to choose it.
+    """
+    if not args.store_url or args.address:
+        return
+    from rolloutd.settings import default_home
+    from rolloutd.stack.state import read_state
+
+    home = Path(args.home or default_home())
+    state = read_state(home)
+    if state is not None and state.alive() and state.phase not in ("stopped", "stopping"):
+        return
+    if args.store_url.rstrip("/") != str(home / "store"):
+        raise SystemExit(
+            f"rolloutd eval: --store-url {args.store_url} is for a running stack (--address, "
+            f"or `rolloutd up`'s on --home); the embedded stack keeps its store in "
+            f"{home / 'store'} (choose it with --home)"
+        )
 
 
 def _running_stack(

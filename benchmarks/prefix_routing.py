@@ -1,16 +1,29 @@
 """Prefix-cache hit rate and wall time of the gateway's routing modes, on one replayed trace.
 
-A multi-turn agent trace (``--tasks`` tasks x ``--samples`` samples = sessions, ``--turns``
-turns each) is replayed through an in-process gateway over two real llama-servers
+A multi-turn agent trace is replayed through an in-process gateway over two real llama-servers
 (SmolLM2-135M by default, ``--parallel`` slots of ``--slot-ctx`` tokens each, ``--threads``
 CPU threads each, ``--engine-args`` added), once per routing mode: ``round_robin``,
 ``sticky``, ``cache_aware``. Each mode starts fresh engines (empty caches) and replays the
 same requests, all sessions at once (session i starts ``i x --stagger-s`` late), each waiting
-``--tool-s`` between its turns (the tool run). The engine's answers are sampled (greedy,
-``--max-tokens``) but not fed back: every turn sends the trace's own conversation, so each
-mode sends the same prompts. Engine logs (``MODE-engineN.log``) and the gateway's log
-(``gateway.log``) stay in ``--out`` (default: a new folder under the temporary directory,
-printed first), also when a mode fails; a failed call stops the run with its status and body.
+between its turns as long as its tool ran (``--tool-s``). The engine's answers are sampled
+(greedy, ``--max-tokens``) but not fed back: every turn sends the trace's own conversation, so
+each mode sends the same prompts.
+
+Two traces:
+
+- **recorded** (``--trace FILE``): the requests a real harness sent through rolloutd's gateway,
+  read back from the store of a run (``--record STORE RESULTS --trace FILE`` writes the file
+  and stops; RESULTS is the run's ``results.jsonl``, e.g. from ``rolloutd eval``): per session,
+  each call's request body (messages and tools, as the harness sent them) and the time from the
+  end of one call to the start of the next (the harness's own work and its tool run), which
+  the replay waits unless ``--tool-s`` is given. ``benchmarks/traces/mini_swe_agent.jsonl.gz``
+  is one, recorded from mini-swe-agent (see docs/benchmarks.md for how);
+- **synthetic** (no ``--trace``): ``--tasks`` tasks x ``--samples`` samples = sessions,
+  ``--turns`` turns each, generated from ``--seed`` (below).
+
+Engine logs (``MODE-engineN.log``) and the gateway's log (``gateway.log``) stay in ``--out``
+(default: a new folder under the temporary directory, printed first), also when a mode fails;
+a failed call stops the run with its status and body.
 
 A session keeps its cache while its tool runs as long as its engine has a slot for it:
 llama.cpp gives a request the idle slot whose prompt shares the longest prefix with it
@@ -19,16 +32,16 @@ session finds its own previous turn there. Fewer slots than sessions and slots a
 over; llama.cpp then saves the prompt it evicts to its host-memory prompt cache
 (``--cache-ram``) and loads the best match from there.
 
-The trace is synthetic, shaped like a tool-using harness's session: one system prompt with
+The synthetic trace is shaped like a tool-using harness's session: one system prompt with
 tool schemas shared by every session (about 1,000 tokens), a task instruction shared by the
 samples of a task (a GRPO group), then per turn the assistant's tool call and the tool's
-output (``--tool-words`` words), each sample's own. It is generated from ``--seed``, not
-recorded from a harness.
+output (``--tool-words`` words), each sample's own; 0.1 s of tool time unless ``--tool-s``.
 
-    python benchmarks/prefix_routing.py [--tasks 8] [--samples 4] [--turns 20]
-        [--parallel 32] [--slot-ctx 3072] [--tool-words 30] [--max-tokens 4] [--tool-s 0.1]
-        [--model smollm2-135m] [--modes round_robin,sticky,cache_aware] [--out DIR]
-        [--json PATH]
+    python benchmarks/prefix_routing.py [--trace FILE | --tasks 8 --samples 4 --turns 20
+        --tool-words 30 --seed 0] [--parallel 32] [--slot-ctx 3072] [--max-tokens 4]
+        [--tool-s S] [--model smollm2-135m] [--modes round_robin,sticky,cache_aware]
+        [--out DIR] [--json PATH]
+    python benchmarks/prefix_routing.py --record STORE RESULTS --trace FILE
 
 Printed (markdown): per mode, the calls, prompt tokens, tokens served from the engines'
 prefix caches, hit rate (cached / prompt, from each completion's ``num_cached_tokens``),
@@ -39,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import os
 import random
@@ -81,9 +95,14 @@ def tool_schemas(rng: random.Random) -> list[dict[str, Any]]:
     return tools
 
 
-def trace(
-    tasks: int, samples: int, turns: int, seed: int, tool_words: int = 70
-) -> list[list[list[dict[str, Any]]]]:
+#: one session of a trace: per turn, ``{"body": request body (messages, tools), "gap_s": s}``
+Session = list[dict[str, Any]]
+
+#: tool time of the synthetic trace between turns, s
+SYNTHETIC_TOOL_S = 0.1
+
+
+def trace(tasks: int, samples: int, turns: int, seed: int, tool_words: int = 70) -> list[Session]:
     """Per session (task-major), per turn, the conversation the harness sends; each tool
     output is ``tool_words`` words."""
     rng = random.Random(seed)
@@ -108,12 +127,78 @@ def trace(
                     {"role": "user", "content": f"Tool output (turn {turn}):\n{output}"},
                 ]
                 conversation.append(list(messages))
-            sessions.append(conversation)
+            sessions.append(
+                [{"body": {"messages": m}, "gap_s": SYNTHETIC_TOOL_S} for m in conversation]
+            )
     return sessions
 
 
+#: request fields a replayed turn keeps: the prompt; sampling comes from the replaying session
+PROMPT_FIELDS = ("messages", "tools", "tool_choice")
+
+
+def record(store_url: str, results: Path) -> list[dict[str, Any]]:
+    """The trace of a run: per session of ``results`` (a ``results.jsonl``, one line a session),
+    its recorded calls in order from the store at ``store_url``.
+
+    Returns:
+        Per session ``{"session_id", "harness", "model", "turns": [{"body", "gap_s"}]}``:
+        ``body`` holds the request's prompt fields (:data:`PROMPT_FIELDS`) as the harness sent
+        them; ``gap_s`` is the time from the end of this call to the start of the next (the
+        harness's own work and its tool run; 0 after the last call).
+
+    Raises:
+        ValueError: a session has no recorded call, or a call failed (its error is named).
+    """
+    from rolloutd.store import BlobStore
+
+    store = BlobStore(store_url)
+    sessions = []
+    for line in results.read_text().splitlines():
+        row = json.loads(line)
+        if row.get("superseded"):
+            continue
+        calls = CompletionLog(store, row["session_id"]).read_all()
+        if not calls:
+            raise ValueError(f"{row['session_id']}: no recorded call in {store_url}")
+        failed = [c for c in calls if c.error]
+        if failed:
+            raise ValueError(f"{row['session_id']} call {failed[0].index}: {failed[0].error}")
+        turns = []
+        for call, after in zip(calls, [*calls[1:], None], strict=True):
+            ended = call.timings.started_at + call.timings.duration_s
+            gap = max(after.timings.started_at - ended, 0.0) if after else 0.0
+            body = {k: call.request[k] for k in PROMPT_FIELDS if k in call.request}
+            turns.append({"body": body, "gap_s": round(gap, 3)})
+        sessions.append(
+            {
+                "session_id": row["session_id"],
+                "harness": row.get("harness"),
+                "model": row.get("model"),
+                "turns": turns,
+            }
+        )
+    return sessions
+
+
+def write_trace(sessions: list[dict[str, Any]], path: Path) -> None:
+    """Write ``sessions`` as JSON lines, gzip-compressed when ``path`` ends in ``.gz``."""
+    text = "".join(json.dumps(s, separators=(",", ":")) + "\n" for s in sessions)
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text.encode(), mtime=0))
+    else:
+        path.write_text(text)
+
+
+def read_trace(path: Path) -> list[Session]:
+    """The sessions of a trace file written by :func:`write_trace`."""
+    data = path.read_bytes()
+    text = (gzip.decompress(data) if path.suffix == ".gz" else data).decode()
+    return [json.loads(line)["turns"] for line in text.splitlines() if line.strip()]
+
+
 async def replay(
-    mode: str, sessions: list[list[list[dict[str, Any]]]], args: argparse.Namespace, home: Path
+    mode: str, sessions: list[Session], args: argparse.Namespace, home: Path
 ) -> dict[str, Any]:
     """Replay ``sessions`` through a gateway in ``mode`` over two fresh llama-servers."""
     engines = [
@@ -145,20 +230,21 @@ async def replay(
             transport=transport, base_url="http://gateway.test", timeout=600
         ) as http:
 
-            async def run(i: int, turns: list[list[dict[str, Any]]]) -> None:
+            async def run(i: int, turns: Session) -> None:
                 await asyncio.sleep(i * args.stagger_s)
                 info = await gateway.sessions.open_session(f"bench/{i}", "bench", sampling=sampling)
-                for turn, messages in enumerate(turns):
+                for turn, step in enumerate(turns):
                     answer = await http.post(
                         f"/s/{info.session_key}/v1/chat/completions",
-                        json={"model": "m", "messages": messages},
+                        json={**step["body"], "model": "m"},
                     )
                     if answer.is_error:
                         raise RuntimeError(
                             f"{mode}: session {i} turn {turn + 1}: HTTP {answer.status_code} "
                             f"{answer.text[:2000]}"
                         )
-                    await asyncio.sleep(args.tool_s)
+                    if turn < len(turns) - 1:
+                        await asyncio.sleep(step["gap_s"] if args.tool_s is None else args.tool_s)
                 await gateway.sessions.close_session(f"bench/{i}")
 
             started = time.monotonic()
@@ -202,7 +288,21 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=32, help="slots per llama-server")
     parser.add_argument("--slot-ctx", type=int, default=3072, help="context per slot, tokens")
     parser.add_argument("--max-tokens", type=int, default=4)
-    parser.add_argument("--tool-s", type=float, default=0.1)
+    parser.add_argument(
+        "--tool-s",
+        type=float,
+        help="wait between a session's turns, s (default: the trace's own: recorded gaps, or "
+        f"{SYNTHETIC_TOOL_S} for the synthetic trace)",
+    )
+    parser.add_argument(
+        "--trace", type=Path, help="a recorded trace (JSONL, .gz ok) to replay, or to write"
+    )
+    parser.add_argument(
+        "--record",
+        nargs=2,
+        metavar=("STORE", "RESULTS"),
+        help="write the trace of a run (its store and results.jsonl) to --trace, then stop",
+    )
     parser.add_argument("--tool-words", type=int, default=30, help="words of each tool output")
     parser.add_argument(
         "--stagger-s", type=float, default=0.0, help="session i starts at i x this, s"
@@ -222,7 +322,21 @@ def main() -> None:
         "--out", type=Path, help="folder kept for engine and gateway logs (default: a new one)"
     )
     args = parser.parse_args()
-    sessions = trace(args.tasks, args.samples, args.turns, args.seed, args.tool_words)
+    if args.record:
+        if args.trace is None:
+            parser.error("--record needs --trace, the file to write")
+        recorded = record(args.record[0], Path(args.record[1]))
+        write_trace(recorded, args.trace)
+        calls = sum(len(s["turns"]) for s in recorded)
+        print(f"{args.trace}: {len(recorded)} sessions, {calls} calls", file=sys.stderr)
+        return
+    if args.trace:
+        sessions = read_trace(args.trace)
+        shape = f"{len(sessions)} sessions of {args.trace.name}, {min(map(len, sessions))}-"
+        shape += f"{max(map(len, sessions))} turns"
+    else:
+        sessions = trace(args.tasks, args.samples, args.turns, args.seed, args.tool_words)
+        shape = f"{len(sessions)} synthetic sessions x {args.turns} turns"
     load = os.getloadavg()
     rows = []
     home = args.out or Path(tempfile.mkdtemp(prefix="prefix-routing-"))
@@ -239,7 +353,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     after = os.getloadavg()
     print(
-        f"\n### Prefix-cache routing ({len(sessions)} sessions x {args.turns} turns, 2 "
+        f"\n### Prefix-cache routing ({shape}, 2 "
         f"llama-servers x {args.parallel} slots, {args.model}, {os.cpu_count()} cores; load "
         f"average {load[0]:.2f} before, {after[0]:.2f} after)\n"
     )

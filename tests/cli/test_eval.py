@@ -147,8 +147,9 @@ async def test_a_scripted_harness_that_makes_no_call_is_scored_not_failed(
 async def test_a_store_url_the_embedded_stack_would_ignore_is_refused(tmp_path):
     """With no stack given or running on the home, ``eval`` would start the embedded stack,
     whose fleets write to ``HOME/store``: ``--store-url`` naming another store is refused
-    before anything starts (no results folder, exit 1, the reason on stderr). Control: the
-    home's own store is taken (the run then fails later only on the bad source)."""
+    before anything starts (no results folder, exit 1, the reason on stderr). Controls: the
+    home's own store, absolute or relative to the working folder, is taken (the run then fails
+    later, only on the missing source)."""
     tasks = write_jsonl(tmp_path / "t.jsonl", [gated_task("x", tmp_path / "gate")])
     home, out = tmp_path / "home", tmp_path / "out"
     env = cli_env(str(tmp_path / "elsewhere"))
@@ -158,8 +159,9 @@ async def test_a_store_url_the_embedded_stack_would_ignore_is_refused(tmp_path):
     )
     assert code == 1 and not out.exists(), stdout + stderr
     assert f"the embedded stack keeps its store in {home / 'store'}" in stderr
-    code, stdout, stderr = await run_cli(
-        "eval", str(tmp_path / "missing.jsonl"), "--store-url", str(home / "store"), *common,
-        env=env,
-    )  # fmt: skip
-    assert code == 1 and "embedded stack" not in stderr and "missing.jsonl" in stderr, stderr
+    for own in (str(home / "store"), "home/store/"):
+        code, stdout, stderr = await run_cli(
+            "eval", str(tmp_path / "missing.jsonl"), "--store-url", own, *common, env=env,
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert code == 1 and "embedded stack" not in stderr and "missing.jsonl" in stderr, stderr

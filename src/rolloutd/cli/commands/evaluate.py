@@ -251,27 +251,37 @@ def _resume_words(args: argparse.Namespace, setup: Any) -> list[str]:
 
 def _refuse_a_store_the_embedded_stack_ignores(args: argparse.Namespace) -> None:
     """Refuse ``--store-url`` when the run will start the embedded stack (no ``--address``,
-    no ``rolloutd up`` stack alive on the home) and names another store than that stack's own
-    (``HOME/store``): its fleets would write there, not where the option says.
+    no ``rolloutd up`` stack on the home) and names another store than that stack's own
+    (``HOME/store``): its fleets would write there, not where the option says. URLs are
+    compared as fsspec resolves them (``~``, relative paths and ``file://`` included).
 
     Raises:
         SystemExit: with the store the embedded stack uses and how to choose it.
     """
     if not args.store_url or args.address:
         return
+    import fsspec
+
     from rolloutd.settings import default_home
     from rolloutd.stack.state import read_state
 
     home = Path(args.home or default_home())
-    state = read_state(home)
-    if state is not None and state.alive() and state.phase not in ("stopped", "stopping"):
+    if _up_stack(read_state(home)):
         return
-    if args.store_url.rstrip("/") != str(home / "store"):
+    fs, path = fsspec.core.url_to_fs(args.store_url)
+    own = fsspec.core.url_to_fs(str(home / "store"))[1]
+    if fs.protocol != fsspec.filesystem("file").protocol or path.rstrip("/") != own:
         raise SystemExit(
             f"rolloutd eval: --store-url {args.store_url} is for a running stack (--address, "
             f"or `rolloutd up`'s on --home); the embedded stack keeps its store in "
             f"{home / 'store'} (choose it with --home)"
         )
+
+
+def _up_stack(state: Any) -> bool:
+    """Whether a ``rolloutd up`` stack's state (None: no state file) is of a stack that is
+    alive and not stopping: one to run on rather than starting the embedded one."""
+    return state is not None and state.alive() and state.phase not in ("stopped", "stopping")
 
 
 def _running_stack(
@@ -297,7 +307,7 @@ def _running_stack(
     said = False
     while True:
         state = read_state(home)
-        if state is None or not state.alive() or state.phase in ("stopped", "stopping"):
+        if not _up_stack(state):
             return None
         if state.phase == "failed":
             raise SystemExit(f"rolloutd eval: the stack on {home} failed: {state.error}")

@@ -31,7 +31,7 @@ from tests.sandbox.test_runtime_podman import (  # noqa: F401 - collected here o
     test_the_hosts_harness_clis_run_inside,
     test_user_namespace_maps_root_to_an_unprivileged_host_uid,
 )
-from tests.support.procs import our_processes
+from tests.support.procs import our_processes, processes_with
 
 pytestmark = [
     pytest.mark.acceptance,
@@ -177,7 +177,10 @@ async def test_a_drain_during_a_warm_start_leaves_no_conmon_or_runc(tmp_path: Pa
         assert time.monotonic() < deadline, "the warm start never began"
         await asyncio.sleep(0.005)
     ids = {p.stem for p in owners.glob("warm-*.json")}
-    await asyncio.sleep(0.05)  # into its podman run
+    # into its podman run: the CLI naming the container runs
+    while not any(processes_with(f"rolloutd-{i}") for i in ids):
+        assert time.monotonic() < deadline, "podman run never started"
+        await asyncio.sleep(0.005)
     assert len(pool) == 1 and pool.runtime_ids() == []  # starting, not ready
     await pool.close()
     assert containers(root) == []

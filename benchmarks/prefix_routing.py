@@ -9,7 +9,8 @@ between its turns as long as its tool ran (``--tool-s``). The engine's answers a
 (greedy, ``--max-tokens``) but not fed back: every turn sends the trace's own conversation, so
 each mode sends the same prompts.
 
-Two traces:
+Here a trace is a workload: the requests of recorded or generated sessions, replayed as they
+are (not the training traces a trajectory is built of). Two of them:
 
 - **recorded** (``--trace FILE``): the requests a real harness sent through rolloutd's gateway,
   read back from the store of a run (``--record STORE RESULTS --trace FILE`` writes the file
@@ -69,7 +70,7 @@ from rolloutd.engine.server import LlamaServer
 from rolloutd.logs import configure_logging
 from rolloutd.proxy.http.server import Gateway
 from rolloutd.settings import GatewaySettings
-from rolloutd.store import CompletionLog
+from rolloutd.store import BlobStore, CompletionLog
 from rolloutd.types import SamplingParams
 
 MODES = ("round_robin", "sticky", "cache_aware")
@@ -150,8 +151,6 @@ def record(store_url: str, results: Path) -> list[dict[str, Any]]:
     Raises:
         ValueError: a session has no recorded call, or a call failed (its error is named).
     """
-    from rolloutd.store import BlobStore
-
     store = BlobStore(store_url)
     sessions = []
     for line in results.read_text().splitlines():
